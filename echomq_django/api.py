@@ -1,0 +1,123 @@
+"""Module-level API over the ``EchoMQ`` built from settings (DESIGN §7).
+
+``enqueue`` and ``add_flow`` take ``on_commit``:
+
+* ``None`` (the default): inside an atomic block (``transaction.atomic``,
+  ATOMIC_REQUESTS) the write waits for the commit, as django-rq does; outside
+  one it happens now. So a view or a ``post_save`` receiver never starts work
+  for a row that is rolled back.
+* ``True``: always through ``transaction.on_commit`` (runs now when there is
+  no transaction open).
+* ``False``: now, even inside a transaction.
+
+The ids are known before the commit: generated up front and returned at once.
+Validation (names, ids, payloads, flow shape) happens now either way, so a bad
+call raises in the caller, not later in the commit hook.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import DEFAULT_DB_ALIAS, transaction
+
+from . import flows as _flows
+from .conf import get_mq
+from .flows import Flow, FlowRef
+from .keyspace import validate_id, validate_queue
+
+
+def _defer(on_commit: bool | None, using: str | None) -> bool:
+    if on_commit is False:
+        return False
+    if on_commit is True:
+        return True
+    return transaction.get_connection(using or DEFAULT_DB_ALIAS).in_atomic_block
+
+
+def enqueue(queue: str, name: str, payload: Any = None, *, job_id: str | None = None,
+            max_attempts: int | None = None, backoff_ms: int | None = None, delay_ms: int = 0,
+            on_commit: bool | None = None, using: str | None = None) -> str:
+    """Add one job; returns its id. See ``EchoMQ.enqueue`` for the arguments
+    and errors, and this module's docstring for ``on_commit`` / ``using`` (the
+    database alias whose transaction is watched)."""
+    mq = get_mq()
+    kwargs = dict(job_id=job_id if job_id is not None else _flows.new_id(),
+                  max_attempts=max_attempts, backoff_ms=backoff_ms, delay_ms=delay_ms)
+    if not _defer(on_commit, using):
+        return mq.enqueue(queue, name, payload, **kwargs)
+    validate_queue(queue)
+    validate_id(kwargs["job_id"])
+    mq.encode(payload)
+    transaction.on_commit(lambda: mq.enqueue(queue, name, payload, **kwargs), using=using)
+    return kwargs["job_id"]
+
+
+def _assign_ids(flow: Flow) -> None:
+    stack, seen = [flow], set()
+    while stack:
+        node = stack.pop()
+        if not isinstance(node, Flow) or id(node) in seen:
+            continue  # plan() reports these
+        seen.add(id(node))
+        if node.job_id is None:
+            node.job_id = _flows.new_id()
+        stack.extend(node.children)
+
+
+def add_flow(flow: Flow, *, on_commit: bool | None = None, using: str | None = None) -> FlowRef:
+    """Land a flow; returns its ``FlowRef`` (ids known even when deferred).
+    See ``EchoMQ.add_flow`` for errors and this module for ``on_commit``."""
+    mq = get_mq()
+    if not _defer(on_commit, using):
+        return mq.add_flow(flow)
+    _assign_ids(flow)
+    nodes = _flows.plan(flow, mq.encode, mq._flow_defaults)
+    transaction.on_commit(lambda: mq.add_flow(flow), using=using)
+    root = nodes[0]
+    return FlowRef(queue=root.queue, parent_id=root.id,
+                   child_ids=[cid for _, cid in root.children],
+                   nodes=[(n.queue, n.id) for n in nodes])
+
+
+def add_flows(flows: list[Flow], *, on_commit: bool | None = None,
+              using: str | None = None) -> list[FlowRef]:
+    """``add_flow`` for several flows in one round trip where possible."""
+    if not _defer(on_commit, using):
+        return get_mq().add_flows(flows)
+    return [add_flow(f, on_commit=True, using=using) for f in flows]
+
+
+def get_job(queue: str, job_id: str):
+    """``EchoMQ.get_job`` on the settings' connection."""
+    return get_mq().get_job(queue, job_id)
+
+
+def retry(queue: str, job_id: str):
+    """``EchoMQ.retry`` (retry-by-id of a dead job) on the settings' connection."""
+    return get_mq().retry(queue, job_id)
+
+
+def children_values(queue: str, job_id: str) -> dict:
+    """``EchoMQ.children_values`` on the settings' connection."""
+    return get_mq().children_values(queue, job_id)
+
+
+def dependencies(queue: str, job_id: str):
+    """``EchoMQ.dependencies`` on the settings' connection."""
+    return get_mq().dependencies(queue, job_id)
+
+
+def dependency_counts(queue: str, job_id: str) -> dict:
+    """``EchoMQ.dependency_counts`` on the settings' connection."""
+    return get_mq().dependency_counts(queue, job_id)
+
+
+def ignored_failures(queue: str, job_id: str) -> dict:
+    """``EchoMQ.ignored_failures`` on the settings' connection."""
+    return get_mq().ignored_failures(queue, job_id)
+
+
+def get_flow(queue: str, job_id: str, depth: int | None = None) -> dict:
+    """``EchoMQ.get_flow`` on the settings' connection."""
+    return get_mq().get_flow(queue, job_id, depth)

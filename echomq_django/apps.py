@@ -1,0 +1,16 @@
+"""The Django app. ``ready()`` registers checks and discovers ``jobs`` modules;
+it never touches Redis (STYLE rule 7)."""
+
+from django.apps import AppConfig
+
+
+class EchoMQConfig(AppConfig):
+    name = "echomq_django"
+    verbose_name = "EchoMQ"
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from . import checks  # noqa: F401  (registers the system checks)
+        from .handlers import autodiscover
+
+        autodiscover()

@@ -1,0 +1,320 @@
+"""``EchoMQ``: the protocol's host half over one Redis connection (DESIGN §7).
+
+Every state transition is one Lua script (scripts.py, ``lua/``); this class
+validates input, builds keys (keyspace.py), runs the script and decodes the
+reply. Nothing is written when validation fails.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import redis
+
+from . import flows as _flows
+from .exceptions import JobNotActive, JobNotRetryable, PayloadError
+from .flows import Flow, FlowRef
+from .jobs import Job, JobState, Outcome, _text
+from .keyspace import Keyspace, validate_id, validate_queue
+from .reads import Reads
+from .scripts import Scripts
+
+DEFAULTS = {"MAX_ATTEMPTS": 3, "BACKOFF_MS": 1000, "LEASE_MS": 30000}
+MAX_PAYLOAD_BYTES = 512 * 1024
+BACKOFF_CAP_MS = 3_600_000
+FLOW_CHUNK = 5000  # nodes per enqueue_flow script: keeps one script well under ~50 ms
+
+
+def now_ms() -> int:
+    """Wall-clock time in ms since the epoch."""
+    return time.time_ns() // 1_000_000
+
+
+class EchoMQ(Reads):
+    """The queue over one redis-py client (``redis.Redis`` or ``RedisCluster``).
+
+    ``prefix`` starts every key (DESIGN §3). ``queues`` maps a queue name to
+    its defaults ``{"MAX_ATTEMPTS": int, "BACKOFF_MS": ms, "LEASE_MS": ms}``;
+    missing values come from ``DEFAULTS``. ``clock`` returns ms since the epoch
+    (tests pass a fake one: DESIGN §5 rule 3). ``max_payload_bytes`` bounds a
+    payload or result once encoded (bytes of UTF-8 JSON).
+    """
+
+    def __init__(self, client: redis.Redis, prefix: str = "emq", *, queues: dict | None = None,
+                 clock=None, max_payload_bytes: int = MAX_PAYLOAD_BYTES,
+                 backoff_cap_ms: int = BACKOFF_CAP_MS, flow_chunk: int = FLOW_CHUNK) -> None:
+        self.client = client
+        self.keys = Keyspace(prefix)
+        self.scripts = Scripts(client)
+        self.queues = {validate_queue(q): dict(v or {}) for q, v in (queues or {}).items()}
+        self.clock = clock or now_ms
+        self.max_payload_bytes = max_payload_bytes
+        self.backoff_cap_ms = backoff_cap_ms
+        self.flow_chunk = flow_chunk
+        self.fault_hook = None  # tests: called after each flow step, may raise
+
+    # -- helpers -----------------------------------------------------------
+    def setting(self, queue: str, name: str) -> int:
+        """A queue's ``MAX_ATTEMPTS`` / ``BACKOFF_MS`` / ``LEASE_MS``."""
+        return int(self.queues.get(queue, {}).get(name, DEFAULTS[name]))
+
+    def encode(self, value: Any, what: str = "payload") -> str:
+        """``value`` as compact JSON text. Raises ``PayloadError`` when it is not
+        JSON-serialisable (NaN included) or is over ``max_payload_bytes``."""
+        try:
+            text = json.dumps(value, separators=(",", ":"), allow_nan=False)
+        except (TypeError, ValueError) as err:
+            raise PayloadError(f"{what} is not JSON-serialisable: {err}") from None
+        size = len(text.encode())
+        if size > self.max_payload_bytes:
+            raise PayloadError(f"{what} is {size} bytes of JSON; the limit is "
+                               f"{self.max_payload_bytes} bytes (max_payload_bytes)")
+        return text
+
+    def _parse(self, value: str) -> tuple[str, str]:
+        return self.keys.parse_base_id(value)
+
+    def _outcome(self, reply: Any) -> Outcome:
+        return Outcome.from_reply(reply, self._parse)
+
+    # -- single jobs -------------------------------------------------------
+    def enqueue(self, queue: str, name: str, payload: Any = None, *, job_id: str | None = None,
+                max_attempts: int | None = None, backoff_ms: int | None = None,
+                delay_ms: int = 0) -> str:
+        """Add one job; returns its id (generated when ``job_id`` is None).
+
+        ``delay_ms`` (ms) > 0 holds it in ``delayed`` until due. Raises
+        ``ValueError`` for a bad queue name, id or name, ``PayloadError`` for a
+        bad payload, ``DuplicateJob`` when the id is taken (nothing written),
+        ``RedisUnavailable`` when Redis cannot be reached. DESIGN §5 `enqueue`.
+        """
+        validate_queue(queue)
+        job_id = validate_id(job_id if job_id is not None else _flows.new_id())
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"a job needs a name (the handler's), got {name!r}")
+        attempts = int(max_attempts if max_attempts is not None else self.setting(queue, "MAX_ATTEMPTS"))
+        if attempts < 1:
+            raise ValueError(f"max_attempts must be >= 1, got {attempts}")
+        if delay_ms < 0:
+            raise ValueError(f"delay_ms must be >= 0 (ms), got {delay_ms}")
+        backoff = int(backoff_ms if backoff_ms is not None else self.setting(queue, "BACKOFF_MS"))
+        k = self.keys
+        self.scripts.run(
+            "enqueue",
+            [k.job(queue, job_id), k.queue_key(queue, "pending"), k.queue_key(queue, "delayed"),
+             k.queue_key(queue, "events")],
+            [queue, job_id, name, self.encode(payload), attempts, backoff, self.clock(),
+             int(delay_ms)])
+        return job_id
+
+    def claim(self, queue: str, count: int = 1, lease_ms: int | None = None) -> list[Job]:
+        """Claim up to ``count`` pending jobs of ``queue`` in one call.
+
+        Each returned ``Job`` is active, holds a fresh ``lease`` token and a
+        ``lease_deadline`` (ms) = now + ``lease_ms`` (the queue's LEASE_MS by
+        default), and has its attempt counted. DESIGN §5 `claim`.
+        """
+        if count < 1:
+            raise ValueError(f"count must be >= 1, got {count}")
+        lease = int(lease_ms if lease_ms is not None else self.setting(queue, "LEASE_MS"))
+        now = self.clock()
+        k = self.keys
+        flat = self.scripts.run(
+            "claim",
+            [k.queue_key(queue, "pending"), k.queue_key(queue, "active"),
+             k.queue_key(queue, "lease:seq")],
+            [k.base(queue), count, now, lease])
+        return [Job.from_claim(queue, flat[i:i + 11], now + lease, self)
+                for i in range(0, len(flat), 11)]
+
+    def _complete_call(self, job: Job, result: Any):
+        k, q = self.keys, job.queue
+        return ("complete",
+                [k.job(q, job.id), k.queue_key(q, "active"), k.queue_key(q, "completed")],
+                [q, k.base(q), job.id, job.lease or "", self.encode(result, "result"),
+                 self.clock()])
+
+    def _fail_call(self, job: Job, error: str, dead: bool = False):
+        k, q = self.keys, job.queue
+        return ("fail", [k.job(q, job.id), k.queue_key(q, "delayed")],
+                [q, k.base(q), job.id, job.lease or "", str(error), self.clock(),
+                 self.backoff_cap_ms, "1" if dead else "0"])
+
+    def complete(self, job: Job, result: Any = None) -> Outcome:
+        """Complete an active job with a JSON-serialisable ``result``.
+
+        Fans in to its parent (DESIGN §5 `complete`). Returns the ``Outcome``
+        (parents released). Raises ``PayloadError`` for a bad result (the job
+        stays active), ``JobNotFound``, ``JobNotActive``, ``LeaseLost``.
+        """
+        name, keys, args = self._complete_call(job, result)
+        outcome = self._outcome(self.scripts.run(name, keys, args))
+        outcome.state = JobState.COMPLETED
+        job.state = JobState.COMPLETED
+        return outcome
+
+    def fail(self, job: Job, error: str, *, dead: bool = False) -> JobState:
+        """Fail an active job; returns its new state: delayed (backoff
+        ``backoff_ms * 2**(attempts-1)`` ms, capped), pending (no backoff) or
+        dead (attempts exhausted, or ``dead=True``). A dead child resolves its
+        parent by its policy. Raises ``JobNotFound``, ``JobNotActive``,
+        ``LeaseLost``. DESIGN §5 `fail`; ``fail_many`` returns full outcomes."""
+        outcome = self.fail_many([(job, error, dead)])[0]
+        job.state = outcome.state
+        return outcome.state
+
+    def complete_many(self, items: list[tuple[Job, Any]]) -> list[Outcome | Exception]:
+        """``complete`` for many jobs in one round trip; an exception object
+        (``PayloadError``, ``LeaseLost``...) stands in for each one refused."""
+        calls, slots = [], []
+        out: list[Outcome | Exception] = []
+        for job, result in items:
+            try:
+                calls.append(self._complete_call(job, result))
+                slots.append(len(out))
+                out.append(None)
+            except PayloadError as err:
+                out.append(err)
+        for i, reply in zip(slots, self.scripts.run_many(calls)):
+            if isinstance(reply, Exception):
+                out[i] = reply
+            else:
+                out[i] = self._outcome(reply)
+                out[i].state = JobState.COMPLETED
+        return out
+
+    def fail_many(self, items: list[tuple]) -> list[Outcome | Exception]:
+        """``fail`` for many ``(job, error)`` or ``(job, error, dead)`` in one
+        round trip; returns an ``Outcome`` per job. A single failure raises."""
+        calls = [self._fail_call(*item) for item in items]
+        replies = self.scripts.run_many(calls)
+        if len(items) == 1 and isinstance(replies[0], Exception):
+            raise replies[0]
+        return [r if isinstance(r, Exception) else self._outcome(r) for r in replies]
+
+    def extend_lease(self, job: Job, lease_ms: int | None = None) -> int:
+        """Heartbeat: the lease now ends ``lease_ms`` (ms) from now; returns the
+        new deadline (ms) and stores it on ``job``. Raises ``JobNotActive``,
+        ``LeaseLost``, ``JobNotFound``. DESIGN §5 `extend_lease`."""
+        lease = int(lease_ms if lease_ms is not None else self.setting(job.queue, "LEASE_MS"))
+        k = self.keys
+        deadline = self.scripts.run(
+            "extend_lease", [k.job(job.queue, job.id), k.queue_key(job.queue, "active")],
+            [job.queue, job.id, job.lease or "", self.clock(), lease])
+        job.lease_deadline = int(deadline)
+        return job.lease_deadline
+
+    def promote_delayed(self, queue: str, limit: int = 1000) -> int:
+        """Move up to ``limit`` due delayed jobs to pending; returns how many."""
+        k = self.keys
+        return int(self.scripts.run(
+            "promote_delayed", [k.queue_key(queue, "delayed"), k.queue_key(queue, "pending")],
+            [k.base(queue), self.clock(), limit]))
+
+    def recover_stalled(self, queue: str, limit: int = 1000, max_stalls: int = 1) -> Outcome:
+        """Active jobs whose lease expired go back to pending; a job that
+        stalls more than ``max_stalls`` times dies (its parent's policy
+        applies). Returns the ``Outcome`` (``recovered`` count, ``dead``)."""
+        k = self.keys
+        reply = self.scripts.run(
+            "recover_stalled", [k.queue_key(queue, "active"), k.queue_key(queue, "pending")],
+            [queue, k.base(queue), self.clock(), limit, max_stalls])
+        return self._outcome(reply)
+
+    def retry(self, queue: str, job_id: str) -> Outcome:
+        """Retry-by-id of a dead job (DESIGN §4): attempts reset, back to
+        pending; a parent that children failed retries them (on any queue) and
+        returns to awaiting_children; a retried child re-attaches to the parent
+        it failed. ``Outcome.state`` is the job's new state. Raises
+        ``JobNotFound``, ``JobNotRetryable`` (with the current state)."""
+        k = self.keys
+        try:
+            reply = self.scripts.run(
+                "retry", [k.job(queue, job_id), k.queue_key(queue, "dead"),
+                          k.queue_key(queue, "pending")],
+                [queue, k.base(queue), job_id, self.clock()])
+        except JobNotActive as err:
+            state = err.parts[2] if len(err.parts) > 2 else "not dead"
+            raise JobNotRetryable(f"job {job_id!r} in queue {queue!r} is {state}; "
+                                  "only a dead job can be retried") from None
+        data = json.loads(reply)
+        outcome = self._outcome(reply)
+        for ref in data.get("cross") or []:
+            cq, cid = self.keys.parse_ref(ref)
+            try:
+                outcome.merge(self.retry(cq, cid))
+            except JobNotRetryable:
+                pass  # retried already; its reattach entry is on its way
+        from .pump import deliver_entries  # the pump delivers the same entries later
+        for entry in data.get("reattach") or []:
+            outcome.merge(deliver_entries(self, [json.loads(entry)])[1])
+        outcome.state = JobState(_text(self.client.hget(k.job(queue, job_id), "state")))
+        return outcome
+
+    # -- flows -------------------------------------------------------------
+    def _flow_defaults(self, queue: str) -> tuple[int, int]:
+        return self.setting(queue, "MAX_ATTEMPTS"), self.setting(queue, "BACKOFF_MS")
+
+    def _step_call(self, queue: str, nodes: list, mode: str):
+        k = self.keys
+        args: list = [queue, k.base(queue), self.clock(), mode]
+        for n in nodes:
+            args += [n.id, n.name, n.payload, n.max_attempts, n.backoff_ms, n.parent_id,
+                     n.parent_queue, n.policy, " ".join(k.job(q, i) for q, i in n.children)]
+        return ("enqueue_flow", [k.queue_key(queue, "pending"), k.queue_key(queue, "awaiting")],
+                args)
+
+    def add_flow(self, flow: Flow) -> FlowRef:
+        """Land a flow (a tree of ``Flow`` nodes); returns its ``FlowRef``.
+
+        One queue: one atomic script. Several queues: parent first, one script
+        per (depth, queue) step, stopping at the first error with every parent
+        already landed held (DESIGN §6); adding the same flow again completes
+        it, skipping rows already there. Raises ``FlowError`` (duplicate ids,
+        cycle), ``ValueError`` (names), ``PayloadError``, ``FlowConflict`` (an
+        id taken by another job or flow: nothing written when found before
+        the first write), ``RedisUnavailable``.
+        """
+        return self.add_flows([flow])[0]
+
+    def add_flows(self, flows: list[Flow]) -> list[FlowRef]:
+        """Land several flows; all single-step flows go in one round trip.
+        Same errors as ``add_flow``; every id is gated before any write."""
+        plans = [_flows.plan(f, self.encode, self._flow_defaults) for f in flows]
+        seen: set = set()
+        for nodes in plans:
+            for n in nodes:
+                if (n.queue, n.id) in seen:
+                    raise _flows.FlowError(f"job id {n.id!r} in queue {n.queue!r} is in two flows")
+                seen.add((n.queue, n.id))
+        all_steps = [_flows.steps(nodes, self.flow_chunk) for nodes in plans]
+        if any(len(s) > 1 for s in all_steps):
+            checks = [self._step_call(q, ns, "check") for s in all_steps for q, ns in s]
+            for reply in self.scripts.run_many(checks):
+                if isinstance(reply, Exception):
+                    raise reply
+        refs = []
+        single = [i for i, s in enumerate(all_steps) if len(s) == 1]
+        replies = self.scripts.run_many([self._step_call(*all_steps[i][0], "write")
+                                         for i in single])
+        done = dict(zip(single, replies))
+        for i, (nodes, step_list) in enumerate(zip(plans, all_steps)):
+            if i in done:
+                if isinstance(done[i], Exception):
+                    raise done[i]
+                counts = [done[i]]
+            else:
+                counts = []
+                for n, (queue, ns) in enumerate(step_list):
+                    counts.append(self.scripts.run(*self._step_call(queue, ns, "write")))
+                    if self.fault_hook:
+                        self.fault_hook(n, queue, ns)
+            root = nodes[0]
+            refs.append(FlowRef(queue=root.queue, parent_id=root.id,
+                                child_ids=[cid for _, cid in root.children],
+                                nodes=[(n.queue, n.id) for n in nodes],
+                                landed=sum(int(c[0]) for c in counts),
+                                skipped=sum(int(c[1]) for c in counts)))
+        return refs

@@ -1,0 +1,120 @@
+"""Named exceptions, and the one table that maps script error strings to them.
+
+Lua scripts answer ``EMQ<CODE> ...`` error strings (DESIGN §5 rule 2); callers
+catch ``JobNotActive``, never a string (STYLE rule 3).
+"""
+
+from __future__ import annotations
+
+import redis
+
+
+class EchoMQError(Exception):
+    """Base class of every echomq_django error."""
+
+
+class JobNotFound(EchoMQError, KeyError):
+    """No job with that id in that queue (``EMQNOJOB``)."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else ""
+
+
+class JobNotActive(EchoMQError):
+    """complete / fail / extend_lease on a job that is not active (``EMQSTATE``)."""
+
+
+class LeaseLost(EchoMQError):
+    """The lease token is stale: the lease expired and the job moved on (``EMQLEASE``)."""
+
+
+class DuplicateJob(EchoMQError, ValueError):
+    """The job id is already taken in that queue (``EMQDUP``)."""
+
+
+class FlowConflict(DuplicateJob):
+    """A flow reuses an id held by another job or a different flow (``EMQCONFLICT``)."""
+
+
+class FlowError(EchoMQError, ValueError):
+    """A flow is malformed: duplicate ids, a cycle, a bad policy."""
+
+
+class PayloadError(EchoMQError, ValueError):
+    """A payload or result is not JSON-serialisable, or is over the size limit."""
+
+
+class JobNotRetryable(EchoMQError):
+    """retry-by-id on a job that is not dead (``EMQSTATE`` from ``retry``)."""
+
+
+class SweepLockLost(EchoMQError):
+    """A pump lost its sweep lock before trimming the outbox (``EMQLOCK``)."""
+
+
+class RedisUnavailable(EchoMQError, ConnectionError):
+    """Redis could not be reached; the message says where we tried."""
+
+
+# code -> exception class; JobNotActive for EMQSTATE is swapped for
+# JobNotRetryable by the retry path, where "not in the expected state" means
+# "not dead".
+ERRORS: dict[str, type[EchoMQError]] = {
+    "EMQNOJOB": JobNotFound,
+    "EMQSTATE": JobNotActive,
+    "EMQLEASE": LeaseLost,
+    "EMQDUP": DuplicateJob,
+    "EMQCONFLICT": FlowConflict,
+    "EMQLOCK": SweepLockLost,
+}
+
+_MESSAGES = {
+    "EMQNOJOB": "job {1!r} not found in queue {0!r}",
+    "EMQSTATE": "job {1!r} in queue {0!r} is {2}",
+    "EMQLEASE": "job {1!r} in queue {0!r}: lease token is stale (the lease expired "
+    "and the job was recovered or claimed again)",
+    "EMQDUP": "job id {1!r} is already used in queue {0!r} (state {2}); ids are unique per queue",
+}
+
+
+def translate(err: redis.exceptions.ResponseError) -> Exception:
+    """Turn a script's ``EMQ...`` error reply into its named exception.
+
+    Returns ``err`` unchanged when it is not one of ours.
+    """
+    text = str(err)
+    code, _, rest = text.partition(" ")
+    cls = ERRORS.get(code)
+    if cls is None:
+        return err
+    parts = rest.split(" ", 2)
+    template = _MESSAGES.get(code)
+    if template and len(parts) >= template.count("{"):
+        message = template.format(*parts, "", "")
+    else:
+        message = rest
+    exc = cls(message)
+    exc.code = code
+    exc.parts = parts
+    return exc
+
+
+def connection_error(client: object, err: Exception) -> RedisUnavailable:
+    """A ``RedisUnavailable`` that says where the client tried to connect."""
+    return RedisUnavailable(f"Redis is unreachable at {describe(client)}: {err}")
+
+
+def describe(client: object) -> str:
+    """``host:port/db`` (or the cluster's startup nodes) of a redis-py client."""
+    try:
+        kw = client.connection_pool.connection_kwargs  # type: ignore[attr-defined]
+        if "path" in kw:
+            return f"unix:{kw['path']}"
+        return f"redis://{kw.get('host', '?')}:{kw.get('port', '?')}/{kw.get('db', 0)}"
+    except AttributeError:
+        pass
+    try:
+        nodes = client.nodes_manager.startup_nodes  # type: ignore[attr-defined]
+        return "cluster " + ",".join(sorted(nodes))
+    except AttributeError:
+        return repr(client)

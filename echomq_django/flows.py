@@ -1,0 +1,166 @@
+"""Flows: the tree a user describes, and how it is landed (DESIGN §5-§7).
+
+A ``Flow`` is a job plus its children, which may be flows themselves. Landing
+it is planned here and executed by ``EchoMQ.add_flow``:
+
+* every node gets an id (given or generated) and is checked: no id twice in a
+  queue, no cycle, valid queue names, ids and JSON payloads;
+* nodes are ordered breadth first, so every parent is written before any of
+  its children (parent first, DESIGN §6);
+* consecutive nodes on the same queue form one step: one ``enqueue_flow``
+  script on that queue's slot. A flow whose nodes share one queue is one step,
+  hence atomic; a cross-queue flow is one step per (depth, queue).
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, field
+from typing import Any
+
+from .exceptions import FlowError
+from .keyspace import validate_id, validate_queue
+
+
+def new_id() -> str:
+    """A fresh job id: 16 URL-safe characters (96 random bits)."""
+    return secrets.token_urlsafe(12)
+
+
+@dataclass
+class Flow:
+    """One node of a flow: a job and its children (DESIGN §7).
+
+    ``queue`` and ``name`` (the handler) are required; ``payload`` is any
+    JSON-serialisable value; ``job_id`` defaults to a generated id. The three
+    failure flags say what this node's death means for its parent (seeds 000
+    and 003): ``fail_parent_on_failure`` is the default;
+    ``ignore_dependency_on_failure=True`` wins over the others;
+    ``remove_dependency_on_failure=True`` unlinks it without a record.
+    ``max_attempts`` / ``backoff_ms`` (ms) default to the queue's settings.
+    """
+
+    queue: str
+    name: str
+    payload: Any = None
+    job_id: str | None = None
+    children: list[Flow] = field(default_factory=list)
+    fail_parent_on_failure: bool = True
+    ignore_dependency_on_failure: bool = False
+    remove_dependency_on_failure: bool = False
+    max_attempts: int | None = None
+    backoff_ms: int | None = None
+
+    @property
+    def policy(self) -> str:
+        """The policy token this node carries: ``id``, ``rd`` or ``fp``."""
+        if self.ignore_dependency_on_failure:
+            return "id"
+        if self.remove_dependency_on_failure:
+            return "rd"
+        return "fp"
+
+
+@dataclass
+class FlowRef:
+    """What ``add_flow`` landed: the root's queue and id, its direct
+    children's ids, every node as ``(queue, id)`` in landing order, and how
+    many rows were written (``landed``) or already there (``skipped``)."""
+
+    queue: str
+    parent_id: str
+    child_ids: list[str]
+    nodes: list[tuple[str, str]]
+    landed: int = 0
+    skipped: int = 0
+
+
+@dataclass
+class Node:
+    """A planned node: everything ``enqueue_flow`` needs for one row."""
+
+    queue: str
+    id: str
+    name: str
+    payload: str
+    max_attempts: int
+    backoff_ms: int
+    parent_id: str
+    parent_queue: str
+    policy: str
+    children: list[tuple[str, str]]
+    depth: int
+
+
+def plan(root: Flow, encode, defaults) -> list[Node]:
+    """Assign ids, validate and order a flow's nodes breadth first.
+
+    ``encode(payload) -> str`` serialises a payload (raising ``PayloadError``);
+    ``defaults(queue) -> (max_attempts, backoff_ms)``. Raises ``FlowError`` for
+    a node that is not a ``Flow``, an id used twice in one queue, or a cycle;
+    ``ValueError`` for a bad queue name or id. Nothing is written here.
+    """
+    if not isinstance(root, Flow):
+        raise FlowError(f"add_flow takes a Flow, got {type(root).__name__}")
+    nodes: list[Node] = []
+    seen: dict[tuple[str, str], int] = {}
+    ids: dict[int, str] = {}
+    level: list[tuple[Flow, Node | None, tuple[int, ...]]] = [(root, None, ())]
+    depth = 0
+    while level:
+        next_level = []
+        for flow, parent, path in level:
+            if not isinstance(flow, Flow):
+                raise FlowError(f"a flow's children must be Flow objects, got {type(flow).__name__}")
+            if id(flow) in path:
+                raise FlowError(f"cycle in flow: {flow.queue}/{flow.name} is its own ancestor; "
+                                "a flow is a tree")
+            queue = validate_queue(flow.queue)
+            job_id = flow.job_id if flow.job_id is not None else ids.setdefault(id(flow), new_id())
+            validate_id(job_id)
+            if (queue, job_id) in seen:
+                raise FlowError(f"job id {job_id!r} appears twice in queue {queue!r} in one flow; "
+                                "every node needs its own id")
+            seen[(queue, job_id)] = len(nodes)
+            if not isinstance(flow.name, str) or not flow.name:
+                raise FlowError(f"flow node {queue}/{job_id} needs a job name (the handler)")
+            max_attempts, backoff_ms = defaults(queue)
+            node = Node(
+                queue=queue, id=job_id, name=flow.name, payload=encode(flow.payload),
+                max_attempts=int(flow.max_attempts or max_attempts),
+                backoff_ms=int(flow.backoff_ms if flow.backoff_ms is not None else backoff_ms),
+                parent_id=parent.id if parent else "", parent_queue=parent.queue if parent else "",
+                policy=flow.policy if parent else "fp", children=[], depth=depth)
+            if node.max_attempts < 1:
+                raise FlowError(f"max_attempts of {queue}/{job_id} must be >= 1")
+            if parent is not None:
+                parent.children.append((queue, job_id))
+            nodes.append(node)
+            for child in flow.children:
+                next_level.append((child, node, path + (id(flow),)))
+        level = next_level
+        depth += 1
+    return nodes
+
+
+def steps(nodes: list[Node], chunk: int) -> list[tuple[str, list[Node]]]:
+    """Group breadth-first nodes into ``(queue, nodes)`` steps.
+
+    A flow on one queue is one step. Otherwise a step is a run of nodes of one
+    queue at one depth; all of a parent's children are at the next depth, so
+    every step comes after the step holding its nodes' parents. A step longer
+    than ``chunk`` nodes is cut into chunks (DESIGN note: a huge flow lands in
+    several scripts, parents first, so no script blocks Redis for long).
+    """
+    if len({n.queue for n in nodes}) == 1:
+        groups = [(nodes[0].queue, nodes)]
+    else:
+        order: dict[tuple[int, str], list[Node]] = {}
+        for n in nodes:
+            order.setdefault((n.depth, n.queue), []).append(n)
+        groups = [(q, group) for (_, q), group in order.items()]
+    out = []
+    for queue, group in groups:
+        for i in range(0, len(group), chunk):
+            out.append((queue, group[i:i + chunk]))
+    return out

@@ -1,0 +1,209 @@
+"""The job: a dataclass, its state enum, and its encoding to and from Redis.
+
+A job row is the hash ``P:{q}:job:<id>`` (DESIGN §3). Decoding lives here and
+nowhere else (STYLE rule 4).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .client import EchoMQ
+    from .reads import Dependencies
+
+
+class JobState(str, Enum):
+    """The states of DESIGN §4."""
+
+    PENDING = "pending"
+    ACTIVE = "active"
+    DELAYED = "delayed"
+    COMPLETED = "completed"
+    DEAD = "dead"
+    AWAITING_CHILDREN = "awaiting_children"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+# state -> the index key name (P:{q}:<index>) that holds a job in that state
+STATE_INDEX = {
+    JobState.PENDING: "pending",
+    JobState.ACTIVE: "active",
+    JobState.DELAYED: "delayed",
+    JobState.COMPLETED: "completed",
+    JobState.DEAD: "dead",
+    JobState.AWAITING_CHILDREN: "awaiting",
+}
+
+POLICIES = {"fp": "fail_parent", "id": "ignore_dependency", "rd": "remove_dependency"}
+
+
+def _text(value: Any) -> str | None:
+    if value is None:
+        return None
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def _json(value: Any) -> Any:
+    return None if value is None else json.loads(value)
+
+
+@dataclass
+class Job:
+    """One job as read from Redis.
+
+    ``payload`` and ``result`` are decoded JSON; timestamps are ms since the
+    epoch; ``lease`` is the token a worker holds (set by ``claim`` only);
+    ``parent`` / ``parent_queue`` / ``parent_policy`` are set on a flow child
+    (policy ``fp``, ``id`` or ``rd``, DESIGN §2). ``children_values()``,
+    ``dependencies()`` and ``ignored_failures()`` read Redis lazily, on first
+    use only, and cache the answer (seed 003, "lazy evaluation").
+    """
+
+    id: str
+    queue: str
+    name: str
+    payload: Any = None
+    state: JobState = JobState.PENDING
+    attempts: int = 0
+    max_attempts: int = 1
+    backoff_ms: int = 0
+    result: Any = None
+    error: str | None = None
+    parent: str | None = None
+    parent_queue: str | None = None
+    parent_policy: str | None = None
+    created_at: int | None = None
+    started_at: int | None = None
+    finished_at: int | None = None
+    stalls: int = 0
+    lease: str | None = None
+    lease_deadline: int | None = None
+    _mq: EchoMQ | None = field(default=None, repr=False, compare=False)
+    _cache: dict = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_row(cls, queue: str, job_id: str, row: dict, mq: EchoMQ | None = None) -> Job:
+        """Build a Job from an HGETALL reply (bytes or str keys and values)."""
+        r = {_text(k): v for k, v in row.items()}
+        return cls(
+            id=job_id,
+            queue=queue,
+            name=_text(r.get("name")) or "",
+            payload=_json(r.get("payload")),
+            state=JobState(_text(r.get("state"))),
+            attempts=_int(r.get("attempts")) or 0,
+            max_attempts=_int(r.get("max_attempts")) or 1,
+            backoff_ms=_int(r.get("backoff_ms")) or 0,
+            result=_json(r.get("result")),
+            error=_text(r.get("error")),
+            parent=_text(r.get("parent")),
+            parent_queue=_text(r.get("parent_queue")),
+            parent_policy=_text(r.get("parent_policy")),
+            created_at=_int(r.get("created_at")),
+            started_at=_int(r.get("started_at")),
+            finished_at=_int(r.get("finished_at")),
+            stalls=_int(r.get("stalls")) or 0,
+            lease=_text(r.get("lease")),
+            _mq=mq,
+        )
+
+    @classmethod
+    def from_claim(cls, queue: str, values: list, deadline: int, mq: EchoMQ) -> Job:
+        """Build an active Job from one 11-value group of ``claim``'s reply."""
+        (job_id, token, name, payload, attempts, max_attempts, backoff_ms,
+         parent, parent_queue, parent_policy, created_at) = values
+        return cls(
+            id=_text(job_id), queue=queue, name=_text(name) or "", payload=_json(payload),
+            state=JobState.ACTIVE, attempts=int(attempts), max_attempts=int(max_attempts or 1),
+            backoff_ms=int(backoff_ms or 0), parent=_text(parent),
+            parent_queue=_text(parent_queue), parent_policy=_text(parent_policy),
+            created_at=_int(created_at), lease=_text(token), lease_deadline=deadline, _mq=mq,
+        )
+
+    @property
+    def ref(self) -> str:
+        """The job's child ref: its full job key (DESIGN §3)."""
+        return self._require_mq().keys.job(self.queue, self.id)
+
+    def _require_mq(self) -> EchoMQ:
+        if self._mq is None:
+            raise RuntimeError("this Job is not bound to an EchoMQ; read it with get_job()")
+        return self._mq
+
+    def _lazy(self, name: str):
+        if name not in self._cache:
+            self._cache[name] = getattr(self._require_mq(), name)(self.queue, self.id)
+        return self._cache[name]
+
+    def children_values(self) -> dict[str, Any]:
+        """``{child_ref: result}`` of the processed children (one read, cached)."""
+        return self._lazy("children_values")
+
+    def dependencies(self) -> Dependencies:
+        """The parent's ``Dependencies`` (one read, cached); see reads.py."""
+        return self._lazy("dependencies")
+
+    def ignored_failures(self) -> dict[str, str]:
+        """``{child_ref: error}`` of ignored dead children (one read, cached)."""
+        return self._lazy("ignored_failures")
+
+
+@dataclass
+class Outcome:
+    """What one transition did, decoded from a script's JSON reply.
+
+    ``state`` is the job's new state; ``run_at`` (ms) is set when it went to
+    delayed; the lists hold ``(queue, id)`` pairs of jobs the same script also
+    moved: parents released, jobs that went dead (this one included when it
+    died), parents that went dead because of a child (``flow_failed``), parents
+    revived to awaiting_children by a retry, jobs retried.
+    """
+
+    state: JobState | None = None
+    run_at: int | None = None
+    released: list[tuple[str, str]] = field(default_factory=list)
+    dead: list[tuple[str, str]] = field(default_factory=list)
+    flow_failed: list[tuple[str, str]] = field(default_factory=list)
+    revived: list[tuple[str, str]] = field(default_factory=list)
+    retried: list[tuple[str, str]] = field(default_factory=list)
+    recovered: int = 0
+    outbox: int = 0
+
+    @classmethod
+    def from_reply(cls, reply: Any, parse) -> Outcome:
+        """Decode a script's ``cjson.encode(OUT)`` reply; ``parse`` maps a
+        ``P:{q}:<id>`` string to ``(queue, id)``."""
+        data = json.loads(reply)
+
+        def pairs(name: str) -> list[tuple[str, str]]:
+            return [parse(v) for v in data.get(name) or []]
+
+        state = data.get("state")
+        return cls(
+            state=JobState(state) if state else None,
+            run_at=data.get("run_at"),
+            released=pairs("released"),
+            dead=pairs("dead"),
+            flow_failed=pairs("flow_failed"),
+            revived=pairs("revived"),
+            retried=pairs("retried"),
+            recovered=data.get("recovered") or 0,
+            outbox=data.get("outbox") or 0,
+        )
+
+    def merge(self, other: Outcome) -> None:
+        """Add ``other``'s lists and counts to this one (state stays)."""
+        for name in ("released", "dead", "flow_failed", "revived", "retried"):
+            getattr(self, name).extend(getattr(other, name))
+        self.recovered += other.recovered
+        self.outbox += other.outbox

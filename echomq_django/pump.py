@@ -1,0 +1,199 @@
+"""The pump: the per-queue sweep (DESIGN §6).
+
+One ``Pump(queues).sweep()`` pass, for each queue:
+
+1. delivers its outbox (cross-queue fan-in): read without removing (LRANGE),
+   deliver each entry with ``flow_deliver`` on its parent's slot, then
+   ``outbox_trim`` removes exactly the delivered prefix. A crash between
+   deliver and trim re-delivers, which the scripts' guards make a no-op. The
+   sweep holds a lock (redis-py ``Lock``) and the trim checks it, so two pumps
+   on one queue never trim what the other has not delivered. An entry whose
+   parent is gone is retried on ``max_tries`` sweeps, then moved to the
+   dead-letter list with its reason so the entries behind it keep flowing;
+2. promotes due delayed jobs;
+3. recovers expired leases (a job past the stall limit dies).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+
+from . import signals
+from .jobs import Outcome
+
+log = logging.getLogger("echomq_django.pump")
+
+
+def deliver_entries(mq, entries: list[dict]) -> tuple[list[bool], Outcome]:
+    """Deliver outbox entries (dicts ``{k, c, p, q, pol?, v?}``) to their
+    parents, one ``flow_deliver`` per parent queue, pipelined. Returns a
+    delivered flag per entry (False: parent row gone, or the entry is
+    malformed) and the merged ``Outcome``."""
+    groups: dict[str, list[int]] = {}
+    flags = [False] * len(entries)
+    for i, e in enumerate(entries):
+        try:
+            mq.keys.base(e["q"])
+            mq.keys.job(e["q"], e["p"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        groups.setdefault(e["q"], []).append(i)
+    calls = []
+    for queue, idx in groups.items():
+        k = mq.keys
+        args: list = [queue, k.base(queue), mq.clock()]
+        for i in idx:
+            e = entries[i]
+            args += [e["k"], e["c"], e["p"], e.get("pol") or "fp", e.get("v") or ""]
+        calls.append(("flow_deliver",
+                      [k.queue_key(queue, "pending"), k.queue_key(queue, "awaiting")], args))
+    outcome = Outcome()
+    for (queue, idx), reply in zip(groups.items(), mq.scripts.run_many(calls)):
+        if isinstance(reply, Exception):
+            raise reply
+        outcome.merge(mq._outcome(reply))
+        for i, ok in zip(idx, json.loads(reply)["delivered"]):
+            flags[i] = bool(ok)
+    return flags, outcome
+
+
+@dataclass
+class SweepReport:
+    """What one sweep of one queue did (counts)."""
+
+    delivered: int = 0
+    deadlettered: int = 0
+    promoted: int = 0
+    recovered: int = 0
+    released: int = 0
+    dead: int = 0
+    locked: bool = False
+    outcome: Outcome = field(default_factory=Outcome, repr=False)
+
+    def as_dict(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != "outcome"}
+
+
+def deliver_outbox(mq, queue: str, batch: int = 500, lock_ms: int = 30000,
+                   max_tries: int = 3, report: SweepReport | None = None) -> SweepReport:
+    """Deliver ``queue``'s outbox, ``batch`` entries per round, until it is
+    empty or blocked by an entry still being retried. Skips (``locked=True``)
+    when another pump holds the sweep lock of this queue."""
+    report = report or SweepReport()
+    k, client = mq.keys, mq.client
+    outbox = k.queue_key(queue, "flow:outbox")
+    tries_key = k.queue_key(queue, "flow:tries")
+    lock = client.lock(k.queue_key(queue, "pump:lock"), timeout=lock_ms / 1000,
+                       blocking=False)
+    if not lock.acquire():
+        report.locked = True
+        return report
+    try:
+        while True:
+            raw = client.lrange(outbox, 0, batch - 1)
+            if not raw:
+                break
+            entries = []
+            for item in raw:
+                try:
+                    entries.append(json.loads(item))
+                except ValueError:
+                    entries.append({})
+            flags, outcome = deliver_entries(mq, entries)
+            report.outcome.merge(outcome)
+            actions = []
+            for item, entry, ok in zip(raw, entries, flags):
+                if ok:
+                    actions.append("ok")
+                    continue
+                tries = client.hincrby(tries_key, item, 1)
+                if tries < max_tries:
+                    break
+                actions.append(f"parent {entry.get('q')}/{entry.get('p')} not found "
+                               f"after {tries} deliveries" if entry else "malformed entry")
+                client.hdel(tries_key, item)
+            if actions:
+                mq.scripts.run("outbox_trim",
+                               [outbox, k.queue_key(queue, "pump:lock"),
+                                k.queue_key(queue, "flow:deadletter")],
+                               [lock.local.token, mq.clock(), *actions])
+            report.delivered += actions.count("ok")
+            report.deadlettered += len(actions) - actions.count("ok")
+            if len(actions) < len(raw) or len(raw) < batch:
+                break
+            lock.extend(lock_ms / 1000, replace_ttl=True)
+    finally:
+        try:
+            lock.release()
+        except Exception:  # expired: another pump may hold it now; nothing to undo
+            log.warning("pump lock on %s expired during the sweep", queue)
+    return report
+
+
+class Pump:
+    """Sweeps queues: ``Pump(["orders"], mq=None).sweep()`` (DESIGN §7).
+
+    ``queues``: list of queue names; ``mq``: an ``EchoMQ`` (None: the one
+    built from settings); ``batch``: outbox entries per round trip;
+    ``lock_ms`` (ms): how long a sweep may hold a queue's outbox;
+    ``max_tries``: deliveries of an entry whose parent is gone before it is
+    dead-lettered; ``max_stalls``: lease expiries a job survives;
+    ``after_sweep``: callables ``f(pump, reports)`` run after each sweep (the
+    admin mirror hooks in here).
+    """
+
+    def __init__(self, queues: list[str], mq=None, *, batch: int = 500, lock_ms: int = 30000,
+                 max_tries: int = 3, max_stalls: int = 1, after_sweep=None) -> None:
+        if mq is None:
+            from .conf import get_mq
+            mq = get_mq()
+        self.mq = mq
+        self.queues = [mq.keys.base(q) and q for q in queues]
+        if not self.queues:
+            raise ValueError("a pump needs at least one queue")
+        self.batch, self.lock_ms, self.max_tries = batch, lock_ms, max_tries
+        self.max_stalls = max_stalls
+        self.after_sweep = list(after_sweep or [])
+        self.totals = SweepReport()
+
+    def sweep(self) -> dict[str, dict]:
+        """One pass over every queue; returns ``{queue: counts}`` (see
+        ``SweepReport``). Raises ``RedisUnavailable`` when Redis is down."""
+        reports = {}
+        for queue in self.queues:
+            rep = deliver_outbox(self.mq, queue, self.batch, self.lock_ms, self.max_tries)
+            rep.promoted = self.mq.promote_delayed(queue, limit=self.batch * 10)
+            stalled = self.mq.recover_stalled(queue, limit=self.batch * 10,
+                                              max_stalls=self.max_stalls)
+            rep.recovered = stalled.recovered
+            rep.outcome.merge(stalled)
+            rep.released = len(rep.outcome.released)
+            rep.dead = len(rep.outcome.dead)
+            signals.send_outcome(self, self.mq, rep.outcome)
+            reports[queue] = rep
+            for name in ("delivered", "deadlettered", "promoted", "recovered", "released", "dead"):
+                setattr(self.totals, name, getattr(self.totals, name) + getattr(rep, name))
+        for hook in self.after_sweep:
+            hook(self, reports)
+        return {q: r.as_dict() for q, r in reports.items()}
+
+    def run(self, interval: float = 1.0, once: bool = False, should_stop=None, on_sweep=None):
+        """Sweep every ``interval`` seconds until ``should_stop()`` is true (or
+        once). ``on_sweep(reports)`` is called after each pass."""
+        while True:
+            started = time.monotonic()
+            reports = self.sweep()
+            if on_sweep:
+                on_sweep(reports)
+            if once or (should_stop and should_stop()):
+                return
+            busy = any(r["delivered"] >= self.batch for r in reports.values())
+            wait = 0 if busy else max(0.0, interval - (time.monotonic() - started))
+            deadline = time.monotonic() + wait
+            while time.monotonic() < deadline:
+                if should_stop and should_stop():
+                    return
+                time.sleep(min(0.05, deadline - time.monotonic()))

@@ -1,0 +1,192 @@
+"""The script registry: loads ``lua/`` once per process, runs scripts by EVALSHA.
+
+DESIGN §5. Each ``lua/<name>.lua`` is one transition; a line
+``-- @include lib/<file>.lua`` in its body is replaced by that file (shared
+fan-in code). The text is read once per process (``load_sources``); each
+client gets redis-py ``Script`` objects, which do EVALSHA with the NOSCRIPT
+fallback, on ``redis.Redis`` and ``redis.cluster.RedisCluster`` alike.
+
+The header of each file declares its ``KEYS[i]`` and ``ARGV[i]``; ``run``
+checks every call against it, so Python and Lua cannot drift apart silently.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.resources
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import redis
+from redis.cluster import RedisCluster
+
+from .exceptions import connection_error, translate
+
+_INCLUDE = re.compile(r"^-- @include (\S+)$", re.M)
+_KEYS = re.compile(r"^\s+KEYS\[(\d+)\]\s+(.+)$", re.M)
+_ARGV = re.compile(r"^\s+ARGV\[(\d+)(\.\.)?\]\s+(.+)$", re.M)
+
+
+def lua_dir() -> Path:
+    """The folder holding the Lua scripts.
+
+    From a checkout it is the top-level ``lua/`` beside the package; from an
+    installed wheel it is the ``echomq_django/lua`` package data. Raises
+    ``FileNotFoundError`` when neither exists.
+    """
+    checkout = Path(__file__).resolve().parent.parent / "lua"
+    if (checkout / "claim.lua").is_file():
+        return checkout
+    try:
+        packaged = Path(str(importlib.resources.files("echomq_django.lua")))
+    except ModuleNotFoundError:
+        packaged = Path(__file__).resolve().parent / "lua"
+    if (packaged / "claim.lua").is_file():
+        return packaged
+    raise FileNotFoundError(f"echomq_django's Lua scripts are missing (looked in {checkout} "
+                            f"and {packaged}); reinstall the package")
+
+
+@dataclass(frozen=True)
+class Source:
+    """One script: its name, full text (includes inlined) and declared arity.
+
+    ``nkeys`` is the number of ``KEYS[i]`` lines; ``nargv`` the number of fixed
+    ``ARGV[i]`` lines; ``variadic`` is true when the header ends with
+    ``ARGV[n..]`` (a repeated group).
+    """
+
+    name: str
+    text: str
+    header: str
+    keys: tuple[str, ...]
+    argv: tuple[str, ...]
+    variadic: bool
+
+    @property
+    def nkeys(self) -> int:
+        return len(self.keys)
+
+    @property
+    def nargv(self) -> int:
+        return len(self.argv)
+
+
+def parse_header(name: str, raw: str) -> tuple[str, tuple[str, ...], tuple[str, ...], bool]:
+    """Parse a script's ``--[[ ... ]]`` header into (header, keys, argv, variadic).
+
+    Raises ``ValueError`` when the header is missing, numbers its KEYS/ARGV
+    out of order, or lacks a ``returns:`` or ``errors:`` line.
+    """
+    if not raw.startswith("--[["):
+        raise ValueError(f"lua/{name}.lua must open with a --[[ header ]]")
+    header = raw[: raw.index("]]") + 2]
+    keys, argv, variadic = [], [], False
+    for m in _KEYS.finditer(header):
+        keys.append((int(m.group(1)), m.group(2).strip()))
+    for m in _ARGV.finditer(header):
+        if m.group(2):
+            variadic = True
+            continue
+        argv.append((int(m.group(1)), m.group(3).strip()))
+    for label, items in (("KEYS", keys), ("ARGV", argv)):
+        if [i for i, _ in items] != list(range(1, len(items) + 1)):
+            raise ValueError(f"lua/{name}.lua header numbers its {label} out of order")
+    for word in ("returns:", "errors:"):
+        if word not in header:
+            raise ValueError(f"lua/{name}.lua header lacks a {word!r} line")
+    return header, tuple(k for _, k in keys), tuple(a for _, a in argv), variadic
+
+
+@functools.cache
+def load_sources() -> dict[str, Source]:
+    """Read every ``lua/*.lua`` once per process; returns ``{name: Source}``."""
+    folder = lua_dir()
+    sources = {}
+    for path in sorted(folder.glob("*.lua")):
+        raw = path.read_text()
+        name = path.stem
+        header, keys, argv, variadic = parse_header(name, raw)
+
+        def include(m: re.Match) -> str:
+            return (folder / m.group(1)).read_text()
+
+        sources[name] = Source(name, _INCLUDE.sub(include, raw), header, keys, argv, variadic)
+    return sources
+
+
+class Scripts:
+    """The scripts bound to one client (``redis.Redis`` or ``RedisCluster``).
+
+    ``run(name, keys, args)`` executes one script and returns its reply;
+    ``run_many([(name, keys, args), ...])`` pipelines many in one round trip
+    and returns their replies in order, an exception object in place of a
+    failed one. ``EMQ...`` errors become named exceptions (exceptions.py); a
+    connection error becomes ``RedisUnavailable`` naming the address.
+    """
+
+    def __init__(self, client: redis.Redis | RedisCluster) -> None:
+        self.client = client
+        self.sources = load_sources()
+        self._scripts = {n: client.register_script(s.text) for n, s in self.sources.items()}
+        self._loaded_for_pipeline = False
+
+    def check_call(self, name: str, keys: list, args: list) -> None:
+        """Raise ``TypeError`` when a call does not match the script's header."""
+        src = self.sources[name]
+        fixed_ok = len(args) >= src.nargv if src.variadic else len(args) == src.nargv
+        if len(keys) != src.nkeys or not fixed_ok:
+            raise TypeError(
+                f"script {name} takes {src.nkeys} KEYS and {src.nargv}"
+                f"{'+' if src.variadic else ''} ARGV, got {len(keys)} and {len(args)}")
+
+    def run(self, name: str, keys: list, args: list):
+        """Run script ``name``; raises the named exception for an ``EMQ`` error."""
+        self.check_call(name, keys, args)
+        try:
+            return self._scripts[name](keys=keys, args=args)
+        except redis.exceptions.ResponseError as err:
+            raise translate(err) from None
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as err:
+            raise connection_error(self.client, err) from err
+
+    def run_many(self, calls: list[tuple[str, list, list]]) -> list:
+        """Pipeline ``calls`` in one round trip (per node on a Cluster).
+
+        Returns one reply per call, or the translated exception for a call that
+        failed; the others still ran. NOSCRIPT (a flushed or failed-over node)
+        is handled by reloading and re-running just those calls: a NOSCRIPT
+        call never ran, so re-running it is safe.
+        """
+        if not calls:
+            return []
+        for name, keys, args in calls:
+            self.check_call(name, keys, args)
+        cluster = isinstance(self.client, RedisCluster)
+        if cluster and not self._loaded_for_pipeline:
+            for script in self._scripts.values():
+                script.sha = self.client.script_load(script.script)
+            self._loaded_for_pipeline = True
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            for name, keys, args in calls:
+                script = self._scripts[name]
+                if cluster:
+                    pipe.evalsha(script.sha, len(keys), *keys, *args)
+                else:
+                    script(keys=keys, args=args, client=pipe)
+            replies = pipe.execute(raise_on_error=False)
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as err:
+            raise connection_error(self.client, err) from err
+        out = []
+        for (name, keys, args), reply in zip(calls, replies):
+            if isinstance(reply, redis.exceptions.NoScriptError):
+                try:
+                    reply = self._scripts[name](keys=keys, args=args)
+                except redis.exceptions.ResponseError as err:
+                    reply = err
+            if isinstance(reply, redis.exceptions.ResponseError):
+                reply = translate(reply)
+            out.append(reply)
+        return out

@@ -1,0 +1,43 @@
+--[[
+  enqueue: gate the id, write one job row, push it pending (or delayed).
+  DESIGN §5 `enqueue`; §4 states.
+
+  KEYS[1] job row              P:{q}:job:<id> (hash)
+  KEYS[2] pending list         P:{q}:pending
+  KEYS[3] delayed zset         P:{q}:delayed (score: run-at, ms)
+  KEYS[4] events stream        P:{q}:events
+
+  ARGV[1] queue name
+  ARGV[2] job id
+  ARGV[3] job name (the handler)
+  ARGV[4] payload, a JSON text
+  ARGV[5] max attempts (integer >= 1)
+  ARGV[6] backoff base (ms)
+  ARGV[7] now (ms since the epoch, from the host)
+  ARGV[8] delay (ms; 0 = claimable now)
+
+  returns: the state written, 'pending' or 'delayed'
+  errors:  EMQDUP <queue> <id> <state>  the id is taken; nothing is written
+]]
+local row, pending, delayed = KEYS[1], KEYS[2], KEYS[3]
+local queue, id = ARGV[1], ARGV[2]
+local now, delay = tonumber(ARGV[7]), tonumber(ARGV[8])
+
+local existing = redis.call('HGET', row, 'state')
+if existing then
+  return redis.error_reply('EMQDUP ' .. queue .. ' ' .. id .. ' ' .. existing)
+end
+
+local state = 'pending'
+if delay > 0 then
+  state = 'delayed'
+end
+redis.call('HSET', row, 'name', ARGV[3], 'payload', ARGV[4], 'state', state,
+  'attempts', 0, 'max_attempts', ARGV[5], 'backoff_ms', ARGV[6], 'created_at', now)
+if state == 'delayed' then
+  redis.call('ZADD', delayed, now + delay, id)
+else
+  redis.call('RPUSH', pending, id)
+end
+redis.call('XADD', KEYS[4], 'MAXLEN', '~', 10000, '*', 'e', 'added', 'id', id)
+return state

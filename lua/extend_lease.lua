@@ -1,0 +1,34 @@
+--[[
+  extend_lease: heartbeat for a long job; push its lease deadline forward.
+  DESIGN §5 `extend_lease`.
+
+  KEYS[1] job row              P:{q}:job:<id>
+  KEYS[2] active zset          P:{q}:active (score: lease deadline, ms)
+
+  ARGV[1] queue name
+  ARGV[2] job id
+  ARGV[3] lease token (from claim)
+  ARGV[4] now (ms)
+  ARGV[5] lease length (ms), counted from now
+
+  returns: the new deadline (ms)
+  errors:  EMQNOJOB <queue> <id>            no such job
+           EMQSTATE <queue> <id> <state>    the job is not active
+           EMQLEASE <queue> <id>            the lease token is stale
+]]
+local row, active = KEYS[1], KEYS[2]
+local queue, id, token = ARGV[1], ARGV[2], ARGV[3]
+local deadline = tonumber(ARGV[4]) + tonumber(ARGV[5])
+
+local f = redis.call('HMGET', row, 'state', 'lease')
+if not f[1] then
+  return redis.error_reply('EMQNOJOB ' .. queue .. ' ' .. id)
+end
+if f[1] ~= 'active' then
+  return redis.error_reply('EMQSTATE ' .. queue .. ' ' .. id .. ' ' .. f[1])
+end
+if f[2] ~= token then
+  return redis.error_reply('EMQLEASE ' .. queue .. ' ' .. id)
+end
+redis.call('ZADD', active, 'XX', deadline, id)
+return deadline

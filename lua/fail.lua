@@ -1,0 +1,65 @@
+--[[
+  fail: active -> delayed with exponential backoff while attempts remain
+  (straight to pending when the backoff is 0),
+  else dead; a dead child resolves its parent by its policy (same queue: here;
+  other queue: a fail entry on this queue's outbox). DESIGN §5 `fail`, §4.
+
+  KEYS[1] job row              P:{q}:job:<id>
+  KEYS[2] delayed zset         P:{q}:delayed (score: run-at, ms)
+
+  ARGV[1] queue name
+  ARGV[2] queue key prefix     P:{q}:
+  ARGV[3] job id
+  ARGV[4] lease token (from claim)
+  ARGV[5] error text
+  ARGV[6] now (ms)
+  ARGV[7] backoff cap (ms): the longest wait between attempts
+  ARGV[8] force dead: '1' skips the remaining attempts, '0' otherwise
+
+  returns: JSON {state: 'delayed'|'pending'|'dead', run_at: ms|null, released, dead,
+           flow_failed, outbox}
+  errors:  EMQNOJOB <queue> <id>            no such job
+           EMQSTATE <queue> <id> <state>    the job is not active
+           EMQLEASE <queue> <id>            the lease token is stale
+]]
+local row, delayed = KEYS[1], KEYS[2]
+local QUEUE = ARGV[1]
+-- @include lib/flow.lua
+local base, id, token, err = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+local now, cap = tonumber(ARGV[6]), tonumber(ARGV[7])
+
+local f = redis.call('HMGET', row, 'state', 'lease', 'attempts', 'max_attempts', 'backoff_ms')
+if not f[1] then
+  return redis.error_reply('EMQNOJOB ' .. QUEUE .. ' ' .. id)
+end
+if f[1] ~= 'active' then
+  return redis.error_reply('EMQSTATE ' .. QUEUE .. ' ' .. id .. ' ' .. f[1])
+end
+if f[2] ~= token then
+  return redis.error_reply('EMQLEASE ' .. QUEUE .. ' ' .. id)
+end
+
+local attempts, max_attempts = tonumber(f[3]), tonumber(f[4])
+if attempts < max_attempts and ARGV[8] ~= '1' then
+  -- attempt n waits backoff * 2^(n-1), capped
+  local wait = math.min(tonumber(f[5]) * (2 ^ (attempts - 1)), cap)
+  local run_at = now + math.floor(wait)
+  redis.call('ZREM', base .. 'active', id)
+  redis.call('HDEL', row, 'lease')
+  if run_at > now then
+    redis.call('HSET', row, 'state', 'delayed', 'error', err, 'updated_at', now)
+    redis.call('ZADD', delayed, run_at, id)
+    OUT.state = 'delayed'
+    OUT.run_at = run_at
+  else
+    redis.call('HSET', row, 'state', 'pending', 'error', err, 'updated_at', now)
+    redis.call('RPUSH', base .. 'pending', id)
+    OUT.state = 'pending'
+  end
+  emit(base, 'failed', id)
+  return cjson.encode(OUT)
+end
+
+kill(base, id, err, now)
+OUT.state = 'dead'
+return cjson.encode(OUT)

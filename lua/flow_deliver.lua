@@ -1,0 +1,44 @@
+--[[
+  flow_deliver: deliver outbox entries to parents on this slot (DESIGN §6;
+  it is both `flow_deliver` and `flow_fail_deliver` of §5, one entry kind
+  each, so a batch keeps the outbox's order). Every entry is guarded, so a
+  re-delivery changes nothing:
+    done      HSETNX :processed, decrement, release at zero
+    dead      apply the child's policy once (fp: parent dead; id / rd:
+              record, decrement, maybe release)
+    reattach  a retried child leaves the parent's :failed (maybe reviving it)
+
+  KEYS[1] pending list         P:{pq}:pending   (pq = the parents' queue)
+  KEYS[2] awaiting zset        P:{pq}:awaiting
+
+  ARGV[1] parents' queue name
+  ARGV[2] parents' queue key prefix   P:{pq}:
+  ARGV[3] now (ms)
+  ARGV[4..] entries, 5 values each: kind, child ref, parent id, policy, value
+           (the result JSON for done, the error text for dead, '' otherwise)
+
+  returns: JSON {delivered: [1|0 per entry; 0 = the parent row is gone],
+           released, dead, flow_failed, revived, reattach, outbox}
+  errors:  none
+]]
+local QUEUE = ARGV[1]
+-- @include lib/flow.lua
+local base, now = ARGV[2], tonumber(ARGV[3])
+
+OUT.delivered = {}
+for i = 4, #ARGV, 5 do
+  local kind, ref, pid, policy, value = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]
+  local ok
+  if redis.call('EXISTS', job_key(base, pid)) == 0 then
+    ok = false
+  elseif kind == 'done' then
+    ok = fan_in_done(base, pid, ref, value, now)
+  elseif kind == 'dead' then
+    ok = fan_in_dead(base, pid, ref, value, policy, now)
+  else
+    reattach(base, pid, ref, now)
+    ok = true
+  end
+  OUT.delivered[#OUT.delivered + 1] = ok and 1 or 0
+end
+return cjson.encode(OUT)

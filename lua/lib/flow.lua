@@ -1,0 +1,213 @@
+--[[
+  lib/flow.lua: shared helpers, inlined by the registry into every script whose
+  header says `@include lib/flow.lua`. Not a script of its own: it defines
+  local functions only and touches no key until a script calls them.
+
+  Why a shared file: fan-in and death propagation (DESIGN §4) are the same
+  whether a child finishes in `complete`, dies in `fail` / `recover_stalled`,
+  or is delivered from another slot by the pump (`flow_deliver`). One copy
+  keeps the exactly-once guard identical on every road.
+
+  Every key these helpers build is `base .. suffix` where `base` is the
+  `P:{q}:` of the queue the script runs on: one slot (DESIGN §5 rule 1). A
+  parent on another slot is never touched: an outbox entry is pushed instead.
+
+  The including script defines `QUEUE` (its queue name) before the include.
+
+  Results are collected in OUT: released, dead, flow_failed and revived hold
+  `P:{q}:<id>` strings (queue key prefix + id), reattach the outbox entries a
+  retry emitted, outbox the number of entries pushed. The calling script
+  returns cjson.encode(OUT).
+]]
+
+local OUT = {released = {}, dead = {}, flow_failed = {}, revived = {}, reattach = {}, outbox = 0}
+local EVENTS_MAXLEN = 10000
+
+local function emit(base, event, id)
+  redis.call('XADD', base .. 'events', 'MAXLEN', '~', EVENTS_MAXLEN, '*', 'e', event, 'id', id)
+end
+
+local function job_key(base, id)
+  return base .. 'job:' .. id
+end
+
+-- The child ref is the child's full job key: unique across queues (DESIGN §3).
+local function child_ref(base, id)
+  return base .. 'job:' .. id
+end
+
+-- True when the child has already resolved its parent by a decrement
+-- (completed, ignored or removed). A child in :failed has not: `fp` keeps it
+-- counted so that a retry can re-attach it (DESIGN §4).
+local function already_resolved(pkey, ref)
+  return redis.call('HEXISTS', pkey .. ':processed', ref) == 1
+      or redis.call('HEXISTS', pkey .. ':unsuccessful', ref) == 1
+      or redis.call('HEXISTS', pkey .. ':removed', ref) == 1
+end
+
+-- Decrement the parent's counter (never below zero) and release it when it
+-- reaches zero while still awaiting_children: a dead parent is never released.
+local function decrement_and_maybe_release(base, pid, now)
+  local pkey = job_key(base, pid)
+  local left = tonumber(redis.call('GET', pkey .. ':dependencies') or '0')
+  if left > 0 then
+    left = redis.call('DECR', pkey .. ':dependencies')
+  end
+  if left <= 0 and redis.call('HGET', pkey, 'state') == 'awaiting_children' then
+    redis.call('HSET', pkey, 'state', 'pending', 'updated_at', now)
+    redis.call('ZREM', base .. 'awaiting', pid)
+    redis.call('RPUSH', base .. 'pending', pid)
+    emit(base, 'released', pid)
+    OUT.released[#OUT.released + 1] = base .. pid
+  end
+end
+
+local reattach
+
+-- A job that left dead (retried, or revived) re-attaches to a parent it had
+-- failed (`fp`): here when the parent shares the slot, else by a `reattach`
+-- entry on this queue's outbox that the pump delivers (DESIGN §4 retry).
+local function reattach_up(base, id, now)
+  local parent = redis.call('HMGET', job_key(base, id), 'parent', 'parent_queue', 'parent_policy')
+  if not parent[1] or (parent[3] or 'fp') ~= 'fp' then
+    return
+  end
+  local ref = child_ref(base, id)
+  if parent[2] == QUEUE then
+    reattach(base, parent[1], ref, now)
+  else
+    local entry = cjson.encode({k = 'reattach', c = ref, p = parent[1], q = parent[2]})
+    redis.call('RPUSH', base .. 'flow:outbox', entry)
+    OUT.outbox = OUT.outbox + 1
+    OUT.reattach[#OUT.reattach + 1] = entry
+  end
+end
+
+-- Take a child out of its parent's :failed; when that was the last failed
+-- child of a dead parent, the parent returns to awaiting_children (its counter
+-- still counts the child) and re-attaches one level up in turn.
+reattach = function(base, pid, ref, now)
+  local pkey = job_key(base, pid)
+  if redis.call('HDEL', pkey .. ':failed', ref) == 0 then
+    return
+  end
+  if redis.call('HLEN', pkey .. ':failed') > 0 or redis.call('HGET', pkey, 'state') ~= 'dead' then
+    return
+  end
+  redis.call('ZREM', base .. 'dead', pid)
+  redis.call('ZADD', base .. 'awaiting', now, pid)
+  redis.call('HSET', pkey, 'state', 'awaiting_children', 'updated_at', now)
+  redis.call('HDEL', pkey, 'error', 'finished_at')
+  emit(base, 'reattached', pid)
+  OUT.revived[#OUT.revived + 1] = base .. pid
+  reattach_up(base, pid, now)
+end
+
+local propagate_death
+
+-- A child finished: record its result with HSETNX (the exactly-once guard) and
+-- decrement only on a new entry. A child sitting in :failed (an `fp` death
+-- later retried) leaves :failed as it resolves: the retry re-attached it.
+local function fan_in_done(base, pid, ref, result, now)
+  local pkey = job_key(base, pid)
+  if redis.call('EXISTS', pkey) == 0 then
+    return false
+  end
+  if redis.call('HEXISTS', pkey .. ':unsuccessful', ref) == 1
+      or redis.call('HEXISTS', pkey .. ':removed', ref) == 1 then
+    return true
+  end
+  reattach(base, pid, ref, now)
+  if redis.call('HSETNX', pkey .. ':processed', ref, result) == 1 then
+    decrement_and_maybe_release(base, pid, now)
+  end
+  return true
+end
+
+-- Move a job to dead and, when it is a child, let its policy resolve its
+-- parent: on this slot directly, on another slot through this queue's outbox.
+local function kill(base, id, err, now)
+  local key = job_key(base, id)
+  local state = redis.call('HGET', key, 'state')
+  if state == 'dead' then
+    return
+  end
+  if state == 'awaiting_children' then
+    redis.call('ZREM', base .. 'awaiting', id)
+  elseif state == 'active' then
+    redis.call('ZREM', base .. 'active', id)
+    redis.call('HDEL', key, 'lease')
+  elseif state == 'delayed' then
+    redis.call('ZREM', base .. 'delayed', id)
+  elseif state == 'pending' then
+    redis.call('LREM', base .. 'pending', 1, id)
+  end
+  redis.call('HSET', key, 'state', 'dead', 'error', err, 'finished_at', now, 'updated_at', now)
+  redis.call('ZADD', base .. 'dead', now, id)
+  emit(base, 'dead', id)
+  OUT.dead[#OUT.dead + 1] = base .. id
+  propagate_death(base, id, err, now)
+end
+
+-- A dead child resolves its parent by the child's policy (DESIGN §4):
+--   fp  record in :failed, the parent goes dead (and so on up the tree)
+--   id  record in :unsuccessful, decrement, maybe release
+--   rd  record in :removed (the guard only), decrement, maybe release
+local function fan_in_dead(base, pid, ref, err, policy, now)
+  local pkey = job_key(base, pid)
+  if redis.call('EXISTS', pkey) == 0 then
+    return false
+  end
+  if already_resolved(pkey, ref) then
+    return true
+  end
+  if policy == 'id' or policy == 'rd' then
+    local hash = (policy == 'id') and ':unsuccessful' or ':removed'
+    if redis.call('HSETNX', pkey .. hash, ref, err) == 1 then
+      decrement_and_maybe_release(base, pid, now)
+    end
+    return true
+  end
+  if redis.call('HSETNX', pkey .. ':failed', ref, err) == 1 then
+    local pstate = redis.call('HGET', pkey, 'state')
+    if pstate == 'awaiting_children' then
+      OUT.flow_failed[#OUT.flow_failed + 1] = base .. pid
+      kill(base, pid, 'failed by child ' .. ref .. ': ' .. err, now)
+    end
+  end
+  return true
+end
+
+propagate_death = function(base, id, err, now)
+  local key = job_key(base, id)
+  local parent = redis.call('HMGET', key, 'parent', 'parent_queue', 'parent_policy')
+  if not parent[1] then
+    return
+  end
+  local policy = parent[3] or 'fp'
+  local ref = child_ref(base, id)
+  if parent[2] == QUEUE then
+    fan_in_dead(base, parent[1], ref, err, policy, now)
+  else
+    redis.call('RPUSH', base .. 'flow:outbox',
+      cjson.encode({k = 'dead', c = ref, p = parent[1], q = parent[2], pol = policy, v = err}))
+    OUT.outbox = OUT.outbox + 1
+  end
+end
+
+-- A job completed: fan its result in to its parent, here or via the outbox.
+local function resolve_done(base, id, result, now)
+  local key = job_key(base, id)
+  local parent = redis.call('HMGET', key, 'parent', 'parent_queue')
+  if not parent[1] then
+    return
+  end
+  local ref = child_ref(base, id)
+  if parent[2] == QUEUE then
+    fan_in_done(base, parent[1], ref, result, now)
+  else
+    redis.call('RPUSH', base .. 'flow:outbox',
+      cjson.encode({k = 'done', c = ref, p = parent[1], q = parent[2], v = result}))
+    OUT.outbox = OUT.outbox + 1
+  end
+end

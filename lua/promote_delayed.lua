@@ -1,0 +1,29 @@
+--[[
+  promote_delayed: move due delayed ids (run-at <= now) to pending, oldest
+  first. DESIGN §5 `promote_delayed`.
+
+  KEYS[1] delayed zset         P:{q}:delayed (score: run-at, ms)
+  KEYS[2] pending list         P:{q}:pending
+
+  ARGV[1] queue key prefix     P:{q}:
+  ARGV[2] now (ms)
+  ARGV[3] limit: at most this many ids per call
+
+  returns: the number of ids promoted
+  errors:  none; an id whose row is gone or no longer delayed is dropped
+]]
+local delayed, pending = KEYS[1], KEYS[2]
+local base, now = ARGV[1], ARGV[2]
+
+local ids = redis.call('ZRANGEBYSCORE', delayed, '-inf', now, 'LIMIT', 0, tonumber(ARGV[3]))
+local moved = 0
+for _, id in ipairs(ids) do
+  redis.call('ZREM', delayed, id)
+  local row = base .. 'job:' .. id
+  if redis.call('HGET', row, 'state') == 'delayed' then
+    redis.call('HSET', row, 'state', 'pending', 'updated_at', now)
+    redis.call('RPUSH', pending, id)
+    moved = moved + 1
+  end
+end
+return moved

@@ -1,0 +1,43 @@
+--[[
+  recover_stalled: active ids whose lease deadline has passed go back to
+  pending; one that has stalled more than the limit dies through the same path
+  as a failure (its parent's policy applies). DESIGN §5 `recover_stalled`.
+
+  KEYS[1] active zset          P:{q}:active (score: lease deadline, ms)
+  KEYS[2] pending list         P:{q}:pending
+
+  ARGV[1] queue name
+  ARGV[2] queue key prefix     P:{q}:
+  ARGV[3] now (ms)
+  ARGV[4] limit: at most this many ids per call
+  ARGV[5] stall limit: a job may stall this many times; one more and it dies
+
+  returns: JSON {recovered: n, released, dead, flow_failed, outbox}
+  errors:  none
+]]
+local active, pending = KEYS[1], KEYS[2]
+local QUEUE = ARGV[1]
+-- @include lib/flow.lua
+local base, now, max_stalls = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[5])
+
+local ids = redis.call('ZRANGEBYSCORE', active, '-inf', '(' .. now, 'LIMIT', 0, tonumber(ARGV[4]))
+OUT.recovered = 0
+for _, id in ipairs(ids) do
+  local row = base .. 'job:' .. id
+  if redis.call('HGET', row, 'state') ~= 'active' then
+    redis.call('ZREM', active, id)
+  else
+    local stalls = redis.call('HINCRBY', row, 'stalls', 1)
+    if stalls > max_stalls then
+      kill(base, id, 'stalled ' .. stalls .. ' times (lease expired; limit ' .. max_stalls .. ')', now)
+    else
+      redis.call('ZREM', active, id)
+      redis.call('HDEL', row, 'lease')
+      redis.call('HSET', row, 'state', 'pending', 'updated_at', now)
+      redis.call('RPUSH', pending, id)
+      emit(base, 'stalled', id)
+      OUT.recovered = OUT.recovered + 1
+    end
+  end
+end
+return cjson.encode(OUT)

@@ -1,0 +1,69 @@
+--[[
+  retry: retry-by-id of a dead job (DESIGN §4). Attempts and stalls reset, back
+  to pending. A dead parent that children failed (`fp`) retries those
+  children instead: same-queue ones here, recursively; it returns to
+  awaiting_children once none is left in its :failed. A retried child
+  re-attaches to a parent it had failed (here, or via a `reattach` outbox
+  entry for a parent on another slot).
+
+  KEYS[1] job row              P:{q}:job:<id>
+  KEYS[2] dead zset            P:{q}:dead
+  KEYS[3] pending list         P:{q}:pending
+
+  ARGV[1] queue name
+  ARGV[2] queue key prefix     P:{q}:
+  ARGV[3] job id
+  ARGV[4] now (ms)
+
+  returns: JSON {cross: [child refs on other slots the host must retry],
+           retried: [P:{q}:id...], revived, reattach, released, dead,
+           flow_failed, outbox}
+  errors:  EMQNOJOB <queue> <id>            no such job
+           EMQSTATE <queue> <id> <state>    the job is not dead
+]]
+local row, dead, pending = KEYS[1], KEYS[2], KEYS[3]
+local QUEUE = ARGV[1]
+-- @include lib/flow.lua
+local base, id, now = ARGV[2], ARGV[3], tonumber(ARGV[4])
+
+local state = redis.call('HGET', row, 'state')
+if not state then
+  return redis.error_reply('EMQNOJOB ' .. QUEUE .. ' ' .. id)
+end
+if state ~= 'dead' then
+  return redis.error_reply('EMQSTATE ' .. QUEUE .. ' ' .. id .. ' ' .. state)
+end
+
+OUT.cross = {}
+OUT.retried = {}
+local mine = base .. 'job:'
+
+local function retry_job(jid)
+  local key = job_key(base, jid)
+  local failed = redis.call('HKEYS', key .. ':failed')
+  if #failed == 0 then
+    redis.call('ZREM', dead, jid)
+    redis.call('HSET', key, 'state', 'pending', 'attempts', 0, 'stalls', 0, 'updated_at', now)
+    redis.call('HDEL', key, 'error', 'finished_at', 'result')
+    redis.call('RPUSH', pending, jid)
+    emit(base, 'retried', jid)
+    OUT.retried[#OUT.retried + 1] = base .. jid
+    reattach_up(base, jid, now)
+    return
+  end
+  for _, ref in ipairs(failed) do
+    if ref:sub(1, #mine) == mine then
+      local cid = ref:sub(#mine + 1)
+      if redis.call('HGET', job_key(base, cid), 'state') == 'dead' then
+        retry_job(cid)
+      else
+        reattach(base, jid, ref, now)
+      end
+    else
+      OUT.cross[#OUT.cross + 1] = ref
+    end
+  end
+end
+
+retry_job(id)
+return cjson.encode(OUT)

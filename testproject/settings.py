@@ -1,0 +1,111 @@
+"""Settings for the example/test project that uses echomq_django.
+
+Everything a developer may want to change comes from the environment:
+ECHOMQ_URL (Redis), ECHOMQ_DB_PATH (SQLite file), DJANGO_DEBUG, DJANGO_SECRET_KEY.
+"""
+
+import os
+from pathlib import Path
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+# Development-only default; set DJANGO_SECRET_KEY anywhere that matters.
+SECRET_KEY = os.environ.get(
+    "DJANGO_SECRET_KEY", "django-insecure-echomq-testproject-dev-key-change-me"
+)
+DEBUG = os.environ.get("DJANGO_DEBUG", "1").lower() in ("1", "true", "yes", "on")
+ALLOWED_HOSTS = ["*"]
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "echomq_django",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "testproject.urls"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+WSGI_APPLICATION = "testproject.wsgi.application"
+ASGI_APPLICATION = "testproject.asgi.application"
+
+DATABASES = {
+    "default": {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": os.environ.get("ECHOMQ_DB_PATH", str(BASE_DIR / "db.sqlite3")),
+    }
+}
+
+# Redis. The 6379 fallback is for a developer running the project by hand.
+# The test suite never relies on it: tests/conftest.py starts a private
+# redis-server, exports its URL as ECHOMQ_URL and points this cache at it
+# (settings are imported before that server exists, hence the override there).
+ECHOMQ_URL = os.environ.get("ECHOMQ_URL", "redis://127.0.0.1:6379/0")
+
+CACHES = {
+    "default": {
+        "BACKEND": "django_redis.cache.RedisCache",
+        "LOCATION": ECHOMQ_URL,
+        "OPTIONS": {"CLIENT_CLASS": "django_redis.client.DefaultClient"},
+    }
+}
+
+# echomq_django (DESIGN §8). The connection is the "default" cache above; the
+# library also honours the ECHOMQ_URL environment variable, which when set
+# overrides the connection.
+ECHOMQ = {
+    "CACHE": "default",
+    "PREFIX": "emq",
+    "QUEUES": {
+        "orders": {"MAX_ATTEMPTS": 3, "BACKOFF_MS": 200, "LEASE_MS": 30000},
+        "validation": {},
+        "inventory": {},
+        "payments": {"MAX_ATTEMPTS": 4, "BACKOFF_MS": 100},
+    },
+}
+
+AUTH_PASSWORD_VALIDATORS = []
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / ".run" / "static"
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "loggers": {"echomq_django": {"handlers": ["console"], "level": "INFO"}},
+}

@@ -1,0 +1,135 @@
+"""Test rigs: a private Redis server and a private 3-master Redis Cluster.
+
+Fixtures (STYLE rule 9):
+
+- ``redis_server`` (session): URL ``redis://127.0.0.1:<port>/0`` of a private
+  redis-server; also exported as ``ECHOMQ_URL`` and as the ``default`` cache
+  LOCATION for the session. Started for every session (autouse) so nothing in
+  a test run can fall back to a developer's Redis on 6379.
+- ``redis_cluster`` (session): a ``tests.rigs.Cluster`` with ``ports`` (three
+  masters) and ``url`` (first node).
+- ``r``: ``redis.Redis`` on the private server, FLUSHALL before the test.
+- ``rc``: ``RedisCluster`` on the private cluster, FLUSHALL on every master
+  before the test.
+- ``redis_client``: ``r`` or ``rc``; ids ``[single]`` and ``[cluster]``.
+- ``mq``: ``echomq_django.EchoMQ(redis_client, prefix="emq")``, both rigs.
+
+echomq_django is imported only inside ``mq``: this file must load while the
+library is absent or broken, so the rig self-test can still run.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+import redis
+from redis.cluster import RedisCluster
+
+from tests import rigs
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # Any test that needs the cluster rig (directly or through rc) is a
+    # cluster test, so `-m "not cluster"` never starts the cluster.
+    for item in items:
+        if "redis_cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.cluster)
+
+
+def _start_or_fail(start):
+    try:
+        return start()
+    except rigs.RigError as exc:
+        reason = str(exc)
+    pytest.fail(reason, pytrace=False)  # outside the except: no chained traceback
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[str]:
+    server = _start_or_fail(rigs.start_server)
+    previous = os.environ.get("ECHOMQ_URL")
+    os.environ["ECHOMQ_URL"] = server.url
+    try:
+        yield server.url
+    finally:
+        if previous is None:
+            os.environ.pop("ECHOMQ_URL", None)
+        else:
+            os.environ["ECHOMQ_URL"] = previous
+        server.stop()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _private_redis_settings(redis_server: str) -> Iterator[None]:
+    # testproject.settings was imported (by pytest-django) before redis_server
+    # set ECHOMQ_URL, so its cache LOCATION still holds the import-time value.
+    # Point the cache at the private server; override_settings also resets the
+    # cache handlers so no connection to the old LOCATION survives.
+    from django.conf import settings
+
+    if not settings.configured:
+        yield
+        return
+    from django.test import override_settings
+
+    caches = {alias: dict(conf) for alias, conf in settings.CACHES.items()}
+    for conf in caches.values():
+        if conf.get("BACKEND", "").startswith("django_redis."):
+            conf["LOCATION"] = redis_server
+    override = override_settings(CACHES=caches)
+    override.enable()
+    try:
+        yield
+    finally:
+        override.disable()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[rigs.Cluster]:
+    cluster = _start_or_fail(rigs.start_cluster)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def r(redis_server: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_server)
+    client.flushall()  # our private server: nothing else lives there
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+@pytest.fixture
+def rc(redis_cluster: rigs.Cluster) -> Iterator[RedisCluster]:
+    client = RedisCluster(host=rigs.HOST, port=redis_cluster.ports[0])
+    client.flushall(target_nodes=RedisCluster.PRIMARIES)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+RIGS = [
+    pytest.param("single", id="single"),
+    pytest.param("cluster", id="cluster", marks=pytest.mark.cluster),
+]
+
+
+@pytest.fixture(params=RIGS)
+def redis_client(request: pytest.FixtureRequest) -> redis.Redis | RedisCluster:
+    """The test's Redis client; the test runs once per rig."""
+    return request.getfixturevalue("r" if request.param == "single" else "rc")
+
+
+@pytest.fixture
+def mq(redis_client):
+    """An EchoMQ on the test's rig (prefix ``emq``), one run per rig."""
+    import echomq_django  # lazy: the library may not import yet
+
+    return echomq_django.EchoMQ(redis_client, prefix="emq")
