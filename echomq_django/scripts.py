@@ -173,7 +173,8 @@ class Scripts:
             for name, keys, args in calls:
                 script = self._scripts[name]
                 if cluster:
-                    pipe.evalsha(script.sha, len(keys), *keys, *args)
+                    # ClusterPipeline blocks .evalsha(); the raw command routes by KEYS[1]
+                    pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
                 else:
                     script(keys=keys, args=args, client=pipe)
             replies = pipe.execute(raise_on_error=False)
