@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 
 from . import signals
+from .exceptions import SweepLockLost
 from .jobs import Outcome
 
 log = logging.getLogger("echomq_django.pump")
@@ -71,6 +72,7 @@ class SweepReport:
     released: int = 0
     dead: int = 0
     locked: bool = False
+    lock_lost: bool = False
     outcome: Outcome = field(default_factory=Outcome, repr=False)
 
     def as_dict(self) -> dict:
@@ -78,10 +80,12 @@ class SweepReport:
 
 
 def deliver_outbox(mq, queue: str, batch: int = 500, lock_ms: int = 30000,
-                   max_tries: int = 3, report: SweepReport | None = None) -> SweepReport:
+                   max_tries: int = 3, report: SweepReport | None = None,
+                   before_trim=None) -> SweepReport:
     """Deliver ``queue``'s outbox, ``batch`` entries per round, until it is
     empty or blocked by an entry still being retried. Skips (``locked=True``)
-    when another pump holds the sweep lock of this queue."""
+    when another pump holds the sweep lock of this queue. ``before_trim(queue,
+    actions)`` runs between delivery and trim: the kill point tests use it."""
     report = report or SweepReport()
     k, client = mq.keys, mq.client
     outbox = k.queue_key(queue, "flow:outbox")
@@ -115,11 +119,21 @@ def deliver_outbox(mq, queue: str, batch: int = 500, lock_ms: int = 30000,
                 actions.append(f"parent {entry.get('q')}/{entry.get('p')} not found "
                                f"after {tries} deliveries" if entry else "malformed entry")
                 client.hdel(tries_key, item)
+            if before_trim is not None:
+                before_trim(queue, actions)
             if actions:
-                mq.scripts.run("outbox_trim",
-                               [outbox, k.queue_key(queue, "pump:lock"),
-                                k.queue_key(queue, "flow:deadletter")],
-                               [lock.local.token, mq.clock(), *actions])
+                try:
+                    mq.scripts.run("outbox_trim",
+                                   [outbox, k.queue_key(queue, "pump:lock"),
+                                    k.queue_key(queue, "flow:deadletter")],
+                                   [lock.local.token, mq.clock(), *actions])
+                except SweepLockLost:
+                    # our lock expired mid-sweep and another pump may be trimming:
+                    # leave the outbox to it; what we delivered is re-delivered as no-ops
+                    log.warning("pump lock on %s expired before the trim; leaving the "
+                                "outbox to the pump that holds it", queue)
+                    report.lock_lost = True
+                    break
             report.delivered += actions.count("ok")
             report.deadlettered += len(actions) - actions.count("ok")
             if len(actions) < len(raw) or len(raw) < batch:
@@ -142,21 +156,24 @@ class Pump:
     ``max_tries``: deliveries of an entry whose parent is gone before it is
     dead-lettered; ``max_stalls``: lease expiries a job survives;
     ``after_sweep``: callables ``f(pump, reports)`` run after each sweep (the
-    admin mirror hooks in here).
+    admin mirror hooks in here); ``before_trim``: see ``deliver_outbox``.
+    Raises ``ValueError`` for a bad or missing queue name.
     """
 
     def __init__(self, queues: list[str], mq=None, *, batch: int = 500, lock_ms: int = 30000,
-                 max_tries: int = 3, max_stalls: int = 1, after_sweep=None) -> None:
+                 max_tries: int = 3, max_stalls: int = 1, after_sweep=None,
+                 before_trim=None) -> None:
         if mq is None:
             from .conf import get_mq
             mq = get_mq()
         self.mq = mq
-        self.queues = [mq.keys.base(q) and q for q in queues]
+        self.queues = [q for q in queues if mq.keys.base(q)]
         if not self.queues:
             raise ValueError("a pump needs at least one queue")
         self.batch, self.lock_ms, self.max_tries = batch, lock_ms, max_tries
         self.max_stalls = max_stalls
         self.after_sweep = list(after_sweep or [])
+        self.before_trim = before_trim
         self.totals = SweepReport()
 
     def sweep(self) -> dict[str, dict]:
@@ -164,7 +181,8 @@ class Pump:
         ``SweepReport``). Raises ``RedisUnavailable`` when Redis is down."""
         reports = {}
         for queue in self.queues:
-            rep = deliver_outbox(self.mq, queue, self.batch, self.lock_ms, self.max_tries)
+            rep = deliver_outbox(self.mq, queue, self.batch, self.lock_ms, self.max_tries,
+                                 before_trim=self.before_trim)
             rep.promoted = self.mq.promote_delayed(queue, limit=self.batch * 10)
             stalled = self.mq.recover_stalled(queue, limit=self.batch * 10,
                                               max_stalls=self.max_stalls)
