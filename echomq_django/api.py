@@ -72,7 +72,7 @@ def add_flow(flow: Flow, *, on_commit: bool | None = None, using: str | None = N
     if not _defer(on_commit, using):
         return mq.add_flow(flow)
     _assign_ids(flow)
-    nodes = _flows.plan(flow, mq.encode, mq._flow_defaults)
+    nodes = _flows.plan(flow, mq.encode)
     transaction.on_commit(lambda: mq.add_flow(flow), using=using)
     root = nodes[0]
     return FlowRef(queue=root.queue, parent_id=root.id,

@@ -24,7 +24,13 @@ from .scripts import Scripts
 DEFAULTS = {"MAX_ATTEMPTS": 3, "BACKOFF_MS": 1000, "LEASE_MS": 30000}
 MAX_PAYLOAD_BYTES = 512 * 1024
 BACKOFF_CAP_MS = 3_600_000
+_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)  # built once: dumps() rebuilds it per call
 FLOW_CHUNK = 5000  # nodes per enqueue_flow script: keeps one script well under ~50 ms
+
+
+def _opt(value) -> str:
+    """An optional integer as script text: '' means "the queue's setting"."""
+    return "" if value is None else str(int(value))
 
 
 def now_ms() -> int:
@@ -64,7 +70,7 @@ class EchoMQ(Reads):
         """``value`` as compact JSON text. Raises ``PayloadError`` when it is not
         JSON-serialisable (NaN included) or is over ``max_payload_bytes``."""
         try:
-            text = json.dumps(value, separators=(",", ":"), allow_nan=False)
+            text = _ENCODER.encode(value)
         except (TypeError, ValueError) as err:
             raise PayloadError(f"{what} is not JSON-serialisable: {err}") from None
         size = len(text.encode())
@@ -94,19 +100,19 @@ class EchoMQ(Reads):
         job_id = validate_id(job_id if job_id is not None else _flows.new_id())
         if not isinstance(name, str) or not name:
             raise ValueError(f"a job needs a name (the handler's), got {name!r}")
-        attempts = int(max_attempts if max_attempts is not None else self.setting(queue, "MAX_ATTEMPTS"))
-        if attempts < 1:
-            raise ValueError(f"max_attempts must be >= 1, got {attempts}")
+        if max_attempts is not None and int(max_attempts) < 1:
+            raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
+        if backoff_ms is not None and int(backoff_ms) < 0:
+            raise ValueError(f"backoff_ms must be >= 0 (ms), got {backoff_ms}")
         if delay_ms < 0:
             raise ValueError(f"delay_ms must be >= 0 (ms), got {delay_ms}")
-        backoff = int(backoff_ms if backoff_ms is not None else self.setting(queue, "BACKOFF_MS"))
         k = self.keys
         self.scripts.run(
             "enqueue",
             [k.job(queue, job_id), k.queue_key(queue, "pending"), k.queue_key(queue, "delayed"),
              k.queue_key(queue, "events")],
-            [queue, job_id, name, self.encode(payload), attempts, backoff, self.clock(),
-             int(delay_ms)])
+            [queue, job_id, name, self.encode(payload), _opt(max_attempts), _opt(backoff_ms),
+             self.clock(), int(delay_ms)])
         return job_id
 
     def claim(self, queue: str, count: int = 1, lease_ms: int | None = None) -> list[Job]:
@@ -140,7 +146,8 @@ class EchoMQ(Reads):
         k, q = self.keys, job.queue
         return ("fail", [k.job(q, job.id), k.queue_key(q, "delayed")],
                 [q, k.base(q), job.id, job.lease or "", str(error), self.clock(),
-                 self.backoff_cap_ms, "1" if dead else "0"])
+                 self.backoff_cap_ms, "1" if dead else "0", self.setting(q, "MAX_ATTEMPTS"),
+                 self.setting(q, "BACKOFF_MS")])
 
     def complete(self, job: Job, result: Any = None) -> Outcome:
         """Complete an active job with a JSON-serialisable ``result``.
@@ -254,17 +261,16 @@ class EchoMQ(Reads):
         return outcome
 
     # -- flows -------------------------------------------------------------
-    def _flow_defaults(self, queue: str) -> tuple[int, int]:
-        return self.setting(queue, "MAX_ATTEMPTS"), self.setting(queue, "BACKOFF_MS")
 
     def _step_call(self, queue: str, nodes: list, mode: str):
         k = self.keys
-        args: list = [queue, k.base(queue), self.clock(), mode]
-        for n in nodes:
-            args += [n.id, n.name, n.payload, n.max_attempts, n.backoff_ms, n.parent_id,
-                     n.parent_queue, n.policy, " ".join(k.job(q, i) for q, i in n.children)]
+        # One JSON argument per step: packing 9 ARGV per node costs more in
+        # redis-py than the script costs in Redis (issue 8 profile).
+        rows = _ENCODER.encode([[n.id, n.name, n.payload, _opt(n.max_attempts),
+                                 _opt(n.backoff_ms), n.parent_id, n.parent_queue, n.policy,
+                                 k.refs(n.children)] for n in nodes])
         return ("enqueue_flow", [k.queue_key(queue, "pending"), k.queue_key(queue, "awaiting")],
-                args)
+                [queue, k.base(queue), self.clock(), mode, rows])
 
     def add_flow(self, flow: Flow) -> FlowRef:
         """Land a flow (a tree of ``Flow`` nodes); returns its ``FlowRef``.
@@ -282,7 +288,7 @@ class EchoMQ(Reads):
     def add_flows(self, flows: list[Flow]) -> list[FlowRef]:
         """Land several flows; all single-step flows go in one round trip.
         Same errors as ``add_flow``; every id is gated before any write."""
-        plans = [_flows.plan(f, self.encode, self._flow_defaults) for f in flows]
+        plans = [_flows.plan(f, self.encode) for f in flows]
         seen: set = set()
         for nodes in plans:
             for n in nodes:

@@ -83,8 +83,8 @@ class Node:
     id: str
     name: str
     payload: str
-    max_attempts: int
-    backoff_ms: int
+    max_attempts: int | None
+    backoff_ms: int | None
     parent_id: str
     parent_queue: str
     policy: str
@@ -92,52 +92,59 @@ class Node:
     depth: int
 
 
-def plan(root: Flow, encode, defaults) -> list[Node]:
+def plan(root: Flow, encode) -> list[Node]:
     """Assign ids, validate and order a flow's nodes breadth first.
 
-    ``encode(payload) -> str`` serialises a payload (raising ``PayloadError``);
-    ``defaults(queue) -> (max_attempts, backoff_ms)``. Raises ``FlowError`` for
+    ``encode(payload) -> str`` serialises a payload (raising ``PayloadError``).
+    Raises ``FlowError`` for
     a node that is not a ``Flow``, an id used twice in one queue, or a cycle;
     ``ValueError`` for a bad queue name or id. Nothing is written here.
     """
     if not isinstance(root, Flow):
         raise FlowError(f"add_flow takes a Flow, got {type(root).__name__}")
     nodes: list[Node] = []
-    seen: dict[tuple[str, str], int] = {}
-    ids: dict[int, str] = {}
-    level: list[tuple[Flow, Node | None, tuple[int, ...]]] = [(root, None, ())]
+    seen: set[tuple[str, str]] = set()
+    objects: set[int] = set()
+    queues: set[str] = set()  # validated once per queue
+    level: list[tuple[Flow, Node | None]] = [(root, None)]
     depth = 0
     while level:
         next_level = []
-        for flow, parent, path in level:
+        for flow, parent in level:
             if not isinstance(flow, Flow):
                 raise FlowError(f"a flow's children must be Flow objects, got {type(flow).__name__}")
-            if id(flow) in path:
-                raise FlowError(f"cycle in flow: {flow.queue}/{flow.name} is its own ancestor; "
-                                "a flow is a tree")
-            queue = validate_queue(flow.queue)
-            job_id = flow.job_id if flow.job_id is not None else ids.setdefault(id(flow), new_id())
-            validate_id(job_id)
+            if id(flow) in objects:
+                raise FlowError(f"flow node {flow.queue}/{flow.name} appears twice (a cycle, or "
+                                "one node under two parents); a flow is a tree")
+            objects.add(id(flow))
+            queue = flow.queue
+            if queue not in queues:
+                queues.add(validate_queue(queue))
+            job_id = flow.job_id
+            if job_id is None:
+                job_id = new_id()
+            else:
+                validate_id(job_id)
             if (queue, job_id) in seen:
                 raise FlowError(f"job id {job_id!r} appears twice in queue {queue!r} in one flow; "
                                 "every node needs its own id")
-            seen[(queue, job_id)] = len(nodes)
+            seen.add((queue, job_id))
             if not isinstance(flow.name, str) or not flow.name:
                 raise FlowError(f"flow node {queue}/{job_id} needs a job name (the handler)")
-            max_attempts, backoff_ms = defaults(queue)
             node = Node(
                 queue=queue, id=job_id, name=flow.name, payload=encode(flow.payload),
-                max_attempts=int(flow.max_attempts or max_attempts),
-                backoff_ms=int(flow.backoff_ms if flow.backoff_ms is not None else backoff_ms),
+                max_attempts=None if flow.max_attempts is None else int(flow.max_attempts),
+                backoff_ms=None if flow.backoff_ms is None else int(flow.backoff_ms),
                 parent_id=parent.id if parent else "", parent_queue=parent.queue if parent else "",
                 policy=flow.policy if parent else "fp", children=[], depth=depth)
-            if node.max_attempts < 1:
+            if node.max_attempts is not None and node.max_attempts < 1:
                 raise FlowError(f"max_attempts of {queue}/{job_id} must be >= 1")
+            if node.backoff_ms is not None and node.backoff_ms < 0:
+                raise FlowError(f"backoff_ms of {queue}/{job_id} must be >= 0 (ms)")
             if parent is not None:
                 parent.children.append((queue, job_id))
             nodes.append(node)
-            for child in flow.children:
-                next_level.append((child, node, path + (id(flow),)))
+            next_level.extend((child, node) for child in flow.children)
         level = next_level
         depth += 1
     return nodes

@@ -53,6 +53,14 @@ def _int(value: Any) -> int | None:
     return None if value is None else int(value)
 
 
+def _defaults(mq: EchoMQ | None, queue: str) -> tuple[int, int]:
+    """The queue's (max_attempts, backoff_ms) for a row that has none."""
+    if mq is None:
+        from .client import DEFAULTS
+        return DEFAULTS["MAX_ATTEMPTS"], DEFAULTS["BACKOFF_MS"]
+    return mq.setting(queue, "MAX_ATTEMPTS"), mq.setting(queue, "BACKOFF_MS")
+
+
 def _json(value: Any) -> Any:
     return None if value is None else json.loads(value)
 
@@ -64,7 +72,8 @@ class Job:
     ``payload`` and ``result`` are decoded JSON; timestamps are ms since the
     epoch; ``lease`` is the token a worker holds (set by ``claim`` only);
     ``parent`` / ``parent_queue`` / ``parent_policy`` are set on a flow child
-    (policy ``fp``, ``id`` or ``rd``, DESIGN §2). ``children_values()``,
+    (policy ``fp``, ``id`` or ``rd``, DESIGN §2; a row stores the parent
+    queue only when it differs and the policy only when it is not ``fp``). ``children_values()``,
     ``dependencies()`` and ``ignored_failures()`` read Redis lazily, on first
     use only, and cache the answer (seed 003, "lazy evaluation").
     """
@@ -93,8 +102,10 @@ class Job:
 
     @classmethod
     def from_row(cls, queue: str, job_id: str, row: dict, mq: EchoMQ | None = None) -> Job:
-        """Build a Job from an HGETALL reply (bytes or str keys and values)."""
+        """Build a Job from an HGETALL reply (bytes or str keys and values).
+        A row without max_attempts / backoff_ms gets the queue's settings."""
         r = {_text(k): v for k, v in row.items()}
+        max_attempts, backoff_ms = _defaults(mq, queue)
         return cls(
             id=job_id,
             queue=queue,
@@ -102,13 +113,13 @@ class Job:
             payload=_json(r.get("payload")),
             state=JobState(_text(r.get("state"))),
             attempts=_int(r.get("attempts")) or 0,
-            max_attempts=_int(r.get("max_attempts")) or 1,
-            backoff_ms=_int(r.get("backoff_ms")) or 0,
+            max_attempts=_int(r.get("max_attempts")) or max_attempts,
+            backoff_ms=_int(r.get("backoff_ms")) if "backoff_ms" in r else backoff_ms,
             result=_json(r.get("result")),
             error=_text(r.get("error")),
             parent=_text(r.get("parent")),
-            parent_queue=_text(r.get("parent_queue")),
-            parent_policy=_text(r.get("parent_policy")),
+            parent_queue=_text(r.get("parent_queue")) or (queue if "parent" in r else None),
+            parent_policy=_text(r.get("parent_policy")) or ("fp" if "parent" in r else None),
             created_at=_int(r.get("created_at")),
             started_at=_int(r.get("started_at")),
             finished_at=_int(r.get("finished_at")),
@@ -122,11 +133,15 @@ class Job:
         """Build an active Job from one 11-value group of ``claim``'s reply."""
         (job_id, token, name, payload, attempts, max_attempts, backoff_ms,
          parent, parent_queue, parent_policy, created_at) = values
+        default_attempts, default_backoff = _defaults(mq, queue)
         return cls(
             id=_text(job_id), queue=queue, name=_text(name) or "", payload=_json(payload),
-            state=JobState.ACTIVE, attempts=int(attempts), max_attempts=int(max_attempts or 1),
-            backoff_ms=int(backoff_ms or 0), parent=_text(parent),
-            parent_queue=_text(parent_queue), parent_policy=_text(parent_policy),
+            state=JobState.ACTIVE, attempts=int(attempts),
+            max_attempts=int(max_attempts or default_attempts),
+            backoff_ms=int(backoff_ms if backoff_ms is not None else default_backoff),
+            parent=_text(parent),
+            parent_queue=_text(parent_queue) or (queue if parent else None),
+            parent_policy=_text(parent_policy) or ("fp" if parent else None),
             created_at=_int(created_at), lease=_text(token), lease_deadline=deadline, _mq=mq,
         )
 

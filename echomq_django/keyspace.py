@@ -69,6 +69,12 @@ class Keyspace:
 
     child_ref = job
 
+    def refs(self, pairs: list[tuple[str, str]]) -> list[str]:
+        """Child refs of ``(queue, id)`` pairs whose names were validated
+        already (flows.plan); each queue is checked once, not per id."""
+        bases = {q: self.base(q) for q in {q for q, _ in pairs}}
+        return [f"{bases[q]}job:{i}" for q, i in pairs]
+
     def job_part(self, queue: str, job_id: str, part: str) -> str:
         """``P:{q}:job:<id>:<part>`` for part in dependencies, children,
         processed, failed, unsuccessful, removed."""

@@ -75,7 +75,7 @@ class Reads:
         pipe = self.client.pipeline(transaction=False)
         for part in ("processed", "failed", "unsuccessful", "removed"):
             pipe.hgetall(f"{key}:{part}")
-        pipe.smembers(key + ":children")
+        pipe.lrange(key + ":children", 0, -1)
         pipe.get(key + ":dependencies")
         processed, failed, ignored, removed, children, remaining = pipe.execute()
         deps = Dependencies(
@@ -93,7 +93,7 @@ class Reads:
         pipe = self.client.pipeline(transaction=False)
         for part in ("processed", "failed", "unsuccessful", "removed"):
             pipe.hlen(f"{key}:{part}")
-        pipe.scard(key + ":children")
+        pipe.llen(key + ":children")
         pipe.get(key + ":dependencies")
         processed, failed, ignored, removed, children, remaining = pipe.execute()
         return {
@@ -114,7 +114,7 @@ class Reads:
             for node in level:
                 key = self.keys.job(node["queue"], node["id"])
                 pipe.hmget(key, "name", "state", "result", "error", "parent_policy")
-                pipe.smembers(key + ":children")
+                pipe.lrange(key + ":children", 0, -1)
                 pipe.get(key + ":dependencies")
             replies = pipe.execute()
             next_level = []
@@ -122,7 +122,8 @@ class Reads:
                 (name, state, result, error, policy), kids, remaining = replies[3 * i:3 * i + 3]
                 node.update(ref=self.keys.job(node["queue"], node["id"]), name=_text(name),
                             state=_text(state), result=json.loads(result) if result else None,
-                            error=_text(error), policy=_text(policy),
+                            error=_text(error),
+                            policy=_text(policy) or ("fp" if node is not root else None),
                             remaining=int(remaining) if remaining is not None else None,
                             children=[])
                 if depth is None or d < depth:

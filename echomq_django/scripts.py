@@ -81,7 +81,7 @@ def parse_header(name: str, raw: str) -> tuple[str, tuple[str, ...], tuple[str, 
     """
     if not raw.startswith("--[["):
         raise ValueError(f"lua/{name}.lua must open with a --[[ header ]]")
-    header = raw[: raw.index("]]") + 2]
+    header = raw[: raw.index("\n]]") + 3]  # the header closes with "]]" on its own line
     keys, argv, variadic = [], [], False
     for m in _KEYS.finditer(header):
         keys.append((int(m.group(1)), m.group(2).strip()))

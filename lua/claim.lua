@@ -19,9 +19,8 @@
            (it was removed by retention or already moved by another path)
 ]]
 local pending, active = KEYS[1], KEYS[2]
-local base, count = ARGV[1], tonumber(ARGV[2])
-local now, lease_ms = tonumber(ARGV[3]), tonumber(ARGV[4])
-local deadline = now + lease_ms
+local base, count, now = ARGV[1], tonumber(ARGV[2]), ARGV[3]
+local deadline = tonumber(now) + tonumber(ARGV[4])
 
 local ids = redis.call('LPOP', pending, count)
 if not ids then
@@ -29,23 +28,30 @@ if not ids then
 end
 local batch = redis.call('INCR', KEYS[3])
 local out = {}
+local leases = {}
 for i, id in ipairs(ids) do
   local row = base .. 'job:' .. id
-  if redis.call('HGET', row, 'state') == 'pending' then
+  -- one read and one write per job: this loop is the hot path of a worker
+  local f = redis.call('HMGET', row, 'state', 'name', 'payload', 'attempts', 'max_attempts',
+    'backoff_ms', 'parent', 'parent_queue', 'parent_policy', 'created_at')
+  if f[1] == 'pending' then
     local token = batch .. '.' .. i
-    local attempts = redis.call('HINCRBY', row, 'attempts', 1)
-    redis.call('HSET', row, 'state', 'active', 'lease', token, 'started_at', now)
-    redis.call('ZADD', active, deadline, id)
-    local f = redis.call('HMGET', row, 'name', 'payload', 'max_attempts', 'backoff_ms',
-      'parent', 'parent_queue', 'parent_policy', 'created_at')
+    local attempts = tostring((tonumber(f[4]) or 0) + 1)
+    redis.call('HSET', row, 'state', 'active', 'lease', token, 'started_at', now,
+      'attempts', attempts)
+    leases[#leases + 1] = deadline
+    leases[#leases + 1] = id
     out[#out + 1] = id
     out[#out + 1] = token
-    out[#out + 1] = f[1]
     out[#out + 1] = f[2]
+    out[#out + 1] = f[3]
     out[#out + 1] = attempts
-    for j = 3, 8 do
+    for j = 5, 10 do
       out[#out + 1] = f[j]
     end
   end
+end
+if #leases > 0 then
+  redis.call('ZADD', active, unpack(leases))
 end
 return out

@@ -11,8 +11,8 @@
   ARGV[2] job id
   ARGV[3] job name (the handler)
   ARGV[4] payload, a JSON text
-  ARGV[5] max attempts (integer >= 1)
-  ARGV[6] backoff base (ms)
+  ARGV[5] max attempts (integer >= 1), or '' for the queue's setting
+  ARGV[6] backoff base (ms), or '' for the queue's setting
   ARGV[7] now (ms since the epoch, from the host)
   ARGV[8] delay (ms; 0 = claimable now)
 
@@ -32,8 +32,18 @@ local state = 'pending'
 if delay > 0 then
   state = 'delayed'
 end
-redis.call('HSET', row, 'name', ARGV[3], 'payload', ARGV[4], 'state', state,
-  'attempts', 0, 'max_attempts', ARGV[5], 'backoff_ms', ARGV[6], 'created_at', now)
+-- compact row: attempts appears at the first claim; max_attempts / backoff_ms
+-- only when the job sets its own (else the queue's setting applies)
+local fields = {'name', ARGV[3], 'payload', ARGV[4], 'state', state, 'created_at', ARGV[7]}
+if ARGV[5] ~= '' then
+  fields[#fields + 1] = 'max_attempts'
+  fields[#fields + 1] = ARGV[5]
+end
+if ARGV[6] ~= '' then
+  fields[#fields + 1] = 'backoff_ms'
+  fields[#fields + 1] = ARGV[6]
+end
+redis.call('HSET', row, unpack(fields))
 if state == 'delayed' then
   redis.call('ZADD', delayed, now + delay, id)
 else

@@ -6,9 +6,16 @@
   :dependencies = all its children) before any child of it can be claimed.
 
   Every id is gated before anything is written: a row that already exists
-  with the same name and parent is skipped (adding the same flow again is a
-  no-op, and a half-landed cross-queue add completes); any other existing row
-  refuses the whole call.
+  with the same name, parent and children is skipped (adding the same flow
+  again is a no-op, and a half-landed cross-queue add completes); any other
+  existing row refuses the whole call.
+
+  Rows are compact (memory and time per node, issue 8): `attempts` appears at
+  the first claim; `max_attempts` / `backoff_ms` only when the node sets its
+  own; `parent_queue` only for a cross-queue child; `parent_policy` only when
+  it is not 'fp'. A missing one means the queue's setting / this queue / 'fp'. One `added` event is emitted per
+  held parent (the mirror reads its children from :children), and per node
+  without a parent in this call.
 
   KEYS[1] pending list         P:{q}:pending
   KEYS[2] awaiting zset        P:{q}:awaiting (score: held-at, ms)
@@ -17,41 +24,50 @@
   ARGV[2] queue key prefix     P:{q}: (node rows are P:{q}:job:<id>, same slot)
   ARGV[3] now (ms)
   ARGV[4] mode: 'write' lands the nodes; 'check' only gates them
-  ARGV[5..] nodes, 9 values each:
-           id, name, payload (JSON text), max_attempts, backoff_ms (ms),
-           parent id ('' for a root), parent queue, policy ('fp'|'id'|'rd'),
-           child refs (space-separated full job keys; '' for a leaf)
+  ARGV[5] nodes, a JSON array of 9-element arrays, parents first:
+          id, name, payload (JSON text), max_attempts ('' = the queue's),
+          backoff_ms (ms; '' = the queue's), parent id ('' for a root),
+          parent queue, policy ('fp'|'id'|'rd'),
+          child refs (an array of full job keys; empty for a leaf)
+          (numbers travel as strings: Lua numbers cost a conversion per field)
 
   returns: {landed, skipped} counts
   errors:  EMQCONFLICT <queue> <id> <detail>  an id is taken by another job;
            nothing is written
 ]]
 local pending, awaiting = KEYS[1], KEYS[2]
-local queue, base, now, mode = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
-local FIELDS = 9
+local queue, base, now, mode = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local nodes = cjson.decode(ARGV[5])
+
+local function same_children(kids, refs)
+  if redis.call('LLEN', kids) ~= #refs then
+    return false
+  end
+  local have = {}
+  for _, ref in ipairs(redis.call('LRANGE', kids, 0, -1)) do
+    have[ref] = true
+  end
+  for _, ref in ipairs(refs) do
+    if not have[ref] then
+      return false
+    end
+  end
+  return true
+end
 
 local skip = {}
 local skipped = 0
-for i = 5, #ARGV, FIELDS do
-  local id, name, parent = ARGV[i], ARGV[i + 1], ARGV[i + 5]
-  local f = redis.call('HMGET', base .. 'job:' .. id, 'name', 'parent', 'parent_queue')
-  if f[1] then
-    if f[1] ~= name or (f[2] or '') ~= parent or (parent ~= '' and f[3] ~= ARGV[i + 6]) then
-      return redis.error_reply('EMQCONFLICT ' .. queue .. ' ' .. id .. ' exists as job ' .. f[1]
-        .. ' under parent ' .. tostring(f[3] or '') .. '/' .. tostring(f[2] or '(none)'))
+for i, n in ipairs(nodes) do
+  local row = base .. 'job:' .. n[1]
+  if redis.call('EXISTS', row) == 1 then
+    local f = redis.call('HMGET', row, 'name', 'parent', 'parent_queue')
+    local pq = f[3] or queue
+    if f[1] ~= n[2] or (f[2] or '') ~= n[6] or (n[6] ~= '' and pq ~= n[7]) then
+      return redis.error_reply('EMQCONFLICT ' .. queue .. ' ' .. n[1] .. ' exists as job '
+        .. tostring(f[1]) .. ' under parent ' .. (f[2] and (pq .. '/' .. f[2]) or '(none)'))
     end
-    -- same name and parent: the same node only if it has the same children
-    local kids = base .. 'job:' .. id .. ':children'
-    local want = 0
-    for ref in string.gmatch(ARGV[i + 8], '%S+') do
-      want = want + 1
-      if redis.call('SISMEMBER', kids, ref) == 0 then
-        want = -1
-        break
-      end
-    end
-    if want ~= redis.call('SCARD', kids) then
-      return redis.error_reply('EMQCONFLICT ' .. queue .. ' ' .. id
+    if not same_children(row .. ':children', n[9]) then
+      return redis.error_reply('EMQCONFLICT ' .. queue .. ' ' .. n[1]
         .. ' exists with other children (a different flow under the same id)')
     end
     skip[i] = true
@@ -59,45 +75,62 @@ for i = 5, #ARGV, FIELDS do
   end
 end
 if mode ~= 'write' then
-  return {(#ARGV - 4) / FIELDS - skipped, skipped}
+  return {#nodes - skipped, skipped}
 end
 
+local held_here = {}
+local claimable = {}
 local landed = 0
-for i = 5, #ARGV, FIELDS do
+for i, n in ipairs(nodes) do
   if not skip[i] then
-    local id, refs = ARGV[i], ARGV[i + 8]
+    local id, refs = n[1], n[9]
     local row = base .. 'job:' .. id
-    local state = 'pending'
-    if refs ~= '' then
-      state = 'awaiting_children'
+    local fields = {'name', n[2], 'payload', n[3], 'state', 'pending', 'created_at', now}
+    if n[4] ~= '' then
+      fields[#fields + 1] = 'max_attempts'
+      fields[#fields + 1] = n[4]
     end
-    redis.call('HSET', row, 'name', ARGV[i + 1], 'payload', ARGV[i + 2], 'state', state,
-      'attempts', 0, 'max_attempts', ARGV[i + 3], 'backoff_ms', ARGV[i + 4], 'created_at', now)
-    if ARGV[i + 5] ~= '' then
-      redis.call('HSET', row, 'parent', ARGV[i + 5], 'parent_queue', ARGV[i + 6],
-        'parent_policy', ARGV[i + 7])
+    if n[5] ~= '' then
+      fields[#fields + 1] = 'backoff_ms'
+      fields[#fields + 1] = n[5]
     end
-    if state == 'pending' then
-      redis.call('RPUSH', pending, id)
-    else
-      local n = 0
-      local members = {}
-      for ref in string.gmatch(refs, '%S+') do
-        n = n + 1
-        members[#members + 1] = ref
-        if #members == 1000 then
-          redis.call('SADD', row .. ':children', unpack(members))
-          members = {}
-        end
+    if n[6] ~= '' then
+      fields[#fields + 1] = 'parent'
+      fields[#fields + 1] = n[6]
+      if n[7] ~= queue then
+        fields[#fields + 1] = 'parent_queue'
+        fields[#fields + 1] = n[7]
       end
-      if #members > 0 then
-        redis.call('SADD', row .. ':children', unpack(members))
+      if n[8] ~= 'fp' then
+        fields[#fields + 1] = 'parent_policy'
+        fields[#fields + 1] = n[8]
       end
-      redis.call('SET', row .. ':dependencies', n)
+    end
+    if #refs > 0 then
+      fields[6] = 'awaiting_children'
+      redis.call('HSET', row, unpack(fields))
+      for j = 1, #refs, 1000 do
+        redis.call('RPUSH', row .. ':children', unpack(refs, j, math.min(j + 999, #refs)))
+      end
+      redis.call('SET', row .. ':dependencies', #refs)
       redis.call('ZADD', awaiting, now, id)
+      held_here[id] = true
+      redis.call('XADD', base .. 'events', 'MAXLEN', '~', 10000, '*', 'e', 'added', 'id', id)
+    else
+      redis.call('HSET', row, unpack(fields))
+      claimable[#claimable + 1] = id
+      if #claimable == 1000 then
+        redis.call('RPUSH', pending, unpack(claimable))
+        claimable = {}
+      end
+      if n[6] == '' or n[7] ~= queue or not held_here[n[6]] then
+        redis.call('XADD', base .. 'events', 'MAXLEN', '~', 10000, '*', 'e', 'added', 'id', id)
+      end
     end
-    redis.call('XADD', base .. 'events', 'MAXLEN', '~', 10000, '*', 'e', 'added', 'id', id)
     landed = landed + 1
   end
+end
+if #claimable > 0 then
+  redis.call('RPUSH', pending, unpack(claimable))
 end
 return {landed, skipped}

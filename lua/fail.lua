@@ -15,6 +15,8 @@
   ARGV[6] now (ms)
   ARGV[7] backoff cap (ms): the longest wait between attempts
   ARGV[8] force dead: '1' skips the remaining attempts, '0' otherwise
+  ARGV[9] the queue's max attempts, for a row without its own
+  ARGV[10] the queue's backoff base (ms), for a row without its own
 
   returns: JSON {state: 'delayed'|'pending'|'dead', run_at: ms|null, released, dead,
            flow_failed, outbox}
@@ -39,10 +41,10 @@ if f[2] ~= token then
   return redis.error_reply('EMQLEASE ' .. QUEUE .. ' ' .. id)
 end
 
-local attempts, max_attempts = tonumber(f[3]), tonumber(f[4])
+local attempts, max_attempts = tonumber(f[3]), tonumber(f[4] or ARGV[9])
 if attempts < max_attempts and ARGV[8] ~= '1' then
   -- attempt n waits backoff * 2^(n-1), capped
-  local wait = math.min(tonumber(f[5]) * (2 ^ (attempts - 1)), cap)
+  local wait = math.min(tonumber(f[5] or ARGV[10]) * (2 ^ (attempts - 1)), cap)
   local run_at = now + math.floor(wait)
   redis.call('ZREM', base .. 'active', id)
   redis.call('HDEL', row, 'lease')

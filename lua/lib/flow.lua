@@ -8,6 +8,9 @@
   or is delivered from another slot by the pump (`flow_deliver`). One copy
   keeps the exactly-once guard identical on every road.
 
+  A child row without `parent_queue` has its parent on this queue, and one
+  without `parent_policy` has policy 'fp' (compact rows, enqueue_flow).
+
   Every key these helpers build is `base .. suffix` where `base` is the
   `P:{q}:` of the queue the script runs on: one slot (DESIGN §5 rule 1). A
   parent on another slot is never touched: an outbox entry is pushed instead.
@@ -73,7 +76,7 @@ local function reattach_up(base, id, now)
     return
   end
   local ref = child_ref(base, id)
-  if parent[2] == QUEUE then
+  if (parent[2] or QUEUE) == QUEUE then
     reattach(base, parent[1], ref, now)
   else
     local entry = cjson.encode({k = 'reattach', c = ref, p = parent[1], q = parent[2]})
@@ -186,7 +189,7 @@ propagate_death = function(base, id, err, now)
   end
   local policy = parent[3] or 'fp'
   local ref = child_ref(base, id)
-  if parent[2] == QUEUE then
+  if (parent[2] or QUEUE) == QUEUE then
     fan_in_dead(base, parent[1], ref, err, policy, now)
   else
     redis.call('RPUSH', base .. 'flow:outbox',
@@ -203,7 +206,7 @@ local function resolve_done(base, id, result, now)
     return
   end
   local ref = child_ref(base, id)
-  if parent[2] == QUEUE then
+  if (parent[2] or QUEUE) == QUEUE then
     fan_in_done(base, parent[1], ref, result, now)
   else
     redis.call('RPUSH', base .. 'flow:outbox',
