@@ -7,6 +7,7 @@ reply. Nothing is written when validation fails.
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from typing import Any
@@ -24,7 +25,18 @@ from .scripts import Scripts
 DEFAULTS = {"MAX_ATTEMPTS": 3, "BACKOFF_MS": 1000, "LEASE_MS": 30000}
 MAX_PAYLOAD_BYTES = 512 * 1024
 BACKOFF_CAP_MS = 3_600_000
-_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)  # built once: dumps() rebuilds it per call
+_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+# The C encoder behind _ENCODER, built once: JSONEncoder.encode() builds a new
+# one per call, which costs more than encoding a small payload (issue 8).
+_C_ENCODE = json.encoder.c_make_encoder and json.encoder.c_make_encoder(
+    None, _ENCODER.default, json.encoder.encode_basestring_ascii, None, ":", ",", False, False,
+    False)
+
+
+def _to_json(value: Any) -> str:
+    if _C_ENCODE is None or isinstance(value, str | int | float | bool) or value is None:
+        return _ENCODER.encode(value)
+    return "".join(_C_ENCODE(value, 0))
 FLOW_CHUNK = 5000  # nodes per enqueue_flow script: keeps one script well under ~50 ms
 
 
@@ -70,10 +82,13 @@ class EchoMQ(Reads):
         """``value`` as compact JSON text. Raises ``PayloadError`` when it is not
         JSON-serialisable (NaN included) or is over ``max_payload_bytes``."""
         try:
-            text = _ENCODER.encode(value)
+            text = _to_json(value)
         except (TypeError, ValueError) as err:
             raise PayloadError(f"{what} is not JSON-serialisable: {err}") from None
-        size = len(text.encode())
+        except RecursionError:  # no circular check in _C_ENCODE: it recurses instead
+            raise PayloadError(f"{what} is not JSON-serialisable: circular reference or "
+                               "nested too deeply") from None
+        size = len(text)  # ASCII: escapes keep it one byte per character
         if size > self.max_payload_bytes:
             raise PayloadError(f"{what} is {size} bytes of JSON; the limit is "
                                f"{self.max_payload_bytes} bytes (max_payload_bytes)")
@@ -263,14 +278,26 @@ class EchoMQ(Reads):
     # -- flows -------------------------------------------------------------
 
     def _step_call(self, queue: str, nodes: list, mode: str):
+        """One ``enqueue_flow`` call for a step, in the script's flat group
+        format (see its header): nodes that share name, parent, policy and
+        settings share one group header."""
         k = self.keys
-        # One JSON argument per step: packing 9 ARGV per node costs more in
-        # redis-py than the script costs in Redis (issue 8 profile).
-        rows = _ENCODER.encode([[n.id, n.name, n.payload, _opt(n.max_attempts),
-                                 _opt(n.backoff_ms), n.parent_id, n.parent_queue, n.policy,
-                                 k.refs(n.children)] for n in nodes])
+        flat: list[str] = []
+        for (name, pid, pq, policy, ma, bo, gate), group in itertools.groupby(
+                nodes, key=lambda n: (n.name, n.parent_id, n.parent_queue, n.policy,
+                                      n.max_attempts, n.backoff_ms, n.gate)):
+            group = list(group)
+            flat += [name, pid, pq, policy, _opt(ma), _opt(bo), "1" if gate else "0",
+                     str(len(group))]
+            for n in group:
+                if n.children:
+                    refs = k.refs(n.children)
+                    flat += [n.id, n.payload, str(len(refs)), *refs]
+                else:
+                    flat += [n.id, n.payload, "0"]
+        # one JSON argument: 9+ ARGV per node cost more in redis-py than in Redis
         return ("enqueue_flow", [k.queue_key(queue, "pending"), k.queue_key(queue, "awaiting")],
-                [queue, k.base(queue), self.clock(), mode, rows])
+                [queue, k.base(queue), self.clock(), mode, _ENCODER.encode(flat)])
 
     def add_flow(self, flow: Flow) -> FlowRef:
         """Land a flow (a tree of ``Flow`` nodes); returns its ``FlowRef``.
@@ -286,41 +313,48 @@ class EchoMQ(Reads):
         return self.add_flows([flow])[0]
 
     def add_flows(self, flows: list[Flow]) -> list[FlowRef]:
-        """Land several flows; all single-step flows go in one round trip.
-        Same errors as ``add_flow``; every id is gated before any write."""
+        """Land several flows. Every flow on a single queue goes in one
+        pipelined round trip (its chunks in order: one slot, one connection);
+        a cross-queue flow lands step by step, parent first. Same errors as
+        ``add_flow``; when a flow takes more than one script, every user-given
+        id is gated by a read-only pass before the first write."""
         plans = [_flows.plan(f, self.encode) for f in flows]
         seen: set = set()
         for nodes in plans:
             for n in nodes:
-                if (n.queue, n.id) in seen:
-                    raise _flows.FlowError(f"job id {n.id!r} in queue {n.queue!r} is in two flows")
-                seen.add((n.queue, n.id))
+                if n.gate:
+                    if (n.queue, n.id) in seen:
+                        raise _flows.FlowError(f"job id {n.id!r} in queue {n.queue!r} is in "
+                                               "two flows")
+                    seen.add((n.queue, n.id))
         all_steps = [_flows.steps(nodes, self.flow_chunk) for nodes in plans]
-        if any(len(s) > 1 for s in all_steps):
-            checks = [self._step_call(q, ns, "check") for s in all_steps for q, ns in s]
-            for reply in self.scripts.run_many(checks):
-                if isinstance(reply, Exception):
-                    raise reply
+        gated = [any(n.gate for n in nodes) for nodes in plans]
+        checks = [self._step_call(q, ns, "check") for s, g in zip(all_steps, gated)
+                  if len(s) > 1 and g for q, ns in s]
+        for reply in self.scripts.run_many(checks):
+            if isinstance(reply, Exception):
+                raise reply
+        # single-queue flows: every chunk of every such flow in one pipeline
+        one_queue = [i for i, nodes in enumerate(plans) if len({n.queue for n in nodes}) == 1]
+        calls = [(i, self._step_call(q, ns, "write")) for i in one_queue for q, ns in all_steps[i]]
+        counts: dict[int, list] = {i: [] for i in range(len(plans))}
+        for (i, _), reply in zip(calls, self.scripts.run_many([c for _, c in calls])):
+            if isinstance(reply, Exception):
+                raise reply
+            counts[i].append(reply)
+        for i, step_list in enumerate(all_steps):
+            if i in one_queue:
+                continue
+            for n, (queue, ns) in enumerate(step_list):
+                counts[i].append(self.scripts.run(*self._step_call(queue, ns, "write")))
+                if self.fault_hook:
+                    self.fault_hook(n, queue, ns)
         refs = []
-        single = [i for i, s in enumerate(all_steps) if len(s) == 1]
-        replies = self.scripts.run_many([self._step_call(*all_steps[i][0], "write")
-                                         for i in single])
-        done = dict(zip(single, replies))
-        for i, (nodes, step_list) in enumerate(zip(plans, all_steps)):
-            if i in done:
-                if isinstance(done[i], Exception):
-                    raise done[i]
-                counts = [done[i]]
-            else:
-                counts = []
-                for n, (queue, ns) in enumerate(step_list):
-                    counts.append(self.scripts.run(*self._step_call(queue, ns, "write")))
-                    if self.fault_hook:
-                        self.fault_hook(n, queue, ns)
+        for i, nodes in enumerate(plans):
             root = nodes[0]
             refs.append(FlowRef(queue=root.queue, parent_id=root.id,
                                 child_ids=[cid for _, cid in root.children],
                                 nodes=[(n.queue, n.id) for n in nodes],
-                                landed=sum(int(c[0]) for c in counts),
-                                skipped=sum(int(c[1]) for c in counts)))
+                                landed=sum(int(c[0]) for c in counts[i]),
+                                skipped=sum(int(c[1]) for c in counts[i])))
         return refs

@@ -13,9 +13,9 @@
   Rows are compact (memory and time per node, issue 8): `attempts` appears at
   the first claim; `max_attempts` / `backoff_ms` only when the node sets its
   own; `parent_queue` only for a cross-queue child; `parent_policy` only when
-  it is not 'fp'. A missing one means the queue's setting / this queue / 'fp'. One `added` event is emitted per
-  held parent (the mirror reads its children from :children), and per node
-  without a parent in this call.
+  it is not 'fp'. A missing one means the queue's setting / this queue / 'fp'.
+  One `added` event is emitted per held parent (the mirror reads its children from :children), per root, and
+  per cross-queue child; a same-queue leaf is announced by its parent's.
 
   KEYS[1] pending list         P:{q}:pending
   KEYS[2] awaiting zset        P:{q}:awaiting (score: held-at, ms)
@@ -24,12 +24,15 @@
   ARGV[2] queue key prefix     P:{q}: (node rows are P:{q}:job:<id>, same slot)
   ARGV[3] now (ms)
   ARGV[4] mode: 'write' lands the nodes; 'check' only gates them
-  ARGV[5] nodes, a JSON array of 9-element arrays, parents first:
-          id, name, payload (JSON text), max_attempts ('' = the queue's),
-          backoff_ms (ms; '' = the queue's), parent id ('' for a root),
-          parent queue, policy ('fp'|'id'|'rd'),
-          child refs (an array of full job keys; empty for a leaf)
-          (numbers travel as strings: Lua numbers cost a conversion per field)
+  ARGV[5] nodes, parents first, as one flat JSON array of strings (flat: a
+          nested array costs Redis several times more to decode). Nodes come
+          in groups sharing everything but id, payload and children:
+            name, parent id ('' for a root), parent queue, policy
+            ('fp'|'id'|'rd'), max_attempts ('' = the queue's), backoff_ms
+            (ms; '' = the queue's), gate ('1' = check the id is free; '0'
+            for ids the host generated with 72 random bits), node count,
+          then per node: id, payload (JSON text), child count n, n child refs
+          (full job keys).
 
   returns: {landed, skipped} counts
   errors:  EMQCONFLICT <queue> <id> <detail>  an id is taken by another job;
@@ -37,100 +40,114 @@
 ]]
 local pending, awaiting = KEYS[1], KEYS[2]
 local queue, base, now, mode = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local nodes = cjson.decode(ARGV[5])
+local a = cjson.decode(ARGV[5])
 
-local function same_children(kids, refs)
-  if redis.call('LLEN', kids) ~= #refs then
+local function same_children(kids, from, n)
+  if redis.call('LLEN', kids) ~= n then
     return false
   end
   local have = {}
   for _, ref in ipairs(redis.call('LRANGE', kids, 0, -1)) do
     have[ref] = true
   end
-  for _, ref in ipairs(refs) do
-    if not have[ref] then
+  for j = from, from + n - 1 do
+    if not have[a[j]] then
       return false
     end
   end
   return true
 end
 
+-- pass 1: gate every id before anything is written
 local skip = {}
-local skipped = 0
-for i, n in ipairs(nodes) do
-  local row = base .. 'job:' .. n[1]
-  if redis.call('EXISTS', row) == 1 then
-    local f = redis.call('HMGET', row, 'name', 'parent', 'parent_queue')
-    local pq = f[3] or queue
-    if f[1] ~= n[2] or (f[2] or '') ~= n[6] or (n[6] ~= '' and pq ~= n[7]) then
-      return redis.error_reply('EMQCONFLICT ' .. queue .. ' ' .. n[1] .. ' exists as job '
-        .. tostring(f[1]) .. ' under parent ' .. (f[2] and (pq .. '/' .. f[2]) or '(none)'))
+local total, skipped = 0, 0
+local i = 1
+while i <= #a do
+  local name, parent, pq, gate, count = a[i], a[i + 1], a[i + 2], a[i + 6], tonumber(a[i + 7])
+  i = i + 8
+  for _ = 1, count do
+    local id, nrefs = a[i], tonumber(a[i + 2])
+    local row = base .. 'job:' .. id
+    if gate == '1' and redis.call('EXISTS', row) == 1 then
+      local f = redis.call('HMGET', row, 'name', 'parent', 'parent_queue')
+      local fpq = f[3] or queue
+      if f[1] ~= name or (f[2] or '') ~= parent or (parent ~= '' and fpq ~= pq) then
+        return redis.error_reply('EMQCONFLICT ' .. queue .. ' ' .. id .. ' exists as job '
+          .. tostring(f[1]) .. ' under parent ' .. (f[2] and (fpq .. '/' .. f[2]) or '(none)'))
+      end
+      if not same_children(row .. ':children', i + 3, nrefs) then
+        return redis.error_reply('EMQCONFLICT ' .. queue .. ' ' .. id
+          .. ' exists with other children (a different flow under the same id)')
+      end
+      skip[id] = true
+      skipped = skipped + 1
     end
-    if not same_children(row .. ':children', n[9]) then
-      return redis.error_reply('EMQCONFLICT ' .. queue .. ' ' .. n[1]
-        .. ' exists with other children (a different flow under the same id)')
-    end
-    skip[i] = true
-    skipped = skipped + 1
+    total = total + 1
+    i = i + 3 + nrefs
   end
 end
 if mode ~= 'write' then
-  return {#nodes - skipped, skipped}
+  return {total - skipped, skipped}
 end
 
-local held_here = {}
+-- pass 2: write
 local claimable = {}
-local landed = 0
-for i, n in ipairs(nodes) do
-  if not skip[i] then
-    local id, refs = n[1], n[9]
+i = 1
+while i <= #a do
+  local name, parent, pq, policy, ma, bo, count =
+    a[i], a[i + 1], a[i + 2], a[i + 3], a[i + 4], a[i + 5], tonumber(a[i + 7])
+  i = i + 8
+  -- the fields every node of the group shares, after name/payload/state/created_at
+  local shared = {}
+  if ma ~= '' then
+    shared[#shared + 1] = 'max_attempts'
+    shared[#shared + 1] = ma
+  end
+  if bo ~= '' then
+    shared[#shared + 1] = 'backoff_ms'
+    shared[#shared + 1] = bo
+  end
+  if parent ~= '' then
+    shared[#shared + 1] = 'parent'
+    shared[#shared + 1] = parent
+    if pq ~= queue then
+      shared[#shared + 1] = 'parent_queue'
+      shared[#shared + 1] = pq
+    end
+    if policy ~= 'fp' then
+      shared[#shared + 1] = 'parent_policy'
+      shared[#shared + 1] = policy
+    end
+  end
+  local event = parent == '' or pq ~= queue
+  for _ = 1, count do
+    local id, payload, nrefs = a[i], a[i + 1], tonumber(a[i + 2])
     local row = base .. 'job:' .. id
-    local fields = {'name', n[2], 'payload', n[3], 'state', 'pending', 'created_at', now}
-    if n[4] ~= '' then
-      fields[#fields + 1] = 'max_attempts'
-      fields[#fields + 1] = n[4]
-    end
-    if n[5] ~= '' then
-      fields[#fields + 1] = 'backoff_ms'
-      fields[#fields + 1] = n[5]
-    end
-    if n[6] ~= '' then
-      fields[#fields + 1] = 'parent'
-      fields[#fields + 1] = n[6]
-      if n[7] ~= queue then
-        fields[#fields + 1] = 'parent_queue'
-        fields[#fields + 1] = n[7]
+    if not skip[id] then
+      local state = (nrefs > 0) and 'awaiting_children' or 'pending'
+      redis.call('HSET', row, 'name', name, 'payload', payload, 'state', state,
+        'created_at', now, unpack(shared))
+      if nrefs > 0 then
+        for j = i + 3, i + 2 + nrefs, 1000 do
+          redis.call('RPUSH', row .. ':children', unpack(a, j, math.min(j + 999, i + 2 + nrefs)))
+        end
+        redis.call('SET', row .. ':dependencies', nrefs)
+        redis.call('ZADD', awaiting, now, id)
+      else
+        claimable[#claimable + 1] = id
+        if #claimable == 1000 then
+          redis.call('RPUSH', pending, unpack(claimable))
+          claimable = {}
+        end
       end
-      if n[8] ~= 'fp' then
-        fields[#fields + 1] = 'parent_policy'
-        fields[#fields + 1] = n[8]
-      end
-    end
-    if #refs > 0 then
-      fields[6] = 'awaiting_children'
-      redis.call('HSET', row, unpack(fields))
-      for j = 1, #refs, 1000 do
-        redis.call('RPUSH', row .. ':children', unpack(refs, j, math.min(j + 999, #refs)))
-      end
-      redis.call('SET', row .. ':dependencies', #refs)
-      redis.call('ZADD', awaiting, now, id)
-      held_here[id] = true
-      redis.call('XADD', base .. 'events', 'MAXLEN', '~', 10000, '*', 'e', 'added', 'id', id)
-    else
-      redis.call('HSET', row, unpack(fields))
-      claimable[#claimable + 1] = id
-      if #claimable == 1000 then
-        redis.call('RPUSH', pending, unpack(claimable))
-        claimable = {}
-      end
-      if n[6] == '' or n[7] ~= queue or not held_here[n[6]] then
+      if event or nrefs > 0 then
         redis.call('XADD', base .. 'events', 'MAXLEN', '~', 10000, '*', 'e', 'added', 'id', id)
       end
     end
-    landed = landed + 1
+    i = i + 3 + nrefs
   end
 end
 if #claimable > 0 then
   redis.call('RPUSH', pending, unpack(claimable))
 end
-return {landed, skipped}
+return {total - skipped, skipped}
