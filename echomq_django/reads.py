@@ -7,11 +7,14 @@ empty results (not an error) for a job that is not a parent.
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from .exceptions import JobNotFound
+import redis
+
+from .exceptions import JobNotFound, connection_error
 from .jobs import STATE_INDEX, Job, JobState, _text
 
 
@@ -37,8 +40,23 @@ def _texts(mapping: dict) -> dict[str, str]:
     return {_text(k): _text(v) for k, v in mapping.items()}
 
 
+def reports_redis_down(method):
+    """Turn redis-py's connection errors into ``RedisUnavailable`` naming the
+    address the client tried."""
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as err:
+            raise connection_error(self.client, err) from err
+
+    return wrapper
+
+
 class Reads:
-    """Read methods of ``EchoMQ``; expects ``self.client`` and ``self.keys``."""
+    """Read methods of ``EchoMQ``; expects ``self.client`` and ``self.keys``.
+    Every public method raises ``RedisUnavailable`` when Redis is down."""
 
     def _require(self, queue: str, job_id: str) -> str:
         key = self.keys.job(queue, job_id)
@@ -46,6 +64,7 @@ class Reads:
             raise JobNotFound(f"job {job_id!r} not found in queue {queue!r}")
         return key
 
+    @reports_redis_down
     def get_job(self, queue: str, job_id: str) -> Job:
         """The job row as a ``Job``. Raises ``JobNotFound``, ``ValueError``
         for a bad queue name or id."""
@@ -58,17 +77,20 @@ class Reads:
             job.lease_deadline = int(score) if score is not None else None
         return job
 
+    @reports_redis_down
     def children_values(self, queue: str, job_id: str) -> dict[str, Any]:
         """``{child_ref: result}`` for the processed children (decoded JSON)."""
         key = self._require(queue, job_id)
         raw = self.client.hgetall(key + ":processed")
         return {_text(k): json.loads(v) for k, v in raw.items()}
 
+    @reports_redis_down
     def ignored_failures(self, queue: str, job_id: str) -> dict[str, str]:
         """``{child_ref: error}`` for dead children ignored by policy ``id``."""
         key = self._require(queue, job_id)
         return _texts(self.client.hgetall(key + ":unsuccessful"))
 
+    @reports_redis_down
     def dependencies(self, queue: str, job_id: str) -> Dependencies:
         """The parent's ``Dependencies``; empty for a job that is not a parent."""
         key = self._require(queue, job_id)
@@ -86,6 +108,7 @@ class Reads:
         deps.unprocessed = sorted(r for r in map(_text, children) if r not in resolved)
         return deps
 
+    @reports_redis_down
     def dependency_counts(self, queue: str, job_id: str) -> dict[str, int]:
         """Counts without the values: ``{processed, unprocessed, failed, ignored,
         removed, remaining, children}``."""
@@ -102,6 +125,7 @@ class Reads:
             "remaining": int(remaining or 0), "children": children,
         }
 
+    @reports_redis_down
     def get_flow(self, queue: str, job_id: str, depth: int | None = None) -> dict:
         """The tree under a job: ``{queue, id, ref, name, state, result, error,
         remaining, children: [...]}``, children sorted by ref, down to
@@ -135,6 +159,7 @@ class Reads:
             level, d = next_level, d + 1
         return root
 
+    @reports_redis_down
     def counts(self, queue: str) -> dict[str, int]:
         """Jobs per state index, plus ``outbox`` and ``deadletter`` lengths."""
         k = self.keys
@@ -148,6 +173,7 @@ class Reads:
         return {"pending": pending, "active": active, "delayed": delayed, "completed": completed,
                 "dead": dead, "awaiting_children": awaiting, "outbox": outbox, "deadletter": dl}
 
+    @reports_redis_down
     def job_ids(self, queue: str, state: JobState | str, start: int = 0, end: int = -1) -> list[str]:
         """Ids in one state index, oldest first (pending: FIFO order)."""
         key = self.keys.queue_key(queue, STATE_INDEX[JobState(state)])
@@ -155,6 +181,7 @@ class Reads:
             return [_text(v) for v in self.client.lrange(key, start, end)]
         return [_text(v) for v in self.client.zrange(key, start, end)]
 
+    @reports_redis_down
     def deadletters(self, queue: str, start: int = 0, end: int = -1) -> list[dict]:
         """Dead-lettered outbox entries: ``[{entry: {...}, reason, at}]``."""
         raw = self.client.lrange(self.keys.queue_key(queue, "flow:deadletter"), start, end)
