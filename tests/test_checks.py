@@ -1,0 +1,103 @@
+"""Settings and system checks (issue 2 point 5; DESIGN §8): stable ids, hints,
+no Redis I/O, and the client each connection setting builds."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+from django.core.checks import run_checks
+from django.core.exceptions import ImproperlyConfigured
+from django.test import override_settings
+from redis.cluster import RedisCluster
+
+from echomq_django import conf
+
+GOOD = {"URL": "redis://127.0.0.1:1/0", "QUEUES": {"orders": {"MAX_ATTEMPTS": 3}}}
+
+
+def ids(cfg):
+    with override_settings(ECHOMQ=cfg):
+        return [m.id for m in run_checks() if m.id.startswith("echomq_django.")]
+
+
+@pytest.fixture(autouse=True)
+def _no_env_url(monkeypatch):
+    monkeypatch.delenv("ECHOMQ_URL", raising=False)
+    conf.reset()
+    yield
+    conf.reset()
+
+
+@pytest.mark.parametrize("cfg,expected", [
+    (GOOD, []),
+    ({}, ["echomq_django.E001"]),
+    ({"URL": "http://127.0.0.1/"}, ["echomq_django.E002"]),
+    ({**GOOD, "PREFIX": "a:b"}, ["echomq_django.E006"]),
+    ({**GOOD, "HOST": "x"}, ["echomq_django.E003"]),
+    ({"CACHE": "nope"}, ["echomq_django.E004"]),
+    ({**GOOD, "QUEUES": []}, ["echomq_django.E007"]),
+    ({**GOOD, "QUEUES": {"bad name": {}}}, ["echomq_django.E008"]),
+    ({**GOOD, "QUEUES": {"orders": {"RETRIES": 3}}}, ["echomq_django.E009"]),
+    ({**GOOD, "QUEUES": {"orders": {"MAX_ATTEMPTS": 0}}}, ["echomq_django.E010"]),
+    ({**GOOD, "QUEUES": {"orders": {"LEASE_MS": "30s"}}}, ["echomq_django.E010"]),
+])
+def test_each_problem_has_a_stable_id(cfg, expected):
+    assert ids(cfg) == expected
+
+
+def test_messages_carry_hints_naming_the_rule():
+    with override_settings(ECHOMQ={**GOOD, "QUEUES": {"a{b}": {}}}):
+        [msg] = [m for m in run_checks() if m.id == "echomq_django.E008"]
+    assert "invalid queue name 'a{b}'" in msg.msg
+    assert "A-Z a-z 0-9 _ . -" in msg.msg
+    assert msg.hint == "Rename the queue in ECHOMQ['QUEUES']."
+
+
+def test_cache_alias_must_be_django_redis():
+    caches = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+    with override_settings(CACHES=caches):
+        assert ids({"CACHE": "default"}) == ["echomq_django.E005"]
+
+
+def test_env_url_overrides_settings(monkeypatch):
+    monkeypatch.setenv("ECHOMQ_URL", "redis://127.0.0.1:7/3")
+    with override_settings(ECHOMQ={"URL": "http://wrong/"}):
+        assert ids({"URL": "http://wrong/"}) == []
+        client = conf.get_mq().client
+    kw = client.connection_pool.connection_kwargs
+    assert (kw["host"], kw["port"], kw["db"]) == ("127.0.0.1", 7, 3)
+
+
+def test_get_mq_refuses_bad_settings_naming_every_problem():
+    with override_settings(ECHOMQ={"URL": "http://x/", "PREFIX": ""}):
+        with pytest.raises(ImproperlyConfigured) as err:
+            conf.get_mq()
+    assert "echomq_django.E002" in str(err.value) and "echomq_django.E006" in str(err.value)
+
+
+def test_clients_built_from_each_connection_setting(redis_server, redis_cluster):
+    with override_settings(ECHOMQ={"URL": redis_server, "PREFIX": "t1"}):
+        mq = conf.get_mq()
+    assert isinstance(mq.client, redis.Redis) and mq.keys.prefix == "t1"
+    assert mq.client.ping()
+    conf.reset()
+    with override_settings(ECHOMQ={"CACHE": "default"}):
+        assert conf.get_mq().client.ping()
+    conf.reset()
+    with override_settings(ECHOMQ={"URL": redis_cluster.url, "CLUSTER": True}):
+        mq = conf.get_mq()
+    assert isinstance(mq.client, RedisCluster)
+    assert mq.enqueue("orders", "x", {"a": 1}, job_id="j1") == "j1"
+    assert mq.get_job("orders", "j1").payload == {"a": 1}
+
+
+def test_no_redis_io_at_import_or_in_ready(r, redis_server):
+    """ready() and the checks open no connection: the private server's
+    connection counter does not move."""
+    from django.apps import apps
+
+    before = r.info("stats")["total_connections_received"]
+    with override_settings(ECHOMQ={"URL": redis_server}):
+        apps.get_app_config("echomq_django").ready()
+        run_checks()
+    assert r.info("stats")["total_connections_received"] == before
