@@ -1,20 +1,37 @@
 """Django signals for job transitions (DESIGN §8; issue "Workers").
 
-Each is sent with ``send_robust`` by the process that saw the transition: a
-worker for what its own ``complete`` / ``fail`` did (including a same-queue
-parent it released or failed in the same script), a pump for what its sweep
-did (cross-queue deliveries, lease recovery). ``sender`` is the ``Worker`` or
-``Pump`` instance. Every signal carries ``queue`` (str), ``job_id`` (str) and
-``job_name`` (str); ``job_completed`` adds ``result`` (decoded JSON), the
-others ``error`` (str). A receiver that raises is logged at ERROR and never
-stops the sender.
+Each is sent with ``send_robust`` by the process that saw the transition, with
+``sender`` = that ``Worker`` or ``Pump`` instance:
 
-    job_completed   a job completed
-    job_failed      a job failed and will be retried (``run_at``: ms or None)
-    job_dead        a job went dead (attempts exhausted, stalled, or failed by
-                    a child)
-    parent_released a parent's last child resolved; it is now pending
-    flow_failed     a parent went dead because a child failed it (``fp``)
+* a **worker** (``runworker``) sends ``job_completed``, ``job_failed`` and
+  ``job_dead`` for the jobs it ran, once per job, after the batch that
+  reported them; and ``parent_released``, ``flow_failed`` and ``job_dead``
+  for the other jobs its own ``complete`` / ``fail`` moved in the same script
+  (a same-queue parent released or failed by its child, and so on up);
+* a **pump** (``runpump``) sends ``parent_released``, ``flow_failed`` and
+  ``job_dead`` for what its sweep moved: cross-queue deliveries from an
+  outbox, and jobs that died of an expired lease.
+
+So a same-queue flow is announced by workers alone; a cross-queue parent is
+released (or failed) on the pump's side.
+
+Every signal carries ``queue`` (str), ``job_id`` (str) and ``job_name`` (str,
+"" when the row is gone already). Besides:
+
+    job_completed   ``result``: the handler's return value
+    job_failed      ``error`` (str: "ExcType: message" + trimmed traceback)
+                    and ``run_at`` (ms since the epoch of the next attempt, or
+                    None when it is pending again at once); it will be retried
+    job_dead        ``error`` (str); attempts exhausted, failed with dead=True,
+                    stalled too often, or failed by a child
+    parent_released nothing more; the parent's last child resolved, it is
+                    pending now
+    flow_failed     ``error`` (str): a parent went dead because a child failed
+                    it (``fp``); it also gets ``job_dead``
+
+A receiver that raises is logged at ERROR (logger ``echomq_django.signals``)
+and never stops the sender. Nothing is built or read unless a receiver is
+connected.
 """
 
 from __future__ import annotations
@@ -56,11 +73,11 @@ def send_outcome(sender, mq, outcome, skip: tuple[str, str] | None = None) -> No
                 continue
             try:
                 job = mq.get_job(queue, job_id)
-            except Exception:  # gone already (retention): still announce it
+            except Exception:  # noqa: BLE001 — gone already (retention): still announce it
                 name, error = "", None
             else:
                 name, error = job.name, job.error
-            kwargs = dict(queue=queue, job_id=job_id, job_name=name)
+            kwargs = {"queue": queue, "job_id": job_id, "job_name": name}
             if signal is not parent_released:
                 kwargs["error"] = error
             send(signal, sender, **kwargs)

@@ -24,6 +24,8 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "echomq_django",
+    # The worker tests' handlers (t.*); tests/ is importable from the repo root.
+    "tests.workerapp",
 ]
 
 MIDDLEWARE = [

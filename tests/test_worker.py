@@ -1,0 +1,370 @@
+"""The worker in-process (DESIGN §4, §7; issue "Workers"): ``Worker(...).run``
+against the real test Redis, on both rigs where the protocol matters."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+
+import pytest
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from echomq_django import EchoMQ, Flow, JobState, Worker
+from echomq_django.pump import Pump
+from echomq_django.worker import error_text, unknown_name_error
+from tests.workerkit import Background, Clock, burst, wait_for
+
+COUNTS0 = {"pending": 0, "active": 0, "delayed": 0, "completed": 0, "dead": 0,
+           "awaiting_children": 0, "outbox": 0, "deadletter": 0}
+
+
+def counts(mq, queue="q", **nonzero) -> None:
+    assert mq.counts(queue) == {**COUNTS0, **nonzero}
+
+
+def test_same_queue_flow_runs_to_the_parent(mq):
+    mq.add_flow(Flow("q", "t.sum_children", job_id="p", children=[
+        Flow("q", "t.echo", i, job_id=f"c{i}") for i in range(5)]))
+    worker, processed = burst(mq, ["q"])
+    assert processed == 6
+    parent = mq.get_job("q", "p")
+    assert (parent.state, parent.result, parent.attempts) == (JobState.COMPLETED, 10, 1)
+    assert mq.dependency_counts("q", "p")["remaining"] == 0
+    assert worker.stats == {"completed": 6, "failed": 0, "dead": 0, "lost": 0}
+    assert worker.abandoned == 0
+    counts(mq, completed=6)
+
+
+def test_a_tree_resolves_level_by_level(mq):
+    mq.add_flow(Flow("q", "t.sum_children", job_id="root", children=[
+        Flow("q", "t.sum_children", job_id=f"mid{m}", children=[
+            Flow("q", "t.echo", 10 * m + i, job_id=f"leaf{m}{i}") for i in range(3)])
+        for m in range(2)]))
+    assert burst(mq, ["q"], concurrency=3)[1] == 9
+    assert mq.get_job("q", "mid0").result == 0 + 1 + 2
+    assert mq.get_job("q", "mid1").result == 10 + 11 + 12
+    assert mq.get_job("q", "root").result == 36
+
+
+def test_a_raising_handler_retries_with_backoff_then_dies_and_fails_its_parent(redis_client):
+    clock = Clock()
+    mq = EchoMQ(redis_client, prefix="emq", clock=clock)
+    mq.add_flow(Flow("q", "t.sum_children", job_id="p", children=[
+        Flow("q", "t.echo", 1, job_id="ok"),
+        Flow("q", "t.fail", {"message": "card declined"}, job_id="bad", max_attempts=3,
+             backoff_ms=100)]))
+    worker, processed = burst(mq, ["q"])
+    assert processed == 2  # ok completed; bad failed once and waits in delayed
+    bad = mq.get_job("q", "bad")
+    assert (bad.state, bad.attempts) == (JobState.DELAYED, 1)
+    assert mq.client.zscore(mq.keys.queue_key("q", "delayed"), "bad") == clock.now + 100
+    for backoff in (100, 200):  # backoff_ms * 2**(attempt-1)
+        clock.advance(backoff)
+        assert mq.promote_delayed("q") == 1
+        assert worker.run(burst=True) == 1
+    bad = mq.get_job("q", "bad")
+    assert (bad.state, bad.attempts) == (JobState.DEAD, 3)
+    lines = bad.error.splitlines()
+    assert lines[0] == "ValueError: card declined"
+    assert lines[1] == "Traceback (most recent call last):"
+    assert lines[-1] == "ValueError: card declined"
+    assert any("raise ValueError" in line for line in lines)
+    parent = mq.get_job("q", "p")
+    ref = mq.keys.job("q", "bad")
+    assert parent.state is JobState.DEAD
+    assert parent.error == f"failed by child {ref}: {bad.error}"
+    assert mq.dependencies("q", "p").failed == {ref: bad.error}
+    assert worker.stats == {"completed": 1, "failed": 2, "dead": 1, "lost": 0}
+    counts(mq, completed=1, dead=2)
+
+
+def test_an_ignored_dead_child_lets_the_parent_run(mq):
+    mq.add_flow(Flow("q", "t.sum_children", job_id="p", children=[
+        Flow("q", "t.echo", 4, job_id="ok"),
+        Flow("q", "t.fail", None, job_id="bad", max_attempts=2, backoff_ms=0,
+             ignore_dependency_on_failure=True)]))
+    _, processed = burst(mq, ["q"])
+    assert processed == 4  # ok, bad twice, p
+    bad = mq.get_job("q", "bad")
+    assert (bad.state, bad.attempts) == (JobState.DEAD, 2)
+    parent = mq.get_job("q", "p")
+    assert (parent.state, parent.result) == (JobState.COMPLETED, 4)
+    assert mq.ignored_failures("q", "p") == {mq.keys.job("q", "bad"): bad.error}
+
+
+def test_a_flaky_handler_completes_on_a_later_attempt(mq):
+    mq.enqueue("q", "t.flaky", {"fail_times": 2}, job_id="f", max_attempts=3, backoff_ms=0)
+    worker, processed = burst(mq, ["q"], concurrency=1)
+    job = mq.get_job("q", "f")
+    assert (job.state, job.result, job.attempts) == (JobState.COMPLETED, {"attempt": 3}, 3)
+    assert (processed, worker.stats["failed"]) == (3, 2)
+
+
+def test_an_unknown_job_name_fails_cleanly_and_the_worker_goes_on(mq, caplog):
+    mq.enqueue("q", "t.nope", job_id="u", max_attempts=2, backoff_ms=0)
+    mq.enqueue("q", "t.echo", "after", job_id="e")
+    with caplog.at_level(logging.WARNING, "echomq_django.worker"):
+        _, processed = burst(mq, ["q"], concurrency=1)
+    job = mq.get_job("q", "u")
+    assert (job.state, job.attempts) == (JobState.DEAD, 2)
+    assert job.error == unknown_name_error("t.nope")
+    assert job.error.startswith(
+        "UnknownJobName: no handler is registered for job name 't.nope'; registered: ")
+    assert "t.echo, t.fail, t.flaky" in job.error
+    assert mq.get_job("q", "e").result == "after"
+    assert processed == 3
+    # one warning for the name, one for the death
+    warnings = [r.getMessage() for r in caplog.records if r.name == "echomq_django.worker"]
+    dead = f"job q/u (t.nope) is dead after 2 attempts: {job.error.splitlines()[0]}"
+    assert warnings == [job.error, dead]
+
+
+def test_a_result_that_is_not_json_fails_the_job(mq):
+    mq.enqueue("q", "t.bad_result", job_id="b", max_attempts=1)
+    worker, _ = burst(mq, ["q"])
+    job = mq.get_job("q", "b")
+    assert job.state is JobState.DEAD
+    assert job.error == ("PayloadError: result is not JSON-serialisable: "
+                         "Object of type object is not JSON serializable")
+    assert worker.stats == {"completed": 0, "failed": 0, "dead": 1, "lost": 0}
+
+
+def test_the_error_keeps_the_summary_and_the_last_traceback_lines(mq):
+    mq.enqueue("q", "t.raise", 10, job_id="deep", max_attempts=1)
+    burst(mq, ["q"])
+    lines = mq.get_job("q", "deep").error.splitlines()
+    assert len(lines) == 22
+    assert lines[0] == "LookupError: deep down"
+    assert lines[1].startswith("... (") and lines[1].endswith(" traceback lines trimmed)")
+    assert lines[-1] == "LookupError: deep down"
+
+
+def test_error_text_is_capped():
+    text = error_text(ValueError("x" * 10_000))
+    assert len(text) == 4000
+    assert text.splitlines()[0] == "ValueError: " + "x" * 988
+
+
+def test_max_jobs_bounds_a_run(mq):
+    for i in range(5):
+        mq.enqueue("q", "t.echo", i, job_id=f"j{i}")
+    worker = Worker(["q"], concurrency=2, mq=mq)
+    assert worker.run(burst=True, max_jobs=3) == 3
+    assert mq.job_ids("q", "pending") == ["j3", "j4"]
+    assert worker.run(max_jobs=2) == 2  # not burst: max_jobs alone ends it
+    assert worker.processed == 5
+
+
+def test_queues_are_served_round_robin(mq):
+    for q in ("a", "b"):
+        for i in range(3):
+            mq.enqueue(q, "t.echo", f"{q}{i}")
+    order = []
+    from echomq_django import signals
+
+    def record(sender, result, **kw):
+        order.append(result)
+
+    signals.job_completed.connect(record, weak=False)
+    try:
+        burst(mq, ["a", "b"], concurrency=1)
+    finally:
+        signals.job_completed.disconnect(record)
+    assert order == ["a0", "b0", "a1", "b1", "a2", "b2"]
+
+
+def test_a_lost_lease_drops_the_result_and_the_job_runs_again(mq, caplog):
+    mq.enqueue("q", "t.lose_lease", job_id="l")
+    with caplog.at_level(logging.WARNING, "echomq_django.worker"):
+        worker, processed = burst(mq, ["q"], concurrency=1)
+    job = mq.get_job("q", "l")
+    assert (job.state, job.result, job.attempts) == (JobState.COMPLETED, 2, 2)
+    assert worker.stats == {"completed": 1, "failed": 0, "dead": 0, "lost": 1}
+    assert processed == 1
+    [warning] = [r.getMessage() for r in caplog.records if r.name == "echomq_django.worker"]
+    assert warning == ("job q/l (t.lose_lease): result dropped, the lease was lost: "
+                       "job 'l' in queue 'q' is pending")
+
+
+def test_the_heartbeat_keeps_a_long_job_leased(r):
+    mq = EchoMQ(r, prefix="emq")
+    mq.enqueue("q", "t.slow", 1.0, job_id="s")
+    worker = Worker(["q"], mq=mq, lease_ms=400, heartbeat_ms=40)
+    bg = Background(worker, burst=True)
+    wait_for(lambda: mq.get_job("q", "s").state is JobState.ACTIVE, what="claim")
+    time.sleep(0.7)  # well past the 400 ms lease
+    report = Pump(["q"], mq=mq).sweep()["q"]
+    assert report["recovered"] == 0
+    assert bg.join() == 1
+    job = mq.get_job("q", "s")
+    assert (job.state, job.result, job.attempts) == (JobState.COMPLETED, 1.0, 1)
+
+
+def test_stop_finishes_running_jobs(r):
+    mq = EchoMQ(r, prefix="emq")
+    mq.enqueue("q", "t.slow", 0.3, job_id="s")
+    mq.enqueue("q", "t.echo", 1, job_id="later")
+    worker = Worker(["q"], concurrency=1, mq=mq)
+    bg = Background(worker)
+    wait_for(lambda: mq.get_job("q", "s").state is JobState.ACTIVE, what="claim")
+    worker.stop()
+    assert bg.join() == 1
+    assert mq.get_job("q", "s").state is JobState.COMPLETED
+    assert mq.get_job("q", "later").state is JobState.PENDING
+    assert worker.abandoned == 0
+
+
+def test_stop_force_leaves_the_running_job_to_its_lease(r):
+    mq = EchoMQ(r, prefix="emq")
+    mq.enqueue("q", "t.slow", 1.0, job_id="s")
+    worker = Worker(["q"], concurrency=1, mq=mq)
+    bg = Background(worker)
+    wait_for(lambda: mq.get_job("q", "s").state is JobState.ACTIVE, what="claim")
+    worker.stop(force=True)
+    assert bg.join() == 0
+    assert worker.abandoned == 1
+    assert mq.get_job("q", "s").state is JobState.ACTIVE  # until the lease expires
+
+
+def test_a_graceful_stop_gives_up_after_the_shutdown_timeout(r):
+    mq = EchoMQ(r, prefix="emq")
+    mq.enqueue("q", "t.slow", 1.0, job_id="s")
+    worker = Worker(["q"], concurrency=1, mq=mq, shutdown_timeout=0)
+    bg = Background(worker)
+    wait_for(lambda: mq.get_job("q", "s").state is JobState.ACTIVE, what="claim")
+    worker.stop()
+    assert bg.join() == 0
+    assert worker.abandoned == 1
+
+
+def test_bad_arguments_are_refused(mq):
+    for kwargs, message in [
+        ({"queues": []}, "a worker needs at least one queue"),
+        ({"queues": ["a b"]}, None),
+        ({"queues": ["q"], "concurrency": 0}, "concurrency must be an integer >= 1, got 0"),
+        ({"queues": ["q"], "lease_ms": 0}, "lease_ms must be an integer >= 1, got 0"),
+    ]:
+        with pytest.raises(ValueError) as err:
+            Worker(mq=mq, **kwargs)
+        if message:
+            assert str(err.value) == message
+
+
+# -- Redis going away ---------------------------------------------------------
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def no_retry_client(port: int) -> redis.Redis:
+    # redis-py retries a refused connection itself, with its own backoff;
+    # these tests watch the worker's.
+    return redis.Redis(host="127.0.0.1", port=port, retry=Retry(NoBackoff(), 0))
+
+
+def test_unreachable_redis_is_retried_with_backoff(caplog):
+    port = closed_port()
+    mq = EchoMQ(no_retry_client(port), prefix="emq")
+    worker = Worker(["q"], mq=mq)
+    with caplog.at_level(logging.WARNING, "echomq_django.worker"):
+        bg = Background(worker, burst=True)
+        wait_for(lambda: sum("retrying in" in r.getMessage() for r in caplog.records) >= 2,
+                 what="two retries")
+        worker.stop()
+        assert bg.join() == 0
+    lines = [r.getMessage() for r in caplog.records if "retrying in" in r.getMessage()]
+    where = f"Redis unreachable at redis://127.0.0.1:{port}/0 (Error 111 connecting to "
+    for line, delay in zip(lines[:2], ("0.5s", "1.0s")):
+        assert line.startswith(where) and line.endswith(f"Connection refused.), retrying in {delay}")
+    assert not any("reachable again" in r.getMessage() for r in caplog.records)
+
+
+class Proxy:
+    """A TCP proxy to Redis that the test can cut and restore: ``cut()``
+    closes every connection and refuses new ones until ``restore()``."""
+
+    def __init__(self, port: int) -> None:
+        self.target = port
+        self.up = threading.Event()
+        self.up.set()
+        self.conns: list[socket.socket] = []
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            if not self.up.is_set():
+                client.close()
+                continue
+            upstream = socket.create_connection(("127.0.0.1", self.target))
+            self.conns += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def cut(self) -> None:
+        self.up.clear()
+        for s in self.conns:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        self.conns = []
+
+    def restore(self) -> None:
+        self.up.set()
+
+    def close(self) -> None:
+        self.cut()
+        self.listener.close()
+
+
+def test_a_job_held_through_an_outage_is_reported_when_redis_returns(r, caplog):
+    direct = EchoMQ(r, prefix="emq")
+    direct.enqueue("q", "t.slow", 0.5, job_id="s")
+    proxy = Proxy(r.connection_pool.connection_kwargs["port"])
+    try:
+        mq = EchoMQ(no_retry_client(proxy.port), prefix="emq")
+        worker = Worker(["q"], concurrency=1, mq=mq)
+        with caplog.at_level(logging.WARNING, "echomq_django.worker"):
+            bg = Background(worker)
+            wait_for(lambda: direct.get_job("q", "s").state is JobState.ACTIVE, what="claim")
+            proxy.cut()
+            wait_for(lambda: any("retrying in" in x.getMessage() for x in caplog.records),
+                     what="the outage warning")
+            assert direct.get_job("q", "s").state is JobState.ACTIVE
+            proxy.restore()
+            wait_for(lambda: direct.get_job("q", "s").state is JobState.COMPLETED,
+                     what="the report after the outage")
+            worker.stop()
+            assert bg.join() == 1
+    finally:
+        proxy.close()
+    job = direct.get_job("q", "s")
+    assert (job.result, job.attempts) == (0.5, 1)
+    assert worker.stats == {"completed": 1, "failed": 0, "dead": 0, "lost": 0}
+    messages = [x.getMessage() for x in caplog.records]
+    assert f"Redis reachable again at redis://127.0.0.1:{proxy.port}/0" in messages

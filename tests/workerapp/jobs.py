@@ -1,0 +1,75 @@
+"""Handlers for the worker tests (issue "Workers"). Payloads say what to do."""
+
+from __future__ import annotations
+
+import copy
+import time
+
+from echomq_django import handler
+
+
+@handler("t.echo")
+def echo(job):
+    """Returns the payload."""
+    return job.payload
+
+
+@handler("t.sum_children")
+def sum_children(job):
+    """Returns the sum of the children's results (numbers)."""
+    return sum(job.children_values().values())
+
+
+@handler("t.fail")
+def fail(job):
+    """Always raises ``ValueError(payload["message"])`` (default "boom")."""
+    raise ValueError((job.payload or {}).get("message", "boom"))
+
+
+@handler("t.flaky")
+def flaky(job):
+    """Raises on attempts 1..``payload["fail_times"]``, then returns the attempt."""
+    if job.attempts <= job.payload["fail_times"]:
+        raise RuntimeError(f"flaky attempt {job.attempts}")
+    return {"attempt": job.attempts}
+
+
+@handler("t.slow")
+def slow(job):
+    """Sleeps ``payload`` seconds, then returns it."""
+    time.sleep(job.payload)
+    return job.payload
+
+
+@handler("t.bad_result")
+def bad_result(job):
+    """Returns something JSON cannot encode."""
+    return object()
+
+
+def _dig(depth: int):
+    if depth <= 0:
+        raise LookupError("deep down")
+    try:
+        _dig(depth - 1)
+    except LookupError as exc:
+        raise LookupError("deep down") from exc
+
+
+@handler("t.raise")
+def deep_raise(job):
+    """Raises ``LookupError("deep down")`` chained ``payload`` times (a long
+    traceback, for the trimming)."""
+    return _dig(job.payload)
+
+
+@handler("t.lose_lease")
+def lose_lease(job):
+    """On attempt 1, expires its own lease the way the pump would (a sweep
+    whose clock is far ahead), so the worker's report finds the lease lost;
+    later attempts return the attempt number."""
+    if job.attempts == 1:
+        thief = copy.copy(job._mq)
+        thief.clock = lambda: job._mq.clock() + 10**9
+        thief.recover_stalled(job.queue)
+    return job.attempts
