@@ -281,7 +281,8 @@ def test_unreachable_redis_is_retried_with_backoff(caplog):
     lines = [r.getMessage() for r in caplog.records if "retrying in" in r.getMessage()]
     where = f"Redis unreachable at redis://127.0.0.1:{port}/0 (Error 111 connecting to "
     for line, delay in zip(lines[:2], ("0.5s", "1.0s")):
-        assert line.startswith(where) and line.endswith(f"Connection refused.), retrying in {delay}")
+        assert line.startswith(where)
+        assert line.endswith(f"Connection refused.), retrying in {delay}")
     assert not any("reachable again" in r.getMessage() for r in caplog.records)
 
 

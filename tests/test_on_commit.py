@@ -1,0 +1,108 @@
+"""Enqueue on commit (echomq_django.api; issue "Workers"): inside an atomic
+block ``enqueue`` / ``add_flow`` wait for the commit by default, a rollback
+writes nothing, and the ids are known before the commit."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth.models import User
+from django.db import transaction
+from django.db.models.signals import post_save
+
+import echomq_django as emq
+from echomq_django import EchoMQ, Flow, JobNotFound, JobState, conf
+
+
+class Rollback(Exception):
+    pass
+
+
+@pytest.fixture
+def mq(r, transactional_db):
+    """The settings' EchoMQ (module-level API), on the private server."""
+    conf.reset()
+    yield EchoMQ(r, prefix="emq")
+    conf.reset()
+
+
+def landed(mq, queue, job_id) -> bool:
+    try:
+        mq.get_job(queue, job_id)
+    except JobNotFound:
+        return False
+    return True
+
+
+def test_a_rolled_back_block_enqueues_nothing(mq):
+    with pytest.raises(Rollback), transaction.atomic():
+        job_id = emq.enqueue("q", "t.echo", 1)
+        ref = emq.add_flow(Flow("q", "t.sum_children", children=[Flow("q", "t.echo", 2)]))
+        raise Rollback
+    assert isinstance(job_id, str) and isinstance(ref.parent_id, str)
+    assert mq.client.keys("*") == []
+
+
+def test_a_committed_block_lands_after_the_commit_with_the_ids_given_before(mq):
+    with transaction.atomic():
+        job_id = emq.enqueue("q", "t.echo", 1)
+        ref = emq.add_flow(Flow("q", "t.sum_children", job_id="p",
+                                children=[Flow("q", "t.echo", 2, job_id="c")]))
+        assert (ref.parent_id, ref.child_ids) == ("p", ["c"])
+        assert not landed(mq, "q", job_id) and not landed(mq, "q", "p")
+    assert mq.get_job("q", job_id).state is JobState.PENDING
+    assert mq.get_job("q", "p").state is JobState.AWAITING_CHILDREN
+    assert mq.job_ids("q", "pending") == [job_id, "c"]
+
+
+def test_generated_flow_ids_are_the_ones_that_land(mq):
+    with transaction.atomic():
+        ref = emq.add_flow(Flow("q", "t.sum_children", children=[Flow("q", "t.echo", 2)]))
+    [child] = ref.child_ids
+    assert mq.get_job("q", ref.parent_id).state is JobState.AWAITING_CHILDREN
+    assert mq.get_job("q", child).parent == ref.parent_id
+
+
+def test_on_commit_false_writes_at_once_even_when_rolled_back(mq):
+    with pytest.raises(Rollback), transaction.atomic():
+        job_id = emq.enqueue("q", "t.echo", 1, on_commit=False)
+        raise Rollback
+    assert landed(mq, "q", job_id)
+
+
+def test_outside_a_transaction_it_writes_at_once(mq):
+    job_id = emq.enqueue("q", "t.echo", 1)
+    assert landed(mq, "q", job_id)
+    job_id = emq.enqueue("q", "t.echo", 1, on_commit=True)  # no transaction: runs now
+    assert landed(mq, "q", job_id)
+
+
+def test_a_bad_call_raises_in_the_caller_not_at_commit(mq):
+    with pytest.raises(ValueError), transaction.atomic():
+        emq.enqueue("bad queue", "t.echo", 1)
+    with pytest.raises(ValueError), transaction.atomic():
+        emq.enqueue("q", "t.echo", object())
+    assert mq.client.keys("*") == []
+
+
+def test_a_post_save_receiver_starts_a_flow_only_for_a_committed_row(mq):
+    refs = []
+
+    def start_flow(sender, instance, created, **kwargs):
+        if created:
+            flow = Flow("q", "t.sum_children", job_id=f"welcome-{instance.username}",
+                        children=[Flow("q", "t.echo", 1)])
+            refs.append(emq.add_flow(flow))
+
+    post_save.connect(start_flow, sender=User, weak=False)
+    try:
+        with pytest.raises(Rollback), transaction.atomic():
+            User.objects.create(username="gone")
+            raise Rollback
+        with transaction.atomic():
+            User.objects.create(username="kept")
+    finally:
+        post_save.disconnect(start_flow, sender=User)
+    assert [ref.parent_id for ref in refs] == ["welcome-gone", "welcome-kept"]
+    assert not landed(mq, "q", "welcome-gone")
+    assert mq.get_job("q", "welcome-kept").state is JobState.AWAITING_CHILDREN
+    assert mq.counts("q")["awaiting_children"] == 1
