@@ -1,0 +1,42 @@
+"""``./manage.py echomq_mirror [QUEUE...] [--full]``: refresh the admin mirror
+now (DESIGN §8). No queue names: every queue in ``ECHOMQ["QUEUES"]`` plus the
+ones already mirrored. Exit 1 with a one-line reason when Redis is
+unreachable.
+"""
+
+from __future__ import annotations
+
+import redis
+from django.core.management.base import BaseCommand, CommandError
+
+from echomq_django.conf import get_mq
+from echomq_django.exceptions import describe
+from echomq_django.mirror import known_queues, mirror_queues
+
+
+class Command(BaseCommand):
+    help = ("Copy queues, jobs and flows from Redis into the admin's mirror tables, "
+            "incrementally from each queue's event stream (or in full with --full).")
+
+    def add_arguments(self, parser):
+        parser.add_argument("queues", nargs="*", metavar="QUEUE",
+                            help="queues to mirror (default: ECHOMQ['QUEUES'] and those "
+                                 "already mirrored)")
+        parser.add_argument("--full", action="store_true",
+                            help="rescan every state index and mark jobs gone from Redis")
+
+    def handle(self, *args, **opts):
+        mq = get_mq()
+        queues = opts["queues"] or known_queues()
+        try:
+            reports = mirror_queues(mq, queues, full=opts["full"])
+        except ValueError as err:
+            raise CommandError(f"echomq_mirror: {err}", returncode=1) from None
+        except redis.RedisError as err:
+            raise CommandError(f"echomq_mirror: Redis is unreachable at "
+                               f"{describe(mq.client)}: {err}", returncode=1) from None
+        for queue, rep in reports.items():
+            if opts["verbosity"] >= 1:
+                how = "full rescan" if rep["full"] else f"{rep['events']} events"
+                self.stdout.write(f"{queue}: {how}, {rep['jobs']} jobs mirrored, "
+                                  f"{rep['gone']} marked gone")
