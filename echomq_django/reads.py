@@ -183,11 +183,15 @@ class Reads:
 
     @reports_redis_down
     def deadletters(self, queue: str, start: int = 0, end: int = -1) -> list[dict]:
-        """Dead-lettered outbox entries: ``[{entry: {...}, reason, at}]``."""
+        """Dead-lettered outbox entries: ``[{entry: {...}, reason, at (ms)}]``;
+        an entry that is not our JSON comes back as its raw text."""
         raw = self.client.lrange(self.keys.queue_key(queue, "flow:deadletter"), start, end)
         out = []
         for item in raw:
-            d = json.loads(item)
-            d["entry"] = json.loads(d["entry"])
+            try:
+                d = json.loads(item)
+                d["entry"] = json.loads(d["entry"])
+            except (ValueError, KeyError, TypeError):  # written by hand, or garbled
+                d = {"entry": _text(item), "reason": "unreadable dead-letter entry", "at": None}
             out.append(d)
         return out
