@@ -1,0 +1,410 @@
+"""The orders demo, end to end, as real processes (``manage.py orders_demo``).
+
+``Demo(...).run()``:
+
+1. migrates the SQLite database (``ECHOMQ_DB_PATH`` or ``db.sqlite3``);
+2. uses the Redis at ``ECHOMQ_URL`` when that variable is set (with a key
+   prefix of its own, ``<PREFIX>-demo-<8 hex>``, so earlier runs never collide),
+   else starts a private ``redis-server`` on a free loopback port (never
+   6379), without persistence;
+3. starts ``runserver`` (web), ``runworker`` and ``runpump`` for the four
+   queues, each in a session of its own with its output in ``<log dir>/<name>.log``;
+4. posts the orders through HTTP, shows a progress bar while their flows
+   resolve, reads every order back through ``GET /orders/<id>/`` and every
+   job's attempts from Redis, and compares each order with ``rules.predict``;
+5. prints the summary; with ``keep`` waits for Ctrl-C; then stops every
+   process it started (SIGTERM, SIGKILL after ``GRACE_S`` s), also on
+   Ctrl-C, SIGTERM, SIGHUP and errors.
+
+``run()`` returns the exit status: 0 when every order ended as predicted, 1
+when one did not, a post was refused, the flows did not all finish within
+the timeout, or a process failed (``DemoError``), 130 after Ctrl-C (except
+the Ctrl-C that ends ``keep``, which leaves the status as it was).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import redis
+from django.conf import settings
+from django.core.management import call_command
+
+from echomq_django import EchoMQ
+
+from .models import Order
+from .rules import predict
+
+BASE_DIR = Path(settings.BASE_DIR)
+QUEUES = ("orders", "validation", "inventory", "payments")
+TERMINAL = {"completed", "dead"}
+GRACE_S = 10.0  # s a process gets between SIGTERM and SIGKILL
+START_TIMEOUT_S = 30.0  # s for Redis and the web server to answer
+POSTERS = 8  # concurrent HTTP posts
+POLL_S = 0.2  # s between progress reads
+RESERVED_PORTS = {6379, 16379}  # never ours, even when free
+
+
+class DemoError(Exception):
+    """The demo cannot go on; the message says why (one line or a log tail)."""
+
+
+def free_port() -> int:
+    """A loopback TCP port free right now (never 6379)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in RESERVED_PORTS:
+            return port
+
+
+def http_json(method: str, url: str, body=None, timeout: float = 30.0) -> tuple[int, dict]:
+    """``(status, decoded JSON body)`` of one request; an error status is
+    returned, not raised. Raises ``OSError`` when nothing answers."""
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method,
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, json.loads(resp.read() or b"{}")
+    except urllib.error.HTTPError as err:
+        text = err.read()
+        try:
+            return err.code, json.loads(text)
+        except ValueError:
+            return err.code, {"errors": {"body": text[:200].decode(errors="replace")}}
+
+
+class Processes:
+    """The child processes the demo started, in start order."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    def start(self, name: str, args: list[str], env: dict | None = None) -> subprocess.Popen:
+        """Start ``args`` in a session of its own (a Ctrl-C in the terminal
+        reaches the demo only, which then stops it in order), output in
+        ``<log_dir>/<name>.log``."""
+        with open(self.log(name), "wb") as log:
+            proc = subprocess.Popen(args, cwd=BASE_DIR, env=env, stdin=subprocess.DEVNULL,
+                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.procs[name] = proc
+        return proc
+
+    def log(self, name: str) -> Path:
+        return self.log_dir / f"{name}.log"
+
+    def tail(self, name: str, lines: int = 15) -> str:
+        try:
+            text = self.log(name).read_text(errors="replace").splitlines()[-lines:]
+        except OSError:
+            return "(no log)"
+        return "\n".join("    " + line for line in text)
+
+    def check(self) -> None:
+        """Raise ``DemoError`` with its log tail when a process has exited."""
+        for name, proc in self.procs.items():
+            if proc.poll() is not None:
+                raise DemoError(f"{name} exited with status {proc.returncode}; the end of "
+                                f"{self.log(name)}:\n{self.tail(name)}")
+
+    def stop(self, names: list[str] | None = None) -> None:
+        """SIGTERM ``names`` (default: all), wait up to ``GRACE_S`` s in all,
+        SIGKILL whatever is left. Only processes this object started."""
+        chosen = [(n, self.procs.pop(n)) for n in list(names or self.procs) if n in self.procs]
+        for _, proc in chosen:
+            if proc.poll() is None:
+                proc.terminate()
+        deadline = time.monotonic() + GRACE_S
+        for _, proc in chosen:
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def start_redis(procs: Processes, attempts: int = 5) -> str:
+    """A private ``redis-server`` (no persistence, its own temp dir) on a free
+    loopback port; returns its URL once it answers PING as the process we
+    started. Retries on a new port when it loses a port race. Raises
+    ``DemoError`` when redis-server is missing or never answers."""
+    workdir = Path(tempfile.mkdtemp(prefix="emq-demo-redis-"))
+    for _ in range(attempts):
+        port = free_port()
+        try:
+            proc = procs.start("redis", [
+                "redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                "--appendonly", "no", "--dir", str(workdir)])
+        except FileNotFoundError:
+            raise DemoError("redis-server is not on PATH: run `bash scripts/demo.sh`, which "
+                            "installs it, or set ECHOMQ_URL to a Redis of yours") from None
+        client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=0.5)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while proc.poll() is None and time.monotonic() < deadline:
+            try:
+                if client.info("server")["process_id"] == proc.pid:
+                    return f"redis://127.0.0.1:{port}/0"
+            except redis.RedisError:
+                pass
+            time.sleep(0.05)
+        procs.stop(["redis"])
+    raise DemoError(f"redis-server did not start; the end of its log:\n{procs.tail('redis')}")
+
+
+class Progress:
+    """One updating line on a terminal (``\\r``), or a plain line every few
+    seconds when the output is not one."""
+
+    WIDTH = 30
+
+    def __init__(self, out, total: int) -> None:
+        self.out, self.total = out, total
+        self.tty = hasattr(out, "isatty") and out.isatty()
+        self.printed_at = 0.0
+
+    def show(self, done: int, fulfilled: int, failed: int, elapsed: float,
+             final: bool = False) -> None:
+        if not self.tty and not final and time.monotonic() - self.printed_at < 5:
+            return
+        self.printed_at = time.monotonic()
+        filled = self.WIDTH * done // max(self.total, 1)
+        line = (f"  flows [{'#' * filled}{'.' * (self.WIDTH - filled)}] {done}/{self.total}"
+                f"  fulfilled {fulfilled}  failed {failed}  {elapsed:.1f}s")
+        if self.tty:
+            self.out.write("\r" + line + ("\n" if final else ""))
+        else:
+            self.out.write(line + "\n")
+        self.out.flush()
+
+
+class Demo:
+    """One run. ``bodies``: ``[(label, POST body)]``; ``keep``: leave the
+    processes running after the summary until Ctrl-C; ``timeout`` (s): how
+    long the flows may take once posted; ``log_dir``: where the children's
+    logs go; ``concurrency``: the worker's handler threads; ``out``: a text
+    stream for everything the demo prints."""
+
+    def __init__(self, bodies: list[tuple[str, dict]], *, keep: bool = False,
+                 timeout: float = 120.0, log_dir: Path, concurrency: int = 8, out=sys.stdout):
+        self.bodies, self.keep, self.timeout = bodies, keep, timeout
+        self.concurrency, self.out = concurrency, out
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.procs = Processes(log_dir)
+
+    def say(self, text: str) -> None:
+        self.out.write(text + "\n")
+        self.out.flush()
+
+    def run(self) -> int:
+        """The whole demo; returns the exit status (see the module docstring)."""
+        previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
+        try:
+            return self._run()
+        except KeyboardInterrupt:
+            self.say("\n== interrupted: stopping the processes")
+            return 130
+        except DemoError as err:
+            self.say(f"\n== demo failed: {err}")
+            return 1
+        finally:
+            self.procs.stop([n for n in self.procs.procs if n != "redis"])
+            self.procs.stop()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _run(self) -> int:
+        db = settings.DATABASES["default"]["NAME"]
+        self.say(f"== migrating {db}")
+        call_command("migrate", verbosity=0, interactive=False)
+        url, prefix = self._redis()
+        env = {**os.environ, "ECHOMQ_URL": url, "ECHOMQ_PREFIX": prefix, "PYTHONUNBUFFERED": "1"}
+        port = free_port()
+        base = f"http://127.0.0.1:{port}"
+        manage = [sys.executable, str(BASE_DIR / "manage.py")]
+        self.say(f"== starting the web server ({base}), runworker and runpump for "
+                 f"{' '.join(QUEUES)}; logs in {self.procs.log_dir}")
+        self.procs.start("web", [*manage, "runserver", f"127.0.0.1:{port}", "--noreload"], env)
+        self.procs.start("worker", [*manage, "runworker", *QUEUES, "--concurrency",
+                                    str(self.concurrency), "--shutdown-timeout", "5"], env)
+        self.procs.start("pump", [*manage, "runpump", *QUEUES, "--interval", "0.1"], env)
+        self._wait_for_web(base)
+        mq = EchoMQ(redis.Redis.from_url(url), prefix=prefix)
+
+        self.say(f"== posting {len(self.bodies)} orders to {base}/orders/")
+        started = time.monotonic()
+        pks, problems = self._post(base)
+        orders = list(Order.objects.filter(pk__in=pks).prefetch_related("lines"))
+        finished, wall = self._wait_for_flows(orders, mq, started)
+        if len(finished) < len(orders):
+            late = [o.pk for o in orders if o.pk not in finished]
+            problems.append(f"{len(late)} flows not finished after {self.timeout:.0f} s: orders "
+                            f"{', '.join(map(str, late[:20]))}{' ...' if len(late) > 20 else ''}")
+        counts = self._check(base, [o for o in orders if o.pk in finished], mq, problems)
+        self._summary(counts, len(orders), wall, base, problems)
+        if self.keep:
+            self.say("== --keep: the web server, worker, pump and Redis keep running; "
+                     "Ctrl-C stops them")
+            try:
+                while True:
+                    self.procs.check()
+                    time.sleep(0.5)
+            except KeyboardInterrupt:  # the way out of --keep: the status stands
+                self.say("\n== stopping the processes")
+        return 1 if problems else 0
+
+    def _redis(self) -> tuple[str, str]:
+        base_prefix = settings.ECHOMQ.get("PREFIX", "emq")
+        url = os.environ.get("ECHOMQ_URL")
+        if url:
+            prefix = f"{base_prefix[:18]}-demo-{secrets.token_hex(4)}"
+            self.say(f"== using the Redis at ECHOMQ_URL={url}, key prefix {prefix}")
+            return url, prefix
+        url = start_redis(self.procs)
+        self.say(f"== started a private redis-server at {url}")
+        return url, base_prefix
+
+    def _wait_for_web(self, base: str) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            self.procs.check()
+            try:
+                if http_json("GET", f"{base}/orders/", timeout=2)[0] == 200:
+                    return
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise DemoError(f"the web server did not answer within {START_TIMEOUT_S:.0f} s; "
+                                f"the end of its log:\n{self.procs.tail('web')}")
+            time.sleep(0.1)
+
+    def _post(self, base: str) -> tuple[list[int], list[str]]:
+        def post(item):
+            label, body = item
+            try:
+                return label, *http_json("POST", f"{base}/orders/", body)
+            except OSError as err:
+                return label, 0, {"errors": {"request": str(err)}}
+
+        pks, problems = [], []
+        with ThreadPoolExecutor(POSTERS) as pool:
+            for label, status, reply in pool.map(post, self.bodies):
+                if status == 201:
+                    pks.append(reply["id"])
+                else:
+                    errors = "; ".join(f"{k}: {v}" for k, v in reply.get("errors", {}).items())
+                    problems.append(f"{label} refused ({status}): {errors}")
+        return pks, problems
+
+    def _jobs(self, mq: EchoMQ, orders: list[Order]):
+        """Per order pk, the state and attempts of each job of its flow."""
+        pipe = mq.client.pipeline(transaction=False)
+        shape = []
+        for order in orders:
+            ids = order.job_ids()
+            shape.append((order.pk, len(ids)))
+            for queue, job_id in ids:
+                pipe.hmget(mq.keys.job(queue, job_id), "state", "attempts")
+        replies, out, i = pipe.execute(), {}, 0
+        for pk, n in shape:
+            out[pk] = [(s.decode() if s else None, int(a or 0)) for s, a in replies[i:i + n]]
+            i += n
+        return out
+
+    def _wait_for_flows(self, orders: list[Order], mq: EchoMQ, started: float):
+        """Poll until every flow's jobs are completed or dead and its order
+        is decided, or ``timeout``; returns ``(finished pks, wall seconds)``."""
+        progress = Progress(self.out, len(orders))
+        deadline = time.monotonic() + self.timeout
+        pending = list(orders)
+        finished: set[int] = set()
+        tally = {"fulfilled": 0, "failed": 0}
+        while True:
+            if pending:
+                states = dict(Order.objects.filter(pk__in=[o.pk for o in pending])
+                              .values_list("pk", "status"))
+                jobs = self._jobs(mq, pending)
+                for order in pending:
+                    status = states.get(order.pk)
+                    if status in tally and all(s in TERMINAL for s, _ in jobs[order.pk]):
+                        finished.add(order.pk)
+                        tally[status] += 1
+                pending = [o for o in pending if o.pk not in finished]
+            elapsed = time.monotonic() - started
+            done = not pending or time.monotonic() > deadline
+            progress.show(len(finished), tally["fulfilled"], tally["failed"], elapsed, final=done)
+            if done:
+                return finished, elapsed
+            self.procs.check()
+            time.sleep(POLL_S)
+
+    def _check(self, base: str, orders: list[Order], mq: EchoMQ, problems: list[str]) -> dict:
+        """Compare each finished order (read back through the API) with
+        ``predict``; appends a line per mismatch; returns the summary counts
+        as ``{name: (actual, predicted)}``."""
+        with ThreadPoolExecutor(POSTERS) as pool:
+            details = list(pool.map(lambda o: http_json("GET", f"{base}/orders/{o.pk}/"), orders))
+        jobs = self._jobs(mq, orders)
+        counts = {k: [0, 0] for k in ("fulfilled", "failed", "with ignored failures",
+                                      "retries taken")}
+        for order, (status, body) in zip(orders, details):
+            want = predict(order)
+            root = (body.get("flow") or {}).get("state") or {}
+            got = {"status": body.get("status"),
+                   "ignored": len((body.get("outcome") or {}).get("ignored", [])),
+                   "retries": sum(max(0, attempts - 1) for _, attempts in jobs[order.pk])}
+            want_root = "completed" if want["status"] == "fulfilled" else "dead"
+            for i, result in enumerate((got, want)):
+                if result["status"] in counts:
+                    counts[result["status"]][i] += 1
+                if result["status"] == "fulfilled" and result["ignored"]:
+                    counts["with ignored failures"][i] += 1
+                counts["retries taken"][i] += result["retries"]
+            if status != 200 or got != want or root.get("state") != want_root:
+                problems.append(f"order {order.pk} ({order.card[-4:]}, "
+                                f"{', '.join(map(str, order.lines.all()))}): predicted {want} "
+                                f"with flow {want_root}, got {got} with flow "
+                                f"{root.get('state')} (GET status {status})")
+        return counts
+
+    def _summary(self, counts: dict, total: int, wall: float, base: str,
+                 problems: list[str]) -> None:
+        python = Path(sys.executable)
+        if python.is_relative_to(BASE_DIR):
+            python = python.relative_to(BASE_DIR)
+        db = os.environ.get("ECHOMQ_DB_PATH")
+        superuser = (f"cd {BASE_DIR} && {'ECHOMQ_DB_PATH=' + db + ' ' if db else ''}"
+                     f"{python} manage.py createsuperuser")
+        admin = f"{base}/admin/" + ("" if self.keep else "  (add --keep to browse it while the "
+                                                        "demo's processes run)")
+        self.say(f"\n== summary: {total} orders")
+        for name, (actual, predicted) in counts.items():
+            self.say(f"  {name:<22}{actual:>6}  (predicted {predicted})")
+        self.say(f"  {'wall time':<22}{wall:>8.1f} s")
+        self.say(f"  {'flows per second':<22}{total / max(wall, 1e-9):>8.1f}")
+        self.say(f"  {'admin':<22}{admin}")
+        self.say(f"  {'create a superuser':<22}{superuser}")
+        if problems:
+            self.say(f"== {len(problems)} problem(s):")
+            for line in problems:
+                self.say(f"  - {line}")
+        else:
+            self.say(f"== all {total} orders ended in their predicted state")
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(signal.Signals(signum).name)

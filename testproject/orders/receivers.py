@@ -1,0 +1,65 @@
+"""Signal receivers, connected by ``OrdersConfig.ready()``.
+
+* ``post_save`` of an ``Order`` created with ``via="signal"``: the other way
+  to start a flow. Its lines are saved after the order, so the receiver
+  builds the flow when the transaction commits, from what was committed.
+* ``echomq_django.signals.flow_failed``: sent by the worker or the pump that
+  saw an ``orders.fulfil`` parent die because a child failed it (a declined
+  card, a required line out of stock); marks the order failed with the reason.
+"""
+
+from __future__ import annotations
+
+from django.db import transaction
+from django.db.models.signals import post_save
+from django.dispatch import receiver
+
+from echomq_django.signals import flow_failed
+
+from .flows import start_flow
+from .jobs import first_line, job_id_of
+from .models import Order
+
+FAILED_BY_CHILD = "failed by child "
+
+
+@receiver(post_save, sender=Order, dispatch_uid="orders.start_flow_after_save")
+def start_flow_after_save(sender, instance: Order, created: bool, raw: bool = False,
+                          **kwargs) -> None:
+    """Start the flow of an order created with ``via="signal"`` once its
+    transaction commits (at once outside one). Fixture loads (``raw``) and
+    updates start nothing."""
+    if raw or not created or instance.via != Order.Via.SIGNAL:
+        return
+    pk, using = instance.pk, kwargs.get("using")
+    transaction.on_commit(lambda: start_flow(Order.objects.using(using).get(pk=pk)), using=using)
+
+
+def failed_job(error: str) -> str:
+    """The job at the bottom of a ``failed by child <ref>: ...`` chain, as
+    ``queue/id`` ("" when the error names no child)."""
+    ref = ""
+    line = first_line(error or "")
+    while line.startswith(FAILED_BY_CHILD):
+        ref, _, line = line[len(FAILED_BY_CHILD):].partition(": ")
+    if not ref:
+        return ""
+    queue = ref[ref.index("{") + 1:ref.index("}")]
+    return f"{queue}/{job_id_of(ref)}"
+
+
+@receiver(flow_failed, dispatch_uid="orders.mark_order_failed")
+def mark_order_failed(sender, queue: str, job_id: str, job_name: str, error: str | None = None,
+                      **kwargs) -> None:
+    """Mark the order of a dead ``orders.fulfil`` parent failed, with
+    ``outcome = {"reason": <the parent's error, first line>, "failed_job":
+    "queue/id" of the job that started it}``. Other parents are ignored; an
+    order already decided is left alone."""
+    if queue != "orders" or not job_id.startswith("order-"):
+        return
+    outcome = {"reason": first_line(error or "failed by a child"),
+               "failed_job": failed_job(error or "")}
+    for order in Order.objects.filter(pk=int(job_id[len("order-"):]),
+                                      status=Order.Status.PENDING):
+        order.status, order.outcome = Order.Status.FAILED, outcome
+        order.save(update_fields=["status", "outcome", "updated"])
