@@ -3,20 +3,25 @@ batches (DESIGN §4, §7, §8; issue "Workers").
 
 ``Worker(["orders"], concurrency=4).run(burst=False, max_jobs=None)``
 
-The thread that calls ``run()`` does all the Redis I/O of the job path, one
-turn at a time:
+Three kinds of thread share the work, and only two of them talk to Redis on
+the job path, each in batches:
 
-1. report every job that finished since the last turn: one pipelined
-   ``complete_many`` and one ``fail_many`` (one round trip each, however many
-   jobs), then the Django signals for that batch;
-2. claim as many jobs as there are free threads, round-robin over the queues
-   (the first queue asked rotates each turn); a queue whose claim came back
-   short rests for ``poll_interval`` unless a parent on it is released;
-3. wait for the next job to finish (or ``poll_interval``).
+* the **loop** (the thread that calls ``run()``) claims as many jobs as there
+  are free handler threads, round-robin over the queues (the first queue
+  asked rotates each turn; a queue whose claim came back short rests for
+  ``poll_interval`` unless a parent on it is released), submits them, and
+  waits for the next one to finish;
+* the **reporter** takes every finished job handed over since its last batch
+  and reports them: one pipelined ``complete_many`` and one ``fail_many`` (one
+  round trip each, however many jobs), then sends the Django signals for that
+  batch. While Redis runs one side's scripts, Python does the other's work:
+  that overlap, and the batching, are where the throughput comes from;
+* ``concurrency`` **handler** threads (a ``ThreadPoolExecutor``) run the
+  handlers, with ``django.db.close_old_connections()`` before and after each
+  call.
 
-Handlers run on a ``ThreadPoolExecutor`` of ``concurrency`` threads, with
-``django.db.close_old_connections()`` before and after each call. A heartbeat
-thread extends the lease of every job that has run for a third of it.
+A heartbeat thread extends the lease of every job that has run for a third of
+it. Signal receivers run on the reporter thread.
 
 Decisions (documented here, relied on by the tests):
 
@@ -164,7 +169,13 @@ class Worker:
         self.stats = {"completed": 0, "failed": 0, "dead": 0, "lost": 0}
         self.abandoned = 0
         self._running: dict[tuple[str, str], Job] = {}  # claimed, not yet reported
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # guards _running
+        self._cv = threading.Condition()  # guards _inbox, _reporting, _closing
+        self._inbox: list[tuple] = []  # finished, handed to the reporter
+        self._reporting = 0  # handed to the reporter and not reported yet
+        self._executing = 0  # submitted to the pool and not finished (loop thread only)
+        self._closing = False
+        self._halt = threading.Event()  # set when run() returns: helpers stop
         self._done: _queue.SimpleQueue = _queue.SimpleQueue()  # (job, ok, value, ms) or None
         self._stopping = threading.Event()
         self._force = False
@@ -218,10 +229,14 @@ class Worker:
         restore = self._install_signals()
         self._debug = log.isEnabledFor(logging.DEBUG)
         self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="echomq-worker")
-        beat_stop = threading.Event()
-        beat = threading.Thread(target=self._heartbeat, args=(beat_stop,), daemon=True,
-                                name="echomq-heartbeat")
-        beat.start()
+        # Fresh per run: handlers abandoned by an earlier run post to the old queue.
+        self._done, self._inbox, self._reporting = _queue.SimpleQueue(), [], 0
+        self._closing, self._executing = False, 0
+        self._halt.clear()
+        helpers = [threading.Thread(target=target, daemon=True, name=name) for target, name in
+                   ((self._heartbeat, "echomq-heartbeat"), (self._reporter, "echomq-reporter"))]
+        for thread in helpers:
+            thread.start()
         start = self.processed
         log.info("worker started: queues %s, concurrency %d, lease %s ms",
                  ", ".join(self.queues), self.concurrency,
@@ -229,7 +244,12 @@ class Worker:
         try:
             self._loop(burst, max_jobs)
         finally:
-            beat_stop.set()
+            with self._cv:
+                self._closing = True
+                self._cv.notify_all()
+            self._halt.set()
+            for thread in helpers:  # daemons: one stuck on a dead socket is left behind
+                thread.join(timeout=0 if self._reporting else 2.0)
             self.abandoned = len(self._running)
             self._pool.shutdown(wait=not self.abandoned, cancel_futures=True)
             restore()
@@ -243,64 +263,63 @@ class Worker:
         return self.processed - start
 
     def _loop(self, burst: bool, max_jobs: int | None) -> None:
-        finished: list[tuple] = []
-        claimed, retry_at, delay, down = 0, 0.0, BACKOFF_START_S, False
+        """Claim and submit; hand finished jobs to the reporter thread."""
+        claimed, retry_at, outage = 0, 0.0, _Outage(self.mq.client)
         self._stats_at = time.monotonic() + STATS_EVERY_S
         self._stats_seen = (self.processed, time.monotonic())
         while not self._force:
             now = time.monotonic()
             got, asked = 0, False
-            if now >= retry_at:
+            limit = self.concurrency if max_jobs is None else max_jobs - claimed
+            if now >= retry_at and not self._stopping.is_set() and limit > 0:
+                free = min(self.concurrency - self._executing, limit)
+                asked = burst and not self._executing and not self._reporting
                 try:
-                    called = bool(finished)
-                    self._report(finished)
-                    limit = self.concurrency if max_jobs is None else max_jobs - claimed
-                    if not self._stopping.is_set() and limit > 0:
-                        free = min(self.concurrency - len(self._running), limit)
-                        asked, called = burst and not self._running, called or free > 0
-                        got = self._claim(free, everywhere=asked)
-                        claimed += got
+                    got = self._claim(free, everywhere=asked) if free > 0 else 0
                 except REDIS_DOWN as err:
-                    log.warning("Redis unreachable at %s (%s), retrying in %.1fs",
-                                describe(self.mq.client), _cause(err), delay)
-                    retry_at, delay, down = now + delay, min(delay * 2, BACKOFF_MAX_S), True
-                    asked = False
+                    retry_at, asked = now + outage.failed(err), False
                 else:
-                    if down and called:
-                        log.warning("Redis reachable again at %s", describe(self.mq.client))
-                        retry_at, delay, down = 0.0, BACKOFF_START_S, False
-            if not self._running and not finished:
+                    retry_at = 0.0
+                    if free > 0:
+                        outage.ok()
+                claimed += got
+            if not self._executing and not self._reporting:
                 if self._stopping.is_set() or (max_jobs is not None and claimed >= max_jobs):
                     return
                 if asked and got == 0:
-                    return  # burst: every queue empty, nothing running
+                    return  # burst: every queue empty, nothing running or unreported
             if self._stopping.is_set() and now >= self._stop_at:
                 return
             if now >= self._stats_at:
                 self._log_stats(now)
-            if got and len(self._running) < self.concurrency and not asked:
+            if got and self._executing < self.concurrency and not asked:
                 continue  # a queue gave all we asked: there may be more right away
-            wait = self.poll_interval
-            if retry_at:
-                wait = max(0.0, retry_at - now)
+            wait = max(0.0, retry_at - now) if retry_at else self.poll_interval
             if self._stopping.is_set():
                 wait = min(wait, max(0.0, self._stop_at - now))
-            self._wait(finished, wait)
+            self._wait(wait)
 
-    def _wait(self, finished: list, timeout: float) -> None:
-        """Block until a job finishes (or ``timeout`` s, or a stop), then take
-        every finished job without blocking."""
+    def _wait(self, timeout: float) -> None:
+        """Block until a job finishes (or ``timeout`` s, or a wake-up), then
+        hand every finished job to the reporter."""
         try:
             item = self._done.get(timeout=timeout)
         except _queue.Empty:
             return
+        finished = []
         while True:
             if item is not None:
                 finished.append(item)
             try:
                 item = self._done.get_nowait()
             except _queue.Empty:
-                return
+                break
+        if finished:
+            self._executing -= len(finished)
+            with self._cv:
+                self._inbox.extend(finished)
+                self._reporting += len(finished)
+                self._cv.notify()
 
     def _claim(self, free: int, everywhere: bool) -> int:
         """Claim up to ``free`` jobs round-robin over the queues and submit
@@ -320,15 +339,17 @@ class Worker:
             with self._lock:
                 for job in jobs:
                     self._running[(queue, job.id)] = job
+            self._executing += len(jobs)
             for job in jobs:
-                self._pool.submit(self._execute, job)
+                self._pool.submit(self._execute, job, self._done)
             free -= len(jobs)
             got += len(jobs)
         return got
 
     # -- on a pool thread ----------------------------------------------------
-    def _execute(self, job: Job) -> None:
-        """Run one handler; always posts ``(job, ok, result or error, ms)``."""
+    def _execute(self, job: Job, done: _queue.SimpleQueue) -> None:
+        """Run one handler; always posts ``(job, ok, result or error, ms)`` to
+        ``done``."""
         ok, value, started = False, None, time.perf_counter()
         try:
             close_old_connections()
@@ -347,9 +368,42 @@ class Worker:
                 close_old_connections()
             except Exception:
                 log.exception("close_old_connections() failed after job %s/%s", job.queue, job.id)
-            self._done.put((job, ok, value, (time.perf_counter() - started) * 1000))
+            done.put((job, ok, value, (time.perf_counter() - started) * 1000))
 
-    # -- reporting -----------------------------------------------------------
+    # -- reporting (the reporter thread) ---------------------------------------
+    def _reporter(self) -> None:
+        """Report what the loop hands over, batch by batch, while the loop
+        claims: Redis runs one side's scripts while Python does the other's
+        work. Waits out an outage keeping the batch; wakes the loop after
+        each batch (a released parent may be claimable now)."""
+        items: list[tuple] = []
+        outage = _Outage(self.mq.client)
+        while True:
+            with self._cv:
+                while not self._inbox and not items and not self._closing:
+                    self._cv.wait()
+                if self._closing:  # the loop is done, or gave up: leases cover the rest
+                    return
+                items.extend(self._inbox)
+                self._inbox.clear()
+            before = len(items)
+            try:
+                self._report(items)
+            except REDIS_DOWN as err:
+                delay = outage.failed(err)
+                with self._cv:
+                    self._cv.wait_for(lambda: self._closing, timeout=delay)
+            except Exception:  # a bug must not stall the loop's accounting
+                log.exception("reporting %d jobs failed; their leases will expire and the pump "
+                              "recovers them", len(items))
+                self._forget(*(item[0] for item in items))
+                items.clear()
+            else:
+                outage.ok()
+            with self._cv:
+                self._reporting -= before - len(items)
+            self._done.put(None)
+
     def _report(self, finished: list) -> None:
         """Complete and fail every finished job: one round trip each. Items
         leave ``finished`` only once Redis has answered for them, so a
@@ -452,9 +506,9 @@ class Worker:
         self._stats_at, self._stats_seen = now + STATS_EVERY_S, (done, now)
 
     # -- heartbeat -----------------------------------------------------------
-    def _heartbeat(self, stop: threading.Event) -> None:
+    def _heartbeat(self) -> None:
         """Extend the lease of each job that has used a third of it."""
-        while not stop.wait(self.heartbeat_s):
+        while not self._halt.wait(self.heartbeat_s):
             now = self.mq.clock()
             with self._lock:
                 jobs = list(self._running.values())
@@ -472,6 +526,28 @@ class Worker:
                     break  # the loop reports the outage
                 except Exception:
                     log.exception("extending the lease of job %s/%s failed", job.queue, job.id)
+
+
+class _Outage:
+    """One thread's view of a Redis outage: logs each failed try with the
+    backoff before the next (doubling, capped), and the recovery once."""
+
+    def __init__(self, client) -> None:
+        self.where = describe(client)
+        self.delay, self.down = BACKOFF_START_S, False
+
+    def failed(self, err: BaseException) -> float:
+        """Log the failure; returns the seconds to wait before the next try."""
+        delay, self.down = self.delay, True
+        log.warning("Redis unreachable at %s (%s), retrying in %.1fs", self.where, _cause(err),
+                    delay)
+        self.delay = min(delay * 2, BACKOFF_MAX_S)
+        return delay
+
+    def ok(self) -> None:
+        if self.down:
+            log.warning("Redis reachable again at %s", self.where)
+        self.delay, self.down = BACKOFF_START_S, False
 
 
 def _at_least(low: int, value, what: str) -> int:
