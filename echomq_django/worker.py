@@ -14,7 +14,8 @@ the job path, each in batches:
 * the **reporter** takes every finished job handed over since its last batch
   and reports them: one pipelined ``complete_many`` and one ``fail_many`` (one
   round trip each, however many jobs), then sends the Django signals for that
-  batch. While Redis runs one side's scripts, Python does the other's work:
+  batch (``close_old_connections()`` around it, for receivers that use the
+  database). While Redis runs one side's scripts, Python does the other's work:
   that overlap, and the batching, are where the throughput comes from;
 * ``concurrency`` **handler** threads (a ``ThreadPoolExecutor``) run the
   handlers, with ``django.db.close_old_connections()`` before and after each
@@ -100,8 +101,11 @@ def error_text(exc: BaseException) -> str:
     ``TRACEBACK_LINES`` lines of the formatted traceback; at most
     ``ERROR_CHARS`` characters in all (the summary line is kept whole up to
     1,000 characters)."""
-    head = f"{type(exc).__name__}: {exc}"[:1000]
-    lines = "".join(traceback.format_exception(exc)).rstrip().splitlines()
+    try:
+        head = f"{type(exc).__name__}: {exc}"[:1000]
+        lines = "".join(traceback.format_exception(exc)).rstrip().splitlines()
+    except Exception as err:  # noqa: BLE001 — an exception whose str() raises
+        return f"{type(exc).__name__}: (could not format the error: {type(err).__name__})"
     if len(lines) > TRACEBACK_LINES:
         lines = [f"... ({len(lines) - TRACEBACK_LINES} traceback lines trimmed)",
                  *lines[-TRACEBACK_LINES:]]
@@ -388,7 +392,9 @@ class Worker:
                 self._inbox.clear()
             before = len(items)
             try:
+                close_old_connections()  # signal receivers may use the database
                 self._report(items)
+                close_old_connections()
             except REDIS_DOWN as err:
                 delay = outage.failed(err)
                 with self._cv:

@@ -373,3 +373,11 @@ def test_a_job_held_through_an_outage_is_reported_when_redis_returns(r, caplog):
     assert worker.stats == {"completed": 1, "failed": 0, "dead": 0, "lost": 0}
     messages = [x.getMessage() for x in caplog.records]
     assert f"Redis reachable again at redis://127.0.0.1:{proxy.port}/0" in messages
+
+
+def test_error_text_survives_an_exception_whose_str_raises():
+    class Weird(Exception):
+        def __str__(self):
+            raise RuntimeError("no")
+
+    assert error_text(Weird()) == "Weird: (could not format the error: RuntimeError)"
