@@ -176,6 +176,7 @@ class Progress:
         self.out, self.total = out, total
         self.tty = hasattr(out, "isatty") and out.isatty()
         self.printed_at = 0.0
+        self.drawn = 0
 
     def show(self, done: int, fulfilled: int, failed: int, elapsed: float,
              final: bool = False) -> None:
@@ -185,8 +186,9 @@ class Progress:
         filled = self.WIDTH * done // max(self.total, 1)
         line = (f"  flows [{'#' * filled}{'.' * (self.WIDTH - filled)}] {done}/{self.total}"
                 f"  fulfilled {fulfilled}  failed {failed}  {elapsed:.1f}s")
-        if self.tty:
-            self.out.write("\r" + line + ("\n" if final else ""))
+        if self.tty:  # pad over a longer line drawn before
+            self.out.write("\r" + line.ljust(self.drawn) + ("\n" if final else ""))
+            self.drawn = len(line)
         else:
             self.out.write(line + "\n")
         self.out.flush()
@@ -242,6 +244,8 @@ class Demo:
         self.procs.start("worker", [*manage, "runworker", *QUEUES, "--concurrency",
                                     str(self.concurrency), "--shutdown-timeout", "5"], env)
         self.procs.start("pump", [*manage, "runpump", *QUEUES, "--interval", "0.1"], env)
+        self.say("   pids: " + ", ".join(f"{name} {proc.pid}"
+                                         for name, proc in self.procs.procs.items()))
         self._wait_for_web(base)
         mq = EchoMQ(redis.Redis.from_url(url), prefix=prefix)
 
