@@ -323,3 +323,31 @@ def test_the_sample_csv_is_valid_and_covers_every_path():
     assert sum(o["ignored"] > 0 for o in outcomes) == 5
     assert sum(o["retries"] for o in outcomes) == 31
     assert sum(b["via"] == "signal" for _, b in rows) == 6
+
+
+# -- the demo's check -------------------------------------------------------------
+
+def test_the_demo_lists_an_order_that_ended_otherwise_than_predicted(client, mq, monkeypatch,
+                                                                     tmp_path):
+    from testproject.orders import demo_run
+
+    pks = [post(client, {**GOOD, "lines": [{"sku": sku}]}).json()["id"]
+           for sku in ("BOOK-1", "OOS-KITE")]
+    settle(mq, pks)
+    Order.objects.filter(pk=pks[0]).update(status="failed", outcome={"reason": "made up"})
+
+    def http_json(method, url, body=None, timeout=30.0):
+        resp = client.generic(method, url.removeprefix("http://demo"))
+        return resp.status_code, resp.json()
+
+    monkeypatch.setattr(demo_run, "http_json", http_json)
+    demo = demo_run.Demo([], log_dir=tmp_path, out=None)
+    orders = list(Order.objects.filter(pk__in=pks).order_by("pk"))
+    problems = []
+    counts = demo.check("http://demo", orders, set(pks), mq, problems)
+    assert counts == {"fulfilled": [0, 1], "failed": [2, 1], "with ignored failures": [0, 0],
+                      "retries taken": [1, 1]}
+    assert problems == [
+        (f"order {pks[0]} (4242, 1 x BOOK-1): predicted {{'status': 'fulfilled', 'ignored': 0, "
+         f"'retries': 0}} with flow completed, got {{'status': 'failed', 'ignored': 0, "
+         f"'retries': 0}} with flow completed (GET status 200)")]

@@ -124,18 +124,23 @@ class Processes:
 
     def stop(self, names: list[str] | None = None) -> None:
         """SIGTERM ``names`` (default: all), wait up to ``GRACE_S`` s in all,
-        SIGKILL whatever is left. Only processes this object started."""
-        chosen = [(n, self.procs.pop(n)) for n in list(names or self.procs) if n in self.procs]
-        for _, proc in chosen:
+        SIGKILL whatever is left; a Ctrl-C meanwhile cuts the wait short.
+        Only processes this object started."""
+        chosen = [self.procs.pop(n) for n in list(names or self.procs) if n in self.procs]
+        for proc in chosen:
             if proc.poll() is None:
                 proc.terminate()
         deadline = time.monotonic() + GRACE_S
-        for _, proc in chosen:
-            try:
+        try:
+            for proc in chosen:
                 proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        except (subprocess.TimeoutExpired, KeyboardInterrupt):
+            pass
+        finally:
+            for proc in chosen:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
 
 
 def start_redis(procs: Processes, attempts: int = 5) -> str:
@@ -252,18 +257,18 @@ class Demo:
         self.say(f"== posting {len(self.bodies)} orders to {base}/orders/")
         started = time.monotonic()
         pks, problems = self._post(base)
-        orders = list(Order.objects.filter(pk__in=pks).prefetch_related("lines"))
+        orders = list(Order.objects.filter(pk__in=pks).order_by("pk").prefetch_related("lines"))
         finished, wall = self._wait_for_flows(orders, mq, started)
         if len(finished) < len(orders):
             late = [o.pk for o in orders if o.pk not in finished]
-            problems.append(f"{len(late)} flows not finished after {self.timeout:.0f} s: orders "
+            problems.append(f"{len(late)} flows not finished after {self.timeout:g} s: orders "
                             f"{', '.join(map(str, late[:20]))}{' ...' if len(late) > 20 else ''}")
-        counts = self._check(base, [o for o in orders if o.pk in finished], mq, problems)
-        self._summary(counts, len(orders), wall, base, problems)
+        counts = self.check(base, orders, finished, mq, problems)
+        self._summary(counts, len(orders), len(finished), wall, base, problems)
         if self.keep:
-            self.say("== --keep: the web server, worker, pump and Redis keep running; "
-                     "Ctrl-C stops them")
-            try:
+            try:  # before the message: a Ctrl-C right after it must end --keep cleanly
+                self.say("== --keep: the web server, worker, pump and Redis keep running; "
+                         "Ctrl-C stops them")
                 while True:
                     self.procs.check()
                     time.sleep(0.5)
@@ -356,28 +361,28 @@ class Demo:
             self.procs.check()
             time.sleep(POLL_S)
 
-    def _check(self, base: str, orders: list[Order], mq: EchoMQ, problems: list[str]) -> dict:
+    def check(self, base: str, orders: list[Order], finished: set[int], mq: EchoMQ,
+               problems: list[str]) -> dict:
         """Compare each finished order (read back through the API) with
         ``predict``; appends a line per mismatch; returns the summary counts
-        as ``{name: (actual, predicted)}``."""
-        with ThreadPoolExecutor(POSTERS) as pool:
-            details = list(pool.map(lambda o: http_json("GET", f"{base}/orders/{o.pk}/"), orders))
-        jobs = self._jobs(mq, orders)
+        as ``{name: [actual over the finished orders, predicted over all]}``."""
         counts = {k: [0, 0] for k in ("fulfilled", "failed", "with ignored failures",
                                       "retries taken")}
-        for order, (status, body) in zip(orders, details):
-            want = predict(order)
+        wanted = {o.pk: predict(o) for o in orders}
+        for want in wanted.values():
+            self._count(counts, 1, want)
+        done = [o for o in orders if o.pk in finished]
+        with ThreadPoolExecutor(POSTERS) as pool:
+            details = list(pool.map(lambda o: http_json("GET", f"{base}/orders/{o.pk}/"), done))
+        jobs = self._jobs(mq, done)
+        for order, (status, body) in zip(done, details):
+            want = wanted[order.pk]
             root = (body.get("flow") or {}).get("state") or {}
             got = {"status": body.get("status"),
                    "ignored": len((body.get("outcome") or {}).get("ignored", [])),
                    "retries": sum(max(0, attempts - 1) for _, attempts in jobs[order.pk])}
             want_root = "completed" if want["status"] == "fulfilled" else "dead"
-            for i, result in enumerate((got, want)):
-                if result["status"] in counts:
-                    counts[result["status"]][i] += 1
-                if result["status"] == "fulfilled" and result["ignored"]:
-                    counts["with ignored failures"][i] += 1
-                counts["retries taken"][i] += result["retries"]
+            self._count(counts, 0, got)
             if status != 200 or got != want or root.get("state") != want_root:
                 problems.append(f"order {order.pk} ({order.card[-4:]}, "
                                 f"{', '.join(map(str, order.lines.all()))}): predicted {want} "
@@ -385,7 +390,15 @@ class Demo:
                                 f"{root.get('state')} (GET status {status})")
         return counts
 
-    def _summary(self, counts: dict, total: int, wall: float, base: str,
+    @staticmethod
+    def _count(counts: dict, column: int, outcome: dict) -> None:
+        if outcome["status"] in counts:
+            counts[outcome["status"]][column] += 1
+        if outcome["status"] == "fulfilled" and outcome["ignored"]:
+            counts["with ignored failures"][column] += 1
+        counts["retries taken"][column] += outcome["retries"]
+
+    def _summary(self, counts: dict, total: int, finished: int, wall: float, base: str,
                  problems: list[str]) -> None:
         python = Path(sys.executable)
         if python.is_relative_to(BASE_DIR):
@@ -395,11 +408,12 @@ class Demo:
                      f"{python} manage.py createsuperuser")
         admin = f"{base}/admin/" + ("" if self.keep else "  (add --keep to browse it while the "
                                                         "demo's processes run)")
-        self.say(f"\n== summary: {total} orders")
+        self.say(f"\n== summary: {total} orders" + (
+            "" if finished == total else f", {finished} of them finished"))
         for name, (actual, predicted) in counts.items():
             self.say(f"  {name:<22}{actual:>6}  (predicted {predicted})")
         self.say(f"  {'wall time':<22}{wall:>8.1f} s")
-        self.say(f"  {'flows per second':<22}{total / max(wall, 1e-9):>8.1f}")
+        self.say(f"  {'flows per second':<22}{finished / max(wall, 1e-9):>8.1f}")
         self.say(f"  {'admin':<22}{admin}")
         self.say(f"  {'create a superuser':<22}{superuser}")
         if problems:

@@ -52,6 +52,8 @@ class Command(BaseCommand):
                 raise CommandError("--orders must be at least 1")
             bodies = [(f"order {i + 1}", body)
                       for i, body in enumerate(generate(opts["orders"], opts["seed"]))]
+        if opts["concurrency"] < 1:
+            raise CommandError("--concurrency must be at least 1")
         timeout = opts["timeout"] if opts["timeout"] else 60 + 0.5 * len(bodies)
         demo = Demo(bodies, keep=opts["keep"], timeout=timeout, log_dir=Path(opts["log_dir"]),
                     concurrency=opts["concurrency"], out=sys.stdout)
