@@ -214,4 +214,4 @@ class Pump:
             while time.monotonic() < deadline:
                 if should_stop and should_stop():
                     return
-                time.sleep(min(0.05, deadline - time.monotonic()))
+                time.sleep(max(0.0, min(0.05, deadline - time.monotonic())))

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import signal
-import sys
 import threading
 import time
 
@@ -17,21 +16,10 @@ from django.core.management.base import BaseCommand, CommandError
 
 from echomq_django.conf import get_mq
 from echomq_django.exceptions import RedisUnavailable, describe
+from echomq_django.management.commands.runworker import setup_logging
 from echomq_django.pump import Pump
 
-LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.INFO, 3: logging.DEBUG}
 log = logging.getLogger("echomq_django.pump")
-
-
-def setup_logging(verbosity: int) -> None:
-    """Send echomq_django's logs to stderr at the level ``--verbosity`` asks."""
-    logger = logging.getLogger("echomq_django")
-    logger.setLevel(LEVELS.get(verbosity, logging.DEBUG))
-    if not any(getattr(h, "_echomq", False) for h in logger.handlers):
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
-        handler._echomq = True
-        logger.addHandler(handler)
 
 
 class Command(BaseCommand):
