@@ -329,7 +329,7 @@ def test_the_sample_csv_is_valid_and_covers_every_path():
 
 def test_the_demo_lists_an_order_that_ended_otherwise_than_predicted(client, mq, monkeypatch,
                                                                      tmp_path):
-    from testproject.orders import demo_run
+    from testproject.orders import demo_procs, demo_run
 
     pks = [post(client, {**GOOD, "lines": [{"sku": sku}]}).json()["id"]
            for sku in ("BOOK-1", "OOS-KITE")]
@@ -340,7 +340,7 @@ def test_the_demo_lists_an_order_that_ended_otherwise_than_predicted(client, mq,
         resp = client.generic(method, url.removeprefix("http://demo"))
         return resp.status_code, resp.json()
 
-    monkeypatch.setattr(demo_run, "http_json", http_json)
+    monkeypatch.setattr(demo_procs, "http_json", http_json)
     demo = demo_run.Demo([], log_dir=tmp_path, out=None)
     orders = list(Order.objects.filter(pk__in=pks).order_by("pk"))
     problems = []

@@ -13,7 +13,7 @@
    resolve, reads every order back through ``GET /orders/<id>/`` and every
    job's attempts from Redis, and compares each order with ``rules.predict``;
 5. prints the summary; with ``keep`` waits for Ctrl-C; then stops every
-   process it started (SIGTERM, SIGKILL after ``GRACE_S`` s), also on
+   process it started (SIGTERM, SIGKILL after ``demo_procs.GRACE_S`` s), also on
    Ctrl-C, SIGTERM, SIGHUP and errors.
 
 ``run()`` returns the exit status: 0 when every order ended as predicted, 1
@@ -24,17 +24,11 @@ the Ctrl-C that ends ``keep``, which leaves the status as it was).
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import signal
-import socket
-import subprocess
 import sys
-import tempfile
 import time
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -44,159 +38,15 @@ from django.core.management import call_command
 
 from echomq_django import EchoMQ
 
+from . import demo_procs
+from .demo_procs import BASE_DIR, START_TIMEOUT_S, DemoError, Processes, Progress, free_port
 from .models import Order
 from .rules import predict
 
-BASE_DIR = Path(settings.BASE_DIR)
 QUEUES = ("orders", "validation", "inventory", "payments")
 TERMINAL = {"completed", "dead"}
-GRACE_S = 10.0  # s a process gets between SIGTERM and SIGKILL
-START_TIMEOUT_S = 30.0  # s for Redis and the web server to answer
 POSTERS = 8  # concurrent HTTP posts
 POLL_S = 0.2  # s between progress reads
-RESERVED_PORTS = {6379, 16379}  # never ours, even when free
-
-
-class DemoError(Exception):
-    """The demo cannot go on; the message says why (one line or a log tail)."""
-
-
-def free_port() -> int:
-    """A loopback TCP port free right now (never 6379)."""
-    while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port not in RESERVED_PORTS:
-            return port
-
-
-def http_json(method: str, url: str, body=None, timeout: float = 30.0) -> tuple[int, dict]:
-    """``(status, decoded JSON body)`` of one request; an error status is
-    returned, not raised. Raises ``OSError`` when nothing answers."""
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, method=method,
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return resp.status, json.loads(resp.read() or b"{}")
-    except urllib.error.HTTPError as err:
-        text = err.read()
-        try:
-            return err.code, json.loads(text)
-        except ValueError:
-            return err.code, {"errors": {"body": text[:200].decode(errors="replace")}}
-
-
-class Processes:
-    """The child processes the demo started, in start order."""
-
-    def __init__(self, log_dir: Path) -> None:
-        self.log_dir = log_dir
-        self.procs: dict[str, subprocess.Popen] = {}
-
-    def start(self, name: str, args: list[str], env: dict | None = None) -> subprocess.Popen:
-        """Start ``args`` in a session of its own (a Ctrl-C in the terminal
-        reaches the demo only, which then stops it in order), output in
-        ``<log_dir>/<name>.log``."""
-        with open(self.log(name), "wb") as log:
-            proc = subprocess.Popen(args, cwd=BASE_DIR, env=env, stdin=subprocess.DEVNULL,
-                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        self.procs[name] = proc
-        return proc
-
-    def log(self, name: str) -> Path:
-        return self.log_dir / f"{name}.log"
-
-    def tail(self, name: str, lines: int = 15) -> str:
-        try:
-            text = self.log(name).read_text(errors="replace").splitlines()[-lines:]
-        except OSError:
-            return "(no log)"
-        return "\n".join("    " + line for line in text)
-
-    def check(self) -> None:
-        """Raise ``DemoError`` with its log tail when a process has exited."""
-        for name, proc in self.procs.items():
-            if proc.poll() is not None:
-                raise DemoError(f"{name} exited with status {proc.returncode}; the end of "
-                                f"{self.log(name)}:\n{self.tail(name)}")
-
-    def stop(self, names: list[str] | None = None) -> None:
-        """SIGTERM ``names`` (default: all), wait up to ``GRACE_S`` s in all,
-        SIGKILL whatever is left; a Ctrl-C meanwhile cuts the wait short.
-        Only processes this object started."""
-        chosen = [self.procs.pop(n) for n in list(names or self.procs) if n in self.procs]
-        for proc in chosen:
-            if proc.poll() is None:
-                proc.terminate()
-        deadline = time.monotonic() + GRACE_S
-        try:
-            for proc in chosen:
-                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except (subprocess.TimeoutExpired, KeyboardInterrupt):
-            pass
-        finally:
-            for proc in chosen:
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
-
-
-def start_redis(procs: Processes, attempts: int = 5) -> str:
-    """A private ``redis-server`` (no persistence, its own temp dir) on a free
-    loopback port; returns its URL once it answers PING as the process we
-    started. Retries on a new port when it loses a port race. Raises
-    ``DemoError`` when redis-server is missing or never answers."""
-    workdir = Path(tempfile.mkdtemp(prefix="emq-demo-redis-"))
-    for _ in range(attempts):
-        port = free_port()
-        try:
-            proc = procs.start("redis", [
-                "redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                "--appendonly", "no", "--dir", str(workdir)])
-        except FileNotFoundError:
-            raise DemoError("redis-server is not on PATH: run `bash scripts/demo.sh`, which "
-                            "installs it, or set ECHOMQ_URL to a Redis of yours") from None
-        client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=0.5)
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while proc.poll() is None and time.monotonic() < deadline:
-            try:
-                if client.info("server")["process_id"] == proc.pid:
-                    return f"redis://127.0.0.1:{port}/0"
-            except redis.RedisError:
-                pass
-            time.sleep(0.05)
-        procs.stop(["redis"])
-    raise DemoError(f"redis-server did not start; the end of its log:\n{procs.tail('redis')}")
-
-
-class Progress:
-    """One updating line on a terminal (``\\r``), or a plain line every few
-    seconds when the output is not one."""
-
-    WIDTH = 30
-
-    def __init__(self, out, total: int) -> None:
-        self.out, self.total = out, total
-        self.tty = hasattr(out, "isatty") and out.isatty()
-        self.printed_at = 0.0
-        self.drawn = 0
-
-    def show(self, done: int, fulfilled: int, failed: int, elapsed: float,
-             final: bool = False) -> None:
-        if not self.tty and not final and time.monotonic() - self.printed_at < 5:
-            return
-        self.printed_at = time.monotonic()
-        filled = self.WIDTH * done // max(self.total, 1)
-        line = (f"  flows [{'#' * filled}{'.' * (self.WIDTH - filled)}] {done}/{self.total}"
-                f"  fulfilled {fulfilled}  failed {failed}  {elapsed:.1f}s")
-        if self.tty:  # pad over a longer line drawn before
-            self.out.write("\r" + line.ljust(self.drawn) + ("\n" if final else ""))
-            self.drawn = len(line)
-        else:
-            self.out.write(line + "\n")
-        self.out.flush()
 
 
 class Demo:
@@ -227,6 +77,9 @@ class Demo:
             return 130
         except DemoError as err:
             self.say(f"\n== demo failed: {err}")
+            return 1
+        except redis.RedisError as err:
+            self.say(f"\n== demo failed: Redis stopped answering: {err}")
             return 1
         finally:
             self.procs.stop([n for n in self.procs.procs if n != "redis"])
@@ -280,10 +133,14 @@ class Demo:
         base_prefix = settings.ECHOMQ.get("PREFIX", "emq")
         url = os.environ.get("ECHOMQ_URL")
         if url:
+            try:
+                redis.Redis.from_url(url, socket_timeout=5).ping()
+            except (redis.RedisError, ValueError) as err:
+                raise DemoError(f"the Redis at ECHOMQ_URL={url} does not answer: {err}") from None
             prefix = f"{base_prefix[:18]}-demo-{secrets.token_hex(4)}"
             self.say(f"== using the Redis at ECHOMQ_URL={url}, key prefix {prefix}")
             return url, prefix
-        url = start_redis(self.procs)
+        url = demo_procs.start_redis(self.procs)
         self.say(f"== started a private redis-server at {url}")
         return url, base_prefix
 
@@ -292,7 +149,7 @@ class Demo:
         while True:
             self.procs.check()
             try:
-                if http_json("GET", f"{base}/orders/", timeout=2)[0] == 200:
+                if demo_procs.http_json("GET", f"{base}/orders/", timeout=2)[0] == 200:
                     return
             except OSError:
                 pass
@@ -305,7 +162,7 @@ class Demo:
         def post(item):
             label, body = item
             try:
-                return label, *http_json("POST", f"{base}/orders/", body)
+                return label, *demo_procs.http_json("POST", f"{base}/orders/", body)
             except OSError as err:
                 return label, 0, {"errors": {"request": str(err)}}
 
@@ -373,7 +230,8 @@ class Demo:
             self._count(counts, 1, want)
         done = [o for o in orders if o.pk in finished]
         with ThreadPoolExecutor(POSTERS) as pool:
-            details = list(pool.map(lambda o: http_json("GET", f"{base}/orders/{o.pk}/"), done))
+            details = list(pool.map(
+                lambda o: demo_procs.http_json("GET", f"{base}/orders/{o.pk}/"), done))
         jobs = self._jobs(mq, done)
         for order, (status, body) in zip(done, details):
             want = wanted[order.pk]
