@@ -21,6 +21,8 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+import redis
+
 from . import signals
 from .exceptions import SweepLockLost
 from .jobs import Outcome
@@ -142,7 +144,7 @@ def deliver_outbox(mq, queue: str, batch: int = 500, lock_ms: int = 30000,
     finally:
         try:
             lock.release()
-        except Exception:  # expired: another pump may hold it now; nothing to undo
+        except redis.exceptions.LockError:  # expired: another pump may hold it now
             log.warning("pump lock on %s expired during the sweep", queue)
     return report
 

@@ -34,7 +34,7 @@ def test_once_delivers_and_prints_a_line_per_sweep_at_verbosity_2(r, redis_serve
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     assert mq.get_job("p", "P").state == "pending"
-    [line] = [ln for ln in err.splitlines() if " sweep " in ln]
+    [line] = [ln for ln in err.splitlines() if ln.split(" ", 1)[0] == "sweep" or " sweep " in ln]
     assert "'c': {'delivered': 3, 'released': 1}" in line
 
 
