@@ -12,26 +12,8 @@ set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-if [ ! -x .venv/bin/python ]; then
-    echo "== creating .venv"
-    python3 -m venv .venv
-fi
-
-echo "== installing echomq-django into .venv"
-.venv/bin/python -m pip install -q -e .
-
-if [ -z "${ECHOMQ_URL:-}" ] && ! command -v redis-server >/dev/null 2>&1; then
-    echo "== installing redis-server"
-    SUDO=""
-    if [ "$(id -u)" -ne 0 ]; then
-        SUDO="sudo"
-    fi
-    export DEBIAN_FRONTEND=noninteractive
-    if ! $SUDO apt-get install -y -q redis-server; then
-        $SUDO apt-get update -q
-        $SUDO apt-get install -y -q redis-server
-    fi
-fi
+# redis-server is needed unless ECHOMQ_URL names a Redis to use
+NEED_REDIS=$([ -z "${ECHOMQ_URL:-}" ] && echo 1 || echo 0) EXTRAS="" source scripts/setup.sh
 
 # A package install may start a system Redis service; the demo ignores it
 # and starts its own server on a free port.

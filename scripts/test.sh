@@ -9,26 +9,7 @@ set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-if [ ! -x .venv/bin/python ]; then
-    echo "== creating .venv"
-    python3 -m venv .venv
-fi
-
-echo "== installing echomq-django[test] into .venv"
-.venv/bin/python -m pip install -q -e ".[test]"
-
-if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1; then
-    echo "== installing redis-server"
-    SUDO=""
-    if [ "$(id -u)" -ne 0 ]; then
-        SUDO="sudo"
-    fi
-    export DEBIAN_FRONTEND=noninteractive
-    if ! $SUDO apt-get install -y -q redis-server; then
-        $SUDO apt-get update -q
-        $SUDO apt-get install -y -q redis-server
-    fi
-fi
+EXTRAS="[test]" NEED_REDIS=1 source scripts/setup.sh
 
 # A package install may start a system Redis service; the tests ignore it.
 exec .venv/bin/python -m pytest "$@"
