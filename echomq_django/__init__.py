@@ -7,7 +7,8 @@ offers the same methods over any redis-py client.
 
 from .client import EchoMQ
 from .exceptions import (DuplicateJob, EchoMQError, FlowConflict, FlowError, JobNotActive,
-                         JobNotFound, JobNotRetryable, LeaseLost, PayloadError, RedisUnavailable)
+                         JobNotFound, JobNotRetryable, LeaseLost, PayloadError, RedisUnavailable,
+                         Unrecoverable)
 from .flows import Flow, FlowRef
 from .handlers import handler
 from .jobs import Job, JobState, Outcome
@@ -20,7 +21,7 @@ __all__ = [
     "enqueue", "add_flow", "add_flows", "get_job", "retry", "children_values", "dependencies",
     "dependency_counts", "ignored_failures", "get_flow", "Worker", "Pump",
     "EchoMQError", "JobNotFound", "JobNotActive", "LeaseLost", "DuplicateJob", "FlowConflict",
-    "FlowError", "PayloadError", "JobNotRetryable", "RedisUnavailable",
+    "FlowError", "PayloadError", "JobNotRetryable", "RedisUnavailable", "Unrecoverable",
 ]
 
 

@@ -48,6 +48,12 @@ class JobNotRetryable(EchoMQError):
     """retry-by-id on a job that is not dead (``EMQSTATE`` from ``retry``)."""
 
 
+class Unrecoverable(EchoMQError):
+    """Raise it in a handler to fail the job for good: it goes dead at once,
+    without spending its remaining attempts (BullMQ's UnrecoverableError), and
+    its parent's policy applies (DESIGN §4)."""
+
+
 class SweepLockLost(EchoMQError):
     """A pump lost its sweep lock before trimming the outbox (``EMQLOCK``)."""
 

@@ -26,6 +26,9 @@ it. Signal receivers run on the reporter thread.
 
 Decisions (documented here, relied on by the tests):
 
+* A handler that raises ``echomq_django.Unrecoverable`` fails the job for
+  good: dead at once, its remaining attempts unspent (BullMQ's
+  UnrecoverableError); its parent's policy applies.
 * A handler that raises fails the job with ``"ExcType: message"`` then the
   last ``TRACEBACK_LINES`` lines of the traceback (at most ``ERROR_CHARS``
   characters); the job retries with backoff and dies when its attempts are
@@ -78,6 +81,7 @@ from .exceptions import (
     LeaseLost,
     PayloadError,
     RedisUnavailable,
+    Unrecoverable,
     describe,
 )
 from .handlers import get_handler, registered
@@ -94,6 +98,10 @@ ERROR_CHARS = 4000
 BACKOFF_START_S, BACKOFF_MAX_S = 0.5, 30.0
 STATS_EVERY_S = 5.0
 NAMES_SHOWN = 50  # registered names listed in an unknown-name error
+
+
+class _DeadError(str):
+    """The error text of a handler that raised ``Unrecoverable``."""
 
 
 def error_text(exc: BaseException) -> str:
@@ -365,6 +373,8 @@ class Worker:
                     log.warning("%s", value)
             else:
                 value, ok = func(job), True
+        except Unrecoverable as exc:  # dead at once, attempts left or not
+            value = _DeadError(error_text(exc))
         except BaseException as exc:  # noqa: BLE001 — any handler error fails the job
             value = error_text(exc)
         finally:
@@ -431,7 +441,8 @@ class Worker:
             self._completed(done)
         if finished:
             try:
-                replies = self.mq.fail_many([(f[0], f[2]) for f in finished])
+                replies = self.mq.fail_many([(f[0], f[2], isinstance(f[2], _DeadError))
+                                             for f in finished])
             except REDIS_DOWN:
                 raise
             except Exception as err:  # noqa: BLE001 — fail_many raises when given one job

@@ -50,6 +50,19 @@ def test_a_tree_resolves_level_by_level(mq):
     assert mq.get_job("q", "root").result == 36
 
 
+def test_unrecoverable_dies_at_once_and_its_parent_policy_applies(redis_client):
+    mq = EchoMQ(redis_client, prefix="emq", clock=Clock())
+    mq.add_flow(Flow("q", "t.sum_children", job_id="p", children=[
+        Flow("q", "t.unrecoverable", job_id="stolen", max_attempts=5)]))
+    assert burst(mq, ["q"])[1] == 1
+    job = mq.get_job("q", "stolen")
+    assert (job.state, job.attempts) == (JobState.DEAD, 1)
+    assert job.error.splitlines()[0] == "Unrecoverable: card reported stolen"
+    parent = mq.get_job("q", "p")
+    assert parent.state == JobState.DEAD
+    assert list(mq.dependencies("q", "p").failed) == ["emq:{q}:job:stolen"]
+
+
 def test_a_raising_handler_retries_with_backoff_then_dies_and_fails_its_parent(redis_client):
     clock = Clock()
     mq = EchoMQ(redis_client, prefix="emq", clock=clock)

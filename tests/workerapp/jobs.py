@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import time
 
-from echomq_django import handler
+from echomq_django import Unrecoverable, handler
 
 
 @handler("t.echo")
@@ -24,6 +24,12 @@ def sum_children(job):
 def fail(job):
     """Always raises ``ValueError(payload["message"])`` (default "boom")."""
     raise ValueError((job.payload or {}).get("message", "boom"))
+
+
+@handler("t.unrecoverable")
+def unrecoverable(job):
+    """Raises ``Unrecoverable``: the job dies at once."""
+    raise Unrecoverable("card reported stolen")
 
 
 @handler("t.flaky")
