@@ -13,7 +13,6 @@ checks every call against it, so Python and Lua cannot drift apart silently.
 from __future__ import annotations
 
 import functools
-import importlib.resources
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,10 +37,10 @@ def lua_dir() -> Path:
     checkout = Path(__file__).resolve().parent.parent / "lua"
     if (checkout / "claim.lua").is_file():
         return checkout
-    try:
-        packaged = Path(str(importlib.resources.files("echomq_django.lua")))
-    except ModuleNotFoundError:
-        packaged = Path(__file__).resolve().parent / "lua"
+    # The wheel maps lua/ to echomq_django/lua (pyproject package-dir). It has
+    # no __init__.py, so importlib.resources would hand back a namespace
+    # MultiplexedPath whose str() is not a path: look beside this file instead.
+    packaged = Path(__file__).resolve().parent / "lua"
     if (packaged / "claim.lua").is_file():
         return packaged
     raise FileNotFoundError(f"echomq_django's Lua scripts are missing (looked in {checkout} "
