@@ -1,0 +1,135 @@
+"""Shared helpers for the protocol, flow and stateful tests (issues 2 and 3).
+
+Everything here reads real Redis; nothing is mocked. ``Clock`` (from
+workerkit) is the fake time DESIGN §5 rule 3 allows (``EchoMQ(clock=...)``),
+starting at ``T0``, a realistic epoch in ms so Lua's number formatting is
+exercised; ``where`` answers which state index holds a job; ``snapshot``
+captures a whole keyspace (every master of a Cluster) so a test can assert
+that a refused call wrote nothing.
+
+The fixtures ``clock`` and ``tmq`` are imported by the test modules that use
+them.
+"""
+
+from __future__ import annotations
+
+import pytest
+from redis.cluster import RedisCluster
+
+from echomq_django import EchoMQ, Flow, JobState
+from echomq_django.jobs import STATE_INDEX
+from tests.workerkit import T0, Clock  # noqa: F401  (T0 re-exported to the tests)
+
+INDEXES = ("pending", "active", "delayed", "completed", "dead", "awaiting")
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def tmq(redis_client, clock: Clock) -> EchoMQ:
+    """An ``EchoMQ`` on the test's rig whose time is ``clock``."""
+    return EchoMQ(redis_client, prefix="emq", clock=clock)
+
+
+def _text(v) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def where(mq: EchoMQ, queue: str, job_id: str) -> list[str]:
+    """Every state index of ``queue`` holding ``job_id`` (pending counted per copy)."""
+    k, c = mq.keys, mq.client
+    out = ["pending"] * sum(_text(v) == job_id for v in c.lrange(k.queue_key(queue, "pending"), 0, -1))
+    for name in INDEXES[1:]:
+        if c.zscore(k.queue_key(queue, name), job_id) is not None:
+            out.append(name)
+    return out
+
+
+def row(mq: EchoMQ, queue: str, job_id: str) -> dict[str, str]:
+    """The job row as ``{field: text}``."""
+    return {_text(f): _text(v) for f, v in mq.client.hgetall(mq.keys.job(queue, job_id)).items()}
+
+
+def assert_state(mq: EchoMQ, queue: str, job_id: str, state: str | JobState) -> dict[str, str]:
+    """The row says ``state`` and exactly that one index holds the id; returns the row."""
+    state = JobState(state)
+    r = row(mq, queue, job_id)
+    assert r.get("state") == state.value, (job_id, r)
+    assert where(mq, queue, job_id) == [STATE_INDEX[state]], job_id
+    return r
+
+
+def score(mq: EchoMQ, queue: str, index: str, job_id: str) -> int | None:
+    s = mq.client.zscore(mq.keys.queue_key(queue, index), job_id)
+    return None if s is None else int(s)
+
+
+def hash_of(mq: EchoMQ, key: str) -> dict[str, str]:
+    return {_text(f): _text(v) for f, v in mq.client.hgetall(key).items()}
+
+
+def counter(mq: EchoMQ, queue: str, job_id: str) -> int | None:
+    v = mq.client.get(mq.keys.job_part(queue, job_id, "dependencies"))
+    return None if v is None else int(v)
+
+
+def children(mq: EchoMQ, queue: str, job_id: str) -> list[str]:
+    """The parent's ``:children`` refs, sorted (whatever Redis type holds them)."""
+    key = mq.keys.job_part(queue, job_id, "children")
+    kind = _text(mq.client.type(key))
+    if kind == "none":
+        return []
+    raw = mq.client.smembers(key) if kind == "set" else mq.client.lrange(key, 0, -1)
+    return sorted(map(_text, raw))
+
+
+def ref(mq: EchoMQ, job_id: str, queue: str = "q") -> str:
+    return mq.keys.job(queue, job_id)
+
+
+def events(mq: EchoMQ, queue: str, kind: str) -> list[str]:
+    """Ids of the ``kind`` events in the queue's stream, oldest first."""
+    return [_text(f[b"id"]) for _, f in mq.client.xrange(mq.keys.queue_key(queue, "events"))
+            if f[b"e"] == kind.encode()]
+
+
+def snapshot(client) -> dict[bytes, bytes]:
+    """``{key: DUMP}`` of every key (every master of a Cluster); streams
+    included, so a refused call that wrote an event shows up too."""
+    if isinstance(client, RedisCluster):
+        keys = [k for node in client.get_primaries() for k in client.keys(target_nodes=node)]
+    else:
+        keys = client.keys()
+    return {k: client.dump(k) for k in keys}
+
+
+def claim_one(mq: EchoMQ, queue: str, job_id: str | None = None, **kw):
+    """Claim exactly one job (the given one, when named)."""
+    jobs = mq.claim(queue, 1, **kw)
+    assert len(jobs) == 1, jobs
+    if job_id is not None:
+        assert jobs[0].id == job_id
+    return jobs[0]
+
+
+def complete(mq: EchoMQ, job_id: str, result=None, queue: str = "q"):
+    """Claim ``job_id`` (the head of pending) and complete it; the Outcome."""
+    return mq.complete(claim_one(mq, queue, job_id), result)
+
+
+def kill(mq: EchoMQ, job_id: str, error: str = "boom", queue: str = "q"):
+    """Claim ``job_id`` (the head of pending) and fail it to dead; the Outcome."""
+    outcome = mq.fail_many([(claim_one(mq, queue, job_id), error, True)])[0]
+    assert outcome.state is JobState.DEAD
+    return outcome
+
+
+def leaf(job_id: str, queue: str = "q", **kw) -> Flow:
+    return Flow(queue, "leaf", {"id": job_id}, job_id=job_id, **kw)
+
+
+def node(job_id: str, children: list[Flow], queue: str = "q", **kw) -> Flow:
+    return Flow(queue, "node", {"id": job_id}, job_id=job_id, children=children, **kw)

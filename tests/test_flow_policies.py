@@ -1,0 +1,214 @@
+"""Failure policies and retry-by-id in same-queue flows, on both rigs
+(DESIGN §4, issue 3 points 3 and 5). A child's policy decides what its death
+does to its parent; every road to death applies it; retry re-attaches."""
+
+from __future__ import annotations
+
+import pytest
+
+from echomq_django import JobState
+from tests import jobkit
+from tests.jobkit import (
+    assert_state,
+    claim_one,
+    complete,
+    counter,
+    events,
+    hash_of,
+    kill,
+    leaf,
+    node,
+    ref,
+)
+
+clock, tmq = jobkit.clock, jobkit.tmq  # fixtures (tests/jobkit.py)
+
+
+def resolutions(mq, pid: str) -> tuple[dict, dict, dict, dict]:
+    """The parent's processed, failed, unsuccessful and removed hashes."""
+    key = ref(mq, pid)
+    return tuple(hash_of(mq, f"{key}:{part}")
+                 for part in ("processed", "failed", "unsuccessful", "removed"))
+
+
+def failed_by(mq, child: str, error: str = "boom") -> str:
+    return f"failed by child {ref(mq, child)}: {error}"
+
+
+def test_fail_parent_kills_the_parent_and_records_the_child(tmq, clock) -> None:
+    tmq.add_flow(node("p", [leaf("c1"), leaf("c2")]))
+    outcome = kill(tmq, "c1")
+    assert (outcome.dead, outcome.flow_failed) == ([("q", "c1"), ("q", "p")], [("q", "p")])
+    r = assert_state(tmq, "q", "p", "dead")
+    assert (r["error"], r["finished_at"]) == (failed_by(tmq, "c1"), str(clock.now))
+    assert resolutions(tmq, "p") == ({}, {ref(tmq, "c1"): "boom"}, {}, {})
+    assert counter(tmq, "q", "p") == 2  # an fp child stays counted, for a retry
+
+
+def test_fail_parent_cascades_to_the_root(tmq) -> None:
+    tmq.add_flow(node("r", [node("m", [node("n", [leaf("x")])]), leaf("y")]))
+    complete(tmq, "y", "y")  # y is ahead of x (breadth first)
+    outcome = kill(tmq, "x")
+    assert outcome.flow_failed == [("q", "n"), ("q", "m"), ("q", "r")]
+    for pid, child in (("n", "x"), ("m", "n"), ("r", "m")):
+        assert_state(tmq, "q", pid, "dead")
+        assert list(resolutions(tmq, pid)[1]) == [ref(tmq, child)]
+    assert tmq.get_job("q", "r").error == failed_by(tmq, "m", failed_by(tmq, "n", failed_by(
+        tmq, "x")))
+    assert resolutions(tmq, "r")[0] == {ref(tmq, "y"): '"y"'}
+
+
+def test_ignore_dependency_records_decrements_and_releases(tmq) -> None:
+    tmq.add_flow(node("p", [leaf("c1", ignore_dependency_on_failure=True), leaf("c2")]))
+    assert kill(tmq, "c1").released == []
+    assert_state(tmq, "q", "p", "awaiting_children")
+    assert (counter(tmq, "q", "p"), resolutions(tmq, "p")) == (
+        1, ({}, {}, {ref(tmq, "c1"): "boom"}, {}))
+    assert complete(tmq, "c2", 2).released == [("q", "p")]
+    assert tmq.ignored_failures("q", "p") == {ref(tmq, "c1"): "boom"}
+    assert tmq.children_values("q", "p") == {ref(tmq, "c2"): 2}
+
+
+def test_remove_dependency_decrements_without_a_record(tmq) -> None:
+    tmq.add_flow(node("p", [leaf("c1", remove_dependency_on_failure=True), leaf("c2")]))
+    kill(tmq, "c1")
+    assert counter(tmq, "q", "p") == 1
+    processed, failed, ignored, _ = resolutions(tmq, "p")
+    assert (processed, failed, ignored) == ({}, {}, {})
+    assert tmq.ignored_failures("q", "p") == {}
+    assert kill(tmq, "c2").flow_failed == [("q", "p")]  # c2 is fp
+
+
+@pytest.mark.parametrize("flags", [
+    {"ignore_dependency_on_failure": True, "remove_dependency_on_failure": True},
+    {"ignore_dependency_on_failure": True, "fail_parent_on_failure": True},
+])
+def test_ignore_wins_when_flags_are_combined(tmq, flags) -> None:
+    tmq.add_flow(node("p", [leaf("c1", **flags)]))
+    assert tmq.get_job("q", "c1").parent_policy == "id"
+    assert kill(tmq, "c1").released == [("q", "p")]
+    assert resolutions(tmq, "p")[2] == {ref(tmq, "c1"): "boom"}
+
+
+def test_policy_is_not_consulted_on_completion(tmq) -> None:
+    tmq.add_flow(node("p", [leaf("a"), leaf("b", ignore_dependency_on_failure=True),
+                            leaf("c", remove_dependency_on_failure=True)]))
+    for cid in ("a", "b", "c"):
+        complete(tmq, cid, cid)
+    assert resolutions(tmq, "p") == ({ref(tmq, i): f'"{i}"' for i in "abc"}, {}, {}, {})
+    assert_state(tmq, "q", "p", "pending")
+
+
+def test_a_dead_parent_is_not_released_by_late_siblings(tmq) -> None:
+    tmq.add_flow(node("p", [leaf("c1"), leaf("c2"), leaf("c3", ignore_dependency_on_failure=True)]))
+    kill(tmq, "c1")
+    assert complete(tmq, "c2", "late").released == []
+    assert kill(tmq, "c3", "also").released == []
+    assert_state(tmq, "q", "p", "dead")
+    assert resolutions(tmq, "p") == ({ref(tmq, "c2"): '"late"'}, {ref(tmq, "c1"): "boom"},
+                                     {ref(tmq, "c3"): "also"}, {})
+    assert (counter(tmq, "q", "p"), events(tmq, "q", "released")) == (1, [])
+    assert tmq.claim("q") == []
+
+
+def die_by_attempts(mq, clock) -> None:
+    for _ in range(2):
+        mq.fail(claim_one(mq, "q", "c1"), "boom")
+        clock.advance(10_000)
+        mq.promote_delayed("q")
+
+
+def die_by_stalls(mq, clock) -> None:
+    for _ in range(2):
+        claim_one(mq, "q", "c1", lease_ms=5)
+        clock.advance(6)
+        mq.recover_stalled("q", max_stalls=1)
+    assert mq.get_job("q", "c1").error == "stalled 2 times (lease expired; limit 1)"
+
+
+def die_by_flag(mq, clock) -> None:
+    mq.fail(claim_one(mq, "q", "c1"), "boom", dead=True)
+
+
+@pytest.mark.parametrize("road", [die_by_attempts, die_by_stalls, die_by_flag],
+                         ids=["attempts", "stalls", "dead-flag"])
+@pytest.mark.parametrize("policy, flags", [
+    ("fp", {}), ("id", {"ignore_dependency_on_failure": True}),
+    ("rd", {"remove_dependency_on_failure": True})])
+def test_every_road_to_death_applies_the_policy(tmq, clock, road, policy, flags) -> None:
+    tmq.add_flow(node("p", [leaf("c1", max_attempts=2, **flags)]))
+    road(tmq, clock)
+    assert_state(tmq, "q", "c1", "dead")
+    parent = {"fp": "dead", "id": "pending", "rd": "pending"}[policy]
+    assert_state(tmq, "q", "p", parent)
+    hashes = resolutions(tmq, "p")
+    recorded = {"fp": 1, "id": 2, "rd": 3}[policy]
+    assert [bool(h) for h in hashes] == [i == recorded for i in range(4)]
+    assert counter(tmq, "q", "p") == (1 if policy == "fp" else 0)
+
+
+def test_retry_reattaches_a_dead_child_to_its_parent(tmq) -> None:
+    tmq.add_flow(node("p", [leaf("c1", max_attempts=1), leaf("c2")]))
+    kill(tmq, "c1")
+    complete(tmq, "c2", "two")
+    outcome = tmq.retry("q", "c1")
+    assert (outcome.state, outcome.retried, outcome.revived) == (
+        JobState.PENDING, [("q", "c1")], [("q", "p")])
+    assert_state(tmq, "q", "p", "awaiting_children")
+    assert (counter(tmq, "q", "p"), resolutions(tmq, "p")[1]) == (1, {})
+    assert "error" not in hash_of(tmq, ref(tmq, "p"))
+    assert assert_state(tmq, "q", "c1", "pending")["attempts"] == "0"
+    assert complete(tmq, "c1", "one").released == [("q", "p")]
+    assert tmq.children_values("q", "p") == {ref(tmq, "c1"): "one", ref(tmq, "c2"): "two"}
+    assert events(tmq, "q", "released") == ["p"]
+
+
+def test_retrying_one_of_two_failed_children_keeps_the_parent_dead(tmq) -> None:
+    tmq.add_flow(node("p", [leaf("c1"), leaf("c2")]))
+    kill(tmq, "c1")
+    kill(tmq, "c2", "bang")
+    assert tmq.retry("q", "c1").revived == []
+    assert_state(tmq, "q", "p", "dead")
+    assert resolutions(tmq, "p")[1] == {ref(tmq, "c2"): "bang"}
+    assert tmq.retry("q", "c2").revived == [("q", "p")]
+    assert (counter(tmq, "q", "p"), tmq.job_ids("q", "pending")) == (2, ["c1", "c2"])
+
+
+def test_retrying_a_parent_retries_the_children_that_failed_it(tmq) -> None:
+    tmq.add_flow(node("p", [leaf("c1"), leaf("c2"), leaf("c3")]))
+    kill(tmq, "c1")
+    kill(tmq, "c2")
+    complete(tmq, "c3", 3)
+    outcome = tmq.retry("q", "p")
+    assert outcome.state is JobState.AWAITING_CHILDREN
+    assert (sorted(outcome.retried), outcome.revived) == ([("q", "c1"), ("q", "c2")], [("q", "p")])
+    assert_state(tmq, "q", "p", "awaiting_children")
+    assert (counter(tmq, "q", "p"), resolutions(tmq, "p")[1]) == (2, {})
+    complete(tmq, "c1", 1)
+    assert complete(tmq, "c2", 2).released == [("q", "p")]
+
+
+def test_retrying_the_root_of_a_cascade_revives_the_whole_chain(tmq) -> None:
+    tmq.add_flow(node("r", [node("m", [leaf("x")]), leaf("y")]))
+    complete(tmq, "y", "y")
+    kill(tmq, "x")
+    outcome = tmq.retry("q", "r")
+    assert (outcome.state, outcome.retried) == (JobState.AWAITING_CHILDREN, [("q", "x")])
+    assert outcome.revived == [("q", "m"), ("q", "r")]
+    for pid in ("m", "r"):
+        assert_state(tmq, "q", pid, "awaiting_children")
+    assert (counter(tmq, "q", "m"), counter(tmq, "q", "r")) == (1, 1)
+    assert complete(tmq, "x", "x").released == [("q", "m")]
+    assert complete(tmq, "m", "m").released == [("q", "r")]
+
+
+def test_a_parent_dead_of_its_own_errors_goes_back_to_pending(tmq) -> None:
+    tmq.add_flow(node("r", [node("m", [leaf("x")])]))
+    complete(tmq, "x", "x")
+    kill(tmq, "m", "own error")
+    assert_state(tmq, "q", "r", "dead")
+    outcome = tmq.retry("q", "m")
+    assert (outcome.state, outcome.revived) == (JobState.PENDING, [("q", "r")])
+    assert_state(tmq, "q", "m", "pending")
+    assert tmq.children_values("q", "m") == {ref(tmq, "x"): "x"}
+    assert complete(tmq, "m", "m").released == [("q", "r")]

@@ -1,0 +1,138 @@
+"""The keyspace (DESIGN §3, issue 2 point 2): every key builder, the ``{queue}``
+hash tag, and name validation that refuses before anything is written."""
+
+from __future__ import annotations
+
+import pytest
+from redis.crc import key_slot
+
+from echomq_django import Flow
+from echomq_django.keyspace import ID_RULE, PREFIX_RULE, QUEUE_RULE, Keyspace, validate_id
+from tests.jobkit import leaf, node, snapshot
+
+K = Keyspace("emq")
+PARTS = ("dependencies", "children", "processed", "failed", "unsuccessful", "removed")
+QUEUE_KEYS = ("pending", "active", "delayed", "awaiting", "completed", "dead", "events",
+              "flow:outbox", "flow:deadletter", "pump:lock", "lease:seq")
+
+BAD_QUEUES = [
+    pytest.param("a{b", id="open-brace"), pytest.param("a}b", id="close-brace"),
+    pytest.param("a:b", id="colon"), pytest.param("a b", id="space"),
+    pytest.param("x" * 65, id="65-chars"), pytest.param("", id="empty"),
+    pytest.param("ordérs", id="non-ascii"), pytest.param(7, id="not-str"),
+]
+BAD_IDS = [
+    pytest.param("a:b", id="colon"), pytest.param("a b", id="space"),
+    pytest.param("a\tb", id="tab"), pytest.param("a\nb", id="newline"),
+    pytest.param("{a", id="open-brace"), pytest.param("a}", id="close-brace"),
+    pytest.param("", id="empty"), pytest.param("x" * 129, id="129-chars"),
+    pytest.param(12, id="not-str"),
+]
+
+
+def test_every_key_builder() -> None:
+    assert K.prefix == "emq"
+    assert K.base("orders") == "emq:{orders}:"
+    assert K.job("orders", "o42") == "emq:{orders}:job:o42"
+    assert K.child_ref("validation", "c1") == "emq:{validation}:job:c1"
+    for part in PARTS:
+        assert K.job_part("orders", "o42", part) == f"emq:{{orders}}:job:o42:{part}"
+    for name in QUEUE_KEYS:
+        assert K.queue_key("orders", name) == f"emq:{{orders}}:{name}"
+    assert Keyspace("p.x-1").job("q", "j") == "p.x-1:{q}:job:j"
+
+
+def test_refs_parse_back() -> None:
+    assert K.parse_ref("emq:{validation}:job:c1") == ("validation", "c1")
+    assert K.parse_base_id("emq:{orders}:o42") == ("orders", "o42")
+    for bad in ("other:{q}:job:x", "emq:{q}:x", "emq:q:job:x"):
+        with pytest.raises(ValueError, match="not a job ref under prefix 'emq'"):
+            K.parse_ref(bad)
+    with pytest.raises(ValueError, match="not a job under prefix 'emq'"):
+        K.parse_base_id("emq:orders:o42")
+
+
+def test_hash_tag_pins_every_key_of_a_queue_to_one_slot() -> None:
+    keys = [K.job("orders", "o1"), K.job("orders", "other"),
+            *(K.job_part("orders", "o1", p) for p in PARTS),
+            *(K.queue_key("orders", n) for n in QUEUE_KEYS)]
+    assert {key_slot(k.encode()) for k in keys} == {key_slot(b"orders")}
+    assert key_slot(K.job("payments", "o1").encode()) == key_slot(b"payments") != key_slot(b"orders")
+
+
+def test_cluster_agrees_on_the_slot(rc) -> None:
+    for queue in ("orders", "payments", "q.1-x_y"):
+        slot = rc.execute_command("CLUSTER KEYSLOT", K.job_part(queue, "j1", "processed"))
+        assert slot == key_slot(queue.encode())
+
+
+def test_longest_names_are_valid() -> None:
+    assert K.job("x" * 64, "y" * 128) == f"emq:{{{'x' * 64}}}:job:{'y' * 128}"
+    assert validate_id("ä-ö.1_2") == "ä-ö.1_2"
+
+
+@pytest.mark.parametrize("queue", BAD_QUEUES)
+def test_bad_queue_name_raises_naming_the_rule(queue) -> None:
+    for build in (lambda: K.base(queue), lambda: K.job(queue, "j"),
+                  lambda: K.queue_key(queue, "pending")):
+        with pytest.raises(ValueError) as exc:
+            build()
+        assert str(exc.value) == f"invalid queue name {queue!r}: {QUEUE_RULE}"
+    assert QUEUE_RULE == "a queue name is 1-64 characters from A-Z a-z 0-9 _ . -"
+
+
+@pytest.mark.parametrize("job_id", BAD_IDS)
+def test_bad_job_id_raises_naming_the_rule(job_id) -> None:
+    with pytest.raises(ValueError) as exc:
+        K.job("orders", job_id)
+    assert str(exc.value) == f"invalid job id {job_id!r}: {ID_RULE}"
+    assert ID_RULE == "a job id is 1-128 characters with no '{', '}', ':' or whitespace"
+
+
+@pytest.mark.parametrize("prefix", ["", "a:b", "{p}", "x" * 33])
+def test_bad_prefix_raises_naming_the_rule(prefix) -> None:
+    with pytest.raises(ValueError, match=f"invalid key prefix .*: {PREFIX_RULE}"):
+        Keyspace(prefix)
+
+
+@pytest.fixture
+def seeded(mq):
+    """A non-empty keyspace, so 'nothing written' compares real content."""
+    mq.enqueue("orders", "seed", {"n": 1}, job_id="seed")
+    return snapshot(mq.client)
+
+
+@pytest.mark.parametrize("queue", BAD_QUEUES)
+def test_bad_queue_writes_nothing(mq, seeded, queue) -> None:
+    with pytest.raises(ValueError, match="invalid queue name"):
+        mq.enqueue(queue, "n", {}, job_id="j1")
+    with pytest.raises(ValueError, match="invalid queue name"):
+        mq.add_flow(node("p", [leaf("c1"), Flow(queue, "leaf", job_id="c2")], queue="orders"))
+    with pytest.raises(ValueError, match="invalid queue name"):
+        mq.add_flow(Flow(queue, "root", children=[leaf("c1", queue="orders")]))
+    assert snapshot(mq.client) == seeded
+
+
+@pytest.mark.parametrize("job_id", BAD_IDS)
+def test_bad_id_writes_nothing(mq, seeded, job_id) -> None:
+    with pytest.raises(ValueError, match="invalid job id"):
+        mq.enqueue("orders", "n", {}, job_id=job_id)
+    deep = node("p", [leaf("c1", queue="orders"),
+                      node("mid", [leaf("ok", queue="orders"),
+                                   Flow("orders", "leaf", job_id=job_id)], queue="orders")],
+                queue="orders")
+    with pytest.raises(ValueError, match="invalid job id"):
+        mq.add_flow(deep)
+    with pytest.raises(ValueError, match="invalid job id"):
+        mq.add_flows([node("fine", [leaf("f1", queue="orders")], queue="orders"),
+                      Flow("orders", "root", job_id=job_id)])
+    assert snapshot(mq.client) == seeded
+
+
+def test_bad_names_refused_by_reads_too(mq) -> None:
+    with pytest.raises(ValueError, match="invalid queue name 'a:b'"):
+        mq.get_job("a:b", "j")
+    with pytest.raises(ValueError, match="invalid job id 'a b'"):
+        mq.dependencies("orders", "a b")
+    with pytest.raises(ValueError, match="invalid job id ''"):
+        mq.retry("orders", "")

@@ -1,0 +1,173 @@
+"""The script registry (DESIGN §5, issue 2 point 3): every Lua header declares
+its contract, the Python side calls each script exactly as declared, the
+scripts are found from the checkout, and NOSCRIPT falls back on both rigs."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from redis.cluster import RedisCluster
+
+from echomq_django import JobState
+from echomq_django.pump import Pump
+from echomq_django.scripts import Scripts, load_sources, lua_dir, parse_header
+from tests import jobkit
+from tests.jobkit import assert_state, claim_one, leaf, node
+
+REPO = Path(__file__).resolve().parent.parent
+LUA = sorted((REPO / "lua").glob("*.lua"))
+NAMES = [p.stem for p in LUA]
+
+clock, tmq = jobkit.clock, jobkit.tmq  # fixtures (tests/jobkit.py)
+
+
+def declared(text: str) -> dict:
+    """An independent reading of a header (not scripts.parse_header): the
+    KEYS / fixed ARGV indexes, the first variadic ARGV index, its group size."""
+    header = text[: text.index("]]")]
+    keys = [int(n) for n in re.findall(r"^\s+KEYS\[(\d+)\]\s+\S", header, re.MULTILINE)]
+    argv = [int(n) for n in re.findall(r"^\s+ARGV\[(\d+)\]\s+\S", header, re.MULTILINE)]
+    var = re.search(r"^\s+ARGV\[(\d+)\.\.\]", header, re.MULTILINE)
+    group = re.search(r"(\d+) values each", header)
+    return {"keys": keys, "argv": argv, "variadic": int(var.group(1)) if var else None,
+            "group": int(group.group(1)) if group else 1, "header": header}
+
+
+@pytest.mark.parametrize("path", LUA, ids=NAMES)
+def test_header_declares_purpose_keys_argv_returns_errors(path: Path) -> None:
+    text = path.read_text()
+    assert text.startswith(f"--[[\n  {path.stem}: "), "opens with '<name>: <purpose>'"
+    d = declared(text)
+    assert d["keys"] == list(range(1, len(d["keys"]) + 1)) and d["keys"], "KEYS[1..n] in order"
+    assert d["argv"] == list(range(1, len(d["argv"]) + 1)) and d["argv"], "ARGV[1..n] in order"
+    if d["variadic"] is not None:
+        assert d["variadic"] == len(d["argv"]) + 1, "ARGV[n..] follows the fixed ARGV"
+    assert re.search(r"^  returns: \S", d["header"], re.MULTILINE)
+    assert re.search(r"^  errors: +\S", d["header"], re.MULTILINE)
+    body = text[text.index("]]") + 2:]
+    # the body never reads past what the header declares
+    assert max(map(int, re.findall(r"KEYS\[(\d+)\]", body)), default=0) <= len(d["keys"])
+    if d["variadic"] is None:
+        assert max(map(int, re.findall(r"ARGV\[(\d+)\]", body)), default=0) <= len(d["argv"])
+    else:
+        assert "#ARGV" in body, "the body walks the ARGV[n..] groups"
+    src = load_sources()[path.stem]  # the registry reads the same contract
+    assert (src.nkeys, src.nargv, src.variadic) == (
+        len(d["keys"]), len(d["argv"]), d["variadic"] is not None)
+
+
+def test_lib_is_inlined_not_a_script() -> None:
+    sources = load_sources()
+    assert sorted(sources) == NAMES
+    lib = (REPO / "lua" / "lib" / "flow.lua").read_text()
+    for name, src in sources.items():
+        assert "-- @include" not in src.text
+        uses_lib = "-- @include lib/flow.lua" in (REPO / "lua" / f"{name}.lua").read_text()
+        assert (lib in src.text) is uses_lib, name
+
+
+def test_lua_dir_is_the_checkout() -> None:
+    assert lua_dir() == REPO / "lua"
+    assert sorted(p.stem for p in lua_dir().glob("*.lua")) == NAMES
+
+
+@pytest.mark.parametrize("raw, problem", [
+    ("local x = 1", "must open with a --[[ header ]]"),
+    ("--[[\n  x: y\n  KEYS[2] a\n  returns: 1\n  errors: none\n]]",
+     "header numbers its KEYS out of order"),
+    ("--[[\n  x: y\n  KEYS[1] a\n  errors: none\n]]", "header lacks a 'returns:' line"),
+    ("--[[\n  x: y\n  KEYS[1] a\n  returns: 1\n]]", "header lacks a 'errors:' line"),
+], ids=["no-header", "keys-out-of-order", "no-returns", "no-errors"])
+def test_parse_header_refuses_a_bad_header(raw: str, problem: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(f"lua/x.lua {problem}")):
+        parse_header("x", raw)
+
+
+def test_registry_refuses_a_call_that_breaks_the_header(mq) -> None:
+    with pytest.raises(TypeError, match="script claim takes 3 KEYS and 4 ARGV, got 2 and 4"):
+        mq.scripts.run("claim", ["a", "b"], [1, 2, 3, 4])
+    with pytest.raises(TypeError, match=r"script flow_deliver takes 2 KEYS and 3\+ ARGV"):
+        mq.scripts.run_many([("flow_deliver", ["a", "b"], [1, 2])])
+
+
+def drive_every_operation(mq, clock) -> None:
+    """Run every script at least once through the public Python API."""
+    mq.enqueue("q", "single", {"n": 1}, job_id="s1", max_attempts=2, backoff_ms=10)
+    mq.enqueue("q", "later", None, job_id="s2", delay_ms=50)
+    job = claim_one(mq, "q", "s1")
+    mq.extend_lease(job, 1000)
+    assert mq.fail(job, "once") is JobState.DELAYED
+    clock.advance(100)
+    assert mq.promote_delayed("q") == 2
+    assert len(mq.claim("q", 2, lease_ms=10)) == 2
+    clock.advance(20)
+    assert mq.recover_stalled("q", max_stalls=0).dead == [("q", "s1"), ("q", "s2")]
+    mq.retry("q", "s1")
+    mq.complete_many([(claim_one(mq, "q", "s1"), {"ok": 1})])
+    mq.add_flow(node("p", [leaf("c1"), leaf("x1", queue="other")]))
+    mq.add_flows([node("p2", [leaf("c2")]), node("p3", [leaf("c3")])])
+    for queue in ("q", "q", "q", "other"):
+        mq.complete(claim_one(mq, queue), "done")
+    Pump(["other"], mq=mq).sweep()  # flow_deliver on {q}, outbox_trim on {other}
+    assert_state(mq, "q", "p", "pending")
+
+
+def test_python_calls_every_script_as_its_header_declares(tmq, clock, monkeypatch) -> None:
+    calls = []
+    original = Scripts.check_call
+
+    def record(self, name, keys, args):
+        calls.append((name, len(keys), len(args)))
+        return original(self, name, keys, args)
+
+    monkeypatch.setattr(Scripts, "check_call", record)
+    drive_every_operation(tmq, clock)
+    assert sorted({name for name, _, _ in calls}) == NAMES, "every script was exercised"
+    for path in LUA:
+        d = declared(path.read_text())
+        for name, nkeys, nargs in calls:
+            if name != path.stem:
+                continue
+            assert nkeys == len(d["keys"]), (name, nkeys)
+            if d["variadic"] is None:
+                assert nargs == len(d["argv"]), (name, nargs)
+            else:
+                extra = nargs - len(d["argv"])
+                assert extra > 0 and extra % d["group"] == 0, (name, nargs, d["group"])
+
+
+def nodes(client) -> list:
+    """One target per master: a Cluster's primaries, or the single server."""
+    if isinstance(client, RedisCluster):
+        return [{"target_nodes": n} for n in client.get_primaries()]
+    return [{}]
+
+
+def flush_scripts(client, sha: str) -> None:
+    """SCRIPT FLUSH on every master, and prove ``sha`` is gone everywhere."""
+    for target in nodes(client):
+        client.execute_command("SCRIPT FLUSH", **target)
+        assert client.execute_command("SCRIPT EXISTS", sha, **target) in ([0], [False])
+
+
+def test_noscript_fallback_run(mq) -> None:
+    mq.enqueue("q", "n", 1, job_id="a")
+    flush_scripts(mq.client, mq.scripts._scripts["enqueue"].sha)
+    mq.enqueue("q", "n", 2, job_id="b")
+    assert [j.id for j in mq.claim("q", 5)] == ["a", "b"]
+    assert_state(mq, "q", "b", "active")
+
+
+def test_noscript_fallback_run_many(mq) -> None:
+    for queue in ("q", "other", "third"):  # three slots: three masters on the Cluster
+        mq.enqueue(queue, "n", None, job_id="a")
+        mq.enqueue(queue, "n", None, job_id="b")
+    jobs = [j for queue in ("q", "other", "third") for j in mq.claim(queue, 2)]
+    mq.complete_many([(jobs[0], 0)])  # the cluster path loads its SHAs once, here
+    flush_scripts(mq.client, mq.scripts._scripts["complete"].sha)
+    outcomes = mq.complete_many([(j, i) for i, j in enumerate(jobs[1:], 1)])
+    assert [o.state for o in outcomes] == [JobState.COMPLETED] * 5
+    for i, j in enumerate(jobs):
+        assert assert_state(mq, j.queue, j.id, "completed")["result"] == str(i)
