@@ -212,3 +212,26 @@ def test_a_parent_dead_of_its_own_errors_goes_back_to_pending(tmq) -> None:
     assert_state(tmq, "q", "m", "pending")
     assert tmq.children_values("q", "m") == {ref(tmq, "x"): "x"}
     assert complete(tmq, "m", "m").released == [("q", "r")]
+
+
+@pytest.mark.parametrize("flags, part", [({"ignore_dependency_on_failure": True}, 2),
+                                         ({"remove_dependency_on_failure": True}, 3)],
+                         ids=["id", "rd"])
+def test_a_retried_child_never_resolves_its_parent_twice(tmq, flags, part) -> None:
+    tmq.add_flow(node("p", [leaf("c1", **flags), leaf("c2")]))
+    kill(tmq, "c1")
+    sibling = claim_one(tmq, "q", "c2")  # out of the way of the retried c1
+    assert counter(tmq, "q", "p") == 1
+    for end in ("dies again", "completes"):
+        assert tmq.retry("q", "c1").revived == []
+        job = claim_one(tmq, "q", "c1")
+        if end == "completes":
+            tmq.complete(job, "late")
+        else:
+            tmq.fail(job, "again", dead=True)
+        assert counter(tmq, "q", "p") == 1, end
+        assert resolutions(tmq, "p")[part] == {ref(tmq, "c1"): "boom"}
+        assert_state(tmq, "q", "p", "awaiting_children")
+    assert resolutions(tmq, "p")[0] == {}  # the late result resolves nothing
+    assert tmq.complete(sibling, 2).released == [("q", "p")]
+    assert events(tmq, "q", "released") == ["p"]

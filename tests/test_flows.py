@@ -9,6 +9,7 @@ import pytest
 from echomq_django import (
     Dependencies,
     DuplicateJob,
+    EchoMQ,
     Flow,
     FlowConflict,
     FlowError,
@@ -178,6 +179,23 @@ def test_add_flows_refuses_a_conflicting_tree_whole(tmq) -> None:
     again = tmq.add_flows([node("a", [leaf("a1")]), node("b", [leaf("b1")]),
                            node("c", [leaf("c1")])])
     assert [(x.landed, x.skipped) for x in again] == [(0, 2), (2, 0), (0, 2)]
+
+
+def test_a_flow_in_several_chunks_is_gated_whole_and_re_added_as_a_no_op(redis_client) -> None:
+    mq = EchoMQ(redis_client, flow_chunk=3)  # 1 + 7 nodes: three scripts
+
+    def flow(n: int, pid: str = "p") -> Flow:
+        return node(pid, [leaf(f"c{i}") for i in range(n)])
+
+    assert (mq.add_flow(flow(7)).landed, mq.add_flow(flow(7)).skipped) == (8, 8)
+    mq.enqueue("q", "leaf", job_id="solo")
+    before = snapshot(redis_client)
+    with pytest.raises(FlowConflict, match="q p exists with other children"):
+        mq.add_flow(flow(8))
+    with pytest.raises(FlowConflict, match="q solo exists as job leaf under parent"):
+        mq.add_flow(node("p2", [leaf("n1"), leaf("n2"), leaf("n3"), leaf("solo")]))
+    assert snapshot(redis_client) == before
+    assert (counter(mq, "q", "p"), mq.dependency_counts("q", "p")["children"]) == (7, 7)
 
 
 def test_fan_in_releases_the_parent_once(tmq) -> None:
