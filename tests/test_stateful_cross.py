@@ -15,11 +15,16 @@ import json
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition, rule,
-                                 run_state_machine_as_test)
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
-from echomq_django import EchoMQ, Flow, JobNotRetryable, JobState, LeaseLost, JobNotActive
-from echomq_django.jobs import STATE_INDEX
+from echomq_django import EchoMQ, Flow, JobNotActive, JobNotRetryable, JobState, LeaseLost
 from echomq_django.pump import Pump
 
 QUEUES = ("qa", "qb", "qc")
