@@ -15,7 +15,8 @@ from typing import Any
 import redis
 
 from . import flows as _flows
-from .exceptions import JobNotActive, JobNotRetryable, PayloadError
+from .exceptions import (EchoMQError, JobNotActive, JobNotRetryable, PayloadError,
+                         RedisUnavailable, translate)
 from .flows import Flow, FlowRef
 from .jobs import Job, JobState, Outcome, _text
 from .keyspace import Keyspace, validate_id, validate_queue
@@ -38,6 +39,7 @@ def _to_json(value: Any) -> str:
         return _ENCODER.encode(value)
     return "".join(_C_ENCODE(value, 0))
 FLOW_CHUNK = 5000  # nodes per enqueue_flow script: keeps one script well under ~50 ms
+COMPLETE_BATCH = 500  # jobs per complete script: a few ms of Redis time at most
 
 
 def _opt(value) -> str:
@@ -142,20 +144,15 @@ class EchoMQ(Reads):
         lease = int(lease_ms if lease_ms is not None else self.setting(queue, "LEASE_MS"))
         now = self.clock()
         k = self.keys
-        flat = self.scripts.run(
+        flat = json.loads(self.scripts.run(
             "claim",
             [k.queue_key(queue, "pending"), k.queue_key(queue, "active"),
              k.queue_key(queue, "lease:seq")],
-            [k.base(queue), count, now, lease])
-        return [Job.from_claim(queue, flat[i:i + 11], now + lease, self)
+            [k.base(queue), count, now, lease]))
+        deadline = now + lease
+        return [Job.from_claim(queue, [v if v is not False else None for v in flat[i:i + 11]],
+                               deadline, self)
                 for i in range(0, len(flat), 11)]
-
-    def _complete_call(self, job: Job, result: Any):
-        k, q = self.keys, job.queue
-        return ("complete",
-                [k.job(q, job.id), k.queue_key(q, "active"), k.queue_key(q, "completed")],
-                [q, k.base(q), job.id, job.lease or "", self.encode(result, "result"),
-                 self.clock()])
 
     def _fail_call(self, job: Job, error: str, dead: bool = False):
         k, q = self.keys, job.queue
@@ -171,11 +168,12 @@ class EchoMQ(Reads):
         (parents released). Raises ``PayloadError`` for a bad result (the job
         stays active), ``JobNotFound``, ``JobNotActive``, ``LeaseLost``.
         """
-        name, keys, args = self._complete_call(job, result)
-        outcome = self._outcome(self.scripts.run(name, keys, args))
-        outcome.state = JobState.COMPLETED
+        text = self.encode(result, "result")
+        reply = self._complete_batches(job.queue, [(job, text)])[0]
+        if isinstance(reply, Exception):
+            raise reply
         job.state = JobState.COMPLETED
-        return outcome
+        return reply
 
     def fail(self, job: Job, error: str, *, dead: bool = False) -> JobState:
         """Fail an active job; returns its new state: delayed (backoff
@@ -189,22 +187,78 @@ class EchoMQ(Reads):
 
     def complete_many(self, items: list[tuple[Job, Any]]) -> list[Outcome | Exception]:
         """``complete`` for many jobs in one round trip; an exception object
-        (``PayloadError``, ``LeaseLost``...) stands in for each one refused."""
-        calls, slots = [], []
-        out: list[Outcome | Exception] = []
-        for job, result in items:
+        (``PayloadError``, ``LeaseLost``...) stands in for each one refused.
+
+        The jobs of one queue go to one ``complete`` script per
+        ``COMPLETE_BATCH`` jobs (each job still its own checked transition
+        inside it); several queues' scripts are pipelined."""
+        out: list[Outcome | Exception | None] = [None] * len(items)
+        by_queue: dict[str, list] = {}
+        for i, (job, result) in enumerate(items):
             try:
-                calls.append(self._complete_call(job, result))
-                slots.append(len(out))
-                out.append(None)
+                text = self.encode(result, "result")
             except PayloadError as err:
-                out.append(err)
-        for i, reply in zip(slots, self.scripts.run_many(calls)):
-            if isinstance(reply, Exception):
-                out[i] = reply
+                out[i] = err
+                continue
+            by_queue.setdefault(job.queue, []).append((i, job, text))
+        calls, slots = [], []
+        for queue, group in by_queue.items():
+            for at in range(0, len(group), COMPLETE_BATCH):
+                part = group[at:at + COMPLETE_BATCH]
+                calls.append(self._complete_call(queue, [(job, text) for _, job, text in part]))
+                slots.append([i for i, _, _ in part])
+        if len(calls) == 1:
+            replies = [self._run_or_error(*calls[0])]
+        else:
+            replies = self.scripts.run_many(calls)
+        for idx, reply in zip(slots, replies):
+            for i, entry in zip(idx, self._complete_replies(reply, len(idx))):
+                out[i] = entry
+                if not isinstance(entry, Exception):
+                    items[i][0].state = JobState.COMPLETED
+        return out
+
+    def _complete_call(self, queue: str, pairs: list[tuple[Job, str]]):
+        """One ``complete`` script call for ``(job, result JSON)`` pairs of ``queue``."""
+        k = self.keys
+        args: list = [queue, k.base(queue), self.clock()]
+        for job, text in pairs:
+            args += (job.id, job.lease or "", text)
+        return ("complete", [k.queue_key(queue, "active"), k.queue_key(queue, "completed")], args)
+
+    def _complete_batches(self, queue: str, pairs: list[tuple[Job, str]]) -> list:
+        return self._complete_replies(self._run_or_error(*self._complete_call(queue, pairs)),
+                                      len(pairs))
+
+    def _run_or_error(self, name: str, keys: list, args: list):
+        """``scripts.run``, with a refusal returned instead of raised (as
+        ``run_many`` does); a connection error still raises."""
+        try:
+            return self.scripts.run(name, keys, args)
+        except redis.exceptions.ResponseError as err:
+            return err
+        except EchoMQError as err:
+            if isinstance(err, RedisUnavailable):
+                raise
+            return err
+
+    def _complete_replies(self, reply, n: int) -> list[Outcome | Exception]:
+        """Decode a ``complete`` reply into an ``Outcome`` or an exception
+        per job; a failed script call stands for each of its ``n`` jobs."""
+        if isinstance(reply, Exception):
+            return [reply] * n
+        out: list[Outcome | Exception] = []
+        for entry in json.loads(reply):
+            if entry == 0:
+                out.append(Outcome(state=JobState.COMPLETED))
+            elif isinstance(entry, str):
+                out.append(translate(redis.exceptions.ResponseError(entry)))
             else:
-                out[i] = self._outcome(reply)
-                out[i].state = JobState.COMPLETED
+                def pairs(name: str) -> list[tuple[str, str]]:
+                    return [self._parse(v) for v in entry.get(name) or []]
+                out.append(Outcome(state=JobState.COMPLETED, released=pairs("released"),
+                                   dead=pairs("dead"), flow_failed=pairs("flow_failed"),
+                                   revived=pairs("revived"), outbox=entry.get("outbox") or 0))
         return out
 
     def fail_many(self, items: list[tuple]) -> list[Outcome | Exception]:

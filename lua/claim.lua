@@ -11,10 +11,11 @@
   ARGV[3] now (ms)
   ARGV[4] lease length (ms)
 
-  returns: a flat array, 11 entries per claimed job:
+  returns: a JSON array (one bulk string: the host decodes it in one C call
+           instead of parsing 11 replies per job), 11 entries per claimed job:
            id, lease token, name, payload, attempts, max_attempts, backoff_ms,
            parent, parent_queue, parent_policy, created_at
-           (absent fields are false -> nil on the host)
+           (strings; an absent field is false)
   errors:  none; an id whose row is gone or not pending is dropped silently
            (it was removed by retention or already moved by another path)
 ]]
@@ -24,7 +25,7 @@ local deadline = tonumber(now) + tonumber(ARGV[4])
 
 local ids = redis.call('LPOP', pending, count)
 if not ids then
-  return {}
+  return '[]'
 end
 local batch = redis.call('INCR', KEYS[3])
 local out = {}
@@ -51,7 +52,8 @@ for i, id in ipairs(ids) do
     end
   end
 end
-if #leases > 0 then
-  redis.call('ZADD', active, unpack(leases))
+if #leases == 0 then
+  return '[]'  -- cjson would encode an empty table as {}
 end
-return out
+redis.call('ZADD', active, unpack(leases))
+return cjson.encode(out)

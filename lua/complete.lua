@@ -1,45 +1,63 @@
 --[[
-  complete: active -> completed, store the result, fan in to the parent.
-  DESIGN §5 `complete`, §4 invariants. A same-queue parent is resolved here
-  (HSETNX :processed, DECR, release at zero); a cross-queue parent gets a
-  completion entry RPUSHed onto this queue's outbox in the same step.
+  complete: active -> completed, store the result, fan in to the parent; for
+  one job or a batch of jobs of this queue. Each job is its own transition,
+  checked and applied in turn exactly as if alone (a refused job writes
+  nothing and does not stop the others); a batch saves the round trips and
+  the per-call cost of one script per job (issue 8). DESIGN §5 `complete`,
+  §4 invariants. A same-queue parent is resolved here (HSETNX :processed,
+  DECR, release at zero); a cross-queue parent gets a completion entry
+  RPUSHed onto this queue's outbox in the same step.
 
-  KEYS[1] job row              P:{q}:job:<id>
-  KEYS[2] active zset          P:{q}:active
-  KEYS[3] completed zset       P:{q}:completed (score: finished-at, ms)
+  KEYS[1] active zset          P:{q}:active
+  KEYS[2] completed zset       P:{q}:completed (score: finished-at, ms)
 
   ARGV[1] queue name
-  ARGV[2] queue key prefix     P:{q}:
-  ARGV[3] job id
-  ARGV[4] lease token (from claim)
-  ARGV[5] result, a JSON text
-  ARGV[6] now (ms)
+  ARGV[2] queue key prefix     P:{q}: (job rows are P:{q}:job:<id>, same slot)
+  ARGV[3] now (ms)
+  ARGV[4..] jobs, 3 values each: job id, lease token (from claim), result (a JSON text)
 
-  returns: JSON {released: [P:{q}:id...], dead: [], flow_failed: [], outbox: n}
-  errors:  EMQNOJOB <queue> <id>            no such job
-           EMQSTATE <queue> <id> <state>    the job is not active
-           EMQLEASE <queue> <id>            the lease token is stale
+  returns: a JSON array with one entry per job, in order:
+           0 when the job completed and moved nothing else;
+           {released: [P:{q}:id...], dead, flow_failed, revived, outbox: n}
+           when it completed and also released or failed a parent, revived
+           one, or pushed an outbox entry;
+           an error string when the job was refused (nothing written for it):
+             EMQNOJOB <queue> <id>            no such job
+             EMQSTATE <queue> <id> <state>    the job is not active
+             EMQLEASE <queue> <id>            the lease token is stale
+  errors:  none: a refusal is its job's entry in the reply
 ]]
-local row, active, completed = KEYS[1], KEYS[2], KEYS[3]
+local active, completed = KEYS[1], KEYS[2]
 local QUEUE = ARGV[1]
 -- @include lib/flow.lua
-local base, id, token, result, now = ARGV[2], ARGV[3], ARGV[4], ARGV[5], tonumber(ARGV[6])
+local base, now = ARGV[2], tonumber(ARGV[3])
 
-local f = redis.call('HMGET', row, 'state', 'lease')
-if not f[1] then
-  return redis.error_reply('EMQNOJOB ' .. QUEUE .. ' ' .. id)
+local replies = {}
+for i = 4, #ARGV, 3 do
+  local id, token, result = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+  local row = base .. 'job:' .. id
+  local f = redis.call('HMGET', row, 'state', 'lease')
+  if not f[1] then
+    replies[#replies + 1] = 'EMQNOJOB ' .. QUEUE .. ' ' .. id
+  elseif f[1] ~= 'active' then
+    replies[#replies + 1] = 'EMQSTATE ' .. QUEUE .. ' ' .. id .. ' ' .. f[1]
+  elseif f[2] ~= token then
+    replies[#replies + 1] = 'EMQLEASE ' .. QUEUE .. ' ' .. id
+  else
+    -- what this job moved, on its own (the helpers append to OUT)
+    OUT.released, OUT.dead, OUT.flow_failed, OUT.revived, OUT.outbox = {}, {}, {}, {}, 0
+    redis.call('ZREM', active, id)
+    redis.call('HDEL', row, 'lease')
+    redis.call('HSET', row, 'state', 'completed', 'result', result, 'finished_at', now)
+    redis.call('ZADD', completed, now, id)
+    emit(base, 'completed', id)
+    resolve_done(base, id, result, now)
+    if #OUT.released + #OUT.dead + #OUT.flow_failed + #OUT.revived + OUT.outbox > 0 then
+      replies[#replies + 1] = {released = OUT.released, dead = OUT.dead,
+        flow_failed = OUT.flow_failed, revived = OUT.revived, outbox = OUT.outbox}
+    else
+      replies[#replies + 1] = 0
+    end
+  end
 end
-if f[1] ~= 'active' then
-  return redis.error_reply('EMQSTATE ' .. QUEUE .. ' ' .. id .. ' ' .. f[1])
-end
-if f[2] ~= token then
-  return redis.error_reply('EMQLEASE ' .. QUEUE .. ' ' .. id)
-end
-
-redis.call('ZREM', active, id)
-redis.call('HDEL', row, 'lease')
-redis.call('HSET', row, 'state', 'completed', 'result', result, 'finished_at', now)
-redis.call('ZADD', completed, now, id)
-emit(base, 'completed', id)
-resolve_done(base, id, result, now)
-return cjson.encode(OUT)
+return cjson.encode(replies)
