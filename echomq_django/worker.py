@@ -17,9 +17,9 @@ the job path, each in batches:
   batch (``close_old_connections()`` around it, for receivers that use the
   database). While Redis runs one side's scripts, Python does the other's work:
   that overlap, and the batching, are where the throughput comes from;
-* ``concurrency`` **handler** threads (a ``ThreadPoolExecutor``) run the
-  handlers, with ``django.db.close_old_connections()`` before and after each
-  call.
+* ``concurrency`` **handler** threads (``_Pool``: one queue of jobs, no
+  Future per job) run the handlers, with
+  ``django.db.close_old_connections()`` before and after each call.
 
 A heartbeat thread extends the lease of every job that has run for a third of
 it. Signal receivers run on the reporter thread.
@@ -69,7 +69,6 @@ import signal
 import threading
 import time
 import traceback
-from concurrent.futures import ThreadPoolExecutor
 
 import redis
 from django.db import close_old_connections
@@ -240,7 +239,7 @@ class Worker:
             raise ValueError(f"max_jobs must be >= 0, got {max_jobs}")
         restore = self._install_signals()
         self._debug = log.isEnabledFor(logging.DEBUG)
-        self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="echomq-worker")
+        self._pool = _Pool(self.concurrency, "echomq-worker")
         # Fresh per run: handlers abandoned by an earlier run post to the old queue.
         self._done, self._inbox, self._reporting = _queue.SimpleQueue(), [], 0
         self._closing, self._executing = False, 0
@@ -263,7 +262,7 @@ class Worker:
             for thread in helpers:  # daemons: one stuck on a dead socket is left behind
                 thread.join(timeout=0 if self._reporting else 2.0)
             self.abandoned = len(self._running)
-            self._pool.shutdown(wait=not self.abandoned, cancel_futures=True)
+            self._pool.shutdown(wait=not self.abandoned)
             restore()
             self._log_stats(time.monotonic())
             if self.abandoned:
@@ -565,6 +564,51 @@ class _Outage:
         if self.down:
             log.warning("Redis reachable again at %s", self.where)
         self.delay, self.down = BACKOFF_START_S, False
+
+
+class _Pool:
+    """``size`` handler threads taking ``(fn, args)`` from one queue, started
+    as the first ``size`` jobs arrive. Cheaper per job than
+    ``ThreadPoolExecutor.submit`` (no Future, Condition or semaphore per job;
+    that was a quarter of the loop thread's time on small jobs, issue 8).
+    ``fn`` reports its own outcome and never raises (``Worker._execute``)."""
+
+    def __init__(self, size: int, name: str) -> None:
+        self._size, self._name = size, name
+        self._jobs: _queue.SimpleQueue = _queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+
+    def submit(self, fn, *args) -> None:
+        self._jobs.put((fn, args))
+        if len(self._threads) < self._size:
+            thread = threading.Thread(target=self._work, name=f"{self._name}_{len(self._threads)}")
+            thread.start()
+            self._threads.append(thread)
+
+    def _work(self) -> None:
+        get = self._jobs.get
+        while True:
+            item = get()
+            if item is None:
+                return
+            try:
+                item[0](*item[1])
+            except BaseException:  # noqa: BLE001 — keep the thread; fn reports its own errors
+                log.exception("a handler thread's job raised")
+
+    def shutdown(self, wait: bool) -> None:
+        """Drop the jobs not started yet (their leases cover them), stop every
+        thread once its current job is done; ``wait``: join them."""
+        try:
+            while True:
+                self._jobs.get_nowait()
+        except _queue.Empty:
+            pass
+        for _ in self._threads:
+            self._jobs.put(None)
+        if wait:
+            for thread in self._threads:
+                thread.join()
 
 
 def _at_least(low: int, value, what: str) -> int:
