@@ -192,6 +192,9 @@ class Worker:
         self._force = False
         self._stop_at = 0.0
         self._rest = dict.fromkeys(self.queues, 0.0)  # queue -> monotonic time it may be claimed
+        # queue -> parents this worker saw released on it (written by the reporter only): a
+        # claim that came back short rests its queue only if none was released meanwhile
+        self._released = dict.fromkeys(self.queues, 0)
         self._turn = 0
         self._warned: set[str] = set()
         self._debug = False
@@ -344,8 +347,10 @@ class Worker:
             if not everywhere and self._rest[queue] > now:
                 continue
             want = min(free, self.batch)
+            released = self._released[queue]
             jobs = self.mq.claim(queue, want, self.leases[queue])
-            if len(jobs) < want:
+            if len(jobs) < want and self._released[queue] == released:
+                # (a parent released after this claim ran would wait out the rest)
                 self._rest[queue] = now + self.poll_interval
             with self._lock:
                 for job in jobs:
@@ -508,6 +513,7 @@ class Worker:
         if outcome.released or outcome.dead or outcome.flow_failed:
             for queue, _ in outcome.released:
                 if queue in self._rest:
+                    self._released[queue] += 1
                     self._rest[queue] = 0.0
             signals.send_outcome(self, self.mq, outcome, skip=(job.queue, job.id))
 

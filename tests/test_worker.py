@@ -7,13 +7,14 @@ import logging
 import socket
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from echomq_django import EchoMQ, Flow, JobState, Worker
+from echomq_django import EchoMQ, Flow, JobState, Outcome, Worker
 from echomq_django.pump import Pump
 from echomq_django.worker import error_text, unknown_name_error
 from tests.workerkit import Background, Clock, burst, wait_for
@@ -394,3 +395,24 @@ def test_error_text_survives_an_exception_whose_str_raises():
             raise RuntimeError("no")
 
     assert error_text(Weird()) == "Weird: (could not format the error: RuntimeError)"
+
+
+@pytest.mark.parametrize("released_meanwhile", [False, True], ids=["quiet", "released"])
+def test_a_short_claim_rests_its_queue_unless_a_parent_was_released_meanwhile(
+        mq, released_meanwhile):
+    # The reporter thread may release a parent while the loop's claim is in
+    # flight: resting the queue then would leave the parent waiting out the
+    # whole poll_interval (issue 8 saw roots wait 50 ms in the benchmark).
+    worker = Worker(["q"], concurrency=2, mq=mq, poll_interval=60)
+    real = mq.claim
+
+    def claim(queue, count, lease_ms=None):
+        jobs = real(queue, count, lease_ms)  # the queue is empty: a short claim
+        if released_meanwhile:
+            child = SimpleNamespace(queue=queue, id="c")
+            worker._after(child, Outcome(released=[(queue, "p")]))  # as the reporter does
+        return jobs
+
+    mq.claim = claim
+    assert worker._claim(2, everywhere=False) == 0
+    assert (worker._rest["q"] == 0.0) is released_meanwhile
