@@ -1,0 +1,1 @@
+"""The flow benchmark (issue 8): ``python -m bench --help``."""

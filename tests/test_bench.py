@@ -1,0 +1,53 @@
+"""The flow benchmark (issue 8) as a smoke test: ``python -m bench --quick``
+against the test Redis, so it never rots. No timing is asserted: only that
+it runs, writes the JSON it documents, and that every root received all of
+its children's values (the peer's rows too, when BullMQ's client is
+installed)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.e2e
+
+RUN_KEYS = {
+    "system", "topology", "label", "nodes", "layout", "add_ms", "add_nodes_per_s",
+    "resolve_s", "resolve_nodes_per_s", "mem_bytes_per_node", "round_trips_per_node",
+    "redis_commands_per_node", "worker_cpu_us_per_node", "redis_cpu_us_per_node",
+    "values_ok", "values_checked", "problems", "processes",
+}
+
+
+def test_quick_benchmark_runs_and_every_root_receives_every_value(redis_server, tmp_path):
+    out = tmp_path / "bench.json"
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench", "--quick", "--redis-url", redis_server,
+         "--json", str(out), "--no-progress", "--timeout", "60"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=150, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "ratio" in proc.stdout or "not installed" in proc.stdout or "bullmq" not in proc.stdout
+    data = json.loads(out.read_text())
+    assert {"meta", "runs", "ratios", "targets"} <= set(data)
+    assert {"date", "cpus", "redis", "python", "ours_workers"} <= set(data["meta"])
+    ours = [r for r in data["runs"] if r["system"] == "echomq"]
+    assert [r["topology"] for r in ours] == ["wide-100", "tree-1x5x100", "cross-100"]
+    assert [r["nodes"] for r in ours] == [101, 106, 101]
+    for run in data["runs"]:
+        assert RUN_KEYS <= set(run), RUN_KEYS - set(run)
+        assert run["values_ok"], (run["system"], run["topology"], run["problems"])
+        assert run["problems"] == []
+        assert run["resolve_s"] is not None and run["mem_bytes_per_node"] > 0
+        # every child's value reached its parent: 100 leaves (+ 5 branches)
+        assert run["values_checked"] == run["nodes"] - 1
+        assert {"add", "resolve", "total"} <= set(run["round_trips_per_node"])
+    if data["meta"]["bullmq"]:
+        assert len(data["ratios"]) == 3
+        assert {r["system"] for r in data["runs"]} == {"echomq", "bullmq"}
