@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import secrets
 import time
 from typing import Any
 
@@ -19,8 +20,8 @@ from .exceptions import (EchoMQError, JobNotActive, JobNotRetryable, PayloadErro
                          RedisUnavailable, translate)
 from .flows import Flow, FlowRef
 from .jobs import Job, JobState, Outcome, _text
-from .keyspace import Keyspace, validate_id, validate_queue
-from .reads import Reads
+from .keyspace import Keyspace, validate_id, validate_queue, whole_number
+from .reads import Reads, reports_redis_down
 from .scripts import Scripts
 
 DEFAULTS = {"MAX_ATTEMPTS": 3, "BACKOFF_MS": 1000, "LEASE_MS": 30000}
@@ -117,12 +118,9 @@ class EchoMQ(Reads):
         job_id = validate_id(job_id if job_id is not None else _flows.new_id())
         if not isinstance(name, str) or not name:
             raise ValueError(f"a job needs a name (the handler's), got {name!r}")
-        if max_attempts is not None and int(max_attempts) < 1:
-            raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
-        if backoff_ms is not None and int(backoff_ms) < 0:
-            raise ValueError(f"backoff_ms must be >= 0 (ms), got {backoff_ms}")
-        if delay_ms < 0:
-            raise ValueError(f"delay_ms must be >= 0 (ms), got {delay_ms}")
+        whole_number("max_attempts", max_attempts, 1, optional=True)
+        whole_number("backoff_ms", backoff_ms, 0, optional=True)
+        whole_number("delay_ms", delay_ms, 0)
         k = self.keys
         self.scripts.run(
             "enqueue",
@@ -139,8 +137,8 @@ class EchoMQ(Reads):
         ``lease_deadline`` (ms) = now + ``lease_ms`` (the queue's LEASE_MS by
         default), and has its attempt counted. DESIGN §5 `claim`.
         """
-        if count < 1:
-            raise ValueError(f"count must be >= 1, got {count}")
+        whole_number("count", count, 1)
+        whole_number("lease_ms", lease_ms, 1, optional=True)
         lease = int(lease_ms if lease_ms is not None else self.setting(queue, "LEASE_MS"))
         now = self.clock()
         k = self.keys
@@ -299,6 +297,7 @@ class EchoMQ(Reads):
             [queue, k.base(queue), self.clock(), limit, max_stalls])
         return self._outcome(reply)
 
+    @reports_redis_down
     def retry(self, queue: str, job_id: str) -> Outcome:
         """Retry-by-id of a dead job (DESIGN §4): attempts reset, back to
         pending; a parent that children failed retries them (on any queue) and
@@ -310,7 +309,7 @@ class EchoMQ(Reads):
             reply = self.scripts.run(
                 "retry", [k.job(queue, job_id), k.queue_key(queue, "dead"),
                           k.queue_key(queue, "pending")],
-                [queue, k.base(queue), job_id, self.clock()])
+                [queue, k.base(queue), job_id, self.clock(), secrets.token_hex(8)])
         except JobNotActive as err:
             state = err.parts[2] if len(err.parts) > 2 else "not dead"
             raise JobNotRetryable(f"job {job_id!r} in queue {queue!r} is {state}; "

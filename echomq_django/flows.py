@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .exceptions import FlowError
-from .keyspace import validate_id, validate_queue
+from .keyspace import validate_id, validate_queue, whole_number
 
 
 def new_id() -> str:
@@ -144,16 +144,24 @@ def plan(root: Flow, encode) -> list[Node]:
                 seen.add((queue, job_id))
             if not isinstance(flow.name, str) or not flow.name:
                 raise FlowError(f"flow node {queue}/{job_id} needs a job name (the handler)")
+            if not isinstance(flow.children, list | tuple):
+                raise FlowError(f"children of {queue}/{job_id} must be a list of Flow, "
+                                f"got {type(flow.children).__name__}")
+            if not (flow.fail_parent_on_failure or flow.ignore_dependency_on_failure
+                    or flow.remove_dependency_on_failure):
+                raise FlowError(f"{queue}/{job_id}: fail_parent_on_failure=False needs "
+                                "ignore_dependency_on_failure or remove_dependency_on_failure "
+                                "(what else should its death do to the parent?)")
+            try:
+                whole_number("max_attempts", flow.max_attempts, 1, optional=True)
+                whole_number("backoff_ms", flow.backoff_ms, 0, optional=True)
+            except ValueError as err:
+                raise FlowError(f"{queue}/{job_id}: {err}") from None
             node = Node(
                 queue=queue, id=job_id, name=flow.name, payload=encode(flow.payload),
-                max_attempts=None if flow.max_attempts is None else int(flow.max_attempts),
-                backoff_ms=None if flow.backoff_ms is None else int(flow.backoff_ms),
+                max_attempts=flow.max_attempts, backoff_ms=flow.backoff_ms,
                 parent_id=parent.id if parent else "", parent_queue=parent.queue if parent else "",
                 policy=flow.policy if parent else "fp", children=[], depth=depth, gate=gate)
-            if node.max_attempts is not None and node.max_attempts < 1:
-                raise FlowError(f"max_attempts of {queue}/{job_id} must be >= 1")
-            if node.backoff_ms is not None and node.backoff_ms < 0:
-                raise FlowError(f"backoff_ms of {queue}/{job_id} must be >= 0 (ms)")
             if parent is not None:
                 parent.children.append((queue, job_id))
             nodes.append(node)

@@ -104,3 +104,13 @@ class Keyspace:
         if not value.startswith(head) or not sep:
             raise ValueError(f"not a job under prefix {self.prefix!r}: {value!r}")
         return queue, job_id
+
+
+def whole_number(name: str, value, low: int, optional: bool = False) -> None:
+    """Raise ``ValueError`` naming the rule unless ``value`` is an ``int`` >= ``low``
+    (None allowed when ``optional``); bools and floats are refused, not rounded."""
+    if value is None and optional:
+        return
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        unit = " (ms)" if name.endswith("_ms") else ""
+        raise ValueError(f"{name} must be a whole number >= {low}{unit}, got {value!r}")

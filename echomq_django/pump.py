@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import redis
 
 from . import signals
-from .exceptions import SweepLockLost
+from .exceptions import SweepLockLost, connection_error
 from .jobs import Outcome
 
 log = logging.getLogger("echomq_django.pump")
@@ -110,25 +110,29 @@ def deliver_outbox(mq, queue: str, batch: int = 500, lock_ms: int = 30000,
                     entries.append({})
             flags, outcome = deliver_entries(mq, entries)
             report.outcome.merge(outcome)
-            actions = []
+            actions, read = [], []
             for item, entry, ok in zip(raw, entries, flags):
+                read.append(item)
                 if ok:
                     actions.append("ok")
                     continue
                 tries = client.hincrby(tries_key, item, 1)
                 if tries < max_tries:
+                    read.pop()
                     break
                 actions.append(f"parent {entry.get('q')}/{entry.get('p')} not found "
                                f"after {tries} deliveries" if entry else "malformed entry")
                 client.hdel(tries_key, item)
             if before_trim is not None:
                 before_trim(queue, actions)
+            removed = 0
             if actions:
                 try:
-                    mq.scripts.run("outbox_trim",
+                    removed = mq.scripts.run("outbox_trim",
                                    [outbox, k.queue_key(queue, "pump:lock"),
                                     k.queue_key(queue, "flow:deadletter")],
-                                   [lock.local.token, mq.clock(), *actions])
+                                   [lock.local.token, mq.clock(),
+                                    *(v for pair in zip(read, actions) for v in pair)])
                 except SweepLockLost:
                     # our lock expired mid-sweep and another pump may be trimming:
                     # leave the outbox to it; what we delivered is re-delivered as no-ops
@@ -136,6 +140,9 @@ def deliver_outbox(mq, queue: str, batch: int = 500, lock_ms: int = 30000,
                                 "outbox to the pump that holds it", queue)
                     report.lock_lost = True
                     break
+                if removed != len(actions):  # the head moved under us: re-read it
+                    log.warning("outbox of %s changed before the trim; re-reading", queue)
+                    continue
             report.delivered += actions.count("ok")
             report.deadlettered += len(actions) - actions.count("ok")
             if len(actions) < len(raw) or len(raw) < batch:
@@ -181,6 +188,12 @@ class Pump:
     def sweep(self) -> dict[str, dict]:
         """One pass over every queue; returns ``{queue: counts}`` (see
         ``SweepReport``). Raises ``RedisUnavailable`` when Redis is down."""
+        try:
+            return self._sweep()
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as err:
+            raise connection_error(self.mq.client, err) from err
+
+    def _sweep(self) -> dict[str, dict]:
         reports = {}
         for queue in self.queues:
             rep = deliver_outbox(self.mq, queue, self.batch, self.lock_ms, self.max_tries,

@@ -16,16 +16,20 @@
   ARGV[7] now (ms since the epoch, from the host)
   ARGV[8] delay (ms; 0 = claimable now)
 
-  returns: the state written, 'pending' or 'delayed'
+  returns: the state written, 'pending' or 'delayed' (a replay of the same
+           call, same name, payload and now, answers the state it wrote)
   errors:  EMQDUP <queue> <id> <state>  the id is taken; nothing is written
 ]]
 local row, pending, delayed = KEYS[1], KEYS[2], KEYS[3]
 local queue, id = ARGV[1], ARGV[2]
 local now, delay = tonumber(ARGV[7]), tonumber(ARGV[8])
 
-local existing = redis.call('HGET', row, 'state')
-if existing then
-  return redis.error_reply('EMQDUP ' .. queue .. ' ' .. id .. ' ' .. existing)
+local existing = redis.call('HMGET', row, 'state', 'name', 'payload', 'created_at')
+if existing[1] then
+  if existing[2] == ARGV[3] and existing[3] == ARGV[4] and existing[4] == ARGV[7] then
+    return existing[1]  -- a replay of this very call (redis-py re-sent it): done already
+  end
+  return redis.error_reply('EMQDUP ' .. queue .. ' ' .. id .. ' ' .. existing[1])
 end
 
 local state = 'pending'

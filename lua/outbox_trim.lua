@@ -1,8 +1,11 @@
 --[[
   outbox_trim: after a sweep delivered a batch, remove exactly the delivered
   prefix of the outbox, moving undeliverable entries to the dead-letter list
-  on the way (DESIGN §6). Refuses unless the caller still holds the sweep
-  lock, so two pumps never trim what the other has not delivered.
+  on the way (DESIGN §6). It checks what it removes: the caller passes the
+  entries it read, and the head of the outbox must still be exactly those, or
+  nothing moves. So a replay of this script (redis-py re-sends a command whose
+  reply was lost) or a second pump can never trim an entry nobody delivered;
+  the sweep lock must also still be the caller's.
 
   KEYS[1] outbox list          P:{q}:flow:outbox
   KEYS[2] sweep lock           P:{q}:pump:lock (string: the holder's token)
@@ -10,28 +13,38 @@
 
   ARGV[1] lock token
   ARGV[2] now (ms)
-  ARGV[3..] one action per entry from the head, in order: 'ok' (delivered:
-           remove) or a reason text (undeliverable: move to the dead-letter
-           list as JSON {entry, reason, at})
+  ARGV[3..] pairs, one per entry from the head, in order: the entry exactly
+           as read, then 'ok' (delivered: remove) or a reason text
+           (undeliverable: move to the dead-letter list as JSON
+           {entry, reason, at})
 
-  returns: the number of entries removed from the outbox
+  returns: the number of entries removed from the outbox (0 when the head is
+           no longer what the caller read: another pump, or a replay, trimmed it)
   errors:  EMQLOCK <lock key>   the lock is not held by this token; nothing moves
 ]]
 local outbox, lock, deadletter = KEYS[1], KEYS[2], KEYS[3]
 if redis.call('GET', lock) ~= ARGV[1] then
   return redis.error_reply('EMQLOCK ' .. lock)
 end
-local n = #ARGV - 2
-if n == 0 then
+local n = (#ARGV - 2) / 2
+if n < 1 then
   return 0
 end
-local entries = redis.call('LRANGE', outbox, 0, n - 1)
-for i = 1, #entries do
-  local action = ARGV[i + 2]
-  if action ~= 'ok' then
-    redis.call('RPUSH', deadletter,
-      cjson.encode({entry = entries[i], reason = action, at = tonumber(ARGV[2])}))
+local head = redis.call('LRANGE', outbox, 0, n - 1)
+if #head ~= n then
+  return 0
+end
+for i = 1, n do
+  if head[i] ~= ARGV[1 + 2 * i] then
+    return 0
   end
 end
-redis.call('LTRIM', outbox, #entries, -1)
-return #entries
+for i = 1, n do
+  local action = ARGV[2 + 2 * i]
+  if action ~= 'ok' then
+    redis.call('RPUSH', deadletter,
+      cjson.encode({entry = head[i], reason = action, at = tonumber(ARGV[2])}))
+  end
+end
+redis.call('LTRIM', outbox, n, -1)
+return n

@@ -14,12 +14,16 @@
   ARGV[2] queue key prefix     P:{q}:
   ARGV[3] job id
   ARGV[4] now (ms)
+  ARGV[5] call token: a fresh random string per retry call, kept on the row so
+          a replay of the same call is recognised
 
   returns: JSON {cross: [child refs on other slots the host must retry],
            retried: [P:{q}:id...], revived, reattach, released, dead,
            flow_failed, outbox}
   errors:  EMQNOJOB <queue> <id>            no such job
-           EMQSTATE <queue> <id> <state>    the job is not dead
+           EMQSTATE <queue> <id> <state>    the job is not dead (unless this
+           very call already retried it: a replay with the same token answers
+           as if it had worked)
 ]]
 local row, dead, pending = KEYS[1], KEYS[2], KEYS[3]
 local QUEUE = ARGV[1]
@@ -31,6 +35,10 @@ if not state then
   return redis.error_reply('EMQNOJOB ' .. QUEUE .. ' ' .. id)
 end
 if state ~= 'dead' then
+  if (state == 'pending' or state == 'awaiting_children')
+      and redis.call('HGET', row, 'retry_token') == ARGV[5] then
+    return cjson.encode(OUT)  -- a replay of this very call (redis-py re-sent it): done
+  end
   return redis.error_reply('EMQSTATE ' .. QUEUE .. ' ' .. id .. ' ' .. state)
 end
 
@@ -43,7 +51,8 @@ local function retry_job(jid)
   local failed = redis.call('HKEYS', key .. ':failed')
   if #failed == 0 then
     redis.call('ZREM', dead, jid)
-    redis.call('HSET', key, 'state', 'pending', 'attempts', 0, 'stalls', 0, 'updated_at', now)
+    redis.call('HSET', key, 'state', 'pending', 'attempts', 0, 'stalls', 0, 'updated_at', now,
+      'retry_token', ARGV[5])
     redis.call('HDEL', key, 'error', 'finished_at', 'result')
     redis.call('RPUSH', pending, jid)
     emit(base, 'retried', jid)
@@ -66,4 +75,5 @@ local function retry_job(jid)
 end
 
 retry_job(id)
+redis.call('HSET', row, 'retry_token', ARGV[5])
 return cjson.encode(OUT)

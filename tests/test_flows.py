@@ -139,11 +139,16 @@ def cyclic() -> Flow:
     ([node("p", [leaf("c1")]), node("p2", [leaf("c1")])], "job id 'c1' in queue 'q' is in two flows"),
     ([Flow("q", "", job_id="x")], "flow node q/x needs a job name"),
     ([node("p", ["not a flow"])], "a flow's children must be Flow objects, got str"),
-    ([node("p", [leaf("c1", max_attempts=0)])], "max_attempts of q/c1 must be >= 1"),
-    ([node("p", [leaf("c1", backoff_ms=-1)])], r"backoff_ms of q/c1 must be >= 0 \(ms\)"),
+    ([node("p", [leaf("c1", max_attempts=0)])], "q/c1: max_attempts must be a whole number >= 1"),
+    ([node("p", [leaf("c1", backoff_ms=-1)])],
+     r"q/c1: backoff_ms must be a whole number >= 0 \(ms\), got -1"),
+    ([node("p", [leaf("c1", max_attempts=1.5)])], "max_attempts must be a whole number >= 1, got 1.5"),
+    ([Flow("q", "p", job_id="p", children=None)], "children of q/p must be a list of Flow"),
+    ([node("p", [leaf("c1", fail_parent_on_failure=False)])],
+     "q/c1: fail_parent_on_failure=False needs ignore_dependency_on_failure"),
     (["not a flow"], "add_flow takes a Flow, got str"),
 ], ids=["dup-id", "cycle", "two-flows", "no-name", "not-flow-child", "max-attempts-0",
-       "negative-backoff", "not-flow-root"])
+       "negative-backoff", "float-attempts", "children-none", "no-policy", "not-flow-root"])
 def test_malformed_flows_are_refused_with_nothing_written(mq, flows, message) -> None:
     with pytest.raises(FlowError, match=message):
         mq.add_flows(flows)

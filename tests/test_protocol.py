@@ -100,9 +100,15 @@ def test_bad_payload_is_refused_and_nothing_written(redis_client, payload, messa
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"name": ""}, "a job needs a name"), ({"max_attempts": 0}, "max_attempts must be >= 1"),
-    ({"delay_ms": -1}, "delay_ms must be >= 0"),
-], ids=["no-name", "max-attempts-0", "negative-delay"])
+    ({"name": ""}, "a job needs a name"),
+    ({"max_attempts": 0}, "max_attempts must be a whole number >= 1, got 0"),
+    ({"max_attempts": "x"}, "max_attempts must be a whole number >= 1, got 'x'"),
+    ({"max_attempts": 1.5}, "max_attempts must be a whole number >= 1, got 1.5"),
+    ({"delay_ms": -1}, r"delay_ms must be a whole number >= 0 \(ms\), got -1"),
+    ({"delay_ms": None}, r"delay_ms must be a whole number >= 0 \(ms\), got None"),
+    ({"backoff_ms": True}, r"backoff_ms must be a whole number >= 0 \(ms\), got True"),
+], ids=["no-name", "max-attempts-0", "max-attempts-str", "max-attempts-float", "negative-delay",
+       "delay-none", "backoff-bool"])
 def test_bad_enqueue_arguments(mq, kwargs, message) -> None:
     with pytest.raises(ValueError, match=message):
         mq.enqueue("q", **{"name": "n", **kwargs})
@@ -127,8 +133,10 @@ def test_claim_takes_k_fifo_with_fresh_leases(tmq) -> None:
         assert score(tmq, "q", "active", j.id) == T0 + 500
         assert tmq.get_job("q", j.id).lease_deadline == T0 + 500
     assert tmq.claim("q", 4) == []
-    with pytest.raises(ValueError, match="count must be >= 1"):
+    with pytest.raises(ValueError, match="count must be a whole number >= 1, got 0"):
         tmq.claim("q", 0)
+    with pytest.raises(ValueError, match=r"lease_ms must be a whole number >= 1 \(ms\), got -5"):
+        tmq.claim("q", 1, lease_ms=-5)
 
 
 def test_claim_uses_the_queue_lease_by_default(redis_client, clock) -> None:

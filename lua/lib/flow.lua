@@ -79,6 +79,17 @@ local function reattach_up(base, id, now)
   if (parent[2] or QUEUE) == QUEUE then
     reattach(base, parent[1], ref, now)
   else
+    -- its death still waits in this queue's outbox: take it back, the parent
+    -- never saw it (a pump that already read it delivers it, and the child's
+    -- next completion re-attaches it: fan_in_done)
+    local outbox = base .. 'flow:outbox'
+    for _, raw in ipairs(redis.call('LRANGE', outbox, 0, -1)) do
+      local e = cjson.decode(raw)
+      if e.k == 'dead' and e.c == ref and e.p == parent[1] then
+        redis.call('LREM', outbox, 1, raw)
+        return
+      end
+    end
     local entry = cjson.encode({k = 'reattach', c = ref, p = parent[1], q = parent[2]})
     redis.call('RPUSH', base .. 'flow:outbox', entry)
     OUT.outbox = OUT.outbox + 1

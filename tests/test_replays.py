@@ -1,0 +1,90 @@
+"""Replays and early retries (found by adversarial testing).
+
+redis-py re-sends a command whose reply was lost on a dropped connection, so a
+script may run twice for one call. Every script must either be a no-op the
+second time or recognise the replay; these tests run the same script call
+twice and assert nothing moved twice. And a retry that comes before the pump
+delivered the child's death takes the death back."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import redis
+
+from echomq_django import EchoMQ, Flow, JobState, RedisUnavailable
+from echomq_django.pump import Pump, deliver_entries
+
+
+def fixed_clock(mq, at=1_000_000):
+    mq.clock = lambda: at
+    return mq
+
+
+def test_a_replayed_trim_removes_nothing_more(mq):
+    mq.add_flows([Flow("p", "parent", {}, job_id=f"P{i}", children=[
+        Flow("c", "child", {}, job_id=f"C{i}")]) for i in range(3)])
+    for job in mq.claim("c", 10):
+        mq.complete(job, job.id)
+    k = mq.keys
+    outbox, lock = k.queue_key("c", "flow:outbox"), k.queue_key("c", "pump:lock")
+    mq.client.set(lock, "tok")
+    [first] = mq.client.lrange(outbox, 0, 0)
+    assert deliver_entries(mq, [json.loads(first)])[0] == [True]
+    call = ([outbox, lock, k.queue_key("c", "flow:deadletter")], ["tok", 1, first, "ok"])
+    assert mq.scripts.run("outbox_trim", *call) == 1
+    assert mq.scripts.run("outbox_trim", *call) == 0  # the replay: head moved on
+    assert mq.client.llen(outbox) == 2
+    mq.client.delete(lock)
+    Pump(["c"], mq=mq).sweep()
+    assert [mq.get_job("p", f"P{i}").state for i in range(3)] == [JobState.PENDING] * 3
+    assert [mq.dependency_counts("p", f"P{i}")["processed"] for i in range(3)] == [1, 1, 1]
+
+
+def test_a_replayed_enqueue_is_the_same_job(mq):
+    fixed_clock(mq)
+    assert mq.enqueue("q", "x", {"a": 1}, job_id="e1") == "e1"
+    assert mq.enqueue("q", "x", {"a": 1}, job_id="e1") == "e1"  # same call again
+    assert mq.job_ids("q", "pending") == ["e1"]
+
+
+def test_a_replayed_retry_reports_success_and_retries_once(mq):
+    fixed_clock(mq)
+    mq.enqueue("q", "x", {}, job_id="d1")
+    [job] = mq.claim("q", 1)
+    mq.fail(job, "boom", dead=True)
+    k = mq.keys
+    call = ([k.job("q", "d1"), k.queue_key("q", "dead"), k.queue_key("q", "pending")],
+            ["q", k.base("q"), "d1", 1_000_000, "token-1"])
+    mq.scripts.run("retry", *call)
+    mq.scripts.run("retry", *call)  # the replay answers as if it had worked
+    assert mq.job_ids("q", "pending") == ["d1"]
+    assert mq.get_job("q", "d1").state is JobState.PENDING
+
+
+def test_retry_before_the_pump_delivered_the_death_takes_it_back(mq):
+    mq.add_flow(Flow("p", "grand", {}, job_id="G", children=[
+        Flow("p", "mid", {}, job_id="M", ignore_dependency_on_failure=True, children=[
+            Flow("c", "leaf", {}, job_id="L")])]))
+    [leaf] = mq.claim("c", 1)
+    mq.fail(leaf, "boom", dead=True)
+    assert mq.counts("c")["outbox"] == 1  # the death, not delivered yet
+    mq.retry("c", "L")
+    assert mq.counts("c")["outbox"] == 0  # taken back: M never hears of it
+    [leaf] = mq.claim("c", 1)
+    mq.complete(leaf, 5)
+    Pump(["c"], mq=mq).sweep()
+    assert mq.get_job("p", "M").state is JobState.PENDING
+    assert mq.get_job("p", "G").state is JobState.AWAITING_CHILDREN
+    assert mq.ignored_failures("p", "G") == {}
+    [mid] = mq.claim("p", 1)
+    mq.complete(mid, {"sum": 5})
+    assert mq.get_job("p", "G").state is JobState.PENDING
+    assert mq.children_values("p", "G") == {"emq:{p}:job:M": {"sum": 5}}
+
+
+def test_pump_reports_redis_down_as_redis_unavailable():
+    pump = Pump(["q"], mq=EchoMQ(redis.Redis(port=1, retry_on_error=[])))
+    with pytest.raises(RedisUnavailable, match="redis://localhost:1/0"):
+        pump.sweep()
