@@ -146,7 +146,7 @@ class EchoMQ(Reads):
             "claim",
             [k.queue_key(queue, "pending"), k.queue_key(queue, "active"),
              k.queue_key(queue, "lease:seq")],
-            [k.base(queue), count, now, lease]))
+            [k.base(queue), count, now, lease, secrets.token_hex(8)]))
         deadline = now + lease
         return [Job.from_claim(queue, [v if v is not False else None for v in flat[i:i + 11]],
                                deadline, self)

@@ -10,6 +10,10 @@
   ARGV[2] count K (integer >= 1)
   ARGV[3] now (ms)
   ARGV[4] lease length (ms)
+  ARGV[5] call token: a fresh random string per claim call; the reply is kept
+          under P:{q}:claim:<token> for the lease length, so a replay of the
+          same call (redis-py re-sends a command whose reply was lost) gets
+          the same jobs instead of leasing a second batch
 
   returns: a JSON array (one bulk string: the host decodes it in one C call
            instead of parsing 11 replies per job), 11 entries per claimed job:
@@ -23,6 +27,11 @@ local pending, active = KEYS[1], KEYS[2]
 local base, count, now = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 local deadline = tonumber(now) + tonumber(ARGV[4])
 
+local memo = base .. 'claim:' .. ARGV[5]
+local replayed = redis.call('GET', memo)
+if replayed then
+  return replayed
+end
 local ids = redis.call('LPOP', pending, count)
 if not ids then
   return '[]'
@@ -56,4 +65,6 @@ if #leases == 0 then
   return '[]'  -- cjson would encode an empty table as {}
 end
 redis.call('ZADD', active, unpack(leases))
-return cjson.encode(out)
+local reply = cjson.encode(out)
+redis.call('SET', memo, reply, 'PX', ARGV[4])
+return reply

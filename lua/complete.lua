@@ -25,6 +25,9 @@
              EMQNOJOB <queue> <id>            no such job
              EMQSTATE <queue> <id> <state>    the job is not active
              EMQLEASE <queue> <id>            the lease token is stale
+           A completed row keeps its last lease token, so a replay of the
+           same call (redis-py re-sends a command whose reply was lost)
+           answers 0 instead of EMQSTATE.
   errors:  none: a refusal is its job's entry in the reply
 ]]
 local active, completed = KEYS[1], KEYS[2]
@@ -39,6 +42,8 @@ for i = 4, #ARGV, 3 do
   local f = redis.call('HMGET', row, 'state', 'lease')
   if not f[1] then
     replies[#replies + 1] = 'EMQNOJOB ' .. QUEUE .. ' ' .. id
+  elseif f[1] == 'completed' and f[2] == token then
+    replies[#replies + 1] = 0  -- a replay: this lease completed it already
   elseif f[1] ~= 'active' then
     replies[#replies + 1] = 'EMQSTATE ' .. QUEUE .. ' ' .. id .. ' ' .. f[1]
   elseif f[2] ~= token then
@@ -47,7 +52,6 @@ for i = 4, #ARGV, 3 do
     -- what this job moved, on its own (the helpers append to OUT)
     OUT.released, OUT.dead, OUT.flow_failed, OUT.revived, OUT.outbox = {}, {}, {}, {}, 0
     redis.call('ZREM', active, id)
-    redis.call('HDEL', row, 'lease')
     redis.call('HSET', row, 'state', 'completed', 'result', result, 'finished_at', now)
     redis.call('ZADD', completed, now, id)
     emit(base, 'completed', id)

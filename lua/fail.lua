@@ -35,6 +35,9 @@ if not f[1] then
   return redis.error_reply('EMQNOJOB ' .. QUEUE .. ' ' .. id)
 end
 if f[1] ~= 'active' then
+  if f[2] == token then  -- a replay: this lease failed it already (the row keeps the token)
+    return cjson.encode({state = f[1]})
+  end
   return redis.error_reply('EMQSTATE ' .. QUEUE .. ' ' .. id .. ' ' .. f[1])
 end
 if f[2] ~= token then
@@ -47,7 +50,6 @@ if attempts < max_attempts and ARGV[8] ~= '1' then
   local wait = math.min(tonumber(f[5] or ARGV[10]) * (2 ^ (attempts - 1)), cap)
   local run_at = now + math.floor(wait)
   redis.call('ZREM', base .. 'active', id)
-  redis.call('HDEL', row, 'lease')
   if run_at > now then
     redis.call('HSET', row, 'state', 'delayed', 'error', err, 'updated_at', now)
     redis.call('ZADD', delayed, run_at, id)

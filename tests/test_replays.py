@@ -88,3 +88,29 @@ def test_pump_reports_redis_down_as_redis_unavailable():
     pump = Pump(["q"], mq=EchoMQ(redis.Redis(port=1, retry_on_error=[])))
     with pytest.raises(RedisUnavailable, match="redis://localhost:1/0"):
         pump.sweep()
+
+
+def test_a_replayed_claim_returns_the_same_jobs(mq):
+    fixed_clock(mq)
+    for i in range(3):
+        mq.enqueue("q", "x", {}, job_id=f"j{i}")
+    k = mq.keys
+    call = ([k.queue_key("q", "pending"), k.queue_key("q", "active"), k.queue_key("q", "lease:seq")],
+            [k.base("q"), 2, 1_000_000, 5000, "claim-token-1"])
+    first = mq.scripts.run("claim", *call)
+    assert mq.scripts.run("claim", *call) == first  # the replay leases nothing new
+    assert mq.job_ids("q", "pending") == ["j2"]
+    assert mq.job_ids("q", "active") == ["j0", "j1"]
+
+
+def test_replayed_complete_and_fail_change_nothing(mq):
+    mq.add_flow(Flow("q", "parent", {}, job_id="P", children=[
+        Flow("q", "child", {}, job_id="A"), Flow("q", "child", {}, job_id="B", max_attempts=3)]))
+    a, b = sorted(mq.claim("q", 2), key=lambda j: j.id)
+    assert mq.complete(a, 1).released == []
+    assert mq.complete(a, 1).released == []  # same lease: a replay
+    assert mq.fail(b, "boom") is JobState.DELAYED
+    assert mq.fail(b, "boom") is JobState.DELAYED  # same lease: a replay
+    counts = mq.dependency_counts("q", "P")
+    assert (counts["processed"], counts["remaining"]) == (1, 1)
+    assert mq.get_job("q", "B").attempts == 1

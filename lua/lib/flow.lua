@@ -149,8 +149,7 @@ local function kill(base, id, err, now)
   if state == 'awaiting_children' then
     redis.call('ZREM', base .. 'awaiting', id)
   elseif state == 'active' then
-    redis.call('ZREM', base .. 'active', id)
-    redis.call('HDEL', key, 'lease')
+    redis.call('ZREM', base .. 'active', id)  -- the row keeps its last lease: fail's replay check
   elseif state == 'delayed' then
     redis.call('ZREM', base .. 'delayed', id)
   elseif state == 'pending' then
