@@ -49,6 +49,13 @@ class Ours:
     def add(self, flow):
         return self._land(flow)
 
+    def fresh_connection(self) -> None:
+        """Reconnect the adder, so the memory snapshot before the add sees no
+        buffers left over from the warm-up (the change in client buffers
+        across the add is then the add's own, and is subtracted)."""
+        self.mq.client.connection_pool.disconnect()
+        self.mq.client.ping()
+
     def root(self, ref) -> tuple[str, str]:
         return ref.queue, ref.parent_id
 

@@ -66,6 +66,16 @@ class Peer:
     def add(self, flow: dict):
         return self._land(flow)
 
+    def fresh_connection(self) -> None:
+        """Reconnect the producer's connection (see ``Ours.fresh_connection``)."""
+        conn = self.producer.backend.connection.conn
+
+        async def reconnect():
+            if conn.connection is not None:
+                await conn.connection.disconnect()
+            await conn.ping()
+        self.loop.run_until_complete(reconnect())
+
     def root(self, tree) -> tuple[str, str]:
         return QUEUE, tree["job"].id
 

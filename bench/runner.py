@@ -8,7 +8,8 @@
 
 Memory per node is the ``used_memory`` delta across the add, less the
 delta of the clients' buffers (``mem_clients_normal``: the adder's query
-buffer is not data), divided by the nodes. Round trips are counted by the
+buffer is not data), divided by the nodes; each snapshot waits for a pass
+of Redis' client cron, which is when it updates ``mem_clients_normal``. Round trips are counted by the
 server: ``total_writes_processed`` (one write per reply batch, so a pipeline
 or a script is one) minus the probe's own. Redis commands count every
 command run, those inside scripts included (``INFO commandstats``); script
@@ -32,6 +33,9 @@ from .topologies import Topology
 POLL_S = 0.002
 PROGRESS_S = 0.25
 READY_TIMEOUT_S = 120
+# Redis updates its clients' memory figure (mem_clients_normal) in its 100 ms
+# cron, not when INFO asks: wait for a pass before each memory snapshot
+SETTLE_S = 0.3
 
 
 @dataclass
@@ -149,12 +153,15 @@ def run_one(system, topo: Topology, probe: Probe, progress: Progress,
             ready.get(timeout=READY_TIMEOUT_S)
 
         description = system.build(spec)
+        system.fresh_connection()
         progress.show(f"{system.name} {topo.label}: adding {topo.nodes:,} nodes")
+        time.sleep(SETTLE_S)
         trips0, cmds0 = probe.trips, probe.commands
         s0 = probe.snapshot()
         started = time.perf_counter()
         handle = system.add(description)
         add_s = time.perf_counter() - started
+        time.sleep(SETTLE_S)
         s1 = probe.snapshot()
         trips1, cmds1 = probe.trips, probe.commands
 
@@ -250,8 +257,9 @@ def _timeline(times: list, go_ms: float) -> dict:
 
 def median_row(runs: list[dict]) -> dict:
     """One row for repeated runs: the medians of add and resolve time (and
-    their nodes/s); every run's times are kept under ``repeats``; the values
-    check must hold in every run."""
+    their nodes/s) and of memory per node; every run's figures are kept under
+    ``repeats``; the counts (round trips, commands, CPU, timeline) are the
+    first run's; the values check must hold in every run."""
     if len(runs) == 1:
         return runs[0]
     import statistics
@@ -271,4 +279,5 @@ def median_row(runs: list[dict]) -> dict:
     row["problems"] = [p for r in runs for p in r["problems"]]
     row["repeats"] = [{"add_ms": r["add_ms"], "resolve_s": r["resolve_s"],
                        "mem_bytes_per_node": r["mem_bytes_per_node"]} for r in runs]
+    row["counts_from"] = "the first run"  # round trips, commands, CPU, timeline
     return row
