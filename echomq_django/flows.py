@@ -14,6 +14,7 @@ it is planned here and executed by ``EchoMQ.add_flow``:
 
 from __future__ import annotations
 
+import itertools
 import secrets
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,13 +28,12 @@ def new_id() -> str:
     return secrets.token_urlsafe(12)
 
 
-def id_maker():
-    """Ids for one flow's unnamed nodes: 12 random URL-safe characters (72
-    bits, fresh per flow) followed by a counter. Cheaper than a random id per
-    node, and as unique: two flows share a prefix with odds of 2**-72."""
-    prefix = secrets.token_urlsafe(9)
-    counter = iter(range(1 << 62))
-    return lambda: f"{prefix}{next(counter):x}"
+def id_prefix() -> str:
+    """The prefix of one flow's generated ids: 12 random URL-safe characters
+    (72 bits, fresh per flow), followed in each id by a hex counter. Cheaper
+    than a random id per node, and as unique: two flows share a prefix with
+    odds of 2**-72."""
+    return secrets.token_urlsafe(9)
 
 
 @dataclass
@@ -116,59 +116,66 @@ def plan(root: Flow, encode) -> list[Node]:
     seen: set[tuple[str, str]] = set()
     objects: set[int] = set()
     queues: set[str] = set()  # validated once per queue
-    make_id = id_maker()
+    prefix, counter = id_prefix(), itertools.count()
     level: list[tuple[Flow, Node | None]] = [(root, None)]
     depth = 0
+    # The loop runs once per node of flows of 10,000+: it avoids calls it can
+    # (issue 8), e.g. the common defaults are tested inline before validating.
     while level:
         next_level = []
         for flow, parent in level:
-            if not isinstance(flow, Flow):
+            if type(flow) is not Flow and not isinstance(flow, Flow):
                 raise FlowError(f"a flow's children must be Flow objects, got {type(flow).__name__}")
             if id(flow) in objects:
                 raise FlowError(f"flow node {flow.queue}/{flow.name} appears twice (a cycle, or "
                                 "one node under two parents); a flow is a tree")
             objects.add(id(flow))
-            queue = flow.queue
+            queue, job_id, name = flow.queue, flow.job_id, flow.name
             if queue not in queues:
                 queues.add(validate_queue(queue))
-            job_id = flow.job_id
             gate = job_id is not None
-            if gate:
-                validate_id(job_id)
-            else:
-                job_id = make_id()
             if gate:  # generated ids are unique by construction
+                validate_id(job_id)
                 if (queue, job_id) in seen:
                     raise FlowError(f"job id {job_id!r} appears twice in queue {queue!r} in one "
                                     "flow; every node needs its own id")
                 seen.add((queue, job_id))
-            if not isinstance(flow.name, str) or not flow.name:
+            else:
+                job_id = f"{prefix}{next(counter):x}"
+            if type(name) is not str or not name:
                 raise FlowError(f"flow node {queue}/{job_id} needs a job name (the handler)")
-            if not isinstance(flow.children, list | tuple):
+            children = flow.children
+            if type(children) is not list and not isinstance(children, list | tuple):
                 raise FlowError(f"children of {queue}/{job_id} must be a list of Flow, "
-                                f"got {type(flow.children).__name__}")
-            if not (flow.fail_parent_on_failure or flow.ignore_dependency_on_failure
-                    or flow.remove_dependency_on_failure):
-                raise FlowError(f"{queue}/{job_id}: fail_parent_on_failure=False needs "
-                                "ignore_dependency_on_failure or remove_dependency_on_failure "
-                                "(what else should its death do to the parent?)")
-            try:
-                whole_number("max_attempts", flow.max_attempts, 1, optional=True)
-                whole_number("backoff_ms", flow.backoff_ms, 0, optional=True)
-            except ValueError as err:
-                raise FlowError(f"{queue}/{job_id}: {err}") from None
-            node = Node(
-                queue=queue, id=job_id, name=flow.name, payload=encode(flow.payload),
-                max_attempts=flow.max_attempts, backoff_ms=flow.backoff_ms,
-                parent_id=parent.id if parent else "", parent_queue=parent.queue if parent else "",
-                policy=flow.policy if parent else "fp", children=[], depth=depth, gate=gate)
+                                f"got {type(children).__name__}")
+            _check_settings(flow, queue, job_id)
+            node = Node(queue, job_id, name, encode(flow.payload), flow.max_attempts,
+                        flow.backoff_ms, parent.id if parent else "",
+                        parent.queue if parent else "", flow.policy if parent else "fp", [],
+                        depth, gate)
             if parent is not None:
                 parent.children.append((queue, job_id))
             nodes.append(node)
-            next_level.extend((child, node) for child in flow.children)
+            if children:
+                next_level.extend((child, node) for child in children)
         level = next_level
         depth += 1
     return nodes
+
+
+def _check_settings(flow: Flow, queue: str, job_id: str) -> None:
+    if not (flow.fail_parent_on_failure or flow.ignore_dependency_on_failure
+            or flow.remove_dependency_on_failure):
+        raise FlowError(f"{queue}/{job_id}: fail_parent_on_failure=False needs "
+                        "ignore_dependency_on_failure or remove_dependency_on_failure "
+                        "(what else should its death do to the parent?)")
+    if flow.max_attempts is None and flow.backoff_ms is None:
+        return
+    try:
+        whole_number("max_attempts", flow.max_attempts, 1, optional=True)
+        whole_number("backoff_ms", flow.backoff_ms, 0, optional=True)
+    except ValueError as err:
+        raise FlowError(f"{queue}/{job_id}: {err}") from None
 
 
 def steps(nodes: list[Node], chunk: int) -> list[tuple[str, list[Node]]]:
