@@ -29,43 +29,97 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m bench",
         description="Add and resolve seed 003's flow topologies with echomq_django and, when "
-                    "its Python client is installed, BullMQ, on the same Redis server.")
-    p.add_argument("--redis-url", help="use this Redis (it is FLUSHALLed between runs!) "
-                   "instead of starting a private redis-server on a free loopback port")
-    p.add_argument("--sizes", default="100,1000,10000",
-                   help="children of the wide topologies, comma-separated (default %(default)s)")
-    p.add_argument("--tree", default="20x2000",
-                   help="the 3-tier tree as BRANCHESxLEAVES, or 'none' (default %(default)s)")
-    p.add_argument("--cross", type=int, default=10000,
-                   help="children of the cross-queue topology, 0 to skip (default %(default)s)")
-    p.add_argument("--quick", action="store_true",
-                   help="a smoke run: --sizes 100 --tree 5x100 --cross 100")
-    p.add_argument("--workers", default="2x50",
-                   help="our worker layout, PROCESSESxCONCURRENCY (default %(default)s)")
-    p.add_argument("--peer-workers", default=None,
-                   help="BullMQ's worker layout (default: the same as --workers)")
+        "its Python client is installed, BullMQ, on the same Redis server.",
+    )
+    p.add_argument(
+        "--redis-url",
+        help="use this Redis (it is FLUSHALLed between runs!) "
+        "instead of starting a private redis-server on a free loopback port",
+    )
+    p.add_argument(
+        "--sizes",
+        default="100,1000,10000",
+        help="children of the wide topologies, comma-separated (default %(default)s)",
+    )
+    p.add_argument(
+        "--tree",
+        default="20x2000",
+        help="the 3-tier tree as BRANCHESxLEAVES, or 'none' (default %(default)s)",
+    )
+    p.add_argument(
+        "--cross",
+        type=int,
+        default=10000,
+        help="children of the cross-queue topology, 0 to skip (default %(default)s)",
+    )
+    p.add_argument(
+        "--quick", action="store_true", help="a smoke run: --sizes 100 --tree 5x100 --cross 100"
+    )
+    p.add_argument(
+        "--workers",
+        default="2x50",
+        help="our worker layout, PROCESSESxCONCURRENCY (default %(default)s)",
+    )
+    p.add_argument(
+        "--peer-workers",
+        default=None,
+        help="BullMQ's worker layout (default: the same as --workers)",
+    )
     peer = p.add_mutually_exclusive_group()
-    peer.add_argument("--peer", dest="peer", action="store_true", default=None,
-                      help="require the BullMQ side (fail when bullmq is not installed)")
-    peer.add_argument("--no-peer", dest="peer", action="store_false",
-                      help="run echomq_django only")
-    p.add_argument("--systems", default="echomq,bullmq",
-                   help="which sides to run, comma-separated (default %(default)s)")
-    p.add_argument("--repeat", type=int, default=1,
-                   help="run each topology this many times and report the medians "
-                        "(default %(default)s; a busy machine is noisy)")
-    p.add_argument("--poll-interval", type=float, default=0.05,
-                   help="our Worker's rest (s) after an empty claim (default %(default)s)")
-    p.add_argument("--pump-interval", type=float, default=0.05,
-                   help="our Pump's sweep interval (s), cross-queue (default %(default)s)")
-    p.add_argument("--timeout", type=float, default=600,
-                   help="give up on a run's resolution after this many s (default %(default)s)")
-    p.add_argument("--json", dest="json_path",
-                   help="where to write the results (default bench/results/<timestamp>.json)")
-    p.add_argument("--profile", metavar="DIR",
-                   help="profile (pyinstrument) the adds and every worker/pump process into DIR")
-    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                   help="show a progress line on stderr (default: when stderr is a terminal)")
+    peer.add_argument(
+        "--peer",
+        dest="peer",
+        action="store_true",
+        default=None,
+        help="require the BullMQ side (fail when bullmq is not installed)",
+    )
+    peer.add_argument("--no-peer", dest="peer", action="store_false", help="run echomq_django only")
+    p.add_argument(
+        "--systems",
+        default="echomq,bullmq",
+        help="which sides to run, comma-separated (default %(default)s)",
+    )
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="run each topology this many times and report the medians "
+        "(default %(default)s; a busy machine is noisy)",
+    )
+    p.add_argument(
+        "--poll-interval",
+        type=float,
+        default=0.05,
+        help="our Worker's rest (s) after an empty claim (default %(default)s)",
+    )
+    p.add_argument(
+        "--pump-interval",
+        type=float,
+        default=0.05,
+        help="our Pump's sweep interval (s), cross-queue (default %(default)s)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=600,
+        help="give up on a run's resolution after this many s (default %(default)s)",
+    )
+    p.add_argument(
+        "--json",
+        dest="json_path",
+        help="where to write the results (default bench/results/<timestamp>.json)",
+    )
+    p.add_argument(
+        "--profile",
+        metavar="DIR",
+        help="profile (pyinstrument) the adds and every worker/pump process into DIR",
+    )
+    p.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="show a progress line on stderr (default: when stderr is a terminal)",
+    )
     args = p.parse_args(argv)
     if args.quick:
         args.sizes, args.tree, args.cross = "100", "5x100", 100
@@ -96,14 +150,24 @@ def machine(url: str) -> dict:
     except OSError:
         pass
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True, cwd=Path(__file__).parent, timeout=5,
-                                check=False).stdout.strip()
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).parent,
+            timeout=5,
+            check=False,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         commit = ""
-    return {"cpus": os.cpu_count(), "cpu_model": model, "platform": platform.platform(),
-            "python": platform.python_version(), "redis": server["redis_version"],
-            "git_commit": commit or None}
+    return {
+        "cpus": os.cpu_count(),
+        "cpu_model": model,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "redis": server["redis_version"],
+        "git_commit": commit or None,
+    }
 
 
 def main(argv=None) -> int:
@@ -117,8 +181,10 @@ def main(argv=None) -> int:
         return 2
     peer_version = _peer.available()
     if args.peer and not peer_version:
-        print("python -m bench: --peer needs BullMQ's Python client: "
-              "pip install -e '.[bench]'", file=sys.stderr)
+        print(
+            "python -m bench: --peer needs BullMQ's Python client: pip install -e '.[bench]'",
+            file=sys.stderr,
+        )
         return 2
     with_peer = bool(peer_version) and args.peer is not False
     if args.profile:
@@ -140,15 +206,26 @@ def _run(args, url, topos, ours_layout, peer_layout, with_peer, peer_version) ->
     from .ours import Ours
 
     started = dt.datetime.now(dt.UTC)
-    meta = {"date": started.isoformat(timespec="seconds"), **machine(url),
-            "echomq_django": None, "bullmq": peer_version if with_peer else None,
-            "ours_workers": str(ours_layout), "peer_workers": str(peer_layout) if with_peer else None,
-            "worker_poll_interval_s": args.poll_interval, "pump_interval_s": args.pump_interval,
-            "private_server": not args.redis_url}
+    meta = {
+        "date": started.isoformat(timespec="seconds"),
+        **machine(url),
+        "echomq_django": None,
+        "bullmq": peer_version if with_peer else None,
+        "ours_workers": str(ours_layout),
+        "peer_workers": str(peer_layout) if with_peer else None,
+        "worker_poll_interval_s": args.poll_interval,
+        "pump_interval_s": args.pump_interval,
+        "private_server": not args.redis_url,
+    }
     probe = Probe(url)
     progress = Progress(args.progress)
-    ours = Ours(url, ours_layout, poll_interval=args.poll_interval,
-                pump_interval=args.pump_interval, profile=args.profile)
+    ours = Ours(
+        url,
+        ours_layout,
+        poll_interval=args.poll_interval,
+        pump_interval=args.pump_interval,
+        profile=args.profile,
+    )
     meta["echomq_django"] = ours.version
     wanted = {w.strip() for w in args.systems.split(",")}
     systems = [ours] if "echomq" in wanted else []
@@ -159,24 +236,32 @@ def _run(args, url, topos, ours_layout, peer_layout, with_peer, peer_version) ->
     try:
         for topo in topos:
             for system in systems:
-                runs = [_profiled_run(args, system, topo, probe, progress)
-                        for _ in range(max(1, args.repeat))]
+                runs = [
+                    _profiled_run(args, system, topo, probe, progress)
+                    for _ in range(max(1, args.repeat))
+                ]
                 rows.append(median_row(runs))
-                print(format_table([rows[-1]], first=len(rows) == 1, ratios_for=rows),
-                      flush=True)
+                print(format_table([rows[-1]], first=len(rows) == 1, ratios_for=rows), flush=True)
     finally:
         probe.flush()
         for system in systems:
             system.close()
-    result = {"meta": meta, "runs": rows, "ratios": ratios(rows),
-              "layouts": {r["system"] + " " + r["topology"]: r["layout"] for r in rows}}
+    result = {
+        "meta": meta,
+        "runs": rows,
+        "ratios": ratios(rows),
+        "layouts": {r["system"] + " " + r["topology"]: r["layout"] for r in rows},
+    }
     result["targets"] = evaluate_targets(rows)
     print()
     print(format_table(rows, first=True, ratios_for=rows, summary=True))
     for line in result["targets"]["lines"]:
         print(line)
-    path = Path(args.json_path) if args.json_path else (
-        RESULTS / f"{started.strftime('%Y%m%dT%H%M%SZ')}.json")
+    path = (
+        Path(args.json_path)
+        if args.json_path
+        else (RESULTS / f"{started.strftime('%Y%m%dT%H%M%SZ')}.json")
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2) + "\n")
     print(f"results: {path}")
@@ -211,12 +296,17 @@ def header(meta: dict) -> str:
     lines = [
         f"echomq_django flow benchmark, {meta['date']}",
         f"machine: {meta['cpus']} CPUs ({meta['cpu_model'] or 'unknown'}), {meta['platform']}",
-        (f"Redis {meta['redis']} ({'private server' if meta['private_server'] else 'given URL'}), "
-         f"Python {meta['python']}, echomq_django {meta['echomq_django']} @ "
-         f"{meta['git_commit'] or '?'}, bullmq {meta['bullmq'] or '(not installed: ours only)'}"),
-        (f"workers: echomq {meta['ours_workers']} (processes x concurrency, poll "
-         f"{meta['worker_poll_interval_s']:g} s; cross-queue adds 1 Pump process every "
-         f"{meta['pump_interval_s']:g} s)"
-         + (f"; bullmq {meta['peer_workers']}" if meta["peer_workers"] else "")),
+        (
+            f"Redis {meta['redis']} "
+            f"({'private server' if meta['private_server'] else 'given URL'}), "
+            f"Python {meta['python']}, echomq_django {meta['echomq_django']} @ "
+            f"{meta['git_commit'] or '?'}, bullmq {meta['bullmq'] or '(not installed: ours only)'}"
+        ),
+        (
+            f"workers: echomq {meta['ours_workers']} (processes x concurrency, poll "
+            f"{meta['worker_poll_interval_s']:g} s; cross-queue adds 1 Pump process every "
+            f"{meta['pump_interval_s']:g} s)"
+            + (f"; bullmq {meta['peer_workers']}" if meta["peer_workers"] else "")
+        ),
     ]
     return "\n".join(lines)

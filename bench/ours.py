@@ -12,8 +12,15 @@ from .topologies import CHILD_QUEUE, QUEUE, Spec, Topology, handler_value
 class Ours:
     name = "echomq"
 
-    def __init__(self, url: str, layout, *, poll_interval: float, pump_interval: float,
-                 profile: str | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        layout,
+        *,
+        poll_interval: float,
+        pump_interval: float,
+        profile: str | None = None,
+    ) -> None:
         from echomq_django import EchoMQ
 
         self.url, self.layout, self.profile = url, layout, profile
@@ -22,8 +29,10 @@ class Ours:
         self.version = _version("echomq-django")
 
     def describe_layout(self, topo: Topology) -> str:
-        text = (f"{self.layout.procs} Worker process(es) x concurrency {self.layout.concurrency}"
-                f" on {', '.join(topo.queues)}")
+        text = (
+            f"{self.layout.procs} Worker process(es) x concurrency {self.layout.concurrency}"
+            f" on {', '.join(topo.queues)}"
+        )
         if topo.kind == "cross":
             text += f"; 1 Pump process (interval {self.pump_interval:g} s)"
         return text
@@ -32,8 +41,9 @@ class Ours:
     def build(self, spec: Spec):
         from echomq_django import Flow
 
-        return Flow(spec.queue, spec.name, spec.payload,
-                    children=[self.build(c) for c in spec.children])
+        return Flow(
+            spec.queue, spec.name, spec.payload, children=[self.build(c) for c in spec.children]
+        )
 
     def warm_up(self, topo: Topology) -> None:
         """Scripts loaded, code paths warm: a small flow of the same shape."""
@@ -77,25 +87,53 @@ class Ours:
         out = []
         options = {"poll_interval": self.poll_interval}
         for _ in range(self.layout.procs):
-            out.append(ctx.Process(target=procs.our_worker, daemon=True, args=(
-                self.url, topo.queues, self.layout.concurrency, options, self.profile,
-                ready, go, stop, results)))
+            out.append(
+                ctx.Process(
+                    target=procs.our_worker,
+                    daemon=True,
+                    args=(
+                        self.url,
+                        topo.queues,
+                        self.layout.concurrency,
+                        options,
+                        self.profile,
+                        ready,
+                        go,
+                        stop,
+                        results,
+                    ),
+                )
+            )
         if topo.kind == "cross":
-            out.append(ctx.Process(target=procs.our_pump, daemon=True, args=(
-                self.url, [CHILD_QUEUE, QUEUE], self.pump_interval, self.profile,
-                ready, go, stop, results)))
+            out.append(
+                ctx.Process(
+                    target=procs.our_pump,
+                    daemon=True,
+                    args=(
+                        self.url,
+                        [CHILD_QUEUE, QUEUE],
+                        self.pump_interval,
+                        self.profile,
+                        ready,
+                        go,
+                        stop,
+                        results,
+                    ),
+                )
+            )
         return out
 
     # -- the check ---------------------------------------------------------------
     def check(self, ref, spec: Spec) -> dict:
         """Every parent received exactly its children's values; the root completed."""
-        ids = dict(zip(map(id, spec.walk()), ref.nodes))
+        ids = dict(zip(map(id, spec.walk()), ref.nodes, strict=False))
         keys = self.mq.keys
         bad, checked = [], 0
         for parent in spec.parents():
             q, pid = ids[id(parent)]
-            expected = {keys.job(*ids[id(c)]): handler_value(c.name, c.payload)
-                        for c in parent.children}
+            expected = {
+                keys.job(*ids[id(c)]): handler_value(c.name, c.payload) for c in parent.children
+            }
             got = self.mq.children_values(q, pid)
             checked += len(got)
             if got != expected:

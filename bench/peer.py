@@ -38,12 +38,16 @@ class Peer:
         self.version = available()
 
     def describe_layout(self, topo: Topology) -> str:
-        text = (f"{self.layout.procs} process(es), each a Worker on {QUEUE} with concurrency "
-                f"{self.layout.concurrency}")
+        text = (
+            f"{self.layout.procs} process(es), each a Worker on {QUEUE} with concurrency "
+            f"{self.layout.concurrency}"
+        )
         if topo.kind == "cross":
-            text = (f"{self.layout.procs} process(es), each a Worker on {CHILD_QUEUE} with "
-                    f"concurrency {self.layout.concurrency} and one on {QUEUE} with "
-                    "concurrency 1")
+            text = (
+                f"{self.layout.procs} process(es), each a Worker on {CHILD_QUEUE} with "
+                f"concurrency {self.layout.concurrency} and one on {QUEUE} with "
+                "concurrency 1"
+            )
         return text
 
     def build(self, spec: Spec) -> dict:
@@ -74,6 +78,7 @@ class Peer:
             if conn.connection is not None:
                 await conn.connection.disconnect()
             await conn.ping()
+
         self.loop.run_until_complete(reconnect())
 
     def root(self, tree) -> tuple[str, str]:
@@ -98,9 +103,14 @@ class Peer:
             queues = [(CHILD_QUEUE, self.layout.concurrency), (QUEUE, 1)]
         else:
             queues = [(QUEUE, self.layout.concurrency)]
-        return [ctx.Process(target=procs.peer_worker, daemon=True, args=(
-            self.url, queues, self.profile, ready, go, stop, results))
-            for _ in range(self.layout.procs)]
+        return [
+            ctx.Process(
+                target=procs.peer_worker,
+                daemon=True,
+                args=(self.url, queues, self.profile, ready, go, stop, results),
+            )
+            for _ in range(self.layout.procs)
+        ]
 
     def check(self, tree, spec: Spec) -> dict:
         bad, checked = [], 0
@@ -111,15 +121,19 @@ class Peer:
                 return
             job = node["job"]
             got = await job.getChildrenValues()
-            expected = {f"bull:{c.queue}:{child['job'].id}": handler_value(c.name, c.payload)
-                        for child, c in zip(node["children"], s.children)}
+            expected = {
+                f"bull:{c.queue}:{child['job'].id}": handler_value(c.name, c.payload)
+                for child, c in zip(node["children"], s.children, strict=False)
+            }
             checked += len(got)
             if got != expected:
                 missing = len(set(expected) - set(got))
                 wrong = sum(1 for k, v in got.items() if expected.get(k, object()) != v)
-                bad.append(f"{job.queue.name}/{job.id}: {missing} missing, {wrong} wrong of "
-                           f"{len(expected)}")
-            for child, c in zip(node["children"], s.children):
+                bad.append(
+                    f"{job.queue.name}/{job.id}: {missing} missing, {wrong} wrong of "
+                    f"{len(expected)}"
+                )
+            for child, c in zip(node["children"], s.children, strict=False):
                 await walk(child, c)
 
         self.loop.run_until_complete(walk(tree, spec))

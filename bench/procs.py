@@ -26,9 +26,13 @@ def setup_django(url: str) -> None:
     from django.conf import settings
 
     if not settings.configured:
-        settings.configure(INSTALLED_APPS=[], DATABASES={}, USE_TZ=True,
-                           ECHOMQ={"URL": url, "PREFIX": PREFIX},
-                           LOGGING_CONFIG=None)
+        settings.configure(
+            INSTALLED_APPS=[],
+            DATABASES={},
+            USE_TZ=True,
+            ECHOMQ={"URL": url, "PREFIX": PREFIX},
+            LOGGING_CONFIG=None,
+        )
         django.setup()
 
 
@@ -78,8 +82,15 @@ def our_worker(url, queues, concurrency, options, profile, ready, go, stop, resu
     profiler = _profiled(profile, "worker")
     worker.run()
     _save(profiler)
-    results.put({"role": "worker", "pid": os.getpid(), "cpu_s": time.process_time() - cpu,
-                 "processed": worker.processed, **worker.stats})
+    results.put(
+        {
+            "role": "worker",
+            "pid": os.getpid(),
+            "cpu_s": time.process_time() - cpu,
+            "processed": worker.processed,
+            **worker.stats,
+        }
+    )
 
 
 def our_pump(url, queues, interval, profile, ready, go, stop, results) -> None:
@@ -96,8 +107,15 @@ def our_pump(url, queues, interval, profile, ready, go, stop, results) -> None:
     profiler = _profiled(profile, "pump")
     pump.run(interval=interval, should_stop=stop.is_set)
     _save(profiler)
-    results.put({"role": "pump", "pid": os.getpid(), "cpu_s": time.process_time() - cpu,
-                 "delivered": pump.totals.delivered, "released": pump.totals.released})
+    results.put(
+        {
+            "role": "pump",
+            "pid": os.getpid(),
+            "cpu_s": time.process_time() - cpu,
+            "delivered": pump.totals.delivered,
+            "released": pump.totals.released,
+        }
+    )
 
 
 async def _peer(url, queues, profile, ready, go, stop, results) -> None:
@@ -110,8 +128,10 @@ async def _peer(url, queues, profile, ready, go, stop, results) -> None:
     async def process(job, token):
         return handler_value(job.name, job.data)
 
-    workers = [Worker(q, process, {"connection": url, "concurrency": c, "autorun": False})
-               for q, c in queues]
+    workers = [
+        Worker(q, process, {"connection": url, "concurrency": c, "autorun": False})
+        for q, c in queues
+    ]
     for w in workers:  # connected, version checked, before the clock starts
         await w.backend.connection.conn.ping()
         await w.backend.connection.getRedisVersion()
@@ -123,8 +143,7 @@ async def _peer(url, queues, profile, ready, go, stop, results) -> None:
     tasks = [asyncio.ensure_future(w.run()) for w in workers]
     await loop.run_in_executor(None, stop.wait)
     _save(profiler)
-    results.put({"role": "peer-worker", "pid": os.getpid(),
-                 "cpu_s": time.process_time() - cpu})
+    results.put({"role": "peer-worker", "pid": os.getpid(), "cpu_s": time.process_time() - cpu})
     results.close()
     results.join_thread()
     # Worker.close() can hang when it lands while the worker's blocking

@@ -9,9 +9,10 @@
 Memory per node is the ``used_memory`` delta across the add, less the
 delta of the clients' buffers (``mem_clients_normal``: the adder's query
 buffer is not data), divided by the nodes; each snapshot waits for a pass
-of Redis' client cron, which is when it updates ``mem_clients_normal``. Round trips are counted by the
-server: ``total_writes_processed`` (one write per reply batch, so a pipeline
-or a script is one) minus the probe's own. Redis commands count every
+of Redis' client cron, which is when it updates ``mem_clients_normal``.
+Round trips are counted by the server: ``total_writes_processed`` (one
+write per reply batch, so a pipeline or a script is one) minus the probe's
+own. Redis commands count every
 command run, those inside scripts included (``INFO commandstats``); script
 time is the ``usec`` of EVALSHA/EVAL/EXEC; Redis CPU is ``used_cpu_user`` +
 ``used_cpu_sys``; worker CPU is each worker process' own CPU time from
@@ -49,7 +50,9 @@ class Layout:
         try:
             procs, conc = (int(v) for v in text.lower().split("x"))
         except ValueError:
-            raise ValueError(f"a worker layout is PROCSxCONCURRENCY, e.g. 2x50; got {text!r}")
+            raise ValueError(
+                f"a worker layout is PROCSxCONCURRENCY, e.g. 2x50; got {text!r}"
+            ) from None
         if procs < 1 or conc < 1:
             raise ValueError(f"a worker layout needs >= 1 process and concurrency; got {text!r}")
         return cls(procs, conc)
@@ -80,8 +83,15 @@ class Snapshot:
                 evals += value["calls"]
                 eval_usec += value["usec"]
         clients = info.get("mem_clients_normal", 0)
-        return cls(info["used_memory"] - clients, clients, info["total_writes_processed"], calls, evals, eval_usec,
-                   info["used_cpu_sys"] + info["used_cpu_user"])
+        return cls(
+            info["used_memory"] - clients,
+            clients,
+            info["total_writes_processed"],
+            calls,
+            evals,
+            eval_usec,
+            info["used_cpu_sys"] + info["used_cpu_user"],
+        )
 
 
 class Probe:
@@ -131,8 +141,7 @@ class Progress:
             self.width = 0
 
 
-def run_one(system, topo: Topology, probe: Probe, progress: Progress,
-            timeout: float) -> dict:
+def run_one(system, topo: Topology, probe: Probe, progress: Progress, timeout: float) -> dict:
     ctx = multiprocessing.get_context("spawn")
     spec = topo.spec()
     progress.show(f"{system.name} {topo.label}: warming up")
@@ -143,8 +152,13 @@ def run_one(system, topo: Topology, probe: Probe, progress: Progress,
     ready, results = ctx.Queue(), ctx.Queue()
     go, stop = ctx.Event(), ctx.Event()
     processes = system.processes(ctx, topo, ready, go, stop, results)
-    row = {"system": system.name, "topology": topo.key, "label": topo.label,
-           "nodes": topo.nodes, "layout": system.describe_layout(topo)}
+    row = {
+        "system": system.name,
+        "topology": topo.key,
+        "label": topo.label,
+        "nodes": topo.nodes,
+        "layout": system.describe_layout(topo),
+    }
     try:
         progress.show(f"{system.name} {topo.label}: starting {len(processes)} processes")
         for p in processes:
@@ -179,8 +193,10 @@ def run_one(system, topo: Topology, probe: Probe, progress: Progress,
             if now - shown >= PROGRESS_S:
                 shown = now
                 done = sum(probe.pipeline(lambda pipe: system.progress_probe(pipe, topo)))
-                progress.show(f"{system.name} {topo.label}: {done:,}/{topo.nodes:,} nodes "
-                              f"completed, {now - t0:.1f} s")
+                progress.show(
+                    f"{system.name} {topo.label}: {done:,}/{topo.nodes:,} nodes "
+                    f"completed, {now - t0:.1f} s"
+                )
             time.sleep(POLL_S)
         resolve_s = time.perf_counter() - t0
         trips2, cmds2 = probe.trips, probe.commands
@@ -206,37 +222,53 @@ def run_one(system, topo: Topology, probe: Probe, progress: Progress,
     res_trips = s2.writes - s1.writes - (trips2 - trips1)
     add_cmds = s1.commands - s0.commands - (cmds1 - cmds0)
     res_cmds = s2.commands - s1.commands - (cmds2 - cmds1)
-    check = system.check(handle, spec) if state == "completed" else {
-        "ok": False, "values": 0,
-        "problems": [f"root {state or 'not finished'} after {resolve_s:.1f} s"]}
+    check = (
+        system.check(handle, spec)
+        if state == "completed"
+        else {
+            "ok": False,
+            "values": 0,
+            "problems": [f"root {state or 'not finished'} after {resolve_s:.1f} s"],
+        }
+    )
     worker_cpu = sum(s["cpu_s"] for s in stats if s["role"] != "pump")
     timeline = _timeline(system.times(handle), go_ms) if state == "completed" else None
-    row.update({
-        "add_ms": round(add_s * 1000, 2),
-        "add_nodes_per_s": round(n / add_s),
-        "resolve_s": round(resolve_s, 4) if state == "completed" else None,
-        "resolve_nodes_per_s": round(n / resolve_s) if state == "completed" else None,
-        "mem_bytes_per_node": round((s1.memory - s0.memory) / n, 1),
-        "mem_clients_delta_bytes": s1.clients - s0.clients,
-        "round_trips_per_node": {"add": round(add_trips / n, 4),
-                                 "resolve": round(res_trips / n, 3),
-                                 "total": round((add_trips + res_trips) / n, 3)},
-        "redis_commands_per_node": {"add": round(add_cmds / n, 2),
-                                    "resolve": round(res_cmds / n, 2)},
-        "scripts_per_node": round((s2.evals - s0.evals) / n, 3),
-        "script_us_per_node": {"add": round((s1.eval_usec - s0.eval_usec) / n, 2),
-                               "resolve": round((s2.eval_usec - s1.eval_usec) / n, 2)},
-        "redis_cpu_us_per_node": {"add": round((s1.cpu - s0.cpu) * 1e6 / n, 2),
-                                  "resolve": round((s2.cpu - s1.cpu) * 1e6 / n, 2)},
-        "worker_cpu_s": round(worker_cpu, 3),
-        "worker_cpu_us_per_node": round(worker_cpu * 1e6 / n, 1),
-        "timeline_ms": timeline,
-        "processes": stats,
-        "root_state": state,
-        "values_ok": check["ok"],
-        "values_checked": check["values"],
-        "problems": check["problems"],
-    })
+    row.update(
+        {
+            "add_ms": round(add_s * 1000, 2),
+            "add_nodes_per_s": round(n / add_s),
+            "resolve_s": round(resolve_s, 4) if state == "completed" else None,
+            "resolve_nodes_per_s": round(n / resolve_s) if state == "completed" else None,
+            "mem_bytes_per_node": round((s1.memory - s0.memory) / n, 1),
+            "mem_clients_delta_bytes": s1.clients - s0.clients,
+            "round_trips_per_node": {
+                "add": round(add_trips / n, 4),
+                "resolve": round(res_trips / n, 3),
+                "total": round((add_trips + res_trips) / n, 3),
+            },
+            "redis_commands_per_node": {
+                "add": round(add_cmds / n, 2),
+                "resolve": round(res_cmds / n, 2),
+            },
+            "scripts_per_node": round((s2.evals - s0.evals) / n, 3),
+            "script_us_per_node": {
+                "add": round((s1.eval_usec - s0.eval_usec) / n, 2),
+                "resolve": round((s2.eval_usec - s1.eval_usec) / n, 2),
+            },
+            "redis_cpu_us_per_node": {
+                "add": round((s1.cpu - s0.cpu) * 1e6 / n, 2),
+                "resolve": round((s2.cpu - s1.cpu) * 1e6 / n, 2),
+            },
+            "worker_cpu_s": round(worker_cpu, 3),
+            "worker_cpu_us_per_node": round(worker_cpu * 1e6 / n, 1),
+            "timeline_ms": timeline,
+            "processes": stats,
+            "root_state": state,
+            "values_ok": check["ok"],
+            "values_checked": check["values"],
+            "problems": check["problems"],
+        }
+    )
     return row
 
 
@@ -251,8 +283,13 @@ def _timeline(times: list, go_ms: float) -> dict:
 
     def rel(v):
         return None if v is None else round(v - go_ms, 1)
-    return {"first_start": rel(min(starts, default=None)), "last_child_end": rel(max(ends, default=None)),
-            "root_start": rel(root_start), "root_end": rel(root_end)}
+
+    return {
+        "first_start": rel(min(starts, default=None)),
+        "last_child_end": rel(max(ends, default=None)),
+        "root_start": rel(root_start),
+        "root_end": rel(root_end),
+    }
 
 
 def median_row(runs: list[dict]) -> dict:
@@ -277,7 +314,13 @@ def median_row(runs: list[dict]) -> dict:
     row["mem_bytes_per_node"] = statistics.median(r["mem_bytes_per_node"] for r in runs)
     row["values_ok"] = all(r["values_ok"] for r in runs)
     row["problems"] = [p for r in runs for p in r["problems"]]
-    row["repeats"] = [{"add_ms": r["add_ms"], "resolve_s": r["resolve_s"],
-                       "mem_bytes_per_node": r["mem_bytes_per_node"]} for r in runs]
+    row["repeats"] = [
+        {
+            "add_ms": r["add_ms"],
+            "resolve_s": r["resolve_s"],
+            "mem_bytes_per_node": r["mem_bytes_per_node"],
+        }
+        for r in runs
+    ]
     row["counts_from"] = "the first run"  # round trips, commands, CPU, timeline
     return row

@@ -39,8 +39,10 @@ class PrivateRedis:
     def __init__(self, binary: str | None = None) -> None:
         self.binary = binary or shutil.which("redis-server")
         if not self.binary:
-            raise ServerError("redis-server is not on PATH (apt-get install redis-server), "
-                              "or pass --redis-url to use a server you started")
+            raise ServerError(
+                "redis-server is not on PATH (apt-get install redis-server), "
+                "or pass --redis-url to use a server you started"
+            )
         self.proc: subprocess.Popen | None = None
         self.dir: Path | None = None
         self.url = ""
@@ -49,13 +51,29 @@ class PrivateRedis:
         for _ in range(5):
             port = _free_port()
             self.dir = Path(tempfile.mkdtemp(prefix=f"emq-bench-redis-{port}-"))
-            args = [self.binary, "--port", str(port), "--bind", HOST, "--save", "",
-                    "--appendonly", "no", "--daemonize", "no", "--dir", str(self.dir),
-                    "--logfile", str(self.dir / "redis.log")]
-            self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL,
-                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            client = redis.Redis(host=HOST, port=port, socket_timeout=0.5,
-                                 socket_connect_timeout=0.5)
+            args = [
+                self.binary,
+                "--port",
+                str(port),
+                "--bind",
+                HOST,
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--daemonize",
+                "no",
+                "--dir",
+                str(self.dir),
+                "--logfile",
+                str(self.dir / "redis.log"),
+            ]
+            self.proc = subprocess.Popen(
+                args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
+            client = redis.Redis(
+                host=HOST, port=port, socket_timeout=0.5, socket_connect_timeout=0.5
+            )
             deadline = time.monotonic() + 10
             try:
                 while time.monotonic() < deadline and self.proc.poll() is None:

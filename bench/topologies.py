@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-QUEUE = "bench"        # the root's (and same-queue children's) queue
+QUEUE = "bench"  # the root's (and same-queue children's) queue
 CHILD_QUEUE = "bench2"  # the children's queue in the cross-queue topology
 ROOT, BRANCH, LEAF = "bench.root", "bench.branch", "bench.leaf"
 
@@ -72,10 +72,18 @@ class Topology:
         if self.kind == "tree":
             per = self.n // self.branches
             leaves = iter(range(self.n))
-            branches = [Spec(BRANCH, QUEUE, {"i": b},
-                             [Spec(LEAF, QUEUE, {"i": next(leaves)})
-                              for _ in range(per + (1 if b < self.n % self.branches else 0))])
-                        for b in range(self.branches)]
+            branches = [
+                Spec(
+                    BRANCH,
+                    QUEUE,
+                    {"i": b},
+                    [
+                        Spec(LEAF, QUEUE, {"i": next(leaves)})
+                        for _ in range(per + (1 if b < self.n % self.branches else 0))
+                    ],
+                )
+                for b in range(self.branches)
+            ]
             return Spec(ROOT, QUEUE, {}, branches)
         queue = CHILD_QUEUE if self.kind == "cross" else QUEUE
         return Spec(ROOT, QUEUE, {}, [Spec(LEAF, queue, {"i": i}) for i in range(self.n)])

@@ -5,23 +5,69 @@ from the ``ECHOMQ`` setting (conf.get_mq); ``EchoMQ(client, prefix=...)``
 offers the same methods over any redis-py client.
 """
 
+from .api import (
+    add_flow,
+    add_flows,
+    children_values,
+    dependencies,
+    dependency_counts,
+    enqueue,
+    get_flow,
+    get_job,
+    ignored_failures,
+    retry,
+)
 from .client import EchoMQ
-from .exceptions import (DuplicateJob, EchoMQError, FlowConflict, FlowError, JobNotActive,
-                         JobNotFound, JobNotRetryable, LeaseLost, PayloadError, RedisUnavailable,
-                         Unrecoverable)
+from .exceptions import (
+    DuplicateJob,
+    EchoMQError,
+    FlowConflict,
+    FlowError,
+    JobNotActive,
+    JobNotFound,
+    JobNotRetryable,
+    LeaseLost,
+    PayloadError,
+    RedisUnavailable,
+    Unrecoverable,
+)
 from .flows import Flow, FlowRef
 from .handlers import handler
 from .jobs import Job, JobState, Outcome
 from .reads import Dependencies
-from .api import (add_flow, add_flows, children_values, dependencies, dependency_counts, enqueue,
-                  get_flow, get_job, ignored_failures, retry)
 
 __all__ = [
-    "EchoMQ", "Flow", "FlowRef", "Job", "JobState", "Outcome", "Dependencies", "handler",
-    "enqueue", "add_flow", "add_flows", "get_job", "retry", "children_values", "dependencies",
-    "dependency_counts", "ignored_failures", "get_flow", "Worker", "Pump",
-    "EchoMQError", "JobNotFound", "JobNotActive", "LeaseLost", "DuplicateJob", "FlowConflict",
-    "FlowError", "PayloadError", "JobNotRetryable", "RedisUnavailable", "Unrecoverable",
+    "Dependencies",
+    "DuplicateJob",
+    "EchoMQ",
+    "EchoMQError",
+    "Flow",
+    "FlowConflict",
+    "FlowError",
+    "FlowRef",
+    "Job",
+    "JobNotActive",
+    "JobNotFound",
+    "JobNotRetryable",
+    "JobState",
+    "LeaseLost",
+    "Outcome",
+    "PayloadError",
+    "Pump",
+    "RedisUnavailable",
+    "Unrecoverable",
+    "Worker",
+    "add_flow",
+    "add_flows",
+    "children_values",
+    "dependencies",
+    "dependency_counts",
+    "enqueue",
+    "get_flow",
+    "get_job",
+    "handler",
+    "ignored_failures",
+    "retry",
 ]
 
 
@@ -29,8 +75,10 @@ def __getattr__(name):
     # Worker and Pump import Django machinery; load them on first use.
     if name == "Worker":
         from .worker import Worker
+
         return Worker
     if name == "Pump":
         from .pump import Pump
+
         return Pump
     raise AttributeError(f"module 'echomq_django' has no attribute {name!r}")

@@ -65,8 +65,11 @@ class MirrorAdmin(admin.ModelAdmin):
     def get_urls(self):
         wrap = self.admin_site.admin_view
         prefix = f"{self.opts.app_label}_{self.opts.model_name}"
-        return [path("refresh/", wrap(require_POST(self.refresh_view)), name=f"{prefix}_refresh"),
-                *self.extra_urls(wrap), *super().get_urls()]
+        return [
+            path("refresh/", wrap(require_POST(self.refresh_view)), name=f"{prefix}_refresh"),
+            *self.extra_urls(wrap),
+            *super().get_urls(),
+        ]
 
     def refresh_view(self, request):
         """Mirror every known queue now (incrementally), then back to the list."""
@@ -79,8 +82,11 @@ class MirrorAdmin(admin.ModelAdmin):
         else:
             jobs = sum(r["jobs"] for r in reports.values())
             gone = sum(r["gone"] for r in reports.values())
-            messages.success(request, f"Mirrored {len(reports)} queues from Redis: {jobs} job "
-                                      f"rows refreshed, {gone} marked gone from Redis.")
+            messages.success(
+                request,
+                f"Mirrored {len(reports)} queues from Redis: {jobs} job "
+                f"rows refreshed, {gone} marked gone from Redis.",
+            )
         return redirect(self.url_name("changelist"))
 
     def changelist_view(self, request, extra_context=None):
@@ -108,8 +114,18 @@ class RetryByIdForm(forms.Form):
 
 @admin.register(MirroredJob)
 class MirroredJobAdmin(MirrorAdmin):
-    list_display = ("job_id", "queue", "name", "state", "attempts", "parent_link", "created_at",
-                    "payload_preview", "gone_from_redis", "mirrored_at")
+    list_display = (
+        "job_id",
+        "queue",
+        "name",
+        "state",
+        "attempts",
+        "parent_link",
+        "created_at",
+        "payload_preview",
+        "gone_from_redis",
+        "mirrored_at",
+    )
     list_filter = ("queue", "state", "name", "gone_from_redis")
     search_fields = ("job_id", "name")
     ordering = ("-created_at", "-id")
@@ -117,16 +133,31 @@ class MirroredJobAdmin(MirrorAdmin):
     fieldsets = (
         (None, {"fields": ("queue", "job_id", "name", "state", "attempts", "max_attempts")}),
         ("Flow", {"fields": ("parent_queue", "parent_id", "parent_policy")}),
-        ("Mirror", {"fields": ("created_at", "started_at", "finished_at", "truncated",
-                               "gone_from_redis", "mirrored_at")}),
+        (
+            "Mirror",
+            {
+                "fields": (
+                    "created_at",
+                    "started_at",
+                    "finished_at",
+                    "truncated",
+                    "gone_from_redis",
+                    "mirrored_at",
+                )
+            },
+        ),
     )
 
     @admin.display(description="parent")
     def parent_link(self, obj: MirroredJob) -> str:
         if not obj.parent_id:
             return "-"
-        return format_html('<a href="{}">{}/{}</a>', job_url(obj.parent_queue, obj.parent_id),
-                           obj.parent_queue, obj.parent_id)
+        return format_html(
+            '<a href="{}">{}/{}</a>',
+            job_url(obj.parent_queue, obj.parent_id),
+            obj.parent_queue,
+            obj.parent_id,
+        )
 
     @admin.display(description="payload")
     def payload_preview(self, obj: MirroredJob) -> str:
@@ -141,9 +172,10 @@ class MirroredJobAdmin(MirrorAdmin):
 
     def extra_urls(self, wrap) -> list:
         prefix = f"{self.opts.app_label}_{self.opts.model_name}"
-        return [path("retry/", wrap(self.retry_by_id_view), name=f"{prefix}_retry"),
-                path("job/<str:queue>/<path:job_id>/", wrap(self.lookup_view),
-                     name=f"{prefix}_lookup")]
+        return [
+            path("retry/", wrap(self.retry_by_id_view), name=f"{prefix}_retry"),
+            path("job/<str:queue>/<path:job_id>/", wrap(self.lookup_view), name=f"{prefix}_lookup"),
+        ]
 
     def lookup_view(self, request, queue: str, job_id: str):
         """Redirect to the page of job ``queue``/``job_id``; a job Redis holds
@@ -166,12 +198,13 @@ class MirroredJobAdmin(MirrorAdmin):
             raise Http404(f"job {job_id!r} is neither in Redis nor in the mirror of {queue!r}")
         return HttpResponseRedirect(reverse(self.url_name("change"), args=[row.pk]))
 
-    def render_change_form(self, request, context, add=False, change=False, form_url="",
-                           obj=None):
-        context.update(job_page(get_mq(), obj.queue, obj.job_id),
-                       queue_mirror=MirroredQueue.objects.filter(queue=obj.queue).first(),
-                       can_retry=self.has_retry_permission(request),
-                       retry_url=reverse(self.url_name("retry")))
+    def render_change_form(self, request, context, add=False, change=False, form_url="", obj=None):
+        context.update(
+            job_page(get_mq(), obj.queue, obj.job_id),
+            queue_mirror=MirroredQueue.objects.filter(queue=obj.queue).first(),
+            can_retry=self.has_retry_permission(request),
+            retry_url=reverse(self.url_name("retry")),
+        )
         return super().render_change_form(request, context, add, change, form_url, obj)
 
     # -- retry by id -------------------------------------------------------
@@ -182,10 +215,10 @@ class MirroredJobAdmin(MirrorAdmin):
             self.retry(request, targets)
             return None  # back to the list, with the messages
         hidden = [("action", "retry_dead_jobs"), ("post", "yes")]
-        hidden += [(ACTION_CHECKBOX_NAME, str(pk))
-                   for pk in queryset.values_list("pk", flat=True)]
-        return self.retry_confirmation(request, targets, hidden,
-                                       reverse(self.url_name("changelist")))
+        hidden += [(ACTION_CHECKBOX_NAME, str(pk)) for pk in queryset.values_list("pk", flat=True)]
+        return self.retry_confirmation(
+            request, targets, hidden, reverse(self.url_name("changelist"))
+        )
 
     def retry_by_id_view(self, request):
         """GET: the form (``?queue=&job_id=`` prefill it). POST: the
@@ -204,9 +237,17 @@ class MirroredJobAdmin(MirrorAdmin):
                 return redirect(self.url_name("retry"))
         else:
             form = RetryByIdForm(initial={k: request.GET.get(k, "") for k in ("queue", "job_id")})
-        return TemplateResponse(request, "admin/echomq_django/retry_by_id.html", {
-            **self.admin_site.each_context(request), **_mirror_times(), "opts": self.opts,
-            "title": "Retry a dead job by id", "form": form})
+        return TemplateResponse(
+            request,
+            "admin/echomq_django/retry_by_id.html",
+            {
+                **self.admin_site.each_context(request),
+                **_mirror_times(),
+                "opts": self.opts,
+                "title": "Retry a dead job by id",
+                "form": form,
+            },
+        )
 
     def retry_confirmation(self, request, targets, hidden, action_url):
         """The page that asks before retrying: each job with its live state."""
@@ -215,16 +256,30 @@ class MirroredJobAdmin(MirrorAdmin):
             for queue in dict.fromkeys(q for q, _ in targets):
                 ids = [j for q, j in targets if q == queue]
                 live = read_rows(mq, queue, ids)
-                rows += [{"queue": queue, "id": j,
-                          "state": {_text(k): _text(v) for k, v in live[j].items()}.get("state")}
-                         for j in ids]
+                rows += [
+                    {
+                        "queue": queue,
+                        "id": j,
+                        "state": {_text(k): _text(v) for k, v in live[j].items()}.get("state"),
+                    }
+                    for j in ids
+                ]
         except (redis.RedisError, EchoMQError) as err:
             messages.error(request, f"Could not read Redis: {err}")
             return redirect(self.url_name("changelist"))
-        return TemplateResponse(request, "admin/echomq_django/retry_confirm.html", {
-            **self.admin_site.each_context(request), **_mirror_times(), "opts": self.opts,
-            "title": "Retry dead jobs by id?", "jobs": rows, "hidden": hidden,
-            "action_url": action_url})
+        return TemplateResponse(
+            request,
+            "admin/echomq_django/retry_confirm.html",
+            {
+                **self.admin_site.each_context(request),
+                **_mirror_times(),
+                "opts": self.opts,
+                "title": "Retry dead jobs by id?",
+                "jobs": rows,
+                "hidden": hidden,
+                "action_url": action_url,
+            },
+        )
 
     def retry(self, request, targets) -> list[tuple[str, str]]:
         """``EchoMQ.retry`` each ``(queue, id)``; a message per outcome, a
@@ -242,28 +297,57 @@ class MirroredJobAdmin(MirrorAdmin):
                 messages.error(request, f"Not retried: {queue}/{job_id}: {err}")
             else:
                 done.append((queue, job_id))
-                affected += [(queue, job_id), *outcome.retried, *outcome.revived,
-                             *outcome.released]
-                revived = "".join(f"; {q}/{i} back to awaiting_children" for q, i in outcome.revived)
-                messages.success(request, f"Retried {queue}/{job_id}: now {outcome.state}{revived}.")
+                affected += [(queue, job_id), *outcome.retried, *outcome.revived, *outcome.released]
+                revived = "".join(
+                    f"; {q}/{i} back to awaiting_children" for q, i in outcome.revived
+                )
+                messages.success(
+                    request, f"Retried {queue}/{job_id}: now {outcome.state}{revived}."
+                )
         mirror_jobs(mq, affected)
         for queue, job_id in done:
-            self.log_change(request, MirroredJob.objects.get(queue=queue, job_id=job_id),
-                            LOGGED_MESSAGE)
+            self.log_change(
+                request, MirroredJob.objects.get(queue=queue, job_id=job_id), LOGGED_MESSAGE
+            )
         return done
 
 
 @admin.register(MirroredQueue)
 class MirroredQueueAdmin(MirrorAdmin):
-    list_display = ("queue", "pending", "active", "delayed", "awaiting_children", "completed",
-                    "dead", "outbox", "deadletter", "oldest_pending_age_s", "mirrored_at")
-    fields = ("queue", "pending", "active", "delayed", "awaiting_children", "completed", "dead",
-              "outbox", "deadletter", "oldest_pending_age_s", "last_event_id", "mirrored_at")
+    list_display = (
+        "queue",
+        "pending",
+        "active",
+        "delayed",
+        "awaiting_children",
+        "completed",
+        "dead",
+        "outbox",
+        "deadletter",
+        "oldest_pending_age_s",
+        "mirrored_at",
+    )
+    fields = (
+        "queue",
+        "pending",
+        "active",
+        "delayed",
+        "awaiting_children",
+        "completed",
+        "dead",
+        "outbox",
+        "deadletter",
+        "oldest_pending_age_s",
+        "last_event_id",
+        "mirrored_at",
+    )
 
-    def render_change_form(self, request, context, add=False, change=False, form_url="",
-                           obj=None):
+    def render_change_form(self, request, context, add=False, change=False, form_url="", obj=None):
         jobs = reverse("admin:echomq_django_mirroredjob_changelist")
-        context.update(queue_page(get_mq(), obj.queue), queue_mirror=obj,
-                       jobs_url=f"{jobs}?queue={obj.queue}",
-                       dead_url=f"{jobs}?queue={obj.queue}&state__exact=dead")
+        context.update(
+            queue_page(get_mq(), obj.queue),
+            queue_mirror=obj,
+            jobs_url=f"{jobs}?queue={obj.queue}",
+            dead_url=f"{jobs}?queue={obj.queue}&state__exact=dead",
+        )
         return super().render_change_form(request, context, add, change, form_url, obj)

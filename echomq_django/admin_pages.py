@@ -58,12 +58,22 @@ def flow_rows(root: dict) -> tuple[list[dict], int]:
         if len(rows) >= FLOW_ROWS:
             hidden += 1
             continue
-        rows.append({
-            "queue": node["queue"], "id": node["id"], "url": job_url(node["queue"], node["id"]),
-            "depth": depth, "indent": 24 * (depth - 1), "state": node["state"],
-            "policy": node["policy"], "remaining": node["remaining"],
-            "value": _cell(as_text(node["result"], False)) if node["result"] is not None else "",
-            "error": _cell(node["error"])})
+        rows.append(
+            {
+                "queue": node["queue"],
+                "id": node["id"],
+                "url": job_url(node["queue"], node["id"]),
+                "depth": depth,
+                "indent": 24 * (depth - 1),
+                "state": node["state"],
+                "policy": node["policy"],
+                "remaining": node["remaining"],
+                "value": _cell(as_text(node["result"], False))
+                if node["result"] is not None
+                else "",
+                "error": _cell(node["error"]),
+            }
+        )
     return rows, hidden
 
 
@@ -84,24 +94,37 @@ def job_page(mq, queue: str, job_id: str) -> dict:
         ctx["live_error"] = str(err)
         return ctx
     ctx.update(
-        live=job, payload=as_text(job.payload),
+        live=job,
+        payload=as_text(job.payload),
         result=as_text(job.result) if job.result is not None else "",
         error=job.error or "",
         lease_deadline=ms_to_datetime(job.lease_deadline),
-        times={name: ms_to_datetime(getattr(job, name))
-               for name in ("created_at", "started_at", "finished_at")},
-        parent_url=job_url(job.parent_queue, job.parent) if job.parent else "")
+        times={
+            name: ms_to_datetime(getattr(job, name))
+            for name in ("created_at", "started_at", "finished_at")
+        },
+        parent_url=job_url(job.parent_queue, job.parent) if job.parent else "",
+    )
     if flow["children"]:
         rows, hidden = flow_rows(flow)
 
         def refs(mapping: dict, values: bool = False) -> list[dict]:
-            return [{**_ref_link(mq, ref), "text": _cell(as_text(v, False) if values else v)}
-                    for ref, v in sorted(mapping.items())]
+            return [
+                {**_ref_link(mq, ref), "text": _cell(as_text(v, False) if values else v)}
+                for ref, v in sorted(mapping.items())
+            ]
 
-        ctx.update(is_parent=True, tree=rows, tree_hidden=hidden, remaining=deps.remaining,
-                   processed=refs(deps.processed, values=True), failed=refs(deps.failed),
-                   ignored=refs(deps.ignored), removed=refs(deps.removed),
-                   unprocessed=[_ref_link(mq, ref) for ref in deps.unprocessed])
+        ctx.update(
+            is_parent=True,
+            tree=rows,
+            tree_hidden=hidden,
+            remaining=deps.remaining,
+            processed=refs(deps.processed, values=True),
+            failed=refs(deps.failed),
+            ignored=refs(deps.ignored),
+            removed=refs(deps.removed),
+            unprocessed=[_ref_link(mq, ref) for ref in deps.unprocessed],
+        )
     return ctx
 
 
@@ -146,8 +169,19 @@ def queue_page(mq, queue: str) -> dict:
             parent = {"queue": entry["q"], "id": entry["p"], "url": job_url(entry["q"], entry["p"])}
         except (KeyError, TypeError, ValueError):
             pass  # a malformed entry is shown as its raw text below
-        rows.append({"kind": entry.get("k", ""), "child": child, "parent": parent,
-                     "value": _cell(str(entry.get("v", ""))), "raw": json.dumps(entry),
-                     "reason": d.get("reason", ""), "at": ms_to_datetime(d.get("at"))})
-    return {"counts": counts, "deadletters": rows,
-            "deadletters_hidden": max(0, counts["deadletter"] - len(rows))}
+        rows.append(
+            {
+                "kind": entry.get("k", ""),
+                "child": child,
+                "parent": parent,
+                "value": _cell(str(entry.get("v", ""))),
+                "raw": json.dumps(entry),
+                "reason": d.get("reason", ""),
+                "at": ms_to_datetime(d.get("at")),
+            }
+        )
+    return {
+        "counts": counts,
+        "deadletters": rows,
+        "deadletters_hidden": max(0, counts["deadletter"] - len(rows)),
+    }

@@ -35,15 +35,28 @@ def _defer(on_commit: bool | None, using: str | None) -> bool:
     return transaction.get_connection(using or DEFAULT_DB_ALIAS).in_atomic_block
 
 
-def enqueue(queue: str, name: str, payload: Any = None, *, job_id: str | None = None,
-            max_attempts: int | None = None, backoff_ms: int | None = None, delay_ms: int = 0,
-            on_commit: bool | None = None, using: str | None = None) -> str:
+def enqueue(
+    queue: str,
+    name: str,
+    payload: Any = None,
+    *,
+    job_id: str | None = None,
+    max_attempts: int | None = None,
+    backoff_ms: int | None = None,
+    delay_ms: int = 0,
+    on_commit: bool | None = None,
+    using: str | None = None,
+) -> str:
     """Add one job; returns its id. See ``EchoMQ.enqueue`` for the arguments
     and errors, and this module's docstring for ``on_commit`` / ``using`` (the
     database alias whose transaction is watched)."""
     mq = get_mq()
-    kwargs = dict(job_id=job_id if job_id is not None else _flows.new_id(),
-                  max_attempts=max_attempts, backoff_ms=backoff_ms, delay_ms=delay_ms)
+    kwargs = dict(
+        job_id=job_id if job_id is not None else _flows.new_id(),
+        max_attempts=max_attempts,
+        backoff_ms=backoff_ms,
+        delay_ms=delay_ms,
+    )
     if not _defer(on_commit, using):
         return mq.enqueue(queue, name, payload, **kwargs)
     validate_queue(queue)
@@ -75,13 +88,17 @@ def add_flow(flow: Flow, *, on_commit: bool | None = None, using: str | None = N
     nodes = _flows.plan(flow, mq.encode)
     transaction.on_commit(lambda: mq.add_flow(flow), using=using)
     root = nodes[0]
-    return FlowRef(queue=root.queue, parent_id=root.id,
-                   child_ids=[cid for _, cid in root.children],
-                   nodes=[(n.queue, n.id) for n in nodes])
+    return FlowRef(
+        queue=root.queue,
+        parent_id=root.id,
+        child_ids=[cid for _, cid in root.children],
+        nodes=[(n.queue, n.id) for n in nodes],
+    )
 
 
-def add_flows(flows: list[Flow], *, on_commit: bool | None = None,
-              using: str | None = None) -> list[FlowRef]:
+def add_flows(
+    flows: list[Flow], *, on_commit: bool | None = None, using: str | None = None
+) -> list[FlowRef]:
     """``add_flow`` for several flows in one round trip where possible."""
     if not _defer(on_commit, using):
         return get_mq().add_flows(flows)

@@ -16,8 +16,14 @@ from typing import Any
 import redis
 
 from . import flows as _flows
-from .exceptions import (EchoMQError, JobNotActive, JobNotRetryable, PayloadError,
-                         RedisUnavailable, translate)
+from .exceptions import (
+    EchoMQError,
+    JobNotActive,
+    JobNotRetryable,
+    PayloadError,
+    RedisUnavailable,
+    translate,
+)
 from .flows import Flow, FlowRef
 from .jobs import Job, JobState, Outcome, _text
 from .keyspace import Keyspace, validate_id, validate_queue, whole_number
@@ -31,14 +37,24 @@ _ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 # The C encoder behind _ENCODER, built once: JSONEncoder.encode() builds a new
 # one per call, which costs more than encoding a small payload (issue 8).
 _C_ENCODE = json.encoder.c_make_encoder and json.encoder.c_make_encoder(
-    None, _ENCODER.default, json.encoder.encode_basestring_ascii, None, ":", ",", False, False,
-    False)
+    None,
+    _ENCODER.default,
+    json.encoder.encode_basestring_ascii,
+    None,
+    ":",
+    ",",
+    False,
+    False,
+    False,
+)
 
 
 def _to_json(value: Any) -> str:
     if _C_ENCODE is None or isinstance(value, str | int | float | bool) or value is None:
         return _ENCODER.encode(value)
     return "".join(_C_ENCODE(value, 0))
+
+
 FLOW_CHUNK = 5000  # nodes per enqueue_flow script: keeps one script well under ~50 ms
 COMPLETE_BATCH = 500  # jobs per complete script: a few ms of Redis time at most
 
@@ -63,9 +79,17 @@ class EchoMQ(Reads):
     payload or result once encoded (bytes of UTF-8 JSON).
     """
 
-    def __init__(self, client: redis.Redis, prefix: str = "emq", *, queues: dict | None = None,
-                 clock=None, max_payload_bytes: int = MAX_PAYLOAD_BYTES,
-                 backoff_cap_ms: int = BACKOFF_CAP_MS, flow_chunk: int = FLOW_CHUNK) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        prefix: str = "emq",
+        *,
+        queues: dict | None = None,
+        clock=None,
+        max_payload_bytes: int = MAX_PAYLOAD_BYTES,
+        backoff_cap_ms: int = BACKOFF_CAP_MS,
+        flow_chunk: int = FLOW_CHUNK,
+    ) -> None:
         self.client = client
         self.keys = Keyspace(prefix)
         self.scripts = Scripts(client)
@@ -89,12 +113,15 @@ class EchoMQ(Reads):
         except (TypeError, ValueError) as err:
             raise PayloadError(f"{what} is not JSON-serialisable: {err}") from None
         except RecursionError:  # no circular check in _C_ENCODE: it recurses instead
-            raise PayloadError(f"{what} is not JSON-serialisable: circular reference or "
-                               "nested too deeply") from None
+            raise PayloadError(
+                f"{what} is not JSON-serialisable: circular reference or nested too deeply"
+            ) from None
         size = len(text)  # ASCII: escapes keep it one byte per character
         if size > self.max_payload_bytes:
-            raise PayloadError(f"{what} is {size} bytes of JSON; the limit is "
-                               f"{self.max_payload_bytes} bytes (max_payload_bytes)")
+            raise PayloadError(
+                f"{what} is {size} bytes of JSON; the limit is "
+                f"{self.max_payload_bytes} bytes (max_payload_bytes)"
+            )
         return text
 
     def _parse(self, value: str) -> tuple[str, str]:
@@ -104,9 +131,17 @@ class EchoMQ(Reads):
         return Outcome.from_reply(reply, self._parse)
 
     # -- single jobs -------------------------------------------------------
-    def enqueue(self, queue: str, name: str, payload: Any = None, *, job_id: str | None = None,
-                max_attempts: int | None = None, backoff_ms: int | None = None,
-                delay_ms: int = 0) -> str:
+    def enqueue(
+        self,
+        queue: str,
+        name: str,
+        payload: Any = None,
+        *,
+        job_id: str | None = None,
+        max_attempts: int | None = None,
+        backoff_ms: int | None = None,
+        delay_ms: int = 0,
+    ) -> str:
         """Add one job; returns its id (generated when ``job_id`` is None).
 
         ``delay_ms`` (ms) > 0 holds it in ``delayed`` until due. Raises
@@ -124,10 +159,23 @@ class EchoMQ(Reads):
         k = self.keys
         self.scripts.run(
             "enqueue",
-            [k.job(queue, job_id), k.queue_key(queue, "pending"), k.queue_key(queue, "delayed"),
-             k.queue_key(queue, "events")],
-            [queue, job_id, name, self.encode(payload), _opt(max_attempts), _opt(backoff_ms),
-             self.clock(), int(delay_ms)])
+            [
+                k.job(queue, job_id),
+                k.queue_key(queue, "pending"),
+                k.queue_key(queue, "delayed"),
+                k.queue_key(queue, "events"),
+            ],
+            [
+                queue,
+                job_id,
+                name,
+                self.encode(payload),
+                _opt(max_attempts),
+                _opt(backoff_ms),
+                self.clock(),
+                int(delay_ms),
+            ],
+        )
         return job_id
 
     def claim(self, queue: str, count: int = 1, lease_ms: int | None = None) -> list[Job]:
@@ -142,22 +190,43 @@ class EchoMQ(Reads):
         lease = int(lease_ms if lease_ms is not None else self.setting(queue, "LEASE_MS"))
         now = self.clock()
         k = self.keys
-        flat = json.loads(self.scripts.run(
-            "claim",
-            [k.queue_key(queue, "pending"), k.queue_key(queue, "active"),
-             k.queue_key(queue, "lease:seq")],
-            [k.base(queue), count, now, lease, secrets.token_hex(8)]))
+        flat = json.loads(
+            self.scripts.run(
+                "claim",
+                [
+                    k.queue_key(queue, "pending"),
+                    k.queue_key(queue, "active"),
+                    k.queue_key(queue, "lease:seq"),
+                ],
+                [k.base(queue), count, now, lease, secrets.token_hex(8)],
+            )
+        )
         deadline = now + lease
-        return [Job.from_claim(queue, [v if v is not False else None for v in flat[i:i + 11]],
-                               deadline, self)
-                for i in range(0, len(flat), 11)]
+        return [
+            Job.from_claim(
+                queue, [v if v is not False else None for v in flat[i : i + 11]], deadline, self
+            )
+            for i in range(0, len(flat), 11)
+        ]
 
     def _fail_call(self, job: Job, error: str, dead: bool = False):
         k, q = self.keys, job.queue
-        return ("fail", [k.job(q, job.id), k.queue_key(q, "delayed")],
-                [q, k.base(q), job.id, job.lease or "", str(error), self.clock(),
-                 self.backoff_cap_ms, "1" if dead else "0", self.setting(q, "MAX_ATTEMPTS"),
-                 self.setting(q, "BACKOFF_MS")])
+        return (
+            "fail",
+            [k.job(q, job.id), k.queue_key(q, "delayed")],
+            [
+                q,
+                k.base(q),
+                job.id,
+                job.lease or "",
+                str(error),
+                self.clock(),
+                self.backoff_cap_ms,
+                "1" if dead else "0",
+                self.setting(q, "MAX_ATTEMPTS"),
+                self.setting(q, "BACKOFF_MS"),
+            ],
+        )
 
     def complete(self, job: Job, result: Any = None) -> Outcome:
         """Complete an active job with a JSON-serialisable ``result``.
@@ -202,15 +271,15 @@ class EchoMQ(Reads):
         calls, slots = [], []
         for queue, group in by_queue.items():
             for at in range(0, len(group), COMPLETE_BATCH):
-                part = group[at:at + COMPLETE_BATCH]
+                part = group[at : at + COMPLETE_BATCH]
                 calls.append(self._complete_call(queue, [(job, text) for _, job, text in part]))
                 slots.append([i for i, _, _ in part])
         if len(calls) == 1:
             replies = [self._run_or_error(*calls[0])]
         else:
             replies = self.scripts.run_many(calls)
-        for idx, reply in zip(slots, replies):
-            for i, entry in zip(idx, self._complete_replies(reply, len(idx))):
+        for idx, reply in zip(slots, replies, strict=False):
+            for i, entry in zip(idx, self._complete_replies(reply, len(idx)), strict=False):
                 out[i] = entry
                 if not isinstance(entry, Exception):
                     items[i][0].state = JobState.COMPLETED
@@ -225,8 +294,9 @@ class EchoMQ(Reads):
         return ("complete", [k.queue_key(queue, "active"), k.queue_key(queue, "completed")], args)
 
     def _complete_batches(self, queue: str, pairs: list[tuple[Job, str]]) -> list:
-        return self._complete_replies(self._run_or_error(*self._complete_call(queue, pairs)),
-                                      len(pairs))
+        return self._complete_replies(
+            self._run_or_error(*self._complete_call(queue, pairs)), len(pairs)
+        )
 
     def _run_or_error(self, name: str, keys: list, args: list):
         """``scripts.run``, with a refusal returned instead of raised (as
@@ -252,11 +322,20 @@ class EchoMQ(Reads):
             elif isinstance(entry, str):
                 out.append(translate(redis.exceptions.ResponseError(entry)))
             else:
-                def pairs(name: str) -> list[tuple[str, str]]:
+
+                def pairs(name: str, entry=entry) -> list[tuple[str, str]]:
                     return [self._parse(v) for v in entry.get(name) or []]
-                out.append(Outcome(state=JobState.COMPLETED, released=pairs("released"),
-                                   dead=pairs("dead"), flow_failed=pairs("flow_failed"),
-                                   revived=pairs("revived"), outbox=entry.get("outbox") or 0))
+
+                out.append(
+                    Outcome(
+                        state=JobState.COMPLETED,
+                        released=pairs("released"),
+                        dead=pairs("dead"),
+                        flow_failed=pairs("flow_failed"),
+                        revived=pairs("revived"),
+                        outbox=entry.get("outbox") or 0,
+                    )
+                )
         return out
 
     def fail_many(self, items: list[tuple]) -> list[Outcome | Exception]:
@@ -275,17 +354,23 @@ class EchoMQ(Reads):
         lease = int(lease_ms if lease_ms is not None else self.setting(job.queue, "LEASE_MS"))
         k = self.keys
         deadline = self.scripts.run(
-            "extend_lease", [k.job(job.queue, job.id), k.queue_key(job.queue, "active")],
-            [job.queue, job.id, job.lease or "", self.clock(), lease])
+            "extend_lease",
+            [k.job(job.queue, job.id), k.queue_key(job.queue, "active")],
+            [job.queue, job.id, job.lease or "", self.clock(), lease],
+        )
         job.lease_deadline = int(deadline)
         return job.lease_deadline
 
     def promote_delayed(self, queue: str, limit: int = 1000) -> int:
         """Move up to ``limit`` due delayed jobs to pending; returns how many."""
         k = self.keys
-        return int(self.scripts.run(
-            "promote_delayed", [k.queue_key(queue, "delayed"), k.queue_key(queue, "pending")],
-            [k.base(queue), self.clock(), limit]))
+        return int(
+            self.scripts.run(
+                "promote_delayed",
+                [k.queue_key(queue, "delayed"), k.queue_key(queue, "pending")],
+                [k.base(queue), self.clock(), limit],
+            )
+        )
 
     def recover_stalled(self, queue: str, limit: int = 1000, max_stalls: int = 1) -> Outcome:
         """Active jobs whose lease expired go back to pending; a job that
@@ -293,8 +378,10 @@ class EchoMQ(Reads):
         applies). Returns the ``Outcome`` (``recovered`` count, ``dead``)."""
         k = self.keys
         reply = self.scripts.run(
-            "recover_stalled", [k.queue_key(queue, "active"), k.queue_key(queue, "pending")],
-            [queue, k.base(queue), self.clock(), limit, max_stalls])
+            "recover_stalled",
+            [k.queue_key(queue, "active"), k.queue_key(queue, "pending")],
+            [queue, k.base(queue), self.clock(), limit, max_stalls],
+        )
         return self._outcome(reply)
 
     @reports_redis_down
@@ -307,13 +394,15 @@ class EchoMQ(Reads):
         k = self.keys
         try:
             reply = self.scripts.run(
-                "retry", [k.job(queue, job_id), k.queue_key(queue, "dead"),
-                          k.queue_key(queue, "pending")],
-                [queue, k.base(queue), job_id, self.clock(), secrets.token_hex(8)])
+                "retry",
+                [k.job(queue, job_id), k.queue_key(queue, "dead"), k.queue_key(queue, "pending")],
+                [queue, k.base(queue), job_id, self.clock(), secrets.token_hex(8)],
+            )
         except JobNotActive as err:
             state = err.parts[2] if len(err.parts) > 2 else "not dead"
-            raise JobNotRetryable(f"job {job_id!r} in queue {queue!r} is {state}; "
-                                  "only a dead job can be retried") from None
+            raise JobNotRetryable(
+                f"job {job_id!r} in queue {queue!r} is {state}; only a dead job can be retried"
+            ) from None
         data = json.loads(reply)
         outcome = self._outcome(reply)
         for ref in data.get("cross") or []:
@@ -323,6 +412,7 @@ class EchoMQ(Reads):
             except JobNotRetryable:
                 pass  # retried already; its reattach entry is on its way
         from .pump import deliver_entries  # the pump delivers the same entries later
+
         for entry in data.get("reattach") or []:
             outcome.merge(deliver_entries(self, [json.loads(entry)])[1])
         outcome.state = JobState(_text(self.client.hget(k.job(queue, job_id), "state")))
@@ -337,11 +427,28 @@ class EchoMQ(Reads):
         k = self.keys
         flat: list[str] = []
         for (name, pid, pq, policy, ma, bo, gate), group in itertools.groupby(
-                nodes, key=lambda n: (n.name, n.parent_id, n.parent_queue, n.policy,
-                                      n.max_attempts, n.backoff_ms, n.gate)):
+            nodes,
+            key=lambda n: (
+                n.name,
+                n.parent_id,
+                n.parent_queue,
+                n.policy,
+                n.max_attempts,
+                n.backoff_ms,
+                n.gate,
+            ),
+        ):
             group = list(group)
-            flat += [name, pid, pq, policy, _opt(ma), _opt(bo), "1" if gate else "0",
-                     str(len(group))]
+            flat += [
+                name,
+                pid,
+                pq,
+                policy,
+                _opt(ma),
+                _opt(bo),
+                "1" if gate else "0",
+                str(len(group)),
+            ]
             for n in group:
                 if n.children:
                     refs = k.refs(n.children)
@@ -349,8 +456,11 @@ class EchoMQ(Reads):
                 else:
                     flat += [n.id, n.payload, "0"]
         # one JSON argument: 9+ ARGV per node cost more in redis-py than in Redis
-        return ("enqueue_flow", [k.queue_key(queue, "pending"), k.queue_key(queue, "awaiting")],
-                [queue, k.base(queue), self.clock(), mode, _ENCODER.encode(flat)])
+        return (
+            "enqueue_flow",
+            [k.queue_key(queue, "pending"), k.queue_key(queue, "awaiting")],
+            [queue, k.base(queue), self.clock(), mode, _ENCODER.encode(flat)],
+        )
 
     def add_flow(self, flow: Flow) -> FlowRef:
         """Land a flow (a tree of ``Flow`` nodes); returns its ``FlowRef``.
@@ -377,13 +487,18 @@ class EchoMQ(Reads):
             for n in nodes:
                 if n.gate:
                     if (n.queue, n.id) in seen:
-                        raise _flows.FlowError(f"job id {n.id!r} in queue {n.queue!r} is in "
-                                               "two flows")
+                        raise _flows.FlowError(
+                            f"job id {n.id!r} in queue {n.queue!r} is in two flows"
+                        )
                     seen.add((n.queue, n.id))
         all_steps = [_flows.steps(nodes, self.flow_chunk) for nodes in plans]
         gated = [any(n.gate for n in nodes) for nodes in plans]
-        checks = [self._step_call(q, ns, "check") for s, g in zip(all_steps, gated)
-                  if len(s) > 1 and g for q, ns in s]
+        checks = [
+            self._step_call(q, ns, "check")
+            for s, g in zip(all_steps, gated, strict=False)
+            if len(s) > 1 and g
+            for q, ns in s
+        ]
         for reply in self.scripts.run_many(checks):
             if isinstance(reply, Exception):
                 raise reply
@@ -391,7 +506,7 @@ class EchoMQ(Reads):
         one_queue = [i for i, nodes in enumerate(plans) if len({n.queue for n in nodes}) == 1]
         calls = [(i, self._step_call(q, ns, "write")) for i in one_queue for q, ns in all_steps[i]]
         counts: dict[int, list] = {i: [] for i in range(len(plans))}
-        for (i, _), reply in zip(calls, self.scripts.run_many([c for _, c in calls])):
+        for (i, _), reply in zip(calls, self.scripts.run_many([c for _, c in calls]), strict=False):
             if isinstance(reply, Exception):
                 raise reply
             counts[i].append(reply)
@@ -405,9 +520,14 @@ class EchoMQ(Reads):
         refs = []
         for i, nodes in enumerate(plans):
             root = nodes[0]
-            refs.append(FlowRef(queue=root.queue, parent_id=root.id,
-                                child_ids=[cid for _, cid in root.children],
-                                nodes=[(n.queue, n.id) for n in nodes],
-                                landed=sum(int(c[0]) for c in counts[i]),
-                                skipped=sum(int(c[1]) for c in counts[i])))
+            refs.append(
+                FlowRef(
+                    queue=root.queue,
+                    parent_id=root.id,
+                    child_ids=[cid for _, cid in root.children],
+                    nodes=[(n.queue, n.id) for n in nodes],
+                    landed=sum(int(c[0]) for c in counts[i]),
+                    skipped=sum(int(c[1]) for c in counts[i]),
+                )
+            )
         return refs

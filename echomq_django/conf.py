@@ -54,34 +54,64 @@ def problems(cfg: dict | None = None) -> list[tuple[str, str, str]]:
     out = []
     unknown = sorted(set(cfg) - TOP_KEYS)
     if unknown:
-        out.append(("echomq_django.E003", f"ECHOMQ has unknown keys: {', '.join(unknown)}",
-                    f"Allowed keys: {', '.join(sorted(TOP_KEYS))}."))
+        out.append(
+            (
+                "echomq_django.E003",
+                f"ECHOMQ has unknown keys: {', '.join(unknown)}",
+                f"Allowed keys: {', '.join(sorted(TOP_KEYS))}.",
+            )
+        )
     url = os.environ.get("ECHOMQ_URL") or cfg.get("URL")
     alias = cfg.get("CACHE")
     if not url and not alias:
-        out.append(("echomq_django.E001", "ECHOMQ names no Redis connection",
-                    "Set ECHOMQ['URL'] = 'redis://host:6379/0', or ECHOMQ['CACHE'] to a "
-                    "django-redis cache alias, or the ECHOMQ_URL environment variable."))
+        out.append(
+            (
+                "echomq_django.E001",
+                "ECHOMQ names no Redis connection",
+                "Set ECHOMQ['URL'] = 'redis://host:6379/0', or ECHOMQ['CACHE'] to a "
+                "django-redis cache alias, or the ECHOMQ_URL environment variable.",
+            )
+        )
     elif url and (not isinstance(url, str) or not url.startswith(URL_SCHEMES)):
-        out.append(("echomq_django.E002", f"ECHOMQ URL {url!r} is not a Redis URL",
-                    f"It must start with one of {', '.join(URL_SCHEMES)}."))
+        out.append(
+            (
+                "echomq_django.E002",
+                f"ECHOMQ URL {url!r} is not a Redis URL",
+                f"It must start with one of {', '.join(URL_SCHEMES)}.",
+            )
+        )
     elif not url:
         caches_cfg = getattr(settings, "CACHES", {})
         backend = caches_cfg.get(alias, {}).get("BACKEND", "")
         if alias not in caches_cfg:
-            out.append(("echomq_django.E004", f"ECHOMQ CACHE {alias!r} is not in CACHES",
-                        f"Use one of: {', '.join(caches_cfg) or '(none defined)'}."))
+            out.append(
+                (
+                    "echomq_django.E004",
+                    f"ECHOMQ CACHE {alias!r} is not in CACHES",
+                    f"Use one of: {', '.join(caches_cfg) or '(none defined)'}.",
+                )
+            )
         elif "django_redis" not in backend:
-            out.append(("echomq_django.E005", f"cache {alias!r} uses {backend!r}, not django-redis",
-                        "Set its BACKEND to 'django_redis.cache.RedisCache', or use ECHOMQ['URL']."))
+            out.append(
+                (
+                    "echomq_django.E005",
+                    f"cache {alias!r} uses {backend!r}, not django-redis",
+                    "Set its BACKEND to 'django_redis.cache.RedisCache', or use ECHOMQ['URL'].",
+                )
+            )
     try:
         validate_prefix(cfg.get("PREFIX", "emq"))
     except ValueError as err:
         out.append(("echomq_django.E006", str(err), "Use a short name such as 'emq'."))
     queues = cfg.get("QUEUES", {})
     if not isinstance(queues, dict):
-        out.append(("echomq_django.E007", "ECHOMQ['QUEUES'] must be a dict of queue -> options",
-                    "Example: {'orders': {'MAX_ATTEMPTS': 3}}"))
+        out.append(
+            (
+                "echomq_django.E007",
+                "ECHOMQ['QUEUES'] must be a dict of queue -> options",
+                "Example: {'orders': {'MAX_ATTEMPTS': 3}}",
+            )
+        )
         queues = {}
     for name, opts in queues.items():
         try:
@@ -91,14 +121,24 @@ def problems(cfg: dict | None = None) -> list[tuple[str, str, str]]:
         opts = opts or {}
         bad = sorted(set(opts) - QUEUE_KEYS) if isinstance(opts, dict) else ["(not a dict)"]
         if bad:
-            out.append(("echomq_django.E009", f"queue {name!r} has unknown options {bad}",
-                        f"Allowed: {', '.join(sorted(QUEUE_KEYS))}."))
+            out.append(
+                (
+                    "echomq_django.E009",
+                    f"queue {name!r} has unknown options {bad}",
+                    f"Allowed: {', '.join(sorted(QUEUE_KEYS))}.",
+                )
+            )
             continue
         for key, value in opts.items():
             low = 1 if key == "MAX_ATTEMPTS" else 0
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                out.append(("echomq_django.E010", f"queue {name!r}: {key} must be an integer "
-                            f">= {low}, got {value!r}", "MAX_ATTEMPTS counts tries; *_MS are ms."))
+                out.append(
+                    (
+                        "echomq_django.E010",
+                        f"queue {name!r}: {key} must be an integer >= {low}, got {value!r}",
+                        "MAX_ATTEMPTS counts tries; *_MS are ms.",
+                    )
+                )
     return out
 
 
@@ -118,6 +158,7 @@ def build_client(cfg: dict):
         options.setdefault("health_check_interval", 30)
         return redis.Redis.from_url(url, **options)
     from django_redis import get_redis_connection
+
     return get_redis_connection(cfg["CACHE"])
 
 
@@ -136,9 +177,12 @@ def get_mq():
                 errors = problems(cfg)
                 if errors:
                     raise ImproperlyConfigured("; ".join(f"{i}: {m} ({h})" for i, m, h in errors))
-                _mq = EchoMQ(build_client(cfg), prefix=cfg.get("PREFIX", "emq"),
-                             queues=cfg.get("QUEUES", {}),
-                             max_payload_bytes=cfg.get("MAX_PAYLOAD_BYTES", MAX_PAYLOAD_BYTES))
+                _mq = EchoMQ(
+                    build_client(cfg),
+                    prefix=cfg.get("PREFIX", "emq"),
+                    queues=cfg.get("QUEUES", {}),
+                    max_payload_bytes=cfg.get("MAX_PAYLOAD_BYTES", MAX_PAYLOAD_BYTES),
+                )
     return _mq
 
 

@@ -125,10 +125,14 @@ def plan(root: Flow, encode) -> list[Node]:
         next_level = []
         for flow, parent in level:
             if type(flow) is not Flow and not isinstance(flow, Flow):
-                raise FlowError(f"a flow's children must be Flow objects, got {type(flow).__name__}")
+                raise FlowError(
+                    f"a flow's children must be Flow objects, got {type(flow).__name__}"
+                )
             if id(flow) in objects:
-                raise FlowError(f"flow node {flow.queue}/{flow.name} appears twice (a cycle, or "
-                                "one node under two parents); a flow is a tree")
+                raise FlowError(
+                    f"flow node {flow.queue}/{flow.name} appears twice (a cycle, or "
+                    "one node under two parents); a flow is a tree"
+                )
             objects.add(id(flow))
             queue, job_id, name = flow.queue, flow.job_id, flow.name
             if queue not in queues:
@@ -137,8 +141,10 @@ def plan(root: Flow, encode) -> list[Node]:
             if gate:  # generated ids are unique by construction
                 validate_id(job_id)
                 if (queue, job_id) in seen:
-                    raise FlowError(f"job id {job_id!r} appears twice in queue {queue!r} in one "
-                                    "flow; every node needs its own id")
+                    raise FlowError(
+                        f"job id {job_id!r} appears twice in queue {queue!r} in one "
+                        "flow; every node needs its own id"
+                    )
                 seen.add((queue, job_id))
             else:
                 job_id = f"{prefix}{next(counter):x}"
@@ -146,13 +152,25 @@ def plan(root: Flow, encode) -> list[Node]:
                 raise FlowError(f"flow node {queue}/{job_id} needs a job name (the handler)")
             children = flow.children
             if type(children) is not list and not isinstance(children, list | tuple):
-                raise FlowError(f"children of {queue}/{job_id} must be a list of Flow, "
-                                f"got {type(children).__name__}")
+                raise FlowError(
+                    f"children of {queue}/{job_id} must be a list of Flow, "
+                    f"got {type(children).__name__}"
+                )
             _check_settings(flow, queue, job_id)
-            node = Node(queue, job_id, name, encode(flow.payload), flow.max_attempts,
-                        flow.backoff_ms, parent.id if parent else "",
-                        parent.queue if parent else "", flow.policy if parent else "fp", [],
-                        depth, gate)
+            node = Node(
+                queue,
+                job_id,
+                name,
+                encode(flow.payload),
+                flow.max_attempts,
+                flow.backoff_ms,
+                parent.id if parent else "",
+                parent.queue if parent else "",
+                flow.policy if parent else "fp",
+                [],
+                depth,
+                gate,
+            )
             if parent is not None:
                 parent.children.append((queue, job_id))
             nodes.append(node)
@@ -164,11 +182,16 @@ def plan(root: Flow, encode) -> list[Node]:
 
 
 def _check_settings(flow: Flow, queue: str, job_id: str) -> None:
-    if not (flow.fail_parent_on_failure or flow.ignore_dependency_on_failure
-            or flow.remove_dependency_on_failure):
-        raise FlowError(f"{queue}/{job_id}: fail_parent_on_failure=False needs "
-                        "ignore_dependency_on_failure or remove_dependency_on_failure "
-                        "(what else should its death do to the parent?)")
+    if not (
+        flow.fail_parent_on_failure
+        or flow.ignore_dependency_on_failure
+        or flow.remove_dependency_on_failure
+    ):
+        raise FlowError(
+            f"{queue}/{job_id}: fail_parent_on_failure=False needs "
+            "ignore_dependency_on_failure or remove_dependency_on_failure "
+            "(what else should its death do to the parent?)"
+        )
     if flow.max_attempts is None and flow.backoff_ms is None:
         return
     try:
@@ -197,5 +220,5 @@ def steps(nodes: list[Node], chunk: int) -> list[tuple[str, list[Node]]]:
     out = []
     for queue, group in groups:
         for i in range(0, len(group), chunk):
-            out.append((queue, group[i:i + chunk]))
+            out.append((queue, group[i : i + chunk]))
     return out

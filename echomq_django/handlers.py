@@ -8,7 +8,7 @@ imported at startup (``AppConfig.ready``), the way the admin finds
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from django.utils.module_loading import autodiscover_modules
 
@@ -26,9 +26,14 @@ def handler(name: str) -> Callable[[Callable], Callable]:
 
     def register(func: Callable) -> Callable:
         current = _registry.get(name)
-        if current is not None and current is not func and (
+        if (
+            current is not None
+            and current is not func
+            and (
                 getattr(current, "__qualname__", None) != getattr(func, "__qualname__", None)
-                or getattr(current, "__module__", None) != getattr(func, "__module__", None)):
+                or getattr(current, "__module__", None) != getattr(func, "__module__", None)
+            )
+        ):
             raise ValueError(f"job name {name!r} already has a handler: {current!r}")
         _registry[name] = func
         return func

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from .reads import Dependencies
 
 
-class JobState(str, Enum):
+class JobState(StrEnum):
     """The states of DESIGN §4."""
 
     PENDING = "pending"
@@ -57,6 +57,7 @@ def _defaults(mq: EchoMQ | None, queue: str) -> tuple[int, int]:
     """The queue's (max_attempts, backoff_ms) for a row that has none."""
     if mq is None:
         from .client import DEFAULTS
+
         return DEFAULTS["MAX_ATTEMPTS"], DEFAULTS["BACKOFF_MS"]
     return mq.setting(queue, "MAX_ATTEMPTS"), mq.setting(queue, "BACKOFF_MS")
 
@@ -131,18 +132,36 @@ class Job:
     @classmethod
     def from_claim(cls, queue: str, values: list, deadline: int, mq: EchoMQ) -> Job:
         """Build an active Job from one 11-value group of ``claim``'s reply."""
-        (job_id, token, name, payload, attempts, max_attempts, backoff_ms,
-         parent, parent_queue, parent_policy, created_at) = values
+        (
+            job_id,
+            token,
+            name,
+            payload,
+            attempts,
+            max_attempts,
+            backoff_ms,
+            parent,
+            parent_queue,
+            parent_policy,
+            created_at,
+        ) = values
         default_attempts, default_backoff = _defaults(mq, queue)
         return cls(
-            id=_text(job_id), queue=queue, name=_text(name) or "", payload=_json(payload),
-            state=JobState.ACTIVE, attempts=int(attempts),
+            id=_text(job_id),
+            queue=queue,
+            name=_text(name) or "",
+            payload=_json(payload),
+            state=JobState.ACTIVE,
+            attempts=int(attempts),
             max_attempts=int(max_attempts or default_attempts),
             backoff_ms=int(backoff_ms if backoff_ms is not None else default_backoff),
             parent=_text(parent),
             parent_queue=_text(parent_queue) or (queue if parent else None),
             parent_policy=_text(parent_policy) or ("fp" if parent else None),
-            created_at=_int(created_at), lease=_text(token), lease_deadline=deadline, _mq=mq,
+            created_at=_int(created_at),
+            lease=_text(token),
+            lease_deadline=deadline,
+            _mq=mq,
         )
 
     @property

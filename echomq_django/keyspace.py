@@ -92,7 +92,7 @@ class Keyspace:
         Raises ``ValueError`` when ``ref`` is not a job key under this prefix.
         """
         head = f"{self.prefix}:{{"
-        queue, sep, rest = ref[len(head):].partition("}:job:")
+        queue, sep, rest = ref[len(head) :].partition("}:job:")
         if not ref.startswith(head) or not sep:
             raise ValueError(f"not a job ref under prefix {self.prefix!r}: {ref!r}")
         return validate_queue(queue), validate_id(rest)
@@ -100,7 +100,7 @@ class Keyspace:
     def parse_base_id(self, value: str) -> tuple[str, str]:
         """Split ``P:{q}:<id>`` (how scripts report jobs) into ``(queue, id)``."""
         head = f"{self.prefix}:{{"
-        queue, sep, job_id = value[len(head):].partition("}:")
+        queue, sep, job_id = value[len(head) :].partition("}:")
         if not value.startswith(head) or not sep:
             raise ValueError(f"not a job under prefix {self.prefix!r}: {value!r}")
         return queue, job_id

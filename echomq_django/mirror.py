@@ -42,8 +42,9 @@ RECHECK_LIMIT = 1000  # active ids / delayed rows re-checked per pass (un-evente
 SWEEP_MAX_EVENTS = 20000  # stream entries one after-sweep pass applies; the rest next sweep
 TOUCH_EVERY = timedelta(seconds=5)  # an unchanged queue's mirrored_at is refreshed this often
 
-UPDATE_FIELDS = [f.name for f in MirroredJob._meta.concrete_fields
-                 if f.name not in ("id", "queue", "job_id")]
+UPDATE_FIELDS = [
+    f.name for f in MirroredJob._meta.concrete_fields if f.name not in ("id", "queue", "job_id")
+]
 
 
 def ms_to_datetime(ms: Any) -> datetime | None:
@@ -74,14 +75,25 @@ def job_from_row(mq, queue: str, job_id: str, row: dict, now: datetime) -> Mirro
     result, cut_r = _trim(raw.get("result"))
     error, cut_e = _trim(job.error)
     return MirroredJob(
-        queue=queue, job_id=job_id, name=job.name[:255], state=job.state.value,
-        attempts=job.attempts, max_attempts=job.max_attempts,
-        parent_queue=job.parent_queue or "", parent_id=job.parent or "",
+        queue=queue,
+        job_id=job_id,
+        name=job.name[:255],
+        state=job.state.value,
+        attempts=job.attempts,
+        max_attempts=job.max_attempts,
+        parent_queue=job.parent_queue or "",
+        parent_id=job.parent or "",
         parent_policy=job.parent_policy or "",
-        created_at=ms_to_datetime(job.created_at), started_at=ms_to_datetime(job.started_at),
+        created_at=ms_to_datetime(job.created_at),
+        started_at=ms_to_datetime(job.started_at),
         finished_at=ms_to_datetime(job.finished_at),
-        payload=payload, result=result, error=error, truncated=cut_p or cut_r or cut_e,
-        gone_from_redis=False, mirrored_at=now)
+        payload=payload,
+        result=result,
+        error=error,
+        truncated=cut_p or cut_r or cut_e,
+        gone_from_redis=False,
+        mirrored_at=now,
+    )
 
 
 def per_job(mq, queue: str, ids, command: str, *args) -> dict[str, Any]:
@@ -91,11 +103,11 @@ def per_job(mq, queue: str, ids, command: str, *args) -> dict[str, Any]:
     ids = list(ids)
     out: dict[str, Any] = {}
     for i in range(0, len(ids), ROW_BATCH):
-        chunk = ids[i:i + ROW_BATCH]
+        chunk = ids[i : i + ROW_BATCH]
         pipe = mq.client.pipeline(transaction=False)
         for job_id in chunk:
             getattr(pipe, command)(mq.keys.job(queue, job_id), *args)
-        out.update(zip(chunk, pipe.execute()))
+        out.update(zip(chunk, pipe.execute(), strict=False))
     return out
 
 
@@ -115,17 +127,23 @@ def store_rows(mq, queue: str, rows: dict[str, dict], now: datetime) -> tuple[in
             try:
                 present.append(job_from_row(mq, queue, job_id, row, now))
             except (ValueError, TypeError) as err:
-                log.warning("mirror: skipped job %s/%s, its row does not decode: %s",
-                            queue, job_id, err)
+                log.warning(
+                    "mirror: skipped job %s/%s, its row does not decode: %s", queue, job_id, err
+                )
     gone = [job_id for job_id, row in rows.items() if not row]
     for i in range(0, len(present), ROW_BATCH):
         MirroredJob.objects.bulk_create(
-            present[i:i + ROW_BATCH], update_conflicts=True,
-            unique_fields=["queue", "job_id"], update_fields=UPDATE_FIELDS)
+            present[i : i + ROW_BATCH],
+            update_conflicts=True,
+            unique_fields=["queue", "job_id"],
+            update_fields=UPDATE_FIELDS,
+        )
     marked = 0
     for i in range(0, len(gone), ROW_BATCH):
         marked += MirroredJob.objects.filter(
-            queue=queue, job_id__in=gone[i:i + ROW_BATCH], gone_from_redis=False,
+            queue=queue,
+            job_id__in=gone[i : i + ROW_BATCH],
+            gone_from_redis=False,
         ).update(gone_from_redis=True, mirrored_at=now)
     return len(present), marked
 
@@ -167,8 +185,13 @@ def _index_ids(mq, queue: str) -> set[str]:
 def _gone_rows(mq, queue: str, seen: set[str]) -> dict[str, dict]:
     """``{id: {}}`` for mirrored rows of ``queue`` not in ``seen`` whose
     Redis row no longer exists (checked: a job may have moved mid-scan)."""
-    others = [j for j in MirroredJob.objects.filter(queue=queue, gone_from_redis=False)
-              .values_list("job_id", flat=True).iterator() if j not in seen]
+    others = [
+        j
+        for j in MirroredJob.objects.filter(queue=queue, gone_from_redis=False)
+        .values_list("job_id", flat=True)
+        .iterator()
+        if j not in seen
+    ]
     return {j: {} for j, n in per_job(mq, queue, others, "exists").items() if not n}
 
 
@@ -176,12 +199,19 @@ def _unevented(mq, queue: str) -> set[str]:
     """Ids whose move emitted no event (``claim``: pending -> active;
     ``promote_delayed``: delayed -> pending) and that the mirror holds in the
     old state. Bounded by ``RECHECK_LIMIT`` per index."""
-    active = set(map(_text, mq.client.zrange(mq.keys.queue_key(queue, "active"), 0,
-                                              RECHECK_LIMIT - 1)))
-    known = set(MirroredJob.objects.filter(queue=queue, job_id__in=active, state="active")
-                .values_list("job_id", flat=True))
-    delayed = list(MirroredJob.objects.filter(queue=queue, state="delayed", gone_from_redis=False)
-                   .values_list("job_id", flat=True)[:RECHECK_LIMIT])
+    active = set(
+        map(_text, mq.client.zrange(mq.keys.queue_key(queue, "active"), 0, RECHECK_LIMIT - 1))
+    )
+    known = set(
+        MirroredJob.objects.filter(queue=queue, job_id__in=active, state="active").values_list(
+            "job_id", flat=True
+        )
+    )
+    delayed = list(
+        MirroredJob.objects.filter(queue=queue, state="delayed", gone_from_redis=False).values_list(
+            "job_id", flat=True
+        )[:RECHECK_LIMIT]
+    )
     states = per_job(mq, queue, delayed, "hget", "state")
     moved = {j for j, state in states.items() if _text(state) != "delayed"}
     return (active - known) | moved
@@ -225,8 +255,9 @@ def _pending_age(mq, queue: str, head: str | None) -> float | None:
     return None if stamp is None else max(0.0, (mq.clock() - int(stamp)) / 1000)
 
 
-def _follow(mq, queue: str, after: str, entries: list, limit: int,
-            max_events: int | None) -> tuple[set[str], str, int]:
+def _follow(
+    mq, queue: str, after: str, entries: list, limit: int, max_events: int | None
+) -> tuple[set[str], str, int]:
     """Apply stream entries from ``entries`` (the first XRANGE page after
     ``after``) on, ``limit`` per page, up to ``max_events``; returns the ids
     they name, the last entry id read, and how many entries were read."""
@@ -241,8 +272,7 @@ def _follow(mq, queue: str, after: str, entries: list, limit: int,
         count += len(entries)
         if len(entries) < limit or (max_events and count >= max_events):
             break
-        entries = mq.client.xrange(mq.keys.queue_key(queue, "events"), f"({last}", "+",
-                                   count=limit)
+        entries = mq.client.xrange(mq.keys.queue_key(queue, "events"), f"({last}", "+", count=limit)
     return touched, last, count
 
 
@@ -262,8 +292,13 @@ def mirror_queue(mq, queue: str, full: bool = False, max_events: int | None = No
     head, first_id, last_id, entries = _probe(mq, queue, stored, limit)
     counts = mq.counts(queue)
     now = timezone.now()
-    report = {"full": full or _needs_rescan(stored, first_id, last_id), "events": 0, "jobs": 0,
-              "gone": 0, "changed": True}
+    report = {
+        "full": full or _needs_rescan(stored, first_id, last_id),
+        "events": 0,
+        "jobs": 0,
+        "gone": 0,
+        "changed": True,
+    }
 
     if report["full"]:
         new_last = last_id or "0-0"  # read before the scan: later events are re-read
@@ -271,8 +306,7 @@ def mirror_queue(mq, queue: str, full: bool = False, max_events: int | None = No
         rows = read_rows(mq, queue, seen)
         rows.update(_gone_rows(mq, queue, {j for j, row in rows.items() if row}))
     else:
-        touched, new_last, report["events"] = _follow(mq, queue, stored, entries, limit,
-                                                      max_events)
+        touched, new_last, report["events"] = _follow(mq, queue, stored, entries, limit, max_events)
         moved = counts != saved.counts()
         if moved:
             touched |= _unevented(mq, queue)
@@ -280,7 +314,8 @@ def mirror_queue(mq, queue: str, full: bool = False, max_events: int | None = No
             report["changed"] = False
             if now - saved.mirrored_at >= TOUCH_EVERY:
                 MirroredQueue.objects.filter(queue=queue).update(
-                    mirrored_at=now, oldest_pending_age_s=_pending_age(mq, queue, head))
+                    mirrored_at=now, oldest_pending_age_s=_pending_age(mq, queue, head)
+                )
             return report
         rows = read_rows(mq, queue, touched)
 
@@ -288,8 +323,14 @@ def mirror_queue(mq, queue: str, full: bool = False, max_events: int | None = No
     with transaction.atomic():
         report["jobs"], report["gone"] = store_rows(mq, queue, rows, now)
         MirroredQueue.objects.update_or_create(
-            queue=queue, defaults={**counts, "oldest_pending_age_s": age,
-                                   "last_event_id": new_last, "mirrored_at": now})
+            queue=queue,
+            defaults={
+                **counts,
+                "oldest_pending_age_s": age,
+                "last_event_id": new_last,
+                "mirrored_at": now,
+            },
+        )
     return report
 
 
@@ -319,5 +360,6 @@ def mirror_after_sweep(pump, reports: dict) -> None:
             close_old_connections()  # a long-running pump outlives DB connections
         mirror_queues(pump.mq, list(reports), max_events=SWEEP_MAX_EVENTS)
     except Exception:
-        log.exception("admin mirror failed after a sweep of %s; the pump carries on",
-                      ", ".join(reports))
+        log.exception(
+            "admin mirror failed after a sweep of %s; the pump carries on", ", ".join(reports)
+        )

@@ -101,8 +101,16 @@ class MirroredQueue(models.Model):
     def __str__(self) -> str:
         return self.queue
 
-    COUNT_FIELDS = ("pending", "active", "delayed", "awaiting_children", "completed", "dead",
-                    "outbox", "deadletter")
+    COUNT_FIELDS = (
+        "pending",
+        "active",
+        "delayed",
+        "awaiting_children",
+        "completed",
+        "dead",
+        "outbox",
+        "deadletter",
+    )
 
     def counts(self) -> dict[str, int]:
         """The mirrored counts, keyed like ``EchoMQ.counts()``."""

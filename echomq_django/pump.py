@@ -51,14 +51,15 @@ def deliver_entries(mq, entries: list[dict]) -> tuple[list[bool], Outcome]:
         for i in idx:
             e = entries[i]
             args += [e["k"], e["c"], e["p"], e.get("pol") or "fp", e.get("v") or ""]
-        calls.append(("flow_deliver",
-                      [k.queue_key(queue, "pending"), k.queue_key(queue, "awaiting")], args))
+        calls.append(
+            ("flow_deliver", [k.queue_key(queue, "pending"), k.queue_key(queue, "awaiting")], args)
+        )
     outcome = Outcome()
-    for (queue, idx), reply in zip(groups.items(), mq.scripts.run_many(calls)):
+    for (_queue, idx), reply in zip(groups.items(), mq.scripts.run_many(calls), strict=False):
         if isinstance(reply, Exception):
             raise reply
         outcome.merge(mq._outcome(reply))
-        for i, ok in zip(idx, json.loads(reply)["delivered"]):
+        for i, ok in zip(idx, json.loads(reply)["delivered"], strict=False):
             flags[i] = bool(ok)
     return flags, outcome
 
@@ -81,9 +82,15 @@ class SweepReport:
         return {k: v for k, v in self.__dict__.items() if k != "outcome"}
 
 
-def deliver_outbox(mq, queue: str, batch: int = 500, lock_ms: int = 30000,
-                   max_tries: int = 3, report: SweepReport | None = None,
-                   before_trim=None) -> SweepReport:
+def deliver_outbox(
+    mq,
+    queue: str,
+    batch: int = 500,
+    lock_ms: int = 30000,
+    max_tries: int = 3,
+    report: SweepReport | None = None,
+    before_trim=None,
+) -> SweepReport:
     """Deliver ``queue``'s outbox, ``batch`` entries per round, until it is
     empty or blocked by an entry still being retried. Skips (``locked=True``)
     when another pump holds the sweep lock of this queue. ``before_trim(queue,
@@ -92,8 +99,7 @@ def deliver_outbox(mq, queue: str, batch: int = 500, lock_ms: int = 30000,
     k, client = mq.keys, mq.client
     outbox = k.queue_key(queue, "flow:outbox")
     tries_key = k.queue_key(queue, "flow:tries")
-    lock = client.lock(k.queue_key(queue, "pump:lock"), timeout=lock_ms / 1000,
-                       blocking=False)
+    lock = client.lock(k.queue_key(queue, "pump:lock"), timeout=lock_ms / 1000, blocking=False)
     if not lock.acquire():
         report.locked = True
         return report
@@ -111,7 +117,7 @@ def deliver_outbox(mq, queue: str, batch: int = 500, lock_ms: int = 30000,
             flags, outcome = deliver_entries(mq, entries)
             report.outcome.merge(outcome)
             actions, read = [], []
-            for item, entry, ok in zip(raw, entries, flags):
+            for item, entry, ok in zip(raw, entries, flags, strict=False):
                 read.append(item)
                 if ok:
                     actions.append("ok")
@@ -120,24 +126,38 @@ def deliver_outbox(mq, queue: str, batch: int = 500, lock_ms: int = 30000,
                 if tries < max_tries:
                     read.pop()
                     break
-                actions.append(f"parent {entry.get('q')}/{entry.get('p')} not found "
-                               f"after {tries} deliveries" if entry else "malformed entry")
+                actions.append(
+                    f"parent {entry.get('q')}/{entry.get('p')} not found after {tries} deliveries"
+                    if entry
+                    else "malformed entry"
+                )
                 client.hdel(tries_key, item)
             if before_trim is not None:
                 before_trim(queue, actions)
             removed = 0
             if actions:
                 try:
-                    removed = mq.scripts.run("outbox_trim",
-                                   [outbox, k.queue_key(queue, "pump:lock"),
-                                    k.queue_key(queue, "flow:deadletter")],
-                                   [lock.local.token, mq.clock(),
-                                    *(v for pair in zip(read, actions) for v in pair)])
+                    removed = mq.scripts.run(
+                        "outbox_trim",
+                        [
+                            outbox,
+                            k.queue_key(queue, "pump:lock"),
+                            k.queue_key(queue, "flow:deadletter"),
+                        ],
+                        [
+                            lock.local.token,
+                            mq.clock(),
+                            *(v for pair in zip(read, actions, strict=False) for v in pair),
+                        ],
+                    )
                 except SweepLockLost:
                     # our lock expired mid-sweep and another pump may be trimming:
                     # leave the outbox to it; what we delivered is re-delivered as no-ops
-                    log.warning("pump lock on %s expired before the trim; leaving the "
-                                "outbox to the pump that holds it", queue)
+                    log.warning(
+                        "pump lock on %s expired before the trim; leaving the "
+                        "outbox to the pump that holds it",
+                        queue,
+                    )
                     report.lock_lost = True
                     break
                 if removed != len(actions):  # the head moved under us: re-read it
@@ -169,11 +189,21 @@ class Pump:
     Raises ``ValueError`` for a bad or missing queue name.
     """
 
-    def __init__(self, queues: list[str], mq=None, *, batch: int = 500, lock_ms: int = 30000,
-                 max_tries: int = 3, max_stalls: int = 1, after_sweep=None,
-                 before_trim=None) -> None:
+    def __init__(
+        self,
+        queues: list[str],
+        mq=None,
+        *,
+        batch: int = 500,
+        lock_ms: int = 30000,
+        max_tries: int = 3,
+        max_stalls: int = 1,
+        after_sweep=None,
+        before_trim=None,
+    ) -> None:
         if mq is None:
             from .conf import get_mq
+
             mq = get_mq()
         self.mq = mq
         self.queues = [q for q in queues if mq.keys.base(q)]
@@ -196,11 +226,18 @@ class Pump:
     def _sweep(self) -> dict[str, dict]:
         reports = {}
         for queue in self.queues:
-            rep = deliver_outbox(self.mq, queue, self.batch, self.lock_ms, self.max_tries,
-                                 before_trim=self.before_trim)
+            rep = deliver_outbox(
+                self.mq,
+                queue,
+                self.batch,
+                self.lock_ms,
+                self.max_tries,
+                before_trim=self.before_trim,
+            )
             rep.promoted = self.mq.promote_delayed(queue, limit=self.batch * 10)
-            stalled = self.mq.recover_stalled(queue, limit=self.batch * 10,
-                                              max_stalls=self.max_stalls)
+            stalled = self.mq.recover_stalled(
+                queue, limit=self.batch * 10, max_stalls=self.max_stalls
+            )
             rep.recovered = stalled.recovered
             rep.outcome.merge(stalled)
             rep.released = len(rep.outcome.released)

@@ -102,8 +102,11 @@ class Reads:
         processed, failed, ignored, removed, children, remaining = pipe.execute()
         deps = Dependencies(
             processed={_text(k): json.loads(v) for k, v in processed.items()},
-            failed=_texts(failed), ignored=_texts(ignored), removed=_texts(removed),
-            remaining=int(remaining or 0))
+            failed=_texts(failed),
+            ignored=_texts(ignored),
+            removed=_texts(removed),
+            remaining=int(remaining or 0),
+        )
         resolved = set(deps.processed) | set(deps.failed) | set(deps.ignored) | set(deps.removed)
         deps.unprocessed = sorted(r for r in map(_text, children) if r not in resolved)
         return deps
@@ -120,9 +123,13 @@ class Reads:
         pipe.get(key + ":dependencies")
         processed, failed, ignored, removed, children, remaining = pipe.execute()
         return {
-            "processed": processed, "failed": failed, "ignored": ignored, "removed": removed,
+            "processed": processed,
+            "failed": failed,
+            "ignored": ignored,
+            "removed": removed,
             "unprocessed": children - processed - failed - ignored - removed,
-            "remaining": int(remaining or 0), "children": children,
+            "remaining": int(remaining or 0),
+            "children": children,
         }
 
     @reports_redis_down
@@ -143,13 +150,17 @@ class Reads:
             replies = pipe.execute()
             next_level = []
             for i, node in enumerate(level):
-                (name, state, result, error, policy), kids, remaining = replies[3 * i:3 * i + 3]
-                node.update(ref=self.keys.job(node["queue"], node["id"]), name=_text(name),
-                            state=_text(state), result=json.loads(result) if result else None,
-                            error=_text(error),
-                            policy=_text(policy) or ("fp" if node is not root else None),
-                            remaining=int(remaining) if remaining is not None else None,
-                            children=[])
+                (name, state, result, error, policy), kids, remaining = replies[3 * i : 3 * i + 3]
+                node.update(
+                    ref=self.keys.job(node["queue"], node["id"]),
+                    name=_text(name),
+                    state=_text(state),
+                    result=json.loads(result) if result else None,
+                    error=_text(error),
+                    policy=_text(policy) or ("fp" if node is not root else None),
+                    remaining=int(remaining) if remaining is not None else None,
+                    children=[],
+                )
                 if depth is None or d < depth:
                     for ref in sorted(map(_text, kids)):
                         cq, cid = self.keys.parse_ref(ref)
@@ -170,11 +181,21 @@ class Reads:
         pipe.llen(k.queue_key(queue, "flow:outbox"))
         pipe.llen(k.queue_key(queue, "flow:deadletter"))
         pending, active, delayed, completed, dead, awaiting, outbox, dl = pipe.execute()
-        return {"pending": pending, "active": active, "delayed": delayed, "completed": completed,
-                "dead": dead, "awaiting_children": awaiting, "outbox": outbox, "deadletter": dl}
+        return {
+            "pending": pending,
+            "active": active,
+            "delayed": delayed,
+            "completed": completed,
+            "dead": dead,
+            "awaiting_children": awaiting,
+            "outbox": outbox,
+            "deadletter": dl,
+        }
 
     @reports_redis_down
-    def job_ids(self, queue: str, state: JobState | str, start: int = 0, end: int = -1) -> list[str]:
+    def job_ids(
+        self, queue: str, state: JobState | str, start: int = 0, end: int = -1
+    ) -> list[str]:
         """Ids in one state index, oldest first (pending: FIFO order)."""
         key = self.keys.queue_key(queue, STATE_INDEX[JobState(state)])
         if JobState(state) is JobState.PENDING:

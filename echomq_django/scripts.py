@@ -22,9 +22,9 @@ from redis.cluster import RedisCluster
 
 from .exceptions import connection_error, translate
 
-_INCLUDE = re.compile(r"^-- @include (\S+)$", re.M)
-_KEYS = re.compile(r"^\s+KEYS\[(\d+)\]\s+(.+)$", re.M)
-_ARGV = re.compile(r"^\s+ARGV\[(\d+)(\.\.)?\]\s+(.+)$", re.M)
+_INCLUDE = re.compile(r"^-- @include (\S+)$", re.MULTILINE)
+_KEYS = re.compile(r"^\s+KEYS\[(\d+)\]\s+(.+)$", re.MULTILINE)
+_ARGV = re.compile(r"^\s+ARGV\[(\d+)(\.\.)?\]\s+(.+)$", re.MULTILINE)
 
 
 def lua_dir() -> Path:
@@ -43,8 +43,10 @@ def lua_dir() -> Path:
     packaged = Path(__file__).resolve().parent / "lua"
     if (packaged / "claim.lua").is_file():
         return packaged
-    raise FileNotFoundError(f"echomq_django's Lua scripts are missing (looked in {checkout} "
-                            f"and {packaged}); reinstall the package")
+    raise FileNotFoundError(
+        f"echomq_django's Lua scripts are missing (looked in {checkout} "
+        f"and {packaged}); reinstall the package"
+    )
 
 
 @dataclass(frozen=True)
@@ -138,7 +140,8 @@ class Scripts:
         if len(keys) != src.nkeys or not fixed_ok:
             raise TypeError(
                 f"script {name} takes {src.nkeys} KEYS and {src.nargv}"
-                f"{'+' if src.variadic else ''} ARGV, got {len(keys)} and {len(args)}")
+                f"{'+' if src.variadic else ''} ARGV, got {len(keys)} and {len(args)}"
+            )
 
     def run(self, name: str, keys: list, args: list):
         """Run script ``name``; raises the named exception for an ``EMQ`` error."""
@@ -180,7 +183,7 @@ class Scripts:
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as err:
             raise connection_error(self.client, err) from err
         out = []
-        for (name, keys, args), reply in zip(calls, replies):
+        for (name, keys, args), reply in zip(calls, replies, strict=False):
             if isinstance(reply, redis.exceptions.NoScriptError):
                 try:
                     reply = self._scripts[name](keys=keys, args=args)

@@ -55,16 +55,25 @@ def send(signal: Signal, sender, **kwargs) -> None:
         return
     for receiver, response in signal.send_robust(sender=sender, **kwargs):
         if isinstance(response, Exception):
-            log.error("signal receiver %r raised %r for %s/%s", receiver, response,
-                      kwargs.get("queue"), kwargs.get("job_id"), exc_info=response)
+            log.error(
+                "signal receiver %r raised %r for %s/%s",
+                receiver,
+                response,
+                kwargs.get("queue"),
+                kwargs.get("job_id"),
+                exc_info=response,
+            )
 
 
 def send_outcome(sender, mq, outcome, skip: tuple[str, str] | None = None) -> None:
     """Send ``job_dead``, ``flow_failed`` and ``parent_released`` for what one
     script's ``Outcome`` moved; reads name and error only when someone listens.
     ``skip`` is a ``(queue, id)`` whose own signal the caller sends itself."""
-    groups = ((job_dead, outcome.dead), (flow_failed, outcome.flow_failed),
-              (parent_released, outcome.released))
+    groups = (
+        (job_dead, outcome.dead),
+        (flow_failed, outcome.flow_failed),
+        (parent_released, outcome.released),
+    )
     for signal, pairs in groups:
         if not pairs or not signal.has_listeners(sender):
             continue
@@ -73,7 +82,7 @@ def send_outcome(sender, mq, outcome, skip: tuple[str, str] | None = None) -> No
                 continue
             try:
                 job = mq.get_job(queue, job_id)
-            except Exception:  # noqa: BLE001 — gone already (retention): still announce it
+            except Exception:
                 name, error = "", None
             else:
                 name, error = job.name, job.error

@@ -89,8 +89,12 @@ from .keyspace import validate_queue
 
 log = logging.getLogger("echomq_django.worker")
 
-REDIS_DOWN = (RedisUnavailable, redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
-              redis.exceptions.ClusterError)
+REDIS_DOWN = (
+    RedisUnavailable,
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+    redis.exceptions.ClusterError,
+)
 GONE = (LeaseLost, JobNotActive, JobNotFound)
 TRACEBACK_LINES = 20
 ERROR_CHARS = 4000
@@ -111,15 +115,17 @@ def error_text(exc: BaseException) -> str:
     try:
         head = f"{type(exc).__name__}: {exc}"[:1000]
         lines = "".join(traceback.format_exception(exc)).rstrip().splitlines()
-    except Exception as err:  # noqa: BLE001 — an exception whose str() raises
+    except Exception as err:
         return f"{type(exc).__name__}: (could not format the error: {type(err).__name__})"
     if len(lines) > TRACEBACK_LINES:
-        lines = [f"... ({len(lines) - TRACEBACK_LINES} traceback lines trimmed)",
-                 *lines[-TRACEBACK_LINES:]]
+        lines = [
+            f"... ({len(lines) - TRACEBACK_LINES} traceback lines trimmed)",
+            *lines[-TRACEBACK_LINES:],
+        ]
     body = "\n".join(lines)
     room = ERROR_CHARS - len(head) - 1
     if len(body) > room:
-        body = "..." + body[len(body) - room + 3:]
+        body = "..." + body[len(body) - room + 3 :]
     return f"{head}\n{body}"
 
 
@@ -130,9 +136,11 @@ def unknown_name_error(name: str) -> str:
     shown = ", ".join(names[:NAMES_SHOWN]) or "(none)"
     if len(names) > NAMES_SHOWN:
         shown += f", ... ({len(names) - NAMES_SHOWN} more)"
-    return (f"UnknownJobName: no handler is registered for job name {name!r}; registered: "
-            f"{shown}. Register one with @echomq_django.handler({name!r}) in an installed "
-            "app's jobs.py")
+    return (
+        f"UnknownJobName: no handler is registered for job name {name!r}; registered: "
+        f"{shown}. Register one with @echomq_django.handler({name!r}) in an installed "
+        "app's jobs.py"
+    )
 
 
 class Worker:
@@ -154,12 +162,21 @@ class Worker:
     when the last run returned).
     """
 
-    def __init__(self, queues: list[str], concurrency: int = 1, mq=None, *,
-                 batch: int | None = None, lease_ms: int | None = None,
-                 heartbeat_ms: int | None = None, shutdown_timeout: float = 30.0,
-                 poll_interval: float = 0.2) -> None:
+    def __init__(
+        self,
+        queues: list[str],
+        concurrency: int = 1,
+        mq=None,
+        *,
+        batch: int | None = None,
+        lease_ms: int | None = None,
+        heartbeat_ms: int | None = None,
+        shutdown_timeout: float = 30.0,
+        poll_interval: float = 0.2,
+    ) -> None:
         if mq is None:
             from .conf import get_mq
+
             mq = get_mq()
         self.mq = mq
         self.queues = [validate_queue(q) for q in dict.fromkeys(queues)]
@@ -167,9 +184,12 @@ class Worker:
             raise ValueError("a worker needs at least one queue")
         self.concurrency = _at_least(1, concurrency, "concurrency")
         self.batch = _at_least(1, batch if batch is not None else concurrency, "batch")
-        self.leases = {q: _at_least(1, lease_ms if lease_ms is not None
-                                    else mq.setting(q, "LEASE_MS"), "lease_ms")
-                       for q in self.queues}
+        self.leases = {
+            q: _at_least(
+                1, lease_ms if lease_ms is not None else mq.setting(q, "LEASE_MS"), "lease_ms"
+            )
+            for q in self.queues
+        }
         beat = heartbeat_ms if heartbeat_ms is not None else max(50, min(self.leases.values()) // 6)
         self.heartbeat_s = _at_least(1, beat, "heartbeat_ms") / 1000
         if shutdown_timeout < 0 or poll_interval <= 0:
@@ -216,19 +236,28 @@ class Worker:
     def _on_signal(self, signum, frame) -> None:
         name = signal.Signals(signum).name
         if self._stopping.is_set():
-            log.warning("%s again: stopping now; %d running jobs are left to their leases",
-                        name, len(self._running))
+            log.warning(
+                "%s again: stopping now; %d running jobs are left to their leases",
+                name,
+                len(self._running),
+            )
             self.stop(force=True)
         else:
-            log.warning("%s: no more claims; finishing %d running jobs (up to %.0fs); send it "
-                        "again to stop at once", name, len(self._running), self.shutdown_timeout)
+            log.warning(
+                "%s: no more claims; finishing %d running jobs (up to %.0fs); send it "
+                "again to stop at once",
+                name,
+                len(self._running),
+                self.shutdown_timeout,
+            )
             self.stop()
 
     def _install_signals(self):
         if threading.current_thread() is not threading.main_thread():
             return lambda: None
-        previous = {sig: signal.signal(sig, self._on_signal)
-                    for sig in (signal.SIGTERM, signal.SIGINT)}
+        previous = {
+            sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)
+        }
         return lambda: [signal.signal(sig, handler) for sig, handler in previous.items()]
 
     # -- the loop ------------------------------------------------------------
@@ -247,14 +276,22 @@ class Worker:
         self._done, self._inbox, self._reporting = _queue.SimpleQueue(), [], 0
         self._closing, self._executing = False, 0
         self._halt.clear()
-        helpers = [threading.Thread(target=target, daemon=True, name=name) for target, name in
-                   ((self._heartbeat, "echomq-heartbeat"), (self._reporter, "echomq-reporter"))]
+        helpers = [
+            threading.Thread(target=target, daemon=True, name=name)
+            for target, name in (
+                (self._heartbeat, "echomq-heartbeat"),
+                (self._reporter, "echomq-reporter"),
+            )
+        ]
         for thread in helpers:
             thread.start()
         start = self.processed
-        log.info("worker started: queues %s, concurrency %d, lease %s ms",
-                 ", ".join(self.queues), self.concurrency,
-                 ", ".join(f"{q}={ms}" for q, ms in self.leases.items()))
+        log.info(
+            "worker started: queues %s, concurrency %d, lease %s ms",
+            ", ".join(self.queues),
+            self.concurrency,
+            ", ".join(f"{q}={ms}" for q, ms in self.leases.items()),
+        )
         try:
             self._loop(burst, max_jobs)
         finally:
@@ -269,8 +306,11 @@ class Worker:
             restore()
             self._log_stats(time.monotonic())
             if self.abandoned:
-                log.warning("stopped with %d jobs still running; their leases will expire and "
-                            "the pump recovers them", self.abandoned)
+                log.warning(
+                    "stopped with %d jobs still running; their leases will expire and "
+                    "the pump recovers them",
+                    self.abandoned,
+                )
             log.info("worker stopped: processed %d jobs this run", self.processed - start)
             self._stopping.clear()
             self._force = False
@@ -379,7 +419,7 @@ class Worker:
                 value, ok = func(job), True
         except Unrecoverable as exc:  # dead at once, attempts left or not
             value = _DeadError(error_text(exc))
-        except BaseException as exc:  # noqa: BLE001 — any handler error fails the job
+        except BaseException as exc:
             value = error_text(exc)
         finally:
             try:
@@ -414,8 +454,10 @@ class Worker:
                 with self._cv:
                     self._cv.wait_for(lambda: self._closing, timeout=delay)
             except Exception:  # a bug must not stall the loop's accounting
-                log.exception("reporting %d jobs failed; their leases will expire and the pump "
-                              "recovers them", len(items))
+                log.exception(
+                    "reporting %d jobs failed; their leases will expire and the pump recovers them",
+                    len(items),
+                )
                 self._forget(*(item[0] for item in items))
                 items.clear()
             else:
@@ -435,7 +477,7 @@ class Worker:
             replies = self.mq.complete_many([(f[0], f[2]) for f in good])
             finished[:] = [f for f in finished if not f[1]]
             done = []
-            for item, reply in zip(good, replies):
+            for item, reply in zip(good, replies, strict=False):
                 if isinstance(reply, PayloadError):
                     finished.append((item[0], False, f"PayloadError: {reply}", item[3]))
                 elif isinstance(reply, Exception):
@@ -445,14 +487,17 @@ class Worker:
             self._completed(done)
         if finished:
             try:
-                replies = self.mq.fail_many([(f[0], f[2], isinstance(f[2], _DeadError))
-                                             for f in finished])
+                replies = self.mq.fail_many(
+                    [(f[0], f[2], isinstance(f[2], _DeadError)) for f in finished]
+                )
             except REDIS_DOWN:
                 raise
-            except Exception as err:  # noqa: BLE001 — fail_many raises when given one job
+            except Exception as err:
                 replies = [err]
             items, finished[:] = list(finished), []
-            self._failed([(i, r) for i, r in zip(items, replies) if not self._drop(i[0], r)])
+            self._failed(
+                [(i, r) for i, r in zip(items, replies, strict=False) if not self._drop(i[0], r)]
+            )
 
     def _drop(self, job: Job, reply) -> bool:
         """Forget a job Redis refused to complete or fail; True if it was."""
@@ -461,11 +506,22 @@ class Worker:
         self._forget(job)
         self.stats["lost"] += 1
         if isinstance(reply, GONE):
-            log.warning("job %s/%s (%s): result dropped, the lease was lost: %s",
-                        job.queue, job.id, job.name, reply)
+            log.warning(
+                "job %s/%s (%s): result dropped, the lease was lost: %s",
+                job.queue,
+                job.id,
+                job.name,
+                reply,
+            )
         else:
-            log.error("job %s/%s (%s): Redis refused the result: %r; the lease will expire "
-                      "and the pump recovers it", job.queue, job.id, job.name, reply)
+            log.error(
+                "job %s/%s (%s): Redis refused the result: %r; the lease will expire "
+                "and the pump recovers it",
+                job.queue,
+                job.id,
+                job.name,
+                reply,
+            )
         return True
 
     def _forget(self, *jobs: Job) -> None:
@@ -480,8 +536,14 @@ class Worker:
             if self._debug:
                 log.debug("job %s/%s (%s) completed in %.1f ms", job.queue, job.id, job.name, ms)
             if listening:
-                signals.send(signals.job_completed, self, queue=job.queue, job_id=job.id,
-                             job_name=job.name, result=result)
+                signals.send(
+                    signals.job_completed,
+                    self,
+                    queue=job.queue,
+                    job_id=job.id,
+                    job_name=job.name,
+                    result=result,
+                )
             self._after(job, outcome)
         self.stats["completed"] += len(done)
         self.processed += len(done)
@@ -493,15 +555,33 @@ class Worker:
             dead = outcome.state is JobState.DEAD
             self.stats["dead" if dead else "failed"] += 1
             if dead:
-                log.warning("job %s/%s (%s) is dead after %d attempts: %s", job.queue, job.id,
-                            job.name, job.attempts, _first_line(error))
+                log.warning(
+                    "job %s/%s (%s) is dead after %d attempts: %s",
+                    job.queue,
+                    job.id,
+                    job.name,
+                    job.attempts,
+                    _first_line(error),
+                )
             elif self._debug:
-                log.debug("job %s/%s (%s) failed in %.1f ms (attempt %d of %d, %s): %s",
-                          job.queue, job.id, job.name, ms, job.attempts, job.max_attempts,
-                          outcome.state, _first_line(error))
+                log.debug(
+                    "job %s/%s (%s) failed in %.1f ms (attempt %d of %d, %s): %s",
+                    job.queue,
+                    job.id,
+                    job.name,
+                    ms,
+                    job.attempts,
+                    job.max_attempts,
+                    outcome.state,
+                    _first_line(error),
+                )
             if listening[dead]:
-                kwargs = {"queue": job.queue, "job_id": job.id, "job_name": job.name,
-                          "error": error}
+                kwargs = {
+                    "queue": job.queue,
+                    "job_id": job.id,
+                    "job_name": job.name,
+                    "error": error,
+                }
                 if not dead:
                     kwargs["run_at"] = outcome.run_at
                 signals.send(signals.job_dead if dead else signals.job_failed, self, **kwargs)
@@ -522,9 +602,15 @@ class Worker:
         last, since = self._stats_seen
         if done != last:
             rate = (done - last) / max(now - since, 1e-3)
-            log.info("processed %d jobs (%.0f/s), failed %d, dead %d, lost %d, queues %s",
-                     done, rate, self.stats["failed"], self.stats["dead"], self.stats["lost"],
-                     ", ".join(self.queues))
+            log.info(
+                "processed %d jobs (%.0f/s), failed %d, dead %d, lost %d, queues %s",
+                done,
+                rate,
+                self.stats["failed"],
+                self.stats["dead"],
+                self.stats["lost"],
+                ", ".join(self.queues),
+            )
         self._stats_at, self._stats_seen = now + STATS_EVERY_S, (done, now)
 
     # -- heartbeat -----------------------------------------------------------
@@ -561,8 +647,9 @@ class _Outage:
     def failed(self, err: BaseException) -> float:
         """Log the failure; returns the seconds to wait before the next try."""
         delay, self.down = self.delay, True
-        log.warning("Redis unreachable at %s (%s), retrying in %.1fs", self.where, _cause(err),
-                    delay)
+        log.warning(
+            "Redis unreachable at %s (%s), retrying in %.1fs", self.where, _cause(err), delay
+        )
         self.delay = min(delay * 2, BACKOFF_MAX_S)
         return delay
 
@@ -599,7 +686,7 @@ class _Pool:
                 return
             try:
                 item[0](*item[1])
-            except BaseException:  # noqa: BLE001 — keep the thread; fn reports its own errors
+            except BaseException:
                 log.exception("a handler thread's job raised")
 
     def shutdown(self, wait: bool) -> None:

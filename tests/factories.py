@@ -34,5 +34,8 @@ class StaffUserFactory(UserFactory):
         if not create:
             return
         codenames = [*VIEW_CODENAMES, *(extracted or [])]
-        self.user_permissions.add(*Permission.objects.filter(
-            content_type__app_label="echomq_django", codename__in=codenames))
+        self.user_permissions.add(
+            *Permission.objects.filter(
+                content_type__app_label="echomq_django", codename__in=codenames
+            )
+        )

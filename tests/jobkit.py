@@ -41,7 +41,9 @@ def _text(v) -> str:
 def where(mq: EchoMQ, queue: str, job_id: str) -> list[str]:
     """Every state index of ``queue`` holding ``job_id`` (pending counted per copy)."""
     k, c = mq.keys, mq.client
-    out = ["pending"] * sum(_text(v) == job_id for v in c.lrange(k.queue_key(queue, "pending"), 0, -1))
+    out = ["pending"] * sum(
+        _text(v) == job_id for v in c.lrange(k.queue_key(queue, "pending"), 0, -1)
+    )
     for name in INDEXES[1:]:
         if c.zscore(k.queue_key(queue, name), job_id) is not None:
             out.append(name)
@@ -92,8 +94,11 @@ def ref(mq: EchoMQ, job_id: str, queue: str = "q") -> str:
 
 def events(mq: EchoMQ, queue: str, kind: str) -> list[str]:
     """Ids of the ``kind`` events in the queue's stream, oldest first."""
-    return [_text(f[b"id"]) for _, f in mq.client.xrange(mq.keys.queue_key(queue, "events"))
-            if f[b"e"] == kind.encode()]
+    return [
+        _text(f[b"id"])
+        for _, f in mq.client.xrange(mq.keys.queue_key(queue, "events"))
+        if f[b"e"] == kind.encode()
+    ]
 
 
 def snapshot(client) -> dict[bytes, bytes]:

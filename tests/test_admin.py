@@ -44,20 +44,35 @@ from tests.factories import StaffUserFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
 
-QUEUES = ["awaiting", "released", "completed", "failed", "ignored", "orders", "validation",
-          "payments", "html"]
+QUEUES = [
+    "awaiting",
+    "released",
+    "completed",
+    "failed",
+    "ignored",
+    "orders",
+    "validation",
+    "payments",
+    "html",
+]
 XSS = "<script>alert(1)</script>"
 XSS_ESCAPED = "&lt;script&gt;alert(1)&lt;/script&gt;"
 CHANGELIST = "admin:echomq_django_mirroredjob_changelist"
 STATES = {
-    ("awaiting", "aw"): "awaiting_children", ("awaiting", "aw-1"): "completed",
+    ("awaiting", "aw"): "awaiting_children",
+    ("awaiting", "aw-1"): "completed",
     ("awaiting", "aw-2"): "pending",
-    ("released", "rel"): "pending", ("released", "rel-1"): "completed",
-    ("completed", "done"): "completed", ("completed", "done-1"): "completed",
-    ("failed", "fp"): "dead", ("failed", "fp-1"): "dead",
-    ("ignored", "ign"): "pending", ("ignored", "ign-bad"): "dead",
+    ("released", "rel"): "pending",
+    ("released", "rel-1"): "completed",
+    ("completed", "done"): "completed",
+    ("completed", "done-1"): "completed",
+    ("failed", "fp"): "dead",
+    ("failed", "fp-1"): "dead",
+    ("ignored", "ign"): "pending",
+    ("ignored", "ign-bad"): "dead",
     ("ignored", "ign-ok"): "completed",
-    ("orders", "xo"): "pending", ("validation", "xo-v"): "completed",
+    ("orders", "xo"): "pending",
+    ("validation", "xo-v"): "completed",
     ("payments", "xo-p"): "completed",
     ("html", "xss"): "pending",
 }
@@ -118,24 +133,51 @@ def leaf(queue: str, job_id: str, **kw) -> Flow:
 def world(emq):
     """The flows of the module docstring, mirrored."""
     mq = emq
-    add(mq, Flow("awaiting", "t.parent", {"n": 2}, job_id="aw",
-                 children=[leaf("awaiting", "aw-1"), leaf("awaiting", "aw-2")]))
+    add(
+        mq,
+        Flow(
+            "awaiting",
+            "t.parent",
+            {"n": 2},
+            job_id="aw",
+            children=[leaf("awaiting", "aw-1"), leaf("awaiting", "aw-2")],
+        ),
+    )
     step(mq, "awaiting", "aw-1", {"n": 1})
     add(mq, Flow("released", "t.parent", {}, job_id="rel", children=[leaf("released", "rel-1")]))
     step(mq, "released", "rel-1", {"ok": True})
-    add(mq, Flow("completed", "t.parent", {}, job_id="done",
-                 children=[leaf("completed", "done-1")]))
+    add(
+        mq, Flow("completed", "t.parent", {}, job_id="done", children=[leaf("completed", "done-1")])
+    )
     step(mq, "completed", "done-1", 1)
     step(mq, "completed", "done", {"total": 1})
     add(mq, Flow("failed", "t.parent", {}, job_id="fp", children=[leaf("failed", "fp-1")]))
     step(mq, "failed", "fp-1", error="card <b>declined</b>")
-    add(mq, Flow("ignored", "t.parent", {}, job_id="ign", children=[
-        leaf("ignored", "ign-bad", ignore_dependency_on_failure=True),
-        leaf("ignored", "ign-ok")]))
+    add(
+        mq,
+        Flow(
+            "ignored",
+            "t.parent",
+            {},
+            job_id="ign",
+            children=[
+                leaf("ignored", "ign-bad", ignore_dependency_on_failure=True),
+                leaf("ignored", "ign-ok"),
+            ],
+        ),
+    )
     step(mq, "ignored", "ign-bad", error="flaky")
     step(mq, "ignored", "ign-ok", "fine")
-    add(mq, Flow("orders", "orders.fulfil", {"order": 1}, job_id="xo", children=[
-        leaf("validation", "xo-v"), leaf("payments", "xo-p")]))
+    add(
+        mq,
+        Flow(
+            "orders",
+            "orders.fulfil",
+            {"order": 1},
+            job_id="xo",
+            children=[leaf("validation", "xo-v"), leaf("payments", "xo-p")],
+        ),
+    )
     step(mq, "validation", "xo-v", {"valid": True})
     step(mq, "payments", "xo-p", {"charged": 5})
     assert Pump(["validation", "payments"], mq=mq).sweep()["payments"]["released"] == 1
@@ -150,8 +192,11 @@ def mirrored(**filters) -> dict[tuple[str, str], str]:
 
 
 def rows_without_time() -> list[dict]:
-    return list(MirroredJob.objects.order_by("pk").values(
-        *[f.name for f in MirroredJob._meta.concrete_fields if f.name != "mirrored_at"]))
+    return list(
+        MirroredJob.objects.order_by("pk").values(
+            *[f.name for f in MirroredJob._meta.concrete_fields if f.name != "mirrored_at"]
+        )
+    )
 
 
 def messages_of(response) -> list[str]:
@@ -184,11 +229,13 @@ def page(client, queue: str, job_id: str):
     assert response.status_code == 200
     assert response.redirect_chain[0][0] == reverse(
         "admin:echomq_django_mirroredjob_change",
-        args=[MirroredJob.objects.get(queue=queue, job_id=job_id).pk])
+        args=[MirroredJob.objects.get(queue=queue, job_id=job_id).pk],
+    )
     return response
 
 
 # -- the mirror --------------------------------------------------------------
+
 
 def test_mirror_holds_every_job_with_its_state_parent_and_times(world):
     assert mirrored() == STATES
@@ -196,22 +243,38 @@ def test_mirror_holds_every_job_with_its_state_parent_and_times(world):
     assert (child.parent_queue, child.parent_id, child.parent_policy) == ("orders", "xo", "fp")
     assert (child.name, child.attempts, child.max_attempts) == ("t.leaf", 1, 3)
     assert child.payload == '{"id":"xo-v"}' and child.result == '{"valid":true}'
-    assert child.started_at == child.finished_at == datetime.fromtimestamp(
-        (T0 + 14000) / 1000, tz=UTC)
+    assert (
+        child.started_at == child.finished_at == datetime.fromtimestamp((T0 + 14000) / 1000, tz=UTC)
+    )
     assert child.created_at == datetime.fromtimestamp((T0 + 13000) / 1000, tz=UTC)
     fp1 = MirroredJob.objects.get(queue="failed", job_id="fp-1")
     assert (fp1.error, fp1.gone_from_redis, fp1.truncated) == ("card <b>declined</b>", False, False)
     ign = MirroredQueue.objects.get(queue="ignored")
-    assert ign.counts() == {"pending": 1, "active": 0, "delayed": 0, "awaiting_children": 0,
-                            "completed": 1, "dead": 1, "outbox": 0, "deadletter": 0}
+    assert ign.counts() == {
+        "pending": 1,
+        "active": 0,
+        "delayed": 0,
+        "awaiting_children": 0,
+        "completed": 1,
+        "dead": 1,
+        "outbox": 0,
+        "deadletter": 0,
+    }
     assert ign.oldest_pending_age_s == 4.0  # released at T0+12000, mirrored at T0+16000
-    assert ign.last_event_id == world.client.xrevrange("emq:{ignored}:events", count=1)[0][0].decode()
+    assert (
+        ign.last_event_id == world.client.xrevrange("emq:{ignored}:events", count=1)[0][0].decode()
+    )
 
 
 def test_mirror_twice_gives_the_same_rows(world):
     before = rows_without_time()
     assert mirror_queues(world, QUEUES)["failed"] == {
-        "full": False, "events": 0, "jobs": 0, "gone": 0, "changed": False}
+        "full": False,
+        "events": 0,
+        "jobs": 0,
+        "gone": 0,
+        "changed": False,
+    }
     mirror_queues(world, QUEUES, full=True)
     assert rows_without_time() == before
     assert MirroredQueue.objects.count() == len(QUEUES)
@@ -221,9 +284,11 @@ def test_incremental_mirror_reads_only_new_events_and_unevented_claims(world):
     step(world, "awaiting", "aw-2", {"n": 2})  # completed + released: two events
     report = mirror_queue(world, "awaiting")
     assert report == {"full": False, "events": 2, "jobs": 2, "gone": 0, "changed": True}
-    assert mirrored(queue="awaiting") == {("awaiting", "aw"): "pending",
-                                          ("awaiting", "aw-1"): "completed",
-                                          ("awaiting", "aw-2"): "completed"}
+    assert mirrored(queue="awaiting") == {
+        ("awaiting", "aw"): "pending",
+        ("awaiting", "aw-1"): "completed",
+        ("awaiting", "aw-2"): "completed",
+    }
     assert [j.id for j in world.claim("awaiting", 1)] == ["aw"]  # no event; counts moved
     assert mirror_queue(world, "awaiting")["jobs"] == 1
     assert MirroredJob.objects.get(queue="awaiting", job_id="aw").state == "active"
@@ -232,7 +297,12 @@ def test_incremental_mirror_reads_only_new_events_and_unevented_claims(world):
     world.clock.tick(5000)
     assert world.promote_delayed("awaiting") == 1  # no event either
     assert mirror_queue(world, "awaiting") == {
-        "full": False, "events": 0, "jobs": 1, "gone": 0, "changed": True}
+        "full": False,
+        "events": 0,
+        "jobs": 1,
+        "gone": 0,
+        "changed": True,
+    }
     assert MirroredJob.objects.get(queue="awaiting", job_id="later").state == "pending"
 
 
@@ -243,7 +313,12 @@ def test_mirror_on_both_rigs(mq):
     [job] = mq.claim("orders", 1)
     mq.complete(job, "ok")
     assert mirror_queue(mq, "orders") == {
-        "full": False, "events": 1, "jobs": 1, "gone": 0, "changed": True}
+        "full": False,
+        "events": 1,
+        "jobs": 1,
+        "gone": 0,
+        "changed": True,
+    }
     assert mirrored() == {("orders", "a"): "completed", ("orders", "b"): "pending"}
     assert MirroredQueue.objects.get(queue="orders").counts()["completed"] == 1
 
@@ -280,12 +355,14 @@ def test_pump_hook_mirrors_after_a_sweep_and_never_raises(emq, caplog):
     Pump(["orders"], mq=emq, after_sweep=[mirror_after_sweep]).sweep()
     assert mirrored() == {("orders", "j1"): "pending"}
     assert mirror_queue(emq, "orders")["changed"] is False  # nothing new: no writes
-    broken = EchoMQ(redis.Redis(unix_socket_path="/nonexistent/emq.sock",
-                                retry=Retry(NoBackoff(), 0)))
+    broken = EchoMQ(
+        redis.Redis(unix_socket_path="/nonexistent/emq.sock", retry=Retry(NoBackoff(), 0))
+    )
     with caplog.at_level(logging.ERROR, logger="echomq_django.mirror"):
         mirror_after_sweep(SimpleNamespace(mq=broken), {"orders": None})
     assert caplog.records[-1].getMessage() == (
-        "admin mirror failed after a sweep of orders; the pump carries on")
+        "admin mirror failed after a sweep of orders; the pump carries on"
+    )
 
 
 def test_echomq_mirror_command(emq):
@@ -300,24 +377,32 @@ def test_echomq_mirror_command(emq):
         "inventory: full rescan, 0 jobs mirrored, 0 marked gone",
         "orders: 0 events, 0 jobs mirrored, 0 marked gone",
         "payments: full rescan, 1 jobs mirrored, 0 marked gone",
-        "validation: full rescan, 0 jobs mirrored, 0 marked gone"]
+        "validation: full rescan, 0 jobs mirrored, 0 marked gone",
+    ]
     assert mirrored() == {("orders", "j1"): "pending", ("payments", "j2"): "pending"}
 
 
 # -- pages ---------------------------------------------------------------------
+
 
 def test_staff_sees_the_job_list_newest_first_with_filters_and_search(world, staff):
     response = staff.get(reverse(CHANGELIST))
     assert response.status_code == 200
     cl = response.context["cl"]
     assert [(j.queue, j.job_id) for j in cl.result_list][:3] == [
-        ("html", "xss"), ("payments", "xo-p"), ("validation", "xo-v")]
+        ("html", "xss"),
+        ("payments", "xo-p"),
+        ("validation", "xo-v"),
+    ]
     assert cl.result_count == len(STATES)
     html = response.content.decode()
     assert "Last mirrored from Redis:" in html and "Refresh from Redis" in html
     dead = staff.get(reverse(CHANGELIST), {"state__exact": "dead"}).context["cl"]
     assert {(j.queue, j.job_id) for j in dead.result_list} == {
-        ("failed", "fp"), ("failed", "fp-1"), ("ignored", "ign-bad")}
+        ("failed", "fp"),
+        ("failed", "fp-1"),
+        ("ignored", "ign-bad"),
+    }
     by_queue = staff.get(reverse(CHANGELIST), {"queue": "failed"}).context["cl"]
     assert {j.job_id for j in by_queue.result_list} == {"fp", "fp-1"}
     by_name = staff.get(reverse(CHANGELIST), {"name": "orders.fulfil"}).context["cl"]
@@ -337,8 +422,9 @@ def test_html_payload_is_escaped_in_list_and_page(world, staff):
 
 
 def tree(response) -> list[tuple]:
-    return [(n["queue"], n["id"], n["state"], n["value"], n["error"])
-            for n in response.context["tree"]]
+    return [
+        (n["queue"], n["id"], n["state"], n["value"], n["error"]) for n in response.context["tree"]
+    ]
 
 
 def links(response, name: str) -> list[tuple]:
@@ -348,8 +434,10 @@ def links(response, name: str) -> list[tuple]:
 def test_parent_pages_show_children_values_errors_and_counters(world, staff):
     aw = page(staff, "awaiting", "aw")
     assert (aw.context["live"].state, aw.context["remaining"]) == ("awaiting_children", 1)
-    assert tree(aw) == [("awaiting", "aw-1", "completed", '{"n": 1}', ""),
-                        ("awaiting", "aw-2", "pending", "", "")]
+    assert tree(aw) == [
+        ("awaiting", "aw-1", "completed", '{"n": 1}', ""),
+        ("awaiting", "aw-2", "pending", "", ""),
+    ]
     assert links(aw, "processed") == [("awaiting", "aw-1", '{"n": 1}')]
     assert links(aw, "unprocessed") == [("awaiting", "aw-2", None)]
 
@@ -357,7 +445,10 @@ def test_parent_pages_show_children_values_errors_and_counters(world, staff):
     assert (rel.context["live"].state, rel.context["remaining"]) == ("pending", 0)
 
     done = page(staff, "completed", "done")
-    assert (done.context["live"].state, done.context["result"]) == ("completed", '{\n  "total": 1\n}')
+    assert (done.context["live"].state, done.context["result"]) == (
+        "completed",
+        '{\n  "total": 1\n}',
+    )
     assert tree(done) == [("completed", "done-1", "completed", "1", "")]
 
     fp = page(staff, "failed", "fp")
@@ -375,8 +466,10 @@ def test_parent_pages_show_children_values_errors_and_counters(world, staff):
 
     xo = page(staff, "orders", "xo")
     assert xo.context["live"].state == "pending"
-    assert tree(xo) == [("payments", "xo-p", "completed", '{"charged": 5}', ""),
-                        ("validation", "xo-v", "completed", '{"valid": true}', "")]
+    assert tree(xo) == [
+        ("payments", "xo-p", "completed", '{"charged": 5}', ""),
+        ("validation", "xo-v", "completed", '{"valid": true}', ""),
+    ]
     html = xo.content.decode()
     assert f'<a href="{job_url("validation", "xo-v")}">validation/xo-v</a>' in html
     assert "Last mirrored" in html or "last mirrored" in html
@@ -401,8 +494,16 @@ def test_job_page_of_a_job_gone_from_redis_shows_the_mirror(world, staff):
 
 
 def test_queue_pages_show_counts_and_dead_lettered_entries(world, staff):
-    add(world, Flow("orders", "orders.fulfil", {}, job_id="orphan",
-                    children=[leaf("validation", "orphan-v")]))
+    add(
+        world,
+        Flow(
+            "orders",
+            "orders.fulfil",
+            {},
+            job_id="orphan",
+            children=[leaf("validation", "orphan-v")],
+        ),
+    )
     world.client.delete("emq:{orders}:job:orphan")  # the parent vanishes
     step(world, "validation", "orphan-v", "v")
     assert Pump(["validation"], mq=world, max_tries=1).sweep()["validation"]["deadlettered"] == 1
@@ -410,15 +511,25 @@ def test_queue_pages_show_counts_and_dead_lettered_entries(world, staff):
     listing = staff.get(reverse("admin:echomq_django_mirroredqueue_changelist"))
     assert listing.status_code == 200
     assert [q.queue for q in listing.context["cl"].result_list] == sorted(QUEUES)
-    response = staff.get(reverse("admin:echomq_django_mirroredqueue_change",
-                                 args=["validation"]))
+    response = staff.get(reverse("admin:echomq_django_mirroredqueue_change", args=["validation"]))
     assert response.status_code == 200
     assert response.context["counts"] == {
-        "pending": 0, "active": 0, "delayed": 0, "completed": 2, "dead": 0,
-        "awaiting_children": 0, "outbox": 0, "deadletter": 1}
+        "pending": 0,
+        "active": 0,
+        "delayed": 0,
+        "completed": 2,
+        "dead": 0,
+        "awaiting_children": 0,
+        "outbox": 0,
+        "deadletter": 1,
+    }
     [letter] = response.context["deadletters"]
     assert (letter["kind"], letter["child"]["id"], letter["parent"]["id"], letter["reason"]) == (
-        "done", "orphan-v", "orphan", "parent orders/orphan not found after 1 deliveries")
+        "done",
+        "orphan-v",
+        "orphan",
+        "parent orders/orphan not found after 1 deliveries",
+    )
     html = response.content.decode()
     assert f'<a href="{job_url("orders", "orphan")}">orders/orphan</a>' in html
     assert "This queue was last mirrored from Redis" in html
@@ -426,6 +537,7 @@ def test_queue_pages_show_counts_and_dead_lettered_entries(world, staff):
 
 
 # -- read-only by permissions --------------------------------------------------
+
 
 @pytest.mark.parametrize("who", ["staff", "superuser"])
 def test_add_change_delete_are_refused(world, client, admin_user, who):
@@ -445,9 +557,12 @@ def test_add_change_delete_are_refused(world, client, admin_user, who):
 def test_non_staff_is_sent_to_login(world, client):
     client.force_login(UserFactory())
     login = reverse("admin:login")
-    for url in (reverse(CHANGELIST), job_url("failed", "fp"),
-                reverse("admin:echomq_django_mirroredjob_retry"),
-                reverse("admin:echomq_django_mirroredqueue_changelist")):
+    for url in (
+        reverse(CHANGELIST),
+        job_url("failed", "fp"),
+        reverse("admin:echomq_django_mirroredjob_retry"),
+        reverse("admin:echomq_django_mirroredqueue_changelist"),
+    ):
         response = client.get(url)
         assert (response.status_code, response.url) == (302, f"{login}?next={url}")
     refresh = reverse("admin:echomq_django_mirroredjob_refresh")
@@ -462,11 +577,13 @@ def test_refresh_button_is_post_only_and_mirrors(world, staff):
     response = staff.post(refresh)
     assert (response.status_code, response.url) == (302, reverse(CHANGELIST))
     assert messages_of(response) == [
-        "Mirrored 10 queues from Redis: 1 job rows refreshed, 0 marked gone from Redis."]
+        "Mirrored 10 queues from Redis: 1 job rows refreshed, 0 marked gone from Redis."
+    ]
     assert mirrored(job_id="new") == {("orders", "new"): "pending"}
 
 
 # -- retry by id ---------------------------------------------------------------
+
 
 def action_post(client, jobs, confirmed: bool):
     data = {"action": "retry_dead_jobs", "_selected_action": [j.pk for j in jobs]}
@@ -483,8 +600,9 @@ def test_retry_is_refused_without_its_permission(world, staff):
     assert action_post(staff, [dead], confirmed=True).status_code in (200, 302)
     form = reverse("admin:echomq_django_mirroredjob_retry")
     assert staff.get(form).status_code == 403
-    assert staff.post(form, {"queue": "failed", "job_id": "fp-1", "confirm": "yes"}
-                      ).status_code == 403
+    assert (
+        staff.post(form, {"queue": "failed", "job_id": "fp-1", "confirm": "yes"}).status_code == 403
+    )
     assert snapshot(world.client) == before
     assert LogEntry.objects.count() == 0
 
@@ -498,33 +616,46 @@ def test_retry_action_asks_then_retries_and_reattaches_the_dead_child(world, ret
     assert confirm.status_code == 200
     assert confirm.context["jobs"] == [  # newest first, as listed
         {"queue": "failed", "id": "fp-1", "state": "dead"},
-        {"queue": "awaiting", "id": "aw", "state": "awaiting_children"}]
+        {"queue": "awaiting", "id": "aw", "state": "awaiting_children"},
+    ]
     assert snapshot(world.client) == before  # asking changes nothing
     done = action_post(retrier, [dead, waiting], confirmed=True)
     assert done.status_code == 302
     assert messages_of(done) == [
         "Retried failed/fp-1: now pending; failed/fp back to awaiting_children.",
-        ("Not retried: job 'aw' in queue 'awaiting' is awaiting_children; "
-         "only a dead job can be retried.")]
+        (
+            "Not retried: job 'aw' in queue 'awaiting' is awaiting_children; "
+            "only a dead job can be retried."
+        ),
+    ]
     child, parent = world.get_job("failed", "fp-1"), world.get_job("failed", "fp")
     assert (child.state, child.attempts, parent.state) == ("pending", 0, "awaiting_children")
     assert world.dependencies("failed", "fp").failed == {}
-    assert mirrored(queue="failed") == {("failed", "fp"): "awaiting_children",
-                                        ("failed", "fp-1"): "pending"}
+    assert mirrored(queue="failed") == {
+        ("failed", "fp"): "awaiting_children",
+        ("failed", "fp-1"): "pending",
+    }
     [entry] = LogEntry.objects.all()
     assert (entry.object_id, entry.action_flag, entry.change_message, entry.user) == (
-        str(dead.pk), CHANGE, "Retried by id", retrier.user)
+        str(dead.pk),
+        CHANGE,
+        "Retried by id",
+        retrier.user,
+    )
 
 
 def test_retry_form_confirms_then_retries_a_cross_queue_child(world, retrier):
-    add(world, Flow("orders", "orders.fulfil", {}, job_id="xf",
-                    children=[leaf("payments", "xf-p")]))
+    add(
+        world, Flow("orders", "orders.fulfil", {}, job_id="xf", children=[leaf("payments", "xf-p")])
+    )
     step(world, "payments", "xf-p", error="declined")
     Pump(["payments"], mq=world).sweep()
     assert world.get_job("orders", "xf").state == "dead"
     form = reverse("admin:echomq_django_mirroredjob_retry")
-    assert retrier.get(form, {"queue": "payments", "job_id": "xf-p"}).context[
-        "form"].initial == {"queue": "payments", "job_id": "xf-p"}
+    assert retrier.get(form, {"queue": "payments", "job_id": "xf-p"}).context["form"].initial == {
+        "queue": "payments",
+        "job_id": "xf-p",
+    }
     ask = retrier.post(form, {"queue": "payments", "job_id": "xf-p"})
     assert ask.status_code == 200
     assert ask.context["jobs"] == [{"queue": "payments", "id": "xf-p", "state": "dead"}]
@@ -532,28 +663,36 @@ def test_retry_form_confirms_then_retries_a_cross_queue_child(world, retrier):
     done = retrier.post(form, {"queue": "payments", "job_id": "xf-p", "confirm": "yes"})
     assert (done.status_code, done.url) == (302, job_url("payments", "xf-p"))
     assert messages_of(done) == [
-        "Retried payments/xf-p: now pending; orders/xf back to awaiting_children."]
+        "Retried payments/xf-p: now pending; orders/xf back to awaiting_children."
+    ]
     assert world.get_job("orders", "xf").state == "awaiting_children"
-    assert mirrored(job_id__in=["xf", "xf-p"]) == {("orders", "xf"): "awaiting_children",
-                                                   ("payments", "xf-p"): "pending"}
+    assert mirrored(job_id__in=["xf", "xf-p"]) == {
+        ("orders", "xf"): "awaiting_children",
+        ("payments", "xf-p"): "pending",
+    }
     entry = LogEntry.objects.get()
     assert entry.object_repr == "payments/xf-p" and entry.get_change_message() == "Retried by id"
 
 
 def test_retry_form_reports_unknown_ids_and_jobs_that_are_not_dead(world, retrier):
     form = reverse("admin:echomq_django_mirroredjob_retry")
-    unknown = retrier.post(form, {"queue": "failed", "job_id": "nope", "confirm": "yes"},
-                           follow=True)
+    unknown = retrier.post(
+        form, {"queue": "failed", "job_id": "nope", "confirm": "yes"}, follow=True
+    )
     assert unknown.redirect_chain == [(form, 302)]
-    assert shown(unknown) == [
-        "Not retried: job 'nope' not found in queue 'failed' (unknown id)."]
-    alive = retrier.post(form, {"queue": "completed", "job_id": "done", "confirm": "yes"},
-                         follow=True)
+    assert shown(unknown) == ["Not retried: job 'nope' not found in queue 'failed' (unknown id)."]
+    alive = retrier.post(
+        form, {"queue": "completed", "job_id": "done", "confirm": "yes"}, follow=True
+    )
     assert shown(alive) == [
-        ("Not retried: job 'done' in queue 'completed' is completed; "
-         "only a dead job can be retried.")]
+        (
+            "Not retried: job 'done' in queue 'completed' is completed; "
+            "only a dead job can be retried."
+        )
+    ]
     bad = retrier.post(form, {"queue": "no spaces", "job_id": "x"})
     assert bad.status_code == 200 and bad.context["form"].errors["queue"] == [
-        "invalid queue name 'no spaces': a queue name is 1-64 characters from A-Z a-z 0-9 _ . -"]
+        "invalid queue name 'no spaces': a queue name is 1-64 characters from A-Z a-z 0-9 _ . -"
+    ]
     assert LogEntry.objects.count() == 0
     assert world.get_job("completed", "done").state == "completed"

@@ -28,19 +28,22 @@ def _no_env_url(monkeypatch):
     conf.reset()
 
 
-@pytest.mark.parametrize("cfg,expected", [
-    (GOOD, []),
-    ({}, ["echomq_django.E001"]),
-    ({"URL": "http://127.0.0.1/"}, ["echomq_django.E002"]),
-    ({**GOOD, "PREFIX": "a:b"}, ["echomq_django.E006"]),
-    ({**GOOD, "HOST": "x"}, ["echomq_django.E003"]),
-    ({"CACHE": "nope"}, ["echomq_django.E004"]),
-    ({**GOOD, "QUEUES": []}, ["echomq_django.E007"]),
-    ({**GOOD, "QUEUES": {"bad name": {}}}, ["echomq_django.E008"]),
-    ({**GOOD, "QUEUES": {"orders": {"RETRIES": 3}}}, ["echomq_django.E009"]),
-    ({**GOOD, "QUEUES": {"orders": {"MAX_ATTEMPTS": 0}}}, ["echomq_django.E010"]),
-    ({**GOOD, "QUEUES": {"orders": {"LEASE_MS": "30s"}}}, ["echomq_django.E010"]),
-])
+@pytest.mark.parametrize(
+    "cfg,expected",
+    [
+        (GOOD, []),
+        ({}, ["echomq_django.E001"]),
+        ({"URL": "http://127.0.0.1/"}, ["echomq_django.E002"]),
+        ({**GOOD, "PREFIX": "a:b"}, ["echomq_django.E006"]),
+        ({**GOOD, "HOST": "x"}, ["echomq_django.E003"]),
+        ({"CACHE": "nope"}, ["echomq_django.E004"]),
+        ({**GOOD, "QUEUES": []}, ["echomq_django.E007"]),
+        ({**GOOD, "QUEUES": {"bad name": {}}}, ["echomq_django.E008"]),
+        ({**GOOD, "QUEUES": {"orders": {"RETRIES": 3}}}, ["echomq_django.E009"]),
+        ({**GOOD, "QUEUES": {"orders": {"MAX_ATTEMPTS": 0}}}, ["echomq_django.E010"]),
+        ({**GOOD, "QUEUES": {"orders": {"LEASE_MS": "30s"}}}, ["echomq_django.E010"]),
+    ],
+)
 def test_each_problem_has_a_stable_id(cfg, expected):
     assert ids(cfg) == expected
 

@@ -7,7 +7,7 @@ import json
 import pytest
 from redis.cluster import RedisCluster
 
-from echomq_django import Flow, FlowConflict
+from echomq_django import Flow, FlowConflict, JobNotFound
 from echomq_django.pump import Pump
 
 Q = ("orders", "validation", "inventory", "payments")
@@ -32,26 +32,49 @@ def orders_flow(order="o1", lines=3, charge_policy=None):
     charge = dict(max_attempts=1)
     if charge_policy == "id":
         charge["ignore_dependency_on_failure"] = True
-    return Flow("orders", "orders.fulfil", {"order": order}, job_id=order, children=[
-        Flow("validation", "orders.validate", {}, job_id=f"v-{order}", children=[
-            Flow("inventory", "inventory.reserve", {"line": i}, job_id=f"r-{order}-{i}")
-            for i in range(lines)]),
-        Flow("payments", "orders.charge", {}, job_id=f"c-{order}", **charge),
-    ])
+    return Flow(
+        "orders",
+        "orders.fulfil",
+        {"order": order},
+        job_id=order,
+        children=[
+            Flow(
+                "validation",
+                "orders.validate",
+                {},
+                job_id=f"v-{order}",
+                children=[
+                    Flow("inventory", "inventory.reserve", {"line": i}, job_id=f"r-{order}-{i}")
+                    for i in range(lines)
+                ],
+            ),
+            Flow("payments", "orders.charge", {}, job_id=f"c-{order}", **charge),
+        ],
+    )
 
 
 def test_cross_queue_add_is_parent_first_and_children_carry_their_parent(mq):
     ref = mq.add_flow(orders_flow())
-    assert ref.nodes == [("orders", "o1"), ("validation", "v-o1"), ("payments", "c-o1"),
-                         ("inventory", "r-o1-0"), ("inventory", "r-o1-1"), ("inventory", "r-o1-2")]
+    assert ref.nodes == [
+        ("orders", "o1"),
+        ("validation", "v-o1"),
+        ("payments", "c-o1"),
+        ("inventory", "r-o1-0"),
+        ("inventory", "r-o1-1"),
+        ("inventory", "r-o1-2"),
+    ]
     assert (ref.landed, ref.skipped) == (6, 0)
     root, validate = mq.get_job("orders", "o1"), mq.get_job("validation", "v-o1")
     assert (root.state, validate.state) == ("awaiting_children", "awaiting_children")
     assert mq.dependency_counts("orders", "o1")["remaining"] == 2
     assert mq.dependency_counts("validation", "v-o1")["remaining"] == 3
     leaf = mq.get_job("inventory", "r-o1-0")
-    assert (leaf.state, leaf.parent, leaf.parent_queue, leaf.parent_policy) == \
-        ("pending", "v-o1", "validation", "fp")
+    assert (leaf.state, leaf.parent, leaf.parent_queue, leaf.parent_policy) == (
+        "pending",
+        "v-o1",
+        "validation",
+        "fp",
+    )
     assert mq.get_job("payments", "c-o1").parent_queue == "orders"
     assert mq.job_ids("orders", "pending") == [] and mq.job_ids("validation", "pending") == []
 
@@ -86,7 +109,7 @@ def test_conflicting_readd_is_refused_and_writes_nothing(mq):
     with pytest.raises(FlowConflict, match="r-o2-0"):
         mq.add_flow(orders_flow("o2", lines=1))
     assert {q: mq.counts(q) for q in Q} == before
-    with pytest.raises(Exception):
+    with pytest.raises(JobNotFound):
         mq.get_job("orders", "o2")
 
 
@@ -96,14 +119,22 @@ def test_completion_lands_in_the_outbox_with_the_state_change(mq):
     outcome = mq.complete(job, {"reserved": 1})
     assert outcome.outbox == 1 and outcome.released == []
     raw = mq.client.lrange(mq.keys.queue_key("inventory", "flow:outbox"), 0, -1)
-    assert [json.loads(e) for e in raw] == [{"k": "done", "c": "emq:{inventory}:job:r-o1-0",
-                                            "p": "v-o1", "q": "validation",
-                                            "v": '{"reserved":1}'}]
+    assert [json.loads(e) for e in raw] == [
+        {
+            "k": "done",
+            "c": "emq:{inventory}:job:r-o1-0",
+            "p": "v-o1",
+            "q": "validation",
+            "v": '{"reserved":1}',
+        }
+    ]
     assert mq.get_job("validation", "v-o1").state == "awaiting_children"
     report = Pump(["inventory"], mq=mq).sweep()["inventory"]
     assert (report["delivered"], report["released"]) == (1, 1)
     assert mq.get_job("validation", "v-o1").state == "pending"
-    assert mq.children_values("validation", "v-o1") == {"emq:{inventory}:job:r-o1-0": {"reserved": 1}}
+    assert mq.children_values("validation", "v-o1") == {
+        "emq:{inventory}:job:r-o1-0": {"reserved": 1}
+    }
     assert mq.counts("inventory")["outbox"] == 0
 
 
@@ -235,12 +266,34 @@ def test_three_queues_on_three_masters_nested_with_both_policies(rc):
     assert len(set(masters_of(rc, mq, names).values())) == 3
     slots = {rc.keyslot(mq.keys.base(q)) for q in names}
     assert len(slots) == 3
-    mq.add_flow(Flow(a, "root", {}, job_id="root", children=[
-        Flow(b, "mid", {}, job_id="mid", children=[
-            Flow(c, "leaf", {}, job_id="ok"),
-            Flow(c, "leaf", {}, job_id="bad", max_attempts=1, ignore_dependency_on_failure=True)]),
-        Flow(c, "side", {}, job_id="side", max_attempts=1),
-    ]))
+    mq.add_flow(
+        Flow(
+            a,
+            "root",
+            {},
+            job_id="root",
+            children=[
+                Flow(
+                    b,
+                    "mid",
+                    {},
+                    job_id="mid",
+                    children=[
+                        Flow(c, "leaf", {}, job_id="ok"),
+                        Flow(
+                            c,
+                            "leaf",
+                            {},
+                            job_id="bad",
+                            max_attempts=1,
+                            ignore_dependency_on_failure=True,
+                        ),
+                    ],
+                ),
+                Flow(c, "side", {}, job_id="side", max_attempts=1),
+            ],
+        )
+    )
     pump = Pump(names, mq=mq)
     for job in mq.claim(c, 10):
         if job.id == "ok":

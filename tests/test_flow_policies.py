@@ -27,8 +27,9 @@ clock, tmq = jobkit.clock, jobkit.tmq  # fixtures (tests/jobkit.py)
 def resolutions(mq, pid: str) -> tuple[dict, dict, dict, dict]:
     """The parent's processed, failed, unsuccessful and removed hashes."""
     key = ref(mq, pid)
-    return tuple(hash_of(mq, f"{key}:{part}")
-                 for part in ("processed", "failed", "unsuccessful", "removed"))
+    return tuple(
+        hash_of(mq, f"{key}:{part}") for part in ("processed", "failed", "unsuccessful", "removed")
+    )
 
 
 def failed_by(mq, child: str, error: str = "boom") -> str:
@@ -53,8 +54,9 @@ def test_fail_parent_cascades_to_the_root(tmq) -> None:
     for pid, child in (("n", "x"), ("m", "n"), ("r", "m")):
         assert_state(tmq, "q", pid, "dead")
         assert list(resolutions(tmq, pid)[1]) == [ref(tmq, child)]
-    assert tmq.get_job("q", "r").error == failed_by(tmq, "m", failed_by(tmq, "n", failed_by(
-        tmq, "x")))
+    assert tmq.get_job("q", "r").error == failed_by(
+        tmq, "m", failed_by(tmq, "n", failed_by(tmq, "x"))
+    )
     assert resolutions(tmq, "r")[0] == {ref(tmq, "y"): '"y"'}
 
 
@@ -63,7 +65,9 @@ def test_ignore_dependency_records_decrements_and_releases(tmq) -> None:
     assert kill(tmq, "c1").released == []
     assert_state(tmq, "q", "p", "awaiting_children")
     assert (counter(tmq, "q", "p"), resolutions(tmq, "p")) == (
-        1, ({}, {}, {ref(tmq, "c1"): "boom"}, {}))
+        1,
+        ({}, {}, {ref(tmq, "c1"): "boom"}, {}),
+    )
     assert complete(tmq, "c2", 2).released == [("q", "p")]
     assert tmq.ignored_failures("q", "p") == {ref(tmq, "c1"): "boom"}
     assert tmq.children_values("q", "p") == {ref(tmq, "c2"): 2}
@@ -79,10 +83,13 @@ def test_remove_dependency_decrements_without_a_record(tmq) -> None:
     assert kill(tmq, "c2").flow_failed == [("q", "p")]  # c2 is fp
 
 
-@pytest.mark.parametrize("flags", [
-    {"ignore_dependency_on_failure": True, "remove_dependency_on_failure": True},
-    {"ignore_dependency_on_failure": True, "fail_parent_on_failure": True},
-])
+@pytest.mark.parametrize(
+    "flags",
+    [
+        {"ignore_dependency_on_failure": True, "remove_dependency_on_failure": True},
+        {"ignore_dependency_on_failure": True, "fail_parent_on_failure": True},
+    ],
+)
 def test_ignore_wins_when_flags_are_combined(tmq, flags) -> None:
     tmq.add_flow(node("p", [leaf("c1", **flags)]))
     assert tmq.get_job("q", "c1").parent_policy == "id"
@@ -91,8 +98,16 @@ def test_ignore_wins_when_flags_are_combined(tmq, flags) -> None:
 
 
 def test_policy_is_not_consulted_on_completion(tmq) -> None:
-    tmq.add_flow(node("p", [leaf("a"), leaf("b", ignore_dependency_on_failure=True),
-                            leaf("c", remove_dependency_on_failure=True)]))
+    tmq.add_flow(
+        node(
+            "p",
+            [
+                leaf("a"),
+                leaf("b", ignore_dependency_on_failure=True),
+                leaf("c", remove_dependency_on_failure=True),
+            ],
+        )
+    )
     for cid in ("a", "b", "c"):
         complete(tmq, cid, cid)
     assert resolutions(tmq, "p") == ({ref(tmq, i): f'"{i}"' for i in "abc"}, {}, {}, {})
@@ -105,8 +120,12 @@ def test_a_dead_parent_is_not_released_by_late_siblings(tmq) -> None:
     assert complete(tmq, "c2", "late").released == []
     assert kill(tmq, "c3", "also").released == []
     assert_state(tmq, "q", "p", "dead")
-    assert resolutions(tmq, "p") == ({ref(tmq, "c2"): '"late"'}, {ref(tmq, "c1"): "boom"},
-                                     {ref(tmq, "c3"): "also"}, {})
+    assert resolutions(tmq, "p") == (
+        {ref(tmq, "c2"): '"late"'},
+        {ref(tmq, "c1"): "boom"},
+        {ref(tmq, "c3"): "also"},
+        {},
+    )
     assert (counter(tmq, "q", "p"), events(tmq, "q", "released")) == (1, [])
     assert tmq.claim("q") == []
 
@@ -130,11 +149,17 @@ def die_by_flag(mq, clock) -> None:
     mq.fail(claim_one(mq, "q", "c1"), "boom", dead=True)
 
 
-@pytest.mark.parametrize("road", [die_by_attempts, die_by_stalls, die_by_flag],
-                         ids=["attempts", "stalls", "dead-flag"])
-@pytest.mark.parametrize("policy, flags", [
-    ("fp", {}), ("id", {"ignore_dependency_on_failure": True}),
-    ("rd", {"remove_dependency_on_failure": True})])
+@pytest.mark.parametrize(
+    "road", [die_by_attempts, die_by_stalls, die_by_flag], ids=["attempts", "stalls", "dead-flag"]
+)
+@pytest.mark.parametrize(
+    "policy, flags",
+    [
+        ("fp", {}),
+        ("id", {"ignore_dependency_on_failure": True}),
+        ("rd", {"remove_dependency_on_failure": True}),
+    ],
+)
 def test_every_road_to_death_applies_the_policy(tmq, clock, road, policy, flags) -> None:
     tmq.add_flow(node("p", [leaf("c1", max_attempts=2, **flags)]))
     road(tmq, clock)
@@ -153,7 +178,10 @@ def test_retry_reattaches_a_dead_child_to_its_parent(tmq) -> None:
     complete(tmq, "c2", "two")
     outcome = tmq.retry("q", "c1")
     assert (outcome.state, outcome.retried, outcome.revived) == (
-        JobState.PENDING, [("q", "c1")], [("q", "p")])
+        JobState.PENDING,
+        [("q", "c1")],
+        [("q", "p")],
+    )
     assert_state(tmq, "q", "p", "awaiting_children")
     assert (counter(tmq, "q", "p"), resolutions(tmq, "p")[1]) == (1, {})
     assert "error" not in hash_of(tmq, ref(tmq, "p"))
@@ -214,9 +242,11 @@ def test_a_parent_dead_of_its_own_errors_goes_back_to_pending(tmq) -> None:
     assert complete(tmq, "m", "m").released == [("q", "r")]
 
 
-@pytest.mark.parametrize("flags, part", [({"ignore_dependency_on_failure": True}, 2),
-                                         ({"remove_dependency_on_failure": True}, 3)],
-                         ids=["id", "rd"])
+@pytest.mark.parametrize(
+    "flags, part",
+    [({"ignore_dependency_on_failure": True}, 2), ({"remove_dependency_on_failure": True}, 3)],
+    ids=["id", "rd"],
+)
 def test_a_retried_child_never_resolves_its_parent_twice(tmq, flags, part) -> None:
     tmq.add_flow(node("p", [leaf("c1", **flags), leaf("c2")]))
     kill(tmq, "c1")

@@ -45,41 +45,72 @@ clock, tmq = jobkit.clock, jobkit.tmq  # fixtures (tests/jobkit.py)
 
 
 def flat() -> Flow:
-    return node("p", [leaf("c1"), leaf("c2", ignore_dependency_on_failure=True),
-                      leaf("c3", remove_dependency_on_failure=True)])
+    return node(
+        "p",
+        [
+            leaf("c1"),
+            leaf("c2", ignore_dependency_on_failure=True),
+            leaf("c3", remove_dependency_on_failure=True),
+        ],
+    )
 
 
 def deep() -> Flow:
     """Depth 3: r -> m1 -> (l1, l2); r -> m2 -> m3 -> l3; r -> l4."""
-    return node("r", [node("m1", [leaf("l1"), leaf("l2")]),
-                      node("m2", [node("m3", [leaf("l3")])]), leaf("l4")])
+    return node(
+        "r",
+        [node("m1", [leaf("l1"), leaf("l2")]), node("m2", [node("m3", [leaf("l3")])]), leaf("l4")],
+    )
 
 
 def test_flat_flow_lands_held_parent_and_claimable_children(tmq) -> None:
     got = tmq.add_flow(flat())
-    assert got == FlowRef(queue="q", parent_id="p", child_ids=["c1", "c2", "c3"],
-                          nodes=[("q", "p"), ("q", "c1"), ("q", "c2"), ("q", "c3")],
-                          landed=4, skipped=0)
+    assert got == FlowRef(
+        queue="q",
+        parent_id="p",
+        child_ids=["c1", "c2", "c3"],
+        nodes=[("q", "p"), ("q", "c1"), ("q", "c2"), ("q", "c3")],
+        landed=4,
+        skipped=0,
+    )
     assert_state(tmq, "q", "p", "awaiting_children")
     # compact rows (issue 8): no attempts before a claim, no settings the queue
     # gives, no parent_queue for a same-queue child, no parent_policy for fp
-    assert row(tmq, "q", "p") == {"name": "node", "payload": '{"id":"p"}',
-                                  "state": "awaiting_children", "created_at": str(T0)}
+    assert row(tmq, "q", "p") == {
+        "name": "node",
+        "payload": '{"id":"p"}',
+        "state": "awaiting_children",
+        "created_at": str(T0),
+    }
     assert score(tmq, "q", "awaiting", "p") == T0
     assert (counter(tmq, "q", "p"), children(tmq, "q", "p")) == (
-        3, [ref(tmq, "c1"), ref(tmq, "c2"), ref(tmq, "c3")])
+        3,
+        [ref(tmq, "c1"), ref(tmq, "c2"), ref(tmq, "c3")],
+    )
     for cid, policy in (("c1", "fp"), ("c2", "id"), ("c3", "rd")):
         r = assert_state(tmq, "q", cid, "pending")
-        assert r == {"name": "leaf", "payload": f'{{"id":"{cid}"}}', "state": "pending",
-                     "created_at": str(T0), "parent": "p",
-                     **({} if policy == "fp" else {"parent_policy": policy})}
+        assert r == {
+            "name": "leaf",
+            "payload": f'{{"id":"{cid}"}}',
+            "state": "pending",
+            "created_at": str(T0),
+            "parent": "p",
+            **({} if policy == "fp" else {"parent_policy": policy}),
+        }
         job = tmq.get_job("q", cid)
         assert (job.parent, job.parent_queue, job.parent_policy, job.max_attempts) == (
-            "p", "q", policy, 3)
+            "p",
+            "q",
+            policy,
+            3,
+        )
     assert tmq.job_ids("q", "pending") == ["c1", "c2", "c3"]
     claimed = tmq.claim("q", 3)
     assert [(j.id, j.parent, j.parent_queue, j.parent_policy) for j in claimed] == [
-        ("c1", "p", "q", "fp"), ("c2", "p", "q", "id"), ("c3", "p", "q", "rd")]
+        ("c1", "p", "q", "fp"),
+        ("c2", "p", "q", "id"),
+        ("c3", "p", "q", "rd"),
+    ]
     assert tmq.claim("q") == []  # a held parent is never claimable
 
 
@@ -87,8 +118,12 @@ def test_nested_flow_holds_every_parent(tmq) -> None:
     got = tmq.add_flow(deep())
     assert (got.parent_id, got.child_ids, got.landed) == ("r", ["m1", "m2", "l4"], 8)
     assert got.nodes == [("q", i) for i in ("r", "m1", "m2", "l4", "l1", "l2", "m3", "l3")]
-    for pid, kids in (("r", ["l4", "m1", "m2"]), ("m1", ["l1", "l2"]), ("m2", ["m3"]),
-                      ("m3", ["l3"])):
+    for pid, kids in (
+        ("r", ["l4", "m1", "m2"]),
+        ("m1", ["l1", "l2"]),
+        ("m2", ["m3"]),
+        ("m3", ["l3"]),
+    ):
         assert_state(tmq, "q", pid, "awaiting_children")
         assert counter(tmq, "q", pid) == len(kids)
         assert children(tmq, "q", pid) == [ref(tmq, k) for k in kids]
@@ -103,18 +138,24 @@ def test_re_adding_the_same_flow_writes_nothing(tmq) -> None:
     complete(tmq, "l4", "four")
     before = snapshot(tmq.client)
     again = tmq.add_flow(deep())
-    assert (again.parent_id, again.child_ids, again.nodes) == (first.parent_id, first.child_ids,
-                                                              first.nodes)
+    assert (again.parent_id, again.child_ids, again.nodes) == (
+        first.parent_id,
+        first.child_ids,
+        first.nodes,
+    )
     assert (again.landed, again.skipped) == (0, 8)
     assert snapshot(tmq.client) == before
 
 
-@pytest.mark.parametrize("flow, culprit", [
-    pytest.param(lambda: node("p", [leaf("c1"), leaf("c9")]), "'p'", id="other-children"),
-    pytest.param(lambda: node("p2", [leaf("new"), leaf("c1")]), "'c1'", id="child-of-another"),
-    pytest.param(lambda: node("p3", [leaf("solo")]), "'solo'", id="plain-job-id"),
-    pytest.param(lambda: Flow("q", "other-name", job_id="p"), "'p'", id="other-name"),
-])
+@pytest.mark.parametrize(
+    "flow, culprit",
+    [
+        pytest.param(lambda: node("p", [leaf("c1"), leaf("c9")]), "'p'", id="other-children"),
+        pytest.param(lambda: node("p2", [leaf("new"), leaf("c1")]), "'c1'", id="child-of-another"),
+        pytest.param(lambda: node("p3", [leaf("solo")]), "'solo'", id="plain-job-id"),
+        pytest.param(lambda: Flow("q", "other-name", job_id="p"), "'p'", id="other-name"),
+    ],
+)
 def test_a_different_flow_under_an_existing_id_conflicts(tmq, flow, culprit) -> None:
     tmq.add_flow(node("p", [leaf("c1"), leaf("c2")]))
     tmq.enqueue("q", "leaf", job_id="solo")
@@ -132,23 +173,53 @@ def cyclic() -> Flow:
     return a
 
 
-@pytest.mark.parametrize("flows, message", [
-    ([node("p", [leaf("c1"), node("m", [leaf("c1")])])],
-     "job id 'c1' appears twice in queue 'q' in one flow"),
-    ([cyclic()], r"flow node q/node appears twice \(a cycle, or one node under two parents\)"),
-    ([node("p", [leaf("c1")]), node("p2", [leaf("c1")])], "job id 'c1' in queue 'q' is in two flows"),
-    ([Flow("q", "", job_id="x")], "flow node q/x needs a job name"),
-    ([node("p", ["not a flow"])], "a flow's children must be Flow objects, got str"),
-    ([node("p", [leaf("c1", max_attempts=0)])], "q/c1: max_attempts must be a whole number >= 1"),
-    ([node("p", [leaf("c1", backoff_ms=-1)])],
-     r"q/c1: backoff_ms must be a whole number >= 0 \(ms\), got -1"),
-    ([node("p", [leaf("c1", max_attempts=1.5)])], "max_attempts must be a whole number >= 1, got 1.5"),
-    ([Flow("q", "p", job_id="p", children=None)], "children of q/p must be a list of Flow"),
-    ([node("p", [leaf("c1", fail_parent_on_failure=False)])],
-     "q/c1: fail_parent_on_failure=False needs ignore_dependency_on_failure"),
-    (["not a flow"], "add_flow takes a Flow, got str"),
-], ids=["dup-id", "cycle", "two-flows", "no-name", "not-flow-child", "max-attempts-0",
-       "negative-backoff", "float-attempts", "children-none", "no-policy", "not-flow-root"])
+@pytest.mark.parametrize(
+    "flows, message",
+    [
+        (
+            [node("p", [leaf("c1"), node("m", [leaf("c1")])])],
+            "job id 'c1' appears twice in queue 'q' in one flow",
+        ),
+        ([cyclic()], r"flow node q/node appears twice \(a cycle, or one node under two parents\)"),
+        (
+            [node("p", [leaf("c1")]), node("p2", [leaf("c1")])],
+            "job id 'c1' in queue 'q' is in two flows",
+        ),
+        ([Flow("q", "", job_id="x")], "flow node q/x needs a job name"),
+        ([node("p", ["not a flow"])], "a flow's children must be Flow objects, got str"),
+        (
+            [node("p", [leaf("c1", max_attempts=0)])],
+            "q/c1: max_attempts must be a whole number >= 1",
+        ),
+        (
+            [node("p", [leaf("c1", backoff_ms=-1)])],
+            r"q/c1: backoff_ms must be a whole number >= 0 \(ms\), got -1",
+        ),
+        (
+            [node("p", [leaf("c1", max_attempts=1.5)])],
+            "max_attempts must be a whole number >= 1, got 1.5",
+        ),
+        ([Flow("q", "p", job_id="p", children=None)], "children of q/p must be a list of Flow"),
+        (
+            [node("p", [leaf("c1", fail_parent_on_failure=False)])],
+            "q/c1: fail_parent_on_failure=False needs ignore_dependency_on_failure",
+        ),
+        (["not a flow"], "add_flow takes a Flow, got str"),
+    ],
+    ids=[
+        "dup-id",
+        "cycle",
+        "two-flows",
+        "no-name",
+        "not-flow-child",
+        "max-attempts-0",
+        "negative-backoff",
+        "float-attempts",
+        "children-none",
+        "no-policy",
+        "not-flow-root",
+    ],
+)
 def test_malformed_flows_are_refused_with_nothing_written(mq, flows, message) -> None:
     with pytest.raises(FlowError, match=message):
         mq.add_flows(flows)
@@ -164,7 +235,10 @@ def test_a_flow_with_a_bad_payload_writes_nothing(mq) -> None:
 def test_add_flows_lands_several_trees(tmq) -> None:
     refs = tmq.add_flows([node("a", [leaf("a1"), leaf("a2")]), deep(), leaf("alone")])
     assert [(x.parent_id, x.child_ids, x.landed) for x in refs] == [
-        ("a", ["a1", "a2"], 3), ("r", ["m1", "m2", "l4"], 8), ("alone", [], 1)]
+        ("a", ["a1", "a2"], 3),
+        ("r", ["m1", "m2", "l4"], 8),
+        ("alone", [], 1),
+    ]
     assert tmq.job_ids("q", "pending") == ["a1", "a2", "l4", "l1", "l2", "l3", "alone"]
     assert tmq.job_ids("q", "awaiting_children") == ["a", "m1", "m2", "m3", "r"]
 
@@ -175,14 +249,20 @@ def test_add_flows_refuses_a_conflicting_tree_whole(tmq) -> None:
     again once fixed skips them."""
     tmq.enqueue("q", "leaf", job_id="taken")
     with pytest.raises(FlowConflict, match="q taken exists as job leaf under parent"):
-        tmq.add_flows([node("a", [leaf("a1")]), node("b", [leaf("b1"), leaf("taken")]),
-                       node("c", [leaf("c1")])])
+        tmq.add_flows(
+            [
+                node("a", [leaf("a1")]),
+                node("b", [leaf("b1"), leaf("taken")]),
+                node("c", [leaf("c1")]),
+            ]
+        )
     for missing in ("b", "b1"):
         with pytest.raises(JobNotFound):
             tmq.get_job("q", missing)
     assert tmq.job_ids("q", "pending") == ["taken", "a1", "c1"]
-    again = tmq.add_flows([node("a", [leaf("a1")]), node("b", [leaf("b1")]),
-                           node("c", [leaf("c1")])])
+    again = tmq.add_flows(
+        [node("a", [leaf("a1")]), node("b", [leaf("b1")]), node("c", [leaf("c1")])]
+    )
     assert [(x.landed, x.skipped) for x in again] == [(0, 2), (2, 0), (0, 2)]
 
 
@@ -208,7 +288,9 @@ def test_fan_in_releases_the_parent_once(tmq) -> None:
     assert complete(tmq, "c1", {"v": 1}).released == []
     assert_state(tmq, "q", "p", "awaiting_children")
     assert (counter(tmq, "q", "p"), hash_of(tmq, ref(tmq, "p") + ":processed")) == (
-        1, {ref(tmq, "c1"): '{"v":1}'})
+        1,
+        {ref(tmq, "c1"): '{"v":1}'},
+    )
     assert complete(tmq, "c2", [2]).released == [("q", "p")]
     assert_state(tmq, "q", "p", "pending")
     assert (counter(tmq, "q", "p"), events(tmq, "q", "released")) == (0, ["p"])
@@ -264,8 +346,17 @@ def test_intermediate_node_runs_then_fans_into_the_root(tmq) -> None:
 
 def mixed(mq) -> None:
     """p -> c1 done, c2 ignored (id, dead), c3 removed (rd, dead), c4 pending."""
-    mq.add_flow(node("p", [leaf("c1"), leaf("c2", ignore_dependency_on_failure=True),
-                           leaf("c3", remove_dependency_on_failure=True), leaf("c4")]))
+    mq.add_flow(
+        node(
+            "p",
+            [
+                leaf("c1"),
+                leaf("c2", ignore_dependency_on_failure=True),
+                leaf("c3", remove_dependency_on_failure=True),
+                leaf("c4"),
+            ],
+        )
+    )
     complete(mq, "c1", {"n": 1})
     for cid in ("c2", "c3"):
         kill(mq, cid, f"{cid} broke")
@@ -277,11 +368,22 @@ def test_reads_of_a_parent(tmq) -> None:
     assert tmq.children_values("q", "p") == {c["c1"]: {"n": 1}}
     assert tmq.ignored_failures("q", "p") == {c["c2"]: "c2 broke"}
     assert tmq.dependencies("q", "p") == Dependencies(
-        processed={c["c1"]: {"n": 1}}, unprocessed=[c["c4"]], failed={},
-        ignored={c["c2"]: "c2 broke"}, removed={c["c3"]: "c3 broke"}, remaining=1)
+        processed={c["c1"]: {"n": 1}},
+        unprocessed=[c["c4"]],
+        failed={},
+        ignored={c["c2"]: "c2 broke"},
+        removed={c["c3"]: "c3 broke"},
+        remaining=1,
+    )
     assert tmq.dependency_counts("q", "p") == {
-        "processed": 1, "unprocessed": 1, "failed": 0, "ignored": 1, "removed": 1,
-        "remaining": 1, "children": 4}
+        "processed": 1,
+        "unprocessed": 1,
+        "failed": 0,
+        "ignored": 1,
+        "removed": 1,
+        "remaining": 1,
+        "children": 4,
+    }
 
 
 def test_get_flow_to_a_depth(tmq) -> None:
@@ -289,9 +391,18 @@ def test_get_flow_to_a_depth(tmq) -> None:
     complete(tmq, "l4", {"x": 4})
 
     def at(job_id, state, remaining=None, kids=(), result=None, policy="fp"):
-        return {"queue": "q", "id": job_id, "ref": ref(tmq, job_id), "name": "node" if kids
-                or remaining is not None else "leaf", "state": state, "result": result,
-                "error": None, "policy": policy, "remaining": remaining, "children": list(kids)}
+        return {
+            "queue": "q",
+            "id": job_id,
+            "ref": ref(tmq, job_id),
+            "name": "node" if kids or remaining is not None else "leaf",
+            "state": state,
+            "result": result,
+            "error": None,
+            "policy": policy,
+            "remaining": remaining,
+            "children": list(kids),
+        }
 
     l4 = at("l4", "completed", result={"x": 4})
     m3 = at("m3", "awaiting_children", 1, [at("l3", "pending")])
@@ -322,8 +433,14 @@ def test_reads_of_a_job_that_is_not_a_parent(tmq) -> None:
     assert tmq.ignored_failures("q", "solo") == {}
     assert tmq.dependencies("q", "solo") == Dependencies()
     assert tmq.dependency_counts("q", "solo") == {
-        "processed": 0, "unprocessed": 0, "failed": 0, "ignored": 0, "removed": 0,
-        "remaining": 0, "children": 0}
+        "processed": 0,
+        "unprocessed": 0,
+        "failed": 0,
+        "ignored": 0,
+        "removed": 0,
+        "remaining": 0,
+        "children": 0,
+    }
     assert tmq.get_flow("q", "solo")["children"] == []
     assert snapshot(tmq.client) == before  # reads never write
 
@@ -341,7 +458,11 @@ def test_job_children_values_is_lazy_and_cached(tmq, monkeypatch) -> None:
 
     monkeypatch.setattr(tmq.client, "execute_command", counting)
     assert (parent.id, parent.payload, parent.state, parent.ref) == (
-        "p", {"id": "p"}, JobState.ACTIVE, ref(tmq, "p"))
+        "p",
+        {"id": "p"},
+        JobState.ACTIVE,
+        ref(tmq, "p"),
+    )
     assert sent == []  # claiming and reading the job's fields cost nothing
     values = parent.children_values()
     assert values == {ref(tmq, "c1"): "one"} and len(sent) > 0
@@ -361,8 +482,14 @@ def test_a_flow_larger_than_one_chunk_lands_completely(tmq, monkeypatch) -> None
 
     monkeypatch.setattr(Scripts, "check_call", record)
     n = 12_000  # FLOW_CHUNK = 5000 nodes per script: 3 chunks, parent first
-    got = tmq.add_flow(Flow("q", "big", job_id="p",
-                            children=[Flow("q", "leaf", i, job_id=f"c{i}") for i in range(n)]))
+    got = tmq.add_flow(
+        Flow(
+            "q",
+            "big",
+            job_id="p",
+            children=[Flow("q", "leaf", i, job_id=f"c{i}") for i in range(n)],
+        )
+    )
     assert modes == ["check"] * 3 + ["write"] * 3
     assert (got.landed, got.skipped, len(got.child_ids)) == (n + 1, 0, n)
     assert_state(tmq, "q", "p", "awaiting_children")

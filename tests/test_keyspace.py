@@ -12,20 +12,39 @@ from tests.jobkit import leaf, node, snapshot
 
 K = Keyspace("emq")
 PARTS = ("dependencies", "children", "processed", "failed", "unsuccessful", "removed")
-QUEUE_KEYS = ("pending", "active", "delayed", "awaiting", "completed", "dead", "events",
-              "flow:outbox", "flow:deadletter", "pump:lock", "lease:seq")
+QUEUE_KEYS = (
+    "pending",
+    "active",
+    "delayed",
+    "awaiting",
+    "completed",
+    "dead",
+    "events",
+    "flow:outbox",
+    "flow:deadletter",
+    "pump:lock",
+    "lease:seq",
+)
 
 BAD_QUEUES = [
-    pytest.param("a{b", id="open-brace"), pytest.param("a}b", id="close-brace"),
-    pytest.param("a:b", id="colon"), pytest.param("a b", id="space"),
-    pytest.param("x" * 65, id="65-chars"), pytest.param("", id="empty"),
-    pytest.param("ordérs", id="non-ascii"), pytest.param(7, id="not-str"),
+    pytest.param("a{b", id="open-brace"),
+    pytest.param("a}b", id="close-brace"),
+    pytest.param("a:b", id="colon"),
+    pytest.param("a b", id="space"),
+    pytest.param("x" * 65, id="65-chars"),
+    pytest.param("", id="empty"),
+    pytest.param("ordérs", id="non-ascii"),
+    pytest.param(7, id="not-str"),
 ]
 BAD_IDS = [
-    pytest.param("a:b", id="colon"), pytest.param("a b", id="space"),
-    pytest.param("a\tb", id="tab"), pytest.param("a\nb", id="newline"),
-    pytest.param("{a", id="open-brace"), pytest.param("a}", id="close-brace"),
-    pytest.param("", id="empty"), pytest.param("x" * 129, id="129-chars"),
+    pytest.param("a:b", id="colon"),
+    pytest.param("a b", id="space"),
+    pytest.param("a\tb", id="tab"),
+    pytest.param("a\nb", id="newline"),
+    pytest.param("{a", id="open-brace"),
+    pytest.param("a}", id="close-brace"),
+    pytest.param("", id="empty"),
+    pytest.param("x" * 129, id="129-chars"),
     pytest.param(12, id="not-str"),
 ]
 
@@ -53,11 +72,16 @@ def test_refs_parse_back() -> None:
 
 
 def test_hash_tag_pins_every_key_of_a_queue_to_one_slot() -> None:
-    keys = [K.job("orders", "o1"), K.job("orders", "other"),
-            *(K.job_part("orders", "o1", p) for p in PARTS),
-            *(K.queue_key("orders", n) for n in QUEUE_KEYS)]
+    keys = [
+        K.job("orders", "o1"),
+        K.job("orders", "other"),
+        *(K.job_part("orders", "o1", p) for p in PARTS),
+        *(K.queue_key("orders", n) for n in QUEUE_KEYS),
+    ]
     assert {key_slot(k.encode()) for k in keys} == {key_slot(b"orders")}
-    assert key_slot(K.job("payments", "o1").encode()) == key_slot(b"payments") != key_slot(b"orders")
+    assert (
+        key_slot(K.job("payments", "o1").encode()) == key_slot(b"payments") != key_slot(b"orders")
+    )
 
 
 def test_cluster_agrees_on_the_slot(rc) -> None:
@@ -73,8 +97,11 @@ def test_longest_names_are_valid() -> None:
 
 @pytest.mark.parametrize("queue", BAD_QUEUES)
 def test_bad_queue_name_raises_naming_the_rule(queue) -> None:
-    for build in (lambda: K.base(queue), lambda: K.job(queue, "j"),
-                  lambda: K.queue_key(queue, "pending")):
+    for build in (
+        lambda: K.base(queue),
+        lambda: K.job(queue, "j"),
+        lambda: K.queue_key(queue, "pending"),
+    ):
         with pytest.raises(ValueError) as exc:
             build()
         assert str(exc.value) == f"invalid queue name {queue!r}: {QUEUE_RULE}"
@@ -117,15 +144,27 @@ def test_bad_queue_writes_nothing(mq, seeded, queue) -> None:
 def test_bad_id_writes_nothing(mq, seeded, job_id) -> None:
     with pytest.raises(ValueError, match="invalid job id"):
         mq.enqueue("orders", "n", {}, job_id=job_id)
-    deep = node("p", [leaf("c1", queue="orders"),
-                      node("mid", [leaf("ok", queue="orders"),
-                                   Flow("orders", "leaf", job_id=job_id)], queue="orders")],
-                queue="orders")
+    deep = node(
+        "p",
+        [
+            leaf("c1", queue="orders"),
+            node(
+                "mid",
+                [leaf("ok", queue="orders"), Flow("orders", "leaf", job_id=job_id)],
+                queue="orders",
+            ),
+        ],
+        queue="orders",
+    )
     with pytest.raises(ValueError, match="invalid job id"):
         mq.add_flow(deep)
     with pytest.raises(ValueError, match="invalid job id"):
-        mq.add_flows([node("fine", [leaf("f1", queue="orders")], queue="orders"),
-                      Flow("orders", "root", job_id=job_id)])
+        mq.add_flows(
+            [
+                node("fine", [leaf("f1", queue="orders")], queue="orders"),
+                Flow("orders", "root", job_id=job_id),
+            ]
+        )
     assert snapshot(mq.client) == seeded
 
 

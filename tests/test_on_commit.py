@@ -45,8 +45,9 @@ def test_a_rolled_back_block_enqueues_nothing(mq):
 def test_a_committed_block_lands_after_the_commit_with_the_ids_given_before(mq):
     with transaction.atomic():
         job_id = emq.enqueue("q", "t.echo", 1)
-        ref = emq.add_flow(Flow("q", "t.sum_children", job_id="p",
-                                children=[Flow("q", "t.echo", 2, job_id="c")]))
+        ref = emq.add_flow(
+            Flow("q", "t.sum_children", job_id="p", children=[Flow("q", "t.echo", 2, job_id="c")])
+        )
         assert (ref.parent_id, ref.child_ids) == ("p", ["c"])
         assert not landed(mq, "q", job_id) and not landed(mq, "q", "p")
     assert mq.get_job("q", job_id).state is JobState.PENDING
@@ -89,8 +90,12 @@ def test_a_post_save_receiver_starts_a_flow_only_for_a_committed_row(mq):
 
     def start_flow(sender, instance, created, **kwargs):
         if created:
-            flow = Flow("q", "t.sum_children", job_id=f"welcome-{instance.username}",
-                        children=[Flow("q", "t.echo", 1)])
+            flow = Flow(
+                "q",
+                "t.sum_children",
+                job_id=f"welcome-{instance.username}",
+                children=[Flow("q", "t.echo", 1)],
+            )
             refs.append(emq.add_flow(flow))
 
     post_save.connect(start_flow, sender=User, weak=False)

@@ -34,17 +34,52 @@ clock, tmq = jobkit.clock, jobkit.tmq  # fixtures (tests/jobkit.py)
 
 
 def test_enqueue_writes_the_row_and_pending(tmq) -> None:
-    assert tmq.enqueue("q", "mail.send", {"to": "a@b", "n": [1, 2]}, job_id="j1",
-                       max_attempts=5, backoff_ms=250) == "j1"
+    assert (
+        tmq.enqueue(
+            "q",
+            "mail.send",
+            {"to": "a@b", "n": [1, 2]},
+            job_id="j1",
+            max_attempts=5,
+            backoff_ms=250,
+        )
+        == "j1"
+    )
     # compact row: attempts appears at the first claim (issue 8)
     assert assert_state(tmq, "q", "j1", "pending") == {
-        "name": "mail.send", "payload": '{"to":"a@b","n":[1,2]}', "state": "pending",
-        "max_attempts": "5", "backoff_ms": "250", "created_at": str(T0)}
+        "name": "mail.send",
+        "payload": '{"to":"a@b","n":[1,2]}',
+        "state": "pending",
+        "max_attempts": "5",
+        "backoff_ms": "250",
+        "created_at": str(T0),
+    }
     job = tmq.get_job("q", "j1")
-    assert (job.id, job.queue, job.name, job.payload, job.state, job.attempts, job.max_attempts,
-            job.backoff_ms, job.created_at, job.parent, job.lease) == (
-        "j1", "q", "mail.send", {"to": "a@b", "n": [1, 2]}, JobState.PENDING, 0, 5, 250, T0,
-        None, None)
+    assert (
+        job.id,
+        job.queue,
+        job.name,
+        job.payload,
+        job.state,
+        job.attempts,
+        job.max_attempts,
+        job.backoff_ms,
+        job.created_at,
+        job.parent,
+        job.lease,
+    ) == (
+        "j1",
+        "q",
+        "mail.send",
+        {"to": "a@b", "n": [1, 2]},
+        JobState.PENDING,
+        0,
+        5,
+        250,
+        T0,
+        None,
+        None,
+    )
     events = tmq.client.xrange(tmq.keys.queue_key("q", "events"))
     assert [e[1] for e in events] == [{b"e": b"added", b"id": b"j1"}]
 
@@ -54,8 +89,12 @@ def test_enqueue_defaults_and_generated_id(redis_client, clock) -> None:
     job_id = mq.enqueue("slow", "n")
     assert len(job_id) == 16 and job_id != mq.enqueue("slow", "n")
     # a job without its own settings stores none: the queue's apply (compact rows)
-    assert row(mq, "slow", job_id) == {"name": "n", "payload": "null", "state": "pending",
-                                       "created_at": str(T0)}
+    assert row(mq, "slow", job_id) == {
+        "name": "n",
+        "payload": "null",
+        "state": "pending",
+        "created_at": str(T0),
+    }
     job = mq.get_job("slow", job_id)
     assert (job.max_attempts, job.backoff_ms, job.attempts) == (7, 5, 0)
     other = mq.get_job("other", mq.enqueue("other", "n", job_id="d"))
@@ -79,17 +118,22 @@ def test_duplicate_id_is_refused_and_nothing_changes(tmq, state) -> None:
     before = snapshot(tmq.client)
     with pytest.raises(DuplicateJob) as exc:
         tmq.enqueue("q", "other", {"second": True}, job_id="j1", delay_ms=10)
-    assert str(exc.value) == (f"job id 'j1' is already used in queue 'q' (state {state}); "
-                              "ids are unique per queue")
+    assert str(exc.value) == (
+        f"job id 'j1' is already used in queue 'q' (state {state}); ids are unique per queue"
+    )
     assert snapshot(tmq.client) == before
 
 
-@pytest.mark.parametrize("payload, message", [
-    (object(), "payload is not JSON-serialisable: Object of type object"),
-    ({1, 2}, "payload is not JSON-serialisable: Object of type set"),
-    (float("nan"), "payload is not JSON-serialisable: Out of range float values"),
-    ("x" * 200, "payload is 202 bytes of JSON; the limit is 200 bytes (max_payload_bytes)"),
-], ids=["object", "set", "nan", "oversized"])
+@pytest.mark.parametrize(
+    "payload, message",
+    [
+        (object(), "payload is not JSON-serialisable: Object of type object"),
+        ({1, 2}, "payload is not JSON-serialisable: Object of type set"),
+        (float("nan"), "payload is not JSON-serialisable: Out of range float values"),
+        ("x" * 200, "payload is 202 bytes of JSON; the limit is 200 bytes (max_payload_bytes)"),
+    ],
+    ids=["object", "set", "nan", "oversized"],
+)
 def test_bad_payload_is_refused_and_nothing_written(redis_client, payload, message) -> None:
     mq = EchoMQ(redis_client, max_payload_bytes=200)
     mq.enqueue("q", "n", "x" * 198, job_id="fits")  # exactly 200 bytes of JSON
@@ -99,16 +143,27 @@ def test_bad_payload_is_refused_and_nothing_written(redis_client, payload, messa
     assert snapshot(redis_client) == before
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"name": ""}, "a job needs a name"),
-    ({"max_attempts": 0}, "max_attempts must be a whole number >= 1, got 0"),
-    ({"max_attempts": "x"}, "max_attempts must be a whole number >= 1, got 'x'"),
-    ({"max_attempts": 1.5}, "max_attempts must be a whole number >= 1, got 1.5"),
-    ({"delay_ms": -1}, r"delay_ms must be a whole number >= 0 \(ms\), got -1"),
-    ({"delay_ms": None}, r"delay_ms must be a whole number >= 0 \(ms\), got None"),
-    ({"backoff_ms": True}, r"backoff_ms must be a whole number >= 0 \(ms\), got True"),
-], ids=["no-name", "max-attempts-0", "max-attempts-str", "max-attempts-float", "negative-delay",
-       "delay-none", "backoff-bool"])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"name": ""}, "a job needs a name"),
+        ({"max_attempts": 0}, "max_attempts must be a whole number >= 1, got 0"),
+        ({"max_attempts": "x"}, "max_attempts must be a whole number >= 1, got 'x'"),
+        ({"max_attempts": 1.5}, "max_attempts must be a whole number >= 1, got 1.5"),
+        ({"delay_ms": -1}, r"delay_ms must be a whole number >= 0 \(ms\), got -1"),
+        ({"delay_ms": None}, r"delay_ms must be a whole number >= 0 \(ms\), got None"),
+        ({"backoff_ms": True}, r"backoff_ms must be a whole number >= 0 \(ms\), got True"),
+    ],
+    ids=[
+        "no-name",
+        "max-attempts-0",
+        "max-attempts-str",
+        "max-attempts-float",
+        "negative-delay",
+        "delay-none",
+        "backoff-bool",
+    ],
+)
 def test_bad_enqueue_arguments(mq, kwargs, message) -> None:
     with pytest.raises(ValueError, match=message):
         mq.enqueue("q", **{"name": "n", **kwargs})
@@ -121,8 +176,10 @@ def test_claim_takes_k_fifo_with_fresh_leases(tmq) -> None:
     jobs = tmq.claim("q", 3, lease_ms=500)
     assert [j.id for j in jobs] == ["j0", "j1", "j2"]
     assert [j.payload for j in jobs] == [{"i": 0}, {"i": 1}, {"i": 2}]
-    assert {(j.state, j.attempts, j.max_attempts, j.backoff_ms, j.lease_deadline, j.created_at)
-            for j in jobs} == {(JobState.ACTIVE, 1, 4, 9, T0 + 500, T0)}
+    assert {
+        (j.state, j.attempts, j.max_attempts, j.backoff_ms, j.lease_deadline, j.created_at)
+        for j in jobs
+    } == {(JobState.ACTIVE, 1, 4, 9, T0 + 500, T0)}
     more = tmq.claim("q", 10, lease_ms=500)
     assert [j.id for j in more] == ["j3", "j4"]
     tokens = [j.lease for j in jobs + more]
@@ -153,8 +210,11 @@ def test_complete_stores_the_result(tmq, clock) -> None:
     assert (outcome.state, outcome.released, outcome.outbox) == (JobState.COMPLETED, [], 0)
     r = assert_state(tmq, "q", "j1", "completed")
     # the row keeps its last lease token: a replayed complete recognises itself
-    assert (r["result"], r["finished_at"], r["lease"]) == ('{"ok":[1,"two"]}', str(T0 + 40),
-                                                          job.lease)
+    assert (r["result"], r["finished_at"], r["lease"]) == (
+        '{"ok":[1,"two"]}',
+        str(T0 + 40),
+        job.lease,
+    )
     assert score(tmq, "q", "completed", "j1") == T0 + 40
     assert tmq.get_job("q", "j1").result == {"ok": [1, "two"]}
 
@@ -192,7 +252,11 @@ def test_fail_backs_off_exponentially_with_a_cap_then_dies(redis_client, clock) 
         assert job.attempts == attempt
         assert mq.fail(job, f"err {attempt}") is JobState.DELAYED
         r = assert_state(mq, "q", "j", "delayed")
-        assert (r["error"], r["attempts"], r["lease"]) == (f"err {attempt}", str(attempt), job.lease)
+        assert (r["error"], r["attempts"], r["lease"]) == (
+            f"err {attempt}",
+            str(attempt),
+            job.lease,
+        )
         assert score(mq, "q", "delayed", "j") == clock.now + wait
         clock.advance(wait - 1)
         assert mq.promote_delayed("q") == 0
@@ -285,7 +349,12 @@ def test_retry_brings_a_dead_job_back(tmq) -> None:
     outcome = tmq.retry("q", "j")
     assert (outcome.state, outcome.retried) == (JobState.PENDING, [("q", "j")])
     r = assert_state(tmq, "q", "j", "pending")
-    assert (r["attempts"], r["stalls"], "error" in r, "finished_at" in r) == ("0", "0", False, False)
+    assert (r["attempts"], r["stalls"], "error" in r, "finished_at" in r) == (
+        "0",
+        "0",
+        False,
+        False,
+    )
     tmq.complete(claim_one(tmq, "q", "j"), 5)
     assert assert_state(tmq, "q", "j", "completed")["attempts"] == "1"
 
@@ -321,10 +390,16 @@ def closed_port() -> int:
 def test_redis_down_names_where(call) -> None:
     port = closed_port()
     mq = EchoMQ(redis.Redis(host="127.0.0.1", port=port, retry=Retry(NoBackoff(), 0)))
-    calls = {"enqueue": lambda: mq.enqueue("q", "n"), "claim": lambda: mq.claim("q"),
-             "get_job": lambda: mq.get_job("q", "j"), "retry": lambda: mq.retry("q", "j"),
-             "add_flow": lambda: mq.add_flow(echomq_django.Flow("q", "n"))}
-    with pytest.raises(RedisUnavailable, match=f"Redis is unreachable at redis://127.0.0.1:{port}/0"):
+    calls = {
+        "enqueue": lambda: mq.enqueue("q", "n"),
+        "claim": lambda: mq.claim("q"),
+        "get_job": lambda: mq.get_job("q", "j"),
+        "retry": lambda: mq.retry("q", "j"),
+        "add_flow": lambda: mq.add_flow(echomq_django.Flow("q", "n")),
+    }
+    with pytest.raises(
+        RedisUnavailable, match=f"Redis is unreachable at redis://127.0.0.1:{port}/0"
+    ):
         calls[call]()
 
 
@@ -339,11 +414,16 @@ def settings_mq(r, redis_server):
 
 def test_module_level_api(settings_mq, redis_server, r) -> None:
     assert settings_mq.client.connection_pool.connection_kwargs["port"] == int(
-        redis_server.rsplit(":", 1)[1].split("/")[0])
+        redis_server.rsplit(":", 1)[1].split("/")[0]
+    )
     job_id = echomq_django.enqueue("orders", "orders.send_receipt", {"order": 42})
     job = echomq_django.get_job("orders", job_id)
     assert (job.state, job.payload, job.max_attempts, job.backoff_ms) == (
-        JobState.PENDING, {"order": 42}, 3, 200)  # testproject's QUEUES["orders"]
+        JobState.PENDING,
+        {"order": 42},
+        3,
+        200,
+    )  # testproject's QUEUES["orders"]
     assert r.hget(f"emq:{{orders}}:job:{job_id}", "state") == b"pending"
     settings_mq.fail(claim_one(settings_mq, "orders", job_id), "x", dead=True)
     assert echomq_django.retry("orders", job_id).state is JobState.PENDING

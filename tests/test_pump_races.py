@@ -21,9 +21,18 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def wide_cross_flows(mq, parents=20, children=10):
     """``parents`` parents on ``p``, each with ``children`` children on ``c``."""
-    mq.add_flows([Flow("p", "parent", {}, job_id=f"P{i}", children=[
-        Flow("c", "child", {}, job_id=f"P{i}-{j}") for j in range(children)])
-        for i in range(parents)])
+    mq.add_flows(
+        [
+            Flow(
+                "p",
+                "parent",
+                {},
+                job_id=f"P{i}",
+                children=[Flow("c", "child", {}, job_id=f"P{i}-{j}") for j in range(children)],
+            )
+            for i in range(parents)
+        ]
+    )
 
 
 def released_events(mq, queue="p"):
@@ -93,9 +102,14 @@ def test_pump_killed_between_deliver_and_trim_releases_once(r, redis_server):
     while jobs := mq.claim("c", 50):
         for job in jobs:
             mq.complete(job, job.id)
-    proc = subprocess.run([sys.executable, "-c", KILLED_PUMP, redis_server], cwd=ROOT,
-                          capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = subprocess.run(
+        [sys.executable, "-c", KILLED_PUMP, redis_server],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert proc.returncode == -9, proc.stderr
     assert proc.stdout.strip() == "delivered 20"
     assert mq.counts("c")["outbox"] == 20  # delivered, not trimmed

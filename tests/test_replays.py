@@ -23,8 +23,14 @@ def fixed_clock(mq, at=1_000_000):
 
 
 def test_a_replayed_trim_removes_nothing_more(mq):
-    mq.add_flows([Flow("p", "parent", {}, job_id=f"P{i}", children=[
-        Flow("c", "child", {}, job_id=f"C{i}")]) for i in range(3)])
+    mq.add_flows(
+        [
+            Flow(
+                "p", "parent", {}, job_id=f"P{i}", children=[Flow("c", "child", {}, job_id=f"C{i}")]
+            )
+            for i in range(3)
+        ]
+    )
     for job in mq.claim("c", 10):
         mq.complete(job, job.id)
     k = mq.keys
@@ -55,8 +61,10 @@ def test_a_replayed_retry_reports_success_and_retries_once(mq):
     [job] = mq.claim("q", 1)
     mq.fail(job, "boom", dead=True)
     k = mq.keys
-    call = ([k.job("q", "d1"), k.queue_key("q", "dead"), k.queue_key("q", "pending")],
-            ["q", k.base("q"), "d1", 1_000_000, "token-1"])
+    call = (
+        [k.job("q", "d1"), k.queue_key("q", "dead"), k.queue_key("q", "pending")],
+        ["q", k.base("q"), "d1", 1_000_000, "token-1"],
+    )
     mq.scripts.run("retry", *call)
     mq.scripts.run("retry", *call)  # the replay answers as if it had worked
     assert mq.job_ids("q", "pending") == ["d1"]
@@ -64,9 +72,24 @@ def test_a_replayed_retry_reports_success_and_retries_once(mq):
 
 
 def test_retry_before_the_pump_delivered_the_death_takes_it_back(mq):
-    mq.add_flow(Flow("p", "grand", {}, job_id="G", children=[
-        Flow("p", "mid", {}, job_id="M", ignore_dependency_on_failure=True, children=[
-            Flow("c", "leaf", {}, job_id="L")])]))
+    mq.add_flow(
+        Flow(
+            "p",
+            "grand",
+            {},
+            job_id="G",
+            children=[
+                Flow(
+                    "p",
+                    "mid",
+                    {},
+                    job_id="M",
+                    ignore_dependency_on_failure=True,
+                    children=[Flow("c", "leaf", {}, job_id="L")],
+                )
+            ],
+        )
+    )
     [leaf] = mq.claim("c", 1)
     mq.fail(leaf, "boom", dead=True)
     assert mq.counts("c")["outbox"] == 1  # the death, not delivered yet
@@ -95,8 +118,10 @@ def test_a_replayed_claim_returns_the_same_jobs(mq):
     for i in range(3):
         mq.enqueue("q", "x", {}, job_id=f"j{i}")
     k = mq.keys
-    call = ([k.queue_key("q", "pending"), k.queue_key("q", "active"), k.queue_key("q", "lease:seq")],
-            [k.base("q"), 2, 1_000_000, 5000, "claim-token-1"])
+    call = (
+        [k.queue_key("q", "pending"), k.queue_key("q", "active"), k.queue_key("q", "lease:seq")],
+        [k.base("q"), 2, 1_000_000, 5000, "claim-token-1"],
+    )
     first = mq.scripts.run("claim", *call)
     assert mq.scripts.run("claim", *call) == first  # the replay leases nothing new
     assert mq.job_ids("q", "pending") == ["j2"]
@@ -104,8 +129,18 @@ def test_a_replayed_claim_returns_the_same_jobs(mq):
 
 
 def test_replayed_complete_and_fail_change_nothing(mq):
-    mq.add_flow(Flow("q", "parent", {}, job_id="P", children=[
-        Flow("q", "child", {}, job_id="A"), Flow("q", "child", {}, job_id="B", max_attempts=3)]))
+    mq.add_flow(
+        Flow(
+            "q",
+            "parent",
+            {},
+            job_id="P",
+            children=[
+                Flow("q", "child", {}, job_id="A"),
+                Flow("q", "child", {}, job_id="B", max_attempts=3),
+            ],
+        )
+    )
     a, b = sorted(mq.claim("q", 2), key=lambda j: j.id)
     assert mq.complete(a, 1).released == []
     assert mq.complete(a, 1).released == []  # same lease: a replay

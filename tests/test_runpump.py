@@ -20,18 +20,32 @@ pytestmark = pytest.mark.e2e
 
 def runpump(url, *args, **kw):
     env = {**os.environ, "ECHOMQ_URL": url, "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([sys.executable, "manage.py", "runpump", *args], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+    return subprocess.Popen(
+        [sys.executable, "manage.py", "runpump", *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kw,
+    )
 
 
 def test_once_delivers_and_prints_a_line_per_sweep_at_verbosity_2(r, redis_server):
     mq = EchoMQ(r)
-    mq.add_flow(Flow("p", "parent", {}, job_id="P", children=[
-        Flow("c", "child", {}, job_id=f"k{i}") for i in range(3)]))
+    mq.add_flow(
+        Flow(
+            "p",
+            "parent",
+            {},
+            job_id="P",
+            children=[Flow("c", "child", {}, job_id=f"k{i}") for i in range(3)],
+        )
+    )
     for job in mq.claim("c", 10):
         mq.complete(job, job.id)
     proc = runpump(redis_server, "p", "c", "--once", "--no-mirror", "--verbosity", "2")
-    out, err = proc.communicate(timeout=60)
+    _out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     assert mq.get_job("p", "P").state == "pending"
     [line] = [ln for ln in err.splitlines() if ln.split(" ", 1)[0] == "sweep" or " sweep " in ln]
@@ -43,12 +57,13 @@ def test_unreachable_redis_at_start_exits_1_with_one_line():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # closed again below: nothing listens there
     proc = runpump(f"redis://127.0.0.1:{port}/0", "orders", "--once")
-    out, err = proc.communicate(timeout=60)
+    _out, err = proc.communicate(timeout=60)
     assert proc.returncode == 1
     lines = err.strip().splitlines()
     assert len(lines) == 1
-    assert lines[0].startswith(f"CommandError: runpump: Redis is unreachable at "
-                               f"redis://127.0.0.1:{port}/0")
+    assert lines[0].startswith(
+        f"CommandError: runpump: Redis is unreachable at redis://127.0.0.1:{port}/0"
+    )
 
 
 def test_sigterm_stops_gracefully_with_exit_0(r, redis_server):
@@ -57,7 +72,7 @@ def test_sigterm_stops_gracefully_with_exit_0(r, redis_server):
     EchoMQ(r).enqueue("orders", "x", {}, job_id="due", delay_ms=1)
     time.sleep(0.5)
     proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=30)
+    _out, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
     assert "SIGTERM received, stopping after this sweep" in err
     assert EchoMQ(r).get_job("orders", "due").state == "pending"  # promoted while it ran
@@ -65,6 +80,6 @@ def test_sigterm_stops_gracefully_with_exit_0(r, redis_server):
 
 def test_bad_queue_name_is_refused(redis_server):
     proc = runpump(redis_server, "bad queue", "--once")
-    out, err = proc.communicate(timeout=60)
+    _out, err = proc.communicate(timeout=60)
     assert proc.returncode == 1
     assert "invalid queue name 'bad queue'" in err

@@ -32,8 +32,13 @@ class Command:
         self.out = tmp_path / f"{self.name}-{os.urandom(3).hex()}.err"
         with open(self.out, "wb") as err:
             self.proc = subprocess.Popen(
-                [sys.executable, "manage.py", *args], cwd=REPO, stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL, stderr=err, env={**os.environ, "ECHOMQ_URL": url})
+                [sys.executable, "manage.py", *args],
+                cwd=REPO,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                env={**os.environ, "ECHOMQ_URL": url},
+            )
 
     def stderr(self) -> str:
         return self.out.read_text()
@@ -89,8 +94,14 @@ def test_unreachable_redis_at_start_exits_1_with_a_one_line_reason(run):
 
 
 def test_a_burst_worker_runs_a_same_queue_flow_with_a_line_per_job(run, mq):
-    mq.add_flow(Flow("q", "t.sum_children", job_id="p", children=[
-        Flow("q", "t.echo", i, job_id=f"c{i}") for i in range(5)]))
+    mq.add_flow(
+        Flow(
+            "q",
+            "t.sum_children",
+            job_id="p",
+            children=[Flow("q", "t.echo", i, job_id=f"c{i}") for i in range(5)],
+        )
+    )
     worker = run("runworker", "q", "--burst", "--concurrency", "4", "--verbosity", "2")
     assert worker.wait() == 0
     parent = mq.get_job("q", "p")
@@ -98,8 +109,13 @@ def test_a_burst_worker_runs_a_same_queue_flow_with_a_line_per_job(run, mq):
     line = re.compile(r"job (\S+ \(\S+\)) completed in [0-9.]+ ms$", re.MULTILINE)
     per_job = line.findall(worker.stderr())
     assert sorted(per_job) == [
-        "q/c0 (t.echo)", "q/c1 (t.echo)", "q/c2 (t.echo)", "q/c3 (t.echo)", "q/c4 (t.echo)",
-        "q/p (t.sum_children)"]
+        "q/c0 (t.echo)",
+        "q/c1 (t.echo)",
+        "q/c2 (t.echo)",
+        "q/c3 (t.echo)",
+        "q/c4 (t.echo)",
+        "q/p (t.sum_children)",
+    ]
 
 
 def test_verbosity_0_prints_nothing_for_a_clean_run(run, mq):
@@ -112,10 +128,22 @@ def test_verbosity_0_prints_nothing_for_a_clean_run(run, mq):
 
 def test_a_cross_queue_flow_completes_with_runpump(run, mq):
     queues = ("orders", "validation", "inventory")
-    mq.add_flow(Flow("orders", "t.sum_children", job_id="o", children=[
-        Flow("validation", "t.sum_children", job_id="v", children=[
-            Flow("inventory", "t.echo", i, job_id=f"i{i}") for i in range(1, 4)]),
-        Flow("orders", "t.echo", 100, job_id="local")]))
+    mq.add_flow(
+        Flow(
+            "orders",
+            "t.sum_children",
+            job_id="o",
+            children=[
+                Flow(
+                    "validation",
+                    "t.sum_children",
+                    job_id="v",
+                    children=[Flow("inventory", "t.echo", i, job_id=f"i{i}") for i in range(1, 4)],
+                ),
+                Flow("orders", "t.echo", 100, job_id="local"),
+            ],
+        )
+    )
     pump = run("runpump", *queues, "--interval", "0.1", "--no-mirror")
     worker = run("runworker", *queues, "--concurrency", "2")
     wait_for(lambda: mq.get_job("orders", "o").state is JobState.COMPLETED, 30, "the flow")
@@ -134,8 +162,10 @@ def test_sigterm_lets_the_running_job_finish_and_exits_0(run, mq):
     assert worker.wait() == 0
     job = mq.get_job("q", "s")
     assert (job.state, job.result, job.attempts) == (JobState.COMPLETED, 1.0, 1)
-    assert ("SIGTERM: no more claims; finishing 1 running jobs (up to 30s); send it again to "
-            "stop at once") in worker.stderr()
+    assert (
+        "SIGTERM: no more claims; finishing 1 running jobs (up to 30s); send it again to "
+        "stop at once"
+    ) in worker.stderr()
 
 
 def test_a_second_signal_stops_at_once_leaving_the_lease(run, mq):
@@ -148,13 +178,23 @@ def test_a_second_signal_stops_at_once_leaving_the_lease(run, mq):
     assert worker.wait() == 1
     assert worker.stderr().splitlines()[-1] == (
         "runworker: stopped with 1 jobs still running; their leases will expire and the pump "
-        "recovers them")
+        "recovers them"
+    )
     assert active(mq, "s")
 
 
 def test_after_sigkill_the_pump_recovers_the_job_and_the_flow_completes_once(run, mq):
-    mq.add_flow(Flow("q", "t.sum_children", job_id="p", children=[
-        Flow("q", "t.slow", 1.0, job_id="slow"), Flow("q", "t.echo", 2, job_id="fast")]))
+    mq.add_flow(
+        Flow(
+            "q",
+            "t.sum_children",
+            job_id="p",
+            children=[
+                Flow("q", "t.slow", 1.0, job_id="slow"),
+                Flow("q", "t.echo", 2, job_id="fast"),
+            ],
+        )
+    )
     worker = run("runworker", "q", "--concurrency", "2", "--lease-ms", "1000")
     wait_for(lambda: active(mq, "slow") and mq.get_job("q", "fast").result == 2, what="claims")
     worker.signal(signal.SIGKILL)

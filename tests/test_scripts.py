@@ -31,8 +31,13 @@ def declared(text: str) -> dict:
     argv = [int(n) for n in re.findall(r"^\s+ARGV\[(\d+)\]\s+\S", header, re.MULTILINE)]
     var = re.search(r"^\s+ARGV\[(\d+)\.\.\]", header, re.MULTILINE)
     group = re.search(r"(\d+) values each", header)
-    return {"keys": keys, "argv": argv, "variadic": int(var.group(1)) if var else None,
-            "group": int(group.group(1)) if group else 1, "header": header}
+    return {
+        "keys": keys,
+        "argv": argv,
+        "variadic": int(var.group(1)) if var else None,
+        "group": int(group.group(1)) if group else 1,
+        "header": header,
+    }
 
 
 @pytest.mark.parametrize("path", LUA, ids=NAMES)
@@ -46,7 +51,7 @@ def test_header_declares_purpose_keys_argv_returns_errors(path: Path) -> None:
         assert d["variadic"] == len(d["argv"]) + 1, "ARGV[n..] follows the fixed ARGV"
     assert re.search(r"^  returns: \S", d["header"], re.MULTILINE)
     assert re.search(r"^  errors: +\S", d["header"], re.MULTILINE)
-    body = text[text.index("]]") + 2:]
+    body = text[text.index("]]") + 2 :]
     # the body never reads past what the header declares
     assert max(map(int, re.findall(r"KEYS\[(\d+)\]", body)), default=0) <= len(d["keys"])
     if d["variadic"] is None:
@@ -55,7 +60,10 @@ def test_header_declares_purpose_keys_argv_returns_errors(path: Path) -> None:
         assert "#ARGV" in body, "the body walks the ARGV[n..] groups"
     src = load_sources()[path.stem]  # the registry reads the same contract
     assert (src.nkeys, src.nargv, src.variadic) == (
-        len(d["keys"]), len(d["argv"]), d["variadic"] is not None)
+        len(d["keys"]),
+        len(d["argv"]),
+        d["variadic"] is not None,
+    )
 
 
 def test_lib_is_inlined_not_a_script() -> None:
@@ -73,13 +81,19 @@ def test_lua_dir_is_the_checkout() -> None:
     assert sorted(p.stem for p in lua_dir().glob("*.lua")) == NAMES
 
 
-@pytest.mark.parametrize("raw, problem", [
-    ("local x = 1", "must open with a --[[ header ]]"),
-    ("--[[\n  x: y\n  KEYS[2] a\n  returns: 1\n  errors: none\n]]",
-     "header numbers its KEYS out of order"),
-    ("--[[\n  x: y\n  KEYS[1] a\n  errors: none\n]]", "header lacks a 'returns:' line"),
-    ("--[[\n  x: y\n  KEYS[1] a\n  returns: 1\n]]", "header lacks a 'errors:' line"),
-], ids=["no-header", "keys-out-of-order", "no-returns", "no-errors"])
+@pytest.mark.parametrize(
+    "raw, problem",
+    [
+        ("local x = 1", "must open with a --[[ header ]]"),
+        (
+            "--[[\n  x: y\n  KEYS[2] a\n  returns: 1\n  errors: none\n]]",
+            "header numbers its KEYS out of order",
+        ),
+        ("--[[\n  x: y\n  KEYS[1] a\n  errors: none\n]]", "header lacks a 'returns:' line"),
+        ("--[[\n  x: y\n  KEYS[1] a\n  returns: 1\n]]", "header lacks a 'errors:' line"),
+    ],
+    ids=["no-header", "keys-out-of-order", "no-returns", "no-errors"],
+)
 def test_parse_header_refuses_a_bad_header(raw: str, problem: str) -> None:
     with pytest.raises(ValueError, match=re.escape(f"lua/x.lua {problem}")):
         parse_header("x", raw)

@@ -23,23 +23,40 @@ def recorder():
 
 
 def test_a_same_queue_flow_is_announced_once_per_transition(mq, recorder):
-    mq.add_flow(Flow("q", "t.echo", "done", job_id="p", children=[
-        Flow("q", "t.echo", 1, job_id="c1"),
-        Flow("q", "t.flaky", {"fail_times": 1}, job_id="c2", max_attempts=2, backoff_ms=0)]))
+    mq.add_flow(
+        Flow(
+            "q",
+            "t.echo",
+            "done",
+            job_id="p",
+            children=[
+                Flow("q", "t.echo", 1, job_id="c1"),
+                Flow("q", "t.flaky", {"fail_times": 1}, job_id="c2", max_attempts=2, backoff_ms=0),
+            ],
+        )
+    )
     worker = Worker(["q"], concurrency=2, mq=mq)
     assert worker.run(burst=True) == 4
-    assert recorder.names() == [("job_completed", "c1"), ("job_completed", "c2"),
-                                ("job_completed", "p"), ("job_failed", "c2"),
-                                ("parent_released", "p")]
+    assert recorder.names() == [
+        ("job_completed", "c1"),
+        ("job_completed", "c2"),
+        ("job_completed", "p"),
+        ("job_failed", "c2"),
+        ("parent_released", "p"),
+    ]
     assert {sender for _, sender, _ in recorder.events} == {worker}
     assert recorder.of("job_completed", "c1") == [
-        {"queue": "q", "job_id": "c1", "job_name": "t.echo", "result": 1}]
+        {"queue": "q", "job_id": "c1", "job_name": "t.echo", "result": 1}
+    ]
     assert recorder.of("job_completed", "c2") == [
-        {"queue": "q", "job_id": "c2", "job_name": "t.flaky", "result": {"attempt": 2}}]
+        {"queue": "q", "job_id": "c2", "job_name": "t.flaky", "result": {"attempt": 2}}
+    ]
     assert recorder.of("job_completed", "p") == [
-        {"queue": "q", "job_id": "p", "job_name": "t.echo", "result": "done"}]
+        {"queue": "q", "job_id": "p", "job_name": "t.echo", "result": "done"}
+    ]
     assert recorder.of("parent_released", "p") == [
-        {"queue": "q", "job_id": "p", "job_name": "t.echo"}]
+        {"queue": "q", "job_id": "p", "job_name": "t.echo"}
+    ]
     [failed] = recorder.of("job_failed", "c2")
     assert sorted(failed) == ["error", "job_id", "job_name", "queue", "run_at"]
     assert (failed["queue"], failed["job_name"], failed["run_at"]) == ("q", "t.flaky", None)
@@ -47,13 +64,30 @@ def test_a_same_queue_flow_is_announced_once_per_transition(mq, recorder):
 
 
 def test_a_dead_child_is_announced_up_the_tree(mq, recorder):
-    mq.add_flow(Flow("q", "t.echo", job_id="g", children=[
-        Flow("q", "t.echo", job_id="p", children=[
-            Flow("q", "t.fail", job_id="bad", max_attempts=1)])]))
+    mq.add_flow(
+        Flow(
+            "q",
+            "t.echo",
+            job_id="g",
+            children=[
+                Flow(
+                    "q",
+                    "t.echo",
+                    job_id="p",
+                    children=[Flow("q", "t.fail", job_id="bad", max_attempts=1)],
+                )
+            ],
+        )
+    )
     worker = Worker(["q"], mq=mq)
     assert worker.run(burst=True) == 1
-    assert recorder.names() == [("flow_failed", "g"), ("flow_failed", "p"), ("job_dead", "bad"),
-                                ("job_dead", "g"), ("job_dead", "p")]
+    assert recorder.names() == [
+        ("flow_failed", "g"),
+        ("flow_failed", "p"),
+        ("job_dead", "bad"),
+        ("job_dead", "g"),
+        ("job_dead", "p"),
+    ]
     for job_id, name in (("bad", "t.fail"), ("p", "t.echo"), ("g", "t.echo")):
         error = mq.get_job("q", job_id).error
         expected = {"queue": "q", "job_id": job_id, "job_name": name, "error": error}
@@ -87,21 +121,33 @@ def test_a_receiver_that_raises_is_logged_and_the_worker_goes_on(mq, caplog):
         signals.job_completed.disconnect(broken)
     assert mq.counts("q")["completed"] == 3
     messages = sorted(r.getMessage() for r in caplog.records if r.name == "echomq_django.signals")
-    assert messages == [f"signal receiver {broken!r} raised RuntimeError('receiver boom') "
-                        f"for q/j{i}" for i in range(3)]
+    assert messages == [
+        f"signal receiver {broken!r} raised RuntimeError('receiver boom') for q/j{i}"
+        for i in range(3)
+    ]
 
 
 def test_a_cross_queue_release_is_announced_by_the_pump(mq, recorder):
-    mq.add_flow(Flow("orders", "t.sum_children", job_id="o", children=[
-        Flow("validation", "t.echo", 7, job_id="v")]))
+    mq.add_flow(
+        Flow(
+            "orders",
+            "t.sum_children",
+            job_id="o",
+            children=[Flow("validation", "t.echo", 7, job_id="v")],
+        )
+    )
     worker = Worker(["orders", "validation"], mq=mq)
     assert worker.run(burst=True) == 1
     assert recorder.names() == [("job_completed", "v")]
     pump = Pump(["validation"], mq=mq)
     pump.sweep()
     assert recorder.events[-1] == (
-        "parent_released", pump, {"queue": "orders", "job_id": "o", "job_name": "t.sum_children"})
+        "parent_released",
+        pump,
+        {"queue": "orders", "job_id": "o", "job_name": "t.sum_children"},
+    )
     assert worker.run(burst=True) == 1
     assert recorder.of("job_completed", "o") == [
-        {"queue": "orders", "job_id": "o", "job_name": "t.sum_children", "result": 7}]
+        {"queue": "orders", "job_id": "o", "job_name": "t.sum_children", "result": 7}
+    ]
     assert len(recorder.events) == 3

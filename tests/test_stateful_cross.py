@@ -36,13 +36,26 @@ class Crash(Exception):
 
 
 def trees(depth=3):
-    leaf = st.fixed_dictionaries({
-        "queue": st.sampled_from(QUEUES), "policy": st.sampled_from(["fp", "id", "rd"]),
-        "attempts": st.integers(1, 2), "children": st.just([])})
-    return st.recursive(leaf, lambda kids: st.fixed_dictionaries({
-        "queue": st.sampled_from(QUEUES), "policy": st.sampled_from(["fp", "id", "rd"]),
-        "attempts": st.integers(1, 2), "children": st.lists(kids, min_size=1, max_size=3)}),
-        max_leaves=6)
+    leaf = st.fixed_dictionaries(
+        {
+            "queue": st.sampled_from(QUEUES),
+            "policy": st.sampled_from(["fp", "id", "rd"]),
+            "attempts": st.integers(1, 2),
+            "children": st.just([]),
+        }
+    )
+    return st.recursive(
+        leaf,
+        lambda kids: st.fixed_dictionaries(
+            {
+                "queue": st.sampled_from(QUEUES),
+                "policy": st.sampled_from(["fp", "id", "rd"]),
+                "attempts": st.integers(1, 2),
+                "children": st.lists(kids, min_size=1, max_size=3),
+            }
+        ),
+        max_leaves=6,
+    )
 
 
 class CrossQueueFlows(RuleBasedStateMachine):
@@ -51,8 +64,12 @@ class CrossQueueFlows(RuleBasedStateMachine):
     @initialize()
     def setup(self):
         self.now = [1_000_000]
-        self.mq = EchoMQ(self.client, prefix=f"x{next(PREFIXES)}", clock=lambda: self.now[0],
-                         queues={q: {"BACKOFF_MS": 0} for q in QUEUES})
+        self.mq = EchoMQ(
+            self.client,
+            prefix=f"x{next(PREFIXES)}",
+            clock=lambda: self.now[0],
+            queues={q: {"BACKOFF_MS": 0} for q in QUEUES},
+        )
         self.pump = Pump(list(QUEUES), mq=self.mq, lock_ms=60_000)
         self.parent_of: dict[tuple, tuple] = {}  # child (q, id) -> parent (q, id)
         self.children: dict[tuple, list] = {}  # parent -> [child (q, id)]
@@ -64,10 +81,16 @@ class CrossQueueFlows(RuleBasedStateMachine):
         if parent:
             self.parent_of[node] = parent
             self.children.setdefault(parent, []).append(node)
-        return Flow(node[0], "h", {"n": self.n}, job_id=node[1], max_attempts=spec["attempts"],
-                    ignore_dependency_on_failure=spec["policy"] == "id",
-                    remove_dependency_on_failure=spec["policy"] == "rd",
-                    children=[self._flow(c, node) for c in spec["children"]])
+        return Flow(
+            node[0],
+            "h",
+            {"n": self.n},
+            job_id=node[1],
+            max_attempts=spec["attempts"],
+            ignore_dependency_on_failure=spec["policy"] == "id",
+            remove_dependency_on_failure=spec["policy"] == "rd",
+            children=[self._flow(c, node) for c in spec["children"]],
+        )
 
     @rule(spec=trees())
     def add(self, spec):
@@ -153,8 +176,12 @@ class CrossQueueFlows(RuleBasedStateMachine):
                 state = self._row(kid).state
                 pending_entry = outboxes.get((parent[0], parent[1], ref), [])
                 if state is JobState.COMPLETED:  # delivered, or still in an outbox
-                    assert ref in deps.processed or "done" in pending_entry or \
-                        ref in deps.ignored or ref in deps.removed, (parent, kid)
+                    assert (
+                        ref in deps.processed
+                        or "done" in pending_entry
+                        or ref in deps.ignored
+                        or ref in deps.removed
+                    ), (parent, kid)
                 if ref in deps.processed:
                     assert state is JobState.COMPLETED
 
@@ -170,8 +197,9 @@ class CrossQueueFlows(RuleBasedStateMachine):
             assert all(n == 1 for n in counts.values()), counts
 
 
-SETTINGS = settings(max_examples=25, stateful_step_count=30, deadline=None,
-                    suppress_health_check=list(HealthCheck))
+SETTINGS = settings(
+    max_examples=25, stateful_step_count=30, deadline=None, suppress_health_check=list(HealthCheck)
+)
 
 
 @pytest.mark.parametrize("rig", ["r", "rc"], ids=["single", "cluster"])

@@ -50,8 +50,18 @@ def wheel(tmp_path_factory) -> Path:
         else:
             shutil.copy2(path, src / name)
     out = tmp_path_factory.mktemp("dist")
-    run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(out), str(src),
-        cwd=src)
+    run(
+        sys.executable,
+        "-m",
+        "pip",
+        "wheel",
+        "--no-deps",
+        "--quiet",
+        "-w",
+        str(out),
+        str(src),
+        cwd=src,
+    )
     [built] = out.glob("echomq_django-*.whl")
     return built
 

@@ -3,6 +3,7 @@ against the real test Redis, on both rigs where the protocol matters."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import threading
@@ -19,8 +20,16 @@ from echomq_django.pump import Pump
 from echomq_django.worker import error_text, unknown_name_error
 from tests.workerkit import Background, Clock, burst, wait_for
 
-COUNTS0 = {"pending": 0, "active": 0, "delayed": 0, "completed": 0, "dead": 0,
-           "awaiting_children": 0, "outbox": 0, "deadletter": 0}
+COUNTS0 = {
+    "pending": 0,
+    "active": 0,
+    "delayed": 0,
+    "completed": 0,
+    "dead": 0,
+    "awaiting_children": 0,
+    "outbox": 0,
+    "deadletter": 0,
+}
 
 
 def counts(mq, queue="q", **nonzero) -> None:
@@ -28,8 +37,14 @@ def counts(mq, queue="q", **nonzero) -> None:
 
 
 def test_same_queue_flow_runs_to_the_parent(mq):
-    mq.add_flow(Flow("q", "t.sum_children", job_id="p", children=[
-        Flow("q", "t.echo", i, job_id=f"c{i}") for i in range(5)]))
+    mq.add_flow(
+        Flow(
+            "q",
+            "t.sum_children",
+            job_id="p",
+            children=[Flow("q", "t.echo", i, job_id=f"c{i}") for i in range(5)],
+        )
+    )
     worker, processed = burst(mq, ["q"])
     assert processed == 6
     parent = mq.get_job("q", "p")
@@ -41,10 +56,24 @@ def test_same_queue_flow_runs_to_the_parent(mq):
 
 
 def test_a_tree_resolves_level_by_level(mq):
-    mq.add_flow(Flow("q", "t.sum_children", job_id="root", children=[
-        Flow("q", "t.sum_children", job_id=f"mid{m}", children=[
-            Flow("q", "t.echo", 10 * m + i, job_id=f"leaf{m}{i}") for i in range(3)])
-        for m in range(2)]))
+    mq.add_flow(
+        Flow(
+            "q",
+            "t.sum_children",
+            job_id="root",
+            children=[
+                Flow(
+                    "q",
+                    "t.sum_children",
+                    job_id=f"mid{m}",
+                    children=[
+                        Flow("q", "t.echo", 10 * m + i, job_id=f"leaf{m}{i}") for i in range(3)
+                    ],
+                )
+                for m in range(2)
+            ],
+        )
+    )
     assert burst(mq, ["q"], concurrency=3)[1] == 9
     assert mq.get_job("q", "mid0").result == 0 + 1 + 2
     assert mq.get_job("q", "mid1").result == 10 + 11 + 12
@@ -53,8 +82,14 @@ def test_a_tree_resolves_level_by_level(mq):
 
 def test_unrecoverable_dies_at_once_and_its_parent_policy_applies(redis_client):
     mq = EchoMQ(redis_client, prefix="emq", clock=Clock())
-    mq.add_flow(Flow("q", "t.sum_children", job_id="p", children=[
-        Flow("q", "t.unrecoverable", job_id="stolen", max_attempts=5)]))
+    mq.add_flow(
+        Flow(
+            "q",
+            "t.sum_children",
+            job_id="p",
+            children=[Flow("q", "t.unrecoverable", job_id="stolen", max_attempts=5)],
+        )
+    )
     assert burst(mq, ["q"])[1] == 1
     job = mq.get_job("q", "stolen")
     assert (job.state, job.attempts) == (JobState.DEAD, 1)
@@ -67,10 +102,24 @@ def test_unrecoverable_dies_at_once_and_its_parent_policy_applies(redis_client):
 def test_a_raising_handler_retries_with_backoff_then_dies_and_fails_its_parent(redis_client):
     clock = Clock()
     mq = EchoMQ(redis_client, prefix="emq", clock=clock)
-    mq.add_flow(Flow("q", "t.sum_children", job_id="p", children=[
-        Flow("q", "t.echo", 1, job_id="ok"),
-        Flow("q", "t.fail", {"message": "card declined"}, job_id="bad", max_attempts=3,
-             backoff_ms=100)]))
+    mq.add_flow(
+        Flow(
+            "q",
+            "t.sum_children",
+            job_id="p",
+            children=[
+                Flow("q", "t.echo", 1, job_id="ok"),
+                Flow(
+                    "q",
+                    "t.fail",
+                    {"message": "card declined"},
+                    job_id="bad",
+                    max_attempts=3,
+                    backoff_ms=100,
+                ),
+            ],
+        )
+    )
     worker, processed = burst(mq, ["q"])
     assert processed == 2  # ok completed; bad failed once and waits in delayed
     bad = mq.get_job("q", "bad")
@@ -97,10 +146,25 @@ def test_a_raising_handler_retries_with_backoff_then_dies_and_fails_its_parent(r
 
 
 def test_an_ignored_dead_child_lets_the_parent_run(mq):
-    mq.add_flow(Flow("q", "t.sum_children", job_id="p", children=[
-        Flow("q", "t.echo", 4, job_id="ok"),
-        Flow("q", "t.fail", None, job_id="bad", max_attempts=2, backoff_ms=0,
-             ignore_dependency_on_failure=True)]))
+    mq.add_flow(
+        Flow(
+            "q",
+            "t.sum_children",
+            job_id="p",
+            children=[
+                Flow("q", "t.echo", 4, job_id="ok"),
+                Flow(
+                    "q",
+                    "t.fail",
+                    None,
+                    job_id="bad",
+                    max_attempts=2,
+                    backoff_ms=0,
+                    ignore_dependency_on_failure=True,
+                ),
+            ],
+        )
+    )
     _, processed = burst(mq, ["q"])
     assert processed == 4  # ok, bad twice, p
     bad = mq.get_job("q", "bad")
@@ -127,7 +191,8 @@ def test_an_unknown_job_name_fails_cleanly_and_the_worker_goes_on(mq, caplog):
     assert (job.state, job.attempts) == (JobState.DEAD, 2)
     assert job.error == unknown_name_error("t.nope")
     assert job.error.startswith(
-        "UnknownJobName: no handler is registered for job name 't.nope'; registered: ")
+        "UnknownJobName: no handler is registered for job name 't.nope'; registered: "
+    )
     assert "t.echo, t.fail, t.flaky" in job.error
     assert mq.get_job("q", "e").result == "after"
     assert processed == 3
@@ -142,8 +207,10 @@ def test_a_result_that_is_not_json_fails_the_job(mq):
     worker, _ = burst(mq, ["q"])
     job = mq.get_job("q", "b")
     assert job.state is JobState.DEAD
-    assert job.error == ("PayloadError: result is not JSON-serialisable: "
-                         "Object of type object is not JSON serializable")
+    assert job.error == (
+        "PayloadError: result is not JSON-serialisable: "
+        "Object of type object is not JSON serializable"
+    )
     assert worker.stats == {"completed": 0, "failed": 0, "dead": 1, "lost": 0}
 
 
@@ -205,7 +272,8 @@ def test_a_lost_lease_drops_the_result_and_the_job_runs_again(mq, caplog):
         "job q/l (t.lose_lease): result dropped, the lease was lost: job 'l' in queue 'q' is "
         "pending",
         "job q/l (t.lose_lease): result dropped, the lease was lost: job 'l' in queue 'q': lease "
-        "token is stale (the lease expired and the job was recovered or claimed again)"}
+        "token is stale (the lease expired and the job was recovered or claimed again)",
+    }
 
 
 def test_the_heartbeat_keeps_a_long_job_leased(r):
@@ -274,6 +342,7 @@ def test_bad_arguments_are_refused(mq):
 
 # -- Redis going away ---------------------------------------------------------
 
+
 def closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -292,13 +361,15 @@ def test_unreachable_redis_is_retried_with_backoff(caplog):
     worker = Worker(["q"], mq=mq)
     with caplog.at_level(logging.WARNING, "echomq_django.worker"):
         bg = Background(worker, burst=True)
-        wait_for(lambda: sum("retrying in" in r.getMessage() for r in caplog.records) >= 2,
-                 what="two retries")
+        wait_for(
+            lambda: sum("retrying in" in r.getMessage() for r in caplog.records) >= 2,
+            what="two retries",
+        )
         worker.stop()
         assert bg.join() == 0
     lines = [r.getMessage() for r in caplog.records if "retrying in" in r.getMessage()]
     where = f"Redis unreachable at redis://127.0.0.1:{port}/0 (Error 111 connecting to "
-    for line, delay in zip(lines[:2], ("0.5s", "1.0s")):
+    for line, delay in zip(lines[:2], ("0.5s", "1.0s"), strict=False):
         assert line.startswith(where)
         assert line.endswith(f"Connection refused.), retrying in {delay}")
     assert not any("reachable again" in r.getMessage() for r in caplog.records)
@@ -339,18 +410,14 @@ class Proxy:
         except OSError:
             pass
         for s in (src, dst):
-            try:
+            with contextlib.suppress(OSError):
                 s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
 
     def cut(self) -> None:
         self.up.clear()
         for s in self.conns:
-            try:
+            with contextlib.suppress(OSError):
                 s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
         self.conns = []
 
     def restore(self) -> None:
@@ -372,12 +439,16 @@ def test_a_job_held_through_an_outage_is_reported_when_redis_returns(r, caplog):
             bg = Background(worker)
             wait_for(lambda: direct.get_job("q", "s").state is JobState.ACTIVE, what="claim")
             proxy.cut()
-            wait_for(lambda: any("retrying in" in x.getMessage() for x in caplog.records),
-                     what="the outage warning")
+            wait_for(
+                lambda: any("retrying in" in x.getMessage() for x in caplog.records),
+                what="the outage warning",
+            )
             assert direct.get_job("q", "s").state is JobState.ACTIVE
             proxy.restore()
-            wait_for(lambda: direct.get_job("q", "s").state is JobState.COMPLETED,
-                     what="the report after the outage")
+            wait_for(
+                lambda: direct.get_job("q", "s").state is JobState.COMPLETED,
+                what="the report after the outage",
+            )
             worker.stop()
             assert bg.join() == 1
     finally:
@@ -399,7 +470,8 @@ def test_error_text_survives_an_exception_whose_str_raises():
 
 @pytest.mark.parametrize("released_meanwhile", [False, True], ids=["quiet", "released"])
 def test_a_short_claim_rests_its_queue_unless_a_parent_was_released_meanwhile(
-        mq, released_meanwhile):
+    mq, released_meanwhile
+):
     # The reporter thread may release a parent while the loop's claim is in
     # flight: resting the queue then would leave the parent waiting out the
     # whole poll_interval (issue 8 saw roots wait 50 ms in the benchmark).

@@ -57,8 +57,10 @@ class Recorder:
         self.events: list[tuple[str, object, dict]] = []
         self._receivers = []
         for name in SIGNALS:
+
             def receive(sender, signal=None, _name=name, **kwargs):
                 self.events.append((_name, sender, kwargs))
+
             getattr(signals, name).connect(receive, weak=False)
             self._receivers.append((name, receive))
 
@@ -87,7 +89,7 @@ class Background:
     def _run(self, **kwargs) -> None:
         try:
             self.result = self.worker.run(**kwargs)
-        except BaseException as exc:  # noqa: BLE001 — re-raised by join()
+        except BaseException as exc:
             self.error = exc
 
     def join(self, timeout: float = 30.0):

@@ -24,8 +24,16 @@ class OrderAdmin(admin.ModelAdmin):
     list_display = ("id", "customer", "status", "via", "created", "updated")
     list_filter = ("status", "via")
     search_fields = ("customer", "email")
-    readonly_fields = ("customer", "email", "card", "status", "via", "outcome", "created",
-                       "updated")
+    readonly_fields = (
+        "customer",
+        "email",
+        "card",
+        "status",
+        "via",
+        "outcome",
+        "created",
+        "updated",
+    )
     inlines = (OrderLineInline,)
 
     def has_add_permission(self, request):

@@ -47,15 +47,26 @@ def generate(count: int, seed: int = 7) -> list[dict]:
         kind = KINDS[i] if i < len(KINDS) else rng.choices(KINDS, WEIGHTS)[0]
         first, last = rng.choice(FIRST), rng.choice(LAST)
         last4 = {"transient": f"000{rng.randint(1, 3)}", "declined": "0000"}.get(
-            kind, str(rng.randint(1000, 9999)))
-        lines = [{"sku": sku, "qty": rng.randint(1, 3), "optional": rng.random() < 0.2}
-                 for sku in rng.sample(IN_STOCK, rng.randint(1, 3))]
+            kind, str(rng.randint(1000, 9999))
+        )
+        lines = [
+            {"sku": sku, "qty": rng.randint(1, 3), "optional": rng.random() < 0.2}
+            for sku in rng.sample(IN_STOCK, rng.randint(1, 3))
+        ]
         if kind in ("optional_oos", "required_oos"):
-            lines.insert(rng.randint(0, len(lines)), {
-                "sku": rng.choice(OUT_OF_STOCK), "qty": 1, "optional": kind == "optional_oos"})
-        orders.append({"customer": f"{first} {last}", "email": f"{first}.{last}.{i}@example.com",
-                       "card": f"4242 4242 4242 {last4}", "lines": lines,
-                       "via": "signal" if rng.random() < 0.25 else "view"})
+            lines.insert(
+                rng.randint(0, len(lines)),
+                {"sku": rng.choice(OUT_OF_STOCK), "qty": 1, "optional": kind == "optional_oos"},
+            )
+        orders.append(
+            {
+                "customer": f"{first} {last}",
+                "email": f"{first}.{last}.{i}@example.com",
+                "card": f"4242 4242 4242 {last4}",
+                "lines": lines,
+                "via": "signal" if rng.random() < 0.25 else "view",
+            }
+        )
     return orders
 
 
@@ -69,8 +80,13 @@ def parse_lines(text: str) -> list[dict]:
         optional = item.endswith("?")
         sku, _, qty = item.rstrip("?").strip().partition("*")
         qty = qty.strip()
-        lines.append({"sku": sku.strip(), "qty": int(qty) if qty.isdigit() else (qty or 1),
-                      "optional": optional})
+        lines.append(
+            {
+                "sku": sku.strip(),
+                "qty": int(qty) if qty.isdigit() else (qty or 1),
+                "optional": optional,
+            }
+        )
     return lines
 
 
@@ -83,8 +99,10 @@ def read_csv(path: str | Path) -> list[tuple[int, dict]]:
             reader = csv.DictReader(f)
             missing = [c for c in CSV_COLUMNS[:4] if c not in (reader.fieldnames or [])]
             if missing:
-                raise CsvError(f"{path}: missing column(s) {', '.join(missing)}; the header "
-                               f"must name {', '.join(CSV_COLUMNS)} (via is optional)")
+                raise CsvError(
+                    f"{path}: missing column(s) {', '.join(missing)}; the header "
+                    f"must name {', '.join(CSV_COLUMNS)} (via is optional)"
+                )
             rows = []
             for row in reader:
                 body = {name: (row.get(name) or "").strip() for name in CSV_COLUMNS[:3]}

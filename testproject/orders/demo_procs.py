@@ -39,8 +39,9 @@ def http_json(method: str, url: str, body=None, timeout: float = 30.0) -> tuple[
     """``(status, decoded JSON body)`` of one request; an error status is
     returned, not raised. Raises ``OSError`` when nothing answers."""
     data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, method=method,
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        url, data=data, method=method, headers={"Content-Type": "application/json"}
+    )
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             return resp.status, json.loads(resp.read() or b"{}")
@@ -64,8 +65,15 @@ class Processes:
         reaches the demo only, which then stops it in order), output in
         ``<log_dir>/<name>.log``."""
         with open(self.log(name), "wb") as log:
-            proc = subprocess.Popen(args, cwd=BASE_DIR, env=env, stdin=subprocess.DEVNULL,
-                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            proc = subprocess.Popen(
+                args,
+                cwd=BASE_DIR,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         self.procs[name] = proc
         return proc
 
@@ -83,8 +91,10 @@ class Processes:
         """Raise ``DemoError`` with its log tail when a process has exited."""
         for name, proc in self.procs.items():
             if proc.poll() is not None:
-                raise DemoError(f"{name} exited with status {proc.returncode}; the end of "
-                                f"{self.log(name)}:\n{self.tail(name)}")
+                raise DemoError(
+                    f"{name} exited with status {proc.returncode}; the end of "
+                    f"{self.log(name)}:\n{self.tail(name)}"
+                )
 
     def stop(self, names: list[str] | None = None) -> None:
         """SIGTERM ``names`` (default: all), wait up to ``GRACE_S`` s in all,
@@ -115,12 +125,27 @@ def start_redis(procs: Processes, attempts: int = 5) -> str:
     for _ in range(attempts):
         port = free_port()
         try:
-            proc = procs.start("redis", [
-                "redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                "--appendonly", "no", "--dir", str(procs.log_dir)])
+            proc = procs.start(
+                "redis",
+                [
+                    "redis-server",
+                    "--port",
+                    str(port),
+                    "--bind",
+                    "127.0.0.1",
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                    "--dir",
+                    str(procs.log_dir),
+                ],
+            )
         except FileNotFoundError:
-            raise DemoError("redis-server is not on PATH: run `bash scripts/demo.sh`, which "
-                            "installs it, or set ECHOMQ_URL to a Redis of yours") from None
+            raise DemoError(
+                "redis-server is not on PATH: run `bash scripts/demo.sh`, which "
+                "installs it, or set ECHOMQ_URL to a Redis of yours"
+            ) from None
         client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=0.5)
         deadline = time.monotonic() + START_TIMEOUT_S
         while proc.poll() is None and time.monotonic() < deadline:
@@ -146,14 +171,17 @@ class Progress:
         self.printed_at = 0.0
         self.drawn = 0
 
-    def show(self, done: int, fulfilled: int, failed: int, elapsed: float,
-             final: bool = False) -> None:
+    def show(
+        self, done: int, fulfilled: int, failed: int, elapsed: float, final: bool = False
+    ) -> None:
         if not self.tty and not final and time.monotonic() - self.printed_at < 5:
             return
         self.printed_at = time.monotonic()
         filled = self.WIDTH * done // max(self.total, 1)
-        line = (f"  flows [{'#' * filled}{'.' * (self.WIDTH - filled)}] {done}/{self.total}"
-                f"  fulfilled {fulfilled}  failed {failed}  {elapsed:.1f}s")
+        line = (
+            f"  flows [{'#' * filled}{'.' * (self.WIDTH - filled)}] {done}/{self.total}"
+            f"  fulfilled {fulfilled}  failed {failed}  {elapsed:.1f}s"
+        )
         if self.tty:  # pad over a longer line drawn before
             self.out.write("\r" + line.ljust(self.drawn) + ("\n" if final else ""))
             self.drawn = len(line)

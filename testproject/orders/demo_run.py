@@ -56,8 +56,16 @@ class Demo:
     logs go; ``concurrency``: the worker's handler threads; ``out``: a text
     stream for everything the demo prints."""
 
-    def __init__(self, bodies: list[tuple[str, dict]], *, keep: bool = False,
-                 timeout: float = 120.0, log_dir: Path, concurrency: int = 8, out=sys.stdout):
+    def __init__(
+        self,
+        bodies: list[tuple[str, dict]],
+        *,
+        keep: bool = False,
+        timeout: float = 120.0,
+        log_dir: Path,
+        concurrency: int = 8,
+        out=sys.stdout,
+    ):
         self.bodies, self.keep, self.timeout = bodies, keep, timeout
         self.concurrency, self.out = concurrency, out
         log_dir.mkdir(parents=True, exist_ok=True)
@@ -96,14 +104,28 @@ class Demo:
         port = free_port()
         base = f"http://127.0.0.1:{port}"
         manage = [sys.executable, str(BASE_DIR / "manage.py")]
-        self.say(f"== starting the web server ({base}), runworker and runpump for "
-                 f"{' '.join(QUEUES)}; logs in {self.procs.log_dir}")
+        self.say(
+            f"== starting the web server ({base}), runworker and runpump for "
+            f"{' '.join(QUEUES)}; logs in {self.procs.log_dir}"
+        )
         self.procs.start("web", [*manage, "runserver", f"127.0.0.1:{port}", "--noreload"], env)
-        self.procs.start("worker", [*manage, "runworker", *QUEUES, "--concurrency",
-                                    str(self.concurrency), "--shutdown-timeout", "5"], env)
+        self.procs.start(
+            "worker",
+            [
+                *manage,
+                "runworker",
+                *QUEUES,
+                "--concurrency",
+                str(self.concurrency),
+                "--shutdown-timeout",
+                "5",
+            ],
+            env,
+        )
         self.procs.start("pump", [*manage, "runpump", *QUEUES, "--interval", "0.1"], env)
-        self.say("   pids: " + ", ".join(f"{name} {proc.pid}"
-                                         for name, proc in self.procs.procs.items()))
+        self.say(
+            "   pids: " + ", ".join(f"{name} {proc.pid}" for name, proc in self.procs.procs.items())
+        )
         self._wait_for_web(base)
         mq = EchoMQ(redis.Redis.from_url(url), prefix=prefix)
 
@@ -114,14 +136,18 @@ class Demo:
         finished, wall = self._wait_for_flows(orders, mq, started)
         if len(finished) < len(orders):
             late = [o.pk for o in orders if o.pk not in finished]
-            problems.append(f"{len(late)} flows not finished after {self.timeout:g} s: orders "
-                            f"{', '.join(map(str, late[:20]))}{' ...' if len(late) > 20 else ''}")
+            problems.append(
+                f"{len(late)} flows not finished after {self.timeout:g} s: orders "
+                f"{', '.join(map(str, late[:20]))}{' ...' if len(late) > 20 else ''}"
+            )
         counts = self.check(base, orders, finished, mq, problems)
         self._summary(counts, len(orders), len(finished), wall, base, problems)
         if self.keep:
             try:  # before the message: a Ctrl-C right after it must end --keep cleanly
-                self.say("== --keep: the web server, worker, pump and Redis keep running; "
-                         "Ctrl-C stops them")
+                self.say(
+                    "== --keep: the web server, worker, pump and Redis keep running; "
+                    "Ctrl-C stops them"
+                )
                 while True:
                     self.procs.check()
                     time.sleep(0.5)
@@ -154,8 +180,10 @@ class Demo:
             except OSError:
                 pass
             if time.monotonic() > deadline:
-                raise DemoError(f"the web server did not answer within {START_TIMEOUT_S:.0f} s; "
-                                f"the end of its log:\n{self.procs.tail('web')}")
+                raise DemoError(
+                    f"the web server did not answer within {START_TIMEOUT_S:.0f} s; "
+                    f"the end of its log:\n{self.procs.tail('web')}"
+                )
             time.sleep(0.1)
 
     def _post(self, base: str) -> tuple[list[int], list[str]]:
@@ -187,7 +215,7 @@ class Demo:
                 pipe.hmget(mq.keys.job(queue, job_id), "state", "attempts")
         replies, out, i = pipe.execute(), {}, 0
         for pk, n in shape:
-            out[pk] = [(s.decode() if s else None, int(a or 0)) for s, a in replies[i:i + n]]
+            out[pk] = [(s.decode() if s else None, int(a or 0)) for s, a in replies[i : i + n]]
             i += n
         return out
 
@@ -201,8 +229,9 @@ class Demo:
         tally = {"fulfilled": 0, "failed": 0}
         while True:
             if pending:
-                states = dict(Order.objects.filter(pk__in=[o.pk for o in pending])
-                              .values_list("pk", "status"))
+                states = dict(
+                    Order.objects.filter(pk__in=[o.pk for o in pending]).values_list("pk", "status")
+                )
                 jobs = self._jobs(mq, pending)
                 for order in pending:
                     status = states.get(order.pk)
@@ -218,34 +247,41 @@ class Demo:
             self.procs.check()
             time.sleep(POLL_S)
 
-    def check(self, base: str, orders: list[Order], finished: set[int], mq: EchoMQ,
-               problems: list[str]) -> dict:
+    def check(
+        self, base: str, orders: list[Order], finished: set[int], mq: EchoMQ, problems: list[str]
+    ) -> dict:
         """Compare each finished order (read back through the API) with
         ``predict``; appends a line per mismatch; returns the summary counts
         as ``{name: [actual over the finished orders, predicted over all]}``."""
-        counts = {k: [0, 0] for k in ("fulfilled", "failed", "with ignored failures",
-                                      "retries taken")}
+        counts = {
+            k: [0, 0] for k in ("fulfilled", "failed", "with ignored failures", "retries taken")
+        }
         wanted = {o.pk: predict(o) for o in orders}
         for want in wanted.values():
             self._count(counts, 1, want)
         done = [o for o in orders if o.pk in finished]
         with ThreadPoolExecutor(POSTERS) as pool:
-            details = list(pool.map(
-                lambda o: demo_procs.http_json("GET", f"{base}/orders/{o.pk}/"), done))
+            details = list(
+                pool.map(lambda o: demo_procs.http_json("GET", f"{base}/orders/{o.pk}/"), done)
+            )
         jobs = self._jobs(mq, done)
-        for order, (status, body) in zip(done, details):
+        for order, (status, body) in zip(done, details, strict=False):
             want = wanted[order.pk]
             root = (body.get("flow") or {}).get("state") or {}
-            got = {"status": body.get("status"),
-                   "ignored": len((body.get("outcome") or {}).get("ignored", [])),
-                   "retries": sum(max(0, attempts - 1) for _, attempts in jobs[order.pk])}
+            got = {
+                "status": body.get("status"),
+                "ignored": len((body.get("outcome") or {}).get("ignored", [])),
+                "retries": sum(max(0, attempts - 1) for _, attempts in jobs[order.pk]),
+            }
             want_root = "completed" if want["status"] == "fulfilled" else "dead"
             self._count(counts, 0, got)
             if status != 200 or got != want or root.get("state") != want_root:
-                problems.append(f"order {order.pk} ({order.card[-4:]}, "
-                                f"{', '.join(map(str, order.lines.all()))}): predicted {want} "
-                                f"with flow {want_root}, got {got} with flow "
-                                f"{root.get('state')} (GET status {status})")
+                problems.append(
+                    f"order {order.pk} ({order.card[-4:]}, "
+                    f"{', '.join(map(str, order.lines.all()))}): predicted {want} "
+                    f"with flow {want_root}, got {got} with flow "
+                    f"{root.get('state')} (GET status {status})"
+                )
         return counts
 
     @staticmethod
@@ -256,18 +292,24 @@ class Demo:
             counts["with ignored failures"][column] += 1
         counts["retries taken"][column] += outcome["retries"]
 
-    def _summary(self, counts: dict, total: int, finished: int, wall: float, base: str,
-                 problems: list[str]) -> None:
+    def _summary(
+        self, counts: dict, total: int, finished: int, wall: float, base: str, problems: list[str]
+    ) -> None:
         python = Path(sys.executable)
         if python.is_relative_to(BASE_DIR):
             python = python.relative_to(BASE_DIR)
         db = os.environ.get("ECHOMQ_DB_PATH")
-        superuser = (f"cd {BASE_DIR} && {'ECHOMQ_DB_PATH=' + db + ' ' if db else ''}"
-                     f"{python} manage.py createsuperuser")
-        admin = f"{base}/admin/" + ("" if self.keep else "  (add --keep to browse it while the "
-                                                        "demo's processes run)")
-        self.say(f"\n== summary: {total} orders" + (
-            "" if finished == total else f", {finished} of them finished"))
+        superuser = (
+            f"cd {BASE_DIR} && {'ECHOMQ_DB_PATH=' + db + ' ' if db else ''}"
+            f"{python} manage.py createsuperuser"
+        )
+        admin = f"{base}/admin/" + (
+            "" if self.keep else "  (add --keep to browse it while the demo's processes run)"
+        )
+        self.say(
+            f"\n== summary: {total} orders"
+            + ("" if finished == total else f", {finished} of them finished")
+        )
         for name, (actual, predicted) in counts.items():
             self.say(f"  {name:<22}{actual:>6}  (predicted {predicted})")
         self.say(f"  {'wall time':<22}{wall:>8.1f} s")

@@ -23,21 +23,51 @@ def order_flow(order: Order) -> emq.Flow:
     """
     pk = order.pk
     lines = list(order.lines.all())
-    items = [{"line": ln.number, "sku": ln.sku, "qty": ln.qty, "optional": ln.optional,
-              "amount_cents": ln.qty * unit_price_cents(ln.sku)} for ln in lines]
+    items = [
+        {
+            "line": ln.number,
+            "sku": ln.sku,
+            "qty": ln.qty,
+            "optional": ln.optional,
+            "amount_cents": ln.qty * unit_price_cents(ln.sku),
+        }
+        for ln in lines
+    ]
     reserves = [
-        emq.Flow("inventory", "inventory.reserve", {"order": pk, **item},
-                 job_id=f"reserve-{pk}-{item['line']}",
-                 ignore_dependency_on_failure=item["optional"])
-        for item in items]
-    return emq.Flow("orders", "orders.fulfil", {"order": pk}, job_id=order.flow_id, children=[
-        emq.Flow("validation", "orders.validate", {"order": pk, "lines": items},
-                 job_id=f"validate-{pk}", children=reserves),
-        emq.Flow("payments", "orders.charge",
-                 {"order": pk, "card": order.card,
-                  "amount_cents": sum(item["amount_cents"] for item in items)},
-                 job_id=f"charge-{pk}"),
-    ])
+        emq.Flow(
+            "inventory",
+            "inventory.reserve",
+            {"order": pk, **item},
+            job_id=f"reserve-{pk}-{item['line']}",
+            ignore_dependency_on_failure=item["optional"],
+        )
+        for item in items
+    ]
+    return emq.Flow(
+        "orders",
+        "orders.fulfil",
+        {"order": pk},
+        job_id=order.flow_id,
+        children=[
+            emq.Flow(
+                "validation",
+                "orders.validate",
+                {"order": pk, "lines": items},
+                job_id=f"validate-{pk}",
+                children=reserves,
+            ),
+            emq.Flow(
+                "payments",
+                "orders.charge",
+                {
+                    "order": pk,
+                    "card": order.card,
+                    "amount_cents": sum(item["amount_cents"] for item in items),
+                },
+                job_id=f"charge-{pk}",
+            ),
+        ],
+    )
 
 
 def start_flow(order: Order) -> emq.FlowRef:

@@ -45,8 +45,11 @@ def validate(job: emq.Job) -> dict:
     for ref, error in sorted(job.ignored_failures().items()):
         number = int(job_id_of(ref).rsplit("-", 1)[1])
         ignored.append({"line": number, "sku": lines[number]["sku"], "error": first_line(error)})
-    return {"reserved": reserved, "ignored": ignored,
-            "refund_cents": sum(lines[item["line"]]["amount_cents"] for item in ignored)}
+    return {
+        "reserved": reserved,
+        "ignored": ignored,
+        "refund_cents": sum(lines[item["line"]]["amount_cents"] for item in ignored),
+    }
 
 
 @emq.handler("orders.charge")
@@ -60,8 +63,9 @@ def charge(job: emq.Job) -> dict:
     if declined(card):
         raise CardDeclined(f"card ending {card[-4:]} was declined (order {p['order']})")
     if job.attempts <= transient_failures(card):
-        raise GatewayTimeout(f"payment gateway timed out (order {p['order']}, attempt "
-                             f"{job.attempts})")
+        raise GatewayTimeout(
+            f"payment gateway timed out (order {p['order']}, attempt {job.attempts})"
+        )
     return {"charged_cents": p["amount_cents"], "card_last4": card[-4:]}
 
 
@@ -75,17 +79,22 @@ def fulfil(job: emq.Job) -> dict:
     outcome to the ``Order`` row with status ``fulfilled`` and returns it.
     Running it twice writes the same row. Raises ``Order.DoesNotExist``.
     """
-    values = {job_id_of(ref).split("-", 1)[0]: value
-              for ref, value in job.children_values().items()}
+    values = {
+        job_id_of(ref).split("-", 1)[0]: value for ref, value in job.children_values().items()
+    }
     checked, paid = values["validate"], values["charge"]
     ignored = checked["ignored"] + [
         {"job": job_id_of(ref), "error": first_line(error)}
-        for ref, error in sorted(job.ignored_failures().items())]
-    outcome = {"charged_cents": paid["charged_cents"], "refunded_cents": checked["refund_cents"],
-               "reserved": checked["reserved"], "ignored": ignored,
-               "card_last4": paid["card_last4"]}
+        for ref, error in sorted(job.ignored_failures().items())
+    ]
+    outcome = {
+        "charged_cents": paid["charged_cents"],
+        "refunded_cents": checked["refund_cents"],
+        "reserved": checked["reserved"],
+        "ignored": ignored,
+        "card_last4": paid["card_last4"],
+    }
     order = Order.objects.get(pk=job.payload["order"])
     order.status, order.outcome = Order.Status.FULFILLED, outcome
     order.save(update_fields=["status", "outcome", "updated"])
     return outcome
-

@@ -29,8 +29,9 @@ class Order(models.Model):
     customer = models.CharField(max_length=100)
     email = models.EmailField()
     card = models.CharField(max_length=19, help_text="digits only (a demo card number)")
-    status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING,
-                              db_index=True)
+    status = models.CharField(
+        max_length=10, choices=Status.choices, default=Status.PENDING, db_index=True
+    )
     via = models.CharField(max_length=6, choices=Via.choices, default=Via.VIEW)
     outcome = models.JSONField(null=True, blank=True)
     created = models.DateTimeField(auto_now_add=True)
@@ -50,9 +51,12 @@ class Order(models.Model):
     def job_ids(self) -> list[tuple[str, str]]:
         """Every job of the order's flow as ``(queue, id)``, root first."""
         pk = self.pk
-        return [("orders", f"order-{pk}"), ("validation", f"validate-{pk}"),
-                ("payments", f"charge-{pk}"),
-                *(("inventory", f"reserve-{pk}-{line.number}") for line in self.lines.all())]
+        return [
+            ("orders", f"order-{pk}"),
+            ("validation", f"validate-{pk}"),
+            ("payments", f"charge-{pk}"),
+            *(("inventory", f"reserve-{pk}-{line.number}") for line in self.lines.all()),
+        ]
 
 
 class OrderLine(models.Model):
@@ -68,8 +72,9 @@ class OrderLine(models.Model):
 
     class Meta:
         ordering = ("order", "number")
-        constraints = (models.UniqueConstraint(fields=["order", "number"],
-                                               name="orders_line_number_unique"),)
+        constraints = (
+            models.UniqueConstraint(fields=["order", "number"], name="orders_line_number_unique"),
+        )
 
     def __str__(self) -> str:
         return f"{self.qty} x {self.sku}" + (" (optional)" if self.optional else "")

@@ -24,8 +24,9 @@ FAILED_BY_CHILD = "failed by child "
 
 
 @receiver(post_save, sender=Order, dispatch_uid="orders.start_flow_after_save")
-def start_flow_after_save(sender, instance: Order, created: bool, raw: bool = False,
-                          **kwargs) -> None:
+def start_flow_after_save(
+    sender, instance: Order, created: bool, raw: bool = False, **kwargs
+) -> None:
     """Start the flow of an order created with ``via="signal"`` once its
     transaction commits (at once outside one). Fixture loads (``raw``) and
     updates start nothing."""
@@ -41,25 +42,27 @@ def failed_job(error: str) -> str:
     ref = ""
     line = first_line(error or "")
     while line.startswith(FAILED_BY_CHILD):
-        ref, _, line = line[len(FAILED_BY_CHILD):].partition(": ")
+        ref, _, line = line[len(FAILED_BY_CHILD) :].partition(": ")
     if not ref:
         return ""
-    queue = ref[ref.index("{") + 1:ref.index("}")]
+    queue = ref[ref.index("{") + 1 : ref.index("}")]
     return f"{queue}/{job_id_of(ref)}"
 
 
 @receiver(flow_failed, dispatch_uid="orders.mark_order_failed")
-def mark_order_failed(sender, queue: str, job_id: str, job_name: str, error: str | None = None,
-                      **kwargs) -> None:
+def mark_order_failed(
+    sender, queue: str, job_id: str, job_name: str, error: str | None = None, **kwargs
+) -> None:
     """Mark the order of a dead ``orders.fulfil`` parent failed, with
     ``outcome = {"reason": <the parent's error, first line>, "failed_job":
     "queue/id" of the job that started it}``. Other parents are ignored; an
     order already decided is left alone."""
     if queue != "orders" or not job_id.startswith("order-"):
         return
-    outcome = {"reason": first_line(error or "failed by a child"),
-               "failed_job": failed_job(error or "")}
-    for order in Order.objects.filter(pk=int(job_id[len("order-"):]),
-                                      status=Order.Status.PENDING):
+    outcome = {
+        "reason": first_line(error or "failed by a child"),
+        "failed_job": failed_job(error or ""),
+    }
+    for order in Order.objects.filter(pk=int(job_id[len("order-") :]), status=Order.Status.PENDING):
         order.status, order.outcome = Order.Status.FAILED, outcome
         order.save(update_fields=["status", "outcome", "updated"])

@@ -78,9 +78,13 @@ def attempts_allowed(queue: str) -> int:
 
 def _card_and_lines(order: Any) -> tuple[str, list[tuple[str, int, bool]]]:
     if isinstance(order, dict):
-        return (str(order["card"]),
-                [(ln["sku"], int(ln.get("qty", 1)), bool(ln.get("optional", False)))
-                 for ln in order["lines"]])
+        return (
+            str(order["card"]),
+            [
+                (ln["sku"], int(ln.get("qty", 1)), bool(ln.get("optional", False)))
+                for ln in order["lines"]
+            ],
+        )
     return order.card, [(ln.sku, ln.qty, ln.optional) for ln in order.lines.all()]
 
 

@@ -67,8 +67,10 @@ def clean_order(data: Any) -> tuple[dict, dict[str, str]]:
     errors: dict[str, str] = {}
     for name in sorted(set(data) - FIELDS):
         errors[name] = f"unknown field; allowed: {', '.join(sorted(FIELDS))}"
-    order = {"customer": _text(data, "customer", errors, 100),
-             "email": _text(data, "email", errors, 254)}
+    order = {
+        "customer": _text(data, "customer", errors, 100),
+        "email": _text(data, "email", errors, 254),
+    }
     if "email" not in errors:
         try:
             validate_email(order["email"])
@@ -81,6 +83,6 @@ def clean_order(data: Any) -> tuple[dict, dict[str, str]]:
     order["card"] = digits
     order["via"] = data.get("via", "view")
     if order["via"] not in ("view", "signal"):
-        errors["via"] = "must be \"view\" or \"signal\""
+        errors["via"] = 'must be "view" or "signal"'
     order["lines"] = _lines(data.get("lines"), errors)
     return order, errors

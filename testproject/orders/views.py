@@ -35,12 +35,19 @@ def order_json(order: Order) -> dict:
     digits only."""
     lines = list(order.lines.all())
     return {
-        "id": order.pk, "customer": order.customer, "email": order.email,
-        "card_last4": order.card[-4:], "status": order.status, "via": order.via,
-        "outcome": order.outcome, "created": order.created.isoformat(),
+        "id": order.pk,
+        "customer": order.customer,
+        "email": order.email,
+        "card_last4": order.card[-4:],
+        "status": order.status,
+        "via": order.via,
+        "outcome": order.outcome,
+        "created": order.created.isoformat(),
         "updated": order.updated.isoformat(),
-        "lines": [{"number": ln.number, "sku": ln.sku, "qty": ln.qty, "optional": ln.optional}
-                  for ln in lines],
+        "lines": [
+            {"number": ln.number, "sku": ln.sku, "qty": ln.qty, "optional": ln.optional}
+            for ln in lines
+        ],
         "predicted": predict(order),
         "flow": {"queue": "orders", "job_id": order.flow_id, "jobs": len(lines) + 3},
         "url": f"/orders/{order.pk}/",
@@ -73,16 +80,27 @@ def orders(request: HttpRequest) -> JsonResponse:
         return JsonResponse({"errors": errors}, status=400)
     try:
         with transaction.atomic():
-            order = Order.objects.create(customer=cleaned["customer"], email=cleaned["email"],
-                                         card=cleaned["card"], via=cleaned["via"])
+            order = Order.objects.create(
+                customer=cleaned["customer"],
+                email=cleaned["email"],
+                card=cleaned["card"],
+                via=cleaned["via"],
+            )
             OrderLine.objects.bulk_create(
                 OrderLine(order=order, number=n, **line)
-                for n, line in enumerate(cleaned["lines"], start=1))
+                for n, line in enumerate(cleaned["lines"], start=1)
+            )
             if order.via == Order.Via.VIEW:
                 start_flow(order)  # lands when the block commits
     except (emq.EchoMQError, redis.RedisError) as err:
-        return JsonResponse({"errors": {"flow": f"order {order.pk} was saved but its flow could "
-                                                f"not be added: {err}"}}, status=503)
+        return JsonResponse(
+            {
+                "errors": {
+                    "flow": f"order {order.pk} was saved but its flow could not be added: {err}"
+                }
+            },
+            status=503,
+        )
     return JsonResponse(order_json(order), status=201)
 
 

@@ -15,15 +15,23 @@ from echomq_django.mirror import known_queues, mirror_queues
 
 
 class Command(BaseCommand):
-    help = ("Copy queues, jobs and flows from Redis into the admin's mirror tables, "
-            "incrementally from each queue's event stream (or in full with --full).")
+    help = (
+        "Copy queues, jobs and flows from Redis into the admin's mirror tables, "
+        "incrementally from each queue's event stream (or in full with --full)."
+    )
 
     def add_arguments(self, parser):
-        parser.add_argument("queues", nargs="*", metavar="QUEUE",
-                            help="queues to mirror (default: ECHOMQ['QUEUES'] and those "
-                                 "already mirrored)")
-        parser.add_argument("--full", action="store_true",
-                            help="rescan every state index and mark jobs gone from Redis")
+        parser.add_argument(
+            "queues",
+            nargs="*",
+            metavar="QUEUE",
+            help="queues to mirror (default: ECHOMQ['QUEUES'] and those already mirrored)",
+        )
+        parser.add_argument(
+            "--full",
+            action="store_true",
+            help="rescan every state index and mark jobs gone from Redis",
+        )
 
     def handle(self, *args, **opts):
         mq = get_mq()
@@ -33,10 +41,12 @@ class Command(BaseCommand):
         except ValueError as err:
             raise CommandError(f"echomq_mirror: {err}", returncode=1) from None
         except redis.RedisError as err:
-            raise CommandError(f"echomq_mirror: Redis is unreachable at "
-                               f"{describe(mq.client)}: {err}", returncode=1) from None
+            raise CommandError(
+                f"echomq_mirror: Redis is unreachable at {describe(mq.client)}: {err}", returncode=1
+            ) from None
         for queue, rep in reports.items():
             if opts["verbosity"] >= 1:
                 how = "full rescan" if rep["full"] else f"{rep['events']} events"
-                self.stdout.write(f"{queue}: {how}, {rep['jobs']} jobs mirrored, "
-                                  f"{rep['gone']} marked gone")
+                self.stdout.write(
+                    f"{queue}: {how}, {rep['jobs']} jobs mirrored, {rep['gone']} marked gone"
+                )

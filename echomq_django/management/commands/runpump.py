@@ -23,37 +23,67 @@ log = logging.getLogger("echomq_django.pump")
 
 
 class Command(BaseCommand):
-    help = ("Sweep queues: deliver each queue's outbox (cross-queue fan-in), promote due "
-            "delayed jobs, recover expired leases, refresh the admin mirror. Runs until "
-            "SIGTERM/SIGINT (graceful: the current sweep finishes), or once with --once.")
+    help = (
+        "Sweep queues: deliver each queue's outbox (cross-queue fan-in), promote due "
+        "delayed jobs, recover expired leases, refresh the admin mirror. Runs until "
+        "SIGTERM/SIGINT (graceful: the current sweep finishes), or once with --once."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument("queues", nargs="+", metavar="QUEUE", help="queue names to sweep")
-        parser.add_argument("--interval", type=float, default=1.0,
-                            help="seconds between sweeps when idle (default 1.0)")
-        parser.add_argument("--batch", type=int, default=500,
-                            help="outbox entries delivered per round trip (default 500)")
+        parser.add_argument(
+            "--interval",
+            type=float,
+            default=1.0,
+            help="seconds between sweeps when idle (default 1.0)",
+        )
+        parser.add_argument(
+            "--batch",
+            type=int,
+            default=500,
+            help="outbox entries delivered per round trip (default 500)",
+        )
         parser.add_argument("--once", action="store_true", help="sweep once and exit")
-        parser.add_argument("--lock-ms", type=int, default=30000,
-                            help="ms a sweep may hold a queue's outbox lock (default 30000)")
-        parser.add_argument("--max-tries", type=int, default=3,
-                            help="deliveries of an entry whose parent is gone before it is "
-                                 "dead-lettered (default 3)")
-        parser.add_argument("--max-stalls", type=int, default=1,
-                            help="lease expiries a job survives before it dies (default 1)")
-        parser.add_argument("--summary-every", type=float, default=10.0,
-                            help="seconds between summary lines at verbosity 1 (default 10)")
-        parser.add_argument("--no-mirror", action="store_true",
-                            help="do not refresh the admin mirror after each sweep")
+        parser.add_argument(
+            "--lock-ms",
+            type=int,
+            default=30000,
+            help="ms a sweep may hold a queue's outbox lock (default 30000)",
+        )
+        parser.add_argument(
+            "--max-tries",
+            type=int,
+            default=3,
+            help="deliveries of an entry whose parent is gone before it is "
+            "dead-lettered (default 3)",
+        )
+        parser.add_argument(
+            "--max-stalls",
+            type=int,
+            default=1,
+            help="lease expiries a job survives before it dies (default 1)",
+        )
+        parser.add_argument(
+            "--summary-every",
+            type=float,
+            default=10.0,
+            help="seconds between summary lines at verbosity 1 (default 10)",
+        )
+        parser.add_argument(
+            "--no-mirror",
+            action="store_true",
+            help="do not refresh the admin mirror after each sweep",
+        )
 
     def handle(self, *args, **opts):
         setup_logging(opts["verbosity"])
         mq = get_mq()
         try:
             mq.client.ping()
-        except Exception as err:  # noqa: BLE001 — any failure to reach Redis at start
-            raise CommandError(f"runpump: Redis is unreachable at {describe(mq.client)}: {err}",
-                               returncode=1) from None
+        except Exception as err:
+            raise CommandError(
+                f"runpump: Redis is unreachable at {describe(mq.client)}: {err}", returncode=1
+            ) from None
         hooks = []
         if not opts["no_mirror"]:
             try:
@@ -63,16 +93,23 @@ class Command(BaseCommand):
             else:
                 hooks.append(mirror_after_sweep)
         try:
-            pump = Pump(opts["queues"], mq=mq, batch=opts["batch"], lock_ms=opts["lock_ms"],
-                        max_tries=opts["max_tries"], max_stalls=opts["max_stalls"],
-                        after_sweep=hooks)
+            pump = Pump(
+                opts["queues"],
+                mq=mq,
+                batch=opts["batch"],
+                lock_ms=opts["lock_ms"],
+                max_tries=opts["max_tries"],
+                max_stalls=opts["max_stalls"],
+                after_sweep=hooks,
+            )
         except ValueError as err:
             raise CommandError(f"runpump: {err}", returncode=1) from None
         stop = threading.Event()
 
         def on_signal(signum, frame):
-            log.warning("runpump: %s received, stopping after this sweep",
-                        signal.Signals(signum).name)
+            log.warning(
+                "runpump: %s received, stopping after this sweep", signal.Signals(signum).name
+            )
             stop.set()
 
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -92,15 +129,27 @@ class Command(BaseCommand):
                 log.info("sweep %s", {q: r for q, r in busy.items() if r} or "idle")
             elif verbosity == 1 and time.monotonic() - last >= opts["summary_every"]:
                 t = pump.totals
-                log.info("runpump %s: delivered %d, dead-lettered %d, promoted %d, recovered %d, "
-                         "released %d, dead %d", ",".join(pump.queues), t.delivered,
-                         t.deadlettered, t.promoted, t.recovered, t.released, t.dead)
+                log.info(
+                    "runpump %s: delivered %d, dead-lettered %d, promoted %d, recovered %d, "
+                    "released %d, dead %d",
+                    ",".join(pump.queues),
+                    t.delivered,
+                    t.deadlettered,
+                    t.promoted,
+                    t.recovered,
+                    t.released,
+                    t.dead,
+                )
                 last = time.monotonic()
 
         while not stop.is_set():
             try:
-                pump.run(interval=opts["interval"], once=opts["once"], should_stop=stop.is_set,
-                         on_sweep=on_sweep)
+                pump.run(
+                    interval=opts["interval"],
+                    once=opts["once"],
+                    should_stop=stop.is_set,
+                    on_sweep=on_sweep,
+                )
                 return
             except RedisUnavailable as err:
                 log.warning("%s; retrying in %.1fs", err, backoff)

@@ -24,8 +24,12 @@ from echomq_django.exceptions import describe
 from echomq_django.worker import Worker
 
 # --verbosity -> (level of echomq_django.worker, level of the rest of echomq_django)
-LEVELS = {0: (logging.WARNING, logging.WARNING), 1: (logging.INFO, logging.INFO),
-          2: (logging.DEBUG, logging.INFO), 3: (logging.DEBUG, logging.DEBUG)}
+LEVELS = {
+    0: (logging.WARNING, logging.WARNING),
+    1: (logging.INFO, logging.INFO),
+    2: (logging.DEBUG, logging.INFO),
+    3: (logging.DEBUG, logging.DEBUG),
+}
 
 
 def setup_logging(verbosity: int) -> None:
@@ -43,28 +47,52 @@ def setup_logging(verbosity: int) -> None:
 
 
 class Command(BaseCommand):
-    help = ("Run the handlers of jobs claimed from QUEUE... on a pool of threads until "
-            "SIGTERM/SIGINT (the first stops claiming and finishes running jobs, a second stops "
-            "at once), or until the queues are empty with --burst. --verbosity: 0 warnings "
-            "only, 1 a throughput line every 5 s, 2 a line per job, 3 debug.")
+    help = (
+        "Run the handlers of jobs claimed from QUEUE... on a pool of threads until "
+        "SIGTERM/SIGINT (the first stops claiming and finishes running jobs, a second stops "
+        "at once), or until the queues are empty with --burst. --verbosity: 0 warnings "
+        "only, 1 a throughput line every 5 s, 2 a line per job, 3 debug."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument("queues", nargs="+", metavar="QUEUE", help="queue names to work on")
-        parser.add_argument("--concurrency", type=int, default=1,
-                            help="handler threads: jobs run at once (default 1)")
-        parser.add_argument("--burst", action="store_true",
-                            help="exit once the queues are empty and nothing is running "
-                                 "(delayed jobs are not waited for)")
-        parser.add_argument("--max-jobs", type=int, default=None,
-                            help="exit after this many jobs (count; default: no limit)")
-        parser.add_argument("--shutdown-timeout", type=float, default=30.0,
-                            help="seconds a graceful stop waits for running jobs (default 30)")
-        parser.add_argument("--lease-ms", type=int, default=None,
-                            help="lease length in ms for every queue (default: each queue's "
-                                 "LEASE_MS setting, 30000)")
-        parser.add_argument("--poll-interval", type=float, default=0.2,
-                            help="seconds an empty queue rests before it is asked again "
-                                 "(default 0.2)")
+        parser.add_argument(
+            "--concurrency",
+            type=int,
+            default=1,
+            help="handler threads: jobs run at once (default 1)",
+        )
+        parser.add_argument(
+            "--burst",
+            action="store_true",
+            help="exit once the queues are empty and nothing is running "
+            "(delayed jobs are not waited for)",
+        )
+        parser.add_argument(
+            "--max-jobs",
+            type=int,
+            default=None,
+            help="exit after this many jobs (count; default: no limit)",
+        )
+        parser.add_argument(
+            "--shutdown-timeout",
+            type=float,
+            default=30.0,
+            help="seconds a graceful stop waits for running jobs (default 30)",
+        )
+        parser.add_argument(
+            "--lease-ms",
+            type=int,
+            default=None,
+            help="lease length in ms for every queue (default: each queue's "
+            "LEASE_MS setting, 30000)",
+        )
+        parser.add_argument(
+            "--poll-interval",
+            type=float,
+            default=0.2,
+            help="seconds an empty queue rests before it is asked again (default 0.2)",
+        )
 
     def handle(self, *args, **opts):
         setup_logging(opts["verbosity"])
@@ -72,24 +100,32 @@ class Command(BaseCommand):
             mq = get_mq()
         except ImproperlyConfigured as err:
             self._exit(f"runworker: {err}")
-        except Exception as err:  # noqa: BLE001 — a Cluster client connects when built
+        except Exception as err:
             self._exit(f"runworker: Redis is unreachable: {err}")
         try:
             mq.client.ping()
-        except Exception as err:  # noqa: BLE001 — any failure to reach Redis at start
+        except Exception as err:
             self._exit(f"runworker: Redis is unreachable at {describe(mq.client)}: {err}")
         try:
-            worker = Worker(opts["queues"], concurrency=opts["concurrency"], mq=mq,
-                            lease_ms=opts["lease_ms"], shutdown_timeout=opts["shutdown_timeout"],
-                            poll_interval=opts["poll_interval"])
+            worker = Worker(
+                opts["queues"],
+                concurrency=opts["concurrency"],
+                mq=mq,
+                lease_ms=opts["lease_ms"],
+                shutdown_timeout=opts["shutdown_timeout"],
+                poll_interval=opts["poll_interval"],
+            )
         except ValueError as err:
             self._exit(f"runworker: {err}")
         worker.run(burst=opts["burst"], max_jobs=opts["max_jobs"])
         if worker.abandoned:
             # Handler threads still run and cannot be interrupted; leave now and
             # let their leases expire (the pump recovers the jobs).
-            self._exit(f"runworker: stopped with {worker.abandoned} jobs still running; "
-                       "their leases will expire and the pump recovers them", hard=True)
+            self._exit(
+                f"runworker: stopped with {worker.abandoned} jobs still running; "
+                "their leases will expire and the pump recovers them",
+                hard=True,
+            )
 
     def _exit(self, reason: str, hard: bool = False) -> None:
         self.stderr.write(" ".join(reason.split()))

@@ -15,31 +15,54 @@ from testproject.orders.demo_run import Demo
 
 
 class Command(BaseCommand):
-    help = ("Run the orders pipeline end to end: migrate, start a private redis-server (unless "
-            "ECHOMQ_URL is set), the web server, runworker and runpump, post orders through "
-            "HTTP, show a progress bar while their flows resolve, and print a summary. Exits 1 "
-            "if any order ends in a state its data does not predict, a post is refused, or the "
-            "flows do not finish within --timeout; 130 on Ctrl-C. Every process it started "
-            "is stopped on the way out.")
+    help = (
+        "Run the orders pipeline end to end: migrate, start a private redis-server (unless "
+        "ECHOMQ_URL is set), the web server, runworker and runpump, post orders through "
+        "HTTP, show a progress bar while their flows resolve, and print a summary. Exits 1 "
+        "if any order ends in a state its data does not predict, a post is refused, or the "
+        "flows do not finish within --timeout; 130 on Ctrl-C. Every process it started "
+        "is stopped on the way out."
+    )
 
     def add_arguments(self, parser):
-        parser.add_argument("--orders", type=int, default=200,
-                            help="how many generated orders to post (count; default 200)")
-        parser.add_argument("--seed", type=int, default=7,
-                            help="seed of the generated mix (default 7: the same orders every run)")
-        parser.add_argument("--from-csv", metavar="FILE",
-                            help="post the orders of this CSV instead (columns customer, email, "
-                                 "card, lines, via; see testproject/orders/sample_orders.csv)")
-        parser.add_argument("--keep", action="store_true",
-                            help="after the summary, leave the web server, worker, pump and "
-                                 "Redis running until Ctrl-C (to browse the admin)")
-        parser.add_argument("--timeout", type=float, default=None,
-                            help="seconds the flows may take once posted (default: 60 + 0.5 "
-                                 "per order)")
-        parser.add_argument("--concurrency", type=int, default=8,
-                            help="runworker's handler threads (default 8)")
-        parser.add_argument("--log-dir", default=str(Path(settings.BASE_DIR) / ".run" / "demo"),
-                            help="where the processes' logs go (default .run/demo)")
+        parser.add_argument(
+            "--orders",
+            type=int,
+            default=200,
+            help="how many generated orders to post (count; default 200)",
+        )
+        parser.add_argument(
+            "--seed",
+            type=int,
+            default=7,
+            help="seed of the generated mix (default 7: the same orders every run)",
+        )
+        parser.add_argument(
+            "--from-csv",
+            metavar="FILE",
+            help="post the orders of this CSV instead (columns customer, email, "
+            "card, lines, via; see testproject/orders/sample_orders.csv)",
+        )
+        parser.add_argument(
+            "--keep",
+            action="store_true",
+            help="after the summary, leave the web server, worker, pump and "
+            "Redis running until Ctrl-C (to browse the admin)",
+        )
+        parser.add_argument(
+            "--timeout",
+            type=float,
+            default=None,
+            help="seconds the flows may take once posted (default: 60 + 0.5 per order)",
+        )
+        parser.add_argument(
+            "--concurrency", type=int, default=8, help="runworker's handler threads (default 8)"
+        )
+        parser.add_argument(
+            "--log-dir",
+            default=str(Path(settings.BASE_DIR) / ".run" / "demo"),
+            help="where the processes' logs go (default .run/demo)",
+        )
 
     def handle(self, *args, **opts):
         if opts["from_csv"]:
@@ -50,11 +73,19 @@ class Command(BaseCommand):
         else:
             if opts["orders"] < 1:
                 raise CommandError("--orders must be at least 1")
-            bodies = [(f"order {i + 1}", body)
-                      for i, body in enumerate(generate(opts["orders"], opts["seed"]))]
+            bodies = [
+                (f"order {i + 1}", body)
+                for i, body in enumerate(generate(opts["orders"], opts["seed"]))
+            ]
         if opts["concurrency"] < 1:
             raise CommandError("--concurrency must be at least 1")
         timeout = opts["timeout"] if opts["timeout"] else 60 + 0.5 * len(bodies)
-        demo = Demo(bodies, keep=opts["keep"], timeout=timeout, log_dir=Path(opts["log_dir"]),
-                    concurrency=opts["concurrency"], out=sys.stdout)
+        demo = Demo(
+            bodies,
+            keep=opts["keep"],
+            timeout=timeout,
+            log_dir=Path(opts["log_dir"]),
+            concurrency=opts["concurrency"],
+            out=sys.stdout,
+        )
         sys.exit(demo.run())
