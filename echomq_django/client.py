@@ -50,9 +50,10 @@ _C_ENCODE = json.encoder.c_make_encoder and json.encoder.c_make_encoder(
 
 
 def _to_json(value: Any) -> str:
-    if _C_ENCODE is None or isinstance(value, str | int | float | bool) or value is None:
-        return _ENCODER.encode(value)
-    return "".join(_C_ENCODE(value, 0))
+    kind = type(value)
+    if (kind is dict or kind is list) and _C_ENCODE is not None:  # the usual payloads
+        return "".join(_C_ENCODE(value, 0))
+    return _ENCODER.encode(value)
 
 
 FLOW_CHUNK = 5000  # nodes per enqueue_flow script: keeps one script well under ~50 ms
