@@ -26,8 +26,8 @@
              EMQSTATE <queue> <id> <state>    the job is not active
              EMQLEASE <queue> <id>            the lease token is stale
            A completed row keeps its last lease token, so a replay of the
-           same call (redis-py re-sends a command whose reply was lost)
-           answers 0 instead of EMQSTATE.
+           same call (redis-py re-sends a command whose reply was lost: same
+           token, same result) answers 0 instead of EMQSTATE.
   errors:  none: a refusal is its job's entry in the reply
 ]]
 local active, completed = KEYS[1], KEYS[2]
@@ -42,8 +42,8 @@ for i = 4, #ARGV, 3 do
   local f = redis.call('HMGET', row, 'state', 'lease')
   if not f[1] then
     replies[#replies + 1] = 'EMQNOJOB ' .. QUEUE .. ' ' .. id
-  elseif f[1] == 'completed' and f[2] == token then
-    replies[#replies + 1] = 0  -- a replay: this lease completed it already
+  elseif f[1] == 'completed' and f[2] == token and redis.call('HGET', row, 'result') == result then
+    replies[#replies + 1] = 0  -- a replay: this lease completed it already, with this result
   elseif f[1] ~= 'active' then
     replies[#replies + 1] = 'EMQSTATE ' .. QUEUE .. ' ' .. id .. ' ' .. f[1]
   elseif f[2] ~= token then

@@ -234,8 +234,10 @@ def test_complete_refusals(tmq, clock) -> None:
         tmq.complete(job, "late")
     assert assert_state(tmq, "q", "p", "active")["lease"] == fresh.lease
     tmq.complete(fresh, "won")
-    # the same lease again is a replay of that completion: nothing changes
-    assert tmq.complete(fresh, "again").released == []
+    # the same lease and result again is a replay of that completion: nothing changes
+    assert tmq.complete(fresh, "won").released == []
+    with pytest.raises(JobNotActive, match="is completed"):
+        tmq.complete(fresh, "again")  # same lease, another result: not a replay
     with pytest.raises(JobNotActive, match="is completed"):
         tmq.complete(job, "stale lease, finished job")
     ghost = Job(id="nope", queue="q", name="n", lease="1.1", _mq=tmq)
