@@ -314,29 +314,10 @@ class MirroredJobAdmin(MirrorAdmin):
 
 @admin.register(MirroredQueue)
 class MirroredQueueAdmin(MirrorAdmin):
-    list_display = (
-        "queue",
-        "pending",
-        "active",
-        "delayed",
-        "awaiting_children",
-        "completed",
-        "dead",
-        "outbox",
-        "deadletter",
-        "oldest_pending_age_s",
-        "mirrored_at",
-    )
+    list_display = ("queue", *MirroredQueue.COUNT_FIELDS, "oldest_pending_age_s", "mirrored_at")
     fields = (
         "queue",
-        "pending",
-        "active",
-        "delayed",
-        "awaiting_children",
-        "completed",
-        "dead",
-        "outbox",
-        "deadletter",
+        *MirroredQueue.COUNT_FIELDS,
         "oldest_pending_age_s",
         "last_event_id",
         "mirrored_at",
