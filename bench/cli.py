@@ -16,10 +16,11 @@ from pathlib import Path
 
 import redis
 
+from echomq_django.devserver import start_server
+
 from . import peer as _peer
 from .report import evaluate_targets, format_table, ratios
 from .runner import Layout, Probe, Progress, median_row, run_one
-from .server import PrivateRedis
 from .topologies import Topology, default_topologies
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -193,8 +194,8 @@ def main(argv=None) -> int:
     server = None
     url = args.redis_url
     if not url:
-        server = PrivateRedis()
-        url = server.start()
+        server = start_server(hint="Or pass --redis-url to use a server you started.")
+        url = server.url
     try:
         return _run(args, url, topos, ours_layout, peer_layout, with_peer, peer_version)
     finally:

@@ -5,34 +5,23 @@ Used by ``demo_run.Demo`` (``manage.py orders_demo``)."""
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
-import redis
 from django.conf import settings
+
+from echomq_django.devserver import ServerError, start_server
 
 BASE_DIR = Path(settings.BASE_DIR)
 GRACE_S = 10.0  # s a process gets between SIGTERM and SIGKILL
 START_TIMEOUT_S = 30.0  # s for Redis and the web server to answer
-RESERVED_PORTS = {6379, 16379}  # never ours, even when free
 
 
 class DemoError(Exception):
     """The demo cannot go on; the message says why (one line or a log tail)."""
-
-
-def free_port() -> int:
-    """A loopback TCP port free right now (never 6379)."""
-    while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port not in RESERVED_PORTS:
-            return port
 
 
 def http_json(method: str, url: str, body=None, timeout: float = 30.0) -> tuple[int, dict]:
@@ -117,46 +106,21 @@ class Processes:
                     proc.wait()
 
 
-def start_redis(procs: Processes, attempts: int = 5) -> str:
-    """A private ``redis-server`` (no persistence, in the log dir) on a free
-    loopback port; returns its URL once it answers PING as the process we
-    started. Retries on a new port when it loses a port race. Raises
-    ``DemoError`` when redis-server is missing or never answers."""
-    for _ in range(attempts):
-        port = free_port()
-        try:
-            proc = procs.start(
-                "redis",
-                [
-                    "redis-server",
-                    "--port",
-                    str(port),
-                    "--bind",
-                    "127.0.0.1",
-                    "--save",
-                    "",
-                    "--appendonly",
-                    "no",
-                    "--dir",
-                    str(procs.log_dir),
-                ],
-            )
-        except FileNotFoundError:
-            raise DemoError(
-                "redis-server is not on PATH: run `bash scripts/demo.sh`, which "
-                "installs it, or set ECHOMQ_URL to a Redis of yours"
-            ) from None
-        client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=0.5)
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while proc.poll() is None and time.monotonic() < deadline:
-            try:
-                if client.info("server")["process_id"] == proc.pid:
-                    return f"redis://127.0.0.1:{port}/0"
-            except redis.RedisError:
-                pass
-            time.sleep(0.05)
-        procs.stop(["redis"])
-    raise DemoError(f"redis-server did not start; the end of its log:\n{procs.tail('redis')}")
+def start_redis(procs: Processes) -> str:
+    """A private ``redis-server`` (``echomq_django.devserver``: no persistence,
+    its log in the log dir) on a free loopback port, stopped with the demo's
+    other processes; returns its URL. Raises ``DemoError`` when redis-server
+    is missing or never answers."""
+    try:
+        server = start_server(
+            workdir=procs.log_dir,
+            hint="Run `bash scripts/demo.sh`, which installs it, or set ECHOMQ_URL "
+            "to a Redis of yours.",
+        )
+    except ServerError as err:
+        raise DemoError(str(err)) from None
+    procs.procs["redis"] = server.proc
+    return server.url
 
 
 class Progress:

@@ -37,9 +37,10 @@ from django.conf import settings
 from django.core.management import call_command
 
 from echomq_django import EchoMQ
+from echomq_django.devserver import free_port
 
 from . import demo_procs
-from .demo_procs import BASE_DIR, START_TIMEOUT_S, DemoError, Processes, Progress, free_port
+from .demo_procs import BASE_DIR, START_TIMEOUT_S, DemoError, Processes, Progress
 from .models import Order
 from .rules import predict
 
