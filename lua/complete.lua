@@ -39,7 +39,7 @@ local replies = {}
 for i = 4, #ARGV, 3 do
   local id, token, result = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local row = base .. 'job:' .. id
-  local f = redis.call('HMGET', row, 'state', 'lease')
+  local f = redis.call('HMGET', row, 'state', 'lease', 'parent', 'parent_queue')
   if not f[1] then
     replies[#replies + 1] = 'EMQNOJOB ' .. QUEUE .. ' ' .. id
   elseif f[1] == 'completed' and f[2] == token and redis.call('HGET', row, 'result') == result then
@@ -52,10 +52,10 @@ for i = 4, #ARGV, 3 do
     -- what this job moved, on its own (the helpers append to OUT)
     OUT.released, OUT.dead, OUT.flow_failed, OUT.revived, OUT.outbox = {}, {}, {}, {}, 0
     redis.call('ZREM', active, id)
-    redis.call('HSET', row, 'state', 'completed', 'result', result, 'finished_at', now)
+    redis.call('HSET', row, 'state', 'completed', 'result', result, 'finished_at', ARGV[3])
     redis.call('ZADD', completed, now, id)
     emit(base, 'completed', id)
-    resolve_done(base, id, result, now)
+    resolve_done(base, id, result, now, f[3], f[4])
     if #OUT.released + #OUT.dead + #OUT.flow_failed + #OUT.revived + OUT.outbox > 0 then
       replies[#replies + 1] = {released = OUT.released, dead = OUT.dead,
         flow_failed = OUT.flow_failed, revived = OUT.revived, outbox = OUT.outbox}
