@@ -40,8 +40,6 @@ STATE_INDEX = {
     JobState.AWAITING_CHILDREN: "awaiting",
 }
 
-POLICIES = {"fp": "fail_parent", "id": "ignore_dependency", "rd": "remove_dependency"}
-
 
 def _text(value: Any) -> str | None:
     if value is None:
