@@ -6,6 +6,8 @@ catch ``JobNotActive``, never a string (STYLE rule 3).
 
 from __future__ import annotations
 
+import functools
+
 import redis
 
 
@@ -83,16 +85,18 @@ _MESSAGES = {
 }
 
 
-def translate(err: redis.exceptions.ResponseError) -> Exception:
-    """Turn a script's ``EMQ...`` error reply into its named exception.
+def translate(err: redis.exceptions.ResponseError | str) -> Exception:
+    """Turn a script's ``EMQ...`` error reply (a ``ResponseError``, or its
+    text as a batched script returns it per job) into its named exception.
 
-    Returns ``err`` unchanged when it is not one of ours.
+    Returns ``err`` unchanged (text: as a ``ResponseError``) when it is not
+    one of ours.
     """
     text = str(err)
     code, _, rest = text.partition(" ")
     cls = ERRORS.get(code)
     if cls is None:
-        return err
+        return redis.exceptions.ResponseError(err) if isinstance(err, str) else err
     parts = rest.split(" ", 2)
     template = _MESSAGES.get(code)
     if template and len(parts) >= template.count("{"):
@@ -121,6 +125,21 @@ TRANSIENT = (
     redis.exceptions.AskError,  # MovedError included
     redis.exceptions.SlotNotCoveredError,
 )
+
+
+def reports_redis_down(method):
+    """Decorate a method of an object with a ``client``: redis-py's transient
+    errors (``TRANSIENT``) become ``RedisUnavailable`` naming the address
+    the client tried."""
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except TRANSIENT as err:
+            raise connection_error(self.client, err) from err
+
+    return wrapper
 
 
 def connection_error(client: object, err: Exception) -> RedisUnavailable:

@@ -48,6 +48,40 @@ local function already_resolved(pkey, ref)
       or redis.call('HEXISTS', pkey .. ':removed', ref) == 1
 end
 
+-- A key freed when its job finishes (dedup_key, DESIGN §10.3): only while it
+-- still names this job (after a ttl it may name a newer one).
+local function free_dedup(base, key, id)
+  if key and redis.call('GET', base .. 'dedup:' .. key) == id then
+    redis.call('DEL', base .. 'dedup:' .. key)
+  end
+end
+
+-- Release a held parent (awaiting_children -> pending) once; a parent with a
+-- `delay_until` still in the future goes to delayed instead (a delayed parent
+-- waits for its children and its delay, DESIGN §10.3). A dead parent is never
+-- released.
+local function release(base, pid, now)
+  local pkey = job_key(base, pid)
+  local f = redis.call('HMGET', pkey, 'state', 'delay_until', 'children_deadline')
+  if f[1] ~= 'awaiting_children' then
+    return
+  end
+  redis.call('ZREM', base .. 'awaiting', pid)
+  if f[3] then
+    redis.call('ZREM', base .. 'deadlines', pid)
+  end
+  local at = tonumber(f[2] or '0')
+  if at > now then
+    redis.call('HSET', pkey, 'state', 'delayed', 'updated_at', now)
+    redis.call('ZADD', base .. 'delayed', at, pid)
+  else
+    redis.call('HSET', pkey, 'state', 'pending', 'updated_at', now)
+    redis.call('RPUSH', base .. 'pending', pid)
+  end
+  emit(base, 'released', pid)
+  OUT.released[#OUT.released + 1] = base .. pid
+end
+
 -- Decrement the parent's counter (never below zero) and release it when it
 -- reaches zero while still awaiting_children: a dead parent is never released.
 local function decrement_and_maybe_release(base, pid, now)
@@ -56,12 +90,8 @@ local function decrement_and_maybe_release(base, pid, now)
   if left > 0 then
     left = redis.call('DECR', pkey .. ':dependencies')
   end
-  if left <= 0 and redis.call('HGET', pkey, 'state') == 'awaiting_children' then
-    redis.call('HSET', pkey, 'state', 'pending', 'updated_at', now)
-    redis.call('ZREM', base .. 'awaiting', pid)
-    redis.call('RPUSH', base .. 'pending', pid)
-    emit(base, 'released', pid)
-    OUT.released[#OUT.released + 1] = base .. pid
+  if left <= 0 then
+    release(base, pid, now)
   end
 end
 
@@ -142,10 +172,12 @@ end
 -- parent: on this slot directly, on another slot through this queue's outbox.
 local function kill(base, id, err, now)
   local key = job_key(base, id)
-  local state = redis.call('HGET', key, 'state')
+  local f = redis.call('HMGET', key, 'state', 'dedup')
+  local state = f[1]
   if state == 'dead' then
     return
   end
+  free_dedup(base, f[2], id)
   if state == 'awaiting_children' then
     redis.call('ZREM', base .. 'awaiting', id)
   elseif state == 'active' then
@@ -166,6 +198,10 @@ end
 --   fp  record in :failed, the parent goes dead (and so on up the tree)
 --   id  record in :unsuccessful, decrement, maybe release
 --   rd  record in :removed (the guard only), decrement, maybe release
+--   cp  record in :failed and release the parent at once
+--       (continue_parent_on_failure, DESIGN §10.3): the counter keeps the
+--       child, so a retry of it can still resolve once, and the parent is
+--       released only this once (release() wants awaiting_children)
 local function fan_in_dead(base, pid, ref, err, policy, now)
   local pkey = job_key(base, pid)
   if redis.call('EXISTS', pkey) == 0 then
@@ -182,6 +218,10 @@ local function fan_in_dead(base, pid, ref, err, policy, now)
     return true
   end
   if redis.call('HSETNX', pkey .. ':failed', ref, err) == 1 then
+    if policy == 'cp' then
+      release(base, pid, now)
+      return true
+    end
     local pstate = redis.call('HGET', pkey, 'state')
     if pstate == 'awaiting_children' then
       OUT.flow_failed[#OUT.flow_failed + 1] = base .. pid
