@@ -24,6 +24,8 @@ import threading
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
+from .client import EchoMQ
+from .jobs import MAX_PAYLOAD_BYTES
 from .keyspace import validate_prefix, validate_queue
 
 TOP_KEYS = {"URL", "CACHE", "CLUSTER", "PREFIX", "QUEUES", "MAX_PAYLOAD_BYTES", "OPTIONS"}
@@ -163,7 +165,7 @@ def build_client(cfg: dict):
     return get_redis_connection(cfg["CACHE"])
 
 
-def get_mq():
+def get_mq() -> EchoMQ:
     """The process-wide ``EchoMQ`` built from settings (like ``django.core.cache.cache``).
 
     Raises ``ImproperlyConfigured`` naming every settings problem.
@@ -172,8 +174,6 @@ def get_mq():
     if _mq is None:
         with _lock:
             if _mq is None:
-                from .client import MAX_PAYLOAD_BYTES, EchoMQ
-
                 cfg = config()
                 errors = problems(cfg)
                 if errors:
