@@ -25,9 +25,12 @@ from importlib.util import find_spec
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
+from .client import EchoMQ
+from .jobs import MAX_PAYLOAD_BYTES
 from .keyspace import validate_prefix, validate_queue
 
 TOP_KEYS = {"URL", "CACHE", "CLUSTER", "PREFIX", "QUEUES", "MAX_PAYLOAD_BYTES", "OPTIONS"}
+TOP_KEYS |= {"METRICS"}  # metrics.settings_problems checks it (issue 15)
 QUEUE_KEYS = {"MAX_ATTEMPTS", "BACKOFF_MS", "LEASE_MS"}
 URL_SCHEMES = ("redis://", "rediss://", "unix://")
 DJANGO_REDIS_CACHE = "django.core.cache.backends.redis.RedisCache"
@@ -181,7 +184,7 @@ def build_client(cfg: dict):
     return get_redis_connection(alias)
 
 
-def get_mq():
+def get_mq() -> EchoMQ:
     """The process-wide ``EchoMQ`` built from settings (like ``django.core.cache.cache``).
 
     Raises ``ImproperlyConfigured`` naming every settings problem.
@@ -190,8 +193,6 @@ def get_mq():
     if _mq is None:
         with _lock:
             if _mq is None:
-                from .client import MAX_PAYLOAD_BYTES, EchoMQ
-
                 cfg = config()
                 errors = problems(cfg)
                 if errors:

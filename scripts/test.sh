@@ -28,7 +28,7 @@ for leg in ${LEGS:-dj52 dj6}; do
         dj52)
             (
                 set -e
-                VENV=.venv PIP_EXTRA="Django>=5.2,<6" EXTRAS="[test]" NEED_REDIS=1 \
+                VENV=.venv PIP_EXTRA="Django>=5.2,<6" EXTRAS="[test]" NEED_REDIS=1 NEED_CHROMIUM=1 \
                     source scripts/setup.sh
                 echo "== leg dj52: $(.venv/bin/python -c 'import sys, django; print("Python", sys.version.split()[0], "Django", django.get_version())')"
                 .venv/bin/python -m pytest "$@"
@@ -42,7 +42,7 @@ for leg in ${LEGS:-dj52 dj6}; do
             fi
             (
                 set -e
-                VENV=.venv-dj6 PYTHON="$py312" PIP_EXTRA="Django>=6,<7" EXTRAS="[test]" \
+                VENV=.venv-dj6 PYTHON="$py312" PIP_EXTRA="Django>=6,<7" EXTRAS="[test]" NEED_CHROMIUM=1 \
                     NEED_REDIS=1 source scripts/setup.sh
                 echo "== leg dj6: $(.venv-dj6/bin/python -c 'import sys, django; print("Python", sys.version.split()[0], "Django", django.get_version())')"
                 .venv-dj6/bin/python -m pytest "$@"
