@@ -42,7 +42,7 @@ FLOORS = [
     ["flows", "scripts", "reads", "models"],
     ["client", "flowcalls"],
     ["conf"],
-    ["api", "checks", "worker", "reporter", "pump", "mirror"],
+    ["api", "checks", "worker", "reporter", "pump", "mirror", "tasks"],
     ["admin_pages", "apps", "__init__"],
     ["admin", "management", "management.*", "migrations", "migrations.*"],
 ]
