@@ -142,7 +142,8 @@ end
 -- parent: on this slot directly, on another slot through this queue's outbox.
 local function kill(base, id, err, now)
   local key = job_key(base, id)
-  local state = redis.call('HGET', key, 'state')
+  local f = redis.call('HMGET', key, 'state', 'keep')
+  local state = f[1]
   if state == 'dead' then
     return
   end
@@ -157,6 +158,9 @@ local function kill(base, id, err, now)
   end
   redis.call('HSET', key, 'state', 'dead', 'error', err, 'finished_at', now, 'updated_at', now)
   redis.call('ZADD', base .. 'dead', now, id)
+  if f[2] then  -- its own keep (ms): retention's expire list (lib/lifecycle.lua)
+    redis.call('ZADD', base .. 'expire', now + tonumber(f[2]), id)
+  end
   emit(base, 'dead', id)
   OUT.dead[#OUT.dead + 1] = base .. id
   propagate_death(base, id, err, now)
