@@ -59,32 +59,37 @@ def _whole(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def keep_problems(value) -> list[str]:
-    """What is wrong with one ``KEEP_*`` value (empty: nothing). Settings
-    only; used by the system checks and ``parse_keep``."""
+def keep_problems(value) -> list[tuple[str, str]]:
+    """What is wrong with one ``KEEP_*`` value, as ``(check id, message)``
+    pairs (empty: nothing). Settings only; used by the system checks
+    (echomq_django.E020-E023) and ``parse_keep``."""
     if _whole(value):
         return []
     if not isinstance(value, dict):
-        return [f"must be a whole number >= 0 (a count) or a dict, got {value!r}"]
+        return [("E020", f"must be a whole number >= 0 (a count) or a dict, got {value!r}")]
     out = []
-    unknown = sorted(set(value) - KEEP_PARTS, key=str)
+    unknown = sorted(map(str, set(value) - KEEP_PARTS))
     if unknown:
-        out.append(f"has unknown keys {unknown}")
+        out.append(("E021", f"has unknown keys {unknown}"))
     if not set(value) & KEEP_PARTS:
-        out.append("needs COUNT or AGE_S (or both)")
+        out.append(("E022", "needs COUNT or AGE_S (or both)"))
     for part in sorted(KEEP_PARTS & set(value)):
         if not _whole(value[part]):
-            out.append(f"{part} must be a whole number >= 0, got {value[part]!r}")
+            out.append(("E023", f"{part} must be a whole number >= 0, got {value[part]!r}"))
     return out
+
+
+KEEP_HINT = (
+    "A count keeps the newest N (e.g. 1000); {'COUNT': n, 'AGE_S': s} also drops "
+    "what finished more than s seconds ago (either bound may be left out, not both)."
+)
 
 
 def parse_keep(value, what: str = "keep") -> Keep:
     """A ``KEEP_*`` value as a ``Keep``. Raises ``ValueError`` naming the rule."""
     problems = keep_problems(value)
     if problems:
-        raise ValueError(
-            f"{what} {'; '.join(problems)} (a count, or {{'COUNT': n, 'AGE_S': s}})"
-        )
+        raise ValueError(f"{what} {'; '.join(m for _, m in problems)}. {KEEP_HINT}")
     if _whole(value):
         return Keep(value, None)
     return Keep(value.get("COUNT"), value.get("AGE_S"))

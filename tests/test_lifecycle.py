@@ -248,3 +248,61 @@ def test_cancel_an_active_job_marks_it(tmq) -> None:
     assert assert_state(tmq, "q", "c", "dead")["error"] == "cancelled"
     assert_state(tmq, "q", "p", "pending")  # its policy (ignore) applied
     assert hash_of(tmq, tmq.keys.job_part("q", "p", "unsuccessful")) == {ref(tmq, "c"): "cancelled"}
+
+
+# -- ids after removal -------------------------------------------------------
+
+
+def test_a_removed_flow_added_again_lands_fresh_and_runs_once(tmq) -> None:
+    flow = node("p", [leaf("c1"), leaf("c2", queue="other")])
+    tmq.add_flow(flow)
+    complete(tmq, "c1", 1)
+    lc.remove(tmq, "q", "p")
+    assert rows(tmq, "q") == [] and rows(tmq, "other") == []
+    ref_ = tmq.add_flow(flow)
+    assert (ref_.landed, ref_.skipped) == (3, 0)
+    complete(tmq, "c1", 1)
+    complete(tmq, "c2", 2, queue="other")
+    Pump(["other"], mq=tmq).sweep()
+    complete(tmq, "p", "once")
+    assert tmq.job_ids("q", "pending") == [] and tmq.job_ids("other", "pending") == []
+    assert tmq.children_values("q", "p") == {ref(tmq, "c1"): 1, ref(tmq, "c2", "other"): 2}
+
+
+def test_attaching_a_completed_parentless_job_counts_it_at_once(tmq) -> None:
+    tmq.enqueue("q", "leaf", {}, job_id="a")
+    complete(tmq, "a", 7)
+    tmq.enqueue("other", "leaf", {}, job_id="x")
+    complete(tmq, "x", 8, queue="other")
+    landed = tmq.add_flow(node("p", [leaf("a"), leaf("x", queue="other"), leaf("b")]))
+    assert (landed.landed, landed.skipped) == (2, 2)
+    assert tmq.children_values("q", "p") == {ref(tmq, "a"): 7}
+    Pump(["other"], mq=tmq).sweep()  # x's stored result reaches p through the outbox
+    assert tmq.children_values("q", "p") == {ref(tmq, "a"): 7, ref(tmq, "x", "other"): 8}
+    assert tmq.get_job("q", "a").parent == "p" and tmq.get_job("other", "x").parent_queue == "q"
+    complete(tmq, "b", 9)
+    assert_state(tmq, "q", "p", "pending")
+    assert tmq.dependencies("q", "p").remaining == 0
+
+
+def test_attaching_a_job_with_another_live_parent_is_a_conflict(tmq) -> None:
+    from echomq_django.exceptions import FlowConflict
+
+    tmq.add_flow(node("p", [leaf("a")]))
+    complete(tmq, "a", 1)
+    with pytest.raises(FlowConflict, match="q a exists as job leaf under parent q/p"):
+        tmq.add_flow(node("p2", [leaf("a")]))
+    assert rows(tmq, "q") == ["a", "p"]
+
+
+def test_a_new_root_over_children_that_finished_never_waits(tmq) -> None:
+    flow = node("p", [leaf("c1"), leaf("c2")])
+    tmq.add_flow(flow)
+    running = claim_one(tmq, "q", "c1")
+    lc.remove(tmq, "q", "p")  # c1 is active: left to finish, an orphan
+    assert rows(tmq, "q") == ["c1"]
+    tmq.complete(running, 1)  # its fan-in finds no parent: nothing moves
+    tmq.add_flow(flow)  # c1 is skipped, and tells the new p its stored result
+    assert tmq.children_values("q", "p") == {ref(tmq, "c1"): 1}
+    complete(tmq, "c2", 2)
+    assert_state(tmq, "q", "p", "pending")
