@@ -27,6 +27,8 @@ import threading
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
+from .client import EchoMQ
+from .jobs import MAX_PAYLOAD_BYTES
 from .keyspace import validate_prefix, validate_queue
 from .lifecycle import KEEP_HINT, KEEP_KEYS, keep_problems
 
@@ -172,7 +174,7 @@ def build_client(cfg: dict):
     return get_redis_connection(cfg["CACHE"])
 
 
-def get_mq():
+def get_mq() -> EchoMQ:
     """The process-wide ``EchoMQ`` built from settings (like ``django.core.cache.cache``).
 
     Raises ``ImproperlyConfigured`` naming every settings problem.
@@ -181,8 +183,6 @@ def get_mq():
     if _mq is None:
         with _lock:
             if _mq is None:
-                from .client import MAX_PAYLOAD_BYTES, EchoMQ
-
                 cfg = config()
                 errors = problems(cfg)
                 if errors:

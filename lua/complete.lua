@@ -42,7 +42,8 @@ local replies = {}
 for i = 4, #ARGV, 3 do
   local id, token, result = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local row = base .. 'job:' .. id
-  local f = redis.call('HMGET', row, 'state', 'lease', 'parent', 'parent_queue', 'keep', 'cancel')
+  local f = redis.call('HMGET', row, 'state', 'lease', 'parent', 'parent_queue', 'dedup', 'keep',
+    'cancel')
   if not f[1] then
     replies[#replies + 1] = 'EMQNOJOB ' .. QUEUE .. ' ' .. id
   elseif f[1] == 'completed' and f[2] == token and redis.call('HGET', row, 'result') == result then
@@ -51,7 +52,7 @@ for i = 4, #ARGV, 3 do
     replies[#replies + 1] = 'EMQSTATE ' .. QUEUE .. ' ' .. id .. ' ' .. f[1]
   elseif f[2] ~= token then
     replies[#replies + 1] = 'EMQLEASE ' .. QUEUE .. ' ' .. id
-  elseif f[6] then
+  elseif f[7] then
     -- cancelled while it ran (DESIGN §10.2): the result is dropped, the job dies
     kill(base, id, 'cancelled', now)
     replies[#replies + 1] = 'EMQCANCELLED ' .. QUEUE .. ' ' .. id
@@ -61,10 +62,11 @@ for i = 4, #ARGV, 3 do
     redis.call('ZREM', active, id)
     redis.call('HSET', row, 'state', 'completed', 'result', result, 'finished_at', ARGV[3])
     redis.call('ZADD', completed, now, id)
-    if f[5] then  -- its own keep (ms): retention's expire list (lib/lifecycle.lua)
-      redis.call('ZADD', base .. 'expire', now + tonumber(f[5]), id)
+    if f[6] then  -- its own keep (ms): retention's expire list (lib/lifecycle.lua)
+      redis.call('ZADD', base .. 'expire', now + tonumber(f[6]), id)
     end
     emit(base, 'completed', id)
+    free_dedup(base, f[5], id)
     resolve_done(base, id, result, now, f[3], f[4])
     if #OUT.released + #OUT.dead + #OUT.flow_failed + #OUT.revived + OUT.outbox > 0 then
       replies[#replies + 1] = {released = OUT.released, dead = OUT.dead,

@@ -33,7 +33,7 @@ local LEFT = 0  -- budget left in this call
 
 local function push_entry(base, entry)
   local text = cjson.encode(entry)
-  redis.call('RPUSH', base .. 'flow:outbox', text)
+  push_outbox(base, text)
   OUT.outbox = OUT.outbox + 1
   OUT.sent[#OUT.sent + 1] = text
 end
@@ -61,13 +61,17 @@ end
 -- Returns true when the row went.
 local function drop_node(base, id, parent)
   local key = base .. 'job:' .. id
-  local f = redis.call('HMGET', key, 'state', 'parent')
+  local f = redis.call('HMGET', key, 'state', 'parent', 'dedup', 'children_deadline')
   local state = f[1]
   if not state or state == 'active' or (parent and f[2] ~= parent) then
     return false
   end
   unindex(base, id, state)
   redis.call('ZREM', base .. 'expire', id)
+  free_dedup(base, f[3], id)
+  if f[4] then
+    redis.call('ZREM', base .. 'deadlines', id)
+  end
   if redis.call('EXISTS', key .. ':children') == 1 then
     local bin = base .. 'gc:' .. redis.call('INCR', base .. 'gc:seq') .. ':' .. id
     redis.call('RENAME', key .. ':children', bin)
