@@ -30,7 +30,7 @@ from django.core.exceptions import ImproperlyConfigured
 from .client import EchoMQ
 from .jobs import MAX_PAYLOAD_BYTES
 from .keyspace import validate_prefix, validate_queue
-from .lifecycle import KEEP_HINT, KEEP_KEYS, keep_problems
+from .retention import KEEP_HINT, KEEP_KEYS, keep_problems
 
 TOP_KEYS = {"URL", "CACHE", "CLUSTER", "PREFIX", "QUEUES", "MAX_PAYLOAD_BYTES", "OPTIONS"}
 QUEUE_KEYS = {"MAX_ATTEMPTS", "BACKOFF_MS", "LEASE_MS", "KEEP_COMPLETED", "KEEP_DEAD"}

@@ -8,7 +8,7 @@ from django.core.checks import run_checks
 from django.test import override_settings
 
 from echomq_django import conf
-from echomq_django import lifecycle as lc
+from echomq_django import retention as lc
 
 URL = "redis://127.0.0.1:1/0"
 
@@ -52,11 +52,9 @@ def test_a_keep_message_names_queue_setting_and_rule() -> None:
 
 
 def test_retention_reads_settings_and_defaults() -> None:
-    class Settings:
-        queues = {"orders": {"KEEP_COMPLETED": 5, "KEEP_DEAD": {"AGE_S": 60}}}
-
-    assert lc.retention(Settings, "orders") == (lc.Keep(5, None), lc.Keep(None, 60))
-    assert lc.retention(Settings, "other") == (lc.Keep(1000, 86400), lc.Keep(10000, 1209600))
+    opts = {"KEEP_COMPLETED": 5, "KEEP_DEAD": {"AGE_S": 60}}
+    assert lc.retention(opts) == (lc.Keep(5, None), lc.Keep(None, 60))
+    assert lc.retention({}) == (lc.Keep(1000, 86400), lc.Keep(10000, 1209600))
     assert lc.Keep(None, 60).args() == [lc.UNBOUNDED, 60000]
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from redis.cluster import RedisCluster
 
-from echomq_django import JobState, lifecycle
+from echomq_django import JobState
 from echomq_django.pump import Pump
 from echomq_django.scripts import Scripts, load_sources, lua_dir, parse_header
 from tests import jobkit
@@ -133,8 +133,9 @@ def drive_every_operation(mq, clock) -> None:
         mq.complete(claim_one(mq, queue), "done")
     Pump(["other"], mq=mq).sweep()  # flow_deliver on {q}, outbox_trim on {other}
     assert_state(mq, "q", "p", "pending")
-    lifecycle.cancel(mq, "q", "p")
-    lifecycle.remove(mq, "q", "p")  # then prune goes on with its subtree
+    life = jobkit.LifecycleMQ(mq.client, prefix="emq", clock=clock)
+    life.cancel("q", "p")
+    life.remove("q", "p")  # then prune goes on with its subtree
 
 
 def test_python_calls_every_script_as_its_header_declares(tmq, clock, monkeypatch) -> None:
