@@ -42,7 +42,7 @@ FLOORS = [
     ["flows", "scripts", "reads", "models"],
     ["client", "flowcalls", "lifecalls"],
     ["conf"],
-    ["api", "checks", "worker", "reporter", "pump", "mirror", "tasks"],
+    ["api", "checks", "worker", "reporter", "pump", "mirror", "tasks", "outbox"],
     ["admin_pages", "apps", "__init__"],
     ["admin", "management", "management.*", "migrations", "migrations.*"],
 ]
