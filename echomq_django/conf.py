@@ -29,6 +29,7 @@ from .jobs import MAX_PAYLOAD_BYTES
 from .keyspace import validate_prefix, validate_queue
 
 TOP_KEYS = {"URL", "CACHE", "CLUSTER", "PREFIX", "QUEUES", "MAX_PAYLOAD_BYTES", "OPTIONS"}
+TOP_KEYS |= {"METRICS"}  # metrics.settings_problems checks it (issue 15)
 QUEUE_KEYS = {"MAX_ATTEMPTS", "BACKOFF_MS", "LEASE_MS"}
 URL_SCHEMES = ("redis://", "rediss://", "unix://")
 
