@@ -68,6 +68,9 @@ QUEUE_KEYS = {
     "pump_lock": "pump:lock",  # string: the sweep lock of this queue's outbox
     "lease_seq": "lease:seq",  # counter: lease tokens
     "deadlines": "deadlines",  # zset: parents with a children deadline (issue 16)
+    "wake": "wake",  # zset: wake-up markers for the queue's workers (issue 12)
+    "outbox_wake": "flow:wake",  # zset: a wake-up marker for the pump (issue 12)
+    "timers_lock": "timers:lock",  # string: one worker's timer sweep of the queue (issue 12)
 }
 # Keys that hold one value of a family: the suffix is this prefix + a name.
 JOB_PREFIX = "job:"  # hash P:{q}:job:<id>: the job row; also the child ref
@@ -111,6 +114,9 @@ class QueueKeys:
     pump_lock: str
     lease_seq: str
     deadlines: str
+    wake: str
+    outbox_wake: str
+    timers_lock: str
 
     def job(self, job_id: str) -> str:
         """``P:{q}:job:<id>``; raises ``ValueError`` for a bad id."""
