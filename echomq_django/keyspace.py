@@ -71,11 +71,17 @@ QUEUE_KEYS = {
     "wake": "wake",  # zset: wake-up markers for the queue's workers (issue 12)
     "outbox_wake": "flow:wake",  # zset: a wake-up marker for the pump (issue 12)
     "timers_lock": "timers:lock",  # string: one worker's timer sweep of the queue (issue 12)
+    "expire": "expire",  # zset: finished jobs -> when retention may drop them (ms, issue 13)
+    "gc": "gc",  # list: removed parents whose child refs wait in gc:<seq>:<id> (issue 13)
+    "gc_seq": "gc:seq",  # counter: the gc bins (issue 13)
+    "cancel": "cancel",  # list: 'id offset' of subtrees still to cancel (issue 13)
 }
 # Keys that hold one value of a family: the suffix is this prefix + a name.
 JOB_PREFIX = "job:"  # hash P:{q}:job:<id>: the job row; also the child ref
 CLAIM_PREFIX = "claim:"  # string P:{q}:claim:<token>: a claim's memo, for its replay
 DEDUP_PREFIX = "dedup:"  # string P:{q}:dedup:<key>: the id holding a dedup key (issue 16)
+OP_PREFIX = "op:"  # string P:{q}:op:<token>: a remove/cancel call's memo, for its replay
+GC_PREFIX = "gc:"  # list P:{q}:gc:<seq>:<id>: a removed parent's child refs (issue 13)
 # JobKeys field -> the suffix after the row key P:{q}:job:<id> (a parent's keys).
 JOB_KEYS = {
     "dependencies": ":dependencies",  # counter: children not resolved yet
@@ -117,6 +123,10 @@ class QueueKeys:
     wake: str
     outbox_wake: str
     timers_lock: str
+    expire: str
+    gc: str
+    gc_seq: str
+    cancel: str
 
     def job(self, job_id: str) -> str:
         """``P:{q}:job:<id>``; raises ``ValueError`` for a bad id."""

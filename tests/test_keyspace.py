@@ -192,6 +192,8 @@ def test_every_suffix_a_script_spells_is_named_in_the_keyspace():
         keyspace.JOB_PREFIX,
         keyspace.CLAIM_PREFIX,
         keyspace.DEDUP_PREFIX,
+        keyspace.OP_PREFIX,
+        keyspace.GC_PREFIX,
     }
     parts = set(keyspace.JOB_KEYS.values())
     lua = Path(__file__).resolve().parent.parent / "lua"
