@@ -38,6 +38,7 @@ from django.db.utils import DatabaseError
 from .conf import get_mq
 from .exceptions import DuplicateJob, EchoMQError, JobNotFound, RedisUnavailable
 from .flows import Flow, FlowRef
+from .jobs import Job
 from .models import OutboxEntry
 
 log = logging.getLogger("echomq_django.outbox")
@@ -227,6 +228,21 @@ def drain(mq=None, using: str | None = None, limit: int | None = None) -> int:
         if len(entries) < size:
             break
     return pushed
+
+
+def waiting_job(job_id: str, queues, using: str | None = None) -> Job | None:
+    """The job ``job_id`` (on one of ``queues``) as a pending ``Job`` while
+    its row waits in the outbox (no timestamps: it is not in Redis yet), or
+    None."""
+    entry = (
+        OutboxEntry.objects.using(_db(using))
+        .filter(kind="job", job_id=job_id, queue__in=list(queues), error="")
+        .first()
+    )
+    if entry is None:
+        return None
+    body = json.loads(entry.body)
+    return Job(id=job_id, queue=entry.queue, name=body["name"], payload=body["payload"])
 
 
 def pending(using: str | None = None) -> int:
