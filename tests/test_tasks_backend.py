@@ -183,7 +183,7 @@ def test_complex_exception_and_return_value(mq):
     assert "result is not JSON-serialisable" in ret.errors[0].traceback
 
 
-def test_missing_and_foreign_ids(mq):
+def test_missing_and_foreign_ids(mq, transactional_db):
     for bad in ("123", "a:b", "has space", "x" * 200):
         with pytest.raises(TaskResultDoesNotExist):
             default_task_backend.get_result(bad)
