@@ -29,10 +29,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import threading
 from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import DEFAULT_DB_ALIAS, connections, router, transaction
+from django.db import DEFAULT_DB_ALIAS, close_old_connections, connections, router, transaction
 from django.db.utils import DatabaseError
 
 from .conf import get_mq
@@ -45,7 +46,16 @@ log = logging.getLogger("echomq_django.outbox")
 
 BATCH = 100  # rows one drain transaction pushes (and holds locks on)
 
-__all__ = ["drain", "pending", "push_entry", "tables_missing", "write_flow", "write_job"]
+__all__ = [
+    "Drainer",
+    "drain",
+    "pending",
+    "push_entry",
+    "tables_missing",
+    "waiting_job",
+    "write_flow",
+    "write_job",
+]
 
 
 def _db(using: str | None) -> str:
@@ -260,3 +270,57 @@ def tables_missing(using: str | None = None) -> bool:
     except DatabaseError:
         return True
     return OutboxEntry._meta.db_table not in names
+
+
+class Drainer:
+    """Drains the outbox on a daemon thread of its own: once at ``start()``,
+    then every ``interval_s`` seconds until ``stop()`` (the worker runs one;
+    the pump drains in its sweep instead). A Redis outage is left to the
+    worker's own outage log (logged here at DEBUG) and tried again next
+    interval; a database error is logged at WARNING once per kind of error.
+    ``pushed`` counts the rows it landed."""
+
+    def __init__(self, mq, interval_s: float = 1.0, using: str | None = None) -> None:
+        self.mq, self.interval_s, self.using = mq, float(interval_s), using
+        self.pushed = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._warned: set[str] = set()
+
+    def start(self) -> None:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="echomq-outbox", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def drain_once(self) -> int:
+        """One drain; never raises (see the class docstring)."""
+        try:
+            n = drain(self.mq, using=self.using)
+        except RedisUnavailable as err:
+            log.debug("outbox not drained: %s", err)
+            return 0
+        except DatabaseError as err:
+            kind = type(err).__name__
+            if kind not in self._warned:
+                self._warned.add(kind)
+                log.warning("the enqueue outbox could not be read: %s", str(err).split("\n")[0])
+            return 0
+        finally:
+            close_old_connections()
+        if n:
+            self.pushed += n
+            log.info("pushed %d jobs or flows from the enqueue outbox", n)
+        return n
+
+    def _run(self) -> None:
+        try:
+            self.drain_once()
+            while not self._stop.wait(self.interval_s):
+                self.drain_once()
+        finally:
+            connections.close_all()
