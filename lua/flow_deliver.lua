@@ -6,7 +6,9 @@
     done      HSETNX :processed, decrement, release at zero
     dead      apply the child's policy once (fp: parent dead; id / rd:
               record, decrement, maybe release)
-    reattach  a retried child leaves the parent's :failed (maybe reviving it)
+    reattach  a retried child leaves the parent's :failed (maybe reviving it);
+              with policy 'id', its :unsuccessful, counted again while the
+              parent is not released
 
   KEYS[1] pending list         P:{pq}:pending   (pq = the parents' queue)
   KEYS[2] awaiting zset        P:{pq}:awaiting
@@ -35,6 +37,9 @@ for i = 4, #ARGV, 5 do
     ok = fan_in_done(base, pid, ref, value, now)
   elseif kind == 'dead' then
     ok = fan_in_dead(base, pid, ref, value, policy, now)
+  elseif policy == 'id' then
+    reattach_ignored(base, pid, ref)
+    ok = true
   else
     reattach(base, pid, ref, now)
     ok = true
