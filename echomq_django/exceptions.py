@@ -50,6 +50,20 @@ class JobNotRetryable(EchoMQError):
     """retry-by-id on a job that is not dead (``EMQSTATE`` from ``retry``)."""
 
 
+class JobCancelled(JobNotActive):
+    """The job was cancelled while it ran (``EMQCANCELLED``, DESIGN §10.2): its
+    heartbeat is refused and its result dropped; it dies with 'cancelled'."""
+
+
+class JobNotRemovable(EchoMQError):
+    """``remove`` of an active job (DESIGN §10.2); the message names the state."""
+
+
+class JobNotCancellable(EchoMQError):
+    """``cancel`` of a completed or dead job (DESIGN §10.2); the message names
+    the state."""
+
+
 class Unrecoverable(EchoMQError):
     """Raise it in a handler to fail the job for good: it goes dead at once,
     without spending its remaining attempts (BullMQ's UnrecoverableError), and
@@ -75,6 +89,7 @@ ERRORS: dict[str, type[EchoMQError]] = {
     "EMQCONFLICT": FlowConflict,
     "EMQLOCK": SweepLockLost,
     "EMQPARENT": JobNotRetryable,
+    "EMQCANCELLED": JobCancelled,
 }
 
 _MESSAGES = {
@@ -86,6 +101,7 @@ _MESSAGES = {
     "EMQPARENT": "job {1!r} in queue {0!r} cannot be retried: its parent {2}/{3} ignored its "
     "death and is {4} now (it went on without it; a child its parent ignored re-attaches "
     "only while the parent waits)",
+    "EMQCANCELLED": "job {1!r} in queue {0!r} was cancelled: its result is dropped",
 }
 
 

@@ -2,7 +2,8 @@
 
 DESIGN §5. Each ``lua/<name>.lua`` is one transition; a line
 ``-- @include lib/<file>.lua`` in its body is replaced by that file (shared
-fan-in code). The text is read once per process (``load_sources``); each
+fan-in code; a lib file may include another, each is inlined once). The text
+is read once per process (``load_sources``); each
 client gets redis-py ``Script`` objects, which do EVALSHA with the NOSCRIPT
 fallback, on ``redis.Redis`` and ``redis.cluster.RedisCluster`` alike.
 
@@ -117,11 +118,24 @@ def load_sources() -> dict[str, Source]:
         name = path.stem
         header, keys, argv, variadic = parse_header(name, raw)
 
-        def include(m: re.Match) -> str:
-            return (folder / m.group(1)).read_text()
-
-        sources[name] = Source(name, _INCLUDE.sub(include, raw), header, keys, argv, variadic)
+        sources[name] = Source(name, inline(folder, raw), header, keys, argv, variadic)
     return sources
+
+
+def inline(folder: Path, raw: str, seen: set[str] | None = None) -> str:
+    """``raw`` with each ``-- @include lib/<file>.lua`` line replaced by that
+    file, itself inlined the same way (lib/flow.lua includes
+    lib/claimable.lua); a file included twice is inlined once, at its first
+    include, so its locals are defined once."""
+    seen = set() if seen is None else seen
+
+    def include(m: re.Match) -> str:
+        if m.group(1) in seen:
+            return ""
+        seen.add(m.group(1))
+        return inline(folder, (folder / m.group(1)).read_text(), seen)
+
+    return _INCLUDE.sub(include, raw)
 
 
 class Scripts:

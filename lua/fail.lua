@@ -2,7 +2,9 @@
   fail: active -> delayed with exponential backoff while attempts remain
   (straight to pending when the backoff is 0),
   else dead; a dead child resolves its parent by its policy (same queue: here;
-  other queue: a fail entry on this queue's outbox). DESIGN §5 `fail`, §4.
+  other queue: a fail entry on this queue's outbox). A delayed retry announces
+  its run-at on the queue's wake key (lib/claimable.lua), so a blocked worker
+  promotes it on time. DESIGN §5 `fail`, §4, §10.1.
 
   KEYS[1] job row              P:{q}:job:<id>
   KEYS[2] delayed zset         P:{q}:delayed (score: run-at, ms)
@@ -19,20 +21,22 @@
   ARGV[10] the queue's backoff base (ms), for a row without its own
 
   returns: JSON {state: 'delayed'|'pending'|'dead', run_at: ms|null, released, dead,
-           flow_failed, outbox}
+           flow_failed, outbox}; a job cancelled while it ran (its row has
+           `cancel`) dies with the error 'cancelled' whatever its attempts
   errors:  EMQNOJOB <queue> <id>            no such job
            EMQSTATE <queue> <id> <state>    the job is not active (unless this
            lease failed it with this error already: a replay answers
            {state} as if it had worked)
            EMQLEASE <queue> <id>            the lease token is stale
 ]]
-local row, delayed = KEYS[1], KEYS[2]
+local row = KEYS[1]
 local QUEUE = ARGV[1]
 -- @include lib/flow.lua
 local base, id, token, err = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local now, cap = tonumber(ARGV[6]), tonumber(ARGV[7])
 
-local f = redis.call('HMGET', row, 'state', 'lease', 'attempts', 'max_attempts', 'backoff_ms')
+local f = redis.call('HMGET', row, 'state', 'lease', 'attempts', 'max_attempts', 'backoff_ms',
+  'cancel')
 if not f[1] then
   return redis.error_reply('EMQNOJOB ' .. QUEUE .. ' ' .. id)
 end
@@ -51,6 +55,11 @@ if f[2] ~= token then
 end
 
 local attempts, max_attempts = tonumber(f[3]), tonumber(f[4] or ARGV[9])
+if f[6] then  -- cancelled while it ran (DESIGN §10.2): dies, its attempts unspent
+  kill(base, id, 'cancelled', now)
+  OUT.state = 'dead'
+  return cjson.encode(OUT)
+end
 if attempts < max_attempts and ARGV[8] ~= '1' then
   -- attempt n waits backoff * 2^(n-1), capped
   local wait = math.min(tonumber(f[5] or ARGV[10]) * (2 ^ (attempts - 1)), cap)
@@ -58,12 +67,12 @@ if attempts < max_attempts and ARGV[8] ~= '1' then
   redis.call('ZREM', base .. 'active', id)
   if run_at > now then
     redis.call('HSET', row, 'state', 'delayed', 'error', err, 'updated_at', now)
-    redis.call('ZADD', delayed, run_at, id)
+    make_delayed(base, id, run_at)
     OUT.state = 'delayed'
     OUT.run_at = run_at
   else
     redis.call('HSET', row, 'state', 'pending', 'error', err, 'updated_at', now)
-    redis.call('RPUSH', base .. 'pending', id)
+    make_claimable(base, {id})
     OUT.state = 'pending'
   end
   emit(base, 'failed', id)

@@ -28,7 +28,7 @@
            job's parent ignored its death (`id`) and has been released since:
            it went on without the job; nothing is written
 ]]
-local row, dead, pending = KEYS[1], KEYS[2], KEYS[3]
+local row, dead = KEYS[1], KEYS[2]
 local QUEUE = ARGV[1]
 -- @include lib/flow.lua
 local base, id, now = ARGV[2], ARGV[3], tonumber(ARGV[4])
@@ -71,8 +71,9 @@ local function retry_job(jid)
     redis.call('ZREM', dead, jid)
     redis.call('HSET', key, 'state', 'pending', 'attempts', 0, 'stalls', 0, 'updated_at', now,
       'retry_token', ARGV[5])
-    redis.call('HDEL', key, 'error', 'finished_at', 'result')
-    redis.call('RPUSH', pending, jid)
+    redis.call('HDEL', key, 'error', 'finished_at', 'result', 'cancel')
+    redis.call('ZREM', base .. 'expire', jid)
+    make_claimable(base, {jid})
     emit(base, 'retried', jid)
     OUT.retried[#OUT.retried + 1] = base .. jid
     reattach_up(base, jid, now)

@@ -16,12 +16,16 @@
   parent on another slot is never touched: an outbox entry is pushed instead.
 
   The including script defines `QUEUE` (its queue name) before the include.
+  A job becomes claimable, and an entry lands on the outbox, only through
+  lib/claimable.lua (included here), which also wakes the workers / pump.
 
   Results are collected in OUT: released, dead, flow_failed and revived hold
   `P:{q}:<id>` strings (queue key prefix + id), reattach the outbox entries a
   retry emitted, outbox the number of entries pushed. The calling script
   returns cjson.encode(OUT).
 ]]
+
+-- @include lib/claimable.lua
 
 local OUT = {released = {}, dead = {}, flow_failed = {}, revived = {}, reattach = {}, outbox = 0}
 local EVENTS_MAXLEN = 10000
@@ -73,10 +77,10 @@ local function release(base, pid, now)
   local at = tonumber(f[2] or '0')
   if at > now then
     redis.call('HSET', pkey, 'state', 'delayed', 'updated_at', now)
-    redis.call('ZADD', base .. 'delayed', at, pid)
+    make_delayed(base, pid, at)
   else
     redis.call('HSET', pkey, 'state', 'pending', 'updated_at', now)
-    redis.call('RPUSH', base .. 'pending', pid)
+    make_claimable(base, {pid})
   end
   emit(base, 'released', pid)
   OUT.released[#OUT.released + 1] = base .. pid
@@ -146,7 +150,7 @@ local function reattach_up(base, id, now)
     end
     local entry = cjson.encode({k = 'reattach', c = ref, p = parent[1], q = parent[2],
       pol = (policy == 'id') and 'id' or nil})
-    redis.call('RPUSH', base .. 'flow:outbox', entry)
+    push_outbox(base, entry)
     OUT.outbox = OUT.outbox + 1
     OUT.reattach[#OUT.reattach + 1] = entry
   end
@@ -197,7 +201,7 @@ end
 -- parent: on this slot directly, on another slot through this queue's outbox.
 local function kill(base, id, err, now)
   local key = job_key(base, id)
-  local f = redis.call('HMGET', key, 'state', 'dedup')
+  local f = redis.call('HMGET', key, 'state', 'dedup', 'keep')
   local state = f[1]
   if state == 'dead' then
     return
@@ -214,6 +218,9 @@ local function kill(base, id, err, now)
   end
   redis.call('HSET', key, 'state', 'dead', 'error', err, 'finished_at', now, 'updated_at', now)
   redis.call('ZADD', base .. 'dead', now, id)
+  if f[3] then  -- its own keep (ms): retention's expire list (lib/lifecycle.lua)
+    redis.call('ZADD', base .. 'expire', now + tonumber(f[3]), id)
+  end
   emit(base, 'dead', id)
   OUT.dead[#OUT.dead + 1] = base .. id
   propagate_death(base, id, err, now)
@@ -267,7 +274,7 @@ propagate_death = function(base, id, err, now)
   if (parent[2] or QUEUE) == QUEUE then
     fan_in_dead(base, parent[1], ref, err, policy, now)
   else
-    redis.call('RPUSH', base .. 'flow:outbox',
+    push_outbox(base,
       cjson.encode({k = 'dead', c = ref, p = parent[1], q = parent[2], pol = policy, v = err}))
     OUT.outbox = OUT.outbox + 1
   end
@@ -284,7 +291,7 @@ local function resolve_done(base, id, result, now, parent, parent_queue)
   if (parent_queue or QUEUE) == QUEUE then
     fan_in_done(base, parent, ref, result, now)
   else
-    redis.call('RPUSH', base .. 'flow:outbox',
+    push_outbox(base,
       cjson.encode({k = 'done', c = ref, p = parent, q = parent_queue, v = result}))
     OUT.outbox = OUT.outbox + 1
   end
