@@ -2,9 +2,10 @@
 
 DESIGN §5. Each ``lua/<name>.lua`` is one transition; a line
 ``-- @include lib/<file>.lua`` in its body is replaced by that file (shared
-fan-in code). The text is read once per process (``load_sources``); each
-client gets redis-py ``Script`` objects, which do EVALSHA with the NOSCRIPT
-fallback, on ``redis.Redis`` and ``redis.cluster.RedisCluster`` alike.
+fan-in code; a lib may include another, each is inlined once). The text is
+read once per process (``load_sources``); each client gets redis-py
+``Script`` objects, which do EVALSHA with the NOSCRIPT fallback, on
+``redis.Redis`` and ``redis.cluster.RedisCluster`` alike.
 
 The header of each file declares its ``KEYS[i]`` and ``ARGV[i]``; ``run``
 checks every call against it, so Python and Lua cannot drift apart silently.
@@ -110,11 +111,24 @@ def load_sources() -> dict[str, Source]:
         name = path.stem
         header, keys, argv, variadic = parse_header(name, raw)
 
-        def include(m: re.Match) -> str:
-            return (folder / m.group(1)).read_text()
-
-        sources[name] = Source(name, _INCLUDE.sub(include, raw), header, keys, argv, variadic)
+        sources[name] = Source(name, inline(folder, raw), header, keys, argv, variadic)
     return sources
+
+
+def inline(folder: Path, text: str, seen: set[str] | None = None) -> str:
+    """``text`` with every ``-- @include lib/<file>.lua`` line replaced by
+    that file, itself inlined (a lib may include another lib); each file is
+    inlined once per script, at its first include, and later includes of it
+    become empty lines."""
+    seen = set() if seen is None else seen
+
+    def include(m: re.Match) -> str:
+        if m.group(1) in seen:
+            return ""
+        seen.add(m.group(1))
+        return inline(folder, (folder / m.group(1)).read_text(), seen)
+
+    return _INCLUDE.sub(include, text)
 
 
 class Scripts:

@@ -55,6 +55,7 @@ for i = 4, #ARGV, 3 do
     redis.call('HSET', row, 'state', 'completed', 'result', result, 'finished_at', ARGV[3])
     redis.call('ZADD', completed, now, id)
     emit(base, 'completed', id)
+    signal_event(base, 'completed', id, result)
     resolve_done(base, id, result, now, f[3], f[4])
     if #OUT.released + #OUT.dead + #OUT.flow_failed + #OUT.revived + OUT.outbox > 0 then
       replies[#replies + 1] = {released = OUT.released, dead = OUT.dead,

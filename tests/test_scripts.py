@@ -11,6 +11,8 @@ import pytest
 from redis.cluster import RedisCluster
 
 from echomq_django import JobState
+from echomq_django.dispatch import Dispatcher
+from echomq_django.events import subscribe
 from echomq_django.pump import Pump
 from echomq_django.scripts import Scripts, load_sources, lua_dir, parse_header
 from tests import jobkit
@@ -69,11 +71,15 @@ def test_header_declares_purpose_keys_argv_returns_errors(path: Path) -> None:
 def test_lib_is_inlined_not_a_script() -> None:
     sources = load_sources()
     assert sorted(sources) == NAMES
-    lib = (REPO / "lua" / "lib" / "flow.lua").read_text()
+    events = (REPO / "lua" / "lib" / "events.lua").read_text()
+    flow = (REPO / "lua" / "lib" / "flow.lua").read_text()
+    assert "-- @include lib/events.lua\n" in flow
+    lib = flow.replace("-- @include lib/events.lua\n", events + "\n")
     for name, src in sources.items():
         assert "-- @include" not in src.text
         uses_lib = "-- @include lib/flow.lua" in (REPO / "lua" / f"{name}.lua").read_text()
         assert (lib in src.text) is uses_lib, name
+        assert src.text.count("local function signal_event(") == uses_lib, name
 
 
 def test_lua_dir_is_the_checkout() -> None:
@@ -126,6 +132,10 @@ def drive_every_operation(mq, clock) -> None:
         mq.complete(claim_one(mq, queue), "done")
     Pump(["other"], mq=mq).sweep()  # flow_deliver on {q}, outbox_trim on {other}
     assert_state(mq, "q", "p", "pending")
+    subscribe(mq, ["q"], ["completed"])
+    jobs = mq.claim("q", 10)
+    mq.complete_many([(job, "done") for job in jobs])
+    assert Dispatcher(["q"], mq=mq).dispatch("q").sent == len(jobs) > 0  # signals_ack
 
 
 def test_python_calls_every_script_as_its_header_declares(tmq, clock, monkeypatch) -> None:

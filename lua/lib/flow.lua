@@ -22,6 +22,7 @@
   retry emitted, outbox the number of entries pushed. The calling script
   returns cjson.encode(OUT).
 ]]
+-- @include lib/events.lua
 
 local OUT = {released = {}, dead = {}, flow_failed = {}, revived = {}, reattach = {}, outbox = 0}
 local EVENTS_MAXLEN = 10000
@@ -61,6 +62,7 @@ local function decrement_and_maybe_release(base, pid, now)
     redis.call('ZREM', base .. 'awaiting', pid)
     redis.call('RPUSH', base .. 'pending', pid)
     emit(base, 'released', pid)
+    signal_event(base, 'released', pid)
     OUT.released[#OUT.released + 1] = base .. pid
   end
 end
@@ -158,6 +160,7 @@ local function kill(base, id, err, now)
   redis.call('HSET', key, 'state', 'dead', 'error', err, 'finished_at', now, 'updated_at', now)
   redis.call('ZADD', base .. 'dead', now, id)
   emit(base, 'dead', id)
+  signal_event(base, 'dead', id, err)
   OUT.dead[#OUT.dead + 1] = base .. id
   propagate_death(base, id, err, now)
 end
@@ -185,6 +188,7 @@ local function fan_in_dead(base, pid, ref, err, policy, now)
     local pstate = redis.call('HGET', pkey, 'state')
     if pstate == 'awaiting_children' then
       OUT.flow_failed[#OUT.flow_failed + 1] = base .. pid
+      signal_event(base, 'flow_failed', pid, 'failed by child ' .. ref .. ': ' .. err)
       kill(base, pid, 'failed by child ' .. ref .. ': ' .. err, now)
     end
   end
