@@ -33,8 +33,9 @@ from .exceptions import (
 )
 from .flows import Flow, FlowRef
 from .handlers import handler
-from .jobs import Job, JobState, Outcome
-from .reads import Dependencies
+from .jobs import Dependencies, Job, JobState, Outcome
+from .pump import Pump
+from .worker import Worker
 
 __all__ = [
     "Dependencies",
@@ -69,16 +70,3 @@ __all__ = [
     "ignored_failures",
     "retry",
 ]
-
-
-def __getattr__(name):
-    # Worker and Pump import Django machinery; load them on first use.
-    if name == "Worker":
-        from .worker import Worker
-
-        return Worker
-    if name == "Pump":
-        from .pump import Pump
-
-        return Pump
-    raise AttributeError(f"module 'echomq_django' has no attribute {name!r}")

@@ -12,3 +12,11 @@ from .conf import problems
 def check_settings(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
     """One ``checks.Error`` per problem ``conf.problems()`` finds."""
     return [checks.Error(msg, hint=hint, id=cid) for cid, msg, hint in problems()]
+
+
+@checks.register()
+def check_metrics_settings(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
+    """``ECHOMQ["METRICS"]`` (DESIGN §10.5): ids ``echomq_django.E040``-``E043``."""
+    from .metrics import settings_problems
+
+    return [checks.Error(msg, hint=hint, id=cid) for cid, msg, hint in settings_problems()]

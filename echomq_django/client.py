@@ -7,7 +7,6 @@ reply. Nothing is written when validation fails.
 
 from __future__ import annotations
 
-import itertools
 import json
 import secrets
 import time
@@ -22,47 +21,17 @@ from .exceptions import (
     JobNotRetryable,
     PayloadError,
     RedisUnavailable,
+    reports_redis_down,
     translate,
 )
-from .flows import Flow, FlowRef
-from .jobs import Job, JobState, Outcome, _text
+from .flowcalls import FLOW_CHUNK, FlowCalls, opt
+from .jobs import MAX_PAYLOAD_BYTES, QUEUE_DEFAULTS, Job, JobState, Outcome, _text, to_json
 from .keyspace import Keyspace, validate_id, validate_queue, whole_number
-from .reads import Reads, reports_redis_down
+from .reads import Reads
 from .scripts import Scripts
 
-DEFAULTS = {"MAX_ATTEMPTS": 3, "BACKOFF_MS": 1000, "LEASE_MS": 30000}
-MAX_PAYLOAD_BYTES = 512 * 1024
 BACKOFF_CAP_MS = 3_600_000
-_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
-# The C encoder behind _ENCODER, built once: JSONEncoder.encode() builds a new
-# one per call, which costs more than encoding a small payload (issue 8).
-_C_ENCODE = json.encoder.c_make_encoder and json.encoder.c_make_encoder(
-    None,
-    _ENCODER.default,
-    json.encoder.encode_basestring_ascii,
-    None,
-    ":",
-    ",",
-    False,
-    False,
-    False,
-)
-
-
-def _to_json(value: Any) -> str:
-    kind = type(value)
-    if (kind is dict or kind is list) and _C_ENCODE is not None:  # the usual payloads
-        return "".join(_C_ENCODE(value, 0))
-    return _ENCODER.encode(value)
-
-
-FLOW_CHUNK = 5000  # nodes per enqueue_flow script: keeps one script well under ~50 ms
 COMPLETE_BATCH = 500  # jobs per complete script: a few ms of Redis time at most
-
-
-def _opt(value) -> str:
-    """An optional integer as script text: '' means "the queue's setting"."""
-    return "" if value is None else str(int(value))
 
 
 def now_ms() -> int:
@@ -70,12 +39,16 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-class EchoMQ(Reads):
+class EchoMQ(FlowCalls, Reads):
     """The queue over one redis-py client (``redis.Redis`` or ``RedisCluster``).
+
+    The only caller of the Lua scripts: each ``lua/*.lua`` has exactly one
+    Python caller, a method of this class (the flow ones in flowcalls.py);
+    the pump, worker, mirror and admin call these methods and ``Reads``.
 
     ``prefix`` starts every key (DESIGN §3). ``queues`` maps a queue name to
     its defaults ``{"MAX_ATTEMPTS": int, "BACKOFF_MS": ms, "LEASE_MS": ms}``;
-    missing values come from ``DEFAULTS``. ``clock`` returns ms since the epoch
+    missing values come from ``jobs.QUEUE_DEFAULTS``. ``clock`` returns ms since the epoch
     (tests pass a fake one: DESIGN §5 rule 3). ``max_payload_bytes`` bounds a
     payload or result once encoded (bytes of UTF-8 JSON).
     """
@@ -104,13 +77,13 @@ class EchoMQ(Reads):
     # -- helpers -----------------------------------------------------------
     def setting(self, queue: str, name: str) -> int:
         """A queue's ``MAX_ATTEMPTS`` / ``BACKOFF_MS`` / ``LEASE_MS``."""
-        return int(self.queues.get(queue, {}).get(name, DEFAULTS[name]))
+        return int(self.queues.get(queue, {}).get(name, QUEUE_DEFAULTS[name]))
 
     def encode(self, value: Any, what: str = "payload") -> str:
         """``value`` as compact JSON text. Raises ``PayloadError`` when it is not
         JSON-serialisable (NaN included) or is over ``max_payload_bytes``."""
         try:
-            text = _to_json(value)
+            text = to_json(value)
         except (TypeError, ValueError) as err:
             raise PayloadError(f"{what} is not JSON-serialisable: {err}") from None
         except RecursionError:  # no circular check in _C_ENCODE: it recurses instead
@@ -171,8 +144,8 @@ class EchoMQ(Reads):
                 job_id,
                 name,
                 self.encode(payload),
-                _opt(max_attempts),
-                _opt(backoff_ms),
+                opt(max_attempts),
+                opt(backoff_ms),
                 self.clock(),
                 int(delay_ms),
             ],
@@ -321,22 +294,9 @@ class EchoMQ(Reads):
             if entry == 0:
                 out.append(Outcome(state=JobState.COMPLETED))
             elif isinstance(entry, str):
-                out.append(translate(redis.exceptions.ResponseError(entry)))
+                out.append(translate(entry))
             else:
-
-                def pairs(name: str, entry=entry) -> list[tuple[str, str]]:
-                    return [self._parse(v) for v in entry.get(name) or []]
-
-                out.append(
-                    Outcome(
-                        state=JobState.COMPLETED,
-                        released=pairs("released"),
-                        dead=pairs("dead"),
-                        flow_failed=pairs("flow_failed"),
-                        revived=pairs("revived"),
-                        outbox=entry.get("outbox") or 0,
-                    )
-                )
+                out.append(Outcome.from_data(entry, self._parse, JobState.COMPLETED))
         return out
 
     def fail_many(self, items: list[tuple]) -> list[Outcome | Exception]:
@@ -412,123 +372,7 @@ class EchoMQ(Reads):
                 outcome.merge(self.retry(cq, cid))
             except JobNotRetryable:
                 pass  # retried already; its reattach entry is on its way
-        from .pump import deliver_entries  # the pump delivers the same entries later
-
-        for entry in data.get("reattach") or []:
-            outcome.merge(deliver_entries(self, [json.loads(entry)])[1])
+        for entry in data.get("reattach") or []:  # now, not at the next sweep
+            outcome.merge(self.deliver([json.loads(entry)])[1])
         outcome.state = JobState(_text(self.client.hget(k.job(queue, job_id), "state")))
         return outcome
-
-    # -- flows -------------------------------------------------------------
-
-    def _step_call(self, queue: str, nodes: list, mode: str):
-        """One ``enqueue_flow`` call for a step, in the script's flat group
-        format (see its header): nodes that share name, parent, policy and
-        settings share one group header."""
-        k = self.keys
-        flat: list[str] = []
-        for (name, pid, pq, policy, ma, bo, gate), group in itertools.groupby(
-            nodes,
-            key=lambda n: (
-                n.name,
-                n.parent_id,
-                n.parent_queue,
-                n.policy,
-                n.max_attempts,
-                n.backoff_ms,
-                n.gate,
-            ),
-        ):
-            group = list(group)
-            flat += [
-                name,
-                pid,
-                pq,
-                policy,
-                _opt(ma),
-                _opt(bo),
-                "1" if gate else "0",
-                str(len(group)),
-            ]
-            for n in group:
-                if n.children:
-                    refs = k.refs(n.children)
-                    flat += [n.id, n.payload, str(len(refs)), *refs]
-                else:
-                    flat += [n.id, n.payload, "0"]
-        # one JSON argument: 9+ ARGV per node cost more in redis-py than in Redis
-        return (
-            "enqueue_flow",
-            [k.queue_key(queue, "pending"), k.queue_key(queue, "awaiting")],
-            [queue, k.base(queue), self.clock(), mode, _ENCODER.encode(flat)],
-        )
-
-    def add_flow(self, flow: Flow) -> FlowRef:
-        """Land a flow (a tree of ``Flow`` nodes); returns its ``FlowRef``.
-
-        One queue: one atomic script. Several queues: parent first, one script
-        per (depth, queue) step, stopping at the first error with every parent
-        already landed held (DESIGN §6); adding the same flow again completes
-        it, skipping rows already there. Raises ``FlowError`` (duplicate ids,
-        cycle), ``ValueError`` (names), ``PayloadError``, ``FlowConflict`` (an
-        id taken by another job or flow: nothing written when found before
-        the first write), ``RedisUnavailable``.
-        """
-        return self.add_flows([flow])[0]
-
-    def add_flows(self, flows: list[Flow]) -> list[FlowRef]:
-        """Land several flows. Every flow on a single queue goes in one
-        pipelined round trip (its chunks in order: one slot, one connection);
-        a cross-queue flow lands step by step, parent first. Same errors as
-        ``add_flow``; when a flow takes more than one script, every user-given
-        id is gated by a read-only pass before the first write."""
-        plans = [_flows.plan(f, self.encode) for f in flows]
-        seen: set = set()
-        for nodes in plans:
-            for n in nodes:
-                if n.gate:
-                    if (n.queue, n.id) in seen:
-                        raise _flows.FlowError(
-                            f"job id {n.id!r} in queue {n.queue!r} is in two flows"
-                        )
-                    seen.add((n.queue, n.id))
-        all_steps = [_flows.steps(nodes, self.flow_chunk) for nodes in plans]
-        gated = [any(n.gate for n in nodes) for nodes in plans]
-        checks = [
-            self._step_call(q, ns, "check")
-            for s, g in zip(all_steps, gated, strict=False)
-            if len(s) > 1 and g
-            for q, ns in s
-        ]
-        for reply in self.scripts.run_many(checks):
-            if isinstance(reply, Exception):
-                raise reply
-        # single-queue flows: every chunk of every such flow in one pipeline
-        one_queue = [i for i, nodes in enumerate(plans) if len({n.queue for n in nodes}) == 1]
-        calls = [(i, self._step_call(q, ns, "write")) for i in one_queue for q, ns in all_steps[i]]
-        counts: dict[int, list] = {i: [] for i in range(len(plans))}
-        for (i, _), reply in zip(calls, self.scripts.run_many([c for _, c in calls]), strict=False):
-            if isinstance(reply, Exception):
-                raise reply
-            counts[i].append(reply)
-        for i, step_list in enumerate(all_steps):
-            if i in one_queue:
-                continue
-            for n, (queue, ns) in enumerate(step_list):
-                counts[i].append(self.scripts.run(*self._step_call(queue, ns, "write")))
-                if self.fault_hook:
-                    self.fault_hook(n, queue, ns)
-        refs = []
-        for i, nodes in enumerate(plans):
-            root = nodes[0]
-            refs.append(
-                FlowRef(
-                    queue=root.queue,
-                    parent_id=root.id,
-                    child_ids=[cid for _, cid in root.children],
-                    nodes=[(n.queue, n.id) for n in nodes],
-                    landed=sum(int(c[0]) for c in counts[i]),
-                    skipped=sum(int(c[1]) for c in counts[i]),
-                )
-            )
-        return refs

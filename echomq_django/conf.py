@@ -24,6 +24,8 @@ import threading
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
+from .client import EchoMQ
+from .jobs import MAX_PAYLOAD_BYTES
 from .keyspace import validate_prefix, validate_queue
 
 TOP_KEYS = {"URL", "CACHE", "CLUSTER", "PREFIX", "QUEUES", "MAX_PAYLOAD_BYTES", "OPTIONS"}
@@ -33,6 +35,7 @@ SIGNAL_KEYS = {
     "SIGNAL_BACKOFF_MS": (500, 0, "echomq_django.E071"),
 }
 TOP_KEYS |= set(SIGNAL_KEYS)
+TOP_KEYS |= {"METRICS"}  # metrics.settings_problems checks it (issue 15)
 QUEUE_KEYS = {"MAX_ATTEMPTS", "BACKOFF_MS", "LEASE_MS"}
 URL_SCHEMES = ("redis://", "rediss://", "unix://")
 
@@ -186,7 +189,7 @@ def build_client(cfg: dict):
     return get_redis_connection(cfg["CACHE"])
 
 
-def get_mq():
+def get_mq() -> EchoMQ:
     """The process-wide ``EchoMQ`` built from settings (like ``django.core.cache.cache``).
 
     Raises ``ImproperlyConfigured`` naming every settings problem.
@@ -195,8 +198,6 @@ def get_mq():
     if _mq is None:
         with _lock:
             if _mq is None:
-                from .client import MAX_PAYLOAD_BYTES, EchoMQ
-
                 cfg = config()
                 errors = problems(cfg)
                 if errors:

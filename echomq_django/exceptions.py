@@ -6,6 +6,8 @@ catch ``JobNotActive``, never a string (STYLE rule 3).
 
 from __future__ import annotations
 
+import functools
+
 import redis
 
 
@@ -83,16 +85,18 @@ _MESSAGES = {
 }
 
 
-def translate(err: redis.exceptions.ResponseError) -> Exception:
-    """Turn a script's ``EMQ...`` error reply into its named exception.
+def translate(err: redis.exceptions.ResponseError | str) -> Exception:
+    """Turn a script's ``EMQ...`` error reply (a ``ResponseError``, or its
+    text as a batched script returns it per job) into its named exception.
 
-    Returns ``err`` unchanged when it is not one of ours.
+    Returns ``err`` unchanged (text: as a ``ResponseError``) when it is not
+    one of ours.
     """
     text = str(err)
     code, _, rest = text.partition(" ")
     cls = ERRORS.get(code)
     if cls is None:
-        return err
+        return redis.exceptions.ResponseError(err) if isinstance(err, str) else err
     parts = rest.split(" ", 2)
     template = _MESSAGES.get(code)
     if template and len(parts) >= template.count("{"):
@@ -105,9 +109,47 @@ def translate(err: redis.exceptions.ResponseError) -> Exception:
     return exc
 
 
+# Errors that say "not now", not "no": the connection dropped, a Cluster is
+# failing over (CLUSTERDOWN, TRYAGAIN, MOVED/ASK while its map heals, a
+# replica that is not promoted yet answering READONLY), a restarted server
+# still LOADING its data. The call may be repeated (every script recognises
+# its own replay), so these become ``RedisUnavailable``: a worker keeps its
+# results and retries, exactly as for a dropped connection (issue 17, item 3).
+# Only a script's own refusals (EMQSTATE, EMQLEASE, EMQNOJOB...) drop work.
+TRANSIENT = (
+    redis.exceptions.ConnectionError,  # BusyLoadingError (LOADING) included
+    redis.exceptions.TimeoutError,
+    redis.exceptions.ClusterDownError,  # CLUSTERDOWN, MASTERDOWN
+    redis.exceptions.TryAgainError,
+    redis.exceptions.ReadOnlyError,
+    redis.exceptions.AskError,  # MovedError included
+    redis.exceptions.SlotNotCoveredError,
+)
+
+
+def reports_redis_down(method):
+    """Decorate a method of an object with a ``client``: redis-py's transient
+    errors (``TRANSIENT``) become ``RedisUnavailable`` naming the address
+    the client tried."""
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except TRANSIENT as err:
+            raise connection_error(self.client, err) from err
+
+    return wrapper
+
+
 def connection_error(client: object, err: Exception) -> RedisUnavailable:
-    """A ``RedisUnavailable`` that says where the client tried to connect."""
-    return RedisUnavailable(f"Redis is unreachable at {describe(client)}: {err}")
+    """A ``RedisUnavailable`` that says where the client tried to connect,
+    and, for an error other than a dropped connection, which one it was."""
+    if isinstance(err, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
+        return RedisUnavailable(f"Redis is unreachable at {describe(client)}: {err}")
+    return RedisUnavailable(
+        f"Redis is unavailable at {describe(client)}: {type(err).__name__}: {err}"
+    )
 
 
 def describe(client: object) -> str:

@@ -1,7 +1,9 @@
-"""The job: a dataclass, its state enum, and its encoding to and from Redis.
+"""The data shapes: a job, its state enum, what a transition did, a parent's
+dependencies, the queue defaults, and the encoding to and from Redis.
 
-A job row is the hash ``P:{q}:job:<id>`` (DESIGN §3). Decoding lives here and
-nowhere else (STYLE rule 4).
+A job row is the hash ``P:{q}:job:<id>`` (DESIGN §3). Encoding and decoding
+live here and nowhere else (STYLE rule 4). This module is the floor of the
+house: it imports nothing of the package (tests/test_structure.py).
 """
 
 from __future__ import annotations
@@ -9,11 +11,38 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from .client import EchoMQ
-    from .reads import Dependencies
+# A queue's settings when ECHOMQ["QUEUES"] gives none (DESIGN §8).
+QUEUE_DEFAULTS = {"MAX_ATTEMPTS": 3, "BACKOFF_MS": 1000, "LEASE_MS": 30000}
+MAX_PAYLOAD_BYTES = 512 * 1024  # bytes of JSON per payload or result, by default
+
+_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+# The C encoder behind _ENCODER, built once: JSONEncoder.encode() builds a new
+# one per call, which costs more than encoding a small payload (issue 8).
+_C_ENCODE = json.encoder.c_make_encoder and json.encoder.c_make_encoder(
+    None,
+    _ENCODER.default,
+    json.encoder.encode_basestring_ascii,
+    None,
+    ":",
+    ",",
+    False,
+    False,
+    False,
+)
+
+
+def to_json(value: Any) -> str:
+    """``value`` as compact ASCII JSON text (no NaN), one byte per character.
+    Raises ``TypeError`` / ``ValueError`` as ``json`` does, and
+    ``RecursionError`` for a circular or too deeply nested value (the C
+    encoder has no circular check); ``EchoMQ.encode`` turns these into
+    ``PayloadError`` and applies the size limit."""
+    kind = type(value)
+    if (kind is dict or kind is list) and _C_ENCODE is not None:  # the usual payloads
+        return "".join(_C_ENCODE(value, 0))
+    return _ENCODER.encode(value)
 
 
 class JobState(StrEnum):
@@ -51,17 +80,46 @@ def _int(value: Any) -> int | None:
     return None if value is None else int(value)
 
 
-def _defaults(mq: EchoMQ | None, queue: str) -> tuple[int, int]:
+def _defaults(mq: JobSource | None, queue: str) -> tuple[int, int]:
     """The queue's (max_attempts, backoff_ms) for a row that has none."""
     if mq is None:
-        from .client import DEFAULTS
-
-        return DEFAULTS["MAX_ATTEMPTS"], DEFAULTS["BACKOFF_MS"]
+        return QUEUE_DEFAULTS["MAX_ATTEMPTS"], QUEUE_DEFAULTS["BACKOFF_MS"]
     return mq.setting(queue, "MAX_ATTEMPTS"), mq.setting(queue, "BACKOFF_MS")
 
 
 def _json(value: Any) -> Any:
     return None if value is None else json.loads(value)
+
+
+@dataclass
+class Dependencies:
+    """A parent's children by how they resolved (DESIGN §7).
+
+    ``processed`` maps child ref -> result; ``failed`` and ``ignored`` map
+    child ref -> error (``fp`` and ``id`` deaths); ``removed`` maps child ref
+    -> error (``rd`` deaths); ``unprocessed`` lists the child refs not resolved
+    yet, sorted; ``remaining`` is the ``:dependencies`` counter.
+    """
+
+    processed: dict[str, Any] = field(default_factory=dict)
+    unprocessed: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)
+    ignored: dict[str, str] = field(default_factory=dict)
+    removed: dict[str, str] = field(default_factory=dict)
+    remaining: int = 0
+
+
+class JobSource(Protocol):
+    """What a ``Job`` asks of the ``EchoMQ`` that read it (its lazy parent
+    reads and its queue's defaults). ``EchoMQ`` satisfies it; typing ``Job``
+    against it keeps this module below the protocol (cf. huey's BaseStorage)."""
+
+    keys: Any  # a keyspace.Keyspace
+
+    def setting(self, queue: str, name: str) -> int: ...
+    def children_values(self, queue: str, job_id: str) -> dict[str, Any]: ...
+    def dependencies(self, queue: str, job_id: str) -> Dependencies: ...
+    def ignored_failures(self, queue: str, job_id: str) -> dict[str, str]: ...
 
 
 @dataclass
@@ -96,11 +154,11 @@ class Job:
     stalls: int = 0
     lease: str | None = None
     lease_deadline: int | None = None
-    _mq: EchoMQ | None = field(default=None, repr=False, compare=False)
+    _mq: JobSource | None = field(default=None, repr=False, compare=False)
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
-    def from_row(cls, queue: str, job_id: str, row: dict, mq: EchoMQ | None = None) -> Job:
+    def from_row(cls, queue: str, job_id: str, row: dict, mq: JobSource | None = None) -> Job:
         """Build a Job from an HGETALL reply (bytes or str keys and values).
         A row without max_attempts / backoff_ms gets the queue's settings."""
         r = {_text(k): v for k, v in row.items()}
@@ -128,7 +186,7 @@ class Job:
         )
 
     @classmethod
-    def from_claim(cls, queue: str, values: list, deadline: int, mq: EchoMQ) -> Job:
+    def from_claim(cls, queue: str, values: list, deadline: int, mq: JobSource) -> Job:
         """Build an active Job from one 11-value group of ``claim``'s reply."""
         (
             job_id,
@@ -167,7 +225,7 @@ class Job:
         """The job's child ref: its full job key (DESIGN §3)."""
         return self._require_mq().keys.job(self.queue, self.id)
 
-    def _require_mq(self) -> EchoMQ:
+    def _require_mq(self) -> JobSource:
         if self._mq is None:
             raise RuntimeError("this Job is not bound to an EchoMQ; read it with get_job()")
         return self._mq
@@ -215,14 +273,19 @@ class Outcome:
     def from_reply(cls, reply: Any, parse) -> Outcome:
         """Decode a script's ``cjson.encode(OUT)`` reply; ``parse`` maps a
         ``P:{q}:<id>`` string to ``(queue, id)``."""
-        data = json.loads(reply)
+        return cls.from_data(json.loads(reply), parse)
+
+    @classmethod
+    def from_data(cls, data: dict, parse, state: JobState | None = None) -> Outcome:
+        """Decode one decoded reply object (a script's ``OUT``, or one job's
+        entry of ``complete``'s reply); ``state`` stands in when it has none."""
 
         def pairs(name: str) -> list[tuple[str, str]]:
             return [parse(v) for v in data.get(name) or []]
 
-        state = data.get("state")
+        new = data.get("state")
         return cls(
-            state=JobState(state) if state else None,
+            state=JobState(new) if new else state,
             run_at=data.get("run_at"),
             released=pairs("released"),
             dead=pairs("dead"),

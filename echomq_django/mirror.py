@@ -30,6 +30,7 @@ from typing import Any
 from django.db import close_old_connections, connection, transaction
 from django.utils import timezone
 
+from .conf import config
 from .jobs import STATE_INDEX, Job, JobState, _text
 from .models import TEXT_LIMIT, MirroredJob, MirroredQueue
 
@@ -343,8 +344,6 @@ def mirror_queues(mq, queues, full: bool = False, max_events: int | None = None)
 def known_queues(extra=()) -> list[str]:
     """The queues of ``ECHOMQ["QUEUES"]``, the ones already mirrored, and
     ``extra``, sorted and without repeats."""
-    from .conf import config
-
     names = set(config().get("QUEUES", {})) | set(extra)
     names |= set(MirroredQueue.objects.values_list("queue", flat=True))
     return sorted(names)

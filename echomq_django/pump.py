@@ -24,44 +24,13 @@ from dataclasses import dataclass, field
 import redis
 
 from . import signals
+from .client import EchoMQ
+from .conf import get_mq
 from .exceptions import SweepLockLost, connection_error
 from .jobs import Outcome
+from .keyspace import validate_queue
 
 log = logging.getLogger("echomq_django.pump")
-
-
-def deliver_entries(mq, entries: list[dict]) -> tuple[list[bool], Outcome]:
-    """Deliver outbox entries (dicts ``{k, c, p, q, pol?, v?}``) to their
-    parents, one ``flow_deliver`` per parent queue, pipelined. Returns a
-    delivered flag per entry (False: parent row gone, or the entry is
-    malformed) and the merged ``Outcome``."""
-    groups: dict[str, list[int]] = {}
-    flags = [False] * len(entries)
-    for i, e in enumerate(entries):
-        try:
-            mq.keys.base(e["q"])
-            mq.keys.job(e["q"], e["p"])
-        except (KeyError, TypeError, ValueError):
-            continue
-        groups.setdefault(e["q"], []).append(i)
-    calls = []
-    for queue, idx in groups.items():
-        k = mq.keys
-        args: list = [queue, k.base(queue), mq.clock()]
-        for i in idx:
-            e = entries[i]
-            args += [e["k"], e["c"], e["p"], e.get("pol") or "fp", e.get("v") or ""]
-        calls.append(
-            ("flow_deliver", [k.queue_key(queue, "pending"), k.queue_key(queue, "awaiting")], args)
-        )
-    outcome = Outcome()
-    for (_queue, idx), reply in zip(groups.items(), mq.scripts.run_many(calls), strict=False):
-        if isinstance(reply, Exception):
-            raise reply
-        outcome.merge(mq._outcome(reply))
-        for i, ok in zip(idx, json.loads(reply)["delivered"], strict=False):
-            flags[i] = bool(ok)
-    return flags, outcome
 
 
 @dataclass
@@ -83,7 +52,7 @@ class SweepReport:
 
 
 def deliver_outbox(
-    mq,
+    mq: EchoMQ,
     queue: str,
     batch: int = 500,
     lock_ms: int = 30000,
@@ -96,16 +65,13 @@ def deliver_outbox(
     when another pump holds the sweep lock of this queue. ``before_trim(queue,
     actions)`` runs between delivery and trim: the kill point tests use it."""
     report = report or SweepReport()
-    k, client = mq.keys, mq.client
-    outbox = k.queue_key(queue, "flow:outbox")
-    tries_key = k.queue_key(queue, "flow:tries")
-    lock = client.lock(k.queue_key(queue, "pump:lock"), timeout=lock_ms / 1000, blocking=False)
+    lock = mq.outbox_lock(queue, lock_ms)
     if not lock.acquire():
         report.locked = True
         return report
     try:
         while True:
-            raw = client.lrange(outbox, 0, batch - 1)
+            raw = mq.outbox_head(queue, batch)
             if not raw:
                 break
             entries = []
@@ -114,7 +80,7 @@ def deliver_outbox(
                     entries.append(json.loads(item))
                 except ValueError:
                     entries.append({})
-            flags, outcome = deliver_entries(mq, entries)
+            flags, outcome = mq.deliver(entries)
             report.outcome.merge(outcome)
             actions, read = [], []
             for item, entry, ok in zip(raw, entries, flags, strict=False):
@@ -122,7 +88,7 @@ def deliver_outbox(
                 if ok:
                     actions.append("ok")
                     continue
-                tries = client.hincrby(tries_key, item, 1)
+                tries = mq.count_delivery(queue, item)
                 if tries < max_tries:
                     read.pop()
                     break
@@ -131,25 +97,13 @@ def deliver_outbox(
                     if entry
                     else "malformed entry"
                 )
-                client.hdel(tries_key, item)
+                mq.forget_deliveries(queue, item)
             if before_trim is not None:
                 before_trim(queue, actions)
             removed = 0
             if actions:
                 try:
-                    removed = mq.scripts.run(
-                        "outbox_trim",
-                        [
-                            outbox,
-                            k.queue_key(queue, "pump:lock"),
-                            k.queue_key(queue, "flow:deadletter"),
-                        ],
-                        [
-                            lock.local.token,
-                            mq.clock(),
-                            *(v for pair in zip(read, actions, strict=False) for v in pair),
-                        ],
-                    )
+                    removed = mq.trim_outbox(queue, lock.local.token, read, actions)
                 except SweepLockLost:
                     # our lock expired mid-sweep and another pump may be trimming:
                     # leave the outbox to it; what we delivered is re-delivered as no-ops
@@ -192,7 +146,7 @@ class Pump:
     def __init__(
         self,
         queues: list[str],
-        mq=None,
+        mq: EchoMQ | None = None,
         *,
         batch: int = 500,
         lock_ms: int = 30000,
@@ -201,12 +155,8 @@ class Pump:
         after_sweep=None,
         before_trim=None,
     ) -> None:
-        if mq is None:
-            from .conf import get_mq
-
-            mq = get_mq()
-        self.mq = mq
-        self.queues = [q for q in queues if mq.keys.base(q)]
+        self.mq = mq if mq is not None else get_mq()
+        self.queues = [validate_queue(q) for q in queues]
         if not self.queues:
             raise ValueError("a pump needs at least one queue")
         self.batch, self.lock_ms, self.max_tries = batch, lock_ms, max_tries

@@ -7,51 +7,15 @@ empty results (not an error) for a job that is not a parent.
 
 from __future__ import annotations
 
-import functools
 import json
-from dataclasses import dataclass, field
 from typing import Any
 
-import redis
-
-from .exceptions import JobNotFound, connection_error
-from .jobs import STATE_INDEX, Job, JobState, _text
-
-
-@dataclass
-class Dependencies:
-    """A parent's children by how they resolved (DESIGN §7).
-
-    ``processed`` maps child ref -> result; ``failed`` and ``ignored`` map
-    child ref -> error (``fp`` and ``id`` deaths); ``removed`` maps child ref
-    -> error (``rd`` deaths); ``unprocessed`` lists the child refs not resolved
-    yet, sorted; ``remaining`` is the ``:dependencies`` counter.
-    """
-
-    processed: dict[str, Any] = field(default_factory=dict)
-    unprocessed: list[str] = field(default_factory=list)
-    failed: dict[str, str] = field(default_factory=dict)
-    ignored: dict[str, str] = field(default_factory=dict)
-    removed: dict[str, str] = field(default_factory=dict)
-    remaining: int = 0
+from .exceptions import JobNotFound, reports_redis_down
+from .jobs import STATE_INDEX, Dependencies, Job, JobState, _text
 
 
 def _texts(mapping: dict) -> dict[str, str]:
     return {_text(k): _text(v) for k, v in mapping.items()}
-
-
-def reports_redis_down(method):
-    """Turn redis-py's connection errors into ``RedisUnavailable`` naming the
-    address the client tried."""
-
-    @functools.wraps(method)
-    def wrapper(self, *args, **kwargs):
-        try:
-            return method(self, *args, **kwargs)
-        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as err:
-            raise connection_error(self.client, err) from err
-
-    return wrapper
 
 
 class Reads:
@@ -201,6 +165,12 @@ class Reads:
         if JobState(state) is JobState.PENDING:
             return [_text(v) for v in self.client.lrange(key, start, end)]
         return [_text(v) for v in self.client.zrange(key, start, end)]
+
+    def outbox_head(self, queue: str, count: int) -> list:
+        """The first ``count`` entries of ``queue``'s outbox, raw (bytes or
+        str, as the client decodes), not removed: the pump delivers them, then
+        ``trim_outbox`` removes what was delivered."""
+        return self.client.lrange(self.keys.queue_key(queue, "flow:outbox"), 0, count - 1)
 
     @reports_redis_down
     def deadletters(self, queue: str, start: int = 0, end: int = -1) -> list[dict]:

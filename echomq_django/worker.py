@@ -74,6 +74,8 @@ import redis
 from django.db import close_old_connections
 
 from . import signals
+from .client import EchoMQ
+from .conf import get_mq
 from .exceptions import (
     JobNotActive,
     JobNotFound,
@@ -166,7 +168,7 @@ class Worker:
         self,
         queues: list[str],
         concurrency: int = 1,
-        mq=None,
+        mq: EchoMQ | None = None,
         *,
         batch: int | None = None,
         lease_ms: int | None = None,
@@ -174,11 +176,7 @@ class Worker:
         shutdown_timeout: float = 30.0,
         poll_interval: float = 0.2,
     ) -> None:
-        if mq is None:
-            from .conf import get_mq
-
-            mq = get_mq()
-        self.mq = mq
+        mq = self.mq = mq if mq is not None else get_mq()
         self.queues = [validate_queue(q) for q in dict.fromkeys(queues)]
         if not self.queues:
             raise ValueError("a worker needs at least one queue")

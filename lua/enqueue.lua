@@ -1,9 +1,11 @@
 --[[
-  enqueue: gate the id, write one job row, push it pending (or delayed).
-  DESIGN §5 `enqueue`; §4 states.
+  enqueue: gate the id, write one job row, push it pending (or delayed) and
+  wake the queue's workers (lib/claimable.lua). DESIGN §5 `enqueue`; §4
+  states; §10.1 wake-ups.
 
   KEYS[1] job row              P:{q}:job:<id> (hash)
-  KEYS[2] pending list         P:{q}:pending
+  KEYS[2] pending list         P:{q}:pending (its P:{q}: is the queue's key
+                               prefix: the wake key is built from it)
   KEYS[3] delayed zset         P:{q}:delayed (score: run-at, ms)
   KEYS[4] events stream        P:{q}:events
 
@@ -20,7 +22,9 @@
            call, same name, payload and now, answers the state it wrote)
   errors:  EMQDUP <queue> <id> <state>  the id is taken; nothing is written
 ]]
-local row, pending, delayed = KEYS[1], KEYS[2], KEYS[3]
+local row, pending = KEYS[1], KEYS[2]
+-- @include lib/claimable.lua
+local base = pending:sub(1, #pending - #'pending')
 local queue, id = ARGV[1], ARGV[2]
 local now, delay = tonumber(ARGV[7]), tonumber(ARGV[8])
 
@@ -49,9 +53,9 @@ if ARGV[6] ~= '' then
 end
 redis.call('HSET', row, unpack(fields))
 if state == 'delayed' then
-  redis.call('ZADD', delayed, now + delay, id)
+  make_delayed(base, id, now + delay)
 else
-  redis.call('RPUSH', pending, id)
+  make_claimable(base, {id})
 end
 redis.call('XADD', KEYS[4], 'MAXLEN', '~', 10000, '*', 'e', 'added', 'id', id)
 return state

@@ -20,7 +20,6 @@ from echomq_django import (
     LeaseLost,
     PayloadError,
 )
-from echomq_django.pump import deliver_entries
 from echomq_django.scripts import Scripts
 from tests import jobkit
 from tests.jobkit import (
@@ -321,7 +320,7 @@ def test_redelivered_completion_is_a_no_op(tmq) -> None:
     tmq.add_flow(node("p", [leaf("c1")]))
     complete(tmq, "c1", 1)
     entry = {"k": "done", "c": ref(tmq, "c1"), "p": "p", "q": "q", "v": "99"}
-    flags, outcome = deliver_entries(tmq, [entry, entry])
+    flags, outcome = tmq.deliver([entry, entry])
     assert (flags, outcome.released) == ([True, True], [])
     assert (counter(tmq, "q", "p"), events(tmq, "q", "released")) == (0, ["p"])
     assert hash_of(tmq, ref(tmq, "p") + ":processed") == {ref(tmq, "c1"): "1"}

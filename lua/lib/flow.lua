@@ -16,6 +16,8 @@
   parent on another slot is never touched: an outbox entry is pushed instead.
 
   The including script defines `QUEUE` (its queue name) before the include.
+  A job becomes claimable, and an entry lands on the outbox, only through
+  lib/claimable.lua (included here), which also wakes the workers / pump.
 
   Results are collected in OUT: released, dead, flow_failed and revived hold
   `P:{q}:<id>` strings (queue key prefix + id), reattach the outbox entries a
@@ -23,6 +25,8 @@
   returns cjson.encode(OUT).
 ]]
 -- @include lib/events.lua
+
+-- @include lib/claimable.lua
 
 local OUT = {released = {}, dead = {}, flow_failed = {}, revived = {}, reattach = {}, outbox = 0}
 local EVENTS_MAXLEN = 10000
@@ -49,6 +53,41 @@ local function already_resolved(pkey, ref)
       or redis.call('HEXISTS', pkey .. ':removed', ref) == 1
 end
 
+-- A key freed when its job finishes (dedup_key, DESIGN §10.3): only while it
+-- still names this job (after a ttl it may name a newer one).
+local function free_dedup(base, key, id)
+  if key and redis.call('GET', base .. 'dedup:' .. key) == id then
+    redis.call('DEL', base .. 'dedup:' .. key)
+  end
+end
+
+-- Release a held parent (awaiting_children -> pending) once; a parent with a
+-- `delay_until` still in the future goes to delayed instead (a delayed parent
+-- waits for its children and its delay, DESIGN §10.3). A dead parent is never
+-- released.
+local function release(base, pid, now)
+  local pkey = job_key(base, pid)
+  local f = redis.call('HMGET', pkey, 'state', 'delay_until', 'children_deadline')
+  if f[1] ~= 'awaiting_children' then
+    return
+  end
+  redis.call('ZREM', base .. 'awaiting', pid)
+  if f[3] then
+    redis.call('ZREM', base .. 'deadlines', pid)
+  end
+  local at = tonumber(f[2] or '0')
+  if at > now then
+    redis.call('HSET', pkey, 'state', 'delayed', 'updated_at', now)
+    make_delayed(base, pid, at)
+  else
+    redis.call('HSET', pkey, 'state', 'pending', 'updated_at', now)
+    make_claimable(base, {pid})
+  end
+  emit(base, 'released', pid)
+  signal_event(base, 'released', pid)
+  OUT.released[#OUT.released + 1] = base .. pid
+end
+
 -- Decrement the parent's counter (never below zero) and release it when it
 -- reaches zero while still awaiting_children: a dead parent is never released.
 local function decrement_and_maybe_release(base, pid, now)
@@ -57,13 +96,8 @@ local function decrement_and_maybe_release(base, pid, now)
   if left > 0 then
     left = redis.call('DECR', pkey .. ':dependencies')
   end
-  if left <= 0 and redis.call('HGET', pkey, 'state') == 'awaiting_children' then
-    redis.call('HSET', pkey, 'state', 'pending', 'updated_at', now)
-    redis.call('ZREM', base .. 'awaiting', pid)
-    redis.call('RPUSH', base .. 'pending', pid)
-    emit(base, 'released', pid)
-    signal_event(base, 'released', pid)
-    OUT.released[#OUT.released + 1] = base .. pid
+  if left <= 0 then
+    release(base, pid, now)
   end
 end
 
@@ -93,7 +127,7 @@ local function reattach_up(base, id, now)
       end
     end
     local entry = cjson.encode({k = 'reattach', c = ref, p = parent[1], q = parent[2]})
-    redis.call('RPUSH', base .. 'flow:outbox', entry)
+    push_outbox(base, entry)
     OUT.outbox = OUT.outbox + 1
     OUT.reattach[#OUT.reattach + 1] = entry
   end
@@ -144,10 +178,12 @@ end
 -- parent: on this slot directly, on another slot through this queue's outbox.
 local function kill(base, id, err, now)
   local key = job_key(base, id)
-  local state = redis.call('HGET', key, 'state')
+  local f = redis.call('HMGET', key, 'state', 'dedup')
+  local state = f[1]
   if state == 'dead' then
     return
   end
+  free_dedup(base, f[2], id)
   if state == 'awaiting_children' then
     redis.call('ZREM', base .. 'awaiting', id)
   elseif state == 'active' then
@@ -169,6 +205,10 @@ end
 --   fp  record in :failed, the parent goes dead (and so on up the tree)
 --   id  record in :unsuccessful, decrement, maybe release
 --   rd  record in :removed (the guard only), decrement, maybe release
+--   cp  record in :failed and release the parent at once
+--       (continue_parent_on_failure, DESIGN §10.3): the counter keeps the
+--       child, so a retry of it can still resolve once, and the parent is
+--       released only this once (release() wants awaiting_children)
 local function fan_in_dead(base, pid, ref, err, policy, now)
   local pkey = job_key(base, pid)
   if redis.call('EXISTS', pkey) == 0 then
@@ -185,6 +225,10 @@ local function fan_in_dead(base, pid, ref, err, policy, now)
     return true
   end
   if redis.call('HSETNX', pkey .. ':failed', ref, err) == 1 then
+    if policy == 'cp' then
+      release(base, pid, now)
+      return true
+    end
     local pstate = redis.call('HGET', pkey, 'state')
     if pstate == 'awaiting_children' then
       OUT.flow_failed[#OUT.flow_failed + 1] = base .. pid
@@ -206,7 +250,7 @@ propagate_death = function(base, id, err, now)
   if (parent[2] or QUEUE) == QUEUE then
     fan_in_dead(base, parent[1], ref, err, policy, now)
   else
-    redis.call('RPUSH', base .. 'flow:outbox',
+    push_outbox(base,
       cjson.encode({k = 'dead', c = ref, p = parent[1], q = parent[2], pol = policy, v = err}))
     OUT.outbox = OUT.outbox + 1
   end
@@ -223,7 +267,7 @@ local function resolve_done(base, id, result, now, parent, parent_queue)
   if (parent_queue or QUEUE) == QUEUE then
     fan_in_done(base, parent, ref, result, now)
   else
-    redis.call('RPUSH', base .. 'flow:outbox',
+    push_outbox(base,
       cjson.encode({k = 'done', c = ref, p = parent, q = parent_queue, v = result}))
     OUT.outbox = OUT.outbox + 1
   end

@@ -70,10 +70,10 @@ def attempts_allowed(queue: str) -> int:
     echomq_django's default). Builds no Redis connection."""
     from django.conf import settings
 
-    from echomq_django.client import DEFAULTS
+    from echomq_django.jobs import QUEUE_DEFAULTS
 
     opts = getattr(settings, "ECHOMQ", {}).get("QUEUES", {}).get(queue) or {}
-    return int(opts.get("MAX_ATTEMPTS", DEFAULTS["MAX_ATTEMPTS"]))
+    return int(opts.get("MAX_ATTEMPTS", QUEUE_DEFAULTS["MAX_ATTEMPTS"]))
 
 
 def _card_and_lines(order: Any) -> tuple[str, list[tuple[str, int, bool]]]:

@@ -17,6 +17,7 @@ from django.core.management.base import BaseCommand, CommandError
 from echomq_django.conf import get_mq
 from echomq_django.exceptions import RedisUnavailable, describe
 from echomq_django.management.commands.runworker import setup_logging
+from echomq_django.mirror import mirror_after_sweep
 from echomq_django.pump import Pump
 
 log = logging.getLogger("echomq_django.pump")
@@ -86,12 +87,7 @@ class Command(BaseCommand):
             ) from None
         hooks = []
         if not opts["no_mirror"]:
-            try:
-                from echomq_django.mirror import mirror_after_sweep
-            except ImportError:
-                pass
-            else:
-                hooks.append(mirror_after_sweep)
+            hooks.append(mirror_after_sweep)
         try:
             pump = Pump(
                 opts["queues"],

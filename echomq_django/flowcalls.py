@@ -1,0 +1,216 @@
+"""The flow half of ``EchoMQ``'s script calls (DESIGN §5, §6): landing a flow
+(``enqueue_flow``), delivering cross-queue outbox entries to their parents
+(``flow_deliver``) and trimming the delivered prefix of an outbox
+(``outbox_trim``), plus the outbox bookkeeping the pump asks for.
+
+``FlowCalls`` is mixed into ``EchoMQ`` (client.py), as ``Reads`` is: these
+are ``EchoMQ`` methods, kept in their own module for size. The pump and
+``EchoMQ.retry`` deliver entries through ``deliver``; nothing else builds
+these scripts' keys or arguments.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+from . import flows as _flows
+from .flows import Flow, FlowRef
+from .jobs import Outcome, to_json
+from .keyspace import validate_id, validate_queue
+
+FLOW_CHUNK = 5000  # nodes per enqueue_flow script: keeps one script well under ~50 ms
+
+
+def opt(value) -> str:
+    """An optional integer as script text: '' means "the queue's setting"."""
+    return "" if value is None else str(int(value))
+
+
+class FlowCalls:
+    """Flow methods of ``EchoMQ``; expects ``self.client``, ``self.keys``,
+    ``self.scripts``, ``self.clock``, ``self.encode``, ``self.flow_chunk``,
+    ``self.fault_hook`` and ``self._outcome``."""
+
+    def _step_call(self, queue: str, nodes: list, mode: str):
+        """One ``enqueue_flow`` call for a step, in the script's flat group
+        format (see its header): nodes that share name, parent, policy and
+        settings share one group header."""
+        k = self.keys
+        flat: list[str] = []
+        for (name, pid, pq, policy, ma, bo, gate), group in itertools.groupby(
+            nodes,
+            key=lambda n: (
+                n.name,
+                n.parent_id,
+                n.parent_queue,
+                n.policy,
+                n.max_attempts,
+                n.backoff_ms,
+                n.gate,
+            ),
+        ):
+            group = list(group)
+            flat += [
+                name,
+                pid,
+                pq,
+                policy,
+                opt(ma),
+                opt(bo),
+                "1" if gate else "0",
+                str(len(group)),
+            ]
+            for n in group:
+                if n.children:
+                    refs = k.refs(n.children)
+                    flat += [n.id, n.payload, str(len(refs)), *refs]
+                else:
+                    flat += [n.id, n.payload, "0"]
+        # one JSON argument: 9+ ARGV per node cost more in redis-py than in Redis
+        return (
+            "enqueue_flow",
+            [k.queue_key(queue, "pending"), k.queue_key(queue, "awaiting")],
+            [queue, k.base(queue), self.clock(), mode, to_json(flat)],
+        )
+
+    def add_flow(self, flow: Flow) -> FlowRef:
+        """Land a flow (a tree of ``Flow`` nodes); returns its ``FlowRef``.
+
+        One queue: one atomic script. Several queues: parent first, one script
+        per (depth, queue) step, stopping at the first error with every parent
+        already landed held (DESIGN §6); adding the same flow again completes
+        it, skipping rows already there. Raises ``FlowError`` (duplicate ids,
+        cycle), ``ValueError`` (names), ``PayloadError``, ``FlowConflict`` (an
+        id taken by another job or flow: nothing written when found before
+        the first write), ``RedisUnavailable``.
+        """
+        return self.add_flows([flow])[0]
+
+    def add_flows(self, flows: list[Flow]) -> list[FlowRef]:
+        """Land several flows. Every flow on a single queue goes in one
+        pipelined round trip (its chunks in order: one slot, one connection);
+        a cross-queue flow lands step by step, parent first. Same errors as
+        ``add_flow``; when a flow takes more than one script, every user-given
+        id is gated by a read-only pass before the first write."""
+        plans = [_flows.plan(f, self.encode) for f in flows]
+        seen: set = set()
+        for nodes in plans:
+            for n in nodes:
+                if n.gate:
+                    if (n.queue, n.id) in seen:
+                        raise _flows.FlowError(
+                            f"job id {n.id!r} in queue {n.queue!r} is in two flows"
+                        )
+                    seen.add((n.queue, n.id))
+        all_steps = [_flows.steps(nodes, self.flow_chunk) for nodes in plans]
+        gated = [any(n.gate for n in nodes) for nodes in plans]
+        checks = [
+            self._step_call(q, ns, "check")
+            for s, g in zip(all_steps, gated, strict=False)
+            if len(s) > 1 and g
+            for q, ns in s
+        ]
+        for reply in self.scripts.run_many(checks):
+            if isinstance(reply, Exception):
+                raise reply
+        # single-queue flows: every chunk of every such flow in one pipeline
+        one_queue = [i for i, nodes in enumerate(plans) if len({n.queue for n in nodes}) == 1]
+        calls = [(i, self._step_call(q, ns, "write")) for i in one_queue for q, ns in all_steps[i]]
+        counts: dict[int, list] = {i: [] for i in range(len(plans))}
+        for (i, _), reply in zip(calls, self.scripts.run_many([c for _, c in calls]), strict=False):
+            if isinstance(reply, Exception):
+                raise reply
+            counts[i].append(reply)
+        for i, step_list in enumerate(all_steps):
+            if i in one_queue:
+                continue
+            for n, (queue, ns) in enumerate(step_list):
+                counts[i].append(self.scripts.run(*self._step_call(queue, ns, "write")))
+                if self.fault_hook:
+                    self.fault_hook(n, queue, ns)
+        refs = []
+        for i, nodes in enumerate(plans):
+            root = nodes[0]
+            refs.append(
+                FlowRef(
+                    queue=root.queue,
+                    parent_id=root.id,
+                    child_ids=[cid for _, cid in root.children],
+                    nodes=[(n.queue, n.id) for n in nodes],
+                    landed=sum(int(c[0]) for c in counts[i]),
+                    skipped=sum(int(c[1]) for c in counts[i]),
+                )
+            )
+        return refs
+
+    # -- the outbox (cross-queue fan-in, DESIGN §6) -------------------------
+    def deliver(self, entries: list[dict]) -> tuple[list[bool], Outcome]:
+        """Deliver outbox entries (dicts ``{k, c, p, q, pol?, v?}``) to their
+        parents, one ``flow_deliver`` per parent queue, pipelined. Returns a
+        delivered flag per entry (False: parent row gone, or the entry is
+        malformed) and the merged ``Outcome``. Raises what a script raises."""
+        groups: dict[str, list[int]] = {}
+        flags = [False] * len(entries)
+        for i, e in enumerate(entries):
+            try:
+                validate_queue(e["q"])
+                validate_id(e["p"])
+            except (KeyError, TypeError, ValueError):
+                continue
+            groups.setdefault(e["q"], []).append(i)
+        calls = []
+        k = self.keys
+        for queue, idx in groups.items():
+            args: list = [queue, k.base(queue), self.clock()]
+            for i in idx:
+                e = entries[i]
+                args += [e["k"], e["c"], e["p"], e.get("pol") or "fp", e.get("v") or ""]
+            calls.append(
+                (
+                    "flow_deliver",
+                    [k.queue_key(queue, "pending"), k.queue_key(queue, "awaiting")],
+                    args,
+                )
+            )
+        outcome = Outcome()
+        for (_queue, idx), reply in zip(groups.items(), self.scripts.run_many(calls), strict=False):
+            if isinstance(reply, Exception):
+                raise reply
+            outcome.merge(self._outcome(reply))
+            for i, ok in zip(idx, json.loads(reply)["delivered"], strict=False):
+                flags[i] = bool(ok)
+        return flags, outcome
+
+    def trim_outbox(self, queue: str, token: str, read: list, actions: list[str]) -> int:
+        """Remove the outbox head the pump read (``read``: the raw entries, in
+        order) once delivered: ``actions[i]`` is ``"ok"`` or the reason that
+        entry goes to the dead-letter list. ``token`` is the sweep lock's.
+        Returns how many entries were removed (0 when the head moved). Raises
+        ``SweepLockLost`` when the lock is no longer ``token``'s."""
+        k = self.keys
+        return self.scripts.run(
+            "outbox_trim",
+            [
+                k.queue_key(queue, "flow:outbox"),
+                k.queue_key(queue, "pump:lock"),
+                k.queue_key(queue, "flow:deadletter"),
+            ],
+            [token, self.clock(), *(v for pair in zip(read, actions, strict=False) for v in pair)],
+        )
+
+    def outbox_lock(self, queue: str, lock_ms: int):
+        """The sweep lock of ``queue``'s outbox, a redis-py ``Lock`` held at
+        most ``lock_ms`` (ms), not acquired yet (``acquire()`` does not block)."""
+        return self.client.lock(
+            self.keys.queue_key(queue, "pump:lock"), timeout=lock_ms / 1000, blocking=False
+        )
+
+    def count_delivery(self, queue: str, entry: bytes | str) -> int:
+        """Count one more failed delivery of an outbox ``entry`` (raw text);
+        returns the count so far."""
+        return self.client.hincrby(self.keys.queue_key(queue, "flow:tries"), entry, 1)
+
+    def forget_deliveries(self, queue: str, entry: bytes | str) -> None:
+        """Drop the failed-delivery count of an outbox ``entry``."""
+        self.client.hdel(self.keys.queue_key(queue, "flow:tries"), entry)
