@@ -6,7 +6,10 @@ Shape::
         "URL": "redis://127.0.0.1:6379/0",  # or "CACHE": "default" (a django-redis alias)
         "CLUSTER": False,                   # True: redis.cluster.RedisCluster from URL
         "PREFIX": "emq",
-        "QUEUES": {"orders": {"MAX_ATTEMPTS": 3, "BACKOFF_MS": 1000, "LEASE_MS": 30000}},
+        "QUEUES": {"orders": {"MAX_ATTEMPTS": 3, "BACKOFF_MS": 1000, "LEASE_MS": 30000,
+                              # retention (DESIGN §10.2): a count, or COUNT / AGE_S
+                              "KEEP_COMPLETED": {"COUNT": 1000, "AGE_S": 86400},
+                              "KEEP_DEAD": {"COUNT": 10000, "AGE_S": 1209600}}},
         "MAX_PAYLOAD_BYTES": 524288,        # bytes of JSON per payload / result
     }
 
@@ -27,6 +30,7 @@ from django.core.exceptions import ImproperlyConfigured
 from .client import EchoMQ
 from .jobs import MAX_PAYLOAD_BYTES
 from .keyspace import validate_prefix, validate_queue
+from .retention import KEEP_HINT, KEEP_KEYS, keep_problems
 
 TOP_KEYS = {"URL", "CACHE", "CLUSTER", "PREFIX", "QUEUES", "MAX_PAYLOAD_BYTES", "OPTIONS"}
 # durable signals (events.py, DESIGN §10.6): key -> (default, lowest allowed, check id)
@@ -36,7 +40,7 @@ SIGNAL_KEYS = {
 }
 TOP_KEYS |= set(SIGNAL_KEYS)
 TOP_KEYS |= {"METRICS"}  # metrics.settings_problems checks it (issue 15)
-QUEUE_KEYS = {"MAX_ATTEMPTS", "BACKOFF_MS", "LEASE_MS"}
+QUEUE_KEYS = {"MAX_ATTEMPTS", "BACKOFF_MS", "LEASE_MS", "KEEP_COMPLETED", "KEEP_DEAD"}
 URL_SCHEMES = ("redis://", "rediss://", "unix://")
 
 _lock = threading.Lock()
@@ -139,6 +143,12 @@ def problems(cfg: dict | None = None) -> list[tuple[str, str, str]]:
             )
             continue
         for key, value in opts.items():
+            if key in KEEP_KEYS:  # retention (DESIGN §10.2): E020-E023
+                out += [
+                    (f"echomq_django.{cid}", f"queue {name!r}: {key} {message}", KEEP_HINT)
+                    for cid, message in keep_problems(value)
+                ]
+                continue
             low = 1 if key == "MAX_ATTEMPTS" else 0
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 out.append(

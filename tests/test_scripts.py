@@ -139,7 +139,11 @@ def drive_every_operation(mq, clock) -> None:
         mq.complete(claim_one(mq, queue), "done")
     Pump(["other"], mq=mq).sweep()  # flow_deliver on {q}, outbox_trim on {other}
     assert_state(mq, "q", "p", "pending")
+    life = jobkit.LifecycleMQ(mq.client, prefix="emq", clock=clock)
+    life.cancel("q", "p")
+    life.remove("q", "p")  # then prune goes on with its subtree
     subscribe(mq, ["q"], ["completed"])
+    mq.enqueue("q", "signalled", None, job_id="s9")
     jobs = mq.claim("q", 10)
     mq.complete_many([(job, "done") for job in jobs])
     assert Dispatcher(["q"], mq=mq).dispatch("q").sent == len(jobs) > 0  # signals_ack

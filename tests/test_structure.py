@@ -38,18 +38,19 @@ REPO = Path(__file__).resolve().parent.parent
 PACKAGE = REPO / "echomq_django"
 
 FLOORS = [
-    ["jobs", "keyspace", "exceptions", "handlers", "signals", "logs", "devserver"],
+    ["jobs", "keyspace", "exceptions", "handlers", "signals", "logs", "devserver", "retention"],
     ["flows", "scripts", "reads", "models"],
-    ["client", "flowcalls"],
+    ["client", "flowcalls", "lifecalls"],
     ["conf"],
     ["api", "checks", "worker", "reporter", "pump", "mirror"],
     ["admin_pages", "apps", "__init__"],
     ["admin", "management", "management.*", "migrations", "migrations.*"],
 ]
-BOTTOM = {"jobs", "keyspace", "exceptions"}  # import nothing of the package
+BOTTOM = {"jobs", "keyspace", "exceptions", "retention"}  # import nothing of the package
 NESTED_ALLOWED = {"apps"}  # AppConfig.ready() imports checks and handlers
 
-PROTOCOL = {"client", "flowcalls"}  # EchoMQ: the only callers of scripts.run / run_many
+# EchoMQ and its mixins: the only callers of scripts.run / run_many
+PROTOCOL = {"client", "flowcalls", "lifecalls"}
 RAW_SCRIPT_TESTS = {  # (file, test) that drive raw script calls on purpose
     ("tests/test_replays.py", "test_a_replayed_retry_reports_success_and_retries_once"),
     ("tests/test_replays.py", "test_a_replayed_claim_returns_the_same_jobs"),
