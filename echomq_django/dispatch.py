@@ -22,7 +22,8 @@ from asgiref.sync import async_to_sync, iscoroutinefunction
 from django.db import close_old_connections
 
 from . import signals
-from .events import DEADLETTER_MAX, SIGNAL_OF, Event, subscribe
+from .conf import get_mq, signal_settings
+from .events import SIGNAL_OF, Event
 
 log = logging.getLogger("echomq_django.events")
 
@@ -55,7 +56,8 @@ def _receivers(signal) -> list:
 class Dispatcher:
     """Sends the signals of ``queues``' durable events (DESIGN §10.6).
 
-    ``queues``: queue names; ``mq``: an ``EchoMQ`` (None: from settings);
+    ``queues``: queue names; ``mq``: an ``EchoMQ`` with the ``EventCalls``
+    methods (None: the one from settings);
     ``batch``: events read per round trip; ``tries``: sends to a receiver
     that raises before the event is dead-lettered (default ``ECHOMQ
     ["SIGNAL_TRIES"]``, 3); ``backoff_ms`` (ms): wait before the second try,
@@ -79,17 +81,11 @@ class Dispatcher:
         block_ms: int = 1000,
         before_ack=None,
     ) -> None:
-        if mq is None:
-            from .conf import get_mq
-
-            mq = get_mq()
+        mq = get_mq() if mq is None else mq
         if tries is None or backoff_ms is None:
-            from .conf import signal_settings
-
-            tries = signal_settings()["SIGNAL_TRIES"] if tries is None else tries
-            backoff_ms = (
-                signal_settings()["SIGNAL_BACKOFF_MS"] if backoff_ms is None else backoff_ms
-            )
+            conf = signal_settings()
+            tries = conf["SIGNAL_TRIES"] if tries is None else tries
+            backoff_ms = conf["SIGNAL_BACKOFF_MS"] if backoff_ms is None else backoff_ms
         for name, value, low in (
             ("batch", batch, 1),
             ("tries", tries, 1),
@@ -123,21 +119,14 @@ class Dispatcher:
         ``ConnectionError`` / ``TimeoutError`` when Redis does not answer
         (nothing acked is lost; the unacked events are sent again)."""
         if not self._subscribed:
-            subscribe(self.mq, self.queues)
+            self.mq.subscribe_events(self.queues)
             self._subscribed = True
         report = DispatchReport()
         waiting = self._retry_at.get(queue)
         if waiting and waiting[1] > time.monotonic():
             report.retry_in_ms = int((waiting[1] - time.monotonic()) * 1000) + 1
             return report
-        k, client = self.mq.keys, self.mq.client
-        stream = k.queue_key(queue, "signals")
-        lock = client.lock(
-            k.queue_key(queue, "signals:lock"),
-            timeout=self.lock_ms / 1000,
-            blocking=False,
-            thread_local=False,
-        )
+        lock = self.mq.events_lock(queue, self.lock_ms)
         if not lock.acquire(token=uuid.uuid4().hex):
             report.locked = True
             return report
@@ -145,12 +134,12 @@ class Dispatcher:
         try:
             _close_old_connections()  # receivers may use the database
             while True:
-                raw = client.xrange(stream, count=self.batch)
-                if not raw:
+                events = self.mq.read_events(queue, self.batch)
+                if not events:
                     break
                 acks: list[tuple[str, str]] = []
                 stopped = False
-                for xid, fields in raw:
+                for event in events:
                     if time.monotonic() >= renew_at:
                         try:
                             lock.extend(self.lock_ms / 1000, replace_ttl=True)
@@ -158,7 +147,6 @@ class Dispatcher:
                             report.lock_lost, stopped = True, True
                             break
                         renew_at = time.monotonic() + self.lock_ms / 3000
-                    event = Event.from_entry(queue, xid, fields)
                     action = self._deliver(event, report)
                     if action is None:
                         stopped = True
@@ -167,7 +155,7 @@ class Dispatcher:
                 self._ack(queue, acks)
                 report.sent += sum(1 for _, a in acks if a == "ok")
                 report.deadlettered += sum(1 for _, a in acks if a != "ok")
-                if stopped or len(raw) < self.batch:
+                if stopped or len(events) < self.batch:
                     break
         finally:
             _close_old_connections()
@@ -193,8 +181,7 @@ class Dispatcher:
             self._failing.pop(key, None)
             self._retry_at.pop(event.queue, None)
             return "ok"
-        k = self.mq.keys
-        tries = self.mq.client.hincrby(k.queue_key(event.queue, "signals:tries"), event.xid, 1)
+        tries = self.mq.count_event_try(event.queue, event.xid)
         if tries >= self.tries:
             self._failing.pop(key, None)
             self._retry_at.pop(event.queue, None)
@@ -244,18 +231,7 @@ class Dispatcher:
     def _ack(self, queue: str, acks: list[tuple[str, str]]) -> None:
         if self.before_ack is not None:
             self.before_ack(queue, acks)
-        if not acks:
-            return
-        k = self.mq.keys
-        self.mq.scripts.run(
-            "signals_ack",
-            [
-                k.queue_key(queue, "signals"),
-                k.queue_key(queue, "signals:deadletter"),
-                k.queue_key(queue, "signals:tries"),
-            ],
-            [self.mq.clock(), DEADLETTER_MAX, *(v for pair in acks for v in pair)],
-        )
+        self.mq.ack_events(queue, acks)
 
     # -- threads ----------------------------------------------------------
 
@@ -278,7 +254,6 @@ class Dispatcher:
         self._threads = []
 
     def _serve(self, queue: str) -> None:
-        stream = self.mq.keys.queue_key(queue, "signals")
         pause = 0.5
         while not self._stop.is_set():
             try:
@@ -288,7 +263,7 @@ class Dispatcher:
                 elif report.locked:  # another dispatcher drains it: look again soon
                     self._stop.wait(min(self.lock_ms, self.block_ms) / 1000)
                 elif not report.lock_lost:
-                    self._wait_for_event(stream)
+                    self._wait_for_event(queue)
                 pause = 0.5
             except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as err:
                 log.warning(
@@ -304,11 +279,11 @@ class Dispatcher:
                 self._stop.wait(pause)
                 pause = min(pause * 2, 10.0)
 
-    def _wait_for_event(self, stream: str) -> None:
-        """Block until ``stream`` holds an event (at once when it does), at
-        most ``block_ms``."""
+    def _wait_for_event(self, queue: str) -> None:
+        """Block until ``queue`` has an event (at once when it has), at most
+        ``block_ms``."""
         try:
-            self.mq.client.xread({stream: "0-0"}, count=1, block=self.block_ms)
+            self.mq.wait_for_events(queue, self.block_ms)
         except redis.exceptions.TimeoutError:
             pass  # a client socket timeout shorter than block_ms: look again
 

@@ -21,10 +21,10 @@ cancelled       ``job_cancelled``    ``error``
 ==============  ===================  =============================
 
 Cost rule: a kind is recorded only while it is in ``P:{q}:signals:kinds``;
-``subscribe()`` adds the kinds its process has receivers for, and every
-worker, pump and dispatcher calls it when it starts. A site without receivers
-writes no event; a completion costs an event only when a ``job_completed``
-receiver is connected.
+``EchoMQ.subscribe_events`` adds the kinds its process has receivers for
+(``kinds_connected()``), and every worker, pump and dispatcher calls it when
+it starts. A site without receivers writes no event; a completion costs an
+event only when a ``job_completed`` receiver is connected.
 
 Failures: a receiver that raises is logged (logger ``echomq_django.events``)
 and retried alone (the receivers that returned are not called again by this
@@ -50,6 +50,7 @@ import logging
 from dataclasses import dataclass
 
 from . import signals
+from .jobs import _text
 
 log = logging.getLogger("echomq_django.events")
 
@@ -70,21 +71,6 @@ def kinds_connected() -> list[str]:
     return [kind for kind, name in SIGNAL_OF.items() if getattr(signals, name).receivers]
 
 
-def subscribe(mq, queues: list[str], kinds: list[str] | None = None) -> list[str]:
-    """Record events of ``kinds`` (default: ``kinds_connected()``) for each of
-    ``queues`` from now on: adds them to ``P:{q}:signals:kinds``, one SADD per
-    queue, never removing a kind another process added. Returns the kinds.
-    Raises ``ValueError`` for an unknown kind or a bad queue name."""
-    kinds = kinds_connected() if kinds is None else list(kinds)
-    unknown = sorted(set(kinds) - set(SIGNAL_OF))
-    if unknown:
-        raise ValueError(f"unknown event kinds {unknown}: use {', '.join(SIGNAL_OF)}")
-    if kinds:
-        for queue in queues:
-            mq.client.sadd(mq.keys.queue_key(queue, "signals:kinds"), *kinds)
-    return kinds
-
-
 @dataclass(frozen=True)
 class Event:
     """One durable event as read from ``P:{q}:signals``."""
@@ -103,9 +89,14 @@ class Event:
 
     @classmethod
     def from_entry(cls, queue: str, xid, fields: dict) -> Event:
-        text = {_s(k): _s(v) for k, v in fields.items()}
+        text = {_text(k): _text(v) for k, v in fields.items()}
         return cls(
-            queue, _s(xid), text.get("k", ""), text.get("id", ""), text.get("n", ""), text.get("v")
+            queue,
+            _text(xid),
+            text.get("k", ""),
+            text.get("id", ""),
+            text.get("n", ""),
+            text.get("v"),
         )
 
     def kwargs(self) -> dict:
@@ -121,46 +112,3 @@ class Event:
             out[arg] = self.value
         out["event_id"] = self.event_id
         return out
-
-
-def _s(value) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
-def backlog(mq, queue: str) -> dict:
-    """``{"pending": events not dispatched yet, "deadlettered": events given
-    up on, "oldest_ms": age in ms of the oldest pending event (None when
-    none)}`` for ``queue``; reads only."""
-    k = mq.keys
-    pipe = mq.client.pipeline(transaction=False)
-    pipe.xlen(k.queue_key(queue, "signals"))
-    pipe.llen(k.queue_key(queue, "signals:deadletter"))
-    pipe.xrange(k.queue_key(queue, "signals"), count=1)
-    pending, lettered, first = pipe.execute()
-    oldest = None
-    if first:
-        oldest = max(0, mq.clock() - int(_s(first[0][0]).partition("-")[0]))
-    return {"pending": pending, "deadlettered": lettered, "oldest_ms": oldest}
-
-
-def deadlettered(mq, queue: str, count: int = 100) -> list[dict]:
-    """The newest ``count`` dead-lettered events of ``queue``, newest first,
-    each ``{event_id, kind, job_id, job_name, value, reason, tries, at}``
-    (``at``: ms when it was given up on); reads only."""
-    raw = mq.client.lrange(mq.keys.queue_key(queue, "signals:deadletter"), -count, -1)
-    out = []
-    for item in reversed(raw):
-        e = json.loads(item)
-        out.append(
-            {
-                "event_id": f"{queue}:{e.get('event')}",
-                "kind": e.get("k"),
-                "job_id": e.get("id"),
-                "job_name": e.get("n", ""),
-                "value": e.get("v"),
-                "reason": e.get("reason"),
-                "tries": e.get("tries"),
-                "at": e.get("at"),
-            }
-        )
-    return out

@@ -21,10 +21,15 @@ import os
 import signal as _signal
 import sys
 
-from echomq_django import signals
+from echomq_django import EchoMQ, signals
+from echomq_django.eventcalls import EventCalls
 from echomq_django.events import SIGNAL_OF
 
 NAMES = tuple(SIGNAL_OF.values())
+
+
+class EventMQ(EchoMQ, EventCalls):
+    """``EchoMQ`` with its durable-signal calls (until ``EchoMQ`` mixes them in)."""
 
 
 class Seen:
@@ -93,10 +98,8 @@ def _main(mode: str, url: str, cluster: str, *rest: str) -> None:
     import redis
     from redis.cluster import RedisCluster
 
-    from echomq_django import EchoMQ
-
     client = RedisCluster.from_url(url) if cluster == "1" else redis.Redis.from_url(url)
-    mq = EchoMQ(client, prefix="emq")
+    mq = EventMQ(client, prefix="emq")
     if mode == "dispatch":
         from echomq_django.dispatch import Dispatcher
 

@@ -13,14 +13,20 @@ import pytest
 
 from echomq_django import Flow
 from echomq_django.dispatch import Dispatcher
-from echomq_django.events import SIGNAL_OF, backlog, deadlettered, subscribe
+from echomq_django.events import SIGNAL_OF
 from echomq_django.pump import Pump
 from tests import jobkit
-from tests.eventkit import Raising, Seen, stream
+from tests.eventkit import EventMQ, Raising, Seen, stream
 from tests.jobkit import T0, complete, kill, leaf, node
 
-clock, tmq = jobkit.clock, jobkit.tmq  # fixtures (tests/jobkit.py)
+clock = jobkit.clock  # a fixture (tests/jobkit.py)
 ALL = list(SIGNAL_OF)
+
+
+@pytest.fixture
+def tmq(redis_client, clock) -> EventMQ:
+    """An ``EchoMQ`` with the event calls on the test's rig, time ``clock``."""
+    return EventMQ(redis_client, prefix="emq", clock=clock)
 
 
 @pytest.fixture
@@ -69,7 +75,7 @@ def test_nothing_is_recorded_for_a_queue_nobody_subscribed(tmq):
 
 
 def test_each_transition_records_its_event_in_the_same_script(tmq):
-    assert subscribe(tmq, ["q"], ALL) == ALL
+    assert tmq.subscribe_events(["q"], ALL) == ALL
     tree(tmq)
     transitions(tmq)
     events = stream(tmq)
@@ -78,7 +84,7 @@ def test_each_transition_records_its_event_in_the_same_script(tmq):
 
 
 def test_only_the_subscribed_kinds_are_recorded(tmq):
-    subscribe(tmq, ["q"], ["released", "flow_failed"])
+    tmq.subscribe_events(["q"], ["released", "flow_failed"])
     tree(tmq)
     transitions(tmq)
     assert [e[1:3] for e in stream(tmq)] == [
@@ -90,12 +96,12 @@ def test_only_the_subscribed_kinds_are_recorded(tmq):
 
 def test_subscribe_refuses_an_unknown_kind_and_writes_nothing(tmq):
     with pytest.raises(ValueError, match=r"unknown event kinds \['finished'\]: use completed, "):
-        subscribe(tmq, ["q"], ["completed", "finished"])
+        tmq.subscribe_events(["q"], ["completed", "finished"])
     assert tmq.client.exists(tmq.keys.queue_key("q", "signals:kinds")) == 0
 
 
 def test_a_cross_queue_parent_s_event_lands_on_its_own_queue_when_delivered(tmq):
-    subscribe(tmq, ["p", "c"], ALL)
+    tmq.subscribe_events(["p", "c"], ALL)
     tmq.add_flow(Flow("p", "parent", {}, job_id="P", children=[Flow("c", "kid", {}, job_id="k")]))
     complete(tmq, "k", 7, queue="c")
     assert [e[1:] for e in stream(tmq, "c")] == [("completed", "k", "kid", "7")]
@@ -105,7 +111,7 @@ def test_a_cross_queue_parent_s_event_lands_on_its_own_queue_when_delivered(tmq)
 
 
 def test_dispatch_sends_each_event_once_in_order_with_its_event_id(tmq, seen):
-    subscribe(tmq, ["q"], ALL)
+    tmq.subscribe_events(["q"], ALL)
     tree(tmq)
     transitions(tmq)
     ids = [f"q:{e[0]}" for e in stream(tmq)]
@@ -143,20 +149,20 @@ def test_dispatch_sends_each_event_once_in_order_with_its_event_id(tmq, seen):
 
 
 def test_the_backlog_shows_until_dispatched_and_nothing_trims_it(tmq, clock):
-    subscribe(tmq, ["q"], ALL)
+    tmq.subscribe_events(["q"], ALL)
     tmq.add_flows([Flow("q", "leaf", {}, job_id=f"j{i}") for i in range(300)])
     for job in tmq.claim("q", 300):
         tmq.complete(job, 1)
     first_ms = int(stream(tmq)[0][0].split("-")[0])
     clock.now = first_ms + 2500
-    assert backlog(tmq, "q") == {"pending": 300, "deadlettered": 0, "oldest_ms": 2500}
+    assert tmq.event_backlog("q") == {"pending": 300, "deadlettered": 0, "oldest_ms": 2500}
     report = Dispatcher(["q"], mq=tmq, batch=64).dispatch("q")
     assert report.sent == 300
-    assert backlog(tmq, "q") == {"pending": 0, "deadlettered": 0, "oldest_ms": None}
+    assert tmq.event_backlog("q") == {"pending": 0, "deadlettered": 0, "oldest_ms": None}
 
 
 def test_a_receiver_that_always_raises_is_dead_lettered_after_its_tries(tmq, seen, clock):
-    subscribe(tmq, ["q"], ALL)
+    tmq.subscribe_events(["q"], ALL)
     tmq.add_flows([Flow("q", "leaf", {}, job_id=i) for i in ("a", "b")])
     complete(tmq, "a", 1)
     complete(tmq, "b", 2)
@@ -177,7 +183,7 @@ def test_a_receiver_that_always_raises_is_dead_lettered_after_its_tries(tmq, see
     assert seen.pairs() == [("job_completed", "a"), ("job_completed", "b")]
     assert bad.calls == {"a": 3, "b": 1}
     label = "tests.eventkit.Raising"
-    assert deadlettered(tmq, "q") == [
+    assert tmq.deadlettered_events("q") == [
         {
             "event_id": f"q:{xa}",
             "kind": "completed",
@@ -189,12 +195,12 @@ def test_a_receiver_that_always_raises_is_dead_lettered_after_its_tries(tmq, see
             "at": T0,
         }
     ]
-    assert backlog(tmq, "q") == {"pending": 0, "deadlettered": 1, "oldest_ms": None}
+    assert tmq.event_backlog("q") == {"pending": 0, "deadlettered": 1, "oldest_ms": None}
     assert tmq.client.exists(tmq.keys.queue_key("q", "signals:tries")) == 0
 
 
 def test_a_failing_event_waits_out_its_backoff_and_holds_the_queue(tmq, seen):
-    subscribe(tmq, ["q"], ALL)
+    tmq.subscribe_events(["q"], ALL)
     tmq.add_flows([Flow("q", "leaf", {}, job_id=i) for i in ("a", "b")])
     complete(tmq, "a", 1)
     complete(tmq, "b", 2)
@@ -211,8 +217,8 @@ def test_a_failing_event_waits_out_its_backoff_and_holds_the_queue(tmq, seen):
 
 
 def test_the_dead_letter_keeps_the_newest(tmq, monkeypatch):
-    monkeypatch.setattr("echomq_django.dispatch.DEADLETTER_MAX", 2)
-    subscribe(tmq, ["q"], ALL)
+    monkeypatch.setattr("echomq_django.eventcalls.DEADLETTER_MAX", 2)
+    tmq.subscribe_events(["q"], ALL)
     tmq.add_flows([Flow("q", "leaf", {}, job_id=f"j{i}") for i in range(3)])
     for i in range(3):
         complete(tmq, f"j{i}", i)
@@ -221,11 +227,11 @@ def test_the_dead_letter_keeps_the_newest(tmq, monkeypatch):
         Dispatcher(["q"], mq=tmq, tries=1).dispatch("q")
     finally:
         bad.close()
-    assert [e["job_id"] for e in deadlettered(tmq, "q")] == ["j2", "j1"]
+    assert [e["job_id"] for e in tmq.deadlettered_events("q")] == ["j2", "j1"]
 
 
 def test_two_dispatchers_never_hold_one_queue_at_once(tmq, seen):
-    subscribe(tmq, ["q"], ALL)
+    tmq.subscribe_events(["q"], ALL)
     tmq.add_flows([Flow("q", "leaf", {}, job_id=f"j{i}") for i in range(3)])
     for i in range(3):
         complete(tmq, f"j{i}", i)
@@ -247,7 +253,7 @@ def test_two_dispatchers_never_hold_one_queue_at_once(tmq, seen):
 
 
 def test_a_pass_that_dies_before_its_ack_sends_again_with_the_same_event_ids(tmq, seen):
-    subscribe(tmq, ["q"], ALL)
+    tmq.subscribe_events(["q"], ALL)
     tmq.add_flows([Flow("q", "leaf", {}, job_id=f"j{i}") for i in range(5)])
     for i in range(5):
         complete(tmq, f"j{i}", i)
@@ -266,7 +272,7 @@ def test_a_pass_that_dies_before_its_ack_sends_again_with_the_same_event_ids(tmq
 
 
 def test_start_dispatches_in_the_background_as_events_land(tmq, seen):
-    subscribe(tmq, ["q"], ALL)
+    tmq.subscribe_events(["q"], ALL)
     d = Dispatcher(["q"], mq=tmq, block_ms=200)
     d.start()
     try:

@@ -15,17 +15,22 @@ import pytest
 import redis
 from redis.cluster import RedisCluster
 
-from echomq_django import EchoMQ, Flow, devserver
+from echomq_django import Flow, devserver
 from echomq_django.dispatch import Dispatcher
-from echomq_django.events import SIGNAL_OF, subscribe
+from echomq_django.events import SIGNAL_OF
 from tests import rigs
-from tests.eventkit import Seen, stream
+from tests.eventkit import EventMQ, Seen, stream
 from tests.jobkit import complete, kill, leaf, node
 from tests.workerkit import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 ALL = list(SIGNAL_OF)
 pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture
+def mq(redis_client) -> EventMQ:
+    return EventMQ(redis_client, prefix="emq")
 
 
 @pytest.fixture
@@ -63,7 +68,7 @@ def child(mq, *args: str) -> int:
 
 
 def test_a_worker_killed_right_after_its_transitions_still_gets_its_signals_sent_once(mq, seen):
-    subscribe(mq, ["q"], ALL)
+    mq.subscribe_events(["q"], ALL)
     mq.add_flow(node("p", [leaf("a")]))
     assert child(mq, "worker") == -signal.SIGKILL
     assert mq.get_job("q", "a").state == "completed"
@@ -75,7 +80,7 @@ def test_a_worker_killed_right_after_its_transitions_still_gets_its_signals_sent
 
 
 def test_a_dispatcher_killed_mid_batch_sends_the_rest_after_restart_with_the_same_ids(mq):
-    subscribe(mq, ["q"], ALL)
+    mq.subscribe_events(["q"], ALL)
     mq.add_flows([Flow("q", "leaf", {}, job_id=f"j{i}") for i in range(7)])
     for i in range(7):
         complete(mq, f"j{i}", i)
@@ -142,8 +147,8 @@ def test_no_event_is_lost_when_redis_restarts_from_its_append_only_file(cluster)
                 return RedisCluster(host=rigs.HOST, port=srv.port)
             return redis.Redis(host=rigs.HOST, port=srv.port)
 
-        mq = EchoMQ(connect(), prefix="emq")
-        subscribe(mq, ["q"], ALL)
+        mq = EventMQ(connect(), prefix="emq")
+        mq.subscribe_events(["q"], ALL)
         mq.add_flow(node("p", [leaf("a"), leaf("b", ignore_dependency_on_failure=True)]))
         complete(mq, "a", 1)
         kill(mq, "b", "boom")
@@ -151,7 +156,7 @@ def test_no_event_is_lost_when_redis_restarts_from_its_append_only_file(cluster)
         assert [e[1:3] for e in before] == [("completed", "a"), ("dead", "b"), ("released", "p")]
         mq.client.close()
         srv = _restart(srv)
-        mq = EchoMQ(connect(), prefix="emq")
+        mq = EventMQ(connect(), prefix="emq")
         assert stream(mq) == before
         Dispatcher(["q"], mq=mq).dispatch_all()
         assert seen.pairs() == [("job_completed", "a"), ("job_dead", "b"), ("parent_released", "p")]

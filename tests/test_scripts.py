@@ -12,10 +12,10 @@ from redis.cluster import RedisCluster
 
 from echomq_django import JobState
 from echomq_django.dispatch import Dispatcher
-from echomq_django.events import subscribe
 from echomq_django.pump import Pump
 from echomq_django.scripts import Scripts, load_sources, lua_dir, parse_header
 from tests import jobkit
+from tests.eventkit import EventMQ
 from tests.jobkit import assert_state, claim_one, leaf, node
 
 REPO = Path(__file__).resolve().parent.parent
@@ -142,11 +142,12 @@ def drive_every_operation(mq, clock) -> None:
     life = jobkit.LifecycleMQ(mq.client, prefix="emq", clock=clock)
     life.cancel("q", "p")
     life.remove("q", "p")  # then prune goes on with its subtree
-    subscribe(mq, ["q"], ["completed"])
-    mq.enqueue("q", "signalled", None, job_id="s9")
-    jobs = mq.claim("q", 10)
-    mq.complete_many([(job, "done") for job in jobs])
-    assert Dispatcher(["q"], mq=mq).dispatch("q").sent == len(jobs) > 0  # signals_ack
+    ev = EventMQ(mq.client, prefix="emq", clock=clock)
+    ev.subscribe_events(["q"], ["completed"])
+    ev.enqueue("q", "signalled", None, job_id="s9")
+    jobs = ev.claim("q", 10)
+    ev.complete_many([(job, "done") for job in jobs])
+    assert Dispatcher(["q"], mq=ev).dispatch("q").sent == len(jobs) > 0  # signals_ack
 
 
 def test_python_calls_every_script_as_its_header_declares(tmq, clock, monkeypatch) -> None:

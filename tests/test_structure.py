@@ -38,11 +38,14 @@ REPO = Path(__file__).resolve().parent.parent
 PACKAGE = REPO / "echomq_django"
 
 FLOORS = [
-    ["jobs", "keyspace", "exceptions", "handlers", "signals", "logs", "devserver", "retention"],
+    [
+        *("jobs", "keyspace", "exceptions", "handlers", "signals", "logs", "devserver"),
+        *("retention", "events"),
+    ],
     ["flows", "scripts", "reads", "models"],
-    ["client", "flowcalls", "lifecalls"],
+    ["client", "flowcalls", "lifecalls", "eventcalls"],
     ["conf"],
-    ["api", "checks", "worker", "reporter", "pump", "mirror"],
+    ["api", "checks", "worker", "reporter", "pump", "mirror", "tasks", "dispatch"],
     ["admin_pages", "apps", "__init__"],
     ["admin", "management", "management.*", "migrations", "migrations.*"],
 ]
@@ -50,7 +53,7 @@ BOTTOM = {"jobs", "keyspace", "exceptions", "retention"}  # import nothing of th
 NESTED_ALLOWED = {"apps"}  # AppConfig.ready() imports checks and handlers
 
 # EchoMQ and its mixins: the only callers of scripts.run / run_many
-PROTOCOL = {"client", "flowcalls", "lifecalls"}
+PROTOCOL = {"client", "flowcalls", "lifecalls", "eventcalls"}
 RAW_SCRIPT_TESTS = {  # (file, test) that drive raw script calls on purpose
     ("tests/test_replays.py", "test_a_replayed_retry_reports_success_and_retries_once"),
     ("tests/test_replays.py", "test_a_replayed_claim_returns_the_same_jobs"),
