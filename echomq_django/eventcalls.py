@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 
 from .events import DEADLETTER_MAX, SIGNAL_OF, Event, kinds_connected
-from .jobs import _text
+from .jobs import to_text as _text
 
 
 class EventCalls:
@@ -35,7 +35,7 @@ class EventCalls:
         unknown = sorted(set(kinds) - set(SIGNAL_OF))
         if unknown:
             raise ValueError(f"unknown event kinds {unknown}: use {', '.join(SIGNAL_OF)}")
-        keys = [self.keys.queue_key(q, "signals:kinds") for q in queues]
+        keys = [self.keys.queue(q).signal_kinds for q in queues]
         if kinds:
             for key in keys:
                 self.client.sadd(key, *kinds)
@@ -43,19 +43,19 @@ class EventCalls:
 
     def read_events(self, queue: str, count: int) -> list[Event]:
         """The oldest ``count`` undispatched events of ``queue``, in order."""
-        raw = self.client.xrange(self.keys.queue_key(queue, "signals"), count=count)
+        raw = self.client.xrange(self.keys.queue(queue).signals, count=count)
         return [Event.from_entry(queue, xid, fields) for xid, fields in raw]
 
     def wait_for_events(self, queue: str, block_ms: int) -> None:
         """Block until ``queue`` has an undispatched event (returns at once
         when it has one), at most ``block_ms`` ms."""
-        self.client.xread({self.keys.queue_key(queue, "signals"): "0-0"}, count=1, block=block_ms)
+        self.client.xread({self.keys.queue(queue).signals: "0-0"}, count=1, block=block_ms)
 
     def events_lock(self, queue: str, lock_ms: int):
         """The redis-py ``Lock`` on ``P:{q}:signals:lock`` (``lock_ms`` ms,
         non-blocking, usable from any thread) a dispatch pass holds."""
         return self.client.lock(
-            self.keys.queue_key(queue, "signals:lock"),
+            self.keys.queue(queue).signal_lock,
             timeout=lock_ms / 1000,
             blocking=False,
             thread_local=False,
@@ -63,7 +63,7 @@ class EventCalls:
 
     def count_event_try(self, queue: str, xid: str) -> int:
         """One more send of event ``xid`` raised; returns how many have."""
-        return self.client.hincrby(self.keys.queue_key(queue, "signals:tries"), xid, 1)
+        return self.client.hincrby(self.keys.queue(queue).signal_tries, xid, 1)
 
     def ack_events(self, queue: str, acks: list[tuple[str, str]]) -> int:
         """Remove dispatched events and dead-letter given-up ones, in one
@@ -71,14 +71,10 @@ class EventCalls:
         Returns how many left the stream (a replay removes none)."""
         if not acks:
             return 0
-        k = self.keys
+        k = self.keys.queue(queue)
         return self.scripts.run(
             "signals_ack",
-            [
-                k.queue_key(queue, "signals"),
-                k.queue_key(queue, "signals:deadletter"),
-                k.queue_key(queue, "signals:tries"),
-            ],
+            [k.signals, k.signal_deadletter, k.signal_tries],
             [self.clock(), DEADLETTER_MAX, *(v for pair in acks for v in pair)],
         )
 
@@ -86,11 +82,11 @@ class EventCalls:
         """``{"pending": events not dispatched yet, "deadlettered": events
         given up on, "oldest_ms": age in ms of the oldest pending event (None
         when none)}`` for ``queue``; reads only."""
-        k = self.keys
+        k = self.keys.queue(queue)
         pipe = self.client.pipeline(transaction=False)
-        pipe.xlen(k.queue_key(queue, "signals"))
-        pipe.llen(k.queue_key(queue, "signals:deadletter"))
-        pipe.xrange(k.queue_key(queue, "signals"), count=1)
+        pipe.xlen(k.signals)
+        pipe.llen(k.signal_deadletter)
+        pipe.xrange(k.signals, count=1)
         pending, lettered, first = pipe.execute()
         oldest = None
         if first:
@@ -101,7 +97,7 @@ class EventCalls:
         """The newest ``count`` dead-lettered events of ``queue``, newest
         first, each ``{event_id, kind, job_id, job_name, value, reason, tries,
         at}`` (``at``: ms when it was given up on); reads only."""
-        raw = self.client.lrange(self.keys.queue_key(queue, "signals:deadletter"), -count, -1)
+        raw = self.client.lrange(self.keys.queue(queue).signal_deadletter, -count, -1)
         out = []
         for item in reversed(raw):
             e = json.loads(item)

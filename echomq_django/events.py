@@ -50,7 +50,7 @@ import logging
 from dataclasses import dataclass
 
 from . import signals
-from .jobs import _text
+from .jobs import to_text as _text
 
 log = logging.getLogger("echomq_django.events")
 
