@@ -3,7 +3,7 @@
 Shape::
 
     ECHOMQ = {
-        "URL": "redis://127.0.0.1:6379/0",  # or "CACHE": "default" (a django-redis alias)
+        "URL": "redis://127.0.0.1:6379/0",  # or "CACHE": "default" (a Redis cache alias)
         "CLUSTER": False,                   # True: redis.cluster.RedisCluster from URL
         "PREFIX": "emq",
         "QUEUES": {"orders": {"MAX_ATTEMPTS": 3, "BACKOFF_MS": 1000, "LEASE_MS": 30000,
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import threading
+from importlib.util import find_spec
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
@@ -36,6 +37,7 @@ TOP_KEYS = {"URL", "CACHE", "CLUSTER", "PREFIX", "QUEUES", "MAX_PAYLOAD_BYTES", 
 TOP_KEYS |= {"METRICS"}  # metrics.settings_problems checks it (issue 15)
 QUEUE_KEYS = {"MAX_ATTEMPTS", "BACKOFF_MS", "LEASE_MS", "KEEP_COMPLETED", "KEEP_DEAD"}
 URL_SCHEMES = ("redis://", "rediss://", "unix://")
+DJANGO_REDIS_CACHE = "django.core.cache.backends.redis.RedisCache"
 
 _lock = threading.Lock()
 _mq = None
@@ -76,7 +78,7 @@ def problems(cfg: dict | None = None) -> list[tuple[str, str, str]]:
                 "echomq_django.E001",
                 "ECHOMQ names no Redis connection",
                 "Set ECHOMQ['URL'] = 'redis://host:6379/0', or ECHOMQ['CACHE'] to a "
-                "django-redis cache alias, or the ECHOMQ_URL environment variable.",
+                "Redis cache alias, or the ECHOMQ_URL environment variable.",
             )
         )
     elif url and (not isinstance(url, str) or not url.startswith(URL_SCHEMES)):
@@ -98,12 +100,22 @@ def problems(cfg: dict | None = None) -> list[tuple[str, str, str]]:
                     f"Use one of: {', '.join(caches_cfg) or '(none defined)'}.",
                 )
             )
-        elif "django_redis" not in backend:
+        elif backend != DJANGO_REDIS_CACHE and "django_redis" not in backend:
             out.append(
                 (
                     "echomq_django.E005",
-                    f"cache {alias!r} uses {backend!r}, not django-redis",
-                    "Set its BACKEND to 'django_redis.cache.RedisCache', or use ECHOMQ['URL'].",
+                    f"cache {alias!r} uses {backend!r}, not a Redis cache",
+                    f"Set its BACKEND to {DJANGO_REDIS_CACHE!r} (Django's own) or "
+                    "'django_redis.cache.RedisCache', or use ECHOMQ['URL'].",
+                )
+            )
+        elif "django_redis" in backend and find_spec("django_redis") is None:
+            out.append(
+                (
+                    "echomq_django.E005",
+                    f"cache {alias!r} uses {backend!r}, but django-redis is not installed",
+                    "pip install 'echomq-django[django-redis]', or use Django's own "
+                    f"{DJANGO_REDIS_CACHE!r}.",
                 )
             )
     try:
@@ -157,7 +169,8 @@ def problems(cfg: dict | None = None) -> list[tuple[str, str, str]]:
 
 def build_client(cfg: dict):
     """A redis-py client for the settings: ``RedisCluster`` when CLUSTER is
-    true, else ``redis.Redis``; from the URL, or from the django-redis alias."""
+    true, else ``redis.Redis``; from the URL, or from the cache alias (Django's
+    ``RedisCache`` or django-redis's)."""
     import redis
     from redis.cluster import RedisCluster
 
@@ -170,9 +183,15 @@ def build_client(cfg: dict):
     if url:
         options.setdefault("health_check_interval", 30)
         return redis.Redis.from_url(url, **options)
+    alias = cfg["CACHE"]
+    if getattr(settings, "CACHES", {}).get(alias, {}).get("BACKEND") == DJANGO_REDIS_CACHE:
+        from django.core.cache import caches
+
+        # Django's RedisCache: its client for writes (the first server), on its pool.
+        return caches[alias]._cache.get_client(write=True)
     from django_redis import get_redis_connection
 
-    return get_redis_connection(cfg["CACHE"])
+    return get_redis_connection(alias)
 
 
 def get_mq() -> EchoMQ:
