@@ -51,7 +51,10 @@ FLOORS = [
     ["client", "flowcalls", "lifecalls", "eventcalls"],
     ["conf"],
     ["wake", "registry"],
-    ["api", "worker", "reporter", "pump", "mirror", "stats", "metrics", "tasks", "dispatch"],
+    [
+        *("api", "worker", "reporter", "pump", "mirror", "stats", "metrics", "tasks", "outbox"),
+        *("dispatch",),
+    ],
     ["checks", "admin_pages", "apps", "urls", "templatetags", "templatetags.*", "__init__"],
     ["admin", "management", "management.*", "migrations", "migrations.*"],
 ]
