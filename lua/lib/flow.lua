@@ -24,6 +24,7 @@
   retry emitted, outbox the number of entries pushed. The calling script
   returns cjson.encode(OUT).
 ]]
+-- @include lib/events.lua
 
 -- @include lib/claimable.lua
 
@@ -83,6 +84,7 @@ local function release(base, pid, now)
     make_claimable(base, {pid})
   end
   emit(base, 'released', pid)
+  signal_event(base, 'released', pid)
   OUT.released[#OUT.released + 1] = base .. pid
 end
 
@@ -222,6 +224,7 @@ local function kill(base, id, err, now)
     redis.call('ZADD', base .. 'expire', now + tonumber(f[3]), id)
   end
   emit(base, 'dead', id)
+  signal_event(base, 'dead', id, err)
   OUT.dead[#OUT.dead + 1] = base .. id
   propagate_death(base, id, err, now)
 end
@@ -257,6 +260,7 @@ local function fan_in_dead(base, pid, ref, err, policy, now)
     local pstate = redis.call('HGET', pkey, 'state')
     if pstate == 'awaiting_children' then
       OUT.flow_failed[#OUT.flow_failed + 1] = base .. pid
+      signal_event(base, 'flow_failed', pid, 'failed by child ' .. ref .. ': ' .. err)
       kill(base, pid, 'failed by child ' .. ref .. ': ' .. err, now)
     end
   end
