@@ -343,6 +343,7 @@ def server_problems(cfg: dict | None = None) -> list[tuple[str, str, str]]:
                 "Use a db index the server has, or raise its 'databases' setting.",
             )
         )
+    return out
 
 
 def signal_settings() -> dict[str, int]:
