@@ -34,6 +34,12 @@ from .keyspace import validate_prefix, validate_queue
 from .retention import KEEP_HINT, KEEP_KEYS, keep_problems
 
 TOP_KEYS = {"URL", "CACHE", "CLUSTER", "PREFIX", "QUEUES", "MAX_PAYLOAD_BYTES", "OPTIONS"}
+# durable signals (events.py, DESIGN §10.6): key -> (default, lowest allowed, check id)
+SIGNAL_KEYS = {
+    "SIGNAL_TRIES": (3, 1, "echomq_django.E070"),
+    "SIGNAL_BACKOFF_MS": (500, 0, "echomq_django.E071"),
+}
+TOP_KEYS |= set(SIGNAL_KEYS)
 TOP_KEYS |= {"METRICS"}  # metrics.settings_problems checks it (issue 15)
 QUEUE_KEYS = {"MAX_ATTEMPTS", "BACKOFF_MS", "LEASE_MS", "KEEP_COMPLETED", "KEEP_DEAD"}
 URL_SCHEMES = ("redis://", "rediss://", "unix://")
@@ -164,7 +170,25 @@ def problems(cfg: dict | None = None) -> list[tuple[str, str, str]]:
                         "MAX_ATTEMPTS counts tries; *_MS are ms.",
                     )
                 )
+    for key, (_default, low, cid) in SIGNAL_KEYS.items():
+        value = cfg.get(key, low)
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            out.append(
+                (
+                    cid,
+                    f"ECHOMQ['{key}'] must be an integer >= {low}, got {value!r}",
+                    "SIGNAL_TRIES counts sends to a receiver that raises before the event is "
+                    "dead-lettered; SIGNAL_BACKOFF_MS is the ms before the second, doubling.",
+                )
+            )
     return out
+
+
+def signal_settings() -> dict[str, int]:
+    """``{"SIGNAL_TRIES": n, "SIGNAL_BACKOFF_MS": ms}`` from ``ECHOMQ``, defaults
+    filled in (3 tries, 500 ms); the defaults when Django is not configured."""
+    cfg = config() if settings.configured else {}
+    return {key: cfg.get(key, default) for key, (default, _low, _cid) in SIGNAL_KEYS.items()}
 
 
 def build_client(cfg: dict):

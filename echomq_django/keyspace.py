@@ -75,6 +75,11 @@ QUEUE_KEYS = {
     "gc": "gc",  # list: removed parents whose child refs wait in gc:<seq>:<id> (issue 13)
     "gc_seq": "gc:seq",  # counter: the gc bins (issue 13)
     "cancel": "cancel",  # list: 'id offset' of subtrees still to cancel (issue 13)
+    "signals": "signals",  # stream: durable signal events, removed only by dispatch (issue 18)
+    "signal_kinds": "signals:kinds",  # set: the event kinds recorded (issue 18)
+    "signal_lock": "signals:lock",  # string: a dispatcher's pass over the queue (issue 18)
+    "signal_tries": "signals:tries",  # hash: event id -> sends that raised (issue 18)
+    "signal_deadletter": "signals:deadletter",  # list: events given up on (issue 18)
 }
 # Keys that hold one value of a family: the suffix is this prefix + a name.
 JOB_PREFIX = "job:"  # hash P:{q}:job:<id>: the job row; also the child ref
@@ -127,6 +132,11 @@ class QueueKeys:
     gc: str
     gc_seq: str
     cancel: str
+    signals: str
+    signal_kinds: str
+    signal_lock: str
+    signal_tries: str
+    signal_deadletter: str
 
     def job(self, job_id: str) -> str:
         """``P:{q}:job:<id>``; raises ``ValueError`` for a bad id."""

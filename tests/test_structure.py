@@ -44,12 +44,15 @@ REPO = Path(__file__).resolve().parent.parent
 PACKAGE = REPO / "echomq_django"
 
 FLOORS = [
-    ["jobs", "keyspace", "exceptions", "handlers", "signals", "logs", "devserver", "retention"],
+    [
+        *("jobs", "keyspace", "exceptions", "handlers", "signals", "logs", "devserver"),
+        *("retention", "events"),
+    ],
     ["flows", "scripts", "reads", "models"],
-    ["client", "flowcalls", "lifecalls"],
+    ["client", "flowcalls", "lifecalls", "eventcalls"],
     ["conf"],
     ["wake", "registry", "outage", "pool", "reporter"],
-    ["api", "worker", "pump", "mirror", "stats", "metrics", "tasks"],
+    ["api", "worker", "pump", "mirror", "stats", "metrics", "tasks", "outbox", "dispatch"],
     ["checks", "admin_pages", "apps", "urls", "templatetags", "templatetags.*", "__init__"],
     ["admin", "management", "management.*", "migrations", "migrations.*"],
 ]
@@ -57,7 +60,7 @@ BOTTOM = {"jobs", "keyspace", "exceptions", "retention"}  # import nothing of th
 NESTED_ALLOWED = {"apps"}  # AppConfig.ready() imports checks and handlers
 
 # EchoMQ and its mixins: the only callers of scripts.run / run_many
-PROTOCOL = {"client", "flowcalls", "lifecalls"}
+PROTOCOL = {"client", "flowcalls", "lifecalls", "eventcalls"}
 RAW_SCRIPT_TESTS = {  # (file, test) that drive raw script calls on purpose
     ("tests/test_replays.py", "test_a_replayed_retry_reports_success_and_retries_once"),
     ("tests/test_replays.py", "test_a_replayed_claim_returns_the_same_jobs"),
@@ -66,7 +69,16 @@ RAW_SCRIPT_TESTS = {  # (file, test) that drive raw script calls on purpose
     ("tests/test_scripts.py", "test_noscript_fallback_run_many"),
 }
 # modules that must not call the redis-py client themselves
-THROUGH_ECHOMQ = ["pump", "worker", "reporter", "mirror", "admin", "admin_pages", "management.*"]
+THROUGH_ECHOMQ = [
+    "pump",
+    "worker",
+    "reporter",
+    "dispatch",
+    "mirror",
+    "admin",
+    "admin_pages",
+    "management.*",
+]
 
 
 def module_name(path: Path) -> str:
