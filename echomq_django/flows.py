@@ -21,7 +21,7 @@ from typing import Any
 
 from .exceptions import FlowError
 from .jobs import Policy
-from .keyspace import validate_id, validate_queue, whole_number
+from .keyspace import validate_id, validate_name, validate_queue, whole_number
 
 
 def new_id() -> str:
@@ -109,7 +109,9 @@ def plan(root: Flow, encode) -> list[Node]:
     ``encode(payload) -> str`` serialises a payload (raising ``PayloadError``).
     Raises ``FlowError`` for
     a node that is not a ``Flow``, an id used twice in one queue, or a cycle;
-    ``ValueError`` for a bad queue name or id. Nothing is written here.
+    ``ValueError`` for a bad queue name or id (a bad job name is a
+    ``FlowError``, a ``ValueError`` too). Nothing is written here: every
+    node is checked before the first script runs (issue 17, item 7).
     """
     if not isinstance(root, Flow):
         raise FlowError(f"add_flow takes a Flow, got {type(root).__name__}")
@@ -117,6 +119,7 @@ def plan(root: Flow, encode) -> list[Node]:
     seen: set[tuple[str, str]] = set()
     objects: set[int] = set()
     queues: set[str] = set()  # validated once per queue
+    names: set[str] = set()  # and once per job name
     prefix, counter = id_prefix(), itertools.count()
     level: list[tuple[Flow, Node | None]] = [(root, None)]
     depth = 0
@@ -149,8 +152,13 @@ def plan(root: Flow, encode) -> list[Node]:
                 seen.add((queue, job_id))
             else:
                 job_id = f"{prefix}{next(counter):x}"
-            if type(name) is not str or not name:
-                raise FlowError(f"flow node {queue}/{job_id} needs a job name (the handler)")
+            if name not in names:  # validated once per name: flows share a few
+                if type(name) is not str or not name:
+                    raise FlowError(f"flow node {queue}/{job_id} needs a job name (the handler)")
+                try:
+                    names.add(validate_name(name))
+                except ValueError as err:
+                    raise FlowError(f"flow node {queue}/{job_id}: {err}") from None
             children = flow.children
             if type(children) is not list and not isinstance(children, list | tuple):
                 raise FlowError(
