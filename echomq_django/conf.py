@@ -432,6 +432,7 @@ def get_mq() -> EchoMQ:
                     prefix=cfg.get("PREFIX", "emq"),
                     queues=cfg.get("QUEUES", {}),
                     max_payload_bytes=cfg.get("MAX_PAYLOAD_BYTES", MAX_PAYLOAD_BYTES),
+                    json_encoder=json_encoder(cfg),
                 )
     return _mq
 

@@ -78,6 +78,7 @@ from .handlers import get_handler
 from .jobs import Job
 from .keyspace import validate_queue
 from .outage import REDIS_DOWN, Outage
+from .outbox import Drainer
 from .pool import HandlerPool, error_text, unknown_name_error
 from .reporter import GONE, Finished, Reporter
 
@@ -97,7 +98,10 @@ class Worker:
     for a lease extension (default a sixth of the shortest lease, at least
     50); ``shutdown_timeout`` (s): how long a graceful stop waits for running
     jobs; ``poll_interval`` (s): how long an empty queue rests before it is
-    claimed from again. Raises ``ValueError`` for a bad queue name or number.
+    claimed from again; ``drain_outbox``: push the enqueue outbox's rows to
+    Redis (DESIGN §10.4; ``runworker`` sets it) before the first claim and
+    then every ``outbox_interval_s`` seconds. Raises ``ValueError`` for a bad
+    queue name or number.
 
     After ``run()``: ``processed`` (jobs completed or failed, all runs),
     ``stats`` (``completed``, ``failed`` = will retry, ``dead``, ``lost`` =
@@ -116,8 +120,13 @@ class Worker:
         heartbeat_ms: int | None = None,
         shutdown_timeout: float = 30.0,
         poll_interval: float = 0.2,
+        drain_outbox: bool = False,
+        outbox_interval_s: float = 1.0,
     ) -> None:
         mq = self.mq = mq if mq is not None else get_mq()
+        # the enqueue outbox (DESIGN §10.4): drained before the first claim,
+        # then every outbox_interval_s seconds on a thread of its own
+        self._drainer = Drainer(mq, outbox_interval_s) if drain_outbox else None
         self.queues = [validate_queue(q) for q in dict.fromkeys(queues)]
         if not self.queues:
             raise ValueError("a worker needs at least one queue")
@@ -229,6 +238,9 @@ class Worker:
         ]
         for thread in helpers:
             thread.start()
+        if self._drainer is not None:
+            self._drainer.drain_once()  # a burst run sees what waited at its start
+            self._drainer.start(drain_now=False)
         start = self.processed
         log.info(
             "worker started: queues %s, concurrency %d, lease %s ms",
@@ -239,6 +251,8 @@ class Worker:
         try:
             self._loop(burst, max_jobs)
         finally:
+            if self._drainer is not None:
+                self._drainer.stop()
             self._reporter.close()
             self._halt.set()
             for thread in helpers:  # daemons: one stuck on a dead socket is left behind

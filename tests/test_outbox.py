@@ -191,11 +191,13 @@ def test_two_drainers_push_each_row_once(db, mq):
 
 
 def test_tables_missing_is_seen(db):
-    assert not outbox.tables_missing(db)
+    assert outbox.tables_missing(db) == ""
     with connections[db].schema_editor() as editor:
         editor.delete_model(OutboxEntry)
     try:
-        assert outbox.tables_missing(db)
+        assert outbox.tables_missing(db) == (
+            f"echomq_django's tables are missing from database {db!r}: run ./manage.py migrate"
+        )
     finally:
         with connections[db].schema_editor() as editor:
             editor.create_model(OutboxEntry)

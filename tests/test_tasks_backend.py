@@ -266,8 +266,10 @@ def test_inside_a_transaction_it_waits_for_the_commit(mq, transactional_db):
     with transaction.atomic():
         result = tasks_mod.noop_task.enqueue()
         assert result.enqueued_at is None
-        with pytest.raises(TaskResultDoesNotExist):
-            result.refresh()
+        assert mq.client.keys("*") == []
+        result.refresh()  # read from the outbox row, which this transaction sees
+        assert (result.status, result.enqueued_at) == (TaskResultStatus.READY, None)
+        assert result.task == tasks_mod.noop_task
     result.refresh()
     assert result.status == TaskResultStatus.READY and result.enqueued_at is not None
 

@@ -105,3 +105,12 @@ async def async_orm(job):
     from django.contrib.auth.models import User
 
     return {"users": await User.objects.acount(), "thread": threading.current_thread().name}
+
+
+@handler("t.decimal_total")
+def decimal_total(job):
+    """Returns ``{"total": Decimal}`` of the payload's ``prices`` (strings):
+    a result only Django's JSON encoder takes."""
+    from decimal import Decimal
+
+    return {"total": sum(Decimal(p) for p in job.payload["prices"])}

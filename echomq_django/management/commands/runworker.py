@@ -22,6 +22,7 @@ from django.core.management.base import BaseCommand
 from echomq_django.conf import get_mq
 from echomq_django.exceptions import RedisUnavailable
 from echomq_django.logs import setup_logging
+from echomq_django.outbox import tables_missing
 from echomq_django.worker import Worker
 
 
@@ -85,6 +86,11 @@ class Command(BaseCommand):
             mq.ping()
         except RedisUnavailable as err:
             self._exit(f"runworker: {err}")
+        missing = tables_missing()
+        if missing:
+            logging.getLogger("echomq_django.worker").warning(
+                "runworker: %s; until then the enqueue outbox is not drained", missing
+            )
         try:
             worker = Worker(
                 opts["queues"],
@@ -93,6 +99,7 @@ class Command(BaseCommand):
                 lease_ms=opts["lease_ms"],
                 shutdown_timeout=opts["shutdown_timeout"],
                 poll_interval=opts["poll_interval"],
+                drain_outbox=not missing,
             )
         except ValueError as err:
             self._exit(f"runworker: {err}")
