@@ -28,6 +28,8 @@ from .flowcalls import FLOW_CHUNK, FlowCalls, opt
 from .jobs import MAX_PAYLOAD_BYTES, QUEUE_DEFAULTS, Job, JobState, Outcome, _text, to_json
 from .keyspace import Keyspace, validate_id, validate_queue, whole_number
 from .reads import Reads
+from .schedcalls import SchedulingCalls
+from .scheduling import check_job_options
 from .scripts import Scripts
 
 BACKOFF_CAP_MS = 3_600_000
@@ -39,7 +41,7 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-class EchoMQ(FlowCalls, Reads):
+class EchoMQ(FlowCalls, SchedulingCalls, Reads):
     """The queue over one redis-py client (``redis.Redis`` or ``RedisCluster``).
 
     The only caller of the Lua scripts: each ``lua/*.lua`` has exactly one
@@ -115,12 +117,21 @@ class EchoMQ(FlowCalls, Reads):
         max_attempts: int | None = None,
         backoff_ms: int | None = None,
         delay_ms: int = 0,
+        priority: int = 0,
+        timeout_ms: int | None = None,
+        dedup_key: str | None = None,
+        dedup_ttl_ms: int | None = None,
     ) -> str:
         """Add one job; returns its id (generated when ``job_id`` is None).
 
-        ``delay_ms`` (ms) > 0 holds it in ``delayed`` until due. Raises
-        ``ValueError`` for a bad queue name, id or name, ``PayloadError`` for a
-        bad payload, ``DuplicateJob`` when the id is taken (nothing written),
+        ``delay_ms`` (ms) > 0 holds it in ``delayed`` until due. DESIGN §10.3:
+        ``priority`` (int, higher runs first); ``timeout_ms`` (ms per attempt,
+        default the queue's TIMEOUT_MS); ``dedup_key``: while a job added with
+        the same key is live (not completed, not dead), nothing is written and
+        that job's id is returned; ``dedup_ttl_ms`` (ms) frees the key sooner.
+        Raises ``ValueError`` for a bad queue name, id, name or option
+        (scheduling.py's ranges), ``PayloadError`` for a bad payload,
+        ``DuplicateJob`` when the id is taken (nothing written),
         ``RedisUnavailable`` when Redis cannot be reached. DESIGN §5 `enqueue`.
         """
         validate_queue(queue)
@@ -130,14 +141,16 @@ class EchoMQ(FlowCalls, Reads):
         whole_number("max_attempts", max_attempts, 1, optional=True)
         whole_number("backoff_ms", backoff_ms, 0, optional=True)
         whole_number("delay_ms", delay_ms, 0)
+        check_job_options(priority, delay_ms, timeout_ms, dedup_key, dedup_ttl_ms)
         k = self.keys
-        self.scripts.run(
+        state = self.scripts.run(
             "enqueue",
             [
                 k.job(queue, job_id),
                 k.queue_key(queue, "pending"),
                 k.queue_key(queue, "delayed"),
                 k.queue_key(queue, "events"),
+                k.queue_key(queue, f"dedup:{dedup_key or ''}"),
             ],
             [
                 queue,
@@ -148,9 +161,14 @@ class EchoMQ(FlowCalls, Reads):
                 opt(backoff_ms),
                 self.clock(),
                 int(delay_ms),
+                int(priority),
+                dedup_key or "",
+                opt(dedup_ttl_ms),
+                opt(timeout_ms),
             ],
         )
-        return job_id
+        state = _text(state)
+        return state[6:] if state.startswith("dedup:") else job_id
 
     def claim(self, queue: str, count: int = 1, lease_ms: int | None = None) -> list[Job]:
         """Claim up to ``count`` pending jobs of ``queue`` in one call.

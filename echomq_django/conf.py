@@ -29,7 +29,9 @@ from .jobs import MAX_PAYLOAD_BYTES
 from .keyspace import validate_prefix, validate_queue
 
 TOP_KEYS = {"URL", "CACHE", "CLUSTER", "PREFIX", "QUEUES", "MAX_PAYLOAD_BYTES", "OPTIONS"}
-QUEUE_KEYS = {"MAX_ATTEMPTS", "BACKOFF_MS", "LEASE_MS"}
+TOP_KEYS |= {"SCHEDULE"}  # periodic jobs: schedule.py
+QUEUE_KEYS = {"MAX_ATTEMPTS", "BACKOFF_MS", "LEASE_MS", "RATE_LIMIT", "TIMEOUT_MS"}
+SCHEDULING_KEYS = {"RATE_LIMIT", "TIMEOUT_MS"}  # checked by schedule.problems (E050-E059)
 URL_SCHEMES = ("redis://", "rediss://", "unix://")
 
 _lock = threading.Lock()
@@ -132,6 +134,8 @@ def problems(cfg: dict | None = None) -> list[tuple[str, str, str]]:
             )
             continue
         for key, value in opts.items():
+            if key in SCHEDULING_KEYS:
+                continue
             low = 1 if key == "MAX_ATTEMPTS" else 0
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 out.append(

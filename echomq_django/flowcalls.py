@@ -16,7 +16,7 @@ import json
 
 from . import flows as _flows
 from .flows import Flow, FlowRef
-from .jobs import Outcome, to_json
+from .jobs import Outcome, _text, to_json
 from .keyspace import validate_id, validate_queue
 
 FLOW_CHUNK = 5000  # nodes per enqueue_flow script: keeps one script well under ~50 ms
@@ -38,7 +38,7 @@ class FlowCalls:
         settings share one group header."""
         k = self.keys
         flat: list[str] = []
-        for (name, pid, pq, policy, ma, bo, gate), group in itertools.groupby(
+        for (name, pid, pq, policy, ma, bo, gate, opts), group in itertools.groupby(
             nodes,
             key=lambda n: (
                 n.name,
@@ -48,6 +48,7 @@ class FlowCalls:
                 n.max_attempts,
                 n.backoff_ms,
                 n.gate,
+                n.opts,
             ),
         ):
             group = list(group)
@@ -60,6 +61,7 @@ class FlowCalls:
                 opt(bo),
                 "1" if gate else "0",
                 str(len(group)),
+                opts,
             ]
             for n in group:
                 if n.children:
@@ -140,6 +142,11 @@ class FlowCalls:
                     nodes=[(n.queue, n.id) for n in nodes],
                     landed=sum(int(c[0]) for c in counts[i]),
                     skipped=sum(int(c[1]) for c in counts[i]),
+                    deduplicated={
+                        (q, _text(c[j])): _text(c[j + 1])
+                        for c, (q, _) in zip(counts[i], all_steps[i], strict=True)
+                        for j in range(2, len(c), 2)
+                    },
                 )
             )
         return refs

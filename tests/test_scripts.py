@@ -126,6 +126,18 @@ def drive_every_operation(mq, clock) -> None:
         mq.complete(claim_one(mq, queue), "done")
     Pump(["other"], mq=mq).sweep()  # flow_deliver on {q}, outbox_trim on {other}
     assert_state(mq, "q", "p", "pending")
+    # DESIGN §10.3: pause, flow control, the children timeout, postpone, schedule marks
+    mq.pause("q")
+    mq.resume("q")
+    mq.add_flow(node("f", [leaf("f1"), leaf("f2")], children_timeout_ms=10))
+    mq.remove_child_dependency("q", "f", mq.keys.job("q", "f1"))
+    mq.remove_unprocessed_children("q", "f")
+    mq.add_flow(node("g", [leaf("g1")], children_timeout_ms=10))
+    clock.advance(10)
+    assert mq.expire_children("q")[0] == 1
+    mq.enqueue("q", "later", None, job_id="s3")
+    mq.postpone(mq.claim("q", 1)[0], 5)
+    mq.schedule_mark("q", "tick", 1, "init")
 
 
 def test_python_calls_every_script_as_its_header_declares(tmq, clock, monkeypatch) -> None:

@@ -39,17 +39,18 @@ PACKAGE = REPO / "echomq_django"
 
 FLOORS = [
     ["jobs", "keyspace", "exceptions", "handlers", "signals", "logs", "devserver"],
-    ["flows", "scripts", "reads", "models"],
-    ["client", "flowcalls"],
+    ["flows", "scripts", "reads", "models", "scheduling"],
+    ["client", "flowcalls", "schedcalls"],
     ["conf"],
-    ["api", "checks", "worker", "reporter", "pump", "mirror"],
+    ["api", "checks", "worker", "reporter", "pump", "mirror", "schedule"],
     ["admin_pages", "apps", "__init__"],
     ["admin", "management", "management.*", "migrations", "migrations.*"],
 ]
 BOTTOM = {"jobs", "keyspace", "exceptions"}  # import nothing of the package
 NESTED_ALLOWED = {"apps"}  # AppConfig.ready() imports checks and handlers
 
-PROTOCOL = {"client", "flowcalls"}  # EchoMQ: the only callers of scripts.run / run_many
+# EchoMQ: the only callers of scripts.run / run_many
+PROTOCOL = {"client", "flowcalls", "schedcalls"}
 RAW_SCRIPT_TESTS = {  # (file, test) that drive raw script calls on purpose
     ("tests/test_replays.py", "test_a_replayed_retry_reports_success_and_retries_once"),
     ("tests/test_replays.py", "test_a_replayed_claim_returns_the_same_jobs"),
