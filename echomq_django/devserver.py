@@ -139,7 +139,12 @@ def _wait_for_ping(server: RedisProcess, timeout: float) -> bool:
 
 
 def start_server(
-    *, cluster: bool = False, workdir: Path | None = None, attempts: int = 5, hint: str = ""
+    *,
+    cluster: bool = False,
+    workdir: Path | None = None,
+    attempts: int = 5,
+    hint: str = "",
+    options: dict[str, str] | None = None,
 ) -> RedisProcess:
     """Start one redis-server on a free loopback port and wait for PING.
 
@@ -149,15 +154,18 @@ def start_server(
     Retries on a new port when the server dies at start (a lost port race).
     The server runs in a session of its own, so a Ctrl-C in the terminal
     reaches its owner, which stops it in order. ``hint`` joins the error
-    when redis-server is missing. Raises ``ServerError``.
+    when redis-server is missing. ``options`` override or add redis-server
+    options (``{"cluster-node-timeout": "1000", "appendonly": "yes"}``).
+    Raises ``ServerError``.
     """
     binary = require_binary("redis-server", hint)
+    options_override = dict(options or {})
     last_log = ""
     for _ in range(attempts):
         port = free_port(with_bus=cluster)
         own_dir = workdir is None
         d = Path(tempfile.mkdtemp(prefix=f"emq-redis-{port}-")) if own_dir else workdir
-        options = {
+        config = {
             "port": str(port),
             "bind": HOST,
             "save": "",
@@ -167,12 +175,13 @@ def start_server(
             "logfile": str(d / f"redis-{port}.log"),
         }
         if cluster:
-            options |= {
+            config |= {
                 "cluster-enabled": "yes",
                 "cluster-config-file": str(d / f"nodes-{port}.conf"),
                 "cluster-node-timeout": "5000",
             }
-        args = [binary, *(arg for k, v in options.items() for arg in (f"--{k}", v))]
+        config |= options_override
+        args = [binary, *(arg for k, v in config.items() for arg in (f"--{k}", v))]
         # Config errors are printed before the log file opens, so keep stderr.
         with open(d / f"stderr-{port}.txt", "wb") as err:
             proc = subprocess.Popen(
@@ -191,6 +200,32 @@ def start_server(
     raise ServerError(
         f"redis-server did not start after {attempts} attempts; last log:\n{last_log}"
     )
+
+
+def restart(server: RedisProcess, timeout: float = START_TIMEOUT_S) -> RedisProcess:
+    """Start ``server`` again after it stopped or was killed: same binary,
+    options, port and directory (so an AOF or a cluster config file it wrote
+    is read back). Returns a new ``RedisProcess``; raises ``ServerError`` when
+    it does not answer PING within ``timeout`` seconds (the port taken
+    meanwhile, or a corrupt file)."""
+    if server.proc.poll() is None:
+        raise ServerError(f"redis-server on port {server.port} is still running")
+    _live.discard(server.proc)
+    with open(server.dir / f"stderr-{server.port}.txt", "ab") as err:
+        proc = subprocess.Popen(
+            server.proc.args,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            start_new_session=True,
+        )
+    _live.add(proc)
+    again = RedisProcess(port=server.port, dir=server.dir, proc=proc, own_dir=server.own_dir)
+    if not _wait_for_ping(again, timeout):
+        log = _tail(again.log)
+        again.stop()
+        raise ServerError(f"redis-server on port {server.port} did not restart; last log:\n{log}")
+    return again
 
 
 @atexit.register

@@ -129,23 +129,47 @@ def translate(err: redis.exceptions.ResponseError | str) -> Exception:
     return exc
 
 
+# Errors that say "not now", not "no": the connection dropped, a Cluster is
+# failing over (CLUSTERDOWN, TRYAGAIN, MOVED/ASK while its map heals, a
+# replica that is not promoted yet answering READONLY), a restarted server
+# still LOADING its data. The call may be repeated (every script recognises
+# its own replay), so these become ``RedisUnavailable``: a worker keeps its
+# results and retries, exactly as for a dropped connection (issue 17, item 3).
+# Only a script's own refusals (EMQSTATE, EMQLEASE, EMQNOJOB...) drop work.
+TRANSIENT = (
+    redis.exceptions.ConnectionError,  # BusyLoadingError (LOADING) included
+    redis.exceptions.TimeoutError,
+    redis.exceptions.ClusterDownError,  # CLUSTERDOWN, MASTERDOWN
+    redis.exceptions.TryAgainError,
+    redis.exceptions.ReadOnlyError,
+    redis.exceptions.AskError,  # MovedError included
+    redis.exceptions.SlotNotCoveredError,
+)
+
+
 def reports_redis_down(method):
-    """Decorate a method of an object with a ``client``: redis-py's connection
-    errors become ``RedisUnavailable`` naming the address the client tried."""
+    """Decorate a method of an object with a ``client``: redis-py's transient
+    errors (``TRANSIENT``) become ``RedisUnavailable`` naming the address
+    the client tried."""
 
     @functools.wraps(method)
     def wrapper(self, *args, **kwargs):
         try:
             return method(self, *args, **kwargs)
-        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as err:
+        except TRANSIENT as err:
             raise connection_error(self.client, err) from err
 
     return wrapper
 
 
 def connection_error(client: object, err: Exception) -> RedisUnavailable:
-    """A ``RedisUnavailable`` that says where the client tried to connect."""
-    return RedisUnavailable(f"Redis is unreachable at {describe(client)}: {err}")
+    """A ``RedisUnavailable`` that says where the client tried to connect,
+    and, for an error other than a dropped connection, which one it was."""
+    if isinstance(err, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
+        return RedisUnavailable(f"Redis is unreachable at {describe(client)}: {err}")
+    return RedisUnavailable(
+        f"Redis is unavailable at {describe(client)}: {type(err).__name__}: {err}"
+    )
 
 
 def describe(client: object) -> str:

@@ -29,7 +29,7 @@ class SchedulingCalls:
             self.scripts.run(
                 "set_paused",
                 [k.queue_key(queue, "paused"), k.queue_key(queue, "events")],
-                ["1" if paused else "0", self.clock()],
+                ["1" if paused else "0", self.clock(), k.base(queue)],
             )
         )
 

@@ -2,7 +2,8 @@
 
 DESIGN §5. Each ``lua/<name>.lua`` is one transition; a line
 ``-- @include lib/<file>.lua`` in its body is replaced by that file (shared
-fan-in code). The text is read once per process (``load_sources``); each
+fan-in code; a lib file may include another, each is inlined once). The text
+is read once per process (``load_sources``); each
 client gets redis-py ``Script`` objects, which do EVALSHA with the NOSCRIPT
 fallback, on ``redis.Redis`` and ``redis.cluster.RedisCluster`` alike.
 
@@ -14,17 +15,24 @@ from __future__ import annotations
 
 import functools
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import redis
 from redis.cluster import RedisCluster
+from redis.crc import key_slot
 
-from .exceptions import connection_error, translate
+from .exceptions import TRANSIENT, connection_error, translate
 
 _INCLUDE = re.compile(r"^-- @include (\S+)$", re.MULTILINE)
 _KEYS = re.compile(r"^\s+KEYS\[(\d+)\]\s+(.+)$", re.MULTILINE)
 _ARGV = re.compile(r"^\s+ARGV\[(\d+)(\.\.)?\]\s+(.+)$", re.MULTILINE)
+# Cluster pipelines: sends of the calls a failover interrupted, the slot map
+# refreshed before each resend (a promotion takes the cluster-node-timeout and
+# an election: seconds), and the pause before a resend.
+ROUTE_ATTEMPTS = 3
+ROUTE_PAUSE_S = 0.1
 
 
 def lua_dir() -> Path:
@@ -110,11 +118,24 @@ def load_sources() -> dict[str, Source]:
         name = path.stem
         header, keys, argv, variadic = parse_header(name, raw)
 
-        def include(m: re.Match) -> str:
-            return (folder / m.group(1)).read_text()
-
-        sources[name] = Source(name, _INCLUDE.sub(include, raw), header, keys, argv, variadic)
+        sources[name] = Source(name, inline(folder, raw), header, keys, argv, variadic)
     return sources
+
+
+def inline(folder: Path, raw: str, seen: set[str] | None = None) -> str:
+    """``raw`` with each ``-- @include lib/<file>.lua`` line replaced by that
+    file, itself inlined the same way (lib/flow.lua includes
+    lib/claimable.lua); a file included twice is inlined once, at its first
+    include, so its locals are defined once."""
+    seen = set() if seen is None else seen
+
+    def include(m: re.Match) -> str:
+        if m.group(1) in seen:
+            return ""
+        seen.add(m.group(1))
+        return inline(folder, (folder / m.group(1)).read_text(), seen)
+
+    return _INCLUDE.sub(include, raw)
 
 
 class Scripts:
@@ -144,52 +165,107 @@ class Scripts:
             )
 
     def run(self, name: str, keys: list, args: list):
-        """Run script ``name``; raises the named exception for an ``EMQ`` error."""
+        """Run script ``name``; raises the named exception for an ``EMQ`` error,
+        ``RedisUnavailable`` for a transient one (``exceptions.TRANSIENT``)."""
         self.check_call(name, keys, args)
         try:
             return self._scripts[name](keys=keys, args=args)
+        except TRANSIENT as err:  # before ResponseError: CLUSTERDOWN is one too
+            raise connection_error(self.client, err) from err
         except redis.exceptions.ResponseError as err:
             raise translate(err) from None
-        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as err:
-            raise connection_error(self.client, err) from err
 
     def run_many(self, calls: list[tuple[str, list, list]]) -> list:
         """Pipeline ``calls`` in one round trip (per node on a Cluster).
 
         Returns one reply per call, or the translated exception for a call that
-        failed; the others still ran. NOSCRIPT (a flushed or failed-over node)
-        is handled by reloading and re-running just those calls: a NOSCRIPT
-        call never ran, so re-running it is safe.
+        Redis refused (``EMQ...``); the others still ran. NOSCRIPT (a flushed
+        or failed-over node) is handled by reloading and re-running just those
+        calls: a NOSCRIPT call never ran, so re-running it is safe. Raises
+        ``RedisUnavailable`` when a call could not run for a transient reason
+        (``exceptions.TRANSIENT``: connection, failover, loading) even after
+        the resends below; calls that did run are replays when the caller
+        repeats the batch, which every script recognises.
+
+        On a Cluster each call is routed by the slot of its first key,
+        computed here (all of a script's keys share it, DESIGN §5 rule 1): no
+        ``COMMAND GETKEYS`` round trip to redis-py's default node, which after
+        a failover may be the dead master (issue 17, item 1). Calls that a
+        failover interrupted are re-sent, up to ``ROUTE_ATTEMPTS`` sends, with
+        the slot map refreshed before each.
         """
         if not calls:
             return []
         for name, keys, args in calls:
             self.check_call(name, keys, args)
-        cluster = isinstance(self.client, RedisCluster)
-        if cluster and not self._loaded_for_pipeline:
-            for script in self._scripts.values():
-                script.sha = self.client.script_load(script.script)
-            self._loaded_for_pipeline = True
-        try:
-            pipe = self.client.pipeline(transaction=False)
-            for name, keys, args in calls:
-                script = self._scripts[name]
-                if cluster:
-                    # ClusterPipeline blocks .evalsha(); the raw command routes by KEYS[1]
-                    pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
-                else:
-                    script(keys=keys, args=args, client=pipe)
-            replies = pipe.execute(raise_on_error=False)
-        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as err:
-            raise connection_error(self.client, err) from err
+        if isinstance(self.client, RedisCluster):
+            replies = self._cluster_pipeline(calls)
+        else:
+            try:
+                pipe = self.client.pipeline(transaction=False)
+                for name, keys, args in calls:
+                    self._scripts[name](keys=keys, args=args, client=pipe)
+                replies = pipe.execute(raise_on_error=False)
+            except TRANSIENT as err:
+                raise connection_error(self.client, err) from err
         out = []
-        for (name, keys, args), reply in zip(calls, replies, strict=False):
+        for (name, keys, args), reply in zip(calls, replies, strict=True):
             if isinstance(reply, redis.exceptions.NoScriptError):
                 try:
                     reply = self._scripts[name](keys=keys, args=args)
                 except redis.exceptions.ResponseError as err:
                     reply = err
+                except TRANSIENT as err:
+                    reply = err
+            if isinstance(reply, TRANSIENT):
+                raise connection_error(self.client, reply) from reply
             if isinstance(reply, redis.exceptions.ResponseError):
                 reply = translate(reply)
             out.append(reply)
         return out
+
+    def _cluster_pipeline(self, calls: list[tuple[str, list, list]]) -> list:
+        """Send ``calls`` through a ``ClusterPipeline``, each with its target
+        node computed from its first key's slot; resend those a failover
+        interrupted (see ``run_many``). Returns the raw replies in order
+        (a transient error object for a call that never got through)."""
+        client = self.client
+        if not self._loaded_for_pipeline:
+            for script in self._scripts.values():
+                script.sha = client.script_load(script.script)
+            self._loaded_for_pipeline = True
+        slots = [key_slot(client.encoder.encode(keys[0])) for _, keys, _ in calls]
+        replies: list = [None] * len(calls)
+        todo = list(range(len(calls)))
+        for attempt in range(ROUTE_ATTEMPTS):
+            if attempt:
+                time.sleep(ROUTE_PAUSE_S)
+                try:
+                    client.nodes_manager.initialize()  # the new map, and a live default node
+                except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException):
+                    continue  # the cluster is still failing over: try again after a pause
+            try:
+                pipe = client.pipeline(transaction=False)
+                for i in todo:
+                    name, keys, args = calls[i]
+                    node = client.nodes_manager.get_node_from_slot(slots[i])
+                    # ClusterPipeline blocks .evalsha(): the raw command, to its node
+                    pipe.execute_command(
+                        "EVALSHA",
+                        self._scripts[name].sha,
+                        len(keys),
+                        *keys,
+                        *args,
+                        target_nodes=node,
+                    )
+                got = pipe.execute(raise_on_error=False)
+            except TRANSIENT as err:
+                for i in todo:
+                    replies[i] = err
+                continue
+            for i, reply in zip(todo, got, strict=True):
+                replies[i] = reply
+            todo = [i for i in todo if isinstance(replies[i], TRANSIENT)]
+            if not todo:
+                break
+        return replies

@@ -1,6 +1,9 @@
 --[[
   claim: pop up to K pending ids; each becomes active with a fresh lease token
-  and deadline, its attempt counted. DESIGN §5 `claim`.
+  and deadline, its attempt counted. DESIGN §5 `claim`. Keeps the queue's
+  wake marker true (lib/claimable.lua, DESIGN §10.1): it is put back when
+  jobs are left pending, so the next idle worker wakes too, and removed when
+  this call drained pending, so no worker wakes for nothing.
 
   KEYS[1] pending list         P:{q}:pending
   KEYS[2] active zset          P:{q}:active (score: lease deadline, ms)
@@ -27,12 +30,19 @@ local pending, active = KEYS[1], KEYS[2]
 local base, count, now = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 local deadline = tonumber(now) + tonumber(ARGV[4])
 
+-- @include lib/claimable.lua
+
 local memo = base .. 'claim:' .. ARGV[5]
 local replayed = redis.call('GET', memo)
 if replayed then
   return replayed
 end
 local ids = redis.call('LPOP', pending, count)
+if ids and #ids == count and redis.call('EXISTS', pending) == 1 then
+  wake_workers(base)  -- more is waiting: the next idle worker claims it
+else
+  redis.call('ZREM', base .. 'wake', WAKE_NOW)  -- drained: nothing left to wake for
+end
 if not ids then
   return '[]'
 end

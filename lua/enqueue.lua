@@ -1,9 +1,11 @@
 --[[
-  enqueue: gate the id, write one job row, push it pending (or delayed).
-  DESIGN §5 `enqueue`; §4 states.
+  enqueue: gate the id, write one job row, push it pending (or delayed) and
+  wake the queue's workers (lib/claimable.lua). DESIGN §5 `enqueue`; §4
+  states; §10.1 wake-ups.
 
   KEYS[1] job row              P:{q}:job:<id> (hash)
-  KEYS[2] pending list         P:{q}:pending
+  KEYS[2] pending list         P:{q}:pending (its P:{q}: is the queue's key
+                               prefix: the wake key is built from it)
   KEYS[3] delayed zset         P:{q}:delayed (score: run-at, ms)
   KEYS[4] events stream        P:{q}:events
   KEYS[5] dedup key            P:{q}:dedup:<key> (string: the live job's id;
@@ -29,7 +31,9 @@
            written)
   errors:  EMQDUP <queue> <id> <state>  the id is taken; nothing is written
 ]]
-local row, pending, delayed = KEYS[1], KEYS[2], KEYS[3]
+local row, pending = KEYS[1], KEYS[2]
+-- @include lib/claimable.lua
+local base = pending:sub(1, #pending - #'pending')
 local queue, id = ARGV[1], ARGV[2]
 local now, delay = tonumber(ARGV[7]), tonumber(ARGV[8])
 
@@ -37,7 +41,6 @@ local dedup = ARGV[10]
 if dedup ~= '' then
   local live = redis.call('GET', KEYS[5])
   if live and live ~= id then
-    local base = row:sub(1, #row - #id - 4)  -- P:{q}: (row is P:{q}:job:<id>)
     local st = redis.call('HGET', base .. 'job:' .. live, 'state')
     if st and st ~= 'completed' and st ~= 'dead' then
       return 'dedup:' .. live
@@ -87,9 +90,9 @@ if dedup ~= '' then
 end
 redis.call('HSET', row, unpack(fields))
 if state == 'delayed' then
-  redis.call('ZADD', delayed, now + delay, id)
+  make_delayed(base, id, now + delay)
 else
-  redis.call('RPUSH', pending, id)
+  make_claimable(base, {id})
 end
 redis.call('XADD', KEYS[4], 'MAXLEN', '~', 10000, '*', 'e', 'added', 'id', id)
 return state

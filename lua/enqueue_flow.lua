@@ -1,6 +1,7 @@
 --[[
   enqueue_flow: land the nodes of a flow that live on this queue's slot, in one
-  atomic step. DESIGN §5 `enqueue_flow`, and the per-slot steps of the
+  atomic step; its claimable leaves wake the queue's workers once
+  (lib/claimable.lua, DESIGN §10.1). DESIGN §5 `enqueue_flow`, and the per-slot steps of the
   cross-queue add (§6 `hold_parent`, `enqueue_flow_child`): the host sends
   parents before their children, so a parent is always held (awaiting_children,
   :dependencies = all its children) before any child of it can be claimed.
@@ -47,10 +48,11 @@
   errors:  EMQCONFLICT <queue> <id> <detail>  an id is taken by another job;
            nothing is written
 ]]
-local pending, awaiting = KEYS[1], KEYS[2]
+local awaiting = KEYS[2]
 local QUEUE = ARGV[1]
 -- @include lib/flow.lua
 local queue, base, now, mode = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+-- @include lib/claimable.lua
 local a = cjson.decode(ARGV[5])
 
 local function same_children(kids, from, n)
@@ -178,7 +180,7 @@ while i <= #a do
       if parent ~= '' and pq == queue then
         fan_in_dead(base, parent, base .. 'job:' .. id, why, 'rd', tonumber(now))
       elseif parent ~= '' then
-        redis.call('RPUSH', base .. 'flow:outbox', cjson.encode({k = 'dead',
+        push_outbox(base, cjson.encode({k = 'dead',
           c = base .. 'job:' .. id, p = parent, q = pq, pol = 'rd', v = why}))
       end
     elseif not skip[id] then
@@ -209,13 +211,9 @@ while i <= #a do
           redis.call('ZADD', base .. 'deadlines', now + opts.ct, id)
         end
       elseif delay > 0 then
-        redis.call('ZADD', base .. 'delayed', now + delay, id)
+        make_delayed(base, id, now + delay)
       else
         claimable[#claimable + 1] = id
-        if #claimable == 1000 then
-          redis.call('RPUSH', pending, unpack(claimable))
-          claimable = {}
-        end
       end
       if event or nrefs > 0 then
         redis.call('XADD', base .. 'events', 'MAXLEN', '~', 10000, '*', 'e', 'added', 'id', id)
@@ -224,7 +222,5 @@ while i <= #a do
     i = i + 3 + nrefs
   end
 end
-if #claimable > 0 then
-  redis.call('RPUSH', pending, unpack(claimable))
-end
+make_claimable(base, claimable)  -- pushed in order, one wake-up for the call
 return reply()

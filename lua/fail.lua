@@ -2,7 +2,9 @@
   fail: active -> delayed with exponential backoff while attempts remain
   (straight to pending when the backoff is 0),
   else dead; a dead child resolves its parent by its policy (same queue: here;
-  other queue: a fail entry on this queue's outbox). DESIGN §5 `fail`, §4.
+  other queue: a fail entry on this queue's outbox). A delayed retry announces
+  its run-at on the queue's wake key (lib/claimable.lua), so a blocked worker
+  promotes it on time. DESIGN §5 `fail`, §4, §10.1.
 
   KEYS[1] job row              P:{q}:job:<id>
   KEYS[2] delayed zset         P:{q}:delayed (score: run-at, ms)
@@ -24,7 +26,7 @@
            EMQSTATE <queue> <id> <state>    the job is not active
            EMQLEASE <queue> <id>            the lease token is stale
 ]]
-local row, delayed = KEYS[1], KEYS[2]
+local row = KEYS[1]
 local QUEUE = ARGV[1]
 -- @include lib/flow.lua
 local base, id, token, err = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
@@ -52,12 +54,12 @@ if attempts < max_attempts and ARGV[8] ~= '1' then
   redis.call('ZREM', base .. 'active', id)
   if run_at > now then
     redis.call('HSET', row, 'state', 'delayed', 'error', err, 'updated_at', now)
-    redis.call('ZADD', delayed, run_at, id)
+    make_delayed(base, id, run_at)
     OUT.state = 'delayed'
     OUT.run_at = run_at
   else
     redis.call('HSET', row, 'state', 'pending', 'error', err, 'updated_at', now)
-    redis.call('RPUSH', base .. 'pending', id)
+    make_claimable(base, {id})
     OUT.state = 'pending'
   end
   emit(base, 'failed', id)

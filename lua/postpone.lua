@@ -20,7 +20,9 @@
            EMQLEASE <queue> <id>            the lease token is stale
 ]]
 local row, delayed, active = KEYS[1], KEYS[2], KEYS[3]
+-- @include lib/claimable.lua
 local queue, id, token, now = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
+local base = row:sub(1, #row - #id - 4)  -- P:{q}: (row is P:{q}:job:<id>)
 
 local f = redis.call('HMGET', row, 'state', 'lease', 'attempts')
 if not f[1] then
@@ -39,7 +41,6 @@ local run_at = now + tonumber(ARGV[5])
 redis.call('ZREM', active, id)
 redis.call('HSET', row, 'state', 'delayed', 'updated_at', now,
   'attempts', math.max(0, (tonumber(f[3]) or 1) - 1))
-redis.call('ZADD', delayed, run_at, id)
-local base = row:sub(1, #row - #id - 4)
+make_delayed(base, id, run_at)
 redis.call('XADD', base .. 'events', 'MAXLEN', '~', 10000, '*', 'e', 'postponed', 'id', id)
 return run_at

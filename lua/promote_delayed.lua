@@ -1,6 +1,7 @@
 --[[
   promote_delayed: move due delayed ids (run-at <= now) to pending, oldest
-  first. DESIGN §5 `promote_delayed`.
+  first, and wake the queue's workers (lib/claimable.lua). DESIGN §5
+  `promote_delayed`, §10.1.
 
   KEYS[1] delayed zset         P:{q}:delayed (score: run-at, ms)
   KEYS[2] pending list         P:{q}:pending
@@ -12,18 +13,19 @@
   returns: the number of ids promoted
   errors:  none; an id whose row is gone or no longer delayed is dropped
 ]]
-local delayed, pending = KEYS[1], KEYS[2]
+local delayed = KEYS[1]
 local base, now = ARGV[1], ARGV[2]
+-- @include lib/claimable.lua
 
 local ids = redis.call('ZRANGEBYSCORE', delayed, '-inf', now, 'LIMIT', 0, tonumber(ARGV[3]))
-local moved = 0
+local moved = {}
 for _, id in ipairs(ids) do
   redis.call('ZREM', delayed, id)
   local row = base .. 'job:' .. id
   if redis.call('HGET', row, 'state') == 'delayed' then
     redis.call('HSET', row, 'state', 'pending', 'updated_at', now)
-    redis.call('RPUSH', pending, id)
-    moved = moved + 1
+    moved[#moved + 1] = id
   end
 end
-return moved
+make_claimable(base, moved)
+return #moved

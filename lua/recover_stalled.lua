@@ -1,7 +1,8 @@
 --[[
   recover_stalled: active ids whose lease deadline has passed go back to
   pending; one that has stalled more than the limit dies through the same path
-  as a failure (its parent's policy applies). DESIGN §5 `recover_stalled`.
+  as a failure (its parent's policy applies). Recovered jobs wake the queue's
+  workers (lib/claimable.lua). DESIGN §5 `recover_stalled`, §10.1.
 
   KEYS[1] active zset          P:{q}:active (score: lease deadline, ms)
   KEYS[2] pending list         P:{q}:pending
@@ -15,13 +16,14 @@
   returns: JSON {recovered: n, released, dead, flow_failed, outbox}
   errors:  none
 ]]
-local active, pending = KEYS[1], KEYS[2]
+local active = KEYS[1]
 local QUEUE = ARGV[1]
 -- @include lib/flow.lua
 local base, now, max_stalls = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[5])
 
 local ids = redis.call('ZRANGEBYSCORE', active, '-inf', '(' .. now, 'LIMIT', 0, tonumber(ARGV[4]))
 OUT.recovered = 0
+local back = {}
 for _, id in ipairs(ids) do
   local row = base .. 'job:' .. id
   if redis.call('HGET', row, 'state') ~= 'active' then
@@ -34,10 +36,11 @@ for _, id in ipairs(ids) do
       redis.call('ZREM', active, id)
       redis.call('HDEL', row, 'lease')
       redis.call('HSET', row, 'state', 'pending', 'updated_at', now)
-      redis.call('RPUSH', pending, id)
+      back[#back + 1] = id
       emit(base, 'stalled', id)
       OUT.recovered = OUT.recovered + 1
     end
   end
 end
+make_claimable(base, back)
 return cjson.encode(OUT)

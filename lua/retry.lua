@@ -25,7 +25,7 @@
            very call already retried it: a replay with the same token answers
            as if it had worked)
 ]]
-local row, dead, pending = KEYS[1], KEYS[2], KEYS[3]
+local row, dead = KEYS[1], KEYS[2]
 local QUEUE = ARGV[1]
 -- @include lib/flow.lua
 local base, id, now = ARGV[2], ARGV[3], tonumber(ARGV[4])
@@ -54,7 +54,7 @@ local function retry_job(jid)
     redis.call('HSET', key, 'state', 'pending', 'attempts', 0, 'stalls', 0, 'updated_at', now,
       'retry_token', ARGV[5])
     redis.call('HDEL', key, 'error', 'finished_at', 'result')
-    redis.call('RPUSH', pending, jid)
+    make_claimable(base, {jid})
     emit(base, 'retried', jid)
     OUT.retried[#OUT.retried + 1] = base .. jid
     reattach_up(base, jid, now)

@@ -8,11 +8,13 @@
 
   ARGV[1] '1' pause, '0' resume
   ARGV[2] now (ms)
+  ARGV[3] queue key prefix     P:{q}: (a resume wakes the queue's workers)
 
   returns: 1 when the state changed, 0 when it already was so
   errors:  none
 ]]
 local flag, events = KEYS[1], KEYS[2]
+-- @include lib/claimable.lua
 local changed
 if ARGV[1] == '1' then
   changed = redis.call('SET', flag, ARGV[2], 'NX') and 1 or 0
@@ -22,5 +24,8 @@ end
 if changed == 1 then
   local e = (ARGV[1] == '1') and 'paused' or 'resumed'
   redis.call('XADD', events, 'MAXLEN', '~', 10000, '*', 'e', e, 'id', '')
+  if ARGV[1] ~= '1' then
+    wake_workers(ARGV[3])  -- idle workers slept through the pause: claim now
+  end
 end
 return changed

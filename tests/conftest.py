@@ -8,6 +8,9 @@ Fixtures (STYLE rule 9):
   a test run can fall back to a developer's Redis on 6379.
 - ``redis_cluster`` (session): a ``tests.rigs.Cluster`` with ``ports`` (three
   masters) and ``url`` (first node).
+- ``redis_cluster_ha`` (session, started only by the tests that ask for it):
+  3 masters + 3 replicas, ``cluster-node-timeout`` 1 s, for failover tests
+  (``kill_master``, ``wait_promoted``, ``restart``).
 - ``r``: ``redis.Redis`` on the private server, FLUSHALL before the test.
 - ``rc``: ``RedisCluster`` on the private cluster, FLUSHALL on every master
   before the test.
@@ -34,7 +37,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # Any test that needs the cluster rig (directly or through rc) is a
     # cluster test, so `-m "not cluster"` never starts the cluster.
     for item in items:
-        if "redis_cluster" in getattr(item, "fixturenames", ()):
+        names = getattr(item, "fixturenames", ())
+        if "redis_cluster" in names or "redis_cluster_ha" in names:
             item.add_marker(pytest.mark.cluster)
 
 
@@ -93,6 +97,27 @@ def redis_cluster() -> Iterator[rigs.Cluster]:
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster_ha() -> Iterator[rigs.Cluster]:
+    cluster = _start_or_fail(lambda: rigs.start_cluster(replicas=1))
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def rch(redis_cluster_ha: rigs.Cluster) -> Iterator[RedisCluster]:
+    """``RedisCluster`` on the replica rig, FLUSHALL on every master first."""
+    live = redis_cluster_ha.live()[0]
+    client = RedisCluster(host=rigs.HOST, port=live.port)
+    client.flushall(target_nodes=RedisCluster.PRIMARIES)
+    try:
+        yield client
+    finally:
+        client.close()
 
 
 @pytest.fixture

@@ -24,9 +24,13 @@ from echomq_django.devserver import (
     free_port,
     require_binary,
 )
+from echomq_django.devserver import restart as _restart
 from echomq_django.devserver import start_server as _start_server
 
 CLUSTER_TIMEOUT_S = 30.0
+# The replica rig: a master unreachable for 1 s is failed; any replica may be
+# elected however long ago it last heard from its master (validity factor 0).
+HA_OPTIONS = {"cluster-node-timeout": "1000", "cluster-replica-validity-factor": "0"}
 TEST_HINT = (
     "The test suite starts its own Redis servers; run the README test command, "
     "`bash scripts/test.sh`, which installs redis-server and then runs pytest."
@@ -58,7 +62,9 @@ def start_server(**kwargs) -> RedisProcess:
 
 @dataclass
 class Cluster:
-    """Three cluster-enabled masters on loopback, all slots assigned."""
+    """Cluster-enabled nodes on loopback, all slots assigned: three masters,
+    and with ``start_cluster(replicas=1)`` one replica each (a failover rig:
+    ``kill_master``, ``wait_promoted``, ``restart``)."""
 
     nodes: list[RedisProcess]
     dir: Path
@@ -70,6 +76,58 @@ class Cluster:
     @property
     def url(self) -> str:
         return f"redis://{HOST}:{self.ports[0]}/0"
+
+    def live(self) -> list[RedisProcess]:
+        return [n for n in self.nodes if n.proc.poll() is None]
+
+    def master_port(self, key: str) -> int:
+        """The port of the master serving ``key``'s slot, as a live node sees it."""
+        for node in self.live():
+            c = node.client(socket_timeout=1)
+            try:
+                slot = int(c.execute_command("CLUSTER KEYSLOT", key))
+                for start, end, primary, *_ in c.execute_command("CLUSTER", "SLOTS"):
+                    if int(start) <= slot <= int(end):
+                        return int(primary[1])
+            except redis.RedisError:
+                continue
+            finally:
+                c.close()
+        raise RigError(f"no live node knows the master of {key!r}")
+
+    def kill_master(self, key: str) -> RedisProcess:
+        """SIGKILL the master serving ``key``; returns its (dead) process."""
+        port = self.master_port(key)
+        node = next(n for n in self.nodes if n.port == port)
+        node.proc.kill()
+        node.proc.wait(timeout=5)
+        return node
+
+    def wait_promoted(self, key: str, dead: RedisProcess, timeout: float = CLUSTER_TIMEOUT_S):
+        """Wait until a replica serves ``key`` in place of ``dead`` and every
+        live node reports ``cluster_state:ok``; returns the new master's port."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                port = self.master_port(key)
+            except RigError:
+                port = dead.port
+            if port != dead.port and _cluster_ok(self.live()):
+                return port
+            time.sleep(0.05)
+        raise RigError(f"no replica took over {key!r} from port {dead.port} in {timeout}s")
+
+    def restart(self, dead: RedisProcess) -> RedisProcess:
+        """Start a killed node again (it rejoins as a replica of whoever took
+        its slots) and wait for every node to report ``cluster_state:ok``."""
+        again = _restart(dead)
+        self.nodes[self.nodes.index(dead)] = again
+        deadline = time.monotonic() + CLUSTER_TIMEOUT_S
+        while not (_cluster_ok(self.live()) and _replicas_synced(self.live())):
+            if time.monotonic() > deadline:
+                raise RigError(f"cluster not ok after restarting port {dead.port}")
+            time.sleep(0.05)
+        return again
 
     def stop(self) -> None:
         for node in self.nodes:
@@ -104,11 +162,28 @@ def _cluster_ok(nodes: list[RedisProcess]) -> bool:
     return True
 
 
-def start_cluster(masters: int = 3) -> Cluster:
-    """Start ``masters`` nodes, join them with ``redis-cli --cluster create``.
+def _replicas_synced(nodes: list[RedisProcess]) -> bool:
+    for node in nodes:
+        c = node.client(socket_timeout=1)
+        try:
+            info = c.info("replication")
+            if info["role"] == "slave" and info.get("master_link_status") != "up":
+                return False
+        except redis.RedisError:
+            return False
+        finally:
+            c.close()
+    return True
 
-    Returns once every node reports ``cluster_state:ok``. On any failure all
-    nodes started so far are stopped before the error propagates.
+
+def start_cluster(masters: int = 3, replicas: int = 0) -> Cluster:
+    """Start ``masters`` nodes (and ``replicas`` per master, with a 1 s node
+    timeout so a killed master fails over in a few seconds), join them with
+    ``redis-cli --cluster create``.
+
+    Returns once every node reports ``cluster_state:ok`` (and every replica
+    is in sync). On any failure all nodes started so far are stopped before
+    the error propagates.
     """
     try:
         cli = require_binary("redis-cli", TEST_HINT)
@@ -117,11 +192,20 @@ def start_cluster(masters: int = 3) -> Cluster:
     d = Path(tempfile.mkdtemp(prefix="emq-redis-cluster-"))
     nodes: list[RedisProcess] = []
     try:
-        for _ in range(masters):
-            nodes.append(start_server(cluster=True, workdir=d))
+        options = HA_OPTIONS if replicas else None
+        for _ in range(masters * (1 + replicas)):
+            nodes.append(start_server(cluster=True, workdir=d, options=options))
         addresses = [f"{HOST}:{n.port}" for n in nodes]
         create = subprocess.run(
-            [cli, "--cluster", "create", *addresses, "--cluster-replicas", "0", "--cluster-yes"],
+            [
+                cli,
+                "--cluster",
+                "create",
+                *addresses,
+                "--cluster-replicas",
+                str(replicas),
+                "--cluster-yes",
+            ],
             stdin=subprocess.DEVNULL,
             capture_output=True,
             text=True,
@@ -134,6 +218,10 @@ def start_cluster(masters: int = 3) -> Cluster:
         while not _cluster_ok(nodes):
             if time.monotonic() > deadline:
                 raise RigError("cluster did not reach cluster_state:ok in time")
+            time.sleep(0.1)
+        while replicas and not _replicas_synced(nodes):
+            if time.monotonic() > deadline:
+                raise RigError("cluster replicas did not sync in time")
             time.sleep(0.1)
         return Cluster(nodes=nodes, dir=d)
     except BaseException:

@@ -84,3 +84,23 @@ def test_redis_client_runs_on_both_rigs(request: pytest.FixtureRequest, redis_cl
     assert redis_client.dbsize() == 0
     redis_client.set("{q}probe", "1")
     assert redis_client.get("{q}probe") == b"1"
+
+
+@pytest.mark.e2e
+def test_replica_rig_fails_over_and_heals(
+    redis_cluster_ha: rigs.Cluster, rch: RedisCluster
+) -> None:
+    assert len(redis_cluster_ha.ports) == 6
+    assert len(rch.get_primaries()) == 3  # the other three are their replicas
+    rch.set("{a}x", "1")
+    rch.wait(1, 1000)  # the replica has it before its master dies
+    dead = redis_cluster_ha.kill_master("{a}x")
+    port = redis_cluster_ha.wait_promoted("{a}x", dead)
+    assert port != dead.port
+    promoted = redis.Redis(host=rigs.HOST, port=port)
+    try:
+        assert promoted.get("{a}x") == b"1"
+    finally:
+        promoted.close()
+    redis_cluster_ha.restart(dead)
+    assert len(redis_cluster_ha.live()) == 6

@@ -16,12 +16,16 @@
   parent on another slot is never touched: an outbox entry is pushed instead.
 
   The including script defines `QUEUE` (its queue name) before the include.
+  A job becomes claimable, and an entry lands on the outbox, only through
+  lib/claimable.lua (included here), which also wakes the workers / pump.
 
   Results are collected in OUT: released, dead, flow_failed and revived hold
   `P:{q}:<id>` strings (queue key prefix + id), reattach the outbox entries a
   retry emitted, outbox the number of entries pushed. The calling script
   returns cjson.encode(OUT).
 ]]
+
+-- @include lib/claimable.lua
 
 local OUT = {released = {}, dead = {}, flow_failed = {}, revived = {}, reattach = {}, outbox = 0}
 local EVENTS_MAXLEN = 10000
@@ -73,10 +77,10 @@ local function release(base, pid, now)
   local at = tonumber(f[2] or '0')
   if at > now then
     redis.call('HSET', pkey, 'state', 'delayed', 'updated_at', now)
-    redis.call('ZADD', base .. 'delayed', at, pid)
+    make_delayed(base, pid, at)
   else
     redis.call('HSET', pkey, 'state', 'pending', 'updated_at', now)
-    redis.call('RPUSH', base .. 'pending', pid)
+    make_claimable(base, {pid})
   end
   emit(base, 'released', pid)
   OUT.released[#OUT.released + 1] = base .. pid
@@ -121,7 +125,7 @@ local function reattach_up(base, id, now)
       end
     end
     local entry = cjson.encode({k = 'reattach', c = ref, p = parent[1], q = parent[2]})
-    redis.call('RPUSH', base .. 'flow:outbox', entry)
+    push_outbox(base, entry)
     OUT.outbox = OUT.outbox + 1
     OUT.reattach[#OUT.reattach + 1] = entry
   end
@@ -242,7 +246,7 @@ propagate_death = function(base, id, err, now)
   if (parent[2] or QUEUE) == QUEUE then
     fan_in_dead(base, parent[1], ref, err, policy, now)
   else
-    redis.call('RPUSH', base .. 'flow:outbox',
+    push_outbox(base,
       cjson.encode({k = 'dead', c = ref, p = parent[1], q = parent[2], pol = policy, v = err}))
     OUT.outbox = OUT.outbox + 1
   end
@@ -259,7 +263,7 @@ local function resolve_done(base, id, result, now, parent, parent_queue)
   if (parent_queue or QUEUE) == QUEUE then
     fan_in_done(base, parent, ref, result, now)
   else
-    redis.call('RPUSH', base .. 'flow:outbox',
+    push_outbox(base,
       cjson.encode({k = 'done', c = ref, p = parent, q = parent_queue, v = result}))
     OUT.outbox = OUT.outbox + 1
   end
