@@ -28,3 +28,11 @@ def check_scheduling(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
         checks.Error(msg, hint=hint, id=cid)
         for cid, msg, hint in schedule.problems(cfg, handlers=registered())
     ]
+
+
+@checks.register()
+def check_metrics_settings(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
+    """``ECHOMQ["METRICS"]`` (DESIGN §10.5): ids ``echomq_django.E040``-``E043``."""
+    from .metrics import settings_problems
+
+    return [checks.Error(msg, hint=hint, id=cid) for cid, msg, hint in settings_problems()]

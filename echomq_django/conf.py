@@ -29,6 +29,7 @@ from .jobs import MAX_PAYLOAD_BYTES
 from .keyspace import validate_prefix, validate_queue
 
 TOP_KEYS = {"URL", "CACHE", "CLUSTER", "PREFIX", "QUEUES", "MAX_PAYLOAD_BYTES", "OPTIONS"}
+TOP_KEYS |= {"METRICS"}  # metrics.settings_problems checks it (issue 15)
 TOP_KEYS |= {"SCHEDULE"}  # periodic jobs: schedule.py
 QUEUE_KEYS = {"MAX_ATTEMPTS", "BACKOFF_MS", "LEASE_MS", "RATE_LIMIT", "TIMEOUT_MS"}
 SCHEDULING_KEYS = {"RATE_LIMIT", "TIMEOUT_MS"}  # checked by schedule.problems (E050-E059)

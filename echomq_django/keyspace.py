@@ -86,6 +86,21 @@ class Keyspace:
         lease:seq."""
         return f"{self.base(queue)}{name}"
 
+    def queues(self) -> str:
+        """``P:queues``: a set of every queue that has had a job (DESIGN §10.5).
+        Not on any queue's slot: the host adds to it, never a script."""
+        return f"{self.prefix}:queues"
+
+    def processes(self) -> str:
+        """``P:processes``: a zset of live worker and pump ids -> the ms time
+        their registration expires (DESIGN §10.5)."""
+        return f"{self.prefix}:processes"
+
+    def process(self, process_id: str) -> str:
+        """``P:process:<id>``: one worker's or pump's heartbeat (a JSON string
+        with a TTL). ``process_id`` is ``host:pid:hex``, made by the host."""
+        return f"{self.prefix}:process:{process_id}"
+
     def parse_ref(self, ref: str) -> tuple[str, str]:
         """Split a child ref ``P:{q}:job:<id>`` into ``(queue, id)``.
 

@@ -4,4 +4,5 @@ from django.urls import include, path
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("orders/", include("testproject.orders.urls")),
+    path("echomq/", include("echomq_django.urls")),  # metrics/ (issue 15)
 ]

@@ -1,0 +1,79 @@
+"""Template filters of the admin pages (DESIGN §8, §10.5): states as coloured
+badges, policies and durations in words, errors folded to their first line.
+``{% load echomq_admin %}``; every filter escapes what it is given.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django import template
+from django.utils.html import format_html
+
+from ..stats import duration
+
+register = template.Library()
+
+# DESIGN §2 policy tokens -> what they mean for the parent
+POLICY_WORDS = {
+    "fp": "fail the parent",
+    "id": "ignore (the parent goes on)",
+    "rd": "remove (the parent goes on)",
+}
+POLICY_TITLES = {
+    "fp": "fail_parent_on_failure: if this child dies, its parent dies too",
+    "id": "ignore_dependency_on_failure: if this child dies, the parent records it and goes on",
+    "rd": "remove_dependency_on_failure: if this child dies, it is dropped from the parent",
+}
+STATE_WORDS = {"awaiting_children": "awaiting children"}
+
+
+@register.filter
+def emq_state(state) -> str:
+    """A state as a badge: ``<span class="emq-badge emq-state-dead">dead</span>``."""
+    value = str(state or "")
+    if not value:
+        return "-"
+    return format_html(
+        '<span class="emq-badge emq-state-{}">{}</span>', value, STATE_WORDS.get(value, value)
+    )
+
+
+@register.filter
+def emq_policy(token) -> str:
+    """A child's failure policy in words, the token's full name as its title."""
+    value = str(token or "")
+    if value not in POLICY_WORDS:
+        return value or "-"
+    return format_html(
+        '<span class="emq-policy" title="{}">on failure: {}</span>',
+        POLICY_TITLES[value],
+        POLICY_WORDS[value],
+    )
+
+
+@register.filter
+def emq_seconds(seconds) -> str:
+    """Seconds in words (``4.2 s``, ``3 min 5 s``); ``-`` for None."""
+    return duration(None if seconds in (None, "") else float(seconds))
+
+
+@register.simple_tag
+def emq_between(start: datetime | None, end: datetime | None) -> str:
+    """The time from ``start`` to ``end`` in words; ``-`` when either is unset
+    or ``end`` comes first."""
+    if start is None or end is None or end < start:
+        return "-"
+    return duration((end - start).total_seconds())
+
+
+@register.filter
+def emq_headline(error) -> str:
+    """An error's first line (the ``ExcType: message`` the worker writes)."""
+    return str(error or "").split("\n", 1)[0]
+
+
+@register.filter
+def emq_has_more(error) -> bool:
+    """Whether an error has lines after its first (a traceback to unfold)."""
+    return "\n" in str(error or "").strip()

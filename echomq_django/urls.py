@@ -1,0 +1,17 @@
+"""URLs of echomq_django (DESIGN §10.5). Include them under a path of yours::
+
+    urlpatterns = [..., path("echomq/", include("echomq_django.urls"))]
+
+which serves ``echomq/metrics/`` (Prometheus' text format; staff users, or
+a bearer token when ``ECHOMQ["METRICS"]["ACCESS"]`` is ``"token"``).
+"""
+
+from django.urls import path
+
+from .metrics import metrics_view
+
+app_name = "echomq_django"
+
+urlpatterns = [
+    path("metrics/", metrics_view, name="metrics"),
+]

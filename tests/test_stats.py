@@ -1,0 +1,209 @@
+"""``echomq_stats`` and the stats it reads (DESIGN §10.5; issue 15).
+
+The library half runs on both rigs with a fake clock, so ages and the
+one-minute window are exact; the command runs against the settings'
+``EchoMQ`` on the private server, its clock faked the same way.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from echomq_django import conf
+from echomq_django.registry import Heartbeat, add_queues
+from echomq_django.stats import SCHEMA, UnknownQueue, collect, duration, render
+from tests import jobkit
+from tests.jobkit import T0
+from tests.workerkit import Clock
+
+clock, tmq = jobkit.clock, jobkit.tmq  # fixtures (tests/jobkit.py)
+
+
+def busy(mq, clock) -> Heartbeat:
+    """orders: one completed and one dead at T0, one pending since T0, one
+    delayed; a live worker on orders. Then the clock moves to T0 + 5 s."""
+    for job_id in ("a", "b", "c"):
+        mq.enqueue("orders", "t.echo", {"n": job_id}, job_id=job_id, max_attempts=1)
+    mq.enqueue("orders", "t.echo", {}, job_id="d", delay_ms=60_000)
+    a, b = mq.claim("orders", count=2, lease_ms=30_000)
+    mq.complete(a, {"ok": True})
+    assert mq.fail(b, "boom") == "dead"
+    hb = Heartbeat(mq, "worker", ["orders"], interval_s=5, concurrency=2)
+    hb.beat()
+    clock.advance(5000)
+    return hb
+
+
+def test_stats_of_a_busy_queue_are_exact(tmq, clock):
+    hb = busy(tmq, clock)
+    doc = collect(tmq, ["orders"])
+    assert doc == {
+        "schema": SCHEMA,
+        "at": T0 + 5000,
+        "prefix": "emq",
+        "queues": {
+            "orders": {
+                "counts": {
+                    "pending": 1,
+                    "active": 0,
+                    "delayed": 1,
+                    "completed": 1,
+                    "dead": 1,
+                    "awaiting_children": 0,
+                },
+                "oldest_pending_age_s": 5.0,
+                "completed_last_minute": 1,
+                "dead_last_minute": 1,
+                "jobs_per_s": 0.033,
+                "outbox": 0,
+                "deadletter": 0,
+                "paused": False,
+                "in_settings": True,
+                "workers": 1,
+            }
+        },
+        "processes": [hb.info.as_dict()],
+    }
+    assert json.loads(json.dumps(doc)) == doc  # plain JSON types only
+
+
+def test_the_throughput_window_is_the_last_minute(tmq, clock):
+    busy(tmq, clock)
+    clock.now = T0 + 59_999
+    assert collect(tmq, ["orders"])["queues"]["orders"]["completed_last_minute"] == 1
+    clock.now = T0 + 60_000
+    entry = collect(tmq, ["orders"])["queues"]["orders"]
+    assert (entry["completed_last_minute"], entry["dead_last_minute"], entry["jobs_per_s"]) == (
+        0,
+        0,
+        0.0,
+    )
+
+
+def test_every_known_queue_is_reported_without_names(tmq, clock):
+    add_queues(tmq, ["audit"])  # in Redis only, not in settings
+    doc = collect(tmq)
+    assert list(doc["queues"]) == ["audit", "inventory", "orders", "payments", "validation"]
+    audit = doc["queues"]["audit"]
+    assert audit["in_settings"] is False
+    assert audit["counts"] == dict.fromkeys(audit["counts"], 0)
+    assert audit["oldest_pending_age_s"] is None
+
+
+def test_an_unknown_queue_is_one_clear_error(tmq):
+    add_queues(tmq, ["audit"])
+    with pytest.raises(UnknownQueue) as err:
+        collect(tmq, ["orders", "oders"])
+    assert str(err.value) == (
+        "unknown queue 'oders': no job, setting or live process uses it; known queues: "
+        "audit, inventory, orders, payments, validation"
+    )
+    with pytest.raises(ValueError, match="invalid queue name 'a b'"):
+        collect(tmq, ["a b"])
+
+
+def test_durations_read_in_words():
+    assert [duration(s) for s in (None, 0, 4.25, 42, 65, 3600 * 2 + 600, 86400 * 3 + 7200)] == [
+        "-",
+        "0.0 s",
+        "4.2 s",
+        "42 s",
+        "1 min 5 s",
+        "2 h 10 min",
+        "3 d 2 h",
+    ]
+
+
+# -- the command ------------------------------------------------------------------
+@pytest.fixture
+def emq(r):
+    """The settings' ``EchoMQ`` on the private server, on a fake clock."""
+    conf.reset()
+    mq = conf.get_mq()
+    mq.clock = Clock()
+    yield mq
+    conf.reset()
+
+
+def run(*args) -> str:
+    out = io.StringIO()
+    call_command("echomq_stats", *args, stdout=out)
+    return out.getvalue()
+
+
+def test_the_command_prints_a_table(emq):
+    hb = busy(emq, emq.clock)
+    text = run("orders")
+    assert text.splitlines()[:2] == [
+        "queue   pending  active  delayed  awaiting  completed  dead  oldest pending  "
+        "jobs/s (1 min)  outbox  dead-letters  paused  workers",
+        "orders        1       0        1         0          1     1           5.0 s"
+        "            0.03       0             0      no        1",
+    ]
+    assert text.splitlines()[3] == "live workers and pumps: 1"
+    assert text.splitlines()[5].split() == [
+        "worker",
+        hb.info.host,
+        str(hb.info.pid),
+        "orders",
+        "5.0",
+        "s",
+        "0",
+        "0",
+        "5.0",
+        "s",
+        "ago",
+        hb.info.version,
+    ]
+    assert text == render(collect(emq, ["orders"])) + "\n"
+
+
+def test_the_command_prints_the_json_document(emq):
+    busy(emq, emq.clock)
+    assert json.loads(run("--json")) == collect(emq)
+    lines = run("orders", "--json", "--watch", "0.01", "--count", "2").splitlines()
+    assert [json.loads(line)["queues"]["orders"]["counts"]["dead"] for line in lines] == [1, 1]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ["nope"],
+            "echomq_stats: unknown queue 'nope': no job, setting or live process uses it; "
+            "known queues: inventory, orders, payments, validation",
+        ),
+        (
+            ["a b"],
+            "echomq_stats: invalid queue name 'a b': a queue name is 1-64 characters from "
+            "A-Z a-z 0-9 _ . -",
+        ),
+        (["--watch", "0"], "echomq_stats: --watch must be > 0 seconds, got 0.0"),
+        (["--watch", "1", "--count", "0"], "echomq_stats: --count must be >= 1, got 0"),
+    ],
+)
+def test_bad_command_input_is_one_line(emq, args, message):
+    with pytest.raises(CommandError) as err:
+        run(*args)
+    assert str(err.value) == message
+
+
+def test_an_unreachable_redis_is_one_line(monkeypatch):
+    from tests.rigs import free_port
+
+    port = free_port()
+    monkeypatch.setenv("ECHOMQ_URL", f"redis://127.0.0.1:{port}/0")
+    conf.reset()
+    try:
+        with pytest.raises(CommandError) as err:
+            run("orders")
+    finally:
+        conf.reset()
+    assert str(err.value).startswith(
+        f"echomq_stats: Redis is unreachable at redis://127.0.0.1:{port}/0"
+    )
+    assert "\n" not in str(err.value)
