@@ -29,7 +29,7 @@ from .jobs import MAX_PAYLOAD_BYTES, QUEUE_DEFAULTS, Job, JobState, Outcome, _te
 from .keyspace import Keyspace, validate_id, validate_queue, whole_number
 from .reads import Reads
 from .schedcalls import SchedulingCalls
-from .scheduling import check_job_options
+from .scheduling import Claimed, check_job_options
 from .scripts import Scripts
 
 BACKOFF_CAP_MS = 3_600_000
@@ -175,7 +175,10 @@ class EchoMQ(FlowCalls, SchedulingCalls, Reads):
 
         Each returned ``Job`` is active, holds a fresh ``lease`` token and a
         ``lease_deadline`` (ms) = now + ``lease_ms`` (the queue's LEASE_MS by
-        default), and has its attempt counted. DESIGN §5 `claim`.
+        default), and has its attempt counted. DESIGN §5 `claim`. The list is
+        a ``Claimed``: empty with ``paused`` True when the queue is paused,
+        or with ``wait_ms`` set when its RATE_LIMIT window is full (DESIGN
+        §10.3); higher priorities come first.
         """
         whole_number("count", count, 1)
         whole_number("lease_ms", lease_ms, 1, optional=True)
@@ -190,16 +193,18 @@ class EchoMQ(FlowCalls, SchedulingCalls, Reads):
                     k.queue_key(queue, "active"),
                     k.queue_key(queue, "lease:seq"),
                 ],
-                [k.base(queue), count, now, lease, secrets.token_hex(8)],
+                [k.base(queue), count, now, lease, secrets.token_hex(8), *self._limit(queue)],
             )
         )
+        if type(flat) is dict:
+            return Claimed(paused=bool(flat.get("paused")), wait_ms=flat.get("wait"))
         deadline = now + lease
-        return [
+        return Claimed(
             Job.from_claim(
                 queue, [v if v is not False else None for v in flat[i : i + 11]], deadline, self
             )
             for i in range(0, len(flat), 11)
-        ]
+        )
 
     def _fail_call(self, job: Job, error: str, dead: bool = False):
         k, q = self.keys, job.queue

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 
-from .scheduling import MAX_MS, check_int
+from .scheduling import MAX_MS, check_int, rate_limit
 
 
 class SchedulingCalls:
@@ -21,6 +21,10 @@ class SchedulingCalls:
     Mixed into ``EchoMQ``; uses its ``keys``, ``scripts``, ``clock``,
     ``client`` and ``_outcome``.
     """
+
+    def _limit(self, queue: str) -> tuple[int, int]:
+        """``claim``'s rate-limit ARGV: the queue's RATE_LIMIT ``(max, per_ms)``."""
+        return rate_limit(self.queues.get(queue, {}))
 
     # -- pause / resume ------------------------------------------------------
     def _set_paused(self, queue: str, paused: bool) -> bool:

@@ -96,3 +96,24 @@ def node_options(flow, where: str, has_children: bool, dedups: set) -> str:
         if flow.dedup_ttl_ms is not None:
             opts["kt"] = flow.dedup_ttl_ms
     return json.dumps(opts, separators=(",", ":"), sort_keys=True) if opts else ""
+
+
+class Claimed(list):
+    """What ``EchoMQ.claim`` returns: the claimed ``Job`` list, and why it is
+    empty when the queue could not give anything (DESIGN §10.3): ``paused``
+    (the queue is paused; a resume wakes its workers) or ``wait_ms`` (ms until
+    the queue's RATE_LIMIT window opens; None when not limited)."""
+
+    def __init__(self, jobs=(), *, paused: bool = False, wait_ms: int | None = None) -> None:
+        super().__init__(jobs)
+        self.paused = paused
+        self.wait_ms = wait_ms
+
+
+def rate_limit(options: dict) -> tuple[int, int]:
+    """A queue's ``RATE_LIMIT`` setting as ``(max, per_ms)``; ``(0, 0)``
+    when it has none (checked by the system check E050)."""
+    limit = options.get("RATE_LIMIT")
+    if not limit:
+        return 0, 0
+    return int(limit["MAX"]), int(limit["PER_MS"])

@@ -92,7 +92,7 @@ redis.call('HSET', row, unpack(fields))
 if state == 'delayed' then
   make_delayed(base, id, now + delay)
 else
-  make_claimable(base, {id})
+  make_claimable(base, {id}, ARGV[9] ~= '0' and ARGV[9] or nil)
 end
 redis.call('XADD', KEYS[4], 'MAXLEN', '~', 10000, '*', 'e', 'added', 'id', id)
 return state

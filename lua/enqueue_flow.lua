@@ -212,6 +212,8 @@ while i <= #a do
         end
       elseif delay > 0 then
         make_delayed(base, id, now + delay)
+      elseif opts.p then
+        make_claimable(base, {id}, opts.p)
       else
         claimable[#claimable + 1] = id
       end

@@ -54,7 +54,7 @@ local function retry_job(jid)
     redis.call('HSET', key, 'state', 'pending', 'attempts', 0, 'stalls', 0, 'updated_at', now,
       'retry_token', ARGV[5])
     redis.call('HDEL', key, 'error', 'finished_at', 'result')
-    make_claimable(base, {jid})
+    make_claimable(base, {jid}, redis.call('HGET', key, 'priority'))
     emit(base, 'retried', jid)
     OUT.retried[#OUT.retried + 1] = base .. jid
     reattach_up(base, jid, now)

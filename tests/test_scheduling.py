@@ -6,7 +6,14 @@ from __future__ import annotations
 
 import pytest
 
-from echomq_django import DependencyError, FlowError, JobNotActive, JobNotFound, LeaseLost
+from echomq_django import (
+    DependencyError,
+    EchoMQ,
+    FlowError,
+    JobNotActive,
+    JobNotFound,
+    LeaseLost,
+)
 from echomq_django.pump import Pump
 from tests import jobkit
 from tests.jobkit import (
@@ -194,8 +201,8 @@ def test_continue_parent_on_failure_releases_the_parent_at_once(tmq, child_queue
         {ref(tmq, "c1", child_queue): "boom"},
         [ref(tmq, "c2")],
     )
-    assert complete(tmq, "c2", 2).released == []  # c2 was ahead of p; released once only
-    tmq.complete(claim_one(tmq, "q", "p"), "went on")
+    tmq.complete(claim_one(tmq, "q", "p"), "went on")  # a released parent goes first
+    assert complete(tmq, "c2", 2).released == []  # released once only
     assert_state(tmq, "q", "p", "completed")
     assert counter(tmq, "q", "p") == 1  # the failed child still counted, never below 0
 
@@ -214,6 +221,8 @@ def test_remove_child_dependency_releases_a_parent_waiting_only_for_it(tmq, chil
     assert hash_of(tmq, ref(tmq, "p") + ":removed") == {gone: "dependency removed"}
     # the child still runs; finishing later changes nothing for the parent
     cq, cid = tmq.keys.parse_ref(gone)
+    if cq == "q":
+        tmq.complete(claim_one(tmq, "q", "p"), "p")  # the released parent goes first
     complete(tmq, cid, "late", queue=cq)
     Pump([cq], mq=tmq).sweep()
     assert (counter(tmq, "q", "p"), tmq.children_values("q", "p")) == (
@@ -350,3 +359,92 @@ def test_schedule_marks_only_move_forward(tmq) -> None:
     assert tmq.schedule_mark("q", "nightly", 500, "init") == 1000
     assert tmq.schedule_mark("q", "nightly", 2000, "fire") == 2000
     assert tmq.schedule_mark("q", "nightly", 1500, "fire") == 2000
+
+
+# -- priority ------------------------------------------------------------------------------
+
+
+def ids_of(jobs) -> list[str]:
+    return [j.id for j in jobs]
+
+
+def test_higher_priority_first_fifo_within_a_priority(tmq) -> None:
+    for job_id, p in (("a", 0), ("b", 5), ("c", -1), ("d", 5), ("e", 0), ("f", 9), ("g", -1)):
+        tmq.enqueue("q", "n", job_id=job_id, priority=p)
+    assert row(tmq, "q", "b")["priority"] == "5" and "priority" not in row(tmq, "q", "a")
+    assert_state(tmq, "q", "b", "pending")
+    assert ids_of(tmq.claim("q", 2)) == ["f", "b"]
+    assert ids_of(tmq.claim("q", 10)) == ["d", "a", "e", "c", "g"]
+    assert tmq.client.exists(tmq.keys.queue_key("q", "prioritized")) == 0
+
+
+def test_priority_is_kept_across_retries_recovery_and_promotion(tmq, clock) -> None:
+    tmq.enqueue("q", "n", job_id="lo")
+    tmq.enqueue("q", "n", job_id="hi", priority=3, backoff_ms=0, max_attempts=5)
+    job = claim_one(tmq, "q", "hi")
+    tmq.fail(job, "again")  # no backoff: straight back to pending, at its priority
+    assert ids_of(tmq.claim("q", 1, lease_ms=10)) == ["hi"]
+    clock.advance(11)
+    tmq.recover_stalled("q")  # lease expired: back at its priority
+    job = claim_one(tmq, "q", "hi")
+    tmq.postpone(job, 5)
+    clock.advance(5)
+    tmq.promote_delayed("q")
+    job = claim_one(tmq, "q", "hi")
+    tmq.fail(job, "dead", dead=True)
+    tmq.retry("q", "hi")
+    assert ids_of(tmq.claim("q", 2)) == ["hi", "lo"]
+
+
+def test_a_released_parent_goes_to_the_front_of_its_priority(tmq) -> None:
+    tmq.add_flow(node("p", [leaf("c", priority=1)], priority=1))
+    tmq.add_flow(node("p0", [leaf("c0")]))
+    for i in range(3):
+        tmq.enqueue("q", "n", job_id=f"x{i}", priority=1)
+        tmq.enqueue("q", "n", job_id=f"y{i}")
+    assert tmq.complete(claim_one(tmq, "q", "c"), 1).released == [("q", "p")]
+    assert ids_of(tmq.claim("q", 2)) == ["p", "x0"]
+    assert tmq.complete(claim_one(tmq, "q", "x1"), 1).released == []
+    claim_one(tmq, "q", "x2")
+    assert tmq.complete(claim_one(tmq, "q", "c0"), 1).released == [("q", "p0")]
+    assert ids_of(tmq.claim("q", 4)) == ["p0", "y0", "y1", "y2"]
+
+
+def test_a_killed_or_removed_prioritized_job_leaves_the_zset(tmq) -> None:
+    tmq.add_flow(node("p", [leaf("a", priority=2), leaf("b", priority=2)], children_timeout_ms=1))
+    deleted, _ = tmq.remove_unprocessed_children("q", "p")
+    assert sorted(deleted) == [("q", "a"), ("q", "b")]
+    assert tmq.client.zcard(tmq.keys.queue_key("q", "prioritized")) == 0
+
+
+# -- pause and the rate limit -----------------------------------------------------------
+
+
+def test_a_paused_queue_is_not_claimed_from_and_resume_wakes_it(tmq) -> None:
+    tmq.enqueue("q", "n", job_id="a")
+    tmq.pause("q")
+    got = tmq.claim("q", 5)
+    assert (list(got), got.paused, got.wait_ms) == ([], True, None)
+    wake = tmq.keys.queue_key("q", "wake")
+    assert tmq.client.zscore(wake, "0") is None  # idle workers sleep, they don't spin
+    tmq.enqueue("q", "n", job_id="b")  # adds go on while paused
+    tmq.claim("q", 5)
+    tmq.resume("q")
+    assert tmq.client.zscore(wake, "0") == 0
+    got = tmq.claim("q", 5)
+    assert (ids_of(got), got.paused) == (["a", "b"], False)
+
+
+def test_the_rate_limit_holds_for_all_workers_by_window(redis_client, clock) -> None:
+    limits = {"q": {"RATE_LIMIT": {"MAX": 3, "PER_MS": 1000}}}
+    a, b = (EchoMQ(redis_client, prefix="emq", clock=clock, queues=limits) for _ in "ab")
+    for i in range(8):
+        a.enqueue("q", "n", job_id=f"j{i}")
+    assert ids_of(a.claim("q", 2)) == ["j0", "j1"]
+    clock.advance(100)
+    assert ids_of(b.claim("q", 5)) == ["j2"]  # the window had room for one more
+    got = a.claim("q", 5)
+    assert (list(got), got.wait_ms) == ([], 900)
+    clock.advance(900)
+    assert ids_of(b.claim("q", 5)) == ["j3", "j4", "j5"]  # a new window
+    assert b.claim("q", 1).wait_ms == 1000

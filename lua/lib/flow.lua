@@ -66,7 +66,7 @@ end
 -- released.
 local function release(base, pid, now)
   local pkey = job_key(base, pid)
-  local f = redis.call('HMGET', pkey, 'state', 'delay_until', 'children_deadline')
+  local f = redis.call('HMGET', pkey, 'state', 'delay_until', 'children_deadline', 'priority')
   if f[1] ~= 'awaiting_children' then
     return
   end
@@ -80,7 +80,7 @@ local function release(base, pid, now)
     make_delayed(base, pid, at)
   else
     redis.call('HSET', pkey, 'state', 'pending', 'updated_at', now)
-    make_claimable(base, {pid})
+    make_claimable(base, {pid}, f[4], true)  -- the front of its priority (DESIGN §10.3)
   end
   emit(base, 'released', pid)
   OUT.released[#OUT.released + 1] = base .. pid
@@ -189,7 +189,7 @@ local function kill(base, id, err, now)
   elseif state == 'delayed' then
     redis.call('ZREM', base .. 'delayed', id)
   elseif state == 'pending' then
-    redis.call('LREM', base .. 'pending', 1, id)
+    unclaimable(base, id)
   end
   redis.call('HSET', key, 'state', 'dead', 'error', err, 'finished_at', now, 'updated_at', now)
   redis.call('ZADD', base .. 'dead', now, id)
