@@ -6,7 +6,10 @@ Shape::
         "URL": "redis://127.0.0.1:6379/0",  # or "CACHE": "default" (a django-redis alias)
         "CLUSTER": False,                   # True: redis.cluster.RedisCluster from URL
         "PREFIX": "emq",
-        "QUEUES": {"orders": {"MAX_ATTEMPTS": 3, "BACKOFF_MS": 1000, "LEASE_MS": 30000}},
+        "QUEUES": {"orders": {"MAX_ATTEMPTS": 3, "BACKOFF_MS": 1000, "LEASE_MS": 30000,
+                              # retention (DESIGN §10.2): a count, or COUNT / AGE_S
+                              "KEEP_COMPLETED": {"COUNT": 1000, "AGE_S": 86400},
+                              "KEEP_DEAD": {"COUNT": 10000, "AGE_S": 1209600}}},
         "MAX_PAYLOAD_BYTES": 524288,        # bytes of JSON per payload / result
     }
 
@@ -27,11 +30,13 @@ from django.core.exceptions import ImproperlyConfigured
 from .client import EchoMQ
 from .jobs import MAX_PAYLOAD_BYTES
 from .keyspace import validate_prefix, validate_queue
+from .retention import KEEP_HINT, KEEP_KEYS, keep_problems
 
 TOP_KEYS = {"URL", "CACHE", "CLUSTER", "PREFIX", "QUEUES", "MAX_PAYLOAD_BYTES", "OPTIONS"}
 TOP_KEYS |= {"METRICS"}  # metrics.settings_problems checks it (issue 15)
 TOP_KEYS |= {"SCHEDULE"}  # periodic jobs: schedule.py
-QUEUE_KEYS = {"MAX_ATTEMPTS", "BACKOFF_MS", "LEASE_MS", "RATE_LIMIT", "TIMEOUT_MS"}
+QUEUE_KEYS = {"MAX_ATTEMPTS", "BACKOFF_MS", "LEASE_MS", "KEEP_COMPLETED", "KEEP_DEAD"}
+QUEUE_KEYS |= {"RATE_LIMIT", "TIMEOUT_MS"}
 SCHEDULING_KEYS = {"RATE_LIMIT", "TIMEOUT_MS"}  # checked by schedule.problems (E050-E059)
 URL_SCHEMES = ("redis://", "rediss://", "unix://")
 
@@ -136,6 +141,12 @@ def problems(cfg: dict | None = None) -> list[tuple[str, str, str]]:
             continue
         for key, value in opts.items():
             if key in SCHEDULING_KEYS:
+                continue
+            if key in KEEP_KEYS:  # retention (DESIGN §10.2): E020-E023
+                out += [
+                    (f"echomq_django.{cid}", f"queue {name!r}: {key} {message}", KEEP_HINT)
+                    for cid, message in keep_problems(value)
+                ]
                 continue
             low = 1 if key == "MAX_ATTEMPTS" else 0
             if not isinstance(value, int) or isinstance(value, bool) or value < low:

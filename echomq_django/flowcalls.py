@@ -145,7 +145,7 @@ class FlowCalls:
                     deduplicated={
                         (q, _text(c[j])): _text(c[j + 1])
                         for c, (q, _) in zip(counts[i], all_steps[i], strict=True)
-                        for j in range(2, len(c), 2)
+                        for j in range(3, len(c), 2)
                     },
                 )
             )

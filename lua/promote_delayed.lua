@@ -1,7 +1,8 @@
 --[[
   promote_delayed: move due delayed ids (run-at <= now) to pending, oldest
-  first, and wake the queue's workers (lib/claimable.lua). DESIGN §5
-  `promote_delayed`, §10.1.
+  first, and wake the queue's workers (lib/claimable.lua). Each move emits a
+  `promoted` event, so the admin mirror re-reads the job (DESIGN §8, §10.5).
+  DESIGN §5 `promote_delayed`, §10.1.
 
   KEYS[1] delayed zset         P:{q}:delayed (score: run-at, ms)
   KEYS[2] pending list         P:{q}:pending
@@ -25,6 +26,7 @@ for _, id in ipairs(ids) do
   local f = redis.call('HMGET', row, 'state', 'priority')
   if f[1] == 'delayed' then
     redis.call('HSET', row, 'state', 'pending', 'updated_at', now)
+    redis.call('XADD', base .. 'events', 'MAXLEN', '~', 10000, '*', 'e', 'promoted', 'id', id)
     moved[#moved + 1] = id
     if f[2] then  -- its priority is kept (DESIGN §10.3)
       prios = prios or {}

@@ -133,6 +133,9 @@ def drive_every_operation(mq, clock) -> None:
         mq.complete(claim_one(mq, queue), "done")
     Pump(["other"], mq=mq).sweep()  # flow_deliver on {q}, outbox_trim on {other}
     assert_state(mq, "q", "p", "pending")
+    life = jobkit.LifecycleMQ(mq.client, prefix="emq", clock=clock)
+    life.cancel("q", "p")
+    life.remove("q", "p")  # then prune goes on with its subtree
     # DESIGN §10.3: pause, flow control, the children timeout, postpone, schedule marks
     mq.pause("q")
     mq.resume("q")

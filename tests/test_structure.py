@@ -38,19 +38,19 @@ REPO = Path(__file__).resolve().parent.parent
 PACKAGE = REPO / "echomq_django"
 
 FLOORS = [
-    ["jobs", "keyspace", "exceptions", "handlers", "signals", "logs", "devserver"],
+    ["jobs", "keyspace", "exceptions", "handlers", "signals", "logs", "devserver", "retention"],
     ["flows", "scripts", "reads", "models", "scheduling"],
-    ["client", "flowcalls", "schedcalls"],
+    ["client", "flowcalls", "lifecalls", "schedcalls"],
     ["conf"],
     ["api", "checks", "worker", "reporter", "pump", "mirror", "schedule"],
     ["admin_pages", "apps", "__init__"],
     ["admin", "management", "management.*", "migrations", "migrations.*"],
 ]
-BOTTOM = {"jobs", "keyspace", "exceptions"}  # import nothing of the package
+BOTTOM = {"jobs", "keyspace", "exceptions", "retention"}  # import nothing of the package
 NESTED_ALLOWED = {"apps"}  # AppConfig.ready() imports checks and handlers
 
-# EchoMQ: the only callers of scripts.run / run_many
-PROTOCOL = {"client", "flowcalls", "schedcalls"}
+# EchoMQ and its mixins: the only callers of scripts.run / run_many
+PROTOCOL = {"client", "flowcalls", "lifecalls", "schedcalls"}
 RAW_SCRIPT_TESTS = {  # (file, test) that drive raw script calls on purpose
     ("tests/test_replays.py", "test_a_replayed_retry_reports_success_and_retries_once"),
     ("tests/test_replays.py", "test_a_replayed_claim_returns_the_same_jobs"),
