@@ -197,14 +197,16 @@ def test_continue_parent_on_failure_releases_the_parent_at_once(tmq, child_queue
     Pump([child_queue], mq=tmq).sweep()
     assert_state(tmq, "q", "p", "pending")
     deps = tmq.dependencies("q", "p")
-    assert (deps.failed, deps.unprocessed) == (
+    assert (deps.ignored, deps.failed, deps.unprocessed, deps.remaining) == (
         {ref(tmq, "c1", child_queue): "boom"},
+        {},
         [ref(tmq, "c2")],
+        1,
     )
     tmq.complete(claim_one(tmq, "q", "p"), "went on")  # a released parent goes first
     assert complete(tmq, "c2", 2).released == []  # released once only
     assert_state(tmq, "q", "p", "completed")
-    assert counter(tmq, "q", "p") == 1  # the failed child still counted, never below 0
+    assert counter(tmq, "q", "p") == 0  # never below 0
 
 
 # -- remove_child_dependency --------------------------------------------------------
@@ -448,3 +450,16 @@ def test_the_rate_limit_holds_for_all_workers_by_window(redis_client, clock) -> 
     clock.advance(900)
     assert ids_of(b.claim("q", 5)) == ["j3", "j4", "j5"]  # a new window
     assert b.claim("q", 1).wait_ms == 1000
+
+
+def test_a_continued_parent_that_dies_of_its_own_error_retries_alone(tmq) -> None:
+    tmq.add_flow(node("p", [leaf("c1", continue_parent_on_failure=True), leaf("c2")]))
+    kill(tmq, "c1")
+    kill(tmq, "p", "own error")  # released at once, ahead of c2; then it dies itself
+    assert tmq.retry("q", "p").state.value == "pending"  # no child failed it: back it goes
+    tmq.retry("q", "c1")
+    jobs = tmq.claim("q", 5)
+    assert [j.id for j in jobs] == ["c2", "p", "c1"]
+    assert [tmq.complete(j, j.id).released for j in jobs] == [[], [], []]
+    assert tmq.dependencies("q", "p").ignored == {ref(tmq, "c1"): "boom"}
+    assert tmq.children_values("q", "p") == {ref(tmq, "c2"): "c2"}
