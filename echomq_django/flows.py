@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .exceptions import FlowError
-from .keyspace import validate_id, validate_queue, whole_number
+from .jobs import Policy
+from .keyspace import validate_id, validate_name, validate_queue, whole_number
 from .scheduling import node_options
 
 
@@ -79,15 +80,15 @@ class Flow:
     continue_parent_on_failure: bool = False
 
     @property
-    def policy(self) -> str:
-        """The policy token this node carries: ``cp``, ``id``, ``rd`` or ``fp``."""
+    def policy(self) -> Policy:
+        """The ``Policy`` this node carries (continue, then ignore, win)."""
         if self.continue_parent_on_failure:
-            return "cp"
+            return Policy.CONTINUE_PARENT
         if self.ignore_dependency_on_failure:
-            return "id"
+            return Policy.IGNORE
         if self.remove_dependency_on_failure:
-            return "rd"
-        return "fp"
+            return Policy.REMOVE
+        return Policy.FAIL_PARENT
 
 
 @dataclass
@@ -119,7 +120,7 @@ class Node:
     backoff_ms: int | None
     parent_id: str
     parent_queue: str
-    policy: str
+    policy: Policy
     children: list[tuple[str, str]]
     depth: int
     gate: bool = True  # False for an id the host generated: no need to check it is free
@@ -132,7 +133,9 @@ def plan(root: Flow, encode) -> list[Node]:
     ``encode(payload) -> str`` serialises a payload (raising ``PayloadError``).
     Raises ``FlowError`` for
     a node that is not a ``Flow``, an id used twice in one queue, or a cycle;
-    ``ValueError`` for a bad queue name or id. Nothing is written here.
+    ``ValueError`` for a bad queue name or id (a bad job name is a
+    ``FlowError``, a ``ValueError`` too). Nothing is written here: every
+    node is checked before the first script runs (issue 17, item 7).
     """
     if not isinstance(root, Flow):
         raise FlowError(f"add_flow takes a Flow, got {type(root).__name__}")
@@ -141,6 +144,7 @@ def plan(root: Flow, encode) -> list[Node]:
     objects: set[int] = set()
     queues: set[str] = set()  # validated once per queue
     dedups: set[tuple[str, str]] = set()  # (queue, dedup key): one leaf per key in a flow
+    names: set[str] = set()  # and once per job name
     prefix, counter = id_prefix(), itertools.count()
     level: list[tuple[Flow, Node | None]] = [(root, None)]
     depth = 0
@@ -173,8 +177,13 @@ def plan(root: Flow, encode) -> list[Node]:
                 seen.add((queue, job_id))
             else:
                 job_id = f"{prefix}{next(counter):x}"
-            if type(name) is not str or not name:
-                raise FlowError(f"flow node {queue}/{job_id} needs a job name (the handler)")
+            if name not in names:  # validated once per name: flows share a few
+                if type(name) is not str or not name:
+                    raise FlowError(f"flow node {queue}/{job_id} needs a job name (the handler)")
+                try:
+                    names.add(validate_name(name))
+                except ValueError as err:
+                    raise FlowError(f"flow node {queue}/{job_id}: {err}") from None
             children = flow.children
             if type(children) is not list and not isinstance(children, list | tuple):
                 raise FlowError(
@@ -203,7 +212,7 @@ def plan(root: Flow, encode) -> list[Node]:
                 flow.backoff_ms,
                 parent.id if parent else "",
                 parent.queue if parent else "",
-                flow.policy if parent else "fp",
+                flow.policy if parent else Policy.FAIL_PARENT,
                 [],
                 depth,
                 gate,

@@ -28,12 +28,12 @@ class SchedulingCalls:
 
     # -- pause / resume ------------------------------------------------------
     def _set_paused(self, queue: str, paused: bool) -> bool:
-        k = self.keys
+        k = self.keys.queue(queue)
         return bool(
             self.scripts.run(
                 "set_paused",
-                [k.queue_key(queue, "paused"), k.queue_key(queue, "events")],
-                ["1" if paused else "0", self.clock(), k.base(queue)],
+                [k.paused, k.events],
+                ["1" if paused else "0", self.clock(), k.base],
             )
         )
 
@@ -49,7 +49,7 @@ class SchedulingCalls:
 
     def is_paused(self, queue: str) -> bool:
         """True while ``queue`` is paused (one EXISTS; for stats and the admin)."""
-        return bool(self.client.exists(self.keys.queue_key(queue, "paused")))
+        return bool(self.client.exists(self.keys.queue(queue).paused))
 
     # -- flow control --------------------------------------------------------
     def _remove_dependencies(self, queue: str, parent_id: str, refs: list[str], strict: bool):
@@ -106,7 +106,7 @@ class SchedulingCalls:
                 calls.append(
                     (
                         "drop_unprocessed",
-                        [k.queue_key(cq, "pending"), k.queue_key(cq, "delayed")],
+                        [k.queue(cq).pending, k.queue(cq).delayed],
                         [k.base(cq), parent_id, queue, *ids],
                     )
                 )
@@ -125,7 +125,7 @@ class SchedulingCalls:
         k = self.keys
         reply = self.scripts.run(
             "expire_children",
-            [k.queue_key(queue, "deadlines")],
+            [k.queue(queue).deadlines],
             [queue, k.base(queue), self.clock(), limit],
         )
         return json.loads(reply).get("expired", 0), self._outcome(reply)
@@ -136,11 +136,11 @@ class SchedulingCalls:
         it when a handler raises ``RateLimited``. Raises ``JobNotFound``,
         ``JobNotActive``, ``LeaseLost``. DESIGN §10.3."""
         check_int("retry_after_ms", retry_after_ms, 0, MAX_MS)
-        k, q = self.keys, job.queue
+        q, k = job.queue, self.keys.queue(job.queue)
         return int(
             self.scripts.run(
                 "postpone",
-                [k.job(q, job.id), k.queue_key(q, "delayed"), k.queue_key(q, "active")],
+                [k.job(job.id), k.delayed, k.active],
                 [q, job.id, job.lease or "", self.clock(), retry_after_ms],
             )
         )
@@ -151,12 +151,12 @@ class SchedulingCalls:
         'init' (only when unset). Returns the mark. DESIGN §10.3."""
         return int(
             self.scripts.run(
-                "schedule_advance", [self.keys.queue_key(queue, f"schedule:{entry}")], [tick, mode]
+                "schedule_advance", [self.keys.queue(queue).schedule(entry)], [tick, mode]
             )
         )
 
     def schedule_last(self, queue: str, entry: str) -> int | None:
         """The last tick (ms) periodic entry ``entry`` fired on ``queue``, or
         None before its first start (a read; for stats and the admin)."""
-        raw = self.client.get(self.keys.queue_key(queue, f"schedule:{entry}"))
+        raw = self.client.get(self.keys.queue(queue).schedule(entry))
         return None if raw is None else int(raw)

@@ -17,7 +17,7 @@ import pytest
 from redis.cluster import RedisCluster
 
 from echomq_django import EchoMQ, Flow, JobState
-from echomq_django.jobs import STATE_INDEX
+from echomq_django.keyspace import STATE_INDEX
 from echomq_django.lifecalls import LifecycleCalls
 from tests.workerkit import T0, Clock  # noqa: F401  (T0 re-exported to the tests)
 

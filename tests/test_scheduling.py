@@ -34,7 +34,7 @@ clock, tmq = jobkit.clock, jobkit.tmq  # fixtures (tests/jobkit.py)
 
 
 def dedup_holder(mq, key: str, queue: str = "q"):
-    v = mq.client.get(mq.keys.queue_key(queue, f"dedup:{key}"))
+    v = mq.client.get(mq.keys.queue(queue).dedup(key))
     return None if v is None else v.decode()
 
 
@@ -64,15 +64,15 @@ def test_a_dead_job_frees_its_dedup_key(tmq) -> None:
 
 def test_a_dedup_ttl_frees_the_key_early(tmq) -> None:
     tmq.enqueue("q", "n", job_id="a", dedup_key="k", dedup_ttl_ms=60_000)
-    pttl = tmq.client.pttl(tmq.keys.queue_key("q", "dedup:k"))
+    pttl = tmq.client.pttl(tmq.keys.queue("q").dedup("k"))
     assert 0 < pttl <= 60_000
-    tmq.client.delete(tmq.keys.queue_key("q", "dedup:k"))  # what the ttl does
+    tmq.client.delete(tmq.keys.queue("q").dedup("k"))  # what the ttl does
     assert tmq.enqueue("q", "n", job_id="b", dedup_key="k") == "b"
     assert_state(tmq, "q", "a", "pending")  # both live now: the ttl said so
 
 
 def test_a_key_naming_a_finished_or_missing_job_is_free(tmq) -> None:
-    tmq.client.set(tmq.keys.queue_key("q", "dedup:k"), "gone")
+    tmq.client.set(tmq.keys.queue("q").dedup("k"), "gone")
     assert tmq.enqueue("q", "n", job_id="b", dedup_key="k") == "b"
 
 
