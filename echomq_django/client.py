@@ -171,7 +171,7 @@ class EchoMQ(FlowCalls, SchedulingCalls, Reads):
             ],
         )
         state = to_text(state)
-        return state[6:] if state.startswith("dedup:") else job_id
+        return state.split(" ", 1)[1] if state.startswith("deduplicated ") else job_id
 
     def claim(self, queue: str, count: int = 1, lease_ms: int | None = None) -> list[Job]:
         """Claim up to ``count`` pending jobs of ``queue`` in one call.

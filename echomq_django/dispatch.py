@@ -45,12 +45,13 @@ class DispatchReport:
     lock_lost: bool = False
 
 
-def _receivers(signal) -> list:
-    """The live receivers of ``signal`` for any sender (sync and async)."""
+def _receivers(signal) -> list[tuple[object, bool]]:
+    """The live receivers of ``signal`` for any sender, each with whether it
+    is a coroutine function (Django >= 5.0 keeps them apart)."""
     live = signal._live_receivers(None)
     if isinstance(live, tuple):  # Django >= 5.0: (sync, async)
-        return [*live[0], *live[1]]
-    return list(live)
+        return [(r, False) for r in live[0]] + [(r, True) for r in live[1]]
+    return [(r, iscoroutinefunction(r)) for r in live]
 
 
 class Dispatcher:
@@ -133,10 +134,9 @@ class Dispatcher:
         renew_at = time.monotonic() + self.lock_ms / 3000
         try:
             _close_old_connections()  # receivers may use the database
-            while True:
-                events = self.mq.read_events(queue, self.batch)
-                if not events:
-                    break
+            events = self.mq.read_events(queue, self.batch)
+            while events:
+                live: dict = {}  # signal -> its receivers, looked up once per batch
                 acks: list[tuple[str, str]] = []
                 stopped = False
                 for event in events:
@@ -147,27 +147,26 @@ class Dispatcher:
                             report.lock_lost, stopped = True, True
                             break
                         renew_at = time.monotonic() + self.lock_ms / 3000
-                    action = self._deliver(event, report)
+                    action = self._deliver(event, report, live)
                     if action is None:
                         stopped = True
                         break
                     acks.append((event.xid, action))
-                self._ack(queue, acks)
-                report.sent += sum(1 for _, a in acks if a == "ok")
-                report.deadlettered += sum(1 for _, a in acks if a != "ok")
-                if stopped or len(events) < self.batch:
-                    break
+                events = self._ack(queue, acks, 0 if stopped else self.batch)
+                sent = sum(1 for _, a in acks if a == "ok")
+                report.sent += sent
+                report.deadlettered += len(acks) - sent
+                self.sent += sent
+                self.deadlettered += len(acks) - sent
         finally:
             _close_old_connections()
             try:
                 lock.release()
             except redis.exceptions.LockError:
                 log.warning("signals lock on %s expired during a dispatch pass", queue)
-        self.sent += report.sent
-        self.deadlettered += report.deadlettered
         return report
 
-    def _deliver(self, event: Event, report: DispatchReport) -> str | None:
+    def _deliver(self, event: Event, report: DispatchReport, live: dict) -> str | None:
         """Send one event; ``'ok'``, a dead-letter reason, or None when it
         waits for its next try (``report.retry_in_ms`` set)."""
         name = SIGNAL_OF.get(event.kind)
@@ -176,7 +175,9 @@ class Dispatcher:
             return f"unknown event kind {event.kind!r}"
         signal = getattr(signals, name)
         key = (event.queue, event.xid)
-        failed = self._send(signal, event, self._failing.get(key))
+        if signal not in live:
+            live[signal] = _receivers(signal)
+        failed = self._send(signal, live[signal], event, self._failing.get(key))
         if not failed:
             self._failing.pop(key, None)
             self._retry_at.pop(event.queue, None)
@@ -202,16 +203,18 @@ class Dispatcher:
         report.retry_in_ms = wait_ms
         return None
 
-    def _send(self, signal, event: Event, only: list | None) -> list[tuple[object, Exception]]:
+    def _send(
+        self, signal, receivers: list, event: Event, only: list | None
+    ) -> list[tuple[object, Exception]]:
         """Call each receiver (only those in ``only`` when given); returns
         ``(receiver, exception)`` for each that raised, logged at ERROR."""
         kwargs = event.kwargs()
         failed = []
-        for receiver in _receivers(signal):
+        for receiver, is_async in receivers:
             if only is not None and receiver not in only:
                 continue
             try:
-                if iscoroutinefunction(receiver):
+                if is_async:
                     async_to_sync(receiver)(signal=signal, sender=self, **kwargs)
                 else:
                     receiver(signal=signal, sender=self, **kwargs)
@@ -228,10 +231,13 @@ class Dispatcher:
                 failed.append((receiver, exc))
         return failed
 
-    def _ack(self, queue: str, acks: list[tuple[str, str]]) -> None:
+    def _ack(self, queue: str, acks: list[tuple[str, str]], read: int) -> list[Event]:
+        """Ack ``acks`` and read the next ``read`` events (one round trip)."""
         if self.before_ack is not None:
             self.before_ack(queue, acks)
-        self.mq.ack_events(queue, acks)
+        if not acks:
+            return self.mq.read_events(queue, read) if read else []
+        return self.mq.ack_events(queue, acks, read)[1]
 
     # -- threads ----------------------------------------------------------
 

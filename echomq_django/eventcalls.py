@@ -43,8 +43,15 @@ class EventCalls:
 
     def read_events(self, queue: str, count: int) -> list[Event]:
         """The oldest ``count`` undispatched events of ``queue``, in order."""
-        raw = self.client.xrange(self.keys.queue(queue).signals, count=count)
-        return [Event.from_entry(queue, xid, fields) for xid, fields in raw]
+        out = []
+        for xid, fields in self.client.xrange(self.keys.queue(queue).signals, count=count):
+            f = {_text(k): _text(v) for k, v in fields.items()}
+            out.append(
+                Event(
+                    queue, _text(xid), f.get("k", ""), f.get("id", ""), f.get("n", ""), f.get("v")
+                )
+            )
+        return out
 
     def wait_for_events(self, queue: str, block_ms: int) -> None:
         """Block until ``queue`` has an undispatched event (returns at once
@@ -65,18 +72,21 @@ class EventCalls:
         """One more send of event ``xid`` raised; returns how many have."""
         return self.client.hincrby(self.keys.queue(queue).signal_tries, xid, 1)
 
-    def ack_events(self, queue: str, acks: list[tuple[str, str]]) -> int:
+    def ack_events(
+        self, queue: str, acks: list[tuple[str, str]], read: int = 0
+    ) -> tuple[int, list[Event]]:
         """Remove dispatched events and dead-letter given-up ones, in one
-        ``signals_ack`` step: ``acks`` is ``[(stream id, 'ok' or a reason)]``.
-        Returns how many left the stream (a replay removes none)."""
-        if not acks:
-            return 0
+        ``signals_ack`` step, then read the next ``read`` events: ``acks`` is
+        ``[(stream id, 'ok' or a reason)]``. Returns ``(how many left the
+        stream, the next events)``; a replay removes none."""
         k = self.keys.queue(queue)
-        return self.scripts.run(
+        reply = self.scripts.run(
             "signals_ack",
             [k.signals, k.signal_deadletter, k.signal_tries],
-            [self.clock(), DEADLETTER_MAX, *(v for pair in acks for v in pair)],
+            [self.clock(), DEADLETTER_MAX, read, *(v for pair in acks for v in pair)],
         )
+        data = json.loads(reply)
+        return data["removed"], [Event(queue, *e) for e in data["next"] or ()]
 
     def event_backlog(self, queue: str) -> dict:
         """``{"pending": events not dispatched yet, "deadlettered": events

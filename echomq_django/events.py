@@ -50,7 +50,6 @@ import logging
 from dataclasses import dataclass
 
 from . import signals
-from .jobs import to_text as _text
 
 log = logging.getLogger("echomq_django.events")
 
@@ -86,18 +85,6 @@ class Event:
     def event_id(self) -> str:
         """``"<queue>:<stream id>"``: unique per prefix and Redis, the same on a repeat."""
         return f"{self.queue}:{self.xid}"
-
-    @classmethod
-    def from_entry(cls, queue: str, xid, fields: dict) -> Event:
-        text = {_text(k): _text(v) for k, v in fields.items()}
-        return cls(
-            queue,
-            _text(xid),
-            text.get("k", ""),
-            text.get("id", ""),
-            text.get("n", ""),
-            text.get("v"),
-        )
 
     def kwargs(self) -> dict:
         """The signal's keyword arguments (see the module's table)."""

@@ -27,7 +27,7 @@
 
   returns: the state written, 'pending' or 'delayed' (a replay of the same
            call, same name, payload and now, answers the state it wrote);
-           'dedup:<id>' when the dedup key names a live job <id> (nothing
+           'deduplicated <id>' when the dedup key names a live job <id> (nothing
            written)
   errors:  EMQDUP <queue> <id> <state>  the id is taken; nothing is written
 ]]
@@ -43,7 +43,7 @@ if dedup ~= '' then
   if live and live ~= id then
     local st = redis.call('HGET', base .. 'job:' .. live, 'state')
     if st and st ~= 'completed' and st ~= 'dead' then
-      return 'dedup:' .. live
+      return 'deduplicated ' .. live
     end
   end
 end

@@ -24,12 +24,14 @@ import sys
 from echomq_django import EchoMQ, signals
 from echomq_django.eventcalls import EventCalls
 from echomq_django.events import SIGNAL_OF
+from echomq_django.lifecalls import LifecycleCalls
 
 NAMES = tuple(SIGNAL_OF.values())
 
 
-class EventMQ(EchoMQ, EventCalls):
-    """``EchoMQ`` with its durable-signal calls (until ``EchoMQ`` mixes them in)."""
+class EventMQ(EchoMQ, EventCalls, LifecycleCalls):
+    """``EchoMQ`` with its durable-signal and lifecycle calls (until
+    ``EchoMQ`` mixes them in)."""
 
 
 class Seen:

@@ -83,6 +83,19 @@ def test_each_transition_records_its_event_in_the_same_script(tmq):
     assert len({e[0] for e in events}) == len(EXPECTED)  # one stream id each
 
 
+def test_a_cancel_records_the_cancel_then_the_death_and_the_parent_s_fate(tmq):
+    tmq.subscribe_events(["q"], ALL)
+    tmq.add_flow(node("p", [leaf("a"), leaf("b", ignore_dependency_on_failure=True)]))
+    complete(tmq, "a", 1)
+    tmq.cancel("q", "b")
+    assert [e[1:] for e in stream(tmq)] == [
+        ("completed", "a", "leaf", "1"),
+        ("cancelled", "b", "leaf", "cancelled"),
+        ("dead", "b", "leaf", "cancelled"),
+        ("released", "p", "node", None),
+    ]
+
+
 def test_only_the_subscribed_kinds_are_recorded(tmq):
     tmq.subscribe_events(["q"], ["released", "flow_failed"])
     tree(tmq)
