@@ -21,6 +21,7 @@ from .api import (
 )
 from .client import EchoMQ
 from .exceptions import (
+    DependencyError,
     DuplicateJob,
     EchoMQError,
     FlowConflict,
@@ -30,6 +31,7 @@ from .exceptions import (
     JobNotRetryable,
     LeaseLost,
     PayloadError,
+    RateLimited,
     RedisUnavailable,
     Unrecoverable,
 )
@@ -41,6 +43,7 @@ from .worker import Worker
 
 __all__ = [
     "Dependencies",
+    "DependencyError",
     "DuplicateJob",
     "EchoMQ",
     "EchoMQError",
@@ -57,6 +60,7 @@ __all__ = [
     "Outcome",
     "PayloadError",
     "Pump",
+    "RateLimited",
     "RedisUnavailable",
     "Unrecoverable",
     "Worker",

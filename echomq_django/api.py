@@ -56,18 +56,22 @@ def enqueue(
     delay_ms: int = 0,
     on_commit: bool | None = None,
     using: str | None = None,
+    **options: Any,
 ) -> str:
     """Add one job; returns its id (str). See ``EchoMQ.enqueue`` for the
-    arguments and errors, and this module's docstring for ``on_commit`` /
-    ``using`` (the database alias whose transaction is watched and that
-    holds the outbox row). A deferred add raises the same validation errors
-    now, and the database's error if the outbox table is missing."""
+    arguments and errors (``options`` are its further keyword arguments:
+    ``priority``, ``timeout_ms``, ``dedup_key``...), and this module's
+    docstring for ``on_commit`` / ``using`` (the database alias whose
+    transaction is watched and that holds the outbox row). A deferred add
+    raises the same validation errors now, and the database's error if the
+    outbox table is missing."""
     mq = get_mq()
     kwargs = dict(
         job_id=job_id if job_id is not None else _flows.new_id(),
         max_attempts=max_attempts,
         backoff_ms=backoff_ms,
         delay_ms=delay_ms,
+        **options,
     )
     if not _defer(on_commit, using):
         return mq.enqueue(queue, name, payload, **kwargs)

@@ -335,3 +335,12 @@ def test_task_error_from_an_error_text_without_a_traceback():
         "UnknownJobName: no handler\n",
     )
     assert task_error("KeyError: 'x'").exception_class is KeyError
+
+
+def test_a_deferred_task_keeps_its_priority(mq, transactional_db):
+    if not EchoMQBackend.supports_priority:
+        pytest.skip("the queue has no priorities yet")
+    with transaction.atomic():
+        result = tasks_mod.noop_task.using(priority=7).enqueue()
+    assert default_task_backend.get_result(result.id).task.priority == 7
+    assert mq.get_job("default", result.id).state is JobState.PENDING
