@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import redis
 
-from . import signals
+from . import registry, signals
 from .client import EchoMQ
 from .conf import get_mq
 from .exceptions import RedisUnavailable, SweepLockLost, connection_error
@@ -142,8 +142,10 @@ class Pump:
     ``max_tries``: deliveries of an entry whose parent is gone before it is
     dead-lettered; ``max_stalls``: lease expiries a job survives;
     ``after_sweep``: callables ``f(pump, reports)`` run after each sweep (the
-    admin mirror hooks in here); ``before_trim``: see ``deliver_outbox``.
-    Raises ``ValueError`` for a bad or missing queue name.
+    admin mirror hooks in here); ``before_trim``: see ``deliver_outbox``;
+    ``register``: list this pump among the live processes while ``run()``
+    runs (a heartbeat every ``beat_s`` seconds, DESIGN §10.5). Raises
+    ``ValueError`` for a bad or missing queue name.
     """
 
     def __init__(
@@ -157,6 +159,8 @@ class Pump:
         max_stalls: int = 1,
         after_sweep=None,
         before_trim=None,
+        register: bool = True,
+        beat_s: float = registry.HEARTBEAT_S,
     ) -> None:
         self.mq = mq if mq is not None else get_mq()
         self.queues = [validate_queue(q) for q in queues]
@@ -166,6 +170,7 @@ class Pump:
         self.max_stalls = max_stalls
         self.after_sweep = list(after_sweep or [])
         self.before_trim = before_trim
+        self.register, self.beat_s = register, beat_s
         self.totals = SweepReport()
 
     def sweep(self) -> dict[str, dict]:
@@ -218,6 +223,28 @@ class Pump:
         ``summary_every`` seconds. A Redis outage is waited out with backoff
         (``outage.Outage``), never raised; ``once`` returns after the first
         pass that reached Redis."""
+        beat = self._announce()
+        try:
+            self._run(interval, once, should_stop, on_sweep, summary_every)
+        finally:
+            if beat is not None:
+                beat.stop()
+
+    def _announce(self) -> registry.Heartbeat | None:
+        """The heartbeat listing this pump among the live processes; its
+        ``jobs_done`` counts entries delivered, jobs promoted and recovered."""
+        if not self.register:
+            return None
+        t = self.totals
+        return registry.Heartbeat(
+            self.mq,
+            "pump",
+            self.queues,
+            self.beat_s,
+            status=lambda: {"jobs_done": t.delivered + t.promoted + t.recovered},
+        ).start()
+
+    def _run(self, interval, once, should_stop, on_sweep, summary_every) -> None:
         outage = Outage(self.mq.client, log)
         summary_at = time.monotonic() + summary_every
         while True:

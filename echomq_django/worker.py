@@ -69,14 +69,17 @@ import signal
 import threading
 import time
 
+from django.core.exceptions import ImproperlyConfigured
 from django.db import close_old_connections
 
+from . import registry
 from .client import EchoMQ
 from .conf import get_mq
 from .exceptions import Unrecoverable
 from .handlers import get_handler
 from .jobs import Job
 from .keyspace import validate_queue
+from .metrics import MISSING, process_metrics
 from .outage import REDIS_DOWN, Outage
 from .pool import HandlerPool, error_text, unknown_name_error
 from .reporter import GONE, Finished, Reporter
@@ -97,7 +100,13 @@ class Worker:
     for a lease extension (default a sixth of the shortest lease, at least
     50); ``shutdown_timeout`` (s): how long a graceful stop waits for running
     jobs; ``poll_interval`` (s): how long an empty queue rests before it is
-    claimed from again. Raises ``ValueError`` for a bad queue name or number.
+    claimed from again; ``register``: list this worker among the live
+    processes while it runs (a heartbeat every ``beat_s`` seconds, DESIGN
+    §10.5); ``metrics``: count finished jobs and handler times in this
+    process's Prometheus metrics (``metrics.ProcessMetrics``; needs
+    prometheus_client, else ``ImproperlyConfigured``). Raises ``ValueError``
+    for a bad queue name or number. ``run()`` logs a WARNING naming the known
+    queues when a queue is known nowhere (no job, not in settings).
 
     After ``run()``: ``processed`` (jobs completed or failed, all runs),
     ``stats`` (``completed``, ``failed`` = will retry, ``dead``, ``lost`` =
@@ -116,6 +125,9 @@ class Worker:
         heartbeat_ms: int | None = None,
         shutdown_timeout: float = 30.0,
         poll_interval: float = 0.2,
+        register: bool = True,
+        beat_s: float = registry.HEARTBEAT_S,
+        metrics: bool = False,
     ) -> None:
         mq = self.mq = mq if mq is not None else get_mq()
         self.queues = [validate_queue(q) for q in dict.fromkeys(queues)]
@@ -138,7 +150,13 @@ class Worker:
         self.abandoned = 0
         self._running: dict[tuple[str, str], Job] = {}  # claimed, not yet reported
         self._lock = threading.Lock()  # guards _running
-        self._reporter = Reporter(mq, self, self._forget, self._on_released, self._wake)
+        self.register, self.beat_s = register, beat_s
+        self.metrics = process_metrics() if metrics else None
+        if metrics and self.metrics is None:
+            raise ImproperlyConfigured(MISSING)
+        self._reporter = Reporter(
+            mq, self, self._forget, self._on_released, self._wake, metrics=self.metrics
+        )
         self._executing = 0  # submitted to the pool and not finished (loop thread only)
         self._claimed, self._retry_at = 0, 0.0  # this run's claims; outage: next try (loop only)
         self._halt = threading.Event()  # set when run() returns: helpers stop
@@ -236,9 +254,12 @@ class Worker:
             self.concurrency,
             ", ".join(f"{q}={ms}" for q, ms in self.leases.items()),
         )
+        beat = self._announce()
         try:
             self._loop(burst, max_jobs)
         finally:
+            if beat is not None:
+                beat.stop()
             self._reporter.close()
             self._halt.set()
             for thread in helpers:  # daemons: one stuck on a dead socket is left behind
@@ -257,6 +278,36 @@ class Worker:
             self._stopping.clear()
             self._force = False
         return self.processed - start
+
+    def _announce(self) -> registry.Heartbeat | None:
+        """Warn about queues known nowhere, and start the heartbeat that lists
+        this worker among the live processes (None when ``register`` is off)."""
+        try:
+            warning = registry.unknown_queue_warning(self.mq, self.queues)
+        except REDIS_DOWN:
+            warning = None  # the loop reports the outage
+        if warning:
+            log.warning("%s", warning)
+        if not self.register:
+            return None
+        return registry.Heartbeat(
+            self.mq,
+            "worker",
+            self.queues,
+            self.beat_s,
+            status=self._status,
+            concurrency=self.concurrency,
+        ).start()
+
+    def _status(self) -> dict:
+        """What the heartbeat says: jobs done, and the jobs held now."""
+        with self._lock:
+            held = list(self._running)
+        return {
+            "jobs_done": self.processed,
+            "running": len(held),
+            "running_jobs": [f"{q}/{i}" for q, i in held[: registry.RUNNING_SHOWN]],
+        }
 
     def _loop(self, burst: bool, max_jobs: int | None) -> None:
         """The claiming loop, as named steps: claim if there is room, stop when

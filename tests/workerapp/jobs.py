@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import threading
 import time
 
 from echomq_django import Unrecoverable, handler
@@ -44,6 +45,17 @@ def flaky(job):
 def slow(job):
     """Sleeps ``payload`` seconds, then returns it."""
     time.sleep(job.payload)
+    return job.payload
+
+
+GATES: dict[str, threading.Event] = {}  # t.gate waits on GATES[payload]
+
+
+@handler("t.gate")
+def gate(job):
+    """Waits until the test sets ``GATES[payload]`` (10 s at most), then
+    returns the payload: a job a test can hold running (issue 15)."""
+    GATES.setdefault(job.payload, threading.Event()).wait(10)
     return job.payload
 
 
