@@ -15,10 +15,16 @@ from .api import (
     get_flow,
     get_job,
     ignored_failures,
+    is_paused,
+    pause,
+    remove_child_dependency,
+    remove_unprocessed_children,
+    resume,
     retry,
 )
 from .client import EchoMQ
 from .exceptions import (
+    DependencyError,
     DuplicateJob,
     EchoMQError,
     FlowConflict,
@@ -28,6 +34,7 @@ from .exceptions import (
     JobNotRetryable,
     LeaseLost,
     PayloadError,
+    RateLimited,
     RedisUnavailable,
     Unrecoverable,
 )
@@ -39,6 +46,7 @@ from .worker import Worker
 
 __all__ = [
     "Dependencies",
+    "DependencyError",
     "DuplicateJob",
     "EchoMQ",
     "EchoMQError",
@@ -55,6 +63,7 @@ __all__ = [
     "Outcome",
     "PayloadError",
     "Pump",
+    "RateLimited",
     "RedisUnavailable",
     "Unrecoverable",
     "Worker",
@@ -68,5 +77,10 @@ __all__ = [
     "get_job",
     "handler",
     "ignored_failures",
+    "is_paused",
+    "pause",
+    "remove_child_dependency",
+    "remove_unprocessed_children",
+    "resume",
     "retry",
 ]

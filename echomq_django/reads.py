@@ -166,9 +166,10 @@ class Reads:
             pipe.zcard(index)
         pipe.llen(k.outbox)
         pipe.llen(k.deadletter)
-        pending, active, delayed, completed, dead, awaiting, outbox, dl = pipe.execute()
+        pipe.zcard(k.prioritized)  # pending jobs with a priority (DESIGN §10.3)
+        pending, active, delayed, completed, dead, awaiting, outbox, dl, ranked = pipe.execute()
         return {
-            "pending": pending,
+            "pending": pending + ranked,
             "active": active,
             "delayed": delayed,
             "completed": completed,
@@ -182,10 +183,19 @@ class Reads:
     def job_ids(
         self, queue: str, state: JobState | str, start: int = 0, end: int = -1
     ) -> list[str]:
-        """Ids in one state index, oldest first (pending: FIFO order)."""
+        """Ids in one state index, oldest first (pending: the order claims
+        take them, priorities included, DESIGN §10.3)."""
         key = self.keys.queue(queue).index(JobState(state))
         if JobState(state) is JobState.PENDING:
-            return [to_text(v) for v in self.client.lrange(key, start, end)]
+            ranked = self.keys.queue(queue).prioritized
+            if not self.client.exists(ranked):
+                return [to_text(v) for v in self.client.lrange(key, start, end)]
+            pipe = self.client.pipeline(transaction=False)
+            pipe.zrange(ranked, "-inf", "(0", byscore=True)  # priorities above 0
+            pipe.lrange(key, 0, -1)  # priority 0
+            pipe.zrange(ranked, 0, "+inf", byscore=True)  # priorities below 0
+            ids = [to_text(v) for part in pipe.execute() for v in part]
+            return ids[start : None if end == -1 else end + 1]
         return [to_text(v) for v in self.client.zrange(key, start, end)]
 
     def outbox_head(self, queue: str, count: int) -> list:

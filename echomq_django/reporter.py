@@ -37,13 +37,16 @@ class Finished:
     """A job its handler is done with, on its way to Redis. ``error`` is None
     when the handler returned ``result``; otherwise it is the text to store,
     and ``dead`` says the job fails for good (the handler raised
-    ``Unrecoverable``). ``ms``: how long the handler ran (ms)."""
+    ``Unrecoverable``). ``ms``: how long the handler ran (ms).
+    ``postpone_ms``: the handler raised ``RateLimited``: the job goes back
+    for that long without spending its attempt (DESIGN §10.3)."""
 
     job: Job
     result: Any = None
     error: str | None = None
     dead: bool = False
     ms: float = 0.0
+    postpone_ms: int | None = None
 
 
 class Reporter:
@@ -72,7 +75,7 @@ class Reporter:
         self.mq, self.sender, self.metrics = mq, sender, metrics
         self._forget, self._released, self._wake = forget, released, wake
         self.processed = 0
-        self.stats = {"completed": 0, "failed": 0, "dead": 0, "lost": 0}
+        self.stats = {"completed": 0, "failed": 0, "dead": 0, "lost": 0, "postponed": 0}
         self.debug = False  # a line per job (set per run from the log level)
         self._cv = threading.Condition()  # guards _inbox, unreported, _closing
         self._inbox: list[Finished] = []
@@ -140,6 +143,7 @@ class Reporter:
         ``RedisUnavailable`` (propagated) loses nothing."""
         if not finished:
             return
+        self._postpone(finished)
         good = [f for f in finished if f.error is None]
         if good:
             replies = self.mq.complete_many([(f.job, f.result) for f in good])
@@ -166,6 +170,24 @@ class Reporter:
             self._failed(
                 [(f, r) for f, r in zip(items, replies, strict=False) if not self._drop(f.job, r)]
             )
+
+    def _postpone(self, finished: list[Finished]) -> None:
+        """Put back, one script each, the jobs whose handler raised
+        ``RateLimited``; each leaves ``finished`` once Redis answered."""
+        for f in [f for f in finished if f.postpone_ms is not None]:
+            try:
+                self.mq.postpone(f.job, f.postpone_ms)
+            except REDIS_DOWN:
+                raise
+            except Exception as err:
+                self._drop(f.job, err)
+            else:
+                self._forget(f.job)
+                self.stats["postponed"] += 1
+                if self.debug:
+                    log.debug("job %s/%s rate limited: back in %d ms", f.job.queue, f.job.id,
+                              f.postpone_ms)  # fmt: skip
+            finished.remove(f)
 
     def _drop(self, job: Job, reply) -> bool:
         """Forget a job Redis refused to complete or fail; True if it was."""
