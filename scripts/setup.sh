@@ -15,7 +15,7 @@ if [ ! -x "$VENV/bin/python" ]; then
     "${PYTHON:-python3}" -m venv "$VENV"
 fi
 
-echo "== installing echomq-django${EXTRAS:-} ${PIP_EXTRA:-}into $VENV"
+echo "== installing echomq-django${EXTRAS:-} ${PIP_EXTRA:+$PIP_EXTRA }into $VENV"
 # shellcheck disable=SC2086  # PIP_EXTRA is a list of requirement specs
 "$VENV/bin/python" -m pip install -q -e ".${EXTRAS:-}" ${PIP_EXTRA:-}
 

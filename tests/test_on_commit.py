@@ -4,6 +4,9 @@ writes nothing, and the ids are known before the commit."""
 
 from __future__ import annotations
 
+import contextlib
+import copy
+
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
 from django.contrib.auth.models import User
@@ -88,7 +91,11 @@ def test_a_bad_call_raises_in_the_caller_not_at_commit(mq):
     assert mq.client.keys("*") == []
 
 
-def test_a_post_save_receiver_starts_a_flow_only_for_a_committed_row(mq):
+@contextlib.contextmanager
+def welcome_flows(*children: Flow):
+    """A ``post_save`` receiver on ``User`` that adds the flow
+    ``welcome-<username>`` (``t.sum_children`` over ``children``) for each new
+    user, as a project's receiver would; yields the list of its ``FlowRef``s."""
     refs = []
 
     def start_flow(sender, instance, created, **kwargs):
@@ -97,19 +104,24 @@ def test_a_post_save_receiver_starts_a_flow_only_for_a_committed_row(mq):
                 "q",
                 "t.sum_children",
                 job_id=f"welcome-{instance.username}",
-                children=[Flow("q", "t.echo", 1)],
+                children=[copy.deepcopy(c) for c in children],
             )
             refs.append(emq.add_flow(flow))
 
     post_save.connect(start_flow, sender=User, weak=False)
     try:
+        yield refs
+    finally:
+        post_save.disconnect(start_flow, sender=User)
+
+
+def test_a_post_save_receiver_starts_a_flow_only_for_a_committed_row(mq):
+    with welcome_flows(Flow("q", "t.echo", 1)) as refs:
         with pytest.raises(Rollback), transaction.atomic():
             User.objects.create(username="gone")
             raise Rollback
         with transaction.atomic():
             User.objects.create(username="kept")
-    finally:
-        post_save.disconnect(start_flow, sender=User)
     assert [ref.parent_id for ref in refs] == ["welcome-gone", "welcome-kept"]
     assert not landed(mq, "q", "welcome-gone")
     assert mq.get_job("q", "welcome-kept").state is JobState.AWAITING_CHILDREN
@@ -123,23 +135,10 @@ def test_redis_down_at_commit_the_flow_waits_in_the_outbox_and_runs_once(mq, mon
     monkeypatch.setenv("ECHOMQ_URL", f"redis://127.0.0.1:{free_port()}/0")
     conf.reset()
 
-    def start_flow(sender, instance, created, **kwargs):
-        if created:
-            flow = Flow(
-                "q",
-                "t.sum_children",
-                job_id=f"welcome-{instance.username}",
-                children=[Flow("q", "t.echo", 1, job_id="c1"), Flow("q", "t.echo", 2)],
-            )
-            emq.add_flow(flow)
-
-    post_save.connect(start_flow, sender=User, weak=False)
-    try:
+    with welcome_flows(Flow("q", "t.echo", 1, job_id="c1"), Flow("q", "t.echo", 2)):
         with transaction.atomic():
             User.objects.create(username="kept")
             job_id = emq.enqueue("q", "t.echo", {"n": 3})
-    finally:
-        post_save.disconnect(start_flow, sender=User)
     assert User.objects.filter(username="kept").exists()
     assert outbox.pending() == 2 and mq.client.keys("*") == []
     _, processed = burst(mq, ["q"], drain_outbox=True)
