@@ -174,3 +174,31 @@ def mq(redis_client):
     import echomq_django  # lazy: the library may not import yet
 
     return echomq_django.EchoMQ(redis_client, prefix="emq")
+
+
+@pytest.fixture(scope="session")
+def subprocess_db(tmp_path_factory) -> Iterator[str]:
+    """A migrated SQLite file for the ``manage.py`` subprocesses of the e2e
+    tests, exported as ``ECHOMQ_DB_PATH`` (testproject's settings read it):
+    without ``migrate`` the commands say so, and the repo's own
+    ``db.sqlite3`` is left alone."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    path = tmp_path_factory.mktemp("db") / "e2e.sqlite3"
+    previous = os.environ.get("ECHOMQ_DB_PATH")
+    os.environ["ECHOMQ_DB_PATH"] = str(path)
+    subprocess.run(
+        [sys.executable, "manage.py", "migrate", "--verbosity", "0"],
+        cwd=Path(__file__).resolve().parent.parent,
+        check=True,
+        timeout=300,
+    )
+    try:
+        yield str(path)
+    finally:
+        if previous is None:
+            os.environ.pop("ECHOMQ_DB_PATH", None)
+        else:
+            os.environ["ECHOMQ_DB_PATH"] = previous

@@ -126,6 +126,7 @@ def test_runworker_serves_metrics_and_lists_itself(tmp_path, redis_server, r):
 
 
 @pytest.mark.e2e
+@pytest.mark.usefixtures("subprocess_db")
 def test_runworker_with_a_taken_metrics_port_is_one_line(tmp_path, redis_server):
     import socket
 

@@ -7,15 +7,15 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from echomq_django import EchoMQ, Flow
+from tests.workerkit import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("subprocess_db")]
 
 
 def runpump(url, *args, **kw):
@@ -67,10 +67,11 @@ def test_unreachable_redis_at_start_exits_1_with_one_line():
 
 
 def test_sigterm_stops_gracefully_with_exit_0(r, redis_server):
-    proc = runpump(redis_server, "orders", "--interval", "0.1", "--no-mirror", "--verbosity", "1")
-    time.sleep(1.5)
     EchoMQ(r).enqueue("orders", "x", {}, job_id="due", delay_ms=1)
-    time.sleep(0.5)
+    proc = runpump(redis_server, "orders", "--interval", "0.1", "--no-mirror", "--verbosity", "1")
+    # once it promoted the job it is sweeping, its signal handlers installed
+    # (a fixed sleep lost that race on a loaded machine: killed by SIGTERM, -15)
+    wait_for(lambda: EchoMQ(r).get_job("orders", "due").state == "pending", what="a sweep")
     proc.send_signal(signal.SIGTERM)
     _out, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err

@@ -19,7 +19,7 @@ from echomq_django import EchoMQ, Flow, JobState
 from echomq_django.pump import Pump
 from tests.workerkit import wait_for
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("subprocess_db")]
 
 REPO = Path(__file__).resolve().parent.parent
 
