@@ -15,11 +15,11 @@ from echomq_django import Flow
 from echomq_django.dispatch import Dispatcher
 from echomq_django.events import SIGNAL_OF
 from echomq_django.pump import Pump
-from tests import jobkit
-from tests.eventkit import EventMQ, Raising, Seen, stream
+from tests import eventkit, jobkit
+from tests.eventkit import EventMQ, Raising, stream
 from tests.jobkit import T0, complete, kill, leaf, node
 
-clock = jobkit.clock  # a fixture (tests/jobkit.py)
+clock, seen = jobkit.clock, eventkit.seen  # fixtures (tests/jobkit.py, eventkit.py)
 ALL = list(SIGNAL_OF)
 
 
@@ -27,15 +27,6 @@ ALL = list(SIGNAL_OF)
 def tmq(redis_client, clock) -> EventMQ:
     """An ``EchoMQ`` with the event calls on the test's rig, time ``clock``."""
     return EventMQ(redis_client, prefix="emq", clock=clock)
-
-
-@pytest.fixture
-def seen():
-    rec = Seen()
-    try:
-        yield rec
-    finally:
-        rec.close()
 
 
 def tree(mq) -> None:
