@@ -16,10 +16,11 @@ imports inside a function, where Django wants it):
 3. protocol: ``EchoMQ`` (``client``, with its flow half ``flowcalls``),
    the only caller of the Lua scripts.
 4. settings: ``conf`` (reads ``ECHOMQ``, builds the process-wide ``EchoMQ``).
-5. runner parts: the wake-ups and timers (``wake``) and the process
-   registry, which the runners use.
-6. library: the module API, the runners (``worker``, ``reporter``,
-   ``pump``), the admin mirror, stats and metrics.
+5. runner parts: the wake-ups and timers (``wake``), the process
+   registry, the outage backoff (``outage``), the handler threads
+   (``pool``) and the worker's reporter (``reporter``).
+6. library: the module API, the runners (``worker``, ``pump``), the admin
+   mirror, stats and metrics.
 7. Django glue: the checks, the admin's page builders, the app config, the
    URLs and template tags, the package's public names (``__init__``).
 8. entry points: the admin, the management commands, the migrations.
@@ -50,11 +51,8 @@ FLOORS = [
     ["flows", "scripts", "reads", "models"],
     ["client", "flowcalls", "lifecalls", "eventcalls"],
     ["conf"],
-    ["wake", "registry"],
-    [
-        *("api", "worker", "reporter", "pump", "mirror", "stats", "metrics", "tasks", "outbox"),
-        *("dispatch",),
-    ],
+    ["wake", "registry", "outage", "pool", "reporter"],
+    ["api", "worker", "pump", "mirror", "stats", "metrics", "tasks", "outbox", "dispatch"],
     ["checks", "admin_pages", "apps", "urls", "templatetags", "templatetags.*", "__init__"],
     ["admin", "management", "management.*", "migrations", "migrations.*"],
 ]
