@@ -18,6 +18,7 @@ from .api import (
     retry,
 )
 from .client import EchoMQ
+from .dispatch import Dispatcher
 from .exceptions import (
     DuplicateJob,
     EchoMQError,
@@ -39,6 +40,7 @@ from .worker import Worker
 
 __all__ = [
     "Dependencies",
+    "Dispatcher",
     "DuplicateJob",
     "EchoMQ",
     "EchoMQError",

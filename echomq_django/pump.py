@@ -11,7 +11,11 @@ One ``Pump(queues).sweep()`` pass, for each queue:
    parent is gone is retried on ``max_tries`` sweeps, then moved to the
    dead-letter list with its reason so the entries behind it keep flowing;
 2. promotes due delayed jobs;
-3. recovers expired leases (a job past the stall limit dies).
+3. recovers expired leases (a job past the stall limit dies);
+4. sends the Django signals of the queue's durable events (``dispatch.py``,
+   DESIGN §10.6): in ``sweep()`` synchronously, in ``run()`` from the
+   dispatcher's threads, which block on the queues' event streams and send
+   within milliseconds of a transition.
 """
 
 from __future__ import annotations
@@ -23,9 +27,9 @@ from dataclasses import dataclass, field
 
 import redis
 
-from . import signals
 from .client import EchoMQ
 from .conf import get_mq
+from .dispatch import Dispatcher
 from .exceptions import RedisUnavailable, SweepLockLost, connection_error
 from .jobs import Outcome
 from .keyspace import validate_queue
@@ -46,6 +50,7 @@ class SweepReport:
     recovered: int = 0
     released: int = 0
     dead: int = 0
+    signals: int = 0  # durable events whose signals this sweep sent
     locked: bool = False
     lock_lost: bool = False
     outcome: Outcome = field(default_factory=Outcome, repr=False)
@@ -142,8 +147,10 @@ class Pump:
     ``max_tries``: deliveries of an entry whose parent is gone before it is
     dead-lettered; ``max_stalls``: lease expiries a job survives;
     ``after_sweep``: callables ``f(pump, reports)`` run after each sweep (the
-    admin mirror hooks in here); ``before_trim``: see ``deliver_outbox``.
-    Raises ``ValueError`` for a bad or missing queue name.
+    admin mirror hooks in here); ``before_trim``: see ``deliver_outbox``;
+    ``dispatcher``: the ``Dispatcher`` of the queues' durable signals (None:
+    one with the settings' tries and backoff). Raises ``ValueError`` for a
+    bad or missing queue name.
     """
 
     def __init__(
@@ -157,11 +164,13 @@ class Pump:
         max_stalls: int = 1,
         after_sweep=None,
         before_trim=None,
+        dispatcher: Dispatcher | None = None,
     ) -> None:
         self.mq = mq if mq is not None else get_mq()
         self.queues = [validate_queue(q) for q in queues]
         if not self.queues:
             raise ValueError("a pump needs at least one queue")
+        self.dispatcher = dispatcher or Dispatcher(self.queues, mq=self.mq)
         self.batch, self.lock_ms, self.max_tries = batch, lock_ms, max_tries
         self.max_stalls = max_stalls
         self.after_sweep = list(after_sweep or [])
@@ -178,6 +187,7 @@ class Pump:
 
     def _sweep(self) -> dict[str, dict]:
         reports = {}
+        self.dispatcher.subscribe()  # before this sweep's transitions
         for queue in self.queues:
             rep = deliver_outbox(
                 self.mq,
@@ -195,10 +205,12 @@ class Pump:
             rep.outcome.merge(stalled)
             rep.released = len(rep.outcome.released)
             rep.dead = len(rep.outcome.dead)
-            signals.send_outcome(self, self.mq, rep.outcome)
             reports[queue] = rep
             for name in ("delivered", "deadlettered", "promoted", "recovered", "released", "dead"):
                 setattr(self.totals, name, getattr(self.totals, name) + getattr(rep, name))
+        if not self.dispatcher.running:  # in run(), its threads send them
+            for queue, rep in reports.items():  # after every queue's transitions of this sweep
+                rep.signals = self.dispatcher.dispatch(queue).sent
         for hook in self.after_sweep:
             hook(self, reports)
         return {q: r.as_dict() for q, r in reports.items()}
@@ -217,7 +229,15 @@ class Pump:
         non-zero counts at DEBUG and the running totals at INFO every
         ``summary_every`` seconds. A Redis outage is waited out with backoff
         (``outage.Outage``), never raised; ``once`` returns after the first
-        pass that reached Redis."""
+        pass that reached Redis. Unless ``once``, the dispatcher's threads
+        send the durable signals meanwhile, from the first pass that reached
+        Redis on (stopped on return)."""
+        try:
+            return self._run(interval, once, should_stop, on_sweep, summary_every)
+        finally:
+            self.dispatcher.stop()
+
+    def _run(self, interval, once, should_stop, on_sweep, summary_every) -> None:
         outage = Outage(self.mq.client, log)
         summary_at = time.monotonic() + summary_every
         while True:
@@ -229,6 +249,8 @@ class Pump:
                     return
                 continue
             outage.ok()
+            if not once and not self.dispatcher.running:  # once Redis answered
+                self.dispatcher.start()
             if log.isEnabledFor(logging.DEBUG):
                 busy = {q: {k: v for k, v in r.items() if v} for q, r in reports.items()}
                 log.debug("sweep %s", {q: r for q, r in busy.items() if r} or "idle")
@@ -258,7 +280,7 @@ class Pump:
         t = self.totals
         log.info(
             "pump %s: delivered %d, dead-lettered %d, promoted %d, recovered %d, "
-            "released %d, dead %d",
+            "released %d, dead %d, signals %d",
             ",".join(self.queues),
             t.delivered,
             t.deadlettered,
@@ -266,4 +288,5 @@ class Pump:
             t.recovered,
             t.released,
             t.dead,
+            self.dispatcher.sent,
         )

@@ -110,7 +110,8 @@ def test_a_cross_queue_parent_s_event_lands_on_its_own_queue_when_delivered(tmq)
     complete(tmq, "k", 7, queue="c")
     assert [e[1:] for e in stream(tmq, "c")] == [("completed", "k", "kid", "7")]
     assert stream(tmq, "p") == []  # the parent's queue learns it from the pump
-    Pump(["p", "c"], mq=tmq).sweep()
+    Pump(["c"], mq=tmq).sweep()  # delivers c's outbox, dispatches c's events only
+    assert stream(tmq, "c") == []
     assert [e[1:] for e in stream(tmq, "p")] == [("released", "P", "parent", None)]
 
 
@@ -163,6 +164,18 @@ def test_the_backlog_shows_until_dispatched_and_nothing_trims_it(tmq, clock):
     report = Dispatcher(["q"], mq=tmq, batch=64).dispatch("q")
     assert report.sent == 300
     assert tmq.event_backlog("q") == {"pending": 0, "deadlettered": 0, "oldest_ms": None}
+
+
+def test_echomq_stats_shows_the_backlog(tmq, clock):
+    from echomq_django.stats import queue_stats
+
+    tmq.subscribe_events(["q"], ALL)
+    tmq.add_flows([Flow("q", "leaf", {}, job_id=f"j{i}") for i in range(3)])
+    for i in range(3):
+        complete(tmq, f"j{i}", i)
+    clock.now = int(stream(tmq)[0][0].split("-")[0]) + 1500
+    got = queue_stats(tmq, "q")
+    assert (got["signals"], got["signals_oldest_age_s"], got["signals_deadletter"]) == (3, 1.5, 0)
 
 
 def test_a_receiver_that_always_raises_is_dead_lettered_after_its_tries(tmq, seen, clock):
