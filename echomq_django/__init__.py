@@ -20,6 +20,7 @@ from .api import (
 from .client import EchoMQ
 from .dispatch import Dispatcher
 from .exceptions import (
+    DependencyError,
     DuplicateJob,
     EchoMQError,
     FlowConflict,
@@ -29,6 +30,7 @@ from .exceptions import (
     JobNotRetryable,
     LeaseLost,
     PayloadError,
+    RateLimited,
     RedisUnavailable,
     Unrecoverable,
 )
@@ -40,6 +42,7 @@ from .worker import Worker
 
 __all__ = [
     "Dependencies",
+    "DependencyError",
     "Dispatcher",
     "DuplicateJob",
     "EchoMQ",
@@ -57,6 +60,7 @@ __all__ = [
     "Outcome",
     "PayloadError",
     "Pump",
+    "RateLimited",
     "RedisUnavailable",
     "Unrecoverable",
     "Worker",

@@ -41,7 +41,10 @@ SIGNAL_KEYS = {
 }
 TOP_KEYS |= set(SIGNAL_KEYS)
 TOP_KEYS |= {"METRICS"}  # metrics.settings_problems checks it (issue 15)
+TOP_KEYS |= {"SCHEDULE"}  # periodic jobs: schedule.py
 QUEUE_KEYS = {"MAX_ATTEMPTS", "BACKOFF_MS", "LEASE_MS", "KEEP_COMPLETED", "KEEP_DEAD"}
+QUEUE_KEYS |= {"RATE_LIMIT", "TIMEOUT_MS"}
+SCHEDULING_KEYS = {"RATE_LIMIT", "TIMEOUT_MS"}  # checked by schedule.problems (E050-E059)
 URL_SCHEMES = ("redis://", "rediss://", "unix://")
 DJANGO_REDIS_CACHE = "django.core.cache.backends.redis.RedisCache"
 
@@ -155,6 +158,8 @@ def problems(cfg: dict | None = None) -> list[tuple[str, str, str]]:
             )
             continue
         for key, value in opts.items():
+            if key in SCHEDULING_KEYS:
+                continue
             if key in KEEP_KEYS:  # retention (DESIGN §10.2): E020-E023
                 out += [
                     (f"echomq_django.{cid}", f"queue {name!r}: {key} {message}", KEEP_HINT)
