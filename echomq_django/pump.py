@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 import redis
 
+from . import registry
 from .client import EchoMQ
 from .conf import get_mq
 from .dispatch import Dispatcher
@@ -34,6 +35,7 @@ from .exceptions import RedisUnavailable, SweepLockLost, connection_error
 from .jobs import Outcome
 from .keyspace import validate_queue
 from .outage import Outage
+from .schedule import Scheduler
 
 log = logging.getLogger("echomq_django.pump")
 
@@ -51,6 +53,8 @@ class SweepReport:
     released: int = 0
     dead: int = 0
     signals: int = 0  # durable events whose signals this sweep sent
+    expired: int = 0  # parents whose children_timeout_ms passed (DESIGN §10.3)
+    scheduled: int = 0  # periodic jobs fired on this queue (DESIGN §10.3)
     locked: bool = False
     lock_lost: bool = False
     outcome: Outcome = field(default_factory=Outcome, repr=False)
@@ -148,9 +152,14 @@ class Pump:
     dead-lettered; ``max_stalls``: lease expiries a job survives;
     ``after_sweep``: callables ``f(pump, reports)`` run after each sweep (the
     admin mirror hooks in here); ``before_trim``: see ``deliver_outbox``;
+    ``scheduler``: a ``schedule.Scheduler`` whose periodic jobs each sweep
+    fires (None: with ``mq`` None, the ``ECHOMQ["SCHEDULE"]`` entries on
+    these queues, if any), and ``run`` wakes for their ticks;
+    ``register``: list this pump among the live processes while ``run()``
+    runs (a heartbeat every ``beat_s`` seconds, DESIGN §10.5);
     ``dispatcher``: the ``Dispatcher`` of the queues' durable signals (None:
-    one with the settings' tries and backoff). Raises ``ValueError`` for a
-    bad or missing queue name.
+    one with the settings' tries and backoff).
+    Raises ``ValueError`` for a bad or missing queue name.
     """
 
     def __init__(
@@ -164,8 +173,14 @@ class Pump:
         max_stalls: int = 1,
         after_sweep=None,
         before_trim=None,
+        scheduler: Scheduler | None = None,
+        register: bool = True,
+        beat_s: float = registry.HEARTBEAT_S,
         dispatcher: Dispatcher | None = None,
     ) -> None:
+        if scheduler is None and mq is None:
+            scheduler = Scheduler.for_queues(get_mq(), queues)
+        self.scheduler = scheduler
         self.mq = mq if mq is not None else get_mq()
         self.queues = [validate_queue(q) for q in queues]
         if not self.queues:
@@ -175,6 +190,7 @@ class Pump:
         self.max_stalls = max_stalls
         self.after_sweep = list(after_sweep or [])
         self.before_trim = before_trim
+        self.register, self.beat_s = register, beat_s
         self.totals = SweepReport()
 
     def sweep(self) -> dict[str, dict]:
@@ -188,6 +204,7 @@ class Pump:
     def _sweep(self) -> dict[str, dict]:
         reports = {}
         self.dispatcher.subscribe()  # before this sweep's transitions
+        fired = self.scheduler.fire_due() if self.scheduler else []
         for queue in self.queues:
             rep = deliver_outbox(
                 self.mq,
@@ -203,6 +220,9 @@ class Pump:
             )
             rep.recovered = stalled.recovered
             rep.outcome.merge(stalled)
+            rep.expired, expired = self.mq.expire_children(queue, limit=self.batch * 10)
+            rep.outcome.merge(expired)
+            rep.scheduled = sum(q == queue for q, _ in fired)
             rep.released = len(rep.outcome.released)
             rep.dead = len(rep.outcome.dead)
             reports[queue] = rep
@@ -232,10 +252,27 @@ class Pump:
         pass that reached Redis. Unless ``once``, the dispatcher's threads
         send the durable signals meanwhile, from the first pass that reached
         Redis on (stopped on return)."""
+        beat = self._announce()
         try:
-            return self._run(interval, once, should_stop, on_sweep, summary_every)
+            self._run(interval, once, should_stop, on_sweep, summary_every)
         finally:
             self.dispatcher.stop()
+            if beat is not None:
+                beat.stop()
+
+    def _announce(self) -> registry.Heartbeat | None:
+        """The heartbeat listing this pump among the live processes; its
+        ``jobs_done`` counts entries delivered, jobs promoted and recovered."""
+        if not self.register:
+            return None
+        t = self.totals
+        return registry.Heartbeat(
+            self.mq,
+            "pump",
+            self.queues,
+            self.beat_s,
+            status=lambda: {"jobs_done": t.delivered + t.promoted + t.recovered},
+        ).start()
 
     def _run(self, interval, once, should_stop, on_sweep, summary_every) -> None:
         outage = Outage(self.mq.client, log)
@@ -263,6 +300,8 @@ class Pump:
                 return
             busy = any(r["delivered"] >= self.batch for r in reports.values())
             wait = 0 if busy else max(0.0, interval - (time.monotonic() - started))
+            if self.scheduler:  # wake for the next periodic tick (DESIGN §10.3)
+                wait = self.scheduler.wait_s(wait)
             if self._pause(wait, should_stop):
                 return
 
