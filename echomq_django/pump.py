@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import redis
 
-from . import signals
+from . import registry, signals
 from .client import EchoMQ
 from .conf import get_mq
 from .exceptions import RedisUnavailable, SweepLockLost, connection_error
@@ -148,7 +148,9 @@ class Pump:
     admin mirror hooks in here); ``before_trim``: see ``deliver_outbox``;
     ``scheduler``: a ``schedule.Scheduler`` whose periodic jobs each sweep
     fires (None: the ``ECHOMQ["SCHEDULE"]`` entries on these queues, if
-    any), and ``run`` wakes for their ticks.
+    any), and ``run`` wakes for their ticks;
+    ``register``: list this pump among the live processes while ``run()``
+    runs (a heartbeat every ``beat_s`` seconds, DESIGN §10.5).
     Raises ``ValueError`` for a bad or missing queue name.
     """
 
@@ -164,6 +166,8 @@ class Pump:
         after_sweep=None,
         before_trim=None,
         scheduler: Scheduler | None = None,
+        register: bool = True,
+        beat_s: float = registry.HEARTBEAT_S,
     ) -> None:
         self.mq = mq if mq is not None else get_mq()
         if scheduler is None:  # runpump and runworker --pump fire their queues' entries
@@ -176,6 +180,7 @@ class Pump:
         self.max_stalls = max_stalls
         self.after_sweep = list(after_sweep or [])
         self.before_trim = before_trim
+        self.register, self.beat_s = register, beat_s
         self.totals = SweepReport()
 
     def sweep(self) -> dict[str, dict]:
@@ -232,6 +237,28 @@ class Pump:
         ``summary_every`` seconds. A Redis outage is waited out with backoff
         (``outage.Outage``), never raised; ``once`` returns after the first
         pass that reached Redis."""
+        beat = self._announce()
+        try:
+            self._run(interval, once, should_stop, on_sweep, summary_every)
+        finally:
+            if beat is not None:
+                beat.stop()
+
+    def _announce(self) -> registry.Heartbeat | None:
+        """The heartbeat listing this pump among the live processes; its
+        ``jobs_done`` counts entries delivered, jobs promoted and recovered."""
+        if not self.register:
+            return None
+        t = self.totals
+        return registry.Heartbeat(
+            self.mq,
+            "pump",
+            self.queues,
+            self.beat_s,
+            status=lambda: {"jobs_done": t.delivered + t.promoted + t.recovered},
+        ).start()
+
+    def _run(self, interval, once, should_stop, on_sweep, summary_every) -> None:
         outage = Outage(self.mq.client, log)
         summary_at = time.monotonic() + summary_every
         while True:

@@ -55,7 +55,9 @@ class Reporter:
     ``mq``: the worker's ``EchoMQ``; ``sender``: the signals' sender (the
     worker); ``forget(*jobs)``: the worker stops tracking jobs reported (or
     dropped); ``released(queue)``: a parent on ``queue`` was released;
-    ``wake()``: wakes the claiming loop after each batch. ``processed`` and
+    ``wake()``: wakes the claiming loop after each batch; ``metrics``: an
+    object with ``job_finished(queue, name, outcome, seconds)`` (the
+    worker's ``metrics.ProcessMetrics``) or None. ``processed`` and
     ``stats`` (``completed``, ``failed`` = will retry, ``dead``, ``lost``)
     count every run; ``unreported`` counts jobs handed over and not reported
     yet in this run.
@@ -68,8 +70,9 @@ class Reporter:
         forget: Callable[..., None],
         released: Callable[[str], None],
         wake: Callable[[], None],
+        metrics: Any = None,
     ) -> None:
-        self.mq, self.sender = mq, sender
+        self.mq, self.sender, self.metrics = mq, sender, metrics
         self._forget, self._released, self._wake = forget, released, wake
         self.processed = 0
         self.stats = {"completed": 0, "failed": 0, "dead": 0, "lost": 0, "postponed": 0}
@@ -227,6 +230,8 @@ class Reporter:
                     job_name=job.name,
                     result=f.result,
                 )
+            if self.metrics is not None:
+                self.metrics.job_finished(job.queue, job.name, "completed", f.ms / 1000)
             self._after(job, outcome)
         self.stats["completed"] += len(done)
         self.processed += len(done)
@@ -241,6 +246,10 @@ class Reporter:
             job, error = f.job, f.error
             dead = outcome.state is JobState.DEAD
             self.stats["dead" if dead else "failed"] += 1
+            if self.metrics is not None:
+                self.metrics.job_finished(
+                    job.queue, job.name, "dead" if dead else "failed", f.ms / 1000
+                )
             if dead:
                 log.warning(
                     "job %s/%s (%s) is dead after %d attempts: %s",

@@ -77,15 +77,19 @@ import signal
 import threading
 import time
 
+from django.core.exceptions import ImproperlyConfigured
 from django.db import close_old_connections
 
+from . import registry
 from .client import EchoMQ
 from .conf import get_mq
 from .exceptions import RateLimited, Unrecoverable
 from .handlers import get_handler
 from .jobs import Job
 from .keyspace import validate_queue
+from .metrics import MISSING, process_metrics
 from .outage import REDIS_DOWN, Outage
+from .outbox import Drainer
 from .pool import HandlerPool, error_text, unknown_name_error
 from .reporter import GONE, Finished, Reporter
 from .timeouts import Timeouts
@@ -108,8 +112,17 @@ class Worker:
     jobs; ``poll_interval`` (s): how long an empty queue rests before it is
     claimed from again; ``max_stuck``: handler threads left running past
     their job's time limit (written off and replaced) before the worker stops
-    (default ``concurrency``; timeouts.py). Raises ``ValueError`` for a bad
-    queue name or number.
+    (default ``concurrency``; timeouts.py); ``register``: list this worker
+    among the live processes while it runs (a heartbeat every ``beat_s``
+    seconds, DESIGN §10.5); ``metrics``: count finished jobs and handler
+    times in this process's Prometheus metrics (``metrics.ProcessMetrics``;
+    needs prometheus_client, else ``ImproperlyConfigured``); ``drain_outbox``:
+    push the enqueue outbox's rows to Redis (DESIGN §10.4; ``runworker`` sets
+    it) before the first claim and then every ``outbox_interval_s`` seconds.
+    Raises
+    ``ValueError`` for a bad queue name or number. ``run()`` logs a WARNING
+    naming the known queues when a queue is known nowhere (no job, not in
+    settings).
 
     After ``run()``: ``processed`` (jobs completed or failed, all runs),
     ``stats`` (``completed``, ``failed`` = will retry, ``dead``, ``lost`` =
@@ -130,8 +143,16 @@ class Worker:
         shutdown_timeout: float = 30.0,
         poll_interval: float = 0.2,
         max_stuck: int | None = None,
+        register: bool = True,
+        beat_s: float = registry.HEARTBEAT_S,
+        metrics: bool = False,
+        drain_outbox: bool = False,
+        outbox_interval_s: float = 1.0,
     ) -> None:
         mq = self.mq = mq if mq is not None else get_mq()
+        # the enqueue outbox (DESIGN §10.4): drained before the first claim,
+        # then every outbox_interval_s seconds on a thread of its own
+        self._drainer = Drainer(mq, outbox_interval_s) if drain_outbox else None
         self.queues = [validate_queue(q) for q in dict.fromkeys(queues)]
         if not self.queues:
             raise ValueError("a worker needs at least one queue")
@@ -152,7 +173,13 @@ class Worker:
         self.abandoned = 0
         self._running: dict[tuple[str, str], Job] = {}  # claimed, not yet reported
         self._lock = threading.Lock()  # guards _running
-        self._reporter = Reporter(mq, self, self._forget, self._on_released, self._wake)
+        self.register, self.beat_s = register, beat_s
+        self.metrics = process_metrics() if metrics else None
+        if metrics and self.metrics is None:
+            raise ImproperlyConfigured(MISSING)
+        self._reporter = Reporter(
+            mq, self, self._forget, self._on_released, self._wake, metrics=self.metrics
+        )
         # DESIGN §10.3: per-attempt time limits (timeouts.py) and the queues' defaults (ms)
         self._timeouts = Timeouts(self._on_timeout)
         self.max_stuck = _at_least(0, concurrency if max_stuck is None else max_stuck, "max_stuck")
@@ -249,6 +276,9 @@ class Worker:
         self._timeouts.reopen()
         for thread in helpers:
             thread.start()
+        if self._drainer is not None:
+            self._drainer.drain_once()  # a burst run sees what waited at its start
+            self._drainer.start(drain_now=False)
         start = self.processed
         log.info(
             "worker started: queues %s, concurrency %d, lease %s ms",
@@ -256,9 +286,14 @@ class Worker:
             self.concurrency,
             ", ".join(f"{q}={ms}" for q, ms in self.leases.items()),
         )
+        beat = self._announce()
         try:
             self._loop(burst, max_jobs)
         finally:
+            if self._drainer is not None:
+                self._drainer.stop()
+            if beat is not None:
+                beat.stop()
             self._reporter.close()
             self._timeouts.close()
             self._halt.set()
@@ -278,6 +313,36 @@ class Worker:
             self._stopping.clear()
             self._force = False
         return self.processed - start
+
+    def _announce(self) -> registry.Heartbeat | None:
+        """Warn about queues known nowhere, and start the heartbeat that lists
+        this worker among the live processes (None when ``register`` is off)."""
+        try:
+            warning = registry.unknown_queue_warning(self.mq, self.queues)
+        except REDIS_DOWN:
+            warning = None  # the loop reports the outage
+        if warning:
+            log.warning("%s", warning)
+        if not self.register:
+            return None
+        return registry.Heartbeat(
+            self.mq,
+            "worker",
+            self.queues,
+            self.beat_s,
+            status=self._status,
+            concurrency=self.concurrency,
+        ).start()
+
+    def _status(self) -> dict:
+        """What the heartbeat says: jobs done, and the jobs held now."""
+        with self._lock:
+            held = list(self._running)
+        return {
+            "jobs_done": self.processed,
+            "running": len(held),
+            "running_jobs": [f"{q}/{i}" for q, i in held[: registry.RUNNING_SHOWN]],
+        }
 
     def _loop(self, burst: bool, max_jobs: int | None) -> None:
         """The claiming loop, as named steps: claim if there is room, stop when

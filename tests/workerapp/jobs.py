@@ -48,6 +48,17 @@ def slow(job):
     return job.payload
 
 
+GATES: dict[str, threading.Event] = {}  # t.gate waits on GATES[payload]
+
+
+@handler("t.gate")
+def gate(job):
+    """Waits until the test sets ``GATES[payload]`` (10 s at most), then
+    returns the payload: a job a test can hold running (issue 15)."""
+    GATES.setdefault(job.payload, threading.Event()).wait(10)
+    return job.payload
+
+
 @handler("t.bad_result")
 def bad_result(job):
     """Returns something JSON cannot encode."""
@@ -130,3 +141,12 @@ def rate_limited(job):
         LIMITED.add(job.id)
         raise RateLimited(job.payload)
     return job.attempts
+
+
+@handler("t.decimal_total")
+def decimal_total(job):
+    """Returns ``{"total": Decimal}`` of the payload's ``prices`` (strings):
+    a result only Django's JSON encoder takes."""
+    from decimal import Decimal
+
+    return {"total": sum(Decimal(p) for p in job.payload["prices"])}
