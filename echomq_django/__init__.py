@@ -6,8 +6,10 @@ offers the same methods over any redis-py client.
 """
 
 from .api import (
+    aadd_flow,
     add_flow,
     add_flows,
+    aenqueue,
     children_values,
     dependencies,
     dependency_counts,
@@ -67,8 +69,10 @@ __all__ = [
     "RedisUnavailable",
     "Unrecoverable",
     "Worker",
+    "aadd_flow",
     "add_flow",
     "add_flows",
+    "aenqueue",
     "children_values",
     "dependencies",
     "dependency_counts",

@@ -147,8 +147,8 @@ class Pump:
     ``after_sweep``: callables ``f(pump, reports)`` run after each sweep (the
     admin mirror hooks in here); ``before_trim``: see ``deliver_outbox``;
     ``scheduler``: a ``schedule.Scheduler`` whose periodic jobs each sweep
-    fires (None: with ``mq`` None, the ``ECHOMQ["SCHEDULE"]`` entries on
-    these queues, if any), and ``run`` wakes for their ticks;
+    fires (None: the ``ECHOMQ["SCHEDULE"]`` entries on these queues, if
+    any), and ``run`` wakes for their ticks;
     ``register``: list this pump among the live processes while ``run()``
     runs (a heartbeat every ``beat_s`` seconds, DESIGN §10.5).
     Raises ``ValueError`` for a bad or missing queue name.
@@ -169,10 +169,10 @@ class Pump:
         register: bool = True,
         beat_s: float = registry.HEARTBEAT_S,
     ) -> None:
-        if scheduler is None and mq is None:
-            scheduler = Scheduler.for_queues(get_mq(), queues)
-        self.scheduler = scheduler
         self.mq = mq if mq is not None else get_mq()
+        if scheduler is None:  # runpump and runworker --pump fire their queues' entries
+            scheduler = Scheduler.for_queues(self.mq, queues)
+        self.scheduler = scheduler
         self.queues = [validate_queue(q) for q in queues]
         if not self.queues:
             raise ValueError("a pump needs at least one queue")

@@ -89,6 +89,7 @@ from .jobs import Job
 from .keyspace import validate_queue
 from .metrics import MISSING, process_metrics
 from .outage import REDIS_DOWN, Outage
+from .outbox import Drainer
 from .pool import HandlerPool, error_text, unknown_name_error
 from .reporter import GONE, Finished, Reporter
 from .timeouts import Timeouts
@@ -115,7 +116,10 @@ class Worker:
     among the live processes while it runs (a heartbeat every ``beat_s``
     seconds, DESIGN §10.5); ``metrics``: count finished jobs and handler
     times in this process's Prometheus metrics (``metrics.ProcessMetrics``;
-    needs prometheus_client, else ``ImproperlyConfigured``). Raises
+    needs prometheus_client, else ``ImproperlyConfigured``); ``drain_outbox``:
+    push the enqueue outbox's rows to Redis (DESIGN §10.4; ``runworker`` sets
+    it) before the first claim and then every ``outbox_interval_s`` seconds.
+    Raises
     ``ValueError`` for a bad queue name or number. ``run()`` logs a WARNING
     naming the known queues when a queue is known nowhere (no job, not in
     settings).
@@ -142,8 +146,13 @@ class Worker:
         register: bool = True,
         beat_s: float = registry.HEARTBEAT_S,
         metrics: bool = False,
+        drain_outbox: bool = False,
+        outbox_interval_s: float = 1.0,
     ) -> None:
         mq = self.mq = mq if mq is not None else get_mq()
+        # the enqueue outbox (DESIGN §10.4): drained before the first claim,
+        # then every outbox_interval_s seconds on a thread of its own
+        self._drainer = Drainer(mq, outbox_interval_s) if drain_outbox else None
         self.queues = [validate_queue(q) for q in dict.fromkeys(queues)]
         if not self.queues:
             raise ValueError("a worker needs at least one queue")
@@ -267,6 +276,9 @@ class Worker:
         self._timeouts.reopen()
         for thread in helpers:
             thread.start()
+        if self._drainer is not None:
+            self._drainer.drain_once()  # a burst run sees what waited at its start
+            self._drainer.start(drain_now=False)
         start = self.processed
         log.info(
             "worker started: queues %s, concurrency %d, lease %s ms",
@@ -278,6 +290,8 @@ class Worker:
         try:
             self._loop(burst, max_jobs)
         finally:
+            if self._drainer is not None:
+                self._drainer.stop()
             if beat is not None:
                 beat.stop()
             self._reporter.close()

@@ -130,3 +130,15 @@ def test_the_module_api_over_the_settings_connection(r) -> None:
         assert (job.id, job.priority, job.timeout_ms) == ("b", 4, 50)
     finally:
         conf.reset()
+
+
+def test_a_pump_fires_the_settings_entries_of_its_own_queues(tmq, settings) -> None:
+    beat = {"name": "t.echo", "every_s": 60}
+    settings.ECHOMQ = {
+        **settings.ECHOMQ,
+        "SCHEDULE": {"mine": {**beat, "queue": "q"}, "theirs": {**beat, "queue": "other"}},
+    }
+    pump = Pump(["q"], mq=tmq)
+    assert [e.key for e in pump.scheduler.entries] == ["mine"]
+    settings.ECHOMQ = {k: v for k, v in settings.ECHOMQ.items() if k != "SCHEDULE"}
+    assert Pump(["q"], mq=tmq).scheduler is None

@@ -141,3 +141,12 @@ def rate_limited(job):
         LIMITED.add(job.id)
         raise RateLimited(job.payload)
     return job.attempts
+
+
+@handler("t.decimal_total")
+def decimal_total(job):
+    """Returns ``{"total": Decimal}`` of the payload's ``prices`` (strings):
+    a result only Django's JSON encoder takes."""
+    from decimal import Decimal
+
+    return {"total": sum(Decimal(p) for p in job.payload["prices"])}

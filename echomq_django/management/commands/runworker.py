@@ -23,6 +23,7 @@ from echomq_django import metrics
 from echomq_django.conf import get_mq
 from echomq_django.exceptions import RedisUnavailable
 from echomq_django.logs import setup_logging
+from echomq_django.outbox import tables_missing
 from echomq_django.worker import Worker
 
 
@@ -100,6 +101,11 @@ class Command(BaseCommand):
             mq.ping()
         except RedisUnavailable as err:
             self._exit(f"runworker: {err}")
+        missing = tables_missing()
+        if missing:
+            logging.getLogger("echomq_django.worker").warning(
+                "runworker: %s; until then the enqueue outbox is not drained", missing
+            )
         try:
             worker = Worker(
                 opts["queues"],
@@ -108,6 +114,7 @@ class Command(BaseCommand):
                 lease_ms=opts["lease_ms"],
                 shutdown_timeout=opts["shutdown_timeout"],
                 poll_interval=opts["poll_interval"],
+                drain_outbox=not missing,
                 metrics=opts["metrics_port"] is not None,
             )
         except (ValueError, ImproperlyConfigured) as err:
