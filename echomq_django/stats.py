@@ -64,10 +64,15 @@ def queue_stats(mq, queue: str, now_ms: int | None = None) -> dict:
     ``counts`` (per state), ``oldest_pending_age_s`` (s or None),
     ``completed_last_minute``, ``dead_last_minute``, ``jobs_per_s`` (both over
     the last ``WINDOW_MS``, per second), ``outbox``, ``deadletter``,
-    ``paused``. Raises ``ValueError`` for a bad name, redis-py errors."""
+    ``paused``, and the durable signals' backlog (DESIGN §10.6): ``signals``
+    (events not dispatched yet), ``signals_oldest_age_s`` (s or None),
+    ``signals_deadletter``. Raises ``ValueError`` for a bad name, redis-py
+    errors."""
     now = mq.clock() if now_ms is None else now_ms
     counts = mq.counts(queue)
     done, dead = _finished_since(mq, queue, now - WINDOW_MS)
+    backlog = mq.event_backlog(queue)
+    oldest = backlog["oldest_ms"]
     return {
         "counts": {state: int(counts[state]) for state in STATES},
         "oldest_pending_age_s": oldest_pending_age_s(mq, queue, now),
@@ -77,6 +82,9 @@ def queue_stats(mq, queue: str, now_ms: int | None = None) -> dict:
         "outbox": int(counts["outbox"]),
         "deadletter": int(counts["deadletter"]),
         "paused": is_paused(mq, queue),
+        "signals": backlog["pending"],
+        "signals_oldest_age_s": None if oldest is None else round(oldest / 1000, 3),
+        "signals_deadletter": backlog["deadlettered"],
     }
 
 
@@ -152,6 +160,7 @@ QUEUE_COLUMNS = (
     ("jobs/s (1 min)", lambda q: f"{q['jobs_per_s']:.2f}"),
     ("outbox", lambda q: q["outbox"]),
     ("dead-letters", lambda q: q["deadletter"]),
+    ("signals", lambda q: q["signals"]),
     ("paused", lambda q: "yes" if q["paused"] else "no"),
     ("workers", lambda q: q["workers"]),
 )
