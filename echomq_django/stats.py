@@ -17,6 +17,7 @@ from .exceptions import EchoMQError
 from .jobs import JobState
 from .keyspace import validate_queue
 from .registry import known_queues, live_processes, settings_queues
+from .schedule import settings_state
 
 SCHEMA = "echomq.stats/1"
 WINDOW_MS = 60_000  # throughput is counted over the last minute
@@ -126,6 +127,7 @@ def collect(mq, queues=(), now_ms: int | None = None) -> dict:
         "prefix": mq.keys.prefix,
         "queues": out,
         "processes": [p.as_dict() for p in procs],
+        "schedule": settings_state(mq),
     }
 
 
@@ -164,6 +166,10 @@ QUEUE_COLUMNS = (
 )
 
 
+def _ago(now: int, at: int | None) -> str:
+    return "-" if at is None else duration(max(0, now - at) / 1000) + " ago"
+
+
 def _table(header: list[str], rows: list[list]) -> list[str]:
     cells = [header, *[[str(c) for c in row] for row in rows]]
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
@@ -186,6 +192,14 @@ def render(doc: dict) -> str:
         lines += _table([c for c, _ in QUEUE_COLUMNS], rows)
     else:
         lines.append("no queues known yet (no job added, none in ECHOMQ['QUEUES'])")
+    if doc.get("schedule"):
+        lines += ["", f"periodic jobs: {len(doc['schedule'])}"]
+        rows = [
+            [e["entry"], e["queue"], e["name"], e["schedule"], _ago(now, e["last_tick"]),
+             duration(max(0, e["next_tick"] - now) / 1000)]
+            for e in doc["schedule"]
+        ]  # fmt: skip
+        lines += _table(["entry", "queue", "job", "schedule", "last tick", "next in"], rows)
     procs = doc["processes"]
     lines += ["", f"live workers and pumps: {len(procs)}"]
     if procs:

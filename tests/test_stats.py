@@ -70,6 +70,7 @@ def test_stats_of_a_busy_queue_are_exact(tmq, clock):
             }
         },
         "processes": [hb.info.as_dict()],
+        "schedule": [],
     }
     assert json.loads(json.dumps(doc)) == doc  # plain JSON types only
 
