@@ -297,7 +297,9 @@ class Job:
             parent_queue,
             parent_policy,
             created_at,
-        ) = values
+            timeout_ms,
+            priority,
+        ) = values  # CLAIM_FIELDS, in order
         parent, parent_queue, policy, max_attempts, backoff_ms = _compact(
             queue, mq, parent, parent_queue, parent_policy, max_attempts, backoff_ms
         )
@@ -316,6 +318,8 @@ class Job:
             created_at=_int(created_at),
             lease=to_text(token),
             lease_deadline=deadline,
+            priority=_int(priority) or 0,
+            timeout_ms=_int(timeout_ms),
             _mq=mq,
         )
 
@@ -401,6 +405,3 @@ class Outcome:
             getattr(self, name).extend(getattr(other, name))
         self.recovered += other.recovered
         self.outbox += other.outbox
-
-
-assert len(CLAIM_FIELDS) == 11  # from_claim unpacks them by position
