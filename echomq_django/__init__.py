@@ -25,6 +25,7 @@ from .api import (
     retry,
 )
 from .client import EchoMQ
+from .dispatch import Dispatcher
 from .exceptions import (
     DependencyError,
     DuplicateJob,
@@ -49,6 +50,7 @@ from .worker import Worker
 __all__ = [
     "Dependencies",
     "DependencyError",
+    "Dispatcher",
     "DuplicateJob",
     "EchoMQ",
     "EchoMQError",

@@ -197,6 +197,7 @@ class Worker:
         self._released = dict.fromkeys(self.queues, 0)
         self._turn = 0
         self._warned: set[str] = set()
+        self._subscribed = False  # event kinds with receivers here recorded for our queues
         self._stats_at, self._stats_seen = 0.0, (0, time.monotonic())
 
     @property
@@ -437,6 +438,9 @@ class Worker:
     def _claim(self, free: int, everywhere: bool) -> int:
         """Claim up to ``free`` jobs round-robin over the queues and submit
         them; ``everywhere`` asks resting queues too. Returns how many."""
+        if not self._subscribed:  # before any transition of ours (DESIGN §10.6)
+            self.mq.subscribe_events(self.queues)
+            self._subscribed = True
         got, now, n = 0, time.monotonic(), len(self.queues)
         first, self._turn = self._turn, (self._turn + 1) % n
         for i in range(n):

@@ -15,6 +15,16 @@ def echo(job):
     return job.payload
 
 
+RECORDED: list = []  # payloads t.record saw, in the order it ran them
+
+
+@handler("t.record")
+def record(job):
+    """Appends the payload to ``RECORDED`` and returns it."""
+    RECORDED.append(job.payload)
+    return job.payload
+
+
 @handler("t.sum_children")
 def sum_children(job):
     """Returns the sum of the children's results (numbers)."""
