@@ -25,9 +25,10 @@ READY; ``active`` is RUNNING; ``completed`` is SUCCESSFUL; ``dead`` is FAILED.
 ``errors`` holds the last attempt's error (the queue keeps only the last);
 ``worker_ids`` holds one entry per attempt (``WORKER_ID``: the queue does not
 record which worker ran an attempt), so ``attempts`` counts them.
-``run_after`` maps to ``delay_ms``. ``priority`` is accepted when the queue
-supports it (``EchoMQ.enqueue`` takes ``priority``); otherwise a non-zero
-priority is an ``InvalidTask`` error, as the framework's base class rules.
+``run_after`` maps to ``delay_ms``; ``priority`` to the job's priority
+(DESIGN §10.3; ``supports_priority`` follows whether ``EchoMQ.enqueue``
+takes one, and without it a non-zero priority is the framework's
+``InvalidTask``).
 
 OPTIONS: ``MAX_ATTEMPTS`` (int >= 1, or None for the queue's ``MAX_ATTEMPTS``;
 default 1: a task runs once, as the framework's own backends do) and
