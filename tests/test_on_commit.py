@@ -16,7 +16,7 @@ from django.db.models.signals import post_save
 import echomq_django as emq
 from echomq_django import EchoMQ, Flow, JobNotFound, JobState, conf, outbox
 from tests.rigs import free_port
-from tests.workerkit import burst
+from tests.workerkit import burst, run_async
 
 
 class Rollback(Exception):
@@ -149,8 +149,8 @@ def test_redis_down_at_commit_the_flow_waits_in_the_outbox_and_runs_once(mq, mon
 
 
 def test_aenqueue_and_aadd_flow(mq):
-    job_id = async_to_sync(emq.aenqueue)("q", "t.echo", 1, job_id="a1")
-    ref = async_to_sync(emq.aadd_flow)(Flow("q", "t.echo", 2, job_id="a2"))
+    job_id = run_async(emq.aenqueue, "q", "t.echo", 1, job_id="a1")
+    ref = run_async(emq.aadd_flow, Flow("q", "t.echo", 2, job_id="a2"))
     assert (job_id, ref.parent_id) == ("a1", "a2")
     assert mq.job_ids("q", "pending") == ["a1", "a2"]
 
@@ -163,5 +163,5 @@ def test_aenqueue_and_aadd_flow(mq):
 
         await block()
 
-    async_to_sync(in_a_transaction)()
+    run_async(in_a_transaction)
     assert landed(mq, "q", "a3")

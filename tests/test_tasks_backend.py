@@ -10,12 +10,12 @@ import logging
 from datetime import timedelta
 
 import pytest
-from asgiref.sync import async_to_sync
 from django.db import transaction
 from django.test import override_settings
 from django.utils import timezone
 
 from echomq_django import JobState, Worker, conf
+from tests.workerkit import run_async
 
 # Django 5.2 without the backport has no tasks framework: nothing to test.
 tasks_mod = pytest.importorskip("tests.workerapp.tasks")
@@ -103,9 +103,9 @@ def test_enqueue_lands_one_job_and_answers_ready(mq, name):
 
 
 def test_aenqueue_and_aget_result(mq):
-    result = async_to_sync(tasks_mod.noop_task_async.aenqueue)()
+    result = run_async(tasks_mod.noop_task_async.aenqueue)
     assert (result.status, result.args, result.kwargs) == (TaskResultStatus.READY, [], {})
-    assert async_to_sync(default_task_backend.aget_result)(result.id) == result
+    assert run_async(default_task_backend.aget_result, result.id) == result
 
 
 def test_get_result_equals_the_enqueued_result(mq):
@@ -126,7 +126,7 @@ def test_refresh_after_a_run(smq):
     assert result.attempts == 1 and result.worker_ids == [WORKER_ID]
     assert result.enqueued_at <= result.started_at == result.last_attempted_at
     assert result.started_at <= result.finished_at
-    async_to_sync(result.arefresh)()
+    run_async(result.arefresh)
     assert result.return_value == 42
 
 
@@ -188,7 +188,7 @@ def test_missing_and_foreign_ids(mq, transactional_db):
         with pytest.raises(TaskResultDoesNotExist):
             default_task_backend.get_result(bad)
     with pytest.raises(TaskResultDoesNotExist):
-        async_to_sync(default_task_backend.aget_result)("123")
+        run_async(default_task_backend.aget_result, "123")
     mq.enqueue("default", "t.echo", 1, job_id="plain")
     with pytest.raises(TaskResultDoesNotExist, match="is not a task"):
         default_task_backend.get_result("plain")

@@ -98,3 +98,25 @@ class Background:
         if self.error is not None:
             raise self.error
         return self.result
+
+
+def run_async(fn, *args, **kwargs):
+    """``async_to_sync(fn)(*args, **kwargs)`` on a thread of its own, and its
+    result (or exception). The suite's browser tests leave an event loop on
+    the main thread, where ``async_to_sync`` refuses to run."""
+    from asgiref.sync import async_to_sync
+
+    out: dict = {}
+
+    def call():
+        try:
+            out["value"] = async_to_sync(fn)(*args, **kwargs)
+        except BaseException as exc:
+            out["error"] = exc
+
+    thread = threading.Thread(target=call)
+    thread.start()
+    thread.join(60)
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
