@@ -26,7 +26,7 @@ from .exceptions import (
 )
 from .flowcalls import FLOW_CHUNK, FlowCalls, opt
 from .jobs import CLAIM_FIELDS, MAX_PAYLOAD_BYTES, QUEUE_DEFAULTS, Job, JobState, Outcome, to_json
-from .keyspace import Keyspace, validate_id, validate_queue, whole_number
+from .keyspace import Keyspace, validate_id, validate_name, validate_queue, whole_number
 from .reads import Reads
 from .scripts import Scripts
 
@@ -125,8 +125,7 @@ class EchoMQ(FlowCalls, Reads):
         """
         validate_queue(queue)
         job_id = validate_id(job_id if job_id is not None else _flows.new_id())
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"a job needs a name (the handler's), got {name!r}")
+        validate_name(name)
         whole_number("max_attempts", max_attempts, 1, optional=True)
         whole_number("backoff_ms", backoff_ms, 0, optional=True)
         whole_number("delay_ms", delay_ms, 0)
@@ -143,6 +142,7 @@ class EchoMQ(FlowCalls, Reads):
                 opt(backoff_ms),
                 self.clock(),
                 int(delay_ms),
+                secrets.token_hex(8),  # this call's token: its replay is recognised
             ],
         )
         return job_id

@@ -6,10 +6,18 @@ One ``Pump(queues).sweep()`` pass, for each queue:
    deliver each entry with ``flow_deliver`` on its parent's slot, then
    ``outbox_trim`` removes exactly the delivered prefix. A crash between
    deliver and trim re-delivers, which the scripts' guards make a no-op. The
-   sweep holds a lock (redis-py ``Lock``) and the trim checks it, so two pumps
-   on one queue never trim what the other has not delivered. An entry whose
+   sweep holds a lock and the trim checks it, so two pumps on one queue never
+   trim what the other has not delivered. The lock is a short lease
+   (``lock_ms``, 2 s by default) renewed after every batch and dropped at
+   the end of the sweep; it holds the pump's own token for the pump's whole
+   life, so a pump whose drop failed while Redis was away (or whose lock came
+   back from an AOF) takes it up again at its next sweep, and a live peer
+   takes over within ``lock_ms`` of a pump that died mid-sweep (issue 17,
+   item 2). An entry whose
    parent is gone is retried on ``max_tries`` sweeps, then moved to the
-   dead-letter list with its reason so the entries behind it keep flowing;
+   dead-letter list with its reason so the entries behind it keep flowing; a
+   malformed (poison) entry is dead-lettered at once with what is wrong with
+   it: the pump never dies of data;
 2. promotes due delayed jobs;
 3. recovers expired leases (a job past the stall limit dies).
 """
@@ -18,22 +26,23 @@ from __future__ import annotations
 
 import json
 import logging
+import secrets
 import time
 from dataclasses import dataclass, field
-
-import redis
 
 from . import signals
 from .client import EchoMQ
 from .conf import get_mq
-from .exceptions import RedisUnavailable, SweepLockLost, connection_error
-from .jobs import Outcome
-from .keyspace import validate_queue
+from .exceptions import TRANSIENT, RedisUnavailable, SweepLockLost, connection_error
+from .jobs import Outcome, Policy
+from .keyspace import validate_id, validate_queue, whole_number
 from .outage import Outage
 
 log = logging.getLogger("echomq_django.pump")
 
 SUMMARY_EVERY_S = 10.0  # seconds between the INFO lines of running totals
+LOCK_MS = 2000  # the sweep lock's lease (ms): how soon a peer takes over from a dead pump
+LOCK_MS_MIN = 100  # shorter leases could lapse between a batch's round trips
 
 
 @dataclass
@@ -54,22 +63,91 @@ class SweepReport:
         return {k: v for k, v in self.__dict__.items() if k != "outcome"}
 
 
+ENTRY_KINDS = ("done", "dead", "reattach", "gone", "rm", "cancel")  # lua/flow_deliver.lua
+
+
+def parse_entry(raw) -> tuple[dict | None, str | None]:
+    """One outbox entry as read: ``(entry, None)`` when it has the shape
+    ``flow_deliver`` takes (``{k, c, p, q, pol?, v?}``), else ``(None,
+    reason)``, the reason naming what is wrong (issue 17, item 6: a poison
+    entry is dead-lettered with it, never crashes the pump)."""
+    try:
+        entry = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as err:
+        return None, f"malformed entry: not JSON ({err})"
+    if not isinstance(entry, dict):
+        return None, f"malformed entry: a JSON {type(entry).__name__}, not an object"
+    if entry.get("k") not in ENTRY_KINDS:
+        return None, f"malformed entry: kind {entry.get('k')!r} is not one of {ENTRY_KINDS}"
+    for name in ("c", "p", "q"):
+        if not isinstance(entry.get(name), str):
+            return None, f"malformed entry: {name!r} is {entry.get(name)!r}, not a string"
+    for name in ("pol", "v"):
+        if entry.get(name) is not None and not isinstance(entry[name], str):
+            return None, f"malformed entry: {name!r} is {entry[name]!r}, not a string"
+    if entry.get("pol") and entry["pol"] not in set(Policy):
+        return None, f"malformed entry: policy {entry['pol']!r} is not one of {sorted(Policy)}"
+    try:
+        validate_queue(entry["q"])
+        validate_id(entry["p"])
+    except ValueError as err:
+        return None, f"malformed entry: {err}"
+    return entry, None
+
+
+def deliver_batch(mq: EchoMQ, raw: list, outcome: Outcome) -> tuple[list, list]:
+    """Deliver the outbox entries ``raw`` (as read); returns the parsed
+    entries (None for a poison one) and a verdict per entry: True
+    (delivered), False (its parent is gone: tried again later) or a reason
+    text (poison: dead-letter it now). A batch the scripts refuse (data no
+    check foresaw) is delivered again one entry at a time, so only the entry
+    at fault is dead-lettered, with Redis' words. Merges what moved into
+    ``outcome``; raises ``RedisUnavailable`` (the pump waits it out)."""
+    parsed = [parse_entry(item) for item in raw]
+    entries = [entry for entry, _ in parsed]
+    verdicts: list = [reason for _, reason in parsed]
+    good = [i for i, entry in enumerate(entries) if entry is not None]
+    try:
+        flags, moved = mq.deliver([entries[i] for i in good])
+        outcome.merge(moved)
+    except RedisUnavailable:
+        raise
+    except Exception:
+        flags = []
+        for i in good:
+            try:
+                [flag], moved = mq.deliver([entries[i]])
+                outcome.merge(moved)
+            except RedisUnavailable:
+                raise
+            except Exception as err:
+                flag = f"delivery refused: {type(err).__name__}: {err}"
+            flags.append(flag)
+    for i, flag in zip(good, flags, strict=True):
+        verdicts[i] = flag if isinstance(flag, str) else bool(flag)
+    return entries, verdicts
+
+
 def deliver_outbox(
     mq: EchoMQ,
     queue: str,
     batch: int = 500,
-    lock_ms: int = 30000,
+    lock_ms: int = LOCK_MS,
     max_tries: int = 3,
     report: SweepReport | None = None,
     before_trim=None,
+    token: str | None = None,
 ) -> SweepReport:
     """Deliver ``queue``'s outbox, ``batch`` entries per round, until it is
     empty or blocked by an entry still being retried. Skips (``locked=True``)
-    when another pump holds the sweep lock of this queue. ``before_trim(queue,
-    actions)`` runs between delivery and trim: the kill point tests use it."""
+    when another pump holds the sweep lock of this queue. ``token``: the
+    caller's lock token (a ``Pump`` keeps one for its life; None: a fresh
+    one); ``lock_ms`` (ms): the lock's lease, renewed after each batch.
+    ``before_trim(queue, actions)`` runs between delivery and trim: the kill
+    point tests use it."""
     report = report or SweepReport()
-    lock = mq.outbox_lock(queue, lock_ms)
-    if not lock.acquire():
+    token = token or secrets.token_hex(8)
+    if not mq.outbox_lock(queue, token, lock_ms):
         report.locked = True
         return report
     try:
@@ -77,19 +155,16 @@ def deliver_outbox(
             raw = mq.outbox_head(queue, batch)
             if not raw:
                 break
-            entries = []
-            for item in raw:
-                try:
-                    entries.append(json.loads(item))
-                except ValueError:
-                    entries.append({})
-            flags, outcome = mq.deliver(entries)
-            report.outcome.merge(outcome)
+            entries, verdicts = deliver_batch(mq, raw, report.outcome)
             actions, read = [], []
-            for item, entry, ok in zip(raw, entries, flags, strict=False):
+            for item, entry, verdict in zip(raw, entries, verdicts, strict=True):
                 read.append(item)
-                if ok:
+                if verdict is True:
                     actions.append("ok")
+                    continue
+                if isinstance(verdict, str):  # poison: no later try can deliver it
+                    log.error("outbox of %s: dead-lettering an entry: %s", queue, verdict)
+                    actions.append(verdict)
                     continue
                 tries = mq.count_delivery(queue, item)
                 if tries < max_tries:
@@ -97,8 +172,6 @@ def deliver_outbox(
                     break
                 actions.append(
                     f"parent {entry.get('q')}/{entry.get('p')} not found after {tries} deliveries"
-                    if entry
-                    else "malformed entry"
                 )
                 mq.forget_deliveries(queue, item)
             if before_trim is not None:
@@ -106,7 +179,7 @@ def deliver_outbox(
             removed = 0
             if actions:
                 try:
-                    removed = mq.trim_outbox(queue, lock.local.token, read, actions)
+                    removed = mq.trim_outbox(queue, token, read, actions)
                 except SweepLockLost:
                     # our lock expired mid-sweep and another pump may be trimming:
                     # leave the outbox to it; what we delivered is re-delivered as no-ops
@@ -124,13 +197,24 @@ def deliver_outbox(
             report.deadlettered += len(actions) - actions.count("ok")
             if len(actions) < len(raw) or len(raw) < batch:
                 break
-            lock.extend(lock_ms / 1000, replace_ttl=True)
+            if not mq.outbox_lock(queue, token, lock_ms):  # renew for the next batch
+                log.warning("pump lock on %s expired during the sweep", queue)
+                report.lock_lost = True
+                break
     finally:
         try:
-            lock.release()
-        except redis.exceptions.LockError:  # expired: another pump may hold it now
-            log.warning("pump lock on %s expired during the sweep", queue)
+            mq.outbox_lock(queue, token, lock_ms, take=False)
+        except RedisUnavailable:  # it expires; and it is ours at our next sweep
+            log.warning("pump lock on %s not dropped: Redis is unavailable", queue)
     return report
+
+
+def check_interval(interval) -> float:
+    """``interval`` if it is a number of seconds > 0; ``ValueError`` naming
+    the rule otherwise (an interval of 0 sweeps without a pause: a core spins)."""
+    if isinstance(interval, bool) or not isinstance(interval, int | float) or not interval > 0:
+        raise ValueError(f"interval must be a number of seconds > 0, got {interval!r}")
+    return interval
 
 
 class Pump:
@@ -138,12 +222,16 @@ class Pump:
 
     ``queues``: list of queue names; ``mq``: an ``EchoMQ`` (None: the one
     built from settings); ``batch``: outbox entries per round trip;
-    ``lock_ms`` (ms): how long a sweep may hold a queue's outbox;
-    ``max_tries``: deliveries of an entry whose parent is gone before it is
-    dead-lettered; ``max_stalls``: lease expiries a job survives;
+    ``lock_ms`` (ms, >= 100): the lease of a sweep's lock on a queue's
+    outbox, renewed after every batch (a peer takes over this long after a
+    pump died mid-sweep); ``max_tries`` (>= 1): deliveries of an entry whose
+    parent is gone before it is dead-lettered; ``max_stalls`` (>= 0): lease
+    expiries a job survives;
     ``after_sweep``: callables ``f(pump, reports)`` run after each sweep (the
     admin mirror hooks in here); ``before_trim``: see ``deliver_outbox``.
-    Raises ``ValueError`` for a bad or missing queue name.
+    Raises ``ValueError`` naming the rule for a bad or missing queue name
+    or a ``batch`` (>= 1), ``lock_ms``, ``max_tries``, ``max_stalls`` out of
+    range (issue 17, item 7).
     """
 
     def __init__(
@@ -152,16 +240,21 @@ class Pump:
         mq: EchoMQ | None = None,
         *,
         batch: int = 500,
-        lock_ms: int = 30000,
+        lock_ms: int = LOCK_MS,
         max_tries: int = 3,
         max_stalls: int = 1,
         after_sweep=None,
         before_trim=None,
     ) -> None:
-        self.mq = mq if mq is not None else get_mq()
         self.queues = [validate_queue(q) for q in queues]
         if not self.queues:
             raise ValueError("a pump needs at least one queue")
+        whole_number("batch", batch, 1)  # 0 would stop promotion and recovery too
+        whole_number("lock_ms", lock_ms, LOCK_MS_MIN)  # a lock always expires
+        whole_number("max_tries", max_tries, 1)
+        whole_number("max_stalls", max_stalls, 0)
+        self.mq = mq if mq is not None else get_mq()
+        self.token = secrets.token_hex(8)  # this pump's lock token, for its whole life
         self.batch, self.lock_ms, self.max_tries = batch, lock_ms, max_tries
         self.max_stalls = max_stalls
         self.after_sweep = list(after_sweep or [])
@@ -173,7 +266,7 @@ class Pump:
         ``SweepReport``). Raises ``RedisUnavailable`` when Redis is down."""
         try:
             return self._sweep()
-        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as err:
+        except TRANSIENT as err:
             raise connection_error(self.mq.client, err) from err
 
     def _sweep(self) -> dict[str, dict]:
@@ -186,6 +279,7 @@ class Pump:
                 self.lock_ms,
                 self.max_tries,
                 before_trim=self.before_trim,
+                token=self.token,
             )
             rep.promoted = self.mq.promote_delayed(queue, limit=self.batch * 10)
             stalled = self.mq.recover_stalled(
@@ -217,7 +311,10 @@ class Pump:
         non-zero counts at DEBUG and the running totals at INFO every
         ``summary_every`` seconds. A Redis outage is waited out with backoff
         (``outage.Outage``), never raised; ``once`` returns after the first
-        pass that reached Redis."""
+        pass that reached Redis. Raises ``ValueError`` for an ``interval``
+        that is not a number of seconds > 0 (0 would spin a core)."""
+        if not once:
+            check_interval(interval)
         outage = Outage(self.mq.client, log)
         summary_at = time.monotonic() + summary_every
         while True:

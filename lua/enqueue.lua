@@ -17,9 +17,11 @@
   ARGV[6] backoff base (ms), or '' for the queue's setting
   ARGV[7] now (ms since the epoch, from the host)
   ARGV[8] delay (ms; 0 = claimable now)
+  ARGV[9] call token: a fresh random string per enqueue call, kept on the row
+          (enqueue_token) so a replay of the same call is recognised
 
   returns: the state written, 'pending' or 'delayed' (a replay of the same
-           call, same name, payload and now, answers the state it wrote)
+           call, recognised by its token, answers the state it wrote)
   errors:  EMQDUP <queue> <id> <state>  the id is taken; nothing is written
 ]]
 local row, pending = KEYS[1], KEYS[2]
@@ -28,10 +30,13 @@ local base = pending:sub(1, #pending - #'pending')
 local queue, id = ARGV[1], ARGV[2]
 local now, delay = tonumber(ARGV[7]), tonumber(ARGV[8])
 
-local existing = redis.call('HMGET', row, 'state', 'name', 'payload', 'created_at')
+local existing = redis.call('HMGET', row, 'state', 'enqueue_token')
 if existing[1] then
-  if existing[2] == ARGV[3] and existing[3] == ARGV[4] and existing[4] == ARGV[7] then
-    return existing[1]  -- a replay of this very call (redis-py re-sent it): done already
+  -- a replay of this very call (redis-py re-sent it): done already. Equal
+  -- name, payload and ms were not enough: two calls in one ms are two calls
+  -- (issue 17, item 4).
+  if existing[2] == ARGV[9] then
+    return existing[1]
   end
   return redis.error_reply('EMQDUP ' .. queue .. ' ' .. id .. ' ' .. existing[1])
 end
@@ -42,7 +47,8 @@ if delay > 0 then
 end
 -- compact row: attempts appears at the first claim; max_attempts / backoff_ms
 -- only when the job sets its own (else the queue's setting applies)
-local fields = {'name', ARGV[3], 'payload', ARGV[4], 'state', state, 'created_at', ARGV[7]}
+local fields = {'name', ARGV[3], 'payload', ARGV[4], 'state', state, 'created_at', ARGV[7],
+  'enqueue_token', ARGV[9]}
 if ARGV[5] ~= '' then
   fields[#fields + 1] = 'max_attempts'
   fields[#fields + 1] = ARGV[5]

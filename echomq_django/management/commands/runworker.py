@@ -4,7 +4,9 @@
 Thin: parses options, sets up logging from ``--verbosity`` (``logs.py``), pings Redis once
 (exit 1 with a one-line reason when it is unreachable), then runs
 ``Worker(queues, ...).run(burst=..., max_jobs=...)``. Exit status: 0 after a
-clean stop; 1 when Redis is unreachable at start, the settings are wrong, or
+clean stop; 1 when Redis is unreachable at start or is not what the settings
+say (a Cluster node without CLUSTER, a DB index out of range), the settings
+or a flag are wrong (``--max-jobs`` >= 1), or
 the worker stopped with jobs still running (a second signal, or
 ``--shutdown-timeout`` passed): those are left to their leases, and the pump
 recovers them.
@@ -19,8 +21,9 @@ import sys
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand
 
-from echomq_django.conf import get_mq
+from echomq_django.conf import check_server, get_mq
 from echomq_django.exceptions import RedisUnavailable
+from echomq_django.keyspace import whole_number
 from echomq_django.logs import setup_logging
 from echomq_django.worker import Worker
 
@@ -82,10 +85,12 @@ class Command(BaseCommand):
         except Exception as err:
             self._exit(f"runworker: Redis is unreachable: {err}")
         try:
+            check_server()
             mq.ping()
-        except RedisUnavailable as err:
+        except (ImproperlyConfigured, RedisUnavailable) as err:
             self._exit(f"runworker: {err}")
         try:
+            whole_number("--max-jobs", opts["max_jobs"], 1, optional=True)
             worker = Worker(
                 opts["queues"],
                 concurrency=opts["concurrency"],
