@@ -6,8 +6,10 @@ offers the same methods over any redis-py client.
 """
 
 from .api import (
+    aadd_flow,
     add_flow,
     add_flows,
+    aenqueue,
     children_values,
     dependencies,
     dependency_counts,
@@ -15,10 +17,17 @@ from .api import (
     get_flow,
     get_job,
     ignored_failures,
+    is_paused,
+    pause,
+    remove_child_dependency,
+    remove_unprocessed_children,
+    resume,
     retry,
 )
 from .client import EchoMQ
+from .dispatch import Dispatcher
 from .exceptions import (
+    DependencyError,
     DuplicateJob,
     EchoMQError,
     FlowConflict,
@@ -28,6 +37,7 @@ from .exceptions import (
     JobNotRetryable,
     LeaseLost,
     PayloadError,
+    RateLimited,
     RedisUnavailable,
     Unrecoverable,
 )
@@ -39,6 +49,8 @@ from .worker import Worker
 
 __all__ = [
     "Dependencies",
+    "DependencyError",
+    "Dispatcher",
     "DuplicateJob",
     "EchoMQ",
     "EchoMQError",
@@ -55,11 +67,14 @@ __all__ = [
     "Outcome",
     "PayloadError",
     "Pump",
+    "RateLimited",
     "RedisUnavailable",
     "Unrecoverable",
     "Worker",
+    "aadd_flow",
     "add_flow",
     "add_flows",
+    "aenqueue",
     "children_values",
     "dependencies",
     "dependency_counts",
@@ -68,5 +83,10 @@ __all__ = [
     "get_job",
     "handler",
     "ignored_failures",
+    "is_paused",
+    "pause",
+    "remove_child_dependency",
+    "remove_unprocessed_children",
+    "resume",
     "retry",
 ]

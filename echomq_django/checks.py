@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from django.core import checks
 
-from .conf import problems, server_problems
+from . import schedule
+from .conf import config, problems, server_problems
+from .handlers import registered
 from .metrics import settings_problems
 
 
@@ -15,6 +17,20 @@ from .metrics import settings_problems
 def check_settings(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
     """One ``checks.Error`` per problem ``conf.problems()`` finds."""
     return [checks.Error(msg, hint=hint, id=cid) for cid, msg, hint in problems()]
+
+
+@checks.register()
+def check_scheduling(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
+    """The scheduling settings (DESIGN §10.3): RATE_LIMIT, TIMEOUT_MS and
+    SCHEDULE, ids ``echomq_django.E050``-``E058`` (``schedule.problems``)."""
+    try:
+        cfg = config()
+    except Exception:
+        return []  # check_settings reports a malformed ECHOMQ
+    return [
+        checks.Error(msg, hint=hint, id=cid)
+        for cid, msg, hint in schedule.problems(cfg, handlers=registered())
+    ]
 
 
 @checks.register()

@@ -16,7 +16,7 @@ import json
 
 from . import flows as _flows
 from .flows import Flow, FlowRef
-from .jobs import Outcome, Policy, to_json
+from .jobs import Outcome, Policy, to_json, to_text
 from .keyspace import validate_id, validate_queue
 
 FLOW_CHUNK = 5000  # nodes per enqueue_flow script: keeps one script well under ~50 ms
@@ -30,7 +30,7 @@ def opt(value) -> str:
 class FlowCalls:
     """Flow methods of ``EchoMQ``; expects ``self.client``, ``self.keys``,
     ``self.scripts``, ``self.clock``, ``self.encode``, ``self.flow_chunk``,
-    ``self.fault_hook`` and ``self._outcome``."""
+    ``self.fault_hook``, ``self.note_queues`` and ``self._outcome``."""
 
     def _step_call(self, queue: str, nodes: list, mode: str):
         """One ``enqueue_flow`` call for a step, in the script's flat group
@@ -39,7 +39,7 @@ class FlowCalls:
         k = self.keys
         qk = k.queue(queue)
         flat: list[str] = []
-        for (name, pid, pq, policy, ma, bo, gate), group in itertools.groupby(
+        for (name, pid, pq, policy, ma, bo, gate, opts), group in itertools.groupby(
             nodes,
             key=lambda n: (
                 n.name,
@@ -49,6 +49,7 @@ class FlowCalls:
                 n.max_attempts,
                 n.backoff_ms,
                 n.gate,
+                n.opts,
             ),
         ):
             group = list(group)
@@ -61,6 +62,7 @@ class FlowCalls:
                 opt(bo),
                 "1" if gate else "0",
                 str(len(group)),
+                opts,
             ]
             for n in group:
                 if n.children:
@@ -104,6 +106,7 @@ class FlowCalls:
                             f"job id {n.id!r} in queue {n.queue!r} is in two flows"
                         )
                     seen.add((n.queue, n.id))
+        self.note_queues(dict.fromkeys(n.queue for nodes in plans for n in nodes))
         all_steps = [_flows.steps(nodes, self.flow_chunk) for nodes in plans]
         gated = [any(n.gate for n in nodes) for nodes in plans]
         checks = [
@@ -141,6 +144,11 @@ class FlowCalls:
                     nodes=[(n.queue, n.id) for n in nodes],
                     landed=sum(int(c[0]) for c in counts[i]),
                     skipped=sum(int(c[1]) for c in counts[i]),
+                    deduplicated={
+                        (q, to_text(c[j])): to_text(c[j + 1])
+                        for c, (q, _) in zip(counts[i], all_steps[i], strict=True)
+                        for j in range(3, len(c), 2)
+                    },
                 )
             )
         return refs

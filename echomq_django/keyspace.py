@@ -124,10 +124,15 @@ QUEUE_KEYS = {
     "signal_lock": "signals:lock",  # string: a dispatcher's pass over the queue (issue 18)
     "signal_tries": "signals:tries",  # hash: event id -> sends that raised (issue 18)
     "signal_deadletter": "signals:deadletter",  # list: events given up on (issue 18)
+    "prioritized": "prioritized",  # zset: claimable ids with a priority (issue 16)
+    "pri_seq": "pri:seq",  # counter: FIFO order within a priority (issue 16)
+    "paused": "paused",  # string: set while the queue is paused (issue 16)
+    "limiter": "limiter",  # hash: the RATE_LIMIT window {start, n} (issue 16)
 }
 # Keys that hold one value of a family: the suffix is this prefix + a name.
 JOB_PREFIX = "job:"  # hash P:{q}:job:<id>: the job row; also the child ref
 CLAIM_PREFIX = "claim:"  # string P:{q}:claim:<token>: a claim's memo, for its replay
+SCHEDULE_PREFIX = "schedule:"  # string P:{q}:schedule:<entry>: a periodic entry's mark (issue 16)
 DEDUP_PREFIX = "dedup:"  # string P:{q}:dedup:<key>: the id holding a dedup key (issue 16)
 OP_PREFIX = "op:"  # string P:{q}:op:<token>: a remove/cancel call's memo, for its replay
 GC_PREFIX = "gc:"  # list P:{q}:gc:<seq>:<id>: a removed parent's child refs (issue 13)
@@ -181,6 +186,10 @@ class QueueKeys:
     signal_lock: str
     signal_tries: str
     signal_deadletter: str
+    prioritized: str
+    pri_seq: str
+    paused: str
+    limiter: str
 
     def job(self, job_id: str) -> str:
         """``P:{q}:job:<id>``; raises ``ValueError`` for a bad id."""
@@ -193,6 +202,10 @@ class QueueKeys:
     def dedup(self, key: str) -> str:
         """``P:{q}:dedup:<key>``: which job holds a deduplication key."""
         return f"{self.base}{DEDUP_PREFIX}{key}"
+
+    def schedule(self, entry: str) -> str:
+        """``P:{q}:schedule:<entry>``: the last tick a periodic entry fired (ms)."""
+        return f"{self.base}{SCHEDULE_PREFIX}{entry}"
 
     def index(self, state: str) -> str:
         """The index key holding jobs in ``state`` (a ``JobState`` or its value)."""

@@ -23,10 +23,13 @@ def _texts(mapping: dict) -> dict[str, str]:
     return {to_text(k): to_text(v) for k, v in mapping.items()}
 
 
-def _stream_entries(entries: list) -> list[tuple[str, str | None]]:
-    """``[(entry id, job id)]`` of XRANGE entries of a queue's ``events``
-    stream (fields ``e`` = event, ``id`` = job id)."""
-    return [(to_text(eid), to_text(f.get(b"id", f.get("id")))) for eid, f in entries]
+def _stream_entries(entries: list) -> list[tuple[str, str | None, str | None]]:
+    """``[(entry id, job id, event)]`` of XRANGE entries of a queue's
+    ``events`` stream (fields ``e`` = event, ``id`` = job id)."""
+    return [
+        (to_text(eid), to_text(f.get(b"id", f.get("id"))), to_text(f.get(b"e", f.get("e"))))
+        for eid, f in entries
+    ]
 
 
 class Reads:
@@ -120,6 +123,36 @@ class Reads:
         """The tree under a job: ``{queue, id, ref, name, state, result, error,
         remaining, children: [...]}``, children sorted by ref, down to
         ``depth`` levels (None = all). Reads one level per round trip."""
+        return self._tree(queue, job_id, depth, lambda is_root: (0, -1), paged=False)
+
+    @reports_redis_down
+    def flow_page(
+        self,
+        queue: str,
+        job_id: str,
+        start: int = 0,
+        count: int = 100,
+        depth: int = 2,
+        fanout: int = 20,
+    ) -> dict:
+        """One page of the tree under a job, for a parent of any fan-in (the
+        admin's flow page): the job's children ``start`` .. ``start + count -
+        1`` in the order they were added, each with at most ``fanout`` of its
+        own children, down to ``depth`` levels. Nodes as in ``get_flow`` plus
+        ``total``, the node's whole child count. Reads one level per round
+        trip, at most ``count * (1 + fanout + ...)`` rows."""
+        return self._tree(
+            queue,
+            job_id,
+            depth,
+            lambda is_root: (start, start + count - 1) if is_root else (0, fanout - 1),
+            paged=True,
+        )
+
+    def _tree(self, queue: str, job_id: str, depth: int | None, window, paged: bool) -> dict:
+        """``get_flow`` / ``flow_page``: ``window(is_root)`` gives the LRANGE
+        bounds of a node's children; ``paged`` keeps list order and adds
+        ``total`` (else children are sorted by ref)."""
         self._require(queue, job_id)
         root = {"queue": queue, "id": job_id}
         level, d = [root], 0
@@ -128,12 +161,15 @@ class Reads:
             for node in level:
                 keys = self.keys.job_keys(node["queue"], node["id"])
                 pipe.hmget(keys.row, "name", "state", "result", "error", "parent_policy")
-                pipe.lrange(keys.children, 0, -1)
+                pipe.lrange(keys.children, *window(node is root))
+                pipe.llen(keys.children)
                 pipe.get(keys.dependencies)
             replies = pipe.execute()
             next_level = []
             for i, node in enumerate(level):
-                (name, state, result, error, policy), kids, remaining = replies[3 * i : 3 * i + 3]
+                (name, state, result, error, policy), kids, total, remaining = replies[
+                    4 * i : 4 * i + 4
+                ]
                 node.update(
                     ref=self.keys.job(node["queue"], node["id"]),
                     name=to_text(name),
@@ -144,8 +180,11 @@ class Reads:
                     remaining=int(remaining) if remaining is not None else None,
                     children=[],
                 )
+                if paged:
+                    node["total"] = int(total)
                 if depth is None or d < depth:
-                    for ref in sorted(map(to_text, kids)):
+                    refs = list(map(to_text, kids))
+                    for ref in refs if paged else sorted(refs):
                         cq, cid = self.keys.parse_ref(ref)
                         child = {"queue": cq, "id": cid}
                         node["children"].append(child)
@@ -163,9 +202,10 @@ class Reads:
             pipe.zcard(index)
         pipe.llen(k.outbox)
         pipe.llen(k.deadletter)
-        pending, active, delayed, completed, dead, awaiting, outbox, dl = pipe.execute()
+        pipe.zcard(k.prioritized)  # pending jobs with a priority (DESIGN §10.3)
+        pending, active, delayed, completed, dead, awaiting, outbox, dl, ranked = pipe.execute()
         return {
-            "pending": pending,
+            "pending": pending + ranked,
             "active": active,
             "delayed": delayed,
             "completed": completed,
@@ -179,10 +219,19 @@ class Reads:
     def job_ids(
         self, queue: str, state: JobState | str, start: int = 0, end: int = -1
     ) -> list[str]:
-        """Ids in one state index, oldest first (pending: FIFO order)."""
+        """Ids in one state index, oldest first (pending: the order claims
+        take them, priorities included, DESIGN §10.3)."""
         key = self.keys.queue(queue).index(JobState(state))
         if JobState(state) is JobState.PENDING:
-            return [to_text(v) for v in self.client.lrange(key, start, end)]
+            ranked = self.keys.queue(queue).prioritized
+            if not self.client.exists(ranked):
+                return [to_text(v) for v in self.client.lrange(key, start, end)]
+            pipe = self.client.pipeline(transaction=False)
+            pipe.zrange(ranked, "-inf", "(0", byscore=True)  # priorities above 0
+            pipe.lrange(key, 0, -1)  # priority 0
+            pipe.zrange(ranked, 0, "+inf", byscore=True)  # priorities below 0
+            ids = [to_text(v) for part in pipe.execute() for v in part]
+            return ids[start : None if end == -1 else end + 1]
         return [to_text(v) for v in self.client.zrange(key, start, end)]
 
     def outbox_head(self, queue: str, count: int) -> list:
@@ -262,22 +311,44 @@ class Reads:
     @reports_redis_down
     def event_probe(self, queue: str, after: str, limit: int):
         """One round trip: ``(pending head id, first and last entry ids of the
-        events stream, up to limit entries after after)`` (all from the start
-        when ``after`` is ''); entries as ``[(entry id, job id)]``."""
+        events stream, up to limit entries after after, claims)`` (entries
+        from the start when ``after`` is ''), entries as ``[(entry id, job
+        id, event)]``; ``claims`` is the ``lease:seq`` counter, which every
+        claim batch increments (claims emit no event)."""
         k = self.keys.queue(queue)
         pipe = self.client.pipeline(transaction=False)
         pipe.lindex(k.pending, 0)
         pipe.xrange(k.events, "-", "+", count=1)
         pipe.xrevrange(k.events, "+", "-", count=1)
         pipe.xrange(k.events, f"({after}" if after else "-", "+", count=limit)
-        head, first, last, entries = pipe.execute()
+        pipe.get(k.lease_seq)
+        head, first, last, entries, claims = pipe.execute()
         first_id = to_text(first[0][0]) if first else None
         last_id = to_text(last[0][0]) if last else None
-        return to_text(head), first_id, last_id, _stream_entries(entries)
+        return to_text(head), first_id, last_id, _stream_entries(entries), int(claims or 0)
 
     @reports_redis_down
-    def events_after(self, queue: str, after: str, limit: int) -> list[tuple[str, str | None]]:
+    def same_queue_children(self, queue: str, job_ids) -> set[str]:
+        """The ids of the children in ``queue`` of each of ``job_ids`` (their
+        ``:children`` lists, pipelined; children on other queues left out)."""
+        ids = list(job_ids)
+        out: set[str] = set()
+        for i in range(0, len(ids), ROWS_PER_TRIP):
+            pipe = self.client.pipeline(transaction=False)
+            for job_id in ids[i : i + ROWS_PER_TRIP]:
+                pipe.lrange(JobKeys.of(self.keys.job(queue, job_id)).children, 0, -1)
+            for refs in pipe.execute():
+                for ref in map(to_text, refs):
+                    cq, cid = self.keys.parse_ref(ref)
+                    if cq == queue:
+                        out.add(cid)
+        return out
+
+    @reports_redis_down
+    def events_after(
+        self, queue: str, after: str, limit: int
+    ) -> list[tuple[str, str | None, str | None]]:
         """Up to ``limit`` entries of the events stream after entry id
-        ``after``, as ``[(entry id, job id)]``."""
+        ``after``, as ``[(entry id, job id, event)]``."""
         entries = self.client.xrange(self.keys.queue(queue).events, f"({after}", "+", count=limit)
         return _stream_entries(entries)

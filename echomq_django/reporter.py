@@ -5,8 +5,10 @@ work).
 The claiming loop hands each batch of ``Finished`` jobs over
 (``Reporter.hand_over``); the reporter thread completes every successful
 one with one pipelined ``complete_many`` and fails the rest with one
-``fail_many``, then counts, logs and sends the Django signals for that
-batch. A batch leaves the reporter only once Redis has answered for it: an
+``fail_many``, then counts and logs that batch, and sends ``job_failed``
+for the attempts that will be retried (the one signal that stays
+in-process; the others are durable events the dispatcher sends, DESIGN
+§10.6, events.py). A batch leaves the reporter only once Redis has answered for it: an
 outage is waited out (``outage.Outage``) with the batch kept, so no job is
 acknowledged without Redis.
 """
@@ -37,13 +39,16 @@ class Finished:
     """A job its handler is done with, on its way to Redis. ``error`` is None
     when the handler returned ``result``; otherwise it is the text to store,
     and ``dead`` says the job fails for good (the handler raised
-    ``Unrecoverable``). ``ms``: how long the handler ran (ms)."""
+    ``Unrecoverable``). ``ms``: how long the handler ran (ms).
+    ``postpone_ms``: the handler raised ``RateLimited``: the job goes back
+    for that long without spending its attempt (DESIGN §10.3)."""
 
     job: Job
     result: Any = None
     error: str | None = None
     dead: bool = False
     ms: float = 0.0
+    postpone_ms: int | None = None
 
 
 class Reporter:
@@ -52,7 +57,9 @@ class Reporter:
     ``mq``: the worker's ``EchoMQ``; ``sender``: the signals' sender (the
     worker); ``forget(*jobs)``: the worker stops tracking jobs reported (or
     dropped); ``released(queue)``: a parent on ``queue`` was released;
-    ``wake()``: wakes the claiming loop after each batch. ``processed`` and
+    ``wake()``: wakes the claiming loop after each batch; ``metrics``: an
+    object with ``job_finished(queue, name, outcome, seconds)`` (the
+    worker's ``metrics.ProcessMetrics``) or None. ``processed`` and
     ``stats`` (``completed``, ``failed`` = will retry, ``dead``, ``lost``)
     count every run; ``unreported`` counts jobs handed over and not reported
     yet in this run.
@@ -65,11 +72,12 @@ class Reporter:
         forget: Callable[..., None],
         released: Callable[[str], None],
         wake: Callable[[], None],
+        metrics: Any = None,
     ) -> None:
-        self.mq, self.sender = mq, sender
+        self.mq, self.sender, self.metrics = mq, sender, metrics
         self._forget, self._released, self._wake = forget, released, wake
         self.processed = 0
-        self.stats = {"completed": 0, "failed": 0, "dead": 0, "lost": 0}
+        self.stats = {"completed": 0, "failed": 0, "dead": 0, "lost": 0, "postponed": 0}
         self.debug = False  # a line per job (set per run from the log level)
         self._cv = threading.Condition()  # guards _inbox, unreported, _closing
         self._inbox: list[Finished] = []
@@ -138,6 +146,7 @@ class Reporter:
         if not finished:
             return
         kept: list[Finished] = []  # not refused, not taken: sent again after a pause
+        self._postpone(finished)
         good = [f for f in finished if f.error is None]
         if good:
             replies = self.mq.complete_many([(f.job, f.result) for f in good])
@@ -184,6 +193,24 @@ class Reporter:
                 "they are kept and sent again"
             )
 
+    def _postpone(self, finished: list[Finished]) -> None:
+        """Put back, one script each, the jobs whose handler raised
+        ``RateLimited``; each leaves ``finished`` once Redis answered."""
+        for f in [f for f in finished if f.postpone_ms is not None]:
+            try:
+                self.mq.postpone(f.job, f.postpone_ms)
+            except REDIS_DOWN:
+                raise
+            except Exception as err:
+                self._drop(f.job, err)
+            else:
+                self._forget(f.job)
+                self.stats["postponed"] += 1
+                if self.debug:
+                    log.debug("job %s/%s rate limited: back in %d ms", f.job.queue, f.job.id,
+                              f.postpone_ms)  # fmt: skip
+            finished.remove(f)
+
     def _drop(self, job: Job, reply: Exception) -> None:
         """Forget a job whose result a script refused (``GONE``: the lease was
         lost, the job moved on or was cancelled)."""
@@ -198,35 +225,28 @@ class Reporter:
         )
 
     def _completed(self, done: list[tuple[Finished, Outcome]]) -> None:
-        listening = signals.job_completed.has_listeners(self.sender)
         self._forget(*(f.job for f, _ in done))
         for f, outcome in done:
             job = f.job
             if self.debug:
                 log.debug("job %s/%s (%s) completed in %.1f ms", job.queue, job.id, job.name, f.ms)
-            if listening:
-                signals.send(
-                    signals.job_completed,
-                    self.sender,
-                    queue=job.queue,
-                    job_id=job.id,
-                    job_name=job.name,
-                    result=f.result,
-                )
+            if self.metrics is not None:
+                self.metrics.job_finished(job.queue, job.name, "completed", f.ms / 1000)
             self._after(job, outcome)
         self.stats["completed"] += len(done)
         self.processed += len(done)
 
     def _failed(self, failed: list[tuple[Finished, Outcome]]) -> None:
-        listening = (
-            signals.job_failed.has_listeners(self.sender),
-            signals.job_dead.has_listeners(self.sender),
-        )
+        listening = signals.job_failed.has_listeners(self.sender)
         self._forget(*(f.job for f, _ in failed))
         for f, outcome in failed:
             job, error = f.job, f.error
             dead = outcome.state is JobState.DEAD
             self.stats["dead" if dead else "failed"] += 1
+            if self.metrics is not None:
+                self.metrics.job_finished(
+                    job.queue, job.name, "dead" if dead else "failed", f.ms / 1000
+                )
             if dead:
                 log.warning(
                     "job %s/%s (%s) is dead after %d attempts: %s",
@@ -248,24 +268,20 @@ class Reporter:
                     outcome.state,
                     first_line(error),
                 )
-            if listening[dead]:
-                kwargs = {
-                    "queue": job.queue,
-                    "job_id": job.id,
-                    "job_name": job.name,
-                    "error": error,
-                }
-                if not dead:
-                    kwargs["run_at"] = outcome.run_at
+            if listening and not dead:  # job_dead is a durable event (DESIGN §10.6)
                 signals.send(
-                    signals.job_dead if dead else signals.job_failed, self.sender, **kwargs
+                    signals.job_failed,
+                    self.sender,
+                    queue=job.queue,
+                    job_id=job.id,
+                    job_name=job.name,
+                    error=error,
+                    run_at=outcome.run_at,
                 )
             self._after(job, outcome)
         self.processed += len(failed)
 
     def _after(self, job: Job, outcome: Outcome) -> None:
-        """Wake queues where a parent was released; signal what else moved."""
-        if outcome.released or outcome.dead or outcome.flow_failed:
-            for queue, _ in outcome.released:
-                self._released(queue)
-            signals.send_outcome(self.sender, self.mq, outcome, skip=(job.queue, job.id))
+        """Wake queues where a parent was released."""
+        for queue, _ in outcome.released:
+            self._released(queue)

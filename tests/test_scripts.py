@@ -113,7 +113,7 @@ def test_parse_header_refuses_a_bad_header(raw: str, problem: str) -> None:
 
 
 def test_registry_refuses_a_call_that_breaks_the_header(mq) -> None:
-    with pytest.raises(TypeError, match="script claim takes 3 KEYS and 5 ARGV, got 2 and 5"):
+    with pytest.raises(TypeError, match="script claim takes 3 KEYS and 7 ARGV, got 2 and 5"):
         mq.scripts.run("claim", ["a", "b"], [1, 2, 3, 4, 5])
     with pytest.raises(TypeError, match=r"script flow_deliver takes 2 KEYS and 3\+ ARGV"):
         mq.scripts.run_many([("flow_deliver", ["a", "b"], [1, 2])])
@@ -148,6 +148,18 @@ def drive_every_operation(mq, clock) -> None:
     jobs = ev.claim("q", 10)
     ev.complete_many([(job, "done") for job in jobs])
     assert Dispatcher(["q"], mq=ev).dispatch("q").sent == len(jobs) > 0  # signals_ack
+    # DESIGN §10.3: pause, flow control, the children timeout, postpone, schedule marks
+    mq.pause("q")
+    mq.resume("q")
+    mq.add_flow(node("f", [leaf("f1"), leaf("f2")], children_timeout_ms=10))
+    mq.remove_child_dependency("q", "f", mq.keys.job("q", "f1"))
+    mq.remove_unprocessed_children("q", "f")
+    mq.add_flow(node("g", [leaf("g1")], children_timeout_ms=10))
+    clock.advance(10)
+    assert mq.expire_children("q")[0] == 1
+    mq.enqueue("q", "later", None, job_id="s3")
+    mq.postpone(mq.claim("q", 1)[0], 5)
+    mq.schedule_mark("q", "tick", 1, "init")
 
 
 def test_python_calls_every_script_as_its_header_declares(tmq, clock, monkeypatch) -> None:

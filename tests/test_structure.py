@@ -48,19 +48,25 @@ FLOORS = [
         *("jobs", "keyspace", "exceptions", "handlers", "signals", "logs", "devserver"),
         *("retention", "events"),
     ],
-    ["flows", "scripts", "reads", "models"],
-    ["client", "flowcalls", "lifecalls", "eventcalls"],
+    ["flows", "scripts", "reads", "models", "scheduling"],
+    ["client", "flowcalls", "lifecalls", "eventcalls", "schedcalls"],
     ["conf"],
-    ["wake", "registry", "outage", "pool", "reporter"],
-    ["api", "worker", "pump", "mirror", "stats", "metrics", "tasks", "outbox", "dispatch"],
-    ["checks", "admin_pages", "apps", "urls", "templatetags", "templatetags.*", "__init__"],
+    ["wake", "registry", "outage", "pool", "reporter", "timeouts"],
+    [
+        *("api", "worker", "pump", "mirror", "stats", "metrics", "tasks", "outbox"),
+        *("dispatch", "schedule"),
+    ],
+    [
+        *("checks", "admin_display", "admin_pages", "apps", "urls"),
+        *("templatetags", "templatetags.*", "__init__"),
+    ],
     ["admin", "management", "management.*", "migrations", "migrations.*"],
 ]
 BOTTOM = {"jobs", "keyspace", "exceptions", "retention"}  # import nothing of the package
 NESTED_ALLOWED = {"apps"}  # AppConfig.ready() imports checks and handlers
 
 # EchoMQ and its mixins: the only callers of scripts.run / run_many
-PROTOCOL = {"client", "flowcalls", "lifecalls", "eventcalls"}
+PROTOCOL = {"client", "flowcalls", "lifecalls", "eventcalls", "schedcalls"}
 RAW_SCRIPT_TESTS = {  # (file, test) that drive raw script calls on purpose
     ("tests/test_replays.py", "test_a_replayed_retry_reports_success_and_retries_once"),
     ("tests/test_replays.py", "test_a_replayed_claim_returns_the_same_jobs"),

@@ -45,7 +45,7 @@ end
 
 local function unindex(base, id, state)
   if state == 'pending' then
-    redis.call('LREM', base .. 'pending', 1, id)
+    unclaimable(base, id)  -- the pending list, or P:{q}:prioritized (DESIGN §10.3)
   elseif state == 'awaiting_children' then
     redis.call('ZREM', base .. 'awaiting', id)
   elseif state then

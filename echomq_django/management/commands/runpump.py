@@ -17,10 +17,12 @@ import threading
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 
+from echomq_django import metrics
 from echomq_django.conf import check_server, get_mq
 from echomq_django.exceptions import RedisUnavailable
 from echomq_django.logs import setup_logging
 from echomq_django.mirror import mirror_after_sweep
+from echomq_django.outbox import drain_after_sweep, tables_missing
 from echomq_django.pump import LOCK_MS, LOCK_MS_MIN, Pump, check_interval
 
 log = logging.getLogger("echomq_django.pump")
@@ -29,7 +31,8 @@ log = logging.getLogger("echomq_django.pump")
 class Command(BaseCommand):
     help = (
         "Sweep queues: deliver each queue's outbox (cross-queue fan-in), promote due "
-        "delayed jobs, recover expired leases, refresh the admin mirror. Runs until "
+        "delayed jobs, recover expired leases, push the enqueue outbox, refresh the admin "
+        "mirror. Runs until "
         "SIGTERM/SIGINT (graceful: the current sweep finishes), or once with --once."
     )
 
@@ -80,6 +83,20 @@ class Command(BaseCommand):
             action="store_true",
             help="do not refresh the admin mirror after each sweep",
         )
+        parser.add_argument(
+            "--metrics-port",
+            type=int,
+            default=None,
+            metavar="PORT",
+            help="serve Prometheus metrics on this port (needs the 'metrics' extra: "
+            "prometheus_client)",
+        )
+        parser.add_argument(
+            "--metrics-host",
+            default="127.0.0.1",
+            metavar="HOST",
+            help="address the metrics port listens on (default 127.0.0.1; 0.0.0.0 for all)",
+        )
 
     def handle(self, *args, **opts):
         setup_logging(opts["verbosity"], runner="echomq_django.pump")
@@ -89,6 +106,15 @@ class Command(BaseCommand):
             mq.ping()
         except (ImproperlyConfigured, RedisUnavailable) as err:
             raise CommandError(f"runpump: {err}", returncode=1) from None
+        hooks = [drain_after_sweep] + ([] if opts["no_mirror"] else [mirror_after_sweep])
+        missing = tables_missing()
+        if missing:
+            log.warning(
+                "runpump: %s; until then the enqueue outbox is not drained and the admin "
+                "mirror is off",
+                missing,
+            )
+            hooks = []
         try:
             if not opts["once"]:
                 check_interval(opts["interval"])
@@ -99,10 +125,18 @@ class Command(BaseCommand):
                 lock_ms=opts["lock_ms"],
                 max_tries=opts["max_tries"],
                 max_stalls=opts["max_stalls"],
-                after_sweep=[] if opts["no_mirror"] else [mirror_after_sweep],
+                after_sweep=hooks,
             )
         except ValueError as err:
             raise CommandError(f"runpump: {err}", returncode=1) from None
+        if opts["metrics_port"] is not None:
+            where = f"{opts['metrics_host']}:{opts['metrics_port']}"
+            try:
+                metrics.serve(opts["metrics_port"], opts["metrics_host"], mq, pump.queues)
+            except (OSError, ImproperlyConfigured) as err:
+                raise CommandError(
+                    f"runpump: cannot serve metrics on {where}: {err}", returncode=1
+                ) from None
         stop = threading.Event()
 
         def on_signal(signum, frame):

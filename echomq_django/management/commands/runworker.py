@@ -21,10 +21,12 @@ import sys
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand
 
+from echomq_django import metrics
 from echomq_django.conf import check_server, get_mq
 from echomq_django.exceptions import RedisUnavailable
 from echomq_django.keyspace import whole_number
 from echomq_django.logs import setup_logging
+from echomq_django.outbox import tables_missing
 from echomq_django.worker import Worker
 
 
@@ -75,6 +77,20 @@ class Command(BaseCommand):
             default=0.2,
             help="seconds an empty queue rests before it is asked again (default 0.2)",
         )
+        parser.add_argument(
+            "--metrics-port",
+            type=int,
+            default=None,
+            metavar="PORT",
+            help="serve Prometheus metrics on this port (needs the 'metrics' extra: "
+            "prometheus_client)",
+        )
+        parser.add_argument(
+            "--metrics-host",
+            default="127.0.0.1",
+            metavar="HOST",
+            help="address the metrics port listens on (default 127.0.0.1; 0.0.0.0 for all)",
+        )
 
     def handle(self, *args, **opts):
         setup_logging(opts["verbosity"])
@@ -89,6 +105,11 @@ class Command(BaseCommand):
             mq.ping()
         except (ImproperlyConfigured, RedisUnavailable) as err:
             self._exit(f"runworker: {err}")
+        missing = tables_missing()
+        if missing:
+            logging.getLogger("echomq_django.worker").warning(
+                "runworker: %s; until then the enqueue outbox is not drained", missing
+            )
         try:
             whole_number("--max-jobs", opts["max_jobs"], 1, optional=True)
             worker = Worker(
@@ -98,9 +119,19 @@ class Command(BaseCommand):
                 lease_ms=opts["lease_ms"],
                 shutdown_timeout=opts["shutdown_timeout"],
                 poll_interval=opts["poll_interval"],
+                drain_outbox=not missing,
+                metrics=opts["metrics_port"] is not None,
             )
-        except ValueError as err:
+        except (ValueError, ImproperlyConfigured) as err:
             self._exit(f"runworker: {err}")
+        if opts["metrics_port"] is not None:
+            try:
+                metrics.serve(opts["metrics_port"], opts["metrics_host"], mq, worker.queues)
+            except OSError as err:
+                self._exit(
+                    f"runworker: cannot serve metrics on "
+                    f"{opts['metrics_host']}:{opts['metrics_port']}: {err}"
+                )
         worker.run(burst=opts["burst"], max_jobs=opts["max_jobs"])
         if worker.abandoned:
             # Handler threads still run and cannot be interrupted; leave now and
