@@ -199,7 +199,7 @@ def test_check_deploy_compares_cluster_with_the_server(no_env_url, redis_server,
     from echomq_django import conf
 
     [(_, message, _)] = conf.server_problems({"URL": node})
-    assert message == f"{node} is a Redis Cluster node: set CLUSTER"
+    assert message == f"{node}: this is a Redis Cluster node: set CLUSTER"
 
 
 def test_enqueue_refuses_a_name_with_a_lone_surrogate_naming_the_rule(mq):
@@ -273,11 +273,11 @@ def run_command(name: str, *args: str) -> tuple[int, str]:
         (("--max-stalls", "-1"), "max_stalls must be a whole number >= 0, got -1"),
     ],
 )
-def test_runpump_refuses_a_flag_that_breaks_its_rule(r, args, message):
+def test_runpump_refuses_a_flag_that_breaks_its_rule(r, db, args, message):
     assert run_command("runpump", "q", *args) == (1, f"runpump: {message}")
 
 
-def test_runworker_refuses_max_jobs_below_one(r):
+def test_runworker_refuses_max_jobs_below_one(r, db):
     code, err = run_command("runworker", "q", "--max-jobs", "-1")
     assert (code, err) == (1, "runworker: --max-jobs must be a whole number >= 1, got -1\n")
 
