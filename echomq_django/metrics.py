@@ -13,7 +13,9 @@ Two kinds, the way Prometheus expects them:
 * **per queue**, read from Redis at scrape time (``QueueCollector``):
   ``echomq_queue_jobs{queue,state}``,
   ``echomq_queue_oldest_pending_age_seconds``, ``echomq_queue_outbox_depth``,
-  ``echomq_queue_deadletters``, ``echomq_queue_paused``, ``echomq_processes_live{kind}``
+  ``echomq_queue_deadletters``, ``echomq_queue_paused``,
+  ``echomq_queue_signal_backlog``, ``echomq_queue_signal_deadletters``,
+  ``echomq_processes_live{kind}``
   and ``echomq_redis_up`` (0 when Redis did not answer the scrape).
 
 Served by ``metrics_view`` (``echomq_django.urls``: ``metrics/``), open to
@@ -204,6 +206,16 @@ class QueueCollector:
         paused = GaugeMetricFamily(
             "echomq_queue_paused", "1 when the queue is paused", labels=["queue"]
         )
+        signal_backlog = GaugeMetricFamily(
+            "echomq_queue_signal_backlog",
+            "Durable signal events not dispatched yet (DESIGN 10.6)",
+            labels=["queue"],
+        )
+        signal_letters = GaugeMetricFamily(
+            "echomq_queue_signal_deadletters",
+            "Signal events given up on after their receivers kept raising",
+            labels=["queue"],
+        )
         for name, q in doc["queues"].items():
             for state, n in q["counts"].items():
                 jobs.add_metric([name, state], n)
@@ -211,12 +223,14 @@ class QueueCollector:
             outbox.add_metric([name], q["outbox"])
             letters.add_metric([name], q["deadletter"])
             paused.add_metric([name], 1 if q["paused"] else 0)
+            signal_backlog.add_metric([name], q["signals"])
+            signal_letters.add_metric([name], q["signals_deadletter"])
         live = GaugeMetricFamily(
             "echomq_processes_live", "Workers and pumps whose heartbeat is current", labels=["kind"]
         )
         for kind in ("worker", "pump"):
             live.add_metric([kind], sum(1 for p in doc["processes"] if p["kind"] == kind))
-        yield from (jobs, age, outbox, letters, paused, live)
+        yield from (jobs, age, outbox, letters, paused, signal_backlog, signal_letters, live)
 
 
 class _Both:
