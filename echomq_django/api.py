@@ -6,25 +6,36 @@
   ATOMIC_REQUESTS) the write waits for the commit, as django-rq does; outside
   one it happens now. So a view or a ``post_save`` receiver never starts work
   for a row that is rolled back.
-* ``True``: always through ``transaction.on_commit`` (runs now when there is
-  no transaction open).
-* ``False``: now, even inside a transaction.
+* ``True``: always through the enqueue outbox (``outbox.py``, DESIGN §10.4):
+  the job or flow is written to the ``OutboxEntry`` table in the current
+  transaction of database ``using``, pushed to Redis right after the commit
+  and the row deleted; when Redis is down then, the row waits for the worker
+  or the pump to push it. Outside a transaction the row is written and
+  pushed at once.
+* ``False``: now, straight to Redis, even inside a transaction.
 
-The ids are known before the commit: generated up front and returned at once.
+The ids are known before the commit: generated up front and returned at once
+(and fixed in the outbox row, so a repeated push never runs anything twice).
 Validation (names, ids, payloads, flow shape) happens now either way, so a bad
-call raises in the caller, not later in the commit hook.
+call raises in the caller, not later in the commit hook. ``aenqueue`` and
+``aadd_flow`` are the same for async code.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.db import DEFAULT_DB_ALIAS, transaction
 
 from . import flows as _flows
+from . import outbox
 from .conf import get_mq
 from .flows import Flow, FlowRef
+from .jobs import Job, Outcome
 from .keyspace import validate_id, validate_queue
+from .reads import Dependencies
+from .scheduling import check_job_options
 
 
 def _defer(on_commit: bool | None, using: str | None) -> bool:
@@ -44,26 +55,42 @@ def enqueue(
     max_attempts: int | None = None,
     backoff_ms: int | None = None,
     delay_ms: int = 0,
+    priority: int = 0,
+    timeout_ms: int | None = None,
+    dedup_key: str | None = None,
+    dedup_ttl_ms: int | None = None,
     on_commit: bool | None = None,
     using: str | None = None,
+    **options: Any,
 ) -> str:
-    """Add one job; returns its id. See ``EchoMQ.enqueue`` for the arguments
-    and errors, and this module's docstring for ``on_commit`` / ``using`` (the
-    database alias whose transaction is watched)."""
+    """Add one job; returns its id (str). See ``EchoMQ.enqueue`` for the
+    arguments (``priority``, ``timeout_ms``, ``dedup_key``, ``dedup_ttl_ms``:
+    DESIGN §10.3) and errors, and this module's docstring for ``on_commit`` /
+    ``using`` (the database alias whose transaction is watched and that holds
+    the outbox row). A deferred add raises the same validation errors now,
+    and the database's error if the outbox table is missing; it returns the
+    id it will use: a dedup hit is known only at the push."""
     mq = get_mq()
     kwargs = dict(
         job_id=job_id if job_id is not None else _flows.new_id(),
         max_attempts=max_attempts,
         backoff_ms=backoff_ms,
         delay_ms=delay_ms,
+        priority=priority,
+        timeout_ms=timeout_ms,
+        dedup_key=dedup_key,
+        dedup_ttl_ms=dedup_ttl_ms,
     )
     if not _defer(on_commit, using):
         return mq.enqueue(queue, name, payload, **kwargs)
     validate_queue(queue)
-    validate_id(kwargs["job_id"])
+    job_id = validate_id(kwargs.pop("job_id"))
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"a job needs a name (the handler's), got {name!r}")
+    check_job_options(priority, delay_ms, timeout_ms, dedup_key, dedup_ttl_ms)
     mq.encode(payload)
-    transaction.on_commit(lambda: mq.enqueue(queue, name, payload, **kwargs), using=using)
-    return kwargs["job_id"]
+    outbox.write_job(queue, name, payload, job_id, kwargs, using=using, mq=mq)
+    return job_id
 
 
 def _assign_ids(flow: Flow) -> None:
@@ -86,7 +113,7 @@ def add_flow(flow: Flow, *, on_commit: bool | None = None, using: str | None = N
         return mq.add_flow(flow)
     _assign_ids(flow)
     nodes = _flows.plan(flow, mq.encode)
-    transaction.on_commit(lambda: mq.add_flow(flow), using=using)
+    outbox.write_flow(flow, using=using, mq=mq)
     root = nodes[0]
     return FlowRef(
         queue=root.queue,
@@ -105,12 +132,24 @@ def add_flows(
     return [add_flow(f, on_commit=True, using=using) for f in flows]
 
 
-def get_job(queue: str, job_id: str):
+async def aenqueue(queue: str, name: str, payload: Any = None, **kwargs: Any) -> str:
+    """``enqueue`` for async code (an async view): runs it in the thread
+    Django's async ORM uses (``sync_to_async(thread_sensitive=True)``), so
+    ``on_commit`` sees the same transaction. Same arguments and errors."""
+    return await sync_to_async(enqueue, thread_sensitive=True)(queue, name, payload, **kwargs)
+
+
+async def aadd_flow(flow: Flow, **kwargs: Any) -> FlowRef:
+    """``add_flow`` for async code, as ``aenqueue`` is for ``enqueue``."""
+    return await sync_to_async(add_flow, thread_sensitive=True)(flow, **kwargs)
+
+
+def get_job(queue: str, job_id: str) -> Job:
     """``EchoMQ.get_job`` on the settings' connection."""
     return get_mq().get_job(queue, job_id)
 
 
-def retry(queue: str, job_id: str):
+def retry(queue: str, job_id: str) -> Outcome:
     """``EchoMQ.retry`` (retry-by-id of a dead job) on the settings' connection."""
     return get_mq().retry(queue, job_id)
 
@@ -120,7 +159,7 @@ def children_values(queue: str, job_id: str) -> dict:
     return get_mq().children_values(queue, job_id)
 
 
-def dependencies(queue: str, job_id: str):
+def dependencies(queue: str, job_id: str) -> Dependencies:
     """``EchoMQ.dependencies`` on the settings' connection."""
     return get_mq().dependencies(queue, job_id)
 
@@ -138,3 +177,43 @@ def ignored_failures(queue: str, job_id: str) -> dict:
 def get_flow(queue: str, job_id: str, depth: int | None = None) -> dict:
     """``EchoMQ.get_flow`` on the settings' connection."""
     return get_mq().get_flow(queue, job_id, depth)
+
+
+def pause(queue: str) -> bool:
+    """``EchoMQ.pause`` on the settings' connection (DESIGN §10.3)."""
+    return get_mq().pause(queue)
+
+
+def resume(queue: str) -> bool:
+    """``EchoMQ.resume`` on the settings' connection (DESIGN §10.3)."""
+    return get_mq().resume(queue)
+
+
+def is_paused(queue: str) -> bool:
+    """``EchoMQ.is_paused`` on the settings' connection (DESIGN §10.3)."""
+    return get_mq().is_paused(queue)
+
+
+def remove_child_dependency(queue: str, parent_id: str, child_ref: str):
+    """``EchoMQ.remove_child_dependency`` on the settings' connection (DESIGN §10.3)."""
+    return get_mq().remove_child_dependency(queue, parent_id, child_ref)
+
+
+def remove_unprocessed_children(queue: str, parent_id: str):
+    """``EchoMQ.remove_unprocessed_children`` on the settings' connection
+    (DESIGN §10.3)."""
+    return get_mq().remove_unprocessed_children(queue, parent_id)
+
+
+def remove(queue: str, job_id: str):
+    """``EchoMQ.remove`` on the settings' connection (DESIGN §10.2): remove a
+    job that is not active, with its subtree. Raises ``JobNotFound``,
+    ``JobNotRemovable``."""
+    return get_mq().remove(queue, job_id)
+
+
+def cancel(queue: str, job_id: str):
+    """``EchoMQ.cancel`` on the settings' connection (DESIGN §10.2): cancel a
+    job and its unfinished subtree (an active job is marked). Raises
+    ``JobNotFound``, ``JobNotCancellable``."""
+    return get_mq().cancel(queue, job_id)

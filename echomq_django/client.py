@@ -8,13 +8,16 @@ reply. Nothing is written when validation fails.
 from __future__ import annotations
 
 import json
+import logging
 import secrets
+import threading
 import time
 from typing import Any
 
 import redis
 
 from . import flows as _flows
+from .eventcalls import EventCalls
 from .exceptions import (
     EchoMQError,
     JobNotActive,
@@ -25,13 +28,29 @@ from .exceptions import (
     translate,
 )
 from .flowcalls import FLOW_CHUNK, FlowCalls, opt
-from .jobs import MAX_PAYLOAD_BYTES, QUEUE_DEFAULTS, Job, JobState, Outcome, _text, to_json
+from .jobs import (
+    CLAIM_FIELDS,
+    MAX_PAYLOAD_BYTES,
+    QUEUE_DEFAULTS,
+    Job,
+    JobState,
+    Outcome,
+    to_json,
+    to_text,
+)
 from .keyspace import Keyspace, validate_id, validate_queue, whole_number
+from .lifecalls import LifecycleCalls
 from .reads import Reads
+from .schedcalls import SchedulingCalls
+from .scheduling import Claimed, check_job_options
 from .scripts import Scripts
 
 BACKOFF_CAP_MS = 3_600_000
 COMPLETE_BATCH = 500  # jobs per complete script: a few ms of Redis time at most
+MAX_QUEUES = 10_000  # names P:queues holds; past it new queues are not added (a warning)
+REGISTER_EVERY_S = 60.0  # a process re-adds a queue it writes to at most this often
+
+log = logging.getLogger("echomq_django.client")
 
 
 def now_ms() -> int:
@@ -39,7 +58,7 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-class EchoMQ(FlowCalls, Reads):
+class EchoMQ(FlowCalls, SchedulingCalls, EventCalls, LifecycleCalls, Reads):
     """The queue over one redis-py client (``redis.Redis`` or ``RedisCluster``).
 
     The only caller of the Lua scripts: each ``lua/*.lua`` has exactly one
@@ -50,7 +69,10 @@ class EchoMQ(FlowCalls, Reads):
     its defaults ``{"MAX_ATTEMPTS": int, "BACKOFF_MS": ms, "LEASE_MS": ms}``;
     missing values come from ``jobs.QUEUE_DEFAULTS``. ``clock`` returns ms since the epoch
     (tests pass a fake one: DESIGN §5 rule 3). ``max_payload_bytes`` bounds a
-    payload or result once encoded (bytes of UTF-8 JSON).
+    payload or result once encoded (bytes of UTF-8 JSON). ``json_encoder``: a
+    ``json.JSONEncoder`` subclass for payloads and results (the
+    ``JSON_ENCODER`` setting, e.g. ``DjangoJSONEncoder`` for dates, Decimal,
+    UUID; DESIGN §10.4); None encodes plain JSON only.
     """
 
     def __init__(
@@ -63,6 +85,7 @@ class EchoMQ(FlowCalls, Reads):
         max_payload_bytes: int = MAX_PAYLOAD_BYTES,
         backoff_cap_ms: int = BACKOFF_CAP_MS,
         flow_chunk: int = FLOW_CHUNK,
+        json_encoder: type[json.JSONEncoder] | None = None,
     ) -> None:
         self.client = client
         self.keys = Keyspace(prefix)
@@ -70,9 +93,18 @@ class EchoMQ(FlowCalls, Reads):
         self.queues = {validate_queue(q): dict(v or {}) for q, v in (queues or {}).items()}
         self.clock = clock or now_ms
         self.max_payload_bytes = max_payload_bytes
+        # None: the fast plain-JSON path (jobs.to_json); else this encoder's
+        # class, e.g. Django's DjangoJSONEncoder (DESIGN §10.4)
+        self._to_json = to_json
+        if json_encoder is not None:
+            self._to_json = json_encoder(
+                separators=(",", ":"), allow_nan=False, ensure_ascii=True
+            ).encode
         self.backoff_cap_ms = backoff_cap_ms
         self.flow_chunk = flow_chunk
         self.fault_hook = None  # tests: called after each flow step, may raise
+        self._noted: dict[str, float] = {}  # queue -> monotonic time it was added to P:queues
+        self._noted_lock = threading.Lock()
 
     # -- helpers -----------------------------------------------------------
     def setting(self, queue: str, name: str) -> int:
@@ -83,7 +115,7 @@ class EchoMQ(FlowCalls, Reads):
         """``value`` as compact JSON text. Raises ``PayloadError`` when it is not
         JSON-serialisable (NaN included) or is over ``max_payload_bytes``."""
         try:
-            text = to_json(value)
+            text = self._to_json(value)
         except (TypeError, ValueError) as err:
             raise PayloadError(f"{what} is not JSON-serialisable: {err}") from None
         except RecursionError:  # no circular check in _C_ENCODE: it recurses instead
@@ -97,6 +129,57 @@ class EchoMQ(FlowCalls, Reads):
                 f"{self.max_payload_bytes} bytes (max_payload_bytes)"
             )
         return text
+
+    # -- every queue ever used (P:queues, DESIGN §10.5) -----------------------
+    @reports_redis_down
+    def register_queues(self, queues) -> list[str]:
+        """Add ``queues`` to ``P:queues`` unless it holds ``MAX_QUEUES`` names
+        already (then a WARNING, nothing added). Returns the names added.
+        Raises ``ValueError`` for a bad name, ``RedisUnavailable``."""
+        names = [validate_queue(q) for q in dict.fromkeys(queues)]
+        key = self.keys.queues()
+        pipe = self.client.pipeline(transaction=False)
+        pipe.scard(key)
+        for name in names:
+            pipe.sismember(key, name)
+        size, *present = pipe.execute()
+        new = [n for n, there in zip(names, present, strict=True) if not there]
+        if new and size + len(new) > MAX_QUEUES:
+            log.warning(
+                "%s holds %d queue names (the bound is %d): %s not added; stats and the "
+                "admin find them only through ECHOMQ['QUEUES']",
+                key,
+                size,
+                MAX_QUEUES,
+                ", ".join(new),
+            )
+            return []
+        if new:
+            self.client.sadd(key, *new)
+        return new
+
+    def note_queues(self, queues) -> None:
+        """Before a write that may create a queue's first job: make sure each
+        of ``queues`` is in ``P:queues``, at most once per ``REGISTER_EVERY_S``
+        per queue in this process (a dict lookup otherwise). P:queues is on no
+        queue's slot, so no script can add to it (a Cluster refuses keys of
+        two slots in one script): the host adds the name first."""
+        now = time.monotonic()
+        with self._noted_lock:
+            due = [
+                q for q in queues if now - self._noted.get(q, -REGISTER_EVERY_S) >= REGISTER_EVERY_S
+            ]
+            for q in due:
+                self._noted[q] = now
+        if not due:
+            return
+        try:
+            self.register_queues(due)
+        except BaseException:
+            with self._noted_lock:
+                for q in due:
+                    self._noted.pop(q, None)
+            raise
 
     def _parse(self, value: str) -> tuple[str, str]:
         return self.keys.parse_base_id(value)
@@ -115,12 +198,21 @@ class EchoMQ(FlowCalls, Reads):
         max_attempts: int | None = None,
         backoff_ms: int | None = None,
         delay_ms: int = 0,
+        priority: int = 0,
+        timeout_ms: int | None = None,
+        dedup_key: str | None = None,
+        dedup_ttl_ms: int | None = None,
     ) -> str:
         """Add one job; returns its id (generated when ``job_id`` is None).
 
-        ``delay_ms`` (ms) > 0 holds it in ``delayed`` until due. Raises
-        ``ValueError`` for a bad queue name, id or name, ``PayloadError`` for a
-        bad payload, ``DuplicateJob`` when the id is taken (nothing written),
+        ``delay_ms`` (ms) > 0 holds it in ``delayed`` until due. DESIGN §10.3:
+        ``priority`` (int, higher runs first); ``timeout_ms`` (ms per attempt,
+        default the queue's TIMEOUT_MS); ``dedup_key``: while a job added with
+        the same key is live (not completed, not dead), nothing is written and
+        that job's id is returned; ``dedup_ttl_ms`` (ms) frees the key sooner.
+        Raises ``ValueError`` for a bad queue name, id, name or option
+        (scheduling.py's ranges), ``PayloadError`` for a bad payload,
+        ``DuplicateJob`` when the id is taken (nothing written),
         ``RedisUnavailable`` when Redis cannot be reached. DESIGN §5 `enqueue`.
         """
         validate_queue(queue)
@@ -130,15 +222,12 @@ class EchoMQ(FlowCalls, Reads):
         whole_number("max_attempts", max_attempts, 1, optional=True)
         whole_number("backoff_ms", backoff_ms, 0, optional=True)
         whole_number("delay_ms", delay_ms, 0)
-        k = self.keys
-        self.scripts.run(
+        check_job_options(priority, delay_ms, timeout_ms, dedup_key, dedup_ttl_ms)
+        k = self.keys.queue(queue)
+        self.note_queues((queue,))
+        state = self.scripts.run(
             "enqueue",
-            [
-                k.job(queue, job_id),
-                k.queue_key(queue, "pending"),
-                k.queue_key(queue, "delayed"),
-                k.queue_key(queue, "events"),
-            ],
+            [k.job(job_id), k.pending, k.delayed, k.events, k.dedup(dedup_key or "")],
             [
                 queue,
                 job_id,
@@ -148,49 +237,56 @@ class EchoMQ(FlowCalls, Reads):
                 opt(backoff_ms),
                 self.clock(),
                 int(delay_ms),
+                int(priority),
+                dedup_key or "",
+                opt(dedup_ttl_ms),
+                opt(timeout_ms),
             ],
         )
-        return job_id
+        state = to_text(state)
+        return state.split(" ", 1)[1] if state.startswith("deduplicated ") else job_id
 
     def claim(self, queue: str, count: int = 1, lease_ms: int | None = None) -> list[Job]:
         """Claim up to ``count`` pending jobs of ``queue`` in one call.
 
         Each returned ``Job`` is active, holds a fresh ``lease`` token and a
         ``lease_deadline`` (ms) = now + ``lease_ms`` (the queue's LEASE_MS by
-        default), and has its attempt counted. DESIGN §5 `claim`.
+        default), and has its attempt counted. DESIGN §5 `claim`. The list is
+        a ``Claimed``: empty with ``paused`` True when the queue is paused,
+        or with ``wait_ms`` set when its RATE_LIMIT window is full (DESIGN
+        §10.3); higher priorities come first.
         """
         whole_number("count", count, 1)
         whole_number("lease_ms", lease_ms, 1, optional=True)
         lease = int(lease_ms if lease_ms is not None else self.setting(queue, "LEASE_MS"))
         now = self.clock()
-        k = self.keys
+        k = self.keys.queue(queue)
         flat = json.loads(
             self.scripts.run(
                 "claim",
-                [
-                    k.queue_key(queue, "pending"),
-                    k.queue_key(queue, "active"),
-                    k.queue_key(queue, "lease:seq"),
-                ],
-                [k.base(queue), count, now, lease, secrets.token_hex(8)],
+                [k.pending, k.active, k.lease_seq],
+                [k.base, count, now, lease, secrets.token_hex(8), *self._limit(queue)],
             )
         )
-        deadline = now + lease
-        return [
+        if type(flat) is dict:
+            return Claimed(paused=bool(flat.get("paused")), wait_ms=flat.get("wait"))
+        deadline, n = now + lease, len(CLAIM_FIELDS)
+        return Claimed(
             Job.from_claim(
-                queue, [v if v is not False else None for v in flat[i : i + 11]], deadline, self
+                queue, [v if v is not False else None for v in flat[i : i + n]], deadline, self
             )
-            for i in range(0, len(flat), 11)
-        ]
+            for i in range(0, len(flat), n)
+        )
 
     def _fail_call(self, job: Job, error: str, dead: bool = False):
-        k, q = self.keys, job.queue
+        q = job.queue
+        k = self.keys.queue(q)
         return (
             "fail",
-            [k.job(q, job.id), k.queue_key(q, "delayed")],
+            [k.job(job.id), k.delayed],
             [
                 q,
-                k.base(q),
+                k.base,
                 job.id,
                 job.lease or "",
                 str(error),
@@ -261,11 +357,11 @@ class EchoMQ(FlowCalls, Reads):
 
     def _complete_call(self, queue: str, pairs: list[tuple[Job, str]]):
         """One ``complete`` script call for ``(job, result JSON)`` pairs of ``queue``."""
-        k = self.keys
-        args: list = [queue, k.base(queue), self.clock()]
+        k = self.keys.queue(queue)
+        args: list = [queue, k.base, self.clock()]
         for job, text in pairs:
             args += (job.id, job.lease or "", text)
-        return ("complete", [k.queue_key(queue, "active"), k.queue_key(queue, "completed")], args)
+        return ("complete", [k.active, k.completed], args)
 
     def _complete_batches(self, queue: str, pairs: list[tuple[Job, str]]) -> list:
         return self._complete_replies(
@@ -313,10 +409,10 @@ class EchoMQ(FlowCalls, Reads):
         new deadline (ms) and stores it on ``job``. Raises ``JobNotActive``,
         ``LeaseLost``, ``JobNotFound``. DESIGN §5 `extend_lease`."""
         lease = int(lease_ms if lease_ms is not None else self.setting(job.queue, "LEASE_MS"))
-        k = self.keys
+        k = self.keys.queue(job.queue)
         deadline = self.scripts.run(
             "extend_lease",
-            [k.job(job.queue, job.id), k.queue_key(job.queue, "active")],
+            [k.job(job.id), k.active],
             [job.queue, job.id, job.lease or "", self.clock(), lease],
         )
         job.lease_deadline = int(deadline)
@@ -324,12 +420,12 @@ class EchoMQ(FlowCalls, Reads):
 
     def promote_delayed(self, queue: str, limit: int = 1000) -> int:
         """Move up to ``limit`` due delayed jobs to pending; returns how many."""
-        k = self.keys
+        k = self.keys.queue(queue)
         return int(
             self.scripts.run(
                 "promote_delayed",
-                [k.queue_key(queue, "delayed"), k.queue_key(queue, "pending")],
-                [k.base(queue), self.clock(), limit],
+                [k.delayed, k.pending],
+                [k.base, self.clock(), limit],
             )
         )
 
@@ -337,11 +433,11 @@ class EchoMQ(FlowCalls, Reads):
         """Active jobs whose lease expired go back to pending; a job that
         stalls more than ``max_stalls`` times dies (its parent's policy
         applies). Returns the ``Outcome`` (``recovered`` count, ``dead``)."""
-        k = self.keys
+        k = self.keys.queue(queue)
         reply = self.scripts.run(
             "recover_stalled",
-            [k.queue_key(queue, "active"), k.queue_key(queue, "pending")],
-            [queue, k.base(queue), self.clock(), limit, max_stalls],
+            [k.active, k.pending],
+            [queue, k.base, self.clock(), limit, max_stalls],
         )
         return self._outcome(reply)
 
@@ -352,12 +448,12 @@ class EchoMQ(FlowCalls, Reads):
         returns to awaiting_children; a retried child re-attaches to the parent
         it failed. ``Outcome.state`` is the job's new state. Raises
         ``JobNotFound``, ``JobNotRetryable`` (with the current state)."""
-        k = self.keys
+        k = self.keys.queue(queue)
         try:
             reply = self.scripts.run(
                 "retry",
-                [k.job(queue, job_id), k.queue_key(queue, "dead"), k.queue_key(queue, "pending")],
-                [queue, k.base(queue), job_id, self.clock(), secrets.token_hex(8)],
+                [k.job(job_id), k.dead, k.pending],
+                [queue, k.base, job_id, self.clock(), secrets.token_hex(8)],
             )
         except JobNotActive as err:
             state = err.parts[2] if len(err.parts) > 2 else "not dead"
@@ -374,5 +470,5 @@ class EchoMQ(FlowCalls, Reads):
                 pass  # retried already; its reattach entry is on its way
         for entry in data.get("reattach") or []:  # now, not at the next sweep
             outcome.merge(self.deliver([json.loads(entry)])[1])
-        outcome.state = JobState(_text(self.client.hget(k.job(queue, job_id), "state")))
+        outcome.state = self.state_of(queue, job_id)
         return outcome

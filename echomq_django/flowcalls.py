@@ -16,7 +16,7 @@ import json
 
 from . import flows as _flows
 from .flows import Flow, FlowRef
-from .jobs import Outcome, to_json
+from .jobs import Outcome, Policy, to_json, to_text
 from .keyspace import validate_id, validate_queue
 
 FLOW_CHUNK = 5000  # nodes per enqueue_flow script: keeps one script well under ~50 ms
@@ -30,15 +30,16 @@ def opt(value) -> str:
 class FlowCalls:
     """Flow methods of ``EchoMQ``; expects ``self.client``, ``self.keys``,
     ``self.scripts``, ``self.clock``, ``self.encode``, ``self.flow_chunk``,
-    ``self.fault_hook`` and ``self._outcome``."""
+    ``self.fault_hook``, ``self.note_queues`` and ``self._outcome``."""
 
     def _step_call(self, queue: str, nodes: list, mode: str):
         """One ``enqueue_flow`` call for a step, in the script's flat group
         format (see its header): nodes that share name, parent, policy and
         settings share one group header."""
         k = self.keys
+        qk = k.queue(queue)
         flat: list[str] = []
-        for (name, pid, pq, policy, ma, bo, gate), group in itertools.groupby(
+        for (name, pid, pq, policy, ma, bo, gate, opts), group in itertools.groupby(
             nodes,
             key=lambda n: (
                 n.name,
@@ -48,6 +49,7 @@ class FlowCalls:
                 n.max_attempts,
                 n.backoff_ms,
                 n.gate,
+                n.opts,
             ),
         ):
             group = list(group)
@@ -60,6 +62,7 @@ class FlowCalls:
                 opt(bo),
                 "1" if gate else "0",
                 str(len(group)),
+                opts,
             ]
             for n in group:
                 if n.children:
@@ -70,8 +73,8 @@ class FlowCalls:
         # one JSON argument: 9+ ARGV per node cost more in redis-py than in Redis
         return (
             "enqueue_flow",
-            [k.queue_key(queue, "pending"), k.queue_key(queue, "awaiting")],
-            [queue, k.base(queue), self.clock(), mode, to_json(flat)],
+            [qk.pending, qk.awaiting],
+            [queue, qk.base, self.clock(), mode, to_json(flat)],
         )
 
     def add_flow(self, flow: Flow) -> FlowRef:
@@ -103,6 +106,7 @@ class FlowCalls:
                             f"job id {n.id!r} in queue {n.queue!r} is in two flows"
                         )
                     seen.add((n.queue, n.id))
+        self.note_queues(dict.fromkeys(n.queue for nodes in plans for n in nodes))
         all_steps = [_flows.steps(nodes, self.flow_chunk) for nodes in plans]
         gated = [any(n.gate for n in nodes) for nodes in plans]
         checks = [
@@ -140,6 +144,11 @@ class FlowCalls:
                     nodes=[(n.queue, n.id) for n in nodes],
                     landed=sum(int(c[0]) for c in counts[i]),
                     skipped=sum(int(c[1]) for c in counts[i]),
+                    deduplicated={
+                        (q, to_text(c[j])): to_text(c[j + 1])
+                        for c, (q, _) in zip(counts[i], all_steps[i], strict=True)
+                        for j in range(3, len(c), 2)
+                    },
                 )
             )
         return refs
@@ -160,19 +169,19 @@ class FlowCalls:
                 continue
             groups.setdefault(e["q"], []).append(i)
         calls = []
-        k = self.keys
         for queue, idx in groups.items():
-            args: list = [queue, k.base(queue), self.clock()]
+            k = self.keys.queue(queue)
+            args: list = [queue, k.base, self.clock()]
             for i in idx:
                 e = entries[i]
-                args += [e["k"], e["c"], e["p"], e.get("pol") or "fp", e.get("v") or ""]
-            calls.append(
-                (
-                    "flow_deliver",
-                    [k.queue_key(queue, "pending"), k.queue_key(queue, "awaiting")],
-                    args,
-                )
-            )
+                args += [
+                    e["k"],
+                    e["c"],
+                    e["p"],
+                    e.get("pol") or Policy.FAIL_PARENT,
+                    e.get("v") or "",
+                ]
+            calls.append(("flow_deliver", [k.pending, k.awaiting], args))
         outcome = Outcome()
         for (_queue, idx), reply in zip(groups.items(), self.scripts.run_many(calls), strict=False):
             if isinstance(reply, Exception):
@@ -188,14 +197,10 @@ class FlowCalls:
         entry goes to the dead-letter list. ``token`` is the sweep lock's.
         Returns how many entries were removed (0 when the head moved). Raises
         ``SweepLockLost`` when the lock is no longer ``token``'s."""
-        k = self.keys
+        k = self.keys.queue(queue)
         return self.scripts.run(
             "outbox_trim",
-            [
-                k.queue_key(queue, "flow:outbox"),
-                k.queue_key(queue, "pump:lock"),
-                k.queue_key(queue, "flow:deadletter"),
-            ],
+            [k.outbox, k.pump_lock, k.deadletter],
             [token, self.clock(), *(v for pair in zip(read, actions, strict=False) for v in pair)],
         )
 
@@ -203,14 +208,14 @@ class FlowCalls:
         """The sweep lock of ``queue``'s outbox, a redis-py ``Lock`` held at
         most ``lock_ms`` (ms), not acquired yet (``acquire()`` does not block)."""
         return self.client.lock(
-            self.keys.queue_key(queue, "pump:lock"), timeout=lock_ms / 1000, blocking=False
+            self.keys.queue(queue).pump_lock, timeout=lock_ms / 1000, blocking=False
         )
 
     def count_delivery(self, queue: str, entry: bytes | str) -> int:
         """Count one more failed delivery of an outbox ``entry`` (raw text);
         returns the count so far."""
-        return self.client.hincrby(self.keys.queue_key(queue, "flow:tries"), entry, 1)
+        return self.client.hincrby(self.keys.queue(queue).outbox_tries, entry, 1)
 
     def forget_deliveries(self, queue: str, entry: bytes | str) -> None:
         """Drop the failed-delivery count of an outbox ``entry``."""
-        self.client.hdel(self.keys.queue_key(queue, "flow:tries"), entry)
+        self.client.hdel(self.keys.queue(queue).outbox_tries, entry)

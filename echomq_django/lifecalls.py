@@ -63,12 +63,12 @@ class LifecycleCalls:
         return retention(self.queues.get(queue, {}))
 
     def _prune_call(self, queue: str, budget: int, mode: str):
-        k = self.keys
+        k = self.keys.queue(queue)
         completed, dead = self.retention(queue)
         return (
             "prune",
-            [k.queue_key(queue, "completed"), k.queue_key(queue, "dead")],
-            [queue, k.base(queue), self.clock(), budget, *completed.args(), *dead.args(), mode],
+            [k.completed, k.dead],
+            [queue, k.base, self.clock(), budget, *completed.args(), *dead.args(), mode],
         )
 
     def prune(self, queue: str, budget: int = BUDGET, max_calls: int | None = MAX_CALLS) -> Report:

@@ -11,7 +11,11 @@ One ``Pump(queues).sweep()`` pass, for each queue:
    parent is gone is retried on ``max_tries`` sweeps, then moved to the
    dead-letter list with its reason so the entries behind it keep flowing;
 2. promotes due delayed jobs;
-3. recovers expired leases (a job past the stall limit dies).
+3. recovers expired leases (a job past the stall limit dies);
+4. sends the Django signals of the queue's durable events (``dispatch.py``,
+   DESIGN §10.6): in ``sweep()`` synchronously, in ``run()`` from the
+   dispatcher's threads, which block on the queues' event streams and send
+   within milliseconds of a transition.
 """
 
 from __future__ import annotations
@@ -23,14 +27,19 @@ from dataclasses import dataclass, field
 
 import redis
 
-from . import signals
+from . import registry
 from .client import EchoMQ
 from .conf import get_mq
-from .exceptions import SweepLockLost, connection_error
+from .dispatch import Dispatcher
+from .exceptions import RedisUnavailable, SweepLockLost, connection_error
 from .jobs import Outcome
 from .keyspace import validate_queue
+from .outage import Outage
+from .schedule import Scheduler
 
 log = logging.getLogger("echomq_django.pump")
+
+SUMMARY_EVERY_S = 10.0  # seconds between the INFO lines of running totals
 
 
 @dataclass
@@ -43,6 +52,9 @@ class SweepReport:
     recovered: int = 0
     released: int = 0
     dead: int = 0
+    signals: int = 0  # durable events whose signals this sweep sent
+    expired: int = 0  # parents whose children_timeout_ms passed (DESIGN §10.3)
+    scheduled: int = 0  # periodic jobs fired on this queue (DESIGN §10.3)
     locked: bool = False
     lock_lost: bool = False
     outcome: Outcome = field(default_factory=Outcome, repr=False)
@@ -139,7 +151,14 @@ class Pump:
     ``max_tries``: deliveries of an entry whose parent is gone before it is
     dead-lettered; ``max_stalls``: lease expiries a job survives;
     ``after_sweep``: callables ``f(pump, reports)`` run after each sweep (the
-    admin mirror hooks in here); ``before_trim``: see ``deliver_outbox``.
+    admin mirror hooks in here); ``before_trim``: see ``deliver_outbox``;
+    ``scheduler``: a ``schedule.Scheduler`` whose periodic jobs each sweep
+    fires (None: the ``ECHOMQ["SCHEDULE"]`` entries on these queues, if
+    any), and ``run`` wakes for their ticks;
+    ``register``: list this pump among the live processes while ``run()``
+    runs (a heartbeat every ``beat_s`` seconds, DESIGN §10.5);
+    ``dispatcher``: the ``Dispatcher`` of the queues' durable signals (None:
+    one with the settings' tries and backoff).
     Raises ``ValueError`` for a bad or missing queue name.
     """
 
@@ -154,15 +173,24 @@ class Pump:
         max_stalls: int = 1,
         after_sweep=None,
         before_trim=None,
+        scheduler: Scheduler | None = None,
+        register: bool = True,
+        beat_s: float = registry.HEARTBEAT_S,
+        dispatcher: Dispatcher | None = None,
     ) -> None:
         self.mq = mq if mq is not None else get_mq()
+        if scheduler is None:  # runpump and runworker --pump fire their queues' entries
+            scheduler = Scheduler.for_queues(self.mq, queues)
+        self.scheduler = scheduler
         self.queues = [validate_queue(q) for q in queues]
         if not self.queues:
             raise ValueError("a pump needs at least one queue")
+        self.dispatcher = dispatcher or Dispatcher(self.queues, mq=self.mq)
         self.batch, self.lock_ms, self.max_tries = batch, lock_ms, max_tries
         self.max_stalls = max_stalls
         self.after_sweep = list(after_sweep or [])
         self.before_trim = before_trim
+        self.register, self.beat_s = register, beat_s
         self.totals = SweepReport()
 
     def sweep(self) -> dict[str, dict]:
@@ -175,6 +203,8 @@ class Pump:
 
     def _sweep(self) -> dict[str, dict]:
         reports = {}
+        self.dispatcher.subscribe()  # before this sweep's transitions
+        fired = self.scheduler.fire_due() if self.scheduler else []
         for queue in self.queues:
             rep = deliver_outbox(
                 self.mq,
@@ -190,30 +220,112 @@ class Pump:
             )
             rep.recovered = stalled.recovered
             rep.outcome.merge(stalled)
+            rep.expired, expired = self.mq.expire_children(queue, limit=self.batch * 10)
+            rep.outcome.merge(expired)
+            rep.scheduled = sum(q == queue for q, _ in fired)
             rep.released = len(rep.outcome.released)
             rep.dead = len(rep.outcome.dead)
-            signals.send_outcome(self, self.mq, rep.outcome)
             reports[queue] = rep
             for name in ("delivered", "deadlettered", "promoted", "recovered", "released", "dead"):
                 setattr(self.totals, name, getattr(self.totals, name) + getattr(rep, name))
+        if not self.dispatcher.running:  # in run(), its threads send them
+            for queue, rep in reports.items():  # after every queue's transitions of this sweep
+                rep.signals = self.dispatcher.dispatch(queue).sent
         for hook in self.after_sweep:
             hook(self, reports)
         return {q: r.as_dict() for q, r in reports.items()}
 
-    def run(self, interval: float = 1.0, once: bool = False, should_stop=None, on_sweep=None):
-        """Sweep every ``interval`` seconds until ``should_stop()`` is true (or
-        once). ``on_sweep(reports)`` is called after each pass."""
+    def run(
+        self,
+        interval: float = 1.0,
+        once: bool = False,
+        should_stop=None,
+        on_sweep=None,
+        summary_every: float = SUMMARY_EVERY_S,
+    ) -> None:
+        """Sweep every ``interval`` seconds (at once again while an outbox
+        fills whole batches) until ``should_stop()`` is true, or once.
+        ``on_sweep(reports)`` is called after each pass. Logs each pass's
+        non-zero counts at DEBUG and the running totals at INFO every
+        ``summary_every`` seconds. A Redis outage is waited out with backoff
+        (``outage.Outage``), never raised; ``once`` returns after the first
+        pass that reached Redis. Unless ``once``, the dispatcher's threads
+        send the durable signals meanwhile, from the first pass that reached
+        Redis on (stopped on return)."""
+        beat = self._announce()
+        try:
+            self._run(interval, once, should_stop, on_sweep, summary_every)
+        finally:
+            self.dispatcher.stop()
+            if beat is not None:
+                beat.stop()
+
+    def _announce(self) -> registry.Heartbeat | None:
+        """The heartbeat listing this pump among the live processes; its
+        ``jobs_done`` counts entries delivered, jobs promoted and recovered."""
+        if not self.register:
+            return None
+        t = self.totals
+        return registry.Heartbeat(
+            self.mq,
+            "pump",
+            self.queues,
+            self.beat_s,
+            status=lambda: {"jobs_done": t.delivered + t.promoted + t.recovered},
+        ).start()
+
+    def _run(self, interval, once, should_stop, on_sweep, summary_every) -> None:
+        outage = Outage(self.mq.client, log)
+        summary_at = time.monotonic() + summary_every
         while True:
             started = time.monotonic()
-            reports = self.sweep()
+            try:
+                reports = self.sweep()
+            except RedisUnavailable as err:
+                if self._pause(outage.failed(err), should_stop):
+                    return
+                continue
+            outage.ok()
+            if not once and not self.dispatcher.running:  # once Redis answered
+                self.dispatcher.start()
+            if log.isEnabledFor(logging.DEBUG):
+                busy = {q: {k: v for k, v in r.items() if v} for q, r in reports.items()}
+                log.debug("sweep %s", {q: r for q, r in busy.items() if r} or "idle")
+            if time.monotonic() >= summary_at:
+                self._log_summary()
+                summary_at = time.monotonic() + summary_every
             if on_sweep:
                 on_sweep(reports)
             if once or (should_stop and should_stop()):
                 return
             busy = any(r["delivered"] >= self.batch for r in reports.values())
             wait = 0 if busy else max(0.0, interval - (time.monotonic() - started))
-            deadline = time.monotonic() + wait
-            while time.monotonic() < deadline:
-                if should_stop and should_stop():
-                    return
-                time.sleep(max(0.0, min(0.05, deadline - time.monotonic())))
+            if self.scheduler:  # wake for the next periodic tick (DESIGN §10.3)
+                wait = self.scheduler.wait_s(wait)
+            if self._pause(wait, should_stop):
+                return
+
+    @staticmethod
+    def _pause(seconds: float, should_stop) -> bool:
+        """Wait ``seconds``; True when ``should_stop()`` came true meanwhile."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if should_stop and should_stop():
+                return True
+            time.sleep(max(0.0, min(0.05, deadline - time.monotonic())))
+        return False
+
+    def _log_summary(self) -> None:
+        t = self.totals
+        log.info(
+            "pump %s: delivered %d, dead-lettered %d, promoted %d, recovered %d, "
+            "released %d, dead %d, signals %d",
+            ",".join(self.queues),
+            t.delivered,
+            t.deadlettered,
+            t.promoted,
+            t.recovered,
+            t.released,
+            t.dead,
+            self.dispatcher.sent,
+        )

@@ -17,16 +17,10 @@ import pytest
 from redis.cluster import RedisCluster
 
 from echomq_django import EchoMQ, Flow, JobState
-from echomq_django.jobs import STATE_INDEX
-from echomq_django.lifecalls import LifecycleCalls
+from echomq_django.keyspace import STATE_INDEX
 from tests.workerkit import T0, Clock  # noqa: F401  (T0 re-exported to the tests)
 
 INDEXES = ("pending", "active", "delayed", "completed", "dead", "awaiting")
-
-
-class LifecycleMQ(EchoMQ, LifecycleCalls):
-    """``EchoMQ`` with the lifecycle calls (DESIGN §10.2), until client.py
-    mixes them in."""
 
 
 @pytest.fixture
@@ -50,6 +44,8 @@ def where(mq: EchoMQ, queue: str, job_id: str) -> list[str]:
     out = ["pending"] * sum(
         _text(v) == job_id for v in c.lrange(k.queue_key(queue, "pending"), 0, -1)
     )
+    if c.zscore(k.queue_key(queue, "prioritized"), job_id) is not None:
+        out.append("pending")  # a job with a priority waits there (DESIGN §10.3)
     for name in INDEXES[1:]:
         if c.zscore(k.queue_key(queue, name), job_id) is not None:
             out.append(name)

@@ -1,17 +1,20 @@
 """The flow invariants of DESIGN §4, proven by a stateful property test
 (issue 3 point 6), on the single server and on the Cluster.
 
-Hypothesis builds random same-queue flows (depth 1-3, policies fp/id/rd,
-max_attempts 1-3, backoff 0 or 50 ms) and drives random operations: claim,
+Hypothesis builds random same-queue flows (depth 1-3, policies fp/id/rd/cp,
+max_attempts 1-3, backoff 0 or 50 ms, priorities -1..2, a children timeout on
+some parents, dedup keys on some leaves) and drives random operations: claim,
 complete, fail (plain or dead=True), a duplicate completion with a stale
 lease, lease expiry + recover_stalled, promotion of delayed jobs, retry by id
-of a dead job (and of a job that is not dead), and the lifecycle of DESIGN
+of a dead job (and of a job that is not dead), remove_child_dependency,
+the children-timeout sweep (DESIGN §10.3), and the lifecycle of DESIGN
 §10.2: remove by id (with the subtree), cancel by id (top down; an active
 job is marked and dies when it reports or stalls) and a retention pass
 (KEEP_COMPLETED / KEEP_DEAD counts 0-3). For retention the model checks
 legality rather than predicting the pick: every row that vanished was
 finished and settled (no parent, or not in its parent's :failed), or lay
-under one that vanished, and was never active. ``Model`` is the reference: a
+under one that vanished, and was never active. A claim must take the highest
+priorities first. ``Model`` is the reference: a
 few lines per transition, written from DESIGN §4, not from the Lua. After
 every step Redis must agree with it and the invariants must hold:
 
@@ -47,10 +50,19 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from echomq_django import Flow, JobNotActive, JobNotFound, JobNotRetryable, LeaseLost
+from echomq_django import (
+    DependencyError,
+    EchoMQ,
+    Flow,
+    JobNotActive,
+    JobNotFound,
+    JobNotRetryable,
+    LeaseLost,
+)
 from echomq_django.exceptions import JobCancelled, JobNotCancellable, JobNotRemovable
-from echomq_django.jobs import STATE_INDEX, JobState
-from tests.jobkit import INDEXES, Clock, LifecycleMQ
+from echomq_django.jobs import JobState
+from echomq_django.keyspace import STATE_INDEX
+from tests.jobkit import INDEXES, Clock
 
 Q = "q"
 LEASE_MS = 1000
@@ -82,6 +94,9 @@ class Node:
     releases: int = 0
     cancel: bool = False  # cancelled while active: dies when it reports or stalls
     hashes: dict[str, set] = field(default_factory=lambda: {p: set() for p in PARTS})
+    priority: int = 0
+    deadline: int | None = None  # children deadline (ms) while in P:{q}:deadlines
+    dedup: str | None = None  # the dedup key it holds
 
 
 class Model:
@@ -92,6 +107,18 @@ class Model:
         self.jobs: dict[str, Node] = {}
         self.released: list[str] = []
         self.dead: list[str] = []
+        self.keys: dict[str, str] = {}  # dedup key -> the live job holding it
+
+    def release(self, pid: str) -> None:
+        p = self.jobs[pid]
+        p.state, p.releases, p.deadline = "pending", p.releases + 1, None
+        self.released.append(pid)
+
+    def finish(self, jid: str) -> None:
+        """A job completed or died: its dedup key is free."""
+        key = self.jobs[jid].dedup
+        if key and self.keys.get(key) == jid:
+            del self.keys[key]
 
     def ids(self, state: str) -> list[str]:
         return sorted(i for i, n in self.jobs.items() if n.state == state)
@@ -100,8 +127,7 @@ class Model:
         p = self.jobs[pid]
         p.counter = max(p.counter - 1, 0)
         if p.counter == 0 and p.state == AWAIT:
-            p.state, p.releases = "pending", p.releases + 1
-            self.released.append(pid)
+            self.release(pid)
 
     def reattach(self, pid: str, cid: str) -> None:
         p = self.jobs[pid]
@@ -116,6 +142,21 @@ class Model:
         j = self.jobs[jid]
         if j.parent and j.policy == "fp":
             self.reattach(j.parent, jid)
+        elif j.parent and j.policy == "id":  # issue 17, item 5
+            p = self.jobs[j.parent]
+            if p.state in (AWAIT, "dead") and jid in p.hashes["unsuccessful"]:
+                p.hashes["unsuccessful"].discard(jid)
+                p.counter += 1
+
+    def retry_refused(self, jid: str) -> str | None:
+        """The parent's state when a retry of ``jid`` must be refused: its
+        parent ignored it (``id``) and has been released since."""
+        j = self.jobs[jid]
+        if j.parent and j.policy == "id":
+            p = self.jobs[j.parent]
+            if p.state not in (AWAIT, "dead") and jid in p.hashes["unsuccessful"]:
+                return p.state
+        return None
 
     def resolved(self, pid: str, cid: str) -> bool:
         h = self.jobs[pid].hashes
@@ -127,6 +168,7 @@ class Model:
             self.kill(jid)
             return
         j.state = "completed"
+        self.finish(jid)
         if j.parent and not (
             jid in self.jobs[j.parent].hashes["unsuccessful"]
             or jid in self.jobs[j.parent].hashes["removed"]
@@ -142,12 +184,15 @@ class Model:
             return
         j.state = "dead"
         self.dead.append(jid)
+        self.finish(jid)
         if not j.parent or self.resolved(j.parent, jid):
             return
         p = self.jobs[j.parent]
         if j.policy != "fp":
-            p.hashes["unsuccessful" if j.policy == "id" else "removed"].add(jid)
+            p.hashes["removed" if j.policy == "rd" else "unsuccessful"].add(jid)
             self.decrement(j.parent)
+            if j.policy == "cp" and p.state == AWAIT:  # continue_parent_on_failure
+                self.release(j.parent)
         elif jid not in p.hashes["failed"]:
             p.hashes["failed"].add(jid)
             if p.state == AWAIT:
@@ -223,12 +268,16 @@ class Model:
         return not j.parent or jid not in self.jobs[j.parent].hashes["failed"]
 
 
+POLICIES = ["fp", "id", "rd", "cp"]
+PRIORITIES = st.sampled_from([0, 0, 0, -1, 1, 2])
 leaves = st.builds(
     dict,
-    policy=st.sampled_from(["fp", "id", "rd"]),
+    policy=st.sampled_from(POLICIES),
     max_attempts=st.integers(1, 3),
     backoff_ms=st.sampled_from([0, 50]),
     children=st.just([]),
+    priority=PRIORITIES,
+    dedup=st.sampled_from([None, None, "k0", "k1"]),
 )
 
 
@@ -237,10 +286,12 @@ def shapes(depth: int) -> st.SearchStrategy[dict]:
     kids = leaves if depth == 1 else st.one_of(leaves, shapes(depth - 1))
     return st.builds(
         dict,
-        policy=st.sampled_from(["fp", "id", "rd"]),
+        policy=st.sampled_from(POLICIES),
         max_attempts=st.integers(1, 3),
         backoff_ms=st.sampled_from([0, 50]),
         children=st.lists(kids, min_size=1, max_size=3),
+        priority=PRIORITIES,
+        timeout=st.sampled_from([None, None, 1500, 4000]),
     )
 
 
@@ -249,6 +300,7 @@ POLICY_FLAGS = {
     "fp": {},
     "id": {"ignore_dependency_on_failure": True},
     "rd": {"remove_dependency_on_failure": True},
+    "cp": {"continue_parent_on_failure": True},
 }
 
 
@@ -259,14 +311,38 @@ class FlowMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.clock = Clock()
-        self.mq = LifecycleMQ(self.client, prefix=f"s{next(self.prefixes)}", clock=self.clock)
+        self.mq = EchoMQ(self.client, prefix=f"s{next(self.prefixes)}", clock=self.clock)
         self.model = Model()
         self.holders: dict = {}  # job id -> the Job holding its current lease
+        self.deduped: list = []  # (leaf id, parent id) of leaves not added
         self.stale: list = []  # Job objects whose lease is gone
         self.names = itertools.count()
 
-    def build(self, shape: dict, parent: str | None) -> Flow:
+    def build(self, shape: dict, parent: str | None, taken: set) -> Flow:
+        """The Flow for ``shape`` and the model's nodes for it (a leaf whose
+        dedup key a live job holds is planned as deduplicated: not added,
+        its parent not waiting for it). ``taken``: keys used in this flow."""
         jid = f"j{next(self.names)}"
+        timeout = shape.get("timeout") if shape["children"] else None
+        key = None if parent is None else shape.get("dedup")
+        if key in taken:
+            key = None  # one leaf per key in a flow (a FlowError otherwise)
+        taken.add(key)
+        flow = Flow(
+            Q,
+            "n",
+            None,
+            job_id=jid,
+            max_attempts=shape["max_attempts"],
+            backoff_ms=shape["backoff_ms"],
+            priority=shape["priority"],
+            children_timeout_ms=timeout,
+            dedup_key=key,
+            **(POLICY_FLAGS[shape["policy"]] if parent else {}),
+        )
+        if key and key in self.model.keys:
+            self.deduped.append((jid, parent))
+            return flow
         self.model.jobs[jid] = Node(
             parent,
             shape["policy"] if parent else "fp",
@@ -275,19 +351,15 @@ class FlowMachine(RuleBasedStateMachine):
             shape["backoff_ms"],
             AWAIT if shape["children"] else "pending",
             counter=len(shape["children"]),
+            priority=shape["priority"],
+            deadline=None if timeout is None else self.clock.now + timeout,
+            dedup=key,
         )
-        kids = [self.build(c, jid) for c in shape["children"]]
-        self.model.jobs[jid].children = [k.job_id for k in kids]
-        return Flow(
-            Q,
-            "n",
-            None,
-            job_id=jid,
-            children=kids,
-            max_attempts=shape["max_attempts"],
-            backoff_ms=shape["backoff_ms"],
-            **POLICY_FLAGS[shape["policy"]],
-        )
+        if key:
+            self.model.keys[key] = jid
+        flow.children = [self.build(c, jid, taken) for c in shape["children"]]
+        self.model.jobs[jid].children = [k.job_id for k in flow.children]
+        return flow
 
     @initialize(shape=flows)
     def first_flow(self, shape) -> None:
@@ -297,14 +369,25 @@ class FlowMachine(RuleBasedStateMachine):
     @rule(shape=flows)
     def add_flow(self, shape) -> None:
         before = len(self.model.jobs)
-        flow = self.build(shape, None)
-        assert self.mq.add_flow(flow).landed == len(self.model.jobs) - before
+        self.deduped = []
+        flow = self.build(shape, None, set())
+        ref = self.mq.add_flow(flow)
+        assert ref.landed == len(self.model.jobs) - before
+        assert sorted(i for _, i in ref.deduplicated) == sorted(i for i, _ in self.deduped)
+        self.model.released = []
+        for leaf, pid in self.deduped:  # the parent stops waiting for it (:removed)
+            self.model.jobs[pid].hashes["removed"].add(leaf)
+            self.model.decrement(pid)
 
     @rule(count=st.integers(1, 3))
     def claim(self, count) -> None:
         pending = self.model.ids("pending")
         jobs = self.mq.claim(Q, count, lease_ms=LEASE_MS)
         assert len(jobs) == min(count, len(pending))
+        left = set(pending) - {j.id for j in jobs}
+        if jobs and left:  # higher priorities first (DESIGN §10.3)
+            taken = min(self.model.jobs[j.id].priority for j in jobs)
+            assert taken >= max(self.model.jobs[i].priority for i in left)
         for job in jobs:
             node = self.model.jobs[job.id]
             assert node.state == "pending", job.id
@@ -394,6 +477,11 @@ class FlowMachine(RuleBasedStateMachine):
             with pytest.raises(JobNotRetryable, match=f"is {state};"):
                 self.mq.retry(Q, jid)
             return
+        refused = self.model.retry_refused(jid)
+        if refused:
+            with pytest.raises(JobNotRetryable, match=f"ignored its death and is {refused} "):
+                self.mq.retry(Q, jid)
+            return
         outcome = self.mq.retry(Q, jid)
         self.step(self.model.retry, jid)
         assert outcome.state.value == self.model.jobs[jid].state
@@ -451,6 +539,44 @@ class FlowMachine(RuleBasedStateMachine):
         finished = len(self.model.ids("completed")) + len(self.model.ids("dead"))
         assert finished <= 2 * keep + report.held
 
+    @precondition(lambda self: self.model.ids(AWAIT))
+    @rule(data=st.data())
+    def remove_child_dependency(self, data) -> None:
+        pid = data.draw(st.sampled_from(self.model.ids(AWAIT)))
+        node = self.model.jobs[pid]
+        cid = data.draw(st.sampled_from(node.children))
+        ref = self.mq.keys.job(Q, cid)
+        if any(cid in h for h in node.hashes.values()):
+            with pytest.raises(DependencyError, match="has resolved its parent already"):
+                self.mq.remove_child_dependency(Q, pid, ref)
+            return
+        outcome = self.mq.remove_child_dependency(Q, pid, ref)
+        released, _ = self.step(
+            lambda: (node.hashes["removed"].add(cid), self.model.decrement(pid))
+        )
+        assert sorted(i for _, i in outcome.released) == released
+
+    @precondition(lambda self: any(n.deadline for n in self.model.jobs.values()))
+    @rule()
+    def children_time_out(self) -> None:
+        self.clock.advance(1000)
+        expired, outcome = self.mq.expire_children(Q)
+        due = [i for i, n in self.model.jobs.items() if n.deadline and n.deadline <= self.clock.now]
+
+        def expire():
+            n = 0
+            for pid in sorted(due, key=lambda i: (self.model.jobs[i].deadline, i)):
+                self.model.jobs[pid].deadline = None
+                if self.model.jobs[pid].state == AWAIT:
+                    self.model.kill(pid)
+                    n += 1
+            return n
+
+        self.model.released, self.model.dead = [], []
+        assert expired == expire()
+        assert sorted(i for _, i in outcome.dead) == sorted(self.model.dead)
+        assert sorted(i for _, i in outcome.released) == sorted(self.model.released)
+
     @invariant()
     def redis_agrees_with_the_model(self) -> None:
         k, ids = self.mq.keys, sorted(self.model.jobs)
@@ -459,6 +585,7 @@ class FlowMachine(RuleBasedStateMachine):
         for jid in ids:
             pipe.hmget(k.job(Q, jid), "state", "attempts")
         pipe.lrange(k.queue_key(Q, "pending"), 0, -1)
+        pipe.zrange(k.queue_key(Q, "prioritized"), 0, -1)
         for name in INDEXES[1:]:
             pipe.zrange(k.queue_key(Q, name), 0, -1)
         for pid in parents:
@@ -468,6 +595,7 @@ class FlowMachine(RuleBasedStateMachine):
         pipe.xrange(k.queue_key(Q, "events"))
         replies = [self.decode(r) for r in pipe.execute()]
         rows, replies = replies[: len(ids)], replies[len(ids) :]
+        replies[0] = replies[0] + replies.pop(1)  # a job with a priority is pending too
         held: dict[str, list[str]] = {}
         for name, members in zip(INDEXES, replies[: len(INDEXES)], strict=False):
             for jid in members:

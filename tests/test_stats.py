@@ -14,7 +14,7 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from echomq_django import conf
-from echomq_django.registry import Heartbeat, add_queues
+from echomq_django.registry import Heartbeat
 from echomq_django.stats import SCHEMA, UnknownQueue, collect, duration, render
 from tests import jobkit
 from tests.jobkit import T0
@@ -62,11 +62,15 @@ def test_stats_of_a_busy_queue_are_exact(tmq, clock):
                 "outbox": 0,
                 "deadletter": 0,
                 "paused": False,
+                "signals": 0,
+                "signals_oldest_age_s": None,
+                "signals_deadletter": 0,
                 "in_settings": True,
                 "workers": 1,
             }
         },
         "processes": [hb.info.as_dict()],
+        "schedule": [],
     }
     assert json.loads(json.dumps(doc)) == doc  # plain JSON types only
 
@@ -85,7 +89,7 @@ def test_the_throughput_window_is_the_last_minute(tmq, clock):
 
 
 def test_every_known_queue_is_reported_without_names(tmq, clock):
-    add_queues(tmq, ["audit"])  # in Redis only, not in settings
+    tmq.register_queues(["audit"])  # in Redis only, not in settings
     doc = collect(tmq)
     assert list(doc["queues"]) == ["audit", "inventory", "orders", "payments", "validation"]
     audit = doc["queues"]["audit"]
@@ -95,7 +99,7 @@ def test_every_known_queue_is_reported_without_names(tmq, clock):
 
 
 def test_an_unknown_queue_is_one_clear_error(tmq):
-    add_queues(tmq, ["audit"])
+    tmq.register_queues(["audit"])
     with pytest.raises(UnknownQueue) as err:
         collect(tmq, ["orders", "oders"])
     assert str(err.value) == (
@@ -140,9 +144,9 @@ def test_the_command_prints_a_table(emq):
     text = run("orders")
     assert text.splitlines()[:2] == [
         "queue   pending  active  delayed  awaiting  completed  dead  oldest pending  "
-        "jobs/s (1 min)  outbox  dead-letters  paused  workers",
+        "jobs/s (1 min)  outbox  dead-letters  signals  paused  workers",
         "orders        1       0        1         0          1     1           5.0 s"
-        "            0.03       0             0      no        1",
+        "            0.03       0             0        0      no        1",
     ]
     assert text.splitlines()[3] == "live workers and pumps: 1"
     assert text.splitlines()[5].split() == [

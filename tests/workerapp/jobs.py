@@ -3,14 +3,25 @@
 from __future__ import annotations
 
 import copy
+import threading
 import time
 
-from echomq_django import Unrecoverable, handler
+from echomq_django import RateLimited, Unrecoverable, handler
 
 
 @handler("t.echo")
 def echo(job):
     """Returns the payload."""
+    return job.payload
+
+
+RECORDED: list = []  # payloads t.record saw, in the order it ran them
+
+
+@handler("t.record")
+def record(job):
+    """Appends the payload to ``RECORDED`` and returns it."""
+    RECORDED.append(job.payload)
     return job.payload
 
 
@@ -47,6 +58,17 @@ def slow(job):
     return job.payload
 
 
+GATES: dict[str, threading.Event] = {}  # t.gate waits on GATES[payload]
+
+
+@handler("t.gate")
+def gate(job):
+    """Waits until the test sets ``GATES[payload]`` (10 s at most), then
+    returns the payload: a job a test can hold running (issue 15)."""
+    GATES.setdefault(job.payload, threading.Event()).wait(10)
+    return job.payload
+
+
 @handler("t.bad_result")
 def bad_result(job):
     """Returns something JSON cannot encode."""
@@ -79,3 +101,62 @@ def lose_lease(job):
         thief.clock = lambda: job._mq.clock() + 10**9
         thief.recover_stalled(job.queue)
     return job.attempts
+
+
+@handler("t.async_echo")
+async def async_echo(job):
+    """An ``async def`` handler: returns the payload after a loop turn."""
+    import asyncio
+
+    await asyncio.sleep(0)
+    return {"echo": job.payload}
+
+
+@handler("t.async_fail")
+async def async_fail(job):
+    """An ``async def`` handler that raises ``ValueError("async boom")``."""
+    raise ValueError("async boom")
+
+
+@handler("t.async_orm")
+async def async_orm(job):
+    """Counts users through the async ORM (a thread-sensitive sync_to_async
+    call, served by the worker's handler thread)."""
+    import threading
+
+    from django.contrib.auth.models import User
+
+    return {"users": await User.objects.acount(), "thread": threading.current_thread().name}
+
+
+# DESIGN §10.3 (tests/test_worker_scheduling.py): a handler that blocks until
+# released, and one that is rate limited on its first call per job
+RELEASE = threading.Event()
+SEEN: list = []  # (job id, job.timed_out) as each t.block handler returns
+LIMITED: set = set()
+
+
+@handler("t.block")
+def block(job):
+    """Blocks until ``RELEASE`` is set (at most 30 s), then returns."""
+    RELEASE.wait(30)
+    SEEN.append((job.id, job.timed_out))
+    return "late"
+
+
+@handler("t.rate_limited")
+def rate_limited(job):
+    """Raises ``RateLimited(payload)`` the first time it sees a job id."""
+    if job.id not in LIMITED:
+        LIMITED.add(job.id)
+        raise RateLimited(job.payload)
+    return job.attempts
+
+
+@handler("t.decimal_total")
+def decimal_total(job):
+    """Returns ``{"total": Decimal}`` of the payload's ``prices`` (strings):
+    a result only Django's JSON encoder takes."""
+    from decimal import Decimal
+
+    return {"total": sum(Decimal(p) for p in job.payload["prices"])}

@@ -1,8 +1,8 @@
 """``./manage.py runpump QUEUE...``: sweep queues until stopped (DESIGN §6, §8).
 
-Thin: parses options, sets up logging from ``--verbosity``, runs
-``Pump(queues).run(...)``. Exit 1 with a one-line reason when Redis is
-unreachable at start; later drops are retried with backoff.
+Thin: parses options, sets up logging from ``--verbosity`` (``logs.py``),
+runs ``Pump(queues).run(...)``. Exit 1 with a one-line reason when Redis is
+unreachable at start; later drops are waited out by ``Pump.run``.
 """
 
 from __future__ import annotations
@@ -10,14 +10,16 @@ from __future__ import annotations
 import logging
 import signal
 import threading
-import time
 
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 
+from echomq_django import metrics
 from echomq_django.conf import get_mq
-from echomq_django.exceptions import RedisUnavailable, describe
-from echomq_django.management.commands.runworker import setup_logging
+from echomq_django.exceptions import RedisUnavailable
+from echomq_django.logs import setup_logging
 from echomq_django.mirror import mirror_after_sweep
+from echomq_django.outbox import drain_after_sweep, tables_missing
 from echomq_django.pump import Pump
 
 log = logging.getLogger("echomq_django.pump")
@@ -26,7 +28,8 @@ log = logging.getLogger("echomq_django.pump")
 class Command(BaseCommand):
     help = (
         "Sweep queues: deliver each queue's outbox (cross-queue fan-in), promote due "
-        "delayed jobs, recover expired leases, refresh the admin mirror. Runs until "
+        "delayed jobs, recover expired leases, push the enqueue outbox, refresh the admin "
+        "mirror. Runs until "
         "SIGTERM/SIGINT (graceful: the current sweep finishes), or once with --once."
     )
 
@@ -68,26 +71,44 @@ class Command(BaseCommand):
             "--summary-every",
             type=float,
             default=10.0,
-            help="seconds between summary lines at verbosity 1 (default 10)",
+            help="seconds between summary lines at verbosity >= 1 (default 10)",
         )
         parser.add_argument(
             "--no-mirror",
             action="store_true",
             help="do not refresh the admin mirror after each sweep",
         )
+        parser.add_argument(
+            "--metrics-port",
+            type=int,
+            default=None,
+            metavar="PORT",
+            help="serve Prometheus metrics on this port (needs the 'metrics' extra: "
+            "prometheus_client)",
+        )
+        parser.add_argument(
+            "--metrics-host",
+            default="127.0.0.1",
+            metavar="HOST",
+            help="address the metrics port listens on (default 127.0.0.1; 0.0.0.0 for all)",
+        )
 
     def handle(self, *args, **opts):
-        setup_logging(opts["verbosity"])
+        setup_logging(opts["verbosity"], runner="echomq_django.pump")
         mq = get_mq()
         try:
-            mq.client.ping()
-        except Exception as err:
-            raise CommandError(
-                f"runpump: Redis is unreachable at {describe(mq.client)}: {err}", returncode=1
-            ) from None
-        hooks = []
-        if not opts["no_mirror"]:
-            hooks.append(mirror_after_sweep)
+            mq.ping()
+        except RedisUnavailable as err:
+            raise CommandError(f"runpump: {err}", returncode=1) from None
+        hooks = [drain_after_sweep] + ([] if opts["no_mirror"] else [mirror_after_sweep])
+        missing = tables_missing()
+        if missing:
+            log.warning(
+                "runpump: %s; until then the enqueue outbox is not drained and the admin "
+                "mirror is off",
+                missing,
+            )
+            hooks = []
         try:
             pump = Pump(
                 opts["queues"],
@@ -100,6 +121,14 @@ class Command(BaseCommand):
             )
         except ValueError as err:
             raise CommandError(f"runpump: {err}", returncode=1) from None
+        if opts["metrics_port"] is not None:
+            where = f"{opts['metrics_host']}:{opts['metrics_port']}"
+            try:
+                metrics.serve(opts["metrics_port"], opts["metrics_host"], mq, pump.queues)
+            except (OSError, ImproperlyConfigured) as err:
+                raise CommandError(
+                    f"runpump: cannot serve metrics on {where}: {err}", returncode=1
+                ) from None
         stop = threading.Event()
 
         def on_signal(signum, frame):
@@ -110,44 +139,9 @@ class Command(BaseCommand):
 
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, on_signal)
-        self.run(pump, opts, stop)
-
-    def run(self, pump: Pump, opts: dict, stop: threading.Event) -> None:
-        """Sweep until ``stop``; reconnect with capped backoff when Redis drops."""
-        verbosity, last = opts["verbosity"], time.monotonic()
-        backoff = 0.5
-
-        def on_sweep(reports):
-            nonlocal last, backoff
-            backoff = 0.5
-            if verbosity >= 2:
-                busy = {q: {k: v for k, v in r.items() if v} for q, r in reports.items()}
-                log.info("sweep %s", {q: r for q, r in busy.items() if r} or "idle")
-            elif verbosity == 1 and time.monotonic() - last >= opts["summary_every"]:
-                t = pump.totals
-                log.info(
-                    "runpump %s: delivered %d, dead-lettered %d, promoted %d, recovered %d, "
-                    "released %d, dead %d",
-                    ",".join(pump.queues),
-                    t.delivered,
-                    t.deadlettered,
-                    t.promoted,
-                    t.recovered,
-                    t.released,
-                    t.dead,
-                )
-                last = time.monotonic()
-
-        while not stop.is_set():
-            try:
-                pump.run(
-                    interval=opts["interval"],
-                    once=opts["once"],
-                    should_stop=stop.is_set,
-                    on_sweep=on_sweep,
-                )
-                return
-            except RedisUnavailable as err:
-                log.warning("%s; retrying in %.1fs", err, backoff)
-                stop.wait(backoff)
-                backoff = min(backoff * 2, 30.0)
+        pump.run(
+            interval=opts["interval"],
+            once=opts["once"],
+            should_stop=stop.is_set,
+            summary_every=opts["summary_every"],
+        )

@@ -1,7 +1,7 @@
 """``./manage.py runworker QUEUE [QUEUE...]``: run handlers until stopped
 (DESIGN §8; issue "Workers").
 
-Thin: parses options, sets up logging from ``--verbosity``, pings Redis once
+Thin: parses options, sets up logging from ``--verbosity`` (``logs.py``), pings Redis once
 (exit 1 with a one-line reason when it is unreachable), then runs
 ``Worker(queues, ...).run(burst=..., max_jobs=...)``. Exit status: 0 after a
 clean stop; 1 when Redis is unreachable at start, the settings are wrong, or
@@ -19,31 +19,12 @@ import sys
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand
 
+from echomq_django import metrics
 from echomq_django.conf import get_mq
-from echomq_django.exceptions import describe
+from echomq_django.exceptions import RedisUnavailable
+from echomq_django.logs import setup_logging
+from echomq_django.outbox import tables_missing
 from echomq_django.worker import Worker
-
-# --verbosity -> (level of echomq_django.worker, level of the rest of echomq_django)
-LEVELS = {
-    0: (logging.WARNING, logging.WARNING),
-    1: (logging.INFO, logging.INFO),
-    2: (logging.DEBUG, logging.INFO),
-    3: (logging.DEBUG, logging.DEBUG),
-}
-
-
-def setup_logging(verbosity: int) -> None:
-    """0: warnings; 1: + the throughput line; 2: + a line per job; 3: debug.
-    Adds a stderr handler unless the project's LOGGING already gave
-    ``echomq_django`` one."""
-    worker_level, lib_level = LEVELS.get(verbosity, LEVELS[3])
-    lib = logging.getLogger("echomq_django")
-    lib.setLevel(lib_level)
-    logging.getLogger("echomq_django.worker").setLevel(worker_level)
-    if not lib.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
-        lib.addHandler(handler)
 
 
 class Command(BaseCommand):
@@ -93,6 +74,20 @@ class Command(BaseCommand):
             default=0.2,
             help="seconds an empty queue rests before it is asked again (default 0.2)",
         )
+        parser.add_argument(
+            "--metrics-port",
+            type=int,
+            default=None,
+            metavar="PORT",
+            help="serve Prometheus metrics on this port (needs the 'metrics' extra: "
+            "prometheus_client)",
+        )
+        parser.add_argument(
+            "--metrics-host",
+            default="127.0.0.1",
+            metavar="HOST",
+            help="address the metrics port listens on (default 127.0.0.1; 0.0.0.0 for all)",
+        )
 
     def handle(self, *args, **opts):
         setup_logging(opts["verbosity"])
@@ -103,9 +98,14 @@ class Command(BaseCommand):
         except Exception as err:
             self._exit(f"runworker: Redis is unreachable: {err}")
         try:
-            mq.client.ping()
-        except Exception as err:
-            self._exit(f"runworker: Redis is unreachable at {describe(mq.client)}: {err}")
+            mq.ping()
+        except RedisUnavailable as err:
+            self._exit(f"runworker: {err}")
+        missing = tables_missing()
+        if missing:
+            logging.getLogger("echomq_django.worker").warning(
+                "runworker: %s; until then the enqueue outbox is not drained", missing
+            )
         try:
             worker = Worker(
                 opts["queues"],
@@ -114,9 +114,19 @@ class Command(BaseCommand):
                 lease_ms=opts["lease_ms"],
                 shutdown_timeout=opts["shutdown_timeout"],
                 poll_interval=opts["poll_interval"],
+                drain_outbox=not missing,
+                metrics=opts["metrics_port"] is not None,
             )
-        except ValueError as err:
+        except (ValueError, ImproperlyConfigured) as err:
             self._exit(f"runworker: {err}")
+        if opts["metrics_port"] is not None:
+            try:
+                metrics.serve(opts["metrics_port"], opts["metrics_host"], mq, worker.queues)
+            except OSError as err:
+                self._exit(
+                    f"runworker: cannot serve metrics on "
+                    f"{opts['metrics_host']}:{opts['metrics_port']}: {err}"
+                )
         worker.run(burst=opts["burst"], max_jobs=opts["max_jobs"])
         if worker.abandoned:
             # Handler threads still run and cannot be interrupted; leave now and
