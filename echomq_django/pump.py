@@ -55,6 +55,7 @@ class SweepReport:
     signals: int = 0  # durable events whose signals this sweep sent
     expired: int = 0  # parents whose children_timeout_ms passed (DESIGN §10.3)
     scheduled: int = 0  # periodic jobs fired on this queue (DESIGN §10.3)
+    pruned: int = 0  # rows retention, removals and cancels took (DESIGN §10.2)
     locked: bool = False
     lock_lost: bool = False
     outcome: Outcome = field(default_factory=Outcome, repr=False)
@@ -222,6 +223,9 @@ class Pump:
             rep.outcome.merge(stalled)
             rep.expired, expired = self.mq.expire_children(queue, limit=self.batch * 10)
             rep.outcome.merge(expired)
+            pruned = self.mq.prune(queue)  # bounded: MAX_CALLS steps of BUDGET units
+            rep.pruned = pruned.removed
+            rep.outcome.merge(pruned.outcome)
             rep.scheduled = sum(q == queue for q, _ in fired)
             rep.released = len(rep.outcome.released)
             rep.dead = len(rep.outcome.dead)

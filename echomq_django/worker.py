@@ -83,7 +83,7 @@ from django.db import close_old_connections
 from . import registry
 from .client import EchoMQ
 from .conf import get_mq
-from .exceptions import RateLimited, Unrecoverable
+from .exceptions import JobCancelled, RateLimited, Unrecoverable
 from .handlers import get_handler
 from .jobs import Job
 from .keyspace import validate_queue
@@ -558,6 +558,12 @@ class Worker:
                     continue
                 try:
                     self.mq.extend_lease(job, lease)
+                except JobCancelled:
+                    # DESIGN §10.2: the handler may read job.cancelled and stop; its
+                    # result will be dropped, and the lease is left to run out
+                    job.cancelled, job.lease_deadline = True, None
+                    log.info("job %s/%s (%s) was cancelled while it ran", job.queue, job.id,
+                             job.name)  # fmt: skip
                 except GONE as err:
                     # Or just reported by the loop: only reporting knows, and warns.
                     job.lease_deadline = None

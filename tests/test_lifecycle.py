@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from redis.cluster import RedisCluster
 
-from echomq_django import EchoMQ, JobState
+from echomq_django import JobState
 from echomq_django.exceptions import (
     JobCancelled,
     JobNotCancellable,
