@@ -256,27 +256,21 @@ class Pump:
         pass that reached Redis. Unless ``once``, the dispatcher's threads
         send the durable signals meanwhile, from the first pass that reached
         Redis on (stopped on return)."""
-        beat = self._announce()
+        t = self.totals  # a pump's "jobs done": entries delivered, jobs promoted and recovered
+        beat = registry.announce(
+            self.mq,
+            "pump",
+            self.queues,
+            register=self.register,
+            beat_s=self.beat_s,
+            status=lambda: {"jobs_done": t.delivered + t.promoted + t.recovered},
+        )
         try:
             self._run(interval, once, should_stop, on_sweep, summary_every)
         finally:
             self.dispatcher.stop()
             if beat is not None:
                 beat.stop()
-
-    def _announce(self) -> registry.Heartbeat | None:
-        """The heartbeat listing this pump among the live processes; its
-        ``jobs_done`` counts entries delivered, jobs promoted and recovered."""
-        if not self.register:
-            return None
-        t = self.totals
-        return registry.Heartbeat(
-            self.mq,
-            "pump",
-            self.queues,
-            self.beat_s,
-            status=lambda: {"jobs_done": t.delivered + t.promoted + t.recovered},
-        ).start()
 
     def _run(self, interval, once, should_stop, on_sweep, summary_every) -> None:
         outage = Outage(self.mq.client, log)
