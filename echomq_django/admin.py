@@ -29,9 +29,8 @@ from django.views.decorators.http import require_POST
 from .admin_pages import job_page, job_url, queue_page
 from .conf import get_mq
 from .exceptions import EchoMQError, JobNotFound, JobNotRetryable
-from .jobs import _text
 from .keyspace import validate_id, validate_queue
-from .mirror import known_queues, mirror_jobs, mirror_queues, read_rows
+from .mirror import known_queues, mirror_jobs, mirror_queues
 from .models import MirroredJob, MirroredQueue
 
 RETRY_PERMISSION = "echomq_django.retry_job"
@@ -255,15 +254,8 @@ class MirroredJobAdmin(MirrorAdmin):
         try:
             for queue in dict.fromkeys(q for q, _ in targets):
                 ids = [j for q, j in targets if q == queue]
-                live = read_rows(mq, queue, ids)
-                rows += [
-                    {
-                        "queue": queue,
-                        "id": j,
-                        "state": {_text(k): _text(v) for k, v in live[j].items()}.get("state"),
-                    }
-                    for j in ids
-                ]
+                live = mq.states(queue, ids)
+                rows += [{"queue": queue, "id": j, "state": live[j]} for j in ids]
         except (redis.RedisError, EchoMQError) as err:
             messages.error(request, f"Could not read Redis: {err}")
             return redirect(self.url_name("changelist"))

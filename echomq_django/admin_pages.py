@@ -16,7 +16,7 @@ import redis
 from django.urls import reverse
 
 from .exceptions import EchoMQError, JobNotFound
-from .jobs import _text
+from .keyspace import validate_id, validate_queue
 from .mirror import ms_to_datetime
 
 FLOW_DEPTH = 3  # levels of a parent's tree read and shown
@@ -128,35 +128,13 @@ def job_page(mq, queue: str, job_id: str) -> dict:
     return ctx
 
 
-def _raw_deadletters(mq, queue: str) -> list[dict]:
-    """``deadletters`` that survives entries which are not JSON (the pump
-    dead-letters a malformed outbox entry as it found it)."""
-    out = []
-    key = mq.keys.queue_key(queue, "flow:deadletter")
-    for item in mq.client.lrange(key, 0, DEADLETTERS_SHOWN - 1):
-        try:
-            d = json.loads(item)
-        except ValueError:
-            d = {"entry": _text(item), "reason": "not JSON", "at": None}
-        try:
-            entry = json.loads(d.get("entry"))
-        except (ValueError, TypeError):
-            entry = None
-        d["entry"] = entry if isinstance(entry, dict) else {"raw": d.get("entry")}
-        out.append(d)
-    return out
-
-
 def queue_page(mq, queue: str) -> dict:
     """Context for a queue's page: ``counts`` (live, ``EchoMQ.counts``) and
     ``deadletters`` (the first ``DEADLETTERS_SHOWN`` dead-lettered outbox
     entries: ``{kind, child, parent, value, reason, at}``), or ``live_error``."""
     try:
         counts = mq.counts(queue)
-        try:
-            letters = mq.deadletters(queue, 0, DEADLETTERS_SHOWN - 1)
-        except ValueError:  # an entry that is not JSON: show what can be shown
-            letters = _raw_deadletters(mq, queue)
+        letters = mq.deadletters(queue, 0, DEADLETTERS_SHOWN - 1)  # decodes what it can
     except (redis.RedisError, EchoMQError) as err:
         return {"live_error": str(err)}
     rows = []
@@ -165,7 +143,8 @@ def queue_page(mq, queue: str) -> dict:
         child = parent = None
         try:
             child = _ref_link(mq, entry["c"])
-            mq.keys.job(entry["q"], entry["p"])  # validates both before a link is built
+            validate_queue(entry["q"])  # both checked before a link is built
+            validate_id(entry["p"])
             parent = {"queue": entry["q"], "id": entry["p"], "url": job_url(entry["q"], entry["p"])}
         except (KeyError, TypeError, ValueError):
             pass  # a malformed entry is shown as its raw text below

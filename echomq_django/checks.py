@@ -6,6 +6,7 @@ from __future__ import annotations
 from django.core import checks
 
 from .conf import problems
+from .metrics import settings_problems
 
 
 @checks.register()
@@ -17,6 +18,4 @@ def check_settings(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
 @checks.register()
 def check_metrics_settings(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
     """``ECHOMQ["METRICS"]`` (DESIGN §10.5): ids ``echomq_django.E040``-``E043``."""
-    from .metrics import settings_problems
-
     return [checks.Error(msg, hint=hint, id=cid) for cid, msg, hint in settings_problems()]

@@ -25,7 +25,7 @@ from .exceptions import (
     translate,
 )
 from .flowcalls import FLOW_CHUNK, FlowCalls, opt
-from .jobs import MAX_PAYLOAD_BYTES, QUEUE_DEFAULTS, Job, JobState, Outcome, _text, to_json
+from .jobs import CLAIM_FIELDS, MAX_PAYLOAD_BYTES, QUEUE_DEFAULTS, Job, JobState, Outcome, to_json
 from .keyspace import Keyspace, validate_id, validate_queue, whole_number
 from .reads import Reads
 from .scripts import Scripts
@@ -130,15 +130,10 @@ class EchoMQ(FlowCalls, Reads):
         whole_number("max_attempts", max_attempts, 1, optional=True)
         whole_number("backoff_ms", backoff_ms, 0, optional=True)
         whole_number("delay_ms", delay_ms, 0)
-        k = self.keys
+        k = self.keys.queue(queue)
         self.scripts.run(
             "enqueue",
-            [
-                k.job(queue, job_id),
-                k.queue_key(queue, "pending"),
-                k.queue_key(queue, "delayed"),
-                k.queue_key(queue, "events"),
-            ],
+            [k.job(job_id), k.pending, k.delayed, k.events],
             [
                 queue,
                 job_id,
@@ -163,34 +158,31 @@ class EchoMQ(FlowCalls, Reads):
         whole_number("lease_ms", lease_ms, 1, optional=True)
         lease = int(lease_ms if lease_ms is not None else self.setting(queue, "LEASE_MS"))
         now = self.clock()
-        k = self.keys
+        k = self.keys.queue(queue)
         flat = json.loads(
             self.scripts.run(
                 "claim",
-                [
-                    k.queue_key(queue, "pending"),
-                    k.queue_key(queue, "active"),
-                    k.queue_key(queue, "lease:seq"),
-                ],
-                [k.base(queue), count, now, lease, secrets.token_hex(8)],
+                [k.pending, k.active, k.lease_seq],
+                [k.base, count, now, lease, secrets.token_hex(8)],
             )
         )
-        deadline = now + lease
+        deadline, n = now + lease, len(CLAIM_FIELDS)
         return [
             Job.from_claim(
-                queue, [v if v is not False else None for v in flat[i : i + 11]], deadline, self
+                queue, [v if v is not False else None for v in flat[i : i + n]], deadline, self
             )
-            for i in range(0, len(flat), 11)
+            for i in range(0, len(flat), n)
         ]
 
     def _fail_call(self, job: Job, error: str, dead: bool = False):
-        k, q = self.keys, job.queue
+        q = job.queue
+        k = self.keys.queue(q)
         return (
             "fail",
-            [k.job(q, job.id), k.queue_key(q, "delayed")],
+            [k.job(job.id), k.delayed],
             [
                 q,
-                k.base(q),
+                k.base,
                 job.id,
                 job.lease or "",
                 str(error),
@@ -261,11 +253,11 @@ class EchoMQ(FlowCalls, Reads):
 
     def _complete_call(self, queue: str, pairs: list[tuple[Job, str]]):
         """One ``complete`` script call for ``(job, result JSON)`` pairs of ``queue``."""
-        k = self.keys
-        args: list = [queue, k.base(queue), self.clock()]
+        k = self.keys.queue(queue)
+        args: list = [queue, k.base, self.clock()]
         for job, text in pairs:
             args += (job.id, job.lease or "", text)
-        return ("complete", [k.queue_key(queue, "active"), k.queue_key(queue, "completed")], args)
+        return ("complete", [k.active, k.completed], args)
 
     def _complete_batches(self, queue: str, pairs: list[tuple[Job, str]]) -> list:
         return self._complete_replies(
@@ -313,10 +305,10 @@ class EchoMQ(FlowCalls, Reads):
         new deadline (ms) and stores it on ``job``. Raises ``JobNotActive``,
         ``LeaseLost``, ``JobNotFound``. DESIGN §5 `extend_lease`."""
         lease = int(lease_ms if lease_ms is not None else self.setting(job.queue, "LEASE_MS"))
-        k = self.keys
+        k = self.keys.queue(job.queue)
         deadline = self.scripts.run(
             "extend_lease",
-            [k.job(job.queue, job.id), k.queue_key(job.queue, "active")],
+            [k.job(job.id), k.active],
             [job.queue, job.id, job.lease or "", self.clock(), lease],
         )
         job.lease_deadline = int(deadline)
@@ -324,12 +316,12 @@ class EchoMQ(FlowCalls, Reads):
 
     def promote_delayed(self, queue: str, limit: int = 1000) -> int:
         """Move up to ``limit`` due delayed jobs to pending; returns how many."""
-        k = self.keys
+        k = self.keys.queue(queue)
         return int(
             self.scripts.run(
                 "promote_delayed",
-                [k.queue_key(queue, "delayed"), k.queue_key(queue, "pending")],
-                [k.base(queue), self.clock(), limit],
+                [k.delayed, k.pending],
+                [k.base, self.clock(), limit],
             )
         )
 
@@ -337,11 +329,11 @@ class EchoMQ(FlowCalls, Reads):
         """Active jobs whose lease expired go back to pending; a job that
         stalls more than ``max_stalls`` times dies (its parent's policy
         applies). Returns the ``Outcome`` (``recovered`` count, ``dead``)."""
-        k = self.keys
+        k = self.keys.queue(queue)
         reply = self.scripts.run(
             "recover_stalled",
-            [k.queue_key(queue, "active"), k.queue_key(queue, "pending")],
-            [queue, k.base(queue), self.clock(), limit, max_stalls],
+            [k.active, k.pending],
+            [queue, k.base, self.clock(), limit, max_stalls],
         )
         return self._outcome(reply)
 
@@ -352,12 +344,12 @@ class EchoMQ(FlowCalls, Reads):
         returns to awaiting_children; a retried child re-attaches to the parent
         it failed. ``Outcome.state`` is the job's new state. Raises
         ``JobNotFound``, ``JobNotRetryable`` (with the current state)."""
-        k = self.keys
+        k = self.keys.queue(queue)
         try:
             reply = self.scripts.run(
                 "retry",
-                [k.job(queue, job_id), k.queue_key(queue, "dead"), k.queue_key(queue, "pending")],
-                [queue, k.base(queue), job_id, self.clock(), secrets.token_hex(8)],
+                [k.job(job_id), k.dead, k.pending],
+                [queue, k.base, job_id, self.clock(), secrets.token_hex(8)],
             )
         except JobNotActive as err:
             state = err.parts[2] if len(err.parts) > 2 else "not dead"
@@ -374,5 +366,5 @@ class EchoMQ(FlowCalls, Reads):
                 pass  # retried already; its reattach entry is on its way
         for entry in data.get("reattach") or []:  # now, not at the next sweep
             outcome.merge(self.deliver([json.loads(entry)])[1])
-        outcome.state = JobState(_text(self.client.hget(k.job(queue, job_id), "state")))
+        outcome.state = self.state_of(queue, job_id)
         return outcome

@@ -3,10 +3,13 @@
 Shape::
 
     ECHOMQ = {
-        "URL": "redis://127.0.0.1:6379/0",  # or "CACHE": "default" (a django-redis alias)
+        "URL": "redis://127.0.0.1:6379/0",  # or "CACHE": "default" (a Redis cache alias)
         "CLUSTER": False,                   # True: redis.cluster.RedisCluster from URL
         "PREFIX": "emq",
-        "QUEUES": {"orders": {"MAX_ATTEMPTS": 3, "BACKOFF_MS": 1000, "LEASE_MS": 30000}},
+        "QUEUES": {"orders": {"MAX_ATTEMPTS": 3, "BACKOFF_MS": 1000, "LEASE_MS": 30000,
+                              # retention (DESIGN §10.2): a count, or COUNT / AGE_S
+                              "KEEP_COMPLETED": {"COUNT": 1000, "AGE_S": 86400},
+                              "KEEP_DEAD": {"COUNT": 10000, "AGE_S": 1209600}}},
         "MAX_PAYLOAD_BYTES": 524288,        # bytes of JSON per payload / result
     }
 
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import os
 import threading
+from importlib.util import find_spec
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
@@ -27,11 +31,13 @@ from django.core.exceptions import ImproperlyConfigured
 from .client import EchoMQ
 from .jobs import MAX_PAYLOAD_BYTES
 from .keyspace import validate_prefix, validate_queue
+from .retention import KEEP_HINT, KEEP_KEYS, keep_problems
 
 TOP_KEYS = {"URL", "CACHE", "CLUSTER", "PREFIX", "QUEUES", "MAX_PAYLOAD_BYTES", "OPTIONS"}
 TOP_KEYS |= {"METRICS"}  # metrics.settings_problems checks it (issue 15)
-QUEUE_KEYS = {"MAX_ATTEMPTS", "BACKOFF_MS", "LEASE_MS"}
+QUEUE_KEYS = {"MAX_ATTEMPTS", "BACKOFF_MS", "LEASE_MS", "KEEP_COMPLETED", "KEEP_DEAD"}
 URL_SCHEMES = ("redis://", "rediss://", "unix://")
+DJANGO_REDIS_CACHE = "django.core.cache.backends.redis.RedisCache"
 
 _lock = threading.Lock()
 _mq = None
@@ -72,7 +78,7 @@ def problems(cfg: dict | None = None) -> list[tuple[str, str, str]]:
                 "echomq_django.E001",
                 "ECHOMQ names no Redis connection",
                 "Set ECHOMQ['URL'] = 'redis://host:6379/0', or ECHOMQ['CACHE'] to a "
-                "django-redis cache alias, or the ECHOMQ_URL environment variable.",
+                "Redis cache alias, or the ECHOMQ_URL environment variable.",
             )
         )
     elif url and (not isinstance(url, str) or not url.startswith(URL_SCHEMES)):
@@ -94,12 +100,22 @@ def problems(cfg: dict | None = None) -> list[tuple[str, str, str]]:
                     f"Use one of: {', '.join(caches_cfg) or '(none defined)'}.",
                 )
             )
-        elif "django_redis" not in backend:
+        elif backend != DJANGO_REDIS_CACHE and "django_redis" not in backend:
             out.append(
                 (
                     "echomq_django.E005",
-                    f"cache {alias!r} uses {backend!r}, not django-redis",
-                    "Set its BACKEND to 'django_redis.cache.RedisCache', or use ECHOMQ['URL'].",
+                    f"cache {alias!r} uses {backend!r}, not a Redis cache",
+                    f"Set its BACKEND to {DJANGO_REDIS_CACHE!r} (Django's own) or "
+                    "'django_redis.cache.RedisCache', or use ECHOMQ['URL'].",
+                )
+            )
+        elif "django_redis" in backend and find_spec("django_redis") is None:
+            out.append(
+                (
+                    "echomq_django.E005",
+                    f"cache {alias!r} uses {backend!r}, but django-redis is not installed",
+                    "pip install 'echomq-django[django-redis]', or use Django's own "
+                    f"{DJANGO_REDIS_CACHE!r}.",
                 )
             )
     try:
@@ -133,6 +149,12 @@ def problems(cfg: dict | None = None) -> list[tuple[str, str, str]]:
             )
             continue
         for key, value in opts.items():
+            if key in KEEP_KEYS:  # retention (DESIGN §10.2): E020-E023
+                out += [
+                    (f"echomq_django.{cid}", f"queue {name!r}: {key} {message}", KEEP_HINT)
+                    for cid, message in keep_problems(value)
+                ]
+                continue
             low = 1 if key == "MAX_ATTEMPTS" else 0
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 out.append(
@@ -147,7 +169,8 @@ def problems(cfg: dict | None = None) -> list[tuple[str, str, str]]:
 
 def build_client(cfg: dict):
     """A redis-py client for the settings: ``RedisCluster`` when CLUSTER is
-    true, else ``redis.Redis``; from the URL, or from the django-redis alias."""
+    true, else ``redis.Redis``; from the URL, or from the cache alias (Django's
+    ``RedisCache`` or django-redis's)."""
     import redis
     from redis.cluster import RedisCluster
 
@@ -160,9 +183,15 @@ def build_client(cfg: dict):
     if url:
         options.setdefault("health_check_interval", 30)
         return redis.Redis.from_url(url, **options)
+    alias = cfg["CACHE"]
+    if getattr(settings, "CACHES", {}).get(alias, {}).get("BACKEND") == DJANGO_REDIS_CACHE:
+        from django.core.cache import caches
+
+        # Django's RedisCache: its client for writes (the first server), on its pool.
+        return caches[alias]._cache.get_client(write=True)
     from django_redis import get_redis_connection
 
-    return get_redis_connection(cfg["CACHE"])
+    return get_redis_connection(alias)
 
 
 def get_mq() -> EchoMQ:

@@ -50,6 +50,20 @@ class JobNotRetryable(EchoMQError):
     """retry-by-id on a job that is not dead (``EMQSTATE`` from ``retry``)."""
 
 
+class JobCancelled(JobNotActive):
+    """The job was cancelled while it ran (``EMQCANCELLED``, DESIGN §10.2): its
+    heartbeat is refused and its result dropped; it dies with 'cancelled'."""
+
+
+class JobNotRemovable(EchoMQError):
+    """``remove`` of an active job (DESIGN §10.2); the message names the state."""
+
+
+class JobNotCancellable(EchoMQError):
+    """``cancel`` of a completed or dead job (DESIGN §10.2); the message names
+    the state."""
+
+
 class Unrecoverable(EchoMQError):
     """Raise it in a handler to fail the job for good: it goes dead at once,
     without spending its remaining attempts (BullMQ's UnrecoverableError), and
@@ -74,6 +88,7 @@ ERRORS: dict[str, type[EchoMQError]] = {
     "EMQDUP": DuplicateJob,
     "EMQCONFLICT": FlowConflict,
     "EMQLOCK": SweepLockLost,
+    "EMQCANCELLED": JobCancelled,
 }
 
 _MESSAGES = {
@@ -82,6 +97,7 @@ _MESSAGES = {
     "EMQLEASE": "job {1!r} in queue {0!r}: lease token is stale (the lease expired "
     "and the job was recovered or claimed again)",
     "EMQDUP": "job id {1!r} is already used in queue {0!r} (state {2}); ids are unique per queue",
+    "EMQCANCELLED": "job {1!r} in queue {0!r} was cancelled: its result is dropped",
 }
 
 

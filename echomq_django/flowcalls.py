@@ -16,7 +16,7 @@ import json
 
 from . import flows as _flows
 from .flows import Flow, FlowRef
-from .jobs import Outcome, to_json
+from .jobs import Outcome, Policy, to_json
 from .keyspace import validate_id, validate_queue
 
 FLOW_CHUNK = 5000  # nodes per enqueue_flow script: keeps one script well under ~50 ms
@@ -37,6 +37,7 @@ class FlowCalls:
         format (see its header): nodes that share name, parent, policy and
         settings share one group header."""
         k = self.keys
+        qk = k.queue(queue)
         flat: list[str] = []
         for (name, pid, pq, policy, ma, bo, gate), group in itertools.groupby(
             nodes,
@@ -70,8 +71,8 @@ class FlowCalls:
         # one JSON argument: 9+ ARGV per node cost more in redis-py than in Redis
         return (
             "enqueue_flow",
-            [k.queue_key(queue, "pending"), k.queue_key(queue, "awaiting")],
-            [queue, k.base(queue), self.clock(), mode, to_json(flat)],
+            [qk.pending, qk.awaiting],
+            [queue, qk.base, self.clock(), mode, to_json(flat)],
         )
 
     def add_flow(self, flow: Flow) -> FlowRef:
@@ -160,19 +161,19 @@ class FlowCalls:
                 continue
             groups.setdefault(e["q"], []).append(i)
         calls = []
-        k = self.keys
         for queue, idx in groups.items():
-            args: list = [queue, k.base(queue), self.clock()]
+            k = self.keys.queue(queue)
+            args: list = [queue, k.base, self.clock()]
             for i in idx:
                 e = entries[i]
-                args += [e["k"], e["c"], e["p"], e.get("pol") or "fp", e.get("v") or ""]
-            calls.append(
-                (
-                    "flow_deliver",
-                    [k.queue_key(queue, "pending"), k.queue_key(queue, "awaiting")],
-                    args,
-                )
-            )
+                args += [
+                    e["k"],
+                    e["c"],
+                    e["p"],
+                    e.get("pol") or Policy.FAIL_PARENT,
+                    e.get("v") or "",
+                ]
+            calls.append(("flow_deliver", [k.pending, k.awaiting], args))
         outcome = Outcome()
         for (_queue, idx), reply in zip(groups.items(), self.scripts.run_many(calls), strict=False):
             if isinstance(reply, Exception):
@@ -188,14 +189,10 @@ class FlowCalls:
         entry goes to the dead-letter list. ``token`` is the sweep lock's.
         Returns how many entries were removed (0 when the head moved). Raises
         ``SweepLockLost`` when the lock is no longer ``token``'s."""
-        k = self.keys
+        k = self.keys.queue(queue)
         return self.scripts.run(
             "outbox_trim",
-            [
-                k.queue_key(queue, "flow:outbox"),
-                k.queue_key(queue, "pump:lock"),
-                k.queue_key(queue, "flow:deadletter"),
-            ],
+            [k.outbox, k.pump_lock, k.deadletter],
             [token, self.clock(), *(v for pair in zip(read, actions, strict=False) for v in pair)],
         )
 
@@ -203,14 +200,14 @@ class FlowCalls:
         """The sweep lock of ``queue``'s outbox, a redis-py ``Lock`` held at
         most ``lock_ms`` (ms), not acquired yet (``acquire()`` does not block)."""
         return self.client.lock(
-            self.keys.queue_key(queue, "pump:lock"), timeout=lock_ms / 1000, blocking=False
+            self.keys.queue(queue).pump_lock, timeout=lock_ms / 1000, blocking=False
         )
 
     def count_delivery(self, queue: str, entry: bytes | str) -> int:
         """Count one more failed delivery of an outbox ``entry`` (raw text);
         returns the count so far."""
-        return self.client.hincrby(self.keys.queue_key(queue, "flow:tries"), entry, 1)
+        return self.client.hincrby(self.keys.queue(queue).outbox_tries, entry, 1)
 
     def forget_deliveries(self, queue: str, entry: bytes | str) -> None:
         """Drop the failed-delivery count of an outbox ``entry``."""
-        self.client.hdel(self.keys.queue_key(queue, "flow:tries"), entry)
+        self.client.hdel(self.keys.queue(queue).outbox_tries, entry)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .exceptions import FlowError
+from .jobs import Policy
 from .keyspace import validate_id, validate_queue, whole_number
 
 
@@ -61,13 +62,13 @@ class Flow:
     backoff_ms: int | None = None
 
     @property
-    def policy(self) -> str:
-        """The policy token this node carries: ``id``, ``rd`` or ``fp``."""
+    def policy(self) -> Policy:
+        """The ``Policy`` this node carries (the ignore flag wins)."""
         if self.ignore_dependency_on_failure:
-            return "id"
+            return Policy.IGNORE
         if self.remove_dependency_on_failure:
-            return "rd"
-        return "fp"
+            return Policy.REMOVE
+        return Policy.FAIL_PARENT
 
 
 @dataclass
@@ -96,7 +97,7 @@ class Node:
     backoff_ms: int | None
     parent_id: str
     parent_queue: str
-    policy: str
+    policy: Policy
     children: list[tuple[str, str]]
     depth: int
     gate: bool = True  # False for an id the host generated: no need to check it is free
@@ -166,7 +167,7 @@ def plan(root: Flow, encode) -> list[Node]:
                 flow.backoff_ms,
                 parent.id if parent else "",
                 parent.queue if parent else "",
-                flow.policy if parent else "fp",
+                flow.policy if parent else Policy.FAIL_PARENT,
                 [],
                 depth,
                 gate,

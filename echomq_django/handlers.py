@@ -4,15 +4,40 @@
 returning a JSON-serialisable result. Each installed app's ``jobs`` module is
 imported at startup (``AppConfig.ready``), the way the admin finds
 ``admin.py``.
+
+``async def`` handlers (DESIGN §10.4) are wrapped at registration with
+asgiref's ``async_to_sync``, the way Django runs async code from sync code
+(``Task.call`` does the same): each job's coroutine runs on an event loop of
+its own, on a helper thread, while the worker's handler thread waits for it
+and serves the coroutine's thread-sensitive ``sync_to_async`` calls (the async
+ORM). So database connections stay one per handler thread, as for sync
+handlers, and ``concurrency`` bounds the coroutines in flight. The decorator
+returns the coroutine function unchanged.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
+from inspect import iscoroutinefunction
+from typing import Any
 
+from asgiref.sync import async_to_sync
 from django.utils.module_loading import autodiscover_modules
 
-_registry: dict[str, Callable] = {}
+_registry: dict[str, Callable[..., Any]] = {}
+
+
+def _runs_sync(func: Callable[..., Any]) -> Callable[..., Any]:
+    """``func`` itself, or for a coroutine function a sync wrapper around it."""
+    if not iscoroutinefunction(func):
+        return func
+
+    @functools.wraps(func)
+    def run(job):
+        return async_to_sync(func)(job)
+
+    return run
 
 
 def handler(name: str) -> Callable[[Callable], Callable]:
@@ -26,6 +51,7 @@ def handler(name: str) -> Callable[[Callable], Callable]:
 
     def register(func: Callable) -> Callable:
         current = _registry.get(name)
+        current = getattr(current, "__wrapped__", current)
         if (
             current is not None
             and current is not func
@@ -35,14 +61,15 @@ def handler(name: str) -> Callable[[Callable], Callable]:
             )
         ):
             raise ValueError(f"job name {name!r} already has a handler: {current!r}")
-        _registry[name] = func
+        _registry[name] = _runs_sync(func)
         return func
 
     return register
 
 
 def get_handler(name: str) -> Callable | None:
-    """The handler registered under ``name``, or None."""
+    """The handler registered under ``name`` (sync: an ``async def`` one
+    comes wrapped), or None."""
     return _registry.get(name)
 
 

@@ -46,34 +46,53 @@ def to_json(value: Any) -> str:
 
 
 class JobState(StrEnum):
-    """The states of DESIGN §4."""
+    """The states of DESIGN §4 (a job row's ``state`` field)."""
 
+    #: in the queue's ``pending`` list, ready to be claimed
     PENDING = "pending"
+    #: claimed: a worker holds its lease (``active`` zset, by lease deadline)
     ACTIVE = "active"
+    #: waiting for a time: backoff after a failure, or ``delay_ms``
     DELAYED = "delayed"
+    #: finished with a result (kept in ``completed``)
     COMPLETED = "completed"
+    #: failed for good (attempts spent, ``Unrecoverable``, or its children failed it)
     DEAD = "dead"
+    #: a parent whose children have not all resolved yet
     AWAITING_CHILDREN = "awaiting_children"
 
-    def __str__(self) -> str:
-        return self.value
+
+class Policy(StrEnum):
+    """What a child's death does to its parent (DESIGN §2), as stored on the
+    child's row (``parent_policy``) and in outbox entries (``pol``). A row
+    stores it only when it is not ``FAIL_PARENT``."""
+
+    #: the parent dies too (``fail_parent_on_failure``, the default)
+    FAIL_PARENT = "fp"
+    #: recorded in the parent's ``:unsuccessful``; the parent goes on
+    #: (``ignore_dependency_on_failure``)
+    IGNORE = "id"
+    #: unlinked: recorded in the parent's ``:removed``
+    #: (``remove_dependency_on_failure``)
+    REMOVE = "rd"
+    #: recorded in the parent's ``:failed``, and the parent is released at once (issue 16)
+    CONTINUE_PARENT = "cp"
 
 
-# state -> the index key name (P:{q}:<index>) that holds a job in that state
-STATE_INDEX = {
-    JobState.PENDING: "pending",
-    JobState.ACTIVE: "active",
-    JobState.DELAYED: "delayed",
-    JobState.COMPLETED: "completed",
-    JobState.DEAD: "dead",
-    JobState.AWAITING_CHILDREN: "awaiting",
-}
-
-
-def _text(value: Any) -> str | None:
+def to_text(value: Any) -> str | None:
+    """A Redis reply value (bytes or str, or None) as text."""
     if value is None:
         return None
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def decode_policy(value: Any, has_parent: bool) -> Policy | None:
+    """A row's ``parent_policy`` field (raw, or None when the row has none) as
+    a ``Policy``: the compact row leaves out ``fp``, so a child without the
+    field is ``FAIL_PARENT``; a job with no parent has none."""
+    if value:
+        return Policy(to_text(value))
+    return Policy.FAIL_PARENT if has_parent else None
 
 
 def _int(value: Any) -> int | None:
@@ -122,15 +141,31 @@ class JobSource(Protocol):
     def ignored_failures(self, queue: str, job_id: str) -> dict[str, str]: ...
 
 
+# The fields of one job in claim.lua's reply, in order (its header).
+CLAIM_FIELDS = (
+    "id",
+    "lease",
+    "name",
+    "payload",
+    "attempts",
+    "max_attempts",
+    "backoff_ms",
+    "parent",
+    "parent_queue",
+    "parent_policy",
+    "created_at",
+)
+
+
 @dataclass
 class Job:
     """One job as read from Redis.
 
     ``payload`` and ``result`` are decoded JSON; timestamps are ms since the
     epoch; ``lease`` is the token a worker holds (set by ``claim`` only);
-    ``parent`` / ``parent_queue`` / ``parent_policy`` are set on a flow child
-    (policy ``fp``, ``id`` or ``rd``, DESIGN §2; a row stores the parent
-    queue only when it differs and the policy only when it is not ``fp``). ``children_values()``,
+    ``parent`` / ``parent_queue`` / ``parent_policy`` (a ``Policy``) are set
+    on a flow child (DESIGN §2; a row stores the parent queue only when it
+    differs and the policy only when it is not ``fp``: ``decode``). ``children_values()``,
     ``dependencies()`` and ``ignored_failures()`` read Redis lazily, on first
     use only, and cache the answer (seed 003, "lazy evaluation").
     """
@@ -147,7 +182,7 @@ class Job:
     error: str | None = None
     parent: str | None = None
     parent_queue: str | None = None
-    parent_policy: str | None = None
+    parent_policy: Policy | None = None
     created_at: int | None = None
     started_at: int | None = None
     finished_at: int | None = None
@@ -158,67 +193,59 @@ class Job:
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
-    def from_row(cls, queue: str, job_id: str, row: dict, mq: JobSource | None = None) -> Job:
-        """Build a Job from an HGETALL reply (bytes or str keys and values).
-        A row without max_attempts / backoff_ms gets the queue's settings."""
-        r = {_text(k): v for k, v in row.items()}
+    def decode(
+        cls,
+        queue: str,
+        job_id: str,
+        r: dict[str, Any],
+        mq: JobSource | None = None,
+        state: JobState | None = None,
+        lease_deadline: int | None = None,
+    ) -> Job:
+        """The one decoder of a job row (STYLE rule 4). ``r`` maps field names
+        to raw values (bytes or str; a field the row does not hold is absent
+        or None); ``state`` overrides the row's. The compact row's defaults
+        apply here: no ``max_attempts`` / ``backoff_ms``: the queue's settings
+        (``mq``'s, else ``QUEUE_DEFAULTS``); no ``parent_queue``: the job's own
+        queue; no ``parent_policy``: ``Policy.FAIL_PARENT``. Raises
+        ``ValueError`` for a row without a known state."""
         max_attempts, backoff_ms = _defaults(mq, queue)
+        parent = to_text(r.get("parent"))
+        backoff = r.get("backoff_ms")
         return cls(
             id=job_id,
             queue=queue,
-            name=_text(r.get("name")) or "",
+            name=to_text(r.get("name")) or "",
             payload=_json(r.get("payload")),
-            state=JobState(_text(r.get("state"))),
+            state=state or JobState(to_text(r.get("state"))),
             attempts=_int(r.get("attempts")) or 0,
             max_attempts=_int(r.get("max_attempts")) or max_attempts,
-            backoff_ms=_int(r.get("backoff_ms")) if "backoff_ms" in r else backoff_ms,
+            backoff_ms=int(backoff) if backoff is not None else backoff_ms,
             result=_json(r.get("result")),
-            error=_text(r.get("error")),
-            parent=_text(r.get("parent")),
-            parent_queue=_text(r.get("parent_queue")) or (queue if "parent" in r else None),
-            parent_policy=_text(r.get("parent_policy")) or ("fp" if "parent" in r else None),
+            error=to_text(r.get("error")),
+            parent=parent,
+            parent_queue=to_text(r.get("parent_queue")) or (queue if parent else None),
+            parent_policy=decode_policy(r.get("parent_policy"), bool(parent)),
             created_at=_int(r.get("created_at")),
             started_at=_int(r.get("started_at")),
             finished_at=_int(r.get("finished_at")),
             stalls=_int(r.get("stalls")) or 0,
-            lease=_text(r.get("lease")),
+            lease=to_text(r.get("lease")),
+            lease_deadline=lease_deadline,
             _mq=mq,
         )
 
     @classmethod
+    def from_row(cls, queue: str, job_id: str, row: dict, mq: JobSource | None = None) -> Job:
+        """Build a Job from an HGETALL reply (bytes or str keys and values)."""
+        return cls.decode(queue, job_id, {to_text(k): v for k, v in row.items()}, mq)
+
+    @classmethod
     def from_claim(cls, queue: str, values: list, deadline: int, mq: JobSource) -> Job:
-        """Build an active Job from one 11-value group of ``claim``'s reply."""
-        (
-            job_id,
-            token,
-            name,
-            payload,
-            attempts,
-            max_attempts,
-            backoff_ms,
-            parent,
-            parent_queue,
-            parent_policy,
-            created_at,
-        ) = values
-        default_attempts, default_backoff = _defaults(mq, queue)
-        return cls(
-            id=_text(job_id),
-            queue=queue,
-            name=_text(name) or "",
-            payload=_json(payload),
-            state=JobState.ACTIVE,
-            attempts=int(attempts),
-            max_attempts=int(max_attempts or default_attempts),
-            backoff_ms=int(backoff_ms if backoff_ms is not None else default_backoff),
-            parent=_text(parent),
-            parent_queue=_text(parent_queue) or (queue if parent else None),
-            parent_policy=_text(parent_policy) or ("fp" if parent else None),
-            created_at=_int(created_at),
-            lease=_text(token),
-            lease_deadline=deadline,
-            _mq=mq,
-        )
+        """Build an active Job from one ``CLAIM_FIELDS`` group of ``claim``'s
+        reply (None for a field the row does not hold); ``deadline`` (ms)."""
+        r = dict(zip(CLAIM_FIELDS, values, strict=True))
+        return cls.decode(queue, to_text(r["id"]), r, mq, JobState.ACTIVE, deadline)
 
     @property
     def ref(self) -> str:

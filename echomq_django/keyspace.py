@@ -1,14 +1,19 @@
 """Every Redis key echomq_django uses, and the rules for the names inside them.
 
-This is the only module that knows the prefix and builds key names (DESIGN §3,
-STYLE rule 1). Every key of queue ``q`` is ``P:{q}:...``; the ``{q}`` hash tag
-pins a queue to one Redis Cluster slot, so all of a queue's keys can be used
-by one Lua script.
+This is the only module that knows the prefix and spells a key name (DESIGN
+§3, STYLE rule 1); the tables below are the table of contents of the
+keyspace (cf. BullMQ's ``queue_keys.py``). Every key of queue ``q`` is
+``P:{q}:...``; the ``{q}`` hash tag pins a queue to one Redis Cluster slot,
+so all of a queue's keys can be used by one Lua script. The Lua scripts build
+the same names from the ``P:{q}:`` base they get as ARGV;
+``tests/test_keyspace.py`` checks that every suffix a script spells is listed
+here.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, fields
 
 QUEUE_RULE = "a queue name is 1-64 characters from A-Z a-z 0-9 _ . -"
 ID_RULE = "a job id is 1-128 characters with no '{', '}', ':' or whitespace"
@@ -48,6 +53,122 @@ def validate_prefix(prefix: object) -> str:
     return prefix
 
 
+# QueueKeys field -> the suffix after P:{q}: (one key per queue each).
+QUEUE_KEYS = {
+    "pending": "pending",  # list: ids ready to claim, oldest first
+    "active": "active",  # zset: id -> lease deadline (ms)
+    "delayed": "delayed",  # zset: id -> when it is due (ms)
+    "awaiting": "awaiting",  # zset: parents waiting on children, by time
+    "completed": "completed",  # zset: id -> finished_at (ms)
+    "dead": "dead",  # zset: id -> finished_at (ms)
+    "events": "events",  # stream: e (event), id; capped
+    "outbox": "flow:outbox",  # list: cross-queue fan-in entries for the pump
+    "deadletter": "flow:deadletter",  # list: outbox entries the pump gave up on
+    "outbox_tries": "flow:tries",  # hash: outbox entry -> failed deliveries
+    "pump_lock": "pump:lock",  # string: the sweep lock of this queue's outbox
+    "lease_seq": "lease:seq",  # counter: lease tokens
+    "deadlines": "deadlines",  # zset: parents with a children deadline (issue 16)
+    "wake": "wake",  # zset: wake-up markers for the queue's workers (issue 12)
+    "outbox_wake": "flow:wake",  # zset: a wake-up marker for the pump (issue 12)
+    "timers_lock": "timers:lock",  # string: one worker's timer sweep of the queue (issue 12)
+    "expire": "expire",  # zset: finished jobs -> when retention may drop them (ms, issue 13)
+    "gc": "gc",  # list: removed parents whose child refs wait in gc:<seq>:<id> (issue 13)
+    "gc_seq": "gc:seq",  # counter: the gc bins (issue 13)
+    "cancel": "cancel",  # list: 'id offset' of subtrees still to cancel (issue 13)
+}
+# Keys that hold one value of a family: the suffix is this prefix + a name.
+JOB_PREFIX = "job:"  # hash P:{q}:job:<id>: the job row; also the child ref
+CLAIM_PREFIX = "claim:"  # string P:{q}:claim:<token>: a claim's memo, for its replay
+DEDUP_PREFIX = "dedup:"  # string P:{q}:dedup:<key>: the id holding a dedup key (issue 16)
+OP_PREFIX = "op:"  # string P:{q}:op:<token>: a remove/cancel call's memo, for its replay
+GC_PREFIX = "gc:"  # list P:{q}:gc:<seq>:<id>: a removed parent's child refs (issue 13)
+# JobKeys field -> the suffix after the row key P:{q}:job:<id> (a parent's keys).
+JOB_KEYS = {
+    "dependencies": ":dependencies",  # counter: children not resolved yet
+    "children": ":children",  # list: child refs
+    "processed": ":processed",  # hash: child ref -> result JSON
+    "failed": ":failed",  # hash: child ref -> error (policy fp)
+    "unsuccessful": ":unsuccessful",  # hash: child ref -> error (policy id)
+    "removed": ":removed",  # hash: child ref -> error (policy rd)
+}
+# job state -> the QueueKeys field (index) that holds a job in that state
+STATE_INDEX = {
+    "pending": "pending",
+    "active": "active",
+    "delayed": "delayed",
+    "completed": "completed",
+    "dead": "dead",
+    "awaiting_children": "awaiting",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class QueueKeys:
+    """The keys of one queue, each named once (``QUEUE_KEYS``)."""
+
+    base: str  # P:{q}:
+    pending: str
+    active: str
+    delayed: str
+    awaiting: str
+    completed: str
+    dead: str
+    events: str
+    outbox: str
+    deadletter: str
+    outbox_tries: str
+    pump_lock: str
+    lease_seq: str
+    deadlines: str
+    wake: str
+    outbox_wake: str
+    timers_lock: str
+    expire: str
+    gc: str
+    gc_seq: str
+    cancel: str
+
+    def job(self, job_id: str) -> str:
+        """``P:{q}:job:<id>``; raises ``ValueError`` for a bad id."""
+        return f"{self.base}{JOB_PREFIX}{validate_id(job_id)}"
+
+    def claim(self, token: str) -> str:
+        """``P:{q}:claim:<token>``: the memo ``claim.lua`` keeps for a replay."""
+        return f"{self.base}{CLAIM_PREFIX}{token}"
+
+    def dedup(self, key: str) -> str:
+        """``P:{q}:dedup:<key>``: which job holds a deduplication key."""
+        return f"{self.base}{DEDUP_PREFIX}{key}"
+
+    def index(self, state: str) -> str:
+        """The index key holding jobs in ``state`` (a ``JobState`` or its value)."""
+        return getattr(self, STATE_INDEX[state])
+
+
+@dataclass(frozen=True, slots=True)
+class JobKeys:
+    """The keys of one job, each named once (``JOB_KEYS``)."""
+
+    row: str  # P:{q}:job:<id>
+    dependencies: str
+    children: str
+    processed: str
+    failed: str
+    unsuccessful: str
+    removed: str
+
+    @classmethod
+    def of(cls, row: str) -> JobKeys:
+        """The keys of the job whose row key (child ref) is ``row``."""
+        return cls(row, *(row + suffix for suffix in JOB_KEYS.values()))
+
+
+assert [f.name for f in fields(QueueKeys)][1:] == list(QUEUE_KEYS)
+assert [f.name for f in fields(JobKeys)][1:] == list(JOB_KEYS)
+
+QUEUES_KEPT = 1024  # QueueKeys cached per Keyspace; past it the cache starts over
+
+
 class Keyspace:
     """Builds the keys of DESIGN §3 for one prefix (default ``emq``).
 
@@ -57,6 +178,18 @@ class Keyspace:
 
     def __init__(self, prefix: str = "emq") -> None:
         self.prefix = validate_prefix(prefix)
+        self._queues: dict[str, QueueKeys] = {}
+
+    def queue(self, queue: str) -> QueueKeys:
+        """The ``QueueKeys`` of ``queue`` (built once, then cached)."""
+        keys = self._queues.get(queue)
+        if keys is None:
+            base = self.base(queue)
+            keys = QueueKeys(base, *(base + suffix for suffix in QUEUE_KEYS.values()))
+            if len(self._queues) >= QUEUES_KEPT:
+                self._queues.clear()
+            self._queues[queue] = keys
+        return keys
 
     def base(self, queue: str) -> str:
         """``P:{q}:``, the prefix of every key of ``queue``; Lua scripts get it
@@ -65,26 +198,37 @@ class Keyspace:
 
     def job(self, queue: str, job_id: str) -> str:
         """``P:{q}:job:<id>``: the job row (hash). It is also the child ref."""
-        return f"{self.base(queue)}job:{validate_id(job_id)}"
+        return self.queue(queue).job(job_id)
 
     child_ref = job
+
+    def job_keys(self, queue: str, job_id: str) -> JobKeys:
+        """The ``JobKeys`` of job ``job_id`` of ``queue``."""
+        return JobKeys.of(self.job(queue, job_id))
 
     def refs(self, pairs: list[tuple[str, str]]) -> list[str]:
         """Child refs of ``(queue, id)`` pairs whose names were validated
         already (flows.plan); each queue is checked once, not per id."""
-        bases = {q: self.base(q) for q in {q for q, _ in pairs}}
-        return [f"{bases[q]}job:{i}" for q, i in pairs]
+        bases = {q: self.queue(q).base for q in {q for q, _ in pairs}}
+        return [f"{bases[q]}{JOB_PREFIX}{i}" for q, i in pairs]
 
     def job_part(self, queue: str, job_id: str, part: str) -> str:
-        """``P:{q}:job:<id>:<part>`` for part in dependencies, children,
-        processed, failed, unsuccessful, removed."""
-        return f"{self.job(queue, job_id)}:{part}"
+        """``P:{q}:job:<id>:<part>`` for part in ``JOB_KEYS`` (dependencies,
+        children, processed, failed, unsuccessful, removed); ``ValueError``
+        for another part."""
+        if part not in JOB_KEYS:
+            raise ValueError(f"unknown job key {part!r}: one of {', '.join(JOB_KEYS)}")
+        return self.job(queue, job_id) + JOB_KEYS[part]
 
     def queue_key(self, queue: str, name: str) -> str:
-        """``P:{q}:<name>`` for name in pending, active, delayed, awaiting,
-        completed, dead, events, flow:outbox, flow:deadletter, pump:lock,
-        lease:seq."""
-        return f"{self.base(queue)}{name}"
+        """``P:{q}:<name>`` for a suffix of ``QUEUE_KEYS`` (pending, active,
+        delayed, awaiting, completed, dead, events, flow:outbox,
+        flow:deadletter, flow:tries, pump:lock, lease:seq); ``ValueError`` for
+        a name not listed there."""
+        for field_name, suffix in QUEUE_KEYS.items():
+            if suffix == name:
+                return getattr(self.queue(queue), field_name)
+        raise ValueError(f"unknown queue key {name!r}: name it in keyspace.QUEUE_KEYS")
 
     def queues(self) -> str:
         """``P:queues``: a set of every queue that has had a job (DESIGN §10.5).
@@ -107,7 +251,7 @@ class Keyspace:
         Raises ``ValueError`` when ``ref`` is not a job key under this prefix.
         """
         head = f"{self.prefix}:{{"
-        queue, sep, rest = ref[len(head) :].partition("}:job:")
+        queue, sep, rest = ref[len(head) :].partition("}:" + JOB_PREFIX)
         if not ref.startswith(head) or not sep:
             raise ValueError(f"not a job ref under prefix {self.prefix!r}: {ref!r}")
         return validate_queue(queue), validate_id(rest)

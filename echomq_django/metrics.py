@@ -33,6 +33,7 @@ from .conf import config, get_mq
 from .exceptions import EchoMQError
 from .handlers import registered
 from .registry import known_queues
+from .stats import collect as collect_stats
 
 try:
     import prometheus_client
@@ -173,12 +174,10 @@ class QueueCollector:
         return []  # nothing read from Redis when registered
 
     def collect(self):
-        from .stats import collect
-
         up = GaugeMetricFamily("echomq_redis_up", "1 when Redis answered this scrape")
         try:
             mq = self.mq or get_mq()
-            doc = collect(mq, self.queues or known_queues(mq))
+            doc = collect_stats(mq, self.queues or known_queues(mq))
         except (redis.RedisError, EchoMQError, ConnectionError) as err:
             log.warning("metrics: could not read Redis: %s", err)
             up.add_metric([], 0)

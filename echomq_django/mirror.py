@@ -19,6 +19,7 @@ job_id)``), so running a pass twice leaves the same rows. A job whose Redis
 row is gone is marked, never deleted. The pump calls ``mirror_after_sweep``
 after each sweep; a pass over an unchanged queue costs two Redis round trips
 and one SELECT (plus, every ``TOUCH_EVERY``, an UPDATE of its ``mirrored_at``).
+Every Redis read goes through the read API (``EchoMQ``'s ``Reads``).
 """
 
 from __future__ import annotations
@@ -30,8 +31,10 @@ from typing import Any
 from django.db import close_old_connections, connection, transaction
 from django.utils import timezone
 
+from .client import EchoMQ
 from .conf import config
-from .jobs import STATE_INDEX, Job, JobState, _text
+from .jobs import Job, JobState, to_text
+from .keyspace import STATE_INDEX, validate_queue
 from .models import TEXT_LIMIT, MirroredJob, MirroredQueue
 
 log = logging.getLogger("echomq_django.mirror")
@@ -56,7 +59,7 @@ def ms_to_datetime(ms: Any) -> datetime | None:
 
 
 def _trim(value: Any) -> tuple[str, bool]:
-    text = _text(value) or ""
+    text = to_text(value) or ""
     if len(text) > TEXT_LIMIT:
         return text[:TEXT_LIMIT], True
     return text, False
@@ -71,7 +74,7 @@ def job_from_row(mq, queue: str, job_id: str, row: dict, now: datetime) -> Mirro
     Raises ``ValueError`` for a row that does not decode.
     """
     job = Job.from_row(queue, job_id, row, mq=mq)
-    raw = {_text(k): v for k, v in row.items()}
+    raw = {to_text(k): v for k, v in row.items()}
     payload, cut_p = _trim(raw.get("payload"))
     result, cut_r = _trim(raw.get("result"))
     error, cut_e = _trim(job.error)
@@ -97,25 +100,10 @@ def job_from_row(mq, queue: str, job_id: str, row: dict, now: datetime) -> Mirro
     )
 
 
-def per_job(mq, queue: str, ids, command: str, *args) -> dict[str, Any]:
-    """``{id: reply}`` of one redis-py command (``"hgetall"``, ``"exists"``,
-    ``"hget"``...) on the row of each of ``ids`` in ``queue``, pipelined in
-    ``ROW_BATCH`` chunks."""
-    ids = list(ids)
-    out: dict[str, Any] = {}
-    for i in range(0, len(ids), ROW_BATCH):
-        chunk = ids[i : i + ROW_BATCH]
-        pipe = mq.client.pipeline(transaction=False)
-        for job_id in chunk:
-            getattr(pipe, command)(mq.keys.job(queue, job_id), *args)
-        out.update(zip(chunk, pipe.execute(), strict=False))
-    return out
-
-
-def read_rows(mq, queue: str, ids) -> dict[str, dict]:
+def read_rows(mq: EchoMQ, queue: str, ids) -> dict[str, dict]:
     """``{id: HGETALL reply}`` for ``ids`` of ``queue``; an id whose row is
-    gone maps to ``{}``."""
-    return per_job(mq, queue, ids, "hgetall")
+    gone maps to ``{}`` (``EchoMQ.rows``)."""
+    return mq.rows(queue, ids)
 
 
 def store_rows(mq, queue: str, rows: dict[str, dict], now: datetime) -> tuple[int, int]:
@@ -163,20 +151,18 @@ def mirror_jobs(mq, pairs) -> int:
 
 
 def _stream_id(value: Any) -> tuple[int, int]:
-    ms, _, seq = (_text(value) or "0-0").partition("-")
+    ms, _, seq = (to_text(value) or "0-0").partition("-")
     return int(ms), int(seq or 0)
 
 
-def _index_ids(mq, queue: str) -> set[str]:
+def _index_ids(mq: EchoMQ, queue: str) -> set[str]:
     """Every id in the queue's six state indexes, read in windows."""
     ids: set[str] = set()
-    for state, index in STATE_INDEX.items():
-        key = mq.keys.queue_key(queue, index)
-        read = mq.client.lrange if state is JobState.PENDING else mq.client.zrange
+    for state in STATE_INDEX:
         start = 0
         while True:
-            window = read(key, start, start + INDEX_BATCH - 1)
-            ids.update(map(_text, window))
+            window = mq.job_ids(queue, state, start, start + INDEX_BATCH - 1)
+            ids.update(window)
             if len(window) < INDEX_BATCH:
                 break
             start += INDEX_BATCH
@@ -193,16 +179,14 @@ def _gone_rows(mq, queue: str, seen: set[str]) -> dict[str, dict]:
         .iterator()
         if j not in seen
     ]
-    return {j: {} for j, n in per_job(mq, queue, others, "exists").items() if not n}
+    return {j: {} for j, there in mq.exist(queue, others).items() if not there}
 
 
 def _unevented(mq, queue: str) -> set[str]:
     """Ids whose move emitted no event (``claim``: pending -> active;
     ``promote_delayed``: delayed -> pending) and that the mirror holds in the
     old state. Bounded by ``RECHECK_LIMIT`` per index."""
-    active = set(
-        map(_text, mq.client.zrange(mq.keys.queue_key(queue, "active"), 0, RECHECK_LIMIT - 1))
-    )
+    active = set(mq.job_ids(queue, JobState.ACTIVE, 0, RECHECK_LIMIT - 1))
     known = set(
         MirroredJob.objects.filter(queue=queue, job_id__in=active, state="active").values_list(
             "job_id", flat=True
@@ -213,25 +197,8 @@ def _unevented(mq, queue: str) -> set[str]:
             "job_id", flat=True
         )[:RECHECK_LIMIT]
     )
-    states = per_job(mq, queue, delayed, "hget", "state")
-    moved = {j for j, state in states.items() if _text(state) != "delayed"}
+    moved = {j for j, state in mq.states(queue, delayed).items() if state != JobState.DELAYED}
     return (active - known) | moved
-
-
-def _probe(mq, queue: str, after: str, limit: int):
-    """One round trip: pending head id, first and last stream ids, and up to
-    ``limit`` entries after ``after`` (all from the start when it is '')."""
-    k = mq.keys
-    events = k.queue_key(queue, "events")
-    pipe = mq.client.pipeline(transaction=False)
-    pipe.lindex(k.queue_key(queue, "pending"), 0)
-    pipe.xrange(events, "-", "+", count=1)
-    pipe.xrevrange(events, "+", "-", count=1)
-    pipe.xrange(events, f"({after}" if after else "-", "+", count=limit)
-    head, first, last, entries = pipe.execute()
-    first_id = _text(first[0][0]) if first else None
-    last_id = _text(last[0][0]) if last else None
-    return _text(head), first_id, last_id, entries
 
 
 def _needs_rescan(stored: str, first_id: str | None, last_id: str | None) -> bool:
@@ -247,33 +214,30 @@ def _needs_rescan(stored: str, first_id: str | None, last_id: str | None) -> boo
     return _stream_id(first_id) > _stream_id(stored)
 
 
-def _pending_age(mq, queue: str, head: str | None) -> float | None:
+def _pending_age(mq: EchoMQ, queue: str, head: str | None) -> float | None:
     """Seconds the head of ``pending`` has waited (since it became pending)."""
-    if head is None:
-        return None
-    since, created = mq.client.hmget(mq.keys.job(queue, head), "updated_at", "created_at")
-    stamp = since or created
-    return None if stamp is None else max(0.0, (mq.clock() - int(stamp)) / 1000)
+    stamp = None if head is None else mq.waiting_since(queue, head)
+    return None if stamp is None else max(0.0, (mq.clock() - stamp) / 1000)
 
 
 def _follow(
-    mq, queue: str, after: str, entries: list, limit: int, max_events: int | None
+    mq: EchoMQ, queue: str, after: str, entries: list, limit: int, max_events: int | None
 ) -> tuple[set[str], str, int]:
-    """Apply stream entries from ``entries`` (the first XRANGE page after
-    ``after``) on, ``limit`` per page, up to ``max_events``; returns the ids
-    they name, the last entry id read, and how many entries were read."""
+    """Apply stream entries from ``entries`` (the first page after ``after``,
+    as ``[(entry id, job id)]``) on, ``limit`` per page, up to ``max_events``;
+    returns the ids they name, the last entry id read, and how many entries
+    were read."""
     touched: set[str] = set()
     last, count = after, 0
     while entries:
-        for entry_id, fields in entries:
-            job_id = _text(fields.get(b"id", fields.get("id")))
+        for entry_id, job_id in entries:
             if job_id:
                 touched.add(job_id)
-            last = _text(entry_id)
+            last = entry_id
         count += len(entries)
         if len(entries) < limit or (max_events and count >= max_events):
             break
-        entries = mq.client.xrange(mq.keys.queue_key(queue, "events"), f"({last}", "+", count=limit)
+        entries = mq.events_after(queue, last, limit)
     return touched, last, count
 
 
@@ -283,14 +247,15 @@ def mirror_queue(mq, queue: str, full: bool = False, max_events: int | None = No
     (``jobs`` rows upserted, ``gone`` rows newly marked gone).
 
     ``max_events`` bounds the stream entries applied in this pass (None:
-    all); the rest are applied on the next pass. Raises redis-py errors
-    (``redis.ConnectionError``...) and database errors unchanged.
+    all); the rest are applied on the next pass. Raises ``RedisUnavailable``
+    when Redis cannot be reached, other redis-py errors and database errors
+    unchanged.
     """
-    mq.keys.base(queue)  # validates the name
+    validate_queue(queue)
     saved = MirroredQueue.objects.filter(queue=queue).first()
     stored = saved.last_event_id if saved else ""
     limit = EVENT_BATCH if max_events is None else max(1, min(EVENT_BATCH, max_events))
-    head, first_id, last_id, entries = _probe(mq, queue, stored, limit)
+    head, first_id, last_id, entries = mq.event_probe(queue, stored, limit)
     counts = mq.counts(queue)
     now = timezone.now()
     report = {

@@ -10,17 +10,36 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .exceptions import JobNotFound, reports_redis_down
-from .jobs import STATE_INDEX, Dependencies, Job, JobState, _text
+import redis
+
+from .exceptions import JobNotFound, connection_error, reports_redis_down
+from .jobs import Dependencies, Job, JobState, decode_policy, to_text
+from .keyspace import JobKeys, validate_queue
+
+ROWS_PER_TRIP = 500  # job rows per pipelined round trip (rows, states, exist)
 
 
 def _texts(mapping: dict) -> dict[str, str]:
-    return {_text(k): _text(v) for k, v in mapping.items()}
+    return {to_text(k): to_text(v) for k, v in mapping.items()}
+
+
+def _stream_entries(entries: list) -> list[tuple[str, str | None]]:
+    """``[(entry id, job id)]`` of XRANGE entries of a queue's ``events``
+    stream (fields ``e`` = event, ``id`` = job id)."""
+    return [(to_text(eid), to_text(f.get(b"id", f.get("id")))) for eid, f in entries]
 
 
 class Reads:
     """Read methods of ``EchoMQ``; expects ``self.client`` and ``self.keys``.
     Every public method raises ``RedisUnavailable`` when Redis is down."""
+
+    def ping(self) -> None:
+        """Return when Redis answers PING; raise ``RedisUnavailable`` naming
+        the address the client tried (any redis-py error counts)."""
+        try:
+            self.client.ping()
+        except redis.RedisError as err:
+            raise connection_error(self.client, err) from err
 
     def _require(self, queue: str, job_id: str) -> str:
         key = self.keys.job(queue, job_id)
@@ -37,54 +56,54 @@ class Reads:
             raise JobNotFound(f"job {job_id!r} not found in queue {queue!r}")
         job = Job.from_row(queue, job_id, row, mq=self)
         if job.state is JobState.ACTIVE:
-            score = self.client.zscore(self.keys.queue_key(queue, "active"), job_id)
+            score = self.client.zscore(self.keys.queue(queue).active, job_id)
             job.lease_deadline = int(score) if score is not None else None
         return job
 
     @reports_redis_down
     def children_values(self, queue: str, job_id: str) -> dict[str, Any]:
         """``{child_ref: result}`` for the processed children (decoded JSON)."""
-        key = self._require(queue, job_id)
-        raw = self.client.hgetall(key + ":processed")
-        return {_text(k): json.loads(v) for k, v in raw.items()}
+        keys = JobKeys.of(self._require(queue, job_id))
+        raw = self.client.hgetall(keys.processed)
+        return {to_text(k): json.loads(v) for k, v in raw.items()}
 
     @reports_redis_down
     def ignored_failures(self, queue: str, job_id: str) -> dict[str, str]:
         """``{child_ref: error}`` for dead children ignored by policy ``id``."""
-        key = self._require(queue, job_id)
-        return _texts(self.client.hgetall(key + ":unsuccessful"))
+        keys = JobKeys.of(self._require(queue, job_id))
+        return _texts(self.client.hgetall(keys.unsuccessful))
 
     @reports_redis_down
     def dependencies(self, queue: str, job_id: str) -> Dependencies:
         """The parent's ``Dependencies``; empty for a job that is not a parent."""
-        key = self._require(queue, job_id)
+        keys = JobKeys.of(self._require(queue, job_id))
         pipe = self.client.pipeline(transaction=False)
-        for part in ("processed", "failed", "unsuccessful", "removed"):
-            pipe.hgetall(f"{key}:{part}")
-        pipe.lrange(key + ":children", 0, -1)
-        pipe.get(key + ":dependencies")
+        for part in (keys.processed, keys.failed, keys.unsuccessful, keys.removed):
+            pipe.hgetall(part)
+        pipe.lrange(keys.children, 0, -1)
+        pipe.get(keys.dependencies)
         processed, failed, ignored, removed, children, remaining = pipe.execute()
         deps = Dependencies(
-            processed={_text(k): json.loads(v) for k, v in processed.items()},
+            processed={to_text(k): json.loads(v) for k, v in processed.items()},
             failed=_texts(failed),
             ignored=_texts(ignored),
             removed=_texts(removed),
             remaining=int(remaining or 0),
         )
         resolved = set(deps.processed) | set(deps.failed) | set(deps.ignored) | set(deps.removed)
-        deps.unprocessed = sorted(r for r in map(_text, children) if r not in resolved)
+        deps.unprocessed = sorted(r for r in map(to_text, children) if r not in resolved)
         return deps
 
     @reports_redis_down
     def dependency_counts(self, queue: str, job_id: str) -> dict[str, int]:
         """Counts without the values: ``{processed, unprocessed, failed, ignored,
         removed, remaining, children}``."""
-        key = self._require(queue, job_id)
+        keys = JobKeys.of(self._require(queue, job_id))
         pipe = self.client.pipeline(transaction=False)
-        for part in ("processed", "failed", "unsuccessful", "removed"):
-            pipe.hlen(f"{key}:{part}")
-        pipe.llen(key + ":children")
-        pipe.get(key + ":dependencies")
+        for part in (keys.processed, keys.failed, keys.unsuccessful, keys.removed):
+            pipe.hlen(part)
+        pipe.llen(keys.children)
+        pipe.get(keys.dependencies)
         processed, failed, ignored, removed, children, remaining = pipe.execute()
         return {
             "processed": processed,
@@ -107,26 +126,26 @@ class Reads:
         while level:
             pipe = self.client.pipeline(transaction=False)
             for node in level:
-                key = self.keys.job(node["queue"], node["id"])
-                pipe.hmget(key, "name", "state", "result", "error", "parent_policy")
-                pipe.lrange(key + ":children", 0, -1)
-                pipe.get(key + ":dependencies")
+                keys = self.keys.job_keys(node["queue"], node["id"])
+                pipe.hmget(keys.row, "name", "state", "result", "error", "parent_policy")
+                pipe.lrange(keys.children, 0, -1)
+                pipe.get(keys.dependencies)
             replies = pipe.execute()
             next_level = []
             for i, node in enumerate(level):
                 (name, state, result, error, policy), kids, remaining = replies[3 * i : 3 * i + 3]
                 node.update(
                     ref=self.keys.job(node["queue"], node["id"]),
-                    name=_text(name),
-                    state=_text(state),
+                    name=to_text(name),
+                    state=to_text(state),
                     result=json.loads(result) if result else None,
-                    error=_text(error),
-                    policy=_text(policy) or ("fp" if node is not root else None),
+                    error=to_text(error),
+                    policy=decode_policy(policy, node is not root),
                     remaining=int(remaining) if remaining is not None else None,
                     children=[],
                 )
                 if depth is None or d < depth:
-                    for ref in sorted(map(_text, kids)):
+                    for ref in sorted(map(to_text, kids)):
                         cq, cid = self.keys.parse_ref(ref)
                         child = {"queue": cq, "id": cid}
                         node["children"].append(child)
@@ -137,13 +156,13 @@ class Reads:
     @reports_redis_down
     def counts(self, queue: str) -> dict[str, int]:
         """Jobs per state index, plus ``outbox`` and ``deadletter`` lengths."""
-        k = self.keys
+        k = self.keys.queue(queue)
         pipe = self.client.pipeline(transaction=False)
-        pipe.llen(k.queue_key(queue, "pending"))
-        for state in ("active", "delayed", "completed", "dead", "awaiting"):
-            pipe.zcard(k.queue_key(queue, state))
-        pipe.llen(k.queue_key(queue, "flow:outbox"))
-        pipe.llen(k.queue_key(queue, "flow:deadletter"))
+        pipe.llen(k.pending)
+        for index in (k.active, k.delayed, k.completed, k.dead, k.awaiting):
+            pipe.zcard(index)
+        pipe.llen(k.outbox)
+        pipe.llen(k.deadletter)
         pending, active, delayed, completed, dead, awaiting, outbox, dl = pipe.execute()
         return {
             "pending": pending,
@@ -161,28 +180,97 @@ class Reads:
         self, queue: str, state: JobState | str, start: int = 0, end: int = -1
     ) -> list[str]:
         """Ids in one state index, oldest first (pending: FIFO order)."""
-        key = self.keys.queue_key(queue, STATE_INDEX[JobState(state)])
+        key = self.keys.queue(queue).index(JobState(state))
         if JobState(state) is JobState.PENDING:
-            return [_text(v) for v in self.client.lrange(key, start, end)]
-        return [_text(v) for v in self.client.zrange(key, start, end)]
+            return [to_text(v) for v in self.client.lrange(key, start, end)]
+        return [to_text(v) for v in self.client.zrange(key, start, end)]
 
     def outbox_head(self, queue: str, count: int) -> list:
         """The first ``count`` entries of ``queue``'s outbox, raw (bytes or
         str, as the client decodes), not removed: the pump delivers them, then
         ``trim_outbox`` removes what was delivered."""
-        return self.client.lrange(self.keys.queue_key(queue, "flow:outbox"), 0, count - 1)
+        return self.client.lrange(self.keys.queue(queue).outbox, 0, count - 1)
 
     @reports_redis_down
     def deadletters(self, queue: str, start: int = 0, end: int = -1) -> list[dict]:
         """Dead-lettered outbox entries: ``[{entry: {...}, reason, at (ms)}]``;
         an entry that is not our JSON comes back as its raw text."""
-        raw = self.client.lrange(self.keys.queue_key(queue, "flow:deadletter"), start, end)
+        raw = self.client.lrange(self.keys.queue(queue).deadletter, start, end)
         out = []
         for item in raw:
             try:
                 d = json.loads(item)
                 d["entry"] = json.loads(d["entry"])
             except (ValueError, KeyError, TypeError):  # written by hand, or garbled
-                d = {"entry": _text(item), "reason": "unreadable dead-letter entry", "at": None}
+                d = {"entry": to_text(item), "reason": "unreadable dead-letter entry", "at": None}
             out.append(d)
         return out
+
+    # -- many rows at once (the admin mirror) --------------------------------
+    def _per_job(self, queue: str, ids, command: str, *args) -> dict[str, Any]:
+        """``{id: reply}`` of one redis-py command on the row of each of
+        ``ids``, pipelined ``ROWS_PER_TRIP`` at a time."""
+        validate_queue(queue)
+        ids = list(ids)
+        out: dict[str, Any] = {}
+        for i in range(0, len(ids), ROWS_PER_TRIP):
+            chunk = ids[i : i + ROWS_PER_TRIP]
+            pipe = self.client.pipeline(transaction=False)
+            for job_id in chunk:
+                getattr(pipe, command)(self.keys.job(queue, job_id), *args)
+            out.update(zip(chunk, pipe.execute(), strict=False))
+        return out
+
+    @reports_redis_down
+    def rows(self, queue: str, ids) -> dict[str, dict]:
+        """``{id: HGETALL reply}`` (raw) for ``ids`` of ``queue``; an id whose
+        row is gone maps to ``{}``. Decode one with ``Job.from_row``."""
+        return self._per_job(queue, ids, "hgetall")
+
+    @reports_redis_down
+    def states(self, queue: str, ids) -> dict[str, str | None]:
+        """``{id: state text}`` for ``ids`` of ``queue`` (None: no such job)."""
+        return {j: to_text(v) for j, v in self._per_job(queue, ids, "hget", "state").items()}
+
+    @reports_redis_down
+    def exist(self, queue: str, ids) -> dict[str, bool]:
+        """``{id: whether its row exists}`` for ``ids`` of ``queue``."""
+        return {j: bool(n) for j, n in self._per_job(queue, ids, "exists").items()}
+
+    @reports_redis_down
+    def state_of(self, queue: str, job_id: str) -> JobState | None:
+        """A job's state, one field read (None: no such job)."""
+        value = self.client.hget(self.keys.job(queue, job_id), "state")
+        return None if value is None else JobState(to_text(value))
+
+    @reports_redis_down
+    def waiting_since(self, queue: str, job_id: str) -> int | None:
+        """When (ms) a job last changed state (``updated_at``, else
+        ``created_at``); None for no such job."""
+        since, created = self.client.hmget(self.keys.job(queue, job_id), "updated_at", "created_at")
+        stamp = since or created
+        return None if stamp is None else int(stamp)
+
+    # -- the event stream -------------------------------------------------
+    @reports_redis_down
+    def event_probe(self, queue: str, after: str, limit: int):
+        """One round trip: ``(pending head id, first and last entry ids of the
+        events stream, up to limit entries after after)`` (all from the start
+        when ``after`` is ''); entries as ``[(entry id, job id)]``."""
+        k = self.keys.queue(queue)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.lindex(k.pending, 0)
+        pipe.xrange(k.events, "-", "+", count=1)
+        pipe.xrevrange(k.events, "+", "-", count=1)
+        pipe.xrange(k.events, f"({after}" if after else "-", "+", count=limit)
+        head, first, last, entries = pipe.execute()
+        first_id = to_text(first[0][0]) if first else None
+        last_id = to_text(last[0][0]) if last else None
+        return to_text(head), first_id, last_id, _stream_entries(entries)
+
+    @reports_redis_down
+    def events_after(self, queue: str, after: str, limit: int) -> list[tuple[str, str | None]]:
+        """Up to ``limit`` entries of the events stream after entry id
+        ``after``, as ``[(entry id, job id)]``."""
+        entries = self.client.xrange(self.keys.queue(queue).events, f"({after}", "+", count=limit)
+        return _stream_entries(entries)

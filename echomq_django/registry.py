@@ -32,6 +32,7 @@ from importlib import metadata
 
 import redis
 
+from .conf import config
 from .keyspace import validate_queue
 
 log = logging.getLogger("echomq_django.registry")
@@ -302,8 +303,6 @@ class QueueBook:
 
 def settings_queues() -> list[str]:
     """The queue names of ``ECHOMQ["QUEUES"]`` (valid ones), sorted."""
-    from .conf import config
-
     out = []
     for name in config().get("QUEUES", {}) or {}:
         try:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from .exceptions import EchoMQError
 from .jobs import JobState
+from .keyspace import validate_queue
 from .registry import known_queues, live_processes, settings_queues
 
 SCHEMA = "echomq.stats/1"
@@ -44,8 +45,9 @@ def _finished_since(mq, queue: str, since_ms: int) -> tuple[int, int]:
     """(completed, dead) jobs whose finish time is after ``since_ms``, from the
     ``completed`` and ``dead`` indexes (scored by finish time, ms)."""
     pipe = mq.client.pipeline(transaction=False)
-    pipe.zcount(mq.keys.queue_key(queue, "completed"), f"({since_ms}", "+inf")
-    pipe.zcount(mq.keys.queue_key(queue, "dead"), f"({since_ms}", "+inf")
+    k = mq.keys.queue(queue)
+    pipe.zcount(k.completed, f"({since_ms}", "+inf")
+    pipe.zcount(k.dead, f"({since_ms}", "+inf")
     done, dead = pipe.execute()
     return int(done), int(dead)
 
@@ -84,8 +86,6 @@ def resolve_queues(mq, asked=()) -> list[str]:
     known = known_queues(mq)
     if not asked:
         return known
-    from .keyspace import validate_queue
-
     names = [validate_queue(q) for q in dict.fromkeys(asked)]
     unknown = [q for q in names if q not in known]
     if unknown:

@@ -233,22 +233,20 @@ class Timers:
         self.due[queue] = self._next_run_at(queue)
 
     def _next_run_at(self, queue: str) -> int | None:
-        head = self.mq.client.zrange(
-            self.mq.keys.queue_key(queue, "delayed"), 0, 0, withscores=True
-        )
+        head = self.mq.client.zrange(self.mq.keys.queue(queue).delayed, 0, 0, withscores=True)
         return int(head[0][1]) if head else None
 
     def _sweep(self, queue: str, outcome: Outcome) -> None:
-        k, client = self.mq.keys, self.mq.client
+        k, client = self.mq.keys.queue(queue), self.mq.client
         self.sweep_at[queue] = time.monotonic() + self.sweep_s
-        lock = k.queue_key(queue, "timers:lock")
+        lock = k.timers_lock
         if not client.set(lock, self.token, nx=True, px=int(self.sweep_s * 1000)):
             return  # another worker swept this queue within the interval
         self.sweeps += 1
         pipe = client.pipeline(transaction=False)
-        pipe.zrange(k.queue_key(queue, "delayed"), 0, 0, withscores=True)
-        pipe.zrange(k.queue_key(queue, "active"), 0, 0, withscores=True)
-        pipe.exists(k.queue_key(queue, "pending"))
+        pipe.zrange(k.delayed, 0, 0, withscores=True)
+        pipe.zrange(k.active, 0, 0, withscores=True)
+        pipe.exists(k.pending)
         delayed, active, pending = pipe.execute()
         now = self.mq.clock()
         self.due[queue] = int(delayed[0][1]) if delayed else None
@@ -259,7 +257,7 @@ class Timers:
             self.recovered += stalled.recovered
             outcome.merge(stalled)
         if pending:
-            client.zadd(k.queue_key(queue, "wake"), {WAKE_NOW: 0})  # a marker may have been lost
+            client.zadd(k.wake, {WAKE_NOW: 0})  # a marker may have been lost
 
 
 def _text(value) -> str:

@@ -25,6 +25,9 @@
              EMQNOJOB <queue> <id>            no such job
              EMQSTATE <queue> <id> <state>    the job is not active
              EMQLEASE <queue> <id>            the lease token is stale
+             EMQCANCELLED <queue> <id>        the job was cancelled while it
+                                              ran: the result is dropped and
+                                              the job is dead ('cancelled')
            A completed row keeps its last lease token, so a replay of the
            same call (redis-py re-sends a command whose reply was lost: same
            token, same result) answers 0 instead of EMQSTATE.
@@ -39,7 +42,8 @@ local replies = {}
 for i = 4, #ARGV, 3 do
   local id, token, result = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local row = base .. 'job:' .. id
-  local f = redis.call('HMGET', row, 'state', 'lease', 'parent', 'parent_queue', 'dedup')
+  local f = redis.call('HMGET', row, 'state', 'lease', 'parent', 'parent_queue', 'dedup', 'keep',
+    'cancel')
   if not f[1] then
     replies[#replies + 1] = 'EMQNOJOB ' .. QUEUE .. ' ' .. id
   elseif f[1] == 'completed' and f[2] == token and redis.call('HGET', row, 'result') == result then
@@ -48,12 +52,19 @@ for i = 4, #ARGV, 3 do
     replies[#replies + 1] = 'EMQSTATE ' .. QUEUE .. ' ' .. id .. ' ' .. f[1]
   elseif f[2] ~= token then
     replies[#replies + 1] = 'EMQLEASE ' .. QUEUE .. ' ' .. id
+  elseif f[7] then
+    -- cancelled while it ran (DESIGN §10.2): the result is dropped, the job dies
+    kill(base, id, 'cancelled', now)
+    replies[#replies + 1] = 'EMQCANCELLED ' .. QUEUE .. ' ' .. id
   else
     -- what this job moved, on its own (the helpers append to OUT)
     OUT.released, OUT.dead, OUT.flow_failed, OUT.revived, OUT.outbox = {}, {}, {}, {}, 0
     redis.call('ZREM', active, id)
     redis.call('HSET', row, 'state', 'completed', 'result', result, 'finished_at', ARGV[3])
     redis.call('ZADD', completed, now, id)
+    if f[6] then  -- its own keep (ms): retention's expire list (lib/lifecycle.lua)
+      redis.call('ZADD', base .. 'expire', now + tonumber(f[6]), id)
+    end
     emit(base, 'completed', id)
     free_dedup(base, f[5], id)
     resolve_done(base, id, result, now, f[3], f[4])

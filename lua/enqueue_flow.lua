@@ -8,8 +8,17 @@
 
   Every id is gated before anything is written: a row that already exists
   with the same name, parent and children is skipped (adding the same flow
-  again is a no-op, and a half-landed cross-queue add completes); any other
-  existing row refuses the whole call.
+  again is a no-op, and a half-landed cross-queue add completes); a
+  completed row with no parent, the same name and children, met as a child,
+  is adopted (DESIGN §10.2: it gets the parent fields); any other existing
+  row refuses the whole call.
+
+  Ids after removal (DESIGN §10.2): a skipped or adopted child that has
+  finished announces its outcome to its parent again, exactly as when it
+  finished (completed: fan-in of its stored result; dead: its policy), here
+  or through the outbox. The parent's guards make that a no-op when the
+  parent has it already; a parent landed fresh (its first row was removed)
+  counts it at once, so it never waits for a child that finished before it.
 
   Rows are compact (memory and time per node, issue 8): `attempts` appears at
   the first claim; `max_attempts` / `backoff_ms` only when the node sets its
@@ -35,13 +44,15 @@
           then per node: id, payload (JSON text), child count n, n child refs
           (full job keys).
 
-  returns: {landed, skipped} counts
+  returns: {landed, skipped, outbox} counts (outbox: entries pushed for
+           parents on other slots by announcing children)
   errors:  EMQCONFLICT <queue> <id> <detail>  an id is taken by another job;
            nothing is written
 ]]
 local awaiting = KEYS[2]
+local QUEUE = ARGV[1]
+-- @include lib/flow.lua
 local queue, base, now, mode = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
--- @include lib/claimable.lua
 local a = cjson.decode(ARGV[5])
 
 local function same_children(kids, from, n)
@@ -62,6 +73,7 @@ end
 
 -- pass 1: gate every id before anything is written
 local skip = {}
+local adopt = {}  -- id -> true: a completed parentless job attached as a child
 local total, skipped = 0, 0
 local i = 1
 while i <= #a do
@@ -71,9 +83,11 @@ while i <= #a do
     local id, nrefs = a[i], tonumber(a[i + 2])
     local row = base .. 'job:' .. id
     if gate == '1' and redis.call('EXISTS', row) == 1 then
-      local f = redis.call('HMGET', row, 'name', 'parent', 'parent_queue')
+      local f = redis.call('HMGET', row, 'name', 'parent', 'parent_queue', 'state')
       local fpq = f[3] or queue
-      if f[1] ~= name or (f[2] or '') ~= parent or (parent ~= '' and fpq ~= pq) then
+      if parent ~= '' and not f[2] and f[1] == name and f[4] == 'completed' then
+        adopt[id] = true
+      elseif f[1] ~= name or (f[2] or '') ~= parent or (parent ~= '' and fpq ~= pq) then
         return redis.error_reply('EMQCONFLICT ' .. queue .. ' ' .. id .. ' exists as job '
           .. tostring(f[1]) .. ' under parent ' .. (f[2] and (fpq .. '/' .. f[2]) or '(none)'))
       end
@@ -89,7 +103,18 @@ while i <= #a do
   end
 end
 if mode ~= 'write' then
-  return {total - skipped, skipped}
+  return {total - skipped, skipped, 0}
+end
+
+-- a finished child met again tells its parent how it ended (guarded there)
+local function announce(id, parent, pq)
+  local row = base .. 'job:' .. id
+  local f = redis.call('HMGET', row, 'state', 'result', 'error')
+  if f[1] == 'completed' then
+    resolve_done(base, id, f[2], tonumber(now), parent, pq ~= queue and pq or nil)
+  elseif f[1] == 'dead' then
+    propagate_death(base, id, f[3] or '', tonumber(now))
+  end
 end
 
 -- pass 2: write
@@ -125,7 +150,21 @@ while i <= #a do
   for _ = 1, count do
     local id, payload, nrefs = a[i], a[i + 1], tonumber(a[i + 2])
     local row = base .. 'job:' .. id
-    if not skip[id] then
+    if skip[id] and parent ~= '' then
+      if adopt[id] then
+        local link = {'parent', parent}
+        if pq ~= queue then
+          link[#link + 1] = 'parent_queue'
+          link[#link + 1] = pq
+        end
+        if policy ~= 'fp' then
+          link[#link + 1] = 'parent_policy'
+          link[#link + 1] = policy
+        end
+        redis.call('HSET', row, unpack(link))
+      end
+      announce(id, parent, pq)
+    elseif not skip[id] then
       local state = (nrefs > 0) and 'awaiting_children' or 'pending'
       redis.call('HSET', row, 'name', name, 'payload', payload, 'state', state,
         'created_at', now, unpack(shared))
@@ -146,4 +185,4 @@ while i <= #a do
   end
 end
 make_claimable(base, claimable)  -- pushed in order, one wake-up for the call
-return {total - skipped, skipped}
+return {total - skipped, skipped, OUT.outbox}

@@ -15,12 +15,14 @@
   errors:  EMQNOJOB <queue> <id>            no such job
            EMQSTATE <queue> <id> <state>    the job is not active
            EMQLEASE <queue> <id>            the lease token is stale
+           EMQCANCELLED <queue> <id>        the job was cancelled (DESIGN
+                                            §10.2): the lease is not extended
 ]]
 local row, active = KEYS[1], KEYS[2]
 local queue, id, token = ARGV[1], ARGV[2], ARGV[3]
 local deadline = tonumber(ARGV[4]) + tonumber(ARGV[5])
 
-local f = redis.call('HMGET', row, 'state', 'lease')
+local f = redis.call('HMGET', row, 'state', 'lease', 'cancel')
 if not f[1] then
   return redis.error_reply('EMQNOJOB ' .. queue .. ' ' .. id)
 end
@@ -29,6 +31,9 @@ if f[1] ~= 'active' then
 end
 if f[2] ~= token then
   return redis.error_reply('EMQLEASE ' .. queue .. ' ' .. id)
+end
+if f[3] then
+  return redis.error_reply('EMQCANCELLED ' .. queue .. ' ' .. id)
 end
 redis.call('ZADD', active, 'XX', deadline, id)
 return deadline

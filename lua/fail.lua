@@ -21,7 +21,8 @@
   ARGV[10] the queue's backoff base (ms), for a row without its own
 
   returns: JSON {state: 'delayed'|'pending'|'dead', run_at: ms|null, released, dead,
-           flow_failed, outbox}
+           flow_failed, outbox}; a job cancelled while it ran (its row has
+           `cancel`) dies with the error 'cancelled' whatever its attempts
   errors:  EMQNOJOB <queue> <id>            no such job
            EMQSTATE <queue> <id> <state>    the job is not active
            EMQLEASE <queue> <id>            the lease token is stale
@@ -32,7 +33,8 @@ local QUEUE = ARGV[1]
 local base, id, token, err = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local now, cap = tonumber(ARGV[6]), tonumber(ARGV[7])
 
-local f = redis.call('HMGET', row, 'state', 'lease', 'attempts', 'max_attempts', 'backoff_ms')
+local f = redis.call('HMGET', row, 'state', 'lease', 'attempts', 'max_attempts', 'backoff_ms',
+  'cancel')
 if not f[1] then
   return redis.error_reply('EMQNOJOB ' .. QUEUE .. ' ' .. id)
 end
@@ -47,6 +49,11 @@ if f[2] ~= token then
 end
 
 local attempts, max_attempts = tonumber(f[3]), tonumber(f[4] or ARGV[9])
+if f[6] then  -- cancelled while it ran (DESIGN §10.2): dies, its attempts unspent
+  kill(base, id, 'cancelled', now)
+  OUT.state = 'dead'
+  return cjson.encode(OUT)
+end
 if attempts < max_attempts and ARGV[8] ~= '1' then
   -- attempt n waits backoff * 2^(n-1), capped
   local wait = math.min(tonumber(f[5] or ARGV[10]) * (2 ^ (attempts - 1)), cap)

@@ -7,6 +7,14 @@
     dead      apply the child's policy once (fp: parent dead; id / rd:
               record, decrement, maybe release)
     reattach  a retried child leaves the parent's :failed (maybe reviving it)
+    gone      a removed child resolves its parent like remove_dependency
+              (DESIGN §10.2: out of :failed, into :removed, decrement)
+  and two kinds whose target is a child on this slot (`parent id` is then
+  the child's id and `value` its parent's id: a child already gone, or now
+  under another parent, counts as delivered and is not touched):
+    rm        its parent was removed: the child goes too, with its subtree
+              (continued by `prune`)
+    cancel    its parent was cancelled: the child is cancelled (DESIGN §10.2)
 
   KEYS[1] pending list         P:{pq}:pending   (pq = the parents' queue)
   KEYS[2] awaiting zset        P:{pq}:awaiting
@@ -18,23 +26,34 @@
            (the result JSON for done, the error text for dead, '' otherwise)
 
   returns: JSON {delivered: [1|0 per entry; 0 = the parent row is gone],
-           released, dead, flow_failed, revived, reattach, outbox}
+           released, dead, flow_failed, revived, reattach, outbox, sent}
   errors:  none
 ]]
 local QUEUE = ARGV[1]
 -- @include lib/flow.lua
+-- @include lib/lifecycle.lua
 local base, now = ARGV[2], tonumber(ARGV[3])
 
 OUT.delivered = {}
 for i = 4, #ARGV, 5 do
   local kind, ref, pid, policy, value = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]
   local ok
-  if redis.call('EXISTS', job_key(base, pid)) == 0 then
+  if kind == 'rm' or kind == 'cancel' then
+    if kind == 'rm' then
+      drop_node(base, pid, value)
+    else
+      cancel_node(base, pid, now, value)
+    end
+    ok = true
+  elseif redis.call('EXISTS', job_key(base, pid)) == 0 then
     ok = false
   elseif kind == 'done' then
     ok = fan_in_done(base, pid, ref, value, now)
   elseif kind == 'dead' then
     ok = fan_in_dead(base, pid, ref, value, policy, now)
+  elseif kind == 'gone' then
+    reattach(base, pid, ref, now)
+    ok = fan_in_dead(base, pid, ref, value, 'rd', now)
   else
     reattach(base, pid, ref, now)
     ok = true

@@ -1,7 +1,8 @@
 --[[
   promote_delayed: move due delayed ids (run-at <= now) to pending, oldest
-  first, and wake the queue's workers (lib/claimable.lua). DESIGN §5
-  `promote_delayed`, §10.1.
+  first, and wake the queue's workers (lib/claimable.lua). Each move emits a
+  `promoted` event, so the admin mirror re-reads the job (DESIGN §8, §10.5).
+  DESIGN §5 `promote_delayed`, §10.1.
 
   KEYS[1] delayed zset         P:{q}:delayed (score: run-at, ms)
   KEYS[2] pending list         P:{q}:pending
@@ -24,6 +25,7 @@ for _, id in ipairs(ids) do
   local row = base .. 'job:' .. id
   if redis.call('HGET', row, 'state') == 'delayed' then
     redis.call('HSET', row, 'state', 'pending', 'updated_at', now)
+    redis.call('XADD', base .. 'events', 'MAXLEN', '~', 10000, '*', 'e', 'promoted', 'id', id)
     moved[#moved + 1] = id
   end
 end

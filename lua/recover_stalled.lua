@@ -1,8 +1,9 @@
 --[[
   recover_stalled: active ids whose lease deadline has passed go back to
-  pending; one that has stalled more than the limit dies through the same path
-  as a failure (its parent's policy applies). Recovered jobs wake the queue's
-  workers (lib/claimable.lua). DESIGN §5 `recover_stalled`, §10.1.
+  pending; one that has stalled more than the limit, or was cancelled while
+  it ran (DESIGN §10.2), dies through the same path as a failure (its
+  parent's policy applies). Recovered jobs wake the queue's workers
+  (lib/claimable.lua). DESIGN §5 `recover_stalled`, §10.1.
 
   KEYS[1] active zset          P:{q}:active (score: lease deadline, ms)
   KEYS[2] pending list         P:{q}:pending
@@ -30,7 +31,9 @@ for _, id in ipairs(ids) do
     redis.call('ZREM', active, id)
   else
     local stalls = redis.call('HINCRBY', row, 'stalls', 1)
-    if stalls > max_stalls then
+    if redis.call('HEXISTS', row, 'cancel') == 1 then
+      kill(base, id, 'cancelled', now)  -- cancelled while it ran (DESIGN §10.2)
+    elseif stalls > max_stalls then
       kill(base, id, 'stalled ' .. stalls .. ' times (lease expired; limit ' .. max_stalls .. ')', now)
     else
       redis.call('ZREM', active, id)

@@ -53,7 +53,8 @@ local function retry_job(jid)
     redis.call('ZREM', dead, jid)
     redis.call('HSET', key, 'state', 'pending', 'attempts', 0, 'stalls', 0, 'updated_at', now,
       'retry_token', ARGV[5])
-    redis.call('HDEL', key, 'error', 'finished_at', 'result')
+    redis.call('HDEL', key, 'error', 'finished_at', 'result', 'cancel')
+    redis.call('ZREM', base .. 'expire', jid)
     make_claimable(base, {jid})
     emit(base, 'retried', jid)
     OUT.retried[#OUT.retried + 1] = base .. jid

@@ -1,19 +1,23 @@
 #!/usr/bin/env bash
-# Shared set-up for scripts/test.sh and scripts/demo.sh, sourced from the repo
-# root:  EXTRAS="[test]" NEED_REDIS=1 source scripts/setup.sh
-# Creates .venv if missing, installs the project (with EXTRAS) into it, and
-# installs redis-server with apt-get when NEED_REDIS=1 and it is not on PATH,
-# and Debian's chromium (the admin's browser tests drive it through Playwright;
-# Playwright's own browser download is not used) when NEED_CHROMIUM=1 and
-# /usr/bin/chromium is missing.
+# Shared set-up for scripts/test.sh, scripts/demo.sh and scripts/bench.sh,
+# sourced from the repo root:
+#   EXTRAS="[test]" NEED_REDIS=1 source scripts/setup.sh
+# Creates the venv if missing (VENV, default .venv, made with PYTHON, default
+# python3), installs the project (with EXTRAS, plus the requirement specs in
+# PIP_EXTRA, e.g. "Django>=6,<7") into it, installs redis-server with apt-get
+# when NEED_REDIS=1 and it is not on PATH, and Debian's chromium (the admin's
+# browser tests drive it through Playwright; Playwright's own browser download
+# is not used) when NEED_CHROMIUM=1 and /usr/bin/chromium is missing.
 
-if [ ! -x .venv/bin/python ]; then
-    echo "== creating .venv"
-    python3 -m venv .venv
+VENV="${VENV:-.venv}"
+if [ ! -x "$VENV/bin/python" ]; then
+    echo "== creating $VENV with ${PYTHON:-python3}"
+    "${PYTHON:-python3}" -m venv "$VENV"
 fi
 
-echo "== installing echomq-django${EXTRAS:-} into .venv"
-.venv/bin/python -m pip install -q -e ".${EXTRAS:-}"
+echo "== installing echomq-django${EXTRAS:-} ${PIP_EXTRA:-}into $VENV"
+# shellcheck disable=SC2086  # PIP_EXTRA is a list of requirement specs
+"$VENV/bin/python" -m pip install -q -e ".${EXTRAS:-}" ${PIP_EXTRA:-}
 
 # apt_install PACKAGE: as root, or through sudo; refreshes the lists once if needed
 apt_install() {

@@ -1,16 +1,57 @@
 #!/usr/bin/env bash
 # The test command for a fresh machine. Run from anywhere:
 #   bash scripts/test.sh [pytest args...]
-# Creates .venv if missing, installs the project with its test extras, makes
-# sure redis-server is on PATH (the suite starts its own private servers on
-# free loopback ports; it never uses an existing Redis) and that Debian's
-# chromium is there for the admin's browser tests, then runs pytest and exits
-# with pytest's status.
-set -euo pipefail
+# Runs the suite on the version matrix, one leg after the other, each in its
+# own venv with the project installed with its test extras:
+#   dj52  .venv      python3 (3.11+)  Django 5.2 + the django-tasks backport
+#   dj6   .venv-dj6  python3.12       the newest Django 6.x
+# LEGS="dj52" (or "dj6") runs one leg. python3.12 is found on PATH or in
+# pyenv; without it the dj6 leg is skipped with a message (an error under CI).
+# Makes sure redis-server is on PATH (the suite starts its own private
+# servers on free loopback ports; it never uses an existing Redis). Exits
+# non-zero when any leg fails.
+set -uo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-EXTRAS="[test]" NEED_REDIS=1 NEED_CHROMIUM=1 source scripts/setup.sh
+find_python312() {
+    command -v python3.12 2>/dev/null && return 0
+    local root
+    root="$(pyenv root 2>/dev/null || echo "${PYENV_ROOT:-$HOME/.pyenv}")"
+    ls -d "$root"/versions/3.12*/bin/python3.12 2>/dev/null | sort -V | tail -n 1 | grep . && return 0
+    return 1
+}
 
-# A package install may start a system Redis service; the tests ignore it.
-exec .venv/bin/python -m pytest "$@"
+status=0
+for leg in ${LEGS:-dj52 dj6}; do
+    case "$leg" in
+        dj52)
+            (
+                set -e
+                VENV=.venv PIP_EXTRA="Django>=5.2,<6" EXTRAS="[test]" NEED_REDIS=1 NEED_CHROMIUM=1 \
+                    source scripts/setup.sh
+                echo "== leg dj52: $(.venv/bin/python -c 'import sys, django; print("Python", sys.version.split()[0], "Django", django.get_version())')"
+                .venv/bin/python -m pytest "$@"
+            ) || status=1
+            ;;
+        dj6)
+            if ! py312="$(find_python312)"; then
+                echo "== leg dj6: no python3.12 on PATH or in pyenv; skipped"
+                [ "${CI:-}" = "true" ] && status=1
+                continue
+            fi
+            (
+                set -e
+                VENV=.venv-dj6 PYTHON="$py312" PIP_EXTRA="Django>=6,<7" EXTRAS="[test]" NEED_CHROMIUM=1 \
+                    NEED_REDIS=1 source scripts/setup.sh
+                echo "== leg dj6: $(.venv-dj6/bin/python -c 'import sys, django; print("Python", sys.version.split()[0], "Django", django.get_version())')"
+                .venv-dj6/bin/python -m pytest "$@"
+            ) || status=1
+            ;;
+        *)
+            echo "unknown leg $leg (dj52, dj6)" >&2
+            exit 2
+            ;;
+    esac
+done
+exit "$status"

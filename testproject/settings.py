@@ -6,6 +6,7 @@ ECHOMQ_URL (Redis), ECHOMQ_PREFIX (Redis key prefix, default "emq"), ECHOMQ_DB_P
 """
 
 import os
+from importlib.util import find_spec
 from pathlib import Path
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -104,6 +105,17 @@ ECHOMQ = {
         "inventory": {"MAX_ATTEMPTS": 2, "BACKOFF_MS": 100},
         "payments": {"MAX_ATTEMPTS": 4, "BACKOFF_MS": 100},
     },
+}
+
+# Django's tasks framework (django.tasks on Django 6; the django-tasks backport
+# on 5.2, which is an app of its own) runs @task functions on our workers.
+if find_spec("django.tasks") is None and find_spec("django_tasks") is not None:
+    INSTALLED_APPS.append("django_tasks")
+TASKS = {
+    "default": {
+        "BACKEND": "echomq_django.tasks.EchoMQBackend",
+        "QUEUES": ["default", "tasks-other"],
+    }
 }
 
 AUTH_PASSWORD_VALIDATORS = []

@@ -295,10 +295,10 @@ def test_incremental_mirror_reads_only_new_events_and_unevented_claims(world):
     world.enqueue("awaiting", "t.leaf", {}, job_id="later", delay_ms=5000)
     mirror_queue(world, "awaiting")
     world.clock.tick(5000)
-    assert world.promote_delayed("awaiting") == 1  # no event either
+    assert world.promote_delayed("awaiting") == 1  # a 'promoted' event (issue 15)
     assert mirror_queue(world, "awaiting") == {
         "full": False,
-        "events": 0,
+        "events": 1,
         "jobs": 1,
         "gone": 0,
         "changed": True,

@@ -16,8 +16,10 @@ GOOD = {"URL": "redis://127.0.0.1:1/0", "QUEUES": {"orders": {"MAX_ATTEMPTS": 3}
 
 
 def ids(cfg):
+    # databases=[]: the static checks only. Django 6 runs the model checks
+    # against every database when none is named, which needs a DB fixture.
     with override_settings(ECHOMQ=cfg):
-        return [m.id for m in run_checks() if m.id.startswith("echomq_django.")]
+        return [m.id for m in run_checks(databases=[]) if m.id.startswith("echomq_django.")]
 
 
 @pytest.fixture(autouse=True)
@@ -50,7 +52,7 @@ def test_each_problem_has_a_stable_id(cfg, expected):
 
 def test_messages_carry_hints_naming_the_rule():
     with override_settings(ECHOMQ={**GOOD, "QUEUES": {"a{b}": {}}}):
-        [msg] = [m for m in run_checks() if m.id == "echomq_django.E008"]
+        [msg] = [m for m in run_checks(databases=[]) if m.id == "echomq_django.E008"]
     assert "invalid queue name 'a{b}'" in msg.msg
     assert "A-Z a-z 0-9 _ . -" in msg.msg
     assert msg.hint == "Rename the queue in ECHOMQ['QUEUES']."
@@ -60,6 +62,21 @@ def test_cache_alias_must_be_django_redis():
     caches = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
     with override_settings(CACHES=caches):
         assert ids({"CACHE": "default"}) == ["echomq_django.E005"]
+
+
+def test_djangos_own_redis_cache_is_accepted_and_shared(redis_server, r):
+    caches = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": redis_server,
+        }
+    }
+    with override_settings(CACHES=caches):
+        assert ids({"CACHE": "default"}) == []
+        mq = conf.get_mq()
+        assert mq.enqueue("orders", "x", {"a": 1}, job_id="j1") == "j1"
+    assert isinstance(mq.client, redis.Redis)
+    assert r.hget("emq:{orders}:job:j1", "name") == b"x"
 
 
 def test_env_url_overrides_settings(monkeypatch):
@@ -102,5 +119,5 @@ def test_no_redis_io_at_import_or_in_ready(r, redis_server):
     before = r.info("stats")["total_connections_received"]
     with override_settings(ECHOMQ={"URL": redis_server}):
         apps.get_app_config("echomq_django").ready()
-        run_checks()
+        run_checks(databases=[])
     assert r.info("stats")["total_connections_received"] == before

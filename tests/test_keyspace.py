@@ -175,3 +175,53 @@ def test_bad_names_refused_by_reads_too(mq) -> None:
         mq.dependencies("orders", "a b")
     with pytest.raises(ValueError, match="invalid job id ''"):
         mq.retry("orders", "")
+
+
+# -- names once (issue 11) ------------------------------------------------------
+
+
+def test_every_suffix_a_script_spells_is_named_in_the_keyspace():
+    """Each ``base .. '<suffix>'`` and ``row .. ':<part>'`` in ``lua/`` is one
+    of keyspace.py's names: the Lua and the Python speak one vocabulary."""
+    import re
+    from pathlib import Path
+
+    from echomq_django import keyspace
+
+    known = set(keyspace.QUEUE_KEYS.values()) | {
+        keyspace.JOB_PREFIX,
+        keyspace.CLAIM_PREFIX,
+        keyspace.DEDUP_PREFIX,
+        keyspace.OP_PREFIX,
+        keyspace.GC_PREFIX,
+    }
+    parts = set(keyspace.JOB_KEYS.values())
+    lua = Path(__file__).resolve().parent.parent / "lua"
+    spelled, spelled_parts = set(), set()
+    for path in sorted(lua.rglob("*.lua")):
+        code = "\n".join(line.split("--", 1)[0] for line in path.read_text().splitlines())
+        spelled |= set(re.findall(r"\bbase \.\. '([^']+)'", code))
+        spelled_parts |= set(re.findall(r"\.\. '(:[a-z_]+)'", code))
+    assert spelled and spelled_parts  # the patterns still match how the scripts read
+    assert spelled - known == set()
+    assert spelled_parts - parts == set()
+
+
+def test_queue_keys_are_named_once_and_cached_with_a_bound():
+    from echomq_django import keyspace
+
+    ks = Keyspace("emq")
+    assert ks.queue("q").outbox_tries == "emq:{q}:flow:tries"
+    assert ks.queue("q").pump_lock == "emq:{q}:pump:lock"
+    assert ks.queue("q").claim("t1") == "emq:{q}:claim:t1"
+    assert ks.queue("q") is ks.queue("q")
+    assert ks.job_keys("q", "j").processed == "emq:{q}:job:j:processed"
+    for i in range(keyspace.QUEUES_KEPT + 5):
+        ks.queue(f"q{i}")
+    assert len(ks._queues) <= keyspace.QUEUES_KEPT
+    with pytest.raises(ValueError, match="unknown queue key 'nope'"):
+        ks.queue_key("q", "nope")
+    with pytest.raises(ValueError, match="unknown job key 'nope'"):
+        ks.job_part("q", "j", "nope")
+    with pytest.raises(ValueError, match="invalid queue name"):
+        ks.queue("a b")

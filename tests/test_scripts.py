@@ -133,6 +133,9 @@ def drive_every_operation(mq, clock) -> None:
         mq.complete(claim_one(mq, queue), "done")
     Pump(["other"], mq=mq).sweep()  # flow_deliver on {q}, outbox_trim on {other}
     assert_state(mq, "q", "p", "pending")
+    life = jobkit.LifecycleMQ(mq.client, prefix="emq", clock=clock)
+    life.cancel("q", "p")
+    life.remove("q", "p")  # then prune goes on with its subtree
 
 
 def test_python_calls_every_script_as_its_header_declares(tmq, clock, monkeypatch) -> None:

@@ -41,7 +41,8 @@ from hypothesis.stateful import (
 )
 
 from echomq_django import EchoMQ, Flow, JobNotActive, JobNotRetryable, LeaseLost
-from echomq_django.jobs import STATE_INDEX, JobState
+from echomq_django.jobs import JobState
+from echomq_django.keyspace import STATE_INDEX
 from tests.jobkit import INDEXES, Clock
 
 Q = "q"

@@ -16,16 +16,21 @@ imports inside a function, where Django wants it):
 3. protocol: ``EchoMQ`` (``client``, with its flow half ``flowcalls``),
    the only caller of the Lua scripts.
 4. settings: ``conf`` (reads ``ECHOMQ``, builds the process-wide ``EchoMQ``).
-5. library: the module API, the checks, the runners (``worker``,
-   ``reporter``, ``pump``) and the admin mirror.
-6. Django glue: the admin's page builders, the app config, the package's
-   public names (``__init__``).
-7. entry points: the admin, the management commands, the migrations.
+5. runner parts: the wake-ups and timers (``wake``) and the process
+   registry, which the runners use.
+6. library: the module API, the runners (``worker``, ``reporter``,
+   ``pump``), the admin mirror, stats and metrics.
+7. Django glue: the checks, the admin's page builders, the app config, the
+   URLs and template tags, the package's public names (``__init__``).
+8. entry points: the admin, the management commands, the migrations.
 
 A new module gets a floor in ``FLOORS`` below. The second half checks
 "one floor speaks Lua": every ``lua/*.lua`` script is called from exactly
 one method of ``EchoMQ``, and ``scripts.run`` / ``run_many`` appear nowhere
-else but in the named tests that drive raw script calls on purpose.
+else but in the named tests that drive raw script calls on purpose; the
+runners, the mirror, the admin and the commands reach Redis through
+``EchoMQ`` methods only (never ``mq.client``); and no module but
+keyspace.py spells a key suffix.
 """
 
 from __future__ import annotations
@@ -38,18 +43,20 @@ REPO = Path(__file__).resolve().parent.parent
 PACKAGE = REPO / "echomq_django"
 
 FLOORS = [
-    ["jobs", "keyspace", "exceptions", "handlers", "signals", "logs", "devserver"],
+    ["jobs", "keyspace", "exceptions", "handlers", "signals", "logs", "devserver", "retention"],
     ["flows", "scripts", "reads", "models"],
-    ["client", "flowcalls"],
+    ["client", "flowcalls", "lifecalls"],
     ["conf"],
-    ["api", "checks", "worker", "reporter", "pump", "mirror"],
-    ["admin_pages", "apps", "__init__"],
+    ["wake", "registry"],
+    ["api", "worker", "reporter", "pump", "mirror", "stats", "metrics", "tasks"],
+    ["checks", "admin_pages", "apps", "urls", "templatetags", "templatetags.*", "__init__"],
     ["admin", "management", "management.*", "migrations", "migrations.*"],
 ]
-BOTTOM = {"jobs", "keyspace", "exceptions"}  # import nothing of the package
+BOTTOM = {"jobs", "keyspace", "exceptions", "retention"}  # import nothing of the package
 NESTED_ALLOWED = {"apps"}  # AppConfig.ready() imports checks and handlers
 
-PROTOCOL = {"client", "flowcalls"}  # EchoMQ: the only callers of scripts.run / run_many
+# EchoMQ and its mixins: the only callers of scripts.run / run_many
+PROTOCOL = {"client", "flowcalls", "lifecalls"}
 RAW_SCRIPT_TESTS = {  # (file, test) that drive raw script calls on purpose
     ("tests/test_replays.py", "test_a_replayed_retry_reports_success_and_retries_once"),
     ("tests/test_replays.py", "test_a_replayed_claim_returns_the_same_jobs"),
@@ -57,6 +64,8 @@ RAW_SCRIPT_TESTS = {  # (file, test) that drive raw script calls on purpose
     ("tests/test_scripts.py", "test_noscript_fallback_run"),
     ("tests/test_scripts.py", "test_noscript_fallback_run_many"),
 }
+# modules that must not call the redis-py client themselves
+THROUGH_ECHOMQ = ["pump", "worker", "reporter", "mirror", "admin", "admin_pages", "management.*"]
 
 
 def module_name(path: Path) -> str:
@@ -249,3 +258,47 @@ def test_every_script_has_exactly_one_caller():
                 if isinstance(node, ast.Constant) and node.value in names:
                     callers[node.value].add(f"{module}.{fn.name}")
     assert {n: sorted(c) for n, c in callers.items() if len(c) != 1} == {}
+
+
+def test_runners_and_admin_reach_redis_through_echomq_only():
+    """No ``<x>.client.<command>(...)`` in the runners, mirror, admin or
+    commands: they call ``EchoMQ`` / ``Reads`` methods."""
+    raw = []
+    for name, path in MODULES.items():
+        if not any(fnmatch.fnmatchcase(name, p) for p in THROUGH_ECHOMQ):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and isinstance(node.func.value, ast.Attribute)
+                and node.func.value.attr == "client"
+            ):
+                raw.append(f"echomq_django/{name}:{node.lineno} .client.{node.func.attr}()")
+    assert raw == []
+
+
+def test_no_module_but_the_keyspace_spells_a_key_suffix():
+    from echomq_django import keyspace
+
+    suffixes = [s for s in keyspace.QUEUE_KEYS.values() if ":" in s]
+    suffixes += [*keyspace.JOB_KEYS.values(), keyspace.CLAIM_PREFIX, keyspace.DEDUP_PREFIX]
+    suffixes += [keyspace.OP_PREFIX, keyspace.GC_PREFIX]
+    suffixes += [keyspace.JOB_PREFIX]
+    spelled = []
+    for name, path in MODULES.items():
+        if name == "keyspace":
+            continue
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Call)
+                and getattr(node.func, "attr", "") in ("queue_key", "job_part")
+                and any(isinstance(a, ast.Constant) for a in node.args[1:])
+            ):
+                spelled.append(f"echomq_django/{name}:{node.lineno} {node.func.attr}()")
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                hits = [s for s in suffixes if s in node.value and len(node.value) < 40]
+                if hits and not node.value.strip().startswith(('"""', "#")):
+                    spelled.append(f"echomq_django/{name}:{node.lineno} {node.value!r}")
+    assert spelled == []

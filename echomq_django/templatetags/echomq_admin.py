@@ -77,3 +77,13 @@ def emq_headline(error) -> str:
 def emq_has_more(error) -> bool:
     """Whether an error has lines after its first (a traceback to unfold)."""
     return "\n" in str(error or "").strip()
+
+
+@register.filter
+def emq_flag(value, words: str = "yes,no") -> str:
+    """A boolean in words that read the right way round (``"gone,in Redis"``):
+    the first word, marked, when true; the second, quiet, when false."""
+    yes, _, no = words.partition(",")
+    if value:
+        return format_html('<span class="emq-flag-yes">{}</span>', yes)
+    return format_html('<span class="emq-flag-no">{}</span>', no)

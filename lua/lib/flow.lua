@@ -176,7 +176,7 @@ end
 -- parent: on this slot directly, on another slot through this queue's outbox.
 local function kill(base, id, err, now)
   local key = job_key(base, id)
-  local f = redis.call('HMGET', key, 'state', 'dedup')
+  local f = redis.call('HMGET', key, 'state', 'dedup', 'keep')
   local state = f[1]
   if state == 'dead' then
     return
@@ -193,6 +193,9 @@ local function kill(base, id, err, now)
   end
   redis.call('HSET', key, 'state', 'dead', 'error', err, 'finished_at', now, 'updated_at', now)
   redis.call('ZADD', base .. 'dead', now, id)
+  if f[3] then  -- its own keep (ms): retention's expire list (lib/lifecycle.lua)
+    redis.call('ZADD', base .. 'expire', now + tonumber(f[3]), id)
+  end
   emit(base, 'dead', id)
   OUT.dead[#OUT.dead + 1] = base .. id
   propagate_death(base, id, err, now)

@@ -79,3 +79,29 @@ def lose_lease(job):
         thief.clock = lambda: job._mq.clock() + 10**9
         thief.recover_stalled(job.queue)
     return job.attempts
+
+
+@handler("t.async_echo")
+async def async_echo(job):
+    """An ``async def`` handler: returns the payload after a loop turn."""
+    import asyncio
+
+    await asyncio.sleep(0)
+    return {"echo": job.payload}
+
+
+@handler("t.async_fail")
+async def async_fail(job):
+    """An ``async def`` handler that raises ``ValueError("async boom")``."""
+    raise ValueError("async boom")
+
+
+@handler("t.async_orm")
+async def async_orm(job):
+    """Counts users through the async ORM (a thread-sensitive sync_to_async
+    call, served by the worker's handler thread)."""
+    import threading
+
+    from django.contrib.auth.models import User
+
+    return {"users": await User.objects.acount(), "thread": threading.current_thread().name}

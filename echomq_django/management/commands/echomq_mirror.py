@@ -10,7 +10,7 @@ import redis
 from django.core.management.base import BaseCommand, CommandError
 
 from echomq_django.conf import get_mq
-from echomq_django.exceptions import describe
+from echomq_django.exceptions import RedisUnavailable, describe
 from echomq_django.mirror import known_queues, mirror_queues
 
 
@@ -39,6 +39,8 @@ class Command(BaseCommand):
         try:
             reports = mirror_queues(mq, queues, full=opts["full"])
         except ValueError as err:
+            raise CommandError(f"echomq_mirror: {err}", returncode=1) from None
+        except RedisUnavailable as err:  # says where it tried
             raise CommandError(f"echomq_mirror: {err}", returncode=1) from None
         except redis.RedisError as err:
             raise CommandError(

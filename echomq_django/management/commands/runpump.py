@@ -15,7 +15,7 @@ import time
 from django.core.management.base import BaseCommand, CommandError
 
 from echomq_django.conf import get_mq
-from echomq_django.exceptions import RedisUnavailable, describe
+from echomq_django.exceptions import RedisUnavailable
 from echomq_django.management.commands.runworker import setup_logging
 from echomq_django.mirror import mirror_after_sweep
 from echomq_django.pump import Pump
@@ -80,11 +80,9 @@ class Command(BaseCommand):
         setup_logging(opts["verbosity"])
         mq = get_mq()
         try:
-            mq.client.ping()
-        except Exception as err:
-            raise CommandError(
-                f"runpump: Redis is unreachable at {describe(mq.client)}: {err}", returncode=1
-            ) from None
+            mq.ping()
+        except RedisUnavailable as err:
+            raise CommandError(f"runpump: {err}", returncode=1) from None
         hooks = []
         if not opts["no_mirror"]:
             hooks.append(mirror_after_sweep)

@@ -20,7 +20,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand
 
 from echomq_django.conf import get_mq
-from echomq_django.exceptions import describe
+from echomq_django.exceptions import RedisUnavailable
 from echomq_django.worker import Worker
 
 # --verbosity -> (level of echomq_django.worker, level of the rest of echomq_django)
@@ -103,9 +103,9 @@ class Command(BaseCommand):
         except Exception as err:
             self._exit(f"runworker: Redis is unreachable: {err}")
         try:
-            mq.client.ping()
-        except Exception as err:
-            self._exit(f"runworker: Redis is unreachable at {describe(mq.client)}: {err}")
+            mq.ping()
+        except RedisUnavailable as err:
+            self._exit(f"runworker: {err}")
         try:
             worker = Worker(
                 opts["queues"],

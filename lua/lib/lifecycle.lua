@@ -1,0 +1,270 @@
+--[[
+  lib/lifecycle.lua: retention, removal and cancellation helpers (DESIGN
+  §10.2), inlined after lib/flow.lua (they use its emit, kill, reattach,
+  fan_in_dead and OUT). Local functions only; no key is touched until a
+  script calls them.
+
+  Work that grows with a flow's size is never done in one call. Two per-queue
+  work lists carry it from call to call, each step bounded by a budget the
+  caller passes (one unit per node touched or child ref read):
+    P:{q}:gc         ids of removed parents whose child refs still wait in
+                     P:{q}:gc:<seq> (the parent's :children list, renamed)
+    P:{q}:cancel     'id offset' items: an awaiting parent whose children
+                     from `offset` on still have to be cancelled
+  A child on another slot is reached through this queue's outbox, as fan-in
+  is: an `rm` or `cancel` entry the pump (or the calling host) delivers to
+  the child's slot, where the same helpers run.
+
+  Flow rules for a finished node X (completed or dead) that retention picks:
+    * X goes when it has no parent, its parent row is gone, or its parent
+      holds X's outcome (:processed, :unsuccessful or :removed);
+    * X stays (held) while its parent may still retry it: X is in the
+      parent's :failed (an `fp` death). On another slot the parent cannot be
+      read: a dead `fp` child there is held until its parent's removal reaches
+      it (an `rm` entry);
+    * X goes with its whole subtree (a finished flow goes as a whole); a
+      parent's :processed is deleted with the parent row, never before.
+  A held node is re-scored to `now` in its index, so it never blocks the
+  oldest-first walk.
+]]
+
+OUT.sent = {}  -- outbox entries pushed for other slots, for the host to deliver at once
+local LEFT = 0  -- budget left in this call
+
+local function push_entry(base, entry)
+  local text = cjson.encode(entry)
+  push_outbox(base, text)
+  OUT.outbox = OUT.outbox + 1
+  OUT.sent[#OUT.sent + 1] = text
+end
+
+-- ref 'P:{q}:job:<id>' -> q, id
+local function split_ref(ref)
+  return ref:match('{(.-)}:job:(.+)$')
+end
+
+local function unindex(base, id, state)
+  if state == 'pending' then
+    redis.call('LREM', base .. 'pending', 1, id)
+  elseif state == 'awaiting_children' then
+    redis.call('ZREM', base .. 'awaiting', id)
+  elseif state then
+    redis.call('ZREM', base .. state, id)  -- active, delayed, completed, dead
+  end
+end
+
+-- Delete one node's row and its own hashes now; its child refs move to the
+-- gc list (their rows go in later steps). An active node is left alone: it
+-- finishes on its own (its fan-in finds no parent) and retention takes it.
+-- `parent`, when given, must be the row's parent (a child reached from its
+-- removed parent: an id landed again under another flow is not touched).
+-- Returns true when the row went.
+local function drop_node(base, id, parent)
+  local key = base .. 'job:' .. id
+  local f = redis.call('HMGET', key, 'state', 'parent', 'dedup', 'children_deadline')
+  local state = f[1]
+  if not state or state == 'active' or (parent and f[2] ~= parent) then
+    return false
+  end
+  unindex(base, id, state)
+  redis.call('ZREM', base .. 'expire', id)
+  free_dedup(base, f[3], id)
+  if f[4] then
+    redis.call('ZREM', base .. 'deadlines', id)
+  end
+  if redis.call('EXISTS', key .. ':children') == 1 then
+    local bin = base .. 'gc:' .. redis.call('INCR', base .. 'gc:seq') .. ':' .. id
+    redis.call('RENAME', key .. ':children', bin)
+    redis.call('RPUSH', base .. 'gc', bin)
+  end
+  redis.call('UNLINK', key, key .. ':dependencies', key .. ':processed', key .. ':failed',
+    key .. ':unsuccessful', key .. ':removed')
+  emit(base, 'removed', id)
+  OUT.removed = (OUT.removed or 0) + 1
+  return true
+end
+
+-- Drain the gc list within the budget: drop the next child of each removed
+-- parent (same slot), or send an `rm` entry to its slot.
+local function gc_run(base)
+  local mine = base .. 'job:'
+  while LEFT > 0 do
+    local bin = redis.call('LINDEX', base .. 'gc', 0)
+    if not bin then
+      return
+    end
+    local refs = redis.call('LPOP', bin, math.min(LEFT, 100))
+    local parent = bin:match(':([^:]+)$')
+    if not refs then
+      redis.call('LPOP', base .. 'gc')
+    else
+      for _, ref in ipairs(refs) do
+        LEFT = LEFT - 1
+        if ref:sub(1, #mine) == mine then
+          drop_node(base, ref:sub(#mine + 1), parent)
+        else
+          local q, cid = split_ref(ref)
+          push_entry(base, {k = 'rm', c = ref, p = cid, q = q, v = parent})
+        end
+      end
+    end
+  end
+end
+
+-- A removed child resolves its parent like `remove_dependency` (DESIGN
+-- §10.2): out of the parent's :failed (a dead parent may revive), recorded in
+-- :removed, one decrement, release at zero. Guarded: a child that resolved
+-- its parent already changes nothing. Another slot: a `gone` entry.
+local function resolve_removed(base, id, now)
+  local f = redis.call('HMGET', base .. 'job:' .. id, 'parent', 'parent_queue')
+  if not f[1] then
+    return
+  end
+  local ref = base .. 'job:' .. id
+  if (f[2] or QUEUE) == QUEUE then
+    reattach(base, f[1], ref, now)
+    fan_in_dead(base, f[1], ref, 'removed', 'rd', now)
+  else
+    push_entry(base, {k = 'gone', c = ref, p = f[1], q = f[2], v = 'removed'})
+  end
+end
+
+-- Cancel one node (DESIGN §10.2): pending / delayed / awaiting die now with
+-- the error 'cancelled' (their parent's policy applies); an awaiting one
+-- queues its children for cancelling; an active one is marked (its worker
+-- learns it at its next heartbeat or report). Returns the state it found.
+local function cancel_node(base, id, now, parent)
+  local key = base .. 'job:' .. id
+  local f = redis.call('HMGET', key, 'state', 'parent')
+  local state = f[1]
+  if parent and f[2] ~= parent then
+    return nil  -- an id landed again under another flow
+  end
+  if state == 'active' then
+    redis.call('HSET', key, 'cancel', now)
+    emit(base, 'cancelling', id)
+  elseif state == 'pending' or state == 'delayed' or state == 'awaiting_children' then
+    kill(base, id, 'cancelled', now)
+    emit(base, 'cancelled', id)
+    if state == 'awaiting_children' then
+      redis.call('RPUSH', base .. 'cancel', id .. ' 0')
+    end
+  end
+  return state
+end
+
+-- Cancel queued children within the budget, top down.
+local function cancel_run(base, now)
+  local mine = base .. 'job:'
+  while LEFT > 0 do
+    local item = redis.call('LPOP', base .. 'cancel')
+    if not item then
+      return
+    end
+    local id, offset = item:match('^(%S+) (%d+)$')
+    offset = tonumber(offset)
+    local n = math.min(LEFT, 100)
+    local refs = redis.call('LRANGE', base .. 'job:' .. id .. ':children', offset, offset + n - 1)
+    if #refs == n then
+      redis.call('LPUSH', base .. 'cancel', id .. ' ' .. (offset + n))
+    end
+    LEFT = LEFT - 1
+    for _, ref in ipairs(refs) do
+      LEFT = LEFT - 1
+      if ref:sub(1, #mine) == mine then
+        cancel_node(base, ref:sub(#mine + 1), now, id)
+      else
+        local q, cid = split_ref(ref)
+        push_entry(base, {k = 'cancel', c = ref, p = cid, q = q, v = id})
+      end
+    end
+  end
+end
+
+-- May retention take this finished node now? (the flow rules above)
+local function settled(base, id, state)
+  local f = redis.call('HMGET', base .. 'job:' .. id, 'parent', 'parent_queue', 'parent_policy')
+  if not f[1] then
+    return true
+  end
+  if (f[2] or QUEUE) ~= QUEUE then
+    return not (state == 'dead' and (f[3] or 'fp') == 'fp')
+  end
+  local pkey = base .. 'job:' .. f[1]
+  if redis.call('EXISTS', pkey) == 0 then
+    return true
+  end
+  return redis.call('HEXISTS', pkey .. ':failed', base .. 'job:' .. id) == 0
+end
+
+-- Retention of one finished node picked from `index` (completed or dead):
+-- drop it when settled, else re-score it to now (held). Costs one unit;
+-- returns true when the row went.
+local function retire(base, index, id, now)
+  LEFT = LEFT - 1
+  local state = redis.call('HGET', base .. 'job:' .. id, 'state')
+  if state ~= 'completed' and state ~= 'dead' then
+    redis.call('ZREM', base .. index, id)  -- a stray id: its row is gone or moved
+    return true
+  end
+  if settled(base, id, state) then
+    return drop_node(base, id)
+  end
+  redis.call('ZADD', base .. index, 'XX', now, id)
+  OUT.held = (OUT.held or 0) + 1
+  return false
+end
+
+-- Apply a queue rule to one index, oldest first: an id goes while the index
+-- holds more than `count`, or when it finished before now - age_ms. Each id
+-- is looked at once per call at most (a held one moves to the back).
+local function keep_rule(base, index, count, age_ms, now)
+  local key = base .. index
+  local size = redis.call('ZCARD', key)
+  local excess, cutoff, seen = size - count, now - age_ms, 0
+  while LEFT > 0 and seen < size do
+    local head = redis.call('ZRANGE', key, 0, math.min(LEFT, 32) - 1, 'WITHSCORES')
+    if #head == 0 then
+      return
+    end
+    for i = 1, #head, 2 do
+      if LEFT <= 0 or seen >= size then
+        return
+      end
+      if excess <= 0 and tonumber(head[i + 1]) >= cutoff then
+        return
+      end
+      seen = seen + 1
+      retire(base, index, head[i], now)
+      excess = excess - 1  -- a held one counts too: it is older than the newest `count`
+    end
+  end
+end
+
+-- A node's own `keep` (DESIGN §10.2): when it finishes, the row's `keep`
+-- field (ms to keep it) puts it in P:{q}:expire at finished-at + keep.
+local function expire_run(base, now)
+  if LEFT <= 0 then
+    return
+  end
+  local due = redis.call('ZRANGEBYSCORE', base .. 'expire', '-inf', now, 'LIMIT', 0, LEFT)
+  for _, id in ipairs(due) do
+    local state = redis.call('HGET', base .. 'job:' .. id, 'state')
+    if state == 'completed' or state == 'dead' then
+      retire(base, state, id, now)
+      if redis.call('EXISTS', base .. 'job:' .. id) == 1 then
+        redis.call('ZADD', base .. 'expire', now + 60000, id)  -- held: look again in a minute
+      end
+    else
+      LEFT = LEFT - 1
+      redis.call('ZREM', base .. 'expire', id)  -- retried, or gone: its next finish re-adds it
+    end
+  end
+end
+
+-- Called where a job finishes: a row with its own keep enters P:{q}:expire.
+local function expire_at(base, id, keep, now)
+  if keep then
+    redis.call('ZADD', base .. 'expire', now + tonumber(keep), id)
+  end
+end

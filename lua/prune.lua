@@ -1,0 +1,46 @@
+--[[
+  prune: one bounded step of the queue's lifecycle work (DESIGN §10.2): go on
+  cancelling queued subtrees, go on removing the children of removed parents,
+  drop finished jobs whose own `keep` ran out, then apply the queue's
+  retention to completed and dead, oldest first. Flow-aware: see
+  lib/lifecycle.lua. Never more than `budget` units of work (one unit per
+  node or child ref touched), so no call holds Redis for long; the host calls
+  it again while it answers more = 1.
+
+  KEYS[1] completed zset       P:{q}:completed (score: finished-at, ms)
+  KEYS[2] dead zset            P:{q}:dead (score: finished-at, ms)
+
+  ARGV[1] queue name
+  ARGV[2] queue key prefix     P:{q}: (every key used is P:{q}:..., one slot)
+  ARGV[3] now (ms)
+  ARGV[4] budget: units of work this call may do (integer >= 1)
+  ARGV[5] completed count: keep at most this many completed jobs
+  ARGV[6] completed age (ms): drop completed jobs finished longer ago
+  ARGV[7] dead count: keep at most this many dead jobs
+  ARGV[8] dead age (ms): drop dead jobs finished longer ago
+
+  returns: JSON {removed: n, held: n, more: 0|1 (1: the budget ran out,
+           call again), sent: [outbox entries for other slots, as JSON
+           texts], outbox, dead, released, flow_failed, revived}
+  errors:  none
+]]
+local QUEUE = ARGV[1]
+-- @include lib/flow.lua
+-- @include lib/lifecycle.lua
+local base, now = ARGV[2], tonumber(ARGV[3])
+LEFT = tonumber(ARGV[4])
+
+cancel_run(base, now)
+gc_run(base)
+expire_run(base, now)
+if LEFT > 0 then
+  keep_rule(base, 'completed', tonumber(ARGV[5]), tonumber(ARGV[6]), now)
+end
+if LEFT > 0 then
+  keep_rule(base, 'dead', tonumber(ARGV[7]), tonumber(ARGV[8]), now)
+end
+gc_run(base)  -- the subtrees of the roots retention just dropped
+OUT.removed = OUT.removed or 0
+OUT.held = OUT.held or 0
+OUT.more = (LEFT <= 0 or redis.call('EXISTS', base .. 'gc', base .. 'cancel') > 0) and 1 or 0
+return cjson.encode(OUT)

@@ -1,0 +1,319 @@
+"""Lifecycle (DESIGN §10.2, issue 13): retention, remove and cancel, on both
+rigs. Every test asserts exact states, counts and keys left in Redis."""
+
+from __future__ import annotations
+
+import pytest
+from redis.cluster import RedisCluster
+
+from echomq_django import JobState
+from echomq_django.exceptions import (
+    JobCancelled,
+    JobNotCancellable,
+    JobNotFound,
+    JobNotRemovable,
+)
+from echomq_django.pump import Pump
+from echomq_django.retention import Keep
+from tests import jobkit
+from tests.jobkit import assert_state, claim_one, complete, hash_of, kill, leaf, node, ref
+
+clock = jobkit.clock  # fixture
+
+
+@pytest.fixture
+def tmq(redis_client, clock) -> jobkit.LifecycleMQ:
+    return jobkit.LifecycleMQ(redis_client, prefix="emq", clock=clock)
+
+
+def keys_of(mq, queue: str) -> list[str]:
+    """Every key of ``queue`` but its events stream and sequence counters."""
+    pattern = f"emq:{{{queue}}}:*"
+    if isinstance(mq.client, RedisCluster):
+        found = [
+            k for n in mq.client.get_primaries() for k in mq.client.keys(pattern, target_nodes=n)
+        ]
+    else:
+        found = mq.client.keys(pattern)
+    names = sorted(k.decode() if isinstance(k, bytes) else k for k in found)
+    skip = ("events", "lease:seq", "gc:seq", "wake")  # fixed-size markers and counters
+    return [n for n in names if not n.endswith(skip) and ":op:" not in n and ":claim:" not in n]
+
+
+def rows(mq, queue: str) -> list[str]:
+    prefix = f"emq:{{{queue}}}:job:"
+    return sorted(
+        k[len(prefix) :]
+        for k in keys_of(mq, queue)
+        if k.startswith(prefix) and ":" not in k[len(prefix) :]
+    )
+
+
+def set_keep(mq, queue: str, completed, dead=None) -> None:
+    opts = mq.queues.setdefault(queue, {})
+    opts["KEEP_COMPLETED"] = completed
+    if dead is not None:
+        opts["KEEP_DEAD"] = dead
+
+
+# -- retention ---------------------------------------------------------------
+
+
+def test_retention_keeps_the_newest_count(tmq, clock) -> None:
+    for i in range(5):
+        tmq.enqueue("q", "n", i, job_id=f"j{i}")
+    for i in range(5):
+        clock.advance(1)
+        complete(tmq, f"j{i}", i)
+    set_keep(tmq, "q", 2)
+    report = tmq.prune("q")
+    assert (report.removed, report.held, report.calls) == (3, 0, 1)
+    assert tmq.job_ids("q", "completed") == ["j3", "j4"]
+    assert rows(tmq, "q") == ["j3", "j4"]
+    with pytest.raises(JobNotFound):
+        tmq.get_job("q", "j0")
+
+
+def test_retention_by_age(tmq, clock) -> None:
+    for i in range(3):
+        tmq.enqueue("q", "n", i, job_id=f"j{i}")
+        complete(tmq, f"j{i}", i)
+        clock.advance(10_000)
+    set_keep(tmq, "q", {"AGE_S": 15})
+    # now is 30 s after j0 finished, 20 s after j1, 10 s after j2
+    assert tmq.prune("q").removed == 2
+    assert tmq.job_ids("q", "completed") == ["j2"]
+
+
+def test_default_retention_is_bounded(tmq) -> None:
+    completed, dead = tmq.retention("q")
+    assert completed == Keep(1000, 86400) and dead == Keep(10000, 14 * 86400)
+
+
+def test_a_budget_bounds_each_call(tmq, clock) -> None:
+    for i in range(25):
+        tmq.enqueue("q", "n", i, job_id=f"j{i:02}")
+        complete(tmq, f"j{i:02}", i)
+    set_keep(tmq, "q", 0)
+    report = tmq.prune("q", budget=10)
+    assert (report.removed, report.calls) == (25, 3)
+    assert rows(tmq, "q") == []
+
+
+def test_completed_children_go_once_the_parent_holds_their_values(tmq) -> None:
+    tmq.add_flow(node("p", [leaf("c1"), leaf("c2"), leaf("c3")]))
+    complete(tmq, "c1", 1)
+    complete(tmq, "c2", 2)
+    set_keep(tmq, "q", 0)
+    assert tmq.prune("q").removed == 2
+    assert rows(tmq, "q") == ["c3", "p"]
+    assert tmq.children_values("q", "p") == {ref(tmq, "c1"): 1, ref(tmq, "c2"): 2}
+    complete(tmq, "c3", 3)
+    tmq.prune("q")
+    assert_state(tmq, "q", "p", "pending")
+    assert tmq.dependencies("q", "p").remaining == 0
+    complete(tmq, "p", "all")
+    assert tmq.prune("q").removed == 1
+    assert keys_of(tmq, "q") == []  # the flow went as a whole: no :processed, no :children
+
+
+def test_a_finished_flow_goes_as_a_whole_when_its_root_goes(tmq) -> None:
+    tmq.add_flow(node("p", [node("m", [leaf("x")]), leaf("c")]))
+    for job_id in ("c", "x", "m", "p"):
+        complete(tmq, job_id, job_id)
+    set_keep(tmq, "q", {"COUNT": 0})
+    assert tmq.prune("q").removed == 4
+    assert keys_of(tmq, "q") == []
+
+
+def test_a_child_its_dead_parent_may_retry_is_held(tmq, clock) -> None:
+    tmq.add_flow(node("p", [leaf("c1"), leaf("c2")]))
+    kill(tmq, "c1")
+    assert_state(tmq, "q", "p", "dead")
+    clock.advance(1)
+    set_keep(tmq, "q", 0, 1)  # dead: c1 is the oldest excess, but p may retry it
+    report = tmq.prune("q")
+    assert (report.removed, report.held) == (0, 1)
+    assert rows(tmq, "q") == ["c1", "c2", "p"]
+    tmq.retry("q", "p")  # the retry still finds c1
+    assert_state(tmq, "q", "c1", "pending")
+
+
+def test_a_cross_queue_fp_child_is_held_until_its_parent_goes(tmq) -> None:
+    tmq.add_flow(node("p", [leaf("x", queue="other")]))
+    kill(tmq, "x", queue="other")
+    set_keep(tmq, "other", 0, 0)
+    report = tmq.prune("other")
+    assert (report.removed, report.held) == (0, 1)
+    Pump(["other"], mq=tmq).sweep()
+    assert_state(tmq, "q", "p", "dead")
+    set_keep(tmq, "q", 0, 0)
+    assert tmq.prune("q").removed == 1  # p; x goes on its own slot (an rm entry)
+    assert rows(tmq, "other") == [] and rows(tmq, "q") == []
+    assert keys_of(tmq, "q") == ["emq:{q}:flow:outbox"]  # the rm entry, delivered at once
+    Pump(["q"], mq=tmq).sweep()  # and again by the pump: a no-op, then trimmed
+    assert keys_of(tmq, "q") == [] and keys_of(tmq, "other") == []
+
+
+# -- remove ------------------------------------------------------------------
+
+
+def test_remove_unknown_and_active(tmq) -> None:
+    with pytest.raises(JobNotFound):
+        tmq.remove("q", "nope")
+    tmq.enqueue("q", "n", 1, job_id="a")
+    claim_one(tmq, "q", "a")
+    with pytest.raises(JobNotRemovable, match="'a' in queue 'q' is active"):
+        tmq.remove("q", "a")
+    assert_state(tmq, "q", "a", "active")
+
+
+def test_removed_child_lets_the_parent_go_on(tmq) -> None:
+    tmq.add_flow(node("p", [leaf("c1"), leaf("c2")]))
+    complete(tmq, "c1", 1)
+    report = tmq.remove("q", "c2")
+    assert report.removed == 1 and report.outcome.released == [("q", "p")]
+    assert_state(tmq, "q", "p", "pending")
+    deps = tmq.dependencies("q", "p")
+    assert deps.removed == {ref(tmq, "c2"): "removed"} and deps.remaining == 0
+
+
+def test_removing_a_child_that_failed_its_parent_revives_it(tmq) -> None:
+    tmq.add_flow(node("p", [leaf("c1"), leaf("c2")]))
+    complete(tmq, "c1", 1)
+    kill(tmq, "c2")
+    assert_state(tmq, "q", "p", "dead")
+    tmq.remove("q", "c2")
+    assert_state(tmq, "q", "p", "pending")
+
+
+def test_remove_a_parent_with_its_subtree(tmq) -> None:
+    tmq.add_flow(node("p", [node("m", [leaf("x"), leaf("y")]), leaf("c")]))
+    report = tmq.remove("q", "p", budget=2)
+    assert report.removed == 5 and report.calls > 1
+    assert keys_of(tmq, "q") == []
+
+
+def test_remove_across_queues(tmq) -> None:
+    tmq.add_flow(node("p", [leaf("x", queue="other"), leaf("c")]))
+    complete(tmq, "c", 1)
+    tmq.remove("other", "x")
+    assert_state(tmq, "q", "p", "pending")  # the gone entry was delivered at once
+    Pump(["other"], mq=tmq).sweep()  # and again by the pump: a no-op
+    assert tmq.dependencies("q", "p").remaining == 0
+    tmq.remove("q", "p")
+    assert rows(tmq, "q") == [] and rows(tmq, "other") == []
+    Pump(["q"], mq=tmq).sweep()  # trims the rm entry sent for x (gone already)
+    assert keys_of(tmq, "q") == [] and keys_of(tmq, "other") == []
+
+
+def test_remove_a_cross_queue_subtree(tmq) -> None:
+    tmq.add_flow(node("p", [node("m", [leaf("x", queue="q")], queue="other"), leaf("c")]))
+    tmq.remove("q", "p")
+    assert rows(tmq, "q") == [] and rows(tmq, "other") == []
+    Pump(["q", "other"], mq=tmq).sweep()
+    assert keys_of(tmq, "q") == [] and keys_of(tmq, "other") == []
+
+
+# -- cancel ------------------------------------------------------------------
+
+
+def test_cancel_unknown_and_finished(tmq) -> None:
+    with pytest.raises(JobNotFound):
+        tmq.cancel("q", "nope")
+    tmq.enqueue("q", "n", 1, job_id="a")
+    complete(tmq, "a", 1)
+    with pytest.raises(JobNotCancellable, match="'a' in queue 'q' is completed"):
+        tmq.cancel("q", "a")
+
+
+def test_cancel_a_pending_job(tmq) -> None:
+    tmq.enqueue("q", "n", 1, job_id="a")
+    report = tmq.cancel("q", "a")
+    assert report.state is JobState.PENDING
+    assert assert_state(tmq, "q", "a", "dead")["error"] == "cancelled"
+
+
+def test_cancel_a_flow_top_down(tmq) -> None:
+    tmq.add_flow(
+        node("p", [node("m", [leaf("x"), leaf("y")]), leaf("c"), leaf("o", queue="other")])
+    )
+    complete(tmq, "c", 1)
+    report = tmq.cancel("q", "p", budget=2)
+    assert report.calls > 1
+    for job_id in ("p", "m", "x", "y"):
+        assert assert_state(tmq, "q", job_id, "dead")["error"] == "cancelled", job_id
+    assert assert_state(tmq, "other", "o", "dead")["error"] == "cancelled"
+    assert_state(tmq, "q", "c", "completed")
+
+
+def test_cancel_an_active_job_marks_it(tmq) -> None:
+    tmq.add_flow(node("p", [leaf("c", ignore_dependency_on_failure=True)]))
+    job = claim_one(tmq, "q", "c")
+    assert tmq.cancel("q", "c").state is JobState.ACTIVE
+    assert_state(tmq, "q", "c", "active")
+    with pytest.raises(JobCancelled):
+        tmq.extend_lease(job)
+    with pytest.raises(JobCancelled):
+        tmq.complete(job, "late")
+    assert assert_state(tmq, "q", "c", "dead")["error"] == "cancelled"
+    assert_state(tmq, "q", "p", "pending")  # its policy (ignore) applied
+    assert hash_of(tmq, tmq.keys.job_part("q", "p", "unsuccessful")) == {ref(tmq, "c"): "cancelled"}
+
+
+# -- ids after removal -------------------------------------------------------
+
+
+def test_a_removed_flow_added_again_lands_fresh_and_runs_once(tmq) -> None:
+    flow = node("p", [leaf("c1"), leaf("c2", queue="other")])
+    tmq.add_flow(flow)
+    complete(tmq, "c1", 1)
+    tmq.remove("q", "p")
+    assert rows(tmq, "q") == [] and rows(tmq, "other") == []
+    ref_ = tmq.add_flow(flow)
+    assert (ref_.landed, ref_.skipped) == (3, 0)
+    complete(tmq, "c1", 1)
+    complete(tmq, "c2", 2, queue="other")
+    Pump(["other"], mq=tmq).sweep()
+    complete(tmq, "p", "once")
+    assert tmq.job_ids("q", "pending") == [] and tmq.job_ids("other", "pending") == []
+    assert tmq.children_values("q", "p") == {ref(tmq, "c1"): 1, ref(tmq, "c2", "other"): 2}
+
+
+def test_attaching_a_completed_parentless_job_counts_it_at_once(tmq) -> None:
+    tmq.enqueue("q", "leaf", {}, job_id="a")
+    complete(tmq, "a", 7)
+    tmq.enqueue("other", "leaf", {}, job_id="x")
+    complete(tmq, "x", 8, queue="other")
+    landed = tmq.add_flow(node("p", [leaf("a"), leaf("x", queue="other"), leaf("b")]))
+    assert (landed.landed, landed.skipped) == (2, 2)
+    assert tmq.children_values("q", "p") == {ref(tmq, "a"): 7}
+    Pump(["other"], mq=tmq).sweep()  # x's stored result reaches p through the outbox
+    assert tmq.children_values("q", "p") == {ref(tmq, "a"): 7, ref(tmq, "x", "other"): 8}
+    assert tmq.get_job("q", "a").parent == "p" and tmq.get_job("other", "x").parent_queue == "q"
+    complete(tmq, "b", 9)
+    assert_state(tmq, "q", "p", "pending")
+    assert tmq.dependencies("q", "p").remaining == 0
+
+
+def test_attaching_a_job_with_another_live_parent_is_a_conflict(tmq) -> None:
+    from echomq_django.exceptions import FlowConflict
+
+    tmq.add_flow(node("p", [leaf("a")]))
+    complete(tmq, "a", 1)
+    with pytest.raises(FlowConflict, match="q a exists as job leaf under parent q/p"):
+        tmq.add_flow(node("p2", [leaf("a")]))
+    assert rows(tmq, "q") == ["a", "p"]
+
+
+def test_a_new_root_over_children_that_finished_never_waits(tmq) -> None:
+    flow = node("p", [leaf("c1"), leaf("c2")])
+    tmq.add_flow(flow)
+    running = claim_one(tmq, "q", "c1")
+    tmq.remove("q", "p")  # c1 is active: left to finish, an orphan
+    assert rows(tmq, "q") == ["c1"]
+    tmq.complete(running, 1)  # its fan-in finds no parent: nothing moves
+    tmq.add_flow(flow)  # c1 is skipped, and tells the new p its stored result
+    assert tmq.children_values("q", "p") == {ref(tmq, "c1"): 1}
+    complete(tmq, "c2", 2)
+    assert_state(tmq, "q", "p", "pending")
