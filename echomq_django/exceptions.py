@@ -88,6 +88,7 @@ ERRORS: dict[str, type[EchoMQError]] = {
     "EMQDUP": DuplicateJob,
     "EMQCONFLICT": FlowConflict,
     "EMQLOCK": SweepLockLost,
+    "EMQPARENT": JobNotRetryable,
     "EMQCANCELLED": JobCancelled,
 }
 
@@ -97,6 +98,9 @@ _MESSAGES = {
     "EMQLEASE": "job {1!r} in queue {0!r}: lease token is stale (the lease expired "
     "and the job was recovered or claimed again)",
     "EMQDUP": "job id {1!r} is already used in queue {0!r} (state {2}); ids are unique per queue",
+    "EMQPARENT": "job {1!r} in queue {0!r} cannot be retried: its parent {2}/{3} ignored its "
+    "death and is {4} now (it went on without it; a child its parent ignored re-attaches "
+    "only while the parent waits)",
     "EMQCANCELLED": "job {1!r} in queue {0!r} was cancelled: its result is dropped",
 }
 
@@ -113,8 +117,9 @@ def translate(err: redis.exceptions.ResponseError | str) -> Exception:
     cls = ERRORS.get(code)
     if cls is None:
         return redis.exceptions.ResponseError(err) if isinstance(err, str) else err
-    parts = rest.split(" ", 2)
     template = _MESSAGES.get(code)
+    # the last placeholder takes the rest (a state, a reason with spaces)
+    parts = rest.split(" ", max(template.count("{") - 1, 2) if template else 2)
     if template and len(parts) >= template.count("{"):
         message = template.format(*parts, "", "")
     else:

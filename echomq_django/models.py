@@ -115,3 +115,36 @@ class MirroredQueue(models.Model):
     def counts(self) -> dict[str, int]:
         """The mirrored counts, keyed like ``EchoMQ.counts()``."""
         return {f: getattr(self, f) for f in self.COUNT_FIELDS}
+
+
+class OutboxEntry(models.Model):
+    """A job or flow added with ``on_commit`` whose transaction committed but
+    that may not be in Redis yet: the durable enqueue of DESIGN §10.4.
+
+    Written in the caller's transaction (so a rollback leaves nothing),
+    pushed to Redis right after the commit and deleted; when Redis is down
+    then, it stays until the worker or the pump drains the table, oldest
+    first (``outbox.drain``). ``kind`` is ``job`` or ``flow``; ``queue`` and
+    ``job_id`` name the job (a flow's root), fixed when the row is written so
+    a push that is repeated lands nothing twice; ``body`` is the call as JSON
+    (``outbox.py`` writes and reads it); ``tries`` counts failed pushes;
+    ``error`` is set when Redis refused the push for good (an id taken by
+    another job): such a row is kept, and skipped, until someone deletes it.
+    """
+
+    kind = models.CharField(max_length=4, choices=[("job", "job"), ("flow", "flow")])
+    queue = models.CharField(max_length=64)
+    job_id = models.CharField("job id", max_length=128)
+    body = models.TextField()
+    created_at = models.DateTimeField(auto_now_add=True)
+    tries = models.PositiveIntegerField(default=0)
+    error = models.TextField(blank=True, default="")
+
+    class Meta:
+        verbose_name = "enqueue outbox entry"
+        verbose_name_plural = "enqueue outbox"
+        default_permissions = ("view",)
+        ordering = ("id",)
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.queue}/{self.job_id}"

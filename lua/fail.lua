@@ -24,7 +24,9 @@
            flow_failed, outbox}; a job cancelled while it ran (its row has
            `cancel`) dies with the error 'cancelled' whatever its attempts
   errors:  EMQNOJOB <queue> <id>            no such job
-           EMQSTATE <queue> <id> <state>    the job is not active
+           EMQSTATE <queue> <id> <state>    the job is not active (unless this
+           lease failed it with this error already: a replay answers
+           {state} as if it had worked)
            EMQLEASE <queue> <id>            the lease token is stale
 ]]
 local row = KEYS[1]
@@ -39,7 +41,11 @@ if not f[1] then
   return redis.error_reply('EMQNOJOB ' .. QUEUE .. ' ' .. id)
 end
 if f[1] ~= 'active' then
-  if f[2] == token then  -- a replay: this lease failed it already (the row keeps the token)
+  -- a replay of this very call (redis-py re-sent it): this lease failed it,
+  -- with this error, into a state a fail writes. A job this lease completed
+  -- is no replay of a fail: refused (issue 17, item 4).
+  if f[2] == token and (f[1] == 'delayed' or f[1] == 'pending' or f[1] == 'dead')
+      and redis.call('HGET', row, 'error') == err then
     return cjson.encode({state = f[1]})
   end
   return redis.error_reply('EMQSTATE ' .. QUEUE .. ' ' .. id .. ' ' .. f[1])

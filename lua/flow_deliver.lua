@@ -6,7 +6,9 @@
     done      HSETNX :processed, decrement, release at zero
     dead      apply the child's policy once (fp: parent dead; id / rd:
               record, decrement, maybe release)
-    reattach  a retried child leaves the parent's :failed (maybe reviving it)
+    reattach  a retried child leaves the parent's :failed (maybe reviving it);
+              with policy 'id', its :unsuccessful, counted again while the
+              parent is not released
     gone      a removed child resolves its parent like remove_dependency
               (DESIGN §10.2: out of :failed, into :removed, decrement)
   and two kinds whose target is a child on this slot (`parent id` is then
@@ -54,6 +56,9 @@ for i = 4, #ARGV, 5 do
   elseif kind == 'gone' then
     reattach(base, pid, ref, now)
     ok = fan_in_dead(base, pid, ref, value, 'rd', now)
+  elseif kind == 'reattach' and policy == 'id' then
+    reattach_ignored(base, pid, ref)
+    ok = true
   else
     reattach(base, pid, ref, now)
     ok = true

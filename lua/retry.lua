@@ -24,6 +24,9 @@
            EMQSTATE <queue> <id> <state>    the job is not dead (unless this
            very call already retried it: a replay with the same token answers
            as if it had worked)
+           EMQPARENT <queue> <id> <parent queue> <parent id> <state>  the
+           job's parent ignored its death (`id`) and has been released since:
+           it went on without the job; nothing is written
 ]]
 local row, dead = KEYS[1], KEYS[2]
 local QUEUE = ARGV[1]
@@ -40,6 +43,21 @@ if state ~= 'dead' then
     return cjson.encode(OUT)  -- a replay of this very call (redis-py re-sent it): done
   end
   return redis.error_reply('EMQSTATE ' .. QUEUE .. ' ' .. id .. ' ' .. state)
+end
+
+-- A child its parent ignored (`id`) re-attaches on retry only while that
+-- parent has not been released (lib/flow.lua reattach_ignored); a parent on
+-- this slot that went on without it makes the retry a refusal, before any
+-- write (issue 17, item 5).
+local up = redis.call('HMGET', row, 'parent', 'parent_queue', 'parent_policy')
+if up[1] and up[3] == 'id' and (up[2] or QUEUE) == QUEUE then
+  local pkey = job_key(base, up[1])
+  local pstate = redis.call('HGET', pkey, 'state')
+  if pstate and pstate ~= 'awaiting_children' and pstate ~= 'dead'
+      and redis.call('HEXISTS', pkey .. ':unsuccessful', child_ref(base, id)) == 1 then
+    return redis.error_reply('EMQPARENT ' .. QUEUE .. ' ' .. id .. ' ' .. QUEUE .. ' '
+      .. up[1] .. ' ' .. pstate)
+  end
 end
 
 OUT.cross = {}

@@ -6,6 +6,9 @@ ECHOMQ_URL (Redis), ECHOMQ_PREFIX (Redis key prefix, default "emq"), ECHOMQ_DB_P
 """
 
 import os
+import socket
+import sys
+import tempfile
 from importlib.util import find_spec
 from pathlib import Path
 
@@ -76,6 +79,40 @@ DATABASES = {
         },
     }
 }
+
+# The test suite runs the enqueue outbox's tests on PostgreSQL too, as the
+# database alias "pg", when a server answers at ECHOMQ_TEST_PG (host:port,
+# default 127.0.0.1:5432, trust auth; "off" disables it). pytest-django
+# creates its own database there (test_echomq_<pid>) and drops it after.
+ECHOMQ_TEST_PG = None
+if "pytest" in sys.modules:
+    # a file database (not the suite's in-memory one) where two threads
+    # contend for SQLite's write lock as two processes would, in its default
+    # (deferred) transaction mode
+    DATABASES["sqlite_file"] = {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": os.path.join(tempfile.gettempdir(), f"echomq-outbox-{os.getpid()}.sqlite3"),
+        "OPTIONS": {"timeout": 20},
+        "TEST": {
+            "NAME": os.path.join(tempfile.gettempdir(), f"test-echomq-outbox-{os.getpid()}.sqlite3")
+        },
+    }
+if "pytest" in sys.modules and os.environ.get("ECHOMQ_TEST_PG", "") != "off":
+    _pg_host, _, _pg_port = os.environ.get("ECHOMQ_TEST_PG", "127.0.0.1:5432").rpartition(":")
+    try:
+        socket.create_connection((_pg_host, int(_pg_port)), timeout=0.5).close()
+    except OSError:
+        pass
+    else:
+        ECHOMQ_TEST_PG = f"{_pg_host}:{_pg_port}"
+        DATABASES["pg"] = {
+            "ENGINE": "django.db.backends.postgresql",
+            "NAME": f"echomq_{os.getpid()}",
+            "HOST": _pg_host,
+            "PORT": _pg_port,
+            "USER": os.environ.get("ECHOMQ_TEST_PG_USER", "postgres"),
+            "TEST": {"NAME": f"test_echomq_{os.getpid()}"},
+        }
 
 # Redis. The 6379 fallback is for a developer running the project by hand.
 # The test suite never relies on it: tests/conftest.py starts a private

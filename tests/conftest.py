@@ -33,6 +33,22 @@ from redis.cluster import RedisCluster
 from tests import rigs
 
 
+def pytest_report_header(config) -> str:
+    """Says whether the PostgreSQL legs of the outbox tests run."""
+    try:
+        from django.conf import settings
+
+        where = getattr(settings, "ECHOMQ_TEST_PG", None)
+    except Exception:  # settings not configured: nothing to say
+        return ""
+    if where:
+        name = settings.DATABASES["pg"]["TEST"]["NAME"]
+        return f"outbox tests on PostgreSQL too: {where} (database {name}, dropped after)"
+    return (
+        "outbox tests on PostgreSQL: skipped, no server at ECHOMQ_TEST_PG (default 127.0.0.1:5432)"
+    )
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # Any test that needs the cluster rig (directly or through rc) is a
     # cluster test, so `-m "not cluster"` never starts the cluster.

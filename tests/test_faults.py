@@ -3,9 +3,11 @@ transient errors, replays, the retry of an ignored child, bad input."""
 
 from __future__ import annotations
 
+import pytest
 import redis
 
-from echomq_django import EchoMQ, Flow
+from echomq_django import EchoMQ, Flow, JobNotActive, JobNotRetryable, JobState
+from echomq_django.pump import Pump
 from tests import rigs
 
 
@@ -29,3 +31,83 @@ def test_cluster_pipelines_route_on_the_host_without_command_getkeys(redis_clust
     refs = mq.add_flows(flows[1:])  # six queues over three masters, one pipeline
     assert [r.landed for r in refs] == [2] * 5
     assert _getkeys_calls(redis_cluster) == before
+
+
+# -- item 4: replays are recognised by the call, not by equal timestamps ------
+
+
+def test_fail_on_a_job_this_lease_completed_is_refused(mq):
+    mq.enqueue("q", "x", {}, job_id="j")
+    [job] = mq.claim("q", 1)
+    mq.complete(job, {"ok": 1})
+    with pytest.raises(JobNotActive, match="is completed"):
+        mq.fail(job, "boom")
+    assert mq.get_job("q", "j").state is JobState.COMPLETED
+
+
+def test_only_the_same_fail_is_a_replay(mq):
+    mq.enqueue("q", "x", {}, job_id="j", max_attempts=3, backoff_ms=1000)
+    [job] = mq.claim("q", 1)
+    assert mq.fail(job, "boom") is JobState.DELAYED
+    assert mq.fail(job, "boom") is JobState.DELAYED  # the same call again: a no-op
+    with pytest.raises(JobNotActive, match="is delayed"):
+        mq.fail(job, "another error")  # not a replay of that call
+    assert mq.get_job("q", "j").attempts == 1
+
+
+# -- item 5: retrying a dead child its parent ignored --------------------------
+
+
+def _ignoring_parent(mq, child_queue: str) -> None:
+    mq.add_flow(
+        Flow(
+            "p",
+            "parent",
+            {},
+            job_id="P",
+            children=[
+                Flow(child_queue, "child", {}, job_id="A", ignore_dependency_on_failure=True),
+                Flow("p", "child", {}, job_id="B"),
+            ],
+        )
+    )
+
+
+def _finish(mq, queue: str, job_id: str, result=None, dead=False):
+    """Claim the next job of ``queue`` (it must be ``job_id``) and finish it."""
+    [job] = mq.claim(queue, 1)
+    assert job.id == job_id
+    return mq.fail(job, "boom", dead=True) if dead else mq.complete(job, result)
+
+
+@pytest.mark.parametrize("child_queue", ["p", "c"], ids=["same-queue", "cross-queue"])
+def test_retry_of_an_ignored_child_reattaches_while_the_parent_waits(mq, child_queue):
+    _ignoring_parent(mq, child_queue)
+    _finish(mq, child_queue, "A", dead=True)
+    Pump([child_queue], mq=mq).sweep()
+    ref = mq.keys.child_ref(child_queue, "A")
+    assert mq.ignored_failures("p", "P") == {ref: "boom"}
+    assert mq.dependency_counts("p", "P")["remaining"] == 1  # B still runs
+    mq.retry(child_queue, "A")
+    Pump([child_queue], mq=mq).sweep()
+    assert mq.ignored_failures("p", "P") == {}
+    assert mq.dependency_counts("p", "P")["remaining"] == 2  # A counts again
+    _finish(mq, "p", "B", 2)
+    assert mq.get_job("p", "P").state is JobState.AWAITING_CHILDREN  # waits for A
+    _finish(mq, child_queue, "A", 1)
+    Pump([child_queue], mq=mq).sweep()
+    assert mq.get_job("p", "P").state is JobState.PENDING
+    assert mq.children_values("p", "P") == {ref: 1, mq.keys.child_ref("p", "B"): 2}
+    assert mq.dependency_counts("p", "P")["remaining"] == 0
+
+
+def test_retry_of_an_ignored_child_is_refused_once_the_parent_went_on(mq):
+    _ignoring_parent(mq, "p")
+    a, b = mq.claim("p", 2)
+    mq.complete(b, 2)
+    mq.fail(a, "boom", dead=True)  # the parent is released without it
+    assert mq.get_job("p", "P").state is JobState.PENDING
+    with pytest.raises(JobNotRetryable, match="parent p/P ignored its death and is pending"):
+        mq.retry("p", "A")
+    assert mq.get_job("p", "A").state is JobState.DEAD  # nothing written
+    assert mq.ignored_failures("p", "P") == {mq.keys.child_ref("p", "A"): "boom"}

@@ -108,6 +108,21 @@ class Model:
         j = self.jobs[jid]
         if j.parent and j.policy == "fp":
             self.reattach(j.parent, jid)
+        elif j.parent and j.policy == "id":  # issue 17, item 5
+            p = self.jobs[j.parent]
+            if p.state in (AWAIT, "dead") and jid in p.hashes["unsuccessful"]:
+                p.hashes["unsuccessful"].discard(jid)
+                p.counter += 1
+
+    def retry_refused(self, jid: str) -> str | None:
+        """The parent's state when a retry of ``jid`` must be refused: its
+        parent ignored it (``id``) and has been released since."""
+        j = self.jobs[jid]
+        if j.parent and j.policy == "id":
+            p = self.jobs[j.parent]
+            if p.state not in (AWAIT, "dead") and jid in p.hashes["unsuccessful"]:
+                return p.state
+        return None
 
     def resolved(self, pid: str, cid: str) -> bool:
         h = self.jobs[pid].hashes
@@ -330,6 +345,11 @@ class FlowMachine(RuleBasedStateMachine):
         state = self.model.jobs[jid].state
         if state != "dead":
             with pytest.raises(JobNotRetryable, match=f"is {state};"):
+                self.mq.retry(Q, jid)
+            return
+        refused = self.model.retry_refused(jid)
+        if refused:
+            with pytest.raises(JobNotRetryable, match=f"ignored its death and is {refused} "):
                 self.mq.retry(Q, jid)
             return
         outcome = self.mq.retry(Q, jid)

@@ -48,7 +48,7 @@ FLOORS = [
     ["client", "flowcalls", "lifecalls"],
     ["conf"],
     ["wake", "registry"],
-    ["api", "worker", "reporter", "pump", "mirror", "stats", "metrics", "tasks"],
+    ["api", "worker", "reporter", "pump", "mirror", "stats", "metrics", "tasks", "outbox"],
     ["checks", "admin_pages", "apps", "urls", "templatetags", "templatetags.*", "__init__"],
     ["admin", "management", "management.*", "migrations", "migrations.*"],
 ]

@@ -101,17 +101,41 @@ end
 
 local reattach
 
+-- A child its parent ignored (`id`) re-attaches when it is retried (issue 17,
+-- item 5): while the parent has not been released (it waits, or is dead and
+-- may be retried itself) the child leaves :unsuccessful and the counter
+-- counts it again, so its next completion or death resolves the parent once
+-- more, exactly like a first one. A parent that went on without it keeps the
+-- child in :unsuccessful (the retry script refuses that case up front when it
+-- can see the parent; across slots the host checks first).
+local function reattach_ignored(base, pid, ref)
+  local pkey = job_key(base, pid)
+  local pstate = redis.call('HGET', pkey, 'state')
+  if pstate ~= 'awaiting_children' and pstate ~= 'dead' then
+    return
+  end
+  if redis.call('HDEL', pkey .. ':unsuccessful', ref) == 1 then
+    redis.call('INCR', pkey .. ':dependencies')
+  end
+end
+
 -- A job that left dead (retried, or revived) re-attaches to a parent it had
--- failed (`fp`): here when the parent shares the slot, else by a `reattach`
--- entry on this queue's outbox that the pump delivers (DESIGN §4 retry).
+-- failed (`fp`) or that ignored it (`id`, above): here when the parent shares
+-- the slot, else by a `reattach` entry on this queue's outbox that the pump
+-- delivers (DESIGN §4 retry).
 local function reattach_up(base, id, now)
   local parent = redis.call('HMGET', job_key(base, id), 'parent', 'parent_queue', 'parent_policy')
-  if not parent[1] or (parent[3] or 'fp') ~= 'fp' then
+  local policy = parent[3] or 'fp'
+  if not parent[1] or (policy ~= 'fp' and policy ~= 'id') then
     return
   end
   local ref = child_ref(base, id)
   if (parent[2] or QUEUE) == QUEUE then
-    reattach(base, parent[1], ref, now)
+    if policy == 'id' then
+      reattach_ignored(base, parent[1], ref)
+    else
+      reattach(base, parent[1], ref, now)
+    end
   else
     -- its death still waits in this queue's outbox: take it back, the parent
     -- never saw it (a pump that already read it delivers it, and the child's
@@ -124,7 +148,8 @@ local function reattach_up(base, id, now)
         return
       end
     end
-    local entry = cjson.encode({k = 'reattach', c = ref, p = parent[1], q = parent[2]})
+    local entry = cjson.encode({k = 'reattach', c = ref, p = parent[1], q = parent[2],
+      pol = (policy == 'id') and 'id' or nil})
     push_outbox(base, entry)
     OUT.outbox = OUT.outbox + 1
     OUT.reattach[#OUT.reattach + 1] = entry
