@@ -136,6 +136,7 @@ def drive_every_operation(mq, clock) -> None:
     life = jobkit.LifecycleMQ(mq.client, prefix="emq", clock=clock)
     life.cancel("q", "p")
     life.remove("q", "p")  # then prune goes on with its subtree
+    assert len(mq.enqueue_many("bulk", [("n", 1), ("n", 2, {"delay_ms": 5})])) == 2
 
 
 def test_python_calls_every_script_as_its_header_declares(tmq, clock, monkeypatch) -> None:
