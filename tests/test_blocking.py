@@ -125,7 +125,9 @@ def test_the_pump_delivers_on_its_wake_up(mq) -> None:
     mq.add_flow(Flow("p", "t.sum_children", job_id="p", children=[Flow("kids", "t.echo", 3)]))
     pump = Pump(["p", "kids"], mq=mq)
     stop = threading.Event()
-    thread = threading.Thread(target=pump.run, kwargs={"interval": NEVER, "should_stop": stop.is_set})
+    thread = threading.Thread(
+        target=pump.run, kwargs={"interval": NEVER, "should_stop": stop.is_set}
+    )
     thread.start()
     try:
         wait_for(lambda: pump.waiting, what="the pump blocking on its outboxes")
