@@ -262,7 +262,7 @@ def idle_commands(client: redis.Redis, seconds: float = IDLE_S) -> float:
     return (calls() - before) / seconds
 
 
-def run_side(side, url: str, samples: int, progress=None) -> dict:
+def run_side(side, url: str, samples: int, idle_s: float = IDLE_S, progress=None) -> dict:
     """Start ``side``'s processes on a flushed server, measure every
     scenario, then its idle cost; stop the processes."""
     ctx = multiprocessing.get_context("spawn")
@@ -277,7 +277,7 @@ def run_side(side, url: str, samples: int, progress=None) -> dict:
             ready.get(timeout=120)
         time.sleep(1.0)  # connected and blocking
         for kind in SCENARIOS:  # warm: scripts loaded, paths taken once
-            measure(side, client, kind, 3, tag="warm")
+            measure(side, client, kind, min(3, samples), tag="warm")
         row = {"system": side.name, "layout": side.layout, "samples": samples}
         for kind in SCENARIOS:
             if progress:
@@ -290,11 +290,11 @@ def run_side(side, url: str, samples: int, progress=None) -> dict:
                 "max": max(values),
             }
         if progress:
-            progress(f"{side.name} latency: idle commands over {IDLE_S:g} s")
+            progress(f"{side.name} latency: idle commands over {idle_s:g} s")
         for p in processes[1:]:  # the worker alone (ours: the pump stops)
             _stop(p)
         time.sleep(1.0)
-        row["idle_cmds_per_s"] = idle_commands(client)
+        row["idle_cmds_per_s"] = idle_commands(client, idle_s)
         return row
     finally:
         for p in processes:
