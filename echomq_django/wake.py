@@ -44,6 +44,7 @@ from dataclasses import dataclass
 import redis
 from redis.cluster import RedisCluster
 
+from . import signals
 from .jobs import Outcome
 
 log = logging.getLogger("echomq_django.wake")
@@ -304,3 +305,75 @@ def _private_client(client, block_s: float) -> redis.Redis | None:
     except TypeError:
         return None
     return redis.Redis(connection_pool=private)
+
+
+class Idle:
+    """A worker's side of DESIGN §10.1: its ``Waker`` on the queues' wake
+    keys and its ``Timers``. The worker calls ``start(post)`` and ``stop()``
+    around a run, ``keep_timers()`` on each pass of its loop, ``block(idle)``
+    before each wait (True: arm the waker) and ``on_wake(wake)`` for what
+    the waker posted. It uses the worker's ``mq``, ``queues``,
+    ``concurrency``, ``_executing``, ``_stopping``, ``_rest`` (queue -> the
+    monotonic time it may be claimed) and ``_on_released(queue)``.
+    ``wakeups``: the wake-ups used (``claimable``, ``due``, ``reconnect``, and
+    ``returned``: markers handed back while busy or stopping)."""
+
+    def __init__(self, worker, block_s: float, sweep_s: float, max_stalls: int) -> None:
+        self.worker, self.block_s = worker, block_s
+        self.timers = Timers(worker.mq, worker.queues, sweep_s=sweep_s, max_stalls=max_stalls)
+        self.wakeups = dict.fromkeys(("claimable", "due", "reconnect", "returned"), 0)
+        self.waker: Waker | None = None
+
+    def start(self, post) -> None:
+        w = self.worker
+        self.waker = Waker(w.mq, w.queues, "wake", post, block_s=self.block_s)
+        self.waker.start()
+
+    def stop(self) -> None:
+        if self.waker is not None:
+            self.waker.stop()
+
+    def block(self, idle: bool) -> bool:
+        """Arm the waker when ``idle`` (a free thread, every queue drained),
+        else leave the markers to other workers; returns ``idle``."""
+        if idle:
+            self.waker.arm()
+        else:
+            self.waker.disarm()
+        return idle
+
+    def keep_timers(self) -> bool:
+        """Run the timers that are due; send the signals of what a lease
+        recovery moved (a job past its stall limit dies, its parent's policy
+        applies). True when any ran (they talked to Redis)."""
+        if self.timers.next_in() > 0:
+            return False
+        outcome = self.timers.run()
+        for queue, _ in outcome.released:
+            self.worker._on_released(queue)
+        if outcome.released or outcome.dead or outcome.flow_failed:
+            signals.send_outcome(self.worker, self.worker.mq, outcome)
+        return True
+
+    def on_wake(self, wake: Wake) -> None:
+        """A marker the waker popped, or its connection's state."""
+        w = self.worker
+        if wake is UP:  # whatever became claimable or due meanwhile: look now
+            self.wakeups["reconnect"] += 1
+            w._rest.update(dict.fromkeys(w.queues, 0.0))
+            self.timers.wake_all()
+        elif wake is DOWN:
+            return
+        elif wake.member == WAKE_DUE:
+            self.wakeups["due"] += 1
+            self.timers.learn(wake.queue, wake.score)
+            if w._stopping.is_set():
+                self.waker.put_back(wake)
+        else:
+            self.wakeups["claimable"] += 1
+            w._rest[wake.queue] = 0.0
+            if w._executing >= w.concurrency or w._stopping.is_set():
+                # busy after all, or leaving: another idle worker may take it now;
+                # this one claims from the queue as soon as a thread frees
+                self.wakeups["returned"] += 1
+                self.waker.put_back(wake)
