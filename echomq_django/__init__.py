@@ -19,6 +19,7 @@ from .api import (
 )
 from .client import EchoMQ
 from .exceptions import (
+    DependencyError,
     DuplicateJob,
     EchoMQError,
     FlowConflict,
@@ -28,6 +29,7 @@ from .exceptions import (
     JobNotRetryable,
     LeaseLost,
     PayloadError,
+    RateLimited,
     RedisUnavailable,
     Unrecoverable,
 )
@@ -39,6 +41,7 @@ from .worker import Worker
 
 __all__ = [
     "Dependencies",
+    "DependencyError",
     "DuplicateJob",
     "EchoMQ",
     "EchoMQError",
@@ -55,6 +58,7 @@ __all__ = [
     "Outcome",
     "PayloadError",
     "Pump",
+    "RateLimited",
     "RedisUnavailable",
     "Unrecoverable",
     "Worker",

@@ -1,11 +1,15 @@
 """System checks for the ``ECHOMQ`` setting (DESIGN §8): stable ids
-``echomq_django.E001``... with hints, settings only, no Redis I/O."""
+``echomq_django.E001``... with hints; settings only, no Redis I/O, except
+the deployment check ``check_redis_server`` (``check --deploy``), which asks
+the server whether it is what they say."""
 
 from __future__ import annotations
 
 from django.core import checks
 
-from .conf import problems
+from . import schedule
+from .conf import config, problems, server_problems
+from .handlers import registered
 from .metrics import settings_problems
 
 
@@ -16,6 +20,34 @@ def check_settings(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
 
 
 @checks.register()
+def check_scheduling(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
+    """The scheduling settings (DESIGN §10.3): RATE_LIMIT, TIMEOUT_MS and
+    SCHEDULE, ids ``echomq_django.E050``-``E058`` (``schedule.problems``)."""
+    try:
+        cfg = config()
+    except Exception:
+        return []  # check_settings reports a malformed ECHOMQ
+    return [
+        checks.Error(msg, hint=hint, id=cid)
+        for cid, msg, hint in schedule.problems(cfg, handlers=registered())
+    ]
+
+
+@checks.register()
 def check_metrics_settings(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
     """``ECHOMQ["METRICS"]`` (DESIGN §10.5): ids ``echomq_django.E040``-``E043``."""
     return [checks.Error(msg, hint=hint, id=cid) for cid, msg, hint in settings_problems()]
+
+
+@checks.register(deploy=True)
+def check_redis_server(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
+    """The Redis the settings name, against them (issue 17, item 7): ids
+    ``echomq_django.E015``-``E017`` (CLUSTER vs the server's type, a DB index
+    out of range). A deployment check (``./manage.py check --deploy``): the
+    one that connects, with a 1 s timeout, only when the settings themselves
+    are sound, silent when Redis is down; a plain ``check`` (and every
+    command's own) stays free of Redis I/O. ``runworker`` and ``runpump`` run
+    the same comparison at start."""
+    if problems():
+        return []
+    return [checks.Error(msg, hint=hint, id=cid) for cid, msg, hint in server_problems()]

@@ -25,9 +25,20 @@ from .exceptions import (
     translate,
 )
 from .flowcalls import FLOW_CHUNK, FlowCalls, opt
-from .jobs import CLAIM_FIELDS, MAX_PAYLOAD_BYTES, QUEUE_DEFAULTS, Job, JobState, Outcome, to_json
+from .jobs import (
+    CLAIM_FIELDS,
+    MAX_PAYLOAD_BYTES,
+    QUEUE_DEFAULTS,
+    Job,
+    JobState,
+    Outcome,
+    to_json,
+    to_text,
+)
 from .keyspace import Keyspace, validate_id, validate_queue, whole_number
 from .reads import Reads
+from .schedcalls import SchedulingCalls
+from .scheduling import Claimed, check_job_options
 from .scripts import Scripts
 
 BACKOFF_CAP_MS = 3_600_000
@@ -39,7 +50,7 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-class EchoMQ(FlowCalls, Reads):
+class EchoMQ(FlowCalls, SchedulingCalls, Reads):
     """The queue over one redis-py client (``redis.Redis`` or ``RedisCluster``).
 
     The only caller of the Lua scripts: each ``lua/*.lua`` has exactly one
@@ -115,12 +126,21 @@ class EchoMQ(FlowCalls, Reads):
         max_attempts: int | None = None,
         backoff_ms: int | None = None,
         delay_ms: int = 0,
+        priority: int = 0,
+        timeout_ms: int | None = None,
+        dedup_key: str | None = None,
+        dedup_ttl_ms: int | None = None,
     ) -> str:
         """Add one job; returns its id (generated when ``job_id`` is None).
 
-        ``delay_ms`` (ms) > 0 holds it in ``delayed`` until due. Raises
-        ``ValueError`` for a bad queue name, id or name, ``PayloadError`` for a
-        bad payload, ``DuplicateJob`` when the id is taken (nothing written),
+        ``delay_ms`` (ms) > 0 holds it in ``delayed`` until due. DESIGN §10.3:
+        ``priority`` (int, higher runs first); ``timeout_ms`` (ms per attempt,
+        default the queue's TIMEOUT_MS); ``dedup_key``: while a job added with
+        the same key is live (not completed, not dead), nothing is written and
+        that job's id is returned; ``dedup_ttl_ms`` (ms) frees the key sooner.
+        Raises ``ValueError`` for a bad queue name, id, name or option
+        (scheduling.py's ranges), ``PayloadError`` for a bad payload,
+        ``DuplicateJob`` when the id is taken (nothing written),
         ``RedisUnavailable`` when Redis cannot be reached. DESIGN §5 `enqueue`.
         """
         validate_queue(queue)
@@ -130,10 +150,11 @@ class EchoMQ(FlowCalls, Reads):
         whole_number("max_attempts", max_attempts, 1, optional=True)
         whole_number("backoff_ms", backoff_ms, 0, optional=True)
         whole_number("delay_ms", delay_ms, 0)
+        check_job_options(priority, delay_ms, timeout_ms, dedup_key, dedup_ttl_ms)
         k = self.keys.queue(queue)
-        self.scripts.run(
+        state = self.scripts.run(
             "enqueue",
-            [k.job(job_id), k.pending, k.delayed, k.events],
+            [k.job(job_id), k.pending, k.delayed, k.events, k.dedup(dedup_key or "")],
             [
                 queue,
                 job_id,
@@ -143,16 +164,24 @@ class EchoMQ(FlowCalls, Reads):
                 opt(backoff_ms),
                 self.clock(),
                 int(delay_ms),
+                int(priority),
+                dedup_key or "",
+                opt(dedup_ttl_ms),
+                opt(timeout_ms),
             ],
         )
-        return job_id
+        state = to_text(state)
+        return state.split(" ", 1)[1] if state.startswith("deduplicated ") else job_id
 
     def claim(self, queue: str, count: int = 1, lease_ms: int | None = None) -> list[Job]:
         """Claim up to ``count`` pending jobs of ``queue`` in one call.
 
         Each returned ``Job`` is active, holds a fresh ``lease`` token and a
         ``lease_deadline`` (ms) = now + ``lease_ms`` (the queue's LEASE_MS by
-        default), and has its attempt counted. DESIGN §5 `claim`.
+        default), and has its attempt counted. DESIGN §5 `claim`. The list is
+        a ``Claimed``: empty with ``paused`` True when the queue is paused,
+        or with ``wait_ms`` set when its RATE_LIMIT window is full (DESIGN
+        §10.3); higher priorities come first.
         """
         whole_number("count", count, 1)
         whole_number("lease_ms", lease_ms, 1, optional=True)
@@ -163,16 +192,18 @@ class EchoMQ(FlowCalls, Reads):
             self.scripts.run(
                 "claim",
                 [k.pending, k.active, k.lease_seq],
-                [k.base, count, now, lease, secrets.token_hex(8)],
+                [k.base, count, now, lease, secrets.token_hex(8), *self._limit(queue)],
             )
         )
+        if type(flat) is dict:
+            return Claimed(paused=bool(flat.get("paused")), wait_ms=flat.get("wait"))
         deadline, n = now + lease, len(CLAIM_FIELDS)
-        return [
+        return Claimed(
             Job.from_claim(
                 queue, [v if v is not False else None for v in flat[i : i + n]], deadline, self
             )
             for i in range(0, len(flat), n)
-        ]
+        )
 
     def _fail_call(self, job: Job, error: str, dead: bool = False):
         q = job.queue

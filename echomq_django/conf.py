@@ -34,8 +34,17 @@ from .keyspace import validate_prefix, validate_queue
 from .retention import KEEP_HINT, KEEP_KEYS, keep_problems
 
 TOP_KEYS = {"URL", "CACHE", "CLUSTER", "PREFIX", "QUEUES", "MAX_PAYLOAD_BYTES", "OPTIONS"}
+# durable signals (events.py, DESIGN §10.6): key -> (default, lowest allowed, check id)
+SIGNAL_KEYS = {
+    "SIGNAL_TRIES": (3, 1, "echomq_django.E070"),
+    "SIGNAL_BACKOFF_MS": (500, 0, "echomq_django.E071"),
+}
+TOP_KEYS |= set(SIGNAL_KEYS)
 TOP_KEYS |= {"METRICS"}  # metrics.settings_problems checks it (issue 15)
+TOP_KEYS |= {"SCHEDULE"}  # periodic jobs: schedule.py
 QUEUE_KEYS = {"MAX_ATTEMPTS", "BACKOFF_MS", "LEASE_MS", "KEEP_COMPLETED", "KEEP_DEAD"}
+QUEUE_KEYS |= {"RATE_LIMIT", "TIMEOUT_MS"}
+SCHEDULING_KEYS = {"RATE_LIMIT", "TIMEOUT_MS"}  # checked by schedule.problems (E050-E059)
 URL_SCHEMES = ("redis://", "rediss://", "unix://")
 DJANGO_REDIS_CACHE = "django.core.cache.backends.redis.RedisCache"
 
@@ -149,6 +158,8 @@ def problems(cfg: dict | None = None) -> list[tuple[str, str, str]]:
             )
             continue
         for key, value in opts.items():
+            if key in SCHEDULING_KEYS:
+                continue
             if key in KEEP_KEYS:  # retention (DESIGN §10.2): E020-E023
                 out += [
                     (f"echomq_django.{cid}", f"queue {name!r}: {key} {message}", KEEP_HINT)
@@ -164,7 +175,187 @@ def problems(cfg: dict | None = None) -> list[tuple[str, str, str]]:
                         "MAX_ATTEMPTS counts tries; *_MS are ms.",
                     )
                 )
+    for key, (_default, low, cid) in SIGNAL_KEYS.items():
+        value = cfg.get(key, low)
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            out.append(
+                (
+                    cid,
+                    f"ECHOMQ['{key}'] must be an integer >= {low}, got {value!r}",
+                    "SIGNAL_TRIES counts sends to a receiver that raises before the event is "
+                    "dead-lettered; SIGNAL_BACKOFF_MS is the ms before the second, doubling.",
+                )
+            )
+    return out + value_problems(cfg)
+
+
+# A payload or result is one Redis string: at most 512 MiB.
+PAYLOAD_LIMIT_BYTES = 512 * 1024 * 1024
+
+
+def value_problems(cfg: dict) -> list[tuple[str, str, str]]:
+    """Settings whose type passes but whose value would misbehave at run time
+    (issue 17, item 7), ids ``echomq_django.E011``-``E014``: a ``LEASE_MS`` of
+    0 (a claimed job with no holder), ``MAX_PAYLOAD_BYTES`` that is not a
+    whole number of bytes in 1..512 MiB, ``OPTIONS`` the redis-py client
+    does not take, a ``CLUSTER`` that is not a bool. Settings only, no I/O."""
+    out = []
+    queues = cfg.get("QUEUES", {})
+    for name, opts in queues.items() if isinstance(queues, dict) else ():
+        lease = opts.get("LEASE_MS") if isinstance(opts, dict) else None
+        if isinstance(lease, int) and not isinstance(lease, bool) and lease == 0:
+            out.append(
+                (
+                    "echomq_django.E011",
+                    f"queue {name!r}: LEASE_MS must be a whole number of ms >= 1, got 0",
+                    "A lease of 0 ms expires as it is taken: a claimed job would be "
+                    "active with no holder. The default is 30000.",
+                )
+            )
+    size = cfg.get("MAX_PAYLOAD_BYTES", MAX_PAYLOAD_BYTES)
+    if not isinstance(size, int) or isinstance(size, bool) or not 1 <= size <= PAYLOAD_LIMIT_BYTES:
+        out.append(
+            (
+                "echomq_django.E012",
+                f"ECHOMQ MAX_PAYLOAD_BYTES must be a whole number of bytes from 1 to "
+                f"{PAYLOAD_LIMIT_BYTES} (512 MiB, a Redis string's limit), got {size!r}",
+                f"Use an int such as {MAX_PAYLOAD_BYTES} (the default), not a string.",
+            )
+        )
+    cluster = cfg.get("CLUSTER", False)
+    if not isinstance(cluster, bool):
+        out.append(
+            (
+                "echomq_django.E014",
+                f"ECHOMQ CLUSTER must be True or False, got {cluster!r}",
+                "True when URL names a node of a Redis Cluster.",
+            )
+        )
+    options = cfg.get("OPTIONS", {})
+    if not isinstance(options, dict):
+        out.append(
+            (
+                "echomq_django.E013",
+                f"ECHOMQ OPTIONS must be a dict of redis-py client arguments, got "
+                f"{type(options).__name__}",
+                "Example: {'socket_timeout': 5}.",
+            )
+        )
+    else:
+        allowed = client_options(cluster is True)
+        unknown = sorted(str(k) for k in options if k not in allowed)
+        if unknown:
+            kind = "RedisCluster" if cluster is True else "redis.Redis"
+            out.append(
+                (
+                    "echomq_django.E013",
+                    f"ECHOMQ OPTIONS has arguments {kind} does not take: {', '.join(unknown)}",
+                    "Use keyword arguments of the redis-py client, such as socket_timeout, "
+                    "socket_connect_timeout, retry_on_timeout, health_check_interval, "
+                    "ssl_cert_reqs, username, password.",
+                )
+            )
     return out
+
+
+def client_options(cluster: bool) -> set[str]:
+    """The keyword arguments ``redis.Redis.from_url`` (or, with ``cluster``,
+    ``RedisCluster.from_url``) takes, as ``OPTIONS`` keys."""
+    import inspect
+
+    import redis
+    from redis.cluster import REDIS_ALLOWED_KEYS, RedisCluster
+
+    names = set(inspect.signature(redis.Redis.__init__).parameters)
+    if cluster:
+        names = set(inspect.signature(RedisCluster.__init__).parameters) | set(REDIS_ALLOWED_KEYS)
+    return names - {"self", "kwargs", "args"}
+
+
+# How long the server check may wait for Redis (s): `check` must stay quick.
+PROBE_TIMEOUT_S = 1.0
+
+
+def server_problems(cfg: dict | None = None) -> list[tuple[str, str, str]]:
+    """What the Redis server named by the settings says against them
+    (issue 17, item 7), ids ``echomq_django.E015``-``E017``: ``CLUSTER`` on
+    a server that is not a Cluster node (E015), a Cluster node without
+    ``CLUSTER`` (E016: "this is a Redis Cluster node: set CLUSTER"), a DB
+    index the server does not have (E017). Connects to ``URL`` (or
+    ``ECHOMQ_URL``) with a ``PROBE_TIMEOUT_S`` timeout; says nothing when
+    there is no URL, the settings have other problems, or Redis cannot be
+    reached (the commands report that themselves)."""
+    import redis
+
+    cfg = config() if cfg is None else cfg
+    url = os.environ.get("ECHOMQ_URL") or cfg.get("URL")
+    if not isinstance(url, str) or not url.startswith(URL_SCHEMES):
+        return []
+    cluster = cfg.get("CLUSTER", False)
+    if not isinstance(cluster, bool):
+        return []
+    try:
+        options = redis.connection.parse_url(url)
+        db = int(options.pop("db", 0) or 0)
+        kind = options.pop("connection_class", None)
+        if "path" in options:
+            options["unix_socket_path"] = options.pop("path")
+        if kind is redis.connection.SSLConnection:
+            options["ssl"] = True
+        # db 0: a db the server lacks would fail the connection itself
+        options |= {
+            "db": 0,
+            "socket_timeout": PROBE_TIMEOUT_S,
+            "socket_connect_timeout": PROBE_TIMEOUT_S,
+            "retry_on_error": [],
+        }
+        probe = redis.Redis(**options)
+    except (ValueError, TypeError):
+        return []  # a malformed URL: build_client says so
+    try:
+        enabled = probe.info("cluster").get("cluster_enabled") == 1
+        databases = None if enabled else int(probe.config_get("databases").get("databases", 0))
+    except redis.exceptions.ResponseError:
+        return []  # CONFIG refused (a managed server): nothing we can say
+    except redis.exceptions.RedisError:
+        return []
+    finally:
+        probe.close()
+    out = []
+    if cluster and not enabled:
+        out.append(
+            (
+                "echomq_django.E015",
+                f"ECHOMQ CLUSTER is True but {url} is not a Redis Cluster node",
+                "Set CLUSTER to False for a single server (or point URL at a Cluster node).",
+            )
+        )
+    elif enabled and not cluster:
+        out.append(
+            (
+                "echomq_django.E016",
+                f"{url} is a Redis Cluster node: set CLUSTER",
+                "Set ECHOMQ['CLUSTER'] = True: a plain client cannot follow the "
+                "Cluster's redirections (MOVED).",
+            )
+        )
+    elif databases is not None and db >= databases:
+        out.append(
+            (
+                "echomq_django.E017",
+                f"DB index is out of range: {url} selects db {db}, the server has "
+                f"{databases} (0-{databases - 1})",
+                "Use a db index the server has, or raise its 'databases' setting.",
+            )
+        )
+    return out
+
+
+def signal_settings() -> dict[str, int]:
+    """``{"SIGNAL_TRIES": n, "SIGNAL_BACKOFF_MS": ms}`` from ``ECHOMQ``, defaults
+    filled in (3 tries, 500 ms); the defaults when Django is not configured."""
+    cfg = config() if settings.configured else {}
+    return {key: cfg.get(key, default) for key, (default, _low, _cid) in SIGNAL_KEYS.items()}
 
 
 def build_client(cfg: dict):

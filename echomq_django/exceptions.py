@@ -78,6 +78,24 @@ class RedisUnavailable(EchoMQError, ConnectionError):
     """Redis could not be reached; the message says where we tried."""
 
 
+class DependencyError(EchoMQError, ValueError):
+    """remove_child_dependency on a ref that is not an unresolved child of
+    the parent (``EMQDEP``; DESIGN §10.3)."""
+
+
+class RateLimited(EchoMQError):
+    """Raise it in a handler to put the job back without spending an attempt:
+    it runs again after ``retry_after_ms`` (ms, int >= 0), DESIGN §10.3."""
+
+    def __init__(self, retry_after_ms: int = 1000, message: str = "") -> None:
+        if not isinstance(retry_after_ms, int) or isinstance(retry_after_ms, bool):
+            raise TypeError(f"retry_after_ms must be an int (ms), got {retry_after_ms!r}")
+        if retry_after_ms < 0:
+            raise ValueError(f"retry_after_ms must be >= 0 ms, got {retry_after_ms}")
+        super().__init__(message or f"rate limited: retry after {retry_after_ms} ms")
+        self.retry_after_ms = retry_after_ms
+
+
 # code -> exception class; JobNotActive for EMQSTATE is swapped for
 # JobNotRetryable by the retry path, where "not in the expected state" means
 # "not dead".
@@ -88,6 +106,7 @@ ERRORS: dict[str, type[EchoMQError]] = {
     "EMQDUP": DuplicateJob,
     "EMQCONFLICT": FlowConflict,
     "EMQLOCK": SweepLockLost,
+    "EMQDEP": DependencyError,
     "EMQPARENT": JobNotRetryable,
     "EMQCANCELLED": JobCancelled,
 }
@@ -98,6 +117,7 @@ _MESSAGES = {
     "EMQLEASE": "job {1!r} in queue {0!r}: lease token is stale (the lease expired "
     "and the job was recovered or claimed again)",
     "EMQDUP": "job id {1!r} is already used in queue {0!r} (state {2}); ids are unique per queue",
+    "EMQDEP": "parent {1!r} in queue {0!r}: child {2}",
     "EMQPARENT": "job {1!r} in queue {0!r} cannot be retried: its parent {2}/{3} ignored its "
     "death and is {4} now (it went on without it; a child its parent ignored re-attaches "
     "only while the parent waits)",

@@ -16,7 +16,7 @@ import json
 
 from . import flows as _flows
 from .flows import Flow, FlowRef
-from .jobs import Outcome, Policy, to_json
+from .jobs import Outcome, Policy, to_json, to_text
 from .keyspace import validate_id, validate_queue
 
 FLOW_CHUNK = 5000  # nodes per enqueue_flow script: keeps one script well under ~50 ms
@@ -39,7 +39,7 @@ class FlowCalls:
         k = self.keys
         qk = k.queue(queue)
         flat: list[str] = []
-        for (name, pid, pq, policy, ma, bo, gate), group in itertools.groupby(
+        for (name, pid, pq, policy, ma, bo, gate, opts), group in itertools.groupby(
             nodes,
             key=lambda n: (
                 n.name,
@@ -49,6 +49,7 @@ class FlowCalls:
                 n.max_attempts,
                 n.backoff_ms,
                 n.gate,
+                n.opts,
             ),
         ):
             group = list(group)
@@ -61,6 +62,7 @@ class FlowCalls:
                 opt(bo),
                 "1" if gate else "0",
                 str(len(group)),
+                opts,
             ]
             for n in group:
                 if n.children:
@@ -141,6 +143,11 @@ class FlowCalls:
                     nodes=[(n.queue, n.id) for n in nodes],
                     landed=sum(int(c[0]) for c in counts[i]),
                     skipped=sum(int(c[1]) for c in counts[i]),
+                    deduplicated={
+                        (q, to_text(c[j])): to_text(c[j + 1])
+                        for c, (q, _) in zip(counts[i], all_steps[i], strict=True)
+                        for j in range(3, len(c), 2)
+                    },
                 )
             )
         return refs

@@ -21,7 +21,8 @@ from typing import Any
 
 from .exceptions import FlowError
 from .jobs import Policy
-from .keyspace import validate_id, validate_queue, whole_number
+from .keyspace import validate_id, validate_name, validate_queue, whole_number
+from .scheduling import node_options
 
 
 def new_id() -> str:
@@ -48,6 +49,16 @@ class Flow:
     ``ignore_dependency_on_failure=True`` wins over the others;
     ``remove_dependency_on_failure=True`` unlinks it without a record.
     ``max_attempts`` / ``backoff_ms`` (ms) default to the queue's settings.
+
+    Scheduling (DESIGN §10.3, ``scheduling.py`` checks them): ``priority``
+    (int, higher runs first, default 0); ``delay_ms`` (ms; a delayed parent
+    waits for its children and its delay); ``timeout_ms`` (ms per attempt;
+    default the queue's TIMEOUT_MS); ``dedup_key`` / ``dedup_ttl_ms`` (leaf
+    nodes only: a leaf whose key names a live job is not added, and its parent
+    stops waiting for it); ``children_timeout_ms`` (parents only: children
+    not all resolved in time kill the parent with ``children timed out``);
+    ``continue_parent_on_failure=True`` (this child's death releases its
+    parent at once; it cannot be combined with the ignore / remove flags).
     """
 
     queue: str
@@ -60,10 +71,19 @@ class Flow:
     remove_dependency_on_failure: bool = False
     max_attempts: int | None = None
     backoff_ms: int | None = None
+    priority: int = 0
+    delay_ms: int = 0
+    timeout_ms: int | None = None
+    dedup_key: str | None = None
+    dedup_ttl_ms: int | None = None
+    children_timeout_ms: int | None = None
+    continue_parent_on_failure: bool = False
 
     @property
     def policy(self) -> Policy:
-        """The ``Policy`` this node carries (the ignore flag wins)."""
+        """The ``Policy`` this node carries (continue, then ignore, win)."""
+        if self.continue_parent_on_failure:
+            return Policy.CONTINUE_PARENT
         if self.ignore_dependency_on_failure:
             return Policy.IGNORE
         if self.remove_dependency_on_failure:
@@ -74,8 +94,10 @@ class Flow:
 @dataclass
 class FlowRef:
     """What ``add_flow`` landed: the root's queue and id, its direct
-    children's ids, every node as ``(queue, id)`` in landing order, and how
-    many rows were written (``landed``) or already there (``skipped``)."""
+    children's ids, every node as ``(queue, id)`` in landing order, how
+    many rows were written (``landed``) or already there (``skipped``), and
+    the leaves not added because their dedup key names a live job:
+    ``{(queue, leaf id): live job id}`` (DESIGN §10.3)."""
 
     queue: str
     parent_id: str
@@ -83,6 +105,7 @@ class FlowRef:
     nodes: list[tuple[str, str]]
     landed: int = 0
     skipped: int = 0
+    deduplicated: dict[tuple[str, str], str] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -101,6 +124,7 @@ class Node:
     children: list[tuple[str, str]]
     depth: int
     gate: bool = True  # False for an id the host generated: no need to check it is free
+    opts: str = ""  # DESIGN §10.3 settings as enqueue_flow's options JSON ('' = none)
 
 
 def plan(root: Flow, encode) -> list[Node]:
@@ -109,7 +133,9 @@ def plan(root: Flow, encode) -> list[Node]:
     ``encode(payload) -> str`` serialises a payload (raising ``PayloadError``).
     Raises ``FlowError`` for
     a node that is not a ``Flow``, an id used twice in one queue, or a cycle;
-    ``ValueError`` for a bad queue name or id. Nothing is written here.
+    ``ValueError`` for a bad queue name or id (a bad job name is a
+    ``FlowError``, a ``ValueError`` too). Nothing is written here: every
+    node is checked before the first script runs (issue 17, item 7).
     """
     if not isinstance(root, Flow):
         raise FlowError(f"add_flow takes a Flow, got {type(root).__name__}")
@@ -117,6 +143,8 @@ def plan(root: Flow, encode) -> list[Node]:
     seen: set[tuple[str, str]] = set()
     objects: set[int] = set()
     queues: set[str] = set()  # validated once per queue
+    dedups: set[tuple[str, str]] = set()  # (queue, dedup key): one leaf per key in a flow
+    names: set[str] = set()  # and once per job name
     prefix, counter = id_prefix(), itertools.count()
     level: list[tuple[Flow, Node | None]] = [(root, None)]
     depth = 0
@@ -149,8 +177,13 @@ def plan(root: Flow, encode) -> list[Node]:
                 seen.add((queue, job_id))
             else:
                 job_id = f"{prefix}{next(counter):x}"
-            if type(name) is not str or not name:
-                raise FlowError(f"flow node {queue}/{job_id} needs a job name (the handler)")
+            if name not in names:  # validated once per name: flows share a few
+                if type(name) is not str or not name:
+                    raise FlowError(f"flow node {queue}/{job_id} needs a job name (the handler)")
+                try:
+                    names.add(validate_name(name))
+                except ValueError as err:
+                    raise FlowError(f"flow node {queue}/{job_id}: {err}") from None
             children = flow.children
             if type(children) is not list and not isinstance(children, list | tuple):
                 raise FlowError(
@@ -158,6 +191,18 @@ def plan(root: Flow, encode) -> list[Node]:
                     f"got {type(children).__name__}"
                 )
             _check_settings(flow, queue, job_id)
+            opts = (
+                ""
+                if not (
+                    flow.priority
+                    or flow.delay_ms
+                    or flow.timeout_ms is not None
+                    or flow.dedup_key is not None
+                    or flow.dedup_ttl_ms is not None
+                    or flow.children_timeout_ms is not None
+                )
+                else node_options(flow, f"{queue}/{job_id}", bool(children), dedups)
+            )
             node = Node(
                 queue,
                 job_id,
@@ -171,6 +216,7 @@ def plan(root: Flow, encode) -> list[Node]:
                 [],
                 depth,
                 gate,
+                opts,
             )
             if parent is not None:
                 parent.children.append((queue, job_id))
@@ -183,10 +229,18 @@ def plan(root: Flow, encode) -> list[Node]:
 
 
 def _check_settings(flow: Flow, queue: str, job_id: str) -> None:
+    if flow.continue_parent_on_failure and (
+        flow.ignore_dependency_on_failure or flow.remove_dependency_on_failure
+    ):
+        raise FlowError(
+            f"{queue}/{job_id}: continue_parent_on_failure cannot be combined with "
+            "ignore_dependency_on_failure or remove_dependency_on_failure (one policy per child)"
+        )
     if not (
         flow.fail_parent_on_failure
         or flow.ignore_dependency_on_failure
         or flow.remove_dependency_on_failure
+        or flow.continue_parent_on_failure
     ):
         raise FlowError(
             f"{queue}/{job_id}: fail_parent_on_failure=False needs "

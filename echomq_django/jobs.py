@@ -75,7 +75,8 @@ class Policy(StrEnum):
     #: unlinked: recorded in the parent's ``:removed``
     #: (``remove_dependency_on_failure``)
     REMOVE = "rd"
-    #: recorded in the parent's ``:failed``, and the parent is released at once (issue 16)
+    #: recorded in the parent's ``:unsuccessful`` like IGNORE, and the parent
+    #: is released at once (``continue_parent_on_failure``, DESIGN §10.3)
     CONTINUE_PARENT = "cp"
 
 

@@ -13,15 +13,41 @@ here.
 from __future__ import annotations
 
 import re
+import unicodedata
 from dataclasses import dataclass, fields
 
 QUEUE_RULE = "a queue name is 1-64 characters from A-Z a-z 0-9 _ . -"
-ID_RULE = "a job id is 1-128 characters with no '{', '}', ':' or whitespace"
+ID_RULE = (
+    "a job id is 1-128 characters with no '{', '}', ':', whitespace, control or "
+    "format characters (NUL, ESC, bidi overrides, zero-width...) or lone surrogates"
+)
+NAME_RULE = (
+    "a job name (the handler's) is a non-empty string with no control or format "
+    "characters (NUL, ESC, bidi overrides, zero-width...) or lone surrogates"
+)
 PREFIX_RULE = "a prefix is 1-32 characters from A-Z a-z 0-9 _ . -"
 
 _QUEUE_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}\Z")
 _ID_RE = re.compile(r"[^{}:\s]{1,128}\Z")
 _PREFIX_RE = re.compile(r"[A-Za-z0-9_.-]{1,32}\Z")
+_ASCII_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# Unicode categories refused in ids and names: control, format, surrogate.
+_REFUSED = {"Cc": "a control character", "Cf": "a format character", "Cs": "a lone surrogate"}
+
+
+def refused_char(text: str) -> str | None:
+    """Why ``text`` may not be an id or a name, or None: the first control
+    or format character or lone surrogate in it, as ``"U+001B (a control
+    character)"``. They would hide in logs and the admin, reorder or vanish
+    on screen, or (a surrogate) fail to encode after part of a flow landed."""
+    if text.isascii():  # the common case: one regex pass
+        m = _ASCII_CONTROL.search(text)
+        return f"U+{ord(m.group()):04X} (a control character)" if m else None
+    for ch in text:
+        kind = _REFUSED.get(unicodedata.category(ch))
+        if kind:
+            return f"U+{ord(ch):04X} ({kind})"
+    return None
 
 
 def validate_queue(queue: object) -> str:
@@ -39,11 +65,29 @@ def validate_id(job_id: object) -> str:
     """Return ``job_id`` if it is a valid job id (DESIGN §3).
 
     Raises ``ValueError`` naming the rule when it is not a ``str`` of 1-128
-    characters without ``{``, ``}``, ``:`` or whitespace.
+    characters without ``{``, ``}``, ``:``, whitespace, control or format
+    characters or lone surrogates (issue 17, item 7).
     """
     if not isinstance(job_id, str) or not _ID_RE.match(job_id):
         raise ValueError(f"invalid job id {job_id!r}: {ID_RULE}")
+    bad = refused_char(job_id)
+    if bad:
+        raise ValueError(f"invalid job id {job_id!r}: it holds {bad}; {ID_RULE}")
     return job_id
+
+
+def validate_name(name: object) -> str:
+    """Return ``name`` if it is a valid job name (the handler's).
+
+    Raises ``ValueError`` naming the rule when it is not a non-empty ``str``
+    or holds a control or format character or a lone surrogate.
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"invalid job name {name!r}: {NAME_RULE}")
+    bad = refused_char(name)
+    if bad:
+        raise ValueError(f"invalid job name {name!r}: it holds {bad}; {NAME_RULE}")
+    return name
 
 
 def validate_prefix(prefix: object) -> str:
@@ -75,10 +119,20 @@ QUEUE_KEYS = {
     "gc": "gc",  # list: removed parents whose child refs wait in gc:<seq>:<id> (issue 13)
     "gc_seq": "gc:seq",  # counter: the gc bins (issue 13)
     "cancel": "cancel",  # list: 'id offset' of subtrees still to cancel (issue 13)
+    "signals": "signals",  # stream: durable signal events, removed only by dispatch (issue 18)
+    "signal_kinds": "signals:kinds",  # set: the event kinds recorded (issue 18)
+    "signal_lock": "signals:lock",  # string: a dispatcher's pass over the queue (issue 18)
+    "signal_tries": "signals:tries",  # hash: event id -> sends that raised (issue 18)
+    "signal_deadletter": "signals:deadletter",  # list: events given up on (issue 18)
+    "prioritized": "prioritized",  # zset: claimable ids with a priority (issue 16)
+    "pri_seq": "pri:seq",  # counter: FIFO order within a priority (issue 16)
+    "paused": "paused",  # string: set while the queue is paused (issue 16)
+    "limiter": "limiter",  # hash: the RATE_LIMIT window {start, n} (issue 16)
 }
 # Keys that hold one value of a family: the suffix is this prefix + a name.
 JOB_PREFIX = "job:"  # hash P:{q}:job:<id>: the job row; also the child ref
 CLAIM_PREFIX = "claim:"  # string P:{q}:claim:<token>: a claim's memo, for its replay
+SCHEDULE_PREFIX = "schedule:"  # string P:{q}:schedule:<entry>: a periodic entry's mark (issue 16)
 DEDUP_PREFIX = "dedup:"  # string P:{q}:dedup:<key>: the id holding a dedup key (issue 16)
 OP_PREFIX = "op:"  # string P:{q}:op:<token>: a remove/cancel call's memo, for its replay
 GC_PREFIX = "gc:"  # list P:{q}:gc:<seq>:<id>: a removed parent's child refs (issue 13)
@@ -127,6 +181,15 @@ class QueueKeys:
     gc: str
     gc_seq: str
     cancel: str
+    signals: str
+    signal_kinds: str
+    signal_lock: str
+    signal_tries: str
+    signal_deadletter: str
+    prioritized: str
+    pri_seq: str
+    paused: str
+    limiter: str
 
     def job(self, job_id: str) -> str:
         """``P:{q}:job:<id>``; raises ``ValueError`` for a bad id."""
@@ -139,6 +202,10 @@ class QueueKeys:
     def dedup(self, key: str) -> str:
         """``P:{q}:dedup:<key>``: which job holds a deduplication key."""
         return f"{self.base}{DEDUP_PREFIX}{key}"
+
+    def schedule(self, entry: str) -> str:
+        """``P:{q}:schedule:<entry>``: the last tick a periodic entry fired (ms)."""
+        return f"{self.base}{SCHEDULE_PREFIX}{entry}"
 
     def index(self, state: str) -> str:
         """The index key holding jobs in ``state`` (a ``JobState`` or its value)."""

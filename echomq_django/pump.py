@@ -26,11 +26,14 @@ import redis
 from . import signals
 from .client import EchoMQ
 from .conf import get_mq
-from .exceptions import SweepLockLost, connection_error
+from .exceptions import RedisUnavailable, SweepLockLost, connection_error
 from .jobs import Outcome
 from .keyspace import validate_queue
+from .outage import Outage
 
 log = logging.getLogger("echomq_django.pump")
+
+SUMMARY_EVERY_S = 10.0  # seconds between the INFO lines of running totals
 
 
 @dataclass
@@ -200,20 +203,67 @@ class Pump:
             hook(self, reports)
         return {q: r.as_dict() for q, r in reports.items()}
 
-    def run(self, interval: float = 1.0, once: bool = False, should_stop=None, on_sweep=None):
-        """Sweep every ``interval`` seconds until ``should_stop()`` is true (or
-        once). ``on_sweep(reports)`` is called after each pass."""
+    def run(
+        self,
+        interval: float = 1.0,
+        once: bool = False,
+        should_stop=None,
+        on_sweep=None,
+        summary_every: float = SUMMARY_EVERY_S,
+    ) -> None:
+        """Sweep every ``interval`` seconds (at once again while an outbox
+        fills whole batches) until ``should_stop()`` is true, or once.
+        ``on_sweep(reports)`` is called after each pass. Logs each pass's
+        non-zero counts at DEBUG and the running totals at INFO every
+        ``summary_every`` seconds. A Redis outage is waited out with backoff
+        (``outage.Outage``), never raised; ``once`` returns after the first
+        pass that reached Redis."""
+        outage = Outage(self.mq.client, log)
+        summary_at = time.monotonic() + summary_every
         while True:
             started = time.monotonic()
-            reports = self.sweep()
+            try:
+                reports = self.sweep()
+            except RedisUnavailable as err:
+                if self._pause(outage.failed(err), should_stop):
+                    return
+                continue
+            outage.ok()
+            if log.isEnabledFor(logging.DEBUG):
+                busy = {q: {k: v for k, v in r.items() if v} for q, r in reports.items()}
+                log.debug("sweep %s", {q: r for q, r in busy.items() if r} or "idle")
+            if time.monotonic() >= summary_at:
+                self._log_summary()
+                summary_at = time.monotonic() + summary_every
             if on_sweep:
                 on_sweep(reports)
             if once or (should_stop and should_stop()):
                 return
             busy = any(r["delivered"] >= self.batch for r in reports.values())
             wait = 0 if busy else max(0.0, interval - (time.monotonic() - started))
-            deadline = time.monotonic() + wait
-            while time.monotonic() < deadline:
-                if should_stop and should_stop():
-                    return
-                time.sleep(max(0.0, min(0.05, deadline - time.monotonic())))
+            if self._pause(wait, should_stop):
+                return
+
+    @staticmethod
+    def _pause(seconds: float, should_stop) -> bool:
+        """Wait ``seconds``; True when ``should_stop()`` came true meanwhile."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if should_stop and should_stop():
+                return True
+            time.sleep(max(0.0, min(0.05, deadline - time.monotonic())))
+        return False
+
+    def _log_summary(self) -> None:
+        t = self.totals
+        log.info(
+            "pump %s: delivered %d, dead-lettered %d, promoted %d, recovered %d, "
+            "released %d, dead %d",
+            ",".join(self.queues),
+            t.delivered,
+            t.deadlettered,
+            t.promoted,
+            t.recovered,
+            t.released,
+            t.dead,
+        )

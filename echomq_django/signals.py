@@ -47,6 +47,7 @@ job_failed = Signal()
 job_dead = Signal()
 parent_released = Signal()
 flow_failed = Signal()
+job_cancelled = Signal()  # durable only (events.py): sent by the dispatcher for a cancel
 
 
 def send(signal: Signal, sender, **kwargs) -> None:

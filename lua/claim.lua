@@ -17,12 +17,23 @@
           under P:{q}:claim:<token> for the lease length, so a replay of the
           same call (redis-py re-sends a command whose reply was lost) gets
           the same jobs instead of leasing a second batch
+  ARGV[6] rate limit: at most this many claims per window ('0' = no limit),
+          counted for all workers in the hash P:{q}:limiter {start, n}
+          (DESIGN §10.3 RATE_LIMIT)
+  ARGV[7] rate window (ms): a window opens at the first claim after the
+          last one closed
+
+  Order (DESIGN §10.3): priorities > 0 (P:{q}:prioritized, scores < 0, see
+  lib/claimable.lua), then the pending list (priority 0), then priorities < 0;
+  FIFO within a priority. A paused queue (P:{q}:paused) gives nothing.
 
   returns: a JSON array (one bulk string: the host decodes it in one C call
            instead of parsing 11 replies per job), 11 entries per claimed job:
            id, lease token, name, payload, attempts, max_attempts, backoff_ms,
            parent, parent_queue, parent_policy, created_at
-           (strings; an absent field is false)
+           (strings; an absent field is false);
+           '{"paused":1}' when the queue is paused, '{"wait":ms}' when the
+           rate limit's window is full (ms until it opens)
   errors:  none; an id whose row is gone or not pending is dropped silently
            (it was removed by retention or already moved by another path)
 ]]
@@ -37,8 +48,51 @@ local replayed = redis.call('GET', memo)
 if replayed then
   return replayed
 end
-local ids = redis.call('LPOP', pending, count)
-if ids and #ids == count and redis.call('EXISTS', pending) == 1 then
+if redis.call('EXISTS', base .. 'paused') == 1 then
+  redis.call('ZREM', base .. 'wake', WAKE_NOW)  -- resume wakes the workers again
+  return '{"paused":1}'
+end
+-- the rate limit: a fixed window per queue, by the host's clock (DESIGN §5
+-- rule 3), in one hash {start, n} that never grows
+local limit, per = tonumber(ARGV[6]), tonumber(ARGV[7])
+local limiter, start, used = base .. 'limiter', 0, 0
+if limit > 0 then
+  local w = redis.call('HMGET', limiter, 'start', 'n')
+  start, used = tonumber(w[1] or '0'), tonumber(w[2] or '0')
+  if tonumber(now) >= start + per then
+    start, used = tonumber(now), 0
+  end
+  if used >= limit then
+    return cjson.encode({wait = start + per - tonumber(now)})
+  end
+  count = math.min(count, limit - used)
+end
+local ids
+local prioritized = base .. 'prioritized'
+if redis.call('EXISTS', prioritized) == 0 then
+  ids = redis.call('LPOP', pending, count)  -- the plain path: one command
+else
+  ids = redis.call('ZRANGE', prioritized, '-inf', '(0', 'BYSCORE', 'LIMIT', 0, count)
+  if #ids > 0 then
+    redis.call('ZREM', prioritized, unpack(ids))
+  end
+  if #ids < count then
+    for _, id in ipairs(redis.call('LPOP', pending, count - #ids) or {}) do
+      ids[#ids + 1] = id
+    end
+  end
+  if #ids < count then
+    local low = redis.call('ZPOPMIN', prioritized, count - #ids)
+    for i = 1, #low, 2 do
+      ids[#ids + 1] = low[i]
+    end
+  end
+  if #ids == 0 then
+    ids = false
+  end
+end
+if ids and #ids == count
+    and (redis.call('EXISTS', pending) == 1 or redis.call('EXISTS', prioritized) == 1) then
   wake_workers(base)  -- more is waiting: the next idle worker claims it
 else
   redis.call('ZREM', base .. 'wake', WAKE_NOW)  -- drained: nothing left to wake for
@@ -75,6 +129,9 @@ if #leases == 0 then
   return '[]'  -- cjson would encode an empty table as {}
 end
 redis.call('ZADD', active, unpack(leases))
+if limit > 0 then
+  redis.call('HSET', limiter, 'start', start, 'n', used + #leases / 2)
+end
 local reply = cjson.encode(out)
 redis.call('SET', memo, reply, 'PX', ARGV[4])
 return reply

@@ -66,6 +66,7 @@ for i = 4, #ARGV, 3 do
       redis.call('ZADD', base .. 'expire', now + tonumber(f[6]), id)
     end
     emit(base, 'completed', id)
+    signal_event(base, 'completed', id, result)
     free_dedup(base, f[5], id)
     resolve_done(base, id, result, now, f[3], f[4])
     if #OUT.released + #OUT.dead + #OUT.flow_failed + #OUT.revived + OUT.outbox > 0 then

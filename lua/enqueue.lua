@@ -8,6 +8,8 @@
                                prefix: the wake key is built from it)
   KEYS[3] delayed zset         P:{q}:delayed (score: run-at, ms)
   KEYS[4] events stream        P:{q}:events
+  KEYS[5] dedup key            P:{q}:dedup:<key> (string: the live job's id;
+                               unused when ARGV[10] is '')
 
   ARGV[1] queue name
   ARGV[2] job id
@@ -17,9 +19,16 @@
   ARGV[6] backoff base (ms), or '' for the queue's setting
   ARGV[7] now (ms since the epoch, from the host)
   ARGV[8] delay (ms; 0 = claimable now)
+  ARGV[9] priority (integer, higher first; '0' = the default)
+  ARGV[10] dedup key ('' = none): while the job it names is live (not
+          completed, not dead), the add writes nothing and answers that id
+  ARGV[11] dedup ttl (ms; '' = until the job finishes)
+  ARGV[12] timeout of one attempt (ms; '' = the queue's TIMEOUT_MS)
 
   returns: the state written, 'pending' or 'delayed' (a replay of the same
-           call, same name, payload and now, answers the state it wrote)
+           call, same name, payload and now, answers the state it wrote);
+           'deduplicated <id>' when the dedup key names a live job <id> (nothing
+           written)
   errors:  EMQDUP <queue> <id> <state>  the id is taken; nothing is written
 ]]
 local row, pending = KEYS[1], KEYS[2]
@@ -27,6 +36,17 @@ local row, pending = KEYS[1], KEYS[2]
 local base = pending:sub(1, #pending - #'pending')
 local queue, id = ARGV[1], ARGV[2]
 local now, delay = tonumber(ARGV[7]), tonumber(ARGV[8])
+
+local dedup = ARGV[10]
+if dedup ~= '' then
+  local live = redis.call('GET', KEYS[5])
+  if live and live ~= id then
+    local st = redis.call('HGET', base .. 'job:' .. live, 'state')
+    if st and st ~= 'completed' and st ~= 'dead' then
+      return 'deduplicated ' .. live
+    end
+  end
+end
 
 local existing = redis.call('HMGET', row, 'state', 'name', 'payload', 'created_at')
 if existing[1] then
@@ -51,11 +71,28 @@ if ARGV[6] ~= '' then
   fields[#fields + 1] = 'backoff_ms'
   fields[#fields + 1] = ARGV[6]
 end
+if ARGV[9] ~= '0' then
+  fields[#fields + 1] = 'priority'
+  fields[#fields + 1] = ARGV[9]
+end
+if ARGV[12] ~= '' then
+  fields[#fields + 1] = 'timeout_ms'
+  fields[#fields + 1] = ARGV[12]
+end
+if dedup ~= '' then
+  fields[#fields + 1] = 'dedup'
+  fields[#fields + 1] = dedup
+  if ARGV[11] ~= '' then
+    redis.call('SET', KEYS[5], id, 'PX', ARGV[11])
+  else
+    redis.call('SET', KEYS[5], id)
+  end
+end
 redis.call('HSET', row, unpack(fields))
 if state == 'delayed' then
   make_delayed(base, id, now + delay)
 else
-  make_claimable(base, {id})
+  make_claimable(base, {id}, ARGV[9] ~= '0' and ARGV[9] or nil)
 end
 redis.call('XADD', KEYS[4], 'MAXLEN', '~', 10000, '*', 'e', 'added', 'id', id)
 return state

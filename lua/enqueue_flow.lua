@@ -41,11 +41,20 @@
             ('fp'|'id'|'rd'), max_attempts ('' = the queue's), backoff_ms
             (ms; '' = the queue's), gate ('1' = check the id is free; '0'
             for ids the host generated with 72 random bits), node count,
+            options ('' or a JSON object of DESIGN §10.3 settings: p
+            priority, d delay (ms), t timeout (ms), ct children timeout
+            (ms, parents only), k dedup key and kt its ttl (ms), leaves
+            only, so a group with k holds one node),
           then per node: id, payload (JSON text), child count n, n child refs
           (full job keys).
+          A leaf whose dedup key names a live job (not completed, not dead)
+          is not written; its parent stops waiting for it (recorded in
+          :removed, like remove_dependency: here, or through this queue's
+          outbox for a parent on another slot).
 
   returns: {landed, skipped, outbox} counts (outbox: entries pushed for
-           parents on other slots by announcing children)
+           parents on other slots by announcing children), then per
+           deduplicated leaf: its id, the live job's id
   errors:  EMQCONFLICT <queue> <id> <detail>  an id is taken by another job;
            nothing is written
 ]]
@@ -71,18 +80,37 @@ local function same_children(kids, from, n)
   return true
 end
 
+-- the live job holding a dedup key, or nil (DESIGN §10.3)
+local function live_holder(key, id)
+  local live = redis.call('GET', base .. 'dedup:' .. key)
+  if live and live ~= id then
+    local st = redis.call('HGET', base .. 'job:' .. live, 'state')
+    if st and st ~= 'completed' and st ~= 'dead' then
+      return live
+    end
+  end
+  return nil
+end
+
 -- pass 1: gate every id before anything is written
 local skip = {}
 local adopt = {}  -- id -> true: a completed parentless job attached as a child
+local deduped, found = {}, {}  -- leaves whose dedup key is held by a live job
 local total, skipped = 0, 0
 local i = 1
 while i <= #a do
   local name, parent, pq, gate, count = a[i], a[i + 1], a[i + 2], a[i + 6], tonumber(a[i + 7])
-  i = i + 8
+  local opts = (a[i + 8] ~= '') and cjson.decode(a[i + 8]) or nil
+  i = i + 9
   for _ = 1, count do
     local id, nrefs = a[i], tonumber(a[i + 2])
     local row = base .. 'job:' .. id
-    if gate == '1' and redis.call('EXISTS', row) == 1 then
+    local live = opts and opts.k and live_holder(opts.k, id)
+    if live and redis.call('EXISTS', row) == 0 then
+      deduped[id] = live
+      found[#found + 1] = id
+      found[#found + 1] = live
+    elseif gate == '1' and redis.call('EXISTS', row) == 1 then
       local f = redis.call('HMGET', row, 'name', 'parent', 'parent_queue', 'state')
       local fpq = f[3] or queue
       if parent ~= '' and not f[2] and f[1] == name and f[4] == 'completed' then
@@ -102,8 +130,15 @@ while i <= #a do
     i = i + 3 + nrefs
   end
 end
+local function reply(outbox)
+  local out = {total - skipped - #found / 2, skipped, outbox}
+  for _, v in ipairs(found) do
+    out[#out + 1] = v
+  end
+  return out
+end
 if mode ~= 'write' then
-  return {total - skipped, skipped, 0}
+  return reply(0)
 end
 
 -- a finished child met again tells its parent how it ended (guarded there)
@@ -123,7 +158,8 @@ i = 1
 while i <= #a do
   local name, parent, pq, policy, ma, bo, count =
     a[i], a[i + 1], a[i + 2], a[i + 3], a[i + 4], a[i + 5], tonumber(a[i + 7])
-  i = i + 8
+  local opts = (a[i + 8] ~= '') and cjson.decode(a[i + 8]) or {}
+  i = i + 9
   -- the fields every node of the group shares, after name/payload/state/created_at
   local shared = {}
   if ma ~= '' then
@@ -146,11 +182,32 @@ while i <= #a do
       shared[#shared + 1] = policy
     end
   end
+  if opts.p then
+    shared[#shared + 1] = 'priority'
+    shared[#shared + 1] = tostring(opts.p)
+  end
+  if opts.t then
+    shared[#shared + 1] = 'timeout_ms'
+    shared[#shared + 1] = tostring(opts.t)
+  end
+  if opts.k then
+    shared[#shared + 1] = 'dedup'
+    shared[#shared + 1] = opts.k
+  end
+  local delay = tonumber(opts.d or 0)
   local event = parent == '' or pq ~= queue
   for _ = 1, count do
     local id, payload, nrefs = a[i], a[i + 1], tonumber(a[i + 2])
     local row = base .. 'job:' .. id
-    if skip[id] and parent ~= '' then
+    if deduped[id] then
+      local why = 'deduplicated: job ' .. deduped[id] .. ' holds key ' .. opts.k
+      if parent ~= '' and pq == queue then
+        fan_in_dead(base, parent, base .. 'job:' .. id, why, 'rd', tonumber(now))
+      elseif parent ~= '' then
+        push_outbox(base, cjson.encode({k = 'dead',
+          c = base .. 'job:' .. id, p = parent, q = pq, pol = 'rd', v = why}))
+      end
+    elseif skip[id] and parent ~= '' then
       if adopt[id] then
         local link = {'parent', parent}
         if pq ~= queue then
@@ -166,14 +223,35 @@ while i <= #a do
       announce(id, parent, pq)
     elseif not skip[id] then
       local state = (nrefs > 0) and 'awaiting_children' or 'pending'
+      if nrefs == 0 and delay > 0 then
+        state = 'delayed'
+      end
       redis.call('HSET', row, 'name', name, 'payload', payload, 'state', state,
         'created_at', now, unpack(shared))
+      if opts.k then
+        if opts.kt then
+          redis.call('SET', base .. 'dedup:' .. opts.k, id, 'PX', opts.kt)
+        else
+          redis.call('SET', base .. 'dedup:' .. opts.k, id)
+        end
+      end
       if nrefs > 0 then
         for j = i + 3, i + 2 + nrefs, 1000 do
           redis.call('RPUSH', row .. ':children', unpack(a, j, math.min(j + 999, i + 2 + nrefs)))
         end
         redis.call('SET', row .. ':dependencies', nrefs)
         redis.call('ZADD', awaiting, now, id)
+        if delay > 0 then
+          redis.call('HSET', row, 'delay_until', now + delay)
+        end
+        if opts.ct then
+          redis.call('HSET', row, 'children_deadline', now + opts.ct)
+          redis.call('ZADD', base .. 'deadlines', now + opts.ct, id)
+        end
+      elseif delay > 0 then
+        make_delayed(base, id, now + delay)
+      elseif opts.p then
+        make_claimable(base, {id}, opts.p)
       else
         claimable[#claimable + 1] = id
       end
@@ -185,4 +263,4 @@ while i <= #a do
   end
 end
 make_claimable(base, claimable)  -- pushed in order, one wake-up for the call
-return {total - skipped, skipped, OUT.outbox}
+return reply(OUT.outbox)

@@ -72,7 +72,7 @@ if attempts < max_attempts and ARGV[8] ~= '1' then
     OUT.run_at = run_at
   else
     redis.call('HSET', row, 'state', 'pending', 'error', err, 'updated_at', now)
-    make_claimable(base, {id})
+    make_claimable(base, {id}, redis.call('HGET', row, 'priority'))
     OUT.state = 'pending'
   end
   emit(base, 'failed', id)

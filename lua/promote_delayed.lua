@@ -19,15 +19,20 @@ local base, now = ARGV[1], ARGV[2]
 -- @include lib/claimable.lua
 
 local ids = redis.call('ZRANGEBYSCORE', delayed, '-inf', now, 'LIMIT', 0, tonumber(ARGV[3]))
-local moved = {}
+local moved, prios = {}, nil
 for _, id in ipairs(ids) do
   redis.call('ZREM', delayed, id)
   local row = base .. 'job:' .. id
-  if redis.call('HGET', row, 'state') == 'delayed' then
+  local f = redis.call('HMGET', row, 'state', 'priority')
+  if f[1] == 'delayed' then
     redis.call('HSET', row, 'state', 'pending', 'updated_at', now)
     redis.call('XADD', base .. 'events', 'MAXLEN', '~', 10000, '*', 'e', 'promoted', 'id', id)
     moved[#moved + 1] = id
+    if f[2] then  -- its priority is kept (DESIGN §10.3)
+      prios = prios or {}
+      prios[#moved] = f[2]
+    end
   end
 end
-make_claimable(base, moved)
+make_claimable(base, moved, prios)
 return #moved

@@ -24,10 +24,11 @@ local base, now, max_stalls = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[5])
 
 local ids = redis.call('ZRANGEBYSCORE', active, '-inf', '(' .. now, 'LIMIT', 0, tonumber(ARGV[4]))
 OUT.recovered = 0
-local back = {}
+local back, prios = {}, nil
 for _, id in ipairs(ids) do
   local row = base .. 'job:' .. id
-  if redis.call('HGET', row, 'state') ~= 'active' then
+  local f = redis.call('HMGET', row, 'state', 'priority')
+  if f[1] ~= 'active' then
     redis.call('ZREM', active, id)
   else
     local stalls = redis.call('HINCRBY', row, 'stalls', 1)
@@ -40,10 +41,14 @@ for _, id in ipairs(ids) do
       redis.call('HDEL', row, 'lease')
       redis.call('HSET', row, 'state', 'pending', 'updated_at', now)
       back[#back + 1] = id
+      if f[2] then  -- its priority is kept (DESIGN §10.3)
+        prios = prios or {}
+        prios[#back] = f[2]
+      end
       emit(base, 'stalled', id)
       OUT.recovered = OUT.recovered + 1
     end
   end
 end
-make_claimable(base, back)
+make_claimable(base, back, prios)
 return cjson.encode(OUT)

@@ -73,7 +73,7 @@ local function retry_job(jid)
       'retry_token', ARGV[5])
     redis.call('HDEL', key, 'error', 'finished_at', 'result', 'cancel')
     redis.call('ZREM', base .. 'expire', jid)
-    make_claimable(base, {jid})
+    make_claimable(base, {jid}, redis.call('HGET', key, 'priority'))
     emit(base, 'retried', jid)
     OUT.retried[#OUT.retried + 1] = base .. jid
     reattach_up(base, jid, now)

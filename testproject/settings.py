@@ -131,16 +131,19 @@ CACHES = {
 # echomq_django (DESIGN §8). The connection is the "default" cache above; the
 # library also honours the ECHOMQ_URL environment variable, which when set
 # overrides the connection.
+# The demo's crash test (orders_demo --crash-after) shortens the leases so a
+# killed worker's jobs come back in seconds.
+_LEASE_MS = int(os.environ.get("ECHOMQ_DEMO_LEASE_MS", "30000"))
 ECHOMQ = {
     "CACHE": "default",
     "PREFIX": os.environ.get("ECHOMQ_PREFIX", "emq"),
     "QUEUES": {
-        "orders": {"MAX_ATTEMPTS": 3, "BACKOFF_MS": 200, "LEASE_MS": 30000},
+        "orders": {"MAX_ATTEMPTS": 3, "BACKOFF_MS": 200, "LEASE_MS": _LEASE_MS},
         # Small backoffs keep the demo quick (issue 7): an out-of-stock line
         # spends its 2 attempts in ~0.1 s, a declined card its 4 in ~0.7 s.
-        "validation": {"BACKOFF_MS": 100},
-        "inventory": {"MAX_ATTEMPTS": 2, "BACKOFF_MS": 100},
-        "payments": {"MAX_ATTEMPTS": 4, "BACKOFF_MS": 100},
+        "validation": {"BACKOFF_MS": 100, "LEASE_MS": _LEASE_MS},
+        "inventory": {"MAX_ATTEMPTS": 2, "BACKOFF_MS": 100, "LEASE_MS": _LEASE_MS},
+        "payments": {"MAX_ATTEMPTS": 4, "BACKOFF_MS": 100, "LEASE_MS": _LEASE_MS},
     },
 }
 

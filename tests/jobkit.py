@@ -50,6 +50,8 @@ def where(mq: EchoMQ, queue: str, job_id: str) -> list[str]:
     out = ["pending"] * sum(
         _text(v) == job_id for v in c.lrange(k.queue_key(queue, "pending"), 0, -1)
     )
+    if c.zscore(k.queue_key(queue, "prioritized"), job_id) is not None:
+        out.append("pending")  # a job with a priority waits there (DESIGN §10.3)
     for name in INDEXES[1:]:
         if c.zscore(k.queue_key(queue, name), job_id) is not None:
             out.append(name)

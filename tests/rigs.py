@@ -95,6 +95,40 @@ class Cluster:
                 c.close()
         raise RigError(f"no live node knows the master of {key!r}")
 
+    def shard_ports(self, key: str) -> list[int]:
+        """The ports serving ``key``'s slot: its master first, then its
+        replicas (from CLUSTER NODES: CLUSTER SLOTS may not list a replica
+        yet)."""
+        for node in self.live():
+            c = node.client(socket_timeout=1)
+            try:
+                slot = int(c.execute_command("CLUSTER KEYSLOT", key))
+                raw = c.execute_command("CLUSTER", "NODES")
+            except redis.RedisError:
+                continue
+            finally:
+                c.close()
+            text = raw.decode() if isinstance(raw, bytes) else str(raw)
+            rows = [line.split() for line in text.splitlines() if line.strip()]
+            port = {r[0]: int(r[1].split("@")[0].rsplit(":", 1)[1]) for r in rows}
+            for r in rows:
+                for part in r[8:]:
+                    low, _, high = part.partition("-")
+                    if low.isdigit() and int(low) <= slot <= int(high or low):
+                        replicas = [port[x[0]] for x in rows if x[3] == r[0]]
+                        return [port[r[0]], *replicas]
+        raise RigError(f"no live node knows the shard of {key!r}")
+
+    def kill_shard(self, key: str) -> list[RedisProcess]:
+        """SIGKILL the master serving ``key`` and its replicas: no failover can
+        happen, so every node answers CLUSTERDOWN until ``restart``."""
+        ports = self.shard_ports(key)
+        dead = [n for n in self.nodes if n.port in ports]
+        for node in dead:
+            node.proc.kill()
+            node.proc.wait(timeout=5)
+        return dead
+
     def kill_master(self, key: str) -> RedisProcess:
         """SIGKILL the master serving ``key``; returns its (dead) process."""
         port = self.master_port(key)

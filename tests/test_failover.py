@@ -6,11 +6,50 @@ working once the promotion is done, pipelined script calls included."""
 
 from __future__ import annotations
 
-import pytest
+import threading
 
-from echomq_django import EchoMQ, Flow, JobState
+import pytest
+import redis
+
+from echomq_django import EchoMQ, Flow, JobState, Worker, handler
+from tests import rigs
+from tests.workerkit import Background, wait_for
 
 pytestmark = pytest.mark.e2e
+
+GATE = threading.Event()  # the handler below finishes once the test opens it
+RAN: list[str] = []
+
+
+@handler("faults.gated")
+def gated(job):
+    """Records that it ran, waits for the test's fault, returns its id."""
+    RAN.append(job.id)
+    GATE.wait(30)
+    return {"ok": job.id}
+
+
+def _run_one_job_through(mq, queue: str, fault, heal, caplog) -> Worker:
+    """A burst worker runs one ``faults.gated`` job; ``fault()`` strikes
+    while the handler runs, the handler returns into it, ``heal()`` ends it
+    once the worker has met it (it logged a retry, or a dropped result).
+    Returns the worker once it is done."""
+    GATE.clear()
+    RAN.clear()
+    mq.enqueue(queue, "faults.gated", {}, job_id="j1")
+    worker = Worker([queue], concurrency=1, mq=mq, poll_interval=0.05)
+    run = Background(worker, burst=True)
+    wait_for(lambda: RAN == ["j1"], what="the handler to start")
+    fault()
+    GATE.set()  # the result is reported into the fault
+    words = ("retrying in", "refused the result", "result dropped")
+    wait_for(
+        lambda: any(w in r.getMessage() for r in caplog.records for w in words),
+        what="the report to meet the fault",
+    )
+    heal()
+    run.join(60)
+    return worker
 
 
 def _flow(i: int) -> Flow:
@@ -42,3 +81,64 @@ def test_add_flow_works_after_the_queue_master_fails_over(redis_cluster_ha, rch)
         assert sorted(mq.job_ids("orders", "pending")) == ["c1", "c2"]
     finally:
         redis_cluster_ha.restart(dead)
+
+
+def test_a_result_refused_by_a_read_only_server_is_kept_and_retried(caplog):
+    # issue 17, item 3: READONLY (a master demoted under the worker) is
+    # transient, not a refusal: the result is kept and reported later
+    server = rigs.start_server()
+    client = redis.Redis(host=rigs.HOST, port=server.port)
+    admin = server.client()
+    try:
+        mq = EchoMQ(client, prefix="emq")
+        worker = _run_one_job_through(
+            mq,
+            "q",
+            fault=lambda: admin.replicaof(
+                rigs.HOST, rigs.free_port()
+            ),  # a master that never answers
+            heal=lambda: admin.replicaof("NO", "ONE"),
+            caplog=caplog,
+        )
+        job = mq.get_job("q", "j1")
+        assert (job.state, job.result) == (JobState.COMPLETED, {"ok": "j1"})
+        assert RAN == ["j1"]  # the handler ran once
+        assert worker.stats["lost"] == 0
+    finally:
+        client.close()
+        admin.close()
+        server.stop()
+
+
+def test_a_result_reported_while_the_cluster_is_down_is_kept_and_retried(
+    redis_cluster_ha, rch, caplog
+):
+    # issue 17, item 3: CLUSTERDOWN (a shard with no master) is transient: the
+    # worker used to log "Redis refused the result: ClusterDownError" and drop it
+    mq = EchoMQ(rch, prefix="emq")
+    cluster = redis_cluster_ha
+    mine = cluster.shard_ports(mq.keys.queue("q").pending)
+    other = next(f"x{i}" for i in range(100) if cluster.shard_ports(f"{{x{i}}}")[0] != mine[0])
+    dead: list = []
+
+    def fault():
+        dead.extend(cluster.kill_shard(f"{{{other}}}"))
+        live = [node.client(socket_timeout=1) for node in cluster.live()]
+        try:
+            wait_for(
+                lambda: all(rigs.cluster_state(c) == "fail" for c in live),
+                what="every live node to answer CLUSTERDOWN",
+            )
+        finally:
+            for c in live:
+                c.close()
+
+    def heal():
+        for node in dead:  # the master first: it takes its slots back
+            cluster.restart(node)
+
+    worker = _run_one_job_through(mq, "q", fault, heal, caplog)
+    job = mq.get_job("q", "j1")
+    assert (job.state, job.result) == (JobState.COMPLETED, {"ok": "j1"})
+    assert RAN == ["j1"]
+    assert worker.stats["lost"] == 0

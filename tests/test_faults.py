@@ -111,3 +111,92 @@ def test_retry_of_an_ignored_child_is_refused_once_the_parent_went_on(mq):
         mq.retry("p", "A")
     assert mq.get_job("p", "A").state is JobState.DEAD  # nothing written
     assert mq.ignored_failures("p", "P") == {mq.keys.child_ref("p", "A"): "boom"}
+
+
+# -- item 7: bad input is refused before any write ------------------------------
+
+BAD_TEXT = {
+    "NUL": "a\x00b",
+    "ESC": "a\x1b[31mb",
+    "bidi override": "a\u202eb",
+    "zero width": "a\u200bb",
+    "lone surrogate": "a\ud800b",
+}
+
+
+@pytest.mark.parametrize("text", BAD_TEXT.values(), ids=BAD_TEXT.keys())
+def test_ids_and_names_with_control_or_format_characters_are_refused(mq, text):
+    with pytest.raises(ValueError, match="control or format characters"):
+        mq.enqueue("q", "x", {}, job_id=text)
+    with pytest.raises(ValueError, match="control or format characters"):
+        mq.add_flow(Flow("q", "x", {}, job_id=text))
+    with pytest.raises(ValueError, match="control or format characters"):
+        mq.add_flow(Flow("q", "x", {}, children=[Flow("q", text, {})]))
+    assert mq.client.keys("*") == []
+
+
+def test_a_cross_queue_flow_with_a_bad_child_name_lands_nothing(mq):
+    flow = Flow("p", "parent", {}, job_id="root", children=[Flow("c", "bad\ud800", {})])
+    with pytest.raises(ValueError, match=r"it holds U\+D800 \(a lone surrogate\)"):
+        mq.add_flow(flow)
+    assert mq.client.keys("*") == []  # the root did not land, awaiting for ever
+
+
+def test_unicode_letters_stay_valid_in_ids_and_names(mq):
+    mq.enqueue("q", "envoyer.reçu", {}, job_id="commande-été-42")
+    assert mq.get_job("q", "commande-été-42").name == "envoyer.reçu"
+
+
+GOOD = {"URL": "redis://127.0.0.1:1/0", "QUEUES": {"orders": {"MAX_ATTEMPTS": 3}}}
+
+
+def check_ids(cfg, deploy: bool = False) -> list[str]:
+    from django.core.checks import run_checks
+    from django.test import override_settings
+
+    with override_settings(ECHOMQ=cfg):
+        found = run_checks(databases=[], include_deployment_checks=deploy)
+        return [m.id for m in found if m.id.startswith("echomq_django.")]
+
+
+@pytest.fixture
+def no_env_url(monkeypatch):
+    from echomq_django import conf
+
+    monkeypatch.delenv("ECHOMQ_URL", raising=False)
+    conf.reset()
+    yield
+    conf.reset()
+
+
+@pytest.mark.parametrize(
+    "cfg, expected",
+    [
+        ({**GOOD, "QUEUES": {"orders": {"LEASE_MS": 0}}}, ["echomq_django.E011"]),
+        ({**GOOD, "MAX_PAYLOAD_BYTES": "1000"}, ["echomq_django.E012"]),
+        ({**GOOD, "MAX_PAYLOAD_BYTES": -1}, ["echomq_django.E012"]),
+        ({**GOOD, "MAX_PAYLOAD_BYTES": 0}, ["echomq_django.E012"]),
+        ({**GOOD, "MAX_PAYLOAD_BYTES": True}, ["echomq_django.E012"]),
+        ({**GOOD, "OPTIONS": {"bogus": 1}}, ["echomq_django.E013"]),
+        ({**GOOD, "OPTIONS": ["socket_timeout"]}, ["echomq_django.E013"]),
+        ({**GOOD, "CLUSTER": "yes"}, ["echomq_django.E014"]),
+        ({**GOOD, "OPTIONS": {"socket_timeout": 5}, "MAX_PAYLOAD_BYTES": 1000}, []),
+        ({**GOOD, "CLUSTER": True, "OPTIONS": {"read_from_replicas": True}}, []),
+    ],
+)
+def test_settings_that_would_misbehave_fail_the_check(no_env_url, cfg, expected):
+    assert check_ids(cfg) == expected
+
+
+def test_check_deploy_compares_cluster_with_the_server(no_env_url, redis_server, redis_cluster):
+    single, node = redis_server, redis_cluster.url
+    assert check_ids({"URL": single}, deploy=True) == []
+    assert check_ids({"URL": single, "CLUSTER": True}, deploy=True) == ["echomq_django.E015"]
+    assert check_ids({"URL": single, "CLUSTER": True}) == []  # plain check: no Redis I/O
+    assert check_ids({"URL": node, "CLUSTER": True}, deploy=True) == []
+    assert check_ids({"URL": node}, deploy=True) == ["echomq_django.E016"]
+    assert check_ids({"URL": single.replace("/0", "/99")}, deploy=True) == ["echomq_django.E017"]
+    from echomq_django import conf
+
+    [(_, message, _)] = conf.server_problems({"URL": node})
+    assert message == f"{node} is a Redis Cluster node: set CLUSTER"

@@ -332,8 +332,8 @@ def test_intermediate_node_runs_then_fans_into_the_root(tmq) -> None:
     for leaf_id in ("l4", "l1"):
         assert complete(tmq, leaf_id, leaf_id).released == []
     assert complete(tmq, "l2", "l2").released == [("q", "m1")]
+    assert complete(tmq, "m1", "m1").released == []  # a released parent goes first (§10.3)
     assert complete(tmq, "l3", "l3").released == [("q", "m3")]
-    assert complete(tmq, "m1", "m1").released == []
     m3 = claim_one(tmq, "q", "m3")
     assert m3.children_values() == {ref(tmq, "l3"): "l3"}
     assert tmq.complete(m3, "m3").released == [("q", "m2")]

@@ -113,7 +113,10 @@ def test_bad_job_id_raises_naming_the_rule(job_id) -> None:
     with pytest.raises(ValueError) as exc:
         K.job("orders", job_id)
     assert str(exc.value) == f"invalid job id {job_id!r}: {ID_RULE}"
-    assert ID_RULE == "a job id is 1-128 characters with no '{', '}', ':' or whitespace"
+    assert ID_RULE == (
+        "a job id is 1-128 characters with no '{', '}', ':', whitespace, control or "
+        "format characters (NUL, ESC, bidi overrides, zero-width...) or lone surrogates"
+    )
 
 
 @pytest.mark.parametrize("prefix", ["", "a:b", "{p}", "x" * 33])

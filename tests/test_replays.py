@@ -120,7 +120,7 @@ def test_a_replayed_claim_returns_the_same_jobs(mq):
     k = mq.keys
     call = (
         [k.queue_key("q", "pending"), k.queue_key("q", "active"), k.queue_key("q", "lease:seq")],
-        [k.base("q"), 2, 1_000_000, 5000, "claim-token-1"],
+        [k.base("q"), 2, 1_000_000, 5000, "claim-token-1", 0, 0],
     )
     first = mq.scripts.run("claim", *call)
     assert mq.scripts.run("claim", *call) == first  # the replay leases nothing new

@@ -11,9 +11,11 @@ import pytest
 from redis.cluster import RedisCluster
 
 from echomq_django import JobState
+from echomq_django.dispatch import Dispatcher
 from echomq_django.pump import Pump
 from echomq_django.scripts import Scripts, load_sources, lua_dir, parse_header
 from tests import jobkit
+from tests.eventkit import EventMQ
 from tests.jobkit import assert_state, claim_one, leaf, node
 
 REPO = Path(__file__).resolve().parent.parent
@@ -71,6 +73,8 @@ def test_lib_is_inlined_not_a_script() -> None:
     assert sorted(sources) == NAMES
     flow = (REPO / "lua" / "lib" / "flow.lua").read_text()
     claimable = (REPO / "lua" / "lib" / "claimable.lua").read_text()
+    events = (REPO / "lua" / "lib" / "events.lua").read_text()
+    flow = flow.replace("-- @include lib/events.lua\n", events + "\n")
     flow_head, flow_tail = flow.split("-- @include lib/claimable.lua")
     for name, src in sources.items():
         assert "-- @include" not in src.text
@@ -81,6 +85,8 @@ def test_lib_is_inlined_not_a_script() -> None:
         # through lib/flow.lua
         uses_claimable = uses_flow or "-- @include lib/claimable.lua" in raw
         assert src.text.count(claimable) == int(uses_claimable), name
+        # lib/events.lua (durable signal events) comes with lib/flow.lua, once
+        assert src.text.count("local function signal_event(") == int(uses_flow), name
 
 
 def test_lua_dir_is_the_checkout() -> None:
@@ -107,7 +113,7 @@ def test_parse_header_refuses_a_bad_header(raw: str, problem: str) -> None:
 
 
 def test_registry_refuses_a_call_that_breaks_the_header(mq) -> None:
-    with pytest.raises(TypeError, match="script claim takes 3 KEYS and 5 ARGV, got 2 and 5"):
+    with pytest.raises(TypeError, match="script claim takes 3 KEYS and 7 ARGV, got 2 and 5"):
         mq.scripts.run("claim", ["a", "b"], [1, 2, 3, 4, 5])
     with pytest.raises(TypeError, match=r"script flow_deliver takes 2 KEYS and 3\+ ARGV"):
         mq.scripts.run_many([("flow_deliver", ["a", "b"], [1, 2])])
@@ -136,6 +142,24 @@ def drive_every_operation(mq, clock) -> None:
     life = jobkit.LifecycleMQ(mq.client, prefix="emq", clock=clock)
     life.cancel("q", "p")
     life.remove("q", "p")  # then prune goes on with its subtree
+    ev = EventMQ(mq.client, prefix="emq", clock=clock)
+    ev.subscribe_events(["q"], ["completed"])
+    ev.enqueue("q", "signalled", None, job_id="s9")
+    jobs = ev.claim("q", 10)
+    ev.complete_many([(job, "done") for job in jobs])
+    assert Dispatcher(["q"], mq=ev).dispatch("q").sent == len(jobs) > 0  # signals_ack
+    # DESIGN §10.3: pause, flow control, the children timeout, postpone, schedule marks
+    mq.pause("q")
+    mq.resume("q")
+    mq.add_flow(node("f", [leaf("f1"), leaf("f2")], children_timeout_ms=10))
+    mq.remove_child_dependency("q", "f", mq.keys.job("q", "f1"))
+    mq.remove_unprocessed_children("q", "f")
+    mq.add_flow(node("g", [leaf("g1")], children_timeout_ms=10))
+    clock.advance(10)
+    assert mq.expire_children("q")[0] == 1
+    mq.enqueue("q", "later", None, job_id="s3")
+    mq.postpone(mq.claim("q", 1)[0], 5)
+    mq.schedule_mark("q", "tick", 1, "init")
     assert len(mq.enqueue_many("bulk", [("n", 1), ("n", 2, {"delay_ms": 5})])) == 2
 
 

@@ -1,11 +1,14 @@
 """The flow invariants of DESIGN §4, proven by a stateful property test
 (issue 3 point 6), on the single server and on the Cluster.
 
-Hypothesis builds random same-queue flows (depth 1-3, policies fp/id/rd,
-max_attempts 1-3, backoff 0 or 50 ms) and drives random operations: claim,
+Hypothesis builds random same-queue flows (depth 1-3, policies fp/id/rd/cp,
+max_attempts 1-3, backoff 0 or 50 ms, priorities -1..2, a children timeout on
+some parents, dedup keys on some leaves) and drives random operations: claim,
 complete, fail (plain or dead=True), a duplicate completion with a stale
 lease, lease expiry + recover_stalled, promotion of delayed jobs, retry by id
-of a dead job (and of a job that is not dead). ``Model`` is the reference: a
+of a dead job (and of a job that is not dead), remove_child_dependency, and
+the children-timeout sweep (DESIGN §10.3). A claim must take the highest
+priorities first. ``Model`` is the reference: a
 few lines per transition, written from DESIGN §4, not from the Lua. After
 every step Redis must agree with it and the invariants must hold:
 
@@ -40,7 +43,14 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from echomq_django import EchoMQ, Flow, JobNotActive, JobNotRetryable, LeaseLost
+from echomq_django import (
+    DependencyError,
+    EchoMQ,
+    Flow,
+    JobNotActive,
+    JobNotRetryable,
+    LeaseLost,
+)
 from echomq_django.jobs import JobState
 from echomq_django.keyspace import STATE_INDEX
 from tests.jobkit import INDEXES, Clock
@@ -74,6 +84,9 @@ class Node:
     counter: int = 0
     releases: int = 0
     hashes: dict[str, set] = field(default_factory=lambda: {p: set() for p in PARTS})
+    priority: int = 0
+    deadline: int | None = None  # children deadline (ms) while in P:{q}:deadlines
+    dedup: str | None = None  # the dedup key it holds
 
 
 class Model:
@@ -84,6 +97,18 @@ class Model:
         self.jobs: dict[str, Node] = {}
         self.released: list[str] = []
         self.dead: list[str] = []
+        self.keys: dict[str, str] = {}  # dedup key -> the live job holding it
+
+    def release(self, pid: str) -> None:
+        p = self.jobs[pid]
+        p.state, p.releases, p.deadline = "pending", p.releases + 1, None
+        self.released.append(pid)
+
+    def finish(self, jid: str) -> None:
+        """A job completed or died: its dedup key is free."""
+        key = self.jobs[jid].dedup
+        if key and self.keys.get(key) == jid:
+            del self.keys[key]
 
     def ids(self, state: str) -> list[str]:
         return sorted(i for i, n in self.jobs.items() if n.state == state)
@@ -92,8 +117,7 @@ class Model:
         p = self.jobs[pid]
         p.counter = max(p.counter - 1, 0)
         if p.counter == 0 and p.state == AWAIT:
-            p.state, p.releases = "pending", p.releases + 1
-            self.released.append(pid)
+            self.release(pid)
 
     def reattach(self, pid: str, cid: str) -> None:
         p = self.jobs[pid]
@@ -131,6 +155,7 @@ class Model:
     def complete(self, jid: str) -> None:
         j = self.jobs[jid]
         j.state = "completed"
+        self.finish(jid)
         if j.parent and not (
             jid in self.jobs[j.parent].hashes["unsuccessful"]
             or jid in self.jobs[j.parent].hashes["removed"]
@@ -146,12 +171,15 @@ class Model:
             return
         j.state = "dead"
         self.dead.append(jid)
+        self.finish(jid)
         if not j.parent or self.resolved(j.parent, jid):
             return
         p = self.jobs[j.parent]
         if j.policy != "fp":
-            p.hashes["unsuccessful" if j.policy == "id" else "removed"].add(jid)
+            p.hashes["removed" if j.policy == "rd" else "unsuccessful"].add(jid)
             self.decrement(j.parent)
+            if j.policy == "cp" and p.state == AWAIT:  # continue_parent_on_failure
+                self.release(j.parent)
         elif jid not in p.hashes["failed"]:
             p.hashes["failed"].add(jid)
             if p.state == AWAIT:
@@ -185,12 +213,16 @@ class Model:
                 self.reattach(jid, cid)
 
 
+POLICIES = ["fp", "id", "rd", "cp"]
+PRIORITIES = st.sampled_from([0, 0, 0, -1, 1, 2])
 leaves = st.builds(
     dict,
-    policy=st.sampled_from(["fp", "id", "rd"]),
+    policy=st.sampled_from(POLICIES),
     max_attempts=st.integers(1, 3),
     backoff_ms=st.sampled_from([0, 50]),
     children=st.just([]),
+    priority=PRIORITIES,
+    dedup=st.sampled_from([None, None, "k0", "k1"]),
 )
 
 
@@ -199,10 +231,12 @@ def shapes(depth: int) -> st.SearchStrategy[dict]:
     kids = leaves if depth == 1 else st.one_of(leaves, shapes(depth - 1))
     return st.builds(
         dict,
-        policy=st.sampled_from(["fp", "id", "rd"]),
+        policy=st.sampled_from(POLICIES),
         max_attempts=st.integers(1, 3),
         backoff_ms=st.sampled_from([0, 50]),
         children=st.lists(kids, min_size=1, max_size=3),
+        priority=PRIORITIES,
+        timeout=st.sampled_from([None, None, 1500, 4000]),
     )
 
 
@@ -211,6 +245,7 @@ POLICY_FLAGS = {
     "fp": {},
     "id": {"ignore_dependency_on_failure": True},
     "rd": {"remove_dependency_on_failure": True},
+    "cp": {"continue_parent_on_failure": True},
 }
 
 
@@ -224,11 +259,35 @@ class FlowMachine(RuleBasedStateMachine):
         self.mq = EchoMQ(self.client, prefix=f"s{next(self.prefixes)}", clock=self.clock)
         self.model = Model()
         self.holders: dict = {}  # job id -> the Job holding its current lease
+        self.deduped: list = []  # (leaf id, parent id) of leaves not added
         self.stale: list = []  # Job objects whose lease is gone
         self.names = itertools.count()
 
-    def build(self, shape: dict, parent: str | None) -> Flow:
+    def build(self, shape: dict, parent: str | None, taken: set) -> Flow:
+        """The Flow for ``shape`` and the model's nodes for it (a leaf whose
+        dedup key a live job holds is planned as deduplicated: not added,
+        its parent not waiting for it). ``taken``: keys used in this flow."""
         jid = f"j{next(self.names)}"
+        timeout = shape.get("timeout") if shape["children"] else None
+        key = None if parent is None else shape.get("dedup")
+        if key in taken:
+            key = None  # one leaf per key in a flow (a FlowError otherwise)
+        taken.add(key)
+        flow = Flow(
+            Q,
+            "n",
+            None,
+            job_id=jid,
+            max_attempts=shape["max_attempts"],
+            backoff_ms=shape["backoff_ms"],
+            priority=shape["priority"],
+            children_timeout_ms=timeout,
+            dedup_key=key,
+            **(POLICY_FLAGS[shape["policy"]] if parent else {}),
+        )
+        if key and key in self.model.keys:
+            self.deduped.append((jid, parent))
+            return flow
         self.model.jobs[jid] = Node(
             parent,
             shape["policy"] if parent else "fp",
@@ -237,19 +296,15 @@ class FlowMachine(RuleBasedStateMachine):
             shape["backoff_ms"],
             AWAIT if shape["children"] else "pending",
             counter=len(shape["children"]),
+            priority=shape["priority"],
+            deadline=None if timeout is None else self.clock.now + timeout,
+            dedup=key,
         )
-        kids = [self.build(c, jid) for c in shape["children"]]
-        self.model.jobs[jid].children = [k.job_id for k in kids]
-        return Flow(
-            Q,
-            "n",
-            None,
-            job_id=jid,
-            children=kids,
-            max_attempts=shape["max_attempts"],
-            backoff_ms=shape["backoff_ms"],
-            **POLICY_FLAGS[shape["policy"]],
-        )
+        if key:
+            self.model.keys[key] = jid
+        flow.children = [self.build(c, jid, taken) for c in shape["children"]]
+        self.model.jobs[jid].children = [k.job_id for k in flow.children]
+        return flow
 
     @initialize(shape=flows)
     def first_flow(self, shape) -> None:
@@ -259,14 +314,25 @@ class FlowMachine(RuleBasedStateMachine):
     @rule(shape=flows)
     def add_flow(self, shape) -> None:
         before = len(self.model.jobs)
-        flow = self.build(shape, None)
-        assert self.mq.add_flow(flow).landed == len(self.model.jobs) - before
+        self.deduped = []
+        flow = self.build(shape, None, set())
+        ref = self.mq.add_flow(flow)
+        assert ref.landed == len(self.model.jobs) - before
+        assert sorted(i for _, i in ref.deduplicated) == sorted(i for i, _ in self.deduped)
+        self.model.released = []
+        for leaf, pid in self.deduped:  # the parent stops waiting for it (:removed)
+            self.model.jobs[pid].hashes["removed"].add(leaf)
+            self.model.decrement(pid)
 
     @rule(count=st.integers(1, 3))
     def claim(self, count) -> None:
         pending = self.model.ids("pending")
         jobs = self.mq.claim(Q, count, lease_ms=LEASE_MS)
         assert len(jobs) == min(count, len(pending))
+        left = set(pending) - {j.id for j in jobs}
+        if jobs and left:  # higher priorities first (DESIGN §10.3)
+            taken = min(self.model.jobs[j.id].priority for j in jobs)
+            assert taken >= max(self.model.jobs[i].priority for i in left)
         for job in jobs:
             node = self.model.jobs[job.id]
             assert node.state == "pending", job.id
@@ -356,6 +422,44 @@ class FlowMachine(RuleBasedStateMachine):
         self.step(self.model.retry, jid)
         assert outcome.state.value == self.model.jobs[jid].state
 
+    @precondition(lambda self: self.model.ids(AWAIT))
+    @rule(data=st.data())
+    def remove_child_dependency(self, data) -> None:
+        pid = data.draw(st.sampled_from(self.model.ids(AWAIT)))
+        node = self.model.jobs[pid]
+        cid = data.draw(st.sampled_from(node.children))
+        ref = self.mq.keys.job(Q, cid)
+        if any(cid in h for h in node.hashes.values()):
+            with pytest.raises(DependencyError, match="has resolved its parent already"):
+                self.mq.remove_child_dependency(Q, pid, ref)
+            return
+        outcome = self.mq.remove_child_dependency(Q, pid, ref)
+        released, _ = self.step(
+            lambda: (node.hashes["removed"].add(cid), self.model.decrement(pid))
+        )
+        assert sorted(i for _, i in outcome.released) == released
+
+    @precondition(lambda self: any(n.deadline for n in self.model.jobs.values()))
+    @rule()
+    def children_time_out(self) -> None:
+        self.clock.advance(1000)
+        expired, outcome = self.mq.expire_children(Q)
+        due = [i for i, n in self.model.jobs.items() if n.deadline and n.deadline <= self.clock.now]
+
+        def expire():
+            n = 0
+            for pid in sorted(due, key=lambda i: (self.model.jobs[i].deadline, i)):
+                self.model.jobs[pid].deadline = None
+                if self.model.jobs[pid].state == AWAIT:
+                    self.model.kill(pid)
+                    n += 1
+            return n
+
+        self.model.released, self.model.dead = [], []
+        assert expired == expire()
+        assert sorted(i for _, i in outcome.dead) == sorted(self.model.dead)
+        assert sorted(i for _, i in outcome.released) == sorted(self.model.released)
+
     @invariant()
     def redis_agrees_with_the_model(self) -> None:
         k, ids = self.mq.keys, sorted(self.model.jobs)
@@ -364,6 +468,7 @@ class FlowMachine(RuleBasedStateMachine):
         for jid in ids:
             pipe.hmget(k.job(Q, jid), "state", "attempts")
         pipe.lrange(k.queue_key(Q, "pending"), 0, -1)
+        pipe.zrange(k.queue_key(Q, "prioritized"), 0, -1)
         for name in INDEXES[1:]:
             pipe.zrange(k.queue_key(Q, name), 0, -1)
         for pid in parents:
@@ -373,6 +478,7 @@ class FlowMachine(RuleBasedStateMachine):
         pipe.xrange(k.queue_key(Q, "events"))
         replies = [self.decode(r) for r in pipe.execute()]
         rows, replies = replies[: len(ids)], replies[len(ids) :]
+        replies[0] = replies[0] + replies.pop(1)  # a job with a priority is pending too
         held: dict[str, list[str]] = {}
         for name, members in zip(INDEXES, replies[: len(INDEXES)], strict=False):
             for jid in members:

@@ -16,10 +16,11 @@ imports inside a function, where Django wants it):
 3. protocol: ``EchoMQ`` (``client``, with its flow half ``flowcalls``),
    the only caller of the Lua scripts.
 4. settings: ``conf`` (reads ``ECHOMQ``, builds the process-wide ``EchoMQ``).
-5. runner parts: the wake-ups and timers (``wake``) and the process
-   registry, which the runners use.
-6. library: the module API, the runners (``worker``, ``reporter``,
-   ``pump``), the admin mirror, stats and metrics.
+5. runner parts: the wake-ups and timers (``wake``), the process
+   registry, the outage backoff (``outage``), the handler threads
+   (``pool``) and the worker's reporter (``reporter``).
+6. library: the module API, the runners (``worker``, ``pump``), the admin
+   mirror, stats and metrics.
 7. Django glue: the checks, the admin's page builders, the app config, the
    URLs and template tags, the package's public names (``__init__``).
 8. entry points: the admin, the management commands, the migrations.
@@ -43,12 +44,18 @@ REPO = Path(__file__).resolve().parent.parent
 PACKAGE = REPO / "echomq_django"
 
 FLOORS = [
-    ["jobs", "keyspace", "exceptions", "handlers", "signals", "logs", "devserver", "retention"],
-    ["flows", "scripts", "reads", "models"],
-    ["client", "flowcalls", "lifecalls"],
+    [
+        *("jobs", "keyspace", "exceptions", "handlers", "signals", "logs", "devserver"),
+        *("retention", "events"),
+    ],
+    ["flows", "scripts", "reads", "models", "scheduling"],
+    ["client", "flowcalls", "lifecalls", "eventcalls", "schedcalls"],
     ["conf"],
-    ["wake", "registry"],
-    ["api", "worker", "reporter", "pump", "mirror", "stats", "metrics", "tasks", "outbox"],
+    ["wake", "registry", "outage", "pool", "reporter"],
+    [
+        *("api", "worker", "pump", "mirror", "stats", "metrics", "tasks", "outbox"),
+        *("dispatch", "schedule"),
+    ],
     ["checks", "admin_pages", "apps", "urls", "templatetags", "templatetags.*", "__init__"],
     ["admin", "management", "management.*", "migrations", "migrations.*"],
 ]
@@ -56,7 +63,7 @@ BOTTOM = {"jobs", "keyspace", "exceptions", "retention"}  # import nothing of th
 NESTED_ALLOWED = {"apps"}  # AppConfig.ready() imports checks and handlers
 
 # EchoMQ and its mixins: the only callers of scripts.run / run_many
-PROTOCOL = {"client", "flowcalls", "lifecalls"}
+PROTOCOL = {"client", "flowcalls", "lifecalls", "eventcalls", "schedcalls"}
 RAW_SCRIPT_TESTS = {  # (file, test) that drive raw script calls on purpose
     ("tests/test_replays.py", "test_a_replayed_retry_reports_success_and_retries_once"),
     ("tests/test_replays.py", "test_a_replayed_claim_returns_the_same_jobs"),
@@ -65,7 +72,16 @@ RAW_SCRIPT_TESTS = {  # (file, test) that drive raw script calls on purpose
     ("tests/test_scripts.py", "test_noscript_fallback_run_many"),
 }
 # modules that must not call the redis-py client themselves
-THROUGH_ECHOMQ = ["pump", "worker", "reporter", "mirror", "admin", "admin_pages", "management.*"]
+THROUGH_ECHOMQ = [
+    "pump",
+    "worker",
+    "reporter",
+    "dispatch",
+    "mirror",
+    "admin",
+    "admin_pages",
+    "management.*",
+]
 
 
 def module_name(path: Path) -> str:

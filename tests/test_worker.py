@@ -16,8 +16,8 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from echomq_django import EchoMQ, Flow, JobState, Outcome, Worker
+from echomq_django.pool import error_text, unknown_name_error
 from echomq_django.pump import Pump
-from echomq_django.worker import error_text, unknown_name_error
 from tests.workerkit import Background, Clock, burst, wait_for
 
 COUNTS0 = {
@@ -482,7 +482,7 @@ def test_a_short_claim_rests_its_queue_unless_a_parent_was_released_meanwhile(
         jobs = real(queue, count, lease_ms)  # the queue is empty: a short claim
         if released_meanwhile:
             child = SimpleNamespace(queue=queue, id="c")
-            worker._after(child, Outcome(released=[(queue, "p")]))  # as the reporter does
+            worker._reporter._after(child, Outcome(released=[(queue, "p")]))  # as it does
         return jobs
 
     mq.claim = claim

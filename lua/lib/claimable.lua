@@ -35,17 +35,60 @@ local function wake_workers(base)
   redis.call('ZADD', base .. 'wake', 0, WAKE_NOW)
 end
 
--- Push `ids` (a list, in order; the caller already wrote their rows as
--- pending) onto the queue's pending list and wake its workers once.
-local function make_claimable(base, ids)
+-- Priorities (DESIGN §10.3): priority 0, the default, keeps the pending
+-- list; any other priority goes to the zset P:{q}:prioritized, scored
+--   -priority * 2^32 + offset
+-- so a higher priority has a lower score. Within a priority, `offset` is
+-- +n for a push at the back and -n for a push at the front (a released
+-- parent), n from the counter P:{q}:pri:seq (reset when the zset empties;
+-- |offset| < 2^31, |priority| <= 10^6: every score is an exact double).
+-- claim takes priorities > 0 (scores < 0), then the list, then priorities < 0.
+local PRI_BAND = 4294967296
+
+local function push_prioritized(base, id, priority, front)
+  local z = base .. 'prioritized'
+  if redis.call('EXISTS', z) == 0 then
+    redis.call('DEL', base .. 'pri:seq')
+  end
+  local n = redis.call('INCR', base .. 'pri:seq')
+  redis.call('ZADD', z, -priority * PRI_BAND + (front and -n or n), id)
+end
+
+-- Make `ids` claimable (a list, in order; the caller already wrote their rows
+-- as pending) and wake the queue's workers once. `prios`: nil (all priority
+-- 0), one number for all, or a list parallel to `ids` (nil or '0' = 0);
+-- `front`: ahead of the jobs of the same priority (a released parent).
+local function make_claimable(base, ids, prios, front)
   local n = #ids
   if n == 0 then
     return
   end
+  local plain = ids
+  if prios ~= nil or front then
+    plain = {}
+    for i, id in ipairs(ids) do
+      local p = tonumber((type(prios) == 'table' and prios[i]) or prios or 0) or 0
+      if p ~= 0 then
+        push_prioritized(base, id, p, front)
+      elseif front then
+        redis.call('LPUSH', base .. 'pending', id)
+      else
+        plain[#plain + 1] = id
+      end
+    end
+    n = #plain
+  end
   for i = 1, n, 1000 do  -- unpack() has a stack limit: push by the thousand
-    redis.call('RPUSH', base .. 'pending', unpack(ids, i, math.min(i + 999, n)))
+    redis.call('RPUSH', base .. 'pending', unpack(plain, i, math.min(i + 999, n)))
   end
   wake_workers(base)
+end
+
+-- Take `id` out of the claimable structures (a pending job removed or killed).
+local function unclaimable(base, id)
+  if redis.call('LREM', base .. 'pending', 1, id) == 0 then
+    redis.call('ZREM', base .. 'prioritized', id)
+  end
 end
 
 -- Schedule `id` (its row already says delayed) to become claimable at

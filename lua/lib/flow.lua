@@ -24,6 +24,7 @@
   retry emitted, outbox the number of entries pushed. The calling script
   returns cjson.encode(OUT).
 ]]
+-- @include lib/events.lua
 
 -- @include lib/claimable.lua
 
@@ -66,7 +67,7 @@ end
 -- released.
 local function release(base, pid, now)
   local pkey = job_key(base, pid)
-  local f = redis.call('HMGET', pkey, 'state', 'delay_until', 'children_deadline')
+  local f = redis.call('HMGET', pkey, 'state', 'delay_until', 'children_deadline', 'priority')
   if f[1] ~= 'awaiting_children' then
     return
   end
@@ -80,9 +81,10 @@ local function release(base, pid, now)
     make_delayed(base, pid, at)
   else
     redis.call('HSET', pkey, 'state', 'pending', 'updated_at', now)
-    make_claimable(base, {pid})
+    make_claimable(base, {pid}, f[4], true)  -- the front of its priority (DESIGN §10.3)
   end
   emit(base, 'released', pid)
+  signal_event(base, 'released', pid)
   OUT.released[#OUT.released + 1] = base .. pid
 end
 
@@ -214,7 +216,7 @@ local function kill(base, id, err, now)
   elseif state == 'delayed' then
     redis.call('ZREM', base .. 'delayed', id)
   elseif state == 'pending' then
-    redis.call('LREM', base .. 'pending', 1, id)
+    unclaimable(base, id)
   end
   redis.call('HSET', key, 'state', 'dead', 'error', err, 'finished_at', now, 'updated_at', now)
   redis.call('ZADD', base .. 'dead', now, id)
@@ -222,6 +224,7 @@ local function kill(base, id, err, now)
     redis.call('ZADD', base .. 'expire', now + tonumber(f[3]), id)
   end
   emit(base, 'dead', id)
+  signal_event(base, 'dead', id, err)
   OUT.dead[#OUT.dead + 1] = base .. id
   propagate_death(base, id, err, now)
 end
@@ -230,10 +233,11 @@ end
 --   fp  record in :failed, the parent goes dead (and so on up the tree)
 --   id  record in :unsuccessful, decrement, maybe release
 --   rd  record in :removed (the guard only), decrement, maybe release
---   cp  record in :failed and release the parent at once
---       (continue_parent_on_failure, DESIGN §10.3): the counter keeps the
---       child, so a retry of it can still resolve once, and the parent is
---       released only this once (release() wants awaiting_children)
+--   cp  record in :unsuccessful, decrement, and release the parent at once
+--       (continue_parent_on_failure, DESIGN §10.3): resolved like `id`, so
+--       its retry never re-attaches and the parent (which reads it in
+--       dependencies().ignored) is released only this once: release()
+--       wants awaiting_children
 local function fan_in_dead(base, pid, ref, err, policy, now)
   local pkey = job_key(base, pid)
   if redis.call('EXISTS', pkey) == 0 then
@@ -242,21 +246,21 @@ local function fan_in_dead(base, pid, ref, err, policy, now)
   if already_resolved(pkey, ref) then
     return true
   end
-  if policy == 'id' or policy == 'rd' then
-    local hash = (policy == 'id') and ':unsuccessful' or ':removed'
+  if policy == 'id' or policy == 'rd' or policy == 'cp' then
+    local hash = (policy == 'rd') and ':removed' or ':unsuccessful'
     if redis.call('HSETNX', pkey .. hash, ref, err) == 1 then
       decrement_and_maybe_release(base, pid, now)
+      if policy == 'cp' then
+        release(base, pid, now)
+      end
     end
     return true
   end
   if redis.call('HSETNX', pkey .. ':failed', ref, err) == 1 then
-    if policy == 'cp' then
-      release(base, pid, now)
-      return true
-    end
     local pstate = redis.call('HGET', pkey, 'state')
     if pstate == 'awaiting_children' then
       OUT.flow_failed[#OUT.flow_failed + 1] = base .. pid
+      signal_event(base, 'flow_failed', pid, 'failed by child ' .. ref .. ': ' .. err)
       kill(base, pid, 'failed by child ' .. ref .. ': ' .. err, now)
     end
   end

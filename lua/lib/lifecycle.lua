@@ -45,7 +45,7 @@ end
 
 local function unindex(base, id, state)
   if state == 'pending' then
-    redis.call('LREM', base .. 'pending', 1, id)
+    unclaimable(base, id)  -- the pending list, or P:{q}:prioritized (DESIGN §10.3)
   elseif state == 'awaiting_children' then
     redis.call('ZREM', base .. 'awaiting', id)
   elseif state then
@@ -144,6 +144,7 @@ local function cancel_node(base, id, now, parent)
     redis.call('HSET', key, 'cancel', now)
     emit(base, 'cancelling', id)
   elseif state == 'pending' or state == 'delayed' or state == 'awaiting_children' then
+    signal_event(base, 'cancelled', id, 'cancelled')
     kill(base, id, 'cancelled', now)
     emit(base, 'cancelled', id)
     if state == 'awaiting_children' then

@@ -48,12 +48,15 @@ class Processes:
     def __init__(self, log_dir: Path) -> None:
         self.log_dir = log_dir
         self.procs: dict[str, subprocess.Popen] = {}
+        self.started: dict[str, tuple[list[str], dict | None]] = {}  # name -> (args, env)
 
     def start(self, name: str, args: list[str], env: dict | None = None) -> subprocess.Popen:
         """Start ``args`` in a session of its own (a Ctrl-C in the terminal
         reaches the demo only, which then stops it in order), output in
-        ``<log_dir>/<name>.log``."""
-        with open(self.log(name), "wb") as log:
+        ``<log_dir>/<name>.log`` (appended to when it is started again)."""
+        mode = "ab" if name in self.started else "wb"
+        self.started[name] = (args, env)
+        with open(self.log(name), mode) as log:
             proc = subprocess.Popen(
                 args,
                 cwd=BASE_DIR,
@@ -65,6 +68,16 @@ class Processes:
             )
         self.procs[name] = proc
         return proc
+
+    def crash_and_restart(self, names: list[str]) -> None:
+        """SIGKILL ``names`` (no warning, no clean-up: a crash) and start
+        each again as it was started."""
+        for name in names:
+            proc = self.procs.pop(name)
+            proc.kill()
+            proc.wait()
+        for name in names:
+            self.start(name, *self.started[name])
 
     def log(self, name: str) -> Path:
         return self.log_dir / f"{name}.log"

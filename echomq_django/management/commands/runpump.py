@@ -1,8 +1,8 @@
 """``./manage.py runpump QUEUE...``: sweep queues until stopped (DESIGN §6, §8).
 
-Thin: parses options, sets up logging from ``--verbosity``, runs
-``Pump(queues).run(...)``. Exit 1 with a one-line reason when Redis is
-unreachable at start; later drops are retried with backoff.
+Thin: parses options, sets up logging from ``--verbosity`` (``logs.py``),
+runs ``Pump(queues).run(...)``. Exit 1 with a one-line reason when Redis is
+unreachable at start; later drops are waited out by ``Pump.run``.
 """
 
 from __future__ import annotations
@@ -10,13 +10,12 @@ from __future__ import annotations
 import logging
 import signal
 import threading
-import time
 
 from django.core.management.base import BaseCommand, CommandError
 
 from echomq_django.conf import get_mq
 from echomq_django.exceptions import RedisUnavailable
-from echomq_django.management.commands.runworker import setup_logging
+from echomq_django.logs import setup_logging
 from echomq_django.mirror import mirror_after_sweep
 from echomq_django.pump import Pump
 
@@ -68,7 +67,7 @@ class Command(BaseCommand):
             "--summary-every",
             type=float,
             default=10.0,
-            help="seconds between summary lines at verbosity 1 (default 10)",
+            help="seconds between summary lines at verbosity >= 1 (default 10)",
         )
         parser.add_argument(
             "--no-mirror",
@@ -77,15 +76,12 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, **opts):
-        setup_logging(opts["verbosity"])
+        setup_logging(opts["verbosity"], runner="echomq_django.pump")
         mq = get_mq()
         try:
             mq.ping()
         except RedisUnavailable as err:
             raise CommandError(f"runpump: {err}", returncode=1) from None
-        hooks = []
-        if not opts["no_mirror"]:
-            hooks.append(mirror_after_sweep)
         try:
             pump = Pump(
                 opts["queues"],
@@ -94,7 +90,7 @@ class Command(BaseCommand):
                 lock_ms=opts["lock_ms"],
                 max_tries=opts["max_tries"],
                 max_stalls=opts["max_stalls"],
-                after_sweep=hooks,
+                after_sweep=[] if opts["no_mirror"] else [mirror_after_sweep],
             )
         except ValueError as err:
             raise CommandError(f"runpump: {err}", returncode=1) from None
@@ -108,44 +104,9 @@ class Command(BaseCommand):
 
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, on_signal)
-        self.run(pump, opts, stop)
-
-    def run(self, pump: Pump, opts: dict, stop: threading.Event) -> None:
-        """Sweep until ``stop``; reconnect with capped backoff when Redis drops."""
-        verbosity, last = opts["verbosity"], time.monotonic()
-        backoff = 0.5
-
-        def on_sweep(reports):
-            nonlocal last, backoff
-            backoff = 0.5
-            if verbosity >= 2:
-                busy = {q: {k: v for k, v in r.items() if v} for q, r in reports.items()}
-                log.info("sweep %s", {q: r for q, r in busy.items() if r} or "idle")
-            elif verbosity == 1 and time.monotonic() - last >= opts["summary_every"]:
-                t = pump.totals
-                log.info(
-                    "runpump %s: delivered %d, dead-lettered %d, promoted %d, recovered %d, "
-                    "released %d, dead %d",
-                    ",".join(pump.queues),
-                    t.delivered,
-                    t.deadlettered,
-                    t.promoted,
-                    t.recovered,
-                    t.released,
-                    t.dead,
-                )
-                last = time.monotonic()
-
-        while not stop.is_set():
-            try:
-                pump.run(
-                    interval=opts["interval"],
-                    once=opts["once"],
-                    should_stop=stop.is_set,
-                    on_sweep=on_sweep,
-                )
-                return
-            except RedisUnavailable as err:
-                log.warning("%s; retrying in %.1fs", err, backoff)
-                stop.wait(backoff)
-                backoff = min(backoff * 2, 30.0)
+        pump.run(
+            interval=opts["interval"],
+            once=opts["once"],
+            should_stop=stop.is_set,
+            summary_every=opts["summary_every"],
+        )

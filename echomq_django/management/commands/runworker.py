@@ -1,7 +1,7 @@
 """``./manage.py runworker QUEUE [QUEUE...]``: run handlers until stopped
 (DESIGN §8; issue "Workers").
 
-Thin: parses options, sets up logging from ``--verbosity``, pings Redis once
+Thin: parses options, sets up logging from ``--verbosity`` (``logs.py``), pings Redis once
 (exit 1 with a one-line reason when it is unreachable), then runs
 ``Worker(queues, ...).run(burst=..., max_jobs=...)``. Exit status: 0 after a
 clean stop; 1 when Redis is unreachable at start, the settings are wrong, or
@@ -21,29 +21,8 @@ from django.core.management.base import BaseCommand
 
 from echomq_django.conf import get_mq
 from echomq_django.exceptions import RedisUnavailable
+from echomq_django.logs import setup_logging
 from echomq_django.worker import Worker
-
-# --verbosity -> (level of echomq_django.worker, level of the rest of echomq_django)
-LEVELS = {
-    0: (logging.WARNING, logging.WARNING),
-    1: (logging.INFO, logging.INFO),
-    2: (logging.DEBUG, logging.INFO),
-    3: (logging.DEBUG, logging.DEBUG),
-}
-
-
-def setup_logging(verbosity: int) -> None:
-    """0: warnings; 1: + the throughput line; 2: + a line per job; 3: debug.
-    Adds a stderr handler unless the project's LOGGING already gave
-    ``echomq_django`` one."""
-    worker_level, lib_level = LEVELS.get(verbosity, LEVELS[3])
-    lib = logging.getLogger("echomq_django")
-    lib.setLevel(lib_level)
-    logging.getLogger("echomq_django.worker").setLevel(worker_level)
-    if not lib.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
-        lib.addHandler(handler)
 
 
 class Command(BaseCommand):

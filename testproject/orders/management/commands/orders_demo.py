@@ -59,6 +59,16 @@ class Command(BaseCommand):
             "--concurrency", type=int, default=8, help="runworker's handler threads (default 8)"
         )
         parser.add_argument(
+            "--crash-after",
+            type=int,
+            default=0,
+            metavar="N",
+            help="a crash test: once N orders have finished, SIGKILL runworker and runpump "
+            "and start them again (leases are 2 s long then, so the killed worker's jobs "
+            "come back quickly); every order must still end in its predicted state, and "
+            "its retries may exceed the prediction (an attempt the kill cut short counts)",
+        )
+        parser.add_argument(
             "--log-dir",
             default=str(Path(settings.BASE_DIR) / ".run" / "demo"),
             help="where the processes' logs go (default .run/demo)",
@@ -79,6 +89,8 @@ class Command(BaseCommand):
             ]
         if opts["concurrency"] < 1:
             raise CommandError("--concurrency must be at least 1")
+        if not 0 <= opts["crash_after"] < len(bodies):
+            raise CommandError(f"--crash-after must be from 1 to {len(bodies) - 1} (0: no crash)")
         timeout = opts["timeout"] if opts["timeout"] else 60 + 0.5 * len(bodies)
         demo = Demo(
             bodies,
@@ -86,6 +98,7 @@ class Command(BaseCommand):
             timeout=timeout,
             log_dir=Path(opts["log_dir"]),
             concurrency=opts["concurrency"],
+            crash_after=opts["crash_after"],
             out=sys.stdout,
         )
         sys.exit(demo.run())

@@ -1,0 +1,263 @@
+"""The worker's reporter: finished jobs go back to Redis in batches (DESIGN
+§4, §7; the module docstring of worker.py tells how the threads share the
+work).
+
+The claiming loop hands each batch of ``Finished`` jobs over
+(``Reporter.hand_over``); the reporter thread completes every successful
+one with one pipelined ``complete_many`` and fails the rest with one
+``fail_many``, then counts, logs and sends the Django signals for that
+batch. A batch leaves the reporter only once Redis has answered for it: an
+outage is waited out (``outage.Outage``) with the batch kept, so no job is
+acknowledged without Redis.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import close_old_connections
+
+from . import signals
+from .client import EchoMQ
+from .exceptions import JobNotActive, JobNotFound, LeaseLost, PayloadError
+from .jobs import Job, JobState, Outcome
+from .outage import REDIS_DOWN, Outage, first_line
+
+log = logging.getLogger("echomq_django.worker")
+
+GONE = (LeaseLost, JobNotActive, JobNotFound)
+
+
+@dataclass(slots=True)
+class Finished:
+    """A job its handler is done with, on its way to Redis. ``error`` is None
+    when the handler returned ``result``; otherwise it is the text to store,
+    and ``dead`` says the job fails for good (the handler raised
+    ``Unrecoverable``). ``ms``: how long the handler ran (ms)."""
+
+    job: Job
+    result: Any = None
+    error: str | None = None
+    dead: bool = False
+    ms: float = 0.0
+
+
+class Reporter:
+    """Reports the jobs a ``Worker`` hands over, on a thread of its own.
+
+    ``mq``: the worker's ``EchoMQ``; ``sender``: the signals' sender (the
+    worker); ``forget(*jobs)``: the worker stops tracking jobs reported (or
+    dropped); ``released(queue)``: a parent on ``queue`` was released;
+    ``wake()``: wakes the claiming loop after each batch. ``processed`` and
+    ``stats`` (``completed``, ``failed`` = will retry, ``dead``, ``lost``)
+    count every run; ``unreported`` counts jobs handed over and not reported
+    yet in this run.
+    """
+
+    def __init__(
+        self,
+        mq: EchoMQ,
+        sender: Any,
+        forget: Callable[..., None],
+        released: Callable[[str], None],
+        wake: Callable[[], None],
+    ) -> None:
+        self.mq, self.sender = mq, sender
+        self._forget, self._released, self._wake = forget, released, wake
+        self.processed = 0
+        self.stats = {"completed": 0, "failed": 0, "dead": 0, "lost": 0}
+        self.debug = False  # a line per job (set per run from the log level)
+        self._cv = threading.Condition()  # guards _inbox, unreported, _closing
+        self._inbox: list[Finished] = []
+        self.unreported = 0
+        self._closing = False
+
+    def reset(self) -> None:
+        """Start a run: nothing handed over, not closing."""
+        self._inbox, self.unreported, self._closing = [], 0, False
+        self.debug = log.isEnabledFor(logging.DEBUG)
+
+    def hand_over(self, finished: list[Finished]) -> None:
+        """Give the reporter thread ``finished`` jobs to report."""
+        with self._cv:
+            self._inbox.extend(finished)
+            self.unreported += len(finished)
+            self._cv.notify()
+
+    def close(self) -> None:
+        """End the run: the thread returns; what it holds is left to leases."""
+        with self._cv:
+            self._closing = True
+            self._cv.notify_all()
+
+    def run(self) -> None:
+        """The thread: report what is handed over, batch by batch, while the
+        loop claims: Redis runs one side's scripts while Python does the
+        other's work. Waits out an outage keeping the batch; wakes the loop
+        after each batch (a released parent may be claimable now)."""
+        items: list[Finished] = []
+        outage = Outage(self.mq.client, log)
+        while True:
+            with self._cv:
+                while not self._inbox and not items and not self._closing:
+                    self._cv.wait()
+                if self._closing:  # the loop is done, or gave up: leases cover the rest
+                    return
+                items.extend(self._inbox)
+                self._inbox.clear()
+            before = len(items)
+            try:
+                close_old_connections()  # signal receivers may use the database
+                self.report(items)
+                close_old_connections()
+            except REDIS_DOWN as err:
+                delay = outage.failed(err)
+                with self._cv:
+                    self._cv.wait_for(lambda: self._closing, timeout=delay)
+            except Exception:  # a bug must not stall the loop's accounting
+                log.exception(
+                    "reporting %d jobs failed; their leases will expire and the pump recovers them",
+                    len(items),
+                )
+                self._forget(*(f.job for f in items))
+                items.clear()
+            else:
+                outage.ok()
+            with self._cv:
+                self.unreported -= before - len(items)
+            self._wake()
+
+    def report(self, finished: list[Finished]) -> None:
+        """Complete and fail every finished job: one round trip each. Items
+        leave ``finished`` only once Redis has answered for them, so a
+        ``RedisUnavailable`` (propagated) loses nothing."""
+        if not finished:
+            return
+        good = [f for f in finished if f.error is None]
+        if good:
+            replies = self.mq.complete_many([(f.job, f.result) for f in good])
+            finished[:] = [f for f in finished if f.error is not None]
+            done = []
+            for item, reply in zip(good, replies, strict=False):
+                if isinstance(reply, PayloadError):
+                    finished.append(
+                        Finished(item.job, None, f"PayloadError: {reply}", False, item.ms)
+                    )
+                elif isinstance(reply, Exception):
+                    self._drop(item.job, reply)
+                else:
+                    done.append((item, reply))
+            self._completed(done)
+        if finished:
+            try:
+                replies = self.mq.fail_many([(f.job, f.error, f.dead) for f in finished])
+            except REDIS_DOWN:
+                raise
+            except Exception as err:
+                replies = [err]
+            items, finished[:] = list(finished), []
+            self._failed(
+                [(f, r) for f, r in zip(items, replies, strict=False) if not self._drop(f.job, r)]
+            )
+
+    def _drop(self, job: Job, reply) -> bool:
+        """Forget a job Redis refused to complete or fail; True if it was."""
+        if not isinstance(reply, Exception):
+            return False
+        self._forget(job)
+        self.stats["lost"] += 1
+        if isinstance(reply, GONE):
+            log.warning(
+                "job %s/%s (%s): result dropped, the lease was lost: %s",
+                job.queue,
+                job.id,
+                job.name,
+                reply,
+            )
+        else:
+            log.error(
+                "job %s/%s (%s): Redis refused the result: %r; the lease will expire "
+                "and the pump recovers it",
+                job.queue,
+                job.id,
+                job.name,
+                reply,
+            )
+        return True
+
+    def _completed(self, done: list[tuple[Finished, Outcome]]) -> None:
+        listening = signals.job_completed.has_listeners(self.sender)
+        self._forget(*(f.job for f, _ in done))
+        for f, outcome in done:
+            job = f.job
+            if self.debug:
+                log.debug("job %s/%s (%s) completed in %.1f ms", job.queue, job.id, job.name, f.ms)
+            if listening:
+                signals.send(
+                    signals.job_completed,
+                    self.sender,
+                    queue=job.queue,
+                    job_id=job.id,
+                    job_name=job.name,
+                    result=f.result,
+                )
+            self._after(job, outcome)
+        self.stats["completed"] += len(done)
+        self.processed += len(done)
+
+    def _failed(self, failed: list[tuple[Finished, Outcome]]) -> None:
+        listening = (
+            signals.job_failed.has_listeners(self.sender),
+            signals.job_dead.has_listeners(self.sender),
+        )
+        self._forget(*(f.job for f, _ in failed))
+        for f, outcome in failed:
+            job, error = f.job, f.error
+            dead = outcome.state is JobState.DEAD
+            self.stats["dead" if dead else "failed"] += 1
+            if dead:
+                log.warning(
+                    "job %s/%s (%s) is dead after %d attempts: %s",
+                    job.queue,
+                    job.id,
+                    job.name,
+                    job.attempts,
+                    first_line(error),
+                )
+            elif self.debug:
+                log.debug(
+                    "job %s/%s (%s) failed in %.1f ms (attempt %d of %d, %s): %s",
+                    job.queue,
+                    job.id,
+                    job.name,
+                    f.ms,
+                    job.attempts,
+                    job.max_attempts,
+                    outcome.state,
+                    first_line(error),
+                )
+            if listening[dead]:
+                kwargs = {
+                    "queue": job.queue,
+                    "job_id": job.id,
+                    "job_name": job.name,
+                    "error": error,
+                }
+                if not dead:
+                    kwargs["run_at"] = outcome.run_at
+                signals.send(
+                    signals.job_dead if dead else signals.job_failed, self.sender, **kwargs
+                )
+            self._after(job, outcome)
+        self.processed += len(failed)
+
+    def _after(self, job: Job, outcome: Outcome) -> None:
+        """Wake queues where a parent was released; signal what else moved."""
+        if outcome.released or outcome.dead or outcome.flow_failed:
+            for queue, _ in outcome.released:
+                self._released(queue)
+            signals.send_outcome(self.sender, self.mq, outcome, skip=(job.queue, job.id))

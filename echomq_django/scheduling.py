@@ -1,0 +1,119 @@
+"""Scheduling rules (DESIGN §10.3): the ranges of priority, delays,
+timeouts and dedup keys, checked on the host before anything is written, and
+a flow node's options as ``enqueue_flow`` takes them. The ``EchoMQ`` calls
+that use them are in ``schedcalls.py``; periodic jobs in ``schedule.py``."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from .exceptions import FlowError
+
+PRIORITY_MIN, PRIORITY_MAX = -1_000_000, 1_000_000
+MAX_MS = 10 * 365 * 86_400_000  # ten years: the longest delay, timeout or ttl (ms)
+DEDUP_RULE = "a dedup_key is 1-128 characters with no '{', '}', ':' or whitespace"
+_DEDUP_RE = re.compile(r"[^{}:\s]{1,128}\Z")
+
+
+def check_int(name: str, value: Any, low: int, high: int, optional: bool = False) -> None:
+    """Raise ``ValueError`` naming the rule unless ``value`` is an ``int`` in
+    ``[low, high]`` (None allowed when ``optional``); bools and floats are
+    refused, not rounded. Units: a name ending ``_ms`` is in ms."""
+    if value is None and optional:
+        return
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        unit = " ms" if name.endswith("_ms") else ""
+        raise ValueError(f"{name} must be a whole number from {low} to {high}{unit}, got {value!r}")
+
+
+def check_dedup_key(value: Any) -> None:
+    """Raise ``ValueError`` naming ``DEDUP_RULE`` unless ``value`` is None or
+    a valid dedup key (it becomes part of the key ``P:{q}:dedup:<key>``)."""
+    if value is not None and (not isinstance(value, str) or not _DEDUP_RE.match(value)):
+        raise ValueError(f"invalid dedup_key {value!r}: {DEDUP_RULE}")
+
+
+def check_job_options(
+    priority: Any = 0,
+    delay_ms: Any = 0,
+    timeout_ms: Any = None,
+    dedup_key: Any = None,
+    dedup_ttl_ms: Any = None,
+) -> None:
+    """Validate the DESIGN §10.3 options of one job (enqueue or a flow node).
+
+    ``priority``: int in ``[PRIORITY_MIN, PRIORITY_MAX]``; ``delay_ms``: int
+    ms in ``[0, MAX_MS]``; ``timeout_ms`` / ``dedup_ttl_ms``: None or int ms
+    in ``[1, MAX_MS]``; ``dedup_key``: None or ``DEDUP_RULE``;
+    ``dedup_ttl_ms`` needs a ``dedup_key``. Raises ``ValueError``.
+    """
+    check_int("priority", priority, PRIORITY_MIN, PRIORITY_MAX)
+    check_int("delay_ms", delay_ms, 0, MAX_MS)
+    check_int("timeout_ms", timeout_ms, 1, MAX_MS, optional=True)
+    check_dedup_key(dedup_key)
+    check_int("dedup_ttl_ms", dedup_ttl_ms, 1, MAX_MS, optional=True)
+    if dedup_ttl_ms is not None and dedup_key is None:
+        raise ValueError("dedup_ttl_ms needs a dedup_key")
+
+
+def node_options(flow, where: str, has_children: bool, dedups: set) -> str:
+    """A flow node's DESIGN §10.3 settings as ``enqueue_flow``'s options JSON
+    (see its header). ``where`` is ``queue/id`` for messages; ``dedups``
+    collects ``(queue, key)`` so one flow cannot use a key twice. Raises
+    ``FlowError`` for a bad value, a dedup key on a parent, a children
+    timeout on a leaf, or a dedup key used twice in one flow."""
+    try:
+        check_job_options(
+            flow.priority, flow.delay_ms, flow.timeout_ms, flow.dedup_key, flow.dedup_ttl_ms
+        )
+        check_int("children_timeout_ms", flow.children_timeout_ms, 1, MAX_MS, optional=True)
+    except ValueError as err:
+        raise FlowError(f"{where}: {err}") from None
+    if has_children and flow.dedup_key is not None:
+        raise FlowError(
+            f"{where}: dedup_key is for leaf nodes only (a parent or intermediate node "
+            "cannot be deduplicated: two flows would share one child)"
+        )
+    if not has_children and flow.children_timeout_ms is not None:
+        raise FlowError(f"{where}: children_timeout_ms is for a node with children")
+    opts: dict[str, Any] = {}
+    if flow.priority:
+        opts["p"] = flow.priority
+    if flow.delay_ms:
+        opts["d"] = flow.delay_ms
+    if flow.timeout_ms is not None:
+        opts["t"] = flow.timeout_ms
+    if flow.children_timeout_ms is not None:
+        opts["ct"] = flow.children_timeout_ms
+    if flow.dedup_key is not None:
+        seen = (flow.queue, flow.dedup_key)
+        if seen in dedups:
+            raise FlowError(f"{where}: dedup_key {flow.dedup_key!r} is used twice in one flow")
+        dedups.add(seen)
+        opts["k"] = flow.dedup_key
+        if flow.dedup_ttl_ms is not None:
+            opts["kt"] = flow.dedup_ttl_ms
+    return json.dumps(opts, separators=(",", ":"), sort_keys=True) if opts else ""
+
+
+class Claimed(list):
+    """What ``EchoMQ.claim`` returns: the claimed ``Job`` list, and why it is
+    empty when the queue could not give anything (DESIGN §10.3): ``paused``
+    (the queue is paused; a resume wakes its workers) or ``wait_ms`` (ms until
+    the queue's RATE_LIMIT window opens; None when not limited)."""
+
+    def __init__(self, jobs=(), *, paused: bool = False, wait_ms: int | None = None) -> None:
+        super().__init__(jobs)
+        self.paused = paused
+        self.wait_ms = wait_ms
+
+
+def rate_limit(options: dict) -> tuple[int, int]:
+    """A queue's ``RATE_LIMIT`` setting as ``(max, per_ms)``; ``(0, 0)``
+    when it has none (checked by the system check E050)."""
+    limit = options.get("RATE_LIMIT")
+    if not limit:
+        return 0, 0
+    return int(limit["MAX"]), int(limit["PER_MS"])
