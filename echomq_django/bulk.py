@@ -14,8 +14,9 @@ from typing import Any
 from . import flows as _flows
 from .jobs import to_json
 from .keyspace import validate_id, validate_queue, whole_number
+from .scheduling import check_job_options
 
-OPTIONS = ("job_id", "max_attempts", "backoff_ms", "delay_ms")
+OPTIONS = ("job_id", "max_attempts", "backoff_ms", "delay_ms", "priority", "timeout_ms")
 
 
 def _opt(value) -> str:
@@ -33,7 +34,9 @@ class BulkCalls:
         options)`` triple, or a dict ``{"name": ..., "payload": ...,
         **options}``, where the options are ``enqueue``'s: ``job_id``
         (generated when absent), ``max_attempts``, ``backoff_ms`` (ms),
-        ``delay_ms`` (ms).
+        ``delay_ms`` (ms), ``priority``, ``timeout_ms`` (ms); not
+        ``dedup_key`` (a deduplicated add answers another job's id: use
+        ``enqueue`` for those).
 
         One round trip (a queue is one slot): up to ``flow_chunk`` jobs per
         script, pipelined. Every job is validated, and every given id gated,
@@ -55,7 +58,7 @@ class BulkCalls:
             else:
                 name, payload, options = _unpack(index, job)
             if not options:
-                group = (name, "", "", "0", "0")
+                group = (name, "", "", "0", "0", "", "0")
                 job_id = f"{prefix}{index:x}"
             else:
                 group, job_id = _options(index, name, options, given)
@@ -69,16 +72,12 @@ class BulkCalls:
             _flat(rows[i : i + self.flow_chunk]) for i in range(0, len(rows), self.flow_chunk)
         ]
 
-        def call(chunk: str, mode: str):
-            return ("enqueue_many", keys, [queue, k.base, now, mode, chunk])
-
-        if len(chunks) > 1:  # gate every chunk before the first writes
-            for reply in self.scripts.run_many([call(c, "check") for c in chunks]):
+        # gate every chunk before the first writes (one chunk gates itself)
+        for mode in ("check", "write") if len(chunks) > 1 else ("write",):
+            calls = [("enqueue_many", keys, [queue, k.base, now, mode, c]) for c in chunks]
+            for reply in self.scripts.run_many(calls):
                 if isinstance(reply, Exception):
                     raise reply
-        for reply in self.scripts.run_many([call(c, "write") for c in chunks]):
-            if isinstance(reply, Exception):
-                raise reply
         return [job_id for _, job_id, _ in rows]
 
 
@@ -107,17 +106,21 @@ def _options(index: int, name: str, options: dict, given: set[str]) -> tuple[tup
                 f"enqueue_many: job {index} repeats the id {job_id!r}; ids are unique per queue"
             )
         given.add(job_id)
+    delay, priority, timeout = (options.get(k) for k in ("delay_ms", "priority", "timeout_ms"))
     try:
         whole_number("max_attempts", options.get("max_attempts"), 1, optional=True)
         whole_number("backoff_ms", options.get("backoff_ms"), 0, optional=True)
-        whole_number("delay_ms", options.get("delay_ms", 0), 0)
+        whole_number("delay_ms", delay or 0, 0)
+        check_job_options(priority or 0, delay or 0, timeout)
     except ValueError as err:
         raise ValueError(f"enqueue_many: job {index}: {err}") from None
     group = (
         name,
         _opt(options.get("max_attempts")),
         _opt(options.get("backoff_ms")),
-        str(int(options.get("delay_ms", 0))),
+        str(int(delay or 0)),
+        str(int(priority or 0)),
+        _opt(timeout),
         "1" if job_id is not None else "0",
     )
     return group, job_id
@@ -140,7 +143,7 @@ def _unpack(index: int, job: Any) -> tuple[str, Any, dict]:
     if unknown:
         raise ValueError(
             f"enqueue_many: job {index} has unknown options {unknown}; allowed: "
-            f"{', '.join(OPTIONS)}"
+            f"{', '.join(OPTIONS)} (dedup_key: use enqueue)"
         )
     if not isinstance(name, str) or not name:
         raise ValueError(f"enqueue_many: job {index} needs a name (the handler's), got {name!r}")

@@ -15,6 +15,7 @@ from typing import Any
 import redis
 
 from . import flows as _flows
+from .bulk import BulkCalls
 from .exceptions import (
     EchoMQError,
     JobNotActive,
@@ -50,7 +51,7 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-class EchoMQ(FlowCalls, SchedulingCalls, Reads):
+class EchoMQ(FlowCalls, SchedulingCalls, BulkCalls, Reads):
     """The queue over one redis-py client (``redis.Redis`` or ``RedisCluster``).
 
     The only caller of the Lua scripts: each ``lua/*.lua`` has exactly one

@@ -72,8 +72,9 @@ DOWN, UP = Wake("", "down"), Wake("", "up")
 
 
 class Waker:
-    """Blocks on ``key`` (``"wake"`` or ``"flow:wake"``) of each of ``queues``
-    and calls ``post(Wake)`` for each marker popped (see the module).
+    """Blocks on ``key`` (the ``QueueKeys`` field ``"wake"`` or
+    ``"outbox_wake"``) of each of ``queues`` and calls ``post(Wake)`` for each
+    marker popped (see the module).
 
     ``mq``: an ``EchoMQ``; ``block_s`` (s): longest single blocking command
     (bounded below the client's socket timeout); ``name``: thread name.
@@ -131,7 +132,7 @@ class Waker:
         """Return a popped marker for another runner (``'d'`` keeps the
         earliest run-at). Errors are logged, not raised: at worst a sweep
         re-wakes the queue."""
-        key = self.mq.keys.queue_key(wake.queue, self.key)
+        key = getattr(self.mq.keys.queue(wake.queue), self.key)
         try:
             if wake.member == WAKE_DUE:
                 self.mq.client.zadd(key, {WAKE_DUE: wake.score}, lt=True)
@@ -141,7 +142,7 @@ class Waker:
             log.debug("putting back %s on %s failed: %s", wake.member, key, err)
 
     def _run(self, queues: list[str]) -> None:
-        keys = {self.mq.keys.queue_key(q, self.key): q for q in queues}
+        keys = {getattr(self.mq.keys.queue(q), self.key): q for q in queues}
         order, turn, down, delay = list(keys), 0, False, BACKOFF_START_S
         while not self._halt.is_set():
             self._armed.wait()

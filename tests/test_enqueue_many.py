@@ -90,11 +90,22 @@ def test_bad_input_writes_nothing(tmq, jobs, error, match) -> None:
 
 def test_a_replayed_call_writes_nothing_twice(tmq) -> None:
     k = tmq.keys.queue("q")
-    args = ["q", k.base, str(T0), "write", '["j","","","0","1","1","r1","1"]']
+    args = ["q", k.base, str(T0), "write", '["j","","","0","0","","1","1","r1","1"]']
     keys = [k.pending, k.delayed, k.events]
     assert tmq.scripts.run("enqueue_many", keys, args) == 1
     assert tmq.scripts.run("enqueue_many", keys, args) == 0  # redis-py re-sent it
     assert tmq.client.llen(k.pending) == 1
+
+
+def test_priority_and_timeout_as_enqueue_stores_them(tmq) -> None:
+    ids = tmq.enqueue_many(
+        "q", [("j", 1), ("j", 2, {"priority": 5, "timeout_ms": 900}), ("j", 3, {"priority": 5})]
+    )
+    assert [j.id for j in tmq.claim("q", 3)] == [ids[1], ids[2], ids[0]]  # higher first
+    row = jobkit.row(tmq, "q", ids[1])
+    assert (row["priority"], row["timeout_ms"]) == ("5", "900")
+    with pytest.raises(ValueError, match="dedup_key: use enqueue"):
+        tmq.enqueue_many("q", [("j", 1, {"dedup_key": "k"})])
 
 
 def test_nothing_to_add(tmq) -> None:
