@@ -15,6 +15,11 @@ from .api import (
     get_flow,
     get_job,
     ignored_failures,
+    is_paused,
+    pause,
+    remove_child_dependency,
+    remove_unprocessed_children,
+    resume,
     retry,
 )
 from .client import EchoMQ
@@ -72,5 +77,10 @@ __all__ = [
     "get_job",
     "handler",
     "ignored_failures",
+    "is_paused",
+    "pause",
+    "remove_child_dependency",
+    "remove_unprocessed_children",
+    "resume",
     "retry",
 ]

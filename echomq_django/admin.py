@@ -30,7 +30,7 @@ from .admin_pages import job_page, job_url, queue_page
 from .conf import get_mq
 from .exceptions import EchoMQError, JobNotFound, JobNotRetryable
 from .keyspace import validate_id, validate_queue
-from .mirror import known_queues, mirror_jobs, mirror_queues
+from .mirror import mirror_jobs, mirror_queues, mirror_targets
 from .models import MirroredJob, MirroredQueue
 
 RETRY_PERMISSION = "echomq_django.retry_job"
@@ -75,7 +75,8 @@ class MirrorAdmin(admin.ModelAdmin):
         if not self.has_view_permission(request):
             raise PermissionDenied
         try:
-            reports = mirror_queues(get_mq(), known_queues())
+            mq = get_mq()
+            reports = mirror_queues(mq, mirror_targets(mq))
         except (redis.RedisError, EchoMQError) as err:
             messages.error(request, f"Could not read Redis: {err}")
         else:

@@ -25,6 +25,7 @@ from . import flows as _flows
 from .conf import get_mq
 from .flows import Flow, FlowRef
 from .keyspace import validate_id, validate_queue
+from .scheduling import check_job_options
 
 
 def _defer(on_commit: bool | None, using: str | None) -> bool:
@@ -44,23 +45,34 @@ def enqueue(
     max_attempts: int | None = None,
     backoff_ms: int | None = None,
     delay_ms: int = 0,
+    priority: int = 0,
+    timeout_ms: int | None = None,
+    dedup_key: str | None = None,
+    dedup_ttl_ms: int | None = None,
     on_commit: bool | None = None,
     using: str | None = None,
 ) -> str:
     """Add one job; returns its id. See ``EchoMQ.enqueue`` for the arguments
-    and errors, and this module's docstring for ``on_commit`` / ``using`` (the
-    database alias whose transaction is watched)."""
+    (``priority``, ``timeout_ms``, ``dedup_key``, ``dedup_ttl_ms``: DESIGN
+    §10.3) and errors, and this module's docstring for ``on_commit`` /
+    ``using`` (the database alias whose transaction is watched). A deferred
+    add returns the id it will use: a dedup hit is known only at commit."""
     mq = get_mq()
     kwargs = dict(
         job_id=job_id if job_id is not None else _flows.new_id(),
         max_attempts=max_attempts,
         backoff_ms=backoff_ms,
         delay_ms=delay_ms,
+        priority=priority,
+        timeout_ms=timeout_ms,
+        dedup_key=dedup_key,
+        dedup_ttl_ms=dedup_ttl_ms,
     )
     if not _defer(on_commit, using):
         return mq.enqueue(queue, name, payload, **kwargs)
     validate_queue(queue)
     validate_id(kwargs["job_id"])
+    check_job_options(priority, delay_ms, timeout_ms, dedup_key, dedup_ttl_ms)
     mq.encode(payload)
     transaction.on_commit(lambda: mq.enqueue(queue, name, payload, **kwargs), using=using)
     return kwargs["job_id"]
@@ -138,3 +150,29 @@ def ignored_failures(queue: str, job_id: str) -> dict:
 def get_flow(queue: str, job_id: str, depth: int | None = None) -> dict:
     """``EchoMQ.get_flow`` on the settings' connection."""
     return get_mq().get_flow(queue, job_id, depth)
+
+
+def pause(queue: str) -> bool:
+    """``EchoMQ.pause`` on the settings' connection (DESIGN §10.3)."""
+    return get_mq().pause(queue)
+
+
+def resume(queue: str) -> bool:
+    """``EchoMQ.resume`` on the settings' connection (DESIGN §10.3)."""
+    return get_mq().resume(queue)
+
+
+def is_paused(queue: str) -> bool:
+    """``EchoMQ.is_paused`` on the settings' connection (DESIGN §10.3)."""
+    return get_mq().is_paused(queue)
+
+
+def remove_child_dependency(queue: str, parent_id: str, child_ref: str):
+    """``EchoMQ.remove_child_dependency`` on the settings' connection (DESIGN §10.3)."""
+    return get_mq().remove_child_dependency(queue, parent_id, child_ref)
+
+
+def remove_unprocessed_children(queue: str, parent_id: str):
+    """``EchoMQ.remove_unprocessed_children`` on the settings' connection
+    (DESIGN §10.3)."""
+    return get_mq().remove_unprocessed_children(queue, parent_id)

@@ -8,7 +8,9 @@ reply. Nothing is written when validation fails.
 from __future__ import annotations
 
 import json
+import logging
 import secrets
+import threading
 import time
 from typing import Any
 
@@ -44,6 +46,10 @@ from .scripts import Scripts
 
 BACKOFF_CAP_MS = 3_600_000
 COMPLETE_BATCH = 500  # jobs per complete script: a few ms of Redis time at most
+MAX_QUEUES = 10_000  # names P:queues holds; past it new queues are not added (a warning)
+REGISTER_EVERY_S = 60.0  # a process re-adds a queue it writes to at most this often
+
+log = logging.getLogger("echomq_django.client")
 
 
 def now_ms() -> int:
@@ -85,6 +91,8 @@ class EchoMQ(FlowCalls, SchedulingCalls, BulkCalls, Reads):
         self.backoff_cap_ms = backoff_cap_ms
         self.flow_chunk = flow_chunk
         self.fault_hook = None  # tests: called after each flow step, may raise
+        self._noted: dict[str, float] = {}  # queue -> monotonic time it was added to P:queues
+        self._noted_lock = threading.Lock()
 
     # -- helpers -----------------------------------------------------------
     def setting(self, queue: str, name: str) -> int:
@@ -109,6 +117,57 @@ class EchoMQ(FlowCalls, SchedulingCalls, BulkCalls, Reads):
                 f"{self.max_payload_bytes} bytes (max_payload_bytes)"
             )
         return text
+
+    # -- every queue ever used (P:queues, DESIGN §10.5) -----------------------
+    @reports_redis_down
+    def register_queues(self, queues) -> list[str]:
+        """Add ``queues`` to ``P:queues`` unless it holds ``MAX_QUEUES`` names
+        already (then a WARNING, nothing added). Returns the names added.
+        Raises ``ValueError`` for a bad name, ``RedisUnavailable``."""
+        names = [validate_queue(q) for q in dict.fromkeys(queues)]
+        key = self.keys.queues()
+        pipe = self.client.pipeline(transaction=False)
+        pipe.scard(key)
+        for name in names:
+            pipe.sismember(key, name)
+        size, *present = pipe.execute()
+        new = [n for n, there in zip(names, present, strict=True) if not there]
+        if new and size + len(new) > MAX_QUEUES:
+            log.warning(
+                "%s holds %d queue names (the bound is %d): %s not added; stats and the "
+                "admin find them only through ECHOMQ['QUEUES']",
+                key,
+                size,
+                MAX_QUEUES,
+                ", ".join(new),
+            )
+            return []
+        if new:
+            self.client.sadd(key, *new)
+        return new
+
+    def note_queues(self, queues) -> None:
+        """Before a write that may create a queue's first job: make sure each
+        of ``queues`` is in ``P:queues``, at most once per ``REGISTER_EVERY_S``
+        per queue in this process (a dict lookup otherwise). P:queues is on no
+        queue's slot, so no script can add to it (a Cluster refuses keys of
+        two slots in one script): the host adds the name first."""
+        now = time.monotonic()
+        with self._noted_lock:
+            due = [
+                q for q in queues if now - self._noted.get(q, -REGISTER_EVERY_S) >= REGISTER_EVERY_S
+            ]
+            for q in due:
+                self._noted[q] = now
+        if not due:
+            return
+        try:
+            self.register_queues(due)
+        except BaseException:
+            with self._noted_lock:
+                for q in due:
+                    self._noted.pop(q, None)
+            raise
 
     def _parse(self, value: str) -> tuple[str, str]:
         return self.keys.parse_base_id(value)
@@ -153,6 +212,7 @@ class EchoMQ(FlowCalls, SchedulingCalls, BulkCalls, Reads):
         whole_number("delay_ms", delay_ms, 0)
         check_job_options(priority, delay_ms, timeout_ms, dedup_key, dedup_ttl_ms)
         k = self.keys.queue(queue)
+        self.note_queues((queue,))
         state = self.scripts.run(
             "enqueue",
             [k.job(job_id), k.pending, k.delayed, k.events, k.dedup(dedup_key or "")],

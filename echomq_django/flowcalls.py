@@ -30,7 +30,7 @@ def opt(value) -> str:
 class FlowCalls:
     """Flow methods of ``EchoMQ``; expects ``self.client``, ``self.keys``,
     ``self.scripts``, ``self.clock``, ``self.encode``, ``self.flow_chunk``,
-    ``self.fault_hook`` and ``self._outcome``."""
+    ``self.fault_hook``, ``self.note_queues`` and ``self._outcome``."""
 
     def _step_call(self, queue: str, nodes: list, mode: str):
         """One ``enqueue_flow`` call for a step, in the script's flat group
@@ -106,6 +106,7 @@ class FlowCalls:
                             f"job id {n.id!r} in queue {n.queue!r} is in two flows"
                         )
                     seen.add((n.queue, n.id))
+        self.note_queues(dict.fromkeys(n.queue for nodes in plans for n in nodes))
         all_steps = [_flows.steps(nodes, self.flow_chunk) for nodes in plans]
         gated = [any(n.gate for n in nodes) for nodes in plans]
         checks = [

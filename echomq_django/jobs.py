@@ -155,6 +155,8 @@ CLAIM_FIELDS = (
     "parent_queue",
     "parent_policy",
     "created_at",
+    "timeout_ms",
+    "priority",
 )
 
 
@@ -190,6 +192,9 @@ class Job:
     stalls: int = 0
     lease: str | None = None
     lease_deadline: int | None = None
+    priority: int = 0
+    timeout_ms: int | None = None  # its own limit per attempt (ms); None: the queue's
+    timed_out: bool = field(default=False, compare=False)  # set by the worker (DESIGN §10.3)
     _mq: JobSource | None = field(default=None, repr=False, compare=False)
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
 
@@ -233,6 +238,8 @@ class Job:
             stalls=_int(r.get("stalls")) or 0,
             lease=to_text(r.get("lease")),
             lease_deadline=lease_deadline,
+            priority=_int(r.get("priority")) or 0,
+            timeout_ms=_int(r.get("timeout_ms")),
             _mq=mq,
         )
 

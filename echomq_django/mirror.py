@@ -5,10 +5,15 @@ How a queue is refreshed (``mirror_queue``):
 
 * incrementally, from its ``events`` stream: XRANGE after the last entry
   applied (``MirroredQueue.last_event_id``), HGETALL only the jobs those
-  entries name (pipelined), upsert their rows. ``claim`` and
-  ``promote_delayed`` emit no event, so when the queue's counts moved the
-  mirror also reads the ``active`` index and re-checks the rows it holds as
-  ``delayed``;
+  entries name (pipelined), upsert their rows; an ``added`` parent brings
+  its same-queue children along (a same-queue leaf has no event of its
+  own). ``claim`` emits no event: when the queue's claim counter
+  (``lease:seq``, one INCR per claim batch) moved since the last pass, the
+  mirror compares the ``active`` index with the rows it holds as active,
+  both ways, and re-reads the difference; when the counts moved it also
+  re-checks the rows it holds as ``delayed``. After any sequence of
+  transitions and passes, the queue's counts, its listed rows and Redis
+  agree (``tests/test_mirror_truth.py``);
 * in full, when asked (``full=True``), on the first pass, or when the stream
   no longer reaches back to the last entry applied (trimmed past it, or the
   stream was deleted): every id in the state indexes is read, and a mirrored
@@ -31,8 +36,8 @@ from typing import Any
 from django.db import close_old_connections, connection, transaction
 from django.utils import timezone
 
+from . import registry
 from .client import EchoMQ
-from .conf import config
 from .jobs import Job, JobState, to_text
 from .keyspace import STATE_INDEX, validate_queue
 from .models import TEXT_LIMIT, MirroredJob, MirroredQueue
@@ -182,23 +187,37 @@ def _gone_rows(mq, queue: str, seen: set[str]) -> dict[str, dict]:
     return {j: {} for j, there in mq.exist(queue, others).items() if not there}
 
 
-def _unevented(mq, queue: str) -> set[str]:
-    """Ids whose move emitted no event (``claim``: pending -> active;
-    ``promote_delayed``: delayed -> pending) and that the mirror holds in the
-    old state. Bounded by ``RECHECK_LIMIT`` per index."""
-    active = set(mq.job_ids(queue, JobState.ACTIVE, 0, RECHECK_LIMIT - 1))
-    known = set(
-        MirroredJob.objects.filter(queue=queue, job_id__in=active, state="active").values_list(
+def _active_drift(mq: EchoMQ, queue: str) -> set[str]:
+    """Ids whose membership of ``active`` differs between Redis and the
+    mirror, both ways. Run when the queue's claim counter moved: ``claim``
+    emits no event (a job per batch would cost the hot path), so a claim is
+    found by comparing the active index, which holds what workers hold."""
+    in_redis: set[str] = set()
+    start = 0
+    while True:
+        window = mq.job_ids(queue, JobState.ACTIVE, start, start + INDEX_BATCH - 1)
+        in_redis.update(window)
+        if len(window) < INDEX_BATCH:
+            break
+        start += INDEX_BATCH
+    mirrored = set(
+        MirroredJob.objects.filter(queue=queue, state="active", gone_from_redis=False).values_list(
             "job_id", flat=True
         )
     )
+    return in_redis ^ mirrored
+
+
+def _delayed_drift(mq: EchoMQ, queue: str) -> set[str]:
+    """Mirrored ``delayed`` rows that are not delayed any more (a safety net
+    for a move out of ``delayed`` that emitted no event; ``promote_delayed``
+    does emit). Bounded by ``RECHECK_LIMIT``."""
     delayed = list(
         MirroredJob.objects.filter(queue=queue, state="delayed", gone_from_redis=False).values_list(
             "job_id", flat=True
         )[:RECHECK_LIMIT]
     )
-    moved = {j for j, state in mq.states(queue, delayed).items() if state != JobState.DELAYED}
-    return (active - known) | moved
+    return {j for j, state in mq.states(queue, delayed).items() if state != JobState.DELAYED}
 
 
 def _needs_rescan(stored: str, first_id: str | None, last_id: str | None) -> bool:
@@ -224,20 +243,27 @@ def _follow(
     mq: EchoMQ, queue: str, after: str, entries: list, limit: int, max_events: int | None
 ) -> tuple[set[str], str, int]:
     """Apply stream entries from ``entries`` (the first page after ``after``,
-    as ``[(entry id, job id)]``) on, ``limit`` per page, up to ``max_events``;
-    returns the ids they name, the last entry id read, and how many entries
-    were read."""
+    as ``[(entry id, job id, event)]``) on, ``limit`` per page, up to
+    ``max_events``; returns the ids they name (with the same-queue children
+    of each parent an ``added`` event names: a same-queue leaf is announced
+    by its parent's event only), the last entry id read, and how many
+    entries were read."""
     touched: set[str] = set()
+    added: set[str] = set()
     last, count = after, 0
     while entries:
-        for entry_id, job_id in entries:
+        for entry_id, job_id, event in entries:
             if job_id:
                 touched.add(job_id)
+                if event == "added":
+                    added.add(job_id)
             last = entry_id
         count += len(entries)
         if len(entries) < limit or (max_events and count >= max_events):
             break
         entries = mq.events_after(queue, last, limit)
+    if added:
+        touched |= mq.same_queue_children(queue, added)
     return touched, last, count
 
 
@@ -255,7 +281,7 @@ def mirror_queue(mq, queue: str, full: bool = False, max_events: int | None = No
     saved = MirroredQueue.objects.filter(queue=queue).first()
     stored = saved.last_event_id if saved else ""
     limit = EVENT_BATCH if max_events is None else max(1, min(EVENT_BATCH, max_events))
-    head, first_id, last_id, entries = mq.event_probe(queue, stored, limit)
+    head, first_id, last_id, entries, claims = mq.event_probe(queue, stored, limit)
     counts = mq.counts(queue)
     now = timezone.now()
     report = {
@@ -273,9 +299,11 @@ def mirror_queue(mq, queue: str, full: bool = False, max_events: int | None = No
         rows.update(_gone_rows(mq, queue, {j for j, row in rows.items() if row}))
     else:
         touched, new_last, report["events"] = _follow(mq, queue, stored, entries, limit, max_events)
-        moved = counts != saved.counts()
-        if moved:
-            touched |= _unevented(mq, queue)
+        moved = counts != saved.counts() or claims != saved.claims_seen
+        if claims != saved.claims_seen:
+            touched |= _active_drift(mq, queue)
+        if counts != saved.counts():
+            touched |= _delayed_drift(mq, queue)
         if not touched and not moved:
             report["changed"] = False
             if now - saved.mirrored_at >= TOUCH_EVERY:
@@ -294,6 +322,7 @@ def mirror_queue(mq, queue: str, full: bool = False, max_events: int | None = No
                 **counts,
                 "oldest_pending_age_s": age,
                 "last_event_id": new_last,
+                "claims_seen": claims,
                 "mirrored_at": now,
             },
         )
@@ -306,10 +335,11 @@ def mirror_queues(mq, queues, full: bool = False, max_events: int | None = None)
     return {q: mirror_queue(mq, q, full=full, max_events=max_events) for q in queues}
 
 
-def known_queues(extra=()) -> list[str]:
-    """The queues of ``ECHOMQ["QUEUES"]``, the ones already mirrored, and
-    ``extra``, sorted and without repeats."""
-    names = set(config().get("QUEUES", {})) | set(extra)
+def mirror_targets(mq: EchoMQ, extra=()) -> list[str]:
+    """The queues to mirror when none are named: every known queue (``P:queues``,
+    ``ECHOMQ["QUEUES"]``, live processes' queues: ``registry.known_queues``),
+    the ones already mirrored, and ``extra``; sorted, without repeats."""
+    names = set(registry.known_queues(mq, extra))
     names |= set(MirroredQueue.objects.values_list("queue", flat=True))
     return sorted(names)
 

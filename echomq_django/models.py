@@ -77,7 +77,8 @@ class MirroredQueue(models.Model):
     ``deadletter`` the lengths of ``flow:outbox`` and ``flow:deadletter``;
     ``oldest_pending_age_s`` (seconds) is the age of the job at the head of
     ``pending`` (None when it is empty); ``last_event_id`` is the id of the
-    last ``events`` stream entry the mirror has applied ('' before the first).
+    last ``events`` stream entry the mirror has applied ('' before the first);
+    ``claims_seen`` the queue's claim counter (``lease:seq``) at that pass.
     """
 
     queue = models.CharField(max_length=64, primary_key=True)
@@ -91,6 +92,7 @@ class MirroredQueue(models.Model):
     deadletter = models.PositiveIntegerField("dead-lettered entries", default=0)
     oldest_pending_age_s = models.FloatField("oldest pending age (s)", null=True, blank=True)
     last_event_id = models.CharField(max_length=64, blank=True)
+    claims_seen = models.BigIntegerField(default=0)
     mirrored_at = models.DateTimeField()
 
     class Meta:

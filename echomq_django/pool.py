@@ -66,13 +66,31 @@ class HandlerPool:
         self._size, self._name = size, name
         self._jobs: _queue.SimpleQueue = _queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()  # guards _size and _threads (write_off, retire)
+        self._local = threading.local()
+        self._started = 0
 
     def submit(self, fn, *args) -> None:
         self._jobs.put((fn, args))
         if len(self._threads) < self._size:
-            thread = threading.Thread(target=self._work, name=f"{self._name}_{len(self._threads)}")
+            with self._lock:
+                thread = threading.Thread(target=self._work, name=f"{self._name}_{self._started}")
+                self._started += 1
+                self._threads.append(thread)
             thread.start()
-            self._threads.append(thread)
+
+    def write_off(self) -> None:
+        """A thread is stuck in a handler past its job's time limit
+        (timeouts.py): one more thread may start, so ``size`` handlers keep
+        running; the stuck one leaves once its handler returns
+        (``retire_current``, called from that handler's thread)."""
+        with self._lock:
+            self._size += 1
+
+    def retire_current(self) -> None:
+        """The calling handler thread (a written-off one) leaves the pool
+        once its current job returns."""
+        self._local.retire = True
 
     def _work(self) -> None:
         get = self._jobs.get
@@ -84,6 +102,11 @@ class HandlerPool:
                 item[0](*item[1])
             except BaseException:
                 log.exception("a handler thread's job raised")
+            if getattr(self._local, "retire", False):
+                with self._lock:
+                    self._size -= 1
+                    self._threads.remove(threading.current_thread())
+                return
 
     def shutdown(self, wait: bool) -> None:
         """Drop the jobs not started yet (their leases cover them), stop every

@@ -32,13 +32,14 @@ from dataclasses import dataclass, field
 
 import redis
 
-from . import signals
+from . import registry, signals
 from .client import EchoMQ
 from .conf import get_mq
 from .exceptions import RedisUnavailable, SweepLockLost, connection_error
 from .jobs import Outcome
 from .keyspace import validate_queue
 from .outage import Outage
+from .schedule import Scheduler
 from .wake import BLOCK_S, Wake, Waker
 
 log = logging.getLogger("echomq_django.pump")
@@ -58,6 +59,8 @@ class SweepReport:
     recovered: int = 0
     released: int = 0
     dead: int = 0
+    expired: int = 0  # parents whose children_timeout_ms passed (DESIGN §10.3)
+    scheduled: int = 0  # periodic jobs fired on this queue (DESIGN §10.3)
     locked: bool = False
     lock_lost: bool = False
     outcome: Outcome = field(default_factory=Outcome, repr=False)
@@ -154,7 +157,12 @@ class Pump:
     ``max_tries``: deliveries of an entry whose parent is gone before it is
     dead-lettered; ``max_stalls``: lease expiries a job survives;
     ``after_sweep``: callables ``f(pump, reports)`` run after each sweep (the
-    admin mirror hooks in here); ``before_trim``: see ``deliver_outbox``.
+    admin mirror hooks in here); ``before_trim``: see ``deliver_outbox``;
+    ``scheduler``: a ``schedule.Scheduler`` whose periodic jobs each sweep
+    fires (None: with ``mq`` None, the ``ECHOMQ["SCHEDULE"]`` entries on
+    these queues, if any), and ``run`` wakes for their ticks;
+    ``register``: list this pump among the live processes while ``run()``
+    runs (a heartbeat every ``beat_s`` seconds, DESIGN §10.5).
     Raises ``ValueError`` for a bad or missing queue name.
     """
 
@@ -169,7 +177,13 @@ class Pump:
         max_stalls: int = 1,
         after_sweep=None,
         before_trim=None,
+        scheduler: Scheduler | None = None,
+        register: bool = True,
+        beat_s: float = registry.HEARTBEAT_S,
     ) -> None:
+        if scheduler is None and mq is None:
+            scheduler = Scheduler.for_queues(get_mq(), queues)
+        self.scheduler = scheduler
         self.mq = mq if mq is not None else get_mq()
         self.queues = [validate_queue(q) for q in queues]
         if not self.queues:
@@ -178,6 +192,7 @@ class Pump:
         self.max_stalls = max_stalls
         self.after_sweep = list(after_sweep or [])
         self.before_trim = before_trim
+        self.register, self.beat_s = register, beat_s
         self.totals = SweepReport()
         self.wakeups = 0  # outbox deliveries a wake-up started (run())
         self.waiting = False  # run() is blocked on the outbox wake keys
@@ -193,6 +208,7 @@ class Pump:
 
     def _sweep(self) -> dict[str, dict]:
         reports = {}
+        fired = self.scheduler.fire_due() if self.scheduler else []
         for queue in self.queues:
             rep = deliver_outbox(
                 self.mq,
@@ -208,6 +224,9 @@ class Pump:
             )
             rep.recovered = stalled.recovered
             rep.outcome.merge(stalled)
+            rep.expired, expired = self.mq.expire_children(queue, limit=self.batch * 10)
+            rep.outcome.merge(expired)
+            rep.scheduled = sum(q == queue for q, _ in fired)
             rep.released = len(rep.outcome.released)
             rep.dead = len(rep.outcome.dead)
             signals.send_outcome(self, self.mq, rep.outcome)
@@ -262,19 +281,36 @@ class Pump:
         totals at INFO every ``summary_every`` seconds. A Redis outage is
         waited out with backoff (``outage.Outage``), never raised; ``once``
         returns after the first pass that reached Redis."""
-        outage = Outage(self.mq.client, log)
+        beat = self._announce()
         waker = None
         if not once:
             waker = Waker(self.mq, self.queues, "outbox_wake", self._posted.put, block_s=block_s)
             waker.start()
         try:
-            self._run(waker, interval, once, should_stop, on_sweep, summary_every, outage)
+            self._run(waker, interval, once, should_stop, on_sweep, summary_every)
         finally:
             self.waiting = False
             if waker is not None:
                 waker.stop()
+            if beat is not None:
+                beat.stop()
 
-    def _run(self, waker, interval, once, should_stop, on_sweep, summary_every, outage) -> None:
+    def _announce(self) -> registry.Heartbeat | None:
+        """The heartbeat listing this pump among the live processes; its
+        ``jobs_done`` counts entries delivered, jobs promoted and recovered."""
+        if not self.register:
+            return None
+        t = self.totals
+        return registry.Heartbeat(
+            self.mq,
+            "pump",
+            self.queues,
+            self.beat_s,
+            status=lambda: {"jobs_done": t.delivered + t.promoted + t.recovered},
+        ).start()
+
+    def _run(self, waker, interval, once, should_stop, on_sweep, summary_every) -> None:
+        outage = Outage(self.mq.client, log)
         summary_at = time.monotonic() + summary_every
         while True:
             started = time.monotonic()
@@ -297,6 +333,8 @@ class Pump:
                 return
             busy = any(r["delivered"] >= self.batch for r in reports.values())
             wait = 0 if busy else max(0.0, interval - (time.monotonic() - started))
+            if self.scheduler:  # wake for the next periodic tick (DESIGN §10.3)
+                wait = self.scheduler.wait_s(wait)
             try:
                 if self._deliver_on_wakeups(waker, wait, should_stop):
                     return

@@ -23,10 +23,13 @@ def _texts(mapping: dict) -> dict[str, str]:
     return {to_text(k): to_text(v) for k, v in mapping.items()}
 
 
-def _stream_entries(entries: list) -> list[tuple[str, str | None]]:
-    """``[(entry id, job id)]`` of XRANGE entries of a queue's ``events``
-    stream (fields ``e`` = event, ``id`` = job id)."""
-    return [(to_text(eid), to_text(f.get(b"id", f.get("id")))) for eid, f in entries]
+def _stream_entries(entries: list) -> list[tuple[str, str | None, str | None]]:
+    """``[(entry id, job id, event)]`` of XRANGE entries of a queue's
+    ``events`` stream (fields ``e`` = event, ``id`` = job id)."""
+    return [
+        (to_text(eid), to_text(f.get(b"id", f.get("id"))), to_text(f.get(b"e", f.get("e"))))
+        for eid, f in entries
+    ]
 
 
 class Reads:
@@ -163,9 +166,10 @@ class Reads:
             pipe.zcard(index)
         pipe.llen(k.outbox)
         pipe.llen(k.deadletter)
-        pending, active, delayed, completed, dead, awaiting, outbox, dl = pipe.execute()
+        pipe.zcard(k.prioritized)  # pending jobs with a priority (DESIGN §10.3)
+        pending, active, delayed, completed, dead, awaiting, outbox, dl, ranked = pipe.execute()
         return {
-            "pending": pending,
+            "pending": pending + ranked,
             "active": active,
             "delayed": delayed,
             "completed": completed,
@@ -179,10 +183,19 @@ class Reads:
     def job_ids(
         self, queue: str, state: JobState | str, start: int = 0, end: int = -1
     ) -> list[str]:
-        """Ids in one state index, oldest first (pending: FIFO order)."""
+        """Ids in one state index, oldest first (pending: the order claims
+        take them, priorities included, DESIGN §10.3)."""
         key = self.keys.queue(queue).index(JobState(state))
         if JobState(state) is JobState.PENDING:
-            return [to_text(v) for v in self.client.lrange(key, start, end)]
+            ranked = self.keys.queue(queue).prioritized
+            if not self.client.exists(ranked):
+                return [to_text(v) for v in self.client.lrange(key, start, end)]
+            pipe = self.client.pipeline(transaction=False)
+            pipe.zrange(ranked, "-inf", "(0", byscore=True)  # priorities above 0
+            pipe.lrange(key, 0, -1)  # priority 0
+            pipe.zrange(ranked, 0, "+inf", byscore=True)  # priorities below 0
+            ids = [to_text(v) for part in pipe.execute() for v in part]
+            return ids[start : None if end == -1 else end + 1]
         return [to_text(v) for v in self.client.zrange(key, start, end)]
 
     def outbox_head(self, queue: str, count: int) -> list:
@@ -255,22 +268,44 @@ class Reads:
     @reports_redis_down
     def event_probe(self, queue: str, after: str, limit: int):
         """One round trip: ``(pending head id, first and last entry ids of the
-        events stream, up to limit entries after after)`` (all from the start
-        when ``after`` is ''); entries as ``[(entry id, job id)]``."""
+        events stream, up to limit entries after after, claims)`` (entries
+        from the start when ``after`` is ''), entries as ``[(entry id, job
+        id, event)]``; ``claims`` is the ``lease:seq`` counter, which every
+        claim batch increments (claims emit no event)."""
         k = self.keys.queue(queue)
         pipe = self.client.pipeline(transaction=False)
         pipe.lindex(k.pending, 0)
         pipe.xrange(k.events, "-", "+", count=1)
         pipe.xrevrange(k.events, "+", "-", count=1)
         pipe.xrange(k.events, f"({after}" if after else "-", "+", count=limit)
-        head, first, last, entries = pipe.execute()
+        pipe.get(k.lease_seq)
+        head, first, last, entries, claims = pipe.execute()
         first_id = to_text(first[0][0]) if first else None
         last_id = to_text(last[0][0]) if last else None
-        return to_text(head), first_id, last_id, _stream_entries(entries)
+        return to_text(head), first_id, last_id, _stream_entries(entries), int(claims or 0)
 
     @reports_redis_down
-    def events_after(self, queue: str, after: str, limit: int) -> list[tuple[str, str | None]]:
+    def same_queue_children(self, queue: str, job_ids) -> set[str]:
+        """The ids of the children in ``queue`` of each of ``job_ids`` (their
+        ``:children`` lists, pipelined; children on other queues left out)."""
+        ids = list(job_ids)
+        out: set[str] = set()
+        for i in range(0, len(ids), ROWS_PER_TRIP):
+            pipe = self.client.pipeline(transaction=False)
+            for job_id in ids[i : i + ROWS_PER_TRIP]:
+                pipe.lrange(JobKeys.of(self.keys.job(queue, job_id)).children, 0, -1)
+            for refs in pipe.execute():
+                for ref in map(to_text, refs):
+                    cq, cid = self.keys.parse_ref(ref)
+                    if cq == queue:
+                        out.add(cid)
+        return out
+
+    @reports_redis_down
+    def events_after(
+        self, queue: str, after: str, limit: int
+    ) -> list[tuple[str, str | None, str | None]]:
         """Up to ``limit`` entries of the events stream after entry id
-        ``after``, as ``[(entry id, job id)]``."""
+        ``after``, as ``[(entry id, job id, event)]``."""
         entries = self.client.xrange(self.keys.queue(queue).events, f"({after}", "+", count=limit)
         return _stream_entries(entries)

@@ -11,11 +11,13 @@ index: expired ids go, and at most ``MAX_PROCESSES`` are kept. Everything is
 under the configured prefix, so a process of another prefix never shows up.
 
 **Every queue ever used.** ``P:queues`` is a set of the queues that have had
-a job, added to by the host when it first writes to a queue (``QueueBook``),
-at most ``MAX_QUEUES`` names. The set lives on no queue's Cluster slot, so no
+a job: ``EchoMQ.note_queues`` adds a queue before the first write to it
+(``enqueue``, ``add_flow``), once a minute at most per process, up to
+``client.MAX_QUEUES`` names. The set lives on no queue's Cluster slot, so no
 Lua script can add to it atomically with the job it writes (on a Cluster a
 script may only touch keys of one slot); the host adds the name before it
-writes the job, so a queue with a job is always in the set.
+writes the job, so a queue with a job is always in the set. This module
+reads it (``redis_queues``, ``known_queues``).
 """
 
 from __future__ import annotations
@@ -26,7 +28,6 @@ import os
 import secrets
 import socket
 import threading
-import time
 from dataclasses import asdict, dataclass, field, fields
 from importlib import metadata
 
@@ -40,9 +41,7 @@ log = logging.getLogger("echomq_django.registry")
 HEARTBEAT_S = 5.0  # seconds between a process's heartbeats
 MISSED_BEATS = 3  # a process leaves the list this many heartbeats after its last one
 MAX_PROCESSES = 1000  # ids the index keeps (the newest expiries) and a listing returns
-MAX_QUEUES = 10000  # names P:queues holds; past it new queues are not added (a warning)
 RUNNING_SHOWN = 20  # running job refs a heartbeat carries (the count is exact)
-REGISTER_EVERY_S = 60.0  # a process re-adds a queue it writes to at most this often
 KINDS = ("worker", "pump")
 
 
@@ -158,8 +157,9 @@ class Heartbeat:
     queue names it serves; ``interval_s`` (s, > 0): time between beats;
     ``status``: a callable returning ``{jobs_done, running, running_jobs}``
     at each beat (None: zeros); ``concurrency``: handler threads.
-    ``start()`` beats once at once (a Redis error is logged, not raised: the
-    process runs without being listed until Redis answers), then every
+    ``start()`` beats once at once (a Redis error is logged at DEBUG, not
+    raised: the runner reports outages; the process runs without being
+    listed until Redis answers), then every
     ``interval_s`` on a daemon thread; ``stop()`` ends the thread and
     removes the registration. Raises ``ValueError`` for a bad kind, queue
     name or interval.
@@ -192,8 +192,8 @@ class Heartbeat:
         self._failing = False
 
     def beat(self) -> bool:
-        """Write one heartbeat now; False (logged once per outage) when Redis
-        could not be reached."""
+        """Write one heartbeat now; False (logged at DEBUG once per outage)
+        when Redis could not be reached."""
         if self.status is not None:
             s = self.status()
             self.info.jobs_done = int(s.get("jobs_done", 0))
@@ -202,8 +202,8 @@ class Heartbeat:
         try:
             beat(self.mq, self.info, self.interval_s)
         except redis.RedisError as err:
-            if not self._failing:
-                log.warning("heartbeat of %s %s failed: %s", self.info.kind, self.info.id, err)
+            if not self._failing:  # the runner reports the outage itself
+                log.debug("heartbeat of %s %s failed: %s", self.info.kind, self.info.id, err)
             self._failing = True
             return False
         self._failing = False
@@ -227,10 +227,8 @@ class Heartbeat:
             self._thread.join()
         try:
             leave(self.mq, self.info.id)
-        except redis.RedisError as err:
-            log.warning(
-                "could not remove %s %s from the list: %s", self.info.kind, self.info.id, err
-            )
+        except redis.RedisError as err:  # it leaves the list when its key expires
+            log.debug("could not remove %s %s from the list: %s", self.info.kind, self.info.id, err)
 
 
 # -- every queue ever used ----------------------------------------------------
@@ -244,61 +242,6 @@ def redis_queues(mq) -> list[str]:
         except ValueError:
             continue
     return sorted(out)
-
-
-def add_queues(mq, queues) -> list[str]:
-    """Add ``queues`` to ``P:queues`` unless it holds ``MAX_QUEUES`` names
-    already (then a WARNING, and nothing added). Returns the names added."""
-    names = [validate_queue(q) for q in queues]
-    key = mq.keys.queues()
-    pipe = mq.client.pipeline(transaction=False)
-    pipe.scard(key)
-    for name in names:
-        pipe.sismember(key, name)
-    size, *present = pipe.execute()
-    new = [n for n, there in zip(names, present, strict=True) if not there]
-    if not new:
-        return []
-    if size + len(new) > MAX_QUEUES:
-        log.warning(
-            "%s holds %d queue names (the bound is %d): %s not added; stats and the admin "
-            "find them only through ECHOMQ['QUEUES']",
-            key,
-            size,
-            MAX_QUEUES,
-            ", ".join(new),
-        )
-        return []
-    mq.client.sadd(key, *new)
-    return new
-
-
-class QueueBook:
-    """Remembers, per ``EchoMQ``, when this process last added each queue to
-    ``P:queues``, so a write path adds a queue at most once per
-    ``REGISTER_EVERY_S`` (again later: the set may have been flushed)."""
-
-    def __init__(self) -> None:
-        self._at: dict[str, float] = {}
-        self._lock = threading.Lock()
-
-    def due(self, queues) -> list[str]:
-        """The queues of ``queues`` not added within ``REGISTER_EVERY_S``;
-        marks them added (call ``add_queues`` with them)."""
-        now = time.monotonic()
-        with self._lock:
-            out = [
-                q for q in dict.fromkeys(queues) if now - self._at.get(q, -1e18) >= REGISTER_EVERY_S
-            ]
-            for q in out:
-                self._at[q] = now
-        return out
-
-    def forget(self, queues) -> None:
-        """Undo ``due`` for queues whose add failed (they are tried again)."""
-        with self._lock:
-            for q in queues:
-                self._at.pop(q, None)
 
 
 def settings_queues() -> list[str]:

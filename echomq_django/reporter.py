@@ -37,13 +37,16 @@ class Finished:
     """A job its handler is done with, on its way to Redis. ``error`` is None
     when the handler returned ``result``; otherwise it is the text to store,
     and ``dead`` says the job fails for good (the handler raised
-    ``Unrecoverable``). ``ms``: how long the handler ran (ms)."""
+    ``Unrecoverable``). ``ms``: how long the handler ran (ms).
+    ``postpone_ms``: the handler raised ``RateLimited``: the job goes back
+    for that long without spending its attempt (DESIGN §10.3)."""
 
     job: Job
     result: Any = None
     error: str | None = None
     dead: bool = False
     ms: float = 0.0
+    postpone_ms: int | None = None
 
 
 class Reporter:
@@ -52,7 +55,9 @@ class Reporter:
     ``mq``: the worker's ``EchoMQ``; ``sender``: the signals' sender (the
     worker); ``forget(*jobs)``: the worker stops tracking jobs reported (or
     dropped); ``released(queue)``: a parent on ``queue`` was released;
-    ``wake()``: wakes the claiming loop after each batch. ``processed`` and
+    ``wake()``: wakes the claiming loop after each batch; ``metrics``: an
+    object with ``job_finished(queue, name, outcome, seconds)`` (the
+    worker's ``metrics.ProcessMetrics``) or None. ``processed`` and
     ``stats`` (``completed``, ``failed`` = will retry, ``dead``, ``lost``)
     count every run; ``unreported`` counts jobs handed over and not reported
     yet in this run.
@@ -65,11 +70,12 @@ class Reporter:
         forget: Callable[..., None],
         released: Callable[[str], None],
         wake: Callable[[], None],
+        metrics: Any = None,
     ) -> None:
-        self.mq, self.sender = mq, sender
+        self.mq, self.sender, self.metrics = mq, sender, metrics
         self._forget, self._released, self._wake = forget, released, wake
         self.processed = 0
-        self.stats = {"completed": 0, "failed": 0, "dead": 0, "lost": 0}
+        self.stats = {"completed": 0, "failed": 0, "dead": 0, "lost": 0, "postponed": 0}
         self.debug = False  # a line per job (set per run from the log level)
         self._cv = threading.Condition()  # guards _inbox, unreported, _closing
         self._inbox: list[Finished] = []
@@ -137,6 +143,7 @@ class Reporter:
         ``RedisUnavailable`` (propagated) loses nothing."""
         if not finished:
             return
+        self._postpone(finished)
         good = [f for f in finished if f.error is None]
         if good:
             replies = self.mq.complete_many([(f.job, f.result) for f in good])
@@ -163,6 +170,24 @@ class Reporter:
             self._failed(
                 [(f, r) for f, r in zip(items, replies, strict=False) if not self._drop(f.job, r)]
             )
+
+    def _postpone(self, finished: list[Finished]) -> None:
+        """Put back, one script each, the jobs whose handler raised
+        ``RateLimited``; each leaves ``finished`` once Redis answered."""
+        for f in [f for f in finished if f.postpone_ms is not None]:
+            try:
+                self.mq.postpone(f.job, f.postpone_ms)
+            except REDIS_DOWN:
+                raise
+            except Exception as err:
+                self._drop(f.job, err)
+            else:
+                self._forget(f.job)
+                self.stats["postponed"] += 1
+                if self.debug:
+                    log.debug("job %s/%s rate limited: back in %d ms", f.job.queue, f.job.id,
+                              f.postpone_ms)  # fmt: skip
+            finished.remove(f)
 
     def _drop(self, job: Job, reply) -> bool:
         """Forget a job Redis refused to complete or fail; True if it was."""
@@ -205,6 +230,8 @@ class Reporter:
                     job_name=job.name,
                     result=f.result,
                 )
+            if self.metrics is not None:
+                self.metrics.job_finished(job.queue, job.name, "completed", f.ms / 1000)
             self._after(job, outcome)
         self.stats["completed"] += len(done)
         self.processed += len(done)
@@ -219,6 +246,10 @@ class Reporter:
             job, error = f.job, f.error
             dead = outcome.state is JobState.DEAD
             self.stats["dead" if dead else "failed"] += 1
+            if self.metrics is not None:
+                self.metrics.job_finished(
+                    job.queue, job.name, "dead" if dead else "failed", f.ms / 1000
+                )
             if dead:
                 log.warning(
                     "job %s/%s (%s) is dead after %d attempts: %s",

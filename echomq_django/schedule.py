@@ -275,6 +275,18 @@ class Scheduler:
         self.marks: dict[str, int] = {}  # entry -> the latest tick known to have fired
         self.fired = 0  # jobs this scheduler added
 
+    @classmethod
+    def for_queues(cls, mq, queues: list[str]) -> Scheduler | None:
+        """The scheduler of the ``ECHOMQ["SCHEDULE"]`` entries whose queue is
+        one of ``queues`` (a pump fires its own queues' entries), or None
+        when there are none. Raises ``ImproperlyConfigured`` for a bad entry."""
+        mine = [
+            e
+            for e in entries(config().get("SCHEDULE", {}), settings.TIME_ZONE or "UTC")
+            if e.queue in queues
+        ]
+        return cls(mq, mine) if mine else None
+
     def fire_due(self) -> list[tuple[str, str]]:
         """Add the job of each entry's latest tick unless it fired already
         (here or in another process). Raises ``RedisUnavailable``."""

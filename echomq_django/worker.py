@@ -32,6 +32,14 @@ Decisions (documented here, relied on by the tests):
 * A handler that raises ``echomq_django.Unrecoverable`` fails the job for
   good: dead at once, its remaining attempts unspent (BullMQ's
   UnrecoverableError); its parent's policy applies.
+* A handler that raises ``echomq_django.RateLimited(retry_after_ms)`` puts
+  the job back (delayed that long) without spending its attempt; a queue
+  whose ``RATE_LIMIT`` window is full rests until the window opens
+  (DESIGN §10.3).
+* An attempt that runs past its job's ``timeout_ms`` (or the queue's
+  ``TIMEOUT_MS``) fails as timed out and is retried by the usual rules; its
+  thread is written off and replaced, its late result discarded
+  (timeouts.py says how a thread that never returns is handled).
 * A handler that raises fails the job with ``"ExcType: message"`` then the
   last ``TRACEBACK_LINES`` lines of the traceback (at most ``ERROR_CHARS``
   characters); the job retries with backoff and dies when its attempts are
@@ -74,17 +82,21 @@ import signal
 import threading
 import time
 
+from django.core.exceptions import ImproperlyConfigured
 from django.db import close_old_connections
 
+from . import registry
 from .client import EchoMQ
 from .conf import get_mq
-from .exceptions import Unrecoverable
+from .exceptions import RateLimited, Unrecoverable
 from .handlers import get_handler
 from .jobs import Job
 from .keyspace import validate_queue
+from .metrics import MISSING, process_metrics
 from .outage import REDIS_DOWN, Outage
 from .pool import HandlerPool, error_text, unknown_name_error
 from .reporter import GONE, Finished, Reporter
+from .timeouts import Timeouts
 from .wake import BLOCK_S, SWEEP_S, Idle, Wake
 
 log = logging.getLogger("echomq_django.worker")
@@ -104,13 +116,22 @@ class Worker:
     50); ``shutdown_timeout`` (s): how long a graceful stop waits for running
     jobs; ``block_timeout`` (s, former name ``poll_interval``): the longest
     single blocking wait on the wake keys; ``sweep_interval`` (s) and
-    ``max_stalls``: see ``wake.Timers``. Raises ``ValueError`` for a bad
-    queue name or number. Also ``wakeups``, ``timers`` (``wake.Idle``) and
-    ``waiting`` (true while idle, blocked on its queues).
+    ``max_stalls``: see ``wake.Timers``; ``max_stuck``: handler threads left
+    running past their job's time limit (written off and replaced) before the
+    worker stops (default ``concurrency``; timeouts.py); ``register``: list
+    this worker among the live processes while it runs (a heartbeat every
+    ``beat_s`` seconds, DESIGN §10.5); ``metrics``: count finished jobs and
+    handler times in this process's Prometheus metrics
+    (``metrics.ProcessMetrics``; needs prometheus_client, else
+    ``ImproperlyConfigured``). Raises ``ValueError`` for a bad queue name or
+    number. ``run()`` logs a WARNING naming the known queues when a queue is
+    known nowhere (no job, not in settings). Also ``wakeups``, ``timers``
+    (``wake.Idle``) and ``waiting`` (true while idle, blocked on its queues).
 
     After ``run()``: ``processed`` (jobs completed or failed, all runs),
     ``stats`` (``completed``, ``failed`` = will retry, ``dead``, ``lost`` =
-    dropped after their lease expired) and ``abandoned`` (jobs still running
+    dropped after their lease expired, ``postponed`` = back after
+    ``RateLimited``) and ``abandoned`` (jobs still running
     when the last run returned).
     """
 
@@ -128,6 +149,10 @@ class Worker:
         sweep_interval: float = SWEEP_S,
         max_stalls: int = 1,
         poll_interval: float | None = None,
+        max_stuck: int | None = None,
+        register: bool = True,
+        beat_s: float = registry.HEARTBEAT_S,
+        metrics: bool = False,
     ) -> None:
         mq = self.mq = mq if mq is not None else get_mq()
         self.queues = [validate_queue(q) for q in dict.fromkeys(queues)]
@@ -155,7 +180,17 @@ class Worker:
         self.abandoned = 0
         self._running: dict[tuple[str, str], Job] = {}  # claimed, not yet reported
         self._lock = threading.Lock()  # guards _running
-        self._reporter = Reporter(mq, self, self._forget, self._on_released, self._wake)
+        self.register, self.beat_s = register, beat_s
+        self.metrics = process_metrics() if metrics else None
+        if metrics and self.metrics is None:
+            raise ImproperlyConfigured(MISSING)
+        self._reporter = Reporter(
+            mq, self, self._forget, self._on_released, self._wake, metrics=self.metrics
+        )
+        # DESIGN §10.3: per-attempt time limits (timeouts.py) and the queues' defaults (ms)
+        self._timeouts = Timeouts(self._on_timeout)
+        self.max_stuck = _at_least(0, concurrency if max_stuck is None else max_stuck, "max_stuck")
+        self.time_limits = {q: mq.queues.get(q, {}).get("TIMEOUT_MS") for q in self.queues}
         self._executing = 0  # submitted to the pool and not finished (loop thread only)
         self._claimed, self._retry_at = 0, 0.0  # this run's claims; outage: next try (loop only)
         self._halt = threading.Event()  # set when run() returns: helpers stop
@@ -180,7 +215,7 @@ class Worker:
     @property
     def stats(self) -> dict[str, int]:
         """``completed``, ``failed`` (will retry), ``dead``, ``lost`` (dropped
-        after their lease expired), all runs."""
+        after their lease expired), ``postponed`` (``RateLimited``), all runs."""
         return self._reporter.stats
 
     # -- control -------------------------------------------------------------
@@ -245,8 +280,10 @@ class Worker:
             for target, name in (
                 (self._heartbeat, "echomq-heartbeat"),
                 (self._reporter.run, "echomq-reporter"),
+                (self._timeouts.run, "echomq-timeouts"),
             )
         ]
+        self._timeouts.reopen()
         for thread in helpers:
             thread.start()
         start = self.processed
@@ -256,17 +293,21 @@ class Worker:
             self.concurrency,
             ", ".join(f"{q}={ms}" for q, ms in self.leases.items()),
         )
+        beat = self._announce()
         try:
             self._loop(burst, max_jobs)
         finally:
             self.waiting = False
             self._idle.stop()  # a marker it pops from now on goes back
+            if beat is not None:
+                beat.stop()
             self._reporter.close()
+            self._timeouts.close()
             self._halt.set()
             for thread in helpers:  # daemons: one stuck on a dead socket is left behind
                 thread.join(timeout=0 if self._reporter.unreported else 2.0)
             self.abandoned = len(self._running)
-            self._pool.shutdown(wait=not self.abandoned)
+            self._pool.shutdown(wait=not self.abandoned and not self._timeouts.stuck)
             restore()
             self._log_stats(time.monotonic())
             if self.abandoned:
@@ -279,6 +320,36 @@ class Worker:
             self._stopping.clear()
             self._force = False
         return self.processed - start
+
+    def _announce(self) -> registry.Heartbeat | None:
+        """Warn about queues known nowhere, and start the heartbeat that lists
+        this worker among the live processes (None when ``register`` is off)."""
+        try:
+            warning = registry.unknown_queue_warning(self.mq, self.queues)
+        except REDIS_DOWN:
+            warning = None  # the loop reports the outage
+        if warning:
+            log.warning("%s", warning)
+        if not self.register:
+            return None
+        return registry.Heartbeat(
+            self.mq,
+            "worker",
+            self.queues,
+            self.beat_s,
+            status=self._status,
+            concurrency=self.concurrency,
+        ).start()
+
+    def _status(self) -> dict:
+        """What the heartbeat says: jobs done, and the jobs held now."""
+        with self._lock:
+            held = list(self._running)
+        return {
+            "jobs_done": self.processed,
+            "running": len(held),
+            "running_jobs": [f"{q}/{i}" for q, i in held[: registry.RUNNING_SHOWN]],
+        }
 
     def _loop(self, burst: bool, max_jobs: int | None) -> None:
         """The claiming loop, as named steps: claim if there is room, stop when
@@ -398,7 +469,7 @@ class Worker:
             want = min(free, self.batch)
             released = self._released[queue]
             jobs = self.mq.claim(queue, want, self.leases[queue])
-            if getattr(jobs, "wait_ms", None):  # its RATE_LIMIT window is full
+            if jobs.wait_ms:  # its RATE_LIMIT window is full: rest until it opens
                 self._rest[queue] = now + jobs.wait_ms / 1000
             elif len(jobs) < want and self._released[queue] == released:
                 # drained (or paused): rest until woken; a parent this worker
@@ -418,6 +489,7 @@ class Worker:
     def _execute(self, job: Job, done: _queue.SimpleQueue) -> None:
         """Run one handler; always posts a ``Finished`` to ``done``."""
         finished, started = Finished(job), time.perf_counter()
+        self._timeouts.start(job, job.timeout_ms or self.time_limits[job.queue])
         try:
             close_old_connections()
             func = get_handler(job.name)
@@ -430,6 +502,8 @@ class Worker:
                 finished.result = func(job)
         except Unrecoverable as exc:  # dead at once, attempts left or not
             finished.error, finished.dead = error_text(exc), True
+        except RateLimited as exc:  # back without spending the attempt (DESIGN §10.3)
+            finished.postpone_ms = exc.retry_after_ms
         except BaseException as exc:
             finished.error = error_text(exc)
         finally:
@@ -438,7 +512,35 @@ class Worker:
             except Exception:
                 log.exception("close_old_connections() failed after job %s/%s", job.queue, job.id)
             finished.ms = (time.perf_counter() - started) * 1000
-            done.put(finished)
+            if self._timeouts.settle(job):
+                done.put(finished)
+            else:  # its time limit passed first: the attempt was failed already
+                self._pool.retire_current()
+                log.warning(
+                    "job %s/%s (%s): the handler returned %.0f ms after its time limit; "
+                    "its result is discarded",
+                    *(job.queue, job.id, job.name, finished.ms),
+                )
+
+    def _on_timeout(self, job: Job, limit_ms: int) -> None:
+        """On the timeouts thread: ``job`` ran past ``limit_ms``. Fail the
+        attempt (the reporter retries it by the usual rules) and write its
+        thread off; stop claiming when every handler thread is stuck."""
+        error = (
+            f"TimeoutError: the attempt ran longer than its time limit of {limit_ms} ms "
+            "(timeout_ms / TIMEOUT_MS); the handler's late result is discarded"
+        )
+        self._pool.write_off()
+        self._done.put(Finished(job, error=error, ms=float(limit_ms)))
+        stuck = self._timeouts.stuck
+        log.warning("job %s/%s (%s) timed out after %d ms", job.queue, job.id, job.name, limit_ms)
+        if stuck > self.max_stuck:
+            log.error(
+                "%d handler threads are stuck past their jobs' time limits (max_stuck %d): "
+                "the worker stops claiming and returns, for its supervisor to restart it",
+                *(stuck, self.max_stuck),
+            )
+            self.stop()
 
     def _forget(self, *jobs: Job) -> None:
         with self._lock:

@@ -28,9 +28,9 @@
   FIFO within a priority. A paused queue (P:{q}:paused) gives nothing.
 
   returns: a JSON array (one bulk string: the host decodes it in one C call
-           instead of parsing 11 replies per job), 11 entries per claimed job:
+           instead of parsing 13 replies per job), 13 entries per claimed job:
            id, lease token, name, payload, attempts, max_attempts, backoff_ms,
-           parent, parent_queue, parent_policy, created_at
+           parent, parent_queue, parent_policy, created_at, timeout_ms, priority
            (strings; an absent field is false);
            '{"paused":1}' when the queue is paused, '{"wait":ms}' when the
            rate limit's window is full (ms until it opens)
@@ -107,7 +107,7 @@ for i, id in ipairs(ids) do
   local row = base .. 'job:' .. id
   -- one read and one write per job: this loop is the hot path of a worker
   local f = redis.call('HMGET', row, 'state', 'name', 'payload', 'attempts', 'max_attempts',
-    'backoff_ms', 'parent', 'parent_queue', 'parent_policy', 'created_at')
+    'backoff_ms', 'parent', 'parent_queue', 'parent_policy', 'created_at', 'timeout_ms', 'priority')
   if f[1] == 'pending' then
     local token = batch .. '.' .. i
     local attempts = tostring((tonumber(f[4]) or 0) + 1)
@@ -120,7 +120,7 @@ for i, id in ipairs(ids) do
     out[#out + 1] = f[2]
     out[#out + 1] = f[3]
     out[#out + 1] = attempts
-    for j = 5, 10 do
+    for j = 5, 12 do
       out[#out + 1] = f[j]
     end
   end

@@ -31,7 +31,7 @@ def test_async_handlers_complete_and_fail_like_sync_ones(mq):
     mq.enqueue("q", "t.async_fail", None, job_id="bad", max_attempts=1)
     worker, processed = burst(mq, ["q"], concurrency=2)
     assert processed == 4
-    assert worker.stats == {"completed": 3, "failed": 0, "dead": 1, "lost": 0}
+    assert worker.stats == {"completed": 3, "failed": 0, "dead": 1, "lost": 0, "postponed": 0}
     results = [mq.get_job("q", f"ok{i}").result for i in range(3)]
     assert results == [{"echo": {"n": i}} for i in range(3)]
     bad = mq.get_job("q", "bad")

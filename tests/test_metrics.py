@@ -14,7 +14,7 @@ from django.test import override_settings
 from echomq_django import conf, metrics
 from echomq_django.checks import check_metrics_settings
 from echomq_django.metrics import ProcessMetrics, QueueCollector, settings_problems
-from echomq_django.registry import Heartbeat, add_queues
+from echomq_django.registry import Heartbeat
 from tests import jobkit
 from tests.factories import StaffUserFactory, UserFactory
 from tests.rigs import free_port
@@ -75,7 +75,7 @@ def test_the_queue_collector_reads_every_gauge_from_redis(tmq, clock):
 
 
 def test_the_collector_finds_every_known_queue(tmq):
-    add_queues(tmq, ["audit"])
+    tmq.register_queues(["audit"])
     registry = scrape(QueueCollector(tmq))
     queues = {
         s.labels["queue"]

@@ -15,13 +15,11 @@ import sys
 
 import pytest
 
-from echomq_django import EchoMQ, registry
+from echomq_django import EchoMQ, Flow, client, registry
 from echomq_django.registry import (
     MISSED_BEATS,
     Heartbeat,
     ProcessInfo,
-    QueueBook,
-    add_queues,
     known_queues,
     live_processes,
     redis_queues,
@@ -167,37 +165,43 @@ def test_a_sigkilled_process_leaves_the_list_within_missed_beats(r, redis_server
 
 # -- P:queues -------------------------------------------------------------------
 def test_queues_are_added_once_and_read_back_sorted(tmq):
-    assert add_queues(tmq, ["orders", "payments"]) == ["orders", "payments"]
-    assert add_queues(tmq, ["payments", "audit"]) == ["audit"]
+    assert tmq.register_queues(["orders", "payments"]) == ["orders", "payments"]
+    assert tmq.register_queues(["payments", "audit"]) == ["audit"]
     tmq.client.sadd(tmq.keys.queues(), "bad name")  # written by hand: skipped on read
     assert redis_queues(tmq) == ["audit", "orders", "payments"]
     with pytest.raises(ValueError, match="invalid queue name"):
-        add_queues(tmq, ["ok", "{x}"])
+        tmq.register_queues(["ok", "{x}"])
     assert redis_queues(tmq) == ["audit", "orders", "payments"]
 
 
 def test_the_queue_set_is_bounded(tmq, monkeypatch, caplog):
-    monkeypatch.setattr(registry, "MAX_QUEUES", 2)
-    assert add_queues(tmq, ["a", "b"]) == ["a", "b"]
-    assert add_queues(tmq, ["c"]) == []
+    monkeypatch.setattr(client, "MAX_QUEUES", 2)
+    assert tmq.register_queues(["a", "b"]) == ["a", "b"]
+    assert tmq.register_queues(["c"]) == []
     assert redis_queues(tmq) == ["a", "b"]
     assert "holds 2 queue names (the bound is 2): c not added" in caplog.text
 
 
-def test_a_queue_book_adds_each_queue_once_a_minute(monkeypatch):
-    now = [100.0]
-    monkeypatch.setattr(registry.time, "monotonic", lambda: now[0])
-    book = QueueBook()
-    assert book.due(["a", "b", "a"]) == ["a", "b"]
-    assert book.due(["a", "c"]) == ["c"]
-    now[0] += registry.REGISTER_EVERY_S
-    assert book.due(["a"]) == ["a"]
-    book.forget(["a"])
-    assert book.due(["a", "b"]) == ["a", "b"]
+def test_every_write_path_registers_its_queues(tmq):
+    tmq.enqueue("mail", "t.leaf", {})
+    tmq.add_flow(Flow("reports", "t.parent", {}, children=[Flow("pdf", "t.leaf", {})]))
+    assert redis_queues(tmq) == ["mail", "pdf", "reports"]
+
+
+def test_a_process_adds_a_queue_once_a_minute(tmq, monkeypatch):
+    now = [1000.0]
+    monkeypatch.setattr(client.time, "monotonic", lambda: now[0])
+    tmq.enqueue("mail", "t.leaf", {})
+    tmq.client.delete(tmq.keys.queues())  # as a flush would
+    tmq.enqueue("mail", "t.leaf", {})
+    assert redis_queues(tmq) == []  # noted a moment ago: not added again
+    now[0] += client.REGISTER_EVERY_S
+    tmq.enqueue("mail", "t.leaf", {})
+    assert redis_queues(tmq) == ["mail"]
 
 
 def test_known_queues_join_redis_settings_and_live_processes(tmq, clock):
-    add_queues(tmq, ["audit"])
+    tmq.register_queues(["audit"])
     Heartbeat(tmq, "worker", ["emails"], interval_s=5).beat()
     settings = ["inventory", "orders", "payments", "validation"]  # testproject's QUEUES
     assert known_queues(tmq) == sorted(["audit", "emails", *settings])
@@ -205,7 +209,7 @@ def test_known_queues_join_redis_settings_and_live_processes(tmq, clock):
 
 
 def test_a_worker_on_an_unknown_queue_is_told_the_known_ones(tmq):
-    add_queues(tmq, ["audit"])
+    tmq.register_queues(["audit"])
     assert unknown_queue_warning(tmq, ["orders", "audit"]) is None
     assert unknown_queue_warning(tmq, ["oders"]) == (
         "queue oders is not known: no job was ever added to it and ECHOMQ['QUEUES'] does "

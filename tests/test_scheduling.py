@@ -463,3 +463,12 @@ def test_a_continued_parent_that_dies_of_its_own_error_retries_alone(tmq) -> Non
     assert [tmq.complete(j, j.id).released for j in jobs] == [[], [], []]
     assert tmq.dependencies("q", "p").ignored == {ref(tmq, "c1"): "boom"}
     assert tmq.children_values("q", "p") == {ref(tmq, "c2"): "c2"}
+
+
+def test_reads_count_and_list_pending_jobs_in_claim_order(tmq) -> None:
+    for job_id, p in (("a", 0), ("b", 2), ("c", -3), ("d", 0)):
+        tmq.enqueue("q", "n", job_id=job_id, priority=p)
+    assert tmq.counts("q")["pending"] == 4
+    assert tmq.job_ids("q", "pending") == ["b", "a", "d", "c"]
+    assert tmq.job_ids("q", "pending", 1, 2) == ["a", "d"]
+    assert [j.id for j in tmq.claim("q", 4)] == ["b", "a", "d", "c"]

@@ -14,7 +14,7 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from echomq_django import conf
-from echomq_django.registry import Heartbeat, add_queues
+from echomq_django.registry import Heartbeat
 from echomq_django.stats import SCHEMA, UnknownQueue, collect, duration, render
 from tests import jobkit
 from tests.jobkit import T0
@@ -85,7 +85,7 @@ def test_the_throughput_window_is_the_last_minute(tmq, clock):
 
 
 def test_every_known_queue_is_reported_without_names(tmq, clock):
-    add_queues(tmq, ["audit"])  # in Redis only, not in settings
+    tmq.register_queues(["audit"])  # in Redis only, not in settings
     doc = collect(tmq)
     assert list(doc["queues"]) == ["audit", "inventory", "orders", "payments", "validation"]
     audit = doc["queues"]["audit"]
@@ -95,7 +95,7 @@ def test_every_known_queue_is_reported_without_names(tmq, clock):
 
 
 def test_an_unknown_queue_is_one_clear_error(tmq):
-    add_queues(tmq, ["audit"])
+    tmq.register_queues(["audit"])
     with pytest.raises(UnknownQueue) as err:
         collect(tmq, ["orders", "oders"])
     assert str(err.value) == (

@@ -51,7 +51,7 @@ FLOORS = [
     ["flows", "scripts", "reads", "models", "scheduling"],
     ["client", "flowcalls", "lifecalls", "eventcalls", "schedcalls", "bulk"],
     ["conf"],
-    ["wake", "registry", "outage", "pool", "reporter"],
+    ["wake", "registry", "outage", "pool", "reporter", "timeouts"],
     [
         *("api", "worker", "pump", "mirror", "stats", "metrics", "tasks", "outbox"),
         *("dispatch", "schedule"),

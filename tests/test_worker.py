@@ -50,7 +50,7 @@ def test_same_queue_flow_runs_to_the_parent(mq):
     parent = mq.get_job("q", "p")
     assert (parent.state, parent.result, parent.attempts) == (JobState.COMPLETED, 10, 1)
     assert mq.dependency_counts("q", "p")["remaining"] == 0
-    assert worker.stats == {"completed": 6, "failed": 0, "dead": 0, "lost": 0}
+    assert worker.stats == {"completed": 6, "failed": 0, "dead": 0, "lost": 0, "postponed": 0}
     assert worker.abandoned == 0
     counts(mq, completed=6)
 
@@ -141,7 +141,7 @@ def test_a_raising_handler_retries_with_backoff_then_dies_and_fails_its_parent(r
     assert parent.state is JobState.DEAD
     assert parent.error == f"failed by child {ref}: {bad.error}"
     assert mq.dependencies("q", "p").failed == {ref: bad.error}
-    assert worker.stats == {"completed": 1, "failed": 2, "dead": 1, "lost": 0}
+    assert worker.stats == {"completed": 1, "failed": 2, "dead": 1, "lost": 0, "postponed": 0}
     counts(mq, completed=1, dead=2)
 
 
@@ -211,7 +211,7 @@ def test_a_result_that_is_not_json_fails_the_job(mq):
         "PayloadError: result is not JSON-serialisable: "
         "Object of type object is not JSON serializable"
     )
-    assert worker.stats == {"completed": 0, "failed": 0, "dead": 1, "lost": 0}
+    assert worker.stats == {"completed": 0, "failed": 0, "dead": 1, "lost": 0, "postponed": 0}
 
 
 def test_the_error_keeps_the_summary_and_the_last_traceback_lines(mq):
@@ -264,7 +264,7 @@ def test_a_lost_lease_drops_the_result_and_the_job_runs_again(mq, caplog):
         worker, processed = burst(mq, ["q"], concurrency=1)
     job = mq.get_job("q", "l")
     assert (job.state, job.result, job.attempts) == (JobState.COMPLETED, 2, 2)
-    assert worker.stats == {"completed": 1, "failed": 0, "dead": 0, "lost": 1}
+    assert worker.stats == {"completed": 1, "failed": 0, "dead": 0, "lost": 1, "postponed": 0}
     assert processed == 1
     [warning] = [r.getMessage() for r in caplog.records if r.name == "echomq_django.worker"]
     # Pending again (recovered), or already claimed again by this worker's loop:
@@ -455,7 +455,7 @@ def test_a_job_held_through_an_outage_is_reported_when_redis_returns(r, caplog):
         proxy.close()
     job = direct.get_job("q", "s")
     assert (job.result, job.attempts) == (0.5, 1)
-    assert worker.stats == {"completed": 1, "failed": 0, "dead": 0, "lost": 0}
+    assert worker.stats == {"completed": 1, "failed": 0, "dead": 0, "lost": 0, "postponed": 0}
     messages = [x.getMessage() for x in caplog.records]
     assert f"Redis reachable again at redis://127.0.0.1:{proxy.port}/0" in messages
 

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import copy
+import threading
 import time
 
-from echomq_django import Unrecoverable, handler
+from echomq_django import RateLimited, Unrecoverable, handler
 
 
 @handler("t.echo")
@@ -44,6 +45,17 @@ def flaky(job):
 def slow(job):
     """Sleeps ``payload`` seconds, then returns it."""
     time.sleep(job.payload)
+    return job.payload
+
+
+GATES: dict[str, threading.Event] = {}  # t.gate waits on GATES[payload]
+
+
+@handler("t.gate")
+def gate(job):
+    """Waits until the test sets ``GATES[payload]`` (10 s at most), then
+    returns the payload: a job a test can hold running (issue 15)."""
+    GATES.setdefault(job.payload, threading.Event()).wait(10)
     return job.payload
 
 
@@ -105,3 +117,27 @@ async def async_orm(job):
     from django.contrib.auth.models import User
 
     return {"users": await User.objects.acount(), "thread": threading.current_thread().name}
+
+
+# DESIGN §10.3 (tests/test_worker_scheduling.py): a handler that blocks until
+# released, and one that is rate limited on its first call per job
+RELEASE = threading.Event()
+SEEN: list = []  # (job id, job.timed_out) as each t.block handler returns
+LIMITED: set = set()
+
+
+@handler("t.block")
+def block(job):
+    """Blocks until ``RELEASE`` is set (at most 30 s), then returns."""
+    RELEASE.wait(30)
+    SEEN.append((job.id, job.timed_out))
+    return "late"
+
+
+@handler("t.rate_limited")
+def rate_limited(job):
+    """Raises ``RateLimited(payload)`` the first time it sees a job id."""
+    if job.id not in LIMITED:
+        LIMITED.add(job.id)
+        raise RateLimited(job.payload)
+    return job.attempts

@@ -1,6 +1,7 @@
 """``./manage.py echomq_mirror [QUEUE...] [--full]``: refresh the admin mirror
-now (DESIGN §8). No queue names: every queue in ``ECHOMQ["QUEUES"]`` plus the
-ones already mirrored. Exit 1 with a one-line reason when Redis is
+now (DESIGN §8). No queue names: every known queue (``P:queues``, every queue
+that ever had a job; ``ECHOMQ["QUEUES"]``; live workers' and pumps' queues)
+plus the ones already mirrored. Exit 1 with a one-line reason when Redis is
 unreachable.
 """
 
@@ -11,7 +12,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from echomq_django.conf import get_mq
 from echomq_django.exceptions import RedisUnavailable, describe
-from echomq_django.mirror import known_queues, mirror_queues
+from echomq_django.mirror import mirror_queues, mirror_targets
 
 
 class Command(BaseCommand):
@@ -25,7 +26,7 @@ class Command(BaseCommand):
             "queues",
             nargs="*",
             metavar="QUEUE",
-            help="queues to mirror (default: ECHOMQ['QUEUES'] and those already mirrored)",
+            help="queues to mirror (default: every known queue and those already mirrored)",
         )
         parser.add_argument(
             "--full",
@@ -35,8 +36,8 @@ class Command(BaseCommand):
 
     def handle(self, *args, **opts):
         mq = get_mq()
-        queues = opts["queues"] or known_queues()
         try:
+            queues = opts["queues"] or mirror_targets(mq)
             reports = mirror_queues(mq, queues, full=opts["full"])
         except ValueError as err:
             raise CommandError(f"echomq_mirror: {err}", returncode=1) from None

@@ -22,6 +22,7 @@ import threading
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand
 
+from echomq_django import metrics
 from echomq_django.conf import get_mq
 from echomq_django.exceptions import RedisUnavailable
 from echomq_django.logs import setup_logging
@@ -105,6 +106,20 @@ class Command(BaseCommand):
             action="store_true",
             help="with --pump: do not refresh the admin mirror after each sweep",
         )
+        parser.add_argument(
+            "--metrics-port",
+            type=int,
+            default=None,
+            metavar="PORT",
+            help="serve Prometheus metrics on this port (needs the 'metrics' extra: "
+            "prometheus_client)",
+        )
+        parser.add_argument(
+            "--metrics-host",
+            default="127.0.0.1",
+            metavar="HOST",
+            help="address the metrics port listens on (default 127.0.0.1; 0.0.0.0 for all)",
+        )
 
     def handle(self, *args, **opts):
         setup_logging(opts["verbosity"])
@@ -129,9 +144,18 @@ class Command(BaseCommand):
                 shutdown_timeout=opts["shutdown_timeout"],
                 block_timeout=opts["block_timeout"],
                 sweep_interval=opts["sweep_interval"],
+                metrics=opts["metrics_port"] is not None,
             )
-        except ValueError as err:
+        except (ValueError, ImproperlyConfigured) as err:
             self._exit(f"runworker: {err}")
+        if opts["metrics_port"] is not None:
+            try:
+                metrics.serve(opts["metrics_port"], opts["metrics_host"], mq, worker.queues)
+            except OSError as err:
+                self._exit(
+                    f"runworker: cannot serve metrics on "
+                    f"{opts['metrics_host']}:{opts['metrics_port']}: {err}"
+                )
         stop_pump = self._start_pump(mq, opts) if opts["pump"] else None
         try:
             worker.run(burst=opts["burst"], max_jobs=opts["max_jobs"])

@@ -1,0 +1,139 @@
+"""Workers and pumps as an operator sees them (DESIGN §10.5; issue 15): they
+list themselves while they run, count their jobs in Prometheus metrics,
+warn about a queue known nowhere, and ``--metrics-port`` serves a scrape.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import urllib.request
+import uuid
+
+import prometheus_client
+import pytest
+
+from echomq_django import EchoMQ, Worker
+from echomq_django.pump import Pump
+from echomq_django.registry import live_processes
+from tests.rigs import free_port
+from tests.test_runworker import Command
+from tests.workerapp.jobs import GATES
+from tests.workerkit import Background, wait_for
+
+
+def test_a_running_worker_is_listed_with_the_jobs_it_holds(mq):
+    name = f"listed-{uuid.uuid4().hex}"
+    gate = GATES.setdefault(name, threading.Event())
+    mq.enqueue("ops", "t.gate", name, job_id="held")
+    worker = Worker(["ops"], concurrency=2, mq=mq, beat_s=0.05, poll_interval=0.05)
+    bg = Background(worker, burst=True)
+    try:
+        wait_for(
+            lambda: [p.running for p in live_processes(mq)] == [1], what="a beat with the job held"
+        )
+        [info] = live_processes(mq)
+        assert (info.kind, info.queues, info.running_jobs, info.concurrency, info.jobs_done) == (
+            "worker",
+            ["ops"],
+            ["ops/held"],
+            2,
+            0,
+        )
+    finally:
+        gate.set()
+    assert bg.join() == 1
+    assert live_processes(mq) == []  # a clean stop leaves at once
+
+
+def test_a_pump_is_listed_while_it_runs(mq):
+    seen = []
+    pump = Pump(["ops"], mq=mq)
+    pump.run(once=True, on_sweep=lambda reports: seen.append(live_processes(mq)))
+    [[info]] = seen
+    assert (info.kind, info.queues, info.concurrency) == ("pump", ["ops"], 0)
+    assert live_processes(mq) == []
+
+
+def test_a_worker_counts_its_jobs_in_the_metrics(mq):
+    value = prometheus_client.REGISTRY.get_sample_value
+
+    def sample(name, job_name):
+        return value(name, {"queue": "metered", "name": job_name}) or 0
+
+    before = (
+        sample("echomq_jobs_completed_total", "t.echo"),
+        sample("echomq_jobs_dead_total", "t.fail"),
+        sample("echomq_handler_duration_seconds_count", "t.echo"),
+    )
+    mq.enqueue("metered", "t.echo", {"x": 1})
+    mq.enqueue("metered", "t.echo", {"x": 2})
+    mq.enqueue("metered", "t.fail", "boom", max_attempts=1)
+    worker = Worker(["metered"], concurrency=2, mq=mq, metrics=True, register=False)
+    assert worker.run(burst=True) == 3
+    after = (
+        sample("echomq_jobs_completed_total", "t.echo"),
+        sample("echomq_jobs_dead_total", "t.fail"),
+        sample("echomq_handler_duration_seconds_count", "t.echo"),
+    )
+    assert [a - b for a, b in zip(after, before, strict=True)] == [2, 1, 2]
+
+
+def test_a_worker_on_a_queue_known_nowhere_names_the_known_ones(mq, caplog):
+    mq.enqueue("audit", "t.echo", {})
+    Worker(["adit"], mq=mq, register=False).run(burst=True)
+    assert (
+        "queue adit is not known: no job was ever added to it and ECHOMQ['QUEUES'] does not "
+        "name it; known queues: audit, inventory, orders, payments, validation. A typo?"
+    ) in caplog.text
+    caplog.clear()
+    Worker(["audit"], mq=mq, register=False).run(burst=True)
+    assert "is not known" not in caplog.text
+
+
+@pytest.mark.e2e
+def test_runworker_serves_metrics_and_lists_itself(tmp_path, redis_server, r):
+    mq = EchoMQ(r, prefix="emq")
+    port = free_port()
+    mq.enqueue("served", "t.echo", {"n": 1})
+    worker = Command(
+        tmp_path, redis_server, "runworker", "served", "--metrics-port", str(port), "-v", "0"
+    )
+    try:
+        url = f"http://127.0.0.1:{port}/metrics"
+
+        def scrape() -> str:
+            try:
+                with urllib.request.urlopen(url, timeout=2) as response:
+                    return response.read().decode()
+            except OSError:
+                return ""
+
+        wait_for(
+            lambda: 'echomq_jobs_completed_total{name="t.echo",queue="served"} 1.0' in scrape(),
+            what="the completed job in the worker's metrics",
+        )
+        text = scrape()
+        assert 'echomq_queue_jobs{queue="served",state="completed"} 1.0' in text
+        assert 'echomq_processes_live{kind="worker"} 1.0' in text
+        [info] = live_processes(mq)
+        assert (info.kind, info.pid, info.queues) == ("worker", worker.proc.pid, ["served"])
+        worker.signal(signal.SIGTERM)
+        assert worker.wait() == 0, worker.stderr()
+    finally:
+        worker.stop()
+    assert live_processes(mq) == []
+
+
+@pytest.mark.e2e
+def test_runworker_with_a_taken_metrics_port_is_one_line(tmp_path, redis_server):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        worker = Command(tmp_path, redis_server, "runworker", "q", "--metrics-port", str(port))
+        assert worker.wait() == 1
+    [line] = worker.stderr().strip().splitlines()
+    assert line.startswith(f"runworker: cannot serve metrics on 127.0.0.1:{port}: ")
