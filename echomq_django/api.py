@@ -1,6 +1,6 @@
 """Module-level API over the ``EchoMQ`` built from settings (DESIGN §7).
 
-``enqueue`` and ``add_flow`` take ``on_commit``:
+``enqueue``, ``enqueue_many`` and ``add_flow`` take ``on_commit``:
 
 * ``None`` (the default): inside an atomic block (``transaction.atomic``,
   ATOMIC_REQUESTS) the write waits for the commit, as django-rq does; outside
@@ -76,6 +76,23 @@ def enqueue(
     mq.encode(payload)
     transaction.on_commit(lambda: mq.enqueue(queue, name, payload, **kwargs), using=using)
     return kwargs["job_id"]
+
+
+def enqueue_many(
+    queue: str, jobs, *, on_commit: bool | None = None, using: str | None = None
+) -> list[str]:
+    """Add many plain jobs to ``queue`` in one round trip; returns their ids
+    in order. See ``EchoMQ.enqueue_many`` for ``jobs`` (``(name, payload)``,
+    ``(name, payload, options)`` or dicts, with ``enqueue``'s options) and
+    the errors, and this module's docstring for ``on_commit`` / ``using``.
+    Every job is checked, and the ids fixed, now; a deferred add lands them
+    all at commit (a taken id is known only then). DESIGN §10.1."""
+    mq = get_mq()
+    plan = mq.plan_many(queue, jobs)
+    if not _defer(on_commit, using):
+        return mq.land_many(plan)
+    transaction.on_commit(lambda: mq.land_many(plan), using=using)
+    return plan.ids
 
 
 def _assign_ids(flow: Flow) -> None:

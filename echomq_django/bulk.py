@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from . import flows as _flows
@@ -23,9 +24,22 @@ def _opt(value) -> str:
     return "" if value is None else str(int(value))
 
 
+@dataclass(frozen=True)
+class BulkPlan:
+    """``plan_many``'s checked jobs of one queue: ``ids`` in order, and the
+    rows ``land_many`` sends (group header, id, payload JSON per job)."""
+
+    queue: str
+    rows: list[tuple[tuple, str, str]]
+
+    @property
+    def ids(self) -> list[str]:
+        return [job_id for _, job_id, _ in self.rows]
+
+
 class BulkCalls:
     """``enqueue_many`` for ``EchoMQ``; expects ``self.keys``, ``self.scripts``,
-    ``self.clock``, ``self.encode`` and ``self.flow_chunk``."""
+    ``self.clock``, ``self.encode``, ``self.flow_chunk`` and ``self.note_queues``."""
 
     def enqueue_many(self, queue: str, jobs: Iterable) -> list[str]:
         """Add many plain jobs to ``queue``; returns their ids, in order.
@@ -45,9 +59,15 @@ class BulkCalls:
         ``ValueError``, a taken id ``DuplicateJob``, and then nothing is
         written (a call of more than ``flow_chunk`` jobs is gated by a
         read-only pass first). Claimable jobs wake the queue's workers once
-        per script; delayed ones announce their run-at. Raises
+        per group; delayed ones announce their run-at. Raises
         ``RedisUnavailable`` when Redis cannot be reached.
         """
+        return self.land_many(self.plan_many(queue, jobs))
+
+    def plan_many(self, queue: str, jobs: Iterable) -> BulkPlan:
+        """Check and encode ``jobs`` for ``enqueue_many`` (the same errors,
+        but a taken id) and fix their ids; writes nothing. What an
+        ``on_commit`` add does before the commit (api.enqueue_many)."""
         validate_queue(queue)
         rows: list[tuple[tuple, str, str]] = []  # (group, id, payload JSON) per job
         given: set[str] = set()
@@ -64,8 +84,14 @@ class BulkCalls:
                 group, job_id = _options(index, name, options, given)
                 job_id = job_id or f"{prefix}{index:x}"
             rows.append((group, job_id, self.encode(payload, f"job {index}'s payload")))
+        return BulkPlan(queue, rows)
+
+    def land_many(self, plan: BulkPlan) -> list[str]:
+        """Write a ``plan_many`` plan (see ``enqueue_many``); returns its ids."""
+        queue, rows = plan.queue, plan.rows
         if not rows:
             return []
+        self.note_queues((queue,))  # P:queues knows every queue with a job (DESIGN §10.5)
         k = self.keys.queue(queue)
         keys, now = [k.pending, k.delayed, k.events], self.clock()
         chunks = [
@@ -78,7 +104,7 @@ class BulkCalls:
             for reply in self.scripts.run_many(calls):
                 if isinstance(reply, Exception):
                     raise reply
-        return [job_id for _, job_id, _ in rows]
+        return plan.ids
 
 
 def _flat(rows: list[tuple[tuple, str, str]]) -> str:
