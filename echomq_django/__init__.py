@@ -6,8 +6,10 @@ offers the same methods over any redis-py client.
 """
 
 from .api import (
+    aadd_flow,
     add_flow,
     add_flows,
+    aenqueue,
     children_values,
     dependencies,
     dependency_counts,
@@ -24,6 +26,7 @@ from .api import (
     retry,
 )
 from .client import EchoMQ
+from .dispatch import Dispatcher
 from .exceptions import (
     DependencyError,
     DuplicateJob,
@@ -48,6 +51,7 @@ from .worker import Worker
 __all__ = [
     "Dependencies",
     "DependencyError",
+    "Dispatcher",
     "DuplicateJob",
     "EchoMQ",
     "EchoMQError",
@@ -68,8 +72,10 @@ __all__ = [
     "RedisUnavailable",
     "Unrecoverable",
     "Worker",
+    "aadd_flow",
     "add_flow",
     "add_flows",
+    "aenqueue",
     "children_values",
     "dependencies",
     "dependency_counts",

@@ -6,25 +6,35 @@
   ATOMIC_REQUESTS) the write waits for the commit, as django-rq does; outside
   one it happens now. So a view or a ``post_save`` receiver never starts work
   for a row that is rolled back.
-* ``True``: always through ``transaction.on_commit`` (runs now when there is
-  no transaction open).
-* ``False``: now, even inside a transaction.
+* ``True``: always through the enqueue outbox (``outbox.py``, DESIGN §10.4):
+  the job or flow is written to the ``OutboxEntry`` table in the current
+  transaction of database ``using``, pushed to Redis right after the commit
+  and the row deleted; when Redis is down then, the row waits for the worker
+  or the pump to push it. Outside a transaction the row is written and
+  pushed at once.
+* ``False``: now, straight to Redis, even inside a transaction.
 
-The ids are known before the commit: generated up front and returned at once.
+The ids are known before the commit: generated up front and returned at once
+(and fixed in the outbox row, so a repeated push never runs anything twice).
 Validation (names, ids, payloads, flow shape) happens now either way, so a bad
-call raises in the caller, not later in the commit hook.
+call raises in the caller, not later in the commit hook. ``aenqueue`` and
+``aadd_flow`` are the same for async code.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.db import DEFAULT_DB_ALIAS, transaction
 
 from . import flows as _flows
+from . import outbox
 from .conf import get_mq
 from .flows import Flow, FlowRef
+from .jobs import Job, Outcome
 from .keyspace import validate_id, validate_queue
+from .reads import Dependencies
 from .scheduling import check_job_options
 
 
@@ -51,12 +61,15 @@ def enqueue(
     dedup_ttl_ms: int | None = None,
     on_commit: bool | None = None,
     using: str | None = None,
+    **options: Any,
 ) -> str:
-    """Add one job; returns its id. See ``EchoMQ.enqueue`` for the arguments
-    (``priority``, ``timeout_ms``, ``dedup_key``, ``dedup_ttl_ms``: DESIGN
-    §10.3) and errors, and this module's docstring for ``on_commit`` /
-    ``using`` (the database alias whose transaction is watched). A deferred
-    add returns the id it will use: a dedup hit is known only at commit."""
+    """Add one job; returns its id (str). See ``EchoMQ.enqueue`` for the
+    arguments (``priority``, ``timeout_ms``, ``dedup_key``, ``dedup_ttl_ms``:
+    DESIGN §10.3) and errors, and this module's docstring for ``on_commit`` /
+    ``using`` (the database alias whose transaction is watched and that holds
+    the outbox row). A deferred add raises the same validation errors now,
+    and the database's error if the outbox table is missing; it returns the
+    id it will use: a dedup hit is known only at the push."""
     mq = get_mq()
     kwargs = dict(
         job_id=job_id if job_id is not None else _flows.new_id(),
@@ -71,27 +84,32 @@ def enqueue(
     if not _defer(on_commit, using):
         return mq.enqueue(queue, name, payload, **kwargs)
     validate_queue(queue)
-    validate_id(kwargs["job_id"])
+    job_id = validate_id(kwargs.pop("job_id"))
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"a job needs a name (the handler's), got {name!r}")
     check_job_options(priority, delay_ms, timeout_ms, dedup_key, dedup_ttl_ms)
     mq.encode(payload)
-    transaction.on_commit(lambda: mq.enqueue(queue, name, payload, **kwargs), using=using)
-    return kwargs["job_id"]
+    outbox.write_job(queue, name, payload, job_id, kwargs, using=using, mq=mq)
+    return job_id
 
 
 def enqueue_many(
     queue: str, jobs, *, on_commit: bool | None = None, using: str | None = None
 ) -> list[str]:
-    """Add many plain jobs to ``queue`` in one round trip; returns their ids
-    in order. See ``EchoMQ.enqueue_many`` for ``jobs`` (``(name, payload)``,
-    ``(name, payload, options)`` or dicts, with ``enqueue``'s options) and
-    the errors, and this module's docstring for ``on_commit`` / ``using``.
-    Every job is checked, and the ids fixed, now; a deferred add lands them
-    all at commit (a taken id is known only then). DESIGN §10.1."""
+    """Add many plain jobs to ``queue``; returns their ids in order. See
+    ``EchoMQ.enqueue_many`` for ``jobs`` (``(name, payload)``, ``(name,
+    payload, options)`` or dicts, with ``enqueue``'s options) and the errors,
+    and this module's docstring for ``on_commit`` / ``using``. Now: one
+    round trip, all or nothing. Deferred: every job is checked and its id
+    fixed now, and each is an outbox row of its own (DESIGN §10.4: nothing
+    lost when Redis is down at the commit), pushed after the commit one by
+    one, as ``enqueue``'s are. DESIGN §10.1."""
     mq = get_mq()
     plan = mq.plan_many(queue, jobs)
     if not _defer(on_commit, using):
         return mq.land_many(plan)
-    transaction.on_commit(lambda: mq.land_many(plan), using=using)
+    for name, payload, job_id, options in plan.jobs():
+        outbox.write_job(queue, name, payload, job_id, options, using=using, mq=mq)
     return plan.ids
 
 
@@ -115,7 +133,7 @@ def add_flow(flow: Flow, *, on_commit: bool | None = None, using: str | None = N
         return mq.add_flow(flow)
     _assign_ids(flow)
     nodes = _flows.plan(flow, mq.encode)
-    transaction.on_commit(lambda: mq.add_flow(flow), using=using)
+    outbox.write_flow(flow, using=using, mq=mq)
     root = nodes[0]
     return FlowRef(
         queue=root.queue,
@@ -134,12 +152,24 @@ def add_flows(
     return [add_flow(f, on_commit=True, using=using) for f in flows]
 
 
-def get_job(queue: str, job_id: str):
+async def aenqueue(queue: str, name: str, payload: Any = None, **kwargs: Any) -> str:
+    """``enqueue`` for async code (an async view): runs it in the thread
+    Django's async ORM uses (``sync_to_async(thread_sensitive=True)``), so
+    ``on_commit`` sees the same transaction. Same arguments and errors."""
+    return await sync_to_async(enqueue, thread_sensitive=True)(queue, name, payload, **kwargs)
+
+
+async def aadd_flow(flow: Flow, **kwargs: Any) -> FlowRef:
+    """``add_flow`` for async code, as ``aenqueue`` is for ``enqueue``."""
+    return await sync_to_async(add_flow, thread_sensitive=True)(flow, **kwargs)
+
+
+def get_job(queue: str, job_id: str) -> Job:
     """``EchoMQ.get_job`` on the settings' connection."""
     return get_mq().get_job(queue, job_id)
 
 
-def retry(queue: str, job_id: str):
+def retry(queue: str, job_id: str) -> Outcome:
     """``EchoMQ.retry`` (retry-by-id of a dead job) on the settings' connection."""
     return get_mq().retry(queue, job_id)
 
@@ -149,7 +179,7 @@ def children_values(queue: str, job_id: str) -> dict:
     return get_mq().children_values(queue, job_id)
 
 
-def dependencies(queue: str, job_id: str):
+def dependencies(queue: str, job_id: str) -> Dependencies:
     """``EchoMQ.dependencies`` on the settings' connection."""
     return get_mq().dependencies(queue, job_id)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from . import flows as _flows
@@ -31,10 +31,22 @@ class BulkPlan:
 
     queue: str
     rows: list[tuple[tuple, str, str]]
+    payloads: list = field(default_factory=list, compare=False)
 
     @property
     def ids(self) -> list[str]:
         return [job_id for _, job_id, _ in self.rows]
+
+    def jobs(self):
+        """``(name, payload, job_id, enqueue options)`` per job, in order:
+        what ``enqueue`` would be called with (api.enqueue_many's outbox rows)."""
+        for (group, job_id, _), payload in zip(self.rows, self.payloads, strict=True):
+            name, attempts, backoff, delay, priority, timeout, _gate = group
+            options = {"delay_ms": int(delay), "priority": int(priority)}
+            for key, text in (("max_attempts", attempts), ("backoff_ms", backoff)):
+                options[key] = int(text) if text else None
+            options["timeout_ms"] = int(timeout) if timeout else None
+            yield name, payload, job_id, options
 
 
 class BulkCalls:
@@ -70,6 +82,7 @@ class BulkCalls:
         ``on_commit`` add does before the commit (api.enqueue_many)."""
         validate_queue(queue)
         rows: list[tuple[tuple, str, str]] = []  # (group, id, payload JSON) per job
+        payloads: list = []
         given: set[str] = set()
         prefix = _flows.id_prefix()
         for index, job in enumerate(jobs):
@@ -84,7 +97,8 @@ class BulkCalls:
                 group, job_id = _options(index, name, options, given)
                 job_id = job_id or f"{prefix}{index:x}"
             rows.append((group, job_id, self.encode(payload, f"job {index}'s payload")))
-        return BulkPlan(queue, rows)
+            payloads.append(payload)
+        return BulkPlan(queue, rows, payloads)
 
     def land_many(self, plan: BulkPlan) -> list[str]:
         """Write a ``plan_many`` plan (see ``enqueue_many``); returns its ids."""

@@ -18,6 +18,7 @@ import redis
 
 from . import flows as _flows
 from .bulk import BulkCalls
+from .eventcalls import EventCalls
 from .exceptions import (
     EchoMQError,
     JobNotActive,
@@ -57,7 +58,7 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-class EchoMQ(FlowCalls, SchedulingCalls, BulkCalls, Reads):
+class EchoMQ(FlowCalls, SchedulingCalls, EventCalls, BulkCalls, Reads):
     """The queue over one redis-py client (``redis.Redis`` or ``RedisCluster``).
 
     The only caller of the Lua scripts: each ``lua/*.lua`` has exactly one
@@ -68,7 +69,10 @@ class EchoMQ(FlowCalls, SchedulingCalls, BulkCalls, Reads):
     its defaults ``{"MAX_ATTEMPTS": int, "BACKOFF_MS": ms, "LEASE_MS": ms}``;
     missing values come from ``jobs.QUEUE_DEFAULTS``. ``clock`` returns ms since the epoch
     (tests pass a fake one: DESIGN §5 rule 3). ``max_payload_bytes`` bounds a
-    payload or result once encoded (bytes of UTF-8 JSON).
+    payload or result once encoded (bytes of UTF-8 JSON). ``json_encoder``: a
+    ``json.JSONEncoder`` subclass for payloads and results (the
+    ``JSON_ENCODER`` setting, e.g. ``DjangoJSONEncoder`` for dates, Decimal,
+    UUID; DESIGN §10.4); None encodes plain JSON only.
     """
 
     def __init__(
@@ -81,6 +85,7 @@ class EchoMQ(FlowCalls, SchedulingCalls, BulkCalls, Reads):
         max_payload_bytes: int = MAX_PAYLOAD_BYTES,
         backoff_cap_ms: int = BACKOFF_CAP_MS,
         flow_chunk: int = FLOW_CHUNK,
+        json_encoder: type[json.JSONEncoder] | None = None,
     ) -> None:
         self.client = client
         self.keys = Keyspace(prefix)
@@ -88,6 +93,13 @@ class EchoMQ(FlowCalls, SchedulingCalls, BulkCalls, Reads):
         self.queues = {validate_queue(q): dict(v or {}) for q, v in (queues or {}).items()}
         self.clock = clock or now_ms
         self.max_payload_bytes = max_payload_bytes
+        # None: the fast plain-JSON path (jobs.to_json); else this encoder's
+        # class, e.g. Django's DjangoJSONEncoder (DESIGN §10.4)
+        self._to_json = to_json
+        if json_encoder is not None:
+            self._to_json = json_encoder(
+                separators=(",", ":"), allow_nan=False, ensure_ascii=True
+            ).encode
         self.backoff_cap_ms = backoff_cap_ms
         self.flow_chunk = flow_chunk
         self.fault_hook = None  # tests: called after each flow step, may raise
@@ -103,7 +115,7 @@ class EchoMQ(FlowCalls, SchedulingCalls, BulkCalls, Reads):
         """``value`` as compact JSON text. Raises ``PayloadError`` when it is not
         JSON-serialisable (NaN included) or is over ``max_payload_bytes``."""
         try:
-            text = to_json(value)
+            text = self._to_json(value)
         except (TypeError, ValueError) as err:
             raise PayloadError(f"{what} is not JSON-serialisable: {err}") from None
         except RecursionError:  # no circular check in _C_ENCODE: it recurses instead

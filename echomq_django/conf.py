@@ -11,6 +11,7 @@ Shape::
                               "KEEP_COMPLETED": {"COUNT": 1000, "AGE_S": 86400},
                               "KEEP_DEAD": {"COUNT": 10000, "AGE_S": 1209600}}},
         "MAX_PAYLOAD_BYTES": 524288,        # bytes of JSON per payload / result
+        "JSON_ENCODER": None,               # or "django.core.serializers.json.DjangoJSONEncoder"
     }
 
 The environment variable ``ECHOMQ_URL``, when set, overrides the connection
@@ -21,12 +22,14 @@ The environment variable ``ECHOMQ_URL``, when set, overrides the connection
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from importlib.util import find_spec
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
+from django.utils.module_loading import import_string
 
 from .client import EchoMQ
 from .jobs import MAX_PAYLOAD_BYTES
@@ -42,6 +45,7 @@ SIGNAL_KEYS = {
 TOP_KEYS |= set(SIGNAL_KEYS)
 TOP_KEYS |= {"METRICS"}  # metrics.settings_problems checks it (issue 15)
 TOP_KEYS |= {"SCHEDULE"}  # periodic jobs: schedule.py
+TOP_KEYS |= {"JSON_ENCODER"}  # json_encoder() checks it (issue 14): E033
 QUEUE_KEYS = {"MAX_ATTEMPTS", "BACKOFF_MS", "LEASE_MS", "KEEP_COMPLETED", "KEEP_DEAD"}
 QUEUE_KEYS |= {"RATE_LIMIT", "TIMEOUT_MS"}
 SCHEDULING_KEYS = {"RATE_LIMIT", "TIMEOUT_MS"}  # checked by schedule.problems (E050-E059)
@@ -186,6 +190,17 @@ def problems(cfg: dict | None = None) -> list[tuple[str, str, str]]:
                     "dead-lettered; SIGNAL_BACKOFF_MS is the ms before the second, doubling.",
                 )
             )
+    try:
+        json_encoder(cfg)
+    except ImproperlyConfigured as err:
+        out.append(
+            (
+                "echomq_django.E033",
+                str(err),
+                "Use 'django.core.serializers.json.DjangoJSONEncoder' (dates, Decimal, UUID), "
+                "another json.JSONEncoder subclass, or None for plain JSON.",
+            )
+        )
     return out + value_problems(cfg)
 
 
@@ -358,6 +373,25 @@ def signal_settings() -> dict[str, int]:
     return {key: cfg.get(key, default) for key, (default, _low, _cid) in SIGNAL_KEYS.items()}
 
 
+def json_encoder(cfg: dict | None = None) -> type[json.JSONEncoder] | None:
+    """The ``JSON_ENCODER`` setting's class (payloads and results are encoded
+    with it; DESIGN §10.4), or None for plain JSON. Raises
+    ``ImproperlyConfigured`` when it is not the dotted path of a
+    ``json.JSONEncoder`` subclass."""
+    path = (config() if cfg is None else cfg).get("JSON_ENCODER")
+    if path is None:
+        return None
+    try:
+        found = import_string(path) if isinstance(path, str) else path
+    except ImportError as err:
+        raise ImproperlyConfigured(f"ECHOMQ JSON_ENCODER {path!r} does not import: {err}") from None
+    if not (isinstance(found, type) and issubclass(found, json.JSONEncoder)):
+        raise ImproperlyConfigured(
+            f"ECHOMQ JSON_ENCODER {path!r} is not a json.JSONEncoder subclass"
+        )
+    return found
+
+
 def build_client(cfg: dict):
     """A redis-py client for the settings: ``RedisCluster`` when CLUSTER is
     true, else ``redis.Redis``; from the URL, or from the cache alias (Django's
@@ -403,6 +437,7 @@ def get_mq() -> EchoMQ:
                     prefix=cfg.get("PREFIX", "emq"),
                     queues=cfg.get("QUEUES", {}),
                     max_payload_bytes=cfg.get("MAX_PAYLOAD_BYTES", MAX_PAYLOAD_BYTES),
+                    json_encoder=json_encoder(cfg),
                 )
     return _mq
 

@@ -24,6 +24,7 @@ from django.db import close_old_connections
 from . import signals
 from .conf import get_mq, signal_settings
 from .events import SIGNAL_OF, Event
+from .outage import REDIS_DOWN, Outage
 
 log = logging.getLogger("echomq_django.events")
 
@@ -108,6 +109,19 @@ class Dispatcher:
         self._threads: list[threading.Thread] = []
         self._stop = threading.Event()
 
+    @property
+    def running(self) -> bool:
+        """True while ``start()``'s threads run."""
+        return bool(self._threads)
+
+    def subscribe(self) -> None:
+        """Record, from now on, the event kinds this process has receivers
+        for on the dispatcher's queues (``EchoMQ.subscribe_events``); one
+        round trip per queue the first time, nothing after."""
+        if not self._subscribed:
+            self.mq.subscribe_events(self.queues)
+            self._subscribed = True
+
     # -- one pass ---------------------------------------------------------
 
     def dispatch_all(self) -> dict[str, DispatchReport]:
@@ -119,9 +133,7 @@ class Dispatcher:
         waits for its next try, or the lock is lost. Raises redis-py's
         ``ConnectionError`` / ``TimeoutError`` when Redis does not answer
         (nothing acked is lost; the unacked events are sent again)."""
-        if not self._subscribed:
-            self.mq.subscribe_events(self.queues)
-            self._subscribed = True
+        self.subscribe()
         report = DispatchReport()
         waiting = self._retry_at.get(queue)
         if waiting and waiting[1] > time.monotonic():
@@ -260,10 +272,12 @@ class Dispatcher:
         self._threads = []
 
     def _serve(self, queue: str) -> None:
+        outage = Outage(self.mq.client, log)
         pause = 0.5
         while not self._stop.is_set():
             try:
                 report = self.dispatch(queue)
+                outage.ok()
                 if report.retry_in_ms is not None:
                     self._stop.wait(report.retry_in_ms / 1000)
                 elif report.locked:  # another dispatcher drains it: look again soon
@@ -271,15 +285,8 @@ class Dispatcher:
                 elif not report.lock_lost:
                     self._wait_for_event(queue)
                 pause = 0.5
-            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as err:
-                log.warning(
-                    "dispatcher for %s: Redis unreachable (%s), retrying in %.1fs",
-                    queue,
-                    err,
-                    pause,
-                )
-                self._stop.wait(pause)
-                pause = min(pause * 2, 10.0)
+            except REDIS_DOWN as err:
+                self._stop.wait(outage.failed(err))
             except Exception:
                 log.exception("dispatcher for %s failed; retrying in %.1fs", queue, pause)
                 self._stop.wait(pause)

@@ -11,7 +11,11 @@ One ``Pump(queues).sweep()`` pass, for each queue:
    parent is gone is retried on ``max_tries`` sweeps, then moved to the
    dead-letter list with its reason so the entries behind it keep flowing;
 2. promotes due delayed jobs;
-3. recovers expired leases (a job past the stall limit dies).
+3. recovers expired leases (a job past the stall limit dies);
+4. sends the Django signals of the queue's durable events (``dispatch.py``,
+   DESIGN §10.6): in ``sweep()`` synchronously, in ``run()`` from the
+   dispatcher's threads, which block on the queues' event streams and send
+   within milliseconds of a transition.
 
 ``Pump.run`` sweeps every ``interval`` seconds and, in between, blocks on its
 queues' outbox wake keys (``P:{q}:flow:wake``, wake.py): a child's
@@ -32,9 +36,10 @@ from dataclasses import dataclass, field
 
 import redis
 
-from . import registry, signals
+from . import registry
 from .client import EchoMQ
 from .conf import get_mq
+from .dispatch import Dispatcher
 from .exceptions import RedisUnavailable, SweepLockLost, connection_error
 from .jobs import Outcome
 from .keyspace import validate_queue
@@ -59,6 +64,7 @@ class SweepReport:
     recovered: int = 0
     released: int = 0
     dead: int = 0
+    signals: int = 0  # durable events whose signals this sweep sent
     expired: int = 0  # parents whose children_timeout_ms passed (DESIGN §10.3)
     scheduled: int = 0  # periodic jobs fired on this queue (DESIGN §10.3)
     locked: bool = False
@@ -159,10 +165,12 @@ class Pump:
     ``after_sweep``: callables ``f(pump, reports)`` run after each sweep (the
     admin mirror hooks in here); ``before_trim``: see ``deliver_outbox``;
     ``scheduler``: a ``schedule.Scheduler`` whose periodic jobs each sweep
-    fires (None: with ``mq`` None, the ``ECHOMQ["SCHEDULE"]`` entries on
-    these queues, if any), and ``run`` wakes for their ticks;
+    fires (None: the ``ECHOMQ["SCHEDULE"]`` entries on these queues, if
+    any), and ``run`` wakes for their ticks;
     ``register``: list this pump among the live processes while ``run()``
-    runs (a heartbeat every ``beat_s`` seconds, DESIGN §10.5).
+    runs (a heartbeat every ``beat_s`` seconds, DESIGN §10.5);
+    ``dispatcher``: the ``Dispatcher`` of the queues' durable signals (None:
+    one with the settings' tries and backoff).
     Raises ``ValueError`` for a bad or missing queue name.
     """
 
@@ -180,14 +188,16 @@ class Pump:
         scheduler: Scheduler | None = None,
         register: bool = True,
         beat_s: float = registry.HEARTBEAT_S,
+        dispatcher: Dispatcher | None = None,
     ) -> None:
-        if scheduler is None and mq is None:
-            scheduler = Scheduler.for_queues(get_mq(), queues)
-        self.scheduler = scheduler
         self.mq = mq if mq is not None else get_mq()
+        if scheduler is None:  # runpump and runworker --pump fire their queues' entries
+            scheduler = Scheduler.for_queues(self.mq, queues)
+        self.scheduler = scheduler
         self.queues = [validate_queue(q) for q in queues]
         if not self.queues:
             raise ValueError("a pump needs at least one queue")
+        self.dispatcher = dispatcher or Dispatcher(self.queues, mq=self.mq)
         self.batch, self.lock_ms, self.max_tries = batch, lock_ms, max_tries
         self.max_stalls = max_stalls
         self.after_sweep = list(after_sweep or [])
@@ -208,6 +218,7 @@ class Pump:
 
     def _sweep(self) -> dict[str, dict]:
         reports = {}
+        self.dispatcher.subscribe()  # before this sweep's transitions
         fired = self.scheduler.fire_due() if self.scheduler else []
         for queue in self.queues:
             rep = deliver_outbox(
@@ -229,19 +240,21 @@ class Pump:
             rep.scheduled = sum(q == queue for q, _ in fired)
             rep.released = len(rep.outcome.released)
             rep.dead = len(rep.outcome.dead)
-            signals.send_outcome(self, self.mq, rep.outcome)
             reports[queue] = rep
             for name in ("delivered", "deadlettered", "promoted", "recovered", "released", "dead"):
                 setattr(self.totals, name, getattr(self.totals, name) + getattr(rep, name))
+        if not self.dispatcher.running:  # in run(), its threads send them
+            for queue, rep in reports.items():  # after every queue's transitions of this sweep
+                rep.signals = self.dispatcher.dispatch(queue).sent
         for hook in self.after_sweep:
             hook(self, reports)
         return {q: r.as_dict() for q, r in reports.items()}
 
     def deliver(self, queue: str) -> SweepReport:
         """Deliver ``queue``'s outbox now (what a wake-up does between
-        sweeps) and send the signals of what it moved; ``locked`` in the
-        report when another pump holds that outbox. Raises
-        ``RedisUnavailable``."""
+        sweeps; the signals of what it moved are durable events, sent by the
+        dispatcher); ``locked`` in the report when another pump holds that
+        outbox. Raises ``RedisUnavailable``."""
         try:
             rep = deliver_outbox(
                 self.mq,
@@ -254,7 +267,6 @@ class Pump:
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as err:
             raise connection_error(self.mq.client, err) from err
         rep.released, rep.dead = len(rep.outcome.released), len(rep.outcome.dead)
-        signals.send_outcome(self, self.mq, rep.outcome)
         for name in ("delivered", "deadlettered", "released", "dead"):
             setattr(self.totals, name, getattr(self.totals, name) + getattr(rep, name))
         return rep
@@ -280,7 +292,9 @@ class Pump:
         each pass. Logs each pass's non-zero counts at DEBUG and the running
         totals at INFO every ``summary_every`` seconds. A Redis outage is
         waited out with backoff (``outage.Outage``), never raised; ``once``
-        returns after the first pass that reached Redis."""
+        returns after the first pass that reached Redis. Unless ``once``, the
+        dispatcher's threads send the durable signals meanwhile, from the
+        first pass that reached Redis on (stopped on return)."""
         beat = self._announce()
         waker = None
         if not once:
@@ -292,6 +306,7 @@ class Pump:
             self.waiting = False
             if waker is not None:
                 waker.stop()
+            self.dispatcher.stop()
             if beat is not None:
                 beat.stop()
 
@@ -321,6 +336,8 @@ class Pump:
                     return
                 continue
             outage.ok()
+            if not once and not self.dispatcher.running:  # once Redis answered
+                self.dispatcher.start()
             if log.isEnabledFor(logging.DEBUG):
                 busy = {q: {k: v for k, v in r.items() if v} for q, r in reports.items()}
                 log.debug("sweep %s", {q: r for q, r in busy.items() if r} or "idle")
@@ -392,7 +409,7 @@ class Pump:
         t = self.totals
         log.info(
             "pump %s: delivered %d, dead-lettered %d, promoted %d, recovered %d, "
-            "released %d, dead %d",
+            "released %d, dead %d, signals %d",
             ",".join(self.queues),
             t.delivered,
             t.deadlettered,
@@ -400,4 +417,5 @@ class Pump:
             t.recovered,
             t.released,
             t.dead,
+            self.dispatcher.sent,
         )

@@ -5,8 +5,10 @@ work).
 The claiming loop hands each batch of ``Finished`` jobs over
 (``Reporter.hand_over``); the reporter thread completes every successful
 one with one pipelined ``complete_many`` and fails the rest with one
-``fail_many``, then counts, logs and sends the Django signals for that
-batch. A batch leaves the reporter only once Redis has answered for it: an
+``fail_many``, then counts and logs that batch, and sends ``job_failed``
+for the attempts that will be retried (the one signal that stays
+in-process; the others are durable events the dispatcher sends, DESIGN
+§10.6, events.py). A batch leaves the reporter only once Redis has answered for it: an
 outage is waited out (``outage.Outage``) with the batch kept, so no job is
 acknowledged without Redis.
 """
@@ -215,21 +217,11 @@ class Reporter:
         return True
 
     def _completed(self, done: list[tuple[Finished, Outcome]]) -> None:
-        listening = signals.job_completed.has_listeners(self.sender)
         self._forget(*(f.job for f, _ in done))
         for f, outcome in done:
             job = f.job
             if self.debug:
                 log.debug("job %s/%s (%s) completed in %.1f ms", job.queue, job.id, job.name, f.ms)
-            if listening:
-                signals.send(
-                    signals.job_completed,
-                    self.sender,
-                    queue=job.queue,
-                    job_id=job.id,
-                    job_name=job.name,
-                    result=f.result,
-                )
             if self.metrics is not None:
                 self.metrics.job_finished(job.queue, job.name, "completed", f.ms / 1000)
             self._after(job, outcome)
@@ -237,10 +229,7 @@ class Reporter:
         self.processed += len(done)
 
     def _failed(self, failed: list[tuple[Finished, Outcome]]) -> None:
-        listening = (
-            signals.job_failed.has_listeners(self.sender),
-            signals.job_dead.has_listeners(self.sender),
-        )
+        listening = signals.job_failed.has_listeners(self.sender)
         self._forget(*(f.job for f, _ in failed))
         for f, outcome in failed:
             job, error = f.job, f.error
@@ -271,24 +260,20 @@ class Reporter:
                     outcome.state,
                     first_line(error),
                 )
-            if listening[dead]:
-                kwargs = {
-                    "queue": job.queue,
-                    "job_id": job.id,
-                    "job_name": job.name,
-                    "error": error,
-                }
-                if not dead:
-                    kwargs["run_at"] = outcome.run_at
+            if listening and not dead:  # job_dead is a durable event (DESIGN §10.6)
                 signals.send(
-                    signals.job_dead if dead else signals.job_failed, self.sender, **kwargs
+                    signals.job_failed,
+                    self.sender,
+                    queue=job.queue,
+                    job_id=job.id,
+                    job_name=job.name,
+                    error=error,
+                    run_at=outcome.run_at,
                 )
             self._after(job, outcome)
         self.processed += len(failed)
 
     def _after(self, job: Job, outcome: Outcome) -> None:
-        """Wake queues where a parent was released; signal what else moved."""
-        if outcome.released or outcome.dead or outcome.flow_failed:
-            for queue, _ in outcome.released:
-                self._released(queue)
-            signals.send_outcome(self.sender, self.mq, outcome, skip=(job.queue, job.id))
+        """Wake queues where a parent was released."""
+        for queue, _ in outcome.released:
+            self._released(queue)

@@ -345,3 +345,14 @@ class Scheduler:
                 }
             )
         return out
+
+
+def settings_state(mq) -> list[dict]:
+    """``Scheduler.state()`` of every ``ECHOMQ["SCHEDULE"]`` entry, for stats
+    and the admin (one GET per entry); ``[]`` when there is none or the
+    setting is malformed (the system checks report that)."""
+    try:
+        schedule = entries(config().get("SCHEDULE", {}), settings.TIME_ZONE or "UTC")
+    except ImproperlyConfigured:
+        return []
+    return Scheduler(mq, schedule).state() if schedule else []

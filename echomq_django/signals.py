@@ -1,37 +1,28 @@
-"""Django signals for job transitions (DESIGN §8; issue "Workers").
+"""Django signals for job transitions (DESIGN §8, §10.6).
 
-Each is sent with ``send_robust`` by the process that saw the transition, with
-``sender`` = that ``Worker`` or ``Pump`` instance:
-
-* a **worker** (``runworker``) sends ``job_completed``, ``job_failed`` and
-  ``job_dead`` for the jobs it ran, once per job, after the batch that
-  reported them; and ``parent_released``, ``flow_failed`` and ``job_dead``
-  for the other jobs its own ``complete`` / ``fail`` moved in the same script
-  (a same-queue parent released or failed by its child, and so on up);
-* a **pump** (``runpump``) sends ``parent_released``, ``flow_failed`` and
-  ``job_dead`` for what its sweep moved: cross-queue deliveries from an
-  outbox, and jobs that died of an expired lease.
-
-So a same-queue flow is announced by workers alone; a cross-queue parent is
-released (or failed) on the pump's side.
-
-Every signal carries ``queue`` (str), ``job_id`` (str) and ``job_name`` (str,
-"" when the row is gone already). Besides:
+Durable (sent at least once, in order per queue, by a ``Dispatcher`` from
+the events the transition scripts wrote; ``sender`` is that dispatcher, see
+``events.py`` and ``dispatch.py``), each with ``queue`` (str), ``job_id``
+(str), ``job_name`` (str) and ``event_id`` (str, ``"<queue>:<stream id>"``,
+the same on a repeat):
 
     job_completed   ``result``: the handler's return value
+    job_dead        ``error`` (str); attempts exhausted, failed with dead=True,
+                    stalled too often, failed by a child, or cancelled
+    parent_released nothing more; the parent's last child resolved, it runs next
+    flow_failed     ``error`` (str): a parent went dead because a child failed
+                    it (``fp``); ``job_dead`` follows for it
+    job_cancelled   ``error`` (str): a cancel killed the job; ``job_dead`` follows
+
+In-process (sent once, by the worker that ran the attempt, after Redis
+recorded it; ``sender`` is that ``Worker``):
+
     job_failed      ``error`` (str: "ExcType: message" + trimmed traceback)
                     and ``run_at`` (ms since the epoch of the next attempt, or
                     None when it is pending again at once); it will be retried
-    job_dead        ``error`` (str); attempts exhausted, failed with dead=True,
-                    stalled too often, or failed by a child
-    parent_released nothing more; the parent's last child resolved, it is
-                    pending now
-    flow_failed     ``error`` (str): a parent went dead because a child failed
-                    it (``fp``); it also gets ``job_dead``
 
-A receiver that raises is logged at ERROR (logger ``echomq_django.signals``)
-and never stops the sender. Nothing is built or read unless a receiver is
-connected.
+A receiver that raises is logged at ERROR; a worker goes on, a dispatcher
+retries it and then dead-letters the event (``dispatch.py``).
 """
 
 from __future__ import annotations
@@ -51,7 +42,8 @@ job_cancelled = Signal()  # durable only (events.py): sent by the dispatcher for
 
 
 def send(signal: Signal, sender, **kwargs) -> None:
-    """``signal.send_robust`` that logs every receiver's exception."""
+    """``signal.send_robust`` that logs every receiver's exception (the
+    worker's in-process ``job_failed``)."""
     if not signal.has_listeners(sender):
         return
     for receiver, response in signal.send_robust(sender=sender, **kwargs):
@@ -64,30 +56,3 @@ def send(signal: Signal, sender, **kwargs) -> None:
                 kwargs.get("job_id"),
                 exc_info=response,
             )
-
-
-def send_outcome(sender, mq, outcome, skip: tuple[str, str] | None = None) -> None:
-    """Send ``job_dead``, ``flow_failed`` and ``parent_released`` for what one
-    script's ``Outcome`` moved; reads name and error only when someone listens.
-    ``skip`` is a ``(queue, id)`` whose own signal the caller sends itself."""
-    groups = (
-        (job_dead, outcome.dead),
-        (flow_failed, outcome.flow_failed),
-        (parent_released, outcome.released),
-    )
-    for signal, pairs in groups:
-        if not pairs or not signal.has_listeners(sender):
-            continue
-        for queue, job_id in pairs:
-            if (queue, job_id) == skip and signal is job_dead:
-                continue
-            try:
-                job = mq.get_job(queue, job_id)
-            except Exception:
-                name, error = "", None
-            else:
-                name, error = job.name, job.error
-            kwargs = {"queue": queue, "job_id": job_id, "job_name": name}
-            if signal is not parent_released:
-                kwargs["error"] = error
-            send(signal, sender, **kwargs)

@@ -17,6 +17,7 @@ from .exceptions import EchoMQError
 from .jobs import JobState
 from .keyspace import validate_queue
 from .registry import known_queues, live_processes, settings_queues
+from .schedule import settings_state
 
 SCHEMA = "echomq.stats/1"
 WINDOW_MS = 60_000  # throughput is counted over the last minute
@@ -63,10 +64,15 @@ def queue_stats(mq, queue: str, now_ms: int | None = None) -> dict:
     ``counts`` (per state), ``oldest_pending_age_s`` (s or None),
     ``completed_last_minute``, ``dead_last_minute``, ``jobs_per_s`` (both over
     the last ``WINDOW_MS``, per second), ``outbox``, ``deadletter``,
-    ``paused``. Raises ``ValueError`` for a bad name, redis-py errors."""
+    ``paused``, and the durable signals' backlog (DESIGN §10.6): ``signals``
+    (events not dispatched yet), ``signals_oldest_age_s`` (s or None),
+    ``signals_deadletter``. Raises ``ValueError`` for a bad name, redis-py
+    errors."""
     now = mq.clock() if now_ms is None else now_ms
     counts = mq.counts(queue)
     done, dead = _finished_since(mq, queue, now - WINDOW_MS)
+    backlog = mq.event_backlog(queue)
+    oldest = backlog["oldest_ms"]
     return {
         "counts": {state: int(counts[state]) for state in STATES},
         "oldest_pending_age_s": oldest_pending_age_s(mq, queue, now),
@@ -76,6 +82,9 @@ def queue_stats(mq, queue: str, now_ms: int | None = None) -> dict:
         "outbox": int(counts["outbox"]),
         "deadletter": int(counts["deadletter"]),
         "paused": is_paused(mq, queue),
+        "signals": backlog["pending"],
+        "signals_oldest_age_s": None if oldest is None else round(oldest / 1000, 3),
+        "signals_deadletter": backlog["deadlettered"],
     }
 
 
@@ -118,6 +127,7 @@ def collect(mq, queues=(), now_ms: int | None = None) -> dict:
         "prefix": mq.keys.prefix,
         "queues": out,
         "processes": [p.as_dict() for p in procs],
+        "schedule": settings_state(mq),
     }
 
 
@@ -150,9 +160,14 @@ QUEUE_COLUMNS = (
     ("jobs/s (1 min)", lambda q: f"{q['jobs_per_s']:.2f}"),
     ("outbox", lambda q: q["outbox"]),
     ("dead-letters", lambda q: q["deadletter"]),
+    ("signals", lambda q: q["signals"]),
     ("paused", lambda q: "yes" if q["paused"] else "no"),
     ("workers", lambda q: q["workers"]),
 )
+
+
+def _ago(now: int, at: int | None) -> str:
+    return "-" if at is None else duration(max(0, now - at) / 1000) + " ago"
 
 
 def _table(header: list[str], rows: list[list]) -> list[str]:
@@ -177,6 +192,14 @@ def render(doc: dict) -> str:
         lines += _table([c for c, _ in QUEUE_COLUMNS], rows)
     else:
         lines.append("no queues known yet (no job added, none in ECHOMQ['QUEUES'])")
+    if doc.get("schedule"):
+        lines += ["", f"periodic jobs: {len(doc['schedule'])}"]
+        rows = [
+            [e["entry"], e["queue"], e["name"], e["schedule"], _ago(now, e["last_tick"]),
+             duration(max(0, e["next_tick"] - now) / 1000)]
+            for e in doc["schedule"]
+        ]  # fmt: skip
+        lines += _table(["entry", "queue", "job", "schedule", "last tick", "next in"], rows)
     procs = doc["processes"]
     lines += ["", f"live workers and pumps: {len(procs)}"]
     if procs:

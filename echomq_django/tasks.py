@@ -63,7 +63,7 @@ except ImportError:  # Django 5.2 with the django-tasks backport
     from django_tasks.exceptions import TaskResultDoesNotExist
     from django_tasks.signals import task_enqueued, task_finished, task_started
 
-from . import api
+from . import api, outbox
 from .client import EchoMQ
 from .conf import get_mq
 from .exceptions import JobNotFound, Unrecoverable
@@ -189,7 +189,8 @@ class EchoMQBackend(BaseTaskBackend):
 
     def get_result(self, result_id: str) -> TaskResult:
         """The ``TaskResult`` of job ``result_id``, looked up in this
-        backend's queues. Raises ``TaskResultDoesNotExist`` when no queue has
+        backend's queues, then in the enqueue outbox (READY, ``enqueued_at``
+        None: committed but not in Redis yet). Raises ``TaskResultDoesNotExist`` when no queue has
         it (or the job there is not a task), ``RedisUnavailable``."""
         try:
             validate_id(result_id)
@@ -206,6 +207,9 @@ class EchoMQBackend(BaseTaskBackend):
                     f"job {result_id!r} in queue {queue!r} is not a task (its name is {job.name!r})"
                 )
             return task_result(job, self.alias)
+        waiting = outbox.waiting_job(result_id, self.queues)
+        if waiting is not None:  # committed, not in Redis yet (DESIGN §10.4)
+            return task_result(waiting, self.alias)
         raise TaskResultDoesNotExist(result_id)
 
     def check(self, **kwargs: Any) -> list[checks.CheckMessage]:

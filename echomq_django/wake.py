@@ -44,7 +44,6 @@ from dataclasses import dataclass
 import redis
 from redis.cluster import RedisCluster
 
-from . import signals
 from .jobs import Outcome
 
 log = logging.getLogger("echomq_django.wake")
@@ -183,7 +182,7 @@ class Timers:
     """A worker's timers for ``queues`` (see the module): ``learn(queue,
     run_at_ms)`` a delayed run-at; ``next_in()`` seconds until the next timer;
     ``run()`` fires what is due and returns the merged ``Outcome`` (recovered
-    jobs that died and what that moved: the caller sends the signals).
+    jobs that died and what that moved; their signals are durable events).
 
     ``sweep_s`` (s): sweep interval per queue; ``max_stalls``: lease expiries a
     job survives (as the pump's); ``limit``: most jobs moved per script call.
@@ -344,16 +343,14 @@ class Idle:
         return idle
 
     def keep_timers(self) -> bool:
-        """Run the timers that are due; send the signals of what a lease
-        recovery moved (a job past its stall limit dies, its parent's policy
-        applies). True when any ran (they talked to Redis)."""
+        """Run the timers that are due (what a lease recovery moves, a job
+        past its stall limit dying, is a durable event: the pump's dispatcher
+        sends its signals). True when any ran (they talked to Redis)."""
         if self.timers.next_in() > 0:
             return False
         outcome = self.timers.run()
         for queue, _ in outcome.released:
             self.worker._on_released(queue)
-        if outcome.released or outcome.dead or outcome.flow_failed:
-            signals.send_outcome(self.worker, self.worker.mq, outcome)
         return True
 
     def on_wake(self, wake: Wake) -> None:

@@ -94,6 +94,7 @@ from .jobs import Job
 from .keyspace import validate_queue
 from .metrics import MISSING, process_metrics
 from .outage import REDIS_DOWN, Outage
+from .outbox import Drainer
 from .pool import HandlerPool, error_text, unknown_name_error
 from .reporter import GONE, Finished, Reporter
 from .timeouts import Timeouts
@@ -123,10 +124,13 @@ class Worker:
     ``beat_s`` seconds, DESIGN §10.5); ``metrics``: count finished jobs and
     handler times in this process's Prometheus metrics
     (``metrics.ProcessMetrics``; needs prometheus_client, else
-    ``ImproperlyConfigured``). Raises ``ValueError`` for a bad queue name or
-    number. ``run()`` logs a WARNING naming the known queues when a queue is
-    known nowhere (no job, not in settings). Also ``wakeups``, ``timers``
-    (``wake.Idle``) and ``waiting`` (true while idle, blocked on its queues).
+    ``ImproperlyConfigured``); ``drain_outbox``: push the enqueue outbox's
+    rows to Redis (DESIGN §10.4; ``runworker`` sets it) before the first
+    claim and then every ``outbox_interval_s`` seconds. Raises
+    ``ValueError`` for a bad queue name or number. ``run()`` logs a WARNING
+    naming the known queues when a queue is known nowhere (no job, not in
+    settings). Also ``wakeups``, ``timers`` (``wake.Idle``) and ``waiting``
+    (true while idle, blocked on its queues).
 
     After ``run()``: ``processed`` (jobs completed or failed, all runs),
     ``stats`` (``completed``, ``failed`` = will retry, ``dead``, ``lost`` =
@@ -153,8 +157,13 @@ class Worker:
         register: bool = True,
         beat_s: float = registry.HEARTBEAT_S,
         metrics: bool = False,
+        drain_outbox: bool = False,
+        outbox_interval_s: float = 1.0,
     ) -> None:
         mq = self.mq = mq if mq is not None else get_mq()
+        # the enqueue outbox (DESIGN §10.4): drained before the first claim,
+        # then every outbox_interval_s seconds on a thread of its own
+        self._drainer = Drainer(mq, outbox_interval_s) if drain_outbox else None
         self.queues = [validate_queue(q) for q in dict.fromkeys(queues)]
         if not self.queues:
             raise ValueError("a worker needs at least one queue")
@@ -205,6 +214,7 @@ class Worker:
         self._released = dict.fromkeys(self.queues, 0)
         self._turn = 0
         self._warned: set[str] = set()
+        self._subscribed = False  # event kinds with receivers here recorded for our queues
         self._stats_at, self._stats_seen = 0.0, (0, time.monotonic())
 
     @property
@@ -286,6 +296,9 @@ class Worker:
         self._timeouts.reopen()
         for thread in helpers:
             thread.start()
+        if self._drainer is not None:
+            self._drainer.drain_once()  # a burst run sees what waited at its start
+            self._drainer.start(drain_now=False)
         start = self.processed
         log.info(
             "worker started: queues %s, concurrency %d, lease %s ms",
@@ -299,6 +312,8 @@ class Worker:
         finally:
             self.waiting = False
             self._idle.stop()  # a marker it pops from now on goes back
+            if self._drainer is not None:
+                self._drainer.stop()
             if beat is not None:
                 beat.stop()
             self._reporter.close()
@@ -458,6 +473,9 @@ class Worker:
     def _claim(self, free: int, everywhere: bool) -> int:
         """Claim up to ``free`` jobs round-robin over the queues and submit
         them; ``everywhere`` asks resting queues too. Returns how many."""
+        if not self._subscribed:  # before any transition of ours (DESIGN §10.6)
+            self.mq.subscribe_events(self.queues)
+            self._subscribed = True
         got, now, n = 0, time.monotonic(), len(self.queues)
         first, self._turn = self._turn, (self._turn + 1) % n
         for i in range(n):

@@ -61,27 +61,18 @@ if delay > 0 then
   state = 'delayed'
 end
 -- compact row: attempts appears at the first claim; max_attempts / backoff_ms
--- only when the job sets its own (else the queue's setting applies)
+-- only when the job sets its own (else the queue's setting applies), and the
+-- DESIGN §10.3 settings only when set
 local fields = {'name', ARGV[3], 'payload', ARGV[4], 'state', state, 'created_at', ARGV[7]}
-if ARGV[5] ~= '' then
-  fields[#fields + 1] = 'max_attempts'
-  fields[#fields + 1] = ARGV[5]
-end
-if ARGV[6] ~= '' then
-  fields[#fields + 1] = 'backoff_ms'
-  fields[#fields + 1] = ARGV[6]
-end
-if ARGV[9] ~= '0' then
-  fields[#fields + 1] = 'priority'
-  fields[#fields + 1] = ARGV[9]
-end
-if ARGV[12] ~= '' then
-  fields[#fields + 1] = 'timeout_ms'
-  fields[#fields + 1] = ARGV[12]
+local priority = (ARGV[9] ~= '0') and ARGV[9] or ''
+for _, f in ipairs({{'max_attempts', ARGV[5]}, {'backoff_ms', ARGV[6]}, {'priority', priority},
+    {'timeout_ms', ARGV[12]}, {'dedup', dedup}}) do
+  if f[2] ~= '' then
+    fields[#fields + 1] = f[1]
+    fields[#fields + 1] = f[2]
+  end
 end
 if dedup ~= '' then
-  fields[#fields + 1] = 'dedup'
-  fields[#fields + 1] = dedup
   if ARGV[11] ~= '' then
     redis.call('SET', KEYS[5], id, 'PX', ARGV[11])
   else
@@ -92,7 +83,7 @@ redis.call('HSET', row, unpack(fields))
 if state == 'delayed' then
   make_delayed(base, id, now + delay)
 else
-  make_claimable(base, {id}, ARGV[9] ~= '0' and ARGV[9] or nil)
+  make_claimable(base, {id}, priority ~= '' and priority or nil)
 end
 redis.call('XADD', KEYS[4], 'MAXLEN', '~', 10000, '*', 'e', 'added', 'id', id)
 return state

@@ -182,17 +182,11 @@ while i <= #a do
       shared[#shared + 1] = policy
     end
   end
-  if opts.p then
-    shared[#shared + 1] = 'priority'
-    shared[#shared + 1] = tostring(opts.p)
-  end
-  if opts.t then
-    shared[#shared + 1] = 'timeout_ms'
-    shared[#shared + 1] = tostring(opts.t)
-  end
-  if opts.k then
-    shared[#shared + 1] = 'dedup'
-    shared[#shared + 1] = opts.k
+  for _, f in ipairs({{'priority', opts.p}, {'timeout_ms', opts.t}, {'dedup', opts.k}}) do
+    if f[2] then  -- DESIGN §10.3 settings, stored only when set (compact rows)
+      shared[#shared + 1] = f[1]
+      shared[#shared + 1] = tostring(f[2])
+    end
   end
   local delay = tonumber(opts.d or 0)
   local event = parent == '' or pq ~= queue

@@ -21,6 +21,8 @@ import os
 import signal as _signal
 import sys
 
+import pytest
+
 from echomq_django import EchoMQ, signals
 from echomq_django.eventcalls import EventCalls
 from echomq_django.events import SIGNAL_OF
@@ -59,6 +61,16 @@ class Seen:
 
     def ids(self) -> list[str]:
         return [kw["event_id"] for _, _, kw in self.got]
+
+
+@pytest.fixture
+def seen():
+    """A ``Seen`` open for the test (import it into a test module to use it)."""
+    rec = Seen()
+    try:
+        yield rec
+    finally:
+        rec.close()
 
 
 class Raising:

@@ -413,8 +413,8 @@ def test_staff_sees_the_job_list_newest_first_with_filters_and_search(world, sta
 
 
 def test_html_payload_is_escaped_in_list_and_page(world, staff):
-    listing = staff.get(reverse(CHANGELIST)).content.decode()
-    assert XSS_ESCAPED in listing and XSS not in listing
+    listing = staff.get(reverse(CHANGELIST)).content.decode()  # the error column
+    assert "card &lt;b&gt;declined&lt;/b&gt;" in listing and "<b>declined" not in listing
     detail = page(staff, "html", "xss").content.decode()
     assert XSS_ESCAPED in detail and XSS not in detail
     failed = page(staff, "failed", "fp-1").content.decode()
@@ -438,7 +438,7 @@ def test_parent_pages_show_children_values_errors_and_counters(world, staff):
         ("awaiting", "aw-1", "completed", '{"n": 1}', ""),
         ("awaiting", "aw-2", "pending", "", ""),
     ]
-    assert links(aw, "processed") == [("awaiting", "aw-1", '{"n": 1}')]
+    assert aw.context["deps"]["processed"] == 1  # its value is in the tree
     assert links(aw, "unprocessed") == [("awaiting", "aw-2", None)]
 
     rel = page(staff, "released", "rel")
@@ -461,12 +461,12 @@ def test_parent_pages_show_children_values_errors_and_counters(world, staff):
     ign = page(staff, "ignored", "ign")
     assert (ign.context["live"].state, ign.context["remaining"]) == ("pending", 0)
     assert links(ign, "ignored") == [("ignored", "ign-bad", "flaky")]
-    assert links(ign, "processed") == [("ignored", "ign-ok", '"fine"')]
+    assert ("ignored", "ign-ok", "completed", '"fine"', "") in tree(ign)
     assert links(ign, "failed") == []
 
     xo = page(staff, "orders", "xo")
     assert xo.context["live"].state == "pending"
-    assert tree(xo) == [
+    assert sorted(tree(xo)) == [  # the tree lists children in the order they were added
         ("payments", "xo-p", "completed", '{"charged": 5}', ""),
         ("validation", "xo-v", "completed", '{"valid": true}', ""),
     ]

@@ -44,6 +44,9 @@ def _no_env_url(monkeypatch):
         ({**GOOD, "QUEUES": {"orders": {"RETRIES": 3}}}, ["echomq_django.E009"]),
         ({**GOOD, "QUEUES": {"orders": {"MAX_ATTEMPTS": 0}}}, ["echomq_django.E010"]),
         ({**GOOD, "QUEUES": {"orders": {"LEASE_MS": "30s"}}}, ["echomq_django.E010"]),
+        ({**GOOD, "JSON_ENCODER": "django.core.serializers.json.DjangoJSONEncoder"}, []),
+        ({**GOOD, "JSON_ENCODER": "no.such.Encoder"}, ["echomq_django.E033"]),
+        ({**GOOD, "JSON_ENCODER": "django.utils.timezone.now"}, ["echomq_django.E033"]),
     ],
 )
 def test_each_problem_has_a_stable_id(cfg, expected):

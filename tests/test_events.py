@@ -15,11 +15,11 @@ from echomq_django import Flow
 from echomq_django.dispatch import Dispatcher
 from echomq_django.events import SIGNAL_OF
 from echomq_django.pump import Pump
-from tests import jobkit
-from tests.eventkit import EventMQ, Raising, Seen, stream
+from tests import eventkit, jobkit
+from tests.eventkit import EventMQ, Raising, stream
 from tests.jobkit import T0, complete, kill, leaf, node
 
-clock = jobkit.clock  # a fixture (tests/jobkit.py)
+clock, seen = jobkit.clock, eventkit.seen  # fixtures (tests/jobkit.py, eventkit.py)
 ALL = list(SIGNAL_OF)
 
 
@@ -27,15 +27,6 @@ ALL = list(SIGNAL_OF)
 def tmq(redis_client, clock) -> EventMQ:
     """An ``EchoMQ`` with the event calls on the test's rig, time ``clock``."""
     return EventMQ(redis_client, prefix="emq", clock=clock)
-
-
-@pytest.fixture
-def seen():
-    rec = Seen()
-    try:
-        yield rec
-    finally:
-        rec.close()
 
 
 def tree(mq) -> None:
@@ -119,7 +110,8 @@ def test_a_cross_queue_parent_s_event_lands_on_its_own_queue_when_delivered(tmq)
     complete(tmq, "k", 7, queue="c")
     assert [e[1:] for e in stream(tmq, "c")] == [("completed", "k", "kid", "7")]
     assert stream(tmq, "p") == []  # the parent's queue learns it from the pump
-    Pump(["p", "c"], mq=tmq).sweep()
+    Pump(["c"], mq=tmq).sweep()  # delivers c's outbox, dispatches c's events only
+    assert stream(tmq, "c") == []
     assert [e[1:] for e in stream(tmq, "p")] == [("released", "P", "parent", None)]
 
 
@@ -172,6 +164,18 @@ def test_the_backlog_shows_until_dispatched_and_nothing_trims_it(tmq, clock):
     report = Dispatcher(["q"], mq=tmq, batch=64).dispatch("q")
     assert report.sent == 300
     assert tmq.event_backlog("q") == {"pending": 0, "deadlettered": 0, "oldest_ms": None}
+
+
+def test_echomq_stats_shows_the_backlog(tmq, clock):
+    from echomq_django.stats import queue_stats
+
+    tmq.subscribe_events(["q"], ALL)
+    tmq.add_flows([Flow("q", "leaf", {}, job_id=f"j{i}") for i in range(3)])
+    for i in range(3):
+        complete(tmq, f"j{i}", i)
+    clock.now = int(stream(tmq)[0][0].split("-")[0]) + 1500
+    got = queue_stats(tmq, "q")
+    assert (got["signals"], got["signals_oldest_age_s"], got["signals_deadletter"]) == (3, 1.5, 0)
 
 
 def test_a_receiver_that_always_raises_is_dead_lettered_after_its_tries(tmq, seen, clock):

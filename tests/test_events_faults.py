@@ -18,12 +18,13 @@ from redis.cluster import RedisCluster
 from echomq_django import Flow, devserver
 from echomq_django.dispatch import Dispatcher
 from echomq_django.events import SIGNAL_OF
-from tests import rigs
+from tests import eventkit, rigs
 from tests.eventkit import EventMQ, Seen, stream
 from tests.jobkit import complete, kill, leaf, node
 from tests.workerkit import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
+seen = eventkit.seen  # a fixture (tests/eventkit.py)
 ALL = list(SIGNAL_OF)
 pytestmark = pytest.mark.e2e
 
@@ -31,15 +32,6 @@ pytestmark = pytest.mark.e2e
 @pytest.fixture
 def mq(redis_client) -> EventMQ:
     return EventMQ(redis_client, prefix="emq")
-
-
-@pytest.fixture
-def seen():
-    rec = Seen()
-    try:
-        yield rec
-    finally:
-        rec.close()
 
 
 def rig_url(mq) -> tuple[str, str]:

@@ -36,7 +36,8 @@ def keys_of(mq, queue: str) -> list[str]:
     else:
         found = mq.client.keys(pattern)
     names = sorted(k.decode() if isinstance(k, bytes) else k for k in found)
-    skip = ("events", "lease:seq", "gc:seq", "wake")  # fixed-size markers and counters
+    # fixed-size markers and counters; the event kinds a queue records (issue 18)
+    skip = ("events", "lease:seq", "gc:seq", "wake", "signals:kinds")
     return [n for n in names if not n.endswith(skip) and ":op:" not in n and ":claim:" not in n]
 
 

@@ -5,12 +5,15 @@ writes nothing, and the ids are known before the commit."""
 from __future__ import annotations
 
 import pytest
+from asgiref.sync import async_to_sync, sync_to_async
 from django.contrib.auth.models import User
 from django.db import transaction
 from django.db.models.signals import post_save
 
 import echomq_django as emq
-from echomq_django import EchoMQ, Flow, JobNotFound, JobState, conf
+from echomq_django import EchoMQ, Flow, JobNotFound, JobState, conf, outbox
+from tests.rigs import free_port
+from tests.workerkit import burst
 
 
 class Rollback(Exception):
@@ -111,6 +114,58 @@ def test_a_post_save_receiver_starts_a_flow_only_for_a_committed_row(mq):
     assert not landed(mq, "q", "welcome-gone")
     assert mq.get_job("q", "welcome-kept").state is JobState.AWAITING_CHILDREN
     assert mq.counts("q")["awaiting_children"] == 1
+
+
+def test_redis_down_at_commit_the_flow_waits_in_the_outbox_and_runs_once(mq, monkeypatch):
+    """The issue's case: a post_save receiver adds a flow while Redis is down.
+    The order row commits, the flow waits in the outbox, and once Redis is
+    back a worker pushes it before its first claim and runs it, once."""
+    monkeypatch.setenv("ECHOMQ_URL", f"redis://127.0.0.1:{free_port()}/0")
+    conf.reset()
+
+    def start_flow(sender, instance, created, **kwargs):
+        if created:
+            flow = Flow(
+                "q",
+                "t.sum_children",
+                job_id=f"welcome-{instance.username}",
+                children=[Flow("q", "t.echo", 1, job_id="c1"), Flow("q", "t.echo", 2)],
+            )
+            emq.add_flow(flow)
+
+    post_save.connect(start_flow, sender=User, weak=False)
+    try:
+        with transaction.atomic():
+            User.objects.create(username="kept")
+            job_id = emq.enqueue("q", "t.echo", {"n": 3})
+    finally:
+        post_save.disconnect(start_flow, sender=User)
+    assert User.objects.filter(username="kept").exists()
+    assert outbox.pending() == 2 and mq.client.keys("*") == []
+    _, processed = burst(mq, ["q"], drain_outbox=True)
+    assert processed == 4 and outbox.pending() == 0
+    assert mq.get_job("q", "welcome-kept").result == 3
+    assert mq.get_job("q", job_id).result == {"n": 3}
+    assert [mq.get_job("q", i).attempts for i in ("welcome-kept", "c1", job_id)] == [1, 1, 1]
+
+
+def test_aenqueue_and_aadd_flow(mq):
+    job_id = async_to_sync(emq.aenqueue)("q", "t.echo", 1, job_id="a1")
+    ref = async_to_sync(emq.aadd_flow)(Flow("q", "t.echo", 2, job_id="a2"))
+    assert (job_id, ref.parent_id) == ("a1", "a2")
+    assert mq.job_ids("q", "pending") == ["a1", "a2"]
+
+    async def in_a_transaction():
+        @sync_to_async
+        def block():
+            with transaction.atomic():
+                async_to_sync(emq.aenqueue)("q", "t.echo", 3, job_id="a3")
+                assert not landed(mq, "q", "a3")
+
+        await block()
+
+    async_to_sync(in_a_transaction)()
+    assert landed(mq, "q", "a3")
 
 
 def test_enqueue_many_waits_for_the_commit_with_its_ids_fixed(mq):

@@ -5,6 +5,8 @@ pipeline run in-process by a burst Worker and Pump sweeps."""
 from __future__ import annotations
 
 import json
+import logging
+import re
 import time
 
 import pytest
@@ -15,7 +17,7 @@ from echomq_django import JobNotFound, Pump, Worker, conf
 from testproject.orders.demo_data import KINDS, SAMPLE_CSV, generate, parse_lines, read_csv
 from testproject.orders.flows import start_flow
 from testproject.orders.models import Order, OrderLine
-from testproject.orders.receivers import failed_job
+from testproject.orders.receivers import failed_job, mark_order_failed
 from testproject.orders.rules import predict
 from testproject.orders.validation import clean_order
 
@@ -264,6 +266,9 @@ def test_every_path_ends_as_predicted_with_its_outcome(client, mq):
     pks = {kind: post(client, body).json()["id"] for kind, body in bodies.items()}
     settle(mq, list(pks.values()))
     orders = {kind: Order.objects.get(pk=pk) for kind, pk in pks.items()}
+    for kind in ("declined", "required_oos"):  # failed by the durable flow_failed signal
+        event_id = orders[kind].outcome.pop("event_id")
+        assert re.fullmatch(r"orders:\d+-\d+", event_id), event_id
     got = {kind: (o.status, o.outcome) for kind, o in orders.items()}
     d, o, q = pks["declined"], pks["optional_oos"], pks["required_oos"]
     assert got == {
@@ -415,6 +420,34 @@ def test_predict_follows_the_queues_max_attempts(settings):
             "ignored": 0,
             "retries": 2,
         }
+
+
+def test_the_flow_failed_receiver_applies_one_event_once(transactional_db, caplog):
+    order = Order.objects.create(customer="Ada", email="ada@example.com", card="4242424242420000")
+    kwargs = {
+        "queue": "orders",
+        "job_id": f"order-{order.pk}",
+        "job_name": "orders.fulfil",
+        "error": "failed by child emq:{payments}:job:charge-9: CardDeclined: no",
+        "event_id": "orders:1700000000000-0",
+    }
+    mark_order_failed(None, **kwargs)
+    first = Order.objects.get(pk=order.pk)
+    with caplog.at_level(logging.INFO, "orders.receivers"):
+        mark_order_failed(None, **kwargs)  # the dispatcher sent it again (at least once)
+    again = Order.objects.get(pk=order.pk)
+    assert (again.status, again.outcome, again.updated) == (
+        "failed",
+        {
+            "reason": "failed by child emq:{payments}:job:charge-9: CardDeclined: no",
+            "failed_job": "payments/charge-9",
+            "event_id": "orders:1700000000000-0",
+        },
+        first.updated,
+    )
+    assert [r.getMessage() for r in caplog.records if r.name == "orders.receivers"] == [
+        f"flow_failed orders:1700000000000-0 for order {order.pk} again: applied already"
+    ]
 
 
 def test_failed_job_reads_the_bottom_of_a_chain():

@@ -83,3 +83,25 @@ def test_bad_queue_name_is_refused(redis_server):
     _out, err = proc.communicate(timeout=60)
     assert proc.returncode == 1
     assert "invalid queue name 'bad queue'" in err
+
+
+def test_without_migrate_the_commands_say_so_in_one_line(r, redis_server, tmp_path):
+    """No traceback per sweep: one line naming the fix, and the Redis side
+    still runs (issue 14)."""
+    env = {**os.environ, "ECHOMQ_URL": redis_server, "ECHOMQ_DB_PATH": str(tmp_path / "db")}
+    EchoMQ(r).enqueue("q", "t.echo", 1, job_id="j1")
+    for args in (["runpump", "q", "--once"], ["runworker", "q", "--burst"]):
+        done = subprocess.run(
+            [sys.executable, "manage.py", *args],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        assert "Traceback" not in done.stderr
+        lines = [ln for ln in done.stderr.splitlines() if "manage.py migrate" in ln]
+        assert len(lines) == 1, done.stderr
+        assert "echomq_django's tables are missing from database 'default'" in lines[0]
+    assert EchoMQ(r).get_job("q", "j1").result == 1

@@ -1,16 +1,21 @@
-"""Django signals (echomq_django.signals; DESIGN §8, issue "Workers"): each
-transition is announced once, by the process that saw it, with the
-documented keyword arguments."""
+"""Django signals (echomq_django.signals; DESIGN §8, §10.6) as a worker and
+a pump send them: ``job_failed`` once, in-process, by the worker that ran the
+attempt; every other signal from the durable events, by a dispatcher (the
+pump's, or one of its own), with the documented keyword arguments and an
+``event_id``."""
 
 from __future__ import annotations
 
 import logging
+import re
 
 import pytest
 
-from echomq_django import EchoMQ, Flow, Worker, signals
+from echomq_django import Dispatcher, EchoMQ, Flow, Worker, signals
 from echomq_django.pump import Pump
 from tests.workerkit import T0, Clock, Recorder
+
+EVENT_ID = re.compile(r"\A[a-z]+:\d+-\d+\Z")
 
 
 @pytest.fixture
@@ -20,6 +25,13 @@ def recorder():
         yield rec
     finally:
         rec.close()
+
+
+def without_ids(sent: list[dict]) -> list[dict]:
+    """The kwargs with their ``event_id`` checked and taken out."""
+    for kw in sent:
+        assert EVENT_ID.match(kw["event_id"]), kw
+    return [{k: v for k, v in kw.items() if k != "event_id"} for kw in sent]
 
 
 def test_a_same_queue_flow_is_announced_once_per_transition(mq, recorder):
@@ -37,6 +49,9 @@ def test_a_same_queue_flow_is_announced_once_per_transition(mq, recorder):
     )
     worker = Worker(["q"], concurrency=2, mq=mq)
     assert worker.run(burst=True) == 4
+    assert recorder.names() == [("job_failed", "c2")]  # the worker's own, in-process
+    dispatcher = Dispatcher(["q"], mq=mq)
+    assert dispatcher.dispatch("q").sent == 4
     assert recorder.names() == [
         ("job_completed", "c1"),
         ("job_completed", "c2"),
@@ -44,17 +59,17 @@ def test_a_same_queue_flow_is_announced_once_per_transition(mq, recorder):
         ("job_failed", "c2"),
         ("parent_released", "p"),
     ]
-    assert {sender for _, sender, _ in recorder.events} == {worker}
-    assert recorder.of("job_completed", "c1") == [
+    assert [sender for name, sender, _ in recorder.events] == [worker] + [dispatcher] * 4
+    assert without_ids(recorder.of("job_completed", "c1")) == [
         {"queue": "q", "job_id": "c1", "job_name": "t.echo", "result": 1}
     ]
-    assert recorder.of("job_completed", "c2") == [
+    assert without_ids(recorder.of("job_completed", "c2")) == [
         {"queue": "q", "job_id": "c2", "job_name": "t.flaky", "result": {"attempt": 2}}
     ]
-    assert recorder.of("job_completed", "p") == [
+    assert without_ids(recorder.of("job_completed", "p")) == [
         {"queue": "q", "job_id": "p", "job_name": "t.echo", "result": "done"}
     ]
-    assert recorder.of("parent_released", "p") == [
+    assert without_ids(recorder.of("parent_released", "p")) == [
         {"queue": "q", "job_id": "p", "job_name": "t.echo"}
     ]
     [failed] = recorder.of("job_failed", "c2")
@@ -81,19 +96,21 @@ def test_a_dead_child_is_announced_up_the_tree(mq, recorder):
     )
     worker = Worker(["q"], mq=mq)
     assert worker.run(burst=True) == 1
-    assert recorder.names() == [
-        ("flow_failed", "g"),
-        ("flow_failed", "p"),
+    assert recorder.events == []  # a death is a durable event: the dispatcher sends it
+    Dispatcher(["q"], mq=mq).dispatch_all()
+    assert [(name, kw["job_id"]) for name, _, kw in recorder.events] == [
         ("job_dead", "bad"),
-        ("job_dead", "g"),
+        ("flow_failed", "p"),
         ("job_dead", "p"),
+        ("flow_failed", "g"),
+        ("job_dead", "g"),
     ]
     for job_id, name in (("bad", "t.fail"), ("p", "t.echo"), ("g", "t.echo")):
         error = mq.get_job("q", job_id).error
         expected = {"queue": "q", "job_id": job_id, "job_name": name, "error": error}
-        assert recorder.of("job_dead", job_id) == [expected]
+        assert without_ids(recorder.of("job_dead", job_id)) == [expected]
         if job_id != "bad":
-            assert recorder.of("flow_failed", job_id) == [expected]
+            assert without_ids(recorder.of("flow_failed", job_id)) == [expected]
     assert mq.get_job("q", "p").error.startswith(f"failed by child {mq.keys.job('q', 'bad')}: ")
 
 
@@ -107,19 +124,19 @@ def test_job_failed_says_when_the_next_attempt_runs(redis_client, recorder):
     assert recorder.names() == [("job_failed", "f")]
 
 
-def test_a_receiver_that_raises_is_logged_and_the_worker_goes_on(mq, caplog):
+def test_a_job_failed_receiver_that_raises_is_logged_and_the_worker_goes_on(mq, caplog):
     def broken(sender, **kwargs):
         raise RuntimeError("receiver boom")
 
-    signals.job_completed.connect(broken, weak=False)
+    signals.job_failed.connect(broken, weak=False)
     try:
         for i in range(3):
-            mq.enqueue("q", "t.echo", i, job_id=f"j{i}")
+            mq.enqueue("q", "t.fail", {"message": "x"}, job_id=f"j{i}", max_attempts=2)
         with caplog.at_level(logging.ERROR, "echomq_django.signals"):
             assert Worker(["q"], mq=mq).run(burst=True) == 3
     finally:
-        signals.job_completed.disconnect(broken)
-    assert mq.counts("q")["completed"] == 3
+        signals.job_failed.disconnect(broken)
+    assert mq.counts("q")["delayed"] == 3
     messages = sorted(r.getMessage() for r in caplog.records if r.name == "echomq_django.signals")
     assert messages == [
         f"signal receiver {broken!r} raised RuntimeError('receiver boom') for q/j{i}"
@@ -127,7 +144,7 @@ def test_a_receiver_that_raises_is_logged_and_the_worker_goes_on(mq, caplog):
     ]
 
 
-def test_a_cross_queue_release_is_announced_by_the_pump(mq, recorder):
+def test_a_cross_queue_release_is_announced_by_the_pump_serving_the_parent_s_queue(mq, recorder):
     mq.add_flow(
         Flow(
             "orders",
@@ -138,16 +155,17 @@ def test_a_cross_queue_release_is_announced_by_the_pump(mq, recorder):
     )
     worker = Worker(["orders", "validation"], mq=mq)
     assert worker.run(burst=True) == 1
-    assert recorder.names() == [("job_completed", "v")]
-    pump = Pump(["validation"], mq=mq)
-    pump.sweep()
-    assert recorder.events[-1] == (
-        "parent_released",
-        pump,
-        {"queue": "orders", "job_id": "o", "job_name": "t.sum_children"},
-    )
+    assert recorder.events == []
+    pump = Pump(["orders", "validation"], mq=mq)
+    reports = pump.sweep()
+    assert (reports["orders"]["signals"], reports["validation"]["signals"]) == (1, 1)
+    assert [(name, sender, kw["job_id"]) for name, sender, kw in recorder.events] == [
+        ("parent_released", pump.dispatcher, "o"),
+        ("job_completed", pump.dispatcher, "v"),
+    ]
     assert worker.run(burst=True) == 1
-    assert recorder.of("job_completed", "o") == [
+    pump.sweep()
+    assert without_ids(recorder.of("job_completed", "o")) == [
         {"queue": "orders", "job_id": "o", "job_name": "t.sum_children", "result": 7}
     ]
     assert len(recorder.events) == 3

@@ -62,11 +62,15 @@ def test_stats_of_a_busy_queue_are_exact(tmq, clock):
                 "outbox": 0,
                 "deadletter": 0,
                 "paused": False,
+                "signals": 0,
+                "signals_oldest_age_s": None,
+                "signals_deadletter": 0,
                 "in_settings": True,
                 "workers": 1,
             }
         },
         "processes": [hb.info.as_dict()],
+        "schedule": [],
     }
     assert json.loads(json.dumps(doc)) == doc  # plain JSON types only
 
@@ -140,9 +144,9 @@ def test_the_command_prints_a_table(emq):
     text = run("orders")
     assert text.splitlines()[:2] == [
         "queue   pending  active  delayed  awaiting  completed  dead  oldest pending  "
-        "jobs/s (1 min)  outbox  dead-letters  paused  workers",
+        "jobs/s (1 min)  outbox  dead-letters  signals  paused  workers",
         "orders        1       0        1         0          1     1           5.0 s"
-        "            0.03       0             0      no        1",
+        "            0.03       0             0        0      no        1",
     ]
     assert text.splitlines()[3] == "live workers and pumps: 1"
     assert text.splitlines()[5].split() == [

@@ -56,7 +56,10 @@ FLOORS = [
         *("api", "worker", "pump", "mirror", "stats", "metrics", "tasks", "outbox"),
         *("dispatch", "schedule"),
     ],
-    ["checks", "admin_pages", "apps", "urls", "templatetags", "templatetags.*", "__init__"],
+    [
+        *("checks", "admin_display", "admin_pages", "apps", "urls"),
+        *("templatetags", "templatetags.*", "__init__"),
+    ],
     ["admin", "management", "management.*", "migrations", "migrations.*"],
 ]
 BOTTOM = {"jobs", "keyspace", "exceptions", "retention"}  # import nothing of the package

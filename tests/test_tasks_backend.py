@@ -183,7 +183,7 @@ def test_complex_exception_and_return_value(mq):
     assert "result is not JSON-serialisable" in ret.errors[0].traceback
 
 
-def test_missing_and_foreign_ids(mq):
+def test_missing_and_foreign_ids(mq, transactional_db):
     for bad in ("123", "a:b", "has space", "x" * 200):
         with pytest.raises(TaskResultDoesNotExist):
             default_task_backend.get_result(bad)
@@ -266,8 +266,10 @@ def test_inside_a_transaction_it_waits_for_the_commit(mq, transactional_db):
     with transaction.atomic():
         result = tasks_mod.noop_task.enqueue()
         assert result.enqueued_at is None
-        with pytest.raises(TaskResultDoesNotExist):
-            result.refresh()
+        assert mq.client.keys("*") == []
+        result.refresh()  # read from the outbox row, which this transaction sees
+        assert (result.status, result.enqueued_at) == (TaskResultStatus.READY, None)
+        assert result.task == tasks_mod.noop_task
     result.refresh()
     assert result.status == TaskResultStatus.READY and result.enqueued_at is not None
 
@@ -333,3 +335,12 @@ def test_task_error_from_an_error_text_without_a_traceback():
         "UnknownJobName: no handler\n",
     )
     assert task_error("KeyError: 'x'").exception_class is KeyError
+
+
+def test_a_deferred_task_keeps_its_priority(mq, transactional_db):
+    if not EchoMQBackend.supports_priority:
+        pytest.skip("the queue has no priorities yet")
+    with transaction.atomic():
+        result = tasks_mod.noop_task.using(priority=7).enqueue()
+    assert default_task_backend.get_result(result.id).task.priority == 7
+    assert mq.get_job("default", result.id).state is JobState.PENDING

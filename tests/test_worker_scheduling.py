@@ -130,3 +130,36 @@ def test_the_module_api_over_the_settings_connection(r) -> None:
         assert (job.id, job.priority, job.timeout_ms) == ("b", 4, 50)
     finally:
         conf.reset()
+
+
+def test_a_pump_fires_the_settings_entries_of_its_own_queues(tmq, settings) -> None:
+    beat = {"name": "t.echo", "every_s": 60}
+    settings.ECHOMQ = {
+        **settings.ECHOMQ,
+        "SCHEDULE": {"mine": {**beat, "queue": "q"}, "theirs": {**beat, "queue": "other"}},
+    }
+    pump = Pump(["q"], mq=tmq)
+    assert [e.key for e in pump.scheduler.entries] == ["mine"]
+    settings.ECHOMQ = {k: v for k, v in settings.ECHOMQ.items() if k != "SCHEDULE"}
+    assert Pump(["q"], mq=tmq).scheduler is None
+
+
+def test_stats_list_the_periodic_jobs(tmq, clock, settings) -> None:
+    from echomq_django.stats import collect, render
+
+    entry = {"name": "t.echo", "queue": "orders", "every_s": 60}
+    settings.ECHOMQ = {**settings.ECHOMQ, "SCHEDULE": {"beat": entry}}
+    Pump(["orders"], mq=tmq).sweep()  # the first start sets the mark
+    tick = clock.now - clock.now % 60_000
+    doc = collect(tmq, ["orders"])
+    assert doc["schedule"] == [
+        {
+            "entry": "beat",
+            "name": "t.echo",
+            "queue": "orders",
+            "schedule": "every 60 s",
+            "last_tick": tick,
+            "next_tick": tick + 60_000,
+        }
+    ]
+    assert "beat   orders  t.echo  every 60 s   20 s ago     40 s" in render(doc).splitlines()

@@ -12,7 +12,8 @@ class Order(models.Model):
     ``fulfilled`` and the ``flow_failed`` receiver ``failed``. ``outcome`` is
     what they wrote: for a fulfilled order ``{"charged_cents", "refunded_cents",
     "reserved": [line numbers], "ignored": [{"line", "sku", "error"}], "card_last4"}``,
-    for a failed one ``{"reason": str, "failed_job": "queue/id"}``. ``via`` says
+    for a failed one ``{"reason": str, "failed_job": "queue/id", "event_id":
+    the flow_failed signal's}``. ``via`` says
     who added the flow: the view (``view``) or the ``post_save`` receiver
     (``signal``). ``card`` holds the digits of a demo card number.
     """

@@ -3,12 +3,16 @@
 * ``post_save`` of an ``Order`` created with ``via="signal"``: the other way
   to start a flow. Its lines are saved after the order, so the receiver
   builds the flow when the transaction commits, from what was committed.
-* ``echomq_django.signals.flow_failed``: sent by the worker or the pump that
-  saw an ``orders.fulfil`` parent die because a child failed it (a declined
-  card, a required line out of stock); marks the order failed with the reason.
+* ``echomq_django.signals.flow_failed``: a durable signal, sent at least
+  once by the pump's dispatcher when an ``orders.fulfil`` parent died
+  because a child failed it (a declined card, a required line out of
+  stock); marks the order failed with the reason, idempotently by the
+  signal's ``event_id``.
 """
 
 from __future__ import annotations
+
+import logging
 
 from django.db import transaction
 from django.db.models.signals import post_save
@@ -21,6 +25,7 @@ from .jobs import first_line, job_id_of
 from .models import Order
 
 FAILED_BY_CHILD = "failed by child "
+log = logging.getLogger("orders.receivers")
 
 
 @receiver(post_save, sender=Order, dispatch_uid="orders.start_flow_after_save")
@@ -51,18 +56,40 @@ def failed_job(error: str) -> str:
 
 @receiver(flow_failed, dispatch_uid="orders.mark_order_failed")
 def mark_order_failed(
-    sender, queue: str, job_id: str, job_name: str, error: str | None = None, **kwargs
+    sender,
+    queue: str,
+    job_id: str,
+    job_name: str,
+    error: str | None = None,
+    event_id: str | None = None,
+    **kwargs,
 ) -> None:
     """Mark the order of a dead ``orders.fulfil`` parent failed, with
     ``outcome = {"reason": <the parent's error, first line>, "failed_job":
-    "queue/id" of the job that started it}``. Other parents are ignored; an
-    order already decided is left alone."""
+    "queue/id" of the job that started it, "event_id": the signal's}``. Other
+    parents are ignored.
+
+    Idempotent, as a receiver of a durable signal must be (the dispatcher
+    sends at least once: after a crash the same event comes again, with the
+    same ``event_id``): the status and the ``event_id`` that set it are
+    written in one transaction, so a repeat finds its ``event_id`` recorded
+    and changes nothing; an order already decided is left alone too."""
     if queue != "orders" or not job_id.startswith("order-"):
         return
-    outcome = {
-        "reason": first_line(error or "failed by a child"),
-        "failed_job": failed_job(error or ""),
-    }
-    for order in Order.objects.filter(pk=int(job_id[len("order-") :]), status=Order.Status.PENDING):
-        order.status, order.outcome = Order.Status.FAILED, outcome
+    pk = int(job_id[len("order-") :])
+    with transaction.atomic():
+        order = Order.objects.select_for_update().filter(pk=pk).first()
+        if order is None:
+            return
+        if event_id and (order.outcome or {}).get("event_id") == event_id:
+            log.info("flow_failed %s for order %s again: applied already", event_id, pk)
+            return
+        if order.status != Order.Status.PENDING:
+            return
+        order.status = Order.Status.FAILED
+        order.outcome = {
+            "reason": first_line(error or "failed by a child"),
+            "failed_job": failed_job(error or ""),
+            "event_id": event_id,
+        }
         order.save(update_fields=["status", "outcome", "updated"])

@@ -15,6 +15,16 @@ def echo(job):
     return job.payload
 
 
+RECORDED: list = []  # payloads t.record saw, in the order it ran them
+
+
+@handler("t.record")
+def record(job):
+    """Appends the payload to ``RECORDED`` and returns it."""
+    RECORDED.append(job.payload)
+    return job.payload
+
+
 @handler("t.sum_children")
 def sum_children(job):
     """Returns the sum of the children's results (numbers)."""
@@ -141,3 +151,12 @@ def rate_limited(job):
         LIMITED.add(job.id)
         raise RateLimited(job.payload)
     return job.attempts
+
+
+@handler("t.decimal_total")
+def decimal_total(job):
+    """Returns ``{"total": Decimal}`` of the payload's ``prices`` (strings):
+    a result only Django's JSON encoder takes."""
+    from decimal import Decimal
+
+    return {"total": sum(Decimal(p) for p in job.payload["prices"])}

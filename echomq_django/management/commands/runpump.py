@@ -19,6 +19,7 @@ from echomq_django.conf import get_mq
 from echomq_django.exceptions import RedisUnavailable
 from echomq_django.logs import setup_logging
 from echomq_django.mirror import mirror_after_sweep
+from echomq_django.outbox import drain_after_sweep, tables_missing
 from echomq_django.pump import Pump
 
 log = logging.getLogger("echomq_django.pump")
@@ -27,7 +28,8 @@ log = logging.getLogger("echomq_django.pump")
 class Command(BaseCommand):
     help = (
         "Sweep queues: deliver each queue's outbox (cross-queue fan-in), promote due "
-        "delayed jobs, recover expired leases, refresh the admin mirror. Runs until "
+        "delayed jobs, recover expired leases, push the enqueue outbox, refresh the admin "
+        "mirror. Runs until "
         "SIGTERM/SIGINT (graceful: the current sweep finishes), or once with --once."
     )
 
@@ -98,6 +100,15 @@ class Command(BaseCommand):
             mq.ping()
         except RedisUnavailable as err:
             raise CommandError(f"runpump: {err}", returncode=1) from None
+        hooks = [drain_after_sweep] + ([] if opts["no_mirror"] else [mirror_after_sweep])
+        missing = tables_missing()
+        if missing:
+            log.warning(
+                "runpump: %s; until then the enqueue outbox is not drained and the admin "
+                "mirror is off",
+                missing,
+            )
+            hooks = []
         try:
             pump = Pump(
                 opts["queues"],
@@ -106,7 +117,7 @@ class Command(BaseCommand):
                 lock_ms=opts["lock_ms"],
                 max_tries=opts["max_tries"],
                 max_stalls=opts["max_stalls"],
-                after_sweep=[] if opts["no_mirror"] else [mirror_after_sweep],
+                after_sweep=hooks,
             )
         except ValueError as err:
             raise CommandError(f"runpump: {err}", returncode=1) from None

@@ -27,6 +27,7 @@ from echomq_django.conf import get_mq
 from echomq_django.exceptions import RedisUnavailable
 from echomq_django.logs import setup_logging
 from echomq_django.mirror import mirror_after_sweep
+from echomq_django.outbox import tables_missing
 from echomq_django.pump import Pump
 from echomq_django.wake import BLOCK_S, SWEEP_S
 from echomq_django.worker import Worker
@@ -133,6 +134,11 @@ class Command(BaseCommand):
             mq.ping()
         except RedisUnavailable as err:
             self._exit(f"runworker: {err}")
+        missing = tables_missing()
+        if missing:
+            logging.getLogger("echomq_django.worker").warning(
+                "runworker: %s; until then the enqueue outbox is not drained", missing
+            )
         try:
             if opts["sweep_interval"] <= 0 or opts["pump_interval"] <= 0:
                 raise ValueError("--sweep-interval and --pump-interval must be > 0 s")
@@ -144,6 +150,7 @@ class Command(BaseCommand):
                 shutdown_timeout=opts["shutdown_timeout"],
                 block_timeout=opts["block_timeout"],
                 sweep_interval=opts["sweep_interval"],
+                drain_outbox=not missing,
                 metrics=opts["metrics_port"] is not None,
             )
         except (ValueError, ImproperlyConfigured) as err:
