@@ -117,10 +117,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         "(default %(default)s; a busy machine is noisy)",
     )
     p.add_argument(
-        "--poll-interval",
+        "--block-timeout",
+        "--poll-interval",  # its former name
+        dest="poll_interval",
         type=float,
-        default=0.05,
-        help="our Worker's rest (s) after an empty claim (default %(default)s)",
+        default=None,
+        help="our Worker's longest single blocking wait (s) on its wake keys "
+        "(default: the Worker's)",
     )
     p.add_argument(
         "--pump-interval",
@@ -384,8 +387,8 @@ def header(meta: dict) -> str:
             f"{meta['git_commit'] or '?'}, bullmq {meta['bullmq'] or '(not installed: ours only)'}"
         ),
         (
-            f"workers: echomq {meta['ours_workers']} (processes x concurrency, poll "
-            f"{meta['worker_poll_interval_s']:g} s; cross-queue adds 1 Pump process every "
+            f"workers: echomq {meta['ours_workers']} (processes x concurrency, blocking "
+            f"on wake keys; cross-queue adds 1 Pump process, sweeping every "
             f"{meta['pump_interval_s']:g} s)"
             + (f"; bullmq {meta['peer_workers']}" if meta["peer_workers"] else "")
         ),

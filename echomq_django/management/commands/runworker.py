@@ -124,6 +124,8 @@ class Command(BaseCommand):
 
     def handle(self, *args, **opts):
         setup_logging(opts["verbosity"])
+        if opts["sweep_interval"] <= 0 or opts["pump_interval"] <= 0:
+            self._exit("runworker: --sweep-interval and --pump-interval must be > 0 s")
         try:
             mq = get_mq()
         except ImproperlyConfigured as err:
@@ -140,8 +142,6 @@ class Command(BaseCommand):
                 "runworker: %s; until then the enqueue outbox is not drained", missing
             )
         try:
-            if opts["sweep_interval"] <= 0 or opts["pump_interval"] <= 0:
-                raise ValueError("--sweep-interval and --pump-interval must be > 0 s")
             worker = Worker(
                 opts["queues"],
                 concurrency=opts["concurrency"],
