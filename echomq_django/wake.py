@@ -246,7 +246,7 @@ class Timers:
         pipe = client.pipeline(transaction=False)
         pipe.zrange(k.delayed, 0, 0, withscores=True)
         pipe.zrange(k.active, 0, 0, withscores=True)
-        pipe.exists(k.pending)
+        pipe.exists(k.pending, k.prioritized)  # claimable, priorities included (DESIGN §10.3)
         delayed, active, pending = pipe.execute()
         now = self.mq.clock()
         self.due[queue] = int(delayed[0][1]) if delayed else None
