@@ -23,10 +23,12 @@ from django.shortcuts import redirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html
-from django.utils.text import Truncator
 from django.views.decorators.http import require_POST
 
-from .admin_pages import job_page, job_url, queue_page
+from . import admin_actions as ops
+from . import admin_display as show
+from . import registry
+from .admin_pages import job_page, job_url, queue_page, workers_page
 from .conf import get_mq
 from .exceptions import EchoMQError, JobNotFound, JobNotRetryable
 from .keyspace import validate_id, validate_queue
@@ -118,33 +120,23 @@ class MirroredJobAdmin(MirrorAdmin):
         "job_id",
         "queue",
         "name",
-        "state",
-        "attempts",
+        show.state_badge,
+        show.attempts,
+        show.error_preview,
+        show.times,
         "parent_link",
-        "created_at",
-        "payload_preview",
-        "gone_from_redis",
-        "mirrored_at",
     )
-    list_filter = ("queue", "state", "name", "gone_from_redis")
+    list_filter = ("queue", "state", show.HasErrorFilter, "name", show.InRedisFilter)
     search_fields = ("job_id", "name")
     ordering = ("-created_at", "-id")
-    actions = ("retry_dead_jobs",)
+    actions = ("retry_dead_jobs", ops.cancel_jobs, ops.remove_jobs)
+    readonly_fields = (show.state_badge, show.attempts, show.policy, show.trimmed, show.in_redis)
     fieldsets = (
-        (None, {"fields": ("queue", "job_id", "name", "state", "attempts", "max_attempts")}),
-        ("Flow", {"fields": ("parent_queue", "parent_id", "parent_policy")}),
+        (None, {"fields": ("queue", "job_id", "name", show.state_badge, show.attempts)}),
+        ("Flow", {"fields": ("parent_queue", "parent_id", show.policy)}),
         (
             "Mirror",
-            {
-                "fields": (
-                    "created_at",
-                    "started_at",
-                    "finished_at",
-                    "truncated",
-                    "gone_from_redis",
-                    "mirrored_at",
-                )
-            },
+            {"fields": ("created_at", show.trimmed, show.in_redis, "mirrored_at")},
         ),
     )
 
@@ -158,10 +150,6 @@ class MirroredJobAdmin(MirrorAdmin):
             obj.parent_queue,
             obj.parent_id,
         )
-
-    @admin.display(description="payload")
-    def payload_preview(self, obj: MirroredJob) -> str:
-        return Truncator(obj.payload).chars(60)
 
     def has_retry_permission(self, request) -> bool:
         return request.user.has_perm(RETRY_PERMISSION)
@@ -199,8 +187,12 @@ class MirroredJobAdmin(MirrorAdmin):
         return HttpResponseRedirect(reverse(self.url_name("change"), args=[row.pk]))
 
     def render_change_form(self, request, context, add=False, change=False, form_url="", obj=None):
+        try:
+            page = int(request.GET.get("page", "1"))
+        except ValueError:
+            page = 1
         context.update(
-            job_page(get_mq(), obj.queue, obj.job_id),
+            job_page(get_mq(), obj.queue, obj.job_id, page),
             queue_mirror=MirroredQueue.objects.filter(queue=obj.queue).first(),
             can_retry=self.has_retry_permission(request),
             retry_url=reverse(self.url_name("retry")),
@@ -249,8 +241,21 @@ class MirroredJobAdmin(MirrorAdmin):
             },
         )
 
-    def retry_confirmation(self, request, targets, hidden, action_url):
-        """The page that asks before retrying: each job with its live state."""
+    def has_manage_permission(self, request) -> bool:
+        return ops.has_manage_permission(request)
+
+    def get_actions(self, request):
+        """Cancel and remove appear once ``EchoMQ`` has them (issue 13)."""
+        actions = super().get_actions(request)
+        for op in ops.JOB_OPERATIONS:
+            if not hasattr(get_mq(), op):
+                actions.pop(f"{op}_jobs", None)
+        return actions
+
+    def retry_confirmation(self, request, targets, hidden, action_url, **words):
+        """The page that asks before retrying (or, with ``title``,
+        ``question`` and ``button``, before another operation): each job
+        with its live state."""
         mq, rows = get_mq(), []
         try:
             for queue in dict.fromkeys(q for q, _ in targets):
@@ -267,7 +272,9 @@ class MirroredJobAdmin(MirrorAdmin):
                 **self.admin_site.each_context(request),
                 **_mirror_times(),
                 "opts": self.opts,
-                "title": "Retry dead jobs by id?",
+                "title": words.get("title", "Retry dead jobs by id?"),
+                "question": words.get("question"),
+                "button": words.get("button"),
                 "jobs": rows,
                 "hidden": hidden,
                 "action_url": action_url,
@@ -307,21 +314,63 @@ class MirroredJobAdmin(MirrorAdmin):
 
 @admin.register(MirroredQueue)
 class MirroredQueueAdmin(MirrorAdmin):
-    list_display = ("queue", *MirroredQueue.COUNT_FIELDS, "oldest_pending_age_s", "mirrored_at")
+    list_display = (
+        "queue",
+        *show.COUNT_COLUMNS.values(),
+        "outbox",
+        "deadletter",
+        show.oldest_pending,
+        show.paused,
+        "mirrored_at",
+    )
+    actions = (ops.pause_queues, ops.resume_queues)
     fields = (
         "queue",
         *MirroredQueue.COUNT_FIELDS,
-        "oldest_pending_age_s",
+        show.oldest_pending,
         "last_event_id",
         "mirrored_at",
     )
+    readonly_fields = (show.oldest_pending,)
+
+    def has_manage_permission(self, request) -> bool:
+        return ops.has_manage_permission(request)
+
+    def extra_urls(self, wrap) -> list:
+        prefix = f"{self.opts.app_label}_{self.opts.model_name}"
+        return [path("workers/", wrap(self.workers_view), name=f"{prefix}_workers")]
+
+    def workers_view(self, request):
+        """The live workers and pumps, read from Redis now (DESIGN §10.5)."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        return TemplateResponse(
+            request,
+            "admin/echomq_django/workers.html",
+            {
+                **self.admin_site.each_context(request),
+                **workers_page(get_mq()),
+                "opts": self.opts,
+                "title": "Live workers and pumps",
+            },
+        )
+
+    def changelist_view(self, request, extra_context=None):
+        """The list, plus the known queues the mirror has not reached yet
+        (before the pump's first sweep a queue would otherwise just be missing)."""
+        try:
+            known = registry.known_queues(get_mq())
+        except (redis.RedisError, EchoMQError):
+            known = []
+        mirrored = set(MirroredQueue.objects.values_list("queue", flat=True))
+        extra = {"unmirrored": [q for q in known if q not in mirrored], **(extra_context or {})}
+        return super().changelist_view(request, extra)
 
     def render_change_form(self, request, context, add=False, change=False, form_url="", obj=None):
-        jobs = reverse("admin:echomq_django_mirroredjob_changelist")
         context.update(
             queue_page(get_mq(), obj.queue),
             queue_mirror=obj,
-            jobs_url=f"{jobs}?queue={obj.queue}",
-            dead_url=f"{jobs}?queue={obj.queue}&state__exact=dead",
+            jobs_url=show.jobs_url(obj.queue),
+            dead_url=show.jobs_url(obj.queue, "dead"),
         )
         return super().render_change_form(request, context, add, change, form_url, obj)

@@ -123,6 +123,36 @@ class Reads:
         """The tree under a job: ``{queue, id, ref, name, state, result, error,
         remaining, children: [...]}``, children sorted by ref, down to
         ``depth`` levels (None = all). Reads one level per round trip."""
+        return self._tree(queue, job_id, depth, lambda is_root: (0, -1), paged=False)
+
+    @reports_redis_down
+    def flow_page(
+        self,
+        queue: str,
+        job_id: str,
+        start: int = 0,
+        count: int = 100,
+        depth: int = 2,
+        fanout: int = 20,
+    ) -> dict:
+        """One page of the tree under a job, for a parent of any fan-in (the
+        admin's flow page): the job's children ``start`` .. ``start + count -
+        1`` in the order they were added, each with at most ``fanout`` of its
+        own children, down to ``depth`` levels. Nodes as in ``get_flow`` plus
+        ``total``, the node's whole child count. Reads one level per round
+        trip, at most ``count * (1 + fanout + ...)`` rows."""
+        return self._tree(
+            queue,
+            job_id,
+            depth,
+            lambda is_root: (start, start + count - 1) if is_root else (0, fanout - 1),
+            paged=True,
+        )
+
+    def _tree(self, queue: str, job_id: str, depth: int | None, window, paged: bool) -> dict:
+        """``get_flow`` / ``flow_page``: ``window(is_root)`` gives the LRANGE
+        bounds of a node's children; ``paged`` keeps list order and adds
+        ``total`` (else children are sorted by ref)."""
         self._require(queue, job_id)
         root = {"queue": queue, "id": job_id}
         level, d = [root], 0
@@ -131,12 +161,15 @@ class Reads:
             for node in level:
                 keys = self.keys.job_keys(node["queue"], node["id"])
                 pipe.hmget(keys.row, "name", "state", "result", "error", "parent_policy")
-                pipe.lrange(keys.children, 0, -1)
+                pipe.lrange(keys.children, *window(node is root))
+                pipe.llen(keys.children)
                 pipe.get(keys.dependencies)
             replies = pipe.execute()
             next_level = []
             for i, node in enumerate(level):
-                (name, state, result, error, policy), kids, remaining = replies[3 * i : 3 * i + 3]
+                (name, state, result, error, policy), kids, total, remaining = replies[
+                    4 * i : 4 * i + 4
+                ]
                 node.update(
                     ref=self.keys.job(node["queue"], node["id"]),
                     name=to_text(name),
@@ -147,8 +180,11 @@ class Reads:
                     remaining=int(remaining) if remaining is not None else None,
                     children=[],
                 )
+                if paged:
+                    node["total"] = int(total)
                 if depth is None or d < depth:
-                    for ref in sorted(map(to_text, kids)):
+                    refs = list(map(to_text, kids))
+                    for ref in refs if paged else sorted(refs):
                         cq, cid = self.keys.parse_ref(ref)
                         child = {"queue": cq, "id": cid}
                         node["children"].append(child)

@@ -258,6 +258,8 @@ class Timers:
             outcome.merge(stalled)
         if pending:
             client.zadd(k.wake, {WAKE_NOW: 0})  # a marker may have been lost
+        # retention, queued removals and cancels (DESIGN §10.2), bounded per sweep
+        outcome.merge(self.mq.prune(queue).outcome)
 
 
 def _text(value) -> str:

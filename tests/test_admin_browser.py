@@ -10,19 +10,20 @@ by policy, ``pack`` pending) and flow ``order-2`` (dead: its child
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from playwright.sync_api import expect
 
 from echomq_django import Flow, conf
 from echomq_django.admin_pages import job_url
 from echomq_django.mirror import mirror_queues
+from echomq_django.registry import Heartbeat
 from tests import browserkit
 from tests.workerkit import Clock
 
 # fixtures (tests/browserkit.py)
-admin = browserkit.admin
-browser_type_launch_args = browserkit.browser_type_launch_args
-browser_context_args = browserkit.browser_context_args
+admin, chromium = browserkit.admin, browserkit.chromium
 
 pytestmark = pytest.mark.e2e
 
@@ -82,13 +83,82 @@ def shop(r):
     conf.reset()
 
 
-def test_the_job_list_shows_every_job(admin, shop):
+def row_of(page, job_id: str):
+    """The job list's row of ``job_id`` (its first cell, exactly)."""
+    cell = page.locator("th.field-job_id", has_text=re.compile(f"^{re.escape(job_id)}$"))
+    return page.locator("#result_list tbody tr").filter(has=cell)
+
+
+def test_the_job_list_reads_right(admin, shop):
     page = admin.visit("/admin/echomq_django/mirroredjob/")
     rows = page.locator("#result_list tbody tr")
     expect(rows).to_have_count(6)
-    expect(page.locator("#result_list")).to_contain_text("order-1")
-    expect(page.locator("#result_list")).to_contain_text("charge")
+    charge = row_of(page, "charge")
+    expect(charge.locator(".field-state_badge .emq-badge")).to_have_text("dead")
+    expect(charge.locator(".field-state_badge .emq-badge")).to_have_css(
+        "background-color", "rgb(186, 33, 33)"
+    )
+    expect(charge.locator(".field-error_preview")).to_have_text(
+        "CardDeclined: card ending 0000 was declined"
+    )
+    expect(charge.locator(".field-attempts")).to_have_text("1 of 3")
+    expect(charge.locator(".field-times")).to_have_text("1.5 s · 0.0 s")
+    pick = row_of(page, "pick")
+    expect(pick.locator(".field-times")).to_have_text("0.0 s · 1.5 s")
+    expect(pick.locator(".field-parent_link a")).to_have_text("shop/order-1")
+    # the whole list fits the page: no sideways scrolling at 1400 px
     admin.shot("job-list")
+    assert page.evaluate(
+        "(e => e.scrollWidth <= e.clientWidth)(document.querySelector('.results'))"
+    )
+    # no red cross on healthy rows: booleans are words
+    expect(page.locator("#result_list img[alt='False']")).to_have_count(0)
+    # the buttons look like Django's object tools
+    refresh = page.get_by_role("button", name="Refresh from Redis")
+    expect(refresh).to_have_css("text-transform", "uppercase")
+    expect(refresh).to_have_css("border-radius", "15px")
+    admin.shot("job-list")
+    page.get_by_role("link", name="with an error").click()
+    expect(rows).to_have_count(4)  # gift, pack (a retry is due), charge, order-2
+
+
+def test_queue_counts_open_the_filtered_list(admin, shop):
+    page = admin.visit("/admin/echomq_django/mirroredqueue/")
+    row = page.locator("#result_list tbody tr").filter(has_text="shop")
+    expect(row.locator(".field-dead_count")).to_have_text("3")
+    row.locator(".field-dead_count a").click()
+    expect(page.locator("#result_list tbody tr")).to_have_count(3)
+    expect(page.locator("#result_list .field-state_badge")).to_have_text(["dead", "dead", "dead"])
+
+
+def test_the_workers_page_lists_live_processes(admin, shop):
+    page = admin.visit("/admin/echomq_django/mirroredqueue/workers/")
+    expect(page.locator("#emq-no-workers")).to_contain_text("No worker or pump is running")
+    worker = Heartbeat(
+        shop,
+        "worker",
+        ["shop"],
+        interval_s=5,
+        concurrency=8,
+        status=lambda: {"jobs_done": 41, "running": 1, "running_jobs": ["shop/pack"]},
+    )
+    worker.beat()
+    Heartbeat(shop, "pump", ["shop"], interval_s=5).beat()
+    shop.clock.advance(2000)
+    page = admin.visit("/admin/echomq_django/mirroredqueue/")
+    page.get_by_role("link", name="Live workers").click()
+    rows = page.locator("#emq-workers tbody tr")
+    expect(rows).to_have_count(2)
+    first = rows.nth(0)
+    expect(first.locator(".emq-badge")).to_have_text("pump")
+    w = rows.nth(1)
+    expect(w).to_contain_text(str(worker.info.pid))
+    expect(w.locator("td").nth(5)).to_have_text("41")
+    expect(w.locator(".emq-running")).to_have_text("1: shop/pack")
+    expect(w.locator("td").nth(7)).to_have_text("2.0 s ago")
+    admin.shot("workers")
+    w.get_by_role("link", name="shop/pack").click()
+    expect(page.locator("#emq-state .emq-badge")).to_have_text("delayed")
 
 
 def test_a_flow_page_shows_the_tree_and_folds_the_traceback(admin, shop):
@@ -97,7 +167,7 @@ def test_a_flow_page_shows_the_tree_and_folds_the_traceback(admin, shop):
     expect(state).to_have_text("awaiting children")
     expect(state).to_have_class("emq-badge emq-state-awaiting_children")
     expect(page.locator("#emq-remaining")).to_have_text("1")
-    nodes = page.locator(".emq-tree .emq-node")
+    nodes = page.locator("#emq-tree .emq-node")
     expect(nodes).to_have_count(3)
     gift = nodes.filter(has_text="shop/gift")
     expect(gift.locator(".emq-badge")).to_have_text("dead")
@@ -110,6 +180,36 @@ def test_a_flow_page_shows_the_tree_and_folds_the_traceback(admin, shop):
     expect(fold.locator("pre")).to_be_visible()
     expect(fold.locator("pre")).to_contain_text("sku = catalogue[payload['sku']]")
     admin.shot("flow-page")
+
+
+def test_a_nested_flow_folds_and_a_big_fan_in_pages(admin, shop):
+    kids = [Flow("shop", "shop.item", {"n": i}, job_id=f"item-{i}") for i in range(250)]
+    shop.add_flow(
+        Flow(
+            "shop",
+            "shop.batch",
+            {},
+            job_id="batch",
+            children=[Flow("shop", "shop.box", {}, job_id="box", children=kids[:3]), *kids[3:]],
+        )
+    )
+    page = admin.visit(job_url("shop", "batch"))
+    tree = page.locator("#emq-tree > ul > li")
+    expect(tree).to_have_count(100)
+    expect(page.locator(".emq-pager").first).to_have_text(
+        "Children 1-100 of 248 · page 1 of 3 · next \u203a"
+    )
+    box = tree.filter(has_text="shop/box").first
+    inner = box.locator("details > ul > li")
+    expect(inner).to_have_count(3)
+    expect(inner.first).to_be_hidden()  # folded
+    box.locator("summary").first.click()
+    expect(inner.first).to_be_visible()
+    page.locator(".emq-next").first.click()
+    expect(page.locator(".emq-pager").first).to_have_text(
+        "Children 101-200 of 248 · page 2 of 3 · \u2039 previous · next \u203a"
+    )
+    expect(tree).to_have_count(100)
 
 
 def test_retry_by_id_brings_a_dead_job_back(admin, shop):

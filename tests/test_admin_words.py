@@ -51,6 +51,9 @@ def test_errors_fold_under_their_first_line():
     assert emq_headline(error) == "ValueError: bad"
     assert emq_has_more(error) is True
     assert emq_has_more("CardDeclined: no") is False
+    assert emq_headline("failed by child emq:{shop}:job:charge: CardDeclined: no") == (
+        "failed by child shop/charge: CardDeclined: no"
+    )
     html = Template('{% include "admin/echomq_django/includes/error.html" with error=e %}').render(
         Context({"e": error})
     )

@@ -56,8 +56,11 @@ FLOORS = [
         *("api", "worker", "pump", "mirror", "stats", "metrics", "tasks", "outbox"),
         *("dispatch", "schedule"),
     ],
-    ["checks", "admin_pages", "apps", "urls", "templatetags", "templatetags.*", "__init__"],
-    ["admin", "management", "management.*", "migrations", "migrations.*"],
+    [
+        *("checks", "admin_display", "admin_pages", "apps", "urls"),
+        *("templatetags", "templatetags.*", "__init__"),
+    ],
+    ["admin", "admin_actions", "management", "management.*", "migrations", "migrations.*"],
 ]
 BOTTOM = {"jobs", "keyspace", "exceptions", "retention"}  # import nothing of the package
 NESTED_ALLOWED = {"apps"}  # AppConfig.ready() imports checks and handlers

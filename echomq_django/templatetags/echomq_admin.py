@@ -5,6 +5,7 @@ badges, policies and durations in words, errors folded to their first line.
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 
 from django import template
@@ -28,15 +29,25 @@ POLICY_TITLES = {
 STATE_WORDS = {"awaiting_children": "awaiting children"}
 
 
+SHORT_WORDS = {"awaiting_children": "awaiting"}  # in narrow list columns
+
+
 @register.filter
-def emq_state(state) -> str:
-    """A state as a badge: ``<span class="emq-badge emq-state-dead">dead</span>``."""
+def emq_state(state, short: bool = False) -> str:
+    """A state as a badge: ``<span class="emq-badge emq-state-dead">dead</span>``;
+    ``short`` uses the shorter word where there is one (the full one as title)."""
     value = str(state or "")
     if not value:
         return "-"
-    return format_html(
-        '<span class="emq-badge emq-state-{}">{}</span>', value, STATE_WORDS.get(value, value)
-    )
+    words = STATE_WORDS.get(value, value)
+    if short and value in SHORT_WORDS:
+        return format_html(
+            '<span class="emq-badge emq-state-{}" title="{}">{}</span>',
+            value,
+            words,
+            SHORT_WORDS[value],
+        )
+    return format_html('<span class="emq-badge emq-state-{}">{}</span>', value, words)
 
 
 @register.filter
@@ -67,10 +78,15 @@ def emq_between(start: datetime | None, end: datetime | None) -> str:
     return duration((end - start).total_seconds())
 
 
+# a job key P:{queue}:job:<id> in an error ("failed by child ...") reads as queue/id
+_REF = re.compile(r"[A-Za-z0-9_.-]{1,32}:\{([A-Za-z0-9_.-]{1,64})\}:job:([^\s{}:]{1,128})")
+
+
 @register.filter
 def emq_headline(error) -> str:
-    """An error's first line (the ``ExcType: message`` the worker writes)."""
-    return str(error or "").split("\n", 1)[0]
+    """An error's first line (the ``ExcType: message`` the worker writes),
+    job keys in it shown as ``queue/id``."""
+    return _REF.sub(r"\1/\2", str(error or "").split("\n", 1)[0])
 
 
 @register.filter
