@@ -223,3 +223,17 @@ def remove_unprocessed_children(queue: str, parent_id: str):
     """``EchoMQ.remove_unprocessed_children`` on the settings' connection
     (DESIGN §10.3)."""
     return get_mq().remove_unprocessed_children(queue, parent_id)
+
+
+def remove(queue: str, job_id: str):
+    """``EchoMQ.remove`` on the settings' connection (DESIGN §10.2): remove a
+    job that is not active, with its subtree. Raises ``JobNotFound``,
+    ``JobNotRemovable``."""
+    return get_mq().remove(queue, job_id)
+
+
+def cancel(queue: str, job_id: str):
+    """``EchoMQ.cancel`` on the settings' connection (DESIGN §10.2): cancel a
+    job and its unfinished subtree (an active job is marked). Raises
+    ``JobNotFound``, ``JobNotCancellable``."""
+    return get_mq().cancel(queue, job_id)

@@ -40,6 +40,7 @@ from .jobs import (
     to_text,
 )
 from .keyspace import Keyspace, validate_id, validate_queue, whole_number
+from .lifecalls import LifecycleCalls
 from .reads import Reads
 from .schedcalls import SchedulingCalls
 from .scheduling import Claimed, check_job_options
@@ -58,7 +59,7 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-class EchoMQ(FlowCalls, SchedulingCalls, EventCalls, BulkCalls, Reads):
+class EchoMQ(FlowCalls, SchedulingCalls, EventCalls, LifecycleCalls, BulkCalls, Reads):
     """The queue over one redis-py client (``redis.Redis`` or ``RedisCluster``).
 
     The only caller of the Lua scripts: each ``lua/*.lua`` has exactly one

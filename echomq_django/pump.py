@@ -67,6 +67,7 @@ class SweepReport:
     signals: int = 0  # durable events whose signals this sweep sent
     expired: int = 0  # parents whose children_timeout_ms passed (DESIGN §10.3)
     scheduled: int = 0  # periodic jobs fired on this queue (DESIGN §10.3)
+    pruned: int = 0  # rows retention, removals and cancels took (DESIGN §10.2)
     locked: bool = False
     lock_lost: bool = False
     outcome: Outcome = field(default_factory=Outcome, repr=False)
@@ -237,6 +238,9 @@ class Pump:
             rep.outcome.merge(stalled)
             rep.expired, expired = self.mq.expire_children(queue, limit=self.batch * 10)
             rep.outcome.merge(expired)
+            pruned = self.mq.prune(queue)  # bounded: MAX_CALLS steps of BUDGET units
+            rep.pruned = pruned.removed
+            rep.outcome.merge(pruned.outcome)
             rep.scheduled = sum(q == queue for q, _ in fired)
             rep.released = len(rep.outcome.released)
             rep.dead = len(rep.outcome.dead)
@@ -295,7 +299,15 @@ class Pump:
         returns after the first pass that reached Redis. Unless ``once``, the
         dispatcher's threads send the durable signals meanwhile, from the
         first pass that reached Redis on (stopped on return)."""
-        beat = self._announce()
+        t = self.totals  # a pump's "jobs done": entries delivered, jobs promoted and recovered
+        beat = registry.announce(
+            self.mq,
+            "pump",
+            self.queues,
+            register=self.register,
+            beat_s=self.beat_s,
+            status=lambda: {"jobs_done": t.delivered + t.promoted + t.recovered},
+        )
         waker = None
         if not once:
             waker = Waker(self.mq, self.queues, "outbox_wake", self._posted.put, block_s=block_s)
@@ -309,20 +321,6 @@ class Pump:
             self.dispatcher.stop()
             if beat is not None:
                 beat.stop()
-
-    def _announce(self) -> registry.Heartbeat | None:
-        """The heartbeat listing this pump among the live processes; its
-        ``jobs_done`` counts entries delivered, jobs promoted and recovered."""
-        if not self.register:
-            return None
-        t = self.totals
-        return registry.Heartbeat(
-            self.mq,
-            "pump",
-            self.queues,
-            self.beat_s,
-            status=lambda: {"jobs_done": t.delivered + t.promoted + t.recovered},
-        ).start()
 
     def _run(self, waker, interval, once, should_stop, on_sweep, summary_every) -> None:
         outage = Outage(self.mq.client, log)

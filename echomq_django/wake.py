@@ -247,7 +247,7 @@ class Timers:
         pipe = client.pipeline(transaction=False)
         pipe.zrange(k.delayed, 0, 0, withscores=True)
         pipe.zrange(k.active, 0, 0, withscores=True)
-        pipe.exists(k.pending)
+        pipe.exists(k.pending, k.prioritized)  # claimable, priorities included (DESIGN §10.3)
         delayed, active, pending = pipe.execute()
         now = self.mq.clock()
         self.due[queue] = int(delayed[0][1]) if delayed else None
@@ -259,6 +259,8 @@ class Timers:
             outcome.merge(stalled)
         if pending:
             client.zadd(k.wake, {WAKE_NOW: 0})  # a marker may have been lost
+        # retention, queued removals and cancels (DESIGN §10.2), bounded per sweep
+        outcome.merge(self.mq.prune(queue).outcome)
 
 
 def _text(value) -> str:

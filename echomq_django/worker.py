@@ -88,7 +88,7 @@ from django.db import close_old_connections
 from . import registry
 from .client import EchoMQ
 from .conf import get_mq
-from .exceptions import RateLimited, Unrecoverable
+from .exceptions import JobCancelled, RateLimited, Unrecoverable
 from .handlers import get_handler
 from .jobs import Job
 from .keyspace import validate_queue
@@ -306,7 +306,16 @@ class Worker:
             self.concurrency,
             ", ".join(f"{q}={ms}" for q, ms in self.leases.items()),
         )
-        beat = self._announce()
+        beat = registry.announce(
+            self.mq,
+            "worker",
+            self.queues,
+            register=self.register,
+            beat_s=self.beat_s,
+            status=self._status,
+            concurrency=self.concurrency,
+            warn=log,
+        )
         try:
             self._loop(burst, max_jobs)
         finally:
@@ -335,26 +344,6 @@ class Worker:
             self._stopping.clear()
             self._force = False
         return self.processed - start
-
-    def _announce(self) -> registry.Heartbeat | None:
-        """Warn about queues known nowhere, and start the heartbeat that lists
-        this worker among the live processes (None when ``register`` is off)."""
-        try:
-            warning = registry.unknown_queue_warning(self.mq, self.queues)
-        except REDIS_DOWN:
-            warning = None  # the loop reports the outage
-        if warning:
-            log.warning("%s", warning)
-        if not self.register:
-            return None
-        return registry.Heartbeat(
-            self.mq,
-            "worker",
-            self.queues,
-            self.beat_s,
-            status=self._status,
-            concurrency=self.concurrency,
-        ).start()
 
     def _status(self) -> dict:
         """What the heartbeat says: jobs done, and the jobs held now."""
@@ -594,6 +583,12 @@ class Worker:
                     continue
                 try:
                     self.mq.extend_lease(job, lease)
+                except JobCancelled:
+                    # DESIGN §10.2: the handler may read job.cancelled and stop; its
+                    # result will be dropped, and the lease is left to run out
+                    job.cancelled, job.lease_deadline = True, None
+                    log.info("job %s/%s (%s) was cancelled while it ran", job.queue, job.id,
+                             job.name)  # fmt: skip
                 except GONE as err:
                     # Or just reported by the loop: only reporting knows, and warns.
                     job.lease_deadline = None

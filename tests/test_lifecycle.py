@@ -18,12 +18,7 @@ from echomq_django.retention import Keep
 from tests import jobkit
 from tests.jobkit import assert_state, claim_one, complete, hash_of, kill, leaf, node, ref
 
-clock = jobkit.clock  # fixture
-
-
-@pytest.fixture
-def tmq(redis_client, clock) -> jobkit.LifecycleMQ:
-    return jobkit.LifecycleMQ(redis_client, prefix="emq", clock=clock)
+clock, tmq = jobkit.clock, jobkit.tmq  # fixtures
 
 
 def keys_of(mq, queue: str) -> list[str]:

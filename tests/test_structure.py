@@ -60,7 +60,7 @@ FLOORS = [
         *("checks", "admin_display", "admin_pages", "apps", "urls"),
         *("templatetags", "templatetags.*", "__init__"),
     ],
-    ["admin", "management", "management.*", "migrations", "migrations.*"],
+    ["admin", "admin_actions", "management", "management.*", "migrations", "migrations.*"],
 ]
 BOTTOM = {"jobs", "keyspace", "exceptions", "retention"}  # import nothing of the package
 NESTED_ALLOWED = {"apps"}  # AppConfig.ready() imports checks and handlers

@@ -107,20 +107,7 @@ class Command(BaseCommand):
             action="store_true",
             help="with --pump: do not refresh the admin mirror after each sweep",
         )
-        parser.add_argument(
-            "--metrics-port",
-            type=int,
-            default=None,
-            metavar="PORT",
-            help="serve Prometheus metrics on this port (needs the 'metrics' extra: "
-            "prometheus_client)",
-        )
-        parser.add_argument(
-            "--metrics-host",
-            default="127.0.0.1",
-            metavar="HOST",
-            help="address the metrics port listens on (default 127.0.0.1; 0.0.0.0 for all)",
-        )
+        metrics.add_arguments(parser)
 
     def handle(self, *args, **opts):
         setup_logging(opts["verbosity"])
@@ -155,14 +142,9 @@ class Command(BaseCommand):
             )
         except (ValueError, ImproperlyConfigured) as err:
             self._exit(f"runworker: {err}")
-        if opts["metrics_port"] is not None:
-            try:
-                metrics.serve(opts["metrics_port"], opts["metrics_host"], mq, worker.queues)
-            except OSError as err:
-                self._exit(
-                    f"runworker: cannot serve metrics on "
-                    f"{opts['metrics_host']}:{opts['metrics_port']}: {err}"
-                )
+        problem = metrics.serve_for_command(opts, mq, worker.queues)
+        if problem:
+            self._exit(f"runworker: {problem}")
         stop_pump = self._start_pump(mq, opts) if opts["pump"] else None
         try:
             worker.run(burst=opts["burst"], max_jobs=opts["max_jobs"])
