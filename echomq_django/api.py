@@ -1,6 +1,6 @@
 """Module-level API over the ``EchoMQ`` built from settings (DESIGN §7).
 
-``enqueue`` and ``add_flow`` take ``on_commit``:
+``enqueue``, ``enqueue_many`` and ``add_flow`` take ``on_commit``:
 
 * ``None`` (the default): inside an atomic block (``transaction.atomic``,
   ATOMIC_REQUESTS) the write waits for the commit, as django-rq does; outside
@@ -95,6 +95,26 @@ def enqueue(
     mq.encode(payload)
     outbox.write_job(queue, name, payload, job_id, kwargs, using=using, mq=mq)
     return job_id
+
+
+def enqueue_many(
+    queue: str, jobs, *, on_commit: bool | None = None, using: str | None = None
+) -> list[str]:
+    """Add many plain jobs to ``queue``; returns their ids in order. See
+    ``EchoMQ.enqueue_many`` for ``jobs`` (``(name, payload)``, ``(name,
+    payload, options)`` or dicts, with ``enqueue``'s options) and the errors,
+    and this module's docstring for ``on_commit`` / ``using``. Now: one
+    round trip, all or nothing. Deferred: every job is checked and its id
+    fixed now, and each is an outbox row of its own (DESIGN §10.4: nothing
+    lost when Redis is down at the commit), pushed after the commit one by
+    one, as ``enqueue``'s are. DESIGN §10.1."""
+    mq = get_mq()
+    plan = mq.plan_many(queue, jobs)
+    if not _defer(on_commit, using):
+        return mq.land_many(plan)
+    for name, payload, job_id, options in plan.jobs():
+        outbox.write_job(queue, name, payload, job_id, options, using=using, mq=mq)
+    return plan.ids
 
 
 def _assign_ids(flow: Flow) -> None:

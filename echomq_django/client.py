@@ -17,6 +17,7 @@ from typing import Any
 import redis
 
 from . import flows as _flows
+from .bulk import BulkCalls
 from .eventcalls import EventCalls
 from .exceptions import (
     EchoMQError,
@@ -59,7 +60,7 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-class EchoMQ(FlowCalls, SchedulingCalls, EventCalls, LifecycleCalls, Reads):
+class EchoMQ(FlowCalls, SchedulingCalls, EventCalls, LifecycleCalls, BulkCalls, Reads):
     """The queue over one redis-py client (``redis.Redis`` or ``RedisCluster``).
 
     The only caller of the Lua scripts: each ``lua/*.lua`` has exactly one
