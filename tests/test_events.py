@@ -304,6 +304,31 @@ def test_start_dispatches_in_the_background_as_events_land(tmq, seen):
     assert json.dumps(seen.got[0][2]["result"]) == '{"ok": true}'
 
 
+def test_a_running_pump_sends_the_signals_from_its_dispatcher_threads(tmq, seen):
+    import threading
+
+    from tests.workerkit import wait_for
+
+    stop = threading.Event()
+    dispatcher = Dispatcher(["q"], mq=tmq, block_ms=100)  # a quick stop
+    pump = Pump(["q"], mq=tmq, register=False, dispatcher=dispatcher)
+    thread = threading.Thread(
+        target=pump.run, kwargs={"interval": 0.05, "should_stop": stop.is_set}
+    )
+    thread.start()
+    try:
+        wait_for(lambda: pump.dispatcher.running, what="the pump's dispatcher threads")
+        tmq.add_flow(node("p", [leaf("a")]))
+        complete(tmq, "a", 1)
+        wait_for(lambda: len(seen.got) == 2, what="both signals")
+    finally:
+        stop.set()
+        thread.join(10)
+    assert not thread.is_alive() and not pump.dispatcher.running
+    assert seen.pairs() == [("job_completed", "a"), ("parent_released", "p")]
+    assert {sender for _, sender, _ in seen.events} == {pump.dispatcher}
+
+
 @pytest.mark.parametrize(
     ("setting", "value", "cid"),
     [("SIGNAL_TRIES", 0, "E070"), ("SIGNAL_BACKOFF_MS", -1, "E071"), ("SIGNAL_TRIES", "3", "E070")],
