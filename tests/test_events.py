@@ -17,7 +17,7 @@ from echomq_django.events import SIGNAL_OF
 from echomq_django.pump import Pump
 from tests import eventkit, jobkit
 from tests.eventkit import EventMQ, Raising, stream
-from tests.jobkit import T0, complete, kill, leaf, node
+from tests.jobkit import T0, claim_one, complete, kill, leaf, node
 
 clock, seen = jobkit.clock, eventkit.seen  # fixtures (tests/jobkit.py, eventkit.py)
 ALL = list(SIGNAL_OF)
@@ -84,6 +84,20 @@ def test_a_cancel_records_the_cancel_then_the_death_and_the_parent_s_fate(tmq):
         ("cancelled", "b", "leaf", "cancelled"),
         ("dead", "b", "leaf", "cancelled"),
         ("released", "p", "node", None),
+    ]
+
+
+def test_a_job_cancelled_while_it_runs_records_the_cancel_when_it_dies(tmq):
+    tmq.subscribe_events(["q"], ALL)
+    tmq.add_flow(Flow("q", "leaf", {}, job_id="r"))
+    job = claim_one(tmq, "q", "r")
+    tmq.cancel("q", "r")  # marked: it dies when its worker reports
+    assert stream(tmq) == []
+    [refused] = tmq.complete_many([(job, 1)])
+    assert isinstance(refused, Exception)
+    assert [e[1:] for e in stream(tmq)] == [
+        ("cancelled", "r", "leaf", "cancelled"),
+        ("dead", "r", "leaf", "cancelled"),
     ]
 
 
