@@ -41,12 +41,8 @@ def _event_mq(url: str):
     import redis
 
     from echomq_django import EchoMQ
-    from echomq_django.eventcalls import EventCalls
 
-    class EventMQ(EchoMQ, EventCalls):
-        pass
-
-    return EventMQ(redis.Redis.from_url(url), prefix=procs.PREFIX)
+    return EchoMQ(redis.Redis.from_url(url), prefix=procs.PREFIX)
 
 
 def our_dispatcher(url, queues, kinds, ready, go, stop, results) -> None:

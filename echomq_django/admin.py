@@ -25,6 +25,7 @@ from django.urls import path, reverse
 from django.utils.html import format_html
 from django.views.decorators.http import require_POST
 
+from . import admin_actions as ops
 from . import admin_display as show
 from . import registry
 from .admin_pages import job_page, job_url, queue_page, workers_page
@@ -128,7 +129,7 @@ class MirroredJobAdmin(MirrorAdmin):
     list_filter = ("queue", "state", show.HasErrorFilter, "name", show.InRedisFilter)
     search_fields = ("job_id", "name")
     ordering = ("-created_at", "-id")
-    actions = ("retry_dead_jobs",)
+    actions = ("retry_dead_jobs", ops.cancel_jobs, ops.remove_jobs)
     readonly_fields = (show.state_badge, show.attempts, show.policy, show.trimmed, show.in_redis)
     fieldsets = (
         (None, {"fields": ("queue", "job_id", "name", show.state_badge, show.attempts)}),
@@ -240,8 +241,21 @@ class MirroredJobAdmin(MirrorAdmin):
             },
         )
 
-    def retry_confirmation(self, request, targets, hidden, action_url):
-        """The page that asks before retrying: each job with its live state."""
+    def has_manage_permission(self, request) -> bool:
+        return ops.has_manage_permission(request)
+
+    def get_actions(self, request):
+        """Cancel and remove appear once ``EchoMQ`` has them (issue 13)."""
+        actions = super().get_actions(request)
+        for op in ops.JOB_OPERATIONS:
+            if not hasattr(get_mq(), op):
+                actions.pop(f"{op}_jobs", None)
+        return actions
+
+    def retry_confirmation(self, request, targets, hidden, action_url, **words):
+        """The page that asks before retrying (or, with ``title``,
+        ``question`` and ``button``, before another operation): each job
+        with its live state."""
         mq, rows = get_mq(), []
         try:
             for queue in dict.fromkeys(q for q, _ in targets):
@@ -258,7 +272,9 @@ class MirroredJobAdmin(MirrorAdmin):
                 **self.admin_site.each_context(request),
                 **_mirror_times(),
                 "opts": self.opts,
-                "title": "Retry dead jobs by id?",
+                "title": words.get("title", "Retry dead jobs by id?"),
+                "question": words.get("question"),
+                "button": words.get("button"),
                 "jobs": rows,
                 "hidden": hidden,
                 "action_url": action_url,
@@ -304,8 +320,10 @@ class MirroredQueueAdmin(MirrorAdmin):
         "outbox",
         "deadletter",
         show.oldest_pending,
+        show.paused,
         "mirrored_at",
     )
+    actions = (ops.pause_queues, ops.resume_queues)
     fields = (
         "queue",
         *MirroredQueue.COUNT_FIELDS,
@@ -314,6 +332,9 @@ class MirroredQueueAdmin(MirrorAdmin):
         "mirrored_at",
     )
     readonly_fields = (show.oldest_pending,)
+
+    def has_manage_permission(self, request) -> bool:
+        return ops.has_manage_permission(request)
 
     def extra_urls(self, wrap) -> list:
         prefix = f"{self.opts.app_label}_{self.opts.model_name}"

@@ -7,10 +7,13 @@ HTML comes from ``format_html`` (every value escaped).
 
 from __future__ import annotations
 
+import redis
 from django.contrib import admin
 from django.urls import reverse
 from django.utils.html import format_html
 
+from .conf import get_mq
+from .exceptions import EchoMQError
 from .models import MirroredJob, MirroredQueue
 from .stats import duration
 from .templatetags.echomq_admin import emq_flag, emq_headline, emq_policy, emq_state
@@ -104,6 +107,15 @@ COUNT_COLUMNS = {state: _count_column(state) for state in STATES}
 @admin.display(description="oldest pending", ordering="oldest_pending_age_s")
 def oldest_pending(obj: MirroredQueue) -> str:
     return duration(obj.oldest_pending_age_s)
+
+
+@admin.display(description="paused")
+def paused(obj: MirroredQueue) -> str:
+    """Read live from Redis (one EXISTS); ``?`` when Redis did not answer."""
+    try:
+        return emq_flag(get_mq().is_paused(obj.queue), "paused,no")
+    except (redis.RedisError, EchoMQError):
+        return "?"
 
 
 class HasErrorFilter(admin.SimpleListFilter):

@@ -151,14 +151,28 @@ def job_page(mq, queue: str, job_id: str, page: int = 1) -> dict:
 
 
 def queue_page(mq, queue: str) -> dict:
-    """Context for a queue's page: ``counts`` (live, ``EchoMQ.counts``) and
+    """Context for a queue's page: ``counts`` (live, ``EchoMQ.counts``),
     ``deadletters`` (the first ``DEADLETTERS_SHOWN`` dead-lettered outbox
-    entries: ``{kind, child, parent, value, reason, at}``), or ``live_error``."""
+    entries: ``{kind, child, parent, value, reason, at}``), ``signals`` (the
+    durable signals' backlog, ``EchoMQ.event_backlog``) and
+    ``signal_deadletters`` (the newest ``DEADLETTERS_SHOWN`` events given up
+    on: ``EchoMQ.deadlettered_events`` with ``job`` a link and ``at`` a
+    datetime, DESIGN §10.6), or ``live_error``."""
     try:
         counts = mq.counts(queue)
         letters = mq.deadletters(queue, 0, DEADLETTERS_SHOWN - 1)  # decodes what it can
+        signals = mq.event_backlog(queue)
+        lettered = mq.deadlettered_events(queue, DEADLETTERS_SHOWN)
     except (redis.RedisError, EchoMQError) as err:
         return {"live_error": str(err)}
+    signal_rows = [
+        {
+            **e,
+            "job": {"queue": queue, "id": e["job_id"], "url": job_url(queue, e["job_id"])},
+            "at": ms_to_datetime(e["at"]),
+        }
+        for e in lettered
+    ]
     rows = []
     for d in letters:
         entry = d.get("entry") or {}
@@ -185,6 +199,9 @@ def queue_page(mq, queue: str) -> dict:
         "counts": counts,
         "deadletters": rows,
         "deadletters_hidden": max(0, counts["deadletter"] - len(rows)),
+        "signals": signals,
+        "signal_deadletters": signal_rows,
+        "signal_deadletters_hidden": max(0, signals["deadlettered"] - len(signal_rows)),
     }
 
 

@@ -53,7 +53,10 @@ class MirroredJob(models.Model):
     class Meta:
         verbose_name = "job"
         default_permissions = ("view",)
-        permissions = (("retry_job", "Can retry a dead job by id"),)
+        permissions = (
+            ("retry_job", "Can retry a dead job by id"),
+            ("manage_job", "Can cancel and remove jobs, pause and resume queues"),
+        )
         constraints = (
             models.UniqueConstraint(fields=["queue", "job_id"], name="emq_job_queue_id"),
         )

@@ -25,7 +25,14 @@ from django.db import close_old_connections
 
 from . import signals
 from .client import EchoMQ
-from .exceptions import JobNotActive, JobNotFound, LeaseLost, PayloadError, RedisUnavailable
+from .exceptions import (
+    JobCancelled,
+    JobNotActive,
+    JobNotFound,
+    LeaseLost,
+    PayloadError,
+    RedisUnavailable,
+)
 from .jobs import Job, JobState, Outcome
 from .outage import REDIS_DOWN, Outage, first_line
 
@@ -216,13 +223,17 @@ class Reporter:
         lost, the job moved on or was cancelled)."""
         self._forget(job)
         self.stats["lost"] += 1
-        log.warning(
-            "job %s/%s (%s): result dropped, the lease was lost: %s",
-            job.queue,
-            job.id,
-            job.name,
-            reply,
-        )
+        if isinstance(reply, JobCancelled):  # DESIGN §10.2: it died 'cancelled'
+            log.info("job %s/%s (%s): cancelled while it ran; its result is dropped",
+                     job.queue, job.id, job.name)  # fmt: skip
+        else:
+            log.warning(
+                "job %s/%s (%s): result dropped, the lease was lost: %s",
+                job.queue,
+                job.id,
+                job.name,
+                reply,
+            )
 
     def _completed(self, done: list[tuple[Finished, Outcome]]) -> None:
         self._forget(*(f.job for f, _ in done))

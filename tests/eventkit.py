@@ -24,36 +24,28 @@ import sys
 import pytest
 
 from echomq_django import EchoMQ, signals
-from echomq_django.eventcalls import EventCalls
 from echomq_django.events import SIGNAL_OF
 from echomq_django.lifecalls import LifecycleCalls
+from tests.workerkit import Recorder
 
 NAMES = tuple(SIGNAL_OF.values())
 
 
-class EventMQ(EchoMQ, EventCalls, LifecycleCalls):
-    """``EchoMQ`` with its durable-signal and lifecycle calls (until
-    ``EchoMQ`` mixes them in)."""
+class EventMQ(EchoMQ, LifecycleCalls):
+    """``EchoMQ`` with the lifecycle calls too (until ``EchoMQ`` mixes them
+    in): the cancel test needs them."""
 
 
-class Seen:
+class Seen(Recorder):
     """Every durable signal sent while it is open: ``got`` is a list of
     ``(signal name, job_id, kwargs)`` in the order sent."""
 
     def __init__(self, names=NAMES) -> None:
-        self.got: list[tuple[str, str, dict]] = []
-        self._receivers = []
-        for name in names:
+        super().__init__(names)
 
-            def receive(sender, signal=None, _name=name, **kwargs):
-                self.got.append((_name, kwargs["job_id"], kwargs))
-
-            getattr(signals, name).connect(receive, weak=False)
-            self._receivers.append((name, receive))
-
-    def close(self) -> None:
-        for name, receive in self._receivers:
-            getattr(signals, name).disconnect(receive)
+    @property
+    def got(self) -> list[tuple[str, str, dict]]:
+        return [(name, kw["job_id"], kw) for name, _, kw in self.events]
 
     def pairs(self) -> list[tuple[str, str]]:
         """``(signal name, job_id)`` in the order sent."""

@@ -333,14 +333,12 @@ def test_trimmed_stream_falls_back_to_a_full_rescan(world):
     assert mirrored(queue="awaiting")[("awaiting", "late")] == "pending"
 
 
-def test_a_job_gone_from_redis_is_marked_not_deleted(world):
+def test_a_job_gone_from_redis_leaves_the_mirror(world):
     world.client.delete("emq:{completed}:job:done-1")
     world.client.zrem("emq:{completed}:completed", "done-1")
     assert mirror_queue(world, "completed", full=True)["gone"] == 1
-    gone = MirroredJob.objects.get(queue="completed", job_id="done-1")
-    assert (gone.gone_from_redis, gone.state, gone.result) == (True, "completed", "1")
-    assert list(MirroredJob.objects.filter(gone_from_redis=True)) == [gone]
-    assert mirror_queue(world, "completed", full=True)["gone"] == 0  # marked once
+    assert not MirroredJob.objects.filter(queue="completed", job_id="done-1").exists()
+    assert mirror_queue(world, "completed", full=True)["gone"] == 0  # deleted once
 
 
 def test_long_values_are_trimmed_with_the_flag_set(emq):
@@ -534,6 +532,36 @@ def test_queue_pages_show_counts_and_dead_lettered_entries(world, staff):
     assert f'<a href="{job_url("orders", "orphan")}">orders/orphan</a>' in html
     assert "This queue was last mirrored from Redis" in html
     assert MirroredQueue.objects.get(queue="validation").deadletter == 1
+
+
+def test_the_queue_page_shows_dead_lettered_signal_events(world, staff):
+    from echomq_django import Dispatcher
+    from tests.eventkit import Raising
+
+    world.subscribe_events(["validation"], ["completed"])
+    add(world, Flow("validation", "t.leaf", {}, job_id="sig-1"))
+    step(world, "validation", "sig-1", {"v": 1})
+    bad = Raising({"sig-1"})
+    try:
+        Dispatcher(["validation"], mq=world, tries=1).dispatch("validation")
+    finally:
+        bad.close()
+    [letter] = world.deadlettered_events("validation")
+    response = staff.get(reverse("admin:echomq_django_mirroredqueue_change", args=["validation"]))
+    assert response.status_code == 200
+    assert response.context["signals"] == {"pending": 0, "deadlettered": 1, "oldest_ms": None}
+    [row] = response.context["signal_deadletters"]
+    assert (row["event_id"], row["kind"], row["job"]["id"], row["value"], row["tries"]) == (
+        letter["event_id"],
+        "completed",
+        "sig-1",
+        '{"v":1}',
+        1,
+    )
+    assert row["reason"] == "tests.eventkit.Raising raised RuntimeError('no sig-1') (1 tries)"
+    html = response.content.decode()
+    assert "Durable signals: 0 waiting to be sent; dead-lettered (1)" in html
+    assert f'<a href="{job_url("validation", "sig-1")}">validation/sig-1</a>' in html
 
 
 # -- read-only by permissions --------------------------------------------------

@@ -15,7 +15,6 @@ from echomq_django.dispatch import Dispatcher
 from echomq_django.pump import Pump
 from echomq_django.scripts import Scripts, load_sources, lua_dir, parse_header
 from tests import jobkit
-from tests.eventkit import EventMQ
 from tests.jobkit import assert_state, claim_one, leaf, node
 
 REPO = Path(__file__).resolve().parent.parent
@@ -139,15 +138,13 @@ def drive_every_operation(mq, clock) -> None:
         mq.complete(claim_one(mq, queue), "done")
     Pump(["other"], mq=mq).sweep()  # flow_deliver on {q}, outbox_trim on {other}
     assert_state(mq, "q", "p", "pending")
-    life = jobkit.LifecycleMQ(mq.client, prefix="emq", clock=clock)
-    life.cancel("q", "p")
-    life.remove("q", "p")  # then prune goes on with its subtree
-    ev = EventMQ(mq.client, prefix="emq", clock=clock)
-    ev.subscribe_events(["q"], ["completed"])
-    ev.enqueue("q", "signalled", None, job_id="s9")
-    jobs = ev.claim("q", 10)
-    ev.complete_many([(job, "done") for job in jobs])
-    assert Dispatcher(["q"], mq=ev).dispatch("q").sent == len(jobs) > 0  # signals_ack
+    mq.cancel("q", "p")
+    mq.remove("q", "p")  # then prune goes on with its subtree
+    mq.subscribe_events(["q"], ["completed"])
+    mq.enqueue("q", "signalled", None, job_id="s9")
+    jobs = mq.claim("q", 10)
+    mq.complete_many([(job, "done") for job in jobs])
+    assert Dispatcher(["q"], mq=mq).dispatch("q").sent == len(jobs) > 0  # signals_ack
     # DESIGN §10.3: pause, flow control, the children timeout, postpone, schedule marks
     mq.pause("q")
     mq.resume("q")
@@ -160,6 +157,7 @@ def drive_every_operation(mq, clock) -> None:
     mq.enqueue("q", "later", None, job_id="s3")
     mq.postpone(mq.claim("q", 1)[0], 5)
     mq.schedule_mark("q", "tick", 1, "init")
+    assert len(mq.enqueue_many("bulk", [("n", 1), ("n", 2, {"delay_ms": 5})])) == 2
 
 
 def test_python_calls_every_script_as_its_header_declares(tmq, clock, monkeypatch) -> None:

@@ -53,10 +53,10 @@ class Recorder:
     """Connects a receiver to every echomq_django signal; ``events`` is a list
     of ``(signal name, sender, kwargs)`` in the order sent."""
 
-    def __init__(self) -> None:
+    def __init__(self, names=SIGNALS) -> None:
         self.events: list[tuple[str, object, dict]] = []
         self._receivers = []
-        for name in SIGNALS:
+        for name in names:
 
             def receive(sender, signal=None, _name=name, **kwargs):
                 self.events.append((_name, sender, kwargs))

@@ -83,20 +83,7 @@ class Command(BaseCommand):
             action="store_true",
             help="do not refresh the admin mirror after each sweep",
         )
-        parser.add_argument(
-            "--metrics-port",
-            type=int,
-            default=None,
-            metavar="PORT",
-            help="serve Prometheus metrics on this port (needs the 'metrics' extra: "
-            "prometheus_client)",
-        )
-        parser.add_argument(
-            "--metrics-host",
-            default="127.0.0.1",
-            metavar="HOST",
-            help="address the metrics port listens on (default 127.0.0.1; 0.0.0.0 for all)",
-        )
+        metrics.add_arguments(parser)
 
     def handle(self, *args, **opts):
         setup_logging(opts["verbosity"], runner="echomq_django.pump")
@@ -129,14 +116,9 @@ class Command(BaseCommand):
             )
         except ValueError as err:
             raise CommandError(f"runpump: {err}", returncode=1) from None
-        if opts["metrics_port"] is not None:
-            where = f"{opts['metrics_host']}:{opts['metrics_port']}"
-            try:
-                metrics.serve(opts["metrics_port"], opts["metrics_host"], mq, pump.queues)
-            except (OSError, ImproperlyConfigured) as err:
-                raise CommandError(
-                    f"runpump: cannot serve metrics on {where}: {err}", returncode=1
-                ) from None
+        problem = metrics.serve_for_command(opts, mq, pump.queues)
+        if problem:
+            raise CommandError(f"runpump: {problem}", returncode=1)
         stop = threading.Event()
 
         def on_signal(signum, frame):
