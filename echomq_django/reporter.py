@@ -25,7 +25,7 @@ from django.db import close_old_connections
 
 from . import signals
 from .client import EchoMQ
-from .exceptions import JobNotActive, JobNotFound, LeaseLost, PayloadError
+from .exceptions import JobCancelled, JobNotActive, JobNotFound, LeaseLost, PayloadError
 from .jobs import Job, JobState, Outcome
 from .outage import REDIS_DOWN, Outage, first_line
 
@@ -197,7 +197,10 @@ class Reporter:
             return False
         self._forget(job)
         self.stats["lost"] += 1
-        if isinstance(reply, GONE):
+        if isinstance(reply, JobCancelled):  # DESIGN §10.2: it died 'cancelled'
+            log.info("job %s/%s (%s): cancelled while it ran; its result is dropped",
+                     job.queue, job.id, job.name)  # fmt: skip
+        elif isinstance(reply, GONE):
             log.warning(
                 "job %s/%s (%s): result dropped, the lease was lost: %s",
                 job.queue,
