@@ -36,7 +36,6 @@ where no worker keeps the timers).
 
 from __future__ import annotations
 
-import json
 import logging
 import queue as _queue
 import secrets
@@ -47,9 +46,10 @@ from . import registry
 from .client import EchoMQ
 from .conf import get_mq
 from .dispatch import Dispatcher
+from .entries import deliver_batch
 from .exceptions import TRANSIENT, RedisUnavailable, SweepLockLost, connection_error
-from .jobs import Outcome, Policy
-from .keyspace import validate_id, validate_queue, whole_number
+from .jobs import Outcome
+from .keyspace import validate_queue, whole_number
 from .outage import Outage
 from .schedule import Scheduler
 from .wake import BLOCK_S, Wake, Waker
@@ -83,71 +83,6 @@ class SweepReport:
 
     def as_dict(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if k != "outcome"}
-
-
-ENTRY_KINDS = ("done", "dead", "reattach", "gone", "rm", "cancel")  # lua/flow_deliver.lua
-
-
-def parse_entry(raw) -> tuple[dict | None, str | None]:
-    """One outbox entry as read: ``(entry, None)`` when it has the shape
-    ``flow_deliver`` takes (``{k, c, p, q, pol?, v?}``), else ``(None,
-    reason)``, the reason naming what is wrong (issue 17, item 6: a poison
-    entry is dead-lettered with it, never crashes the pump)."""
-    try:
-        entry = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as err:
-        return None, f"malformed entry: not JSON ({err})"
-    if not isinstance(entry, dict):
-        return None, f"malformed entry: a JSON {type(entry).__name__}, not an object"
-    if entry.get("k") not in ENTRY_KINDS:
-        return None, f"malformed entry: kind {entry.get('k')!r} is not one of {ENTRY_KINDS}"
-    for name in ("c", "p", "q"):
-        if not isinstance(entry.get(name), str):
-            return None, f"malformed entry: {name!r} is {entry.get(name)!r}, not a string"
-    for name in ("pol", "v"):
-        if entry.get(name) is not None and not isinstance(entry[name], str):
-            return None, f"malformed entry: {name!r} is {entry[name]!r}, not a string"
-    if entry.get("pol") and entry["pol"] not in set(Policy):
-        return None, f"malformed entry: policy {entry['pol']!r} is not one of {sorted(Policy)}"
-    try:
-        validate_queue(entry["q"])
-        validate_id(entry["p"])
-    except ValueError as err:
-        return None, f"malformed entry: {err}"
-    return entry, None
-
-
-def deliver_batch(mq: EchoMQ, raw: list, outcome: Outcome) -> tuple[list, list]:
-    """Deliver the outbox entries ``raw`` (as read); returns the parsed
-    entries (None for a poison one) and a verdict per entry: True
-    (delivered), False (its parent is gone: tried again later) or a reason
-    text (poison: dead-letter it now). A batch the scripts refuse (data no
-    check foresaw) is delivered again one entry at a time, so only the entry
-    at fault is dead-lettered, with Redis' words. Merges what moved into
-    ``outcome``; raises ``RedisUnavailable`` (the pump waits it out)."""
-    parsed = [parse_entry(item) for item in raw]
-    entries = [entry for entry, _ in parsed]
-    verdicts: list = [reason for _, reason in parsed]
-    good = [i for i, entry in enumerate(entries) if entry is not None]
-    try:
-        flags, moved = mq.deliver([entries[i] for i in good])
-        outcome.merge(moved)
-    except RedisUnavailable:
-        raise
-    except Exception:
-        flags = []
-        for i in good:
-            try:
-                [flag], moved = mq.deliver([entries[i]])
-                outcome.merge(moved)
-            except RedisUnavailable:
-                raise
-            except Exception as err:
-                flag = f"delivery refused: {type(err).__name__}: {err}"
-            flags.append(flag)
-    for i, flag in zip(good, flags, strict=True):
-        verdicts[i] = flag if isinstance(flag, str) else bool(flag)
-    return entries, verdicts
 
 
 def deliver_outbox(
@@ -315,15 +250,7 @@ class Pump:
         self.dispatcher.subscribe()  # before this sweep's transitions
         fired = self.scheduler.fire_due() if self.scheduler else []
         for queue in self.queues:
-            rep = deliver_outbox(
-                self.mq,
-                queue,
-                self.batch,
-                self.lock_ms,
-                self.max_tries,
-                before_trim=self.before_trim,
-                token=self.token,
-            )
+            rep = self._deliver_outbox(queue)
             rep.promoted = self.mq.promote_delayed(queue, limit=self.batch * 10)
             stalled = self.mq.recover_stalled(
                 queue, limit=self.batch * 10, max_stalls=self.max_stalls
@@ -354,21 +281,25 @@ class Pump:
         dispatcher); ``locked`` in the report when another pump holds that
         outbox. Raises ``RedisUnavailable``."""
         try:
-            rep = deliver_outbox(
-                self.mq,
-                queue,
-                self.batch,
-                self.lock_ms,
-                self.max_tries,
-                before_trim=self.before_trim,
-                token=self.token,
-            )
+            rep = self._deliver_outbox(queue)
         except TRANSIENT as err:
             raise connection_error(self.mq.client, err) from err
         rep.released, rep.dead = len(rep.outcome.released), len(rep.outcome.dead)
         for name in ("delivered", "deadlettered", "released", "dead"):
             setattr(self.totals, name, getattr(self.totals, name) + getattr(rep, name))
         return rep
+
+    def _deliver_outbox(self, queue: str) -> SweepReport:
+        """``deliver_outbox`` with this pump's settings and lock token."""
+        return deliver_outbox(
+            self.mq,
+            queue,
+            self.batch,
+            self.lock_ms,
+            self.max_tries,
+            before_trim=self.before_trim,
+            token=self.token,
+        )
 
     def stop(self) -> None:
         """Make ``run()`` return at once (from any thread)."""

@@ -51,7 +51,7 @@ FLOORS = [
     ["flows", "scripts", "reads", "models", "scheduling"],
     ["client", "flowcalls", "lifecalls", "eventcalls", "schedcalls", "bulk"],
     ["conf"],
-    ["wake", "registry", "outage", "pool", "reporter", "timeouts"],
+    ["wake", "registry", "outage", "pool", "reporter", "timeouts", "entries"],
     [
         *("api", "worker", "pump", "mirror", "stats", "metrics", "tasks", "outbox"),
         *("dispatch", "schedule"),
