@@ -24,6 +24,10 @@ from .jobs import Policy
 from .keyspace import validate_id, validate_name, validate_queue, whole_number
 from .scheduling import node_options
 
+# Module globals: an Enum member lookup costs ~0.3 us, and plan() reads a
+# policy per node (3 ms on a 1+10,000 flow).
+_CP, _ID, _RD, _FP = Policy.CONTINUE_PARENT, Policy.IGNORE, Policy.REMOVE, Policy.FAIL_PARENT
+
 
 def new_id() -> str:
     """A fresh job id: 16 URL-safe characters (96 random bits)."""
@@ -77,18 +81,19 @@ class Flow:
     dedup_key: str | None = None
     dedup_ttl_ms: int | None = None
     children_timeout_ms: int | None = None
+    keep: int | None = None  # s after it finishes, at most (DESIGN §10.2); None: the queue's
     continue_parent_on_failure: bool = False
 
     @property
     def policy(self) -> Policy:
         """The ``Policy`` this node carries (continue, then ignore, win)."""
         if self.continue_parent_on_failure:
-            return Policy.CONTINUE_PARENT
+            return _CP
         if self.ignore_dependency_on_failure:
-            return Policy.IGNORE
+            return _ID
         if self.remove_dependency_on_failure:
-            return Policy.REMOVE
-        return Policy.FAIL_PARENT
+            return _RD
+        return _FP
 
 
 @dataclass
@@ -200,6 +205,7 @@ def plan(root: Flow, encode) -> list[Node]:
                     or flow.dedup_key is not None
                     or flow.dedup_ttl_ms is not None
                     or flow.children_timeout_ms is not None
+                    or flow.keep is not None
                 )
                 else node_options(flow, f"{queue}/{job_id}", bool(children), dedups)
             )
@@ -212,7 +218,7 @@ def plan(root: Flow, encode) -> list[Node]:
                 flow.backoff_ms,
                 parent.id if parent else "",
                 parent.queue if parent else "",
-                flow.policy if parent else Policy.FAIL_PARENT,
+                flow.policy if parent else _FP,
                 [],
                 depth,
                 gate,

@@ -222,6 +222,9 @@ class Job:
     priority: int = 0
     timeout_ms: int | None = None  # its own limit per attempt (ms); None: the queue's
     timed_out: bool = field(default=False, compare=False)  # set by the worker (DESIGN §10.3)
+    # cancelled while it runs (DESIGN §10.2): set when the row carries the mark,
+    # or when the worker's heartbeat learns it; the handler may read it and stop
+    cancelled: bool = field(default=False, compare=False)
     _mq: JobSource | None = field(default=None, repr=False, compare=False)
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
 
@@ -272,6 +275,7 @@ class Job:
             priority=_int(r.get("priority")) or 0,
             timeout_ms=_int(r.get("timeout_ms")),
             _mq=mq,
+            cancelled=r.get("cancel") is not None,
         )
 
     @classmethod

@@ -62,13 +62,13 @@ class LifecycleCalls:
         settings, else the defaults)."""
         return retention(self.queues.get(queue, {}))
 
-    def _prune_call(self, queue: str, budget: int):
+    def _prune_call(self, queue: str, budget: int, mode: str):
         k = self.keys.queue(queue)
         completed, dead = self.retention(queue)
         return (
             "prune",
             [k.completed, k.dead],
-            [queue, k.base, self.clock(), budget, *completed.args(), *dead.args()],
+            [queue, k.base, self.clock(), budget, *completed.args(), *dead.args(), mode],
         )
 
     def prune(self, queue: str, budget: int = BUDGET, max_calls: int | None = MAX_CALLS) -> Report:
@@ -77,23 +77,28 @@ class LifecycleCalls:
         flow-aware); ``budget`` units per script call, calls until none is
         left or ``max_calls`` were made (None: no limit). Entries for other
         slots are delivered, and their queues' work driven the same way.
+        Other queues reached through the outbox get their work lists driven
+        (``mode`` 'lists'), not their retention.
         Returns the ``Report``. Raises ``ValueError`` for a bad queue name or
         ``KEEP_*`` setting, ``RedisUnavailable``. DESIGN §10.2."""
         report = Report()
-        self._drive({queue}, report, budget, max_calls)
+        self._drive({queue}, report, budget, max_calls, "all")
         return report
 
-    def _drive(self, queues: set[str], report: Report, budget: int, max_calls: int | None) -> None:
-        todo = list(queues)
+    def _drive(
+        self, queues: set[str], report: Report, budget: int, max_calls: int | None, mode: str
+    ) -> None:
+        todo = [(q, mode) for q in sorted(queues)]
         while todo:
-            queue = todo.pop(0)
+            queue, how = todo.pop(0)
             calls = 0
             while max_calls is None or calls < max_calls:
                 calls += 1
-                sent = report.add(self, self.scripts.run(*self._prune_call(queue, budget)))
+                sent = report.add(self, self.scripts.run(*self._prune_call(queue, budget, how)))
                 if sent:
                     report.outcome.merge(self.deliver(sent)[1])
-                    todo.extend(q for q in {e["q"] for e in sent} if q not in todo)
+                    reached = {e["q"] for e in sent} - {q for q, _ in todo}
+                    todo.extend((q, "lists") for q in sorted(reached))
                 if not report.more:
                     break
 
@@ -156,4 +161,4 @@ class LifecycleCalls:
             report.outcome.merge(self.deliver(sent)[1])
             queues |= {e["q"] for e in sent}
         if queues:
-            self._drive(queues, report, budget, None)
+            self._drive(queues, report, budget, None, "lists")

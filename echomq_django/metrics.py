@@ -13,7 +13,9 @@ Two kinds, the way Prometheus expects them:
 * **per queue**, read from Redis at scrape time (``QueueCollector``):
   ``echomq_queue_jobs{queue,state}``,
   ``echomq_queue_oldest_pending_age_seconds``, ``echomq_queue_outbox_depth``,
-  ``echomq_queue_deadletters``, ``echomq_queue_paused``, ``echomq_processes_live{kind}``
+  ``echomq_queue_deadletters``, ``echomq_queue_paused``,
+  ``echomq_queue_signal_backlog``, ``echomq_queue_signal_deadletters``,
+  ``echomq_processes_live{kind}``
   and ``echomq_redis_up`` (0 when Redis did not answer the scrape).
 
 Served by ``metrics_view`` (``echomq_django.urls``: ``metrics/``), open to
@@ -27,6 +29,7 @@ import hmac
 import logging
 
 import redis
+from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpResponse
 
 from .conf import config, get_mq
@@ -147,6 +150,32 @@ class ProcessMetrics:
 
 _process_metrics: ProcessMetrics | None = None
 
+# per-queue gauges besides the job counts: name, help, value from a stats entry
+QUEUE_GAUGES = (
+    (
+        "echomq_queue_oldest_pending_age_seconds",
+        "Seconds the oldest pending job has waited (0 when none waits)",
+        lambda q: q["oldest_pending_age_s"] or 0,
+    ),
+    ("echomq_queue_outbox_depth", "Fan-in entries waiting for the pump", lambda q: q["outbox"]),
+    (
+        "echomq_queue_deadletters",
+        "Outbox entries that could not be delivered",
+        lambda q: q["deadletter"],
+    ),
+    ("echomq_queue_paused", "1 when the queue is paused", lambda q: 1 if q["paused"] else 0),
+    (
+        "echomq_queue_signal_backlog",
+        "Durable signal events not dispatched yet (DESIGN 10.6)",
+        lambda q: q["signals"],
+    ),
+    (
+        "echomq_queue_signal_deadletters",
+        "Signal events given up on after their receivers kept raising",
+        lambda q: q["signals_deadletter"],
+    ),
+)
+
 
 def process_metrics() -> ProcessMetrics | None:
     """This process's ``ProcessMetrics`` (made on first use), or None when
@@ -188,35 +217,22 @@ class QueueCollector:
         jobs = GaugeMetricFamily(
             "echomq_queue_jobs", "Jobs in each state", labels=["queue", "state"]
         )
-        age = GaugeMetricFamily(
-            "echomq_queue_oldest_pending_age_seconds",
-            "Seconds the oldest pending job has waited (0 when none waits)",
-            labels=["queue"],
-        )
-        outbox = GaugeMetricFamily(
-            "echomq_queue_outbox_depth", "Fan-in entries waiting for the pump", labels=["queue"]
-        )
-        letters = GaugeMetricFamily(
-            "echomq_queue_deadletters",
-            "Outbox entries that could not be delivered",
-            labels=["queue"],
-        )
-        paused = GaugeMetricFamily(
-            "echomq_queue_paused", "1 when the queue is paused", labels=["queue"]
-        )
+        gauges = [
+            (GaugeMetricFamily(n, doc_, labels=["queue"]), get) for n, doc_, get in QUEUE_GAUGES
+        ]
         for name, q in doc["queues"].items():
             for state, n in q["counts"].items():
                 jobs.add_metric([name, state], n)
-            age.add_metric([name], q["oldest_pending_age_s"] or 0)
-            outbox.add_metric([name], q["outbox"])
-            letters.add_metric([name], q["deadletter"])
-            paused.add_metric([name], 1 if q["paused"] else 0)
+            for family, get in gauges:
+                family.add_metric([name], get(q))
         live = GaugeMetricFamily(
             "echomq_processes_live", "Workers and pumps whose heartbeat is current", labels=["kind"]
         )
         for kind in ("worker", "pump"):
             live.add_metric([kind], sum(1 for p in doc["processes"] if p["kind"] == kind))
-        yield from (jobs, age, outbox, letters, paused, live)
+        yield jobs
+        yield from (family for family, _ in gauges)
+        yield live
 
 
 class _Both:
@@ -249,8 +265,6 @@ def serve(port: int, host: str = "127.0.0.1", mq=None, queues=None):
     thread; returns the server (``shutdown()`` stops it). Raises
     ``ImproperlyConfigured`` without prometheus_client, ``OSError`` when the
     port is taken."""
-    from django.core.exceptions import ImproperlyConfigured
-
     if not installed():
         raise ImproperlyConfigured(MISSING)
     process_metrics()
@@ -258,6 +272,36 @@ def serve(port: int, host: str = "127.0.0.1", mq=None, queues=None):
         port, addr=host, registry=_registry(mq, queues)
     )
     return server
+
+
+def add_arguments(parser) -> None:
+    """``--metrics-port PORT`` and ``--metrics-host HOST`` for ``runworker``
+    and ``runpump``."""
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="serve Prometheus metrics on this port (needs the 'metrics' extra: prometheus_client)",
+    )
+    parser.add_argument(
+        "--metrics-host",
+        default="127.0.0.1",
+        metavar="HOST",
+        help="address the metrics port listens on (default 127.0.0.1; 0.0.0.0 for all)",
+    )
+
+
+def serve_for_command(opts: dict, mq, queues) -> str | None:
+    """Serve the metrics when ``opts`` (a command's options) ask for it;
+    returns why it could not (a one-line reason), else None."""
+    if opts.get("metrics_port") is None:
+        return None
+    try:
+        serve(opts["metrics_port"], opts["metrics_host"], mq, queues)
+    except (OSError, ImproperlyConfigured) as err:
+        return f"cannot serve metrics on {opts['metrics_host']}:{opts['metrics_port']}: {err}"
+    return None
 
 
 # -- the view ---------------------------------------------------------------------

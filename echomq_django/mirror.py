@@ -17,7 +17,8 @@ How a queue is refreshed (``mirror_queue``):
 * in full, when asked (``full=True``), on the first pass, or when the stream
   no longer reaches back to the last entry applied (trimmed past it, or the
   stream was deleted): every id in the state indexes is read, and a mirrored
-  row of the queue that Redis no longer has is marked ``gone_from_redis``.
+  row of the queue that Redis no longer has is deleted (retention, remove:
+  DESIGN §10.2; the mirror stays as bounded as Redis).
 
 Rows are upserted (``bulk_create(update_conflicts=True)`` on ``(queue,
 job_id)``), so running a pass twice leaves the same rows. A job whose Redis
@@ -112,9 +113,10 @@ def read_rows(mq: EchoMQ, queue: str, ids) -> dict[str, dict]:
 
 
 def store_rows(mq, queue: str, rows: dict[str, dict], now: datetime) -> tuple[int, int]:
-    """Upsert the present rows, mark the ``{}`` ones ``gone_from_redis``.
-    Returns ``(upserted, marked gone)``. A row that does not decode is
-    logged and skipped."""
+    """Upsert the present rows, delete the ``{}`` ones: a job retention,
+    remove or cancel took leaves the mirror in the pass that sees it go, so
+    the database stays bounded too (DESIGN §10.2). Returns ``(upserted,
+    deleted)``. A row that does not decode is logged and skipped."""
     present = []
     for job_id, row in rows.items():
         if row:
@@ -132,14 +134,12 @@ def store_rows(mq, queue: str, rows: dict[str, dict], now: datetime) -> tuple[in
             unique_fields=["queue", "job_id"],
             update_fields=UPDATE_FIELDS,
         )
-    marked = 0
+    deleted = 0
     for i in range(0, len(gone), ROW_BATCH):
-        marked += MirroredJob.objects.filter(
-            queue=queue,
-            job_id__in=gone[i : i + ROW_BATCH],
-            gone_from_redis=False,
-        ).update(gone_from_redis=True, mirrored_at=now)
-    return len(present), marked
+        deleted += MirroredJob.objects.filter(
+            queue=queue, job_id__in=gone[i : i + ROW_BATCH]
+        ).delete()[0]
+    return len(present), deleted
 
 
 def mirror_jobs(mq, pairs) -> int:

@@ -6,40 +6,61 @@ One ``Pump(queues).sweep()`` pass, for each queue:
    deliver each entry with ``flow_deliver`` on its parent's slot, then
    ``outbox_trim`` removes exactly the delivered prefix. A crash between
    deliver and trim re-delivers, which the scripts' guards make a no-op. The
-   sweep holds a lock (redis-py ``Lock``) and the trim checks it, so two pumps
-   on one queue never trim what the other has not delivered. An entry whose
+   sweep holds a lock and the trim checks it, so two pumps on one queue never
+   trim what the other has not delivered. The lock is a short lease
+   (``lock_ms``, 2 s by default) renewed after every batch and dropped at
+   the end of the sweep; it holds the pump's own token for the pump's whole
+   life, so a pump whose drop failed while Redis was away (or whose lock came
+   back from an AOF) takes it up again at its next sweep, and a live peer
+   takes over within ``lock_ms`` of a pump that died mid-sweep (issue 17,
+   item 2). An entry whose
    parent is gone is retried on ``max_tries`` sweeps, then moved to the
-   dead-letter list with its reason so the entries behind it keep flowing;
+   dead-letter list with its reason so the entries behind it keep flowing; a
+   malformed (poison) entry is dead-lettered at once with what is wrong with
+   it: the pump never dies of data;
 2. promotes due delayed jobs;
 3. recovers expired leases (a job past the stall limit dies);
 4. sends the Django signals of the queue's durable events (``dispatch.py``,
    DESIGN §10.6): in ``sweep()`` synchronously, in ``run()`` from the
    dispatcher's threads, which block on the queues' event streams and send
    within milliseconds of a transition.
+
+``Pump.run`` sweeps every ``interval`` seconds and, in between, blocks on its
+queues' outbox wake keys (``P:{q}:flow:wake``, wake.py): a child's
+completion or death that writes an outbox entry wakes it, and it delivers
+that queue's outbox at once, so a cross-queue parent is released within
+milliseconds of its last child (DESIGN §10.1). The interval sweep stays as
+the safety net (a wake-up lost with a killed pump; promotion and recovery
+where no worker keeps the timers).
 """
 
 from __future__ import annotations
 
-import json
 import logging
+import queue as _queue
+import secrets
 import time
 from dataclasses import dataclass, field
-
-import redis
 
 from . import registry
 from .client import EchoMQ
 from .conf import get_mq
 from .dispatch import Dispatcher
-from .exceptions import RedisUnavailable, SweepLockLost, connection_error
+from .entries import deliver_batch
+from .exceptions import TRANSIENT, RedisUnavailable, SweepLockLost, connection_error
 from .jobs import Outcome
-from .keyspace import validate_queue
+from .keyspace import validate_queue, whole_number
 from .outage import Outage
 from .schedule import Scheduler
+from .wake import BLOCK_S, Wake, Waker
 
 log = logging.getLogger("echomq_django.pump")
 
 SUMMARY_EVERY_S = 10.0  # seconds between the INFO lines of running totals
+LOCK_MS = 2000  # the sweep lock's lease (ms): how soon a peer takes over from a dead pump
+LOCK_MS_MIN = 100  # shorter leases could lapse between a batch's round trips
+LOCKED_RETRY_S = 0.05  # a woken queue whose outbox another pump holds: look again then
+STOP_CHECK_S = 0.25  # run() calls should_stop() at least this often (a local check)
 
 
 @dataclass
@@ -55,6 +76,7 @@ class SweepReport:
     signals: int = 0  # durable events whose signals this sweep sent
     expired: int = 0  # parents whose children_timeout_ms passed (DESIGN §10.3)
     scheduled: int = 0  # periodic jobs fired on this queue (DESIGN §10.3)
+    pruned: int = 0  # rows retention, removals and cancels took (DESIGN §10.2)
     locked: bool = False
     lock_lost: bool = False
     outcome: Outcome = field(default_factory=Outcome, repr=False)
@@ -67,18 +89,22 @@ def deliver_outbox(
     mq: EchoMQ,
     queue: str,
     batch: int = 500,
-    lock_ms: int = 30000,
+    lock_ms: int = LOCK_MS,
     max_tries: int = 3,
     report: SweepReport | None = None,
     before_trim=None,
+    token: str | None = None,
 ) -> SweepReport:
     """Deliver ``queue``'s outbox, ``batch`` entries per round, until it is
     empty or blocked by an entry still being retried. Skips (``locked=True``)
-    when another pump holds the sweep lock of this queue. ``before_trim(queue,
-    actions)`` runs between delivery and trim: the kill point tests use it."""
+    when another pump holds the sweep lock of this queue. ``token``: the
+    caller's lock token (a ``Pump`` keeps one for its life; None: a fresh
+    one); ``lock_ms`` (ms): the lock's lease, renewed after each batch.
+    ``before_trim(queue, actions)`` runs between delivery and trim: the kill
+    point tests use it."""
     report = report or SweepReport()
-    lock = mq.outbox_lock(queue, lock_ms)
-    if not lock.acquire():
+    token = token or secrets.token_hex(8)
+    if not mq.outbox_lock(queue, token, lock_ms):
         report.locked = True
         return report
     try:
@@ -86,19 +112,16 @@ def deliver_outbox(
             raw = mq.outbox_head(queue, batch)
             if not raw:
                 break
-            entries = []
-            for item in raw:
-                try:
-                    entries.append(json.loads(item))
-                except ValueError:
-                    entries.append({})
-            flags, outcome = mq.deliver(entries)
-            report.outcome.merge(outcome)
+            entries, verdicts = deliver_batch(mq, raw, report.outcome)
             actions, read = [], []
-            for item, entry, ok in zip(raw, entries, flags, strict=False):
+            for item, entry, verdict in zip(raw, entries, verdicts, strict=True):
                 read.append(item)
-                if ok:
+                if verdict is True:
                     actions.append("ok")
+                    continue
+                if isinstance(verdict, str):  # poison: no later try can deliver it
+                    log.error("outbox of %s: dead-lettering an entry: %s", queue, verdict)
+                    actions.append(verdict)
                     continue
                 tries = mq.count_delivery(queue, item)
                 if tries < max_tries:
@@ -106,8 +129,6 @@ def deliver_outbox(
                     break
                 actions.append(
                     f"parent {entry.get('q')}/{entry.get('p')} not found after {tries} deliveries"
-                    if entry
-                    else "malformed entry"
                 )
                 mq.forget_deliveries(queue, item)
             if before_trim is not None:
@@ -115,7 +136,7 @@ def deliver_outbox(
             removed = 0
             if actions:
                 try:
-                    removed = mq.trim_outbox(queue, lock.local.token, read, actions)
+                    removed = mq.trim_outbox(queue, token, read, actions)
                 except SweepLockLost:
                     # our lock expired mid-sweep and another pump may be trimming:
                     # leave the outbox to it; what we delivered is re-delivered as no-ops
@@ -133,13 +154,24 @@ def deliver_outbox(
             report.deadlettered += len(actions) - actions.count("ok")
             if len(actions) < len(raw) or len(raw) < batch:
                 break
-            lock.extend(lock_ms / 1000, replace_ttl=True)
+            if not mq.outbox_lock(queue, token, lock_ms):  # renew for the next batch
+                log.warning("pump lock on %s expired during the sweep", queue)
+                report.lock_lost = True
+                break
     finally:
         try:
-            lock.release()
-        except redis.exceptions.LockError:  # expired: another pump may hold it now
-            log.warning("pump lock on %s expired during the sweep", queue)
+            mq.outbox_lock(queue, token, lock_ms, take=False)
+        except RedisUnavailable:  # it expires; and it is ours at our next sweep
+            log.warning("pump lock on %s not dropped: Redis is unavailable", queue)
     return report
+
+
+def check_interval(interval) -> float:
+    """``interval`` if it is a number of seconds > 0; ``ValueError`` naming
+    the rule otherwise (an interval of 0 sweeps without a pause: a core spins)."""
+    if isinstance(interval, bool) or not isinstance(interval, int | float) or not interval > 0:
+        raise ValueError(f"interval must be a number of seconds > 0, got {interval!r}")
+    return interval
 
 
 class Pump:
@@ -147,9 +179,11 @@ class Pump:
 
     ``queues``: list of queue names; ``mq``: an ``EchoMQ`` (None: the one
     built from settings); ``batch``: outbox entries per round trip;
-    ``lock_ms`` (ms): how long a sweep may hold a queue's outbox;
-    ``max_tries``: deliveries of an entry whose parent is gone before it is
-    dead-lettered; ``max_stalls``: lease expiries a job survives;
+    ``lock_ms`` (ms, >= 100): the lease of a sweep's lock on a queue's
+    outbox, renewed after every batch (a peer takes over this long after a
+    pump died mid-sweep); ``max_tries`` (>= 1): deliveries of an entry whose
+    parent is gone before it is dead-lettered; ``max_stalls`` (>= 0): lease
+    expiries a job survives;
     ``after_sweep``: callables ``f(pump, reports)`` run after each sweep (the
     admin mirror hooks in here); ``before_trim``: see ``deliver_outbox``;
     ``scheduler``: a ``schedule.Scheduler`` whose periodic jobs each sweep
@@ -159,7 +193,9 @@ class Pump:
     runs (a heartbeat every ``beat_s`` seconds, DESIGN §10.5);
     ``dispatcher``: the ``Dispatcher`` of the queues' durable signals (None:
     one with the settings' tries and backoff).
-    Raises ``ValueError`` for a bad or missing queue name.
+    Raises ``ValueError`` naming the rule for a bad or missing queue name
+    or a ``batch`` (>= 1), ``lock_ms``, ``max_tries``, ``max_stalls`` out of
+    range (issue 17, item 7).
     """
 
     def __init__(
@@ -168,7 +204,7 @@ class Pump:
         mq: EchoMQ | None = None,
         *,
         batch: int = 500,
-        lock_ms: int = 30000,
+        lock_ms: int = LOCK_MS,
         max_tries: int = 3,
         max_stalls: int = 1,
         after_sweep=None,
@@ -178,13 +214,18 @@ class Pump:
         beat_s: float = registry.HEARTBEAT_S,
         dispatcher: Dispatcher | None = None,
     ) -> None:
+        self.queues = [validate_queue(q) for q in queues]
+        if not self.queues:
+            raise ValueError("a pump needs at least one queue")
+        whole_number("batch", batch, 1)  # 0 would stop promotion and recovery too
+        whole_number("lock_ms", lock_ms, LOCK_MS_MIN)  # a lock always expires
+        whole_number("max_tries", max_tries, 1)
+        whole_number("max_stalls", max_stalls, 0)
+        self.token = secrets.token_hex(8)  # this pump's lock token, for its whole life
         self.mq = mq if mq is not None else get_mq()
         if scheduler is None:  # runpump and runworker --pump fire their queues' entries
             scheduler = Scheduler.for_queues(self.mq, queues)
         self.scheduler = scheduler
-        self.queues = [validate_queue(q) for q in queues]
-        if not self.queues:
-            raise ValueError("a pump needs at least one queue")
         self.dispatcher = dispatcher or Dispatcher(self.queues, mq=self.mq)
         self.batch, self.lock_ms, self.max_tries = batch, lock_ms, max_tries
         self.max_stalls = max_stalls
@@ -192,13 +233,16 @@ class Pump:
         self.before_trim = before_trim
         self.register, self.beat_s = register, beat_s
         self.totals = SweepReport()
+        self.wakeups = 0  # outbox deliveries a wake-up started (run())
+        self.waiting = False  # run() is blocked on the outbox wake keys
+        self._posted: _queue.SimpleQueue = _queue.SimpleQueue()  # Wake, or None: stop
 
     def sweep(self) -> dict[str, dict]:
         """One pass over every queue; returns ``{queue: counts}`` (see
         ``SweepReport``). Raises ``RedisUnavailable`` when Redis is down."""
         try:
             return self._sweep()
-        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as err:
+        except TRANSIENT as err:
             raise connection_error(self.mq.client, err) from err
 
     def _sweep(self) -> dict[str, dict]:
@@ -206,14 +250,7 @@ class Pump:
         self.dispatcher.subscribe()  # before this sweep's transitions
         fired = self.scheduler.fire_due() if self.scheduler else []
         for queue in self.queues:
-            rep = deliver_outbox(
-                self.mq,
-                queue,
-                self.batch,
-                self.lock_ms,
-                self.max_tries,
-                before_trim=self.before_trim,
-            )
+            rep = self._deliver_outbox(queue)
             rep.promoted = self.mq.promote_delayed(queue, limit=self.batch * 10)
             stalled = self.mq.recover_stalled(
                 queue, limit=self.batch * 10, max_stalls=self.max_stalls
@@ -222,6 +259,9 @@ class Pump:
             rep.outcome.merge(stalled)
             rep.expired, expired = self.mq.expire_children(queue, limit=self.batch * 10)
             rep.outcome.merge(expired)
+            pruned = self.mq.prune(queue)  # bounded: MAX_CALLS steps of BUDGET units
+            rep.pruned = pruned.removed
+            rep.outcome.merge(pruned.outcome)
             rep.scheduled = sum(q == queue for q, _ in fired)
             rep.released = len(rep.outcome.released)
             rep.dead = len(rep.outcome.dead)
@@ -235,6 +275,36 @@ class Pump:
             hook(self, reports)
         return {q: r.as_dict() for q, r in reports.items()}
 
+    def deliver(self, queue: str) -> SweepReport:
+        """Deliver ``queue``'s outbox now (what a wake-up does between
+        sweeps; the signals of what it moved are durable events, sent by the
+        dispatcher); ``locked`` in the report when another pump holds that
+        outbox. Raises ``RedisUnavailable``."""
+        try:
+            rep = self._deliver_outbox(queue)
+        except TRANSIENT as err:
+            raise connection_error(self.mq.client, err) from err
+        rep.released, rep.dead = len(rep.outcome.released), len(rep.outcome.dead)
+        for name in ("delivered", "deadlettered", "released", "dead"):
+            setattr(self.totals, name, getattr(self.totals, name) + getattr(rep, name))
+        return rep
+
+    def _deliver_outbox(self, queue: str) -> SweepReport:
+        """``deliver_outbox`` with this pump's settings and lock token."""
+        return deliver_outbox(
+            self.mq,
+            queue,
+            self.batch,
+            self.lock_ms,
+            self.max_tries,
+            before_trim=self.before_trim,
+            token=self.token,
+        )
+
+    def stop(self) -> None:
+        """Make ``run()`` return at once (from any thread)."""
+        self._posted.put(None)
+
     def run(
         self,
         interval: float = 1.0,
@@ -242,39 +312,47 @@ class Pump:
         should_stop=None,
         on_sweep=None,
         summary_every: float = SUMMARY_EVERY_S,
+        block_s: float = BLOCK_S,
     ) -> None:
         """Sweep every ``interval`` seconds (at once again while an outbox
-        fills whole batches) until ``should_stop()`` is true, or once.
-        ``on_sweep(reports)`` is called after each pass. Logs each pass's
-        non-zero counts at DEBUG and the running totals at INFO every
-        ``summary_every`` seconds. A Redis outage is waited out with backoff
-        (``outage.Outage``), never raised; ``once`` returns after the first
-        pass that reached Redis. Unless ``once``, the dispatcher's threads
-        send the durable signals meanwhile, from the first pass that reached
-        Redis on (stopped on return)."""
-        beat = self._announce()
+        fills whole batches) until ``should_stop()`` is true, ``stop()`` is
+        called, or once; between sweeps, deliver a queue's outbox as soon as
+        its wake key says it has entries (``block_s``: the waker's longest
+        single blocking command, s). ``on_sweep(reports)`` is called after
+        each pass. Logs each pass's non-zero counts at DEBUG and the running
+        totals at INFO every ``summary_every`` seconds. A Redis outage is
+        waited out with backoff (``outage.Outage``), never raised; ``once``
+        returns after the first pass that reached Redis. Unless ``once``, the
+        dispatcher's threads send the durable signals meanwhile, from the
+        first pass that reached Redis on (stopped on return). Raises
+        ``ValueError`` for an ``interval`` that is not a number of seconds > 0
+        (0 would spin a core)."""
+        if not once:
+            check_interval(interval)
+        t = self.totals  # a pump's "jobs done": entries delivered, jobs promoted and recovered
+        beat = registry.announce(
+            self.mq,
+            "pump",
+            self.queues,
+            register=self.register,
+            beat_s=self.beat_s,
+            status=lambda: {"jobs_done": t.delivered + t.promoted + t.recovered},
+        )
+        waker = None
+        if not once:
+            waker = Waker(self.mq, self.queues, "outbox_wake", self._posted.put, block_s=block_s)
+            waker.start()
         try:
-            self._run(interval, once, should_stop, on_sweep, summary_every)
+            self._run(waker, interval, once, should_stop, on_sweep, summary_every)
         finally:
+            self.waiting = False
+            if waker is not None:
+                waker.stop()
             self.dispatcher.stop()
             if beat is not None:
                 beat.stop()
 
-    def _announce(self) -> registry.Heartbeat | None:
-        """The heartbeat listing this pump among the live processes; its
-        ``jobs_done`` counts entries delivered, jobs promoted and recovered."""
-        if not self.register:
-            return None
-        t = self.totals
-        return registry.Heartbeat(
-            self.mq,
-            "pump",
-            self.queues,
-            self.beat_s,
-            status=lambda: {"jobs_done": t.delivered + t.promoted + t.recovered},
-        ).start()
-
-    def _run(self, interval, once, should_stop, on_sweep, summary_every) -> None:
+    def _run(self, waker, interval, once, should_stop, on_sweep, summary_every) -> None:
         outage = Outage(self.mq.client, log)
         summary_at = time.monotonic() + summary_every
         while True:
@@ -302,8 +380,48 @@ class Pump:
             wait = 0 if busy else max(0.0, interval - (time.monotonic() - started))
             if self.scheduler:  # wake for the next periodic tick (DESIGN §10.3)
                 wait = self.scheduler.wait_s(wait)
-            if self._pause(wait, should_stop):
-                return
+            try:
+                if self._deliver_on_wakeups(waker, wait, should_stop):
+                    return
+            except RedisUnavailable as err:
+                if self._pause(outage.failed(err), should_stop):
+                    return
+
+    def _deliver_on_wakeups(self, waker: Waker, seconds: float, should_stop) -> bool:
+        """Until the next sweep (``seconds``), block on the outbox wake keys
+        and deliver each woken queue's outbox; True when the run should end
+        (``stop()``, or ``should_stop()``, checked every ``STOP_CHECK_S``)."""
+        deadline, retry = time.monotonic() + seconds, {}  # retry: queue -> when
+        while True:
+            if should_stop and should_stop():
+                return True
+            now = time.monotonic()
+            for queue in [q for q, at in retry.items() if at <= now]:
+                del retry[queue]
+                if self.deliver(queue).locked:
+                    retry[queue] = now + LOCKED_RETRY_S
+            if now >= deadline:
+                return False
+            waker.arm()
+            self.waiting = True
+            try:
+                timeout = min([deadline, *retry.values()]) - now
+                item = self._posted.get(timeout=max(0.0, min(timeout, STOP_CHECK_S)))
+            except _queue.Empty:
+                continue
+            finally:
+                self.waiting = False
+            items = [item]
+            while not self._posted.empty():
+                items.append(self._posted.get_nowait())
+            if None in items:
+                return True
+            if any(w.member == "up" for w in items):
+                return False  # back from an outage: sweep every queue now
+            for queue in dict.fromkeys(w.queue for w in items if isinstance(w, Wake) and w.queue):
+                self.wakeups += 1
+                if self.deliver(queue).locked:  # another pump is on it: look again soon
+                    retry[queue] = time.monotonic() + LOCKED_RETRY_S
 
     @staticmethod
     def _pause(seconds: float, should_stop) -> bool:

@@ -231,6 +231,34 @@ class Heartbeat:
             log.debug("could not remove %s %s from the list: %s", self.info.kind, self.info.id, err)
 
 
+def announce(
+    mq,
+    kind: str,
+    queues,
+    *,
+    register: bool = True,
+    beat_s: float = HEARTBEAT_S,
+    status=None,
+    concurrency: int = 0,
+    warn: logging.Logger | None = None,
+) -> Heartbeat | None:
+    """What a runner does as it starts (DESIGN §10.5): with ``warn`` (a
+    logger), warn about queues known nowhere (``unknown_queue_warning``;
+    skipped while Redis is down: the runner reports that); then, unless
+    ``register`` is off, start the ``Heartbeat`` that lists it (returned:
+    ``stop()`` it when the runner returns)."""
+    if warn is not None:
+        try:
+            warning = unknown_queue_warning(mq, queues)
+        except (redis.RedisError, ConnectionError):
+            warning = None
+        if warning:
+            warn.warning("%s", warning)
+    if not register:
+        return None
+    return Heartbeat(mq, kind, queues, beat_s, status=status, concurrency=concurrency).start()
+
+
 # -- every queue ever used ----------------------------------------------------
 def redis_queues(mq) -> list[str]:
     """The names in ``P:queues`` (valid queue names only), sorted."""

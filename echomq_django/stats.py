@@ -54,9 +54,8 @@ def _finished_since(mq, queue: str, since_ms: int) -> tuple[int, int]:
 
 
 def is_paused(mq, queue: str) -> bool:
-    """Whether ``queue`` is paused (False where this build has no pause)."""
-    check = getattr(mq, "is_paused", None)
-    return bool(check(queue)) if check is not None else False
+    """Whether ``queue`` is paused (``EchoMQ.is_paused``, DESIGN §10.3)."""
+    return bool(mq.is_paused(queue))
 
 
 def queue_stats(mq, queue: str, now_ms: int | None = None) -> dict:

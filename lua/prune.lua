@@ -18,9 +18,12 @@
   ARGV[6] completed age (ms): drop completed jobs finished longer ago
   ARGV[7] dead count: keep at most this many dead jobs
   ARGV[8] dead age (ms): drop dead jobs finished longer ago
+  ARGV[9] mode: 'all', or 'lists' to go on with queued cancels and removals
+          only (what a remove / cancel call started), no retention
 
-  returns: JSON {removed: n, held: n, more: 0|1 (1: the budget ran out,
-           call again), sent: [outbox entries for other slots, as JSON
+  returns: JSON {removed: n, held: n, more: 0|1 (1: cancels or removals
+           are queued, or the budget ran out while rows were going: call
+           again), sent: [outbox entries for other slots, as JSON
            texts], outbox, dead, released, flow_failed, revived}
   errors:  none
 ]]
@@ -32,15 +35,20 @@ LEFT = tonumber(ARGV[4])
 
 cancel_run(base, now)
 gc_run(base)
-expire_run(base, now)
-if LEFT > 0 then
-  keep_rule(base, 'completed', tonumber(ARGV[5]), tonumber(ARGV[6]), now)
+if ARGV[9] == 'all' then
+  expire_run(base, now)
+  if LEFT > 0 then
+    keep_rule(base, 'completed', tonumber(ARGV[5]), tonumber(ARGV[6]), now)
+  end
+  if LEFT > 0 then
+    keep_rule(base, 'dead', tonumber(ARGV[7]), tonumber(ARGV[8]), now)
+  end
+  gc_run(base)  -- the subtrees of the roots retention just dropped
 end
-if LEFT > 0 then
-  keep_rule(base, 'dead', tonumber(ARGV[7]), tonumber(ARGV[8]), now)
-end
-gc_run(base)  -- the subtrees of the roots retention just dropped
 OUT.removed = OUT.removed or 0
 OUT.held = OUT.held or 0
-OUT.more = (LEFT <= 0 or redis.call('EXISTS', base .. 'gc', base .. 'cancel') > 0) and 1 or 0
+-- more: work lists left, or the budget ran out while rows were still going
+-- (a call that only met held rows stops: they wait for their flows)
+local lists = redis.call('EXISTS', base .. 'gc', base .. 'cancel')
+OUT.more = (lists > 0 or (LEFT <= 0 and OUT.removed > 0)) and 1 or 0
 return cjson.encode(OUT)

@@ -1,11 +1,10 @@
 """The browser rig: Playwright (``pytest-playwright``) driving Debian's
 ``chromium`` against pytest-django's ``live_server`` (issue 15).
 
-A browser test module imports the fixtures it uses from here::
+A browser test module takes the fixtures it uses from here
+(``admin = browserkit.admin``, ``chromium = browserkit.chromium``):
 
-    from tests.browserkit import admin, browser_type_launch_args  # noqa: F401
-
-* ``browser_type_launch_args`` points pytest-playwright at ``CHROMIUM``
+* ``chromium``: Playwright driving ``CHROMIUM`` for the module
   (Playwright's own browser download is never used; ``scripts/test.sh``
   installs the Debian package where it is missing);
 * ``admin``: an ``AdminBrowser`` whose page is logged in as a superuser of
@@ -25,29 +24,43 @@ from pathlib import Path
 
 import pytest
 
-# Playwright's sync API keeps an asyncio loop in the test thread for the whole
-# session, and Django refuses ORM calls from a thread with a loop: the test
-# database's set-up and the tests' own ORM calls are plain synchronous code.
-os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-
 CHROMIUM = os.environ.get("ECHOMQ_CHROMIUM", "/usr/bin/chromium")
 VIEWPORT = {"width": 1400, "height": 900}  # the issue's "1400 px wide"
 
 
-@pytest.fixture(scope="session")
-def browser_type_launch_args(browser_type_launch_args):
+@pytest.fixture(scope="module")
+def chromium(pytestconfig):
+    """Debian's chromium under Playwright, for one test module.
+
+    Playwright's sync API runs an asyncio loop in the test thread while it is
+    started. It is started and stopped here, per module (not per session, as
+    pytest-playwright's own fixtures would), so tests after this module see
+    no loop (``async_to_sync`` refuses a thread with one); while it runs,
+    Django is told the ORM calls of the tests and the test database's set-up
+    are synchronous code all the same. ``--headed`` (pytest-playwright's
+    option) shows the browser."""
+    from playwright.sync_api import sync_playwright
+
     if not (Path(CHROMIUM).is_file() or shutil.which(CHROMIUM)):
         pytest.fail(
             f"no chromium at {CHROMIUM}: run `bash scripts/test.sh` (it installs Debian's "
             "chromium with apt-get), or set ECHOMQ_CHROMIUM to a Chromium binary",
             pytrace=False,
         )
-    return {**browser_type_launch_args, "executable_path": CHROMIUM}
-
-
-@pytest.fixture(scope="session")
-def browser_context_args(browser_context_args):
-    return {**browser_context_args, "viewport": VIEWPORT}
+    previous = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+    driver = sync_playwright().start()
+    try:
+        headed = bool(pytestconfig.getoption("headed", False))
+        browser = driver.chromium.launch(executable_path=CHROMIUM, headless=not headed)
+        yield browser
+        browser.close()
+    finally:
+        driver.stop()
+        if previous is None:
+            os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+        else:
+            os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = previous
 
 
 class AdminBrowser:
@@ -79,9 +92,11 @@ class AdminBrowser:
 
 
 @pytest.fixture
-def admin(page, live_server, transactional_db, django_user_model):
+def admin(chromium, live_server, transactional_db, django_user_model):
     from django.test import Client
 
+    context = chromium.new_context(viewport=VIEWPORT)
+    page = context.new_page()
     user = django_user_model.objects.create_superuser("operator", "op@example.com", None)
     client = Client()
     client.force_login(user)
@@ -90,4 +105,5 @@ def admin(page, live_server, transactional_db, django_user_model):
     )
     browser = AdminBrowser(page, live_server.url)
     yield browser
+    context.close()
     assert browser.errors == [], f"pages logged errors in the browser console: {browser.errors}"

@@ -18,15 +18,9 @@ from redis.cluster import RedisCluster
 
 from echomq_django import EchoMQ, Flow, JobState
 from echomq_django.keyspace import STATE_INDEX
-from echomq_django.lifecalls import LifecycleCalls
 from tests.workerkit import T0, Clock  # noqa: F401  (T0 re-exported to the tests)
 
 INDEXES = ("pending", "active", "delayed", "completed", "dead", "awaiting")
-
-
-class LifecycleMQ(EchoMQ, LifecycleCalls):
-    """``EchoMQ`` with the lifecycle calls (DESIGN §10.2), until client.py
-    mixes them in."""
 
 
 @pytest.fixture

@@ -333,14 +333,12 @@ def test_trimmed_stream_falls_back_to_a_full_rescan(world):
     assert mirrored(queue="awaiting")[("awaiting", "late")] == "pending"
 
 
-def test_a_job_gone_from_redis_is_marked_not_deleted(world):
+def test_a_job_gone_from_redis_leaves_the_mirror(world):
     world.client.delete("emq:{completed}:job:done-1")
     world.client.zrem("emq:{completed}:completed", "done-1")
     assert mirror_queue(world, "completed", full=True)["gone"] == 1
-    gone = MirroredJob.objects.get(queue="completed", job_id="done-1")
-    assert (gone.gone_from_redis, gone.state, gone.result) == (True, "completed", "1")
-    assert list(MirroredJob.objects.filter(gone_from_redis=True)) == [gone]
-    assert mirror_queue(world, "completed", full=True)["gone"] == 0  # marked once
+    assert not MirroredJob.objects.filter(queue="completed", job_id="done-1").exists()
+    assert mirror_queue(world, "completed", full=True)["gone"] == 0  # deleted once
 
 
 def test_long_values_are_trimmed_with_the_flag_set(emq):

@@ -23,9 +23,7 @@ from tests import browserkit
 from tests.workerkit import Clock
 
 # fixtures (tests/browserkit.py)
-admin = browserkit.admin
-browser_type_launch_args = browserkit.browser_type_launch_args
-browser_context_args = browserkit.browser_context_args
+admin, chromium = browserkit.admin, browserkit.chromium
 
 pytestmark = pytest.mark.e2e
 

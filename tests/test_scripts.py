@@ -138,9 +138,8 @@ def drive_every_operation(mq, clock) -> None:
         mq.complete(claim_one(mq, queue), "done")
     Pump(["other"], mq=mq).sweep()  # flow_deliver on {q}, outbox_trim on {other}
     assert_state(mq, "q", "p", "pending")
-    life = jobkit.LifecycleMQ(mq.client, prefix="emq", clock=clock)
-    life.cancel("q", "p")
-    life.remove("q", "p")  # then prune goes on with its subtree
+    mq.cancel("q", "p")
+    mq.remove("q", "p")  # then prune goes on with its subtree
     mq.subscribe_events(["q"], ["completed"])
     mq.enqueue("q", "signalled", None, job_id="s9")
     jobs = mq.claim("q", 10)
@@ -158,6 +157,7 @@ def drive_every_operation(mq, clock) -> None:
     mq.enqueue("q", "later", None, job_id="s3")
     mq.postpone(mq.claim("q", 1)[0], 5)
     mq.schedule_mark("q", "tick", 1, "init")
+    assert len(mq.enqueue_many("bulk", [("n", 1), ("n", 2, {"delay_ms": 5})])) == 2
 
 
 def test_python_calls_every_script_as_its_header_declares(tmq, clock, monkeypatch) -> None:

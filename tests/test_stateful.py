@@ -6,8 +6,14 @@ max_attempts 1-3, backoff 0 or 50 ms, priorities -1..2, a children timeout on
 some parents, dedup keys on some leaves) and drives random operations: claim,
 complete, fail (plain or dead=True), a duplicate completion with a stale
 lease, lease expiry + recover_stalled, promotion of delayed jobs, retry by id
-of a dead job (and of a job that is not dead), remove_child_dependency, and
-the children-timeout sweep (DESIGN §10.3). A claim must take the highest
+of a dead job (and of a job that is not dead), remove_child_dependency,
+the children-timeout sweep (DESIGN §10.3), and the lifecycle of DESIGN
+§10.2: remove by id (with the subtree), cancel by id (top down; an active
+job is marked and dies when it reports or stalls) and a retention pass
+(KEEP_COMPLETED / KEEP_DEAD counts 0-3). For retention the model checks
+legality rather than predicting the pick: every row that vanished was
+finished and settled (no parent, or not in its parent's :failed), or lay
+under one that vanished, and was never active. A claim must take the highest
 priorities first. ``Model`` is the reference: a
 few lines per transition, written from DESIGN §4, not from the Lua. After
 every step Redis must agree with it and the invariants must hold:
@@ -29,6 +35,7 @@ another failed child remains, rd treated as fp) each fail this test.
 from __future__ import annotations
 
 import itertools
+import os
 from dataclasses import dataclass, field
 
 import pytest
@@ -48,9 +55,11 @@ from echomq_django import (
     EchoMQ,
     Flow,
     JobNotActive,
+    JobNotFound,
     JobNotRetryable,
     LeaseLost,
 )
+from echomq_django.exceptions import JobCancelled, JobNotCancellable, JobNotRemovable
 from echomq_django.jobs import JobState
 from echomq_django.keyspace import STATE_INDEX
 from tests.jobkit import INDEXES, Clock
@@ -61,7 +70,7 @@ MAX_STALLS = 1
 AWAIT = "awaiting_children"
 PARTS = ("processed", "failed", "unsuccessful", "removed")
 SETTINGS = settings(
-    max_examples=120,
+    max_examples=int(os.environ.get("EMQ_STATEFUL_EXAMPLES", 120)),
     stateful_step_count=50,
     deadline=None,
     database=None,
@@ -83,6 +92,7 @@ class Node:
     stalls: int = 0
     counter: int = 0
     releases: int = 0
+    cancel: bool = False  # cancelled while active: dies when it reports or stalls
     hashes: dict[str, set] = field(default_factory=lambda: {p: set() for p in PARTS})
     priority: int = 0
     deadline: int | None = None  # children deadline (ms) while in P:{q}:deadlines
@@ -154,6 +164,9 @@ class Model:
 
     def complete(self, jid: str) -> None:
         j = self.jobs[jid]
+        if j.cancel:
+            self.kill(jid)
+            return
         j.state = "completed"
         self.finish(jid)
         if j.parent and not (
@@ -187,7 +200,7 @@ class Model:
 
     def fail(self, jid: str, dead: bool) -> None:
         j = self.jobs[jid]
-        if j.attempts < j.max_attempts and not dead:
+        if j.attempts < j.max_attempts and not dead and not j.cancel:
             j.state = "delayed" if j.backoff_ms else "pending"
         else:
             self.kill(jid)
@@ -195,7 +208,7 @@ class Model:
     def stall(self, jid: str) -> None:
         j = self.jobs[jid]
         j.stalls += 1
-        if j.stalls > MAX_STALLS:
+        if j.stalls > MAX_STALLS or j.cancel:
             self.kill(jid)
         else:
             j.state = "pending"
@@ -203,7 +216,7 @@ class Model:
     def retry(self, jid: str) -> None:
         j = self.jobs[jid]
         if not j.hashes["failed"]:
-            j.state, j.attempts, j.stalls = "pending", 0, 0
+            j.state, j.attempts, j.stalls, j.cancel = "pending", 0, 0, False
             self.reattach_up(jid)
             return
         for cid in sorted(j.hashes["failed"]):
@@ -211,6 +224,48 @@ class Model:
                 self.retry(cid)
             else:
                 self.reattach(jid, cid)
+
+    # -- lifecycle (DESIGN §10.2) ----------------------------------------------
+    def drop(self, jid: str) -> None:
+        """A row goes with its subtree; an active node stays, an orphan."""
+        j = self.jobs[jid]
+        if j.state == "active":
+            j.parent = None
+            return
+        del self.jobs[jid]
+        for cid in j.children:
+            if cid in self.jobs and self.jobs[cid].parent == jid:
+                self.drop(cid)
+
+    def remove(self, jid: str) -> None:
+        j = self.jobs[jid]
+        if j.parent:
+            self.reattach(j.parent, jid)
+            if not self.resolved(j.parent, jid):
+                self.jobs[j.parent].hashes["removed"].add(jid)
+                self.decrement(j.parent)
+        self.drop(jid)
+
+    def cancel(self, jid: str) -> None:
+        """The job, then its unfinished subtree top down (awaiting nodes'
+        children, breadth first): unfinished ones die, active ones are marked."""
+        todo = [jid]
+        while todo:
+            cid = todo.pop(0)
+            j = self.jobs.get(cid)
+            if j is None:  # a child retention took already
+                continue
+            if j.state == "active":
+                j.cancel = True
+            elif j.state in ("pending", "delayed", AWAIT):
+                was = j.state
+                self.kill(cid)
+                if was == AWAIT:
+                    todo.extend(j.children)
+
+    def settled(self, jid: str) -> bool:
+        j = self.jobs[jid]
+        return not j.parent or jid not in self.jobs[j.parent].hashes["failed"]
 
 
 POLICIES = ["fp", "id", "rd", "cp"]
@@ -355,6 +410,11 @@ class FlowMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def complete(self, data) -> None:
         job = self.pick_active(data)
+        if self.model.jobs[job.id].cancel:  # its result is dropped, it dies
+            with pytest.raises(JobCancelled, match="was cancelled"):
+                self.mq.complete(job, {"by": job.id})
+            self.step(self.model.complete, job.id)
+            return
         outcome = self.mq.complete(job, {"by": job.id})
         assert sorted(i for _, i in outcome.released) == self.step(self.model.complete, job.id)[0]
 
@@ -374,6 +434,10 @@ class FlowMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def complete_with_a_stale_lease(self, data) -> None:
         job = data.draw(st.sampled_from(self.stale))
+        if job.id not in self.model.jobs:
+            with pytest.raises(JobNotFound):
+                self.mq.complete(job, "duplicate")
+            return
         state = self.model.jobs[job.id].state
         # "duplicate" is never a stored result, so even the lease that completed
         # the job is refused: a replay must repeat the result too
@@ -421,6 +485,59 @@ class FlowMachine(RuleBasedStateMachine):
         outcome = self.mq.retry(Q, jid)
         self.step(self.model.retry, jid)
         assert outcome.state.value == self.model.jobs[jid].state
+
+    @precondition(lambda self: self.model.jobs)
+    @rule(data=st.data())
+    def remove(self, data) -> None:
+        jid = data.draw(st.sampled_from(sorted(self.model.jobs)))
+        if self.model.jobs[jid].state == "active":
+            with pytest.raises(JobNotRemovable, match=f"'{jid}' in queue 'q' is active;"):
+                self.mq.remove(Q, jid)
+            return
+        before = set(self.model.jobs)
+        report = self.mq.remove(Q, jid, budget=2)  # tiny steps: the host drives the rest
+        released, _ = self.step(self.model.remove, jid)
+        assert report.removed == len(before - set(self.model.jobs))
+        assert sorted(i for _, i in report.outcome.released) == released
+
+    @precondition(lambda self: self.model.jobs)
+    @rule(data=st.data())
+    def cancel(self, data) -> None:
+        jid = data.draw(st.sampled_from(sorted(self.model.jobs)))
+        state = self.model.jobs[jid].state
+        if state in ("completed", "dead"):
+            with pytest.raises(JobNotCancellable, match=f"is {state};"):
+                self.mq.cancel(Q, jid)
+            return
+        report = self.mq.cancel(Q, jid, budget=2)
+        released, died = self.step(self.model.cancel, jid)
+        assert report.state.value == state
+        assert sorted(i for _, i in report.outcome.dead) == died
+        assert sorted(i for _, i in report.outcome.released) == released
+
+    @rule(keep=st.integers(0, 3))
+    def retention(self, keep) -> None:
+        self.mq.queues[Q] = {"KEEP_COMPLETED": keep, "KEEP_DEAD": keep}
+        self.clock.advance(1)
+        report = self.mq.prune(Q, budget=3)
+        ids = sorted(self.model.jobs)
+        pipe = self.client.pipeline(transaction=False)
+        for jid in ids:
+            pipe.exists(self.mq.keys.job(Q, jid))
+        gone = {jid for jid, there in zip(ids, pipe.execute(), strict=True) if not there}
+        for jid in gone:  # every row that went was allowed to go
+            node = self.model.jobs[jid]
+            assert node.state != "active", jid
+            under = node.parent in gone
+            assert under or (node.state in ("completed", "dead") and self.model.settled(jid)), jid
+        for jid in sorted(gone):
+            node = self.model.jobs.get(jid)
+            if node is not None and node.parent not in gone:
+                self.model.drop(jid)
+        assert set(ids) - set(self.model.jobs) == gone  # whole subtrees went
+        assert report.removed == len(gone)
+        finished = len(self.model.ids("completed")) + len(self.model.ids("dead"))
+        assert finished <= 2 * keep + report.held
 
     @precondition(lambda self: self.model.ids(AWAIT))
     @rule(data=st.data())
@@ -483,6 +600,7 @@ class FlowMachine(RuleBasedStateMachine):
         for name, members in zip(INDEXES, replies[: len(INDEXES)], strict=False):
             for jid in members:
                 held.setdefault(jid, []).append(name)
+        assert set(held) <= set(ids), "an index holds a row that is gone"
         for jid, (state, attempts) in zip(ids, rows, strict=False):
             node = self.model.jobs[jid]
             assert (state, int(attempts or 0)) == (node.state, node.attempts), jid

@@ -49,9 +49,9 @@ FLOORS = [
         *("retention", "events"),
     ],
     ["flows", "scripts", "reads", "models", "scheduling"],
-    ["client", "flowcalls", "lifecalls", "eventcalls", "schedcalls"],
+    ["client", "flowcalls", "lifecalls", "eventcalls", "schedcalls", "bulk"],
     ["conf"],
-    ["wake", "registry", "outage", "pool", "reporter", "timeouts"],
+    ["wake", "registry", "outage", "pool", "reporter", "timeouts", "entries"],
     [
         *("api", "worker", "pump", "mirror", "stats", "metrics", "tasks", "outbox"),
         *("dispatch", "schedule"),
@@ -66,10 +66,12 @@ BOTTOM = {"jobs", "keyspace", "exceptions", "retention"}  # import nothing of th
 NESTED_ALLOWED = {"apps"}  # AppConfig.ready() imports checks and handlers
 
 # EchoMQ and its mixins: the only callers of scripts.run / run_many
-PROTOCOL = {"client", "flowcalls", "lifecalls", "eventcalls", "schedcalls"}
+PROTOCOL = {"client", "flowcalls", "lifecalls", "eventcalls", "schedcalls", "bulk"}
 RAW_SCRIPT_TESTS = {  # (file, test) that drive raw script calls on purpose
+    ("tests/test_enqueue_many.py", "test_a_replayed_call_writes_nothing_twice"),
     ("tests/test_replays.py", "test_a_replayed_retry_reports_success_and_retries_once"),
     ("tests/test_replays.py", "test_a_replayed_claim_returns_the_same_jobs"),
+    ("tests/test_replays.py", "test_a_replayed_enqueue_is_the_same_job"),
     ("tests/test_scripts.py", "test_registry_refuses_a_call_that_breaks_the_header"),
     ("tests/test_scripts.py", "test_noscript_fallback_run"),
     ("tests/test_scripts.py", "test_noscript_fallback_run_many"),

@@ -149,8 +149,9 @@ def test_a_sweep_recovers_expired_leases_and_learns_the_next_run_at(tmq, clock) 
     assert timers.due["q"] == T0 + 5000
 
 
-def test_a_sweep_rewakes_a_queue_whose_marker_was_lost(tmq) -> None:
-    tmq.enqueue("q", "job", job_id="a")
+@pytest.mark.parametrize("priority", [0, 3])  # 3: waiting in P:{q}:prioritized (issue 16)
+def test_a_sweep_rewakes_a_queue_whose_marker_was_lost(tmq, priority) -> None:
+    tmq.enqueue("q", "job", job_id="a", priority=priority)
     tmq.client.delete(tmq.keys.queue_key("q", "wake"))  # popped by a worker killed then
     Timers(tmq, ["q"]).run()
     assert markers(tmq) == {"0": 0}

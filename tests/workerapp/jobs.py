@@ -160,3 +160,13 @@ def decimal_total(job):
     from decimal import Decimal
 
     return {"total": sum(Decimal(p) for p in job.payload["prices"])}
+
+
+@handler("t.until_cancelled")
+def until_cancelled(job):
+    """Runs until the worker learns the job was cancelled (``job.cancelled``,
+    DESIGN §10.2; 10 s at most), then returns whether it was."""
+    deadline = time.monotonic() + 10
+    while not job.cancelled and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return job.cancelled

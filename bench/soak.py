@@ -1,0 +1,248 @@
+"""``python -m bench --soak``: a queue that runs for a year in bounded memory
+(issue 13, DESIGN §10.2).
+
+Pushes ``--soak-jobs`` plain jobs (default 200,000) and ``--soak-flows``
+small flows (default 20,000: a parent and three children, one flow in ten
+with a child on a second queue) through real ``Worker`` processes and one
+``Pump`` process (outbox, retention, the admin mirror into a SQLite file),
+with the default retention (completed: 1,000 and 1 day; dead: 10,000 and 14
+days). Outcomes are mixed: one job in ten fails once and succeeds on its
+retry, one in a thousand dies (a dead child fails its flow).
+
+The producer adds work in rounds of ``--soak-every`` jobs (and their share
+of flows), keeping the backlog small; after each round it waits until the
+queues are drained and the pump's retention has caught up (nothing pending,
+active, delayed or in an outbox, the work lists empty), then samples Redis'
+``used_memory``, its key count and the mirror's row count. The curve is
+printed; the target is ``used_memory`` after the last round within 10% of
+after the first (flat), and a mirror bounded by the retention settings.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import tempfile
+import time
+
+from echomq_django.devserver import start_server
+
+from . import procs
+
+QUEUES = ("soak", "soak2")
+FAIL_ONCE_EVERY = 10  # one job in ten fails once, then succeeds on its retry
+DIE_EVERY = 1000  # one job in a thousand dies (Unrecoverable)
+CROSS_EVERY = 10  # one flow in ten has a child on the second queue
+CHILDREN = 3
+
+
+def setup_django(url: str, db: str) -> None:
+    """Django for a soak process: the app and a SQLite file for the mirror."""
+    os.environ["ECHOMQ_URL"] = url
+    import django
+    from django.conf import settings
+
+    if not settings.configured:
+        settings.configure(
+            INSTALLED_APPS=["echomq_django"],
+            DATABASES={"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": db}},
+            USE_TZ=True,
+            ECHOMQ={"URL": url, "PREFIX": procs.PREFIX, "QUEUES": {q: {} for q in QUEUES}},
+            LOGGING_CONFIG=None,
+        )
+        django.setup()
+    import logging
+
+    logging.getLogger("echomq_django").setLevel(logging.ERROR)  # dead jobs are expected
+
+
+def worker(url: str, db: str, concurrency: int, ready, stop) -> None:
+    """One ``Worker`` process on both soak queues."""
+    setup_django(url, db)
+    import bench.soak_handlers  # noqa: F401  (registers soak.*)
+    from echomq_django import Worker
+
+    w = Worker(list(QUEUES), concurrency=concurrency, poll_interval=0.05)
+    ready.put(os.getpid())
+    import threading
+
+    threading.Thread(target=lambda: (stop.wait(), w.stop()), daemon=True).start()
+    w.run()
+
+
+def pump(url: str, db: str, interval: float, ready, stop) -> None:
+    """One ``Pump`` process: outbox, timers, retention and the admin mirror."""
+    setup_django(url, db)
+    from echomq_django import Pump
+    from echomq_django.mirror import mirror_after_sweep
+
+    p = Pump(list(QUEUES), after_sweep=[mirror_after_sweep])
+    ready.put(os.getpid())
+    p.run(interval=interval, should_stop=stop.is_set)
+
+
+def _add_round(mq, start: int, jobs: int, flows: int) -> None:
+    from echomq_django import Flow
+
+    pipe_batch = 500
+    for at in range(start, start + jobs, pipe_batch):
+        n = min(pipe_batch, start + jobs - at)
+        for i in range(at, at + n):
+            mq.enqueue(QUEUES[0], "soak.job", {"i": i}, max_attempts=2, backoff_ms=0)
+    batch = []
+    for f in range(start // 10, start // 10 + flows):
+        kids = [
+            Flow(
+                QUEUES[1] if (f % CROSS_EVERY == 0 and c == 0) else QUEUES[0],
+                "soak.job",
+                {"i": f * CHILDREN + c},
+                max_attempts=2,
+                backoff_ms=0,
+            )
+            for c in range(CHILDREN)
+        ]
+        batch.append(Flow(QUEUES[0], "soak.parent", {"f": f}, children=kids))
+        if len(batch) == 200:
+            mq.add_flows(batch)
+            batch = []
+    if batch:
+        mq.add_flows(batch)
+
+
+def _settled(mq) -> bool:
+    c = mq.client
+    for q in QUEUES:
+        counts = mq.counts(q)
+        if counts["pending"] or counts["active"] or counts["delayed"] or counts["outbox"]:
+            return False
+        if counts["awaiting_children"]:
+            return False
+        k = mq.keys
+        if c.exists(k.queue_key(q, "gc"), k.queue_key(q, "cancel")):
+            return False
+        completed, dead = mq.retention(q)
+        if counts["completed"] > completed.count or counts["dead"] > dead.count:
+            return False
+    return True
+
+
+def _sample(mq, db: str) -> dict:
+    import sqlite3
+
+    info = mq.client.info("memory")
+    with sqlite3.connect(db) as con:
+        rows = con.execute("select count(*) from echomq_django_mirroredjob").fetchone()[0]
+    counts = {q: mq.counts(q) for q in QUEUES}
+    return {
+        "used_memory": info["used_memory"],
+        "keys": mq.client.dbsize(),
+        "mirror_rows": rows,
+        "completed": sum(c["completed"] for c in counts.values()),
+        "dead": sum(c["dead"] for c in counts.values()),
+    }
+
+
+def run(
+    jobs: int = 200_000,
+    flows: int = 20_000,
+    every: int = 20_000,
+    procs_n: int = 2,
+    concurrency: int = 16,
+    interval: float = 0.2,
+    url: str | None = None,
+    out=print,
+) -> dict:
+    """Run the soak; returns ``{samples: [...], first, last, ratio}``."""
+    server = None if url else start_server()
+    url = url or server.url
+    db = os.path.join(tempfile.mkdtemp(prefix="emq-soak-"), "mirror.sqlite3")
+    setup_django(url, db)
+    from django.core.management import call_command
+
+    from echomq_django.conf import get_mq
+
+    call_command("migrate", "echomq_django", verbosity=0)
+    mq = get_mq()
+    mq.client.flushall()
+    ctx = mp.get_context("spawn")
+    ready, stop = ctx.Queue(), ctx.Event()
+    children = [
+        ctx.Process(target=worker, args=(url, db, concurrency, ready, stop)) for _ in range(procs_n)
+    ]
+    children.append(ctx.Process(target=pump, args=(url, db, interval, ready, stop)))
+    for p in children:
+        p.start()
+    for _ in children:
+        ready.get(timeout=60)
+    samples = []
+    try:
+        done, started = 0, time.monotonic()
+        out(
+            f"{'jobs':>8} {'flows':>7} {'used_memory':>12} {'keys':>7} {'mirror':>7} "
+            f"{'completed':>9} {'dead':>5} {'s':>6}"
+        )
+        while done < jobs:
+            n = min(every, jobs - done)
+            _add_round(mq, done, n, flows * n // jobs)
+            done += n
+            while not _settled(mq):
+                time.sleep(0.2)
+            time.sleep(max(interval * 3, 0.5))  # one more sweep: the mirror follows
+            s = {
+                "jobs": done,
+                "flows": flows * done // jobs,
+                **_sample(mq, db),
+                "elapsed_s": round(time.monotonic() - started, 1),
+            }
+            samples.append(s)
+            out(
+                f"{s['jobs']:>8} {s['flows']:>7} {s['used_memory']:>12,} {s['keys']:>7} "
+                f"{s['mirror_rows']:>7} {s['completed']:>9} {s['dead']:>5} {s['elapsed_s']:>6}"
+            )
+    finally:
+        stop.set()
+        for p in children:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.terminate()
+        if server:
+            server.stop()
+    first, last = samples[0]["used_memory"], samples[-1]["used_memory"]
+    ratio = last / first
+    out(
+        f"used_memory after {samples[-1]['jobs']:,} jobs is {ratio:.3f}x its value after "
+        f"{samples[0]['jobs']:,} (target: within 10%); steady state {last:,} bytes"
+    )
+    return {"samples": samples, "first": first, "last": last, "ratio": ratio}
+
+
+def main(argv=None) -> int:
+    """``python -m bench --soak [--quick] [--soak-jobs N] [--soak-flows N]
+    [--soak-every N] [--workers PxC] [--redis-url URL]``; exit 0 when the
+    memory target holds, 1 when it does not, 2 for bad flags."""
+    import argparse
+    import sys
+
+    p = argparse.ArgumentParser(prog="python -m bench --soak", description=__doc__.split("\n")[0])
+    p.add_argument("--soak", action="store_true", help="run the soak (this benchmark)")
+    p.add_argument("--quick", action="store_true", help="a smoke run: 20,000 jobs, 2,000 flows")
+    p.add_argument("--soak-jobs", type=int, default=200_000, help="plain jobs (default %(default)s)")
+    p.add_argument("--soak-flows", type=int, default=20_000, help="flows (default %(default)s)")
+    p.add_argument("--soak-every", type=int, default=20_000,
+                   help="jobs per round, one sample each (default %(default)s)")  # fmt: skip
+    p.add_argument("--workers", default="2x16", help="PROCESSESxCONCURRENCY (default %(default)s)")
+    p.add_argument("--redis-url", help="use this Redis (FLUSHALLed!) instead of a private one")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.soak_jobs, args.soak_flows, args.soak_every = 20_000, 2_000, 2_000
+    try:
+        procs_n, concurrency = (int(v) for v in args.workers.lower().split("x"))
+        if min(procs_n, concurrency, args.soak_jobs, args.soak_every) < 1 or args.soak_flows < 0:
+            raise ValueError
+    except ValueError:
+        print("python -m bench --soak: --workers is PxC and counts are whole numbers >= 1",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    result = run(args.soak_jobs, args.soak_flows, args.soak_every, procs_n, concurrency,
+                 url=args.redis_url)  # fmt: skip
+    return 0 if result["ratio"] <= 1.10 else 1
