@@ -54,7 +54,36 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="children of the cross-queue topology, 0 to skip (default %(default)s)",
     )
     p.add_argument(
-        "--quick", action="store_true", help="a smoke run: --sizes 100 --tree 5x100 --cross 100"
+        "--quick",
+        action="store_true",
+        help="a smoke run: --sizes 100 --tree 5x100 --cross 100 --latency-samples 5 "
+        "--plain-jobs 500 --idle-seconds 1",
+    )
+    p.add_argument(
+        "--scenarios",
+        default="flows,latency,plain",
+        help="which scenarios to run, comma-separated: flows (the topologies), latency "
+        "(an idle worker's latencies through the real commands), plain (10,000 plain jobs: "
+        "bulk add and drain) (default %(default)s)",
+    )
+    p.add_argument(
+        "--latency-samples",
+        type=int,
+        default=200,
+        help="samples per latency measurement (default %(default)s)",
+    )
+    p.add_argument(
+        "--idle-seconds",
+        type=float,
+        default=10.0,
+        help="how long the latency scenario counts an idle worker's Redis commands "
+        "(default %(default)s)",
+    )
+    p.add_argument(
+        "--plain-jobs",
+        type=int,
+        default=10000,
+        help="jobs of the plain scenario (default %(default)s)",
     )
     p.add_argument(
         "--workers",
@@ -88,10 +117,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         "(default %(default)s; a busy machine is noisy)",
     )
     p.add_argument(
-        "--poll-interval",
+        "--block-timeout",
+        "--poll-interval",  # its former name
+        dest="poll_interval",
         type=float,
-        default=0.05,
-        help="our Worker's rest (s) after an empty claim (default %(default)s)",
+        default=None,
+        help="our Worker's longest single blocking wait (s) on its wake keys "
+        "(default: the Worker's)",
     )
     p.add_argument(
         "--pump-interval",
@@ -124,6 +156,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.quick:
         args.sizes, args.tree, args.cross = "100", "5x100", 100
+        args.latency_samples, args.plain_jobs, args.idle_seconds = 5, 500, 1.0
+    args.scenarios = {s.strip() for s in args.scenarios.split(",") if s.strip()}
+    unknown = args.scenarios - {"flows", "latency", "plain"}
+    if unknown:
+        p.error(f"unknown scenarios {sorted(unknown)}: use flows, latency, plain")
     return args
 
 
@@ -235,7 +272,7 @@ def _run(args, url, topos, ours_layout, peer_layout, with_peer, peer_version) ->
     print(header(meta), flush=True)
     rows = []
     try:
-        for topo in topos:
+        for topo in topos if "flows" in args.scenarios else []:
             for system in systems:
                 runs = [
                     _profiled_run(args, system, topo, probe, progress)
@@ -253,11 +290,17 @@ def _run(args, url, topos, ours_layout, peer_layout, with_peer, peer_version) ->
         "ratios": ratios(rows),
         "layouts": {r["system"] + " " + r["topology"]: r["layout"] for r in rows},
     }
-    result["targets"] = evaluate_targets(rows)
-    print()
-    print(format_table(rows, first=True, ratios_for=rows, summary=True))
-    for line in result["targets"]["lines"]:
-        print(line)
+    if rows:
+        result["targets"] = evaluate_targets(rows)
+        print()
+        print(format_table(rows, first=True, ratios_for=rows, summary=True))
+        for line in result["targets"]["lines"]:
+            print(line)
+    names = [s.name for s in systems]
+    if "latency" in args.scenarios:
+        result["latency"] = _latency(url, names, args.latency_samples, args.idle_seconds, progress)
+    if "plain" in args.scenarios:
+        result["plain"] = _plain(url, names, args.plain_jobs, ours_layout, peer_layout)
     path = (
         Path(args.json_path)
         if args.json_path
@@ -267,6 +310,46 @@ def _run(args, url, topos, ours_layout, peer_layout, with_peer, peer_version) ->
     path.write_text(json.dumps(result, indent=2) + "\n")
     print(f"results: {path}")
     return 0 if all(r["values_ok"] for r in rows) else 1
+
+
+def _latency(url: str, names: list[str], samples: int, idle_s: float, progress) -> list[dict]:
+    """The latency scenario (bench/latency.py), ours then BullMQ's."""
+    from . import latency
+
+    rows = []
+    for name in names:
+        side = latency.OurSide(url) if name == "echomq" else latency.PeerSide(url)
+        try:
+            rows.append(latency.run_side(side, url, samples, idle_s, progress=progress.show))
+        finally:
+            side.close()
+            progress.clear()
+    print()
+    print(f"latency: an idle worker, default settings ({samples} samples each)")
+    for row in rows:
+        print(f"  {row['system']}: {row['layout']}")
+    print(latency.format_rows(rows), flush=True)
+    return rows
+
+
+def _plain(url: str, names: list[str], jobs: int, ours_layout, peer_layout) -> list[dict]:
+    """The plain-jobs scenario (bench/plain.py), ours then BullMQ's."""
+    from . import plain
+
+    rows = []
+    for name in names:
+        if name == "echomq":
+            side = plain.OurPlain(url, ours_layout)
+        else:
+            side = plain.PeerPlain(url, peer_layout)
+        try:
+            rows.append(plain.run_side(side, url, jobs))
+        finally:
+            side.close()
+    print()
+    print(f"plain jobs: {jobs:,} independent jobs, bulk add, then drained by the worker layout")
+    print(plain.format_rows(rows), flush=True)
+    return rows
 
 
 def _profiled_run(args, system, topo, probe, progress) -> dict:
@@ -304,8 +387,8 @@ def header(meta: dict) -> str:
             f"{meta['git_commit'] or '?'}, bullmq {meta['bullmq'] or '(not installed: ours only)'}"
         ),
         (
-            f"workers: echomq {meta['ours_workers']} (processes x concurrency, poll "
-            f"{meta['worker_poll_interval_s']:g} s; cross-queue adds 1 Pump process every "
+            f"workers: echomq {meta['ours_workers']} (processes x concurrency, blocking "
+            f"on wake keys; cross-queue adds 1 Pump process, sweeping every "
             f"{meta['pump_interval_s']:g} s)"
             + (f"; bullmq {meta['peer_workers']}" if meta["peer_workers"] else "")
         ),

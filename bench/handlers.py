@@ -1,9 +1,31 @@
 """The benchmark's handlers: each returns a small value at once (its node's
-index, ``"done"`` for the root). Imported by every worker process."""
+index, ``"done"`` for the root; the latency scenario's ``bench.lat`` records
+its start). Imported by every worker process."""
+
+import functools
+import os
+
+import redis
 
 from echomq_django import handler
 
+from . import latency
 from .topologies import BRANCH, LEAF, ROOT
+
+
+@functools.cache
+def _client() -> redis.Redis:
+    return redis.Redis.from_url(os.environ["ECHOMQ_URL"])
+
+
+@handler("bench.lat")
+def lat(job):
+    latency.record(_client(), job.payload)
+
+
+@handler("bench.one")
+def one(job):
+    return 1
 
 
 @handler(LEAF)

@@ -17,7 +17,7 @@ class Ours:
         url: str,
         layout,
         *,
-        poll_interval: float,
+        poll_interval: float | None,
         pump_interval: float,
         profile: str | None = None,
     ) -> None:
@@ -85,7 +85,7 @@ class Ours:
     # -- processes -------------------------------------------------------------
     def processes(self, ctx, topo: Topology, ready, go, stop, results) -> list:
         out = []
-        options = {"poll_interval": self.poll_interval}
+        options = {} if self.poll_interval is None else {"block_timeout": self.poll_interval}
         for _ in range(self.layout.procs):
             out.append(
                 ctx.Process(

@@ -17,17 +17,17 @@ import time
 PREFIX = "emq"
 
 
-def setup_django(url: str) -> None:
+def setup_django(url: str, apps: tuple[str, ...] = ()) -> None:
     """Configure Django for a benchmark process: no database, no apps but
-    what the worker needs; the handlers are registered by importing
-    ``bench.handlers``."""
+    ``apps`` (the commands need ``echomq_django`` installed); the handlers
+    are registered by importing ``bench.handlers``."""
     os.environ["ECHOMQ_URL"] = url
     import django
     from django.conf import settings
 
     if not settings.configured:
         settings.configure(
-            INSTALLED_APPS=[],
+            INSTALLED_APPS=list(apps),
             DATABASES={},
             USE_TZ=True,
             ECHOMQ={"URL": url, "PREFIX": PREFIX},

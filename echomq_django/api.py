@@ -1,6 +1,6 @@
 """Module-level API over the ``EchoMQ`` built from settings (DESIGN §7).
 
-``enqueue`` and ``add_flow`` take ``on_commit``:
+``enqueue``, ``enqueue_many`` and ``add_flow`` take ``on_commit``:
 
 * ``None`` (the default): inside an atomic block (``transaction.atomic``,
   ATOMIC_REQUESTS) the write waits for the commit, as django-rq does; outside
@@ -35,6 +35,7 @@ from .flows import Flow, FlowRef
 from .jobs import Job, Outcome
 from .keyspace import validate_id, validate_queue
 from .reads import Dependencies
+from .retention import job_keep
 from .scheduling import check_job_options
 
 
@@ -59,13 +60,14 @@ def enqueue(
     timeout_ms: int | None = None,
     dedup_key: str | None = None,
     dedup_ttl_ms: int | None = None,
+    keep: int | None = None,
     on_commit: bool | None = None,
     using: str | None = None,
     **options: Any,
 ) -> str:
     """Add one job; returns its id (str). See ``EchoMQ.enqueue`` for the
     arguments (``priority``, ``timeout_ms``, ``dedup_key``, ``dedup_ttl_ms``:
-    DESIGN §10.3) and errors, and this module's docstring for ``on_commit`` /
+    DESIGN §10.3; ``keep``: §10.2) and errors, and this module's docstring for ``on_commit`` /
     ``using`` (the database alias whose transaction is watched and that holds
     the outbox row). A deferred add raises the same validation errors now,
     and the database's error if the outbox table is missing; it returns the
@@ -80,6 +82,7 @@ def enqueue(
         timeout_ms=timeout_ms,
         dedup_key=dedup_key,
         dedup_ttl_ms=dedup_ttl_ms,
+        keep=keep,
     )
     if not _defer(on_commit, using):
         return mq.enqueue(queue, name, payload, **kwargs)
@@ -88,9 +91,30 @@ def enqueue(
     if not isinstance(name, str) or not name:
         raise ValueError(f"a job needs a name (the handler's), got {name!r}")
     check_job_options(priority, delay_ms, timeout_ms, dedup_key, dedup_ttl_ms)
+    job_keep(keep)  # DESIGN §10.2: refused now, not at the push
     mq.encode(payload)
     outbox.write_job(queue, name, payload, job_id, kwargs, using=using, mq=mq)
     return job_id
+
+
+def enqueue_many(
+    queue: str, jobs, *, on_commit: bool | None = None, using: str | None = None
+) -> list[str]:
+    """Add many plain jobs to ``queue``; returns their ids in order. See
+    ``EchoMQ.enqueue_many`` for ``jobs`` (``(name, payload)``, ``(name,
+    payload, options)`` or dicts, with ``enqueue``'s options) and the errors,
+    and this module's docstring for ``on_commit`` / ``using``. Now: one
+    round trip, all or nothing. Deferred: every job is checked and its id
+    fixed now, and each is an outbox row of its own (DESIGN §10.4: nothing
+    lost when Redis is down at the commit), pushed after the commit one by
+    one, as ``enqueue``'s are. DESIGN §10.1."""
+    mq = get_mq()
+    plan = mq.plan_many(queue, jobs)
+    if not _defer(on_commit, using):
+        return mq.land_many(plan)
+    for name, payload, job_id, options in plan.jobs():
+        outbox.write_job(queue, name, payload, job_id, options, using=using, mq=mq)
+    return plan.ids
 
 
 def _assign_ids(flow: Flow) -> None:

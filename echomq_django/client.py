@@ -17,6 +17,7 @@ from typing import Any
 import redis
 
 from . import flows as _flows
+from .bulk import BulkCalls
 from .eventcalls import EventCalls
 from .exceptions import (
     EchoMQError,
@@ -41,6 +42,7 @@ from .jobs import (
 from .keyspace import Keyspace, validate_id, validate_queue, whole_number
 from .lifecalls import LifecycleCalls
 from .reads import Reads
+from .retention import job_keep
 from .schedcalls import SchedulingCalls
 from .scheduling import Claimed, check_job_options
 from .scripts import Scripts
@@ -58,7 +60,7 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-class EchoMQ(FlowCalls, SchedulingCalls, EventCalls, LifecycleCalls, Reads):
+class EchoMQ(FlowCalls, SchedulingCalls, EventCalls, LifecycleCalls, BulkCalls, Reads):
     """The queue over one redis-py client (``redis.Redis`` or ``RedisCluster``).
 
     The only caller of the Lua scripts: each ``lua/*.lua`` has exactly one
@@ -202,6 +204,7 @@ class EchoMQ(FlowCalls, SchedulingCalls, EventCalls, LifecycleCalls, Reads):
         timeout_ms: int | None = None,
         dedup_key: str | None = None,
         dedup_ttl_ms: int | None = None,
+        keep: int | None = None,
     ) -> str:
         """Add one job; returns its id (generated when ``job_id`` is None).
 
@@ -210,6 +213,9 @@ class EchoMQ(FlowCalls, SchedulingCalls, EventCalls, LifecycleCalls, Reads):
         default the queue's TIMEOUT_MS); ``dedup_key``: while a job added with
         the same key is live (not completed, not dead), nothing is written and
         that job's id is returned; ``dedup_ttl_ms`` (ms) frees the key sooner.
+        DESIGN §10.2: ``keep`` (s, int >= 0) keeps the job at most that long
+        after it finishes (0: the next retention step takes it); None: the
+        queue's ``KEEP_*`` alone.
         Raises ``ValueError`` for a bad queue name, id, name or option
         (scheduling.py's ranges), ``PayloadError`` for a bad payload,
         ``DuplicateJob`` when the id is taken (nothing written),
@@ -223,6 +229,7 @@ class EchoMQ(FlowCalls, SchedulingCalls, EventCalls, LifecycleCalls, Reads):
         whole_number("backoff_ms", backoff_ms, 0, optional=True)
         whole_number("delay_ms", delay_ms, 0)
         check_job_options(priority, delay_ms, timeout_ms, dedup_key, dedup_ttl_ms)
+        own_keep = job_keep(keep)
         k = self.keys.queue(queue)
         self.note_queues((queue,))
         state = self.scripts.run(
@@ -241,6 +248,7 @@ class EchoMQ(FlowCalls, SchedulingCalls, EventCalls, LifecycleCalls, Reads):
                 dedup_key or "",
                 opt(dedup_ttl_ms),
                 opt(timeout_ms),
+                own_keep,
             ],
         )
         state = to_text(state)

@@ -16,12 +16,21 @@ One ``Pump(queues).sweep()`` pass, for each queue:
    DESIGN §10.6): in ``sweep()`` synchronously, in ``run()`` from the
    dispatcher's threads, which block on the queues' event streams and send
    within milliseconds of a transition.
+
+``Pump.run`` sweeps every ``interval`` seconds and, in between, blocks on its
+queues' outbox wake keys (``P:{q}:flow:wake``, wake.py): a child's
+completion or death that writes an outbox entry wakes it, and it delivers
+that queue's outbox at once, so a cross-queue parent is released within
+milliseconds of its last child (DESIGN §10.1). The interval sweep stays as
+the safety net (a wake-up lost with a killed pump; promotion and recovery
+where no worker keeps the timers).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import queue as _queue
 import time
 from dataclasses import dataclass, field
 
@@ -36,10 +45,13 @@ from .jobs import Outcome
 from .keyspace import validate_queue
 from .outage import Outage
 from .schedule import Scheduler
+from .wake import BLOCK_S, Wake, Waker
 
 log = logging.getLogger("echomq_django.pump")
 
 SUMMARY_EVERY_S = 10.0  # seconds between the INFO lines of running totals
+LOCKED_RETRY_S = 0.05  # a woken queue whose outbox another pump holds: look again then
+STOP_CHECK_S = 0.25  # run() calls should_stop() at least this often (a local check)
 
 
 @dataclass
@@ -193,6 +205,9 @@ class Pump:
         self.before_trim = before_trim
         self.register, self.beat_s = register, beat_s
         self.totals = SweepReport()
+        self.wakeups = 0  # outbox deliveries a wake-up started (run())
+        self.waiting = False  # run() is blocked on the outbox wake keys
+        self._posted: _queue.SimpleQueue = _queue.SimpleQueue()  # Wake, or None: stop
 
     def sweep(self) -> dict[str, dict]:
         """One pass over every queue; returns ``{queue: counts}`` (see
@@ -239,6 +254,31 @@ class Pump:
             hook(self, reports)
         return {q: r.as_dict() for q, r in reports.items()}
 
+    def deliver(self, queue: str) -> SweepReport:
+        """Deliver ``queue``'s outbox now (what a wake-up does between
+        sweeps; the signals of what it moved are durable events, sent by the
+        dispatcher); ``locked`` in the report when another pump holds that
+        outbox. Raises ``RedisUnavailable``."""
+        try:
+            rep = deliver_outbox(
+                self.mq,
+                queue,
+                self.batch,
+                self.lock_ms,
+                self.max_tries,
+                before_trim=self.before_trim,
+            )
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as err:
+            raise connection_error(self.mq.client, err) from err
+        rep.released, rep.dead = len(rep.outcome.released), len(rep.outcome.dead)
+        for name in ("delivered", "deadlettered", "released", "dead"):
+            setattr(self.totals, name, getattr(self.totals, name) + getattr(rep, name))
+        return rep
+
+    def stop(self) -> None:
+        """Make ``run()`` return at once (from any thread)."""
+        self._posted.put(None)
+
     def run(
         self,
         interval: float = 1.0,
@@ -246,16 +286,19 @@ class Pump:
         should_stop=None,
         on_sweep=None,
         summary_every: float = SUMMARY_EVERY_S,
+        block_s: float = BLOCK_S,
     ) -> None:
         """Sweep every ``interval`` seconds (at once again while an outbox
-        fills whole batches) until ``should_stop()`` is true, or once.
-        ``on_sweep(reports)`` is called after each pass. Logs each pass's
-        non-zero counts at DEBUG and the running totals at INFO every
-        ``summary_every`` seconds. A Redis outage is waited out with backoff
-        (``outage.Outage``), never raised; ``once`` returns after the first
-        pass that reached Redis. Unless ``once``, the dispatcher's threads
-        send the durable signals meanwhile, from the first pass that reached
-        Redis on (stopped on return)."""
+        fills whole batches) until ``should_stop()`` is true, ``stop()`` is
+        called, or once; between sweeps, deliver a queue's outbox as soon as
+        its wake key says it has entries (``block_s``: the waker's longest
+        single blocking command, s). ``on_sweep(reports)`` is called after
+        each pass. Logs each pass's non-zero counts at DEBUG and the running
+        totals at INFO every ``summary_every`` seconds. A Redis outage is
+        waited out with backoff (``outage.Outage``), never raised; ``once``
+        returns after the first pass that reached Redis. Unless ``once``, the
+        dispatcher's threads send the durable signals meanwhile, from the
+        first pass that reached Redis on (stopped on return)."""
         t = self.totals  # a pump's "jobs done": entries delivered, jobs promoted and recovered
         beat = registry.announce(
             self.mq,
@@ -265,14 +308,21 @@ class Pump:
             beat_s=self.beat_s,
             status=lambda: {"jobs_done": t.delivered + t.promoted + t.recovered},
         )
+        waker = None
+        if not once:
+            waker = Waker(self.mq, self.queues, "outbox_wake", self._posted.put, block_s=block_s)
+            waker.start()
         try:
-            self._run(interval, once, should_stop, on_sweep, summary_every)
+            self._run(waker, interval, once, should_stop, on_sweep, summary_every)
         finally:
+            self.waiting = False
+            if waker is not None:
+                waker.stop()
             self.dispatcher.stop()
             if beat is not None:
                 beat.stop()
 
-    def _run(self, interval, once, should_stop, on_sweep, summary_every) -> None:
+    def _run(self, waker, interval, once, should_stop, on_sweep, summary_every) -> None:
         outage = Outage(self.mq.client, log)
         summary_at = time.monotonic() + summary_every
         while True:
@@ -300,8 +350,48 @@ class Pump:
             wait = 0 if busy else max(0.0, interval - (time.monotonic() - started))
             if self.scheduler:  # wake for the next periodic tick (DESIGN §10.3)
                 wait = self.scheduler.wait_s(wait)
-            if self._pause(wait, should_stop):
-                return
+            try:
+                if self._deliver_on_wakeups(waker, wait, should_stop):
+                    return
+            except RedisUnavailable as err:
+                if self._pause(outage.failed(err), should_stop):
+                    return
+
+    def _deliver_on_wakeups(self, waker: Waker, seconds: float, should_stop) -> bool:
+        """Until the next sweep (``seconds``), block on the outbox wake keys
+        and deliver each woken queue's outbox; True when the run should end
+        (``stop()``, or ``should_stop()``, checked every ``STOP_CHECK_S``)."""
+        deadline, retry = time.monotonic() + seconds, {}  # retry: queue -> when
+        while True:
+            if should_stop and should_stop():
+                return True
+            now = time.monotonic()
+            for queue in [q for q, at in retry.items() if at <= now]:
+                del retry[queue]
+                if self.deliver(queue).locked:
+                    retry[queue] = now + LOCKED_RETRY_S
+            if now >= deadline:
+                return False
+            waker.arm()
+            self.waiting = True
+            try:
+                timeout = min([deadline, *retry.values()]) - now
+                item = self._posted.get(timeout=max(0.0, min(timeout, STOP_CHECK_S)))
+            except _queue.Empty:
+                continue
+            finally:
+                self.waiting = False
+            items = [item]
+            while not self._posted.empty():
+                items.append(self._posted.get_nowait())
+            if None in items:
+                return True
+            if any(w.member == "up" for w in items):
+                return False  # back from an outage: sweep every queue now
+            for queue in dict.fromkeys(w.queue for w in items if isinstance(w, Wake) and w.queue):
+                self.wakeups += 1
+                if self.deliver(queue).locked:  # another pump is on it: look again soon
+                    retry[queue] = time.monotonic() + LOCKED_RETRY_S
 
     @staticmethod
     def _pause(seconds: float, should_stop) -> bool:

@@ -71,8 +71,9 @@ DOWN, UP = Wake("", "down"), Wake("", "up")
 
 
 class Waker:
-    """Blocks on ``key`` (``"wake"`` or ``"flow:wake"``) of each of ``queues``
-    and calls ``post(Wake)`` for each marker popped (see the module).
+    """Blocks on ``key`` (the ``QueueKeys`` field ``"wake"`` or
+    ``"outbox_wake"``) of each of ``queues`` and calls ``post(Wake)`` for each
+    marker popped (see the module).
 
     ``mq``: an ``EchoMQ``; ``block_s`` (s): longest single blocking command
     (bounded below the client's socket timeout); ``name``: thread name.
@@ -130,7 +131,7 @@ class Waker:
         """Return a popped marker for another runner (``'d'`` keeps the
         earliest run-at). Errors are logged, not raised: at worst a sweep
         re-wakes the queue."""
-        key = self.mq.keys.queue_key(wake.queue, self.key)
+        key = getattr(self.mq.keys.queue(wake.queue), self.key)
         try:
             if wake.member == WAKE_DUE:
                 self.mq.client.zadd(key, {WAKE_DUE: wake.score}, lt=True)
@@ -140,7 +141,7 @@ class Waker:
             log.debug("putting back %s on %s failed: %s", wake.member, key, err)
 
     def _run(self, queues: list[str]) -> None:
-        keys = {self.mq.keys.queue_key(q, self.key): q for q in queues}
+        keys = {getattr(self.mq.keys.queue(q), self.key): q for q in queues}
         order, turn, down, delay = list(keys), 0, False, BACKOFF_START_S
         while not self._halt.is_set():
             self._armed.wait()
@@ -181,7 +182,7 @@ class Timers:
     """A worker's timers for ``queues`` (see the module): ``learn(queue,
     run_at_ms)`` a delayed run-at; ``next_in()`` seconds until the next timer;
     ``run()`` fires what is due and returns the merged ``Outcome`` (recovered
-    jobs that died and what that moved: the caller sends the signals).
+    jobs that died and what that moved; their signals are durable events).
 
     ``sweep_s`` (s): sweep interval per queue; ``max_stalls``: lease expiries a
     job survives (as the pump's); ``limit``: most jobs moved per script call.
@@ -306,3 +307,73 @@ def _private_client(client, block_s: float) -> redis.Redis | None:
     except TypeError:
         return None
     return redis.Redis(connection_pool=private)
+
+
+class Idle:
+    """A worker's side of DESIGN §10.1: its ``Waker`` on the queues' wake
+    keys and its ``Timers``. The worker calls ``start(post)`` and ``stop()``
+    around a run, ``keep_timers()`` on each pass of its loop, ``block(idle)``
+    before each wait (True: arm the waker) and ``on_wake(wake)`` for what
+    the waker posted. It uses the worker's ``mq``, ``queues``,
+    ``concurrency``, ``_executing``, ``_stopping``, ``_rest`` (queue -> the
+    monotonic time it may be claimed) and ``_on_released(queue)``.
+    ``wakeups``: the wake-ups used (``claimable``, ``due``, ``reconnect``, and
+    ``returned``: markers handed back while busy or stopping)."""
+
+    def __init__(self, worker, block_s: float, sweep_s: float, max_stalls: int) -> None:
+        self.worker, self.block_s = worker, block_s
+        self.timers = Timers(worker.mq, worker.queues, sweep_s=sweep_s, max_stalls=max_stalls)
+        self.wakeups = dict.fromkeys(("claimable", "due", "reconnect", "returned"), 0)
+        self.waker: Waker | None = None
+
+    def start(self, post) -> None:
+        w = self.worker
+        self.waker = Waker(w.mq, w.queues, "wake", post, block_s=self.block_s)
+        self.waker.start()
+
+    def stop(self) -> None:
+        if self.waker is not None:
+            self.waker.stop()
+
+    def block(self, idle: bool) -> bool:
+        """Arm the waker when ``idle`` (a free thread, every queue drained),
+        else leave the markers to other workers; returns ``idle``."""
+        if idle:
+            self.waker.arm()
+        else:
+            self.waker.disarm()
+        return idle
+
+    def keep_timers(self) -> bool:
+        """Run the timers that are due (what a lease recovery moves, a job
+        past its stall limit dying, is a durable event: the pump's dispatcher
+        sends its signals). True when any ran (they talked to Redis)."""
+        if self.timers.next_in() > 0:
+            return False
+        outcome = self.timers.run()
+        for queue, _ in outcome.released:
+            self.worker._on_released(queue)
+        return True
+
+    def on_wake(self, wake: Wake) -> None:
+        """A marker the waker popped, or its connection's state."""
+        w = self.worker
+        if wake is UP:  # whatever became claimable or due meanwhile: look now
+            self.wakeups["reconnect"] += 1
+            w._rest.update(dict.fromkeys(w.queues, 0.0))
+            self.timers.wake_all()
+        elif wake is DOWN:
+            return
+        elif wake.member == WAKE_DUE:
+            self.wakeups["due"] += 1
+            self.timers.learn(wake.queue, wake.score)
+            if w._stopping.is_set():
+                self.waker.put_back(wake)
+        else:
+            self.wakeups["claimable"] += 1
+            w._rest[wake.queue] = 0.0
+            if w._executing >= w.concurrency or w._stopping.is_set():
+                # busy after all, or leaving: another idle worker may take it now;
+                # this one claims from the queue as soon as a thread frees
+                self.wakeups["returned"] += 1
+                self.waker.put_back(wake)

@@ -8,9 +8,12 @@ the job path, each in batches:
 
 * the **loop** (the thread that calls ``run()``) claims as many jobs as there
   are free handler threads, round-robin over the queues (the first queue
-  asked rotates each turn; a queue whose claim came back short rests for
-  ``poll_interval`` unless a parent on it is released), submits them, and
-  waits for the next one to finish;
+  asked rotates each turn; a queue whose claim came back short rests until
+  woken), submits them, and waits for one to finish or a wake-up: with a
+  free thread it blocks on the queues' wake keys (``wake.Idle``: no polling,
+  DESIGN §10.1), and it keeps the queues' timers (due delayed jobs promoted
+  at their run-at, expired leases recovered by one worker per queue per
+  ``sweep_interval``), so ``runworker`` alone runs a single-queue site;
 * the **reporter** (reporter.py) takes every finished job handed over since
   its last batch and reports them: one pipelined ``complete_many`` and one ``fail_many`` (one
   round trip each, however many jobs), then sends the Django signals for that
@@ -57,6 +60,8 @@ Decisions (documented here, relied on by the tests):
   lease expires and the pump recovers it.
 * Burst mode stops when nothing is running and a claim on every queue finds
   nothing; delayed jobs (backoff, scheduled) are not waited for.
+* Redis dropped under a blocking wait (restart, failover): once it answers
+  again every queue is claimed from and every timer runs.
 * Stop (``stop()``, or SIGTERM/SIGINT when ``run()`` is on the main thread):
   no more claims; running jobs finish and are reported within
   ``shutdown_timeout`` seconds. A second signal (``stop(force=True)``) returns
@@ -93,6 +98,7 @@ from .outbox import Drainer
 from .pool import HandlerPool, error_text, unknown_name_error
 from .reporter import GONE, Finished, Reporter
 from .timeouts import Timeouts
+from .wake import BLOCK_S, SWEEP_S, Idle, Wake
 
 log = logging.getLogger("echomq_django.worker")
 
@@ -109,20 +115,22 @@ class Worker:
     ``LEASE_MS``); ``heartbeat_ms`` (ms): how often running jobs are checked
     for a lease extension (default a sixth of the shortest lease, at least
     50); ``shutdown_timeout`` (s): how long a graceful stop waits for running
-    jobs; ``poll_interval`` (s): how long an empty queue rests before it is
-    claimed from again; ``max_stuck``: handler threads left running past
-    their job's time limit (written off and replaced) before the worker stops
-    (default ``concurrency``; timeouts.py); ``register``: list this worker
-    among the live processes while it runs (a heartbeat every ``beat_s``
-    seconds, DESIGN §10.5); ``metrics``: count finished jobs and handler
-    times in this process's Prometheus metrics (``metrics.ProcessMetrics``;
-    needs prometheus_client, else ``ImproperlyConfigured``); ``drain_outbox``:
-    push the enqueue outbox's rows to Redis (DESIGN §10.4; ``runworker`` sets
-    it) before the first claim and then every ``outbox_interval_s`` seconds.
-    Raises
+    jobs; ``block_timeout`` (s, former name ``poll_interval``): the longest
+    single blocking wait on the wake keys; ``sweep_interval`` (s) and
+    ``max_stalls``: see ``wake.Timers``; ``max_stuck``: handler threads left
+    running past their job's time limit (written off and replaced) before the
+    worker stops (default ``concurrency``; timeouts.py); ``register``: list
+    this worker among the live processes while it runs (a heartbeat every
+    ``beat_s`` seconds, DESIGN §10.5); ``metrics``: count finished jobs and
+    handler times in this process's Prometheus metrics
+    (``metrics.ProcessMetrics``; needs prometheus_client, else
+    ``ImproperlyConfigured``); ``drain_outbox``: push the enqueue outbox's
+    rows to Redis (DESIGN §10.4; ``runworker`` sets it) before the first
+    claim and then every ``outbox_interval_s`` seconds. Raises
     ``ValueError`` for a bad queue name or number. ``run()`` logs a WARNING
     naming the known queues when a queue is known nowhere (no job, not in
-    settings).
+    settings). Also ``wakeups``, ``timers`` (``wake.Idle``) and ``waiting``
+    (true while idle, blocked on its queues).
 
     After ``run()``: ``processed`` (jobs completed or failed, all runs),
     ``stats`` (``completed``, ``failed`` = will retry, ``dead``, ``lost`` =
@@ -141,7 +149,10 @@ class Worker:
         lease_ms: int | None = None,
         heartbeat_ms: int | None = None,
         shutdown_timeout: float = 30.0,
-        poll_interval: float = 0.2,
+        block_timeout: float | None = None,
+        sweep_interval: float = SWEEP_S,
+        max_stalls: int = 1,
+        poll_interval: float | None = None,
         max_stuck: int | None = None,
         register: bool = True,
         beat_s: float = registry.HEARTBEAT_S,
@@ -166,10 +177,15 @@ class Worker:
         }
         beat = heartbeat_ms if heartbeat_ms is not None else max(50, min(self.leases.values()) // 6)
         self.heartbeat_s = _at_least(1, beat, "heartbeat_ms") / 1000
-        if shutdown_timeout < 0 or poll_interval <= 0:
-            raise ValueError("shutdown_timeout must be >= 0 s and poll_interval > 0 s")
+        block = block_timeout if block_timeout is not None else poll_interval
+        block = BLOCK_S if block is None else block
+        if shutdown_timeout < 0 or block <= 0:
+            raise ValueError("shutdown_timeout must be >= 0 s and block_timeout > 0 s")
         self.shutdown_timeout = float(shutdown_timeout)
-        self.poll_interval = float(poll_interval)
+        self.block_timeout = float(block)
+        self._idle = Idle(self, block, sweep_interval, max_stalls)
+        self.timers, self.wakeups = self._idle.timers, self._idle.wakeups
+        self.waiting = False
         self.abandoned = 0
         self._running: dict[tuple[str, str], Job] = {}  # claimed, not yet reported
         self._lock = threading.Lock()  # guards _running
@@ -191,7 +207,8 @@ class Worker:
         self._stopping = threading.Event()
         self._force = False
         self._stop_at = 0.0
-        self._rest = dict.fromkeys(self.queues, 0.0)  # queue -> monotonic time it may be claimed
+        # queue -> monotonic time it may be claimed (inf: drained, rests until woken)
+        self._rest = dict.fromkeys(self.queues, 0.0)
         # queue -> parents this worker saw released on it (written by the reporter only): a
         # claim that came back short rests its queue only if none was released meanwhile
         self._released = dict.fromkeys(self.queues, 0)
@@ -266,6 +283,8 @@ class Worker:
         self._done, self._executing = _queue.SimpleQueue(), 0
         self._reporter.reset()
         self._halt.clear()
+        self._rest = dict.fromkeys(self.queues, 0.0)
+        self._idle.start(self._done.put)
         helpers = [
             threading.Thread(target=target, daemon=True, name=name)
             for target, name in (
@@ -300,6 +319,8 @@ class Worker:
         try:
             self._loop(burst, max_jobs)
         finally:
+            self.waiting = False
+            self._idle.stop()  # a marker it pops from now on goes back
             if self._drainer is not None:
                 self._drainer.stop()
             if beat is not None:
@@ -351,7 +372,7 @@ class Worker:
                 self._log_stats(now)
             if got and self._executing < self.concurrency and not asked:
                 continue  # a queue gave all we asked: there may be more right away
-            self._wait_and_hand_over(self._next_wait(now))
+            self._wait_and_hand_over(self._next_wait(now, max_jobs))
 
     def _claim_if_room(
         self, now: float, burst: bool, max_jobs: int | None, outage: Outage
@@ -361,17 +382,18 @@ class Worker:
         many, and whether every queue was asked (a burst's last look: nothing
         running or unreported)."""
         limit = self.concurrency if max_jobs is None else max_jobs - self._claimed
-        if now < self._retry_at or self._stopping.is_set() or limit <= 0:
+        if now < self._retry_at or self._stopping.is_set():
             return 0, False
         free = min(self.concurrency - self._executing, limit)
         asked = burst and not self._executing and not self._reporter.unreported
         try:
+            timed = self._idle.keep_timers()
             got = self._claim(free, everywhere=asked) if free > 0 else 0
         except REDIS_DOWN as err:
             self._retry_at = now + outage.failed(err)
             return 0, False
         self._retry_at = 0.0
-        if free > 0:
+        if free > 0 or timed:
             outage.ok()
         self._claimed += got
         return got, asked
@@ -387,10 +409,19 @@ class Worker:
                 return True  # burst: every queue empty, nothing running or unreported
         return self._stopping.is_set() and now >= self._stop_at
 
-    def _next_wait(self, now: float) -> float:
-        """Seconds to wait for a finished job: until the next try in an
-        outage, else ``poll_interval``; never past the shutdown deadline."""
-        wait = max(0.0, self._retry_at - now) if self._retry_at else self.poll_interval
+    def _next_wait(self, now: float, max_jobs: int | None) -> float:
+        """Seconds to wait for a finished job or a wake-up: until the next try
+        in an outage, else the next timer; never past the shutdown deadline.
+        With a free thread (and ``max_jobs`` not reached) the waker blocks
+        on the wake keys meanwhile; else it leaves the markers to others."""
+        room = max_jobs is None or self._claimed < max_jobs
+        idle = not self._retry_at and not self._stopping.is_set() and room
+        self.waiting = self._idle.block(idle and self._executing < self.concurrency)
+        resting = [at - now for at in self._rest.values() if now < at < float("inf")]
+        wait = (
+            min([self.timers.next_in(), *resting]) if not self._retry_at else self._retry_at - now
+        )
+        wait = max(0.0, wait)
         if self._stopping.is_set():
             wait = min(wait, max(0.0, self._stop_at - now))
         return wait
@@ -402,9 +433,11 @@ class Worker:
             item = self._done.get(timeout=timeout)
         except _queue.Empty:
             return
-        finished = []
+        finished, wakes = [], []
         while True:
-            if item is not None:
+            if isinstance(item, Wake):
+                wakes.append(item)
+            elif item is not None:
                 finished.append(item)
             try:
                 item = self._done.get_nowait()
@@ -413,6 +446,8 @@ class Worker:
         if finished:
             self._executing -= len(finished)
             self._reporter.hand_over(finished)
+        for wake in wakes:  # after the finished jobs freed their threads
+            self._idle.on_wake(wake)
 
     def _wake(self) -> None:
         """Wake the loop (from any thread)."""
@@ -441,11 +476,12 @@ class Worker:
             want = min(free, self.batch)
             released = self._released[queue]
             jobs = self.mq.claim(queue, want, self.leases[queue])
-            if len(jobs) < want and self._released[queue] == released:
-                # (a parent released after this claim ran would wait out the rest)
-                self._rest[queue] = now + self.poll_interval
-            if jobs.wait_ms:  # RATE_LIMIT: the window is full; sleep until it opens
+            if jobs.wait_ms:  # its RATE_LIMIT window is full: rest until it opens
                 self._rest[queue] = now + jobs.wait_ms / 1000
+            elif len(jobs) < want and self._released[queue] == released:
+                # drained (or paused): rest until woken; a parent this worker
+                # saw released after the claim ran is claimed at once instead
+                self._rest[queue] = float("inf")
             with self._lock:
                 for job in jobs:
                     self._running[(queue, job.id)] = job

@@ -24,6 +24,8 @@
           completed, not dead), the add writes nothing and answers that id
   ARGV[11] dedup ttl (ms; '' = until the job finishes)
   ARGV[12] timeout of one attempt (ms; '' = the queue's TIMEOUT_MS)
+  ARGV[13] keep (ms): at most this long after it finishes (DESIGN §10.2;
+          '' = the queue's retention alone)
 
   returns: the state written, 'pending' or 'delayed' (a replay of the same
            call, same name, payload and now, answers the state it wrote);
@@ -66,7 +68,7 @@ end
 local fields = {'name', ARGV[3], 'payload', ARGV[4], 'state', state, 'created_at', ARGV[7]}
 local priority = (ARGV[9] ~= '0') and ARGV[9] or ''
 for _, f in ipairs({{'max_attempts', ARGV[5]}, {'backoff_ms', ARGV[6]}, {'priority', priority},
-    {'timeout_ms', ARGV[12]}, {'dedup', dedup}}) do
+    {'timeout_ms', ARGV[12]}, {'dedup', dedup}, {'keep', ARGV[13]}}) do
   if f[2] ~= '' then
     fields[#fields + 1] = f[1]
     fields[#fields + 1] = f[2]

@@ -1,4 +1,4 @@
-"""The flow benchmark (issue 8) as a smoke test: ``python -m bench --quick``
+"""The benchmark (issues 8 and 12) as a smoke test: ``python -m bench --quick``
 against the test Redis, so it never rots. No timing is asserted: only that
 it runs, writes the JSON it documents, and that every root received all of
 its children's values (the peer's rows too, when BullMQ's client is
@@ -60,7 +60,7 @@ def test_quick_benchmark_runs_and_every_root_receives_every_value(redis_server, 
         env=env,
         capture_output=True,
         text=True,
-        timeout=150,
+        timeout=300,
         check=False,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -78,6 +78,16 @@ def test_quick_benchmark_runs_and_every_root_receives_every_value(redis_server, 
         assert run["resolve_s"] is not None and run["mem_bytes_per_node"] > 0
         # every child's value reached its parent: 100 leaves (+ 5 branches)
         assert run["values_checked"] == run["nodes"] - 1
+    # the latency scenario (issue 12): every measurement, each system
+    kinds = {"enqueue", "flow_same", "flow_cross", "delayed", "retry"}
+    for row in data["latency"]:
+        assert row["samples"] == 5
+        for kind in kinds:
+            assert row[kind]["p50"] <= row[kind]["p90"] <= row[kind]["p99"] <= row[kind]["max"]
+        assert row["idle_cmds_per_s"] >= 0
+    assert data["latency"][0]["system"] == "echomq"
+    for row in data["plain"]:
+        assert row["jobs"] == 500 and row["drain_s"] > 0 and row["bulk_add_s"] > 0
         assert {"add", "resolve", "total"} <= set(run["round_trips_per_node"])
     if data["meta"]["bullmq"]:
         assert len(data["ratios"]) == 3

@@ -166,3 +166,17 @@ def test_aenqueue_and_aadd_flow(mq):
 
     async_to_sync(in_a_transaction)()
     assert landed(mq, "q", "a3")
+
+
+def test_enqueue_many_waits_for_the_commit_with_its_ids_fixed(mq):
+    with transaction.atomic():
+        ids = emq.enqueue_many("q", [("t.echo", 1), ("t.echo", 2, {"job_id": "mine"})])
+        assert ids[1] == "mine" and not landed(mq, "q", ids[0])
+    assert mq.job_ids("q", "pending") == ids
+    with pytest.raises(Rollback), transaction.atomic():
+        emq.enqueue_many("q", [("t.echo", 3, {"job_id": "gone"})])
+        raise Rollback
+    assert not landed(mq, "q", "gone")
+    with pytest.raises(ValueError, match="job 0 needs a name"), transaction.atomic():
+        emq.enqueue_many("q", [("", 3)])  # checked now, not at commit
+    assert emq.enqueue_many("q", [("t.echo", 4, {"job_id": "now"})], on_commit=False) == ["now"]

@@ -213,3 +213,32 @@ def test_after_sigkill_the_pump_recovers_the_job_and_the_flow_completes_once(run
     assert events.count((b"released", b"p")) == 1
     assert events.count((b"completed", b"slow")) == 1
     assert events.count((b"completed", b"p")) == 1
+
+
+def test_runworker_alone_runs_a_site_with_pump_delays_and_retries(run, mq):
+    """Issue 12: one ``runworker --pump`` process, nothing else; every wait is
+    far longer than the test, so each job ran on a wake-up or a timer."""
+    mq.add_flow(Flow("orders", "t.sum_children", job_id="o", children=[Flow("kids", "t.echo", 4)]))
+    mq.enqueue("orders", "t.echo", "later", job_id="d", delay_ms=300)
+    mq.enqueue("orders", "t.flaky", {"fail_times": 1}, job_id="f", backoff_ms=200)
+    never = "3600"
+    worker = run(
+        "runworker",
+        "orders",
+        "kids",
+        "--pump",
+        "--no-mirror",
+        *("--pump-interval", never, "--sweep-interval", never, "--block-timeout", never),
+    )
+    for queue, job_id in (("orders", "o"), ("orders", "d"), ("orders", "f")):
+        wait_for(lambda q=queue, j=job_id: mq.get_job(q, j).state is JobState.COMPLETED, 30, job_id)
+    worker.signal(signal.SIGTERM)
+    assert worker.wait() == 0, worker.stderr()
+    assert mq.get_job("orders", "o").result == 4
+    assert mq.get_job("orders", "f").result == {"attempt": 2}
+
+
+def test_runworker_refuses_a_bad_interval(run):
+    worker = run("runworker", "q", "--sweep-interval", "0")
+    assert worker.wait() == 1
+    assert worker.stderr() == "runworker: --sweep-interval and --pump-interval must be > 0 s\n"

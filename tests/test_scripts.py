@@ -157,6 +157,7 @@ def drive_every_operation(mq, clock) -> None:
     mq.enqueue("q", "later", None, job_id="s3")
     mq.postpone(mq.claim("q", 1)[0], 5)
     mq.schedule_mark("q", "tick", 1, "init")
+    assert len(mq.enqueue_many("bulk", [("n", 1), ("n", 2, {"delay_ms": 5})])) == 2
 
 
 def test_python_calls_every_script_as_its_header_declares(tmq, clock, monkeypatch) -> None:

@@ -49,7 +49,7 @@ FLOORS = [
         *("retention", "events"),
     ],
     ["flows", "scripts", "reads", "models", "scheduling"],
-    ["client", "flowcalls", "lifecalls", "eventcalls", "schedcalls"],
+    ["client", "flowcalls", "lifecalls", "eventcalls", "schedcalls", "bulk"],
     ["conf"],
     ["wake", "registry", "outage", "pool", "reporter", "timeouts"],
     [
@@ -66,8 +66,9 @@ BOTTOM = {"jobs", "keyspace", "exceptions", "retention"}  # import nothing of th
 NESTED_ALLOWED = {"apps"}  # AppConfig.ready() imports checks and handlers
 
 # EchoMQ and its mixins: the only callers of scripts.run / run_many
-PROTOCOL = {"client", "flowcalls", "lifecalls", "eventcalls", "schedcalls"}
+PROTOCOL = {"client", "flowcalls", "lifecalls", "eventcalls", "schedcalls", "bulk"}
 RAW_SCRIPT_TESTS = {  # (file, test) that drive raw script calls on purpose
+    ("tests/test_enqueue_many.py", "test_a_replayed_call_writes_nothing_twice"),
     ("tests/test_replays.py", "test_a_replayed_retry_reports_success_and_retries_once"),
     ("tests/test_replays.py", "test_a_replayed_claim_returns_the_same_jobs"),
     ("tests/test_scripts.py", "test_registry_refuses_a_call_that_breaks_the_header"),

@@ -3,7 +3,9 @@
 
 Thin: parses options, sets up logging from ``--verbosity`` (``logs.py``), pings Redis once
 (exit 1 with a one-line reason when it is unreachable), then runs
-``Worker(queues, ...).run(burst=..., max_jobs=...)``. Exit status: 0 after a
+``Worker(queues, ...).run(burst=..., max_jobs=...)``; with ``--pump`` also a
+``Pump`` for the same queues on a thread of this process (a small site runs
+one process, DESIGN §10.1). Exit status: 0 after a
 clean stop; 1 when Redis is unreachable at start, the settings are wrong, or
 the worker stopped with jobs still running (a second signal, or
 ``--shutdown-timeout`` passed): those are left to their leases, and the pump
@@ -15,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand
@@ -23,7 +26,10 @@ from echomq_django import metrics
 from echomq_django.conf import get_mq
 from echomq_django.exceptions import RedisUnavailable
 from echomq_django.logs import setup_logging
+from echomq_django.mirror import mirror_after_sweep
 from echomq_django.outbox import tables_missing
+from echomq_django.pump import Pump
+from echomq_django.wake import BLOCK_S, SWEEP_S
 from echomq_django.worker import Worker
 
 
@@ -69,15 +75,44 @@ class Command(BaseCommand):
             "LEASE_MS setting, 30000)",
         )
         parser.add_argument(
-            "--poll-interval",
+            "--block-timeout",
+            "--poll-interval",  # its former name
+            dest="block_timeout",
             type=float,
-            default=0.2,
-            help="seconds an empty queue rests before it is asked again (default 0.2)",
+            default=BLOCK_S,
+            help="longest single wait (s) on the queues' wake keys: an idle worker "
+            f"blocks in Redis and starts a job as it lands (default {BLOCK_S:g})",
+        )
+        parser.add_argument(
+            "--sweep-interval",
+            type=float,
+            default=SWEEP_S,
+            help="seconds between lease-recovery sweeps of a queue, done by one of "
+            f"its workers (default {SWEEP_S:g})",
+        )
+        parser.add_argument(
+            "--pump",
+            action="store_true",
+            help="also run the pump for these queues in this process (as runpump: "
+            "cross-queue delivery, sweeps, the admin mirror)",
+        )
+        parser.add_argument(
+            "--pump-interval",
+            type=float,
+            default=1.0,
+            help="with --pump: seconds between the pump's sweeps (default 1.0)",
+        )
+        parser.add_argument(
+            "--no-mirror",
+            action="store_true",
+            help="with --pump: do not refresh the admin mirror after each sweep",
         )
         metrics.add_arguments(parser)
 
     def handle(self, *args, **opts):
         setup_logging(opts["verbosity"])
+        if opts["sweep_interval"] <= 0 or opts["pump_interval"] <= 0:
+            self._exit("runworker: --sweep-interval and --pump-interval must be > 0 s")
         try:
             mq = get_mq()
         except ImproperlyConfigured as err:
@@ -100,7 +135,8 @@ class Command(BaseCommand):
                 mq=mq,
                 lease_ms=opts["lease_ms"],
                 shutdown_timeout=opts["shutdown_timeout"],
-                poll_interval=opts["poll_interval"],
+                block_timeout=opts["block_timeout"],
+                sweep_interval=opts["sweep_interval"],
                 drain_outbox=not missing,
                 metrics=opts["metrics_port"] is not None,
             )
@@ -109,7 +145,12 @@ class Command(BaseCommand):
         problem = metrics.serve_for_command(opts, mq, worker.queues)
         if problem:
             self._exit(f"runworker: {problem}")
-        worker.run(burst=opts["burst"], max_jobs=opts["max_jobs"])
+        stop_pump = self._start_pump(mq, opts) if opts["pump"] else None
+        try:
+            worker.run(burst=opts["burst"], max_jobs=opts["max_jobs"])
+        finally:
+            if stop_pump is not None:
+                stop_pump()
         if worker.abandoned:
             # Handler threads still run and cannot be interrupted; leave now and
             # let their leases expire (the pump recovers the jobs).
@@ -118,6 +159,25 @@ class Command(BaseCommand):
                 "their leases will expire and the pump recovers them",
                 hard=True,
             )
+
+    def _start_pump(self, mq, opts):
+        """Run ``Pump.run`` for the worker's queues on a daemon thread;
+        returns the function that stops it."""
+        hooks = [] if opts["no_mirror"] else [mirror_after_sweep]
+        pump = Pump(opts["queues"], mq=mq, after_sweep=hooks)
+        thread = threading.Thread(
+            target=pump.run,
+            kwargs={"interval": opts["pump_interval"]},
+            daemon=True,
+            name="echomq-pump",
+        )
+        thread.start()
+
+        def stop() -> None:
+            pump.stop()
+            thread.join(timeout=5)
+
+        return stop
 
     def _exit(self, reason: str, hard: bool = False) -> None:
         self.stderr.write(" ".join(reason.split()))

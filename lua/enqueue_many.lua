@@ -1,0 +1,100 @@
+--[[
+  enqueue_many: land many plain jobs of one queue in one step. Every
+  user-given id is gated before anything is written (one taken id refuses
+  the whole call); then each row is written as `enqueue` writes it and
+  pushed pending (lib/claimable.lua: one wake-up per group) or delayed
+  (its run-at announced). DESIGN §10.1 `enqueue_many`, §5 `enqueue`.
+
+  KEYS[1] pending list         P:{q}:pending
+  KEYS[2] delayed zset         P:{q}:delayed (score: run-at, ms)
+  KEYS[3] events stream        P:{q}:events
+
+  ARGV[1] queue name
+  ARGV[2] queue key prefix     P:{q}: (job rows are P:{q}:job:<id>, same slot)
+  ARGV[3] now (ms)
+  ARGV[4] mode: 'write' lands the jobs; 'check' only gates them
+  ARGV[5] jobs, as one flat JSON array of strings (a nested array costs Redis
+          several times more to decode), in groups of jobs that share their
+          options: name, max attempts ('' = the queue's), backoff base (ms;
+          '' = the queue's), delay (ms; '0' = claimable now), priority
+          ('0' = the default), timeout of one attempt (ms; '' = the queue's),
+          gate ('1' = check each id is free; '0' for ids the host generated
+          with 72 random bits), job count n, then n pairs: id, payload (a
+          JSON text)
+
+  returns: the number of jobs written (0 for a replay: redis-py re-sent the
+           call and its first job's row is there with the same name,
+           payload and now; 0 in 'check' mode)
+  errors:  EMQDUP <queue> <id> <state>  an id is taken; nothing is written
+]]
+local events = KEYS[3]
+local queue, base, now, mode = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+-- @include lib/claimable.lua
+local a = cjson.decode(ARGV[5])
+
+if #a == 0 then
+  return 0
+end
+local G = 8  -- strings in a group header
+local first = redis.call('HMGET', base .. 'job:' .. a[G + 1], 'name', 'payload', 'created_at')
+if first[1] == a[1] and first[2] == a[G + 2] and first[3] == now then
+  return 0  -- a replay of this very call: it landed already
+end
+local i = 1
+while i <= #a do
+  local gate, n = a[i + 6], tonumber(a[i + 7])
+  i = i + G
+  if gate == '1' then
+    for j = i, i + 2 * n - 1, 2 do
+      local state = redis.call('HGET', base .. 'job:' .. a[j], 'state')
+      if state then
+        return redis.error_reply('EMQDUP ' .. queue .. ' ' .. a[j] .. ' ' .. state)
+      end
+    end
+  end
+  i = i + 2 * n
+end
+if mode ~= 'write' then
+  return 0
+end
+
+local landed = 0
+i = 1
+while i <= #a do
+  local name, delay, priority, n = a[i], tonumber(a[i + 3]), a[i + 4], tonumber(a[i + 7])
+  local state = delay > 0 and 'delayed' or 'pending'
+  -- compact rows, as enqueue writes them: the fields after the payload
+  local shared = {'state', state, 'created_at', now}
+  if a[i + 1] ~= '' then
+    shared[#shared + 1] = 'max_attempts'
+    shared[#shared + 1] = a[i + 1]
+  end
+  if a[i + 2] ~= '' then
+    shared[#shared + 1] = 'backoff_ms'
+    shared[#shared + 1] = a[i + 2]
+  end
+  if priority ~= '0' then
+    shared[#shared + 1] = 'priority'
+    shared[#shared + 1] = priority
+  end
+  if a[i + 5] ~= '' then
+    shared[#shared + 1] = 'timeout_ms'
+    shared[#shared + 1] = a[i + 5]
+  end
+  local claimable = {}
+  i = i + G
+  for j = i, i + 2 * n - 1, 2 do
+    local id = a[j]
+    redis.call('HSET', base .. 'job:' .. id, 'name', name, 'payload', a[j + 1], unpack(shared))
+    if delay > 0 then
+      make_delayed(base, id, tonumber(now) + delay)
+    else
+      claimable[#claimable + 1] = id
+    end
+    redis.call('XADD', events, 'MAXLEN', '~', 10000, '*', 'e', 'added', 'id', id)
+  end
+  make_claimable(base, claimable, priority ~= '0' and priority or nil)
+  landed = landed + n
+  i = i + 2 * n
+end
+return landed

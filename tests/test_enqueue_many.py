@@ -1,0 +1,112 @@
+"""``enqueue_many`` (DESIGN §10.1, issue 12 point 5) on both rigs: many plain
+jobs in one round trip, ids in order, rows as ``enqueue`` writes them, every
+id gated and nothing written when one is refused."""
+
+from __future__ import annotations
+
+import pytest
+
+from echomq_django import DuplicateJob, JobState, PayloadError
+from tests import jobkit
+from tests.jobkit import T0, snapshot
+
+clock, tmq = jobkit.clock, jobkit.tmq  # fixtures (tests/jobkit.py)
+
+
+def test_jobs_land_in_order_as_enqueue_writes_them(tmq) -> None:
+    ids = tmq.enqueue_many(
+        "q",
+        [
+            ("a.job", {"n": 1}),
+            ("a.job", [2], {"job_id": "mine", "max_attempts": 5, "backoff_ms": 10}),
+            {"name": "b.job", "payload": None, "delay_ms": 300},
+        ],
+    )
+    assert len(ids) == 3 and ids[1] == "mine"
+    assert [j.id for j in tmq.claim("q", 10)] == ids[:2]
+    row = jobkit.row(tmq, "q", "mine")
+    assert (row["name"], row["payload"], row["max_attempts"], row["backoff_ms"]) == (
+        "a.job",
+        "[2]",
+        "5",
+        "10",
+    )
+    jobkit.assert_state(tmq, "q", ids[2], JobState.DELAYED)
+    assert jobkit.score(tmq, "q", "delayed", ids[2]) == T0 + 300
+    plain = tmq.client.hgetall(tmq.keys.job("q", ids[0]))
+    single = tmq.enqueue("q", "a.job", {"n": 1})
+    assert set(plain) | {b"attempts", b"lease", b"started_at"} >= set(
+        tmq.client.hgetall(tmq.keys.job("q", single))
+    )
+    assert jobkit.events(tmq, "q", "added") == [*ids, single]
+
+
+def test_one_wake_up_and_the_earliest_run_at(tmq) -> None:
+    tmq.enqueue_many("q", [("j", i, {"delay_ms": 1000 - i}) for i in range(3)] + [("j", 9)])
+    wake = tmq.client.zrange(tmq.keys.queue("q").wake, 0, -1, withscores=True)
+    assert wake == [(b"0", 0.0), (b"d", float(T0 + 998))]
+
+
+def test_a_taken_id_refuses_the_whole_call(tmq) -> None:
+    tmq.enqueue("q", "j", job_id="taken")
+    before = snapshot(tmq.client)
+    with pytest.raises(DuplicateJob, match="'taken'"):
+        tmq.enqueue_many("q", [("j", 1), ("j", 2, {"job_id": "taken"}), ("j", 3)])
+    assert snapshot(tmq.client) == before
+
+
+def test_a_taken_id_in_a_later_chunk_refuses_every_chunk(redis_client, clock) -> None:
+    from echomq_django import EchoMQ
+
+    mq = EchoMQ(redis_client, prefix="emq", clock=clock, flow_chunk=2)
+    mq.enqueue("q", "j", job_id="late")
+    before = snapshot(mq.client)
+    jobs = [("j", i, {"job_id": f"n{i}"}) for i in range(5)] + [("j", 5, {"job_id": "late"})]
+    with pytest.raises(DuplicateJob):
+        mq.enqueue_many("q", jobs)
+    assert snapshot(mq.client) == before
+    assert mq.enqueue_many("q", jobs[:5]) == [f"n{i}" for i in range(5)]
+    assert [j.id for j in mq.claim("q", 10)] == ["late", *(f"n{i}" for i in range(5))]
+
+
+@pytest.mark.parametrize(
+    ("jobs", "error", "match"),
+    [
+        ([("j", 1), ("j", 2, {"job_id": "x"}), ("j", 3, {"job_id": "x"})], ValueError, "repeats"),
+        ([("j", 1), ("", 2)], ValueError, "job 1 needs a name"),
+        ([("j", 1, {"delay": 5})], ValueError, "unknown options"),
+        ([("j", 1, {"max_attempts": 0})], ValueError, "job 0: max_attempts"),
+        ([("j", 1, {"job_id": "a:b"})], ValueError, "invalid job id"),
+        (["j"], ValueError, "job 0 must be"),
+        ([("j", float("nan"))], PayloadError, "job 0's payload"),
+    ],
+)
+def test_bad_input_writes_nothing(tmq, jobs, error, match) -> None:
+    before = snapshot(tmq.client)
+    with pytest.raises(error, match=match):
+        tmq.enqueue_many("q", jobs)
+    assert snapshot(tmq.client) == before
+
+
+def test_a_replayed_call_writes_nothing_twice(tmq) -> None:
+    k = tmq.keys.queue("q")
+    args = ["q", k.base, str(T0), "write", '["j","","","0","0","","1","1","r1","1"]']
+    keys = [k.pending, k.delayed, k.events]
+    assert tmq.scripts.run("enqueue_many", keys, args) == 1
+    assert tmq.scripts.run("enqueue_many", keys, args) == 0  # redis-py re-sent it
+    assert tmq.client.llen(k.pending) == 1
+
+
+def test_priority_and_timeout_as_enqueue_stores_them(tmq) -> None:
+    ids = tmq.enqueue_many(
+        "q", [("j", 1), ("j", 2, {"priority": 5, "timeout_ms": 900}), ("j", 3, {"priority": 5})]
+    )
+    assert [j.id for j in tmq.claim("q", 3)] == [ids[1], ids[2], ids[0]]  # higher first
+    row = jobkit.row(tmq, "q", ids[1])
+    assert (row["priority"], row["timeout_ms"]) == ("5", "900")
+    with pytest.raises(ValueError, match="dedup_key: use enqueue"):
+        tmq.enqueue_many("q", [("j", 1, {"dedup_key": "k"})])
+
+
+def test_nothing_to_add(tmq) -> None:
+    assert tmq.enqueue_many("q", []) == []
