@@ -78,13 +78,16 @@ def record(client, payload: dict) -> None:
 
 def _command(url: str, module: str, args: list[str]) -> None:
     """Run one of our management commands, defaults and all, in this process."""
-    procs.setup_django(url, apps=("echomq_django",))
     import importlib
+    import tempfile
 
+    database = os.path.join(tempfile.mkdtemp(prefix="emq-bench-"), "db.sqlite3")
+    procs.setup_django(url, apps=("echomq_django",), database=database)
     from django.core.management import call_command
 
     import bench.handlers  # noqa: F401  (registers the bench.* handlers)
 
+    call_command("migrate", verbosity=0)  # the enqueue outbox's table, as a site has it
     command = importlib.import_module(f"echomq_django.management.commands.{module}").Command()
     call_command(command, *args)
 
