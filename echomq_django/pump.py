@@ -222,14 +222,7 @@ class Pump:
         self.dispatcher.subscribe()  # before this sweep's transitions
         fired = self.scheduler.fire_due() if self.scheduler else []
         for queue in self.queues:
-            rep = deliver_outbox(
-                self.mq,
-                queue,
-                self.batch,
-                self.lock_ms,
-                self.max_tries,
-                before_trim=self.before_trim,
-            )
+            rep = self._deliver_outbox(queue)
             rep.promoted = self.mq.promote_delayed(queue, limit=self.batch * 10)
             stalled = self.mq.recover_stalled(
                 queue, limit=self.batch * 10, max_stalls=self.max_stalls
@@ -254,20 +247,18 @@ class Pump:
             hook(self, reports)
         return {q: r.as_dict() for q, r in reports.items()}
 
+    def _deliver_outbox(self, queue: str) -> SweepReport:
+        return deliver_outbox(
+            self.mq, queue, self.batch, self.lock_ms, self.max_tries, before_trim=self.before_trim
+        )
+
     def deliver(self, queue: str) -> SweepReport:
         """Deliver ``queue``'s outbox now (what a wake-up does between
         sweeps; the signals of what it moved are durable events, sent by the
         dispatcher); ``locked`` in the report when another pump holds that
         outbox. Raises ``RedisUnavailable``."""
         try:
-            rep = deliver_outbox(
-                self.mq,
-                queue,
-                self.batch,
-                self.lock_ms,
-                self.max_tries,
-                before_trim=self.before_trim,
-            )
+            rep = self._deliver_outbox(queue)
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as err:
             raise connection_error(self.mq.client, err) from err
         rep.released, rep.dead = len(rep.outcome.released), len(rep.outcome.dead)
