@@ -1,6 +1,8 @@
 import sys
 
-from bench.cli import main
-
 if __name__ == "__main__":
+    if "--soak" in sys.argv[1:]:  # the lifecycle soak (issue 13): bench/soak.py
+        from bench.soak import main
+    else:
+        from bench.cli import main
     sys.exit(main())

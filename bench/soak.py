@@ -51,6 +51,9 @@ def setup_django(url: str, db: str) -> None:
             LOGGING_CONFIG=None,
         )
         django.setup()
+    import logging
+
+    logging.getLogger("echomq_django").setLevel(logging.ERROR)  # dead jobs are expected
 
 
 def worker(url: str, db: str, concurrency: int, ready, stop) -> None:
@@ -211,3 +214,35 @@ def run(
         f"{samples[0]['jobs']:,} (target: within 10%); steady state {last:,} bytes"
     )
     return {"samples": samples, "first": first, "last": last, "ratio": ratio}
+
+
+def main(argv=None) -> int:
+    """``python -m bench --soak [--quick] [--soak-jobs N] [--soak-flows N]
+    [--soak-every N] [--workers PxC] [--redis-url URL]``; exit 0 when the
+    memory target holds, 1 when it does not, 2 for bad flags."""
+    import argparse
+    import sys
+
+    p = argparse.ArgumentParser(prog="python -m bench --soak", description=__doc__.split("\n")[0])
+    p.add_argument("--soak", action="store_true", help="run the soak (this benchmark)")
+    p.add_argument("--quick", action="store_true", help="a smoke run: 20,000 jobs, 2,000 flows")
+    p.add_argument("--soak-jobs", type=int, default=200_000, help="plain jobs (default %(default)s)")
+    p.add_argument("--soak-flows", type=int, default=20_000, help="flows (default %(default)s)")
+    p.add_argument("--soak-every", type=int, default=20_000,
+                   help="jobs per round, one sample each (default %(default)s)")  # fmt: skip
+    p.add_argument("--workers", default="2x16", help="PROCESSESxCONCURRENCY (default %(default)s)")
+    p.add_argument("--redis-url", help="use this Redis (FLUSHALLed!) instead of a private one")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.soak_jobs, args.soak_flows, args.soak_every = 20_000, 2_000, 2_000
+    try:
+        procs_n, concurrency = (int(v) for v in args.workers.lower().split("x"))
+        if min(procs_n, concurrency, args.soak_jobs, args.soak_every) < 1 or args.soak_flows < 0:
+            raise ValueError
+    except ValueError:
+        print("python -m bench --soak: --workers is PxC and counts are whole numbers >= 1",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    result = run(args.soak_jobs, args.soak_flows, args.soak_every, procs_n, concurrency,
+                 url=args.redis_url)  # fmt: skip
+    return 0 if result["ratio"] <= 1.10 else 1

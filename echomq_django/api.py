@@ -35,6 +35,7 @@ from .flows import Flow, FlowRef
 from .jobs import Job, Outcome
 from .keyspace import validate_id, validate_queue
 from .reads import Dependencies
+from .retention import job_keep
 from .scheduling import check_job_options
 
 
@@ -59,13 +60,14 @@ def enqueue(
     timeout_ms: int | None = None,
     dedup_key: str | None = None,
     dedup_ttl_ms: int | None = None,
+    keep: int | None = None,
     on_commit: bool | None = None,
     using: str | None = None,
     **options: Any,
 ) -> str:
     """Add one job; returns its id (str). See ``EchoMQ.enqueue`` for the
     arguments (``priority``, ``timeout_ms``, ``dedup_key``, ``dedup_ttl_ms``:
-    DESIGN §10.3) and errors, and this module's docstring for ``on_commit`` /
+    DESIGN §10.3; ``keep``: §10.2) and errors, and this module's docstring for ``on_commit`` /
     ``using`` (the database alias whose transaction is watched and that holds
     the outbox row). A deferred add raises the same validation errors now,
     and the database's error if the outbox table is missing; it returns the
@@ -80,6 +82,7 @@ def enqueue(
         timeout_ms=timeout_ms,
         dedup_key=dedup_key,
         dedup_ttl_ms=dedup_ttl_ms,
+        keep=keep,
     )
     if not _defer(on_commit, using):
         return mq.enqueue(queue, name, payload, **kwargs)
@@ -88,6 +91,7 @@ def enqueue(
     if not isinstance(name, str) or not name:
         raise ValueError(f"a job needs a name (the handler's), got {name!r}")
     check_job_options(priority, delay_ms, timeout_ms, dedup_key, dedup_ttl_ms)
+    job_keep(keep)  # DESIGN §10.2: refused now, not at the push
     mq.encode(payload)
     outbox.write_job(queue, name, payload, job_id, kwargs, using=using, mq=mq)
     return job_id

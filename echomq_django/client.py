@@ -39,9 +39,10 @@ from .jobs import (
     to_json,
     to_text,
 )
-from .keyspace import Keyspace, validate_id, validate_queue, whole_number
+from .keyspace import Keyspace, validate_id, validate_name, validate_queue, whole_number
 from .lifecalls import LifecycleCalls
 from .reads import Reads
+from .retention import job_keep
 from .schedcalls import SchedulingCalls
 from .scheduling import Claimed, check_job_options
 from .scripts import Scripts
@@ -203,6 +204,7 @@ class EchoMQ(FlowCalls, SchedulingCalls, EventCalls, LifecycleCalls, BulkCalls, 
         timeout_ms: int | None = None,
         dedup_key: str | None = None,
         dedup_ttl_ms: int | None = None,
+        keep: int | None = None,
     ) -> str:
         """Add one job; returns its id (generated when ``job_id`` is None).
 
@@ -211,6 +213,9 @@ class EchoMQ(FlowCalls, SchedulingCalls, EventCalls, LifecycleCalls, BulkCalls, 
         default the queue's TIMEOUT_MS); ``dedup_key``: while a job added with
         the same key is live (not completed, not dead), nothing is written and
         that job's id is returned; ``dedup_ttl_ms`` (ms) frees the key sooner.
+        DESIGN §10.2: ``keep`` (s, int >= 0) keeps the job at most that long
+        after it finishes (0: the next retention step takes it); None: the
+        queue's ``KEEP_*`` alone.
         Raises ``ValueError`` for a bad queue name, id, name or option
         (scheduling.py's ranges), ``PayloadError`` for a bad payload,
         ``DuplicateJob`` when the id is taken (nothing written),
@@ -218,12 +223,12 @@ class EchoMQ(FlowCalls, SchedulingCalls, EventCalls, LifecycleCalls, BulkCalls, 
         """
         validate_queue(queue)
         job_id = validate_id(job_id if job_id is not None else _flows.new_id())
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"a job needs a name (the handler's), got {name!r}")
+        validate_name(name)
         whole_number("max_attempts", max_attempts, 1, optional=True)
         whole_number("backoff_ms", backoff_ms, 0, optional=True)
         whole_number("delay_ms", delay_ms, 0)
         check_job_options(priority, delay_ms, timeout_ms, dedup_key, dedup_ttl_ms)
+        own_keep = job_keep(keep)
         k = self.keys.queue(queue)
         self.note_queues((queue,))
         state = self.scripts.run(
@@ -242,6 +247,8 @@ class EchoMQ(FlowCalls, SchedulingCalls, EventCalls, LifecycleCalls, BulkCalls, 
                 dedup_key or "",
                 opt(dedup_ttl_ms),
                 opt(timeout_ms),
+                own_keep,
+                secrets.token_hex(8),  # this call's token: its replay is recognised
             ],
         )
         state = to_text(state)

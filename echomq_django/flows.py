@@ -81,6 +81,7 @@ class Flow:
     dedup_key: str | None = None
     dedup_ttl_ms: int | None = None
     children_timeout_ms: int | None = None
+    keep: int | None = None  # s after it finishes, at most (DESIGN §10.2); None: the queue's
     continue_parent_on_failure: bool = False
 
     @property
@@ -204,6 +205,7 @@ def plan(root: Flow, encode) -> list[Node]:
                     or flow.dedup_key is not None
                     or flow.dedup_ttl_ms is not None
                     or flow.children_timeout_ms is not None
+                    or flow.keep is not None
                 )
                 else node_options(flow, f"{queue}/{job_id}", bool(children), dedups)
             )

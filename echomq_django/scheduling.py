@@ -10,6 +10,7 @@ import re
 from typing import Any
 
 from .exceptions import FlowError
+from .retention import job_keep
 
 PRIORITY_MIN, PRIORITY_MAX = -1_000_000, 1_000_000
 MAX_MS = 10 * 365 * 86_400_000  # ten years: the longest delay, timeout or ttl (ms)
@@ -95,6 +96,11 @@ def node_options(flow, where: str, has_children: bool, dedups: set) -> str:
         opts["k"] = flow.dedup_key
         if flow.dedup_ttl_ms is not None:
             opts["kt"] = flow.dedup_ttl_ms
+    if flow.keep is not None:  # DESIGN §10.2: its own retention (ms in the row)
+        try:
+            opts["kp"] = int(job_keep(flow.keep))
+        except ValueError as err:
+            raise FlowError(f"{where}: {err}") from None
     return json.dumps(opts, separators=(",", ":"), sort_keys=True) if opts else ""
 
 

@@ -44,7 +44,8 @@
             options ('' or a JSON object of DESIGN §10.3 settings: p
             priority, d delay (ms), t timeout (ms), ct children timeout
             (ms, parents only), k dedup key and kt its ttl (ms), leaves
-            only, so a group with k holds one node),
+            only, so a group with k holds one node; kp keep (ms), DESIGN
+            §10.2: at most this long after the node finishes),
           then per node: id, payload (JSON text), child count n, n child refs
           (full job keys).
           A leaf whose dedup key names a live job (not completed, not dead)
@@ -182,7 +183,8 @@ while i <= #a do
       shared[#shared + 1] = policy
     end
   end
-  for _, f in ipairs({{'priority', opts.p}, {'timeout_ms', opts.t}, {'dedup', opts.k}}) do
+  for _, f in ipairs({{'priority', opts.p}, {'timeout_ms', opts.t}, {'dedup', opts.k},
+      {'keep', opts.kp}}) do
     if f[2] then  -- DESIGN §10.3 settings, stored only when set (compact rows)
       shared[#shared + 1] = f[1]
       shared[#shared + 1] = tostring(f[2])

@@ -313,3 +313,30 @@ def test_a_new_root_over_children_that_finished_never_waits(tmq) -> None:
     assert tmq.children_values("q", "p") == {ref(tmq, "c1"): 1}
     complete(tmq, "c2", 2)
     assert_state(tmq, "q", "p", "pending")
+
+
+# -- a job's own keep ----------------------------------------------------------
+
+
+def test_a_jobs_own_keep_shortens_its_stay(tmq, clock) -> None:
+    tmq.enqueue("q", "n", 1, job_id="brief", keep=0)
+    tmq.enqueue("q", "n", 2, job_id="minute", keep=60)
+    tmq.enqueue("q", "n", 3, job_id="plain")
+    tmq.add_flow(node("p", [leaf("c", keep=30)], keep=0))
+    for job_id in ("brief", "minute", "plain", "c", "p"):
+        complete(tmq, job_id, job_id)
+    assert tmq.prune("q").removed == 3  # brief, and p with its subtree (c)
+    assert rows(tmq, "q") == ["minute", "plain"]
+    clock.advance(60_000)
+    assert tmq.prune("q").removed == 1
+    assert rows(tmq, "q") == ["plain"]  # the queue's retention keeps it (1,000 / 1 day)
+
+
+def test_a_bad_keep_is_refused_and_nothing_is_written(tmq) -> None:
+    from echomq_django import FlowError
+
+    with pytest.raises(ValueError, match="keep must be a whole number of seconds >= 0"):
+        tmq.enqueue("q", "n", 1, job_id="a", keep=-1)
+    with pytest.raises(FlowError, match="q/p: keep must be a whole number of seconds"):
+        tmq.add_flow(node("p", [leaf("c")], keep=1.5))
+    assert rows(tmq, "q") == []

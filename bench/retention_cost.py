@@ -1,0 +1,79 @@
+"""``python -m bench.retention_cost``: what retention costs the wide 1+10,000
+resolve (issue 13 target: at most 10% of its rate).
+
+One private redis-server; in one process a burst ``Worker`` (concurrency 50)
+resolves a parent with 10,000 children on one queue, while a second thread
+plays the pump's part: ``prune`` on the queue every 0.2 s (the pump's sweep
+cadence) with the default retention (completed: 1,000), so ~9,000 finished
+children are removed during the resolve. "off" runs the same with the
+thread idle. Rounds alternate off / on; the medians are printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import threading
+import time
+
+import redis
+
+from echomq_django.devserver import start_server
+
+from .soak import setup_django
+
+Q = "wide"
+
+
+def _round(url: str, children: int, on: bool) -> tuple[float, int]:
+    from echomq_django import EchoMQ, Flow, Worker
+
+    mq = EchoMQ(redis.Redis.from_url(url))
+    mq.client.flushall()
+    mq.add_flow(Flow(Q, "bench.root", {}, children=[
+        Flow(Q, "bench.leaf", {"i": i}) for i in range(children)]))  # fmt: skip
+    pruner = EchoMQ(redis.Redis.from_url(url))
+    stop, removed = threading.Event(), [0]
+
+    def prune():
+        while not stop.wait(0.2):
+            if on:
+                removed[0] += pruner.prune(Q).removed
+
+    thread = threading.Thread(target=prune)
+    thread.start()
+    started = time.perf_counter()
+    Worker([Q], concurrency=50, mq=mq, batch=50).run(burst=True)
+    elapsed = time.perf_counter() - started
+    stop.set()
+    thread.join()
+    return elapsed, removed[0]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.retention_cost", description=__doc__)
+    p.add_argument("--children", type=int, default=10_000)
+    p.add_argument("--rounds", type=int, default=3, help="rounds of each (default 3)")
+    args = p.parse_args(argv)
+    server = start_server()
+    try:
+        setup_django(server.url, ":memory:")
+        import bench.handlers  # noqa: F401  (bench.root / bench.leaf)
+
+        times = {False: [], True: []}
+        for _ in range(args.rounds):
+            for on in (False, True):
+                elapsed, removed = _round(server.url, args.children, on)
+                times[on].append(elapsed)
+                print(f"retention {'on ' if on else 'off'}: {elapsed:.3f} s "
+                      f"({(args.children + 1) / elapsed:,.0f} jobs/s), {removed} rows pruned")  # fmt: skip
+        off, on = statistics.median(times[False]), statistics.median(times[True])
+        print(f"median: off {off:.3f} s, on {on:.3f} s: retention costs "
+              f"{(on / off - 1) * 100:+.1f}% of the resolve time (target <= 10%)")  # fmt: skip
+    finally:
+        server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
