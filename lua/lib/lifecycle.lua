@@ -43,6 +43,32 @@ local function split_ref(ref)
   return ref:match('{(.-)}:job:(.+)$')
 end
 
+-- Each child ref of `refs` costs one unit: a child on this slot is handed
+-- to `here(child id)`, one on another slot gets a `kind` entry naming its
+-- parent `parent` (the pump, or the calling host, delivers it there).
+local function each_child(base, refs, kind, parent, here)
+  local mine = base .. 'job:'
+  for _, ref in ipairs(refs) do
+    LEFT = LEFT - 1
+    if ref:sub(1, #mine) == mine then
+      here(ref:sub(#mine + 1))
+    else
+      local q, cid = split_ref(ref)
+      push_entry(base, {k = kind, c = ref, p = cid, q = q, v = parent})
+    end
+  end
+end
+
+-- A replayed remove / cancel call (same token) answers its first reply.
+local function replayed(base, token)
+  return redis.call('GET', base .. 'op:' .. token)
+end
+
+local function remember(base, token, reply)
+  redis.call('SET', base .. 'op:' .. token, reply, 'PX', 600000)
+  return reply
+end
+
 local function unindex(base, id, state)
   if state == 'pending' then
     unclaimable(base, id)  -- the pending list, or P:{q}:prioritized (DESIGN §10.3)
@@ -87,7 +113,6 @@ end
 -- Drain the gc list within the budget: drop the next child of each removed
 -- parent (same slot), or send an `rm` entry to its slot.
 local function gc_run(base)
-  local mine = base .. 'job:'
   while LEFT > 0 do
     local bin = redis.call('LINDEX', base .. 'gc', 0)
     if not bin then
@@ -98,15 +123,7 @@ local function gc_run(base)
     if not refs then
       redis.call('LPOP', base .. 'gc')
     else
-      for _, ref in ipairs(refs) do
-        LEFT = LEFT - 1
-        if ref:sub(1, #mine) == mine then
-          drop_node(base, ref:sub(#mine + 1), parent)
-        else
-          local q, cid = split_ref(ref)
-          push_entry(base, {k = 'rm', c = ref, p = cid, q = q, v = parent})
-        end
-      end
+      each_child(base, refs, 'rm', parent, function(cid) drop_node(base, cid, parent) end)
     end
   end
 end
@@ -156,7 +173,6 @@ end
 
 -- Cancel queued children within the budget, top down.
 local function cancel_run(base, now)
-  local mine = base .. 'job:'
   while LEFT > 0 do
     local item = redis.call('LPOP', base .. 'cancel')
     if not item then
@@ -170,15 +186,7 @@ local function cancel_run(base, now)
       redis.call('LPUSH', base .. 'cancel', id .. ' ' .. (offset + n))
     end
     LEFT = LEFT - 1
-    for _, ref in ipairs(refs) do
-      LEFT = LEFT - 1
-      if ref:sub(1, #mine) == mine then
-        cancel_node(base, ref:sub(#mine + 1), now, id)
-      else
-        local q, cid = split_ref(ref)
-        push_entry(base, {k = 'cancel', c = ref, p = cid, q = q, v = id})
-      end
-    end
+    each_child(base, refs, 'cancel', id, function(cid) cancel_node(base, cid, now, id) end)
   end
 end
 
