@@ -34,6 +34,7 @@ FAIL_ONCE_EVERY = 10  # one job in ten fails once, then succeeds on its retry
 DIE_EVERY = 1000  # one job in a thousand dies (Unrecoverable)
 CROSS_EVERY = 10  # one flow in ten has a child on the second queue
 CHILDREN = 3
+LEASE_MS = 5000  # a claim's replay memo lives this long: sampled after it expired
 
 
 def setup_django(url: str, db: str) -> None:
@@ -47,7 +48,11 @@ def setup_django(url: str, db: str) -> None:
             INSTALLED_APPS=["echomq_django"],
             DATABASES={"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": db}},
             USE_TZ=True,
-            ECHOMQ={"URL": url, "PREFIX": procs.PREFIX, "QUEUES": {q: {} for q in QUEUES}},
+            ECHOMQ={
+                "URL": url,
+                "PREFIX": procs.PREFIX,
+                "QUEUES": {q: {"LEASE_MS": LEASE_MS} for q in QUEUES},
+            },
             LOGGING_CONFIG=None,
         )
         django.setup()
@@ -126,6 +131,17 @@ def _settled(mq) -> bool:
     return True
 
 
+def key_kinds(client) -> dict[str, int]:
+    """Keys by kind: the part after ``P:{q}:`` with ids cut off."""
+    kinds: dict[str, int] = {}
+    for key in client.scan_iter(count=1000):
+        name = key.decode().split("}:", 1)[-1]
+        parts = name.split(":")
+        kind = parts[0] if parts[0] != "job" else ":".join(["job", *parts[2:]])
+        kinds[kind] = kinds.get(kind, 0) + 1
+    return dict(sorted(kinds.items(), key=lambda kv: -kv[1]))
+
+
 def _sample(mq, db: str) -> dict:
     import sqlite3
 
@@ -187,7 +203,9 @@ def run(
             done += n
             while not _settled(mq):
                 time.sleep(0.2)
-            time.sleep(max(interval * 3, 0.5))  # one more sweep: the mirror follows
+            # claim memos (a replay guard) live one lease: sample the steady
+            # state, not the last seconds' claim rate; the mirror follows meanwhile
+            time.sleep(LEASE_MS / 1000 + 1)
             s = {
                 "jobs": done,
                 "flows": flows * done // jobs,
@@ -199,6 +217,7 @@ def run(
                 f"{s['jobs']:>8} {s['flows']:>7} {s['used_memory']:>12,} {s['keys']:>7} "
                 f"{s['mirror_rows']:>7} {s['completed']:>9} {s['dead']:>5} {s['elapsed_s']:>6}"
             )
+        out(f"keys by kind at the end: {key_kinds(mq.client)}")
     finally:
         stop.set()
         for p in children:
