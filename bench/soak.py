@@ -37,7 +37,7 @@ CHILDREN = 3
 LEASE_MS = 5000  # a claim's replay memo lives this long: sampled after it expired
 
 
-def setup_django(url: str, db: str) -> None:
+def setup_django(url: str, db: str, keep_dead: int | None = None) -> None:
     """Django for a soak process: the app and a SQLite file for the mirror."""
     os.environ["ECHOMQ_URL"] = url
     import django
@@ -51,7 +51,11 @@ def setup_django(url: str, db: str) -> None:
             ECHOMQ={
                 "URL": url,
                 "PREFIX": procs.PREFIX,
-                "QUEUES": {q: {"LEASE_MS": LEASE_MS} for q in QUEUES},
+                "QUEUES": {
+                    q: {"LEASE_MS": LEASE_MS}
+                    | ({} if keep_dead is None else {"KEEP_DEAD": keep_dead})
+                    for q in QUEUES
+                },
             },
             LOGGING_CONFIG=None,
         )
@@ -61,9 +65,9 @@ def setup_django(url: str, db: str) -> None:
     logging.getLogger("echomq_django").setLevel(logging.ERROR)  # dead jobs are expected
 
 
-def worker(url: str, db: str, concurrency: int, ready, stop) -> None:
+def worker(url: str, db: str, concurrency: int, ready, stop, keep_dead=None) -> None:
     """One ``Worker`` process on both soak queues."""
-    setup_django(url, db)
+    setup_django(url, db, keep_dead)
     import bench.soak_handlers  # noqa: F401  (registers soak.*)
     from echomq_django import Worker
 
@@ -75,9 +79,9 @@ def worker(url: str, db: str, concurrency: int, ready, stop) -> None:
     w.run()
 
 
-def pump(url: str, db: str, interval: float, ready, stop) -> None:
+def pump(url: str, db: str, interval: float, ready, stop, keep_dead=None) -> None:
     """One ``Pump`` process: outbox, timers, retention and the admin mirror."""
-    setup_django(url, db)
+    setup_django(url, db, keep_dead)
     from echomq_django import Pump
     from echomq_django.mirror import mirror_after_sweep
 
@@ -167,12 +171,13 @@ def run(
     interval: float = 0.2,
     url: str | None = None,
     out=print,
+    keep_dead: int | None = None,
 ) -> dict:
     """Run the soak; returns ``{samples: [...], first, last, ratio}``."""
     server = None if url else start_server()
     url = url or server.url
     db = os.path.join(tempfile.mkdtemp(prefix="emq-soak-"), "mirror.sqlite3")
-    setup_django(url, db)
+    setup_django(url, db, keep_dead)
     from django.core.management import call_command
 
     from echomq_django.conf import get_mq
@@ -183,9 +188,10 @@ def run(
     ctx = mp.get_context("spawn")
     ready, stop = ctx.Queue(), ctx.Event()
     children = [
-        ctx.Process(target=worker, args=(url, db, concurrency, ready, stop)) for _ in range(procs_n)
+        ctx.Process(target=worker, args=(url, db, concurrency, ready, stop, keep_dead))
+        for _ in range(procs_n)
     ]
-    children.append(ctx.Process(target=pump, args=(url, db, interval, ready, stop)))
+    children.append(ctx.Process(target=pump, args=(url, db, interval, ready, stop, keep_dead)))
     for p in children:
         p.start()
     for _ in children:
@@ -245,12 +251,15 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench --soak", description=__doc__.split("\n")[0])
     p.add_argument("--soak", action="store_true", help="run the soak (this benchmark)")
     p.add_argument("--quick", action="store_true", help="a smoke run: 20,000 jobs, 2,000 flows")
-    p.add_argument("--soak-jobs", type=int, default=200_000, help="plain jobs (default %(default)s)")
+    p.add_argument(
+        "--soak-jobs", type=int, default=200_000, help="plain jobs (default %(default)s)"
+    )
     p.add_argument("--soak-flows", type=int, default=20_000, help="flows (default %(default)s)")
     p.add_argument("--soak-every", type=int, default=20_000,
                    help="jobs per round, one sample each (default %(default)s)")  # fmt: skip
     p.add_argument("--workers", default="2x16", help="PROCESSESxCONCURRENCY (default %(default)s)")
     p.add_argument("--redis-url", help="use this Redis (FLUSHALLed!) instead of a private one")
+    p.add_argument("--keep-dead", type=int, help="KEEP_DEAD for both queues (default: the default)")
     args = p.parse_args(argv)
     if args.quick:
         args.soak_jobs, args.soak_flows, args.soak_every = 20_000, 2_000, 2_000
@@ -263,5 +272,5 @@ def main(argv=None) -> int:
               file=sys.stderr)  # fmt: skip
         return 2
     result = run(args.soak_jobs, args.soak_flows, args.soak_every, procs_n, concurrency,
-                 url=args.redis_url)  # fmt: skip
+                 url=args.redis_url, keep_dead=args.keep_dead)  # fmt: skip
     return 0 if result["ratio"] <= 1.10 else 1

@@ -87,13 +87,15 @@ end
 -- Returns true when the row went.
 local function drop_node(base, id, parent)
   local key = base .. 'job:' .. id
-  local f = redis.call('HMGET', key, 'state', 'parent', 'dedup', 'children_deadline')
+  local f = redis.call('HMGET', key, 'state', 'parent', 'dedup', 'children_deadline', 'keep')
   local state = f[1]
   if not state or state == 'active' or (parent and f[2] ~= parent) then
     return false
   end
   unindex(base, id, state)
-  redis.call('ZREM', base .. 'expire', id)
+  if f[5] then  -- its own keep: it may sit in P:{q}:expire
+    redis.call('ZREM', base .. 'expire', id)
+  end
   free_dedup(base, f[3], id)
   if f[4] then
     redis.call('ZREM', base .. 'deadlines', id)
@@ -191,8 +193,8 @@ local function cancel_run(base, now)
 end
 
 -- May retention take this finished node now? (the flow rules above)
-local function settled(base, id, state)
-  local f = redis.call('HMGET', base .. 'job:' .. id, 'parent', 'parent_queue', 'parent_policy')
+-- `f` holds the row's parent, parent_queue and parent_policy (retire's read).
+local function settled(base, id, state, f)
   if not f[1] then
     return true
   end
@@ -211,12 +213,14 @@ end
 -- returns true when the row went.
 local function retire(base, index, id, now)
   LEFT = LEFT - 1
-  local state = redis.call('HGET', base .. 'job:' .. id, 'state')
+  local f = redis.call('HMGET', base .. 'job:' .. id, 'parent', 'parent_queue', 'parent_policy',
+    'state')
+  local state = f[4]
   if state ~= 'completed' and state ~= 'dead' then
     redis.call('ZREM', base .. index, id)  -- a stray id: its row is gone or moved
     return true
   end
-  if settled(base, id, state) then
+  if settled(base, id, state, f) then
     return drop_node(base, id)
   end
   redis.call('ZADD', base .. index, 'XX', now, id)
