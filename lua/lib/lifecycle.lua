@@ -163,7 +163,6 @@ local function cancel_node(base, id, now, parent)
     redis.call('HSET', key, 'cancel', now)
     emit(base, 'cancelling', id)
   elseif state == 'pending' or state == 'delayed' or state == 'awaiting_children' then
-    signal_event(base, 'cancelled', id, 'cancelled')
     kill(base, id, 'cancelled', now)
     emit(base, 'cancelled', id)
     if state == 'awaiting_children' then
