@@ -87,8 +87,9 @@ def main(argv=None) -> int:
                     shares.append(spent.get("prune", 0) / max(rest, 1))
                     print(f"  Redis time: prune {spent.get('prune', 0) / 1000:.1f} ms, the "
                           f"resolve's scripts {rest / 1000:.1f} ms")  # fmt: skip
+                rate = (args.children + 1) / elapsed
                 print(f"retention {'on ' if on else 'off'}: {elapsed:.3f} s "
-                      f"({(args.children + 1) / elapsed:,.0f} jobs/s), {removed} rows pruned")  # fmt: skip
+                      f"({rate:,.0f} jobs/s), {removed} rows pruned")  # fmt: skip
         off, on = statistics.median(times[False]), statistics.median(times[True])
         print(f"median: off {off:.3f} s, on {on:.3f} s: retention costs "
               f"{(on / off - 1) * 100:+.1f}% of the resolve time (target <= 10%)")  # fmt: skip
