@@ -92,7 +92,19 @@ class MirrorAdmin(admin.ModelAdmin):
         return redirect(self.url_name("changelist"))
 
     def changelist_view(self, request, extra_context=None):
-        return super().changelist_view(request, {**_mirror_times(), **(extra_context or {})})
+        extra = {**_mirror_times(), "unmirrored": _unmirrored(), **(extra_context or {})}
+        return super().changelist_view(request, extra)
+
+
+def _unmirrored() -> list[str]:
+    """Known queues (registry.known_queues) the mirror has not reached yet:
+    before the pump's first sweep a queue would otherwise just be missing."""
+    try:
+        known = registry.known_queues(get_mq())
+    except (redis.RedisError, EchoMQError):
+        return []
+    mirrored = set(MirroredQueue.objects.values_list("queue", flat=True))
+    return [q for q in known if q not in mirrored]
 
 
 class RetryByIdForm(forms.Form):
@@ -354,17 +366,6 @@ class MirroredQueueAdmin(MirrorAdmin):
                 "title": "Live workers and pumps",
             },
         )
-
-    def changelist_view(self, request, extra_context=None):
-        """The list, plus the known queues the mirror has not reached yet
-        (before the pump's first sweep a queue would otherwise just be missing)."""
-        try:
-            known = registry.known_queues(get_mq())
-        except (redis.RedisError, EchoMQError):
-            known = []
-        mirrored = set(MirroredQueue.objects.values_list("queue", flat=True))
-        extra = {"unmirrored": [q for q in known if q not in mirrored], **(extra_context or {})}
-        return super().changelist_view(request, extra)
 
     def render_change_form(self, request, context, add=False, change=False, form_url="", obj=None):
         context.update(

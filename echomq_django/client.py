@@ -39,7 +39,7 @@ from .jobs import (
     to_json,
     to_text,
 )
-from .keyspace import Keyspace, validate_id, validate_queue, whole_number
+from .keyspace import Keyspace, validate_id, validate_name, validate_queue, whole_number
 from .lifecalls import LifecycleCalls
 from .reads import Reads
 from .retention import job_keep
@@ -223,8 +223,7 @@ class EchoMQ(FlowCalls, SchedulingCalls, EventCalls, LifecycleCalls, BulkCalls, 
         """
         validate_queue(queue)
         job_id = validate_id(job_id if job_id is not None else _flows.new_id())
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"a job needs a name (the handler's), got {name!r}")
+        validate_name(name)
         whole_number("max_attempts", max_attempts, 1, optional=True)
         whole_number("backoff_ms", backoff_ms, 0, optional=True)
         whole_number("delay_ms", delay_ms, 0)
@@ -249,6 +248,7 @@ class EchoMQ(FlowCalls, SchedulingCalls, EventCalls, LifecycleCalls, BulkCalls, 
                 opt(dedup_ttl_ms),
                 opt(timeout_ms),
                 own_keep,
+                secrets.token_hex(8),  # this call's token: its replay is recognised
             ],
         )
         state = to_text(state)

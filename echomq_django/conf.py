@@ -349,7 +349,7 @@ def server_problems(cfg: dict | None = None) -> list[tuple[str, str, str]]:
         out.append(
             (
                 "echomq_django.E016",
-                f"{url} is a Redis Cluster node: set CLUSTER",
+                f"{url}: this is a Redis Cluster node: set CLUSTER",
                 "Set ECHOMQ['CLUSTER'] = True: a plain client cannot follow the "
                 "Cluster's redirections (MOVED).",
             )
@@ -364,6 +364,19 @@ def server_problems(cfg: dict | None = None) -> list[tuple[str, str, str]]:
             )
         )
     return out
+
+
+def check_server() -> None:
+    """For the commands at start (issue 17, item 7): raise
+    ``ImproperlyConfigured`` with the first of ``server_problems()`` (the
+    Redis named is not what the settings say: a Cluster node without
+    CLUSTER, CLUSTER on a single server, a DB index out of range) as one
+    line, its hint included; return quietly when it is what they say or
+    cannot be reached (the commands' ping reports that)."""
+    found = server_problems()
+    if found:
+        cid, message, hint = found[0]
+        raise ImproperlyConfigured(f"{message} ({cid}; {hint})")
 
 
 def signal_settings() -> dict[str, int]:

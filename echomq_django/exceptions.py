@@ -153,7 +153,7 @@ def translate(err: redis.exceptions.ResponseError | str) -> Exception:
 # Errors that say "not now", not "no": the connection dropped, a Cluster is
 # failing over (CLUSTERDOWN, TRYAGAIN, MOVED/ASK while its map heals, a
 # replica that is not promoted yet answering READONLY), a restarted server
-# still LOADING its data. The call may be repeated (every script recognises
+# still LOADING its data, a full one (OOM). The call may be repeated (every script recognises
 # its own replay), so these become ``RedisUnavailable``: a worker keeps its
 # results and retries, exactly as for a dropped connection (issue 17, item 3).
 # Only a script's own refusals (EMQSTATE, EMQLEASE, EMQNOJOB...) drop work.
@@ -165,6 +165,7 @@ TRANSIENT = (
     redis.exceptions.ReadOnlyError,
     redis.exceptions.AskError,  # MovedError included
     redis.exceptions.SlotNotCoveredError,
+    redis.exceptions.OutOfMemoryError,  # OOM: a full server, until memory is freed
 )
 
 

@@ -204,11 +204,19 @@ class FlowCalls:
             [token, self.clock(), *(v for pair in zip(read, actions, strict=False) for v in pair)],
         )
 
-    def outbox_lock(self, queue: str, lock_ms: int):
-        """The sweep lock of ``queue``'s outbox, a redis-py ``Lock`` held at
-        most ``lock_ms`` (ms), not acquired yet (``acquire()`` does not block)."""
-        return self.client.lock(
-            self.keys.queue(queue).pump_lock, timeout=lock_ms / 1000, blocking=False
+    def outbox_lock(self, queue: str, token: str, lease_ms: int, take: bool = True) -> bool:
+        """Take (or renew) the sweep lock of ``queue``'s outbox for ``lease_ms``
+        (ms) under ``token``, or with ``take=False`` drop it if it is
+        ``token``'s. Returns whether the caller holds it (take) or held it
+        (drop). The lock always expires; a lock already holding ``token`` is
+        the caller's own (left by a drop that failed while Redis was away),
+        renewed, not waited out (issue 17, item 2)."""
+        return bool(
+            self.scripts.run(
+                "outbox_lock",
+                [self.keys.queue(queue).pump_lock],
+                [token, int(lease_ms), "1" if take else "0"],
+            )
         )
 
     def count_delivery(self, queue: str, entry: bytes | str) -> int:

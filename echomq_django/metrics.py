@@ -13,7 +13,9 @@ Two kinds, the way Prometheus expects them:
 * **per queue**, read from Redis at scrape time (``QueueCollector``):
   ``echomq_queue_jobs{queue,state}``,
   ``echomq_queue_oldest_pending_age_seconds``, ``echomq_queue_outbox_depth``,
-  ``echomq_queue_deadletters``, ``echomq_queue_paused``, ``echomq_processes_live{kind}``
+  ``echomq_queue_deadletters``, ``echomq_queue_paused``,
+  ``echomq_queue_signal_backlog``, ``echomq_queue_signal_deadletters``,
+  ``echomq_processes_live{kind}``
   and ``echomq_redis_up`` (0 when Redis did not answer the scrape).
 
 Served by ``metrics_view`` (``echomq_django.urls``: ``metrics/``), open to
@@ -162,6 +164,16 @@ QUEUE_GAUGES = (
         lambda q: q["deadletter"],
     ),
     ("echomq_queue_paused", "1 when the queue is paused", lambda q: 1 if q["paused"] else 0),
+    (
+        "echomq_queue_signal_backlog",
+        "Durable signal events not dispatched yet (DESIGN 10.6)",
+        lambda q: q["signals"],
+    ),
+    (
+        "echomq_queue_signal_deadletters",
+        "Signal events given up on after their receivers kept raising",
+        lambda q: q["signals_deadletter"],
+    ),
 )
 
 

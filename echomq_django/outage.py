@@ -12,7 +12,7 @@ import logging
 
 import redis
 
-from .exceptions import RedisUnavailable, describe
+from .exceptions import TRANSIENT, RedisUnavailable, describe
 
 BACKOFF_START_S, BACKOFF_MAX_S = 0.5, 30.0
 
@@ -20,8 +20,7 @@ BACKOFF_START_S, BACKOFF_MAX_S = 0.5, 30.0
 # errors where a call is made on the raw client.
 REDIS_DOWN = (
     RedisUnavailable,
-    redis.exceptions.ConnectionError,
-    redis.exceptions.TimeoutError,
+    *TRANSIENT,  # connection, CLUSTERDOWN, TRYAGAIN, READONLY, LOADING...
     redis.exceptions.ClusterError,
 )
 

@@ -6,10 +6,18 @@ One ``Pump(queues).sweep()`` pass, for each queue:
    deliver each entry with ``flow_deliver`` on its parent's slot, then
    ``outbox_trim`` removes exactly the delivered prefix. A crash between
    deliver and trim re-delivers, which the scripts' guards make a no-op. The
-   sweep holds a lock (redis-py ``Lock``) and the trim checks it, so two pumps
-   on one queue never trim what the other has not delivered. An entry whose
+   sweep holds a lock and the trim checks it, so two pumps on one queue never
+   trim what the other has not delivered. The lock is a short lease
+   (``lock_ms``, 2 s by default) renewed after every batch and dropped at
+   the end of the sweep; it holds the pump's own token for the pump's whole
+   life, so a pump whose drop failed while Redis was away (or whose lock came
+   back from an AOF) takes it up again at its next sweep, and a live peer
+   takes over within ``lock_ms`` of a pump that died mid-sweep (issue 17,
+   item 2). An entry whose
    parent is gone is retried on ``max_tries`` sweeps, then moved to the
-   dead-letter list with its reason so the entries behind it keep flowing;
+   dead-letter list with its reason so the entries behind it keep flowing; a
+   malformed (poison) entry is dead-lettered at once with what is wrong with
+   it: the pump never dies of data;
 2. promotes due delayed jobs;
 3. recovers expired leases (a job past the stall limit dies);
 4. sends the Django signals of the queue's durable events (``dispatch.py``,
@@ -28,21 +36,20 @@ where no worker keeps the timers).
 
 from __future__ import annotations
 
-import json
 import logging
 import queue as _queue
+import secrets
 import time
 from dataclasses import dataclass, field
-
-import redis
 
 from . import registry
 from .client import EchoMQ
 from .conf import get_mq
 from .dispatch import Dispatcher
-from .exceptions import RedisUnavailable, SweepLockLost, connection_error
+from .entries import deliver_batch
+from .exceptions import TRANSIENT, RedisUnavailable, SweepLockLost, connection_error
 from .jobs import Outcome
-from .keyspace import validate_queue
+from .keyspace import validate_queue, whole_number
 from .outage import Outage
 from .schedule import Scheduler
 from .wake import BLOCK_S, Wake, Waker
@@ -50,6 +57,8 @@ from .wake import BLOCK_S, Wake, Waker
 log = logging.getLogger("echomq_django.pump")
 
 SUMMARY_EVERY_S = 10.0  # seconds between the INFO lines of running totals
+LOCK_MS = 2000  # the sweep lock's lease (ms): how soon a peer takes over from a dead pump
+LOCK_MS_MIN = 100  # shorter leases could lapse between a batch's round trips
 LOCKED_RETRY_S = 0.05  # a woken queue whose outbox another pump holds: look again then
 STOP_CHECK_S = 0.25  # run() calls should_stop() at least this often (a local check)
 
@@ -80,18 +89,22 @@ def deliver_outbox(
     mq: EchoMQ,
     queue: str,
     batch: int = 500,
-    lock_ms: int = 30000,
+    lock_ms: int = LOCK_MS,
     max_tries: int = 3,
     report: SweepReport | None = None,
     before_trim=None,
+    token: str | None = None,
 ) -> SweepReport:
     """Deliver ``queue``'s outbox, ``batch`` entries per round, until it is
     empty or blocked by an entry still being retried. Skips (``locked=True``)
-    when another pump holds the sweep lock of this queue. ``before_trim(queue,
-    actions)`` runs between delivery and trim: the kill point tests use it."""
+    when another pump holds the sweep lock of this queue. ``token``: the
+    caller's lock token (a ``Pump`` keeps one for its life; None: a fresh
+    one); ``lock_ms`` (ms): the lock's lease, renewed after each batch.
+    ``before_trim(queue, actions)`` runs between delivery and trim: the kill
+    point tests use it."""
     report = report or SweepReport()
-    lock = mq.outbox_lock(queue, lock_ms)
-    if not lock.acquire():
+    token = token or secrets.token_hex(8)
+    if not mq.outbox_lock(queue, token, lock_ms):
         report.locked = True
         return report
     try:
@@ -99,19 +112,16 @@ def deliver_outbox(
             raw = mq.outbox_head(queue, batch)
             if not raw:
                 break
-            entries = []
-            for item in raw:
-                try:
-                    entries.append(json.loads(item))
-                except ValueError:
-                    entries.append({})
-            flags, outcome = mq.deliver(entries)
-            report.outcome.merge(outcome)
+            entries, verdicts = deliver_batch(mq, raw, report.outcome)
             actions, read = [], []
-            for item, entry, ok in zip(raw, entries, flags, strict=False):
+            for item, entry, verdict in zip(raw, entries, verdicts, strict=True):
                 read.append(item)
-                if ok:
+                if verdict is True:
                     actions.append("ok")
+                    continue
+                if isinstance(verdict, str):  # poison: no later try can deliver it
+                    log.error("outbox of %s: dead-lettering an entry: %s", queue, verdict)
+                    actions.append(verdict)
                     continue
                 tries = mq.count_delivery(queue, item)
                 if tries < max_tries:
@@ -119,8 +129,6 @@ def deliver_outbox(
                     break
                 actions.append(
                     f"parent {entry.get('q')}/{entry.get('p')} not found after {tries} deliveries"
-                    if entry
-                    else "malformed entry"
                 )
                 mq.forget_deliveries(queue, item)
             if before_trim is not None:
@@ -128,7 +136,7 @@ def deliver_outbox(
             removed = 0
             if actions:
                 try:
-                    removed = mq.trim_outbox(queue, lock.local.token, read, actions)
+                    removed = mq.trim_outbox(queue, token, read, actions)
                 except SweepLockLost:
                     # our lock expired mid-sweep and another pump may be trimming:
                     # leave the outbox to it; what we delivered is re-delivered as no-ops
@@ -146,13 +154,24 @@ def deliver_outbox(
             report.deadlettered += len(actions) - actions.count("ok")
             if len(actions) < len(raw) or len(raw) < batch:
                 break
-            lock.extend(lock_ms / 1000, replace_ttl=True)
+            if not mq.outbox_lock(queue, token, lock_ms):  # renew for the next batch
+                log.warning("pump lock on %s expired during the sweep", queue)
+                report.lock_lost = True
+                break
     finally:
         try:
-            lock.release()
-        except redis.exceptions.LockError:  # expired: another pump may hold it now
-            log.warning("pump lock on %s expired during the sweep", queue)
+            mq.outbox_lock(queue, token, lock_ms, take=False)
+        except RedisUnavailable:  # it expires; and it is ours at our next sweep
+            log.warning("pump lock on %s not dropped: Redis is unavailable", queue)
     return report
+
+
+def check_interval(interval) -> float:
+    """``interval`` if it is a number of seconds > 0; ``ValueError`` naming
+    the rule otherwise (an interval of 0 sweeps without a pause: a core spins)."""
+    if isinstance(interval, bool) or not isinstance(interval, int | float) or not interval > 0:
+        raise ValueError(f"interval must be a number of seconds > 0, got {interval!r}")
+    return interval
 
 
 class Pump:
@@ -160,9 +179,11 @@ class Pump:
 
     ``queues``: list of queue names; ``mq``: an ``EchoMQ`` (None: the one
     built from settings); ``batch``: outbox entries per round trip;
-    ``lock_ms`` (ms): how long a sweep may hold a queue's outbox;
-    ``max_tries``: deliveries of an entry whose parent is gone before it is
-    dead-lettered; ``max_stalls``: lease expiries a job survives;
+    ``lock_ms`` (ms, >= 100): the lease of a sweep's lock on a queue's
+    outbox, renewed after every batch (a peer takes over this long after a
+    pump died mid-sweep); ``max_tries`` (>= 1): deliveries of an entry whose
+    parent is gone before it is dead-lettered; ``max_stalls`` (>= 0): lease
+    expiries a job survives;
     ``after_sweep``: callables ``f(pump, reports)`` run after each sweep (the
     admin mirror hooks in here); ``before_trim``: see ``deliver_outbox``;
     ``scheduler``: a ``schedule.Scheduler`` whose periodic jobs each sweep
@@ -172,7 +193,9 @@ class Pump:
     runs (a heartbeat every ``beat_s`` seconds, DESIGN §10.5);
     ``dispatcher``: the ``Dispatcher`` of the queues' durable signals (None:
     one with the settings' tries and backoff).
-    Raises ``ValueError`` for a bad or missing queue name.
+    Raises ``ValueError`` naming the rule for a bad or missing queue name
+    or a ``batch`` (>= 1), ``lock_ms``, ``max_tries``, ``max_stalls`` out of
+    range (issue 17, item 7).
     """
 
     def __init__(
@@ -181,7 +204,7 @@ class Pump:
         mq: EchoMQ | None = None,
         *,
         batch: int = 500,
-        lock_ms: int = 30000,
+        lock_ms: int = LOCK_MS,
         max_tries: int = 3,
         max_stalls: int = 1,
         after_sweep=None,
@@ -191,13 +214,18 @@ class Pump:
         beat_s: float = registry.HEARTBEAT_S,
         dispatcher: Dispatcher | None = None,
     ) -> None:
+        self.queues = [validate_queue(q) for q in queues]
+        if not self.queues:
+            raise ValueError("a pump needs at least one queue")
+        whole_number("batch", batch, 1)  # 0 would stop promotion and recovery too
+        whole_number("lock_ms", lock_ms, LOCK_MS_MIN)  # a lock always expires
+        whole_number("max_tries", max_tries, 1)
+        whole_number("max_stalls", max_stalls, 0)
+        self.token = secrets.token_hex(8)  # this pump's lock token, for its whole life
         self.mq = mq if mq is not None else get_mq()
         if scheduler is None:  # runpump and runworker --pump fire their queues' entries
             scheduler = Scheduler.for_queues(self.mq, queues)
         self.scheduler = scheduler
-        self.queues = [validate_queue(q) for q in queues]
-        if not self.queues:
-            raise ValueError("a pump needs at least one queue")
         self.dispatcher = dispatcher or Dispatcher(self.queues, mq=self.mq)
         self.batch, self.lock_ms, self.max_tries = batch, lock_ms, max_tries
         self.max_stalls = max_stalls
@@ -214,7 +242,7 @@ class Pump:
         ``SweepReport``). Raises ``RedisUnavailable`` when Redis is down."""
         try:
             return self._sweep()
-        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as err:
+        except TRANSIENT as err:
             raise connection_error(self.mq.client, err) from err
 
     def _sweep(self) -> dict[str, dict]:
@@ -222,14 +250,7 @@ class Pump:
         self.dispatcher.subscribe()  # before this sweep's transitions
         fired = self.scheduler.fire_due() if self.scheduler else []
         for queue in self.queues:
-            rep = deliver_outbox(
-                self.mq,
-                queue,
-                self.batch,
-                self.lock_ms,
-                self.max_tries,
-                before_trim=self.before_trim,
-            )
+            rep = self._deliver_outbox(queue)
             rep.promoted = self.mq.promote_delayed(queue, limit=self.batch * 10)
             stalled = self.mq.recover_stalled(
                 queue, limit=self.batch * 10, max_stalls=self.max_stalls
@@ -254,26 +275,36 @@ class Pump:
             hook(self, reports)
         return {q: r.as_dict() for q, r in reports.items()}
 
+    def _deliver_outbox(self, queue: str) -> SweepReport:
+        return deliver_outbox(
+            self.mq, queue, self.batch, self.lock_ms, self.max_tries, before_trim=self.before_trim
+        )
+
     def deliver(self, queue: str) -> SweepReport:
         """Deliver ``queue``'s outbox now (what a wake-up does between
         sweeps; the signals of what it moved are durable events, sent by the
         dispatcher); ``locked`` in the report when another pump holds that
         outbox. Raises ``RedisUnavailable``."""
         try:
-            rep = deliver_outbox(
-                self.mq,
-                queue,
-                self.batch,
-                self.lock_ms,
-                self.max_tries,
-                before_trim=self.before_trim,
-            )
-        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as err:
+            rep = self._deliver_outbox(queue)
+        except TRANSIENT as err:
             raise connection_error(self.mq.client, err) from err
         rep.released, rep.dead = len(rep.outcome.released), len(rep.outcome.dead)
         for name in ("delivered", "deadlettered", "released", "dead"):
             setattr(self.totals, name, getattr(self.totals, name) + getattr(rep, name))
         return rep
+
+    def _deliver_outbox(self, queue: str) -> SweepReport:
+        """``deliver_outbox`` with this pump's settings and lock token."""
+        return deliver_outbox(
+            self.mq,
+            queue,
+            self.batch,
+            self.lock_ms,
+            self.max_tries,
+            before_trim=self.before_trim,
+            token=self.token,
+        )
 
     def stop(self) -> None:
         """Make ``run()`` return at once (from any thread)."""
@@ -298,7 +329,11 @@ class Pump:
         waited out with backoff (``outage.Outage``), never raised; ``once``
         returns after the first pass that reached Redis. Unless ``once``, the
         dispatcher's threads send the durable signals meanwhile, from the
-        first pass that reached Redis on (stopped on return)."""
+        first pass that reached Redis on (stopped on return). Raises
+        ``ValueError`` for an ``interval`` that is not a number of seconds > 0
+        (0 would spin a core)."""
+        if not once:
+            check_interval(interval)
         t = self.totals  # a pump's "jobs done": entries delivered, jobs promoted and recovered
         beat = registry.announce(
             self.mq,

@@ -243,15 +243,22 @@ class Reads:
     @reports_redis_down
     def deadletters(self, queue: str, start: int = 0, end: int = -1) -> list[dict]:
         """Dead-lettered outbox entries: ``[{entry: {...}, reason, at (ms)}]``;
-        an entry that is not our JSON comes back as its raw text."""
+        an entry that is not JSON (a poison one) comes back as its raw text,
+        with the reason the pump gave."""
         raw = self.client.lrange(self.keys.queue(queue).deadletter, start, end)
         out = []
         for item in raw:
             try:
                 d = json.loads(item)
-                d["entry"] = json.loads(d["entry"])
+                if "reason" not in d or "entry" not in d:  # the keys the pump writes
+                    raise KeyError("reason")
             except (ValueError, KeyError, TypeError):  # written by hand, or garbled
                 d = {"entry": to_text(item), "reason": "unreadable dead-letter entry", "at": None}
+            else:
+                try:  # a poison entry stays its raw text beside the real reason
+                    d["entry"] = json.loads(d["entry"])
+                except (ValueError, TypeError):
+                    pass
             out.append(d)
         return out
 

@@ -25,7 +25,14 @@ from django.db import close_old_connections
 
 from . import signals
 from .client import EchoMQ
-from .exceptions import JobCancelled, JobNotActive, JobNotFound, LeaseLost, PayloadError
+from .exceptions import (
+    JobCancelled,
+    JobNotActive,
+    JobNotFound,
+    LeaseLost,
+    PayloadError,
+    RedisUnavailable,
+)
 from .jobs import Job, JobState, Outcome
 from .outage import REDIS_DOWN, Outage, first_line
 
@@ -145,19 +152,22 @@ class Reporter:
         ``RedisUnavailable`` (propagated) loses nothing."""
         if not finished:
             return
+        kept: list[Finished] = []  # not refused, not taken: sent again after a pause
         self._postpone(finished)
         good = [f for f in finished if f.error is None]
         if good:
             replies = self.mq.complete_many([(f.job, f.result) for f in good])
             finished[:] = [f for f in finished if f.error is not None]
             done = []
-            for item, reply in zip(good, replies, strict=False):
+            for item, reply in zip(good, replies, strict=True):
                 if isinstance(reply, PayloadError):
                     finished.append(
                         Finished(item.job, None, f"PayloadError: {reply}", False, item.ms)
                     )
-                elif isinstance(reply, Exception):
+                elif isinstance(reply, GONE):
                     self._drop(item.job, reply)
+                elif isinstance(reply, Exception):
+                    kept.append((item, reply))
                 else:
                     done.append((item, reply))
             self._completed(done)
@@ -165,12 +175,29 @@ class Reporter:
             try:
                 replies = self.mq.fail_many([(f.job, f.error, f.dead) for f in finished])
             except REDIS_DOWN:
+                finished.extend(f for f, _ in kept)
                 raise
             except Exception as err:
-                replies = [err]
+                replies = [err] * len(finished)
             items, finished[:] = list(finished), []
-            self._failed(
-                [(f, r) for f, r in zip(items, replies, strict=False) if not self._drop(f.job, r)]
+            failed = []
+            for f, r in zip(items, replies, strict=True):
+                if isinstance(r, GONE):
+                    self._drop(f.job, r)
+                elif isinstance(r, Exception):
+                    kept.append((f, r))
+                else:
+                    failed.append((f, r))
+            self._failed(failed)
+        if kept:
+            # Only a script's refusal (EMQSTATE, EMQLEASE, EMQNOJOB) drops a
+            # result; anything else (OOM, BUSY, an error in a script) keeps it
+            # for the next try, like an outage (issue 17, item 3). A job that
+            # can never be reported is refused once its lease has expired.
+            finished.extend(f for f, _ in kept)
+            raise RedisUnavailable(
+                f"Redis did not take {len(kept)} result(s) ({kept[0][1]!r}); "
+                "they are kept and sent again"
             )
 
     def _postpone(self, finished: list[Finished]) -> None:
@@ -191,16 +218,15 @@ class Reporter:
                               f.postpone_ms)  # fmt: skip
             finished.remove(f)
 
-    def _drop(self, job: Job, reply) -> bool:
-        """Forget a job Redis refused to complete or fail; True if it was."""
-        if not isinstance(reply, Exception):
-            return False
+    def _drop(self, job: Job, reply: Exception) -> None:
+        """Forget a job whose result a script refused (``GONE``: the lease was
+        lost, the job moved on or was cancelled)."""
         self._forget(job)
         self.stats["lost"] += 1
         if isinstance(reply, JobCancelled):  # DESIGN §10.2: it died 'cancelled'
             log.info("job %s/%s (%s): cancelled while it ran; its result is dropped",
                      job.queue, job.id, job.name)  # fmt: skip
-        elif isinstance(reply, GONE):
+        else:
             log.warning(
                 "job %s/%s (%s): result dropped, the lease was lost: %s",
                 job.queue,
@@ -208,16 +234,6 @@ class Reporter:
                 job.name,
                 reply,
             )
-        else:
-            log.error(
-                "job %s/%s (%s): Redis refused the result: %r; the lease will expire "
-                "and the pump recovers it",
-                job.queue,
-                job.id,
-                job.name,
-                reply,
-            )
-        return True
 
     def _completed(self, done: list[tuple[Finished, Outcome]]) -> None:
         self._forget(*(f.job for f, _ in done))

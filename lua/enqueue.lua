@@ -26,9 +26,11 @@
   ARGV[12] timeout of one attempt (ms; '' = the queue's TIMEOUT_MS)
   ARGV[13] keep (ms): at most this long after it finishes (DESIGN §10.2;
           '' = the queue's retention alone)
+  ARGV[14] call token: a fresh random string per enqueue call, kept on the
+          row (enqueue_token) so a replay of the same call is recognised
 
   returns: the state written, 'pending' or 'delayed' (a replay of the same
-           call, same name, payload and now, answers the state it wrote);
+           call, recognised by its token, answers the state it wrote);
            'deduplicated <id>' when the dedup key names a live job <id> (nothing
            written)
   errors:  EMQDUP <queue> <id> <state>  the id is taken; nothing is written
@@ -50,10 +52,13 @@ if dedup ~= '' then
   end
 end
 
-local existing = redis.call('HMGET', row, 'state', 'name', 'payload', 'created_at')
+local existing = redis.call('HMGET', row, 'state', 'enqueue_token')
 if existing[1] then
-  if existing[2] == ARGV[3] and existing[3] == ARGV[4] and existing[4] == ARGV[7] then
-    return existing[1]  -- a replay of this very call (redis-py re-sent it): done already
+  -- a replay of this very call (redis-py re-sent it): done already. Equal
+  -- name, payload and ms were not enough: two calls in one ms are two calls
+  -- (issue 17, item 4).
+  if existing[2] == ARGV[14] then
+    return existing[1]
   end
   return redis.error_reply('EMQDUP ' .. queue .. ' ' .. id .. ' ' .. existing[1])
 end
@@ -65,7 +70,8 @@ end
 -- compact row: attempts appears at the first claim; max_attempts / backoff_ms
 -- only when the job sets its own (else the queue's setting applies), and the
 -- DESIGN §10.3 settings only when set
-local fields = {'name', ARGV[3], 'payload', ARGV[4], 'state', state, 'created_at', ARGV[7]}
+local fields = {'name', ARGV[3], 'payload', ARGV[4], 'state', state, 'created_at', ARGV[7],
+  'enqueue_token', ARGV[14]}
 local priority = (ARGV[9] ~= '0') and ARGV[9] or ''
 for _, f in ipairs({{'max_attempts', ARGV[5]}, {'backoff_ms', ARGV[6]}, {'priority', priority},
     {'timeout_ms', ARGV[12]}, {'dedup', dedup}, {'keep', ARGV[13]}}) do

@@ -82,18 +82,7 @@ class Cluster:
 
     def master_port(self, key: str) -> int:
         """The port of the master serving ``key``'s slot, as a live node sees it."""
-        for node in self.live():
-            c = node.client(socket_timeout=1)
-            try:
-                slot = int(c.execute_command("CLUSTER KEYSLOT", key))
-                for start, end, primary, *_ in c.execute_command("CLUSTER", "SLOTS"):
-                    if int(start) <= slot <= int(end):
-                        return int(primary[1])
-            except redis.RedisError:
-                continue
-            finally:
-                c.close()
-        raise RigError(f"no live node knows the master of {key!r}")
+        return self.shard_ports(key)[0]
 
     def shard_ports(self, key: str) -> list[int]:
         """The ports serving ``key``'s slot: its master first, then its

@@ -116,3 +116,13 @@ def test_pause_and_resume_queues(client, emq):
         "Paused (admin action)",
         "Resumed (admin action)",
     ]
+
+
+def test_the_lists_name_known_queues_the_mirror_has_not_reached(client, emq):
+    login(client)
+    emq.enqueue("fresh", "t.echo", {})  # in P:queues now, not mirrored yet
+    hint = "Known in Redis but not mirrored yet: fresh, inventory, orders, payments, validation."
+    assert hint in client.get(JOBS).content.decode()
+    assert hint in client.get(QUEUES).content.decode()
+    mirror_queues(emq, ["fresh"])
+    assert "not mirrored yet: inventory," in client.get(JOBS).content.decode()

@@ -17,7 +17,7 @@ from echomq_django.events import SIGNAL_OF
 from echomq_django.pump import Pump
 from tests import eventkit, jobkit
 from tests.eventkit import EventMQ, Raising, stream
-from tests.jobkit import T0, complete, kill, leaf, node
+from tests.jobkit import T0, claim_one, complete, kill, leaf, node
 
 clock, seen = jobkit.clock, eventkit.seen  # fixtures (tests/jobkit.py, eventkit.py)
 ALL = list(SIGNAL_OF)
@@ -84,6 +84,20 @@ def test_a_cancel_records_the_cancel_then_the_death_and_the_parent_s_fate(tmq):
         ("cancelled", "b", "leaf", "cancelled"),
         ("dead", "b", "leaf", "cancelled"),
         ("released", "p", "node", None),
+    ]
+
+
+def test_a_job_cancelled_while_it_runs_records_the_cancel_when_it_dies(tmq):
+    tmq.subscribe_events(["q"], ALL)
+    tmq.add_flow(Flow("q", "leaf", {}, job_id="r"))
+    job = claim_one(tmq, "q", "r")
+    tmq.cancel("q", "r")  # marked: it dies when its worker reports
+    assert stream(tmq) == []
+    [refused] = tmq.complete_many([(job, 1)])
+    assert isinstance(refused, Exception)
+    assert [e[1:] for e in stream(tmq)] == [
+        ("cancelled", "r", "leaf", "cancelled"),
+        ("dead", "r", "leaf", "cancelled"),
     ]
 
 
@@ -302,6 +316,31 @@ def test_start_dispatches_in_the_background_as_events_land(tmq, seen):
         d.stop()
     assert seen.pairs() == [("job_completed", "j")]
     assert json.dumps(seen.got[0][2]["result"]) == '{"ok": true}'
+
+
+def test_a_running_pump_sends_the_signals_from_its_dispatcher_threads(tmq, seen):
+    import threading
+
+    from tests.workerkit import wait_for
+
+    stop = threading.Event()
+    dispatcher = Dispatcher(["q"], mq=tmq, block_ms=100)  # a quick stop
+    pump = Pump(["q"], mq=tmq, register=False, dispatcher=dispatcher)
+    thread = threading.Thread(
+        target=pump.run, kwargs={"interval": 0.05, "should_stop": stop.is_set}
+    )
+    thread.start()
+    try:
+        wait_for(lambda: pump.dispatcher.running, what="the pump's dispatcher threads")
+        tmq.add_flow(node("p", [leaf("a")]))
+        complete(tmq, "a", 1)
+        wait_for(lambda: len(seen.got) == 2, what="both signals")
+    finally:
+        stop.set()
+        thread.join(10)
+    assert not thread.is_alive() and not pump.dispatcher.running
+    assert seen.pairs() == [("job_completed", "a"), ("parent_released", "p")]
+    assert {sender for _, sender, _ in seen.events} == {pump.dispatcher}
 
 
 @pytest.mark.parametrize(

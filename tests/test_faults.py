@@ -199,4 +199,114 @@ def test_check_deploy_compares_cluster_with_the_server(no_env_url, redis_server,
     from echomq_django import conf
 
     [(_, message, _)] = conf.server_problems({"URL": node})
-    assert message == f"{node} is a Redis Cluster node: set CLUSTER"
+    assert message == f"{node}: this is a Redis Cluster node: set CLUSTER"
+
+
+def test_enqueue_refuses_a_name_with_a_lone_surrogate_naming_the_rule(mq):
+    with pytest.raises(ValueError, match=r"invalid job name .* U\+D800 \(a lone surrogate\)"):
+        mq.enqueue("q", "send\ud800", {})
+    assert mq.client.keys("*") == []
+
+
+# -- item 6: a poison outbox entry is dead-lettered, the pump goes on -----------
+
+POISON = {
+    "not json {": "malformed entry: not JSON (Expecting value: line 1 column 1 (char 0))",
+    "[1, 2]": "malformed entry: a JSON list, not an object",
+    '{"k": "done"}': "malformed entry: 'c' is None, not a string",
+    '{"k": "zzz", "c": "x", "p": "P", "q": "p"}': (
+        "malformed entry: kind 'zzz' is not one of "
+        "('done', 'dead', 'reattach', 'gone', 'rm', 'cancel')"
+    ),
+    '{"k": "done", "c": "x", "p": "P", "q": "p", "v": {"a": 1}}': (
+        "malformed entry: 'v' is {'a': 1}, not a string"
+    ),
+    '{"k": "done", "c": "x", "p": "a:b", "q": "p"}': "malformed entry: invalid job id 'a:b'",
+}
+
+
+def test_poison_outbox_entries_are_dead_lettered_with_the_real_reason(mq):
+    mq.add_flow(Flow("p", "parent", {}, job_id="P", children=[Flow("c", "child", {}, job_id="C")]))
+    outbox = mq.keys.queue("c").outbox
+    mq.client.rpush(outbox, *POISON)  # ahead of the real entry: they must not block it
+    [job] = mq.claim("c", 1)
+    mq.complete(job, 7)
+    report = Pump(["c"], mq=mq).sweep()["c"]
+    assert (report["delivered"], report["deadlettered"]) == (1, len(POISON))
+    assert mq.get_job("p", "P").state is JobState.PENDING  # released by the real entry
+    letters = mq.deadletters("c")
+    assert [d["entry"] for d in letters][:2] == ["not json {", [1, 2]]
+    for letter, (raw, reason) in zip(letters, POISON.items(), strict=True):
+        assert letter["reason"].startswith(reason), raw
+    assert mq.counts("c")["outbox"] == 0
+
+
+# -- items 2 and 7: command flags and server checks -------------------------------
+
+
+def run_command(name: str, *args: str) -> tuple[int, str]:
+    """``call_command(name, *args)``: (exit code, stderr), as the shell sees them."""
+    import io
+
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    err = io.StringIO()
+    try:
+        call_command(name, *args, stderr=err)
+    except CommandError as exc:
+        return exc.returncode, str(exc)
+    except SystemExit as exc:
+        return exc.code, err.getvalue()
+    return 0, err.getvalue()
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("--interval", "0"), "interval must be a number of seconds > 0, got 0.0"),
+        (("--batch", "0"), "batch must be a whole number >= 1, got 0"),
+        (("--batch", "-1"), "batch must be a whole number >= 1, got -1"),
+        (("--max-tries", "0"), "max_tries must be a whole number >= 1, got 0"),
+        (("--lock-ms", "0"), "lock_ms must be a whole number >= 100 (ms), got 0"),
+        (("--lock-ms", "-1"), "lock_ms must be a whole number >= 100 (ms), got -1"),
+        (("--max-stalls", "-1"), "max_stalls must be a whole number >= 0, got -1"),
+    ],
+)
+def test_runpump_refuses_a_flag_that_breaks_its_rule(r, db, args, message):
+    assert run_command("runpump", "q", *args) == (1, f"runpump: {message}")
+
+
+def test_runworker_refuses_max_jobs_below_one(r, db):
+    code, err = run_command("runworker", "q", "--max-jobs", "-1")
+    assert (code, err) == (1, "runworker: --max-jobs must be a whole number >= 1, got -1\n")
+
+
+@pytest.mark.parametrize("command", ["runworker", "runpump"])
+def test_the_commands_say_a_cluster_node_needs_cluster(command, redis_cluster, monkeypatch):
+    from echomq_django import conf
+
+    monkeypatch.setenv("ECHOMQ_URL", redis_cluster.url)
+    conf.reset()
+    try:
+        code, err = run_command(command, "q", "--once" if command == "runpump" else "--burst")
+    finally:
+        conf.reset()
+    assert code == 1
+    assert err.startswith(
+        f"{command}: {redis_cluster.url}: this is a Redis Cluster node: set CLUSTER"
+    )
+
+
+def test_a_db_index_out_of_range_is_reported_as_itself(redis_server, monkeypatch):
+    from echomq_django import conf
+
+    url = redis_server.replace("/0", "/99")
+    monkeypatch.setenv("ECHOMQ_URL", url)
+    conf.reset()
+    try:
+        code, err = run_command("runworker", "q", "--burst")
+    finally:
+        conf.reset()
+    assert code == 1
+    assert err.startswith(f"runworker: DB index is out of range: {url} selects db 99")

@@ -68,6 +68,8 @@ def test_the_queue_collector_reads_every_gauge_from_redis(tmq, clock):
     assert value("echomq_queue_oldest_pending_age_seconds", {"queue": "orders"}) == 5.0
     assert value("echomq_queue_outbox_depth", {"queue": "orders"}) == 0
     assert value("echomq_queue_deadletters", {"queue": "orders"}) == 0
+    assert value("echomq_queue_signal_backlog", {"queue": "orders"}) == 0
+    assert value("echomq_queue_signal_deadletters", {"queue": "orders"}) == 0
     assert value("echomq_queue_paused", {"queue": "orders"}) == 0
     assert value("echomq_processes_live", {"kind": "worker"}) == 1
     assert value("echomq_processes_live", {"kind": "pump"}) == 1

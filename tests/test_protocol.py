@@ -45,8 +45,11 @@ def test_enqueue_writes_the_row_and_pending(tmq) -> None:
         )
         == "j1"
     )
-    # compact row: attempts appears at the first claim (issue 8)
-    assert assert_state(tmq, "q", "j1", "pending") == {
+    # compact row: attempts appears at the first claim (issue 8); the call's
+    # token is kept for its replay (issue 17, item 4)
+    found = assert_state(tmq, "q", "j1", "pending")
+    assert len(found.pop("enqueue_token")) == 16
+    assert found == {
         "name": "mail.send",
         "payload": '{"to":"a@b","n":[1,2]}',
         "state": "pending",
@@ -89,7 +92,9 @@ def test_enqueue_defaults_and_generated_id(redis_client, clock) -> None:
     job_id = mq.enqueue("slow", "n")
     assert len(job_id) == 16 and job_id != mq.enqueue("slow", "n")
     # a job without its own settings stores none: the queue's apply (compact rows)
-    assert row(mq, "slow", job_id) == {
+    found = row(mq, "slow", job_id)
+    assert len(found.pop("enqueue_token")) == 16
+    assert found == {
         "name": "n",
         "payload": "null",
         "state": "pending",
@@ -146,7 +151,7 @@ def test_bad_payload_is_refused_and_nothing_written(redis_client, payload, messa
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"name": ""}, "a job needs a name"),
+        ({"name": ""}, "invalid job name ''"),
         ({"max_attempts": 0}, "max_attempts must be a whole number >= 1, got 0"),
         ({"max_attempts": "x"}, "max_attempts must be a whole number >= 1, got 'x'"),
         ({"max_attempts": 1.5}, "max_attempts must be a whole number >= 1, got 1.5"),

@@ -13,7 +13,7 @@ import json
 import pytest
 import redis
 
-from echomq_django import EchoMQ, Flow, JobState, RedisUnavailable
+from echomq_django import DuplicateJob, EchoMQ, Flow, JobState, RedisUnavailable
 from echomq_django.pump import Pump
 
 
@@ -49,9 +49,19 @@ def test_a_replayed_trim_removes_nothing_more(mq):
 
 
 def test_a_replayed_enqueue_is_the_same_job(mq):
+    # issue 17, item 4: a replay is the same call (its token), not the same
+    # name, payload and ms: two calls within one ms are two calls
     fixed_clock(mq)
-    assert mq.enqueue("q", "x", {"a": 1}, job_id="e1") == "e1"
-    assert mq.enqueue("q", "x", {"a": 1}, job_id="e1") == "e1"  # same call again
+    k = mq.keys.queue("q")
+    call = (
+        [k.job("e1"), k.pending, k.delayed, k.events, k.dedup("")],
+        ["q", "e1", "x", '{"a":1}', "", "", 1_000_000, 0, 0, "", "", "", "", "call-token-1"],
+    )
+    assert mq.scripts.run("enqueue", *call) == b"pending"
+    assert mq.scripts.run("enqueue", *call) == b"pending"  # redis-py re-sent it
+    assert mq.job_ids("q", "pending") == ["e1"]
+    with pytest.raises(DuplicateJob, match="'e1' is already used"):
+        mq.enqueue("q", "x", {"a": 1}, job_id="e1")  # same data, same ms, another call
     assert mq.job_ids("q", "pending") == ["e1"]
 
 

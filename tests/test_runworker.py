@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parent.parent
 class Command:
     """``manage.py <args>`` in the background; stdout and stderr go to files."""
 
-    def __init__(self, tmp_path: Path, url: str, *args: str) -> None:
+    def __init__(self, tmp_path: Path, url: str, *args: str, db: Path | None = None) -> None:
         self.name = args[0]
         self.out = tmp_path / f"{self.name}-{os.urandom(3).hex()}.err"
         with open(self.out, "wb") as err:
@@ -37,7 +37,11 @@ class Command:
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=err,
-                env={**os.environ, "ECHOMQ_URL": url},
+                env={
+                    **os.environ,
+                    "ECHOMQ_URL": url,
+                    **({"ECHOMQ_DB_PATH": str(db)} if db else {}),
+                },
             )
 
     def stderr(self) -> str:
@@ -59,12 +63,26 @@ class Command:
             self.proc.wait()
 
 
+@pytest.fixture(scope="module")
+def migrated_db(tmp_path_factory) -> Path:
+    """A migrated SQLite file for the commands: they check echomq_django's
+    tables at start and warn when ``migrate`` was not run."""
+    path = tmp_path_factory.mktemp("db") / "db.sqlite3"
+    subprocess.run(
+        [sys.executable, "manage.py", "migrate", "--verbosity", "0"],
+        cwd=REPO,
+        env={**os.environ, "ECHOMQ_DB_PATH": str(path)},
+        check=True,
+    )
+    return path
+
+
 @pytest.fixture
-def run(tmp_path, redis_server):
+def run(tmp_path, redis_server, migrated_db):
     started: list[Command] = []
 
     def start(*args: str, url: str = redis_server) -> Command:
-        started.append(Command(tmp_path, url, *args))
+        started.append(Command(tmp_path, url, *args, db=migrated_db))
         return started[-1]
 
     yield start

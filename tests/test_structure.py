@@ -51,7 +51,7 @@ FLOORS = [
     ["flows", "scripts", "reads", "models", "scheduling"],
     ["client", "flowcalls", "lifecalls", "eventcalls", "schedcalls", "bulk"],
     ["conf"],
-    ["wake", "registry", "outage", "pool", "reporter", "timeouts"],
+    ["wake", "registry", "outage", "pool", "reporter", "timeouts", "entries"],
     [
         *("api", "worker", "pump", "mirror", "stats", "metrics", "tasks", "outbox"),
         *("dispatch", "schedule"),
@@ -71,6 +71,7 @@ RAW_SCRIPT_TESTS = {  # (file, test) that drive raw script calls on purpose
     ("tests/test_enqueue_many.py", "test_a_replayed_call_writes_nothing_twice"),
     ("tests/test_replays.py", "test_a_replayed_retry_reports_success_and_retries_once"),
     ("tests/test_replays.py", "test_a_replayed_claim_returns_the_same_jobs"),
+    ("tests/test_replays.py", "test_a_replayed_enqueue_is_the_same_job"),
     ("tests/test_scripts.py", "test_registry_refuses_a_call_that_breaks_the_header"),
     ("tests/test_scripts.py", "test_noscript_fallback_run"),
     ("tests/test_scripts.py", "test_noscript_fallback_run_many"),

@@ -223,6 +223,9 @@ local function kill(base, id, err, now)
   if f[3] then  -- its own keep (ms): retention's expire list (lib/lifecycle.lua)
     redis.call('ZADD', base .. 'expire', now + tonumber(f[3]), id)
   end
+  if err == 'cancelled' then  -- every road of a cancel: queued, running, stalled (DESIGN §10.2)
+    signal_event(base, 'cancelled', id, err)
+  end
   emit(base, 'dead', id)
   signal_event(base, 'dead', id, err)
   OUT.dead[#OUT.dead + 1] = base .. id

@@ -2,7 +2,10 @@
 
 Thin: parses options, sets up logging from ``--verbosity`` (``logs.py``),
 runs ``Pump(queues).run(...)``. Exit 1 with a one-line reason when Redis is
-unreachable at start; later drops are waited out by ``Pump.run``.
+unreachable at start, is not what the settings say (a Cluster node without
+CLUSTER, a DB index out of range), or a flag breaks its rule (``--interval``
+> 0 s, ``--batch`` / ``--max-tries`` >= 1, ``--lock-ms`` >= 100 ms,
+``--max-stalls`` >= 0); later drops are waited out by ``Pump.run``.
 """
 
 from __future__ import annotations
@@ -11,15 +14,16 @@ import logging
 import signal
 import threading
 
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 
 from echomq_django import metrics
-from echomq_django.conf import get_mq
+from echomq_django.conf import check_server, get_mq
 from echomq_django.exceptions import RedisUnavailable
 from echomq_django.logs import setup_logging
 from echomq_django.mirror import mirror_after_sweep
 from echomq_django.outbox import drain_after_sweep, tables_missing
-from echomq_django.pump import Pump
+from echomq_django.pump import LOCK_MS, LOCK_MS_MIN, Pump, check_interval
 
 log = logging.getLogger("echomq_django.pump")
 
@@ -50,8 +54,10 @@ class Command(BaseCommand):
         parser.add_argument(
             "--lock-ms",
             type=int,
-            default=30000,
-            help="ms a sweep may hold a queue's outbox lock (default 30000)",
+            default=LOCK_MS,
+            help=f"ms a sweep's lock on a queue's outbox lasts unless renewed; renewed after "
+            f"every batch, so a peer takes over this long after a pump died mid-sweep "
+            f"(default {LOCK_MS}, at least {LOCK_MS_MIN})",
         )
         parser.add_argument(
             "--max-tries",
@@ -81,10 +87,11 @@ class Command(BaseCommand):
 
     def handle(self, *args, **opts):
         setup_logging(opts["verbosity"], runner="echomq_django.pump")
-        mq = get_mq()
         try:
+            mq = get_mq()
+            check_server()
             mq.ping()
-        except RedisUnavailable as err:
+        except (ImproperlyConfigured, RedisUnavailable) as err:
             raise CommandError(f"runpump: {err}", returncode=1) from None
         hooks = [drain_after_sweep] + ([] if opts["no_mirror"] else [mirror_after_sweep])
         missing = tables_missing()
@@ -96,6 +103,8 @@ class Command(BaseCommand):
             )
             hooks = []
         try:
+            if not opts["once"]:
+                check_interval(opts["interval"])
             pump = Pump(
                 opts["queues"],
                 mq=mq,

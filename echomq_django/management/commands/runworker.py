@@ -6,7 +6,9 @@ Thin: parses options, sets up logging from ``--verbosity`` (``logs.py``), pings 
 ``Worker(queues, ...).run(burst=..., max_jobs=...)``; with ``--pump`` also a
 ``Pump`` for the same queues on a thread of this process (a small site runs
 one process, DESIGN §10.1). Exit status: 0 after a
-clean stop; 1 when Redis is unreachable at start, the settings are wrong, or
+clean stop; 1 when Redis is unreachable at start or is not what the settings
+say (a Cluster node without CLUSTER, a DB index out of range), the settings
+or a flag are wrong (``--max-jobs`` >= 1), or
 the worker stopped with jobs still running (a second signal, or
 ``--shutdown-timeout`` passed): those are left to their leases, and the pump
 recovers them.
@@ -23,8 +25,9 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand
 
 from echomq_django import metrics
-from echomq_django.conf import get_mq
+from echomq_django.conf import check_server, get_mq
 from echomq_django.exceptions import RedisUnavailable
+from echomq_django.keyspace import whole_number
 from echomq_django.logs import setup_logging
 from echomq_django.mirror import mirror_after_sweep
 from echomq_django.outbox import tables_missing
@@ -120,8 +123,9 @@ class Command(BaseCommand):
         except Exception as err:
             self._exit(f"runworker: Redis is unreachable: {err}")
         try:
+            check_server()
             mq.ping()
-        except RedisUnavailable as err:
+        except (ImproperlyConfigured, RedisUnavailable) as err:
             self._exit(f"runworker: {err}")
         missing = tables_missing()
         if missing:
@@ -129,6 +133,7 @@ class Command(BaseCommand):
                 "runworker: %s; until then the enqueue outbox is not drained", missing
             )
         try:
+            whole_number("--max-jobs", opts["max_jobs"], 1, optional=True)
             worker = Worker(
                 opts["queues"],
                 concurrency=opts["concurrency"],
