@@ -232,6 +232,7 @@ class Model:
         if j.state == "active":
             j.parent = None
             return
+        self.finish(jid)  # a removed job frees its dedup key
         del self.jobs[jid]
         for cid in j.children:
             if cid in self.jobs and self.jobs[cid].parent == jid:
