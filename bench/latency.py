@@ -21,8 +21,9 @@ latency onto a Redis list the benchmark waits on with BLPOP):
 - ``retry``: a job whose first attempt raises, with a backoff -> the second
   attempt starts, counted from the raise + the backoff.
 
-Also: the Redis commands per second of the idle worker alone (ours' pump
-stopped first), from ``INFO commandstats``, over ``IDLE_S`` seconds.
+Also: the Redis commands per second of the idle worker alone, before any
+job (ours' pump not started yet), from ``INFO commandstats``, over
+``IDLE_S`` seconds.
 """
 
 from __future__ import annotations
@@ -78,13 +79,16 @@ def record(client, payload: dict) -> None:
 
 def _command(url: str, module: str, args: list[str]) -> None:
     """Run one of our management commands, defaults and all, in this process."""
-    procs.setup_django(url, apps=("echomq_django",))
     import importlib
+    import tempfile
 
+    database = os.path.join(tempfile.mkdtemp(prefix="emq-bench-"), "db.sqlite3")
+    procs.setup_django(url, apps=("echomq_django",), database=database)
     from django.core.management import call_command
 
     import bench.handlers  # noqa: F401  (registers the bench.* handlers)
 
+    call_command("migrate", verbosity=0)  # the enqueue outbox's table, as a site has it
     command = importlib.import_module(f"echomq_django.management.commands.{module}").Command()
     call_command(command, *args)
 
@@ -249,36 +253,45 @@ def measure(
     return out
 
 
-def idle_commands(client: redis.Redis, seconds: float = IDLE_S) -> float:
+def idle_commands(client: redis.Redis, seconds: float = IDLE_S) -> tuple[float, dict]:
     """Redis commands per second while nothing is sent (those run inside
-    scripts included), less this probe's own two INFO calls."""
+    scripts included), less this probe's own INFO calls; and the count of
+    each command over the ``seconds``."""
 
-    def calls() -> int:
+    def calls() -> dict:
         info = client.info("commandstats")
-        return sum(v["calls"] for k, v in info.items() if k != "cmdstat_info")
+        return {k[8:]: v["calls"] for k, v in info.items() if k != "cmdstat_info"}
 
     before = calls()
     time.sleep(seconds)
-    return (calls() - before) / seconds
+    after = calls()
+    each = {k: n - before.get(k, 0) for k, n in after.items() if n - before.get(k, 0)}
+    return sum(each.values()) / seconds, each
 
 
 def run_side(side, url: str, samples: int, idle_s: float = IDLE_S, progress=None) -> dict:
-    """Start ``side``'s processes on a flushed server, measure every
-    scenario, then its idle cost; stop the processes."""
+    """On a flushed server: start ``side``'s worker process alone and count
+    its idle Redis commands; then start the rest (ours: the pump), measure
+    every scenario, and stop the processes."""
     ctx = multiprocessing.get_context("spawn")
     client = redis.Redis.from_url(url)
     client.flushall()
     ready = ctx.Queue()
     processes = side.processes(ctx, ready)
-    for p in processes:
-        p.start()
     try:
-        for _ in processes:
+        processes[0].start()
+        ready.get(timeout=120)
+        time.sleep(3.0)  # connected, blocking, its first timers run
+        if progress:
+            progress(f"{side.name} latency: idle commands over {idle_s:g} s")
+        row = {"system": side.name, "layout": side.layout, "samples": samples}
+        row["idle_cmds_per_s"], row["idle_commands"] = idle_commands(client, idle_s)
+        for p in processes[1:]:
+            p.start()
             ready.get(timeout=120)
-        time.sleep(1.0)  # connected and blocking
+        time.sleep(1.0)
         for kind in SCENARIOS:  # warm: scripts loaded, paths taken once
             measure(side, client, kind, min(3, samples), tag="warm")
-        row = {"system": side.name, "layout": side.layout, "samples": samples}
         for kind in SCENARIOS:
             if progress:
                 progress(f"{side.name} latency: {kind}, {samples} samples")
@@ -289,16 +302,11 @@ def run_side(side, url: str, samples: int, idle_s: float = IDLE_S, progress=None
                 "p99": percentile(values, 99),
                 "max": max(values),
             }
-        if progress:
-            progress(f"{side.name} latency: idle commands over {idle_s:g} s")
-        for p in processes[1:]:  # the worker alone (ours: the pump stops)
-            _stop(p)
-        time.sleep(1.0)
-        row["idle_cmds_per_s"] = idle_commands(client, idle_s)
         return row
     finally:
         for p in processes:
-            _stop(p)
+            if p.pid is not None:
+                _stop(p)
         client.flushall()
         client.close()
 

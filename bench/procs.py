@@ -17,10 +17,11 @@ import time
 PREFIX = "emq"
 
 
-def setup_django(url: str, apps: tuple[str, ...] = ()) -> None:
-    """Configure Django for a benchmark process: no database, no apps but
-    ``apps`` (the commands need ``echomq_django`` installed); the handlers
-    are registered by importing ``bench.handlers``."""
+def setup_django(url: str, apps: tuple[str, ...] = (), database: str | None = None) -> None:
+    """Configure Django for a benchmark process: no apps but ``apps`` (the
+    commands need ``echomq_django`` installed), no database but the SQLite
+    file ``database`` when given (the commands check the enqueue outbox's
+    table); the handlers are registered by importing ``bench.handlers``."""
     os.environ["ECHOMQ_URL"] = url
     import django
     from django.conf import settings
@@ -28,7 +29,11 @@ def setup_django(url: str, apps: tuple[str, ...] = ()) -> None:
     if not settings.configured:
         settings.configure(
             INSTALLED_APPS=list(apps),
-            DATABASES={},
+            DATABASES=(
+                {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": database}}
+                if database
+                else {}
+            ),
             USE_TZ=True,
             ECHOMQ={"URL": url, "PREFIX": PREFIX},
             LOGGING_CONFIG=None,

@@ -34,9 +34,10 @@ FAIL_ONCE_EVERY = 10  # one job in ten fails once, then succeeds on its retry
 DIE_EVERY = 1000  # one job in a thousand dies (Unrecoverable)
 CROSS_EVERY = 10  # one flow in ten has a child on the second queue
 CHILDREN = 3
+LEASE_MS = 5000  # a claim's replay memo lives this long: sampled after it expired
 
 
-def setup_django(url: str, db: str) -> None:
+def setup_django(url: str, db: str, keep_dead: int | None = None) -> None:
     """Django for a soak process: the app and a SQLite file for the mirror."""
     os.environ["ECHOMQ_URL"] = url
     import django
@@ -47,7 +48,15 @@ def setup_django(url: str, db: str) -> None:
             INSTALLED_APPS=["echomq_django"],
             DATABASES={"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": db}},
             USE_TZ=True,
-            ECHOMQ={"URL": url, "PREFIX": procs.PREFIX, "QUEUES": {q: {} for q in QUEUES}},
+            ECHOMQ={
+                "URL": url,
+                "PREFIX": procs.PREFIX,
+                "QUEUES": {
+                    q: {"LEASE_MS": LEASE_MS}
+                    | ({} if keep_dead is None else {"KEEP_DEAD": keep_dead})
+                    for q in QUEUES
+                },
+            },
             LOGGING_CONFIG=None,
         )
         django.setup()
@@ -56,9 +65,9 @@ def setup_django(url: str, db: str) -> None:
     logging.getLogger("echomq_django").setLevel(logging.ERROR)  # dead jobs are expected
 
 
-def worker(url: str, db: str, concurrency: int, ready, stop) -> None:
+def worker(url: str, db: str, concurrency: int, ready, stop, keep_dead=None) -> None:
     """One ``Worker`` process on both soak queues."""
-    setup_django(url, db)
+    setup_django(url, db, keep_dead)
     import bench.soak_handlers  # noqa: F401  (registers soak.*)
     from echomq_django import Worker
 
@@ -70,9 +79,9 @@ def worker(url: str, db: str, concurrency: int, ready, stop) -> None:
     w.run()
 
 
-def pump(url: str, db: str, interval: float, ready, stop) -> None:
+def pump(url: str, db: str, interval: float, ready, stop, keep_dead=None) -> None:
     """One ``Pump`` process: outbox, timers, retention and the admin mirror."""
-    setup_django(url, db)
+    setup_django(url, db, keep_dead)
     from echomq_django import Pump
     from echomq_django.mirror import mirror_after_sweep
 
@@ -126,6 +135,17 @@ def _settled(mq) -> bool:
     return True
 
 
+def key_kinds(client) -> dict[str, int]:
+    """Keys by kind: the part after ``P:{q}:`` with ids cut off."""
+    kinds: dict[str, int] = {}
+    for key in client.scan_iter(count=1000):
+        name = key.decode().split("}:", 1)[-1]
+        parts = name.split(":")
+        kind = parts[0] if parts[0] != "job" else ":".join(["job", *parts[2:]])
+        kinds[kind] = kinds.get(kind, 0) + 1
+    return dict(sorted(kinds.items(), key=lambda kv: -kv[1]))
+
+
 def _sample(mq, db: str) -> dict:
     import sqlite3
 
@@ -151,12 +171,13 @@ def run(
     interval: float = 0.2,
     url: str | None = None,
     out=print,
+    keep_dead: int | None = None,
 ) -> dict:
     """Run the soak; returns ``{samples: [...], first, last, ratio}``."""
     server = None if url else start_server()
     url = url or server.url
     db = os.path.join(tempfile.mkdtemp(prefix="emq-soak-"), "mirror.sqlite3")
-    setup_django(url, db)
+    setup_django(url, db, keep_dead)
     from django.core.management import call_command
 
     from echomq_django.conf import get_mq
@@ -167,9 +188,10 @@ def run(
     ctx = mp.get_context("spawn")
     ready, stop = ctx.Queue(), ctx.Event()
     children = [
-        ctx.Process(target=worker, args=(url, db, concurrency, ready, stop)) for _ in range(procs_n)
+        ctx.Process(target=worker, args=(url, db, concurrency, ready, stop, keep_dead))
+        for _ in range(procs_n)
     ]
-    children.append(ctx.Process(target=pump, args=(url, db, interval, ready, stop)))
+    children.append(ctx.Process(target=pump, args=(url, db, interval, ready, stop, keep_dead)))
     for p in children:
         p.start()
     for _ in children:
@@ -187,7 +209,9 @@ def run(
             done += n
             while not _settled(mq):
                 time.sleep(0.2)
-            time.sleep(max(interval * 3, 0.5))  # one more sweep: the mirror follows
+            # claim memos (a replay guard) live one lease: sample the steady
+            # state, not the last seconds' claim rate; the mirror follows meanwhile
+            time.sleep(LEASE_MS / 1000 + 1)
             s = {
                 "jobs": done,
                 "flows": flows * done // jobs,
@@ -199,6 +223,7 @@ def run(
                 f"{s['jobs']:>8} {s['flows']:>7} {s['used_memory']:>12,} {s['keys']:>7} "
                 f"{s['mirror_rows']:>7} {s['completed']:>9} {s['dead']:>5} {s['elapsed_s']:>6}"
             )
+        out(f"keys by kind at the end: {key_kinds(mq.client)}")
     finally:
         stop.set()
         for p in children:
@@ -226,12 +251,15 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench --soak", description=__doc__.split("\n")[0])
     p.add_argument("--soak", action="store_true", help="run the soak (this benchmark)")
     p.add_argument("--quick", action="store_true", help="a smoke run: 20,000 jobs, 2,000 flows")
-    p.add_argument("--soak-jobs", type=int, default=200_000, help="plain jobs (default %(default)s)")
+    p.add_argument(
+        "--soak-jobs", type=int, default=200_000, help="plain jobs (default %(default)s)"
+    )
     p.add_argument("--soak-flows", type=int, default=20_000, help="flows (default %(default)s)")
     p.add_argument("--soak-every", type=int, default=20_000,
                    help="jobs per round, one sample each (default %(default)s)")  # fmt: skip
     p.add_argument("--workers", default="2x16", help="PROCESSESxCONCURRENCY (default %(default)s)")
     p.add_argument("--redis-url", help="use this Redis (FLUSHALLed!) instead of a private one")
+    p.add_argument("--keep-dead", type=int, help="KEEP_DEAD for both queues (default: the default)")
     args = p.parse_args(argv)
     if args.quick:
         args.soak_jobs, args.soak_flows, args.soak_every = 20_000, 2_000, 2_000
@@ -244,5 +272,5 @@ def main(argv=None) -> int:
               file=sys.stderr)  # fmt: skip
         return 2
     result = run(args.soak_jobs, args.soak_flows, args.soak_every, procs_n, concurrency,
-                 url=args.redis_url)  # fmt: skip
+                 url=args.redis_url, keep_dead=args.keep_dead)  # fmt: skip
     return 0 if result["ratio"] <= 1.10 else 1

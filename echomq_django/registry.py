@@ -293,12 +293,14 @@ def known_queues(mq, extra=()) -> list[str]:
 
 
 def unknown_queue_warning(mq, queues) -> str | None:
-    """The warning a worker logs when it starts on queues that no job,
-    setting or process has used: names them and the known ones; None when
-    every queue is known. Raises redis-py errors."""
+    """The warning a worker logs when it starts on queues that no job or
+    setting has used: names them and the known ones; None when every queue
+    is known, or when nothing is known at all (a fresh Redis and no
+    ``ECHOMQ["QUEUES"]``: workers often start before the first job). Raises
+    redis-py errors."""
     known = set(redis_queues(mq)) | set(settings_queues())
     unknown = [q for q in queues if q not in known]
-    if not unknown:
+    if not unknown or not known:  # nothing known yet: a fresh site starts its workers first
         return None
     shown = ", ".join(sorted(known)[:50]) or "(none)"
     return (

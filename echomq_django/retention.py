@@ -4,15 +4,7 @@ Nothing in Redis grows for ever: finished jobs leave by their queue's
 retention (``KEEP_COMPLETED``, ``KEEP_DEAD``) or their own ``keep``, and an
 operator can remove or cancel a job with its subtree by id.
 
-Every step is one bounded Lua call (``prune``, ``remove``, ``cancel``; the
-rules are in ``lua/lib/lifecycle.lua``): a call does at most ``budget`` units
-of work (one per node or child ref touched; ``BUDGET`` = 200 is a few ms of
-Redis time) and answers ``more`` when work is left, which the host drives
-call after call. So a 10,000-child flow is removed or cancelled without any
-one script holding Redis for long. A child on another slot is reached
-through the outbox, like fan-in: the scripts return the entries they pushed
-and the host delivers them at once (the pump delivers them again later: a
-no-op), then drives the work those queues got.
+The calls that apply it are ``LifecycleCalls`` (lifecalls.py).
 
 Settings (per queue in ``ECHOMQ["QUEUES"]``), each a count (keep the newest
 N) or ``{"COUNT": n, "AGE_S": s}`` (either bound may be left out, not both);

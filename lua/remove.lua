@@ -31,10 +31,9 @@ local QUEUE = ARGV[1]
 local base, id, now = ARGV[2], ARGV[3], tonumber(ARGV[4])
 LEFT = tonumber(ARGV[5])
 
-local memo = base .. 'op:' .. ARGV[6]
-local replayed = redis.call('GET', memo)
-if replayed then
-  return replayed
+local again = replayed(base, ARGV[6])
+if again then
+  return again
 end
 local state = redis.call('HGET', row, 'state')
 if not state then
@@ -47,6 +46,4 @@ resolve_removed(base, id, now)
 drop_node(base, id)
 gc_run(base)
 OUT.more = (LEFT <= 0) and 1 or 0
-local reply = cjson.encode(OUT)
-redis.call('SET', memo, reply, 'PX', 600000)
-return reply
+return remember(base, ARGV[6], cjson.encode(OUT))

@@ -7,8 +7,8 @@ import pytest
 from django.core.checks import run_checks
 from django.test import override_settings
 
-from echomq_django import conf
 from echomq_django import retention as lc
+from tests.test_checks import _no_env_url  # noqa: F401  (autouse: no ECHOMQ_URL)
 
 URL = "redis://127.0.0.1:1/0"
 
@@ -18,12 +18,6 @@ def checks(keep: dict) -> list:
         return [m for m in run_checks(databases=[]) if m.id.startswith("echomq_django.")]
 
 
-@pytest.fixture(autouse=True)
-def _no_env_url(monkeypatch):
-    monkeypatch.delenv("ECHOMQ_URL", raising=False)
-    conf.reset()
-    yield
-    conf.reset()
 
 
 @pytest.mark.parametrize(

@@ -208,6 +208,13 @@ def test_known_queues_join_redis_settings_and_live_processes(tmq, clock):
     assert known_queues(tmq, extra=["zz"]) == sorted(["audit", "emails", "zz", *settings])
 
 
+def test_nothing_known_at_all_is_not_a_typo(tmq, settings):
+    settings.ECHOMQ = {**settings.ECHOMQ, "QUEUES": {}}
+    assert unknown_queue_warning(tmq, ["bench"]) is None
+    tmq.register_queues(["audit"])
+    assert unknown_queue_warning(tmq, ["bench"]).startswith("queue bench is not known")
+
+
 def test_a_worker_on_an_unknown_queue_is_told_the_known_ones(tmq):
     tmq.register_queues(["audit"])
     assert unknown_queue_warning(tmq, ["orders", "audit"]) is None

@@ -97,6 +97,7 @@ class Node:
     priority: int = 0
     deadline: int | None = None  # children deadline (ms) while in P:{q}:deadlines
     dedup: str | None = None  # the dedup key it holds
+    went_on: bool = False  # released early by a continue_parent_on_failure child
 
 
 class Model:
@@ -188,10 +189,12 @@ class Model:
         if not j.parent or self.resolved(j.parent, jid):
             return
         p = self.jobs[j.parent]
-        if j.policy != "fp":
-            p.hashes["removed" if j.policy == "rd" else "unsuccessful"].add(jid)
+        policy = "id" if j.policy == "fp" and p.went_on else j.policy
+        if policy != "fp":
+            p.hashes["removed" if policy == "rd" else "unsuccessful"].add(jid)
             self.decrement(j.parent)
-            if j.policy == "cp" and p.state == AWAIT:  # continue_parent_on_failure
+            if policy == "cp" and p.state == AWAIT:  # continue_parent_on_failure
+                p.went_on = True  # its other children can no longer fail it
                 self.release(j.parent)
         elif jid not in p.hashes["failed"]:
             p.hashes["failed"].add(jid)
@@ -232,6 +235,7 @@ class Model:
         if j.state == "active":
             j.parent = None
             return
+        self.finish(jid)  # a removed job frees its dedup key
         del self.jobs[jid]
         for cid in j.children:
             if cid in self.jobs and self.jobs[cid].parent == jid:

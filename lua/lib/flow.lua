@@ -240,7 +240,10 @@ end
 --       (continue_parent_on_failure, DESIGN §10.3): resolved like `id`, so
 --       its retry never re-attaches and the parent (which reads it in
 --       dependencies().ignored) is released only this once: release()
---       wants awaiting_children
+--       wants awaiting_children. A parent it releases early is marked
+--       `went_on`: it no longer waits for its other children, so their
+--       later `fp` deaths cannot fail it; they resolve it like `id` (else a
+--       retry of the parent would revive it for a second release)
 local function fan_in_dead(base, pid, ref, err, policy, now)
   local pkey = job_key(base, pid)
   if redis.call('EXISTS', pkey) == 0 then
@@ -249,11 +252,15 @@ local function fan_in_dead(base, pid, ref, err, policy, now)
   if already_resolved(pkey, ref) then
     return true
   end
+  if policy == 'fp' and redis.call('HEXISTS', pkey, 'went_on') == 1 then
+    policy = 'id'
+  end
   if policy == 'id' or policy == 'rd' or policy == 'cp' then
     local hash = (policy == 'rd') and ':removed' or ':unsuccessful'
     if redis.call('HSETNX', pkey .. hash, ref, err) == 1 then
       decrement_and_maybe_release(base, pid, now)
-      if policy == 'cp' then
+      if policy == 'cp' and redis.call('HGET', pkey, 'state') == 'awaiting_children' then
+        redis.call('HSET', pkey, 'went_on', now)
         release(base, pid, now)
       end
     end

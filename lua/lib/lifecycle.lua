@@ -43,6 +43,32 @@ local function split_ref(ref)
   return ref:match('{(.-)}:job:(.+)$')
 end
 
+-- Each child ref of `refs` costs one unit: a child on this slot is handed
+-- to `here(child id)`, one on another slot gets a `kind` entry naming its
+-- parent `parent` (the pump, or the calling host, delivers it there).
+local function each_child(base, refs, kind, parent, here)
+  local mine = base .. 'job:'
+  for _, ref in ipairs(refs) do
+    LEFT = LEFT - 1
+    if ref:sub(1, #mine) == mine then
+      here(ref:sub(#mine + 1))
+    else
+      local q, cid = split_ref(ref)
+      push_entry(base, {k = kind, c = ref, p = cid, q = q, v = parent})
+    end
+  end
+end
+
+-- A replayed remove / cancel call (same token) answers its first reply.
+local function replayed(base, token)
+  return redis.call('GET', base .. 'op:' .. token)
+end
+
+local function remember(base, token, reply)
+  redis.call('SET', base .. 'op:' .. token, reply, 'PX', 600000)
+  return reply
+end
+
 local function unindex(base, id, state)
   if state == 'pending' then
     unclaimable(base, id)  -- the pending list, or P:{q}:prioritized (DESIGN §10.3)
@@ -61,13 +87,15 @@ end
 -- Returns true when the row went.
 local function drop_node(base, id, parent)
   local key = base .. 'job:' .. id
-  local f = redis.call('HMGET', key, 'state', 'parent', 'dedup', 'children_deadline')
+  local f = redis.call('HMGET', key, 'state', 'parent', 'dedup', 'children_deadline', 'keep')
   local state = f[1]
   if not state or state == 'active' or (parent and f[2] ~= parent) then
     return false
   end
   unindex(base, id, state)
-  redis.call('ZREM', base .. 'expire', id)
+  if f[5] then  -- its own keep: it may sit in P:{q}:expire
+    redis.call('ZREM', base .. 'expire', id)
+  end
   free_dedup(base, f[3], id)
   if f[4] then
     redis.call('ZREM', base .. 'deadlines', id)
@@ -87,7 +115,6 @@ end
 -- Drain the gc list within the budget: drop the next child of each removed
 -- parent (same slot), or send an `rm` entry to its slot.
 local function gc_run(base)
-  local mine = base .. 'job:'
   while LEFT > 0 do
     local bin = redis.call('LINDEX', base .. 'gc', 0)
     if not bin then
@@ -98,15 +125,7 @@ local function gc_run(base)
     if not refs then
       redis.call('LPOP', base .. 'gc')
     else
-      for _, ref in ipairs(refs) do
-        LEFT = LEFT - 1
-        if ref:sub(1, #mine) == mine then
-          drop_node(base, ref:sub(#mine + 1), parent)
-        else
-          local q, cid = split_ref(ref)
-          push_entry(base, {k = 'rm', c = ref, p = cid, q = q, v = parent})
-        end
-      end
+      each_child(base, refs, 'rm', parent, function(cid) drop_node(base, cid, parent) end)
     end
   end
 end
@@ -155,7 +174,6 @@ end
 
 -- Cancel queued children within the budget, top down.
 local function cancel_run(base, now)
-  local mine = base .. 'job:'
   while LEFT > 0 do
     local item = redis.call('LPOP', base .. 'cancel')
     if not item then
@@ -169,21 +187,13 @@ local function cancel_run(base, now)
       redis.call('LPUSH', base .. 'cancel', id .. ' ' .. (offset + n))
     end
     LEFT = LEFT - 1
-    for _, ref in ipairs(refs) do
-      LEFT = LEFT - 1
-      if ref:sub(1, #mine) == mine then
-        cancel_node(base, ref:sub(#mine + 1), now, id)
-      else
-        local q, cid = split_ref(ref)
-        push_entry(base, {k = 'cancel', c = ref, p = cid, q = q, v = id})
-      end
-    end
+    each_child(base, refs, 'cancel', id, function(cid) cancel_node(base, cid, now, id) end)
   end
 end
 
 -- May retention take this finished node now? (the flow rules above)
-local function settled(base, id, state)
-  local f = redis.call('HMGET', base .. 'job:' .. id, 'parent', 'parent_queue', 'parent_policy')
+-- `f` holds the row's parent, parent_queue and parent_policy (retire's read).
+local function settled(base, id, state, f)
   if not f[1] then
     return true
   end
@@ -202,12 +212,14 @@ end
 -- returns true when the row went.
 local function retire(base, index, id, now)
   LEFT = LEFT - 1
-  local state = redis.call('HGET', base .. 'job:' .. id, 'state')
+  local f = redis.call('HMGET', base .. 'job:' .. id, 'parent', 'parent_queue', 'parent_policy',
+    'state')
+  local state = f[4]
   if state ~= 'completed' and state ~= 'dead' then
     redis.call('ZREM', base .. index, id)  -- a stray id: its row is gone or moved
     return true
   end
-  if settled(base, id, state) then
+  if settled(base, id, state, f) then
     return drop_node(base, id)
   end
   redis.call('ZADD', base .. index, 'XX', now, id)
