@@ -15,10 +15,17 @@ set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 find_python312() {
-    command -v python3.12 2>/dev/null && return 0
-    local root
+    # A candidate counts only if it runs: pyenv's shim is on PATH even when
+    # 3.12 is not the selected version, and then it fails.
+    local root cand
     root="$(pyenv root 2>/dev/null || echo "${PYENV_ROOT:-$HOME/.pyenv}")"
-    ls -d "$root"/versions/3.12*/bin/python3.12 2>/dev/null | sort -V | tail -n 1 | grep . && return 0
+    for cand in "$(command -v python3.12 2>/dev/null)" \
+        $(ls -d "$root"/versions/3.12*/bin/python3.12 2>/dev/null | sort -rV); do
+        if [ -n "$cand" ] && "$cand" -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null; then
+            echo "$cand"
+            return 0
+        fi
+    done
     return 1
 }
 
