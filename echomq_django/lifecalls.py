@@ -62,13 +62,15 @@ class LifecycleCalls:
         settings, else the defaults)."""
         return retention(self.queues.get(queue, {}))
 
-    def _prune_call(self, queue: str, budget: int, mode: str):
+    def _prune_call(self, queue: str, budget: int, mode: str, since: int | None = None):
         k = self.keys.queue(queue)
         completed, dead = self.retention(queue)
+        now = self.clock()
         return (
             "prune",
             [k.completed, k.dead],
-            [queue, k.base, self.clock(), budget, *completed.args(), *dead.args(), mode],
+            [queue, k.base, now, budget, *completed.args(), *dead.args(), mode,
+             now if since is None else since],
         )
 
     def prune(self, queue: str, budget: int = BUDGET, max_calls: int | None = MAX_CALLS) -> Report:
@@ -91,10 +93,11 @@ class LifecycleCalls:
         todo = [(q, mode) for q in sorted(queues)]
         while todo:
             queue, how = todo.pop(0)
-            calls = 0
+            calls, since = 0, self.clock()  # rows held since this pass began are not looked at again
             while max_calls is None or calls < max_calls:
                 calls += 1
-                sent = report.add(self, self.scripts.run(*self._prune_call(queue, budget, how)))
+                call = self._prune_call(queue, budget, how, since)
+                sent = report.add(self, self.scripts.run(*call))
                 if sent:
                     report.outcome.merge(self.deliver(sent)[1])
                     reached = {e["q"] for e in sent} - {q for q, _ in todo}

@@ -20,6 +20,10 @@
   ARGV[8] dead age (ms): drop dead jobs finished longer ago
   ARGV[9] mode: 'all', or 'lists' to go on with queued cancels and removals
           only (what a remove / cancel call started), no retention
+  ARGV[10] pass start (ms, optional, default now): a held row whose score is
+          at or after it was held already in this pass (re-scored to a now of
+          this pass); retention stops at it, and a call whose units all went
+          on such rows answers more = 0
 
   returns: JSON {removed: n, held: n, more: 0|1 (1: cancels or removals
            are queued, or the budget ran out while rows were going: call
@@ -32,6 +36,8 @@ local QUEUE = ARGV[1]
 -- @include lib/lifecycle.lua
 local base, now = ARGV[2], tonumber(ARGV[3])
 LEFT = tonumber(ARGV[4])
+PASS = tonumber(ARGV[10] or ARGV[3])
+REHELD = 0
 
 cancel_run(base, now)
 gc_run(base)
@@ -47,8 +53,12 @@ if ARGV[9] == 'all' then
 end
 OUT.removed = OUT.removed or 0
 OUT.held = OUT.held or 0
--- more: work lists left, or the budget ran out while rows were still going
--- (a call that only met held rows stops: they wait for their flows)
+-- more: work lists left, or the budget ran out while the call still got on
+-- (rows went, child refs were drained, rows were held for the first time in
+-- this pass and moved to the back): rows behind may still go. A call whose
+-- units all went on rows held already in this pass stops: they wait for
+-- their flows.
 local lists = redis.call('EXISTS', base .. 'gc', base .. 'cancel')
-OUT.more = (lists > 0 or (LEFT <= 0 and OUT.removed > 0)) and 1 or 0
+local got_on = tonumber(ARGV[4]) - LEFT > REHELD
+OUT.more = (lists > 0 or (LEFT <= 0 and got_on)) and 1 or 0
 return cjson.encode(OUT)

@@ -30,6 +30,8 @@
 
 OUT.sent = {}  -- outbox entries pushed for other slots, for the host to deliver at once
 local LEFT = 0  -- budget left in this call
+local PASS = nil  -- prune: when this pass began (ms); a row held at or after it was held in this pass
+local REHELD = 0  -- prune: units spent on rows held already in this pass
 
 local function push_entry(base, entry)
   local text = cjson.encode(entry)
@@ -222,8 +224,13 @@ local function retire(base, index, id, now)
   if settled(base, id, state, f) then
     return drop_node(base, id)
   end
+  local was = tonumber(redis.call('ZSCORE', base .. index, id))
   redis.call('ZADD', base .. index, 'XX', now, id)
   OUT.held = (OUT.held or 0) + 1
+  if PASS and was and was >= PASS then  -- held already in this pass
+    REHELD = REHELD + 1
+    return false, true
+  end
   return false
 end
 
@@ -247,7 +254,10 @@ local function keep_rule(base, index, count, age_ms, now)
         return
       end
       seen = seen + 1
-      retire(base, index, head[i], now)
+      local _, again = retire(base, index, head[i], now)
+      if again then  -- the rest were looked at in this pass already (or are newer)
+        return
+      end
       excess = excess - 1  -- a held one counts too: it is older than the newest `count`
     end
   end
