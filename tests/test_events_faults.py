@@ -64,7 +64,9 @@ def test_a_worker_killed_right_after_its_transitions_still_gets_its_signals_sent
     mq.add_flow(node("p", [leaf("a")]))
     assert child(mq, "worker") == -signal.SIGKILL
     assert mq.get_job("q", "a").state == "completed"
-    assert mq.get_job("q", "p").state == "pending"  # released by a's completion
+    # released by a's completion; the dying worker's loop may already have
+    # claimed it (a release wakes the queue at once), never more
+    assert mq.get_job("q", "p").state in ("pending", "active")
     assert seen.pairs() == []  # the worker died before sending anything
     Dispatcher(["q"], mq=mq).dispatch_all()
     assert seen.pairs() == [("job_completed", "a"), ("parent_released", "p")]
