@@ -13,12 +13,25 @@ from __future__ import annotations
 
 import json
 
+import redis
+
 from .client import EchoMQ
-from .exceptions import RedisUnavailable
+from .exceptions import TRANSIENT, RedisUnavailable, connection_error
 from .jobs import Outcome, Policy
 from .keyspace import validate_id, validate_queue
 
 ENTRY_KINDS = ("done", "dead", "reattach", "gone", "rm", "cancel")  # lua/flow_deliver.lua
+
+# "Not now", never "no": a failover or a dropped connection, however redis-py
+# words it (its Cluster client gives up with ClusterError, "TTL exhausted", or a
+# RedisClusterException while its slot map heals). Such a refusal says nothing
+# about the entry: it stays in the outbox for the next sweep, neither counted
+# as a try nor dead-lettered.
+NOT_NOW = (
+    *TRANSIENT,
+    redis.exceptions.ClusterError,
+    redis.exceptions.RedisClusterException,
+)
 
 
 def parse_entry(raw) -> tuple[dict | None, str | None]:
@@ -57,7 +70,9 @@ def deliver_batch(mq: EchoMQ, raw: list, outcome: Outcome) -> tuple[list, list]:
     text (poison: dead-letter it now). A batch the scripts refuse (data no
     check foresaw) is delivered again one entry at a time, so only the entry
     at fault is dead-lettered, with Redis' words. Merges what moved into
-    ``outcome``; raises ``RedisUnavailable`` (the pump waits it out)."""
+    ``outcome``; raises ``RedisUnavailable`` (the pump waits it out) for a
+    transient failure (``NOT_NOW``), of the batch or of one entry: no entry
+    is dead-lettered for it."""
     parsed = [parse_entry(item) for item in raw]
     entries = [entry for entry, _ in parsed]
     verdicts: list = [reason for _, reason in parsed]
@@ -67,6 +82,8 @@ def deliver_batch(mq: EchoMQ, raw: list, outcome: Outcome) -> tuple[list, list]:
         outcome.merge(moved)
     except RedisUnavailable:
         raise
+    except NOT_NOW as err:
+        raise connection_error(mq.client, err) from err
     except Exception:
         flags = []
         for i in good:
@@ -75,9 +92,12 @@ def deliver_batch(mq: EchoMQ, raw: list, outcome: Outcome) -> tuple[list, list]:
                 outcome.merge(moved)
             except RedisUnavailable:
                 raise
+            except NOT_NOW as err:
+                raise connection_error(mq.client, err) from err
             except Exception as err:
                 flag = f"delivery refused: {type(err).__name__}: {err}"
             flags.append(flag)
     for i, flag in zip(good, flags, strict=True):
         verdicts[i] = flag if isinstance(flag, str) else bool(flag)
     return entries, verdicts
+

@@ -199,7 +199,10 @@ class Scripts:
         for name, keys, args in calls:
             self.check_call(name, keys, args)
         if isinstance(self.client, RedisCluster):
-            replies = self._cluster_pipeline(calls)
+            try:  # its SCRIPT LOAD on a fresh client meets a dead master too
+                replies = self._cluster_pipeline(calls)
+            except TRANSIENT as err:
+                raise connection_error(self.client, err) from err
         else:
             try:
                 pipe = self.client.pipeline(transaction=False)

@@ -7,6 +7,7 @@ import pytest
 import redis
 
 from echomq_django import EchoMQ, Flow, JobNotActive, JobNotRetryable, JobState
+from echomq_django.exceptions import RedisUnavailable
 from echomq_django.pump import Pump
 from tests import rigs
 
@@ -239,6 +240,39 @@ def test_poison_outbox_entries_are_dead_lettered_with_the_real_reason(mq):
     for letter, (raw, reason) in zip(letters, POISON.items(), strict=True):
         assert letter["reason"].startswith(reason), raw
     assert mq.counts("c")["outbox"] == 0
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        redis.exceptions.ClusterError("TTL exhausted."),
+        redis.exceptions.RedisClusterException("Redis Cluster cannot be connected."),
+        redis.exceptions.ClusterDownError("CLUSTERDOWN The cluster is down"),
+        redis.exceptions.ConnectionError("Connection refused"),
+    ],
+    ids=lambda e: type(e).__name__,
+)
+def test_a_delivery_failing_for_a_transient_reason_leaves_the_outbox_untouched(mq, error):
+    """A failover's refusal (of the batch, then of each entry) is "not now":
+    no try counted, nothing dead-lettered, the entry delivered by the next sweep."""
+    mq.add_flow(Flow("p", "parent", {}, job_id="P", children=[Flow("c", "child", {}, job_id="C")]))
+    [job] = mq.claim("c", 1)
+    mq.complete(job, 7)
+    real, pump = mq.deliver, Pump(["c"], mq=mq, max_tries=1)
+
+    def failing(entries):
+        raise error
+
+    mq.deliver = failing
+    for _ in range(3):
+        with pytest.raises(RedisUnavailable):
+            pump.sweep()
+    assert mq.counts("c")["outbox"] == 1
+    assert mq.deadletters("c") == []
+    assert mq.client.hlen(mq.keys.queue("c").outbox_tries) == 0
+    mq.deliver = real
+    assert pump.sweep()["c"]["delivered"] == 1
+    assert mq.get_job("p", "P").state is JobState.PENDING
 
 
 # -- items 2 and 7: command flags and server checks -------------------------------

@@ -18,7 +18,8 @@ imports inside a function, where Django wants it):
 4. settings: ``conf`` (reads ``ECHOMQ``, builds the process-wide ``EchoMQ``).
 5. runner parts: the wake-ups and timers (``wake``), the process
    registry, the outage backoff (``outage``), the handler threads
-   (``pool``) and the worker's reporter (``reporter``).
+   (``pool``), the worker's reporter (``reporter``) and its claiming
+   loop (``worker_loop``).
 6. library: the module API, the runners (``worker``, ``pump``), the admin
    mirror, stats and metrics.
 7. Django glue: the checks, the admin's page builders, the app config, the
@@ -51,7 +52,7 @@ FLOORS = [
     ["flows", "scripts", "reads", "models", "scheduling"],
     ["client", "flowcalls", "lifecalls", "eventcalls", "schedcalls", "bulk"],
     ["conf"],
-    ["wake", "registry", "outage", "pool", "reporter", "timeouts", "entries"],
+    ["wake", "registry", "outage", "pool", "reporter", "timeouts", "entries", "worker_loop"],
     [
         *("api", "worker", "pump", "mirror", "stats", "metrics", "tasks", "outbox"),
         *("dispatch", "schedule"),
@@ -80,6 +81,7 @@ RAW_SCRIPT_TESTS = {  # (file, test) that drive raw script calls on purpose
 THROUGH_ECHOMQ = [
     "pump",
     "worker",
+    "worker_loop",
     "reporter",
     "dispatch",
     "mirror",
