@@ -135,15 +135,25 @@ def _settled(mq) -> bool:
     return True
 
 
-def key_kinds(client) -> dict[str, int]:
-    """Keys by kind: the part after ``P:{q}:`` with ids cut off."""
-    kinds: dict[str, int] = {}
+def key_kinds(client) -> dict[str, tuple[int, int]]:
+    """Keys by kind (the part after ``P:{q}:`` with ids cut off, a job row's
+    hash tagged with its encoding): ``{kind: (keys, bytes)}``, bytes by
+    ``MEMORY USAGE``, largest first."""
+    kinds: dict[str, tuple[int, int]] = {}
     for key in client.scan_iter(count=1000):
         name = key.decode().split("}:", 1)[-1]
         parts = name.split(":")
         kind = parts[0] if parts[0] != "job" else ":".join(["job", *parts[2:]])
-        kinds[kind] = kinds.get(kind, 0) + 1
-    return dict(sorted(kinds.items(), key=lambda kv: -kv[1]))
+        if kind == "job":
+            kind = f"job ({client.object('encoding', key).decode()})"
+        n, size = kinds.get(kind, (0, 0))
+        kinds[kind] = (n + 1, size + (client.memory_usage(key, samples=0) or 0))
+    return dict(sorted(kinds.items(), key=lambda kv: -kv[1][1]))
+
+
+def _print_kinds(out, kinds: dict[str, tuple[int, int]]) -> None:
+    for kind, (n, size) in kinds.items():
+        out(f"    {kind:28} {n:>7} keys {size:>11,} bytes")
 
 
 def _sample(mq, db: str) -> dict:
@@ -219,11 +229,16 @@ def run(
                 "elapsed_s": round(time.monotonic() - started, 1),
             }
             samples.append(s)
+            if len(samples) == 1:
+                first_kinds = key_kinds(mq.client)
             out(
                 f"{s['jobs']:>8} {s['flows']:>7} {s['used_memory']:>12,} {s['keys']:>7} "
                 f"{s['mirror_rows']:>7} {s['completed']:>9} {s['dead']:>5} {s['elapsed_s']:>6}"
             )
-        out(f"keys by kind at the end: {key_kinds(mq.client)}")
+        out(f"keys by kind after {samples[0]['jobs']:,} jobs:")
+        _print_kinds(out, first_kinds)
+        out(f"keys by kind after {samples[-1]['jobs']:,} jobs:")
+        _print_kinds(out, key_kinds(mq.client))
     finally:
         stop.set()
         for p in children:

@@ -105,7 +105,7 @@ QUEUE_KEYS = {
     "awaiting": "awaiting",  # zset: parents waiting on children, by time
     "completed": "completed",  # zset: id -> finished_at (ms)
     "dead": "dead",  # zset: id -> finished_at (ms)
-    "events": "events",  # stream: e (event), id; capped
+    "events": "events",  # stream: e (event), id (retention's `removed`: a block's ids, space-separated); capped
     "outbox": "flow:outbox",  # list: cross-queue fan-in entries for the pump
     "deadletter": "flow:deadletter",  # list: outbox entries the pump gave up on
     "outbox_tries": "flow:tries",  # hash: outbox entry -> failed deliveries

@@ -25,11 +25,18 @@ def _texts(mapping: dict) -> dict[str, str]:
 
 def _stream_entries(entries: list) -> list[tuple[str, str | None, str | None]]:
     """``[(entry id, job id, event)]`` of XRANGE entries of a queue's
-    ``events`` stream (fields ``e`` = event, ``id`` = job id)."""
-    return [
-        (to_text(eid), to_text(f.get(b"id", f.get("id"))), to_text(f.get(b"e", f.get("e"))))
-        for eid, f in entries
-    ]
+    ``events`` stream (fields ``e`` = event, ``id`` = job id). A ``removed``
+    entry that retention wrote for a block of rows names their ids in one
+    field, space-separated (ids hold no whitespace): one tuple per id."""
+    out = []
+    for eid, f in entries:
+        eid, event = to_text(eid), to_text(f.get(b"e", f.get("e")))
+        ids = to_text(f.get(b"id", f.get("id")))
+        if ids and " " in ids:
+            out.extend((eid, job_id, event) for job_id in ids.split(" "))
+        else:
+            out.append((eid, ids, event))
+    return out
 
 
 class Reads:

@@ -55,3 +55,34 @@ def test_the_pump_prunes_and_the_mirror_follows(r) -> None:
     assert set(MirroredJob.objects.filter(queue="q").values_list("job_id", flat=True)) == set(
         mq.job_ids("q", "completed")
     )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_retention_drops_a_block_under_one_removed_event_and_the_mirror_follows_it(r) -> None:
+    """Retention removes a block of rows with one command of each kind and
+    names the block in one ``removed`` entry (ids space-separated); the
+    mirror's incremental pass reads it and deletes exactly those rows."""
+    from echomq_django.mirror import mirror_queue
+
+    mq = EchoMQ(r, queues={"q": {"KEEP_COMPLETED": 2}})
+    for i in range(6):
+        mq.enqueue("q", "t.echo", i, job_id=f"j{i}")
+    Worker(["q"], concurrency=1, mq=mq).run(burst=True)
+    assert mirror_queue(mq, "q")["full"]  # the first pass reads everything
+    assert MirroredJob.objects.filter(queue="q").count() == 6
+
+    report = mq.prune("q")
+
+    assert (report.removed, report.more) == (4, False)
+    removed = [
+        f[b"id"].decode()
+        for _, f in r.xrange(mq.keys.queue_key("q", "events"))
+        if f[b"e"] == b"removed"
+    ]
+    assert removed == ["j0 j1 j2 j3"]
+    assert mq.job_ids("q", "completed") == ["j4", "j5"]
+    assert [r.exists(mq.keys.job("q", f"j{i}")) for i in range(6)] == [0, 0, 0, 0, 1, 1]
+    passed = mirror_queue(mq, "q")
+    assert (passed["full"], passed["events"]) == (False, 4)  # one entry, four ids
+    mirrored = MirroredJob.objects.filter(queue="q").values_list("job_id", flat=True)
+    assert sorted(mirrored) == ["j4", "j5"]

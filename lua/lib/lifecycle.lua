@@ -32,6 +32,7 @@ OUT.sent = {}  -- outbox entries pushed for other slots, for the host to deliver
 local LEFT = 0  -- budget left in this call
 local PASS = nil  -- prune: when this pass began (ms); a row held at or after it was held in this pass
 local REHELD = 0  -- prune: units spent on rows held already in this pass
+local PARENTS = {}  -- settled(): parent key -> how many of its row and its :failed exist (0-2)
 
 local function push_entry(base, entry)
   local text = cjson.encode(entry)
@@ -81,6 +82,85 @@ local function unindex(base, id, state)
   end
 end
 
+-- The parts of a row's removal its fields call for: out of P:{q}:expire
+-- (its own keep), its dedup key freed, out of P:{q}:deadlines.
+local function drop_extras(base, id, dedup, deadline, keep)
+  if keep then
+    redis.call('ZREM', base .. 'expire', id)
+  end
+  if dedup then
+    free_dedup(base, dedup, id)
+  end
+  if deadline then
+    redis.call('ZREM', base .. 'deadlines', id)
+  end
+end
+
+-- A parent's keys: its child refs move to the gc list (their rows go in
+-- later steps), its row and hashes go.
+local function drop_parent_keys(base, id)
+  local key = base .. 'job:' .. id
+  local bin = base .. 'gc:' .. redis.call('INCR', base .. 'gc:seq') .. ':' .. id
+  redis.call('RENAME', key .. ':children', bin)
+  redis.call('RPUSH', base .. 'gc', bin)
+  redis.call('UNLINK', key, key .. ':dependencies', key .. ':processed', key .. ':failed',
+    key .. ':unsuccessful', key .. ':removed')
+end
+
+-- Delete a row whose fields were read already (`state` not active): out of
+-- its index, the extras its fields call for, its keys gone (a leaf has no
+-- hashes of its own: only its row), a `removed` event for the mirror.
+local function drop_row(base, id, state, dedup, deadline, keep)
+  local key = base .. 'job:' .. id
+  unindex(base, id, state)
+  drop_extras(base, id, dedup, deadline, keep)
+  if redis.call('EXISTS', key .. ':children') == 1 then
+    drop_parent_keys(base, id)
+  else
+    redis.call('UNLINK', key)
+  end
+  emit(base, 'removed', id)
+  OUT.removed = (OUT.removed or 0) + 1
+end
+
+-- Retention drops rows a block at a time (keep_rule): the ids of one
+-- index's block are collected in GOING and removed together by
+-- flush_going, with one command per kind of work instead of one per row
+-- (one ZREM, one EXISTS over their :children, one UNLINK, one `removed`
+-- event whose id field holds the block's ids, space-separated). Nothing in
+-- a block reads a row another id of the same block drops: the block is
+-- flushed before the next read of its index and before any other step.
+local GOING = {}
+
+local function flush_going(base, index)
+  local n = #GOING
+  if n == 0 then
+    return
+  end
+  redis.call('ZREM', base .. index, unpack(GOING))
+  local kids = {}
+  for i = 1, n do
+    kids[i] = base .. 'job:' .. GOING[i] .. ':children'
+  end
+  local parents = redis.call('EXISTS', unpack(kids))
+  local rows = {}
+  for i = 1, n do
+    if parents > 0 and redis.call('EXISTS', kids[i]) == 1 then
+      parents = parents - 1
+      drop_parent_keys(base, GOING[i])
+    else
+      rows[#rows + 1] = base .. 'job:' .. GOING[i]
+    end
+  end
+  if #rows > 0 then
+    redis.call('UNLINK', unpack(rows))
+  end
+  redis.call('XADD', base .. 'events', 'MAXLEN', '~', EVENTS_MAXLEN, '*', 'e', 'removed', 'id',
+    table.concat(GOING, ' '))
+  OUT.removed = (OUT.removed or 0) + n
+  GOING = {}
+end
+
 -- Delete one node's row and its own hashes now; its child refs move to the
 -- gc list (their rows go in later steps). An active node is left alone: it
 -- finishes on its own (its fan-in finds no parent) and retention takes it.
@@ -88,29 +168,12 @@ end
 -- removed parent: an id landed again under another flow is not touched).
 -- Returns true when the row went.
 local function drop_node(base, id, parent)
-  local key = base .. 'job:' .. id
-  local f = redis.call('HMGET', key, 'state', 'parent', 'dedup', 'children_deadline', 'keep')
-  local state = f[1]
-  if not state or state == 'active' or (parent and f[2] ~= parent) then
+  local f = redis.call('HMGET', base .. 'job:' .. id, 'state', 'parent', 'dedup',
+    'children_deadline', 'keep')
+  if not f[1] or f[1] == 'active' or (parent and f[2] ~= parent) then
     return false
   end
-  unindex(base, id, state)
-  if f[5] then  -- its own keep: it may sit in P:{q}:expire
-    redis.call('ZREM', base .. 'expire', id)
-  end
-  free_dedup(base, f[3], id)
-  if f[4] then
-    redis.call('ZREM', base .. 'deadlines', id)
-  end
-  if redis.call('EXISTS', key .. ':children') == 1 then
-    local bin = base .. 'gc:' .. redis.call('INCR', base .. 'gc:seq') .. ':' .. id
-    redis.call('RENAME', key .. ':children', bin)
-    redis.call('RPUSH', base .. 'gc', bin)
-  end
-  redis.call('UNLINK', key, key .. ':dependencies', key .. ':processed', key .. ':failed',
-    key .. ':unsuccessful', key .. ':removed')
-  emit(base, 'removed', id)
-  OUT.removed = (OUT.removed or 0) + 1
+  drop_row(base, id, f[1], f[3], f[4], f[5])
   return true
 end
 
@@ -166,6 +229,7 @@ local function cancel_node(base, id, now, parent)
     emit(base, 'cancelling', id)
   elseif state == 'pending' or state == 'delayed' or state == 'awaiting_children' then
     kill(base, id, 'cancelled', now)
+    PARENTS = {}  -- its death may have put it in its parent's :failed
     emit(base, 'cancelled', id)
     if state == 'awaiting_children' then
       redis.call('RPUSH', base .. 'cancel', id .. ' 0')
@@ -195,6 +259,8 @@ end
 
 -- May retention take this finished node now? (the flow rules above)
 -- `f` holds the row's parent, parent_queue and parent_policy (retire's read).
+-- What a call learnt of a same-slot parent (its row exists; it has a
+-- :failed hash) is kept for the rest of the call: siblings ask the same.
 local function settled(base, id, state, f)
   if not f[1] then
     return true
@@ -203,26 +269,38 @@ local function settled(base, id, state, f)
     return not (state == 'dead' and (f[3] or 'fp') == 'fp')
   end
   local pkey = base .. 'job:' .. f[1]
-  if redis.call('EXISTS', pkey) == 0 then
+  local known = PARENTS[pkey]
+  if not known then
+    known = redis.call('EXISTS', pkey, pkey .. ':failed')
+    PARENTS[pkey] = known
+  end
+  if known < 2 then  -- the row is gone, or has no :failed: nothing may retry X
     return true
   end
   return redis.call('HEXISTS', pkey .. ':failed', base .. 'job:' .. id) == 0
 end
 
 -- Retention of one finished node picked from `index` (completed or dead):
--- drop it when settled, else re-score it to now (held). Costs one unit;
--- returns true when the row went.
-local function retire(base, index, id, now)
+-- drop it when settled (`batch`: into GOING, for the caller to flush),
+-- else re-score it to now (held). Costs one unit; returns true when the row
+-- went.
+local function retire(base, index, id, now, batch)
   LEFT = LEFT - 1
   local f = redis.call('HMGET', base .. 'job:' .. id, 'parent', 'parent_queue', 'parent_policy',
-    'state')
+    'state', 'dedup', 'children_deadline', 'keep')
   local state = f[4]
   if state ~= 'completed' and state ~= 'dead' then
     redis.call('ZREM', base .. index, id)  -- a stray id: its row is gone or moved
     return true
   end
   if settled(base, id, state, f) then
-    return drop_node(base, id)
+    if batch and state == index then
+      drop_extras(base, id, f[5], f[6], f[7])
+      GOING[#GOING + 1] = id
+    else
+      drop_row(base, id, state, f[5], f[6], f[7])
+    end
+    return true
   end
   local was = tonumber(redis.call('ZSCORE', base .. index, id))
   redis.call('ZADD', base .. index, 'XX', now, id)
@@ -236,29 +314,34 @@ end
 
 -- Apply a queue rule to one index, oldest first: an id goes while the index
 -- holds more than `count`, or when it finished before now - age_ms. Each id
--- is looked at once per call at most (a held one moves to the back).
+-- is looked at once per call at most (a held one moves to the back). Rows
+-- go a block (up to 100) at a time: flush_going.
 local function keep_rule(base, index, count, age_ms, now)
   local key = base .. index
   local size = redis.call('ZCARD', key)
   local excess, cutoff, seen = size - count, now - age_ms, 0
   while LEFT > 0 and seen < size do
-    local head = redis.call('ZRANGE', key, 0, math.min(LEFT, 32) - 1, 'WITHSCORES')
+    local head = redis.call('ZRANGE', key, 0, math.min(LEFT, 100) - 1, 'WITHSCORES')
     if #head == 0 then
       return
     end
+    local stop = false
     for i = 1, #head, 2 do
-      if LEFT <= 0 or seen >= size then
-        return
-      end
-      if excess <= 0 and tonumber(head[i + 1]) >= cutoff then
-        return
+      if LEFT <= 0 or seen >= size or (excess <= 0 and tonumber(head[i + 1]) >= cutoff) then
+        stop = true
+        break
       end
       seen = seen + 1
-      local _, again = retire(base, index, head[i], now)
+      local _, again = retire(base, index, head[i], now, true)
       if again then  -- the rest were looked at in this pass already (or are newer)
-        return
+        stop = true
+        break
       end
       excess = excess - 1  -- a held one counts too: it is older than the newest `count`
+    end
+    flush_going(base, index)
+    if stop then
+      return
     end
   end
 end
