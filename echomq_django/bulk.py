@@ -15,9 +15,10 @@ from typing import Any
 from . import flows as _flows
 from .jobs import to_json
 from .keyspace import validate_id, validate_queue, whole_number
+from .retention import job_keep
 from .scheduling import check_job_options
 
-OPTIONS = ("job_id", "max_attempts", "backoff_ms", "delay_ms", "priority", "timeout_ms")
+OPTIONS = ("job_id", "max_attempts", "backoff_ms", "delay_ms", "priority", "timeout_ms", "keep")
 
 
 def _opt(value) -> str:
@@ -41,11 +42,12 @@ class BulkPlan:
         """``(name, payload, job_id, enqueue options)`` per job, in order:
         what ``enqueue`` would be called with (api.enqueue_many's outbox rows)."""
         for (group, job_id, _), payload in zip(self.rows, self.payloads, strict=True):
-            name, attempts, backoff, delay, priority, timeout, _gate = group
+            name, attempts, backoff, delay, priority, timeout, keep, _gate = group
             options = {"delay_ms": int(delay), "priority": int(priority)}
             for key, text in (("max_attempts", attempts), ("backoff_ms", backoff)):
                 options[key] = int(text) if text else None
             options["timeout_ms"] = int(timeout) if timeout else None
+            options["keep"] = int(keep) // 1000 if keep else None  # the row holds ms
             yield name, payload, job_id, options
 
 
@@ -60,9 +62,11 @@ class BulkCalls:
         options)`` triple, or a dict ``{"name": ..., "payload": ...,
         **options}``, where the options are ``enqueue``'s: ``job_id``
         (generated when absent), ``max_attempts``, ``backoff_ms`` (ms),
-        ``delay_ms`` (ms), ``priority``, ``timeout_ms`` (ms); not
-        ``dedup_key`` (a deduplicated add answers another job's id: use
-        ``enqueue`` for those).
+        ``delay_ms`` (ms), ``priority``, ``timeout_ms`` (ms), ``keep``
+        (int >= 0, whole seconds a finished job is kept at most; 0: the
+        next retention step takes it; None: the queue's ``KEEP_*`` alone,
+        DESIGN §10.2); not ``dedup_key`` (a deduplicated add answers
+        another job's id: use ``enqueue`` for those).
 
         One round trip (a queue is one slot): up to ``flow_chunk`` jobs per
         script, pipelined. Every job is validated, and every given id gated,
@@ -91,7 +95,7 @@ class BulkCalls:
             else:
                 name, payload, options = _unpack(index, job)
             if not options:
-                group = (name, "", "", "0", "0", "", "0")
+                group = (name, "", "", "0", "0", "", "", "0")
                 job_id = f"{prefix}{index:x}"
             else:
                 group, job_id = _options(index, name, options, given)
@@ -136,8 +140,8 @@ def _flat(rows: list[tuple[tuple, str, str]]) -> str:
 
 
 def _options(index: int, name: str, options: dict, given: set[str]) -> tuple[tuple, str | None]:
-    """A job's group header (name, max attempts, backoff, delay, gate) and
-    its given id (None: generate one), checked."""
+    """A job's group header (name, max attempts, backoff, delay, priority,
+    timeout, keep, gate) and its given id (None: generate one), checked."""
     job_id = options.get("job_id")
     if job_id is not None:
         validate_id(job_id)
@@ -152,6 +156,7 @@ def _options(index: int, name: str, options: dict, given: set[str]) -> tuple[tup
         whole_number("backoff_ms", options.get("backoff_ms"), 0, optional=True)
         whole_number("delay_ms", delay or 0, 0)
         check_job_options(priority or 0, delay or 0, timeout)
+        keep = job_keep(options.get("keep"))  # ms text, '' for None (enqueue's rule and words)
     except ValueError as err:
         raise ValueError(f"enqueue_many: job {index}: {err}") from None
     group = (
@@ -161,6 +166,7 @@ def _options(index: int, name: str, options: dict, given: set[str]) -> tuple[tup
         str(int(delay or 0)),
         str(int(priority or 0)),
         _opt(timeout),
+        keep,
         "1" if job_id is not None else "0",
     )
     return group, job_id

@@ -18,9 +18,10 @@
           options: name, max attempts ('' = the queue's), backoff base (ms;
           '' = the queue's), delay (ms; '0' = claimable now), priority
           ('0' = the default), timeout of one attempt (ms; '' = the queue's),
-          gate ('1' = check each id is free; '0' for ids the host generated
-          with 72 random bits), job count n, then n pairs: id, payload (a
-          JSON text)
+          keep (ms a finished job is kept at most, DESIGN §10.2; '' = the
+          queue's retention alone), gate ('1' = check each id is free; '0'
+          for ids the host generated with 72 random bits), job count n,
+          then n pairs: id, payload (a JSON text)
 
   returns: the number of jobs written (0 for a replay: redis-py re-sent the
            call and its first job's row is there with the same name,
@@ -35,14 +36,14 @@ local a = cjson.decode(ARGV[5])
 if #a == 0 then
   return 0
 end
-local G = 8  -- strings in a group header
+local G = 9  -- strings in a group header
 local first = redis.call('HMGET', base .. 'job:' .. a[G + 1], 'name', 'payload', 'created_at')
 if first[1] == a[1] and first[2] == a[G + 2] and first[3] == now then
   return 0  -- a replay of this very call: it landed already
 end
 local i = 1
 while i <= #a do
-  local gate, n = a[i + 6], tonumber(a[i + 7])
+  local gate, n = a[i + 7], tonumber(a[i + 8])
   i = i + G
   if gate == '1' then
     for j = i, i + 2 * n - 1, 2 do
@@ -61,7 +62,7 @@ end
 local landed = 0
 i = 1
 while i <= #a do
-  local name, delay, priority, n = a[i], tonumber(a[i + 3]), a[i + 4], tonumber(a[i + 7])
+  local name, delay, priority, n = a[i], tonumber(a[i + 3]), a[i + 4], tonumber(a[i + 8])
   local state = delay > 0 and 'delayed' or 'pending'
   -- compact rows, as enqueue writes them: the fields after the payload
   local shared = {'state', state, 'created_at', now}
@@ -80,6 +81,10 @@ while i <= #a do
   if a[i + 5] ~= '' then
     shared[#shared + 1] = 'timeout_ms'
     shared[#shared + 1] = a[i + 5]
+  end
+  if a[i + 6] ~= '' then
+    shared[#shared + 1] = 'keep'  -- read where it finishes (lib/lifecycle.lua expire_at)
+    shared[#shared + 1] = a[i + 6]
   end
   local claimable = {}
   i = i + G

@@ -91,7 +91,7 @@ def test_bad_input_writes_nothing(tmq, jobs, error, match) -> None:
 
 def test_a_replayed_call_writes_nothing_twice(tmq) -> None:
     k = tmq.keys.queue("q")
-    args = ["q", k.base, str(T0), "write", '["j","","","0","0","","1","1","r1","1"]']
+    args = ["q", k.base, str(T0), "write", '["j","","","0","0","","","1","1","r1","1"]']
     keys = [k.pending, k.delayed, k.events]
     assert tmq.scripts.run("enqueue_many", keys, args) == 1
     assert tmq.scripts.run("enqueue_many", keys, args) == 0  # redis-py re-sent it
@@ -111,3 +111,47 @@ def test_priority_and_timeout_as_enqueue_stores_them(tmq) -> None:
 
 def test_nothing_to_add(tmq) -> None:
     assert tmq.enqueue_many("q", []) == []
+
+
+# -- a job's own keep (DESIGN §10.2) -------------------------------------------------
+
+
+def test_a_jobs_own_keep_is_stored_and_retention_takes_it(tmq, clock) -> None:
+    ids = tmq.enqueue_many(
+        "q",
+        [
+            ("j", 1, {"job_id": "brief", "keep": 0}),
+            ("j", 2, {"job_id": "plain"}),
+            {"name": "j", "payload": 3, "job_id": "minute", "keep": 60},
+        ],
+    )
+    assert ids == ["brief", "plain", "minute"]
+    # the row field enqueue writes: ms, absent without a keep
+    assert [jobkit.row(tmq, "q", i).get("keep") for i in ids] == ["0", None, "60000"]
+    for job_id in ids:
+        jobkit.complete(tmq, job_id, job_id)
+    assert tmq.prune("q").removed == 1  # brief; its sibling without keep stays
+    live = {i: tmq.client.exists(tmq.keys.job("q", i)) for i in ids}
+    assert live == {"brief": 0, "plain": 1, "minute": 1}
+    clock.advance(59_999)
+    assert tmq.prune("q").removed == 0
+    clock.advance(1)
+    assert tmq.prune("q").removed == 1  # minute; plain is the queue's (1,000 / 1 day)
+    live = {i: tmq.client.exists(tmq.keys.job("q", i)) for i in ids}
+    assert live == {"brief": 0, "plain": 1, "minute": 0}
+
+
+@pytest.mark.parametrize("keep", [-1, 1.5, True, "5"])
+def test_a_bad_keep_names_its_index_and_writes_nothing(tmq, keep) -> None:
+    before = snapshot(tmq.client)
+    with pytest.raises(ValueError) as refused:
+        tmq.enqueue_many("q", [("j", 1, {"keep": 5}), ("j", 2, {"job_id": "x", "keep": keep})])
+    assert str(refused.value) == (
+        "enqueue_many: job 1: keep must be a whole number of seconds >= 0 "
+        f"(or None for the queue's retention), got {keep!r}"
+    )
+    assert snapshot(tmq.client) == before
+    with pytest.raises(ValueError) as single:  # enqueue's own words, after the index
+        tmq.enqueue("q", "j", 2, job_id="x", keep=keep)
+    assert str(refused.value) == f"enqueue_many: job 1: {single.value}"
+    assert snapshot(tmq.client) == before

@@ -179,3 +179,14 @@ def test_enqueue_many_waits_for_the_commit_with_its_ids_fixed(mq):
     with pytest.raises(ValueError, match="job 0 needs a name"), transaction.atomic():
         emq.enqueue_many("q", [("", 3)])  # checked now, not at commit
     assert emq.enqueue_many("q", [("t.echo", 4, {"job_id": "now"})], on_commit=False) == ["now"]
+
+
+def test_a_deferred_enqueue_many_keeps_each_jobs_keep(mq):
+    with transaction.atomic():
+        emq.enqueue_many("q", [("t.echo", 1, {"job_id": "k0", "keep": 0}), ("t.echo", 2)])
+        emq.enqueue_many("q", [("t.echo", 3, {"job_id": "k9", "keep": 9})])
+    row = {i: mq.client.hget(mq.keys.job("q", i), "keep") for i in ("k0", "k9")}
+    assert row == {"k0": b"0", "k9": b"9000"}  # ms, as enqueue_many writes it now
+    with pytest.raises(ValueError, match="job 0: keep must be a whole"), transaction.atomic():
+        emq.enqueue_many("q", [("t.echo", 4, {"keep": -1})])  # checked now, not at commit
+    assert len(mq.job_ids("q", "pending")) == 3
