@@ -175,7 +175,11 @@ def queue_page(mq, queue: str) -> dict:
     ]
     rows = []
     for d in letters:
-        entry = d.get("entry") or {}
+        entry = d.get("entry")
+        if isinstance(entry, dict):
+            raw = json.dumps(entry)
+        else:  # a poison entry (not a JSON object): its text as the pump read it
+            raw, entry = (entry if isinstance(entry, str) else json.dumps(entry)), {}
         child = parent = None
         try:
             child = _ref_link(mq, entry["c"])
@@ -190,7 +194,7 @@ def queue_page(mq, queue: str) -> dict:
                 "child": child,
                 "parent": parent,
                 "value": _cell(str(entry.get("v", ""))),
-                "raw": json.dumps(entry),
+                "raw": raw,
                 "reason": d.get("reason", ""),
                 "at": ms_to_datetime(d.get("at")),
             }

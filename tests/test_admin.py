@@ -534,6 +534,25 @@ def test_queue_pages_show_counts_and_dead_lettered_entries(world, staff):
     assert MirroredQueue.objects.get(queue="validation").deadletter == 1
 
 
+def test_the_queue_page_shows_poison_dead_letters_as_their_raw_text(world, staff):
+    """An entry that is not a JSON object (not JSON at all, a list) used to
+    make the queue page a 500: ``reads.deadletters`` keeps it as its text."""
+    world.client.rpush("emq:{validation}:flow:outbox", "not json {", "[1, 2]")
+    assert Pump(["validation"], mq=world).sweep()["validation"]["deadlettered"] == 2
+    response = staff.get(reverse("admin:echomq_django_mirroredqueue_change", args=["validation"]))
+    assert response.status_code == 200
+    rows = response.context["deadletters"]
+    assert [(r["kind"], r["child"], r["raw"]) for r in rows] == [
+        ("", None, "not json {"),
+        ("", None, "[1, 2]"),
+    ]
+    assert [r["reason"] for r in rows] == [
+        "malformed entry: not JSON (Expecting value: line 1 column 1 (char 0))",
+        "malformed entry: a JSON list, not an object",
+    ]
+    assert "<pre>not json {</pre>" in response.content.decode()
+
+
 def test_the_queue_page_shows_dead_lettered_signal_events(world, staff):
     from echomq_django import Dispatcher
     from tests.eventkit import Raising
