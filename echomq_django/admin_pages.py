@@ -18,6 +18,7 @@ from django.urls import reverse
 
 from .admin_display import jobs_url
 from .exceptions import EchoMQError, JobNotFound
+from .flowcalls import OUTBOX_DEADLETTER_MAX
 from .keyspace import validate_id, validate_queue
 from .mirror import ms_to_datetime
 from .registry import live_processes
@@ -153,7 +154,9 @@ def job_page(mq, queue: str, job_id: str, page: int = 1) -> dict:
 def queue_page(mq, queue: str) -> dict:
     """Context for a queue's page: ``counts`` (live, ``EchoMQ.counts``),
     ``deadletters`` (the first ``DEADLETTERS_SHOWN`` dead-lettered outbox
-    entries: ``{kind, child, parent, value, reason, at}``), ``signals`` (the
+    entries: ``{kind, child, parent, value, reason, at}``),
+    ``deadletters_capped`` (the list is at its bound, ``OUTBOX_DEADLETTER_MAX``:
+    older entries were dropped, so its count is what is kept), ``signals`` (the
     durable signals' backlog, ``EchoMQ.event_backlog``) and
     ``signal_deadletters`` (the newest ``DEADLETTERS_SHOWN`` events given up
     on: ``EchoMQ.deadlettered_events`` with ``job`` a link and ``at`` a
@@ -199,10 +202,12 @@ def queue_page(mq, queue: str) -> dict:
                 "at": ms_to_datetime(d.get("at")),
             }
         )
+    capped = counts["deadletter"] >= OUTBOX_DEADLETTER_MAX
     return {
         "counts": counts,
         "deadletters": rows,
         "deadletters_hidden": max(0, counts["deadletter"] - len(rows)),
+        "deadletters_capped": OUTBOX_DEADLETTER_MAX if capped else None,
         "signals": signals,
         "signal_deadletters": signal_rows,
         "signal_deadletters_hidden": max(0, signals["deadlettered"] - len(signal_rows)),

@@ -20,6 +20,7 @@ from .jobs import Outcome, Policy, to_json, to_text
 from .keyspace import validate_id, validate_queue
 
 FLOW_CHUNK = 5000  # nodes per enqueue_flow script: keeps one script well under ~50 ms
+OUTBOX_DEADLETTER_MAX = 1_000  # dead-lettered outbox entries kept per queue, newest
 
 
 def opt(value) -> str:
@@ -194,14 +195,17 @@ class FlowCalls:
     def trim_outbox(self, queue: str, token: str, read: list, actions: list[str]) -> int:
         """Remove the outbox head the pump read (``read``: the raw entries, in
         order) once delivered: ``actions[i]`` is ``"ok"`` or the reason that
-        entry goes to the dead-letter list. ``token`` is the sweep lock's.
-        Returns how many entries were removed (0 when the head moved). Raises
-        ``SweepLockLost`` when the lock is no longer ``token``'s."""
+        entry goes to the dead-letter list, which keeps its newest
+        ``OUTBOX_DEADLETTER_MAX`` entries (trimmed in the same script).
+        ``token`` is the sweep lock's. Returns how many entries were removed
+        (0 when the head moved). Raises ``SweepLockLost`` when the lock is no
+        longer ``token``'s."""
         k = self.keys.queue(queue)
+        pairs = (v for pair in zip(read, actions, strict=False) for v in pair)
         return self.scripts.run(
             "outbox_trim",
             [k.outbox, k.pump_lock, k.deadletter],
-            [token, self.clock(), *(v for pair in zip(read, actions, strict=False) for v in pair)],
+            [token, self.clock(), OUTBOX_DEADLETTER_MAX, *pairs],
         )
 
     def outbox_lock(self, queue: str, token: str, lease_ms: int, take: bool = True) -> bool:

@@ -107,7 +107,9 @@ QUEUE_KEYS = {
     "dead": "dead",  # zset: id -> finished_at (ms)
     "events": "events",  # stream: e (event), id (retention's `removed`: a block's ids, space-separated); capped
     "outbox": "flow:outbox",  # list: cross-queue fan-in entries for the pump
-    "deadletter": "flow:deadletter",  # list: outbox entries the pump gave up on
+    # list: outbox entries the pump gave up on, newest last; the newest 1,000
+    # kept (flowcalls.OUTBOX_DEADLETTER_MAX, trimmed by outbox_trim as it pushes)
+    "deadletter": "flow:deadletter",
     "outbox_tries": "flow:tries",  # hash: outbox entry -> failed deliveries
     "pump_lock": "pump:lock",  # string: the sweep lock of this queue's outbox
     "lease_seq": "lease:seq",  # counter: lease tokens
@@ -123,7 +125,9 @@ QUEUE_KEYS = {
     "signal_kinds": "signals:kinds",  # set: the event kinds recorded (issue 18)
     "signal_lock": "signals:lock",  # string: a dispatcher's pass over the queue (issue 18)
     "signal_tries": "signals:tries",  # hash: event id -> sends that raised (issue 18)
-    "signal_deadletter": "signals:deadletter",  # list: events given up on (issue 18)
+    # list: events given up on, newest last; the newest 10,000 kept
+    # (events.DEADLETTER_MAX, trimmed by signals_ack as it pushes; issue 18)
+    "signal_deadletter": "signals:deadletter",
     "prioritized": "prioritized",  # zset: claimable ids with a priority (issue 16)
     "pri_seq": "pri:seq",  # counter: FIFO order within a priority (issue 16)
     "paused": "paused",  # string: set while the queue is paused (issue 16)

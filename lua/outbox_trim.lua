@@ -1,19 +1,21 @@
 --[[
   outbox_trim: after a sweep delivered a batch, remove exactly the delivered
   prefix of the outbox, moving undeliverable entries to the dead-letter list
-  on the way (DESIGN §6). It checks what it removes: the caller passes the
-  entries it read, and the head of the outbox must still be exactly those, or
-  nothing moves. So a replay of this script (redis-py re-sends a command whose
+  on the way (DESIGN §6); that list keeps only its newest ARGV[3] entries,
+  trimmed in this same step (nothing else pushes to it). It checks what it
+  removes: the caller passes the entries it read, and the head of the outbox
+  must still be exactly those, or nothing moves. So a replay of this script (redis-py re-sends a command whose
   reply was lost) or a second pump can never trim an entry nobody delivered;
   the sweep lock must also still be the caller's.
 
   KEYS[1] outbox list          P:{q}:flow:outbox
   KEYS[2] sweep lock           P:{q}:pump:lock (string: the holder's token)
-  KEYS[3] dead-letter list     P:{q}:flow:deadletter
+  KEYS[3] dead-letter list     P:{q}:flow:deadletter (newest last)
 
   ARGV[1] lock token
   ARGV[2] now (ms)
-  ARGV[3..] pairs, one per entry from the head, in order: the entry exactly
+  ARGV[3] dead-letter cap: the newest this many entries are kept (>= 1)
+  ARGV[4..] pairs, one per entry from the head, in order: the entry exactly
            as read, then 'ok' (delivered: remove) or a reason text
            (undeliverable: move to the dead-letter list as JSON
            {entry, reason, at})
@@ -26,7 +28,8 @@ local outbox, lock, deadletter = KEYS[1], KEYS[2], KEYS[3]
 if redis.call('GET', lock) ~= ARGV[1] then
   return redis.error_reply('EMQLOCK ' .. lock)
 end
-local n = (#ARGV - 2) / 2
+local cap = tonumber(ARGV[3])
+local n = (#ARGV - 3) / 2
 if n < 1 then
   return 0
 end
@@ -35,16 +38,21 @@ if #head ~= n then
   return 0
 end
 for i = 1, n do
-  if head[i] ~= ARGV[1 + 2 * i] then
+  if head[i] ~= ARGV[2 + 2 * i] then
     return 0
   end
 end
+local lettered = 0
 for i = 1, n do
-  local action = ARGV[2 + 2 * i]
+  local action = ARGV[3 + 2 * i]
   if action ~= 'ok' then
     redis.call('RPUSH', deadletter,
       cjson.encode({entry = head[i], reason = action, at = tonumber(ARGV[2])}))
+    lettered = lettered + 1
   end
+end
+if lettered > 0 then
+  redis.call('LTRIM', deadletter, -cap, -1)  -- a flood of poison entries stays bounded
 end
 redis.call('LTRIM', outbox, n, -1)
 return n

@@ -553,6 +553,25 @@ def test_the_queue_page_shows_poison_dead_letters_as_their_raw_text(world, staff
     assert "<pre>not json {</pre>" in response.content.decode()
 
 
+def test_the_queue_page_counts_a_dead_letter_at_its_bound(world, staff):
+    """1,001 poison entries: the dead-letter keeps 1,000 and every count
+    (live, mirrored, shown) reads 1,000, with the bound said."""
+    world.client.rpush("emq:{validation}:flow:outbox", *(f"poison {i}" for i in range(1001)))
+    assert Pump(["validation"], mq=world).sweep()["validation"]["deadlettered"] == 1001
+    mirror_queues(world, ["validation"])
+    response = staff.get(reverse("admin:echomq_django_mirroredqueue_change", args=["validation"]))
+    assert response.status_code == 200
+    ctx = response.context
+    assert (ctx["counts"]["deadletter"], len(ctx["deadletters"])) == (1000, 100)
+    assert (ctx["deadletters_hidden"], ctx["deadletters_capped"]) == (900, 1000)
+    assert ctx["deadletters"][0]["raw"] == "poison 1"  # the oldest kept; poison 0 dropped
+    html = response.content.decode()
+    assert "Dead-lettered outbox entries (1000)" in html
+    assert "900 more not shown." in html
+    assert "Only the newest 1000 are kept; older ones were dropped." in html
+    assert MirroredQueue.objects.get(queue="validation").deadletter == 1000
+
+
 def test_the_queue_page_shows_dead_lettered_signal_events(world, staff):
     from echomq_django import Dispatcher
     from tests.eventkit import Raising

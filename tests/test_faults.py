@@ -242,6 +242,31 @@ def test_poison_outbox_entries_are_dead_lettered_with_the_real_reason(mq):
     assert mq.counts("c")["outbox"] == 0
 
 
+def test_the_outbox_dead_letter_keeps_the_newest_1000(mq):
+    """The bound of P:{q}:flow:deadletter: outbox_trim trims as it pushes,
+    so a flood of poison entries keeps exactly the newest 1,000."""
+    from echomq_django.flowcalls import OUTBOX_DEADLETTER_MAX
+
+    assert OUTBOX_DEADLETTER_MAX == 1000
+    k, n = mq.keys.queue("c"), OUTBOX_DEADLETTER_MAX + 5
+    mq.client.rpush(k.outbox, *(f"poison {i:04d}" for i in range(n)))
+    report = Pump(["c"], mq=mq).sweep()["c"]  # three trims: 500, 500, 5
+    assert (report["delivered"], report["deadlettered"]) == (0, n)
+    assert mq.client.llen(k.deadletter) == 1000
+    letters = mq.deadletters("c")
+    assert [d["entry"] for d in letters] == [f"poison {i:04d}" for i in range(5, n)]
+    assert {d["reason"] for d in letters} == {
+        "malformed entry: not JSON (Expecting value: line 1 column 1 (char 0))"
+    }
+    assert (mq.counts("c")["outbox"], mq.counts("c")["deadletter"]) == (0, 1000)
+
+    mq.client.rpush(k.outbox, "poison last")  # one more, in a sweep of its own
+    assert Pump(["c"], mq=mq).sweep()["c"]["deadlettered"] == 1
+    assert mq.client.llen(k.deadletter) == 1000
+    entries = [d["entry"] for d in mq.deadletters("c")]
+    assert entries == [*(f"poison {i:04d}" for i in range(6, n)), "poison last"]
+
+
 @pytest.mark.parametrize(
     "error",
     [
