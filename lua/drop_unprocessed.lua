@@ -18,6 +18,7 @@
   returns: the ids deleted (array)
   errors:  none
 ]]
+-- @include lib/emit.lua
 local pending, delayed = KEYS[1], KEYS[2]
 local base, pid, pq = ARGV[1], ARGV[2], ARGV[3]
 local QUEUE = base:match('{(.*)}')
@@ -38,7 +39,7 @@ for i = 4, #ARGV do
       redis.call('DEL', base .. 'dedup:' .. f[4])
     end
     redis.call('DEL', row)
-    redis.call('XADD', base .. 'events', 'MAXLEN', '~', 10000, '*', 'e', 'removed', 'id', id)
+    emit_to(base .. 'events', 'removed', id)
     out[#out + 1] = id
   end
 end

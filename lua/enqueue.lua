@@ -37,6 +37,7 @@
 ]]
 local row, pending = KEYS[1], KEYS[2]
 -- @include lib/claimable.lua
+-- @include lib/emit.lua
 local base = pending:sub(1, #pending - #'pending')
 local queue, id = ARGV[1], ARGV[2]
 local now, delay = tonumber(ARGV[7]), tonumber(ARGV[8])
@@ -93,5 +94,5 @@ if state == 'delayed' then
 else
   make_claimable(base, {id}, priority ~= '' and priority or nil)
 end
-redis.call('XADD', KEYS[4], 'MAXLEN', '~', 10000, '*', 'e', 'added', 'id', id)
+emit_to(KEYS[4], 'added', id)
 return state

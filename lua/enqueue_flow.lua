@@ -252,7 +252,7 @@ while i <= #a do
         claimable[#claimable + 1] = id
       end
       if event or nrefs > 0 then
-        redis.call('XADD', base .. 'events', 'MAXLEN', '~', 10000, '*', 'e', 'added', 'id', id)
+        emit(base, 'added', id)
       end
     end
     i = i + 3 + nrefs

@@ -31,6 +31,7 @@
 local events = KEYS[3]
 local queue, base, now, mode = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 -- @include lib/claimable.lua
+-- @include lib/emit.lua
 local a = cjson.decode(ARGV[5])
 
 if #a == 0 then
@@ -96,7 +97,7 @@ while i <= #a do
     else
       claimable[#claimable + 1] = id
     end
-    redis.call('XADD', events, 'MAXLEN', '~', 10000, '*', 'e', 'added', 'id', id)
+    emit_to(events, 'added', id)
   end
   make_claimable(base, claimable, priority ~= '0' and priority or nil)
   landed = landed + n

@@ -21,6 +21,7 @@
 ]]
 local row, delayed, active = KEYS[1], KEYS[2], KEYS[3]
 -- @include lib/claimable.lua
+-- @include lib/emit.lua
 local queue, id, token, now = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
 local base = row:sub(1, #row - #id - 4)  -- P:{q}: (row is P:{q}:job:<id>)
 
@@ -42,5 +43,5 @@ redis.call('ZREM', active, id)
 redis.call('HSET', row, 'state', 'delayed', 'updated_at', now,
   'attempts', math.max(0, (tonumber(f[3]) or 1) - 1))
 make_delayed(base, id, run_at)
-redis.call('XADD', base .. 'events', 'MAXLEN', '~', 10000, '*', 'e', 'postponed', 'id', id)
+emit_to(base .. 'events', 'postponed', id)
 return run_at

@@ -17,6 +17,7 @@
 local delayed = KEYS[1]
 local base, now = ARGV[1], ARGV[2]
 -- @include lib/claimable.lua
+-- @include lib/emit.lua
 
 local ids = redis.call('ZRANGEBYSCORE', delayed, '-inf', now, 'LIMIT', 0, tonumber(ARGV[3]))
 local moved, prios = {}, nil
@@ -26,7 +27,7 @@ for _, id in ipairs(ids) do
   local f = redis.call('HMGET', row, 'state', 'priority')
   if f[1] == 'delayed' then
     redis.call('HSET', row, 'state', 'pending', 'updated_at', now)
-    redis.call('XADD', base .. 'events', 'MAXLEN', '~', 10000, '*', 'e', 'promoted', 'id', id)
+    emit_to(base .. 'events', 'promoted', id)
     moved[#moved + 1] = id
     if f[2] then  -- its priority is kept (DESIGN §10.3)
       prios = prios or {}

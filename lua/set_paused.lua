@@ -15,6 +15,7 @@
 ]]
 local flag, events = KEYS[1], KEYS[2]
 -- @include lib/claimable.lua
+-- @include lib/emit.lua
 local changed
 if ARGV[1] == '1' then
   changed = redis.call('SET', flag, ARGV[2], 'NX') and 1 or 0
@@ -23,7 +24,7 @@ else
 end
 if changed == 1 then
   local e = (ARGV[1] == '1') and 'paused' or 'resumed'
-  redis.call('XADD', events, 'MAXLEN', '~', 10000, '*', 'e', e, 'id', '')
+  emit_to(events, e, '')
   if ARGV[1] ~= '1' then
     wake_workers(ARGV[3])  -- idle workers slept through the pause: claim now
   end

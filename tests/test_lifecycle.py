@@ -86,6 +86,37 @@ def test_default_retention_is_bounded(tmq) -> None:
     assert completed == Keep(1000, 86400) and dead == Keep(10000, 14 * 86400)
 
 
+EVENTS_MAXLEN = 10_000  # lua/lib/emit.lua
+STREAM_NODE = 100  # Redis' stream-node-max-entries: MAXLEN ~ trims whole nodes
+
+
+def test_the_events_stream_keeps_at_most_its_cap(tmq) -> None:
+    """DESIGN §3: the events stream is capped. 10,500 adds write 10,500
+    `added` entries; the stream holds the newest 10,000 (up to one node
+    more), the last one the last job's."""
+    ids = tmq.enqueue_many("q", [("n", i) for i in range(EVENTS_MAXLEN + 500)])
+    events = tmq.keys.queue_key("q", "events")
+    length = tmq.client.xlen(events)
+    assert EVENTS_MAXLEN <= length < EVENTS_MAXLEN + STREAM_NODE
+    (_, last), = tmq.client.xrevrange(events, count=1)
+    assert last == {b"e": b"added", b"id": ids[-1].encode()}
+
+
+def test_every_script_writes_events_through_the_capped_writer() -> None:
+    """Only lib/emit.lua names XADD on the events stream, so no script can
+    write an uncapped entry (the signals stream is trimmed by dispatch)."""
+    from pathlib import Path
+
+    lua = Path(__file__).resolve().parent.parent / "lua"
+    writers = sorted(
+        str(f.relative_to(lua))
+        for f in lua.rglob("*.lua")
+        for line in f.read_text().splitlines()
+        if "'XADD'" in line and "signals" not in line
+    )
+    assert writers == ["lib/emit.lua"]
+
+
 def test_a_budget_bounds_each_call(tmq, clock) -> None:
     for i in range(25):
         tmq.enqueue("q", "n", i, job_id=f"j{i:02}")

@@ -25,14 +25,13 @@
   returns cjson.encode(OUT).
 ]]
 -- @include lib/events.lua
+-- @include lib/emit.lua
 
 -- @include lib/claimable.lua
 
 local OUT = {released = {}, dead = {}, flow_failed = {}, revived = {}, reattach = {}, outbox = 0}
-local EVENTS_MAXLEN = 10000
-
 local function emit(base, event, id)
-  redis.call('XADD', base .. 'events', 'MAXLEN', '~', EVENTS_MAXLEN, '*', 'e', event, 'id', id)
+  emit_to(base .. 'events', event, id)
 end
 
 local function job_key(base, id)

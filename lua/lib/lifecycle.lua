@@ -155,8 +155,7 @@ local function flush_going(base, index)
   if #rows > 0 then
     redis.call('UNLINK', unpack(rows))
   end
-  redis.call('XADD', base .. 'events', 'MAXLEN', '~', EVENTS_MAXLEN, '*', 'e', 'removed', 'id',
-    table.concat(GOING, ' '))
+  emit(base, 'removed', table.concat(GOING, ' '))
   OUT.removed = (OUT.removed or 0) + n
   GOING = {}
 end

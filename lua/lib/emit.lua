@@ -1,0 +1,19 @@
+--[[
+  lib/emit.lua: the one writer of a queue's events stream `P:{q}:events`
+  (DESIGN §3: transitions, capped), inlined by the registry wherever
+  `@include lib/emit.lua` appears (lib/flow.lua includes it). Local
+  definitions only; no key is touched until a script calls emit_to.
+
+  Every entry is XADDed with MAXLEN ~ EVENTS_MAXLEN, so the stream never
+  holds more than EVENTS_MAXLEN entries plus one listpack node (Redis trims
+  whole nodes, `stream-node-max-entries`, 100 by default): the admin mirror
+  reads it, nothing else does, and a mirror that falls further behind does a
+  full pass instead (mirror.py).
+]]
+
+local EVENTS_MAXLEN = 10000
+
+-- One entry on `events` (the queue's P:{q}:events): e=<event>, id=<id>.
+local function emit_to(events, event, id)
+  redis.call('XADD', events, 'MAXLEN', '~', EVENTS_MAXLEN, '*', 'e', event, 'id', id)
+end
