@@ -39,6 +39,7 @@ from __future__ import annotations
 import logging
 import queue as _queue
 import secrets
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -236,6 +237,7 @@ class Pump:
         self.wakeups = 0  # outbox deliveries a wake-up started (run())
         self.waiting = False  # run() is blocked on the outbox wake keys
         self._posted: _queue.SimpleQueue = _queue.SimpleQueue()  # Wake, or None: stop
+        self._stopped = threading.Event()  # stop(): ends an outage backoff at once
 
     def sweep(self) -> dict[str, dict]:
         """One pass over every queue; returns ``{queue: counts}`` (see
@@ -307,7 +309,9 @@ class Pump:
         )
 
     def stop(self) -> None:
-        """Make ``run()`` return at once (from any thread)."""
+        """Make ``run()`` return at once (from any thread), from an outage's
+        backoff too."""
+        self._stopped.set()
         self._posted.put(None)
 
     def run(
@@ -326,10 +330,11 @@ class Pump:
         single blocking command, s). ``on_sweep(reports)`` is called after
         each pass. Logs each pass's non-zero counts at DEBUG and the running
         totals at INFO every ``summary_every`` seconds. A Redis outage is
-        waited out with backoff (``outage.Outage``), never raised; ``once``
-        returns after the first pass that reached Redis. Unless ``once``, the
-        dispatcher's threads send the durable signals meanwhile, from the
-        first pass that reached Redis on (stopped on return). Raises
+        waited out with backoff (``outage.Outage``; ``stop()`` ends the wait at
+        once), never raised; ``once`` returns after the first pass that
+        reached Redis. Unless ``once``, the dispatcher's threads send the
+        durable signals meanwhile, from the first pass that reached Redis on
+        (stopped on return). Raises
         ``ValueError`` for an ``interval`` that is not a number of seconds > 0
         (0 would spin a core)."""
         if not once:
@@ -351,6 +356,7 @@ class Pump:
             self._run(waker, interval, once, should_stop, on_sweep, summary_every)
         finally:
             self.waiting = False
+            self._stopped.clear()  # a later run() is not cut short by this stop
             if waker is not None:
                 waker.stop()
             self.dispatcher.stop()
@@ -428,14 +434,17 @@ class Pump:
                 if self.deliver(queue).locked:  # another pump is on it: look again soon
                     retry[queue] = time.monotonic() + LOCKED_RETRY_S
 
-    @staticmethod
-    def _pause(seconds: float, should_stop) -> bool:
-        """Wait ``seconds``; True when ``should_stop()`` came true meanwhile."""
+    def _pause(self, seconds: float, should_stop) -> bool:
+        """Wait ``seconds`` (an outage's backoff); True when the run should end
+        meanwhile. ``stop()`` ends the wait at once (it sets the event waited
+        on); a ``should_stop()`` that came true is seen within 50 ms (it is
+        called between waits of at most that)."""
         deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
+        while (left := deadline - time.monotonic()) > 0:
             if should_stop and should_stop():
                 return True
-            time.sleep(max(0.0, min(0.05, deadline - time.monotonic())))
+            if self._stopped.wait(left if should_stop is None else min(left, 0.05)):
+                return True
         return False
 
     def _log_summary(self) -> None:

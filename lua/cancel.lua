@@ -32,16 +32,9 @@ local QUEUE = ARGV[1]
 local base, id, now = ARGV[2], ARGV[3], tonumber(ARGV[4])
 LEFT = tonumber(ARGV[5])
 
-local again = replayed(base, ARGV[6])
-if again then
-  return again
-end
-local state = redis.call('HGET', row, 'state')
-if not state then
-  return redis.error_reply('EMQNOJOB ' .. QUEUE .. ' ' .. id)
-end
-if state == 'completed' or state == 'dead' then
-  return redis.error_reply('EMQSTATE ' .. QUEUE .. ' ' .. id .. ' ' .. state)
+local early = replay_or_refuse(base, row, id, ARGV[6], {completed = true, dead = true})
+if early then
+  return early
 end
 OUT.state = cancel_node(base, id, now)
 cancel_run(base, now)

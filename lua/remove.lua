@@ -31,16 +31,9 @@ local QUEUE = ARGV[1]
 local base, id, now = ARGV[2], ARGV[3], tonumber(ARGV[4])
 LEFT = tonumber(ARGV[5])
 
-local again = replayed(base, ARGV[6])
-if again then
-  return again
-end
-local state = redis.call('HGET', row, 'state')
-if not state then
-  return redis.error_reply('EMQNOJOB ' .. QUEUE .. ' ' .. id)
-end
-if state == 'active' then
-  return redis.error_reply('EMQSTATE ' .. QUEUE .. ' ' .. id .. ' active')
+local early = replay_or_refuse(base, row, id, ARGV[6], {active = true})
+if early then
+  return early
 end
 resolve_removed(base, id, now)
 drop_node(base, id)

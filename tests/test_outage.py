@@ -5,6 +5,8 @@ waits an outage out inside ``Pump.run`` as the worker does inside
 from __future__ import annotations
 
 import logging
+import threading
+import time
 
 import redis
 from redis.backoff import NoBackoff
@@ -23,6 +25,19 @@ def test_pump_run_waits_out_an_outage_instead_of_raising(caplog):
     [record] = caplog.records
     assert record.getMessage().startswith("Redis unreachable at redis://localhost:1/0 (")
     assert record.getMessage().endswith(f"retrying in {BACKOFF_START_S:.1f}s")
+
+
+def test_stop_ends_the_pumps_outage_backoff_at_once():
+    down = redis.Redis(port=1, retry=Retry(NoBackoff(), 0))
+    pump = Pump(["q"], mq=EchoMQ(down), register=False)
+    thread = threading.Thread(target=pump.run, daemon=True)
+    thread.start()
+    time.sleep(0.2)  # in the first backoff (0.5 s)
+    asked = time.monotonic()
+    pump.stop()
+    thread.join(5)
+    assert not thread.is_alive()
+    assert time.monotonic() - asked < 0.25  # the backoff was not waited out
 
 
 def test_the_backoff_doubles_to_its_cap_and_resets_on_recovery(caplog):

@@ -62,9 +62,23 @@ local function each_child(base, refs, kind, parent, here)
   end
 end
 
--- A replayed remove / cancel call (same token) answers its first reply.
-local function replayed(base, token)
-  return redis.call('GET', base .. 'op:' .. token)
+-- The opening remove and cancel share: a replayed call (same token)
+-- answers its first reply; no row answers EMQNOJOB; a row whose state is in
+-- `refused` (a set: state -> true) answers EMQSTATE. Returns the reply the
+-- script returns at once, or nil when the call goes on.
+local function replay_or_refuse(base, row, id, token, refused)
+  local again = redis.call('GET', base .. 'op:' .. token)
+  if again then
+    return again
+  end
+  local state = redis.call('HGET', row, 'state')
+  if not state then
+    return redis.error_reply('EMQNOJOB ' .. QUEUE .. ' ' .. id)
+  end
+  if refused[state] then
+    return redis.error_reply('EMQSTATE ' .. QUEUE .. ' ' .. id .. ' ' .. state)
+  end
+  return nil
 end
 
 local function remember(base, token, reply)
