@@ -26,12 +26,14 @@ import json
 import os
 import threading
 from importlib.util import find_spec
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
 from .client import EchoMQ
+from .exceptions import TRANSIENT, RedisUnavailable
 from .jobs import MAX_PAYLOAD_BYTES
 from .keyspace import validate_prefix, validate_queue
 from .retention import KEEP_HINT, KEEP_KEYS, keep_problems
@@ -408,7 +410,11 @@ def json_encoder(cfg: dict | None = None) -> type[json.JSONEncoder] | None:
 def build_client(cfg: dict):
     """A redis-py client for the settings: ``RedisCluster`` when CLUSTER is
     true, else ``redis.Redis``; from the URL, or from the cache alias (Django's
-    ``RedisCache`` or django-redis's)."""
+    ``RedisCache`` or django-redis's).
+
+    Raises ``RedisUnavailable`` when CLUSTER is set and no startup node
+    answers (redis-py's ``RedisCluster`` reads the slot map as it is built;
+    a plain client connects on its first command instead)."""
     import redis
     from redis.cluster import RedisCluster
 
@@ -417,7 +423,13 @@ def build_client(cfg: dict):
     if cfg.get("CLUSTER"):
         if not url:
             raise ImproperlyConfigured("ECHOMQ CLUSTER needs a URL (or ECHOMQ_URL)")
-        return RedisCluster.from_url(url, **options)
+        try:
+            return RedisCluster.from_url(url, **options)
+        except (redis.exceptions.RedisClusterException, *TRANSIENT) as err:
+            where = urlsplit(url)
+            raise RedisUnavailable(
+                f"Redis Cluster is unreachable at {where.hostname}:{where.port}: {err}"
+            ) from err
     if url:
         options.setdefault("health_check_interval", 30)
         return redis.Redis.from_url(url, **options)

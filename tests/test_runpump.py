@@ -66,6 +66,30 @@ def test_unreachable_redis_at_start_exits_1_with_one_line():
     )
 
 
+@pytest.mark.parametrize("command", ["runpump", "runworker"])
+def test_an_unreachable_cluster_at_start_exits_1_with_one_line(command):
+    """CLUSTER set and no startup node answering: redis-py's RedisCluster
+    fails as it is built (RedisClusterException, not a ConnectionError);
+    both commands say where in one line instead of a traceback."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again below: nothing listens there
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.fault_settings",
+        "ECHOMQ_CLUSTER": "1",
+        "ECHOMQ_URL": f"redis://127.0.0.1:{port}/0",
+    }
+    proc = subprocess.run(
+        [sys.executable, "manage.py", command, "fa", "--once" if command == "runpump" else "--burst"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 1
+    [line] = proc.stderr.strip().splitlines()
+    lead = "CommandError: runpump" if command == "runpump" else "runworker"
+    assert line.startswith(f"{lead}: Redis Cluster is unreachable at 127.0.0.1:{port}: ")
+
+
 def test_sigterm_stops_gracefully_with_exit_0(r, redis_server):
     EchoMQ(r).enqueue("orders", "x", {}, job_id="due", delay_ms=1)
     proc = runpump(redis_server, "orders", "--interval", "0.1", "--no-mirror", "--verbosity", "1")

@@ -118,7 +118,7 @@ class Command(BaseCommand):
             self._exit("runworker: --sweep-interval and --pump-interval must be > 0 s")
         try:
             mq = get_mq()
-        except ImproperlyConfigured as err:
+        except (ImproperlyConfigured, RedisUnavailable) as err:
             self._exit(f"runworker: {err}")
         except Exception as err:
             self._exit(f"runworker: Redis is unreachable: {err}")
