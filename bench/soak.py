@@ -151,9 +151,23 @@ def key_kinds(client) -> dict[str, tuple[int, int]]:
     return dict(sorted(kinds.items(), key=lambda kv: -kv[1][1]))
 
 
-def _print_kinds(out, kinds: dict[str, tuple[int, int]]) -> None:
-    for kind, (n, size) in kinds.items():
-        out(f"    {kind:28} {n:>7} keys {size:>11,} bytes")
+def _print_growth(out, first: dict, last: dict, jobs: tuple[int, int]) -> None:
+    """Keys and bytes by kind at the first and the last sample, and what
+    each kind grew by: where the memory went, kind by kind."""
+    out(f"keys by kind, after {jobs[0]:,} jobs -> after {jobs[1]:,}:")
+    out(f"    {'kind':24} {'keys':>6} {'':>6} {'bytes':>11} {'':>11} {'grew':>9}")
+    total = 0
+    for kind in sorted(set(first) | set(last), key=lambda k: -last.get(k, (0, 0))[1]):
+        (n0, b0), (n1, b1) = first.get(kind, (0, 0)), last.get(kind, (0, 0))
+        total += b1 - b0
+        out(f"    {kind:24} {n0:>6} {n1:>6} {b0:>11,} {b1:>11,} {b1 - b0:>+9,}")
+    out(f"    {'all keys':24} {'':>6} {'':>6} {'':>11} {'':>11} {total:>+9,}")
+
+
+def _stream_lengths(mq) -> str:
+    return ", ".join(
+        f"{q} {mq.client.xlen(mq.keys.queue_key(q, 'events')):,}" for q in QUEUES
+    )
 
 
 def _sample(mq, db: str) -> dict:
@@ -230,15 +244,14 @@ def run(
             }
             samples.append(s)
             if len(samples) == 1:
-                first_kinds = key_kinds(mq.client)
+                first_kinds, first_streams = key_kinds(mq.client), _stream_lengths(mq)
             out(
                 f"{s['jobs']:>8} {s['flows']:>7} {s['used_memory']:>12,} {s['keys']:>7} "
                 f"{s['mirror_rows']:>7} {s['completed']:>9} {s['dead']:>5} {s['elapsed_s']:>6}"
             )
-        out(f"keys by kind after {samples[0]['jobs']:,} jobs:")
-        _print_kinds(out, first_kinds)
-        out(f"keys by kind after {samples[-1]['jobs']:,} jobs:")
-        _print_kinds(out, key_kinds(mq.client))
+        jobs_at = (samples[0]["jobs"], samples[-1]["jobs"])
+        _print_growth(out, first_kinds, key_kinds(mq.client), jobs_at)
+        out(f"events stream entries (cap ~10,000 a queue): {first_streams} -> {_stream_lengths(mq)}")
     finally:
         stop.set()
         for p in children:
