@@ -93,6 +93,10 @@ def main(argv=None) -> int:
         off, on = statistics.median(times[False]), statistics.median(times[True])
         print(f"median: off {off:.3f} s, on {on:.3f} s: retention costs "
               f"{(on / off - 1) * 100:+.1f}% of the resolve time (target <= 10%)")  # fmt: skip
+        # each round's on against the off just before it: drift between rounds cancels
+        pairs = sorted(b / a for a, b in zip(times[False], times[True], strict=True))
+        print(f"on/off pair by pair: median {statistics.median(pairs):.3f} "
+              f"(min {pairs[0]:.3f}, max {pairs[-1]:.3f}, {len(pairs)} pairs)")  # fmt: skip
         print(f"median Redis time of prune: {statistics.median(shares) * 100:.1f}% of the "
               "resolve's own script time")  # fmt: skip
     finally:
