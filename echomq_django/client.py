@@ -476,7 +476,7 @@ class EchoMQ(FlowCalls, SchedulingCalls, EventCalls, LifecycleCalls, BulkCalls, 
                 outcome.merge(self.retry(cq, cid))
             except JobNotRetryable:
                 pass  # retried already; its reattach entry is on its way
-        for entry in data.get("reattach") or []:  # now, not at the next sweep
-            outcome.merge(self.deliver([json.loads(entry)])[1])
+        # now, not at the next sweep; out of the outbox once delivered
+        outcome.merge(self.deliver_sent(queue, list(data.get("reattach") or [])))
         outcome.state = self.state_of(queue, job_id)
         return outcome

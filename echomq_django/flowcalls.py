@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import secrets
 
 from . import flows as _flows
 from .flows import Flow, FlowRef
@@ -21,6 +22,7 @@ from .keyspace import validate_id, validate_queue
 
 FLOW_CHUNK = 5000  # nodes per enqueue_flow script: keeps one script well under ~50 ms
 OUTBOX_DEADLETTER_MAX = 1_000  # dead-lettered outbox entries kept per queue, newest
+SENT_LOCK_MS = 5_000  # deliver_sent: the sweep lock's lease while a caller delivers its own entries
 
 
 def opt(value) -> str:
@@ -191,6 +193,31 @@ class FlowCalls:
             for i, ok in zip(idx, json.loads(reply)["delivered"], strict=False):
                 flags[i] = bool(ok)
         return flags, outcome
+
+    def deliver_sent(self, queue: str, texts: list[str]) -> Outcome:
+        """Deliver now the outbox entries a script on ``queue`` just pushed
+        (``texts``: the entries exactly as pushed, the script's ``sent``)
+        and take the delivered ones out of the outbox, so the pump does not
+        deliver them again: a second delivery is not a no-op when the flow
+        was added again under the same ids, or a cancelled parent retried, in
+        between. Done under the outbox's sweep lock (no pump is between its
+        read and its trim); while a pump holds it, the entries are left to
+        that pump, which is delivering the outbox. An entry whose parent is
+        gone stays for the pump to dead-letter. Returns the ``Outcome``.
+        Raises what a script raises. DESIGN §6, §10.2."""
+        if not texts:
+            return Outcome()
+        k, token = self.keys.queue(queue), secrets.token_hex(8)
+        if not self.outbox_lock(queue, token, SENT_LOCK_MS):
+            return Outcome()
+        try:
+            flags, outcome = self.deliver([json.loads(t) for t in texts])
+            done = [t for t, ok in zip(texts, flags, strict=True) if ok]
+            if done:
+                self.scripts.run("outbox_forget", [k.outbox, k.pump_lock], [token, *done])
+        finally:
+            self.outbox_lock(queue, token, SENT_LOCK_MS, take=False)
+        return outcome
 
     def trim_outbox(self, queue: str, token: str, read: list, actions: list[str]) -> int:
         """Remove the outbox head the pump read (``read``: the raw entries, in

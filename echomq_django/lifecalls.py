@@ -7,12 +7,13 @@ Redis time) and answers ``more`` when work is left, which the host drives
 call after call. So a 10,000-child flow is removed or cancelled without any
 one script holding Redis for long. A child on another slot is reached
 through the outbox, like fan-in: the scripts return the entries they pushed
-and the host delivers them at once (the pump delivers them again later: a
-no-op), then drives the work those queues got.
+and the host delivers them at once and takes them out of the outbox
+(``deliver_sent``: the pump does not deliver them a second time), then drives
+the work those queues got.
 
 ``LifecycleCalls`` is mixed into ``EchoMQ``, as ``FlowCalls`` is; it expects
 ``self.keys``, ``self.scripts``, ``self.clock``, ``self.queues``,
-``self.deliver`` and ``self._outcome``.
+``self.deliver_sent`` and ``self._outcome``.
 """
 
 from __future__ import annotations
@@ -42,15 +43,16 @@ class Report:
     state: JobState | None = None
     outcome: Outcome = field(default_factory=Outcome, repr=False)
 
-    def add(self, mq, reply) -> list[dict]:
-        """Fold one script reply in; returns the entries it sent to other slots."""
+    def add(self, mq, reply) -> list[str]:
+        """Fold one script reply in; returns the entries it sent to other
+        slots, as pushed (JSON texts)."""
         data = json.loads(reply)
         self.removed += data.get("removed") or 0
         self.held += data.get("held") or 0
         self.calls += 1
         self.more = bool(data.get("more"))
         self.outcome.merge(mq._outcome(reply))
-        return [json.loads(e) for e in data.get("sent") or []]
+        return list(data.get("sent") or [])
 
 
 class LifecycleCalls:
@@ -99,8 +101,8 @@ class LifecycleCalls:
                 call = self._prune_call(queue, budget, how, since)
                 sent = report.add(self, self.scripts.run(*call))
                 if sent:
-                    report.outcome.merge(self.deliver(sent)[1])
-                    reached = {e["q"] for e in sent} - {q for q, _ in todo}
+                    report.outcome.merge(self.deliver_sent(queue, sent))
+                    reached = {json.loads(e)["q"] for e in sent} - {q for q, _ in todo}
                     todo.extend((q, "lists") for q in sorted(reached))
                 if not report.more:
                     break
@@ -156,12 +158,13 @@ class LifecycleCalls:
         self._follow_up(queue, report, sent, budget)
         return report
 
-    def _follow_up(self, queue: str, report: Report, sent: list[dict], budget: int) -> None:
-        """Deliver what a remove / cancel sent to other slots and drive the
-        work left on every queue it reached, call by call, until none is left."""
+    def _follow_up(self, queue: str, report: Report, sent: list[str], budget: int) -> None:
+        """Deliver what a remove / cancel sent to other slots (``sent``: the
+        entries as pushed onto ``queue``'s outbox) and drive the work left on
+        every queue it reached, call by call, until none is left."""
         queues = {queue} if report.more else set()
         if sent:
-            report.outcome.merge(self.deliver(sent)[1])
-            queues |= {e["q"] for e in sent}
+            report.outcome.merge(self.deliver_sent(queue, sent))
+            queues |= {json.loads(e)["q"] for e in sent}
         if queues:
             self._drive(queues, report, budget, None, "lists")

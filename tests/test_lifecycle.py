@@ -177,9 +177,76 @@ def test_a_cross_queue_fp_child_is_held_until_its_parent_goes(tmq) -> None:
     set_keep(tmq, "q", 0, 0)
     assert tmq.prune("q").removed == 1  # p; x goes on its own slot (an rm entry)
     assert rows(tmq, "other") == [] and rows(tmq, "q") == []
-    assert keys_of(tmq, "q") == ["emq:{q}:flow:outbox"]  # the rm entry, delivered at once
-    Pump(["q"], mq=tmq).sweep()  # and again by the pump: a no-op, then trimmed
+    # the rm entry was delivered at once and taken out of the outbox: the pump
+    # never delivers it a second time
     assert keys_of(tmq, "q") == [] and keys_of(tmq, "other") == []
+    assert Pump(["q"], mq=tmq).sweep()["q"]["delivered"] == 0
+
+
+# -- entries a call delivered itself are not delivered again ------------------
+
+
+def sweep(mq, *queues: str) -> None:
+    Pump(list(queues), mq=mq).sweep()
+
+
+def test_a_flow_removed_and_added_again_before_a_sweep_runs_once(tmq) -> None:
+    """remove delivers its `rm` entry for the child on another slot at once;
+    left in the outbox, the next sweep delivered it again and removed the
+    NEW child of the flow added meanwhile, and the new root waited for ever."""
+    flow = node("p", [leaf("c1"), leaf("x", queue="o")])
+    tmq.add_flow(flow)
+    tmq.remove("q", "p")
+    assert rows(tmq, "q") == [] and rows(tmq, "o") == []
+    assert tmq.client.llen(tmq.keys.queue_key("q", "flow:outbox")) == 0
+    assert tmq.add_flow(flow).landed == 3
+    sweep(tmq, "q", "o")
+    assert rows(tmq, "o") == ["x"]
+    complete(tmq, "c1", 1)
+    complete(tmq, "x", 2, queue="o")
+    sweep(tmq, "o")
+    assert_state(tmq, "q", "p", "pending")
+    assert tmq.children_values("q", "p") == {ref(tmq, "c1"): 1, ref(tmq, "x", "o"): 2}
+
+
+def test_a_flow_retention_took_and_added_again_runs_once(tmq) -> None:
+    """The same through retention: the sweep's prune removes a finished flow
+    and delivers the `rm` for its child on another slot itself."""
+    set_keep(tmq, "q", 0)
+    flow = node("p", [leaf("x", queue="o")])
+    tmq.add_flow(flow)
+    complete(tmq, "x", 1, queue="o")
+    sweep(tmq, "o")
+    complete(tmq, "p", "done")
+    sweep(tmq, "q", "o")
+    assert rows(tmq, "q") == [] and rows(tmq, "o") == []
+    tmq.add_flow(flow)
+    for _ in range(3):
+        sweep(tmq, "q", "o")
+    assert_state(tmq, "o", "x", "pending")
+    assert tmq.dependencies("q", "p").remaining == 1
+    complete(tmq, "x", 2, queue="o")
+    sweep(tmq, "o")
+    assert_state(tmq, "q", "p", "pending")
+
+
+def test_a_cancelled_parent_retried_before_a_sweep_keeps_its_retried_child(tmq) -> None:
+    """cancel delivers its `cancel` entry for the child on another slot at
+    once; delivered again after the parent's retry, it killed the retried
+    child a second time and the parent died again."""
+    tmq.add_flow(node("p", [leaf("c1"), leaf("x", queue="o")]))
+    assert tmq.cancel("q", "p").state is JobState.AWAITING_CHILDREN
+    sweep(tmq, "o")  # x's death (fp) reaches p
+    assert_state(tmq, "q", "p", "dead")
+    assert_state(tmq, "o", "x", "dead")
+    tmq.retry("q", "p")
+    sweep(tmq, "q", "o")
+    assert_state(tmq, "q", "p", "awaiting_children")
+    assert_state(tmq, "o", "x", "pending")
+    complete(tmq, "x", 2, queue="o")
+    complete(tmq, "c1", 1)
+    sweep(tmq, "o")
+    assert_state(tmq, "q", "p", "pending")
 
 
 # -- remove ------------------------------------------------------------------
