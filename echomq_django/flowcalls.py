@@ -221,8 +221,9 @@ class FlowCalls:
 
     def trim_outbox(self, queue: str, token: str, read: list, actions: list[str]) -> int:
         """Remove the outbox head the pump read (``read``: the raw entries, in
-        order) once delivered: ``actions[i]`` is ``"ok"`` or the reason that
-        entry goes to the dead-letter list, which keeps its newest
+        order) once delivered: ``actions[i]`` is ``"ok"``, ``"again"`` (its
+        parent was not found: to the back of the outbox, for a later sweep)
+        or the reason that entry goes to the dead-letter list, which keeps its newest
         ``OUTBOX_DEADLETTER_MAX`` entries (trimmed in the same script).
         ``token`` is the sweep lock's. Returns how many entries were removed
         (0 when the head moved). Raises ``SweepLockLost`` when the lock is no
@@ -231,7 +232,7 @@ class FlowCalls:
         pairs = (v for pair in zip(read, actions, strict=False) for v in pair)
         return self.scripts.run(
             "outbox_trim",
-            [k.outbox, k.pump_lock, k.deadletter],
+            [k.outbox, k.pump_lock, k.deadletter, k.outbox_tries],
             [token, self.clock(), OUTBOX_DEADLETTER_MAX, *pairs],
         )
 
@@ -255,6 +256,6 @@ class FlowCalls:
         returns the count so far."""
         return self.client.hincrby(self.keys.queue(queue).outbox_tries, entry, 1)
 
-    def forget_deliveries(self, queue: str, entry: bytes | str) -> None:
-        """Drop the failed-delivery count of an outbox ``entry``."""
-        self.client.hdel(self.keys.queue(queue).outbox_tries, entry)
+    def outbox_length(self, queue: str) -> int:
+        """How many entries ``queue``'s outbox holds."""
+        return self.client.llen(self.keys.queue(queue).outbox)

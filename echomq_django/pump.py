@@ -14,8 +14,9 @@ One ``Pump(queues).sweep()`` pass, for each queue:
    back from an AOF) takes it up again at its next sweep, and a live peer
    takes over within ``lock_ms`` of a pump that died mid-sweep (issue 17,
    item 2). An entry whose
-   parent is gone is retried on ``max_tries`` sweeps, then moved to the
-   dead-letter list with its reason so the entries behind it keep flowing; a
+   parent is gone is retried on ``max_tries`` sweeps (moved to the back of
+   the outbox meanwhile, so it never holds up the entries behind it), then
+   moved to the dead-letter list with its reason; a
    malformed (poison) entry is dead-lettered at once with what is wrong with
    it: the pump never dies of data;
 2. promotes due delayed jobs;
@@ -96,8 +97,11 @@ def deliver_outbox(
     before_trim=None,
     token: str | None = None,
 ) -> SweepReport:
-    """Deliver ``queue``'s outbox, ``batch`` entries per round, until it is
-    empty or blocked by an entry still being retried. Skips (``locked=True``)
+    """Deliver ``queue``'s outbox, ``batch`` entries per round, until the
+    entries it held when the sweep began were each looked at once: an entry
+    whose parent is not found moves to the back (``outbox_trim``) and is
+    tried again at a later sweep, up to ``max_tries`` deliveries, then
+    dead-lettered; it never holds up the entries behind it. Skips (``locked=True``)
     when another pump holds the sweep lock of this queue. ``token``: the
     caller's lock token (a ``Pump`` keeps one for its life; None: a fresh
     one); ``lock_ms`` (ms): the lock's lease, renewed after each batch.
@@ -109,8 +113,10 @@ def deliver_outbox(
         report.locked = True
         return report
     try:
-        while True:
-            raw = mq.outbox_head(queue, batch)
+        left = mq.outbox_length(queue)  # entries moved to the back wait for a later sweep
+        while left > 0:
+            asked = min(batch, left)
+            raw = mq.outbox_head(queue, asked)
             if not raw:
                 break
             entries, verdicts = deliver_batch(mq, raw, report.outcome)
@@ -126,12 +132,11 @@ def deliver_outbox(
                     continue
                 tries = mq.count_delivery(queue, item)
                 if tries < max_tries:
-                    read.pop()
-                    break
+                    actions.append("again")  # to the back: a later sweep tries it again
+                    continue
                 actions.append(
                     f"parent {entry.get('q')}/{entry.get('p')} not found after {tries} deliveries"
                 )
-                mq.forget_deliveries(queue, item)
             if before_trim is not None:
                 before_trim(queue, actions)
             removed = 0
@@ -152,8 +157,9 @@ def deliver_outbox(
                     log.warning("outbox of %s changed before the trim; re-reading", queue)
                     continue
             report.delivered += actions.count("ok")
-            report.deadlettered += len(actions) - actions.count("ok")
-            if len(actions) < len(raw) or len(raw) < batch:
+            report.deadlettered += len(actions) - actions.count("ok") - actions.count("again")
+            left -= len(raw)
+            if len(raw) < asked or left <= 0:
                 break
             if not mq.outbox_lock(queue, token, lock_ms):  # renew for the next batch
                 log.warning("pump lock on %s expired during the sweep", queue)

@@ -216,6 +216,7 @@ while i <= #a do
         end
         redis.call('HSET', row, unpack(link))
       end
+      redis.call('HDEL', row, 'orphaned')  -- under its parent again (DESIGN §10.2)
       announce(id, parent, pq)
     elseif not skip[id] then
       local state = (nrefs > 0) and 'awaiting_children' or 'pending'

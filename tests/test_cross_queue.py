@@ -189,9 +189,11 @@ def test_undeliverable_entry_is_dead_lettered_and_does_not_block(mq):
     pump = Pump(["inventory"], mq=mq, max_tries=3)
     reports = [pump.sweep()["inventory"] for _ in range(3)]
     assert [r["deadlettered"] for r in reports] == [0, 0, 1]
-    assert [r["delivered"] for r in reports] == [0, 0, 1]
-    # o2's entry was applied on the first sweep already (delivery is idempotent)
+    # o2's entry, behind the undeliverable one, is delivered and trimmed on the
+    # first sweep, never again: the undeliverable one waits at the back
+    assert [r["delivered"] for r in reports] == [1, 0, 0]
     assert mq.get_job("validation", "v-o2").state == "pending"
+    assert mq.client.hlen(mq.keys.queue("inventory").outbox_tries) == 0
     [dl] = mq.deadletters("inventory")
     assert dl["entry"]["p"] == "v-o1" and dl["entry"]["c"] == "emq:{inventory}:job:r-o1-0"
     assert dl["reason"] == "parent validation/v-o1 not found after 3 deliveries"

@@ -249,6 +249,66 @@ def test_a_cancelled_parent_retried_before_a_sweep_keeps_its_retried_child(tmq) 
     assert_state(tmq, "q", "p", "pending")
 
 
+def test_a_cross_queue_child_its_removed_parent_left_running_goes_when_it_dies(tmq) -> None:
+    """The parent's removal reaches an active child on another slot: it is
+    left to finish, and once it died (fp) retention takes it; it used to be
+    held for ever, waiting for a removal that had come already."""
+    for q in ("q", "o"):
+        set_keep(tmq, q, 0, 0)
+    tmq.add_flow(node("p", [leaf("x", queue="o")]))
+    job = claim_one(tmq, "o", "x")
+    tmq.remove("q", "p")
+    assert_state(tmq, "o", "x", "active")
+    assert tmq.fail_many([(job, "boom", True)])[0].state is JobState.DEAD
+    report = tmq.prune("o")
+    assert (report.removed, report.held) == (1, 0)
+    assert rows(tmq, "o") == []
+
+
+def test_a_child_under_its_parent_again_is_held_again(tmq) -> None:
+    """The same flow added again while that child still runs takes it back
+    (it is skipped, under the same parent id): dead fp, the new parent may
+    retry it, so retention holds it again."""
+    set_keep(tmq, "o", 0, 0)
+    flow = node("p", [leaf("x", queue="o")])
+    tmq.add_flow(flow)
+    job = claim_one(tmq, "o", "x")
+    tmq.remove("q", "p")
+    assert tmq.add_flow(flow).skipped == 1
+    assert "orphaned" not in hash_of(tmq, tmq.keys.job("o", "x"))
+    tmq.fail_many([(job, "boom", True)])
+    report = tmq.prune("o")
+    assert (report.removed, report.held) == (0, 1)
+    sweep(tmq, "o")
+    assert_state(tmq, "q", "p", "dead")
+    tmq.retry("q", "p")
+    assert_state(tmq, "o", "x", "pending")
+
+
+def test_undeliverable_entries_never_hold_up_the_ones_behind_them(tmq) -> None:
+    """600 completions of a flow removed before its children's pump ran
+    (more than a sweep's batch of 500) sit ahead of a live flow's entry: the
+    live parent is released by the first sweep; the 600 go to the
+    dead-letter list after max_tries sweeps, each delivered once a sweep."""
+    from echomq_django import Flow
+
+    tmq.add_flow(Flow("q", "n", None, job_id="big", children=[
+        Flow("o", "n", None, job_id=f"c{i}") for i in range(600)]))  # fmt: skip
+    for _ in range(6):
+        tmq.complete_many([(j, 1) for j in tmq.claim("o", 100)])
+    tmq.client.delete(tmq.keys.job("q", "big"))  # gone before o's pump ran
+    tmq.add_flow(node("live", [leaf("y", queue="o")]))
+    complete(tmq, "y", "ok", queue="o")
+    pump = Pump(["o"], mq=tmq, max_tries=3)
+    first = pump.sweep()["o"]
+    assert (first["delivered"], first["deadlettered"]) == (1, 0)
+    assert_state(tmq, "q", "live", "pending")
+    assert tmq.client.llen(tmq.keys.queue_key("o", "flow:outbox")) == 600
+    assert [pump.sweep()["o"]["deadlettered"] for _ in range(2)] == [0, 600]
+    assert tmq.client.llen(tmq.keys.queue_key("o", "flow:outbox")) == 0
+    assert tmq.client.exists(tmq.keys.queue_key("o", "flow:tries")) == 0
+
+
 # -- remove ------------------------------------------------------------------
 
 

@@ -176,14 +176,23 @@ end
 
 -- Delete one node's row and its own hashes now; its child refs move to the
 -- gc list (their rows go in later steps). An active node is left alone: it
--- finishes on its own (its fan-in finds no parent) and retention takes it.
+-- finishes on its own (its fan-in finds no parent) and retention takes it;
+-- reached from its removed parent it is marked `orphaned`, so retention
+-- takes it even when it dies `fp` on another slot than its parent (where
+-- the parent cannot be read, and that parent's removal has come already).
 -- `parent`, when given, must be the row's parent (a child reached from its
 -- removed parent: an id landed again under another flow is not touched).
 -- Returns true when the row went.
 local function drop_node(base, id, parent)
   local f = redis.call('HMGET', base .. 'job:' .. id, 'state', 'parent', 'dedup',
     'children_deadline', 'keep')
-  if not f[1] or f[1] == 'active' or (parent and f[2] ~= parent) then
+  if not f[1] or (parent and f[2] ~= parent) then
+    return false
+  end
+  if f[1] == 'active' then
+    if parent then  -- its parent is gone: once it finishes, nothing may retry it
+      redis.call('HSET', base .. 'job:' .. id, 'orphaned', '1')
+    end
     return false
   end
   drop_row(base, id, f[1], f[3], f[4], f[5])
@@ -271,11 +280,12 @@ local function cancel_run(base, now)
 end
 
 -- May retention take this finished node now? (the flow rules above)
--- `f` holds the row's parent, parent_queue and parent_policy (retire's read).
+-- `f` holds the row's parent, parent_queue and parent_policy (retire's read),
+-- and at 8 `orphaned` (set when its parent's removal reached it while it ran).
 -- What a call learnt of a same-slot parent (its row exists; it has a
 -- :failed hash) is kept for the rest of the call: siblings ask the same.
 local function settled(base, id, state, f)
-  if not f[1] then
+  if not f[1] or f[8] then  -- no parent, or its parent was removed while it ran
     return true
   end
   if (f[2] or QUEUE) ~= QUEUE then
@@ -300,7 +310,7 @@ end
 local function retire(base, index, id, now, batch)
   LEFT = LEFT - 1
   local f = redis.call('HMGET', base .. 'job:' .. id, 'parent', 'parent_queue', 'parent_policy',
-    'state', 'dedup', 'children_deadline', 'keep')
+    'state', 'dedup', 'children_deadline', 'keep', 'orphaned')
   local state = f[4]
   if state ~= 'completed' and state ~= 'dead' then
     redis.call('ZREM', base .. index, id)  -- a stray id: its row is gone or moved
