@@ -283,11 +283,6 @@ class Pump:
             hook(self, reports)
         return {q: r.as_dict() for q, r in reports.items()}
 
-    def _deliver_outbox(self, queue: str) -> SweepReport:
-        return deliver_outbox(
-            self.mq, queue, self.batch, self.lock_ms, self.max_tries, before_trim=self.before_trim
-        )
-
     def deliver(self, queue: str) -> SweepReport:
         """Deliver ``queue``'s outbox now (what a wake-up does between
         sweeps; the signals of what it moved are durable events, sent by the
