@@ -113,12 +113,17 @@ def deliver_outbox(
         report.locked = True
         return report
     try:
-        left = mq.outbox_length(queue)  # entries moved to the back wait for a later sweep
-        while left > 0:
-            asked = min(batch, left)
+        # each entry found when the sweep began is looked at once: one moved to
+        # the back waits for a later sweep (the length is read only when the
+        # first batch comes back full)
+        left: int | None = None
+        while left is None or left > 0:
+            asked = batch if left is None else min(batch, left)
             raw = mq.outbox_head(queue, asked)
             if not raw:
                 break
+            if left is None:
+                left = len(raw) if len(raw) < batch else mq.outbox_length(queue)
             entries, verdicts = deliver_batch(mq, raw, report.outcome)
             actions, read = [], []
             for item, entry, verdict in zip(raw, entries, verdicts, strict=True):
