@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import json
 import secrets
+import time
 
 from . import flows as _flows
 from .flows import Flow, FlowRef
@@ -23,6 +24,8 @@ from .keyspace import validate_id, validate_queue
 FLOW_CHUNK = 5000  # nodes per enqueue_flow script: keeps one script well under ~50 ms
 OUTBOX_DEADLETTER_MAX = 1_000  # dead-lettered outbox entries kept per queue, newest
 SENT_LOCK_MS = 5_000  # deliver_sent: the sweep lock's lease while a caller delivers its own entries
+SENT_WAIT_S = 3.0  # deliver_sent: how long it waits out a pump's sweep (a pump's lease is 2 s)
+SENT_RETRY_S = 0.005  # deliver_sent: between two tries of the lock while a pump holds it
 
 
 def opt(value) -> str:
@@ -201,15 +204,21 @@ class FlowCalls:
         deliver them again: a second delivery is not a no-op when the flow
         was added again under the same ids, or a cancelled parent retried, in
         between. Done under the outbox's sweep lock (no pump is between its
-        read and its trim); while a pump holds it, the entries are left to
-        that pump, which is delivering the outbox. An entry whose parent is
-        gone stays for the pump to dead-letter. Returns the ``Outcome``.
-        Raises what a script raises. DESIGN §6, §10.2."""
+        read and its trim): while a pump holds it, this waits for the pump's
+        sweep to end (``SENT_WAIT_S`` at most, then the entries are left to
+        the pump's next sweep). An entry whose parent is gone stays for the
+        pump to dead-letter. Returns the ``Outcome``. Raises what a script
+        raises. DESIGN §6, §10.2."""
         if not texts:
             return Outcome()
         k, token = self.keys.queue(queue), secrets.token_hex(8)
-        if not self.outbox_lock(queue, token, SENT_LOCK_MS):
-            return Outcome()
+        give_up = time.monotonic() + SENT_WAIT_S
+        # another process's lease on the outbox, held for one sweep: Redis
+        # tells no one when a key is deleted, so it is tried again shortly
+        while not self.outbox_lock(queue, token, SENT_LOCK_MS):
+            if time.monotonic() >= give_up:
+                return Outcome()
+            time.sleep(SENT_RETRY_S)
         try:
             flags, outcome = self.deliver([json.loads(t) for t in texts])
             done = [t for t, ok in zip(texts, flags, strict=True) if ok]

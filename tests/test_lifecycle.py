@@ -209,6 +209,21 @@ def test_a_flow_removed_and_added_again_before_a_sweep_runs_once(tmq) -> None:
     assert tmq.children_values("q", "p") == {ref(tmq, "c1"): 1, ref(tmq, "x", "o"): 2}
 
 
+def test_remove_waits_out_a_sweeping_pump_then_delivers_its_entries_once(tmq) -> None:
+    """A pump holds q's outbox (its sweep's lease, 300 ms here): remove waits
+    for it instead of leaving its `rm` to a sweep that may have read the
+    outbox already, then delivers it and takes it out."""
+    flow = node("p", [leaf("x", queue="o")])
+    tmq.add_flow(flow)
+    assert tmq.outbox_lock("q", "a-sweeping-pump", 300)
+    tmq.remove("q", "p")
+    assert rows(tmq, "o") == []
+    assert tmq.client.llen(tmq.keys.queue_key("q", "flow:outbox")) == 0
+    tmq.add_flow(flow)
+    sweep(tmq, "q", "o")
+    assert_state(tmq, "o", "x", "pending")
+
+
 def test_a_flow_retention_took_and_added_again_runs_once(tmq) -> None:
     """The same through retention: the sweep's prune removes a finished flow
     and delivers the `rm` for its child on another slot itself."""
