@@ -160,11 +160,16 @@ class FlowCalls:
         return refs
 
     # -- the outbox (cross-queue fan-in, DESIGN §6) -------------------------
-    def deliver(self, entries: list[dict]) -> tuple[list[bool], Outcome]:
+    def deliver(
+        self, entries: list[dict], sent: dict[str, list[str]] | None = None
+    ) -> tuple[list[bool], Outcome]:
         """Deliver outbox entries (dicts ``{k, c, p, q, pol?, v?}``) to their
         parents, one ``flow_deliver`` per parent queue, pipelined. Returns a
         delivered flag per entry (False: parent row gone, or the entry is
-        malformed) and the merged ``Outcome``. Raises what a script raises."""
+        malformed) and the merged ``Outcome``. ``sent``, when given, gets
+        ``{queue: [entry texts]}`` of what the deliveries pushed onto those
+        queues' outboxes for a caller to deliver at once (the deaths a
+        delivered ``cancel`` caused). Raises what a script raises."""
         groups: dict[str, list[int]] = {}
         flags = [False] * len(entries)
         for i, e in enumerate(entries):
@@ -193,14 +198,19 @@ class FlowCalls:
             if isinstance(reply, Exception):
                 raise reply
             outcome.merge(self._outcome(reply))
-            for i, ok in zip(idx, json.loads(reply)["delivered"], strict=False):
+            data = json.loads(reply)
+            for i, ok in zip(idx, data["delivered"], strict=False):
                 flags[i] = bool(ok)
+            if sent is not None and data.get("sent"):
+                sent.setdefault(_queue, []).extend(data["sent"])
         return flags, outcome
 
     def deliver_sent(self, queue: str, texts: list[str]) -> Outcome:
         """Deliver now the outbox entries a script on ``queue`` just pushed
         (``texts``: the entries exactly as pushed, the script's ``sent``)
-        and take the delivered ones out of the outbox, so the pump does not
+        and take the delivered ones out of the outbox (then the same for
+        what those deliveries pushed in turn: a cancelled child's death for
+        its parent), so the pump does not
         deliver them again: a second delivery is not a no-op when the flow
         was added again under the same ids, or a cancelled parent retried, in
         between. Done under the outbox's sweep lock (no pump is between its
@@ -219,13 +229,16 @@ class FlowCalls:
             if time.monotonic() >= give_up:
                 return Outcome()
             time.sleep(SENT_RETRY_S)
+        more: dict[str, list[str]] = {}
         try:
-            flags, outcome = self.deliver([json.loads(t) for t in texts])
+            flags, outcome = self.deliver([json.loads(t) for t in texts], sent=more)
             done = [t for t, ok in zip(texts, flags, strict=True) if ok]
             if done:
                 self.scripts.run("outbox_forget", [k.outbox, k.pump_lock], [token, *done])
         finally:
             self.outbox_lock(queue, token, SENT_LOCK_MS, take=False)
+        for target, pushed in more.items():  # what those deliveries sent on, one level down
+            outcome.merge(self.deliver_sent(target, pushed))
         return outcome
 
     def trim_outbox(self, queue: str, token: str, read: list, actions: list[str]) -> int:

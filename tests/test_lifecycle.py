@@ -224,6 +224,29 @@ def test_remove_waits_out_a_sweeping_pump_then_delivers_its_entries_once(tmq) ->
     assert_state(tmq, "o", "x", "pending")
 
 
+def test_a_cancelled_parent_retried_at_once_keeps_its_children(tmq) -> None:
+    """cancel reaches x on another queue and kills it there; x's death for
+    its parent used to wait in o's outbox for o's pump, so a retry of the
+    parent before that sweep retried only c1, and x's death, delivered
+    later, killed the retried parent again. cancel delivers that death too
+    before it returns."""
+    tmq.add_flow(node("p", [leaf("c1"), leaf("x", queue="o")]))
+    tmq.cancel("q", "p")
+    assert tmq.client.llen(tmq.keys.queue_key("o", "flow:outbox")) == 0
+    assert tmq.dependencies("q", "p").failed == {
+        ref(tmq, "c1"): "cancelled",
+        ref(tmq, "x", "o"): "cancelled",
+    }
+    tmq.retry("q", "p")
+    assert_state(tmq, "o", "x", "pending")
+    sweep(tmq, "q", "o")
+    assert_state(tmq, "q", "p", "awaiting_children")
+    complete(tmq, "c1", 1)
+    complete(tmq, "x", 2, queue="o")
+    sweep(tmq, "o")
+    assert_state(tmq, "q", "p", "pending")
+
+
 def test_a_flow_retention_took_and_added_again_runs_once(tmq) -> None:
     """The same through retention: the sweep's prune removes a finished flow
     and delivers the `rm` for its child on another slot itself."""

@@ -287,9 +287,13 @@ propagate_death = function(base, id, err, now)
   if (parent[2] or QUEUE) == QUEUE then
     fan_in_dead(base, parent[1], ref, err, policy, now)
   else
-    push_outbox(base,
-      cjson.encode({k = 'dead', c = ref, p = parent[1], q = parent[2], pol = policy, v = err}))
+    local entry = cjson.encode({k = 'dead', c = ref, p = parent[1], q = parent[2], pol = policy,
+      v = err})
+    push_outbox(base, entry)
     OUT.outbox = OUT.outbox + 1
+    if OUT.sent then  -- a lifecycle step (lib/lifecycle.lua): its caller delivers it at once
+      OUT.sent[#OUT.sent + 1] = entry
+    end
   end
 end
 
