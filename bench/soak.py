@@ -165,9 +165,7 @@ def _print_growth(out, first: dict, last: dict, jobs: tuple[int, int]) -> None:
 
 
 def _stream_lengths(mq) -> str:
-    return ", ".join(
-        f"{q} {mq.client.xlen(mq.keys.queue_key(q, 'events')):,}" for q in QUEUES
-    )
+    return ", ".join(f"{q} {mq.client.xlen(mq.keys.queue_key(q, 'events')):,}" for q in QUEUES)
 
 
 def _sample(mq, db: str) -> dict:
@@ -251,7 +249,8 @@ def run(
             )
         jobs_at = (samples[0]["jobs"], samples[-1]["jobs"])
         _print_growth(out, first_kinds, key_kinds(mq.client), jobs_at)
-        out(f"events stream entries (cap ~10,000 a queue): {first_streams} -> {_stream_lengths(mq)}")
+        streams = f"{first_streams} -> {_stream_lengths(mq)}"
+        out(f"events stream entries (cap ~10,000 a queue): {streams}")
     finally:
         stop.set()
         for p in children:

@@ -105,7 +105,9 @@ QUEUE_KEYS = {
     "awaiting": "awaiting",  # zset: parents waiting on children, by time
     "completed": "completed",  # zset: id -> finished_at (ms)
     "dead": "dead",  # zset: id -> finished_at (ms)
-    "events": "events",  # stream: e (event), id (retention's `removed`: a block's ids, space-separated); capped
+    # stream: e (event), id (retention's `removed`: a block's ids, space-separated);
+    # capped near 10,000 entries (lua/lib/emit.lua)
+    "events": "events",
     "outbox": "flow:outbox",  # list: cross-queue fan-in entries for the pump
     # list: outbox entries the pump gave up on, newest last; the newest 1,000
     # kept (flowcalls.OUTBOX_DEADLETTER_MAX, trimmed by outbox_trim as it pushes)

@@ -95,7 +95,8 @@ class LifecycleCalls:
         todo = [(q, mode) for q in sorted(queues)]
         while todo:
             queue, how = todo.pop(0)
-            calls, since = 0, self.clock()  # rows held since this pass began are not looked at again
+            # rows held since this pass began are not looked at again
+            calls, since = 0, self.clock()
             while max_calls is None or calls < max_calls:
                 calls += 1
                 call = self._prune_call(queue, budget, how, since)

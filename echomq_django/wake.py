@@ -137,7 +137,7 @@ class Waker:
                 self.mq.client.zadd(key, {WAKE_DUE: wake.score}, lt=True)
             else:
                 self.mq.client.zadd(key, {wake.member: wake.score})
-        except Exception as err:  # noqa: BLE001 - also a connection cut off under us by stop()
+        except Exception as err:  # also a connection cut off under us by stop()
             log.debug("putting back %s on %s failed: %s", wake.member, key, err)
 
     def _run(self, queues: list[str]) -> None:

@@ -98,7 +98,7 @@ def test_the_events_stream_keeps_at_most_its_cap(tmq) -> None:
     events = tmq.keys.queue_key("q", "events")
     length = tmq.client.xlen(events)
     assert EVENTS_MAXLEN <= length < EVENTS_MAXLEN + STREAM_NODE
-    (_, last), = tmq.client.xrevrange(events, count=1)
+    ((_, last),) = tmq.client.xrevrange(events, count=1)
     assert last == {b"e": b"added", b"id": ids[-1].encode()}
 
 

@@ -80,8 +80,9 @@ def test_an_unreachable_cluster_at_start_exits_1_with_one_line(command):
         "ECHOMQ_CLUSTER": "1",
         "ECHOMQ_URL": f"redis://127.0.0.1:{port}/0",
     }
+    once = "--once" if command == "runpump" else "--burst"
     proc = subprocess.run(
-        [sys.executable, "manage.py", command, "fa", "--once" if command == "runpump" else "--burst"],
+        [sys.executable, "manage.py", command, "fa", once],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert proc.returncode == 1
