@@ -18,8 +18,10 @@ pytestmark = pytest.mark.e2e
 NEVER = 3600.0
 
 
-def _worker(mq, queues) -> Background:
-    worker = Worker(queues, mq=mq, concurrency=2, block_timeout=NEVER, sweep_interval=NEVER)
+def _worker(mq, queues, sweep_interval: float = NEVER) -> Background:
+    worker = Worker(
+        queues, mq=mq, concurrency=2, block_timeout=NEVER, sweep_interval=sweep_interval
+    )
     bg = Background(worker)
     wait_for(lambda: worker.waiting, what="the worker blocking on its queues")
     return bg
@@ -30,8 +32,13 @@ def test_a_redis_restart_under_a_blocking_wait_loses_no_job() -> None:
     bg = None
     try:
         client = redis.Redis.from_url(server.url, socket_timeout=5)
-        mq = EchoMQ(client, prefix="emq")
-        bg = _worker(mq, ["q", "r"])
+        mq = EchoMQ(client, prefix="emq", queues={"r": {"LEASE_MS": 1000}})
+        # a claim Redis ran just before it was killed, whose reply never came
+        # back, leaves its job active until the lease expires and a sweep
+        # recovers it (the worker's next claim has a new token): so r's lease
+        # is 1 s and the sweep 1 s here. Sweeps never claim: q's job below is
+        # still found by the wake-up alone
+        bg = _worker(mq, ["q", "r"], sweep_interval=1.0)
         worker = bg.worker
         # a job lands (the AOF has it) and Redis dies right after: claimed
         # before the kill, or after the restart, it runs once
@@ -43,7 +50,7 @@ def test_a_redis_restart_under_a_blocking_wait_loses_no_job() -> None:
         wait_for(lambda: worker.stats["completed"] == 2, timeout=30, what="both jobs")
         assert mq.get_job("r", "before").result == "kept"
         assert mq.get_job("q", "after").state is JobState.COMPLETED
-        # (no poll could have run it: the blocking timeout and sweep are an hour)
+        # (no poll could have run it: the blocking timeout is an hour)
         wait_for(lambda: worker.waiting, what="the worker blocking again")
     finally:
         if bg is not None:
