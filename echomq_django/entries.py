@@ -100,4 +100,3 @@ def deliver_batch(mq: EchoMQ, raw: list, outcome: Outcome) -> tuple[list, list]:
     for i, flag in zip(good, flags, strict=True):
         verdicts[i] = flag if isinstance(flag, str) else bool(flag)
     return entries, verdicts
-

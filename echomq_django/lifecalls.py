@@ -71,8 +71,16 @@ class LifecycleCalls:
         return (
             "prune",
             [k.completed, k.dead],
-            [queue, k.base, now, budget, *completed.args(), *dead.args(), mode,
-             now if since is None else since],
+            [
+                queue,
+                k.base,
+                now,
+                budget,
+                *completed.args(),
+                *dead.args(),
+                mode,
+                now if since is None else since,
+            ],
         )
 
     def prune(self, queue: str, budget: int = BUDGET, max_calls: int | None = MAX_CALLS) -> Report:

@@ -354,7 +354,6 @@ class Worker(ClaimLoop):
             "running_jobs": [f"{q}/{i}" for q, i in held[: registry.RUNNING_SHOWN]],
         }
 
-
     # -- heartbeat -----------------------------------------------------------
     def _heartbeat(self) -> None:
         """Extend the lease of each job that has used a third of it."""

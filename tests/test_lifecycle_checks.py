@@ -18,8 +18,6 @@ def checks(keep: dict) -> list:
         return [m for m in run_checks(databases=[]) if m.id.startswith("echomq_django.")]
 
 
-
-
 @pytest.mark.parametrize(
     "keep,expected",
     [
