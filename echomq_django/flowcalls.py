@@ -45,7 +45,7 @@ class FlowCalls:
         k = self.keys
         qk = k.queue(queue)
         flat: list[str] = []
-        for (name, pid, pq, policy, ma, bo, gate, opts), group in itertools.groupby(
+        for (name, pid, pq, policy, ma, bo, gate, opts, inc, pinc), group in itertools.groupby(
             nodes,
             key=lambda n: (
                 n.name,
@@ -56,6 +56,8 @@ class FlowCalls:
                 n.backoff_ms,
                 n.gate,
                 n.opts,
+                n.inc,
+                n.parent_inc,
             ),
         ):
             group = list(group)
@@ -69,6 +71,8 @@ class FlowCalls:
                 "1" if gate else "0",
                 str(len(group)),
                 opts,
+                inc,
+                pinc,
             ]
             for n in group:
                 if n.children:
@@ -135,8 +139,20 @@ class FlowCalls:
         for i, step_list in enumerate(all_steps):
             if i in one_queue:
                 continue
+            # a parent met again keeps its incarnation: its children on
+            # other queues (later steps) must carry that one, not this add's
+            kept: dict[tuple[str, str], str] = {}
             for n, (queue, ns) in enumerate(step_list):
-                counts[i].append(self.scripts.run(*self._step_call(queue, ns, "write")))
+                if kept:
+                    for node in ns:
+                        got = kept.get((node.parent_queue, node.parent_id))
+                        if got is not None and node.parent_queue != queue:
+                            node.parent_inc = got
+                reply = self.scripts.run(*self._step_call(queue, ns, "write"))
+                met = reply[3]
+                for j in range(0, len(met), 2):
+                    kept[(queue, to_text(met[j]))] = to_text(met[j + 1])
+                counts[i].append(reply)
                 if self.fault_hook:
                     self.fault_hook(n, queue, ns)
         refs = []
@@ -153,7 +169,7 @@ class FlowCalls:
                     deduplicated={
                         (q, to_text(c[j])): to_text(c[j + 1])
                         for c, (q, _) in zip(counts[i], all_steps[i], strict=True)
-                        for j in range(3, len(c), 2)
+                        for j in range(4, len(c), 2)
                     },
                 )
             )
@@ -163,7 +179,8 @@ class FlowCalls:
     def deliver(
         self, entries: list[dict], sent: dict[str, list[str]] | None = None
     ) -> tuple[list[bool], Outcome]:
-        """Deliver outbox entries (dicts ``{k, c, p, q, pol?, v?}``) to their
+        """Deliver outbox entries (dicts ``{k, c, p, q, pol?, v?, i?}``; ``i``
+        the parent's incarnation, DESIGN §6) to their
         parents, one ``flow_deliver`` per parent queue, pipelined. Returns a
         delivered flag per entry (False: parent row gone, or the entry is
         malformed) and the merged ``Outcome``. ``sent``, when given, gets
@@ -191,6 +208,7 @@ class FlowCalls:
                     e["p"],
                     e.get("pol") or Policy.FAIL_PARENT,
                     e.get("v") or "",
+                    e.get("i") or "",
                 ]
             calls.append(("flow_deliver", [k.pending, k.awaiting], args))
         outcome = Outcome()

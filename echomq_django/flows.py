@@ -130,6 +130,12 @@ class Node:
     depth: int
     gate: bool = True  # False for an id the host generated: no need to check it is free
     opts: str = ""  # DESIGN §10.3 settings as enqueue_flow's options JSON ('' = none)
+    # incarnations (lib/flow.lua; DESIGN §6, §10.2): every parent gets `inc`,
+    # a random token of its flow; a child on another queue than its parent is
+    # sent its parent's as `parent_inc` (one on the same queue is given it by
+    # enqueue_flow, which reads the parent row)
+    inc: str = ""
+    parent_inc: str = ""
 
 
 def plan(root: Flow, encode) -> list[Node]:
@@ -151,6 +157,7 @@ def plan(root: Flow, encode) -> list[Node]:
     dedups: set[tuple[str, str]] = set()  # (queue, dedup key): one leaf per key in a flow
     names: set[str] = set()  # and once per job name
     prefix, counter = id_prefix(), itertools.count()
+    token = secrets.token_hex(4)  # the flow's incarnation token (32 random bits)
     level: list[tuple[Flow, Node | None]] = [(root, None)]
     depth = 0
     # The loop runs once per node of flows of 10,000+: it avoids calls it can
@@ -226,6 +233,9 @@ def plan(root: Flow, encode) -> list[Node]:
             )
             if parent is not None:
                 parent.children.append((queue, job_id))
+                parent.inc = token
+                if parent.queue != queue:
+                    node.parent_inc = token
             nodes.append(node)
             if children:
                 next_level.extend((child, node) for child in children)

@@ -43,7 +43,7 @@ for i = 4, #ARGV, 3 do
   local id, token, result = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local row = base .. 'job:' .. id
   local f = redis.call('HMGET', row, 'state', 'lease', 'parent', 'parent_queue', 'dedup', 'keep',
-    'cancel')
+    'cancel', 'parent_inc', 'orphaned')
   if not f[1] then
     replies[#replies + 1] = 'EMQNOJOB ' .. QUEUE .. ' ' .. id
   elseif f[1] == 'completed' and f[2] == token and redis.call('HGET', row, 'result') == result then
@@ -68,7 +68,7 @@ for i = 4, #ARGV, 3 do
     emit(base, 'completed', id)
     signal_event(base, 'completed', id, result)
     free_dedup(base, f[5], id)
-    resolve_done(base, id, result, now, f[3], f[4])
+    resolve_done(base, id, result, now, f[3], f[4], f[8], f[9])
     if #OUT.released + #OUT.dead + #OUT.flow_failed + #OUT.revived + OUT.outbox > 0 then
       replies[#replies + 1] = {released = OUT.released, dead = OUT.dead,
         flow_failed = OUT.flow_failed, revived = OUT.revived, outbox = OUT.outbox}

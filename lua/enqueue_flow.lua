@@ -45,7 +45,12 @@
             priority, d delay (ms), t timeout (ms), ct children timeout
             (ms, parents only), k dedup key and kt its ttl (ms), leaves
             only, so a group with k holds one node; kp keep (ms), DESIGN
-            §10.2: at most this long after the node finishes),
+            §10.2: at most this long after the node finishes), inc (a
+            parent with a child on another queue: its incarnation token,
+            stored as `inc` when the row is written; '' for a leaf),
+            parent inc (a child on another queue than its parent: the
+            parent's incarnation, stored as `parent_inc`; '' otherwise: a
+            child on this queue is given its parent row's `inc`),
           then per node: id, payload (JSON text), child count n, n child refs
           (full job keys).
           A leaf whose dedup key names a live job (not completed, not dead)
@@ -54,8 +59,11 @@
           outbox for a parent on another slot).
 
   returns: {landed, skipped, outbox} counts (outbox: entries pushed for
-           parents on other slots by announcing children), then per
-           deduplicated leaf: its id, the live job's id
+           parents on other slots by announcing children), then the
+           parents met again whose incarnation is not the one sent, as one
+           array {id, its inc ('' for none), ...} (their children on other
+           queues must carry theirs: DESIGN §6), then per deduplicated leaf:
+           its id, the live job's id
   errors:  EMQCONFLICT <queue> <id> <detail>  an id is taken by another job;
            nothing is written
 ]]
@@ -97,12 +105,14 @@ end
 local skip = {}
 local adopt = {}  -- id -> true: a completed parentless job attached as a child
 local deduped, found = {}, {}  -- leaves whose dedup key is held by a live job
+local kept = {}  -- parents met again: id, their own incarnation
 local total, skipped = 0, 0
 local i = 1
 while i <= #a do
   local name, parent, pq, gate, count = a[i], a[i + 1], a[i + 2], a[i + 6], tonumber(a[i + 7])
   local opts = (a[i + 8] ~= '') and cjson.decode(a[i + 8]) or nil
-  i = i + 9
+  local inc = a[i + 9]
+  i = i + 11
   for _ = 1, count do
     local id, nrefs = a[i], tonumber(a[i + 2])
     local row = base .. 'job:' .. id
@@ -112,7 +122,7 @@ while i <= #a do
       found[#found + 1] = id
       found[#found + 1] = live
     elseif gate == '1' and redis.call('EXISTS', row) == 1 then
-      local f = redis.call('HMGET', row, 'name', 'parent', 'parent_queue', 'state')
+      local f = redis.call('HMGET', row, 'name', 'parent', 'parent_queue', 'state', 'inc')
       local fpq = f[3] or queue
       if parent ~= '' and not f[2] and f[1] == name and f[4] == 'completed' then
         adopt[id] = true
@@ -126,13 +136,17 @@ while i <= #a do
       end
       skip[id] = true
       skipped = skipped + 1
+      if inc ~= '' and f[5] ~= inc and nrefs > 0 then
+        kept[#kept + 1] = id
+        kept[#kept + 1] = f[5] or ''
+      end
     end
     total = total + 1
     i = i + 3 + nrefs
   end
 end
 local function reply(outbox)
-  local out = {total - skipped - #found / 2, skipped, outbox}
+  local out = {total - skipped - #found / 2, skipped, outbox, kept}
   for _, v in ipairs(found) do
     out[#out + 1] = v
   end
@@ -145,9 +159,9 @@ end
 -- a finished child met again tells its parent how it ended (guarded there)
 local function announce(id, parent, pq)
   local row = base .. 'job:' .. id
-  local f = redis.call('HMGET', row, 'state', 'result', 'error')
+  local f = redis.call('HMGET', row, 'state', 'result', 'error', 'parent_inc')
   if f[1] == 'completed' then
-    resolve_done(base, id, f[2], tonumber(now), parent, pq ~= queue and pq or nil)
+    resolve_done(base, id, f[2], tonumber(now), parent, pq ~= queue and pq or nil, f[4])
   elseif f[1] == 'dead' then
     propagate_death(base, id, f[3] or '', tonumber(now))
   end
@@ -160,7 +174,11 @@ while i <= #a do
   local name, parent, pq, policy, ma, bo, count =
     a[i], a[i + 1], a[i + 2], a[i + 3], a[i + 4], a[i + 5], tonumber(a[i + 7])
   local opts = (a[i + 8] ~= '') and cjson.decode(a[i + 8]) or {}
-  i = i + 9
+  local inc, pinc = a[i + 9], a[i + 10]
+  i = i + 11
+  if parent ~= '' and pq == queue then  -- the parent's own incarnation: its row is on this slot
+    pinc = redis.call('HGET', base .. 'job:' .. parent, 'inc') or ''
+  end
   -- the fields every node of the group shares, after name/payload/state/created_at
   local shared = {}
   if ma ~= '' then
@@ -182,6 +200,14 @@ while i <= #a do
       shared[#shared + 1] = 'parent_policy'
       shared[#shared + 1] = policy
     end
+    if pinc ~= '' then
+      shared[#shared + 1] = 'parent_inc'
+      shared[#shared + 1] = pinc
+    end
+  end
+  if inc ~= '' then
+    shared[#shared + 1] = 'inc'
+    shared[#shared + 1] = inc
   end
   for _, f in ipairs({{'priority', opts.p}, {'timeout_ms', opts.t}, {'dedup', opts.k},
       {'keep', opts.kp}}) do
@@ -201,7 +227,8 @@ while i <= #a do
         fan_in_dead(base, parent, base .. 'job:' .. id, why, 'rd', tonumber(now))
       elseif parent ~= '' then
         push_outbox(base, cjson.encode({k = 'dead',
-          c = base .. 'job:' .. id, p = parent, q = pq, pol = 'rd', v = why}))
+          c = base .. 'job:' .. id, p = parent, q = pq, pol = 'rd', v = why,
+          i = (pinc ~= '') and pinc or nil}))
       end
     elseif skip[id] and parent ~= '' then
       if adopt[id] then
@@ -217,6 +244,9 @@ while i <= #a do
         redis.call('HSET', row, unpack(link))
       end
       redis.call('HDEL', row, 'orphaned')  -- under its parent again (DESIGN §10.2)
+      if pinc ~= '' then  -- and under this incarnation of it: a parent landed fresh has a new one
+        redis.call('HSET', row, 'parent_inc', pinc)
+      end
       announce(id, parent, pq)
     elseif not skip[id] then
       local state = (nrefs > 0) and 'awaiting_children' or 'pending'

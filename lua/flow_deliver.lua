@@ -13,7 +13,8 @@
               (DESIGN §10.2: out of :failed, into :removed, decrement)
   and two kinds whose target is a child on this slot (`parent id` is then
   the child's id and `value` its parent's id: a child already gone, or now
-  under another parent, counts as delivered and is not touched):
+  under another parent or another incarnation of it, counts as delivered
+  and is not touched):
     rm        its parent was removed: the child goes too, with its subtree
               (continued by `prune`)
     cancel    its parent was cancelled: the child is cancelled (DESIGN §10.2)
@@ -24,11 +25,18 @@
   ARGV[1] parents' queue name
   ARGV[2] parents' queue key prefix   P:{pq}:
   ARGV[3] now (ms)
-  ARGV[4..] entries, 5 values each: kind, child ref, parent id, policy, value
-           (the result JSON for done, the error text for dead, '' otherwise)
+  ARGV[4..] entries, 6 values each: kind, child ref, parent id, policy, value
+           (the result JSON for done, the error text for dead, '' otherwise),
+           incarnation (the parent's `inc` the entry was meant for; '' for
+           an entry written without one)
+
+  An entry whose incarnation is not its parent's `inc` was meant for a
+  removed flow whose ids were added again (lib/flow.lua, DESIGN §10.2): it
+  counts as delivered (it leaves the outbox) and changes nothing.
 
   returns: JSON {delivered: [1|0 per entry; 0 = the parent row is gone],
-           released, dead, flow_failed, revived, reattach, outbox, sent}
+           released, dead, flow_failed, revived, reattach, outbox, sent,
+           stale (entries dropped for their incarnation)}
   errors:  none
 ]]
 local QUEUE = ARGV[1]
@@ -37,18 +45,21 @@ local QUEUE = ARGV[1]
 local base, now = ARGV[2], tonumber(ARGV[3])
 
 OUT.delivered = {}
-for i = 4, #ARGV, 5 do
+for i = 4, #ARGV, 6 do
   local kind, ref, pid, policy, value = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]
-  local ok
+  local inc = (ARGV[i + 5] ~= '') and ARGV[i + 5] or nil
+  local ok, state, stale = true, nil, false
+  if kind ~= 'rm' and kind ~= 'cancel' then
+    state, stale = parent_state(job_key(base, pid), inc)
+  end
   if kind == 'rm' or kind == 'cancel' then
     if kind == 'rm' then
-      drop_node(base, pid, value)
+      drop_node(base, pid, value, inc)
     else
-      cancel_node(base, pid, now, value)
+      cancel_node(base, pid, now, value, inc)
     end
-    ok = true
-  elseif redis.call('EXISTS', job_key(base, pid)) == 0 then
-    ok = false
+  elseif not state then
+    ok = stale  -- gone: false; meant for a removed incarnation of this parent: delivered
   elseif kind == 'done' then
     ok = fan_in_done(base, pid, ref, value, now)
   elseif kind == 'dead' then

@@ -96,6 +96,20 @@ def test_failed_step_leaves_parent_held_and_readding_completes_it(mq):
     assert mq.counts("inventory")["pending"] == 3
     again = mq.add_flow(orders_flow())
     assert (again.landed, again.skipped) == (0, 6)
+    # the children the second add landed carry the held parent's incarnation
+    # (not the second add's own): their results count there
+    inc = mq.client.hget(mq.keys.job("orders", "o1"), "inc")
+    assert inc and [
+        mq.client.hget(mq.keys.job(q, i), "parent_inc") for q, i in (("validation", "v-o1"),
+        ("payments", "c-o1"))] == [inc, inc]  # fmt: skip
+    pump = Pump(list(Q), mq=mq)
+    complete_all(mq, "inventory")
+    complete_all(mq, "payments")
+    pump.sweep()
+    complete_all(mq, "validation")
+    pump.sweep()
+    assert mq.get_job("orders", "o1").state == "pending"
+    assert mq.dependencies("orders", "o1").remaining == 0
 
 
 def test_conflicting_readd_is_refused_and_writes_nothing(mq):
@@ -119,6 +133,8 @@ def test_completion_lands_in_the_outbox_with_the_state_change(mq):
     outcome = mq.complete(job, {"reserved": 1})
     assert outcome.outbox == 1 and outcome.released == []
     raw = mq.client.lrange(mq.keys.queue_key("inventory", "flow:outbox"), 0, -1)
+    inc = mq.client.hget(mq.keys.job("validation", "v-o1"), "inc").decode()
+    assert mq.client.hget(mq.keys.job("inventory", "r-o1-0"), "parent_inc").decode() == inc
     assert [json.loads(e) for e in raw] == [
         {
             "k": "done",
@@ -126,6 +142,7 @@ def test_completion_lands_in_the_outbox_with_the_state_change(mq):
             "p": "v-o1",
             "q": "validation",
             "v": '{"reserved":1}',
+            "i": inc,  # the parent's incarnation (DESIGN §10.2)
         }
     ]
     assert mq.get_job("validation", "v-o1").state == "awaiting_children"

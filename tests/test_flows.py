@@ -74,12 +74,16 @@ def test_flat_flow_lands_held_parent_and_claimable_children(tmq) -> None:
     )
     assert_state(tmq, "q", "p", "awaiting_children")
     # compact rows (issue 8): no attempts before a claim, no settings the queue
-    # gives, no parent_queue for a same-queue child, no parent_policy for fp
+    # gives, no parent_queue for a same-queue child, no parent_policy for fp;
+    # the flow's incarnation on the parent and its children (DESIGN §10.2)
+    inc = row(tmq, "q", "p")["inc"]
+    assert len(inc) == 8 and int(inc, 16) >= 0
     assert row(tmq, "q", "p") == {
         "name": "node",
         "payload": '{"id":"p"}',
         "state": "awaiting_children",
         "created_at": str(T0),
+        "inc": inc,
     }
     assert score(tmq, "q", "awaiting", "p") == T0
     assert (counter(tmq, "q", "p"), children(tmq, "q", "p")) == (
@@ -94,6 +98,7 @@ def test_flat_flow_lands_held_parent_and_claimable_children(tmq) -> None:
             "state": "pending",
             "created_at": str(T0),
             "parent": "p",
+            "parent_inc": inc,
             **({} if policy == "fp" else {"parent_policy": policy}),
         }
         job = tmq.get_job("q", cid)

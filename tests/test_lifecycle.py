@@ -347,6 +347,167 @@ def test_undeliverable_entries_never_hold_up_the_ones_behind_them(tmq) -> None:
     assert tmq.client.exists(tmq.keys.queue_key("o", "flow:tries")) == 0
 
 
+# -- incarnations: an entry meant for a removed flow never reaches its successor
+
+
+def test_an_old_completion_never_reaches_the_flow_added_again(tmq) -> None:
+    """x completed on o; its `done` entry still waits in o's outbox when the
+    flow is removed and added again. Delivered, it used to count x's old
+    result for the new parent, which was released before its new x ran. The
+    entry carries the parent's incarnation, the new parent has another."""
+    flow = node("p", [leaf("x", queue="o")])
+    tmq.add_flow(flow)
+    complete(tmq, "x", "old", queue="o")
+    tmq.remove("q", "p")
+    assert tmq.client.llen(tmq.keys.queue_key("o", "flow:outbox")) == 1
+    assert tmq.add_flow(flow).landed == 2
+    assert sweep_report(tmq, "o")["delivered"] == 1  # delivered as stale: it leaves
+    assert tmq.client.llen(tmq.keys.queue_key("o", "flow:outbox")) == 0
+    assert_state(tmq, "q", "p", "awaiting_children")
+    assert tmq.dependencies("q", "p").remaining == 1
+    assert tmq.children_values("q", "p") == {}
+    complete(tmq, "x", "new", queue="o")
+    sweep(tmq, "o")
+    assert_state(tmq, "q", "p", "pending")
+    assert tmq.children_values("q", "p") == {ref(tmq, "x", "o"): "new"}
+
+
+def test_an_old_death_never_fails_the_flow_added_again(tmq) -> None:
+    """The same for a death (fp): the old entry used to kill the new parent."""
+    flow = node("p", [leaf("x", queue="o")])
+    tmq.add_flow(flow)
+    kill(tmq, "x", "old boom", queue="o")
+    tmq.remove("q", "p")
+    tmq.add_flow(flow)
+    sweep(tmq, "o")
+    assert_state(tmq, "q", "p", "awaiting_children")
+    assert tmq.dependencies("q", "p").failed == {}
+    assert_state(tmq, "o", "x", "pending")
+
+
+def test_an_old_removal_never_takes_the_child_of_the_flow_added_again(tmq, monkeypatch) -> None:
+    """remove could not deliver its `rm` for x at once (a pump held q's
+    outbox past the wait), so it waits in q's outbox while the flow is added
+    again over the still-present x (skipped: the new parent takes it). The
+    old `rm` used to remove x, and the new root waited for ever."""
+    from echomq_django import flowcalls
+
+    monkeypatch.setattr(flowcalls, "SENT_WAIT_S", 0.0)
+    flow = node("p", [leaf("x", queue="o")])
+    tmq.add_flow(flow)
+    assert tmq.outbox_lock("q", "a-sweeping-pump", 60_000)
+    tmq.remove("q", "p")
+    assert tmq.outbox_lock("q", "a-sweeping-pump", 0, take=False)
+    assert tmq.client.llen(tmq.keys.queue_key("q", "flow:outbox")) == 1
+    assert tmq.add_flow(flow).skipped == 1
+    sweep(tmq, "q")
+    assert tmq.client.llen(tmq.keys.queue_key("q", "flow:outbox")) == 0
+    assert_state(tmq, "o", "x", "pending")
+    complete(tmq, "x", 2, queue="o")
+    sweep(tmq, "o")
+    assert_state(tmq, "q", "p", "pending")
+
+
+def test_a_removed_flows_running_child_never_resolves_a_new_flow_of_the_same_id(tmq) -> None:
+    """c1 runs when its parent is removed (it is left to finish, marked
+    orphaned); a new flow under the same root id but other children lands.
+    c1's completion used to count in the new parent's counter and released
+    it before c3 ran."""
+    tmq.add_flow(node("p", [leaf("c1"), leaf("c2")]))
+    job = claim_one(tmq, "q", "c1")
+    tmq.remove("q", "p")
+    tmq.add_flow(node("p", [leaf("c3")]))
+    tmq.complete(job, "stale")
+    assert_state(tmq, "q", "p", "awaiting_children")
+    assert tmq.dependencies("q", "p").remaining == 1
+    assert tmq.children_values("q", "p") == {}
+    complete(tmq, "c3", 3)
+    assert_state(tmq, "q", "p", "pending")
+    assert tmq.children_values("q", "p") == {ref(tmq, "c3"): 3}
+
+
+def test_a_removed_flows_running_child_never_fails_a_new_flow_of_the_same_id(tmq) -> None:
+    tmq.add_flow(node("p", [leaf("c1"), leaf("c2")]))
+    job = claim_one(tmq, "q", "c1")
+    tmq.remove("q", "p")
+    tmq.add_flow(node("p", [leaf("c3")]))
+    tmq.fail_many([(job, "boom", True)])
+    assert_state(tmq, "q", "p", "awaiting_children")
+    assert tmq.dependencies("q", "p").failed == {}
+
+
+def interrupted_remove(mq, monkeypatch, queue: str, job_id: str) -> None:
+    """A remove whose process died after its first call: the children its
+    budget did not reach wait in the queue's gc list for a later prune."""
+    monkeypatch.setattr(type(mq), "_follow_up", lambda *a, **kw: None)
+    mq.remove(queue, job_id, budget=2)
+    monkeypatch.undo()
+
+
+def test_a_child_its_removed_parent_has_not_reached_yet_never_resolves_a_new_flow(
+    tmq, monkeypatch
+) -> None:
+    """c3 of the removed p still waits to be removed (its parent's removal
+    goes a budget at a time) when a new flow lands under the id p with other
+    children; c3 is claimed and completes meanwhile: its result used to count
+    in the new p."""
+    tmq.add_flow(node("p", [leaf(f"c{i}") for i in range(1, 5)]))
+    interrupted_remove(tmq, monkeypatch, "q", "p")
+    assert set(rows(tmq, "q")) == {"c3", "c4"}
+    tmq.add_flow(node("p", [leaf("n1")]))
+    complete(tmq, "c3", "stale")
+    assert_state(tmq, "q", "p", "awaiting_children")
+    assert tmq.children_values("q", "p") == {}
+    tmq.prune("q")
+    assert "c4" not in rows(tmq, "q")
+    complete(tmq, "n1", 1)
+    assert_state(tmq, "q", "p", "pending")
+    assert tmq.children_values("q", "p") == {ref(tmq, "n1"): 1}
+
+
+def test_children_a_flow_added_again_took_back_outlive_the_old_removal(tmq, monkeypatch) -> None:
+    """The same flow added again while its removal is under way takes back
+    the children still there (skipped, under the same parent id); the rest
+    of the old removal used to remove them, and the new root waited for
+    ever."""
+    flow = node("p", [leaf(f"c{i}") for i in range(1, 5)])
+    tmq.add_flow(flow)
+    interrupted_remove(tmq, monkeypatch, "q", "p")
+    got = tmq.add_flow(flow)
+    assert (got.landed, got.skipped) == (3, 2)
+    tmq.prune("q")
+    assert rows(tmq, "q") == ["c1", "c2", "c3", "c4", "p"]
+    jobs = tmq.claim("q", 10)
+    assert sorted(j.id for j in jobs) == ["c1", "c2", "c3", "c4"]
+    tmq.complete_many([(j, j.id) for j in jobs])
+    assert_state(tmq, "q", "p", "pending")
+    assert len(tmq.children_values("q", "p")) == 4
+
+
+def test_an_old_cancel_never_reaches_the_flow_added_again(tmq, monkeypatch) -> None:
+    """p's cancel went a budget at a time and its process died: the rest of
+    its children wait in the queue's cancel list. p is then removed and the
+    flow added again; the old cancel, continued by the next prune, used to
+    cancel the new flow's children."""
+    flow = node("p", [leaf(f"c{i}") for i in range(1, 5)])
+    tmq.add_flow(flow)
+    monkeypatch.setattr(type(tmq), "_follow_up", lambda *a, **kw: None)
+    tmq.cancel("q", "p", budget=2)
+    monkeypatch.undo()
+    assert tmq.client.llen(tmq.keys.queue_key("q", "cancel")) == 1
+    tmq.remove("q", "p")
+    assert tmq.add_flow(flow).landed == 5
+    tmq.prune("q")
+    assert tmq.client.llen(tmq.keys.queue_key("q", "cancel")) == 0
+    for i in range(1, 5):
+        assert_state(tmq, "q", f"c{i}", "pending")
+    assert_state(tmq, "q", "p", "awaiting_children")
+
+
+def sweep_report(mq, queue: str) -> dict:
+    return Pump([queue], mq=mq).sweep()[queue]
+
+
 # -- remove ------------------------------------------------------------------
 
 

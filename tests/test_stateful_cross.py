@@ -1,7 +1,9 @@
 """Cross-queue flows under random interleavings (issue 4, "Checked by"): a
 hypothesis state machine adds random trees over three queues, claims,
 completes, fails, lets leases expire, retries dead jobs by id, and runs pump
-sweeps, some of which crash between deliver and trim; after every step it
+sweeps, some of which crash between deliver and trim, removes a flow and
+adds it again at once under the same ids (issue 13: whatever of the old one
+is still in an outbox must not reach the new one); after every step it
 checks DESIGN §4's invariants against a small model of the flows.
 
 Examples: 25 per rig, up to 30 steps each (about 20 s per rig here).
@@ -74,6 +76,8 @@ class CrossQueueFlows(RuleBasedStateMachine):
         self.parent_of: dict[tuple, tuple] = {}  # child (q, id) -> parent (q, id)
         self.children: dict[tuple, list] = {}  # parent -> [child (q, id)]
         self.n = 0
+        self.roots: list[tuple[tuple, Flow]] = []
+        self.epoch: dict[tuple, tuple] = {}  # node -> last events id before it was added again
 
     def _flow(self, spec, parent=None):
         self.n += 1
@@ -94,7 +98,27 @@ class CrossQueueFlows(RuleBasedStateMachine):
 
     @rule(spec=trees())
     def add(self, spec):
-        self.mq.add_flow(self._flow(spec))
+        flow = self._flow(spec)
+        self.mq.add_flow(flow)
+        self.roots.append(((flow.queue, flow.job_id), flow))
+
+    @precondition(lambda self: self.n > 0)
+    @rule(data=st.data())
+    def remove_and_add_again(self, data):
+        # a recent flow: its children are the likeliest to have entries in flight
+        (queue, job_id), flow = data.draw(st.sampled_from(self.roots[-2:]))
+        self.mq.remove(queue, job_id)  # nothing stays active between steps
+        last = {
+            q: self.client.xrevrange(self.mq.keys.queue_key(q, "events"), count=1) for q in QUEUES
+        }
+        todo = [flow]
+        while todo:  # every node of this flow may be released once more
+            node = todo.pop()
+            todo.extend(node.children)
+            if last[node.queue]:
+                self.epoch[(node.queue, node.job_id)] = stream_id(last[node.queue][0][0])
+        ref = self.mq.add_flow(flow)
+        assert ref.skipped == 0, ref
 
     @rule(queue=st.sampled_from(QUEUES), ok=st.booleans())
     def work(self, queue, ok):
@@ -191,10 +215,18 @@ class CrossQueueFlows(RuleBasedStateMachine):
             return
         for q in QUEUES:
             counts: dict[str, int] = {}
-            for _, fields in self.client.xrange(self.mq.keys.queue_key(q, "events")):
+            for at, fields in self.client.xrange(self.mq.keys.queue_key(q, "events")):
                 if fields[b"e"] == b"released":
-                    counts[fields[b"id"].decode()] = counts.get(fields[b"id"].decode(), 0) + 1
+                    job_id = fields[b"id"].decode()
+                    if stream_id(at) <= self.epoch.get((q, job_id), (0, 0)):
+                        continue  # released in a flow since removed and added again
+                    counts[job_id] = counts.get(job_id, 0) + 1
             assert all(n == 1 for n in counts.values()), counts
+
+
+def stream_id(raw) -> tuple[int, int]:
+    ms, seq = (raw.decode() if isinstance(raw, bytes) else raw).split("-")
+    return int(ms), int(seq)
 
 
 SETTINGS = settings(

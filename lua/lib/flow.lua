@@ -11,6 +11,19 @@
   A child row without `parent_queue` has its parent on this queue, and one
   without `parent_policy` has policy 'fp' (compact rows, enqueue_flow).
 
+  Incarnations (DESIGN §6, §10.2): a parent holds `inc`, a token drawn when
+  its flow was added, and each child holds its parent's as `parent_inc`
+  (enqueue_flow; a child taken back by a flow added again gets the new
+  one). Ids, and so child refs, are the same in every flow added under
+  them: the token tells a child of this parent from one of a removed parent
+  of the same id that is still in flight (an outbox entry, a child not yet
+  reached by its parent's removal, a running one). Every fan-in here and
+  every entry (`i`) carries it; a parent whose `inc` is another changes
+  nothing (counted in OUT.stale). A row or entry without one (written
+  before incarnations) is taken as it comes. A child whose parent was
+  removed while it ran is also marked `orphaned` (lib/lifecycle.lua) and
+  resolves no parent, unless a flow added again takes it back.
+
   Every key these helpers build is `base .. suffix` where `base` is the
   `P:{q}:` of the queue the script runs on: one slot (DESIGN §5 rule 1). A
   parent on another slot is never touched: an outbox entry is pushed instead.
@@ -29,13 +42,29 @@
 
 -- @include lib/claimable.lua
 
-local OUT = {released = {}, dead = {}, flow_failed = {}, revived = {}, reattach = {}, outbox = 0}
+local OUT = {released = {}, dead = {}, flow_failed = {}, revived = {}, reattach = {}, outbox = 0,
+  stale = 0}
 local function emit(base, event, id)
   emit_to(base .. 'events', event, id)
 end
 
 local function job_key(base, id)
   return base .. 'job:' .. id
+end
+
+-- The parent row's state, or nil when the row is gone (then false) or is
+-- another incarnation than `inc` (then true: counted in OUT.stale). `inc`
+-- nil or false: any incarnation.
+local function parent_state(pkey, inc)
+  local f = redis.call('HMGET', pkey, 'state', 'inc')
+  if not f[1] then
+    return nil, false
+  end
+  if inc and f[2] and f[2] ~= inc then
+    OUT.stale = OUT.stale + 1
+    return nil, true
+  end
+  return f[1]
 end
 
 -- The child ref is the child's full job key: unique across queues (DESIGN §3).
@@ -109,9 +138,9 @@ local reattach
 -- more, exactly like a first one. A parent that went on without it keeps the
 -- child in :unsuccessful (the retry script refuses that case up front when it
 -- can see the parent; across slots the host checks first).
-local function reattach_ignored(base, pid, ref)
+local function reattach_ignored(base, pid, ref, inc)
   local pkey = job_key(base, pid)
-  local pstate = redis.call('HGET', pkey, 'state')
+  local pstate = parent_state(pkey, inc)
   if pstate ~= 'awaiting_children' and pstate ~= 'dead' then
     return
   end
@@ -125,17 +154,18 @@ end
 -- the slot, else by a `reattach` entry on this queue's outbox that the pump
 -- delivers (DESIGN §4 retry).
 local function reattach_up(base, id, now)
-  local parent = redis.call('HMGET', job_key(base, id), 'parent', 'parent_queue', 'parent_policy')
+  local parent = redis.call('HMGET', job_key(base, id), 'parent', 'parent_queue', 'parent_policy',
+    'parent_inc', 'orphaned')
   local policy = parent[3] or 'fp'
-  if not parent[1] or (policy ~= 'fp' and policy ~= 'id') then
+  if not parent[1] or parent[5] or (policy ~= 'fp' and policy ~= 'id') then
     return
   end
   local ref = child_ref(base, id)
   if (parent[2] or QUEUE) == QUEUE then
     if policy == 'id' then
-      reattach_ignored(base, parent[1], ref)
+      reattach_ignored(base, parent[1], ref, parent[4])
     else
-      reattach(base, parent[1], ref, now)
+      reattach(base, parent[1], ref, now, parent[4])
     end
   else
     -- its death still waits in this queue's outbox: take it back, the parent
@@ -144,13 +174,13 @@ local function reattach_up(base, id, now)
     local outbox = base .. 'flow:outbox'
     for _, raw in ipairs(redis.call('LRANGE', outbox, 0, -1)) do
       local e = cjson.decode(raw)
-      if e.k == 'dead' and e.c == ref and e.p == parent[1] then
+      if e.k == 'dead' and e.c == ref and e.p == parent[1] and e.i == (parent[4] or nil) then
         redis.call('LREM', outbox, 1, raw)
         return
       end
     end
     local entry = cjson.encode({k = 'reattach', c = ref, p = parent[1], q = parent[2],
-      pol = (policy == 'id') and 'id' or nil})
+      pol = (policy == 'id') and 'id' or nil, i = parent[4] or nil})
     push_outbox(base, entry)
     OUT.outbox = OUT.outbox + 1
     OUT.reattach[#OUT.reattach + 1] = entry
@@ -159,9 +189,13 @@ end
 
 -- Take a child out of its parent's :failed; when that was the last failed
 -- child of a dead parent, the parent returns to awaiting_children (its counter
--- still counts the child) and re-attaches one level up in turn.
-reattach = function(base, pid, ref, now)
+-- still counts the child) and re-attaches one level up in turn. `inc`, when
+-- given, must be the parent's incarnation (checked by the caller otherwise).
+reattach = function(base, pid, ref, now, inc)
   local pkey = job_key(base, pid)
+  if inc and not parent_state(pkey, inc) then
+    return
+  end
   if redis.call('HDEL', pkey .. ':failed', ref) == 0 then
     return
   end
@@ -182,10 +216,13 @@ local propagate_death
 -- A child finished: record its result with HSETNX (the exactly-once guard) and
 -- decrement only on a new entry. A child sitting in :failed (an `fp` death
 -- later retried) leaves :failed as it resolves: the retry re-attached it.
-local function fan_in_done(base, pid, ref, result, now)
+-- Returns false when the parent row is gone, true otherwise (a parent of
+-- another incarnation than `inc` is left as it is).
+local function fan_in_done(base, pid, ref, result, now, inc)
   local pkey = job_key(base, pid)
-  if redis.call('EXISTS', pkey) == 0 then
-    return false
+  local state, stale = parent_state(pkey, inc)
+  if not state then
+    return stale
   end
   if redis.call('HEXISTS', pkey .. ':unsuccessful', ref) == 1
       or redis.call('HEXISTS', pkey .. ':removed', ref) == 1 then
@@ -243,10 +280,11 @@ end
 --       `went_on`: it no longer waits for its other children, so their
 --       later `fp` deaths cannot fail it; they resolve it like `id` (else a
 --       retry of the parent would revive it for a second release)
-local function fan_in_dead(base, pid, ref, err, policy, now)
+local function fan_in_dead(base, pid, ref, err, policy, now, inc)
   local pkey = job_key(base, pid)
-  if redis.call('EXISTS', pkey) == 0 then
-    return false
+  local state, stale = parent_state(pkey, inc)
+  if not state then
+    return stale
   end
   if already_resolved(pkey, ref) then
     return true
@@ -278,17 +316,18 @@ end
 
 propagate_death = function(base, id, err, now)
   local key = job_key(base, id)
-  local parent = redis.call('HMGET', key, 'parent', 'parent_queue', 'parent_policy')
-  if not parent[1] then
+  local parent = redis.call('HMGET', key, 'parent', 'parent_queue', 'parent_policy', 'parent_inc',
+    'orphaned')
+  if not parent[1] or parent[5] then  -- no parent, or its parent was removed while it ran
     return
   end
   local policy = parent[3] or 'fp'
   local ref = child_ref(base, id)
   if (parent[2] or QUEUE) == QUEUE then
-    fan_in_dead(base, parent[1], ref, err, policy, now)
+    fan_in_dead(base, parent[1], ref, err, policy, now, parent[4])
   else
     local entry = cjson.encode({k = 'dead', c = ref, p = parent[1], q = parent[2], pol = policy,
-      v = err})
+      v = err, i = parent[4] or nil})
     push_outbox(base, entry)
     OUT.outbox = OUT.outbox + 1
     if OUT.sent then  -- a lifecycle step (lib/lifecycle.lua): its caller delivers it at once
@@ -298,18 +337,20 @@ propagate_death = function(base, id, err, now)
 end
 
 -- A job completed: fan its result in to its parent, here or via the outbox.
--- `parent` / `parent_queue` are the job row's fields, read by the caller in
--- its own first HMGET (one command less per completion on the hot path).
-local function resolve_done(base, id, result, now, parent, parent_queue)
-  if not parent then
+-- `parent`, `parent_queue`, `parent_inc` and `orphaned` are the job row's
+-- fields, read by the caller in its own first HMGET (one command less per
+-- completion on the hot path). An orphaned job resolves no parent.
+local function resolve_done(base, id, result, now, parent, parent_queue, parent_inc, orphaned)
+  if not parent or orphaned then
     return
   end
   local ref = child_ref(base, id)
   if (parent_queue or QUEUE) == QUEUE then
-    fan_in_done(base, parent, ref, result, now)
+    fan_in_done(base, parent, ref, result, now, parent_inc)
   else
     push_outbox(base,
-      cjson.encode({k = 'done', c = ref, p = parent, q = parent_queue, v = result}))
+      cjson.encode({k = 'done', c = ref, p = parent, q = parent_queue, v = result,
+        i = parent_inc or nil}))
     OUT.outbox = OUT.outbox + 1
   end
 end

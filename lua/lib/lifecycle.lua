@@ -7,10 +7,14 @@
   Work that grows with a flow's size is never done in one call. Two per-queue
   work lists carry it from call to call, each step bounded by a budget the
   caller passes (one unit per node touched or child ref read):
-    P:{q}:gc         ids of removed parents whose child refs still wait in
-                     P:{q}:gc:<seq> (the parent's :children list, renamed)
-    P:{q}:cancel     'id offset' items: an awaiting parent whose children
-                     from `offset` on still have to be cancelled
+    P:{q}:gc         the lists of child refs of removed parents still to go:
+                     P:{q}:gc:<seq>:<id> (the parent's :children, renamed),
+                     P:{q}:gc:<seq>-<inc>:<id> for a parent with an
+                     incarnation (lib/flow.lua), which its `rm` entries carry
+    P:{q}:cancel     'id offset inc' items: an awaiting parent whose children
+                     from `offset` on still have to be cancelled (`inc` its
+                     incarnation when cancelled, '-' for none: a parent
+                     removed and added again meanwhile is not this one)
   A child on another slot is reached through this queue's outbox, as fan-in
   is: an `rm` or `cancel` entry the pump (or the calling host) delivers to
   the child's slot, where the same helpers run.
@@ -48,8 +52,9 @@ end
 
 -- Each child ref of `refs` costs one unit: a child on this slot is handed
 -- to `here(child id)`, one on another slot gets a `kind` entry naming its
--- parent `parent` (the pump, or the calling host, delivers it there).
-local function each_child(base, refs, kind, parent, here)
+-- parent `parent` and that parent's incarnation `inc` (or nil) (the pump,
+-- or the calling host, delivers it there).
+local function each_child(base, refs, kind, parent, here, inc)
   local mine = base .. 'job:'
   for _, ref in ipairs(refs) do
     LEFT = LEFT - 1
@@ -57,7 +62,7 @@ local function each_child(base, refs, kind, parent, here)
       here(ref:sub(#mine + 1))
     else
       local q, cid = split_ref(ref)
-      push_entry(base, {k = kind, c = ref, p = cid, q = q, v = parent})
+      push_entry(base, {k = kind, c = ref, p = cid, q = q, v = parent, i = inc})
     end
   end
 end
@@ -114,7 +119,9 @@ end
 -- later steps), its row and hashes go.
 local function drop_parent_keys(base, id)
   local key = base .. 'job:' .. id
-  local bin = base .. 'gc:' .. redis.call('INCR', base .. 'gc:seq') .. ':' .. id
+  local inc = redis.call('HGET', key, 'inc')
+  local bin = base .. 'gc:' .. redis.call('INCR', base .. 'gc:seq') .. (inc and ('-' .. inc) or '')
+    .. ':' .. id
   redis.call('RENAME', key .. ':children', bin)
   redis.call('RPUSH', base .. 'gc', bin)
   redis.call('UNLINK', key, key .. ':dependencies', key .. ':processed', key .. ':failed',
@@ -180,13 +187,14 @@ end
 -- reached from its removed parent it is marked `orphaned`, so retention
 -- takes it even when it dies `fp` on another slot than its parent (where
 -- the parent cannot be read, and that parent's removal has come already).
--- `parent`, when given, must be the row's parent (a child reached from its
--- removed parent: an id landed again under another flow is not touched).
--- Returns true when the row went.
-local function drop_node(base, id, parent)
+-- `parent`, when given, must be the row's parent, and `inc`, when given,
+-- that parent's incarnation as the row knows it (a child reached from its
+-- removed parent: an id landed again under another flow, or under the same
+-- ids added again, is not touched). Returns true when the row went.
+local function drop_node(base, id, parent, inc)
   local f = redis.call('HMGET', base .. 'job:' .. id, 'state', 'parent', 'dedup',
-    'children_deadline', 'keep')
-  if not f[1] or (parent and f[2] ~= parent) then
+    'children_deadline', 'keep', 'parent_inc')
+  if not f[1] or (parent and f[2] ~= parent) or (inc and f[6] and f[6] ~= inc) then
     return false
   end
   if f[1] == 'active' then
@@ -208,11 +216,12 @@ local function gc_run(base)
       return
     end
     local refs = redis.call('LPOP', bin, math.min(LEFT, 100))
-    local parent = bin:match(':([^:]+)$')
+    local seq, parent = bin:match('gc:([^:]+):([^:]+)$')
+    local inc = seq:match('-(.+)$')
     if not refs then
       redis.call('LPOP', base .. 'gc')
     else
-      each_child(base, refs, 'rm', parent, function(cid) drop_node(base, cid, parent) end)
+      each_child(base, refs, 'rm', parent, function(cid) drop_node(base, cid, parent, inc) end, inc)
     end
   end
 end
@@ -222,29 +231,31 @@ end
 -- :removed, one decrement, release at zero. Guarded: a child that resolved
 -- its parent already changes nothing. Another slot: a `gone` entry.
 local function resolve_removed(base, id, now)
-  local f = redis.call('HMGET', base .. 'job:' .. id, 'parent', 'parent_queue')
-  if not f[1] then
+  local f = redis.call('HMGET', base .. 'job:' .. id, 'parent', 'parent_queue', 'parent_inc',
+    'orphaned')
+  if not f[1] or f[4] then  -- no parent, or its parent was removed while it ran
     return
   end
   local ref = base .. 'job:' .. id
   if (f[2] or QUEUE) == QUEUE then
-    reattach(base, f[1], ref, now)
-    fan_in_dead(base, f[1], ref, 'removed', 'rd', now)
+    reattach(base, f[1], ref, now, f[3])
+    fan_in_dead(base, f[1], ref, 'removed', 'rd', now, f[3])
   else
-    push_entry(base, {k = 'gone', c = ref, p = f[1], q = f[2], v = 'removed'})
+    push_entry(base, {k = 'gone', c = ref, p = f[1], q = f[2], v = 'removed', i = f[3] or nil})
   end
 end
 
 -- Cancel one node (DESIGN §10.2): pending / delayed / awaiting die now with
 -- the error 'cancelled' (their parent's policy applies); an awaiting one
 -- queues its children for cancelling; an active one is marked (its worker
--- learns it at its next heartbeat or report). Returns the state it found.
-local function cancel_node(base, id, now, parent)
+-- learns it at its next heartbeat or report). `parent` and `inc` as for
+-- drop_node. Returns the state it found.
+local function cancel_node(base, id, now, parent, inc)
   local key = base .. 'job:' .. id
-  local f = redis.call('HMGET', key, 'state', 'parent')
+  local f = redis.call('HMGET', key, 'state', 'parent', 'parent_inc')
   local state = f[1]
-  if parent and f[2] ~= parent then
-    return nil  -- an id landed again under another flow
+  if (parent and f[2] ~= parent) or (inc and f[3] and f[3] ~= inc) then
+    return nil  -- an id landed again under another flow, or the same ids again
   end
   if state == 'active' then
     redis.call('HSET', key, 'cancel', now)
@@ -254,7 +265,7 @@ local function cancel_node(base, id, now, parent)
     PARENTS = {}  -- its death may have put it in its parent's :failed
     emit(base, 'cancelled', id)
     if state == 'awaiting_children' then
-      redis.call('RPUSH', base .. 'cancel', id .. ' 0')
+      redis.call('RPUSH', base .. 'cancel', id .. ' 0 ' .. (redis.call('HGET', key, 'inc') or '-'))
     end
   end
   return state
@@ -267,15 +278,19 @@ local function cancel_run(base, now)
     if not item then
       return
     end
-    local id, offset = item:match('^(%S+) (%d+)$')
+    local id, offset, was = item:match('^(%S+) (%d+) ?(%S*)$')
     offset = tonumber(offset)
-    local n = math.min(LEFT, 100)
-    local refs = redis.call('LRANGE', base .. 'job:' .. id .. ':children', offset, offset + n - 1)
-    if #refs == n then
-      redis.call('LPUSH', base .. 'cancel', id .. ' ' .. (offset + n))
+    local inc = redis.call('HGET', base .. 'job:' .. id, 'inc') or '-'
+    local n = (was == '' or was == inc) and math.min(LEFT, 100) or 0
+    local refs = (n > 0)
+      and redis.call('LRANGE', base .. 'job:' .. id .. ':children', offset, offset + n - 1) or {}
+    if n > 0 and #refs == n then
+      redis.call('LPUSH', base .. 'cancel', id .. ' ' .. (offset + n) .. ' ' .. inc)
     end
     LEFT = LEFT - 1
-    each_child(base, refs, 'cancel', id, function(cid) cancel_node(base, cid, now, id) end)
+    inc = (inc ~= '-') and inc or nil
+    each_child(base, refs, 'cancel', id, function(cid) cancel_node(base, cid, now, id, inc) end,
+      inc)
   end
 end
 
