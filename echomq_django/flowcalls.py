@@ -17,15 +17,18 @@ import secrets
 import time
 
 from . import flows as _flows
+from .exceptions import TRANSIENT, connection_error
 from .flows import Flow, FlowRef
 from .jobs import Outcome, Policy, to_json, to_text
 from .keyspace import validate_id, validate_queue
+from .scripts import socket_timeout
 
 FLOW_CHUNK = 5000  # nodes per enqueue_flow script: keeps one script well under ~50 ms
 OUTBOX_DEADLETTER_MAX = 1_000  # dead-lettered outbox entries kept per queue, newest
 SENT_LOCK_MS = 5_000  # deliver_sent: the sweep lock's lease while a caller delivers its own entries
 SENT_WAIT_S = 3.0  # deliver_sent: how long it waits out a pump's sweep (a pump's lease is 2 s)
-SENT_RETRY_S = 0.005  # deliver_sent: between two tries of the lock while a pump holds it
+SENT_BLOCK_MIN_S = 0.01  # deliver_sent: shortest BLPOP (s); Redis reads a timeout of 0 as for ever
+SENT_SOCKET_MARGIN_S = 1.0  # deliver_sent: a BLPOP ends this much before the socket timeout (s)
 
 
 def opt(value) -> str:
@@ -233,20 +236,21 @@ class FlowCalls:
         was added again under the same ids, or a cancelled parent retried, in
         between. Done under the outbox's sweep lock (no pump is between its
         read and its trim): while a pump holds it, this waits for the pump's
-        sweep to end (``SENT_WAIT_S`` at most, then the entries are left to
+        sweep to end (``SENT_WAIT_S`` s at most, then the entries are left to
         the pump's next sweep). An entry whose parent is gone stays for the
         pump to dead-letter. Returns the ``Outcome``. Raises what a script
-        raises. DESIGN §6, §10.2."""
+        raises, ``RedisUnavailable`` for a wait Redis did not answer.
+        DESIGN §6, §10.2; the wait blocks, it does not poll (§10.1): see
+        ``_wait_for_sweep_lock``."""
         if not texts:
             return Outcome()
         k, token = self.keys.queue(queue), secrets.token_hex(8)
         give_up = time.monotonic() + SENT_WAIT_S
-        # another process's lease on the outbox, held for one sweep: Redis
-        # tells no one when a key is deleted, so it is tried again shortly
         while not self.outbox_lock(queue, token, SENT_LOCK_MS):
-            if time.monotonic() >= give_up:
+            left = give_up - time.monotonic()
+            if left <= 0:
                 return Outcome()
-            time.sleep(SENT_RETRY_S)
+            self._wait_for_sweep_lock(k, left)
         more: dict[str, list[str]] = {}
         try:
             flags, outcome = self.deliver([json.loads(t) for t in texts], sent=more)
@@ -258,6 +262,33 @@ class FlowCalls:
         for target, pushed in more.items():  # what those deliveries sent on, one level down
             outcome.merge(self.deliver_sent(target, pushed))
         return outcome
+
+    def _wait_for_sweep_lock(self, k, left: float) -> None:
+        """Block until the sweep lock of the queue whose ``QueueKeys`` are
+        ``k`` may be free, after a refused take: a BLPOP on
+        ``k.pump_unlocked``, where each drop of the lock leaves a mark
+        (lua/outbox_lock.lua), for ``left`` s at most and never past the
+        holder's lease (its PTTL, ms): a holder that died drops nothing, and
+        its lock is taken at its expiry, not after ``SENT_WAIT_S``. Returns
+        at once when the lock is gone already (dropped or expired since the
+        take). A mark left by an earlier drop only costs one more take; a
+        drop between the PTTL and the BLPOP leaves its mark for this BLPOP.
+        Each BLPOP ends ``SENT_SOCKET_MARGIN_S`` s before the client's socket
+        timeout (half of a shorter one), which would cut it and make redis-py
+        send it again. Raises ``RedisUnavailable``. DESIGN §6, §10.1."""
+        try:
+            lease_ms = self.client.pttl(k.pump_lock)  # -2: gone; -1: no expiry (not ours)
+            if lease_ms == -2:
+                return
+            wait = left if lease_ms < 0 else min(left, lease_ms / 1000)
+            cut = socket_timeout(self.client)
+            if cut:
+                wait = min(
+                    wait, cut - SENT_SOCKET_MARGIN_S if cut > 2 * SENT_SOCKET_MARGIN_S else cut / 2
+                )
+            self.client.blpop([k.pump_unlocked], timeout=max(wait, SENT_BLOCK_MIN_S))
+        except TRANSIENT as err:
+            raise connection_error(self.client, err) from err
 
     def trim_outbox(self, queue: str, token: str, read: list, actions: list[str]) -> int:
         """Remove the outbox head the pump read (``read``: the raw entries, in
@@ -282,11 +313,14 @@ class FlowCalls:
         ``token``'s. Returns whether the caller holds it (take) or held it
         (drop). The lock always expires; a lock already holding ``token`` is
         the caller's own (left by a drop that failed while Redis was away),
-        renewed, not waited out (issue 17, item 2)."""
+        renewed, not waited out (issue 17, item 2). A drop leaves a mark on
+        ``pump_unlocked`` for a caller waiting for the lock (``deliver_sent``).
+        DESIGN §6."""
+        k = self.keys.queue(queue)
         return bool(
             self.scripts.run(
                 "outbox_lock",
-                [self.keys.queue(queue).pump_lock],
+                [k.pump_lock, k.pump_unlocked],
                 [token, int(lease_ms), "1" if take else "0"],
             )
         )

@@ -114,6 +114,9 @@ QUEUE_KEYS = {
     "deadletter": "flow:deadletter",
     "outbox_tries": "flow:tries",  # hash: outbox entry -> failed deliveries
     "pump_lock": "pump:lock",  # string: the sweep lock of this queue's outbox
+    # list: a mark left by each drop of pump:lock (one at most, 1 s TTL), for
+    # the callers waiting for the lock to block on (lua/outbox_lock.lua)
+    "pump_unlocked": "pump:unlocked",
     "lease_seq": "lease:seq",  # counter: lease tokens
     "deadlines": "deadlines",  # zset: parents with a children deadline (issue 16)
     "wake": "wake",  # zset: wake-up markers for the queue's workers (issue 12)
@@ -178,6 +181,7 @@ class QueueKeys:
     deadletter: str
     outbox_tries: str
     pump_lock: str
+    pump_unlocked: str
     lease_seq: str
     deadlines: str
     wake: str

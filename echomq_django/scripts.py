@@ -272,3 +272,23 @@ class Scripts:
             if not todo:
                 break
         return replies
+
+
+def socket_timeout(client) -> float | None:
+    """The socket timeout (s) of ``client``'s connections, None for none: a
+    blocking command must end before it (wake.py, FlowCalls.deliver_sent)."""
+    try:
+        if isinstance(client, RedisCluster):
+            kwargs = client.get_default_node().redis_connection.connection_pool.connection_kwargs
+        else:
+            kwargs = client.connection_pool.connection_kwargs
+        conn_timeout = kwargs.get("socket_timeout", kwargs.get("orig_socket_timeout"))
+    except AttributeError:
+        return None
+    if conn_timeout is None and not isinstance(client, RedisCluster):
+        conn = client.connection_pool.get_connection()
+        try:
+            conn_timeout = conn.socket_timeout
+        finally:
+            client.connection_pool.release(conn)
+    return conn_timeout

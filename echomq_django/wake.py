@@ -45,6 +45,7 @@ import redis
 from redis.cluster import RedisCluster
 
 from .jobs import Outcome
+from .scripts import socket_timeout
 
 log = logging.getLogger("echomq_django.wake")
 
@@ -93,7 +94,7 @@ class Waker:
         cluster = isinstance(mq.client, RedisCluster)
         self._own = None if cluster else _private_client(mq.client, block_s)
         self.client = self._own or mq.client
-        timeout = _socket_timeout(mq.client) if self._own is None else None
+        timeout = socket_timeout(mq.client) if self._own is None else None
         self.block_s = max(0.1, min(block_s, timeout - SOCKET_MARGIN_S)) if timeout else block_s
         # one blocking command per slot: every queue at once on one server
         self.groups = [[q] for q in self.queues] if cluster else [self.queues]
@@ -265,25 +266,6 @@ class Timers:
 
 def _text(value) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _socket_timeout(client) -> float | None:
-    """The socket timeout (s) of ``client``'s connections, None for none."""
-    try:
-        if isinstance(client, RedisCluster):
-            kwargs = client.get_default_node().redis_connection.connection_pool.connection_kwargs
-        else:
-            kwargs = client.connection_pool.connection_kwargs
-        conn_timeout = kwargs.get("socket_timeout", kwargs.get("orig_socket_timeout"))
-    except AttributeError:
-        return None
-    if conn_timeout is None and not isinstance(client, RedisCluster):
-        conn = client.connection_pool.get_connection()
-        try:
-            conn_timeout = conn.socket_timeout
-        finally:
-            client.connection_pool.release(conn)
-    return conn_timeout
 
 
 _POOL_KWARGS_DROPPED = ("orig_", "maint_notifications", "himport")

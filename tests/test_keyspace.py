@@ -23,6 +23,7 @@ QUEUE_KEYS = (
     "flow:outbox",
     "flow:deadletter",
     "pump:lock",
+    "pump:unlocked",
     "lease:seq",
 )
 
