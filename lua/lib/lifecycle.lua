@@ -149,6 +149,7 @@ end
 -- same block drops: the block is flushed before the next read of its index
 -- and before any other step.
 local GOING = {}
+local GOING_ROWS = {}  -- their row keys, as retire built them
 
 local function flush_going(base, index)
   local n = #GOING
@@ -160,12 +161,9 @@ local function flush_going(base, index)
     redis.call('ZREM', base .. 'expire', unpack(GOING))
     redis.call('ZREM', base .. 'deadlines', unpack(GOING))
   end
-  local rows, kids = {}, {}
-  local jobs = base .. 'job:'
+  local rows, kids = GOING_ROWS, {}
   for i = 1, n do
-    local key = jobs .. GOING[i]
-    rows[i] = key
-    kids[i] = key .. ':children'
+    kids[i] = rows[i] .. ':children'
   end
   local parents = redis.call('EXISTS', unpack(kids))
   if parents > 0 then
@@ -185,7 +183,7 @@ local function flush_going(base, index)
   end
   emit(base, 'removed', table.concat(GOING, ' '))
   OUT.removed = (OUT.removed or 0) + n
-  GOING = {}
+  GOING, GOING_ROWS = {}, {}
 end
 
 -- Delete one node's row and its own hashes now; its child refs move to the
@@ -329,8 +327,9 @@ end
 -- only), so a finished row holds no dedup key.
 local function retire(base, index, id, now, batch)
   LEFT = LEFT - 1
-  local f = redis.call('HMGET', base .. 'job:' .. id, 'parent', 'parent_queue', 'parent_policy',
-    'state', 'orphaned')
+  local row = base .. 'job:' .. id
+  local f = redis.call('HMGET', row, 'parent', 'parent_queue', 'parent_policy', 'state',
+    'orphaned')
   local state = f[4]
   if state ~= 'completed' and state ~= 'dead' then
     redis.call('ZREM', base .. index, id)  -- a stray id: its row is gone or moved
@@ -339,6 +338,7 @@ local function retire(base, index, id, now, batch)
   if settled(base, id, state, f) then
     if batch and state == index then
       GOING[#GOING + 1] = id
+      GOING_ROWS[#GOING] = row
     else
       drop_row(base, id, state, nil, true, true)
     end
