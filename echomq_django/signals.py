@@ -11,7 +11,11 @@ the same on a repeat):
                     stalled too often, failed by a child, or cancelled
     parent_released nothing more; the parent's last child resolved, it runs next
     flow_failed     ``error`` (str): a parent went dead because a child failed
-                    it (``fp``); ``job_dead`` follows for it
+                    it (``fp``); ``job_dead`` follows for it. The parent's
+                    error: ``"failed by child <child ref>: "`` and the first
+                    line of the child's (at most 1,000 characters of it); the
+                    child's whole error is its own and in the parent's
+                    ``dependencies().failed``
     job_cancelled   ``error`` (str): a cancel killed the job; ``job_dead`` follows
 
 In-process (sent once, by the worker that ran the attempt, after Redis

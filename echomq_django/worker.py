@@ -41,8 +41,9 @@ Decisions (documented here, relied on by the tests):
   thread is written off and replaced, its late result discarded
   (timeouts.py says how a thread that never returns is handled).
 * A handler that raises fails the job with ``"ExcType: message"`` then the
-  last ``TRACEBACK_LINES`` lines of the traceback (at most ``ERROR_CHARS``
-  characters); the job retries with backoff and dies when its attempts are
+  last ``TRACEBACK_LINES`` lines of the traceback from the handler's frame
+  down (the worker's own call, the same in every error, is left out; at most
+  ``ERROR_CHARS`` characters); the job retries with backoff and dies when its attempts are
   spent, and its parent's policy applies (DESIGN §4).
 * A job whose name has no handler is an ordinary failure too (retries, then
   dead), not an instant death: a deploy that adds the handler recovers the

@@ -187,11 +187,11 @@ class ClaimLoop:
             else:
                 finished.result = func(job)
         except Unrecoverable as exc:  # dead at once, attempts left or not
-            finished.error, finished.dead = error_text(exc), True
+            finished.error, finished.dead = error_text(exc, below_caller=True), True
         except RateLimited as exc:  # back without spending the attempt (DESIGN §10.3)
             finished.postpone_ms = exc.retry_after_ms
         except BaseException as exc:
-            finished.error = error_text(exc)
+            finished.error = error_text(exc, below_caller=True)
         finally:
             try:
                 close_old_connections()

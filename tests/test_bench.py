@@ -2,12 +2,14 @@
 against the test Redis, so it never rots. No timing is asserted: only that
 it runs, writes the JSON it documents, and that every root received all of
 its children's values (the peer's rows too, when BullMQ's client is
-installed)."""
+installed); and ``python -m bench.prune_instructions`` once, when valgrind
+is installed."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -92,3 +94,23 @@ def test_quick_benchmark_runs_and_every_root_receives_every_value(redis_server, 
     if data["meta"]["bullmq"]:
         assert len(data["ratios"]) == 3
         assert {r["system"] for r in data["runs"]} == {"echomq", "bullmq"}
+
+
+@pytest.mark.skipif(
+    not (shutil.which("valgrind") and shutil.which("callgrind_control")), reason="no valgrind"
+)
+def test_prune_instructions_counts_one_prune():
+    """``python -m bench.prune_instructions`` (its own redis-server under
+    callgrind): 1,100 completed children, the default 1,000 kept, so one
+    prune removes 100, and a row costs some thousands of instructions."""
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.prune_instructions", "--children", "1100"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    ).stdout
+    assert out.startswith("prune removed 100 rows in ")
+    per_row = int(out.rsplit(": ", 1)[1].split()[0].replace(",", ""))
+    assert 5_000 < per_row < 200_000

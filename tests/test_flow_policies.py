@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from echomq_django import JobState
+from echomq_django.pump import Pump
 from tests import jobkit
 from tests.jobkit import (
     assert_state,
@@ -58,6 +59,58 @@ def test_fail_parent_cascades_to_the_root(tmq) -> None:
         tmq, "m", failed_by(tmq, "n", failed_by(tmq, "x"))
     )
     assert resolutions(tmq, "r")[0] == {ref(tmq, "y"): '"y"'}
+
+
+TRACEBACK = (
+    "CardDeclined: card ending 0000 was declined\n"
+    "Traceback (most recent call last):\n"
+    '  File "shop/jobs.py", line 12, in charge\n'
+    "    raise CardDeclined(card)\n"
+    "CardDeclined: card ending 0000 was declined"
+)
+
+
+def test_a_parent_holds_its_childs_summary_not_a_copy_of_its_traceback(tmq) -> None:
+    """The parent's error is the child's ref and the first line of its error;
+    the whole error stays in the child's row and the parent's :failed, and
+    the parent's flow_failed / dead signals carry the parent's error."""
+    tmq.add_flow(node("r", [node("p", [leaf("c")])]))
+    tmq.client.sadd(tmq.keys.queue_key("q", "signals:kinds"), "flow_failed", "dead")
+    kill(tmq, "c", TRACEBACK)
+    summary = "CardDeclined: card ending 0000 was declined"
+    assert assert_state(tmq, "q", "c", "dead")["error"] == TRACEBACK
+    assert assert_state(tmq, "q", "p", "dead")["error"] == failed_by(tmq, "c", summary)
+    assert resolutions(tmq, "p")[1] == {ref(tmq, "c"): TRACEBACK}
+    chain = failed_by(tmq, "p", failed_by(tmq, "c", summary))
+    assert tmq.get_job("q", "r").error == chain
+    assert resolutions(tmq, "r")[1] == {ref(tmq, "p"): failed_by(tmq, "c", summary)}
+    signals = tmq.client.xrange(tmq.keys.queue_key("q", "signals"))
+    assert [(f[b"k"], f[b"id"], f[b"v"].decode()) for _, f in signals] == [
+        (b"dead", b"c", TRACEBACK),
+        (b"flow_failed", b"p", failed_by(tmq, "c", summary)),
+        (b"dead", b"p", failed_by(tmq, "c", summary)),
+        (b"flow_failed", b"r", chain),
+        (b"dead", b"r", chain),
+    ]
+
+
+def test_a_parent_on_another_slot_holds_its_childs_summary_too(tmq) -> None:
+    tmq.add_flow(node("p", [leaf("x", queue="other")]))
+    kill(tmq, "x", TRACEBACK, queue="other")
+    Pump(["other"], mq=tmq).sweep()  # the death entry carries the whole error
+    x = ref(tmq, "x", "other")
+    summary = "CardDeclined: card ending 0000 was declined"
+    assert assert_state(tmq, "q", "p", "dead")["error"] == f"failed by child {x}: {summary}"
+    assert resolutions(tmq, "p")[1] == {x: TRACEBACK}
+
+
+def test_a_parent_holds_at_most_1000_characters_of_its_childs_summary(tmq) -> None:
+    tmq.add_flow(node("p", [leaf("c")]))
+    long = "E: " + "x" * 1200
+    kill(tmq, "c", long + "\nTraceback (most recent call last):")
+    error = tmq.get_job("q", "p").error
+    assert error == failed_by(tmq, "c", long[:997] + "...")
+    assert len(error) == len(failed_by(tmq, "c", "")) + 1000
 
 
 def test_ignore_dependency_records_decrements_and_releases(tmq) -> None:

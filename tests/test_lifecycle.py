@@ -135,6 +135,75 @@ def test_a_budget_bounds_each_call(tmq, clock) -> None:
     assert rows(tmq, "q") == []
 
 
+def test_retention_by_count_and_age_together(tmq, clock) -> None:
+    """An id goes while the index holds more than COUNT or when it finished
+    before the cutoff, whichever takes more (prune counts the old ones once,
+    then walks the head without reading scores)."""
+    for i in range(5):
+        tmq.enqueue("q", "n", i, job_id=f"j{i}")
+        complete(tmq, f"j{i}", i)
+        clock.advance(10_000)
+    # now is 50, 40, 30, 20 and 10 s after j0 ... j4 finished
+    set_keep(tmq, "q", {"COUNT": 3, "AGE_S": 25})
+    assert tmq.prune("q").removed == 3  # the age takes three: more than the count's two
+    assert tmq.job_ids("q", "completed") == ["j3", "j4"]
+    set_keep(tmq, "q", {"COUNT": 1, "AGE_S": 25})
+    assert tmq.prune("q").removed == 1  # the count takes j3, younger than the cutoff
+    assert tmq.job_ids("q", "completed") == ["j4"]
+    assert rows(tmq, "q") == ["j4"]
+
+
+def test_the_age_walk_goes_past_an_old_held_row(tmq, clock) -> None:
+    tmq.add_flow(node("p", [leaf("x", queue="other")]))
+    kill(tmq, "x", queue="other")  # held: its parent is on another slot
+    for i, at in enumerate((10_000, 10_000, 20_000)):
+        clock.advance(at)
+        tmq.enqueue("other", "n", i, job_id=f"j{i}")
+        kill(tmq, f"j{i}", queue="other")
+    clock.advance(10_000)
+    # now is 50 s after x died, 40 s after j0, 30 s after j1, 10 s after j2
+    set_keep(tmq, "other", 1000, {"AGE_S": 25})
+    report = tmq.prune("other")
+    assert (report.removed, report.held) == (2, 1)
+    assert tmq.job_ids("other", "dead") == ["j2", "x"]  # x re-scored to now: behind j2
+    assert jobkit.score(tmq, "other", "dead", "x") == clock.now
+    assert rows(tmq, "other") == ["j2", "x"]
+
+
+def test_a_rows_own_keep_and_children_deadline_leave_with_its_block(tmq, clock) -> None:
+    """The queue's rule takes rows a block at a time without reading their
+    `keep` or children deadline: the block leaves P:{q}:expire and
+    P:{q}:deadlines by id, so nothing of theirs stays."""
+    tmq.enqueue("q", "n", 1, job_id="kept", keep=3600)
+    complete(tmq, "kept", 1)
+    tmq.add_flow(node("p", [leaf("c")], children_timeout_ms=60_000))
+    kill(tmq, "c")  # p dies of it while it waits: still in P:{q}:deadlines
+    zset = tmq.keys.queue_key
+    assert tmq.client.zrange(zset("q", "expire"), 0, -1) == [b"kept"]
+    assert tmq.client.zrange(zset("q", "deadlines"), 0, -1) == [b"p"]
+    clock.advance(1)
+    set_keep(tmq, "q", 0, 0)
+    report = tmq.prune("q")
+    assert (report.removed, report.held) == (3, 1)  # kept, p, c with p (held first: p may retry it)
+    assert keys_of(tmq, "q") == []  # no expire, no deadlines, no row
+
+
+def test_retention_leaves_a_dedup_key_its_row_freed(tmq) -> None:
+    """A finished row holds no dedup key (complete and kill free it), so
+    retention taking the row leaves the key to the job that holds it now."""
+    tmq.enqueue("q", "n", 1, job_id="first", dedup_key="mail")
+    complete(tmq, "first", 1)
+    tmq.enqueue("q", "n", 3, job_id="third", dedup_key="sms")
+    kill(tmq, "third")
+    tmq.enqueue("q", "n", 2, job_id="second", dedup_key="mail")
+    dedup = tmq.keys.queue("q").dedup
+    assert (tmq.client.get(dedup("mail")), tmq.client.get(dedup("sms"))) == (b"second", None)
+    set_keep(tmq, "q", 0, 0)
+    assert tmq.prune("q").removed == 2
+    assert rows(tmq, "q") == ["second"]
+    assert tmq.client.get(dedup("mail")) == b"second"
+
+
 def test_completed_children_go_once_the_parent_holds_their_values(tmq) -> None:
     tmq.add_flow(node("p", [leaf("c1"), leaf("c2"), leaf("c3")]))
     complete(tmq, "c1", 1)

@@ -139,7 +139,7 @@ def test_a_raising_handler_retries_with_backoff_then_dies_and_fails_its_parent(r
     parent = mq.get_job("q", "p")
     ref = mq.keys.job("q", "bad")
     assert parent.state is JobState.DEAD
-    assert parent.error == f"failed by child {ref}: {bad.error}"
+    assert parent.error == f"failed by child {ref}: ValueError: card declined"  # its summary
     assert mq.dependencies("q", "p").failed == {ref: bad.error}
     assert worker.stats == {"completed": 1, "failed": 2, "dead": 1, "lost": 0, "postponed": 0}
     counts(mq, completed=1, dead=2)
@@ -222,6 +222,49 @@ def test_the_error_keeps_the_summary_and_the_last_traceback_lines(mq):
     assert lines[0] == "LookupError: deep down"
     assert lines[1].startswith("... (") and lines[1].endswith(" traceback lines trimmed)")
     assert lines[-1] == "LookupError: deep down"
+
+
+def test_the_error_traceback_starts_at_the_handler(mq):
+    """The worker's own call of the handler (the same frame in every job's
+    error) is left out of the traceback: it starts at the handler."""
+    mq.enqueue("q", "t.fail", {"message": "no"}, job_id="f", max_attempts=1)
+    burst(mq, ["q"])
+    lines = mq.get_job("q", "f").error.splitlines()
+    assert lines[:2] == ["ValueError: no", "Traceback (most recent call last):"]
+    assert lines[2].startswith('  File "') and lines[2].endswith(", in fail")
+    assert lines[-1] == "ValueError: no"
+    assert not [line for line in lines if "worker_loop.py" in line]
+
+
+def _caller():
+    _callee()
+
+
+def _callee():
+    raise KeyError("k")
+
+
+def _frames(text: str) -> list[str]:
+    """The function names of a traceback's frames, outermost first."""
+    return [
+        line.rsplit(", in ", 1)[-1] for line in text.splitlines() if line.startswith('  File "')
+    ]
+
+
+def test_error_text_below_its_caller_keeps_a_frame_that_raised_itself():
+    this = "test_error_text_below_its_caller_keeps_a_frame_that_raised_itself"
+    try:
+        _caller()
+    except KeyError as exc:
+        below, whole = error_text(exc, below_caller=True), error_text(exc)
+    assert (_frames(below), _frames(whole)) == (
+        ["_caller", "_callee"],
+        [this, "_caller", "_callee"],
+    )
+    try:
+        raise KeyError("here")
+    except KeyError as exc:
+        assert _frames(error_text(exc, below_caller=True)) == [this]
 
 
 def test_error_text_is_capped():

@@ -268,6 +268,21 @@ local function kill(base, id, err, now)
   propagate_death(base, id, err, now)
 end
 
+-- The error of a parent an `fp` child killed: 'failed by child <ref>: ' and
+-- the first line of the child's error (its summary, 'ExcType: message', at
+-- most SUMMARY_CHARS of it; a child that died of its own child keeps its
+-- whole 'failed by child ...' chain, each level bounded so). The child's
+-- whole error, traceback and all, is in its row and in the parent's :failed:
+-- the parent's row does not hold a third copy.
+local SUMMARY_CHARS = 1000  -- as the worker's own summary line (pool.error_text)
+local function failed_by(ref, err)
+  local line = err:match('^[^\n]*')
+  if #line > SUMMARY_CHARS and line:sub(1, 16) ~= 'failed by child ' then
+    line = line:sub(1, SUMMARY_CHARS - 3) .. '...'
+  end
+  return 'failed by child ' .. ref .. ': ' .. line
+end
+
 -- A dead child resolves its parent by the child's policy (DESIGN §4):
 --   fp  record in :failed, the parent goes dead (and so on up the tree)
 --   id  record in :unsuccessful, decrement, maybe release
@@ -306,9 +321,10 @@ local function fan_in_dead(base, pid, ref, err, policy, now, inc)
   if redis.call('HSETNX', pkey .. ':failed', ref, err) == 1 then
     local pstate = redis.call('HGET', pkey, 'state')
     if pstate == 'awaiting_children' then
+      local why = failed_by(ref, err)
       OUT.flow_failed[#OUT.flow_failed + 1] = base .. pid
-      signal_event(base, 'flow_failed', pid, 'failed by child ' .. ref .. ': ' .. err)
-      kill(base, pid, 'failed by child ' .. ref .. ': ' .. err, now)
+      signal_event(base, 'flow_failed', pid, why)
+      kill(base, pid, why, now)
     end
   end
   return true

@@ -36,7 +36,7 @@ OUT.sent = {}  -- outbox entries pushed for other slots, for the host to deliver
 local LEFT = 0  -- budget left in this call
 local PASS = nil  -- prune: when this pass began (ms); a row held at or after it was held in this pass
 local REHELD = 0  -- prune: units spent on rows held already in this pass
-local PARENTS = {}  -- settled(): parent key -> how many of its row and its :failed exist (0-2)
+local PARENTS = {}  -- settled(): parent id -> how many of its row and its :failed exist (0-2)
 
 local function push_entry(base, entry)
   local text = cjson.encode(entry)
@@ -148,10 +148,15 @@ end
 -- index's block are collected in GOING and removed together by
 -- flush_going, with one command per kind of work instead of one per row
 -- (one ZREM, one EXISTS over their :children, one UNLINK, one `removed`
--- event whose id field holds the block's ids, space-separated). Nothing in
--- a block reads a row another id of the same block drops: the block is
--- flushed before the next read of its index and before any other step.
+-- event whose id field holds the block's ids, space-separated). A row's own
+-- `keep` and children deadline are not read per row: a finished row that
+-- has them is in P:{q}:expire / P:{q}:deadlines (or has left it), so the
+-- block leaves both with one ZREM each, when the zset exists (one EXISTS
+-- per block for the two). Nothing in a block reads a row another id of the
+-- same block drops: the block is flushed before the next read of its index
+-- and before any other step.
 local GOING = {}
+local GOING_ROWS = {}  -- their row keys, as retire built them
 
 local function flush_going(base, index)
   local n = #GOING
@@ -159,26 +164,33 @@ local function flush_going(base, index)
     return
   end
   redis.call('ZREM', base .. index, unpack(GOING))
-  local kids = {}
+  if redis.call('EXISTS', base .. 'expire', base .. 'deadlines') > 0 then
+    redis.call('ZREM', base .. 'expire', unpack(GOING))
+    redis.call('ZREM', base .. 'deadlines', unpack(GOING))
+  end
+  local rows, kids = GOING_ROWS, {}
   for i = 1, n do
-    kids[i] = base .. 'job:' .. GOING[i] .. ':children'
+    kids[i] = rows[i] .. ':children'
   end
   local parents = redis.call('EXISTS', unpack(kids))
-  local rows = {}
-  for i = 1, n do
-    if parents > 0 and redis.call('EXISTS', kids[i]) == 1 then
-      parents = parents - 1
-      drop_parent_keys(base, GOING[i])
-    else
-      rows[#rows + 1] = base .. 'job:' .. GOING[i]
+  if parents > 0 then
+    local leaves = {}
+    for i = 1, n do
+      if parents > 0 and redis.call('EXISTS', kids[i]) == 1 then
+        parents = parents - 1
+        drop_parent_keys(base, GOING[i])
+      else
+        leaves[#leaves + 1] = rows[i]
+      end
     end
+    rows = leaves
   end
   if #rows > 0 then
     redis.call('UNLINK', unpack(rows))
   end
   emit(base, 'removed', table.concat(GOING, ' '))
   OUT.removed = (OUT.removed or 0) + n
-  GOING = {}
+  GOING, GOING_ROWS = {}, {}
 end
 
 -- Delete one node's row and its own hashes now; its child refs move to the
@@ -296,36 +308,43 @@ end
 
 -- May retention take this finished node now? (the flow rules above)
 -- `f` holds the row's parent, parent_queue and parent_policy (retire's read),
--- and at 8 `orphaned` (set when its parent's removal reached it while it ran).
+-- and at 5 `orphaned` (set when its parent's removal reached it while it ran).
 -- What a call learnt of a same-slot parent (its row exists; it has a
--- :failed hash) is kept for the rest of the call: siblings ask the same.
+-- :failed hash) is kept for the rest of the call, by parent id (a script
+-- runs on one queue): siblings ask the same.
 local function settled(base, id, state, f)
-  if not f[1] or f[8] then  -- no parent, or its parent was removed while it ran
+  if not f[1] or f[5] then  -- no parent, or its parent was removed while it ran
     return true
   end
-  if (f[2] or QUEUE) ~= QUEUE then
+  if f[2] and f[2] ~= QUEUE then
     return not (state == 'dead' and (f[3] or 'fp') == 'fp')
   end
-  local pkey = base .. 'job:' .. f[1]
-  local known = PARENTS[pkey]
+  local known = PARENTS[f[1]]
   if not known then
+    local pkey = base .. 'job:' .. f[1]
     known = redis.call('EXISTS', pkey, pkey .. ':failed')
-    PARENTS[pkey] = known
+    PARENTS[f[1]] = known
   end
   if known < 2 then  -- the row is gone, or has no :failed: nothing may retry X
     return true
   end
-  return redis.call('HEXISTS', pkey .. ':failed', base .. 'job:' .. id) == 0
+  return redis.call('HEXISTS', base .. 'job:' .. f[1] .. ':failed', base .. 'job:' .. id) == 0
 end
 
 -- Retention of one finished node picked from `index` (completed or dead):
 -- drop it when settled (`batch`: into GOING, for the caller to flush),
 -- else re-score it to now (held). Costs one unit; returns true when the row
--- went.
+-- went. Reads only the fields the flow rules need: the row's `keep` and
+-- children deadline are not read (their zsets are left by id: flush_going;
+-- drop_row here), nor its `dedup`: every road to completed or dead frees
+-- the key while it names the row (complete.lua, kill), and nothing names a
+-- finished row again (enqueue and enqueue_flow set a key for a new row
+-- only), so a finished row holds no dedup key.
 local function retire(base, index, id, now, batch)
   LEFT = LEFT - 1
-  local f = redis.call('HMGET', base .. 'job:' .. id, 'parent', 'parent_queue', 'parent_policy',
-    'state', 'dedup', 'children_deadline', 'keep', 'orphaned')
+  local row = base .. 'job:' .. id
+  local f = redis.call('HMGET', row, 'parent', 'parent_queue', 'parent_policy', 'state',
+    'orphaned')
   local state = f[4]
   if state ~= 'completed' and state ~= 'dead' then
     redis.call('ZREM', base .. index, id)  -- a stray id: its row is gone or moved
@@ -333,10 +352,10 @@ local function retire(base, index, id, now, batch)
   end
   if settled(base, id, state, f) then
     if batch and state == index then
-      drop_extras(base, id, f[5], f[6], f[7])
       GOING[#GOING + 1] = id
+      GOING_ROWS[#GOING] = row
     else
-      drop_row(base, id, state, f[5], f[6], f[7])
+      drop_row(base, id, state, nil, true, true)
     end
     return true
   end
@@ -353,19 +372,24 @@ end
 -- Apply a queue rule to one index, oldest first: an id goes while the index
 -- holds more than `count`, or when it finished before now - age_ms. Each id
 -- is looked at once per call at most (a held one moves to the back). Rows
--- go a block (up to 100) at a time: flush_going.
+-- go a block (up to 100) at a time: flush_going. The ids are read without
+-- their scores (Redis formats each score as text: a tenth of a pruned row's
+-- cost): the `old` ids that finished before the cutoff, counted once, are
+-- the head of the walk, since every id it has looked at left the head
+-- (gone, or held and re-scored to now, which is after the cutoff).
 local function keep_rule(base, index, count, age_ms, now)
   local key = base .. index
   local size = redis.call('ZCARD', key)
-  local excess, cutoff, seen = size - count, now - age_ms, 0
-  while LEFT > 0 and seen < size do
-    local head = redis.call('ZRANGE', key, 0, math.min(LEFT, 100) - 1, 'WITHSCORES')
+  local excess, seen = size - count, 0
+  local old = redis.call('ZCOUNT', key, '-inf', '(' .. string.format('%.0f', now - age_ms))
+  while LEFT > 0 and seen < size and (excess > 0 or seen < old) do
+    local head = redis.call('ZRANGE', key, 0, math.min(LEFT, 100) - 1)
     if #head == 0 then
       return
     end
     local stop = false
-    for i = 1, #head, 2 do
-      if LEFT <= 0 or seen >= size or (excess <= 0 and tonumber(head[i + 1]) >= cutoff) then
+    for i = 1, #head do
+      if LEFT <= 0 or seen >= size or (excess <= 0 and seen >= old) then
         stop = true
         break
       end
