@@ -256,9 +256,15 @@ class MirroredJobAdmin(MirrorAdmin):
     def has_manage_permission(self, request) -> bool:
         return ops.has_manage_permission(request)
 
-    def get_actions(self, request):
-        """Cancel and remove appear once ``EchoMQ`` has them (issue 13)."""
-        actions = super().get_actions(request)
+    def get_actions(self, request, action_location=None):
+        """Cancel and remove appear once ``EchoMQ`` has them (issue 13).
+        ``action_location``: Django 6.1's place on the page the actions are
+        for (None: the change list, as on Django 5.2, whose admin has no
+        such argument)."""
+        if action_location is None:
+            actions = super().get_actions(request)
+        else:
+            actions = super().get_actions(request, action_location=action_location)
         for op in ops.JOB_OPERATIONS:
             if not hasattr(get_mq(), op):
                 actions.pop(f"{op}_jobs", None)
