@@ -243,8 +243,14 @@ while i <= #a do
         end
         redis.call('HSET', row, unpack(link))
       end
-      redis.call('HDEL', row, 'orphaned')  -- under its parent again (DESIGN §10.2)
-      if pinc ~= '' then  -- and under this incarnation of it: a parent landed fresh has a new one
+      -- under its parent again (DESIGN §10.2), and under this incarnation of
+      -- it (a parent landed fresh has a new one): a cancel mark a removed
+      -- flow's cancel left on it while it ran is that flow's, not this one's
+      local was = redis.call('HMGET', row, 'parent_inc', 'orphaned')
+      if was[2] or (pinc ~= '' and was[1] and was[1] ~= pinc) then
+        redis.call('HDEL', row, 'orphaned', 'cancel')
+      end
+      if pinc ~= '' then
         redis.call('HSET', row, 'parent_inc', pinc)
       end
       announce(id, parent, pq)

@@ -581,6 +581,22 @@ def test_an_old_cancel_never_reaches_the_flow_added_again(tmq, monkeypatch) -> N
     assert_state(tmq, "q", "p", "awaiting_children")
 
 
+def test_a_removed_flows_cancel_mark_never_kills_the_flow_added_again(tmq) -> None:
+    """c1 ran when its flow was cancelled (marked) and then removed; the
+    flow added again takes c1 back. The old mark used to kill c1 at its
+    completion, and its death the new parent."""
+    flow = node("p", [leaf("c1"), leaf("c2")])
+    tmq.add_flow(flow)
+    job = claim_one(tmq, "q", "c1")
+    tmq.cancel("q", "p")
+    tmq.remove("q", "p")
+    assert tmq.add_flow(flow).skipped == 1
+    assert "cancel" not in hash_of(tmq, tmq.keys.job("q", "c1"))
+    tmq.complete(job, 1)
+    complete(tmq, "c2", 2)
+    assert_state(tmq, "q", "p", "pending")
+
+
 def sweep_report(mq, queue: str) -> dict:
     return Pump([queue], mq=mq).sweep()[queue]
 
