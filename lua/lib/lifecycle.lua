@@ -250,8 +250,11 @@ local function resolve_removed(base, id, now)
   end
   local ref = base .. 'job:' .. id
   if (f[2] or QUEUE) == QUEUE then
-    reattach(base, f[1], ref, now, f[3])
-    fan_in_dead(base, f[1], ref, 'removed', 'rd', now, f[3])
+    if not parent_state(base .. 'job:' .. f[1], f[3]) then
+      return  -- its parent is gone, or another incarnation: nothing to resolve
+    end
+    reattach(base, f[1], ref, now)
+    fan_in_dead(base, f[1], ref, 'removed', 'rd', now)
   else
     push_entry(base, {k = 'gone', c = ref, p = f[1], q = f[2], v = 'removed', i = f[3] or nil})
   end
