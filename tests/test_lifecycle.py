@@ -3,6 +3,7 @@ rigs. Every test asserts exact states, counts and keys left in Redis."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -360,6 +361,76 @@ def test_a_cancelled_parent_retried_before_a_sweep_keeps_its_retried_child(tmq) 
     assert_state(tmq, "o", "x", "pending")
     complete(tmq, "x", 2, queue="o")
     complete(tmq, "c1", 1)
+    sweep(tmq, "o")
+    assert_state(tmq, "q", "p", "pending")
+
+
+def test_a_cancelled_parent_retried_while_its_child_runs_waits_for_it(tmq) -> None:
+    """p was cancelled while its only child ran: p died, c was marked, and
+    p's :failed stayed empty. Its retry used to make p plain pending, so it
+    ran without c's result; it waits for c again, and the retry takes c's
+    mark back, so c's result counts."""
+    tmq.add_flow(node("p", [leaf("c")]))
+    job = claim_one(tmq, "q", "c")
+    tmq.cancel("q", "p")
+    assert assert_state(tmq, "q", "p", "dead")["error"] == "cancelled"
+    assert hash_of(tmq, tmq.keys.job("q", "c"))["cancel"]
+    outcome = tmq.retry("q", "p")
+    assert outcome.state is JobState.AWAITING_CHILDREN
+    assert_state(tmq, "q", "p", "awaiting_children")
+    assert "cancel" not in hash_of(tmq, tmq.keys.job("q", "c"))
+    assert tmq.job_ids("q", "awaiting_children") == ["p"] and tmq.job_ids("q", "dead") == []
+    tmq.complete(job, 7)
+    assert_state(tmq, "q", "p", "pending")
+    assert tmq.children_values("q", "p") == {ref(tmq, "c"): 7}
+
+
+def test_a_cancelled_parent_retried_takes_back_its_cancel_still_under_way(tmq, monkeypatch) -> None:
+    """p's cancel went a budget at a time and its caller died: the rest of
+    p's children wait in the cancel list. A retry of p takes that work back:
+    the next prune used to cancel the children the retry had left running,
+    and their deaths killed p again."""
+    tmq.add_flow(node("p", [leaf(f"c{i}") for i in range(1, 5)]))
+    monkeypatch.setattr(type(tmq), "_follow_up", lambda *a, **kw: None)
+    tmq.cancel("q", "p", budget=2)
+    monkeypatch.undo()
+    cancel_list = tmq.keys.queue_key("q", "cancel")
+    assert tmq.client.llen(cancel_list) == 1
+    cancelled = [i for i in range(1, 5) if jobkit.row(tmq, "q", f"c{i}")["state"] == "dead"]
+    assert cancelled == [1, 2]
+    tmq.retry("q", "p")
+    assert tmq.client.llen(cancel_list) == 0
+    tmq.prune("q")
+    for i in range(1, 5):
+        assert_state(tmq, "q", f"c{i}", "pending")
+    assert_state(tmq, "q", "p", "awaiting_children")
+    for i in (3, 4, 1, 2):  # the retried ones queue again behind the others
+        complete(tmq, f"c{i}", i)
+    assert_state(tmq, "q", "p", "pending")
+    assert len(tmq.children_values("q", "p")) == 4
+
+
+def test_a_cancelled_parent_retried_takes_back_its_undelivered_cancel_entries(
+    tmq, monkeypatch
+) -> None:
+    """p's `cancel` entry for x on another slot was not delivered (its
+    caller gave up waiting for a sweeping pump, or died): a retry of p takes
+    it out of p's outbox, so the next sweep no longer cancels x, whose
+    death failed the retried p again."""
+    tmq.add_flow(node("p", [leaf("c1"), leaf("x", queue="o")]))
+    monkeypatch.setattr(type(tmq), "_follow_up", lambda *a, **kw: None)
+    tmq.cancel("q", "p")
+    monkeypatch.undo()
+    outbox = tmq.keys.queue_key("q", "flow:outbox")
+    assert [e["k"] for e in map(json.loads, tmq.client.lrange(outbox, 0, -1))] == ["cancel"]
+    assert_state(tmq, "o", "x", "pending")
+    assert tmq.retry("q", "p").state is JobState.AWAITING_CHILDREN
+    assert tmq.client.llen(outbox) == 0
+    sweep(tmq, "q", "o")
+    assert_state(tmq, "o", "x", "pending")
+    assert_state(tmq, "q", "p", "awaiting_children")
+    complete(tmq, "c1", 1)
+    complete(tmq, "x", 2, queue="o")
     sweep(tmq, "o")
     assert_state(tmq, "q", "p", "pending")
 

@@ -98,6 +98,7 @@ class Node:
     deadline: int | None = None  # children deadline (ms) while in P:{q}:deadlines
     dedup: str | None = None  # the dedup key it holds
     went_on: bool = False  # released early by a continue_parent_on_failure child
+    cancelled: bool = False  # died of the error 'cancelled'
 
 
 class Model:
@@ -166,7 +167,7 @@ class Model:
     def complete(self, jid: str) -> None:
         j = self.jobs[jid]
         if j.cancel:
-            self.kill(jid)
+            self.kill(jid, cancelled=True)
             return
         j.state = "completed"
         self.finish(jid)
@@ -179,11 +180,11 @@ class Model:
                 self.jobs[j.parent].hashes["processed"].add(jid)
                 self.decrement(j.parent)
 
-    def kill(self, jid: str) -> None:
+    def kill(self, jid: str, cancelled: bool = False) -> None:
         j = self.jobs[jid]
         if j.state == "dead":
             return
-        j.state = "dead"
+        j.state, j.cancelled = "dead", cancelled
         self.dead.append(jid)
         self.finish(jid)
         if not j.parent or self.resolved(j.parent, jid):
@@ -206,18 +207,29 @@ class Model:
         if j.attempts < j.max_attempts and not dead and not j.cancel:
             j.state = "delayed" if j.backoff_ms else "pending"
         else:
-            self.kill(jid)
+            self.kill(jid, cancelled=j.cancel)
 
     def stall(self, jid: str) -> None:
         j = self.jobs[jid]
         j.stalls += 1
         if j.stalls > MAX_STALLS or j.cancel:
-            self.kill(jid)
+            self.kill(jid, cancelled=j.cancel)
         else:
             j.state = "pending"
 
     def retry(self, jid: str) -> None:
         j = self.jobs[jid]
+        if j.cancelled:  # its cancel is taken back: its running children's results count
+            for cid in j.children:
+                c = self.jobs.get(cid)
+                if c is not None and c.state == "active" and c.parent == jid:
+                    c.cancel = False
+        if not j.hashes["failed"] and j.cancelled and not j.went_on and j.counter:
+            j.state, j.attempts, j.stalls, j.cancel = AWAIT, 0, 0, False
+            j.cancelled = False
+            self.reattach_up(jid)
+            return
+        j.cancelled = False
         if not j.hashes["failed"]:
             j.state, j.attempts, j.stalls, j.cancel = "pending", 0, 0, False
             self.reattach_up(jid)
@@ -263,7 +275,7 @@ class Model:
                 j.cancel = True
             elif j.state in ("pending", "delayed", AWAIT):
                 was = j.state
-                self.kill(cid)
+                self.kill(cid, cancelled=True)
                 if was == AWAIT:
                     todo.extend(j.children)
 
