@@ -164,6 +164,25 @@ def _print_growth(out, first: dict, last: dict, jobs: tuple[int, int]) -> None:
     out(f"    {'all keys':24} {'':>6} {'':>6} {'':>11} {'':>11} {total:>+9,}")
 
 
+OVERHEADS = ("clients.normal", "lua.caches", "functions.caches", "overhead.hashtable.main",
+             "overhead.hashtable.expires", "dataset.bytes")  # fmt: skip
+
+
+def memory_parts(client) -> dict[str, int]:
+    """``MEMORY STATS``' parts of ``used_memory`` that are not one key's
+    ``MEMORY USAGE`` (client buffers, script caches, the keyspace's own
+    hash tables) and ``dataset.bytes``: ``{name: bytes}``."""
+    stats = client.memory_stats()
+    db0 = stats.get("db.0", {})
+    return {name: int(stats.get(name, db0.get(name, 0))) for name in OVERHEADS}
+
+
+def _print_parts(out, first: dict, last: dict) -> None:
+    out("used_memory's other parts (MEMORY STATS), first -> last sample:")
+    for name in OVERHEADS:
+        out(f"    {name:31} {first[name]:>11,} {last[name]:>11,} {last[name] - first[name]:>+9,}")
+
+
 def _stream_lengths(mq) -> str:
     return ", ".join(f"{q} {mq.client.xlen(mq.keys.queue_key(q, 'events')):,}" for q in QUEUES)
 
@@ -243,12 +262,14 @@ def run(
             samples.append(s)
             if len(samples) == 1:
                 first_kinds, first_streams = key_kinds(mq.client), _stream_lengths(mq)
+                first_parts = memory_parts(mq.client)
             out(
                 f"{s['jobs']:>8} {s['flows']:>7} {s['used_memory']:>12,} {s['keys']:>7} "
                 f"{s['mirror_rows']:>7} {s['completed']:>9} {s['dead']:>5} {s['elapsed_s']:>6}"
             )
         jobs_at = (samples[0]["jobs"], samples[-1]["jobs"])
         _print_growth(out, first_kinds, key_kinds(mq.client), jobs_at)
+        _print_parts(out, first_parts, memory_parts(mq.client))
         streams = f"{first_streams} -> {_stream_lengths(mq)}"
         out(f"events stream entries (cap ~10,000 a queue): {streams}")
     finally:

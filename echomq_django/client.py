@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import secrets
 import threading
 import time
@@ -50,6 +51,7 @@ from .scripts import Scripts
 BACKOFF_CAP_MS = 3_600_000
 COMPLETE_BATCH = 500  # jobs per complete script: a few ms of Redis time at most
 MAX_QUEUES = 10_000  # names P:queues holds; past it new queues are not added (a warning)
+CALL_TOKEN = re.compile(r"[0-9A-Za-z._-]{1,64}")  # claim's call token (a key part)
 REGISTER_EVERY_S = 60.0  # a process re-adds a queue it writes to at most this often
 
 log = logging.getLogger("echomq_django.client")
@@ -254,7 +256,9 @@ class EchoMQ(FlowCalls, SchedulingCalls, EventCalls, LifecycleCalls, BulkCalls, 
         state = to_text(state)
         return state.split(" ", 1)[1] if state.startswith("deduplicated ") else job_id
 
-    def claim(self, queue: str, count: int = 1, lease_ms: int | None = None) -> list[Job]:
+    def claim(
+        self, queue: str, count: int = 1, lease_ms: int | None = None, token: str | None = None
+    ) -> list[Job]:
         """Claim up to ``count`` pending jobs of ``queue`` in one call.
 
         Each returned ``Job`` is active, holds a fresh ``lease`` token and a
@@ -263,9 +267,18 @@ class EchoMQ(FlowCalls, SchedulingCalls, EventCalls, LifecycleCalls, BulkCalls, 
         a ``Claimed``: empty with ``paused`` True when the queue is paused,
         or with ``wait_ms`` set when its RATE_LIMIT window is full (DESIGN
         §10.3); higher priorities come first.
+
+        ``token`` (str, 1-64 of ``[0-9A-Za-z._-]``) names the call; None
+        draws a fresh one. Pass the token of a claim that raised a
+        connection error (its reply may be lost after Redis ran it): within
+        that claim's lease the same jobs come back, with the lease they have
+        left, instead of staying active unseen until the lease expires.
+        Raises ``ValueError`` for a bad ``count``, ``lease_ms`` or ``token``.
         """
         whole_number("count", count, 1)
         whole_number("lease_ms", lease_ms, 1, optional=True)
+        if token is not None and not CALL_TOKEN.fullmatch(str(token)):
+            raise ValueError(f"token {token!r}: a claim token is 1-64 of [0-9A-Za-z._-]")
         lease = int(lease_ms if lease_ms is not None else self.setting(queue, "LEASE_MS"))
         now = self.clock()
         k = self.keys.queue(queue)
@@ -273,11 +286,13 @@ class EchoMQ(FlowCalls, SchedulingCalls, EventCalls, LifecycleCalls, BulkCalls, 
             self.scripts.run(
                 "claim",
                 [k.pending, k.active, k.lease_seq],
-                [k.base, count, now, lease, secrets.token_hex(8), *self._limit(queue)],
+                [k.base, count, now, lease, token or secrets.token_hex(8), *self._limit(queue)],
             )
         )
         if type(flat) is dict:
-            return Claimed(paused=bool(flat.get("paused")), wait_ms=flat.get("wait"))
+            if "jobs" not in flat:
+                return Claimed(paused=bool(flat.get("paused")), wait_ms=flat.get("wait"))
+            lease, flat = max(int(flat["left"]), 0), flat["jobs"]  # a replay: its leases' rest
         deadline, n = now + lease, len(CLAIM_FIELDS)
         return Claimed(
             Job.from_claim(

@@ -58,7 +58,8 @@ Decisions (documented here, relied on by the tests):
   backoff doubling from ``BACKOFF_START_S`` to ``BACKOFF_MAX_S``; no claims
   meanwhile; finished results are kept and reported once Redis answers. No job
   is acknowledged without Redis, so a job held is never lost: at worst its
-  lease expires and the pump recovers it.
+  lease expires and the pump recovers it. A claim that raised is sent again
+  with its own call token, so jobs a lost reply leased come back at once.
 * Burst mode stops when nothing is running and a claim on every queue finds
   nothing; delayed jobs (backoff, scheduled) are not waited for.
 * Redis dropped under a blocking wait (restart, failover): once it answers
@@ -212,6 +213,8 @@ class Worker(ClaimLoop):
         # queue -> parents this worker saw released on it (written by the reporter only): a
         # claim that came back short rests its queue only if none was released meanwhile
         self._released = dict.fromkeys(self.queues, 0)
+        # queue -> the token of a claim that raised (its reply may be lost): sent again
+        self._lost_claims: dict[str, str] = {}
         self._turn = 0
         self._warned: set[str] = set()
         self._subscribed = False  # event kinds with receivers here recorded for our queues

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import queue as _queue
+import secrets
 import time
 
 from django.db import close_old_connections
@@ -146,6 +147,8 @@ class ClaimLoop:
             self._subscribed = True
         got, now, n = 0, time.monotonic(), len(self.queues)
         first, self._turn = self._turn, (self._turn + 1) % n
+        if self._lost_claims:  # a lost claim's jobs first: they were leased for our room
+            first = self.queues.index(next(iter(self._lost_claims)))
         for i in range(n):
             if free <= 0:
                 break
@@ -154,7 +157,16 @@ class ClaimLoop:
                 continue
             want = min(free, self.batch)
             released = self._released[queue]
-            jobs = self.mq.claim(queue, want, self.leases[queue])
+            token = self._lost_claims.pop(queue, None) or secrets.token_hex(8)
+            try:
+                jobs = self.mq.claim(queue, want, self.leases[queue], token=token)
+            except REDIS_DOWN:
+                # Redis may have run it and lost only the reply: the next try
+                # sends the same token, and a claim that ran gives its jobs
+                # back (lua/claim.lua's replay) instead of leaving them active
+                # and unseen until their lease expires
+                self._lost_claims[queue] = token
+                raise
             if jobs.wait_ms:  # its RATE_LIMIT window is full: rest until it opens
                 self._rest[queue] = now + jobs.wait_ms / 1000
             elif len(jobs) < want and self._released[queue] == released:

@@ -15,8 +15,9 @@
   ARGV[4] lease length (ms)
   ARGV[5] call token: a fresh random string per claim call; the reply is kept
           under P:{q}:claim:<token> for the lease length, so a replay of the
-          same call (redis-py re-sends a command whose reply was lost) gets
-          the same jobs instead of leasing a second batch
+          same call (redis-py re-sends a command whose reply was lost, or a
+          worker asks again with the token of a claim that raised) gets the
+          same jobs instead of leasing a second batch
   ARGV[6] rate limit: at most this many claims per window ('0' = no limit),
           counted for all workers in the hash P:{q}:limiter {start, n}
           (DESIGN §10.3 RATE_LIMIT)
@@ -33,7 +34,9 @@
            parent, parent_queue, parent_policy, created_at, timeout_ms, priority
            (strings; an absent field is false);
            '{"paused":1}' when the queue is paused, '{"wait":ms}' when the
-           rate limit's window is full (ms until it opens)
+           rate limit's window is full (ms until it opens); a replay answers
+           '{"left":ms,"jobs":[...]}': the first call's array and the ms its
+           leases have left
   errors:  none; an id whose row is gone or not pending is dropped silently
            (it was removed by retention or already moved by another path)
 ]]
@@ -46,7 +49,7 @@ local deadline = tonumber(now) + tonumber(ARGV[4])
 local memo = base .. 'claim:' .. ARGV[5]
 local replayed = redis.call('GET', memo)
 if replayed then
-  return replayed
+  return '{"left":' .. redis.call('PTTL', memo) .. ',"jobs":' .. replayed .. '}'
 end
 if redis.call('EXISTS', base .. 'paused') == 1 then
   redis.call('ZREM', base .. 'wake', WAKE_NOW)  -- resume wakes the workers again

@@ -32,13 +32,12 @@ def test_a_redis_restart_under_a_blocking_wait_loses_no_job() -> None:
     bg = None
     try:
         client = redis.Redis.from_url(server.url, socket_timeout=5)
-        mq = EchoMQ(client, prefix="emq", queues={"r": {"LEASE_MS": 1000}})
+        mq = EchoMQ(client, prefix="emq", queues={"r": {"LEASE_MS": 60_000}})
         # a claim Redis ran just before it was killed, whose reply never came
-        # back, leaves its job active until the lease expires and a sweep
-        # recovers it (the worker's next claim has a new token): so r's lease
-        # is 1 s and the sweep 1 s here. Sweeps never claim: q's job below is
-        # still found by the wake-up alone
-        bg = _worker(mq, ["q", "r"], sweep_interval=1.0)
+        # back, gives its job back when the worker asks again with that
+        # claim's token (the memo is in the AOF): no lease expiry and no
+        # sweep is waited for (both are longer than the test's wait)
+        bg = _worker(mq, ["q", "r"])
         worker = bg.worker
         # a job lands (the AOF has it) and Redis dies right after: claimed
         # before the kill, or after the restart, it runs once

@@ -133,9 +133,36 @@ def test_a_replayed_claim_returns_the_same_jobs(mq):
         [k.base("q"), 2, 1_000_000, 5000, "claim-token-1", 0, 0],
     )
     first = mq.scripts.run("claim", *call)
-    assert mq.scripts.run("claim", *call) == first  # the replay leases nothing new
+    again = json.loads(mq.scripts.run("claim", *call))  # the replay leases nothing new
+    assert again == {"left": again["left"], "jobs": json.loads(first)}
+    assert 0 < again["left"] <= 5000
     assert mq.job_ids("q", "pending") == ["j2"]
     assert mq.job_ids("q", "active") == ["j0", "j1"]
+
+
+def test_a_claim_asked_again_with_its_token_gives_its_jobs_back(mq):
+    """A caller whose claim raised (its reply lost) asks again with the same
+    token: the same jobs and leases come back, with the lease they have left,
+    and nothing more is leased."""
+    for i in range(3):
+        mq.enqueue("q", "x", {}, job_id=f"j{i}")
+    first = mq.claim("q", 2, lease_ms=60_000, token="lost-1")
+    again = mq.claim("q", 2, lease_ms=60_000, token="lost-1")
+    assert [(j.id, j.lease, j.attempts) for j in again] == [
+        (j.id, j.lease, j.attempts) for j in first
+    ]
+    assert [j.attempts for j in again] == [1, 1]
+    assert all(a.lease_deadline <= f.lease_deadline for a, f in zip(again, first, strict=True))
+    assert mq.job_ids("q", "pending") == ["j2"]
+    assert [j.id for j in mq.claim("q", 2, token="lost-2")] == ["j2"]
+
+
+@pytest.mark.parametrize("token", ["", "a b", "x" * 65, "k}:"])
+def test_a_bad_claim_token_is_refused_before_any_write(mq, token):
+    mq.enqueue("q", "x", {}, job_id="j0")
+    with pytest.raises(ValueError, match="a claim token is 1-64 of"):
+        mq.claim("q", token=token)
+    assert mq.job_ids("q", "pending") == ["j0"]
 
 
 def test_replayed_complete_and_fail_change_nothing(mq):

@@ -55,6 +55,30 @@ def test_same_queue_flow_runs_to_the_parent(mq):
     counts(mq, completed=6)
 
 
+def test_a_claim_whose_reply_was_lost_gives_its_job_back(mq, monkeypatch):
+    """Redis ran the worker's claim and the reply was lost (a connection
+    error after the script ran): the worker asks again with the same token
+    and gets that job back at once. With a new token it found nothing, and
+    the job stayed active, unseen, until its lease expired."""
+    mq.enqueue("q", "t.echo", "kept", job_id="j")
+    real, calls = mq.claim, []
+
+    def lose_first_reply(queue, count=1, lease_ms=None, token=None):
+        calls.append(token)
+        jobs = real(queue, count, lease_ms, token=token)
+        if len(calls) == 1:
+            raise redis.ConnectionError("reply lost")
+        return jobs
+
+    monkeypatch.setattr(mq, "claim", lose_first_reply)
+    worker, processed = burst(mq, ["q"], concurrency=2)
+    assert worker.stats["completed"] == 1
+    assert processed == 1 and calls[0] == calls[1]
+    job = mq.get_job("q", "j")
+    assert (job.state, job.result, job.attempts) == (JobState.COMPLETED, "kept", 1)
+    counts(mq, completed=1)
+
+
 def test_a_tree_resolves_level_by_level(mq):
     mq.add_flow(
         Flow(
@@ -514,8 +538,8 @@ def test_a_short_claim_rests_its_queue_unless_a_parent_was_released_meanwhile(
     worker = Worker(["q"], concurrency=2, mq=mq, poll_interval=60)
     real = mq.claim
 
-    def claim(queue, count, lease_ms=None):
-        jobs = real(queue, count, lease_ms)  # the queue is empty: a short claim
+    def claim(queue, count, lease_ms=None, token=None):
+        jobs = real(queue, count, lease_ms, token)  # the queue is empty: a short claim
         if released_meanwhile:
             child = SimpleNamespace(queue=queue, id="c")
             worker._reporter._after(child, Outcome(released=[(queue, "p")]))  # as it does
