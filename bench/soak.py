@@ -1,16 +1,18 @@
 """``python -m bench --soak``: a queue that runs for a year in bounded memory
 (issue 13, DESIGN §10.2).
 
-Pushes ``--soak-jobs`` plain jobs (default 200,000) and ``--soak-flows``
+Pushes ``--soak-jobs`` plain jobs (default 200,000; ``--second-share``
+percent of them, default 50, on the second queue) and ``--soak-flows``
 small flows (default 20,000: a parent and three children, one flow in ten
-with a child on a second queue) through real ``Worker`` processes and one
+with a child on the second queue) through real ``Worker`` processes and one
 ``Pump`` process (outbox, retention, the admin mirror into a SQLite file),
 with the default retention (completed: 1,000 and 1 day; dead: 10,000 and 14
 days). Outcomes are mixed: one job in ten fails once and succeeds on its
 retry, one in a thousand dies (a dead child fails its flow).
 
 The producer adds work in rounds of ``--soak-every`` jobs (and their share
-of flows), keeping the backlog small; after each round it waits until the
+of flows), ``FEED`` jobs at a time as the workers take them, keeping the
+backlog small; after each round it waits until the
 queues are drained and the pump's retention has caught up (nothing pending,
 active, delayed or in an outbox, the work lists empty), then samples Redis'
 ``used_memory``, its key count and the mirror's row count. The curve is
@@ -35,6 +37,7 @@ DIE_EVERY = 1000  # one job in a thousand dies (Unrecoverable)
 CROSS_EVERY = 10  # one flow in ten has a child on the second queue
 CHILDREN = 3
 LEASE_MS = 5000  # a claim's replay memo lives this long: sampled after it expired
+FEED = 1000  # plain jobs added at a time; the next ones once the backlog is under it
 
 
 def setup_django(url: str, db: str, keep_dead: int | None = None) -> None:
@@ -90,16 +93,40 @@ def pump(url: str, db: str, interval: float, ready, stop, keep_dead=None) -> Non
     p.run(interval=interval, should_stop=stop.is_set)
 
 
-def _add_round(mq, start: int, jobs: int, flows: int) -> None:
+def _backlog(mq) -> int:
+    """Jobs added and not finished yet, on both queues."""
+    total = 0
+    for q in QUEUES:
+        c = mq.counts(q)
+        total += c["pending"] + c["active"] + c["delayed"] + c["awaiting_children"]
+    return total
+
+
+def _add_round(mq, start: int, jobs: int, flows: int, second_share: int = 50) -> None:
+    """Add one round at the rate the workers take it: ``FEED`` plain jobs
+    (``second_share`` % of them on the second queue) and their share of
+    flows at a time, the next ones once the backlog is back under ``FEED``.
+    A round added at once would leave a backlog of ~30,000 rows, and Redis'
+    keyspace table, sized for its peak, shrinks only below a tenth full:
+    whether it had shrunk by a sample moved ``used_memory`` by ~250 KB."""
+    done_jobs = done_flows = 0
+    while done_jobs < jobs:
+        n = min(FEED, jobs - done_jobs)
+        m = flows * (done_jobs + n) // jobs - done_flows
+        _add_chunk(mq, start + done_jobs, n, start // 10 + done_flows, m, second_share)
+        done_jobs, done_flows = done_jobs + n, done_flows + m
+        while _backlog(mq) > FEED:
+            time.sleep(0.05)
+
+
+def _add_chunk(mq, at: int, jobs: int, first_flow: int, flows: int, second_share: int) -> None:
     from echomq_django import Flow
 
-    pipe_batch = 500
-    for at in range(start, start + jobs, pipe_batch):
-        n = min(pipe_batch, start + jobs - at)
-        for i in range(at, at + n):
-            mq.enqueue(QUEUES[0], "soak.job", {"i": i}, max_attempts=2, backoff_ms=0)
+    for i in range(at, at + jobs):
+        q = QUEUES[1] if (i * 37) % 100 < second_share else QUEUES[0]
+        mq.enqueue(q, "soak.job", {"i": i}, max_attempts=2, backoff_ms=0)
     batch = []
-    for f in range(start // 10, start // 10 + flows):
+    for f in range(first_flow, first_flow + flows):
         kids = [
             Flow(
                 QUEUES[1] if (f % CROSS_EVERY == 0 and c == 0) else QUEUES[0],
@@ -213,8 +240,11 @@ def run(
     url: str | None = None,
     out=print,
     keep_dead: int | None = None,
+    second_share: int = 50,
 ) -> dict:
-    """Run the soak; returns ``{samples: [...], first, last, ratio}``."""
+    """Run the soak; returns ``{samples: [...], first, last, ratio}``.
+    ``second_share``: the percentage (0-100) of plain jobs added to the
+    second queue."""
     server = None if url else start_server()
     url = url or server.url
     db = os.path.join(tempfile.mkdtemp(prefix="emq-soak-"), "mirror.sqlite3")
@@ -246,7 +276,7 @@ def run(
         )
         while done < jobs:
             n = min(every, jobs - done)
-            _add_round(mq, done, n, flows * n // jobs)
+            _add_round(mq, done, n, flows * n // jobs, second_share)
             done += n
             while not _settled(mq):
                 time.sleep(0.2)
@@ -308,6 +338,8 @@ def main(argv=None) -> int:
     p.add_argument("--workers", default="2x16", help="PROCESSESxCONCURRENCY (default %(default)s)")
     p.add_argument("--redis-url", help="use this Redis (FLUSHALLed!) instead of a private one")
     p.add_argument("--keep-dead", type=int, help="KEEP_DEAD for both queues (default: the default)")
+    share = "%% of plain jobs on the second queue, 0-100 (default %(default)s)"
+    p.add_argument("--second-share", type=int, default=50, help=share)
     args = p.parse_args(argv)
     if args.quick:
         args.soak_jobs, args.soak_flows, args.soak_every = 20_000, 2_000, 2_000
@@ -315,10 +347,13 @@ def main(argv=None) -> int:
         procs_n, concurrency = (int(v) for v in args.workers.lower().split("x"))
         if min(procs_n, concurrency, args.soak_jobs, args.soak_every) < 1 or args.soak_flows < 0:
             raise ValueError
+        if not 0 <= args.second_share <= 100:
+            raise ValueError
     except ValueError:
-        print("python -m bench --soak: --workers is PxC and counts are whole numbers >= 1",
-              file=sys.stderr)  # fmt: skip
+        print("python -m bench --soak: --workers is PxC, counts are whole numbers >= 1 and "
+              "--second-share is 0-100", file=sys.stderr)  # fmt: skip
         return 2
     result = run(args.soak_jobs, args.soak_flows, args.soak_every, procs_n, concurrency,
-                 url=args.redis_url, keep_dead=args.keep_dead)  # fmt: skip
+                 url=args.redis_url, keep_dead=args.keep_dead,
+                 second_share=args.second_share)  # fmt: skip
     return 0 if result["ratio"] <= 1.10 else 1

@@ -87,6 +87,19 @@ def to_text(value: Any) -> str | None:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def row_error(r: dict) -> str | None:
+    """A job row's ``error`` joined from its pieces: ``r`` maps field names
+    (str) to raw values (bytes or str, absent or None when the row has none);
+    a long error is kept as ``error``, ``error.2`` ... ``error.<n>`` with
+    ``error.n`` = n (lua/lib/error.lua: a row of short values stays a compact
+    listpack). Returns the text, or None when the row holds no error."""
+    first, n = r.get("error"), r.get("error.n")
+    if first is None or n is None:
+        return to_text(first)
+    parts = [first, *(r.get(f"error.{i}") for i in range(2, int(n) + 1))]
+    return "".join(to_text(p) or "" for p in parts)
+
+
 def decode_policy(value: Any, has_parent: bool) -> Policy | None:
     """A row's ``parent_policy`` field (raw, or None when the row has none) as
     a ``Policy``: the compact row leaves out ``fp``, so a child without the
@@ -262,7 +275,7 @@ class Job:
             max_attempts=max_attempts,
             backoff_ms=backoff_ms,
             result=_json(r.get("result")),
-            error=to_text(r.get("error")),
+            error=row_error(r),
             parent=parent,
             parent_queue=parent_queue,
             parent_policy=policy,

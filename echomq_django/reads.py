@@ -13,7 +13,7 @@ from typing import Any
 import redis
 
 from .exceptions import JobNotFound, connection_error, reports_redis_down
-from .jobs import Dependencies, Job, JobState, decode_policy, to_text
+from .jobs import Dependencies, Job, JobState, decode_policy, row_error, to_text
 from .keyspace import JobKeys, validate_queue
 
 ROWS_PER_TRIP = 500  # job rows per pipelined round trip (rows, states, exist)
@@ -167,18 +167,23 @@ class Reads:
             pipe = self.client.pipeline(transaction=False)
             for node in level:
                 keys = self.keys.job_keys(node["queue"], node["id"])
-                pipe.hmget(keys.row, "name", "state", "result", "error", "parent_policy")
+                pipe.hmget(keys.row, "name", "state", "result", "error", "parent_policy", "error.n")
                 pipe.lrange(keys.children, *window(node is root))
                 pipe.llen(keys.children)
                 pipe.get(keys.dependencies)
             replies = pipe.execute()
             next_level = []
             for i, node in enumerate(level):
-                (name, state, result, error, policy), kids, total, remaining = replies[
+                (name, state, result, error, policy, pieces), kids, total, remaining = replies[
                     4 * i : 4 * i + 4
                 ]
+                ref = self.keys.job(node["queue"], node["id"])
+                if pieces is not None:  # a long error, kept in pieces (jobs.row_error)
+                    fields = [f"error.{n}" for n in range(2, int(pieces) + 1)]
+                    rest = dict(zip(fields, self.client.hmget(ref, fields), strict=True))
+                    error = row_error({"error": error, "error.n": pieces, **rest})
                 node.update(
-                    ref=self.keys.job(node["queue"], node["id"]),
+                    ref=ref,
                     name=to_text(name),
                     state=to_text(state),
                     result=json.loads(result) if result else None,

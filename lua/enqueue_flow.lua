@@ -159,11 +159,11 @@ end
 -- a finished child met again tells its parent how it ended (guarded there)
 local function announce(id, parent, pq)
   local row = base .. 'job:' .. id
-  local f = redis.call('HMGET', row, 'state', 'result', 'error', 'parent_inc')
+  local f = redis.call('HMGET', row, 'state', 'result', 'parent_inc')
   if f[1] == 'completed' then
-    resolve_done(base, id, f[2], tonumber(now), parent, pq ~= queue and pq or nil, f[4])
+    resolve_done(base, id, f[2], tonumber(now), parent, pq ~= queue and pq or nil, f[3])
   elseif f[1] == 'dead' then
-    propagate_death(base, id, f[3] or '', tonumber(now))
+    propagate_death(base, id, get_error(row) or '', tonumber(now))
   end
 end
 

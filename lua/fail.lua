@@ -45,7 +45,7 @@ if f[1] ~= 'active' then
   -- with this error, into a state a fail writes. A job this lease completed
   -- is no replay of a fail: refused (issue 17, item 4).
   if f[2] == token and (f[1] == 'delayed' or f[1] == 'pending' or f[1] == 'dead')
-      and redis.call('HGET', row, 'error') == err then
+      and get_error(row) == err then
     return cjson.encode({state = f[1]})
   end
   return redis.error_reply('EMQSTATE ' .. QUEUE .. ' ' .. id .. ' ' .. f[1])
@@ -66,12 +66,14 @@ if attempts < max_attempts and ARGV[8] ~= '1' then
   local run_at = now + math.floor(wait)
   redis.call('ZREM', base .. 'active', id)
   if run_at > now then
-    redis.call('HSET', row, 'state', 'delayed', 'error', err, 'updated_at', now)
+    redis.call('HSET', row, 'state', 'delayed', 'updated_at', now)
+    set_error(row, err)
     make_delayed(base, id, run_at)
     OUT.state = 'delayed'
     OUT.run_at = run_at
   else
-    redis.call('HSET', row, 'state', 'pending', 'error', err, 'updated_at', now)
+    redis.call('HSET', row, 'state', 'pending', 'updated_at', now)
+    set_error(row, err)
     make_claimable(base, {id}, redis.call('HGET', row, 'priority'))
     OUT.state = 'pending'
   end

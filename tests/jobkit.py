@@ -17,6 +17,7 @@ import pytest
 from redis.cluster import RedisCluster
 
 from echomq_django import EchoMQ, Flow, JobState
+from echomq_django.jobs import row_error
 from echomq_django.keyspace import STATE_INDEX
 from tests.workerkit import T0, Clock  # noqa: F401  (T0 re-exported to the tests)
 
@@ -53,7 +54,18 @@ def where(mq: EchoMQ, queue: str, job_id: str) -> list[str]:
 
 
 def row(mq: EchoMQ, queue: str, job_id: str) -> dict[str, str]:
-    """The job row as ``{field: text}``."""
+    """The job row as ``{field: text}``, a long error joined from its pieces
+    into ``error`` (``raw_row`` keeps them apart)."""
+    r = raw_row(mq, queue, job_id)
+    if "error.n" in r:
+        r["error"] = row_error(r)
+        for n in range(2, int(r.pop("error.n")) + 1):
+            del r[f"error.{n}"]
+    return r
+
+
+def raw_row(mq: EchoMQ, queue: str, job_id: str) -> dict[str, str]:
+    """The job row as Redis holds it, ``{field: text}``."""
     return {_text(f): _text(v) for f, v in mq.client.hgetall(mq.keys.job(queue, job_id)).items()}
 
 

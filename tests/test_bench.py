@@ -114,3 +114,31 @@ def test_prune_instructions_counts_one_prune():
     assert out.startswith("prune removed 100 rows in ")
     per_row = int(out.rsplit(": ", 1)[1].split()[0].replace(",", ""))
     assert 5_000 < per_row < 200_000
+
+
+def test_a_small_soak_runs_and_its_mirror_holds_what_redis_holds():
+    """``python -m bench --soak`` at a tenth of a round, two samples: the
+    deaths its mix predicts (plain jobs 7 and 1007; flow child 7 and the
+    parent it fails), a mirror holding exactly the rows Redis holds, the
+    breakdown by kind and the ratio line. Bad flags exit 2."""
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    args = ["--soak-jobs", "2000", "--soak-flows", "200", "--soak-every", "1000"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench", "--soak", *args, "--workers", "1x4"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert proc.returncode in (0, 1), proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    head = lines.index(next(line for line in lines if line.split()[:2] == ["jobs", "flows"]))
+    samples = [line.replace(",", "").split() for line in lines[head + 1 : head + 3]]
+    assert [int(s[0]) for s in samples] == [1000, 2000]
+    for _jobs, _flows, _mem, _keys, mirror, completed, dead, _s in samples:
+        assert int(mirror) == int(completed) + int(dead)
+    assert [int(s[6]) for s in samples] == [3, 4]
+    assert any(line.strip().startswith("overhead.hashtable.main") for line in lines)
+    assert lines[-1].startswith("used_memory after 2,000 jobs is ")
+    bad = subprocess.run(
+        [sys.executable, "-m", "bench", "--soak", "--second-share", "101"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert bad.returncode == 2 and "--second-share is 0-100" in bad.stderr

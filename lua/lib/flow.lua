@@ -39,6 +39,7 @@
 ]]
 -- @include lib/events.lua
 -- @include lib/emit.lua
+-- @include lib/error.lua
 
 -- @include lib/claimable.lua
 
@@ -205,7 +206,8 @@ reattach = function(base, pid, ref, now, inc)
   redis.call('ZREM', base .. 'dead', pid)
   redis.call('ZADD', base .. 'awaiting', now, pid)
   redis.call('HSET', pkey, 'state', 'awaiting_children', 'updated_at', now)
-  redis.call('HDEL', pkey, 'error', 'finished_at')
+  redis.call('HDEL', pkey, 'finished_at')
+  clear_error(pkey)
   emit(base, 'reattached', pid)
   OUT.revived[#OUT.revived + 1] = base .. pid
   reattach_up(base, pid, now)
@@ -254,7 +256,8 @@ local function kill(base, id, err, now)
   elseif state == 'pending' then
     unclaimable(base, id)
   end
-  redis.call('HSET', key, 'state', 'dead', 'error', err, 'finished_at', now, 'updated_at', now)
+  redis.call('HSET', key, 'state', 'dead', 'finished_at', now, 'updated_at', now)
+  set_error(key, err)
   redis.call('ZADD', base .. 'dead', now, id)
   if f[3] then  -- its own keep (ms): retention's expire list (lib/lifecycle.lua)
     redis.call('ZADD', base .. 'expire', now + tonumber(f[3]), id)
