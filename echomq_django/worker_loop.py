@@ -75,7 +75,6 @@ class ClaimLoop:
         self._retry_at = 0.0
         if free > 0 or timed:
             outage.ok()
-        self._claimed += got
         return got, asked
 
     def _run_is_over(self, now: float, got: int, asked: bool, max_jobs: int | None) -> bool:
@@ -177,6 +176,7 @@ class ClaimLoop:
                 for job in jobs:
                     self._running[(queue, job.id)] = job
             self._executing += len(jobs)
+            self._claimed += len(jobs)  # here: a later queue's claim may raise (max_jobs)
             for job in jobs:
                 self._pool.submit(self._execute, job, self._done)
             free -= len(jobs)

@@ -67,44 +67,14 @@ OUT.cross = {}
 OUT.retried = {}
 local mine = base .. 'job:'
 
--- A cancelled job's retry takes its cancel back first (DESIGN §10.2; the
--- README's protocol notes): its queued subtree work (its P:{q}:cancel item,
--- its `cancel` entries still in this queue's outbox) goes, and its same-slot
--- children still running lose their `cancel` mark, so their results count.
-local function uncancel(jid, key)
-  local list = base .. 'cancel'
-  for _, item in ipairs(redis.call('LRANGE', list, 0, -1)) do
-    if item:sub(1, #jid + 1) == jid .. ' ' then
-      redis.call('LREM', list, 0, item)
-    end
-  end
-  local outbox = base .. 'flow:outbox'
-  for _, raw in ipairs(redis.call('LRANGE', outbox, 0, -1)) do
-    if raw:find('"cancel"', 1, true) then
-      local e = cjson.decode(raw)
-      if e.k == 'cancel' and e.v == jid then
-        redis.call('LREM', outbox, 1, raw)
-      end
-    end
-  end
-  local inc = redis.call('HGET', key, 'inc')
-  for _, ref in ipairs(redis.call('LRANGE', key .. ':children', 0, -1)) do
-    if ref:sub(1, #mine) == mine then
-      local ckey = job_key(base, ref:sub(#mine + 1))
-      local c = redis.call('HMGET', ckey, 'state', 'parent', 'cancel', 'parent_inc')
-      if c[1] == 'active' and c[2] == jid and c[3] and c[4] == inc then
-        redis.call('HDEL', ckey, 'cancel')
-      end
-    end
-  end
-end
+-- A cancelled job's retry takes its cancel back first (uncancel, lib/flow.lua).
 
 local function retry_job(jid)
   local key = job_key(base, jid)
   local failed = redis.call('HKEYS', key .. ':failed')
   local f = redis.call('HMGET', key, 'error', 'went_on')
   if f[1] == 'cancelled' then
-    uncancel(jid, key)
+    uncancel(base, jid, key)
   end
   if #failed == 0 and f[1] == 'cancelled' and not f[2]
       and tonumber(redis.call('GET', key .. ':dependencies') or '0') > 0 then
@@ -118,6 +88,10 @@ local function retry_job(jid)
     redis.call('HDEL', key, 'finished_at', 'cancel')
     clear_error(key)
     redis.call('ZREM', base .. 'expire', jid)
+    local deadline = redis.call('HGET', key, 'children_deadline')
+    if deadline then  -- held again, under the deadline it had (a sweep while dead dropped it)
+      redis.call('ZADD', base .. 'deadlines', deadline, jid)
+    end
     emit(base, 'retried', jid)
     OUT.revived[#OUT.revived + 1] = base .. jid
     reattach_up(base, jid, now)

@@ -96,6 +96,7 @@ class Node:
     hashes: dict[str, set] = field(default_factory=lambda: {p: set() for p in PARTS})
     priority: int = 0
     deadline: int | None = None  # children deadline (ms) while in P:{q}:deadlines
+    children_deadline: int | None = None  # the deadline it was added with (its row's)
     dedup: str | None = None  # the dedup key it holds
     went_on: bool = False  # released early by a continue_parent_on_failure child
     cancelled: bool = False  # died of the error 'cancelled'
@@ -137,6 +138,9 @@ class Model:
             return
         p.hashes["failed"].discard(cid)
         if not p.hashes["failed"] and p.state == "dead":
+            if p.cancelled:  # revived: its cancel is taken back, as by its own retry
+                self.uncancel(pid)
+                p.cancelled = False
             p.state = AWAIT
             self.reattach_up(pid)
 
@@ -184,6 +188,8 @@ class Model:
         j = self.jobs[jid]
         if j.state == "dead":
             return
+        if cancelled and j.state != AWAIT and j.children:
+            j.went_on = True  # past waiting: its retry runs it (pending), never holds it again
         j.state, j.cancelled = "dead", cancelled
         self.dead.append(jid)
         self.finish(jid)
@@ -217,16 +223,20 @@ class Model:
         else:
             j.state = "pending"
 
+    def uncancel(self, jid: str) -> None:
+        """Its cancel taken back: its running children's results count."""
+        for cid in self.jobs[jid].children:
+            c = self.jobs.get(cid)
+            if c is not None and c.state == "active" and c.parent == jid:
+                c.cancel = False
+
     def retry(self, jid: str) -> None:
         j = self.jobs[jid]
         if j.cancelled:  # its cancel is taken back: its running children's results count
-            for cid in j.children:
-                c = self.jobs.get(cid)
-                if c is not None and c.state == "active" and c.parent == jid:
-                    c.cancel = False
+            self.uncancel(jid)
         if not j.hashes["failed"] and j.cancelled and not j.went_on and j.counter:
             j.state, j.attempts, j.stalls, j.cancel = AWAIT, 0, 0, False
-            j.cancelled = False
+            j.cancelled, j.deadline = False, j.children_deadline  # held again, same deadline
             self.reattach_up(jid)
             return
         j.cancelled = False
@@ -369,6 +379,7 @@ class FlowMachine(RuleBasedStateMachine):
             counter=len(shape["children"]),
             priority=shape["priority"],
             deadline=None if timeout is None else self.clock.now + timeout,
+            children_deadline=None if timeout is None else self.clock.now + timeout,
             dedup=key,
         )
         if key:

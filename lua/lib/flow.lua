@@ -130,6 +130,40 @@ local function decrement_and_maybe_release(base, pid, now)
   end
 end
 
+-- A cancelled job taken back (a retry of it, or its revival when its last
+-- failed child is retried: DESIGN §10.2, README "A retry takes a cancel
+-- back"): its queued subtree work (its P:{q}:cancel item, its `cancel`
+-- entries still in this queue's outbox) goes, and its same-slot children
+-- still running lose their `cancel` mark, so their results count.
+local function uncancel(base, jid, key)
+  local list = base .. 'cancel'
+  for _, item in ipairs(redis.call('LRANGE', list, 0, -1)) do
+    if item:sub(1, #jid + 1) == jid .. ' ' then
+      redis.call('LREM', list, 0, item)
+    end
+  end
+  local outbox = base .. 'flow:outbox'
+  for _, raw in ipairs(redis.call('LRANGE', outbox, 0, -1)) do
+    if raw:find('"cancel"', 1, true) then
+      local e = cjson.decode(raw)
+      if e.k == 'cancel' and e.v == jid then
+        redis.call('LREM', outbox, 1, raw)
+      end
+    end
+  end
+  local mine = base .. 'job:'
+  local inc = redis.call('HGET', key, 'inc')
+  for _, ref in ipairs(redis.call('LRANGE', key .. ':children', 0, -1)) do
+    if ref:sub(1, #mine) == mine then
+      local ckey = job_key(base, ref:sub(#mine + 1))
+      local c = redis.call('HMGET', ckey, 'state', 'parent', 'cancel', 'parent_inc')
+      if c[1] == 'active' and c[2] == jid and c[3] and c[4] == inc then
+        redis.call('HDEL', ckey, 'cancel')
+      end
+    end
+  end
+end
+
 local reattach
 
 -- A child its parent ignored (`id`) re-attaches when it is retried (issue 17,
@@ -207,6 +241,9 @@ reattach = function(base, pid, ref, now, inc)
   redis.call('ZADD', base .. 'awaiting', now, pid)
   redis.call('HSET', pkey, 'state', 'awaiting_children', 'updated_at', now)
   redis.call('HDEL', pkey, 'finished_at')
+  if redis.call('HGET', pkey, 'error') == 'cancelled' then
+    uncancel(base, pid, pkey)  -- revived: its cancel is taken back, as by its own retry
+  end
   clear_error(pkey)
   emit(base, 'reattached', pid)
   OUT.revived[#OUT.revived + 1] = base .. pid
@@ -263,6 +300,12 @@ local function kill(base, id, err, now)
     redis.call('ZADD', base .. 'expire', now + tonumber(f[3]), id)
   end
   if err == 'cancelled' then  -- every road of a cancel: queued, running, stalled (DESIGN §10.2)
+    if state ~= 'awaiting_children' and redis.call('EXISTS', key .. ':children') == 1 then
+      -- a parent past waiting (released, or retried after its children timed
+      -- out): it went on without its children, and its retry runs it again
+      -- (pending), never holding it for them a second time (retry.lua)
+      redis.call('HSET', key, 'went_on', now)
+    end
     signal_event(base, 'cancelled', id, err)
   end
   emit(base, 'dead', id)
