@@ -40,11 +40,14 @@ def decoding_twin(client):
 
 # -- errors in pieces --------------------------------------------------------
 
-BOUNDARY_ERRORS = [
-    pad * "a" + ch * 40
-    for ch in ("é", "€", "🛒")
-    for pad in range(58, 66)
-] + ["a" * 63 + "é", "a" * 64 + "é", "€" * 22, "🛒" * 17, "x" * 65, "x" * 1536]
+BOUNDARY_ERRORS = [pad * "a" + ch * 40 for ch in ("é", "€", "🛒") for pad in range(58, 66)] + [
+    "a" * 63 + "é",
+    "a" * 64 + "é",
+    "€" * 22,
+    "🛒" * 17,
+    "x" * 65,
+    "x" * 1536,
+]
 
 
 @pytest.mark.parametrize("error", BOUNDARY_ERRORS, ids=lambda e: f"{len(e.encode())}B")
@@ -52,9 +55,10 @@ def test_multibyte_errors_at_piece_boundaries_come_back_whole(tmq, error) -> Non
     tmq.enqueue("q", "x", {}, job_id="j")
     kill(tmq, "j", error)
     r = tmq.client.hgetall(tmq.keys.job("q", "j"))
-    assert all(len(v) <= 64 for f, v in r.items() if f.startswith(b"error")) or len(
-        error.encode()
-    ) > 64 * 24
+    assert (
+        all(len(v) <= 64 for f, v in r.items() if f.startswith(b"error"))
+        or len(error.encode()) > 64 * 24
+    )
     assert tmq.get_job("q", "j").error == error
     assert tmq.get_flow("q", "j")["error"] == error
     twin = EchoMQ(decoding_twin(tmq.client), prefix="emq", clock=tmq.clock)
