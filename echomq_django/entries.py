@@ -63,10 +63,13 @@ def parse_entry(raw) -> tuple[dict | None, str | None]:
     return entry, None
 
 
-def deliver_batch(mq: EchoMQ, raw: list, outcome: Outcome) -> tuple[list, list]:
-    """Deliver the outbox entries ``raw`` (as read); returns the parsed
+def deliver_batch(mq: EchoMQ, raw: list, outcome: Outcome, source: str) -> tuple[list, list]:
+    """Deliver the outbox entries ``raw`` (as read from ``source``'s outbox,
+    a queue name); returns the parsed
     entries (None for a poison one) and a verdict per entry: True
-    (delivered), False (its parent is gone: tried again later) or a reason
+    (delivered), False (its parent is gone: tried again later), None
+    (delivered, but no replica of its parent's Cluster master confirmed it
+    in time: it stays in the outbox, ``EchoMQ.deliver``) or a reason
     text (poison: dead-letter it now). A batch the scripts refuse (data no
     check foresaw) is delivered again one entry at a time, so only the entry
     at fault is dead-lettered, with Redis' words. Merges what moved into
@@ -78,7 +81,7 @@ def deliver_batch(mq: EchoMQ, raw: list, outcome: Outcome) -> tuple[list, list]:
     verdicts: list = [reason for _, reason in parsed]
     good = [i for i, entry in enumerate(entries) if entry is not None]
     try:
-        flags, moved = mq.deliver([entries[i] for i in good])
+        flags, moved = mq.deliver([entries[i] for i in good], source=source)
         outcome.merge(moved)
     except RedisUnavailable:
         raise
@@ -88,7 +91,7 @@ def deliver_batch(mq: EchoMQ, raw: list, outcome: Outcome) -> tuple[list, list]:
         flags = []
         for i in good:
             try:
-                [flag], moved = mq.deliver([entries[i]])
+                [flag], moved = mq.deliver([entries[i]], source=source)
                 outcome.merge(moved)
             except RedisUnavailable:
                 raise
@@ -98,5 +101,5 @@ def deliver_batch(mq: EchoMQ, raw: list, outcome: Outcome) -> tuple[list, list]:
                 flag = f"delivery refused: {type(err).__name__}: {err}"
             flags.append(flag)
     for i, flag in zip(good, flags, strict=True):
-        verdicts[i] = flag if isinstance(flag, str) else bool(flag)
+        verdicts[i] = flag if flag is None or isinstance(flag, str) else bool(flag)
     return entries, verdicts

@@ -180,13 +180,20 @@ class FlowCalls:
 
     # -- the outbox (cross-queue fan-in, DESIGN §6) -------------------------
     def deliver(
-        self, entries: list[dict], sent: dict[str, list[str]] | None = None
-    ) -> tuple[list[bool], Outcome]:
+        self,
+        entries: list[dict],
+        sent: dict[str, list[str]] | None = None,
+        source: str | None = None,
+    ) -> tuple[list[bool | None], Outcome]:
         """Deliver outbox entries (dicts ``{k, c, p, q, pol?, v?, i?}``; ``i``
         the parent's incarnation, DESIGN §6) to their
         parents, one ``flow_deliver`` per parent queue, pipelined. Returns a
         delivered flag per entry (False: parent row gone, or the entry is
-        malformed) and the merged ``Outcome``. ``sent``, when given, gets
+        malformed; None: delivered, but on a Cluster master whose replica did
+        not confirm it in time, so the entry must stay in ``source``'s outbox
+        for a later sweep: ``Scripts.run_many_confirmed``) and the merged
+        ``Outcome``. ``source`` (str): the queue whose outbox holds the
+        entries (None: no replica is waited for). ``sent``, when given, gets
         ``{queue: [entry texts]}`` of what the deliveries pushed onto those
         queues' outboxes for a caller to deliver at once (the deaths a
         delivered ``cancel`` caused). Raises what a script raises."""
@@ -215,13 +222,15 @@ class FlowCalls:
                 ]
             calls.append(("flow_deliver", [k.pending, k.awaiting], args))
         outcome = Outcome()
-        for (_queue, idx), reply in zip(groups.items(), self.scripts.run_many(calls), strict=False):
+        after = None if source is None else self.keys.queue(source).outbox
+        replies, confirmed = self.scripts.run_many_confirmed(calls, after)
+        for (_queue, idx), reply, safe in zip(groups.items(), replies, confirmed, strict=False):
             if isinstance(reply, Exception):
                 raise reply
             outcome.merge(self._outcome(reply))
             data = json.loads(reply)
             for i, ok in zip(idx, data["delivered"], strict=False):
-                flags[i] = bool(ok)
+                flags[i] = bool(ok) if safe else None
             if sent is not None and data.get("sent"):
                 sent.setdefault(_queue, []).extend(data["sent"])
         return flags, outcome
@@ -238,7 +247,8 @@ class FlowCalls:
         read and its trim): while a pump holds it, this waits for the pump's
         sweep to end (``SENT_WAIT_S`` s at most, then the entries are left to
         the pump's next sweep). An entry whose parent is gone stays for the
-        pump to dead-letter. Returns the ``Outcome``. Raises what a script
+        pump to dead-letter, one no replica confirmed (``deliver``) for the
+        pump to deliver again. Returns the ``Outcome``. Raises what a script
         raises, ``RedisUnavailable`` for a wait Redis did not answer.
         DESIGN §6, §10.2; the wait blocks, it does not poll (§10.1): see
         ``_wait_for_sweep_lock``."""
@@ -253,8 +263,8 @@ class FlowCalls:
             self._wait_for_sweep_lock(k, left)
         more: dict[str, list[str]] = {}
         try:
-            flags, outcome = self.deliver([json.loads(t) for t in texts], sent=more)
-            done = [t for t, ok in zip(texts, flags, strict=True) if ok]
+            flags, outcome = self.deliver([json.loads(t) for t in texts], more, queue)
+            done = [t for t, ok in zip(texts, flags, strict=True) if ok]  # None: the pump's
             if done:
                 self.scripts.run("outbox_forget", [k.outbox, k.pump_lock], [token, *done])
         finally:

@@ -81,6 +81,9 @@ class SweepReport:
     pruned: int = 0  # rows retention, removals and cancels took (DESIGN §10.2)
     locked: bool = False
     lock_lost: bool = False
+    # entries delivered to a Cluster master whose replica did not confirm them
+    # in time: kept in the outbox for a later sweep (Scripts.run_many_confirmed)
+    unreplicated: int = 0
     outcome: Outcome = field(default_factory=Outcome, repr=False)
 
     def as_dict(self) -> dict:
@@ -124,7 +127,20 @@ def deliver_outbox(
                 break
             if left is None:
                 left = len(raw) if len(raw) < batch else mq.outbox_length(queue)
-            entries, verdicts = deliver_batch(mq, raw, report.outcome)
+            entries, verdicts = deliver_batch(mq, raw, report.outcome, queue)
+            if None in verdicts:
+                # a failover now would take those deliveries back: the entries
+                # from the first of them stay for a later sweep (a second
+                # delivery of an entry is a no-op)
+                keep = verdicts.index(None)
+                report.unreplicated += len(raw) - keep
+                log.warning(
+                    "outbox of %s: %d deliveries not confirmed on a replica in time; "
+                    "kept for the next sweep",
+                    queue,
+                    len(raw) - keep,
+                )
+                raw, entries, verdicts, left = raw[:keep], entries[:keep], verdicts[:keep], keep
             actions, read = [], []
             for item, entry, verdict in zip(raw, entries, verdicts, strict=True):
                 read.append(item)

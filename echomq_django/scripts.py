@@ -33,6 +33,9 @@ _ARGV = re.compile(r"^\s+ARGV\[(\d+)(\.\.)?\]\s+(.+)$", re.MULTILINE)
 # an election: seconds), and the pause before a resend.
 ROUTE_ATTEMPTS = 3
 ROUTE_PAUSE_S = 0.1
+# run_many(confirm=True): how long (ms) a Cluster master's WAIT for one
+# replica may take before the calls it ran count as not yet safe
+REPLICA_WAIT_MS = 500
 
 
 def lua_dir() -> Path:
@@ -194,15 +197,40 @@ class Scripts:
         failover interrupted are re-sent, up to ``ROUTE_ATTEMPTS`` sends, with
         the slot map refreshed before each.
         """
+        return self.run_many_confirmed(calls)[0]
+
+    def run_many_confirmed(
+        self, calls: list[tuple[str, list, list]], after_key: str | None = None
+    ) -> tuple[list, list[bool]]:
+        """``run_many``, and for a hand-off across Cluster masters: with
+        ``after_key`` (str, the key whose record the caller deletes once these
+        calls landed: an outbox), each master with a replica that a call wrote
+        to, other than ``after_key``'s, is sent ``WAIT 1 REPLICA_WAIT_MS`` in
+        the same pipeline, on the same connection. Returns ``(replies,
+        confirmed)``: ``confirmed[i]`` (bool) is False when call ``i``'s
+        master did not confirm a replica holds its writes within
+        ``REPLICA_WAIT_MS`` ms (its record must stay: a failover now would
+        take the writes back, replication being asynchronous). One server, or
+        a master shared with ``after_key``, needs no WAIT: one replication
+        stream keeps its writes in order, so a replica that holds the deletion
+        holds the writes before it. An unconfirmed call refreshes the slot
+        map (a replica the Cluster marked failed leaves it). Raises as
+        ``run_many``. DESIGN §5, §6 (the pump's trim; README "Failovers")."""
         if not calls:
-            return []
+            return [], []
         for name, keys, args in calls:
             self.check_call(name, keys, args)
+        confirmed = [True] * len(calls)
         if isinstance(self.client, RedisCluster):
             try:  # its SCRIPT LOAD on a fresh client meets a dead master too
-                replies = self._cluster_pipeline(calls)
+                replies = self._cluster_pipeline(calls, confirmed, after_key)
             except TRANSIENT as err:
                 raise connection_error(self.client, err) from err
+            if not all(confirmed):
+                try:
+                    self.client.nodes_manager.initialize()
+                except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException):
+                    pass  # still failing over: the next call refreshes it again
         else:
             try:
                 pipe = self.client.pipeline(transaction=False)
@@ -225,19 +253,24 @@ class Scripts:
             if isinstance(reply, redis.exceptions.ResponseError):
                 reply = translate(reply)
             out.append(reply)
-        return out
+        return out, confirmed
 
-    def _cluster_pipeline(self, calls: list[tuple[str, list, list]]) -> list:
+    def _cluster_pipeline(
+        self, calls: list[tuple[str, list, list]], confirmed: list[bool], after_key: str | None
+    ) -> list:
         """Send ``calls`` through a ``ClusterPipeline``, each with its target
         node computed from its first key's slot; resend those a failover
         interrupted (see ``run_many``). Returns the raw replies in order
-        (a transient error object for a call that never got through)."""
+        (a transient error object for a call that never got through); with
+        ``after_key``, sets ``confirmed[i]`` False for a call whose master's
+        WAIT did not count a replica (``run_many_confirmed``)."""
         client = self.client
         if not self._loaded_for_pipeline:
             for script in self._scripts.values():
                 script.sha = client.script_load(script.script)
             self._loaded_for_pipeline = True
         slots = [key_slot(client.encoder.encode(keys[0])) for _, keys, _ in calls]
+        after = None if after_key is None else key_slot(client.encoder.encode(after_key))
         replies: list = [None] * len(calls)
         todo = list(range(len(calls)))
         for attempt in range(ROUTE_ATTEMPTS):
@@ -249,9 +282,11 @@ class Scripts:
                     continue  # the cluster is still failing over: try again after a pause
             try:
                 pipe = client.pipeline(transaction=False)
+                targets = {}
                 for i in todo:
                     name, keys, args = calls[i]
                     node = client.nodes_manager.get_node_from_slot(slots[i])
+                    targets[i] = node
                     # ClusterPipeline blocks .evalsha(): the raw command, to its node
                     pipe.execute_command(
                         "EVALSHA",
@@ -261,17 +296,42 @@ class Scripts:
                         *args,
                         target_nodes=node,
                     )
+                waits = self._replica_waits(targets, slots, after)
+                for node in waits:  # after its calls: WAIT counts this connection's writes
+                    pipe.execute_command("WAIT", 1, REPLICA_WAIT_MS, target_nodes=node)
                 got = pipe.execute(raise_on_error=False)
             except TRANSIENT as err:
                 for i in todo:
                     replies[i] = err
                 continue
-            for i, reply in zip(todo, got, strict=True):
+            acked = {
+                node.name: isinstance(n, int) and n >= 1
+                for node, n in zip(waits, got[len(todo) :], strict=True)
+            }
+            for i, reply in zip(todo, got, strict=False):
                 replies[i] = reply
+                confirmed[i] = acked.get(targets[i].name, True)
             todo = [i for i in todo if isinstance(replies[i], TRANSIENT)]
             if not todo:
                 break
         return replies
+
+    def _replica_waits(self, targets: dict, slots: list[int], after: int | None) -> list:
+        """The distinct masters among ``targets`` (call index -> node) that
+        have a replica in the slot map and are not ``after``'s (a slot, or
+        None: no WAIT at all), in first-call order."""
+        if after is None:
+            return []
+        cache = self.client.nodes_manager.slots_cache
+        try:
+            skip = self.client.nodes_manager.get_node_from_slot(after).name
+        except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException):
+            skip = None  # its slot has no master in the map now: every target waits
+        nodes: dict[str, object] = {}
+        for i, node in targets.items():
+            if node.name != skip and len(cache.get(slots[i]) or ()) > 1:
+                nodes.setdefault(node.name, node)
+        return list(nodes.values())
 
 
 def socket_timeout(client) -> float | None:

@@ -6,6 +6,7 @@ working once the promotion is done, pipelined script calls included."""
 
 from __future__ import annotations
 
+import signal
 import threading
 
 import pytest
@@ -229,3 +230,51 @@ def test_a_live_pump_takes_over_within_the_lease_of_a_dead_one(r, redis_server, 
         print(f"\n[pump lock] a live peer delivered {took:.2f} s after its peer died mid-sweep")
     assert report == 1
     assert mq.get_job("p", "P").state is JobState.PENDING
+
+
+def _queues_on_two_masters(cluster, mq) -> tuple[str, str]:
+    """A parent queue and a child queue whose slots two different masters serve."""
+    parent = "fa"
+    home = cluster.master_port(mq.keys.queue(parent).pending)
+    for child in ("fb", "fc", "fd", "fe", "ff", "fg", "fh"):
+        if cluster.master_port(mq.keys.queue(child).pending) != home:
+            return parent, child
+    raise AssertionError("every queue name tried hashed to one master")
+
+
+def test_a_delivery_no_replica_confirmed_stays_in_the_outbox(redis_cluster_ha, rch):
+    """A failover takes back the writes its master had not sent to a replica
+    yet. The outbox entry of a delivery that did not reach the parent's
+    replica must stay: trimmed, a failover in that moment would leave the
+    parent waiting for a child whose result is gone from both sides. With
+    that replica stopped, the sweep delivers, the WAIT counts no replica and
+    the entry stays; once it answers, the next sweep trims it, and the parent
+    is released once."""
+    from echomq_django.pump import deliver_outbox
+
+    mq = EchoMQ(rch, prefix="emq")
+    parent_q, child_q = _queues_on_two_masters(redis_cluster_ha, mq)
+    mq.add_flow(Flow(parent_q, "p", {}, job_id="P", children=[Flow(child_q, "c", {}, job_id="C")]))
+    [job] = mq.claim(child_q, 1)
+    mq.complete(job, {"v": 1})
+    assert rch.llen(mq.keys.queue(child_q).outbox) == 1
+    _master, replica = redis_cluster_ha.shard_ports(mq.keys.queue(parent_q).pending)[:2]
+    stopped = next(n for n in redis_cluster_ha.nodes if n.port == replica)
+    stopped.proc.send_signal(signal.SIGSTOP)
+    try:
+        first = deliver_outbox(mq, child_q)
+    finally:
+        stopped.proc.send_signal(signal.SIGCONT)
+    assert (first.delivered, first.unreplicated) == (0, 1)
+    assert rch.llen(mq.keys.queue(child_q).outbox) == 1  # kept: not on a replica yet
+    assert mq.get_job(parent_q, "P").state is JobState.PENDING  # on the master it landed
+    wait_for(lambda: deliver_outbox(mq, child_q).delivered == 1, what="a confirmed delivery")
+    assert rch.llen(mq.keys.queue(child_q).outbox) == 0
+    assert mq.job_ids(parent_q, "pending") == ["P"]  # released once, not twice
+    assert mq.children_values(parent_q, "P") == {mq.keys.job(child_q, "C"): {"v": 1}}
+    peer = redis.Redis(host=rigs.HOST, port=replica)  # what the master confirmed, it holds
+    try:
+        peer.execute_command("READONLY")
+        assert peer.hget(mq.keys.job(parent_q, "P"), "state") == b"pending"
+    finally:
+        peer.close()

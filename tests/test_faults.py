@@ -285,7 +285,7 @@ def test_a_delivery_failing_for_a_transient_reason_leaves_the_outbox_untouched(m
     mq.complete(job, 7)
     real, pump = mq.deliver, Pump(["c"], mq=mq, max_tries=1)
 
-    def failing(entries):
+    def failing(entries, **_):
         raise error
 
     mq.deliver = failing
