@@ -19,12 +19,19 @@
            already: a replay of this call)
   errors:  EMQLOCK <lock key>   the lock is not held by this token; nothing moves
 ]]
+-- @include lib/cancel_out.lua
+
 local outbox, lock = KEYS[1], KEYS[2]
 if redis.call('GET', lock) ~= ARGV[1] then
   return redis.error_reply('EMQLOCK ' .. lock)
 end
+local base = outbox:sub(1, -#'flow:outbox' - 1)
 local n = 0
 for i = 2, #ARGV do
-  n = n + redis.call('LREM', outbox, -1, ARGV[i])
+  local gone = redis.call('LREM', outbox, -1, ARGV[i])
+  if gone > 0 then
+    outbox_entry_left(base, ARGV[i])
+  end
+  n = n + gone
 end
 return n

@@ -33,7 +33,10 @@
            replay, trimmed it)
   errors:  EMQLOCK <lock key>   the lock is not held by this token; nothing moves
 ]]
+-- @include lib/cancel_out.lua
+
 local outbox, lock, deadletter, tries = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local base = outbox:sub(1, -#'flow:outbox' - 1)
 if redis.call('GET', lock) ~= ARGV[1] then
   return redis.error_reply('EMQLOCK ' .. lock)
 end
@@ -57,6 +60,7 @@ for i = 1, n do
   if action == 'again' then
     again[#again + 1] = entry
   else
+    outbox_entry_left(base, entry)
     if action ~= 'ok' then
       redis.call('RPUSH', deadletter,
         cjson.encode({entry = entry, reason = action, at = tonumber(ARGV[2])}))

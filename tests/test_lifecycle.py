@@ -423,9 +423,12 @@ def test_a_cancelled_parent_retried_takes_back_its_undelivered_cancel_entries(
     monkeypatch.undo()
     outbox = tmq.keys.queue_key("q", "flow:outbox")
     assert [e["k"] for e in map(json.loads, tmq.client.lrange(outbox, 0, -1))] == ["cancel"]
+    row = tmq.keys.job("q", "p")
+    assert tmq.client.hget(row, "cancel_out") == b"1"  # the retry's cue to search the outbox
     assert_state(tmq, "o", "x", "pending")
     assert tmq.retry("q", "p").state is JobState.AWAITING_CHILDREN
     assert tmq.client.llen(outbox) == 0
+    assert tmq.client.hget(row, "cancel_out") is None
     sweep(tmq, "q", "o")
     assert_state(tmq, "o", "x", "pending")
     assert_state(tmq, "q", "p", "awaiting_children")
@@ -433,6 +436,28 @@ def test_a_cancelled_parent_retried_takes_back_its_undelivered_cancel_entries(
     complete(tmq, "x", 2, queue="o")
     sweep(tmq, "o")
     assert_state(tmq, "q", "p", "pending")
+
+
+def test_a_cancel_entry_leaving_the_outbox_lowers_its_parents_count(tmq, monkeypatch) -> None:
+    """`cancel_out` counts p's cancel entries still in its queue's outbox
+    (lib/cancel_out.lua): a retry searches the outbox only while it is
+    above zero. Delivered at once by the cancel, or trimmed by a sweep, the
+    entries take their count with them: no field is left on the row."""
+    tmq.add_flow(node("p", [leaf("x", queue="o"), leaf("y", queue="o")]))
+    tmq.cancel("q", "p")  # delivered at once (deliver_sent), then forgotten
+    row = tmq.keys.job("q", "p")
+    assert tmq.client.hget(row, "cancel_out") is None
+    assert_state(tmq, "o", "x", "dead")
+    tmq.add_flow(node("p2", [leaf("x2", queue="o"), leaf("y2", queue="o")]))
+    monkeypatch.setattr(type(tmq), "_follow_up", lambda *a, **kw: None)
+    tmq.cancel("q", "p2")
+    monkeypatch.undo()
+    row2 = tmq.keys.job("q", "p2")
+    assert tmq.client.hget(row2, "cancel_out") == b"2"
+    sweep(tmq, "q")  # the pump delivers and trims them
+    assert tmq.client.llen(tmq.keys.queue_key("q", "flow:outbox")) == 0
+    assert tmq.client.hget(row2, "cancel_out") is None
+    assert_state(tmq, "o", "x2", "dead")
 
 
 def test_a_cross_queue_child_its_removed_parent_left_running_goes_when_it_dies(tmq) -> None:

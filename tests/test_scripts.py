@@ -75,9 +75,11 @@ def test_lib_is_inlined_not_a_script() -> None:
     events = (REPO / "lua" / "lib" / "events.lua").read_text()
     emit = (REPO / "lua" / "lib" / "emit.lua").read_text()
     error = (REPO / "lua" / "lib" / "error.lua").read_text()
+    cancel_out = (REPO / "lua" / "lib" / "cancel_out.lua").read_text()
     flow = flow.replace("-- @include lib/events.lua\n", events + "\n")
     flow = flow.replace("-- @include lib/emit.lua\n", emit + "\n")
     flow = flow.replace("-- @include lib/error.lua\n", error + "\n")
+    flow = flow.replace("-- @include lib/cancel_out.lua\n", cancel_out + "\n")
     flow_head, flow_tail = flow.split("-- @include lib/claimable.lua")
     for name, src in sources.items():
         assert "-- @include" not in src.text

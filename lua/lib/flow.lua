@@ -40,6 +40,7 @@
 -- @include lib/events.lua
 -- @include lib/emit.lua
 -- @include lib/error.lua
+-- @include lib/cancel_out.lua
 
 -- @include lib/claimable.lua
 
@@ -143,13 +144,16 @@ local function uncancel(base, jid, key)
     end
   end
   local outbox = base .. 'flow:outbox'
-  for _, raw in ipairs(redis.call('LRANGE', outbox, 0, -1)) do
-    if raw:find('"cancel"', 1, true) then
-      local e = cjson.decode(raw)
-      if e.k == 'cancel' and e.v == jid then
-        redis.call('LREM', outbox, 1, raw)
+  if redis.call('HEXISTS', key, 'cancel_out') == 1 then  -- some still there (lib/cancel_out.lua)
+    for _, raw in ipairs(redis.call('LRANGE', outbox, 0, -1)) do
+      if raw:find('"cancel"', 1, true) then
+        local e = cjson.decode(raw)
+        if e.k == 'cancel' and e.v == jid then
+          redis.call('LREM', outbox, 1, raw)
+        end
       end
     end
+    redis.call('HDEL', key, 'cancel_out')
   end
   local mine = base .. 'job:'
   local inc = redis.call('HGET', key, 'inc')
@@ -206,14 +210,25 @@ local function reattach_up(base, id, now)
     -- its death still waits in this queue's outbox: take it back, the parent
     -- never saw it (a pump that already read it delivers it, and the child's
     -- next completion re-attaches it: fan_in_done)
+    -- (read from the head, 200 at a time: a death still there is older than
+    -- what the pumps fell behind on since; decoded only when it names this
+    -- child, so a poison entry costs a plain find)
     local outbox = base .. 'flow:outbox'
-    for _, raw in ipairs(redis.call('LRANGE', outbox, 0, -1)) do
-      local e = cjson.decode(raw)
-      if e.k == 'dead' and e.c == ref and e.p == parent[1] and e.i == (parent[4] or nil) then
-        redis.call('LREM', outbox, 1, raw)
-        return
+    local at = 0
+    repeat
+      local chunk = redis.call('LRANGE', outbox, at, at + 199)
+      for _, raw in ipairs(chunk) do
+        if raw:find(ref, 1, true) then
+          local ok, e = pcall(cjson.decode, raw)
+          if ok and type(e) == 'table' and e.k == 'dead' and e.c == ref and e.p == parent[1]
+              and e.i == (parent[4] or nil) then
+            redis.call('LREM', outbox, 1, raw)
+            return
+          end
+        end
       end
-    end
+      at = at + 200
+    until #chunk < 200
     local entry = cjson.encode({k = 'reattach', c = ref, p = parent[1], q = parent[2],
       pol = (policy == 'id') and 'id' or nil, i = parent[4] or nil})
     push_outbox(base, entry)

@@ -40,6 +40,9 @@ local PARENTS = {}  -- settled(): parent id -> how many of its row and its :fail
 
 local function push_entry(base, entry)
   local text = cjson.encode(entry)
+  if entry.k == 'cancel' then
+    cancel_entry_pushed(base, entry.v)
+  end
   push_outbox(base, text)
   OUT.outbox = OUT.outbox + 1
   OUT.sent[#OUT.sent + 1] = text
