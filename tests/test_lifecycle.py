@@ -460,6 +460,23 @@ def test_a_cancel_entry_leaving_the_outbox_lowers_its_parents_count(tmq, monkeyp
     assert_state(tmq, "o", "x2", "dead")
 
 
+def test_a_retried_child_takes_its_death_back_past_a_poison_entry(tmq) -> None:
+    """x on `o` died (fp) and its death waits in o's outbox behind a poison
+    entry (not JSON): the retry of x reads past it (it used to raise a
+    cjson error), takes its death back and p, which never saw it, waits."""
+    tmq.add_flow(node("p", [leaf("x", queue="o", max_attempts=1)]))
+    outbox = tmq.keys.queue_key("o", "flow:outbox")
+    tmq.client.rpush(outbox, "not json, naming " + tmq.keys.job("o", "x"))
+    job = claim_one(tmq, "o", "x")
+    assert tmq.fail_many([(job, "boom", True)])[0].state is JobState.DEAD
+    assert tmq.client.llen(outbox) == 2
+    assert tmq.retry("o", "x").state is JobState.PENDING
+    assert tmq.client.lrange(outbox, 0, -1) == [
+        b"not json, naming " + tmq.keys.job("o", "x").encode()
+    ]
+    assert_state(tmq, "q", "p", "awaiting_children")
+
+
 def test_a_cross_queue_child_its_removed_parent_left_running_goes_when_it_dies(tmq) -> None:
     """The parent's removal reaches an active child on another slot: it is
     left to finish, and once it died (fp) retention takes it; it used to be
