@@ -140,6 +140,7 @@ def deliver_outbox(
                     queue,
                     len(raw) - keep,
                 )
+                # the prefix before it is trimmed below; left = keep ends the sweep there
                 raw, entries, verdicts, left = raw[:keep], entries[:keep], verdicts[:keep], keep
             actions, read = [], []
             for item, entry, verdict in zip(raw, entries, verdicts, strict=True):

@@ -33,8 +33,8 @@ _ARGV = re.compile(r"^\s+ARGV\[(\d+)(\.\.)?\]\s+(.+)$", re.MULTILINE)
 # an election: seconds), and the pause before a resend.
 ROUTE_ATTEMPTS = 3
 ROUTE_PAUSE_S = 0.1
-# run_many(confirm=True): how long (ms) a Cluster master's WAIT for one
-# replica may take before the calls it ran count as not yet safe
+# run_many_confirmed: how long (ms) a Cluster master's WAIT for one replica
+# may take before the calls it ran count as not yet safe
 REPLICA_WAIT_MS = 500
 
 

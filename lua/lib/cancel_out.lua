@@ -16,18 +16,29 @@ local function cancel_entry_pushed(base, parent)
   redis.call('HINCRBY', base .. 'job:' .. parent, 'cancel_out', 1)
 end
 
--- An outbox entry (its text as pushed) left this queue's outbox: delivered,
--- dead-lettered or taken back. A `cancel` one lowers its parent's count; a
--- row that is gone (or never counted) gets no field.
-local function outbox_entry_left(base, text)
+-- The parent id a `cancel` entry (its text) names, or nil for any other
+-- entry, a poison one included (a plain find first: most entries are not).
+local function cancel_parent(text)
   if not text:find('"cancel"', 1, true) then
-    return
+    return nil
   end
   local ok, e = pcall(cjson.decode, text)
-  if not ok or type(e) ~= 'table' or e.k ~= 'cancel' or type(e.v) ~= 'string' then
+  if ok and type(e) == 'table' and e.k == 'cancel' and type(e.v) == 'string' then
+    return e.v
+  end
+  return nil
+end
+
+-- An outbox entry (its text as pushed) left this queue's outbox: delivered,
+-- dead-lettered or taken back. A `cancel` one lowers its parent's count; a
+-- row that is gone (or never counted) gets no field. The row is this
+-- queue's (`base` holds its hash tag): no other slot is touched.
+local function outbox_entry_left(base, text)
+  local parent = cancel_parent(text)
+  if not parent then
     return
   end
-  local row = base .. 'job:' .. e.v
+  local row = base .. 'job:' .. parent
   if redis.call('HEXISTS', row, 'cancel_out') == 1
       and redis.call('HINCRBY', row, 'cancel_out', -1) <= 0 then
     redis.call('HDEL', row, 'cancel_out')

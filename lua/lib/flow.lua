@@ -144,12 +144,14 @@ local function uncancel(base, jid, key)
     end
   end
   local outbox = base .. 'flow:outbox'
-  if redis.call('HEXISTS', key, 'cancel_out') == 1 then  -- some still there (lib/cancel_out.lua)
+  local out = tonumber(redis.call('HGET', key, 'cancel_out') or '0')  -- lib/cancel_out.lua
+  if out > 0 then  -- some still there: searched until that many went
     for _, raw in ipairs(redis.call('LRANGE', outbox, 0, -1)) do
-      if raw:find('"cancel"', 1, true) then
-        local e = cjson.decode(raw)
-        if e.k == 'cancel' and e.v == jid then
-          redis.call('LREM', outbox, 1, raw)
+      if cancel_parent(raw) == jid then
+        redis.call('LREM', outbox, 1, raw)
+        out = out - 1
+        if out == 0 then
+          break
         end
       end
     end
