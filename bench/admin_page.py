@@ -31,7 +31,7 @@ def main(argv=None) -> int:
     parser.add_argument("--repeat", type=int, default=5, help="GETs per page (default 5)")
     args = parser.parse_args(argv)
 
-    from echomq_django.devserver import start_server
+    from echomq_django.testing.redis_server import start_server
 
     server = start_server()
     tmp = tempfile.mkdtemp(prefix="emq-bench-admin-")
@@ -58,8 +58,8 @@ def run(args) -> int:
     from django.test.utils import setup_test_environment
 
     from echomq_django import Flow, conf
-    from echomq_django.admin_pages import job_url
-    from echomq_django.mirror import mirror_queues
+    from echomq_django.admin.mirror import mirror_queues
+    from echomq_django.admin.pages import job_url
 
     setup_test_environment()  # the test client on ALLOWED_HOSTS' testserver
     call_command("migrate", verbosity=0)

@@ -24,8 +24,8 @@ import time
 import redis
 
 from echomq_django import EchoMQ
-from echomq_django.devserver import start_server
-from echomq_django.schedule import Entry, Scheduler
+from echomq_django.runners.periodic import Entry, Scheduler
+from echomq_django.testing.redis_server import start_server
 
 LIMIT = {"RATE_LIMIT": {"MAX": 10**9, "PER_MS": 1000}}
 

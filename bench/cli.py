@@ -16,7 +16,7 @@ from pathlib import Path
 
 import redis
 
-from echomq_django.devserver import start_server
+from echomq_django.testing.redis_server import start_server
 
 from . import peer as _peer
 from .report import evaluate_targets, format_table, ratios

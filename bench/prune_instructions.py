@@ -22,7 +22,7 @@ from pathlib import Path
 
 import redis
 
-from echomq_django.devserver import HOST, free_port
+from echomq_django.testing.redis_server import HOST, free_port
 
 Q = "wide"
 SETTLE_S = 0.5  # callgrind reads its control commands when the server next wakes (10 Hz cron)
@@ -50,7 +50,7 @@ def measure(children: int, lua: Path | None = None) -> tuple[int, int]:
         if not shutil.which(tool):
             raise SystemExit(f"python -m bench.prune_instructions: {tool} is not on PATH")
     if lua is not None:
-        import echomq_django.scripts as scripts
+        import echomq_django.protocol.scripts as scripts
 
         scripts.lua_dir = lambda: lua
     from .soak import setup_django

@@ -18,7 +18,7 @@ import time
 
 import redis
 
-from echomq_django.devserver import start_server
+from echomq_django.testing.redis_server import start_server
 
 from .soak import setup_django
 

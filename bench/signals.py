@@ -26,7 +26,7 @@ import statistics
 import sys
 import time
 
-from echomq_django.devserver import start_server
+from echomq_django.testing.redis_server import start_server
 
 from . import procs
 from .ours import Ours
@@ -50,8 +50,8 @@ def our_dispatcher(url, queues, kinds, ready, go, stop, results) -> None:
     receiver that does nothing on the signal of each of ``kinds``."""
     procs.setup_django(url)
     from echomq_django import signals
-    from echomq_django.dispatch import Dispatcher
-    from echomq_django.events import SIGNAL_OF
+    from echomq_django.protocol.signal_events import SIGNAL_OF
+    from echomq_django.runners.dispatcher import Dispatcher
 
     def receiver(sender, **kwargs):
         return None

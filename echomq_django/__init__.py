@@ -27,9 +27,7 @@ from .api import (
     resume,
     retry,
 )
-from .client import EchoMQ
-from .dispatch import Dispatcher
-from .exceptions import (
+from .core.exceptions import (
     DependencyError,
     DuplicateJob,
     EchoMQError,
@@ -47,11 +45,13 @@ from .exceptions import (
     RedisUnavailable,
     Unrecoverable,
 )
-from .flows import Flow, FlowRef
+from .core.flows import Flow, FlowRef
+from .core.jobs import Dependencies, Job, JobState, Outcome
 from .handlers import handler
-from .jobs import Dependencies, Job, JobState, Outcome
-from .pump import Pump
-from .worker import Worker
+from .protocol.client import EchoMQ
+from .runners.dispatcher import Dispatcher
+from .runners.pump import Pump
+from .runners.worker import Worker
 
 __all__ = [
     "Dependencies",

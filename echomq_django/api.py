@@ -28,15 +28,15 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.db import DEFAULT_DB_ALIAS, transaction
 
-from . import flows as _flows
-from . import outbox
+from . import commit_outbox as outbox
 from .conf import get_mq
-from .flows import Flow, FlowRef
-from .jobs import Job, Outcome
-from .keyspace import validate_id, validate_queue
-from .reads import Dependencies
-from .retention import job_keep
-from .scheduling import check_job_options
+from .core import flows as _flows
+from .core.flows import Flow, FlowRef
+from .core.jobs import Job, Outcome
+from .core.keyspace import validate_id, validate_queue
+from .core.options import check_job_options
+from .core.retention import job_keep
+from .protocol.reads import Dependencies
 
 
 def _defer(on_commit: bool | None, using: str | None) -> bool:

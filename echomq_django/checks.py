@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from django.core import checks
 
-from . import schedule
 from .conf import config, problems, server_problems
 from .handlers import registered
-from .metrics import settings_problems
+from .monitoring.metrics import settings_problems
+from .runners import periodic as schedule
 
 
 @checks.register()

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from django.db import models
 
-from .jobs import JobState
+from .core.jobs import JobState
 
 # Payload, result and error are stored trimmed to this many characters (the
 # job page shows the full value, read live from Redis); ``truncated`` says

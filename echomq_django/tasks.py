@@ -64,14 +64,15 @@ except ImportError:  # Django 5.2 with the django-tasks backport
     from django_tasks.exceptions import TaskResultDoesNotExist
     from django_tasks.signals import task_enqueued, task_finished, task_started
 
-from . import api, outbox
-from .client import EchoMQ
+from . import api
+from . import commit_outbox as outbox
 from .conf import get_mq
-from .exceptions import JobNotFound, Unrecoverable
-from .flows import new_id
+from .core.exceptions import JobNotFound, Unrecoverable
+from .core.flows import new_id
+from .core.jobs import Job, JobState
+from .core.keyspace import validate_id, validate_queue
 from .handlers import handler
-from .jobs import Job, JobState
-from .keyspace import validate_id, validate_queue
+from .protocol.client import EchoMQ
 
 __all__ = ["TASK_JOB_NAME", "WORKER_ID", "EchoMQBackend", "InvalidTask"]
 
@@ -278,7 +279,7 @@ def backend_problems(alias: str, queues, options) -> list[checks.CheckMessage]:
 
 # -- reading a job back as a TaskResult --------------------------------------
 
-_BUILTIN_ERRORS = {"PayloadError": "echomq_django.exceptions.PayloadError"}
+_BUILTIN_ERRORS = {"PayloadError": "echomq_django.core.exceptions.PayloadError"}
 
 
 def task_error(error: str) -> TaskError:

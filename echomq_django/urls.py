@@ -8,7 +8,7 @@ a bearer token when ``ECHOMQ["METRICS"]["ACCESS"]`` is ``"token"``).
 
 from django.urls import path
 
-from .metrics import metrics_view
+from .monitoring.metrics import metrics_view
 
 app_name = "echomq_django"
 

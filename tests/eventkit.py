@@ -24,8 +24,8 @@ import sys
 import pytest
 
 from echomq_django import EchoMQ, signals
-from echomq_django.events import SIGNAL_OF
-from echomq_django.lifecalls import LifecycleCalls
+from echomq_django.protocol.lifecycle import LifecycleCalls
+from echomq_django.protocol.signal_events import SIGNAL_OF
 from tests.workerkit import Recorder
 
 NAMES = tuple(SIGNAL_OF.values())
@@ -107,7 +107,7 @@ def _main(mode: str, url: str, cluster: str, *rest: str) -> None:
     client = RedisCluster.from_url(url) if cluster == "1" else redis.Redis.from_url(url)
     mq = EventMQ(client, prefix="emq")
     if mode == "dispatch":
-        from echomq_django.dispatch import Dispatcher
+        from echomq_django.runners.dispatcher import Dispatcher
 
         batch, kill_after = int(rest[0]), int(rest[1])
         sent = []

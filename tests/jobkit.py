@@ -17,8 +17,8 @@ import pytest
 from redis.cluster import RedisCluster
 
 from echomq_django import EchoMQ, Flow, JobState
-from echomq_django.jobs import row_error
-from echomq_django.keyspace import STATE_INDEX
+from echomq_django.core.jobs import row_error
+from echomq_django.core.keyspace import STATE_INDEX
 from tests.workerkit import T0, Clock  # noqa: F401  (T0 re-exported to the tests)
 
 INDEXES = ("pending", "active", "delayed", "completed", "dead", "awaiting")

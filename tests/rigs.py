@@ -17,15 +17,15 @@ from pathlib import Path
 
 import redis
 
-from echomq_django.devserver import (
+from echomq_django.testing.redis_server import (
     HOST,
     RedisProcess,
     ServerError,
     free_port,
     require_binary,
 )
-from echomq_django.devserver import restart as _restart
-from echomq_django.devserver import start_server as _start_server
+from echomq_django.testing.redis_server import restart as _restart
+from echomq_django.testing.redis_server import start_server as _start_server
 
 CLUSTER_TIMEOUT_S = 30.0
 # The replica rig: a master unreachable for 1 s is failed; any replica may be

@@ -10,9 +10,9 @@ from django.contrib.messages import get_messages
 from django.urls import reverse
 
 from echomq_django import conf
-from echomq_django.lifecalls import LifecycleCalls
-from echomq_django.mirror import mirror_queues
+from echomq_django.admin.mirror import mirror_queues
 from echomq_django.models import MirroredJob, MirroredQueue
+from echomq_django.protocol.lifecycle import LifecycleCalls
 from tests.factories import StaffUserFactory
 from tests.workerkit import Clock
 

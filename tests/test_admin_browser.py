@@ -16,9 +16,9 @@ import pytest
 from playwright.sync_api import expect
 
 from echomq_django import Flow, conf
-from echomq_django.admin_pages import job_url
-from echomq_django.mirror import mirror_queues
-from echomq_django.registry import Heartbeat
+from echomq_django.admin.mirror import mirror_queues
+from echomq_django.admin.pages import job_url
+from echomq_django.runners.heartbeat import Heartbeat
 from tests import browserkit
 from tests.workerkit import Clock
 

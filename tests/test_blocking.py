@@ -11,7 +11,7 @@ import threading
 import pytest
 
 from echomq_django import Flow, JobState, Worker, handler
-from echomq_django.pump import Pump
+from echomq_django.runners.pump import Pump
 from tests.workerkit import Background, wait_for
 
 NEVER = 3600.0  # s: a timeout or interval no test waits for

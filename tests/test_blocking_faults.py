@@ -10,7 +10,7 @@ import pytest
 import redis
 
 from echomq_django import EchoMQ, JobState, Worker
-from echomq_django.devserver import restart
+from echomq_django.testing.redis_server import restart
 from tests import rigs
 from tests.workerkit import Background, wait_for
 

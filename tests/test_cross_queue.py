@@ -8,7 +8,7 @@ import pytest
 from redis.cluster import RedisCluster
 
 from echomq_django import Flow, FlowConflict, JobNotFound
-from echomq_django.pump import Pump
+from echomq_django.runners.pump import Pump
 
 Q = ("orders", "validation", "inventory", "payments")
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from echomq_django import EchoMQ, JobState
-from echomq_django.mirror import job_from_row
+from echomq_django.admin.mirror import job_from_row
 from tests import jobkit
 from tests.jobkit import assert_state, claim_one, kill, leaf, node, raw_row, ref
 
@@ -97,7 +97,7 @@ def test_a_parent_and_every_reader_get_the_whole_error(tmq) -> None:
     """A child's death carries the whole error to its parent's :failed (here
     and through the outbox), an adopted dead child too; get_flow, get_job
     and the admin mirror join the pieces."""
-    from echomq_django.pump import Pump
+    from echomq_django.runners.pump import Pump
 
     tmq.add_flow(node("p", [leaf("c"), leaf("x", queue="o")]))
     kill(tmq, "c", TRACEBACK)

@@ -12,9 +12,9 @@ import json
 import pytest
 
 from echomq_django import Flow
-from echomq_django.dispatch import Dispatcher
-from echomq_django.events import SIGNAL_OF
-from echomq_django.pump import Pump
+from echomq_django.protocol.signal_events import SIGNAL_OF
+from echomq_django.runners.dispatcher import Dispatcher
+from echomq_django.runners.pump import Pump
 from tests import eventkit, jobkit
 from tests.eventkit import EventMQ, Raising, stream
 from tests.jobkit import T0, claim_one, complete, kill, leaf, node
@@ -181,7 +181,7 @@ def test_the_backlog_shows_until_dispatched_and_nothing_trims_it(tmq, clock):
 
 
 def test_echomq_stats_shows_the_backlog(tmq, clock):
-    from echomq_django.stats import queue_stats
+    from echomq_django.monitoring.stats import queue_stats
 
     tmq.subscribe_events(["q"], ALL)
     tmq.add_flows([Flow("q", "leaf", {}, job_id=f"j{i}") for i in range(3)])

@@ -15,9 +15,10 @@ import pytest
 import redis
 from redis.cluster import RedisCluster
 
-from echomq_django import Flow, devserver
-from echomq_django.dispatch import Dispatcher
-from echomq_django.events import SIGNAL_OF
+from echomq_django import Flow
+from echomq_django.protocol.signal_events import SIGNAL_OF
+from echomq_django.runners.dispatcher import Dispatcher
+from echomq_django.testing import redis_server as devserver
 from tests import eventkit, rigs
 from tests.eventkit import EventMQ, Seen, stream
 from tests.jobkit import complete, kill, leaf, node

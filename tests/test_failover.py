@@ -158,9 +158,9 @@ def test_a_pump_takes_its_own_lock_back_after_a_redis_restart(tmp_path):
     # A 2 s restart used to freeze deliveries for the lock's 30 s: the drop
     # failed while Redis was down, the lock came back from the AOF, and the
     # pump's next sweep (a fresh token) was locked out by its own old lock.
-    from echomq_django.devserver import restart
-    from echomq_django.exceptions import RedisUnavailable
-    from echomq_django.pump import Pump
+    from echomq_django.core.exceptions import RedisUnavailable
+    from echomq_django.runners.pump import Pump
+    from echomq_django.testing.redis_server import restart
 
     server = rigs.start_server(options={"appendonly": "yes", "appendfsync": "always"})
     client = redis.Redis(host=rigs.HOST, port=server.port, retry_on_error=[])
@@ -191,7 +191,7 @@ KILLED_PUMP = """
 import os, signal, sys
 import redis
 from echomq_django import EchoMQ
-from echomq_django.pump import Pump
+from echomq_django import Pump
 
 def die(queue, actions):
     os.kill(os.getpid(), signal.SIGKILL)  # mid-sweep, holding the lock
@@ -205,7 +205,7 @@ def test_a_live_pump_takes_over_within_the_lease_of_a_dead_one(r, redis_server, 
     import time
     from pathlib import Path
 
-    from echomq_django.pump import LOCK_MS, Pump
+    from echomq_django.runners.pump import LOCK_MS, Pump
 
     mq = EchoMQ(r, prefix="emq")
     _one_cross_completion(mq)
@@ -250,7 +250,7 @@ def test_a_delivery_no_replica_confirmed_stays_in_the_outbox(redis_cluster_ha, r
     that replica stopped, the sweep delivers, the WAIT counts no replica and
     the entry stays; once it answers, the next sweep trims it, and the parent
     is released once."""
-    from echomq_django.pump import deliver_outbox
+    from echomq_django.runners.pump import deliver_outbox
 
     mq = EchoMQ(rch, prefix="emq")
     parent_q, child_q = _queues_on_two_masters(redis_cluster_ha, mq)

@@ -17,7 +17,7 @@ import redis
 from redis.cluster import RedisCluster
 
 from echomq_django import EchoMQ, EchoMQError
-from echomq_django.devserver import restart
+from echomq_django.testing.redis_server import restart
 from tests import rigs
 from tests.faultkit import QUEUES, Proc, audit, make_flows, roots_done, wait_until
 

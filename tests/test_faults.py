@@ -7,8 +7,8 @@ import pytest
 import redis
 
 from echomq_django import EchoMQ, Flow, JobNotActive, JobNotRetryable, JobState
-from echomq_django.exceptions import RedisUnavailable
-from echomq_django.pump import Pump
+from echomq_django.core.exceptions import RedisUnavailable
+from echomq_django.runners.pump import Pump
 from tests import rigs
 
 
@@ -243,9 +243,9 @@ def test_poison_outbox_entries_are_dead_lettered_with_the_real_reason(mq):
 
 
 def test_the_outbox_dead_letter_keeps_the_newest_1000(mq):
-    """The bound of P:{q}:flow:deadletter: outbox_trim trims as it pushes,
+    """The bound of P:{q}:flow:deadletter: trim_outbox trims as it pushes,
     so a flood of poison entries keeps exactly the newest 1,000."""
-    from echomq_django.flowcalls import OUTBOX_DEADLETTER_MAX
+    from echomq_django.protocol.flows import OUTBOX_DEADLETTER_MAX
 
     assert OUTBOX_DEADLETTER_MAX == 1000
     k, n = mq.keys.queue("c"), OUTBOX_DEADLETTER_MAX + 5

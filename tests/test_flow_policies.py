@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from echomq_django import JobState
-from echomq_django.pump import Pump
+from echomq_django.runners.pump import Pump
 from tests import jobkit
 from tests.jobkit import (
     assert_state,

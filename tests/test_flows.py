@@ -20,7 +20,7 @@ from echomq_django import (
     LeaseLost,
     PayloadError,
 )
-from echomq_django.scripts import Scripts
+from echomq_django.protocol.scripts import Scripts
 from tests import jobkit
 from tests.jobkit import (
     T0,

@@ -7,7 +7,7 @@ import pytest
 from redis.crc import key_slot
 
 from echomq_django import Flow
-from echomq_django.keyspace import ID_RULE, PREFIX_RULE, QUEUE_RULE, Keyspace, validate_id
+from echomq_django.core.keyspace import ID_RULE, PREFIX_RULE, QUEUE_RULE, Keyspace, validate_id
 from tests.jobkit import leaf, node, snapshot
 
 K = Keyspace("emq")
@@ -190,7 +190,7 @@ def test_every_suffix_a_script_spells_is_named_in_the_keyspace():
     import re
     from pathlib import Path
 
-    from echomq_django import keyspace
+    from echomq_django.core import keyspace
 
     known = set(keyspace.QUEUE_KEYS.values()) | {
         keyspace.JOB_PREFIX,
@@ -212,7 +212,7 @@ def test_every_suffix_a_script_spells_is_named_in_the_keyspace():
 
 
 def test_queue_keys_are_named_once_and_cached_with_a_bound():
-    from echomq_django import keyspace
+    from echomq_django.core import keyspace
 
     ks = Keyspace("emq")
     assert ks.queue("q").outbox_tries == "emq:{q}:flow:tries"

@@ -14,15 +14,15 @@ from redis.cluster import RedisCluster
 from redis.retry import Retry
 
 from echomq_django import EchoMQ, JobState
-from echomq_django.exceptions import (
+from echomq_django.core.exceptions import (
     JobCancelled,
     JobNotCancellable,
     JobNotFound,
     JobNotRemovable,
 )
-from echomq_django.flowcalls import SENT_WAIT_S
-from echomq_django.pump import Pump
-from echomq_django.retention import Keep
+from echomq_django.core.retention import Keep
+from echomq_django.protocol.flows import SENT_WAIT_S
+from echomq_django.runners.pump import Pump
 from tests import jobkit
 from tests.jobkit import assert_state, claim_one, complete, hash_of, kill, leaf, node, ref
 
@@ -580,7 +580,7 @@ def test_an_old_removal_never_takes_the_child_of_the_flow_added_again(tmq, monke
     outbox past the wait), so it waits in q's outbox while the flow is added
     again over the still-present x (skipped: the new parent takes it). The
     old `rm` used to remove x, and the new root waited for ever."""
-    from echomq_django import flowcalls
+    from echomq_django.protocol import flows as flowcalls
 
     monkeypatch.setattr(flowcalls, "SENT_WAIT_S", 0.0)
     flow = node("p", [leaf("x", queue="o")])
@@ -1008,7 +1008,7 @@ def test_attaching_a_completed_parentless_job_counts_it_at_once(tmq) -> None:
 
 
 def test_attaching_a_job_with_another_live_parent_is_a_conflict(tmq) -> None:
-    from echomq_django.exceptions import FlowConflict
+    from echomq_django.core.exceptions import FlowConflict
 
     tmq.add_flow(node("p", [leaf("a")]))
     complete(tmq, "a", 1)

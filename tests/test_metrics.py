@@ -11,10 +11,11 @@ import pytest
 from django.conf import settings
 from django.test import override_settings
 
-from echomq_django import conf, metrics
+from echomq_django import conf
 from echomq_django.checks import check_metrics_settings
-from echomq_django.metrics import ProcessMetrics, QueueCollector, settings_problems
-from echomq_django.registry import Heartbeat
+from echomq_django.monitoring import metrics
+from echomq_django.monitoring.metrics import ProcessMetrics, QueueCollector, settings_problems
+from echomq_django.runners.heartbeat import Heartbeat
 from tests import jobkit
 from tests.factories import StaffUserFactory, UserFactory
 from tests.rigs import free_port

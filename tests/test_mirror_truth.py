@@ -16,7 +16,7 @@ from collections import Counter
 import pytest
 
 from echomq_django import EchoMQ, Flow, JobState
-from echomq_django.mirror import mirror_queue
+from echomq_django.admin.mirror import mirror_queue
 from echomq_django.models import MirroredJob, MirroredQueue
 from tests.workerkit import Clock
 

@@ -14,7 +14,8 @@ from django.db import transaction
 from django.db.models.signals import post_save
 
 import echomq_django as emq
-from echomq_django import EchoMQ, Flow, JobNotFound, JobState, conf, outbox
+from echomq_django import EchoMQ, Flow, JobNotFound, JobState, conf
+from echomq_django import commit_outbox as outbox
 from tests.rigs import free_port
 from tests.workerkit import burst, run_async
 

@@ -14,8 +14,8 @@ import prometheus_client
 import pytest
 
 from echomq_django import EchoMQ, Worker
-from echomq_django.pump import Pump
-from echomq_django.registry import live_processes
+from echomq_django.runners.heartbeat import live_processes
+from echomq_django.runners.pump import Pump
 from tests.rigs import free_port
 from tests.test_runworker import Command
 from tests.workerapp.jobs import GATES

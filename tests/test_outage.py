@@ -13,8 +13,8 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from echomq_django import EchoMQ
-from echomq_django.outage import BACKOFF_MAX_S, BACKOFF_START_S, Outage
-from echomq_django.pump import Pump
+from echomq_django.runners.outage import BACKOFF_MAX_S, BACKOFF_START_S, Outage
+from echomq_django.runners.pump import Pump
 
 
 def test_pump_run_waits_out_an_outage_instead_of_raising(caplog):

@@ -1,4 +1,4 @@
-"""The enqueue outbox (echomq_django.outbox; DESIGN §10.4, issue 14 point 3),
+"""The enqueue outbox (echomq_django.commit_outbox; DESIGN §10.4, issue 14 point 3),
 on SQLite and on PostgreSQL (when one answers: see the report header):
 Redis down at commit -> the job runs once after Redis returns; rollback ->
 nothing anywhere; a crash between push and delete -> one run; two drainers
@@ -16,7 +16,8 @@ from django.db import connections, transaction
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from echomq_django import EchoMQ, Flow, JobState, RedisUnavailable, outbox
+from echomq_django import EchoMQ, Flow, JobState, RedisUnavailable
+from echomq_django import commit_outbox as outbox
 from echomq_django.models import OutboxEntry
 from tests import rigs
 from tests.workerkit import burst, wait_for

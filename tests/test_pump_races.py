@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from echomq_django import EchoMQ, Flow
-from echomq_django.pump import Pump
+from echomq_django.runners.pump import Pump
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -85,7 +85,7 @@ KILLED_PUMP = textwrap.dedent("""
     import os, signal, sys
     import redis
     from echomq_django import EchoMQ
-    from echomq_django.pump import Pump
+    from echomq_django import Pump
 
     client = redis.Redis.from_url(sys.argv[1])
     def die(queue, actions):

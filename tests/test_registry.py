@@ -15,8 +15,10 @@ import sys
 
 import pytest
 
-from echomq_django import EchoMQ, Flow, client, registry
-from echomq_django.registry import (
+from echomq_django import EchoMQ, Flow
+from echomq_django.protocol import client
+from echomq_django.runners import heartbeat as registry
+from echomq_django.runners.heartbeat import (
     MISSED_BEATS,
     Heartbeat,
     ProcessInfo,
@@ -132,7 +134,7 @@ def test_bad_heartbeat_arguments_are_refused(tmq):
 KILLED = """
 import sys, time, redis
 from echomq_django import EchoMQ
-from echomq_django.registry import Heartbeat
+from echomq_django.runners.heartbeat import Heartbeat
 hb = Heartbeat(EchoMQ(redis.Redis.from_url(sys.argv[1])), "worker", ["orders"], interval_s=0.2)
 hb.start()
 print(hb.info.id, flush=True)

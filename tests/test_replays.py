@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from echomq_django import DuplicateJob, EchoMQ, Flow, JobState, RedisUnavailable
-from echomq_django.pump import Pump
+from echomq_django.runners.pump import Pump
 
 
 def fixed_clock(mq, at=1_000_000):

@@ -8,7 +8,7 @@ import redis
 from redis.cluster import RedisCluster
 
 from echomq_django import EchoMQ, JobState
-from echomq_django.pump import Pump
+from echomq_django.runners.pump import Pump
 from tests import jobkit
 from tests.jobkit import (
     assert_state,
@@ -125,7 +125,7 @@ def test_an_ancestor_a_retry_revives_takes_its_cancel_back_too(tmq) -> None:
 import itertools  # noqa: E402
 import random  # noqa: E402
 
-from echomq_django.exceptions import EchoMQError  # noqa: E402
+from echomq_django.core.exceptions import EchoMQError  # noqa: E402
 
 KIDS = {"a": "q", "b": "q", "c": "q", "x": "o", "y": "o", "z": "o"}
 RUNNING = ("b", "g", "y", "w")  # claimed before the cancel

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from echomq_django import EchoMQ, Flow, JobState
-from echomq_django.pump import Pump
+from echomq_django.runners.pump import Pump
 from tests.workerkit import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("subprocess_db")]

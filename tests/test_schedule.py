@@ -10,7 +10,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 
 from echomq_django import EchoMQ, conf
-from echomq_django.schedule import Entry, Scheduler, entries
+from echomq_django.runners.periodic import Entry, Scheduler, entries
 from tests import jobkit
 from tests.jobkit import T0, assert_state, row
 

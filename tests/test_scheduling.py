@@ -14,7 +14,7 @@ from echomq_django import (
     JobNotFound,
     LeaseLost,
 )
-from echomq_django.pump import Pump
+from echomq_django.runners.pump import Pump
 from tests import jobkit
 from tests.jobkit import (
     assert_state,

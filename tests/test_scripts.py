@@ -11,9 +11,9 @@ import pytest
 from redis.cluster import RedisCluster
 
 from echomq_django import JobState
-from echomq_django.dispatch import Dispatcher
-from echomq_django.pump import Pump
-from echomq_django.scripts import Scripts, load_sources, lua_dir, parse_header
+from echomq_django.protocol.scripts import Scripts, load_sources, lua_dir, parse_header
+from echomq_django.runners.dispatcher import Dispatcher
+from echomq_django.runners.pump import Pump
 from tests import jobkit
 from tests.jobkit import assert_state, claim_one, leaf, node
 
@@ -76,7 +76,7 @@ def test_lib_is_inlined_not_a_script() -> None:
     emit = (REPO / "lua" / "lib" / "emit.lua").read_text()
     error = (REPO / "lua" / "lib" / "error.lua").read_text()
     cancel_out = (REPO / "lua" / "lib" / "cancel_out.lua").read_text()
-    flow = flow.replace("-- @include lib/events.lua\n", events + "\n")
+    flow = flow.replace("-- @include lib/signal_events.lua\n", events + "\n")
     flow = flow.replace("-- @include lib/emit.lua\n", emit + "\n")
     flow = flow.replace("-- @include lib/error.lua\n", error + "\n")
     flow = flow.replace("-- @include lib/cancel_out.lua\n", cancel_out + "\n")
@@ -90,7 +90,7 @@ def test_lib_is_inlined_not_a_script() -> None:
         # through lib/flow.lua
         uses_claimable = uses_flow or "-- @include lib/claimable.lua" in raw
         assert src.text.count(claimable) == int(uses_claimable), name
-        # lib/events.lua (durable signal events) comes with lib/flow.lua, once
+        # lib/signal_events.lua (durable signal events) comes with lib/flow.lua, once
         assert src.text.count("local function signal_event(") == int(uses_flow), name
 
 
@@ -120,8 +120,8 @@ def test_parse_header_refuses_a_bad_header(raw: str, problem: str) -> None:
 def test_registry_refuses_a_call_that_breaks_the_header(mq) -> None:
     with pytest.raises(TypeError, match="script claim takes 3 KEYS and 7 ARGV, got 2 and 5"):
         mq.scripts.run("claim", ["a", "b"], [1, 2, 3, 4, 5])
-    with pytest.raises(TypeError, match=r"script flow_deliver takes 2 KEYS and 3\+ ARGV"):
-        mq.scripts.run_many([("flow_deliver", ["a", "b"], [1, 2])])
+    with pytest.raises(TypeError, match=r"script deliver_to_parents takes 2 KEYS and 3\+ ARGV"):
+        mq.scripts.run_many([("deliver_to_parents", ["a", "b"], [1, 2])])
 
 
 def drive_every_operation(mq, clock) -> None:
@@ -142,7 +142,7 @@ def drive_every_operation(mq, clock) -> None:
     mq.add_flows([node("p2", [leaf("c2")]), node("p3", [leaf("c3")])])
     for queue in ("q", "q", "q", "other"):
         mq.complete(claim_one(mq, queue), "done")
-    Pump(["other"], mq=mq).sweep()  # flow_deliver on {q}, outbox_trim on {other}
+    Pump(["other"], mq=mq).sweep()  # deliver_to_parents on {q}, trim_outbox on {other}
     assert_state(mq, "q", "p", "pending")
     mq.cancel("q", "p")
     mq.remove("q", "p")  # then prune goes on with its subtree
@@ -150,7 +150,7 @@ def drive_every_operation(mq, clock) -> None:
     mq.enqueue("q", "signalled", None, job_id="s9")
     jobs = mq.claim("q", 10)
     mq.complete_many([(job, "done") for job in jobs])
-    assert Dispatcher(["q"], mq=mq).dispatch("q").sent == len(jobs) > 0  # signals_ack
+    assert Dispatcher(["q"], mq=mq).dispatch("q").sent == len(jobs) > 0  # ack_signals
     # DESIGN §10.3: pause, flow control, the children timeout, postpone, schedule marks
     mq.pause("q")
     mq.resume("q")

@@ -12,7 +12,7 @@ import re
 import pytest
 
 from echomq_django import Dispatcher, EchoMQ, Flow, Worker, signals
-from echomq_django.pump import Pump
+from echomq_django.runners.pump import Pump
 from tests.workerkit import T0, Clock, Recorder
 
 EVENT_ID = re.compile(r"\A[a-z]+:\d+-\d+\Z")

@@ -59,9 +59,9 @@ from echomq_django import (
     JobNotRetryable,
     LeaseLost,
 )
-from echomq_django.exceptions import JobCancelled, JobNotCancellable, JobNotRemovable
-from echomq_django.jobs import JobState
-from echomq_django.keyspace import STATE_INDEX
+from echomq_django.core.exceptions import JobCancelled, JobNotCancellable, JobNotRemovable
+from echomq_django.core.jobs import JobState
+from echomq_django.core.keyspace import STATE_INDEX
 from tests.jobkit import INDEXES, Clock
 
 Q = "q"

@@ -27,7 +27,7 @@ from hypothesis.stateful import (
 )
 
 from echomq_django import EchoMQ, Flow, JobNotActive, JobNotRetryable, JobState, LeaseLost
-from echomq_django.pump import Pump
+from echomq_django.runners.pump import Pump
 
 QUEUES = ("qa", "qb", "qc")
 PREFIXES = itertools.count()

@@ -14,8 +14,8 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from echomq_django import conf
-from echomq_django.registry import Heartbeat
-from echomq_django.stats import SCHEMA, UnknownQueue, collect, duration, render
+from echomq_django.monitoring.stats import SCHEMA, UnknownQueue, collect, duration, render
+from echomq_django.runners.heartbeat import Heartbeat
 from tests import jobkit
 from tests.jobkit import T0
 from tests.workerkit import Clock

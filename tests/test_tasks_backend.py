@@ -179,7 +179,7 @@ def test_complex_exception_and_return_value(mq):
     assert exc.status == ret.status == TaskResultStatus.FAILED
     assert exc.errors[0].exception_class is ValueError
     assert "ValueError: This task failed" in exc.errors[0].traceback
-    assert ret.errors[0].exception_class_path == "echomq_django.exceptions.PayloadError"
+    assert ret.errors[0].exception_class_path == "echomq_django.core.exceptions.PayloadError"
     assert "result is not JSON-serialisable" in ret.errors[0].traceback
 
 

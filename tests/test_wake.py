@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 
 from echomq_django import Flow, JobState
-from echomq_django.pump import Pump
+from echomq_django.runners.pump import Pump
 from tests import jobkit
 from tests.jobkit import T0, claim_one, leaf, node
 

@@ -9,7 +9,7 @@ import queue as _queue
 import pytest
 
 from echomq_django import EchoMQ, JobState
-from echomq_django.wake import DOWN, UP, Timers, Wake, Waker
+from echomq_django.runners.wake import DOWN, UP, Timers, Wake, Waker
 from tests import jobkit
 from tests.jobkit import T0, claim_one
 
@@ -87,7 +87,7 @@ def test_a_restart_is_reported_down_then_up() -> None:
     retried: the runner hears DOWN, then UP, then the next marker."""
     import redis
 
-    from echomq_django import devserver
+    from echomq_django.testing import redis_server as devserver
 
     server = devserver.start_server()
     try:

@@ -16,8 +16,8 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from echomq_django import EchoMQ, Flow, JobState, Outcome, Worker
-from echomq_django.pool import error_text, unknown_name_error
-from echomq_django.pump import Pump
+from echomq_django.runners.pool import error_text, unknown_name_error
+from echomq_django.runners.pump import Pump
 from tests.workerkit import Background, Clock, burst, wait_for
 
 COUNTS0 = {

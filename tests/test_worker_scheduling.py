@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 from echomq_django import EchoMQ, JobState, Worker
-from echomq_django.pump import Pump
-from echomq_django.schedule import Entry, Scheduler
+from echomq_django.runners.periodic import Entry, Scheduler
+from echomq_django.runners.pump import Pump
 from tests import jobkit
 from tests.jobkit import assert_state, leaf, node
 from tests.workerapp import jobs as handlers
@@ -149,7 +149,7 @@ def test_a_pump_fires_the_settings_entries_of_its_own_queues(tmq, settings) -> N
 
 
 def test_stats_list_the_periodic_jobs(tmq, clock, settings) -> None:
-    from echomq_django.stats import collect, render
+    from echomq_django.monitoring.stats import collect, render
 
     entry = {"name": "t.echo", "queue": "orders", "every_s": 60}
     settings.ECHOMQ = {**settings.ECHOMQ, "SCHEDULE": {"beat": entry}}

@@ -11,7 +11,7 @@ from datetime import datetime
 from django import template
 from django.utils.html import format_html
 
-from ..stats import duration
+from ..monitoring.stats import duration
 
 register = template.Library()
 

@@ -7,8 +7,8 @@
   other entries while the pumps are behind: with the count it searches the
   outbox only when one of its entries is still there (a search of 10,000
   entries held Redis ~37 ms). Inlined by the registry where `@include
-  lib/cancel_out.lua` appears (lib/flow.lua, outbox_trim.lua,
-  outbox_forget.lua). Local definitions only.
+  lib/cancel_out.lua` appears (lib/flow.lua, trim_outbox.lua,
+  forget_outbox.lua). Local definitions only.
 ]]
 
 -- A `cancel` entry for `parent`'s subtree was pushed onto this queue's outbox.

@@ -5,7 +5,7 @@
 
   Why a shared file: fan-in and death propagation (DESIGN §4) are the same
   whether a child finishes in `complete`, dies in `fail` / `recover_stalled`,
-  or is delivered from another slot by the pump (`flow_deliver`). One copy
+  or is delivered from another slot by the pump (`deliver_to_parents`). One copy
   keeps the exactly-once guard identical on every road.
 
   A child row without `parent_queue` has its parent on this queue, and one
@@ -37,7 +37,7 @@
   retry emitted, outbox the number of entries pushed. The calling script
   returns cjson.encode(OUT).
 ]]
--- @include lib/events.lua
+-- @include lib/signal_events.lua
 -- @include lib/emit.lua
 -- @include lib/error.lua
 -- @include lib/cancel_out.lua

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from django.conf import settings
 
-from echomq_django.devserver import ServerError, start_server
+from echomq_django.testing.redis_server import ServerError, start_server
 
 BASE_DIR = Path(settings.BASE_DIR)
 GRACE_S = 10.0  # s a process gets between SIGTERM and SIGKILL
@@ -120,7 +120,7 @@ class Processes:
 
 
 def start_redis(procs: Processes) -> str:
-    """A private ``redis-server`` (``echomq_django.devserver``: no persistence,
+    """A private ``redis-server`` (``echomq_django.testing.redis_server``: no persistence,
     its log in the log dir) on a free loopback port, stopped with the demo's
     other processes; returns its URL. Raises ``DemoError`` when redis-server
     is missing or never answers."""

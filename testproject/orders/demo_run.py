@@ -43,7 +43,7 @@ from django.conf import settings
 from django.core.management import call_command
 
 from echomq_django import EchoMQ
-from echomq_django.devserver import free_port
+from echomq_django.testing.redis_server import free_port
 
 from . import demo_procs
 from .demo_procs import BASE_DIR, START_TIMEOUT_S, DemoError, Processes, Progress

@@ -70,7 +70,7 @@ def attempts_allowed(queue: str) -> int:
     echomq_django's default). Builds no Redis connection."""
     from django.conf import settings
 
-    from echomq_django.jobs import QUEUE_DEFAULTS
+    from echomq_django.core.jobs import QUEUE_DEFAULTS
 
     opts = getattr(settings, "ECHOMQ", {}).get("QUEUES", {}).get(queue) or {}
     return int(opts.get("MAX_ATTEMPTS", QUEUE_DEFAULTS["MAX_ATTEMPTS"]))

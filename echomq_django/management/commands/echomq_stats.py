@@ -17,8 +17,9 @@ import redis
 from django.core.management.base import BaseCommand, CommandError
 
 from echomq_django.conf import get_mq
-from echomq_django.exceptions import EchoMQError, describe
-from echomq_django.stats import collect, render
+from echomq_django.core.exceptions import EchoMQError
+from echomq_django.monitoring.stats import collect, render
+from echomq_django.protocol.errors import describe
 
 
 class Command(BaseCommand):

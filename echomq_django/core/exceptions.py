@@ -1,0 +1,121 @@
+"""Named exceptions, and the one table that maps script error strings to them.
+
+Lua scripts answer ``EMQ<CODE> ...`` error strings (DESIGN §5 rule 2); callers
+catch ``JobNotActive``, never a string (STYLE rule 3).
+"""
+
+from __future__ import annotations
+
+
+class EchoMQError(Exception):
+    """Base class of every echomq_django error."""
+
+
+class JobNotFound(EchoMQError, KeyError):
+    """No job with that id in that queue (``EMQNOJOB``)."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else ""
+
+
+class JobNotActive(EchoMQError):
+    """complete / fail / extend_lease on a job that is not active (``EMQSTATE``)."""
+
+
+class LeaseLost(EchoMQError):
+    """The lease token is stale: the lease expired and the job moved on (``EMQLEASE``)."""
+
+
+class DuplicateJob(EchoMQError, ValueError):
+    """The job id is already taken in that queue (``EMQDUP``)."""
+
+
+class FlowConflict(DuplicateJob):
+    """A flow reuses an id held by another job or a different flow (``EMQCONFLICT``)."""
+
+
+class FlowError(EchoMQError, ValueError):
+    """A flow is malformed: duplicate ids, a cycle, a bad policy."""
+
+
+class PayloadError(EchoMQError, ValueError):
+    """A payload or result is not JSON-serialisable, or is over the size limit."""
+
+
+class JobNotRetryable(EchoMQError):
+    """retry-by-id on a job that is not dead (``EMQSTATE`` from ``retry``)."""
+
+
+class JobCancelled(JobNotActive):
+    """The job was cancelled while it ran (``EMQCANCELLED``, DESIGN §10.2): its
+    heartbeat is refused and its result dropped; it dies with 'cancelled'."""
+
+
+class JobNotRemovable(EchoMQError):
+    """``remove`` of an active job (DESIGN §10.2); the message names the state."""
+
+
+class JobNotCancellable(EchoMQError):
+    """``cancel`` of a completed or dead job (DESIGN §10.2); the message names
+    the state."""
+
+
+class Unrecoverable(EchoMQError):
+    """Raise it in a handler to fail the job for good: it goes dead at once,
+    without spending its remaining attempts (BullMQ's UnrecoverableError), and
+    its parent's policy applies (DESIGN §4)."""
+
+
+class SweepLockLost(EchoMQError):
+    """A pump lost its sweep lock before trimming the outbox (``EMQLOCK``)."""
+
+
+class RedisUnavailable(EchoMQError, ConnectionError):
+    """Redis could not be reached; the message says where we tried."""
+
+
+class DependencyError(EchoMQError, ValueError):
+    """remove_child_dependency on a ref that is not an unresolved child of
+    the parent (``EMQDEP``; DESIGN §10.3)."""
+
+
+class RateLimited(EchoMQError):
+    """Raise it in a handler to put the job back without spending an attempt:
+    it runs again after ``retry_after_ms`` (ms, int >= 0), DESIGN §10.3."""
+
+    def __init__(self, retry_after_ms: int = 1000, message: str = "") -> None:
+        if not isinstance(retry_after_ms, int) or isinstance(retry_after_ms, bool):
+            raise TypeError(f"retry_after_ms must be an int (ms), got {retry_after_ms!r}")
+        if retry_after_ms < 0:
+            raise ValueError(f"retry_after_ms must be >= 0 ms, got {retry_after_ms}")
+        super().__init__(message or f"rate limited: retry after {retry_after_ms} ms")
+        self.retry_after_ms = retry_after_ms
+
+
+# code -> exception class; JobNotActive for EMQSTATE is swapped for
+# JobNotRetryable by the retry path, where "not in the expected state" means
+# "not dead".
+ERRORS: dict[str, type[EchoMQError]] = {
+    "EMQNOJOB": JobNotFound,
+    "EMQSTATE": JobNotActive,
+    "EMQLEASE": LeaseLost,
+    "EMQDUP": DuplicateJob,
+    "EMQCONFLICT": FlowConflict,
+    "EMQLOCK": SweepLockLost,
+    "EMQDEP": DependencyError,
+    "EMQPARENT": JobNotRetryable,
+    "EMQCANCELLED": JobCancelled,
+}
+
+MESSAGES = {  # code -> message template; protocol.errors.translate fills it
+    "EMQNOJOB": "job {1!r} not found in queue {0!r}",
+    "EMQSTATE": "job {1!r} in queue {0!r} is {2}",
+    "EMQLEASE": "job {1!r} in queue {0!r}: lease token is stale (the lease expired "
+    "and the job was recovered or claimed again)",
+    "EMQDUP": "job id {1!r} is already used in queue {0!r} (state {2}); ids are unique per queue",
+    "EMQDEP": "parent {1!r} in queue {0!r}: child {2}",
+    "EMQPARENT": "job {1!r} in queue {0!r} cannot be retried: its parent {2}/{3} ignored its "
+    "death and is {4} now (it went on without it; a child its parent ignored re-attaches "
+    "only while the parent waits)",
+    "EMQCANCELLED": "job {1!r} in queue {0!r} was cancelled: its result is dropped",
+}

@@ -1,0 +1,352 @@
+"""Every Redis key echomq_django uses, and the rules for the names inside them.
+
+This is the only module that knows the prefix and spells a key name (DESIGN
+§3, STYLE rule 1); the tables below are the table of contents of the
+keyspace (cf. BullMQ's ``queue_keys.py``). Every key of queue ``q`` is
+``P:{q}:...``; the ``{q}`` hash tag pins a queue to one Redis Cluster slot,
+so all of a queue's keys can be used by one Lua script. The Lua scripts build
+the same names from the ``P:{q}:`` base they get as ARGV;
+``tests/test_keyspace.py`` checks that every suffix a script spells is listed
+here.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from dataclasses import dataclass, fields
+
+QUEUE_RULE = "a queue name is 1-64 characters from A-Z a-z 0-9 _ . -"
+ID_RULE = (
+    "a job id is 1-128 characters with no '{', '}', ':', whitespace, control or "
+    "format characters (NUL, ESC, bidi overrides, zero-width...) or lone surrogates"
+)
+NAME_RULE = (
+    "a job name (the handler's) is a non-empty string with no control or format "
+    "characters (NUL, ESC, bidi overrides, zero-width...) or lone surrogates"
+)
+PREFIX_RULE = "a prefix is 1-32 characters from A-Z a-z 0-9 _ . -"
+
+_QUEUE_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}\Z")
+_ID_RE = re.compile(r"[^{}:\s]{1,128}\Z")
+_PREFIX_RE = re.compile(r"[A-Za-z0-9_.-]{1,32}\Z")
+_ASCII_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# Unicode categories refused in ids and names: control, format, surrogate.
+_REFUSED = {"Cc": "a control character", "Cf": "a format character", "Cs": "a lone surrogate"}
+
+
+def refused_char(text: str) -> str | None:
+    """Why ``text`` may not be an id or a name, or None: the first control
+    or format character or lone surrogate in it, as ``"U+001B (a control
+    character)"``. They would hide in logs and the admin, reorder or vanish
+    on screen, or (a surrogate) fail to encode after part of a flow landed."""
+    if text.isascii():  # the common case: one regex pass
+        m = _ASCII_CONTROL.search(text)
+        return f"U+{ord(m.group()):04X} (a control character)" if m else None
+    for ch in text:
+        kind = _REFUSED.get(unicodedata.category(ch))
+        if kind:
+            return f"U+{ord(ch):04X} ({kind})"
+    return None
+
+
+def validate_queue(queue: object) -> str:
+    """Return ``queue`` if it is a valid queue name (DESIGN §3).
+
+    Raises ``ValueError`` naming the rule when it is not a ``str`` matching
+    ``[A-Za-z0-9_.-]{1,64}``.
+    """
+    if not isinstance(queue, str) or not _QUEUE_RE.match(queue):
+        raise ValueError(f"invalid queue name {queue!r}: {QUEUE_RULE}")
+    return queue
+
+
+def validate_id(job_id: object) -> str:
+    """Return ``job_id`` if it is a valid job id (DESIGN §3).
+
+    Raises ``ValueError`` naming the rule when it is not a ``str`` of 1-128
+    characters without ``{``, ``}``, ``:``, whitespace, control or format
+    characters or lone surrogates (issue 17, item 7).
+    """
+    if not isinstance(job_id, str) or not _ID_RE.match(job_id):
+        raise ValueError(f"invalid job id {job_id!r}: {ID_RULE}")
+    bad = refused_char(job_id)
+    if bad:
+        raise ValueError(f"invalid job id {job_id!r}: it holds {bad}; {ID_RULE}")
+    return job_id
+
+
+def validate_name(name: object) -> str:
+    """Return ``name`` if it is a valid job name (the handler's).
+
+    Raises ``ValueError`` naming the rule when it is not a non-empty ``str``
+    or holds a control or format character or a lone surrogate.
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"invalid job name {name!r}: {NAME_RULE}")
+    bad = refused_char(name)
+    if bad:
+        raise ValueError(f"invalid job name {name!r}: it holds {bad}; {NAME_RULE}")
+    return name
+
+
+def validate_prefix(prefix: object) -> str:
+    """Return ``prefix`` if valid; ``ValueError`` naming the rule otherwise."""
+    if not isinstance(prefix, str) or not _PREFIX_RE.match(prefix):
+        raise ValueError(f"invalid key prefix {prefix!r}: {PREFIX_RULE}")
+    return prefix
+
+
+# QueueKeys field -> the suffix after P:{q}: (one key per queue each).
+QUEUE_KEYS = {
+    "pending": "pending",  # list: ids ready to claim, oldest first
+    "active": "active",  # zset: id -> lease deadline (ms)
+    "delayed": "delayed",  # zset: id -> when it is due (ms)
+    "awaiting": "awaiting",  # zset: parents waiting on children, by time
+    "completed": "completed",  # zset: id -> finished_at (ms)
+    "dead": "dead",  # zset: id -> finished_at (ms)
+    # stream: e (event), id (retention's `removed`: a block's ids, space-separated);
+    # capped near 10,000 entries (lua/lib/emit.lua)
+    "events": "events",
+    "outbox": "flow:outbox",  # list: cross-queue fan-in entries for the pump
+    # list: outbox entries the pump gave up on, newest last; the newest 1,000
+    # kept (flowcalls.OUTBOX_DEADLETTER_MAX, trimmed by trim_outbox as it pushes)
+    "deadletter": "flow:deadletter",
+    "outbox_tries": "flow:tries",  # hash: outbox entry -> failed deliveries
+    "pump_lock": "pump:lock",  # string: the sweep lock of this queue's outbox
+    # list: a mark left by each drop of pump:lock (one at most, 1 s TTL), for
+    # the callers waiting for the lock to block on (lua/lock_outbox.lua)
+    "pump_unlocked": "pump:unlocked",
+    "lease_seq": "lease:seq",  # counter: lease tokens
+    "deadlines": "deadlines",  # zset: parents with a children deadline (issue 16)
+    "wake": "wake",  # zset: wake-up markers for the queue's workers (issue 12)
+    "outbox_wake": "flow:wake",  # zset: a wake-up marker for the pump (issue 12)
+    "timers_lock": "timers:lock",  # string: one worker's timer sweep of the queue (issue 12)
+    "expire": "expire",  # zset: finished jobs -> when retention may drop them (ms, issue 13)
+    "gc": "gc",  # list: removed parents whose child refs wait in gc:<seq>:<id> (issue 13)
+    "gc_seq": "gc:seq",  # counter: the gc bins (issue 13)
+    "cancel": "cancel",  # list: 'id offset' of subtrees still to cancel (issue 13)
+    "signals": "signals",  # stream: durable signal events, removed only by dispatch (issue 18)
+    "signal_kinds": "signals:kinds",  # set: the event kinds recorded (issue 18)
+    "signal_lock": "signals:lock",  # string: a dispatcher's pass over the queue (issue 18)
+    "signal_tries": "signals:tries",  # hash: event id -> sends that raised (issue 18)
+    # list: events given up on, newest last; the newest 10,000 kept
+    # (events.DEADLETTER_MAX, trimmed by ack_signals as it pushes; issue 18)
+    "signal_deadletter": "signals:deadletter",
+    "prioritized": "prioritized",  # zset: claimable ids with a priority (issue 16)
+    "pri_seq": "pri:seq",  # counter: FIFO order within a priority (issue 16)
+    "paused": "paused",  # string: set while the queue is paused (issue 16)
+    "limiter": "limiter",  # hash: the RATE_LIMIT window {start, n} (issue 16)
+}
+# Keys that hold one value of a family: the suffix is this prefix + a name.
+JOB_PREFIX = "job:"  # hash P:{q}:job:<id>: the job row; also the child ref
+CLAIM_PREFIX = "claim:"  # string P:{q}:claim:<token>: a claim's memo, for its replay
+SCHEDULE_PREFIX = "schedule:"  # string P:{q}:schedule:<entry>: a periodic entry's mark (issue 16)
+DEDUP_PREFIX = "dedup:"  # string P:{q}:dedup:<key>: the id holding a dedup key (issue 16)
+OP_PREFIX = "op:"  # string P:{q}:op:<token>: a remove/cancel call's memo, for its replay
+GC_PREFIX = "gc:"  # list P:{q}:gc:<seq>:<id>: a removed parent's child refs (issue 13)
+# JobKeys field -> the suffix after the row key P:{q}:job:<id> (a parent's keys).
+JOB_KEYS = {
+    "dependencies": ":dependencies",  # counter: children not resolved yet
+    "children": ":children",  # list: child refs
+    "processed": ":processed",  # hash: child ref -> result JSON
+    "failed": ":failed",  # hash: child ref -> error (policy fp)
+    "unsuccessful": ":unsuccessful",  # hash: child ref -> error (policy id)
+    "removed": ":removed",  # hash: child ref -> error (policy rd)
+}
+# job state -> the QueueKeys field (index) that holds a job in that state
+STATE_INDEX = {
+    "pending": "pending",
+    "active": "active",
+    "delayed": "delayed",
+    "completed": "completed",
+    "dead": "dead",
+    "awaiting_children": "awaiting",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class QueueKeys:
+    """The keys of one queue, each named once (``QUEUE_KEYS``)."""
+
+    base: str  # P:{q}:
+    pending: str
+    active: str
+    delayed: str
+    awaiting: str
+    completed: str
+    dead: str
+    events: str
+    outbox: str
+    deadletter: str
+    outbox_tries: str
+    pump_lock: str
+    pump_unlocked: str
+    lease_seq: str
+    deadlines: str
+    wake: str
+    outbox_wake: str
+    timers_lock: str
+    expire: str
+    gc: str
+    gc_seq: str
+    cancel: str
+    signals: str
+    signal_kinds: str
+    signal_lock: str
+    signal_tries: str
+    signal_deadletter: str
+    prioritized: str
+    pri_seq: str
+    paused: str
+    limiter: str
+
+    def job(self, job_id: str) -> str:
+        """``P:{q}:job:<id>``; raises ``ValueError`` for a bad id."""
+        return f"{self.base}{JOB_PREFIX}{validate_id(job_id)}"
+
+    def claim(self, token: str) -> str:
+        """``P:{q}:claim:<token>``: the memo ``claim.lua`` keeps for a replay."""
+        return f"{self.base}{CLAIM_PREFIX}{token}"
+
+    def dedup(self, key: str) -> str:
+        """``P:{q}:dedup:<key>``: which job holds a deduplication key."""
+        return f"{self.base}{DEDUP_PREFIX}{key}"
+
+    def schedule(self, entry: str) -> str:
+        """``P:{q}:schedule:<entry>``: the last tick a periodic entry fired (ms)."""
+        return f"{self.base}{SCHEDULE_PREFIX}{entry}"
+
+    def index(self, state: str) -> str:
+        """The index key holding jobs in ``state`` (a ``JobState`` or its value)."""
+        return getattr(self, STATE_INDEX[state])
+
+
+@dataclass(frozen=True, slots=True)
+class JobKeys:
+    """The keys of one job, each named once (``JOB_KEYS``)."""
+
+    row: str  # P:{q}:job:<id>
+    dependencies: str
+    children: str
+    processed: str
+    failed: str
+    unsuccessful: str
+    removed: str
+
+    @classmethod
+    def of(cls, row: str) -> JobKeys:
+        """The keys of the job whose row key (child ref) is ``row``."""
+        return cls(row, *(row + suffix for suffix in JOB_KEYS.values()))
+
+
+assert [f.name for f in fields(QueueKeys)][1:] == list(QUEUE_KEYS)
+assert [f.name for f in fields(JobKeys)][1:] == list(JOB_KEYS)
+
+QUEUES_KEPT = 1024  # QueueKeys cached per Keyspace; past it the cache starts over
+
+
+class Keyspace:
+    """Builds the keys of DESIGN §3 for one prefix (default ``emq``).
+
+    Every method validates the queue name (and job id) before it builds a key,
+    raising ``ValueError`` naming the rule.
+    """
+
+    def __init__(self, prefix: str = "emq") -> None:
+        self.prefix = validate_prefix(prefix)
+        self._queues: dict[str, QueueKeys] = {}
+
+    def queue(self, queue: str) -> QueueKeys:
+        """The ``QueueKeys`` of ``queue`` (built once, then cached)."""
+        keys = self._queues.get(queue)
+        if keys is None:
+            base = self.base(queue)
+            keys = QueueKeys(base, *(base + suffix for suffix in QUEUE_KEYS.values()))
+            if len(self._queues) >= QUEUES_KEPT:
+                self._queues.clear()
+            self._queues[queue] = keys
+        return keys
+
+    def base(self, queue: str) -> str:
+        """``P:{q}:``, the prefix of every key of ``queue``; Lua scripts get it
+        as ARGV and build keys of the same slot from it."""
+        return f"{self.prefix}:{{{validate_queue(queue)}}}:"
+
+    def job(self, queue: str, job_id: str) -> str:
+        """``P:{q}:job:<id>``: the job row (hash). It is also the child ref."""
+        return self.queue(queue).job(job_id)
+
+    child_ref = job
+
+    def job_keys(self, queue: str, job_id: str) -> JobKeys:
+        """The ``JobKeys`` of job ``job_id`` of ``queue``."""
+        return JobKeys.of(self.job(queue, job_id))
+
+    def refs(self, pairs: list[tuple[str, str]]) -> list[str]:
+        """Child refs of ``(queue, id)`` pairs whose names were validated
+        already (flows.plan); each queue is checked once, not per id."""
+        bases = {q: self.queue(q).base for q in {q for q, _ in pairs}}
+        return [f"{bases[q]}{JOB_PREFIX}{i}" for q, i in pairs]
+
+    def job_part(self, queue: str, job_id: str, part: str) -> str:
+        """``P:{q}:job:<id>:<part>`` for part in ``JOB_KEYS`` (dependencies,
+        children, processed, failed, unsuccessful, removed); ``ValueError``
+        for another part."""
+        if part not in JOB_KEYS:
+            raise ValueError(f"unknown job key {part!r}: one of {', '.join(JOB_KEYS)}")
+        return self.job(queue, job_id) + JOB_KEYS[part]
+
+    def queue_key(self, queue: str, name: str) -> str:
+        """``P:{q}:<name>`` for a suffix of ``QUEUE_KEYS`` (pending, active,
+        delayed, awaiting, completed, dead, events, flow:outbox,
+        flow:deadletter, flow:tries, pump:lock, lease:seq); ``ValueError`` for
+        a name not listed there."""
+        for field_name, suffix in QUEUE_KEYS.items():
+            if suffix == name:
+                return getattr(self.queue(queue), field_name)
+        raise ValueError(f"unknown queue key {name!r}: name it in keyspace.QUEUE_KEYS")
+
+    def queues(self) -> str:
+        """``P:queues``: a set of every queue that has had a job (DESIGN §10.5).
+        Not on any queue's slot: the host adds to it, never a script."""
+        return f"{self.prefix}:queues"
+
+    def processes(self) -> str:
+        """``P:processes``: a zset of live worker and pump ids -> the ms time
+        their registration expires (DESIGN §10.5)."""
+        return f"{self.prefix}:processes"
+
+    def process(self, process_id: str) -> str:
+        """``P:process:<id>``: one worker's or pump's heartbeat (a JSON string
+        with a TTL). ``process_id`` is ``host:pid:hex``, made by the host."""
+        return f"{self.prefix}:process:{process_id}"
+
+    def parse_ref(self, ref: str) -> tuple[str, str]:
+        """Split a child ref ``P:{q}:job:<id>`` into ``(queue, id)``.
+
+        Raises ``ValueError`` when ``ref`` is not a job key under this prefix.
+        """
+        head = f"{self.prefix}:{{"
+        queue, sep, rest = ref[len(head) :].partition("}:" + JOB_PREFIX)
+        if not ref.startswith(head) or not sep:
+            raise ValueError(f"not a job ref under prefix {self.prefix!r}: {ref!r}")
+        return validate_queue(queue), validate_id(rest)
+
+    def parse_base_id(self, value: str) -> tuple[str, str]:
+        """Split ``P:{q}:<id>`` (how scripts report jobs) into ``(queue, id)``."""
+        head = f"{self.prefix}:{{"
+        queue, sep, job_id = value[len(head) :].partition("}:")
+        if not value.startswith(head) or not sep:
+            raise ValueError(f"not a job under prefix {self.prefix!r}: {value!r}")
+        return queue, job_id
+
+
+def whole_number(name: str, value, low: int, optional: bool = False) -> None:
+    """Raise ``ValueError`` naming the rule unless ``value`` is an ``int`` >= ``low``
+    (None allowed when ``optional``); bools and floats are refused, not rounded."""
+    if value is None and optional:
+        return
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        unit = " (ms)" if name.endswith("_ms") else ""
+        raise ValueError(f"{name} must be a whole number >= {low}{unit}, got {value!r}")

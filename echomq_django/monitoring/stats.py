@@ -1,0 +1,221 @@
+"""What an operator asks of the queues, read from Redis (DESIGN §10.5).
+
+``collect(mq, queues)`` answers, per queue, the counts by state, the oldest
+pending job's age, throughput over the last minute, the outbox depth, the
+dead-lettered outbox entries and whether it is paused, plus the live workers
+and pumps; ``./manage.py echomq_stats`` prints it (a table, or ``--json``)
+and the metrics collector exports the same numbers. Read-only.
+
+The ``--json`` document is stable: ``SCHEMA`` names its version and the
+README documents every field. A field may be added in a later version of
+the same schema name; none is renamed, removed or retyped without a new one.
+"""
+
+from __future__ import annotations
+
+from ..core.exceptions import EchoMQError
+from ..core.jobs import JobState
+from ..core.keyspace import validate_queue
+from ..runners.heartbeat import known_queues, live_processes, settings_queues
+from ..runners.periodic import settings_state
+
+SCHEMA = "echomq.stats/1"
+WINDOW_MS = 60_000  # throughput is counted over the last minute
+STATES = tuple(s.value for s in JobState)
+
+
+class UnknownQueue(EchoMQError, ValueError):
+    """A queue name that no job, setting or live process has used."""
+
+
+def oldest_pending_age_s(mq, queue: str, now_ms: int | None = None) -> float | None:
+    """Seconds the job at the head of ``pending`` has waited since it became
+    pending (its ``updated_at``, else ``created_at``); None when none waits."""
+    head = mq.job_ids(queue, JobState.PENDING, 0, 0)
+    if not head:
+        return None
+    since, created = mq.client.hmget(mq.keys.job(queue, head[0]), "updated_at", "created_at")
+    stamp = since or created
+    if stamp is None:
+        return None
+    now = mq.clock() if now_ms is None else now_ms
+    return round(max(0.0, (now - int(stamp)) / 1000), 3)
+
+
+def _finished_since(mq, queue: str, since_ms: int) -> tuple[int, int]:
+    """(completed, dead) jobs whose finish time is after ``since_ms``, from the
+    ``completed`` and ``dead`` indexes (scored by finish time, ms)."""
+    pipe = mq.client.pipeline(transaction=False)
+    k = mq.keys.queue(queue)
+    pipe.zcount(k.completed, f"({since_ms}", "+inf")
+    pipe.zcount(k.dead, f"({since_ms}", "+inf")
+    done, dead = pipe.execute()
+    return int(done), int(dead)
+
+
+def is_paused(mq, queue: str) -> bool:
+    """Whether ``queue`` is paused (``EchoMQ.is_paused``, DESIGN §10.3)."""
+    return bool(mq.is_paused(queue))
+
+
+def queue_stats(mq, queue: str, now_ms: int | None = None) -> dict:
+    """One queue's entry of ``collect``'s ``queues`` (see the README schema):
+    ``counts`` (per state), ``oldest_pending_age_s`` (s or None),
+    ``completed_last_minute``, ``dead_last_minute``, ``jobs_per_s`` (both over
+    the last ``WINDOW_MS``, per second), ``outbox``, ``deadletter``,
+    ``paused``, and the durable signals' backlog (DESIGN §10.6): ``signals``
+    (events not dispatched yet), ``signals_oldest_age_s`` (s or None),
+    ``signals_deadletter``. Raises ``ValueError`` for a bad name, redis-py
+    errors."""
+    now = mq.clock() if now_ms is None else now_ms
+    counts = mq.counts(queue)
+    done, dead = _finished_since(mq, queue, now - WINDOW_MS)
+    backlog = mq.event_backlog(queue)
+    oldest = backlog["oldest_ms"]
+    return {
+        "counts": {state: int(counts[state]) for state in STATES},
+        "oldest_pending_age_s": oldest_pending_age_s(mq, queue, now),
+        "completed_last_minute": done,
+        "dead_last_minute": dead,
+        "jobs_per_s": round((done + dead) / (WINDOW_MS / 1000), 3),
+        "outbox": int(counts["outbox"]),
+        "deadletter": int(counts["deadletter"]),
+        "paused": is_paused(mq, queue),
+        "signals": backlog["pending"],
+        "signals_oldest_age_s": None if oldest is None else round(oldest / 1000, 3),
+        "signals_deadletter": backlog["deadlettered"],
+    }
+
+
+def resolve_queues(mq, asked=()) -> list[str]:
+    """The queues to report: ``asked`` (each must be known, else
+    ``UnknownQueue`` naming it and the known ones; ``ValueError`` for a bad
+    name), or every known queue when ``asked`` is empty."""
+    known = known_queues(mq)
+    if not asked:
+        return known
+    names = [validate_queue(q) for q in dict.fromkeys(asked)]
+    unknown = [q for q in names if q not in known]
+    if unknown:
+        raise UnknownQueue(
+            f"unknown queue{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}: "
+            f"no job, setting or live process uses {'them' if len(unknown) > 1 else 'it'}; "
+            f"known queues: {', '.join(known) or '(none)'}"
+        )
+    return names
+
+
+def collect(mq, queues=(), now_ms: int | None = None) -> dict:
+    """The stats document (``SCHEMA``): ``{schema, at (ms), prefix, queues:
+    {name: queue_stats + in_settings, workers}, processes: [ProcessInfo
+    dicts]}``. ``queues`` empty: every known queue. Raises ``UnknownQueue``,
+    ``ValueError``, redis-py errors."""
+    now = mq.clock() if now_ms is None else now_ms
+    names = resolve_queues(mq, queues)
+    procs = live_processes(mq, now)
+    configured = set(settings_queues())
+    out = {}
+    for name in names:
+        entry = queue_stats(mq, name, now)
+        entry["in_settings"] = name in configured
+        entry["workers"] = sum(1 for p in procs if p.kind == "worker" and name in p.queues)
+        out[name] = entry
+    return {
+        "schema": SCHEMA,
+        "at": now,
+        "prefix": mq.keys.prefix,
+        "queues": out,
+        "processes": [p.as_dict() for p in procs],
+        "schedule": settings_state(mq),
+    }
+
+
+# -- the table ----------------------------------------------------------------
+def duration(seconds: float | None) -> str:
+    """``4.2 s``, ``3 min 5 s``, ``2 h 10 min``, ``3 d 4 h``; ``-`` for None."""
+    if seconds is None:
+        return "-"
+    if seconds < 60:
+        return f"{seconds:.1f} s" if seconds < 10 else f"{seconds:.0f} s"
+    minutes, s = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes} min {s} s"
+    hours, m = divmod(minutes, 60)
+    if hours < 24:
+        return f"{hours} h {m} min"
+    days, h = divmod(hours, 24)
+    return f"{days} d {h} h"
+
+
+QUEUE_COLUMNS = (
+    ("queue", None),
+    ("pending", lambda q: q["counts"]["pending"]),
+    ("active", lambda q: q["counts"]["active"]),
+    ("delayed", lambda q: q["counts"]["delayed"]),
+    ("awaiting", lambda q: q["counts"]["awaiting_children"]),
+    ("completed", lambda q: q["counts"]["completed"]),
+    ("dead", lambda q: q["counts"]["dead"]),
+    ("oldest pending", lambda q: duration(q["oldest_pending_age_s"])),
+    ("jobs/s (1 min)", lambda q: f"{q['jobs_per_s']:.2f}"),
+    ("outbox", lambda q: q["outbox"]),
+    ("dead-letters", lambda q: q["deadletter"]),
+    ("signals", lambda q: q["signals"]),
+    ("paused", lambda q: "yes" if q["paused"] else "no"),
+    ("workers", lambda q: q["workers"]),
+)
+
+
+def _ago(now: int, at: int | None) -> str:
+    return "-" if at is None else duration(max(0, now - at) / 1000) + " ago"
+
+
+def _table(header: list[str], rows: list[list]) -> list[str]:
+    cells = [header, *[[str(c) for c in row] for row in rows]]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    lines = []
+    for r in cells:
+        first = r[0].ljust(widths[0])
+        rest = [c.rjust(w) for c, w in zip(r[1:], widths[1:], strict=True)]
+        lines.append("  ".join([first, *rest]).rstrip())
+    return lines
+
+
+def render(doc: dict) -> str:
+    """The stats document as the text ``echomq_stats`` prints."""
+    now = doc["at"]
+    lines = []
+    if doc["queues"]:
+        rows = [
+            [name, *[get(q) for _, get in QUEUE_COLUMNS[1:]]] for name, q in doc["queues"].items()
+        ]
+        lines += _table([c for c, _ in QUEUE_COLUMNS], rows)
+    else:
+        lines.append("no queues known yet (no job added, none in ECHOMQ['QUEUES'])")
+    if doc.get("schedule"):
+        lines += ["", f"periodic jobs: {len(doc['schedule'])}"]
+        rows = [
+            [e["entry"], e["queue"], e["name"], e["schedule"], _ago(now, e["last_tick"]),
+             duration(max(0, e["next_tick"] - now) / 1000)]
+            for e in doc["schedule"]
+        ]  # fmt: skip
+        lines += _table(["entry", "queue", "job", "schedule", "last tick", "next in"], rows)
+    procs = doc["processes"]
+    lines += ["", f"live workers and pumps: {len(procs)}"]
+    if procs:
+        rows = [
+            [
+                p["kind"],
+                p["host"],
+                p["pid"],
+                ",".join(p["queues"]),
+                duration((now - p["started_at"]) / 1000),
+                p["jobs_done"],
+                p["running"],
+                duration((now - p["heartbeat_at"]) / 1000) + " ago",
+                p["version"],
+            ]
+            for p in procs
+        ]
+        header = ["kind", "host", "pid", "queues", "up", "jobs done", "running", "last beat"]
+        lines += _table([*header, "version"], rows)
+    return "\n".join(lines)

@@ -1,0 +1,196 @@
+"""Bulk enqueue: ``EchoMQ.enqueue_many`` (DESIGN §10.1; issue 12 point 5).
+
+``BulkCalls`` is mixed into ``EchoMQ`` (client.py), as ``FlowCalls`` is:
+its method is an ``EchoMQ`` method, kept in its own module for size.
+Nothing else builds the ``enqueue_many`` script's keys or arguments.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..core import flows as _flows
+from ..core.jobs import to_json
+from ..core.keyspace import validate_id, validate_queue, whole_number
+from ..core.options import check_job_options
+from ..core.retention import job_keep
+
+OPTIONS = ("job_id", "max_attempts", "backoff_ms", "delay_ms", "priority", "timeout_ms", "keep")
+
+
+def _opt(value) -> str:
+    return "" if value is None else str(int(value))
+
+
+@dataclass(frozen=True)
+class BulkPlan:
+    """``plan_many``'s checked jobs of one queue: ``ids`` in order, and the
+    rows ``land_many`` sends (group header, id, payload JSON per job)."""
+
+    queue: str
+    rows: list[tuple[tuple, str, str]]
+    payloads: list = field(default_factory=list, compare=False)
+
+    @property
+    def ids(self) -> list[str]:
+        return [job_id for _, job_id, _ in self.rows]
+
+    def jobs(self):
+        """``(name, payload, job_id, enqueue options)`` per job, in order:
+        what ``enqueue`` would be called with (api.enqueue_many's outbox rows)."""
+        for (group, job_id, _), payload in zip(self.rows, self.payloads, strict=True):
+            name, attempts, backoff, delay, priority, timeout, keep, _gate = group
+            options = {"delay_ms": int(delay), "priority": int(priority)}
+            for key, text in (("max_attempts", attempts), ("backoff_ms", backoff)):
+                options[key] = int(text) if text else None
+            options["timeout_ms"] = int(timeout) if timeout else None
+            options["keep"] = int(keep) // 1000 if keep else None  # the row holds ms
+            yield name, payload, job_id, options
+
+
+class BulkCalls:
+    """``enqueue_many`` for ``EchoMQ``; expects ``self.keys``, ``self.scripts``,
+    ``self.clock``, ``self.encode``, ``self.flow_chunk`` and ``self.note_queues``."""
+
+    def enqueue_many(self, queue: str, jobs: Iterable) -> list[str]:
+        """Add many plain jobs to ``queue``; returns their ids, in order.
+
+        ``jobs``: each a ``(name, payload)`` pair, a ``(name, payload,
+        options)`` triple, or a dict ``{"name": ..., "payload": ...,
+        **options}``, where the options are ``enqueue``'s: ``job_id``
+        (generated when absent), ``max_attempts``, ``backoff_ms`` (ms),
+        ``delay_ms`` (ms), ``priority``, ``timeout_ms`` (ms), ``keep``
+        (int >= 0, whole seconds a finished job is kept at most; 0: the
+        next retention step takes it; None: the queue's ``KEEP_*`` alone,
+        DESIGN §10.2); not ``dedup_key`` (a deduplicated add answers
+        another job's id: use ``enqueue`` for those).
+
+        One round trip (a queue is one slot): up to ``flow_chunk`` jobs per
+        script, pipelined. Every job is validated, and every given id gated,
+        before anything is written: a bad job raises ``ValueError`` (or
+        ``PayloadError``) naming its index, an id given twice in the call
+        ``ValueError``, a taken id ``DuplicateJob``, and then nothing is
+        written (a call of more than ``flow_chunk`` jobs is gated by a
+        read-only pass first). Claimable jobs wake the queue's workers once
+        per group; delayed ones announce their run-at. Raises
+        ``RedisUnavailable`` when Redis cannot be reached.
+        """
+        return self.land_many(self.plan_many(queue, jobs))
+
+    def plan_many(self, queue: str, jobs: Iterable) -> BulkPlan:
+        """Check and encode ``jobs`` for ``enqueue_many`` (the same errors,
+        but a taken id) and fix their ids; writes nothing. What an
+        ``on_commit`` add does before the commit (api.enqueue_many)."""
+        validate_queue(queue)
+        rows: list[tuple[tuple, str, str]] = []  # (group, id, payload JSON) per job
+        payloads: list = []
+        given: set[str] = set()
+        prefix = _flows.id_prefix()
+        for index, job in enumerate(jobs):
+            if type(job) is tuple and len(job) == 2 and isinstance(job[0], str) and job[0]:
+                name, payload, options = job[0], job[1], None  # the common case, checked
+            else:
+                name, payload, options = _unpack(index, job)
+            if not options:
+                group = (name, "", "", "0", "0", "", "", "0")
+                job_id = f"{prefix}{index:x}"
+            else:
+                group, job_id = _options(index, name, options, given)
+                job_id = job_id or f"{prefix}{index:x}"
+            rows.append((group, job_id, self.encode(payload, f"job {index}'s payload")))
+            payloads.append(payload)
+        return BulkPlan(queue, rows, payloads)
+
+    def land_many(self, plan: BulkPlan) -> list[str]:
+        """Write a ``plan_many`` plan (see ``enqueue_many``); returns its ids."""
+        queue, rows = plan.queue, plan.rows
+        if not rows:
+            return []
+        self.note_queues((queue,))  # P:queues knows every queue with a job (DESIGN §10.5)
+        k = self.keys.queue(queue)
+        keys, now = [k.pending, k.delayed, k.events], self.clock()
+        chunks = [
+            _flat(rows[i : i + self.flow_chunk]) for i in range(0, len(rows), self.flow_chunk)
+        ]
+
+        # gate every chunk before the first writes (one chunk gates itself)
+        for mode in ("check", "write") if len(chunks) > 1 else ("write",):
+            calls = [("enqueue_many", keys, [queue, k.base, now, mode, c]) for c in chunks]
+            for reply in self.scripts.run_many(calls):
+                if isinstance(reply, Exception):
+                    raise reply
+        return plan.ids
+
+
+def _flat(rows: list[tuple[tuple, str, str]]) -> str:
+    """The script's argument: consecutive jobs sharing their options form a
+    group (header, count, then id and payload per job)."""
+    flat: list[str] = []
+    for group, members in itertools.groupby(rows, key=lambda row: row[0]):
+        members = list(members)
+        flat += group
+        flat.append(str(len(members)))
+        for _, job_id, payload in members:
+            flat.append(job_id)
+            flat.append(payload)
+    return to_json(flat)
+
+
+def _options(index: int, name: str, options: dict, given: set[str]) -> tuple[tuple, str | None]:
+    """A job's group header (name, max attempts, backoff, delay, priority,
+    timeout, keep, gate) and its given id (None: generate one), checked."""
+    job_id = options.get("job_id")
+    if job_id is not None:
+        validate_id(job_id)
+        if job_id in given:
+            raise ValueError(
+                f"enqueue_many: job {index} repeats the id {job_id!r}; ids are unique per queue"
+            )
+        given.add(job_id)
+    delay, priority, timeout = (options.get(k) for k in ("delay_ms", "priority", "timeout_ms"))
+    try:
+        whole_number("max_attempts", options.get("max_attempts"), 1, optional=True)
+        whole_number("backoff_ms", options.get("backoff_ms"), 0, optional=True)
+        whole_number("delay_ms", delay or 0, 0)
+        check_job_options(priority or 0, delay or 0, timeout)
+        keep = job_keep(options.get("keep"))  # ms text, '' for None (enqueue's rule and words)
+    except ValueError as err:
+        raise ValueError(f"enqueue_many: job {index}: {err}") from None
+    group = (
+        name,
+        _opt(options.get("max_attempts")),
+        _opt(options.get("backoff_ms")),
+        str(int(delay or 0)),
+        str(int(priority or 0)),
+        _opt(timeout),
+        keep,
+        "1" if job_id is not None else "0",
+    )
+    return group, job_id
+
+
+def _unpack(index: int, job: Any) -> tuple[str, Any, dict]:
+    """``(name, payload, options)`` of one job of ``enqueue_many``, checked."""
+    if isinstance(job, dict):
+        options = {k: v for k, v in job.items() if k not in ("name", "payload")}
+        name, payload = job.get("name"), job.get("payload")
+    elif isinstance(job, tuple | list) and len(job) in (2, 3):
+        name, payload = job[0], job[1]
+        options = dict(job[2]) if len(job) == 3 else {}
+    else:
+        raise ValueError(
+            f"enqueue_many: job {index} must be (name, payload), (name, payload, options) "
+            f"or a dict with 'name' and 'payload'; got {type(job).__name__}"
+        )
+    unknown = sorted(set(options) - set(OPTIONS))
+    if unknown:
+        raise ValueError(
+            f"enqueue_many: job {index} has unknown options {unknown}; allowed: "
+            f"{', '.join(OPTIONS)} (dedup_key: use enqueue)"
+        )
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"enqueue_many: job {index} needs a name (the handler's), got {name!r}")
+    return name, payload, options

@@ -1,0 +1,100 @@
+"""Redis errors become echomq_django errors here, at the protocol's edge.
+
+``translate`` turns a script's ``EMQ...`` reply into its named exception
+(``core.exceptions.ERRORS``); ``TRANSIENT`` lists redis-py's "not now" errors,
+which ``reports_redis_down`` and ``connection_error`` turn into
+``RedisUnavailable`` naming the address the client tried.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import redis
+
+from ..core.exceptions import ERRORS, MESSAGES, RedisUnavailable
+
+
+def translate(err: redis.exceptions.ResponseError | str) -> Exception:
+    """Turn a script's ``EMQ...`` error reply (a ``ResponseError``, or its
+    text as a batched script returns it per job) into its named exception.
+
+    Returns ``err`` unchanged (text: as a ``ResponseError``) when it is not
+    one of ours.
+    """
+    text = str(err)
+    code, _, rest = text.partition(" ")
+    cls = ERRORS.get(code)
+    if cls is None:
+        return redis.exceptions.ResponseError(err) if isinstance(err, str) else err
+    template = MESSAGES.get(code)
+    # the last placeholder takes the rest (a state, a reason with spaces)
+    parts = rest.split(" ", max(template.count("{") - 1, 2) if template else 2)
+    if template and len(parts) >= template.count("{"):
+        message = template.format(*parts, "", "")
+    else:
+        message = rest
+    exc = cls(message)
+    exc.code = code
+    exc.parts = parts
+    return exc
+
+
+# Errors that say "not now", not "no": the connection dropped, a Cluster is
+# failing over (CLUSTERDOWN, TRYAGAIN, MOVED/ASK while its map heals, a
+# replica that is not promoted yet answering READONLY), a restarted server
+# still LOADING its data, a full one (OOM). The call may be repeated (every script recognises
+# its own replay), so these become ``RedisUnavailable``: a worker keeps its
+# results and retries, exactly as for a dropped connection (issue 17, item 3).
+# Only a script's own refusals (EMQSTATE, EMQLEASE, EMQNOJOB...) drop work.
+TRANSIENT = (
+    redis.exceptions.ConnectionError,  # BusyLoadingError (LOADING) included
+    redis.exceptions.TimeoutError,
+    redis.exceptions.ClusterDownError,  # CLUSTERDOWN, MASTERDOWN
+    redis.exceptions.TryAgainError,
+    redis.exceptions.ReadOnlyError,
+    redis.exceptions.AskError,  # MovedError included
+    redis.exceptions.SlotNotCoveredError,
+    redis.exceptions.OutOfMemoryError,  # OOM: a full server, until memory is freed
+)
+
+
+def reports_redis_down(method):
+    """Decorate a method of an object with a ``client``: redis-py's transient
+    errors (``TRANSIENT``) become ``RedisUnavailable`` naming the address
+    the client tried."""
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except TRANSIENT as err:
+            raise connection_error(self.client, err) from err
+
+    return wrapper
+
+
+def connection_error(client: object, err: Exception) -> RedisUnavailable:
+    """A ``RedisUnavailable`` that says where the client tried to connect,
+    and, for an error other than a dropped connection, which one it was."""
+    if isinstance(err, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
+        return RedisUnavailable(f"Redis is unreachable at {describe(client)}: {err}")
+    return RedisUnavailable(
+        f"Redis is unavailable at {describe(client)}: {type(err).__name__}: {err}"
+    )
+
+
+def describe(client: object) -> str:
+    """``host:port/db`` (or the cluster's startup nodes) of a redis-py client."""
+    try:
+        kw = client.connection_pool.connection_kwargs  # type: ignore[attr-defined]
+        if "path" in kw:
+            return f"unix:{kw['path']}"
+        return f"redis://{kw.get('host', '?')}:{kw.get('port', '?')}/{kw.get('db', 0)}"
+    except AttributeError:
+        pass
+    try:
+        nodes = client.nodes_manager.startup_nodes  # type: ignore[attr-defined]
+        return "cluster " + ",".join(sorted(nodes))
+    except AttributeError:
+        return repr(client)

@@ -1,0 +1,179 @@
+"""Lifecycle calls of ``EchoMQ``: retention, remove and cancel (DESIGN §10.2).
+
+Every step is one bounded Lua call (``prune``, ``remove``, ``cancel``; the
+rules are in ``lua/lib/lifecycle.lua``): a call does at most ``budget`` units
+of work (one per node or child ref touched; ``BUDGET`` = 200 is a few ms of
+Redis time) and answers ``more`` when work is left, which the host drives
+call after call. So a 10,000-child flow is removed or cancelled without any
+one script holding Redis for long. A child on another slot is reached
+through the outbox, like fan-in: the scripts return the entries they pushed
+and the host delivers them at once and takes them out of the outbox
+(``deliver_sent``: the pump does not deliver them a second time), then drives
+the work those queues got.
+
+``LifecycleCalls`` is mixed into ``EchoMQ``, as ``FlowCalls`` is; it expects
+``self.keys``, ``self.scripts``, ``self.clock``, ``self.queues``,
+``self.deliver_sent`` and ``self._outcome``.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from dataclasses import dataclass, field
+
+from ..core.exceptions import JobNotActive, JobNotCancellable, JobNotRemovable
+from ..core.jobs import JobState, Outcome
+from ..core.retention import Keep, retention
+
+BUDGET = 200  # units of work per script call: a few ms of Redis time at most
+MAX_CALLS = 50  # prune calls per queue per timer tick (10,000 removals)
+
+
+@dataclass
+class Report:
+    """What a lifecycle operation did: rows ``removed``, finished jobs
+    ``held`` by their flow, script ``calls`` made, the ``state`` a cancel
+    found (``active``: marked), and the ``Outcome`` of what else moved."""
+
+    removed: int = 0
+    held: int = 0
+    calls: int = 0
+    more: bool = False
+    state: JobState | None = None
+    outcome: Outcome = field(default_factory=Outcome, repr=False)
+
+    def add(self, mq, reply) -> list[str]:
+        """Fold one script reply in; returns the entries it sent to other
+        slots, as pushed (JSON texts)."""
+        data = json.loads(reply)
+        self.removed += data.get("removed") or 0
+        self.held += data.get("held") or 0
+        self.calls += 1
+        self.more = bool(data.get("more"))
+        self.outcome.merge(mq._outcome(reply))
+        return list(data.get("sent") or [])
+
+
+class LifecycleCalls:
+    """Lifecycle methods of ``EchoMQ`` (DESIGN §10.2): ``prune``, ``remove``,
+    ``cancel``."""
+
+    def retention(self, queue: str) -> tuple[Keep, Keep]:
+        """``(completed, dead)`` retention rules of ``queue`` (its ``KEEP_*``
+        settings, else the defaults)."""
+        return retention(self.queues.get(queue, {}))
+
+    def _prune_call(self, queue: str, budget: int, mode: str, since: int | None = None):
+        k = self.keys.queue(queue)
+        completed, dead = self.retention(queue)
+        now = self.clock()
+        return (
+            "prune",
+            [k.completed, k.dead],
+            [
+                queue,
+                k.base,
+                now,
+                budget,
+                *completed.args(),
+                *dead.args(),
+                mode,
+                now if since is None else since,
+            ],
+        )
+
+    def prune(self, queue: str, budget: int = BUDGET, max_calls: int | None = MAX_CALLS) -> Report:
+        """Run ``queue``'s lifecycle work: queued cancels and removals, jobs
+        whose own keep ran out, then the queue's retention (oldest first,
+        flow-aware); ``budget`` units per script call, calls until none is
+        left or ``max_calls`` were made (None: no limit). Entries for other
+        slots are delivered, and their queues' work driven the same way.
+        Other queues reached through the outbox get their work lists driven
+        (``mode`` 'lists'), not their retention.
+        Returns the ``Report``. Raises ``ValueError`` for a bad queue name or
+        ``KEEP_*`` setting, ``RedisUnavailable``. DESIGN §10.2."""
+        report = Report()
+        self._drive({queue}, report, budget, max_calls, "all")
+        return report
+
+    def _drive(
+        self, queues: set[str], report: Report, budget: int, max_calls: int | None, mode: str
+    ) -> None:
+        todo = [(q, mode) for q in sorted(queues)]
+        while todo:
+            queue, how = todo.pop(0)
+            # rows held since this pass began are not looked at again
+            calls, since = 0, self.clock()
+            while max_calls is None or calls < max_calls:
+                calls += 1
+                call = self._prune_call(queue, budget, how, since)
+                sent = report.add(self, self.scripts.run(*call))
+                if sent:
+                    report.outcome.merge(self.deliver_sent(queue, sent))
+                    reached = {json.loads(e)["q"] for e in sent} - {q for q, _ in todo}
+                    todo.extend((q, "lists") for q in sorted(reached))
+                if not report.more:
+                    break
+
+    def remove(self, queue: str, job_id: str, budget: int = BUDGET) -> Report:
+        """Remove a job that is not active, with its whole subtree (DESIGN
+        §10.2). A removed child resolves its parent like
+        ``remove_dependency`` (the parent goes on; a parent on another slot
+        through the outbox). Returns the ``Report`` (``removed`` rows on the
+        job's queue). Raises ``JobNotFound``, ``JobNotRemovable`` (an active
+        job: cancel it, or wait), ``ValueError`` for a bad name,
+        ``RedisUnavailable``."""
+        k = self.keys
+        report = Report()
+        try:
+            reply = self.scripts.run(
+                "remove",
+                [k.job(queue, job_id)],
+                [queue, k.base(queue), job_id, self.clock(), budget, secrets.token_hex(8)],
+            )
+        except JobNotActive:
+            raise JobNotRemovable(
+                f"job {job_id!r} in queue {queue!r} is active; an active job is not "
+                "removed (cancel it, or remove it once it finished)"
+            ) from None
+        self._follow_up(queue, report, report.add(self, reply), budget)
+        return report
+
+    def cancel(self, queue: str, job_id: str, budget: int = BUDGET) -> Report:
+        """Cancel a job and its unfinished subtree (DESIGN §10.2): pending,
+        delayed and awaiting jobs die now with the error 'cancelled' (their
+        parent's policy applies); an active job is marked and dies when its
+        worker reports or heartbeats, or its lease expires.
+        ``Report.state`` is the state found. Raises ``JobNotFound``,
+        ``JobNotCancellable`` (completed or dead), ``ValueError`` for a bad
+        name, ``RedisUnavailable``."""
+        k = self.keys
+        report = Report()
+        try:
+            reply = self.scripts.run(
+                "cancel",
+                [k.job(queue, job_id)],
+                [queue, k.base(queue), job_id, self.clock(), budget, secrets.token_hex(8)],
+            )
+        except JobNotActive as err:
+            state = err.parts[2] if len(err.parts) > 2 else "finished"
+            raise JobNotCancellable(
+                f"job {job_id!r} in queue {queue!r} is {state}; only a pending, delayed, "
+                "awaiting or active job can be cancelled"
+            ) from None
+        sent = report.add(self, reply)
+        report.state = JobState(json.loads(reply)["state"])
+        self._follow_up(queue, report, sent, budget)
+        return report
+
+    def _follow_up(self, queue: str, report: Report, sent: list[str], budget: int) -> None:
+        """Deliver what a remove / cancel sent to other slots (``sent``: the
+        entries as pushed onto ``queue``'s outbox) and drive the work left on
+        every queue it reached, call by call, until none is left."""
+        queues = {queue} if report.more else set()
+        if sent:
+            report.outcome.merge(self.deliver_sent(queue, sent))
+            queues |= {json.loads(e)["q"] for e in sent}
+        if queues:
+            self._drive(queues, report, budget, None, "lists")

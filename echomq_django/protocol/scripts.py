@@ -1,0 +1,355 @@
+"""The script registry: loads ``lua/`` once per process, runs scripts by EVALSHA.
+
+DESIGN §5. Each ``lua/<name>.lua`` is one transition; a line
+``-- @include lib/<file>.lua`` in its body is replaced by that file (shared
+fan-in code; a lib file may include another, each is inlined once). The text
+is read once per process (``load_sources``); each
+client gets redis-py ``Script`` objects, which do EVALSHA with the NOSCRIPT
+fallback, on ``redis.Redis`` and ``redis.cluster.RedisCluster`` alike.
+
+The header of each file declares its ``KEYS[i]`` and ``ARGV[i]``; ``run``
+checks every call against it, so Python and Lua cannot drift apart silently.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import redis
+from redis.cluster import RedisCluster
+from redis.crc import key_slot
+
+from .errors import TRANSIENT, connection_error, translate
+
+_INCLUDE = re.compile(r"^-- @include (\S+)$", re.MULTILINE)
+_KEYS = re.compile(r"^\s+KEYS\[(\d+)\]\s+(.+)$", re.MULTILINE)
+_ARGV = re.compile(r"^\s+ARGV\[(\d+)(\.\.)?\]\s+(.+)$", re.MULTILINE)
+# Cluster pipelines: sends of the calls a failover interrupted, the slot map
+# refreshed before each resend (a promotion takes the cluster-node-timeout and
+# an election: seconds), and the pause before a resend.
+ROUTE_ATTEMPTS = 3
+ROUTE_PAUSE_S = 0.1
+# run_many_confirmed: how long (ms) a Cluster master's WAIT for one replica
+# may take before the calls it ran count as not yet safe
+REPLICA_WAIT_MS = 500
+
+
+def lua_dir() -> Path:
+    """The folder holding the Lua scripts.
+
+    From a checkout it is the top-level ``lua/`` beside the package; from an
+    installed wheel it is the ``echomq_django/lua`` package data. Raises
+    ``FileNotFoundError`` when neither exists.
+    """
+    package = Path(__file__).resolve().parent.parent  # echomq_django/
+    checkout = package.parent / "lua"
+    if (checkout / "claim.lua").is_file():
+        return checkout
+    # The wheel maps lua/ to echomq_django/lua (pyproject package-dir). It has
+    # no __init__.py, so importlib.resources would hand back a namespace
+    # MultiplexedPath whose str() is not a path: look beside this file instead.
+    packaged = package / "lua"
+    if (packaged / "claim.lua").is_file():
+        return packaged
+    raise FileNotFoundError(
+        f"echomq_django's Lua scripts are missing (looked in {checkout} "
+        f"and {packaged}); reinstall the package"
+    )
+
+
+@dataclass(frozen=True)
+class Source:
+    """One script: its name, full text (includes inlined) and declared arity.
+
+    ``nkeys`` is the number of ``KEYS[i]`` lines; ``nargv`` the number of fixed
+    ``ARGV[i]`` lines; ``variadic`` is true when the header ends with
+    ``ARGV[n..]`` (a repeated group).
+    """
+
+    name: str
+    text: str
+    header: str
+    keys: tuple[str, ...]
+    argv: tuple[str, ...]
+    variadic: bool
+
+    @property
+    def nkeys(self) -> int:
+        return len(self.keys)
+
+    @property
+    def nargv(self) -> int:
+        return len(self.argv)
+
+
+def parse_header(name: str, raw: str) -> tuple[str, tuple[str, ...], tuple[str, ...], bool]:
+    """Parse a script's ``--[[ ... ]]`` header into (header, keys, argv, variadic).
+
+    Raises ``ValueError`` when the header is missing, numbers its KEYS/ARGV
+    out of order, or lacks a ``returns:`` or ``errors:`` line.
+    """
+    if not raw.startswith("--[["):
+        raise ValueError(f"lua/{name}.lua must open with a --[[ header ]]")
+    header = raw[: raw.index("\n]]") + 3]  # the header closes with "]]" on its own line
+    keys, argv, variadic = [], [], False
+    for m in _KEYS.finditer(header):
+        keys.append((int(m.group(1)), m.group(2).strip()))
+    for m in _ARGV.finditer(header):
+        if m.group(2):
+            variadic = True
+            continue
+        argv.append((int(m.group(1)), m.group(3).strip()))
+    for label, items in (("KEYS", keys), ("ARGV", argv)):
+        if [i for i, _ in items] != list(range(1, len(items) + 1)):
+            raise ValueError(f"lua/{name}.lua header numbers its {label} out of order")
+    for word in ("returns:", "errors:"):
+        if word not in header:
+            raise ValueError(f"lua/{name}.lua header lacks a {word!r} line")
+    return header, tuple(k for _, k in keys), tuple(a for _, a in argv), variadic
+
+
+@functools.cache
+def load_sources() -> dict[str, Source]:
+    """Read every ``lua/*.lua`` once per process; returns ``{name: Source}``."""
+    folder = lua_dir()
+    sources = {}
+    for path in sorted(folder.glob("*.lua")):
+        raw = path.read_text()
+        name = path.stem
+        header, keys, argv, variadic = parse_header(name, raw)
+
+        sources[name] = Source(name, inline(folder, raw), header, keys, argv, variadic)
+    return sources
+
+
+def inline(folder: Path, raw: str, seen: set[str] | None = None) -> str:
+    """``raw`` with each ``-- @include lib/<file>.lua`` line replaced by that
+    file, itself inlined the same way (lib/flow.lua includes
+    lib/claimable.lua); a file included twice is inlined once, at its first
+    include, so its locals are defined once."""
+    seen = set() if seen is None else seen
+
+    def include(m: re.Match) -> str:
+        if m.group(1) in seen:
+            return ""
+        seen.add(m.group(1))
+        return inline(folder, (folder / m.group(1)).read_text(), seen)
+
+    return _INCLUDE.sub(include, raw)
+
+
+class Scripts:
+    """The scripts bound to one client (``redis.Redis`` or ``RedisCluster``).
+
+    ``run(name, keys, args)`` executes one script and returns its reply;
+    ``run_many([(name, keys, args), ...])`` pipelines many in one round trip
+    and returns their replies in order, an exception object in place of a
+    failed one. ``EMQ...`` errors become named exceptions (exceptions.py); a
+    connection error becomes ``RedisUnavailable`` naming the address.
+    """
+
+    def __init__(self, client: redis.Redis | RedisCluster) -> None:
+        self.client = client
+        self.sources = load_sources()
+        self._scripts = {n: client.register_script(s.text) for n, s in self.sources.items()}
+        self._loaded_for_pipeline = False
+
+    def check_call(self, name: str, keys: list, args: list) -> None:
+        """Raise ``TypeError`` when a call does not match the script's header."""
+        src = self.sources[name]
+        fixed_ok = len(args) >= src.nargv if src.variadic else len(args) == src.nargv
+        if len(keys) != src.nkeys or not fixed_ok:
+            raise TypeError(
+                f"script {name} takes {src.nkeys} KEYS and {src.nargv}"
+                f"{'+' if src.variadic else ''} ARGV, got {len(keys)} and {len(args)}"
+            )
+
+    def run(self, name: str, keys: list, args: list):
+        """Run script ``name``; raises the named exception for an ``EMQ`` error,
+        ``RedisUnavailable`` for a transient one (``exceptions.TRANSIENT``)."""
+        self.check_call(name, keys, args)
+        try:
+            return self._scripts[name](keys=keys, args=args)
+        except TRANSIENT as err:  # before ResponseError: CLUSTERDOWN is one too
+            raise connection_error(self.client, err) from err
+        except redis.exceptions.ResponseError as err:
+            raise translate(err) from None
+
+    def run_many(self, calls: list[tuple[str, list, list]]) -> list:
+        """Pipeline ``calls`` in one round trip (per node on a Cluster).
+
+        Returns one reply per call, or the translated exception for a call that
+        Redis refused (``EMQ...``); the others still ran. NOSCRIPT (a flushed
+        or failed-over node) is handled by reloading and re-running just those
+        calls: a NOSCRIPT call never ran, so re-running it is safe. Raises
+        ``RedisUnavailable`` when a call could not run for a transient reason
+        (``exceptions.TRANSIENT``: connection, failover, loading) even after
+        the resends below; calls that did run are replays when the caller
+        repeats the batch, which every script recognises.
+
+        On a Cluster each call is routed by the slot of its first key,
+        computed here (all of a script's keys share it, DESIGN §5 rule 1): no
+        ``COMMAND GETKEYS`` round trip to redis-py's default node, which after
+        a failover may be the dead master (issue 17, item 1). Calls that a
+        failover interrupted are re-sent, up to ``ROUTE_ATTEMPTS`` sends, with
+        the slot map refreshed before each.
+        """
+        return self.run_many_confirmed(calls)[0]
+
+    def run_many_confirmed(
+        self, calls: list[tuple[str, list, list]], after_key: str | None = None
+    ) -> tuple[list, list[bool]]:
+        """``run_many``, and for a hand-off across Cluster masters: with
+        ``after_key`` (str, the key whose record the caller deletes once these
+        calls landed: an outbox), each master with a replica that a call wrote
+        to, other than ``after_key``'s, is sent ``WAIT 1 REPLICA_WAIT_MS`` in
+        the same pipeline, on the same connection. Returns ``(replies,
+        confirmed)``: ``confirmed[i]`` (bool) is False when call ``i``'s
+        master did not confirm a replica holds its writes within
+        ``REPLICA_WAIT_MS`` ms (its record must stay: a failover now would
+        take the writes back, replication being asynchronous). One server, or
+        a master shared with ``after_key``, needs no WAIT: one replication
+        stream keeps its writes in order, so a replica that holds the deletion
+        holds the writes before it. An unconfirmed call refreshes the slot
+        map (a replica the Cluster marked failed leaves it). Raises as
+        ``run_many``. DESIGN §5, §6 (the pump's trim; README "Failovers")."""
+        if not calls:
+            return [], []
+        for name, keys, args in calls:
+            self.check_call(name, keys, args)
+        confirmed = [True] * len(calls)
+        if isinstance(self.client, RedisCluster):
+            try:  # its SCRIPT LOAD on a fresh client meets a dead master too
+                replies = self._cluster_pipeline(calls, confirmed, after_key)
+            except TRANSIENT as err:
+                raise connection_error(self.client, err) from err
+            if not all(confirmed):
+                try:
+                    self.client.nodes_manager.initialize()
+                except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException):
+                    pass  # still failing over: the next call refreshes it again
+        else:
+            try:
+                pipe = self.client.pipeline(transaction=False)
+                for name, keys, args in calls:
+                    self._scripts[name](keys=keys, args=args, client=pipe)
+                replies = pipe.execute(raise_on_error=False)
+            except TRANSIENT as err:
+                raise connection_error(self.client, err) from err
+        out = []
+        for (name, keys, args), reply in zip(calls, replies, strict=True):
+            if isinstance(reply, redis.exceptions.NoScriptError):
+                try:
+                    reply = self._scripts[name](keys=keys, args=args)
+                except redis.exceptions.ResponseError as err:
+                    reply = err
+                except TRANSIENT as err:
+                    reply = err
+            if isinstance(reply, TRANSIENT):
+                raise connection_error(self.client, reply) from reply
+            if isinstance(reply, redis.exceptions.ResponseError):
+                reply = translate(reply)
+            out.append(reply)
+        return out, confirmed
+
+    def _cluster_pipeline(
+        self, calls: list[tuple[str, list, list]], confirmed: list[bool], after_key: str | None
+    ) -> list:
+        """Send ``calls`` through a ``ClusterPipeline``, each with its target
+        node computed from its first key's slot; resend those a failover
+        interrupted (see ``run_many``). Returns the raw replies in order
+        (a transient error object for a call that never got through); with
+        ``after_key``, sets ``confirmed[i]`` False for a call whose master's
+        WAIT did not count a replica (``run_many_confirmed``)."""
+        client = self.client
+        if not self._loaded_for_pipeline:
+            for script in self._scripts.values():
+                script.sha = client.script_load(script.script)
+            self._loaded_for_pipeline = True
+        slots = [key_slot(client.encoder.encode(keys[0])) for _, keys, _ in calls]
+        after = None if after_key is None else key_slot(client.encoder.encode(after_key))
+        replies: list = [None] * len(calls)
+        todo = list(range(len(calls)))
+        for attempt in range(ROUTE_ATTEMPTS):
+            if attempt:
+                time.sleep(ROUTE_PAUSE_S)
+                try:
+                    client.nodes_manager.initialize()  # the new map, and a live default node
+                except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException):
+                    continue  # the cluster is still failing over: try again after a pause
+            try:
+                pipe = client.pipeline(transaction=False)
+                targets = {}
+                for i in todo:
+                    name, keys, args = calls[i]
+                    node = client.nodes_manager.get_node_from_slot(slots[i])
+                    targets[i] = node
+                    # ClusterPipeline blocks .evalsha(): the raw command, to its node
+                    pipe.execute_command(
+                        "EVALSHA",
+                        self._scripts[name].sha,
+                        len(keys),
+                        *keys,
+                        *args,
+                        target_nodes=node,
+                    )
+                waits = self._replica_waits(targets, slots, after)
+                for node in waits:  # after its calls: WAIT counts this connection's writes
+                    pipe.execute_command("WAIT", 1, REPLICA_WAIT_MS, target_nodes=node)
+                got = pipe.execute(raise_on_error=False)
+            except TRANSIENT as err:
+                for i in todo:
+                    replies[i] = err
+                continue
+            acked = {
+                node.name: isinstance(n, int) and n >= 1
+                for node, n in zip(waits, got[len(todo) :], strict=True)
+            }
+            for i, reply in zip(todo, got, strict=False):
+                replies[i] = reply
+                confirmed[i] = acked.get(targets[i].name, True)
+            todo = [i for i in todo if isinstance(replies[i], TRANSIENT)]
+            if not todo:
+                break
+        return replies
+
+    def _replica_waits(self, targets: dict, slots: list[int], after: int | None) -> list:
+        """The distinct masters among ``targets`` (call index -> node) that
+        have a replica in the slot map and are not ``after``'s (a slot, or
+        None: no WAIT at all), in first-call order."""
+        if after is None:
+            return []
+        cache = self.client.nodes_manager.slots_cache
+        try:
+            skip = self.client.nodes_manager.get_node_from_slot(after).name
+        except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException):
+            skip = None  # its slot has no master in the map now: every target waits
+        nodes: dict[str, object] = {}
+        for i, node in targets.items():
+            if node.name != skip and len(cache.get(slots[i]) or ()) > 1:
+                nodes.setdefault(node.name, node)
+        return list(nodes.values())
+
+
+def socket_timeout(client) -> float | None:
+    """The socket timeout (s) of ``client``'s connections, None for none: a
+    blocking command must end before it (wake.py, FlowCalls.deliver_sent)."""
+    try:
+        if isinstance(client, RedisCluster):
+            kwargs = client.get_default_node().redis_connection.connection_pool.connection_kwargs
+        else:
+            kwargs = client.connection_pool.connection_kwargs
+        conn_timeout = kwargs.get("socket_timeout", kwargs.get("orig_socket_timeout"))
+    except AttributeError:
+        return None
+    if conn_timeout is None and not isinstance(client, RedisCluster):
+        conn = client.connection_pool.get_connection()
+        try:
+            conn_timeout = conn.socket_timeout
+        finally:
+            client.connection_pool.release(conn)
+    return conn_timeout

@@ -1,0 +1,168 @@
+"""Durable-signal calls of ``EchoMQ`` (DESIGN §10.6; issue 18): the Redis
+half of the dispatcher (``dispatch.py``) and the reads stats and the admin
+show. The events themselves are written by the transition scripts
+(``lua/lib/signal_events.lua``); ``events.py`` says what one is.
+
+Keys, all on the queue's own slot: ``P:{q}:signals`` (stream of undispatched
+events, never trimmed), ``P:{q}:signals:kinds`` (set: kinds recorded),
+``P:{q}:signals:lock`` (a dispatcher's pass), ``P:{q}:signals:tries`` (hash:
+event -> sends that raised), ``P:{q}:signals:deadletter`` (list, newest last,
+capped at ``DEADLETTER_MAX``).
+
+``EventCalls`` is mixed into ``EchoMQ``, as ``FlowCalls`` is; it expects
+``self.client``, ``self.keys``, ``self.scripts`` and ``self.clock``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from ..core.jobs import to_text as _text
+
+SIGNAL_OF = {
+    "completed": "job_completed",
+    "dead": "job_dead",
+    "released": "parent_released",
+    "flow_failed": "flow_failed",
+    "cancelled": "job_cancelled",
+}
+VALUE_ARG = {"completed": "result", "dead": "error", "flow_failed": "error", "cancelled": "error"}
+DEADLETTER_MAX = 10_000  # dead-lettered events kept per queue, newest
+
+
+@dataclass(frozen=True)
+class Event:
+    """One durable event as read from ``P:{q}:signals``."""
+
+    queue: str
+    xid: str  # the stream id, e.g. "1733040000000-0"
+    kind: str
+    job_id: str
+    job_name: str
+    value: str | None
+
+    @property
+    def event_id(self) -> str:
+        """``"<queue>:<stream id>"``: unique per prefix and Redis, the same on a repeat."""
+        return f"{self.queue}:{self.xid}"
+
+    def kwargs(self) -> dict:
+        """The signal's keyword arguments (see the module's table)."""
+        out = {"queue": self.queue, "job_id": self.job_id, "job_name": self.job_name}
+        arg = VALUE_ARG.get(self.kind)
+        if arg == "result":
+            try:
+                out[arg] = json.loads(self.value) if self.value is not None else None
+            except ValueError:
+                out[arg] = self.value
+        elif arg:
+            out[arg] = self.value
+        out["event_id"] = self.event_id
+        return out
+
+
+class EventCalls:
+    """Durable-signal methods of ``EchoMQ``."""
+
+    def subscribe_events(self, queues: list[str], kinds: list[str]) -> list[str]:
+        """Record events of ``kinds`` (the runners pass
+        ``runners.dispatcher.kinds_connected()``, the kinds their process has
+        receivers for) for each of ``queues`` from
+        now on: one SADD per queue to ``P:{q}:signals:kinds``; a kind another
+        process added is never removed. Returns the kinds. Raises
+        ``ValueError`` for an unknown kind or a bad queue name, before any
+        write."""
+        kinds = list(kinds)
+        unknown = sorted(set(kinds) - set(SIGNAL_OF))
+        if unknown:
+            raise ValueError(f"unknown event kinds {unknown}: use {', '.join(SIGNAL_OF)}")
+        keys = [self.keys.queue(q).signal_kinds for q in queues]
+        if kinds:
+            for key in keys:
+                self.client.sadd(key, *kinds)
+        return kinds
+
+    def read_events(self, queue: str, count: int) -> list[Event]:
+        """The oldest ``count`` undispatched events of ``queue``, in order."""
+        out = []
+        for xid, fields in self.client.xrange(self.keys.queue(queue).signals, count=count):
+            f = {_text(k): _text(v) for k, v in fields.items()}
+            out.append(
+                Event(
+                    queue, _text(xid), f.get("k", ""), f.get("id", ""), f.get("n", ""), f.get("v")
+                )
+            )
+        return out
+
+    def wait_for_events(self, queue: str, block_ms: int) -> None:
+        """Block until ``queue`` has an undispatched event (returns at once
+        when it has one), at most ``block_ms`` ms."""
+        self.client.xread({self.keys.queue(queue).signals: "0-0"}, count=1, block=block_ms)
+
+    def events_lock(self, queue: str, lock_ms: int):
+        """The redis-py ``Lock`` on ``P:{q}:signals:lock`` (``lock_ms`` ms,
+        non-blocking, usable from any thread) a dispatch pass holds."""
+        return self.client.lock(
+            self.keys.queue(queue).signal_lock,
+            timeout=lock_ms / 1000,
+            blocking=False,
+            thread_local=False,
+        )
+
+    def count_event_try(self, queue: str, xid: str) -> int:
+        """One more send of event ``xid`` raised; returns how many have."""
+        return self.client.hincrby(self.keys.queue(queue).signal_tries, xid, 1)
+
+    def ack_events(
+        self, queue: str, acks: list[tuple[str, str]], read: int = 0
+    ) -> tuple[int, list[Event]]:
+        """Remove dispatched events and dead-letter given-up ones, in one
+        ``ack_signals`` step, then read the next ``read`` events: ``acks`` is
+        ``[(stream id, 'ok' or a reason)]``. Returns ``(how many left the
+        stream, the next events)``; a replay removes none."""
+        k = self.keys.queue(queue)
+        reply = self.scripts.run(
+            "ack_signals",
+            [k.signals, k.signal_deadletter, k.signal_tries],
+            [self.clock(), DEADLETTER_MAX, read, *(v for pair in acks for v in pair)],
+        )
+        data = json.loads(reply)
+        return data["removed"], [Event(queue, *e) for e in data["next"] or ()]
+
+    def event_backlog(self, queue: str) -> dict:
+        """``{"pending": events not dispatched yet, "deadlettered": events
+        given up on, "oldest_ms": age in ms of the oldest pending event (None
+        when none)}`` for ``queue``; reads only."""
+        k = self.keys.queue(queue)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.xlen(k.signals)
+        pipe.llen(k.signal_deadletter)
+        pipe.xrange(k.signals, count=1)
+        pending, lettered, first = pipe.execute()
+        oldest = None
+        if first:
+            oldest = max(0, self.clock() - int(_text(first[0][0]).partition("-")[0]))
+        return {"pending": pending, "deadlettered": lettered, "oldest_ms": oldest}
+
+    def deadlettered_events(self, queue: str, count: int = 100) -> list[dict]:
+        """The newest ``count`` dead-lettered events of ``queue``, newest
+        first, each ``{event_id, kind, job_id, job_name, value, reason, tries,
+        at}`` (``at``: ms when it was given up on); reads only."""
+        raw = self.client.lrange(self.keys.queue(queue).signal_deadletter, -count, -1)
+        out = []
+        for item in reversed(raw):
+            e = json.loads(item)
+            out.append(
+                {
+                    "event_id": f"{queue}:{e.get('event')}",
+                    "kind": e.get("k"),
+                    "job_id": e.get("id"),
+                    "job_name": e.get("n", ""),
+                    "value": e.get("v"),
+                    "reason": e.get("reason"),
+                    "tries": e.get("tries"),
+                    "at": e.get("at"),
+                }
+            )
+        return out

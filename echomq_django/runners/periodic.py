@@ -1,0 +1,358 @@
+"""Periodic jobs from ``ECHOMQ["SCHEDULE"]`` (DESIGN §10.3), and the system
+checks of the scheduling settings (ids ``echomq_django.E050``-``E059``).
+
+Shape::
+
+    ECHOMQ["SCHEDULE"] = {
+        "nightly-report": {"name": "reports.nightly", "queue": "reports",
+                           "cron": "0 3 * * *", "payload": {}},
+        "heartbeat": {"name": "ops.ping", "queue": "ops", "every_s": 60},
+    }
+
+Each entry has ``name`` (the handler), ``queue``, exactly one of ``cron`` (a
+five-field cron expression, read by ``croniter`` in ``tz``, default Django's
+``TIME_ZONE``) or ``every_s`` (seconds; ticks at whole multiples since the
+epoch), and optionally ``payload`` (JSON), ``priority``, ``max_attempts``,
+``timeout_ms``.
+
+Exactly one job per tick, however many processes run a ``Scheduler``: a tick's
+job has the id ``<entry>-<tick ms>``, so a second add of it is refused by the
+id gate, and the entry's mark ``P:{q}:schedule:<entry>`` (the last tick fired,
+only moving forward) tells every process which tick came last. A first start
+only sets the mark (no past tick fires); a restart fires the latest tick it
+missed (one job, not one per missed tick), so a restart shorter than the
+period loses nothing.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import zoneinfo
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+
+from ..conf import config
+from ..core.exceptions import DuplicateJob
+from ..core.keyspace import validate_id, validate_queue
+from ..core.options import MAX_MS, check_job_options
+
+log = logging.getLogger("echomq_django.schedule")
+
+ENTRY_KEYS = {"name", "queue", "cron", "every_s", "payload", "priority", "max_attempts",
+              "timeout_ms", "tz"}  # fmt: skip
+MAX_ENTRY = 100  # characters of an entry name: its job ids are <entry>-<13 digits>
+MAX_EVERY_S = 366 * 86_400
+
+
+def _croniter():
+    try:
+        from croniter import croniter
+    except ImportError:  # the optional 'cron' extra
+        return None
+    return croniter
+
+
+@dataclass
+class Entry:
+    """One periodic job: ``key`` (its name in SCHEDULE), the job's ``name``
+    and ``queue``, ``cron`` or ``every_s`` (s), ``payload``, ``options``
+    (``enqueue`` keywords) and ``tz`` (a cron's time zone)."""
+
+    key: str
+    name: str
+    queue: str
+    cron: str | None = None
+    every_s: int | None = None
+    payload: Any = None
+    options: dict = field(default_factory=dict)
+    tz: str = "UTC"
+
+    def last_tick(self, now_ms: int) -> int:
+        """The latest tick at or before ``now_ms`` (ms since the epoch)."""
+        if self.every_s:
+            period = self.every_s * 1000
+            return now_ms - now_ms % period
+        start = dt.datetime.fromtimestamp((now_ms + 1) / 1000, zoneinfo.ZoneInfo(self.tz))
+        return round(_croniter()(self.cron, start).get_prev(float) * 1000)
+
+    def next_tick(self, now_ms: int) -> int:
+        """The first tick after ``now_ms`` (ms)."""
+        if self.every_s:
+            period = self.every_s * 1000
+            return now_ms - now_ms % period + period
+        start = dt.datetime.fromtimestamp(now_ms / 1000, zoneinfo.ZoneInfo(self.tz))
+        return round(_croniter()(self.cron, start).get_next(float) * 1000)
+
+    def job_id(self, tick: int) -> str:
+        """The id of the job of ``tick``: the same in every process."""
+        return f"{self.key}-{tick}"
+
+
+def problems(cfg: dict, handlers: list[str] | None = None) -> list[tuple[str, str, str]]:
+    """``(check id, message, hint)`` for each problem of the scheduling
+    settings in ``cfg`` (the ``ECHOMQ`` dict): per queue ``RATE_LIMIT`` (E050)
+    and ``TIMEOUT_MS`` (E051); ``SCHEDULE`` (E052-E058). ``handlers``: the
+    registered job names, to refuse an entry naming none (None: skip that).
+    Settings only, no Redis."""
+    out = []
+    queues = cfg.get("QUEUES", {})
+    for queue, opts in (queues if isinstance(queues, dict) else {}).items():
+        opts = opts if isinstance(opts, dict) else {}
+        if "RATE_LIMIT" in opts:
+            rl = opts["RATE_LIMIT"]
+            ok = isinstance(rl, dict) and set(rl) == {"MAX", "PER_MS"}
+            ok = ok and all(_whole(rl[k], 1, MAX_MS) for k in ("MAX", "PER_MS"))
+            if not ok:
+                out.append(
+                    (
+                        "echomq_django.E050",
+                        f"queue {queue!r}: RATE_LIMIT must be {{'MAX': n, 'PER_MS': ms}} "
+                        f"with whole numbers >= 1, got {rl!r}",
+                        "Example: {'MAX': 10, 'PER_MS': 1000} runs at most 10 jobs a second "
+                        "across all workers.",
+                    )
+                )
+        if "TIMEOUT_MS" in opts and not _whole(opts["TIMEOUT_MS"], 1, MAX_MS):
+            out.append(
+                (
+                    "echomq_django.E051",
+                    f"queue {queue!r}: TIMEOUT_MS must be a whole number of ms from 1 to "
+                    f"{MAX_MS}, got {opts['TIMEOUT_MS']!r}",
+                    "An attempt that runs longer fails as timed out and is retried.",
+                )
+            )
+    schedule = cfg.get("SCHEDULE", {})
+    if not isinstance(schedule, dict):
+        return [
+            *out,
+            (
+                "echomq_django.E052",
+                "ECHOMQ['SCHEDULE'] must be a dict of entry name -> entry",
+                "Example: {'nightly': {'name': 'reports.nightly', 'queue': 'reports', "
+                "'cron': '0 3 * * *'}}",
+            ),
+        ]
+    for key, spec in schedule.items():
+        out += _entry_problems(key, spec, handlers)
+    return out
+
+
+def _whole(value: Any, low: int, high: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
+def _entry_problems(key: Any, spec: Any, handlers: list[str] | None) -> list[tuple]:
+    where = f"SCHEDULE entry {key!r}"
+    try:
+        validate_id(key)
+        if len(key) > MAX_ENTRY:
+            raise ValueError(f"an entry name is at most {MAX_ENTRY} characters")
+    except ValueError as err:
+        return [("echomq_django.E052", f"{where}: {err}", "Entry names become job ids.")]
+    if not isinstance(spec, dict):
+        return [("echomq_django.E052", f"{where} must be a dict", "See ECHOMQ['SCHEDULE'].")]
+    unknown = sorted(set(spec) - ENTRY_KEYS)
+    missing = sorted({"name", "queue"} - set(spec))
+    if unknown or missing:
+        return [
+            (
+                "echomq_django.E053",
+                f"{where}: "
+                + "; ".join(
+                    ([f"unknown keys {unknown}"] if unknown else [])
+                    + ([f"missing {missing}"] if missing else [])
+                ),
+                f"Allowed keys: {', '.join(sorted(ENTRY_KEYS))}.",
+            )
+        ]
+    out = []
+    try:
+        validate_queue(spec["queue"])
+    except ValueError as err:
+        out.append(("echomq_django.E053", f"{where}: {err}", "Name a valid queue."))
+    has_cron, has_every = "cron" in spec, "every_s" in spec
+    if has_cron == has_every:
+        out.append(
+            (
+                "echomq_django.E055",
+                f"{where} needs exactly one of 'cron' and 'every_s'",
+                "'cron': '*/5 * * * *' or 'every_s': 300.",
+            )
+        )
+    elif has_every and not _whole(spec["every_s"], 1, MAX_EVERY_S):
+        out.append(
+            (
+                "echomq_django.E055",
+                f"{where}: every_s must be a whole number of seconds from 1 to {MAX_EVERY_S}, "
+                f"got {spec['every_s']!r}",
+                "Ticks fall on whole multiples of every_s since the epoch.",
+            )
+        )
+    elif has_cron:
+        croniter = _croniter()
+        if croniter is None:
+            out.append(
+                (
+                    "echomq_django.E057",
+                    f"{where} uses 'cron' but croniter is not installed",
+                    "pip install 'echomq-django[cron]' (or croniter), or use 'every_s'.",
+                )
+            )
+        elif not isinstance(spec["cron"], str) or not croniter.is_valid(spec["cron"]):
+            out.append(
+                (
+                    "echomq_django.E054",
+                    f"{where}: malformed cron expression {spec['cron']!r}",
+                    "Five fields: minute hour day-of-month month day-of-week, e.g. '0 3 * * *'.",
+                )
+            )
+    try:
+        zoneinfo.ZoneInfo(spec.get("tz", "UTC"))
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError, TypeError):
+        out.append(("echomq_django.E058", f"{where}: unknown time zone {spec['tz']!r}",
+                    "Use an IANA name such as 'Europe/Paris'."))  # fmt: skip
+    if handlers is not None and spec["name"] not in handlers:
+        out.append(
+            (
+                "echomq_django.E056",
+                f"{where} names job {spec['name']!r}, which has no handler",
+                "Register it with @echomq_django.handler(...) in an installed app's jobs.py.",
+            )
+        )
+    try:
+        check_job_options(spec.get("priority", 0), 0, spec.get("timeout_ms"))
+        if "max_attempts" in spec and not _whole(spec["max_attempts"], 1, 10**6):
+            raise ValueError(f"max_attempts must be a whole number >= 1: {spec['max_attempts']!r}")
+        json.dumps(spec.get("payload"), allow_nan=False)
+    except (TypeError, ValueError) as err:
+        out.append(("echomq_django.E058", f"{where}: {err}", "Fix the entry's values."))
+    return out
+
+
+def entries(schedule: dict, default_tz: str = "UTC") -> list[Entry]:
+    """The ``Entry`` objects of a ``SCHEDULE`` dict. Raises
+    ``ImproperlyConfigured`` naming every problem (``problems``)."""
+    errors = problems({"SCHEDULE": schedule})
+    if errors:
+        raise ImproperlyConfigured("; ".join(f"{i}: {m} ({h})" for i, m, h in errors))
+    out = []
+    for key, spec in schedule.items():
+        options = {k: spec[k] for k in ("priority", "max_attempts", "timeout_ms") if k in spec}
+        out.append(
+            Entry(
+                key=key,
+                name=spec["name"],
+                queue=spec["queue"],
+                cron=spec.get("cron"),
+                every_s=spec.get("every_s"),
+                payload=spec.get("payload"),
+                options=options,
+                tz=spec.get("tz", default_tz),
+            )
+        )
+    return out
+
+
+class Scheduler:
+    """Fires periodic jobs (DESIGN §10.3): ``fire_due()`` adds the job of
+    every entry whose latest tick has not fired yet, and returns
+    ``[(queue, job id)]`` of the jobs this call added; ``next_due()`` is the
+    ms (since the epoch) of the next tick of any entry, for the caller's
+    wait. ``mq``: an ``EchoMQ``; ``schedule``: a list of ``Entry`` (default:
+    from ``ECHOMQ['SCHEDULE']``). Between ticks ``fire_due`` talks to Redis
+    not at all (it remembers each entry's mark)."""
+
+    def __init__(self, mq, schedule: list[Entry] | None = None) -> None:
+        if schedule is None:
+            schedule = entries(config().get("SCHEDULE", {}), settings.TIME_ZONE or "UTC")
+        self.mq = mq
+        self.entries = list(schedule)
+        self.marks: dict[str, int] = {}  # entry -> the latest tick known to have fired
+        self.fired = 0  # jobs this scheduler added
+
+    @classmethod
+    def for_queues(cls, mq, queues: list[str]) -> Scheduler | None:
+        """The scheduler of the ``ECHOMQ["SCHEDULE"]`` entries whose queue is
+        one of ``queues`` (a pump fires its own queues' entries), or None
+        when there are none. Raises ``ImproperlyConfigured`` for a bad entry."""
+        mine = [
+            e
+            for e in entries(config().get("SCHEDULE", {}), settings.TIME_ZONE or "UTC")
+            if e.queue in queues
+        ]
+        return cls(mq, mine) if mine else None
+
+    def fire_due(self) -> list[tuple[str, str]]:
+        """Add the job of each entry's latest tick unless it fired already
+        (here or in another process). Raises ``RedisUnavailable``."""
+        now = self.mq.clock()
+        added = []
+        for entry in self.entries:
+            tick = entry.last_tick(now)
+            if self.marks.get(entry.key, -1) >= tick:
+                continue
+            mark = self.mq.schedule_mark(entry.queue, entry.key, tick, "init")
+            if mark < tick:
+                job_id = entry.job_id(tick)
+                try:
+                    self.mq.enqueue(
+                        entry.queue, entry.name, entry.payload, job_id=job_id, **entry.options
+                    )
+                except DuplicateJob:
+                    pass  # another process fired this tick first
+                else:
+                    added.append((entry.queue, job_id))
+                    log.info("periodic job %s fired: %s/%s", entry.key, entry.queue, job_id)
+                mark = self.mq.schedule_mark(entry.queue, entry.key, tick, "fire")
+            self.marks[entry.key] = mark
+        self.fired += len(added)
+        return added
+
+    def next_due(self) -> int | None:
+        """The ms since the epoch of the next tick of any entry (None: none)."""
+        now = self.mq.clock()
+        return min((e.next_tick(now) for e in self.entries), default=None)
+
+    def wait_s(self, cap_s: float) -> float:
+        """Seconds until the next tick, at most ``cap_s``: how long a loop
+        running ``fire_due`` may block."""
+        due = self.next_due()
+        if due is None:
+            return cap_s
+        return max(0.0, min(cap_s, (due - self.mq.clock()) / 1000))
+
+    def state(self) -> list[dict]:
+        """For stats and the admin: per entry ``{entry, name, queue, schedule,
+        last_tick, next_tick}`` (ms; ``last_tick`` None before the first
+        mark). One GET per entry."""
+        now = self.mq.clock()
+        out = []
+        for e in self.entries:
+            last = self.mq.schedule_last(e.queue, e.key)
+            out.append(
+                {
+                    "entry": e.key,
+                    "name": e.name,
+                    "queue": e.queue,
+                    "schedule": e.cron or f"every {e.every_s} s",
+                    "last_tick": last,
+                    "next_tick": e.next_tick(now),
+                }
+            )
+        return out
+
+
+def settings_state(mq) -> list[dict]:
+    """``Scheduler.state()`` of every ``ECHOMQ["SCHEDULE"]`` entry, for stats
+    and the admin (one GET per entry); ``[]`` when there is none or the
+    setting is malformed (the system checks report that)."""
+    try:
+        schedule = entries(config().get("SCHEDULE", {}), settings.TIME_ZONE or "UTC")
+    except ImproperlyConfigured:
+        return []
+    return Scheduler(mq, schedule).state() if schedule else []

@@ -1,0 +1,129 @@
+"""Running handlers: the worker's handler threads, and what the error of a
+failed handler reads like (DESIGN §4, §7; the decisions are listed in
+worker.py's docstring).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue as _queue
+import threading
+import traceback
+
+from ..handlers import registered
+
+log = logging.getLogger("echomq_django.worker")
+
+TRACEBACK_LINES = 20
+ERROR_CHARS = 4000
+NAMES_SHOWN = 50  # registered names listed in an unknown-name error
+
+
+def error_text(exc: BaseException, below_caller: bool = False) -> str:
+    """A failed job's error: ``"ExcType: message"``, a newline, then the last
+    ``TRACEBACK_LINES`` lines of the formatted traceback; at most
+    ``ERROR_CHARS`` characters in all (the summary line is kept whole up to
+    1,000 characters). ``below_caller``: the traceback starts below its
+    first frame (the worker's own call of the handler, the same in every
+    job's error: ~130 bytes of each dead row) when there is one below it;
+    an exception raised in that frame itself keeps it."""
+    try:
+        head = f"{type(exc).__name__}: {exc}"[:1000]
+        tb = exc.__traceback__
+        if below_caller and tb is not None and tb.tb_next is not None:
+            tb = tb.tb_next
+        lines = "".join(traceback.format_exception(type(exc), exc, tb)).rstrip().splitlines()
+    except Exception as err:
+        return f"{type(exc).__name__}: (could not format the error: {type(err).__name__})"
+    if len(lines) > TRACEBACK_LINES:
+        lines = [
+            f"... ({len(lines) - TRACEBACK_LINES} traceback lines trimmed)",
+            *lines[-TRACEBACK_LINES:],
+        ]
+    body = "\n".join(lines)
+    room = ERROR_CHARS - len(head) - 1
+    if len(body) > room:
+        body = "..." + body[len(body) - room + 3 :]
+    return f"{head}\n{body}"
+
+
+def unknown_name_error(name: str) -> str:
+    """The error of a job whose name has no handler: names it and the
+    registered ones (the first ``NAMES_SHOWN``)."""
+    names = registered()
+    shown = ", ".join(names[:NAMES_SHOWN]) or "(none)"
+    if len(names) > NAMES_SHOWN:
+        shown += f", ... ({len(names) - NAMES_SHOWN} more)"
+    return (
+        f"UnknownJobName: no handler is registered for job name {name!r}; registered: "
+        f"{shown}. Register one with @echomq_django.handler({name!r}) in an installed "
+        "app's jobs.py"
+    )
+
+
+class HandlerPool:
+    """``size`` handler threads taking ``(fn, args)`` from one queue, started
+    as the first ``size`` jobs arrive. Cheaper per job than
+    ``ThreadPoolExecutor.submit`` (no Future, Condition or semaphore per job;
+    that was a quarter of the loop thread's time on small jobs, issue 8).
+    ``fn`` reports its own outcome and never raises (``Worker._execute``)."""
+
+    def __init__(self, size: int, name: str) -> None:
+        self._size, self._name = size, name
+        self._jobs: _queue.SimpleQueue = _queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()  # guards _size and _threads (write_off, retire)
+        self._local = threading.local()
+        self._started = 0
+
+    def submit(self, fn, *args) -> None:
+        self._jobs.put((fn, args))
+        if len(self._threads) < self._size:
+            with self._lock:
+                thread = threading.Thread(target=self._work, name=f"{self._name}_{self._started}")
+                self._started += 1
+                self._threads.append(thread)
+            thread.start()
+
+    def write_off(self) -> None:
+        """A thread is stuck in a handler past its job's time limit
+        (timeouts.py): one more thread may start, so ``size`` handlers keep
+        running; the stuck one leaves once its handler returns
+        (``retire_current``, called from that handler's thread)."""
+        with self._lock:
+            self._size += 1
+
+    def retire_current(self) -> None:
+        """The calling handler thread (a written-off one) leaves the pool
+        once its current job returns."""
+        self._local.retire = True
+
+    def _work(self) -> None:
+        get = self._jobs.get
+        while True:
+            item = get()
+            if item is None:
+                return
+            try:
+                item[0](*item[1])
+            except BaseException:
+                log.exception("a handler thread's job raised")
+            if getattr(self._local, "retire", False):
+                with self._lock:
+                    self._size -= 1
+                    self._threads.remove(threading.current_thread())
+                return
+
+    def shutdown(self, wait: bool) -> None:
+        """Drop the jobs not started yet (their leases cover them), stop every
+        thread once its current job is done; ``wait``: join them."""
+        try:
+            while True:
+                self._jobs.get_nowait()
+        except _queue.Empty:
+            pass
+        for _ in self._threads:
+            self._jobs.put(None)
+        if wait:
+            for thread in self._threads:
+                thread.join()

@@ -1,0 +1,298 @@
+"""The worker's reporter: finished jobs go back to Redis in batches (DESIGN
+§4, §7; the module docstring of worker.py tells how the threads share the
+work).
+
+The claiming loop hands each batch of ``Finished`` jobs over
+(``Reporter.hand_over``); the reporter thread completes every successful
+one with one pipelined ``complete_many`` and fails the rest with one
+``fail_many``, then counts and logs that batch, and sends ``job_failed``
+for the attempts that will be retried (the one signal that stays
+in-process; the others are durable events the dispatcher sends, DESIGN
+§10.6, events.py). A batch leaves the reporter only once Redis has answered for it: an
+outage is waited out (``outage.Outage``) with the batch kept, so no job is
+acknowledged without Redis.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import close_old_connections
+
+from .. import signals
+from ..core.exceptions import (
+    JobCancelled,
+    JobNotActive,
+    JobNotFound,
+    LeaseLost,
+    PayloadError,
+    RedisUnavailable,
+)
+from ..core.jobs import Job, JobState, Outcome
+from ..protocol.client import EchoMQ
+from .outage import REDIS_DOWN, Outage, first_line
+
+log = logging.getLogger("echomq_django.worker")
+
+GONE = (LeaseLost, JobNotActive, JobNotFound)
+
+
+@dataclass(slots=True)
+class Finished:
+    """A job its handler is done with, on its way to Redis. ``error`` is None
+    when the handler returned ``result``; otherwise it is the text to store,
+    and ``dead`` says the job fails for good (the handler raised
+    ``Unrecoverable``). ``ms``: how long the handler ran (ms).
+    ``postpone_ms``: the handler raised ``RateLimited``: the job goes back
+    for that long without spending its attempt (DESIGN §10.3)."""
+
+    job: Job
+    result: Any = None
+    error: str | None = None
+    dead: bool = False
+    ms: float = 0.0
+    postpone_ms: int | None = None
+
+
+class Reporter:
+    """Reports the jobs a ``Worker`` hands over, on a thread of its own.
+
+    ``mq``: the worker's ``EchoMQ``; ``sender``: the signals' sender (the
+    worker); ``forget(*jobs)``: the worker stops tracking jobs reported (or
+    dropped); ``released(queue)``: a parent on ``queue`` was released;
+    ``wake()``: wakes the claiming loop after each batch; ``metrics``: an
+    object with ``job_finished(queue, name, outcome, seconds)`` (the
+    worker's ``metrics.ProcessMetrics``) or None. ``processed`` and
+    ``stats`` (``completed``, ``failed`` = will retry, ``dead``, ``lost``)
+    count every run; ``unreported`` counts jobs handed over and not reported
+    yet in this run.
+    """
+
+    def __init__(
+        self,
+        mq: EchoMQ,
+        sender: Any,
+        forget: Callable[..., None],
+        released: Callable[[str], None],
+        wake: Callable[[], None],
+        metrics: Any = None,
+    ) -> None:
+        self.mq, self.sender, self.metrics = mq, sender, metrics
+        self._forget, self._released, self._wake = forget, released, wake
+        self.processed = 0
+        self.stats = {"completed": 0, "failed": 0, "dead": 0, "lost": 0, "postponed": 0}
+        self.debug = False  # a line per job (set per run from the log level)
+        self._cv = threading.Condition()  # guards _inbox, unreported, _closing
+        self._inbox: list[Finished] = []
+        self.unreported = 0
+        self._closing = False
+
+    def reset(self) -> None:
+        """Start a run: nothing handed over, not closing."""
+        self._inbox, self.unreported, self._closing = [], 0, False
+        self.debug = log.isEnabledFor(logging.DEBUG)
+
+    def hand_over(self, finished: list[Finished]) -> None:
+        """Give the reporter thread ``finished`` jobs to report."""
+        with self._cv:
+            self._inbox.extend(finished)
+            self.unreported += len(finished)
+            self._cv.notify()
+
+    def close(self) -> None:
+        """End the run: the thread returns; what it holds is left to leases."""
+        with self._cv:
+            self._closing = True
+            self._cv.notify_all()
+
+    def run(self) -> None:
+        """The thread: report what is handed over, batch by batch, while the
+        loop claims: Redis runs one side's scripts while Python does the
+        other's work. Waits out an outage keeping the batch; wakes the loop
+        after each batch (a released parent may be claimable now)."""
+        items: list[Finished] = []
+        outage = Outage(self.mq.client, log)
+        while True:
+            with self._cv:
+                while not self._inbox and not items and not self._closing:
+                    self._cv.wait()
+                if self._closing:  # the loop is done, or gave up: leases cover the rest
+                    return
+                items.extend(self._inbox)
+                self._inbox.clear()
+            before = len(items)
+            try:
+                close_old_connections()  # signal receivers may use the database
+                self.report(items)
+                close_old_connections()
+            except REDIS_DOWN as err:
+                delay = outage.failed(err)
+                with self._cv:
+                    self._cv.wait_for(lambda: self._closing, timeout=delay)
+            except Exception:  # a bug must not stall the loop's accounting
+                log.exception(
+                    "reporting %d jobs failed; their leases will expire and the pump recovers them",
+                    len(items),
+                )
+                self._forget(*(f.job for f in items))
+                items.clear()
+            else:
+                outage.ok()
+            with self._cv:
+                self.unreported -= before - len(items)
+            self._wake()
+
+    def report(self, finished: list[Finished]) -> None:
+        """Complete and fail every finished job: one round trip each. Items
+        leave ``finished`` only once Redis has answered for them, so a
+        ``RedisUnavailable`` (propagated) loses nothing."""
+        if not finished:
+            return
+        kept: list[Finished] = []  # not refused, not taken: sent again after a pause
+        self._postpone(finished)
+        good = [f for f in finished if f.error is None]
+        if good:
+            replies = self.mq.complete_many([(f.job, f.result) for f in good])
+            finished[:] = [f for f in finished if f.error is not None]
+            done = []
+            for item, reply in zip(good, replies, strict=True):
+                if isinstance(reply, PayloadError):
+                    finished.append(
+                        Finished(item.job, None, f"PayloadError: {reply}", False, item.ms)
+                    )
+                elif isinstance(reply, GONE):
+                    self._drop(item.job, reply)
+                elif isinstance(reply, Exception):
+                    kept.append((item, reply))
+                else:
+                    done.append((item, reply))
+            self._completed(done)
+        if finished:
+            try:
+                replies = self.mq.fail_many([(f.job, f.error, f.dead) for f in finished])
+            except REDIS_DOWN:
+                finished.extend(f for f, _ in kept)
+                raise
+            except Exception as err:
+                replies = [err] * len(finished)
+            items, finished[:] = list(finished), []
+            failed = []
+            for f, r in zip(items, replies, strict=True):
+                if isinstance(r, GONE):
+                    self._drop(f.job, r)
+                elif isinstance(r, Exception):
+                    kept.append((f, r))
+                else:
+                    failed.append((f, r))
+            self._failed(failed)
+        if kept:
+            # Only a script's refusal (EMQSTATE, EMQLEASE, EMQNOJOB) drops a
+            # result; anything else (OOM, BUSY, an error in a script) keeps it
+            # for the next try, like an outage (issue 17, item 3). A job that
+            # can never be reported is refused once its lease has expired.
+            finished.extend(f for f, _ in kept)
+            raise RedisUnavailable(
+                f"Redis did not take {len(kept)} result(s) ({kept[0][1]!r}); "
+                "they are kept and sent again"
+            )
+
+    def _postpone(self, finished: list[Finished]) -> None:
+        """Put back, one script each, the jobs whose handler raised
+        ``RateLimited``; each leaves ``finished`` once Redis answered."""
+        for f in [f for f in finished if f.postpone_ms is not None]:
+            try:
+                self.mq.postpone(f.job, f.postpone_ms)
+            except REDIS_DOWN:
+                raise
+            except Exception as err:
+                self._drop(f.job, err)
+            else:
+                self._forget(f.job)
+                self.stats["postponed"] += 1
+                if self.debug:
+                    log.debug("job %s/%s rate limited: back in %d ms", f.job.queue, f.job.id,
+                              f.postpone_ms)  # fmt: skip
+            finished.remove(f)
+
+    def _drop(self, job: Job, reply: Exception) -> None:
+        """Forget a job whose result a script refused (``GONE``: the lease was
+        lost, the job moved on or was cancelled)."""
+        self._forget(job)
+        self.stats["lost"] += 1
+        if isinstance(reply, JobCancelled):  # DESIGN §10.2: it died 'cancelled'
+            log.info("job %s/%s (%s): cancelled while it ran; its result is dropped",
+                     job.queue, job.id, job.name)  # fmt: skip
+        else:
+            log.warning(
+                "job %s/%s (%s): result dropped, the lease was lost: %s",
+                job.queue,
+                job.id,
+                job.name,
+                reply,
+            )
+
+    def _completed(self, done: list[tuple[Finished, Outcome]]) -> None:
+        self._forget(*(f.job for f, _ in done))
+        for f, outcome in done:
+            job = f.job
+            if self.debug:
+                log.debug("job %s/%s (%s) completed in %.1f ms", job.queue, job.id, job.name, f.ms)
+            if self.metrics is not None:
+                self.metrics.job_finished(job.queue, job.name, "completed", f.ms / 1000)
+            self._after(job, outcome)
+        self.stats["completed"] += len(done)
+        self.processed += len(done)
+
+    def _failed(self, failed: list[tuple[Finished, Outcome]]) -> None:
+        listening = signals.job_failed.has_listeners(self.sender)
+        self._forget(*(f.job for f, _ in failed))
+        for f, outcome in failed:
+            job, error = f.job, f.error
+            dead = outcome.state is JobState.DEAD
+            self.stats["dead" if dead else "failed"] += 1
+            if self.metrics is not None:
+                self.metrics.job_finished(
+                    job.queue, job.name, "dead" if dead else "failed", f.ms / 1000
+                )
+            if dead:
+                log.warning(
+                    "job %s/%s (%s) is dead after %d attempts: %s",
+                    job.queue,
+                    job.id,
+                    job.name,
+                    job.attempts,
+                    first_line(error),
+                )
+            elif self.debug:
+                log.debug(
+                    "job %s/%s (%s) failed in %.1f ms (attempt %d of %d, %s): %s",
+                    job.queue,
+                    job.id,
+                    job.name,
+                    f.ms,
+                    job.attempts,
+                    job.max_attempts,
+                    outcome.state,
+                    first_line(error),
+                )
+            if listening and not dead:  # job_dead is a durable event (DESIGN §10.6)
+                signals.send(
+                    signals.job_failed,
+                    self.sender,
+                    queue=job.queue,
+                    job_id=job.id,
+                    job_name=job.name,
+                    error=error,
+                    run_at=outcome.run_at,
+                )
+            self._after(job, outcome)
+        self.processed += len(failed)
+
+    def _after(self, job: Job, outcome: Outcome) -> None:
+        """Wake queues where a parent was released."""
+        for queue, _ in outcome.released:
+            self._released(queue)

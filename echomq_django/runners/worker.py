@@ -1,0 +1,393 @@
+"""The worker: claim jobs, run their handlers on a thread pool, report back in
+batches (DESIGN §4, §7, §8; issue "Workers").
+
+``Worker(["orders"], concurrency=4).run(burst=False, max_jobs=None)``
+
+Three kinds of thread share the work, and only two of them talk to Redis on
+the job path, each in batches:
+
+* the **loop** (the thread that calls ``run()``) claims as many jobs as there
+  are free handler threads, round-robin over the queues (the first queue
+  asked rotates each turn; a queue whose claim came back short rests until
+  woken), submits them, and waits for one to finish or a wake-up: with a
+  free thread it blocks on the queues' wake keys (``wake.Idle``: no polling,
+  DESIGN §10.1), and it keeps the queues' timers (due delayed jobs promoted
+  at their run-at, expired leases recovered by one worker per queue per
+  ``sweep_interval``), so ``runworker`` alone runs a single-queue site;
+* the **reporter** (reporter.py) takes every finished job handed over since
+  its last batch and reports them: one pipelined ``complete_many`` and one ``fail_many`` (one
+  round trip each, however many jobs), then sends the Django signals for that
+  batch (``close_old_connections()`` around it, for receivers that use the
+  database). While Redis runs one side's scripts, Python does the other's work:
+  that overlap, and the batching, are where the throughput comes from;
+* ``concurrency`` **handler** threads (``pool.HandlerPool``: one queue of jobs, no
+  Future per job) run the handlers, with
+  ``django.db.close_old_connections()`` before and after each call.
+
+A heartbeat thread extends the lease of every job that has run for a third of
+it. Signal receivers run on the reporter thread.
+
+Decisions (documented here, relied on by the tests):
+
+* A handler that raises ``echomq_django.Unrecoverable`` fails the job for
+  good: dead at once, its remaining attempts unspent (BullMQ's
+  UnrecoverableError); its parent's policy applies.
+* A handler that raises ``echomq_django.RateLimited(retry_after_ms)`` puts
+  the job back (delayed that long) without spending its attempt; a queue
+  whose ``RATE_LIMIT`` window is full rests until the window opens
+  (DESIGN §10.3).
+* An attempt that runs past its job's ``timeout_ms`` (or the queue's
+  ``TIMEOUT_MS``) fails as timed out and is retried by the usual rules; its
+  thread is written off and replaced, its late result discarded
+  (timeouts.py says how a thread that never returns is handled).
+* A handler that raises fails the job with ``"ExcType: message"`` then the
+  last ``TRACEBACK_LINES`` lines of the traceback from the handler's frame
+  down (the worker's own call, the same in every error, is left out; at most
+  ``ERROR_CHARS`` characters); the job retries with backoff and dies when its attempts are
+  spent, and its parent's policy applies (DESIGN §4).
+* A job whose name has no handler is an ordinary failure too (retries, then
+  dead), not an instant death: a deploy that adds the handler recovers the
+  retries still due, and retry-by-id recovers the dead ones. The error names
+  the job name and the registered names.
+* A result that is not JSON-serialisable (or too large) fails the job with
+  ``"PayloadError: ..."``, the same way.
+* ``LeaseLost`` / ``JobNotActive`` / ``JobNotFound`` when reporting mean the
+  lease expired and the pump recovered the job (it runs again): a WARNING,
+  the result is dropped, the worker goes on.
+* Redis unreachable: "Redis unreachable at ..., retrying in Xs" at WARNING,
+  backoff doubling from ``BACKOFF_START_S`` to ``BACKOFF_MAX_S``; no claims
+  meanwhile; finished results are kept and reported once Redis answers. No job
+  is acknowledged without Redis, so a job held is never lost: at worst its
+  lease expires and the pump recovers it. A claim that raised is sent again
+  with its own call token, so jobs a lost reply leased come back at once.
+* Burst mode stops when nothing is running and a claim on every queue finds
+  nothing; delayed jobs (backoff, scheduled) are not waited for.
+* Redis dropped under a blocking wait (restart, failover): once it answers
+  again every queue is claimed from and every timer runs.
+* Stop (``stop()``, or SIGTERM/SIGINT when ``run()`` is on the main thread):
+  no more claims; running jobs finish and are reported within
+  ``shutdown_timeout`` seconds. A second signal (``stop(force=True)``) returns
+  at once. Jobs still running then are left to their leases (the heartbeat
+  stops; the pump recovers them) and counted in ``abandoned``.
+
+Logging (logger ``echomq_django.worker``): INFO a start line, a throughput
+line every ``STATS_EVERY_S`` seconds while busy and a stop line; DEBUG a line
+per job; WARNING lost leases, unknown job names (once per name), dead jobs
+and Redis outages. Nothing per job is formatted unless DEBUG is enabled.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue as _queue
+import signal
+import threading
+import time
+
+from django.core.exceptions import ImproperlyConfigured
+
+from ..commit_outbox import Drainer
+from ..conf import get_mq
+from ..core.exceptions import JobCancelled
+from ..core.jobs import Job
+from ..core.keyspace import validate_queue
+from ..monitoring.metrics import MISSING, process_metrics
+from ..protocol.client import EchoMQ
+from . import heartbeat as registry
+from .claim_loop import STATS_EVERY_S, ClaimLoop
+from .outage import REDIS_DOWN
+from .pool import HandlerPool
+from .reporter import GONE, Reporter
+from .timeouts import Timeouts
+from .wake import BLOCK_S, SWEEP_S, Idle
+
+__all__ = ["STATS_EVERY_S", "Worker"]
+
+log = logging.getLogger("echomq_django.worker")
+
+
+class Worker(ClaimLoop):
+    """Runs the handlers of jobs claimed from ``queues`` (DESIGN §7).
+
+    ``queues``: queue names (list of str); ``concurrency``: handler threads
+    (int >= 1); ``mq``: an ``EchoMQ`` (None: the one built from settings);
+    ``batch``: most jobs claimed per ``claim`` call (default ``concurrency``);
+    ``lease_ms`` (ms): lease length for every queue (default each queue's
+    ``LEASE_MS``); ``heartbeat_ms`` (ms): how often running jobs are checked
+    for a lease extension (default a sixth of the shortest lease, at least
+    50); ``shutdown_timeout`` (s): how long a graceful stop waits for running
+    jobs; ``block_timeout`` (s, former name ``poll_interval``): the longest
+    single blocking wait on the wake keys; ``sweep_interval`` (s) and
+    ``max_stalls``: see ``wake.Timers``; ``max_stuck``: handler threads left
+    running past their job's time limit (written off and replaced) before the
+    worker stops (default ``concurrency``; timeouts.py); ``register``: list
+    this worker among the live processes while it runs (a heartbeat every
+    ``beat_s`` seconds, DESIGN §10.5); ``metrics``: count finished jobs and
+    handler times in this process's Prometheus metrics
+    (``metrics.ProcessMetrics``; needs prometheus_client, else
+    ``ImproperlyConfigured``); ``drain_outbox``: push the enqueue outbox's
+    rows to Redis (DESIGN §10.4; ``runworker`` sets it) before the first
+    claim and then every ``outbox_interval_s`` seconds. Raises
+    ``ValueError`` for a bad queue name or number. ``run()`` logs a WARNING
+    naming the known queues when a queue is known nowhere (no job, not in
+    settings). Also ``wakeups``, ``timers`` (``wake.Idle``) and ``waiting``
+    (true while idle, blocked on its queues).
+
+    After ``run()``: ``processed`` (jobs completed or failed, all runs),
+    ``stats`` (``completed``, ``failed`` = will retry, ``dead``, ``lost`` =
+    dropped after their lease expired, ``postponed`` = back after
+    ``RateLimited``) and ``abandoned`` (jobs still running
+    when the last run returned).
+    """
+
+    def __init__(
+        self,
+        queues: list[str],
+        concurrency: int = 1,
+        mq: EchoMQ | None = None,
+        *,
+        batch: int | None = None,
+        lease_ms: int | None = None,
+        heartbeat_ms: int | None = None,
+        shutdown_timeout: float = 30.0,
+        block_timeout: float | None = None,
+        sweep_interval: float = SWEEP_S,
+        max_stalls: int = 1,
+        poll_interval: float | None = None,
+        max_stuck: int | None = None,
+        register: bool = True,
+        beat_s: float = registry.HEARTBEAT_S,
+        metrics: bool = False,
+        drain_outbox: bool = False,
+        outbox_interval_s: float = 1.0,
+    ) -> None:
+        mq = self.mq = mq if mq is not None else get_mq()
+        # the enqueue outbox (DESIGN §10.4): drained before the first claim,
+        # then every outbox_interval_s seconds on a thread of its own
+        self._drainer = Drainer(mq, outbox_interval_s) if drain_outbox else None
+        self.queues = [validate_queue(q) for q in dict.fromkeys(queues)]
+        if not self.queues:
+            raise ValueError("a worker needs at least one queue")
+        self.concurrency = _at_least(1, concurrency, "concurrency")
+        self.batch = _at_least(1, batch if batch is not None else concurrency, "batch")
+        self.leases = {
+            q: _at_least(
+                1, lease_ms if lease_ms is not None else mq.setting(q, "LEASE_MS"), "lease_ms"
+            )
+            for q in self.queues
+        }
+        beat = heartbeat_ms if heartbeat_ms is not None else max(50, min(self.leases.values()) // 6)
+        self.heartbeat_s = _at_least(1, beat, "heartbeat_ms") / 1000
+        block = block_timeout if block_timeout is not None else poll_interval
+        block = BLOCK_S if block is None else block
+        if shutdown_timeout < 0 or block <= 0:
+            raise ValueError("shutdown_timeout must be >= 0 s and block_timeout > 0 s")
+        self.shutdown_timeout = float(shutdown_timeout)
+        self.block_timeout = float(block)
+        self._idle = Idle(self, block, sweep_interval, max_stalls)
+        self.timers, self.wakeups = self._idle.timers, self._idle.wakeups
+        self.waiting = False
+        self.abandoned = 0
+        self._running: dict[tuple[str, str], Job] = {}  # claimed, not yet reported
+        self._lock = threading.Lock()  # guards _running
+        self.register, self.beat_s = register, beat_s
+        self.metrics = process_metrics() if metrics else None
+        if metrics and self.metrics is None:
+            raise ImproperlyConfigured(MISSING)
+        self._reporter = Reporter(
+            mq, self, self._forget, self._on_released, self._wake, metrics=self.metrics
+        )
+        # DESIGN §10.3: per-attempt time limits (timeouts.py) and the queues' defaults (ms)
+        self._timeouts = Timeouts(self._on_timeout)
+        self.max_stuck = _at_least(0, concurrency if max_stuck is None else max_stuck, "max_stuck")
+        self.time_limits = {q: mq.queues.get(q, {}).get("TIMEOUT_MS") for q in self.queues}
+        self._executing = 0  # submitted to the pool and not finished (loop thread only)
+        self._claimed, self._retry_at = 0, 0.0  # this run's claims; outage: next try (loop only)
+        self._halt = threading.Event()  # set when run() returns: helpers stop
+        self._done: _queue.SimpleQueue = _queue.SimpleQueue()  # Finished, or None: a wake-up
+        self._stopping = threading.Event()
+        self._force = False
+        self._stop_at = 0.0
+        # queue -> monotonic time it may be claimed (inf: drained, rests until woken)
+        self._rest = dict.fromkeys(self.queues, 0.0)
+        # queue -> parents this worker saw released on it (written by the reporter only): a
+        # claim that came back short rests its queue only if none was released meanwhile
+        self._released = dict.fromkeys(self.queues, 0)
+        # queue -> the token of a claim that raised (its reply may be lost): sent again
+        self._lost_claims: dict[str, str] = {}
+        self._turn = 0
+        self._warned: set[str] = set()
+        self._subscribed = False  # event kinds with receivers here recorded for our queues
+        self._stats_at, self._stats_seen = 0.0, (0, time.monotonic())
+
+    @property
+    def processed(self) -> int:
+        """Jobs completed or failed, all runs."""
+        return self._reporter.processed
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """``completed``, ``failed`` (will retry), ``dead``, ``lost`` (dropped
+        after their lease expired), ``postponed`` (``RateLimited``), all runs."""
+        return self._reporter.stats
+
+    # -- control -------------------------------------------------------------
+    def stop(self, force: bool = False) -> None:
+        """Stop claiming; ``run()`` returns once the running jobs are reported
+        (or ``shutdown_timeout`` s have passed). ``force``: return at once,
+        leaving running jobs to their leases. Safe from any thread and from a
+        signal handler."""
+        if not self._stopping.is_set():
+            self._stop_at = time.monotonic() + self.shutdown_timeout
+            self._stopping.set()
+        if force:
+            self._force = True
+        self._done.put(None)  # wake the loop
+
+    def _on_signal(self, signum, frame) -> None:
+        name = signal.Signals(signum).name
+        if self._stopping.is_set():
+            log.warning(
+                "%s again: stopping now; %d running jobs are left to their leases",
+                name,
+                len(self._running),
+            )
+            self.stop(force=True)
+        else:
+            log.warning(
+                "%s: no more claims; finishing %d running jobs (up to %.0fs); send it "
+                "again to stop at once",
+                name,
+                len(self._running),
+                self.shutdown_timeout,
+            )
+            self.stop()
+
+    def _install_signals(self):
+        if threading.current_thread() is not threading.main_thread():
+            return lambda: None
+        previous = {
+            sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)
+        }
+        return lambda: [signal.signal(sig, handler) for sig, handler in previous.items()]
+
+    # -- the loop ------------------------------------------------------------
+    def run(self, burst: bool = False, max_jobs: int | None = None) -> int:
+        """Process jobs until stopped; returns how many this run completed or
+        failed. ``burst``: return once the queues are empty; ``max_jobs``:
+        claim no more than this many, then return when they are reported.
+        Installs SIGTERM/SIGINT handlers when called on the main thread
+        (restored on return). Redis outages are waited out, never raised."""
+        if max_jobs is not None and max_jobs < 0:
+            raise ValueError(f"max_jobs must be >= 0, got {max_jobs}")
+        restore = self._install_signals()
+        self._pool = HandlerPool(self.concurrency, "echomq-worker")
+        # Fresh per run: handlers abandoned by an earlier run post to the old queue.
+        self._done, self._executing = _queue.SimpleQueue(), 0
+        self._reporter.reset()
+        self._halt.clear()
+        self._rest = dict.fromkeys(self.queues, 0.0)
+        self._idle.start(self._done.put)
+        helpers = [
+            threading.Thread(target=target, daemon=True, name=name)
+            for target, name in (
+                (self._heartbeat, "echomq-heartbeat"),
+                (self._reporter.run, "echomq-reporter"),
+                (self._timeouts.run, "echomq-timeouts"),
+            )
+        ]
+        self._timeouts.reopen()
+        for thread in helpers:
+            thread.start()
+        if self._drainer is not None:
+            self._drainer.drain_once()  # a burst run sees what waited at its start
+            self._drainer.start(drain_now=False)
+        start = self.processed
+        log.info(
+            "worker started: queues %s, concurrency %d, lease %s ms",
+            ", ".join(self.queues),
+            self.concurrency,
+            ", ".join(f"{q}={ms}" for q, ms in self.leases.items()),
+        )
+        beat = registry.announce(
+            self.mq,
+            "worker",
+            self.queues,
+            register=self.register,
+            beat_s=self.beat_s,
+            status=self._status,
+            concurrency=self.concurrency,
+            warn=log,
+        )
+        try:
+            self._loop(burst, max_jobs)
+        finally:
+            self.waiting = False
+            self._idle.stop()  # a marker it pops from now on goes back
+            if self._drainer is not None:
+                self._drainer.stop()
+            if beat is not None:
+                beat.stop()
+            self._reporter.close()
+            self._timeouts.close()
+            self._halt.set()
+            for thread in helpers:  # daemons: one stuck on a dead socket is left behind
+                thread.join(timeout=0 if self._reporter.unreported else 2.0)
+            self.abandoned = len(self._running)
+            self._pool.shutdown(wait=not self.abandoned and not self._timeouts.stuck)
+            restore()
+            self._log_stats(time.monotonic())
+            if self.abandoned:
+                log.warning(
+                    "stopped with %d jobs still running; their leases will expire and "
+                    "the pump recovers them",
+                    self.abandoned,
+                )
+            log.info("worker stopped: processed %d jobs this run", self.processed - start)
+            self._stopping.clear()
+            self._force = False
+        return self.processed - start
+
+    def _status(self) -> dict:
+        """What the heartbeat says: jobs done, and the jobs held now."""
+        with self._lock:
+            held = list(self._running)
+        return {
+            "jobs_done": self.processed,
+            "running": len(held),
+            "running_jobs": [f"{q}/{i}" for q, i in held[: registry.RUNNING_SHOWN]],
+        }
+
+    # -- heartbeat -----------------------------------------------------------
+    def _heartbeat(self) -> None:
+        """Extend the lease of each job that has used a third of it."""
+        while not self._halt.wait(self.heartbeat_s):
+            now = self.mq.clock()
+            with self._lock:
+                jobs = list(self._running.values())
+            for job in jobs:
+                lease = self.leases[job.queue]
+                if job.lease_deadline is None or job.lease_deadline - now > lease * 2 // 3:
+                    continue
+                try:
+                    self.mq.extend_lease(job, lease)
+                except JobCancelled:
+                    # DESIGN §10.2: the handler may read job.cancelled and stop; its
+                    # result will be dropped, and the lease is left to run out
+                    job.cancelled, job.lease_deadline = True, None
+                    log.info("job %s/%s (%s) was cancelled while it ran", job.queue, job.id,
+                             job.name)  # fmt: skip
+                except GONE as err:
+                    # Or just reported by the loop: only reporting knows, and warns.
+                    job.lease_deadline = None
+                    log.debug("job %s/%s: lease not extended: %s", job.queue, job.id, err)
+                except REDIS_DOWN:
+                    break  # the loop reports the outage
+                except Exception:
+                    log.exception("extending the lease of job %s/%s failed", job.queue, job.id)
+
+
+def _at_least(low: int, value, what: str) -> int:
+    if isinstance(value, bool) or int(value) != value or value < low:
+        raise ValueError(f"{what} must be an integer >= {low}, got {value!r}")
+    return int(value)

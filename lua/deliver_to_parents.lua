@@ -1,0 +1,79 @@
+--[[
+  deliver_to_parents: deliver outbox entries to parents on this slot (DESIGN §6;
+  it is both `deliver_to_parents` and `flow_fail_deliver` of §5, one entry kind
+  each, so a batch keeps the outbox's order). Every entry is guarded, so a
+  re-delivery changes nothing:
+    done      HSETNX :processed, decrement, release at zero
+    dead      apply the child's policy once (fp: parent dead; id / rd:
+              record, decrement, maybe release)
+    reattach  a retried child leaves the parent's :failed (maybe reviving it);
+              with policy 'id', its :unsuccessful, counted again while the
+              parent is not released
+    gone      a removed child resolves its parent like remove_dependency
+              (DESIGN §10.2: out of :failed, into :removed, decrement)
+  and two kinds whose target is a child on this slot (`parent id` is then
+  the child's id and `value` its parent's id: a child already gone, or now
+  under another parent or another incarnation of it, counts as delivered
+  and is not touched):
+    rm        its parent was removed: the child goes too, with its subtree
+              (continued by `prune`)
+    cancel    its parent was cancelled: the child is cancelled (DESIGN §10.2)
+
+  KEYS[1] pending list         P:{pq}:pending   (pq = the parents' queue)
+  KEYS[2] awaiting zset        P:{pq}:awaiting
+
+  ARGV[1] parents' queue name
+  ARGV[2] parents' queue key prefix   P:{pq}:
+  ARGV[3] now (ms)
+  ARGV[4..] entries, 6 values each: kind, child ref, parent id, policy, value
+           (the result JSON for done, the error text for dead, '' otherwise),
+           incarnation (the parent's `inc` the entry was meant for; '' for
+           an entry written without one)
+
+  An entry whose incarnation is not its parent's `inc` was meant for a
+  removed flow whose ids were added again (lib/flow.lua, DESIGN §10.2): it
+  counts as delivered (it leaves the outbox) and changes nothing.
+
+  returns: JSON {delivered: [1|0 per entry; 0 = the parent row is gone],
+           released, dead, flow_failed, revived, reattach, outbox, sent,
+           stale (entries dropped for their incarnation)}
+  errors:  none
+]]
+local QUEUE = ARGV[1]
+-- @include lib/flow.lua
+-- @include lib/lifecycle.lua
+local base, now = ARGV[2], tonumber(ARGV[3])
+
+OUT.delivered = {}
+for i = 4, #ARGV, 6 do
+  local kind, ref, pid, policy, value = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]
+  local inc = (ARGV[i + 5] ~= '') and ARGV[i + 5] or nil
+  local ok, state, stale = true, nil, false
+  if kind ~= 'rm' and kind ~= 'cancel' then
+    state, stale = parent_state(job_key(base, pid), inc)
+  end
+  if kind == 'rm' or kind == 'cancel' then
+    if kind == 'rm' then
+      drop_node(base, pid, value, inc)
+    else
+      cancel_node(base, pid, now, value, inc)
+    end
+  elseif not state then
+    ok = stale  -- gone: false; meant for a removed incarnation of this parent: delivered
+  elseif kind == 'done' then
+    ok = fan_in_done(base, pid, ref, value, now)
+  elseif kind == 'dead' then
+    ok = fan_in_dead(base, pid, ref, value, policy, now)
+  elseif kind == 'gone' then
+    reattach(base, pid, ref, now)
+    ok = fan_in_dead(base, pid, ref, value, 'rd', now)
+  elseif kind == 'reattach' and policy == 'id' then
+    reattach_ignored(base, pid, ref)
+    ok = true
+  else
+    reattach(base, pid, ref, now)
+    ok = true
+  end
+  OUT.delivered[#OUT.delivered + 1] = ok and 1 or 0
+end
+return cjson.encode(OUT)

@@ -1,0 +1,50 @@
+--[[
+  lock_outbox: take, renew or drop a pump's sweep lock on one queue's outbox
+  (DESIGN §6; issue 17, item 2). The lock is a lease: a string holding its
+  owner's token, always with an expiry (PX), never without one. Its owner
+  recognises it by the token, so a pump whose drop failed while Redis was
+  down (or whose lock came back from the AOF after a restart) takes it up
+  again at its next sweep instead of being locked out by its own old lock;
+  a lease of a few seconds, renewed while sweeping, lets a live peer take
+  over soon after its owner died. A drop also leaves one mark on the
+  released list, which a caller waiting for the lock blocks on (BLPOP, in
+  FlowCalls.deliver_sent; DESIGN §10.1: waits block, they do not poll): one
+  element at most, kept UNLOCKED_TTL_MS, so a mark no waiter popped costs a
+  later waiter one more try and never lingers.
+
+  KEYS[1] sweep lock           P:{q}:pump:lock (string: the holder's token)
+  KEYS[2] released list        P:{q}:pump:unlocked (list: one mark per drop, at most one kept)
+
+  ARGV[1] token: the pump's own, the same for every sweep of its life
+  ARGV[2] lease (ms, integer >= 1): how long the lock holds unless renewed
+  ARGV[3] '1' take or renew; '0' drop
+
+  returns: 1 when the caller holds the lock now (take) or held it (drop),
+           0 when another token holds it (take) or it was not the caller's
+           (drop: nothing is deleted, no mark is left)
+  errors:  none
+]]
+local UNLOCKED_TTL_MS = 1000 -- a mark serves a waiter between its refused take and its BLPOP
+local lock, unlocked, token = KEYS[1], KEYS[2], ARGV[1]
+local holder = redis.call('GET', lock)
+if ARGV[3] == '0' then
+  if holder == token then
+    redis.call('DEL', lock)
+    -- DEL then RPUSH: one mark, whatever earlier drops left; a blocked
+    -- waiter pops it as this script ends
+    redis.call('DEL', unlocked)
+    redis.call('RPUSH', unlocked, '1')
+    redis.call('PEXPIRE', unlocked, UNLOCKED_TTL_MS)
+    return 1
+  end
+  return 0
+end
+if holder == token then
+  redis.call('PEXPIRE', lock, ARGV[2])
+  return 1
+end
+if holder then
+  return 0
+end
+redis.call('SET', lock, token, 'PX', ARGV[2])
+return 1
