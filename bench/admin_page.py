@@ -58,8 +58,8 @@ def run(args) -> int:
     from django.test.utils import setup_test_environment
 
     from echomq_django import Flow, conf
-    from echomq_django.admin.mirror import mirror_queues
     from echomq_django.admin.pages import job_url
+    from echomq_django.monitoring.mirror import mirror_queues
 
     setup_test_environment()  # the test client on ALLOWED_HOSTS' testserver
     call_command("migrate", verbosity=0)

@@ -86,7 +86,7 @@ def pump(url: str, db: str, interval: float, ready, stop, keep_dead=None) -> Non
     """One ``Pump`` process: outbox, timers, retention and the admin mirror."""
     setup_django(url, db, keep_dead)
     from echomq_django import Pump
-    from echomq_django.admin.mirror import mirror_after_sweep
+    from echomq_django.monitoring.mirror import mirror_after_sweep
 
     p = Pump(list(QUEUES), after_sweep=[mirror_after_sweep])
     ready.put(os.getpid())

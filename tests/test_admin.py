@@ -36,9 +36,9 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from echomq_django import EchoMQ, Flow, conf
-from echomq_django.admin.mirror import mirror_after_sweep, mirror_queue, mirror_queues
 from echomq_django.admin.pages import job_url
 from echomq_django.models import TEXT_LIMIT, MirroredJob, MirroredQueue
+from echomq_django.monitoring.mirror import mirror_after_sweep, mirror_queue, mirror_queues
 from echomq_django.runners.pump import Pump
 from tests.factories import StaffUserFactory, UserFactory
 

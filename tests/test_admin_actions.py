@@ -10,8 +10,8 @@ from django.contrib.messages import get_messages
 from django.urls import reverse
 
 from echomq_django import conf
-from echomq_django.admin.mirror import mirror_queues
 from echomq_django.models import MirroredJob, MirroredQueue
+from echomq_django.monitoring.mirror import mirror_queues
 from echomq_django.protocol.lifecycle import LifecycleCalls
 from tests.factories import StaffUserFactory
 from tests.workerkit import Clock

@@ -16,8 +16,8 @@ import pytest
 from playwright.sync_api import expect
 
 from echomq_django import Flow, conf
-from echomq_django.admin.mirror import mirror_queues
 from echomq_django.admin.pages import job_url
+from echomq_django.monitoring.mirror import mirror_queues
 from echomq_django.runners.heartbeat import Heartbeat
 from tests import browserkit
 from tests.workerkit import Clock

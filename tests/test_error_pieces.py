@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from echomq_django import EchoMQ, JobState
-from echomq_django.admin.mirror import job_from_row
+from echomq_django.monitoring.mirror import job_from_row
 from tests import jobkit
 from tests.jobkit import assert_state, claim_one, kill, leaf, node, raw_row, ref
 

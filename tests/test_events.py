@@ -248,7 +248,7 @@ def test_a_failing_event_waits_out_its_backoff_and_holds_the_queue(tmq, seen):
 
 
 def test_the_dead_letter_keeps_the_newest(tmq, monkeypatch):
-    monkeypatch.setattr("echomq_django.eventcalls.DEADLETTER_MAX", 2)
+    monkeypatch.setattr("echomq_django.protocol.signal_events.DEADLETTER_MAX", 2)
     tmq.subscribe_events(["q"], ALL)
     tmq.add_flows([Flow("q", "leaf", {}, job_id=f"j{i}") for i in range(3)])
     for i in range(3):

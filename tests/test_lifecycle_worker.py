@@ -9,8 +9,8 @@ import threading
 import pytest
 
 from echomq_django import EchoMQ, Flow, Pump, Worker
-from echomq_django.admin.mirror import mirror_after_sweep
 from echomq_django.models import MirroredJob
+from echomq_django.monitoring.mirror import mirror_after_sweep
 from tests.jobkit import assert_state
 from tests.workerkit import wait_for
 
@@ -62,7 +62,7 @@ def test_retention_drops_a_block_under_one_removed_event_and_the_mirror_follows_
     """Retention removes a block of rows with one command of each kind and
     names the block in one ``removed`` entry (ids space-separated); the
     mirror's incremental pass reads it and deletes exactly those rows."""
-    from echomq_django.admin.mirror import mirror_queue
+    from echomq_django.monitoring.mirror import mirror_queue
 
     mq = EchoMQ(r, queues={"q": {"KEEP_COMPLETED": 2}})
     for i in range(6):

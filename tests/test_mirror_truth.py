@@ -16,8 +16,8 @@ from collections import Counter
 import pytest
 
 from echomq_django import EchoMQ, Flow, JobState
-from echomq_django.admin.mirror import mirror_queue
 from echomq_django.models import MirroredJob, MirroredQueue
+from echomq_django.monitoring.mirror import mirror_queue
 from tests.workerkit import Clock
 
 pytestmark = pytest.mark.django_db

@@ -72,7 +72,7 @@ def test_lib_is_inlined_not_a_script() -> None:
     assert sorted(sources) == NAMES
     flow = (REPO / "lua" / "lib" / "flow.lua").read_text()
     claimable = (REPO / "lua" / "lib" / "claimable.lua").read_text()
-    events = (REPO / "lua" / "lib" / "events.lua").read_text()
+    events = (REPO / "lua" / "lib" / "signal_events.lua").read_text()
     emit = (REPO / "lua" / "lib" / "emit.lua").read_text()
     error = (REPO / "lua" / "lib" / "error.lua").read_text()
     cancel_out = (REPO / "lua" / "lib" / "cancel_out.lua").read_text()

@@ -27,7 +27,7 @@ SCRIPT = textwrap.dedent("""
     import sys
     import redis
     from echomq_django import EchoMQ
-    from echomq_django.scripts import lua_dir
+    from echomq_django.protocol.scripts import lua_dir
 
     mq = EchoMQ(redis.Redis.from_url(sys.argv[1]), prefix="wheel")
     job_id = mq.enqueue("wheelq", "wheel.job", {"n": 1}, job_id="w1")

@@ -16,7 +16,7 @@ from django.urls import reverse
 
 from ..conf import get_mq
 from ..core.exceptions import EchoMQError, JobNotCancellable, JobNotFound, JobNotRemovable
-from .mirror import mirror_queues
+from ..monitoring.mirror import mirror_queues
 
 MANAGE_PERMISSION = "echomq_django.manage_job"
 

@@ -29,10 +29,10 @@ from ..conf import get_mq
 from ..core.exceptions import EchoMQError, JobNotFound, JobNotRetryable
 from ..core.keyspace import validate_id, validate_queue
 from ..models import MirroredJob, MirroredQueue
+from ..monitoring.mirror import mirror_jobs, mirror_queues, mirror_targets
 from ..runners import heartbeat as registry
 from . import actions as ops
 from . import display as show
-from .mirror import mirror_jobs, mirror_queues, mirror_targets
 from .pages import job_page, job_url, queue_page, workers_page
 
 RETRY_PERMISSION = "echomq_django.retry_job"

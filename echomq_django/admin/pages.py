@@ -18,10 +18,10 @@ from django.urls import reverse
 
 from ..core.exceptions import EchoMQError, JobNotFound
 from ..core.keyspace import validate_id, validate_queue
+from ..monitoring.mirror import ms_to_datetime
 from ..protocol.flows import OUTBOX_DEADLETTER_MAX
 from ..runners.heartbeat import live_processes
 from .display import jobs_url
-from .mirror import ms_to_datetime
 
 FLOW_DEPTH = 2  # levels under a parent shown on its page: children, grandchildren
 CHILDREN_PER_PAGE = 100  # a parent's children per page of its tree

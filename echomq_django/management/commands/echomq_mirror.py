@@ -10,9 +10,9 @@ from __future__ import annotations
 import redis
 from django.core.management.base import BaseCommand, CommandError
 
-from echomq_django.admin.mirror import mirror_queues, mirror_targets
 from echomq_django.conf import get_mq
 from echomq_django.core.exceptions import RedisUnavailable
+from echomq_django.monitoring.mirror import mirror_queues, mirror_targets
 from echomq_django.protocol.errors import describe
 
 

@@ -17,12 +17,12 @@ import threading
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 
-from echomq_django.admin.mirror import mirror_after_sweep
 from echomq_django.commit_outbox import drain_after_sweep, tables_missing
 from echomq_django.conf import check_server, get_mq
 from echomq_django.core.exceptions import RedisUnavailable
 from echomq_django.logs import setup_logging
 from echomq_django.monitoring import metrics
+from echomq_django.monitoring.mirror import mirror_after_sweep
 from echomq_django.runners.pump import LOCK_MS, LOCK_MS_MIN, Pump, check_interval
 
 log = logging.getLogger("echomq_django.pump")

@@ -24,13 +24,13 @@ import threading
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand
 
-from echomq_django.admin.mirror import mirror_after_sweep
 from echomq_django.commit_outbox import tables_missing
 from echomq_django.conf import check_server, get_mq
 from echomq_django.core.exceptions import RedisUnavailable
 from echomq_django.core.keyspace import whole_number
 from echomq_django.logs import setup_logging
 from echomq_django.monitoring import metrics
+from echomq_django.monitoring.mirror import mirror_after_sweep
 from echomq_django.runners.pump import Pump
 from echomq_django.runners.wake import BLOCK_S, SWEEP_S
 from echomq_django.runners.worker import Worker
