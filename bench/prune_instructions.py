@@ -81,10 +81,10 @@ def measure(children: int, lua: Path | None = None) -> tuple[int, int]:
         kids.append(Flow(Q, "bench.leaf", {"i": -1}, delay_ms=10**11))  # holds the parent
         mq.add_flow(Flow(Q, "bench.root", {}, children=kids))
         Worker([Q], concurrency=50, mq=mq, batch=50).run(burst=True)
-        mq.prune("warm")  # an empty queue: loads the script before counting
+        mq.lifecycle.prune("warm")  # an empty queue: loads the script before counting
         _control(server.pid, "-i", "on")
         _control(server.pid, "-z")
-        removed = mq.prune(Q).removed
+        removed = mq.lifecycle.prune(Q).removed
         _control(server.pid, "-d")
         _control(server.pid, "-i", "off")
         return removed, _total(folder)

@@ -51,7 +51,7 @@ def _round(url: str, children: int, on: bool) -> tuple[float, int, dict]:
     def prune():
         while not stop.wait(0.2):
             if on:
-                removed[0] += pruner.prune(Q).removed
+                removed[0] += pruner.lifecycle.prune(Q).removed
 
     thread = threading.Thread(target=prune)
     mq.client.config_set("slowlog-log-slower-than", 0)

@@ -106,7 +106,7 @@ class OursWithSignals(Ours):
 
     def fresh_connection(self) -> None:
         super().fresh_connection()
-        self.events.subscribe_events(self.queues, self.kinds)  # after the warm-up's FLUSHALL
+        self.events.signal_events.subscribe(self.queues, self.kinds)  # after the warm-up's FLUSHALL
 
     def close(self) -> None:
         self.events.client.close()

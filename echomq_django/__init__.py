@@ -42,6 +42,7 @@ from .core.exceptions import (
     LeaseLost,
     PayloadError,
     RateLimited,
+    RedisCommandError,
     RedisUnavailable,
     Unrecoverable,
 )
@@ -77,6 +78,7 @@ __all__ = [
     "PayloadError",
     "Pump",
     "RateLimited",
+    "RedisCommandError",
     "RedisUnavailable",
     "Unrecoverable",
     "Worker",

@@ -32,11 +32,10 @@ from . import commit_outbox as outbox
 from .conf import get_mq
 from .core import flows as _flows
 from .core.flows import Flow, FlowRef
-from .core.jobs import Job, Outcome
+from .core.jobs import Dependencies, Job, Outcome
 from .core.keyspace import validate_id, validate_queue
 from .core.options import check_job_options
 from .core.retention import job_keep
-from .protocol.reads import Dependencies
 
 
 def _defer(on_commit: bool | None, using: str | None) -> bool:
@@ -109,9 +108,9 @@ def enqueue_many(
     lost when Redis is down at the commit), pushed after the commit one by
     one, as ``enqueue``'s are. DESIGN §10.1."""
     mq = get_mq()
-    plan = mq.plan_many(queue, jobs)
+    plan = mq.bulk.plan_many(queue, jobs)
     if not _defer(on_commit, using):
-        return mq.land_many(plan)
+        return mq.bulk.land_many(plan)
     for name, payload, job_id, options in plan.jobs():
         outbox.write_job(queue, name, payload, job_id, options, using=using, mq=mq)
     return plan.ids

@@ -24,16 +24,10 @@ import sys
 import pytest
 
 from echomq_django import EchoMQ, signals
-from echomq_django.protocol.lifecycle import LifecycleCalls
 from echomq_django.protocol.signal_events import SIGNAL_OF
 from tests.workerkit import Recorder
 
 NAMES = tuple(SIGNAL_OF.values())
-
-
-class EventMQ(EchoMQ, LifecycleCalls):
-    """``EchoMQ`` with the lifecycle calls too (until ``EchoMQ`` mixes them
-    in): the cancel test needs them."""
 
 
 class Seen(Recorder):
@@ -105,7 +99,7 @@ def _main(mode: str, url: str, cluster: str, *rest: str) -> None:
     from redis.cluster import RedisCluster
 
     client = RedisCluster.from_url(url) if cluster == "1" else redis.Redis.from_url(url)
-    mq = EventMQ(client, prefix="emq")
+    mq = EchoMQ(client, prefix="emq")
     if mode == "dispatch":
         from echomq_django.runners.dispatcher import Dispatcher
 

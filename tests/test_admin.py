@@ -295,7 +295,7 @@ def test_incremental_mirror_reads_only_new_events_and_unevented_claims(world):
     world.enqueue("awaiting", "t.leaf", {}, job_id="later", delay_ms=5000)
     mirror_queue(world, "awaiting")
     world.clock.tick(5000)
-    assert world.promote_delayed("awaiting") == 1  # a 'promoted' event (issue 15)
+    assert world.timers.promote_delayed("awaiting") == 1  # a 'promoted' event (issue 15)
     assert mirror_queue(world, "awaiting") == {
         "full": False,
         "events": 1,
@@ -576,7 +576,7 @@ def test_the_queue_page_shows_dead_lettered_signal_events(world, staff):
     from echomq_django import Dispatcher
     from tests.eventkit import Raising
 
-    world.subscribe_events(["validation"], ["completed"])
+    world.signal_events.subscribe(["validation"], ["completed"])
     add(world, Flow("validation", "t.leaf", {}, job_id="sig-1"))
     step(world, "validation", "sig-1", {"v": 1})
     bad = Raising({"sig-1"})
@@ -584,7 +584,7 @@ def test_the_queue_page_shows_dead_lettered_signal_events(world, staff):
         Dispatcher(["validation"], mq=world, tries=1).dispatch("validation")
     finally:
         bad.close()
-    [letter] = world.deadlettered_events("validation")
+    [letter] = world.signal_events.deadlettered("validation")
     response = staff.get(reverse("admin:echomq_django_mirroredqueue_change", args=["validation"]))
     assert response.status_code == 200
     assert response.context["signals"] == {"pending": 0, "deadlettered": 1, "oldest_ms": None}

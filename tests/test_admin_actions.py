@@ -12,7 +12,6 @@ from django.urls import reverse
 from echomq_django import conf
 from echomq_django.models import MirroredJob, MirroredQueue
 from echomq_django.monitoring.mirror import mirror_queues
-from echomq_django.protocol.lifecycle import LifecycleCalls
 from tests.factories import StaffUserFactory
 from tests.workerkit import Clock
 
@@ -26,9 +25,6 @@ QUEUES = reverse("admin:echomq_django_mirroredqueue_changelist")
 def emq(r):
     conf.reset()
     mq = conf.get_mq()
-    if not hasattr(mq, "cancel"):  # issue 13's calls, before they join EchoMQ on main
-        lifecycle = type("LifecycleMQ", (LifecycleCalls, type(mq)), {})
-        mq = conf._mq = lifecycle(mq.client, prefix=mq.keys.prefix, queues=mq.queues)
     mq.clock = Clock()
     mq.enqueue("ops", "t.echo", {}, job_id="done")
     mq.enqueue("ops", "t.echo", {}, job_id="queued")

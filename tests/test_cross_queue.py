@@ -211,7 +211,7 @@ def test_undeliverable_entry_is_dead_lettered_and_does_not_block(mq):
     assert [r["delivered"] for r in reports] == [1, 0, 0]
     assert mq.get_job("validation", "v-o2").state == "pending"
     assert mq.client.hlen(mq.keys.queue("inventory").outbox_tries) == 0
-    [dl] = mq.deadletters("inventory")
+    [dl] = mq.outbox.deadletters("inventory")
     assert dl["entry"]["p"] == "v-o1" and dl["entry"]["c"] == "emq:{inventory}:job:r-o1-0"
     assert dl["reason"] == "parent validation/v-o1 not found after 3 deliveries"
     assert mq.counts("inventory")["outbox"] == 0

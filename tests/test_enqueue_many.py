@@ -130,13 +130,13 @@ def test_a_jobs_own_keep_is_stored_and_retention_takes_it(tmq, clock) -> None:
     assert [jobkit.row(tmq, "q", i).get("keep") for i in ids] == ["0", None, "60000"]
     for job_id in ids:
         jobkit.complete(tmq, job_id, job_id)
-    assert tmq.prune("q").removed == 1  # brief; its sibling without keep stays
+    assert tmq.lifecycle.prune("q").removed == 1  # brief; its sibling without keep stays
     live = {i: tmq.client.exists(tmq.keys.job("q", i)) for i in ids}
     assert live == {"brief": 0, "plain": 1, "minute": 1}
     clock.advance(59_999)
-    assert tmq.prune("q").removed == 0
+    assert tmq.lifecycle.prune("q").removed == 0
     clock.advance(1)
-    assert tmq.prune("q").removed == 1  # minute; plain is the queue's (1,000 / 1 day)
+    assert tmq.lifecycle.prune("q").removed == 1  # minute; plain is the queue's (1,000 / 1 day)
     live = {i: tmq.client.exists(tmq.keys.job("q", i)) for i in ids}
     assert live == {"brief": 0, "plain": 1, "minute": 0}
 

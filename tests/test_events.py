@@ -11,12 +11,12 @@ import json
 
 import pytest
 
-from echomq_django import Flow
+from echomq_django import EchoMQ, Flow
 from echomq_django.protocol.signal_events import SIGNAL_OF
 from echomq_django.runners.dispatcher import Dispatcher
 from echomq_django.runners.pump import Pump
 from tests import eventkit, jobkit
-from tests.eventkit import EventMQ, Raising, stream
+from tests.eventkit import Raising, stream
 from tests.jobkit import T0, claim_one, complete, kill, leaf, node
 
 clock, seen = jobkit.clock, eventkit.seen  # fixtures (tests/jobkit.py, eventkit.py)
@@ -24,9 +24,9 @@ ALL = list(SIGNAL_OF)
 
 
 @pytest.fixture
-def tmq(redis_client, clock) -> EventMQ:
+def tmq(redis_client, clock) -> EchoMQ:
     """An ``EchoMQ`` with the event calls on the test's rig, time ``clock``."""
-    return EventMQ(redis_client, prefix="emq", clock=clock)
+    return EchoMQ(redis_client, prefix="emq", clock=clock)
 
 
 def tree(mq) -> None:
@@ -66,7 +66,7 @@ def test_nothing_is_recorded_for_a_queue_nobody_subscribed(tmq):
 
 
 def test_each_transition_records_its_event_in_the_same_script(tmq):
-    assert tmq.subscribe_events(["q"], ALL) == ALL
+    assert tmq.signal_events.subscribe(["q"], ALL) == ALL
     tree(tmq)
     transitions(tmq)
     events = stream(tmq)
@@ -75,7 +75,7 @@ def test_each_transition_records_its_event_in_the_same_script(tmq):
 
 
 def test_a_cancel_records_the_cancel_then_the_death_and_the_parent_s_fate(tmq):
-    tmq.subscribe_events(["q"], ALL)
+    tmq.signal_events.subscribe(["q"], ALL)
     tmq.add_flow(node("p", [leaf("a"), leaf("b", ignore_dependency_on_failure=True)]))
     complete(tmq, "a", 1)
     tmq.cancel("q", "b")
@@ -88,7 +88,7 @@ def test_a_cancel_records_the_cancel_then_the_death_and_the_parent_s_fate(tmq):
 
 
 def test_a_job_cancelled_while_it_runs_records_the_cancel_when_it_dies(tmq):
-    tmq.subscribe_events(["q"], ALL)
+    tmq.signal_events.subscribe(["q"], ALL)
     tmq.add_flow(Flow("q", "leaf", {}, job_id="r"))
     job = claim_one(tmq, "q", "r")
     tmq.cancel("q", "r")  # marked: it dies when its worker reports
@@ -102,7 +102,7 @@ def test_a_job_cancelled_while_it_runs_records_the_cancel_when_it_dies(tmq):
 
 
 def test_only_the_subscribed_kinds_are_recorded(tmq):
-    tmq.subscribe_events(["q"], ["released", "flow_failed"])
+    tmq.signal_events.subscribe(["q"], ["released", "flow_failed"])
     tree(tmq)
     transitions(tmq)
     assert [e[1:3] for e in stream(tmq)] == [
@@ -114,12 +114,12 @@ def test_only_the_subscribed_kinds_are_recorded(tmq):
 
 def test_subscribe_refuses_an_unknown_kind_and_writes_nothing(tmq):
     with pytest.raises(ValueError, match=r"unknown event kinds \['finished'\]: use completed, "):
-        tmq.subscribe_events(["q"], ["completed", "finished"])
+        tmq.signal_events.subscribe(["q"], ["completed", "finished"])
     assert tmq.client.exists(tmq.keys.queue_key("q", "signals:kinds")) == 0
 
 
 def test_a_cross_queue_parent_s_event_lands_on_its_own_queue_when_delivered(tmq):
-    tmq.subscribe_events(["p", "c"], ALL)
+    tmq.signal_events.subscribe(["p", "c"], ALL)
     tmq.add_flow(Flow("p", "parent", {}, job_id="P", children=[Flow("c", "kid", {}, job_id="k")]))
     complete(tmq, "k", 7, queue="c")
     assert [e[1:] for e in stream(tmq, "c")] == [("completed", "k", "kid", "7")]
@@ -130,7 +130,7 @@ def test_a_cross_queue_parent_s_event_lands_on_its_own_queue_when_delivered(tmq)
 
 
 def test_dispatch_sends_each_event_once_in_order_with_its_event_id(tmq, seen):
-    tmq.subscribe_events(["q"], ALL)
+    tmq.signal_events.subscribe(["q"], ALL)
     tree(tmq)
     transitions(tmq)
     ids = [f"q:{e[0]}" for e in stream(tmq)]
@@ -168,22 +168,22 @@ def test_dispatch_sends_each_event_once_in_order_with_its_event_id(tmq, seen):
 
 
 def test_the_backlog_shows_until_dispatched_and_nothing_trims_it(tmq, clock):
-    tmq.subscribe_events(["q"], ALL)
+    tmq.signal_events.subscribe(["q"], ALL)
     tmq.add_flows([Flow("q", "leaf", {}, job_id=f"j{i}") for i in range(300)])
     for job in tmq.claim("q", 300):
         tmq.complete(job, 1)
     first_ms = int(stream(tmq)[0][0].split("-")[0])
     clock.now = first_ms + 2500
-    assert tmq.event_backlog("q") == {"pending": 300, "deadlettered": 0, "oldest_ms": 2500}
+    assert tmq.signal_events.backlog("q") == {"pending": 300, "deadlettered": 0, "oldest_ms": 2500}
     report = Dispatcher(["q"], mq=tmq, batch=64).dispatch("q")
     assert report.sent == 300
-    assert tmq.event_backlog("q") == {"pending": 0, "deadlettered": 0, "oldest_ms": None}
+    assert tmq.signal_events.backlog("q") == {"pending": 0, "deadlettered": 0, "oldest_ms": None}
 
 
 def test_echomq_stats_shows_the_backlog(tmq, clock):
     from echomq_django.monitoring.stats import queue_stats
 
-    tmq.subscribe_events(["q"], ALL)
+    tmq.signal_events.subscribe(["q"], ALL)
     tmq.add_flows([Flow("q", "leaf", {}, job_id=f"j{i}") for i in range(3)])
     for i in range(3):
         complete(tmq, f"j{i}", i)
@@ -193,7 +193,7 @@ def test_echomq_stats_shows_the_backlog(tmq, clock):
 
 
 def test_a_receiver_that_always_raises_is_dead_lettered_after_its_tries(tmq, seen, clock):
-    tmq.subscribe_events(["q"], ALL)
+    tmq.signal_events.subscribe(["q"], ALL)
     tmq.add_flows([Flow("q", "leaf", {}, job_id=i) for i in ("a", "b")])
     complete(tmq, "a", 1)
     complete(tmq, "b", 2)
@@ -214,7 +214,7 @@ def test_a_receiver_that_always_raises_is_dead_lettered_after_its_tries(tmq, see
     assert seen.pairs() == [("job_completed", "a"), ("job_completed", "b")]
     assert bad.calls == {"a": 3, "b": 1}
     label = "tests.eventkit.Raising"
-    assert tmq.deadlettered_events("q") == [
+    assert tmq.signal_events.deadlettered("q") == [
         {
             "event_id": f"q:{xa}",
             "kind": "completed",
@@ -226,12 +226,12 @@ def test_a_receiver_that_always_raises_is_dead_lettered_after_its_tries(tmq, see
             "at": T0,
         }
     ]
-    assert tmq.event_backlog("q") == {"pending": 0, "deadlettered": 1, "oldest_ms": None}
+    assert tmq.signal_events.backlog("q") == {"pending": 0, "deadlettered": 1, "oldest_ms": None}
     assert tmq.client.exists(tmq.keys.queue_key("q", "signals:tries")) == 0
 
 
 def test_a_failing_event_waits_out_its_backoff_and_holds_the_queue(tmq, seen):
-    tmq.subscribe_events(["q"], ALL)
+    tmq.signal_events.subscribe(["q"], ALL)
     tmq.add_flows([Flow("q", "leaf", {}, job_id=i) for i in ("a", "b")])
     complete(tmq, "a", 1)
     complete(tmq, "b", 2)
@@ -249,7 +249,7 @@ def test_a_failing_event_waits_out_its_backoff_and_holds_the_queue(tmq, seen):
 
 def test_the_dead_letter_keeps_the_newest(tmq, monkeypatch):
     monkeypatch.setattr("echomq_django.protocol.signal_events.DEADLETTER_MAX", 2)
-    tmq.subscribe_events(["q"], ALL)
+    tmq.signal_events.subscribe(["q"], ALL)
     tmq.add_flows([Flow("q", "leaf", {}, job_id=f"j{i}") for i in range(3)])
     for i in range(3):
         complete(tmq, f"j{i}", i)
@@ -258,11 +258,11 @@ def test_the_dead_letter_keeps_the_newest(tmq, monkeypatch):
         Dispatcher(["q"], mq=tmq, tries=1).dispatch("q")
     finally:
         bad.close()
-    assert [e["job_id"] for e in tmq.deadlettered_events("q")] == ["j2", "j1"]
+    assert [e["job_id"] for e in tmq.signal_events.deadlettered("q")] == ["j2", "j1"]
 
 
 def test_two_dispatchers_never_hold_one_queue_at_once(tmq, seen):
-    tmq.subscribe_events(["q"], ALL)
+    tmq.signal_events.subscribe(["q"], ALL)
     tmq.add_flows([Flow("q", "leaf", {}, job_id=f"j{i}") for i in range(3)])
     for i in range(3):
         complete(tmq, f"j{i}", i)
@@ -284,7 +284,7 @@ def test_two_dispatchers_never_hold_one_queue_at_once(tmq, seen):
 
 
 def test_a_pass_that_dies_before_its_ack_sends_again_with_the_same_event_ids(tmq, seen):
-    tmq.subscribe_events(["q"], ALL)
+    tmq.signal_events.subscribe(["q"], ALL)
     tmq.add_flows([Flow("q", "leaf", {}, job_id=f"j{i}") for i in range(5)])
     for i in range(5):
         complete(tmq, f"j{i}", i)
@@ -303,7 +303,7 @@ def test_a_pass_that_dies_before_its_ack_sends_again_with_the_same_event_ids(tmq
 
 
 def test_start_dispatches_in_the_background_as_events_land(tmq, seen):
-    tmq.subscribe_events(["q"], ALL)
+    tmq.signal_events.subscribe(["q"], ALL)
     d = Dispatcher(["q"], mq=tmq, block_ms=200)
     d.start()
     try:

@@ -15,12 +15,12 @@ import pytest
 import redis
 from redis.cluster import RedisCluster
 
-from echomq_django import Flow
+from echomq_django import EchoMQ, Flow
 from echomq_django.protocol.signal_events import SIGNAL_OF
 from echomq_django.runners.dispatcher import Dispatcher
 from echomq_django.testing import redis_server as devserver
 from tests import eventkit, rigs
-from tests.eventkit import EventMQ, Seen, stream
+from tests.eventkit import Seen, stream
 from tests.jobkit import complete, kill, leaf, node
 from tests.workerkit import wait_for
 
@@ -31,8 +31,8 @@ pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture
-def mq(redis_client) -> EventMQ:
-    return EventMQ(redis_client, prefix="emq")
+def mq(redis_client) -> EchoMQ:
+    return EchoMQ(redis_client, prefix="emq")
 
 
 def rig_url(mq) -> tuple[str, str]:
@@ -61,7 +61,7 @@ def child(mq, *args: str) -> int:
 
 
 def test_a_worker_killed_right_after_its_transitions_still_gets_its_signals_sent_once(mq, seen):
-    mq.subscribe_events(["q"], ALL)
+    mq.signal_events.subscribe(["q"], ALL)
     mq.add_flow(node("p", [leaf("a")]))
     assert child(mq, "worker") == -signal.SIGKILL
     assert mq.get_job("q", "a").state == "completed"
@@ -75,7 +75,7 @@ def test_a_worker_killed_right_after_its_transitions_still_gets_its_signals_sent
 
 
 def test_a_dispatcher_killed_mid_batch_sends_the_rest_after_restart_with_the_same_ids(mq):
-    mq.subscribe_events(["q"], ALL)
+    mq.signal_events.subscribe(["q"], ALL)
     mq.add_flows([Flow("q", "leaf", {}, job_id=f"j{i}") for i in range(7)])
     for i in range(7):
         complete(mq, f"j{i}", i)
@@ -142,8 +142,8 @@ def test_no_event_is_lost_when_redis_restarts_from_its_append_only_file(cluster)
                 return RedisCluster(host=rigs.HOST, port=srv.port)
             return redis.Redis(host=rigs.HOST, port=srv.port)
 
-        mq = EventMQ(connect(), prefix="emq")
-        mq.subscribe_events(["q"], ALL)
+        mq = EchoMQ(connect(), prefix="emq")
+        mq.signal_events.subscribe(["q"], ALL)
         mq.add_flow(node("p", [leaf("a"), leaf("b", ignore_dependency_on_failure=True)]))
         complete(mq, "a", 1)
         kill(mq, "b", "boom")
@@ -151,7 +151,7 @@ def test_no_event_is_lost_when_redis_restarts_from_its_append_only_file(cluster)
         assert [e[1:3] for e in before] == [("completed", "a"), ("dead", "b"), ("released", "p")]
         mq.client.close()
         srv = _restart(srv)
-        mq = EventMQ(connect(), prefix="emq")
+        mq = EchoMQ(connect(), prefix="emq")
         assert stream(mq) == before
         Dispatcher(["q"], mq=mq).dispatch_all()
         assert seen.pairs() == [("job_completed", "a"), ("job_dead", "b"), ("parent_released", "p")]

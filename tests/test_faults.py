@@ -235,7 +235,7 @@ def test_poison_outbox_entries_are_dead_lettered_with_the_real_reason(mq):
     report = Pump(["c"], mq=mq).sweep()["c"]
     assert (report["delivered"], report["deadlettered"]) == (1, len(POISON))
     assert mq.get_job("p", "P").state is JobState.PENDING  # released by the real entry
-    letters = mq.deadletters("c")
+    letters = mq.outbox.deadletters("c")
     assert [d["entry"] for d in letters][:2] == ["not json {", [1, 2]]
     for letter, (raw, reason) in zip(letters, POISON.items(), strict=True):
         assert letter["reason"].startswith(reason), raw
@@ -245,7 +245,7 @@ def test_poison_outbox_entries_are_dead_lettered_with_the_real_reason(mq):
 def test_the_outbox_dead_letter_keeps_the_newest_1000(mq):
     """The bound of P:{q}:flow:deadletter: trim_outbox trims as it pushes,
     so a flood of poison entries keeps exactly the newest 1,000."""
-    from echomq_django.protocol.flows import OUTBOX_DEADLETTER_MAX
+    from echomq_django.protocol.outbox import OUTBOX_DEADLETTER_MAX
 
     assert OUTBOX_DEADLETTER_MAX == 1000
     k, n = mq.keys.queue("c"), OUTBOX_DEADLETTER_MAX + 5
@@ -253,7 +253,7 @@ def test_the_outbox_dead_letter_keeps_the_newest_1000(mq):
     report = Pump(["c"], mq=mq).sweep()["c"]  # three trims: 500, 500, 5
     assert (report["delivered"], report["deadlettered"]) == (0, n)
     assert mq.client.llen(k.deadletter) == 1000
-    letters = mq.deadletters("c")
+    letters = mq.outbox.deadletters("c")
     assert [d["entry"] for d in letters] == [f"poison {i:04d}" for i in range(5, n)]
     assert {d["reason"] for d in letters} == {
         "malformed entry: not JSON (Expecting value: line 1 column 1 (char 0))"
@@ -263,7 +263,7 @@ def test_the_outbox_dead_letter_keeps_the_newest_1000(mq):
     mq.client.rpush(k.outbox, "poison last")  # one more, in a sweep of its own
     assert Pump(["c"], mq=mq).sweep()["c"]["deadlettered"] == 1
     assert mq.client.llen(k.deadletter) == 1000
-    entries = [d["entry"] for d in mq.deadletters("c")]
+    entries = [d["entry"] for d in mq.outbox.deadletters("c")]
     assert entries == [*(f"poison {i:04d}" for i in range(6, n)), "poison last"]
 
 
@@ -283,19 +283,19 @@ def test_a_delivery_failing_for_a_transient_reason_leaves_the_outbox_untouched(m
     mq.add_flow(Flow("p", "parent", {}, job_id="P", children=[Flow("c", "child", {}, job_id="C")]))
     [job] = mq.claim("c", 1)
     mq.complete(job, 7)
-    real, pump = mq.deliver, Pump(["c"], mq=mq, max_tries=1)
+    real, pump = mq.scripts.run_many_confirmed, Pump(["c"], mq=mq, max_tries=1)
 
-    def failing(entries, **_):
-        raise error
+    def failing(calls, after=None):
+        raise error  # what redis-py raises inside mq.outbox.deliver
 
-    mq.deliver = failing
+    mq.scripts.run_many_confirmed = failing
     for _ in range(3):
         with pytest.raises(RedisUnavailable):
             pump.sweep()
     assert mq.counts("c")["outbox"] == 1
-    assert mq.deadletters("c") == []
+    assert mq.outbox.deadletters("c") == []
     assert mq.client.hlen(mq.keys.queue("c").outbox_tries) == 0
-    mq.deliver = real
+    mq.scripts.run_many_confirmed = real
     assert pump.sweep()["c"]["delivered"] == 1
     assert mq.get_job("p", "P").state is JobState.PENDING
 

@@ -187,14 +187,14 @@ def die_by_attempts(mq, clock) -> None:
     for _ in range(2):
         mq.fail(claim_one(mq, "q", "c1"), "boom")
         clock.advance(10_000)
-        mq.promote_delayed("q")
+        mq.timers.promote_delayed("q")
 
 
 def die_by_stalls(mq, clock) -> None:
     for _ in range(2):
         claim_one(mq, "q", "c1", lease_ms=5)
         clock.advance(6)
-        mq.recover_stalled("q", max_stalls=1)
+        mq.timers.recover_stalled("q", max_stalls=1)
     assert mq.get_job("q", "c1").error == "stalled 2 times (lease expired; limit 1)"
 
 

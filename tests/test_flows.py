@@ -308,7 +308,7 @@ def test_duplicate_completion_with_a_stale_lease_does_not_decrement(tmq, clock) 
     tmq.add_flow(node("p", [leaf("c1"), leaf("c2")]))
     stale = claim_one(tmq, "q", "c1", lease_ms=100)
     clock.advance(101)
-    assert tmq.recover_stalled("q", max_stalls=3).recovered == 1
+    assert tmq.timers.recover_stalled("q", max_stalls=3).recovered == 1
     claim_one(tmq, "q", "c2")  # c2 is now at the head; c1 was re-queued behind it
     fresh = claim_one(tmq, "q", "c1")
     with pytest.raises(LeaseLost):
@@ -325,7 +325,7 @@ def test_redelivered_completion_is_a_no_op(tmq) -> None:
     tmq.add_flow(node("p", [leaf("c1")]))
     complete(tmq, "c1", 1)
     entry = {"k": "done", "c": ref(tmq, "c1"), "p": "p", "q": "q", "v": "99"}
-    flags, outcome = tmq.deliver([entry, entry])
+    flags, outcome = tmq.outbox.deliver([entry, entry])
     assert (flags, outcome.released) == ([True, True], [])
     assert (counter(tmq, "q", "p"), events(tmq, "q", "released")) == (0, ["p"])
     assert hash_of(tmq, ref(tmq, "p") + ":processed") == {ref(tmq, "c1"): "1"}

@@ -21,7 +21,7 @@ from echomq_django.core.exceptions import (
     JobNotRemovable,
 )
 from echomq_django.core.retention import Keep
-from echomq_django.protocol.flows import SENT_WAIT_S
+from echomq_django.protocol.outbox import SENT_WAIT_S
 from echomq_django.runners.pump import Pump
 from tests import jobkit
 from tests.jobkit import assert_state, claim_one, complete, hash_of, kill, leaf, node, ref
@@ -71,7 +71,7 @@ def test_retention_keeps_the_newest_count(tmq, clock) -> None:
         clock.advance(1)
         complete(tmq, f"j{i}", i)
     set_keep(tmq, "q", 2)
-    report = tmq.prune("q")
+    report = tmq.lifecycle.prune("q")
     assert (report.removed, report.held, report.calls) == (3, 0, 1)
     assert tmq.job_ids("q", "completed") == ["j3", "j4"]
     assert rows(tmq, "q") == ["j3", "j4"]
@@ -86,12 +86,12 @@ def test_retention_by_age(tmq, clock) -> None:
         clock.advance(10_000)
     set_keep(tmq, "q", {"AGE_S": 15})
     # now is 30 s after j0 finished, 20 s after j1, 10 s after j2
-    assert tmq.prune("q").removed == 2
+    assert tmq.lifecycle.prune("q").removed == 2
     assert tmq.job_ids("q", "completed") == ["j2"]
 
 
 def test_default_retention_is_bounded(tmq) -> None:
-    completed, dead = tmq.retention("q")
+    completed, dead = tmq.lifecycle.retention("q")
     assert completed == Keep(1000, 86400) and dead == Keep(10000, 14 * 86400)
 
 
@@ -131,7 +131,7 @@ def test_a_budget_bounds_each_call(tmq, clock) -> None:
         tmq.enqueue("q", "n", i, job_id=f"j{i:02}")
         complete(tmq, f"j{i:02}", i)
     set_keep(tmq, "q", 0)
-    report = tmq.prune("q", budget=10)
+    report = tmq.lifecycle.prune("q", budget=10)
     assert (report.removed, report.calls) == (25, 3)
     assert rows(tmq, "q") == []
 
@@ -146,10 +146,10 @@ def test_retention_by_count_and_age_together(tmq, clock) -> None:
         clock.advance(10_000)
     # now is 50, 40, 30, 20 and 10 s after j0 ... j4 finished
     set_keep(tmq, "q", {"COUNT": 3, "AGE_S": 25})
-    assert tmq.prune("q").removed == 3  # the age takes three: more than the count's two
+    assert tmq.lifecycle.prune("q").removed == 3  # the age takes three: more than the count's two
     assert tmq.job_ids("q", "completed") == ["j3", "j4"]
     set_keep(tmq, "q", {"COUNT": 1, "AGE_S": 25})
-    assert tmq.prune("q").removed == 1  # the count takes j3, younger than the cutoff
+    assert tmq.lifecycle.prune("q").removed == 1  # the count takes j3, younger than the cutoff
     assert tmq.job_ids("q", "completed") == ["j4"]
     assert rows(tmq, "q") == ["j4"]
 
@@ -164,7 +164,7 @@ def test_the_age_walk_goes_past_an_old_held_row(tmq, clock) -> None:
     clock.advance(10_000)
     # now is 50 s after x died, 40 s after j0, 30 s after j1, 10 s after j2
     set_keep(tmq, "other", 1000, {"AGE_S": 25})
-    report = tmq.prune("other")
+    report = tmq.lifecycle.prune("other")
     assert (report.removed, report.held) == (2, 1)
     assert tmq.job_ids("other", "dead") == ["j2", "x"]  # x re-scored to now: behind j2
     assert jobkit.score(tmq, "other", "dead", "x") == clock.now
@@ -184,7 +184,7 @@ def test_a_rows_own_keep_and_children_deadline_leave_with_its_block(tmq, clock) 
     assert tmq.client.zrange(zset("q", "deadlines"), 0, -1) == [b"p"]
     clock.advance(1)
     set_keep(tmq, "q", 0, 0)
-    report = tmq.prune("q")
+    report = tmq.lifecycle.prune("q")
     assert (report.removed, report.held) == (3, 1)  # kept, p, c with p (held first: p may retry it)
     assert keys_of(tmq, "q") == []  # no expire, no deadlines, no row
 
@@ -200,7 +200,7 @@ def test_retention_leaves_a_dedup_key_its_row_freed(tmq) -> None:
     dedup = tmq.keys.queue("q").dedup
     assert (tmq.client.get(dedup("mail")), tmq.client.get(dedup("sms"))) == (b"second", None)
     set_keep(tmq, "q", 0, 0)
-    assert tmq.prune("q").removed == 2
+    assert tmq.lifecycle.prune("q").removed == 2
     assert rows(tmq, "q") == ["second"]
     assert tmq.client.get(dedup("mail")) == b"second"
 
@@ -210,15 +210,15 @@ def test_completed_children_go_once_the_parent_holds_their_values(tmq) -> None:
     complete(tmq, "c1", 1)
     complete(tmq, "c2", 2)
     set_keep(tmq, "q", 0)
-    assert tmq.prune("q").removed == 2
+    assert tmq.lifecycle.prune("q").removed == 2
     assert rows(tmq, "q") == ["c3", "p"]
     assert tmq.children_values("q", "p") == {ref(tmq, "c1"): 1, ref(tmq, "c2"): 2}
     complete(tmq, "c3", 3)
-    tmq.prune("q")
+    tmq.lifecycle.prune("q")
     assert_state(tmq, "q", "p", "pending")
     assert tmq.dependencies("q", "p").remaining == 0
     complete(tmq, "p", "all")
-    assert tmq.prune("q").removed == 1
+    assert tmq.lifecycle.prune("q").removed == 1
     assert keys_of(tmq, "q") == []  # the flow went as a whole: no :processed, no :children
 
 
@@ -227,7 +227,7 @@ def test_a_finished_flow_goes_as_a_whole_when_its_root_goes(tmq) -> None:
     for job_id in ("c", "x", "m", "p"):
         complete(tmq, job_id, job_id)
     set_keep(tmq, "q", {"COUNT": 0})
-    assert tmq.prune("q").removed == 4
+    assert tmq.lifecycle.prune("q").removed == 4
     assert keys_of(tmq, "q") == []
 
 
@@ -237,7 +237,7 @@ def test_a_child_its_dead_parent_may_retry_is_held(tmq, clock) -> None:
     assert_state(tmq, "q", "p", "dead")
     clock.advance(1)
     set_keep(tmq, "q", 0, 1)  # dead: c1 is the oldest excess, but p may retry it
-    report = tmq.prune("q")
+    report = tmq.lifecycle.prune("q")
     assert (report.removed, report.held) == (0, 1)
     assert rows(tmq, "q") == ["c1", "c2", "p"]
     tmq.retry("q", "p")  # the retry still finds c1
@@ -248,12 +248,12 @@ def test_a_cross_queue_fp_child_is_held_until_its_parent_goes(tmq) -> None:
     tmq.add_flow(node("p", [leaf("x", queue="other")]))
     kill(tmq, "x", queue="other")
     set_keep(tmq, "other", 0, 0)
-    report = tmq.prune("other")
+    report = tmq.lifecycle.prune("other")
     assert (report.removed, report.held) == (0, 1)
     Pump(["other"], mq=tmq).sweep()
     assert_state(tmq, "q", "p", "dead")
     set_keep(tmq, "q", 0, 0)
-    assert tmq.prune("q").removed == 1  # p; x goes on its own slot (an rm entry)
+    assert tmq.lifecycle.prune("q").removed == 1  # p; x goes on its own slot (an rm entry)
     assert rows(tmq, "other") == [] and rows(tmq, "q") == []
     # the rm entry was delivered at once and taken out of the outbox: the pump
     # never delivers it a second time
@@ -293,7 +293,7 @@ def test_remove_waits_out_a_sweeping_pump_then_delivers_its_entries_once(tmq) ->
     outbox already, then delivers it and takes it out."""
     flow = node("p", [leaf("x", queue="o")])
     tmq.add_flow(flow)
-    assert tmq.outbox_lock("q", "a-sweeping-pump", 300)
+    assert tmq.outbox.lock("q", "a-sweeping-pump", 300)
     tmq.remove("q", "p")
     assert rows(tmq, "o") == []
     assert tmq.client.llen(tmq.keys.queue_key("q", "flow:outbox")) == 0
@@ -391,7 +391,7 @@ def test_a_cancelled_parent_retried_takes_back_its_cancel_still_under_way(tmq, m
     the next prune used to cancel the children the retry had left running,
     and their deaths killed p again."""
     tmq.add_flow(node("p", [leaf(f"c{i}") for i in range(1, 5)]))
-    monkeypatch.setattr(type(tmq), "_follow_up", lambda *a, **kw: None)
+    monkeypatch.setattr(type(tmq.lifecycle), "_follow_up", lambda *a, **kw: None)
     tmq.cancel("q", "p", budget=2)
     monkeypatch.undo()
     cancel_list = tmq.keys.queue_key("q", "cancel")
@@ -400,7 +400,7 @@ def test_a_cancelled_parent_retried_takes_back_its_cancel_still_under_way(tmq, m
     assert cancelled == [1, 2]
     tmq.retry("q", "p")
     assert tmq.client.llen(cancel_list) == 0
-    tmq.prune("q")
+    tmq.lifecycle.prune("q")
     for i in range(1, 5):
         assert_state(tmq, "q", f"c{i}", "pending")
     assert_state(tmq, "q", "p", "awaiting_children")
@@ -418,7 +418,7 @@ def test_a_cancelled_parent_retried_takes_back_its_undelivered_cancel_entries(
     it out of p's outbox, so the next sweep no longer cancels x, whose
     death failed the retried p again."""
     tmq.add_flow(node("p", [leaf("c1"), leaf("x", queue="o")]))
-    monkeypatch.setattr(type(tmq), "_follow_up", lambda *a, **kw: None)
+    monkeypatch.setattr(type(tmq.lifecycle), "_follow_up", lambda *a, **kw: None)
     tmq.cancel("q", "p")
     monkeypatch.undo()
     outbox = tmq.keys.queue_key("q", "flow:outbox")
@@ -449,7 +449,7 @@ def test_a_cancel_entry_leaving_the_outbox_lowers_its_parents_count(tmq, monkeyp
     assert tmq.client.hget(row, "cancel_out") is None
     assert_state(tmq, "o", "x", "dead")
     tmq.add_flow(node("p2", [leaf("x2", queue="o"), leaf("y2", queue="o")]))
-    monkeypatch.setattr(type(tmq), "_follow_up", lambda *a, **kw: None)
+    monkeypatch.setattr(type(tmq.lifecycle), "_follow_up", lambda *a, **kw: None)
     tmq.cancel("q", "p2")
     monkeypatch.undo()
     row2 = tmq.keys.job("q", "p2")
@@ -488,7 +488,7 @@ def test_a_cross_queue_child_its_removed_parent_left_running_goes_when_it_dies(t
     tmq.remove("q", "p")
     assert_state(tmq, "o", "x", "active")
     assert tmq.fail_many([(job, "boom", True)])[0].state is JobState.DEAD
-    report = tmq.prune("o")
+    report = tmq.lifecycle.prune("o")
     assert (report.removed, report.held) == (1, 0)
     assert rows(tmq, "o") == []
 
@@ -505,7 +505,7 @@ def test_a_child_under_its_parent_again_is_held_again(tmq) -> None:
     assert tmq.add_flow(flow).skipped == 1
     assert "orphaned" not in hash_of(tmq, tmq.keys.job("o", "x"))
     tmq.fail_many([(job, "boom", True)])
-    report = tmq.prune("o")
+    report = tmq.lifecycle.prune("o")
     assert (report.removed, report.held) == (0, 1)
     sweep(tmq, "o")
     assert_state(tmq, "q", "p", "dead")
@@ -580,14 +580,14 @@ def test_an_old_removal_never_takes_the_child_of_the_flow_added_again(tmq, monke
     outbox past the wait), so it waits in q's outbox while the flow is added
     again over the still-present x (skipped: the new parent takes it). The
     old `rm` used to remove x, and the new root waited for ever."""
-    from echomq_django.protocol import flows as flowcalls
+    from echomq_django.protocol import outbox
 
-    monkeypatch.setattr(flowcalls, "SENT_WAIT_S", 0.0)
+    monkeypatch.setattr(outbox, "SENT_WAIT_S", 0.0)
     flow = node("p", [leaf("x", queue="o")])
     tmq.add_flow(flow)
-    assert tmq.outbox_lock("q", "a-sweeping-pump", 60_000)
+    assert tmq.outbox.lock("q", "a-sweeping-pump", 60_000)
     tmq.remove("q", "p")
-    assert tmq.outbox_lock("q", "a-sweeping-pump", 0, take=False)
+    assert tmq.outbox.lock("q", "a-sweeping-pump", 0, take=False)
     assert tmq.client.llen(tmq.keys.queue_key("q", "flow:outbox")) == 1
     assert tmq.add_flow(flow).skipped == 1
     sweep(tmq, "q")
@@ -629,7 +629,7 @@ def test_a_removed_flows_running_child_never_fails_a_new_flow_of_the_same_id(tmq
 def interrupted_remove(mq, monkeypatch, queue: str, job_id: str) -> None:
     """A remove whose process died after its first call: the children its
     budget did not reach wait in the queue's gc list for a later prune."""
-    monkeypatch.setattr(type(mq), "_follow_up", lambda *a, **kw: None)
+    monkeypatch.setattr(type(mq.lifecycle), "_follow_up", lambda *a, **kw: None)
     mq.remove(queue, job_id, budget=2)
     monkeypatch.undo()
 
@@ -648,7 +648,7 @@ def test_a_child_its_removed_parent_has_not_reached_yet_never_resolves_a_new_flo
     complete(tmq, "c3", "stale")
     assert_state(tmq, "q", "p", "awaiting_children")
     assert tmq.children_values("q", "p") == {}
-    tmq.prune("q")
+    tmq.lifecycle.prune("q")
     assert "c4" not in rows(tmq, "q")
     complete(tmq, "n1", 1)
     assert_state(tmq, "q", "p", "pending")
@@ -665,7 +665,7 @@ def test_children_a_flow_added_again_took_back_outlive_the_old_removal(tmq, monk
     interrupted_remove(tmq, monkeypatch, "q", "p")
     got = tmq.add_flow(flow)
     assert (got.landed, got.skipped) == (3, 2)
-    tmq.prune("q")
+    tmq.lifecycle.prune("q")
     assert rows(tmq, "q") == ["c1", "c2", "c3", "c4", "p"]
     jobs = tmq.claim("q", 10)
     assert sorted(j.id for j in jobs) == ["c1", "c2", "c3", "c4"]
@@ -681,13 +681,13 @@ def test_an_old_cancel_never_reaches_the_flow_added_again(tmq, monkeypatch) -> N
     cancel the new flow's children."""
     flow = node("p", [leaf(f"c{i}") for i in range(1, 5)])
     tmq.add_flow(flow)
-    monkeypatch.setattr(type(tmq), "_follow_up", lambda *a, **kw: None)
+    monkeypatch.setattr(type(tmq.lifecycle), "_follow_up", lambda *a, **kw: None)
     tmq.cancel("q", "p", budget=2)
     monkeypatch.undo()
     assert tmq.client.llen(tmq.keys.queue_key("q", "cancel")) == 1
     tmq.remove("q", "p")
     assert tmq.add_flow(flow).landed == 5
-    tmq.prune("q")
+    tmq.lifecycle.prune("q")
     assert tmq.client.llen(tmq.keys.queue_key("q", "cancel")) == 0
     for i in range(1, 5):
         assert_state(tmq, "q", f"c{i}", "pending")
@@ -721,7 +721,7 @@ def count_takes(mq, queue: str) -> list[bool]:
     """Record, from now on, what each take of ``queue``'s sweep lock by
     ``mq`` answered (its drops are not counted)."""
     takes: list[bool] = []
-    original = mq.outbox_lock
+    original = mq.outbox.lock
 
     def counted(q, token, lease_ms, take=True):
         held = original(q, token, lease_ms, take)
@@ -729,7 +729,7 @@ def count_takes(mq, queue: str) -> list[bool]:
             takes.append(held)
         return held
 
-    mq.outbox_lock = counted
+    mq.outbox.lock = counted
     return takes
 
 
@@ -749,7 +749,7 @@ def drop_later(holder, token: str, after_s: float) -> tuple[threading.Thread, li
 
     def run() -> None:
         time.sleep(after_s)
-        dropped.append(holder.outbox_lock("q", token, 10_000, take=False))
+        dropped.append(holder.outbox.lock("q", token, 10_000, take=False))
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
@@ -763,7 +763,7 @@ def test_remove_blocked_on_a_held_sweep_lock_goes_on_when_the_holder_drops_it(tm
     the old loop took it every 5 ms (some 40 times in the 200 ms)."""
     tmq.add_flow(node("p", [leaf("x", queue="o")]))
     pump = EchoMQ(tmq.client, prefix="emq")
-    assert pump.outbox_lock("q", "a-sweeping-pump", 10_000)
+    assert pump.outbox.lock("q", "a-sweeping-pump", 10_000)
     takes, blpops = count_takes(tmq, "q"), command_calls(tmq, "q", "blpop")
     thread, dropped = drop_later(pump, "a-sweeping-pump", 0.2)
     began = time.monotonic()
@@ -783,7 +783,7 @@ def test_a_sweep_lock_whose_holder_died_is_taken_when_its_lease_ends(tmq) -> Non
     PTTL bounds the BLPOP), and remove delivers then, not after SENT_WAIT_S
     (when it would give up and leave the entry in the outbox)."""
     tmq.add_flow(node("p", [leaf("x", queue="o")]))
-    assert EchoMQ(tmq.client, prefix="emq").outbox_lock("q", "a-dead-pump", 800)
+    assert EchoMQ(tmq.client, prefix="emq").outbox.lock("q", "a-dead-pump", 800)
     takes = count_takes(tmq, "q")
     began = time.monotonic()
     tmq.remove("q", "p")
@@ -801,7 +801,7 @@ def test_each_drop_of_the_sweep_lock_wakes_the_next_waiter(tmq) -> None:
     for i in (1, 2):
         tmq.add_flow(node(f"p{i}", [leaf(f"x{i}", queue="o")]))
     pump = EchoMQ(tmq.client, prefix="emq")
-    assert pump.outbox_lock("q", "a-sweeping-pump", 10_000)
+    assert pump.outbox.lock("q", "a-sweeping-pump", 10_000)
     errors: list[BaseException] = []
 
     def remove(job_id: str) -> None:
@@ -839,7 +839,7 @@ def test_the_wait_stays_under_a_short_socket_timeout(tmq) -> None:
         mq = EchoMQ(short, prefix="emq")
         mq.add_flow(node("p", [leaf("x", queue="o")]))
         pump = EchoMQ(client, prefix="emq")
-        assert pump.outbox_lock("q", "a-sweeping-pump", 10_000)
+        assert pump.outbox.lock("q", "a-sweeping-pump", 10_000)
         thread, dropped = drop_later(pump, "a-sweeping-pump", 1.0)
         mq.remove("q", "p")
         thread.join(10)
@@ -855,15 +855,15 @@ def test_the_released_list_holds_one_mark_that_expires(tmq) -> None:
     drop of a lock that is not the caller's leaves none."""
     unlocked = tmq.keys.queue("q").pump_unlocked
     for i in range(100):
-        assert tmq.outbox_lock("q", f"pump-{i}", 2_000)
-        assert tmq.outbox_lock("q", f"pump-{i}", 2_000, take=False)
+        assert tmq.outbox.lock("q", f"pump-{i}", 2_000)
+        assert tmq.outbox.lock("q", f"pump-{i}", 2_000, take=False)
     assert tmq.client.lrange(unlocked, 0, -1) == [b"1"]
     assert 0 < tmq.client.pttl(unlocked) <= 1_000
     tmq.client.delete(unlocked)
-    assert tmq.outbox_lock("q", "the-holder", 2_000)
-    assert not tmq.outbox_lock("q", "not-the-holder", 2_000, take=False)
+    assert tmq.outbox.lock("q", "the-holder", 2_000)
+    assert not tmq.outbox.lock("q", "not-the-holder", 2_000, take=False)
     assert tmq.client.exists(unlocked) == 0
-    assert tmq.outbox_lock("q", "the-holder", 2_000, take=False)
+    assert tmq.outbox.lock("q", "the-holder", 2_000, take=False)
 
 
 # -- remove ------------------------------------------------------------------
@@ -1040,10 +1040,10 @@ def test_a_jobs_own_keep_shortens_its_stay(tmq, clock) -> None:
     tmq.add_flow(node("p", [leaf("c", keep=30)], keep=0))
     for job_id in ("brief", "minute", "plain", "c", "p"):
         complete(tmq, job_id, job_id)
-    assert tmq.prune("q").removed == 3  # brief, and p with its subtree (c)
+    assert tmq.lifecycle.prune("q").removed == 3  # brief, and p with its subtree (c)
     assert rows(tmq, "q") == ["minute", "plain"]
     clock.advance(60_000)
-    assert tmq.prune("q").removed == 1
+    assert tmq.lifecycle.prune("q").removed == 1
     assert rows(tmq, "q") == ["plain"]  # the queue's retention keeps it (1,000 / 1 day)
 
 

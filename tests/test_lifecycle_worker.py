@@ -71,7 +71,7 @@ def test_retention_drops_a_block_under_one_removed_event_and_the_mirror_follows_
     assert mirror_queue(mq, "q")["full"]  # the first pass reads everything
     assert MirroredJob.objects.filter(queue="q").count() == 6
 
-    report = mq.prune("q")
+    report = mq.lifecycle.prune("q")
 
     assert (report.removed, report.more) == (4, False)
     removed = [

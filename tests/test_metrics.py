@@ -78,7 +78,7 @@ def test_the_queue_collector_reads_every_gauge_from_redis(tmq, clock):
 
 
 def test_the_collector_finds_every_known_queue(tmq):
-    tmq.register_queues(["audit"])
+    tmq.presence.register_queues(["audit"])
     registry = scrape(QueueCollector(tmq))
     queues = {
         s.labels["queue"]

@@ -79,11 +79,11 @@ class Walk:
 
     def expire(self):
         self.mq.clock.advance(LEASE_MS + 1)
-        self.mq.recover_stalled(Q, max_stalls=3)
+        self.mq.timers.recover_stalled(Q, max_stalls=3)
 
     def promote(self):
         self.mq.clock.advance(600)
-        self.mq.promote_delayed(Q)
+        self.mq.timers.promote_delayed(Q)
 
     def retry(self):
         dead = self.mq.job_ids(Q, JobState.DEAD)
@@ -130,7 +130,7 @@ def test_a_claim_and_a_recovery_between_two_passes(r):
     mirror_queue(mq, Q)
     check(mq)
     mq.clock.advance(LEASE_MS + 1)
-    assert mq.recover_stalled(Q, max_stalls=3) is not None  # a: back to pending (an event)
+    assert mq.timers.recover_stalled(Q, max_stalls=3) is not None  # a: back to pending (an event)
     [b] = mq.claim(Q, 1, lease_ms=LEASE_MS)  # b: active (no event); counts as before
     assert b.id == "b"
     assert mirror_queue(mq, Q)["full"] is False

@@ -16,6 +16,7 @@ from django.db.models.signals import post_save
 import echomq_django as emq
 from echomq_django import EchoMQ, Flow, JobNotFound, JobState, conf
 from echomq_django import commit_outbox as outbox
+from echomq_django.commit_outbox import Drainer
 from tests.rigs import free_port
 from tests.workerkit import burst, run_async
 
@@ -142,7 +143,7 @@ def test_redis_down_at_commit_the_flow_waits_in_the_outbox_and_runs_once(mq, mon
             job_id = emq.enqueue("q", "t.echo", {"n": 3})
     assert User.objects.filter(username="kept").exists()
     assert outbox.pending() == 2 and mq.client.keys("*") == []
-    _, processed = burst(mq, ["q"], drain_outbox=True)
+    _, processed = burst(mq, ["q"], drainer=Drainer(mq))
     assert processed == 4 and outbox.pending() == 0
     assert mq.get_job("q", "welcome-kept").result == 3
     assert mq.get_job("q", job_id).result == {"n": 3}

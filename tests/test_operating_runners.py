@@ -14,7 +14,7 @@ import prometheus_client
 import pytest
 
 from echomq_django import EchoMQ, Worker
-from echomq_django.runners.heartbeat import live_processes
+from echomq_django.monitoring.metrics import process_metrics
 from echomq_django.runners.pump import Pump
 from tests.rigs import free_port
 from tests.test_runworker import Command
@@ -30,9 +30,10 @@ def test_a_running_worker_is_listed_with_the_jobs_it_holds(mq):
     bg = Background(worker, burst=True)
     try:
         wait_for(
-            lambda: [p.running for p in live_processes(mq)] == [1], what="a beat with the job held"
+            lambda: [p.running for p in mq.presence.live_processes()] == [1],
+            what="a beat with the job held",
         )
-        [info] = live_processes(mq)
+        [info] = mq.presence.live_processes()
         assert (info.kind, info.queues, info.running_jobs, info.concurrency, info.jobs_done) == (
             "worker",
             ["ops"],
@@ -43,16 +44,16 @@ def test_a_running_worker_is_listed_with_the_jobs_it_holds(mq):
     finally:
         gate.set()
     assert bg.join() == 1
-    assert live_processes(mq) == []  # a clean stop leaves at once
+    assert mq.presence.live_processes() == []  # a clean stop leaves at once
 
 
 def test_a_pump_is_listed_while_it_runs(mq):
     seen = []
     pump = Pump(["ops"], mq=mq)
-    pump.run(once=True, on_sweep=lambda reports: seen.append(live_processes(mq)))
+    pump.run(once=True, on_sweep=lambda reports: seen.append(mq.presence.live_processes()))
     [[info]] = seen
     assert (info.kind, info.queues, info.concurrency) == ("pump", ["ops"], 0)
-    assert live_processes(mq) == []
+    assert mq.presence.live_processes() == []
 
 
 def test_a_worker_counts_its_jobs_in_the_metrics(mq):
@@ -69,7 +70,7 @@ def test_a_worker_counts_its_jobs_in_the_metrics(mq):
     mq.enqueue("metered", "t.echo", {"x": 1})
     mq.enqueue("metered", "t.echo", {"x": 2})
     mq.enqueue("metered", "t.fail", "boom", max_attempts=1)
-    worker = Worker(["metered"], concurrency=2, mq=mq, metrics=True, register=False)
+    worker = Worker(["metered"], concurrency=2, mq=mq, metrics=process_metrics(), register=False)
     assert worker.run(burst=True) == 3
     after = (
         sample("echomq_jobs_completed_total", "t.echo"),
@@ -116,13 +117,13 @@ def test_runworker_serves_metrics_and_lists_itself(tmp_path, redis_server, r):
         text = scrape()
         assert 'echomq_queue_jobs{queue="served",state="completed"} 1.0' in text
         assert 'echomq_processes_live{kind="worker"} 1.0' in text
-        [info] = live_processes(mq)
+        [info] = mq.presence.live_processes()
         assert (info.kind, info.pid, info.queues) == ("worker", worker.proc.pid, ["served"])
         worker.signal(signal.SIGTERM)
         assert worker.wait() == 0, worker.stderr()
     finally:
         worker.stop()
-    assert live_processes(mq) == []
+    assert mq.presence.live_processes() == []
 
 
 @pytest.mark.e2e

@@ -233,7 +233,7 @@ def test_complete_refusals(tmq, clock) -> None:
         tmq.complete(job, object())
     assert_state(tmq, "q", "p", "active")
     clock.advance(101)
-    assert tmq.recover_stalled("q", max_stalls=5).recovered == 1
+    assert tmq.timers.recover_stalled("q", max_stalls=5).recovered == 1
     fresh = claim_one(tmq, "q", "p")
     with pytest.raises(LeaseLost, match="job 'p' in queue 'q': lease token is stale"):
         tmq.complete(job, "late")
@@ -266,9 +266,9 @@ def test_fail_backs_off_exponentially_with_a_cap_then_dies(redis_client, clock) 
         )
         assert score(mq, "q", "delayed", "j") == clock.now + wait
         clock.advance(wait - 1)
-        assert mq.promote_delayed("q") == 0
+        assert mq.timers.promote_delayed("q") == 0
         clock.advance(1)
-        assert mq.promote_delayed("q") == 1
+        assert mq.timers.promote_delayed("q") == 1
         assert_state(mq, "q", "j", "pending")
     outcome = mq.fail_many([(claim_one(mq, "q", "j"), "err 4")])[0]
     assert (outcome.state, outcome.dead, outcome.run_at) == (JobState.DEAD, [("q", "j")], None)
@@ -292,7 +292,7 @@ def test_fail_refusals(tmq, clock) -> None:
         tmq.fail(tmq.get_job("q", "j"), "x")
     stale = claim_one(tmq, "q", "j", lease_ms=10)
     clock.advance(11)
-    tmq.recover_stalled("q", max_stalls=3)
+    tmq.timers.recover_stalled("q", max_stalls=3)
     claim_one(tmq, "q", "j")
     with pytest.raises(LeaseLost, match="lease token is stale"):
         tmq.fail(stale, "x")
@@ -308,7 +308,7 @@ def test_extend_lease(tmq, clock) -> None:
     assert tmq.extend_lease(job, 1000) == T0 + 1090 == job.lease_deadline
     assert score(tmq, "q", "active", "j") == T0 + 1090
     clock.advance(500)
-    assert tmq.recover_stalled("q").recovered == 0
+    assert tmq.timers.recover_stalled("q").recovered == 0
     assert_state(tmq, "q", "j", "active")
     stale = Job(id="j", queue="q", name="n", lease="0.0", _mq=tmq)
     with pytest.raises(LeaseLost):
@@ -323,10 +323,10 @@ def test_promote_delayed_moves_due_jobs_in_run_at_order(tmq, clock) -> None:
     for job_id, delay in (("c", 300), ("a", 100), ("b", 200), ("z", 10_000)):
         tmq.enqueue("q", "n", job_id=job_id, delay_ms=delay)
     clock.advance(99)
-    assert tmq.promote_delayed("q") == 0
+    assert tmq.timers.promote_delayed("q") == 0
     clock.advance(201)
-    assert tmq.promote_delayed("q", limit=2) == 2
-    assert tmq.promote_delayed("q") == 1
+    assert tmq.timers.promote_delayed("q", limit=2) == 2
+    assert tmq.timers.promote_delayed("q") == 1
     assert [j.id for j in tmq.claim("q", 5)] == ["a", "b", "c"]
     assert_state(tmq, "q", "z", "delayed")
 
@@ -335,16 +335,16 @@ def test_recover_stalled_then_dies_past_the_stall_limit(tmq, clock) -> None:
     tmq.enqueue("q", "n", job_id="j", max_attempts=10)
     first = claim_one(tmq, "q", "j", lease_ms=100)
     clock.advance(100)  # deadline == now: not expired yet
-    assert tmq.recover_stalled("q", max_stalls=1).recovered == 0
+    assert tmq.timers.recover_stalled("q", max_stalls=1).recovered == 0
     clock.advance(1)
-    outcome = tmq.recover_stalled("q", max_stalls=1)
+    outcome = tmq.timers.recover_stalled("q", max_stalls=1)
     assert (outcome.recovered, outcome.dead) == (1, [])
     r = assert_state(tmq, "q", "j", "pending")
     assert (r["stalls"], "lease" in r) == ("1", False)
     second = claim_one(tmq, "q", "j", lease_ms=100)
     assert (second.attempts, second.stalls) == (2, 0) and second.lease != first.lease
     clock.advance(101)
-    outcome = tmq.recover_stalled("q", max_stalls=1)
+    outcome = tmq.timers.recover_stalled("q", max_stalls=1)
     assert (outcome.recovered, outcome.dead) == (0, [("q", "j")])
     r = assert_state(tmq, "q", "j", "dead")
     assert r["error"] == "stalled 2 times (lease expired; limit 1)"

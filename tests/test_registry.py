@@ -16,17 +16,10 @@ import sys
 import pytest
 
 from echomq_django import EchoMQ, Flow
-from echomq_django.protocol import client
-from echomq_django.runners import heartbeat as registry
-from echomq_django.runners.heartbeat import (
-    MISSED_BEATS,
-    Heartbeat,
-    ProcessInfo,
-    known_queues,
-    live_processes,
-    redis_queues,
-    unknown_queue_warning,
-)
+from echomq_django.protocol import presence, wire
+from echomq_django.protocol.presence import MISSED_BEATS, ProcessInfo
+from echomq_django.runners import heartbeat
+from echomq_django.runners.heartbeat import Heartbeat, known_queues, unknown_queue_warning
 from tests import jobkit
 from tests.jobkit import T0
 from tests.workerkit import wait_for
@@ -41,7 +34,7 @@ def test_a_heartbeat_lists_the_process_with_what_it_said(tmq, clock):
     )
     assert hb.beat() is True
     clock.advance(1000)
-    [info] = live_processes(tmq)
+    [info] = tmq.presence.live_processes()
     assert info == ProcessInfo(
         id=hb.info.id,
         kind="worker",
@@ -56,7 +49,7 @@ def test_a_heartbeat_lists_the_process_with_what_it_said(tmq, clock):
         running=2,
         running_jobs=["orders/a", "orders/b"],
         concurrency=4,
-        version=registry.package_version(),
+        version=heartbeat.package_version(),
     )
     assert hb.info.id.startswith(f"{info.host}:{os.getpid()}:")
     ttl = tmq.client.pttl(tmq.keys.process(hb.info.id))
@@ -67,20 +60,20 @@ def test_a_process_leaves_the_list_missed_beats_after_its_last(tmq, clock):
     hb = Heartbeat(tmq, "pump", ["orders"], interval_s=2)
     hb.beat()
     clock.advance(2000 * MISSED_BEATS - 1)
-    assert [p.id for p in live_processes(tmq)] == [hb.info.id]
+    assert [p.id for p in tmq.presence.live_processes()] == [hb.info.id]
     clock.advance(1)
-    assert live_processes(tmq) == []
+    assert tmq.presence.live_processes() == []
     # its next beat brings it back, with the same id and start time
     hb.beat()
-    [info] = live_processes(tmq)
+    [info] = tmq.presence.live_processes()
     assert (info.id, info.started_at, info.heartbeat_at) == (hb.info.id, T0, T0 + 6000)
 
 
 def test_a_clean_stop_removes_the_process_at_once(tmq, clock):
     hb = Heartbeat(tmq, "worker", ["orders"], interval_s=60).start()
-    assert [p.kind for p in live_processes(tmq)] == ["worker"]
+    assert [p.kind for p in tmq.presence.live_processes()] == ["worker"]
     hb.stop()
-    assert live_processes(tmq) == []
+    assert tmq.presence.live_processes() == []
     assert tmq.client.exists(tmq.keys.process(hb.info.id)) == 0
     assert tmq.client.zcard(tmq.keys.processes()) == 0
 
@@ -88,8 +81,8 @@ def test_a_clean_stop_removes_the_process_at_once(tmq, clock):
 def test_another_prefix_and_garbled_entries_never_show_up(redis_client, tmq, clock):
     other = EchoMQ(redis_client, prefix="other", clock=clock)
     Heartbeat(other, "worker", ["orders"], interval_s=5).beat()
-    assert live_processes(tmq) == []
-    assert [p.prefix for p in live_processes(other)] == ["other"]
+    assert tmq.presence.live_processes() == []
+    assert [p.prefix for p in other.presence.live_processes()] == ["other"]
     # hand-written entries in our own index: another prefix's JSON, garbage, a bad kind
     forged = Heartbeat(other, "worker", ["orders"], interval_s=5).info.as_dict()
     forged.update(expires_at=T0 + 10000)
@@ -101,18 +94,18 @@ def test_another_prefix_and_garbled_entries_never_show_up(redis_client, tmq, clo
     ]:
         c.set(tmq.keys.process(pid), raw)
         c.zadd(tmq.keys.processes(), {pid: T0 + 10000})
-    assert live_processes(tmq) == []
+    assert tmq.presence.live_processes() == []
 
 
 def test_the_index_is_bounded_and_pruned_by_every_beat(tmq, clock, monkeypatch):
-    monkeypatch.setattr(registry, "MAX_PROCESSES", 3)
+    monkeypatch.setattr(presence, "MAX_PROCESSES", 3)
     beats = [Heartbeat(tmq, "worker", ["orders"], interval_s=1) for _ in range(5)]
     for i, hb in enumerate(beats):
         clock.now = T0 + i  # later beats expire later
         hb.beat()
     index = tmq.client.zrange(tmq.keys.processes(), 0, -1)
     assert [x.decode() for x in index] == [hb.info.id for hb in beats[2:]]
-    assert [p.id for p in live_processes(tmq)] == sorted(
+    assert [p.id for p in tmq.presence.live_processes()] == sorted(
         (hb.info.id for hb in beats[2:]), key=lambda i: (int(i.split(":")[1]), i)
     )
     # a beat long after drops every expired id from the index
@@ -150,60 +143,63 @@ def test_a_sigkilled_process_leaves_the_list_within_missed_beats(r, redis_server
     )
     try:
         pid = proc.stdout.readline().strip()
-        wait_for(lambda: any(p.id == pid for p in live_processes(mq)), what="first beat")
+        wait_for(lambda: any(p.id == pid for p in mq.presence.live_processes()), what="first beat")
         wait_for(
-            lambda: live_processes(mq)[0].heartbeat_at > live_processes(mq)[0].started_at,
+            lambda: (
+                mq.presence.live_processes()[0].heartbeat_at
+                > mq.presence.live_processes()[0].started_at
+            ),
             what="a second beat",
         )
     finally:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
-    [info] = live_processes(mq)
+    [info] = mq.presence.live_processes()
     assert info.expires_at - info.heartbeat_at == 200 * MISSED_BEATS
-    assert live_processes(mq, now_ms=info.expires_at - 1) == [info]
-    assert live_processes(mq, now_ms=info.expires_at) == []
+    assert mq.presence.live_processes(now_ms=info.expires_at - 1) == [info]
+    assert mq.presence.live_processes(now_ms=info.expires_at) == []
     assert r.pttl(mq.keys.process(pid)) <= 200 * MISSED_BEATS
 
 
 # -- P:queues -------------------------------------------------------------------
 def test_queues_are_added_once_and_read_back_sorted(tmq):
-    assert tmq.register_queues(["orders", "payments"]) == ["orders", "payments"]
-    assert tmq.register_queues(["payments", "audit"]) == ["audit"]
+    assert tmq.presence.register_queues(["orders", "payments"]) == ["orders", "payments"]
+    assert tmq.presence.register_queues(["payments", "audit"]) == ["audit"]
     tmq.client.sadd(tmq.keys.queues(), "bad name")  # written by hand: skipped on read
-    assert redis_queues(tmq) == ["audit", "orders", "payments"]
+    assert tmq.presence.queues() == ["audit", "orders", "payments"]
     with pytest.raises(ValueError, match="invalid queue name"):
-        tmq.register_queues(["ok", "{x}"])
-    assert redis_queues(tmq) == ["audit", "orders", "payments"]
+        tmq.presence.register_queues(["ok", "{x}"])
+    assert tmq.presence.queues() == ["audit", "orders", "payments"]
 
 
 def test_the_queue_set_is_bounded(tmq, monkeypatch, caplog):
-    monkeypatch.setattr(client, "MAX_QUEUES", 2)
-    assert tmq.register_queues(["a", "b"]) == ["a", "b"]
-    assert tmq.register_queues(["c"]) == []
-    assert redis_queues(tmq) == ["a", "b"]
+    monkeypatch.setattr(wire, "MAX_QUEUES", 2)
+    assert tmq.presence.register_queues(["a", "b"]) == ["a", "b"]
+    assert tmq.presence.register_queues(["c"]) == []
+    assert tmq.presence.queues() == ["a", "b"]
     assert "holds 2 queue names (the bound is 2): c not added" in caplog.text
 
 
 def test_every_write_path_registers_its_queues(tmq):
     tmq.enqueue("mail", "t.leaf", {})
     tmq.add_flow(Flow("reports", "t.parent", {}, children=[Flow("pdf", "t.leaf", {})]))
-    assert redis_queues(tmq) == ["mail", "pdf", "reports"]
+    assert tmq.presence.queues() == ["mail", "pdf", "reports"]
 
 
 def test_a_process_adds_a_queue_once_a_minute(tmq, monkeypatch):
     now = [1000.0]
-    monkeypatch.setattr(client.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(wire.time, "monotonic", lambda: now[0])
     tmq.enqueue("mail", "t.leaf", {})
     tmq.client.delete(tmq.keys.queues())  # as a flush would
     tmq.enqueue("mail", "t.leaf", {})
-    assert redis_queues(tmq) == []  # noted a moment ago: not added again
-    now[0] += client.REGISTER_EVERY_S
+    assert tmq.presence.queues() == []  # noted a moment ago: not added again
+    now[0] += wire.REGISTER_EVERY_S
     tmq.enqueue("mail", "t.leaf", {})
-    assert redis_queues(tmq) == ["mail"]
+    assert tmq.presence.queues() == ["mail"]
 
 
 def test_known_queues_join_redis_settings_and_live_processes(tmq, clock):
-    tmq.register_queues(["audit"])
+    tmq.presence.register_queues(["audit"])
     Heartbeat(tmq, "worker", ["emails"], interval_s=5).beat()
     settings = ["inventory", "orders", "payments", "validation"]  # testproject's QUEUES
     assert known_queues(tmq) == sorted(["audit", "emails", *settings])
@@ -213,12 +209,12 @@ def test_known_queues_join_redis_settings_and_live_processes(tmq, clock):
 def test_nothing_known_at_all_is_not_a_typo(tmq, settings):
     settings.ECHOMQ = {**settings.ECHOMQ, "QUEUES": {}}
     assert unknown_queue_warning(tmq, ["bench"]) is None
-    tmq.register_queues(["audit"])
+    tmq.presence.register_queues(["audit"])
     assert unknown_queue_warning(tmq, ["bench"]).startswith("queue bench is not known")
 
 
 def test_a_worker_on_an_unknown_queue_is_told_the_known_ones(tmq):
-    tmq.register_queues(["audit"])
+    tmq.presence.register_queues(["audit"])
     assert unknown_queue_warning(tmq, ["orders", "audit"]) is None
     assert unknown_queue_warning(tmq, ["oders"]) == (
         "queue oders is not known: no job was ever added to it and ECHOMQ['QUEUES'] does "

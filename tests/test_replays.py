@@ -37,10 +37,10 @@ def test_a_replayed_trim_removes_nothing_more(mq):
     outbox, lock = k.queue_key("c", "flow:outbox"), k.queue_key("c", "pump:lock")
     mq.client.set(lock, "tok")
     [first] = mq.client.lrange(outbox, 0, 0)
-    assert mq.deliver([json.loads(first)])[0] == [True]
+    assert mq.outbox.deliver([json.loads(first)])[0] == [True]
     fixed_clock(mq)  # the replay repeats the call exactly
-    assert mq.trim_outbox("c", "tok", [first], ["ok"]) == 1
-    assert mq.trim_outbox("c", "tok", [first], ["ok"]) == 0  # the replay: head moved on
+    assert mq.outbox.trim("c", "tok", [first], ["ok"]) == 1
+    assert mq.outbox.trim("c", "tok", [first], ["ok"]) == 0  # the replay: head moved on
     assert mq.client.llen(outbox) == 2
     mq.client.delete(lock)
     Pump(["c"], mq=mq).sweep()

@@ -7,7 +7,7 @@ import pytest
 import redis
 from redis.cluster import RedisCluster
 
-from echomq_django import EchoMQ, JobState
+from echomq_django import EchoMQ, JobState, RedisUnavailable
 from echomq_django.runners.pump import Pump
 from tests import jobkit
 from tests.jobkit import (
@@ -212,7 +212,7 @@ def test_cancel_then_retry_in_any_order_runs_p_once_with_all_values(tmq, order) 
         assert set(got) == ids
         held.update(got)
         for j in back:  # back to pending without spending the attempt
-            tmq.postpone(j, 0)
+            tmq.timers.postpone(j, 0)
     tmq.cancel("q", "p")
     log = []
     retried = False
@@ -252,7 +252,7 @@ def lose_first_reply_on(mq, monkeypatch, lost_queue):
         calls.append((queue, count, token))
         jobs = real(queue, count, lease_ms, token=token)
         if queue == lost_queue and sum(q == lost_queue for q, _, _ in calls) == 1:
-            raise redis.ConnectionError("reply lost")
+            raise RedisUnavailable("Redis is unreachable: reply lost")  # what claim raises
         return jobs
 
     monkeypatch.setattr(mq, "claim", claim)
@@ -296,7 +296,7 @@ def test_a_lost_claim_token_reused_after_its_memo_expired_claims_afresh(mq) -> N
         mq.enqueue("q", "x", {}, job_id=f"j{i}")
     first = mq.claim("q", 1, lease_ms=50, token="t1")
     time.sleep(0.12)
-    mq.recover_stalled("q")
+    mq.timers.recover_stalled("q")
     again = mq.claim("q", 1, lease_ms=60_000, token="t1")
     assert len(again) == 1 and again[0].lease != first[0].lease
     assert again[0].lease_deadline > mq.clock() + 50_000
@@ -315,10 +315,10 @@ def test_a_cancelled_parent_retried_keeps_its_children_deadline(tmq, clock, swep
     tmq.cancel("q", "p")
     clock.advance(2000)
     if swept_while_dead:
-        tmq.expire_children("q")
+        tmq.timers.expire_children("q")
     assert tmq.retry("q", "p").state is JobState.AWAITING_CHILDREN
     clock.advance(2000)
-    tmq.expire_children("q")
+    tmq.timers.expire_children("q")
     assert tmq.state_of("q", "p") is JobState.DEAD  # its deadline held
 
 

@@ -52,7 +52,7 @@ def test_a_first_start_fires_no_past_tick_then_one_job_per_tick(tmq, clock) -> N
     assert (r["name"], r["payload"], r["priority"]) == ("ops.ping", '{"n":1}', "2")
     clock.advance(30_000)
     assert s.fire_due() == []
-    assert (s.fired, tmq.schedule_last("q", "beat")) == (1, tick)
+    assert (s.fired, tmq.timers.schedule_last("q", "beat")) == (1, tick)
 
 
 def test_many_schedulers_fire_each_tick_once(redis_client, clock) -> None:
@@ -86,7 +86,7 @@ def test_a_crash_between_add_and_mark_does_not_fire_twice(tmq, clock) -> None:
     tmq.enqueue("q", "ops.ping", None, job_id=f"beat-{tick}")  # added, mark not moved
     clock.advance(5)
     assert Scheduler(tmq, [every(60)]).fire_due() == []
-    assert tmq.schedule_last("q", "beat") == tick
+    assert tmq.timers.schedule_last("q", "beat") == tick
 
 
 def test_state_lists_each_entry(tmq, clock) -> None:

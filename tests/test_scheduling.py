@@ -160,7 +160,7 @@ def test_a_delayed_leaf_lands_delayed(tmq, clock) -> None:
     assert_state(tmq, "q", "c1", "delayed")
     assert jobkit.score(tmq, "q", "delayed", "c1") == clock.now + 500
     clock.advance(500)
-    assert tmq.promote_delayed("q") == 1
+    assert tmq.timers.promote_delayed("q") == 1
     assert_state(tmq, "q", "c1", "pending")
 
 
@@ -171,7 +171,7 @@ def test_a_delayed_parent_waits_for_its_children_and_its_delay(tmq, clock) -> No
     assert_state(tmq, "q", "p", "delayed")  # children done, delay not over
     assert jobkit.score(tmq, "q", "delayed", "p") == clock.now + 600
     clock.advance(600)
-    tmq.promote_delayed("q")
+    tmq.timers.promote_delayed("q")
     assert_state(tmq, "q", "p", "pending")
 
 
@@ -298,9 +298,9 @@ def test_children_timeout_kills_the_parent_and_its_policy_applies_upward(tmq, cl
     complete(tmq, "y")
     complete(tmq, "c1")
     clock.advance(999)
-    assert tmq.expire_children("q")[0] == 0
+    assert tmq.timers.expire_children("q")[0] == 0
     clock.advance(1)
-    expired, outcome = tmq.expire_children("q")
+    expired, outcome = tmq.timers.expire_children("q")
     assert (expired, outcome.dead) == (1, [("q", "p"), ("q", "r")])
     assert outcome.flow_failed == [("q", "r")]
     assert tmq.get_job("q", "p").error == "children timed out"
@@ -315,14 +315,14 @@ def test_a_parent_released_in_time_leaves_the_deadlines(tmq, clock) -> None:
     complete(tmq, "c1")
     assert tmq.client.zcard(tmq.keys.queue_key("q", "deadlines")) == 0
     clock.advance(5000)
-    assert tmq.expire_children("q")[0] == 0
+    assert tmq.timers.expire_children("q")[0] == 0
     assert_state(tmq, "q", "p", "pending")
 
 
 def test_a_cross_queue_parent_times_out_on_its_own_slot(tmq, clock) -> None:
     tmq.add_flow(node("p", [leaf("c1", queue="other")], children_timeout_ms=10))
     clock.advance(10)
-    assert tmq.expire_children("q")[0] == 1
+    assert tmq.timers.expire_children("q")[0] == 1
     complete(tmq, "c1", queue="other")
     Pump(["other"], mq=tmq).sweep()  # delivered, recorded, nothing released
     assert_state(tmq, "q", "p", "dead")
@@ -335,15 +335,15 @@ def test_a_cross_queue_parent_times_out_on_its_own_slot(tmq, clock) -> None:
 def test_postpone_puts_the_job_back_without_spending_its_attempt(tmq, clock) -> None:
     tmq.enqueue("q", "n", job_id="a", max_attempts=1)
     job = claim_one(tmq, "q", "a")
-    assert tmq.postpone(job, 250) == clock.now + 250
+    assert tmq.timers.postpone(job, 250) == clock.now + 250
     r = assert_state(tmq, "q", "a", "delayed")
     assert r["attempts"] == "0"
-    assert tmq.postpone(job, 250) == clock.now + 250  # a replay answers the same
+    assert tmq.timers.postpone(job, 250) == clock.now + 250  # a replay answers the same
     clock.advance(250)
-    tmq.promote_delayed("q")
+    tmq.timers.promote_delayed("q")
     assert claim_one(tmq, "q", "a").attempts == 1
     with pytest.raises(LeaseLost):
-        tmq.postpone(job, 1)  # the old lease cannot postpone the new attempt
+        tmq.timers.postpone(job, 1)  # the old lease cannot postpone the new attempt
 
 
 def test_pause_and_resume_are_flags_with_events(tmq) -> None:
@@ -357,10 +357,10 @@ def test_pause_and_resume_are_flags_with_events(tmq) -> None:
 
 
 def test_schedule_marks_only_move_forward(tmq) -> None:
-    assert tmq.schedule_mark("q", "nightly", 1000, "init") == 1000
-    assert tmq.schedule_mark("q", "nightly", 500, "init") == 1000
-    assert tmq.schedule_mark("q", "nightly", 2000, "fire") == 2000
-    assert tmq.schedule_mark("q", "nightly", 1500, "fire") == 2000
+    assert tmq.timers.advance_schedule("q", "nightly", 1000, "init") == 1000
+    assert tmq.timers.advance_schedule("q", "nightly", 500, "init") == 1000
+    assert tmq.timers.advance_schedule("q", "nightly", 2000, "fire") == 2000
+    assert tmq.timers.advance_schedule("q", "nightly", 1500, "fire") == 2000
 
 
 # -- priority ------------------------------------------------------------------------------
@@ -387,11 +387,11 @@ def test_priority_is_kept_across_retries_recovery_and_promotion(tmq, clock) -> N
     tmq.fail(job, "again")  # no backoff: straight back to pending, at its priority
     assert ids_of(tmq.claim("q", 1, lease_ms=10)) == ["hi"]
     clock.advance(11)
-    tmq.recover_stalled("q")  # lease expired: back at its priority
+    tmq.timers.recover_stalled("q")  # lease expired: back at its priority
     job = claim_one(tmq, "q", "hi")
-    tmq.postpone(job, 5)
+    tmq.timers.postpone(job, 5)
     clock.advance(5)
-    tmq.promote_delayed("q")
+    tmq.timers.promote_delayed("q")
     job = claim_one(tmq, "q", "hi")
     tmq.fail(job, "dead", dead=True)
     tmq.retry("q", "hi")

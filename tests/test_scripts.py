@@ -132,10 +132,10 @@ def drive_every_operation(mq, clock) -> None:
     mq.extend_lease(job, 1000)
     assert mq.fail(job, "once") is JobState.DELAYED
     clock.advance(100)
-    assert mq.promote_delayed("q") == 2
+    assert mq.timers.promote_delayed("q") == 2
     assert len(mq.claim("q", 2, lease_ms=10)) == 2
     clock.advance(20)
-    assert mq.recover_stalled("q", max_stalls=0).dead == [("q", "s1"), ("q", "s2")]
+    assert mq.timers.recover_stalled("q", max_stalls=0).dead == [("q", "s1"), ("q", "s2")]
     mq.retry("q", "s1")
     mq.complete_many([(claim_one(mq, "q", "s1"), {"ok": 1})])
     mq.add_flow(node("p", [leaf("c1"), leaf("x1", queue="other")]))
@@ -146,7 +146,7 @@ def drive_every_operation(mq, clock) -> None:
     assert_state(mq, "q", "p", "pending")
     mq.cancel("q", "p")
     mq.remove("q", "p")  # then prune goes on with its subtree
-    mq.subscribe_events(["q"], ["completed"])
+    mq.signal_events.subscribe(["q"], ["completed"])
     mq.enqueue("q", "signalled", None, job_id="s9")
     jobs = mq.claim("q", 10)
     mq.complete_many([(job, "done") for job in jobs])
@@ -159,10 +159,10 @@ def drive_every_operation(mq, clock) -> None:
     mq.remove_unprocessed_children("q", "f")
     mq.add_flow(node("g", [leaf("g1")], children_timeout_ms=10))
     clock.advance(10)
-    assert mq.expire_children("q")[0] == 1
+    assert mq.timers.expire_children("q")[0] == 1
     mq.enqueue("q", "later", None, job_id="s3")
-    mq.postpone(mq.claim("q", 1)[0], 5)
-    mq.schedule_mark("q", "tick", 1, "init")
+    mq.timers.postpone(mq.claim("q", 1)[0], 5)
+    mq.timers.advance_schedule("q", "tick", 1, "init")
     assert len(mq.enqueue_many("bulk", [("n", 1), ("n", 2, {"delay_ms": 5})])) == 2
 
 

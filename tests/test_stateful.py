@@ -475,7 +475,7 @@ class FlowMachine(RuleBasedStateMachine):
     @rule()
     def leases_expire(self) -> None:
         self.clock.advance(LEASE_MS + 1)  # every active lease is now past its deadline
-        outcome = self.mq.recover_stalled(Q, max_stalls=MAX_STALLS)
+        outcome = self.mq.timers.recover_stalled(Q, max_stalls=MAX_STALLS)
         active = self.model.ids("active")
         _, died = self.step(lambda: [self.model.stall(i) for i in active])
         assert sorted(i for _, i in outcome.dead) == died
@@ -487,7 +487,7 @@ class FlowMachine(RuleBasedStateMachine):
     @rule()
     def promote(self) -> None:
         self.clock.advance(1000)  # past every backoff (at most 50 * 2**2 ms)
-        assert self.mq.promote_delayed(Q) == len(self.model.ids("delayed"))
+        assert self.mq.timers.promote_delayed(Q) == len(self.model.ids("delayed"))
         for jid in self.model.ids("delayed"):
             self.model.jobs[jid].state = "pending"
 
@@ -546,7 +546,7 @@ class FlowMachine(RuleBasedStateMachine):
     def retention(self, keep) -> None:
         self.mq.queues[Q] = {"KEEP_COMPLETED": keep, "KEEP_DEAD": keep}
         self.clock.advance(1)
-        report = self.mq.prune(Q, budget=3)
+        report = self.mq.lifecycle.prune(Q, budget=3)
         ids = sorted(self.model.jobs)
         pipe = self.client.pipeline(transaction=False)
         for jid in ids:
@@ -589,7 +589,7 @@ class FlowMachine(RuleBasedStateMachine):
     @rule()
     def children_time_out(self) -> None:
         self.clock.advance(1000)
-        expired, outcome = self.mq.expire_children(Q)
+        expired, outcome = self.mq.timers.expire_children(Q)
         due = [i for i, n in self.model.jobs.items() if n.deadline and n.deadline <= self.clock.now]
 
         def expire():

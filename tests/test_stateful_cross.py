@@ -132,7 +132,7 @@ class CrossQueueFlows(RuleBasedStateMachine):
     def stale_lease(self, queue):
         jobs = self.mq.claim(queue, 1, lease_ms=10)
         self.now[0] += 20
-        self.mq.recover_stalled(queue, max_stalls=1)
+        self.mq.timers.recover_stalled(queue, max_stalls=1)
         for job in jobs:
             with pytest.raises((LeaseLost, JobNotActive)):
                 self.mq.complete(job, "late")

@@ -89,7 +89,7 @@ def test_the_throughput_window_is_the_last_minute(tmq, clock):
 
 
 def test_every_known_queue_is_reported_without_names(tmq, clock):
-    tmq.register_queues(["audit"])  # in Redis only, not in settings
+    tmq.presence.register_queues(["audit"])  # in Redis only, not in settings
     doc = collect(tmq)
     assert list(doc["queues"]) == ["audit", "inventory", "orders", "payments", "validation"]
     audit = doc["queues"]["audit"]
@@ -99,7 +99,7 @@ def test_every_known_queue_is_reported_without_names(tmq, clock):
 
 
 def test_an_unknown_queue_is_one_clear_error(tmq):
-    tmq.register_queues(["audit"])
+    tmq.presence.register_queues(["audit"])
     with pytest.raises(UnknownQueue) as err:
         collect(tmq, ["orders", "oders"])
     assert str(err.value) == (

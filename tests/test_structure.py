@@ -30,8 +30,6 @@ import ast
 import re
 from pathlib import Path
 
-import pytest
-
 REPO = Path(__file__).resolve().parent.parent
 PACKAGE = REPO / "echomq_django"
 HOUSE_DOC = REPO / "docs" / "house.md"
@@ -52,9 +50,6 @@ LAYERS = [
 NESTED_ALLOWED = {"apps"}  # AppConfig.ready() imports checks and handlers
 REDIS_ALLOWED = ("protocol.", "testing.")
 RUNNERS_NEVER = ("monitoring.", "admin.", "api", "commit_outbox", "tasks")
-# The folders landed first, with imports changed only; EchoMQ's parts come
-# next, one at a time. Each rule they still break is marked here until then.
-PARTS_TO_COME = pytest.mark.xfail(strict=True, reason="kept until EchoMQ's parts land")
 RAW_SCRIPT_TESTS = {  # (file, test) that drive raw script calls on purpose
     ("tests/test_enqueue_many.py", "test_a_replayed_call_writes_nothing_twice"),
     ("tests/test_replays.py", "test_a_replayed_retry_reports_success_and_retries_once"),
@@ -176,7 +171,6 @@ def test_core_imports_only_the_standard_library():
     assert {n: v for n, v in inside.items() if v} == {}
 
 
-@PARTS_TO_COME
 def test_only_the_protocol_imports_redis():
     importers = sorted(n for n in MODULES if "redis" in outside_imports(n))
     assert [n for n in importers if not n.startswith(REDIS_ALLOWED)] == []
@@ -188,7 +182,6 @@ def test_the_protocol_imports_no_django():
     assert [n for n in protocol if {"django", "asgiref"} & outside_imports(n)] == []
 
 
-@PARTS_TO_COME
 def test_runners_never_import_monitoring_admin_or_the_database_outbox():
     wrong = [
         f"echomq_django/{name} imports {target} at line {line}"
@@ -200,7 +193,6 @@ def test_runners_never_import_monitoring_admin_or_the_database_outbox():
     assert wrong == []
 
 
-@PARTS_TO_COME
 def test_no_import_runs_upward():
     upward = [
         f"echomq_django/{name} (layer {layer_of(name)}) imports {target} "
@@ -243,7 +235,6 @@ def test_the_import_graph_has_no_cycle():
     assert [" -> ".join(c) for c in cycles] == []
 
 
-@PARTS_TO_COME
 def test_modules_stay_small_and_folders_few():
     long = {
         f"echomq_django/{MODULES[n].relative_to(PACKAGE)}": lines
@@ -339,15 +330,33 @@ def test_every_script_has_exactly_one_caller():
     for module in sorted(n for n in MODULES if n.startswith("protocol.")):
         tree = ast.parse(MODULES[module].read_text())
         for fn in ast.walk(tree):
-            if not isinstance(fn, ast.FunctionDef):
-                continue
-            for node in ast.walk(fn):
-                if isinstance(node, ast.Constant) and node.value in names:
-                    callers[node.value].add(f"{module}.{fn.name}")
+            if isinstance(fn, ast.FunctionDef):
+                for name in _scripts_named(fn, names):
+                    callers[name].add(f"{module}.{fn.name}")
     assert {n: sorted(c) for n, c in callers.items() if len(c) != 1} == {}
 
 
-@PARTS_TO_COME
+def _scripts_named(fn: ast.FunctionDef, names: set[str]) -> set[str]:
+    """The scripts function ``fn`` names where a script is named: the first
+    argument of ``run`` / ``run_many`` / ``run_many_confirmed``, or the first
+    item of a ``(name, keys, args)`` tuple."""
+    found = set()
+    for node in ast.walk(fn):
+        first = None
+        if isinstance(node, ast.Tuple) and node.elts:
+            first = node.elts[0]
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("run", "run_many", "run_many_confirmed")
+            and node.args
+        ):
+            first = node.args[0]
+        if isinstance(first, ast.Constant) and first.value in names:
+            found.add(first.value)
+    return found
+
+
 def test_only_the_protocol_sends_redis_commands():
     """No ``<x>.client.<command>(...)`` outside ``protocol/`` and ``testing/``:
     the runners, the admin, monitoring and the commands call ``EchoMQ`` and its
@@ -367,7 +376,6 @@ def test_only_the_protocol_sends_redis_commands():
     assert raw == []
 
 
-@PARTS_TO_COME
 def test_each_protocol_module_lists_the_scripts_it_runs():
     """A protocol module's docstring names (as ``lua/<name>.lua``) exactly the
     scripts its code names."""
@@ -377,11 +385,10 @@ def test_each_protocol_module_lists_the_scripts_it_runs():
         tree = ast.parse(MODULES[module].read_text())
         listed = set(re.findall(r"lua/([a-z_]+)\.lua", ast.get_docstring(tree) or ""))
         run = {
-            node.value
+            name
             for fn in ast.walk(tree)
             if isinstance(fn, ast.FunctionDef)
-            for node in ast.walk(fn)
-            if isinstance(node, ast.Constant) and node.value in names
+            for name in _scripts_named(fn, names)
         }
         if listed != run:
             wrong[module] = {

@@ -65,7 +65,7 @@ def test_promotion_wakes(tmq, clock) -> None:
     tmq.enqueue("q", "job", job_id="a", delay_ms=100)
     tmq.client.delete(tmq.keys.queue_key("q", "wake"))
     clock.advance(100)
-    assert tmq.promote_delayed("q") == 1
+    assert tmq.timers.promote_delayed("q") == 1
     assert wake(tmq) == {"0": 0}
     jobkit.assert_state(tmq, "q", "a", JobState.PENDING)
 
@@ -89,7 +89,7 @@ def test_recovery_and_retry_wake(tmq, clock) -> None:
     claim_one(tmq, "q", "a", lease_ms=1000)
     assert wake(tmq) == {}
     clock.advance(1001)
-    assert tmq.recover_stalled("q").recovered == 1
+    assert tmq.timers.recover_stalled("q").recovered == 1
     assert wake(tmq) == {"0": 0}
     job = claim_one(tmq, "q", "a")
     assert tmq.fail(job, "boom", dead=True) is JobState.DEAD

@@ -65,11 +65,11 @@ def test_put_back_keeps_the_earliest_run_at(mq, waker) -> None:
 
 def test_the_blocking_timeout_stays_under_the_socket_timeout(mq) -> None:
     w = Waker(mq, ["q"], "wake", lambda wake: None, block_s=60.0)
-    assert w.block_s <= 5.0 or w._own is not None  # 5 s: redis-py's default socket timeout
-    if w._own is not None:
-        conn = w._own.connection_pool.get_connection()
+    assert w.block_s <= 5.0 or w.markers._own is not None  # 5 s: redis-py's default socket timeout
+    if w.markers._own is not None:
+        conn = w.markers._own.connection_pool.get_connection()
         assert conn.socket_timeout > w.block_s
-        w._own.connection_pool.release(conn)
+        w.markers._own.connection_pool.release(conn)
 
 
 def test_a_cluster_blocks_per_queue_one_server_once(mq) -> None:

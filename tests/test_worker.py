@@ -15,7 +15,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from echomq_django import EchoMQ, Flow, JobState, Outcome, Worker
+from echomq_django import EchoMQ, Flow, JobState, Outcome, RedisUnavailable, Worker
 from echomq_django.runners.pool import error_text, unknown_name_error
 from echomq_django.runners.pump import Pump
 from tests.workerkit import Background, Clock, burst, wait_for
@@ -67,7 +67,7 @@ def test_a_claim_whose_reply_was_lost_gives_its_job_back(mq, monkeypatch):
         calls.append(token)
         jobs = real(queue, count, lease_ms, token=token)
         if len(calls) == 1:
-            raise redis.ConnectionError("reply lost")
+            raise RedisUnavailable("Redis is unreachable: reply lost")  # what claim raises
         return jobs
 
     monkeypatch.setattr(mq, "claim", lose_first_reply)
@@ -151,7 +151,7 @@ def test_a_raising_handler_retries_with_backoff_then_dies_and_fails_its_parent(r
     assert mq.client.zscore(mq.keys.queue_key("q", "delayed"), "bad") == clock.now + 100
     for backoff in (100, 200):  # backoff_ms * 2**(attempt-1)
         clock.advance(backoff)
-        assert mq.promote_delayed("q") == 1
+        assert mq.timers.promote_delayed("q") == 1
         assert worker.run(burst=True) == 1
     bad = mq.get_job("q", "bad")
     assert (bad.state, bad.attempts) == (JobState.DEAD, 3)

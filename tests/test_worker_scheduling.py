@@ -78,7 +78,7 @@ def test_rate_limited_puts_the_job_back_without_spending_an_attempt(mq) -> None:
     assert (processed, worker.stats["postponed"]) == (0, 1)
     job = mq.get_job("q", "r")
     assert (job.state, job.attempts) == (JobState.DELAYED, 0)
-    wait_for(lambda: mq.promote_delayed("q"), what="the retry-after to pass")
+    wait_for(lambda: mq.timers.promote_delayed("q"), what="the retry-after to pass")
     worker, processed = burst(mq, ["q"])
     job = mq.get_job("q", "r")
     assert (processed, job.state, job.result, job.attempts) == (1, JobState.COMPLETED, 1, 1)

@@ -9,7 +9,6 @@ after it.
 
 from __future__ import annotations
 
-import redis
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.urls import reverse
@@ -66,7 +65,7 @@ def _run_job_operation(modeladmin, request, queryset, op: str):
             report = getattr(mq, op)(queue, job_id)
         except refusals as err:
             messages.warning(request, f"Not {past.lower()}: {err}.")
-        except (redis.RedisError, EchoMQError, ValueError) as err:
+        except (EchoMQError, ValueError) as err:
             messages.error(request, f"Not {past.lower()}: {queue}/{job_id}: {err}")
         else:
             done.append((queue, job_id))
@@ -77,7 +76,7 @@ def _run_job_operation(modeladmin, request, queryset, op: str):
             messages.success(request, f"{past} {queue}/{job_id}{detail}.")
     try:
         mirror_queues(mq, sorted(queues))
-    except (redis.RedisError, EchoMQError) as err:
+    except EchoMQError as err:
         messages.error(request, f"Could not refresh the mirror: {err}")
     rows = {(j.queue, j.job_id): j for j in queryset}
     for target in done:
@@ -100,7 +99,7 @@ def _set_paused(modeladmin, request, queryset, pause: bool) -> None:
     for row in queryset:
         try:
             changed = mq.pause(row.queue) if pause else mq.resume(row.queue)
-        except (redis.RedisError, EchoMQError) as err:
+        except EchoMQError as err:
             messages.error(request, f"{row.queue}: {err}")
             continue
         word = "Paused" if pause else "Resumed"

@@ -13,7 +13,6 @@ Job pages read Redis live (admin_pages.py); lists read the mirror, which the
 
 from __future__ import annotations
 
-import redis
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
@@ -30,7 +29,7 @@ from ..core.exceptions import EchoMQError, JobNotFound, JobNotRetryable
 from ..core.keyspace import validate_id, validate_queue
 from ..models import MirroredJob, MirroredQueue
 from ..monitoring.mirror import mirror_jobs, mirror_queues, mirror_targets
-from ..runners import heartbeat as registry
+from ..runners import heartbeat
 from . import actions as ops
 from . import display as show
 from .pages import job_page, job_url, queue_page, workers_page
@@ -79,7 +78,7 @@ class MirrorAdmin(admin.ModelAdmin):
         try:
             mq = get_mq()
             reports = mirror_queues(mq, mirror_targets(mq))
-        except (redis.RedisError, EchoMQError) as err:
+        except EchoMQError as err:
             messages.error(request, f"Could not read Redis: {err}")
         else:
             jobs = sum(r["jobs"] for r in reports.values())
@@ -97,11 +96,11 @@ class MirrorAdmin(admin.ModelAdmin):
 
 
 def _unmirrored() -> list[str]:
-    """Known queues (registry.known_queues) the mirror has not reached yet:
+    """Known queues (heartbeat.known_queues) the mirror has not reached yet:
     before the pump's first sweep a queue would otherwise just be missing."""
     try:
-        known = registry.known_queues(get_mq())
-    except (redis.RedisError, EchoMQError):
+        known = heartbeat.known_queues(get_mq())
+    except EchoMQError:
         return []
     mirrored = set(MirroredQueue.objects.values_list("queue", flat=True))
     return [q for q in known if q not in mirrored]
@@ -191,7 +190,7 @@ class MirroredJobAdmin(MirrorAdmin):
         try:
             if row is None and mirror_jobs(get_mq(), [(queue, job_id)]):
                 row = MirroredJob.objects.get(queue=queue, job_id=job_id)
-        except (redis.RedisError, EchoMQError) as err:
+        except EchoMQError as err:
             messages.error(request, f"Could not read Redis: {err}")
             return redirect(self.url_name("changelist"))
         if row is None:
@@ -278,9 +277,9 @@ class MirroredJobAdmin(MirrorAdmin):
         try:
             for queue in dict.fromkeys(q for q, _ in targets):
                 ids = [j for q, j in targets if q == queue]
-                live = mq.states(queue, ids)
+                live = mq.probes.states(queue, ids)
                 rows += [{"queue": queue, "id": j, "state": live[j]} for j in ids]
-        except (redis.RedisError, EchoMQError) as err:
+        except EchoMQError as err:
             messages.error(request, f"Could not read Redis: {err}")
             return redirect(self.url_name("changelist"))
         return TemplateResponse(
@@ -311,7 +310,7 @@ class MirroredJobAdmin(MirrorAdmin):
                 messages.error(request, f"Not retried: {err} (unknown id).")
             except JobNotRetryable as err:
                 messages.warning(request, f"Not retried: {err}.")
-            except (redis.RedisError, EchoMQError, ValueError) as err:
+            except (EchoMQError, ValueError) as err:
                 messages.error(request, f"Not retried: {queue}/{job_id}: {err}")
             else:
                 done.append((queue, job_id))

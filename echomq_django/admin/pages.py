@@ -13,14 +13,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import redis
 from django.urls import reverse
 
 from ..core.exceptions import EchoMQError, JobNotFound
 from ..core.keyspace import validate_id, validate_queue
 from ..monitoring.mirror import ms_to_datetime
-from ..protocol.flows import OUTBOX_DEADLETTER_MAX
-from ..runners.heartbeat import live_processes
+from ..protocol.outbox import OUTBOX_DEADLETTER_MAX
 from .display import jobs_url
 
 FLOW_DEPTH = 2  # levels under a parent shown on its page: children, grandchildren
@@ -115,7 +113,7 @@ def job_page(mq, queue: str, job_id: str, page: int = 1) -> dict:
         deps = mq.dependencies(queue, job_id) if counts["children"] else None
     except JobNotFound:
         return ctx
-    except (redis.RedisError, EchoMQError) as err:
+    except EchoMQError as err:
         ctx["live_error"] = str(err)
         return ctx
     ctx.update(
@@ -163,10 +161,10 @@ def queue_page(mq, queue: str) -> dict:
     datetime, DESIGN §10.6), or ``live_error``."""
     try:
         counts = mq.counts(queue)
-        letters = mq.deadletters(queue, 0, DEADLETTERS_SHOWN - 1)  # decodes what it can
-        signals = mq.event_backlog(queue)
-        lettered = mq.deadlettered_events(queue, DEADLETTERS_SHOWN)
-    except (redis.RedisError, EchoMQError) as err:
+        letters = mq.outbox.deadletters(queue, 0, DEADLETTERS_SHOWN - 1)  # decodes what it can
+        signals = mq.signal_events.backlog(queue)
+        lettered = mq.signal_events.deadlettered(queue, DEADLETTERS_SHOWN)
+    except EchoMQError as err:
         return {"live_error": str(err)}
     signal_rows = [
         {
@@ -220,8 +218,8 @@ def workers_page(mq) -> dict:
     and ``running_links``, ``running_hidden``), or ``live_error``."""
     now = mq.clock()
     try:
-        procs = live_processes(mq, now)
-    except (redis.RedisError, EchoMQError) as err:
+        procs = mq.presence.live_processes(now)
+    except EchoMQError as err:
         return {"live_error": str(err), "processes": [], "now": ms_to_datetime(now)}
     rows = []
     for p in procs:

@@ -70,6 +70,12 @@ class SweepLockLost(EchoMQError):
     """A pump lost its sweep lock before trimming the outbox (``EMQLOCK``)."""
 
 
+class RedisCommandError(EchoMQError):
+    """Redis answered a command with an error that is not one of ours
+    (``WRONGTYPE``, ``NOPERM``, a script's runtime error...); the driver's
+    error is chained as ``__cause__``."""
+
+
 class RedisUnavailable(EchoMQError, ConnectionError):
     """Redis could not be reached; the message says where we tried."""
 

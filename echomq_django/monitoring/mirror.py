@@ -41,7 +41,7 @@ from ..core.jobs import Job, JobState, to_text
 from ..core.keyspace import STATE_INDEX, validate_queue
 from ..models import TEXT_LIMIT, MirroredJob, MirroredQueue
 from ..protocol.client import EchoMQ
-from ..runners import heartbeat as registry
+from ..runners import heartbeat
 
 log = logging.getLogger("echomq_django.mirror")
 
@@ -109,7 +109,7 @@ def job_from_row(mq, queue: str, job_id: str, row: dict, now: datetime) -> Mirro
 def read_rows(mq: EchoMQ, queue: str, ids) -> dict[str, dict]:
     """``{id: HGETALL reply}`` for ``ids`` of ``queue``; an id whose row is
     gone maps to ``{}`` (``EchoMQ.rows``)."""
-    return mq.rows(queue, ids)
+    return mq.probes.rows(queue, ids)
 
 
 def store_rows(mq, queue: str, rows: dict[str, dict], now: datetime) -> tuple[int, int]:
@@ -184,7 +184,7 @@ def _gone_rows(mq, queue: str, seen: set[str]) -> dict[str, dict]:
         .iterator()
         if j not in seen
     ]
-    return {j: {} for j, there in mq.exist(queue, others).items() if not there}
+    return {j: {} for j, there in mq.probes.exist(queue, others).items() if not there}
 
 
 def _active_drift(mq: EchoMQ, queue: str) -> set[str]:
@@ -217,7 +217,7 @@ def _delayed_drift(mq: EchoMQ, queue: str) -> set[str]:
             "job_id", flat=True
         )[:RECHECK_LIMIT]
     )
-    return {j for j, state in mq.states(queue, delayed).items() if state != JobState.DELAYED}
+    return {j for j, state in mq.probes.states(queue, delayed).items() if state != JobState.DELAYED}
 
 
 def _needs_rescan(stored: str, first_id: str | None, last_id: str | None) -> bool:
@@ -235,7 +235,7 @@ def _needs_rescan(stored: str, first_id: str | None, last_id: str | None) -> boo
 
 def _pending_age(mq: EchoMQ, queue: str, head: str | None) -> float | None:
     """Seconds the head of ``pending`` has waited (since it became pending)."""
-    stamp = None if head is None else mq.waiting_since(queue, head)
+    stamp = None if head is None else mq.probes.waiting_since(queue, head)
     return None if stamp is None else max(0.0, (mq.clock() - stamp) / 1000)
 
 
@@ -261,9 +261,9 @@ def _follow(
         count += len(entries)
         if len(entries) < limit or (max_events and count >= max_events):
             break
-        entries = mq.events_after(queue, last, limit)
+        entries = mq.probes.events_after(queue, last, limit)
     if added:
-        touched |= mq.same_queue_children(queue, added)
+        touched |= mq.probes.same_queue_children(queue, added)
     return touched, last, count
 
 
@@ -281,7 +281,7 @@ def mirror_queue(mq, queue: str, full: bool = False, max_events: int | None = No
     saved = MirroredQueue.objects.filter(queue=queue).first()
     stored = saved.last_event_id if saved else ""
     limit = EVENT_BATCH if max_events is None else max(1, min(EVENT_BATCH, max_events))
-    head, first_id, last_id, entries, claims = mq.event_probe(queue, stored, limit)
+    head, first_id, last_id, entries, claims = mq.probes.event_probe(queue, stored, limit)
     counts = mq.counts(queue)
     now = timezone.now()
     report = {
@@ -337,9 +337,9 @@ def mirror_queues(mq, queues, full: bool = False, max_events: int | None = None)
 
 def mirror_targets(mq: EchoMQ, extra=()) -> list[str]:
     """The queues to mirror when none are named: every known queue (``P:queues``,
-    ``ECHOMQ["QUEUES"]``, live processes' queues: ``registry.known_queues``),
+    ``ECHOMQ["QUEUES"]``, live processes' queues: ``heartbeat.known_queues``),
     the ones already mirrored, and ``extra``; sorted, without repeats."""
-    names = set(registry.known_queues(mq, extra))
+    names = set(heartbeat.known_queues(mq, extra))
     names |= set(MirroredQueue.objects.values_list("queue", flat=True))
     return sorted(names)
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from ..core.exceptions import EchoMQError
 from ..core.jobs import JobState
 from ..core.keyspace import validate_queue
-from ..runners.heartbeat import known_queues, live_processes, settings_queues
+from ..runners.heartbeat import known_queues, settings_queues
 from ..runners.periodic import settings_state
 
 SCHEMA = "echomq.stats/1"
@@ -34,23 +34,11 @@ def oldest_pending_age_s(mq, queue: str, now_ms: int | None = None) -> float | N
     head = mq.job_ids(queue, JobState.PENDING, 0, 0)
     if not head:
         return None
-    since, created = mq.client.hmget(mq.keys.job(queue, head[0]), "updated_at", "created_at")
-    stamp = since or created
+    stamp = mq.probes.waiting_since(queue, head[0])
     if stamp is None:
         return None
     now = mq.clock() if now_ms is None else now_ms
     return round(max(0.0, (now - int(stamp)) / 1000), 3)
-
-
-def _finished_since(mq, queue: str, since_ms: int) -> tuple[int, int]:
-    """(completed, dead) jobs whose finish time is after ``since_ms``, from the
-    ``completed`` and ``dead`` indexes (scored by finish time, ms)."""
-    pipe = mq.client.pipeline(transaction=False)
-    k = mq.keys.queue(queue)
-    pipe.zcount(k.completed, f"({since_ms}", "+inf")
-    pipe.zcount(k.dead, f"({since_ms}", "+inf")
-    done, dead = pipe.execute()
-    return int(done), int(dead)
 
 
 def is_paused(mq, queue: str) -> bool:
@@ -65,12 +53,12 @@ def queue_stats(mq, queue: str, now_ms: int | None = None) -> dict:
     the last ``WINDOW_MS``, per second), ``outbox``, ``deadletter``,
     ``paused``, and the durable signals' backlog (DESIGN §10.6): ``signals``
     (events not dispatched yet), ``signals_oldest_age_s`` (s or None),
-    ``signals_deadletter``. Raises ``ValueError`` for a bad name, redis-py
-    errors."""
+    ``signals_deadletter``. Raises ``ValueError`` for a bad name,
+    ``RedisUnavailable``."""
     now = mq.clock() if now_ms is None else now_ms
     counts = mq.counts(queue)
-    done, dead = _finished_since(mq, queue, now - WINDOW_MS)
-    backlog = mq.event_backlog(queue)
+    done, dead = mq.probes.finished_since(queue, now - WINDOW_MS)
+    backlog = mq.signal_events.backlog(queue)
     oldest = backlog["oldest_ms"]
     return {
         "counts": {state: int(counts[state]) for state in STATES},
@@ -109,10 +97,10 @@ def collect(mq, queues=(), now_ms: int | None = None) -> dict:
     """The stats document (``SCHEMA``): ``{schema, at (ms), prefix, queues:
     {name: queue_stats + in_settings, workers}, processes: [ProcessInfo
     dicts]}``. ``queues`` empty: every known queue. Raises ``UnknownQueue``,
-    ``ValueError``, redis-py errors."""
+    ``ValueError``, ``RedisUnavailable``."""
     now = mq.clock() if now_ms is None else now_ms
     names = resolve_queues(mq, queues)
-    procs = live_processes(mq, now)
+    procs = mq.presence.live_processes(now)
     configured = set(settings_queues())
     out = {}
     for name in names:

@@ -1,8 +1,9 @@
-"""Bulk enqueue: ``EchoMQ.enqueue_many`` (DESIGN §10.1; issue 12 point 5).
+"""Bulk enqueue (docs/house.md, "protocol/"): many plain jobs of one queue
+in few round trips (``lua/enqueue_many.lua``).
 
-``BulkCalls`` is mixed into ``EchoMQ`` (client.py), as ``FlowCalls`` is:
-its method is an ``EchoMQ`` method, kept in its own module for size.
-Nothing else builds the ``enqueue_many`` script's keys or arguments.
+``Bulk`` is the part ``mq.bulk``; ``EchoMQ.enqueue_many`` hands its calls to
+it, and the module API plans on the host first (``plan_many``) to check
+every job before a transaction's commit lands them (``land_many``).
 """
 
 from __future__ import annotations
@@ -17,12 +18,9 @@ from ..core.jobs import to_json
 from ..core.keyspace import validate_id, validate_queue, whole_number
 from ..core.options import check_job_options
 from ..core.retention import job_keep
+from .wire import Part, opt
 
 OPTIONS = ("job_id", "max_attempts", "backoff_ms", "delay_ms", "priority", "timeout_ms", "keep")
-
-
-def _opt(value) -> str:
-    return "" if value is None else str(int(value))
 
 
 @dataclass(frozen=True)
@@ -51,9 +49,8 @@ class BulkPlan:
             yield name, payload, job_id, options
 
 
-class BulkCalls:
-    """``enqueue_many`` for ``EchoMQ``; expects ``self.keys``, ``self.scripts``,
-    ``self.clock``, ``self.encode``, ``self.flow_chunk`` and ``self.note_queues``."""
+class Bulk(Part):
+    """The bulk part of ``EchoMQ`` (``mq.bulk``)."""
 
     def enqueue_many(self, queue: str, jobs: Iterable) -> list[str]:
         """Add many plain jobs to ``queue``; returns their ids, in order.
@@ -100,7 +97,7 @@ class BulkCalls:
             else:
                 group, job_id = _options(index, name, options, given)
                 job_id = job_id or f"{prefix}{index:x}"
-            rows.append((group, job_id, self.encode(payload, f"job {index}'s payload")))
+            rows.append((group, job_id, self.wire.encode(payload, f"job {index}'s payload")))
             payloads.append(payload)
         return BulkPlan(queue, rows, payloads)
 
@@ -109,11 +106,12 @@ class BulkCalls:
         queue, rows = plan.queue, plan.rows
         if not rows:
             return []
-        self.note_queues((queue,))  # P:queues knows every queue with a job (DESIGN §10.5)
+        self.wire.note_queues((queue,))  # P:queues knows every queue with a job (DESIGN §10.5)
         k = self.keys.queue(queue)
         keys, now = [k.pending, k.delayed, k.events], self.clock()
         chunks = [
-            _flat(rows[i : i + self.flow_chunk]) for i in range(0, len(rows), self.flow_chunk)
+            _flat(rows[i : i + self.wire.flow_chunk])
+            for i in range(0, len(rows), self.wire.flow_chunk)
         ]
 
         # gate every chunk before the first writes (one chunk gates itself)
@@ -161,11 +159,11 @@ def _options(index: int, name: str, options: dict, given: set[str]) -> tuple[tup
         raise ValueError(f"enqueue_many: job {index}: {err}") from None
     group = (
         name,
-        _opt(options.get("max_attempts")),
-        _opt(options.get("backoff_ms")),
+        opt(options.get("max_attempts")),
+        opt(options.get("backoff_ms")),
         str(int(delay or 0)),
         str(int(priority or 0)),
-        _opt(timeout),
+        opt(timeout),
         keep,
         "1" if job_id is not None else "0",
     )

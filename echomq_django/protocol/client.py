@@ -1,72 +1,58 @@
-"""``EchoMQ``: the protocol's host half over one Redis connection (DESIGN §7).
+"""``EchoMQ``: the queue over one Redis connection, composed of parts
+(docs/house.md, "protocol/").
 
-Every state transition is one Lua script (scripts.py, ``lua/``); this class
-validates input, builds keys (keyspace.py), runs the script and decodes the
-reply. Nothing is written when validation fails.
+``EchoMQ`` is the user API: the one-job transitions defined here
+(``lua/enqueue.lua``, ``lua/claim.lua``, ``lua/complete.lua``,
+``lua/fail.lua``, ``lua/extend_lease.lua``, ``lua/set_paused.lua``), the
+read API it inherits from ``Reads``, and the calls it hands to its parts:
+flows (``mq.flows``), bulk adds (``mq.bulk``), retry, remove and cancel
+(``mq.lifecycle``). What only the runners, the admin and monitoring call
+lives on the parts they name: ``mq.outbox``, ``mq.timers``,
+``mq.signal_events``, ``mq.presence``, ``mq.probes``. Each part is a small
+class over the one ``Wire`` (``wire.py``) they share; this class validates
+input, builds keys, runs the script and decodes the reply, and nothing is
+written when validation fails.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import re
 import secrets
-import threading
-import time
+from collections.abc import Iterable
 from typing import Any
 
 import redis
 
 from ..core import flows as _flows
-from ..core.exceptions import (
-    EchoMQError,
-    JobNotActive,
-    JobNotRetryable,
-    PayloadError,
-    RedisUnavailable,
-)
-from ..core.jobs import (
-    CLAIM_FIELDS,
-    MAX_PAYLOAD_BYTES,
-    QUEUE_DEFAULTS,
-    Job,
-    JobState,
-    Outcome,
-    to_json,
-    to_text,
-)
-from ..core.keyspace import Keyspace, validate_id, validate_name, validate_queue, whole_number
-from ..core.options import Claimed, check_job_options
+from ..core.exceptions import EchoMQError, PayloadError, RedisUnavailable
+from ..core.flows import Flow, FlowRef
+from ..core.jobs import CLAIM_FIELDS, MAX_PAYLOAD_BYTES, Job, JobState, Outcome, to_text
+from ..core.keyspace import validate_id, validate_name, validate_queue, whole_number
+from ..core.options import Claimed, check_job_options, rate_limit
 from ..core.retention import job_keep
-from .bulk import BulkCalls
-from .control import SchedulingCalls
-from .errors import reports_redis_down, translate
-from .flows import FLOW_CHUNK, FlowCalls, opt
-from .lifecycle import LifecycleCalls
+from .bulk import Bulk
+from .errors import translate
+from .flows import Flows
+from .lifecycle import BUDGET, Lifecycle, Report
+from .outbox import Outbox
+from .presence import Presence
+from .probes import Probes
 from .reads import Reads
-from .scripts import Scripts
-from .signal_events import EventCalls
+from .signal_events import SignalEvents
+from .timers import Timers
+from .wire import BACKOFF_CAP_MS, FLOW_CHUNK, Wire, opt
 
-BACKOFF_CAP_MS = 3_600_000
 COMPLETE_BATCH = 500  # jobs per complete script: a few ms of Redis time at most
-MAX_QUEUES = 10_000  # names P:queues holds; past it new queues are not added (a warning)
 CALL_TOKEN = re.compile(r"[0-9A-Za-z._-]{1,64}")  # claim's call token (a key part)
-REGISTER_EVERY_S = 60.0  # a process re-adds a queue it writes to at most this often
-
-log = logging.getLogger("echomq_django.client")
 
 
-def now_ms() -> int:
-    """Wall-clock time in ms since the epoch."""
-    return time.time_ns() // 1_000_000
-
-
-class EchoMQ(FlowCalls, SchedulingCalls, EventCalls, LifecycleCalls, BulkCalls, Reads):
+class EchoMQ(Reads):
     """The queue over one redis-py client (``redis.Redis`` or ``RedisCluster``).
 
-    The only caller of the Lua scripts: each ``lua/*.lua`` has exactly one
-    Python caller, a method of this class (the flow ones in flowcalls.py);
-    the pump, worker, mirror and admin call these methods and ``Reads``.
+    Holds its parts: ``flows``, ``bulk``, ``lifecycle``, ``outbox``,
+    ``timers``, ``signal_events``, ``presence``, ``probes`` (the module
+    docstring says who calls which).
 
     ``prefix`` starts every key (DESIGN §3). ``queues`` maps a queue name to
     its defaults ``{"MAX_ATTEMPTS": int, "BACKOFF_MS": ms, "LEASE_MS": ms}``;
@@ -90,105 +76,56 @@ class EchoMQ(FlowCalls, SchedulingCalls, EventCalls, LifecycleCalls, BulkCalls, 
         flow_chunk: int = FLOW_CHUNK,
         json_encoder: type[json.JSONEncoder] | None = None,
     ) -> None:
-        self.client = client
-        self.keys = Keyspace(prefix)
-        self.scripts = Scripts(client)
-        self.queues = {validate_queue(q): dict(v or {}) for q, v in (queues or {}).items()}
-        self.clock = clock or now_ms
-        self.max_payload_bytes = max_payload_bytes
-        # None: the fast plain-JSON path (jobs.to_json); else this encoder's
-        # class, e.g. Django's DjangoJSONEncoder (DESIGN §10.4)
-        self._to_json = to_json
-        if json_encoder is not None:
-            self._to_json = json_encoder(
-                separators=(",", ":"), allow_nan=False, ensure_ascii=True
-            ).encode
-        self.backoff_cap_ms = backoff_cap_ms
-        self.flow_chunk = flow_chunk
-        self.fault_hook = None  # tests: called after each flow step, may raise
-        self._noted: dict[str, float] = {}  # queue -> monotonic time it was added to P:queues
-        self._noted_lock = threading.Lock()
+        wire = Wire(
+            client,
+            prefix,
+            queues=queues,
+            clock=clock,
+            max_payload_bytes=max_payload_bytes,
+            backoff_cap_ms=backoff_cap_ms,
+            flow_chunk=flow_chunk,
+            json_encoder=json_encoder,
+        )
+        super().__init__(wire)
+        self.queues = wire.queues
+        self.outbox = Outbox(wire)
+        self.flows = Flows(wire, self)
+        self.bulk = Bulk(wire)
+        self.lifecycle = Lifecycle(wire, self.outbox, self)
+        self.timers = Timers(wire)
+        self.signal_events = SignalEvents(wire)
+        self.presence = Presence(wire)
+        self.probes = Probes(wire)
+
+    @property
+    def clock(self):
+        """The clock every part reads: a callable returning ms since the
+        epoch (tests set a fake one)."""
+        return self.wire.clock
+
+    @clock.setter
+    def clock(self, value) -> None:
+        self.wire.clock = value
+
+    @property
+    def fault_hook(self):
+        """Tests: called after each flow step as ``hook(n, queue, nodes)``; may raise."""
+        return self.wire.fault_hook
+
+    @fault_hook.setter
+    def fault_hook(self, value) -> None:
+        self.wire.fault_hook = value
 
     # -- helpers -----------------------------------------------------------
     def setting(self, queue: str, name: str) -> int:
-        """A queue's ``MAX_ATTEMPTS`` / ``BACKOFF_MS`` / ``LEASE_MS``."""
-        return int(self.queues.get(queue, {}).get(name, QUEUE_DEFAULTS[name]))
+        """A queue's ``MAX_ATTEMPTS`` / ``BACKOFF_MS`` / ``LEASE_MS`` (``Wire.setting``)."""
+        return self.wire.setting(queue, name)
 
     def encode(self, value: Any, what: str = "payload") -> str:
-        """``value`` as compact JSON text. Raises ``PayloadError`` when it is not
-        JSON-serialisable (NaN included) or is over ``max_payload_bytes``."""
-        try:
-            text = self._to_json(value)
-        except (TypeError, ValueError) as err:
-            raise PayloadError(f"{what} is not JSON-serialisable: {err}") from None
-        except RecursionError:  # no circular check in _C_ENCODE: it recurses instead
-            raise PayloadError(
-                f"{what} is not JSON-serialisable: circular reference or nested too deeply"
-            ) from None
-        size = len(text)  # ASCII: escapes keep it one byte per character
-        if size > self.max_payload_bytes:
-            raise PayloadError(
-                f"{what} is {size} bytes of JSON; the limit is "
-                f"{self.max_payload_bytes} bytes (max_payload_bytes)"
-            )
-        return text
-
-    # -- every queue ever used (P:queues, DESIGN §10.5) -----------------------
-    @reports_redis_down
-    def register_queues(self, queues) -> list[str]:
-        """Add ``queues`` to ``P:queues`` unless it holds ``MAX_QUEUES`` names
-        already (then a WARNING, nothing added). Returns the names added.
-        Raises ``ValueError`` for a bad name, ``RedisUnavailable``."""
-        names = [validate_queue(q) for q in dict.fromkeys(queues)]
-        key = self.keys.queues()
-        pipe = self.client.pipeline(transaction=False)
-        pipe.scard(key)
-        for name in names:
-            pipe.sismember(key, name)
-        size, *present = pipe.execute()
-        new = [n for n, there in zip(names, present, strict=True) if not there]
-        if new and size + len(new) > MAX_QUEUES:
-            log.warning(
-                "%s holds %d queue names (the bound is %d): %s not added; stats and the "
-                "admin find them only through ECHOMQ['QUEUES']",
-                key,
-                size,
-                MAX_QUEUES,
-                ", ".join(new),
-            )
-            return []
-        if new:
-            self.client.sadd(key, *new)
-        return new
-
-    def note_queues(self, queues) -> None:
-        """Before a write that may create a queue's first job: make sure each
-        of ``queues`` is in ``P:queues``, at most once per ``REGISTER_EVERY_S``
-        per queue in this process (a dict lookup otherwise). P:queues is on no
-        queue's slot, so no script can add to it (a Cluster refuses keys of
-        two slots in one script): the host adds the name first."""
-        now = time.monotonic()
-        with self._noted_lock:
-            due = [
-                q for q in queues if now - self._noted.get(q, -REGISTER_EVERY_S) >= REGISTER_EVERY_S
-            ]
-            for q in due:
-                self._noted[q] = now
-        if not due:
-            return
-        try:
-            self.register_queues(due)
-        except BaseException:
-            with self._noted_lock:
-                for q in due:
-                    self._noted.pop(q, None)
-            raise
-
-    def _parse(self, value: str) -> tuple[str, str]:
-        return self.keys.parse_base_id(value)
-
-    def _outcome(self, reply: Any) -> Outcome:
-        return Outcome.from_reply(reply, self._parse)
+        """``value`` as compact JSON text (``Wire.encode``). Raises
+        ``PayloadError`` when it is not JSON-serialisable or over
+        ``max_payload_bytes``."""
+        return self.wire.encode(value, what)
 
     # -- single jobs -------------------------------------------------------
     def enqueue(
@@ -231,7 +168,7 @@ class EchoMQ(FlowCalls, SchedulingCalls, EventCalls, LifecycleCalls, BulkCalls, 
         check_job_options(priority, delay_ms, timeout_ms, dedup_key, dedup_ttl_ms)
         own_keep = job_keep(keep)
         k = self.keys.queue(queue)
-        self.note_queues((queue,))
+        self.wire.note_queues((queue,))
         state = self.scripts.run(
             "enqueue",
             [k.job(job_id), k.pending, k.delayed, k.events, k.dedup(dedup_key or "")],
@@ -313,7 +250,7 @@ class EchoMQ(FlowCalls, SchedulingCalls, EventCalls, LifecycleCalls, BulkCalls, 
                 job.lease or "",
                 str(error),
                 self.clock(),
-                self.backoff_cap_ms,
+                self.wire.backoff_cap_ms,
                 "1" if dead else "0",
                 self.setting(q, "MAX_ATTEMPTS"),
                 self.setting(q, "BACKOFF_MS"),
@@ -414,7 +351,7 @@ class EchoMQ(FlowCalls, SchedulingCalls, EventCalls, LifecycleCalls, BulkCalls, 
             elif isinstance(entry, str):
                 out.append(translate(entry))
             else:
-                out.append(Outcome.from_data(entry, self._parse, JobState.COMPLETED))
+                out.append(Outcome.from_data(entry, self.wire.parse, JobState.COMPLETED))
         return out
 
     def fail_many(self, items: list[tuple]) -> list[Outcome | Exception]:
@@ -424,7 +361,7 @@ class EchoMQ(FlowCalls, SchedulingCalls, EventCalls, LifecycleCalls, BulkCalls, 
         replies = self.scripts.run_many(calls)
         if len(items) == 1 and isinstance(replies[0], Exception):
             raise replies[0]
-        return [r if isinstance(r, Exception) else self._outcome(r) for r in replies]
+        return [r if isinstance(r, Exception) else self.wire.outcome(r) for r in replies]
 
     def extend_lease(self, job: Job, lease_ms: int | None = None) -> int:
         """Heartbeat: the lease now ends ``lease_ms`` (ms) from now; returns the
@@ -440,57 +377,61 @@ class EchoMQ(FlowCalls, SchedulingCalls, EventCalls, LifecycleCalls, BulkCalls, 
         job.lease_deadline = int(deadline)
         return job.lease_deadline
 
-    def promote_delayed(self, queue: str, limit: int = 1000) -> int:
-        """Move up to ``limit`` due delayed jobs to pending; returns how many."""
+    def _limit(self, queue: str) -> tuple[int, int]:
+        """``claim``'s rate-limit ARGV: the queue's RATE_LIMIT ``(max, per_ms)``."""
+        return rate_limit(self.queues.get(queue, {}))
+
+    # -- pause / resume ------------------------------------------------------
+    def _set_paused(self, queue: str, paused: bool) -> bool:
         k = self.keys.queue(queue)
-        return int(
+        return bool(
             self.scripts.run(
-                "promote_delayed",
-                [k.delayed, k.pending],
-                [k.base, self.clock(), limit],
+                "set_paused",
+                [k.paused, k.events],
+                ["1" if paused else "0", self.clock(), k.base],
             )
         )
 
-    def recover_stalled(self, queue: str, limit: int = 1000, max_stalls: int = 1) -> Outcome:
-        """Active jobs whose lease expired go back to pending; a job that
-        stalls more than ``max_stalls`` times dies (its parent's policy
-        applies). Returns the ``Outcome`` (``recovered`` count, ``dead``)."""
-        k = self.keys.queue(queue)
-        reply = self.scripts.run(
-            "recover_stalled",
-            [k.active, k.pending],
-            [queue, k.base, self.clock(), limit, max_stalls],
-        )
-        return self._outcome(reply)
+    def pause(self, queue: str) -> bool:
+        """Pause ``queue``: no worker claims from it until ``resume``; adds,
+        completions, fan-in and the pump go on. Returns True when it was not
+        paused already. Raises ``ValueError`` for a bad name. DESIGN §10.3."""
+        return self._set_paused(queue, True)
 
-    @reports_redis_down
+    def resume(self, queue: str) -> bool:
+        """Resume a paused ``queue``; True when it was paused. DESIGN §10.3."""
+        return self._set_paused(queue, False)
+
+    # -- handed to the parts -------------------------------------------------
+    def add_flow(self, flow: Flow) -> FlowRef:
+        """Land one flow; ``Flows.add`` says how and what it raises."""
+        return self.flows.add(flow)
+
+    def add_flows(self, flows: list[Flow]) -> list[FlowRef]:
+        """Land several flows; ``Flows.add_many`` says how and what it raises."""
+        return self.flows.add_many(flows)
+
+    def remove_child_dependency(self, queue: str, parent_id: str, child_ref: str) -> Outcome:
+        """The parent stops waiting for one child: ``Flows.remove_child_dependency``."""
+        return self.flows.remove_child_dependency(queue, parent_id, child_ref)
+
+    def remove_unprocessed_children(self, queue: str, parent_id: str):
+        """Remove a held parent's children that have not started:
+        ``Flows.remove_unprocessed_children``."""
+        return self.flows.remove_unprocessed_children(queue, parent_id)
+
+    def enqueue_many(self, queue: str, jobs: Iterable) -> list[str]:
+        """Add many plain jobs to ``queue`` in few round trips: ``Bulk.enqueue_many``."""
+        return self.bulk.enqueue_many(queue, jobs)
+
     def retry(self, queue: str, job_id: str) -> Outcome:
-        """Retry-by-id of a dead job (DESIGN §4): attempts reset, back to
-        pending; a parent that children failed retries them (on any queue) and
-        returns to awaiting_children; a retried child re-attaches to the parent
-        it failed. ``Outcome.state`` is the job's new state. Raises
-        ``JobNotFound``, ``JobNotRetryable`` (with the current state)."""
-        k = self.keys.queue(queue)
-        try:
-            reply = self.scripts.run(
-                "retry",
-                [k.job(job_id), k.dead, k.pending],
-                [queue, k.base, job_id, self.clock(), secrets.token_hex(8)],
-            )
-        except JobNotActive as err:
-            state = err.parts[2] if len(err.parts) > 2 else "not dead"
-            raise JobNotRetryable(
-                f"job {job_id!r} in queue {queue!r} is {state}; only a dead job can be retried"
-            ) from None
-        data = json.loads(reply)
-        outcome = self._outcome(reply)
-        for ref in data.get("cross") or []:
-            cq, cid = self.keys.parse_ref(ref)
-            try:
-                outcome.merge(self.retry(cq, cid))
-            except JobNotRetryable:
-                pass  # retried already; its reattach entry is on its way
-        # now, not at the next sweep; out of the outbox once delivered
-        outcome.merge(self.deliver_sent(queue, list(data.get("reattach") or [])))
-        outcome.state = self.state_of(queue, job_id)
-        return outcome
+        """Retry a dead job by id: ``Lifecycle.retry``."""
+        return self.lifecycle.retry(queue, job_id)
+
+    def remove(self, queue: str, job_id: str, budget: int = BUDGET) -> Report:
+        """Remove a job and its subtree: ``Lifecycle.remove``."""
+        return self.lifecycle.remove(queue, job_id, budget)
+
+    def cancel(self, queue: str, job_id: str, budget: int = BUDGET) -> Report:
+        """Cancel a job and its subtree: ``Lifecycle.cancel``."""
+        return self.lifecycle.cancel(queue, job_id, budget)

@@ -12,7 +12,7 @@ import functools
 
 import redis
 
-from ..core.exceptions import ERRORS, MESSAGES, RedisUnavailable
+from ..core.exceptions import ERRORS, MESSAGES, EchoMQError, RedisCommandError, RedisUnavailable
 
 
 def translate(err: redis.exceptions.ResponseError | str) -> Exception:
@@ -57,6 +57,35 @@ TRANSIENT = (
     redis.exceptions.SlotNotCoveredError,
     redis.exceptions.OutOfMemoryError,  # OOM: a full server, until memory is freed
 )
+
+
+# A part's public call while Redis is away: TRANSIENT, or a Cluster that no
+# node answers (RedisClusterException), or one whose map is failing (ClusterError).
+AWAY = (*TRANSIENT, redis.exceptions.ClusterError, redis.exceptions.RedisClusterException)
+
+
+def translating(method):
+    """Decorate a public method of a part of ``EchoMQ`` (``wire.Part`` does
+    it for each one): an error of ours passes, Redis away (``AWAY``) becomes
+    ``RedisUnavailable`` naming the address, any other redis-py error
+    ``RedisCommandError`` with the driver's words; each chains the
+    original. So nothing above ``protocol/`` catches a redis-py error."""
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except EchoMQError:
+            raise
+        except AWAY as err:
+            raise connection_error(getattr(self, "client", None), err) from err
+        except redis.RedisError as err:
+            raise RedisCommandError(
+                f"Redis refused a command: {type(err).__name__}: {err}"
+            ) from err
+
+    wrapper.translating = True
+    return wrapper
 
 
 def reports_redis_down(method):

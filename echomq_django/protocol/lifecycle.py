@@ -1,4 +1,6 @@
-"""Lifecycle calls of ``EchoMQ``: retention, remove and cancel (DESIGN §10.2).
+"""The lifecycle of finished and unwanted jobs (docs/house.md, "protocol/"):
+retention (``lua/prune.lua``), remove (``lua/remove.lua``), cancel
+(``lua/cancel.lua``) and retry by id (``lua/retry.lua``).
 
 Every step is one bounded Lua call (``prune``, ``remove``, ``cancel``; the
 rules are in ``lua/lib/lifecycle.lua``): a call does at most ``budget`` units
@@ -11,9 +13,9 @@ and the host delivers them at once and takes them out of the outbox
 (``deliver_sent``: the pump does not deliver them a second time), then drives
 the work those queues got.
 
-``LifecycleCalls`` is mixed into ``EchoMQ``, as ``FlowCalls`` is; it expects
-``self.keys``, ``self.scripts``, ``self.clock``, ``self.queues``,
-``self.deliver_sent`` and ``self._outcome``.
+``Lifecycle`` is the part ``mq.lifecycle``: the runners' timers call
+``prune``; ``EchoMQ.remove``, ``cancel`` and ``retry`` hand their calls to
+it.
 """
 
 from __future__ import annotations
@@ -22,9 +24,17 @@ import json
 import secrets
 from dataclasses import dataclass, field
 
-from ..core.exceptions import JobNotActive, JobNotCancellable, JobNotRemovable
+from ..core.exceptions import (
+    JobNotActive,
+    JobNotCancellable,
+    JobNotRemovable,
+    JobNotRetryable,
+)
 from ..core.jobs import JobState, Outcome
 from ..core.retention import Keep, retention
+from .errors import reports_redis_down
+from .outbox import Outbox
+from .wire import Part, Wire
 
 BUDGET = 200  # units of work per script call: a few ms of Redis time at most
 MAX_CALLS = 50  # prune calls per queue per timer tick (10,000 removals)
@@ -43,7 +53,7 @@ class Report:
     state: JobState | None = None
     outcome: Outcome = field(default_factory=Outcome, repr=False)
 
-    def add(self, mq, reply) -> list[str]:
+    def add(self, wire: Wire, reply) -> list[str]:
         """Fold one script reply in; returns the entries it sent to other
         slots, as pushed (JSON texts)."""
         data = json.loads(reply)
@@ -51,18 +61,24 @@ class Report:
         self.held += data.get("held") or 0
         self.calls += 1
         self.more = bool(data.get("more"))
-        self.outcome.merge(mq._outcome(reply))
+        self.outcome.merge(wire.outcome(reply))
         return list(data.get("sent") or [])
 
 
-class LifecycleCalls:
-    """Lifecycle methods of ``EchoMQ`` (DESIGN §10.2): ``prune``, ``remove``,
-    ``cancel``."""
+class Lifecycle(Part):
+    """The lifecycle part of ``EchoMQ`` (``mq.lifecycle``): ``prune``,
+    ``remove``, ``cancel``, ``retry``. ``outbox`` delivers what their scripts
+    send to other slots at once; ``reads`` answers a retried job's state."""
+
+    def __init__(self, wire: Wire, outbox: Outbox, reads) -> None:
+        super().__init__(wire)
+        self.outbox = outbox
+        self.reads = reads
 
     def retention(self, queue: str) -> tuple[Keep, Keep]:
         """``(completed, dead)`` retention rules of ``queue`` (its ``KEEP_*``
         settings, else the defaults)."""
-        return retention(self.queues.get(queue, {}))
+        return retention(self.wire.queues.get(queue, {}))
 
     def _prune_call(self, queue: str, budget: int, mode: str, since: int | None = None):
         k = self.keys.queue(queue)
@@ -108,9 +124,9 @@ class LifecycleCalls:
             while max_calls is None or calls < max_calls:
                 calls += 1
                 call = self._prune_call(queue, budget, how, since)
-                sent = report.add(self, self.scripts.run(*call))
+                sent = report.add(self.wire, self.scripts.run(*call))
                 if sent:
-                    report.outcome.merge(self.deliver_sent(queue, sent))
+                    report.outcome.merge(self.outbox.deliver_sent(queue, sent))
                     reached = {json.loads(e)["q"] for e in sent} - {q for q, _ in todo}
                     todo.extend((q, "lists") for q in sorted(reached))
                 if not report.more:
@@ -137,7 +153,7 @@ class LifecycleCalls:
                 f"job {job_id!r} in queue {queue!r} is active; an active job is not "
                 "removed (cancel it, or remove it once it finished)"
             ) from None
-        self._follow_up(queue, report, report.add(self, reply), budget)
+        self._follow_up(queue, report, report.add(self.wire, reply), budget)
         return report
 
     def cancel(self, queue: str, job_id: str, budget: int = BUDGET) -> Report:
@@ -162,7 +178,7 @@ class LifecycleCalls:
                 f"job {job_id!r} in queue {queue!r} is {state}; only a pending, delayed, "
                 "awaiting or active job can be cancelled"
             ) from None
-        sent = report.add(self, reply)
+        sent = report.add(self.wire, reply)
         report.state = JobState(json.loads(reply)["state"])
         self._follow_up(queue, report, sent, budget)
         return report
@@ -173,7 +189,39 @@ class LifecycleCalls:
         every queue it reached, call by call, until none is left."""
         queues = {queue} if report.more else set()
         if sent:
-            report.outcome.merge(self.deliver_sent(queue, sent))
+            report.outcome.merge(self.outbox.deliver_sent(queue, sent))
             queues |= {json.loads(e)["q"] for e in sent}
         if queues:
             self._drive(queues, report, budget, None, "lists")
+
+    @reports_redis_down
+    def retry(self, queue: str, job_id: str) -> Outcome:
+        """Retry-by-id of a dead job (DESIGN §4): attempts reset, back to
+        pending; a parent that children failed retries them (on any queue) and
+        returns to awaiting_children; a retried child re-attaches to the parent
+        it failed. ``Outcome.state`` is the job's new state. Raises
+        ``JobNotFound``, ``JobNotRetryable`` (with the current state)."""
+        k = self.keys.queue(queue)
+        try:
+            reply = self.scripts.run(
+                "retry",
+                [k.job(job_id), k.dead, k.pending],
+                [queue, k.base, job_id, self.clock(), secrets.token_hex(8)],
+            )
+        except JobNotActive as err:
+            state = err.parts[2] if len(err.parts) > 2 else "not dead"
+            raise JobNotRetryable(
+                f"job {job_id!r} in queue {queue!r} is {state}; only a dead job can be retried"
+            ) from None
+        data = json.loads(reply)
+        outcome = self.wire.outcome(reply)
+        for ref in data.get("cross") or []:
+            cq, cid = self.keys.parse_ref(ref)
+            try:
+                outcome.merge(self.retry(cq, cid))
+            except JobNotRetryable:
+                pass  # retried already; its reattach entry is on its way
+        # now, not at the next sweep; out of the outbox once delivered
+        outcome.merge(self.outbox.deliver_sent(queue, list(data.get("reattach") or [])))
+        outcome.state = self.reads.state_of(queue, job_id)
+        return outcome

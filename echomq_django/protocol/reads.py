@@ -1,8 +1,10 @@
 """The read API: pure, id-checked, never writes (seed 001; STYLE rule 5).
 
-``Reads`` is mixed into ``EchoMQ``; every method takes a queue name and a job
-id, validates both, raises ``JobNotFound`` for an unknown id and answers
-empty results (not an error) for a job that is not a parent.
+``Reads`` is the base class of ``EchoMQ``: every method takes a queue name
+and a job id, validates both, raises ``JobNotFound`` for an unknown id and
+answers empty results (not an error) for a job that is not a parent. What
+only the admin mirror and monitoring read in bulk is on ``mq.probes``
+(``probes.py``). This module runs no script.
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ import redis
 
 from ..core.exceptions import JobNotFound
 from ..core.jobs import Dependencies, Job, JobState, decode_policy, row_error, to_text
-from ..core.keyspace import JobKeys, validate_queue
+from ..core.keyspace import JobKeys
 from .errors import connection_error, reports_redis_down
+from .wire import Part
 
 ROWS_PER_TRIP = 500  # job rows per pipelined round trip (rows, states, exist)
 
@@ -24,25 +27,10 @@ def _texts(mapping: dict) -> dict[str, str]:
     return {to_text(k): to_text(v) for k, v in mapping.items()}
 
 
-def _stream_entries(entries: list) -> list[tuple[str, str | None, str | None]]:
-    """``[(entry id, job id, event)]`` of XRANGE entries of a queue's
-    ``events`` stream (fields ``e`` = event, ``id`` = job id). A ``removed``
-    entry that retention wrote for a block of rows names their ids in one
-    field, space-separated (ids hold no whitespace): one tuple per id."""
-    out = []
-    for eid, f in entries:
-        eid, event = to_text(eid), to_text(f.get(b"e", f.get("e")))
-        ids = to_text(f.get(b"id", f.get("id")))
-        if ids and " " in ids:
-            out.extend((eid, job_id, event) for job_id in ids.split(" "))
-        else:
-            out.append((eid, ids, event))
-    return out
-
-
-class Reads:
-    """Read methods of ``EchoMQ``; expects ``self.client`` and ``self.keys``.
-    Every public method raises ``RedisUnavailable`` when Redis is down."""
+class Reads(Part):
+    """The read API, the base of ``EchoMQ`` (as BullMQ's ``Queue`` extends
+    its ``QueueGetters``). Every public method raises ``RedisUnavailable``
+    when Redis is down."""
 
     def ping(self) -> None:
         """Return when Redis answers PING; raise ``RedisUnavailable`` naming
@@ -247,65 +235,6 @@ class Reads:
             return ids[start : None if end == -1 else end + 1]
         return [to_text(v) for v in self.client.zrange(key, start, end)]
 
-    def outbox_head(self, queue: str, count: int) -> list:
-        """The first ``count`` entries of ``queue``'s outbox, raw (bytes or
-        str, as the client decodes), not removed: the pump delivers them, then
-        ``trim_outbox`` removes what was delivered."""
-        return self.client.lrange(self.keys.queue(queue).outbox, 0, count - 1)
-
-    @reports_redis_down
-    def deadletters(self, queue: str, start: int = 0, end: int = -1) -> list[dict]:
-        """Dead-lettered outbox entries: ``[{entry: {...}, reason, at (ms)}]``;
-        an entry that is not JSON (a poison one) comes back as its raw text,
-        with the reason the pump gave."""
-        raw = self.client.lrange(self.keys.queue(queue).deadletter, start, end)
-        out = []
-        for item in raw:
-            try:
-                d = json.loads(item)
-                if "reason" not in d or "entry" not in d:  # the keys the pump writes
-                    raise KeyError("reason")
-            except (ValueError, KeyError, TypeError):  # written by hand, or garbled
-                d = {"entry": to_text(item), "reason": "unreadable dead-letter entry", "at": None}
-            else:
-                try:  # a poison entry stays its raw text beside the real reason
-                    d["entry"] = json.loads(d["entry"])
-                except (ValueError, TypeError):
-                    pass
-            out.append(d)
-        return out
-
-    # -- many rows at once (the admin mirror) --------------------------------
-    def _per_job(self, queue: str, ids, command: str, *args) -> dict[str, Any]:
-        """``{id: reply}`` of one redis-py command on the row of each of
-        ``ids``, pipelined ``ROWS_PER_TRIP`` at a time."""
-        validate_queue(queue)
-        ids = list(ids)
-        out: dict[str, Any] = {}
-        for i in range(0, len(ids), ROWS_PER_TRIP):
-            chunk = ids[i : i + ROWS_PER_TRIP]
-            pipe = self.client.pipeline(transaction=False)
-            for job_id in chunk:
-                getattr(pipe, command)(self.keys.job(queue, job_id), *args)
-            out.update(zip(chunk, pipe.execute(), strict=False))
-        return out
-
-    @reports_redis_down
-    def rows(self, queue: str, ids) -> dict[str, dict]:
-        """``{id: HGETALL reply}`` (raw) for ``ids`` of ``queue``; an id whose
-        row is gone maps to ``{}``. Decode one with ``Job.from_row``."""
-        return self._per_job(queue, ids, "hgetall")
-
-    @reports_redis_down
-    def states(self, queue: str, ids) -> dict[str, str | None]:
-        """``{id: state text}`` for ``ids`` of ``queue`` (None: no such job)."""
-        return {j: to_text(v) for j, v in self._per_job(queue, ids, "hget", "state").items()}
-
-    @reports_redis_down
-    def exist(self, queue: str, ids) -> dict[str, bool]:
-        """``{id: whether its row exists}`` for ``ids`` of ``queue``."""
-        return {j: bool(n) for j, n in self._per_job(queue, ids, "exists").items()}
-
     @reports_redis_down
     def state_of(self, queue: str, job_id: str) -> JobState | None:
         """A job's state, one field read (None: no such job)."""
@@ -313,55 +242,6 @@ class Reads:
         return None if value is None else JobState(to_text(value))
 
     @reports_redis_down
-    def waiting_since(self, queue: str, job_id: str) -> int | None:
-        """When (ms) a job last changed state (``updated_at``, else
-        ``created_at``); None for no such job."""
-        since, created = self.client.hmget(self.keys.job(queue, job_id), "updated_at", "created_at")
-        stamp = since or created
-        return None if stamp is None else int(stamp)
-
-    # -- the event stream -------------------------------------------------
-    @reports_redis_down
-    def event_probe(self, queue: str, after: str, limit: int):
-        """One round trip: ``(pending head id, first and last entry ids of the
-        events stream, up to limit entries after after, claims)`` (entries
-        from the start when ``after`` is ''), entries as ``[(entry id, job
-        id, event)]``; ``claims`` is the ``lease:seq`` counter, which every
-        claim batch increments (claims emit no event)."""
-        k = self.keys.queue(queue)
-        pipe = self.client.pipeline(transaction=False)
-        pipe.lindex(k.pending, 0)
-        pipe.xrange(k.events, "-", "+", count=1)
-        pipe.xrevrange(k.events, "+", "-", count=1)
-        pipe.xrange(k.events, f"({after}" if after else "-", "+", count=limit)
-        pipe.get(k.lease_seq)
-        head, first, last, entries, claims = pipe.execute()
-        first_id = to_text(first[0][0]) if first else None
-        last_id = to_text(last[0][0]) if last else None
-        return to_text(head), first_id, last_id, _stream_entries(entries), int(claims or 0)
-
-    @reports_redis_down
-    def same_queue_children(self, queue: str, job_ids) -> set[str]:
-        """The ids of the children in ``queue`` of each of ``job_ids`` (their
-        ``:children`` lists, pipelined; children on other queues left out)."""
-        ids = list(job_ids)
-        out: set[str] = set()
-        for i in range(0, len(ids), ROWS_PER_TRIP):
-            pipe = self.client.pipeline(transaction=False)
-            for job_id in ids[i : i + ROWS_PER_TRIP]:
-                pipe.lrange(JobKeys.of(self.keys.job(queue, job_id)).children, 0, -1)
-            for refs in pipe.execute():
-                for ref in map(to_text, refs):
-                    cq, cid = self.keys.parse_ref(ref)
-                    if cq == queue:
-                        out.add(cid)
-        return out
-
-    @reports_redis_down
-    def events_after(
-        self, queue: str, after: str, limit: int
-    ) -> list[tuple[str, str | None, str | None]]:
-        """Up to ``limit`` entries of the events stream after entry id
-        ``after``, as ``[(entry id, job id, event)]``."""
-        entries = self.client.xrange(self.keys.queue(queue).events, f"({after}", "+", count=limit)
-        return _stream_entries(entries)
+    def is_paused(self, queue: str) -> bool:
+        """True while ``queue`` is paused (one EXISTS; for stats and the admin)."""
+        return bool(self.client.exists(self.keys.queue(queue).paused))

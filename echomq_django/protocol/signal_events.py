@@ -1,7 +1,8 @@
-"""Durable-signal calls of ``EchoMQ`` (DESIGN §10.6; issue 18): the Redis
-half of the dispatcher (``dispatch.py``) and the reads stats and the admin
-show. The events themselves are written by the transition scripts
-(``lua/lib/signal_events.lua``); ``events.py`` says what one is.
+"""Signal events (docs/house.md, "protocol/"): the Redis half of durable
+signals. The transition scripts write an event (``lua/lib/signal_events.lua``);
+the dispatcher (``runners/dispatcher.py``) reads them, sends their Django
+signals and acknowledges them (``lua/ack_signals.lua``); stats and the admin
+read the backlog and the dead letters.
 
 Keys, all on the queue's own slot: ``P:{q}:signals`` (stream of undispatched
 events, never trimmed), ``P:{q}:signals:kinds`` (set: kinds recorded),
@@ -9,8 +10,8 @@ events, never trimmed), ``P:{q}:signals:kinds`` (set: kinds recorded),
 event -> sends that raised), ``P:{q}:signals:deadletter`` (list, newest last,
 capped at ``DEADLETTER_MAX``).
 
-``EventCalls`` is mixed into ``EchoMQ``, as ``FlowCalls`` is; it expects
-``self.client``, ``self.keys``, ``self.scripts`` and ``self.clock``.
+``SignalEvents`` is the part ``mq.signal_events``. These are not the
+``P:{q}:events`` stream the admin mirror reads (``probes.py``).
 """
 
 from __future__ import annotations
@@ -18,7 +19,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+import redis
+
 from ..core.jobs import to_text as _text
+from .errors import translating
+from .wire import Part
 
 SIGNAL_OF = {
     "completed": "job_completed",
@@ -62,10 +67,43 @@ class Event:
         return out
 
 
-class EventCalls:
-    """Durable-signal methods of ``EchoMQ``."""
+class SignalLock:
+    """The lock a dispatch pass holds on a queue's signal events
+    (``P:{q}:signals:lock``): non-blocking, usable from any thread, it always
+    expires. ``acquire(token)``, ``extend(ms)`` and ``release()`` answer
+    whether they worked instead of raising redis-py's ``LockError``; each
+    raises ``RedisUnavailable`` while Redis is away."""
 
-    def subscribe_events(self, queues: list[str], kinds: list[str]) -> list[str]:
+    def __init__(self, lock, client) -> None:
+        self._lock, self.client = lock, client
+
+    @translating
+    def acquire(self, token: str) -> bool:
+        """Take the lock under ``token``; False when another pass holds it."""
+        return bool(self._lock.acquire(token=token))
+
+    @translating
+    def extend(self, lock_ms: int) -> bool:
+        """The lock now ends ``lock_ms`` (ms) from now; False when it was lost."""
+        try:
+            return bool(self._lock.extend(lock_ms / 1000, replace_ttl=True))
+        except redis.exceptions.LockError:
+            return False
+
+    @translating
+    def release(self) -> bool:
+        """Drop the lock; False when it had expired (or was taken) already."""
+        try:
+            self._lock.release()
+        except redis.exceptions.LockError:
+            return False
+        return True
+
+
+class SignalEvents(Part):
+    """The signal-events part of ``EchoMQ`` (``mq.signal_events``)."""
+
+    def subscribe(self, queues: list[str], kinds: list[str]) -> list[str]:
         """Record events of ``kinds`` (the runners pass
         ``runners.dispatcher.kinds_connected()``, the kinds their process has
         receivers for) for each of ``queues`` from
@@ -83,7 +121,7 @@ class EventCalls:
                 self.client.sadd(key, *kinds)
         return kinds
 
-    def read_events(self, queue: str, count: int) -> list[Event]:
+    def read(self, queue: str, count: int) -> list[Event]:
         """The oldest ``count`` undispatched events of ``queue``, in order."""
         out = []
         for xid, fields in self.client.xrange(self.keys.queue(queue).signals, count=count):
@@ -95,26 +133,33 @@ class EventCalls:
             )
         return out
 
-    def wait_for_events(self, queue: str, block_ms: int) -> None:
+    def wait(self, queue: str, block_ms: int) -> None:
         """Block until ``queue`` has an undispatched event (returns at once
-        when it has one), at most ``block_ms`` ms."""
-        self.client.xread({self.keys.queue(queue).signals: "0-0"}, count=1, block=block_ms)
+        when it has one), at most ``block_ms`` ms; a client socket timeout
+        shorter than ``block_ms`` ends the wait early."""
+        try:
+            self.client.xread({self.keys.queue(queue).signals: "0-0"}, count=1, block=block_ms)
+        except redis.exceptions.TimeoutError:
+            pass  # the socket timed out first: the caller looks again
 
-    def events_lock(self, queue: str, lock_ms: int):
-        """The redis-py ``Lock`` on ``P:{q}:signals:lock`` (``lock_ms`` ms,
-        non-blocking, usable from any thread) a dispatch pass holds."""
-        return self.client.lock(
-            self.keys.queue(queue).signal_lock,
-            timeout=lock_ms / 1000,
-            blocking=False,
-            thread_local=False,
+    def lock(self, queue: str, lock_ms: int) -> SignalLock:
+        """The ``SignalLock`` on ``P:{q}:signals:lock`` (``lock_ms`` ms) a
+        dispatch pass holds."""
+        return SignalLock(
+            self.client.lock(
+                self.keys.queue(queue).signal_lock,
+                timeout=lock_ms / 1000,
+                blocking=False,
+                thread_local=False,
+            ),
+            self.client,
         )
 
-    def count_event_try(self, queue: str, xid: str) -> int:
+    def count_try(self, queue: str, xid: str) -> int:
         """One more send of event ``xid`` raised; returns how many have."""
         return self.client.hincrby(self.keys.queue(queue).signal_tries, xid, 1)
 
-    def ack_events(
+    def ack(
         self, queue: str, acks: list[tuple[str, str]], read: int = 0
     ) -> tuple[int, list[Event]]:
         """Remove dispatched events and dead-letter given-up ones, in one
@@ -130,7 +175,7 @@ class EventCalls:
         data = json.loads(reply)
         return data["removed"], [Event(queue, *e) for e in data["next"] or ()]
 
-    def event_backlog(self, queue: str) -> dict:
+    def backlog(self, queue: str) -> dict:
         """``{"pending": events not dispatched yet, "deadlettered": events
         given up on, "oldest_ms": age in ms of the oldest pending event (None
         when none)}`` for ``queue``; reads only."""
@@ -145,7 +190,7 @@ class EventCalls:
             oldest = max(0, self.clock() - int(_text(first[0][0]).partition("-")[0]))
         return {"pending": pending, "deadlettered": lettered, "oldest_ms": oldest}
 
-    def deadlettered_events(self, queue: str, count: int = 100) -> list[dict]:
+    def deadlettered(self, queue: str, count: int = 100) -> list[dict]:
         """The newest ``count`` dead-lettered events of ``queue``, newest
         first, each ``{event_id, kind, job_id, job_name, value, reason, tries,
         at}`` (``at``: ms when it was given up on); reads only."""

@@ -143,7 +143,7 @@ class ClaimLoop:
         """Claim up to ``free`` jobs round-robin over the queues and submit
         them; ``everywhere`` asks resting queues too. Returns how many."""
         if not self._subscribed:  # before any transition of ours (DESIGN §10.6)
-            self.mq.subscribe_events(self.queues, kinds_connected())
+            self.mq.signal_events.subscribe(self.queues, kinds_connected())
             self._subscribed = True
         got, now, n = 0, time.monotonic(), len(self.queues)
         first, self._turn = self._turn, (self._turn + 1) % n

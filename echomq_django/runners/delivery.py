@@ -1,4 +1,18 @@
-"""Outbox entries as the pump reads them (DESIGN §6; issue 17, item 6).
+"""The pump's delivery of one queue's flow outbox (docs/house.md, "runners/").
+
+``deliver_outbox`` reads the outbox without removing (LRANGE), delivers each
+entry on its parent's slot (``mq.outbox.deliver``), then trims exactly the
+delivered prefix (``mq.outbox.trim``). A crash between deliver and trim
+re-delivers, which the scripts' guards make a no-op. The sweep holds a lock
+and the trim checks it, so two pumps on one queue never trim what the other
+has not delivered. The lock is a short lease (``lock_ms``, 2 s by default)
+renewed after every batch and dropped at the end of the sweep; it holds the
+pump's own token for the pump's whole life, so a pump whose drop failed
+while Redis was away takes it up again at its next sweep, and a live peer
+takes over within ``lock_ms`` of a pump that died mid-sweep. An entry whose
+parent is gone is retried on ``max_tries`` sweeps (moved to the back of the
+outbox meanwhile, so it never holds up the entries behind it), then moved to
+the dead-letter list with its reason.
 
 An entry is the JSON a child's transition pushed onto its queue's outbox
 (``{k, c, p, q, pol?, v?}``, lib/flow.lua and lib/lifecycle.lua). Anything
@@ -12,27 +26,20 @@ refuse.
 from __future__ import annotations
 
 import json
+import logging
+import secrets
+from dataclasses import dataclass, field
 
-import redis
-
-from ..core.exceptions import RedisUnavailable
+from ..core.exceptions import RedisUnavailable, SweepLockLost
 from ..core.jobs import Outcome, Policy
 from ..core.keyspace import validate_id, validate_queue
 from ..protocol.client import EchoMQ
-from ..protocol.errors import TRANSIENT, connection_error
+
+log = logging.getLogger("echomq_django.delivery")
+
+LOCK_MS = 2000  # the sweep lock's lease (ms): how soon a peer takes over from a dead pump
 
 ENTRY_KINDS = ("done", "dead", "reattach", "gone", "rm", "cancel")  # lua/deliver_to_parents.lua
-
-# "Not now", never "no": a failover or a dropped connection, however redis-py
-# words it (its Cluster client gives up with ClusterError, "TTL exhausted", or a
-# RedisClusterException while its slot map heals). Such a refusal says nothing
-# about the entry: it stays in the outbox for the next sweep, neither counted
-# as a try nor dead-lettered.
-NOT_NOW = (
-    *TRANSIENT,
-    redis.exceptions.ClusterError,
-    redis.exceptions.RedisClusterException,
-)
 
 
 def parse_entry(raw) -> tuple[dict | None, str | None]:
@@ -75,32 +82,159 @@ def deliver_batch(mq: EchoMQ, raw: list, outcome: Outcome, source: str) -> tuple
     check foresaw) is delivered again one entry at a time, so only the entry
     at fault is dead-lettered, with Redis' words. Merges what moved into
     ``outcome``; raises ``RedisUnavailable`` (the pump waits it out) for a
-    transient failure (``NOT_NOW``), of the batch or of one entry: no entry
-    is dead-lettered for it."""
+    failover or a dropped connection, of the batch or of one entry: such a
+    refusal says nothing about the entry, so none is dead-lettered or
+    counted as a try for it."""
     parsed = [parse_entry(item) for item in raw]
     entries = [entry for entry, _ in parsed]
     verdicts: list = [reason for _, reason in parsed]
     good = [i for i, entry in enumerate(entries) if entry is not None]
     try:
-        flags, moved = mq.deliver([entries[i] for i in good], source=source)
+        flags, moved = mq.outbox.deliver([entries[i] for i in good], source=source)
         outcome.merge(moved)
-    except RedisUnavailable:
+    except RedisUnavailable:  # "not now", never "no": the entry waits for the next sweep
         raise
-    except NOT_NOW as err:
-        raise connection_error(mq.client, err) from err
     except Exception:
         flags = []
         for i in good:
             try:
-                [flag], moved = mq.deliver([entries[i]], source=source)
+                [flag], moved = mq.outbox.deliver([entries[i]], source=source)
                 outcome.merge(moved)
             except RedisUnavailable:
                 raise
-            except NOT_NOW as err:
-                raise connection_error(mq.client, err) from err
             except Exception as err:
                 flag = f"delivery refused: {type(err).__name__}: {err}"
             flags.append(flag)
     for i, flag in zip(good, flags, strict=True):
         verdicts[i] = flag if flag is None or isinstance(flag, str) else bool(flag)
     return entries, verdicts
+
+
+@dataclass
+class SweepReport:
+    """What one sweep of one queue did (counts)."""
+
+    delivered: int = 0
+    deadlettered: int = 0
+    promoted: int = 0
+    recovered: int = 0
+    released: int = 0
+    dead: int = 0
+    signals: int = 0  # durable events whose signals this sweep sent
+    expired: int = 0  # parents whose children_timeout_ms passed (DESIGN §10.3)
+    scheduled: int = 0  # periodic jobs fired on this queue (DESIGN §10.3)
+    pruned: int = 0  # rows retention, removals and cancels took (DESIGN §10.2)
+    locked: bool = False
+    lock_lost: bool = False
+    # entries delivered to a Cluster master whose replica did not confirm them
+    # in time: kept in the outbox for a later sweep (Scripts.run_many_confirmed)
+    unreplicated: int = 0
+    outcome: Outcome = field(default_factory=Outcome, repr=False)
+
+    def as_dict(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != "outcome"}
+
+
+def deliver_outbox(
+    mq: EchoMQ,
+    queue: str,
+    batch: int = 500,
+    lock_ms: int = LOCK_MS,
+    max_tries: int = 3,
+    report: SweepReport | None = None,
+    before_trim=None,
+    token: str | None = None,
+) -> SweepReport:
+    """Deliver ``queue``'s outbox, ``batch`` entries per round, until the
+    entries it held when the sweep began were each looked at once: an entry
+    whose parent is not found moves to the back (``trim_outbox``) and is
+    tried again at a later sweep, up to ``max_tries`` deliveries, then
+    dead-lettered; it never holds up the entries behind it. Skips (``locked=True``)
+    when another pump holds the sweep lock of this queue. ``token``: the
+    caller's lock token (a ``Pump`` keeps one for its life; None: a fresh
+    one); ``lock_ms`` (ms): the lock's lease, renewed after each batch.
+    ``before_trim(queue, actions)`` runs between delivery and trim: the kill
+    point tests use it."""
+    report = report or SweepReport()
+    token = token or secrets.token_hex(8)
+    if not mq.outbox.lock(queue, token, lock_ms):
+        report.locked = True
+        return report
+    try:
+        # each entry found when the sweep began is looked at once: one moved to
+        # the back waits for a later sweep (the length is read only when the
+        # first batch comes back full)
+        left: int | None = None
+        while left is None or left > 0:
+            asked = batch if left is None else min(batch, left)
+            raw = mq.outbox.head(queue, asked)
+            if not raw:
+                break
+            if left is None:
+                left = len(raw) if len(raw) < batch else mq.outbox.length(queue)
+            entries, verdicts = deliver_batch(mq, raw, report.outcome, queue)
+            if None in verdicts:
+                # a failover now would take those deliveries back: the entries
+                # from the first of them stay for a later sweep (a second
+                # delivery of an entry is a no-op)
+                keep = verdicts.index(None)
+                report.unreplicated += len(raw) - keep
+                log.warning(
+                    "outbox of %s: %d deliveries not confirmed on a replica in time; "
+                    "kept for the next sweep",
+                    queue,
+                    len(raw) - keep,
+                )
+                # the prefix before it is trimmed below; left = keep ends the sweep there
+                raw, entries, verdicts, left = raw[:keep], entries[:keep], verdicts[:keep], keep
+            actions, read = [], []
+            for item, entry, verdict in zip(raw, entries, verdicts, strict=True):
+                read.append(item)
+                if verdict is True:
+                    actions.append("ok")
+                    continue
+                if isinstance(verdict, str):  # poison: no later try can deliver it
+                    log.error("outbox of %s: dead-lettering an entry: %s", queue, verdict)
+                    actions.append(verdict)
+                    continue
+                tries = mq.outbox.count_delivery(queue, item)
+                if tries < max_tries:
+                    actions.append("again")  # to the back: a later sweep tries it again
+                    continue
+                actions.append(
+                    f"parent {entry.get('q')}/{entry.get('p')} not found after {tries} deliveries"
+                )
+            if before_trim is not None:
+                before_trim(queue, actions)
+            removed = 0
+            if actions:
+                try:
+                    removed = mq.outbox.trim(queue, token, read, actions)
+                except SweepLockLost:
+                    # our lock expired mid-sweep and another pump may be trimming:
+                    # leave the outbox to it; what we delivered is re-delivered as no-ops
+                    log.warning(
+                        "pump lock on %s expired before the trim; leaving the "
+                        "outbox to the pump that holds it",
+                        queue,
+                    )
+                    report.lock_lost = True
+                    break
+                if removed != len(actions):  # the head moved under us: re-read it
+                    log.warning("outbox of %s changed before the trim; re-reading", queue)
+                    continue
+            report.delivered += actions.count("ok")
+            report.deadlettered += len(actions) - actions.count("ok") - actions.count("again")
+            left -= len(raw)
+            if len(raw) < asked or left <= 0:
+                break
+            if not mq.outbox.lock(queue, token, lock_ms):  # renew for the next batch
+                log.warning("pump lock on %s expired during the sweep", queue)
+                report.lock_lost = True
+                break
+    finally:
+        try:
+            mq.outbox.lock(queue, token, lock_ms, take=False)
+        except RedisUnavailable:  # it expires; and it is ours at our next sweep
+            log.warning("pump lock on %s not dropped: Redis is unavailable", queue)
+    return report

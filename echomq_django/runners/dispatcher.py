@@ -57,7 +57,6 @@ import time
 import uuid
 from dataclasses import dataclass
 
-import redis
 from asgiref.sync import async_to_sync, iscoroutinefunction
 from django.db import close_old_connections
 
@@ -163,10 +162,10 @@ class Dispatcher:
 
     def subscribe(self) -> None:
         """Record, from now on, the event kinds this process has receivers
-        for on the dispatcher's queues (``EchoMQ.subscribe_events``); one
+        for on the dispatcher's queues (``mq.signal_events.subscribe``); one
         round trip per queue the first time, nothing after."""
         if not self._subscribed:
-            self.mq.subscribe_events(self.queues, kinds_connected())
+            self.mq.signal_events.subscribe(self.queues, kinds_connected())
             self._subscribed = True
 
     # -- one pass ---------------------------------------------------------
@@ -177,8 +176,8 @@ class Dispatcher:
 
     def dispatch(self, queue: str) -> DispatchReport:
         """Send ``queue``'s pending events in order until none is left, one
-        waits for its next try, or the lock is lost. Raises redis-py's
-        ``ConnectionError`` / ``TimeoutError`` when Redis does not answer
+        waits for its next try, or the lock is lost. Raises
+        ``RedisUnavailable`` when Redis does not answer
         (nothing acked is lost; the unacked events are sent again)."""
         self.subscribe()
         report = DispatchReport()
@@ -186,23 +185,21 @@ class Dispatcher:
         if waiting and waiting[1] > time.monotonic():
             report.retry_in_ms = int((waiting[1] - time.monotonic()) * 1000) + 1
             return report
-        lock = self.mq.events_lock(queue, self.lock_ms)
-        if not lock.acquire(token=uuid.uuid4().hex):
+        lock = self.mq.signal_events.lock(queue, self.lock_ms)
+        if not lock.acquire(uuid.uuid4().hex):
             report.locked = True
             return report
         renew_at = time.monotonic() + self.lock_ms / 3000
         try:
             _close_old_connections()  # receivers may use the database
-            events = self.mq.read_events(queue, self.batch)
+            events = self.mq.signal_events.read(queue, self.batch)
             while events:
                 live: dict = {}  # signal -> its receivers, looked up once per batch
                 acks: list[tuple[str, str]] = []
                 stopped = False
                 for event in events:
                     if time.monotonic() >= renew_at:
-                        try:
-                            lock.extend(self.lock_ms / 1000, replace_ttl=True)
-                        except redis.exceptions.LockError:
+                        if not lock.extend(self.lock_ms):
                             report.lock_lost, stopped = True, True
                             break
                         renew_at = time.monotonic() + self.lock_ms / 3000
@@ -219,9 +216,7 @@ class Dispatcher:
                 self.deadlettered += len(acks) - sent
         finally:
             _close_old_connections()
-            try:
-                lock.release()
-            except redis.exceptions.LockError:
+            if not lock.release():
                 log.warning("signals lock on %s expired during a dispatch pass", queue)
         return report
 
@@ -241,7 +236,7 @@ class Dispatcher:
             self._failing.pop(key, None)
             self._retry_at.pop(event.queue, None)
             return "ok"
-        tries = self.mq.count_event_try(event.queue, event.xid)
+        tries = self.mq.signal_events.count_try(event.queue, event.xid)
         if tries >= self.tries:
             self._failing.pop(key, None)
             self._retry_at.pop(event.queue, None)
@@ -295,8 +290,8 @@ class Dispatcher:
         if self.before_ack is not None:
             self.before_ack(queue, acks)
         if not acks:
-            return self.mq.read_events(queue, read) if read else []
-        return self.mq.ack_events(queue, acks, read)[1]
+            return self.mq.signal_events.read(queue, read) if read else []
+        return self.mq.signal_events.ack(queue, acks, read)[1]
 
     # -- threads ----------------------------------------------------------
 
@@ -342,10 +337,7 @@ class Dispatcher:
     def _wait_for_event(self, queue: str) -> None:
         """Block until ``queue`` has an event (at once when it has), at most
         ``block_ms``."""
-        try:
-            self.mq.wait_for_events(queue, self.block_ms)
-        except redis.exceptions.TimeoutError:
-            pass  # a client socket timeout shorter than block_ms: look again
+        self.mq.signal_events.wait(queue, self.block_ms)
 
 
 def _close_old_connections() -> None:

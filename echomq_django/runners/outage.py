@@ -10,20 +10,14 @@ from __future__ import annotations
 
 import logging
 
-import redis
-
 from ..core.exceptions import RedisUnavailable
-from ..protocol.errors import TRANSIENT, describe
+from ..protocol.errors import describe
 
 BACKOFF_START_S, BACKOFF_MAX_S = 0.5, 30.0
 
-# What "Redis is down" looks like to a runner: our wrapper, and redis-py's own
-# errors where a call is made on the raw client.
-REDIS_DOWN = (
-    RedisUnavailable,
-    *TRANSIENT,  # connection, CLUSTERDOWN, TRYAGAIN, READONLY, LOADING...
-    redis.exceptions.ClusterError,
-)
+# What "Redis is down" looks like to a runner: every part of EchoMQ turns a
+# dropped connection, CLUSTERDOWN, TRYAGAIN, READONLY, LOADING... into this.
+REDIS_DOWN = (RedisUnavailable,)
 
 
 class Outage:

@@ -296,7 +296,7 @@ class Scheduler:
             tick = entry.last_tick(now)
             if self.marks.get(entry.key, -1) >= tick:
                 continue
-            mark = self.mq.schedule_mark(entry.queue, entry.key, tick, "init")
+            mark = self.mq.timers.advance_schedule(entry.queue, entry.key, tick, "init")
             if mark < tick:
                 job_id = entry.job_id(tick)
                 try:
@@ -308,7 +308,7 @@ class Scheduler:
                 else:
                     added.append((entry.queue, job_id))
                     log.info("periodic job %s fired: %s/%s", entry.key, entry.queue, job_id)
-                mark = self.mq.schedule_mark(entry.queue, entry.key, tick, "fire")
+                mark = self.mq.timers.advance_schedule(entry.queue, entry.key, tick, "fire")
             self.marks[entry.key] = mark
         self.fired += len(added)
         return added
@@ -333,7 +333,7 @@ class Scheduler:
         now = self.mq.clock()
         out = []
         for e in self.entries:
-            last = self.mq.schedule_last(e.queue, e.key)
+            last = self.mq.timers.schedule_last(e.queue, e.key)
             out.append(
                 {
                     "entry": e.key,

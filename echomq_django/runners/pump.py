@@ -1,24 +1,9 @@
-"""The pump: the per-queue sweep (DESIGN §6).
+"""The pump: the per-queue sweep (docs/house.md, "runners/").
 
 One ``Pump(queues).sweep()`` pass, for each queue:
 
-1. delivers its outbox (cross-queue fan-in): read without removing (LRANGE),
-   deliver each entry with ``deliver_to_parents`` on its parent's slot, then
-   ``trim_outbox`` removes exactly the delivered prefix. A crash between
-   deliver and trim re-delivers, which the scripts' guards make a no-op. The
-   sweep holds a lock and the trim checks it, so two pumps on one queue never
-   trim what the other has not delivered. The lock is a short lease
-   (``lock_ms``, 2 s by default) renewed after every batch and dropped at
-   the end of the sweep; it holds the pump's own token for the pump's whole
-   life, so a pump whose drop failed while Redis was away (or whose lock came
-   back from an AOF) takes it up again at its next sweep, and a live peer
-   takes over within ``lock_ms`` of a pump that died mid-sweep (issue 17,
-   item 2). An entry whose
-   parent is gone is retried on ``max_tries`` sweeps (moved to the back of
-   the outbox meanwhile, so it never holds up the entries behind it), then
-   moved to the dead-letter list with its reason; a
-   malformed (poison) entry is dead-lettered at once with what is wrong with
-   it: the pump never dies of data;
+1. delivers its outbox (cross-queue fan-in; ``delivery.py`` says how, under
+   which lock, and what becomes of an entry whose parent is gone);
 2. promotes due delayed jobs;
 3. recovers expired leases (a job past the stall limit dies);
 4. sends the Django signals of the queue's durable events (``dispatch.py``,
@@ -42,16 +27,13 @@ import queue as _queue
 import secrets
 import threading
 import time
-from dataclasses import dataclass, field
 
 from ..conf import get_mq
-from ..core.exceptions import RedisUnavailable, SweepLockLost
-from ..core.jobs import Outcome
+from ..core.exceptions import RedisUnavailable
 from ..core.keyspace import validate_queue, whole_number
 from ..protocol.client import EchoMQ
-from ..protocol.errors import TRANSIENT, connection_error
-from . import heartbeat as registry
-from .delivery import deliver_batch
+from . import heartbeat
+from .delivery import LOCK_MS, SweepReport, deliver_outbox
 from .dispatcher import Dispatcher
 from .outage import Outage
 from .periodic import Scheduler
@@ -60,140 +42,9 @@ from .wake import BLOCK_S, Wake, Waker
 log = logging.getLogger("echomq_django.pump")
 
 SUMMARY_EVERY_S = 10.0  # seconds between the INFO lines of running totals
-LOCK_MS = 2000  # the sweep lock's lease (ms): how soon a peer takes over from a dead pump
 LOCK_MS_MIN = 100  # shorter leases could lapse between a batch's round trips
 LOCKED_RETRY_S = 0.05  # a woken queue whose outbox another pump holds: look again then
 STOP_CHECK_S = 0.25  # run() calls should_stop() at least this often (a local check)
-
-
-@dataclass
-class SweepReport:
-    """What one sweep of one queue did (counts)."""
-
-    delivered: int = 0
-    deadlettered: int = 0
-    promoted: int = 0
-    recovered: int = 0
-    released: int = 0
-    dead: int = 0
-    signals: int = 0  # durable events whose signals this sweep sent
-    expired: int = 0  # parents whose children_timeout_ms passed (DESIGN §10.3)
-    scheduled: int = 0  # periodic jobs fired on this queue (DESIGN §10.3)
-    pruned: int = 0  # rows retention, removals and cancels took (DESIGN §10.2)
-    locked: bool = False
-    lock_lost: bool = False
-    # entries delivered to a Cluster master whose replica did not confirm them
-    # in time: kept in the outbox for a later sweep (Scripts.run_many_confirmed)
-    unreplicated: int = 0
-    outcome: Outcome = field(default_factory=Outcome, repr=False)
-
-    def as_dict(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if k != "outcome"}
-
-
-def deliver_outbox(
-    mq: EchoMQ,
-    queue: str,
-    batch: int = 500,
-    lock_ms: int = LOCK_MS,
-    max_tries: int = 3,
-    report: SweepReport | None = None,
-    before_trim=None,
-    token: str | None = None,
-) -> SweepReport:
-    """Deliver ``queue``'s outbox, ``batch`` entries per round, until the
-    entries it held when the sweep began were each looked at once: an entry
-    whose parent is not found moves to the back (``trim_outbox``) and is
-    tried again at a later sweep, up to ``max_tries`` deliveries, then
-    dead-lettered; it never holds up the entries behind it. Skips (``locked=True``)
-    when another pump holds the sweep lock of this queue. ``token``: the
-    caller's lock token (a ``Pump`` keeps one for its life; None: a fresh
-    one); ``lock_ms`` (ms): the lock's lease, renewed after each batch.
-    ``before_trim(queue, actions)`` runs between delivery and trim: the kill
-    point tests use it."""
-    report = report or SweepReport()
-    token = token or secrets.token_hex(8)
-    if not mq.outbox_lock(queue, token, lock_ms):
-        report.locked = True
-        return report
-    try:
-        # each entry found when the sweep began is looked at once: one moved to
-        # the back waits for a later sweep (the length is read only when the
-        # first batch comes back full)
-        left: int | None = None
-        while left is None or left > 0:
-            asked = batch if left is None else min(batch, left)
-            raw = mq.outbox_head(queue, asked)
-            if not raw:
-                break
-            if left is None:
-                left = len(raw) if len(raw) < batch else mq.outbox_length(queue)
-            entries, verdicts = deliver_batch(mq, raw, report.outcome, queue)
-            if None in verdicts:
-                # a failover now would take those deliveries back: the entries
-                # from the first of them stay for a later sweep (a second
-                # delivery of an entry is a no-op)
-                keep = verdicts.index(None)
-                report.unreplicated += len(raw) - keep
-                log.warning(
-                    "outbox of %s: %d deliveries not confirmed on a replica in time; "
-                    "kept for the next sweep",
-                    queue,
-                    len(raw) - keep,
-                )
-                # the prefix before it is trimmed below; left = keep ends the sweep there
-                raw, entries, verdicts, left = raw[:keep], entries[:keep], verdicts[:keep], keep
-            actions, read = [], []
-            for item, entry, verdict in zip(raw, entries, verdicts, strict=True):
-                read.append(item)
-                if verdict is True:
-                    actions.append("ok")
-                    continue
-                if isinstance(verdict, str):  # poison: no later try can deliver it
-                    log.error("outbox of %s: dead-lettering an entry: %s", queue, verdict)
-                    actions.append(verdict)
-                    continue
-                tries = mq.count_delivery(queue, item)
-                if tries < max_tries:
-                    actions.append("again")  # to the back: a later sweep tries it again
-                    continue
-                actions.append(
-                    f"parent {entry.get('q')}/{entry.get('p')} not found after {tries} deliveries"
-                )
-            if before_trim is not None:
-                before_trim(queue, actions)
-            removed = 0
-            if actions:
-                try:
-                    removed = mq.trim_outbox(queue, token, read, actions)
-                except SweepLockLost:
-                    # our lock expired mid-sweep and another pump may be trimming:
-                    # leave the outbox to it; what we delivered is re-delivered as no-ops
-                    log.warning(
-                        "pump lock on %s expired before the trim; leaving the "
-                        "outbox to the pump that holds it",
-                        queue,
-                    )
-                    report.lock_lost = True
-                    break
-                if removed != len(actions):  # the head moved under us: re-read it
-                    log.warning("outbox of %s changed before the trim; re-reading", queue)
-                    continue
-            report.delivered += actions.count("ok")
-            report.deadlettered += len(actions) - actions.count("ok") - actions.count("again")
-            left -= len(raw)
-            if len(raw) < asked or left <= 0:
-                break
-            if not mq.outbox_lock(queue, token, lock_ms):  # renew for the next batch
-                log.warning("pump lock on %s expired during the sweep", queue)
-                report.lock_lost = True
-                break
-    finally:
-        try:
-            mq.outbox_lock(queue, token, lock_ms, take=False)
-        except RedisUnavailable:  # it expires; and it is ours at our next sweep
-            log.warning("pump lock on %s not dropped: Redis is unavailable", queue)
-    return report
 
 
 def check_interval(interval) -> float:
@@ -241,7 +92,7 @@ class Pump:
         before_trim=None,
         scheduler: Scheduler | None = None,
         register: bool = True,
-        beat_s: float = registry.HEARTBEAT_S,
+        beat_s: float = heartbeat.HEARTBEAT_S,
         dispatcher: Dispatcher | None = None,
     ) -> None:
         self.queues = [validate_queue(q) for q in queues]
@@ -271,26 +122,20 @@ class Pump:
     def sweep(self) -> dict[str, dict]:
         """One pass over every queue; returns ``{queue: counts}`` (see
         ``SweepReport``). Raises ``RedisUnavailable`` when Redis is down."""
-        try:
-            return self._sweep()
-        except TRANSIENT as err:
-            raise connection_error(self.mq.client, err) from err
-
-    def _sweep(self) -> dict[str, dict]:
         reports = {}
         self.dispatcher.subscribe()  # before this sweep's transitions
         fired = self.scheduler.fire_due() if self.scheduler else []
         for queue in self.queues:
             rep = self._deliver_outbox(queue)
-            rep.promoted = self.mq.promote_delayed(queue, limit=self.batch * 10)
-            stalled = self.mq.recover_stalled(
+            rep.promoted = self.mq.timers.promote_delayed(queue, limit=self.batch * 10)
+            stalled = self.mq.timers.recover_stalled(
                 queue, limit=self.batch * 10, max_stalls=self.max_stalls
             )
             rep.recovered = stalled.recovered
             rep.outcome.merge(stalled)
-            rep.expired, expired = self.mq.expire_children(queue, limit=self.batch * 10)
+            rep.expired, expired = self.mq.timers.expire_children(queue, limit=self.batch * 10)
             rep.outcome.merge(expired)
-            pruned = self.mq.prune(queue)  # bounded: MAX_CALLS steps of BUDGET units
+            pruned = self.mq.lifecycle.prune(queue)  # bounded: MAX_CALLS steps of BUDGET units
             rep.pruned = pruned.removed
             rep.outcome.merge(pruned.outcome)
             rep.scheduled = sum(q == queue for q, _ in fired)
@@ -311,10 +156,7 @@ class Pump:
         sweeps; the signals of what it moved are durable events, sent by the
         dispatcher); ``locked`` in the report when another pump holds that
         outbox. Raises ``RedisUnavailable``."""
-        try:
-            rep = self._deliver_outbox(queue)
-        except TRANSIENT as err:
-            raise connection_error(self.mq.client, err) from err
+        rep = self._deliver_outbox(queue)
         rep.released, rep.dead = len(rep.outcome.released), len(rep.outcome.dead)
         for name in ("delivered", "deadlettered", "released", "dead"):
             setattr(self.totals, name, getattr(self.totals, name) + getattr(rep, name))
@@ -364,7 +206,7 @@ class Pump:
         if not once:
             check_interval(interval)
         t = self.totals  # a pump's "jobs done": entries delivered, jobs promoted and recovered
-        beat = registry.announce(
+        beat = heartbeat.announce(
             self.mq,
             "pump",
             self.queues,

@@ -205,7 +205,7 @@ class Reporter:
         ``RateLimited``; each leaves ``finished`` once Redis answered."""
         for f in [f for f in finished if f.postpone_ms is not None]:
             try:
-                self.mq.postpone(f.job, f.postpone_ms)
+                self.mq.timers.postpone(f.job, f.postpone_ms)
             except REDIS_DOWN:
                 raise
             except Exception as err:

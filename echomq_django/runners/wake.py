@@ -1,11 +1,6 @@
 """Blocking instead of polling: the wake-ups and the timers a runner keeps
-(DESIGN §10.1, issue 12).
-
-Every script that makes a job claimable wakes its queue on the queue's own
-slot (``lua/lib/claimable.lua``): ``P:{q}:wake`` holds ``'0'`` while a job is
-claimable and no worker was told, and ``'d'`` scored with the earliest
-delayed run-at announced; ``P:{q}:flow:wake`` holds ``'0'`` while the outbox
-has entries for the pump. Both are sorted sets of at most two members.
+(docs/house.md, "runners/"). The markers themselves, and the commands that
+read and write them, are ``protocol/timers.py``'s.
 
 * ``Waker`` blocks on one of those keys per queue (``BZPOPMIN``, with a
   timeout) and posts each marker it pops to its runner as a ``Wake``. On one
@@ -39,36 +34,18 @@ import logging
 import secrets
 import threading
 import time
-from dataclasses import dataclass
 
-import redis
-from redis.cluster import RedisCluster
-
+from ..core.exceptions import RedisUnavailable
 from ..core.jobs import Outcome
-from ..protocol.scripts import socket_timeout
+from ..protocol.timers import WAKE_DUE, Wake
 
 log = logging.getLogger("echomq_django.wake")
 
-WAKE_NOW, WAKE_DUE = "0", "d"  # the members lua/lib/claimable.lua writes
 BLOCK_S = 4.0  # longest single BZPOPMIN (s): bounds a lost reply's cost, not latency
 SWEEP_S = 10.0  # a queue's sweep interval (s): lease recovery, next run-at, lost markers
-SOCKET_MARGIN_S = 1.0  # a blocking read waits this much longer than its command
 BACKOFF_START_S, BACKOFF_MAX_S = 0.5, 30.0
-REDIS_DOWN = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
 
-
-@dataclass(frozen=True)
-class Wake:
-    """What a ``Waker`` posts: a popped marker (``queue``, ``member`` ``'0'``
-    or ``'d'``, ``score``: 0, or the run-at in ms), or the connection's state
-    (``DOWN``, ``UP``: queue ``''``)."""
-
-    queue: str
-    member: str
-    score: int = 0
-
-
-DOWN, UP = Wake("", "down"), Wake("", "up")
+DOWN, UP = Wake("", "down"), Wake("", "up")  # what a Waker posts when Redis goes and comes back
 
 
 class Waker:
@@ -91,13 +68,9 @@ class Waker:
         self._armed = threading.Event()
         self._halt = threading.Event()
         self._threads: list[threading.Thread] = []
-        cluster = isinstance(mq.client, RedisCluster)
-        self._own = None if cluster else _private_client(mq.client, block_s)
-        self.client = self._own or mq.client
-        timeout = socket_timeout(mq.client) if self._own is None else None
-        self.block_s = max(0.1, min(block_s, timeout - SOCKET_MARGIN_S)) if timeout else block_s
-        # one blocking command per slot: every queue at once on one server
-        self.groups = [[q] for q in self.queues] if cluster else [self.queues]
+        self.markers = mq.timers.markers(self.queues, key, block_s)
+        self.block_s = self.markers.block_s
+        self.groups = self.markers.groups
 
     def start(self) -> None:
         for i, group in enumerate(self.groups):
@@ -125,36 +98,32 @@ class Waker:
         back."""
         self._halt.set()
         self._armed.set()
-        if self._own is not None:
-            self._own.connection_pool.disconnect()
+        self.markers.cut()
 
     def put_back(self, wake: Wake) -> None:
         """Return a popped marker for another runner (``'d'`` keeps the
         earliest run-at). Errors are logged, not raised: at worst a sweep
         re-wakes the queue."""
-        key = getattr(self.mq.keys.queue(wake.queue), self.key)
         try:
-            if wake.member == WAKE_DUE:
-                self.mq.client.zadd(key, {WAKE_DUE: wake.score}, lt=True)
-            else:
-                self.mq.client.zadd(key, {wake.member: wake.score})
+            self.markers.put_back(wake)
         except Exception as err:  # also a connection cut off under us by stop()
-            log.debug("putting back %s on %s failed: %s", wake.member, key, err)
+            log.debug(
+                "putting back %s on %s of %s failed: %s", wake.member, self.key, wake.queue, err
+            )
 
     def _run(self, queues: list[str]) -> None:
-        keys = {getattr(self.mq.keys.queue(q), self.key): q for q in queues}
-        order, turn, down, delay = list(keys), 0, False, BACKOFF_START_S
+        order, turn, down, delay = list(queues), 0, False, BACKOFF_START_S
         while not self._halt.is_set():
             self._armed.wait()
             if self._halt.is_set():
                 return
             turn = (turn + 1) % len(order)  # rotate: one busy queue cannot starve the rest
             try:
-                got = self.client.bzpopmin(order[turn:] + order[:turn], timeout=self.block_s)
+                wake = self.markers.pop(order[turn:] + order[:turn])
             except Exception as err:  # cut off by stop(), or Redis went away
                 if self._halt.is_set():
                     return
-                if not isinstance(err, (*REDIS_DOWN, redis.exceptions.ClusterError)):
+                if not isinstance(err, RedisUnavailable):
                     log.exception("%s: blocking on %s failed", self.name, self.key)
                 if not down:
                     down = True
@@ -168,10 +137,8 @@ class Waker:
             if down:
                 down, delay = False, BACKOFF_START_S
                 self.post(UP)
-            if not got:
+            if wake is None:
                 continue
-            key, member, score = got
-            wake = Wake(keys[_text(key)], _text(member), int(score))
             if self._halt.is_set():
                 self.put_back(wake)
                 return
@@ -228,67 +195,33 @@ class Timers:
         return outcome
 
     def _promote(self, queue: str) -> None:
-        moved = self.mq.promote_delayed(queue, limit=self.limit)
+        moved = self.mq.timers.promote_delayed(queue, limit=self.limit)
         self.promoted += moved
         if moved >= self.limit:
             return  # more are due: promote again on the next pass
-        self.due[queue] = self._next_run_at(queue)
-
-    def _next_run_at(self, queue: str) -> int | None:
-        head = self.mq.client.zrange(self.mq.keys.queue(queue).delayed, 0, 0, withscores=True)
-        return int(head[0][1]) if head else None
+        self.due[queue] = self.mq.timers.next_run_at(queue)
 
     def _sweep(self, queue: str, outcome: Outcome) -> None:
-        k, client = self.mq.keys.queue(queue), self.mq.client
         self.sweep_at[queue] = time.monotonic() + self.sweep_s
-        lock = k.timers_lock
-        if not client.set(lock, self.token, nx=True, px=int(self.sweep_s * 1000)):
+        found = self.mq.timers.sweep(queue, self.token, int(self.sweep_s * 1000))
+        if found is None:
             return  # another worker swept this queue within the interval
         self.sweeps += 1
-        pipe = client.pipeline(transaction=False)
-        pipe.zrange(k.delayed, 0, 0, withscores=True)
-        pipe.zrange(k.active, 0, 0, withscores=True)
-        pipe.exists(k.pending, k.prioritized)  # claimable, priorities included (DESIGN §10.3)
-        delayed, active, pending = pipe.execute()
+        next_run_at, oldest_lease, claimable = found
         now = self.mq.clock()
-        self.due[queue] = int(delayed[0][1]) if delayed else None
-        if self.due[queue] is not None and self.due[queue] <= now:
+        self.due[queue] = next_run_at
+        if next_run_at is not None and next_run_at <= now:
             self._promote(queue)
-        if active and active[0][1] < now:
-            stalled = self.mq.recover_stalled(queue, limit=self.limit, max_stalls=self.max_stalls)
+        if oldest_lease is not None and oldest_lease < now:
+            stalled = self.mq.timers.recover_stalled(
+                queue, limit=self.limit, max_stalls=self.max_stalls
+            )
             self.recovered += stalled.recovered
             outcome.merge(stalled)
-        if pending:
-            client.zadd(k.wake, {WAKE_NOW: 0})  # a marker may have been lost
-        # retention, queued removals and cancels (DESIGN §10.2), bounded per sweep
-        outcome.merge(self.mq.prune(queue).outcome)
-
-
-def _text(value) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-_POOL_KWARGS_DROPPED = ("orig_", "maint_notifications", "himport")
-
-
-def _private_client(client, block_s: float) -> redis.Redis | None:
-    """A client on a pool of its own, for one server: a blocked command can
-    be cut off at stop, and its socket outlives the command by
-    ``SOCKET_MARGIN_S`` whatever the shared client's timeout. None when the
-    pool is not a plain one (Sentinel...): the shared client is used then."""
-    pool = getattr(client, "connection_pool", None)
-    if type(pool) not in (redis.ConnectionPool, redis.BlockingConnectionPool):
-        return None
-    kwargs = {
-        k: v for k, v in pool.connection_kwargs.items() if not k.startswith(_POOL_KWARGS_DROPPED)
-    }
-    kwargs["socket_timeout"] = block_s + SOCKET_MARGIN_S
-    kwargs.pop("retry", None)  # a blocking command is never re-sent: it may have popped
-    try:
-        private = redis.ConnectionPool(connection_class=pool.connection_class, **kwargs)
-    except TypeError:
-        return None
-    return redis.Redis(connection_pool=private)
+        if claimable:
+            self.mq.timers.wake(queue)  # a marker may have been lost
+        # retention, queued removals and cancels, bounded per sweep
+        outcome.merge(self.mq.lifecycle.prune(queue).outcome)
 
 
 class Idle:

@@ -84,16 +84,12 @@ import signal
 import threading
 import time
 
-from django.core.exceptions import ImproperlyConfigured
-
-from ..commit_outbox import Drainer
 from ..conf import get_mq
 from ..core.exceptions import JobCancelled
 from ..core.jobs import Job
 from ..core.keyspace import validate_queue
-from ..monitoring.metrics import MISSING, process_metrics
 from ..protocol.client import EchoMQ
-from . import heartbeat as registry
+from . import heartbeat
 from .claim_loop import STATS_EVERY_S, ClaimLoop
 from .outage import REDIS_DOWN
 from .pool import HandlerPool
@@ -122,12 +118,14 @@ class Worker(ClaimLoop):
     running past their job's time limit (written off and replaced) before the
     worker stops (default ``concurrency``; timeouts.py); ``register``: list
     this worker among the live processes while it runs (a heartbeat every
-    ``beat_s`` seconds, DESIGN §10.5); ``metrics``: count finished jobs and
-    handler times in this process's Prometheus metrics
-    (``metrics.ProcessMetrics``; needs prometheus_client, else
-    ``ImproperlyConfigured``); ``drain_outbox``: push the enqueue outbox's
-    rows to Redis (DESIGN §10.4; ``runworker`` sets it) before the first
-    claim and then every ``outbox_interval_s`` seconds. Raises
+    ``beat_s`` seconds, DESIGN §10.5); ``metrics``: the process's
+    Prometheus counters of finished jobs and handler times
+    (``monitoring.metrics.process_metrics()``; ``runworker --metrics-port``
+    passes them), None for none; ``drainer``: the database outbox's drainer
+    (``commit_outbox.Drainer``; ``runworker`` passes one): it drains once
+    before the first claim, then on its own thread until the worker stops
+    (any object with ``drain_once()``, ``start(drain_now=False)`` and
+    ``stop()``). Raises
     ``ValueError`` for a bad queue name or number. ``run()`` logs a WARNING
     naming the known queues when a queue is known nowhere (no job, not in
     settings). Also ``wakeups``, ``timers`` (``wake.Idle``) and ``waiting``
@@ -156,15 +154,14 @@ class Worker(ClaimLoop):
         poll_interval: float | None = None,
         max_stuck: int | None = None,
         register: bool = True,
-        beat_s: float = registry.HEARTBEAT_S,
-        metrics: bool = False,
-        drain_outbox: bool = False,
-        outbox_interval_s: float = 1.0,
+        beat_s: float = heartbeat.HEARTBEAT_S,
+        metrics=None,
+        drainer=None,
     ) -> None:
         mq = self.mq = mq if mq is not None else get_mq()
-        # the enqueue outbox (DESIGN §10.4): drained before the first claim,
-        # then every outbox_interval_s seconds on a thread of its own
-        self._drainer = Drainer(mq, outbox_interval_s) if drain_outbox else None
+        # the database outbox: drained before the first claim, then on a
+        # thread of its own
+        self._drainer = drainer
         self.queues = [validate_queue(q) for q in dict.fromkeys(queues)]
         if not self.queues:
             raise ValueError("a worker needs at least one queue")
@@ -191,9 +188,7 @@ class Worker(ClaimLoop):
         self._running: dict[tuple[str, str], Job] = {}  # claimed, not yet reported
         self._lock = threading.Lock()  # guards _running
         self.register, self.beat_s = register, beat_s
-        self.metrics = process_metrics() if metrics else None
-        if metrics and self.metrics is None:
-            raise ImproperlyConfigured(MISSING)
+        self.metrics = metrics
         self._reporter = Reporter(
             mq, self, self._forget, self._on_released, self._wake, metrics=self.metrics
         )
@@ -309,7 +304,7 @@ class Worker(ClaimLoop):
             self.concurrency,
             ", ".join(f"{q}={ms}" for q, ms in self.leases.items()),
         )
-        beat = registry.announce(
+        beat = heartbeat.announce(
             self.mq,
             "worker",
             self.queues,
@@ -355,7 +350,7 @@ class Worker(ClaimLoop):
         return {
             "jobs_done": self.processed,
             "running": len(held),
-            "running_jobs": [f"{q}/{i}" for q, i in held[: registry.RUNNING_SHOWN]],
+            "running_jobs": [f"{q}/{i}" for q, i in held[: heartbeat.RUNNING_SHOWN]],
         }
 
     # -- heartbeat -----------------------------------------------------------

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import copy
 import threading
 import time
 
-from echomq_django import RateLimited, Unrecoverable, handler
+from echomq_django import EchoMQ, RateLimited, Unrecoverable, handler
 
 
 @handler("t.echo")
@@ -97,9 +96,9 @@ def lose_lease(job):
     whose clock is far ahead), so the worker's report finds the lease lost;
     later attempts return the attempt number."""
     if job.attempts == 1:
-        thief = copy.copy(job._mq)
-        thief.clock = lambda: job._mq.clock() + 10**9
-        thief.recover_stalled(job.queue)
+        mq = job._mq
+        thief = EchoMQ(mq.client, prefix=mq.keys.prefix, clock=lambda: mq.clock() + 10**9)
+        thief.timers.recover_stalled(job.queue)
     return job.attempts
 
 

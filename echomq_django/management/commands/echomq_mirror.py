@@ -7,13 +7,11 @@ unreachable.
 
 from __future__ import annotations
 
-import redis
 from django.core.management.base import BaseCommand, CommandError
 
 from echomq_django.conf import get_mq
-from echomq_django.core.exceptions import RedisUnavailable
+from echomq_django.core.exceptions import EchoMQError
 from echomq_django.monitoring.mirror import mirror_queues, mirror_targets
-from echomq_django.protocol.errors import describe
 
 
 class Command(BaseCommand):
@@ -42,12 +40,8 @@ class Command(BaseCommand):
             reports = mirror_queues(mq, queues, full=opts["full"])
         except ValueError as err:
             raise CommandError(f"echomq_mirror: {err}", returncode=1) from None
-        except RedisUnavailable as err:  # says where it tried
+        except EchoMQError as err:  # RedisUnavailable says where it tried
             raise CommandError(f"echomq_mirror: {err}", returncode=1) from None
-        except redis.RedisError as err:
-            raise CommandError(
-                f"echomq_mirror: Redis is unreachable at {describe(mq.client)}: {err}", returncode=1
-            ) from None
         for queue, rep in reports.items():
             if opts["verbosity"] >= 1:
                 how = "full rescan" if rep["full"] else f"{rep['events']} events"

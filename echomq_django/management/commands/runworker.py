@@ -24,7 +24,7 @@ import threading
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand
 
-from echomq_django.commit_outbox import tables_missing
+from echomq_django.commit_outbox import Drainer, tables_missing
 from echomq_django.conf import check_server, get_mq
 from echomq_django.core.exceptions import RedisUnavailable
 from echomq_django.core.keyspace import whole_number
@@ -132,6 +132,11 @@ class Command(BaseCommand):
             logging.getLogger("echomq_django.worker").warning(
                 "runworker: %s; until then the enqueue outbox is not drained", missing
             )
+        counters = None
+        if opts["metrics_port"] is not None:
+            counters = metrics.process_metrics()
+            if counters is None:
+                self._exit(f"runworker: {metrics.MISSING}")
         try:
             whole_number("--max-jobs", opts["max_jobs"], 1, optional=True)
             worker = Worker(
@@ -142,8 +147,8 @@ class Command(BaseCommand):
                 shutdown_timeout=opts["shutdown_timeout"],
                 block_timeout=opts["block_timeout"],
                 sweep_interval=opts["sweep_interval"],
-                drain_outbox=not missing,
-                metrics=opts["metrics_port"] is not None,
+                drainer=None if missing else Drainer(mq),
+                metrics=counters,
             )
         except (ValueError, ImproperlyConfigured) as err:
             self._exit(f"runworker: {err}")

@@ -1,0 +1,357 @@
+"""The ``ECHOMQ`` setting, read and checked (docs/house.md, "conf/").
+
+Shape::
+
+    ECHOMQ = {
+        "URL": "redis://127.0.0.1:6379/0",  # or "CACHE": "default" (a Redis cache alias)
+        "CLUSTER": False,                   # True: redis.cluster.RedisCluster from URL
+        "PREFIX": "emq",
+        "QUEUES": {"orders": {"MAX_ATTEMPTS": 3, "BACKOFF_MS": 1000, "LEASE_MS": 30000,
+                              # retention (DESIGN §10.2): a count, or COUNT / AGE_S
+                              "KEEP_COMPLETED": {"COUNT": 1000, "AGE_S": 86400},
+                              "KEEP_DEAD": {"COUNT": 10000, "AGE_S": 1209600}}},
+        "MAX_PAYLOAD_BYTES": 524288,        # bytes of JSON per payload / result
+        "JSON_ENCODER": None,               # or "django.core.serializers.json.DjangoJSONEncoder"
+    }
+
+The environment variable ``ECHOMQ_URL``, when set, overrides the connection
+(it wins over both ``URL`` and ``CACHE``). Nothing here touches Redis but
+``server_problems``, which asks the server what it is.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from importlib.util import find_spec
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.utils.module_loading import import_string
+
+from ..core.jobs import MAX_PAYLOAD_BYTES
+from ..core.keyspace import validate_prefix, validate_queue
+from ..core.retention import KEEP_HINT, KEEP_KEYS, keep_problems
+from ..protocol.connection import client_options, server_facts
+
+TOP_KEYS = {"URL", "CACHE", "CLUSTER", "PREFIX", "QUEUES", "MAX_PAYLOAD_BYTES", "OPTIONS"}
+# durable signals (events.py, DESIGN §10.6): key -> (default, lowest allowed, check id)
+SIGNAL_KEYS = {
+    "SIGNAL_TRIES": (3, 1, "echomq_django.E070"),
+    "SIGNAL_BACKOFF_MS": (500, 0, "echomq_django.E071"),
+}
+TOP_KEYS |= set(SIGNAL_KEYS)
+TOP_KEYS |= {"METRICS"}  # metrics.settings_problems checks it (issue 15)
+TOP_KEYS |= {"SCHEDULE"}  # periodic jobs: schedule.py
+TOP_KEYS |= {"JSON_ENCODER"}  # json_encoder() checks it (issue 14): E033
+QUEUE_KEYS = {"MAX_ATTEMPTS", "BACKOFF_MS", "LEASE_MS", "KEEP_COMPLETED", "KEEP_DEAD"}
+QUEUE_KEYS |= {"RATE_LIMIT", "TIMEOUT_MS"}
+SCHEDULING_KEYS = {"RATE_LIMIT", "TIMEOUT_MS"}  # checked by schedule.problems (E050-E059)
+URL_SCHEMES = ("redis://", "rediss://", "unix://")
+DJANGO_REDIS_CACHE = "django.core.cache.backends.redis.RedisCache"
+
+
+def config() -> dict:
+    """The ``ECHOMQ`` setting as a dict (empty when unset)."""
+    value = getattr(settings, "ECHOMQ", {})
+    if not isinstance(value, dict):
+        raise ImproperlyConfigured(f"ECHOMQ must be a dict, got {type(value).__name__}")
+    return value
+
+
+def problems(cfg: dict | None = None) -> list[tuple[str, str, str]]:
+    """Every problem with the settings as ``(check id, message, hint)``.
+
+    Used by the system checks (checks.py) and by ``get_mq()``; reads
+    settings only, never Redis.
+    """
+    from django.core.cache import caches  # noqa: F401  (settings only, no I/O)
+
+    cfg = config() if cfg is None else cfg
+    out = []
+    unknown = sorted(set(cfg) - TOP_KEYS)
+    if unknown:
+        out.append(
+            (
+                "echomq_django.E003",
+                f"ECHOMQ has unknown keys: {', '.join(unknown)}",
+                f"Allowed keys: {', '.join(sorted(TOP_KEYS))}.",
+            )
+        )
+    url = os.environ.get("ECHOMQ_URL") or cfg.get("URL")
+    alias = cfg.get("CACHE")
+    if not url and not alias:
+        out.append(
+            (
+                "echomq_django.E001",
+                "ECHOMQ names no Redis connection",
+                "Set ECHOMQ['URL'] = 'redis://host:6379/0', or ECHOMQ['CACHE'] to a "
+                "Redis cache alias, or the ECHOMQ_URL environment variable.",
+            )
+        )
+    elif url and (not isinstance(url, str) or not url.startswith(URL_SCHEMES)):
+        out.append(
+            (
+                "echomq_django.E002",
+                f"ECHOMQ URL {url!r} is not a Redis URL",
+                f"It must start with one of {', '.join(URL_SCHEMES)}.",
+            )
+        )
+    elif not url:
+        caches_cfg = getattr(settings, "CACHES", {})
+        backend = caches_cfg.get(alias, {}).get("BACKEND", "")
+        if alias not in caches_cfg:
+            out.append(
+                (
+                    "echomq_django.E004",
+                    f"ECHOMQ CACHE {alias!r} is not in CACHES",
+                    f"Use one of: {', '.join(caches_cfg) or '(none defined)'}.",
+                )
+            )
+        elif backend != DJANGO_REDIS_CACHE and "django_redis" not in backend:
+            out.append(
+                (
+                    "echomq_django.E005",
+                    f"cache {alias!r} uses {backend!r}, not a Redis cache",
+                    f"Set its BACKEND to {DJANGO_REDIS_CACHE!r} (Django's own) or "
+                    "'django_redis.cache.RedisCache', or use ECHOMQ['URL'].",
+                )
+            )
+        elif "django_redis" in backend and find_spec("django_redis") is None:
+            out.append(
+                (
+                    "echomq_django.E005",
+                    f"cache {alias!r} uses {backend!r}, but django-redis is not installed",
+                    "pip install 'echomq-django[django-redis]', or use Django's own "
+                    f"{DJANGO_REDIS_CACHE!r}.",
+                )
+            )
+    try:
+        validate_prefix(cfg.get("PREFIX", "emq"))
+    except ValueError as err:
+        out.append(("echomq_django.E006", str(err), "Use a short name such as 'emq'."))
+    queues = cfg.get("QUEUES", {})
+    if not isinstance(queues, dict):
+        out.append(
+            (
+                "echomq_django.E007",
+                "ECHOMQ['QUEUES'] must be a dict of queue -> options",
+                "Example: {'orders': {'MAX_ATTEMPTS': 3}}",
+            )
+        )
+        queues = {}
+    for name, opts in queues.items():
+        try:
+            validate_queue(name)
+        except ValueError as err:
+            out.append(("echomq_django.E008", str(err), "Rename the queue in ECHOMQ['QUEUES']."))
+        opts = opts or {}
+        bad = sorted(set(opts) - QUEUE_KEYS) if isinstance(opts, dict) else ["(not a dict)"]
+        if bad:
+            out.append(
+                (
+                    "echomq_django.E009",
+                    f"queue {name!r} has unknown options {bad}",
+                    f"Allowed: {', '.join(sorted(QUEUE_KEYS))}.",
+                )
+            )
+            continue
+        for key, value in opts.items():
+            if key in SCHEDULING_KEYS:
+                continue
+            if key in KEEP_KEYS:  # retention (DESIGN §10.2): E020-E023
+                out += [
+                    (f"echomq_django.{cid}", f"queue {name!r}: {key} {message}", KEEP_HINT)
+                    for cid, message in keep_problems(value)
+                ]
+                continue
+            low = 1 if key == "MAX_ATTEMPTS" else 0
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                out.append(
+                    (
+                        "echomq_django.E010",
+                        f"queue {name!r}: {key} must be an integer >= {low}, got {value!r}",
+                        "MAX_ATTEMPTS counts tries; *_MS are ms.",
+                    )
+                )
+    for key, (_default, low, cid) in SIGNAL_KEYS.items():
+        value = cfg.get(key, low)
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            out.append(
+                (
+                    cid,
+                    f"ECHOMQ['{key}'] must be an integer >= {low}, got {value!r}",
+                    "SIGNAL_TRIES counts sends to a receiver that raises before the event is "
+                    "dead-lettered; SIGNAL_BACKOFF_MS is the ms before the second, doubling.",
+                )
+            )
+    try:
+        json_encoder(cfg)
+    except ImproperlyConfigured as err:
+        out.append(
+            (
+                "echomq_django.E033",
+                str(err),
+                "Use 'django.core.serializers.json.DjangoJSONEncoder' (dates, Decimal, UUID), "
+                "another json.JSONEncoder subclass, or None for plain JSON.",
+            )
+        )
+    return out + value_problems(cfg)
+
+
+# A payload or result is one Redis string: at most 512 MiB.
+PAYLOAD_LIMIT_BYTES = 512 * 1024 * 1024
+
+
+def value_problems(cfg: dict) -> list[tuple[str, str, str]]:
+    """Settings whose type passes but whose value would misbehave at run time
+    (issue 17, item 7), ids ``echomq_django.E011``-``E014``: a ``LEASE_MS`` of
+    0 (a claimed job with no holder), ``MAX_PAYLOAD_BYTES`` that is not a
+    whole number of bytes in 1..512 MiB, ``OPTIONS`` the redis-py client
+    does not take, a ``CLUSTER`` that is not a bool. Settings only, no I/O."""
+    out = []
+    queues = cfg.get("QUEUES", {})
+    for name, opts in queues.items() if isinstance(queues, dict) else ():
+        lease = opts.get("LEASE_MS") if isinstance(opts, dict) else None
+        if isinstance(lease, int) and not isinstance(lease, bool) and lease == 0:
+            out.append(
+                (
+                    "echomq_django.E011",
+                    f"queue {name!r}: LEASE_MS must be a whole number of ms >= 1, got 0",
+                    "A lease of 0 ms expires as it is taken: a claimed job would be "
+                    "active with no holder. The default is 30000.",
+                )
+            )
+    size = cfg.get("MAX_PAYLOAD_BYTES", MAX_PAYLOAD_BYTES)
+    if not isinstance(size, int) or isinstance(size, bool) or not 1 <= size <= PAYLOAD_LIMIT_BYTES:
+        out.append(
+            (
+                "echomq_django.E012",
+                f"ECHOMQ MAX_PAYLOAD_BYTES must be a whole number of bytes from 1 to "
+                f"{PAYLOAD_LIMIT_BYTES} (512 MiB, a Redis string's limit), got {size!r}",
+                f"Use an int such as {MAX_PAYLOAD_BYTES} (the default), not a string.",
+            )
+        )
+    cluster = cfg.get("CLUSTER", False)
+    if not isinstance(cluster, bool):
+        out.append(
+            (
+                "echomq_django.E014",
+                f"ECHOMQ CLUSTER must be True or False, got {cluster!r}",
+                "True when URL names a node of a Redis Cluster.",
+            )
+        )
+    options = cfg.get("OPTIONS", {})
+    if not isinstance(options, dict):
+        out.append(
+            (
+                "echomq_django.E013",
+                f"ECHOMQ OPTIONS must be a dict of redis-py client arguments, got "
+                f"{type(options).__name__}",
+                "Example: {'socket_timeout': 5}.",
+            )
+        )
+    else:
+        allowed = client_options(cluster is True)
+        unknown = sorted(str(k) for k in options if k not in allowed)
+        if unknown:
+            kind = "RedisCluster" if cluster is True else "redis.Redis"
+            out.append(
+                (
+                    "echomq_django.E013",
+                    f"ECHOMQ OPTIONS has arguments {kind} does not take: {', '.join(unknown)}",
+                    "Use keyword arguments of the redis-py client, such as socket_timeout, "
+                    "socket_connect_timeout, retry_on_timeout, health_check_interval, "
+                    "ssl_cert_reqs, username, password.",
+                )
+            )
+    return out
+
+
+def server_problems(cfg: dict | None = None) -> list[tuple[str, str, str]]:
+    """What the Redis server named by the settings says against them
+    (issue 17, item 7), ids ``echomq_django.E015``-``E017``: ``CLUSTER`` on
+    a server that is not a Cluster node (E015), a Cluster node without
+    ``CLUSTER`` (E016: "this is a Redis Cluster node: set CLUSTER"), a DB
+    index the server does not have (E017). Connects to ``URL`` (or
+    ``ECHOMQ_URL``) with a ``PROBE_TIMEOUT_S`` timeout; says nothing when
+    there is no URL, the settings have other problems, or Redis cannot be
+    reached (the commands report that themselves)."""
+    cfg = config() if cfg is None else cfg
+    url = os.environ.get("ECHOMQ_URL") or cfg.get("URL")
+    if not isinstance(url, str) or not url.startswith(URL_SCHEMES):
+        return []
+    cluster = cfg.get("CLUSTER", False)
+    if not isinstance(cluster, bool):
+        return []
+    facts = server_facts(url)
+    if facts is None:
+        return []  # a malformed URL (build_client says so), unreachable, or CONFIG refused
+    enabled, databases, db = facts
+    out = []
+    if cluster and not enabled:
+        out.append(
+            (
+                "echomq_django.E015",
+                f"ECHOMQ CLUSTER is True but {url} is not a Redis Cluster node",
+                "Set CLUSTER to False for a single server (or point URL at a Cluster node).",
+            )
+        )
+    elif enabled and not cluster:
+        out.append(
+            (
+                "echomq_django.E016",
+                f"{url}: this is a Redis Cluster node: set CLUSTER",
+                "Set ECHOMQ['CLUSTER'] = True: a plain client cannot follow the "
+                "Cluster's redirections (MOVED).",
+            )
+        )
+    elif databases is not None and db >= databases:
+        out.append(
+            (
+                "echomq_django.E017",
+                f"DB index is out of range: {url} selects db {db}, the server has "
+                f"{databases} (0-{databases - 1})",
+                "Use a db index the server has, or raise its 'databases' setting.",
+            )
+        )
+    return out
+
+
+def check_server() -> None:
+    """For the commands at start (issue 17, item 7): raise
+    ``ImproperlyConfigured`` with the first of ``server_problems()`` (the
+    Redis named is not what the settings say: a Cluster node without
+    CLUSTER, CLUSTER on a single server, a DB index out of range) as one
+    line, its hint included; return quietly when it is what they say or
+    cannot be reached (the commands' ping reports that)."""
+    found = server_problems()
+    if found:
+        cid, message, hint = found[0]
+        raise ImproperlyConfigured(f"{message} ({cid}; {hint})")
+
+
+def signal_settings() -> dict[str, int]:
+    """``{"SIGNAL_TRIES": n, "SIGNAL_BACKOFF_MS": ms}`` from ``ECHOMQ``, defaults
+    filled in (3 tries, 500 ms); the defaults when Django is not configured."""
+    cfg = config() if settings.configured else {}
+    return {key: cfg.get(key, default) for key, (default, _low, _cid) in SIGNAL_KEYS.items()}
+
+
+def json_encoder(cfg: dict | None = None) -> type[json.JSONEncoder] | None:
+    """The ``JSON_ENCODER`` setting's class (payloads and results are encoded
+    with it; DESIGN §10.4), or None for plain JSON. Raises
+    ``ImproperlyConfigured`` when it is not the dotted path of a
+    ``json.JSONEncoder`` subclass."""
+    path = (config() if cfg is None else cfg).get("JSON_ENCODER")
+    if path is None:
+        return None
+    try:
+        found = import_string(path) if isinstance(path, str) else path
+    except ImportError as err:
+        raise ImproperlyConfigured(f"ECHOMQ JSON_ENCODER {path!r} does not import: {err}") from None
+    if not (isinstance(found, type) and issubclass(found, json.JSONEncoder)):
+        raise ImproperlyConfigured(
+            f"ECHOMQ JSON_ENCODER {path!r} is not a json.JSONEncoder subclass"
+        )
+    return found

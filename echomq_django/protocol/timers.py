@@ -1,0 +1,236 @@
+"""Timers and wake-ups (docs/house.md, "protocol/"): what moves a job
+because time passed, and the markers a runner blocks on instead of polling.
+
+Transitions: due delayed jobs to pending (``lua/promote_delayed.lua``),
+expired leases back (``lua/recover_stalled.lua``), held parents past their
+children deadline (``lua/expire_children.lua``), a rate-limited job back
+without spending its attempt (``lua/postpone.lua``), a periodic job's tick
+mark (``lua/advance_schedule.lua``).
+
+Wake markers: every script that makes a job claimable wakes its queue on the
+queue's own slot (``lua/lib/claimable.lua``): ``P:{q}:wake`` holds ``'0'``
+while a job is claimable and no worker was told, and ``'d'`` scored with the
+earliest delayed run-at announced; ``P:{q}:flow:wake`` holds ``'0'`` while
+the outbox has entries for the pump. ``Markers`` pops them with
+``BZPOPMIN``: on one server one command over every queue, on its own
+connection; on a Redis Cluster one command per queue, routed to its slot.
+
+``Timers`` is the part ``mq.timers``; the worker's reporter and timers, the
+pump and the periodic jobs call it (``runners/``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import redis
+from redis.cluster import RedisCluster
+
+from ..core.jobs import Outcome, to_text
+from ..core.options import MAX_MS, check_int
+from .errors import TRANSIENT, connection_error
+from .scripts import socket_timeout
+from .wire import Part, Wire
+
+WAKE_NOW, WAKE_DUE = "0", "d"  # the members lua/lib/claimable.lua writes
+SOCKET_MARGIN_S = 1.0  # a blocking read waits this much longer than its command
+# what a blocked pop meets while Redis is away: a Cluster with no node
+# answering raises RedisClusterException, not a ConnectionError
+AWAY = (*TRANSIENT, redis.exceptions.ClusterError, redis.exceptions.RedisClusterException)
+
+
+@dataclass(frozen=True)
+class Wake:
+    """A popped marker (``queue``, ``member`` ``'0'`` or ``'d'``, ``score``:
+    0, or the run-at in ms), or a runner's note of the connection's state
+    (``runners.wake.DOWN`` / ``UP``: queue ``''``)."""
+
+    queue: str
+    member: str
+    score: int = 0
+
+
+class Markers:
+    """Pops the wake markers of ``field`` (``"wake"`` or ``"outbox_wake"``)
+    of ``queues`` (see the module). ``block_s`` (s): the longest single
+    ``BZPOPMIN``, bounded below the client's socket timeout; ``groups``: the
+    queues one command covers (all on one server, one each on a Cluster).
+    Thread-safe; ``cut()`` ends a command blocked on its own connection."""
+
+    def __init__(self, wire: Wire, queues: list[str], field: str, block_s: float) -> None:
+        self.wire, self.field = wire, field
+        client = wire.client
+        cluster = isinstance(client, RedisCluster)
+        self._own = None if cluster else _private_client(client, block_s)
+        self.client = self._own or client
+        timeout = socket_timeout(client) if self._own is None else None
+        self.block_s = max(0.1, min(block_s, timeout - SOCKET_MARGIN_S)) if timeout else block_s
+        # one blocking command per slot: every queue at once on one server
+        self.groups = [[q] for q in queues] if cluster else [list(queues)]
+
+    def key(self, queue: str) -> str:
+        return getattr(self.wire.keys.queue(queue), self.field)
+
+    def pop(self, queues: list[str]) -> Wake | None:
+        """Block up to ``block_s`` for a marker of one of ``queues`` (tried in
+        that order); None when none came. Raises ``RedisUnavailable`` while
+        Redis cannot be reached (also when ``cut()`` ended the wait)."""
+        keys = {self.key(q): q for q in queues}
+        try:
+            got = self.client.bzpopmin(list(keys), timeout=self.block_s)
+        except AWAY as err:
+            raise connection_error(self.client, err) from err
+        if not got:
+            return None
+        key, member, score = got
+        return Wake(keys[to_text(key)], to_text(member), int(score))
+
+    def put_back(self, wake: Wake) -> None:
+        """Return a popped marker for another runner (``'d'`` keeps the
+        earliest run-at). Raises ``RedisUnavailable``."""
+        key = self.key(wake.queue)
+        try:
+            if wake.member == WAKE_DUE:
+                self.wire.client.zadd(key, {WAKE_DUE: wake.score}, lt=True)
+            else:
+                self.wire.client.zadd(key, {wake.member: wake.score})
+        except AWAY as err:
+            raise connection_error(self.wire.client, err) from err
+
+    def cut(self) -> None:
+        """End a command blocked on this reader's own connection (one server;
+        on a Cluster it returns within ``block_s``)."""
+        if self._own is not None:
+            self._own.connection_pool.disconnect()
+
+
+class Timers(Part):
+    """The time-driven part of ``EchoMQ`` (``mq.timers``)."""
+
+    def markers(self, queues: list[str], field: str, block_s: float) -> Markers:
+        """A ``Markers`` reader of ``field`` for ``queues``."""
+        return Markers(self.wire, queues, field, block_s)
+
+    def promote_delayed(self, queue: str, limit: int = 1000) -> int:
+        """Move up to ``limit`` due delayed jobs to pending; returns how many."""
+        k = self.keys.queue(queue)
+        return int(
+            self.scripts.run(
+                "promote_delayed",
+                [k.delayed, k.pending],
+                [k.base, self.clock(), limit],
+            )
+        )
+
+    def recover_stalled(self, queue: str, limit: int = 1000, max_stalls: int = 1) -> Outcome:
+        """Active jobs whose lease expired go back to pending; a job that
+        stalls more than ``max_stalls`` times dies (its parent's policy
+        applies). Returns the ``Outcome`` (``recovered`` count, ``dead``)."""
+        k = self.keys.queue(queue)
+        reply = self.scripts.run(
+            "recover_stalled",
+            [k.active, k.pending],
+            [queue, k.base, self.clock(), limit, max_stalls],
+        )
+        return self.wire.outcome(reply)
+
+    def expire_children(self, queue: str, limit: int = 1000):
+        """Kill held parents of ``queue`` whose ``children_timeout_ms`` has
+        passed (error ``children timed out``; their policy applies upward).
+        Returns ``(expired, outcome)``: how many parents timed out, and the
+        ``Outcome`` (``dead``, ``flow_failed`` up the tree). Run by the pump. DESIGN §10.3."""
+        k = self.keys
+        reply = self.scripts.run(
+            "expire_children",
+            [k.queue(queue).deadlines],
+            [queue, k.base(queue), self.clock(), limit],
+        )
+        return json.loads(reply).get("expired", 0), self.wire.outcome(reply)
+
+    def postpone(self, job, retry_after_ms: int) -> int:
+        """Put an active job back without spending its attempt; it runs again
+        in ``retry_after_ms`` (ms). Returns the run-at (ms). The worker calls
+        it when a handler raises ``RateLimited``. Raises ``JobNotFound``,
+        ``JobNotActive``, ``LeaseLost``. DESIGN §10.3."""
+        check_int("retry_after_ms", retry_after_ms, 0, MAX_MS)
+        q, k = job.queue, self.keys.queue(job.queue)
+        return int(
+            self.scripts.run(
+                "postpone",
+                [k.job(job.id), k.delayed, k.active],
+                [q, job.id, job.lease or "", self.clock(), retry_after_ms],
+            )
+        )
+
+    # -- periodic jobs (runners/periodic.py drives these) --------------------
+    def advance_schedule(self, queue: str, entry: str, tick: int, mode: str) -> int:
+        """Move entry's last-tick mark (ms): ``mode`` 'fire' (forward only) or
+        'init' (only when unset). Returns the mark. DESIGN §10.3."""
+        return int(
+            self.scripts.run(
+                "advance_schedule", [self.keys.queue(queue).schedule(entry)], [tick, mode]
+            )
+        )
+
+    def schedule_last(self, queue: str, entry: str) -> int | None:
+        """The last tick (ms) periodic entry ``entry`` fired on ``queue``, or
+        None before its first start (a read; for stats and the admin)."""
+        raw = self.client.get(self.keys.queue(queue).schedule(entry))
+        return None if raw is None else int(raw)
+
+    # -- what a worker's timers read (runners/wake.py) ------------------------
+    def next_run_at(self, queue: str) -> int | None:
+        """The earliest run-at (ms) of ``queue``'s delayed jobs; None when none."""
+        head = self.client.zrange(self.keys.queue(queue).delayed, 0, 0, withscores=True)
+        return int(head[0][1]) if head else None
+
+    def sweep(
+        self, queue: str, token: str, lock_ms: int
+    ) -> tuple[int | None, int | None, bool] | None:
+        """Take ``queue``'s timers lock for ``lock_ms`` (ms) under ``token``
+        (it expires, never released: one sweep per queue per interval however
+        many workers run). None when another worker holds it; else, in one
+        round trip, ``(the earliest delayed run-at (ms), the earliest lease
+        deadline (ms), whether a job is claimable)``, None for none."""
+        k = self.keys.queue(queue)
+        if not self.client.set(k.timers_lock, token, nx=True, px=int(lock_ms)):
+            return None
+        pipe = self.client.pipeline(transaction=False)
+        pipe.zrange(k.delayed, 0, 0, withscores=True)
+        pipe.zrange(k.active, 0, 0, withscores=True)
+        pipe.exists(k.pending, k.prioritized)  # claimable, priorities included
+        delayed, active, claimable = pipe.execute()
+        return (
+            int(delayed[0][1]) if delayed else None,
+            int(active[0][1]) if active else None,
+            bool(claimable),
+        )
+
+    def wake(self, queue: str) -> None:
+        """Leave a ``'0'`` marker on ``queue``: a job is claimable (one a
+        killed worker took with it may have been lost)."""
+        self.client.zadd(self.keys.queue(queue).wake, {WAKE_NOW: 0})
+
+
+_POOL_KWARGS_DROPPED = ("orig_", "maint_notifications", "himport")
+
+
+def _private_client(client, block_s: float) -> redis.Redis | None:
+    """A client on a pool of its own, for one server: a blocked command can
+    be cut off at stop, and its socket outlives the command by
+    ``SOCKET_MARGIN_S`` whatever the shared client's timeout. None when the
+    pool is not a plain one (Sentinel...): the shared client is used then."""
+    pool = getattr(client, "connection_pool", None)
+    if type(pool) not in (redis.ConnectionPool, redis.BlockingConnectionPool):
+        return None
+    kwargs = {
+        k: v for k, v in pool.connection_kwargs.items() if not k.startswith(_POOL_KWARGS_DROPPED)
+    }
+    kwargs["socket_timeout"] = block_s + SOCKET_MARGIN_S
+    kwargs.pop("retry", None)  # a blocking command is never re-sent: it may have popped
+    try:
+        private = redis.ConnectionPool(connection_class=pool.connection_class, **kwargs)
+    except TypeError:
+        return None
+    return redis.Redis(connection_pool=private)

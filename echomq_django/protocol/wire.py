@@ -1,0 +1,196 @@
+"""What every part of ``EchoMQ`` shares: one client, the keys, the script
+registry, the clock, the queues' settings and the payload encoder
+(docs/house.md, "protocol/").
+
+``Wire`` holds them; ``Part`` is the base of each part (``EchoMQ`` itself,
+``mq.outbox``, ``mq.lifecycle``, ``mq.signal_events``, ...), which reads them
+from its wire, so a clock a test sets on the ``EchoMQ`` is every part's
+clock. This module runs no script.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from typing import Any
+
+import redis
+
+from ..core.exceptions import PayloadError
+from ..core.jobs import QUEUE_DEFAULTS, Outcome, to_json
+from ..core.keyspace import Keyspace, validate_queue
+from .errors import reports_redis_down, translating
+from .scripts import Scripts
+
+BACKOFF_CAP_MS = 3_600_000
+FLOW_CHUNK = 5000  # nodes per enqueue_flow script: keeps one script well under ~50 ms
+MAX_QUEUES = 10_000  # names P:queues holds; past it new queues are not added (a warning)
+REGISTER_EVERY_S = 60.0  # a process re-adds a queue it writes to at most this often
+
+log = logging.getLogger("echomq_django.client")
+
+
+def now_ms() -> int:
+    """Wall-clock time in ms since the epoch."""
+    return time.time_ns() // 1_000_000
+
+
+def opt(value) -> str:
+    """An optional integer as script text: '' means "the queue's setting"."""
+    return "" if value is None else str(int(value))
+
+
+class Wire:
+    """The state every part shares; built once per ``EchoMQ``.
+
+    ``client``: a redis-py ``Redis`` or ``RedisCluster``; ``prefix`` starts
+    every key; ``queues``: ``{name: {"MAX_ATTEMPTS": int, "BACKOFF_MS": ms,
+    "LEASE_MS": ms, ...}}``; ``clock``: a callable returning ms since the
+    epoch; ``max_payload_bytes``: the bound of one encoded payload or result
+    (bytes); ``json_encoder``: a ``json.JSONEncoder`` subclass, or None for
+    plain JSON. Raises ``ValueError`` for a bad queue name in ``queues``.
+    """
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        prefix: str,
+        *,
+        queues: dict | None,
+        clock,
+        max_payload_bytes: int,
+        backoff_cap_ms: int,
+        flow_chunk: int,
+        json_encoder: type[json.JSONEncoder] | None,
+    ) -> None:
+        self.client = client
+        self.keys = Keyspace(prefix)
+        self.scripts = Scripts(client)
+        self.queues = {validate_queue(q): dict(v or {}) for q, v in (queues or {}).items()}
+        self.clock = clock or now_ms
+        self.max_payload_bytes = max_payload_bytes
+        # None: the fast plain-JSON path (jobs.to_json); else this encoder's
+        # class, e.g. Django's DjangoJSONEncoder
+        self._to_json = to_json
+        if json_encoder is not None:
+            self._to_json = json_encoder(
+                separators=(",", ":"), allow_nan=False, ensure_ascii=True
+            ).encode
+        self.backoff_cap_ms = backoff_cap_ms
+        self.flow_chunk = flow_chunk
+        self.fault_hook = None  # tests: called after each flow step, may raise
+        self._noted: dict[str, float] = {}  # queue -> monotonic time it was added to P:queues
+        self._noted_lock = threading.Lock()
+
+    def setting(self, queue: str, name: str) -> int:
+        """A queue's ``MAX_ATTEMPTS`` / ``BACKOFF_MS`` / ``LEASE_MS``."""
+        return int(self.queues.get(queue, {}).get(name, QUEUE_DEFAULTS[name]))
+
+    def encode(self, value: Any, what: str = "payload") -> str:
+        """``value`` as compact JSON text. Raises ``PayloadError`` when it is not
+        JSON-serialisable (NaN included) or is over ``max_payload_bytes``."""
+        try:
+            text = self._to_json(value)
+        except (TypeError, ValueError) as err:
+            raise PayloadError(f"{what} is not JSON-serialisable: {err}") from None
+        except RecursionError:  # no circular check in _C_ENCODE: it recurses instead
+            raise PayloadError(
+                f"{what} is not JSON-serialisable: circular reference or nested too deeply"
+            ) from None
+        size = len(text)  # ASCII: escapes keep it one byte per character
+        if size > self.max_payload_bytes:
+            raise PayloadError(
+                f"{what} is {size} bytes of JSON; the limit is "
+                f"{self.max_payload_bytes} bytes (max_payload_bytes)"
+            )
+        return text
+
+    def parse(self, value: str) -> tuple[str, str]:
+        """``(queue, id)`` of a ``P:{q}:<id>`` string a script answers."""
+        return self.keys.parse_base_id(value)
+
+    def outcome(self, reply: Any) -> Outcome:
+        """A script's JSON reply as an ``Outcome``."""
+        return Outcome.from_reply(reply, self.parse)
+
+    # -- every queue ever used (P:queues, docs/house.md) ----------------------
+    @reports_redis_down
+    def register_queues(self, queues) -> list[str]:
+        """Add ``queues`` to ``P:queues`` unless it holds ``MAX_QUEUES`` names
+        already (then a WARNING, nothing added). Returns the names added.
+        Raises ``ValueError`` for a bad name, ``RedisUnavailable``."""
+        names = [validate_queue(q) for q in dict.fromkeys(queues)]
+        key = self.keys.queues()
+        pipe = self.client.pipeline(transaction=False)
+        pipe.scard(key)
+        for name in names:
+            pipe.sismember(key, name)
+        size, *present = pipe.execute()
+        new = [n for n, there in zip(names, present, strict=True) if not there]
+        if new and size + len(new) > MAX_QUEUES:
+            log.warning(
+                "%s holds %d queue names (the bound is %d): %s not added; stats and the "
+                "admin find them only through ECHOMQ['QUEUES']",
+                key,
+                size,
+                MAX_QUEUES,
+                ", ".join(new),
+            )
+            return []
+        if new:
+            self.client.sadd(key, *new)
+        return new
+
+    def note_queues(self, queues) -> None:
+        """Before a write that may create a queue's first job: make sure each
+        of ``queues`` is in ``P:queues``, at most once per ``REGISTER_EVERY_S``
+        per queue in this process (a dict lookup otherwise). P:queues is on no
+        queue's slot, so no script can add to it (a Cluster refuses keys of
+        two slots in one script): the host adds the name first."""
+        now = time.monotonic()
+        with self._noted_lock:
+            due = [
+                q for q in queues if now - self._noted.get(q, -REGISTER_EVERY_S) >= REGISTER_EVERY_S
+            ]
+            for q in due:
+                self._noted[q] = now
+        if not due:
+            return
+        try:
+            self.register_queues(due)
+        except BaseException:
+            with self._noted_lock:
+                for q in due:
+                    self._noted.pop(q, None)
+            raise
+
+
+class Part:
+    """The base of each part of ``EchoMQ``: ``client``, ``keys`` and
+    ``scripts`` of its ``wire``, and the wire's clock (ms since the epoch).
+
+    Every public method a part defines raises our errors only: redis-py's
+    are translated at this edge (``errors.translating``)."""
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        for name, value in list(vars(cls).items()):
+            if name.startswith("_") or not callable(value) or isinstance(value, type):
+                continue
+            if isinstance(value, staticmethod | classmethod):
+                continue
+            if not getattr(value, "translating", False):
+                setattr(cls, name, translating(value))
+
+    def __init__(self, wire: Wire) -> None:
+        self.wire = wire
+        self.client = wire.client
+        self.keys = wire.keys
+        self.scripts = wire.scripts
+
+    @property
+    def clock(self):
+        """The wire's clock: a callable returning ms since the epoch."""
+        return self.wire.clock
