@@ -542,9 +542,9 @@ def test_a_short_claim_rests_its_queue_unless_a_parent_was_released_meanwhile(
         jobs = real(queue, count, lease_ms, token)  # the queue is empty: a short claim
         if released_meanwhile:
             child = SimpleNamespace(queue=queue, id="c")
-            worker._reporter._after(child, Outcome(released=[(queue, "p")]))  # as it does
+            worker.loop.reporter._after(child, Outcome(released=[(queue, "p")]))  # as it does
         return jobs
 
     mq.claim = claim
-    assert worker._claim(2, everywhere=False) == 0
-    assert (worker._rest["q"] == 0.0) is released_meanwhile
+    assert worker.loop._claim(2, everywhere=False) == 0
+    assert (worker.loop.rest["q"] == 0.0) is released_meanwhile

@@ -43,17 +43,17 @@ def test_a_timed_out_attempt_fails_retries_and_its_thread_is_replaced(mq) -> Non
         "TimeoutError: the attempt ran longer than its time limit of 100 ms "
         "(timeout_ms / TIMEOUT_MS); the handler's late result is discarded",
     )
-    assert worker._timeouts.stuck == 2  # both threads still blocked: written off
+    assert worker.loop.timeouts.stuck == 2  # both threads still blocked: written off
     for i in range(4):  # capacity kept: two fresh threads run these
         mq.enqueue("q", "t.echo", i, job_id=f"e{i}")
     wait_for(lambda: mq.counts("q")["completed"] == 4, what="the echo jobs")
     handlers.RELEASE.set()
-    wait_for(lambda: worker._timeouts.stuck == 0, what="the stuck handlers to return")
+    wait_for(lambda: worker.loop.timeouts.stuck == 0, what="the stuck handlers to return")
     assert sorted(handlers.SEEN) == [("b", True), ("b", True)]
     assert_state(mq, "q", "b", "dead")  # the late result was discarded
     # a returning stuck thread leaves the pool just after it stops counting as
     # stuck: the pool is back to its two threads within a moment, not at once
-    wait_for(lambda: len(worker._pool._threads) == 2, what="the pool back to its 2 threads")
+    wait_for(lambda: len(worker.loop.pool._threads) == 2, what="the pool back to its 2 threads")
     worker.stop()
     bg.join()
     assert worker.stats == {"completed": 4, "failed": 1, "dead": 1, "lost": 0, "postponed": 0}

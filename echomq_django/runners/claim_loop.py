@@ -1,11 +1,8 @@
-"""The worker's job path (a mixin of ``worker.Worker``): the claiming loop,
-the handler call on a pool thread, time-limit failures and the throughput
-line (DESIGN §4, §7, §10.3). worker.py documents the behaviour; this module
-was split out of it to keep modules small (issue 11), with no change.
-
-``ClaimLoop`` keeps no state of its own: it reads and writes the attributes
-``Worker.__init__`` and ``Worker.run`` set (``mq``, ``queues``, ``leases``,
-``_pool``, ``_done``, ``_reporter``, ``_idle``, ``_timeouts``, ``_rest``, ...).
+"""The worker's claiming loop and the state it owns (docs/house.md,
+"runners/"): what it holds, what it claimed, which queues rest, the
+handler pool and the queue of finished jobs, and the stop request.
+``worker.py`` documents the behaviour; ``Worker`` builds one ``ClaimLoop``
+and runs it.
 """
 
 from __future__ import annotations
@@ -13,6 +10,7 @@ from __future__ import annotations
 import logging
 import queue as _queue
 import secrets
+import threading
 import time
 
 from django.db import close_old_connections
@@ -22,36 +20,180 @@ from ..core.jobs import Job
 from ..handlers import get_handler
 from .dispatcher import kinds_connected
 from .outage import REDIS_DOWN, Outage
-from .pool import error_text, unknown_name_error
-from .reporter import Finished
-from .wake import Wake
+from .pool import HandlerPool, error_text, unknown_name_error
+from .reporter import Finished, Reporter
+from .timeouts import Timeouts
+from .wake import Idle, Wake
 
-log = logging.getLogger("echomq_django.worker")  # the worker's logger, as before the split
+log = logging.getLogger("echomq_django.worker")
 
 STATS_EVERY_S = 5.0
 
 
+class Held:
+    """The jobs a worker holds: claimed and not reported yet. Thread-safe:
+    the loop adds, the reporter forgets, the heartbeat and the status read."""
+
+    def __init__(self) -> None:
+        self._jobs: dict[tuple[str, str], Job] = {}
+        self._lock = threading.Lock()
+
+    def add(self, jobs) -> None:
+        with self._lock:
+            for job in jobs:
+                self._jobs[(job.queue, job.id)] = job
+
+    def forget(self, *jobs: Job) -> None:
+        with self._lock:
+            for job in jobs:
+                self._jobs.pop((job.queue, job.id), None)
+
+    def jobs(self) -> list[Job]:
+        with self._lock:
+            return list(self._jobs.values())
+
+    def refs(self) -> list[tuple[str, str]]:
+        """``(queue, id)`` of each job held, in claim order."""
+        with self._lock:
+            return list(self._jobs)
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+
 class ClaimLoop:
-    """The worker's loop steps and job execution, mixed into ``Worker``:
-    ``_loop`` claims round-robin, submits to the handler pool, waits and
-    hands finished jobs to the reporter; ``_execute`` runs one handler."""
+    """The loop a ``Worker`` runs, with every piece of state it keeps.
+
+    ``mq``: the ``EchoMQ``; ``queues``: queue names; ``concurrency``:
+    handler threads; ``batch``: most jobs per claim; ``leases``: ``{queue:
+    lease ms}``; ``time_limits``: ``{queue: TIMEOUT_MS or None}``;
+    ``max_stuck``: handler threads written off before the loop stops;
+    ``shutdown_timeout`` (s): how long a stop waits for running jobs;
+    ``block_s``, ``sweep_s``, ``max_stalls``: the wake-ups and timers
+    (``wake.Idle``); ``sender``: the signals' sender (the worker);
+    ``metrics``: the process's counters or None.
+
+    Parts: ``held`` (``Held``), ``reporter`` (``Reporter``), ``timeouts``
+    (``Timeouts``), ``idle`` (``wake.Idle``), and per run ``pool`` and
+    ``done`` (finished jobs and wake-ups for the loop). ``run(burst,
+    max_jobs)`` claims round-robin, submits to the pool, waits and hands
+    finished jobs to the reporter; ``stop(force)`` ends it from any thread.
+    """
+
+    def __init__(
+        self,
+        mq,
+        queues: list[str],
+        *,
+        concurrency: int,
+        batch: int,
+        leases: dict[str, int],
+        time_limits: dict[str, int | None],
+        max_stuck: int,
+        shutdown_timeout: float,
+        block_s: float,
+        sweep_s: float,
+        max_stalls: int,
+        sender,
+        metrics=None,
+    ) -> None:
+        self.mq, self.queues = mq, queues
+        self.concurrency, self.batch, self.leases = concurrency, batch, leases
+        self.time_limits, self.max_stuck = time_limits, max_stuck
+        self.shutdown_timeout = shutdown_timeout
+        self.held = Held()
+        self.reporter = Reporter(
+            mq, sender, self.held.forget, self.on_released, self.wake, metrics=metrics
+        )
+        self.timeouts = Timeouts(self._on_timeout)
+        self.idle = Idle(self, block_s, sweep_s, max_stalls)
+        self.pool: HandlerPool | None = None
+        self.done: _queue.SimpleQueue = _queue.SimpleQueue()  # Finished, Wake, None: a wake-up
+        self.waiting = False  # blocked on the wake keys, idle
+        self.executing = 0  # submitted to the pool and not finished (loop thread only)
+        self.claimed = 0  # this run's claims
+        self.retry_at = 0.0  # in an outage: the monotonic time of the next try
+        self.stopping = threading.Event()
+        self.forced = False
+        self.stop_at = 0.0  # a stop's deadline (monotonic)
+        # queue -> monotonic time it may be claimed (inf: drained, rests until woken)
+        self.rest = dict.fromkeys(queues, 0.0)
+        # queue -> parents this worker saw released on it (written by the reporter only): a
+        # claim that came back short rests its queue only if none was released meanwhile
+        self.released = dict.fromkeys(queues, 0)
+        # queue -> the token of a claim that raised (its reply may be lost): sent again
+        self.lost_claims: dict[str, str] = {}
+        self.turn = 0
+        self.warned: set[str] = set()  # job names without a handler, warned about once
+        self.subscribed = False  # event kinds with receivers here recorded for our queues
+        self.stats_at, self.stats_seen = 0.0, (0, time.monotonic())
+
+    @property
+    def processed(self) -> int:
+        """Jobs completed or failed, all runs."""
+        return self.reporter.processed
+
+    def stop(self, force: bool = False) -> None:
+        """Stop claiming; ``run()`` returns once the running jobs are reported
+        (or ``shutdown_timeout`` s have passed); ``force``: at once. Safe
+        from any thread and from a signal handler."""
+        if not self.stopping.is_set():
+            self.stop_at = time.monotonic() + self.shutdown_timeout
+            self.stopping.set()
+        if force:
+            self.forced = True
+        self.done.put(None)  # wake the loop
+
+    def begin(self, name: str) -> None:
+        """Start a run: a fresh pool of handler threads named ``name``, a
+        fresh queue of finished jobs (handlers an earlier run abandoned post
+        to the old one), the waker on it."""
+        self.pool = HandlerPool(self.concurrency, name)
+        self.done, self.executing = _queue.SimpleQueue(), 0
+        self.reporter.reset()
+        self.rest = dict.fromkeys(self.queues, 0.0)
+        self.idle.start(self.done.put)
+        self.timeouts.reopen()
+
+    def end(self) -> int:
+        """After a run: the waker stops (a marker it pops from now on goes
+        back), the reporter and the time limits close. Returns how many jobs
+        are still held (left to their leases)."""
+        self.waiting = False
+        self.idle.stop()
+        self.reporter.close()
+        self.timeouts.close()
+        return len(self.held)
+
+    def shut_pool(self, abandoned: int) -> None:
+        """Shut the handler pool, waiting for its threads only when no job
+        was abandoned and none is stuck; log the last throughput line; the
+        stop request is spent."""
+        self.pool.shutdown(wait=not abandoned and not self.timeouts.stuck)
+        self._log_stats(time.monotonic())
+        self.stopping.clear()
+        self.forced = False
+
+    def run(self, burst: bool, max_jobs: int | None) -> None:
+        """The claiming loop (between ``begin`` and ``end``)."""
+        self._loop(burst, max_jobs)
 
     def _loop(self, burst: bool, max_jobs: int | None) -> None:
         """The claiming loop, as named steps: claim if there is room, stop when
         the run is over, else wait for a finished job and hand it over to the
         reporter (which reports it while the loop claims again)."""
         outage = Outage(self.mq.client, log)
-        self._claimed, self._retry_at = 0, 0.0
-        self._stats_at = time.monotonic() + STATS_EVERY_S
-        self._stats_seen = (self.processed, time.monotonic())
-        while not self._force:
+        self.claimed, self.retry_at = 0, 0.0
+        self.stats_at = time.monotonic() + STATS_EVERY_S
+        self.stats_seen = (self.processed, time.monotonic())
+        while not self.forced:
             now = time.monotonic()
             got, asked = self._claim_if_room(now, burst, max_jobs, outage)
             if self._run_is_over(now, got, asked, max_jobs):
                 return
-            if now >= self._stats_at:
+            if now >= self.stats_at:
                 self._log_stats(now)
-            if got and self._executing < self.concurrency and not asked:
+            if got and self.executing < self.concurrency and not asked:
                 continue  # a queue gave all we asked: there may be more right away
             self._wait_and_hand_over(self._next_wait(now, max_jobs))
 
@@ -62,18 +204,18 @@ class ClaimLoop:
         ``max_jobs``), unless stopping or waiting out an outage. Returns how
         many, and whether every queue was asked (a burst's last look: nothing
         running or unreported)."""
-        limit = self.concurrency if max_jobs is None else max_jobs - self._claimed
-        if now < self._retry_at or self._stopping.is_set():
+        limit = self.concurrency if max_jobs is None else max_jobs - self.claimed
+        if now < self.retry_at or self.stopping.is_set():
             return 0, False
-        free = min(self.concurrency - self._executing, limit)
-        asked = burst and not self._executing and not self._reporter.unreported
+        free = min(self.concurrency - self.executing, limit)
+        asked = burst and not self.executing and not self.reporter.unreported
         try:
-            timed = self._idle.keep_timers()
+            timed = self.idle.keep_timers()
             got = self._claim(free, everywhere=asked) if free > 0 else 0
         except REDIS_DOWN as err:
-            self._retry_at = now + outage.failed(err)
+            self.retry_at = now + outage.failed(err)
             return 0, False
-        self._retry_at = 0.0
+        self.retry_at = 0.0
         if free > 0 or timed:
             outage.ok()
         return got, asked
@@ -82,35 +224,37 @@ class ClaimLoop:
         """True when ``run()`` should return: stopping (or ``max_jobs``
         claimed) with nothing running or unreported; a burst that found every
         queue empty; or the shutdown timeout passed."""
-        if not self._executing and not self._reporter.unreported:
-            if self._stopping.is_set() or (max_jobs is not None and self._claimed >= max_jobs):
+        if not self.executing and not self.reporter.unreported:
+            if self.stopping.is_set() or (max_jobs is not None and self.claimed >= max_jobs):
                 return True
             if asked and got == 0:
                 return True  # burst: every queue empty, nothing running or unreported
-        return self._stopping.is_set() and now >= self._stop_at
+        return self.stopping.is_set() and now >= self.stop_at
 
     def _next_wait(self, now: float, max_jobs: int | None) -> float:
         """Seconds to wait for a finished job or a wake-up: until the next try
         in an outage, else the next timer; never past the shutdown deadline.
         With a free thread (and ``max_jobs`` not reached) the waker blocks
         on the wake keys meanwhile; else it leaves the markers to others."""
-        room = max_jobs is None or self._claimed < max_jobs
-        idle = not self._retry_at and not self._stopping.is_set() and room
-        self.waiting = self._idle.block(idle and self._executing < self.concurrency)
-        resting = [at - now for at in self._rest.values() if now < at < float("inf")]
+        room = max_jobs is None or self.claimed < max_jobs
+        idle = not self.retry_at and not self.stopping.is_set() and room
+        self.waiting = self.idle.block(idle and self.executing < self.concurrency)
+        resting = [at - now for at in self.rest.values() if now < at < float("inf")]
         wait = (
-            min([self.timers.next_in(), *resting]) if not self._retry_at else self._retry_at - now
+            min([self.idle.timers.next_in(), *resting])
+            if not self.retry_at
+            else self.retry_at - now
         )
         wait = max(0.0, wait)
-        if self._stopping.is_set():
-            wait = min(wait, max(0.0, self._stop_at - now))
+        if self.stopping.is_set():
+            wait = min(wait, max(0.0, self.stop_at - now))
         return wait
 
     def _wait_and_hand_over(self, timeout: float) -> None:
         """Block until a job finishes (or ``timeout`` s, or a wake-up), then
         hand every finished job to the reporter."""
         try:
-            item = self._done.get(timeout=timeout)
+            item = self.done.get(timeout=timeout)
         except _queue.Empty:
             return
         finished, wakes = [], []
@@ -120,44 +264,44 @@ class ClaimLoop:
             elif item is not None:
                 finished.append(item)
             try:
-                item = self._done.get_nowait()
+                item = self.done.get_nowait()
             except _queue.Empty:
                 break
         if finished:
-            self._executing -= len(finished)
-            self._reporter.hand_over(finished)
+            self.executing -= len(finished)
+            self.reporter.hand_over(finished)
         for wake in wakes:  # after the finished jobs freed their threads
-            self._idle.on_wake(wake)
+            self.idle.on_wake(wake)
 
-    def _wake(self) -> None:
+    def wake(self) -> None:
         """Wake the loop (from any thread)."""
-        self._done.put(None)
+        self.done.put(None)
 
-    def _on_released(self, queue: str) -> None:
+    def on_released(self, queue: str) -> None:
         """The reporter saw a parent released on ``queue``: claim there now."""
-        if queue in self._rest:
-            self._released[queue] += 1
-            self._rest[queue] = 0.0
+        if queue in self.rest:
+            self.released[queue] += 1
+            self.rest[queue] = 0.0
 
     def _claim(self, free: int, everywhere: bool) -> int:
         """Claim up to ``free`` jobs round-robin over the queues and submit
         them; ``everywhere`` asks resting queues too. Returns how many."""
-        if not self._subscribed:  # before any transition of ours (DESIGN §10.6)
+        if not self.subscribed:  # before any transition of ours (DESIGN §10.6)
             self.mq.signal_events.subscribe(self.queues, kinds_connected())
-            self._subscribed = True
+            self.subscribed = True
         got, now, n = 0, time.monotonic(), len(self.queues)
-        first, self._turn = self._turn, (self._turn + 1) % n
-        if self._lost_claims:  # a lost claim's jobs first: they were leased for our room
-            first = self.queues.index(next(iter(self._lost_claims)))
+        first, self.turn = self.turn, (self.turn + 1) % n
+        if self.lost_claims:  # a lost claim's jobs first: they were leased for our room
+            first = self.queues.index(next(iter(self.lost_claims)))
         for i in range(n):
             if free <= 0:
                 break
             queue = self.queues[(first + i) % n]
-            if not everywhere and self._rest[queue] > now:
+            if not everywhere and self.rest[queue] > now:
                 continue
             want = min(free, self.batch)
-            released = self._released[queue]
-            token = self._lost_claims.pop(queue, None) or secrets.token_hex(8)
+            released = self.released[queue]
+            token = self.lost_claims.pop(queue, None) or secrets.token_hex(8)
             try:
                 jobs = self.mq.claim(queue, want, self.leases[queue], token=token)
             except REDIS_DOWN:
@@ -165,21 +309,19 @@ class ClaimLoop:
                 # sends the same token, and a claim that ran gives its jobs
                 # back (lua/claim.lua's replay) instead of leaving them active
                 # and unseen until their lease expires
-                self._lost_claims[queue] = token
+                self.lost_claims[queue] = token
                 raise
             if jobs.wait_ms:  # its RATE_LIMIT window is full: rest until it opens
-                self._rest[queue] = now + jobs.wait_ms / 1000
-            elif len(jobs) < want and self._released[queue] == released:
+                self.rest[queue] = now + jobs.wait_ms / 1000
+            elif len(jobs) < want and self.released[queue] == released:
                 # drained (or paused): rest until woken; a parent this worker
                 # saw released after the claim ran is claimed at once instead
-                self._rest[queue] = float("inf")
-            with self._lock:
-                for job in jobs:
-                    self._running[(queue, job.id)] = job
-            self._executing += len(jobs)
-            self._claimed += len(jobs)  # here: a later queue's claim may raise (max_jobs)
+                self.rest[queue] = float("inf")
+            self.held.add(jobs)
+            self.executing += len(jobs)
+            self.claimed += len(jobs)  # here: a later queue's claim may raise (max_jobs)
             for job in jobs:
-                self._pool.submit(self._execute, job, self._done)
+                self.pool.submit(self._execute, job, self.done)
             free -= len(jobs)
             got += len(jobs)
         return got
@@ -188,14 +330,14 @@ class ClaimLoop:
     def _execute(self, job: Job, done: _queue.SimpleQueue) -> None:
         """Run one handler; always posts a ``Finished`` to ``done``."""
         finished, started = Finished(job), time.perf_counter()
-        self._timeouts.start(job, job.timeout_ms or self.time_limits[job.queue])
+        self.timeouts.start(job, job.timeout_ms or self.time_limits[job.queue])
         try:
             close_old_connections()
             func = get_handler(job.name)
             if func is None:
                 finished.error = unknown_name_error(job.name)
-                if job.name not in self._warned:
-                    self._warned.add(job.name)
+                if job.name not in self.warned:
+                    self.warned.add(job.name)
                     log.warning("%s", finished.error)
             else:
                 finished.result = func(job)
@@ -211,10 +353,10 @@ class ClaimLoop:
             except Exception:
                 log.exception("close_old_connections() failed after job %s/%s", job.queue, job.id)
             finished.ms = (time.perf_counter() - started) * 1000
-            if self._timeouts.settle(job):
+            if self.timeouts.settle(job):
                 done.put(finished)
             else:  # its time limit passed first: the attempt was failed already
-                self._pool.retire_current()
+                self.pool.retire_current()
                 log.warning(
                     "job %s/%s (%s): the handler returned %.0f ms after its time limit; "
                     "its result is discarded",
@@ -229,9 +371,9 @@ class ClaimLoop:
             f"TimeoutError: the attempt ran longer than its time limit of {limit_ms} ms "
             "(timeout_ms / TIMEOUT_MS); the handler's late result is discarded"
         )
-        self._pool.write_off()
-        self._done.put(Finished(job, error=error, ms=float(limit_ms)))
-        stuck = self._timeouts.stuck
+        self.pool.write_off()
+        self.done.put(Finished(job, error=error, ms=float(limit_ms)))
+        stuck = self.timeouts.stuck
         log.warning("job %s/%s (%s) timed out after %d ms", job.queue, job.id, job.name, limit_ms)
         if stuck > self.max_stuck:
             log.error(
@@ -241,23 +383,18 @@ class ClaimLoop:
             )
             self.stop()
 
-    def _forget(self, *jobs: Job) -> None:
-        with self._lock:
-            for job in jobs:
-                self._running.pop((job.queue, job.id), None)
-
     def _log_stats(self, now: float) -> None:
         done = self.processed
-        last, since = self._stats_seen
+        last, since = self.stats_seen
         if done != last:
             rate = (done - last) / max(now - since, 1e-3)
             log.info(
                 "processed %d jobs (%.0f/s), failed %d, dead %d, lost %d, queues %s",
                 done,
                 rate,
-                self.stats["failed"],
-                self.stats["dead"],
-                self.stats["lost"],
+                self.reporter.stats["failed"],
+                self.reporter.stats["dead"],
+                self.reporter.stats["lost"],
                 ", ".join(self.queues),
             )
-        self._stats_at, self._stats_seen = now + STATS_EVERY_S, (done, now)
+        self.stats_at, self.stats_seen = now + STATS_EVERY_S, (done, now)

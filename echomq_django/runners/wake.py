@@ -229,21 +229,22 @@ class Idle:
     keys and its ``Timers``. The worker calls ``start(post)`` and ``stop()``
     around a run, ``keep_timers()`` on each pass of its loop, ``block(idle)``
     before each wait (True: arm the waker) and ``on_wake(wake)`` for what
-    the waker posted. It uses the worker's ``mq``, ``queues``,
-    ``concurrency``, ``_executing``, ``_stopping``, ``_rest`` (queue -> the
-    monotonic time it may be claimed) and ``_on_released(queue)``.
+    the waker posted. ``loop`` is the worker's ``ClaimLoop``: it uses its
+    ``mq``, ``queues``, ``concurrency``, ``executing``, ``stopping``,
+    ``rest`` (queue -> the monotonic time it may be claimed) and
+    ``on_released(queue)``.
     ``wakeups``: the wake-ups used (``claimable``, ``due``, ``reconnect``, and
     ``returned``: markers handed back while busy or stopping)."""
 
-    def __init__(self, worker, block_s: float, sweep_s: float, max_stalls: int) -> None:
-        self.worker, self.block_s = worker, block_s
-        self.timers = Timers(worker.mq, worker.queues, sweep_s=sweep_s, max_stalls=max_stalls)
+    def __init__(self, loop, block_s: float, sweep_s: float, max_stalls: int) -> None:
+        self.loop, self.block_s = loop, block_s
+        self.timers = Timers(loop.mq, loop.queues, sweep_s=sweep_s, max_stalls=max_stalls)
         self.wakeups = dict.fromkeys(("claimable", "due", "reconnect", "returned"), 0)
         self.waker: Waker | None = None
 
     def start(self, post) -> None:
-        w = self.worker
-        self.waker = Waker(w.mq, w.queues, "wake", post, block_s=self.block_s)
+        loop = self.loop
+        self.waker = Waker(loop.mq, loop.queues, "wake", post, block_s=self.block_s)
         self.waker.start()
 
     def stop(self) -> None:
@@ -267,27 +268,27 @@ class Idle:
             return False
         outcome = self.timers.run()
         for queue, _ in outcome.released:
-            self.worker._on_released(queue)
+            self.loop.on_released(queue)
         return True
 
     def on_wake(self, wake: Wake) -> None:
         """A marker the waker popped, or its connection's state."""
-        w = self.worker
+        w = self.loop
         if wake is UP:  # whatever became claimable or due meanwhile: look now
             self.wakeups["reconnect"] += 1
-            w._rest.update(dict.fromkeys(w.queues, 0.0))
+            w.rest.update(dict.fromkeys(w.queues, 0.0))
             self.timers.wake_all()
         elif wake is DOWN:
             return
         elif wake.member == WAKE_DUE:
             self.wakeups["due"] += 1
             self.timers.learn(wake.queue, wake.score)
-            if w._stopping.is_set():
+            if w.stopping.is_set():
                 self.waker.put_back(wake)
         else:
             self.wakeups["claimable"] += 1
-            w._rest[wake.queue] = 0.0
-            if w._executing >= w.concurrency or w._stopping.is_set():
+            w.rest[wake.queue] = 0.0
+            if w.executing >= w.concurrency or w.stopping.is_set():
                 # busy after all, or leaving: another idle worker may take it now;
                 # this one claims from the queue as soon as a thread frees
                 self.wakeups["returned"] += 1

@@ -79,30 +79,25 @@ and Redis outages. Nothing per job is formatted unless DEBUG is enabled.
 from __future__ import annotations
 
 import logging
-import queue as _queue
 import signal
 import threading
-import time
 
 from ..conf import get_mq
 from ..core.exceptions import JobCancelled
-from ..core.jobs import Job
 from ..core.keyspace import validate_queue
 from ..protocol.client import EchoMQ
 from . import heartbeat
 from .claim_loop import STATS_EVERY_S, ClaimLoop
 from .outage import REDIS_DOWN
-from .pool import HandlerPool
-from .reporter import GONE, Reporter
-from .timeouts import Timeouts
-from .wake import BLOCK_S, SWEEP_S, Idle
+from .reporter import GONE
+from .wake import BLOCK_S, SWEEP_S
 
 __all__ = ["STATS_EVERY_S", "Worker"]
 
 log = logging.getLogger("echomq_django.worker")
 
 
-class Worker(ClaimLoop):
+class Worker:
     """Runs the handlers of jobs claimed from ``queues`` (DESIGN §7).
 
     ``queues``: queue names (list of str); ``concurrency``: handler threads
@@ -128,8 +123,9 @@ class Worker(ClaimLoop):
     ``stop()``). Raises
     ``ValueError`` for a bad queue name or number. ``run()`` logs a WARNING
     naming the known queues when a queue is known nowhere (no job, not in
-    settings). Also ``wakeups``, ``timers`` (``wake.Idle``) and ``waiting``
-    (true while idle, blocked on its queues).
+    settings). Also ``loop`` (its ``ClaimLoop``, which holds the claim
+    state), ``wakeups``, ``timers`` (``wake.Idle``) and ``waiting`` (true
+    while idle, blocked on its queues).
 
     After ``run()``: ``processed`` (jobs completed or failed, all runs),
     ``stats`` (``completed``, ``failed`` = will retry, ``dead``, ``lost`` =
@@ -181,50 +177,45 @@ class Worker(ClaimLoop):
             raise ValueError("shutdown_timeout must be >= 0 s and block_timeout > 0 s")
         self.shutdown_timeout = float(shutdown_timeout)
         self.block_timeout = float(block)
-        self._idle = Idle(self, block, sweep_interval, max_stalls)
-        self.timers, self.wakeups = self._idle.timers, self._idle.wakeups
-        self.waiting = False
         self.abandoned = 0
-        self._running: dict[tuple[str, str], Job] = {}  # claimed, not yet reported
-        self._lock = threading.Lock()  # guards _running
         self.register, self.beat_s = register, beat_s
         self.metrics = metrics
-        self._reporter = Reporter(
-            mq, self, self._forget, self._on_released, self._wake, metrics=self.metrics
-        )
-        # DESIGN §10.3: per-attempt time limits (timeouts.py) and the queues' defaults (ms)
-        self._timeouts = Timeouts(self._on_timeout)
         self.max_stuck = _at_least(0, concurrency if max_stuck is None else max_stuck, "max_stuck")
+        # per-attempt time limits (timeouts.py): the queues' defaults (ms)
         self.time_limits = {q: mq.queues.get(q, {}).get("TIMEOUT_MS") for q in self.queues}
-        self._executing = 0  # submitted to the pool and not finished (loop thread only)
-        self._claimed, self._retry_at = 0, 0.0  # this run's claims; outage: next try (loop only)
+        self.loop = ClaimLoop(
+            mq,
+            self.queues,
+            concurrency=self.concurrency,
+            batch=self.batch,
+            leases=self.leases,
+            time_limits=self.time_limits,
+            max_stuck=self.max_stuck,
+            shutdown_timeout=self.shutdown_timeout,
+            block_s=block,
+            sweep_s=sweep_interval,
+            max_stalls=max_stalls,
+            sender=self,
+            metrics=metrics,
+        )
+        self.timers, self.wakeups = self.loop.idle.timers, self.loop.idle.wakeups
         self._halt = threading.Event()  # set when run() returns: helpers stop
-        self._done: _queue.SimpleQueue = _queue.SimpleQueue()  # Finished, or None: a wake-up
-        self._stopping = threading.Event()
-        self._force = False
-        self._stop_at = 0.0
-        # queue -> monotonic time it may be claimed (inf: drained, rests until woken)
-        self._rest = dict.fromkeys(self.queues, 0.0)
-        # queue -> parents this worker saw released on it (written by the reporter only): a
-        # claim that came back short rests its queue only if none was released meanwhile
-        self._released = dict.fromkeys(self.queues, 0)
-        # queue -> the token of a claim that raised (its reply may be lost): sent again
-        self._lost_claims: dict[str, str] = {}
-        self._turn = 0
-        self._warned: set[str] = set()
-        self._subscribed = False  # event kinds with receivers here recorded for our queues
-        self._stats_at, self._stats_seen = 0.0, (0, time.monotonic())
+
+    @property
+    def waiting(self) -> bool:
+        """True while idle, blocked on the queues' wake keys."""
+        return self.loop.waiting
 
     @property
     def processed(self) -> int:
         """Jobs completed or failed, all runs."""
-        return self._reporter.processed
+        return self.loop.reporter.processed
 
     @property
     def stats(self) -> dict[str, int]:
         """``completed``, ``failed`` (will retry), ``dead``, ``lost`` (dropped
         after their lease expired), ``postponed`` (``RateLimited``), all runs."""
-        return self._reporter.stats
+        return self.loop.reporter.stats
 
     # -- control -------------------------------------------------------------
     def stop(self, force: bool = False) -> None:
@@ -232,20 +223,15 @@ class Worker(ClaimLoop):
         (or ``shutdown_timeout`` s have passed). ``force``: return at once,
         leaving running jobs to their leases. Safe from any thread and from a
         signal handler."""
-        if not self._stopping.is_set():
-            self._stop_at = time.monotonic() + self.shutdown_timeout
-            self._stopping.set()
-        if force:
-            self._force = True
-        self._done.put(None)  # wake the loop
+        self.loop.stop(force)
 
     def _on_signal(self, signum, frame) -> None:
         name = signal.Signals(signum).name
-        if self._stopping.is_set():
+        if self.loop.stopping.is_set():
             log.warning(
                 "%s again: stopping now; %d running jobs are left to their leases",
                 name,
-                len(self._running),
+                len(self.loop.held),
             )
             self.stop(force=True)
         else:
@@ -253,7 +239,7 @@ class Worker(ClaimLoop):
                 "%s: no more claims; finishing %d running jobs (up to %.0fs); send it "
                 "again to stop at once",
                 name,
-                len(self._running),
+                len(self.loop.held),
                 self.shutdown_timeout,
             )
             self.stop()
@@ -276,22 +262,17 @@ class Worker(ClaimLoop):
         if max_jobs is not None and max_jobs < 0:
             raise ValueError(f"max_jobs must be >= 0, got {max_jobs}")
         restore = self._install_signals()
-        self._pool = HandlerPool(self.concurrency, "echomq-worker")
-        # Fresh per run: handlers abandoned by an earlier run post to the old queue.
-        self._done, self._executing = _queue.SimpleQueue(), 0
-        self._reporter.reset()
+        loop = self.loop
+        loop.begin("echomq-worker")
         self._halt.clear()
-        self._rest = dict.fromkeys(self.queues, 0.0)
-        self._idle.start(self._done.put)
         helpers = [
             threading.Thread(target=target, daemon=True, name=name)
             for target, name in (
                 (self._heartbeat, "echomq-heartbeat"),
-                (self._reporter.run, "echomq-reporter"),
-                (self._timeouts.run, "echomq-timeouts"),
+                (loop.reporter.run, "echomq-reporter"),
+                (loop.timeouts.run, "echomq-timeouts"),
             )
         ]
-        self._timeouts.reopen()
         for thread in helpers:
             thread.start()
         if self._drainer is not None:
@@ -315,23 +296,19 @@ class Worker(ClaimLoop):
             warn=log,
         )
         try:
-            self._loop(burst, max_jobs)
+            loop.run(burst, max_jobs)
         finally:
-            self.waiting = False
-            self._idle.stop()  # a marker it pops from now on goes back
+            held = loop.end()
             if self._drainer is not None:
                 self._drainer.stop()
             if beat is not None:
                 beat.stop()
-            self._reporter.close()
-            self._timeouts.close()
             self._halt.set()
             for thread in helpers:  # daemons: one stuck on a dead socket is left behind
-                thread.join(timeout=0 if self._reporter.unreported else 2.0)
-            self.abandoned = len(self._running)
-            self._pool.shutdown(wait=not self.abandoned and not self._timeouts.stuck)
+                thread.join(timeout=0 if loop.reporter.unreported else 2.0)
+            self.abandoned = held
             restore()
-            self._log_stats(time.monotonic())
+            loop.shut_pool(self.abandoned)
             if self.abandoned:
                 log.warning(
                     "stopped with %d jobs still running; their leases will expire and "
@@ -339,14 +316,11 @@ class Worker(ClaimLoop):
                     self.abandoned,
                 )
             log.info("worker stopped: processed %d jobs this run", self.processed - start)
-            self._stopping.clear()
-            self._force = False
         return self.processed - start
 
     def _status(self) -> dict:
         """What the heartbeat says: jobs done, and the jobs held now."""
-        with self._lock:
-            held = list(self._running)
+        held = self.loop.held.refs()
         return {
             "jobs_done": self.processed,
             "running": len(held),
@@ -358,9 +332,7 @@ class Worker(ClaimLoop):
         """Extend the lease of each job that has used a third of it."""
         while not self._halt.wait(self.heartbeat_s):
             now = self.mq.clock()
-            with self._lock:
-                jobs = list(self._running.values())
-            for job in jobs:
+            for job in self.loop.held.jobs():
                 lease = self.leases[job.queue]
                 if job.lease_deadline is None or job.lease_deadline - now > lease * 2 // 3:
                     continue
