@@ -1,4 +1,4 @@
-"""The script registry (DESIGN §5, issue 2 point 3): every Lua header declares
+"""The script loader (DESIGN §5): every Lua header declares
 its contract, the Python side calls each script exactly as declared, the
 scripts are found from the checkout, and NOSCRIPT falls back on both rigs."""
 

@@ -2,7 +2,7 @@
 
 Pure reads through the public API (``get_job``, ``flow_page``,
 ``dependencies``, ``dependency_counts``, ``counts``, ``deadletters``,
-``registry.live_processes``); values come back as plain
+``mq.presence.live_processes``); values come back as plain
 text for the templates to escape. Job links go through the admin's
 ``job/<queue>/<id>/`` lookup view, so a child on another queue links the
 same way as one on this queue.

@@ -1,4 +1,4 @@
-"""The script registry: loads ``lua/`` once per process, runs scripts by EVALSHA.
+"""The script loader: loads ``lua/`` once per process, runs scripts by EVALSHA.
 
 DESIGN §5. Each ``lua/<name>.lua`` is one transition; a line
 ``-- @include lib/<file>.lua`` in its body is replaced by that file (shared

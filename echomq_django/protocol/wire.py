@@ -1,5 +1,5 @@
 """What every part of ``EchoMQ`` shares: one client, the keys, the script
-registry, the clock, the queues' settings and the payload encoder
+loader, the clock, the queues' settings and the payload encoder
 (docs/house.md, "protocol/").
 
 ``Wire`` holds them; ``Part`` is the base of each part (``EchoMQ`` itself,

@@ -26,7 +26,7 @@ Cost rule: a kind is recorded only while it is in ``P:{q}:signals:kinds``;
 it starts. A site without receivers writes no event; a completion costs an
 event only when a ``job_completed`` receiver is connected.
 
-Failures: a receiver that raises is logged (logger ``echomq_django.events``)
+Failures: a receiver that raises is logged (logger ``echomq_django.dispatcher``)
 and retried alone (the receivers that returned are not called again by this
 dispatcher) after ``backoff_ms``, doubling, until it has raised ``tries``
 times; then the event goes to ``P:{q}:signals:deadletter`` with the reason
@@ -65,7 +65,7 @@ from ..conf import get_mq, signal_settings
 from ..protocol.signal_events import SIGNAL_OF, Event
 from .outage import REDIS_DOWN, Outage
 
-log = logging.getLogger("echomq_django.events")
+log = logging.getLogger("echomq_django.dispatcher")
 
 
 def kinds_connected() -> list[str]:

@@ -6,7 +6,7 @@
   cancel its retried children), and the outbox may hold many thousands of
   other entries while the pumps are behind: with the count it searches the
   outbox only when one of its entries is still there (a search of 10,000
-  entries held Redis ~37 ms). Inlined by the registry where `@include
+  entries held Redis ~37 ms). Inlined by the script loader where `@include
   lib/cancel_out.lua` appears (lib/flow.lua, trim_outbox.lua,
   forget_outbox.lua). Local definitions only.
 ]]

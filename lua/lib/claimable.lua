@@ -1,7 +1,7 @@
 --[[
   lib/claimable.lua: the one place a job becomes claimable, and the wake-ups
   that let workers and pumps block instead of poll (DESIGN §10.1). Inlined by
-  the registry into every script whose header says
+  the script loader into every script whose header says
   `@include lib/claimable.lua` (lib/flow.lua includes it too). It defines
   local functions only and touches no key until a script calls them; every
   key it builds is `base .. suffix` on the calling script's own slot.

@@ -1,5 +1,5 @@
 --[[
-  lib/flow.lua: shared helpers, inlined by the registry into every script whose
+  lib/flow.lua: shared helpers, inlined by the script loader into every script whose
   header says `@include lib/flow.lua`. Not a script of its own: it defines
   local functions only and touches no key until a script calls them.
 

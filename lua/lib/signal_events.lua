@@ -1,6 +1,6 @@
 --[[
   lib/signal_events.lua: durable signal events (DESIGN §10.6), inlined by the
-  registry wherever `@include lib/signal_events.lua` appears (lib/flow.lua includes
+  script loader wherever `@include lib/signal_events.lua` appears (lib/flow.lua includes
   it, so every script that includes lib/flow.lua has it too). Not a script:
   it defines local functions only and touches no key until called.
 
