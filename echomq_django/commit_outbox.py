@@ -44,7 +44,7 @@ from .core.jobs import Job
 if TYPE_CHECKING:
     from .models import OutboxEntry
 
-log = logging.getLogger("echomq_django.outbox")
+log = logging.getLogger("echomq_django.commit_outbox")
 
 BATCH = 100  # rows one drain transaction pushes (and holds locks on)
 

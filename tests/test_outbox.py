@@ -91,7 +91,7 @@ def test_a_rollback_leaves_nothing_anywhere(db, mq):
 
 def test_redis_down_at_commit_runs_once_after_it_returns(db, mq, caplog):
     down = down_mq()
-    with caplog.at_level(logging.WARNING, logger="echomq_django.outbox"):
+    with caplog.at_level(logging.WARNING, logger="echomq_django.commit_outbox"):
         with transaction.atomic(using=db):
             outbox.write_job("q", "t.echo", {"n": 1}, "j1", {}, using=db, mq=down)
             outbox.write_flow(
@@ -137,7 +137,7 @@ def test_a_crash_between_push_and_delete_runs_once(db, mq):
 
 def test_a_row_redis_refuses_is_kept_and_skipped(db, mq, caplog):
     mq.enqueue("q", "t.other", 1, job_id="taken")
-    with caplog.at_level(logging.ERROR, logger="echomq_django.outbox"):
+    with caplog.at_level(logging.ERROR, logger="echomq_django.commit_outbox"):
         with transaction.atomic(using=db):
             outbox.write_job("q", "t.echo", 1, "taken", {}, using=db, mq=mq)
             outbox.write_job("q", "t.echo", 2, "free", {}, using=db, mq=mq)
