@@ -41,7 +41,7 @@ from .probes import Probes
 from .reads import Reads
 from .signal_events import SignalEvents
 from .timers import Timers
-from .wire import BACKOFF_CAP_MS, FLOW_CHUNK, Wire, opt
+from .wire import BACKOFF_CAP_MS, FLOW_CHUNK, Wire, local, opt
 
 COMPLETE_BATCH = 500  # jobs per complete script: a few ms of Redis time at most
 CALL_TOKEN = re.compile(r"[0-9A-Za-z._-]{1,64}")  # claim's call token (a key part)
@@ -117,10 +117,12 @@ class EchoMQ(Reads):
         self.wire.fault_hook = value
 
     # -- helpers -----------------------------------------------------------
+    @local
     def setting(self, queue: str, name: str) -> int:
         """A queue's ``MAX_ATTEMPTS`` / ``BACKOFF_MS`` / ``LEASE_MS`` (``Wire.setting``)."""
         return self.wire.setting(queue, name)
 
+    @local
     def encode(self, value: Any, what: str = "payload") -> str:
         """``value`` as compact JSON text (``Wire.encode``). Raises
         ``PayloadError`` when it is not JSON-serialisable or over

@@ -167,6 +167,14 @@ class Wire:
             raise
 
 
+def local(method):
+    """Mark a public method of a part that sends no Redis command: it is
+    left unwrapped (``Part`` wraps the others with ``errors.translating``),
+    which keeps a frame off a per-job path such as ``setting``."""
+    method.translating = True
+    return method
+
+
 class Part:
     """The base of each part of ``EchoMQ``: ``client``, ``keys`` and
     ``scripts`` of its ``wire``, and the wire's clock (ms since the epoch).
