@@ -156,7 +156,7 @@ def _settled(mq) -> bool:
         k = mq.keys
         if c.exists(k.queue_key(q, "gc"), k.queue_key(q, "cancel")):
             return False
-        completed, dead = mq.retention(q)
+        completed, dead = mq.lifecycle.retention(q)
         if counts["completed"] > completed.count or counts["dead"] > dead.count:
             return False
     return True
