@@ -40,7 +40,7 @@ from echomq_django.admin.pages import job_url
 from echomq_django.models import TEXT_LIMIT, MirroredJob, MirroredQueue
 from echomq_django.monitoring.mirror import mirror_after_sweep, mirror_queue, mirror_queues
 from echomq_django.runners.pump import Pump
-from tests.factories import StaffUserFactory, UserFactory
+from tests.support.factories import StaffUserFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -574,7 +574,7 @@ def test_the_queue_page_counts_a_dead_letter_at_its_bound(world, staff):
 
 def test_the_queue_page_shows_dead_lettered_signal_events(world, staff):
     from echomq_django import Dispatcher
-    from tests.eventkit import Raising
+    from tests.support.eventkit import Raising
 
     world.signal_events.subscribe(["validation"], ["completed"])
     add(world, Flow("validation", "t.leaf", {}, job_id="sig-1"))
@@ -596,7 +596,9 @@ def test_the_queue_page_shows_dead_lettered_signal_events(world, staff):
         '{"v":1}',
         1,
     )
-    assert row["reason"] == "tests.eventkit.Raising raised RuntimeError('no sig-1') (1 tries)"
+    assert (
+        row["reason"] == "tests.support.eventkit.Raising raised RuntimeError('no sig-1') (1 tries)"
+    )
     html = response.content.decode()
     assert "Durable signals: 0 waiting to be sent; dead-lettered (1)" in html
     assert f'<a href="{job_url("validation", "sig-1")}">validation/sig-1</a>' in html

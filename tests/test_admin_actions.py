@@ -12,8 +12,8 @@ from django.urls import reverse
 from echomq_django import conf
 from echomq_django.models import MirroredJob, MirroredQueue
 from echomq_django.monitoring.mirror import mirror_queues
-from tests.factories import StaffUserFactory
-from tests.workerkit import Clock
+from tests.support.factories import StaffUserFactory
+from tests.support.workerkit import Clock
 
 pytestmark = pytest.mark.django_db
 

@@ -19,11 +19,7 @@ from echomq_django import Flow, conf
 from echomq_django.admin.pages import job_url
 from echomq_django.monitoring.mirror import mirror_queues
 from echomq_django.runners.heartbeat import Heartbeat
-from tests import browserkit
-from tests.workerkit import Clock
-
-# fixtures (tests/browserkit.py)
-admin, chromium = browserkit.admin, browserkit.chromium
+from tests.support.workerkit import Clock
 
 pytestmark = pytest.mark.e2e
 

@@ -10,8 +10,8 @@ import pytest
 
 from echomq_django import JobState, handler
 from echomq_django.handlers import get_handler
-from tests.workerapp import jobs
-from tests.workerkit import burst
+from tests.support.workerapp import jobs
+from tests.support.workerkit import burst
 
 
 def test_the_decorator_returns_the_coroutine_function_and_registers_a_sync_one():

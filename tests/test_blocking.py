@@ -12,7 +12,7 @@ import pytest
 
 from echomq_django import Flow, JobState, Worker, handler
 from echomq_django.runners.pump import Pump
-from tests.workerkit import Background, wait_for
+from tests.support.workerkit import Background, wait_for
 
 NEVER = 3600.0  # s: a timeout or interval no test waits for
 gates: dict[str, threading.Event] = {}

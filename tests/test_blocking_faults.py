@@ -11,8 +11,8 @@ import redis
 
 from echomq_django import EchoMQ, JobState, Worker
 from echomq_django.testing.redis_server import restart
-from tests import rigs
-from tests.workerkit import Background, wait_for
+from tests.support import rigs
+from tests.support.workerkit import Background, wait_for
 
 pytestmark = pytest.mark.e2e
 NEVER = 3600.0

@@ -7,10 +7,8 @@ from __future__ import annotations
 import pytest
 
 from echomq_django import DuplicateJob, JobState, PayloadError
-from tests import jobkit
-from tests.jobkit import T0, snapshot
-
-clock, tmq = jobkit.clock, jobkit.tmq  # fixtures (tests/jobkit.py)
+from tests.support import jobkit
+from tests.support.jobkit import T0, snapshot
 
 
 def test_jobs_land_in_order_as_enqueue_writes_them(tmq) -> None:

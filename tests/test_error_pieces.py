@@ -8,10 +8,7 @@ from datetime import UTC, datetime
 
 from echomq_django import EchoMQ, JobState
 from echomq_django.monitoring.mirror import job_from_row
-from tests import jobkit
-from tests.jobkit import assert_state, claim_one, kill, leaf, node, raw_row, ref
-
-clock, tmq = jobkit.clock, jobkit.tmq  # fixtures
+from tests.support.jobkit import assert_state, claim_one, kill, leaf, node, raw_row, ref
 
 PIECE = 64  # bytes (lib/error.lua ERROR_PIECE; Redis' hash-max-listpack-value)
 # a traceback with characters of 2, 3 and 4 bytes, so pieces meet them mid-way

@@ -15,11 +15,9 @@ from echomq_django import EchoMQ, Flow
 from echomq_django.protocol.signal_events import SIGNAL_OF
 from echomq_django.runners.dispatcher import Dispatcher
 from echomq_django.runners.pump import Pump
-from tests import eventkit, jobkit
-from tests.eventkit import Raising, stream
-from tests.jobkit import T0, claim_one, complete, kill, leaf, node
+from tests.support.eventkit import Raising, stream
+from tests.support.jobkit import T0, claim_one, complete, kill, leaf, node
 
-clock, seen = jobkit.clock, eventkit.seen  # fixtures (tests/jobkit.py, eventkit.py)
 ALL = list(SIGNAL_OF)
 
 
@@ -213,7 +211,7 @@ def test_a_receiver_that_always_raises_is_dead_lettered_after_its_tries(tmq, see
     # "b" waited behind "a" and then went to both, once
     assert seen.pairs() == [("job_completed", "a"), ("job_completed", "b")]
     assert bad.calls == {"a": 3, "b": 1}
-    label = "tests.eventkit.Raising"
+    label = "tests.support.eventkit.Raising"
     assert tmq.signal_events.deadlettered("q") == [
         {
             "event_id": f"q:{xa}",
@@ -309,7 +307,7 @@ def test_start_dispatches_in_the_background_as_events_land(tmq, seen):
     try:
         tmq.add_flow(Flow("q", "leaf", {}, job_id="j"))
         complete(tmq, "j", {"ok": True})
-        from tests.workerkit import wait_for
+        from tests.support.workerkit import wait_for
 
         wait_for(lambda: seen.got, what="the dispatcher thread to send")
     finally:
@@ -321,7 +319,7 @@ def test_start_dispatches_in_the_background_as_events_land(tmq, seen):
 def test_a_running_pump_sends_the_signals_from_its_dispatcher_threads(tmq, seen):
     import threading
 
-    from tests.workerkit import wait_for
+    from tests.support.workerkit import wait_for
 
     stop = threading.Event()
     dispatcher = Dispatcher(["q"], mq=tmq, block_ms=100)  # a quick stop

@@ -19,13 +19,12 @@ from echomq_django import EchoMQ, Flow
 from echomq_django.protocol.signal_events import SIGNAL_OF
 from echomq_django.runners.dispatcher import Dispatcher
 from echomq_django.testing import redis_server as devserver
-from tests import eventkit, rigs
-from tests.eventkit import Seen, stream
-from tests.jobkit import complete, kill, leaf, node
-from tests.workerkit import wait_for
+from tests.support import rigs
+from tests.support.eventkit import Seen, stream
+from tests.support.jobkit import complete, kill, leaf, node
+from tests.support.workerkit import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
-seen = eventkit.seen  # a fixture (tests/eventkit.py)
 ALL = list(SIGNAL_OF)
 pytestmark = pytest.mark.e2e
 
@@ -45,10 +44,10 @@ def rig_url(mq) -> tuple[str, str]:
 
 
 def child(mq, *args: str) -> int:
-    """Run ``python -m tests.eventkit`` against the test's rig; its exit code."""
+    """Run ``python -m tests.support.eventkit`` against the test's rig; its exit code."""
     url, cluster = rig_url(mq)
     proc = subprocess.run(
-        [sys.executable, "-m", "tests.eventkit", args[0], url, cluster, *args[1:]],
+        [sys.executable, "-m", "tests.support.eventkit", args[0], url, cluster, *args[1:]],
         cwd=ROOT,
         env={k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"},
         capture_output=True,

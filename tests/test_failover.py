@@ -13,8 +13,8 @@ import pytest
 import redis
 
 from echomq_django import EchoMQ, Flow, JobState, Worker, handler
-from tests import rigs
-from tests.workerkit import Background, wait_for
+from tests.support import rigs
+from tests.support.workerkit import Background, wait_for
 
 pytestmark = pytest.mark.e2e
 

@@ -18,8 +18,8 @@ from redis.cluster import RedisCluster
 
 from echomq_django import EchoMQ, EchoMQError
 from echomq_django.testing.redis_server import restart
-from tests import rigs
-from tests.faultkit import QUEUES, Proc, audit, make_flows, roots_done, wait_until
+from tests.support import rigs
+from tests.support.faultkit import QUEUES, Proc, audit, make_flows, roots_done, wait_until
 
 pytestmark = pytest.mark.e2e
 

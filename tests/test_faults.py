@@ -9,7 +9,7 @@ import redis
 from echomq_django import EchoMQ, Flow, JobNotActive, JobNotRetryable, JobState
 from echomq_django.core.exceptions import RedisUnavailable
 from echomq_django.runners.pump import Pump
-from tests import rigs
+from tests.support import rigs
 
 
 def _getkeys_calls(cluster: rigs.Cluster) -> int:
@@ -158,16 +158,6 @@ def check_ids(cfg, deploy: bool = False) -> list[str]:
     with override_settings(ECHOMQ=cfg):
         found = run_checks(databases=[], include_deployment_checks=deploy)
         return [m.id for m in found if m.id.startswith("echomq_django.")]
-
-
-@pytest.fixture
-def no_env_url(monkeypatch):
-    from echomq_django import conf
-
-    monkeypatch.delenv("ECHOMQ_URL", raising=False)
-    conf.reset()
-    yield
-    conf.reset()
 
 
 @pytest.mark.parametrize(

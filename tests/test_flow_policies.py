@@ -8,8 +8,7 @@ import pytest
 
 from echomq_django import JobState
 from echomq_django.runners.pump import Pump
-from tests import jobkit
-from tests.jobkit import (
+from tests.support.jobkit import (
     assert_state,
     claim_one,
     complete,
@@ -21,8 +20,6 @@ from tests.jobkit import (
     node,
     ref,
 )
-
-clock, tmq = jobkit.clock, jobkit.tmq  # fixtures (tests/jobkit.py)
 
 
 def resolutions(mq, pid: str) -> tuple[dict, dict, dict, dict]:

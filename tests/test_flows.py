@@ -21,8 +21,7 @@ from echomq_django import (
     PayloadError,
 )
 from echomq_django.protocol.scripts import Scripts
-from tests import jobkit
-from tests.jobkit import (
+from tests.support.jobkit import (
     T0,
     assert_state,
     children,
@@ -39,8 +38,6 @@ from tests.jobkit import (
     score,
     snapshot,
 )
-
-clock, tmq = jobkit.clock, jobkit.tmq  # fixtures (tests/jobkit.py)
 
 
 def flat() -> Flow:

@@ -8,7 +8,7 @@ from redis.crc import key_slot
 
 from echomq_django import Flow
 from echomq_django.core.keyspace import ID_RULE, PREFIX_RULE, QUEUE_RULE, Keyspace, validate_id
-from tests.jobkit import leaf, node, snapshot
+from tests.support.jobkit import leaf, node, snapshot
 
 K = Keyspace("emq")
 PARTS = ("dependencies", "children", "processed", "failed", "unsuccessful", "removed")

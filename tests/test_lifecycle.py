@@ -23,10 +23,8 @@ from echomq_django.core.exceptions import (
 from echomq_django.core.retention import Keep
 from echomq_django.protocol.outbox import SENT_WAIT_S
 from echomq_django.runners.pump import Pump
-from tests import jobkit
-from tests.jobkit import assert_state, claim_one, complete, hash_of, kill, leaf, node, ref
-
-clock, tmq = jobkit.clock, jobkit.tmq  # fixtures
+from tests.support import jobkit
+from tests.support.jobkit import assert_state, claim_one, complete, hash_of, kill, leaf, node, ref
 
 
 def keys_of(mq, queue: str) -> list[str]:

@@ -8,7 +8,8 @@ from django.core.checks import run_checks
 from django.test import override_settings
 
 from echomq_django.core import retention as lc
-from tests.test_checks import _no_env_url  # noqa: F401  (autouse: no ECHOMQ_URL)
+
+pytestmark = pytest.mark.usefixtures("no_env_url")  # the settings are the test's alone
 
 URL = "redis://127.0.0.1:1/0"
 

@@ -11,8 +11,8 @@ import pytest
 from echomq_django import EchoMQ, Flow, Pump, Worker
 from echomq_django.models import MirroredJob
 from echomq_django.monitoring.mirror import mirror_after_sweep
-from tests.jobkit import assert_state
-from tests.workerkit import wait_for
+from tests.support.jobkit import assert_state
+from tests.support.workerkit import wait_for
 
 
 def test_a_running_handler_learns_its_cancel(r) -> None:

@@ -18,7 +18,7 @@ import pytest
 from echomq_django import EchoMQ, Flow, JobState
 from echomq_django.models import MirroredJob, MirroredQueue
 from echomq_django.monitoring.mirror import mirror_queue
-from tests.workerkit import Clock
+from tests.support.workerkit import Clock
 
 pytestmark = pytest.mark.django_db
 

@@ -16,10 +16,10 @@ import pytest
 from echomq_django import EchoMQ, Worker
 from echomq_django.monitoring.metrics import process_metrics
 from echomq_django.runners.pump import Pump
-from tests.rigs import free_port
+from tests.support.rigs import free_port
+from tests.support.workerapp.jobs import GATES
+from tests.support.workerkit import Background, wait_for
 from tests.test_runworker import Command
-from tests.workerapp.jobs import GATES
-from tests.workerkit import Background, wait_for
 
 
 def test_a_running_worker_is_listed_with_the_jobs_it_holds(mq):

@@ -19,8 +19,8 @@ from redis.retry import Retry
 from echomq_django import EchoMQ, Flow, JobState, RedisUnavailable
 from echomq_django import commit_outbox as outbox
 from echomq_django.models import OutboxEntry
-from tests import rigs
-from tests.workerkit import burst, wait_for
+from tests.support import rigs
+from tests.support.workerkit import burst, wait_for
 
 ALIASES = [
     pytest.param("default", id="sqlite"),

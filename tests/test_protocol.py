@@ -27,10 +27,7 @@ from echomq_django import (
     RedisUnavailable,
 )
 from echomq_django.conf import reset
-from tests import jobkit
-from tests.jobkit import T0, assert_state, claim_one, row, score, snapshot
-
-clock, tmq = jobkit.clock, jobkit.tmq  # fixtures (tests/jobkit.py)
+from tests.support.jobkit import T0, assert_state, claim_one, row, score, snapshot
 
 
 def test_enqueue_writes_the_row_and_pending(tmq) -> None:

@@ -20,11 +20,8 @@ from echomq_django.protocol import presence, wire
 from echomq_django.protocol.presence import MISSED_BEATS, ProcessInfo
 from echomq_django.runners import heartbeat
 from echomq_django.runners.heartbeat import Heartbeat, known_queues, unknown_queue_warning
-from tests import jobkit
-from tests.jobkit import T0
-from tests.workerkit import wait_for
-
-clock, tmq = jobkit.clock, jobkit.tmq  # fixtures (tests/jobkit.py)
+from tests.support.jobkit import T0
+from tests.support.workerkit import wait_for
 
 
 def test_a_heartbeat_lists_the_process_with_what_it_said(tmq, clock):

@@ -9,8 +9,8 @@ from redis.cluster import RedisCluster
 
 from echomq_django import EchoMQ, JobState, RedisUnavailable
 from echomq_django.runners.pump import Pump
-from tests import jobkit
-from tests.jobkit import (
+from tests.support import jobkit
+from tests.support.jobkit import (
     assert_state,
     claim_one,
     complete,
@@ -21,8 +21,6 @@ from tests.jobkit import (
     raw_row,
     ref,
 )
-
-clock, tmq = jobkit.clock, jobkit.tmq  # fixtures
 
 
 def sweep(mq, *queues):

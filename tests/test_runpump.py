@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from echomq_django import EchoMQ, Flow
-from tests.workerkit import wait_for
+from tests.support.workerkit import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("subprocess_db")]
@@ -76,7 +76,7 @@ def test_an_unreachable_cluster_at_start_exits_1_with_one_line(command):
         port = s.getsockname()[1]  # closed again below: nothing listens there
     env = {
         **os.environ,
-        "DJANGO_SETTINGS_MODULE": "tests.fault_settings",
+        "DJANGO_SETTINGS_MODULE": "tests.support.fault_settings",
         "ECHOMQ_CLUSTER": "1",
         "ECHOMQ_URL": f"redis://127.0.0.1:{port}/0",
     }

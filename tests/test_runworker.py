@@ -17,7 +17,7 @@ import pytest
 
 from echomq_django import EchoMQ, Flow, JobState
 from echomq_django.runners.pump import Pump
-from tests.workerkit import wait_for
+from tests.support.workerkit import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("subprocess_db")]
 

@@ -9,12 +9,9 @@ from django.core.checks import run_checks
 from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 
-from echomq_django import EchoMQ, conf
+from echomq_django import EchoMQ
 from echomq_django.runners.periodic import Entry, Scheduler, entries
-from tests import jobkit
-from tests.jobkit import T0, assert_state, row
-
-clock, tmq = jobkit.clock, jobkit.tmq  # fixtures (tests/jobkit.py)
+from tests.support.jobkit import T0, assert_state, row
 
 MINUTE = 60_000
 GOOD = {"URL": "redis://127.0.0.1:1/0"}
@@ -113,19 +110,11 @@ def ids(cfg):
         return [m.id for m in run_checks(databases=[]) if m.id.startswith("echomq_django.")]
 
 
-@pytest.fixture
-def _no_env_url(monkeypatch):
-    monkeypatch.delenv("ECHOMQ_URL", raising=False)
-    conf.reset()
-    yield
-    conf.reset()
-
-
 def sched(**spec):
     return {**GOOD, "SCHEDULE": {"e": {"name": "orders.fulfil", "queue": "q", **spec}}}
 
 
-@pytest.mark.usefixtures("_no_env_url")
+@pytest.mark.usefixtures("no_env_url")
 @pytest.mark.parametrize(
     "cfg, expected",
     [

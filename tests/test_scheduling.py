@@ -15,8 +15,8 @@ from echomq_django import (
     LeaseLost,
 )
 from echomq_django.runners.pump import Pump
-from tests import jobkit
-from tests.jobkit import (
+from tests.support import jobkit
+from tests.support.jobkit import (
     assert_state,
     claim_one,
     complete,
@@ -29,8 +29,6 @@ from tests.jobkit import (
     row,
     snapshot,
 )
-
-clock, tmq = jobkit.clock, jobkit.tmq  # fixtures (tests/jobkit.py)
 
 
 def dedup_holder(mq, key: str, queue: str = "q"):

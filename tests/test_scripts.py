@@ -14,14 +14,11 @@ from echomq_django import JobState
 from echomq_django.protocol.scripts import Scripts, load_sources, lua_dir, parse_header
 from echomq_django.runners.dispatcher import Dispatcher
 from echomq_django.runners.pump import Pump
-from tests import jobkit
-from tests.jobkit import assert_state, claim_one, leaf, node
+from tests.support.jobkit import assert_state, claim_one, leaf, node
 
 REPO = Path(__file__).resolve().parent.parent
 LUA = sorted((REPO / "lua").glob("*.lua"))
 NAMES = [p.stem for p in LUA]
-
-clock, tmq = jobkit.clock, jobkit.tmq  # fixtures (tests/jobkit.py)
 
 
 def declared(text: str) -> dict:

@@ -13,7 +13,7 @@ import pytest
 
 from echomq_django import Dispatcher, EchoMQ, Flow, Worker, signals
 from echomq_django.runners.pump import Pump
-from tests.workerkit import T0, Clock, Recorder
+from tests.support.workerkit import T0, Clock, Recorder
 
 EVENT_ID = re.compile(r"\A[a-z]+:\d+-\d+\Z")
 

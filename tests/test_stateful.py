@@ -62,7 +62,7 @@ from echomq_django import (
 from echomq_django.core.exceptions import JobCancelled, JobNotCancellable, JobNotRemovable
 from echomq_django.core.jobs import JobState
 from echomq_django.core.keyspace import STATE_INDEX
-from tests.jobkit import INDEXES, Clock
+from tests.support.jobkit import INDEXES, Clock
 
 Q = "q"
 LEASE_MS = 1000

@@ -8,10 +8,8 @@ import threading
 
 from echomq_django import Flow, JobState
 from echomq_django.runners.pump import Pump
-from tests import jobkit
-from tests.jobkit import T0, claim_one, leaf, node
-
-clock, tmq = jobkit.clock, jobkit.tmq  # fixtures (tests/jobkit.py)
+from tests.support import jobkit
+from tests.support.jobkit import T0, claim_one, leaf, node
 
 
 def wake(mq, queue: str = "q", key: str = "wake") -> dict[str, int]:

@@ -10,10 +10,8 @@ import pytest
 
 from echomq_django import EchoMQ, JobState
 from echomq_django.runners.wake import DOWN, UP, Timers, Wake, Waker
-from tests import jobkit
-from tests.jobkit import T0, claim_one
-
-clock, tmq = jobkit.clock, jobkit.tmq  # fixtures (tests/jobkit.py)
+from tests.support import jobkit
+from tests.support.jobkit import T0, claim_one
 
 
 def markers(mq, queue: str = "q", key: str = "wake") -> dict[str, int]:

@@ -18,7 +18,7 @@ from redis.retry import Retry
 from echomq_django import EchoMQ, Flow, JobState, Outcome, RedisUnavailable, Worker
 from echomq_django.runners.pool import error_text, unknown_name_error
 from echomq_django.runners.pump import Pump
-from tests.workerkit import Background, Clock, burst, wait_for
+from tests.support.workerkit import Background, Clock, burst, wait_for
 
 COUNTS0 = {
     "pending": 0,
@@ -311,7 +311,7 @@ def test_queues_are_served_round_robin(mq):
     for q in ("a", "b"):
         for i in range(3):
             mq.enqueue(q, "t.record", f"{q}{i}")
-    from tests.workerapp.jobs import RECORDED
+    from tests.support.workerapp.jobs import RECORDED
 
     RECORDED.clear()
     burst(mq, ["a", "b"], concurrency=1)  # one thread: it runs them in claim order

@@ -11,12 +11,9 @@ import pytest
 from echomq_django import EchoMQ, JobState, Worker
 from echomq_django.runners.periodic import Entry, Scheduler
 from echomq_django.runners.pump import Pump
-from tests import jobkit
-from tests.jobkit import assert_state, leaf, node
-from tests.workerapp import jobs as handlers
-from tests.workerkit import Background, burst, wait_for
-
-clock, tmq = jobkit.clock, jobkit.tmq  # fixtures (tests/jobkit.py)
+from tests.support.jobkit import assert_state, leaf, node
+from tests.support.workerapp import jobs as handlers
+from tests.support.workerkit import Background, burst, wait_for
 
 
 @pytest.fixture(autouse=True)

@@ -1,8 +1,9 @@
 """The browser rig: Playwright (``pytest-playwright``) driving Debian's
 ``chromium`` against pytest-django's ``live_server`` (issue 15).
 
-A browser test module takes the fixtures it uses from here
-(``admin = browserkit.admin``, ``chromium = browserkit.chromium``):
+Its fixtures reach every test module through ``tests/conftest.py``'s
+``pytest_plugins`` (this file imports neither Playwright nor the library
+until a fixture runs):
 
 * ``chromium``: Playwright driving ``CHROMIUM`` for the module
   (Playwright's own browser download is never used; ``scripts/test.sh``

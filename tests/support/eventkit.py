@@ -3,7 +3,7 @@
 ``Seen`` connects a receiver to every signal the dispatcher sends and keeps
 what each one got; ``Raising`` is a receiver that raises (for some job ids);
 ``stream`` reads a queue's durable events as plain tuples. Run as a module
-(``python -m tests.eventkit MODE URL CLUSTER ...``) this file is the child
+(``python -m tests.support.eventkit MODE URL CLUSTER ...``) this file is the child
 process of the SIGKILL tests:
 
 * ``dispatch URL CLUSTER BATCH KILL_AFTER`` runs one ``Dispatcher`` pass on
@@ -21,11 +21,9 @@ import os
 import signal as _signal
 import sys
 
-import pytest
-
 from echomq_django import EchoMQ, signals
 from echomq_django.protocol.signal_events import SIGNAL_OF
-from tests.workerkit import Recorder
+from tests.support.workerkit import Recorder
 
 NAMES = tuple(SIGNAL_OF.values())
 
@@ -47,16 +45,6 @@ class Seen(Recorder):
 
     def ids(self) -> list[str]:
         return [kw["event_id"] for _, _, kw in self.got]
-
-
-@pytest.fixture
-def seen():
-    """A ``Seen`` open for the test (import it into a test module to use it)."""
-    rec = Seen()
-    try:
-        yield rec
-    finally:
-        rec.close()
 
 
 class Raising:

@@ -22,8 +22,8 @@ from pathlib import Path
 
 from echomq_django import Flow, JobNotFound
 
-REPO = Path(__file__).resolve().parent.parent
-QUEUES = ("fa", "fb", "fc")  # tests/fault_settings.py FAULT_QUEUES
+REPO = Path(__file__).resolve().parents[2]
+QUEUES = ("fa", "fb", "fc")  # tests/support/fault_settings.py FAULT_QUEUES
 POLICIES = {"fp": {}, "id": {"ignore_dependency_on_failure": True}}
 POLICIES["rd"] = {"remove_dependency_on_failure": True}
 STALLED = "stalled "  # the error of a job recover_stalled killed (lua/recover_stalled.lua)
@@ -196,7 +196,7 @@ class Proc:
             **os.environ,
             "ECHOMQ_URL": self.url,
             "ECHOMQ_CLUSTER": "1" if self.cluster else "0",
-            "DJANGO_SETTINGS_MODULE": "tests.fault_settings",
+            "DJANGO_SETTINGS_MODULE": "tests.support.fault_settings",
             "ECHOMQ_DB_PATH": str(self.logs / "db.sqlite3"),
         }
         log = self.logs / f"{self.args[0]}-{os.urandom(3).hex()}.log"

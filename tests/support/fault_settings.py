@@ -8,7 +8,7 @@ import os
 from testproject.settings import *  # noqa: F403
 from testproject.settings import INSTALLED_APPS
 
-INSTALLED_APPS = [*INSTALLED_APPS, "tests.faultapp"]
+INSTALLED_APPS = [*INSTALLED_APPS, "tests.support.faultapp"]
 FAULT_QUEUES = ("fa", "fb", "fc")
 ECHOMQ = {
     "URL": os.environ["ECHOMQ_URL"],

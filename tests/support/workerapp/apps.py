@@ -2,5 +2,5 @@ from django.apps import AppConfig
 
 
 class WorkerAppConfig(AppConfig):
-    name = "tests.workerapp"
+    name = "tests.support.workerapp"
     label = "workerapp"

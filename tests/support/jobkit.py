@@ -7,32 +7,19 @@ exercised; ``where`` answers which state index holds a job; ``snapshot``
 captures a whole keyspace (every master of a Cluster) so a test can assert
 that a refused call wrote nothing.
 
-The fixtures ``clock`` and ``tmq`` are imported by the test modules that use
-them.
+The fixtures ``clock`` and ``tmq`` live in ``tests/support/fixtures.py``.
 """
 
 from __future__ import annotations
 
-import pytest
 from redis.cluster import RedisCluster
 
 from echomq_django import EchoMQ, Flow, JobState
 from echomq_django.core.jobs import row_error
 from echomq_django.core.keyspace import STATE_INDEX
-from tests.workerkit import T0, Clock  # noqa: F401  (T0 re-exported to the tests)
+from tests.support.workerkit import T0, Clock  # noqa: F401  (T0 re-exported to the tests)
 
 INDEXES = ("pending", "active", "delayed", "completed", "dead", "awaiting")
-
-
-@pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture
-def tmq(redis_client, clock: Clock) -> EchoMQ:
-    """An ``EchoMQ`` on the test's rig whose time is ``clock``."""
-    return EchoMQ(redis_client, prefix="emq", clock=clock)
 
 
 def _text(v) -> str:

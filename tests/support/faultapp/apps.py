@@ -2,5 +2,5 @@ from django.apps import AppConfig
 
 
 class FaultAppConfig(AppConfig):
-    name = "tests.faultapp"
+    name = "tests.support.faultapp"
     label = "faultapp"
