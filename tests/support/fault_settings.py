@@ -1,5 +1,5 @@
 """Settings of the fault suite's worker and pump processes
-(tests/test_fault_suite.py): the test project's, plus the ``fault.*``
+(tests/faults/test_chaos.py): the test project's, plus the ``fault.*``
 handlers, the Redis from ``ECHOMQ_URL`` (a Cluster when ``ECHOMQ_CLUSTER``
 is ``1``) and short leases, so a SIGKILLed worker's jobs come back soon."""
 

@@ -1,4 +1,4 @@
-"""The fault suite's kit (tests/test_fault_suite.py): flows whose end state
+"""The fault suite's kit (tests/faults/test_chaos.py): flows whose end state
 is known from their data, real ``runworker`` / ``runpump`` processes to
 SIGKILL, and the audit that counts what a fault may have broken.
 

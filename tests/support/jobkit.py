@@ -139,3 +139,41 @@ def leaf(job_id: str, queue: str = "q", **kw) -> Flow:
 
 def node(job_id: str, children: list[Flow], queue: str = "q", **kw) -> Flow:
     return Flow(queue, "node", {"id": job_id}, job_id=job_id, children=children, **kw)
+
+
+# -- many parents on p, each fanning in from children on c ---------------------
+
+
+def wide_cross_flows(mq, parents=20, children=10):
+    """``parents`` parents on ``p``, each with ``children`` children on ``c``."""
+    mq.add_flows(
+        [
+            Flow(
+                "p",
+                "parent",
+                {},
+                job_id=f"P{i}",
+                children=[Flow("c", "child", {}, job_id=f"P{i}-{j}") for j in range(children)],
+            )
+            for i in range(parents)
+        ]
+    )
+
+
+def released_events(mq, queue="p"):
+    """How many times each job was released, read from the events stream."""
+    counts: dict[str, int] = {}
+    for _, fields in mq.client.xrange(mq.keys.queue_key(queue, "events")):
+        if fields[b"e"] == b"released":
+            job = fields[b"id"].decode()
+            counts[job] = counts.get(job, 0) + 1
+    return counts
+
+
+def assert_each_parent_released_once(mq, parents, children):
+    assert released_events(mq) == {f"P{i}": 1 for i in range(parents)}
+    assert sorted(mq.job_ids("p", "pending")) == sorted(f"P{i}" for i in range(parents))
+    for i in range(parents):
+        counts = mq.dependency_counts("p", f"P{i}")
+        assert (counts["processed"], counts["remaining"]) == (children, 0)
+    assert mq.counts("c")["outbox"] == 0

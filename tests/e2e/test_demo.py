@@ -17,7 +17,7 @@ import pytest
 from testproject.orders.demo_data import SAMPLE_CSV, generate, read_csv
 from testproject.orders.rules import predict
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.e2e
 LINE = re.compile(
     r"^  (fulfilled|failed|with ignored failures|retries taken) +(\d+)  "

@@ -24,7 +24,7 @@ from tests.support.eventkit import Seen, stream
 from tests.support.jobkit import complete, kill, leaf, node
 from tests.support.workerkit import wait_for
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 ALL = list(SIGNAL_OF)
 pytestmark = pytest.mark.e2e
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from testproject.orders.demo_data import generate
-from tests.test_demo import expected, run_demo, summary
+from tests.e2e.test_demo import expected, run_demo, summary
 
 pytestmark = pytest.mark.e2e
 

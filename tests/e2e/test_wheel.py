@@ -20,7 +20,7 @@ import pytest
 
 pytestmark = pytest.mark.e2e
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 # What a wheel is built from; copied so the build leaves no build/ in the checkout.
 SOURCES = ("pyproject.toml", "README.md", "LICENSE", "echomq_django", "lua")
 SCRIPT = textwrap.dedent("""

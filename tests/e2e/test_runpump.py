@@ -14,7 +14,7 @@ import pytest
 from echomq_django import EchoMQ, Flow
 from tests.support.workerkit import wait_for
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("subprocess_db")]
 
 

@@ -1,7 +1,7 @@
 """``manage.py runworker`` as a real subprocess against the test Redis
 (issue "Workers"): flows end to end (with ``runpump`` for cross-queue),
-SIGTERM, a second signal, SIGKILL and recovery, and Redis unreachable at
-start."""
+SIGTERM, a second signal, SIGKILL and recovery, Redis unreachable at start,
+and ``--metrics-port`` serving a scrape."""
 
 from __future__ import annotations
 
@@ -11,17 +11,19 @@ import signal
 import socket
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
 
 from echomq_django import EchoMQ, Flow, JobState
 from echomq_django.runners.pump import Pump
+from tests.support.rigs import free_port
 from tests.support.workerkit import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("subprocess_db")]
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 class Command:
@@ -260,3 +262,52 @@ def test_runworker_refuses_a_bad_interval(run):
     worker = run("runworker", "q", "--sweep-interval", "0")
     assert worker.wait() == 1
     assert worker.stderr() == "runworker: --sweep-interval and --pump-interval must be > 0 s\n"
+
+
+# -- --metrics-port -------------------------------------------------------------
+
+
+def test_runworker_serves_metrics_and_lists_itself(tmp_path, redis_server, r):
+    mq = EchoMQ(r, prefix="emq")
+    port = free_port()
+    mq.enqueue("served", "t.echo", {"n": 1})
+    worker = Command(
+        tmp_path, redis_server, "runworker", "served", "--metrics-port", str(port), "-v", "0"
+    )
+    try:
+        url = f"http://127.0.0.1:{port}/metrics"
+
+        def scrape() -> str:
+            try:
+                with urllib.request.urlopen(url, timeout=2) as response:
+                    return response.read().decode()
+            except OSError:
+                return ""
+
+        wait_for(
+            lambda: 'echomq_jobs_completed_total{name="t.echo",queue="served"} 1.0' in scrape(),
+            what="the completed job in the worker's metrics",
+        )
+        text = scrape()
+        assert 'echomq_queue_jobs{queue="served",state="completed"} 1.0' in text
+        assert 'echomq_processes_live{kind="worker"} 1.0' in text
+        [info] = mq.presence.live_processes()
+        assert (info.kind, info.pid, info.queues) == ("worker", worker.proc.pid, ["served"])
+        worker.signal(signal.SIGTERM)
+        assert worker.wait() == 0, worker.stderr()
+    finally:
+        worker.stop()
+    assert mq.presence.live_processes() == []
+
+
+def test_runworker_with_a_taken_metrics_port_is_one_line(tmp_path, redis_server):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        worker = Command(tmp_path, redis_server, "runworker", "q", "--metrics-port", str(port))
+        assert worker.wait() == 1
+    line = worker.stderr().strip().splitlines()[-1]  # (warnings may come before it)
+    assert line.startswith(f"runworker: cannot serve metrics on 127.0.0.1:{port}: ")
