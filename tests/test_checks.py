@@ -134,3 +134,46 @@ def test_no_test_runs_the_database_checks_by_accident():
         if "run_checks()" in line and "def " not in line and path != here
     ]
     assert offenders == []
+
+
+# -- settings that would misbehave; the deploy checks ask the server -----------
+
+
+def check_ids(cfg, deploy: bool = False) -> list[str]:
+    from django.core.checks import run_checks
+    from django.test import override_settings
+
+    with override_settings(ECHOMQ=cfg):
+        found = run_checks(databases=[], include_deployment_checks=deploy)
+        return [m.id for m in found if m.id.startswith("echomq_django.")]
+
+
+@pytest.mark.parametrize(
+    "cfg, expected",
+    [
+        ({**GOOD, "QUEUES": {"orders": {"LEASE_MS": 0}}}, ["echomq_django.E011"]),
+        ({**GOOD, "MAX_PAYLOAD_BYTES": "1000"}, ["echomq_django.E012"]),
+        ({**GOOD, "MAX_PAYLOAD_BYTES": -1}, ["echomq_django.E012"]),
+        ({**GOOD, "MAX_PAYLOAD_BYTES": 0}, ["echomq_django.E012"]),
+        ({**GOOD, "MAX_PAYLOAD_BYTES": True}, ["echomq_django.E012"]),
+        ({**GOOD, "OPTIONS": {"bogus": 1}}, ["echomq_django.E013"]),
+        ({**GOOD, "OPTIONS": ["socket_timeout"]}, ["echomq_django.E013"]),
+        ({**GOOD, "CLUSTER": "yes"}, ["echomq_django.E014"]),
+        ({**GOOD, "OPTIONS": {"socket_timeout": 5}, "MAX_PAYLOAD_BYTES": 1000}, []),
+        ({**GOOD, "CLUSTER": True, "OPTIONS": {"read_from_replicas": True}}, []),
+    ],
+)
+def test_settings_that_would_misbehave_fail_the_check(cfg, expected):
+    assert check_ids(cfg) == expected
+
+
+def test_check_deploy_compares_cluster_with_the_server(redis_server, redis_cluster):
+    single, node = redis_server, redis_cluster.url
+    assert check_ids({"URL": single}, deploy=True) == []
+    assert check_ids({"URL": single, "CLUSTER": True}, deploy=True) == ["echomq_django.E015"]
+    assert check_ids({"URL": single, "CLUSTER": True}) == []  # plain check: no Redis I/O
+    assert check_ids({"URL": node, "CLUSTER": True}, deploy=True) == []
+    assert check_ids({"URL": node}, deploy=True) == ["echomq_django.E016"]
+    assert check_ids({"URL": single.replace("/0", "/99")}, deploy=True) == ["echomq_django.E017"]
+    [(_, message, _)] = conf.server_problems({"URL": node})
+    assert message == f"{node}: this is a Redis Cluster node: set CLUSTER"

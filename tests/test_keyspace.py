@@ -229,3 +229,44 @@ def test_queue_keys_are_named_once_and_cached_with_a_bound():
         ks.job_part("q", "j", "nope")
     with pytest.raises(ValueError, match="invalid queue name"):
         ks.queue("a b")
+
+
+# -- control and format characters are refused before any write ----------------
+
+
+BAD_TEXT = {
+    "NUL": "a\x00b",
+    "ESC": "a\x1b[31mb",
+    "bidi override": "a\u202eb",
+    "zero width": "a\u200bb",
+    "lone surrogate": "a\ud800b",
+}
+
+
+@pytest.mark.parametrize("text", BAD_TEXT.values(), ids=BAD_TEXT.keys())
+def test_ids_and_names_with_control_or_format_characters_are_refused(mq, text):
+    with pytest.raises(ValueError, match="control or format characters"):
+        mq.enqueue("q", "x", {}, job_id=text)
+    with pytest.raises(ValueError, match="control or format characters"):
+        mq.add_flow(Flow("q", "x", {}, job_id=text))
+    with pytest.raises(ValueError, match="control or format characters"):
+        mq.add_flow(Flow("q", "x", {}, children=[Flow("q", text, {})]))
+    assert mq.client.keys("*") == []
+
+
+def test_a_cross_queue_flow_with_a_bad_child_name_lands_nothing(mq):
+    flow = Flow("p", "parent", {}, job_id="root", children=[Flow("c", "bad\ud800", {})])
+    with pytest.raises(ValueError, match=r"it holds U\+D800 \(a lone surrogate\)"):
+        mq.add_flow(flow)
+    assert mq.client.keys("*") == []  # the root did not land, awaiting for ever
+
+
+def test_unicode_letters_stay_valid_in_ids_and_names(mq):
+    mq.enqueue("q", "envoyer.reçu", {}, job_id="commande-été-42")
+    assert mq.get_job("q", "commande-été-42").name == "envoyer.reçu"
+
+
+def test_enqueue_refuses_a_name_with_a_lone_surrogate_naming_the_rule(mq):
+    with pytest.raises(ValueError, match=r"invalid job name .* U\+D800 \(a lone surrogate\)"):
+        mq.enqueue("q", "send\ud800", {})
+    assert mq.client.keys("*") == []

@@ -3,7 +3,9 @@ rigs. Every test asserts exact states, counts and keys left in Redis."""
 
 from __future__ import annotations
 
+import itertools
 import json
+import random
 import threading
 import time
 
@@ -15,6 +17,7 @@ from redis.retry import Retry
 
 from echomq_django import EchoMQ, JobState
 from echomq_django.core.exceptions import (
+    EchoMQError,
     JobCancelled,
     JobNotCancellable,
     JobNotFound,
@@ -1053,3 +1056,191 @@ def test_a_bad_keep_is_refused_and_nothing_is_written(tmq) -> None:
     with pytest.raises(FlowError, match="q/p: keep must be a whole number of seconds"):
         tmq.add_flow(node("p", [leaf("c")], keep=1.5))
     assert rows(tmq, "q") == []
+
+
+# -- a retry takes a cancel back -----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "flag",
+    ["ignore_dependency_on_failure", "remove_dependency_on_failure", "continue_parent_on_failure"],
+)
+def test_a_cancelled_parents_retry_leaves_its_resolved_non_fp_children_dead(tmq, flag) -> None:
+    """The rule as documented (README "A retry takes a cancel back"): a
+    child with id / rd / cp that the cancel killed resolved its parent by
+    its policy, like any other death of it; the parent's retry brings back
+    only children that failed it (fp), and runs once its running child is
+    done, without the resolved one's value."""
+    tmq.add_flow(node("p", [leaf("b"), leaf("a", **{flag: True})]))
+    job_b = claim_one(tmq, "q", "b")  # b runs, a waits
+    tmq.cancel("q", "p")
+    assert assert_state(tmq, "q", "a", "dead")["error"] == "cancelled"
+    tmq.retry("q", "p")
+    tmq.complete(job_b, 2)
+    assert_state(tmq, "q", "a", "dead")
+    assert_state(tmq, "q", "p", "pending")
+    assert tmq.children_values("q", "p") == {ref(tmq, "b"): 2}
+
+
+def test_an_ancestor_a_retry_revives_takes_its_cancel_back_too(tmq) -> None:
+    """cancel(r) kills r and p (awaiting) and marks b (running). Retrying p
+    revives r through reattach (r's :failed empties): r is awaiting again but
+    b keeps r's cancel mark, so b's result is dropped at completion and r
+    dies again ('failed by child b: cancelled'). A retry of r itself would
+    have taken b's mark back."""
+    tmq.add_flow(node("r", [node("p", [leaf("c")]), leaf("b")]))
+    job_b = claim_one(tmq, "q", "b")
+    tmq.cancel("q", "r")
+    assert hash_of(tmq, tmq.keys.job("q", "b")).get("cancel")
+    tmq.retry("q", "p")
+    assert_state(tmq, "q", "r", "awaiting_children")
+    tmq.complete(job_b, 2)  # raises JobCancelled if b kept the mark
+    complete(tmq, "c", 1)
+    complete(tmq, "p", 1)
+    assert_state(tmq, "q", "r", "pending")
+
+
+@pytest.mark.parametrize("swept_while_dead", [False, True])
+def test_a_cancelled_parent_retried_keeps_its_children_deadline(tmq, clock, swept_while_dead):
+    """p (children_timeout_ms=1000) is cancelled while its child runs, then
+    retried after its deadline: back to awaiting_children (49f1ea1). Whether
+    its deadline still holds depends on whether a pump swept while p was
+    dead: expire_children dropped p from P:{q}:deadlines then, and the
+    retried p waits for ever for a child that never finishes; without that
+    sweep it dies at once of 'children timed out'."""
+    tmq.add_flow(node("p", [leaf("b")], children_timeout_ms=1000))
+    claim_one(tmq, "q", "b", lease_ms=3_600_000)  # runs (and heartbeats) for ever
+    tmq.cancel("q", "p")
+    clock.advance(2000)
+    if swept_while_dead:
+        tmq.timers.expire_children("q")
+    assert tmq.retry("q", "p").state is JobState.AWAITING_CHILDREN
+    clock.advance(2000)
+    tmq.timers.expire_children("q")
+    assert tmq.state_of("q", "p") is JobState.DEAD  # its deadline held
+
+
+def test_a_parent_cancelled_after_its_release_is_not_released_twice(tmq) -> None:
+    """Found by test_stateful with more examples: c (id) is cancelled, p
+    (its only child ignored) is released; p is cancelled while pending. A
+    retry of c re-attaches it to the dead p (reattach_ignored: :dependencies
+    back to 1), so p's retry sees 'cancelled' with a child unresolved and
+    sends p, released once already, back to awaiting_children: c's
+    completion releases it a second time (parent_released sent twice)."""
+    tmq.add_flow(node("p", [leaf("c", ignore_dependency_on_failure=True)]))
+    tmq.cancel("q", "c")
+    assert_state(tmq, "q", "p", "pending")  # released: 1
+    tmq.cancel("q", "p")
+    tmq.retry("q", "c")
+    tmq.retry("q", "p")
+    complete(tmq, "c", 1)
+    assert jobkit.events(tmq, "q", "released").count("p") == 1
+
+
+def mixed_flow():
+    # a pending, b active, c awaiting (g active); x pending on o, y active on
+    # o, z awaiting on o (w active on q)
+    return node(
+        "p",
+        [
+            leaf("a"),
+            leaf("b"),
+            node("c", [leaf("g")]),
+            leaf("x", queue="o"),
+            leaf("y", queue="o"),
+            node("z", [leaf("w")], queue="o"),
+        ],
+    )
+
+
+def claim_named(mq, queue, want):
+    got, back = {}, []
+    for _ in range(20):
+        jobs = mq.claim(queue, 1)
+        if not jobs:
+            break
+        j = jobs[0]
+        if j.id in want:
+            got[j.id] = j
+        else:
+            back.append(j)
+        if set(got) == set(want):
+            break
+    return got, back
+
+
+def drain(mq, held, log, retries_left=4):
+    """Run everything to the end: complete what runs; retry p when it died.
+    p, when claimed, must see every child's value."""
+    for _ in range(40):
+        sweep(mq, "q", "o")
+        moved = False
+        for queue in ("q", "o"):
+            for j in mq.claim(queue, 10):
+                moved = True
+                if j.id == "p":
+                    vals = mq.children_values("q", "p")
+                    assert len(vals) == 6, (log, vals)
+                try:
+                    mq.complete(j, 1)
+                except EchoMQError as err:
+                    log.append(f"complete {j.id}: {type(err).__name__}")
+        for jid, j in list(held.items()):
+            moved = True
+            del held[jid]
+            try:
+                mq.complete(j, 1)
+            except EchoMQError as err:
+                log.append(f"complete held {jid}: {type(err).__name__}")
+        state = mq.state_of("q", "p")
+        if state is JobState.COMPLETED:
+            return
+        if state is JobState.DEAD and not moved:
+            assert retries_left > 0, log
+            retries_left -= 1
+            log.append("retry p (drain)")
+            for q, jid in (("q", "p"),):
+                mq.retry(q, jid)
+    raise AssertionError(("p never finished", mq.state_of("q", "p"), log))
+
+
+STEPS = ["retry", "sweep", "b", "g", "y", "w"]
+
+
+ORDERS = list(itertools.permutations(STEPS))
+random.Random(7).shuffle(ORDERS)
+
+
+@pytest.mark.parametrize("order", ORDERS[:60], ids=lambda o: "-".join(o))
+def test_cancel_then_retry_in_any_order_runs_p_once_with_all_values(tmq, order) -> None:
+    tmq.add_flow(mixed_flow())
+    held = {}
+    for queue, ids in (("q", {"b", "g", "w"}), ("o", {"y"})):
+        got, back = claim_named(tmq, queue, ids)
+        assert set(got) == ids
+        held.update(got)
+        for j in back:  # back to pending without spending the attempt
+            tmq.timers.postpone(j, 0)
+    tmq.cancel("q", "p")
+    log = []
+    retried = False
+    for step in order:
+        log.append(step)
+        if step == "retry":
+            retried = True
+            try:
+                tmq.retry("q", "p")
+            except EchoMQError as err:
+                log.append(f"retry refused {err}")
+        elif step == "sweep":
+            sweep(tmq, "q", "o")
+        else:
+            j = held.pop(step)
+            try:
+                tmq.complete(j, 1)
+            except EchoMQError as err:
+                log.append(f"complete {step}: {type(err).__name__}")
+    assert retried
+    drain(tmq, held, log)
+    released = jobkit.events(tmq, "q", "released")
+    assert released.count("p") == 1, (log, released)
