@@ -12,6 +12,7 @@ import redis
 from echomq_django import Flow, JobState
 from echomq_django.core.exceptions import RedisUnavailable
 from echomq_django.runners.pump import Pump
+from tests.support.jobkit import assert_state, complete, leaf, node
 
 POISON = {
     "not json {": "malformed entry: not JSON (Expecting value: line 1 column 1 (char 0))",
@@ -100,3 +101,28 @@ def test_a_delivery_failing_for_a_transient_reason_leaves_the_outbox_untouched(m
     mq.scripts.run_many_confirmed = real
     assert pump.sweep()["c"]["delivered"] == 1
     assert mq.get_job("p", "P").state is JobState.PENDING
+
+
+# -- an entry whose parent is gone ---------------------------------------------
+
+
+def test_undeliverable_entries_never_hold_up_the_ones_behind_them(tmq) -> None:
+    """600 completions of a flow removed before its children's pump ran
+    (more than a sweep's batch of 500) sit ahead of a live flow's entry: the
+    live parent is released by the first sweep; the 600 go to the
+    dead-letter list after max_tries sweeps, each delivered once a sweep."""
+    tmq.add_flow(Flow("q", "n", None, job_id="big", children=[
+        Flow("o", "n", None, job_id=f"c{i}") for i in range(600)]))  # fmt: skip
+    for _ in range(6):
+        tmq.complete_many([(j, 1) for j in tmq.claim("o", 100)])
+    tmq.client.delete(tmq.keys.job("q", "big"))  # gone before o's pump ran
+    tmq.add_flow(node("live", [leaf("y", queue="o")]))
+    complete(tmq, "y", "ok", queue="o")
+    pump = Pump(["o"], mq=tmq, max_tries=3)
+    first = pump.sweep()["o"]
+    assert (first["delivered"], first["deadlettered"]) == (1, 0)
+    assert_state(tmq, "q", "live", "pending")
+    assert tmq.client.llen(tmq.keys.queue_key("o", "flow:outbox")) == 600
+    assert [pump.sweep()["o"]["deadlettered"] for _ in range(2)] == [0, 600]
+    assert tmq.client.llen(tmq.keys.queue_key("o", "flow:outbox")) == 0
+    assert tmq.client.exists(tmq.keys.queue_key("o", "flow:tries")) == 0

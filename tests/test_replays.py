@@ -15,6 +15,7 @@ import redis
 
 from echomq_django import DuplicateJob, EchoMQ, Flow, JobNotActive, JobState, RedisUnavailable
 from echomq_django.runners.pump import Pump
+from tests.support.jobkit import assert_state, claim_one, leaf, node
 
 
 def fixed_clock(mq, at=1_000_000):
@@ -239,3 +240,20 @@ def test_only_the_same_fail_is_a_replay(mq):
     with pytest.raises(JobNotActive, match="is delayed"):
         mq.fail(job, "another error")  # not a replay of that call
     assert mq.get_job("q", "j").attempts == 1
+
+
+def test_a_retried_child_takes_its_death_back_past_a_poison_entry(tmq) -> None:
+    """x on `o` died (fp) and its death waits in o's outbox behind a poison
+    entry (not JSON): the retry of x reads past it (it used to raise a
+    cjson error), takes its death back and p, which never saw it, waits."""
+    tmq.add_flow(node("p", [leaf("x", queue="o", max_attempts=1)]))
+    outbox = tmq.keys.queue_key("o", "flow:outbox")
+    tmq.client.rpush(outbox, "not json, naming " + tmq.keys.job("o", "x"))
+    job = claim_one(tmq, "o", "x")
+    assert tmq.fail_many([(job, "boom", True)])[0].state is JobState.DEAD
+    assert tmq.client.llen(outbox) == 2
+    assert tmq.retry("o", "x").state is JobState.PENDING
+    assert tmq.client.lrange(outbox, 0, -1) == [
+        b"not json, naming " + tmq.keys.job("o", "x").encode()
+    ]
+    assert_state(tmq, "q", "p", "awaiting_children")
