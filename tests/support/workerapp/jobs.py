@@ -128,7 +128,7 @@ async def async_orm(job):
     return {"users": await User.objects.acount(), "thread": threading.current_thread().name}
 
 
-# DESIGN §10.3 (tests/test_worker_scheduling.py): a handler that blocks until
+# Time limits and RateLimited (tests/test_worker_limits.py): a handler that blocks until
 # released, and one that is rate limited on its first call per job
 RELEASE = threading.Event()
 SEEN: list = []  # (job id, job.timed_out) as each t.block handler returns

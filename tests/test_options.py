@@ -1,17 +1,16 @@
-"""Scheduling and flow control (DESIGN §10.3, issue 16), on both rigs: dedup
-keys, delays on flow nodes, continue_parent_on_failure, remove_child_dependency,
-remove_unprocessed_children, children_timeout_ms, postpone, pause marks."""
+"""What a job's options do, on both rigs: a dedup key (on a plain job and on
+a flow's leaf), a delay (on flow nodes too), a priority, a postpone; the
+queue's pause and rate limit, which gate every claim; the ranges every
+option must keep, refused before anything is written; and the same options
+through the module API."""
 
 from __future__ import annotations
 
 import pytest
 
 from echomq_django import (
-    DependencyError,
     EchoMQ,
     FlowError,
-    JobNotActive,
-    JobNotFound,
     LeaseLost,
 )
 from echomq_django.runners.pump import Pump
@@ -30,13 +29,12 @@ from tests.support.jobkit import (
     snapshot,
 )
 
+# -- dedup_key ------------------------------------------------------------------
+
 
 def dedup_holder(mq, key: str, queue: str = "q"):
     v = mq.client.get(mq.keys.queue(queue).dedup(key))
     return None if v is None else v.decode()
-
-
-# -- dedup_key ------------------------------------------------------------------
 
 
 def test_enqueue_with_a_live_dedup_key_returns_the_live_id_and_writes_nothing(tmq) -> None:
@@ -180,154 +178,7 @@ def test_a_delayed_parent_whose_delay_passed_is_released_to_pending(tmq, clock) 
     assert_state(tmq, "q", "p", "pending")
 
 
-# -- continue_parent_on_failure ---------------------------------------------------
-
-
-@pytest.mark.parametrize("child_queue", ["q", "other"])
-def test_continue_parent_on_failure_releases_the_parent_at_once(tmq, child_queue) -> None:
-    tmq.add_flow(
-        node(
-            "p",
-            [leaf("c1", queue=child_queue, continue_parent_on_failure=True), leaf("c2")],
-        )
-    )
-    kill(tmq, "c1", queue=child_queue)
-    Pump([child_queue], mq=tmq).sweep()
-    assert_state(tmq, "q", "p", "pending")
-    deps = tmq.dependencies("q", "p")
-    assert (deps.ignored, deps.failed, deps.unprocessed, deps.remaining) == (
-        {ref(tmq, "c1", child_queue): "boom"},
-        {},
-        [ref(tmq, "c2")],
-        1,
-    )
-    tmq.complete(claim_one(tmq, "q", "p"), "went on")  # a released parent goes first
-    assert complete(tmq, "c2", 2).released == []  # released once only
-    assert_state(tmq, "q", "p", "completed")
-    assert counter(tmq, "q", "p") == 0  # never below 0
-
-
-# -- remove_child_dependency --------------------------------------------------------
-
-
-@pytest.mark.parametrize("child_queue", ["q", "other"])
-def test_remove_child_dependency_releases_a_parent_waiting_only_for_it(tmq, child_queue) -> None:
-    tmq.add_flow(node("p", [leaf("c1", queue=child_queue), leaf("c2")]))
-    complete(tmq, "c2" if child_queue == "other" else "c1", 1)
-    gone = ref(tmq, "c1", child_queue) if child_queue == "other" else ref(tmq, "c2")
-    outcome = tmq.remove_child_dependency("q", "p", gone)
-    assert outcome.released == [("q", "p")]
-    assert_state(tmq, "q", "p", "pending")
-    assert hash_of(tmq, ref(tmq, "p") + ":removed") == {gone: "dependency removed"}
-    # the child still runs; finishing later changes nothing for the parent
-    cq, cid = tmq.keys.parse_ref(gone)
-    if cq == "q":
-        tmq.complete(claim_one(tmq, "q", "p"), "p")  # the released parent goes first
-    complete(tmq, cid, "late", queue=cq)
-    Pump([cq], mq=tmq).sweep()
-    assert (counter(tmq, "q", "p"), tmq.children_values("q", "p")) == (
-        0,
-        {ref(tmq, "c2" if child_queue == "other" else "c1"): 1},
-    )
-
-
-def test_remove_child_dependency_refuses_what_it_cannot_do(tmq) -> None:
-    tmq.add_flow(node("p", [leaf("c1"), leaf("c2")]))
-    complete(tmq, "c1")
-    before = snapshot(tmq.client)
-    with pytest.raises(DependencyError, match="has resolved its parent already"):
-        tmq.remove_child_dependency("q", "p", ref(tmq, "c1"))
-    with pytest.raises(DependencyError, match="is not a child of this parent"):
-        tmq.remove_child_dependency("q", "p", ref(tmq, "x"))
-    with pytest.raises(JobNotFound):
-        tmq.remove_child_dependency("q", "nope", ref(tmq, "c1"))
-    with pytest.raises(ValueError, match="not a job ref"):
-        tmq.remove_child_dependency("q", "p", "c2")
-    assert snapshot(tmq.client) == before
-    complete(tmq, "c2")
-    with pytest.raises(JobNotActive, match="is pending"):
-        tmq.remove_child_dependency("q", "p", ref(tmq, "c2"))
-
-
-# -- remove_unprocessed_children -------------------------------------------------------
-
-
-def test_remove_unprocessed_children_on_two_queues(tmq, clock) -> None:
-    tmq.add_flow(
-        node(
-            "p",
-            [
-                leaf("a"),
-                leaf("b"),
-                leaf("c", queue="other"),
-                leaf("d", queue="other", delay_ms=50),
-                node("m", [leaf("x", queue="other")], queue="other"),
-            ],
-        )
-    )
-    running = claim_one(tmq, "q", "a")
-    deleted, outcome = tmq.remove_unprocessed_children("q", "p")
-    assert sorted(deleted) == [("other", "c"), ("other", "d"), ("q", "b")]
-    assert outcome.released == []  # a runs, m waits for x
-    for q, i in deleted:
-        assert not tmq.client.exists(tmq.keys.job(q, i))
-        assert jobkit.where(tmq, q, i) == []
-    assert counter(tmq, "q", "p") == 2
-    tmq.complete(running, "A")
-    complete(tmq, "x", queue="other")
-    Pump(["other"], mq=tmq).sweep()
-    complete(tmq, "m", queue="other")
-    Pump(["other"], mq=tmq).sweep()
-    assert_state(tmq, "q", "p", "pending")
-
-
-def test_remove_unprocessed_children_of_a_missing_parent(tmq) -> None:
-    with pytest.raises(JobNotFound):
-        tmq.remove_unprocessed_children("q", "nope")
-
-
-# -- children_timeout_ms ---------------------------------------------------------------
-
-
-def test_children_timeout_kills_the_parent_and_its_policy_applies_upward(tmq, clock) -> None:
-    tmq.add_flow(
-        node("r", [node("p", [leaf("c1"), leaf("c2")], children_timeout_ms=1000), leaf("y")])
-    )
-    complete(tmq, "y")
-    complete(tmq, "c1")
-    clock.advance(999)
-    assert tmq.timers.expire_children("q")[0] == 0
-    clock.advance(1)
-    expired, outcome = tmq.timers.expire_children("q")
-    assert (expired, outcome.dead) == (1, [("q", "p"), ("q", "r")])
-    assert outcome.flow_failed == [("q", "r")]
-    assert tmq.get_job("q", "p").error == "children timed out"
-    assert_state(tmq, "q", "r", "dead")
-    assert tmq.client.zcard(tmq.keys.queue_key("q", "deadlines")) == 0
-    assert complete(tmq, "c2").released == []  # a dead parent is never released
-
-
-def test_a_parent_released_in_time_leaves_the_deadlines(tmq, clock) -> None:
-    tmq.add_flow(node("p", [leaf("c1")], children_timeout_ms=1000))
-    assert tmq.client.zcard(tmq.keys.queue_key("q", "deadlines")) == 1
-    complete(tmq, "c1")
-    assert tmq.client.zcard(tmq.keys.queue_key("q", "deadlines")) == 0
-    clock.advance(5000)
-    assert tmq.timers.expire_children("q")[0] == 0
-    assert_state(tmq, "q", "p", "pending")
-
-
-def test_a_cross_queue_parent_times_out_on_its_own_slot(tmq, clock) -> None:
-    tmq.add_flow(node("p", [leaf("c1", queue="other")], children_timeout_ms=10))
-    clock.advance(10)
-    assert tmq.timers.expire_children("q")[0] == 1
-    complete(tmq, "c1", queue="other")
-    Pump(["other"], mq=tmq).sweep()  # delivered, recorded, nothing released
-    assert_state(tmq, "q", "p", "dead")
-    assert tmq.children_values("q", "p") == {ref(tmq, "c1", "other"): None}
-
-
-# -- postpone (RateLimited) and pause marks ------------------------------------------------
+# -- postpone (RateLimited) -----------------------------------------------------
 
 
 def test_postpone_puts_the_job_back_without_spending_its_attempt(tmq, clock) -> None:
@@ -342,23 +193,6 @@ def test_postpone_puts_the_job_back_without_spending_its_attempt(tmq, clock) -> 
     assert claim_one(tmq, "q", "a").attempts == 1
     with pytest.raises(LeaseLost):
         tmq.timers.postpone(job, 1)  # the old lease cannot postpone the new attempt
-
-
-def test_pause_and_resume_are_flags_with_events(tmq) -> None:
-    assert (tmq.is_paused("q"), tmq.pause("q"), tmq.pause("q")) == (False, True, False)
-    assert tmq.is_paused("q")
-    assert (tmq.resume("q"), tmq.resume("q"), tmq.is_paused("q")) == (True, False, False)
-    assert [f[b"e"] for _, f in tmq.client.xrange(tmq.keys.queue_key("q", "events"))] == [
-        b"paused",
-        b"resumed",
-    ]
-
-
-def test_schedule_marks_only_move_forward(tmq) -> None:
-    assert tmq.timers.advance_schedule("q", "nightly", 1000, "init") == 1000
-    assert tmq.timers.advance_schedule("q", "nightly", 500, "init") == 1000
-    assert tmq.timers.advance_schedule("q", "nightly", 2000, "fire") == 2000
-    assert tmq.timers.advance_schedule("q", "nightly", 1500, "fire") == 2000
 
 
 # -- priority ------------------------------------------------------------------------------
@@ -417,7 +251,26 @@ def test_a_killed_or_removed_prioritized_job_leaves_the_zset(tmq) -> None:
     assert tmq.client.zcard(tmq.keys.queue_key("q", "prioritized")) == 0
 
 
+def test_reads_count_and_list_pending_jobs_in_claim_order(tmq) -> None:
+    for job_id, p in (("a", 0), ("b", 2), ("c", -3), ("d", 0)):
+        tmq.enqueue("q", "n", job_id=job_id, priority=p)
+    assert tmq.counts("q")["pending"] == 4
+    assert tmq.job_ids("q", "pending") == ["b", "a", "d", "c"]
+    assert tmq.job_ids("q", "pending", 1, 2) == ["a", "d"]
+    assert [j.id for j in tmq.claim("q", 4)] == ["b", "a", "d", "c"]
+
+
 # -- pause and the rate limit -----------------------------------------------------------
+
+
+def test_pause_and_resume_are_flags_with_events(tmq) -> None:
+    assert (tmq.is_paused("q"), tmq.pause("q"), tmq.pause("q")) == (False, True, False)
+    assert tmq.is_paused("q")
+    assert (tmq.resume("q"), tmq.resume("q"), tmq.is_paused("q")) == (True, False, False)
+    assert [f[b"e"] for _, f in tmq.client.xrange(tmq.keys.queue_key("q", "events"))] == [
+        b"paused",
+        b"resumed",
+    ]
 
 
 def test_a_paused_queue_is_not_claimed_from_and_resume_wakes_it(tmq) -> None:
@@ -450,23 +303,25 @@ def test_the_rate_limit_holds_for_all_workers_by_window(redis_client, clock) -> 
     assert b.claim("q", 1).wait_ms == 1000
 
 
-def test_a_continued_parent_that_dies_of_its_own_error_retries_alone(tmq) -> None:
-    tmq.add_flow(node("p", [leaf("c1", continue_parent_on_failure=True), leaf("c2")]))
-    kill(tmq, "c1")
-    kill(tmq, "p", "own error")  # released at once, ahead of c2; then it dies itself
-    assert tmq.retry("q", "p").state.value == "pending"  # no child failed it: back it goes
-    tmq.retry("q", "c1")
-    jobs = tmq.claim("q", 5)
-    assert [j.id for j in jobs] == ["c2", "p", "c1"]
-    assert [tmq.complete(j, j.id).released for j in jobs] == [[], [], []]
-    assert tmq.dependencies("q", "p").ignored == {ref(tmq, "c1"): "boom"}
-    assert tmq.children_values("q", "p") == {ref(tmq, "c2"): "c2"}
+# -- the same options through the module API -----------------------------------
 
 
-def test_reads_count_and_list_pending_jobs_in_claim_order(tmq) -> None:
-    for job_id, p in (("a", 0), ("b", 2), ("c", -3), ("d", 0)):
-        tmq.enqueue("q", "n", job_id=job_id, priority=p)
-    assert tmq.counts("q")["pending"] == 4
-    assert tmq.job_ids("q", "pending") == ["b", "a", "d", "c"]
-    assert tmq.job_ids("q", "pending", 1, 2) == ["a", "d"]
-    assert [j.id for j in tmq.claim("q", 4)] == ["b", "a", "d", "c"]
+def test_the_module_api_over_the_settings_connection(r) -> None:
+    import echomq_django as emq
+    from echomq_django import conf
+
+    conf.reset()
+    try:
+        assert emq.enqueue("q", "t.echo", 1, job_id="a", dedup_key="k", on_commit=False) == "a"
+        assert emq.enqueue("q", "t.echo", 2, dedup_key="k", on_commit=False) == "a"
+        emq.enqueue("q", "t.echo", 3, job_id="b", priority=4, timeout_ms=50, on_commit=False)
+        assert (emq.pause("q"), emq.is_paused("q"), emq.resume("q")) == (True, True, True)
+        emq.add_flow(node("p", [leaf("c1"), leaf("c2")]), on_commit=False)
+        mq = conf.get_mq()
+        assert emq.remove_child_dependency("q", "p", mq.keys.job("q", "c1")).released == []
+        deleted, outcome = emq.remove_unprocessed_children("q", "p")
+        assert (deleted, outcome.released) == ([("q", "c2")], [("q", "p")])
+        job = mq.claim("q", 1)[0]
+        assert (job.id, job.priority, job.timeout_ms) == ("b", 4, 50)
+    finally:
+        conf.reset()

@@ -1,6 +1,8 @@
-"""Periodic jobs and the scheduling settings' checks (DESIGN §10.3, issue 16
-point 7): exactly one job per tick however many schedulers run, a first start
-fires no past tick, a restart shorter than the period loses nothing; E050-E058."""
+"""Periodic jobs (``ECHOMQ["SCHEDULE"]``): exactly one job per tick however
+many schedulers run, a first start fires no past tick, a restart shorter
+than the period loses nothing, the schedule marks only move forward; a pump
+fires its own queues' entries in its sweep and ``echomq_stats`` lists them;
+and the checks of the scheduling settings, E050-E058."""
 
 from __future__ import annotations
 
@@ -11,7 +13,8 @@ from django.test import override_settings
 
 from echomq_django import EchoMQ
 from echomq_django.runners.periodic import Entry, Scheduler, entries
-from tests.support.jobkit import T0, assert_state, row
+from echomq_django.runners.pump import Pump
+from tests.support.jobkit import T0, assert_state, leaf, node, row
 
 MINUTE = 60_000
 GOOD = {"URL": "redis://127.0.0.1:1/0"}
@@ -100,6 +103,61 @@ def test_state_lists_each_entry(tmq, clock) -> None:
         "next_tick": T0 - T0 % MINUTE + MINUTE,
     }
     assert row(tmq, "q", "x") == {}
+
+
+# -- the pump fires them; stats list them --------------------------------------
+
+
+def test_schedule_marks_only_move_forward(tmq) -> None:
+    assert tmq.timers.advance_schedule("q", "nightly", 1000, "init") == 1000
+    assert tmq.timers.advance_schedule("q", "nightly", 500, "init") == 1000
+    assert tmq.timers.advance_schedule("q", "nightly", 2000, "fire") == 2000
+    assert tmq.timers.advance_schedule("q", "nightly", 1500, "fire") == 2000
+
+
+def test_the_pump_expires_children_and_fires_periodic_jobs(tmq, clock) -> None:
+    tmq.add_flow(node("p", [leaf("c")], children_timeout_ms=100))
+    scheduler = Scheduler(tmq, [Entry(key="beat", name="t.echo", queue="q", every_s=60)])
+    pump = Pump(["q"], mq=tmq, scheduler=scheduler)
+    pump.sweep()
+    clock.now = scheduler.next_due()
+    report = pump.sweep()["q"]
+    assert (report["expired"], report["scheduled"]) == (1, 1)
+    assert_state(tmq, "q", "p", "dead")
+    assert_state(tmq, "q", f"beat-{clock.now}", "pending")
+
+
+def test_a_pump_fires_the_settings_entries_of_its_own_queues(tmq, settings) -> None:
+    beat = {"name": "t.echo", "every_s": 60}
+    settings.ECHOMQ = {
+        **settings.ECHOMQ,
+        "SCHEDULE": {"mine": {**beat, "queue": "q"}, "theirs": {**beat, "queue": "other"}},
+    }
+    pump = Pump(["q"], mq=tmq)
+    assert [e.key for e in pump.scheduler.entries] == ["mine"]
+    settings.ECHOMQ = {k: v for k, v in settings.ECHOMQ.items() if k != "SCHEDULE"}
+    assert Pump(["q"], mq=tmq).scheduler is None
+
+
+def test_stats_list_the_periodic_jobs(tmq, clock, settings) -> None:
+    from echomq_django.monitoring.stats import collect, render
+
+    entry = {"name": "t.echo", "queue": "orders", "every_s": 60}
+    settings.ECHOMQ = {**settings.ECHOMQ, "SCHEDULE": {"beat": entry}}
+    Pump(["orders"], mq=tmq).sweep()  # the first start sets the mark
+    tick = clock.now - clock.now % 60_000
+    doc = collect(tmq, ["orders"])
+    assert doc["schedule"] == [
+        {
+            "entry": "beat",
+            "name": "t.echo",
+            "queue": "orders",
+            "schedule": "every 60 s",
+            "last_tick": tick,
+            "next_tick": tick + 60_000,
+        }
+    ]
+    assert "beat   orders  t.echo  every 60 s   20 s ago     40 s" in render(doc).splitlines()
 
 
 # -- settings ------------------------------------------------------------------------

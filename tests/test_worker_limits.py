@@ -1,17 +1,14 @@
-"""The worker's side of DESIGN §10.3 (issue 16), on both rigs: time limits
-(a timed-out attempt fails and retries, its thread is written off and
-replaced, its late result discarded; too many stuck threads stop the worker),
-``RateLimited`` from a handler, a full ``RATE_LIMIT`` window and a paused
-queue, and the pump's children-timeout sweep and periodic jobs."""
+"""What holds a worker back, on both rigs: a time limit (a timed-out attempt
+fails and retries, its thread is written off and replaced, its late result
+discarded; too many stuck threads stop the worker), ``RateLimited`` from a
+handler, a full ``RATE_LIMIT`` window and a paused queue."""
 
 from __future__ import annotations
 
 import pytest
 
 from echomq_django import EchoMQ, JobState, Worker
-from echomq_django.runners.periodic import Entry, Scheduler
-from echomq_django.runners.pump import Pump
-from tests.support.jobkit import assert_state, leaf, node
+from tests.support.jobkit import assert_state
 from tests.support.workerapp import jobs as handlers
 from tests.support.workerkit import Background, burst, wait_for
 
@@ -98,69 +95,3 @@ def test_a_worker_claims_nothing_from_a_paused_queue(mq) -> None:
     assert burst(mq, ["q"])[1] == 0
     mq.resume("q")
     assert burst(mq, ["q"])[1] == 3
-
-
-def test_the_pump_expires_children_and_fires_periodic_jobs(tmq, clock) -> None:
-    tmq.add_flow(node("p", [leaf("c")], children_timeout_ms=100))
-    scheduler = Scheduler(tmq, [Entry(key="beat", name="t.echo", queue="q", every_s=60)])
-    pump = Pump(["q"], mq=tmq, scheduler=scheduler)
-    pump.sweep()
-    clock.now = scheduler.next_due()
-    report = pump.sweep()["q"]
-    assert (report["expired"], report["scheduled"]) == (1, 1)
-    assert_state(tmq, "q", "p", "dead")
-    assert_state(tmq, "q", f"beat-{clock.now}", "pending")
-
-
-def test_the_module_api_over_the_settings_connection(r) -> None:
-    import echomq_django as emq
-    from echomq_django import conf
-
-    conf.reset()
-    try:
-        assert emq.enqueue("q", "t.echo", 1, job_id="a", dedup_key="k", on_commit=False) == "a"
-        assert emq.enqueue("q", "t.echo", 2, dedup_key="k", on_commit=False) == "a"
-        emq.enqueue("q", "t.echo", 3, job_id="b", priority=4, timeout_ms=50, on_commit=False)
-        assert (emq.pause("q"), emq.is_paused("q"), emq.resume("q")) == (True, True, True)
-        emq.add_flow(node("p", [leaf("c1"), leaf("c2")]), on_commit=False)
-        mq = conf.get_mq()
-        assert emq.remove_child_dependency("q", "p", mq.keys.job("q", "c1")).released == []
-        deleted, outcome = emq.remove_unprocessed_children("q", "p")
-        assert (deleted, outcome.released) == ([("q", "c2")], [("q", "p")])
-        job = mq.claim("q", 1)[0]
-        assert (job.id, job.priority, job.timeout_ms) == ("b", 4, 50)
-    finally:
-        conf.reset()
-
-
-def test_a_pump_fires_the_settings_entries_of_its_own_queues(tmq, settings) -> None:
-    beat = {"name": "t.echo", "every_s": 60}
-    settings.ECHOMQ = {
-        **settings.ECHOMQ,
-        "SCHEDULE": {"mine": {**beat, "queue": "q"}, "theirs": {**beat, "queue": "other"}},
-    }
-    pump = Pump(["q"], mq=tmq)
-    assert [e.key for e in pump.scheduler.entries] == ["mine"]
-    settings.ECHOMQ = {k: v for k, v in settings.ECHOMQ.items() if k != "SCHEDULE"}
-    assert Pump(["q"], mq=tmq).scheduler is None
-
-
-def test_stats_list_the_periodic_jobs(tmq, clock, settings) -> None:
-    from echomq_django.monitoring.stats import collect, render
-
-    entry = {"name": "t.echo", "queue": "orders", "every_s": 60}
-    settings.ECHOMQ = {**settings.ECHOMQ, "SCHEDULE": {"beat": entry}}
-    Pump(["orders"], mq=tmq).sweep()  # the first start sets the mark
-    tick = clock.now - clock.now % 60_000
-    doc = collect(tmq, ["orders"])
-    assert doc["schedule"] == [
-        {
-            "entry": "beat",
-            "name": "t.echo",
-            "queue": "orders",
-            "schedule": "every 60 s",
-            "last_tick": tick,
-            "next_tick": tick + 60_000,
-        }
-    ]
-    assert "beat   orders  t.echo  every 60 s   20 s ago     40 s" in render(doc).splitlines()
