@@ -1,6 +1,6 @@
 """Test rigs: a private Redis server and a private 3-master Redis Cluster.
 
-Fixtures (STYLE rule 9):
+Fixtures (real servers, never mocks; never a Redis the suite did not start):
 
 - ``redis_server`` (session): URL ``redis://127.0.0.1:<port>/0`` of a private
   redis-server; also exported as ``ECHOMQ_URL`` and as the ``default`` cache

@@ -1,4 +1,6 @@
-"""The admin and its mirror (DESIGN §8; issue 6), through the Django test client.
+"""The admin and its mirror (what Redis holds, copied into tables), through
+the Django test client: read-only pages, and retry by id behind its
+permission.
 
 Every test builds the same small world on the private Redis, one flow per
 queue so each can be driven by claiming in FIFO order:
@@ -295,7 +297,7 @@ def test_incremental_mirror_reads_only_new_events_and_unevented_claims(world):
     world.enqueue("awaiting", "t.leaf", {}, job_id="later", delay_ms=5000)
     mirror_queue(world, "awaiting")
     world.clock.tick(5000)
-    assert world.timers.promote_delayed("awaiting") == 1  # a 'promoted' event (issue 15)
+    assert world.timers.promote_delayed("awaiting") == 1  # a 'promoted' event
     assert mirror_queue(world, "awaiting") == {
         "full": False,
         "events": 1,

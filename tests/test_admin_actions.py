@@ -1,4 +1,4 @@
-"""The admin's operations (issue 15, with issues 13 and 16's API): cancel and
+"""The admin's operations, each the library's own call: cancel and
 remove selected jobs behind a confirmation page, pause and resume queues;
 each guarded by ``echomq_django.manage_job`` and logged."""
 

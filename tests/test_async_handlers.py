@@ -1,6 +1,6 @@
-"""``async def`` handlers (echomq_django.handlers; DESIGN §10.4, issue 14
-point 4): they register, run on the worker's handler threads through
-``async_to_sync`` and report like sync ones, on both rigs."""
+"""``async def`` handlers (echomq_django.handlers): they register, run on the
+worker's handler threads through ``async_to_sync`` and report like sync ones,
+on both rigs."""
 
 from __future__ import annotations
 

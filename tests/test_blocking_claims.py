@@ -1,5 +1,5 @@
-"""Blocking claims and the worker's timers (DESIGN §10.1, issue 12 points
-1-3), on both rigs. Every test makes the poll-era paths impossible (a
+"""Blocking claims and the worker's timers: a worker or pump acts on a
+wake-up, never by polling, on both rigs. Every test makes the poll-era paths impossible (a
 blocking timeout and a sweep interval far longer than the test may wait)
 and asserts on the path taken: the claim came from a wake-up, the timers
 promoted or recovered the job, the pump delivered on its wake-up."""

@@ -1,5 +1,5 @@
-"""Settings and system checks (issue 2 point 5; DESIGN §8): stable ids, hints,
-no Redis I/O, and the client each connection setting builds."""
+"""Settings and system checks: stable ids, hints, no Redis I/O (but for the
+deploy checks, which ask the server), and the client each connection setting builds."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The enqueue outbox (echomq_django.commit_outbox; DESIGN §10.4, issue 14 point 3),
-on SQLite and on PostgreSQL (when one answers: see the report header):
+"""The enqueue outbox (echomq_django.commit_outbox): nothing lost when Redis is
+down at the commit, on SQLite and on PostgreSQL (when one answers: see the report header):
 Redis down at commit -> the job runs once after Redis returns; rollback ->
 nothing anywhere; a crash between push and delete -> one run; two drainers
 -> each row pushed once."""

@@ -1,4 +1,4 @@
-"""``enqueue_many`` (DESIGN §10.1, issue 12 point 5) on both rigs: many plain
+"""``enqueue_many`` on both rigs: many plain
 jobs in one round trip, ids in order, rows as ``enqueue`` writes them, every
 id gated and nothing written when one is refused."""
 
@@ -111,7 +111,7 @@ def test_nothing_to_add(tmq) -> None:
     assert tmq.enqueue_many("q", []) == []
 
 
-# -- a job's own keep (DESIGN §10.2) -------------------------------------------------
+# -- a job's own keep -------------------------------------------------------------
 
 
 def test_a_jobs_own_keep_is_stored_and_retention_takes_it(tmq, clock) -> None:

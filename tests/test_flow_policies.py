@@ -1,5 +1,5 @@
-"""Failure policies and retry-by-id in same-queue flows, on both rigs
-(DESIGN §4, issue 3 points 3 and 5). A child's policy decides what its death
+"""Failure policies and retry-by-id in same-queue flows, on both rigs. A
+child's policy decides what its death
 does to its parent; every road to death applies it; retry re-attaches."""
 
 from __future__ import annotations
@@ -293,7 +293,7 @@ def test_a_parent_dead_of_its_own_errors_goes_back_to_pending(tmq) -> None:
 
 
 def test_a_retried_ignored_child_reattaches_and_resolves_once_more(tmq) -> None:
-    # issue 17, item 5: while the parent waits, a retry re-attaches the child
+    # while the parent waits, a retry re-attaches the child
     # its parent ignored: out of :unsuccessful, counted again, its next end
     # (another death, or a result) resolves the parent once
     tmq.add_flow(node("p", [leaf("c1", ignore_dependency_on_failure=True), leaf("c2")]))

@@ -1,4 +1,5 @@
-"""Live workers and pumps, and every queue ever used (DESIGN §10.5; issue 15).
+"""Live workers and pumps, and every queue ever used: a runner's heartbeat
+lists it while it lives, and ``P:queues`` knows every queue written to.
 
 Heartbeats run on both rigs with a fake clock (``Clock``), so expiry is
 asserted by moving time, never by waiting. The SIGKILL test kills a real

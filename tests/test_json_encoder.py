@@ -1,4 +1,4 @@
-"""The ``JSON_ENCODER`` setting (DESIGN §10.4, issue 14 point 4): payloads
+"""The ``JSON_ENCODER`` setting: payloads
 and results with dates, ``Decimal`` and ``UUID`` through Django's encoder;
 refused with ``PayloadError`` (nothing written) without it."""
 

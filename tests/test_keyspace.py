@@ -1,5 +1,5 @@
-"""The keyspace (DESIGN §3, issue 2 point 2): every key builder, the ``{queue}``
-hash tag, and name validation that refuses before anything is written."""
+"""The keyspace: every key builder, the ``{queue}`` hash tag (a queue's keys
+on one slot), and name validation that refuses before anything is written."""
 
 from __future__ import annotations
 
@@ -181,7 +181,7 @@ def test_bad_names_refused_by_reads_too(mq) -> None:
         mq.retry("orders", "")
 
 
-# -- names once (issue 11) ------------------------------------------------------
+# -- each key named once, in the keyspace -----------------------------------------
 
 
 def test_every_suffix_a_script_spells_is_named_in_the_keyspace():

@@ -1,6 +1,6 @@
-"""Lifecycle with real workers, pumps and the admin mirror (DESIGN §10.2,
-issue 13): a cancel reaches a running handler, retention runs in the pump's
-sweep and the worker's timers, and the mirror follows removals."""
+"""Lifecycle with real workers, pumps and the admin mirror: a cancel reaches a
+running handler, retention runs in the pump's sweep and the worker's timers,
+and the mirror follows removals."""
 
 from __future__ import annotations
 

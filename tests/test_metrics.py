@@ -1,5 +1,5 @@
 """Prometheus metrics: the per-process counters, the per-queue collector, the
-``metrics/`` view and its access rule, ``serve(port)`` (DESIGN §10.5; issue 15).
+``metrics/`` view and its access rule, ``serve(port)``.
 """
 
 from __future__ import annotations

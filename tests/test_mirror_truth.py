@@ -1,4 +1,4 @@
-"""A mirror that is right (issue 15): after any sequence of transitions and
+"""A mirror that is right: after any sequence of transitions and
 incremental mirror passes, the admin's header counts (``MirroredQueue``),
 the listed rows (``MirroredJob``) and Redis agree, claims included.
 

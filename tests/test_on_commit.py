@@ -1,4 +1,4 @@
-"""Enqueue on commit (echomq_django.api; issue "Workers"): inside an atomic
+"""Enqueue on commit (echomq_django.api): inside an atomic
 block ``enqueue`` / ``add_flow`` wait for the commit by default, a rollback
 writes nothing, and the ids are known before the commit."""
 

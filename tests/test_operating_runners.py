@@ -1,8 +1,6 @@
-"""Workers and pumps as an operator sees them (DESIGN §10.5; issue 15): they
-list themselves while they run, count their jobs in Prometheus metrics,
-and warn about a queue known nowhere (``runworker --metrics-port`` is in
-``tests/e2e/test_runworker.py``).
-"""
+"""Workers and pumps as an operator sees them: they list themselves while they
+run, count their jobs in Prometheus metrics, and warn about a queue known
+nowhere (``runworker --metrics-port`` is in ``tests/e2e/test_runworker.py``)."""
 
 from __future__ import annotations
 

@@ -50,7 +50,7 @@ def test_a_replayed_trim_removes_nothing_more(mq):
 
 
 def test_a_replayed_enqueue_is_the_same_job(mq):
-    # issue 17, item 4: a replay is the same call (its token), not the same
+    # a replay is the same call (its token), not the same
     # name, payload and ms: two calls within one ms are two calls
     fixed_clock(mq)
     k = mq.keys.queue("q")

@@ -69,7 +69,7 @@ STREAM_NODE = 100  # Redis' stream-node-max-entries: MAXLEN ~ trims whole nodes
 
 
 def test_the_events_stream_keeps_at_most_its_cap(tmq) -> None:
-    """DESIGN §3: the events stream is capped. 10,500 adds write 10,500
+    """The events stream is capped. 10,500 adds write 10,500
     `added` entries; the stream holds the newest 10,000 (up to one node
     more), the last one the last job's."""
     ids = tmq.enqueue_many("q", [("n", i) for i in range(EVENTS_MAXLEN + 500)])

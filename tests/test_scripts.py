@@ -1,4 +1,4 @@
-"""The script registry (DESIGN §5, issue 2 point 3): every Lua header declares
+"""The script registry: every Lua header declares
 its contract, the Python side calls each script exactly as declared, the
 scripts are found from the checkout, and NOSCRIPT falls back on both rigs."""
 
@@ -150,7 +150,7 @@ def drive_every_operation(mq, clock) -> None:
     jobs = mq.claim("q", 10)
     mq.complete_many([(job, "done") for job in jobs])
     assert Dispatcher(["q"], mq=mq).dispatch("q").sent == len(jobs) > 0  # ack_signals
-    # DESIGN §10.3: pause, flow control, the children timeout, postpone, schedule marks
+    # pause, flow control, the children timeout, postpone, schedule marks
     mq.pause("q")
     mq.resume("q")
     mq.add_flow(node("f", [leaf("f1"), leaf("f2")], children_timeout_ms=10))

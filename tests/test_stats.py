@@ -1,4 +1,5 @@
-"""``echomq_stats`` and the stats it reads (DESIGN §10.5; issue 15).
+"""``echomq_stats`` and the stats it reads: counts, ages and the last
+minute's throughput per queue, as a table or as JSON.
 
 The library half runs on both rigs with a fake clock, so ages and the
 one-minute window are exact; the command runs against the settings'

@@ -1,8 +1,8 @@
-"""Django's tasks framework on our queue (echomq_django.tasks; DESIGN §10.4,
-issue 14 point 1). The cases of the framework's own backend tests (Django's
-tests/tasks, the backport's Redis-backed backend tests): enqueue, aenqueue,
-get_result, refresh, statuses, errors, takes_context, async tasks, queue
-names, run_after, priority, transactions, signals, checks."""
+"""Django's tasks framework on our queue (echomq_django.tasks). The cases of
+the framework's own backend tests (Django's tests/tasks, the backport's
+Redis-backed backend tests): enqueue, aenqueue, get_result, refresh, statuses,
+errors, takes_context, async tasks, queue names, run_after, priority,
+transactions, signals, checks."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Wake keys (DESIGN §10.1, issue 12 point 1): every script that makes a job
+"""Wake keys: every script that makes a job
 claimable wakes its queue on the queue's own slot, a delayed job announces its
 run-at, an outbox write wakes the pump; the keys stay bounded. Both rigs."""
 

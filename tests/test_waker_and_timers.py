@@ -1,6 +1,6 @@
-"""The Waker and the worker's Timers (DESIGN §10.1, issue 12 points 1-2), on
-both rigs: what is popped, when, and what goes back; the timers promote on
-the announced run-at and sweep one worker at a time per queue."""
+"""The Waker and the worker's Timers (runners/wake.py), on both rigs: what is
+popped, when, and what goes back; the timers promote on the announced run-at
+and sweep one worker at a time per queue."""
 
 from __future__ import annotations
 
@@ -147,7 +147,7 @@ def test_a_sweep_recovers_expired_leases_and_learns_the_next_run_at(tmq, clock) 
     assert timers.due["q"] == T0 + 5000
 
 
-@pytest.mark.parametrize("priority", [0, 3])  # 3: waiting in P:{q}:prioritized (issue 16)
+@pytest.mark.parametrize("priority", [0, 3])  # 3: waiting in P:{q}:prioritized
 def test_a_sweep_rewakes_a_queue_whose_marker_was_lost(tmq, priority) -> None:
     tmq.enqueue("q", "job", job_id="a", priority=priority)
     tmq.client.delete(tmq.keys.queue_key("q", "wake"))  # popped by a worker killed then

@@ -1,5 +1,5 @@
-"""The worker in-process (DESIGN §4, §7; issue "Workers"): ``Worker(...).run``
-against the real test Redis, on both rigs where the protocol matters."""
+"""The worker in-process: ``Worker(...).run`` against the real test Redis, on
+both rigs where the protocol matters."""
 
 from __future__ import annotations
 
@@ -534,7 +534,7 @@ def test_a_short_claim_rests_its_queue_unless_a_parent_was_released_meanwhile(
 ):
     # The reporter thread may release a parent while the loop's claim is in
     # flight: resting the queue then would leave the parent waiting out the
-    # whole poll_interval (issue 8 saw roots wait 50 ms in the benchmark).
+    # whole poll_interval (the benchmark saw roots wait 50 ms).
     worker = Worker(["q"], concurrency=2, mq=mq, poll_interval=60)
     real = mq.claim
 

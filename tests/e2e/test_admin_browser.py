@@ -1,5 +1,5 @@
 """The admin in a real browser: headless Debian chromium, 1400 px wide,
-driven by Playwright (issue 15). Each test asserts what an operator sees, and
+driven by Playwright. Each test asserts what an operator sees, and
 the ``admin`` fixture fails it if any page logged a console error.
 
 The world: queue ``shop`` holds flow ``order-1`` (awaiting children:

@@ -1,4 +1,4 @@
-"""The benchmark (issues 8 and 12) as a smoke test: ``python -m bench --quick``
+"""The benchmark as a smoke test: ``python -m bench --quick``
 against the test Redis, so it never rots. No timing is asserted: only that
 it runs, writes the JSON it documents, and that every root received all of
 its children's values (the peer's rows too, when BullMQ's client is
@@ -80,7 +80,7 @@ def test_quick_benchmark_runs_and_every_root_receives_every_value(redis_server, 
         assert run["resolve_s"] is not None and run["mem_bytes_per_node"] > 0
         # every child's value reached its parent: 100 leaves (+ 5 branches)
         assert run["values_checked"] == run["nodes"] - 1
-    # the latency scenario (issue 12): every measurement, each system
+    # the latency scenario: every measurement, each system
     kinds = {"enqueue", "flow_same", "flow_cross", "delayed", "retry"}
     for row in data["latency"]:
         assert row["samples"] == 5

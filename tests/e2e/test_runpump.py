@@ -1,4 +1,5 @@
-"""``./manage.py runpump`` as a real process (issue 4 point 3)."""
+"""``./manage.py runpump`` as a real process: it delivers cross-queue
+completions, stops on SIGTERM, and says in one line what it cannot do."""
 
 from __future__ import annotations
 
@@ -113,7 +114,7 @@ def test_bad_queue_name_is_refused(redis_server):
 
 def test_without_migrate_the_commands_say_so_in_one_line(r, redis_server, tmp_path):
     """No traceback per sweep: one line naming the fix, and the Redis side
-    still runs (issue 14)."""
+    still runs."""
     env = {**os.environ, "ECHOMQ_URL": redis_server, "ECHOMQ_DB_PATH": str(tmp_path / "db")}
     EchoMQ(r).enqueue("q", "t.echo", 1, job_id="j1")
     for args in (["runpump", "q", "--once"], ["runworker", "q", "--burst"]):

@@ -1,5 +1,5 @@
-"""``manage.py runworker`` as a real subprocess against the test Redis
-(issue "Workers"): flows end to end (with ``runpump`` for cross-queue),
+"""``manage.py runworker`` as a real subprocess against the test Redis:
+flows end to end (with ``runpump`` for cross-queue),
 SIGTERM, a second signal, SIGKILL and recovery, Redis unreachable at start,
 and ``--metrics-port`` serving a scrape."""
 

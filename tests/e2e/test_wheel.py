@@ -1,10 +1,10 @@
-"""The wheel carries the Lua scripts and works from a fresh venv (issue 2
-point 1): build it from a copy of the checkout, install it (with its
-dependencies, from the package index) into a new venv, and run one job
-through it against the private Redis from a directory outside the repo.
-Then the README's "Use it in your project" steps (issue 14 point 5): a fresh
-``django-admin startproject``, the app and a ``@task`` added, ``migrate``,
-``check``, the task and an ``async def`` handler run through ``runworker``."""
+"""The wheel carries the Lua scripts and works from a fresh venv: build it
+from a copy of the checkout, install it (with its dependencies, from the
+package index) into a new venv, and run one job through it against the private
+Redis from a directory outside the repo. Then the README's "Use it in your
+project" steps: a fresh ``django-admin startproject``, the app and a ``@task``
+added, ``migrate``, ``check``, the task and an ``async def`` handler run
+through ``runworker``."""
 
 from __future__ import annotations
 

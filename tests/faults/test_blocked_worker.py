@@ -1,8 +1,8 @@
-"""A worker blocked on its wake keys when Redis goes away (issue 12, "Bad
-input and faults"): a Redis restart and a Cluster failover under a blocking
-wait. The worker reconnects and resumes without losing a wake-up or a job;
-the paths are asserted (the reconnect was seen, the job was claimed after
-it), with a blocking timeout and sweep interval no test waits for."""
+"""A worker blocked on its wake keys when Redis goes away: a Redis restart and
+a Cluster failover under a blocking wait. The worker reconnects and resumes
+without losing a wake-up or a job; the paths are asserted (the reconnect was
+seen, the job was claimed after it), with a blocking timeout and sweep
+interval no test waits for."""
 
 from __future__ import annotations
 

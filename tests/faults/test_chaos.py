@@ -1,4 +1,4 @@
-"""The fault suite (issue 17): real ``runworker`` / ``runpump`` processes
+"""The fault suite: real ``runworker`` / ``runpump`` processes
 SIGKILLed at random while a few hundred flows run (nested, cross-queue,
 mixed policies, some children failing), on the replica Cluster with a
 master failover in the middle, and on a single server with AOF that is

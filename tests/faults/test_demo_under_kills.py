@@ -1,4 +1,4 @@
-"""The demo under a crash (issue 18): its worker and pump SIGKILLed mid-run
+"""The demo under a crash: its worker and pump SIGKILLed mid-run
 and started again, every order still ends in its predicted state; a failed
 order is marked by the ``flow_failed`` receiver, which the new pump's
 dispatcher runs for the events the killed one had not sent."""

@@ -86,7 +86,7 @@ def test_add_flow_works_after_the_queue_master_fails_over(redis_cluster_ha, rch)
 
 
 def test_a_result_refused_by_a_read_only_server_is_kept_and_retried(caplog):
-    # issue 17, item 3: READONLY (a master demoted under the worker) is
+    # READONLY (a master demoted under the worker) is
     # transient, not a refusal: the result is kept and reported later
     server = rigs.start_server()
     client = redis.Redis(host=rigs.HOST, port=server.port)
@@ -115,7 +115,7 @@ def test_a_result_refused_by_a_read_only_server_is_kept_and_retried(caplog):
 def test_a_result_reported_while_the_cluster_is_down_is_kept_and_retried(
     redis_cluster_ha, rch, caplog
 ):
-    # issue 17, item 3: CLUSTERDOWN (a shard with no master) is transient: the
+    # CLUSTERDOWN (a shard with no master) is transient: the
     # worker used to log "Redis refused the result: ClusterDownError" and drop it
     mq = EchoMQ(rch, prefix="emq")
     cluster = redis_cluster_ha

@@ -1,4 +1,4 @@
-"""Durable signals under faults (issue 18), on both rigs, with real processes:
+"""Durable signals under faults, on both rigs, with real processes:
 a worker SIGKILLed right after its transitions, a dispatcher SIGKILLed in the
 middle of a batch, and Redis SIGKILLed and restarted from its append-only
 file. Each test asserts the exact signals the receivers saw."""

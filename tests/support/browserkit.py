@@ -1,5 +1,5 @@
 """The browser rig: Playwright (``pytest-playwright``) driving Debian's
-``chromium`` against pytest-django's ``live_server`` (issue 15).
+``chromium`` against pytest-django's ``live_server``.
 
 Its fixtures reach every test module through ``tests/conftest.py``'s
 ``pytest_plugins`` (this file imports neither Playwright nor the library

@@ -1,4 +1,4 @@
-"""Helpers for the durable-signal tests (issue 18).
+"""Helpers for the durable-signal tests.
 
 ``Seen`` connects a receiver to every signal the dispatcher sends and keeps
 what each one got; ``Raising`` is a receiver that raises (for some job ids);

@@ -1,4 +1,4 @@
-"""factory-boy users for the admin tests (issue 6).
+"""factory-boy users for the admin tests.
 
 ``UserFactory`` makes an active user who is not staff; ``StaffUserFactory``
 a staff user holding the view permissions of the mirror models, plus any

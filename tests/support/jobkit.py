@@ -1,11 +1,11 @@
-"""Shared helpers for the protocol, flow and stateful tests (issues 2 and 3).
+"""Shared helpers for the protocol, flow, lifecycle and stateful tests.
 
 Everything here reads real Redis; nothing is mocked. ``Clock`` (from
-workerkit) is the fake time DESIGN §5 rule 3 allows (``EchoMQ(clock=...)``),
-starting at ``T0``, a realistic epoch in ms so Lua's number formatting is
-exercised; ``where`` answers which state index holds a job; ``snapshot``
-captures a whole keyspace (every master of a Cluster) so a test can assert
-that a refused call wrote nothing.
+workerkit) is the one fake allowed, time (``EchoMQ(clock=...)``), starting at
+``T0``, a realistic epoch in ms so Lua's number formatting is exercised;
+``where`` answers which state index holds a job; ``snapshot`` captures a whole
+keyspace (every master of a Cluster) so a test can assert that a refused call
+wrote nothing.
 
 The fixtures ``clock`` and ``tmq`` live in ``tests/support/fixtures.py``.
 """
@@ -34,7 +34,7 @@ def where(mq: EchoMQ, queue: str, job_id: str) -> list[str]:
         _text(v) == job_id for v in c.lrange(k.queue_key(queue, "pending"), 0, -1)
     )
     if c.zscore(k.queue_key(queue, "prioritized"), job_id) is not None:
-        out.append("pending")  # a job with a priority waits there (DESIGN §10.3)
+        out.append("pending")  # a job with a priority waits there
     for name in INDEXES[1:]:
         if c.zscore(k.queue_key(queue, name), job_id) is not None:
             out.append(name)
@@ -193,7 +193,7 @@ def keys_of(mq, queue: str) -> list[str]:
     else:
         found = mq.client.keys(pattern)
     names = sorted(k.decode() if isinstance(k, bytes) else k for k in found)
-    # fixed-size markers and counters; the event kinds a queue records (issue 18);
+    # fixed-size markers and counters; the signal kinds a queue records;
     # the sweep lock's release mark (one element, gone within a second)
     skip = ("events", "lease:seq", "gc:seq", "wake", "signals:kinds", "pump:unlocked")
     return [n for n in names if not n.endswith(skip) and ":op:" not in n and ":claim:" not in n]

@@ -1,4 +1,4 @@
-"""Real Redis servers for the test suite (STYLE rule 9, DESIGN §9).
+"""Real Redis servers for the test suite, a single server and a Cluster.
 
 Each rig is a ``redis-server`` subprocess on a free loopback port with its own
 temporary directory, no persistence, and a log file we show when it fails to

@@ -1,7 +1,7 @@
-"""Helpers for the worker, signal and runworker tests (issue "Workers").
+"""Helpers for the worker, signal and runworker tests.
 
 Everything talks to the real test Redis. ``Clock`` is a fake ms clock for
-``EchoMQ(clock=...)`` (DESIGN §5 rule 3); ``Recorder`` collects every
+``EchoMQ(clock=...)``, the one fake the tests allow; ``Recorder`` collects every
 echomq_django signal; ``Background`` runs a ``Worker`` on a thread;
 ``wait_for`` polls a condition (a bound, never an assertion about time).
 """

@@ -1,4 +1,4 @@
-"""Handlers for the worker tests (issue "Workers"). Payloads say what to do."""
+"""Handlers for the worker tests (``t.*``). Payloads say what to do."""
 
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ GATES: dict[str, threading.Event] = {}  # t.gate waits on GATES[payload]
 @handler("t.gate")
 def gate(job):
     """Waits until the test sets ``GATES[payload]`` (10 s at most), then
-    returns the payload: a job a test can hold running (issue 15)."""
+    returns the payload: a job a test can hold running."""
     GATES.setdefault(job.payload, threading.Event()).wait(10)
     return job.payload
 
@@ -163,8 +163,8 @@ def decimal_total(job):
 
 @handler("t.until_cancelled")
 def until_cancelled(job):
-    """Runs until the worker learns the job was cancelled (``job.cancelled``,
-    DESIGN §10.2; 10 s at most), then returns whether it was."""
+    """Runs until the worker learns the job was cancelled (``job.cancelled``;
+    10 s at most), then returns whether it was."""
     deadline = time.monotonic() + 10
     while not job.cancelled and time.monotonic() < deadline:
         time.sleep(0.01)

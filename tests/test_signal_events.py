@@ -1,9 +1,9 @@
-"""Durable signal events and their dispatcher (DESIGN §10.6; issue 18), on
-both rigs: each transition users act on writes its event in the same script;
-the dispatcher sends each event's signal at least once, in order per queue,
-with its ``event_id``, and removes it only after every receiver returned; a
-receiver that keeps raising sends the event to the dead-letter after its
-tries while the queue's other events flow."""
+"""Durable signal events and their dispatcher, on both rigs: each transition
+users act on writes its event in the same script; the dispatcher sends each
+event's signal at least once, in order per queue, with its ``event_id``, and
+removes it only after every receiver returned; a receiver that keeps raising
+sends the event to the dead-letter after its tries while the queue's other
+events flow."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Retention settings (DESIGN §10.2, issue 13): system checks E020-E023 with
-hints, the defaults, and per-job ``keep`` validation. Settings only."""
+"""Retention settings: system checks E020-E023 with hints, the defaults, and
+per-job ``keep`` validation. Settings only."""
 
 from __future__ import annotations
 
