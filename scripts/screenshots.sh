@@ -12,6 +12,6 @@ DIR="${1:-docs/screenshots}"
 EXTRAS="[test]" NEED_REDIS=1 NEED_CHROMIUM=1 source scripts/setup.sh
 
 ECHOMQ_SCREENSHOTS="$DIR" .venv/bin/python -m pytest -q -p no:cacheprovider \
-    tests/test_admin_browser.py
+    tests/e2e/test_admin_browser.py
 echo "== screenshots in $DIR:"
 ls -1 "$DIR"

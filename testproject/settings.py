@@ -31,7 +31,7 @@ INSTALLED_APPS = [
     "echomq_django",
     "testproject.orders",  # the orders pipeline demo (issue 7)
     # The worker tests' handlers (t.*); tests/ is importable from the repo root.
-    "tests.workerapp",
+    "tests.support.workerapp",
 ]
 
 MIDDLEWARE = [

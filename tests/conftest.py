@@ -1,13 +1,13 @@
 """Test rigs: a private Redis server and a private 3-master Redis Cluster.
 
-Fixtures (STYLE rule 9):
+Fixtures (real servers, never mocks; never a Redis the suite did not start):
 
 - ``redis_server`` (session): URL ``redis://127.0.0.1:<port>/0`` of a private
   redis-server; also exported as ``ECHOMQ_URL`` and as the ``default`` cache
   LOCATION for the session. Started for every session (autouse) so nothing in
   a test run can fall back to a developer's Redis on 6379.
-- ``redis_cluster`` (session): a ``tests.rigs.Cluster`` with ``ports`` (three
-  masters) and ``url`` (first node).
+- ``redis_cluster`` (session): a ``tests.support.rigs.Cluster`` with ``ports``
+  (three masters) and ``url`` (first node).
 - ``redis_cluster_ha`` (session, started only by the tests that ask for it):
   3 masters + 3 replicas, ``cluster-node-timeout`` 1 s, for failover tests
   (``kill_master``, ``wait_promoted``, ``restart``).
@@ -17,8 +17,16 @@ Fixtures (STYLE rule 9):
 - ``redis_client``: ``r`` or ``rc``; ids ``[single]`` and ``[cluster]``.
 - ``mq``: ``echomq_django.EchoMQ(redis_client, prefix="emq")``, both rigs.
 
-echomq_django is imported only inside ``mq``: this file must load while the
-library is absent or broken, so the rig self-test can still run.
+The kits' fixtures come in through ``pytest_plugins`` below, for every test
+module: ``clock``, ``tmq``, ``seen`` and ``no_env_url``
+(``tests/support/fixtures.py``), ``chromium`` and ``admin``
+(``tests/support/browserkit.py``). No two plugins define the same name; a
+test module's own fixture of that name wins in that module.
+
+The fixtures here and in the plugins import echomq_django only in their
+bodies, so loading them imports none of the library. ``rigs`` does: it
+starts servers with ``echomq_django.testing.redis_server``, and importing
+that module runs the package's ``__init__``.
 """
 
 from __future__ import annotations
@@ -30,7 +38,9 @@ import pytest
 import redis
 from redis.cluster import RedisCluster
 
-from tests import rigs
+from tests.support import rigs
+
+pytest_plugins = ["tests.support.fixtures", "tests.support.browserkit"]
 
 
 def pytest_report_header(config) -> str:

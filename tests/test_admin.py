@@ -1,4 +1,6 @@
-"""The admin and its mirror (DESIGN §8; issue 6), through the Django test client.
+"""The admin and its mirror (what Redis holds, copied into tables), through
+the Django test client: read-only pages, and retry by id behind its
+permission.
 
 Every test builds the same small world on the private Redis, one flow per
 queue so each can be driven by claiming in FIFO order:
@@ -40,7 +42,7 @@ from echomq_django.admin.pages import job_url
 from echomq_django.models import TEXT_LIMIT, MirroredJob, MirroredQueue
 from echomq_django.monitoring.mirror import mirror_after_sweep, mirror_queue, mirror_queues
 from echomq_django.runners.pump import Pump
-from tests.factories import StaffUserFactory, UserFactory
+from tests.support.factories import StaffUserFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -295,7 +297,7 @@ def test_incremental_mirror_reads_only_new_events_and_unevented_claims(world):
     world.enqueue("awaiting", "t.leaf", {}, job_id="later", delay_ms=5000)
     mirror_queue(world, "awaiting")
     world.clock.tick(5000)
-    assert world.timers.promote_delayed("awaiting") == 1  # a 'promoted' event (issue 15)
+    assert world.timers.promote_delayed("awaiting") == 1  # a 'promoted' event
     assert mirror_queue(world, "awaiting") == {
         "full": False,
         "events": 1,
@@ -574,7 +576,7 @@ def test_the_queue_page_counts_a_dead_letter_at_its_bound(world, staff):
 
 def test_the_queue_page_shows_dead_lettered_signal_events(world, staff):
     from echomq_django import Dispatcher
-    from tests.eventkit import Raising
+    from tests.support.eventkit import Raising
 
     world.signal_events.subscribe(["validation"], ["completed"])
     add(world, Flow("validation", "t.leaf", {}, job_id="sig-1"))
@@ -596,7 +598,9 @@ def test_the_queue_page_shows_dead_lettered_signal_events(world, staff):
         '{"v":1}',
         1,
     )
-    assert row["reason"] == "tests.eventkit.Raising raised RuntimeError('no sig-1') (1 tries)"
+    assert (
+        row["reason"] == "tests.support.eventkit.Raising raised RuntimeError('no sig-1') (1 tries)"
+    )
     html = response.content.decode()
     assert "Durable signals: 0 waiting to be sent; dead-lettered (1)" in html
     assert f'<a href="{job_url("validation", "sig-1")}">validation/sig-1</a>' in html

@@ -1,4 +1,4 @@
-"""The admin's operations (issue 15, with issues 13 and 16's API): cancel and
+"""The admin's operations, each the library's own call: cancel and
 remove selected jobs behind a confirmation page, pause and resume queues;
 each guarded by ``echomq_django.manage_job`` and logged."""
 
@@ -12,8 +12,8 @@ from django.urls import reverse
 from echomq_django import conf
 from echomq_django.models import MirroredJob, MirroredQueue
 from echomq_django.monitoring.mirror import mirror_queues
-from tests.factories import StaffUserFactory
-from tests.workerkit import Clock
+from tests.support.factories import StaffUserFactory
+from tests.support.workerkit import Clock
 
 pytestmark = pytest.mark.django_db
 

@@ -1,5 +1,5 @@
 """The admin's words: state badges, policies, durations, folded errors and
-booleans that read the right way (issue 15). Pure template filters."""
+booleans that read the right way. Pure template filters."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""``async def`` handlers (echomq_django.handlers; DESIGN §10.4, issue 14
-point 4): they register, run on the worker's handler threads through
-``async_to_sync`` and report like sync ones, on both rigs."""
+"""``async def`` handlers (echomq_django.handlers): they register, run on the
+worker's handler threads through ``async_to_sync`` and report like sync ones,
+on both rigs."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 
 from echomq_django import JobState, handler
 from echomq_django.handlers import get_handler
-from tests.workerapp import jobs
-from tests.workerkit import burst
+from tests.support.workerapp import jobs
+from tests.support.workerkit import burst
 
 
 def test_the_decorator_returns_the_coroutine_function_and_registers_a_sync_one():

@@ -1,5 +1,5 @@
-"""Settings and system checks (issue 2 point 5; DESIGN §8): stable ids, hints,
-no Redis I/O, and the client each connection setting builds."""
+"""Settings and system checks: stable ids, hints, no Redis I/O (but for the
+deploy checks, which ask the server), and the client each connection setting builds."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ from redis.cluster import RedisCluster
 
 from echomq_django import conf
 
+pytestmark = pytest.mark.usefixtures("no_env_url")  # the settings are the test's alone
+
 GOOD = {"URL": "redis://127.0.0.1:1/0", "QUEUES": {"orders": {"MAX_ATTEMPTS": 3}}}
 
 
@@ -20,14 +22,6 @@ def ids(cfg):
     # against every database when none is named, which needs a DB fixture.
     with override_settings(ECHOMQ=cfg):
         return [m.id for m in run_checks(databases=[]) if m.id.startswith("echomq_django.")]
-
-
-@pytest.fixture(autouse=True)
-def _no_env_url(monkeypatch):
-    monkeypatch.delenv("ECHOMQ_URL", raising=False)
-    conf.reset()
-    yield
-    conf.reset()
 
 
 @pytest.mark.parametrize(
@@ -132,10 +126,54 @@ def test_no_test_runs_the_database_checks_by_accident():
     fixture may not do: the Django 6 leg of the matrix fails there alone."""
     from pathlib import Path
 
+    here = Path(__file__).resolve()
     offenders = [
-        f"{path.name}:{n}"
-        for path in sorted(Path(__file__).parent.glob("*.py"))
+        f"{path.relative_to(here.parent)}:{n}"
+        for path in sorted(here.parent.rglob("*.py"))
         for n, line in enumerate(path.read_text().splitlines(), 1)
-        if "run_checks()" in line and "def " not in line and path.name != Path(__file__).name
+        if "run_checks()" in line and "def " not in line and path != here
     ]
     assert offenders == []
+
+
+# -- settings that would misbehave; the deploy checks ask the server -----------
+
+
+def check_ids(cfg, deploy: bool = False) -> list[str]:
+    from django.core.checks import run_checks
+    from django.test import override_settings
+
+    with override_settings(ECHOMQ=cfg):
+        found = run_checks(databases=[], include_deployment_checks=deploy)
+        return [m.id for m in found if m.id.startswith("echomq_django.")]
+
+
+@pytest.mark.parametrize(
+    "cfg, expected",
+    [
+        ({**GOOD, "QUEUES": {"orders": {"LEASE_MS": 0}}}, ["echomq_django.E011"]),
+        ({**GOOD, "MAX_PAYLOAD_BYTES": "1000"}, ["echomq_django.E012"]),
+        ({**GOOD, "MAX_PAYLOAD_BYTES": -1}, ["echomq_django.E012"]),
+        ({**GOOD, "MAX_PAYLOAD_BYTES": 0}, ["echomq_django.E012"]),
+        ({**GOOD, "MAX_PAYLOAD_BYTES": True}, ["echomq_django.E012"]),
+        ({**GOOD, "OPTIONS": {"bogus": 1}}, ["echomq_django.E013"]),
+        ({**GOOD, "OPTIONS": ["socket_timeout"]}, ["echomq_django.E013"]),
+        ({**GOOD, "CLUSTER": "yes"}, ["echomq_django.E014"]),
+        ({**GOOD, "OPTIONS": {"socket_timeout": 5}, "MAX_PAYLOAD_BYTES": 1000}, []),
+        ({**GOOD, "CLUSTER": True, "OPTIONS": {"read_from_replicas": True}}, []),
+    ],
+)
+def test_settings_that_would_misbehave_fail_the_check(cfg, expected):
+    assert check_ids(cfg) == expected
+
+
+def test_check_deploy_compares_cluster_with_the_server(redis_server, redis_cluster):
+    single, node = redis_server, redis_cluster.url
+    assert check_ids({"URL": single}, deploy=True) == []
+    assert check_ids({"URL": single, "CLUSTER": True}, deploy=True) == ["echomq_django.E015"]
+    assert check_ids({"URL": single, "CLUSTER": True}) == []  # plain check: no Redis I/O
+    assert check_ids({"URL": node, "CLUSTER": True}, deploy=True) == []
+    assert check_ids({"URL": node}, deploy=True) == ["echomq_django.E016"]
+    assert check_ids({"URL": single.replace("/0", "/99")}, deploy=True) == ["echomq_django.E017"]
+    [(_, message, _)] = conf.server_problems({"URL": node})
+    assert message == f"{node}: this is a Redis Cluster node: set CLUSTER"

@@ -1,4 +1,5 @@
-"""Cross-queue flows and the pump (DESIGN §6; issue 4), on both rigs."""
+"""Cross-queue flows and the pump, on both rigs: a child on another queue
+reaches its parent through its queue's outbox, exactly once."""
 
 from __future__ import annotations
 
@@ -142,7 +143,7 @@ def test_completion_lands_in_the_outbox_with_the_state_change(mq):
             "p": "v-o1",
             "q": "validation",
             "v": '{"reserved":1}',
-            "i": inc,  # the parent's incarnation (DESIGN §10.2)
+            "i": inc,  # the parent's incarnation: a flow added again has another
         }
     ]
     assert mq.get_job("validation", "v-o1").state == "awaiting_children"

@@ -1,4 +1,4 @@
-"""``enqueue_many`` (DESIGN §10.1, issue 12 point 5) on both rigs: many plain
+"""``enqueue_many`` on both rigs: many plain
 jobs in one round trip, ids in order, rows as ``enqueue`` writes them, every
 id gated and nothing written when one is refused."""
 
@@ -7,10 +7,8 @@ from __future__ import annotations
 import pytest
 
 from echomq_django import DuplicateJob, JobState, PayloadError
-from tests import jobkit
-from tests.jobkit import T0, snapshot
-
-clock, tmq = jobkit.clock, jobkit.tmq  # fixtures (tests/jobkit.py)
+from tests.support import jobkit
+from tests.support.jobkit import T0, snapshot
 
 
 def test_jobs_land_in_order_as_enqueue_writes_them(tmq) -> None:
@@ -113,7 +111,7 @@ def test_nothing_to_add(tmq) -> None:
     assert tmq.enqueue_many("q", []) == []
 
 
-# -- a job's own keep (DESIGN §10.2) -------------------------------------------------
+# -- a job's own keep -------------------------------------------------------------
 
 
 def test_a_jobs_own_keep_is_stored_and_retention_takes_it(tmq, clock) -> None:

@@ -6,12 +6,22 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+import pytest
+import redis
+from redis.cluster import RedisCluster
+
 from echomq_django import EchoMQ, JobState
 from echomq_django.monitoring.mirror import job_from_row
-from tests import jobkit
-from tests.jobkit import assert_state, claim_one, kill, leaf, node, raw_row, ref
-
-clock, tmq = jobkit.clock, jobkit.tmq  # fixtures
+from tests.support.jobkit import (
+    assert_state,
+    claim_one,
+    complete,
+    kill,
+    leaf,
+    node,
+    raw_row,
+    ref,
+)
 
 PIECE = 64  # bytes (lib/error.lua ERROR_PIECE; Redis' hash-max-listpack-value)
 # a traceback with characters of 2, 3 and 4 bytes, so pieces meet them mid-way
@@ -120,3 +130,53 @@ def test_a_parent_and_every_reader_get_the_whole_error(tmq) -> None:
     assert tmq.add_flow(flow).skipped == 1
     assert tmq.dependencies("q", "r").failed == {ref(tmq, "d"): TRACEBACK}
     assert_state(tmq, "q", "r", "dead")
+
+
+# -- pieces meeting multibyte characters; a parent revived ---------------------
+
+
+def decoding_twin(client):
+    """The same rig, with decode_responses=True."""
+    if isinstance(client, RedisCluster):
+        n = client.get_default_node()
+        return RedisCluster(host=n.host, port=n.port, decode_responses=True)
+    kw = client.connection_pool.connection_kwargs
+    return redis.Redis(host=kw["host"], port=kw["port"], decode_responses=True)
+
+
+BOUNDARY_ERRORS = [pad * "a" + ch * 40 for ch in ("é", "€", "🛒") for pad in range(58, 66)] + [
+    "a" * 63 + "é",
+    "a" * 64 + "é",
+    "€" * 22,
+    "🛒" * 17,
+    "x" * 65,
+    "x" * 1536,
+]
+
+
+@pytest.mark.parametrize("error", BOUNDARY_ERRORS, ids=lambda e: f"{len(e.encode())}B")
+def test_multibyte_errors_at_piece_boundaries_come_back_whole(tmq, error) -> None:
+    tmq.enqueue("q", "x", {}, job_id="j")
+    kill(tmq, "j", error)
+    r = tmq.client.hgetall(tmq.keys.job("q", "j"))
+    assert (
+        all(len(v) <= 64 for f, v in r.items() if f.startswith(b"error"))
+        or len(error.encode()) > 64 * 24
+    )
+    assert tmq.get_job("q", "j").error == error
+    assert tmq.get_flow("q", "j")["error"] == error
+    twin = EchoMQ(decoding_twin(tmq.client), prefix="emq", clock=tmq.clock)
+    assert twin.get_job("q", "j").error == error
+    assert twin.get_flow("q", "j")["error"] == error
+
+
+def test_a_parent_revived_by_reattach_keeps_no_piece_of_its_error(tmq) -> None:
+    long_line = "ValueError: " + "z" * 200  # the parent's 'failed by child' error is long
+    tmq.add_flow(node("p", [leaf("c")]))
+    kill(tmq, "c", long_line)
+    assert "error.n" in raw_row(tmq, "q", "p")
+    tmq.retry("q", "c")
+    assert [f for f in raw_row(tmq, "q", "p") if f.startswith("error")] == []
+    complete(tmq, "c", 1)
+    assert_state(tmq, "q", "p", "pending")
+    assert tmq.get_job("q", "p").error is None

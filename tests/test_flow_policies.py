@@ -1,15 +1,14 @@
-"""Failure policies and retry-by-id in same-queue flows, on both rigs
-(DESIGN §4, issue 3 points 3 and 5). A child's policy decides what its death
+"""Failure policies and retry-by-id in same-queue flows, on both rigs. A
+child's policy decides what its death
 does to its parent; every road to death applies it; retry re-attaches."""
 
 from __future__ import annotations
 
 import pytest
 
-from echomq_django import JobState
+from echomq_django import Flow, JobNotRetryable, JobState
 from echomq_django.runners.pump import Pump
-from tests import jobkit
-from tests.jobkit import (
+from tests.support.jobkit import (
     assert_state,
     claim_one,
     complete,
@@ -21,8 +20,6 @@ from tests.jobkit import (
     node,
     ref,
 )
-
-clock, tmq = jobkit.clock, jobkit.tmq  # fixtures (tests/jobkit.py)
 
 
 def resolutions(mq, pid: str) -> tuple[dict, dict, dict, dict]:
@@ -296,7 +293,7 @@ def test_a_parent_dead_of_its_own_errors_goes_back_to_pending(tmq) -> None:
 
 
 def test_a_retried_ignored_child_reattaches_and_resolves_once_more(tmq) -> None:
-    # issue 17, item 5: while the parent waits, a retry re-attaches the child
+    # while the parent waits, a retry re-attaches the child
     # its parent ignored: out of :unsuccessful, counted again, its next end
     # (another death, or a result) resolves the parent once
     tmq.add_flow(node("p", [leaf("c1", ignore_dependency_on_failure=True), leaf("c2")]))
@@ -340,3 +337,61 @@ def test_a_retried_child_never_resolves_its_parent_twice(tmq, flags, part) -> No
     assert resolutions(tmq, "p")[0] == {}  # the late result resolves nothing
     assert tmq.complete(sibling, 2).released == [("q", "p")]
     assert events(tmq, "q", "released") == ["p"]
+
+
+# -- retrying a dead child its parent ignored ----------------------------------
+
+
+def _ignoring_parent(mq, child_queue: str) -> None:
+    mq.add_flow(
+        Flow(
+            "p",
+            "parent",
+            {},
+            job_id="P",
+            children=[
+                Flow(child_queue, "child", {}, job_id="A", ignore_dependency_on_failure=True),
+                Flow("p", "child", {}, job_id="B"),
+            ],
+        )
+    )
+
+
+def _finish(mq, queue: str, job_id: str, result=None, dead=False):
+    """Claim the next job of ``queue`` (it must be ``job_id``) and finish it."""
+    [job] = mq.claim(queue, 1)
+    assert job.id == job_id
+    return mq.fail(job, "boom", dead=True) if dead else mq.complete(job, result)
+
+
+@pytest.mark.parametrize("child_queue", ["p", "c"], ids=["same-queue", "cross-queue"])
+def test_retry_of_an_ignored_child_reattaches_while_the_parent_waits(mq, child_queue):
+    _ignoring_parent(mq, child_queue)
+    _finish(mq, child_queue, "A", dead=True)
+    Pump([child_queue], mq=mq).sweep()
+    ref = mq.keys.child_ref(child_queue, "A")
+    assert mq.ignored_failures("p", "P") == {ref: "boom"}
+    assert mq.dependency_counts("p", "P")["remaining"] == 1  # B still runs
+    mq.retry(child_queue, "A")
+    Pump([child_queue], mq=mq).sweep()
+    assert mq.ignored_failures("p", "P") == {}
+    assert mq.dependency_counts("p", "P")["remaining"] == 2  # A counts again
+    _finish(mq, "p", "B", 2)
+    assert mq.get_job("p", "P").state is JobState.AWAITING_CHILDREN  # waits for A
+    _finish(mq, child_queue, "A", 1)
+    Pump([child_queue], mq=mq).sweep()
+    assert mq.get_job("p", "P").state is JobState.PENDING
+    assert mq.children_values("p", "P") == {ref: 1, mq.keys.child_ref("p", "B"): 2}
+    assert mq.dependency_counts("p", "P")["remaining"] == 0
+
+
+def test_retry_of_an_ignored_child_is_refused_once_the_parent_went_on(mq):
+    _ignoring_parent(mq, "p")
+    a, b = mq.claim("p", 2)
+    mq.complete(b, 2)
+    mq.fail(a, "boom", dead=True)  # the parent is released without it
+    assert mq.get_job("p", "P").state is JobState.PENDING
+    with pytest.raises(JobNotRetryable, match="parent p/P ignored its death and is pending"):
+        mq.retry("p", "A")
+    assert mq.get_job("p", "A").state is JobState.DEAD  # nothing written
+    assert mq.ignored_failures("p", "P") == {mq.keys.child_ref("p", "A"): "boom"}

@@ -1,5 +1,5 @@
-"""Same-queue flows on both rigs (DESIGN §3-§7, issue 3 points 1, 2 and 4):
-the atomic add, idempotence and conflicts, fan-in, the reads, large flows.
+"""Same-queue flows on both rigs: a flow lands whole or not at all; the
+atomic add, idempotence and conflicts, fan-in, the reads, large flows.
 Failure policies and retry-by-id are in test_flow_policies.py."""
 
 from __future__ import annotations
@@ -21,8 +21,7 @@ from echomq_django import (
     PayloadError,
 )
 from echomq_django.protocol.scripts import Scripts
-from tests import jobkit
-from tests.jobkit import (
+from tests.support.jobkit import (
     T0,
     assert_state,
     children,
@@ -39,8 +38,6 @@ from tests.jobkit import (
     score,
     snapshot,
 )
-
-clock, tmq = jobkit.clock, jobkit.tmq  # fixtures (tests/jobkit.py)
 
 
 def flat() -> Flow:
@@ -73,9 +70,9 @@ def test_flat_flow_lands_held_parent_and_claimable_children(tmq) -> None:
         skipped=0,
     )
     assert_state(tmq, "q", "p", "awaiting_children")
-    # compact rows (issue 8): no attempts before a claim, no settings the queue
+    # compact rows: no attempts before a claim, no settings the queue
     # gives, no parent_queue for a same-queue child, no parent_policy for fp;
-    # the flow's incarnation on the parent and its children (DESIGN §10.2)
+    # the flow's incarnation on the parent and its children
     inc = row(tmq, "q", "p")["inc"]
     assert len(inc) == 8 and int(inc, 16) >= 0
     assert row(tmq, "q", "p") == {
@@ -337,7 +334,7 @@ def test_intermediate_node_runs_then_fans_into_the_root(tmq) -> None:
     for leaf_id in ("l4", "l1"):
         assert complete(tmq, leaf_id, leaf_id).released == []
     assert complete(tmq, "l2", "l2").released == [("q", "m1")]
-    assert complete(tmq, "m1", "m1").released == []  # a released parent goes first (§10.3)
+    assert complete(tmq, "m1", "m1").released == []  # a released parent goes first
     assert complete(tmq, "l3", "l3").released == [("q", "m3")]
     m3 = claim_one(tmq, "q", "m3")
     assert m3.children_values() == {ref(tmq, "l3"): "l3"}

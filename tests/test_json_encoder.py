@@ -1,4 +1,4 @@
-"""The ``JSON_ENCODER`` setting (DESIGN §10.4, issue 14 point 4): payloads
+"""The ``JSON_ENCODER`` setting: payloads
 and results with dates, ``Decimal`` and ``UUID`` through Django's encoder;
 refused with ``PayloadError`` (nothing written) without it."""
 
@@ -15,7 +15,7 @@ from django.test import override_settings
 
 import echomq_django as emq
 from echomq_django import EchoMQ, Flow, JobState, PayloadError, conf
-from tests.workerkit import burst
+from tests.support.workerkit import burst
 
 UID = uuid.UUID("12345678-1234-5678-1234-567812345678")
 PAYLOAD = {

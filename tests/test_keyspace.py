@@ -1,5 +1,5 @@
-"""The keyspace (DESIGN §3, issue 2 point 2): every key builder, the ``{queue}``
-hash tag, and name validation that refuses before anything is written."""
+"""The keyspace: every key builder, the ``{queue}`` hash tag (a queue's keys
+on one slot), and name validation that refuses before anything is written."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from redis.crc import key_slot
 
 from echomq_django import Flow
 from echomq_django.core.keyspace import ID_RULE, PREFIX_RULE, QUEUE_RULE, Keyspace, validate_id
-from tests.jobkit import leaf, node, snapshot
+from tests.support.jobkit import leaf, node, snapshot
 
 K = Keyspace("emq")
 PARTS = ("dependencies", "children", "processed", "failed", "unsuccessful", "removed")
@@ -181,7 +181,7 @@ def test_bad_names_refused_by_reads_too(mq) -> None:
         mq.retry("orders", "")
 
 
-# -- names once (issue 11) ------------------------------------------------------
+# -- each key named once, in the keyspace -----------------------------------------
 
 
 def test_every_suffix_a_script_spells_is_named_in_the_keyspace():
@@ -229,3 +229,44 @@ def test_queue_keys_are_named_once_and_cached_with_a_bound():
         ks.job_part("q", "j", "nope")
     with pytest.raises(ValueError, match="invalid queue name"):
         ks.queue("a b")
+
+
+# -- control and format characters are refused before any write ----------------
+
+
+BAD_TEXT = {
+    "NUL": "a\x00b",
+    "ESC": "a\x1b[31mb",
+    "bidi override": "a\u202eb",
+    "zero width": "a\u200bb",
+    "lone surrogate": "a\ud800b",
+}
+
+
+@pytest.mark.parametrize("text", BAD_TEXT.values(), ids=BAD_TEXT.keys())
+def test_ids_and_names_with_control_or_format_characters_are_refused(mq, text):
+    with pytest.raises(ValueError, match="control or format characters"):
+        mq.enqueue("q", "x", {}, job_id=text)
+    with pytest.raises(ValueError, match="control or format characters"):
+        mq.add_flow(Flow("q", "x", {}, job_id=text))
+    with pytest.raises(ValueError, match="control or format characters"):
+        mq.add_flow(Flow("q", "x", {}, children=[Flow("q", text, {})]))
+    assert mq.client.keys("*") == []
+
+
+def test_a_cross_queue_flow_with_a_bad_child_name_lands_nothing(mq):
+    flow = Flow("p", "parent", {}, job_id="root", children=[Flow("c", "bad\ud800", {})])
+    with pytest.raises(ValueError, match=r"it holds U\+D800 \(a lone surrogate\)"):
+        mq.add_flow(flow)
+    assert mq.client.keys("*") == []  # the root did not land, awaiting for ever
+
+
+def test_unicode_letters_stay_valid_in_ids_and_names(mq):
+    mq.enqueue("q", "envoyer.reçu", {}, job_id="commande-été-42")
+    assert mq.get_job("q", "commande-été-42").name == "envoyer.reçu"
+
+
+def test_enqueue_refuses_a_name_with_a_lone_surrogate_naming_the_rule(mq):
+    with pytest.raises(ValueError, match=r"invalid job name .* U\+D800 \(a lone surrogate\)"):
+        mq.enqueue("q", "send\ud800", {})
+    assert mq.client.keys("*") == []

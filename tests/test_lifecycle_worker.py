@@ -1,6 +1,6 @@
-"""Lifecycle with real workers, pumps and the admin mirror (DESIGN §10.2,
-issue 13): a cancel reaches a running handler, retention runs in the pump's
-sweep and the worker's timers, and the mirror follows removals."""
+"""Lifecycle with real workers, pumps and the admin mirror: a cancel reaches a
+running handler, retention runs in the pump's sweep and the worker's timers,
+and the mirror follows removals."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 from echomq_django import EchoMQ, Flow, Pump, Worker
 from echomq_django.models import MirroredJob
 from echomq_django.monitoring.mirror import mirror_after_sweep
-from tests.jobkit import assert_state
-from tests.workerkit import wait_for
+from tests.support.jobkit import assert_state
+from tests.support.workerkit import wait_for
 
 
 def test_a_running_handler_learns_its_cancel(r) -> None:

@@ -1,4 +1,4 @@
-"""Logging by Django's convention (echomq_django.logs; issue 14 point 6):
+"""Logging by Django's convention (echomq_django.logs):
 loggers under ``echomq_django.*``, no handler added when the project's
 logging prints our lines already, no line twice, ``--verbosity`` sets
 levels on our loggers only."""

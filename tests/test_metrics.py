@@ -1,5 +1,5 @@
 """Prometheus metrics: the per-process counters, the per-queue collector, the
-``metrics/`` view and its access rule, ``serve(port)`` (DESIGN §10.5; issue 15).
+``metrics/`` view and its access rule, ``serve(port)``.
 """
 
 from __future__ import annotations
@@ -16,14 +16,11 @@ from echomq_django.checks import check_metrics_settings
 from echomq_django.monitoring import metrics
 from echomq_django.monitoring.metrics import ProcessMetrics, QueueCollector, settings_problems
 from echomq_django.runners.heartbeat import Heartbeat
-from tests import jobkit
-from tests.factories import StaffUserFactory, UserFactory
-from tests.rigs import free_port
+from tests.support.factories import StaffUserFactory, UserFactory
+from tests.support.rigs import free_port
 from tests.test_stats import busy
 
 TOKEN = "s3cret-token-0123456789"
-
-clock, tmq = jobkit.clock, jobkit.tmq  # fixtures (tests/jobkit.py)
 
 
 def scrape(collector) -> prometheus_client.CollectorRegistry:

@@ -1,4 +1,4 @@
-"""A mirror that is right (issue 15): after any sequence of transitions and
+"""A mirror that is right: after any sequence of transitions and
 incremental mirror passes, the admin's header counts (``MirroredQueue``),
 the listed rows (``MirroredJob``) and Redis agree, claims included.
 
@@ -18,7 +18,7 @@ import pytest
 from echomq_django import EchoMQ, Flow, JobState
 from echomq_django.models import MirroredJob, MirroredQueue
 from echomq_django.monitoring.mirror import mirror_queue
-from tests.workerkit import Clock
+from tests.support.workerkit import Clock
 
 pytestmark = pytest.mark.django_db
 

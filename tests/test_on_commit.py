@@ -1,4 +1,4 @@
-"""Enqueue on commit (echomq_django.api; issue "Workers"): inside an atomic
+"""Enqueue on commit (echomq_django.api): inside an atomic
 block ``enqueue`` / ``add_flow`` wait for the commit by default, a rollback
 writes nothing, and the ids are known before the commit."""
 
@@ -17,8 +17,8 @@ import echomq_django as emq
 from echomq_django import EchoMQ, Flow, JobNotFound, JobState, conf
 from echomq_django import commit_outbox as outbox
 from echomq_django.commit_outbox import Drainer
-from tests.rigs import free_port
-from tests.workerkit import burst, run_async
+from tests.support.rigs import free_port
+from tests.support.workerkit import burst, run_async
 
 
 class Rollback(Exception):

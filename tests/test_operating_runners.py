@@ -1,25 +1,19 @@
-"""Workers and pumps as an operator sees them (DESIGN §10.5; issue 15): they
-list themselves while they run, count their jobs in Prometheus metrics,
-warn about a queue known nowhere, and ``--metrics-port`` serves a scrape.
-"""
+"""Workers and pumps as an operator sees them: they list themselves while they
+run, count their jobs in Prometheus metrics, and warn about a queue known
+nowhere (``runworker --metrics-port`` is in ``tests/e2e/test_runworker.py``)."""
 
 from __future__ import annotations
 
-import signal
 import threading
-import urllib.request
 import uuid
 
 import prometheus_client
-import pytest
 
-from echomq_django import EchoMQ, Worker
+from echomq_django import Worker
 from echomq_django.monitoring.metrics import process_metrics
 from echomq_django.runners.pump import Pump
-from tests.rigs import free_port
-from tests.test_runworker import Command
-from tests.workerapp.jobs import GATES
-from tests.workerkit import Background, wait_for
+from tests.support.workerapp.jobs import GATES
+from tests.support.workerkit import Background, wait_for
 
 
 def test_a_running_worker_is_listed_with_the_jobs_it_holds(mq):
@@ -90,52 +84,3 @@ def test_a_worker_on_a_queue_known_nowhere_names_the_known_ones(mq, caplog):
     caplog.clear()
     Worker(["audit"], mq=mq, register=False).run(burst=True)
     assert "is not known" not in caplog.text
-
-
-@pytest.mark.e2e
-def test_runworker_serves_metrics_and_lists_itself(tmp_path, redis_server, r):
-    mq = EchoMQ(r, prefix="emq")
-    port = free_port()
-    mq.enqueue("served", "t.echo", {"n": 1})
-    worker = Command(
-        tmp_path, redis_server, "runworker", "served", "--metrics-port", str(port), "-v", "0"
-    )
-    try:
-        url = f"http://127.0.0.1:{port}/metrics"
-
-        def scrape() -> str:
-            try:
-                with urllib.request.urlopen(url, timeout=2) as response:
-                    return response.read().decode()
-            except OSError:
-                return ""
-
-        wait_for(
-            lambda: 'echomq_jobs_completed_total{name="t.echo",queue="served"} 1.0' in scrape(),
-            what="the completed job in the worker's metrics",
-        )
-        text = scrape()
-        assert 'echomq_queue_jobs{queue="served",state="completed"} 1.0' in text
-        assert 'echomq_processes_live{kind="worker"} 1.0' in text
-        [info] = mq.presence.live_processes()
-        assert (info.kind, info.pid, info.queues) == ("worker", worker.proc.pid, ["served"])
-        worker.signal(signal.SIGTERM)
-        assert worker.wait() == 0, worker.stderr()
-    finally:
-        worker.stop()
-    assert mq.presence.live_processes() == []
-
-
-@pytest.mark.e2e
-@pytest.mark.usefixtures("subprocess_db")
-def test_runworker_with_a_taken_metrics_port_is_one_line(tmp_path, redis_server):
-    import socket
-
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
-        worker = Command(tmp_path, redis_server, "runworker", "q", "--metrics-port", str(port))
-        assert worker.wait() == 1
-    line = worker.stderr().strip().splitlines()[-1]  # (warnings may come before it)
-    assert line.startswith(f"runworker: cannot serve metrics on 127.0.0.1:{port}: ")

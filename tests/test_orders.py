@@ -1,4 +1,4 @@
-"""The orders pipeline of testproject (issue 7): the view's validation and
+"""The orders pipeline of testproject: the view's validation and
 on-commit flow, the post_save path, predict(), the demo data, and the whole
 pipeline run in-process by a burst Worker and Pump sweeps."""
 

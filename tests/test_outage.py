@@ -1,4 +1,4 @@
-"""The Redis-outage backoff, one policy for both runners (issue 11): the pump
+"""The Redis-outage backoff, one policy for both runners: the pump
 waits an outage out inside ``Pump.run`` as the worker does inside
 ``Worker.run``, with the same log line."""
 

@@ -1,4 +1,5 @@
-"""The single-job protocol on both rigs (DESIGN §4-§5, §7; issue 2 point 4).
+"""The single-job protocol on both rigs: enqueue, claim, complete, fail,
+retry, leases and their recovery, each one atomic script.
 
 Every transition is followed by the exact row and exactly one state index
 holding the id (``assert_state``). Time is the ``clock`` fixture (T0 ms).
@@ -27,10 +28,7 @@ from echomq_django import (
     RedisUnavailable,
 )
 from echomq_django.conf import reset
-from tests import jobkit
-from tests.jobkit import T0, assert_state, claim_one, row, score, snapshot
-
-clock, tmq = jobkit.clock, jobkit.tmq  # fixtures (tests/jobkit.py)
+from tests.support.jobkit import T0, assert_state, claim_one, row, score, snapshot
 
 
 def test_enqueue_writes_the_row_and_pending(tmq) -> None:
@@ -45,8 +43,8 @@ def test_enqueue_writes_the_row_and_pending(tmq) -> None:
         )
         == "j1"
     )
-    # compact row: attempts appears at the first claim (issue 8); the call's
-    # token is kept for its replay (issue 17, item 4)
+    # compact row: attempts appears at the first claim; the call's token is
+    # kept for its replay
     found = assert_state(tmq, "q", "j1", "pending")
     assert len(found.pop("enqueue_token")) == 16
     assert found == {

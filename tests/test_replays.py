@@ -13,8 +13,9 @@ import json
 import pytest
 import redis
 
-from echomq_django import DuplicateJob, EchoMQ, Flow, JobState, RedisUnavailable
+from echomq_django import DuplicateJob, EchoMQ, Flow, JobNotActive, JobState, RedisUnavailable
 from echomq_django.runners.pump import Pump
+from tests.support.jobkit import assert_state, claim_one, leaf, node
 
 
 def fixed_clock(mq, at=1_000_000):
@@ -49,7 +50,7 @@ def test_a_replayed_trim_removes_nothing_more(mq):
 
 
 def test_a_replayed_enqueue_is_the_same_job(mq):
-    # issue 17, item 4: a replay is the same call (its token), not the same
+    # a replay is the same call (its token), not the same
     # name, payload and ms: two calls within one ms are two calls
     fixed_clock(mq)
     k = mq.keys.queue("q")
@@ -188,3 +189,71 @@ def test_replayed_complete_and_fail_change_nothing(mq):
     counts = mq.dependency_counts("q", "P")
     assert (counts["processed"], counts["remaining"]) == (1, 1)
     assert mq.get_job("q", "B").attempts == 1
+
+
+def test_a_lost_claim_asked_again_while_paused_or_rate_limited_gets_its_jobs(mq) -> None:
+    for i in range(4):
+        mq.enqueue("q", "x", {}, job_id=f"j{i}")
+    mq.queues["q"] = {"RATE_LIMIT": {"MAX": 2, "PER_MS": 60_000}}
+    first = mq.claim("q", 3, lease_ms=60_000, token="t1")
+    assert [j.id for j in first] == ["j0", "j1"]
+    assert mq.claim("q", 3, token="t2").wait_ms  # the window is full
+    again = mq.claim("q", 3, lease_ms=60_000, token="t1")  # full window: still its own jobs
+    assert [(j.id, j.lease) for j in again] == [(j.id, j.lease) for j in first]
+    mq.pause("q")
+    again = mq.claim("q", 1, lease_ms=60_000, token="t1")  # paused: still its own jobs
+    assert [(j.id, j.lease) for j in again] == [(j.id, j.lease) for j in first]
+    assert not again.paused and not again.wait_ms
+    assert mq.job_ids("q", "pending") == ["j2", "j3"]
+
+
+def test_a_lost_claim_token_reused_after_its_memo_expired_claims_afresh(mq) -> None:
+    import time
+
+    for i in range(3):
+        mq.enqueue("q", "x", {}, job_id=f"j{i}")
+    first = mq.claim("q", 1, lease_ms=50, token="t1")
+    time.sleep(0.12)
+    mq.timers.recover_stalled("q")
+    again = mq.claim("q", 1, lease_ms=60_000, token="t1")
+    assert len(again) == 1 and again[0].lease != first[0].lease
+    assert again[0].lease_deadline > mq.clock() + 50_000
+
+
+# -- a replay is recognised by the call, not by equal timestamps ---------------
+
+
+def test_fail_on_a_job_this_lease_completed_is_refused(mq):
+    mq.enqueue("q", "x", {}, job_id="j")
+    [job] = mq.claim("q", 1)
+    mq.complete(job, {"ok": 1})
+    with pytest.raises(JobNotActive, match="is completed"):
+        mq.fail(job, "boom")
+    assert mq.get_job("q", "j").state is JobState.COMPLETED
+
+
+def test_only_the_same_fail_is_a_replay(mq):
+    mq.enqueue("q", "x", {}, job_id="j", max_attempts=3, backoff_ms=1000)
+    [job] = mq.claim("q", 1)
+    assert mq.fail(job, "boom") is JobState.DELAYED
+    assert mq.fail(job, "boom") is JobState.DELAYED  # the same call again: a no-op
+    with pytest.raises(JobNotActive, match="is delayed"):
+        mq.fail(job, "another error")  # not a replay of that call
+    assert mq.get_job("q", "j").attempts == 1
+
+
+def test_a_retried_child_takes_its_death_back_past_a_poison_entry(tmq) -> None:
+    """x on `o` died (fp) and its death waits in o's outbox behind a poison
+    entry (not JSON): the retry of x reads past it (it used to raise a
+    cjson error), takes its death back and p, which never saw it, waits."""
+    tmq.add_flow(node("p", [leaf("x", queue="o", max_attempts=1)]))
+    outbox = tmq.keys.queue_key("o", "flow:outbox")
+    tmq.client.rpush(outbox, "not json, naming " + tmq.keys.job("o", "x"))
+    job = claim_one(tmq, "o", "x")
+    assert tmq.fail_many([(job, "boom", True)])[0].state is JobState.DEAD
+    assert tmq.client.llen(outbox) == 2
+    assert tmq.retry("o", "x").state is JobState.PENDING
+    assert tmq.client.lrange(outbox, 0, -1) == [
+        b"not json, naming " + tmq.keys.job("o", "x").encode()
+    ]
+    assert_state(tmq, "q", "p", "awaiting_children")

@@ -8,7 +8,7 @@ import pytest
 import redis
 from redis.cluster import RedisCluster
 
-from tests import rigs
+from tests.support import rigs
 
 
 def test_single_server_is_private(redis_server: str, r: redis.Redis) -> None:

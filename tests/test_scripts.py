@@ -1,4 +1,4 @@
-"""The script loader (DESIGN §5): every Lua header declares
+"""The script loader: every Lua header declares
 its contract, the Python side calls each script exactly as declared, the
 scripts are found from the checkout, and NOSCRIPT falls back on both rigs."""
 
@@ -8,20 +8,19 @@ import re
 from pathlib import Path
 
 import pytest
+import redis
 from redis.cluster import RedisCluster
 
-from echomq_django import JobState
+from echomq_django import EchoMQ, Flow, JobState
 from echomq_django.protocol.scripts import Scripts, load_sources, lua_dir, parse_header
 from echomq_django.runners.dispatcher import Dispatcher
 from echomq_django.runners.pump import Pump
-from tests import jobkit
-from tests.jobkit import assert_state, claim_one, leaf, node
+from tests.support import rigs
+from tests.support.jobkit import assert_state, claim_one, leaf, node
 
 REPO = Path(__file__).resolve().parent.parent
 LUA = sorted((REPO / "lua").glob("*.lua"))
 NAMES = [p.stem for p in LUA]
-
-clock, tmq = jobkit.clock, jobkit.tmq  # fixtures (tests/jobkit.py)
 
 
 def declared(text: str) -> dict:
@@ -151,7 +150,7 @@ def drive_every_operation(mq, clock) -> None:
     jobs = mq.claim("q", 10)
     mq.complete_many([(job, "done") for job in jobs])
     assert Dispatcher(["q"], mq=mq).dispatch("q").sent == len(jobs) > 0  # ack_signals
-    # DESIGN §10.3: pause, flow control, the children timeout, postpone, schedule marks
+    # pause, flow control, the children timeout, postpone, schedule marks
     mq.pause("q")
     mq.resume("q")
     mq.add_flow(node("f", [leaf("f1"), leaf("f2")], children_timeout_ms=10))
@@ -223,3 +222,28 @@ def test_noscript_fallback_run_many(mq) -> None:
     assert [o.state for o in outcomes] == [JobState.COMPLETED] * 5
     for i, j in enumerate(jobs):
         assert assert_state(mq, j.queue, j.id, "completed")["result"] == str(i)
+
+
+# -- pipelined script calls on a Cluster ---------------------------------------
+
+
+def _getkeys_calls(cluster: rigs.Cluster) -> int:
+    total = 0
+    for port in cluster.ports:
+        node = redis.Redis(host=rigs.HOST, port=port)
+        try:
+            stats = node.info("commandstats")
+        finally:
+            node.close()
+        total += stats.get("cmdstat_command|getkeys", {}).get("calls", 0)
+    return total
+
+
+def test_cluster_pipelines_route_on_the_host_without_command_getkeys(redis_cluster, rc):
+    mq = EchoMQ(rc, prefix="emq")
+    flows = [Flow(f"q{i}", "parent", {}, children=[Flow(f"q{i}", "child", {})]) for i in range(6)]
+    mq.add_flows(flows[:1])  # scripts loaded, connections made
+    before = _getkeys_calls(redis_cluster)
+    refs = mq.add_flows(flows[1:])  # six queues over three masters, one pipeline
+    assert [r.landed for r in refs] == [2] * 5
+    assert _getkeys_calls(redis_cluster) == before

@@ -1,8 +1,7 @@
-"""Django signals (echomq_django.signals; DESIGN §8, §10.6) as a worker and
-a pump send them: ``job_failed`` once, in-process, by the worker that ran the
-attempt; every other signal from the durable events, by a dispatcher (the
-pump's, or one of its own), with the documented keyword arguments and an
-``event_id``."""
+"""Django signals (echomq_django.signals) as a worker and a pump send them:
+``job_failed`` once, in-process, by the worker that ran the attempt; every
+other signal from the durable events, by a dispatcher (the pump's, or one of
+its own), with the documented keyword arguments and an ``event_id``."""
 
 from __future__ import annotations
 
@@ -13,7 +12,7 @@ import pytest
 
 from echomq_django import Dispatcher, EchoMQ, Flow, Worker, signals
 from echomq_django.runners.pump import Pump
-from tests.workerkit import T0, Clock, Recorder
+from tests.support.workerkit import T0, Clock, Recorder
 
 EVENT_ID = re.compile(r"\A[a-z]+:\d+-\d+\Z")
 

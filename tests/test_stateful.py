@@ -1,22 +1,21 @@
-"""The flow invariants of DESIGN §4, proven by a stateful property test
-(issue 3 point 6), on the single server and on the Cluster.
+"""The flow invariants (listed below), proven by a stateful property test, on
+the single server and on the Cluster.
 
 Hypothesis builds random same-queue flows (depth 1-3, policies fp/id/rd/cp,
 max_attempts 1-3, backoff 0 or 50 ms, priorities -1..2, a children timeout on
 some parents, dedup keys on some leaves) and drives random operations: claim,
 complete, fail (plain or dead=True), a duplicate completion with a stale
 lease, lease expiry + recover_stalled, promotion of delayed jobs, retry by id
-of a dead job (and of a job that is not dead), remove_child_dependency,
-the children-timeout sweep (DESIGN §10.3), and the lifecycle of DESIGN
-§10.2: remove by id (with the subtree), cancel by id (top down; an active
-job is marked and dies when it reports or stalls) and a retention pass
-(KEEP_COMPLETED / KEEP_DEAD counts 0-3). For retention the model checks
-legality rather than predicting the pick: every row that vanished was
-finished and settled (no parent, or not in its parent's :failed), or lay
-under one that vanished, and was never active. A claim must take the highest
-priorities first. ``Model`` is the reference: a
-few lines per transition, written from DESIGN §4, not from the Lua. After
-every step Redis must agree with it and the invariants must hold:
+of a dead job (and of a job that is not dead), remove_child_dependency, the
+children-timeout sweep, and the lifecycle: remove by id (with the subtree),
+cancel by id (top down; an active job is marked and dies when it reports or
+stalls) and a retention pass (KEEP_COMPLETED / KEEP_DEAD counts 0-3). For
+retention the model checks legality rather than predicting the pick: every row
+that vanished was finished and settled (no parent, or not in its parent's
+:failed), or lay under one that vanished, and was never active. A claim must
+take the highest priorities first. ``Model`` is the reference: a few lines per
+transition, written from the documented rules, not from the Lua. After every
+step Redis must agree with it and the invariants must hold:
 
 - every job is in exactly one state index, the one its row's state names;
 - ``:dependencies`` is never below zero and equals the children not yet in
@@ -62,7 +61,7 @@ from echomq_django import (
 from echomq_django.core.exceptions import JobCancelled, JobNotCancellable, JobNotRemovable
 from echomq_django.core.jobs import JobState
 from echomq_django.core.keyspace import STATE_INDEX
-from tests.jobkit import INDEXES, Clock
+from tests.support.jobkit import INDEXES, Clock
 
 Q = "q"
 LEASE_MS = 1000
@@ -103,7 +102,7 @@ class Node:
 
 
 class Model:
-    """DESIGN §4 in Python. ``released`` / ``dead`` collect what the current
+    """The flow rules in Python. ``released`` / ``dead`` collect what the current
     step did, to compare with the script's ``Outcome``."""
 
     def __init__(self) -> None:
@@ -148,7 +147,7 @@ class Model:
         j = self.jobs[jid]
         if j.parent and j.policy == "fp":
             self.reattach(j.parent, jid)
-        elif j.parent and j.policy == "id":  # issue 17, item 5
+        elif j.parent and j.policy == "id":  # an ignored child re-attaches
             p = self.jobs[j.parent]
             if p.state in (AWAIT, "dead") and jid in p.hashes["unsuccessful"]:
                 p.hashes["unsuccessful"].discard(jid)
@@ -250,7 +249,7 @@ class Model:
             else:
                 self.reattach(jid, cid)
 
-    # -- lifecycle (DESIGN §10.2) ----------------------------------------------
+    # -- lifecycle: remove, cancel, retention ------------------------------------
     def drop(self, jid: str) -> None:
         """A row goes with its subtree; an active node stays, an orphan."""
         j = self.jobs[jid]
@@ -412,7 +411,7 @@ class FlowMachine(RuleBasedStateMachine):
         jobs = self.mq.claim(Q, count, lease_ms=LEASE_MS)
         assert len(jobs) == min(count, len(pending))
         left = set(pending) - {j.id for j in jobs}
-        if jobs and left:  # higher priorities first (DESIGN §10.3)
+        if jobs and left:  # higher priorities first
             taken = min(self.model.jobs[j.id].priority for j in jobs)
             assert taken >= max(self.model.jobs[i].priority for i in left)
         for job in jobs:

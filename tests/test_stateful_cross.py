@@ -1,10 +1,10 @@
-"""Cross-queue flows under random interleavings (issue 4, "Checked by"): a
-hypothesis state machine adds random trees over three queues, claims,
-completes, fails, lets leases expire, retries dead jobs by id, and runs pump
-sweeps, some of which crash between deliver and trim, removes a flow and
-adds it again at once under the same ids (issue 13: whatever of the old one
-is still in an outbox must not reach the new one); after every step it
-checks DESIGN §4's invariants against a small model of the flows.
+"""Cross-queue flows under random interleavings: a hypothesis state machine
+adds random trees over three queues, claims, completes, fails, lets leases
+expire, retries dead jobs by id, and runs pump sweeps, some of which crash
+between deliver and trim, removes a flow and adds it again at once under the
+same ids (whatever of the old one is still in an outbox must not reach the new
+one); after every step it checks the flow invariants (those of
+test_stateful.py) against a small model of the flows.
 
 Examples: 25 per rig, up to 30 steps each (about 20 s per rig here).
 """

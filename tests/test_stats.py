@@ -1,4 +1,5 @@
-"""``echomq_stats`` and the stats it reads (DESIGN §10.5; issue 15).
+"""``echomq_stats`` and the stats it reads: counts, ages and the last
+minute's throughput per queue, as a table or as JSON.
 
 The library half runs on both rigs with a fake clock, so ages and the
 one-minute window are exact; the command runs against the settings'
@@ -16,11 +17,8 @@ from django.core.management import CommandError, call_command
 from echomq_django import conf
 from echomq_django.monitoring.stats import SCHEMA, UnknownQueue, collect, duration, render
 from echomq_django.runners.heartbeat import Heartbeat
-from tests import jobkit
-from tests.jobkit import T0
-from tests.workerkit import Clock
-
-clock, tmq = jobkit.clock, jobkit.tmq  # fixtures (tests/jobkit.py)
+from tests.support.jobkit import T0
+from tests.support.workerkit import Clock
 
 
 def busy(mq, clock) -> Heartbeat:
@@ -197,7 +195,7 @@ def test_bad_command_input_is_one_line(emq, args, message):
 
 
 def test_an_unreachable_redis_is_one_line(monkeypatch):
-    from tests.rigs import free_port
+    from tests.support.rigs import free_port
 
     port = free_port()
     monkeypatch.setenv("ECHOMQ_URL", f"redis://127.0.0.1:{port}/0")

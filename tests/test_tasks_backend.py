@@ -1,8 +1,8 @@
-"""Django's tasks framework on our queue (echomq_django.tasks; DESIGN §10.4,
-issue 14 point 1). The cases of the framework's own backend tests (Django's
-tests/tasks, the backport's Redis-backed backend tests): enqueue, aenqueue,
-get_result, refresh, statuses, errors, takes_context, async tasks, queue
-names, run_after, priority, transactions, signals, checks."""
+"""Django's tasks framework on our queue (echomq_django.tasks). The cases of
+the framework's own backend tests (Django's tests/tasks, the backport's
+Redis-backed backend tests): enqueue, aenqueue, get_result, refresh, statuses,
+errors, takes_context, async tasks, queue names, run_after, priority,
+transactions, signals, checks."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ from django.test import override_settings
 from django.utils import timezone
 
 from echomq_django import JobState, Worker, conf
-from tests.workerkit import run_async
+from tests.support.workerkit import run_async
 
 # Django 5.2 without the backport has no tasks framework: nothing to test.
-tasks_mod = pytest.importorskip("tests.workerapp.tasks")
+tasks_mod = pytest.importorskip("tests.support.workerapp.tasks")
 
 from echomq_django.tasks import (  # noqa: E402
     TASK_JOB_NAME,
@@ -96,7 +96,7 @@ def test_enqueue_lands_one_job_and_answers_ready(mq, name):
     job = mq.get_job("default", result.id)
     assert (job.name, job.state, job.max_attempts) == (TASK_JOB_NAME, JobState.PENDING, 1)
     assert job.payload == {
-        "task": f"tests.workerapp.tasks.{name}",
+        "task": f"tests.support.workerapp.tasks.{name}",
         "args": [1],
         "kwargs": {"two": 3},
     }
@@ -166,7 +166,7 @@ def test_a_task_exception_keeps_its_class_path(mq):
     [error] = result.errors
     assert error.exception_class is tasks_mod.CustomError
     assert error.traceback.endswith(
-        "tests.workerapp.tasks.CustomError: custom\nand a second line\n"
+        "tests.support.workerapp.tasks.CustomError: custom\nand a second line\n"
     )
 
 

@@ -1,5 +1,5 @@
-"""The worker in-process (DESIGN §4, §7; issue "Workers"): ``Worker(...).run``
-against the real test Redis, on both rigs where the protocol matters."""
+"""The worker in-process: ``Worker(...).run`` against the real test Redis, on
+both rigs where the protocol matters."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from redis.retry import Retry
 from echomq_django import EchoMQ, Flow, JobState, Outcome, RedisUnavailable, Worker
 from echomq_django.runners.pool import error_text, unknown_name_error
 from echomq_django.runners.pump import Pump
-from tests.workerkit import Background, Clock, burst, wait_for
+from tests.support.workerkit import Background, Clock, burst, wait_for
 
 COUNTS0 = {
     "pending": 0,
@@ -311,7 +311,7 @@ def test_queues_are_served_round_robin(mq):
     for q in ("a", "b"):
         for i in range(3):
             mq.enqueue(q, "t.record", f"{q}{i}")
-    from tests.workerapp.jobs import RECORDED
+    from tests.support.workerapp.jobs import RECORDED
 
     RECORDED.clear()
     burst(mq, ["a", "b"], concurrency=1)  # one thread: it runs them in claim order
@@ -534,7 +534,7 @@ def test_a_short_claim_rests_its_queue_unless_a_parent_was_released_meanwhile(
 ):
     # The reporter thread may release a parent while the loop's claim is in
     # flight: resting the queue then would leave the parent waiting out the
-    # whole poll_interval (issue 8 saw roots wait 50 ms in the benchmark).
+    # whole poll_interval (the benchmark saw roots wait 50 ms).
     worker = Worker(["q"], concurrency=2, mq=mq, poll_interval=60)
     real = mq.claim
 
@@ -548,3 +548,36 @@ def test_a_short_claim_rests_its_queue_unless_a_parent_was_released_meanwhile(
     mq.claim = claim
     assert worker.loop._claim(2, everywhere=False) == 0
     assert (worker.loop.rest["q"] == 0.0) is released_meanwhile
+
+
+# -- a claim whose reply was lost ----------------------------------------------
+
+
+def lose_first_reply_on(mq, monkeypatch, lost_queue):
+    """mq.claim runs for real; its first call on ``lost_queue`` raises after
+    Redis ran it (the reply lost)."""
+    real, calls = mq.claim, []
+
+    def claim(queue, count=1, lease_ms=None, token=None):
+        calls.append((queue, count, token))
+        jobs = real(queue, count, lease_ms, token=token)
+        if queue == lost_queue and sum(q == lost_queue for q, _, _ in calls) == 1:
+            raise RedisUnavailable("Redis is unreachable: reply lost")  # what claim raises
+        return jobs
+
+    monkeypatch.setattr(mq, "claim", claim)
+    return calls
+
+
+def test_max_jobs_holds_when_one_queue_s_claim_raises(mq, monkeypatch) -> None:
+    """Worker(queues=[a, b]).run(max_jobs=2): a's claim gives 1 job, b's claim
+    (1 job leased) loses its reply. The replay gives b's job back; the run
+    must still claim no more than 2 jobs in all."""
+    mq.enqueue("a", "t.echo", "a0", job_id="a0")
+    for i in range(5):
+        mq.enqueue("b", "t.echo", f"b{i}", job_id=f"b{i}")
+    calls = lose_first_reply_on(mq, monkeypatch, "b")
+    worker = Worker(["a", "b"], concurrency=4, mq=mq)
+    done = worker.run(max_jobs=2)
+    completed = mq.counts("a")["completed"] + mq.counts("b")["completed"]
+    assert (done, completed) == (2, 2), calls

@@ -1,3 +1,0 @@
-"""A test app whose ``jobs`` module registers the ``fault.*`` handlers the
-fault suite runs (tests/test_fault_suite.py); installed only by
-``tests.fault_settings``."""

@@ -1,0 +1,57 @@
+"""The kits' fixtures, for every test module (``tests/conftest.py`` loads
+this file through ``pytest_plugins``; a test module never imports a fixture):
+
+- ``clock``: a ``workerkit.Clock`` (fake ms time) starting at ``T0``;
+- ``tmq``: an ``EchoMQ`` on the test's rig (prefix ``emq``) whose time is
+  ``clock``, one run per rig, like ``mq``;
+- ``seen``: an ``eventkit.Seen`` recording every durable signal sent during
+  the test;
+- ``no_env_url``: no ``ECHOMQ_URL`` in the environment and a fresh
+  ``conf`` (for settings tests that build their own ``ECHOMQ``).
+
+A test module may define a fixture of the same name; its own wins there.
+Each fixture imports echomq_django (and the kits that import it) in its
+body: loading this file must not import the library.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture
+def clock():
+    from tests.support.workerkit import Clock
+
+    return Clock()
+
+
+@pytest.fixture
+def tmq(redis_client, clock):
+    """An ``EchoMQ`` on the test's rig whose time is ``clock``."""
+    from echomq_django import EchoMQ
+
+    return EchoMQ(redis_client, prefix="emq", clock=clock)
+
+
+@pytest.fixture
+def seen():
+    """A ``Seen`` open for the test."""
+    from tests.support.eventkit import Seen
+
+    rec = Seen()
+    try:
+        yield rec
+    finally:
+        rec.close()
+
+
+@pytest.fixture
+def no_env_url(monkeypatch):
+    """No ``ECHOMQ_URL`` and a fresh ``conf``, before and after the test."""
+    from echomq_django import conf
+
+    monkeypatch.delenv("ECHOMQ_URL", raising=False)
+    conf.reset()
+    yield
+    conf.reset()

@@ -1,0 +1,254 @@
+"""Real Redis servers for the test suite, a single server and a Cluster.
+
+Each rig is a ``redis-server`` subprocess on a free loopback port with its own
+temporary directory, no persistence, and a log file we show when it fails to
+start. Nothing here ever connects to a port we did not start a server on, so a
+developer's Redis (127.0.0.1:6379 included) is never touched.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import redis
+
+from echomq_django.testing.redis_server import (
+    HOST,
+    RedisProcess,
+    ServerError,
+    free_port,
+    require_binary,
+)
+from echomq_django.testing.redis_server import restart as _restart
+from echomq_django.testing.redis_server import start_server as _start_server
+
+CLUSTER_TIMEOUT_S = 30.0
+# The replica rig: a master unreachable for 1 s is failed; any replica may be
+# elected however long ago it last heard from its master (validity factor 0).
+HA_OPTIONS = {"cluster-node-timeout": "1000", "cluster-replica-validity-factor": "0"}
+TEST_HINT = (
+    "The test suite starts its own Redis servers; run the README test command, "
+    "`bash scripts/test.sh`, which installs redis-server and then runs pytest."
+)
+__all__ = [
+    "HOST",
+    "Cluster",
+    "RedisProcess",
+    "RigError",
+    "free_port",
+    "start_cluster",
+    "start_server",
+]
+
+
+class RigError(ServerError):
+    """A Redis rig could not be started."""
+
+
+def start_server(**kwargs) -> RedisProcess:
+    """``devserver.start_server`` with the test command's hint; ``RigError``."""
+    try:
+        return _start_server(hint=TEST_HINT, **kwargs)
+    except RigError:
+        raise
+    except ServerError as err:
+        raise RigError(str(err)) from None
+
+
+@dataclass
+class Cluster:
+    """Cluster-enabled nodes on loopback, all slots assigned: three masters,
+    and with ``start_cluster(replicas=1)`` one replica each (a failover rig:
+    ``kill_master``, ``wait_promoted``, ``restart``)."""
+
+    nodes: list[RedisProcess]
+    dir: Path
+    ports: list[int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.ports = [n.port for n in self.nodes]
+
+    @property
+    def url(self) -> str:
+        return f"redis://{HOST}:{self.ports[0]}/0"
+
+    def live(self) -> list[RedisProcess]:
+        return [n for n in self.nodes if n.proc.poll() is None]
+
+    def master_port(self, key: str) -> int:
+        """The port of the master serving ``key``'s slot, as a live node sees it."""
+        return self.shard_ports(key)[0]
+
+    def shard_ports(self, key: str) -> list[int]:
+        """The ports serving ``key``'s slot: its master first, then its
+        replicas (from CLUSTER NODES: CLUSTER SLOTS may not list a replica
+        yet)."""
+        for node in self.live():
+            c = node.client(socket_timeout=1)
+            try:
+                slot = int(c.execute_command("CLUSTER KEYSLOT", key))
+                raw = c.execute_command("CLUSTER", "NODES")
+            except redis.RedisError:
+                continue
+            finally:
+                c.close()
+            text = raw.decode() if isinstance(raw, bytes) else str(raw)
+            rows = [line.split() for line in text.splitlines() if line.strip()]
+            port = {r[0]: int(r[1].split("@")[0].rsplit(":", 1)[1]) for r in rows}
+            for r in rows:
+                for part in r[8:]:
+                    low, _, high = part.partition("-")
+                    if low.isdigit() and int(low) <= slot <= int(high or low):
+                        replicas = [port[x[0]] for x in rows if x[3] == r[0]]
+                        return [port[r[0]], *replicas]
+        raise RigError(f"no live node knows the shard of {key!r}")
+
+    def kill_shard(self, key: str) -> list[RedisProcess]:
+        """SIGKILL the master serving ``key`` and its replicas: no failover can
+        happen, so every node answers CLUSTERDOWN until ``restart``."""
+        ports = self.shard_ports(key)
+        dead = [n for n in self.nodes if n.port in ports]
+        for node in dead:
+            node.proc.kill()
+            node.proc.wait(timeout=5)
+        return dead
+
+    def kill_master(self, key: str) -> RedisProcess:
+        """SIGKILL the master serving ``key``; returns its (dead) process."""
+        port = self.master_port(key)
+        node = next(n for n in self.nodes if n.port == port)
+        node.proc.kill()
+        node.proc.wait(timeout=5)
+        return node
+
+    def wait_promoted(self, key: str, dead: RedisProcess, timeout: float = CLUSTER_TIMEOUT_S):
+        """Wait until a replica serves ``key`` in place of ``dead`` and every
+        live node reports ``cluster_state:ok``; returns the new master's port."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                port = self.master_port(key)
+            except RigError:
+                port = dead.port
+            if port != dead.port and _cluster_ok(self.live()):
+                return port
+            time.sleep(0.05)
+        raise RigError(f"no replica took over {key!r} from port {dead.port} in {timeout}s")
+
+    def restart(self, dead: RedisProcess) -> RedisProcess:
+        """Start a killed node again (it rejoins as a replica of whoever took
+        its slots) and wait for every node to report ``cluster_state:ok``."""
+        again = _restart(dead)
+        self.nodes[self.nodes.index(dead)] = again
+        deadline = time.monotonic() + CLUSTER_TIMEOUT_S
+        while not (_cluster_ok(self.live()) and _replicas_synced(self.live())):
+            if time.monotonic() > deadline:
+                raise RigError(f"cluster not ok after restarting port {dead.port}")
+            time.sleep(0.05)
+        return again
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def cluster_state(client: redis.Redis) -> str:
+    """The node's ``cluster_state`` field from CLUSTER INFO ("ok", "fail")."""
+    info = client.execute_command("CLUSTER INFO")
+    # redis-py parses the reply into a dict; older versions return the text.
+    if isinstance(info, dict):
+        state = info.get("cluster_state", info.get(b"cluster_state", ""))
+        return state.decode() if isinstance(state, bytes) else str(state)
+    text = info.decode() if isinstance(info, bytes) else str(info)
+    for line in text.splitlines():
+        if line.startswith("cluster_state:"):
+            return line.split(":", 1)[1].strip()
+    return ""
+
+
+def _cluster_ok(nodes: list[RedisProcess]) -> bool:
+    for node in nodes:
+        c = node.client(socket_timeout=1)
+        try:
+            if cluster_state(c) != "ok":
+                return False
+        except redis.RedisError:
+            return False
+        finally:
+            c.close()
+    return True
+
+
+def _replicas_synced(nodes: list[RedisProcess]) -> bool:
+    for node in nodes:
+        c = node.client(socket_timeout=1)
+        try:
+            info = c.info("replication")
+            if info["role"] == "slave" and info.get("master_link_status") != "up":
+                return False
+        except redis.RedisError:
+            return False
+        finally:
+            c.close()
+    return True
+
+
+def start_cluster(masters: int = 3, replicas: int = 0) -> Cluster:
+    """Start ``masters`` nodes (and ``replicas`` per master, with a 1 s node
+    timeout so a killed master fails over in a few seconds), join them with
+    ``redis-cli --cluster create``.
+
+    Returns once every node reports ``cluster_state:ok`` (and every replica
+    is in sync). On any failure all nodes started so far are stopped before
+    the error propagates.
+    """
+    try:
+        cli = require_binary("redis-cli", TEST_HINT)
+    except ServerError as err:
+        raise RigError(str(err)) from None
+    d = Path(tempfile.mkdtemp(prefix="emq-redis-cluster-"))
+    nodes: list[RedisProcess] = []
+    try:
+        options = HA_OPTIONS if replicas else None
+        for _ in range(masters * (1 + replicas)):
+            nodes.append(start_server(cluster=True, workdir=d, options=options))
+        addresses = [f"{HOST}:{n.port}" for n in nodes]
+        create = subprocess.run(
+            [
+                cli,
+                "--cluster",
+                "create",
+                *addresses,
+                "--cluster-replicas",
+                str(replicas),
+                "--cluster-yes",
+            ],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,  # the return code is checked below, with the output
+        )
+        if create.returncode != 0:
+            raise RigError(f"redis-cli --cluster create failed:\n{create.stdout}\n{create.stderr}")
+        deadline = time.monotonic() + CLUSTER_TIMEOUT_S
+        while not _cluster_ok(nodes):
+            if time.monotonic() > deadline:
+                raise RigError("cluster did not reach cluster_state:ok in time")
+            time.sleep(0.1)
+        while replicas and not _replicas_synced(nodes):
+            if time.monotonic() > deadline:
+                raise RigError("cluster replicas did not sync in time")
+            time.sleep(0.1)
+        return Cluster(nodes=nodes, dir=d)
+    except BaseException:
+        for node in nodes:
+            node.stop()
+        shutil.rmtree(d, ignore_errors=True)
+        raise

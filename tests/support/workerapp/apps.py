@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class WorkerAppConfig(AppConfig):
+    name = "tests.support.workerapp"
+    label = "workerapp"

@@ -1,0 +1,144 @@
+"""Blocking claims and the worker's timers: a worker or pump acts on a
+wake-up, never by polling, on both rigs. Every test makes the poll-era paths impossible (a
+blocking timeout and a sweep interval far longer than the test may wait)
+and asserts on the path taken: the claim came from a wake-up, the timers
+promoted or recovered the job, the pump delivered on its wake-up."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from echomq_django import Flow, JobState, Worker, handler
+from echomq_django.runners.pump import Pump
+from tests.support.workerkit import Background, wait_for
+
+NEVER = 3600.0  # s: a timeout or interval no test waits for
+gates: dict[str, threading.Event] = {}
+barrier = threading.Barrier(2, timeout=10)
+
+
+@handler("blk.gate")
+def gate(job):
+    """Waits until the test opens ``gates[payload]``, then returns it."""
+    assert gates[job.payload].wait(10), "the test never opened the gate"
+    return job.payload
+
+
+@handler("blk.pair")
+def pair(job):
+    """Returns only once a second job is running at the same time."""
+    barrier.wait()
+    return job.payload
+
+
+def idle_worker(mq, queues=("q",), **kw) -> Worker:
+    options = {"block_timeout": NEVER, "sweep_interval": NEVER, **kw}
+    return Worker(list(queues), mq=mq, **options)
+
+
+def done(mq, queue, job_id) -> bool:
+    return mq.get_job(queue, job_id).state is JobState.COMPLETED
+
+
+@pytest.fixture
+def running():
+    """Start workers on threads; every one is stopped and joined after the test."""
+    started: list[Background] = []
+
+    def start(worker: Worker) -> Worker:
+        started.append(Background(worker))
+        wait_for(lambda: worker.waiting, what="the worker blocking on its queues")
+        return worker
+
+    yield start
+    for bg in started:
+        bg.worker.stop()
+    for bg in started:
+        bg.join()
+
+
+def test_an_idle_worker_claims_on_the_wake_up(mq, running) -> None:
+    worker = running(idle_worker(mq, ("q", "r"), concurrency=2))
+    mq.enqueue("r", "t.echo", 7, job_id="a")
+    wait_for(lambda: done(mq, "r", "a"), what="the job to run")
+    assert worker.wakeups["claimable"] >= 1
+    assert mq.get_job("r", "a").result == 7
+
+
+def test_a_job_that_came_while_every_thread_was_busy_runs_when_one_frees(mq, running) -> None:
+    gates["one"] = threading.Event()
+    worker = running(idle_worker(mq, concurrency=1))
+    mq.enqueue("q", "blk.gate", "one", job_id="busy")
+    wait_for(lambda: mq.get_job("q", "busy").state is JobState.ACTIVE, what="the first job")
+    mq.enqueue("q", "t.echo", 2, job_id="next")  # no free thread: nobody may take the marker
+    assert mq.get_job("q", "next").state is JobState.PENDING
+    gates["one"].set()
+    wait_for(lambda: done(mq, "q", "next"), what="the second job")
+    # the worker counts a completion once Redis answered its report: a moment
+    # after the row says completed
+    wait_for(lambda: worker.stats["completed"] == 2, what="the worker's count")
+
+
+def test_several_idle_workers_on_one_queue_all_take_jobs(mq, running) -> None:
+    barrier.reset()
+    first = running(idle_worker(mq, concurrency=1))
+    second = running(idle_worker(mq, concurrency=1))
+    mq.enqueue("q", "blk.pair", 1, job_id="a")
+    mq.enqueue("q", "blk.pair", 2, job_id="b")  # each handler waits for the other
+    wait_for(lambda: done(mq, "q", "a") and done(mq, "q", "b"), what="both jobs")
+    assert (first.stats["completed"], second.stats["completed"]) == (1, 1)
+
+
+def test_a_retry_runs_with_only_the_worker(mq, running) -> None:
+    worker = running(idle_worker(mq, concurrency=1))
+    mq.enqueue("q", "t.flaky", {"fail_times": 1}, job_id="f", backoff_ms=100)
+    wait_for(lambda: done(mq, "q", "f"), what="the retry")
+    assert mq.get_job("q", "f").result == {"attempt": 2}
+    assert worker.timers.promoted == 1, "the worker's timer promoted the retry"
+    assert worker.wakeups["due"] >= 1, "it learnt the run-at from the wake key"
+
+
+def test_a_delayed_job_runs_with_only_the_worker(mq, running) -> None:
+    worker = running(idle_worker(mq, concurrency=1))
+    mq.enqueue("q", "t.echo", "later", job_id="d", delay_ms=200)
+    wait_for(lambda: done(mq, "q", "d"), what="the delayed job")
+    assert worker.timers.promoted == 1
+
+
+def test_a_dead_workers_job_is_recovered_by_a_worker(mq, running) -> None:
+    mq.enqueue("q", "t.echo", "again", job_id="s")
+    mq.claim("q", 1, lease_ms=100)  # a worker that died holding it
+    worker = running(idle_worker(mq, concurrency=1, sweep_interval=0.1))
+    wait_for(lambda: done(mq, "q", "s"), what="the recovered job")
+    assert worker.timers.recovered == 1
+    assert mq.get_job("q", "s").attempts == 2
+
+
+def test_ten_workers_sweep_a_queue_once_per_interval(mq) -> None:
+    workers = [idle_worker(mq, sweep_interval=60) for _ in range(10)]
+    for w in workers:
+        w.timers.run()
+    assert sorted(w.timers.sweeps for w in workers) == [0] * 9 + [1]
+
+
+def test_the_pump_delivers_on_its_wake_up(mq) -> None:
+    mq.add_flow(Flow("p", "t.sum_children", job_id="p", children=[Flow("kids", "t.echo", 3)]))
+    pump = Pump(["p", "kids"], mq=mq)
+    stop = threading.Event()
+    thread = threading.Thread(
+        target=pump.run, kwargs={"interval": NEVER, "should_stop": stop.is_set}
+    )
+    thread.start()
+    try:
+        wait_for(lambda: pump.waiting, what="the pump blocking on its outboxes")
+        mq.complete(mq.claim("kids", 1)[0], 3)
+        # (the parent is released before the pump's counters move: wait for both)
+        wait_for(lambda: pump.totals.delivered == 1, what="the delivery")
+        assert mq.get_job("p", "p").state is JobState.PENDING
+        assert pump.wakeups == 1
+    finally:
+        stop.set()
+        pump.stop()
+        thread.join(10)

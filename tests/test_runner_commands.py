@@ -1,0 +1,76 @@
+"""``runworker`` and ``runpump`` called in-process (``call_command``): a flag
+that breaks its rule, a Redis Cluster node without ``CLUSTER`` and a DB index
+out of range each end the command with exit code 1 and one line saying so.
+(The commands as real processes: tests/e2e/.)"""
+
+from __future__ import annotations
+
+import pytest
+
+
+def run_command(name: str, *args: str) -> tuple[int, str]:
+    """``call_command(name, *args)``: (exit code, stderr), as the shell sees them."""
+    import io
+
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    err = io.StringIO()
+    try:
+        call_command(name, *args, stderr=err)
+    except CommandError as exc:
+        return exc.returncode, str(exc)
+    except SystemExit as exc:
+        return exc.code, err.getvalue()
+    return 0, err.getvalue()
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("--interval", "0"), "interval must be a number of seconds > 0, got 0.0"),
+        (("--batch", "0"), "batch must be a whole number >= 1, got 0"),
+        (("--batch", "-1"), "batch must be a whole number >= 1, got -1"),
+        (("--max-tries", "0"), "max_tries must be a whole number >= 1, got 0"),
+        (("--lock-ms", "0"), "lock_ms must be a whole number >= 100 (ms), got 0"),
+        (("--lock-ms", "-1"), "lock_ms must be a whole number >= 100 (ms), got -1"),
+        (("--max-stalls", "-1"), "max_stalls must be a whole number >= 0, got -1"),
+    ],
+)
+def test_runpump_refuses_a_flag_that_breaks_its_rule(r, db, args, message):
+    assert run_command("runpump", "q", *args) == (1, f"runpump: {message}")
+
+
+def test_runworker_refuses_max_jobs_below_one(r, db):
+    code, err = run_command("runworker", "q", "--max-jobs", "-1")
+    assert (code, err) == (1, "runworker: --max-jobs must be a whole number >= 1, got -1\n")
+
+
+@pytest.mark.parametrize("command", ["runworker", "runpump"])
+def test_the_commands_say_a_cluster_node_needs_cluster(command, redis_cluster, monkeypatch):
+    from echomq_django import conf
+
+    monkeypatch.setenv("ECHOMQ_URL", redis_cluster.url)
+    conf.reset()
+    try:
+        code, err = run_command(command, "q", "--once" if command == "runpump" else "--burst")
+    finally:
+        conf.reset()
+    assert code == 1
+    assert err.startswith(
+        f"{command}: {redis_cluster.url}: this is a Redis Cluster node: set CLUSTER"
+    )
+
+
+def test_a_db_index_out_of_range_is_reported_as_itself(redis_server, monkeypatch):
+    from echomq_django import conf
+
+    url = redis_server.replace("/0", "/99")
+    monkeypatch.setenv("ECHOMQ_URL", url)
+    conf.reset()
+    try:
+        code, err = run_command("runworker", "q", "--burst")
+    finally:
+        conf.reset()
+    assert code == 1
+    assert err.startswith(f"runworker: DB index is out of range: {url} selects db 99")

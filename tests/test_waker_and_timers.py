@@ -1,0 +1,155 @@
+"""The Waker and the worker's Timers (runners/wake.py), on both rigs: what is
+popped, when, and what goes back; the timers promote on the announced run-at
+and sweep one worker at a time per queue."""
+
+from __future__ import annotations
+
+import queue as _queue
+
+import pytest
+
+from echomq_django import EchoMQ, JobState
+from echomq_django.runners.wake import DOWN, UP, Timers, Wake, Waker
+from tests.support import jobkit
+from tests.support.jobkit import T0, claim_one
+
+
+def markers(mq, queue: str = "q", key: str = "wake") -> dict[str, int]:
+    raw = mq.client.zrange(mq.keys.queue_key(queue, key), 0, -1, withscores=True)
+    return {m.decode(): int(s) for m, s in raw}
+
+
+@pytest.fixture
+def waker(mq):
+    posted: _queue.SimpleQueue = _queue.SimpleQueue()
+    w = Waker(mq, ["q", "r"], "wake", posted.put, block_s=2.0)
+    w.posted = posted
+    w.start()
+    yield w
+    w.stop()
+
+
+def test_an_armed_waker_posts_the_marker_and_disarms(mq, waker) -> None:
+    waker.arm()
+    mq.enqueue("r", "job", job_id="a")
+    assert waker.posted.get(timeout=5) == Wake("r", "0", 0)
+    assert not waker.armed, "a pop disarms: the runner re-arms when it can use another"
+    assert markers(mq, "r") == {}
+
+
+def test_a_disarmed_waker_leaves_the_marker_to_others(mq, waker) -> None:
+    mq.enqueue("q", "job", job_id="a")
+    with pytest.raises(_queue.Empty):
+        waker.posted.get(timeout=0.3)
+    assert markers(mq) == {"0": 0}
+    waker.arm()  # a marker set while it was busy is there when it is free: no lost wake-up
+    assert waker.posted.get(timeout=5) == Wake("q", "0", 0)
+
+
+def test_a_delayed_job_announces_its_run_at(mq, waker) -> None:
+    waker.arm()
+    mq.enqueue("q", "job", job_id="a", delay_ms=60_000)
+    got = waker.posted.get(timeout=5)
+    assert (got.queue, got.member) == ("q", "d")
+    assert got.score == int(mq.client.zscore(mq.keys.queue_key("q", "delayed"), "a"))
+
+
+def test_put_back_keeps_the_earliest_run_at(mq, waker) -> None:
+    waker.put_back(Wake("q", "d", T0 + 500))
+    waker.put_back(Wake("q", "d", T0 + 900))
+    waker.put_back(Wake("q", "0", 0))
+    assert markers(mq) == {"0": 0, "d": T0 + 500}
+
+
+def test_the_blocking_timeout_stays_under_the_socket_timeout(mq) -> None:
+    w = Waker(mq, ["q"], "wake", lambda wake: None, block_s=60.0)
+    assert w.block_s <= 5.0 or w.markers._own is not None  # 5 s: redis-py's default socket timeout
+    if w.markers._own is not None:
+        conn = w.markers._own.connection_pool.get_connection()
+        assert conn.socket_timeout > w.block_s
+        w.markers._own.connection_pool.release(conn)
+
+
+def test_a_cluster_blocks_per_queue_one_server_once(mq) -> None:
+    from redis.cluster import RedisCluster
+
+    w = Waker(mq, ["q", "r", "s"], "wake", lambda wake: None)
+    if isinstance(mq.client, RedisCluster):
+        assert w.groups == [["q"], ["r"], ["s"]]
+    else:
+        assert w.groups == [["q", "r", "s"]]
+
+
+def test_a_restart_is_reported_down_then_up() -> None:
+    """A dropped blocking connection (the server restarts under it) is
+    retried: the runner hears DOWN, then UP, then the next marker."""
+    import redis
+
+    from echomq_django.testing import redis_server as devserver
+
+    server = devserver.start_server()
+    try:
+        mq = EchoMQ(redis.Redis.from_url(server.url), prefix="emq")
+        posted: _queue.SimpleQueue = _queue.SimpleQueue()
+        w = Waker(mq, ["q"], "wake", posted.put, block_s=2.0)
+        w.start()
+        w.arm()
+        server.proc.kill()
+        server.proc.wait()
+        assert posted.get(timeout=10) is DOWN
+        server = devserver.restart(server)
+        assert posted.get(timeout=20) is UP
+        mq.enqueue("q", "job", job_id="a")
+        assert posted.get(timeout=5) == Wake("q", "0", 0)
+        w.stop()
+    finally:
+        server.stop()
+
+
+# -- the timers ---------------------------------------------------------------
+
+
+def test_timers_promote_at_the_announced_run_at(tmq, clock) -> None:
+    tmq.enqueue("q", "job", job_id="a", delay_ms=250)
+    timers = Timers(tmq, ["q"])
+    timers.sweep_at["q"] = float("inf")  # only the run-at timer
+    timers.learn("q", markers(tmq)["d"])
+    assert timers.due["q"] == T0 + 250
+    timers.run()
+    jobkit.assert_state(tmq, "q", "a", JobState.DELAYED)
+    clock.advance(250)
+    assert timers.next_in() == 0
+    timers.run()
+    assert timers.promoted == 1
+    jobkit.assert_state(tmq, "q", "a", JobState.PENDING)
+    assert markers(tmq) == {"0": 0, "d": T0 + 250}  # ('d' is stale now: harmless)
+    assert timers.due["q"] is None
+
+
+def test_one_worker_sweeps_a_queue_per_interval(tmq, clock) -> None:
+    first, second = Timers(tmq, ["q"]), Timers(tmq, ["q"])
+    first.run()
+    second.run()
+    assert (first.sweeps, second.sweeps) == (1, 0)
+    lock = tmq.keys.queue_key("q", "timers:lock")
+    assert 0 < tmq.client.pttl(lock) <= 10_000
+
+
+def test_a_sweep_recovers_expired_leases_and_learns_the_next_run_at(tmq, clock) -> None:
+    tmq.enqueue("q", "job", job_id="a")
+    tmq.enqueue("q", "job", job_id="later", delay_ms=5000)
+    claim_one(tmq, "q", "a", lease_ms=100)
+    clock.advance(101)
+    timers = Timers(tmq, ["q"])
+    timers.run()
+    assert timers.recovered == 1
+    jobkit.assert_state(tmq, "q", "a", JobState.PENDING)
+    assert timers.due["q"] == T0 + 5000
+
+
+@pytest.mark.parametrize("priority", [0, 3])  # 3: waiting in P:{q}:prioritized
+def test_a_sweep_rewakes_a_queue_whose_marker_was_lost(tmq, priority) -> None:
+    tmq.enqueue("q", "job", job_id="a", priority=priority)
+    tmq.client.delete(tmq.keys.queue_key("q", "wake"))  # popped by a worker killed then
+    Timers(tmq, ["q"]).run()
+    assert markers(tmq) == {"0": 0}

@@ -1,0 +1,97 @@
+"""What holds a worker back, on both rigs: a time limit (a timed-out attempt
+fails and retries, its thread is written off and replaced, its late result
+discarded; too many stuck threads stop the worker), ``RateLimited`` from a
+handler, a full ``RATE_LIMIT`` window and a paused queue."""
+
+from __future__ import annotations
+
+import pytest
+
+from echomq_django import EchoMQ, JobState, Worker
+from tests.support.jobkit import assert_state
+from tests.support.workerapp import jobs as handlers
+from tests.support.workerkit import Background, burst, wait_for
+
+
+@pytest.fixture(autouse=True)
+def _fresh_handlers():
+    handlers.RELEASE.clear()
+    handlers.SEEN.clear()
+    handlers.LIMITED.clear()
+    yield
+    handlers.RELEASE.set()  # never leave a handler thread blocked
+
+
+def state(mq, job_id, queue="q"):
+    return mq.get_job(queue, job_id).state
+
+
+def test_a_timed_out_attempt_fails_retries_and_its_thread_is_replaced(mq) -> None:
+    mq.enqueue("q", "t.block", job_id="b", timeout_ms=100, max_attempts=2, backoff_ms=0)
+    worker = Worker(["q"], concurrency=2, mq=mq, poll_interval=0.02)
+    bg = Background(worker)
+    wait_for(lambda: state(mq, "b") is JobState.DEAD, what="two timed-out attempts")
+    job = mq.get_job("q", "b")
+    assert (job.attempts, job.error) == (
+        2,
+        "TimeoutError: the attempt ran longer than its time limit of 100 ms "
+        "(timeout_ms / TIMEOUT_MS); the handler's late result is discarded",
+    )
+    assert worker.loop.timeouts.stuck == 2  # both threads still blocked: written off
+    for i in range(4):  # capacity kept: two fresh threads run these
+        mq.enqueue("q", "t.echo", i, job_id=f"e{i}")
+    wait_for(lambda: mq.counts("q")["completed"] == 4, what="the echo jobs")
+    handlers.RELEASE.set()
+    wait_for(lambda: worker.loop.timeouts.stuck == 0, what="the stuck handlers to return")
+    assert sorted(handlers.SEEN) == [("b", True), ("b", True)]
+    assert_state(mq, "q", "b", "dead")  # the late result was discarded
+    # a returning stuck thread leaves the pool just after it stops counting as
+    # stuck: the pool is back to its two threads within a moment, not at once
+    wait_for(lambda: len(worker.loop.pool._threads) == 2, what="the pool back to its 2 threads")
+    worker.stop()
+    bg.join()
+    assert worker.stats == {"completed": 4, "failed": 1, "dead": 1, "lost": 0, "postponed": 0}
+
+
+def test_more_stuck_threads_than_max_stuck_stop_the_worker(redis_client) -> None:
+    mq = EchoMQ(redis_client, queues={"q": {"TIMEOUT_MS": 50}})
+    for i in range(2):
+        mq.enqueue("q", "t.block", job_id=f"b{i}", max_attempts=1)
+    worker = Worker(["q"], concurrency=1, mq=mq, poll_interval=0.02, max_stuck=1)
+    assert Background(worker).join() == 2  # returned on its own after the second
+    assert [state(mq, f"b{i}") for i in range(2)] == [JobState.DEAD] * 2
+    assert mq.get_job("q", "b1").error.startswith("TimeoutError: the attempt ran longer than "
+                                                  "its time limit of 50 ms")  # fmt: skip
+
+
+def test_rate_limited_puts_the_job_back_without_spending_an_attempt(mq) -> None:
+    # retry after 1 s: the burst worker's timers promote a due delayed job, so a
+    # shorter wait raced the burst's end on a slow run (it ran the job again)
+    mq.enqueue("q", "t.rate_limited", 1000, job_id="r", max_attempts=1)
+    worker, processed = burst(mq, ["q"])
+    assert (processed, worker.stats["postponed"]) == (0, 1)
+    job = mq.get_job("q", "r")
+    assert (job.state, job.attempts) == (JobState.DELAYED, 0)
+    wait_for(lambda: mq.timers.promote_delayed("q"), what="the retry-after to pass")
+    worker, processed = burst(mq, ["q"])
+    job = mq.get_job("q", "r")
+    assert (processed, job.state, job.result, job.attempts) == (1, JobState.COMPLETED, 1, 1)
+
+
+def test_a_full_rate_window_stops_claims_for_every_worker(redis_client) -> None:
+    limits = {"q": {"RATE_LIMIT": {"MAX": 2, "PER_MS": 60_000}}}
+    mq = EchoMQ(redis_client, queues=limits)
+    for i in range(5):
+        mq.enqueue("q", "t.echo", i, job_id=f"j{i}")
+    assert burst(mq, ["q"])[1] == 2
+    assert burst(EchoMQ(redis_client, queues=limits), ["q"])[1] == 0  # another process
+    assert mq.counts("q")["pending"] == 3
+
+
+def test_a_worker_claims_nothing_from_a_paused_queue(mq) -> None:
+    for i in range(3):
+        mq.enqueue("q", "t.echo", i, job_id=f"j{i}")
+    mq.pause("q")
+    assert burst(mq, ["q"])[1] == 0
+    mq.resume("q")
+    assert burst(mq, ["q"])[1] == 3
