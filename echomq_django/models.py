@@ -1,7 +1,7 @@
 """The admin's read-only mirror of Redis (DESIGN §8).
 
 Redis is the only source of truth; these rows are a cache the admin lists,
-filters and searches, refreshed by ``mirror.py`` (the pump's after-sweep
+filters and searches, refreshed by ``monitoring/mirror.py`` (the pump's after-sweep
 hook, ``./manage.py echomq_mirror`` and the admin's "refresh" button). Nothing
 the queue does ever reads them. Both models have only the ``view`` default
 permission, so no one (a superuser included, see admin.py) can be granted

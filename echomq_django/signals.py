@@ -2,7 +2,7 @@
 
 Durable (sent at least once, in order per queue, by a ``Dispatcher`` from
 the events the transition scripts wrote; ``sender`` is that dispatcher, see
-``events.py`` and ``dispatch.py``), each with ``queue`` (str), ``job_id``
+``runners/dispatcher.py``), each with ``queue`` (str), ``job_id``
 (str), ``job_name`` (str) and ``event_id`` (str, ``"<queue>:<stream id>"``,
 the same on a repeat):
 
@@ -26,7 +26,7 @@ recorded it; ``sender`` is that ``Worker``):
                     None when it is pending again at once); it will be retried
 
 A receiver that raises is logged at ERROR; a worker goes on, a dispatcher
-retries it and then dead-letters the event (``dispatch.py``).
+retries it and then dead-letters the event (``runners/dispatcher.py``).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ job_failed = Signal()
 job_dead = Signal()
 parent_released = Signal()
 flow_failed = Signal()
-job_cancelled = Signal()  # durable only (events.py): sent by the dispatcher for a cancel
+job_cancelled = Signal()  # durable only: sent by the dispatcher for a cancel
 
 
 def send(signal: Signal, sender, **kwargs) -> None:

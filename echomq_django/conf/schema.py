@@ -35,18 +35,18 @@ from ..core.retention import KEEP_HINT, KEEP_KEYS, keep_problems
 from ..protocol.connection import client_options, server_facts
 
 TOP_KEYS = {"URL", "CACHE", "CLUSTER", "PREFIX", "QUEUES", "MAX_PAYLOAD_BYTES", "OPTIONS"}
-# durable signals (events.py, DESIGN §10.6): key -> (default, lowest allowed, check id)
+# durable signals (runners/dispatcher.py, DESIGN §10.6): key -> (default, lowest allowed, check id)
 SIGNAL_KEYS = {
     "SIGNAL_TRIES": (3, 1, "echomq_django.E070"),
     "SIGNAL_BACKOFF_MS": (500, 0, "echomq_django.E071"),
 }
 TOP_KEYS |= set(SIGNAL_KEYS)
 TOP_KEYS |= {"METRICS"}  # metrics.settings_problems checks it (issue 15)
-TOP_KEYS |= {"SCHEDULE"}  # periodic jobs: schedule.py
+TOP_KEYS |= {"SCHEDULE"}  # periodic jobs: runners/periodic.py
 TOP_KEYS |= {"JSON_ENCODER"}  # json_encoder() checks it (issue 14): E033
 QUEUE_KEYS = {"MAX_ATTEMPTS", "BACKOFF_MS", "LEASE_MS", "KEEP_COMPLETED", "KEEP_DEAD"}
 QUEUE_KEYS |= {"RATE_LIMIT", "TIMEOUT_MS"}
-SCHEDULING_KEYS = {"RATE_LIMIT", "TIMEOUT_MS"}  # checked by schedule.problems (E050-E059)
+RUNTIME_KEYS = {"RATE_LIMIT", "TIMEOUT_MS"}  # checked by runners/periodic.problems (E050-E059)
 URL_SCHEMES = ("redis://", "rediss://", "unix://")
 DJANGO_REDIS_CACHE = "django.core.cache.backends.redis.RedisCache"
 
@@ -157,7 +157,7 @@ def problems(cfg: dict | None = None) -> list[tuple[str, str, str]]:
             )
             continue
         for key, value in opts.items():
-            if key in SCHEDULING_KEYS:
+            if key in RUNTIME_KEYS:
                 continue
             if key in KEEP_KEYS:  # retention (DESIGN §10.2): E020-E023
                 out += [

@@ -110,7 +110,7 @@ QUEUE_KEYS = {
     "events": "events",
     "outbox": "flow:outbox",  # list: cross-queue fan-in entries for the pump
     # list: outbox entries the pump gave up on, newest last; the newest 1,000
-    # kept (flowcalls.OUTBOX_DEADLETTER_MAX, trimmed by trim_outbox as it pushes)
+    # kept (protocol/outbox.OUTBOX_DEADLETTER_MAX, trimmed by trim_outbox as it pushes)
     "deadletter": "flow:deadletter",
     "outbox_tries": "flow:tries",  # hash: outbox entry -> failed deliveries
     "pump_lock": "pump:lock",  # string: the sweep lock of this queue's outbox

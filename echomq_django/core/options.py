@@ -1,7 +1,7 @@
-"""Scheduling rules (DESIGN §10.3): the ranges of priority, delays,
+"""Per-job options (DESIGN §10.3): the ranges of priority, delays,
 timeouts and dedup keys, checked on the host before anything is written, and
-a flow node's options as ``enqueue_flow`` takes them. The ``EchoMQ`` calls
-that use them are in ``schedcalls.py``; periodic jobs in ``schedule.py``."""
+a flow node's options as ``enqueue_flow`` takes them. ``EchoMQ`` and its
+parts use them (``protocol/``); periodic jobs are ``runners/periodic.py``."""
 
 from __future__ import annotations
 

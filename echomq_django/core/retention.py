@@ -4,7 +4,7 @@ Nothing in Redis grows for ever: finished jobs leave by their queue's
 retention (``KEEP_COMPLETED``, ``KEEP_DEAD``) or their own ``keep``, and an
 operator can remove or cancel a job with its subtree by id.
 
-The calls that apply it are ``LifecycleCalls`` (lifecalls.py).
+The calls that apply it are ``mq.lifecycle``'s (protocol/lifecycle.py).
 
 Settings (per queue in ``ECHOMQ["QUEUES"]``), each a count (keep the newest
 N) or ``{"COUNT": n, "AGE_S": s}`` (either bound may be left out, not both);

@@ -157,7 +157,7 @@ class EchoMQ(Reads):
         after it finishes (0: the next retention step takes it); None: the
         queue's ``KEEP_*`` alone.
         Raises ``ValueError`` for a bad queue name, id, name or option
-        (scheduling.py's ranges), ``PayloadError`` for a bad payload,
+        (core/options.py's ranges), ``PayloadError`` for a bad payload,
         ``DuplicateJob`` when the id is taken (nothing written),
         ``RedisUnavailable`` when Redis cannot be reached. DESIGN §5 `enqueue`.
         """

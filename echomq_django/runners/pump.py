@@ -6,7 +6,7 @@ One ``Pump(queues).sweep()`` pass, for each queue:
    which lock, and what becomes of an entry whose parent is gone);
 2. promotes due delayed jobs;
 3. recovers expired leases (a job past the stall limit dies);
-4. sends the Django signals of the queue's durable events (``dispatch.py``,
+4. sends the Django signals of the queue's durable events (``dispatcher.py``,
    DESIGN §10.6): in ``sweep()`` synchronously, in ``run()`` from the
    dispatcher's threads, which block on the queues' event streams and send
    within milliseconds of a transition.

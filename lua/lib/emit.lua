@@ -8,7 +8,7 @@
   holds more than EVENTS_MAXLEN entries plus one listpack node (Redis trims
   whole nodes, `stream-node-max-entries`, 100 by default): the admin mirror
   reads it, nothing else does, and a mirror that falls further behind does a
-  full pass instead (mirror.py).
+  full pass instead (monitoring/mirror.py).
 ]]
 
 local EVENTS_MAXLEN = 10000

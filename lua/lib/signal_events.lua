@@ -19,7 +19,7 @@
   The event is XADDed to `P:{q}:signals` (a stream on the queue's own slot)
   as fields k=<kind>, id=<job id>, n=<job name>[, v=<value>]; its stream id
   is the event's id. Nothing trims that stream: the dispatcher
-  (echomq_django/events.py) deletes an entry only once every receiver
+  (echomq_django/runners/dispatcher.py) deletes an entry only once every receiver
   returned (or it went to the dead-letter), so the stream is bounded by
   dispatch.
 
