@@ -12,6 +12,7 @@ import threading
 
 import pytest
 import redis
+from redis.crc import key_slot
 
 from echomq_django import EchoMQ, Flow, JobState, Worker, handler
 from tests.support import rigs
@@ -168,17 +169,27 @@ def test_a_delivery_no_replica_confirmed_stays_in_the_outbox(redis_cluster_ha, r
 
     mq = EchoMQ(rch, prefix="emq")
     parent_q, child_q = _queues_on_two_masters(redis_cluster_ha, mq)
+    slot = key_slot(mq.keys.queue(parent_q).pending.encode())
+
+    def replica_in_the_map() -> bool:  # a node an earlier test restarted may still be joining
+        rch.nodes_manager.initialize()
+        return len(rch.nodes_manager.slots_cache.get(slot) or ()) > 1
+
+    wait_for(replica_in_the_map, what="the parent's master to list its replica")
     mq.add_flow(Flow(parent_q, "p", {}, job_id="P", children=[Flow(child_q, "c", {}, job_id="C")]))
     [job] = mq.claim(child_q, 1)
     mq.complete(job, {"v": 1})
     assert rch.llen(mq.keys.queue(child_q).outbox) == 1
-    _master, replica = redis_cluster_ha.shard_ports(mq.keys.queue(parent_q).pending)[:2]
-    stopped = next(n for n in redis_cluster_ha.nodes if n.port == replica)
-    stopped.proc.send_signal(signal.SIGSTOP)
+    _master, *replicas = redis_cluster_ha.shard_ports(mq.keys.queue(parent_q).pending)
+    replica = replicas[0]
+    stopped = [n for n in redis_cluster_ha.nodes if n.port in replicas]  # every one of them
+    for node in stopped:
+        node.proc.send_signal(signal.SIGSTOP)
     try:
         first = deliver_outbox(mq, child_q)
     finally:
-        stopped.proc.send_signal(signal.SIGCONT)
+        for node in stopped:
+            node.proc.send_signal(signal.SIGCONT)
     assert (first.delivered, first.unreplicated) == (0, 1)
     assert rch.llen(mq.keys.queue(child_q).outbox) == 1  # kept: not on a replica yet
     assert mq.get_job(parent_q, "P").state is JobState.PENDING  # on the master it landed
