@@ -54,3 +54,46 @@ def test_the_backoff_doubles_to_its_cap_and_resets_on_recovery(caplog):
         "Redis reachable again at redis://localhost:1/0"
     ]
     assert outage.failed(err) == BACKOFF_START_S
+
+
+def test_a_worker_in_an_outage_backs_off_and_says_it_recovered_once(caplog):
+    """Redis stops answering under an idle worker (its queues drained, so a
+    retry of the claiming loop sends nothing): each retry asks Redis first,
+    the wait doubles, and the recovery is logged once, when Redis answers
+    again, not after every quiet retry."""
+    import signal
+
+    from echomq_django import Worker
+    from echomq_django.testing.redis_server import start_server
+    from tests.support.workerkit import wait_for
+
+    server = start_server()
+    client = redis.Redis.from_url(
+        server.url, socket_timeout=0.3, socket_connect_timeout=0.3, retry=Retry(NoBackoff(), 0)
+    )
+    # timers every 2 s: longer than the first backoff, so a retry finds nothing to send
+    worker = Worker(["q"], mq=EchoMQ(client), sweep_interval=2.0, register=False)
+    thread = threading.Thread(target=worker.run, daemon=True)
+
+    def lines() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.name == "echomq_django.worker"]
+
+    try:
+        with caplog.at_level(logging.WARNING, logger="echomq_django.worker"):
+            thread.start()
+            wait_for(lambda: worker.waiting, what="an idle worker")
+            server.proc.send_signal(signal.SIGSTOP)
+            try:
+                wait_for(lambda: sum("retrying in" in m for m in lines()) >= 3, what="3 tries")
+                down = lines()
+            finally:
+                server.proc.send_signal(signal.SIGCONT)
+            wait_for(lambda: any("reachable again" in m for m in lines()), what="the recovery")
+    finally:
+        worker.stop()
+        thread.join(10)
+        server.stop()
+    assert not any("reachable again" in m for m in down), down
+    delays = [float(m.rsplit("retrying in ", 1)[1].rstrip("s")) for m in down if "retrying" in m]
+    assert delays[:3] == [BACKOFF_START_S, 2 * BACKOFF_START_S, 4 * BACKOFF_START_S], down
+    assert sum("reachable again" in m for m in lines()) == 1

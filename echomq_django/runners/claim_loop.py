@@ -210,13 +210,17 @@ class ClaimLoop:
         free = min(self.concurrency - self.executing, limit)
         asked = burst and not self.executing and not self.reporter.unreported
         try:
+            if outage.down:
+                # a retry asks Redis first: resting queues and timers not due
+                # send nothing, and silence is not a recovery
+                self.mq.ping()
             timed = self.idle.keep_timers()
             got = self._claim(free, everywhere=asked) if free > 0 else 0
         except REDIS_DOWN as err:
             self.retry_at = now + outage.failed(err)
             return 0, False
         self.retry_at = 0.0
-        if free > 0 or timed:
+        if outage.down or free > 0 or timed:
             outage.ok()
         return got, asked
 

@@ -318,6 +318,8 @@ class Dispatcher:
         pause = 0.5
         while not self._stop.is_set():
             try:
+                if outage.down:
+                    self.mq.ping()  # a receiver's retry wait sends nothing: no false recovery
                 report = self.dispatch(queue)
                 outage.ok()
                 if report.retry_in_ms is not None:

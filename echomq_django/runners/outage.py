@@ -3,13 +3,22 @@
 The worker's claiming loop, its reporter thread and the pump each hold an
 ``Outage``: a failed try is logged at WARNING with the wait before the next
 ("Redis unreachable at ..., retrying in Xs"), the wait doubles from
-``BACKOFF_START_S`` to ``BACKOFF_MAX_S``, and the recovery is logged once.
+``BACKOFF_START_S`` to ``BACKOFF_MAX_S``, and the recovery is logged once,
+only after a call that reached Redis. ``wait_until_reachable`` is the same
+wait before a runner starts: ``runworker`` and ``runpump`` started before
+Redis come up with it.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import signal
+import threading
+from collections.abc import Callable
+from typing import TypeVar
 
+from ..conf import check_server, config, get_mq
 from ..core.exceptions import RedisUnavailable
 from ..protocol.errors import describe
 
@@ -23,8 +32,8 @@ REDIS_DOWN = (RedisUnavailable,)
 class Outage:
     """One thread's view of a Redis outage on ``client``, logged to ``log``."""
 
-    def __init__(self, client, log: logging.Logger) -> None:
-        self.where, self.log = describe(client), log
+    def __init__(self, client, log: logging.Logger, where: str | None = None) -> None:
+        self.where, self.log = where or describe(client), log
         self.delay, self.down = BACKOFF_START_S, False
 
     def failed(self, err: BaseException) -> float:
@@ -54,3 +63,76 @@ def cause(err: BaseException) -> str:
 def first_line(value) -> str:
     """The first line of ``str(value)``."""
     return str(value).split("\n", 1)[0]
+
+
+T = TypeVar("T")
+
+
+def wait_until_reachable(
+    connect: Callable[[], T], log: logging.Logger, stop: threading.Event, where: str
+) -> T | None:
+    """Call ``connect()`` until it returns, and return what it returned. Each
+    ``RedisUnavailable`` it raises is logged as an outage (the wait doubling
+    from ``BACKOFF_START_S`` to ``BACKOFF_MAX_S`` s, one WARNING line per
+    try) and waited out; the first success after a failure logs one
+    recovery line. ``where`` names the server in those lines (a URL).
+    Returns None as soon as ``stop`` is set (a SIGTERM while waiting). Any
+    other error ``connect()`` raises propagates."""
+    outage = Outage(None, log, where=where)
+    while not stop.is_set():
+        try:
+            value = connect()
+        except RedisUnavailable as err:
+            stop.wait(outage.failed(err))
+            continue
+        outage.ok()
+        return value
+    return None
+
+
+def reach_redis_at_start(wait: bool, log: logging.Logger):
+    """What ``runworker`` and ``runpump`` do before they start: build the
+    process's ``EchoMQ`` (``conf.get_mq``), PING Redis, and check the server
+    is what the settings say (``conf.check_server``). With ``wait`` (a
+    long-running command), a Redis that does not answer yet is waited for
+    (``wait_until_reachable``: one WARNING line per try, the wait doubling
+    to ``BACKOFF_MAX_S`` s, one line when it answers), so a runner started
+    before Redis comes up with it; SIGTERM or SIGINT while waiting returns
+    None (a clean stop). Without ``wait`` (``--burst``, ``--once``,
+    ``--no-wait``) it raises ``RedisUnavailable`` at once. Returns the
+    ``EchoMQ``. Raises ``ImproperlyConfigured`` for bad settings or a server
+    that is not what they say."""
+
+    def connect():
+        mq = get_mq()
+        mq.ping()
+        return mq
+
+    if not wait:
+        mq = connect()
+    else:
+        cfg = config()
+        where = os.environ.get("ECHOMQ_URL") or cfg.get("URL") or f"cache {cfg.get('CACHE')!r}"
+        stop = threading.Event()
+        restore = _stop_on_signals(stop, log)
+        try:
+            mq = wait_until_reachable(connect, log, stop, where)
+        finally:
+            restore()
+        if mq is None:
+            return None
+    check_server()
+    return mq
+
+
+def _stop_on_signals(stop: threading.Event, log: logging.Logger):
+    """SIGTERM / SIGINT set ``stop`` (main thread only); returns the undo."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def on_signal(signum, frame):
+        log.warning("%s while waiting for Redis: stopping", signal.Signals(signum).name)
+        stop.set()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    return lambda: [signal.signal(sig, handler) for sig, handler in previous.items()]

@@ -15,6 +15,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import redis
 
 from echomq_django import EchoMQ, Flow, JobState
 from echomq_django.runners.pump import Pump
@@ -311,3 +312,75 @@ def test_runworker_with_a_taken_metrics_port_is_one_line(tmp_path, redis_server)
         assert worker.wait() == 1
     line = worker.stderr().strip().splitlines()[-1]  # (warnings may come before it)
     assert line.startswith(f"runworker: cannot serve metrics on 127.0.0.1:{port}: ")
+
+
+# -- started before Redis ------------------------------------------------------
+
+
+def _redis_on(port: int) -> subprocess.Popen:
+    """A bare redis-server on ``port`` (what a site's Redis does when it boots last)."""
+    proc = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+         "--appendonly", "no"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    client = redis.Redis(port=port)
+    wait_for(lambda: _pings(client), what="the late redis-server to answer")
+    return proc
+
+
+def _pings(client) -> bool:
+    try:
+        return bool(client.ping())
+    except redis.RedisError:
+        return False
+
+
+@pytest.mark.parametrize("command", ["runworker", "runpump"])
+def test_a_runner_started_before_redis_waits_for_it_and_comes_up_with_it(run, command):
+    """No Redis at start: the runner logs one line per try, the wait doubling
+    from 0.5 s, instead of exiting; once Redis answers it says so once and
+    works; SIGTERM then stops it cleanly."""
+    port = free_port()
+    url = f"redis://127.0.0.1:{port}/0"
+    runner = (
+        run(command, "q", "--interval", "0.1", url=url)
+        if command == "runpump"
+        else (run(command, "q", url=url))
+    )
+    tries = re.compile(rf"Redis unreachable at {re.escape(url)} \(.*\), retrying in ([\d.]+)s")
+    wait_for(lambda: len(tries.findall(runner.stderr())) >= 3, what="three tries", timeout=20)
+    server = _redis_on(port)
+    try:
+        mq = EchoMQ(redis.Redis(port=port), prefix="emq")
+        if command == "runworker":
+            mq.enqueue("q", "t.echo", "late", job_id="j")
+            wait_for(lambda: mq.get_job("q", "j").state is JobState.COMPLETED, what="the job")
+        else:
+            mq.enqueue("q", "t.echo", "later", job_id="j", delay_ms=1)
+            wait_for(lambda: mq.get_job("q", "j").state is JobState.PENDING, what="a sweep")
+        runner.signal(signal.SIGTERM)
+        assert runner.wait() == 0, runner.stderr()
+    finally:
+        server.kill()
+        server.wait()
+    err = runner.stderr()
+    delays = [float(d) for d in tries.findall(err)]
+    assert delays[:3] == [0.5, 1.0, 2.0], err
+    assert err.count(f"Redis reachable again at {url}") == 1, err
+
+
+def test_sigterm_while_waiting_for_redis_stops_at_once_with_exit_0(run):
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    worker = run("runworker", "q", url=url)
+    wait_for(lambda: "retrying in" in worker.stderr(), what="the first try")
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=5) == 0, worker.stderr()
+    assert "SIGTERM while waiting for Redis: stopping" in worker.stderr()
+
+
+def test_no_wait_exits_1_at_once_when_redis_is_not_up(run):
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    worker = run("runworker", "q", "--no-wait", url=url)
+    assert worker.wait() == 1
+    assert worker.stderr().startswith(f"runworker: Redis is unreachable at {url}: ")

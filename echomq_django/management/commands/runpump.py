@@ -1,8 +1,10 @@
 """``./manage.py runpump QUEUE...``: sweep queues until stopped (DESIGN §6, §8).
 
 Thin: parses options, sets up logging from ``--verbosity`` (``logs.py``),
-runs ``Pump(queues).run(...)``. Exit 1 with a one-line reason when Redis is
-unreachable at start, is not what the settings say (a Cluster node without
+runs ``Pump(queues).run(...)``. A pump started before Redis waits for it
+(``runners.outage.reach_redis_at_start``). Exit 1 with a one-line reason when
+Redis is unreachable at start with ``--once`` or ``--no-wait``, is not what
+the settings say (a Cluster node without
 CLUSTER, a DB index out of range), or a flag breaks its rule (``--interval``
 > 0 s, ``--batch`` / ``--max-tries`` >= 1, ``--lock-ms`` >= 100 ms,
 ``--max-stalls`` >= 0); later drops are waited out by ``Pump.run``.
@@ -18,11 +20,11 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 
 from echomq_django.commit_outbox import drain_after_sweep, tables_missing
-from echomq_django.conf import check_server, get_mq
 from echomq_django.core.exceptions import RedisUnavailable
 from echomq_django.logs import setup_logging
 from echomq_django.monitoring import metrics
 from echomq_django.monitoring.mirror import mirror_after_sweep
+from echomq_django.runners.outage import reach_redis_at_start
 from echomq_django.runners.pump import LOCK_MS, LOCK_MS_MIN, Pump, check_interval
 
 log = logging.getLogger("echomq_django.pump")
@@ -79,6 +81,13 @@ class Command(BaseCommand):
             help="seconds between summary lines at verbosity >= 1 (default 10)",
         )
         parser.add_argument(
+            "--no-wait",
+            action="store_true",
+            help="exit 1 at once when Redis does not answer at start (without it, and "
+            "without --once, the pump waits for Redis: 0.5 s doubling to 30 s, a "
+            "warning per try)",
+        )
+        parser.add_argument(
             "--no-mirror",
             action="store_true",
             help="do not refresh the admin mirror after each sweep",
@@ -88,11 +97,11 @@ class Command(BaseCommand):
     def handle(self, *args, **opts):
         setup_logging(opts["verbosity"], runner="echomq_django.pump")
         try:
-            mq = get_mq()
-            check_server()
-            mq.ping()
+            mq = reach_redis_at_start(not (opts["once"] or opts["no_wait"]), log)
         except (ImproperlyConfigured, RedisUnavailable) as err:
             raise CommandError(f"runpump: {err}", returncode=1) from None
+        if mq is None:
+            return  # stopped while waiting for Redis
         hooks = [drain_after_sweep] + ([] if opts["no_mirror"] else [mirror_after_sweep])
         missing = tables_missing()
         if missing:

@@ -1,12 +1,15 @@
 """``./manage.py runworker QUEUE [QUEUE...]``: run handlers until stopped
 (DESIGN §8; issue "Workers").
 
-Thin: parses options, sets up logging from ``--verbosity`` (``logs.py``), pings Redis once
-(exit 1 with a one-line reason when it is unreachable), then runs
+Thin: parses options, sets up logging from ``--verbosity`` (``logs.py``), reaches
+Redis (``runners.outage.reach_redis_at_start``: a worker started before Redis
+waits for it; with ``--burst`` or ``--no-wait`` it exits 1 with a one-line
+reason instead), then runs
 ``Worker(queues, ...).run(burst=..., max_jobs=...)``; with ``--pump`` also a
 ``Pump`` for the same queues on a thread of this process (a small site runs
 one process, DESIGN §10.1). Exit status: 0 after a
-clean stop; 1 when Redis is unreachable at start or is not what the settings
+clean stop (a SIGTERM while waiting for Redis included); 1 when Redis is
+unreachable at start with ``--burst`` or ``--no-wait``, or is not what the settings
 say (a Cluster node without CLUSTER, a DB index out of range), the settings
 or a flag are wrong (``--max-jobs`` >= 1), or
 the worker stopped with jobs still running (a second signal, or
@@ -25,12 +28,12 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand
 
 from echomq_django.commit_outbox import Drainer, tables_missing
-from echomq_django.conf import check_server, get_mq
 from echomq_django.core.exceptions import RedisUnavailable
 from echomq_django.core.keyspace import whole_number
 from echomq_django.logs import setup_logging
 from echomq_django.monitoring import metrics
 from echomq_django.monitoring.mirror import mirror_after_sweep
+from echomq_django.runners.outage import reach_redis_at_start
 from echomq_django.runners.pump import Pump
 from echomq_django.runners.wake import BLOCK_S, SWEEP_S
 from echomq_django.runners.worker import Worker
@@ -94,6 +97,13 @@ class Command(BaseCommand):
             f"its workers (default {SWEEP_S:g})",
         )
         parser.add_argument(
+            "--no-wait",
+            action="store_true",
+            help="exit 1 at once when Redis does not answer at start (without it, and "
+            "without --burst, the worker waits for Redis: 0.5 s doubling to 30 s, a "
+            "warning per try)",
+        )
+        parser.add_argument(
             "--pump",
             action="store_true",
             help="also run the pump for these queues in this process (as runpump: "
@@ -116,17 +126,15 @@ class Command(BaseCommand):
         setup_logging(opts["verbosity"])
         if opts["sweep_interval"] <= 0 or opts["pump_interval"] <= 0:
             self._exit("runworker: --sweep-interval and --pump-interval must be > 0 s")
+        wait = not (opts["burst"] or opts["no_wait"])
         try:
-            mq = get_mq()
+            mq = reach_redis_at_start(wait, logging.getLogger("echomq_django.worker"))
         except (ImproperlyConfigured, RedisUnavailable) as err:
             self._exit(f"runworker: {err}")
         except Exception as err:
             self._exit(f"runworker: Redis is unreachable: {err}")
-        try:
-            check_server()
-            mq.ping()
-        except (ImproperlyConfigured, RedisUnavailable) as err:
-            self._exit(f"runworker: {err}")
+        if mq is None:
+            return  # stopped while waiting for Redis
         missing = tables_missing()
         if missing:
             logging.getLogger("echomq_django.worker").warning(
