@@ -153,3 +153,44 @@ def test_a_sweep_rewakes_a_queue_whose_marker_was_lost(tmq, priority) -> None:
     tmq.client.delete(tmq.keys.queue_key("q", "wake"))  # popped by a worker killed then
     Timers(tmq, ["q"]).run()
     assert markers(tmq) == {"0": 0}
+
+
+# -- a worker restart ------------------------------------------------------------
+
+
+def test_a_stopping_worker_hands_back_the_delayed_run_at_it_learnt(mq):
+    """The worker that popped a queue's ``'d'`` marker stops before the job
+    is due: the marker goes back, so the next worker promotes the job at its
+    run-at, not at its first sweep (the stopped worker's timers lock holds
+    sweeps off for ``sweep_s``)."""
+    from echomq_django import Worker
+    from tests.support.workerkit import Background, wait_for
+
+    first = Worker(["q"], mq=mq, register=False)
+    running = Background(first)
+    wait_for(lambda: first.waiting, what="an idle worker")
+    mq.enqueue("q", "t.echo", "late", job_id="j", delay_ms=60_000)
+    run_at = mq.timers.next_run_at("q")
+    wait_for(lambda: first.timers.due["q"] == run_at, what="the marker popped")
+    assert markers(mq) == {}  # the first worker holds what it learnt
+    first.stop()
+    running.join()
+    assert markers(mq) == {"d": run_at}  # handed back for the next worker
+
+
+def test_a_second_burst_runs_a_job_that_came_due_while_the_timers_lock_is_held(mq):
+    """A burst runs what is pending or due: the first burst swept the queue
+    (and holds its timers lock for ``sweep_s``); the job comes due after it
+    exits; the second burst promotes and runs it."""
+    import time
+
+    from tests.support.workerkit import burst
+
+    mq.enqueue("q", "t.echo", "soon", job_id="j", delay_ms=300)
+    _, processed = burst(mq, ["q"], register=False)
+    assert processed == 0
+    assert mq.client.exists(mq.keys.queue("q").timers_lock)
+    time.sleep(0.35)  # due now; the lock still held
+    _, processed = burst(mq, ["q"], register=False)
+    assert processed == 1
+    assert mq.get_job("q", "j").state is JobState.COMPLETED

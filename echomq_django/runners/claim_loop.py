@@ -175,7 +175,16 @@ class ClaimLoop:
         self.forced = False
 
     def run(self, burst: bool, max_jobs: int | None) -> None:
-        """The claiming loop (between ``begin`` and ``end``)."""
+        """The claiming loop (between ``begin`` and ``end``). A burst first
+        promotes the delayed jobs already due on each queue: "until nothing is
+        pending or due", even while another worker's timers lock holds the
+        sweeps off."""
+        if burst:
+            try:
+                for queue in self.queues:
+                    self.mq.timers.promote_delayed(queue)
+            except REDIS_DOWN:
+                pass  # the loop meets the outage and waits it out
         self._loop(burst, max_jobs)
 
     def _loop(self, burst: bool, max_jobs: int | None) -> None:

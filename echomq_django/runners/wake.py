@@ -248,8 +248,17 @@ class Idle:
         self.waker.start()
 
     def stop(self) -> None:
-        if self.waker is not None:
-            self.waker.stop()
+        """Stop the waker and hand back what it learnt: each queue's earliest
+        delayed run-at goes back as a ``'d'`` marker (it keeps an earlier
+        one), so the worker that starts next promotes that job on time
+        instead of at its first sweep (the timers lock this worker took
+        holds other workers' sweeps off for up to ``sweep_s``)."""
+        if self.waker is None:
+            return
+        self.waker.stop()
+        for queue, run_at in self.timers.due.items():
+            if run_at is not None:
+                self.waker.put_back(Wake(queue, WAKE_DUE, run_at))
 
     def block(self, idle: bool) -> bool:
         """Arm the waker when ``idle`` (a free thread, every queue drained),

@@ -60,8 +60,11 @@ Decisions (documented here, relied on by the tests):
   is acknowledged without Redis, so a job held is never lost: at worst its
   lease expires and the pump recovers it. A claim that raised is sent again
   with its own call token, so jobs a lost reply leased come back at once.
-* Burst mode stops when nothing is running and a claim on every queue finds
-  nothing; delayed jobs (backoff, scheduled) are not waited for.
+* Burst mode first promotes the delayed jobs already due, then stops when
+  nothing is running and a claim on every queue finds nothing; delayed jobs
+  not yet due (backoff, scheduled) are not waited for.
+* A worker that stops hands back each queue's earliest delayed run-at it
+  learnt (the ``'d'`` wake marker), for the next worker to promote on time.
 * Redis dropped under a blocking wait (restart, failover): once it answers
   again every queue is claimed from and every timer runs.
 * Stop (``stop()``, or SIGTERM/SIGINT when ``run()`` is on the main thread):
