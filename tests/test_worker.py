@@ -226,11 +226,13 @@ def test_an_unknown_job_name_fails_cleanly_and_the_worker_goes_on(mq, caplog):
     assert warnings == [job.error, dead]
 
 
-def test_a_result_that_is_not_json_fails_the_job(mq):
-    mq.enqueue("q", "t.bad_result", job_id="b", max_attempts=1)
+def test_a_result_that_is_not_json_kills_the_job_at_once(mq):
+    """Attempts left or not: another attempt would run the handler's side
+    effects again for a result that still cannot be stored."""
+    mq.enqueue("q", "t.bad_result", job_id="b", max_attempts=3)
     worker, _ = burst(mq, ["q"])
     job = mq.get_job("q", "b")
-    assert job.state is JobState.DEAD
+    assert (job.state, job.attempts) == (JobState.DEAD, 1)
     assert job.error == (
         "PayloadError: result is not JSON-serialisable: "
         "Object of type object is not JSON serializable"

@@ -161,8 +161,10 @@ class Reporter:
             done = []
             for item, reply in zip(good, replies, strict=True):
                 if isinstance(reply, PayloadError):
+                    # dead at once: another attempt would run the handler's side
+                    # effects again only to return the same unencodable result
                     finished.append(
-                        Finished(item.job, None, f"PayloadError: {reply}", False, item.ms)
+                        Finished(item.job, None, f"PayloadError: {reply}", True, item.ms)
                     )
                 elif isinstance(reply, GONE):
                     self._drop(item.job, reply)

@@ -49,8 +49,10 @@ Decisions (documented here, relied on by the tests):
   dead), not an instant death: a deploy that adds the handler recovers the
   retries still due, and retry-by-id recovers the dead ones. The error names
   the job name and the registered names.
-* A result that is not JSON-serialisable (or too large) fails the job with
-  ``"PayloadError: ..."``, the same way.
+* A result that is not JSON-serialisable (or too large) kills the job at
+  once with ``"PayloadError: ..."``, its attempts unspent: another attempt
+  would repeat the handler's side effects for the same result. Retry it by
+  id once the handler (or ``JSON_ENCODER``) is fixed.
 * ``LeaseLost`` / ``JobNotActive`` / ``JobNotFound`` when reporting mean the
   lease expired and the pump recovered the job (it runs again): a WARNING,
   the result is dropped, the worker goes on.
