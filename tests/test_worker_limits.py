@@ -5,6 +5,9 @@ handler, a full ``RATE_LIMIT`` window and a paused queue."""
 
 from __future__ import annotations
 
+import logging
+import re
+
 import pytest
 
 from echomq_django import EchoMQ, JobState, Worker
@@ -26,7 +29,7 @@ def state(mq, job_id, queue="q"):
     return mq.get_job(queue, job_id).state
 
 
-def test_a_timed_out_attempt_fails_retries_and_its_thread_is_replaced(mq) -> None:
+def test_a_timed_out_attempt_fails_retries_and_its_thread_is_replaced(mq, caplog) -> None:
     mq.enqueue("q", "t.block", job_id="b", timeout_ms=100, max_attempts=2, backoff_ms=0)
     worker = Worker(["q"], concurrency=2, mq=mq, poll_interval=0.02)
     bg = Background(worker)
@@ -41,9 +44,22 @@ def test_a_timed_out_attempt_fails_retries_and_its_thread_is_replaced(mq) -> Non
     for i in range(4):  # capacity kept: two fresh threads run these
         mq.enqueue("q", "t.echo", i, job_id=f"e{i}")
     wait_for(lambda: mq.counts("q")["completed"] == 4, what="the echo jobs")
-    handlers.RELEASE.set()
-    wait_for(lambda: worker.loop.timeouts.stuck == 0, what="the stuck handlers to return")
+    with caplog.at_level(logging.WARNING, logger="echomq_django.worker"):
+        handlers.RELEASE.set()
+        wait_for(lambda: worker.loop.timeouts.stuck == 0, what="the stuck handlers to return")
     assert sorted(handlers.SEEN) == [("b", True), ("b", True)]
+    late = [
+        re.fullmatch(
+            r"job q/b \(t\.block\): the handler returned (\d+) ms after its time limit of "
+            r"100 ms \(it ran (\d+) ms\); its result is discarded",
+            r.getMessage(),
+        )
+        for r in caplog.records
+        if "after its time limit" in r.getMessage()
+    ]
+    assert len(late) == 2 and all(late)
+    for m in late:  # the overrun, not the run time
+        assert abs(int(m.group(1)) - (int(m.group(2)) - 100)) <= 1
     assert_state(mq, "q", "b", "dead")  # the late result was discarded
     # a returning stuck thread leaves the pool just after it stops counting as
     # stuck: the pool is back to its two threads within a moment, not at once

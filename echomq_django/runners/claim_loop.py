@@ -343,7 +343,8 @@ class ClaimLoop:
     def _execute(self, job: Job, done: _queue.SimpleQueue) -> None:
         """Run one handler; always posts a ``Finished`` to ``done``."""
         finished, started = Finished(job), time.perf_counter()
-        self.timeouts.start(job, job.timeout_ms or self.time_limits[job.queue])
+        limit_ms = job.timeout_ms or self.time_limits[job.queue]
+        self.timeouts.start(job, limit_ms)
         try:
             close_old_connections()
             func = get_handler(job.name)
@@ -371,9 +372,9 @@ class ClaimLoop:
             else:  # its time limit passed first: the attempt was failed already
                 self.pool.retire_current()
                 log.warning(
-                    "job %s/%s (%s): the handler returned %.0f ms after its time limit; "
-                    "its result is discarded",
-                    *(job.queue, job.id, job.name, finished.ms),
+                    "job %s/%s (%s): the handler returned %.0f ms after its time limit of "
+                    "%d ms (it ran %.0f ms); its result is discarded",
+                    *(job.queue, job.id, job.name, finished.ms - limit_ms, limit_ms, finished.ms),
                 )
 
     def _on_timeout(self, job: Job, limit_ms: int) -> None:
