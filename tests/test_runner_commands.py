@@ -62,14 +62,17 @@ def test_the_commands_say_a_cluster_node_needs_cluster(command, redis_cluster, m
     )
 
 
-def test_a_db_index_out_of_range_is_reported_as_itself(redis_server, monkeypatch):
+@pytest.mark.parametrize("wait", [False, True], ids=["burst", "waiting"])
+def test_a_db_index_out_of_range_is_reported_as_itself(redis_server, monkeypatch, wait):
+    """A worker that would wait for Redis does not wait out a settings error:
+    the server answers, and says the DB index is wrong."""
     from echomq_django import conf
 
     url = redis_server.replace("/0", "/99")
     monkeypatch.setenv("ECHOMQ_URL", url)
     conf.reset()
     try:
-        code, err = run_command("runworker", "q", "--burst")
+        code, err = run_command("runworker", "q", *([] if wait else ["--burst"]))
     finally:
         conf.reset()
     assert code == 1

@@ -105,24 +105,20 @@ def reach_redis_at_start(wait: bool, log: logging.Logger):
 
     def connect():
         mq = get_mq()
+        check_server()  # first: a DB index out of range fails PING as a refusal
         mq.ping()
         return mq
 
     if not wait:
-        mq = connect()
-    else:
-        cfg = config()
-        where = os.environ.get("ECHOMQ_URL") or cfg.get("URL") or f"cache {cfg.get('CACHE')!r}"
-        stop = threading.Event()
-        restore = _stop_on_signals(stop, log)
-        try:
-            mq = wait_until_reachable(connect, log, stop, where)
-        finally:
-            restore()
-        if mq is None:
-            return None
-    check_server()
-    return mq
+        return connect()
+    cfg = config()
+    where = os.environ.get("ECHOMQ_URL") or cfg.get("URL") or f"cache {cfg.get('CACHE')!r}"
+    stop = threading.Event()
+    restore = _stop_on_signals(stop, log)
+    try:
+        return wait_until_reachable(connect, log, stop, where)
+    finally:
+        restore()
 
 
 def _stop_on_signals(stop: threading.Event, log: logging.Logger):
