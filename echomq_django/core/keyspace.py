@@ -131,7 +131,7 @@ QUEUE_KEYS = {
     "signal_lock": "signals:lock",  # string: a dispatcher's pass over the queue (issue 18)
     "signal_tries": "signals:tries",  # hash: event id -> sends that raised (issue 18)
     # list: events given up on, newest last; the newest 10,000 kept
-    # (events.DEADLETTER_MAX, trimmed by ack_signals as it pushes; issue 18)
+    # (events.DEADLETTER_MAX, trimmed by ack_signals as it pushes)
     "signal_deadletter": "signals:deadletter",
     "prioritized": "prioritized",  # zset: claimable ids with a priority (issue 16)
     "pri_seq": "pri:seq",  # counter: FIFO order within a priority (issue 16)

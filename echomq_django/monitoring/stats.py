@@ -47,7 +47,7 @@ def is_paused(mq, queue: str) -> bool:
 
 
 def queue_stats(mq, queue: str, now_ms: int | None = None) -> dict:
-    """One queue's entry of ``collect``'s ``queues`` (see the README schema):
+    """One queue's entry of ``collect``'s ``queues`` (docs/operating.md, "echomq_stats"):
     ``counts`` (per state), ``oldest_pending_age_s`` (s or None),
     ``completed_last_minute``, ``dead_last_minute``, ``jobs_per_s`` (both over
     the last ``WINDOW_MS``, per second), ``outbox``, ``deadletter``,

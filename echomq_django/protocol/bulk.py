@@ -106,7 +106,7 @@ class Bulk(Part):
         queue, rows = plan.queue, plan.rows
         if not rows:
             return []
-        self.wire.note_queues((queue,))  # P:queues knows every queue with a job (DESIGN §10.5)
+        self.wire.note_queues((queue,))  # P:queues knows every queue with a job (docs/operating.md)
         k = self.keys.queue(queue)
         keys, now = [k.pending, k.delayed, k.events], self.clock()
         chunks = [

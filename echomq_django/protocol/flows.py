@@ -82,7 +82,7 @@ class Flows(Part):
 
         One queue: one atomic script. Several queues: parent first, one script
         per (depth, queue) step, stopping at the first error with every parent
-        already landed held (DESIGN §6); adding the same flow again completes
+        already landed held (docs/protocol.md); adding the same flow again completes
         it, skipping rows already there. Raises ``FlowError`` (duplicate ids,
         cycle), ``ValueError`` (names), ``PayloadError``, ``FlowConflict`` (an
         id taken by another job or flow: nothing written when found before
@@ -183,7 +183,7 @@ class Flows(Part):
         fan-in changes nothing. Returns the ``Outcome`` (``released``).
         Raises ``JobNotFound`` (no parent), ``JobNotActive`` (the parent is not
         awaiting_children), ``DependencyError`` (not an unresolved child),
-        ``ValueError`` (a bad name or ref). DESIGN §10.3."""
+        ``ValueError`` (a bad name or ref). docs/scheduling.md"""
         self.keys.parse_ref(child_ref)
         return self._remove_dependencies(queue, parent_id, [child_ref], True)[1]
 
@@ -196,7 +196,7 @@ class Flows(Part):
         ``(deleted, outcome)``: the ``(queue, id)`` pairs deleted and the
         ``Outcome`` (``released`` when the parent went on). Raises
         ``JobNotFound`` / ``JobNotActive`` like ``remove_child_dependency``.
-        DESIGN §10.3."""
+        docs/scheduling.md"""
         deps = self.reads.dependencies(queue, parent_id)
         by_queue: dict[str, list[tuple[str, str]]] = {}
         for ref in deps.unprocessed:

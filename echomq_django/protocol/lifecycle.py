@@ -196,7 +196,7 @@ class Lifecycle(Part):
 
     @reports_redis_down
     def retry(self, queue: str, job_id: str) -> Outcome:
-        """Retry-by-id of a dead job (DESIGN §4): attempts reset, back to
+        """Retry-by-id of a dead job (docs/lifecycle.md): attempts reset, back to
         pending; a parent that children failed retries them (on any queue) and
         returns to awaiting_children; a retried child re-attaches to the parent
         it failed. ``Outcome.state`` is the job's new state. Raises

@@ -139,7 +139,7 @@ class Timers(Part):
         """Kill held parents of ``queue`` whose ``children_timeout_ms`` has
         passed (error ``children timed out``; their policy applies upward).
         Returns ``(expired, outcome)``: how many parents timed out, and the
-        ``Outcome`` (``dead``, ``flow_failed`` up the tree). Run by the pump. DESIGN §10.3."""
+        ``Outcome`` (``dead``, ``flow_failed`` up the tree). Run by the pump. docs/scheduling.md"""
         k = self.keys
         reply = self.scripts.run(
             "expire_children",
@@ -152,7 +152,7 @@ class Timers(Part):
         """Put an active job back without spending its attempt; it runs again
         in ``retry_after_ms`` (ms). Returns the run-at (ms). The worker calls
         it when a handler raises ``RateLimited``. Raises ``JobNotFound``,
-        ``JobNotActive``, ``LeaseLost``. DESIGN §10.3."""
+        ``JobNotActive``, ``LeaseLost``. docs/scheduling.md"""
         check_int("retry_after_ms", retry_after_ms, 0, MAX_MS)
         q, k = job.queue, self.keys.queue(job.queue)
         return int(
@@ -166,7 +166,7 @@ class Timers(Part):
     # -- periodic jobs (runners/periodic.py drives these) --------------------
     def advance_schedule(self, queue: str, entry: str, tick: int, mode: str) -> int:
         """Move entry's last-tick mark (ms): ``mode`` 'fire' (forward only) or
-        'init' (only when unset). Returns the mark. DESIGN §10.3."""
+        'init' (only when unset). Returns the mark. docs/scheduling.md"""
         return int(
             self.scripts.run(
                 "advance_schedule", [self.keys.queue(queue).schedule(entry)], [tick, mode]

@@ -299,7 +299,7 @@ class ClaimLoop:
     def _claim(self, free: int, everywhere: bool) -> int:
         """Claim up to ``free`` jobs round-robin over the queues and submit
         them; ``everywhere`` asks resting queues too. Returns how many."""
-        if not self.subscribed:  # before any transition of ours (DESIGN §10.6)
+        if not self.subscribed:  # before any transition of ours (docs/signals.md)
             self.mq.signal_events.subscribe(self.queues, kinds_connected())
             self.subscribed = True
         got, now, n = 0, time.monotonic(), len(self.queues)
@@ -357,7 +357,7 @@ class ClaimLoop:
                 finished.result = func(job)
         except Unrecoverable as exc:  # dead at once, attempts left or not
             finished.error, finished.dead = error_text(exc, below_caller=True), True
-        except RateLimited as exc:  # back without spending the attempt (DESIGN §10.3)
+        except RateLimited as exc:  # back without spending the attempt (docs/scheduling.md)
             finished.postpone_ms = exc.retry_after_ms
         except BaseException as exc:
             finished.error = error_text(exc, below_caller=True)

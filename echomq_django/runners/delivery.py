@@ -45,7 +45,7 @@ ENTRY_KINDS = ("done", "dead", "reattach", "gone", "rm", "cancel")  # lua/delive
 def parse_entry(raw) -> tuple[dict | None, str | None]:
     """One outbox entry as read: ``(entry, None)`` when it has the shape
     ``deliver_to_parents`` takes (``{k, c, p, q, pol?, v?}``), else ``(None,
-    reason)``, the reason naming what is wrong (issue 17, item 6: a poison
+    reason)``, the reason naming what is wrong (docs/reliability.md: a poison
     entry is dead-lettered with it, never crashes the pump)."""
     try:
         entry = json.loads(raw)
@@ -121,9 +121,9 @@ class SweepReport:
     released: int = 0
     dead: int = 0
     signals: int = 0  # durable events whose signals this sweep sent
-    expired: int = 0  # parents whose children_timeout_ms passed (DESIGN §10.3)
-    scheduled: int = 0  # periodic jobs fired on this queue (DESIGN §10.3)
-    pruned: int = 0  # rows retention, removals and cancels took (DESIGN §10.2)
+    expired: int = 0  # parents whose children_timeout_ms passed (docs/scheduling.md)
+    scheduled: int = 0  # periodic jobs fired on this queue (docs/scheduling.md)
+    pruned: int = 0  # rows retention, removals and cancels took (docs/lifecycle.md)
     locked: bool = False
     lock_lost: bool = False
     # entries delivered to a Cluster master whose replica did not confirm them

@@ -1,7 +1,7 @@
 """The wheel carries the Lua scripts and works from a fresh venv: build it
 from a copy of the checkout, install it (with its dependencies, from the
 package index) into a new venv, and run one job through it against the private
-Redis from a directory outside the repo. Then the README's "Use it in your
+Redis from a directory outside the repo. Then docs/use.md's "Use it in your
 project" steps: a fresh ``django-admin startproject``, the app and a ``@task``
 added, ``migrate``, ``check``, the task and an ``async def`` handler run
 through ``runworker``."""
@@ -108,7 +108,7 @@ def test_one_job_through_a_fresh_venv(venv: Path, tmp_path: Path, r, redis_serve
 
 SETTINGS = textwrap.dedent("""
 
-    # --- added as README "Use it in your project" says ---
+    # --- added as docs/use.md says ---
     import os
     from importlib.util import find_spec
 
