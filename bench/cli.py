@@ -1,6 +1,6 @@
 """``python -m bench``: the flow benchmark, ours and BullMQ's side by side.
 
-See ``python -m bench --help`` and docs/performance.md.
+See ``python -m bench --help`` and docs/explanation/performance.md.
 """
 
 from __future__ import annotations

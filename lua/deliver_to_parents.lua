@@ -1,6 +1,6 @@
 --[[
-  deliver_to_parents: deliver outbox entries to parents on this slot (docs/protocol.md;
-  it is both `deliver_to_parents` and `flow_fail_deliver` of docs/protocol.md, one entry kind
+  deliver_to_parents: deliver outbox entries to parents on this slot (docs/explanation/protocol.md;
+  it is both `deliver_to_parents` and `flow_fail_deliver` of docs/explanation/protocol.md, one entry kind
   each, so a batch keeps the outbox's order). Every entry is guarded, so a
   re-delivery changes nothing:
     done      HSETNX :processed, decrement, release at zero

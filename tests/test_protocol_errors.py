@@ -1,5 +1,5 @@
 """The protocol's edge: every public call of ``EchoMQ`` and its parts raises
-our errors only (docs/house.md, "protocol/"), so nothing above
+our errors only (docs/explanation/house.md, "protocol/"), so nothing above
 ``protocol/`` catches a redis-py error."""
 
 from __future__ import annotations

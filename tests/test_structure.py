@@ -1,4 +1,4 @@
-"""The house, checked from the source (docs/house.md draws it).
+"""The house, checked from the source (docs/explanation/house.md draws it).
 
 The package is a few folders that stand on layers. The rules, all checked
 below from the code's own imports (imports inside functions and under
@@ -21,7 +21,7 @@ below from the code's own imports (imports inside functions and under
 
 And one folder speaks Lua: every ``lua/*.lua`` script is named in exactly one
 function of ``protocol/``, whose module docstring lists it; no module but
-``core/keyspace.py`` spells a key suffix; ``docs/house.md`` names every module.
+``core/keyspace.py`` spells a key suffix; ``docs/explanation/house.md`` names every module.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGE = REPO / "echomq_django"
-HOUSE_DOC = REPO / "docs" / "house.md"
+HOUSE_DOC = REPO / "docs" / "explanation" / "house.md"
 MAX_LINES = 450
 MAX_MODULES = 15  # the root holds Django's conventional files; a folder about a dozen
 

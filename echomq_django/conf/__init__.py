@@ -1,4 +1,4 @@
-"""Settings and the process's ``EchoMQ`` (docs/house.md, "conf/").
+"""Settings and the process's ``EchoMQ`` (docs/explanation/house.md, "conf/").
 
 ``schema.py`` reads and checks the ``ECHOMQ`` dict; this module builds the
 process-wide ``EchoMQ`` from it (``get_mq()``, like

@@ -1,4 +1,4 @@
-"""The ``ECHOMQ`` setting, read and checked (docs/house.md, "conf/").
+"""The ``ECHOMQ`` setting, read and checked (docs/explanation/house.md, "conf/").
 
 Shape::
 

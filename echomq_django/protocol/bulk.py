@@ -1,4 +1,4 @@
-"""Bulk enqueue (docs/house.md, "protocol/"): many plain jobs of one queue
+"""Bulk enqueue (docs/explanation/house.md, "protocol/"): many plain jobs of one queue
 in few round trips (``lua/enqueue_many.lua``).
 
 ``Bulk`` is the part ``mq.bulk``; ``EchoMQ.enqueue_many`` hands its calls to

@@ -1,5 +1,5 @@
 """``EchoMQ``: the queue over one Redis connection, composed of parts
-(docs/house.md, "protocol/").
+(docs/explanation/house.md, "protocol/").
 
 ``EchoMQ`` is the user API: the one-job transitions defined here
 (``lua/enqueue.lua``, ``lua/claim.lua``, ``lua/complete.lua``,

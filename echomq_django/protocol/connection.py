@@ -1,4 +1,4 @@
-"""Connections (docs/house.md, "protocol/"): a redis-py client from a URL,
+"""Connections (docs/explanation/house.md, "protocol/"): a redis-py client from a URL,
 the keyword arguments a client takes, and what a server says about itself.
 No Django here: ``conf/`` reads the settings and calls these. This module
 runs no script.

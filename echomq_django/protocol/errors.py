@@ -45,7 +45,7 @@ def translate(err: redis.exceptions.ResponseError | str) -> Exception:
 # replica that is not promoted yet answering READONLY), a restarted server
 # still LOADING its data, a full one (OOM). The call may be repeated (every script recognises
 # its own replay), so these become ``RedisUnavailable``: a worker keeps its
-# results and retries, exactly as for a dropped connection (docs/reliability.md).
+# results and retries, exactly as for a dropped connection (docs/explanation/reliability.md).
 # Only a script's own refusals (EMQSTATE, EMQLEASE, EMQNOJOB...) drop work.
 TRANSIENT = (
     redis.exceptions.ConnectionError,  # BusyLoadingError (LOADING) included

@@ -1,4 +1,4 @@
-"""Flows (docs/house.md, "protocol/"): landing a tree of jobs
+"""Flows (docs/explanation/house.md, "protocol/"): landing a tree of jobs
 (``lua/enqueue_flow.lua``), and a parent that stops waiting for some of its
 children (``lua/remove_child_dependency.lua``, ``lua/drop_unprocessed.lua``).
 
@@ -82,7 +82,7 @@ class Flows(Part):
 
         One queue: one atomic script. Several queues: parent first, one script
         per (depth, queue) step, stopping at the first error with every parent
-        already landed held (docs/protocol.md); adding the same flow again completes
+        already landed held (docs/explanation/protocol.md); adding the same flow again completes
         it, skipping rows already there. Raises ``FlowError`` (duplicate ids,
         cycle), ``ValueError`` (names), ``PayloadError``, ``FlowConflict`` (an
         id taken by another job or flow: nothing written when found before

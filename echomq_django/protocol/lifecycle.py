@@ -1,4 +1,4 @@
-"""The lifecycle of finished and unwanted jobs (docs/house.md, "protocol/"):
+"""The lifecycle of finished and unwanted jobs (docs/explanation/house.md, "protocol/"):
 retention (``lua/prune.lua``), remove (``lua/remove.lua``), cancel
 (``lua/cancel.lua``) and retry by id (``lua/retry.lua``).
 
@@ -196,7 +196,7 @@ class Lifecycle(Part):
 
     @reports_redis_down
     def retry(self, queue: str, job_id: str) -> Outcome:
-        """Retry-by-id of a dead job (docs/lifecycle.md): attempts reset, back to
+        """Retry-by-id of a dead job (docs/explanation/lifecycle.md): attempts reset, back to
         pending; a parent that children failed retries them (on any queue) and
         returns to awaiting_children; a retried child re-attaches to the parent
         it failed. ``Outcome.state`` is the job's new state. Raises

@@ -1,4 +1,4 @@
-"""The flow outbox (docs/house.md, "protocol/"): a queue's list of fan-in
+"""The flow outbox (docs/explanation/house.md, "protocol/"): a queue's list of fan-in
 entries for parents on other slots, and what the pump and ``EchoMQ`` do
 with it: take the sweep lock (``lua/lock_outbox.lua``), read the head,
 deliver entries on their parents' slots (``lua/deliver_to_parents.lua``),

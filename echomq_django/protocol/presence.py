@@ -1,4 +1,4 @@
-"""Presence (docs/house.md, "protocol/"): which workers and pumps are
+"""Presence (docs/explanation/house.md, "protocol/"): which workers and pumps are
 running, and which queues exist. This module runs no script.
 
 **Live processes.** Every worker and pump registers itself with a heartbeat

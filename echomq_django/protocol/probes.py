@@ -1,5 +1,5 @@
 """What the admin mirror, the admin's pages and monitoring read in bulk
-(docs/house.md, "protocol/"): many rows in one pipelined round trip, the
+(docs/explanation/house.md, "protocol/"): many rows in one pipelined round trip, the
 events stream (``P:{q}:events``) after an entry, a job's last change, the
 age of the oldest pending job and the throughput of the last minute.
 

@@ -1,4 +1,4 @@
-"""Signal events (docs/house.md, "protocol/"): the Redis half of durable
+"""Signal events (docs/explanation/house.md, "protocol/"): the Redis half of durable
 signals. The transition scripts write an event (``lua/lib/signal_events.lua``);
 the dispatcher (``runners/dispatcher.py``) reads them, sends their Django
 signals and acknowledges them (``lua/ack_signals.lua``); stats and the admin

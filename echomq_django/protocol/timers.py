@@ -1,4 +1,4 @@
-"""Timers and wake-ups (docs/house.md, "protocol/"): what moves a job
+"""Timers and wake-ups (docs/explanation/house.md, "protocol/"): what moves a job
 because time passed, and the markers a runner blocks on instead of polling.
 
 Transitions: due delayed jobs to pending (``lua/promote_delayed.lua``),

@@ -1,6 +1,6 @@
 """What every part of ``EchoMQ`` shares: one client, the keys, the script
 loader, the clock, the queues' settings and the payload encoder
-(docs/house.md, "protocol/").
+(docs/explanation/house.md, "protocol/").
 
 ``Wire`` holds them; ``Part`` is the base of each part (``EchoMQ`` itself,
 ``mq.outbox``, ``mq.lifecycle``, ``mq.signal_events``, ...), which reads them
@@ -115,7 +115,7 @@ class Wire:
         """A script's JSON reply as an ``Outcome``."""
         return Outcome.from_reply(reply, self.parse)
 
-    # -- every queue ever used (P:queues, docs/house.md) ----------------------
+    # -- every queue ever used (P:queues, docs/explanation/house.md) ----------------------
     @reports_redis_down
     def register_queues(self, queues) -> list[str]:
         """Add ``queues`` to ``P:queues`` unless it holds ``MAX_QUEUES`` names

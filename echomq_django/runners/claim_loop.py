@@ -1,4 +1,4 @@
-"""The worker's claiming loop and the state it owns (docs/house.md,
+"""The worker's claiming loop and the state it owns (docs/explanation/house.md,
 "runners/"): what it holds, what it claimed, which queues rest, the
 handler pool and the queue of finished jobs, and the stop request.
 ``worker.py`` documents the behaviour; ``Worker`` builds one ``ClaimLoop``

@@ -1,4 +1,4 @@
-"""The pump's delivery of one queue's flow outbox (docs/house.md, "runners/").
+"""The pump's delivery of one queue's flow outbox (docs/explanation/house.md, "runners/").
 
 ``deliver_outbox`` reads the outbox without removing (LRANGE), delivers each
 entry on its parent's slot (``mq.outbox.deliver``), then trims exactly the
@@ -45,7 +45,7 @@ ENTRY_KINDS = ("done", "dead", "reattach", "gone", "rm", "cancel")  # lua/delive
 def parse_entry(raw) -> tuple[dict | None, str | None]:
     """One outbox entry as read: ``(entry, None)`` when it has the shape
     ``deliver_to_parents`` takes (``{k, c, p, q, pol?, v?}``), else ``(None,
-    reason)``, the reason naming what is wrong (docs/reliability.md: a poison
+    reason)``, the reason naming what is wrong (docs/explanation/reliability.md: a poison
     entry is dead-lettered with it, never crashes the pump)."""
     try:
         entry = json.loads(raw)
@@ -123,7 +123,7 @@ class SweepReport:
     signals: int = 0  # durable events whose signals this sweep sent
     expired: int = 0  # parents whose children_timeout_ms passed (docs/scheduling.md)
     scheduled: int = 0  # periodic jobs fired on this queue (docs/scheduling.md)
-    pruned: int = 0  # rows retention, removals and cancels took (docs/lifecycle.md)
+    pruned: int = 0  # rows retention, removals and cancels took (docs/explanation/lifecycle.md)
     locked: bool = False
     lock_lost: bool = False
     # entries delivered to a Cluster master whose replica did not confirm them

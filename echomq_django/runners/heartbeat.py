@@ -1,4 +1,4 @@
-"""A runner's heartbeat, and the queues it can know of (docs/house.md,
+"""A runner's heartbeat, and the queues it can know of (docs/explanation/house.md,
 "runners/").
 
 ``Heartbeat`` keeps one worker or pump listed while it runs: it beats every

@@ -1,4 +1,4 @@
-"""Waiting out a Redis outage, one way for every runner (docs/reliability.md).
+"""Waiting out a Redis outage, one way for every runner (docs/explanation/reliability.md).
 
 The worker's claiming loop, its reporter thread and the pump each hold an
 ``Outage``: a failed try is logged at WARNING with the wait before the next

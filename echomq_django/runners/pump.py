@@ -1,4 +1,4 @@
-"""The pump: the per-queue sweep (docs/house.md, "runners/").
+"""The pump: the per-queue sweep (docs/explanation/house.md, "runners/").
 
 One ``Pump(queues).sweep()`` pass, for each queue:
 

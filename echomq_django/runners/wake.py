@@ -1,5 +1,5 @@
 """Blocking instead of polling: the wake-ups and the timers a runner keeps
-(docs/house.md, "runners/"). The markers themselves, and the commands that
+(docs/explanation/house.md, "runners/"). The markers themselves, and the commands that
 read and write them, are ``protocol/timers.py``'s.
 
 * ``Waker`` blocks on one of those keys per queue (``BZPOPMIN``, with a

@@ -1,6 +1,6 @@
 --[[
   lib/emit.lua: the one writer of a queue's events stream `P:{q}:events`
-  (docs/protocol.md: transitions, capped), inlined by the script loader wherever
+  (docs/explanation/protocol.md: transitions, capped), inlined by the script loader wherever
   `@include lib/emit.lua` appears (lib/flow.lua includes it). Local
   definitions only; no key is touched until a script calls emit_to.
 
