@@ -7,7 +7,7 @@
   ATOMIC_REQUESTS) the write waits for the commit, as django-rq does; outside
   one it happens now. So a view or a ``post_save`` receiver never starts work
   for a row that is rolled back.
-* ``True``: always through the enqueue outbox (``commit_outbox.py``,
+* ``True``: always through the commit outbox (``commit_outbox.py``,
 docs/explanation/protocol.md#the-commit-outbox):
   the job or flow is written to the ``OutboxEntry`` table in the current
   transaction of database ``using``, pushed to Redis right after the commit

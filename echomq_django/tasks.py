@@ -192,7 +192,7 @@ class EchoMQBackend(BaseTaskBackend):
 
     def get_result(self, result_id: str) -> TaskResult:
         """The ``TaskResult`` of job ``result_id``, looked up in this
-        backend's queues, then in the enqueue outbox (READY, ``enqueued_at``
+        backend's queues, then in the commit outbox (READY, ``enqueued_at``
         None: committed but not in Redis yet). Raises ``TaskResultDoesNotExist`` when no queue has
         it (or the job there is not a task), ``RedisUnavailable``."""
         try:

@@ -8,7 +8,7 @@ read the dead-letter list.
 
 ``Outbox`` is the part ``mq.outbox``; the pump's delivery
 (``runners/delivery.py``) and ``Lifecycle`` (retry, remove, cancel) call it.
-This is the Redis outbox of flows, not the database outbox of
+This is the Redis outbox of flows, not the commit outbox of
 ``commit_outbox.py``.
 """
 

@@ -8,7 +8,7 @@ One ``Pump(queues).sweep()`` pass, for each queue:
 3. recovers expired leases (a job past the stall limit dies);
 4. sends the Django signals of the queue's durable events (``dispatcher.py``,
    docs/explanation/protocol.md#durable-signal-events): in ``sweep()`` synchronously, in ``run()``
-   from the dispatcher's threads, which block on the queues' event streams and send
+   from the dispatcher's threads, which block on the queues' signals streams and send
    within milliseconds of a transition.
 
 ``Pump.run`` sweeps every ``interval`` seconds and, in between, blocks on its

@@ -121,7 +121,7 @@ class Worker:
     ``beat_s`` seconds, docs/operating.md); ``metrics``: the process's
     Prometheus counters of finished jobs and handler times
     (``monitoring.metrics.process_metrics()``; ``runworker --metrics-port``
-    passes them), None for none; ``drainer``: the database outbox's drainer
+    passes them), None for none; ``drainer``: the commit outbox's drainer
     (``commit_outbox.Drainer``; ``runworker`` passes one): it drains once
     before the first claim, then on its own thread until the worker stops
     (any object with ``drain_once()``, ``start(drain_now=False)`` and
@@ -160,7 +160,7 @@ class Worker:
         drainer=None,
     ) -> None:
         mq = self.mq = mq if mq is not None else get_mq()
-        # the database outbox: drained before the first claim, then on a
+        # the commit outbox: drained before the first claim, then on a
         # thread of its own
         self._drainer = drainer
         self.queues = [validate_queue(q) for q in dict.fromkeys(queues)]
