@@ -27,7 +27,7 @@ MAX_LEVEL = 4  # myst_heading_anchors
 # "docs/" + a path ending ".md", then an optional "#anchor". Spelled in two
 # parts so that this file's own text is no citation.
 CITATION = re.compile("docs" + r"/([\w./-]+?\.md)(?:#([\w-]+))?(?![\w.-])")
-OLD_CITATION = re.compile("DESIGN" + r"|[Ii]ssue #?[0-9]|design doc", re.IGNORECASE)
+OLD_CITATION = re.compile("DESIGN" + r"|[Ii]ssue #?[0-9]|(?i:design doc)")
 HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
 FENCE = re.compile(r"^\s*(```|~~~)")
 
