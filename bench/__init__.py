@@ -1,1 +1,2 @@
-"""The flow benchmark (issue 8): ``python -m bench --help``."""
+"""The flow benchmark (docs/explanation/performance.md#the-benchmark):
+``python -m bench --help``."""

@@ -1,5 +1,5 @@
 """``python -m bench.admin_page``: how long the admin takes to serve the page
-of a parent with a big fan-in (issue 15's target: a 10,000-child parent's
+of a parent with a big fan-in (the target: a 10,000-child parent's
 page in under a second).
 
 On a private redis-server and a throw-away SQLite database (migrated here),

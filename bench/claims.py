@@ -1,5 +1,5 @@
 """``python -m bench.claims``: what priorities and a rate limit cost at claim
-(issue 16's target: at most 15% of plain-job throughput), and how late a
+(the target: at most 15% of plain-job throughput), and how late a
 periodic job fires after its tick (target: within 50 ms).
 
 Throughput: on a private redis-server, N plain jobs are claimed and completed

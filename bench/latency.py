@@ -1,4 +1,5 @@
-"""The latency scenario (issue 12): how long a job waits for an idle worker,
+"""The latency scenario (docs/explanation/performance.md#latency-an-idle-worker):
+how long a job waits for an idle worker,
 ours and BullMQ's, in one run on one Redis server.
 
 Ours runs through the real commands with their default settings: one

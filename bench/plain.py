@@ -1,4 +1,5 @@
-"""Plain jobs (issue 12): 10,000 independent jobs, ours and BullMQ's, on
+"""Plain jobs (docs/explanation/performance.md#plain-jobs-and-bulk-enqueue):
+10,000 independent jobs, ours and BullMQ's, on
 the same server in one run.
 
 - **bulk add**: the ``N`` jobs landed in one call: ``enqueue_many`` (ours)

@@ -1,5 +1,5 @@
 """``python -m bench.prune_instructions``: the instructions Redis spends per
-row that retention prunes (issue 13), counted by valgrind's callgrind, so
+row that retention prunes, counted by valgrind's callgrind, so
 the figure does not move with a noisy machine (repeatable to about 1%).
 
 A redis-server runs under ``valgrind --tool=callgrind`` with its

@@ -123,7 +123,8 @@ def format_table(
 
 
 def evaluate_targets(rows: list[dict]) -> dict:
-    """Issue 8's targets, on this run's rows (None when a row is missing)."""
+    """The targets (docs/explanation/performance.md#results), on this run's
+    rows (None when a row is missing)."""
     by = {(r["system"], r["topology"]): r for r in rows}
     ours10k, theirs10k = by.get(("echomq", "wide-10000")), by.get(("bullmq", "wide-10000"))
     ours1k = by.get(("echomq", "wide-1000"))

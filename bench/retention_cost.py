@@ -1,5 +1,6 @@
 """``python -m bench.retention_cost``: what retention costs the wide 1+10,000
-resolve (issue 13 target: at most 10% of its rate).
+resolve (the target: at most 10% of its rate;
+docs/explanation/lifecycle.md#retentions-cost-on-the-wide-resolve).
 
 One private redis-server; in one process a burst ``Worker`` (concurrency 50)
 resolves a parent with 10,000 children on one queue, while a second thread

@@ -1,4 +1,5 @@
-"""``python -m bench.signals``: what durable signals cost (issue 18 point 4).
+"""``python -m bench.signals``: what durable signals cost
+(docs/explanation/performance.md#what-durable-signals-cost).
 
 Resolves the wide 1+N flow (default N = 10,000) with our workers in pairs of
 runs, one run with durable events off and one with them on, alternating

@@ -1,5 +1,5 @@
 """``python -m bench --soak``: a queue that runs for a year in bounded memory
-(issue 13, DESIGN §10.2).
+(docs/explanation/lifecycle.md#soak).
 
 Pushes ``--soak-jobs`` plain jobs (default 200,000; ``--second-share``
 percent of them, default 50, on the second queue) and ``--soak-flows``

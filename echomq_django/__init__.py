@@ -1,6 +1,7 @@
 """echomq_django: a reliable Redis-backed job queue for Django with flows.
 
-The public API (DESIGN §7). Module-level functions use the ``EchoMQ`` built
+The public API (docs/explanation/house.md#the-root-djangos-conventional-files). Module-level
+functions use the ``EchoMQ`` built
 from the ``ECHOMQ`` setting (conf.get_mq); ``EchoMQ(client, prefix=...)``
 offers the same methods over any redis-py client.
 """

@@ -1,4 +1,5 @@
-"""Module-level API over the ``EchoMQ`` built from settings (DESIGN §7).
+"""Module-level API over the ``EchoMQ`` built from settings
+(docs/explanation/house.md#the-root-djangos-conventional-files).
 
 ``enqueue``, ``enqueue_many`` and ``add_flow`` take ``on_commit``:
 
@@ -6,7 +7,8 @@
   ATOMIC_REQUESTS) the write waits for the commit, as django-rq does; outside
   one it happens now. So a view or a ``post_save`` receiver never starts work
   for a row that is rolled back.
-* ``True``: always through the enqueue outbox (``outbox.py``, DESIGN §10.4):
+* ``True``: always through the commit outbox (``commit_outbox.py``,
+docs/explanation/protocol.md#the-commit-outbox):
   the job or flow is written to the ``OutboxEntry`` table in the current
   transaction of database ``using``, pushed to Redis right after the commit
   and the row deleted; when Redis is down then, the row waits for the worker
@@ -66,7 +68,8 @@ def enqueue(
 ) -> str:
     """Add one job; returns its id (str). See ``EchoMQ.enqueue`` for the
     arguments (``priority``, ``timeout_ms``, ``dedup_key``, ``dedup_ttl_ms``:
-    DESIGN §10.3; ``keep``: §10.2) and errors, and this module's docstring for ``on_commit`` /
+    docs/explanation/protocol.md#scheduling; ``keep``: docs/explanation/lifecycle.md) and errors,
+    and this module's docstring for ``on_commit`` /
     ``using`` (the database alias whose transaction is watched and that holds
     the outbox row). A deferred add raises the same validation errors now,
     and the database's error if the outbox table is missing; it returns the
@@ -90,7 +93,7 @@ def enqueue(
     if not isinstance(name, str) or not name:
         raise ValueError(f"a job needs a name (the handler's), got {name!r}")
     check_job_options(priority, delay_ms, timeout_ms, dedup_key, dedup_ttl_ms)
-    job_keep(keep)  # DESIGN §10.2: refused now, not at the push
+    job_keep(keep)  # docs/explanation/lifecycle.md: refused now, not at the push
     mq.encode(payload)
     outbox.write_job(queue, name, payload, job_id, kwargs, using=using, mq=mq)
     return job_id
@@ -104,9 +107,10 @@ def enqueue_many(
     payload, options)`` or dicts, with ``enqueue``'s options) and the errors,
     and this module's docstring for ``on_commit`` / ``using``. Now: one
     round trip, all or nothing. Deferred: every job is checked and its id
-    fixed now, and each is an outbox row of its own (DESIGN §10.4: nothing
+    fixed now, and each is an outbox row of its own
+    (docs/explanation/protocol.md#the-commit-outbox: nothing
     lost when Redis is down at the commit), pushed after the commit one by
-    one, as ``enqueue``'s are. DESIGN §10.1."""
+    one, as ``enqueue``'s are. docs/explanation/no-polling.md#bulk-enqueue."""
     mq = get_mq()
     plan = mq.bulk.plan_many(queue, jobs)
     if not _defer(on_commit, using):
@@ -203,40 +207,42 @@ def get_flow(queue: str, job_id: str, depth: int | None = None) -> dict:
 
 
 def pause(queue: str) -> bool:
-    """``EchoMQ.pause`` on the settings' connection (DESIGN §10.3)."""
+    """``EchoMQ.pause`` on the settings' connection (docs/explanation/protocol.md#scheduling)."""
     return get_mq().pause(queue)
 
 
 def resume(queue: str) -> bool:
-    """``EchoMQ.resume`` on the settings' connection (DESIGN §10.3)."""
+    """``EchoMQ.resume`` on the settings' connection (docs/explanation/protocol.md#scheduling)."""
     return get_mq().resume(queue)
 
 
 def is_paused(queue: str) -> bool:
-    """``EchoMQ.is_paused`` on the settings' connection (DESIGN §10.3)."""
+    """``EchoMQ.is_paused`` on the settings' connection
+    (docs/explanation/protocol.md#scheduling)."""
     return get_mq().is_paused(queue)
 
 
 def remove_child_dependency(queue: str, parent_id: str, child_ref: str):
-    """``EchoMQ.remove_child_dependency`` on the settings' connection (DESIGN §10.3)."""
+    """``EchoMQ.remove_child_dependency`` on the settings' connection
+    (docs/explanation/protocol.md#removing-a-dependency)."""
     return get_mq().remove_child_dependency(queue, parent_id, child_ref)
 
 
 def remove_unprocessed_children(queue: str, parent_id: str):
     """``EchoMQ.remove_unprocessed_children`` on the settings' connection
-    (DESIGN §10.3)."""
+    (docs/explanation/protocol.md#removing-a-dependency)."""
     return get_mq().remove_unprocessed_children(queue, parent_id)
 
 
 def remove(queue: str, job_id: str):
-    """``EchoMQ.remove`` on the settings' connection (DESIGN §10.2): remove a
+    """``EchoMQ.remove`` on the settings' connection (docs/explanation/lifecycle.md): remove a
     job that is not active, with its subtree. Raises ``JobNotFound``,
     ``JobNotRemovable``."""
     return get_mq().remove(queue, job_id)
 
 
 def cancel(queue: str, job_id: str):
-    """``EchoMQ.cancel`` on the settings' connection (DESIGN §10.2): cancel a
+    """``EchoMQ.cancel`` on the settings' connection (docs/explanation/lifecycle.md): cancel a
     job and its unfinished subtree (an active job is marked). Raises
     ``JobNotFound``, ``JobNotCancellable``."""
     return get_mq().cancel(queue, job_id)

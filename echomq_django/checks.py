@@ -1,4 +1,5 @@
-"""System checks for the ``ECHOMQ`` setting (DESIGN §8): stable ids
+"""System checks for the ``ECHOMQ`` setting
+(docs/explanation/house.md#the-root-djangos-conventional-files): stable ids
 ``echomq_django.E001``... with hints; settings only, no Redis I/O, except
 the deployment check ``check_redis_server`` (``check --deploy``), which asks
 the server whether it is what they say."""
@@ -21,7 +22,7 @@ def check_settings(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
 
 @checks.register()
 def check_scheduling(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
-    """The scheduling settings (DESIGN §10.3): RATE_LIMIT, TIMEOUT_MS and
+    """The scheduling settings (docs/explanation/protocol.md#scheduling): RATE_LIMIT, TIMEOUT_MS and
     SCHEDULE, ids ``echomq_django.E050``-``E058`` (``schedule.problems``)."""
     try:
         cfg = config()
@@ -35,13 +36,15 @@ def check_scheduling(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
 
 @checks.register()
 def check_metrics_settings(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
-    """``ECHOMQ["METRICS"]`` (DESIGN §10.5): ids ``echomq_django.E040``-``E043``."""
+    """``ECHOMQ["METRICS"]``
+    (docs/explanation/house.md#monitoring): ids ``echomq_django.E040``-``E043``."""
     return [checks.Error(msg, hint=hint, id=cid) for cid, msg, hint in settings_problems()]
 
 
 @checks.register(deploy=True)
 def check_redis_server(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
-    """The Redis the settings name, against them (issue 17, item 7): ids
+    """The Redis the settings name, against them
+    (docs/explanation/reliability.md#bad-input-writes-nothing): ids
     ``echomq_django.E015``-``E017`` (CLUSTER vs the server's type, a DB index
     out of range). A deployment check (``./manage.py check --deploy``): the
     one that connects, with a 1 s timeout, only when the settings themselves

@@ -1,4 +1,4 @@
-"""The enqueue outbox: durable ``on_commit`` adds (DESIGN §10.4).
+"""The commit outbox: durable ``on_commit`` adds (docs/explanation/protocol.md#the-commit-outbox).
 
 ``enqueue(..., on_commit=True)`` and ``add_flow(..., on_commit=True)`` (the
 default inside an atomic block) call ``write_job`` / ``write_flow``: the job

@@ -1,11 +1,11 @@
-"""The handler registry: job name -> callable (DESIGN §8).
+"""The handler registry: job name -> callable (docs/explanation/glossary.md#running-a-job).
 
 ``@handler("orders.fulfil")`` registers a function taking a ``Job`` and
 returning a JSON-serialisable result. Each installed app's ``jobs`` module is
 imported at startup (``AppConfig.ready``), the way the admin finds
 ``admin.py``.
 
-``async def`` handlers (DESIGN §10.4) are wrapped at registration with
+``async def`` handlers are wrapped at registration with
 asgiref's ``async_to_sync``, the way Django runs async code from sync code
 (``Task.call`` does the same): each job's coroutine runs on an event loop of
 its own, on a helper thread, while the worker's handler thread waits for it

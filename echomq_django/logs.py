@@ -1,5 +1,5 @@
 """Logging set-up for the runner commands (``runworker``, ``runpump``): their
-``--verbosity`` as log levels (DESIGN §8; cf. arq's ``logs.py``). A module of
+``--verbosity`` as log levels (cf. arq's ``logs.py``). A module of
 its own so that no command imports another.
 """
 
@@ -26,7 +26,7 @@ def setup_logging(verbosity: int, runner: str = "echomq_django.worker") -> None:
     runner's per-item lines (a line per job, per sweep); 3: debug everywhere.
     ``runner`` is the logger name of the command's runner.
 
-    Django's convention (issue 14): levels are set on ``echomq_django`` and
+    Django's convention: levels are set on ``echomq_django`` and
     the runner's logger only, never on the root or another library's
     logger; at the default verbosity (1) a level the project's ``LOGGING``
     gave one of them is kept. A stderr handler is added to ``echomq_django``

@@ -1,4 +1,4 @@
-"""The admin's read-only mirror of Redis (DESIGN §8).
+"""The admin's read-only mirror of Redis (docs/explanation/house.md#monitoring).
 
 Redis is the only source of truth; these rows are a cache the admin lists,
 filters and searches, refreshed by ``monitoring/mirror.py`` (the pump's after-sweep
@@ -23,7 +23,7 @@ STATE_CHOICES = [(s.value, s.value.replace("_", " ")) for s in JobState]
 
 
 class MirroredJob(models.Model):
-    """One job row ``P:{q}:job:<id>`` as last read from Redis (DESIGN §3).
+    """One job row ``P:{q}:job:<id>`` as last read from Redis (docs/explanation/protocol.md#keys).
 
     Timestamps are the row's ms fields as aware datetimes (None when unset).
     ``gone_from_redis`` is set when the row was no longer in Redis at the
@@ -124,7 +124,8 @@ class MirroredQueue(models.Model):
 
 class OutboxEntry(models.Model):
     """A job or flow added with ``on_commit`` whose transaction committed but
-    that may not be in Redis yet: the durable enqueue of DESIGN §10.4.
+    that may not be in Redis yet: the durable enqueue of
+    docs/explanation/protocol.md#the-commit-outbox.
 
     Written in the caller's transaction (so a rollback leaves nothing),
     pushed to Redis right after the commit and deleted; when Redis is down

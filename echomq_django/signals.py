@@ -1,4 +1,4 @@
-"""Django signals for job transitions (DESIGN §8, §10.6).
+"""Django signals for job transitions (docs/explanation/protocol.md#durable-signal-events).
 
 Durable (sent at least once, in order per queue, by a ``Dispatcher`` from
 the events the transition scripts wrote; ``sender`` is that dispatcher, see

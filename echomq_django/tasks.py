@@ -1,4 +1,5 @@
-"""A backend for Django's tasks framework (DESIGN §10.4).
+"""A backend for Django's tasks framework
+(docs/explanation/house.md#the-root-djangos-conventional-files).
 
 ``django.tasks`` on Django 6, the ``django_tasks`` backport on Django 5.2
 (preferred in that order). Settings::
@@ -26,7 +27,7 @@ READY; ``active`` is RUNNING; ``completed`` is SUCCESSFUL; ``dead`` is FAILED.
 ``worker_ids`` holds one entry per attempt (``WORKER_ID``: the queue does not
 record which worker ran an attempt), so ``attempts`` counts them.
 ``run_after`` maps to ``delay_ms``; ``priority`` to the job's priority
-(DESIGN §10.3; ``supports_priority`` follows whether ``EchoMQ.enqueue``
+(docs/explanation/protocol.md#scheduling; ``supports_priority`` follows whether ``EchoMQ.enqueue``
 takes one, and without it a non-zero priority is the framework's
 ``InvalidTask``).
 
@@ -109,7 +110,7 @@ def _ms(when: datetime) -> int:
 
 
 class EchoMQBackend(BaseTaskBackend):
-    """Runs ``@task`` functions as echomq_django jobs (DESIGN §10.4).
+    """Runs ``@task`` functions as echomq_django jobs.
 
     ``params``: the ``TASKS`` entry: ``QUEUES`` (list of queue names, each a
     valid echomq queue name, at least one) and ``OPTIONS`` (see the module
@@ -191,7 +192,7 @@ class EchoMQBackend(BaseTaskBackend):
 
     def get_result(self, result_id: str) -> TaskResult:
         """The ``TaskResult`` of job ``result_id``, looked up in this
-        backend's queues, then in the enqueue outbox (READY, ``enqueued_at``
+        backend's queues, then in the commit outbox (READY, ``enqueued_at``
         None: committed but not in Redis yet). Raises ``TaskResultDoesNotExist`` when no queue has
         it (or the job there is not a task), ``RedisUnavailable``."""
         try:
@@ -210,7 +211,7 @@ class EchoMQBackend(BaseTaskBackend):
                 )
             return task_result(job, self.alias)
         waiting = outbox.waiting_job(result_id, self.queues)
-        if waiting is not None:  # committed, not in Redis yet (DESIGN §10.4)
+        if waiting is not None:  # committed, not in Redis yet: the commit outbox
             return task_result(waiting, self.alias)
         raise TaskResultDoesNotExist(result_id)
 

@@ -1,4 +1,5 @@
-"""URLs of echomq_django (DESIGN §10.5). Include them under a path of yours::
+"""URLs of echomq_django
+(docs/explanation/house.md#monitoring). Include them under a path of yours::
 
     urlpatterns = [..., path("echomq/", include("echomq_django.urls"))]
 

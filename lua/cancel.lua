@@ -1,6 +1,6 @@
 --[[
   cancel: a pending, delayed or awaiting job dies now with the error
-  'cancelled' and its parent's policy applies (DESIGN §10.2); an awaiting
+  'cancelled' and its parent's policy applies (docs/explanation/lifecycle.md); an awaiting
   one's unfinished subtree is cancelled after it, top down, `budget` units
   at a time (this call starts it, `prune` goes on; the host calls it while
   more = 1); children on other slots get `cancel` entries. An active job is

@@ -1,7 +1,7 @@
 --[[
   claim: pop up to K pending ids; each becomes active with a fresh lease token
-  and deadline, its attempt counted. DESIGN §5 `claim`. Keeps the queue's
-  wake marker true (lib/claimable.lua, DESIGN §10.1): it is put back when
+  and deadline, its attempt counted. docs/explanation/protocol.md#claim. Keeps the queue's
+  wake marker true (lib/claimable.lua, docs/explanation/no-polling.md): it is put back when
   jobs are left pending, so the next idle worker wakes too, and removed when
   this call drained pending, so no worker wakes for nothing.
 
@@ -20,11 +20,11 @@
           same jobs instead of leasing a second batch
   ARGV[6] rate limit: at most this many claims per window ('0' = no limit),
           counted for all workers in the hash P:{q}:limiter {start, n}
-          (DESIGN §10.3 RATE_LIMIT)
+          (docs/explanation/protocol.md#scheduling RATE_LIMIT)
   ARGV[7] rate window (ms): a window opens at the first claim after the
           last one closed
 
-  Order (DESIGN §10.3): priorities > 0 (P:{q}:prioritized, scores < 0, see
+  Order (docs/explanation/protocol.md#scheduling): priorities > 0 (P:{q}:prioritized, scores < 0, see
   lib/claimable.lua), then the pending list (priority 0), then priorities < 0;
   FIFO within a priority. A paused queue (P:{q}:paused) gives nothing.
 
@@ -55,8 +55,8 @@ if redis.call('EXISTS', base .. 'paused') == 1 then
   redis.call('ZREM', base .. 'wake', WAKE_NOW)  -- resume wakes the workers again
   return '{"paused":1}'
 end
--- the rate limit: a fixed window per queue, by the host's clock (DESIGN §5
--- rule 3), in one hash {start, n} that never grows
+-- the rate limit: a fixed window per queue, by the host's clock
+-- (docs/explanation/protocol.md#the-hosts-clock), in one hash {start, n} that never grows
 local limit, per = tonumber(ARGV[6]), tonumber(ARGV[7])
 local limiter, start, used = base .. 'limiter', 0, 0
 if limit > 0 then

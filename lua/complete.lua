@@ -3,8 +3,8 @@
   one job or a batch of jobs of this queue. Each job is its own transition,
   checked and applied in turn exactly as if alone (a refused job writes
   nothing and does not stop the others); a batch saves the round trips and
-  the per-call cost of one script per job (issue 8). DESIGN §5 `complete`,
-  §4 invariants. A same-queue parent is resolved here (HSETNX :processed,
+  the per-call cost of one script per job. docs/explanation/protocol.md#complete,
+  docs/explanation/protocol.md#guarantees. A same-queue parent is resolved here (HSETNX :processed,
   DECR, release at zero); a cross-queue parent gets a completion entry
   RPUSHed onto this queue's outbox in the same step.
 
@@ -53,7 +53,7 @@ for i = 4, #ARGV, 3 do
   elseif f[2] ~= token then
     replies[#replies + 1] = 'EMQLEASE ' .. QUEUE .. ' ' .. id
   elseif f[7] then
-    -- cancelled while it ran (DESIGN §10.2): the result is dropped, the job dies
+    -- cancelled while it ran (docs/explanation/lifecycle.md): the result is dropped, the job dies
     kill(base, id, 'cancelled', now)
     replies[#replies + 1] = 'EMQCANCELLED ' .. QUEUE .. ' ' .. id
   else

@@ -1,7 +1,7 @@
 --[[
-  deliver_to_parents: deliver outbox entries to parents on this slot (docs/explanation/protocol.md;
-  it is both `deliver_to_parents` and `flow_fail_deliver` of docs/explanation/protocol.md, one entry kind
-  each, so a batch keeps the outbox's order). Every entry is guarded, so a
+  deliver_to_parents: deliver outbox entries on this slot
+  (docs/explanation/protocol.md#fan-in-across-slots): every entry kind in one script, so
+  a batch keeps the outbox's order. Every entry is guarded, so a
   re-delivery changes nothing:
     done      HSETNX :processed, decrement, release at zero
     dead      apply the child's policy once (fp: parent dead; id / rd:
@@ -10,14 +10,14 @@
               with policy 'id', its :unsuccessful, counted again while the
               parent is not released
     gone      a removed child resolves its parent like remove_dependency
-              (DESIGN §10.2: out of :failed, into :removed, decrement)
+              (docs/explanation/lifecycle.md: out of :failed, into :removed, decrement)
   and two kinds whose target is a child on this slot (`parent id` is then
   the child's id and `value` its parent's id: a child already gone, or now
   under another parent or another incarnation of it, counts as delivered
   and is not touched):
     rm        its parent was removed: the child goes too, with its subtree
               (continued by `prune`)
-    cancel    its parent was cancelled: the child is cancelled (DESIGN §10.2)
+    cancel    its parent was cancelled: the child is cancelled (docs/explanation/lifecycle.md)
 
   KEYS[1] pending list         P:{pq}:pending   (pq = the parents' queue)
   KEYS[2] awaiting zset        P:{pq}:awaiting
@@ -31,7 +31,7 @@
            an entry written without one)
 
   An entry whose incarnation is not its parent's `inc` was meant for a
-  removed flow whose ids were added again (lib/flow.lua, DESIGN §10.2): it
+  removed flow whose ids were added again (lib/flow.lua, docs/explanation/lifecycle.md): it
   counts as delivered (it leaves the outbox) and changes nothing.
 
   returns: JSON {delivered: [1|0 per entry; 0 = the parent row is gone],

@@ -1,7 +1,7 @@
 --[[
   drop_unprocessed: delete children that have not started (pending or
   delayed) of one parent, on the children's slot; the second half of
-  remove_unprocessed_children (DESIGN §10.3), run after the parent stopped
+  remove_unprocessed_children (docs/explanation/protocol.md#removing-a-dependency), run after the parent stopped
   waiting for them (remove_child_dependency), so a crash in between leaves a
   child that runs for nothing, never a parent that waits for ever. A child
   that started, finished, holds children of its own, or no longer names this

@@ -1,7 +1,7 @@
 --[[
   enqueue: gate the id, write one job row, push it pending (or delayed) and
-  wake the queue's workers (lib/claimable.lua). DESIGN §5 `enqueue`; §4
-  states; §10.1 wake-ups.
+  wake the queue's workers (lib/claimable.lua). docs/explanation/protocol.md#enqueue; wake-ups:
+  docs/explanation/no-polling.md#wake-keys.
 
   KEYS[1] job row              P:{q}:job:<id> (hash)
   KEYS[2] pending list         P:{q}:pending (its P:{q}: is the queue's key
@@ -24,7 +24,7 @@
           completed, not dead), the add writes nothing and answers that id
   ARGV[11] dedup ttl (ms; '' = until the job finishes)
   ARGV[12] timeout of one attempt (ms; '' = the queue's TIMEOUT_MS)
-  ARGV[13] keep (ms): at most this long after it finishes (DESIGN §10.2;
+  ARGV[13] keep (ms): at most this long after it finishes (docs/explanation/lifecycle.md;
           '' = the queue's retention alone)
   ARGV[14] call token: a fresh random string per enqueue call, kept on the
           row (enqueue_token) so a replay of the same call is recognised
@@ -57,7 +57,7 @@ local existing = redis.call('HMGET', row, 'state', 'enqueue_token')
 if existing[1] then
   -- a replay of this very call (redis-py re-sent it): done already. Equal
   -- name, payload and ms were not enough: two calls in one ms are two calls
-  -- (issue 17, item 4).
+  -- (docs/explanation/reliability.md#replays-are-recognised-by-the-call).
   if existing[2] == ARGV[14] then
     return existing[1]
   end
@@ -70,7 +70,7 @@ if delay > 0 then
 end
 -- compact row: attempts appears at the first claim; max_attempts / backoff_ms
 -- only when the job sets its own (else the queue's setting applies), and the
--- DESIGN §10.3 settings only when set
+-- scheduling settings (docs/explanation/protocol.md#scheduling) only when set
 local fields = {'name', ARGV[3], 'payload', ARGV[4], 'state', state, 'created_at', ARGV[7],
   'enqueue_token', ARGV[14]}
 local priority = (ARGV[9] ~= '0') and ARGV[9] or ''

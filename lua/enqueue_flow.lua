@@ -1,8 +1,7 @@
 --[[
   enqueue_flow: land the nodes of a flow that live on this queue's slot, in one
   atomic step; its claimable leaves wake the queue's workers once
-  (lib/claimable.lua, DESIGN §10.1). DESIGN §5 `enqueue_flow`, and the per-slot steps of the
-  cross-queue add (§6 `hold_parent`, `enqueue_flow_child`): the host sends
+  (lib/claimable.lua, docs/explanation/no-polling.md#wake-keys). docs/explanation/protocol.md#parent-first-add: the host sends
   parents before their children, so a parent is always held (awaiting_children,
   :dependencies = all its children) before any child of it can be claimed.
 
@@ -10,17 +9,17 @@
   with the same name, parent and children is skipped (adding the same flow
   again is a no-op, and a half-landed cross-queue add completes); a
   completed row with no parent, the same name and children, met as a child,
-  is adopted (DESIGN §10.2: it gets the parent fields); any other existing
+  is adopted (docs/explanation/lifecycle.md: it gets the parent fields); any other existing
   row refuses the whole call.
 
-  Ids after removal (DESIGN §10.2): a skipped or adopted child that has
+  Ids after removal (docs/explanation/lifecycle.md): a skipped or adopted child that has
   finished announces its outcome to its parent again, exactly as when it
   finished (completed: fan-in of its stored result; dead: its policy), here
   or through the outbox. The parent's guards make that a no-op when the
   parent has it already; a parent landed fresh (its first row was removed)
   counts it at once, so it never waits for a child that finished before it.
 
-  Rows are compact (memory and time per node, issue 8): `attempts` appears at
+  Rows are compact (docs/explanation/protocol.md#compact-rows): `attempts` appears at
   the first claim; `max_attempts` / `backoff_ms` only when the node sets its
   own; `parent_queue` only for a cross-queue child; `parent_policy` only when
   it is not 'fp'. A missing one means the queue's setting / this queue / 'fp'.
@@ -41,11 +40,11 @@
             ('fp'|'id'|'rd'), max_attempts ('' = the queue's), backoff_ms
             (ms; '' = the queue's), gate ('1' = check the id is free; '0'
             for ids the host generated with 72 random bits), node count,
-            options ('' or a JSON object of DESIGN §10.3 settings: p
+            options ('' or a JSON object of scheduling settings, docs/explanation/protocol.md#scheduling: p
             priority, d delay (ms), t timeout (ms), ct children timeout
             (ms, parents only), k dedup key and kt its ttl (ms), leaves
-            only, so a group with k holds one node; kp keep (ms), DESIGN
-            §10.2: at most this long after the node finishes), inc (a
+            only, so a group with k holds one node; kp keep (ms),
+            docs/explanation/lifecycle.md: at most this long after the node finishes), inc (a
             parent with a child on another queue: its incarnation token,
             stored as `inc` when the row is written; '' for a leaf),
             parent inc (a child on another queue than its parent: the
@@ -62,7 +61,7 @@
            parents on other slots by announcing children), then the
            parents met again whose incarnation is not the one sent, as one
            array {id, its inc ('' for none), ...} (their children on other
-           queues must carry theirs: DESIGN §6), then per deduplicated leaf:
+           queues must carry theirs: docs/explanation/protocol.md#incarnations), then per deduplicated leaf:
            its id, the live job's id
   errors:  EMQCONFLICT <queue> <id> <detail>  an id is taken by another job;
            nothing is written
@@ -89,7 +88,7 @@ local function same_children(kids, from, n)
   return true
 end
 
--- the live job holding a dedup key, or nil (DESIGN §10.3)
+-- the live job holding a dedup key, or nil (docs/explanation/protocol.md#scheduling)
 local function live_holder(key, id)
   local live = redis.call('GET', base .. 'dedup:' .. key)
   if live and live ~= id then
@@ -211,7 +210,7 @@ while i <= #a do
   end
   for _, f in ipairs({{'priority', opts.p}, {'timeout_ms', opts.t}, {'dedup', opts.k},
       {'keep', opts.kp}}) do
-    if f[2] then  -- DESIGN §10.3 settings, stored only when set (compact rows)
+    if f[2] then  -- scheduling settings, stored only when set (compact rows)
       shared[#shared + 1] = f[1]
       shared[#shared + 1] = tostring(f[2])
     end
@@ -243,7 +242,7 @@ while i <= #a do
         end
         redis.call('HSET', row, unpack(link))
       end
-      -- under its parent again (DESIGN §10.2), and under this incarnation of
+      -- under its parent again (docs/explanation/lifecycle.md), and under this incarnation of
       -- it (a parent landed fresh has a new one): a cancel mark a removed
       -- flow's cancel left on it while it ran is that flow's, not this one's
       local was = redis.call('HMGET', row, 'parent_inc', 'orphaned')

@@ -3,7 +3,7 @@
   user-given id is gated before anything is written (one taken id refuses
   the whole call); then each row is written as `enqueue` writes it and
   pushed pending (lib/claimable.lua: one wake-up per group) or delayed
-  (its run-at announced). DESIGN §10.1 `enqueue_many`, §5 `enqueue`.
+  (its run-at announced). docs/explanation/no-polling.md#bulk-enqueue, docs/explanation/protocol.md#enqueue.
 
   KEYS[1] pending list         P:{q}:pending
   KEYS[2] delayed zset         P:{q}:delayed (score: run-at, ms)
@@ -18,7 +18,7 @@
           options: name, max attempts ('' = the queue's), backoff base (ms;
           '' = the queue's), delay (ms; '0' = claimable now), priority
           ('0' = the default), timeout of one attempt (ms; '' = the queue's),
-          keep (ms a finished job is kept at most, DESIGN §10.2; '' = the
+          keep (ms a finished job is kept at most, docs/explanation/lifecycle.md; '' = the
           queue's retention alone), gate ('1' = check each id is free; '0'
           for ids the host generated with 72 random bits), job count n,
           then n pairs: id, payload (a JSON text)

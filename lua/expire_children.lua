@@ -1,7 +1,7 @@
 --[[
   expire_children: held parents whose children_timeout_ms has passed with
   children still unresolved die with the error 'children timed out'; their
-  own policy applies upward (DESIGN §10.3, §4). A parent that is no longer
+  own policy applies upward (docs/explanation/protocol.md#scheduling). A parent that is no longer
   awaiting_children (released, dead, removed) just leaves the deadlines zset.
 
   KEYS[1] deadlines zset       P:{q}:deadlines (score: children deadline, ms)

@@ -1,6 +1,6 @@
 --[[
   extend_lease: heartbeat for a long job; push its lease deadline forward.
-  DESIGN §5 `extend_lease`.
+  docs/explanation/protocol.md#leases-and-recovery.
 
   KEYS[1] job row              P:{q}:job:<id>
   KEYS[2] active zset          P:{q}:active (score: lease deadline, ms)
@@ -15,8 +15,8 @@
   errors:  EMQNOJOB <queue> <id>            no such job
            EMQSTATE <queue> <id> <state>    the job is not active
            EMQLEASE <queue> <id>            the lease token is stale
-           EMQCANCELLED <queue> <id>        the job was cancelled (DESIGN
-                                            §10.2): the lease is not extended
+           EMQCANCELLED <queue> <id>        the job was cancelled
+                                            (docs/explanation/lifecycle.md#cancel): the lease is not extended
 ]]
 local row, active = KEYS[1], KEYS[2]
 local queue, id, token = ARGV[1], ARGV[2], ARGV[3]

@@ -4,7 +4,7 @@
   else dead; a dead child resolves its parent by its policy (same queue: here;
   other queue: a fail entry on this queue's outbox). A delayed retry announces
   its run-at on the queue's wake key (lib/claimable.lua), so a blocked worker
-  promotes it on time. DESIGN §5 `fail`, §4, §10.1.
+  promotes it on time. docs/explanation/protocol.md#fail, docs/explanation/no-polling.md#wake-keys.
 
   KEYS[1] job row              P:{q}:job:<id>
   KEYS[2] delayed zset         P:{q}:delayed (score: run-at, ms)
@@ -43,7 +43,7 @@ end
 if f[1] ~= 'active' then
   -- a replay of this very call (redis-py re-sent it): this lease failed it,
   -- with this error, into a state a fail writes. A job this lease completed
-  -- is no replay of a fail: refused (issue 17, item 4).
+  -- is no replay of a fail: refused (docs/explanation/reliability.md#replays-are-recognised-by-the-call).
   if f[2] == token and (f[1] == 'delayed' or f[1] == 'pending' or f[1] == 'dead')
       and get_error(row) == err then
     return cjson.encode({state = f[1]})
@@ -55,7 +55,7 @@ if f[2] ~= token then
 end
 
 local attempts, max_attempts = tonumber(f[3]), tonumber(f[4] or ARGV[9])
-if f[6] then  -- cancelled while it ran (DESIGN §10.2): dies, its attempts unspent
+if f[6] then  -- cancelled while it ran (docs/explanation/lifecycle.md): dies, its attempts unspent
   kill(base, id, 'cancelled', now)
   OUT.state = 'dead'
   return cjson.encode(OUT)

@@ -1,6 +1,6 @@
 --[[
   forget_outbox: take out of this queue's outbox the entries its caller has
-  just delivered itself (DESIGN §6, §10.2). remove, cancel, retry and prune
+  just delivered itself (docs/explanation/protocol.md#the-flow-outbox-and-the-pump). remove, cancel, retry and prune
   push entries for other slots and deliver them at once; left in the outbox,
   the pump would deliver them a second time, and a second delivery is not a
   no-op when something changed in between (the flow was added again under

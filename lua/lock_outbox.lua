@@ -1,19 +1,19 @@
 --[[
   lock_outbox: take, renew or drop a pump's sweep lock on one queue's outbox
-  (DESIGN §6; issue 17, item 2). The lock is a lease: a string holding its
+  (docs/explanation/reliability.md#a-pumps-lock-never-outlives-a-pump-for-long). The lock is a lease: a string holding its
   owner's token, always with an expiry (PX), never without one. Its owner
   recognises it by the token, so a pump whose drop failed while Redis was
   down (or whose lock came back from the AOF after a restart) takes it up
   again at its next sweep instead of being locked out by its own old lock;
   a lease of a few seconds, renewed while sweeping, lets a live peer take
   over soon after its owner died. A drop also leaves one mark on the
-  released list, which a caller waiting for the lock blocks on (BLPOP, in
-  FlowCalls.deliver_sent; DESIGN §10.1: waits block, they do not poll): one
+  unlocked list, which a caller waiting for the lock blocks on (BLPOP, in
+  Lifecycle.deliver_sent; docs/explanation/no-polling.md: waits block, they do not poll): one
   element at most, kept UNLOCKED_TTL_MS, so a mark no waiter popped costs a
   later waiter one more try and never lingers.
 
   KEYS[1] sweep lock           P:{q}:pump:lock (string: the holder's token)
-  KEYS[2] released list        P:{q}:pump:unlocked (list: one mark per drop, at most one kept)
+  KEYS[2] unlocked list        P:{q}:pump:unlocked (list: one mark per drop, at most one kept)
 
   ARGV[1] token: the pump's own, the same for every sweep of its life
   ARGV[2] lease (ms, integer >= 1): how long the lock holds unless renewed

@@ -1,6 +1,6 @@
 --[[
   postpone: an active job goes back to delayed without spending its attempt
-  (a handler raised emq.RateLimited(retry_after_ms), DESIGN §10.3): its
+  (a handler raised emq.RateLimited(retry_after_ms), docs/explanation/protocol.md#scheduling): its
   attempt count is taken back and it runs again after retry_after_ms.
 
   KEYS[1] job row              P:{q}:job:<id>

@@ -1,8 +1,8 @@
 --[[
   promote_delayed: move due delayed ids (run-at <= now) to pending, oldest
   first, and wake the queue's workers (lib/claimable.lua). Each move emits a
-  `promoted` event, so the admin mirror re-reads the job (DESIGN §8, §10.5).
-  DESIGN §5 `promote_delayed`, §10.1.
+  `promoted` event, so the admin mirror re-reads the job.
+  docs/explanation/protocol.md#timers-and-wake-markers.
 
   KEYS[1] delayed zset         P:{q}:delayed (score: run-at, ms)
   KEYS[2] pending list         P:{q}:pending
@@ -29,7 +29,7 @@ for _, id in ipairs(ids) do
     redis.call('HSET', row, 'state', 'pending', 'updated_at', now)
     emit_to(base .. 'events', 'promoted', id)
     moved[#moved + 1] = id
-    if f[2] then  -- its priority is kept (DESIGN §10.3)
+    if f[2] then  -- its priority is kept (docs/explanation/protocol.md#scheduling)
       prios = prios or {}
       prios[#moved] = f[2]
     end

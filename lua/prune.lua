@@ -1,5 +1,5 @@
 --[[
-  prune: one bounded step of the queue's lifecycle work (DESIGN §10.2): go on
+  prune: one bounded step of the queue's lifecycle work (docs/explanation/lifecycle.md): go on
   cancelling queued subtrees, go on removing the children of removed parents,
   drop finished jobs whose own `keep` ran out, then apply the queue's
   retention to completed and dead, oldest first. Flow-aware: see

@@ -1,9 +1,9 @@
 --[[
   recover_stalled: active ids whose lease deadline has passed go back to
   pending; one that has stalled more than the limit, or was cancelled while
-  it ran (DESIGN §10.2), dies through the same path as a failure (its
+  it ran (docs/explanation/lifecycle.md), dies through the same path as a failure (its
   parent's policy applies). Recovered jobs wake the queue's workers
-  (lib/claimable.lua). DESIGN §5 `recover_stalled`, §10.1.
+  (lib/claimable.lua). docs/explanation/protocol.md#leases-and-recovery.
 
   KEYS[1] active zset          P:{q}:active (score: lease deadline, ms)
   KEYS[2] pending list         P:{q}:pending
@@ -33,7 +33,7 @@ for _, id in ipairs(ids) do
   else
     local stalls = redis.call('HINCRBY', row, 'stalls', 1)
     if redis.call('HEXISTS', row, 'cancel') == 1 then
-      kill(base, id, 'cancelled', now)  -- cancelled while it ran (DESIGN §10.2)
+      kill(base, id, 'cancelled', now)  -- cancelled while it ran (docs/explanation/lifecycle.md)
     elseif stalls > max_stalls then
       kill(base, id, 'stalled ' .. stalls .. ' times (lease expired; limit ' .. max_stalls .. ')', now)
     else
@@ -41,7 +41,7 @@ for _, id in ipairs(ids) do
       redis.call('HDEL', row, 'lease')
       redis.call('HSET', row, 'state', 'pending', 'updated_at', now)
       back[#back + 1] = id
-      if f[2] then  -- its priority is kept (DESIGN §10.3)
+      if f[2] then  -- its priority is kept (docs/explanation/protocol.md#scheduling)
         prios = prios or {}
         prios[#back] = f[2]
       end

@@ -1,6 +1,6 @@
 --[[
-  remove: remove a job that is not active, with its whole subtree (DESIGN
-  §10.2). A removed child resolves its parent like `remove_dependency`: it
+  remove: remove a job that is not active, with its whole subtree
+  (docs/explanation/lifecycle.md#remove). A removed child resolves its parent like `remove_dependency`: it
   leaves the parent's :failed, is recorded in :removed, and the parent goes
   on (one decrement, released at zero); a parent on another slot gets a
   `gone` entry on this queue's outbox. The job's row goes now; its subtree

@@ -1,8 +1,8 @@
 --[[
   remove_child_dependency: a held parent stops waiting for some of its
-  children (DESIGN §10.3 flow control; BullMQ's removeChildDependency). Each
+  children (docs/explanation/protocol.md#removing-a-dependency; BullMQ's removeChildDependency). Each
   child ref is recorded in the parent's :removed (the same exactly-once guard
-  as a `remove_dependency` death, DESIGN §4) and the counter decremented; at
+  as a `remove_dependency` death, docs/explanation/protocol.md#policies) and the counter decremented; at
   zero the parent is released. The child itself is not touched (it may live on
   another slot): if it finishes later, the guard makes its fan-in a no-op.
 

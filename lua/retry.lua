@@ -1,13 +1,13 @@
 --[[
-  retry: retry-by-id of a dead job (DESIGN §4). Attempts and stalls reset, back
+  retry: retry-by-id of a dead job (docs/explanation/protocol.md#retry). Attempts and stalls reset, back
   to pending. A dead parent that children failed (`fp`) retries those
   children instead: same-queue ones here, recursively; it returns to
   awaiting_children once none is left in its :failed. A retried child
   re-attaches to a parent it had failed (here, or via a `reattach` outbox
   entry for a parent on another slot). A job that died `cancelled` takes
   its cancel back (uncancel, below) and, with children still unresolved,
-  returns to awaiting_children rather than pending (DESIGN §10.2; README
-  "A retry takes a cancel back").
+  returns to awaiting_children rather than pending
+  (docs/explanation/lifecycle.md#a-retry-takes-a-cancel-back).
 
   KEYS[1] job row              P:{q}:job:<id>
   KEYS[2] dead zset            P:{q}:dead
@@ -51,7 +51,7 @@ end
 -- A child its parent ignored (`id`) re-attaches on retry only while that
 -- parent has not been released (lib/flow.lua reattach_ignored); a parent on
 -- this slot that went on without it makes the retry a refusal, before any
--- write (issue 17, item 5).
+-- write (docs/explanation/reliability.md#a-retried-child-its-parent-ignored).
 local up = redis.call('HMGET', row, 'parent', 'parent_queue', 'parent_policy')
 if up[1] and up[3] == 'id' and (up[2] or QUEUE) == QUEUE then
   local pkey = job_key(base, up[1])

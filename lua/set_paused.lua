@@ -1,5 +1,5 @@
 --[[
-  set_paused: pause or resume a queue (DESIGN §10.3 `emq.pause` /
+  set_paused: pause or resume a queue (docs/explanation/protocol.md#scheduling `emq.pause` /
   `emq.resume`). A paused queue is not claimed from (claim checks the flag);
   everything else (adds, completions, fan-in, the pump) goes on.
 

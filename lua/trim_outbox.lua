@@ -1,7 +1,7 @@
 --[[
   trim_outbox: after a sweep delivered a batch, remove exactly the delivered
   prefix of the outbox, moving undeliverable entries to the dead-letter list
-  on the way (DESIGN §6); that list keeps only its newest ARGV[3] entries,
+  on the way (docs/explanation/protocol.md#the-flow-outbox-and-the-pump); that list keeps only its newest ARGV[3] entries,
   trimmed in this same step (nothing else pushes to it). An entry whose
   parent was not found yet, to be tried again at a later sweep, goes to the
   back of the outbox instead, so it never holds up the entries behind it

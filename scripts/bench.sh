@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The flow benchmark (issue 8) for a fresh machine. Run from anywhere:
+# The flow benchmark (docs/explanation/performance.md#the-benchmark) for a fresh machine. Run from anywhere:
 #   bash scripts/bench.sh [python -m bench args...]     (--help lists them)
 # Creates .venv if missing, installs the project with its bench extra
 # (BullMQ's Python client, for the side-by-side rows, and pyinstrument), makes

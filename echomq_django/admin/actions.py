@@ -1,4 +1,4 @@
-"""The admin's operations on jobs and queues (DESIGN §10.2, §10.3): cancel
+"""The admin's operations on jobs and queues (docs/explanation/lifecycle.md): cancel
 and remove selected jobs (behind a confirmation page, like retry), pause and
 resume selected queues. Each goes through the API a user calls
 (``EchoMQ.cancel`` / ``remove`` / ``pause`` / ``resume``), is guarded by the

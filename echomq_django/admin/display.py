@@ -1,4 +1,4 @@
-"""How the admin's lists show a job or a queue (DESIGN §8, §10.5): coloured
+"""How the admin's lists show a job or a queue (docs/explanation/house.md#admin): coloured
 state badges, the error's first line, waited/ran durations, booleans that
 read the right way, counts that link to the filtered job list, and the
 list filters that go with them. Pure functions of a mirrored row; the

@@ -1,4 +1,5 @@
-"""The admin: read-only pages over the Redis mirror, and retry by id (DESIGN §8).
+"""The admin: read-only pages over the Redis mirror, and retry by id
+(docs/explanation/house.md#admin).
 
 Read-only by construction: both models have only the ``view`` permission
 (models.py) and every ``has_add/change/delete_permission`` here answers
@@ -256,7 +257,7 @@ class MirroredJobAdmin(MirrorAdmin):
         return ops.has_manage_permission(request)
 
     def get_actions(self, request, action_location=None):
-        """Cancel and remove appear once ``EchoMQ`` has them (issue 13).
+        """Cancel and remove appear once ``EchoMQ`` has them (docs/explanation/lifecycle.md).
         ``action_location``: Django 6.1's place on the page the actions are
         for (None: the change list, as on Django 5.2, whose admin has no
         such argument)."""
@@ -358,7 +359,8 @@ class MirroredQueueAdmin(MirrorAdmin):
         return [path("workers/", wrap(self.workers_view), name=f"{prefix}_workers")]
 
     def workers_view(self, request):
-        """The live workers and pumps, read from Redis now (DESIGN §10.5)."""
+        """The live workers and pumps, read from Redis now
+        (docs/explanation/protocol.md#keys-outside-a-queue)."""
         if not self.has_view_permission(request):
             raise PermissionDenied
         return TemplateResponse(

@@ -1,4 +1,5 @@
-"""What the admin's job and queue pages show, read live from Redis (DESIGN §8).
+"""What the admin's job and queue pages show, read live from Redis
+(docs/explanation/house.md#admin).
 
 Pure reads through the public API (``get_job``, ``flow_page``,
 ``dependencies``, ``dependency_counts``, ``counts``, ``deadletters``,
@@ -158,7 +159,7 @@ def queue_page(mq, queue: str) -> dict:
     durable signals' backlog, ``EchoMQ.event_backlog``) and
     ``signal_deadletters`` (the newest ``DEADLETTERS_SHOWN`` events given up
     on: ``EchoMQ.deadlettered_events`` with ``job`` a link and ``at`` a
-    datetime, DESIGN §10.6), or ``live_error``."""
+    datetime, docs/explanation/protocol.md#durable-signal-events), or ``live_error``."""
     try:
         counts = mq.counts(queue)
         letters = mq.outbox.deadletters(queue, 0, DEADLETTERS_SHOWN - 1)  # decodes what it can

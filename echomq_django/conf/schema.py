@@ -7,7 +7,7 @@ Shape::
         "CLUSTER": False,                   # True: redis.cluster.RedisCluster from URL
         "PREFIX": "emq",
         "QUEUES": {"orders": {"MAX_ATTEMPTS": 3, "BACKOFF_MS": 1000, "LEASE_MS": 30000,
-                              # retention (DESIGN §10.2): a count, or COUNT / AGE_S
+                              # retention (docs/explanation/lifecycle.md): a count, or COUNT / AGE_S
                               "KEEP_COMPLETED": {"COUNT": 1000, "AGE_S": 86400},
                               "KEEP_DEAD": {"COUNT": 10000, "AGE_S": 1209600}}},
         "MAX_PAYLOAD_BYTES": 524288,        # bytes of JSON per payload / result
@@ -41,9 +41,9 @@ SIGNAL_KEYS = {
     "SIGNAL_BACKOFF_MS": (500, 0, "echomq_django.E071"),
 }
 TOP_KEYS |= set(SIGNAL_KEYS)
-TOP_KEYS |= {"METRICS"}  # metrics.settings_problems checks it (issue 15)
+TOP_KEYS |= {"METRICS"}  # metrics.settings_problems checks it
 TOP_KEYS |= {"SCHEDULE"}  # periodic jobs: runners/periodic.py
-TOP_KEYS |= {"JSON_ENCODER"}  # json_encoder() checks it (issue 14): E033
+TOP_KEYS |= {"JSON_ENCODER"}  # json_encoder() checks it: E033
 QUEUE_KEYS = {"MAX_ATTEMPTS", "BACKOFF_MS", "LEASE_MS", "KEEP_COMPLETED", "KEEP_DEAD"}
 QUEUE_KEYS |= {"RATE_LIMIT", "TIMEOUT_MS"}
 RUNTIME_KEYS = {"RATE_LIMIT", "TIMEOUT_MS"}  # checked by runners/periodic.problems (E050-E059)
@@ -159,7 +159,7 @@ def problems(cfg: dict | None = None) -> list[tuple[str, str, str]]:
         for key, value in opts.items():
             if key in RUNTIME_KEYS:
                 continue
-            if key in KEEP_KEYS:  # retention (DESIGN §10.2): E020-E023
+            if key in KEEP_KEYS:  # retention (docs/explanation/lifecycle.md): E020-E023
                 out += [
                     (f"echomq_django.{cid}", f"queue {name!r}: {key} {message}", KEEP_HINT)
                     for cid, message in keep_problems(value)
@@ -205,8 +205,8 @@ PAYLOAD_LIMIT_BYTES = 512 * 1024 * 1024
 
 def value_problems(cfg: dict) -> list[tuple[str, str, str]]:
     """Settings whose type passes but whose value would misbehave at run time
-    (issue 17, item 7), ids ``echomq_django.E011``-``E014``: a ``LEASE_MS`` of
-    0 (a claimed job with no holder), ``MAX_PAYLOAD_BYTES`` that is not a
+    (docs/explanation/reliability.md#bad-input-writes-nothing), ids ``echomq_django.E011``-``E014``:
+    a ``LEASE_MS`` of 0 (a claimed job with no holder), ``MAX_PAYLOAD_BYTES`` that is not a
     whole number of bytes in 1..512 MiB, ``OPTIONS`` the redis-py client
     does not take, a ``CLUSTER`` that is not a bool. Settings only, no I/O."""
     out = []
@@ -270,8 +270,8 @@ def value_problems(cfg: dict) -> list[tuple[str, str, str]]:
 
 def server_problems(cfg: dict | None = None) -> list[tuple[str, str, str]]:
     """What the Redis server named by the settings says against them
-    (issue 17, item 7), ids ``echomq_django.E015``-``E017``: ``CLUSTER`` on
-    a server that is not a Cluster node (E015), a Cluster node without
+    (docs/explanation/reliability.md#bad-input-writes-nothing), ids ``echomq_django.E015``-``E017``:
+    ``CLUSTER`` on a server that is not a Cluster node (E015), a Cluster node without
     ``CLUSTER`` (E016: "this is a Redis Cluster node: set CLUSTER"), a DB
     index the server does not have (E017). Connects to ``URL`` (or
     ``ECHOMQ_URL``) with a ``PROBE_TIMEOUT_S`` timeout; says nothing when
@@ -319,7 +319,7 @@ def server_problems(cfg: dict | None = None) -> list[tuple[str, str, str]]:
 
 
 def check_server() -> None:
-    """For the commands at start (issue 17, item 7): raise
+    """For the commands at start (docs/explanation/reliability.md#bad-input-writes-nothing): raise
     ``ImproperlyConfigured`` with the first of ``server_problems()`` (the
     Redis named is not what the settings say: a Cluster node without
     CLUSTER, CLUSTER on a single server, a DB index out of range) as one
@@ -340,7 +340,7 @@ def signal_settings() -> dict[str, int]:
 
 def json_encoder(cfg: dict | None = None) -> type[json.JSONEncoder] | None:
     """The ``JSON_ENCODER`` setting's class (payloads and results are encoded
-    with it; DESIGN §10.4), or None for plain JSON. Raises
+    with it), or None for plain JSON. Raises
     ``ImproperlyConfigured`` when it is not the dotted path of a
     ``json.JSONEncoder`` subclass."""
     path = (config() if cfg is None else cfg).get("JSON_ENCODER")

@@ -1,6 +1,7 @@
 """Named exceptions, and the one table that maps script error strings to them.
 
-Lua scripts answer ``EMQ<CODE> ...`` error strings (DESIGN §5 rule 2); callers
+Lua scripts answer ``EMQ<CODE> ...`` error strings
+(docs/explanation/protocol.md#error-codes); callers
 catch ``JobNotActive``, never a string (STYLE rule 3).
 """
 
@@ -47,23 +48,23 @@ class JobNotRetryable(EchoMQError):
 
 
 class JobCancelled(JobNotActive):
-    """The job was cancelled while it ran (``EMQCANCELLED``, DESIGN §10.2): its
+    """The job was cancelled while it ran (``EMQCANCELLED``, docs/explanation/lifecycle.md): its
     heartbeat is refused and its result dropped; it dies with 'cancelled'."""
 
 
 class JobNotRemovable(EchoMQError):
-    """``remove`` of an active job (DESIGN §10.2); the message names the state."""
+    """``remove`` of an active job (docs/explanation/lifecycle.md); the message names the state."""
 
 
 class JobNotCancellable(EchoMQError):
-    """``cancel`` of a completed or dead job (DESIGN §10.2); the message names
+    """``cancel`` of a completed or dead job (docs/explanation/lifecycle.md); the message names
     the state."""
 
 
 class Unrecoverable(EchoMQError):
     """Raise it in a handler to fail the job for good: it goes dead at once,
     without spending its remaining attempts (BullMQ's UnrecoverableError), and
-    its parent's policy applies (DESIGN §4)."""
+    its parent's policy applies (docs/explanation/protocol.md#policies)."""
 
 
 class SweepLockLost(EchoMQError):
@@ -82,12 +83,13 @@ class RedisUnavailable(EchoMQError, ConnectionError):
 
 class DependencyError(EchoMQError, ValueError):
     """remove_child_dependency on a ref that is not an unresolved child of
-    the parent (``EMQDEP``; DESIGN §10.3)."""
+    the parent (``EMQDEP``; docs/explanation/protocol.md#removing-a-dependency)."""
 
 
 class RateLimited(EchoMQError):
     """Raise it in a handler to put the job back without spending an attempt:
-    it runs again after ``retry_after_ms`` (ms, int >= 0), DESIGN §10.3."""
+    it runs again after ``retry_after_ms`` (ms, int >= 0),
+    docs/explanation/protocol.md#scheduling."""
 
     def __init__(self, retry_after_ms: int = 1000, message: str = "") -> None:
         if not isinstance(retry_after_ms, int) or isinstance(retry_after_ms, bool):

@@ -1,4 +1,4 @@
-"""Flows: the tree a user describes, and how it is landed (DESIGN §5-§7).
+"""Flows: the tree a user describes, and how it is landed (docs/explanation/protocol.md#flows).
 
 A ``Flow`` is a job plus its children, which may be flows themselves. Landing
 it is planned here and executed by ``EchoMQ.add_flow``:
@@ -6,7 +6,7 @@ it is planned here and executed by ``EchoMQ.add_flow``:
 * every node gets an id (given or generated) and is checked: no id twice in a
   queue, no cycle, valid queue names, ids and JSON payloads;
 * nodes are ordered breadth first, so every parent is written before any of
-  its children (parent first, DESIGN §6);
+  its children (docs/explanation/protocol.md#parent-first-add);
 * consecutive nodes on the same queue form one step: one ``enqueue_flow``
   script on that queue's slot. A flow whose nodes share one queue is one step,
   hence atomic; a cross-queue flow is one step per (depth, queue).
@@ -44,7 +44,7 @@ def id_prefix() -> str:
 
 @dataclass
 class Flow:
-    """One node of a flow: a job and its children (DESIGN §7).
+    """One node of a flow: a job and its children (docs/explanation/protocol.md#flows).
 
     ``queue`` and ``name`` (the handler) are required; ``payload`` is any
     JSON-serialisable value; ``job_id`` defaults to a generated id. The three
@@ -81,7 +81,7 @@ class Flow:
     dedup_key: str | None = None
     dedup_ttl_ms: int | None = None
     children_timeout_ms: int | None = None
-    keep: int | None = None  # s after it finishes, at most (DESIGN §10.2); None: the queue's
+    keep: int | None = None  # s after it finishes, at most; None: the queue's
     continue_parent_on_failure: bool = False
 
     @property
@@ -102,7 +102,7 @@ class FlowRef:
     children's ids, every node as ``(queue, id)`` in landing order, how
     many rows were written (``landed``) or already there (``skipped``), and
     the leaves not added because their dedup key names a live job:
-    ``{(queue, leaf id): live job id}`` (DESIGN §10.3)."""
+    ``{(queue, leaf id): live job id}`` (docs/explanation/protocol.md#scheduling)."""
 
     queue: str
     parent_id: str
@@ -129,8 +129,8 @@ class Node:
     children: list[tuple[str, str]]
     depth: int
     gate: bool = True  # False for an id the host generated: no need to check it is free
-    opts: str = ""  # DESIGN §10.3 settings as enqueue_flow's options JSON ('' = none)
-    # incarnations (lib/flow.lua; DESIGN §6, §10.2): every parent gets `inc`,
+    opts: str = ""  # scheduling settings as enqueue_flow's options JSON ('' = none)
+    # incarnations (docs/explanation/protocol.md#incarnations): every parent gets `inc`,
     # a random token of its flow; a child on another queue than its parent is
     # sent its parent's as `parent_inc` (one on the same queue is given it by
     # enqueue_flow, which reads the parent row)
@@ -146,7 +146,8 @@ def plan(root: Flow, encode) -> list[Node]:
     a node that is not a ``Flow``, an id used twice in one queue, or a cycle;
     ``ValueError`` for a bad queue name or id (a bad job name is a
     ``FlowError``, a ``ValueError`` too). Nothing is written here: every
-    node is checked before the first script runs (issue 17, item 7).
+    node is checked before the first script runs
+    (docs/explanation/reliability.md#bad-input-writes-nothing).
     """
     if not isinstance(root, Flow):
         raise FlowError(f"add_flow takes a Flow, got {type(root).__name__}")
@@ -161,7 +162,8 @@ def plan(root: Flow, encode) -> list[Node]:
     level: list[tuple[Flow, Node | None]] = [(root, None)]
     depth = 0
     # The loop runs once per node of flows of 10,000+: it avoids calls it can
-    # (issue 8), e.g. the common defaults are tested inline before validating.
+    # (docs/explanation/performance.md#where-the-time-goes), e.g. the common defaults are
+    # tested inline before validating.
     while level:
         next_level = []
         for flow, parent in level:
@@ -278,7 +280,8 @@ def steps(nodes: list[Node], chunk: int) -> list[tuple[str, list[Node]]]:
     A flow on one queue is one step. Otherwise a step is a run of nodes of one
     queue at one depth; all of a parent's children are at the next depth, so
     every step comes after the step holding its nodes' parents. A step longer
-    than ``chunk`` nodes is cut into chunks (DESIGN note: a huge flow lands in
+    than ``chunk`` nodes is cut into chunks
+    (docs/explanation/protocol.md#parent-first-add: a huge flow lands in
     several scripts, parents first, so no script blocks Redis for long).
     """
     if len({n.queue for n in nodes}) == 1:

@@ -1,7 +1,7 @@
 """The data shapes: a job, its state enum, what a transition did, a parent's
 dependencies, the queue defaults, and the encoding to and from Redis.
 
-A job row is the hash ``P:{q}:job:<id>`` (DESIGN §3). Encoding and decoding
+A job row is the hash ``P:{q}:job:<id>`` (docs/explanation/protocol.md#keys). Encoding and decoding
 live here and nowhere else (STYLE rule 4). This module is the floor of the
 house: it imports nothing of the package (tests/test_structure.py).
 """
@@ -13,13 +13,14 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
 
-# A queue's settings when ECHOMQ["QUEUES"] gives none (DESIGN §8).
+# A queue's settings when ECHOMQ["QUEUES"] gives none
+# (docs/explanation/protocol.md#leases-and-recovery).
 QUEUE_DEFAULTS = {"MAX_ATTEMPTS": 3, "BACKOFF_MS": 1000, "LEASE_MS": 30000}
 MAX_PAYLOAD_BYTES = 512 * 1024  # bytes of JSON per payload or result, by default
 
 _ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 # The C encoder behind _ENCODER, built once: JSONEncoder.encode() builds a new
-# one per call, which costs more than encoding a small payload (issue 8).
+# one per call, which costs more than encoding a small payload (docs/explanation/performance.md).
 _C_ENCODE = json.encoder.c_make_encoder and json.encoder.c_make_encoder(
     None,
     _ENCODER.default,
@@ -46,7 +47,7 @@ def to_json(value: Any) -> str:
 
 
 class JobState(StrEnum):
-    """The states of DESIGN §4 (a job row's ``state`` field)."""
+    """The job states (docs/explanation/protocol.md#job-states): a job row's ``state`` field."""
 
     #: in the queue's ``pending`` list, ready to be claimed
     PENDING = "pending"
@@ -63,7 +64,8 @@ class JobState(StrEnum):
 
 
 class Policy(StrEnum):
-    """What a child's death does to its parent (DESIGN §2), as stored on the
+    """What a child's death does to its parent
+    (docs/explanation/protocol.md#policies), as stored on the
     child's row (``parent_policy``) and in outbox entries (``pol``). A row
     stores it only when it is not ``FAIL_PARENT``."""
 
@@ -76,7 +78,7 @@ class Policy(StrEnum):
     #: (``remove_dependency_on_failure``)
     REMOVE = "rd"
     #: recorded in the parent's ``:unsuccessful`` like IGNORE, and the parent
-    #: is released at once (``continue_parent_on_failure``, DESIGN §10.3)
+    #: is released at once (``continue_parent_on_failure``, docs/explanation/protocol.md#policies)
     CONTINUE_PARENT = "cp"
 
 
@@ -153,7 +155,7 @@ def _json(value: Any) -> Any:
 
 @dataclass
 class Dependencies:
-    """A parent's children by how they resolved (DESIGN §7).
+    """A parent's children by how they resolved (docs/explanation/protocol.md#a-parents-keys).
 
     ``processed`` maps child ref -> result; ``failed`` and ``ignored`` map
     child ref -> error (``fp`` and ``id`` deaths); ``removed`` maps child ref
@@ -207,7 +209,7 @@ class Job:
     ``payload`` and ``result`` are decoded JSON; timestamps are ms since the
     epoch; ``lease`` is the token a worker holds (set by ``claim`` only);
     ``parent`` / ``parent_queue`` / ``parent_policy`` (a ``Policy``) are set
-    on a flow child (DESIGN §2; a row stores the parent queue only when it
+    on a flow child (docs/explanation/glossary.md#flows; a row stores the parent queue only when it
     differs and the policy only when it is not ``fp``: ``decode``). ``children_values()``,
     ``dependencies()`` and ``ignored_failures()`` read Redis lazily, on first
     use only, and cache the answer (seed 003, "lazy evaluation").
@@ -234,8 +236,8 @@ class Job:
     lease_deadline: int | None = None
     priority: int = 0
     timeout_ms: int | None = None  # its own limit per attempt (ms); None: the queue's
-    timed_out: bool = field(default=False, compare=False)  # set by the worker (DESIGN §10.3)
-    # cancelled while it runs (DESIGN §10.2): set when the row carries the mark,
+    timed_out: bool = field(default=False, compare=False)  # set by the worker
+    # cancelled while it runs (docs/explanation/lifecycle.md): set when the row carries the mark,
     # or when the worker's heartbeat learns it; the handler may read it and stop
     cancelled: bool = field(default=False, compare=False)
     _mq: JobSource | None = field(default=None, repr=False, compare=False)
@@ -342,7 +344,7 @@ class Job:
 
     @property
     def ref(self) -> str:
-        """The job's child ref: its full job key (DESIGN §3)."""
+        """The job's child ref: its full job key (docs/explanation/protocol.md#keys)."""
         return self._require_mq().keys.job(self.queue, self.id)
 
     def _require_mq(self) -> JobSource:

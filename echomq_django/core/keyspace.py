@@ -1,7 +1,7 @@
 """Every Redis key echomq_django uses, and the rules for the names inside them.
 
-This is the only module that knows the prefix and spells a key name (DESIGN
-§3, STYLE rule 1); the tables below are the table of contents of the
+This is the only module that knows the prefix and spells a key name
+(docs/explanation/protocol.md#keys); the tables below are the table of contents of the
 keyspace (cf. BullMQ's ``queue_keys.py``). Every key of queue ``q`` is
 ``P:{q}:...``; the ``{q}`` hash tag pins a queue to one Redis Cluster slot,
 so all of a queue's keys can be used by one Lua script. The Lua scripts build
@@ -51,7 +51,7 @@ def refused_char(text: str) -> str | None:
 
 
 def validate_queue(queue: object) -> str:
-    """Return ``queue`` if it is a valid queue name (DESIGN §3).
+    """Return ``queue`` if it is a valid queue name (docs/explanation/protocol.md#keys).
 
     Raises ``ValueError`` naming the rule when it is not a ``str`` matching
     ``[A-Za-z0-9_.-]{1,64}``.
@@ -62,11 +62,11 @@ def validate_queue(queue: object) -> str:
 
 
 def validate_id(job_id: object) -> str:
-    """Return ``job_id`` if it is a valid job id (DESIGN §3).
+    """Return ``job_id`` if it is a valid job id (docs/explanation/protocol.md#keys).
 
     Raises ``ValueError`` naming the rule when it is not a ``str`` of 1-128
     characters without ``{``, ``}``, ``:``, whitespace, control or format
-    characters or lone surrogates (issue 17, item 7).
+    characters or lone surrogates (docs/explanation/reliability.md#bad-input-writes-nothing).
     """
     if not isinstance(job_id, str) or not _ID_RE.match(job_id):
         raise ValueError(f"invalid job id {job_id!r}: {ID_RULE}")
@@ -118,33 +118,33 @@ QUEUE_KEYS = {
     # the callers waiting for the lock to block on (lua/lock_outbox.lua)
     "pump_unlocked": "pump:unlocked",
     "lease_seq": "lease:seq",  # counter: lease tokens
-    "deadlines": "deadlines",  # zset: parents with a children deadline (issue 16)
-    "wake": "wake",  # zset: wake-up markers for the queue's workers (issue 12)
-    "outbox_wake": "flow:wake",  # zset: a wake-up marker for the pump (issue 12)
-    "timers_lock": "timers:lock",  # string: one worker's timer sweep of the queue (issue 12)
-    "expire": "expire",  # zset: finished jobs -> when retention may drop them (ms, issue 13)
-    "gc": "gc",  # list: removed parents whose child refs wait in gc:<seq>:<id> (issue 13)
-    "gc_seq": "gc:seq",  # counter: the gc bins (issue 13)
-    "cancel": "cancel",  # list: 'id offset' of subtrees still to cancel (issue 13)
-    "signals": "signals",  # stream: durable signal events, removed only by dispatch (issue 18)
-    "signal_kinds": "signals:kinds",  # set: the event kinds recorded (issue 18)
-    "signal_lock": "signals:lock",  # string: a dispatcher's pass over the queue (issue 18)
-    "signal_tries": "signals:tries",  # hash: event id -> sends that raised (issue 18)
+    "deadlines": "deadlines",  # zset: parents with a children deadline
+    "wake": "wake",  # zset: wake-up markers for the queue's workers
+    "outbox_wake": "flow:wake",  # zset: a wake-up marker for the pump
+    "timers_lock": "timers:lock",  # string: one worker's timer sweep of the queue
+    "expire": "expire",  # zset: finished jobs -> when retention may drop them (ms)
+    "gc": "gc",  # list: removed parents whose child refs wait in gc:<seq>:<id>
+    "gc_seq": "gc:seq",  # counter: the gc bins
+    "cancel": "cancel",  # list: 'id offset' of subtrees still to cancel
+    "signals": "signals",  # stream: durable signal events, removed only by dispatch
+    "signal_kinds": "signals:kinds",  # set: the event kinds recorded
+    "signal_lock": "signals:lock",  # string: a dispatcher's pass over the queue
+    "signal_tries": "signals:tries",  # hash: event id -> sends that raised
     # list: events given up on, newest last; the newest 10,000 kept
     # (events.DEADLETTER_MAX, trimmed by ack_signals as it pushes)
     "signal_deadletter": "signals:deadletter",
-    "prioritized": "prioritized",  # zset: claimable ids with a priority (issue 16)
-    "pri_seq": "pri:seq",  # counter: FIFO order within a priority (issue 16)
-    "paused": "paused",  # string: set while the queue is paused (issue 16)
-    "limiter": "limiter",  # hash: the RATE_LIMIT window {start, n} (issue 16)
+    "prioritized": "prioritized",  # zset: claimable ids with a priority
+    "pri_seq": "pri:seq",  # counter: FIFO order within a priority
+    "paused": "paused",  # string: set while the queue is paused
+    "limiter": "limiter",  # hash: the RATE_LIMIT window {start, n}
 }
 # Keys that hold one value of a family: the suffix is this prefix + a name.
 JOB_PREFIX = "job:"  # hash P:{q}:job:<id>: the job row; also the child ref
 CLAIM_PREFIX = "claim:"  # string P:{q}:claim:<token>: a claim's memo, for its replay
-SCHEDULE_PREFIX = "schedule:"  # string P:{q}:schedule:<entry>: a periodic entry's mark (issue 16)
-DEDUP_PREFIX = "dedup:"  # string P:{q}:dedup:<key>: the id holding a dedup key (issue 16)
+SCHEDULE_PREFIX = "schedule:"  # string P:{q}:schedule:<entry>: a periodic entry's mark
+DEDUP_PREFIX = "dedup:"  # string P:{q}:dedup:<key>: the id holding a dedup key
 OP_PREFIX = "op:"  # string P:{q}:op:<token>: a remove/cancel call's memo, for its replay
-GC_PREFIX = "gc:"  # list P:{q}:gc:<seq>:<id>: a removed parent's child refs (issue 13)
+GC_PREFIX = "gc:"  # list P:{q}:gc:<seq>:<id>: a removed parent's child refs
 # JobKeys field -> the suffix after the row key P:{q}:job:<id> (a parent's keys).
 JOB_KEYS = {
     "dependencies": ":dependencies",  # counter: children not resolved yet
@@ -247,7 +247,7 @@ QUEUES_KEPT = 1024  # QueueKeys cached per Keyspace; past it the cache starts ov
 
 
 class Keyspace:
-    """Builds the keys of DESIGN §3 for one prefix (default ``emq``).
+    """Builds the keys of docs/explanation/protocol.md#keys for one prefix (default ``emq``).
 
     Every method validates the queue name (and job id) before it builds a key,
     raising ``ValueError`` naming the rule.
@@ -308,13 +308,14 @@ class Keyspace:
         raise ValueError(f"unknown queue key {name!r}: name it in keyspace.QUEUE_KEYS")
 
     def queues(self) -> str:
-        """``P:queues``: a set of every queue that has had a job (DESIGN §10.5).
+        """``P:queues``: a set of every queue that has had a job
+        (docs/explanation/protocol.md#keys-outside-a-queue).
         Not on any queue's slot: the host adds to it, never a script."""
         return f"{self.prefix}:queues"
 
     def processes(self) -> str:
         """``P:processes``: a zset of live worker and pump ids -> the ms time
-        their registration expires (DESIGN §10.5)."""
+        their registration expires (docs/explanation/protocol.md#keys-outside-a-queue)."""
         return f"{self.prefix}:processes"
 
     def process(self, process_id: str) -> str:

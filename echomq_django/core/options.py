@@ -43,7 +43,8 @@ def check_job_options(
     dedup_key: Any = None,
     dedup_ttl_ms: Any = None,
 ) -> None:
-    """Validate the DESIGN §10.3 options of one job (enqueue or a flow node).
+    """Validate the scheduling options of one job (enqueue or a flow node;
+    docs/explanation/protocol.md#scheduling).
 
     ``priority``: int in ``[PRIORITY_MIN, PRIORITY_MAX]``; ``delay_ms``: int
     ms in ``[0, MAX_MS]``; ``timeout_ms`` / ``dedup_ttl_ms``: None or int ms
@@ -60,7 +61,7 @@ def check_job_options(
 
 
 def node_options(flow, where: str, has_children: bool, dedups: set) -> str:
-    """A flow node's DESIGN §10.3 settings as ``enqueue_flow``'s options JSON
+    """A flow node's scheduling settings as ``enqueue_flow``'s options JSON
     (see its header). ``where`` is ``queue/id`` for messages; ``dedups``
     collects ``(queue, key)`` so one flow cannot use a key twice. Raises
     ``FlowError`` for a bad value, a dedup key on a parent, a children
@@ -96,7 +97,7 @@ def node_options(flow, where: str, has_children: bool, dedups: set) -> str:
         opts["k"] = flow.dedup_key
         if flow.dedup_ttl_ms is not None:
             opts["kt"] = flow.dedup_ttl_ms
-    if flow.keep is not None:  # DESIGN §10.2: its own retention (ms in the row)
+    if flow.keep is not None:  # docs/explanation/lifecycle.md: its own retention (ms in the row)
         try:
             opts["kp"] = int(job_keep(flow.keep))
         except ValueError as err:
@@ -106,7 +107,8 @@ def node_options(flow, where: str, has_children: bool, dedups: set) -> str:
 
 class Claimed(list):
     """What ``EchoMQ.claim`` returns: the claimed ``Job`` list, and why it is
-    empty when the queue could not give anything (DESIGN §10.3): ``paused``
+    empty when the queue could not give anything
+    (docs/explanation/protocol.md#scheduling): ``paused``
     (the queue is paused; a resume wakes its workers) or ``wait_ms`` (ms until
     the queue's RATE_LIMIT window opens; None when not limited)."""
 

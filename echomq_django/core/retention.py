@@ -1,4 +1,4 @@
-"""Retention settings: what a queue keeps of its finished jobs (DESIGN §10.2).
+"""Retention settings: what a queue keeps of its finished jobs (docs/explanation/lifecycle.md).
 
 Nothing in Redis grows for ever: finished jobs leave by their queue's
 retention (``KEEP_COMPLETED``, ``KEEP_DEAD``) or their own ``keep``, and an

@@ -1,4 +1,5 @@
-"""Metrics in Prometheus' text format (DESIGN §10.5), with ``prometheus_client``
+"""Metrics in Prometheus' text format
+(docs/explanation/house.md#monitoring), with ``prometheus_client``
 (the ``metrics`` extra: ``pip install 'echomq-django[metrics]'``).
 
 Two kinds, the way Prometheus expects them:
@@ -165,7 +166,7 @@ QUEUE_GAUGES = (
     ("echomq_queue_paused", "1 when the queue is paused", lambda q: 1 if q["paused"] else 0),
     (
         "echomq_queue_signal_backlog",
-        "Durable signal events not dispatched yet (DESIGN 10.6)",
+        "Durable signal events not dispatched yet",
         lambda q: q["signals"],
     ),
     (

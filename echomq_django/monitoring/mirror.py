@@ -1,5 +1,5 @@
 """The admin mirror: copy what Redis holds into ``MirroredJob`` / ``MirroredQueue``
-(DESIGN §8). Redis stays the source of truth; this only reads it.
+(docs/explanation/house.md#monitoring). Redis stays the source of truth; this only reads it.
 
 How a queue is refreshed (``mirror_queue``):
 
@@ -18,7 +18,7 @@ How a queue is refreshed (``mirror_queue``):
   no longer reaches back to the last entry applied (trimmed past it, or the
   stream was deleted): every id in the state indexes is read, and a mirrored
   row of the queue that Redis no longer has is deleted (retention, remove:
-  DESIGN §10.2; the mirror stays as bounded as Redis).
+  docs/explanation/lifecycle.md; the mirror stays as bounded as Redis).
 
 Rows are upserted (``bulk_create(update_conflicts=True)`` on ``(queue,
 job_id)``), so running a pass twice leaves the same rows. A job whose Redis
@@ -115,7 +115,7 @@ def read_rows(mq: EchoMQ, queue: str, ids) -> dict[str, dict]:
 def store_rows(mq, queue: str, rows: dict[str, dict], now: datetime) -> tuple[int, int]:
     """Upsert the present rows, delete the ``{}`` ones: a job retention,
     remove or cancel took leaves the mirror in the pass that sees it go, so
-    the database stays bounded too (DESIGN §10.2). Returns ``(upserted,
+    the database stays bounded too (docs/explanation/lifecycle.md). Returns ``(upserted,
     deleted)``. A row that does not decode is logged and skipped."""
     present = []
     for job_id, row in rows.items():
@@ -331,7 +331,7 @@ def mirror_queue(mq, queue: str, full: bool = False, max_events: int | None = No
 
 def mirror_queues(mq, queues, full: bool = False, max_events: int | None = None) -> dict:
     """``mirror_queue`` for each of ``queues``; returns ``{queue: report}``.
-    DESIGN §8 (the admin mirror)."""
+    docs/explanation/house.md#monitoring (the admin mirror)."""
     return {q: mirror_queue(mq, q, full=full, max_events=max_events) for q in queues}
 
 

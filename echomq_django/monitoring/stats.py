@@ -1,4 +1,4 @@
-"""What an operator asks of the queues, read from Redis (DESIGN §10.5).
+"""What an operator asks of the queues, read from Redis (docs/explanation/house.md#monitoring).
 
 ``collect(mq, queues)`` answers, per queue, the counts by state, the oldest
 pending job's age, throughput over the last minute, the outbox depth, the
@@ -42,7 +42,8 @@ def oldest_pending_age_s(mq, queue: str, now_ms: int | None = None) -> float | N
 
 
 def is_paused(mq, queue: str) -> bool:
-    """Whether ``queue`` is paused (``EchoMQ.is_paused``, DESIGN §10.3)."""
+    """Whether ``queue`` is paused (``EchoMQ.is_paused``,
+    docs/explanation/protocol.md#scheduling)."""
     return bool(mq.is_paused(queue))
 
 
@@ -51,7 +52,8 @@ def queue_stats(mq, queue: str, now_ms: int | None = None) -> dict:
     ``counts`` (per state), ``oldest_pending_age_s`` (s or None),
     ``completed_last_minute``, ``dead_last_minute``, ``jobs_per_s`` (both over
     the last ``WINDOW_MS``, per second), ``outbox``, ``deadletter``,
-    ``paused``, and the durable signals' backlog (DESIGN §10.6): ``signals``
+    ``paused``, and the durable signals' backlog
+    (docs/explanation/protocol.md#durable-signal-events): ``signals``
     (events not dispatched yet), ``signals_oldest_age_s`` (s or None),
     ``signals_deadletter``. Raises ``ValueError`` for a bad name,
     ``RedisUnavailable``."""

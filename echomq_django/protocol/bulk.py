@@ -62,7 +62,7 @@ class Bulk(Part):
         ``delay_ms`` (ms), ``priority``, ``timeout_ms`` (ms), ``keep``
         (int >= 0, whole seconds a finished job is kept at most; 0: the
         next retention step takes it; None: the queue's ``KEEP_*`` alone,
-        DESIGN §10.2); not ``dedup_key`` (a deduplicated add answers
+        docs/explanation/lifecycle.md); not ``dedup_key`` (a deduplicated add answers
         another job's id: use ``enqueue`` for those).
 
         One round trip (a queue is one slot): up to ``flow_chunk`` jobs per

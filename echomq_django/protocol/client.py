@@ -54,14 +54,15 @@ class EchoMQ(Reads):
     ``timers``, ``signal_events``, ``presence``, ``probes`` (the module
     docstring says who calls which).
 
-    ``prefix`` starts every key (DESIGN §3). ``queues`` maps a queue name to
+    ``prefix`` starts every key (docs/explanation/protocol.md#keys). ``queues`` maps a queue name to
     its defaults ``{"MAX_ATTEMPTS": int, "BACKOFF_MS": ms, "LEASE_MS": ms}``;
     missing values come from ``jobs.QUEUE_DEFAULTS``. ``clock`` returns ms since the epoch
-    (tests pass a fake one: DESIGN §5 rule 3). ``max_payload_bytes`` bounds a
+    (tests pass a fake one:
+    docs/explanation/protocol.md#the-hosts-clock). ``max_payload_bytes`` bounds a
     payload or result once encoded (bytes of UTF-8 JSON). ``json_encoder``: a
     ``json.JSONEncoder`` subclass for payloads and results (the
     ``JSON_ENCODER`` setting, e.g. ``DjangoJSONEncoder`` for dates, Decimal,
-    UUID; DESIGN §10.4); None encodes plain JSON only.
+    UUID); None encodes plain JSON only.
     """
 
     def __init__(
@@ -148,18 +149,19 @@ class EchoMQ(Reads):
     ) -> str:
         """Add one job; returns its id (generated when ``job_id`` is None).
 
-        ``delay_ms`` (ms) > 0 holds it in ``delayed`` until due. DESIGN §10.3:
+        ``delay_ms`` (ms) > 0 holds it in ``delayed`` until due.
+        docs/explanation/protocol.md#scheduling:
         ``priority`` (int, higher runs first); ``timeout_ms`` (ms per attempt,
         default the queue's TIMEOUT_MS); ``dedup_key``: while a job added with
         the same key is live (not completed, not dead), nothing is written and
         that job's id is returned; ``dedup_ttl_ms`` (ms) frees the key sooner.
-        DESIGN §10.2: ``keep`` (s, int >= 0) keeps the job at most that long
+        docs/explanation/lifecycle.md: ``keep`` (s, int >= 0) keeps the job at most that long
         after it finishes (0: the next retention step takes it); None: the
         queue's ``KEEP_*`` alone.
         Raises ``ValueError`` for a bad queue name, id, name or option
         (core/options.py's ranges), ``PayloadError`` for a bad payload,
         ``DuplicateJob`` when the id is taken (nothing written),
-        ``RedisUnavailable`` when Redis cannot be reached. DESIGN §5 `enqueue`.
+        ``RedisUnavailable`` when Redis cannot be reached. docs/explanation/protocol.md#enqueue.
         """
         validate_queue(queue)
         job_id = validate_id(job_id if job_id is not None else _flows.new_id())
@@ -201,10 +203,10 @@ class EchoMQ(Reads):
 
         Each returned ``Job`` is active, holds a fresh ``lease`` token and a
         ``lease_deadline`` (ms) = now + ``lease_ms`` (the queue's LEASE_MS by
-        default), and has its attempt counted. DESIGN §5 `claim`. The list is
+        default), and has its attempt counted. docs/explanation/protocol.md#claim. The list is
         a ``Claimed``: empty with ``paused`` True when the queue is paused,
-        or with ``wait_ms`` set when its RATE_LIMIT window is full (DESIGN
-        §10.3); higher priorities come first.
+        or with ``wait_ms`` set when its RATE_LIMIT window is full
+        (docs/explanation/protocol.md#scheduling); higher priorities come first.
 
         ``token`` (str, 1-64 of ``[0-9A-Za-z._-]``) names the call; None
         draws a fresh one. Pass the token of a claim that raised a
@@ -262,7 +264,7 @@ class EchoMQ(Reads):
     def complete(self, job: Job, result: Any = None) -> Outcome:
         """Complete an active job with a JSON-serialisable ``result``.
 
-        Fans in to its parent (DESIGN §5 `complete`). Returns the ``Outcome``
+        Fans in to its parent (docs/explanation/protocol.md#complete). Returns the ``Outcome``
         (parents released). Raises ``PayloadError`` for a bad result (the job
         stays active), ``JobNotFound``, ``JobNotActive``, ``LeaseLost``.
         """
@@ -278,7 +280,7 @@ class EchoMQ(Reads):
         ``backoff_ms * 2**(attempts-1)`` ms, capped), pending (no backoff) or
         dead (attempts exhausted, or ``dead=True``). A dead child resolves its
         parent by its policy. Raises ``JobNotFound``, ``JobNotActive``,
-        ``LeaseLost``. DESIGN §5 `fail`; ``fail_many`` returns full outcomes."""
+        ``LeaseLost``. docs/explanation/protocol.md#fail; ``fail_many`` returns full outcomes."""
         outcome = self.fail_many([(job, error, dead)])[0]
         job.state = outcome.state
         return outcome.state
@@ -368,7 +370,7 @@ class EchoMQ(Reads):
     def extend_lease(self, job: Job, lease_ms: int | None = None) -> int:
         """Heartbeat: the lease now ends ``lease_ms`` (ms) from now; returns the
         new deadline (ms) and stores it on ``job``. Raises ``JobNotActive``,
-        ``LeaseLost``, ``JobNotFound``. DESIGN §5 `extend_lease`."""
+        ``LeaseLost``, ``JobNotFound``. docs/explanation/protocol.md#leases-and-recovery."""
         lease = int(lease_ms if lease_ms is not None else self.setting(job.queue, "LEASE_MS"))
         k = self.keys.queue(job.queue)
         deadline = self.scripts.run(

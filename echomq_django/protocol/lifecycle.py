@@ -108,7 +108,7 @@ class Lifecycle(Part):
         Other queues reached through the outbox get their work lists driven
         (``mode`` 'lists'), not their retention.
         Returns the ``Report``. Raises ``ValueError`` for a bad queue name or
-        ``KEEP_*`` setting, ``RedisUnavailable``. DESIGN §10.2."""
+        ``KEEP_*`` setting, ``RedisUnavailable``. docs/explanation/lifecycle.md."""
         report = Report()
         self._drive({queue}, report, budget, max_calls, "all")
         return report
@@ -133,8 +133,8 @@ class Lifecycle(Part):
                     break
 
     def remove(self, queue: str, job_id: str, budget: int = BUDGET) -> Report:
-        """Remove a job that is not active, with its whole subtree (DESIGN
-        §10.2). A removed child resolves its parent like
+        """Remove a job that is not active, with its whole subtree
+        (docs/explanation/lifecycle.md#remove). A removed child resolves its parent like
         ``remove_dependency`` (the parent goes on; a parent on another slot
         through the outbox). Returns the ``Report`` (``removed`` rows on the
         job's queue). Raises ``JobNotFound``, ``JobNotRemovable`` (an active
@@ -157,7 +157,7 @@ class Lifecycle(Part):
         return report
 
     def cancel(self, queue: str, job_id: str, budget: int = BUDGET) -> Report:
-        """Cancel a job and its unfinished subtree (DESIGN §10.2): pending,
+        """Cancel a job and its unfinished subtree (docs/explanation/lifecycle.md): pending,
         delayed and awaiting jobs die now with the error 'cancelled' (their
         parent's policy applies); an active job is marked and dies when its
         worker reports or heartbeats, or its lease expires.

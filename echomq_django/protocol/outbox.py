@@ -8,7 +8,7 @@ read the dead-letter list.
 
 ``Outbox`` is the part ``mq.outbox``; the pump's delivery
 (``runners/delivery.py``) and ``Lifecycle`` (retry, remove, cancel) call it.
-This is the Redis outbox of flows, not the database outbox of
+This is the Redis outbox of flows, not the commit outbox of
 ``commit_outbox.py``.
 """
 
@@ -41,7 +41,7 @@ class Outbox(Part):
         source: str | None = None,
     ) -> tuple[list[bool | None], Outcome]:
         """Deliver outbox entries (dicts ``{k, c, p, q, pol?, v?, i?}``; ``i``
-        the parent's incarnation, DESIGN §6) to their
+        the parent's incarnation, docs/explanation/protocol.md#incarnations) to their
         parents, one ``deliver_to_parents`` per parent queue, pipelined. Returns a
         delivered flag per entry (False: parent row gone, or the entry is
         malformed; None: delivered, but on a Cluster master whose replica did
@@ -105,8 +105,8 @@ class Outbox(Part):
         pump to dead-letter, one no replica confirmed (``deliver``) for the
         pump to deliver again. Returns the ``Outcome``. Raises what a script
         raises, ``RedisUnavailable`` for a wait Redis did not answer.
-        DESIGN §6, §10.2; the wait blocks, it does not poll (§10.1): see
-        ``_wait_for_sweep_lock``."""
+        docs/explanation/protocol.md#the-flow-outbox-and-the-pump; the wait blocks, it does not
+        poll: see ``_wait_for_sweep_lock``."""
         if not texts:
             return Outcome()
         k, token = self.keys.queue(queue), secrets.token_hex(8)
@@ -140,7 +140,8 @@ class Outbox(Part):
         drop between the PTTL and the BLPOP leaves its mark for this BLPOP.
         Each BLPOP ends ``SENT_SOCKET_MARGIN_S`` s before the client's socket
         timeout (half of a shorter one), which would cut it and make redis-py
-        send it again. Raises ``RedisUnavailable``. DESIGN §6, §10.1."""
+        send it again. Raises ``RedisUnavailable``.
+        docs/explanation/protocol.md#the-flow-outbox-and-the-pump."""
         try:
             lease_ms = self.client.pttl(k.pump_lock)  # -2: gone; -1: no expiry (not ours)
             if lease_ms == -2:
@@ -178,9 +179,10 @@ class Outbox(Part):
         ``token``'s. Returns whether the caller holds it (take) or held it
         (drop). The lock always expires; a lock already holding ``token`` is
         the caller's own (left by a drop that failed while Redis was away),
-        renewed, not waited out (issue 17, item 2). A drop leaves a mark on
-        ``pump_unlocked`` for a caller waiting for the lock (``deliver_sent``).
-        DESIGN §6."""
+        renewed, not waited out
+        (docs/explanation/reliability.md#a-pumps-lock-never-outlives-a-pump-for-long). A drop leaves
+        a mark on ``pump_unlocked`` for a caller waiting for the lock (``deliver_sent``).
+        docs/explanation/protocol.md#the-flow-outbox-and-the-pump."""
         k = self.keys.queue(queue)
         return bool(
             self.scripts.run(

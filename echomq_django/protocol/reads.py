@@ -203,7 +203,7 @@ class Reads(Part):
             pipe.zcard(index)
         pipe.llen(k.outbox)
         pipe.llen(k.deadletter)
-        pipe.zcard(k.prioritized)  # pending jobs with a priority (DESIGN §10.3)
+        pipe.zcard(k.prioritized)  # pending jobs with a priority
         pending, active, delayed, completed, dead, awaiting, outbox, dl, ranked = pipe.execute()
         return {
             "pending": pending + ranked,
@@ -221,7 +221,7 @@ class Reads(Part):
         self, queue: str, state: JobState | str, start: int = 0, end: int = -1
     ) -> list[str]:
         """Ids in one state index, oldest first (pending: the order claims
-        take them, priorities included, DESIGN §10.3)."""
+        take them, priorities included, docs/explanation/protocol.md#scheduling)."""
         key = self.keys.queue(queue).index(JobState(state))
         if JobState(state) is JobState.PENDING:
             ranked = self.keys.queue(queue).prioritized

@@ -1,7 +1,7 @@
 """The script loader: loads ``lua/`` once per process, runs scripts by EVALSHA.
 
-DESIGN §5. Each ``lua/<name>.lua`` is one transition; a line
-``-- @include lib/<file>.lua`` in its body is replaced by that file (shared
+docs/explanation/protocol.md#one-script-per-transition. Each ``lua/<name>.lua`` is one transition; a
+line ``-- @include lib/<file>.lua`` in its body is replaced by that file (shared
 fan-in code; a lib file may include another, each is inlined once). The text
 is read once per process (``load_sources``); each
 client gets redis-py ``Script`` objects, which do EVALSHA with the NOSCRIPT
@@ -192,9 +192,11 @@ class Scripts:
         repeats the batch, which every script recognises.
 
         On a Cluster each call is routed by the slot of its first key,
-        computed here (all of a script's keys share it, DESIGN §5 rule 1): no
+        computed here (all of a script's keys share it,
+        docs/explanation/protocol.md#one-slot-per-script): no
         ``COMMAND GETKEYS`` round trip to redis-py's default node, which after
-        a failover may be the dead master (issue 17, item 1). Calls that a
+        a failover may be the dead master
+        (docs/explanation/reliability.md#a-failover-heals-by-itself). Calls that a
         failover interrupted are re-sent, up to ``ROUTE_ATTEMPTS`` sends, with
         the slot map refreshed before each.
         """
@@ -216,7 +218,8 @@ class Scripts:
         stream keeps its writes in order, so a replica that holds the deletion
         holds the writes before it. An unconfirmed call refreshes the slot
         map (a replica the Cluster marked failed leaves it). Raises as
-        ``run_many``. DESIGN §5, §6 (the pump's trim; README "Failovers")."""
+        ``run_many``.
+        docs/explanation/reliability.md#a-hand-off-between-masters-waits-for-a-replica."""
         if not calls:
             return [], []
         for name, keys, args in calls:

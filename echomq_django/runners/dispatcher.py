@@ -102,7 +102,8 @@ def _receivers(signal) -> list[tuple[object, bool]]:
 
 
 class Dispatcher:
-    """Sends the signals of ``queues``' durable events (DESIGN §10.6).
+    """Sends the signals of ``queues``' durable events
+    (docs/explanation/protocol.md#durable-signal-events).
 
     ``queues``: queue names; ``mq``: an ``EchoMQ`` with the ``EventCalls``
     methods (None: the one from settings);

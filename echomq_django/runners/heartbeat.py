@@ -43,7 +43,7 @@ def new_process_id() -> str:
 
 
 class Heartbeat:
-    """Keeps one process registered while it runs (DESIGN §10.5).
+    """Keeps one process registered while it runs (docs/explanation/house.md#monitoring).
 
     ``mq``: an ``EchoMQ``; ``kind``: ``worker`` or ``pump``; ``queues``: the
     queue names it serves; ``interval_s`` (s, > 0): time between beats;
@@ -134,7 +134,7 @@ def announce(
     concurrency: int = 0,
     warn: logging.Logger | None = None,
 ) -> Heartbeat | None:
-    """What a runner does as it starts (DESIGN §10.5): with ``warn`` (a
+    """What a runner does as it starts (docs/explanation/house.md#monitoring): with ``warn`` (a
     logger), warn about queues known nowhere (``unknown_queue_warning``;
     skipped while Redis is down: the runner reports that); then, unless
     ``register`` is off, start the ``Heartbeat`` that lists it (returned:

@@ -1,4 +1,5 @@
-"""Periodic jobs from ``ECHOMQ["SCHEDULE"]`` (DESIGN §10.3), and the system
+"""Periodic jobs from ``ECHOMQ["SCHEDULE"]``
+(docs/explanation/protocol.md#scheduling), and the system
 checks of the scheduling settings (ids ``echomq_django.E050``-``E059``).
 
 Shape::
@@ -259,7 +260,7 @@ def entries(schedule: dict, default_tz: str = "UTC") -> list[Entry]:
 
 
 class Scheduler:
-    """Fires periodic jobs (DESIGN §10.3): ``fire_due()`` adds the job of
+    """Fires periodic jobs (docs/explanation/protocol.md#scheduling): ``fire_due()`` adds the job of
     every entry whose latest tick has not fired yet, and returns
     ``[(queue, job id)]`` of the jobs this call added; ``next_due()`` is the
     ms (since the epoch) of the next tick of any entry, for the caller's

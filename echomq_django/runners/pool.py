@@ -1,5 +1,5 @@
 """Running handlers: the worker's handler threads, and what the error of a
-failed handler reads like (DESIGN §4, §7; the decisions are listed in
+failed handler reads like (docs/explanation/protocol.md#fail; the decisions are listed in
 worker.py's docstring).
 """
 
@@ -65,7 +65,7 @@ class HandlerPool:
     """``size`` handler threads taking ``(fn, args)`` from one queue, started
     as the first ``size`` jobs arrive. Cheaper per job than
     ``ThreadPoolExecutor.submit`` (no Future, Condition or semaphore per job;
-    that was a quarter of the loop thread's time on small jobs, issue 8).
+    that was a quarter of the loop thread's time on small jobs, docs/explanation/performance.md).
     ``fn`` reports its own outcome and never raises (``Worker._execute``)."""
 
     def __init__(self, size: int, name: str) -> None:

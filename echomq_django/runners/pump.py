@@ -7,15 +7,15 @@ One ``Pump(queues).sweep()`` pass, for each queue:
 2. promotes due delayed jobs;
 3. recovers expired leases (a job past the stall limit dies);
 4. sends the Django signals of the queue's durable events (``dispatcher.py``,
-   DESIGN §10.6): in ``sweep()`` synchronously, in ``run()`` from the
-   dispatcher's threads, which block on the queues' event streams and send
+   docs/explanation/protocol.md#durable-signal-events): in ``sweep()`` synchronously, in ``run()``
+   from the dispatcher's threads, which block on the queues' signals streams and send
    within milliseconds of a transition.
 
 ``Pump.run`` sweeps every ``interval`` seconds and, in between, blocks on its
 queues' outbox wake keys (``P:{q}:flow:wake``, wake.py): a child's
 completion or death that writes an outbox entry wakes it, and it delivers
 that queue's outbox at once, so a cross-queue parent is released within
-milliseconds of its last child (DESIGN §10.1). The interval sweep stays as
+milliseconds of its last child (docs/explanation/no-polling.md). The interval sweep stays as
 the safety net (a wake-up lost with a killed pump; promotion and recovery
 where no worker keeps the timers).
 """
@@ -56,7 +56,8 @@ def check_interval(interval) -> float:
 
 
 class Pump:
-    """Sweeps queues: ``Pump(["orders"], mq=None).sweep()`` (DESIGN §7).
+    """Sweeps queues: ``Pump(["orders"], mq=None).sweep()``
+    (docs/explanation/protocol.md#the-flow-outbox-and-the-pump).
 
     ``queues``: list of queue names; ``mq``: an ``EchoMQ`` (None: the one
     built from settings); ``batch``: outbox entries per round trip;
@@ -71,12 +72,12 @@ class Pump:
     fires (None: the ``ECHOMQ["SCHEDULE"]`` entries on these queues, if
     any), and ``run`` wakes for their ticks;
     ``register``: list this pump among the live processes while ``run()``
-    runs (a heartbeat every ``beat_s`` seconds, DESIGN §10.5);
+    runs (a heartbeat every ``beat_s`` seconds, docs/explanation/house.md#monitoring);
     ``dispatcher``: the ``Dispatcher`` of the queues' durable signals (None:
     one with the settings' tries and backoff).
     Raises ``ValueError`` naming the rule for a bad or missing queue name
     or a ``batch`` (>= 1), ``lock_ms``, ``max_tries``, ``max_stalls`` out of
-    range (issue 17, item 7).
+    range (docs/explanation/reliability.md#bad-input-writes-nothing).
     """
 
     def __init__(
@@ -255,7 +256,7 @@ class Pump:
                 return
             busy = any(r["delivered"] >= self.batch for r in reports.values())
             wait = 0 if busy else max(0.0, interval - (time.monotonic() - started))
-            if self.scheduler:  # wake for the next periodic tick (DESIGN §10.3)
+            if self.scheduler:  # wake for the next periodic tick
                 wait = self.scheduler.wait_s(wait)
             try:
                 if self._deliver_on_wakeups(waker, wait, should_stop):

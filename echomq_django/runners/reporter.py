@@ -1,6 +1,6 @@
-"""The worker's reporter: finished jobs go back to Redis in batches (DESIGN
-§4, §7; the module docstring of worker.py tells how the threads share the
-work).
+"""The worker's reporter: finished jobs go back to Redis in batches
+(docs/explanation/protocol.md#complete; the module docstring of worker.py tells how the threads
+share the work).
 
 The claiming loop hands each batch of ``Finished`` jobs over
 (``Reporter.hand_over``); the reporter thread completes every successful
@@ -48,7 +48,7 @@ class Finished:
     and ``dead`` says the job fails for good (the handler raised
     ``Unrecoverable``). ``ms``: how long the handler ran (ms).
     ``postpone_ms``: the handler raised ``RateLimited``: the job goes back
-    for that long without spending its attempt (DESIGN §10.3)."""
+    for that long without spending its attempt (docs/explanation/protocol.md#scheduling)."""
 
     job: Job
     result: Any = None
@@ -194,7 +194,8 @@ class Reporter:
         if kept:
             # Only a script's refusal (EMQSTATE, EMQLEASE, EMQNOJOB) drops a
             # result; anything else (OOM, BUSY, an error in a script) keeps it
-            # for the next try, like an outage (issue 17, item 3). A job that
+            # for the next try, like an outage
+            # (docs/explanation/reliability.md#not-now-is-not-no). A job that
             # can never be reported is refused once its lease has expired.
             finished.extend(f for f, _ in kept)
             raise RedisUnavailable(
@@ -225,7 +226,7 @@ class Reporter:
         lost, the job moved on or was cancelled)."""
         self._forget(job)
         self.stats["lost"] += 1
-        if isinstance(reply, JobCancelled):  # DESIGN §10.2: it died 'cancelled'
+        if isinstance(reply, JobCancelled):  # docs/explanation/lifecycle.md: it died 'cancelled'
             log.info("job %s/%s (%s): cancelled while it ran; its result is dropped",
                      job.queue, job.id, job.name)  # fmt: skip
         else:
@@ -281,7 +282,7 @@ class Reporter:
                     outcome.state,
                     first_line(error),
                 )
-            if listening and not dead:  # job_dead is a durable event (DESIGN §10.6)
+            if listening and not dead:  # job_dead is a durable event
                 signals.send(
                     signals.job_failed,
                     self.sender,

@@ -1,4 +1,5 @@
-"""Per-attempt time limits for the worker (DESIGN §10.3: ``timeout_ms`` on a
+"""Per-attempt time limits for the worker
+(docs/explanation/protocol.md#scheduling: ``timeout_ms`` on a
 job, ``TIMEOUT_MS`` per queue).
 
 Python cannot kill a thread, so a handler that runs past its limit is not

@@ -225,7 +225,7 @@ class Timers:
 
 
 class Idle:
-    """A worker's side of DESIGN §10.1: its ``Waker`` on the queues' wake
+    """A worker's side of docs/explanation/no-polling.md: its ``Waker`` on the queues' wake
     keys and its ``Timers``. The worker calls ``start(post)`` and ``stop()``
     around a run, ``keep_timers()`` on each pass of its loop, ``block(idle)``
     before each wait (True: arm the waker) and ``on_wake(wake)`` for what

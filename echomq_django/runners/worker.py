@@ -1,5 +1,5 @@
 """The worker: claim jobs, run their handlers on a thread pool, report back in
-batches (DESIGN §4, §7, §8; issue "Workers").
+batches (docs/explanation/house.md#runners-threads-and-loops).
 
 ``Worker(["orders"], concurrency=4).run(burst=False, max_jobs=None)``
 
@@ -11,7 +11,7 @@ the job path, each in batches:
   asked rotates each turn; a queue whose claim came back short rests until
   woken), submits them, and waits for one to finish or a wake-up: with a
   free thread it blocks on the queues' wake keys (``wake.Idle``: no polling,
-  DESIGN §10.1), and it keeps the queues' timers (due delayed jobs promoted
+  docs/explanation/no-polling.md), and it keeps the queues' timers (due delayed jobs promoted
   at their run-at, expired leases recovered by one worker per queue per
   ``sweep_interval``), so ``runworker`` alone runs a single-queue site;
 * the **reporter** (reporter.py) takes every finished job handed over since
@@ -35,7 +35,7 @@ Decisions (documented here, relied on by the tests):
 * A handler that raises ``echomq_django.RateLimited(retry_after_ms)`` puts
   the job back (delayed that long) without spending its attempt; a queue
   whose ``RATE_LIMIT`` window is full rests until the window opens
-  (DESIGN §10.3).
+  (docs/explanation/protocol.md#scheduling).
 * An attempt that runs past its job's ``timeout_ms`` (or the queue's
   ``TIMEOUT_MS``) fails as timed out and is retried by the usual rules; its
   thread is written off and replaced, its late result discarded
@@ -44,7 +44,7 @@ Decisions (documented here, relied on by the tests):
   last ``TRACEBACK_LINES`` lines of the traceback from the handler's frame
   down (the worker's own call, the same in every error, is left out; at most
   ``ERROR_CHARS`` characters); the job retries with backoff and dies when its attempts are
-  spent, and its parent's policy applies (DESIGN §4).
+  spent, and its parent's policy applies (docs/explanation/protocol.md#fail).
 * A job whose name has no handler is an ordinary failure too (retries, then
   dead), not an instant death: a deploy that adds the handler recovers the
   retries still due, and retry-by-id recovers the dead ones. The error names
@@ -103,7 +103,7 @@ log = logging.getLogger("echomq_django.worker")
 
 
 class Worker:
-    """Runs the handlers of jobs claimed from ``queues`` (DESIGN §7).
+    """Runs the handlers of jobs claimed from ``queues`` (docs/explanation/protocol.md#claim).
 
     ``queues``: queue names (list of str); ``concurrency``: handler threads
     (int >= 1); ``mq``: an ``EchoMQ`` (None: the one built from settings);
@@ -121,7 +121,7 @@ class Worker:
     ``beat_s`` seconds, docs/operating.md); ``metrics``: the process's
     Prometheus counters of finished jobs and handler times
     (``monitoring.metrics.process_metrics()``; ``runworker --metrics-port``
-    passes them), None for none; ``drainer``: the database outbox's drainer
+    passes them), None for none; ``drainer``: the commit outbox's drainer
     (``commit_outbox.Drainer``; ``runworker`` passes one): it drains once
     before the first claim, then on its own thread until the worker stops
     (any object with ``drain_once()``, ``start(drain_now=False)`` and
@@ -160,7 +160,7 @@ class Worker:
         drainer=None,
     ) -> None:
         mq = self.mq = mq if mq is not None else get_mq()
-        # the database outbox: drained before the first claim, then on a
+        # the commit outbox: drained before the first claim, then on a
         # thread of its own
         self._drainer = drainer
         self.queues = [validate_queue(q) for q in dict.fromkeys(queues)]
@@ -344,8 +344,8 @@ class Worker:
                 try:
                     self.mq.extend_lease(job, lease)
                 except JobCancelled:
-                    # DESIGN §10.2: the handler may read job.cancelled and stop; its
-                    # result will be dropped, and the lease is left to run out
+                    # docs/explanation/lifecycle.md#cancel: the handler may read job.cancelled and
+                    # stop; its result will be dropped, and the lease is left to run out
                     job.cancelled, job.lease_deadline = True, None
                     log.info("job %s/%s (%s) was cancelled while it ran", job.queue, job.id,
                              job.name)  # fmt: skip

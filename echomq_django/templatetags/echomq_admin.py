@@ -1,4 +1,4 @@
-"""Template filters of the admin pages (DESIGN §8, §10.5): states as coloured
+"""Template filters of the admin pages (docs/explanation/house.md#admin): states as coloured
 badges, policies and durations in words, errors folded to their first line.
 ``{% load echomq_admin %}``; every filter escapes what it is given.
 """
@@ -15,7 +15,7 @@ from ..monitoring.stats import duration
 
 register = template.Library()
 
-# DESIGN §2 policy tokens -> what they mean for the parent
+# policy tokens (docs/explanation/protocol.md#policies) -> what they mean for the parent
 POLICY_WORDS = {
     "fp": "fail the parent",
     "id": "ignore (the parent goes on)",

@@ -1,7 +1,7 @@
 --[[
   lib/cancel_out.lua: how many `cancel` entries a parent's cancel left in its
-  queue's outbox, kept on the parent's row as `cancel_out` (README protocol
-  notes, "A retry takes a cancel back"). A retry of the cancelled parent
+  queue's outbox, kept on the parent's row as `cancel_out`
+  (docs/explanation/lifecycle.md#a-retry-takes-a-cancel-back). A retry of the cancelled parent
   must take those entries out of the outbox (delivered later, they would
   cancel its retried children), and the outbox may hold many thousands of
   other entries while the pumps are behind: with the count it searches the

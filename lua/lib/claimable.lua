@@ -1,6 +1,6 @@
 --[[
   lib/claimable.lua: the one place a job becomes claimable, and the wake-ups
-  that let workers and pumps block instead of poll (DESIGN §10.1). Inlined by
+  that let workers and pumps block instead of poll (docs/explanation/no-polling.md). Inlined by
   the script loader into every script whose header says
   `@include lib/claimable.lua` (lib/flow.lua includes it too). It defines
   local functions only and touches no key until a script calls them; every
@@ -35,7 +35,7 @@ local function wake_workers(base)
   redis.call('ZADD', base .. 'wake', 0, WAKE_NOW)
 end
 
--- Priorities (DESIGN §10.3): priority 0, the default, keeps the pending
+-- Priorities (docs/explanation/protocol.md#scheduling): priority 0, the default, keeps the pending
 -- list; any other priority goes to the zset P:{q}:prioritized, scored
 --   -priority * 2^32 + offset
 -- so a higher priority has a lower score. Within a priority, `offset` is

@@ -1,6 +1,6 @@
 --[[
-  lib/error.lua: a job row's `error` in pieces (README protocol notes,
-  "Errors in pieces"), inlined by the script loader where `@include
+  lib/error.lua: a job row's `error` in pieces
+  (docs/explanation/protocol.md#errors-in-pieces), inlined by the script loader where `@include
   lib/error.lua` appears (lib/flow.lua includes it). Local definitions
   only; no key is touched until a script calls them.
 

@@ -3,7 +3,7 @@
   header says `@include lib/flow.lua`. Not a script of its own: it defines
   local functions only and touches no key until a script calls them.
 
-  Why a shared file: fan-in and death propagation (DESIGN §4) are the same
+  Why a shared file: fan-in and death propagation (docs/explanation/protocol.md#flows) are the same
   whether a child finishes in `complete`, dies in `fail` / `recover_stalled`,
   or is delivered from another slot by the pump (`deliver_to_parents`). One copy
   keeps the exactly-once guard identical on every road.
@@ -11,7 +11,7 @@
   A child row without `parent_queue` has its parent on this queue, and one
   without `parent_policy` has policy 'fp' (compact rows, enqueue_flow).
 
-  Incarnations (DESIGN §6, §10.2): a parent holds `inc`, a token drawn when
+  Incarnations (docs/explanation/protocol.md#incarnations): a parent holds `inc`, a token drawn when
   its flow was added, and each child holds its parent's as `parent_inc`
   (enqueue_flow; a child taken back by a flow added again gets the new
   one). Ids, and so child refs, are the same in every flow added under
@@ -25,7 +25,7 @@
   resolves no parent, unless a flow added again takes it back.
 
   Every key these helpers build is `base .. suffix` where `base` is the
-  `P:{q}:` of the queue the script runs on: one slot (DESIGN §5 rule 1). A
+  `P:{q}:` of the queue the script runs on: one slot (docs/explanation/protocol.md#one-slot-per-script). A
   parent on another slot is never touched: an outbox entry is pushed instead.
 
   The including script defines `QUEUE` (its queue name) before the include.
@@ -69,21 +69,21 @@ local function parent_state(pkey, inc)
   return f[1]
 end
 
--- The child ref is the child's full job key: unique across queues (DESIGN §3).
+-- The child ref is the child's full job key: unique across queues (docs/explanation/protocol.md#the-job-row).
 local function child_ref(base, id)
   return base .. 'job:' .. id
 end
 
 -- True when the child has already resolved its parent by a decrement
 -- (completed, ignored or removed). A child in :failed has not: `fp` keeps it
--- counted so that a retry can re-attach it (DESIGN §4).
+-- counted so that a retry can re-attach it (docs/explanation/protocol.md#retry).
 local function already_resolved(pkey, ref)
   return redis.call('HEXISTS', pkey .. ':processed', ref) == 1
       or redis.call('HEXISTS', pkey .. ':unsuccessful', ref) == 1
       or redis.call('HEXISTS', pkey .. ':removed', ref) == 1
 end
 
--- A key freed when its job finishes (dedup_key, DESIGN §10.3): only while it
+-- A key freed when its job finishes (dedup_key, docs/explanation/protocol.md#scheduling): only while it
 -- still names this job (after a ttl it may name a newer one).
 local function free_dedup(base, key, id)
   if key and redis.call('GET', base .. 'dedup:' .. key) == id then
@@ -93,7 +93,7 @@ end
 
 -- Release a held parent (awaiting_children -> pending) once; a parent with a
 -- `delay_until` still in the future goes to delayed instead (a delayed parent
--- waits for its children and its delay, DESIGN §10.3). A dead parent is never
+-- waits for its children and its delay, docs/explanation/protocol.md#scheduling). A dead parent is never
 -- released.
 local function release(base, pid, now)
   local pkey = job_key(base, pid)
@@ -111,7 +111,7 @@ local function release(base, pid, now)
     make_delayed(base, pid, at)
   else
     redis.call('HSET', pkey, 'state', 'pending', 'updated_at', now)
-    make_claimable(base, {pid}, f[4], true)  -- the front of its priority (DESIGN §10.3)
+    make_claimable(base, {pid}, f[4], true)  -- the front of its priority
   end
   emit(base, 'released', pid)
   signal_event(base, 'released', pid)
@@ -132,8 +132,7 @@ local function decrement_and_maybe_release(base, pid, now)
 end
 
 -- A cancelled job taken back (a retry of it, or its revival when its last
--- failed child is retried: DESIGN §10.2, README "A retry takes a cancel
--- back"): its queued subtree work (its P:{q}:cancel item, its `cancel`
+-- failed child is retried: docs/explanation/lifecycle.md#a-retry-takes-a-cancel-back): its queued subtree work (its P:{q}:cancel item, its `cancel`
 -- entries still in this queue's outbox) goes, and its same-slot children
 -- still running lose their `cancel` mark, so their results count.
 local function uncancel(base, jid, key)
@@ -172,8 +171,8 @@ end
 
 local reattach
 
--- A child its parent ignored (`id`) re-attaches when it is retried (issue 17,
--- item 5): while the parent has not been released (it waits, or is dead and
+-- A child its parent ignored (`id`) re-attaches when it is retried
+-- (docs/explanation/reliability.md#a-retried-child-its-parent-ignored): while the parent has not been released (it waits, or is dead and
 -- may be retried itself) the child leaves :unsuccessful and the counter
 -- counts it again, so its next completion or death resolves the parent once
 -- more, exactly like a first one. A parent that went on without it keeps the
@@ -193,7 +192,7 @@ end
 -- A job that left dead (retried, or revived) re-attaches to a parent it had
 -- failed (`fp`) or that ignored it (`id`, above): here when the parent shares
 -- the slot, else by a `reattach` entry on this queue's outbox that the pump
--- delivers (DESIGN §4 retry).
+-- delivers (docs/explanation/protocol.md#retry).
 local function reattach_up(base, id, now)
   local parent = redis.call('HMGET', job_key(base, id), 'parent', 'parent_queue', 'parent_policy',
     'parent_inc', 'orphaned')
@@ -316,7 +315,7 @@ local function kill(base, id, err, now)
   if f[3] then  -- its own keep (ms): retention's expire list (lib/lifecycle.lua)
     redis.call('ZADD', base .. 'expire', now + tonumber(f[3]), id)
   end
-  if err == 'cancelled' then  -- every road of a cancel: queued, running, stalled (DESIGN §10.2)
+  if err == 'cancelled' then  -- every road of a cancel: queued, running, stalled
     if state ~= 'awaiting_children' and redis.call('EXISTS', key .. ':children') == 1 then
       -- a parent past waiting (released, or retried after its children timed
       -- out): it went on without its children, and its retry runs it again
@@ -346,12 +345,12 @@ local function failed_by(ref, err)
   return 'failed by child ' .. ref .. ': ' .. line
 end
 
--- A dead child resolves its parent by the child's policy (DESIGN §4):
+-- A dead child resolves its parent by the child's policy (docs/explanation/protocol.md#policies):
 --   fp  record in :failed, the parent goes dead (and so on up the tree)
 --   id  record in :unsuccessful, decrement, maybe release
 --   rd  record in :removed (the guard only), decrement, maybe release
 --   cp  record in :unsuccessful, decrement, and release the parent at once
---       (continue_parent_on_failure, DESIGN §10.3): resolved like `id`, so
+--       (continue_parent_on_failure): resolved like `id`, so
 --       its retry never re-attaches and the parent (which reads it in
 --       dependencies().ignored) is released only this once: release()
 --       wants awaiting_children. A parent it releases early is marked

@@ -1,6 +1,6 @@
 --[[
-  lib/lifecycle.lua: retention, removal and cancellation helpers (DESIGN
-  §10.2), inlined after lib/flow.lua (they use its emit, kill, reattach,
+  lib/lifecycle.lua: retention, removal and cancellation helpers
+  (docs/explanation/lifecycle.md), inlined after lib/flow.lua (they use its emit, kill, reattach,
   fan_in_dead and OUT). Local functions only; no key is touched until a
   script calls them.
 
@@ -96,7 +96,7 @@ end
 
 local function unindex(base, id, state)
   if state == 'pending' then
-    unclaimable(base, id)  -- the pending list, or P:{q}:prioritized (DESIGN §10.3)
+    unclaimable(base, id)  -- the pending list, or P:{q}:prioritized
   elseif state == 'awaiting_children' then
     redis.call('ZREM', base .. 'awaiting', id)
   elseif state then
@@ -241,8 +241,8 @@ local function gc_run(base)
   end
 end
 
--- A removed child resolves its parent like `remove_dependency` (DESIGN
--- §10.2): out of the parent's :failed (a dead parent may revive), recorded in
+-- A removed child resolves its parent like `remove_dependency`
+-- (docs/explanation/lifecycle.md#remove): out of the parent's :failed (a dead parent may revive), recorded in
 -- :removed, one decrement, release at zero. Guarded: a child that resolved
 -- its parent already changes nothing. Another slot: a `gone` entry.
 local function resolve_removed(base, id, now)
@@ -263,7 +263,7 @@ local function resolve_removed(base, id, now)
   end
 end
 
--- Cancel one node (DESIGN §10.2): pending / delayed / awaiting die now with
+-- Cancel one node (docs/explanation/lifecycle.md): pending / delayed / awaiting die now with
 -- the error 'cancelled' (their parent's policy applies); an awaiting one
 -- queues its children for cancelling; an active one is marked (its worker
 -- learns it at its next heartbeat or report). `parent` and `inc` as for
@@ -414,7 +414,7 @@ local function keep_rule(base, index, count, age_ms, now)
   end
 end
 
--- A node's own `keep` (DESIGN §10.2): when it finishes, the row's `keep`
+-- A node's own `keep` (docs/explanation/lifecycle.md): when it finishes, the row's `keep`
 -- field (ms to keep it) puts it in P:{q}:expire at finished-at + keep.
 local function expire_run(base, now)
   if LEFT <= 0 then

@@ -14,7 +14,7 @@
     released      parent_released         nil
     flow_failed   flow_failed             the parent's error
     cancelled     job_cancelled           the error ('cancelled': kill records it
-                                          before the death, DESIGN §10.2)
+                                          before the death, docs/explanation/lifecycle.md)
 
   The event is XADDed to `P:{q}:signals` (a stream on the queue's own slot)
   as fields k=<kind>, id=<job id>, n=<job name>[, v=<value>]; its stream id

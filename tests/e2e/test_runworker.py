@@ -237,7 +237,7 @@ def test_after_sigkill_the_pump_recovers_the_job_and_the_flow_completes_once(run
 
 
 def test_runworker_alone_runs_a_site_with_pump_delays_and_retries(run, mq):
-    """Issue 12: one ``runworker --pump`` process, nothing else; every wait is
+    """docs/explanation/no-polling.md: one ``runworker --pump`` process, nothing else; every wait is
     far longer than the test, so each job ran on a wake-up or a timer."""
     mq.add_flow(Flow("orders", "t.sum_children", job_id="o", children=[Flow("kids", "t.echo", 4)]))
     mq.enqueue("orders", "t.echo", "later", job_id="d", delay_ms=300)

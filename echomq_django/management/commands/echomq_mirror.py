@@ -1,6 +1,6 @@
 """``./manage.py echomq_mirror [QUEUE...] [--full]``: refresh the admin mirror
-now (DESIGN §8). No queue names: every known queue (``P:queues``, every queue
-that ever had a job; ``ECHOMQ["QUEUES"]``; live workers' and pumps' queues)
+now (docs/explanation/house.md#monitoring). No queue names: every known queue (``P:queues``, every
+queue that ever had a job; ``ECHOMQ["QUEUES"]``; live workers' and pumps' queues)
 plus the ones already mirrored. Exit 1 with a one-line reason when Redis is
 unreachable.
 """

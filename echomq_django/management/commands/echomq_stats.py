@@ -1,7 +1,7 @@
 """``./manage.py echomq_stats [QUEUE...] [--json] [--watch S]``: per queue the
 counts by state, the oldest pending job's age, jobs/s over the last minute,
 outbox depth, dead-letters and paused or not; then the live workers and
-pumps (DESIGN §10.5). No queue names: every known queue (``P:queues``,
+pumps (docs/explanation/house.md#monitoring). No queue names: every known queue (``P:queues``,
 ``ECHOMQ["QUEUES"]`` and the queues live processes serve).
 
 Exit 1 with a one-line reason for an unknown or invalid queue name or an

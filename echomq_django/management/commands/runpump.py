@@ -1,4 +1,5 @@
-"""``./manage.py runpump QUEUE...``: sweep queues until stopped (DESIGN §6, §8).
+"""``./manage.py runpump QUEUE...``: sweep queues until stopped
+(docs/explanation/protocol.md#the-flow-outbox-and-the-pump).
 
 Thin: parses options, sets up logging from ``--verbosity`` (``logs.py``),
 runs ``Pump(queues).run(...)``. A pump started before Redis waits for it

@@ -1,5 +1,5 @@
 """``./manage.py runworker QUEUE [QUEUE...]``: run handlers until stopped
-(DESIGN §8; issue "Workers").
+(docs/explanation/house.md#runners-threads-and-loops).
 
 Thin: parses options, sets up logging from ``--verbosity`` (``logs.py``), reaches
 Redis (``runners.outage.reach_redis_at_start``: a worker started before Redis
@@ -7,7 +7,7 @@ waits for it; with ``--burst`` or ``--no-wait`` it exits 1 with a one-line
 reason instead), then runs
 ``Worker(queues, ...).run(burst=..., max_jobs=...)``; with ``--pump`` also a
 ``Pump`` for the same queues on a thread of this process (a small site runs
-one process, DESIGN §10.1). Exit status: 0 after a
+one process, docs/explanation/no-polling.md). Exit status: 0 after a
 clean stop (a SIGTERM while waiting for Redis included); 1 when Redis is
 unreachable at start with ``--burst`` or ``--no-wait``, or is not what the settings
 say (a Cluster node without CLUSTER, a DB index out of range), the settings
