@@ -29,7 +29,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m bench",
-        description="Add and resolve seed 003's flow topologies with echomq_django and, when "
+        description="Add and resolve the benchmark's flow topologies with echomq_django and, when "
         "its Python client is installed, BullMQ, on the same Redis server.",
     )
     p.add_argument(

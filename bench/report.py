@@ -151,7 +151,7 @@ def evaluate_targets(rows: list[dict]) -> dict:
             a, b = ours10k[what], ours1k[what]
             if a and b:
                 t[f"linear_{what}"] = {"value": round(a / b, 3), "met": abs(a / b - 1) <= 0.2}
-    lines = ["targets (issue 8):"]
+    lines = ["targets:"]
     names = {
         "add_10k_10x_faster": "add 1+10,000 >= 10x faster than bullmq",
         "resolve_10k_3x_faster": "resolve 1+10,000 >= 3x faster than bullmq",

@@ -1,4 +1,4 @@
-"""The benchmark's topologies (seed 003's table), described once for both
+"""The benchmark's topologies, described once for both
 queues: a neutral tree that ``ours.py`` turns into ``echomq_django.Flow`` and
 ``peer.py`` into a BullMQ flow dict.
 

@@ -1,5 +1,5 @@
 """The Django app. ``ready()`` registers checks and discovers ``jobs`` modules;
-it never touches Redis (STYLE rule 7)."""
+it never touches Redis."""
 
 from importlib.util import find_spec
 

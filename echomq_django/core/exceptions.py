@@ -2,7 +2,7 @@
 
 Lua scripts answer ``EMQ<CODE> ...`` error strings
 (docs/explanation/protocol.md#error-codes); callers
-catch ``JobNotActive``, never a string (STYLE rule 3).
+catch ``JobNotActive``, never a string.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 dependencies, the queue defaults, and the encoding to and from Redis.
 
 A job row is the hash ``P:{q}:job:<id>`` (docs/explanation/protocol.md#keys). Encoding and decoding
-live here and nowhere else (STYLE rule 4). This module is the floor of the
+live here and nowhere else. This module is the floor of the
 house: it imports nothing of the package (tests/test_structure.py).
 """
 
@@ -212,7 +212,7 @@ class Job:
     on a flow child (docs/explanation/glossary.md#flows; a row stores the parent queue only when it
     differs and the policy only when it is not ``fp``: ``decode``). ``children_values()``,
     ``dependencies()`` and ``ignored_failures()`` read Redis lazily, on first
-    use only, and cache the answer (seed 003, "lazy evaluation").
+    use only, and cache the answer.
     """
 
     id: str
@@ -253,7 +253,7 @@ class Job:
         state: JobState | None = None,
         lease_deadline: int | None = None,
     ) -> Job:
-        """Decode a job row (STYLE rule 4). ``r`` maps field names to raw
+        """Decode a job row. ``r`` maps field names to raw
         values (bytes or str; a field the row does not hold is absent or
         None); ``state`` overrides the row's. The compact row's defaults come
         from ``_compact``. Raises ``ValueError`` for a row without a known

@@ -73,7 +73,7 @@ def _trim(value: Any) -> tuple[str, bool]:
 
 def job_from_row(mq, queue: str, job_id: str, row: dict, now: datetime) -> MirroredJob:
     """An unsaved ``MirroredJob`` for an HGETALL reply (bytes or str), decoded
-    by ``Job.from_row`` (the one decoder, STYLE rule 4).
+    by ``Job.from_row`` (the one decoder).
 
     ``payload`` / ``result`` stay the JSON text Redis holds, trimmed to
     ``TEXT_LIMIT`` characters like ``error`` (``truncated`` set if any was).

@@ -1,4 +1,4 @@
-"""The read API: pure, id-checked, never writes (seed 001; STYLE rule 5).
+"""The read API: pure, id-checked, never writes.
 
 ``Reads`` is the base class of ``EchoMQ``: every method takes a queue name
 and a job id, validates both, raises ``JobNotFound`` for an unknown id and
