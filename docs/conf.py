@@ -58,4 +58,5 @@ nitpicky = False
 
 html_theme = "furo"
 html_title = f"echomq-django {release}"
-html_static_path: list[str] = []
+html_static_path = ["_static"]
+html_css_files = ["tables.css"]
