@@ -131,6 +131,23 @@ def test_every_signal_is_in_signals_md():
     both_ways(names(sections("signals.md")[""]), in_code, "signals.md")
 
 
+def test_durable_signals_and_their_arguments_are_as_signals_md_says():
+    # The dispatcher sends SIGNAL_OF's signals with an Event's kwargs().
+    from echomq_django.protocol.signal_events import SIGNAL_OF, Event
+
+    rows = {}
+    for line in sections("signals.md")[""].splitlines():
+        cells = [c.strip() for c in line.split("|")[1:-1]]
+        if cells and cells[0].startswith("`"):
+            durable, args = cells[2].startswith("yes"), set(CODE_SPAN.findall(cells[4]))
+            rows[cells[0].strip("`")] = (durable, args)
+    durable = {name for name, (yes, _args) in rows.items() if yes}
+    both_ways(durable, set(SIGNAL_OF.values()), "signals.md, durable")
+    for kind, name in SIGNAL_OF.items():
+        event = Event(queue="q", xid="1-0", kind=kind, job_id="j", job_name="n", value=None)
+        assert rows[name][1] == set(event.kwargs()), f"signals.md, the arguments of {name}"
+
+
 # -- system checks ---------------------------------------------------------------
 def check_ids_in_package() -> set[str]:
     """Every check id the package spells: ``echomq_django.E001`` in full, or
