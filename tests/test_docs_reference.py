@@ -13,6 +13,7 @@ the code no longer has; each assertion names exactly the missing ones.
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from pathlib import Path
 
@@ -75,6 +76,26 @@ def test_every_setting_key_is_in_settings_md():
     )
 
 
+def test_settings_md_gives_the_code_s_defaults():
+    from echomq_django.conf.schema import SIGNAL_KEYS
+    from echomq_django.core.jobs import MAX_PAYLOAD_BYTES, QUEUE_DEFAULTS
+    from echomq_django.core.retention import DEFAULT_KEEP
+
+    in_code = {
+        **QUEUE_DEFAULTS,
+        **DEFAULT_KEEP,
+        **{key: default for key, (default, _low, _cid) in SIGNAL_KEYS.items()},
+        "MAX_PAYLOAD_BYTES": MAX_PAYLOAD_BYTES,
+    }
+    page = sections("settings.md")
+    documented = {}
+    for line in (page["Top-level keys"] + page["Per queue"]).splitlines():
+        cells = [c.strip() for c in line.split("|")[1:-1]]
+        if cells and cells[0].startswith("`") and cells[0].strip("`") in in_code:
+            documented[cells[0].strip("`")] = json.loads(CODE_SPAN.findall(cells[2])[0])
+    assert documented == in_code
+
+
 def test_rate_limit_keys_are_exactly_the_ones_the_check_accepts():
     # RATE_LIMIT must have exactly its keys (E050): the documented set passes
     # the check, so it is that set.
@@ -119,6 +140,15 @@ def test_every_command_flag_is_in_commands_md(name):
     parser = load_command_class("echomq_django", name).create_parser("manage.py", name)
     documented = names(sections("commands.md")[f"`{name}`"])
     both_ways(documented, parser_names(parser, base), f"commands.md, `{name}`")
+    # a default given as a code span (`500`, `127.0.0.1`) is the parser's
+    defaults = {s: a.default for a in parser._actions for s in a.option_strings}
+    for line in sections("commands.md")[f"`{name}`"].splitlines():
+        cells = [c.strip() for c in line.split("|")[1:-1]]
+        if len(cells) == 4 and re.fullmatch(r"`[^`]+`", cells[3]) and "--" in cells[0]:
+            flag, given = CODE_SPAN.findall(cells[0])[0].split()[0], cells[3].strip("`")
+            default = defaults[flag]
+            same = float(given) == default if isinstance(default, int | float) else given == default
+            assert same, f"commands.md gives {flag} the default {given}, the parser {default!r}"
 
 
 # -- signals ---------------------------------------------------------------------
