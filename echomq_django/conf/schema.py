@@ -35,7 +35,8 @@ from ..core.retention import KEEP_HINT, KEEP_KEYS, keep_problems
 from ..protocol.connection import client_options, server_facts
 
 TOP_KEYS = {"URL", "CACHE", "CLUSTER", "PREFIX", "QUEUES", "MAX_PAYLOAD_BYTES", "OPTIONS"}
-# durable signals (docs/signals.md): key -> (default, lowest allowed, check id)
+# durable signals (docs/reference/settings.md#top-level-keys):
+# key -> (default, lowest allowed, check id)
 SIGNAL_KEYS = {
     "SIGNAL_TRIES": (3, 1, "echomq_django.E070"),
     "SIGNAL_BACKOFF_MS": (500, 0, "echomq_django.E071"),

@@ -6,8 +6,8 @@ dead-lettered outbox entries and whether it is paused, plus the live workers
 and pumps; ``./manage.py echomq_stats`` prints it (a table, or ``--json``)
 and the metrics collector exports the same numbers. Read-only.
 
-The ``--json`` document is stable: ``SCHEMA`` names its version and the
-README documents every field. A field may be added in a later version of
+The ``--json`` document is stable: ``SCHEMA`` names its version and
+docs/reference/stats.md documents every field. A field may be added in a later version of
 the same schema name; none is renamed, removed or retyped without a new one.
 """
 
@@ -48,7 +48,7 @@ def is_paused(mq, queue: str) -> bool:
 
 
 def queue_stats(mq, queue: str, now_ms: int | None = None) -> dict:
-    """One queue's entry of ``collect``'s ``queues`` (docs/operating.md, "echomq_stats"):
+    """One queue's entry of ``collect``'s ``queues`` (docs/reference/stats.md#queues):
     ``counts`` (per state), ``oldest_pending_age_s`` (s or None),
     ``completed_last_minute``, ``dead_last_minute``, ``jobs_per_s`` (both over
     the last ``WINDOW_MS``, per second), ``outbox``, ``deadletter``,

@@ -106,7 +106,8 @@ class Bulk(Part):
         queue, rows = plan.queue, plan.rows
         if not rows:
             return []
-        self.wire.note_queues((queue,))  # P:queues knows every queue with a job (docs/operating.md)
+        # P:queues knows every queue with a job (docs/howto/operate.md)
+        self.wire.note_queues((queue,))
         k = self.keys.queue(queue)
         keys, now = [k.pending, k.delayed, k.events], self.clock()
         chunks = [

@@ -299,7 +299,8 @@ class ClaimLoop:
     def _claim(self, free: int, everywhere: bool) -> int:
         """Claim up to ``free`` jobs round-robin over the queues and submit
         them; ``everywhere`` asks resting queues too. Returns how many."""
-        if not self.subscribed:  # before any transition of ours (docs/signals.md)
+        # before any transition of ours (docs/explanation/signals.md#what-it-costs)
+        if not self.subscribed:
             self.mq.signal_events.subscribe(self.queues, kinds_connected())
             self.subscribed = True
         got, now, n = 0, time.monotonic(), len(self.queues)

@@ -1,4 +1,4 @@
-"""The dispatcher: durable signal events and how they are sent (docs/signals.md).
+"""The dispatcher: durable signal events and how they are sent (docs/explanation/signals.md).
 
 The transitions users act on write an event in the same Lua script as the
 transition (``lua/lib/signal_events.lua``): to ``P:{q}:signals``, a stream on the

@@ -8,7 +8,8 @@ one with one pipelined ``complete_many`` and fails the rest with one
 ``fail_many``, then counts and logs that batch, and sends ``job_failed``
 for the attempts that will be retried (the one signal that stays
 in-process; the others are durable events the dispatcher sends,
-docs/signals.md). A batch leaves the reporter only once Redis has answered for it: an
+docs/explanation/signals.md). A batch leaves the reporter only once Redis
+has answered for it: an
 outage is waited out (``outage.Outage``) with the batch kept, so no job is
 acknowledged without Redis.
 """

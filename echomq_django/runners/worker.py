@@ -118,7 +118,8 @@ class Worker:
     running past their job's time limit (written off and replaced) before the
     worker stops (default ``concurrency``; timeouts.py); ``register``: list
     this worker among the live processes while it runs (a heartbeat every
-    ``beat_s`` seconds, docs/operating.md); ``metrics``: the process's
+    ``beat_s`` seconds, docs/howto/operate.md#live-workers-and-pumps);
+    ``metrics``: the process's
     Prometheus counters of finished jobs and handler times
     (``monitoring.metrics.process_metrics()``; ``runworker --metrics-port``
     passes them), None for none; ``drainer``: the commit outbox's drainer

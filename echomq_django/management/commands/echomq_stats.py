@@ -24,7 +24,7 @@ class Command(BaseCommand):
     help = (
         "Show each queue's counts by state, oldest pending age, jobs/s over the last "
         "minute, outbox depth, dead-letters and pause state, and the live workers and "
-        "pumps. --json prints the stable 'echomq.stats/1' document (see docs/operating.md)."
+        "pumps. --json prints the stable 'echomq.stats/1' document (see docs/reference/stats.md)."
     )
 
     def add_arguments(self, parser):
