@@ -1,5 +1,5 @@
 --[[
-  ack_signals: the dispatcher's one call per batch (docs/signals.md): remove the
+  ack_signals: the dispatcher's one call per batch (docs/explanation/signals.md): remove the
   durable events every receiver returned for, move the ones whose receivers
   kept raising to the dead-letter list (in one step: an event is never both
   gone from the stream and missing from the dead-letter), then read the

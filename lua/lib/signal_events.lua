@@ -1,5 +1,5 @@
 --[[
-  lib/signal_events.lua: durable signal events (docs/signals.md), inlined by the
+  lib/signal_events.lua: durable signal events (docs/explanation/signals.md), inlined by the
   script loader wherever `@include lib/signal_events.lua` appears (lib/flow.lua includes
   it, so every script that includes lib/flow.lua has it too). Not a script:
   it defines local functions only and touches no key until called.
