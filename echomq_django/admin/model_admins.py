@@ -21,7 +21,6 @@ from django.http import Http404, HttpResponseRedirect
 from django.shortcuts import redirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
-from django.utils.html import format_html
 from django.views.decorators.http import require_POST
 
 from ..conf import get_mq
@@ -127,40 +126,30 @@ class RetryByIdForm(forms.Form):
 
 @admin.register(MirroredJob)
 class MirroredJobAdmin(MirrorAdmin):
-    list_display = (
-        "job_id",
-        "queue",
-        "name",
-        show.state_badge,
-        show.attempts,
-        show.error_preview,
-        show.times,
-        "parent_link",
-    )
+    list_display = ("job", show.state_badge, show.error_preview, show.times, "parent_link")
+    list_display_links = None  # the job cell links its id only (show.job_cell)
     list_filter = ("queue", "state", show.HasErrorFilter, "name", show.InRedisFilter)
     search_fields = ("job_id", "name")
     ordering = ("-created_at", "-id")
     actions = ("retry_dead_jobs", ops.cancel_jobs, ops.remove_jobs)
-    readonly_fields = (show.state_badge, show.attempts, show.policy, show.trimmed, show.in_redis)
+    readonly_fields = (show.mirror_copy,)
+    # Only what never changes, and what the mirror itself is: state,
+    # attempts, times and parent are shown once, in the page's summary, live
+    # when Redis answers (docs/operating.md#what-the-admins-pages-show).
     fieldsets = (
-        (None, {"fields": ("queue", "job_id", "name", show.state_badge, show.attempts)}),
-        ("Flow", {"fields": ("parent_queue", "parent_id", show.policy)}),
-        (
-            "Mirror",
-            {"fields": ("created_at", show.trimmed, show.in_redis, "mirrored_at")},
-        ),
+        (None, {"fields": ("queue", "job_id", "name")}),
+        ("In the job list (the mirror)", {"fields": ("mirrored_at", show.mirror_copy)}),
     )
+
+    @admin.display(description="job", ordering="job_id")
+    def job(self, obj: MirroredJob) -> str:
+        return show.job_cell(reverse(self.url_name("change"), args=[obj.pk]), obj)
 
     @admin.display(description="parent")
     def parent_link(self, obj: MirroredJob) -> str:
         if not obj.parent_id:
             return "-"
-        return format_html(
-            '<a href="{}">{}/{}</a>',
-            job_url(obj.parent_queue, obj.parent_id),
-            obj.parent_queue,
-            obj.parent_id,
-        )
+        return show.parent_cell(obj, job_url(obj.parent_queue, obj.parent_id))
 
     def has_retry_permission(self, request) -> bool:
         return request.user.has_perm(RETRY_PERMISSION)
@@ -203,7 +192,7 @@ class MirroredJobAdmin(MirrorAdmin):
         except ValueError:
             page = 1
         context.update(
-            job_page(get_mq(), obj.queue, obj.job_id, page),
+            job_page(get_mq(), obj, page),
             queue_mirror=MirroredQueue.objects.filter(queue=obj.queue).first(),
             can_retry=self.has_retry_permission(request),
             retry_url=reverse(self.url_name("retry")),
@@ -341,14 +330,9 @@ class MirroredQueueAdmin(MirrorAdmin):
         "mirrored_at",
     )
     actions = (ops.pause_queues, ops.resume_queues)
-    fields = (
-        "queue",
-        *MirroredQueue.COUNT_FIELDS,
-        show.oldest_pending,
-        "last_event_id",
-        "mirrored_at",
-    )
-    readonly_fields = (show.oldest_pending,)
+    # the counts are shown once, in the page's summary: live when Redis
+    # answers, else the mirror's (docs/operating.md#what-the-admins-pages-show)
+    fields = ("queue", "mirrored_at", "last_event_id")
 
     def has_manage_permission(self, request) -> bool:
         return ops.has_manage_permission(request)
@@ -374,7 +358,7 @@ class MirroredQueueAdmin(MirrorAdmin):
 
     def render_change_form(self, request, context, add=False, change=False, form_url="", obj=None):
         context.update(
-            queue_page(get_mq(), obj.queue),
+            queue_page(get_mq(), obj),
             queue_mirror=obj,
             jobs_url=show.jobs_url(obj.queue),
             dead_url=show.jobs_url(obj.queue, "dead"),

@@ -1,4 +1,7 @@
-"""What the admin's job and queue pages show, read live from Redis (DESIGN §8).
+"""What the admin's job, queue and worker pages show
+(docs/operating.md#what-the-admins-pages-show): read live from Redis, and
+when Redis cannot answer, the mirror's copy said to be one ("as of <time>
+(mirror)"), never both side by side.
 
 Pure reads through the public API (``get_job``, ``flow_page``,
 ``dependencies``, ``dependency_counts``, ``counts``, ``deadletters``,
@@ -17,6 +20,7 @@ from django.urls import reverse
 
 from ..core.exceptions import EchoMQError, JobNotFound
 from ..core.keyspace import validate_id, validate_queue
+from ..models import TEXT_LIMIT, MirroredQueue
 from ..monitoring.mirror import ms_to_datetime
 from ..protocol.outbox import OUTBOX_DEADLETTER_MAX
 from .display import jobs_url
@@ -64,7 +68,9 @@ def tree_nodes(node: dict) -> list[dict]:
                 "url": job_url(child["queue"], child["id"]),
                 "state": child["state"],
                 "policy": child["policy"],
-                "remaining": child["remaining"],
+                # the counter is what an awaiting parent waits for; a dead
+                # one's counter keeps its fp deaths (for a retry), not work
+                "remaining": child["remaining"] if child["state"] == "awaiting_children" else None,
                 "value": _cell(as_text(child["result"], False))
                 if child["result"] is not None
                 else "",
@@ -93,16 +99,96 @@ def pager(page: int, total: int, per_page: int) -> dict:
     }
 
 
-def job_page(mq, queue: str, job_id: str, page: int = 1) -> dict:
-    """Context for a job's page: ``live`` (the ``Job``, or None when gone),
+def job_summary(job=None, row=None) -> dict:
+    """The one summary a job page shows (docs/operating.md#what-the-admins-pages-show):
+    from ``job`` (the live ``Job``) when Redis answered, else from ``row``
+    (its ``MirroredJob``). ``{live, as_of, state, attempts, created_at,
+    started_at, finished_at, lease_deadline, parent, policy}``: ``as_of`` is
+    when the mirror read the row (None when live), times are aware
+    datetimes or None, ``attempts`` reads ``"1 of 3"``, ``parent`` is
+    ``{queue, id, url}`` or None, ``policy`` a policy token."""
+    src = job if job is not None else row
+    if job is not None:
+        times = {
+            n: ms_to_datetime(getattr(job, n)) for n in ("created_at", "started_at", "finished_at")
+        }
+        parent_queue, parent_id = job.parent_queue, job.parent
+        policy = str(job.parent_policy or "")
+        lease = ms_to_datetime(job.lease_deadline) if job.state == "active" else None
+    else:
+        times = {n: getattr(row, n) for n in ("created_at", "started_at", "finished_at")}
+        parent_queue, parent_id = row.parent_queue, row.parent_id
+        policy = row.parent_policy or ("fp" if parent_id else "")
+        lease = None
+    parent = None
+    if parent_id:
+        parent = {"queue": parent_queue, "id": parent_id, "url": job_url(parent_queue, parent_id)}
+    return {
+        "live": job is not None,
+        "as_of": None if job is not None else row.mirrored_at,
+        "state": str(src.state),
+        "attempts": f"{src.attempts} of {src.max_attempts}",
+        **times,
+        "lease_deadline": lease,
+        "parent": parent,
+        "policy": policy,
+    }
+
+
+def _mirror_view(row) -> dict:
+    """What a job page shows of ``row`` (its ``MirroredJob``) when Redis
+    cannot say: the summary as of the mirror, and its values as stored (cut
+    to ``TEXT_LIMIT`` characters when ``trimmed``)."""
+    return {
+        "summary": job_summary(row=row),
+        "payload": row.payload,
+        "result": row.result,
+        "error": row.error,
+        "trimmed": row.truncated,
+        "text_limit": TEXT_LIMIT,
+    }
+
+
+CAN_FINISH = {"pending", "active", "delayed", "awaiting_children"}
+
+
+def _unresolved(mq, refs: list[str]) -> list[dict]:
+    """The children ``refs`` that have not resolved their parent yet, each
+    ``{queue, id, url, state}`` read live (``state`` None: no such job).
+    One pipelined read per queue."""
+    by_queue: dict[str, list[str]] = {}
+    for ref in refs:
+        queue, job_id = mq.keys.parse_ref(ref)
+        by_queue.setdefault(queue, []).append(job_id)
+    states = {}
+    for queue, ids in by_queue.items():
+        states.update({(queue, j): st for j, st in mq.probes.states(queue, ids).items()})
+    out = []
+    for ref in refs:
+        queue, job_id = mq.keys.parse_ref(ref)
+        out.append({**_ref_link(mq, ref), "state": states.get((queue, job_id))})
+    return out
+
+
+def job_page(mq, row, page: int = 1) -> dict:
+    """Context for the page of ``row`` (a ``MirroredJob``): ``summary``
+    (``job_summary``: live, or the mirror's when Redis could not be read or
+    no longer holds the job), ``live`` (the ``Job``, or None),
     ``live_error`` (text when Redis could not be read), ``payload`` /
-    ``result`` / ``error`` (full text), ``parent_url``, and for a parent
-    ``tree`` (page ``page`` of its children, ``CHILDREN_PER_PAGE`` a page,
-    each with up to ``FANOUT`` children of its own: ``tree_nodes``),
-    ``pager``, ``deps`` (counts: ``dependency_counts``) and the children that
-    failed it / were ignored / removed / are unprocessed, at most
-    ``REFS_SHOWN`` of each (lists of ``{queue, id, url, text}``). Reads
-    stay bounded by the page, whatever the fan-in."""
+    ``result`` / ``error`` (full text when live; the mirror's, ``trimmed``,
+    otherwise), and for a live parent ``tree`` (page ``page`` of its
+    children, ``CHILDREN_PER_PAGE`` a page, each with up to ``FANOUT``
+    children of its own: ``tree_nodes``), ``pager``, ``deps`` (counts:
+    ``dependency_counts``), ``to_finish`` (children not resolved yet that can
+    still finish: pending, active, delayed or awaiting their own children;
+    a dead parent's ``fp`` child is not one), ``undelivered`` (children that
+    finished but whose word has not reached the parent yet: the pump
+    delivers it), and the children that failed it / were ignored / removed
+    / are unresolved, at most ``REFS_SHOWN`` of each (lists of ``{queue, id,
+    url, text}``; unresolved ones with their ``state``). The tree's reads
+    stay bounded by the page; the counts read every unresolved child's
+    state."""
+    queue, job_id = row.queue, row.job_id
     ctx: dict[str, Any] = {"live": None, "live_error": "", "is_parent": False}
     try:
         job = mq.get_job(queue, job_id)
@@ -111,22 +197,17 @@ def job_page(mq, queue: str, job_id: str, page: int = 1) -> dict:
         start = (book["page"] - 1) * CHILDREN_PER_PAGE
         flow = mq.flow_page(queue, job_id, start, CHILDREN_PER_PAGE, FLOW_DEPTH, FANOUT)
         deps = mq.dependencies(queue, job_id) if counts["children"] else None
+        unresolved = _unresolved(mq, deps.unprocessed) if deps is not None else []
     except JobNotFound:
-        return ctx
+        return {**ctx, **_mirror_view(row)}
     except EchoMQError as err:
-        ctx["live_error"] = str(err)
-        return ctx
+        return {**ctx, **_mirror_view(row), "live_error": str(err)}
     ctx.update(
         live=job,
+        summary=job_summary(job=job),
         payload=as_text(job.payload),
         result=as_text(job.result) if job.result is not None else "",
         error=job.error or "",
-        lease_deadline=ms_to_datetime(job.lease_deadline),
-        times={
-            name: ms_to_datetime(getattr(job, name))
-            for name in ("created_at", "started_at", "finished_at")
-        },
-        parent_url=job_url(job.parent_queue, job.parent) if job.parent else "",
     )
     if deps is not None:
 
@@ -139,18 +220,61 @@ def job_page(mq, queue: str, job_id: str, page: int = 1) -> dict:
             tree=tree_nodes(flow),
             pager=book,
             deps=counts,
-            remaining=deps.remaining,
+            to_finish=sum(c["state"] in CAN_FINISH for c in unresolved),
+            undelivered=sum(c["state"] in ("completed", "dead") for c in unresolved),
             failed=refs(deps.failed),
             ignored=refs(deps.ignored),
             removed=refs(deps.removed),
-            unprocessed=[_ref_link(mq, ref) for ref in deps.unprocessed[:REFS_SHOWN]],
+            unprocessed=unresolved[:REFS_SHOWN],
             refs_shown=REFS_SHOWN,
         )
     return ctx
 
 
-def queue_page(mq, queue: str) -> dict:
-    """Context for a queue's page: ``counts`` (live, ``EchoMQ.counts``),
+def _count_rows(counts: dict[str, int]) -> list[tuple[str, int]]:
+    """``counts`` as ``(words, n)`` in the queue list's order and words."""
+    words = {f: MirroredQueue._meta.get_field(f).verbose_name for f in MirroredQueue.COUNT_FIELDS}
+    return [(words[f], counts[f]) for f in MirroredQueue.COUNT_FIELDS]
+
+
+def queue_summary(mq, row) -> dict:
+    """The counts a queue page shows once
+    (docs/operating.md#what-the-admins-pages-show): ``{live, as_of, counts,
+    rows, oldest_pending_s, paused}`` read live (``counts`` as
+    ``EchoMQ.counts``, ``rows`` them as ``(words, n)``, ``oldest_pending_s``
+    the head of ``pending``'s wait in seconds or None, ``paused`` a bool).
+    Raises ``EchoMQError`` when Redis cannot be read; ``mirror_queue_summary``
+    is the fallback."""
+    counts = mq.counts(row.queue)
+    head = mq.job_ids(row.queue, "pending", 0, 0)
+    since = mq.probes.waiting_since(row.queue, head[0]) if head else None
+    return {
+        "live": True,
+        "as_of": None,
+        "counts": counts,
+        "rows": _count_rows(counts),
+        "oldest_pending_s": None if since is None else max(0.0, (mq.clock() - since) / 1000),
+        "paused": mq.is_paused(row.queue),
+    }
+
+
+def mirror_queue_summary(row) -> dict:
+    """``queue_summary`` from ``row`` (a ``MirroredQueue``), as of its
+    ``mirrored_at``; ``paused`` is None (the mirror does not keep it)."""
+    return {
+        "live": False,
+        "as_of": row.mirrored_at,
+        "counts": row.counts(),
+        "rows": _count_rows(row.counts()),
+        "oldest_pending_s": row.oldest_pending_age_s,
+        "paused": None,
+    }
+
+
+def queue_page(mq, row) -> dict:
+    """Context for the page of ``row`` (a ``MirroredQueue``): ``summary``
+    (``queue_summary``, or ``mirror_queue_summary`` with ``live_error`` when
+    Redis could not be read), ``counts`` (the summary's),
     ``deadletters`` (the first ``DEADLETTERS_SHOWN`` dead-lettered outbox
     entries: ``{kind, child, parent, value, reason, at}``),
     ``deadletters_capped`` (the list is at its bound, ``OUTBOX_DEADLETTER_MAX``:
@@ -159,13 +283,16 @@ def queue_page(mq, queue: str) -> dict:
     ``signal_deadletters`` (the newest ``DEADLETTERS_SHOWN`` events given up
     on: ``EchoMQ.deadlettered_events`` with ``job`` a link and ``at`` a
     datetime, DESIGN §10.6), or ``live_error``."""
+    queue = row.queue
     try:
-        counts = mq.counts(queue)
+        summary = queue_summary(mq, row)
+        counts = summary["counts"]
         letters = mq.outbox.deadletters(queue, 0, DEADLETTERS_SHOWN - 1)  # decodes what it can
         signals = mq.signal_events.backlog(queue)
         lettered = mq.signal_events.deadlettered(queue, DEADLETTERS_SHOWN)
     except EchoMQError as err:
-        return {"live_error": str(err)}
+        summary = mirror_queue_summary(row)
+        return {"live_error": str(err), "summary": summary, "counts": summary["counts"]}
     signal_rows = [
         {
             **e,
@@ -202,6 +329,7 @@ def queue_page(mq, queue: str) -> dict:
         )
     capped = counts["deadletter"] >= OUTBOX_DEADLETTER_MAX
     return {
+        "summary": summary,
         "counts": counts,
         "deadletters": rows,
         "deadletters_hidden": max(0, counts["deadletter"] - len(rows)),
@@ -215,12 +343,13 @@ def queue_page(mq, queue: str) -> dict:
 def workers_page(mq) -> dict:
     """Context for the live workers page: ``now`` and ``processes`` (each a
     ``ProcessInfo`` dict plus ``up_s`` / ``beat_s`` seconds, ``queue_links``
-    and ``running_links``, ``running_hidden``), or ``live_error``."""
+    and ``running_links``, ``running_hidden``), or only ``live_error`` (the
+    page then says that alone: nothing on it was read)."""
     now = mq.clock()
     try:
         procs = mq.presence.live_processes(now)
     except EchoMQError as err:
-        return {"live_error": str(err), "processes": [], "now": ms_to_datetime(now)}
+        return {"live_error": str(err), "processes": []}
     rows = []
     for p in procs:
         running = []

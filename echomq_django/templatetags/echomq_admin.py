@@ -9,7 +9,8 @@ import re
 from datetime import datetime
 
 from django import template
-from django.utils.html import format_html
+from django.utils.html import conditional_escape, format_html
+from django.utils.safestring import mark_safe
 
 from ..monitoring.stats import duration
 
@@ -87,6 +88,22 @@ def emq_headline(error) -> str:
     """An error's first line (the ``ExcType: message`` the worker writes),
     job keys in it shown as ``queue/id``."""
     return _REF.sub(r"\1/\2", str(error or "").split("\n", 1)[0])
+
+
+# where a long id, queue, job name or URL may break: after these characters
+_BREAK_AFTER = re.compile(r"([-_./:,&?=])")
+
+
+@register.filter
+def emq_breakable(text) -> str:
+    """``text`` escaped, with a line-break opportunity (``<wbr>``) after each
+    ``- _ . / : , & ? =``, so ``invoice-2026-11-000123-retry`` or
+    ``billing.tasks.render_invoice_pdf`` wraps at its joints in a narrow
+    column instead of widening it (docs/operating.md#the-admin)."""
+    parts = _BREAK_AFTER.split(str(text if text is not None else ""))
+    return mark_safe(
+        "".join(conditional_escape(p) + ("<wbr>" if i % 2 else "") for i, p in enumerate(parts))
+    )
 
 
 @register.filter
