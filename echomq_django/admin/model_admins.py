@@ -1,4 +1,5 @@
-"""The admin: read-only pages over the Redis mirror, and retry by id (DESIGN §8).
+"""The admin: read-only pages over the Redis mirror, and retry by id
+(docs/operating.md#what-the-admins-pages-show).
 
 Read-only by construction: both models have only the ``view`` permission
 (models.py) and every ``has_add/change/delete_permission`` here answers
@@ -7,7 +8,8 @@ False, for superusers too, so the add, change (POST) and delete URLs answer
 queue + id form): POST-only behind a confirmation page, guarded by
 ``echomq_django.retry_job``, done through ``EchoMQ.retry`` (the API a user
 calls), logged as one ``LogEntry`` (CHANGE, "Retried by id") per retried job.
-Job pages read Redis live (admin_pages.py); lists read the mirror, which the
+Job and queue pages read Redis live, the mirror when Redis cannot answer
+(pages.py); lists read the mirror, which the
 "Refresh from Redis" button, the pump and ``echomq_mirror`` keep current.
 """
 
@@ -245,7 +247,8 @@ class MirroredJobAdmin(MirrorAdmin):
         return ops.has_manage_permission(request)
 
     def get_actions(self, request, action_location=None):
-        """Cancel and remove appear once ``EchoMQ`` has them (issue 13).
+        """Cancel and remove appear once ``EchoMQ`` has them
+        (docs/explanation/lifecycle.md).
         ``action_location``: Django 6.1's place on the page the actions are
         for (None: the change list, as on Django 5.2, whose admin has no
         such argument)."""
@@ -342,7 +345,8 @@ class MirroredQueueAdmin(MirrorAdmin):
         return [path("workers/", wrap(self.workers_view), name=f"{prefix}_workers")]
 
     def workers_view(self, request):
-        """The live workers and pumps, read from Redis now (DESIGN §10.5)."""
+        """The live workers and pumps, read from Redis now
+        (docs/operating.md#live-workers-and-pumps)."""
         if not self.has_view_permission(request):
             raise PermissionDenied
         return TemplateResponse(

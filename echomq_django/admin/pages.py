@@ -282,7 +282,7 @@ def queue_page(mq, row) -> dict:
     durable signals' backlog, ``EchoMQ.event_backlog``) and
     ``signal_deadletters`` (the newest ``DEADLETTERS_SHOWN`` events given up
     on: ``EchoMQ.deadlettered_events`` with ``job`` a link and ``at`` a
-    datetime, DESIGN §10.6), or ``live_error``."""
+    datetime, docs/signals.md), or ``live_error``."""
     queue = row.queue
     try:
         summary = queue_summary(mq, row)

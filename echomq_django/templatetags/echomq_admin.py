@@ -1,5 +1,7 @@
-"""Template filters of the admin pages (DESIGN §8, §10.5): states as coloured
-badges, policies and durations in words, errors folded to their first line.
+"""Template filters of the admin pages
+(docs/operating.md#what-the-admins-pages-show): states as coloured badges,
+policies and durations in words, errors folded to their first line, long
+names made breakable.
 ``{% load echomq_admin %}``; every filter escapes what it is given.
 """
 
@@ -16,7 +18,7 @@ from ..monitoring.stats import duration
 
 register = template.Library()
 
-# DESIGN §2 policy tokens -> what they mean for the parent
+# a child's policy token -> what it means for the parent (docs/use.md)
 POLICY_WORDS = {
     "fp": "fail the parent",
     "id": "ignore (the parent goes on)",
@@ -99,7 +101,7 @@ def emq_breakable(text) -> str:
     """``text`` escaped, with a line-break opportunity (``<wbr>``) after each
     ``- _ . / : , & ? =``, so ``invoice-2026-11-000123-retry`` or
     ``billing.tasks.render_invoice_pdf`` wraps at its joints in a narrow
-    column instead of widening it (docs/operating.md#the-admin)."""
+    column instead of widening it (docs/operating.md#what-the-admins-pages-show)."""
     parts = _BREAK_AFTER.split(str(text if text is not None else ""))
     return mark_safe(
         "".join(conditional_escape(p) + ("<wbr>" if i % 2 else "") for i, p in enumerate(parts))

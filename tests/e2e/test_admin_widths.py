@@ -12,8 +12,10 @@ tracebacks, and a first line with a long unbroken token (a URL); queue
 from __future__ import annotations
 
 import pytest
+from playwright.sync_api import expect
 
 from echomq_django import Flow, conf
+from echomq_django.admin.pages import job_url
 from echomq_django.monitoring.mirror import mirror_queues
 from tests.support.workerkit import Clock
 
@@ -103,3 +105,25 @@ def test_the_queue_list_fits(admin, billing, width):
     page = admin.visit("/admin/echomq_django/mirroredqueue/")
     admin.shot(f"queue-list-{width}")
     assert_fits(page)
+
+
+def assert_page_fits(page) -> None:
+    doc = page.evaluate("[document.documentElement.scrollWidth, window.innerWidth]")
+    assert doc[0] <= doc[1], f"the page scrolls sideways: {doc}"
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_the_job_and_queue_pages_fit(admin, billing, width):
+    admin.page.set_viewport_size({"width": width, "height": 900})
+    page = admin.visit(job_url(QUEUE, PARENT))
+    expect(page.locator("#emq-remaining")).to_have_text("2")  # one delayed, one pending
+    page.locator("#emq-tree details.emq-traceback summary").first.click()
+    admin.shot(f"flow-page-{width}")
+    assert_page_fits(page)
+    page = admin.visit(job_url(QUEUE, IDS[2]))
+    expect(page.locator("#emq-attempts")).to_have_text("1 of 3")
+    admin.shot(f"job-page-{width}")
+    assert_page_fits(page)
+    page = admin.visit(f"/admin/echomq_django/mirroredqueue/{QUEUE}/change/")
+    admin.shot(f"queue-page-{width}")
+    assert_page_fits(page)
