@@ -152,22 +152,39 @@ def _mirror_view(row) -> dict:
 CAN_FINISH = {"pending", "active", "delayed", "awaiting_children"}
 
 
-def _unresolved(mq, refs: list[str]) -> list[dict]:
-    """The children ``refs`` that have not resolved their parent yet, each
-    ``{queue, id, url, state}`` read live (``state`` None: no such job).
-    One pipelined read per queue."""
+def _unresolved(mq, queue: str, refs: list[str]) -> tuple[list[dict], int, int]:
+    """The children ``refs`` of a parent on ``queue`` that have not resolved
+    it yet: ``(shown, to_finish, undelivered)``. ``shown`` is the first
+    ``REFS_SHOWN`` as ``{queue, id, url, state}`` (state read live, None for
+    no such job); ``to_finish`` counts those that can still finish
+    (``CAN_FINISH``), ``undelivered`` those that finished on another queue
+    but whose word is still in that queue's outbox.
+
+    Only a child on another queue can have finished unresolved: a child on
+    the parent's queue resolves it in the same script (same slot) as it
+    completes or dies. So the states read are those of the children shown
+    and of every unresolved child on another queue, one pipelined read per
+    queue; an unread same-queue child counts as one that can finish."""
+    parsed = [mq.keys.parse_ref(ref) for ref in refs]
+    wanted = {i for i, (q, _) in enumerate(parsed) if q != queue}
+    wanted |= set(range(min(REFS_SHOWN, len(parsed))))
     by_queue: dict[str, list[str]] = {}
-    for ref in refs:
-        queue, job_id = mq.keys.parse_ref(ref)
-        by_queue.setdefault(queue, []).append(job_id)
-    states = {}
-    for queue, ids in by_queue.items():
-        states.update({(queue, j): st for j, st in mq.probes.states(queue, ids).items()})
-    out = []
-    for ref in refs:
-        queue, job_id = mq.keys.parse_ref(ref)
-        out.append({**_ref_link(mq, ref), "state": states.get((queue, job_id))})
-    return out
+    for i in sorted(wanted):
+        by_queue.setdefault(parsed[i][0], []).append(parsed[i][1])
+    states: dict[tuple[str, str], str | None] = {}
+    for q, ids in by_queue.items():
+        states.update({(q, j): st for j, st in mq.probes.states(q, ids).items()})
+    to_finish = undelivered = 0
+    for i, key in enumerate(parsed):
+        if i not in wanted or states[key] in CAN_FINISH:
+            to_finish += 1
+        elif states[key] in ("completed", "dead"):
+            undelivered += 1
+    shown = [
+        {"queue": q, "id": j, "url": job_url(q, j), "state": states[(q, j)]}
+        for q, j in parsed[:REFS_SHOWN]
+    ]
+    return shown, to_finish, undelivered
 
 
 def job_page(mq, row, page: int = 1) -> dict:
@@ -186,8 +203,8 @@ def job_page(mq, row, page: int = 1) -> dict:
     delivers it), and the children that failed it / were ignored / removed
     / are unresolved, at most ``REFS_SHOWN`` of each (lists of ``{queue, id,
     url, text}``; unresolved ones with their ``state``). The tree's reads
-    stay bounded by the page; the counts read every unresolved child's
-    state."""
+    stay bounded by the page; the counts read the state of every unresolved
+    child on another queue (``_unresolved``)."""
     queue, job_id = row.queue, row.job_id
     ctx: dict[str, Any] = {"live": None, "live_error": "", "is_parent": False}
     try:
@@ -197,7 +214,7 @@ def job_page(mq, row, page: int = 1) -> dict:
         start = (book["page"] - 1) * CHILDREN_PER_PAGE
         flow = mq.flow_page(queue, job_id, start, CHILDREN_PER_PAGE, FLOW_DEPTH, FANOUT)
         deps = mq.dependencies(queue, job_id) if counts["children"] else None
-        unresolved = _unresolved(mq, deps.unprocessed) if deps is not None else []
+        unresolved = _unresolved(mq, queue, deps.unprocessed) if deps is not None else None
     except JobNotFound:
         return {**ctx, **_mirror_view(row)}
     except EchoMQError as err:
@@ -220,12 +237,12 @@ def job_page(mq, row, page: int = 1) -> dict:
             tree=tree_nodes(flow),
             pager=book,
             deps=counts,
-            to_finish=sum(c["state"] in CAN_FINISH for c in unresolved),
-            undelivered=sum(c["state"] in ("completed", "dead") for c in unresolved),
+            to_finish=unresolved[1],
+            undelivered=unresolved[2],
             failed=refs(deps.failed),
             ignored=refs(deps.ignored),
             removed=refs(deps.removed),
-            unprocessed=unresolved[:REFS_SHOWN],
+            unprocessed=unresolved[0],
             refs_shown=REFS_SHOWN,
         )
     return ctx
