@@ -141,6 +141,7 @@ def test_with_redis_down_a_job_page_shows_the_mirror_as_of_its_time(emq, staff, 
         '<td id="emq-state"><span class="emq-badge emq-state-pending">pending</span></td>' in html
     )
     assert '<pre class="emq-error emq-error-head">TimeoutError: renderer</pre>' in html
+    assert '<pre class="emq-payload">{\n  &quot;n&quot;: 1\n}</pre>' in html  # as live shows it
 
 
 def test_a_job_gone_from_redis_shows_the_mirror_as_of_its_time(emq, staff):

@@ -135,14 +135,23 @@ def job_summary(job=None, row=None) -> dict:
     }
 
 
+def _pretty(stored: str) -> str:
+    """A mirrored JSON value indented as the live one is; as stored when it
+    does not parse (cut short by the mirror)."""
+    try:
+        return as_text(json.loads(stored)) if stored else ""
+    except ValueError:
+        return stored
+
+
 def _mirror_view(row) -> dict:
     """What a job page shows of ``row`` (its ``MirroredJob``) when Redis
     cannot say: the summary as of the mirror, and its values as stored (cut
     to ``TEXT_LIMIT`` characters when ``trimmed``)."""
     return {
         "summary": job_summary(row=row),
-        "payload": row.payload,
-        "result": row.result,
+        "payload": _pretty(row.payload),
+        "result": _pretty(row.result),
         "error": row.error,
         "trimmed": row.truncated,
         "text_limit": TEXT_LIMIT,

@@ -11,6 +11,8 @@ tracebacks, and a first line with a long unbroken token (a URL); queue
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from playwright.sync_api import expect
 
@@ -127,3 +129,20 @@ def test_the_job_and_queue_pages_fit(admin, billing, width):
     page = admin.visit(f"/admin/echomq_django/mirroredqueue/{QUEUE}/change/")
     admin.shot(f"queue-page-{width}")
     assert_page_fits(page)
+
+
+def test_with_redis_down_the_pages_say_so_and_show_the_mirror(admin, billing, monkeypatch):
+    monkeypatch.setenv("ECHOMQ_URL", "redis://127.0.0.1:1/0")  # nothing listens there
+    conf.reset()
+    admin.page.set_viewport_size({"width": 1280, "height": 900})
+    page = admin.visit(job_url(QUEUE, IDS[2]))
+    expect(page.locator("#emq-redis-error")).to_contain_text("Could not read Redis: ")
+    expect(page.locator("#emq-source")).to_contain_text(" (mirror)")
+    expect(page.locator("#emq-attempts")).to_have_text("1 of 3")
+    admin.shot("job-page-redis-down")
+    assert_page_fits(page)
+    page = admin.visit("/admin/echomq_django/mirroredqueue/workers/")
+    expect(page.locator("#content-main")).to_have_text(
+        re.compile(r"^\s*Could not read Redis: [^\n]+\s*$")
+    )
+    admin.shot("workers-redis-down")
