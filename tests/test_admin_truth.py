@@ -248,6 +248,10 @@ def test_a_queue_page_shows_its_counts_once(emq, staff, redis_down):
     assert f'<h2 id="emq-source">As of {when(row.mirrored_at)} (mirror)</h2>' in html
     assert "<tr><th>pending</th><td>1</td></tr><tr><th>active</th><td>0</td></tr>" in html
     assert "Live in Redis" not in html and 'id="emq-paused"' not in html
+    listing = staff.get(reverse("admin:echomq_django_mirroredqueue_changelist")).content.decode()
+    assert f'<td class="field-paused"><span title="Could not read Redis: {reason}">?</span>' in (
+        listing
+    )
 
 
 def test_the_lists_say_when_they_were_mirrored_in_the_admin_format(emq, staff):

@@ -148,11 +148,12 @@ def oldest_pending(obj: MirroredQueue) -> str:
 
 @admin.display(description="paused")
 def paused(obj: MirroredQueue) -> str:
-    """Read live from Redis (one EXISTS); ``?`` when Redis did not answer."""
+    """Read live from Redis (one EXISTS), the list's one live column; ``?``
+    (titled with the reason) when Redis did not answer."""
     try:
         return emq_flag(get_mq().is_paused(obj.queue), "paused,no")
-    except EchoMQError:
-        return "?"
+    except EchoMQError as err:
+        return format_html('<span title="Could not read Redis: {}">?</span>', err)
 
 
 class HasErrorFilter(admin.SimpleListFilter):
