@@ -9,6 +9,7 @@ from django.template import Context, Template
 
 from echomq_django.templatetags.echomq_admin import (
     emq_between,
+    emq_breakable,
     emq_flag,
     emq_has_more,
     emq_headline,
@@ -65,3 +66,12 @@ def test_booleans_read_the_right_way_round():
     assert emq_flag(True, "gone,in Redis") == '<span class="emq-flag-yes">gone</span>'
     assert emq_flag(False, "gone,in Redis") == '<span class="emq-flag-no">in Redis</span>'
     assert emq_flag(False) == '<span class="emq-flag-no">no</span>'
+
+
+def test_long_names_break_at_their_joints_and_stay_escaped():
+    assert emq_breakable("invoice-2026-11-000123-retry") == (
+        "invoice-<wbr>2026-<wbr>11-<wbr>000123-<wbr>retry"
+    )
+    assert emq_breakable("billing.tasks.render_pdf") == "billing.<wbr>tasks.<wbr>render_<wbr>pdf"
+    assert emq_breakable("<b>-x") == "&lt;b&gt;-<wbr>x"
+    assert emq_breakable(None) == ""

@@ -1,8 +1,11 @@
-"""How the admin's lists show a job or a queue (docs/explanation/house.md#admin): coloured
-state badges, the error's first line, waited/ran durations, booleans that
-read the right way, counts that link to the filtered job list, and the
-list filters that go with them. Pure functions of a mirrored row; the
-HTML comes from ``format_html`` (every value escaped).
+"""How the admin's lists show a job or a queue
+(docs/howto/operate.md#what-the-admins-pages-show): coloured state badges with
+the attempts under them, the error's first line, waited/ran durations,
+booleans that read the right way, counts that link to the filtered job list,
+and the list filters that go with them. Pure functions of a mirrored row;
+the HTML comes from ``format_html`` (every value escaped). Long ids, queue
+and job names carry line-break opportunities (``emq_breakable``) so the
+lists fit a 1280 px screen with both sidebars open.
 """
 
 from __future__ import annotations
@@ -13,67 +16,102 @@ from django.utils.html import format_html
 
 from ..conf import get_mq
 from ..core.exceptions import EchoMQError
-from ..models import MirroredJob, MirroredQueue
+from ..models import TEXT_LIMIT, MirroredJob, MirroredQueue
 from ..monitoring.stats import duration
-from ..templatetags.echomq_admin import emq_flag, emq_headline, emq_policy, emq_state
+from ..templatetags.echomq_admin import (
+    emq_breakable,
+    emq_flag,
+    emq_headline,
+    emq_state,
+)
 
 ERROR_CHARS = 80  # an error's first line in the job list
 
 
+def job_cell(change_url: str, obj: MirroredJob) -> str:
+    """The job list's first cell: the id (a link to ``change_url``, its
+    page), and under it, quiet, its queue and job name."""
+    return format_html(
+        '<a href="{}" class="emq-job-id">{}</a><span class="emq-sub">{} · {}</span>',
+        change_url,
+        emq_breakable(obj.job_id),
+        emq_breakable(obj.queue),
+        emq_breakable(obj.name),
+    )
+
+
 @admin.display(description="state", ordering="state")
 def state_badge(obj: MirroredJob) -> str:
-    """The state's badge; a row gone from Redis says so beside it."""
+    """The state's badge, its attempts under it (``attempts_text``); a row
+    gone from Redis says so beside it."""
     badge = emq_state(obj.state, short=True)
     if obj.gone_from_redis:
-        return format_html('{} <span class="emq-flag-yes">gone from Redis</span>', badge)
-    return badge
+        badge = format_html('{} <span class="emq-flag-yes">gone from Redis</span>', badge)
+    return format_html('{}<span class="emq-sub emq-attempts">{}</span>', badge, attempts_text(obj))
 
 
-@admin.display(description="tries", ordering="attempts")
-def attempts(obj: MirroredJob) -> str:
-    return f"{obj.attempts} of {obj.max_attempts}"
+def attempts_text(job) -> str:
+    """``"1 of 3 attempts"`` for a ``Job`` or a mirrored row."""
+    return f"{job.attempts} of {job.max_attempts} attempts"
 
 
 @admin.display(description="error")
 def error_preview(obj: MirroredJob) -> str:
-    """The error's first line (``ExcType: message``), cut at ``ERROR_CHARS``."""
+    """The error's first line (``ExcType: message``), cut at ``ERROR_CHARS``;
+    the whole line is its title. It wraps anywhere (a URL has no spaces)."""
     line = emq_headline(obj.error)
-    return line if len(line) <= ERROR_CHARS else line[: ERROR_CHARS - 1] + "…"
+    if not line:
+        return ""
+    cut = line if len(line) <= ERROR_CHARS else line[: ERROR_CHARS - 1] + "…"
+    return format_html('<span class="emq-error-line" title="{}">{}</span>', line, cut)
 
 
 @admin.display(description="waited · ran")
 def times(obj: MirroredJob) -> str:
-    """How long it queued before its last start, and how long that ran."""
+    """How long it queued before its last start, and how long that ran; each
+    duration stays on one line, the pair may wrap at the dot; ``-`` for a job
+    that never started."""
+    if obj.started_at is None:
+        return "-"
     return f"{waited(obj)} · {ran(obj)}"
 
 
 def waited(obj: MirroredJob) -> str:
-    """From creation to its last start (how long it queued), in words."""
+    """From creation to its last start (how long it queued), in words kept on
+    one line (no-break spaces)."""
     if obj.created_at is None or obj.started_at is None or obj.started_at < obj.created_at:
         return "-"
-    return duration((obj.started_at - obj.created_at).total_seconds())
+    return _one_line(duration((obj.started_at - obj.created_at).total_seconds()))
 
 
 def ran(obj: MirroredJob) -> str:
-    """From its last start to its finish, in words."""
+    """From its last start to its finish, in words that stay on one line."""
     if obj.started_at is None or obj.finished_at is None or obj.finished_at < obj.started_at:
         return "-"
-    return duration((obj.finished_at - obj.started_at).total_seconds())
+    return _one_line(duration((obj.finished_at - obj.started_at).total_seconds()))
 
 
-@admin.display(description="in Redis", ordering="gone_from_redis")
-def in_redis(obj: MirroredJob) -> str:
-    return emq_flag(obj.gone_from_redis, "gone from Redis,in Redis")
+def _one_line(words: str) -> str:
+    return words.replace(" ", "\u00a0")
 
 
-@admin.display(description="payload, result and error in this row")
-def trimmed(obj: MirroredJob) -> str:
-    return emq_flag(obj.truncated, "trimmed here (the live values below are whole),whole")
+@admin.display(description="payload, result and error in the job list")
+def mirror_copy(obj: MirroredJob) -> str:
+    """Whether the mirror holds the job's payload, result and error in full
+    or cut to ``TEXT_LIMIT`` characters, in plain words."""
+    if obj.truncated:
+        return f"cut to their first {TEXT_LIMIT} characters"
+    return "in full"
 
 
-@admin.display(description="if it dies")
-def policy(obj: MirroredJob) -> str:
-    return emq_policy(obj.parent_policy or ("fp" if obj.parent_id else ""))
+def parent_cell(obj: MirroredJob, url: str) -> str:
+    """The parent as a ``queue/id`` link to ``url`` that wraps at its joints."""
+    return format_html(
+        '<a href="{}">{}/<wbr>{}</a>',
+        url,
+        emq_breakable(obj.parent_queue),
+        emq_breakable(obj.parent_id),
+    )
 
 
 def jobs_url(queue: str, state: str | None = None) -> str:
@@ -110,11 +148,12 @@ def oldest_pending(obj: MirroredQueue) -> str:
 
 @admin.display(description="paused")
 def paused(obj: MirroredQueue) -> str:
-    """Read live from Redis (one EXISTS); ``?`` when Redis did not answer."""
+    """Read live from Redis (one EXISTS), the list's one live column; ``?``
+    (titled with the reason) when Redis did not answer."""
     try:
         return emq_flag(get_mq().is_paused(obj.queue), "paused,no")
-    except EchoMQError:
-        return "?"
+    except EchoMQError as err:
+        return format_html('<span title="Could not read Redis: {}">?</span>', err)
 
 
 class HasErrorFilter(admin.SimpleListFilter):

@@ -1,5 +1,5 @@
 """The admin: read-only pages over the Redis mirror, and retry by id
-(docs/explanation/house.md#admin).
+(docs/howto/operate.md#what-the-admins-pages-show).
 
 Read-only by construction: both models have only the ``view`` permission
 (models.py) and every ``has_add/change/delete_permission`` here answers
@@ -8,7 +8,8 @@ False, for superusers too, so the add, change (POST) and delete URLs answer
 queue + id form): POST-only behind a confirmation page, guarded by
 ``echomq_django.retry_job``, done through ``EchoMQ.retry`` (the API a user
 calls), logged as one ``LogEntry`` (CHANGE, "Retried by id") per retried job.
-Job pages read Redis live (admin_pages.py); lists read the mirror, which the
+Job and queue pages read Redis live, the mirror when Redis cannot answer
+(pages.py); lists read the mirror, which the
 "Refresh from Redis" button, the pump and ``echomq_mirror`` keep current.
 """
 
@@ -22,7 +23,6 @@ from django.http import Http404, HttpResponseRedirect
 from django.shortcuts import redirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
-from django.utils.html import format_html
 from django.views.decorators.http import require_POST
 
 from ..conf import get_mq
@@ -128,40 +128,30 @@ class RetryByIdForm(forms.Form):
 
 @admin.register(MirroredJob)
 class MirroredJobAdmin(MirrorAdmin):
-    list_display = (
-        "job_id",
-        "queue",
-        "name",
-        show.state_badge,
-        show.attempts,
-        show.error_preview,
-        show.times,
-        "parent_link",
-    )
+    list_display = ("job", show.state_badge, show.error_preview, show.times, "parent_link")
+    list_display_links = None  # the job cell links its id only (show.job_cell)
     list_filter = ("queue", "state", show.HasErrorFilter, "name", show.InRedisFilter)
     search_fields = ("job_id", "name")
     ordering = ("-created_at", "-id")
     actions = ("retry_dead_jobs", ops.cancel_jobs, ops.remove_jobs)
-    readonly_fields = (show.state_badge, show.attempts, show.policy, show.trimmed, show.in_redis)
+    readonly_fields = (show.mirror_copy,)
+    # Only what never changes, and what the mirror itself is: state,
+    # attempts, times and parent are shown once, in the page's summary, live
+    # when Redis answers (docs/howto/operate.md#what-the-admins-pages-show).
     fieldsets = (
-        (None, {"fields": ("queue", "job_id", "name", show.state_badge, show.attempts)}),
-        ("Flow", {"fields": ("parent_queue", "parent_id", show.policy)}),
-        (
-            "Mirror",
-            {"fields": ("created_at", show.trimmed, show.in_redis, "mirrored_at")},
-        ),
+        (None, {"fields": ("queue", "job_id", "name")}),
+        ("In the job list (the mirror)", {"fields": ("mirrored_at", show.mirror_copy)}),
     )
+
+    @admin.display(description="job", ordering="job_id")
+    def job(self, obj: MirroredJob) -> str:
+        return show.job_cell(reverse(self.url_name("change"), args=[obj.pk]), obj)
 
     @admin.display(description="parent")
     def parent_link(self, obj: MirroredJob) -> str:
         if not obj.parent_id:
             return "-"
-        return format_html(
-            '<a href="{}">{}/{}</a>',
-            job_url(obj.parent_queue, obj.parent_id),
-            obj.parent_queue,
-            obj.parent_id,
-        )
+        return show.parent_cell(obj, job_url(obj.parent_queue, obj.parent_id))
 
     def has_retry_permission(self, request) -> bool:
         return request.user.has_perm(RETRY_PERMISSION)
@@ -204,7 +194,7 @@ class MirroredJobAdmin(MirrorAdmin):
         except ValueError:
             page = 1
         context.update(
-            job_page(get_mq(), obj.queue, obj.job_id, page),
+            job_page(get_mq(), obj, page),
             queue_mirror=MirroredQueue.objects.filter(queue=obj.queue).first(),
             can_retry=self.has_retry_permission(request),
             retry_url=reverse(self.url_name("retry")),
@@ -257,7 +247,8 @@ class MirroredJobAdmin(MirrorAdmin):
         return ops.has_manage_permission(request)
 
     def get_actions(self, request, action_location=None):
-        """Cancel and remove appear once ``EchoMQ`` has them (docs/explanation/lifecycle.md).
+        """Cancel and remove appear once ``EchoMQ`` has them
+        (docs/explanation/lifecycle.md).
         ``action_location``: Django 6.1's place on the page the actions are
         for (None: the change list, as on Django 5.2, whose admin has no
         such argument)."""
@@ -342,14 +333,9 @@ class MirroredQueueAdmin(MirrorAdmin):
         "mirrored_at",
     )
     actions = (ops.pause_queues, ops.resume_queues)
-    fields = (
-        "queue",
-        *MirroredQueue.COUNT_FIELDS,
-        show.oldest_pending,
-        "last_event_id",
-        "mirrored_at",
-    )
-    readonly_fields = (show.oldest_pending,)
+    # the counts are shown once, in the page's summary: live when Redis
+    # answers, else the mirror's (docs/howto/operate.md#what-the-admins-pages-show)
+    fields = ("queue", "mirrored_at", "last_event_id")
 
     def has_manage_permission(self, request) -> bool:
         return ops.has_manage_permission(request)
@@ -360,7 +346,7 @@ class MirroredQueueAdmin(MirrorAdmin):
 
     def workers_view(self, request):
         """The live workers and pumps, read from Redis now
-        (docs/explanation/protocol.md#keys-outside-a-queue)."""
+        (docs/howto/operate.md#live-workers-and-pumps)."""
         if not self.has_view_permission(request):
             raise PermissionDenied
         return TemplateResponse(
@@ -376,7 +362,7 @@ class MirroredQueueAdmin(MirrorAdmin):
 
     def render_change_form(self, request, context, add=False, change=False, form_url="", obj=None):
         context.update(
-            queue_page(get_mq(), obj.queue),
+            queue_page(get_mq(), obj),
             queue_mirror=obj,
             jobs_url=show.jobs_url(obj.queue),
             dead_url=show.jobs_url(obj.queue, "dead"),

@@ -1,5 +1,7 @@
-"""What the admin's job and queue pages show, read live from Redis
-(docs/explanation/house.md#admin).
+"""What the admin's job, queue and worker pages show
+(docs/howto/operate.md#what-the-admins-pages-show): read live from Redis, and
+when Redis cannot answer, the mirror's copy said to be one ("as of <time>
+(mirror)"), never both side by side.
 
 Pure reads through the public API (``get_job``, ``flow_page``,
 ``dependencies``, ``dependency_counts``, ``counts``, ``deadletters``,
@@ -18,6 +20,7 @@ from django.urls import reverse
 
 from ..core.exceptions import EchoMQError, JobNotFound
 from ..core.keyspace import validate_id, validate_queue
+from ..models import TEXT_LIMIT, MirroredQueue
 from ..monitoring.mirror import ms_to_datetime
 from ..protocol.outbox import OUTBOX_DEADLETTER_MAX
 from .display import jobs_url
@@ -65,7 +68,9 @@ def tree_nodes(node: dict) -> list[dict]:
                 "url": job_url(child["queue"], child["id"]),
                 "state": child["state"],
                 "policy": child["policy"],
-                "remaining": child["remaining"],
+                # the counter is what an awaiting parent waits for; a dead
+                # one's counter keeps its fp deaths (for a retry), not work
+                "remaining": child["remaining"] if child["state"] == "awaiting_children" else None,
                 "value": _cell(as_text(child["result"], False))
                 if child["result"] is not None
                 else "",
@@ -94,16 +99,122 @@ def pager(page: int, total: int, per_page: int) -> dict:
     }
 
 
-def job_page(mq, queue: str, job_id: str, page: int = 1) -> dict:
-    """Context for a job's page: ``live`` (the ``Job``, or None when gone),
+def job_summary(job=None, row=None) -> dict:
+    """The one summary a job page shows (docs/howto/operate.md#what-the-admins-pages-show):
+    from ``job`` (the live ``Job``) when Redis answered, else from ``row``
+    (its ``MirroredJob``). ``{live, as_of, state, attempts, created_at,
+    started_at, finished_at, lease_deadline, parent, policy}``: ``as_of`` is
+    when the mirror read the row (None when live), times are aware
+    datetimes or None, ``attempts`` reads ``"1 of 3"``, ``parent`` is
+    ``{queue, id, url}`` or None, ``policy`` a policy token."""
+    src = job if job is not None else row
+    if job is not None:
+        times = {
+            n: ms_to_datetime(getattr(job, n)) for n in ("created_at", "started_at", "finished_at")
+        }
+        parent_queue, parent_id = job.parent_queue, job.parent
+        policy = str(job.parent_policy or "")
+        lease = ms_to_datetime(job.lease_deadline) if job.state == "active" else None
+    else:
+        times = {n: getattr(row, n) for n in ("created_at", "started_at", "finished_at")}
+        parent_queue, parent_id = row.parent_queue, row.parent_id
+        policy = row.parent_policy or ("fp" if parent_id else "")
+        lease = None
+    parent = None
+    if parent_id:
+        parent = {"queue": parent_queue, "id": parent_id, "url": job_url(parent_queue, parent_id)}
+    return {
+        "live": job is not None,
+        "as_of": None if job is not None else row.mirrored_at,
+        "state": str(src.state),
+        "attempts": f"{src.attempts} of {src.max_attempts}",
+        **times,
+        "lease_deadline": lease,
+        "parent": parent,
+        "policy": policy,
+    }
+
+
+def _pretty(stored: str) -> str:
+    """A mirrored JSON value indented as the live one is; as stored when it
+    does not parse (cut short by the mirror)."""
+    try:
+        return as_text(json.loads(stored)) if stored else ""
+    except ValueError:
+        return stored
+
+
+def _mirror_view(row) -> dict:
+    """What a job page shows of ``row`` (its ``MirroredJob``) when Redis
+    cannot say: the summary as of the mirror, and its values as stored (cut
+    to ``TEXT_LIMIT`` characters when ``trimmed``)."""
+    return {
+        "summary": job_summary(row=row),
+        "payload": _pretty(row.payload),
+        "result": _pretty(row.result),
+        "error": row.error,
+        "trimmed": row.truncated,
+        "text_limit": TEXT_LIMIT,
+    }
+
+
+CAN_FINISH = {"pending", "active", "delayed", "awaiting_children"}
+
+
+def _unresolved(mq, queue: str, refs: list[str]) -> tuple[list[dict], int, int]:
+    """The children ``refs`` of a parent on ``queue`` that have not resolved
+    it yet: ``(shown, to_finish, undelivered)``. ``shown`` is the first
+    ``REFS_SHOWN`` as ``{queue, id, url, state}`` (state read live, None for
+    no such job); ``to_finish`` counts those that can still finish
+    (``CAN_FINISH``), ``undelivered`` those that finished on another queue
+    but whose word is still in that queue's outbox.
+
+    Only a child on another queue can have finished unresolved: a child on
+    the parent's queue resolves it in the same script (same slot) as it
+    completes or dies. So the states read are those of the children shown
+    and of every unresolved child on another queue, one pipelined read per
+    queue; an unread same-queue child counts as one that can finish."""
+    parsed = [mq.keys.parse_ref(ref) for ref in refs]
+    wanted = {i for i, (q, _) in enumerate(parsed) if q != queue}
+    wanted |= set(range(min(REFS_SHOWN, len(parsed))))
+    by_queue: dict[str, list[str]] = {}
+    for i in sorted(wanted):
+        by_queue.setdefault(parsed[i][0], []).append(parsed[i][1])
+    states: dict[tuple[str, str], str | None] = {}
+    for q, ids in by_queue.items():
+        states.update({(q, j): st for j, st in mq.probes.states(q, ids).items()})
+    to_finish = undelivered = 0
+    for i, key in enumerate(parsed):
+        if i not in wanted or states[key] in CAN_FINISH:
+            to_finish += 1
+        elif states[key] in ("completed", "dead"):
+            undelivered += 1
+    shown = [
+        {"queue": q, "id": j, "url": job_url(q, j), "state": states[(q, j)]}
+        for q, j in parsed[:REFS_SHOWN]
+    ]
+    return shown, to_finish, undelivered
+
+
+def job_page(mq, row, page: int = 1) -> dict:
+    """Context for the page of ``row`` (a ``MirroredJob``): ``summary``
+    (``job_summary``: live, or the mirror's when Redis could not be read or
+    no longer holds the job), ``live`` (the ``Job``, or None),
     ``live_error`` (text when Redis could not be read), ``payload`` /
-    ``result`` / ``error`` (full text), ``parent_url``, and for a parent
-    ``tree`` (page ``page`` of its children, ``CHILDREN_PER_PAGE`` a page,
-    each with up to ``FANOUT`` children of its own: ``tree_nodes``),
-    ``pager``, ``deps`` (counts: ``dependency_counts``) and the children that
-    failed it / were ignored / removed / are unprocessed, at most
-    ``REFS_SHOWN`` of each (lists of ``{queue, id, url, text}``). Reads
-    stay bounded by the page, whatever the fan-in."""
+    ``result`` / ``error`` (full text when live; the mirror's, ``trimmed``,
+    otherwise), and for a live parent ``tree`` (page ``page`` of its
+    children, ``CHILDREN_PER_PAGE`` a page, each with up to ``FANOUT``
+    children of its own: ``tree_nodes``), ``pager``, ``deps`` (counts:
+    ``dependency_counts``), ``to_finish`` (children not resolved yet that can
+    still finish: pending, active, delayed or awaiting their own children;
+    a dead parent's ``fp`` child is not one), ``undelivered`` (children that
+    finished but whose word has not reached the parent yet: the pump
+    delivers it), and the children that failed it / were ignored / removed
+    / are unresolved, at most ``REFS_SHOWN`` of each (lists of ``{queue, id,
+    url, text}``; unresolved ones with their ``state``). The tree's reads
+    stay bounded by the page; the counts read the state of every unresolved
+    child on another queue (``_unresolved``)."""
+    queue, job_id = row.queue, row.job_id
     ctx: dict[str, Any] = {"live": None, "live_error": "", "is_parent": False}
     try:
         job = mq.get_job(queue, job_id)
@@ -112,22 +223,17 @@ def job_page(mq, queue: str, job_id: str, page: int = 1) -> dict:
         start = (book["page"] - 1) * CHILDREN_PER_PAGE
         flow = mq.flow_page(queue, job_id, start, CHILDREN_PER_PAGE, FLOW_DEPTH, FANOUT)
         deps = mq.dependencies(queue, job_id) if counts["children"] else None
+        unresolved = _unresolved(mq, queue, deps.unprocessed) if deps is not None else None
     except JobNotFound:
-        return ctx
+        return {**ctx, **_mirror_view(row)}
     except EchoMQError as err:
-        ctx["live_error"] = str(err)
-        return ctx
+        return {**ctx, **_mirror_view(row), "live_error": str(err)}
     ctx.update(
         live=job,
+        summary=job_summary(job=job),
         payload=as_text(job.payload),
         result=as_text(job.result) if job.result is not None else "",
         error=job.error or "",
-        lease_deadline=ms_to_datetime(job.lease_deadline),
-        times={
-            name: ms_to_datetime(getattr(job, name))
-            for name in ("created_at", "started_at", "finished_at")
-        },
-        parent_url=job_url(job.parent_queue, job.parent) if job.parent else "",
     )
     if deps is not None:
 
@@ -140,18 +246,61 @@ def job_page(mq, queue: str, job_id: str, page: int = 1) -> dict:
             tree=tree_nodes(flow),
             pager=book,
             deps=counts,
-            remaining=deps.remaining,
+            to_finish=unresolved[1],
+            undelivered=unresolved[2],
             failed=refs(deps.failed),
             ignored=refs(deps.ignored),
             removed=refs(deps.removed),
-            unprocessed=[_ref_link(mq, ref) for ref in deps.unprocessed[:REFS_SHOWN]],
+            unprocessed=unresolved[0],
             refs_shown=REFS_SHOWN,
         )
     return ctx
 
 
-def queue_page(mq, queue: str) -> dict:
-    """Context for a queue's page: ``counts`` (live, ``EchoMQ.counts``),
+def _count_rows(counts: dict[str, int]) -> list[tuple[str, int]]:
+    """``counts`` as ``(words, n)`` in the queue list's order and words."""
+    words = {f: MirroredQueue._meta.get_field(f).verbose_name for f in MirroredQueue.COUNT_FIELDS}
+    return [(words[f], counts[f]) for f in MirroredQueue.COUNT_FIELDS]
+
+
+def queue_summary(mq, row) -> dict:
+    """The counts a queue page shows once
+    (docs/howto/operate.md#what-the-admins-pages-show): ``{live, as_of, counts,
+    rows, oldest_pending_s, paused}`` read live (``counts`` as
+    ``EchoMQ.counts``, ``rows`` them as ``(words, n)``, ``oldest_pending_s``
+    the head of ``pending``'s wait in seconds or None, ``paused`` a bool).
+    Raises ``EchoMQError`` when Redis cannot be read; ``mirror_queue_summary``
+    is the fallback."""
+    counts = mq.counts(row.queue)
+    head = mq.job_ids(row.queue, "pending", 0, 0)
+    since = mq.probes.waiting_since(row.queue, head[0]) if head else None
+    return {
+        "live": True,
+        "as_of": None,
+        "counts": counts,
+        "rows": _count_rows(counts),
+        "oldest_pending_s": None if since is None else max(0.0, (mq.clock() - since) / 1000),
+        "paused": mq.is_paused(row.queue),
+    }
+
+
+def mirror_queue_summary(row) -> dict:
+    """``queue_summary`` from ``row`` (a ``MirroredQueue``), as of its
+    ``mirrored_at``; ``paused`` is None (the mirror does not keep it)."""
+    return {
+        "live": False,
+        "as_of": row.mirrored_at,
+        "counts": row.counts(),
+        "rows": _count_rows(row.counts()),
+        "oldest_pending_s": row.oldest_pending_age_s,
+        "paused": None,
+    }
+
+
+def queue_page(mq, row) -> dict:
+    """Context for the page of ``row`` (a ``MirroredQueue``): ``summary``
+    (``queue_summary``, or ``mirror_queue_summary`` with ``live_error`` when
+    Redis could not be read), ``counts`` (the summary's),
     ``deadletters`` (the first ``DEADLETTERS_SHOWN`` dead-lettered outbox
     entries: ``{kind, child, parent, value, reason, at}``),
     ``deadletters_capped`` (the list is at its bound, ``OUTBOX_DEADLETTER_MAX``:
@@ -159,14 +308,17 @@ def queue_page(mq, queue: str) -> dict:
     durable signals' backlog, ``EchoMQ.event_backlog``) and
     ``signal_deadletters`` (the newest ``DEADLETTERS_SHOWN`` events given up
     on: ``EchoMQ.deadlettered_events`` with ``job`` a link and ``at`` a
-    datetime, docs/explanation/protocol.md#durable-signal-events), or ``live_error``."""
+    datetime, docs/explanation/signals.md), or ``live_error``."""
+    queue = row.queue
     try:
-        counts = mq.counts(queue)
+        summary = queue_summary(mq, row)
+        counts = summary["counts"]
         letters = mq.outbox.deadletters(queue, 0, DEADLETTERS_SHOWN - 1)  # decodes what it can
         signals = mq.signal_events.backlog(queue)
         lettered = mq.signal_events.deadlettered(queue, DEADLETTERS_SHOWN)
     except EchoMQError as err:
-        return {"live_error": str(err)}
+        summary = mirror_queue_summary(row)
+        return {"live_error": str(err), "summary": summary, "counts": summary["counts"]}
     signal_rows = [
         {
             **e,
@@ -203,6 +355,7 @@ def queue_page(mq, queue: str) -> dict:
         )
     capped = counts["deadletter"] >= OUTBOX_DEADLETTER_MAX
     return {
+        "summary": summary,
         "counts": counts,
         "deadletters": rows,
         "deadletters_hidden": max(0, counts["deadletter"] - len(rows)),
@@ -216,12 +369,13 @@ def queue_page(mq, queue: str) -> dict:
 def workers_page(mq) -> dict:
     """Context for the live workers page: ``now`` and ``processes`` (each a
     ``ProcessInfo`` dict plus ``up_s`` / ``beat_s`` seconds, ``queue_links``
-    and ``running_links``, ``running_hidden``), or ``live_error``."""
+    and ``running_links``, ``running_hidden``), or only ``live_error`` (the
+    page then says that alone: nothing on it was read)."""
     now = mq.clock()
     try:
         procs = mq.presence.live_processes(now)
     except EchoMQError as err:
-        return {"live_error": str(err), "processes": [], "now": ms_to_datetime(now)}
+        return {"live_error": str(err), "processes": []}
     rows = []
     for p in procs:
         running = []

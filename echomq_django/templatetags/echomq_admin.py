@@ -1,5 +1,7 @@
-"""Template filters of the admin pages (docs/explanation/house.md#admin): states as coloured
-badges, policies and durations in words, errors folded to their first line.
+"""Template filters of the admin pages
+(docs/howto/operate.md#what-the-admins-pages-show): states as coloured badges,
+policies and durations in words, errors folded to their first line, long
+names made breakable.
 ``{% load echomq_admin %}``; every filter escapes what it is given.
 """
 
@@ -9,13 +11,14 @@ import re
 from datetime import datetime
 
 from django import template
-from django.utils.html import format_html
+from django.utils.html import conditional_escape, format_html
+from django.utils.safestring import mark_safe
 
 from ..monitoring.stats import duration
 
 register = template.Library()
 
-# policy tokens (docs/explanation/protocol.md#policies) -> what they mean for the parent
+# a child's policy token -> what it means for the parent (docs/use.md)
 POLICY_WORDS = {
     "fp": "fail the parent",
     "id": "ignore (the parent goes on)",
@@ -87,6 +90,22 @@ def emq_headline(error) -> str:
     """An error's first line (the ``ExcType: message`` the worker writes),
     job keys in it shown as ``queue/id``."""
     return _REF.sub(r"\1/\2", str(error or "").split("\n", 1)[0])
+
+
+# where a long id, queue, job name or URL may break: after these characters
+_BREAK_AFTER = re.compile(r"([-_./:,&?=])")
+
+
+@register.filter
+def emq_breakable(text) -> str:
+    """``text`` escaped, with a line-break opportunity (``<wbr>``) after each
+    ``- _ . / : , & ? =``, so ``invoice-2026-11-000123-retry`` or
+    ``billing.tasks.render_invoice_pdf`` wraps at its joints in a narrow
+    column instead of widening it (docs/howto/operate.md#what-the-admins-pages-show)."""
+    parts = _BREAK_AFTER.split(str(text if text is not None else ""))
+    return mark_safe(
+        "".join(conditional_escape(p) + ("<wbr>" if i % 2 else "") for i, p in enumerate(parts))
+    )
 
 
 @register.filter
