@@ -234,6 +234,14 @@ def test_the_cancel_and_remove_howto(howto, tutorial_site):
         with pytest.raises(emq.JobNotFound):
             emq.get_job("counting", child)
     assert example.cancel_report(5) is None
+    from types import SimpleNamespace
+
+    assert example.export(SimpleNamespace(payload={"chunks": 3}, cancelled=False)) == {
+        "exported": 3
+    }
+    assert example.export(SimpleNamespace(payload={"chunks": 3}, cancelled=True)) == {
+        "stopped_after": 0
+    }
 
 
 def test_the_priorities_howto(howto):
@@ -252,6 +260,9 @@ def test_the_priorities_howto(howto):
         assert worker.stats["postponed"] == 1
         job = emq.get_job("api", job_id)
         assert (job.state, job.attempts) == ("delayed", 0)
+        ref = example.fulfil_order(9)
+        assert (ref.parent_id, ref.landed) == ("order-9", 5)
+        assert emq.dependency_counts("orders", "order-9")["remaining"] == 4
 
 
 @pytest.mark.django_db(transaction=True)

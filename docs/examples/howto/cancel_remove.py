@@ -20,3 +20,15 @@ def forget_report(report_id):
     too, before it returns). Returns how many rows went on the parent's own
     queue; refuses a job that is running (``JobNotRemovable``)."""
     return emq.remove("reports", f"report-{report_id}").removed
+
+
+@emq.handler("reports.export")
+def export(job):
+    """A long handler that stops early once its job is cancelled while it
+    runs (the worker sets ``job.cancelled`` when a heartbeat is refused)."""
+    done = 0
+    for _chunk in range(job.payload["chunks"]):
+        if job.cancelled:
+            return {"stopped_after": done}  # the result is dropped anyway
+        done += 1  # export one chunk here
+    return {"exported": done}

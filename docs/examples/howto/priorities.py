@@ -49,3 +49,42 @@ def fake_api(payload):
         payload.pop("throttle")
         raise TooManyRequests(0.05)
     return {"ok": True}
+
+
+def fulfil_order(order_id):
+    """Failure policies and a deadline on one flow: what a child's death
+    does to its parent."""
+    return emq.add_flow(
+        emq.Flow(
+            "orders",
+            "orders.fulfil",
+            {"order": order_id},
+            job_id=f"order-{order_id}",
+            children_timeout_ms=600_000,  # the parent dies if its children take longer
+            children=[
+                # the default: a dead child fails its parent
+                emq.Flow("payments", "orders.charge", {"order": order_id}),
+                # recorded in the parent's ignored_failures(); the parent still waits
+                emq.Flow(
+                    "mail",
+                    "mail.receipt",
+                    {"order": order_id},
+                    ignore_dependency_on_failure=True,
+                ),
+                # dropped: the parent stops waiting for it
+                emq.Flow(
+                    "crm",
+                    "crm.sync",
+                    {"order": order_id},
+                    remove_dependency_on_failure=True,
+                ),
+                # its death releases the parent at once, without the others
+                emq.Flow(
+                    "inventory",
+                    "inventory.reserve",
+                    {"order": order_id},
+                    continue_parent_on_failure=True,
+                ),
+            ],
+        )
+    )
