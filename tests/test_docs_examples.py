@@ -244,6 +244,31 @@ def test_the_cancel_and_remove_howto(howto, tutorial_site):
     }
 
 
+def test_the_flow_failed_receiver_hears_a_failed_report_once(howto, tutorial_site):
+    from django.core.cache import cache
+    from wordcount.flows import count_words
+
+    example = howto("flow_failed")
+    try:
+        count_words(6, ["fine", None])  # None: "text" has no split(), the child dies
+        for _ in range(3):  # the child's MAX_ATTEMPTS is 3; a zero backoff makes each due now
+            with echomq_settings(QUEUES={"counting": {"BACKOFF_MS": 0, "MAX_ATTEMPTS": 3}}):
+                burst("counting")
+        emq.Pump(["counting", "reports"]).sweep()
+        assert emq.get_job("reports", "report-6").state == "dead"
+        emq.Dispatcher(["reports"]).dispatch_all()
+        emq.Dispatcher(["reports"]).dispatch_all()  # nothing new: sent once
+        got = cache.get("report-failed:report-6")
+        assert got["error"].startswith("failed by child ")
+        assert "AttributeError" in got["error"]
+        assert got["event"].startswith("reports:")
+    finally:
+        from echomq_django.signals import flow_failed
+
+        flow_failed.disconnect(example.remember_failed_report)
+        cache.delete("report-failed:report-6")
+
+
 def test_the_priorities_howto(howto):
     example = howto("priorities")
     ran = []
