@@ -444,3 +444,71 @@ def test_the_commands_the_pages_use_exist_with_their_flags():
             known = {o for a in parser._actions for o in a.option_strings}
             assert flags <= known, (page.name, command, flags - known)
     assert {"runworker", "runpump"} <= seen
+
+
+# -- the pages themselves ----------------------------------------------------
+
+PAGES = sorted(
+    [*(REPO / "docs" / "tutorial").glob("*.md"), *(REPO / "docs" / "howto").glob("*.md")]
+)
+# the reference pages another part of the site provides (docs/index.md globs them)
+REFERENCE = {"settings", "commands", "api", "signals", "checks", "metrics", "stats"}
+
+
+def slugs(page: Path) -> set[str]:
+    """The heading anchors MyST gives ``page`` (``myst_heading_anchors``),
+    GitHub's way: lower case, punctuation dropped, spaces to dashes."""
+    found = set()
+    for line in page.read_text().splitlines():
+        if line.startswith("#"):
+            title = line.lstrip("#").strip().lower()
+            found.add(re.sub(r"[^\w\- ]", "", title).replace(" ", "-"))
+    return found
+
+
+def test_the_pages_links_and_includes_resolve():
+    assert [p.name for p in PAGES if p.parent.name == "howto"] == sorted(
+        f"{n}.md"
+        for n in [
+            "async-handlers",
+            "cancel-remove",
+            "cluster",
+            "deploy",
+            "durable-enqueue",
+            "logging",
+            "migrate",
+            "payloads",
+            "periodic",
+            "priorities-rate-limits",
+            "retention",
+            "tasks-backend",
+            "testing",
+        ]
+    )
+    checked = {"links": 0, "anchors": 0, "includes": 0}
+    for page in PAGES:
+        text = page.read_text()
+        for target in re.findall(r"\]\(([^)#\s]*)(?:#[^)]*)?\)", text):
+            if target.startswith("http") or not target:
+                continue
+            path = (page.parent / target).resolve()
+            if path.parent.name == "reference":
+                assert path.stem in REFERENCE, (page.name, target)
+            else:
+                assert path.is_file(), (page.name, target)
+            checked["links"] += 1
+        for target, anchor in re.findall(r"\]\(([^)#\s]*\.md)#([^)]+)\)", text):
+            path = (page.parent / target).resolve()
+            if path.parent.name in ("tutorial", "howto"):
+                assert anchor in slugs(path), (page.name, target, anchor)
+                checked["anchors"] += 1
+        for include, options in re.findall(r"```\{literalinclude\} (\S+)\n((?::.*\n)*)", text):
+            path = page.parent / include
+            assert path.is_file(), (page.name, include)
+            checked["includes"] += 1
+            for obj in re.findall(r":pyobject: (\w+)", options):
+                tree = ast.parse(path.read_text())
+                assert obj in {getattr(n, "name", None) for n in tree.body}, (page.name, obj)
+            for mark in re.findall(r':(?:start|end)-at: "(.+)"', options):
+                assert mark in path.read_text(), (page.name, include, mark)
+    assert min(checked["links"], checked["includes"]) >= 20 and checked["anchors"] >= 3, checked
