@@ -1,6 +1,6 @@
 --[[
   advance_schedule: record that a periodic job's tick was enqueued
-  (docs/scheduling.md, periodic jobs). The mark only moves forward, so two schedulers that
+  (docs/howto/periodic.md#how-it-fires). The mark only moves forward, so two schedulers that
   fire the same tick agree, and a restart knows which tick came last.
 
   KEYS[1] schedule mark        P:{q}:schedule:<entry> (string: last tick, ms)

@@ -54,7 +54,7 @@ class Flow:
     ``remove_dependency_on_failure=True`` unlinks it without a record.
     ``max_attempts`` / ``backoff_ms`` (ms) default to the queue's settings.
 
-    Scheduling (docs/scheduling.md, ``core/options.py`` checks them): ``priority``
+    Scheduling (docs/howto/priorities-rate-limits.md, ``core/options.py`` checks them): ``priority``
     (int, higher runs first, default 0); ``delay_ms`` (ms; a delayed parent
     waits for its children and its delay); ``timeout_ms`` (ms per attempt;
     default the queue's TIMEOUT_MS); ``dedup_key`` / ``dedup_ttl_ms`` (leaf

@@ -1,4 +1,4 @@
-"""Per-job options (docs/scheduling.md): the ranges of priority, delays,
+"""Per-job options (docs/howto/priorities-rate-limits.md): the ranges of priority, delays,
 timeouts and dedup keys, checked on the host before anything is written, and
 a flow node's options as ``enqueue_flow`` takes them. ``EchoMQ`` and its
 parts use them (``protocol/``); periodic jobs are ``runners/periodic.py``."""

@@ -399,11 +399,13 @@ class EchoMQ(Reads):
     def pause(self, queue: str) -> bool:
         """Pause ``queue``: no worker claims from it until ``resume``; adds,
         completions, fan-in and the pump go on. Returns True when it was not
-        paused already. Raises ``ValueError`` for a bad name. docs/scheduling.md"""
+        paused already. Raises ``ValueError`` for a bad name.
+        docs/howto/priorities-rate-limits.md#pausing-a-queue"""
         return self._set_paused(queue, True)
 
     def resume(self, queue: str) -> bool:
-        """Resume a paused ``queue``; True when it was paused. docs/scheduling.md"""
+        """Resume a paused ``queue``; True when it was paused.
+        docs/howto/priorities-rate-limits.md#pausing-a-queue"""
         return self._set_paused(queue, False)
 
     # -- handed to the parts -------------------------------------------------

@@ -183,7 +183,7 @@ class Flows(Part):
         fan-in changes nothing. Returns the ``Outcome`` (``released``).
         Raises ``JobNotFound`` (no parent), ``JobNotActive`` (the parent is not
         awaiting_children), ``DependencyError`` (not an unresolved child),
-        ``ValueError`` (a bad name or ref). docs/scheduling.md"""
+        ``ValueError`` (a bad name or ref). docs/howto/priorities-rate-limits.md#flow-control"""
         self.keys.parse_ref(child_ref)
         return self._remove_dependencies(queue, parent_id, [child_ref], True)[1]
 
@@ -196,7 +196,7 @@ class Flows(Part):
         ``(deleted, outcome)``: the ``(queue, id)`` pairs deleted and the
         ``Outcome`` (``released`` when the parent went on). Raises
         ``JobNotFound`` / ``JobNotActive`` like ``remove_child_dependency``.
-        docs/scheduling.md"""
+        docs/howto/priorities-rate-limits.md#flow-control"""
         deps = self.reads.dependencies(queue, parent_id)
         by_queue: dict[str, list[tuple[str, str]]] = {}
         for ref in deps.unprocessed:

@@ -139,7 +139,8 @@ class Timers(Part):
         """Kill held parents of ``queue`` whose ``children_timeout_ms`` has
         passed (error ``children timed out``; their policy applies upward).
         Returns ``(expired, outcome)``: how many parents timed out, and the
-        ``Outcome`` (``dead``, ``flow_failed`` up the tree). Run by the pump. docs/scheduling.md"""
+        ``Outcome`` (``dead``, ``flow_failed`` up the tree). Run by the pump.
+        docs/howto/priorities-rate-limits.md#flow-control"""
         k = self.keys
         reply = self.scripts.run(
             "expire_children",
@@ -152,7 +153,7 @@ class Timers(Part):
         """Put an active job back without spending its attempt; it runs again
         in ``retry_after_ms`` (ms). Returns the run-at (ms). The worker calls
         it when a handler raises ``RateLimited``. Raises ``JobNotFound``,
-        ``JobNotActive``, ``LeaseLost``. docs/scheduling.md"""
+        ``JobNotActive``, ``LeaseLost``. docs/howto/priorities-rate-limits.md#rate-limits"""
         check_int("retry_after_ms", retry_after_ms, 0, MAX_MS)
         q, k = job.queue, self.keys.queue(job.queue)
         return int(
@@ -166,7 +167,7 @@ class Timers(Part):
     # -- periodic jobs (runners/periodic.py drives these) --------------------
     def advance_schedule(self, queue: str, entry: str, tick: int, mode: str) -> int:
         """Move entry's last-tick mark (ms): ``mode`` 'fire' (forward only) or
-        'init' (only when unset). Returns the mark. docs/scheduling.md"""
+        'init' (only when unset). Returns the mark. docs/howto/periodic.md#how-it-fires"""
         return int(
             self.scripts.run(
                 "advance_schedule", [self.keys.queue(queue).schedule(entry)], [tick, mode]

@@ -358,7 +358,8 @@ class ClaimLoop:
                 finished.result = func(job)
         except Unrecoverable as exc:  # dead at once, attempts left or not
             finished.error, finished.dead = error_text(exc, below_caller=True), True
-        except RateLimited as exc:  # back without spending the attempt (docs/scheduling.md)
+        except RateLimited as exc:
+            # back without spending the attempt (docs/howto/priorities-rate-limits.md#rate-limits)
             finished.postpone_ms = exc.retry_after_ms
         except BaseException as exc:
             finished.error = error_text(exc, below_caller=True)

@@ -121,8 +121,9 @@ class SweepReport:
     released: int = 0
     dead: int = 0
     signals: int = 0  # durable events whose signals this sweep sent
-    expired: int = 0  # parents whose children_timeout_ms passed (docs/scheduling.md)
-    scheduled: int = 0  # periodic jobs fired on this queue (docs/scheduling.md)
+    # parents whose children_timeout_ms passed (docs/howto/priorities-rate-limits.md#flow-control)
+    expired: int = 0
+    scheduled: int = 0  # periodic jobs fired on this queue (docs/howto/periodic.md)
     pruned: int = 0  # rows retention, removals and cancels took (docs/explanation/lifecycle.md)
     locked: bool = False
     lock_lost: bool = False

@@ -18,7 +18,7 @@ from ..monitoring.stats import duration
 
 register = template.Library()
 
-# a child's policy token -> what it means for the parent (docs/use.md)
+# a child's policy token -> what it means for the parent (docs/explanation/protocol.md#policies)
 POLICY_WORDS = {
     "fp": "fail the parent",
     "id": "ignore (the parent goes on)",

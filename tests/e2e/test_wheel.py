@@ -1,10 +1,10 @@
 """The wheel carries the Lua scripts and works from a fresh venv: build it
 from a copy of the checkout, install it (with its dependencies, from the
 package index) into a new venv, and run one job through it against the private
-Redis from a directory outside the repo. Then docs/use.md's "Use it in your
-project" steps: a fresh ``django-admin startproject``, the app and a ``@task``
-added, ``migrate``, ``check``, the task and an ``async def`` handler run
-through ``runworker``."""
+Redis from a directory outside the repo. Then the steps of
+docs/tutorial/index.md and docs/howto/tasks-backend.md: a fresh ``django-admin
+startproject``, the app and a ``@task`` added, ``migrate``, ``check``, the task
+and an ``async def`` handler run through ``runworker``."""
 
 from __future__ import annotations
 
@@ -108,7 +108,7 @@ def test_one_job_through_a_fresh_venv(venv: Path, tmp_path: Path, r, redis_serve
 
 SETTINGS = textwrap.dedent("""
 
-    # --- added as docs/use.md says ---
+    # --- added as docs/tutorial/index.md says ---
     import os
     from importlib.util import find_spec
 

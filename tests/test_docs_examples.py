@@ -1,0 +1,508 @@
+"""The docs' examples run (docs/examples/, included by the tutorial and the
+how-to pages): every Python file there is imported or run here against the
+suite's private Redis, and the shell snippets are checked for what can be
+checked. A page's example that breaks fails here, not in a reader's project.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import os
+import re
+import subprocess
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from django.test import override_settings
+
+import echomq_django as emq
+from echomq_django import conf
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLES = REPO / "docs" / "examples"
+TUTORIAL = EXAMPLES / "tutorial"
+HOWTO = EXAMPLES / "howto"
+DEPLOY = EXAMPLES / "deploy"
+
+
+def snippet_settings(path: Path, **names) -> dict:
+    """The names a settings snippet defines, run with ``names`` predefined."""
+    scope = dict(names)
+    exec(compile(path.read_text(), str(path), "exec"), scope)
+    return scope
+
+
+@pytest.fixture
+def examples_on_path(monkeypatch):
+    """docs/examples/tutorial on sys.path, as the tutorial's project root is."""
+    monkeypatch.syspath_prepend(str(TUTORIAL))
+
+
+@pytest.fixture
+def tutorial_site(r, redis_server, examples_on_path):
+    """The tutorial's ECHOMQ (from its settings snippet) on the private Redis,
+    its handlers registered, an empty Redis."""
+    scope = snippet_settings(TUTORIAL / "settings_snippet.py", INSTALLED_APPS=[])
+    assert scope["INSTALLED_APPS"] == ["echomq_django", "wordcount"]
+    import wordcount.jobs  # noqa: F401  (registers the handlers, as autodiscovery does)
+
+    with override_settings(ECHOMQ=scope["ECHOMQ"]):
+        conf.reset()
+        assert conf.problems() == []
+        yield scope["ECHOMQ"]
+    conf.reset()
+
+
+def burst(*queues: str, concurrency: int = 2) -> emq.Worker:
+    worker = emq.Worker(list(queues), concurrency=concurrency, register=False)
+    worker.run(burst=True)
+    return worker
+
+
+@contextmanager
+def echomq_settings(**cfg):
+    """``ECHOMQ`` = ``cfg`` (URL: the private server unless given), a fresh
+    client from it, and the suite's settings back afterwards."""
+    cfg.setdefault("URL", os.environ["ECHOMQ_URL"])
+    with override_settings(ECHOMQ=cfg):
+        conf.reset()
+        assert conf.problems() == []
+        try:
+            yield conf.get_mq()
+        finally:
+            conf.reset()
+
+
+@pytest.fixture
+def howto(r, monkeypatch):
+    """Imports a how-to example by its file name, on an empty Redis."""
+    monkeypatch.syspath_prepend(str(HOWTO))
+    return importlib.import_module
+
+
+def test_every_python_example_parses_and_lives_under_examples():
+    files = sorted(EXAMPLES.rglob("*.py"))
+    assert files, "docs/examples/ holds the pages' Python examples"
+    for path in files:
+        ast.parse(path.read_text(), str(path))
+
+
+def test_the_tutorial_flow_runs_its_parent_on_the_childrens_results(tutorial_site):
+    from wordcount.flows import count_words
+
+    ref = count_words(1, ["the quick brown fox", "jumps over", "the lazy dog"])
+    assert (ref.parent_id, ref.landed, len(ref.child_ids)) == ("report-1", 4, 3)
+    assert emq.get_job("reports", "report-1").state == "awaiting_children"
+    # the worker alone runs the children; the parent, on another queue,
+    # waits for the pump to deliver their completions
+    assert burst("counting", "reports").processed == 3
+    assert emq.get_job("reports", "report-1").state == "awaiting_children"
+    report = emq.Pump(["counting", "reports"]).sweep()
+    assert report["counting"]["delivered"] == 3
+    assert burst("counting", "reports").processed == 1
+    job = emq.get_job("reports", "report-1")
+    assert (job.state, job.result) == ("completed", {"documents": 3, "words": 9})
+    assert sorted(r["words"] for r in emq.children_values("reports", "report-1").values()) == [
+        2,
+        3,
+        4,
+    ]
+
+
+def test_the_testing_howto_example_passes_under_pytest(redis_server):
+    """docs/examples/howto/testing_handlers.py is a test module a reader
+    copies: run it as they would, in its own pytest, on the tutorial's
+    settings (it starts its own private redis-server)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TUTORIAL), str(REPO)])}
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--ds",
+            "tutorial_settings",
+            str(EXAMPLES / "howto" / "testing_handlers.py"),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "1 passed" in done.stdout
+
+
+# -- how-to pages ------------------------------------------------------------
+
+
+def test_the_cluster_howto_runs_the_tutorial_flow_on_a_cluster(
+    redis_cluster, rc, examples_on_path, monkeypatch
+):
+    cfg = snippet_settings(HOWTO / "cluster_settings.py")["ECHOMQ"]
+    assert cfg["CLUSTER"] is True
+    import wordcount.jobs  # noqa: F401
+    from wordcount.flows import count_words
+
+    monkeypatch.setenv("ECHOMQ_URL", redis_cluster.url)  # the node the page's URL stands for
+    with echomq_settings(**{**cfg, "URL": redis_cluster.url}) as mq:
+        count_words(2, ["a b c", "d"])
+        burst("counting", "reports")
+        emq.Pump(["counting", "reports"]).sweep()
+        burst("counting", "reports")
+        job = mq.get_job("reports", "report-2")
+        assert (job.state, job.result) == ("completed", {"documents": 2, "words": 4})
+
+
+@pytest.mark.django_db(transaction=True)
+def test_durable_enqueue_lands_after_the_commit_and_not_after_a_rollback(howto):
+    from django.contrib.auth.models import User
+
+    example = howto("durable_enqueue")
+    with echomq_settings(QUEUES={"mail": {}}) as mq:
+        user, job_id = example.sign_up("ada", "ada@example.org")
+        job = mq.get_job("mail", job_id)
+        assert (job.state, job.payload) == ("pending", {"user": user.pk})
+        with pytest.raises(ValueError, match="invalid after all"):
+            example.sign_up_then_fail("bob")
+        assert list(User.objects.values_list("username", flat=True)) == ["ada"]
+        assert mq.counts("mail")["pending"] == 1
+        from echomq_django.models import OutboxEntry
+
+        assert OutboxEntry.objects.count() == 0  # pushed, and its row deleted
+
+
+def test_the_periodic_howto_schedule_passes_the_checks_and_lists_its_entries(howto):
+    from echomq_django.checks import check_scheduling
+    from echomq_django.runners.periodic import Scheduler
+
+    example = howto("periodic")
+    with echomq_settings(SCHEDULE=example.SCHEDULE) as mq:
+        assert check_scheduling() == []
+        state = {e["entry"]: e for e in Scheduler(mq).state()}
+        assert sorted(state) == ["heartbeat", "nightly-report"]
+        assert (state["heartbeat"]["queue"], state["nightly-report"]["name"]) == (
+            "ops",
+            "reports.nightly",
+        )
+        # a first start fires no past tick: the pump's first sweep adds nothing
+        assert emq.Pump(["ops", "reports"]).sweep()["ops"]["scheduled"] == 0
+
+
+def test_the_retention_howto_settings_pass_and_keep_zero_goes_at_the_next_sweep(
+    howto, tutorial_site
+):
+    example = howto("retention")
+    cfg = dict(example.ECHOMQ)
+    del cfg["URL"]
+
+    @emq.handler("mail.receipt")
+    def receipt(job):
+        return "sent"
+
+    with echomq_settings(**cfg):
+        job_id = example.send_receipt(7)
+        ref = example.start_report(7)
+        burst("mail")
+        assert emq.get_job("mail", job_id).state == "completed"
+        emq.Pump(["mail"]).sweep()
+        with pytest.raises(emq.JobNotFound):
+            emq.get_job("mail", job_id)
+        assert emq.get_job("reports", ref.parent_id).state == "awaiting_children"
+
+
+def test_the_cancel_and_remove_howto(howto, tutorial_site):
+    from wordcount.flows import count_words
+
+    example = howto("cancel_remove")
+    ref = count_words(5, ["one", "two"])
+    assert example.cancel_report(5) == "awaiting_children"
+    job = emq.get_job("reports", "report-5")
+    assert (job.state, job.error) == ("dead", "cancelled")
+    assert [emq.get_job("counting", i).state for i in ref.child_ids] == ["dead", "dead"]
+    assert example.cancel_report(5) == "finished"
+    # the parent's row; the children on another slot go through the
+    # outbox, delivered before remove returns (not counted in ``removed``)
+    assert example.forget_report(5) == 1
+    for child in ref.child_ids:
+        with pytest.raises(emq.JobNotFound):
+            emq.get_job("counting", child)
+    assert example.cancel_report(5) is None
+    from types import SimpleNamespace
+
+    assert example.export(SimpleNamespace(payload={"chunks": 3}, cancelled=False)) == {
+        "exported": 3
+    }
+    assert example.export(SimpleNamespace(payload={"chunks": 3}, cancelled=True)) == {
+        "stopped_after": 0
+    }
+
+
+def test_the_flow_failed_receiver_hears_a_failed_report_once(howto, tutorial_site):
+    from django.core.cache import cache
+    from wordcount.flows import count_words
+
+    example = howto("flow_failed")
+    try:
+        count_words(6, ["fine", None])  # None: "text" has no split(), the child dies
+        for _ in range(3):  # the child's MAX_ATTEMPTS is 3; a zero backoff makes each due now
+            with echomq_settings(QUEUES={"counting": {"BACKOFF_MS": 0, "MAX_ATTEMPTS": 3}}):
+                burst("counting")
+        emq.Pump(["counting", "reports"]).sweep()
+        assert emq.get_job("reports", "report-6").state == "dead"
+        emq.Dispatcher(["reports"]).dispatch_all()
+        emq.Dispatcher(["reports"]).dispatch_all()  # nothing new: sent once
+        got = cache.get("report-failed:report-6")
+        assert got["error"].startswith("failed by child ")
+        assert "AttributeError" in got["error"]
+        assert got["event"].startswith("reports:")
+    finally:
+        from echomq_django.signals import flow_failed
+
+        flow_failed.disconnect(example.remember_failed_report)
+        cache.delete("report-failed:report-6")
+
+
+def test_the_priorities_howto(howto):
+    example = howto("priorities")
+    ran = []
+    for name in ("mail.newsletter", "mail.password_reset", "mail.digest"):
+        emq.handler(name)(lambda job, name=name: ran.append(name))
+    with echomq_settings(QUEUES=example.QUEUES):
+        example.add_mail()
+        burst("mail", concurrency=1)
+        assert ran == ["mail.password_reset", "mail.newsletter", "mail.digest"]
+        first = example.add_digest(42)
+        assert example.add_digest(42) == first
+        job_id = emq.enqueue("api", "api.call", {"throttle": True})
+        worker = burst("api", concurrency=1)
+        assert worker.stats["postponed"] == 1
+        job = emq.get_job("api", job_id)
+        assert (job.state, job.attempts) == ("delayed", 0)
+        ref = example.fulfil_order(9)
+        assert (ref.parent_id, ref.landed) == ("order-9", 5)
+        assert emq.dependency_counts("orders", "order-9")["remaining"] == 4
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_async_handler_howto(howto):
+    from asgiref.sync import async_to_sync
+    from django.contrib.auth.models import User
+
+    example = howto("async_handlers")
+    user = User.objects.create(username="grace")
+    with echomq_settings(QUEUES={"mail": {}}):
+        job_id = async_to_sync(example.greet_later)(user.pk)
+        burst("mail")
+        assert emq.get_job("mail", job_id).result == {"greeted": "grace"}
+
+
+def test_the_payloads_howto(howto):
+    import datetime
+    import decimal
+    import uuid
+
+    example = howto("payloads")
+    invoice = uuid.UUID("12345678-1234-5678-1234-567812345678")
+    args = (invoice, decimal.Decimal("12.50"), datetime.date(2000, 1, 31))
+    with echomq_settings(QUEUES={"billing": {}}):
+        with pytest.raises(emq.PayloadError):
+            example.bill(*args)  # without the encoder: refused before any write
+    cfg = dict(example.ECHOMQ)
+    del cfg["URL"]
+    with echomq_settings(**cfg) as mq:
+        job_id = example.bill(*args)
+        assert mq.get_job("billing", job_id).payload == {
+            "invoice": str(invoice),
+            "amount": "12.50",
+            "due": "2000-01-31",
+        }
+        burst("billing")
+        assert mq.get_job("billing", job_id).result == {
+            "invoice": str(invoice),
+            "cents": 1250,
+            "late": True,
+        }
+
+
+def test_the_tasks_backend_howto(howto):
+    example = howto("tasks_example")
+    scope = snippet_settings(HOWTO / "tasks_settings.py", INSTALLED_APPS=[])
+    backend = scope["TASKS"]["default"]
+    assert backend["BACKEND"] == "echomq_django.tasks.EchoMQBackend"
+    assert set(backend["OPTIONS"]) == {"MAX_ATTEMPTS", "ON_COMMIT"}
+    with echomq_settings():
+        result = example.add_numbers.enqueue(2, 3)
+        shout = example.shout.enqueue("hi")
+        burst("default")
+        assert example.add_numbers.get_result(result.id).return_value == 5
+        assert example.shout.get_result(shout.id).return_value == "HI"
+        assert emq.get_job("default", shout.id).priority == 10
+
+
+def test_the_migrate_howto(howto):
+    example = howto("migrate.echomq_flow")
+    with echomq_settings():
+        ref = example.count_words(["a b", "c d e"])
+        burst("default")
+        assert emq.get_job("default", ref.parent_id).result == 5
+        delayed = example.notify_later(1)
+        assert emq.get_job("default", delayed).state == "delayed"
+
+
+def test_the_logging_howto_keeps_its_levels_under_runworker():
+    """The page's LOGGING, then what runworker does at the default
+    verbosity: the levels it gave stay, and no second handler is added."""
+    code = (
+        "import logging, logging.config, runpy\n"
+        f"ns = runpy.run_path({str(HOWTO / 'logging_settings.py')!r})\n"
+        "logging.config.dictConfig(ns['LOGGING'])\n"
+        "from echomq_django.logs import setup_logging\n"
+        "setup_logging(1)\n"
+        "lib = logging.getLogger('echomq_django')\n"
+        "print(logging.getLogger('echomq_django.worker').level, len(lib.handlers), lib.level)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert done.stdout.split() == ["10", "1", "20"], done.stderr
+
+
+# -- the deployment files ----------------------------------------------------
+
+
+def unit(path: Path) -> dict[str, dict[str, str]]:
+    """An ini-style file (a systemd unit, a supervisor config) as
+    ``{section: {key: value}}``; a key systemd allows again (``Environment``)
+    keeps its values joined by newlines."""
+    sections: dict[str, dict[str, str]] = {}
+    current: dict[str, str] | None = None
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith(("#", ";")):
+            continue
+        if line.startswith("["):
+            current = sections.setdefault(line.strip("[]"), {})
+            continue
+        assert current is not None and "=" in line, (path.name, line)
+        key, value = (part.strip() for part in line.split("=", 1))
+        current[key] = f"{current[key]}\n{value}" if key in current else value
+    return sections
+
+
+@pytest.mark.parametrize("name", ["echomq-worker.service", "echomq-pump.service"])
+def test_the_systemd_units_restart_with_a_delay_and_stop_gracefully(name):
+    service = unit(DEPLOY / name)["Service"]
+    assert (service["Restart"], service["RestartSec"], service["KillSignal"]) == (
+        "always",
+        "5",
+        "SIGTERM",
+    )
+    command = "runworker" if "worker" in name else "runpump"
+    assert f"manage.py {command} counting reports" in service["ExecStart"]
+    assert "--no-wait" not in service["ExecStart"]  # a service waits for Redis
+    if command == "runworker":  # longer than --shutdown-timeout's 30 s
+        assert int(service["TimeoutStopSec"]) > 30
+
+
+def test_the_supervisor_and_compose_files_run_both_processes():
+    programs = unit(DEPLOY / "supervisord.conf")
+    assert {s: programs[s]["command"].split()[2] for s in programs} == {
+        "program:mysite-worker": "runworker",
+        "program:mysite-pump": "runpump",
+    }
+    assert int(programs["program:mysite-worker"]["stopwaitsecs"]) > 30
+    compose = (DEPLOY / "docker-compose.yml").read_text()
+    commands = re.findall(r"command: python manage.py (\w+)", compose)
+    assert commands == ["runworker", "runpump"]
+    assert "stop_grace_period: 40s" in compose
+    procfile = dict(line.split(": ", 1) for line in (DEPLOY / "Procfile").read_text().splitlines())
+    assert sorted(procfile) == ["pump", "web", "worker"]
+
+
+def test_the_commands_the_pages_use_exist_with_their_flags():
+    """Every ``manage.py <command> --flag`` in the tutorial, the how-tos and
+    the deploy files names a real command and flag."""
+    from django.core.management import get_commands, load_command_class
+
+    pages = [*(REPO / "docs" / "tutorial").glob("*.md"), *(REPO / "docs" / "howto").glob("*.md")]
+    pages += [p for p in DEPLOY.iterdir() if p.is_file()]
+    seen = set()
+    for page in pages:
+        for command, rest in re.findall(r"manage\.py (run\w+)([^\n`]*)", page.read_text()):
+            flags = set(re.findall(r"(--[a-z][a-z-]*)", rest))
+            seen.add(command)
+            parser = load_command_class(get_commands()[command], command).create_parser(
+                "manage.py", command
+            )
+            known = {o for a in parser._actions for o in a.option_strings}
+            assert flags <= known, (page.name, command, flags - known)
+    assert {"runworker", "runpump"} <= seen
+
+
+# -- the pages themselves ----------------------------------------------------
+
+PAGES = sorted(
+    [*(REPO / "docs" / "tutorial").glob("*.md"), *(REPO / "docs" / "howto").glob("*.md")]
+)
+# the reference pages another part of the site provides (docs/index.md globs them)
+def slugs(page: Path) -> set[str]:
+    """The heading anchors MyST gives ``page`` (``myst_heading_anchors``),
+    GitHub's way: lower case, punctuation dropped, spaces to dashes."""
+    found = set()
+    for line in page.read_text().splitlines():
+        if line.startswith("#"):
+            title = line.lstrip("#").strip().lower()
+            found.add(re.sub(r"[^\w\- ]", "", title).replace(" ", "-"))
+    return found
+
+
+def test_the_pages_links_and_includes_resolve():
+    assert [p.name for p in PAGES if p.parent.name == "howto"] == sorted(
+        f"{n}.md"
+        for n in [
+            "async-handlers",
+            "cancel-remove",
+            "cluster",
+            "deploy",
+            "durable-enqueue",
+            "logging",
+            "migrate",
+            "operate",
+            "payloads",
+            "periodic",
+            "priorities-rate-limits",
+            "retention",
+            "tasks-backend",
+            "testing",
+        ]
+    )
+    checked = {"links": 0, "anchors": 0, "includes": 0}
+    for page in PAGES:
+        text = page.read_text()
+        for target in re.findall(r"\]\(([^)#\s]*)(?:#[^)]*)?\)", text):
+            if target.startswith("http") or not target:
+                continue
+            path = (page.parent / target).resolve()
+            assert path.is_file(), (page.name, target)
+            checked["links"] += 1
+        for target, anchor in re.findall(r"\]\(([^)#\s]*\.md)#([^)]+)\)", text):
+            path = (page.parent / target).resolve()
+            assert anchor in slugs(path), (page.name, target, anchor)
+            checked["anchors"] += 1
+        for include, options in re.findall(r"```\{literalinclude\} (\S+)\n((?::.*\n)*)", text):
+            path = page.parent / include
+            assert path.is_file(), (page.name, include)
+            checked["includes"] += 1
+            for obj in re.findall(r":pyobject: (\w+)", options):
+                tree = ast.parse(path.read_text())
+                assert obj in {getattr(n, "name", None) for n in tree.body}, (page.name, obj)
+            for mark in re.findall(r':(?:start|end)-at: "(.+)"', options):
+                assert mark in path.read_text(), (page.name, include, mark)
+    assert min(checked["links"], checked["includes"]) >= 20 and checked["anchors"] >= 3, checked
