@@ -14,6 +14,14 @@
   pushed at once.
 * ``False``: now, straight to Redis, even inside a transaction.
 
+``ECHOMQ["ENQUEUE_WHEN_DOWN"] = "outbox"`` (default ``"raise"``): an add
+that goes straight to Redis because no transaction is open (``on_commit``
+None outside an atomic block) and finds Redis away writes the same outbox
+row instead of raising ``RedisUnavailable``, and returns the ids as usual;
+the worker and the pump push it once Redis answers
+(docs/use.md#enqueue-that-survives-a-redis-outage-at-commit). An explicit
+``on_commit=False`` still raises.
+
 The ids are known before the commit: generated up front and returned at once
 (and fixed in the outbox row, so a repeated push never runs anything twice).
 Validation (names, ids, payloads, flow shape) happens now either way, so a bad
@@ -29,11 +37,12 @@ from asgiref.sync import sync_to_async
 from django.db import DEFAULT_DB_ALIAS, transaction
 
 from . import commit_outbox as outbox
-from .conf import get_mq
+from .conf import enqueue_when_down, get_mq
 from .core import flows as _flows
+from .core.exceptions import RedisUnavailable
 from .core.flows import Flow, FlowRef
 from .core.jobs import Dependencies, Job, Outcome
-from .core.keyspace import validate_id, validate_queue
+from .core.keyspace import validate_id, validate_name, validate_queue
 from .core.options import check_job_options
 from .core.retention import job_keep
 
@@ -44,6 +53,19 @@ def _defer(on_commit: bool | None, using: str | None) -> bool:
     if on_commit is True:
         return True
     return transaction.get_connection(using or DEFAULT_DB_ALIAS).in_atomic_block
+
+
+def _outbox_when_down(on_commit: bool | None, err: RedisUnavailable) -> bool:
+    """True when an add that went straight to Redis and met ``err`` is to be
+    written to the database outbox instead (``ENQUEUE_WHEN_DOWN =
+    "outbox"``, and ``on_commit`` not an explicit False)."""
+    return on_commit is not False and enqueue_when_down() == "outbox"
+
+
+def _written_when_down(err: RedisUnavailable, what: str) -> None:
+    outbox.log.warning(
+        "%s; %s written to the enqueue outbox (ENQUEUE_WHEN_DOWN='outbox')", err, what
+    )
 
 
 def enqueue(
@@ -84,15 +106,30 @@ def enqueue(
         keep=keep,
     )
     if not _defer(on_commit, using):
-        return mq.enqueue(queue, name, payload, **kwargs)
+        try:
+            return mq.enqueue(queue, name, payload, **kwargs)
+        except RedisUnavailable as err:
+            if not _outbox_when_down(on_commit, err):
+                raise
+            job_id = _write_job(mq, queue, name, payload, kwargs, using, push=False)
+            _written_when_down(err, f"job {queue}/{job_id}")
+            return job_id
+    return _write_job(mq, queue, name, payload, kwargs, using)
+
+
+def _write_job(mq, queue, name, payload, kwargs: dict, using, push: bool = True) -> str:
+    """Check one job as ``EchoMQ.enqueue`` would, then write its outbox row
+    (``push``: pushed after the commit; else left for the drainers)."""
+    kwargs = dict(kwargs)
+    priority, delay_ms, timeout_ms = kwargs["priority"], kwargs["delay_ms"], kwargs["timeout_ms"]
+    dedup_key, dedup_ttl_ms, keep = kwargs["dedup_key"], kwargs["dedup_ttl_ms"], kwargs["keep"]
     validate_queue(queue)
     job_id = validate_id(kwargs.pop("job_id"))
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"a job needs a name (the handler's), got {name!r}")
+    validate_name(name)
     check_job_options(priority, delay_ms, timeout_ms, dedup_key, dedup_ttl_ms)
     job_keep(keep)  # DESIGN §10.2: refused now, not at the push
     mq.encode(payload)
-    outbox.write_job(queue, name, payload, job_id, kwargs, using=using, mq=mq)
+    outbox.write_job(queue, name, payload, job_id, kwargs, using=using, mq=mq, push=push)
     return job_id
 
 
@@ -110,7 +147,18 @@ def enqueue_many(
     mq = get_mq()
     plan = mq.bulk.plan_many(queue, jobs)
     if not _defer(on_commit, using):
-        return mq.bulk.land_many(plan)
+        try:
+            return mq.bulk.land_many(plan)
+        except RedisUnavailable as err:
+            if not _outbox_when_down(on_commit, err):
+                raise
+            # some may have landed: their rows count as pushed at the drain
+            for name, payload, job_id, options in plan.jobs():
+                outbox.write_job(
+                    queue, name, payload, job_id, options, using=using, mq=mq, push=False
+                )
+            _written_when_down(err, f"{len(plan.ids)} jobs of {queue}")
+            return plan.ids
     for name, payload, job_id, options in plan.jobs():
         outbox.write_job(queue, name, payload, job_id, options, using=using, mq=mq)
     return plan.ids
@@ -133,10 +181,26 @@ def add_flow(flow: Flow, *, on_commit: bool | None = None, using: str | None = N
     See ``EchoMQ.add_flow`` for errors and this module for ``on_commit``."""
     mq = get_mq()
     if not _defer(on_commit, using):
-        return mq.add_flow(flow)
+        if on_commit is None and enqueue_when_down() == "outbox":
+            _assign_ids(flow)  # fixed now: a flow half landed then lands whole from its row
+        try:
+            return mq.add_flow(flow)
+        except RedisUnavailable as err:
+            if not _outbox_when_down(on_commit, err):
+                raise
+            ref = _write_flow(mq, flow, using, push=False)
+            _written_when_down(err, f"flow {ref.queue}/{ref.parent_id}")
+            return ref
+    return _write_flow(mq, flow, using)
+
+
+def _write_flow(mq, flow: Flow, using, push: bool = True) -> FlowRef:
+    """Check a flow as ``EchoMQ.add_flow`` would (its ids assigned now),
+    then write its outbox row (``push``: pushed after the commit; else left
+    for the drainers); returns its ``FlowRef``."""
     _assign_ids(flow)
     nodes = _flows.plan(flow, mq.encode)
-    outbox.write_flow(flow, using=using, mq=mq)
+    outbox.write_flow(flow, using=using, mq=mq, push=push)
     root = nodes[0]
     return FlowRef(
         queue=root.queue,
@@ -149,9 +213,23 @@ def add_flow(flow: Flow, *, on_commit: bool | None = None, using: str | None = N
 def add_flows(
     flows: list[Flow], *, on_commit: bool | None = None, using: str | None = None
 ) -> list[FlowRef]:
-    """``add_flow`` for several flows in one round trip where possible."""
+    """``add_flow`` for several flows in one round trip where possible
+    (``ENQUEUE_WHEN_DOWN = "outbox"``: Redis away, each flow is written to
+    the outbox as ``add_flow`` does)."""
     if not _defer(on_commit, using):
-        return get_mq().add_flows(flows)
+        when_down = on_commit is None and enqueue_when_down() == "outbox"
+        if when_down:
+            for f in flows:
+                _assign_ids(f)
+        mq = get_mq()
+        try:
+            return mq.add_flows(flows)
+        except RedisUnavailable as err:
+            if not _outbox_when_down(on_commit, err):
+                raise
+            refs = [_write_flow(mq, f, using, push=False) for f in flows]
+            _written_when_down(err, f"{len(refs)} flows")
+            return refs
     return [add_flow(f, on_commit=True, using=using) for f in flows]
 
 

@@ -114,29 +114,35 @@ def write_job(
     options: dict,
     using: str | None = None,
     mq=None,
+    push: bool = True,
 ) -> OutboxEntry:
     """Write one job's row in the current transaction (of database
-    ``using``) and push it with ``mq`` (None: the settings' one) after the
-    commit. ``options`` are ``EchoMQ.enqueue``'s keyword arguments but
-    ``job_id``. Returns the row (saved). Raises ``PayloadError`` for a
-    payload the queue refuses, and the database's error."""
+    ``using``) and, with ``push``, push it with ``mq`` (None: the settings'
+    one) after the commit; without, the row waits for a drainer (Redis is
+    known to be away: ``ENQUEUE_WHEN_DOWN = "outbox"``). ``options`` are
+    ``EchoMQ.enqueue``'s keyword arguments but ``job_id``. Returns the row
+    (saved). Raises ``PayloadError`` for a payload the queue refuses, and
+    the database's error."""
     mq = _mq(mq)
     body = {"name": name, "payload": _plain(mq, payload), "options": options}
-    return _write("job", queue, job_id, body, using, mq)
+    return _write("job", queue, job_id, body, using, mq, push)
 
 
-def write_flow(flow: Flow, using: str | None = None, mq=None) -> OutboxEntry:
+def write_flow(flow: Flow, using: str | None = None, mq=None, push: bool = True) -> OutboxEntry:
     """Write one flow's row (its ids all assigned) as ``write_job`` does."""
     mq = _mq(mq)
     body = flow_to_dict(flow, lambda value: _plain(mq, value))
-    return _write("flow", flow.queue, flow.job_id, body, using, mq)
+    return _write("flow", flow.queue, flow.job_id, body, using, mq, push)
 
 
-def _write(kind: str, queue: str, job_id: str, body: dict, using, mq) -> OutboxEntry:
+def _write(kind: str, queue: str, job_id: str, body: dict, using, mq, push) -> OutboxEntry:
     db = _db(using)
     entry = _model()(kind=kind, queue=queue, job_id=job_id, body=_dumps(body))
     entry.save(using=db)
-    transaction.on_commit(lambda: push_entry(entry.pk, mq, using=db), using=db)
+    if push:
+        # robust: a push that fails in a way no one foresaw is logged by Django
+        # and the other on_commit hooks still run; the row stays for a drainer
+        transaction.on_commit(lambda: push_entry(entry.pk, mq, using=db), using=db, robust=True)
     return entry
 
 
