@@ -37,7 +37,7 @@ from asgiref.sync import sync_to_async
 from django.db import DEFAULT_DB_ALIAS, transaction
 
 from . import commit_outbox as outbox
-from .conf import enqueue_when_down, get_mq
+from .conf import enqueue_when_down, get_mq, offline_mq
 from .core import flows as _flows
 from .core.exceptions import RedisUnavailable
 from .core.flows import Flow, FlowRef
@@ -53,6 +53,24 @@ def _defer(on_commit: bool | None, using: str | None) -> bool:
     if on_commit is True:
         return True
     return transaction.get_connection(using or DEFAULT_DB_ALIAS).in_atomic_block
+
+
+def _producer_mq():
+    """``(get_mq(), None)``; while it cannot be built (a Cluster none of
+    whose startup nodes answers) ``(offline_mq(), the RedisUnavailable)``:
+    a deferred add still checks, encodes and writes its outbox row, and
+    pushes it with ``get_mq()`` once that can be built."""
+    try:
+        return get_mq(), None
+    except RedisUnavailable as err:
+        return offline_mq(), err
+
+
+def _now(mq, down: RedisUnavailable | None):
+    """``mq`` to send with now; raises ``down`` when there is none."""
+    if down is not None:
+        raise down
+    return mq
 
 
 def _outbox_when_down(on_commit: bool | None, err: RedisUnavailable) -> bool:
@@ -93,7 +111,7 @@ def enqueue(
     the outbox row). A deferred add raises the same validation errors now,
     and the database's error if the outbox table is missing; it returns the
     id it will use: a dedup hit is known only at the push."""
-    mq = get_mq()
+    mq, down = _producer_mq()
     kwargs = dict(
         job_id=job_id if job_id is not None else _flows.new_id(),
         max_attempts=max_attempts,
@@ -107,7 +125,7 @@ def enqueue(
     )
     if not _defer(on_commit, using):
         try:
-            return mq.enqueue(queue, name, payload, **kwargs)
+            return _now(mq, down).enqueue(queue, name, payload, **kwargs)
         except RedisUnavailable as err:
             if not _outbox_when_down(on_commit, err):
                 raise
@@ -144,11 +162,11 @@ def enqueue_many(
     fixed now, and each is an outbox row of its own (DESIGN §10.4: nothing
     lost when Redis is down at the commit), pushed after the commit one by
     one, as ``enqueue``'s are. DESIGN §10.1."""
-    mq = get_mq()
+    mq, down = _producer_mq()
     plan = mq.bulk.plan_many(queue, jobs)
     if not _defer(on_commit, using):
         try:
-            return mq.bulk.land_many(plan)
+            return _now(mq, down).bulk.land_many(plan)
         except RedisUnavailable as err:
             if not _outbox_when_down(on_commit, err):
                 raise
@@ -179,12 +197,12 @@ def _assign_ids(flow: Flow) -> None:
 def add_flow(flow: Flow, *, on_commit: bool | None = None, using: str | None = None) -> FlowRef:
     """Land a flow; returns its ``FlowRef`` (ids known even when deferred).
     See ``EchoMQ.add_flow`` for errors and this module for ``on_commit``."""
-    mq = get_mq()
+    mq, down = _producer_mq()
     if not _defer(on_commit, using):
         if on_commit is None and enqueue_when_down() == "outbox":
             _assign_ids(flow)  # fixed now: a flow half landed then lands whole from its row
         try:
-            return mq.add_flow(flow)
+            return _now(mq, down).add_flow(flow)
         except RedisUnavailable as err:
             if not _outbox_when_down(on_commit, err):
                 raise
@@ -221,9 +239,9 @@ def add_flows(
         if when_down:
             for f in flows:
                 _assign_ids(f)
-        mq = get_mq()
+        mq, down = _producer_mq()
         try:
-            return mq.add_flows(flows)
+            return _now(mq, down).add_flows(flows)
         except RedisUnavailable as err:
             if not _outbox_when_down(on_commit, err):
                 raise

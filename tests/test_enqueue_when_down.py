@@ -13,6 +13,7 @@ import logging
 import pytest
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
+from django.db import transaction
 from django.test import override_settings
 
 import echomq_django as emq
@@ -151,3 +152,23 @@ def test_a_bad_value_is_a_check_error_and_refused_at_use(down):
     )
     with pytest.raises(ImproperlyConfigured, match="E090"):
         emq.enqueue("q", "t.echo", 1)
+
+
+def test_a_cluster_no_node_of_which_answers_still_takes_outbox_rows(db, down, monkeypatch):
+    """``get_mq()`` cannot be built (RedisCluster reads its slot map as it is
+    built): the add is checked and written all the same, in a transaction
+    and, with ``"outbox"``, outside one."""
+    down("outbox")
+    cfg = {**settings.ECHOMQ, "CLUSTER": True}
+    with override_settings(ECHOMQ=cfg):
+        conf.reset()
+        hooks = []
+        with transaction.atomic(using=db):
+            emq.enqueue("q", "t.echo", 1, job_id="in-tx", using=db)
+            transaction.on_commit(lambda: hooks.append("mine"), using=db)
+        assert hooks == ["mine"]
+        assert emq.enqueue("q", "t.echo", 2, job_id="no-tx", using=db) == "no-tx"
+        with pytest.raises(PayloadError):
+            emq.enqueue("q", "t.echo", {"x": object()}, using=db)
+        conf.reset()
+    assert rows(db) == [("job", "q", "in-tx", ""), ("job", "q", "no-tx", "")]

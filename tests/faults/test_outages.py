@@ -8,7 +8,7 @@ a committing view (a ``manage.py shell`` process adding jobs in
 * a whole Cluster down (every master SIGKILLed, restarted with its
   append-only file): the runners wait and recover, a pump stopped meanwhile
   exits cleanly, the view's commits stand and its other ``on_commit`` hooks
-  run, nothing is lost;
+  run (a view process started meanwhile too), nothing is lost;
 * a worker stopped (SIGTERM) before its delayed jobs are due: the next
   worker starts each of them, once.
 
@@ -108,6 +108,9 @@ def test_a_whole_cluster_outage_loses_nothing(tmp_path):
         cluster.kill_all()  # no node answers
         assert view.commit(10, 10) == committed(10, 10)  # no error reached the view
         assert "stays in the enqueue outbox" in view.log.read_text()
+        # a view process that starts now builds its client while no node answers
+        late = Committer(tmp_path, url, True, run_log)
+        assert late.commit(100, 5) == committed(100, 5), late.log.read_text()
         # a pump stopped while no node answers leaves cleanly (its registry
         # entry expires with the heartbeat it could not delete)
         pumps[1].proc.terminate()
@@ -115,14 +118,17 @@ def test_a_whole_cluster_outage_loses_nothing(tmp_path):
         assert [p.proc.poll() for p in (worker, pumps[0])] == [None, None]
         cluster.restart_all()
         assert view.commit(20, 10) == committed(20, 10)
-        done = wait_until(lambda: len(runs(run_log)) == 30, 45)
+        done = wait_until(lambda: len(runs(run_log)) == 35, 45)
         assert done, worker.log.read_text() + pumps[0].log.read_text()
-        assert view.stop() == 0
+        assert late.commit(105, 5) == committed(105, 5)  # its client works now
+        assert wait_until(lambda: len(runs(run_log)) == 40, 30)
+        assert (view.stop(), late.stop()) == (0, 0)
         assert stop_all([worker, pumps[0]]) == [0, 0]
         client = RedisCluster(host=rigs.HOST, port=cluster.ports[0])
         try:
             mq = EchoMQ(client, prefix="emq")
-            states = {mq.get_job("fa", f"v{n}").state for n in range(30)}
+            ids = [*range(30), *range(100, 110)]
+            states = {mq.get_job("fa", f"v{n}").state for n in ids}
         finally:
             client.close()
     finally:
@@ -130,7 +136,7 @@ def test_a_whole_cluster_outage_loses_nothing(tmp_path):
             p.kill()
         cluster.stop()
     assert states == {JobState.COMPLETED}  # the jobs done before the outage kept too
-    assert set(runs(run_log)) == {f"v{n}" for n in range(30)}
+    assert set(runs(run_log)) == {f"v{n}" for n in ids}
     assert outbox_rows(tmp_path) == 0
 
 
