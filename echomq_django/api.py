@@ -31,6 +31,9 @@ call raises in the caller, not later in the commit hook. ``aenqueue`` and
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -39,7 +42,7 @@ from django.db import DEFAULT_DB_ALIAS, transaction
 from . import commit_outbox as outbox
 from .conf import enqueue_when_down, get_mq, offline_mq
 from .core import flows as _flows
-from .core.exceptions import RedisUnavailable
+from .core.exceptions import EchoMQError, RedisUnavailable
 from .core.flows import Flow, FlowRef
 from .core.jobs import Dependencies, Job, Outcome
 from .core.keyspace import validate_id, validate_name, validate_queue
@@ -53,6 +56,63 @@ def _defer(on_commit: bool | None, using: str | None) -> bool:
     if on_commit is True:
         return True
     return transaction.get_connection(using or DEFAULT_DB_ALIAS).in_atomic_block
+
+
+log = logging.getLogger("echomq_django.api")
+
+UNSERVED_EVERY_S = 60.0  # a queue no setting names is looked up at most this often per process
+UNSERVED_MAX = 10_000  # queues the look-up times are kept for (then forgotten at once)
+_unserved_lock = threading.Lock()
+_unserved_at: dict[str, float] = {}  # queue -> monotonic time it was looked up
+_unserved_warned: set[str] = set()
+
+
+def _warn_if_unserved(mq, queue: str) -> None:
+    """Log one WARNING per process per queue when a job is added to a queue
+    that ``ECHOMQ["QUEUES"]`` does not name and no live worker serves: a
+    typo ("defualt") would wait forever, silently
+    (docs/operating.md#echomq_stats). A queue the settings name costs a
+    dict lookup; another one read (the live processes) at most once per
+    ``UNSERVED_EVERY_S`` until it warned. Never raises."""
+    if queue in mq.queues or queue in _unserved_warned:
+        return
+    now = time.monotonic()
+    with _unserved_lock:
+        if now - _unserved_at.get(queue, -UNSERVED_EVERY_S) < UNSERVED_EVERY_S:
+            return
+        if len(_unserved_at) >= UNSERVED_MAX:
+            _unserved_at.clear()
+        _unserved_at[queue] = now
+    try:
+        procs = mq.presence.live_processes()
+    except EchoMQError:
+        return  # the add itself reports an outage
+    if any(p.kind == "worker" and queue in p.queues for p in procs):
+        return
+    with _unserved_lock:
+        if queue in _unserved_warned or len(_unserved_warned) >= UNSERVED_MAX:
+            return
+        _unserved_warned.add(queue)
+    served = sorted({q for p in procs if p.kind == "worker" for q in p.queues})
+    log.warning(
+        "job added to queue %r, which ECHOMQ['QUEUES'] does not name and no live worker "
+        "serves: it waits until a worker runs on %r. A typo? Queues in the settings: %s; "
+        "served by live workers: %s",
+        queue,
+        queue,
+        ", ".join(sorted(mq.queues)[:50]) or "(none)",
+        ", ".join(served[:50]) or "(none)",
+    )
+
+
+def _warn_after_commit(mq, queues, using: str | None) -> None:
+    """``_warn_if_unserved`` for a deferred add, after the commit (when the
+    push has been tried), unless each queue is known to need no look-up."""
+    due = [q for q in queues if q not in mq.queues and q not in _unserved_warned]
+    if due and not getattr(mq, "offline", False):
+        transaction.on_commit(
+            lambda: [_warn_if_unserved(mq, q) for q in due], using=using, robust=True
+        )
 
 
 def _producer_mq():
@@ -125,14 +185,18 @@ def enqueue(
     )
     if not _defer(on_commit, using):
         try:
-            return _now(mq, down).enqueue(queue, name, payload, **kwargs)
+            job_id = _now(mq, down).enqueue(queue, name, payload, **kwargs)
+            _warn_if_unserved(mq, queue)
+            return job_id
         except RedisUnavailable as err:
             if not _outbox_when_down(on_commit, err):
                 raise
             job_id = _write_job(mq, queue, name, payload, kwargs, using, push=False)
             _written_when_down(err, f"job {queue}/{job_id}")
             return job_id
-    return _write_job(mq, queue, name, payload, kwargs, using)
+    job_id = _write_job(mq, queue, name, payload, kwargs, using)
+    _warn_after_commit(mq, [queue], using)
+    return job_id
 
 
 def _write_job(mq, queue, name, payload, kwargs: dict, using, push: bool = True) -> str:
@@ -166,7 +230,9 @@ def enqueue_many(
     plan = mq.bulk.plan_many(queue, jobs)
     if not _defer(on_commit, using):
         try:
-            return _now(mq, down).bulk.land_many(plan)
+            ids = _now(mq, down).bulk.land_many(plan)
+            _warn_if_unserved(mq, queue)
+            return ids
         except RedisUnavailable as err:
             if not _outbox_when_down(on_commit, err):
                 raise
@@ -179,6 +245,7 @@ def enqueue_many(
             return plan.ids
     for name, payload, job_id, options in plan.jobs():
         outbox.write_job(queue, name, payload, job_id, options, using=using, mq=mq)
+    _warn_after_commit(mq, [queue], using)
     return plan.ids
 
 
@@ -202,14 +269,19 @@ def add_flow(flow: Flow, *, on_commit: bool | None = None, using: str | None = N
         if on_commit is None and enqueue_when_down() == "outbox":
             _assign_ids(flow)  # fixed now: a flow half landed then lands whole from its row
         try:
-            return _now(mq, down).add_flow(flow)
+            ref = _now(mq, down).add_flow(flow)
+            for q in dict.fromkeys(q for q, _ in ref.nodes):
+                _warn_if_unserved(mq, q)
+            return ref
         except RedisUnavailable as err:
             if not _outbox_when_down(on_commit, err):
                 raise
             ref = _write_flow(mq, flow, using, push=False)
             _written_when_down(err, f"flow {ref.queue}/{ref.parent_id}")
             return ref
-    return _write_flow(mq, flow, using)
+    ref = _write_flow(mq, flow, using)
+    _warn_after_commit(mq, dict.fromkeys(q for q, _ in ref.nodes), using)
+    return ref
 
 
 def _write_flow(mq, flow: Flow, using, push: bool = True) -> FlowRef:

@@ -15,6 +15,7 @@ from ..conf import get_mq
 from ..core.exceptions import EchoMQError
 from ..models import MirroredJob, MirroredQueue
 from ..monitoring.stats import duration
+from ..monitoring.stats import no_worker_for_s as _no_worker_for_s
 from ..templatetags.echomq_admin import emq_flag, emq_headline, emq_policy, emq_state
 
 ERROR_CHARS = 80  # an error's first line in the job list
@@ -115,6 +116,26 @@ def paused(obj: MirroredQueue) -> str:
         return emq_flag(get_mq().is_paused(obj.queue), "paused,no")
     except EchoMQError:
         return "?"
+
+
+@admin.display(description="no worker for")
+def no_worker(obj: MirroredQueue) -> str:
+    """Read live from Redis (the live processes, one HMGET of
+    ``P:served``): ``no worker for N s`` when no live worker serves the
+    queue (counted from its last worker, or its first job; see
+    docs/operating.md#echomq_stats), ``-`` when one does or it is not
+    known since when, ``?`` when Redis did not answer."""
+    try:
+        mq = get_mq()
+        now = mq.clock()
+        procs = mq.presence.live_processes(now)
+        since = mq.presence.no_worker_since([obj.queue])
+    except EchoMQError:
+        return "?"
+    seconds = _no_worker_for_s(obj.queue, procs, since, now)
+    if seconds is None:
+        return "-"
+    return format_html('<span class="emq-flag-yes">no worker for {}</span>', duration(seconds))
 
 
 class HasErrorFilter(admin.SimpleListFilter):
