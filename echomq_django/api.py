@@ -1,4 +1,4 @@
-"""Module-level API over the ``EchoMQ`` built from settings (DESIGN §7).
+"""Module-level API over the ``EchoMQ`` built from settings (docs/use.md).
 
 ``enqueue``, ``enqueue_many`` and ``add_flow`` take ``on_commit``:
 
@@ -6,7 +6,8 @@
   ATOMIC_REQUESTS) the write waits for the commit, as django-rq does; outside
   one it happens now. So a view or a ``post_save`` receiver never starts work
   for a row that is rolled back.
-* ``True``: always through the enqueue outbox (``outbox.py``, DESIGN §10.4):
+* ``True``: always through the enqueue outbox (``commit_outbox.py``,
+  docs/use.md#enqueue-that-survives-a-redis-outage-at-commit):
   the job or flow is written to the ``OutboxEntry`` table in the current
   transaction of database ``using``, pushed to Redis right after the commit
   and the row deleted; when Redis is down then, the row waits for the worker
@@ -209,7 +210,7 @@ def _write_job(mq, queue, name, payload, kwargs: dict, using, push: bool = True)
     job_id = validate_id(kwargs.pop("job_id"))
     validate_name(name)
     check_job_options(priority, delay_ms, timeout_ms, dedup_key, dedup_ttl_ms)
-    job_keep(keep)  # DESIGN §10.2: refused now, not at the push
+    job_keep(keep)  # docs/explanation/lifecycle.md: refused now, not at the push
     mq.encode(payload)
     outbox.write_job(queue, name, payload, job_id, kwargs, using=using, mq=mq, push=push)
     return job_id
