@@ -16,6 +16,14 @@ docs/explanation/protocol.md#the-commit-outbox):
   pushed at once.
 * ``False``: now, straight to Redis, even inside a transaction.
 
+``ECHOMQ["ENQUEUE_WHEN_DOWN"] = "outbox"`` (default ``"raise"``): an add
+that goes straight to Redis because no transaction is open (``on_commit``
+None outside an atomic block) and finds Redis away writes the same outbox
+row instead of raising ``RedisUnavailable``, and returns the ids as usual;
+the worker and the pump push it once Redis answers
+(docs/howto/durable-enqueue.md#outside-a-transaction-too-enqueue_when_down). An explicit
+``on_commit=False`` still raises.
+
 The ids are known before the commit: generated up front and returned at once
 (and fixed in the outbox row, so a repeated push never runs anything twice).
 Validation (names, ids, payloads, flow shape) happens now either way, so a bad
@@ -25,17 +33,21 @@ call raises in the caller, not later in the commit hook. ``aenqueue`` and
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
 from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.db import DEFAULT_DB_ALIAS, transaction
 
 from . import commit_outbox as outbox
-from .conf import get_mq
+from .conf import enqueue_when_down, get_mq, offline_mq
 from .core import flows as _flows
+from .core.exceptions import EchoMQError, RedisUnavailable
 from .core.flows import Flow, FlowRef
 from .core.jobs import Dependencies, Job, Outcome
-from .core.keyspace import validate_id, validate_queue
+from .core.keyspace import validate_id, validate_name, validate_queue
 from .core.options import check_job_options
 from .core.retention import job_keep
 
@@ -46,6 +58,94 @@ def _defer(on_commit: bool | None, using: str | None) -> bool:
     if on_commit is True:
         return True
     return transaction.get_connection(using or DEFAULT_DB_ALIAS).in_atomic_block
+
+
+log = logging.getLogger("echomq_django.api")
+
+UNSERVED_EVERY_S = 60.0  # a queue no setting names is looked up at most this often per process
+UNSERVED_MAX = 10_000  # queues the look-up times are kept for (then forgotten at once)
+_unserved_lock = threading.Lock()
+_unserved_at: dict[str, float] = {}  # queue -> monotonic time it was looked up
+_unserved_warned: set[str] = set()
+
+
+def _warn_if_unserved(mq, queue: str) -> None:
+    """Log one WARNING per process per queue when a job is added to a queue
+    that ``ECHOMQ["QUEUES"]`` does not name and no live worker serves: a
+    typo ("defualt") would wait forever, silently
+    (docs/howto/operate.md#echomq_stats). A queue the settings name costs a
+    dict lookup; another one read (the live processes) at most once per
+    ``UNSERVED_EVERY_S`` until it warned. Never raises."""
+    if queue in mq.queues or queue in _unserved_warned:
+        return
+    now = time.monotonic()
+    with _unserved_lock:
+        if now - _unserved_at.get(queue, -UNSERVED_EVERY_S) < UNSERVED_EVERY_S:
+            return
+        if len(_unserved_at) >= UNSERVED_MAX:
+            _unserved_at.clear()
+        _unserved_at[queue] = now
+    try:
+        procs = mq.presence.live_processes()
+    except EchoMQError:
+        return  # the add itself reports an outage
+    if any(p.kind == "worker" and queue in p.queues for p in procs):
+        return
+    with _unserved_lock:
+        if queue in _unserved_warned or len(_unserved_warned) >= UNSERVED_MAX:
+            return
+        _unserved_warned.add(queue)
+    served = sorted({q for p in procs if p.kind == "worker" for q in p.queues})
+    log.warning(
+        "job added to queue %r, which ECHOMQ['QUEUES'] does not name and no live worker "
+        "serves: it waits until a worker runs on %r. A typo? Queues in the settings: %s; "
+        "served by live workers: %s",
+        queue,
+        queue,
+        ", ".join(sorted(mq.queues)[:50]) or "(none)",
+        ", ".join(served[:50]) or "(none)",
+    )
+
+
+def _warn_after_commit(mq, queues, using: str | None) -> None:
+    """``_warn_if_unserved`` for a deferred add, after the commit (when the
+    push has been tried), unless each queue is known to need no look-up."""
+    due = [q for q in queues if q not in mq.queues and q not in _unserved_warned]
+    if due and not getattr(mq, "offline", False):
+        transaction.on_commit(
+            lambda: [_warn_if_unserved(mq, q) for q in due], using=using, robust=True
+        )
+
+
+def _producer_mq():
+    """``(get_mq(), None)``; while it cannot be built (a Cluster none of
+    whose startup nodes answers) ``(offline_mq(), the RedisUnavailable)``:
+    a deferred add still checks, encodes and writes its outbox row, and
+    pushes it with ``get_mq()`` once that can be built."""
+    try:
+        return get_mq(), None
+    except RedisUnavailable as err:
+        return offline_mq(), err
+
+
+def _now(mq, down: RedisUnavailable | None):
+    """``mq`` to send with now; raises ``down`` when there is none."""
+    if down is not None:
+        raise down
+    return mq
+
+
+def _outbox_when_down(on_commit: bool | None, err: RedisUnavailable) -> bool:
+    """True when an add that went straight to Redis and met ``err`` is to be
+    written to the database outbox instead (``ENQUEUE_WHEN_DOWN =
+    "outbox"``, and ``on_commit`` not an explicit False)."""
+    return on_commit is not False and enqueue_when_down() == "outbox"
+
+
+def _written_when_down(err: RedisUnavailable, what: str) -> None:
+    outbox.log.warning(
+        "%s; %s written to the enqueue outbox (ENQUEUE_WHEN_DOWN='outbox')", err, what
+    )
 
 
 def enqueue(
@@ -74,7 +174,7 @@ def enqueue(
     the outbox row). A deferred add raises the same validation errors now,
     and the database's error if the outbox table is missing; it returns the
     id it will use: a dedup hit is known only at the push."""
-    mq = get_mq()
+    mq, down = _producer_mq()
     kwargs = dict(
         job_id=job_id if job_id is not None else _flows.new_id(),
         max_attempts=max_attempts,
@@ -87,15 +187,34 @@ def enqueue(
         keep=keep,
     )
     if not _defer(on_commit, using):
-        return mq.enqueue(queue, name, payload, **kwargs)
+        try:
+            job_id = _now(mq, down).enqueue(queue, name, payload, **kwargs)
+            _warn_if_unserved(mq, queue)
+            return job_id
+        except RedisUnavailable as err:
+            if not _outbox_when_down(on_commit, err):
+                raise
+            job_id = _write_job(mq, queue, name, payload, kwargs, using, push=False)
+            _written_when_down(err, f"job {queue}/{job_id}")
+            return job_id
+    job_id = _write_job(mq, queue, name, payload, kwargs, using)
+    _warn_after_commit(mq, [queue], using)
+    return job_id
+
+
+def _write_job(mq, queue, name, payload, kwargs: dict, using, push: bool = True) -> str:
+    """Check one job as ``EchoMQ.enqueue`` would, then write its outbox row
+    (``push``: pushed after the commit; else left for the drainers)."""
+    kwargs = dict(kwargs)
+    priority, delay_ms, timeout_ms = kwargs["priority"], kwargs["delay_ms"], kwargs["timeout_ms"]
+    dedup_key, dedup_ttl_ms, keep = kwargs["dedup_key"], kwargs["dedup_ttl_ms"], kwargs["keep"]
     validate_queue(queue)
     job_id = validate_id(kwargs.pop("job_id"))
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"a job needs a name (the handler's), got {name!r}")
+    validate_name(name)
     check_job_options(priority, delay_ms, timeout_ms, dedup_key, dedup_ttl_ms)
     job_keep(keep)  # docs/explanation/lifecycle.md: refused now, not at the push
     mq.encode(payload)
-    outbox.write_job(queue, name, payload, job_id, kwargs, using=using, mq=mq)
+    outbox.write_job(queue, name, payload, job_id, kwargs, using=using, mq=mq, push=push)
     return job_id
 
 
@@ -111,12 +230,26 @@ def enqueue_many(
     (docs/explanation/protocol.md#the-commit-outbox: nothing
     lost when Redis is down at the commit), pushed after the commit one by
     one, as ``enqueue``'s are. docs/explanation/no-polling.md#bulk-enqueue."""
-    mq = get_mq()
+    mq, down = _producer_mq()
     plan = mq.bulk.plan_many(queue, jobs)
     if not _defer(on_commit, using):
-        return mq.bulk.land_many(plan)
+        try:
+            ids = _now(mq, down).bulk.land_many(plan)
+            _warn_if_unserved(mq, queue)
+            return ids
+        except RedisUnavailable as err:
+            if not _outbox_when_down(on_commit, err):
+                raise
+            # some may have landed: their rows count as pushed at the drain
+            for name, payload, job_id, options in plan.jobs():
+                outbox.write_job(
+                    queue, name, payload, job_id, options, using=using, mq=mq, push=False
+                )
+            _written_when_down(err, f"{len(plan.ids)} jobs of {queue}")
+            return plan.ids
     for name, payload, job_id, options in plan.jobs():
         outbox.write_job(queue, name, payload, job_id, options, using=using, mq=mq)
+    _warn_after_commit(mq, [queue], using)
     return plan.ids
 
 
@@ -135,12 +268,33 @@ def _assign_ids(flow: Flow) -> None:
 def add_flow(flow: Flow, *, on_commit: bool | None = None, using: str | None = None) -> FlowRef:
     """Land a flow; returns its ``FlowRef`` (ids known even when deferred).
     See ``EchoMQ.add_flow`` for errors and this module for ``on_commit``."""
-    mq = get_mq()
+    mq, down = _producer_mq()
     if not _defer(on_commit, using):
-        return mq.add_flow(flow)
+        if on_commit is None and enqueue_when_down() == "outbox":
+            _assign_ids(flow)  # fixed now: a flow half landed then lands whole from its row
+        try:
+            ref = _now(mq, down).add_flow(flow)
+            for q in dict.fromkeys(q for q, _ in ref.nodes):
+                _warn_if_unserved(mq, q)
+            return ref
+        except RedisUnavailable as err:
+            if not _outbox_when_down(on_commit, err):
+                raise
+            ref = _write_flow(mq, flow, using, push=False)
+            _written_when_down(err, f"flow {ref.queue}/{ref.parent_id}")
+            return ref
+    ref = _write_flow(mq, flow, using)
+    _warn_after_commit(mq, dict.fromkeys(q for q, _ in ref.nodes), using)
+    return ref
+
+
+def _write_flow(mq, flow: Flow, using, push: bool = True) -> FlowRef:
+    """Check a flow as ``EchoMQ.add_flow`` would (its ids assigned now),
+    then write its outbox row (``push``: pushed after the commit; else left
+    for the drainers); returns its ``FlowRef``."""
     _assign_ids(flow)
     nodes = _flows.plan(flow, mq.encode)
-    outbox.write_flow(flow, using=using, mq=mq)
+    outbox.write_flow(flow, using=using, mq=mq, push=push)
     root = nodes[0]
     return FlowRef(
         queue=root.queue,
@@ -153,9 +307,23 @@ def add_flow(flow: Flow, *, on_commit: bool | None = None, using: str | None = N
 def add_flows(
     flows: list[Flow], *, on_commit: bool | None = None, using: str | None = None
 ) -> list[FlowRef]:
-    """``add_flow`` for several flows in one round trip where possible."""
+    """``add_flow`` for several flows in one round trip where possible
+    (``ENQUEUE_WHEN_DOWN = "outbox"``: Redis away, each flow is written to
+    the outbox as ``add_flow`` does)."""
     if not _defer(on_commit, using):
-        return get_mq().add_flows(flows)
+        when_down = on_commit is None and enqueue_when_down() == "outbox"
+        if when_down:
+            for f in flows:
+                _assign_ids(f)
+        mq, down = _producer_mq()
+        try:
+            return _now(mq, down).add_flows(flows)
+        except RedisUnavailable as err:
+            if not _outbox_when_down(on_commit, err):
+                raise
+            refs = [_write_flow(mq, f, using, push=False) for f in flows]
+            _written_when_down(err, f"{len(refs)} flows")
+            return refs
     return [add_flow(f, on_commit=True, using=using) for f in flows]
 
 

@@ -6,6 +6,9 @@ the server whether it is what they say."""
 
 from __future__ import annotations
 
+import difflib
+
+from django.conf import settings
 from django.core import checks
 
 from .conf import config, problems, server_problems
@@ -54,3 +57,81 @@ def check_redis_server(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
     if problems():
         return []
     return [checks.Error(msg, hint=hint, id=cid) for cid, msg, hint in server_problems()]
+
+
+TASKS_BACKEND = "echomq_django.tasks.EchoMQBackend"
+
+
+def _names(value) -> list[str]:
+    return [
+        q for q in (value if isinstance(value, list | tuple | dict) else []) if isinstance(q, str)
+    ]
+
+
+@checks.register()
+def check_queue_names(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
+    """Queues the settings use that look unknown (docs/reference/checks.md#queue-names): a job
+    added to a queue no worker serves waits forever, silently. Warnings,
+    settings only:
+
+    * ``echomq_django.W090``: a ``SCHEDULE`` entry's queue that neither
+      ``ECHOMQ["QUEUES"]`` nor the ``QUEUES`` of a ``TASKS`` backend of
+      ours names (when they name any queue at all);
+    * ``echomq_django.W091``: a ``TASKS`` backend's queue that
+      ``ECHOMQ["QUEUES"]`` does not name but nearly does ("defualt" beside
+      "default": a typo, most likely).
+    """
+    try:
+        cfg = config()
+    except Exception:
+        return []  # check_settings reports a malformed ECHOMQ
+    if problems(cfg):
+        return []  # check_settings reports them first
+    configured = _names(cfg.get("QUEUES"))
+    routed: dict[str, list[str]] = {}
+    tasks = getattr(settings, "TASKS", {})
+    for alias, entry in tasks.items() if isinstance(tasks, dict) else ():
+        if isinstance(entry, dict) and entry.get("BACKEND") == TASKS_BACKEND:
+            routed[alias] = _names(entry.get("QUEUES"))
+    named = set(configured).union(*routed.values())
+    out = []
+    schedule = cfg.get("SCHEDULE", {})
+    if schedule and schedule_problems(cfg):
+        schedule = {}  # check_scheduling reports it first (E050-E058)
+    for key, spec in schedule.items() if isinstance(schedule, dict) and named else ():
+        queue = spec.get("queue") if isinstance(spec, dict) else None
+        if isinstance(queue, str) and queue not in named:
+            out.append(
+                checks.Warning(
+                    f"SCHEDULE entry {key!r} adds its jobs to queue {queue!r}, which neither "
+                    f"ECHOMQ['QUEUES'] nor TASKS names{_close(queue, named)}",
+                    hint="Run a worker on that queue (runworker QUEUE), or fix the name; "
+                    "naming it in ECHOMQ['QUEUES'] silences this.",
+                    id="echomq_django.W090",
+                )
+            )
+    for alias, queues in routed.items():
+        for queue in queues:
+            close = _close(queue, [q for q in configured if q != queue])
+            if queue not in configured and close:
+                out.append(
+                    checks.Warning(
+                        f"TASKS[{alias!r}] routes tasks to queue {queue!r}, which "
+                        f"ECHOMQ['QUEUES'] does not name{close}",
+                        hint="Fix the name in TASKS QUEUES (and the tasks' queue_name), or "
+                        "name the queue in ECHOMQ['QUEUES'].",
+                        id="echomq_django.W091",
+                    )
+                )
+    return out
+
+
+def _close(queue: str, names) -> str:
+    """``: did you mean 'x'?`` for the nearest of ``names``, or ``""``."""
+    found = difflib.get_close_matches(queue, sorted(names), n=1, cutoff=0.8)
+    return f": did you mean {found[0]!r}?" if found else ""
+
+
+def schedule_problems(cfg: dict) -> list:
+    """``schedule.problems`` of ``cfg`` (the scheduling errors)."""
+    return schedule.problems(cfg, handlers=registered())

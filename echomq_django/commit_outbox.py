@@ -114,29 +114,37 @@ def write_job(
     options: dict,
     using: str | None = None,
     mq=None,
+    push: bool = True,
 ) -> OutboxEntry:
     """Write one job's row in the current transaction (of database
-    ``using``) and push it with ``mq`` (None: the settings' one) after the
-    commit. ``options`` are ``EchoMQ.enqueue``'s keyword arguments but
-    ``job_id``. Returns the row (saved). Raises ``PayloadError`` for a
-    payload the queue refuses, and the database's error."""
+    ``using``) and, with ``push``, push it with ``mq`` (None: the settings'
+    one) after the commit; without, the row waits for a drainer (Redis is
+    known to be away: ``ENQUEUE_WHEN_DOWN = "outbox"``). ``options`` are
+    ``EchoMQ.enqueue``'s keyword arguments but ``job_id``. Returns the row
+    (saved). Raises ``PayloadError`` for a payload the queue refuses, and
+    the database's error."""
     mq = _mq(mq)
     body = {"name": name, "payload": _plain(mq, payload), "options": options}
-    return _write("job", queue, job_id, body, using, mq)
+    return _write("job", queue, job_id, body, using, mq, push)
 
 
-def write_flow(flow: Flow, using: str | None = None, mq=None) -> OutboxEntry:
+def write_flow(flow: Flow, using: str | None = None, mq=None, push: bool = True) -> OutboxEntry:
     """Write one flow's row (its ids all assigned) as ``write_job`` does."""
     mq = _mq(mq)
     body = flow_to_dict(flow, lambda value: _plain(mq, value))
-    return _write("flow", flow.queue, flow.job_id, body, using, mq)
+    return _write("flow", flow.queue, flow.job_id, body, using, mq, push)
 
 
-def _write(kind: str, queue: str, job_id: str, body: dict, using, mq) -> OutboxEntry:
+def _write(kind: str, queue: str, job_id: str, body: dict, using, mq, push) -> OutboxEntry:
     db = _db(using)
     entry = _model()(kind=kind, queue=queue, job_id=job_id, body=_dumps(body))
     entry.save(using=db)
-    transaction.on_commit(lambda: push_entry(entry.pk, mq, using=db), using=db)
+    if getattr(mq, "offline", False):
+        mq = None  # conf.offline_mq checks and encodes only: push with get_mq()
+    if push:
+        # robust: a push that fails in a way no one foresaw is logged by Django
+        # and the other on_commit hooks still run; the row stays for a drainer
+        transaction.on_commit(lambda: push_entry(entry.pk, mq, using=db), using=db, robust=True)
     return entry
 
 
@@ -228,7 +236,12 @@ def push_entry(pk: int, mq=None, using: str | None = None) -> bool:
         entry = _lock_rows(db).filter(pk=pk).first()
         if entry is None:
             return False  # a drainer has it, or had it
-        pushed, outage = _push_locked(_mq(mq), [entry], db)
+        try:
+            mq = _mq(mq)
+        except RedisUnavailable as err:  # a Cluster no node of which answers yet
+            pushed, outage = 0, err
+        else:
+            pushed, outage = _push_locked(mq, [entry], db)
     if outage is not None:
         log.warning(
             "%s; %s %s/%s stays in the enqueue outbox: the worker or the pump pushes it "
@@ -247,7 +260,7 @@ def drain(mq=None, using: str | None = None, limit: int | None = None) -> int:
     how many landed. Rows another drainer holds are skipped. Raises
     ``RedisUnavailable`` (the rows pushed before it are deleted), and the
     database's error when the table is missing (see ``tables_missing``)."""
-    mq, db, pushed = _mq(mq), _db(using), 0
+    mq, db, pushed = _mq(mq), _db(using), 0  # RedisUnavailable when it cannot be built
     while limit is None or pushed < limit:
         size = BATCH if limit is None else min(BATCH, limit - pushed)
         with transaction.atomic(using=db):

@@ -451,6 +451,8 @@ def test_the_commands_the_pages_use_exist_with_their_flags():
 PAGES = sorted(
     [*(REPO / "docs" / "tutorial").glob("*.md"), *(REPO / "docs" / "howto").glob("*.md")]
 )
+
+
 # the reference pages another part of the site provides (docs/index.md globs them)
 def slugs(page: Path) -> set[str]:
     """The heading anchors MyST gives ``page`` (``myst_heading_anchors``),

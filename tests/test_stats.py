@@ -65,6 +65,7 @@ def test_stats_of_a_busy_queue_are_exact(tmq, clock):
                 "signals_deadletter": 0,
                 "in_settings": True,
                 "workers": 1,
+                "no_worker_for_s": None,
             }
         },
         "processes": [hb.info.as_dict()],
@@ -94,6 +95,34 @@ def test_every_known_queue_is_reported_without_names(tmq, clock):
     assert audit["in_settings"] is False
     assert audit["counts"] == dict.fromkeys(audit["counts"], 0)
     assert audit["oldest_pending_age_s"] is None
+
+
+def test_no_worker_for_counts_from_the_first_job_then_the_last_worker(tmq, clock):
+    tmq.enqueue("defualt", "t.echo", {})  # a typo: no worker serves it
+    clock.advance(7000)
+    doc = collect(tmq, ["defualt", "orders"])
+    # orders: named in settings, never used, never served: not known since when
+    assert [doc["queues"][q]["no_worker_for_s"] for q in ("defualt", "orders")] == [7.0, None]
+    hb = Heartbeat(tmq, "worker", ["defualt"], interval_s=5)
+    hb.beat()
+    assert collect(tmq, ["defualt"])["queues"]["defualt"]["no_worker_for_s"] is None
+    clock.advance(2500)
+    hb.beat()  # its last beat on the queue
+    tmq.presence.leave(hb.info.id)
+    clock.advance(4000)
+    assert collect(tmq, ["defualt"])["queues"]["defualt"]["no_worker_for_s"] == 4.0
+    assert "no worker for" in render(collect(tmq, ["defualt"])).splitlines()[0]
+    assert render(collect(tmq, ["defualt"])).splitlines()[1].endswith("  4.0 s")
+
+
+def test_the_served_record_is_bounded(tmq, clock, monkeypatch):
+    from echomq_django.protocol import presence
+
+    monkeypatch.setattr(presence, "MAX_SERVED", 3)
+    tmq.presence.register_queues(["q1", "q2", "q3", "q4"])
+    assert tmq.client.hlen(tmq.keys.served()) == 4
+    Heartbeat(tmq, "worker", ["w1"], interval_s=5).beat()  # 5 > 3: starts afresh
+    assert tmq.client.hgetall(tmq.keys.served()) == {b"w1": str(T0).encode()}
 
 
 def test_an_unknown_queue_is_one_clear_error(tmq):
@@ -142,9 +171,9 @@ def test_the_command_prints_a_table(emq):
     text = run("orders")
     assert text.splitlines()[:2] == [
         "queue   pending  active  delayed  awaiting  completed  dead  oldest pending  "
-        "jobs/s (1 min)  outbox  dead-letters  signals  paused  workers",
+        "jobs/s (1 min)  outbox  dead-letters  signals  paused  workers  no worker for",
         "orders        1       0        1         0          1     1           5.0 s"
-        "            0.03       0             0        0      no        1",
+        "            0.03       0             0        0      no        1              -",
     ]
     assert text.splitlines()[3] == "live workers and pumps: 1"
     assert text.splitlines()[5].split() == [

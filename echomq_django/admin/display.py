@@ -18,6 +18,7 @@ from ..conf import get_mq
 from ..core.exceptions import EchoMQError
 from ..models import TEXT_LIMIT, MirroredJob, MirroredQueue
 from ..monitoring.stats import duration
+from ..monitoring.stats import no_worker_for_s as _no_worker_for_s
 from ..templatetags.echomq_admin import (
     emq_breakable,
     emq_flag,
@@ -154,6 +155,26 @@ def paused(obj: MirroredQueue) -> str:
         return emq_flag(get_mq().is_paused(obj.queue), "paused,no")
     except EchoMQError as err:
         return format_html('<span title="Could not read Redis: {}">?</span>', err)
+
+
+@admin.display(description="no worker for")
+def no_worker(obj: MirroredQueue) -> str:
+    """Read live from Redis (the live processes, one HMGET of
+    ``P:served``): ``no worker for N s`` when no live worker serves the
+    queue (counted from its last worker, or its first job; see
+    docs/howto/operate.md#echomq_stats), ``-`` when one does or it is not
+    known since when, ``?`` when Redis did not answer."""
+    try:
+        mq = get_mq()
+        now = mq.clock()
+        procs = mq.presence.live_processes(now)
+        since = mq.presence.no_worker_since([obj.queue])
+    except EchoMQError:
+        return "?"
+    seconds = _no_worker_for_s(obj.queue, procs, since, now)
+    if seconds is None:
+        return "-"
+    return format_html('<span class="emq-flag-yes">no worker for {}</span>', duration(seconds))
 
 
 class HasErrorFilter(admin.SimpleListFilter):

@@ -330,6 +330,7 @@ class MirroredQueueAdmin(MirrorAdmin):
         "deadletter",
         show.oldest_pending,
         show.paused,
+        show.no_worker,
         "mirrored_at",
     )
     actions = (ops.pause_queues, ops.resume_queues)

@@ -22,6 +22,7 @@ from .schema import (
     DJANGO_REDIS_CACHE,
     check_server,
     config,
+    enqueue_when_down,
     json_encoder,
     problems,
     server_problems,
@@ -32,8 +33,10 @@ __all__ = [
     "build_client",
     "check_server",
     "config",
+    "enqueue_when_down",
     "get_mq",
     "json_encoder",
+    "offline_mq",
     "problems",
     "reset",
     "server_problems",
@@ -42,6 +45,7 @@ __all__ = [
 
 _lock = threading.Lock()
 _mq = None
+_offline = None
 
 
 def build_client(cfg: dict):
@@ -73,7 +77,10 @@ def build_client(cfg: dict):
 def get_mq() -> EchoMQ:
     """The process-wide ``EchoMQ`` built from settings (like ``django.core.cache.cache``).
 
-    Raises ``ImproperlyConfigured`` naming every settings problem.
+    Raises ``ImproperlyConfigured`` naming every settings problem, and
+    ``RedisUnavailable`` when CLUSTER is set and no startup node answers
+    (tried again at the next call; ``offline_mq`` checks and encodes
+    meanwhile).
     """
     global _mq
     if _mq is None:
@@ -83,18 +90,47 @@ def get_mq() -> EchoMQ:
                 errors = problems(cfg)
                 if errors:
                     raise ImproperlyConfigured("; ".join(f"{i}: {m} ({h})" for i, m, h in errors))
-                _mq = EchoMQ(
-                    build_client(cfg),
-                    prefix=cfg.get("PREFIX", "emq"),
-                    queues=cfg.get("QUEUES", {}),
-                    max_payload_bytes=cfg.get("MAX_PAYLOAD_BYTES", MAX_PAYLOAD_BYTES),
-                    json_encoder=json_encoder(cfg),
-                )
+                _mq = _build(cfg, build_client(cfg))
     return _mq
+
+
+def _build(cfg: dict, client) -> EchoMQ:
+    return EchoMQ(
+        client,
+        prefix=cfg.get("PREFIX", "emq"),
+        queues=cfg.get("QUEUES", {}),
+        max_payload_bytes=cfg.get("MAX_PAYLOAD_BYTES", MAX_PAYLOAD_BYTES),
+        json_encoder=json_encoder(cfg),
+    )
+
+
+def offline_mq() -> EchoMQ:
+    """An ``EchoMQ`` with the settings' prefix, queues, payload limit and
+    JSON encoder, built without reaching Redis, for what a producer checks
+    and encodes before it writes the database outbox (names, options,
+    payloads, flows) while ``get_mq()`` cannot be built: a Cluster none of
+    whose startup nodes answers
+    (docs/howto/durable-enqueue.md#outside-a-transaction-too-enqueue_when_down). It never
+    sends a command: its client points nowhere Redis is (``offline`` is
+    True on it; the outbox pushes with ``get_mq()`` instead). Raises
+    ``ImproperlyConfigured`` as ``get_mq()`` does."""
+    global _offline
+    if _offline is None:
+        with _lock:
+            if _offline is None:
+                cfg = config()
+                errors = problems(cfg)
+                if errors:
+                    raise ImproperlyConfigured("; ".join(f"{i}: {m} ({h})" for i, m, h in errors))
+                # a plain client builds without connecting; no command is sent on it
+                mq = _build(cfg, connect("redis://offline.invalid:1/0", False, {}))
+                mq.offline = True
+                _offline = mq
+    return _offline
 
 
 def reset() -> None:
     """Forget the cached ``EchoMQ`` (after settings or ECHOMQ_URL change)."""
-    global _mq
+    global _mq, _offline
     with _lock:
-        _mq = None
+        _mq = _offline = None

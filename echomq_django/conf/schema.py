@@ -12,6 +12,7 @@ Shape::
                               "KEEP_DEAD": {"COUNT": 10000, "AGE_S": 1209600}}},
         "MAX_PAYLOAD_BYTES": 524288,        # bytes of JSON per payload / result
         "JSON_ENCODER": None,               # or "django.core.serializers.json.DjangoJSONEncoder"
+        "ENQUEUE_WHEN_DOWN": "raise",       # or "outbox": Redis away -> the database outbox
     }
 
 The environment variable ``ECHOMQ_URL``, when set, overrides the connection
@@ -45,6 +46,10 @@ TOP_KEYS |= set(SIGNAL_KEYS)
 TOP_KEYS |= {"METRICS"}  # metrics.settings_problems checks it
 TOP_KEYS |= {"SCHEDULE"}  # periodic jobs: runners/periodic.py
 TOP_KEYS |= {"JSON_ENCODER"}  # json_encoder() checks it: E033
+TOP_KEYS |= {"ENQUEUE_WHEN_DOWN"}  # enqueue_when_down() checks it: E090
+# What a plain enqueue / add_flow outside a transaction does while Redis is
+# away (docs/howto/durable-enqueue.md#outside-a-transaction-too-enqueue_when_down).
+ENQUEUE_WHEN_DOWN = ("raise", "outbox")
 QUEUE_KEYS = {"MAX_ATTEMPTS", "BACKOFF_MS", "LEASE_MS", "KEEP_COMPLETED", "KEEP_DEAD"}
 QUEUE_KEYS |= {"RATE_LIMIT", "TIMEOUT_MS"}
 RUNTIME_KEYS = {"RATE_LIMIT", "TIMEOUT_MS"}  # checked by runners/periodic.problems (E050-E059)
@@ -197,7 +202,33 @@ def problems(cfg: dict | None = None) -> list[tuple[str, str, str]]:
                 "another json.JSONEncoder subclass, or None for plain JSON.",
             )
         )
+    when_down = cfg.get("ENQUEUE_WHEN_DOWN", "raise")
+    allowed = ", ".join(map(repr, ENQUEUE_WHEN_DOWN))
+    if when_down not in ENQUEUE_WHEN_DOWN:
+        out.append(
+            (
+                "echomq_django.E090",
+                f"ECHOMQ ENQUEUE_WHEN_DOWN must be one of {allowed}, got {when_down!r}",
+                "'raise' (the default): enqueue raises RedisUnavailable while Redis is away; "
+                "'outbox': it writes the job to the database outbox, which the worker and the "
+                "pump push once Redis answers (needs ./manage.py migrate).",
+            )
+        )
     return out + value_problems(cfg)
+
+
+def enqueue_when_down() -> str:
+    """``ECHOMQ["ENQUEUE_WHEN_DOWN"]``: ``"raise"`` (the default) or
+    ``"outbox"`` (docs/howto/durable-enqueue.md#outside-a-transaction-too-enqueue_when_down).
+    Raises ``ImproperlyConfigured`` for any other value (check id
+    ``echomq_django.E090``)."""
+    value = config().get("ENQUEUE_WHEN_DOWN", "raise") if settings.configured else "raise"
+    if value not in ENQUEUE_WHEN_DOWN:
+        raise ImproperlyConfigured(
+            f"ECHOMQ ENQUEUE_WHEN_DOWN must be one of {', '.join(map(repr, ENQUEUE_WHEN_DOWN))}, "
+            f"got {value!r} (echomq_django.E090)"
+        )
+    return value
 
 
 # A payload or result is one Redis string: at most 512 MiB.

@@ -313,6 +313,13 @@ class Keyspace:
         Not on any queue's slot: the host adds to it, never a script."""
         return f"{self.prefix}:queues"
 
+    def served(self) -> str:
+        """``P:served``: a hash of queue -> the ms time since which no live
+        worker may have served it: a worker's last heartbeat on it, or the
+        queue's first use (docs/howto/operate.md#echomq_stats). Not on any
+        queue's slot: the host writes it, never a script."""
+        return f"{self.prefix}:served"
+
     def processes(self) -> str:
         """``P:processes``: a zset of live worker and pump ids -> the ms time
         their registration expires (docs/explanation/protocol.md#keys-outside-a-queue)."""

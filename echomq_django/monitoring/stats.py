@@ -77,6 +77,18 @@ def queue_stats(mq, queue: str, now_ms: int | None = None) -> dict:
     }
 
 
+def no_worker_for_s(queue: str, procs, since: dict[str, int | None], now_ms: int) -> float | None:
+    """Seconds ``queue`` has had no live worker (docs/howto/operate.md#echomq_stats):
+    None while one of ``procs`` (``ProcessInfo``) serves it, or when it is
+    not known since when (``since``: ``presence.no_worker_since``); else
+    counted from the last heartbeat of a worker on it, or from its first
+    use when none ever served it."""
+    if any(p.kind == "worker" and queue in p.queues for p in procs):
+        return None
+    at = since.get(queue)
+    return None if at is None else round(max(0.0, (now_ms - at) / 1000), 3)
+
+
 def resolve_queues(mq, asked=()) -> list[str]:
     """The queues to report: ``asked`` (each must be known, else
     ``UnknownQueue`` naming it and the known ones; ``ValueError`` for a bad
@@ -97,18 +109,20 @@ def resolve_queues(mq, asked=()) -> list[str]:
 
 def collect(mq, queues=(), now_ms: int | None = None) -> dict:
     """The stats document (``SCHEMA``): ``{schema, at (ms), prefix, queues:
-    {name: queue_stats + in_settings, workers}, processes: [ProcessInfo
+    {name: queue_stats + in_settings, workers, no_worker_for_s}, processes: [ProcessInfo
     dicts]}``. ``queues`` empty: every known queue. Raises ``UnknownQueue``,
     ``ValueError``, ``RedisUnavailable``."""
     now = mq.clock() if now_ms is None else now_ms
     names = resolve_queues(mq, queues)
     procs = mq.presence.live_processes(now)
     configured = set(settings_queues())
+    since = mq.presence.no_worker_since(names)
     out = {}
     for name in names:
         entry = queue_stats(mq, name, now)
         entry["in_settings"] = name in configured
         entry["workers"] = sum(1 for p in procs if p.kind == "worker" and name in p.queues)
+        entry["no_worker_for_s"] = no_worker_for_s(name, procs, since, now)
         out[name] = entry
     return {
         "schema": SCHEMA,
@@ -152,6 +166,7 @@ QUEUE_COLUMNS = (
     ("signals", lambda q: q["signals"]),
     ("paused", lambda q: "yes" if q["paused"] else "no"),
     ("workers", lambda q: q["workers"]),
+    ("no worker for", lambda q: duration(q.get("no_worker_for_s"))),
 )
 
 

@@ -20,6 +20,14 @@ Lua script can add to it atomically with the job it writes (on a Cluster a
 script may only touch keys of one slot); the host adds the name before it
 writes the job, so a queue with a job is always in the set.
 
+**Since when no worker served a queue.** ``P:served`` maps a queue to the
+ms time since which no worker may have served it: each worker's beat sets
+its queues to now; ``Wire.register_queues`` sets a queue's first use
+(HSETNX). So a queue no worker serves reads "no worker for N s", N
+counted from its last worker or its first job (``no_worker_since``). The
+hash holds at most ``MAX_SERVED`` queues: a beat that finds it over starts
+it afresh with its own queues (the others then read "unknown").
+
 ``Presence`` is the part ``mq.presence``.
 """
 
@@ -34,6 +42,7 @@ from .wire import Part
 
 MISSED_BEATS = 3  # a process leaves the list this many heartbeats after its last one
 MAX_PROCESSES = 1000  # ids the index keeps (the newest expiries) and a listing returns
+MAX_SERVED = 10_000  # queues P:served holds; past it a beat starts it afresh
 KINDS = ("worker", "pump")
 
 
@@ -104,7 +113,16 @@ class Presence(Part):
         pipe.zadd(index, {info.id: info.expires_at})
         pipe.zremrangebyscore(index, "-inf", now)
         pipe.zremrangebyrank(index, 0, -(MAX_PROCESSES + 1))
-        pipe.execute()
+        served = self.keys.served()
+        if info.kind == "worker" and info.queues:
+            pipe.hset(served, mapping=dict.fromkeys(info.queues, now))
+        pipe.hlen(served)
+        if pipe.execute()[-1] > MAX_SERVED:  # bounded: start afresh with the live ones
+            pipe = self.client.pipeline(transaction=False)
+            pipe.delete(served)
+            if info.kind == "worker" and info.queues:
+                pipe.hset(served, mapping=dict.fromkeys(info.queues, now))
+            pipe.execute()
 
     @reports_redis_down
     def leave(self, process_id: str) -> None:
@@ -132,6 +150,18 @@ class Presence(Part):
             if info is not None and info.expires_at > now:
                 out.append(info)
         return sorted(out, key=lambda p: (p.kind, p.host, p.pid, p.id))
+
+    @reports_redis_down
+    def no_worker_since(self, queues) -> dict[str, int | None]:
+        """``{queue: ms}`` from ``P:served`` for each of ``queues``: the last
+        heartbeat of a worker serving it, or its first use; None when
+        unknown (used before this was recorded, or the hash started
+        afresh). One HMGET. Read-only."""
+        names = list(queues)
+        if not names:
+            return {}
+        raw = self.client.hmget(self.keys.served(), names)
+        return {q: None if v is None else int(v) for q, v in zip(names, raw, strict=True)}
 
     @reports_redis_down
     def queues(self) -> list[str]:

@@ -140,7 +140,12 @@ class Wire:
             )
             return []
         if new:
-            self.client.sadd(key, *new)
+            pipe = self.client.pipeline(transaction=False)
+            pipe.sadd(key, *new)
+            now, served = self.clock(), self.keys.served()
+            for name in new:  # "no worker since": its first use, until a worker beats on it
+                pipe.hsetnx(served, name, now)
+            pipe.execute()
         return new
 
     def note_queues(self, queues) -> None:

@@ -181,6 +181,92 @@ def roots_done(mq, flows: list[Flow]) -> int:
     return sum(s in (b"completed", b"dead") for s in pipe.execute())
 
 
+def fault_env(logs: Path, url: str, cluster: bool) -> dict[str, str]:
+    """The environment of a ``manage.py`` subprocess with the fault
+    settings: Redis at ``url``, the SQLite file ``logs/db.sqlite3``."""
+    return {
+        **os.environ,
+        "ECHOMQ_URL": url,
+        "ECHOMQ_CLUSTER": "1" if cluster else "0",
+        "DJANGO_SETTINGS_MODULE": "tests.support.fault_settings",
+        "ECHOMQ_DB_PATH": str(logs / "db.sqlite3"),
+    }
+
+
+def migrate(logs: Path, url: str, cluster: bool) -> None:
+    """``manage.py migrate`` the fault processes' SQLite file (the enqueue
+    outbox's table)."""
+    subprocess.run(
+        [sys.executable, "manage.py", "migrate", "--verbosity", "0"],
+        cwd=REPO,
+        env=fault_env(logs, url, cluster),
+        stdin=subprocess.DEVNULL,
+        check=True,
+        timeout=120,
+    )
+
+
+# A committing view, as a process of its own: each line "start count" read
+# on stdin commits ``count`` transactions, each adding the job v<n> (through
+# the enqueue outbox: the default inside atomic()) and a second on_commit
+# hook of its own; it prints one line per commit, then "batch done".
+COMMITTER = """
+import os, sys
+from django.db import transaction
+import echomq_django as emq
+for line in sys.stdin:
+    start, count = map(int, line.split())
+    for n in range(start, start + count):
+        hooks = []
+        with transaction.atomic():
+            emq.enqueue("fa", "fault.once", {"log": os.environ["RUN_LOG"], "n": n}, job_id=f"v{n}")
+            transaction.on_commit(lambda: hooks.append(n))
+        print(f"committed v{n} hooks {hooks}", flush=True)
+    print("batch done", flush=True)
+"""
+
+
+class Committer:
+    """``COMMITTER`` under ``manage.py shell`` with the fault settings;
+    ``commit(start, count)`` returns its lines for that batch."""
+
+    def __init__(self, logs: Path, url: str, cluster: bool, run_log: Path) -> None:
+        self.log = logs / f"committer-{os.urandom(3).hex()}.log"
+        with open(self.log, "wb") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, "manage.py", "shell", "--no-imports", "-c", COMMITTER],
+                cwd=REPO,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                text=True,
+                env={**fault_env(logs, url, cluster), "RUN_LOG": str(run_log)},
+                start_new_session=True,
+            )
+
+    def commit(self, start: int, count: int) -> list[str]:
+        self.proc.stdin.write(f"{start} {count}\n")
+        self.proc.stdin.flush()
+        out = []
+        while (line := self.proc.stdout.readline()) and line.strip() != "batch done":
+            out.append(line.strip())
+        return out
+
+    def stop(self) -> int:
+        self.proc.stdin.close()
+        return self.proc.wait(30)
+
+
+def runs(run_log: Path) -> dict[str, list[int]]:
+    """``fault.once``'s log: job id -> the pids of the workers that ran it."""
+    out: dict[str, list[int]] = {}
+    if run_log.exists():
+        for line in run_log.read_text().splitlines():
+            job_id, pid = line.split()
+            out.setdefault(job_id, []).append(int(pid))
+    return out
+
+
 class Proc:
     """``manage.py <args>`` with the fault settings, stderr to a file;
     ``kill()`` is SIGKILL, ``again()`` starts the same command anew."""
@@ -192,13 +278,7 @@ class Proc:
         self.again()
 
     def again(self) -> None:
-        env = {
-            **os.environ,
-            "ECHOMQ_URL": self.url,
-            "ECHOMQ_CLUSTER": "1" if self.cluster else "0",
-            "DJANGO_SETTINGS_MODULE": "tests.support.fault_settings",
-            "ECHOMQ_DB_PATH": str(self.logs / "db.sqlite3"),
-        }
+        env = fault_env(self.logs, self.url, self.cluster)
         log = self.logs / f"{self.args[0]}-{os.urandom(3).hex()}.log"
         with open(log, "wb") as err:
             self.proc = subprocess.Popen(

@@ -152,6 +152,23 @@ class Cluster:
             time.sleep(0.05)
         return again
 
+    def kill_all(self) -> None:
+        """SIGKILL every node: no node answers until ``restart_all``."""
+        for node in self.live():
+            node.proc.kill()
+            node.proc.wait(timeout=5)
+
+    def restart_all(self) -> None:
+        """Start every killed node again (same port, directory, cluster
+        config file and, with appendonly, data) and wait until each reports
+        ``cluster_state:ok``."""
+        self.nodes = [n if n.proc.poll() is None else _restart(n) for n in self.nodes]
+        deadline = time.monotonic() + CLUSTER_TIMEOUT_S
+        while not _cluster_ok(self.nodes):
+            if time.monotonic() > deadline:
+                raise RigError("cluster not ok after restarting every node")
+            time.sleep(0.05)
+
     def stop(self) -> None:
         for node in self.nodes:
             node.stop()
@@ -199,10 +216,12 @@ def _replicas_synced(nodes: list[RedisProcess]) -> bool:
     return True
 
 
-def start_cluster(masters: int = 3, replicas: int = 0) -> Cluster:
+def start_cluster(masters: int = 3, replicas: int = 0, options: dict | None = None) -> Cluster:
     """Start ``masters`` nodes (and ``replicas`` per master, with a 1 s node
     timeout so a killed master fails over in a few seconds), join them with
-    ``redis-cli --cluster create``.
+    ``redis-cli --cluster create``. ``options`` add redis-server options to
+    every node (``{"appendonly": "yes"}``: a node restarted with
+    ``restart_all`` keeps its data).
 
     Returns once every node reports ``cluster_state:ok`` (and every replica
     is in sync). On any failure all nodes started so far are stopped before
@@ -215,7 +234,7 @@ def start_cluster(masters: int = 3, replicas: int = 0) -> Cluster:
     d = Path(tempfile.mkdtemp(prefix="emq-redis-cluster-"))
     nodes: list[RedisProcess] = []
     try:
-        options = HA_OPTIONS if replicas else None
+        options = {**(HA_OPTIONS if replicas else {}), **(options or {})}
         for _ in range(masters * (1 + replicas)):
             nodes.append(start_server(cluster=True, workdir=d, options=options))
         addresses = [f"{HOST}:{n.port}" for n in nodes]

@@ -3,6 +3,7 @@ not instant, so a SIGKILL lands while jobs run."""
 
 from __future__ import annotations
 
+import os
 import time
 
 from echomq_django import handler
@@ -23,3 +24,14 @@ def parent(job):
     """Returns how many of its children completed (their values)."""
     time.sleep(job.payload["ms"] / 1000)
     return len(job.children_values())
+
+
+@handler("fault.once")
+def once(job):
+    """Appends ``<id> <pid>`` to the file ``payload["log"]`` (one small
+    O_APPEND write: the tests count the runs of each job and see which
+    worker ran it), sleeps ``payload["ms"]`` ms; returns ``payload["n"]``."""
+    with open(job.payload["log"], "a") as f:
+        f.write(f"{job.id} {os.getpid()}\n")
+    time.sleep(job.payload.get("ms", 0) / 1000)
+    return job.payload.get("n")
