@@ -137,14 +137,14 @@ def _now(mq, down: RedisUnavailable | None):
 
 def _outbox_when_down(on_commit: bool | None, err: RedisUnavailable) -> bool:
     """True when an add that went straight to Redis and met ``err`` is to be
-    written to the database outbox instead (``ENQUEUE_WHEN_DOWN =
+    written to the commit outbox instead (``ENQUEUE_WHEN_DOWN =
     "outbox"``, and ``on_commit`` not an explicit False)."""
     return on_commit is not False and enqueue_when_down() == "outbox"
 
 
 def _written_when_down(err: RedisUnavailable, what: str) -> None:
     outbox.log.warning(
-        "%s; %s written to the enqueue outbox (ENQUEUE_WHEN_DOWN='outbox')", err, what
+        "%s; %s written to the commit outbox (ENQUEUE_WHEN_DOWN='outbox')", err, what
     )
 
 

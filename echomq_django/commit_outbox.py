@@ -244,7 +244,7 @@ def push_entry(pk: int, mq=None, using: str | None = None) -> bool:
             pushed, outage = _push_locked(mq, [entry], db)
     if outage is not None:
         log.warning(
-            "%s; %s %s/%s stays in the enqueue outbox: the worker or the pump pushes it "
+            "%s; %s %s/%s stays in the commit outbox: the worker or the pump pushes it "
             "once Redis answers",
             outage,
             entry.kind,
@@ -323,10 +323,10 @@ def drain_after_sweep(pump, reports: dict) -> None:
     except RedisUnavailable:
         raise
     except Exception:
-        log.exception("draining the enqueue outbox failed; the next sweep tries again")
+        log.exception("draining the commit outbox failed; the next sweep tries again")
         return
     if n:
-        log.info("pushed %d jobs or flows from the enqueue outbox", n)
+        log.info("pushed %d jobs or flows from the commit outbox", n)
 
 
 class Drainer:
@@ -370,7 +370,7 @@ class Drainer:
             if kind not in self._warned:
                 self._warned.add(kind)
                 log.warning(
-                    "the enqueue outbox could not be drained: %s: %s",
+                    "the commit outbox could not be drained: %s: %s",
                     kind,
                     str(err).split("\n")[0],
                 )
@@ -379,7 +379,7 @@ class Drainer:
             close_old_connections()
         if n:
             self.pushed += n
-            log.info("pushed %d jobs or flows from the enqueue outbox", n)
+            log.info("pushed %d jobs or flows from the commit outbox", n)
         return n
 
     def _run(self) -> None:

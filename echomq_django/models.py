@@ -147,8 +147,8 @@ class OutboxEntry(models.Model):
     error = models.TextField(blank=True, default="")
 
     class Meta:
-        verbose_name = "enqueue outbox entry"
-        verbose_name_plural = "enqueue outbox"
+        verbose_name = "commit outbox entry"
+        verbose_name_plural = "commit outbox"
         default_permissions = ("view",)
         ordering = ("id",)
 

@@ -80,7 +80,7 @@ DATABASES = {
     }
 }
 
-# The test suite runs the enqueue outbox's tests on PostgreSQL too, as the
+# The test suite runs the commit outbox's tests on PostgreSQL too, as the
 # database alias "pg", when a server answers at ECHOMQ_TEST_PG (host:port,
 # default 127.0.0.1:5432, trust auth; "off" disables it). pytest-django
 # creates its own database there (test_echomq_<pid>) and drops it after.

@@ -1,4 +1,4 @@
-"""The enqueue outbox (echomq_django.commit_outbox): nothing lost when Redis is
+"""The commit outbox (echomq_django.commit_outbox): nothing lost when Redis is
 down at the commit, on SQLite and on PostgreSQL (when one answers: see the report header):
 Redis down at commit -> the job runs once after Redis returns; rollback ->
 nothing anywhere; a crash between push and delete -> one run; two drainers
@@ -102,7 +102,7 @@ def test_redis_down_at_commit_runs_once_after_it_returns(db, mq, caplog):
     # the commit stood; both rows wait, each with its failed try counted
     assert rows(db) == [("job", "j1", ""), ("flow", "p", "")]
     assert list(OutboxEntry.objects.using(db).values_list("tries", flat=True)) == [1, 1]
-    assert len([r for r in caplog.records if "stays in the enqueue outbox" in r.message]) == 2
+    assert len([r for r in caplog.records if "stays in the commit outbox" in r.message]) == 2
     with pytest.raises(RedisUnavailable):
         outbox.drain(down, using=db)
     assert outbox.pending(using=db) == 2

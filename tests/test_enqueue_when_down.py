@@ -1,6 +1,6 @@
 """``ECHOMQ["ENQUEUE_WHEN_DOWN"]``: with ``"outbox"``, a plain ``enqueue``,
 ``enqueue_many`` or ``add_flow`` outside a transaction while Redis is away
-writes the database outbox row and returns its ids; a drainer pushes it
+writes the commit outbox row and returns its ids; a drainer pushes it
 once Redis answers. ``"raise"`` (the default) raises as before; inside
 ``atomic()`` nothing changes; bad input is refused before any row is
 written. On SQLite and on PostgreSQL (when one answers at
@@ -95,7 +95,7 @@ def test_outbox_writes_the_row_and_a_drain_pushes_it_when_redis_is_back(
     said = [r.getMessage().split("; ", 1) for r in caplog.records]
     assert all(m[0].startswith("Redis is unreachable at redis://127.0.0.1:") for m in said)
     assert [m[1] for m in said] == [
-        f"{what} written to the enqueue outbox (ENQUEUE_WHEN_DOWN='outbox')"
+        f"{what} written to the commit outbox (ENQUEUE_WHEN_DOWN='outbox')"
         for what in ("job q/j1", "2 jobs of q", f"flow q/{ref.parent_id}")
     ]
     mq = EchoMQ(r, prefix="emq")

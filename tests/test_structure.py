@@ -41,7 +41,7 @@ LAYERS = [
     ["core/", "testing/", "signals", "handlers", "logs"],  # words
     ["protocol/", "models"],  # EchoMQ and its parts; the admin's tables
     ["conf/"],  # ECHOMQ read and checked; the process's EchoMQ
-    ["runners/", "commit_outbox"],  # threads and loops; the database outbox
+    ["runners/", "commit_outbox"],  # threads and loops; the commit outbox
     ["api", "monitoring/"],  # the module API; stats and metrics
     ["admin/", "tasks", "templatetags/"],  # the admin; Django's tasks backend
     ["checks", "urls", "apps", "__init__"],  # Django glue and the public names

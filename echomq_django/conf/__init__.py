@@ -107,7 +107,7 @@ def _build(cfg: dict, client) -> EchoMQ:
 def offline_mq() -> EchoMQ:
     """An ``EchoMQ`` with the settings' prefix, queues, payload limit and
     JSON encoder, built without reaching Redis, for what a producer checks
-    and encodes before it writes the database outbox (names, options,
+    and encodes before it writes the commit outbox (names, options,
     payloads, flows) while ``get_mq()`` cannot be built: a Cluster none of
     whose startup nodes answers
     (docs/howto/durable-enqueue.md#outside-a-transaction-too-enqueue_when_down). It never

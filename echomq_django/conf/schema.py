@@ -12,7 +12,7 @@ Shape::
                               "KEEP_DEAD": {"COUNT": 10000, "AGE_S": 1209600}}},
         "MAX_PAYLOAD_BYTES": 524288,        # bytes of JSON per payload / result
         "JSON_ENCODER": None,               # or "django.core.serializers.json.DjangoJSONEncoder"
-        "ENQUEUE_WHEN_DOWN": "raise",       # or "outbox": Redis away -> the database outbox
+        "ENQUEUE_WHEN_DOWN": "raise",       # or "outbox": Redis away -> the commit outbox
     }
 
 The environment variable ``ECHOMQ_URL``, when set, overrides the connection
@@ -210,7 +210,7 @@ def problems(cfg: dict | None = None) -> list[tuple[str, str, str]]:
                 "echomq_django.E090",
                 f"ECHOMQ ENQUEUE_WHEN_DOWN must be one of {allowed}, got {when_down!r}",
                 "'raise' (the default): enqueue raises RedisUnavailable while Redis is away; "
-                "'outbox': it writes the job to the database outbox, which the worker and the "
+                "'outbox': it writes the job to the commit outbox, which the worker and the "
                 "pump push once Redis answers (needs ./manage.py migrate).",
             )
         )

@@ -1,6 +1,6 @@
 """Outages at the edges, with real ``runworker`` / ``runpump`` processes and
 a committing view (a ``manage.py shell`` process adding jobs in
-``transaction.atomic()``, through the enqueue outbox):
+``transaction.atomic()``, through the commit outbox):
 
 * Redis down when everything starts: the runners wait for it (one WARNING
   line per backoff step, one recovery line), the view's commits stand, and
@@ -108,7 +108,7 @@ def test_a_whole_cluster_outage_loses_nothing(tmp_path):
         assert wait_until(lambda: len(runs(run_log)) == 10, 30)
         cluster.kill_all()  # no node answers
         assert view.commit(10, 10) == committed(10, 10)  # no error reached the view
-        assert "stays in the enqueue outbox" in view.log.read_text()
+        assert "stays in the commit outbox" in view.log.read_text()
         # a view process that starts now builds its client while no node answers
         late = Committer(tmp_path, url, True, run_log)
         assert late.commit(100, 5) == committed(100, 5), late.log.read_text()

@@ -208,7 +208,7 @@ def migrate(logs: Path, url: str, cluster: bool) -> None:
 
 # A committing view, as a process of its own: each line "start count" read
 # on stdin commits ``count`` transactions, each adding the job v<n> (through
-# the enqueue outbox: the default inside atomic()) and a second on_commit
+# the commit outbox: the default inside atomic()) and a second on_commit
 # hook of its own; it prints one line per commit, then "batch done".
 COMMITTER = """
 import os, sys

@@ -34,7 +34,7 @@ log = logging.getLogger("echomq_django.pump")
 class Command(BaseCommand):
     help = (
         "Sweep queues: deliver each queue's outbox (cross-queue fan-in), promote due "
-        "delayed jobs, recover expired leases, push the enqueue outbox, refresh the admin "
+        "delayed jobs, recover expired leases, push the commit outbox, refresh the admin "
         "mirror. Runs until "
         "SIGTERM/SIGINT (graceful: the current sweep finishes), or once with --once."
     )
@@ -107,7 +107,7 @@ class Command(BaseCommand):
         missing = tables_missing()
         if missing:
             log.warning(
-                "runpump: %s; until then the enqueue outbox is not drained and the admin "
+                "runpump: %s; until then the commit outbox is not drained and the admin "
                 "mirror is off",
                 missing,
             )

@@ -138,7 +138,7 @@ class Command(BaseCommand):
         missing = tables_missing()
         if missing:
             logging.getLogger("echomq_django.worker").warning(
-                "runworker: %s; until then the enqueue outbox is not drained", missing
+                "runworker: %s; until then the commit outbox is not drained", missing
             )
         counters = None
         if opts["metrics_port"] is not None:
