@@ -24,7 +24,6 @@ from .display import jobs_url
 FLOW_DEPTH = 2  # levels under a parent shown on its page: children, grandchildren
 CHILDREN_PER_PAGE = 100  # a parent's children per page of its tree
 FANOUT = 20  # a child's own children shown under it (its page shows them all)
-REFS_SHOWN = 100  # children listed per resolution (failed, ignored...); the rest counted
 CELL_CHARS = 300  # a value or error in a tree or table cell; the child's own page has it all
 DEADLETTERS_SHOWN = 100
 
@@ -45,8 +44,9 @@ def _cell(text: str | None) -> str:
     return text if len(text) <= CELL_CHARS else text[:CELL_CHARS] + " …"
 
 
-def _ref_link(mq, ref: str) -> dict:
-    queue, job_id = mq.keys.parse_ref(ref)
+def _ref_link(ref) -> dict:
+    """A ``JobRef`` (or ``(queue, id)``) as a link row ``{queue, id, url}``."""
+    queue, job_id = ref
     return {"queue": queue, "id": job_id, "url": job_url(queue, job_id)}
 
 
@@ -99,10 +99,12 @@ def job_page(mq, queue: str, job_id: str, page: int = 1) -> dict:
     ``result`` / ``error`` (full text), ``parent_url``, and for a parent
     ``tree`` (page ``page`` of its children, ``CHILDREN_PER_PAGE`` a page,
     each with up to ``FANOUT`` children of its own: ``tree_nodes``),
-    ``pager``, ``deps`` (counts: ``dependency_counts``) and the children that
-    failed it / were ignored / removed / are unprocessed, at most
-    ``REFS_SHOWN`` of each (lists of ``{queue, id, url, text}``). Reads
-    stay bounded by the page, whatever the fan-in."""
+    ``pager``, ``deps`` (counts: ``dependency_counts``) and, among the
+    children of that page, those that failed it / were ignored / removed /
+    are unprocessed (lists of ``{queue, id, url, text}``: one paged
+    ``dependencies`` read, docs/use.md#paged-reads). Reads stay bounded by
+    the page, whatever the fan-in: a 10,000-child parent reads its counts
+    and ``CHILDREN_PER_PAGE`` children."""
     ctx: dict[str, Any] = {"live": None, "live_error": "", "is_parent": False}
     try:
         job = mq.get_job(queue, job_id)
@@ -110,7 +112,11 @@ def job_page(mq, queue: str, job_id: str, page: int = 1) -> dict:
         book = pager(page, counts["children"], CHILDREN_PER_PAGE)
         start = (book["page"] - 1) * CHILDREN_PER_PAGE
         flow = mq.flow_page(queue, job_id, start, CHILDREN_PER_PAGE, FLOW_DEPTH, FANOUT)
-        deps = mq.dependencies(queue, job_id) if counts["children"] else None
+        deps = (
+            mq.dependencies(queue, job_id, start, CHILDREN_PER_PAGE).items
+            if counts["children"]
+            else None
+        )
     except JobNotFound:
         return ctx
     except EchoMQError as err:
@@ -131,8 +137,7 @@ def job_page(mq, queue: str, job_id: str, page: int = 1) -> dict:
     if deps is not None:
 
         def refs(mapping: dict) -> list[dict]:
-            items = sorted(mapping.items())[:REFS_SHOWN]
-            return [{**_ref_link(mq, ref), "text": text} for ref, text in items]
+            return [{**_ref_link(ref), "text": text} for ref, text in mapping.items()]
 
         ctx.update(
             is_parent=True,
@@ -143,8 +148,7 @@ def job_page(mq, queue: str, job_id: str, page: int = 1) -> dict:
             failed=refs(deps.failed),
             ignored=refs(deps.ignored),
             removed=refs(deps.removed),
-            unprocessed=[_ref_link(mq, ref) for ref in deps.unprocessed[:REFS_SHOWN]],
-            refs_shown=REFS_SHOWN,
+            unprocessed=[_ref_link(ref) for ref in deps.unprocessed],
         )
     return ctx
 
@@ -183,7 +187,7 @@ def queue_page(mq, queue: str) -> dict:
             raw, entry = (entry if isinstance(entry, str) else json.dumps(entry)), {}
         child = parent = None
         try:
-            child = _ref_link(mq, entry["c"])
+            child = _ref_link(mq.keys.parse_ref(entry["c"]))
             validate_queue(entry["q"])  # both checked before a link is built
             validate_id(entry["p"])
             parent = {"queue": entry["q"], "id": entry["p"], "url": job_url(entry["q"], entry["p"])}
