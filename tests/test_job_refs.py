@@ -427,3 +427,24 @@ def test_the_admin_job_page_reads_one_page_of_a_wide_parent(mq):
     assert (
         second["pager"]["previous"] == 1 and second["tree"][0]["id"] == f"c{CHILDREN_PER_PAGE:04d}"
     )
+
+
+def test_the_module_api_takes_refs_and_warns_at_the_caller_for_a_raw_key(r):
+    import echomq_django as emq
+    from echomq_django.conf import get_mq
+
+    mq = get_mq()  # the settings' client: the private single server, flushed by r
+    mq.add_flow(node("p", [leaf("c1"), leaf("c2"), leaf("c3")]))
+    key = mq.keys.job("q", "c1")
+    with pytest.warns(DeprecationWarning, match=f"^{deprecated(key, JobRef('q', 'c1'))}$") as w:
+        emq.remove_child_dependency("q", "p", key)
+    assert [x.filename for x in w] == [__file__]
+    emq.remove_child_dependency("q", "p", JobRef("q", "c2"))
+    assert emq.dependencies("q", "p").removed == {
+        JobRef("q", "c1"): "dependency removed",
+        JobRef("q", "c2"): "dependency removed",
+    }
+    page = emq.dependencies("q", "p", cursor=2, count=5)
+    assert (page.next_cursor, page.total, page.items.unprocessed) == (0, 3, [JobRef("q", "c3")])
+    assert emq.children_values("q", "p", 0, 5).items == {}
+    assert emq.ignored_failures("q", "p", 0, 5).items == {}

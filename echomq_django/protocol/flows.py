@@ -15,6 +15,7 @@ import itertools
 import json
 
 from ..core import flows as _flows
+from ..core.exceptions import DependencyError
 from ..core.flows import Flow, FlowRef
 from ..core.jobs import to_json, to_text
 from ..core.refs import JobRef
@@ -186,7 +187,10 @@ class Flows(Part):
         awaiting_children), ``DependencyError`` (not an unresolved child),
         ``ValueError`` (a bad name). docs/scheduling.md"""
         key = self.keys.job(*child)
-        return self._remove_dependencies(queue, parent_id, [key], True)[1]
+        try:
+            return self._remove_dependencies(queue, parent_id, [key], True)[1]
+        except DependencyError as err:  # the script names the child by its key
+            raise DependencyError(str(err).replace(key, str(child))) from None
 
     def remove_unprocessed_children(self, queue: str, parent_id: str):
         """Remove the children of a held parent that have not started (pending
