@@ -15,7 +15,7 @@ import re
 import pytest
 from redis.cluster import RedisCluster
 
-from echomq_django import Dispatcher, Flow, JobRef, Page, Pump, Worker
+from echomq_django import Dispatcher, Flow, JobRef, Page, PayloadError, Pump, Worker
 from echomq_django.admin.pages import CHILDREN_PER_PAGE, job_page
 from echomq_django.core.keyspace import ID_RULE, QUEUE_RULE
 from tests.support.jobkit import complete, kill, leaf, node, snapshot
@@ -448,3 +448,18 @@ def test_the_module_api_takes_refs_and_warns_at_the_caller_for_a_raw_key(r):
     assert (page.next_cursor, page.total, page.items.unprocessed) == (0, 3, [JobRef("q", "c3")])
     assert emq.children_values("q", "p", 0, 5).items == {}
     assert emq.ignored_failures("q", "p", 0, 5).items == {}
+
+
+def test_a_result_keyed_by_job_refs_is_stored_with_queue_slash_id_keys(mq):
+    mq.add_flow(node("p", [leaf("c1"), leaf("c2", queue="o")]))
+    complete(mq, "c1", 1)
+    complete(mq, "c2", {"n": 2}, queue="o")
+    Pump(["o"], mq=mq).sweep()
+    [parent] = mq.claim("q", 1)
+    mq.complete(parent, {"values": parent.children_values(), "refs": [JobRef("q", "c1")]})
+    assert mq.get_job("q", "p").result == {
+        "values": {"q/c1": 1, "o/c2": {"n": 2}},
+        "refs": [["q", "c1"]],
+    }
+    with pytest.raises(PayloadError, match="^result is not JSON-serialisable: "):
+        mq.encode({JobRef("q", "c1"): object()}, "result")

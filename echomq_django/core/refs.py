@@ -149,6 +149,26 @@ class Page(Generic[T]):
     total: int
 
 
+def str_keys(value: Any) -> tuple[Any, bool]:
+    """``value`` with every ``JobRef`` dict key (at any depth of dicts and
+    lists) as its ``"queue/id"`` text, and whether any was found: JSON keys
+    are strings, so a handler may return ``job.children_values()`` as it is
+    (docs/use.md#job-references)."""
+    if isinstance(value, dict):
+        found = False
+        out = {}
+        for k, v in value.items():
+            v, inner = str_keys(v)
+            found = found or inner or isinstance(k, JobRef)
+            out[str(k) if isinstance(k, JobRef) else k] = v
+        return (out, True) if found else (value, False)
+    if isinstance(value, list | tuple) and not isinstance(value, JobRef):
+        items = [str_keys(v) for v in value]
+        if any(inner for _, inner in items):
+            return [v for v, _ in items], True
+    return value, False
+
+
 def as_ref(value: Any, keyspace: Any, stacklevel: int = 2) -> JobRef:
     """A job given as a ``JobRef``, a ``(queue, id)`` pair, ``"queue/id"``
     or (deprecated, with a ``DeprecationWarning``) a raw key under

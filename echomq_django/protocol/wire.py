@@ -21,7 +21,7 @@ import redis
 from ..core.exceptions import PayloadError
 from ..core.jobs import QUEUE_DEFAULTS, Outcome, to_json, to_text
 from ..core.keyspace import Keyspace, validate_queue
-from ..core.refs import JobRef, RefDict, RefList
+from ..core.refs import JobRef, RefDict, RefList, str_keys
 from .errors import reports_redis_down, translating
 from .scripts import Scripts
 
@@ -90,10 +90,18 @@ class Wire:
         return int(self.queues.get(queue, {}).get(name, QUEUE_DEFAULTS[name]))
 
     def encode(self, value: Any, what: str = "payload") -> str:
-        """``value`` as compact JSON text. Raises ``PayloadError`` when it is not
-        JSON-serialisable (NaN included) or is over ``max_payload_bytes``."""
+        """``value`` as compact JSON text; a ``JobRef`` dict key is written as
+        its ``"queue/id"`` text (docs/use.md#job-references). Raises
+        ``PayloadError`` when it is not JSON-serialisable (NaN included) or
+        is over ``max_payload_bytes``."""
         try:
-            text = self._to_json(value)
+            try:
+                text = self._to_json(value)
+            except TypeError:
+                keyed, found = str_keys(value)  # only on this error path: no cost otherwise
+                if not found:
+                    raise
+                text = self._to_json(keyed)
         except (TypeError, ValueError) as err:
             raise PayloadError(f"{what} is not JSON-serialisable: {err}") from None
         except RecursionError:  # no circular check in _C_ENCODE: it recurses instead
