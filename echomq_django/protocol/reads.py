@@ -113,16 +113,19 @@ class Reads(Part):
             pipe.get(keys.dependencies)
             processed, failed, ignored, removed, children, remaining = pipe.execute()
         else:
-            refs, total, nxt = self._window(keys, cursor, count)
-            for part in hashes:
-                pipe.hmget(part, refs) if refs else pipe.exists(part)
+            children, total, nxt = self._window(keys, cursor, count)
+            for part in hashes if children else ():
+                pipe.hmget(part, children)
             pipe.get(keys.dependencies)
             *found, remaining = pipe.execute()
             processed, failed, ignored, removed = (
-                {r: v for r, v in zip(refs, vs, strict=True) if v is not None} if refs else {}
-                for vs in found
+                [
+                    {r: v for r, v in zip(children, values, strict=True) if v is not None}
+                    for values in found
+                ]
+                if children
+                else [{}, {}, {}, {}]
             )
-            children = refs
         wire = self.wire
         deps = Dependencies(
             processed=wire.ref_dict(processed, json.loads),
