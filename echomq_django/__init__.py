@@ -49,6 +49,7 @@ from .core.exceptions import (
 )
 from .core.flows import Flow, FlowRef
 from .core.jobs import Dependencies, Job, JobState, Outcome
+from .core.refs import JobRef, Page
 from .handlers import handler
 from .protocol.client import EchoMQ
 from .runners.dispatcher import Dispatcher
@@ -73,9 +74,11 @@ __all__ = [
     "JobNotFound",
     "JobNotRemovable",
     "JobNotRetryable",
+    "JobRef",
     "JobState",
     "LeaseLost",
     "Outcome",
+    "Page",
     "PayloadError",
     "Pump",
     "RateLimited",

@@ -49,6 +49,7 @@ from .core.flows import Flow, FlowRef
 from .core.jobs import Dependencies, Job, Outcome
 from .core.keyspace import validate_id, validate_name, validate_queue
 from .core.options import check_job_options
+from .core.refs import JobRef, Page, RefDict, as_ref
 from .core.retention import job_keep
 
 
@@ -300,7 +301,7 @@ def _write_flow(mq, flow: Flow, using, push: bool = True) -> FlowRef:
         queue=root.queue,
         parent_id=root.id,
         child_ids=[cid for _, cid in root.children],
-        nodes=[(n.queue, n.id) for n in nodes],
+        nodes=[JobRef._trusted(n.queue, n.id) for n in nodes],
     )
 
 
@@ -349,14 +350,20 @@ def retry(queue: str, job_id: str) -> Outcome:
     return get_mq().retry(queue, job_id)
 
 
-def children_values(queue: str, job_id: str) -> dict:
-    """``EchoMQ.children_values`` on the settings' connection."""
-    return get_mq().children_values(queue, job_id)
+def children_values(
+    queue: str, job_id: str, cursor: int = 0, count: int | None = None
+) -> RefDict | Page[RefDict]:
+    """``EchoMQ.children_values`` on the settings' connection: ``{JobRef:
+    result}``, or one ``Page`` with ``count`` (docs/howto/read-flows.md#paged-reads)."""
+    return get_mq().children_values(queue, job_id, cursor, count)
 
 
-def dependencies(queue: str, job_id: str) -> Dependencies:
-    """``EchoMQ.dependencies`` on the settings' connection."""
-    return get_mq().dependencies(queue, job_id)
+def dependencies(
+    queue: str, job_id: str, cursor: int = 0, count: int | None = None
+) -> Dependencies | Page[Dependencies]:
+    """``EchoMQ.dependencies`` on the settings' connection, or one ``Page``
+    of it with ``count`` (docs/howto/read-flows.md#paged-reads)."""
+    return get_mq().dependencies(queue, job_id, cursor, count)
 
 
 def dependency_counts(queue: str, job_id: str) -> dict:
@@ -364,9 +371,12 @@ def dependency_counts(queue: str, job_id: str) -> dict:
     return get_mq().dependency_counts(queue, job_id)
 
 
-def ignored_failures(queue: str, job_id: str) -> dict:
-    """``EchoMQ.ignored_failures`` on the settings' connection."""
-    return get_mq().ignored_failures(queue, job_id)
+def ignored_failures(
+    queue: str, job_id: str, cursor: int = 0, count: int | None = None
+) -> RefDict | Page[RefDict]:
+    """``EchoMQ.ignored_failures`` on the settings' connection: ``{JobRef:
+    error}``, or one ``Page`` with ``count`` (docs/howto/read-flows.md#paged-reads)."""
+    return get_mq().ignored_failures(queue, job_id, cursor, count)
 
 
 def get_flow(queue: str, job_id: str, depth: int | None = None) -> dict:
@@ -390,10 +400,13 @@ def is_paused(queue: str) -> bool:
     return get_mq().is_paused(queue)
 
 
-def remove_child_dependency(queue: str, parent_id: str, child_ref: str):
+def remove_child_dependency(queue: str, parent_id: str, child: JobRef | tuple[str, str] | str):
     """``EchoMQ.remove_child_dependency`` on the settings' connection
-    (docs/explanation/protocol.md#removing-a-dependency)."""
-    return get_mq().remove_child_dependency(queue, parent_id, child_ref)
+    (docs/explanation/protocol.md#removing-a-dependency): ``child`` a
+    ``JobRef`` or ``(queue, id)``; a raw key is deprecated
+    (docs/howto/read-flows.md#deprecated-raw-keys)."""
+    mq = get_mq()
+    return mq.remove_child_dependency(queue, parent_id, as_ref(child, mq.keys, 3))
 
 
 def remove_unprocessed_children(queue: str, parent_id: str):

@@ -3,23 +3,26 @@
 Durable (sent at least once, in order per queue, by a ``Dispatcher`` from
 the events the transition scripts wrote; ``sender`` is that dispatcher, see
 ``runners/dispatcher.py``), each with ``queue`` (str), ``job_id``
-(str), ``job_name`` (str) and ``event_id`` (str, ``"<queue>:<stream id>"``,
-the same on a repeat):
+(str), ``ref`` (the job's ``JobRef``, docs/howto/read-flows.md#job-references),
+``job_name`` (str) and ``event_id`` (str, ``"<queue>:<stream id>"``, the
+same on a repeat):
 
     job_completed   ``result``: the handler's return value
     job_dead        ``error`` (str); attempts exhausted, failed with dead=True,
                     stalled too often, failed by a child, or cancelled
     parent_released nothing more; the parent's last child resolved, it runs next
-    flow_failed     ``error`` (str): a parent went dead because a child failed
-                    it (``fp``); ``job_dead`` follows for it. The parent's
-                    error: ``"failed by child <child ref>: "`` and the first
-                    line of the child's (at most 1,000 characters of it); the
-                    child's whole error is its own and in the parent's
-                    ``dependencies().failed``
+    flow_failed     ``error`` (str) and ``child`` (the ``JobRef`` of the child
+                    that failed it, or None): a parent went dead because a
+                    child failed it (``fp``); ``job_dead`` follows for it. The
+                    parent's error: ``"failed by child <queue>/<id>: "`` and
+                    the first line of the child's (at most 1,000 characters of
+                    it); the child's whole error is its own and in the
+                    parent's ``dependencies().failed``
     job_cancelled   ``error`` (str): a cancel killed the job; ``job_dead`` follows
 
 In-process (sent once, by the worker that ran the attempt, after Redis
-recorded it; ``sender`` is that ``Worker``):
+recorded it; ``sender`` is that ``Worker``; with ``queue``, ``job_id``,
+``ref`` and ``job_name`` as above):
 
     job_failed      ``error`` (str: "ExcType: message" + trimmed traceback)
                     and ``run_at`` (ms since the epoch of the next attempt, or

@@ -128,7 +128,7 @@ CACHES = {
     }
 }
 
-# echomq_django (DESIGN §8). The connection is the "default" cache above; the
+# echomq_django. The connection is the "default" cache above; the
 # library also honours the ECHOMQ_URL environment variable, which when set
 # overrides the connection.
 # The demo's crash test (orders_demo --crash-after) shortens the leases so a

@@ -455,7 +455,7 @@ def test_parent_pages_show_children_values_errors_and_counters(world, staff):
 
     fp = page(staff, "failed", "fp")
     assert fp.context["live"].state == "dead"
-    assert fp.context["error"] == "failed by child emq:{failed}:job:fp-1: card <b>declined</b>"
+    assert fp.context["error"] == "failed by child failed/fp-1: card <b>declined</b>"
     assert tree(fp) == [("failed", "fp-1", "dead", "", "card <b>declined</b>")]
     assert links(fp, "failed") == [("failed", "fp-1", "card <b>declined</b>")]
     # the fp death stays in the counter (for a retry) but is not work to finish

@@ -26,6 +26,7 @@ from tests.support.jobkit import (
     claim_one,
     complete,
     hash_of,
+    jref,
     leaf,
     node,
     ref,
@@ -89,8 +90,8 @@ def test_a_cancelled_parent_retried_at_once_keeps_its_children(tmq) -> None:
     tmq.cancel("q", "p")
     assert tmq.client.llen(tmq.keys.queue_key("o", "flow:outbox")) == 0
     assert tmq.dependencies("q", "p").failed == {
-        ref(tmq, "c1"): "cancelled",
-        ref(tmq, "x", "o"): "cancelled",
+        jref("c1"): "cancelled",
+        jref("x", "o"): "cancelled",
     }
     tmq.retry("q", "p")
     assert_state(tmq, "o", "x", "pending")
@@ -138,7 +139,7 @@ def test_a_cancelled_parent_retried_while_its_child_runs_waits_for_it(tmq) -> No
     assert tmq.job_ids("q", "awaiting_children") == ["p"] and tmq.job_ids("q", "dead") == []
     tmq.complete(job, 7)
     assert_state(tmq, "q", "p", "pending")
-    assert tmq.children_values("q", "p") == {ref(tmq, "c"): 7}
+    assert tmq.children_values("q", "p") == {jref("c"): 7}
 
 
 def test_a_cancelled_parent_retried_takes_back_its_cancel_still_under_way(tmq, monkeypatch) -> None:
@@ -234,7 +235,7 @@ def test_a_cancelled_parents_retry_leaves_its_resolved_non_fp_children_dead(tmq,
     tmq.complete(job_b, 2)
     assert_state(tmq, "q", "a", "dead")
     assert_state(tmq, "q", "p", "pending")
-    assert tmq.children_values("q", "p") == {ref(tmq, "b"): 2}
+    assert tmq.children_values("q", "p") == {jref("b"): 2}
 
 
 def test_an_ancestor_a_retry_revives_takes_its_cancel_back_too(tmq) -> None:

@@ -8,7 +8,7 @@ import json
 import pytest
 from redis.cluster import RedisCluster
 
-from echomq_django import Flow, FlowConflict, JobNotFound
+from echomq_django import Flow, FlowConflict, JobNotFound, JobRef
 from echomq_django.runners.pump import Pump
 
 Q = ("orders", "validation", "inventory", "payments")
@@ -151,7 +151,7 @@ def test_completion_lands_in_the_outbox_with_the_state_change(mq):
     assert (report["delivered"], report["released"]) == (1, 1)
     assert mq.get_job("validation", "v-o1").state == "pending"
     assert mq.children_values("validation", "v-o1") == {
-        "emq:{inventory}:job:r-o1-0": {"reserved": 1}
+        JobRef("inventory", "r-o1-0"): {"reserved": 1}
     }
     assert mq.counts("inventory")["outbox"] == 0
 
@@ -168,14 +168,14 @@ def test_whole_orders_flow_through_the_pump(mq, policy, root_state):
     root = mq.get_job("orders", "o1")
     assert root.state == root_state
     deps = mq.dependencies("orders", "o1")
-    assert deps.processed == {"emq:{validation}:job:v-o1": {"valid": True}}
+    assert deps.processed == {JobRef("validation", "v-o1"): {"valid": True}}
     if policy == "id":
-        assert deps.ignored == {"emq:{payments}:job:c-o1": "card declined"}
+        assert deps.ignored == {JobRef("payments", "c-o1"): "card declined"}
         assert deps.remaining == 0
     else:
-        assert deps.failed == {"emq:{payments}:job:c-o1": "card declined"}
+        assert deps.failed == {JobRef("payments", "c-o1"): "card declined"}
         assert deps.remaining == 1
-        assert root.error == "failed by child emq:{payments}:job:c-o1: card declined"
+        assert root.error == "failed by child payments/c-o1: card declined"
 
 
 def test_redelivery_after_a_crash_before_trim_changes_nothing(mq):
@@ -322,10 +322,10 @@ def test_three_queues_on_three_masters_nested_with_both_policies(rc):
             assert mq.fail(job, "nope") == "dead"
     pump.sweep()
     assert mq.get_job(b, "mid").state == "pending"
-    assert mq.ignored_failures(b, "mid") == {f"emq:{{{c}}}:job:bad": "nope"}
+    assert mq.ignored_failures(b, "mid") == {JobRef(c, "bad"): "nope"}
     assert mq.get_job(a, "root").state == "dead"  # 'side' died with fp
-    assert mq.dependencies(a, "root").failed == {f"emq:{{{c}}}:job:side": "nope"}
+    assert mq.dependencies(a, "root").failed == {JobRef(c, "side"): "nope"}
     complete_all(mq, b)
     pump.sweep()
     assert mq.get_job(a, "root").state == "dead"  # a dead parent is never released
-    assert mq.children_values(a, "root") == {f"emq:{{{b}}}:job:mid": "mid"}
+    assert mq.children_values(a, "root") == {JobRef(b, "mid"): "mid"}

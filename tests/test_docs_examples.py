@@ -477,6 +477,7 @@ def test_the_pages_links_and_includes_resolve():
             "logging",
             "migrate",
             "operate",
+            "read-flows",
             "payloads",
             "periodic",
             "priorities-rate-limits",

@@ -16,11 +16,11 @@ from tests.support.jobkit import (
     assert_state,
     claim_one,
     complete,
+    jref,
     kill,
     leaf,
     node,
     raw_row,
-    ref,
 )
 
 PIECE = 64  # bytes (lib/error.lua ERROR_PIECE; Redis' hash-max-listpack-value)
@@ -114,8 +114,8 @@ def test_a_parent_and_every_reader_get_the_whole_error(tmq) -> None:
     kill(tmq, "x", TRACEBACK, queue="o")
     Pump(["o"], mq=tmq).sweep()
     assert tmq.dependencies("q", "p").failed == {
-        ref(tmq, "c"): TRACEBACK,
-        ref(tmq, "x", "o"): TRACEBACK,
+        jref("c"): TRACEBACK,
+        jref("x", "o"): TRACEBACK,
     }
     tree = tmq.get_flow("q", "p")
     assert {c["id"]: c["error"] for c in tree["children"]} == {"c": TRACEBACK, "x": TRACEBACK}
@@ -128,7 +128,7 @@ def test_a_parent_and_every_reader_get_the_whole_error(tmq) -> None:
     tmq.remove("q", "r")  # d runs: it stays, orphaned
     assert tmq.fail_many([(job, TRACEBACK, True)])[0].state is JobState.DEAD
     assert tmq.add_flow(flow).skipped == 1
-    assert tmq.dependencies("q", "r").failed == {ref(tmq, "d"): TRACEBACK}
+    assert tmq.dependencies("q", "r").failed == {jref("d"): TRACEBACK}
     assert_state(tmq, "q", "r", "dead")
 
 

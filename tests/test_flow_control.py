@@ -17,6 +17,7 @@ from tests.support.jobkit import (
     complete,
     counter,
     hash_of,
+    jref,
     kill,
     leaf,
     node,
@@ -40,9 +41,9 @@ def test_continue_parent_on_failure_releases_the_parent_at_once(tmq, child_queue
     assert_state(tmq, "q", "p", "pending")
     deps = tmq.dependencies("q", "p")
     assert (deps.ignored, deps.failed, deps.unprocessed, deps.remaining) == (
-        {ref(tmq, "c1", child_queue): "boom"},
+        {jref("c1", child_queue): "boom"},
         {},
-        [ref(tmq, "c2")],
+        [jref("c2")],
         1,
     )
     tmq.complete(claim_one(tmq, "q", "p"), "went on")  # a released parent goes first
@@ -60,8 +61,8 @@ def test_a_continued_parent_that_dies_of_its_own_error_retries_alone(tmq) -> Non
     jobs = tmq.claim("q", 5)
     assert [j.id for j in jobs] == ["c2", "p", "c1"]
     assert [tmq.complete(j, j.id).released for j in jobs] == [[], [], []]
-    assert tmq.dependencies("q", "p").ignored == {ref(tmq, "c1"): "boom"}
-    assert tmq.children_values("q", "p") == {ref(tmq, "c2"): "c2"}
+    assert tmq.dependencies("q", "p").ignored == {jref("c1"): "boom"}
+    assert tmq.children_values("q", "p") == {jref("c2"): "c2"}
 
 
 # -- remove_child_dependency ---------------------------------------------------
@@ -71,20 +72,21 @@ def test_a_continued_parent_that_dies_of_its_own_error_retries_alone(tmq) -> Non
 def test_remove_child_dependency_releases_a_parent_waiting_only_for_it(tmq, child_queue) -> None:
     tmq.add_flow(node("p", [leaf("c1", queue=child_queue), leaf("c2")]))
     complete(tmq, "c2" if child_queue == "other" else "c1", 1)
-    gone = ref(tmq, "c1", child_queue) if child_queue == "other" else ref(tmq, "c2")
+    gone = jref("c1", child_queue) if child_queue == "other" else jref("c2")
     outcome = tmq.remove_child_dependency("q", "p", gone)
     assert outcome.released == [("q", "p")]
     assert_state(tmq, "q", "p", "pending")
-    assert hash_of(tmq, ref(tmq, "p") + ":removed") == {gone: "dependency removed"}
+    assert hash_of(tmq, ref(tmq, "p") + ":removed") == {tmq.keys.job(*gone): "dependency removed"}
+    assert tmq.dependencies("q", "p").removed == {gone: "dependency removed"}
     # the child still runs; finishing later changes nothing for the parent
-    cq, cid = tmq.keys.parse_ref(gone)
+    cq, cid = gone
     if cq == "q":
         tmq.complete(claim_one(tmq, "q", "p"), "p")  # the released parent goes first
     complete(tmq, cid, "late", queue=cq)
     Pump([cq], mq=tmq).sweep()
     assert (counter(tmq, "q", "p"), tmq.children_values("q", "p")) == (
         0,
-        {ref(tmq, "c2" if child_queue == "other" else "c1"): 1},
+        {jref("c2" if child_queue == "other" else "c1"): 1},
     )
 
 
@@ -92,18 +94,22 @@ def test_remove_child_dependency_refuses_what_it_cannot_do(tmq) -> None:
     tmq.add_flow(node("p", [leaf("c1"), leaf("c2")]))
     complete(tmq, "c1")
     before = snapshot(tmq.client)
-    with pytest.raises(DependencyError, match="has resolved its parent already"):
-        tmq.remove_child_dependency("q", "p", ref(tmq, "c1"))
-    with pytest.raises(DependencyError, match="is not a child of this parent"):
-        tmq.remove_child_dependency("q", "p", ref(tmq, "x"))
+    with pytest.raises(DependencyError) as refused:
+        tmq.remove_child_dependency("q", "p", jref("c1"))
+    assert (
+        str(refused.value) == "parent 'p' in queue 'q': child q/c1 has resolved its parent already"
+    )
+    with pytest.raises(DependencyError) as refused:
+        tmq.remove_child_dependency("q", "p", ("q", "x"))
+    assert str(refused.value) == "parent 'p' in queue 'q': child q/x is not a child of this parent"
     with pytest.raises(JobNotFound):
-        tmq.remove_child_dependency("q", "nope", ref(tmq, "c1"))
-    with pytest.raises(ValueError, match="not a job ref"):
+        tmq.remove_child_dependency("q", "nope", jref("c1"))
+    with pytest.raises(ValueError, match="^invalid job ref 'c2': write 'queue/id'"):
         tmq.remove_child_dependency("q", "p", "c2")
     assert snapshot(tmq.client) == before
     complete(tmq, "c2")
     with pytest.raises(JobNotActive, match="is pending"):
-        tmq.remove_child_dependency("q", "p", ref(tmq, "c2"))
+        tmq.remove_child_dependency("q", "p", "q/c2")
 
 
 # -- remove_unprocessed_children -----------------------------------------------
@@ -181,4 +187,4 @@ def test_a_cross_queue_parent_times_out_on_its_own_slot(tmq, clock) -> None:
     complete(tmq, "c1", queue="other")
     Pump(["other"], mq=tmq).sweep()  # delivered, recorded, nothing released
     assert_state(tmq, "q", "p", "dead")
-    assert tmq.children_values("q", "p") == {ref(tmq, "c1", "other"): None}
+    assert tmq.children_values("q", "p") == {jref("c1", "other"): None}

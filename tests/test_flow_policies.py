@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from echomq_django import Flow, JobNotRetryable, JobState
+from echomq_django import Flow, JobNotRetryable, JobRef, JobState
 from echomq_django.runners.pump import Pump
 from tests.support.jobkit import (
     assert_state,
@@ -15,6 +15,7 @@ from tests.support.jobkit import (
     counter,
     events,
     hash_of,
+    jref,
     kill,
     leaf,
     node,
@@ -31,7 +32,13 @@ def resolutions(mq, pid: str) -> tuple[dict, dict, dict, dict]:
 
 
 def failed_by(mq, child: str, error: str = "boom") -> str:
+    """A parent's error as its Redis row holds it: the child's key."""
     return f"failed by child {ref(mq, child)}: {error}"
+
+
+def shown(child: str, error: str = "boom") -> str:
+    """A parent's error as the public API shows it: the child as ``q/id``."""
+    return f"failed by child q/{child}: {error}"
 
 
 def test_fail_parent_kills_the_parent_and_records_the_child(tmq, clock) -> None:
@@ -52,9 +59,8 @@ def test_fail_parent_cascades_to_the_root(tmq) -> None:
     for pid, child in (("n", "x"), ("m", "n"), ("r", "m")):
         assert_state(tmq, "q", pid, "dead")
         assert list(resolutions(tmq, pid)[1]) == [ref(tmq, child)]
-    assert tmq.get_job("q", "r").error == failed_by(
-        tmq, "m", failed_by(tmq, "n", failed_by(tmq, "x"))
-    )
+    assert tmq.get_job("q", "r").error == shown("m", shown("n", shown("x")))
+    assert tmq.dependencies("q", "r").failed == {jref("m"): shown("n", shown("x"))}
     assert resolutions(tmq, "r")[0] == {ref(tmq, "y"): '"y"'}
 
 
@@ -79,7 +85,7 @@ def test_a_parent_holds_its_childs_summary_not_a_copy_of_its_traceback(tmq) -> N
     assert assert_state(tmq, "q", "p", "dead")["error"] == failed_by(tmq, "c", summary)
     assert resolutions(tmq, "p")[1] == {ref(tmq, "c"): TRACEBACK}
     chain = failed_by(tmq, "p", failed_by(tmq, "c", summary))
-    assert tmq.get_job("q", "r").error == chain
+    assert tmq.get_job("q", "r").error == shown("p", shown("c", summary))
     assert resolutions(tmq, "r")[1] == {ref(tmq, "p"): failed_by(tmq, "c", summary)}
     signals = tmq.client.xrange(tmq.keys.queue_key("q", "signals"))
     assert [(f[b"k"], f[b"id"], f[b"v"].decode()) for _, f in signals] == [
@@ -106,8 +112,8 @@ def test_a_parent_holds_at_most_1000_characters_of_its_childs_summary(tmq) -> No
     long = "E: " + "x" * 1200
     kill(tmq, "c", long + "\nTraceback (most recent call last):")
     error = tmq.get_job("q", "p").error
-    assert error == failed_by(tmq, "c", long[:997] + "...")
-    assert len(error) == len(failed_by(tmq, "c", "")) + 1000
+    assert error == shown("c", long[:997] + "...")
+    assert len(error) == len(shown("c", "")) + 1000
 
 
 def test_ignore_dependency_records_decrements_and_releases(tmq) -> None:
@@ -119,8 +125,8 @@ def test_ignore_dependency_records_decrements_and_releases(tmq) -> None:
         ({}, {}, {ref(tmq, "c1"): "boom"}, {}),
     )
     assert complete(tmq, "c2", 2).released == [("q", "p")]
-    assert tmq.ignored_failures("q", "p") == {ref(tmq, "c1"): "boom"}
-    assert tmq.children_values("q", "p") == {ref(tmq, "c2"): 2}
+    assert tmq.ignored_failures("q", "p") == {jref("c1"): "boom"}
+    assert tmq.children_values("q", "p") == {jref("c2"): 2}
 
 
 def test_remove_dependency_decrements_without_a_record(tmq) -> None:
@@ -237,7 +243,7 @@ def test_retry_reattaches_a_dead_child_to_its_parent(tmq) -> None:
     assert "error" not in hash_of(tmq, ref(tmq, "p"))
     assert assert_state(tmq, "q", "c1", "pending")["attempts"] == "0"
     assert complete(tmq, "c1", "one").released == [("q", "p")]
-    assert tmq.children_values("q", "p") == {ref(tmq, "c1"): "one", ref(tmq, "c2"): "two"}
+    assert tmq.children_values("q", "p") == {jref("c1"): "one", jref("c2"): "two"}
     assert events(tmq, "q", "released") == ["p"]
 
 
@@ -288,7 +294,7 @@ def test_a_parent_dead_of_its_own_errors_goes_back_to_pending(tmq) -> None:
     outcome = tmq.retry("q", "m")
     assert (outcome.state, outcome.revived) == (JobState.PENDING, [("q", "r")])
     assert_state(tmq, "q", "m", "pending")
-    assert tmq.children_values("q", "m") == {ref(tmq, "x"): "x"}
+    assert tmq.children_values("q", "m") == {jref("x"): "x"}
     assert complete(tmq, "m", "m").released == [("q", "r")]
 
 
@@ -369,7 +375,7 @@ def test_retry_of_an_ignored_child_reattaches_while_the_parent_waits(mq, child_q
     _ignoring_parent(mq, child_queue)
     _finish(mq, child_queue, "A", dead=True)
     Pump([child_queue], mq=mq).sweep()
-    ref = mq.keys.child_ref(child_queue, "A")
+    ref = JobRef(child_queue, "A")
     assert mq.ignored_failures("p", "P") == {ref: "boom"}
     assert mq.dependency_counts("p", "P")["remaining"] == 1  # B still runs
     mq.retry(child_queue, "A")
@@ -381,7 +387,7 @@ def test_retry_of_an_ignored_child_reattaches_while_the_parent_waits(mq, child_q
     _finish(mq, child_queue, "A", 1)
     Pump([child_queue], mq=mq).sweep()
     assert mq.get_job("p", "P").state is JobState.PENDING
-    assert mq.children_values("p", "P") == {ref: 1, mq.keys.child_ref("p", "B"): 2}
+    assert mq.children_values("p", "P") == {ref: 1, JobRef("p", "B"): 2}
     assert mq.dependency_counts("p", "P")["remaining"] == 0
 
 
@@ -394,4 +400,4 @@ def test_retry_of_an_ignored_child_is_refused_once_the_parent_went_on(mq):
     with pytest.raises(JobNotRetryable, match="parent p/P ignored its death and is pending"):
         mq.retry("p", "A")
     assert mq.get_job("p", "A").state is JobState.DEAD  # nothing written
-    assert mq.ignored_failures("p", "P") == {mq.keys.child_ref("p", "A"): "boom"}
+    assert mq.ignored_failures("p", "P") == {JobRef("p", "A"): "boom"}

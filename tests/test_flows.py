@@ -30,6 +30,7 @@ from tests.support.jobkit import (
     counter,
     events,
     hash_of,
+    jref,
     kill,
     leaf,
     node,
@@ -296,7 +297,7 @@ def test_fan_in_releases_the_parent_once(tmq) -> None:
     assert_state(tmq, "q", "p", "pending")
     assert (counter(tmq, "q", "p"), events(tmq, "q", "released")) == (0, ["p"])
     parent = claim_one(tmq, "q", "p")
-    assert parent.children_values() == {ref(tmq, "c1"): {"v": 1}, ref(tmq, "c2"): [2]}
+    assert parent.children_values() == {jref("c1"): {"v": 1}, jref("c2"): [2]}
     tmq.complete(parent, "all done")
     assert assert_state(tmq, "q", "p", "completed")["result"] == '"all done"'
 
@@ -337,11 +338,11 @@ def test_intermediate_node_runs_then_fans_into_the_root(tmq) -> None:
     assert complete(tmq, "m1", "m1").released == []  # a released parent goes first
     assert complete(tmq, "l3", "l3").released == [("q", "m3")]
     m3 = claim_one(tmq, "q", "m3")
-    assert m3.children_values() == {ref(tmq, "l3"): "l3"}
+    assert m3.children_values() == {jref("l3"): "l3"}
     assert tmq.complete(m3, "m3").released == [("q", "m2")]
     assert complete(tmq, "m2", "m2").released == [("q", "r")]
     assert_state(tmq, "q", "r", "pending")
-    assert tmq.children_values("q", "r") == {ref(tmq, k): k for k in ("m1", "m2", "l4")}
+    assert tmq.children_values("q", "r") == {jref(k): k for k in ("m1", "m2", "l4")}
     assert events(tmq, "q", "released") == ["m1", "m3", "m2", "r"]
 
 
@@ -365,7 +366,7 @@ def mixed(mq) -> None:
 
 def test_reads_of_a_parent(tmq) -> None:
     mixed(tmq)
-    c = {i: ref(tmq, i) for i in ("c1", "c2", "c3", "c4")}
+    c = {i: jref(i) for i in ("c1", "c2", "c3", "c4")}
     assert tmq.children_values("q", "p") == {c["c1"]: {"n": 1}}
     assert tmq.ignored_failures("q", "p") == {c["c2"]: "c2 broke"}
     assert tmq.dependencies("q", "p") == Dependencies(
@@ -395,7 +396,7 @@ def test_get_flow_to_a_depth(tmq) -> None:
         return {
             "queue": "q",
             "id": job_id,
-            "ref": ref(tmq, job_id),
+            "ref": jref(job_id),
             "name": "node" if kids or remaining is not None else "leaf",
             "state": state,
             "result": result,
@@ -462,11 +463,11 @@ def test_job_children_values_is_lazy_and_cached(tmq, monkeypatch) -> None:
         "p",
         {"id": "p"},
         JobState.ACTIVE,
-        ref(tmq, "p"),
+        jref("p"),
     )
     assert sent == []  # claiming and reading the job's fields cost nothing
     values = parent.children_values()
-    assert values == {ref(tmq, "c1"): "one"} and len(sent) > 0
+    assert values == {jref("c1"): "one"} and len(sent) > 0
     issued = len(sent)
     assert parent.children_values() is values
     assert len(sent) == issued  # cached: no second read

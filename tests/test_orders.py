@@ -295,7 +295,7 @@ def test_every_path_ends_as_predicted_with_its_outcome(client, mq):
         "declined": (
             "failed",
             {
-                "reason": f"failed by child emq:{{payments}}:job:charge-{d}: CardDeclined: card "
+                "reason": f"failed by child payments/charge-{d}: CardDeclined: card "
                 f"ending 0000 was declined (order {d})",
                 "failed_job": f"payments/charge-{d}",
             },
@@ -319,8 +319,8 @@ def test_every_path_ends_as_predicted_with_its_outcome(client, mq):
         "required_oos": (
             "failed",
             {
-                "reason": f"failed by child emq:{{validation}}:job:validate-{q}: failed by child "
-                f"emq:{{inventory}}:job:reserve-{q}-1: OutOfStock: sku OOS-VINYL is out "
+                "reason": f"failed by child validation/validate-{q}: failed by child "
+                f"inventory/reserve-{q}-1: OutOfStock: sku OOS-VINYL is out "
                 f"of stock (order {q}, line 1)",
                 "failed_job": f"inventory/reserve-{q}-1",
             },
@@ -428,7 +428,7 @@ def test_the_flow_failed_receiver_applies_one_event_once(transactional_db, caplo
         "queue": "orders",
         "job_id": f"order-{order.pk}",
         "job_name": "orders.fulfil",
-        "error": "failed by child emq:{payments}:job:charge-9: CardDeclined: no",
+        "error": "failed by child payments/charge-9: CardDeclined: no",
         "event_id": "orders:1700000000000-0",
     }
     mark_order_failed(None, **kwargs)
@@ -439,7 +439,7 @@ def test_the_flow_failed_receiver_applies_one_event_once(transactional_db, caplo
     assert (again.status, again.outcome, again.updated) == (
         "failed",
         {
-            "reason": "failed by child emq:{payments}:job:charge-9: CardDeclined: no",
+            "reason": "failed by child payments/charge-9: CardDeclined: no",
             "failed_job": "payments/charge-9",
             "event_id": "orders:1700000000000-0",
         },
@@ -453,8 +453,8 @@ def test_the_flow_failed_receiver_applies_one_event_once(transactional_db, caplo
 def test_failed_job_reads_the_bottom_of_a_chain():
     assert (
         failed_job(
-            "failed by child emq:{validation}:job:validate-4: failed by child "
-            "emq:{inventory}:job:reserve-4-2: OutOfStock: sku X\nTraceback"
+            "failed by child validation/validate-4: failed by child "
+            "inventory/reserve-4-2: OutOfStock: sku X\nTraceback"
         )
         == "inventory/reserve-4-2"
     )

@@ -19,11 +19,11 @@ from tests.support.jobkit import (
     claim_one,
     complete,
     hash_of,
+    jref,
     keys_of,
     kill,
     leaf,
     node,
-    ref,
     rows,
     sweep,
     sweep_report,
@@ -47,7 +47,7 @@ def test_removed_child_lets_the_parent_go_on(tmq) -> None:
     assert report.removed == 1 and report.outcome.released == [("q", "p")]
     assert_state(tmq, "q", "p", "pending")
     deps = tmq.dependencies("q", "p")
-    assert deps.removed == {ref(tmq, "c2"): "removed"} and deps.remaining == 0
+    assert deps.removed == {jref("c2"): "removed"} and deps.remaining == 0
 
 
 def test_removing_a_child_that_failed_its_parent_revives_it(tmq) -> None:
@@ -103,7 +103,7 @@ def test_a_removed_flow_added_again_lands_fresh_and_runs_once(tmq) -> None:
     Pump(["other"], mq=tmq).sweep()
     complete(tmq, "p", "once")
     assert tmq.job_ids("q", "pending") == [] and tmq.job_ids("other", "pending") == []
-    assert tmq.children_values("q", "p") == {ref(tmq, "c1"): 1, ref(tmq, "c2", "other"): 2}
+    assert tmq.children_values("q", "p") == {jref("c1"): 1, jref("c2", "other"): 2}
 
 
 def test_a_flow_removed_and_added_again_before_a_sweep_runs_once(tmq) -> None:
@@ -122,7 +122,7 @@ def test_a_flow_removed_and_added_again_before_a_sweep_runs_once(tmq) -> None:
     complete(tmq, "x", 2, queue="o")
     sweep(tmq, "o")
     assert_state(tmq, "q", "p", "pending")
-    assert tmq.children_values("q", "p") == {ref(tmq, "c1"): 1, ref(tmq, "x", "o"): 2}
+    assert tmq.children_values("q", "p") == {jref("c1"): 1, jref("x", "o"): 2}
 
 
 def test_attaching_a_completed_parentless_job_counts_it_at_once(tmq) -> None:
@@ -132,9 +132,9 @@ def test_attaching_a_completed_parentless_job_counts_it_at_once(tmq) -> None:
     complete(tmq, "x", 8, queue="other")
     landed = tmq.add_flow(node("p", [leaf("a"), leaf("x", queue="other"), leaf("b")]))
     assert (landed.landed, landed.skipped) == (2, 2)
-    assert tmq.children_values("q", "p") == {ref(tmq, "a"): 7}
+    assert tmq.children_values("q", "p") == {jref("a"): 7}
     Pump(["other"], mq=tmq).sweep()  # x's stored result reaches p through the outbox
-    assert tmq.children_values("q", "p") == {ref(tmq, "a"): 7, ref(tmq, "x", "other"): 8}
+    assert tmq.children_values("q", "p") == {jref("a"): 7, jref("x", "other"): 8}
     assert tmq.get_job("q", "a").parent == "p" and tmq.get_job("other", "x").parent_queue == "q"
     complete(tmq, "b", 9)
     assert_state(tmq, "q", "p", "pending")
@@ -158,7 +158,7 @@ def test_a_new_root_over_children_that_finished_never_waits(tmq) -> None:
     assert rows(tmq, "q") == ["c1"]
     tmq.complete(running, 1)  # its fan-in finds no parent: nothing moves
     tmq.add_flow(flow)  # c1 is skipped, and tells the new p its stored result
-    assert tmq.children_values("q", "p") == {ref(tmq, "c1"): 1}
+    assert tmq.children_values("q", "p") == {jref("c1"): 1}
     complete(tmq, "c2", 2)
     assert_state(tmq, "q", "p", "pending")
 
@@ -185,7 +185,7 @@ def test_an_old_completion_never_reaches_the_flow_added_again(tmq) -> None:
     complete(tmq, "x", "new", queue="o")
     sweep(tmq, "o")
     assert_state(tmq, "q", "p", "pending")
-    assert tmq.children_values("q", "p") == {ref(tmq, "x", "o"): "new"}
+    assert tmq.children_values("q", "p") == {jref("x", "o"): "new"}
 
 
 def test_an_old_death_never_fails_the_flow_added_again(tmq) -> None:
@@ -239,7 +239,7 @@ def test_a_removed_flows_running_child_never_resolves_a_new_flow_of_the_same_id(
     assert tmq.children_values("q", "p") == {}
     complete(tmq, "c3", 3)
     assert_state(tmq, "q", "p", "pending")
-    assert tmq.children_values("q", "p") == {ref(tmq, "c3"): 3}
+    assert tmq.children_values("q", "p") == {jref("c3"): 3}
 
 
 def test_a_removed_flows_running_child_never_fails_a_new_flow_of_the_same_id(tmq) -> None:
@@ -278,7 +278,7 @@ def test_a_child_its_removed_parent_has_not_reached_yet_never_resolves_a_new_flo
     assert "c4" not in rows(tmq, "q")
     complete(tmq, "n1", 1)
     assert_state(tmq, "q", "p", "pending")
-    assert tmq.children_values("q", "p") == {ref(tmq, "n1"): 1}
+    assert tmq.children_values("q", "p") == {jref("n1"): 1}
 
 
 def test_children_a_flow_added_again_took_back_outlive_the_old_removal(tmq, monkeypatch) -> None:

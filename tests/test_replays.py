@@ -13,7 +13,15 @@ import json
 import pytest
 import redis
 
-from echomq_django import DuplicateJob, EchoMQ, Flow, JobNotActive, JobState, RedisUnavailable
+from echomq_django import (
+    DuplicateJob,
+    EchoMQ,
+    Flow,
+    JobNotActive,
+    JobRef,
+    JobState,
+    RedisUnavailable,
+)
 from echomq_django.runners.pump import Pump
 from tests.support.jobkit import assert_state, claim_one, leaf, node
 
@@ -115,7 +123,7 @@ def test_retry_before_the_pump_delivered_the_death_takes_it_back(mq):
     [mid] = mq.claim("p", 1)
     mq.complete(mid, {"sum": 5})
     assert mq.get_job("p", "G").state is JobState.PENDING
-    assert mq.children_values("p", "G") == {"emq:{p}:job:M": {"sum": 5}}
+    assert mq.children_values("p", "G") == {JobRef("p", "M"): {"sum": 5}}
 
 
 def test_pump_reports_redis_down_as_redis_unavailable():

@@ -20,11 +20,11 @@ from tests.support.jobkit import (
     claim_one,
     complete,
     hash_of,
+    jref,
     keys_of,
     kill,
     leaf,
     node,
-    ref,
     rows,
     set_keep,
     sweep,
@@ -184,7 +184,7 @@ def test_completed_children_go_once_the_parent_holds_their_values(tmq) -> None:
     set_keep(tmq, "q", 0)
     assert tmq.lifecycle.prune("q").removed == 2
     assert rows(tmq, "q") == ["c3", "p"]
-    assert tmq.children_values("q", "p") == {ref(tmq, "c1"): 1, ref(tmq, "c2"): 2}
+    assert tmq.children_values("q", "p") == {jref("c1"): 1, jref("c2"): 2}
     complete(tmq, "c3", 3)
     tmq.lifecycle.prune("q")
     assert_state(tmq, "q", "p", "pending")

@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from echomq_django import EchoMQ, Flow
+from echomq_django import EchoMQ, Flow, JobRef
 from echomq_django.protocol.signal_events import SIGNAL_OF
 from echomq_django.runners.dispatcher import Dispatcher
 from echomq_django.runners.pump import Pump
@@ -149,6 +149,7 @@ def test_dispatch_sends_each_event_once_in_order_with_its_event_id(tmq, seen):
     assert seen.got[0][2] == {
         "queue": "q",
         "job_id": "a",
+        "ref": JobRef("q", "a"),
         "job_name": "leaf",
         "result": {"x": 1},
         "event_id": ids[0],
@@ -156,11 +157,20 @@ def test_dispatch_sends_each_event_once_in_order_with_its_event_id(tmq, seen):
     assert seen.got[1][2] == {
         "queue": "q",
         "job_id": "b",
+        "ref": JobRef("q", "b"),
         "job_name": "leaf",
         "error": "boom",
         "event_id": ids[1],
     }
-    assert seen.got[7][2] == {"queue": "q", "job_id": "r", "job_name": "node", "event_id": ids[7]}
+    assert seen.got[2][2]["child"] == JobRef("q", "b")  # flow_failed names the child
+    assert seen.got[2][2]["error"] == "failed by child q/b: boom"
+    assert seen.got[7][2] == {
+        "queue": "q",
+        "job_id": "r",
+        "ref": JobRef("q", "r"),
+        "job_name": "node",
+        "event_id": ids[7],
+    }
     assert stream(tmq) == []
     assert d.dispatch_all()["q"].sent == 0 and len(seen.got) == 8
 

@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from echomq_django import Dispatcher, EchoMQ, Flow, Worker, signals
+from echomq_django import Dispatcher, EchoMQ, Flow, JobRef, Worker, signals
 from echomq_django.runners.pump import Pump
 from tests.support.workerkit import T0, Clock, Recorder
 
@@ -60,19 +60,32 @@ def test_a_same_queue_flow_is_announced_once_per_transition(mq, recorder):
     ]
     assert [sender for name, sender, _ in recorder.events] == [worker] + [dispatcher] * 4
     assert without_ids(recorder.of("job_completed", "c1")) == [
-        {"queue": "q", "job_id": "c1", "job_name": "t.echo", "result": 1}
+        {"queue": "q", "job_id": "c1", "ref": JobRef("q", "c1"), "job_name": "t.echo", "result": 1}
     ]
     assert without_ids(recorder.of("job_completed", "c2")) == [
-        {"queue": "q", "job_id": "c2", "job_name": "t.flaky", "result": {"attempt": 2}}
+        {
+            "queue": "q",
+            "job_id": "c2",
+            "ref": JobRef("q", "c2"),
+            "job_name": "t.flaky",
+            "result": {"attempt": 2},
+        }
     ]
     assert without_ids(recorder.of("job_completed", "p")) == [
-        {"queue": "q", "job_id": "p", "job_name": "t.echo", "result": "done"}
+        {
+            "queue": "q",
+            "job_id": "p",
+            "ref": JobRef("q", "p"),
+            "job_name": "t.echo",
+            "result": "done",
+        }
     ]
     assert without_ids(recorder.of("parent_released", "p")) == [
-        {"queue": "q", "job_id": "p", "job_name": "t.echo"}
+        {"queue": "q", "job_id": "p", "ref": JobRef("q", "p"), "job_name": "t.echo"}
     ]
     [failed] = recorder.of("job_failed", "c2")
-    assert sorted(failed) == ["error", "job_id", "job_name", "queue", "run_at"]
+    assert sorted(failed) == ["error", "job_id", "job_name", "queue", "ref", "run_at"]
+    assert failed["ref"] == JobRef("q", "c2")
     assert (failed["queue"], failed["job_name"], failed["run_at"]) == ("q", "t.flaky", None)
     assert failed["error"].splitlines()[0] == "RuntimeError: flaky attempt 1"
 
@@ -106,11 +119,14 @@ def test_a_dead_child_is_announced_up_the_tree(mq, recorder):
     ]
     for job_id, name in (("bad", "t.fail"), ("p", "t.echo"), ("g", "t.echo")):
         error = mq.get_job("q", job_id).error
-        expected = {"queue": "q", "job_id": job_id, "job_name": name, "error": error}
+        ref = JobRef("q", job_id)
+        expected = {"queue": "q", "job_id": job_id, "ref": ref, "job_name": name, "error": error}
         assert without_ids(recorder.of("job_dead", job_id)) == [expected]
         if job_id != "bad":
-            assert without_ids(recorder.of("flow_failed", job_id)) == [expected]
-    assert mq.get_job("q", "p").error.startswith(f"failed by child {mq.keys.job('q', 'bad')}: ")
+            child = JobRef("q", {"p": "bad", "g": "p"}[job_id])
+            assert error.startswith(f"failed by child {child}: ")  # q/bad, not a key
+            assert without_ids(recorder.of("flow_failed", job_id)) == [{**expected, "child": child}]
+    assert mq.get_job("q", "p").error.startswith("failed by child q/bad: ")
 
 
 def test_job_failed_says_when_the_next_attempt_runs(redis_client, recorder):
@@ -165,6 +181,12 @@ def test_a_cross_queue_release_is_announced_by_the_pump_serving_the_parent_s_que
     assert worker.run(burst=True) == 1
     pump.sweep()
     assert without_ids(recorder.of("job_completed", "o")) == [
-        {"queue": "orders", "job_id": "o", "job_name": "t.sum_children", "result": 7}
+        {
+            "queue": "orders",
+            "job_id": "o",
+            "ref": JobRef("orders", "o"),
+            "job_name": "t.sum_children",
+            "result": 7,
+        }
     ]
     assert len(recorder.events) == 3

@@ -56,6 +56,7 @@ from echomq_django import (
     JobNotActive,
     JobNotFound,
     JobNotRetryable,
+    JobRef,
     LeaseLost,
 )
 from echomq_django.core.exceptions import JobCancelled, JobNotCancellable, JobNotRemovable
@@ -573,7 +574,7 @@ class FlowMachine(RuleBasedStateMachine):
         pid = data.draw(st.sampled_from(self.model.ids(AWAIT)))
         node = self.model.jobs[pid]
         cid = data.draw(st.sampled_from(node.children))
-        ref = self.mq.keys.job(Q, cid)
+        ref = JobRef(Q, cid)
         if any(cid in h for h in node.hashes.values()):
             with pytest.raises(DependencyError, match="has resolved its parent already"):
                 self.mq.remove_child_dependency(Q, pid, ref)

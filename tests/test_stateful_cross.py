@@ -26,7 +26,15 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from echomq_django import EchoMQ, Flow, JobNotActive, JobNotRetryable, JobState, LeaseLost
+from echomq_django import (
+    EchoMQ,
+    Flow,
+    JobNotActive,
+    JobNotRetryable,
+    JobRef,
+    JobState,
+    LeaseLost,
+)
 from echomq_django.runners.pump import Pump
 
 QUEUES = ("qa", "qb", "qc")
@@ -192,13 +200,14 @@ class CrossQueueFlows(RuleBasedStateMachine):
                 outboxes.setdefault((entry["q"], entry["p"], entry["c"]), []).append(entry["k"])
         for parent, kids in self.children.items():
             deps = self.mq.dependencies(*parent)
-            refs = {self.mq.keys.job(*k): k for k in kids}
+            refs = {JobRef(*k): k for k in kids}
             resolved = set(deps.processed) | set(deps.ignored) | set(deps.removed)
             assert deps.remaining == len(refs) - len(resolved) >= 0, parent
             assert set(deps.failed) <= set(refs) and not set(deps.failed) & resolved
             for ref, kid in refs.items():
                 state = self._row(kid).state
-                pending_entry = outboxes.get((parent[0], parent[1], ref), [])
+                key = self.mq.keys.job(*kid)  # outbox entries name the child by its key
+                pending_entry = outboxes.get((parent[0], parent[1], key), [])
                 if state is JobState.COMPLETED:  # delivered, or still in an outbox
                     assert (
                         ref in deps.processed

@@ -15,7 +15,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from echomq_django import EchoMQ, Flow, JobState, Outcome, RedisUnavailable, Worker
+from echomq_django import EchoMQ, Flow, JobRef, JobState, Outcome, RedisUnavailable, Worker
 from echomq_django.runners.pool import error_text, unknown_name_error
 from echomq_django.runners.pump import Pump
 from tests.support.workerkit import Background, Clock, burst, wait_for
@@ -120,7 +120,7 @@ def test_unrecoverable_dies_at_once_and_its_parent_policy_applies(redis_client):
     assert job.error.splitlines()[0] == "Unrecoverable: card reported stolen"
     parent = mq.get_job("q", "p")
     assert parent.state == JobState.DEAD
-    assert list(mq.dependencies("q", "p").failed) == ["emq:{q}:job:stolen"]
+    assert list(mq.dependencies("q", "p").failed) == [JobRef("q", "stolen")]
 
 
 def test_a_raising_handler_retries_with_backoff_then_dies_and_fails_its_parent(redis_client):
@@ -161,9 +161,9 @@ def test_a_raising_handler_retries_with_backoff_then_dies_and_fails_its_parent(r
     assert lines[-1] == "ValueError: card declined"
     assert any("raise ValueError" in line for line in lines)
     parent = mq.get_job("q", "p")
-    ref = mq.keys.job("q", "bad")
+    ref = JobRef("q", "bad")
     assert parent.state is JobState.DEAD
-    assert parent.error == f"failed by child {ref}: ValueError: card declined"  # its summary
+    assert parent.error == "failed by child q/bad: ValueError: card declined"  # its summary
     assert mq.dependencies("q", "p").failed == {ref: bad.error}
     assert worker.stats == {"completed": 1, "failed": 2, "dead": 1, "lost": 0, "postponed": 0}
     counts(mq, completed=1, dead=2)
@@ -195,7 +195,7 @@ def test_an_ignored_dead_child_lets_the_parent_run(mq):
     assert (bad.state, bad.attempts) == (JobState.DEAD, 2)
     parent = mq.get_job("q", "p")
     assert (parent.state, parent.result) == (JobState.COMPLETED, 4)
-    assert mq.ignored_failures("q", "p") == {mq.keys.job("q", "bad"): bad.error}
+    assert mq.ignored_failures("q", "p") == {JobRef("q", "bad"): bad.error}
 
 
 def test_a_flaky_handler_completes_on_a_later_attempt(mq):

@@ -28,7 +28,6 @@ from .display import jobs_url
 FLOW_DEPTH = 2  # levels under a parent shown on its page: children, grandchildren
 CHILDREN_PER_PAGE = 100  # a parent's children per page of its tree
 FANOUT = 20  # a child's own children shown under it (its page shows them all)
-REFS_SHOWN = 100  # children listed per resolution (failed, ignored...); the rest counted
 CELL_CHARS = 300  # a value or error in a tree or table cell; the child's own page has it all
 DEADLETTERS_SHOWN = 100
 
@@ -49,8 +48,9 @@ def _cell(text: str | None) -> str:
     return text if len(text) <= CELL_CHARS else text[:CELL_CHARS] + " …"
 
 
-def _ref_link(mq, ref: str) -> dict:
-    queue, job_id = mq.keys.parse_ref(ref)
+def _ref_link(ref) -> dict:
+    """A ``JobRef`` (or ``(queue, id)``) as a link row ``{queue, id, url}``."""
+    queue, job_id = ref
     return {"queue": queue, "id": job_id, "url": job_url(queue, job_id)}
 
 
@@ -161,38 +161,25 @@ def _mirror_view(row) -> dict:
 CAN_FINISH = {"pending", "active", "delayed", "awaiting_children"}
 
 
-def _unresolved(mq, queue: str, refs: list[str]) -> tuple[list[dict], int, int]:
-    """The children ``refs`` of a parent on ``queue`` that have not resolved
-    it yet: ``(shown, to_finish, undelivered)``. ``shown`` is the first
-    ``REFS_SHOWN`` as ``{queue, id, url, state}`` (state read live, None for
-    no such job); ``to_finish`` counts those that can still finish
+def _unresolved(mq, queue: str, refs: list) -> tuple[list[dict], int, int]:
+    """The children ``refs`` (``JobRef``s, one page) of a parent on ``queue``
+    that have not resolved it yet: ``(shown, to_finish, undelivered)``.
+    ``shown`` is each as ``{queue, id, url, state}`` (state read live, None
+    for no such job); ``to_finish`` counts those that can still finish
     (``CAN_FINISH``), ``undelivered`` those that finished on another queue
-    but whose word is still in that queue's outbox.
-
-    Only a child on another queue can have finished unresolved: a child on
-    the parent's queue resolves it in the same script (same slot) as it
-    completes or dies. So the states read are those of the children shown
-    and of every unresolved child on another queue, one pipelined read per
-    queue; an unread same-queue child counts as one that can finish."""
-    parsed = [mq.keys.parse_ref(ref) for ref in refs]
-    wanted = {i for i, (q, _) in enumerate(parsed) if q != queue}
-    wanted |= set(range(min(REFS_SHOWN, len(parsed))))
+    but whose word is still in that queue's outbox. One pipelined read per
+    queue of the page's children."""
     by_queue: dict[str, list[str]] = {}
-    for i in sorted(wanted):
-        by_queue.setdefault(parsed[i][0], []).append(parsed[i][1])
+    for q, j in refs:
+        by_queue.setdefault(q, []).append(j)
     states: dict[tuple[str, str], str | None] = {}
     for q, ids in by_queue.items():
         states.update({(q, j): st for j, st in mq.probes.states(q, ids).items()})
-    to_finish = undelivered = 0
-    for i, key in enumerate(parsed):
-        if i not in wanted or states[key] in CAN_FINISH:
-            to_finish += 1
-        elif states[key] in ("completed", "dead"):
-            undelivered += 1
-    shown = [
-        {"queue": q, "id": j, "url": job_url(q, j), "state": states[(q, j)]}
-        for q, j in parsed[:REFS_SHOWN]
-    ]
+    to_finish = sum(1 for ref in refs if states[tuple(ref)] in CAN_FINISH)
+    undelivered = sum(
+        1 for ref in refs if ref[0] != queue and states[tuple(ref)] in ("completed", "dead")
+    )
+    shown = [{**_ref_link(ref), "state": states[tuple(ref)]} for ref in refs]
     return shown, to_finish, undelivered
 
 
@@ -202,18 +189,19 @@ def job_page(mq, row, page: int = 1) -> dict:
     no longer holds the job), ``live`` (the ``Job``, or None),
     ``live_error`` (text when Redis could not be read), ``payload`` /
     ``result`` / ``error`` (full text when live; the mirror's, ``trimmed``,
-    otherwise), and for a live parent ``tree`` (page ``page`` of its
-    children, ``CHILDREN_PER_PAGE`` a page, each with up to ``FANOUT``
+    otherwise), ``parent_url``, and for a live parent ``tree`` (page ``page``
+    of its children, ``CHILDREN_PER_PAGE`` a page, each with up to ``FANOUT``
     children of its own: ``tree_nodes``), ``pager``, ``deps`` (counts:
-    ``dependency_counts``), ``to_finish`` (children not resolved yet that can
-    still finish: pending, active, delayed or awaiting their own children;
-    a dead parent's ``fp`` child is not one), ``undelivered`` (children that
-    finished but whose word has not reached the parent yet: the pump
-    delivers it), and the children that failed it / were ignored / removed
-    / are unresolved, at most ``REFS_SHOWN`` of each (lists of ``{queue, id,
-    url, text}``; unresolved ones with their ``state``). The tree's reads
-    stay bounded by the page; the counts read the state of every unresolved
-    child on another queue (``_unresolved``)."""
+    ``dependency_counts``), and among the children of that page (one paged
+    ``dependencies`` read, docs/howto/read-flows.md#paged-reads): those that
+    failed it / were ignored / removed / are unresolved (lists of ``{queue,
+    id, url, text}``; unresolved ones with their ``state``), ``to_finish``
+    (unresolved children that can still finish: pending, active, delayed or
+    awaiting their own children; a dead parent's ``fp`` child is not one)
+    and ``undelivered`` (children that finished on another queue but whose
+    word has not reached the parent yet: the pump delivers it). Reads stay
+    bounded by the page, whatever the fan-in: a 10,000-child parent reads
+    its counts and ``CHILDREN_PER_PAGE`` children."""
     queue, job_id = row.queue, row.job_id
     ctx: dict[str, Any] = {"live": None, "live_error": "", "is_parent": False}
     try:
@@ -222,7 +210,11 @@ def job_page(mq, row, page: int = 1) -> dict:
         book = pager(page, counts["children"], CHILDREN_PER_PAGE)
         start = (book["page"] - 1) * CHILDREN_PER_PAGE
         flow = mq.flow_page(queue, job_id, start, CHILDREN_PER_PAGE, FLOW_DEPTH, FANOUT)
-        deps = mq.dependencies(queue, job_id) if counts["children"] else None
+        deps = (
+            mq.dependencies(queue, job_id, start, CHILDREN_PER_PAGE).items
+            if counts["children"]
+            else None
+        )
         unresolved = _unresolved(mq, queue, deps.unprocessed) if deps is not None else None
     except JobNotFound:
         return {**ctx, **_mirror_view(row)}
@@ -238,8 +230,7 @@ def job_page(mq, row, page: int = 1) -> dict:
     if deps is not None:
 
         def refs(mapping: dict) -> list[dict]:
-            items = sorted(mapping.items())[:REFS_SHOWN]
-            return [{**_ref_link(mq, ref), "text": text} for ref, text in items]
+            return [{**_ref_link(ref), "text": text} for ref, text in mapping.items()]
 
         ctx.update(
             is_parent=True,
@@ -252,7 +243,6 @@ def job_page(mq, row, page: int = 1) -> dict:
             ignored=refs(deps.ignored),
             removed=refs(deps.removed),
             unprocessed=unresolved[0],
-            refs_shown=REFS_SHOWN,
         )
     return ctx
 
@@ -336,7 +326,7 @@ def queue_page(mq, row) -> dict:
             raw, entry = (entry if isinstance(entry, str) else json.dumps(entry)), {}
         child = parent = None
         try:
-            child = _ref_link(mq, entry["c"])
+            child = _ref_link(mq.keys.parse_ref(entry["c"]))
             validate_queue(entry["q"])  # both checked before a link is built
             validate_id(entry["p"])
             parent = {"queue": entry["q"], "id": entry["p"], "url": job_url(entry["q"], entry["p"])}

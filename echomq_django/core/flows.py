@@ -23,6 +23,7 @@ from .exceptions import FlowError
 from .jobs import Policy
 from .keyspace import validate_id, validate_name, validate_queue, whole_number
 from .options import node_options
+from .refs import JobRef
 
 # Module globals: an Enum member lookup costs ~0.3 us, and plan() reads a
 # policy per node (3 ms on a 1+10,000 flow).
@@ -99,18 +100,32 @@ class Flow:
 @dataclass
 class FlowRef:
     """What ``add_flow`` landed: the root's queue and id, its direct
-    children's ids, every node as ``(queue, id)`` in landing order, how
+    children's ids, every node as a ``JobRef`` in landing order, how
     many rows were written (``landed``) or already there (``skipped``), and
     the leaves not added because their dedup key names a live job:
-    ``{(queue, leaf id): live job id}`` (docs/explanation/protocol.md#scheduling)."""
+    ``{JobRef of the leaf: live job id}`` (docs/explanation/protocol.md#scheduling). ``ref`` is the
+    root's ``JobRef``, ``children`` its direct children's
+    (docs/howto/read-flows.md#job-references). A ``JobRef`` is a ``(queue, id)`` tuple,
+    so code that compared ``nodes`` with pairs still works."""
 
     queue: str
     parent_id: str
     child_ids: list[str]
-    nodes: list[tuple[str, str]]
+    nodes: list[JobRef]
     landed: int = 0
     skipped: int = 0
-    deduplicated: dict[tuple[str, str], str] = field(default_factory=dict)
+    deduplicated: dict[JobRef, str] = field(default_factory=dict)
+
+    @property
+    def ref(self) -> JobRef:
+        """The root job as a ``JobRef``."""
+        return JobRef(self.queue, self.parent_id)
+
+    @property
+    def children(self) -> list[JobRef]:
+        """The root's direct children as ``JobRef``\\ s, in the flow's order
+        (``nodes`` lists them right after the root)."""
+        return self.nodes[1 : 1 + len(self.child_ids)]
 
 
 @dataclass(slots=True)

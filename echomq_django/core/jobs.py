@@ -2,8 +2,8 @@
 dependencies, the queue defaults, and the encoding to and from Redis.
 
 A job row is the hash ``P:{q}:job:<id>`` (docs/explanation/protocol.md#keys). Encoding and decoding
-live here and nowhere else. This module is the floor of the
-house: it imports nothing of the package (tests/test_structure.py).
+live here and nowhere else. Of the package it imports only
+``core/refs.py`` (a job named by ``JobRef``).
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ import json
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
+
+from .refs import JobRef
 
 # A queue's settings when ECHOMQ["QUEUES"] gives none
 # (docs/explanation/protocol.md#leases-and-recovery).
@@ -157,17 +159,20 @@ def _json(value: Any) -> Any:
 class Dependencies:
     """A parent's children by how they resolved (docs/explanation/protocol.md#a-parents-keys).
 
-    ``processed`` maps child ref -> result; ``failed`` and ``ignored`` map
-    child ref -> error (``fp`` and ``id`` deaths); ``removed`` maps child ref
-    -> error (``rd`` deaths); ``unprocessed`` lists the child refs not resolved
-    yet, sorted; ``remaining`` is the ``:dependencies`` counter.
+    Each child is a ``JobRef`` (docs/howto/read-flows.md#job-references): ``processed``
+    maps child -> result; ``failed`` and ``ignored`` map child -> error
+    (``fp`` and ``id`` deaths); ``removed`` maps child -> error (``rd``
+    deaths); ``unprocessed`` lists the children not resolved yet, sorted;
+    ``remaining`` is the ``:dependencies`` counter. The maps are ``RefDict``
+    and ``unprocessed`` a ``RefList``: a raw key still finds its child for a
+    release, with a ``DeprecationWarning`` (docs/howto/read-flows.md#deprecated-raw-keys).
     """
 
-    processed: dict[str, Any] = field(default_factory=dict)
-    unprocessed: list[str] = field(default_factory=list)
-    failed: dict[str, str] = field(default_factory=dict)
-    ignored: dict[str, str] = field(default_factory=dict)
-    removed: dict[str, str] = field(default_factory=dict)
+    processed: dict[JobRef, Any] = field(default_factory=dict)
+    unprocessed: list[JobRef] = field(default_factory=list)
+    failed: dict[JobRef, str] = field(default_factory=dict)
+    ignored: dict[JobRef, str] = field(default_factory=dict)
+    removed: dict[JobRef, str] = field(default_factory=dict)
     remaining: int = 0
 
 
@@ -179,9 +184,9 @@ class JobSource(Protocol):
     keys: Any  # a keyspace.Keyspace
 
     def setting(self, queue: str, name: str) -> int: ...
-    def children_values(self, queue: str, job_id: str) -> dict[str, Any]: ...
-    def dependencies(self, queue: str, job_id: str) -> Dependencies: ...
-    def ignored_failures(self, queue: str, job_id: str) -> dict[str, str]: ...
+    def children_values(self, queue: str, job_id: str, cursor: int = 0, count=None) -> Any: ...
+    def dependencies(self, queue: str, job_id: str, cursor: int = 0, count=None) -> Any: ...
+    def ignored_failures(self, queue: str, job_id: str, cursor: int = 0, count=None) -> Any: ...
 
 
 # The fields of one job in claim.lua's reply, in order (its header).
@@ -277,7 +282,7 @@ class Job:
             max_attempts=max_attempts,
             backoff_ms=backoff_ms,
             result=_json(r.get("result")),
-            error=row_error(r),
+            error=mq.keys.unkey(row_error(r)) if mq is not None else row_error(r),
             parent=parent,
             parent_queue=parent_queue,
             parent_policy=policy,
@@ -343,31 +348,42 @@ class Job:
         )
 
     @property
-    def ref(self) -> str:
-        """The job's child ref: its full job key (docs/explanation/protocol.md#keys)."""
-        return self._require_mq().keys.job(self.queue, self.id)
+    def ref(self) -> JobRef:
+        """The job as a ``JobRef`` (docs/howto/read-flows.md#job-references)."""
+        return JobRef(self.queue, self.id)
+
+    @property
+    def parent_ref(self) -> JobRef | None:
+        """The parent as a ``JobRef``, or None for a job without one."""
+        return JobRef(self.parent_queue, self.parent) if self.parent else None
 
     def _require_mq(self) -> JobSource:
         if self._mq is None:
             raise RuntimeError("this Job is not bound to an EchoMQ; read it with get_job()")
         return self._mq
 
-    def _lazy(self, name: str):
+    def _lazy(self, name: str, cursor: int, count: int | None):
+        if count is not None:  # a page: read each time, never cached
+            return getattr(self._require_mq(), name)(self.queue, self.id, cursor, count)
         if name not in self._cache:
             self._cache[name] = getattr(self._require_mq(), name)(self.queue, self.id)
         return self._cache[name]
 
-    def children_values(self) -> dict[str, Any]:
-        """``{child_ref: result}`` of the processed children (one read, cached)."""
-        return self._lazy("children_values")
+    def children_values(self, cursor: int = 0, count: int | None = None):
+        """``{JobRef: result}`` of the processed children (one read, cached);
+        with ``count``, one ``Page`` of them (docs/howto/read-flows.md#paged-reads). See
+        ``EchoMQ.children_values``."""
+        return self._lazy("children_values", cursor, count)
 
-    def dependencies(self) -> Dependencies:
-        """The parent's ``Dependencies`` (one read, cached); see reads.py."""
-        return self._lazy("dependencies")
+    def dependencies(self, cursor: int = 0, count: int | None = None):
+        """The parent's ``Dependencies`` (one read, cached); with ``count``,
+        one ``Page`` of them. See ``EchoMQ.dependencies``."""
+        return self._lazy("dependencies", cursor, count)
 
-    def ignored_failures(self) -> dict[str, str]:
-        """``{child_ref: error}`` of ignored dead children (one read, cached)."""
-        return self._lazy("ignored_failures")
+    def ignored_failures(self, cursor: int = 0, count: int | None = None):
+        """``{JobRef: error}`` of ignored dead children (one read, cached);
+        with ``count``, one ``Page`` of them. See ``EchoMQ.ignored_failures``."""
+        return self._lazy("ignored_failures", cursor, count)
 
 
 @dataclass
@@ -375,7 +391,7 @@ class Outcome:
     """What one transition did, decoded from a script's JSON reply.
 
     ``state`` is the job's new state; ``run_at`` (ms) is set when it went to
-    delayed; the lists hold ``(queue, id)`` pairs of jobs the same script also
+    delayed; the lists hold ``JobRef`` values (``(queue, id)`` pairs) of jobs the same script also
     moved: parents released, jobs that went dead (this one included when it
     died), parents that went dead because of a child (``flow_failed``), parents
     revived to awaiting_children by a retry, jobs retried.
@@ -383,18 +399,18 @@ class Outcome:
 
     state: JobState | None = None
     run_at: int | None = None
-    released: list[tuple[str, str]] = field(default_factory=list)
-    dead: list[tuple[str, str]] = field(default_factory=list)
-    flow_failed: list[tuple[str, str]] = field(default_factory=list)
-    revived: list[tuple[str, str]] = field(default_factory=list)
-    retried: list[tuple[str, str]] = field(default_factory=list)
+    released: list[JobRef] = field(default_factory=list)
+    dead: list[JobRef] = field(default_factory=list)
+    flow_failed: list[JobRef] = field(default_factory=list)
+    revived: list[JobRef] = field(default_factory=list)
+    retried: list[JobRef] = field(default_factory=list)
     recovered: int = 0
     outbox: int = 0
 
     @classmethod
     def from_reply(cls, reply: Any, parse) -> Outcome:
         """Decode a script's ``cjson.encode(OUT)`` reply; ``parse`` maps a
-        ``P:{q}:<id>`` string to ``(queue, id)``."""
+        ``P:{q}:<id>`` string to its ``JobRef``."""
         return cls.from_data(json.loads(reply), parse)
 
     @classmethod

@@ -243,6 +243,10 @@ class JobKeys:
 assert [f.name for f in fields(QueueKeys)][1:] == list(QUEUE_KEYS)
 assert [f.name for f in fields(JobKeys)][1:] == list(JOB_KEYS)
 
+# after the prefix: the queue in its hash tag and the id of a job key
+_KEY_TAIL = r":\{([A-Za-z0-9_.-]{1,64})\}:" + JOB_PREFIX + r"([^{}:\s]{1,128})"
+_ANY_JOB_KEY = re.compile(r"([A-Za-z0-9_.-]{1,32})" + _KEY_TAIL + r"\Z")
+
 QUEUES_KEPT = 1024  # QueueKeys cached per Keyspace; past it the cache starts over
 
 
@@ -256,6 +260,7 @@ class Keyspace:
     def __init__(self, prefix: str = "emq") -> None:
         self.prefix = validate_prefix(prefix)
         self._queues: dict[str, QueueKeys] = {}
+        self._failed_by: re.Pattern | None = None
 
     def queue(self, queue: str) -> QueueKeys:
         """The ``QueueKeys`` of ``queue`` (built once, then cached)."""
@@ -340,6 +345,26 @@ class Keyspace:
         if not ref.startswith(head) or not sep:
             raise ValueError(f"not a job ref under prefix {self.prefix!r}: {ref!r}")
         return validate_queue(queue), validate_id(rest)
+
+    def key_prefix(self, value: str) -> str | None:
+        """The prefix of ``value`` when it is shaped as a job key
+        ``P:{q}:job:<id>`` under any valid prefix, else None: so a key made
+        by another ``EchoMQ`` is named, not taken for this one's."""
+        m = _ANY_JOB_KEY.match(value)
+        return m.group(1) if m else None
+
+    def unkey(self, text: str | None) -> str | None:
+        """``text`` (an error a script wrote: ``failed by child P:{q}:job:<id>:
+        ...``) with each child key under this prefix written ``queue/id``, as
+        the public API shows a job (docs/howto/read-flows.md#job-references). None stays
+        None."""
+        if not text or "failed by child " not in text:
+            return text
+        if self._failed_by is None:
+            self._failed_by = re.compile(
+                "(failed by child )" + re.escape(self.prefix) + _KEY_TAIL + "(?=: )"
+            )
+        return self._failed_by.sub(r"\1\2/\3", text)
 
     def parse_base_id(self, value: str) -> tuple[str, str]:
         """Split ``P:{q}:<id>`` (how scripts report jobs) into ``(queue, id)``."""

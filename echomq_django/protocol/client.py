@@ -30,6 +30,7 @@ from ..core.flows import Flow, FlowRef
 from ..core.jobs import CLAIM_FIELDS, MAX_PAYLOAD_BYTES, Job, JobState, Outcome, to_text
 from ..core.keyspace import validate_id, validate_name, validate_queue, whole_number
 from ..core.options import Claimed, check_job_options, rate_limit
+from ..core.refs import as_ref
 from ..core.retention import job_keep
 from .bulk import Bulk
 from .errors import translate
@@ -417,9 +418,14 @@ class EchoMQ(Reads):
         """Land several flows; ``Flows.add_many`` says how and what it raises."""
         return self.flows.add_many(flows)
 
-    def remove_child_dependency(self, queue: str, parent_id: str, child_ref: str) -> Outcome:
-        """The parent stops waiting for one child: ``Flows.remove_child_dependency``."""
-        return self.flows.remove_child_dependency(queue, parent_id, child_ref)
+    def remove_child_dependency(self, queue: str, parent_id: str, child: Any) -> Outcome:
+        """Parent ``queue``/``parent_id`` stops waiting for ``child`` (a ``JobRef``,
+        ``(queue, id)`` or ``"queue/id"``; a raw key warns, one under another prefix
+        is a ``ValueError``), checked before any write: ``Flows.remove_child_dependency``
+        (docs/howto/read-flows.md#deprecated-raw-keys)."""
+        validate_queue(queue)
+        validate_id(parent_id)
+        return self.flows.remove_child_dependency(queue, parent_id, as_ref(child, self.keys, 4))
 
     def remove_unprocessed_children(self, queue: str, parent_id: str):
         """Remove a held parent's children that have not started:

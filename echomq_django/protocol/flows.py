@@ -15,8 +15,10 @@ import itertools
 import json
 
 from ..core import flows as _flows
+from ..core.exceptions import DependencyError
 from ..core.flows import Flow, FlowRef
 from ..core.jobs import to_json, to_text
+from ..core.refs import JobRef
 from .wire import Part, Wire, opt
 
 
@@ -153,11 +155,11 @@ class Flows(Part):
                     queue=root.queue,
                     parent_id=root.id,
                     child_ids=[cid for _, cid in root.children],
-                    nodes=[(n.queue, n.id) for n in nodes],
+                    nodes=[JobRef._trusted(n.queue, n.id) for n in nodes],
                     landed=sum(int(c[0]) for c in counts[i]),
                     skipped=sum(int(c[1]) for c in counts[i]),
                     deduplicated={
-                        (q, to_text(c[j])): to_text(c[j + 1])
+                        JobRef._trusted(q, to_text(c[j])): to_text(c[j + 1])
                         for c, (q, _) in zip(counts[i], all_steps[i], strict=True)
                         for j in range(4, len(c), 2)
                     },
@@ -175,17 +177,20 @@ class Flows(Part):
         )
         return json.loads(reply).get("removed") or [], self.wire.outcome(reply)
 
-    def remove_child_dependency(self, queue: str, parent_id: str, child_ref: str):
-        """The parent ``queue/parent_id`` stops waiting for the child
-        ``child_ref`` (its full job key, e.g. ``mq.keys.job("q", "c1")``):
+    def remove_child_dependency(self, queue: str, parent_id: str, child: JobRef):
+        """The parent ``queue/parent_id`` stops waiting for ``child`` (a
+        ``JobRef``; ``EchoMQ.remove_child_dependency`` takes the other forms):
         recorded in the parent's ``:removed``, counter decremented, the parent
         released at zero. The child is not touched; if it finishes later its
         fan-in changes nothing. Returns the ``Outcome`` (``released``).
         Raises ``JobNotFound`` (no parent), ``JobNotActive`` (the parent is not
         awaiting_children), ``DependencyError`` (not an unresolved child),
-        ``ValueError`` (a bad name or ref). docs/howto/priorities-rate-limits.md#flow-control"""
-        self.keys.parse_ref(child_ref)
-        return self._remove_dependencies(queue, parent_id, [child_ref], True)[1]
+        ``ValueError`` (a bad name). docs/howto/priorities-rate-limits.md#flow-control"""
+        key = self.keys.job(*child)
+        try:
+            return self._remove_dependencies(queue, parent_id, [key], True)[1]
+        except DependencyError as err:  # the script names the child by its key
+            raise DependencyError(str(err).replace(key, str(child))) from None
 
     def remove_unprocessed_children(self, queue: str, parent_id: str):
         """Remove the children of a held parent that have not started (pending
@@ -193,15 +198,14 @@ class Flows(Part):
         (so a crash halfway never leaves it waiting for ever), then each one
         is deleted on its own slot. Children that are running, held (waiting
         for children of their own) or finished are left as they are. Returns
-        ``(deleted, outcome)``: the ``(queue, id)`` pairs deleted and the
+        ``(deleted, outcome)``: the ``JobRef``\\ s deleted and the
         ``Outcome`` (``released`` when the parent went on). Raises
         ``JobNotFound`` / ``JobNotActive`` like ``remove_child_dependency``.
         docs/howto/priorities-rate-limits.md#flow-control"""
         deps = self.reads.dependencies(queue, parent_id)
         by_queue: dict[str, list[tuple[str, str]]] = {}
-        for ref in deps.unprocessed:
-            cq, cid = self.keys.parse_ref(ref)
-            by_queue.setdefault(cq, []).append((ref, cid))
+        for cq, cid in deps.unprocessed:
+            by_queue.setdefault(cq, []).append((self.keys.job(cq, cid), cid))
         states = {}
         for cq, items in by_queue.items():
             rows = [self.keys.job(cq, cid) for _, cid in items]
@@ -228,5 +232,5 @@ class Flows(Part):
         for cq, reply in zip(queues, self.scripts.run_many(calls), strict=True):
             if isinstance(reply, Exception):
                 raise reply
-            dropped += [(cq, i.decode() if isinstance(i, bytes) else i) for i in reply]
+            dropped += [JobRef._trusted(cq, to_text(i)) for i in reply]
         return dropped, outcome

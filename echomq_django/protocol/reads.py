@@ -10,21 +10,18 @@ only the admin mirror and monitoring read in bulk is on ``mq.probes``
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import redis
 
 from ..core.exceptions import JobNotFound
 from ..core.jobs import Dependencies, Job, JobState, decode_policy, row_error, to_text
-from ..core.keyspace import JobKeys
+from ..core.keyspace import JobKeys, whole_number
+from ..core.refs import JobRef, Page, RefDict
 from .errors import connection_error, reports_redis_down
 from .wire import Part
 
 ROWS_PER_TRIP = 500  # job rows per pipelined round trip (rows, states, exist)
-
-
-def _texts(mapping: dict) -> dict[str, str]:
-    return {to_text(k): to_text(v) for k, v in mapping.items()}
+PAGE_MAX = 10_000  # children a page of a paged read, at most (docs/howto/read-flows.md#paged-reads)
 
 
 class Reads(Part):
@@ -60,38 +57,114 @@ class Reads(Part):
         return job
 
     @reports_redis_down
-    def children_values(self, queue: str, job_id: str) -> dict[str, Any]:
-        """``{child_ref: result}`` for the processed children (decoded JSON)."""
+    def children_values(
+        self, queue: str, job_id: str, cursor: int = 0, count: int | None = None
+    ) -> RefDict | Page[RefDict]:
+        """``{JobRef: result}`` for the processed children (decoded JSON),
+        a ``RefDict`` (docs/howto/read-flows.md#job-references). With ``count``, one
+        ``Page`` instead: the children ``cursor`` .. ``cursor + count - 1`` in
+        the order they were added, ``items`` holding those of them that are
+        processed (docs/howto/read-flows.md#paged-reads). Raises ``JobNotFound``,
+        ``ValueError`` for a bad name, cursor or count."""
         keys = JobKeys.of(self._require(queue, job_id))
-        raw = self.client.hgetall(keys.processed)
-        return {to_text(k): json.loads(v) for k, v in raw.items()}
+        if count is None:
+            return self.wire.ref_dict(self.client.hgetall(keys.processed), json.loads)
+        return self._hash_page(keys, keys.processed, cursor, count, json.loads)
 
     @reports_redis_down
-    def ignored_failures(self, queue: str, job_id: str) -> dict[str, str]:
-        """``{child_ref: error}`` for dead children ignored by policy ``id``."""
+    def ignored_failures(
+        self, queue: str, job_id: str, cursor: int = 0, count: int | None = None
+    ) -> RefDict | Page[RefDict]:
+        """``{JobRef: error}`` for dead children ignored by policy ``id``
+        (or ``cp``), a ``RefDict``; with ``count``, one ``Page`` as
+        ``children_values``. Raises ``JobNotFound``, ``ValueError``."""
         keys = JobKeys.of(self._require(queue, job_id))
-        return _texts(self.client.hgetall(keys.unsuccessful))
+        if count is None:
+            return self.wire.ref_dict(self.client.hgetall(keys.unsuccessful), self._error)
+        return self._hash_page(keys, keys.unsuccessful, cursor, count, self._error)
+
+    def _hash_page(self, keys: JobKeys, name: str, cursor: int, count: int, decode) -> Page:
+        """A ``Page`` of the result hash ``name``: the entries of the window's
+        children that it holds, values through ``decode``."""
+        refs, total, nxt = self._window(keys, cursor, count)
+        values = self.client.hmget(name, refs) if refs else []
+        found = {r: v for r, v in zip(refs, values, strict=True) if v is not None}
+        return Page(self.wire.ref_dict(found, decode), nxt, total)
 
     @reports_redis_down
-    def dependencies(self, queue: str, job_id: str) -> Dependencies:
-        """The parent's ``Dependencies``; empty for a job that is not a parent."""
+    def dependencies(
+        self, queue: str, job_id: str, cursor: int = 0, count: int | None = None
+    ) -> Dependencies | Page[Dependencies]:
+        """The parent's ``Dependencies``, every child a ``JobRef``; empty
+        for a job that is not a parent. With ``count``, one ``Page`` whose
+        ``items`` is the ``Dependencies`` of the children ``cursor`` ..
+        ``cursor + count - 1`` only (``remaining`` is still the parent's
+        counter): each child is on exactly one page, under one of processed,
+        failed, ignored, removed or unprocessed (docs/howto/read-flows.md#paged-reads).
+        Raises ``JobNotFound``, ``ValueError`` for a bad name, cursor or
+        count."""
         keys = JobKeys.of(self._require(queue, job_id))
+        hashes = (keys.processed, keys.failed, keys.unsuccessful, keys.removed)
         pipe = self.client.pipeline(transaction=False)
-        for part in (keys.processed, keys.failed, keys.unsuccessful, keys.removed):
-            pipe.hgetall(part)
-        pipe.lrange(keys.children, 0, -1)
-        pipe.get(keys.dependencies)
-        processed, failed, ignored, removed, children, remaining = pipe.execute()
+        if count is None:
+            for part in hashes:
+                pipe.hgetall(part)
+            pipe.lrange(keys.children, 0, -1)
+            pipe.get(keys.dependencies)
+            processed, failed, ignored, removed, children, remaining = pipe.execute()
+        else:
+            children, total, nxt = self._window(keys, cursor, count)
+            for part in hashes if children else ():
+                pipe.hmget(part, children)
+            pipe.get(keys.dependencies)
+            *found, remaining = pipe.execute()
+            processed, failed, ignored, removed = (
+                [
+                    {r: v for r, v in zip(children, values, strict=True) if v is not None}
+                    for values in found
+                ]
+                if children
+                else [{}, {}, {}, {}]
+            )
+        wire = self.wire
         deps = Dependencies(
-            processed={to_text(k): json.loads(v) for k, v in processed.items()},
-            failed=_texts(failed),
-            ignored=_texts(ignored),
-            removed=_texts(removed),
+            processed=wire.ref_dict(processed, json.loads),
+            failed=wire.ref_dict(failed, self._error),
+            ignored=wire.ref_dict(ignored, self._error),
+            removed=wire.ref_dict(removed, self._error),
             remaining=int(remaining or 0),
         )
-        resolved = set(deps.processed) | set(deps.failed) | set(deps.ignored) | set(deps.removed)
-        deps.unprocessed = sorted(r for r in map(to_text, children) if r not in resolved)
-        return deps
+        resolved = {*processed, *failed, *ignored, *removed}
+        waiting = [r for r in children if r not in resolved]
+        deps.unprocessed = wire.ref_list(waiting)
+        if count is None:
+            deps.unprocessed.sort()
+            return deps
+        return Page(deps, nxt, total)
+
+    def _error(self, value) -> str | None:
+        """A child's error as the public API shows it: child keys in a
+        ``failed by child`` chain written ``queue/id``."""
+        return self.keys.unkey(to_text(value))
+
+    def _window(self, keys: JobKeys, cursor: int, count: int) -> tuple[list, int, int]:
+        """The child refs (raw) ``cursor`` .. ``cursor + count - 1`` of a
+        parent's ``:children`` list, its length and the next cursor (0 at the
+        end). The list only grows (``enqueue_flow`` appends), so a position
+        is an exact cursor: unlike HSCAN over the result hashes it never
+        repeats an entry and always honours ``count``
+        (docs/howto/read-flows.md#paged-reads)."""
+        whole_number("cursor", cursor, 0)
+        whole_number("count", count, 1)
+        if count > PAGE_MAX:
+            raise ValueError(f"count must be at most {PAGE_MAX} children a page, got {count}")
+        pipe = self.client.pipeline(transaction=False)
+        pipe.lrange(keys.children, cursor, cursor + count - 1)
+        pipe.llen(keys.children)
+        refs, total = pipe.execute()
+        refs = [to_text(r) for r in refs]
+        end = cursor + len(refs)
+        return refs, total, end if refs and end < total else 0
 
     @reports_redis_down
     def dependency_counts(self, queue: str, job_id: str) -> dict[str, int]:
@@ -117,7 +190,8 @@ class Reads(Part):
     @reports_redis_down
     def get_flow(self, queue: str, job_id: str, depth: int | None = None) -> dict:
         """The tree under a job: ``{queue, id, ref, name, state, result, error,
-        remaining, children: [...]}``, children sorted by ref, down to
+        policy, remaining, children: [...]}`` (``ref`` a ``JobRef``; a child's
+        key in an error written ``queue/id``), children sorted by ref, down to
         ``depth`` levels (None = all). Reads one level per round trip."""
         return self._tree(queue, job_id, depth, lambda is_root: (0, -1), paged=False)
 
@@ -166,17 +240,17 @@ class Reads(Part):
                 (name, state, result, error, policy, pieces), kids, total, remaining = replies[
                     4 * i : 4 * i + 4
                 ]
-                ref = self.keys.job(node["queue"], node["id"])
                 if pieces is not None:  # a long error, kept in pieces (jobs.row_error)
                     fields = [f"error.{n}" for n in range(2, int(pieces) + 1)]
-                    rest = dict(zip(fields, self.client.hmget(ref, fields), strict=True))
+                    row = self.keys.job(node["queue"], node["id"])
+                    rest = dict(zip(fields, self.client.hmget(row, fields), strict=True))
                     error = row_error({"error": error, "error.n": pieces, **rest})
                 node.update(
-                    ref=ref,
+                    ref=JobRef(node["queue"], node["id"]),
                     name=to_text(name),
                     state=to_text(state),
                     result=json.loads(result) if result else None,
-                    error=to_text(error),
+                    error=self._error(error),
                     policy=decode_policy(policy, node is not root),
                     remaining=int(remaining) if remaining is not None else None,
                     children=[],
@@ -184,9 +258,8 @@ class Reads(Part):
                 if paged:
                     node["total"] = int(total)
                 if depth is None or d < depth:
-                    refs = list(map(to_text, kids))
-                    for ref in refs if paged else sorted(refs):
-                        cq, cid = self.keys.parse_ref(ref)
+                    refs = list(map(self.wire.ref, kids))
+                    for cq, cid in refs if paged else sorted(refs):
                         child = {"queue": cq, "id": cid}
                         node["children"].append(child)
                         next_level.append(child)

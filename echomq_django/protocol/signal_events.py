@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import redis
 
 from ..core.jobs import to_text as _text
+from ..core.refs import JobRef
 from .errors import translating
 from .wire import Part
 
@@ -33,6 +34,7 @@ SIGNAL_OF = {
     "cancelled": "job_cancelled",
 }
 VALUE_ARG = {"completed": "result", "dead": "error", "flow_failed": "error", "cancelled": "error"}
+ERROR_KINDS = frozenset(k for k, arg in VALUE_ARG.items() if arg == "error")
 DEADLETTER_MAX = 10_000  # dead-lettered events kept per queue, newest
 
 
@@ -53,8 +55,18 @@ class Event:
         return f"{self.queue}:{self.xid}"
 
     def kwargs(self) -> dict:
-        """The signal's keyword arguments (see the module's table)."""
-        out = {"queue": self.queue, "job_id": self.job_id, "job_name": self.job_name}
+        """The signal's keyword arguments (see the module's table): ``ref``
+        is the job's ``JobRef``; ``flow_failed`` adds ``child``, the
+        ``JobRef`` of the child that failed the parent (None when the error
+        does not name one). docs/explanation/signals.md"""
+        out = {
+            "queue": self.queue,
+            "job_id": self.job_id,
+            "ref": JobRef._trusted(self.queue, self.job_id),
+            "job_name": self.job_name,
+        }
+        if self.kind == "flow_failed":
+            out["child"] = failing_child(self.value)
         arg = VALUE_ARG.get(self.kind)
         if arg == "result":
             try:
@@ -65,6 +77,18 @@ class Event:
             out[arg] = self.value
         out["event_id"] = self.event_id
         return out
+
+
+def failing_child(error: str | None) -> JobRef | None:
+    """The child named by a parent's ``failed by child queue/id: ...`` error
+    (as ``SignalEvents`` hands it on, keys already written ``queue/id``)."""
+    head = "failed by child "
+    if not error or not error.startswith(head):
+        return None
+    try:
+        return JobRef.parse(error[len(head) :].partition(": ")[0])
+    except ValueError:
+        return None
 
 
 class SignalLock:
@@ -127,11 +151,18 @@ class SignalEvents(Part):
         for xid, fields in self.client.xrange(self.keys.queue(queue).signals, count=count):
             f = {_text(k): _text(v) for k, v in fields.items()}
             out.append(
-                Event(
+                self._event(
                     queue, _text(xid), f.get("k", ""), f.get("id", ""), f.get("n", ""), f.get("v")
                 )
             )
         return out
+
+    def _event(self, queue: str, xid, kind, job_id, name, value) -> Event:
+        """An ``Event``; an error's child keys written ``queue/id``, as every
+        public value shows a job (docs/howto/read-flows.md#job-references)."""
+        if kind in ERROR_KINDS:
+            value = self.keys.unkey(_text(value))
+        return Event(queue, _text(xid), kind, job_id, name, value)
 
     def wait(self, queue: str, block_ms: int) -> None:
         """Block until ``queue`` has an undispatched event (returns at once
@@ -173,7 +204,7 @@ class SignalEvents(Part):
             [self.clock(), DEADLETTER_MAX, read, *(v for pair in acks for v in pair)],
         )
         data = json.loads(reply)
-        return data["removed"], [Event(queue, *e) for e in data["next"] or ()]
+        return data["removed"], [self._event(queue, *e) for e in data["next"] or ()]
 
     def backlog(self, queue: str) -> dict:
         """``{"pending": events not dispatched yet, "deadlettered": events
@@ -204,7 +235,9 @@ class SignalEvents(Part):
                     "kind": e.get("k"),
                     "job_id": e.get("id"),
                     "job_name": e.get("n", ""),
-                    "value": e.get("v"),
+                    "value": self.keys.unkey(e.get("v"))
+                    if e.get("k") in ERROR_KINDS
+                    else e.get("v"),
                     "reason": e.get("reason"),
                     "tries": e.get("tries"),
                     "at": e.get("at"),

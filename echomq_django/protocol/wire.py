@@ -19,8 +19,9 @@ from typing import Any
 import redis
 
 from ..core.exceptions import PayloadError
-from ..core.jobs import QUEUE_DEFAULTS, Outcome, to_json
+from ..core.jobs import QUEUE_DEFAULTS, Outcome, to_json, to_text
 from ..core.keyspace import Keyspace, validate_queue
+from ..core.refs import JobRef, RefDict, RefList, str_keys
 from .errors import reports_redis_down, translating
 from .scripts import Scripts
 
@@ -89,10 +90,18 @@ class Wire:
         return int(self.queues.get(queue, {}).get(name, QUEUE_DEFAULTS[name]))
 
     def encode(self, value: Any, what: str = "payload") -> str:
-        """``value`` as compact JSON text. Raises ``PayloadError`` when it is not
-        JSON-serialisable (NaN included) or is over ``max_payload_bytes``."""
+        """``value`` as compact JSON text; a ``JobRef`` dict key is written as
+        its ``"queue/id"`` text (docs/howto/read-flows.md#job-references). Raises
+        ``PayloadError`` when it is not JSON-serialisable (NaN included) or
+        is over ``max_payload_bytes``."""
         try:
-            text = self._to_json(value)
+            try:
+                text = self._to_json(value)
+            except TypeError:
+                keyed, found = str_keys(value)  # only on this error path: no cost otherwise
+                if not found:
+                    raise
+                text = self._to_json(keyed)
         except (TypeError, ValueError) as err:
             raise PayloadError(f"{what} is not JSON-serialisable: {err}") from None
         except RecursionError:  # no circular check in _C_ENCODE: it recurses instead
@@ -107,9 +116,26 @@ class Wire:
             )
         return text
 
-    def parse(self, value: str) -> tuple[str, str]:
-        """``(queue, id)`` of a ``P:{q}:<id>`` string a script answers."""
-        return self.keys.parse_base_id(value)
+    def parse(self, value: str) -> JobRef:
+        """The ``JobRef`` of a ``P:{q}:<id>`` string a script answers."""
+        return JobRef._trusted(*self.keys.parse_base_id(value))
+
+    def ref(self, key: Any) -> JobRef:
+        """The ``JobRef`` of a child ref ``P:{q}:job:<id>`` (bytes or str)
+        read from Redis: the one place a key becomes what the public API
+        shows (docs/howto/read-flows.md#job-references). ``ValueError`` for a string that
+        is not a job key under this prefix."""
+        return JobRef._trusted(*self.keys.parse_ref(to_text(key)))
+
+    def ref_dict(self, mapping: dict, value=to_text) -> RefDict:
+        """``{child ref: raw value}`` as ``{JobRef: value(raw)}``, still
+        answering a lookup by the raw key for a release (``RefDict``)."""
+        ref = self.ref
+        return RefDict(((ref(k), value(v)) for k, v in mapping.items()), self.keys.parse_ref)
+
+    def ref_list(self, refs) -> RefList:
+        """Child refs as ``JobRef``\\ s in a ``RefList``."""
+        return RefList(map(self.ref, refs), self.keys.parse_ref)
 
     def outcome(self, reply: Any) -> Outcome:
         """A script's JSON reply as an ``Outcome``."""

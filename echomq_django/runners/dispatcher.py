@@ -11,14 +11,19 @@ every repeat) for a receiver that must not act twice.
 
 ==============  ===================  =============================
 event kind      signal               keyword arguments besides
-                                     queue, job_id, job_name, event_id
+                                     queue, job_id, ref, job_name,
+                                     event_id
 ==============  ===================  =============================
 completed       ``job_completed``    ``result``
 dead            ``job_dead``         ``error``
 released        ``parent_released``  (none)
-flow_failed     ``flow_failed``      ``error``
+flow_failed     ``flow_failed``      ``error``, ``child``
 cancelled       ``job_cancelled``    ``error``
 ==============  ===================  =============================
+
+``ref`` is the job's ``JobRef``; ``child`` the ``JobRef`` of the child that
+failed the parent; an error names a child as ``queue/id``
+(docs/howto/read-flows.md#job-references).
 
 Cost rule: a kind is recorded only while it is in ``P:{q}:signals:kinds``;
 ``EchoMQ.subscribe_events`` adds the kinds its process has receivers for

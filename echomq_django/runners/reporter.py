@@ -34,6 +34,7 @@ from ..core.exceptions import (
     RedisUnavailable,
 )
 from ..core.jobs import Job, JobState, Outcome
+from ..core.refs import JobRef
 from ..protocol.client import EchoMQ
 from .outage import REDIS_DOWN, Outage, first_line
 
@@ -289,6 +290,7 @@ class Reporter:
                     self.sender,
                     queue=job.queue,
                     job_id=job.id,
+                    ref=JobRef._trusted(job.queue, job.id),
                     job_name=job.name,
                     error=error,
                     run_at=outcome.run_at,

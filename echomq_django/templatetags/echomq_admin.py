@@ -109,6 +109,13 @@ def emq_breakable(text) -> str:
 
 
 @register.filter
+def emq_unkey(error) -> str:
+    """An error with the job keys in it shown as ``queue/id`` (a mirror row
+    written before reads did so itself, docs/howto/read-flows.md#job-references)."""
+    return _REF.sub(r"\1/\2", str(error or ""))
+
+
+@register.filter
 def emq_has_more(error) -> bool:
     """Whether an error has lines after its first (a traceback to unfold)."""
     return "\n" in str(error or "").strip()

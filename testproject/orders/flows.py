@@ -1,4 +1,4 @@
-"""An order's flow: what it looks like and how it is added (DESIGN §7)."""
+"""An order's flow: what it looks like and how it is added."""
 
 from __future__ import annotations
 

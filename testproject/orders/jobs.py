@@ -1,8 +1,8 @@
 """The orders pipeline's handlers, discovered by echomq_django at startup.
 
 Each step behaves as ``rules.py`` says; only ``orders.fulfil`` touches the
-database. A child's ref is its job key ``P:{queue}:job:<id>`` and ids hold no
-``:`` (DESIGN §3), so ``job_id_of`` reads the id back from a ref.
+database. A child is named by a ``JobRef`` (``ref.queue``, ``ref.id``;
+docs/howto/read-flows.md#job-references).
 """
 
 from __future__ import annotations
@@ -11,11 +11,6 @@ import echomq_django as emq
 
 from .models import Order
 from .rules import CardDeclined, GatewayTimeout, OutOfStock, declined, in_stock, transient_failures
-
-
-def job_id_of(ref: str) -> str:
-    """The job id in a child ref (``emq:{inventory}:job:reserve-7-2`` -> ``reserve-7-2``)."""
-    return ref.rsplit(":", 1)[1]
 
 
 def first_line(text: str) -> str:
@@ -43,7 +38,7 @@ def validate(job: emq.Job) -> dict:
     reserved = sorted(value["line"] for value in job.children_values().values())
     ignored = []
     for ref, error in sorted(job.ignored_failures().items()):
-        number = int(job_id_of(ref).rsplit("-", 1)[1])
+        number = int(ref.id.rsplit("-", 1)[1])
         ignored.append({"line": number, "sku": lines[number]["sku"], "error": first_line(error)})
     return {
         "reserved": reserved,
@@ -79,12 +74,10 @@ def fulfil(job: emq.Job) -> dict:
     outcome to the ``Order`` row with status ``fulfilled`` and returns it.
     Running it twice writes the same row. Raises ``Order.DoesNotExist``.
     """
-    values = {
-        job_id_of(ref).split("-", 1)[0]: value for ref, value in job.children_values().items()
-    }
+    values = {ref.id.split("-", 1)[0]: value for ref, value in job.children_values().items()}
     checked, paid = values["validate"], values["charge"]
     ignored = checked["ignored"] + [
-        {"job": job_id_of(ref), "error": first_line(error)}
+        {"job": ref.id, "error": first_line(error)}
         for ref, error in sorted(job.ignored_failures().items())
     ]
     outcome = {

@@ -21,7 +21,7 @@ from django.dispatch import receiver
 from echomq_django.signals import flow_failed
 
 from .flows import start_flow
-from .jobs import first_line, job_id_of
+from .jobs import first_line
 from .models import Order
 
 FAILED_BY_CHILD = "failed by child "
@@ -42,16 +42,13 @@ def start_flow_after_save(
 
 
 def failed_job(error: str) -> str:
-    """The job at the bottom of a ``failed by child <ref>: ...`` chain, as
-    ``queue/id`` ("" when the error names no child)."""
+    """The job at the bottom of a ``failed by child <queue/id>: ...`` chain,
+    as ``queue/id`` ("" when the error names no child)."""
     ref = ""
     line = first_line(error or "")
     while line.startswith(FAILED_BY_CHILD):
         ref, _, line = line[len(FAILED_BY_CHILD) :].partition(": ")
-    if not ref:
-        return ""
-    queue = ref[ref.index("{") + 1 : ref.index("}")]
-    return f"{queue}/{job_id_of(ref)}"
+    return ref
 
 
 @receiver(flow_failed, dispatch_uid="orders.mark_order_failed")

@@ -104,6 +104,16 @@ def orders(request: HttpRequest) -> JsonResponse:
     return JsonResponse(order_json(order), status=201)
 
 
+def as_json(node: dict) -> dict:
+    """A ``get_flow`` tree with each node's ``ref`` (a ``JobRef``) as its
+    ``"queue/id"`` text, for JSON."""
+    return {
+        **node,
+        "ref": str(node["ref"]),
+        "children": [as_json(child) for child in node["children"]],
+    }
+
+
 @require_GET
 def order_detail(request: HttpRequest, pk: int) -> JsonResponse:
     """One order as ``order_json`` plus ``flow.state``: the tree of its
@@ -116,7 +126,7 @@ def order_detail(request: HttpRequest, pk: int) -> JsonResponse:
         return JsonResponse({"errors": {"id": f"no order {pk}"}}, status=404)
     body = order_json(order)
     try:
-        body["flow"]["state"] = emq.get_flow("orders", order.flow_id)
+        body["flow"]["state"] = as_json(emq.get_flow("orders", order.flow_id))
     except emq.JobNotFound:
         body["flow"]["state"] = None
     except (emq.EchoMQError, redis.RedisError) as err:

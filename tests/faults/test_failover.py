@@ -14,7 +14,7 @@ import pytest
 import redis
 from redis.crc import key_slot
 
-from echomq_django import EchoMQ, Flow, JobState, Worker, handler
+from echomq_django import EchoMQ, Flow, JobRef, JobState, Worker, handler
 from tests.support import rigs
 from tests.support.workerkit import Background, wait_for
 
@@ -196,7 +196,7 @@ def test_a_delivery_no_replica_confirmed_stays_in_the_outbox(redis_cluster_ha, r
     wait_for(lambda: deliver_outbox(mq, child_q).delivered == 1, what="a confirmed delivery")
     assert rch.llen(mq.keys.queue(child_q).outbox) == 0
     assert mq.job_ids(parent_q, "pending") == ["P"]  # released once, not twice
-    assert mq.children_values(parent_q, "P") == {mq.keys.job(child_q, "C"): {"v": 1}}
+    assert mq.children_values(parent_q, "P") == {JobRef(child_q, "C"): {"v": 1}}
     peer = redis.Redis(host=rigs.HOST, port=replica)  # what the master confirmed, it holds
     try:
         peer.execute_command("READONLY")

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from redis.cluster import RedisCluster
 
-from echomq_django import EchoMQ, Flow, JobState
+from echomq_django import EchoMQ, Flow, JobRef, JobState
 from echomq_django.core.jobs import row_error
 from echomq_django.core.keyspace import STATE_INDEX
 from echomq_django.runners.pump import Pump
@@ -91,7 +91,13 @@ def children(mq: EchoMQ, queue: str, job_id: str) -> list[str]:
 
 
 def ref(mq: EchoMQ, job_id: str, queue: str = "q") -> str:
+    """The raw child ref (job key) of ``queue/job_id``: for reading Redis."""
     return mq.keys.job(queue, job_id)
+
+
+def jref(job_id: str, queue: str = "q") -> JobRef:
+    """``JobRef(queue, job_id)``: how the public API names the job."""
+    return JobRef(queue, job_id)
 
 
 def events(mq: EchoMQ, queue: str, kind: str) -> list[str]:

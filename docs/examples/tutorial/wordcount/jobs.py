@@ -18,7 +18,7 @@ def count(job):
 @emq.handler("wordcount.total")
 def total(job):
     """The parent: runs once every child completed, on their results."""
-    counts = job.children_values()  # {child ref: the child's result}
+    counts = job.children_values()  # {JobRef: the child's result}
     return {
         "documents": len(counts),
         "words": sum(result["words"] for result in counts.values()),
