@@ -118,19 +118,6 @@ local function drop_extras(base, id, dedup, deadline, keep)
   end
 end
 
--- A parent's keys: its child refs move to the gc list (their rows go in
--- later steps), its row and hashes go.
-local function drop_parent_keys(base, id)
-  local key = base .. 'job:' .. id
-  local inc = redis.call('HGET', key, 'inc')
-  local bin = base .. 'gc:' .. redis.call('INCR', base .. 'gc:seq') .. (inc and ('-' .. inc) or '')
-    .. ':' .. id
-  redis.call('RENAME', key .. ':children', bin)
-  redis.call('RPUSH', base .. 'gc', bin)
-  redis.call('UNLINK', key, key .. ':dependencies', key .. ':processed', key .. ':failed',
-    key .. ':unsuccessful', key .. ':removed')
-end
-
 -- Delete a row whose fields were read already (`state` not active): out of
 -- its index, the extras its fields call for, its keys gone (a leaf has no
 -- hashes of its own: only its row), a `removed` event for the mirror.

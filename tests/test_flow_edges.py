@@ -1,0 +1,129 @@
+"""Three edges of flows, on both rigs (docs/explanation/lifecycle.md):
+
+* a removed flow's running nodes go as they finish, on the removed root's
+  slot and on another (``#a-removed-flows-running-nodes``);
+* a child its parent ignored cannot be retried once the parent went on, on
+  its parent's slot or another (``#retrying-a-child-its-parent-ignored``);
+* a cancelled parent retried while its child on another slot still runs
+  waits for that child and runs once
+  (``#a-retried-parent-and-its-running-child-on-another-slot``).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from echomq_django.core.exceptions import JobCancelled, JobNotRetryable
+from echomq_django.core.jobs import JobState
+from tests.support.jobkit import (
+    assert_state,
+    claim_one,
+    complete,
+    events,
+    keys_of,
+    kill,
+    leaf,
+    node,
+    ref,
+    rows,
+    sweep,
+)
+
+# -- a removed flow's running nodes go as they finish ---------------------------
+
+
+def leftovers(mq, queue: str) -> list[str]:
+    """The queue's keys but its durable signals stream (keys_of)."""
+    return [k for k in keys_of(mq, queue) if not k.endswith(":signals")]
+
+
+def signals(mq, queue: str) -> list[tuple[str, str]]:
+    """(kind, job id) of the durable signal events recorded on ``queue``."""
+    return [(e.kind, e.job_id) for e in mq.signal_events.read(queue, 100)]
+
+
+@pytest.mark.parametrize("queue", ["q", "o"], ids=["same-slot", "cross-slot"])
+def test_a_removed_flows_running_child_goes_when_it_completes(tmq, queue) -> None:
+    """It used to stay a completed row, parentless, until retention took it
+    (up to a day by the default). job_completed is still sent: the handler
+    ran; then the row goes, with a `removed` event for the mirror."""
+    tmq.signal_events.subscribe([queue], ["completed"])
+    tmq.add_flow(node("p", [leaf("c1", queue=queue), leaf("c2")]))
+    job = claim_one(tmq, queue, "c1")
+    tmq.remove("q", "p")
+    assert rows(tmq, queue) == ["c1"]
+    assert_state(tmq, queue, "c1", "active")
+    outcome = tmq.complete(job, 1)
+    assert outcome.released == [] and outcome.outbox == 0
+    assert rows(tmq, "q") == [] and rows(tmq, "o") == []
+    assert leftovers(tmq, "q") == [] and leftovers(tmq, "o") == []
+    assert signals(tmq, queue) == [("completed", "c1")]
+    assert events(tmq, queue, "removed")[-1] == "c1"
+    # a replay of that very call (a reply lost) answers as the first did
+    assert tmq.complete(job, 1).state is JobState.COMPLETED
+    with pytest.raises(Exception, match="not found"):
+        tmq.complete(job, 2)  # another result is no replay
+
+
+@pytest.mark.parametrize("queue", ["q", "o"], ids=["same-slot", "cross-slot"])
+def test_a_removed_flows_running_child_goes_when_it_dies(tmq, queue) -> None:
+    tmq.signal_events.subscribe([queue], ["dead"])
+    tmq.add_flow(node("p", [leaf("c1", queue=queue, max_attempts=2, backoff_ms=0)]))
+    job = claim_one(tmq, queue, "c1")
+    tmq.remove("q", "p")
+    # a failure with attempts left is no finish: it stays for its next attempt
+    assert tmq.fail_many([(job, "once", False)])[0].state is JobState.PENDING
+    assert rows(tmq, queue) == ["c1"]
+    job = claim_one(tmq, queue, "c1")
+    outcome = tmq.fail_many([(job, "boom", False)])[0]
+    assert outcome.state is JobState.DEAD and outcome.dead == [(queue, "c1")]
+    assert rows(tmq, "q") == [] and rows(tmq, "o") == []
+    assert leftovers(tmq, "q") == [] and leftovers(tmq, "o") == []
+    assert signals(tmq, queue) == [("dead", "c1")]
+    assert tmq.fail_many([(job, "boom", False)])[0].state is JobState.DEAD  # a replay
+
+
+def test_a_removed_flows_running_child_goes_when_its_lease_runs_out(tmq, clock) -> None:
+    tmq.add_flow(node("p", [leaf("x", queue="o")]))
+    claim_one(tmq, "o", "x", lease_ms=1000)
+    tmq.remove("q", "p")
+    clock.advance(2000)
+    assert tmq.timers.recover_stalled("o", max_stalls=0).dead == [("o", "x")]
+    assert rows(tmq, "o") == [] and leftovers(tmq, "o") == []
+
+
+def test_a_removed_flows_running_parent_goes_with_its_subtree(tmq) -> None:
+    """m went on without c (its other child continued it, `cp`) and runs
+    when the root is removed: it goes as it completes, and its children
+    (d dead, c still pending) at the next prune."""
+    tmq.add_flow(
+        node(
+            "p",
+            [node("m", [leaf("d", continue_parent_on_failure=True), leaf("c", queue="o")])],
+        )
+    )
+    kill(tmq, "d")
+    job = claim_one(tmq, "q", "m")
+    tmq.remove("q", "p")
+    assert rows(tmq, "q") == ["d", "m"] and rows(tmq, "o") == ["c"]
+    tmq.complete(job, 1)
+    assert rows(tmq, "q") == ["d"]  # m's children go through the gc list
+    tmq.lifecycle.prune("q")
+    assert rows(tmq, "q") == []
+    assert rows(tmq, "o") == []
+    assert leftovers(tmq, "q") == [] and leftovers(tmq, "o") == []
+
+
+def test_a_removed_flows_running_child_under_the_flow_added_again_stays(tmq) -> None:
+    """Taken back by the flow added again, it is no orphan any more: it
+    completes into its new parent."""
+    flow = node("p", [leaf("x", queue="o")])
+    tmq.add_flow(flow)
+    job = claim_one(tmq, "o", "x")
+    tmq.remove("q", "p")
+    assert tmq.add_flow(flow).skipped == 1
+    tmq.complete(job, 5)
+    sweep(tmq, "o")
+    assert_state(tmq, "o", "x", "completed")
+    assert_state(tmq, "q", "p", "pending")
+    assert tmq.children_values("q", "p") == {ref(tmq, "x", "o"): 5}
