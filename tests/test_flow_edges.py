@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from echomq_django.core.exceptions import JobCancelled, JobNotRetryable
+from echomq_django.core.exceptions import JobCancelled, JobNotFound, JobNotRetryable
 from echomq_django.core.jobs import JobState
 from tests.support.jobkit import (
     assert_state,
@@ -26,6 +26,7 @@ from tests.support.jobkit import (
     node,
     ref,
     rows,
+    snapshot,
     sweep,
 )
 
@@ -127,3 +128,79 @@ def test_a_removed_flows_running_child_under_the_flow_added_again_stays(tmq) -> 
     assert_state(tmq, "o", "x", "completed")
     assert_state(tmq, "q", "p", "pending")
     assert tmq.children_values("q", "p") == {ref(tmq, "x", "o"): 5}
+
+
+# -- retrying a child its parent ignored ----------------------------------------
+
+
+def ignored_child_of_a_parent_that_went_on(mq, queue: str) -> None:
+    """p waits for x (ignore, on ``queue``) and c; x dies, p ignores it; c
+    completes and p goes on without x."""
+    mq.add_flow(node("p", [leaf("x", queue=queue, ignore_dependency_on_failure=True), leaf("c")]))
+    kill(mq, "x", queue=queue)
+    sweep(mq, queue)
+    assert mq.dependencies("q", "p").ignored == {ref(mq, "x", queue): "boom"}
+    complete(mq, "c", 1)
+    assert_state(mq, "q", "p", "pending")
+
+
+@pytest.mark.parametrize("queue", ["q", "o"], ids=["same-slot", "cross-slot"])
+def test_a_child_its_parent_ignored_and_went_on_without_is_not_retried(tmq, queue) -> None:
+    """Across slots the retry used to be accepted: x ran again and its result
+    reached nobody. Both now refuse with the same words, writing nothing."""
+    ignored_child_of_a_parent_that_went_on(tmq, queue)
+    before = snapshot(tmq.client)
+    with pytest.raises(JobNotRetryable) as refused:
+        tmq.retry(queue, "x")
+    assert str(refused.value) == (
+        f"job 'x' in queue '{queue}' cannot be retried: its parent q/p ignored its death and "
+        "is pending now (it went on without it; a child its parent ignored re-attaches only "
+        "while the parent waits)"
+    )
+    assert snapshot(tmq.client) == before
+    assert_state(tmq, queue, "x", "dead")
+
+
+@pytest.mark.parametrize("queue", ["q", "o"], ids=["same-slot", "cross-slot"])
+def test_a_child_its_waiting_parent_ignored_is_counted_again_when_retried(tmq, queue) -> None:
+    """While p still waits, the retry re-attaches x at once: c's completion
+    no longer releases p, x's does, and p holds x's result."""
+    tmq.add_flow(node("p", [leaf("x", queue=queue, ignore_dependency_on_failure=True), leaf("c")]))
+    kill(tmq, "x", queue=queue)
+    sweep(tmq, queue)
+    assert tmq.retry(queue, "x").state is JobState.PENDING
+    assert tmq.dependencies("q", "p").ignored == {}
+    assert tmq.dependencies("q", "p").remaining == 2
+    complete(tmq, "c", 1)
+    assert_state(tmq, "q", "p", "awaiting_children")
+    complete(tmq, "x", 2, queue=queue)
+    sweep(tmq, queue)
+    assert_state(tmq, "q", "p", "pending")
+    assert tmq.children_values("q", "p") == {ref(tmq, "c"): 1, ref(tmq, "x", queue): 2}
+
+
+def test_a_child_gone_after_its_parents_half_of_the_retry_resolves_its_parent(
+    tmq, monkeypatch
+) -> None:
+    """The parent's half ran (x counted again) and x's row was gone before
+    its own half (removed: its `gone` delivery had found x ignored already,
+    a no-op). The retry raises JobNotFound and undoes the re-count: x is
+    resolved as removed, and p does not wait for ever."""
+    tmq.add_flow(node("p", [leaf("x", queue="o", ignore_dependency_on_failure=True), leaf("c")]))
+    kill(tmq, "x", queue="o")
+    sweep(tmq, "o")
+    lifecycle = type(tmq.lifecycle)
+    first = lifecycle._reattach_ignored
+
+    def then_gone(self, queue, job_id):
+        undo = first(self, queue, job_id)
+        self.client.delete(self.keys.job(queue, job_id))
+        return undo
+
+    monkeypatch.setattr(lifecycle, "_reattach_ignored", then_gone)
+    with pytest.raises(JobNotFound):
+        tmq.retry("o", "x")
+    deps = tmq.dependencies("q", "p")
+    assert (deps.ignored, deps.removed, deps.remaining) == ({}, {ref(tmq, "x", "o"): "removed"}, 1)
+    complete(tmq, "c", 1)
+    assert_state(tmq, "q", "p", "pending")
