@@ -204,3 +204,70 @@ def test_a_child_gone_after_its_parents_half_of_the_retry_resolves_its_parent(
     assert (deps.ignored, deps.removed, deps.remaining) == ({}, {ref(tmq, "x", "o"): "removed"}, 1)
     complete(tmq, "c", 1)
     assert_state(tmq, "q", "p", "pending")
+
+
+# -- a retried parent and its running child on another slot ---------------------
+
+
+def cancelled_while_x_runs(mq):
+    """p waits for c (done) and x (on o, running); p is cancelled: it dies,
+    x is marked. Returns x's Job."""
+    mq.add_flow(node("p", [leaf("x", queue="o"), leaf("c")]))
+    complete(mq, "c", 1)
+    job = claim_one(mq, "o", "x")
+    assert mq.cancel("q", "p").state is JobState.AWAITING_CHILDREN
+    assert_state(mq, "q", "p", "dead")
+    assert_state(mq, "o", "x", "active")
+    return job
+
+
+def test_a_retried_parent_outlives_its_running_childs_cancel_on_another_slot(tmq) -> None:
+    """p is retried while x still runs; x's result comes after and is the
+    cancel's (dropped, x dies `cancelled`). Its death used to kill p again.
+    p waits again, so x runs once more, and p runs once x is done."""
+    job = cancelled_while_x_runs(tmq)
+    assert tmq.retry("q", "p").state is JobState.AWAITING_CHILDREN
+    with pytest.raises(JobCancelled, match="was cancelled"):
+        tmq.complete(job, "late")
+    assert_state(tmq, "o", "x", "dead")
+    sweep(tmq, "o")  # x's death reaches p, which waits again: x runs again
+    sweep(tmq, "q")
+    assert_state(tmq, "q", "p", "awaiting_children")
+    assert tmq.dependencies("q", "p").failed == {}
+    assert_state(tmq, "o", "x", "pending")
+    complete(tmq, "x", 2, queue="o")
+    sweep(tmq, "o")
+    assert_state(tmq, "q", "p", "pending")
+    assert tmq.children_values("q", "p") == {ref(tmq, "c"): 1, ref(tmq, "x", "o"): 2}
+    complete(tmq, "p", "once")
+    assert tmq.job_ids("q", "pending") == [] and tmq.job_ids("o", "pending") == []
+
+
+def test_a_running_childs_cancel_that_reached_its_parent_before_the_retry_is_retried(
+    tmq,
+) -> None:
+    """x died of the mark before p's retry: its death reached p while p was
+    dead (in p's failed), and p's retry retries x with it."""
+    job = cancelled_while_x_runs(tmq)
+    with pytest.raises(JobCancelled):
+        tmq.complete(job, "late")
+    sweep(tmq, "o")
+    assert tmq.dependencies("q", "p").failed == {ref(tmq, "x", "o"): "cancelled"}
+    tmq.retry("q", "p")
+    assert_state(tmq, "o", "x", "pending")
+    complete(tmq, "x", 2, queue="o")
+    sweep(tmq, "o")
+    assert_state(tmq, "q", "p", "pending")
+
+
+def test_a_child_cancelled_on_its_own_still_fails_its_parent(tmq) -> None:
+    """Only a mark its parent's cancel left is taken back by the parent's
+    retry: x cancelled by id fails p (fp) as any death."""
+    tmq.add_flow(node("p", [leaf("x", queue="o"), leaf("c")]))
+    job = claim_one(tmq, "o", "x")
+    assert tmq.cancel("o", "x").state is JobState.ACTIVE
+    with pytest.raises(JobCancelled):
+        tmq.complete(job, "late")
+    sweep(tmq, "o")
+    assert_state(tmq, "q", "p", "dead")
+    assert tmq.dependencies("q", "p").failed == {ref(tmq, "x", "o"): "cancelled"}

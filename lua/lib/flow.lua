@@ -441,7 +441,7 @@ end
 propagate_death = function(base, id, err, now)
   local key = job_key(base, id)
   local parent = redis.call('HMGET', key, 'parent', 'parent_queue', 'parent_policy', 'parent_inc',
-    'orphaned')
+    'orphaned', 'cancel')
   if not parent[1] or parent[5] then  -- no parent, or its parent was removed while it ran
     return
   end
@@ -450,7 +450,14 @@ propagate_death = function(base, id, err, now)
   if (parent[2] or QUEUE) == QUEUE then
     fan_in_dead(base, parent[1], ref, err, policy, now, parent[4])
   else
-    local entry = cjson.encode({k = 'dead', c = ref, p = parent[1], q = parent[2], pol = policy,
+    -- died of the mark its parent's cancel left while it ran: a `cancelled`
+    -- entry, which a parent retried since does not die of
+    -- (lib/lifecycle.lua fan_in_cancelled)
+    local kind = 'dead'
+    if err == 'cancelled' and parent[6] and parent[6]:sub(-7) == ':parent' then
+      kind = 'cancelled'
+    end
+    local entry = cjson.encode({k = kind, c = ref, p = parent[1], q = parent[2], pol = policy,
       v = err, i = parent[4] or nil})
     push_outbox(base, entry)
     OUT.outbox = OUT.outbox + 1
