@@ -271,3 +271,28 @@ def test_a_child_cancelled_on_its_own_still_fails_its_parent(tmq) -> None:
     sweep(tmq, "o")
     assert_state(tmq, "q", "p", "dead")
     assert tmq.dependencies("q", "p").failed == {ref(tmq, "x", "o"): "cancelled"}
+
+
+def test_a_release_cannot_slip_between_the_check_and_the_re_count(tmq, monkeypatch) -> None:
+    """c, p's last other child, completes between the parent's half of x's
+    retry and x's own half: p is not released (it counts x again already),
+    and x's result reaches it. A check read from the host before the retry
+    let p go on here, and x ran for nobody."""
+    tmq.add_flow(node("p", [leaf("x", queue="o", ignore_dependency_on_failure=True), leaf("c")]))
+    kill(tmq, "x", queue="o")
+    sweep(tmq, "o")
+    lifecycle = type(tmq.lifecycle)
+    first = lifecycle._reattach_ignored
+
+    def then_c_completes(self, queue, job_id):
+        undo = first(self, queue, job_id)
+        complete(tmq, "c", 1)
+        return undo
+
+    monkeypatch.setattr(lifecycle, "_reattach_ignored", then_c_completes)
+    assert tmq.retry("o", "x").state is JobState.PENDING
+    assert_state(tmq, "q", "p", "awaiting_children")
+    complete(tmq, "x", 2, queue="o")
+    sweep(tmq, "o")
+    assert_state(tmq, "q", "p", "pending")
+    assert tmq.children_values("q", "p") == {ref(tmq, "c"): 1, ref(tmq, "x", "o"): 2}
