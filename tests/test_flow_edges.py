@@ -11,6 +11,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from echomq_django.core.exceptions import JobCancelled, JobNotFound, JobNotRetryable
@@ -296,3 +298,32 @@ def test_a_release_cannot_slip_between_the_check_and_the_re_count(tmq, monkeypat
     sweep(tmq, "o")
     assert_state(tmq, "q", "p", "pending")
     assert tmq.children_values("q", "p") == {ref(tmq, "c"): 1, ref(tmq, "x", "o"): 2}
+
+
+def test_a_cancel_entry_a_pump_read_before_the_retry_never_kills_the_retried_parent(
+    tmq, monkeypatch
+) -> None:
+    """A pump's sweep read p's `cancel` entry for x (queued on o) and
+    delivers it only after p's retry took the cancel back: x dies of it,
+    and its death used to kill p again. It reaches p as the cancel's, and x
+    runs again."""
+    from echomq_django.protocol import outbox
+
+    monkeypatch.setattr(outbox, "SENT_WAIT_S", 0.0)
+    tmq.add_flow(node("p", [leaf("x", queue="o")]))
+    assert tmq.outbox.lock("q", "a-sweeping-pump", 60_000)
+    tmq.cancel("q", "p")
+    read = tmq.outbox.head("q", 10)  # what the sweeping pump read
+    assert len(read) == 1
+    assert tmq.retry("q", "p").state is JobState.AWAITING_CHILDREN
+    assert tmq.outbox.length("q") == 0  # the retry took it back, but the pump has it
+    tmq.outbox.deliver([json.loads(read[0])])
+    assert tmq.outbox.lock("q", "a-sweeping-pump", 0, take=False)
+    assert_state(tmq, "o", "x", "dead")
+    sweep(tmq, "o")
+    sweep(tmq, "q")
+    assert_state(tmq, "q", "p", "awaiting_children")
+    assert_state(tmq, "o", "x", "pending")
+    complete(tmq, "x", 2, queue="o")
+    sweep(tmq, "o")
+    assert_state(tmq, "q", "p", "pending")

@@ -328,7 +328,9 @@ end
 
 -- Move a job to dead and, when it is a child, let its policy resolve its
 -- parent: on this slot directly, on another slot through this queue's outbox.
-local function kill(base, id, err, now)
+-- `up`: killed by its parent's cancel (lib/lifecycle.lua cancel_node), so
+-- its death travels as a `cancelled` entry (propagate_death).
+local function kill(base, id, err, now, up)
   local key = job_key(base, id)
   local f = redis.call('HMGET', key, 'state', 'dedup', 'keep', 'orphaned', 'lease')
   local state = f[1]
@@ -373,7 +375,7 @@ local function kill(base, id, err, now)
   emit(base, 'dead', id)
   signal_event(base, 'dead', id, err)
   OUT.dead[#OUT.dead + 1] = base .. id
-  propagate_death(base, id, err, now)
+  propagate_death(base, id, err, now, up)
 end
 
 -- The error of a parent an `fp` child killed: 'failed by child <ref>: ' and
@@ -438,7 +440,7 @@ local function fan_in_dead(base, pid, ref, err, policy, now, inc)
   return true
 end
 
-propagate_death = function(base, id, err, now)
+propagate_death = function(base, id, err, now, up)
   local key = job_key(base, id)
   local parent = redis.call('HMGET', key, 'parent', 'parent_queue', 'parent_policy', 'parent_inc',
     'orphaned', 'cancel')
@@ -450,11 +452,11 @@ propagate_death = function(base, id, err, now)
   if (parent[2] or QUEUE) == QUEUE then
     fan_in_dead(base, parent[1], ref, err, policy, now, parent[4])
   else
-    -- died of the mark its parent's cancel left while it ran: a `cancelled`
-    -- entry, which a parent retried since does not die of
-    -- (lib/lifecycle.lua fan_in_cancelled)
+    -- died of its parent's cancel (killed by it, or of the mark it left
+    -- while it ran): a `cancelled` entry, which a parent retried since does
+    -- not die of (lib/lifecycle.lua fan_in_cancelled)
     local kind = 'dead'
-    if err == 'cancelled' and parent[6] and parent[6]:sub(-7) == ':parent' then
+    if err == 'cancelled' and (up or (parent[6] and parent[6]:sub(-7) == ':parent')) then
       kind = 'cancelled'
     end
     local entry = cjson.encode({k = kind, c = ref, p = parent[1], q = parent[2], pol = policy,

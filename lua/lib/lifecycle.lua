@@ -268,7 +268,10 @@ local function cancel_node(base, id, now, parent, inc)
     redis.call('HSET', key, 'cancel', parent and (now .. ':parent') or now)
     emit(base, 'cancelling', id)
   elseif state == 'pending' or state == 'delayed' or state == 'awaiting_children' then
-    kill(base, id, 'cancelled', now)
+    -- reached from its parent, a queued job's death is the parent's cancel
+    -- (a `cancelled` entry across slots); a held one's is not: its own
+    -- subtree dies with it, and it cannot simply run again (rerun_child)
+    kill(base, id, 'cancelled', now, parent ~= nil and state ~= 'awaiting_children')
     PARENTS = {}  -- its death may have put it in its parent's :failed
     emit(base, 'cancelled', id)
     if state == 'awaiting_children' then
@@ -452,14 +455,14 @@ local function fan_in_cancelled(base, pid, ref, err, policy, now, state, inc)
 end
 
 -- The child's half (a `rerun` entry on its slot): a dead child of `parent`
--- (of incarnation `inc`) that died of its parent's cancel mark goes back to
+-- (of incarnation `inc`) that died of its parent's cancel goes back to
 -- pending, as by a retry of it; anything else is left as it is (retried
 -- already, removed, or under another flow).
 local function rerun_child(base, id, parent, inc, now)
   local key = job_key(base, id)
-  local f = redis.call('HMGET', key, 'state', 'parent', 'parent_inc', 'cancel', 'priority')
+  local f = redis.call('HMGET', key, 'state', 'parent', 'parent_inc', 'priority')
   if f[1] ~= 'dead' or f[2] ~= parent or (inc and f[3] and f[3] ~= inc)
-      or not (f[4] and f[4]:sub(-7) == ':parent') or get_error(key) ~= 'cancelled' then
+      or get_error(key) ~= 'cancelled' then
     return
   end
   redis.call('ZREM', base .. 'dead', id)
@@ -467,7 +470,7 @@ local function rerun_child(base, id, parent, inc, now)
   redis.call('HSET', key, 'state', 'pending', 'attempts', 0, 'stalls', 0, 'updated_at', now)
   redis.call('HDEL', key, 'finished_at', 'result', 'cancel')
   clear_error(key)
-  make_claimable(base, {id}, f[5])
+  make_claimable(base, {id}, f[4])
   emit(base, 'retried', id)
   OUT.retried = OUT.retried or {}
   OUT.retried[#OUT.retried + 1] = base .. id
