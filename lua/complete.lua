@@ -30,7 +30,11 @@
                                               the job is dead ('cancelled')
            A completed row keeps its last lease token, so a replay of the
            same call (redis-py re-sends a command whose reply was lost: same
-           token, same result) answers 0 instead of EMQSTATE.
+           token, same result) answers 0 instead of EMQSTATE. A job whose
+           flow was removed while it ran (`orphaned`) is removed as it
+           completes (job_completed is still sent); its lease token and
+           result stay as P:{q}:op:<lease> for 10 minutes, so a replay
+           answers 0 instead of EMQNOJOB.
   errors:  none: a refusal is its job's entry in the reply
 ]]
 local active, completed = KEYS[1], KEYS[2]
@@ -45,7 +49,12 @@ for i = 4, #ARGV, 3 do
   local f = redis.call('HMGET', row, 'state', 'lease', 'parent', 'parent_queue', 'dedup', 'keep',
     'cancel', 'parent_inc', 'orphaned')
   if not f[1] then
-    replies[#replies + 1] = 'EMQNOJOB ' .. QUEUE .. ' ' .. id
+    -- a replay of the call that completed a removed flow's job (drop_orphan)
+    if redis.call('GET', base .. 'op:' .. token) == 'c' .. redis.sha1hex(result) then
+      replies[#replies + 1] = 0
+    else
+      replies[#replies + 1] = 'EMQNOJOB ' .. QUEUE .. ' ' .. id
+    end
   elseif f[1] == 'completed' and f[2] == token and redis.call('HGET', row, 'result') == result then
     replies[#replies + 1] = 0  -- a replay: this lease completed it already, with this result
   elseif f[1] ~= 'active' then
@@ -60,15 +69,25 @@ for i = 4, #ARGV, 3 do
     -- what this job moved, on its own (the helpers append to OUT)
     OUT.released, OUT.dead, OUT.flow_failed, OUT.revived, OUT.outbox = {}, {}, {}, {}, 0
     redis.call('ZREM', active, id)
-    redis.call('HSET', row, 'state', 'completed', 'result', result, 'finished_at', ARGV[3])
-    redis.call('ZADD', completed, now, id)
-    if f[6] then  -- its own keep (ms): retention's expire list (lib/lifecycle.lua)
-      redis.call('ZADD', base .. 'expire', now + tonumber(f[6]), id)
+    if f[9] then
+      -- its flow was removed while it ran: job_completed is still sent (the
+      -- handler ran, its effects are real), then the row goes at once
+      -- (docs/explanation/lifecycle.md#a-removed-flows-running-nodes)
+      emit(base, 'completed', id)
+      signal_event(base, 'completed', id, result)
+      free_dedup(base, f[5], id)
+      drop_orphan(base, id, row, token, 'c' .. redis.sha1hex(result))
+    else
+      redis.call('HSET', row, 'state', 'completed', 'result', result, 'finished_at', ARGV[3])
+      redis.call('ZADD', completed, now, id)
+      if f[6] then  -- its own keep (ms): retention's expire list (lib/lifecycle.lua)
+        redis.call('ZADD', base .. 'expire', now + tonumber(f[6]), id)
+      end
+      emit(base, 'completed', id)
+      signal_event(base, 'completed', id, result)
+      free_dedup(base, f[5], id)
+      resolve_done(base, id, result, now, f[3], f[4], f[8])
     end
-    emit(base, 'completed', id)
-    signal_event(base, 'completed', id, result)
-    free_dedup(base, f[5], id)
-    resolve_done(base, id, result, now, f[3], f[4], f[8], f[9])
     if #OUT.released + #OUT.dead + #OUT.flow_failed + #OUT.revived + OUT.outbox > 0 then
       replies[#replies + 1] = {released = OUT.released, dead = OUT.dead,
         flow_failed = OUT.flow_failed, revived = OUT.revived, outbox = OUT.outbox}

@@ -11,6 +11,10 @@
               parent is not released
     gone      a removed child resolves its parent like remove_dependency
               (docs/explanation/lifecycle.md: out of :failed, into :removed, decrement)
+    cancelled a child its parent's cancel marked while it ran died of the
+              mark: a parent that waits again (a retry took its cancel
+              back) sends it a `rerun` entry instead of dying of it; any
+              other parent takes it as `dead`
   and two kinds whose target is a child on this slot (`parent id` is then
   the child's id and `value` its parent's id: a child already gone, or now
   under another parent or another incarnation of it, counts as delivered
@@ -18,6 +22,8 @@
     rm        its parent was removed: the child goes too, with its subtree
               (continued by `prune`)
     cancel    its parent was cancelled: the child is cancelled (docs/explanation/lifecycle.md)
+    rerun     its parent's cancel was taken back after the child died of it
+              (a `cancelled` entry): the child runs again (pending)
 
   KEYS[1] pending list         P:{pq}:pending   (pq = the parents' queue)
   KEYS[2] awaiting zset        P:{pq}:awaiting
@@ -35,7 +41,7 @@
   counts as delivered (it leaves the outbox) and changes nothing.
 
   returns: JSON {delivered: [1|0 per entry; 0 = the parent row is gone],
-           released, dead, flow_failed, revived, reattach, outbox, sent,
+           released, dead, flow_failed, revived, retried, reattach, outbox, sent,
            stale (entries dropped for their incarnation)}
   errors:  none
 ]]
@@ -49,14 +55,17 @@ for i = 4, #ARGV, 6 do
   local kind, ref, pid, policy, value = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]
   local inc = (ARGV[i + 5] ~= '') and ARGV[i + 5] or nil
   local ok, state, stale = true, nil, false
-  if kind ~= 'rm' and kind ~= 'cancel' then
+  local aimed_at_child = kind == 'rm' or kind == 'cancel' or kind == 'rerun'
+  if not aimed_at_child then
     state, stale = parent_state(job_key(base, pid), inc)
   end
-  if kind == 'rm' or kind == 'cancel' then
+  if aimed_at_child then
     if kind == 'rm' then
       drop_node(base, pid, value, inc)
-    else
+    elseif kind == 'cancel' then
       cancel_node(base, pid, now, value, inc)
+    else
+      rerun_child(base, pid, value, inc, now)
     end
   elseif not state then
     ok = stale  -- gone: false; meant for a removed incarnation of this parent: delivered
@@ -64,6 +73,8 @@ for i = 4, #ARGV, 6 do
     ok = fan_in_done(base, pid, ref, value, now)
   elseif kind == 'dead' then
     ok = fan_in_dead(base, pid, ref, value, policy, now)
+  elseif kind == 'cancelled' then
+    ok = fan_in_cancelled(base, pid, ref, value, policy, now, state, inc)
   elseif kind == 'gone' then
     reattach(base, pid, ref, now)
     ok = fan_in_dead(base, pid, ref, value, 'rd', now)

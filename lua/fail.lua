@@ -22,7 +22,10 @@
 
   returns: JSON {state: 'delayed'|'pending'|'dead', run_at: ms|null, released, dead,
            flow_failed, outbox}; a job cancelled while it ran (its row has
-           `cancel`) dies with the error 'cancelled' whatever its attempts
+           `cancel`) dies with the error 'cancelled' whatever its attempts;
+           a job whose flow was removed while it ran (`orphaned`) that dies
+           is removed at once (job_dead is still sent; a replay answers
+           {state: 'dead'} from P:{q}:op:<lease>, kept 10 minutes)
   errors:  EMQNOJOB <queue> <id>            no such job
            EMQSTATE <queue> <id> <state>    the job is not active (unless this
            lease failed it with this error already: a replay answers
@@ -38,6 +41,10 @@ local now, cap = tonumber(ARGV[6]), tonumber(ARGV[7])
 local f = redis.call('HMGET', row, 'state', 'lease', 'attempts', 'max_attempts', 'backoff_ms',
   'cancel')
 if not f[1] then
+  -- a replay of the call that killed a removed flow's job (lib/flow.lua drop_orphan)
+  if redis.call('GET', base .. 'op:' .. token) == 'd' .. redis.sha1hex(err) then
+    return cjson.encode({state = 'dead'})
+  end
   return redis.error_reply('EMQNOJOB ' .. QUEUE .. ' ' .. id)
 end
 if f[1] ~= 'active' then

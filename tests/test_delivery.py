@@ -20,7 +20,7 @@ POISON = {
     '{"k": "done"}': "malformed entry: 'c' is None, not a string",
     '{"k": "zzz", "c": "x", "p": "P", "q": "p"}': (
         "malformed entry: kind 'zzz' is not one of "
-        "('done', 'dead', 'reattach', 'gone', 'rm', 'cancel')"
+        "('done', 'dead', 'reattach', 'gone', 'rm', 'cancel', 'cancelled', 'rerun')"
     ),
     '{"k": "done", "c": "x", "p": "P", "q": "p", "v": {"a": 1}}': (
         "malformed entry: 'v' is {'a': 1}, not a string"

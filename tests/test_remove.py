@@ -150,15 +150,23 @@ def test_attaching_a_job_with_another_live_parent_is_a_conflict(tmq) -> None:
     assert rows(tmq, "q") == ["a", "p"]
 
 
-def test_a_new_root_over_children_that_finished_never_waits(tmq) -> None:
-    flow = node("p", [leaf("c1"), leaf("c2")])
+def test_a_new_root_over_children_that_finished_never_waits(tmq, monkeypatch) -> None:
+    """c3 and c4 completed; their parent's removal went a budget at a time
+    and its process died before it reached them. The flow added again skips
+    them, and each tells the new p its stored result. (A child that ran
+    when its flow was removed no longer stays: it goes as it finishes,
+    tests/test_flow_edges.py.)"""
+    flow = node("p", [leaf(f"c{i}") for i in range(1, 5)])
     tmq.add_flow(flow)
-    running = claim_one(tmq, "q", "c1")
-    tmq.remove("q", "p")  # c1 is active: left to finish, an orphan
-    assert rows(tmq, "q") == ["c1"]
-    tmq.complete(running, 1)  # its fan-in finds no parent: nothing moves
-    tmq.add_flow(flow)  # c1 is skipped, and tells the new p its stored result
-    assert tmq.children_values("q", "p") == {jref("c1"): 1}
+    jobs = {j.id: j for j in tmq.claim("q", 4)}
+    tmq.fail_many([(jobs["c1"], "again", False), (jobs["c2"], "again", False)])
+    tmq.complete_many([(jobs["c3"], 3), (jobs["c4"], 4)])
+    interrupted_remove(tmq, monkeypatch, "q", "p")
+    assert rows(tmq, "q") == ["c3", "c4"]
+    got = tmq.add_flow(flow)  # c3 and c4 are skipped, and tell the new p their results
+    assert (got.landed, got.skipped) == (3, 2)
+    assert tmq.children_values("q", "p") == {jref("c3"): 3, jref("c4"): 4}
+    complete(tmq, "c1", 1)
     complete(tmq, "c2", 2)
     assert_state(tmq, "q", "p", "pending")
 

@@ -235,8 +235,9 @@ def test_a_cross_queue_fp_child_is_held_until_its_parent_goes(tmq) -> None:
 
 def test_a_cross_queue_child_its_removed_parent_left_running_goes_when_it_dies(tmq) -> None:
     """The parent's removal reaches an active child on another slot: it is
-    left to finish, and once it died (fp) retention takes it; it used to be
-    held for ever, waiting for a removal that had come already."""
+    left to finish, and goes as it dies (fp); it used to be held for ever,
+    waiting for a removal that had come already, and then to wait for
+    retention (docs/explanation/lifecycle.md#a-removed-flows-running-nodes)."""
     for q in ("q", "o"):
         set_keep(tmq, q, 0, 0)
     tmq.add_flow(node("p", [leaf("x", queue="o")]))
@@ -244,9 +245,9 @@ def test_a_cross_queue_child_its_removed_parent_left_running_goes_when_it_dies(t
     tmq.remove("q", "p")
     assert_state(tmq, "o", "x", "active")
     assert tmq.fail_many([(job, "boom", True)])[0].state is JobState.DEAD
-    report = tmq.lifecycle.prune("o")
-    assert (report.removed, report.held) == (1, 0)
     assert rows(tmq, "o") == []
+    report = tmq.lifecycle.prune("o")
+    assert (report.removed, report.held) == (0, 0)
 
 
 def test_a_child_under_its_parent_again_is_held_again(tmq) -> None:

@@ -163,6 +163,10 @@ def drive_every_operation(mq, clock) -> None:
     mq.timers.postpone(mq.claim("q", 1)[0], 5)
     mq.timers.advance_schedule("q", "tick", 1, "init")
     assert len(mq.enqueue_many("bulk", [("n", 1), ("n", 2, {"delay_ms": 5})])) == 2
+    # a child its parent on another slot ignored, retried: reattach_ignored
+    mq.add_flow(node("h", [leaf("h1", queue="other", ignore_dependency_on_failure=True)]))
+    mq.fail(claim_one(mq, "other", "h1"), "boom", dead=True)
+    mq.retry("other", "h1")
 
 
 def test_python_calls_every_script_as_its_header_declares(tmq, clock, monkeypatch) -> None:

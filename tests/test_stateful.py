@@ -62,6 +62,7 @@ from echomq_django import (
 from echomq_django.core.exceptions import JobCancelled, JobNotCancellable, JobNotRemovable
 from echomq_django.core.jobs import JobState
 from echomq_django.core.keyspace import STATE_INDEX
+from echomq_django.protocol.lifecycle import Report
 from tests.support.jobkit import INDEXES, Clock
 
 Q = "q"
@@ -100,6 +101,7 @@ class Node:
     dedup: str | None = None  # the dedup key it holds
     went_on: bool = False  # released early by a continue_parent_on_failure child
     cancelled: bool = False  # died of the error 'cancelled'
+    orphaned: bool = False  # its flow was removed while it ran: it goes as it finishes
 
 
 class Model:
@@ -111,6 +113,7 @@ class Model:
         self.released: list[str] = []
         self.dead: list[str] = []
         self.keys: dict[str, str] = {}  # dedup key -> the live job holding it
+        self.gc: list[str] = []  # children of orphans that went: the gc list drops them
 
     def release(self, pid: str) -> None:
         p = self.jobs[pid]
@@ -168,6 +171,15 @@ class Model:
         h = self.jobs[pid].hashes
         return cid in h["processed"] or cid in h["unsuccessful"] or cid in h["removed"]
 
+    def gone(self, jid: str) -> None:
+        """An orphan finished: its row goes at once, its children through
+        the gc list (the next lifecycle step: ``FlowMachine.settle``)."""
+        j = self.jobs.pop(jid)
+        for cid in j.children:
+            c = self.jobs.get(cid)
+            if c is not None and c.parent == jid:
+                self.gc.append(cid)
+
     def complete(self, jid: str) -> None:
         j = self.jobs[jid]
         if j.cancel:
@@ -175,7 +187,10 @@ class Model:
             return
         j.state = "completed"
         self.finish(jid)
-        if j.parent and not (
+        if j.orphaned:
+            self.gone(jid)
+            return
+        if j.parent in self.jobs and not (
             jid in self.jobs[j.parent].hashes["unsuccessful"]
             or jid in self.jobs[j.parent].hashes["removed"]
         ):
@@ -193,7 +208,10 @@ class Model:
         j.state, j.cancelled = "dead", cancelled
         self.dead.append(jid)
         self.finish(jid)
-        if not j.parent or self.resolved(j.parent, jid):
+        if j.orphaned:
+            self.gone(jid)
+            return
+        if j.parent not in self.jobs or self.resolved(j.parent, jid):
             return
         p = self.jobs[j.parent]
         policy = "id" if j.policy == "fp" and p.went_on else j.policy
@@ -255,7 +273,7 @@ class Model:
         """A row goes with its subtree; an active node stays, an orphan."""
         j = self.jobs[jid]
         if j.state == "active":
-            j.parent = None
+            j.parent, j.orphaned = None, True
             return
         self.finish(jid)  # a removed job frees its dedup key
         del self.jobs[jid]
@@ -441,9 +459,25 @@ class FlowMachine(RuleBasedStateMachine):
             with pytest.raises(JobCancelled, match="was cancelled"):
                 self.mq.complete(job, {"by": job.id})
             self.step(self.model.complete, job.id)
+            self.settle()
             return
         outcome = self.mq.complete(job, {"by": job.id})
         assert sorted(i for _, i in outcome.released) == self.step(self.model.complete, job.id)[0]
+        self.settle()
+
+    def settle(self) -> None:
+        """Drive the gc list an orphan's finish left (the runners' timers
+        do it at their next prune), and the model with it."""
+        if not self.model.gc:
+            return
+        report = Report()
+        self.mq.lifecycle._drive({Q}, report, 200, None, "lists")
+        before = set(self.model.jobs)
+        for cid in self.model.gc:
+            if cid in self.model.jobs:
+                self.model.drop(cid)
+        self.model.gc = []
+        assert report.removed == len(before - set(self.model.jobs))
 
     @precondition(lambda self: self.holders)
     @rule(data=st.data(), dead=st.sampled_from([False, False, True]))
@@ -451,11 +485,13 @@ class FlowMachine(RuleBasedStateMachine):
         job = self.pick_active(data)
         outcome = self.mq.fail_many([(job, "err", dead)])[0]
         released, died = self.step(self.model.fail, job.id, dead)
-        assert outcome.state.value == self.model.jobs[job.id].state
+        node = self.model.jobs.get(job.id)  # an orphan that died went at once
+        assert outcome.state.value == (node.state if node else "dead")
         assert (sorted(i for _, i in outcome.released), sorted(i for _, i in outcome.dead)) == (
             released,
             died,
         )
+        self.settle()
 
     @precondition(lambda self: self.stale)
     @rule(data=st.data())
@@ -479,9 +515,12 @@ class FlowMachine(RuleBasedStateMachine):
         active = self.model.ids("active")
         _, died = self.step(lambda: [self.model.stall(i) for i in active])
         assert sorted(i for _, i in outcome.dead) == died
-        assert outcome.recovered == sum(self.model.jobs[i].state == "pending" for i in active)
+        assert outcome.recovered == sum(
+            i in self.model.jobs and self.model.jobs[i].state == "pending" for i in active
+        )
         self.stale.extend(self.holders.values())
         self.holders.clear()
+        self.settle()
 
     @precondition(lambda self: self.model.ids("delayed"))
     @rule()
@@ -541,6 +580,7 @@ class FlowMachine(RuleBasedStateMachine):
         assert report.state.value == state
         assert sorted(i for _, i in report.outcome.dead) == died
         assert sorted(i for _, i in report.outcome.released) == released
+        self.settle()
 
     @rule(keep=st.integers(0, 3))
     def retention(self, keep) -> None:

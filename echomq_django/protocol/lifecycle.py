@@ -1,6 +1,7 @@
 """The lifecycle of finished and unwanted jobs (docs/explanation/house.md, "protocol/"):
 retention (``lua/prune.lua``), remove (``lua/remove.lua``), cancel
-(``lua/cancel.lua``) and retry by id (``lua/retry.lua``).
+(``lua/cancel.lua``) and retry by id (``lua/retry.lua``; for a child its
+parent on another slot ignored, ``lua/reattach_ignored.lua`` first).
 
 Every step is one bounded Lua call (``prune``, ``remove``, ``cancel``; the
 rules are in ``lua/lib/lifecycle.lua``): a call does at most ``budget`` units
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 from ..core.exceptions import (
     JobNotActive,
     JobNotCancellable,
+    JobNotFound,
     JobNotRemovable,
     JobNotRetryable,
 )
@@ -183,6 +185,28 @@ class Lifecycle(Part):
         self._follow_up(queue, report, sent, budget)
         return report
 
+    def _reattach_ignored(self, queue: str, job_id: str) -> dict | None:
+        """Before retrying a dead child whose parent on another slot ignored
+        it (``id``): re-count it on the parent's slot, or refuse there, in one
+        step (``lua/reattach_ignored.lua``), so no release of the parent can
+        come between the check and the re-count (a check read from here
+        could be stale by the time a ``reattach`` entry arrived). Returns
+        the ``gone`` entry that undoes the re-count when the child turns out
+        to be gone, or None when nothing was re-counted. Raises
+        ``JobNotRetryable`` (the parent went on; nothing written)."""
+        k = self.keys
+        f = self.client.hmget(
+            k.job(queue, job_id), "state", "parent", "parent_queue", "parent_policy", "parent_inc"
+        )
+        state, pid, pq, policy, inc = (v.decode() if isinstance(v, bytes) else v for v in f)
+        if state != "dead" or policy != "id" or not pq or pq == queue:
+            return None  # the retry script checks a parent on its own slot itself
+        ref = k.job(queue, job_id)
+        args = [pq, k.base(pq), pid, ref, inc or "", queue, job_id]
+        if not self.scripts.run("reattach_ignored", [k.job(pq, pid)], args):
+            return None
+        return {"k": "gone", "c": ref, "p": pid, "q": pq, "v": "removed", "i": inc}
+
     def _follow_up(self, queue: str, report: Report, sent: list[str], budget: int) -> None:
         """Deliver what a remove / cancel sent to other slots (``sent``: the
         entries as pushed onto ``queue``'s outbox) and drive the work left on
@@ -199,9 +223,14 @@ class Lifecycle(Part):
         """Retry-by-id of a dead job (docs/explanation/lifecycle.md): attempts reset, back to
         pending; a parent that children failed retries them (on any queue) and
         returns to awaiting_children; a retried child re-attaches to the parent
-        it failed. ``Outcome.state`` is the job's new state. Raises
-        ``JobNotFound``, ``JobNotRetryable`` (with the current state)."""
+        it failed, or that ignored it while that parent has not gone on
+        (docs/explanation/lifecycle.md#retrying-a-child-its-parent-ignored).
+        ``Outcome.state`` is the job's new state. Raises ``JobNotFound``,
+        ``JobNotRetryable`` (with the current state; or naming the parent
+        that ignored the job's death and went on without it, on its slot or
+        another, nothing written)."""
         k = self.keys.queue(queue)
+        undo = self._reattach_ignored(queue, job_id)
         try:
             reply = self.scripts.run(
                 "retry",
@@ -209,10 +238,15 @@ class Lifecycle(Part):
                 [queue, k.base, job_id, self.clock(), secrets.token_hex(8)],
             )
         except JobNotActive as err:
+            # not dead: a retry beside this one took it (and re-attached it once)
             state = err.parts[2] if len(err.parts) > 2 else "not dead"
             raise JobNotRetryable(
                 f"job {job_id!r} in queue {queue!r} is {state}; only a dead job can be retried"
             ) from None
+        except JobNotFound:
+            if undo:  # removed in between: it resolves its parent as removed
+                self.outbox.deliver([undo])
+            raise
         data = json.loads(reply)
         outcome = self.wire.outcome(reply)
         for ref in data.get("cross") or []:

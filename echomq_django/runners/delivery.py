@@ -39,7 +39,16 @@ log = logging.getLogger("echomq_django.delivery")
 
 LOCK_MS = 2000  # the sweep lock's lease (ms): how soon a peer takes over from a dead pump
 
-ENTRY_KINDS = ("done", "dead", "reattach", "gone", "rm", "cancel")  # lua/deliver_to_parents.lua
+ENTRY_KINDS = (  # lua/deliver_to_parents.lua
+    "done",
+    "dead",
+    "reattach",
+    "gone",
+    "rm",
+    "cancel",
+    "cancelled",
+    "rerun",
+)
 
 
 def parse_entry(raw) -> tuple[dict | None, str | None]:

@@ -290,11 +290,48 @@ local function fan_in_done(base, pid, ref, result, now, inc)
   return true
 end
 
+-- A parent's keys: its child refs move to the gc list (their rows go in
+-- later steps), its row and hashes go.
+local function drop_parent_keys(base, id)
+  local key = base .. 'job:' .. id
+  local inc = redis.call('HGET', key, 'inc')
+  local bin = base .. 'gc:' .. redis.call('INCR', base .. 'gc:seq') .. (inc and ('-' .. inc) or '')
+    .. ':' .. id
+  redis.call('RENAME', key .. ':children', bin)
+  redis.call('RPUSH', base .. 'gc', bin)
+  redis.call('UNLINK', key, key .. ':dependencies', key .. ':processed', key .. ':failed',
+    key .. ':unsuccessful', key .. ':removed')
+end
+
+-- A job whose flow was removed while it ran (`orphaned`, set when the
+-- removal reached it: lib/lifecycle.lua drop_node, on its own slot, by the
+-- removal itself or by its `rm` entry) goes as soon as it finishes
+-- (docs/explanation/lifecycle.md#a-removed-flows-running-nodes): the caller
+-- has written its finishing event and signals; the row goes now, with a
+-- `removed` event, and its own children (a node that went on without some)
+-- through the gc list, at the next prune. Its last lease leaves a replay mark
+-- (`op:<lease>` = `tomb`, 10 minutes), so that a replay of the complete or
+-- fail that finished it answers as the first call did (no row is left to
+-- recognise it by).
+local function drop_orphan(base, id, key, lease, tomb)
+  if lease then
+    redis.call('SET', base .. 'op:' .. lease, tomb, 'PX', 600000)
+  end
+  if redis.call('EXISTS', key .. ':children') == 1 then
+    drop_parent_keys(base, id)
+  else
+    redis.call('UNLINK', key)
+  end
+  emit(base, 'removed', id)
+end
+
 -- Move a job to dead and, when it is a child, let its policy resolve its
 -- parent: on this slot directly, on another slot through this queue's outbox.
-local function kill(base, id, err, now)
+-- `up`: killed by its parent's cancel (lib/lifecycle.lua cancel_node), so
+-- its death travels as a `cancelled` entry (propagate_death).
+local function kill(base, id, err, now, up)
   local key = job_key(base, id)
-  local f = redis.call('HMGET', key, 'state', 'dedup', 'keep')
+  local f = redis.call('HMGET', key, 'state', 'dedup', 'keep', 'orphaned', 'lease')
   local state = f[1]
   if state == 'dead' then
     return
@@ -310,6 +347,16 @@ local function kill(base, id, err, now)
     unclaimable(base, id)
   end
   redis.call('HSET', key, 'state', 'dead', 'finished_at', now, 'updated_at', now)
+  if f[4] then  -- its flow was removed while it ran: its signals, then it goes
+    if err == 'cancelled' then
+      signal_event(base, 'cancelled', id, err)
+    end
+    emit(base, 'dead', id)
+    signal_event(base, 'dead', id, err)
+    OUT.dead[#OUT.dead + 1] = base .. id
+    drop_orphan(base, id, key, f[5], 'd' .. redis.sha1hex(err))
+    return
+  end
   set_error(key, err)
   redis.call('ZADD', base .. 'dead', now, id)
   if f[3] then  -- its own keep (ms): retention's expire list (lib/lifecycle.lua)
@@ -327,7 +374,7 @@ local function kill(base, id, err, now)
   emit(base, 'dead', id)
   signal_event(base, 'dead', id, err)
   OUT.dead[#OUT.dead + 1] = base .. id
-  propagate_death(base, id, err, now)
+  propagate_death(base, id, err, now, up)
 end
 
 -- The error of a parent an `fp` child killed: 'failed by child <ref>: ' and
@@ -392,10 +439,10 @@ local function fan_in_dead(base, pid, ref, err, policy, now, inc)
   return true
 end
 
-propagate_death = function(base, id, err, now)
+propagate_death = function(base, id, err, now, up)
   local key = job_key(base, id)
   local parent = redis.call('HMGET', key, 'parent', 'parent_queue', 'parent_policy', 'parent_inc',
-    'orphaned')
+    'orphaned', 'cancel')
   if not parent[1] or parent[5] then  -- no parent, or its parent was removed while it ran
     return
   end
@@ -404,7 +451,14 @@ propagate_death = function(base, id, err, now)
   if (parent[2] or QUEUE) == QUEUE then
     fan_in_dead(base, parent[1], ref, err, policy, now, parent[4])
   else
-    local entry = cjson.encode({k = 'dead', c = ref, p = parent[1], q = parent[2], pol = policy,
+    -- died of its parent's cancel (killed by it, or of the mark it left
+    -- while it ran): a `cancelled` entry, which a parent retried since does
+    -- not die of (lib/lifecycle.lua fan_in_cancelled)
+    local kind = 'dead'
+    if err == 'cancelled' and (up or (parent[6] and parent[6]:sub(-7) == ':parent')) then
+      kind = 'cancelled'
+    end
+    local entry = cjson.encode({k = kind, c = ref, p = parent[1], q = parent[2], pol = policy,
       v = err, i = parent[4] or nil})
     push_outbox(base, entry)
     OUT.outbox = OUT.outbox + 1
@@ -415,11 +469,12 @@ propagate_death = function(base, id, err, now)
 end
 
 -- A job completed: fan its result in to its parent, here or via the outbox.
--- `parent`, `parent_queue`, `parent_inc` and `orphaned` are the job row's
--- fields, read by the caller in its own first HMGET (one command less per
--- completion on the hot path). An orphaned job resolves no parent.
-local function resolve_done(base, id, result, now, parent, parent_queue, parent_inc, orphaned)
-  if not parent or orphaned then
+-- `parent`, `parent_queue` and `parent_inc` are the job row's fields, read
+-- by the caller in its own first HMGET (one command less per completion on
+-- the hot path). An orphaned job resolves no parent: complete.lua removes it
+-- instead (drop_orphan).
+local function resolve_done(base, id, result, now, parent, parent_queue, parent_inc)
+  if not parent then
     return
   end
   local ref = child_ref(base, id)

@@ -118,19 +118,6 @@ local function drop_extras(base, id, dedup, deadline, keep)
   end
 end
 
--- A parent's keys: its child refs move to the gc list (their rows go in
--- later steps), its row and hashes go.
-local function drop_parent_keys(base, id)
-  local key = base .. 'job:' .. id
-  local inc = redis.call('HGET', key, 'inc')
-  local bin = base .. 'gc:' .. redis.call('INCR', base .. 'gc:seq') .. (inc and ('-' .. inc) or '')
-    .. ':' .. id
-  redis.call('RENAME', key .. ':children', bin)
-  redis.call('RPUSH', base .. 'gc', bin)
-  redis.call('UNLINK', key, key .. ':dependencies', key .. ':processed', key .. ':failed',
-    key .. ':unsuccessful', key .. ':removed')
-end
-
 -- Delete a row whose fields were read already (`state` not active): out of
 -- its index, the extras its fields call for, its keys gone (a leaf has no
 -- hashes of its own: only its row), a `removed` event for the mirror.
@@ -276,10 +263,15 @@ local function cancel_node(base, id, now, parent, inc)
     return nil  -- an id landed again under another flow, or the same ids again
   end
   if state == 'active' then
-    redis.call('HSET', key, 'cancel', now)
+    -- a mark its parent's cancel left says so: its death by the mark is the
+    -- parent's cancel, which a retry of the parent takes back (rerun_child)
+    redis.call('HSET', key, 'cancel', parent and (now .. ':parent') or now)
     emit(base, 'cancelling', id)
   elseif state == 'pending' or state == 'delayed' or state == 'awaiting_children' then
-    kill(base, id, 'cancelled', now)
+    -- reached from its parent, a queued job's death is the parent's cancel
+    -- (a `cancelled` entry across slots); a held one's is not: its own
+    -- subtree dies with it, and it cannot simply run again (rerun_child)
+    kill(base, id, 'cancelled', now, parent ~= nil and state ~= 'awaiting_children')
     PARENTS = {}  -- its death may have put it in its parent's :failed
     emit(base, 'cancelled', id)
     if state == 'awaiting_children' then
@@ -440,4 +432,46 @@ local function expire_at(base, id, keep, now)
   if keep then
     redis.call('ZADD', base .. 'expire', now + tonumber(keep), id)
   end
+end
+
+-- A running child the cancel of its parent (on another slot) marked died of
+-- that mark (a `cancelled` entry: lib/flow.lua propagate_death), and reaches
+-- its parent here. A parent that waits again had its cancel taken back by a
+-- retry (a cancel kills the parent before its children): the death is the
+-- old cancel's, so it does not fail the parent; the child is run again
+-- instead (a `rerun` entry to its slot), and the parent, still counting it,
+-- runs once it is done (docs/explanation/lifecycle.md,
+-- "A retried parent and its running child on another slot"). A parent still
+-- dead, or past waiting, takes it as any death.
+local function fan_in_cancelled(base, pid, ref, err, policy, now, state, inc)
+  local pkey = job_key(base, pid)
+  if state == 'awaiting_children' and not already_resolved(pkey, ref)
+      and redis.call('HEXISTS', pkey .. ':failed', ref) == 0 then
+    local q, cid = split_ref(ref)
+    push_entry(base, {k = 'rerun', c = ref, p = cid, q = q, v = pid, i = inc})
+    return true
+  end
+  return fan_in_dead(base, pid, ref, err, policy, now)
+end
+
+-- The child's half (a `rerun` entry on its slot): a dead child of `parent`
+-- (of incarnation `inc`) that died of its parent's cancel goes back to
+-- pending, as by a retry of it; anything else is left as it is (retried
+-- already, removed, or under another flow).
+local function rerun_child(base, id, parent, inc, now)
+  local key = job_key(base, id)
+  local f = redis.call('HMGET', key, 'state', 'parent', 'parent_inc', 'priority')
+  if f[1] ~= 'dead' or f[2] ~= parent or (inc and f[3] and f[3] ~= inc)
+      or get_error(key) ~= 'cancelled' then
+    return
+  end
+  redis.call('ZREM', base .. 'dead', id)
+  redis.call('ZREM', base .. 'expire', id)
+  redis.call('HSET', key, 'state', 'pending', 'attempts', 0, 'stalls', 0, 'updated_at', now)
+  redis.call('HDEL', key, 'finished_at', 'result', 'cancel')
+  clear_error(key)
+  make_claimable(base, {id}, f[4])
+  emit(base, 'retried', id)
+  OUT.retried = OUT.retried or {}
+  OUT.retried[#OUT.retried + 1] = base .. id
 end
