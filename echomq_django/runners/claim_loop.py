@@ -123,6 +123,10 @@ class ClaimLoop:
         self.released = dict.fromkeys(queues, 0)
         # queue -> the token of a claim that raised (its reply may be lost): sent again
         self.lost_claims: dict[str, str] = {}
+        # queues whose last claim met a full RATE_LIMIT window with jobs waiting: a
+        # burst waits the window out (blocking until it reopens) instead of ending
+        self.limited: set[str] = set()
+        self.window_waits = 0  # claims that met a full window (a burst's waits, counted)
         self.turn = 0
         self.warned: set[str] = set()  # job names without a handler, warned about once
         self.subscribed = False  # event kinds with receivers here recorded for our queues
@@ -152,6 +156,7 @@ class ClaimLoop:
         self.done, self.executing = _queue.SimpleQueue(), 0
         self.reporter.reset()
         self.rest = dict.fromkeys(self.queues, 0.0)
+        self.limited.clear()
         self.idle.start(self.done.put)
         self.timeouts.reopen()
 
@@ -240,8 +245,10 @@ class ClaimLoop:
         if not self.executing and not self.reporter.unreported:
             if self.stopping.is_set() or (max_jobs is not None and self.claimed >= max_jobs):
                 return True
-            if asked and got == 0:
-                return True  # burst: every queue empty, nothing running or unreported
+            if asked and got == 0 and not self.limited:
+                # burst: every queue empty (or paused), nothing running or unreported;
+                # a queue resting on a full RATE_LIMIT window still has jobs: wait it out
+                return True
         return self.stopping.is_set() and now >= self.stop_at
 
     def _next_wait(self, now: float, max_jobs: int | None) -> float:
@@ -310,8 +317,8 @@ class ClaimLoop:
             if free <= 0:
                 break
             queue = self.queues[(first + i) % n]
-            if not everywhere and self.rest[queue] > now:
-                continue
+            if self.rest[queue] > now and (not everywhere or queue in self.limited):
+                continue  # resting; a burst's last look skips a window known full too
             want = min(free, self.batch)
             released = self.released[queue]
             token = self.lost_claims.pop(queue, None) or secrets.token_hex(8)
@@ -326,7 +333,11 @@ class ClaimLoop:
                 raise
             if jobs.wait_ms:  # its RATE_LIMIT window is full: rest until it opens
                 self.rest[queue] = now + jobs.wait_ms / 1000
-            elif len(jobs) < want and self.released[queue] == released:
+                self.limited.add(queue)
+                self.window_waits += 1
+                continue
+            self.limited.discard(queue)
+            if len(jobs) < want and self.released[queue] == released:
                 # drained (or paused): rest until woken; a parent this worker
                 # saw released after the claim ran is claimed at once instead
                 self.rest[queue] = float("inf")

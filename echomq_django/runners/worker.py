@@ -63,8 +63,10 @@ Decisions (documented here, relied on by the tests):
   lease expires and the pump recovers it. A claim that raised is sent again
   with its own call token, so jobs a lost reply leased come back at once.
 * Burst mode first promotes the delayed jobs already due, then stops when
-  nothing is running and a claim on every queue finds nothing; delayed jobs
-  not yet due (backoff, scheduled) are not waited for.
+  nothing is running and a claim on every queue finds nothing; a queue whose
+  ``RATE_LIMIT`` window is full with jobs waiting is waited out (blocking
+  until the window reopens), a paused queue is not, nor are delayed jobs not
+  yet due (backoff, scheduled). docs/use.md#burst-mode
 * A worker that stops hands back each queue's earliest delayed run-at it
   learnt (the ``'d'`` wake marker), for the next worker to promote on time.
 * Redis dropped under a blocking wait (restart, failover): once it answers
