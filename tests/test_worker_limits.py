@@ -25,6 +25,11 @@ def _fresh_handlers():
     handlers.RELEASE.set()  # never leave a handler thread blocked
 
 
+def seen(job_id):
+    """What ``t.block`` handlers of ``job_id`` saw (another test's may return late)."""
+    return [x for x in handlers.SEEN if x[0] == job_id]
+
+
 def state(mq, job_id, queue="q"):
     return mq.get_job(queue, job_id).state
 
@@ -78,6 +83,51 @@ def test_more_stuck_threads_than_max_stuck_stop_the_worker(redis_client) -> None
     assert [state(mq, f"b{i}") for i in range(2)] == [JobState.DEAD] * 2
     assert mq.get_job("q", "b1").error.startswith("TimeoutError: the attempt ran longer than "
                                                   "its time limit of 50 ms")  # fmt: skip
+
+
+def test_a_stop_waits_for_a_written_off_handler_within_the_shutdown_timeout(mq) -> None:
+    """SIGTERM's rule (docs/explanation/reliability.md#stopping-a-worker): a
+    handler past its time limit was failed and written off, but its side
+    effects still run; a graceful stop waits for it like any running handler
+    (it used to return at once, and the process exit cut the handler off)."""
+    mq.enqueue("q", "t.block", job_id="w", timeout_ms=50, max_attempts=1)
+    worker = Worker(["q"], concurrency=1, mq=mq, poll_interval=0.02, shutdown_timeout=60)
+    bg = Background(worker)
+    wait_for(lambda: state(mq, "w") is JobState.DEAD, what="the attempt to time out")
+    assert worker.loop.timeouts.stuck == 1
+    worker.stop()  # what SIGTERM calls
+    bg.thread.join(0.5)
+    assert bg.thread.is_alive() and seen("w") == []  # still waiting for the handler
+    handlers.RELEASE.set()
+    bg.join()
+    assert (seen("w"), worker.loop.timeouts.stuck) == ([("w", True)], 0)
+    assert mq.get_job("q", "w").result is None  # its late result is still discarded
+
+
+def test_a_stop_gives_up_on_a_written_off_handler_at_the_shutdown_timeout(mq, caplog) -> None:
+    mq.enqueue("q", "t.block", job_id="g", timeout_ms=50, max_attempts=1)
+    worker = Worker(["q"], concurrency=1, mq=mq, poll_interval=0.02, shutdown_timeout=0.2)
+    bg = Background(worker)
+    wait_for(lambda: worker.loop.timeouts.stuck == 1, what="the attempt to time out")
+    with caplog.at_level(logging.WARNING, logger="echomq_django.worker"):
+        worker.stop()
+        bg.join()
+    assert seen("g") == []  # given up on: never released
+    assert (
+        "stopped with 1 handlers past their time limit still running (their jobs were "
+        "failed as timed out); exiting now cuts them off"
+    ) in [r.getMessage() for r in caplog.records]
+
+
+def test_a_burst_run_waits_for_its_written_off_handler(mq) -> None:
+    mq.enqueue("q", "t.block", job_id="u", timeout_ms=50, max_attempts=1)
+    worker = Worker(["q"], concurrency=1, mq=mq, poll_interval=0.02, shutdown_timeout=60)
+    bg = Background(worker, burst=True)
+    wait_for(lambda: worker.loop.stopping.is_set(), what="the burst's end to become a stop")
+    assert (worker.loop.timeouts.stuck, seen("u")) == (1, [])
+    handlers.RELEASE.set()
+    assert bg.join() == 1
+    assert seen("u") == [("u", True)]
 
 
 def test_rate_limited_puts_the_job_back_without_spending_an_attempt(mq) -> None:

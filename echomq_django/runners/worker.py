@@ -73,7 +73,12 @@ Decisions (documented here, relied on by the tests):
   again every queue is claimed from and every timer runs.
 * Stop (``stop()``, or SIGTERM/SIGINT when ``run()`` is on the main thread):
   no more claims; running jobs finish and are reported within
-  ``shutdown_timeout`` seconds. A second signal (``stop(force=True)``) returns
+  ``shutdown_timeout`` seconds. Handlers already past their time limit
+  (failed as timed out, their threads written off) are waited for too,
+  within the same deadline: their side effects get to finish (their results
+  are still discarded); so does the end of a burst or ``max_jobs`` run. Not
+  when the worker stops because more than ``max_stuck`` are stuck.
+  (docs/explanation/reliability.md#stopping-a-worker) A second signal (``stop(force=True)``) returns
   at once. Jobs still running then are left to their leases (the heartbeat
   stops; the pump recovers them) and counted in ``abandoned``.
 
@@ -243,10 +248,11 @@ class Worker:
             self.stop(force=True)
         else:
             log.warning(
-                "%s: no more claims; finishing %d running jobs (up to %.0fs); send it "
-                "again to stop at once",
+                "%s: no more claims; finishing %d running jobs and %d handlers past their "
+                "time limit (up to %.0fs); send it again to stop at once",
                 name,
                 len(self.loop.held),
+                self.loop.timeouts.stuck,
                 self.shutdown_timeout,
             )
             self.stop()
@@ -314,6 +320,7 @@ class Worker:
             for thread in helpers:  # daemons: one stuck on a dead socket is left behind
                 thread.join(timeout=0 if loop.reporter.unreported else 2.0)
             self.abandoned = held
+            stuck = loop.timeouts.stuck
             restore()
             loop.shut_pool(self.abandoned)
             if self.abandoned:
@@ -321,6 +328,12 @@ class Worker:
                     "stopped with %d jobs still running; their leases will expire and "
                     "the pump recovers them",
                     self.abandoned,
+                )
+            if stuck:
+                log.warning(
+                    "stopped with %d handlers past their time limit still running (their jobs "
+                    "were failed as timed out); exiting now cuts them off",
+                    stuck,
                 )
             log.info("worker stopped: processed %d jobs this run", self.processed - start)
         return self.processed - start
