@@ -77,3 +77,47 @@ def test_a_db_index_out_of_range_is_reported_as_itself(redis_server, monkeypatch
         conf.reset()
     assert code == 1
     assert err.startswith(f"runworker: DB index is out of range: {url} selects db 99")
+
+
+def test_runworker_warns_once_when_periodic_jobs_have_no_pump(redis_server, db, caplog):
+    """Periodic jobs fire only under a pump: ``runworker`` alone says so at
+    start, once, naming the entries; not when a live pump serves the queue
+    (docs/scheduling.md#periodic-jobs)."""
+    import logging
+
+    from django.conf import settings
+    from django.test import override_settings
+
+    from echomq_django import conf
+    from echomq_django.protocol.presence import ProcessInfo
+
+    cfg = {
+        **settings.ECHOMQ,
+        "SCHEDULE": {
+            "tick": {"name": "t.echo", "queue": "sq", "every_s": 3600},
+            "elsewhere": {"name": "t.echo", "queue": "other", "every_s": 3600},
+        },
+    }
+    with override_settings(ECHOMQ=cfg):
+        conf.reset()
+        try:
+            with caplog.at_level(logging.WARNING, logger="echomq_django.worker"):
+                assert run_command("runworker", "sq", "--burst")[0] == 0
+            warned = [r.getMessage() for r in caplog.records if "periodic jobs" in r.getMessage()]
+            assert warned == [
+                "runworker: periodic jobs tick (queue sq) fire only under a pump, and no live "
+                "pump serves their queues: run `manage.py runpump sq` or `runworker --pump`"
+            ]
+            mq = conf.get_mq()
+            now = mq.clock()
+            pump = ProcessInfo("p1", "pump", "h", 1, ["sq"], now, now, now, mq.keys.prefix)
+            mq.presence.beat(pump, 60)
+            caplog.clear()
+            try:
+                with caplog.at_level(logging.WARNING, logger="echomq_django.worker"):
+                    assert run_command("runworker", "sq", "--burst")[0] == 0
+            finally:
+                mq.presence.leave("p1")
+            assert not [r for r in caplog.records if "periodic jobs" in r.getMessage()]
+        finally:
+            conf.reset()

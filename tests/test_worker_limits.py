@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import re
+import secrets
 
 import pytest
 
@@ -90,29 +91,31 @@ def test_a_stop_waits_for_a_written_off_handler_within_the_shutdown_timeout(mq) 
     handler past its time limit was failed and written off, but its side
     effects still run; a graceful stop waits for it like any running handler
     (it used to return at once, and the process exit cut the handler off)."""
-    mq.enqueue("q", "t.block", job_id="w", timeout_ms=50, max_attempts=1)
+    jid = "w" + secrets.token_hex(4)  # a late handler of another test may return
+    mq.enqueue("q", "t.block", job_id=jid, timeout_ms=50, max_attempts=1)
     worker = Worker(["q"], concurrency=1, mq=mq, poll_interval=0.02, shutdown_timeout=60)
     bg = Background(worker)
-    wait_for(lambda: state(mq, "w") is JobState.DEAD, what="the attempt to time out")
+    wait_for(lambda: state(mq, jid) is JobState.DEAD, what="the attempt to time out")
     assert worker.loop.timeouts.stuck == 1
     worker.stop()  # what SIGTERM calls
     bg.thread.join(0.5)
-    assert bg.thread.is_alive() and seen("w") == []  # still waiting for the handler
+    assert bg.thread.is_alive() and seen(jid) == []  # still waiting for the handler
     handlers.RELEASE.set()
     bg.join()
-    assert (seen("w"), worker.loop.timeouts.stuck) == ([("w", True)], 0)
-    assert mq.get_job("q", "w").result is None  # its late result is still discarded
+    assert (seen(jid), worker.loop.timeouts.stuck) == ([(jid, True)], 0)
+    assert mq.get_job("q", jid).result is None  # its late result is still discarded
 
 
 def test_a_stop_gives_up_on_a_written_off_handler_at_the_shutdown_timeout(mq, caplog) -> None:
-    mq.enqueue("q", "t.block", job_id="g", timeout_ms=50, max_attempts=1)
+    jid = "g" + secrets.token_hex(4)  # a late handler of another test may return
+    mq.enqueue("q", "t.block", job_id=jid, timeout_ms=50, max_attempts=1)
     worker = Worker(["q"], concurrency=1, mq=mq, poll_interval=0.02, shutdown_timeout=0.2)
     bg = Background(worker)
     wait_for(lambda: worker.loop.timeouts.stuck == 1, what="the attempt to time out")
     with caplog.at_level(logging.WARNING, logger="echomq_django.worker"):
         worker.stop()
         bg.join()
-    assert seen("g") == []  # given up on: never released
+    assert seen(jid) == []  # given up on: never released
     assert (
         "stopped with 1 handlers past their time limit still running (their jobs were "
         "failed as timed out); exiting now cuts them off"
@@ -120,14 +123,15 @@ def test_a_stop_gives_up_on_a_written_off_handler_at_the_shutdown_timeout(mq, ca
 
 
 def test_a_burst_run_waits_for_its_written_off_handler(mq) -> None:
-    mq.enqueue("q", "t.block", job_id="u", timeout_ms=50, max_attempts=1)
+    jid = "u" + secrets.token_hex(4)  # a late handler of another test may return
+    mq.enqueue("q", "t.block", job_id=jid, timeout_ms=50, max_attempts=1)
     worker = Worker(["q"], concurrency=1, mq=mq, poll_interval=0.02, shutdown_timeout=60)
     bg = Background(worker, burst=True)
     wait_for(lambda: worker.loop.stopping.is_set(), what="the burst's end to become a stop")
-    assert (worker.loop.timeouts.stuck, seen("u")) == (1, [])
+    assert (worker.loop.timeouts.stuck, seen(jid)) == (1, [])
     handlers.RELEASE.set()
     assert bg.join() == 1
-    assert seen("u") == [("u", True)]
+    assert seen(jid) == [(jid, True)]
 
 
 def test_rate_limited_puts_the_job_back_without_spending_an_attempt(mq) -> None:

@@ -347,6 +347,20 @@ class Scheduler:
         return out
 
 
+def without_a_pump(mq, queues: list[str]) -> list[Entry]:
+    """The ``ECHOMQ["SCHEDULE"]`` entries on ``queues`` that no live pump
+    serves (``mq.presence``): periodic jobs fire only under a pump
+    (``runpump``, or ``runworker --pump``), so ``runworker`` warns at start
+    when this is not empty. Raises ``ImproperlyConfigured`` for a bad entry,
+    ``RedisUnavailable``. docs/scheduling.md#periodic-jobs"""
+    scheduler = Scheduler.for_queues(mq, queues)
+    if scheduler is None:
+        return []
+    live = mq.presence.live_processes()
+    pumped = {q for p in live if p.kind == "pump" for q in p.queues}
+    return [e for e in scheduler.entries if e.queue not in pumped]
+
+
 def settings_state(mq) -> list[dict]:
     """``Scheduler.state()`` of every ``ECHOMQ["SCHEDULE"]`` entry, for stats
     and the admin (one GET per entry); ``[]`` when there is none or the

@@ -13,8 +13,14 @@ unreachable at start with ``--burst`` or ``--no-wait``, or is not what the setti
 say (a Cluster node without CLUSTER, a DB index out of range), the settings
 or a flag are wrong (``--max-jobs`` >= 1), or
 the worker stopped with jobs still running (a second signal, or
-``--shutdown-timeout`` passed): those are left to their leases, and the pump
-recovers them.
+``--shutdown-timeout`` passed): those are left to their leases, and a
+worker's timers (or the pump) recover them.
+
+Alone, ``runworker`` runs a site's queues but for periodic jobs: its timers
+promote delayed jobs, recover expired leases at their deadline and fire
+``children_timeout_ms``; ``ECHOMQ["SCHEDULE"]`` entries fire only under a pump,
+so it logs one WARNING at start when some on its queues have no live pump
+(docs/operating.md#which-commands-a-site-runs).
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from echomq_django.core.keyspace import whole_number
 from echomq_django.logs import setup_logging
 from echomq_django.monitoring import metrics
 from echomq_django.monitoring.mirror import mirror_after_sweep
+from echomq_django.runners import periodic
 from echomq_django.runners.outage import reach_redis_at_start
 from echomq_django.runners.pump import Pump
 from echomq_django.runners.wake import BLOCK_S, SWEEP_S
@@ -163,6 +170,8 @@ class Command(BaseCommand):
         problem = metrics.serve_for_command(opts, mq, worker.queues)
         if problem:
             self._exit(f"runworker: {problem}")
+        if not opts["pump"]:
+            self._warn_unfired_schedule(mq, worker.queues)
         stop_pump = self._start_pump(mq, opts) if opts["pump"] else None
         try:
             worker.run(burst=opts["burst"], max_jobs=opts["max_jobs"])
@@ -176,6 +185,24 @@ class Command(BaseCommand):
                 f"runworker: stopped with {worker.abandoned} jobs still running; "
                 "their leases will expire and the pump recovers them",
                 hard=True,
+            )
+
+    def _warn_unfired_schedule(self, mq, queues) -> None:
+        """One WARNING when ``ECHOMQ["SCHEDULE"]`` has entries on these
+        queues and no live pump serves them: periodic jobs fire only under a
+        pump (docs/scheduling.md#periodic-jobs). Silent if it cannot tell."""
+        try:
+            unfired = periodic.without_a_pump(mq, queues)
+        except Exception:  # a bad entry is check's to report; Redis away: the loop's
+            return
+        if unfired:
+            names = ", ".join(f"{e.key} (queue {e.queue})" for e in unfired)
+            where = " ".join(sorted({e.queue for e in unfired}))
+            logging.getLogger("echomq_django.worker").warning(
+                "runworker: periodic jobs %s fire only under a pump, and no live pump "
+                "serves their queues: run `manage.py runpump %s` or `runworker --pump`",
+                names,
+                where,
             )
 
     def _start_pump(self, mq, opts):
