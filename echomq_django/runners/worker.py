@@ -142,8 +142,10 @@ class Worker:
     After ``run()``: ``processed`` (jobs completed or failed, all runs),
     ``stats`` (``completed``, ``failed`` = will retry, ``dead``, ``lost`` =
     dropped after their lease expired, ``postponed`` = back after
-    ``RateLimited``) and ``abandoned`` (jobs still running
-    when the last run returned).
+    ``RateLimited``), ``abandoned`` (jobs still running
+    when the last run returned) and ``left_running`` (handlers past their
+    time limit, written off, still running then: a process should exit at
+    once, ``os._exit``, as their threads would hold a normal exit).
     """
 
     def __init__(
@@ -189,7 +191,7 @@ class Worker:
             raise ValueError("shutdown_timeout must be >= 0 s and block_timeout > 0 s")
         self.shutdown_timeout = float(shutdown_timeout)
         self.block_timeout = float(block)
-        self.abandoned = 0
+        self.abandoned = self.left_running = 0
         self.register, self.beat_s = register, beat_s
         self.metrics = metrics
         self.max_stuck = _at_least(0, concurrency if max_stuck is None else max_stuck, "max_stuck")
@@ -247,12 +249,13 @@ class Worker:
             )
             self.stop(force=True)
         else:
+            stuck = self.loop.timeouts.stuck
             log.warning(
-                "%s: no more claims; finishing %d running jobs and %d handlers past their "
-                "time limit (up to %.0fs); send it again to stop at once",
+                "%s: no more claims; finishing %d running jobs%s (up to %.0fs); send it "
+                "again to stop at once",
                 name,
                 len(self.loop.held),
-                self.loop.timeouts.stuck,
+                f" and {stuck} handlers past their time limit" if stuck else "",
                 self.shutdown_timeout,
             )
             self.stop()
@@ -320,7 +323,7 @@ class Worker:
             for thread in helpers:  # daemons: one stuck on a dead socket is left behind
                 thread.join(timeout=0 if loop.reporter.unreported else 2.0)
             self.abandoned = held
-            stuck = loop.timeouts.stuck
+            stuck = self.left_running = loop.timeouts.stuck
             restore()
             loop.shut_pool(self.abandoned)
             if self.abandoned:

@@ -186,6 +186,14 @@ class Command(BaseCommand):
                 "their leases will expire and the pump recovers them",
                 hard=True,
             )
+        if worker.left_running:
+            # written off past their time limit (their jobs failed already): their
+            # threads would hold a normal exit for as long as they run
+            self._exit(
+                f"runworker: stopped with {worker.left_running} handlers past their time "
+                "limit still running; exiting cuts them off",
+                hard=True,
+            )
 
     def _warn_unfired_schedule(self, mq, queues) -> None:
         """One WARNING when ``ECHOMQ["SCHEDULE"]`` has entries on these
