@@ -200,14 +200,16 @@ def test_sigterm_waits_for_a_written_off_handler_then_exits_1_at_the_deadline(ru
     worker.signal(signal.SIGTERM)
     assert worker.wait(timeout=20) == 1
     err = worker.stderr()
+    # (the dead job may not have left the worker's held set yet: 0 or 1 running)
+    assert re.search(
+        r"SIGTERM: no more claims; finishing [01] running jobs and 1 handlers past their "
+        r"time limit \(up to 1s\); send it again to stop at once",
+        err,
+    ), err
     assert (
-        "SIGTERM: no more claims; finishing 0 running jobs and 1 handlers past their time "
-        "limit (up to 1s); send it again to stop at once"
-    ) in err
-    assert err.splitlines()[-1] == (
         "runworker: stopped with 1 handlers past their time limit still running; exiting "
         "cuts them off"
-    )
+    ) in err
 
 
 def test_a_second_signal_stops_at_once_leaving_the_lease(run, mq):
