@@ -145,6 +145,17 @@ def test_a_restarted_worker_recovers_a_dead_workers_job_within_its_lease(redis_c
     assert mq.get_job("q", "s").attempts == 2
 
 
+def test_a_worker_alone_fires_a_parents_children_timeout(mq, running) -> None:
+    """No pump: the worker's sweep learns the deadline, its timer fires it
+    (docs/scheduling.md); the child's queue has no worker at all."""
+    kids = [Flow("kids", "t.echo", 1, job_id="c")]
+    mq.add_flow(Flow("q", "t.sum_children", job_id="p", children=kids, children_timeout_ms=300))
+    worker = running(idle_worker(mq, concurrency=1))
+    wait_for(lambda: mq.get_job("q", "p").state is JobState.DEAD, what="the children timeout")
+    assert (mq.get_job("q", "p").error, worker.timers.expired) == ("children timed out", 1)
+    assert worker.timers.sweeps == 1  # at start: the timer fired it, not a later sweep
+
+
 def test_ten_workers_sweep_a_queue_once_per_interval(mq) -> None:
     workers = [idle_worker(mq, sweep_interval=60) for _ in range(10)]
     for w in workers:
