@@ -46,6 +46,17 @@ def test_runworker_refuses_max_jobs_below_one(r, db):
     assert (code, err) == (1, "runworker: --max-jobs must be a whole number >= 1, got -1\n")
 
 
+def test_runworker_refuses_max_stalls_below_zero_and_passes_it_on(r, db, monkeypatch):
+    code, err = run_command("runworker", "q", "--max-stalls", "-1")
+    assert (code, err) == (1, "runworker: --max-stalls must be a whole number >= 0, got -1\n")
+    from echomq_django.runners.worker import Worker
+
+    seen = []
+    monkeypatch.setattr(Worker, "run", lambda self, **kw: seen.append(self.timers.max_stalls))
+    assert run_command("runworker", "q", "--max-stalls", "5", "--burst")[0] == 0
+    assert seen == [5]
+
+
 @pytest.mark.parametrize("command", ["runworker", "runpump"])
 def test_the_commands_say_a_cluster_node_needs_cluster(command, redis_cluster, monkeypatch):
     from echomq_django import conf

@@ -100,8 +100,15 @@ class Command(BaseCommand):
             "--sweep-interval",
             type=float,
             default=SWEEP_S,
-            help="seconds between lease-recovery sweeps of a queue, done by one of "
-            f"its workers (default {SWEEP_S:g})",
+            help="seconds between sweeps of a queue (the safety net: lost wake-ups, "
+            f"retention), done by one of its workers (default {SWEEP_S:g})",
+        )
+        parser.add_argument(
+            "--max-stalls",
+            type=int,
+            default=1,
+            help="lease expiries a job survives before it dies, when this worker's timers "
+            "recover it (default 1; give runpump the same)",
         )
         parser.add_argument(
             "--no-wait",
@@ -154,6 +161,7 @@ class Command(BaseCommand):
                 self._exit(f"runworker: {metrics.MISSING}")
         try:
             whole_number("--max-jobs", opts["max_jobs"], 1, optional=True)
+            whole_number("--max-stalls", opts["max_stalls"], 0)
             worker = Worker(
                 opts["queues"],
                 concurrency=opts["concurrency"],
@@ -162,6 +170,7 @@ class Command(BaseCommand):
                 shutdown_timeout=opts["shutdown_timeout"],
                 block_timeout=opts["block_timeout"],
                 sweep_interval=opts["sweep_interval"],
+                max_stalls=opts["max_stalls"],
                 drainer=None if missing else Drainer(mq),
                 metrics=counters,
             )
