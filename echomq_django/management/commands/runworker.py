@@ -65,8 +65,9 @@ class Command(BaseCommand):
         parser.add_argument(
             "--burst",
             action="store_true",
-            help="exit once the queues are empty and nothing is running "
-            "(delayed jobs are not waited for)",
+            help="exit once no job is pending or due and nothing is running: a full "
+            "RATE_LIMIT window is waited out, a paused queue and delayed jobs not yet due "
+            "are not (docs/use.md, Burst mode)",
         )
         parser.add_argument(
             "--max-jobs",
