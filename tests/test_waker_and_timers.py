@@ -196,6 +196,20 @@ def test_a_worker_expires_a_parent_at_its_children_deadline(tmq, clock) -> None:
     assert tmq.get_job("q", "p").error == "children timed out"
 
 
+def test_a_worker_locked_out_of_the_sweep_still_keeps_the_deadlines(tmq, clock) -> None:
+    """A restarted worker finds the timers lock held by the one that died:
+    it still learns the lease and children deadlines and fires them."""
+    tmq.add_flow(jobkit.node("p", [jobkit.leaf("c", queue="kids")], children_timeout_ms=2000))
+    tmq.client.set(tmq.keys.queue("q").timers_lock, "the-dead-worker", px=60_000)
+    timers = Timers(tmq, ["q"], leases={"q": 1000})
+    timers.run()
+    assert (timers.sweeps, timers.expire_at["q"], timers.lease_at["q"]) == (0, T0 + 2000, T0 + 1000)
+    clock.advance(2000)
+    timers.run()
+    assert (timers.expired, timers.sweeps) == (1, 0)
+    assert tmq.get_job("q", "p").error == "children timed out"
+
+
 # -- a worker restart ------------------------------------------------------------
 
 

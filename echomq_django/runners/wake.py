@@ -271,10 +271,12 @@ class Timers:
         self.sweep_at[queue] = time.monotonic() + self.sweep_s
         found = self.mq.timers.sweep(queue, self.token, int(self.sweep_s * 1000))
         if found is None:
-            # another worker swept this queue within the interval; the lease and
-            # children timers still fire here, at their deadlines
+            # another worker (perhaps one that died: a restart) swept this queue within
+            # the interval; this one's lease and children timers fire at their
+            # deadlines all the same, learnt here the first time
             if self.lease_at[queue] is None:
                 self._next_lease_look(queue, self.mq.timers.oldest_lease(queue))
+                self.expire_at[queue] = self.mq.timers.next_children_deadline(queue)
             return
         self.sweeps += 1
         now = self.mq.clock()
