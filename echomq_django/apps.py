@@ -1,20 +1,9 @@
 """The Django app. ``ready()`` registers checks and discovers ``jobs`` modules;
 it never touches Redis."""
 
-from importlib.util import find_spec
-
 from django.apps import AppConfig
 
-
-def tasks_framework() -> str | None:
-    """``"django.tasks"`` (Django 6), ``"django_tasks"`` (the backport) or None."""
-    for name in ("django.tasks", "django_tasks"):
-        try:
-            if find_spec(name) is not None:
-                return name
-        except ImportError:  # the parent package is missing
-            continue
-    return None
+from .handlers import tasks_framework
 
 
 class EchoMQConfig(AppConfig):

@@ -12,7 +12,7 @@ from django.conf import settings
 from django.core import checks
 
 from .conf import config, problems, server_problems
-from .handlers import registered
+from .handlers import registered, tasks_framework
 from .monitoring.metrics import settings_problems
 from .runners import periodic as schedule
 
@@ -42,6 +42,34 @@ def check_metrics_settings(app_configs=None, **kwargs) -> list[checks.CheckMessa
     """``ECHOMQ["METRICS"]``
     (docs/explanation/house.md#monitoring): ids ``echomq_django.E040``-``E043``."""
     return [checks.Error(msg, hint=hint, id=cid) for cid, msg, hint in settings_problems()]
+
+
+BACKEND_PREFIX = "echomq_django.tasks."
+
+
+@checks.register()
+def check_tasks_framework(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
+    """``echomq_django.E034``: a ``TASKS`` entry names this app's backend
+    (``echomq_django.tasks.EchoMQBackend``) but no tasks framework is
+    importable (Django 5.2 without the django-tasks backport): Django 5.2
+    ignores ``TASKS``, so nothing would load the backend, and a worker would
+    kill every ``@task`` job it meets for want of a handler. No Redis I/O.
+    docs/howto/tasks-backend.md"""
+    entries = getattr(settings, "TASKS", None)
+    if not isinstance(entries, dict) or tasks_framework() is not None:
+        return []
+    return [
+        checks.Error(
+            f"TASKS[{alias!r}] names {entry['BACKEND']!r}, but no tasks framework is "
+            "importable: Django 5.2 has no django.tasks and the django-tasks backport is "
+            "not installed, so this backend cannot serve it",
+            hint="pip install django-tasks (or move to Django 6), then restart the "
+            "workers: one started without it has no handler for task jobs",
+            id="echomq_django.E034",
+        )
+        for alias, entry in entries.items()
+        if isinstance(entry, dict) and str(entry.get("BACKEND", "")).startswith(BACKEND_PREFIX)
+    ]
 
 
 @checks.register(deploy=True)

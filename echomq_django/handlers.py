@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from importlib.util import find_spec
 from inspect import iscoroutinefunction
 from typing import Any
 
@@ -81,3 +82,19 @@ def registered() -> list[str]:
 def autodiscover() -> None:
     """Import every installed app's ``jobs`` module."""
     autodiscover_modules("jobs")
+
+
+TASK_JOB_NAME = "echomq_django.task"  # a Django @task's job (echomq_django/tasks.py registers it)
+
+
+def tasks_framework() -> str | None:
+    """The tasks framework importable now: ``"django.tasks"`` (Django 6),
+    ``"django_tasks"`` (the backport, Django 5.2) or None (no import is
+    done, only a look-up). docs/howto/tasks-backend.md"""
+    for name in ("django.tasks", "django_tasks"):
+        try:
+            if find_spec(name) is not None:
+                return name
+        except ImportError:  # the parent package is missing
+            continue
+    return None

@@ -72,12 +72,11 @@ from .core.exceptions import JobNotFound, Unrecoverable
 from .core.flows import new_id
 from .core.jobs import Job, JobState
 from .core.keyspace import validate_id, validate_queue
-from .handlers import handler
+from .handlers import TASK_JOB_NAME, handler
 from .protocol.client import EchoMQ
 
 __all__ = ["TASK_JOB_NAME", "WORKER_ID", "EchoMQBackend", "InvalidTask"]
 
-TASK_JOB_NAME = "echomq_django.task"
 WORKER_ID = "echomq_django"
 OPTION_KEYS = {"MAX_ATTEMPTS", "ON_COMMIT"}
 

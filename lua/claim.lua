@@ -34,7 +34,8 @@
            parent, parent_queue, parent_policy, created_at, timeout_ms, priority
            (strings; an absent field is false);
            '{"paused":1}' when the queue is paused, '{"wait":ms}' when the
-           rate limit's window is full (ms until it opens); a replay answers
+           rate limit's window is full (ms until it opens) and a job is
+           claimable ('[]' when none is: nothing to wait for); a replay answers
            '{"left":ms,"jobs":[...]}': the first call's array and the ms its
            leases have left
   errors:  none; an id whose row is gone or not pending is dropped silently
@@ -66,6 +67,9 @@ if limit > 0 then
     start, used = tonumber(now), 0
   end
   if used >= limit then
+    if redis.call('EXISTS', pending, base .. 'prioritized') == 0 then
+      return '[]'  -- nothing to wait for: a burst worker ends, an idle one rests until woken
+    end
     return cjson.encode({wait = start + per - tonumber(now)})
   end
   count = math.min(count, limit - used)

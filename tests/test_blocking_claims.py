@@ -116,6 +116,47 @@ def test_a_dead_workers_job_is_recovered_by_a_worker(mq, running) -> None:
     assert mq.get_job("q", "s").attempts == 2
 
 
+def test_a_restarted_worker_recovers_a_dead_workers_job_within_its_lease(redis_client) -> None:
+    """The worker that died holding the job also took the queue's timers
+    lock at its last sweep (it holds sweeps off for 10 s); its successor
+    recovers the job by its lease deadline (+1 s), read from Redis: the
+    active set's score and the 'stalled' event's stream id (ms).
+    docs/explanation/reliability.md#leases-and-recovery"""
+    from echomq_django import EchoMQ
+
+    mq = EchoMQ(redis_client, queues={"q": {"LEASE_MS": 1000}})
+    mq.enqueue("q", "t.echo", "again", job_id="s")
+    mq.claim("q", 1)  # the dead worker's claim
+    k = mq.keys.queue("q")
+    deadline = int(mq.client.zscore(k.active, "s"))
+    mq.client.set(k.timers_lock, "the-dead-worker", px=60_000)  # its last sweep
+    worker = Background(idle_worker(mq, concurrency=1))
+    try:
+        wait_for(lambda: done(mq, "q", "s"), what="the recovered job")
+    finally:
+        worker.worker.stop()
+        worker.join()
+    events = mq.probes.events_after("q", "0", 100)
+    stalled = [(xid, jid) for xid, jid, e in events if e == "stalled"]
+    assert [jid for _, jid in stalled] == ["s"]
+    recovered_at = int(stalled[0][0].split("-")[0])
+    assert deadline < recovered_at <= deadline + 1000
+    assert (worker.worker.timers.recovered, worker.worker.timers.sweeps) == (1, 0)
+    assert mq.get_job("q", "s").attempts == 2
+
+
+def test_a_worker_alone_fires_a_parents_children_timeout(mq, running) -> None:
+    """No pump: the worker's sweep learns the deadline, its timer fires it
+    (docs/explanation/reliability.md#leases-and-recovery); the child's queue
+    has no worker at all."""
+    kids = [Flow("kids", "t.echo", 1, job_id="c")]
+    mq.add_flow(Flow("q", "t.sum_children", job_id="p", children=kids, children_timeout_ms=300))
+    worker = running(idle_worker(mq, concurrency=1))
+    wait_for(lambda: mq.get_job("q", "p").state is JobState.DEAD, what="the children timeout")
+    assert (mq.get_job("q", "p").error, worker.timers.expired) == ("children timed out", 1)
+    assert worker.timers.sweeps == 1  # at start: the timer fired it, not a later sweep
+
+
 def test_ten_workers_sweep_a_queue_once_per_interval(mq) -> None:
     workers = [idle_worker(mq, sweep_interval=60) for _ in range(10)]
     for w in workers:

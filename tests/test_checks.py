@@ -177,3 +177,25 @@ def test_check_deploy_compares_cluster_with_the_server(redis_server, redis_clust
     assert check_ids({"URL": single.replace("/0", "/99")}, deploy=True) == ["echomq_django.E017"]
     [(_, message, _)] = conf.server_problems({"URL": node})
     assert message == f"{node}: this is a Redis Cluster node: set CLUSTER"
+
+
+TASKS_OURS = {
+    "default": {"BACKEND": "echomq_django.tasks.EchoMQBackend", "QUEUES": ["orders"]},
+    "other": {"BACKEND": "django_tasks.backends.immediate.ImmediateBackend"},
+}
+
+
+def test_a_tasks_setting_without_a_tasks_framework_is_e034(monkeypatch) -> None:
+    """Django 5.2 ignores ``TASKS``: without the backport nothing loads our
+    backend, and workers would kill every task job (docs/howto/tasks-backend.md)."""
+    with override_settings(TASKS=TASKS_OURS):
+        assert "echomq_django.E034" not in ids(GOOD)  # the backport is installed here
+        monkeypatch.setattr("echomq_django.checks.tasks_framework", lambda: None)
+        with override_settings(ECHOMQ=GOOD):
+            found = [m for m in run_checks(databases=[]) if m.id == "echomq_django.E034"]
+    assert [m.msg for m in found] == [
+        "TASKS['default'] names 'echomq_django.tasks.EchoMQBackend', but no tasks framework "
+        "is importable: Django 5.2 has no django.tasks and the django-tasks backport is not "
+        "installed, so this backend cannot serve it"
+    ]
+    assert found[0].hint.startswith("pip install django-tasks")

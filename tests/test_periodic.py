@@ -6,6 +6,9 @@ and the checks of the scheduling settings, E050-E058."""
 
 from __future__ import annotations
 
+import datetime as dt
+import zoneinfo
+
 import pytest
 from django.core.checks import run_checks
 from django.core.exceptions import ImproperlyConfigured
@@ -76,6 +79,99 @@ def test_a_restart_shorter_than_the_period_loses_no_tick(tmq, clock) -> None:
     assert Scheduler(tmq, [every(60)]).fire_due() == [("q", f"beat-{tick}")]
     clock.now = tick + 5 * MINUTE + 1  # a long outage: only the latest missed tick fires
     assert Scheduler(tmq, [every(60)]).fire_due() == [("q", f"beat-{tick + 5 * MINUTE}")]
+
+
+# -- the clock: daylight-saving changes and restarts (docs/howto/periodic.md) ------
+
+NEW_YORK = "America/New_York"  # 2026: spring forward Mar 8 02:00, fall back Nov 1 02:00
+
+
+def utc_ms(*when: int) -> int:
+    return int(dt.datetime(*when, tzinfo=dt.UTC).timestamp() * 1000)
+
+
+def local(ms: int, tz: str = NEW_YORK) -> str:
+    return dt.datetime.fromtimestamp(ms / 1000, zoneinfo.ZoneInfo(tz)).isoformat()
+
+
+def fired_between(mq, clock, entry: Entry, start: int, end: int, step_ms: int = MINUTE):
+    """Drive one scheduler from ``start`` to ``end`` (ms) a step at a time, as
+    a pump's loop would; returns the local times of the jobs it added."""
+    clock.now = start
+    scheduler = Scheduler(mq, [entry])
+    added = []
+    while clock.now < end:
+        added += scheduler.fire_due()
+        clock.advance(step_ms)
+    ticks = [int(job_id.rsplit("-", 1)[1]) for _, job_id in added]
+    assert len(set(ticks)) == len(ticks) == mq.counts(entry.queue)["pending"]
+    return [local(t, entry.tz) for t in ticks]
+
+
+def cron(rule: str, tz: str = NEW_YORK) -> Entry:
+    return Entry(key="c", name="ops.ping", queue="q", cron=rule, tz=tz)
+
+
+def test_a_wall_clock_time_that_happens_twice_fires_once(tmq, clock) -> None:
+    """Fall back: 01:30 happens at 05:30 and 06:30 UTC on Nov 1; a daily
+    01:30 rule fires at the first only (croniter alone answers both)."""
+    fired = fired_between(
+        tmq, clock, cron("30 1 * * *"), utc_ms(2026, 10, 31, 12), utc_ms(2026, 11, 2, 12)
+    )
+    assert fired == ["2026-11-01T01:30:00-04:00", "2026-11-02T01:30:00-05:00"]
+
+
+def test_a_wall_clock_time_that_never_happens_fires_once_after_the_gap(tmq, clock) -> None:
+    """Spring forward: 02:30 does not exist on Mar 8; it fires once, at
+    03:00 (the first instant after the gap), as croniter and cron answer."""
+    fired = fired_between(
+        tmq, clock, cron("30 2 * * *"), utc_ms(2026, 3, 7, 12), utc_ms(2026, 3, 9, 12)
+    )
+    assert fired == ["2026-03-08T03:00:00-04:00", "2026-03-09T02:30:00-04:00"]
+
+
+def test_a_wildcard_hour_rule_counts_elapsed_time_across_fall_back(tmq, clock) -> None:
+    """Every 30 minutes keeps firing every 30 real minutes through the hour
+    that repeats (cron's rule for wildcard hours): no hole of 90 minutes."""
+    fired = fired_between(
+        tmq, clock, cron("*/30 * * * *"), utc_ms(2026, 11, 1, 4), utc_ms(2026, 11, 1, 7, 1)
+    )
+    assert fired == [
+        "2026-11-01T00:30:00-04:00",
+        "2026-11-01T01:00:00-04:00",
+        "2026-11-01T01:30:00-04:00",
+        "2026-11-01T01:00:00-05:00",
+        "2026-11-01T01:30:00-05:00",
+        "2026-11-01T02:00:00-05:00",
+    ]
+
+
+def test_every_s_across_pump_restarts_fires_each_tick_once(tmq, clock) -> None:
+    """Pumps restarted mid-period, across a tick, and an old pump still
+    sweeping while its successor starts: each tick fires exactly once."""
+    entry = every(60)
+    start = T0 - T0 % MINUTE + 10_000
+    clock.now = start
+    old = Scheduler(tmq, [entry])
+    assert old.fire_due() == []  # first start: the mark only
+    fired = []
+    plan = [  # (ms after start, the schedulers alive then)
+        (50_000, "old"),  # tick 1
+        (80_000, "old new"),  # new starts mid-period while old still runs
+        (110_000, "old new"),  # tick 2: both sweep it
+        (130_000, "new"),  # old stopped
+        (190_000, "newer"),  # new down across tick 3, restarted 20 s after it
+        (230_000, "newer"),  # tick 4
+    ]
+    alive = {"old": old}
+    for at, names in plan:
+        clock.now = start + at
+        for name in names.split():
+            alive.setdefault(name, Scheduler(tmq, [entry]))
+            fired += alive[name].fire_due()
+    first = start - start % MINUTE + MINUTE
+    assert fired == [("q", f"beat-{first + i * MINUTE}") for i in range(4)]
+    assert tmq.counts("q")["pending"] == 4
 
 
 def test_a_crash_between_add_and_mark_does_not_fire_twice(tmq, clock) -> None:

@@ -46,6 +46,17 @@ def test_runworker_refuses_max_jobs_below_one(r, db):
     assert (code, err) == (1, "runworker: --max-jobs must be a whole number >= 1, got -1\n")
 
 
+def test_runworker_refuses_max_stalls_below_zero_and_passes_it_on(r, db, monkeypatch):
+    code, err = run_command("runworker", "q", "--max-stalls", "-1")
+    assert (code, err) == (1, "runworker: --max-stalls must be a whole number >= 0, got -1\n")
+    from echomq_django.runners.worker import Worker
+
+    seen = []
+    monkeypatch.setattr(Worker, "run", lambda self, **kw: seen.append(self.timers.max_stalls))
+    assert run_command("runworker", "q", "--max-stalls", "5", "--burst")[0] == 0
+    assert seen == [5]
+
+
 @pytest.mark.parametrize("command", ["runworker", "runpump"])
 def test_the_commands_say_a_cluster_node_needs_cluster(command, redis_cluster, monkeypatch):
     from echomq_django import conf
@@ -77,3 +88,47 @@ def test_a_db_index_out_of_range_is_reported_as_itself(redis_server, monkeypatch
         conf.reset()
     assert code == 1
     assert err.startswith(f"runworker: DB index is out of range: {url} selects db 99")
+
+
+def test_runworker_warns_once_when_periodic_jobs_have_no_pump(redis_server, db, caplog):
+    """Periodic jobs fire only under a pump: ``runworker`` alone says so at
+    start, once, naming the entries; not when a live pump serves the queue
+    (docs/howto/periodic.md)."""
+    import logging
+
+    from django.conf import settings
+    from django.test import override_settings
+
+    from echomq_django import conf
+    from echomq_django.protocol.presence import ProcessInfo
+
+    cfg = {
+        **settings.ECHOMQ,
+        "SCHEDULE": {
+            "tick": {"name": "t.echo", "queue": "sq", "every_s": 3600},
+            "elsewhere": {"name": "t.echo", "queue": "other", "every_s": 3600},
+        },
+    }
+    with override_settings(ECHOMQ=cfg):
+        conf.reset()
+        try:
+            with caplog.at_level(logging.WARNING, logger="echomq_django.worker"):
+                assert run_command("runworker", "sq", "--burst")[0] == 0
+            warned = [r.getMessage() for r in caplog.records if "periodic jobs" in r.getMessage()]
+            assert warned == [
+                "runworker: periodic jobs tick (queue sq) fire only under a pump, and no live "
+                "pump serves their queues: run `manage.py runpump sq` or `runworker --pump`"
+            ]
+            mq = conf.get_mq()
+            now = mq.clock()
+            pump = ProcessInfo("p1", "pump", "h", 1, ["sq"], now, now, now, mq.keys.prefix)
+            mq.presence.beat(pump, 60)
+            caplog.clear()
+            try:
+                with caplog.at_level(logging.WARNING, logger="echomq_django.worker"):
+                    assert run_command("runworker", "sq", "--burst")[0] == 0
+            finally:
+                mq.presence.leave("p1")
+            assert not [r for r in caplog.records if "periodic jobs" in r.getMessage()]
+        finally:
+            conf.reset()

@@ -155,6 +155,62 @@ def test_a_sweep_rewakes_a_queue_whose_marker_was_lost(tmq, priority) -> None:
     assert markers(tmq) == {"0": 0}
 
 
+def test_a_lease_taken_after_the_last_look_is_recovered_at_its_deadline(tmq, clock) -> None:
+    """The gap a sweep alone left (recovery 6-16 s late): a job leased after
+    the worker's last look at the active set expires no sooner than a lease
+    from that look, so the next look comes then and finds its deadline.
+    docs/explanation/reliability.md#leases-and-recovery"""
+    timers = Timers(tmq, ["q"], leases={"q": 1000})
+    timers.run()  # the first sweep: nothing active
+    assert (timers.sweeps, timers.lease_at["q"]) == (1, T0 + 1000)
+    clock.advance(500)
+    tmq.enqueue("q", "job", job_id="s")
+    dead = claim_one(tmq, "q", "s", lease_ms=1000)  # a worker that died holding it
+    clock.advance(500)
+    assert timers.next_in() == 0
+    timers.run()  # the look: nothing expired yet, the deadline learnt
+    assert (timers.recovered, timers.lease_at["q"]) == (0, dead.lease_deadline + 1)
+    clock.advance(dead.lease_deadline - clock.now)
+    assert timers.next_in() > 0  # due only once the deadline has passed
+    clock.advance(1)
+    timers.run()
+    assert (timers.recovered, timers.sweeps) == (1, 1)  # by the lease timer, not a sweep
+    jobkit.assert_state(tmq, "q", "s", JobState.PENDING)
+    assert timers.lease_at["q"] == clock.now + 1000  # nothing active: a lease from now
+
+
+def test_a_worker_expires_a_parent_at_its_children_deadline(tmq, clock) -> None:
+    """``children_timeout_ms`` without a pump: the worker's sweep learns the
+    earliest deadline and its timer fires then
+    (docs/howto/priorities-rate-limits.md#flow-control)."""
+    tmq.add_flow(jobkit.node("p", [jobkit.leaf("c", queue="kids")], children_timeout_ms=2000))
+    timers = Timers(tmq, ["q"])
+    timers.run()
+    assert timers.expire_at["q"] == T0 + 2000
+    clock.advance(1999)
+    timers.run()
+    assert timers.expired == 0
+    clock.advance(1)
+    assert timers.next_in() == 0
+    timers.run()
+    assert (timers.expired, timers.sweeps, timers.expire_at["q"]) == (1, 1, None)
+    assert tmq.get_job("q", "p").error == "children timed out"
+
+
+def test_a_worker_locked_out_of_the_sweep_still_keeps_the_deadlines(tmq, clock) -> None:
+    """A restarted worker finds the timers lock held by the one that died:
+    it still learns the lease and children deadlines and fires them."""
+    tmq.add_flow(jobkit.node("p", [jobkit.leaf("c", queue="kids")], children_timeout_ms=2000))
+    tmq.client.set(tmq.keys.queue("q").timers_lock, "the-dead-worker", px=60_000)
+    timers = Timers(tmq, ["q"], leases={"q": 1000})
+    timers.run()
+    assert (timers.sweeps, timers.expire_at["q"], timers.lease_at["q"]) == (0, T0 + 2000, T0 + 1000)
+    clock.advance(2000)
+    timers.run()
+    assert (timers.expired, timers.sweeps) == (1, 0)
+    assert tmq.get_job("q", "p").error == "children timed out"
+
+
 # -- a worker restart ------------------------------------------------------------
 
 

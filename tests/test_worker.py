@@ -226,6 +226,31 @@ def test_an_unknown_job_name_fails_cleanly_and_the_worker_goes_on(mq, caplog):
     assert warnings == [job.error, dead]
 
 
+def test_a_worker_without_the_tasks_backend_says_so_for_a_task_job(mq, monkeypatch):
+    """A worker started before the tasks framework was installed has no
+    handler for ``@task`` jobs: the error says that, and the fix (restart),
+    not "register a handler".
+    docs/howto/tasks-backend.md"""
+    from echomq_django import handlers
+
+    monkeypatch.delitem(handlers._registry, "echomq_django.task")  # as if never loaded
+    mq.enqueue("q", "echomq_django.task", {"task": "x.y"}, job_id="t", max_attempts=1)
+    burst(mq, ["q"], concurrency=1)
+    job = mq.get_job("q", "t")
+    assert (job.state, job.error) == (
+        JobState.DEAD,
+        "UnknownJobName: this worker has no handler for Django tasks (job name "
+        "'echomq_django.task'): the tasks backend (echomq_django.tasks) was not loaded in "
+        "this worker process, as no tasks framework was importable when it started; "
+        "django_tasks is importable now: restart this worker to load it",
+    )
+    monkeypatch.setattr("echomq_django.runners.pool.tasks_framework", lambda: None)
+    assert unknown_name_error("echomq_django.task").endswith(
+        "; install it (Django 5.2: pip install django-tasks; Django 6 has django.tasks), "
+        "then restart this worker"
+    )
+
+
 def test_a_result_that_is_not_json_kills_the_job_at_once(mq):
     """Attempts left or not: another attempt would run the handler's side
     effects again for a result that still cannot be stored."""

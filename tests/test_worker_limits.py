@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import re
+import secrets
 
 import pytest
 
@@ -23,6 +24,11 @@ def _fresh_handlers():
     handlers.LIMITED.clear()
     yield
     handlers.RELEASE.set()  # never leave a handler thread blocked
+
+
+def seen(job_id):
+    """What ``t.block`` handlers of ``job_id`` saw (another test's may return late)."""
+    return [x for x in handlers.SEEN if x[0] == job_id]
 
 
 def state(mq, job_id, queue="q"):
@@ -80,6 +86,54 @@ def test_more_stuck_threads_than_max_stuck_stop_the_worker(redis_client) -> None
                                                   "its time limit of 50 ms")  # fmt: skip
 
 
+def test_a_stop_waits_for_a_written_off_handler_within_the_shutdown_timeout(mq) -> None:
+    """SIGTERM's rule (docs/explanation/reliability.md#stopping-a-worker): a
+    handler past its time limit was failed and written off, but its side
+    effects still run; a graceful stop waits for it like any running handler
+    (it used to return at once, and the process exit cut the handler off)."""
+    jid = "w" + secrets.token_hex(4)  # a late handler of another test may return
+    mq.enqueue("q", "t.block", job_id=jid, timeout_ms=50, max_attempts=1)
+    worker = Worker(["q"], concurrency=1, mq=mq, poll_interval=0.02, shutdown_timeout=60)
+    bg = Background(worker)
+    wait_for(lambda: state(mq, jid) is JobState.DEAD, what="the attempt to time out")
+    assert worker.loop.timeouts.stuck == 1
+    worker.stop()  # what SIGTERM calls
+    bg.thread.join(0.5)
+    assert bg.thread.is_alive() and seen(jid) == []  # still waiting for the handler
+    handlers.RELEASE.set()
+    bg.join()
+    assert (seen(jid), worker.loop.timeouts.stuck) == ([(jid, True)], 0)
+    assert mq.get_job("q", jid).result is None  # its late result is still discarded
+
+
+def test_a_stop_gives_up_on_a_written_off_handler_at_the_shutdown_timeout(mq, caplog) -> None:
+    jid = "g" + secrets.token_hex(4)  # a late handler of another test may return
+    mq.enqueue("q", "t.block", job_id=jid, timeout_ms=50, max_attempts=1)
+    worker = Worker(["q"], concurrency=1, mq=mq, poll_interval=0.02, shutdown_timeout=0.2)
+    bg = Background(worker)
+    wait_for(lambda: worker.loop.timeouts.stuck == 1, what="the attempt to time out")
+    with caplog.at_level(logging.WARNING, logger="echomq_django.worker"):
+        worker.stop()
+        bg.join()
+    assert (seen(jid), worker.left_running) == ([], 1)  # given up on: never released
+    assert (
+        "stopped with 1 handlers past their time limit still running (their jobs were "
+        "failed as timed out); exiting now cuts them off"
+    ) in [r.getMessage() for r in caplog.records]
+
+
+def test_a_burst_run_waits_for_its_written_off_handler(mq) -> None:
+    jid = "u" + secrets.token_hex(4)  # a late handler of another test may return
+    mq.enqueue("q", "t.block", job_id=jid, timeout_ms=50, max_attempts=1)
+    worker = Worker(["q"], concurrency=1, mq=mq, poll_interval=0.02, shutdown_timeout=60)
+    bg = Background(worker, burst=True)
+    wait_for(lambda: worker.loop.stopping.is_set(), what="the burst's end to become a stop")
+    assert (worker.loop.timeouts.stuck, seen(jid)) == (1, [])
+    handlers.RELEASE.set()
+    assert bg.join() == 1
+    assert seen(jid) == [(jid, True)]
+
+
 def test_rate_limited_puts_the_job_back_without_spending_an_attempt(mq) -> None:
     # retry after 1 s: the burst worker's timers promote a due delayed job, so a
     # shorter wait raced the burst's end on a slow run (it ran the job again)
@@ -99,12 +153,41 @@ def test_a_full_rate_window_stops_claims_for_every_worker(redis_client) -> None:
     mq = EchoMQ(redis_client, queues=limits)
     for i in range(5):
         mq.enqueue("q", "t.echo", i, job_id=f"j{i}")
-    assert burst(mq, ["q"])[1] == 2
-    assert burst(EchoMQ(redis_client, queues=limits), ["q"])[1] == 0  # another process
+    assert len(mq.claim("q", 5)) == 2
+    other = EchoMQ(redis_client, queues=limits).claim("q", 5)  # another process
+    assert (len(other), 0 < other.wait_ms <= 60_000) == (0, True)
     assert mq.counts("q")["pending"] == 3
 
 
+def test_a_full_window_with_nothing_claimable_is_no_wait(redis_client) -> None:
+    """A full window on an empty queue answers an empty claim, not a wait:
+    nothing would be claimable when it reopens (a burst ends at once)."""
+    mq = EchoMQ(redis_client, queues={"q": {"RATE_LIMIT": {"MAX": 1, "PER_MS": 60_000}}})
+    mq.enqueue("q", "t.echo", 1, job_id="j")
+    assert len(mq.claim("q", 1)) == 1
+    empty = mq.claim("q", 1)
+    assert (len(empty), empty.wait_ms, empty.paused) == (0, None, False)
+    worker, processed = burst(mq, ["q"])
+    assert (processed, worker.loop.window_waits) == (0, 0)
+
+
+def test_burst_waits_out_a_full_rate_window_and_runs_every_job(redis_client) -> None:
+    """Burst runs "until no job is pending or due": a queue resting on a full
+    RATE_LIMIT window keeps it alive, and it blocks until the window reopens
+    (one claim per window, no polling). docs/howto/testing.md#runworker---burst-in-scripts-and-ci"""
+    mq = EchoMQ(redis_client, queues={"q": {"RATE_LIMIT": {"MAX": 5, "PER_MS": 400}}})
+    for i in range(15):
+        mq.enqueue("q", "t.echo", i, job_id=f"j{i}")
+    worker, processed = burst(mq, ["q"], concurrency=4)
+    assert (processed, mq.counts("q")["completed"], mq.counts("q")["pending"]) == (15, 15, 0)
+    # 15 jobs at 5 a window: two windows were full with jobs left (a poller
+    # would count hundreds); a wait that woke early may meet its window once more
+    assert 1 <= worker.loop.window_waits <= 3
+
+
 def test_a_worker_claims_nothing_from_a_paused_queue(mq) -> None:
+    """A paused queue's pending jobs do not keep a burst alive
+    (docs/howto/testing.md#runworker---burst-in-scripts-and-ci): it returns 0 at once."""
     for i in range(3):
         mq.enqueue("q", "t.echo", i, job_id=f"j{i}")
     mq.pause("q")

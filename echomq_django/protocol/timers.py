@@ -139,8 +139,8 @@ class Timers(Part):
         """Kill held parents of ``queue`` whose ``children_timeout_ms`` has
         passed (error ``children timed out``; their policy applies upward).
         Returns ``(expired, outcome)``: how many parents timed out, and the
-        ``Outcome`` (``dead``, ``flow_failed`` up the tree). Run by the pump.
-        docs/howto/priorities-rate-limits.md#flow-control"""
+        ``Outcome`` (``dead``, ``flow_failed`` up the tree). Run by the pump
+        and by a worker's timers. docs/howto/priorities-rate-limits.md#flow-control"""
         k = self.keys
         reply = self.scripts.run(
             "expire_children",
@@ -186,14 +186,24 @@ class Timers(Part):
         head = self.client.zrange(self.keys.queue(queue).delayed, 0, 0, withscores=True)
         return int(head[0][1]) if head else None
 
-    def sweep(
-        self, queue: str, token: str, lock_ms: int
-    ) -> tuple[int | None, int | None, bool] | None:
+    def oldest_lease(self, queue: str) -> int | None:
+        """The earliest lease deadline (ms) of ``queue``'s active jobs; None
+        when none is active (a read)."""
+        return _head(self.client.zrange(self.keys.queue(queue).active, 0, 0, withscores=True))
+
+    def next_children_deadline(self, queue: str) -> int | None:
+        """The earliest ``children_timeout_ms`` deadline (ms) of ``queue``'s
+        held parents; None when none (a read). docs/howto/priorities-rate-limits.md#flow-control"""
+        k = self.keys.queue(queue)
+        return _head(self.client.zrange(k.deadlines, 0, 0, withscores=True))
+
+    def sweep(self, queue: str, token: str, lock_ms: int) -> Swept | None:
         """Take ``queue``'s timers lock for ``lock_ms`` (ms) under ``token``
         (it expires, never released: one sweep per queue per interval however
         many workers run). None when another worker holds it; else, in one
-        round trip, ``(the earliest delayed run-at (ms), the earliest lease
-        deadline (ms), whether a job is claimable)``, None for none."""
+        round trip, a ``Swept``: the earliest delayed run-at, lease deadline
+        and children deadline (ms, None for none) and whether a job is
+        claimable."""
         k = self.keys.queue(queue)
         if not self.client.set(k.timers_lock, token, nx=True, px=int(lock_ms)):
             return None
@@ -201,17 +211,32 @@ class Timers(Part):
         pipe.zrange(k.delayed, 0, 0, withscores=True)
         pipe.zrange(k.active, 0, 0, withscores=True)
         pipe.exists(k.pending, k.prioritized)  # claimable, priorities included
-        delayed, active, claimable = pipe.execute()
-        return (
-            int(delayed[0][1]) if delayed else None,
-            int(active[0][1]) if active else None,
-            bool(claimable),
-        )
+        pipe.zrange(k.deadlines, 0, 0, withscores=True)
+        delayed, active, claimable, deadlines = pipe.execute()
+        return Swept(_head(delayed), _head(active), bool(claimable), _head(deadlines))
 
     def wake(self, queue: str) -> None:
         """Leave a ``'0'`` marker on ``queue``: a job is claimable (one a
         killed worker took with it may have been lost)."""
         self.client.zadd(self.keys.queue(queue).wake, {WAKE_NOW: 0})
+
+
+@dataclass(frozen=True)
+class Swept:
+    """What a sweep read of one queue (ms, None for none): ``next_run_at``
+    (earliest delayed run-at), ``oldest_lease`` (earliest lease deadline),
+    ``claimable`` (a job is pending), ``children_deadline`` (earliest
+    ``children_timeout_ms`` deadline of a held parent)."""
+
+    next_run_at: int | None
+    oldest_lease: int | None
+    claimable: bool
+    children_deadline: int | None
+
+
+def _head(pairs) -> int | None:
+    """The score (ms) of a ``ZRANGE ... 0 0 WITHSCORES`` reply, or None."""
+    return int(pairs[0][1]) if pairs else None
 
 
 _POOL_KWARGS_DROPPED = ("orig_", "maint_notifications", "himport")

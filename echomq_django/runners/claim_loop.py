@@ -116,6 +116,9 @@ class ClaimLoop:
         self.stopping = threading.Event()
         self.forced = False
         self.stop_at = 0.0  # a stop's deadline (monotonic)
+        # set when more handlers are stuck than max_stuck: the stop that follows does
+        # not wait for written-off handlers (they are why it stops)
+        self.give_up_stuck = False
         # queue -> monotonic time it may be claimed (inf: drained, rests until woken)
         self.rest = dict.fromkeys(queues, 0.0)
         # queue -> parents this worker saw released on it (written by the reporter only): a
@@ -123,6 +126,10 @@ class ClaimLoop:
         self.released = dict.fromkeys(queues, 0)
         # queue -> the token of a claim that raised (its reply may be lost): sent again
         self.lost_claims: dict[str, str] = {}
+        # queues whose last claim met a full RATE_LIMIT window with jobs waiting: a
+        # burst waits the window out (blocking until it reopens) instead of ending
+        self.limited: set[str] = set()
+        self.window_waits = 0  # claims that met a full window (a burst's waits, counted)
         self.turn = 0
         self.warned: set[str] = set()  # job names without a handler, warned about once
         self.subscribed = False  # event kinds with receivers here recorded for our queues
@@ -152,6 +159,7 @@ class ClaimLoop:
         self.done, self.executing = _queue.SimpleQueue(), 0
         self.reporter.reset()
         self.rest = dict.fromkeys(self.queues, 0.0)
+        self.limited.clear()
         self.idle.start(self.done.put)
         self.timeouts.reopen()
 
@@ -172,7 +180,7 @@ class ClaimLoop:
         self.pool.shutdown(wait=not abandoned and not self.timeouts.stuck)
         self._log_stats(time.monotonic())
         self.stopping.clear()
-        self.forced = False
+        self.forced = self.give_up_stuck = False
 
     def run(self, burst: bool, max_jobs: int | None) -> None:
         """The claiming loop (between ``begin`` and ``end``). A burst first
@@ -235,13 +243,24 @@ class ClaimLoop:
 
     def _run_is_over(self, now: float, got: int, asked: bool, max_jobs: int | None) -> bool:
         """True when ``run()`` should return: stopping (or ``max_jobs``
-        claimed) with nothing running or unreported; a burst that found every
-        queue empty; or the shutdown timeout passed."""
+        claimed, or a burst that found every queue empty) with nothing running
+        or unreported, written-off handlers included; or the shutdown timeout
+        passed. A handler past its time limit was failed and written off, but
+        its thread still runs its side effects: the end of a run waits for it
+        as for any running handler, up to ``shutdown_timeout`` (a run that
+        ends on its own first becomes a stop, for that deadline), unless the
+        run ends because too many are stuck (``max_stuck``).
+        docs/explanation/reliability.md#stopping-a-worker"""
         if not self.executing and not self.reporter.unreported:
-            if self.stopping.is_set() or (max_jobs is not None and self.claimed >= max_jobs):
-                return True
-            if asked and got == 0:
-                return True  # burst: every queue empty, nothing running or unreported
+            over = self.stopping.is_set() or (max_jobs is not None and self.claimed >= max_jobs)
+            # burst: every queue empty (or paused); a queue resting on a full
+            # RATE_LIMIT window still has jobs: wait it out
+            over = over or (asked and got == 0 and not self.limited)
+            if over:
+                if not self.timeouts.stuck or self.give_up_stuck:
+                    return True
+                if not self.stopping.is_set():
+                    self.stop()  # no more claims; wait for the written-off handlers
         return self.stopping.is_set() and now >= self.stop_at
 
     def _next_wait(self, now: float, max_jobs: int | None) -> float:
@@ -311,8 +330,8 @@ class ClaimLoop:
             if free <= 0:
                 break
             queue = self.queues[(first + i) % n]
-            if not everywhere and self.rest[queue] > now:
-                continue
+            if self.rest[queue] > now and (not everywhere or queue in self.limited):
+                continue  # resting; a burst's last look skips a window known full too
             want = min(free, self.batch)
             released = self.released[queue]
             token = self.lost_claims.pop(queue, None) or secrets.token_hex(8)
@@ -327,7 +346,11 @@ class ClaimLoop:
                 raise
             if jobs.wait_ms:  # its RATE_LIMIT window is full: rest until it opens
                 self.rest[queue] = now + jobs.wait_ms / 1000
-            elif len(jobs) < want and self.released[queue] == released:
+                self.limited.add(queue)
+                self.window_waits += 1
+                continue
+            self.limited.discard(queue)
+            if len(jobs) < want and self.released[queue] == released:
                 # drained (or paused): rest until woken; a parent this worker
                 # saw released after the claim ran is claimed at once instead
                 self.rest[queue] = float("inf")
@@ -373,6 +396,7 @@ class ClaimLoop:
                 done.put(finished)
             else:  # its time limit passed first: the attempt was failed already
                 self.pool.retire_current()
+                done.put(None)  # a stopping loop waits for written-off handlers too
                 log.warning(
                     "job %s/%s (%s): the handler returned %.0f ms after its time limit of "
                     "%d ms (it ran %.0f ms); its result is discarded",
@@ -397,6 +421,7 @@ class ClaimLoop:
                 "the worker stops claiming and returns, for its supervisor to restart it",
                 *(stuck, self.max_stuck),
             )
+            self.give_up_stuck = True
             self.stop()
 
     def _log_stats(self, now: float) -> None:

@@ -22,7 +22,8 @@ id gate, and the entry's mark ``P:{q}:schedule:<entry>`` (the last tick fired,
 only moving forward) tells every process which tick came last. A first start
 only sets the mark (no past tick fires); a restart fires the latest tick it
 missed (one job, not one per missed tick), so a restart shorter than the
-period loses nothing.
+period loses nothing. Daylight-saving changes: ``Entry.last_tick``
+(docs/howto/periodic.md#periodic-jobs-and-the-clock).
 """
 
 from __future__ import annotations
@@ -74,20 +75,44 @@ class Entry:
     tz: str = "UTC"
 
     def last_tick(self, now_ms: int) -> int:
-        """The latest tick at or before ``now_ms`` (ms since the epoch)."""
+        """The latest tick at or before ``now_ms`` (ms since the epoch).
+        Daylight-saving changes (docs/howto/periodic.md#periodic-jobs-and-the-clock):
+        a wall-clock time that never happens (spring forward) ticks once, at
+        the first instant after the gap (croniter's answer, and cron's); one
+        that happens twice (fall back) ticks once, at its first occurrence,
+        for a rule with fixed hours, and at both for a rule whose hour field
+        is a wildcard (``*``, ``*/n``: it counts elapsed time)."""
         if self.every_s:
             period = self.every_s * 1000
             return now_ms - now_ms % period
-        start = dt.datetime.fromtimestamp((now_ms + 1) / 1000, zoneinfo.ZoneInfo(self.tz))
-        return round(_croniter()(self.cron, start).get_prev(float) * 1000)
+        it = _croniter()(self.cron, self._local(now_ms + 1))
+        tick = round(it.get_prev(float) * 1000)
+        while self._repeat(tick):
+            tick = round(it.get_prev(float) * 1000)
+        return tick
 
     def next_tick(self, now_ms: int) -> int:
-        """The first tick after ``now_ms`` (ms)."""
+        """The first tick after ``now_ms`` (ms); the same rules."""
         if self.every_s:
             period = self.every_s * 1000
             return now_ms - now_ms % period + period
-        start = dt.datetime.fromtimestamp(now_ms / 1000, zoneinfo.ZoneInfo(self.tz))
-        return round(_croniter()(self.cron, start).get_next(float) * 1000)
+        it = _croniter()(self.cron, self._local(now_ms))
+        tick = round(it.get_next(float) * 1000)
+        while self._repeat(tick):
+            tick = round(it.get_next(float) * 1000)
+        return tick
+
+    def _local(self, ms: int) -> dt.datetime:
+        return dt.datetime.fromtimestamp(ms / 1000, zoneinfo.ZoneInfo(self.tz))
+
+    def _repeat(self, tick: int) -> bool:
+        """True for a fixed-hour rule's tick at the second occurrence of a
+        wall-clock time (the hour that repeats when the clocks fall back):
+        it fired at the first."""
+        if "*" in self.cron.split()[1]:
+            return False
+        local = self._local(tick)
+        return local.fold == 1 and local.utcoffset() != local.replace(fold=0).utcoffset()
 
     def job_id(self, tick: int) -> str:
         """The id of the job of ``tick``: the same in every process."""
@@ -346,6 +371,20 @@ class Scheduler:
                 }
             )
         return out
+
+
+def without_a_pump(mq, queues: list[str]) -> list[Entry]:
+    """The ``ECHOMQ["SCHEDULE"]`` entries on ``queues`` that no live pump
+    serves (``mq.presence``): periodic jobs fire only under a pump
+    (``runpump``, or ``runworker --pump``), so ``runworker`` warns at start
+    when this is not empty. Raises ``ImproperlyConfigured`` for a bad entry,
+    ``RedisUnavailable``. docs/howto/periodic.md"""
+    scheduler = Scheduler.for_queues(mq, queues)
+    if scheduler is None:
+        return []
+    live = mq.presence.live_processes()
+    pumped = {q for p in live if p.kind == "pump" for q in p.queues}
+    return [e for e in scheduler.entries if e.queue not in pumped]
 
 
 def settings_state(mq) -> list[dict]:

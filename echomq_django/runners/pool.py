@@ -10,7 +10,7 @@ import queue as _queue
 import threading
 import traceback
 
-from ..handlers import registered
+from ..handlers import TASK_JOB_NAME, registered, tasks_framework
 
 log = logging.getLogger("echomq_django.worker")
 
@@ -49,7 +49,13 @@ def error_text(exc: BaseException, below_caller: bool = False) -> str:
 
 def unknown_name_error(name: str) -> str:
     """The error of a job whose name has no handler: names it and the
-    registered ones (the first ``NAMES_SHOWN``)."""
+    registered ones (the first ``NAMES_SHOWN``). A Django ``@task`` job
+    (``echomq_django.task``) says what is true instead: this worker process
+    has no tasks backend loaded (it started before the framework was
+    importable, or without it), and what to do.
+    docs/howto/tasks-backend.md"""
+    if name == TASK_JOB_NAME:
+        return _no_tasks_backend_error()
     names = registered()
     shown = ", ".join(names[:NAMES_SHOWN]) or "(none)"
     if len(names) > NAMES_SHOWN:
@@ -58,6 +64,22 @@ def unknown_name_error(name: str) -> str:
         f"UnknownJobName: no handler is registered for job name {name!r}; registered: "
         f"{shown}. Register one with @echomq_django.handler({name!r}) in an installed "
         "app's jobs.py"
+    )
+
+
+def _no_tasks_backend_error() -> str:
+    """Why a worker has no handler for Django tasks, and the fix."""
+    now = tasks_framework()
+    fix = (
+        f"{now} is importable now: restart this worker to load it"
+        if now
+        else "install it (Django 5.2: pip install django-tasks; Django 6 has django.tasks), "
+        "then restart this worker"
+    )
+    return (
+        f"UnknownJobName: this worker has no handler for Django tasks (job name "
+        f"{TASK_JOB_NAME!r}): the tasks backend (echomq_django.tasks) was not loaded in this "
+        f"worker process, as no tasks framework was importable when it started; {fix}"
     )
 
 

@@ -15,17 +15,26 @@ read and write them, are ``protocol/timers.py``'s.
   ``DOWN`` then ``UP`` and claims every queue once it is back, so
   nothing claimable while it was away waits for a wake-up.
 * ``Timers``: the timers a worker keeps for its queues, so ``runworker``
-  alone runs a site: it promotes due delayed jobs at their run-at (learnt
-  from ``'d'`` markers and from its sweeps), and every ``sweep_s`` seconds
-  the first worker of a queue to take the queue's short lock
-  (``P:{q}:timers:lock``, it expires, never released: at most one sweep per
-  queue per interval however many workers run) recovers expired leases,
-  reads the next delayed run-at, and re-wakes a queue that has pending jobs
-  (a marker lost with a killed worker costs at most one interval).
+  alone runs a site (periodic jobs aside): it promotes due delayed jobs at
+  their run-at (learnt from ``'d'`` markers and from its sweeps); it
+  recovers expired leases one millisecond past the earliest lease deadline
+  it read, or a lease after its last look when nothing was active (a job
+  leased later expires no sooner), so a dead worker's job is back within a
+  second of its deadline (docs/explanation/reliability.md#leases-and-recovery);
+  it kills held parents at their ``children_timeout_ms`` deadline; and
+  every ``sweep_s`` seconds the first worker of a queue to take the queue's
+  short lock (``P:{q}:timers:lock``, it expires, never released: at most
+  one sweep per queue per interval however many workers run) reads the
+  next delayed run-at, lease and children deadlines, and re-wakes a queue
+  that has pending jobs (a marker lost with a killed worker costs at most
+  one interval). The recovery and expiry scripts move only what is past
+  due, atomically, so workers firing together move each job once.
 
 Both threads' Redis commands are counted for an idle worker: one
 ``BZPOPMIN`` per ``block_s`` per blocking connection, and per queue one
-``SET NX`` per ``sweep_s`` plus three reads for the worker holding the lock.
+``SET NX`` per ``sweep_s`` plus four reads for the worker holding the lock,
+and a recovery call and a read per lease (``LEASE_MS``) while nothing is
+active.
 """
 
 from __future__ import annotations
@@ -153,19 +162,42 @@ class Timers:
     jobs that died and what that moved; their signals are durable events).
 
     ``sweep_s`` (s): sweep interval per queue; ``max_stalls``: lease expiries a
-    job survives (as the pump's); ``limit``: most jobs moved per script call.
+    job survives (as the pump's); ``limit``: most jobs moved per script call;
+    ``leases``: ``{queue: lease ms}`` this worker claims with (default each
+    queue's ``LEASE_MS``): the soonest a job leased after a look at the
+    active set can expire, so the next look comes no later
+    (docs/explanation/reliability.md#leases-and-recovery).
     Redis errors propagate (the worker waits an outage out).
     """
 
-    def __init__(self, mq, queues, *, sweep_s: float = SWEEP_S, max_stalls: int = 1, limit=1000):
+    def __init__(
+        self,
+        mq,
+        queues,
+        *,
+        sweep_s: float = SWEEP_S,
+        max_stalls: int = 1,
+        limit=1000,
+        leases: dict[str, int] | None = None,
+    ):
         if sweep_s <= 0:
             raise ValueError(f"sweep_s must be > 0 s, got {sweep_s!r}")
         self.mq, self.queues = mq, list(queues)
         self.sweep_s, self.max_stalls, self.limit = float(sweep_s), max_stalls, limit
+        leases = leases or {}
+        # the shortest lease a job of the queue can have: this worker's, or the setting
+        self.leases = {
+            q: min(int(leases.get(q) or mq.setting(q, "LEASE_MS")), int(mq.setting(q, "LEASE_MS")))
+            for q in self.queues
+        }
         self.due: dict[str, int | None] = dict.fromkeys(self.queues)  # earliest run-at (ms)
+        # ms: the next look for expired leases (None: at the next sweep), and the
+        # earliest children deadline known (None: none known)
+        self.lease_at: dict[str, int | None] = dict.fromkeys(self.queues)
+        self.expire_at: dict[str, int | None] = dict.fromkeys(self.queues)
         self.sweep_at = dict.fromkeys(self.queues, 0.0)  # monotonic time of the next sweep
         self.token = secrets.token_hex(8)
-        self.promoted = self.recovered = self.sweeps = 0
+        self.promoted = self.recovered = self.expired = self.sweeps = 0
 
     def learn(self, queue: str, run_at: int) -> None:
         if queue in self.due and (self.due[queue] is None or run_at < self.due[queue]):
@@ -180,18 +212,25 @@ class Timers:
         """Seconds until the next timer is due (0 when one is)."""
         now, ms = time.monotonic(), self.mq.clock()
         waits = [at - now for at in self.sweep_at.values()]
-        waits += [(due - ms) / 1000 for due in self.due.values() if due is not None]
+        for timer in (self.due, self.lease_at, self.expire_at):
+            waits += [(at - ms) / 1000 for at in timer.values() if at is not None]
         return max(0.0, min(waits))
 
     def run(self) -> Outcome:
         outcome = Outcome()
         now = time.monotonic()
         for queue in self.queues:
+            ms = self.mq.clock()
             due = self.due[queue]
-            if due is not None and due <= self.mq.clock():
+            if due is not None and due <= ms:
                 self._promote(queue)
             if self.sweep_at[queue] <= now:
                 self._sweep(queue, outcome)
+                continue
+            if self.lease_at[queue] is not None and self.lease_at[queue] <= ms:
+                self._recover(queue, outcome)
+            if self.expire_at[queue] is not None and self.expire_at[queue] <= ms:
+                self._expire(queue, outcome)
         return outcome
 
     def _promote(self, queue: str) -> None:
@@ -201,24 +240,57 @@ class Timers:
             return  # more are due: promote again on the next pass
         self.due[queue] = self.mq.timers.next_run_at(queue)
 
+    def _recover(self, queue: str, outcome: Outcome) -> None:
+        """Recover the expired leases of ``queue`` (the script moves only
+        what has expired, atomically: a second worker firing at the same
+        deadline moves nothing), then look again at the next deadline, or a
+        lease from now, whichever comes first."""
+        stalled = self.mq.timers.recover_stalled(
+            queue, limit=self.limit, max_stalls=self.max_stalls
+        )
+        self.recovered += stalled.recovered
+        outcome.merge(stalled)
+        self._next_lease_look(queue, self.mq.timers.oldest_lease(queue))
+
+    def _next_lease_look(self, queue: str, oldest: int | None) -> None:
+        # a lease deadline passes when the clock is past it (lua/recover_stalled.lua:
+        # deadline < now): one ms after it. A job leased after this look expires no
+        # sooner than a lease from now.
+        bound = self.mq.clock() + self.leases[queue]
+        self.lease_at[queue] = bound if oldest is None else min(oldest + 1, bound)
+
+    def _expire(self, queue: str, outcome: Outcome) -> None:
+        """Kill the held parents of ``queue`` past their children deadline
+        (atomic, as the pump's), then learn the next deadline."""
+        expired, moved = self.mq.timers.expire_children(queue, limit=self.limit)
+        self.expired += expired
+        outcome.merge(moved)
+        self.expire_at[queue] = self.mq.timers.next_children_deadline(queue)
+
     def _sweep(self, queue: str, outcome: Outcome) -> None:
         self.sweep_at[queue] = time.monotonic() + self.sweep_s
         found = self.mq.timers.sweep(queue, self.token, int(self.sweep_s * 1000))
         if found is None:
-            return  # another worker swept this queue within the interval
+            # another worker (perhaps one that died: a restart) swept this queue within
+            # the interval; this one's lease and children timers fire at their
+            # deadlines all the same, learnt here the first time
+            if self.lease_at[queue] is None:
+                self._next_lease_look(queue, self.mq.timers.oldest_lease(queue))
+                self.expire_at[queue] = self.mq.timers.next_children_deadline(queue)
+            return
         self.sweeps += 1
-        next_run_at, oldest_lease, claimable = found
         now = self.mq.clock()
-        self.due[queue] = next_run_at
-        if next_run_at is not None and next_run_at <= now:
+        self.due[queue] = found.next_run_at
+        if found.next_run_at is not None and found.next_run_at <= now:
             self._promote(queue)
-        if oldest_lease is not None and oldest_lease < now:
-            stalled = self.mq.timers.recover_stalled(
-                queue, limit=self.limit, max_stalls=self.max_stalls
-            )
-            self.recovered += stalled.recovered
-            outcome.merge(stalled)
-        if claimable:
+        if found.oldest_lease is not None and found.oldest_lease < now:
+            self._recover(queue, outcome)
+        else:
+            self._next_lease_look(queue, found.oldest_lease)
+        self.expire_at[queue] = found.children_deadline
+        if found.children_deadline is not None and found.children_deadline <= now:
+            self._expire(queue, outcome)
+        if found.claimable:
             self.mq.timers.wake(queue)  # a marker may have been lost
         # retention, queued removals and cancels, bounded per sweep
         outcome.merge(self.mq.lifecycle.prune(queue).outcome)
@@ -238,7 +310,9 @@ class Idle:
 
     def __init__(self, loop, block_s: float, sweep_s: float, max_stalls: int) -> None:
         self.loop, self.block_s = loop, block_s
-        self.timers = Timers(loop.mq, loop.queues, sweep_s=sweep_s, max_stalls=max_stalls)
+        self.timers = Timers(
+            loop.mq, loop.queues, sweep_s=sweep_s, max_stalls=max_stalls, leases=loop.leases
+        )
         self.wakeups = dict.fromkeys(("claimable", "due", "reconnect", "returned"), 0)
         self.waker: Waker | None = None
 

@@ -63,15 +63,22 @@ Decisions (documented here, relied on by the tests):
   lease expires and the pump recovers it. A claim that raised is sent again
   with its own call token, so jobs a lost reply leased come back at once.
 * Burst mode first promotes the delayed jobs already due, then stops when
-  nothing is running and a claim on every queue finds nothing; delayed jobs
-  not yet due (backoff, scheduled) are not waited for.
+  nothing is running and a claim on every queue finds nothing; a queue whose
+  ``RATE_LIMIT`` window is full with jobs waiting is waited out (blocking
+  until the window reopens), a paused queue is not, nor are delayed jobs not
+  yet due (backoff, scheduled). docs/howto/testing.md#runworker---burst-in-scripts-and-ci
 * A worker that stops hands back each queue's earliest delayed run-at it
   learnt (the ``'d'`` wake marker), for the next worker to promote on time.
 * Redis dropped under a blocking wait (restart, failover): once it answers
   again every queue is claimed from and every timer runs.
 * Stop (``stop()``, or SIGTERM/SIGINT when ``run()`` is on the main thread):
   no more claims; running jobs finish and are reported within
-  ``shutdown_timeout`` seconds. A second signal (``stop(force=True)``) returns
+  ``shutdown_timeout`` seconds. Handlers already past their time limit
+  (failed as timed out, their threads written off) are waited for too,
+  within the same deadline: their side effects get to finish (their results
+  are still discarded); so does the end of a burst or ``max_jobs`` run. Not
+  when the worker stops because more than ``max_stuck`` are stuck.
+  (docs/explanation/reliability.md#stopping-a-worker) A second signal (``stop(force=True)``) returns
   at once. Jobs still running then are left to their leases (the heartbeat
   stops; the pump recovers them) and counted in ``abandoned``.
 
@@ -136,8 +143,10 @@ class Worker:
     After ``run()``: ``processed`` (jobs completed or failed, all runs),
     ``stats`` (``completed``, ``failed`` = will retry, ``dead``, ``lost`` =
     dropped after their lease expired, ``postponed`` = back after
-    ``RateLimited``) and ``abandoned`` (jobs still running
-    when the last run returned).
+    ``RateLimited``), ``abandoned`` (jobs still running
+    when the last run returned) and ``left_running`` (handlers past their
+    time limit, written off, still running then: a process should exit at
+    once, ``os._exit``, as their threads would hold a normal exit).
     """
 
     def __init__(
@@ -183,7 +192,7 @@ class Worker:
             raise ValueError("shutdown_timeout must be >= 0 s and block_timeout > 0 s")
         self.shutdown_timeout = float(shutdown_timeout)
         self.block_timeout = float(block)
-        self.abandoned = 0
+        self.abandoned = self.left_running = 0
         self.register, self.beat_s = register, beat_s
         self.metrics = metrics
         self.max_stuck = _at_least(0, concurrency if max_stuck is None else max_stuck, "max_stuck")
@@ -241,11 +250,13 @@ class Worker:
             )
             self.stop(force=True)
         else:
+            stuck = self.loop.timeouts.stuck
             log.warning(
-                "%s: no more claims; finishing %d running jobs (up to %.0fs); send it "
+                "%s: no more claims; finishing %d running jobs%s (up to %.0fs); send it "
                 "again to stop at once",
                 name,
                 len(self.loop.held),
+                f" and {stuck} handlers past their time limit" if stuck else "",
                 self.shutdown_timeout,
             )
             self.stop()
@@ -313,6 +324,7 @@ class Worker:
             for thread in helpers:  # daemons: one stuck on a dead socket is left behind
                 thread.join(timeout=0 if loop.reporter.unreported else 2.0)
             self.abandoned = held
+            stuck = self.left_running = loop.timeouts.stuck
             restore()
             loop.shut_pool(self.abandoned)
             if self.abandoned:
@@ -320,6 +332,12 @@ class Worker:
                     "stopped with %d jobs still running; their leases will expire and "
                     "the pump recovers them",
                     self.abandoned,
+                )
+            if stuck:
+                log.warning(
+                    "stopped with %d handlers past their time limit still running (their jobs "
+                    "were failed as timed out); exiting now cuts them off",
+                    stuck,
                 )
             log.info("worker stopped: processed %d jobs this run", self.processed - start)
         return self.processed - start

@@ -142,3 +142,19 @@ def test_a_small_soak_runs_and_its_mirror_holds_what_redis_holds():
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert bad.returncode == 2 and "--second-share is 0-100" in bad.stderr
+
+
+def test_the_restart_latency_scenario_runs(redis_server, tmp_path):
+    """``python -m bench.restart --restarts 1``: it runs, writes its figures,
+    and the delayed job ran on the new worker (no timing asserted)."""
+    out = tmp_path / "restart.json"
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.restart", "--restarts", "1", "--redis-url", redis_server,
+         "--json", str(out)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    data = json.loads(out.read_text())
+    assert (data["restarts"], data["counted"] + data["late_start"], data["bullmq"]) == (1, 1, "n/a")
+    assert "target p90 <= 100 ms" in proc.stdout

@@ -189,6 +189,29 @@ def test_sigterm_lets_the_running_job_finish_and_exits_0(run, mq):
     ) in worker.stderr()
 
 
+def test_sigterm_waits_for_a_written_off_handler_then_exits_1_at_the_deadline(run, mq):
+    """A handler past its time limit is waited for within --shutdown-timeout
+    (docs/explanation/reliability.md#stopping-a-worker); still running at the
+    deadline, the process exits at once (its thread would hold a normal exit
+    for as long as the handler runs: t.block, 30 s)."""
+    mq.enqueue("q", "t.block", job_id="b", timeout_ms=100, max_attempts=1)
+    worker = run("runworker", "q", "--shutdown-timeout", "1")
+    wait_for(lambda: mq.get_job("q", "b").state is JobState.DEAD, what="the time limit")
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=20) == 1
+    err = worker.stderr()
+    # (the dead job may not have left the worker's held set yet: 0 or 1 running)
+    assert re.search(
+        r"SIGTERM: no more claims; finishing [01] running jobs and 1 handlers past their "
+        r"time limit \(up to 1s\); send it again to stop at once",
+        err,
+    ), err
+    assert (
+        "runworker: stopped with 1 handlers past their time limit still running; exiting "
+        "cuts them off"
+    ) in err
+
+
 def test_a_second_signal_stops_at_once_leaving_the_lease(run, mq):
     mq.enqueue("q", "t.slow", 20.0, job_id="s")
     worker = run("runworker", "q")

@@ -30,10 +30,8 @@ BUDGET_S = 120.0  # the flows' end, kills included; the rest is start-up and the
 
 def start_processes(tmp_path, url: str, cluster: bool) -> tuple[list[Proc], list[Proc]]:
     queues = list(QUEUES)
-    workers = [
-        Proc(tmp_path, url, cluster, "runworker", *queues, "--concurrency", "8", "--verbosity", "0")
-        for _ in range(2)
-    ]
+    worker_args = ("--concurrency", "8", "--max-stalls", "1000", "--verbosity", "0")
+    workers = [Proc(tmp_path, url, cluster, "runworker", *queues, *worker_args) for _ in range(2)]
     pump_args = ("--interval", "0.2", "--max-stalls", "1000", "--no-mirror", "--verbosity", "0")
     pumps = [Proc(tmp_path, url, cluster, "runpump", *queues, *pump_args) for _ in range(2)]
     return workers, pumps

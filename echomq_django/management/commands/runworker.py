@@ -13,8 +13,14 @@ unreachable at start with ``--burst`` or ``--no-wait``, or is not what the setti
 say (a Cluster node without CLUSTER, a DB index out of range), the settings
 or a flag are wrong (``--max-jobs`` >= 1), or
 the worker stopped with jobs still running (a second signal, or
-``--shutdown-timeout`` passed): those are left to their leases, and the pump
-recovers them.
+``--shutdown-timeout`` passed): those are left to their leases, and a
+worker's timers (or the pump) recover them.
+
+Alone, ``runworker`` runs a site's queues but for periodic jobs: its timers
+promote delayed jobs, recover expired leases at their deadline and fire
+``children_timeout_ms``; ``ECHOMQ["SCHEDULE"]`` entries fire only under a pump,
+so it logs one WARNING at start when some on its queues have no live pump
+(docs/howto/operate.md#which-commands-a-site-runs).
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from echomq_django.core.keyspace import whole_number
 from echomq_django.logs import setup_logging
 from echomq_django.monitoring import metrics
 from echomq_django.monitoring.mirror import mirror_after_sweep
+from echomq_django.runners import periodic
 from echomq_django.runners.outage import reach_redis_at_start
 from echomq_django.runners.pump import Pump
 from echomq_django.runners.wake import BLOCK_S, SWEEP_S
@@ -58,8 +65,9 @@ class Command(BaseCommand):
         parser.add_argument(
             "--burst",
             action="store_true",
-            help="exit once the queues are empty and nothing is running "
-            "(delayed jobs are not waited for)",
+            help="exit once no job is pending or due and nothing is running: a full "
+            "RATE_LIMIT window is waited out, a paused queue and delayed jobs not yet due "
+            "are not (docs/howto/testing.md#runworker---burst-in-scripts-and-ci)",
         )
         parser.add_argument(
             "--max-jobs",
@@ -93,8 +101,15 @@ class Command(BaseCommand):
             "--sweep-interval",
             type=float,
             default=SWEEP_S,
-            help="seconds between lease-recovery sweeps of a queue, done by one of "
-            f"its workers (default {SWEEP_S:g})",
+            help="seconds between sweeps of a queue (the safety net: lost wake-ups, "
+            f"retention), done by one of its workers (default {SWEEP_S:g})",
+        )
+        parser.add_argument(
+            "--max-stalls",
+            type=int,
+            default=1,
+            help="lease expiries a job survives before it dies, when this worker's timers "
+            "recover it (default 1; give runpump the same)",
         )
         parser.add_argument(
             "--no-wait",
@@ -147,6 +162,7 @@ class Command(BaseCommand):
                 self._exit(f"runworker: {metrics.MISSING}")
         try:
             whole_number("--max-jobs", opts["max_jobs"], 1, optional=True)
+            whole_number("--max-stalls", opts["max_stalls"], 0)
             worker = Worker(
                 opts["queues"],
                 concurrency=opts["concurrency"],
@@ -155,6 +171,7 @@ class Command(BaseCommand):
                 shutdown_timeout=opts["shutdown_timeout"],
                 block_timeout=opts["block_timeout"],
                 sweep_interval=opts["sweep_interval"],
+                max_stalls=opts["max_stalls"],
                 drainer=None if missing else Drainer(mq),
                 metrics=counters,
             )
@@ -163,6 +180,8 @@ class Command(BaseCommand):
         problem = metrics.serve_for_command(opts, mq, worker.queues)
         if problem:
             self._exit(f"runworker: {problem}")
+        if not opts["pump"]:
+            self._warn_unfired_schedule(mq, worker.queues)
         stop_pump = self._start_pump(mq, opts) if opts["pump"] else None
         try:
             worker.run(burst=opts["burst"], max_jobs=opts["max_jobs"])
@@ -176,6 +195,32 @@ class Command(BaseCommand):
                 f"runworker: stopped with {worker.abandoned} jobs still running; "
                 "their leases will expire and the pump recovers them",
                 hard=True,
+            )
+        if worker.left_running:
+            # written off past their time limit (their jobs failed already): their
+            # threads would hold a normal exit for as long as they run
+            self._exit(
+                f"runworker: stopped with {worker.left_running} handlers past their time "
+                "limit still running; exiting cuts them off",
+                hard=True,
+            )
+
+    def _warn_unfired_schedule(self, mq, queues) -> None:
+        """One WARNING when ``ECHOMQ["SCHEDULE"]`` has entries on these
+        queues and no live pump serves them: periodic jobs fire only under a
+        pump (docs/howto/periodic.md). Silent if it cannot tell."""
+        try:
+            unfired = periodic.without_a_pump(mq, queues)
+        except Exception:  # a bad entry is check's to report; Redis away: the loop's
+            return
+        if unfired:
+            names = ", ".join(f"{e.key} (queue {e.queue})" for e in unfired)
+            where = " ".join(sorted({e.queue for e in unfired}))
+            logging.getLogger("echomq_django.worker").warning(
+                "runworker: periodic jobs %s fire only under a pump, and no live pump "
+                "serves their queues: run `manage.py runpump %s` or `runworker --pump`",
+                names,
+                where,
             )
 
     def _start_pump(self, mq, opts):
