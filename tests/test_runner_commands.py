@@ -132,3 +132,20 @@ def test_runworker_warns_once_when_periodic_jobs_have_no_pump(redis_server, db, 
             assert not [r for r in caplog.records if "periodic jobs" in r.getMessage()]
         finally:
             conf.reset()
+
+
+def test_runworker_burst_with_pump_finishes_a_cross_queue_flow(r, db):
+    """``--burst --pump`` runs bursts and pump sweeps in turn: the children's
+    burst, the sweep that delivers their results to the parent on another
+    queue, the parent's burst (docs/howto/testing.md#runworker---burst-in-scripts-and-ci).
+    A single burst left the parent ``awaiting_children`` and exited 0."""
+    from echomq_django import Flow, JobState
+    from echomq_django.conf import get_mq
+
+    mq = get_mq()
+    kids = [Flow("kids", "t.echo", n, job_id=f"c{n}") for n in (1, 2, 4)]
+    mq.add_flow(Flow("q", "t.sum_children", job_id="p", children=kids))
+    assert run_command("runworker", "q", "kids", "--burst", "--pump", "--no-mirror")[0] == 0
+    parent = mq.get_job("q", "p")
+    assert (parent.state, parent.result) == (JobState.COMPLETED, 7)
+    assert mq.counts("kids")["completed"] == 3

@@ -193,6 +193,7 @@ class Worker:
         self.shutdown_timeout = float(shutdown_timeout)
         self.block_timeout = float(block)
         self.abandoned = self.left_running = 0
+        self.signalled = False  # SIGTERM or SIGINT reached run() (runworker --burst --pump)
         self.register, self.beat_s = register, beat_s
         self.metrics = metrics
         self.max_stuck = _at_least(0, concurrency if max_stuck is None else max_stuck, "max_stuck")
@@ -242,6 +243,7 @@ class Worker:
 
     def _on_signal(self, signum, frame) -> None:
         name = signal.Signals(signum).name
+        self.signalled = True
         if self.loop.stopping.is_set():
             log.warning(
                 "%s again: stopping now; %d running jobs are left to their leases",

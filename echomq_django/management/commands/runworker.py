@@ -45,6 +45,9 @@ from echomq_django.runners.pump import Pump
 from echomq_django.runners.wake import BLOCK_S, SWEEP_S
 from echomq_django.runners.worker import Worker
 
+# what a pump sweep moved that a next burst may run (SweepReport's counts)
+SWEEP_MOVES = ("delivered", "promoted", "recovered", "released", "scheduled")
+
 
 class Command(BaseCommand):
     help = (
@@ -182,12 +185,15 @@ class Command(BaseCommand):
             self._exit(f"runworker: {problem}")
         if not opts["pump"]:
             self._warn_unfired_schedule(mq, worker.queues)
-        stop_pump = self._start_pump(mq, opts) if opts["pump"] else None
-        try:
-            worker.run(burst=opts["burst"], max_jobs=opts["max_jobs"])
-        finally:
-            if stop_pump is not None:
-                stop_pump()
+        if opts["burst"] and opts["pump"]:
+            self._burst_with_pump(worker, mq, opts)
+        else:
+            stop_pump = self._start_pump(mq, opts) if opts["pump"] else None
+            try:
+                worker.run(burst=opts["burst"], max_jobs=opts["max_jobs"])
+            finally:
+                if stop_pump is not None:
+                    stop_pump()
         if worker.abandoned:
             # Handler threads still run and cannot be interrupted; leave now and
             # let their leases expire (the pump recovers the jobs).
@@ -222,6 +228,34 @@ class Command(BaseCommand):
                 names,
                 where,
             )
+
+    def _burst_with_pump(self, worker, mq, opts) -> None:
+        """``--burst --pump``: a burst, then one pump sweep, in turn, until a
+        burst runs nothing and a sweep moves nothing (delivers, releases,
+        promotes, recovers or schedules no job), so a cross-queue flow
+        finishes in one command: the children's burst, the sweep that
+        delivers their results and releases the parent, the parent's burst
+        (docs/howto/testing.md#runworker---burst-in-scripts-and-ci). A
+        signal, an abandoned handler or ``--max-jobs`` spent ends it too.
+        Exits 1 when Redis stops answering between two bursts."""
+        hooks = [] if opts["no_mirror"] else [mirror_after_sweep]
+        pump = Pump(opts["queues"], mq=mq, after_sweep=hooks)
+        left = opts["max_jobs"]
+        while True:
+            ran = worker.run(burst=True, max_jobs=left)
+            if worker.signalled or worker.abandoned or worker.left_running:
+                return
+            if left is not None:
+                left -= ran
+                if left <= 0:
+                    return
+            try:
+                reports = pump.sweep()
+            except RedisUnavailable as err:
+                self._exit(f"runworker: {err}")
+            moved = sum(r[k] for r in reports.values() for k in SWEEP_MOVES)
+            if not ran and not moved:
+                return
 
     def _start_pump(self, mq, opts):
         """Run ``Pump.run`` for the worker's queues on a daemon thread;
