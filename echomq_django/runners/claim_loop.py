@@ -430,9 +430,9 @@ class ClaimLoop:
         if done != last:
             rate = (done - last) / max(now - since, 1e-3)
             log.info(
-                "processed %d jobs (%.0f/s), failed %d, dead %d, lost %d, queues %s",
+                "processed %d jobs (%s/s), failed %d, dead %d, lost %d, queues %s",
                 done,
-                rate,
+                f"{rate:.0f}" if rate >= 10 else f"{rate:.2g}",
                 self.reporter.stats["failed"],
                 self.reporter.stats["dead"],
                 self.reporter.stats["lost"],

@@ -215,6 +215,11 @@ class Pump:
             beat_s=self.beat_s,
             status=lambda: {"jobs_done": t.delivered + t.promoted + t.recovered},
         )
+        log.info(
+            "pump started: queues %s, %s",
+            ", ".join(self.queues),
+            "one sweep" if once else f"a sweep every {interval:g} s and on each wake-up",
+        )
         waker = None
         if not once:
             waker = Waker(self.mq, self.queues, "outbox_wake", self._posted.put, block_s=block_s)

@@ -71,6 +71,12 @@ def test_runners_and_a_view_started_before_redis_come_up_with_it(tmp_path):
         server = restart(server)
         done = wait_until(lambda: len(runs(run_log)) == 10, 30)
         assert done, worker.log.read_text() + pump.log.read_text()
+        # the worker's drainer may push and run every job while the pump is
+        # still in a backoff wait (up to 30 s): it meets Redis at its next try
+        back = wait_until(
+            lambda: all("reachable again" in p.log.read_text() for p in (worker, pump)), 45
+        )
+        assert back, worker.log.read_text() + pump.log.read_text()
         assert view.stop() == 0
         assert stop_all([worker, pump]) == [0, 0]
     finally:
