@@ -475,6 +475,7 @@ def test_the_pages_links_and_includes_resolve():
             "deploy",
             "durable-enqueue",
             "logging",
+            "metrics-alerts",
             "migrate",
             "operate",
             "read-flows",
@@ -509,3 +510,20 @@ def test_the_pages_links_and_includes_resolve():
             for mark in re.findall(r':(?:start|end)-at: "(.+)"', options):
                 assert mark in path.read_text(), (page.name, include, mark)
     assert min(checked["links"], checked["includes"]) >= 20 and checked["anchors"] >= 3, checked
+
+
+def test_the_alert_rules_name_only_metrics_the_reference_lists():
+    """docs/howto/metrics-alerts.md: every ``echomq_*`` metric in the
+    Prometheus files exists (a histogram's ``_bucket`` series counts as its
+    own name), and the rules cover the gauges a site pages on."""
+    listed = set(
+        re.findall(
+            r"^\| `(echomq_\w+)`", (REPO / "docs" / "reference" / "metrics.md").read_text(), re.M
+        )
+    )
+    used = set()
+    for name in ("echomq-alerts.yml", "prometheus.yml"):
+        text = (HOWTO / name).read_text()
+        used |= {re.sub(r"_bucket$", "", m) for m in re.findall(r"\b(echomq_(?!django)\w+)", text)}
+    assert sorted(used - listed) == []
+    assert {"echomq_redis_up", "echomq_processes_live", "echomq_jobs_dead_total"} <= used
