@@ -527,3 +527,31 @@ def test_the_alert_rules_name_only_metrics_the_reference_lists():
         used |= {re.sub(r"_bucket$", "", m) for m in re.findall(r"\b(echomq_(?!django)\w+)", text)}
     assert sorted(used - listed) == []
     assert {"echomq_redis_up", "echomq_processes_live", "echomq_jobs_dead_total"} <= used
+
+
+def test_the_read_flows_howto(howto):
+    example = howto("read_flows")
+    with echomq_settings():
+        ref = example.add_report("r1", [5, 7, 11], failing=[1])
+        assert ref.ref == emq.JobRef("reports", "r1")
+        burst("lines")
+        emq.Pump(["lines", "reports"]).sweep()  # the children's outcomes reach the parent
+        burst("reports")
+        job = emq.get_job("reports", "r1")
+        assert (job.state, job.result) == (
+            "completed",
+            {
+                "total": 16,
+                "lines": ["lines/r1-line-0", "lines/r1-line-2"],
+                "skipped": ["lines/r1-line-1"],
+            },
+        )
+        every = example.all_children_values("reports", "r1", page_size=1)
+        assert every == {emq.JobRef("lines", "r1-line-0"): 5, emq.JobRef("lines", "r1-line-2"): 11}
+        assert example.refs_demo() == [
+            "lines/r1-line-0",
+            "lines",
+            "r1-line-0",
+            True,
+            ("lines", "r1-line-0"),
+        ]
