@@ -39,7 +39,7 @@ def test_retention_keeps_the_newest_count(tmq, clock) -> None:
         complete(tmq, f"j{i}", i)
     set_keep(tmq, "q", 2)
     report = tmq.lifecycle.prune("q")
-    assert (report.removed, report.held, report.calls) == (3, 0, 1)
+    assert (report.removed, report.held_back, report.calls) == (3, 0, 1)
     assert tmq.job_ids("q", "completed") == ["j3", "j4"]
     assert rows(tmq, "q") == ["j3", "j4"]
     with pytest.raises(JobNotFound):
@@ -134,7 +134,7 @@ def test_the_age_walk_goes_past_an_old_held_row(tmq, clock) -> None:
     # now is 50 s after x died, 40 s after j0, 30 s after j1, 10 s after j2
     set_keep(tmq, "other", 1000, {"AGE_S": 25})
     report = tmq.lifecycle.prune("other")
-    assert (report.removed, report.held) == (2, 1)
+    assert (report.removed, report.held_back) == (2, 1)
     assert tmq.job_ids("other", "dead") == ["j2", "x"]  # x re-scored to now: behind j2
     assert jobkit.score(tmq, "other", "dead", "x") == clock.now
     assert rows(tmq, "other") == ["j2", "x"]
@@ -154,7 +154,10 @@ def test_a_rows_own_keep_and_children_deadline_leave_with_its_block(tmq, clock) 
     clock.advance(1)
     set_keep(tmq, "q", 0, 0)
     report = tmq.lifecycle.prune("q")
-    assert (report.removed, report.held) == (3, 1)  # kept, p, c with p (held first: p may retry it)
+    assert (report.removed, report.held_back) == (
+        3,
+        1,
+    )  # kept, p, c with p (held first: p may retry it)
     assert keys_of(tmq, "q") == []  # no expire, no deadlines, no row
 
 
@@ -210,7 +213,7 @@ def test_a_child_its_dead_parent_may_retry_is_held(tmq, clock) -> None:
     clock.advance(1)
     set_keep(tmq, "q", 0, 1)  # dead: c1 is the oldest excess, but p may retry it
     report = tmq.lifecycle.prune("q")
-    assert (report.removed, report.held) == (0, 1)
+    assert (report.removed, report.held_back) == (0, 1)
     assert rows(tmq, "q") == ["c1", "c2", "p"]
     tmq.retry("q", "p")  # the retry still finds c1
     assert_state(tmq, "q", "c1", "pending")
@@ -221,7 +224,7 @@ def test_a_cross_queue_fp_child_is_held_until_its_parent_goes(tmq) -> None:
     kill(tmq, "x", queue="other")
     set_keep(tmq, "other", 0, 0)
     report = tmq.lifecycle.prune("other")
-    assert (report.removed, report.held) == (0, 1)
+    assert (report.removed, report.held_back) == (0, 1)
     Pump(["other"], mq=tmq).sweep()
     assert_state(tmq, "q", "p", "dead")
     set_keep(tmq, "q", 0, 0)
@@ -247,7 +250,7 @@ def test_a_cross_queue_child_its_removed_parent_left_running_goes_when_it_dies(t
     assert tmq.fail_many([(job, "boom", True)])[0].state is JobState.DEAD
     assert rows(tmq, "o") == []
     report = tmq.lifecycle.prune("o")
-    assert (report.removed, report.held) == (0, 0)
+    assert (report.removed, report.held_back) == (0, 0)
 
 
 def test_a_child_under_its_parent_again_is_held_again(tmq) -> None:
@@ -263,7 +266,7 @@ def test_a_child_under_its_parent_again_is_held_again(tmq) -> None:
     assert "orphaned" not in hash_of(tmq, tmq.keys.job("o", "x"))
     tmq.fail_many([(job, "boom", True)])
     report = tmq.lifecycle.prune("o")
-    assert (report.removed, report.held) == (0, 1)
+    assert (report.removed, report.held_back) == (0, 1)
     sweep(tmq, "o")
     assert_state(tmq, "q", "p", "dead")
     tmq.retry("q", "p")
@@ -315,3 +318,15 @@ def test_a_bad_keep_is_refused_and_nothing_is_written(tmq) -> None:
     with pytest.raises(FlowError, match="q/p: keep must be a whole number of seconds"):
         tmq.add_flow(node("p", [leaf("c")], keep=1.5))
     assert rows(tmq, "q") == []
+
+
+def test_report_held_is_the_deprecated_name_of_held_back():
+    """``Report.held`` ("held" names an awaiting parent in the glossary)
+    still reads for one release, with a warning that names the new field."""
+    from echomq_django.protocol.lifecycle import Report
+
+    report = Report(removed=2, held_back=1)
+    with pytest.warns(
+        DeprecationWarning, match=r"^Report.held is deprecated: read Report.held_back$"
+    ):
+        assert report.held == 1

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import warnings
 from dataclasses import dataclass, field
 
 from ..core.exceptions import (
@@ -45,11 +46,15 @@ MAX_CALLS = 50  # prune calls per queue per timer tick (10,000 removals)
 @dataclass
 class Report:
     """What a lifecycle operation did: rows ``removed``, finished jobs
-    ``held`` by their flow, script ``calls`` made, the ``state`` a cancel
-    found (``active``: marked), and the ``Outcome`` of what else moved."""
+    ``held_back`` by their flow (retention keeps a finished node while its
+    parent may still retry it: docs/explanation/lifecycle.md#flow-rules),
+    script ``calls`` made, the ``state`` a cancel found (``active``:
+    marked), and the ``Outcome`` of what else moved. ``held`` is the
+    deprecated name of ``held_back`` ("held" names a parent awaiting its
+    children: docs/explanation/glossary.md)."""
 
     removed: int = 0
-    held: int = 0
+    held_back: int = 0
     calls: int = 0
     more: bool = False
     state: JobState | None = None
@@ -60,11 +65,19 @@ class Report:
         slots, as pushed (JSON texts)."""
         data = json.loads(reply)
         self.removed += data.get("removed") or 0
-        self.held += data.get("held") or 0
+        self.held_back += data.get("held") or 0
         self.calls += 1
         self.more = bool(data.get("more"))
         self.outcome.merge(wire.outcome(reply))
         return list(data.get("sent") or [])
+
+    @property
+    def held(self) -> int:
+        """Deprecated: ``held_back``."""
+        warnings.warn(
+            "Report.held is deprecated: read Report.held_back", DeprecationWarning, stacklevel=2
+        )
+        return self.held_back
 
 
 class Lifecycle(Part):

@@ -30,8 +30,8 @@ log = logging.getLogger("echomq_django.worker")
 STATS_EVERY_S = 5.0
 
 
-class Held:
-    """The jobs a worker holds: claimed and not reported yet. Thread-safe:
+class Claims:
+    """The jobs a worker has claimed and not reported yet. Thread-safe:
     the loop adds, the reporter forgets, the heartbeat and the status read."""
 
     def __init__(self) -> None:
@@ -53,7 +53,7 @@ class Held:
             return list(self._jobs.values())
 
     def refs(self) -> list[tuple[str, str]]:
-        """``(queue, id)`` of each job held, in claim order."""
+        """``(queue, id)`` of each job claimed and not reported, in claim order."""
         with self._lock:
             return list(self._jobs)
 
@@ -73,7 +73,7 @@ class ClaimLoop:
     (``wake.Idle``); ``sender``: the signals' sender (the worker);
     ``metrics``: the process's counters or None.
 
-    Parts: ``held`` (``Held``), ``reporter`` (``Reporter``), ``timeouts``
+    Parts: ``claims`` (``Claims``), ``reporter`` (``Reporter``), ``timeouts``
     (``Timeouts``), ``idle`` (``wake.Idle``), and per run ``pool`` and
     ``done`` (finished jobs and wake-ups for the loop). ``run(burst,
     max_jobs)`` claims round-robin, submits to the pool, waits and hands
@@ -101,9 +101,9 @@ class ClaimLoop:
         self.concurrency, self.batch, self.leases = concurrency, batch, leases
         self.time_limits, self.max_stuck = time_limits, max_stuck
         self.shutdown_timeout = shutdown_timeout
-        self.held = Held()
+        self.claims = Claims()
         self.reporter = Reporter(
-            mq, sender, self.held.forget, self.on_released, self.wake, metrics=metrics
+            mq, sender, self.claims.forget, self.on_released, self.wake, metrics=metrics
         )
         self.timeouts = Timeouts(self._on_timeout)
         self.idle = Idle(self, block_s, sweep_s, max_stalls)
@@ -166,12 +166,12 @@ class ClaimLoop:
     def end(self) -> int:
         """After a run: the waker stops (a marker it pops from now on goes
         back), the reporter and the time limits close. Returns how many jobs
-        are still held (left to their leases)."""
+        are still claimed and unreported (left to their leases)."""
         self.waiting = False
         self.idle.stop()
         self.reporter.close()
         self.timeouts.close()
-        return len(self.held)
+        return len(self.claims)
 
     def shut_pool(self, abandoned: int) -> None:
         """Shut the handler pool, waiting for its threads only when no job
@@ -354,7 +354,7 @@ class ClaimLoop:
                 # drained (or paused): rest until woken; a parent this worker
                 # saw released after the claim ran is claimed at once instead
                 self.rest[queue] = float("inf")
-            self.held.add(jobs)
+            self.claims.add(jobs)
             self.executing += len(jobs)
             self.claimed += len(jobs)  # here: a later queue's claim may raise (max_jobs)
             for job in jobs:

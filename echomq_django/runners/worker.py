@@ -59,7 +59,7 @@ Decisions (documented here, relied on by the tests):
 * Redis unreachable: "Redis unreachable at ..., retrying in Xs" at WARNING,
   backoff doubling from ``BACKOFF_START_S`` to ``BACKOFF_MAX_S``; no claims
   meanwhile; finished results are kept and reported once Redis answers. No job
-  is acknowledged without Redis, so a job held is never lost: at worst its
+  is acknowledged without Redis, so a claimed job is never lost: at worst its
   lease expires and the pump recovers it. A claim that raised is sent again
   with its own call token, so jobs a lost reply leased come back at once.
 * Burst mode first promotes the delayed jobs already due, then stops when
@@ -248,7 +248,7 @@ class Worker:
             log.warning(
                 "%s again: stopping now; %d running jobs are left to their leases",
                 name,
-                len(self.loop.held),
+                len(self.loop.claims),
             )
             self.stop(force=True)
         else:
@@ -257,7 +257,7 @@ class Worker:
                 "%s: no more claims; finishing %d running jobs%s (up to %.0fs); send it "
                 "again to stop at once",
                 name,
-                len(self.loop.held),
+                len(self.loop.claims),
                 f" and {stuck} handlers past their time limit" if stuck else "",
                 self.shutdown_timeout,
             )
@@ -317,7 +317,7 @@ class Worker:
         try:
             loop.run(burst, max_jobs)
         finally:
-            held = loop.end()
+            unreported = loop.end()
             if self._drainer is not None:
                 self._drainer.stop()
             if beat is not None:
@@ -325,7 +325,7 @@ class Worker:
             self._halt.set()
             for thread in helpers:  # daemons: one stuck on a dead socket is left behind
                 thread.join(timeout=0 if loop.reporter.unreported else 2.0)
-            self.abandoned = held
+            self.abandoned = unreported
             stuck = self.left_running = loop.timeouts.stuck
             restore()
             loop.shut_pool(self.abandoned)
@@ -345,12 +345,12 @@ class Worker:
         return self.processed - start
 
     def _status(self) -> dict:
-        """What the heartbeat says: jobs done, and the jobs held now."""
-        held = self.loop.held.refs()
+        """What the heartbeat says: jobs done, and the jobs it runs now."""
+        running = self.loop.claims.refs()
         return {
             "jobs_done": self.processed,
-            "running": len(held),
-            "running_jobs": [f"{q}/{i}" for q, i in held[: heartbeat.RUNNING_SHOWN]],
+            "running": len(running),
+            "running_jobs": [f"{q}/{i}" for q, i in running[: heartbeat.RUNNING_SHOWN]],
         }
 
     # -- heartbeat -----------------------------------------------------------
@@ -358,7 +358,7 @@ class Worker:
         """Extend the lease of each job that has used a third of it."""
         while not self._halt.wait(self.heartbeat_s):
             now = self.mq.clock()
-            for job in self.loop.held.jobs():
+            for job in self.loop.claims.jobs():
                 lease = self.leases[job.queue]
                 if job.lease_deadline is None or job.lease_deadline - now > lease * 2 // 3:
                     continue
