@@ -265,7 +265,7 @@ local function cancel_node(base, id, now, parent, inc)
   if state == 'active' then
     -- a mark its parent's cancel left says so: its death by the mark is the
     -- parent's cancel, which a retry of the parent takes back (rerun_child)
-    redis.call('HSET', key, 'cancel', parent and (now .. ':parent') or now)
+    redis.call('HSET', key, 'cancel', parent and string.format('%s:parent', now) or now)
     emit(base, 'cancelling', id)
   elseif state == 'pending' or state == 'delayed' or state == 'awaiting_children' then
     -- reached from its parent, a queued job's death is the parent's cancel
