@@ -181,8 +181,9 @@ def test_burst_waits_out_a_full_rate_window_and_runs_every_job(redis_client) -> 
     worker, processed = burst(mq, ["q"], concurrency=4)
     assert (processed, mq.counts("q")["completed"], mq.counts("q")["pending"]) == (15, 15, 0)
     # 15 jobs at 5 a window: two windows were full with jobs left (a poller
-    # would count hundreds); a wait that woke early may meet its window once more
-    assert 1 <= worker.loop.window_waits <= 3
+    # would count hundreds); on a loaded machine a wait that woke early, or a
+    # handler slot freed before the window turned, may meet a full window again
+    assert 1 <= worker.loop.window_waits <= 6
 
 
 def test_a_worker_claims_nothing_from_a_paused_queue(mq) -> None:
