@@ -555,3 +555,18 @@ def test_the_read_flows_howto(howto):
             True,
             ("lines", "r1-line-0"),
         ]
+
+
+def test_the_readme_example_is_the_file_the_suite_runs(r):
+    """README.md's twenty lines are docs/examples/readme_example.py, and
+    they run: the receipt completes on its two charges' results."""
+    path = EXAMPLES / "readme_example.py"
+    assert f"```python\n{path.read_text()}```" in (REPO / "README.md").read_text()
+    with echomq_settings():
+        runpy_globals = {"__name__": "readme_example"}
+        exec(compile(path.read_text(), str(path), "exec"), runpy_globals)
+        burst("payments")
+        emq.Pump(["payments", "orders"]).sweep()
+        burst("orders")
+        job = emq.get_job("orders", "receipt-42")
+        assert (job.state, job.result) == ("completed", {"order": 42, "total": 42})
