@@ -3,6 +3,7 @@ deploy checks, which ask the server), and the client each connection setting bui
 
 from __future__ import annotations
 
+import django
 import pytest
 import redis
 from django.core.checks import run_checks
@@ -179,9 +180,13 @@ def test_check_deploy_compares_cluster_with_the_server(redis_server, redis_clust
     assert message == f"{node}: this is a Redis Cluster node: set CLUSTER"
 
 
+# another backend beside ours: the framework's own, from Django 6 or the backport
+IMMEDIATE = ("django.tasks" if django.VERSION >= (6,) else "django_tasks") + (
+    ".backends.immediate.ImmediateBackend"
+)
 TASKS_OURS = {
     "default": {"BACKEND": "echomq_django.tasks.EchoMQBackend", "QUEUES": ["orders"]},
-    "other": {"BACKEND": "django_tasks.backends.immediate.ImmediateBackend"},
+    "other": {"BACKEND": IMMEDIATE},
 }
 
 
