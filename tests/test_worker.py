@@ -10,6 +10,7 @@ import threading
 import time
 from types import SimpleNamespace
 
+import django
 import pytest
 import redis
 from redis.backoff import NoBackoff
@@ -242,7 +243,10 @@ def test_a_worker_without_the_tasks_backend_says_so_for_a_task_job(mq, monkeypat
         "UnknownJobName: this worker has no handler for Django tasks (job name "
         "'echomq_django.task'): the tasks backend (echomq_django.tasks) was not loaded in "
         "this worker process, as no tasks framework was importable when it started; "
-        "django_tasks is importable now: restart this worker to load it",
+        f"{handlers.tasks_framework()} is importable now: restart this worker to load it",
+    )
+    assert handlers.tasks_framework() == (
+        "django.tasks" if django.VERSION >= (6,) else "django_tasks"
     )
     monkeypatch.setattr("echomq_django.runners.pool.tasks_framework", lambda: None)
     assert unknown_name_error("echomq_django.task").endswith(
