@@ -131,7 +131,8 @@ while i <= #a do
       end
       if not same_children(row .. ':children', i + 3, nrefs) then
         return redis.error_reply('EMQCONFLICT ' .. queue .. ' ' .. id
-          .. ' exists with other children (a different flow under the same id)')
+          .. ' exists with other children (a different flow under the same id:'
+          .. ' add it under a new id, or remove the old flow first)')
       end
       skip[id] = true
       skipped = skipped + 1
