@@ -115,6 +115,28 @@ def test_an_unknown_id_raises_job_not_found_at_once(mq) -> None:
         mq.wait("q", "nope", NEVER)
 
 
+def test_a_job_removed_while_waited_for_raises_job_not_found(mq) -> None:
+    mq.enqueue("q", "t.echo", None, job_id="gone")
+    waiter = Waiter(mq, "q", "gone", 0.5)
+    registered(mq, "q", "gone", 1)
+    mq.remove("q", "gone")  # a removal is not noted: the wait learns it at its timeout
+    with pytest.raises(JobNotFound, match="job 'gone' in queue 'q' was removed"):
+        waiter.join()
+
+
+def test_a_job_finished_and_removed_before_the_wait_read_it_says_so(mq) -> None:
+    """The order retention can produce: the finish is noted, then the row
+    is dropped before the woken waiter reads it (both done by hand here)."""
+    mq.enqueue("q", "t.echo", None, job_id="brief")
+    waiter = Waiter(mq, "q", "brief", NEVER)
+    registered(mq, "q", "brief", 1)
+    k = mq.keys.queue("q")
+    mq.client.delete(k.job("brief"))
+    mq.client.xadd(k.done("brief"), {"e": "completed"})
+    with pytest.raises(JobNotFound, match="'brief' in queue 'q' finished and was removed"):
+        waiter.join()
+
+
 def test_three_waiters_on_one_job_all_get_the_result(mq) -> None:
     mq.enqueue("q", "t.echo", None, job_id="m")
     waiters = [Waiter(mq, "q", "m", NEVER) for _ in range(3)]
