@@ -68,6 +68,7 @@ def test_a_job_already_finished_is_answered_at_once(mq) -> None:
     finish(mq, "q", 5)
     assert mq.wait(JobRef("q", "a"), timeout_s=0).result == 5
     assert mq.wait("q/a", timeout_s=0).result == 5
+    assert mq.wait(JobRef("q", "a"), 0).result == 5  # a ref and the timeout, positional
 
 
 def test_a_worker_run_job_is_returned(mq) -> None:
@@ -195,3 +196,18 @@ def test_await_result_does_not_block_the_event_loop(mq, monkeypatch) -> None:
         return await waiting
 
     assert asyncio.run(both()).result == "async"
+
+
+def test_a_resp3_client_waits_too(r) -> None:
+    """XREAD answers a dict over RESP3 (``protocol=3``), a list over RESP2."""
+    import redis
+
+    from echomq_django import EchoMQ
+
+    kw = r.connection_pool.connection_kwargs
+    mq = EchoMQ(redis.Redis(host=kw["host"], port=kw["port"], protocol=3), prefix="emq")
+    mq.enqueue("q", "t.echo", None, job_id="r3")
+    waiter = Waiter(mq, "q", "r3", NEVER)
+    registered(mq, "q", "r3", 1)
+    finish(mq, "q", "three")
+    assert waiter.join().result == "three"

@@ -90,7 +90,9 @@ class Waits(Part):
             )
             if not reply:
                 continue
-            last = reply[0][1][-1][0]
+            # RESP2: [[key, entries]]; RESP3 (protocol=3): {key: [entries]}
+            entries = reply[0][1] if isinstance(reply, list) else next(iter(reply.values()))[0]
+            last = entries[-1][0]
             state = self.client.hget(row, "state")
             if state is None:
                 raise JobNotFound(
