@@ -11,6 +11,7 @@ from .api import (
     add_flow,
     add_flows,
     aenqueue,
+    await_result,
     cancel,
     children_values,
     dependencies,
@@ -27,6 +28,7 @@ from .api import (
     remove_unprocessed_children,
     resume,
     retry,
+    wait,
 )
 from .core.exceptions import (
     DependencyError,
@@ -35,6 +37,7 @@ from .core.exceptions import (
     FlowConflict,
     FlowError,
     JobCancelled,
+    JobDead,
     JobNotActive,
     JobNotCancellable,
     JobNotFound,
@@ -69,6 +72,7 @@ __all__ = [
     "FlowRef",
     "Job",
     "JobCancelled",
+    "JobDead",
     "JobNotActive",
     "JobNotCancellable",
     "JobNotFound",
@@ -90,6 +94,7 @@ __all__ = [
     "add_flow",
     "add_flows",
     "aenqueue",
+    "await_result",
     "cancel",
     "children_values",
     "dependencies",
@@ -107,4 +112,5 @@ __all__ = [
     "remove_unprocessed_children",
     "resume",
     "retry",
+    "wait",
 ]

@@ -340,6 +340,27 @@ async def aadd_flow(flow: Flow, **kwargs: Any) -> FlowRef:
     return await sync_to_async(add_flow, thread_sensitive=True)(flow, **kwargs)
 
 
+def wait(job: Any, job_id: str | None = None, timeout_s: float | None = None) -> Job:
+    """Block until a job finishes, ``timeout_s`` s at most (a number >= 0),
+    and return the completed ``Job`` (``.result``): ``EchoMQ.wait`` on the
+    settings' connection. The job is ``(job, job_id)`` = (queue, id), or a
+    ``JobRef`` / ``"queue/id"`` as ``job`` (a flow's root: ``flow_ref.ref``). Raises
+    ``ValueError`` for a bad timeout or id (before any Redis I/O),
+    ``JobNotFound`` at once for an unknown id (or when it finished and was
+    removed before the wait read it), ``JobDead`` when it ended dead
+    (cancelled included), builtin ``TimeoutError`` after ``timeout_s``,
+    ``RedisUnavailable``. It holds one Redis connection while it blocks.
+    docs/howto/wait.md"""
+    return get_mq().wait(job, job_id, timeout_s)
+
+
+async def await_result(job: Any, job_id: str | None = None, timeout_s: float | None = None) -> Job:
+    """``wait`` for async code: the blocking wait runs on a worker thread
+    (``sync_to_async(thread_sensitive=False)``), so the event loop and Django's
+    ORM thread stay free. Same arguments, result, errors. docs/howto/wait.md#in-an-async-view"""
+    return await sync_to_async(wait, thread_sensitive=False)(job, job_id, timeout_s)
+
+
 def get_job(queue: str, job_id: str) -> Job:
     """``EchoMQ.get_job`` on the settings' connection."""
     return get_mq().get_job(queue, job_id)

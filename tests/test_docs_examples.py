@@ -485,6 +485,7 @@ def test_the_pages_links_and_includes_resolve():
             "retention",
             "tasks-backend",
             "testing",
+            "wait",
         ]
     )
     checked = {"links": 0, "anchors": 0, "includes": 0}
@@ -555,6 +556,39 @@ def test_the_read_flows_howto(howto):
             True,
             ("lines", "r1-line-0"),
         ]
+
+
+def test_the_wait_howto(howto):
+    """The view answers the job's result once a worker ran it; a job that
+    dies answers 502 with its error; one not run in time answers 202."""
+    import asyncio
+    import json
+    import threading
+
+    from django.test import RequestFactory
+
+    example = howto("wait")
+    request = RequestFactory().get("/quote")
+    with echomq_settings():
+        worker = emq.Worker(["quotes"], register=False, block_timeout=3600.0)
+        thread = threading.Thread(target=worker.run, daemon=True)
+        thread.start()
+        try:
+            reply = example.quote(request, "sku-1")
+            assert (reply.status_code, json.loads(reply.content)) == (
+                200,
+                {"sku": "sku-1", "price_cents": 4200},
+            )
+            reply = example.quote(request, "discontinued")
+            assert reply.status_code == 502
+            assert json.loads(reply.content)["error"].endswith("no price for a discontinued item")
+            reply = asyncio.run(example.aquote(request, "sku-3"))
+            assert json.loads(reply.content) == {"sku": "sku-3", "price_cents": 4200}
+        finally:
+            worker.stop()
+            thread.join(30)
+        reply = example.quote(request, "sku-2")  # no worker now: not finished in 2 s
+        assert (reply.status_code, json.loads(reply.content)["state"]) == (202, "running")
 
 
 def test_the_readme_example_is_the_file_the_suite_runs(r):

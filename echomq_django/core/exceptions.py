@@ -67,6 +67,18 @@ class Unrecoverable(EchoMQError):
     its parent's policy applies (docs/explanation/protocol.md#policies)."""
 
 
+class JobDead(EchoMQError):
+    """``wait`` / ``await_result`` on a job that ended dead (failed for good
+    or cancelled): ``job`` is the dead ``Job``, ``error`` its last error
+    (``"cancelled"`` for a cancelled one).
+    docs/howto/wait.md#a-dead-job-raises-jobdead"""
+
+    def __init__(self, job) -> None:
+        self.job = job
+        self.error = job.error
+        super().__init__(f"job {job.id!r} in queue {job.queue!r} is dead: {job.error}")
+
+
 class SweepLockLost(EchoMQError):
     """A pump lost its sweep lock before trimming the outbox (``EMQLOCK``)."""
 

@@ -145,6 +145,9 @@ SCHEDULE_PREFIX = "schedule:"  # string P:{q}:schedule:<entry>: a periodic entry
 DEDUP_PREFIX = "dedup:"  # string P:{q}:dedup:<key>: the id holding a dedup key
 OP_PREFIX = "op:"  # string P:{q}:op:<token>: a remove/cancel call's memo, for its replay
 GC_PREFIX = "gc:"  # list P:{q}:gc:<seq>:<id>: a removed parent's child refs
+# stream P:{q}:done:<id>: a finished job's note to its waiters, made by the
+# first waiter, expiring with the longest wait (docs/explanation/protocol.md#waiting-for-a-result)
+DONE_PREFIX = "done:"
 # JobKeys field -> the suffix after the row key P:{q}:job:<id> (a parent's keys).
 JOB_KEYS = {
     "dependencies": ":dependencies",  # counter: children not resolved yet
@@ -212,6 +215,10 @@ class QueueKeys:
     def dedup(self, key: str) -> str:
         """``P:{q}:dedup:<key>``: which job holds a deduplication key."""
         return f"{self.base}{DEDUP_PREFIX}{key}"
+
+    def done(self, job_id: str) -> str:
+        """``P:{q}:done:<id>``: the stream a finished job notes for its waiters."""
+        return f"{self.base}{DONE_PREFIX}{validate_id(job_id)}"
 
     def schedule(self, entry: str) -> str:
         """``P:{q}:schedule:<entry>``: the last tick a periodic entry fired (ms)."""

@@ -6,8 +6,8 @@
 ``lua/fail.lua``, ``lua/extend_lease.lua``, ``lua/set_paused.lua``), the
 read API it inherits from ``Reads``, and the calls it hands to its parts:
 flows (``mq.flows``), bulk adds (``mq.bulk``), retry, remove and cancel
-(``mq.lifecycle``). What only the runners, the admin and monitoring call
-lives on the parts they name: ``mq.outbox``, ``mq.timers``,
+(``mq.lifecycle``), waiting for a result (``mq.waits``). What only the
+runners, the admin and monitoring call lives on the parts they name: ``mq.outbox``, ``mq.timers``,
 ``mq.signal_events``, ``mq.presence``, ``mq.probes``. Each part is a small
 class over the one ``Wire`` (``wire.py``) they share; this class validates
 input, builds keys, runs the script and decodes the reply, and nothing is
@@ -30,7 +30,7 @@ from ..core.flows import Flow, FlowRef
 from ..core.jobs import CLAIM_FIELDS, MAX_PAYLOAD_BYTES, Job, JobState, Outcome, to_text
 from ..core.keyspace import validate_id, validate_name, validate_queue, whole_number
 from ..core.options import Claimed, check_job_options, rate_limit
-from ..core.refs import as_ref
+from ..core.refs import JobRef, as_ref
 from ..core.retention import job_keep
 from .bulk import Bulk
 from .errors import translate
@@ -42,6 +42,7 @@ from .probes import Probes
 from .reads import Reads
 from .signal_events import SignalEvents
 from .timers import Timers
+from .waits import Waits
 from .wire import BACKOFF_CAP_MS, FLOW_CHUNK, Wire, local, opt
 
 COMPLETE_BATCH = 500  # jobs per complete script: a few ms of Redis time at most
@@ -52,7 +53,7 @@ class EchoMQ(Reads):
     """The queue over one redis-py client (``redis.Redis`` or ``RedisCluster``).
 
     Holds its parts: ``flows``, ``bulk``, ``lifecycle``, ``outbox``,
-    ``timers``, ``signal_events``, ``presence``, ``probes`` (the module
+    ``timers``, ``signal_events``, ``presence``, ``probes``, ``waits`` (the module
     docstring says who calls which).
 
     ``prefix`` starts every key (docs/explanation/protocol.md#keys). ``queues`` maps a queue name to
@@ -98,6 +99,7 @@ class EchoMQ(Reads):
         self.signal_events = SignalEvents(wire)
         self.presence = Presence(wire)
         self.probes = Probes(wire)
+        self.waits = Waits(wire, self)
 
     @property
     def clock(self):
@@ -245,22 +247,10 @@ class EchoMQ(Reads):
     def _fail_call(self, job: Job, error: str, dead: bool = False):
         q = job.queue
         k = self.keys.queue(q)
-        return (
-            "fail",
-            [k.job(job.id), k.delayed],
-            [
-                q,
-                k.base,
-                job.id,
-                job.lease or "",
-                str(error),
-                self.clock(),
-                self.wire.backoff_cap_ms,
-                "1" if dead else "0",
-                self.setting(q, "MAX_ATTEMPTS"),
-                self.setting(q, "BACKOFF_MS"),
-            ],
-        )
+        args = [q, k.base, job.id, job.lease or "", str(error), self.clock()]
+        args += [self.wire.backoff_cap_ms, "1" if dead else "0"]
+        args += [self.setting(q, "MAX_ATTEMPTS"), self.setting(q, "BACKOFF_MS")]
+        return "fail", [k.job(job.id), k.delayed], args
 
     def complete(self, job: Job, result: Any = None) -> Outcome:
         """Complete an active job with a JSON-serialisable ``result``.
@@ -447,3 +437,12 @@ class EchoMQ(Reads):
     def cancel(self, queue: str, job_id: str, budget: int = BUDGET) -> Report:
         """Cancel a job and its subtree: ``Lifecycle.cancel``."""
         return self.lifecycle.cancel(queue, job_id, budget)
+
+    def wait(self, queue: Any, job_id: str | None = None, timeout_s: float | None = None) -> Job:
+        """Block until a job finishes, ``timeout_s`` s at most: ``Waits.wait``.
+        The job is ``(queue, job_id)`` or, with ``job_id`` None, a ``JobRef``
+        / ``(queue, id)`` / ``"queue/id"`` as ``queue`` (``wait(ref, 5)`` works)."""
+        if job_id is not None and not isinstance(job_id, str) and timeout_s is None:
+            job_id, timeout_s = None, job_id  # wait(ref, timeout_s)
+        ref = as_ref(queue, self.keys) if job_id is None else JobRef(queue, job_id)
+        return self.waits.wait(ref, timeout_s)

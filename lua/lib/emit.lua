@@ -9,6 +9,9 @@
   whole nodes, `stream-node-max-entries`, 100 by default): the admin mirror
   reads it, nothing else does, and a mirror that falls further behind does a
   full pass instead (monitoring/mirror.py).
+
+  It also writes a finished job's note to its waiters, P:{q}:done:<id>
+  (note_done; docs/explanation/protocol.md#waiting-for-a-result).
 ]]
 
 local EVENTS_MAXLEN = 10000
@@ -16,4 +19,15 @@ local EVENTS_MAXLEN = 10000
 -- One entry on `events` (the queue's P:{q}:events): e=<event>, id=<id>.
 local function emit_to(events, event, id)
   redis.call('XADD', events, 'MAXLEN', '~', EVENTS_MAXLEN, '*', 'e', event, 'id', id)
+end
+
+-- A finished job's note to its waiters: e=<event> on `done` (P:{q}:done:<id>)
+-- only if a waiter made that stream, so a job nobody waits for costs one
+-- EXISTS and writes nothing. The waiters set its expiry; MAXLEN ~ 64 as
+-- protocol/waits.DONE_MAXLEN.
+local DONE_MAXLEN = 64
+local function note_done(done, event)
+  if redis.call('EXISTS', done) == 1 then
+    redis.call('XADD', done, 'MAXLEN', '~', DONE_MAXLEN, '*', 'e', event)
+  end
 end

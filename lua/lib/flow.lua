@@ -46,8 +46,15 @@
 
 local OUT = {released = {}, dead = {}, flow_failed = {}, revived = {}, reattach = {}, outbox = 0,
   stale = 0}
+-- A finished job (completed, dead, cancelled) also tells its waiters: one
+-- entry on P:{q}:done:<id> if a waiter made that stream (EXISTS only when
+-- nobody waits); the waiter set its expiry (docs/explanation/protocol.md#waiting-for-a-result).
+local FINISHED = {completed = true, dead = true, cancelled = true}
 local function emit(base, event, id)
   emit_to(base .. 'events', event, id)
+  if FINISHED[event] then
+    note_done(base .. 'done:' .. id, event)
+  end
 end
 
 local function job_key(base, id)

@@ -1,0 +1,37 @@
+"""docs/howto/wait.md: a view that adds a job and answers with its result,
+or with 202 and the job's id when it takes longer than the view may wait."""
+
+from django.http import JsonResponse
+
+import echomq_django as emq
+
+
+@emq.handler("quotes.price")
+def price(job):
+    if job.payload["sku"] == "discontinued":
+        raise emq.Unrecoverable("no price for a discontinued item")
+    return {"sku": job.payload["sku"], "price_cents": 4200}
+
+
+def quote(request, sku: str):
+    # on_commit=False: a job added on commit would not exist yet while this
+    # view, inside the request's transaction, waits for it
+    job_id = emq.enqueue("quotes", "quotes.price", {"sku": sku}, on_commit=False)
+    try:
+        job = emq.wait("quotes", job_id, timeout_s=2.0)
+    except TimeoutError:  # still running: the client polls the job later
+        return JsonResponse({"job": job_id, "state": "running"}, status=202)
+    except emq.JobDead as dead:  # failed for good, or cancelled
+        return JsonResponse({"job": job_id, "error": dead.error}, status=502)
+    return JsonResponse(job.result)
+
+
+async def aquote(request, sku: str):
+    job_id = await emq.aenqueue("quotes", "quotes.price", {"sku": sku}, on_commit=False)
+    try:
+        job = await emq.await_result("quotes", job_id, timeout_s=2.0)
+    except TimeoutError:
+        return JsonResponse({"job": job_id, "state": "running"}, status=202)
+    except emq.JobDead as dead:
+        return JsonResponse({"job": job_id, "error": dead.error}, status=502)
+    return JsonResponse(job.result)

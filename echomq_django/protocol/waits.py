@@ -1,0 +1,105 @@
+"""``mq.waits``: block until a job finishes, without polling
+(docs/explanation/protocol.md#waiting-for-a-result).
+
+A waiter appends a ``wait`` entry to the job's stream ``P:{q}:done:<id>``
+(creating it, with an expiry a little past its wait), THEN reads the job's
+state: a job finished before that read is answered at once; one finishing
+after it finds the stream and appends a ``completed`` / ``dead`` /
+``cancelled`` entry (lua/lib/flow.lua ``emit``, in the script that finishes
+it), which every waiter's ``XREAD BLOCK`` from its own entry sees. No script
+of its own: the finishing scripts write the stream.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+from ..core.exceptions import JobDead, JobNotFound
+from ..core.jobs import Job, JobState, to_text
+from ..core.refs import JobRef
+from .scripts import socket_timeout
+from .wire import Part
+
+WAIT_SLACK_MS = 5_000  # the done stream outlives the longest wait on it by this (ms)
+DONE_MAXLEN = 64  # entries a done stream keeps, about (waiters' marks and the finish)
+SOCKET_MARGIN_S = 1.0  # each XREAD BLOCK ends this much before the socket timeout (s)
+FINISHED = {JobState.COMPLETED.value, JobState.DEAD.value}
+
+
+def check_timeout(timeout_s: object) -> float:
+    """``timeout_s`` as a float if it is a finite number of seconds >= 0;
+    ``ValueError`` naming the rule otherwise (a bool is refused)."""
+    ok = isinstance(timeout_s, int | float) and not isinstance(timeout_s, bool)
+    if not ok or not math.isfinite(timeout_s) or timeout_s < 0:
+        raise ValueError(f"invalid timeout_s {timeout_s!r}: a wait is a finite number of s >= 0")
+    return float(timeout_s)
+
+
+class Waits(Part):
+    """Waiting for a job's result; ``reads`` is the ``EchoMQ`` whose
+    ``get_job`` answers the finished job."""
+
+    def __init__(self, wire, reads) -> None:
+        super().__init__(wire)
+        self.reads = reads
+
+    def wait(self, ref: JobRef, timeout_s: float) -> Job:
+        """Block until the job ``ref`` (a ``JobRef``) finishes, at most
+        ``timeout_s`` s (a number >= 0; 0 checks once), and return it as a
+        ``Job`` when it completed (``job.result`` its result).
+
+        Raises ``ValueError`` for a bad timeout (before any Redis I/O);
+        ``JobNotFound`` at once for an unknown id, and when the row is gone
+        by the time the wait wakes (it finished and retention removed it, or
+        it was removed); ``JobDead`` (``.job``, ``.error``) when it ended
+        dead, cancelled included; builtin ``TimeoutError`` after
+        ``timeout_s``; ``RedisUnavailable``. Each block ends before the
+        client's socket timeout and the wait goes on, so a long wait needs
+        no special client. docs/howto/wait.md"""
+        timeout_s = check_timeout(timeout_s)
+        deadline = time.monotonic() + timeout_s
+        k = self.keys.queue(ref.queue)
+        done, row = k.done(ref.id), k.job(ref.id)
+        ttl_ms = int(timeout_s * 1000) + WAIT_SLACK_MS
+        pipe = self.client.pipeline(transaction=False)
+        # Mark first, read the state second: a finish after the read finds
+        # the stream and notes it after our mark (the race the order closes).
+        pipe.xadd(done, {"e": "wait"}, maxlen=DONE_MAXLEN, approximate=True)
+        pipe.pexpire(done, ttl_ms, nx=True)  # a new stream: our expiry
+        pipe.pexpire(done, ttl_ms, gt=True)  # another waiter's: the longer one
+        pipe.hget(row, "state")
+        last, _, _, state = pipe.execute()
+        if state is None:
+            raise JobNotFound(f"job {ref.id!r} not found in queue {ref.queue!r}")
+        cut = socket_timeout(self.client)
+        block_max = None
+        if cut:
+            block_max = cut - SOCKET_MARGIN_S if cut > 2 * SOCKET_MARGIN_S else cut / 2
+        while to_text(state) not in FINISHED:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                if self.client.hget(row, "state") is None:
+                    raise JobNotFound(f"job {ref.id!r} in queue {ref.queue!r} was removed")
+                raise TimeoutError(
+                    f"job {ref.id!r} in queue {ref.queue!r} did not finish in {timeout_s} s"
+                )
+            block = left if block_max is None else min(left, block_max)
+            reply = self.client.xread(
+                {done: last}, count=DONE_MAXLEN, block=max(1, int(block * 1000))
+            )
+            if not reply:
+                continue
+            # RESP2: [[key, entries]]; RESP3 (protocol=3): {key: [entries]}
+            entries = reply[0][1] if isinstance(reply, list) else next(iter(reply.values()))[0]
+            last = entries[-1][0]
+            state = self.client.hget(row, "state")
+            if state is None:
+                raise JobNotFound(
+                    f"job {ref.id!r} in queue {ref.queue!r} finished and was removed "
+                    "(retention, or a remove) before this wait read it"
+                )
+        job = self.reads.get_job(ref.queue, ref.id)
+        if job.state is JobState.DEAD:
+            raise JobDead(job)
+        return job

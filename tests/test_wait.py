@@ -1,0 +1,213 @@
+"""Waiting for a job's result (docs/howto/wait.md,
+docs/explanation/protocol.md#waiting-for-a-result): the waiter blocks on the
+job's done stream, on both rigs; a worker or the test finishes the job."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from echomq_django import Flow, JobDead, JobNotFound, JobRef, JobState, Worker
+from echomq_django.runners.pump import Pump
+from tests.support.workerkit import Background, wait_for
+
+NEVER = 3600.0  # s: a wait no test reaches
+
+
+class Waiter:
+    """``mq.wait(*args, **kwargs)`` on a thread; ``join()`` gives the job or
+    re-raises what the wait raised."""
+
+    def __init__(self, mq, *args, **kwargs) -> None:
+        self.result = self.error = None
+        self.thread = threading.Thread(target=self._run, args=(mq, args, kwargs), daemon=True)
+        self.thread.start()
+
+    def _run(self, mq, args, kwargs) -> None:
+        try:
+            self.result = mq.wait(*args, **kwargs)
+        except BaseException as err:  # handed to the test thread
+            self.error = err
+
+    def join(self):
+        self.thread.join(30)
+        assert not self.thread.is_alive(), "the wait never returned"
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+def registered(mq, queue: str, job_id: str, n: int) -> None:
+    """Return once ``n`` waiters marked the job's done stream (each is then
+    blocked or about to block on it)."""
+    done = mq.keys.queue(queue).done(job_id)
+    wait_for(lambda: mq.client.xlen(done) >= n, what=f"{n} waiter(s) registered")
+
+
+def finish(mq, queue: str, result=None, *, error: str | None = None):
+    (job,) = mq.claim(queue)
+    if error is None:
+        mq.complete(job, result)
+    else:
+        mq.fail(job, error, dead=True)
+
+
+def test_a_completed_job_is_returned_with_its_result(mq) -> None:
+    mq.enqueue("q", "t.echo", 1, job_id="a")
+    waiter = Waiter(mq, "q", "a", NEVER)
+    registered(mq, "q", "a", 1)
+    finish(mq, "q", {"total": 3})
+    job = waiter.join()
+    assert (job.state, job.result) == (JobState.COMPLETED, {"total": 3})
+
+
+def test_a_job_already_finished_is_answered_at_once(mq) -> None:
+    mq.enqueue("q", "t.echo", 1, job_id="a")
+    finish(mq, "q", 5)
+    assert mq.wait(JobRef("q", "a"), timeout_s=0).result == 5
+    assert mq.wait("q/a", timeout_s=0).result == 5
+    assert mq.wait(JobRef("q", "a"), 0).result == 5  # a ref and the timeout, positional
+
+
+def test_a_worker_run_job_is_returned(mq) -> None:
+    worker = Worker(["q"], mq=mq, block_timeout=NEVER, sweep_interval=NEVER)
+    bg = Background(worker)
+    try:
+        mq.enqueue("q", "t.echo", {"n": 7}, job_id="w")
+        assert mq.wait("q", "w", timeout_s=30).result == {"n": 7}
+    finally:
+        worker.stop()
+        bg.join()
+
+
+def test_a_dead_job_raises_job_dead_with_its_error(mq) -> None:
+    mq.enqueue("q", "t.fail", None, job_id="d")
+    waiter = Waiter(mq, "q", "d", NEVER)
+    registered(mq, "q", "d", 1)
+    finish(mq, "q", error="card declined")
+    with pytest.raises(JobDead, match="card declined") as caught:
+        waiter.join()
+    assert (caught.value.error, caught.value.job.state) == ("card declined", JobState.DEAD)
+
+
+def test_a_cancelled_job_raises_job_dead(mq) -> None:
+    mq.enqueue("q", "t.echo", None, job_id="c")
+    waiter = Waiter(mq, "q", "c", NEVER)
+    registered(mq, "q", "c", 1)
+    mq.cancel("q", "c")
+    with pytest.raises(JobDead) as caught:
+        waiter.join()
+    assert caught.value.job.state is JobState.DEAD
+    assert caught.value.error == "cancelled"
+
+
+def test_a_wait_that_runs_out_raises_timeout_error(mq) -> None:
+    mq.enqueue("q", "t.echo", None, job_id="slow")
+    with pytest.raises(TimeoutError, match="'slow' in queue 'q' did not finish in 0.3 s"):
+        mq.wait("q", "slow", 0.3)
+    assert mq.get_job("q", "slow").state is JobState.PENDING
+
+
+def test_an_unknown_id_raises_job_not_found_at_once(mq) -> None:
+    # NEVER: were it to wait for the timeout, the test would hang
+    with pytest.raises(JobNotFound, match="job 'nope' not found in queue 'q'"):
+        mq.wait("q", "nope", NEVER)
+
+
+def test_a_job_removed_while_waited_for_raises_job_not_found(mq) -> None:
+    mq.enqueue("q", "t.echo", None, job_id="gone")
+    waiter = Waiter(mq, "q", "gone", 0.5)
+    registered(mq, "q", "gone", 1)
+    mq.remove("q", "gone")  # a removal is not noted: the wait learns it at its timeout
+    with pytest.raises(JobNotFound, match="job 'gone' in queue 'q' was removed"):
+        waiter.join()
+
+
+def test_a_job_finished_and_removed_before_the_wait_read_it_says_so(mq) -> None:
+    """The order retention can produce: the finish is noted, then the row
+    is dropped before the woken waiter reads it (both done by hand here)."""
+    mq.enqueue("q", "t.echo", None, job_id="brief")
+    waiter = Waiter(mq, "q", "brief", NEVER)
+    registered(mq, "q", "brief", 1)
+    k = mq.keys.queue("q")
+    mq.client.delete(k.job("brief"))
+    mq.client.xadd(k.done("brief"), {"e": "completed"})
+    with pytest.raises(JobNotFound, match="'brief' in queue 'q' finished and was removed"):
+        waiter.join()
+
+
+def test_three_waiters_on_one_job_all_get_the_result(mq) -> None:
+    mq.enqueue("q", "t.echo", None, job_id="m")
+    waiters = [Waiter(mq, "q", "m", NEVER) for _ in range(3)]
+    registered(mq, "q", "m", 3)
+    finish(mq, "q", "shared")
+    assert [w.join().result for w in waiters] == ["shared"] * 3
+
+
+def test_a_flow_root_across_queues_is_waited_for(mq) -> None:
+    children = [Flow("a", "t.echo", 1, job_id="c1"), Flow("b", "t.echo", 2, job_id="c2")]
+    flow = Flow("root", "t.sum_children", job_id="r", children=children)
+    ref = mq.add_flow(flow)
+    waiter = Waiter(mq, ref.ref, timeout_s=NEVER)  # FlowRef holds no client: its .ref
+    registered(mq, "root", "r", 1)
+    finish(mq, "a", 1)
+    finish(mq, "b", 2)
+    Pump(["root", "a", "b"], mq=mq).sweep()  # the fan-in across slots
+    (root,) = mq.claim("root")
+    mq.complete(root, sum(root.children_values().values()))
+    assert waiter.join().result == 3
+
+
+@pytest.mark.parametrize("timeout_s", [-1, "5", None, True, float("nan"), float("inf")])
+def test_a_bad_timeout_is_refused_before_any_redis_io(mq, timeout_s) -> None:
+    with pytest.raises(ValueError, match="invalid timeout_s .*: a wait is a finite number"):
+        mq.wait("q", "never-written", timeout_s)
+    assert mq.client.exists(mq.keys.queue("q").done("never-written")) == 0
+
+
+def test_the_done_stream_expires_and_nothing_is_written_without_a_waiter(mq) -> None:
+    mq.enqueue("q", "t.echo", None, job_id="x")
+    with pytest.raises(TimeoutError):
+        mq.wait("q", "x", 0.3)
+    done = mq.keys.queue("q").done("x")
+    assert 0 < mq.client.pttl(done) <= 5300
+    # the bound: 100 jobs finished with nobody waiting leave no done stream
+    ids = mq.enqueue_many("q", [{"name": "t.echo", "payload": i} for i in range(100)])
+    for job in mq.claim("q", 101):
+        mq.complete(job, job.payload)
+    assert all(mq.get_job("q", i).state is JobState.COMPLETED for i in ids)
+    assert [i for i in ids if mq.client.exists(mq.keys.queue("q").done(i))] == []
+
+
+def test_await_result_does_not_block_the_event_loop(mq, monkeypatch) -> None:
+    import echomq_django as emq
+    from echomq_django import api
+
+    monkeypatch.setattr(api, "get_mq", lambda: mq)
+    mq.enqueue("q", "t.echo", None, job_id="aw")
+
+    async def both():
+        waiting = asyncio.create_task(emq.await_result("q", "aw", NEVER))
+        # the loop runs on while the wait blocks on its thread
+        await asyncio.to_thread(registered, mq, "q", "aw", 1)
+        await asyncio.to_thread(finish, mq, "q", "async")
+        return await waiting
+
+    assert asyncio.run(both()).result == "async"
+
+
+def test_a_resp3_client_waits_too(r) -> None:
+    """XREAD answers a dict over RESP3 (``protocol=3``), a list over RESP2."""
+    import redis
+
+    from echomq_django import EchoMQ
+
+    kw = r.connection_pool.connection_kwargs
+    mq = EchoMQ(redis.Redis(host=kw["host"], port=kw["port"], protocol=3), prefix="emq")
+    mq.enqueue("q", "t.echo", None, job_id="r3")
+    waiter = Waiter(mq, "q", "r3", NEVER)
+    registered(mq, "q", "r3", 1)
+    finish(mq, "q", "three")
+    assert waiter.join().result == "three"
