@@ -570,7 +570,9 @@ def test_the_wait_howto(howto):
     example = howto("wait")
     request = RequestFactory().get("/quote")
     with echomq_settings():
-        worker = emq.Worker(["quotes"], register=False, block_timeout=3600.0)
+        # a short block: a waker thread that a stop races past its cut
+        # returns within it instead of lingering into later tests
+        worker = emq.Worker(["quotes"], register=False, block_timeout=0.5)
         thread = threading.Thread(target=worker.run, daemon=True)
         thread.start()
         try:

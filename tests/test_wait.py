@@ -72,7 +72,9 @@ def test_a_job_already_finished_is_answered_at_once(mq) -> None:
 
 
 def test_a_worker_run_job_is_returned(mq) -> None:
-    worker = Worker(["q"], mq=mq, block_timeout=NEVER, sweep_interval=NEVER)
+    # a short block (not NEVER): a waker thread that the stop races past its
+    # cut returns within it, instead of popping later tests' wake markers
+    worker = Worker(["q"], mq=mq, block_timeout=0.5, sweep_interval=NEVER)
     bg = Background(worker)
     try:
         mq.enqueue("q", "t.echo", {"n": 7}, job_id="w")
