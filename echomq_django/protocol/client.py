@@ -42,7 +42,7 @@ from .probes import Probes
 from .reads import Reads
 from .signal_events import SignalEvents
 from .timers import Timers
-from .waits import Waits
+from .live.waits import Waits
 from .wire import BACKOFF_CAP_MS, FLOW_CHUNK, Wire, local, opt
 
 COMPLETE_BATCH = 500  # jobs per complete script: a few ms of Redis time at most

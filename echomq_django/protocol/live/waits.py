@@ -15,11 +15,11 @@ from __future__ import annotations
 import math
 import time
 
-from ..core.exceptions import JobDead, JobNotFound
-from ..core.jobs import Job, JobState, to_text
-from ..core.refs import JobRef
-from .scripts import socket_timeout
-from .wire import Part
+from ...core.exceptions import JobDead, JobNotFound
+from ...core.jobs import Job, JobState, to_text
+from ...core.refs import JobRef
+from ..scripts import socket_timeout
+from ..wire import Part
 
 WAIT_SLACK_MS = 5_000  # the done stream outlives the longest wait on it by this (ms)
 DONE_MAXLEN = 64  # entries a done stream keeps, about (waiters' marks and the finish)
