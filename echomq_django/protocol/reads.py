@@ -16,7 +16,7 @@ import redis
 from ..core.exceptions import JobNotFound
 from ..core.jobs import Dependencies, Job, JobState, decode_policy, row_error, to_text
 from ..core.keyspace import JobKeys, whole_number
-from ..core.refs import JobRef, Page, RefDict
+from ..core.refs import JobRef, Page, RefDict, as_ref
 from .errors import connection_error, reports_redis_down
 from .wire import Part
 
@@ -55,6 +55,26 @@ class Reads(Part):
             score = self.client.zscore(self.keys.queue(queue).active, job_id)
             job.lease_deadline = int(score) if score is not None else None
         return job
+
+    @reports_redis_down
+    def job_logs(
+        self, queue, job_id: str | None = None, start: int = 0, end: int = -1
+    ) -> list[str]:
+        """The job log's lines ``start`` .. ``end`` (ints, inclusive; negative
+        counts from the newest, as LRANGE), oldest first: the newest
+        ``KEEP_LOGS`` lines its handler wrote with ``job.log``. The job is
+        ``(queue, job_id)`` or, with ``job_id`` None, a ``JobRef`` /
+        ``(queue, id)`` / ``"queue/id"`` as ``queue``. Raises ``JobNotFound``
+        (the log goes with its job), ``ValueError`` for a bad name or a
+        start / end that is not an int.
+        docs/howto/progress-and-logs.md#read-them-back"""
+        if job_id is None:
+            queue, job_id = as_ref(queue, self.keys)
+        for name, value in (("start", start), ("end", end)):
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ValueError(f"{name} must be an int (a line index), got {value!r}")
+        keys = JobKeys.of(self._require(queue, job_id))
+        return [to_text(line) for line in self.client.lrange(keys.logs, start, end)]
 
     @reports_redis_down
     def children_values(

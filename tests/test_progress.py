@@ -1,0 +1,207 @@
+"""Progress and job logs (docs/howto/progress-and-logs.md,
+docs/explanation/protocol.md#progress-and-log-lines): a running job's
+writes under its lease, read back, bounded, removed with the job, and bad
+input refused before any write, on both rigs."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from echomq_django import (
+    EchoMQ,
+    JobNotActive,
+    JobNotFound,
+    JobRef,
+    JobState,
+    LeaseLost,
+    PayloadError,
+    current_job,
+    handler,
+)
+from echomq_django.core.live import CUT_MARKER, MAX_LOG_LINE_BYTES, MAX_PROGRESS_BYTES
+from tests.support.jobkit import keys_of
+from tests.support.workerkit import burst
+
+
+@handler("prog.steps")
+def steps(job):
+    for n in (25, 50, 100):
+        job.report_progress(n)
+        job.log(f"step {n}")
+    job.report_progress({"done": 3, "of": 3})
+    assert current_job() is None  # a plain handler has its Job; the context is for tasks
+    return "ok"
+
+
+@handler("prog.async")
+async def async_steps(job):
+    await job.areport_progress(40)
+    assert await job.alog("half way") == 1
+    return "ok"
+
+
+def claimed(mq, queue="q", job_id="a"):
+    mq.enqueue(queue, "prog.steps", None, job_id=job_id)
+    (job,) = mq.claim(queue)
+    return job
+
+
+def progress_events(mq, queue="q") -> list[dict]:
+    entries = mq.client.xrange(mq.keys.queue(queue).events)
+    out = []
+    for _id, fields in entries:
+        f = {(k.decode() if isinstance(k, bytes) else k): v for k, v in fields.items()}
+        if f["e"] in (b"progress", "progress"):
+            out.append({k: v.decode() if isinstance(v, bytes) else v for k, v in f.items()})
+    return out
+
+
+def test_a_worker_run_handler_reports_progress_and_logs(mq) -> None:
+    mq.enqueue("q", "prog.steps", None, job_id="a")
+    burst(mq, ["q"], concurrency=1)
+    job = mq.get_job("q", "a")
+    assert (job.state, job.result) == (JobState.COMPLETED, "ok")
+    assert job.progress == {"done": 3, "of": 3}
+    assert mq.job_logs("q", "a") == ["step 25", "step 50", "step 100"]
+    assert mq.job_logs(JobRef("q", "a"), start=1) == ["step 50", "step 100"]
+    assert mq.job_logs("q/a", None, -1, -1) == ["step 100"]
+    assert job.logs(0, 0) == ["step 25"]
+    assert [e["p"] for e in progress_events(mq)] == ["25", "50", "100", '{"done":3,"of":3}']
+    assert {e["id"] for e in progress_events(mq)} == {"a"}
+
+
+def test_an_async_handler_reports_through_the_same_job(mq) -> None:
+    mq.enqueue("q", "prog.async", None, job_id="b")
+    burst(mq, ["q"], concurrency=1)
+    job = mq.get_job("q", "b")
+    assert (job.state, job.progress, mq.job_logs("q", "b")) == (
+        JobState.COMPLETED,
+        40,
+        ["half way"],
+    )
+
+
+def test_progress_is_kept_on_the_job_object_and_through_a_retry(mq) -> None:
+    job = claimed(mq)
+    job.report_progress(12.5)
+    assert job.progress == 12.5
+    mq.fail(job, "boom")  # delayed (backoff): the row keeps the last value
+    assert mq.get_job("q", "a").progress == 12.5
+
+
+def test_a_stale_lease_or_a_finished_job_writes_nothing(mq) -> None:
+    job = claimed(mq)
+    job.report_progress(10)
+    job.log("one")
+    stale = mq.get_job("q", "a")
+    stale.lease = "not-the-lease"
+    with pytest.raises(LeaseLost):
+        stale.report_progress(90)
+    with pytest.raises(LeaseLost):
+        stale.log("two")
+    mq.complete(job, 1)
+    with pytest.raises(JobNotActive, match="is completed"):
+        job.report_progress(95)
+    with pytest.raises(JobNotActive):
+        job.log("late")
+    assert (mq.get_job("q", "a").progress, mq.job_logs("q", "a")) == (10, ["one"])
+    assert [e["p"] for e in progress_events(mq)] == ["10"]
+
+
+@pytest.mark.parametrize(
+    ("value", "rule"),
+    [
+        (-1, "a number from 0 to 100"),
+        (100.5, "a number from 0 to 100"),
+        (float("nan"), "a number from 0 to 100"),
+        (True, "a number from 0 to 100"),
+        ("50%", "a number from 0 to 100"),
+        ([1, 2], "a number from 0 to 100"),
+        ({"f": object()}, "not JSON-serialisable"),
+        ({"x": "y" * MAX_PROGRESS_BYTES}, f"of at most {MAX_PROGRESS_BYTES} bytes"),
+    ],
+)
+def test_bad_progress_is_refused_before_any_write(mq, value, rule) -> None:
+    job = claimed(mq)
+    before = mq.client.xlen(mq.keys.queue("q").events)
+    with pytest.raises(PayloadError, match=rule):
+        job.report_progress(value)
+    assert mq.get_job("q", "a").progress is None
+    assert mq.client.xlen(mq.keys.queue("q").events) == before
+
+
+def test_a_long_log_line_is_cut_with_a_marker_and_a_bad_one_refused(mq) -> None:
+    job = claimed(mq)
+    line = "é" * MAX_LOG_LINE_BYTES  # 2 bytes each: twice the limit
+    job.log(line)
+    (kept,) = mq.job_logs("q", "a")
+    head = kept[: kept.index(" [...")]
+    assert head == "é" * len(head)  # cut on a character boundary, not inside one
+    assert kept == head + CUT_MARKER.format(n=len(line.encode()) - len(head.encode()))
+    assert MAX_LOG_LINE_BYTES - 1 <= len(kept.encode()) <= MAX_LOG_LINE_BYTES
+    with pytest.raises(TypeError, match="a job log line is a str"):
+        job.log(b"bytes")
+    with pytest.raises(ValueError, match="must encode as UTF-8"):
+        job.log("\ud800")
+    assert len(mq.job_logs("q", "a")) == 1
+
+
+def test_the_log_keeps_the_queue_s_keep_logs_lines(redis_client) -> None:
+    mq = EchoMQ(redis_client, prefix="emq", queues={"q": {"KEEP_LOGS": 3}})
+    job = claimed(mq)
+    counts = [job.log(f"line {i}") for i in range(5)]
+    assert counts == [1, 2, 3, 4, 4]  # before each trim: never more than KEEP_LOGS + 1
+    assert mq.job_logs("q", "a") == ["line 2", "line 3", "line 4"]
+    assert mq.client.llen(mq.keys.job_keys("q", "a").logs) == 3
+
+
+def test_the_default_keeps_a_hundred_lines(mq) -> None:
+    job = claimed(mq)
+    for i in range(105):
+        job.log(str(i))
+    assert mq.job_logs("q", "a") == [str(i) for i in range(5, 105)]
+
+
+def test_the_log_goes_with_its_job_on_remove_and_retention(mq) -> None:
+    job = claimed(mq)
+    job.log("kept until the job goes")
+    mq.complete(job, 1)
+    mq.remove("q", "a")
+    assert [k for k in keys_of(mq, "q") if ":job:" in k] == []
+    with pytest.raises(JobNotFound):
+        mq.job_logs("q", "a")
+    # retention: a queue that keeps no completed job drops the row and its log
+    mq2 = EchoMQ(mq.client, prefix="emq", queues={"r": {"KEEP_COMPLETED": 0}})
+    for n in range(3):
+        job = claimed(mq2, "r", f"r{n}")
+        job.log("bye")
+        mq2.complete(job, n)
+    mq2.lifecycle.prune("r")
+    assert [k for k in keys_of(mq2, "r") if ":job:" in k] == []
+
+
+def test_a_delayed_job_s_log_goes_when_it_is_removed(mq) -> None:
+    job = claimed(mq)
+    job.log("tried once")
+    mq.fail(job, "boom")  # delayed now
+    mq.remove("q", "a")
+    assert [k for k in keys_of(mq, "q") if ":job:" in k] == []
+
+
+def test_job_logs_refuses_bad_bounds_and_unknown_jobs(mq) -> None:
+    with pytest.raises(JobNotFound):
+        mq.job_logs("q", "nope")
+    claimed(mq)
+    with pytest.raises(ValueError, match="start must be an int"):
+        mq.job_logs("q", "a", "0")
+    with pytest.raises(ValueError, match="end must be an int"):
+        mq.job_logs("q", "a", 0, 1.5)
+    assert mq.job_logs("q", "a") == []
+
+
+def test_areport_progress_runs_off_the_loop(mq) -> None:
+    job = claimed(mq)
+    asyncio.run(job.areport_progress({"stage": "upload"}))
+    assert mq.get_job("q", "a").progress == {"stage": "upload"}
