@@ -237,7 +237,8 @@ class Job(Reporting):
     parent_queue: str | None = None
     parent_policy: Policy | None = None
     created_at: int | None = None
-    started_at: int | None = None
+    started_at: int | None = None  # the last attempt's start (ms)
+    first_started_at: int | None = None  # the first attempt's start (ms)
     finished_at: int | None = None
     stalls: int = 0
     lease: str | None = None
@@ -292,6 +293,7 @@ class Job(Reporting):
             parent_policy=policy,
             created_at=_int(r.get("created_at")),
             started_at=_int(r.get("started_at")),
+            first_started_at=_int(r.get("first_started_at") or r.get("started_at")),
             finished_at=_int(r.get("finished_at")),
             stalls=_int(r.get("stalls")) or 0,
             lease=to_text(r.get("lease")),

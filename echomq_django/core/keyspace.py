@@ -160,6 +160,9 @@ JOB_KEYS = {
     # list: the lines the handler logged, oldest first, the newest KEEP_LOGS kept
     # (lua/append_log.lua; docs/explanation/protocol.md#progress-and-log-lines)
     "logs": ":logs",
+    # list: the errors of a job's earlier failed attempts, oldest first, the
+    # newest ERRORS_KEPT - 1 kept (lua/fail.lua; the row's `error` is the last)
+    "errors": ":errors",
 }
 # job state -> the QueueKeys field (index) that holds a job in that state
 STATE_INDEX = {
@@ -245,6 +248,7 @@ class JobKeys:
     unsuccessful: str
     removed: str
     logs: str
+    errors: str
 
     @classmethod
     def of(cls, row: str) -> JobKeys:
@@ -308,7 +312,7 @@ class Keyspace:
 
     def job_part(self, queue: str, job_id: str, part: str) -> str:
         """``P:{q}:job:<id>:<part>`` for part in ``JOB_KEYS`` (dependencies,
-        children, processed, failed, unsuccessful, removed, logs); ``ValueError``
+        children, processed, failed, unsuccessful, removed, logs, errors); ``ValueError``
         for another part."""
         if part not in JOB_KEYS:
             raise ValueError(f"unknown job key {part!r}: one of {', '.join(JOB_KEYS)}")

@@ -76,8 +76,13 @@ def current_job() -> Any:
 
 def running(job: Any):
     """Mark ``job`` as this context's ``current_job()``; returns the token
-    for ``_current.reset`` (the caller resets it when the job's call ends)."""
+    the caller hands to ``stop_running`` when the job's call ends."""
     return _current.set(job)
+
+
+def stop_running(token) -> None:
+    """Undo the ``running`` call that returned ``token``."""
+    _current.reset(token)
 
 
 class Reporting:

@@ -21,6 +21,7 @@ from .errors import connection_error, reports_redis_down
 from .wire import Part
 
 ROWS_PER_TRIP = 500  # job rows per pipelined round trip (rows, states, exist)
+ERRORS_KEPT = 10  # failed attempts' errors a job keeps: the row's last, 9 earlier (lua/fail.lua)
 PAGE_MAX = 10_000  # children a page of a paged read, at most (docs/howto/read-flows.md#paged-reads)
 
 
@@ -75,6 +76,31 @@ class Reads(Part):
                 raise ValueError(f"{name} must be an int (a line index), got {value!r}")
         keys = JobKeys.of(self._require(queue, job_id))
         return [to_text(line) for line in self.client.lrange(keys.logs, start, end)]
+
+    @reports_redis_down
+    def attempt_errors(self, queue: str, job_id: str) -> list[str]:
+        """The errors of the job's failed attempts, oldest first: those of
+        earlier attempts (``P:{q}:job:<id>:errors``), then the row's
+        ``error`` (the last), the newest ``ERRORS_KEPT`` at most. An error a
+        script wrote for the job (``cancelled``, a child's failure) counts
+        as its last. Raises ``JobNotFound``, ``ValueError`` for a bad name.
+        docs/explanation/protocol.md#the-errors-of-earlier-attempts"""
+        keys = self.keys.job_keys(queue, job_id)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.lrange(keys.errors, 0, -1)
+        pipe.hmget(keys.row, "state", "error", "error.n")
+        earlier, (state, first, n) = pipe.execute()
+        if state is None:
+            raise JobNotFound(f"job {job_id!r} not found in queue {queue!r}")
+        last = (
+            row_error({"error": first, "error.n": n}) if n is None else self._whole_error(keys.row)
+        )
+        out = [to_text(e) for e in earlier] + ([last] if last is not None else [])
+        return [self.keys.unkey(e) for e in out[-ERRORS_KEPT:]]
+
+    def _whole_error(self, row: str) -> str | None:
+        """A row's whole error, read with its pieces (``jobs.row_error``)."""
+        return row_error({to_text(k): v for k, v in self.client.hgetall(row).items()})
 
     @reports_redis_down
     def children_values(
