@@ -205,3 +205,44 @@ def test_areport_progress_runs_off_the_loop(mq) -> None:
     job = claimed(mq)
     asyncio.run(job.areport_progress({"stage": "upload"}))
     assert mq.get_job("q", "a").progress == {"stage": "upload"}
+
+
+# -- the admin: a progress column in the job list, progress and log on the page ------
+@pytest.mark.django_db
+def test_the_admin_shows_progress_in_the_list_and_progress_and_log_on_the_job_page(r, client):
+    from django.urls import reverse
+    from django.utils.html import escape
+
+    from echomq_django import conf
+    from echomq_django.admin.pages import job_url
+    from echomq_django.models import MirroredJob
+    from echomq_django.monitoring.mirror import mirror_queues
+    from tests.support.factories import StaffUserFactory
+
+    conf.reset()
+    mq = conf.get_mq()
+    try:
+        job = claimed(mq, "media", "v1")
+        job.report_progress(40)
+        job.log("<b>frame</b> 1")
+        mq.enqueue("media", "prog.steps", None, job_id="v2")
+        (other,) = mq.claim("media")
+        other.report_progress({"stage": "upload", "done": 3, "of": 8, "file": "x" * 40})
+        mirror_queues(mq, ["media"])
+        assert MirroredJob.objects.get(job_id="v1").progress == "40"
+        client.force_login(StaffUserFactory())
+        listing = client.get(reverse("admin:echomq_django_mirroredjob_changelist")).content
+        listing = listing.decode()
+        assert '<span title="40%">40%</span>' in listing
+        cut = '{"stage": "upload", "done": 3, "of": 8,…'  # PROGRESS_CHARS, the whole as title
+        assert f">{escape(cut)}</span>" in listing
+        detail = client.get(job_url("media", "v1"), follow=True)
+        html = detail.content.decode()
+        assert detail.context["logs"] == ["<b>frame</b> 1"]
+        assert '<td id="emq-progress">40%</td>' in html
+        assert "&lt;b&gt;frame&lt;/b&gt; 1" in html and "<b>frame" not in html
+        job.report_progress(80)  # the page reads Redis live; the list, the mirror
+        detail = client.get(job_url("media", "v1"), follow=True)
+        assert '<td id="emq-progress">80%</td>' in detail.content.decode()
+    finally:
+        conf.reset()
