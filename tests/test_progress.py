@@ -246,3 +246,16 @@ def test_the_admin_shows_progress_in_the_list_and_progress_and_log_on_the_job_pa
         assert '<td id="emq-progress">80%</td>' in detail.content.decode()
     finally:
         conf.reset()
+
+
+def test_a_bad_keep_logs_is_named_with_its_rule():
+    from echomq_django.conf.schema import problems
+
+    cfg = {"URL": "redis://127.0.0.1:1/0", "QUEUES": {"media": {"KEEP_LOGS": -1}}}
+    assert problems(cfg) == [
+        (
+            "echomq_django.E060",
+            "queue 'media': KEEP_LOGS must be an integer from 1 to 10000, got -1",
+            "KEEP_LOGS is the lines each job's log keeps (the newest); the default is 100.",
+        )
+    ]
