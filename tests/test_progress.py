@@ -259,3 +259,40 @@ def test_a_bad_keep_logs_is_named_with_its_rule():
             "KEEP_LOGS is the lines each job's log keeps (the newest); the default is 100.",
         )
     ]
+
+
+def job_keys_left(mq, queue: str) -> list[str]:
+    return sorted(k for k in keys_of(mq, queue) if ":job:" in k)
+
+
+def test_a_removed_flow_s_running_child_drops_its_log_and_errors_when_it_finishes(mq) -> None:
+    from tests.support.jobkit import leaf, node
+
+    mq.add_flow(node("p", [leaf("c1")]))
+    for attempt in (1, 2, 3):
+        (c1,) = mq.claim("q")
+        c1.log(f"attempt {attempt}")
+        if attempt < 3:
+            mq.fail(c1, f"boom {attempt}")
+            mq.client.zadd(mq.keys.queue("q").delayed, {"c1": 0})  # due now
+            mq.timers.promote_delayed("q")
+    keys = mq.keys.job_keys("q", "c1")
+    assert mq.client.lrange(keys.errors, 0, -1) == [b"boom 1"]
+    assert mq.attempt_errors("q", "c1") == ["boom 1", "boom 2"]
+    mq.remove("q", "p")  # c1 is active: marked orphaned, dropped once it finishes
+    assert mq.client.exists(keys.logs, keys.errors) == 2
+    mq.fail(c1, "boom 3", dead=True)
+    mq.lifecycle.prune("q")
+    assert job_keys_left(mq, "q") == []
+
+
+def test_dropping_a_parent_s_unprocessed_children_drops_their_logs(mq) -> None:
+    from tests.support.jobkit import leaf, node
+
+    mq.add_flow(node("p", [leaf("c1"), leaf("c2")]))
+    c1 = mq.claim("q", 1)[0]
+    c1.log("ran once")
+    assert mq.fail(c1, "boom") in (JobState.DELAYED, JobState.PENDING)
+    assert mq.client.exists(mq.keys.job_keys("q", c1.id).logs) == 1
+    mq.remove_unprocessed_children("q", "p")
+    assert [k for k in job_keys_left(mq, "q") if f":job:{c1.id}" in k] == []
