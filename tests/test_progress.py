@@ -296,3 +296,16 @@ def test_dropping_a_parent_s_unprocessed_children_drops_their_logs(mq) -> None:
     assert mq.client.exists(mq.keys.job_keys("q", c1.id).logs) == 1
     mq.remove_unprocessed_children("q", "p")
     assert [k for k in job_keys_left(mq, "q") if f":job:{c1.id}" in k] == []
+
+
+def test_progress_entries_keep_the_events_stream_s_cap(tmq) -> None:
+    """A busy handler's progress cannot grow the events stream: its entries
+    go through the same capped writer (lib/emit.lua, EVENTS_MAXLEN 10,000)."""
+    tmq.enqueue_many("q", [("n", i) for i in range(10_000)])  # the stream at its cap
+    (job,) = tmq.claim("q")
+    for n in range(300):
+        job.report_progress(n / 3)
+    events = tmq.keys.queue("q").events
+    assert 10_000 <= tmq.client.xlen(events) < 10_000 + 100  # one stream node at most above
+    ((_, last),) = tmq.client.xrevrange(events, count=1)
+    assert last == {b"e": b"progress", b"id": job.id.encode(), b"p": b"99.66666666666667"}
