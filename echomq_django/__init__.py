@@ -22,6 +22,7 @@ from .api import (
     get_job,
     ignored_failures,
     is_paused,
+    job_logs,
     pause,
     remove,
     remove_child_dependency,
@@ -52,6 +53,7 @@ from .core.exceptions import (
 )
 from .core.flows import Flow, FlowRef
 from .core.jobs import Dependencies, Job, JobState, Outcome
+from .core.live import current_job
 from .core.refs import JobRef, Page
 from .handlers import handler
 from .protocol.client import EchoMQ
@@ -97,6 +99,7 @@ __all__ = [
     "await_result",
     "cancel",
     "children_values",
+    "current_job",
     "dependencies",
     "dependency_counts",
     "enqueue",
@@ -106,6 +109,7 @@ __all__ = [
     "handler",
     "ignored_failures",
     "is_paused",
+    "job_logs",
     "pause",
     "remove",
     "remove_child_dependency",
