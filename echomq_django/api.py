@@ -3,32 +3,29 @@
 
 ``enqueue``, ``enqueue_many`` and ``add_flow`` take ``on_commit``:
 
-* ``None`` (the default): inside an atomic block (``transaction.atomic``,
-  ATOMIC_REQUESTS) the write waits for the commit, as django-rq does; outside
-  one it happens now. So a view or a ``post_save`` receiver never starts work
-  for a row that is rolled back.
+* ``None`` (the default): inside an atomic block (``transaction.atomic``, ATOMIC_REQUESTS)
+  the write waits for the commit, as django-rq does; outside one it happens now. So a view
+  or a ``post_save`` receiver never starts work for a row that is rolled back.
 * ``True``: always through the commit outbox (``commit_outbox.py``,
-docs/explanation/protocol.md#the-commit-outbox):
-  the job or flow is written to the ``OutboxEntry`` table in the current
-  transaction of database ``using``, pushed to Redis right after the commit
-  and the row deleted; when Redis is down then, the row waits for the worker
-  or the pump to push it. Outside a transaction the row is written and
-  pushed at once.
+  docs/explanation/protocol.md#the-commit-outbox): the job or flow is written to the
+  ``OutboxEntry`` table in the current transaction of database ``using``, pushed to Redis
+  right after the commit and the row deleted; when Redis is down then, the row waits for
+  the worker or the pump to push it. Outside a transaction it is written and pushed at once.
 * ``False``: now, straight to Redis, even inside a transaction.
 
-``ECHOMQ["ENQUEUE_WHEN_DOWN"] = "outbox"`` (default ``"raise"``): an add
-that goes straight to Redis because no transaction is open (``on_commit``
-None outside an atomic block) and finds Redis away writes the same outbox
-row instead of raising ``RedisUnavailable``, and returns the ids as usual;
-the worker and the pump push it once Redis answers
+``ECHOMQ["ENQUEUE_WHEN_DOWN"] = "outbox"`` (default ``"raise"``): an add that goes
+straight to Redis because no transaction is open (``on_commit`` None outside an atomic
+block) and finds Redis away writes the same outbox row instead of raising
+``RedisUnavailable``, and returns the ids as usual; the worker and the pump push it once
+Redis answers
 (docs/howto/durable-enqueue.md#outside-a-transaction-too-enqueue_when_down). An explicit
 ``on_commit=False`` still raises.
 
-The ids are known before the commit: generated up front and returned at once
-(and fixed in the outbox row, so a repeated push never runs anything twice).
-Validation (names, ids, payloads, flow shape) happens now either way, so a bad
-call raises in the caller, not later in the commit hook. ``aenqueue`` and
-``aadd_flow`` are the same for async code.
+The ids are known before the commit: generated up front and returned at once (and
+fixed in the outbox row, so a repeated push never runs anything twice). Validation
+(names, ids, payloads, flow shape) happens now either way, so a bad call raises in the
+caller, not later in the commit hook. ``aenqueue`` and ``aadd_flow`` are the same for
+async code; ``events`` follows the queues' events (docs/howto/events.md).
 """
 
 from __future__ import annotations
@@ -361,6 +358,11 @@ async def await_result(job: Any, job_id: str | None = None, timeout_s: float | N
     return await sync_to_async(wait, thread_sensitive=False)(job, job_id, timeout_s)
 
 
+def events(queues, since=None, kinds=None, block_s: float | None = None):
+    """``EchoMQ.events`` on the settings' connection (docs/howto/events.md)."""
+    return get_mq().events(queues, since, kinds, block_s)
+
+
 def get_job(queue: str, job_id: str) -> Job:
     """``EchoMQ.get_job`` on the settings' connection."""
     return get_mq().get_job(queue, job_id)
@@ -382,8 +384,8 @@ def children_values(
 def dependencies(
     queue: str, job_id: str, cursor: int = 0, count: int | None = None
 ) -> Dependencies | Page[Dependencies]:
-    """``EchoMQ.dependencies`` on the settings' connection, or one ``Page``
-    of it with ``count`` (docs/howto/read-flows.md#paged-reads)."""
+    """``EchoMQ.dependencies`` on the settings' connection, or one ``Page`` of it with
+    ``count`` (docs/howto/read-flows.md#paged-reads)."""
     return get_mq().dependencies(queue, job_id, cursor, count)
 
 
@@ -423,9 +425,8 @@ def is_paused(queue: str) -> bool:
 
 def remove_child_dependency(queue: str, parent_id: str, child: JobRef | tuple[str, str] | str):
     """``EchoMQ.remove_child_dependency`` on the settings' connection
-    (docs/explanation/protocol.md#removing-a-dependency): ``child`` a
-    ``JobRef`` or ``(queue, id)``; a raw key is deprecated
-    (docs/howto/read-flows.md#deprecated-raw-keys)."""
+    (docs/explanation/protocol.md#removing-a-dependency): ``child`` a ``JobRef`` or ``(queue,
+    id)``; a raw key is deprecated (docs/howto/read-flows.md#deprecated-raw-keys)."""
     mq = get_mq()
     return mq.remove_child_dependency(queue, parent_id, as_ref(child, mq.keys, 3))
 
@@ -437,14 +438,13 @@ def remove_unprocessed_children(queue: str, parent_id: str):
 
 
 def remove(queue: str, job_id: str):
-    """``EchoMQ.remove`` on the settings' connection (docs/explanation/lifecycle.md): remove a
-    job that is not active, with its subtree. Raises ``JobNotFound``,
-    ``JobNotRemovable``."""
+    """``EchoMQ.remove`` on the settings' connection (docs/explanation/lifecycle.md): remove
+    a job that is not active, with its subtree. Raises ``JobNotFound``, ``JobNotRemovable``."""
     return get_mq().remove(queue, job_id)
 
 
 def cancel(queue: str, job_id: str):
-    """``EchoMQ.cancel`` on the settings' connection (docs/explanation/lifecycle.md): cancel a
-    job and its unfinished subtree (an active job is marked). Raises
-    ``JobNotFound``, ``JobNotCancellable``."""
+    """``EchoMQ.cancel`` on the settings' connection (docs/explanation/lifecycle.md): cancel
+    a job and its unfinished subtree (an active one is marked). Raises ``JobNotFound``,
+    ``JobNotCancellable``."""
     return get_mq().cancel(queue, job_id)
