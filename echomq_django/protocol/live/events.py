@@ -66,8 +66,9 @@ class Follow:
     made by ``mq.events(...)`` (``Events.__call__``), which validates its
     arguments. Yields ``Event`` and ``Gap`` (``core/events.py``) in stream
     order per queue. ``next()`` waits at most ``block_s`` s for the next one
-    (None: until there is one) and the follow ends when it waited that long
-    for nothing. ``position`` is ``{queue: id of the last entry yielded}``:
+    (None: until there is one) and the iteration ends when it waited that
+    long for nothing; iterating again carries on from there (a view sends a
+    keep-alive between two). ``position`` is ``{queue: id of the last entry yielded}``:
     pass it as ``since`` to resume. ``close()`` (or ``with``) ends it and
     its reader threads (within ``SLICE_S`` s). Raises ``RedisUnavailable``
     / ``RedisCommandError`` from a read. docs/howto/events.md"""
@@ -78,6 +79,7 @@ class Follow:
         self._key = {q: part.keys.queue(q).events for q in positions}
         self._queue_of = {key: q for q, key in self._key.items()}
         self._read_at: dict[str, str | None] = dict(positions)
+        self._start: dict[str, str | None] = dict(positions)
         self._position: dict[str, str] = {}
         self._buf: deque = deque()
         self._stop = threading.Event()
@@ -97,9 +99,12 @@ class Follow:
 
     @property
     def position(self) -> dict[str, str]:
-        """``{queue: stream id}`` of the last entry yielded per queue (a
-        queue nothing was yielded from yet is left out)."""
-        return dict(self._position)
+        """``{queue: stream id}``: per queue the last entry yielded, else
+        where the follow started (a queue followed from "now" is left out
+        until ``start()`` or the first step fixed it). ``since=position``
+        resumes right after what was yielded."""
+        started = {q: at for q, at in self._start.items() if at is not None}
+        return {**started, **self._position}
 
     def start(self) -> Follow:
         """Fix "now" for the queues followed without ``since`` (their
@@ -120,7 +125,7 @@ class Follow:
         for q in new:
             pipe.xrevrange(self._key[q], "+", "-", count=1)
         for q, last in zip(new, pipe.execute(), strict=True):
-            self._read_at[q] = to_text(last[0][0]) if last else "0-0"
+            self._read_at[q] = self._start[q] = to_text(last[0][0]) if last else "0-0"
 
     @translating
     def _read(self, group: list[str], block_ms: int | None) -> list:
