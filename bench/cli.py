@@ -80,6 +80,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="concurrent waiters of the wait scenario (default %(default)s)",
     )
     p.add_argument(
+        "--waiter-processes",
+        type=int,
+        default=1,
+        help="processes our waiters are spread over, as a site's web processes are "
+        "(default %(default)s: all threads of one process)",
+    )
+    p.add_argument(
         "--latency-samples",
         type=int,
         default=200,
@@ -374,7 +381,9 @@ def _wait(url: str, args, with_peer: bool, progress) -> list[dict]:
 
     node = waits.node_bullmq() if with_peer else None
     try:
-        rows = waits.run(url, args.wait_samples, args.waiters, bool(node), progress.show)
+        rows = waits.run(
+            url, args.wait_samples, args.waiters, bool(node), args.waiter_processes, progress.show
+        )
     finally:
         progress.clear()
     print()

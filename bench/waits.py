@@ -8,7 +8,8 @@ how soon a caller that waits for a job's result has it, ours and BullMQ's
   ``job.waitUntilFinished(queueEvents)``), one sample at a time, 5 ms
   apart; p50 / p90 / p99 ms.
 - ``waiters``: N jobs added with no worker running, N waiters blocked on
-  them at once (ours: N threads in one process calling ``emq.wait``;
+  them at once (ours: N threads calling ``emq.wait``, in one process or
+  spread over ``--waiter-processes``;
   BullMQ: N ``waitUntilFinished`` on one ``QueueEvents``), the Redis
   commands per second while they all wait (``INFO commandstats``), then a
   worker drains the jobs; each waiter's wake delay is its wake time minus
@@ -101,14 +102,12 @@ def ours_round_trip(url: str, samples: int) -> list[float]:
         client.close()
 
 
-def ours_waiters(url: str, n: int) -> dict:
-    """``n`` threads wait on ``n`` jobs; their idle commands/s and wake delays (ms)."""
+def _waiting(url: str, ids: list[str], results) -> None:
+    """A waiter process: one thread per id blocks in ``emq.wait``; puts
+    ``{id: wake time (ns since the epoch)}`` on ``results`` once all woke."""
     from echomq_django import EchoMQ
 
-    client = redis.Redis.from_url(url, max_connections=n + 10)
-    client.flushall()
-    mq = EchoMQ(client, prefix=procs.PREFIX)
-    ids = mq.enqueue_many(QUEUE, [{"name": "bench.one"} for _ in range(n)])
+    mq = EchoMQ(redis.Redis.from_url(url, max_connections=len(ids) + 10), prefix=procs.PREFIX)
     woke: dict[str, int] = {}
 
     def wait(job_id: str) -> None:
@@ -118,20 +117,39 @@ def ours_waiters(url: str, n: int) -> dict:
     threads = [threading.Thread(target=wait, args=(i,), daemon=True) for i in ids]
     for thread in threads:
         thread.start()
-    done = [mq.keys.queue(QUEUE).done(i) for i in ids]
-    deadline = time.monotonic() + 60
-    while sum(client.exists(*done[s : s + 500]) for s in range(0, n, 500)) < n:
+    for thread in threads:
+        thread.join(WAIT_S)
+    results.put(woke)
+
+
+def ours_waiters(url: str, n: int, processes: int = 1) -> dict:
+    """``n`` waiters (threads, over ``processes`` processes) on ``n`` jobs:
+    the Redis commands/s while they all block, and their wake delays (ms)."""
+    from echomq_django import EchoMQ
+
+    client = redis.Redis.from_url(url)
+    client.flushall()
+    mq = EchoMQ(client, prefix=procs.PREFIX)
+    ids = mq.enqueue_many(QUEUE, [{"name": "bench.one"} for _ in range(n)])
+    ctx = multiprocessing.get_context("spawn")
+    results = ctx.Queue()
+    share = [ids[p::processes] for p in range(processes)]
+    waiters = [ctx.Process(target=_waiting, args=(url, part, results)) for part in share]
+    for process in waiters:
+        process.start()
+    deadline = time.monotonic() + 120
+    while client.info("clients")["blocked_clients"] < n:
         if time.monotonic() > deadline:
-            raise RuntimeError("the waiters did not all register in 60 s")
-        time.sleep(0.05)  # setup only: the waiters register their marks
-    time.sleep(0.5)  # each is past its state read, blocked on XREAD
+            raise RuntimeError("the waiters did not all block in 120 s")
+        time.sleep(0.05)  # setup only: the waiters register and block
     before = _commands(client)
     time.sleep(IDLE_WINDOW_S)
     idle = (_commands(client) - before) / IDLE_WINDOW_S  # INFO is not counted
     worker = _our_worker(url)
     try:
-        for thread in threads:
-            thread.join(WAIT_S)
+        woke: dict[str, int] = {}
+        for _ in waiters:
+            woke.update(results.get(timeout=WAIT_S))
         if len(woke) < n:
             raise RuntimeError(f"{n - len(woke)} waiters did not wake")
         pipe = client.pipeline(transaction=False)
@@ -140,10 +158,12 @@ def ours_waiters(url: str, n: int) -> dict:
         finished = [int(v) for v in pipe.execute()]
     finally:
         _stop(worker)
+        for process in waiters:
+            process.join(10)
         client.flushall()
         client.close()
     delays = [woke[i] / 1e6 - f for i, f in zip(ids, finished, strict=True)]
-    return {"idle_cmds_per_s": idle, "wake_delay_ms": stats(delays)}
+    return {"idle_cmds_per_s": idle, "processes": processes, "wake_delay_ms": stats(delays)}
 
 
 def _node(*args: str, **kwargs) -> subprocess.Popen:
@@ -214,10 +234,17 @@ def bullmq_waiters(url: str, n: int) -> dict:
     return {"idle_cmds_per_s": idle, "wake_delay_ms": stats(delays)}
 
 
-def run(url: str, samples: int, waiters: int, with_peer: bool, progress=None) -> list[dict]:
-    """Both parts for ours, then BullMQ's when ``with_peer``: one row per system."""
+def run(
+    url: str, samples: int, waiters: int, with_peer: bool, processes: int = 1, progress=None
+) -> list[dict]:
+    """Both parts for ours (its waiters over ``processes`` processes), then
+    BullMQ's when ``with_peer``: one row per system."""
     rows = []
-    sides = [("echomq", ours_round_trip, ours_waiters)]
+
+    def ours(url: str, n: int) -> dict:
+        return ours_waiters(url, n, processes)
+
+    sides = [("echomq", ours_round_trip, ours)]
     if with_peer:
         sides.append(("bullmq", bullmq_round_trip, bullmq_waiters))
     for name, round_trip, wait_many in sides:
@@ -246,7 +273,8 @@ def format_rows(rows: list[dict]) -> str:
         + " |"
     )
     lines.append(
-        f"| {rows[0]['waiters']:,} waiters blocked: Redis commands/s | "
+        f"| {rows[0]['waiters']:,} waiters blocked (ours in {rows[0]['processes']} "
+        "process(es), BullMQ in one): Redis commands/s | "
         + cells(lambda r: f"{r['idle_cmds_per_s']:.1f}")
         + " |"
     )
