@@ -652,3 +652,35 @@ def test_the_events_howto_streams_a_job_to_a_browser(howto):
         assert bad.status_code == 400 and b"invalid since 'soon'" in bad.content
         assert client.get("/jobs/exports/nope/events").status_code == 404
     assert example.KEEPALIVE_S > 0
+
+
+def test_the_events_howto_async_view_streams_under_asgi(howto):
+    """The async SSE view, through Django's async test client: the state,
+    then active and completed as a worker runs the job, then the end."""
+    import asyncio
+
+    from django.test import AsyncClient
+
+    howto("events_sse")
+
+    async def read() -> list:
+        response = await AsyncClient().get("/ajobs/exports/x2/events")
+        assert response["Content-Type"] == "text/event-stream"
+        frames = []
+        async for chunk in response.streaming_content:
+            text = chunk.decode()
+            if text.startswith(":"):
+                continue
+            lines = dict(line.split(": ", 1) for line in text.strip().splitlines())
+            frames.append((lines["event"], json.loads(lines["data"])))
+            if len(frames) == 1:
+                await asyncio.to_thread(burst, "exports")
+        return frames
+
+    with echomq_settings(), override_settings(ROOT_URLCONF="events_sse"):
+        emq.enqueue("exports", "exports.render", {"rows": 2}, job_id="x2", on_commit=False)
+        assert asyncio.run(read()) == [
+            ("state", {"state": "pending"}),
+            ("active", {"job": "x2"}),
+            ("completed", {"job": "x2", "result": {"rows": 2, "url": "/exports/x2.csv"}}),
+        ]

@@ -260,3 +260,10 @@ def test_the_command_prints_events(r) -> None:
 def test_the_command_refuses_bad_flags(r, argv, match) -> None:
     with pytest.raises(CommandError, match=match):
         call_command("echomq_events", *argv, stdout=io.StringIO())
+
+
+def test_a_follow_on_a_server_away_raises_redis_unavailable() -> None:
+    mq = EchoMQ(redis.Redis(port=1, socket_connect_timeout=0.2), prefix="emq")
+    follow = mq.events("q", block_s=0.1)
+    with pytest.raises(emq.RedisUnavailable):
+        next(follow)

@@ -1,6 +1,7 @@
 """docs/howto/events.md: a plain Django view that streams a job's events to
 a browser as server-sent events (``text/event-stream``), until it finishes."""
 
+import asyncio
 import json
 
 from django.http import Http404, HttpResponseBadRequest, StreamingHttpResponse
@@ -59,4 +60,45 @@ def job_events(request, queue: str, job_id: str):
     return response
 
 
-urlpatterns = [path("jobs/<str:queue>/<str:job_id>/events", job_events)]
+async def ajob_events(request, queue: str, job_id: str):
+    # under ASGI: an async generator, so Django streams it as it goes (a sync
+    # one would be read to its end before the first byte is sent)
+    since = request.headers.get("Last-Event-ID")
+    kinds = ["active", "progress", "failed", *sorted(FINAL)]
+    try:
+        follow = emq.events(queue, since=since, kinds=kinds, block_s=KEEPALIVE_S)
+    except ValueError as err:
+        return HttpResponseBadRequest(str(err))
+    await asyncio.to_thread(follow.start)
+    try:
+        job = await asyncio.to_thread(emq.get_job, queue, job_id)
+    except emq.JobNotFound:
+        raise Http404(f"no job {job_id!r} in queue {queue!r}") from None
+
+    async def stream():
+        async with follow:
+            yield frame(follow.position[queue], "state", {"state": job.state})
+            if job.state in ("completed", "dead"):
+                return
+            while True:
+                async for event in follow:
+                    if event.job_id != job_id:
+                        continue
+                    data = {"job": job_id, **event.fields}
+                    if event.kind == "completed":
+                        done = await asyncio.to_thread(emq.get_job, queue, job_id)
+                        data["result"] = done.result
+                    yield frame(event.id, event.kind, data)
+                    if event.kind in FINAL:
+                        return
+                yield ": keep-alive\n\n"
+
+    response = StreamingHttpResponse(stream(), content_type="text/event-stream")
+    response["Cache-Control"] = "no-cache"
+    return response
+
+
+urlpatterns = [
+    path("jobs/<str:queue>/<str:job_id>/events", job_events),
+    path("ajobs/<str:queue>/<str:job_id>/events", ajob_events),
+]
