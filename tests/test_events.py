@@ -158,8 +158,8 @@ def fill(client, key: str, n: int) -> list[str]:
     return ids
 
 
-def test_a_follower_behind_the_cap_is_told(r) -> None:
-    mq = EchoMQ(r, prefix="emq")
+def test_a_follower_behind_the_cap_is_told(mq) -> None:
+    r = mq.client
     key = mq.keys.queue("q").events
     ids = fill(r, key, 12_000)
     assert r.xlen(key) < 12_000  # trimmed: the earliest entries are gone
@@ -175,9 +175,8 @@ def test_a_follower_behind_the_cap_is_told(r) -> None:
     assert rest == r.xlen(key) - 1  # the rest, no second gap
 
 
-def test_no_gap_when_nothing_was_trimmed(r) -> None:
-    mq = EchoMQ(r, prefix="emq")
-    ids = fill(r, mq.keys.queue("q").events, 3 * READ_COUNT)
+def test_no_gap_when_nothing_was_trimmed(mq) -> None:
+    ids = fill(mq.client, mq.keys.queue("q").events, 3 * READ_COUNT)
     got = list(mq.events("q", since=ids[0], block_s=STEP_S))
     assert not any(isinstance(e, Gap) for e in got)
     assert [e.job_id for e in got] == [f"g{i}" for i in range(1, 3 * READ_COUNT)]
