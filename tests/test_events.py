@@ -254,6 +254,7 @@ def test_the_command_prints_events(r) -> None:
         (["q", "--kinds", "added,nope"], r"unknown event kind\(s\) \['nope'\]"),
         (["bad name"], "invalid queue name"),
         (["q", "--block", "-2"], "invalid block_s -2.0"),
+        (["q", "--count", "0"], "--count must be >= 1, got 0"),
     ],
 )
 def test_the_command_refuses_bad_flags(r, argv, match) -> None:
