@@ -6,7 +6,8 @@ how soon a caller that waits for a job's result has it, ours and BullMQ's
   returns at once on an idle worker (ours: ``runworker`` with its defaults;
   BullMQ: a ``Worker`` with its defaults, ``queue.add`` then
   ``job.waitUntilFinished(queueEvents)``), one sample at a time, 5 ms
-  apart; p50 / p90 / p99 ms.
+  apart, ours and BullMQ's in turn (both workers up the whole time);
+  p50 / p90 / p99 ms.
 - ``waiters``: N jobs added with no worker running, N waiters blocked on
   them at once (ours: N threads calling ``emq.wait``, in one process or
   spread over ``--waiter-processes``;
@@ -193,21 +194,6 @@ def _end(process: subprocess.Popen) -> None:
         process.wait()
 
 
-def bullmq_round_trip(url: str, samples: int) -> list[float]:
-    """BullMQ's ``samples`` add -> ``waitUntilFinished`` round trips (ms)."""
-    client = redis.Redis.from_url(url)
-    client.flushall()
-    worker = _node_worker(url)
-    try:
-        measure = _node("measure", url, QUEUE, str(samples))
-        out, _ = measure.communicate(timeout=600)
-        return json.loads(out.strip().splitlines()[-1])["ms"]
-    finally:
-        _end(worker)
-        client.flushall()
-        client.close()
-
-
 def bullmq_waiters(url: str, n: int) -> dict:
     """BullMQ's ``n`` waiters on one ``QueueEvents``: idle commands/s, wake delays (ms)."""
     client = redis.Redis.from_url(url)
@@ -234,27 +220,69 @@ def bullmq_waiters(url: str, n: int) -> dict:
     return {"idle_cmds_per_s": idle, "wake_delay_ms": stats(delays)}
 
 
+def interleaved_round_trips(url: str, samples: int) -> dict[str, list[float]]:
+    """Ours and BullMQ's round trips (ms) taken in turn, one of each per
+    step, both workers idle and running the whole time: a busy moment of a
+    shared machine falls on both sides alike."""
+    from echomq_django import EchoMQ
+
+    client = redis.Redis.from_url(url)
+    client.flushall()
+    mq = EchoMQ(client, prefix=procs.PREFIX)
+    ours_worker, node_worker = _our_worker(url), _node_worker(url)
+    serve = _node("serve", url, QUEUE, stdin=subprocess.PIPE)
+    try:
+        if serve.stdout.readline().strip() != "ready":
+            raise RuntimeError("BullMQ's waiter did not start")
+
+        def theirs() -> float:
+            serve.stdin.write("go\n")
+            serve.stdin.flush()
+            return float(serve.stdout.readline())
+
+        def ours() -> float:
+            t0 = time.perf_counter()
+            mq.wait(QUEUE, mq.enqueue(QUEUE, "bench.one", None), WAIT_S)
+            return (time.perf_counter() - t0) * 1000
+
+        out: dict[str, list[float]] = {"echomq": [], "bullmq": []}
+        for i in range(WARM + samples):
+            for name, one in (("echomq", ours), ("bullmq", theirs)):
+                ms = one()
+                if i >= WARM:
+                    out[name].append(ms)
+                time.sleep(SETTLE_S)
+        return out
+    finally:
+        if serve.poll() is None:
+            _end(serve)
+        _end(node_worker)
+        _stop(ours_worker)
+        client.flushall()
+        client.close()
+
+
 def run(
     url: str, samples: int, waiters: int, with_peer: bool, processes: int = 1, progress=None
 ) -> list[dict]:
-    """Both parts for ours (its waiters over ``processes`` processes), then
-    BullMQ's when ``with_peer``: one row per system."""
-    rows = []
-
-    def ours(url: str, n: int) -> dict:
-        return ours_waiters(url, n, processes)
-
-    sides = [("echomq", ours_round_trip, ours)]
+    """The round trips (interleaved with BullMQ's when ``with_peer``), then
+    ours' waiters (over ``processes`` processes) and BullMQ's: one row per system."""
+    if progress:
+        progress(f"wait: {samples} round trips")
     if with_peer:
-        sides.append(("bullmq", bullmq_round_trip, bullmq_waiters))
-    for name, round_trip, wait_many in sides:
-        if progress:
-            progress(f"{name} wait: {samples} round trips")
-        row = {"system": name, "round_trip_ms": stats(round_trip(url, samples))}
+        trips = interleaved_round_trips(url, samples)
+    else:
+        trips = {"echomq": ours_round_trip(url, samples)}
+    rows = []
+    for name, wait_many in (("echomq", ours_waiters), ("bullmq", bullmq_waiters)):
+        if name not in trips:
+            continue
         if progress:
             progress(f"{name} wait: {waiters} waiters")
-        row["waiters"] = waiters
-        row.update(wait_many(url, waiters))
+        row = {"system": name, "round_trip_ms": stats(trips[name]), "waiters": waiters}
+        row.update(
+            wait_many(url, waiters, processes) if name == "echomq" else wait_many(url, waiters)
+        )
         rows.append(row)
     return rows
 

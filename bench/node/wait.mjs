@@ -1,9 +1,9 @@
 // BullMQ's side of the benchmark's wait scenario (bench/waits.py runs it):
 //   node wait.mjs worker URL QUEUE         a Worker (default options) whose
 //                                          handler returns 1; prints "ready"
-//   node wait.mjs measure URL QUEUE N      N x (queue.add -> job.waitUntilFinished),
-//                                          one at a time, 5 ms apart; prints
-//                                          {"ms": [...]} (round trip, ms)
+//   node wait.mjs serve URL QUEUE          one queue.add -> job.waitUntilFinished round
+//                                          trip per "go" line on stdin, its ms printed
+//                                          (bench/waits.py takes them in turn with ours)
 //   node wait.mjs waiters URL QUEUE N      adds N jobs, waits on all of them at
 //                                          once (one QueueEvents), prints
 //                                          "waiting", then, once all finished,
@@ -24,7 +24,8 @@ if (mode === "worker") {
     await worker.close();
     process.exit(0);
   });
-} else if (mode === "measure") {
+} else if (mode === "serve") {
+  // one round trip per "go" line on stdin, its ms printed; anything else ends it
   const queue = new Queue(queueName, { connection });
   const events = new QueueEvents(queueName, { connection });
   await events.waitUntilReady();
@@ -34,15 +35,13 @@ if (mode === "worker") {
     await job.waitUntilFinished(events, 10000);
     return performance.now() - t0;
   };
-  for (let i = 0; i < 5; i++) await once(); // warm: scripts loaded
-  const ms = [];
-  for (let i = 0; i < Number(n); i++) {
-    ms.push(await once());
-    await sleep(5);
+  console.log("ready");
+  const { createInterface } = await import("node:readline");
+  for await (const line of createInterface({ input: process.stdin })) {
+    if (line.trim() !== "go") break;
+    console.log(String(await once()));
   }
-  console.log(JSON.stringify({ ms }));
-  await events.close();
-  await queue.close();
+  process.exit(0);
 } else if (mode === "waiters") {
   const queue = new Queue(queueName, { connection });
   const events = new QueueEvents(queueName, { connection });
