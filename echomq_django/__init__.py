@@ -18,6 +18,7 @@ from .api import (
     dependency_counts,
     enqueue,
     enqueue_many,
+    events,
     get_flow,
     get_job,
     ignored_failures,
@@ -31,6 +32,7 @@ from .api import (
     retry,
     wait,
 )
+from .core.events import Event, Gap
 from .core.exceptions import (
     DependencyError,
     DuplicateJob,
@@ -68,10 +70,12 @@ __all__ = [
     "DuplicateJob",
     "EchoMQ",
     "EchoMQError",
+    "Event",
     "Flow",
     "FlowConflict",
     "FlowError",
     "FlowRef",
+    "Gap",
     "Job",
     "JobCancelled",
     "JobDead",
@@ -104,6 +108,7 @@ __all__ = [
     "dependency_counts",
     "enqueue",
     "enqueue_many",
+    "events",
     "get_flow",
     "get_job",
     "handler",

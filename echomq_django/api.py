@@ -10,21 +10,22 @@
   docs/explanation/protocol.md#the-commit-outbox): the job or flow is written to the
   ``OutboxEntry`` table in the current transaction of database ``using``, pushed to Redis
   right after the commit and the row deleted; when Redis is down then, the row waits for
-  the worker or the pump to push it. Outside a transaction the row is written and pushed
-  at once.
+  the worker or the pump to push it. Outside a transaction it is written and pushed at once.
 * ``False``: now, straight to Redis, even inside a transaction.
 
 ``ECHOMQ["ENQUEUE_WHEN_DOWN"] = "outbox"`` (default ``"raise"``): an add that goes
 straight to Redis because no transaction is open (``on_commit`` None outside an atomic
 block) and finds Redis away writes the same outbox row instead of raising
 ``RedisUnavailable``, and returns the ids as usual; the worker and the pump push it once
-Redis answers (docs/howto/durable-enqueue.md#outside-a-transaction-too-enqueue_when_down).
-An explicit ``on_commit=False`` still raises.
+Redis answers
+(docs/howto/durable-enqueue.md#outside-a-transaction-too-enqueue_when_down). An explicit
+``on_commit=False`` still raises.
 
-The ids are known before the commit: generated up front and returned at once (and fixed
-in the outbox row, so a repeated push never runs anything twice). Validation (names, ids,
-payloads, flow shape) happens now either way, so a bad call raises in the caller, not
-later in the commit hook. ``aenqueue`` and ``aadd_flow`` are the same for async code.
+The ids are known before the commit: generated up front and returned at once (and
+fixed in the outbox row, so a repeated push never runs anything twice). Validation
+(names, ids, payloads, flow shape) happens now either way, so a bad call raises in the
+caller, not later in the commit hook. ``aenqueue`` and ``aadd_flow`` are the same for
+async code; ``events`` follows the queues' events (docs/howto/events.md).
 """
 
 from __future__ import annotations
@@ -357,6 +358,11 @@ async def await_result(job: Any, job_id: str | None = None, timeout_s: float | N
     return await sync_to_async(wait, thread_sensitive=False)(job, job_id, timeout_s)
 
 
+def events(queues, since=None, kinds=None, block_s: float | None = None):
+    """``EchoMQ.events`` on the settings' connection (docs/howto/events.md)."""
+    return get_mq().events(queues, since, kinds, block_s)
+
+
 def get_job(queue: str, job_id: str) -> Job:
     """``EchoMQ.get_job`` on the settings' connection."""
     return get_mq().get_job(queue, job_id)
@@ -384,8 +390,8 @@ def children_values(
 def dependencies(
     queue: str, job_id: str, cursor: int = 0, count: int | None = None
 ) -> Dependencies | Page[Dependencies]:
-    """``EchoMQ.dependencies`` on the settings' connection, or one ``Page``
-    of it with ``count`` (docs/howto/read-flows.md#paged-reads)."""
+    """``EchoMQ.dependencies`` on the settings' connection, or one ``Page`` of it with
+    ``count`` (docs/howto/read-flows.md#paged-reads)."""
     return get_mq().dependencies(queue, job_id, cursor, count)
 
 
@@ -425,9 +431,8 @@ def is_paused(queue: str) -> bool:
 
 def remove_child_dependency(queue: str, parent_id: str, child: JobRef | tuple[str, str] | str):
     """``EchoMQ.remove_child_dependency`` on the settings' connection
-    (docs/explanation/protocol.md#removing-a-dependency): ``child`` a
-    ``JobRef`` or ``(queue, id)``; a raw key is deprecated
-    (docs/howto/read-flows.md#deprecated-raw-keys)."""
+    (docs/explanation/protocol.md#removing-a-dependency): ``child`` a ``JobRef`` or ``(queue,
+    id)``; a raw key is deprecated (docs/howto/read-flows.md#deprecated-raw-keys)."""
     mq = get_mq()
     return mq.remove_child_dependency(queue, parent_id, as_ref(child, mq.keys, 3))
 

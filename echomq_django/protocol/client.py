@@ -7,12 +7,12 @@
 read API it inherits from ``Reads``, and the calls it hands to its parts:
 flows (``mq.flows``), bulk adds (``mq.bulk``), retry, remove and cancel
 (``mq.lifecycle``), waiting for a result (``mq.waits``), what a running
-job reports (``mq.progress``, through its ``Job``). What only the
-runners, the admin and monitoring call lives on the parts they name: ``mq.outbox``, ``mq.timers``,
-``mq.signal_events``, ``mq.presence``, ``mq.probes``. Each part is a small
-class over the one ``Wire`` (``wire.py``) they share; this class validates
-input, builds keys, runs the script and decodes the reply, and nothing is
-written when validation fails.
+job reports (``mq.progress``, through its ``Job``), following events
+(``mq.events(...)``). What only the runners, the admin and monitoring call
+lives on the parts they name: ``mq.outbox``, ``mq.timers``,
+``mq.signal_events``, ``mq.presence``, ``mq.probes``. Each part is a small class over
+the one ``Wire`` (``wire.py``) they share; this class validates input, builds keys,
+runs the script and decodes the reply, and nothing is written when validation fails.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from .bulk import Bulk
 from .errors import translate
 from .flows import Flows
 from .lifecycle import BUDGET, Lifecycle, Report
+from .live.events import Events
 from .live.progress import Progress
 from .live.waits import Waits
 from .outbox import Outbox
@@ -55,8 +56,8 @@ class EchoMQ(Reads):
     """The queue over one redis-py client (``redis.Redis`` or ``RedisCluster``).
 
     Holds its parts: ``flows``, ``bulk``, ``lifecycle``, ``outbox``,
-    ``timers``, ``signal_events``, ``presence``, ``probes``, ``waits``, ``progress`` (the module
-    docstring says who calls which).
+    ``timers``, ``signal_events``, ``presence``, ``probes``, ``waits``,
+    ``progress``, ``events`` (the module docstring says who calls which).
 
     ``prefix`` starts every key (docs/explanation/protocol.md#keys). ``queues`` maps a queue name to
     its defaults ``{"MAX_ATTEMPTS": int, "BACKOFF_MS": ms, "LEASE_MS": ms}``;
@@ -101,7 +102,7 @@ class EchoMQ(Reads):
         self.signal_events = SignalEvents(wire)
         self.presence = Presence(wire)
         self.probes = Probes(wire)
-        self.waits, self.progress = Waits(wire, self), Progress(wire)
+        self.waits, self.progress, self.events = Waits(wire, self), Progress(wire), Events(wire)
 
     @property
     def clock(self):
