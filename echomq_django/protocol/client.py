@@ -1,18 +1,17 @@
 """``EchoMQ``: the queue over one Redis connection, composed of parts
 (docs/explanation/house.md, "protocol/").
 
-``EchoMQ`` is the user API: the one-job transitions defined here
-(``lua/enqueue.lua``, ``lua/claim.lua``, ``lua/complete.lua``,
-``lua/fail.lua``, ``lua/extend_lease.lua``, ``lua/set_paused.lua``), the
-read API it inherits from ``Reads``, and the calls it hands to its parts:
+``EchoMQ`` is the user API: the one-job transitions defined here (``lua/enqueue.lua``,
+``lua/claim.lua``, ``lua/complete.lua``, ``lua/fail.lua``, ``lua/extend_lease.lua``,
+``lua/set_paused.lua``), the read API of ``Reads``, and the calls it hands to its parts:
 flows (``mq.flows``), bulk adds (``mq.bulk``), retry, remove and cancel
-(``mq.lifecycle``), waiting for a result (``mq.waits``), what a running
-job reports (``mq.progress``, through its ``Job``), following events
-(``mq.events(...)``). What only the runners, the admin and monitoring call
-lives on the parts they name: ``mq.outbox``, ``mq.timers``,
-``mq.signal_events``, ``mq.presence``, ``mq.probes``. Each part is a small class over
-the one ``Wire`` (``wire.py``) they share; this class validates input, builds keys,
-runs the script and decodes the reply, and nothing is written when validation fails.
+(``mq.lifecycle``), waiting for a result (``mq.waits``), what a running job reports
+(``mq.progress``, through its ``Job``), following events (``mq.events(...)``). What
+only the runners, the admin and monitoring call lives on the parts they name:
+``mq.outbox``, ``mq.timers``, ``mq.signal_events``, ``mq.presence``, ``mq.probes``.
+Each part is a small class over the one ``Wire`` (``wire.py``) they share; this class
+validates input, builds keys, runs the script and decodes the reply; nothing is
+written when validation fails.
 """
 
 from __future__ import annotations
@@ -55,9 +54,9 @@ CALL_TOKEN = re.compile(r"[0-9A-Za-z._-]{1,64}")  # claim's call token (a key pa
 class EchoMQ(Reads):
     """The queue over one redis-py client (``redis.Redis`` or ``RedisCluster``).
 
-    Holds its parts: ``flows``, ``bulk``, ``lifecycle``, ``outbox``,
-    ``timers``, ``signal_events``, ``presence``, ``probes``, ``waits``,
-    ``progress``, ``events`` (the module docstring says who calls which).
+    Holds its parts (the module docstring says who calls which): ``flows``, ``bulk``,
+    ``lifecycle``, ``outbox``, ``timers``, ``signal_events``, ``presence``, ``probes``,
+    ``waits``, ``progress``, ``events``.
 
     ``prefix`` starts every key (docs/explanation/protocol.md#keys). ``queues`` maps a queue name to
     its defaults ``{"MAX_ATTEMPTS": int, "BACKOFF_MS": ms, "LEASE_MS": ms}``;
