@@ -129,31 +129,86 @@ class FlowRef:
 
 
 @dataclass(slots=True)
-class Node:
-    """A planned node: everything ``enqueue_flow`` needs for one row."""
+class Group:
+    """A run of sibling nodes on one queue that share one ``enqueue_flow``
+    group header (see its header): name, parent, policy, settings, options
+    and incarnations. Per node it holds the id, the payload (JSON text) and
+    the children as ``(queue, id)`` pairs (``()`` for a leaf). ``plan()``
+    builds these directly: a 10,000-child fan-out is one group, not 10,000
+    objects (docs/explanation/performance.md#where-the-time-goes)."""
 
     queue: str
-    id: str
+    depth: int
     name: str
-    payload: str
-    max_attempts: int | None
-    backoff_ms: int | None
     parent_id: str
     parent_queue: str
-    policy: Policy
-    children: list[tuple[str, str]]
-    depth: int
-    gate: bool = True  # False for an id the host generated: no need to check it is free
-    opts: str = ""  # scheduling settings as enqueue_flow's options JSON ('' = none)
+    policy: str
+    max_attempts: str  # '' = the queue's setting
+    backoff_ms: str  # ms; '' = the queue's setting
+    gate: bool  # False for ids the host generated: no need to check they are free
+    opts: str  # scheduling settings as enqueue_flow's options JSON ('' = none)
     # incarnations (docs/explanation/protocol.md#incarnations): every parent gets `inc`,
     # a random token of its flow; a child on another queue than its parent is
     # sent its parent's as `parent_inc` (one on the same queue is given it by
     # enqueue_flow, which reads the parent row)
-    inc: str = ""
-    parent_inc: str = ""
+    inc: str
+    parent_inc: str
+    ids: list[str]
+    payloads: list[str]
+    children: list  # per node: a list of (queue, id), or () for a leaf
+
+    def part(self, start: int, stop: int) -> Group:
+        """Nodes ``start:stop`` of this group, as a group of their own."""
+        return Group(
+            self.queue,
+            self.depth,
+            self.name,
+            self.parent_id,
+            self.parent_queue,
+            self.policy,
+            self.max_attempts,
+            self.backoff_ms,
+            self.gate,
+            self.opts,
+            self.inc,
+            self.parent_inc,
+            self.ids[start:stop],
+            self.payloads[start:stop],
+            self.children[start:stop],
+        )
 
 
-def plan(root: Flow, encode) -> list[Node]:
+@dataclass
+class Plan:
+    """A checked flow, ready to land: its groups in landing order (breadth
+    first, parents before children), and the ``(queue, id)`` of every node
+    whose id the caller gave (``gated``: checked free before writing)."""
+
+    groups: list[Group]
+    gated: list[tuple[str, str]]
+
+    @property
+    def root(self) -> tuple[str, str, list]:
+        """The root's queue, id and children (``(queue, id)`` pairs)."""
+        g = self.groups[0]
+        return g.queue, g.ids[0], list(g.children[0])
+
+    @property
+    def queues(self) -> list[str]:
+        """The flow's queues, in order of first appearance."""
+        return list(dict.fromkeys(g.queue for g in self.groups))
+
+    def refs(self) -> list[JobRef]:
+        """Every node as a ``JobRef``, in landing order."""
+        trusted = JobRef._trusted
+        return [trusted(g.queue, i) for g in self.groups for i in g.ids]
+
+
+_LEAF = ()  # the children of every leaf: one shared empty tuple
+_DEFAULTS = (True, False, False, False, None, None)  # the common failure flags and settings
+
+
+def plan(root: Flow, encode) -> Plan:
     """Assign ids, validate and order a flow's nodes breadth first.
 
     ``encode(payload) -> str`` serialises a payload (raising ``PayloadError``).
@@ -162,103 +217,139 @@ def plan(root: Flow, encode) -> list[Node]:
     ``ValueError`` for a bad queue name or id (a bad job name is a
     ``FlowError``, a ``ValueError`` too). Nothing is written here: every
     node is checked before the first script runs
-    (docs/explanation/reliability.md#bad-input-writes-nothing).
+    (docs/explanation/reliability.md#bad-input-writes-nothing). Queue
+    names, job names and the failure settings are checked once per distinct
+    value; ids, payloads and options once per node.
     """
     if not isinstance(root, Flow):
         raise FlowError(f"add_flow takes a Flow, got {type(root).__name__}")
-    nodes: list[Node] = []
+    groups: list[Group] = []
+    gated: list[tuple[str, str]] = []
     seen: set[tuple[str, str]] = set()
-    objects: set[int] = set()
+    objects: set[int] = {id(root)}
     queues: set[str] = set()  # validated once per queue
-    dedups: set[tuple[str, str]] = set()  # (queue, dedup key): one leaf per key in a flow
     names: set[str] = set()  # and once per job name
+    settings: set[tuple] = {_DEFAULTS}  # and once per set of failure flags and settings
+    dedups: set[tuple[str, str]] = set()  # (queue, dedup key): one leaf per key in a flow
     prefix, counter = id_prefix(), itertools.count()
     token = secrets.token_hex(4)  # the flow's incarnation token (32 random bits)
-    level: list[tuple[Flow, Node | None]] = [(root, None)]
+    # a level: (parent queue, parent id, the parent's children list, its Flow children)
+    level: list[tuple[str, str, list | None, list]] = [("", "", None, [root])]
     depth = 0
     # The loop runs once per node of flows of 10,000+: it avoids calls it can
-    # (docs/explanation/performance.md#where-the-time-goes), e.g. the common defaults are
-    # tested inline before validating.
+    # (docs/explanation/performance.md#where-the-time-goes): no object per node, the
+    # common defaults tested inline, each distinct name and setting checked once.
     while level:
         next_level = []
-        for flow, parent in level:
-            if type(flow) is not Flow and not isinstance(flow, Flow):
-                raise FlowError(
-                    f"a flow's children must be Flow objects, got {type(flow).__name__}"
-                )
-            if id(flow) in objects:
-                raise FlowError(
-                    f"flow node {flow.queue}/{flow.name} appears twice (a cycle, or "
-                    "one node under two parents); a flow is a tree"
-                )
-            objects.add(id(flow))
-            queue, job_id, name = flow.queue, flow.job_id, flow.name
-            if queue not in queues:
-                queues.add(validate_queue(queue))
-            gate = job_id is not None
-            if gate:  # generated ids are unique by construction
-                validate_id(job_id)
-                if (queue, job_id) in seen:
+        for pq, pid, kids, flows in level:
+            group, group_key = None, None  # a new group per parent
+            for flow in flows:
+                if type(flow) is not Flow and not isinstance(flow, Flow):
                     raise FlowError(
-                        f"job id {job_id!r} appears twice in queue {queue!r} in one "
-                        "flow; every node needs its own id"
+                        f"a flow's children must be Flow objects, got {type(flow).__name__}"
                     )
-                seen.add((queue, job_id))
-            else:
-                job_id = f"{prefix}{next(counter):x}"
-            if name not in names:  # validated once per name: flows share a few
-                if type(name) is not str or not name:
-                    raise FlowError(f"flow node {queue}/{job_id} needs a job name (the handler)")
-                try:
-                    names.add(validate_name(name))
-                except ValueError as err:
-                    raise FlowError(f"flow node {queue}/{job_id}: {err}") from None
-            children = flow.children
-            if type(children) is not list and not isinstance(children, list | tuple):
-                raise FlowError(
-                    f"children of {queue}/{job_id} must be a list of Flow, "
-                    f"got {type(children).__name__}"
+                if kids is not None:  # the root is in objects already
+                    if id(flow) in objects:
+                        raise FlowError(
+                            f"flow node {flow.queue}/{flow.name} appears twice (a cycle, or "
+                            "one node under two parents); a flow is a tree"
+                        )
+                    objects.add(id(flow))
+                queue, job_id, name = flow.queue, flow.job_id, flow.name
+                if queue not in queues:
+                    queues.add(validate_queue(queue))
+                gate = job_id is not None
+                if gate:  # generated ids are unique by construction
+                    validate_id(job_id)
+                    if (queue, job_id) in seen:
+                        raise FlowError(
+                            f"job id {job_id!r} appears twice in queue {queue!r} in one "
+                            "flow; every node needs its own id"
+                        )
+                    seen.add((queue, job_id))
+                    gated.append((queue, job_id))
+                else:
+                    job_id = f"{prefix}{next(counter):x}"
+                if name not in names:  # validated once per name: flows share a few
+                    if type(name) is not str or not name:
+                        raise FlowError(
+                            f"flow node {queue}/{job_id} needs a job name (the handler)"
+                        )
+                    try:
+                        names.add(validate_name(name))
+                    except ValueError as err:
+                        raise FlowError(f"flow node {queue}/{job_id}: {err}") from None
+                children = flow.children
+                if type(children) is not list and not isinstance(children, list | tuple):
+                    raise FlowError(
+                        f"children of {queue}/{job_id} must be a list of Flow, "
+                        f"got {type(children).__name__}"
+                    )
+                cont, ignore, remove = (
+                    flow.continue_parent_on_failure,
+                    flow.ignore_dependency_on_failure,
+                    flow.remove_dependency_on_failure,
                 )
-            _check_settings(flow, queue, job_id)
-            opts = (
-                ""
-                if not (
-                    flow.priority
-                    or flow.delay_ms
-                    or flow.timeout_ms is not None
-                    or flow.dedup_key is not None
-                    or flow.dedup_ttl_ms is not None
-                    or flow.children_timeout_ms is not None
-                    or flow.keep is not None
+                ma, bo = flow.max_attempts, flow.backoff_ms
+                what = (flow.fail_parent_on_failure, ignore, remove, cont, ma, bo)
+                if what not in settings:
+                    _check_settings(flow, queue, job_id)
+                    settings.add(what)
+                opts = (
+                    ""
+                    if not (
+                        flow.priority
+                        or flow.delay_ms
+                        or flow.timeout_ms is not None
+                        or flow.dedup_key is not None
+                        or flow.dedup_ttl_ms is not None
+                        or flow.children_timeout_ms is not None
+                        or flow.keep is not None
+                    )
+                    else node_options(flow, f"{queue}/{job_id}", bool(children), dedups)
                 )
-                else node_options(flow, f"{queue}/{job_id}", bool(children), dedups)
-            )
-            node = Node(
-                queue,
-                job_id,
-                name,
-                encode(flow.payload),
-                flow.max_attempts,
-                flow.backoff_ms,
-                parent.id if parent else "",
-                parent.queue if parent else "",
-                flow.policy if parent else _FP,
-                [],
-                depth,
-                gate,
-                opts,
-            )
-            if parent is not None:
-                parent.children.append((queue, job_id))
-                parent.inc = token
-                if parent.queue != queue:
-                    node.parent_inc = token
-            nodes.append(node)
-            if children:
-                next_level.extend((child, node) for child in children)
+                payload = encode(flow.payload)
+                if kids is None:
+                    policy = _FP
+                else:
+                    policy = _CP if cont else _ID if ignore else _RD if remove else _FP
+                    kids.append((queue, job_id))
+                mine: list | tuple = [] if children else _LEAF
+                inc = token if children else ""
+                key = (queue, name, policy, opts, inc, gate, ma, bo)
+                if key != group_key:
+                    group_key = key
+                    group = Group(
+                        queue,
+                        depth,
+                        name,
+                        pid,
+                        pq,
+                        policy,
+                        opt_text(ma),
+                        opt_text(bo),
+                        gate,
+                        opts,
+                        inc,
+                        token if kids is not None and pq != queue else "",
+                        [],
+                        [],
+                        [],
+                    )
+                    groups.append(group)
+                group.ids.append(job_id)
+                group.payloads.append(payload)
+                group.children.append(mine)
+                if children:
+                    next_level.append((queue, job_id, mine, children))
         level = next_level
         depth += 1
-    return nodes
+    return Plan(groups, gated)
+
+
+def opt_text(value) -> str:
+    """An optional integer as script text: '' means "the queue's setting"."""
+    return "" if value is None else str(int(value))
 
 
 def _check_settings(flow: Flow, queue: str, job_id: str) -> None:
@@ -289,25 +380,38 @@ def _check_settings(flow: Flow, queue: str, job_id: str) -> None:
         raise FlowError(f"{queue}/{job_id}: {err}") from None
 
 
-def steps(nodes: list[Node], chunk: int) -> list[tuple[str, list[Node]]]:
-    """Group breadth-first nodes into ``(queue, nodes)`` steps.
+def steps(plan: Plan, chunk: int) -> list[tuple[str, list[Group]]]:
+    """Group a plan's groups into ``(queue, groups)`` steps.
 
     A flow on one queue is one step. Otherwise a step is a run of nodes of one
     queue at one depth; all of a parent's children are at the next depth, so
     every step comes after the step holding its nodes' parents. A step longer
-    than ``chunk`` nodes is cut into chunks
+    than ``chunk`` nodes is cut into chunks, a group cut where a chunk ends
     (docs/explanation/protocol.md#parent-first-add: a huge flow lands in
     several scripts, parents first, so no script blocks Redis for long).
     """
-    if len({n.queue for n in nodes}) == 1:
-        groups = [(nodes[0].queue, nodes)]
+    groups = plan.groups
+    if len({g.queue for g in groups}) == 1:
+        runs = [(groups[0].queue, groups)]
     else:
-        order: dict[tuple[int, str], list[Node]] = {}
-        for n in nodes:
-            order.setdefault((n.depth, n.queue), []).append(n)
-        groups = [(q, group) for (_, q), group in order.items()]
+        order: dict[tuple[int, str], list[Group]] = {}
+        for g in groups:
+            order.setdefault((g.depth, g.queue), []).append(g)
+        runs = [(q, run) for (_, q), run in order.items()]
     out = []
-    for queue, group in groups:
-        for i in range(0, len(group), chunk):
-            out.append((queue, group[i : i + chunk]))
+    for queue, run in runs:
+        step: list[Group] = []
+        room = chunk
+        for g in run:
+            start, size = 0, len(g.ids)
+            while start < size:
+                take = min(room, size - start)
+                step.append(g if take == size else g.part(start, start + take))
+                start += take
+                room -= take
+                if not room:
+                    out.append((queue, step))
+                    step, room = [], chunk
+        if step:
+            out.append((queue, step))
     return out
