@@ -205,7 +205,8 @@ class Plan:
 
 
 _LEAF = ()  # the children of every leaf: one shared empty tuple
-_DEFAULTS = (True, False, False, False, None, None)  # the common failure flags and settings
+# the common failure flags and settings, as plan() keys them
+_DEFAULTS = (True, False, False, False, None, type(None), None, type(None))
 
 
 def plan(root: Flow, encode) -> Plan:
@@ -291,7 +292,17 @@ def plan(root: Flow, encode) -> Plan:
                     flow.remove_dependency_on_failure,
                 )
                 ma, bo = flow.max_attempts, flow.backoff_ms
-                what = (flow.fail_parent_on_failure, ignore, remove, cont, ma, bo)
+                # the types too: True == 1 and 2.0 == 2, yet only an int is a number of attempts
+                what = (
+                    flow.fail_parent_on_failure,
+                    ignore,
+                    remove,
+                    cont,
+                    ma,
+                    type(ma),
+                    bo,
+                    type(bo),
+                )
                 if what not in settings:
                     _check_settings(flow, queue, job_id)
                     settings.add(what)

@@ -1,0 +1,102 @@
+"""plan() and steps(): a flow's siblings become runs sharing one script
+header, every distinct setting is still checked, and a step never holds more
+than the chunk (docs/explanation/performance.md#where-the-time-goes)."""
+
+from __future__ import annotations
+
+import pytest
+
+from echomq_django import EchoMQ, Flow, FlowError
+from echomq_django.core import flows as _flows
+from echomq_django.core.jobs import to_json
+from tests.support.jobkit import leaf, node, row, snapshot
+
+
+def test_siblings_sharing_a_header_are_one_run_and_a_change_starts_another() -> None:
+    kids = [leaf(f"a{i}") for i in range(3)]
+    kids += [leaf("b0", ignore_dependency_on_failure=True), leaf("b1", max_attempts=4)]
+    kids += [Flow("q", "other", {}, job_id="c0"), node("d0", [leaf("d1")])]
+    plan = _flows.plan(node("p", kids), to_json)
+    assert [(g.name, g.ids, g.policy, g.max_attempts, g.inc != "") for g in plan.groups] == [
+        ("node", ["p"], "fp", "", True),
+        ("leaf", ["a0", "a1", "a2"], "fp", "", False),
+        ("leaf", ["b0"], "id", "", False),
+        ("leaf", ["b1"], "fp", "4", False),
+        ("other", ["c0"], "fp", "", False),
+        ("node", ["d0"], "fp", "", True),
+        ("leaf", ["d1"], "fp", "", False),
+    ]
+    assert plan.root == (
+        "q",
+        "p",
+        [("q", f"a{i}") for i in range(3)]
+        + [
+            ("q", "b0"),
+            ("q", "b1"),
+            ("q", "c0"),
+            ("q", "d0"),
+        ],
+    )
+    assert [tuple(r) for r in plan.refs()] == [
+        ("q", x) for x in ("p", "a0", "a1", "a2", "b0", "b1", "c0", "d0", "d1")
+    ]
+    assert len(plan.gated) == 9
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        ({"max_attempts": 0}, "q/x: max_attempts must be a whole number"),
+        ({"backoff_ms": -1}, "q/x: backoff_ms must be a whole number"),
+        ({"fail_parent_on_failure": False}, "q/x: fail_parent_on_failure=False needs"),
+        (
+            {"continue_parent_on_failure": True, "ignore_dependency_on_failure": True},
+            "q/x: continue_parent_on_failure cannot be combined",
+        ),
+        ({"priority": 1.5}, "q/x: priority must be a whole number"),
+        ({"max_attempts": True}, "q/x: max_attempts must be a whole number"),
+        ({"max_attempts": 3.0}, "q/x: max_attempts must be a whole number"),
+    ],
+)
+def test_a_bad_sibling_after_many_good_ones_is_still_refused(mq, bad, message) -> None:
+    # siblings with max_attempts 1 and 3: equal to True and 3.0, yet those are refused
+    kids = [leaf(f"c{i}", max_attempts=1 + 2 * (i % 2)) for i in range(50)] + [leaf("x", **bad)]
+    before = snapshot(mq.client)
+    with pytest.raises(FlowError, match=message):
+        mq.add_flow(node("p", kids))
+    assert snapshot(mq.client) == before
+
+
+def test_a_dedup_key_twice_among_equal_siblings_is_refused() -> None:
+    kids = [leaf("a", dedup_key="k"), leaf("b", dedup_key="k")]
+    with pytest.raises(FlowError, match="q/b: dedup_key 'k' is used twice in one flow"):
+        _flows.plan(node("p", kids), to_json)
+
+
+def test_steps_cut_runs_at_the_chunk_and_keep_landing_order() -> None:
+    kids = [leaf(f"a{i}") for i in range(5)] + [leaf(f"b{i}", max_attempts=2) for i in range(4)]
+    plan = _flows.plan(node("p", kids), to_json)
+    steps = _flows.steps(plan, 4)
+    assert [[(g.name, g.max_attempts, g.ids) for g in gs] for _, gs in steps] == [
+        [("node", "", ["p"]), ("leaf", "", ["a0", "a1", "a2"])],
+        [("leaf", "", ["a3", "a4"]), ("leaf", "2", ["b0", "b1"])],
+        [("leaf", "2", ["b2", "b3"])],
+    ]
+
+
+def test_mixed_siblings_in_small_chunks_land_with_their_own_settings(redis_client) -> None:
+    mq = EchoMQ(redis_client, prefix="emq", flow_chunk=2)
+    kids = [leaf("a0"), leaf("a1"), leaf("b0", remove_dependency_on_failure=True)]
+    kids += [leaf("b1", max_attempts=5, backoff_ms=7), node("m", [leaf("m0"), leaf("m1")])]
+    ref = mq.add_flow(node("p", kids))
+    assert (ref.landed, ref.skipped) == (8, 0)
+    got = {i: row(mq, "q", i) for i in ("a1", "b0", "b1", "m", "m0")}
+    assert [got["a1"].get("parent_policy"), got["b0"]["parent_policy"]] == [None, "rd"]
+    assert (got["b1"]["max_attempts"], got["b1"]["backoff_ms"]) == ("5", "7")
+    assert (got["m"]["state"], got["m0"]["parent"], got["m0"]["state"]) == (
+        "awaiting_children",
+        "m",
+        "pending",
+    )
+    assert got["m0"]["parent_inc"] == got["m"]["inc"] == row(mq, "q", "p")["inc"]
+    assert mq.add_flow(node("p", kids)).skipped == 8
