@@ -27,7 +27,7 @@ import redis
 from ..core import flows as _flows
 from ..core.exceptions import EchoMQError, PayloadError, RedisUnavailable
 from ..core.flows import Flow, FlowRef
-from ..core.jobs import CLAIM_FIELDS, MAX_PAYLOAD_BYTES, Job, JobState, Outcome, to_text
+from ..core.jobs import MAX_PAYLOAD_BYTES, Job, JobState, Outcome, to_text
 from ..core.keyspace import validate_id, validate_name, validate_queue, whole_number
 from ..core.options import Claimed, check_job_options, rate_limit
 from ..core.refs import JobRef, as_ref
@@ -36,13 +36,13 @@ from .bulk import Bulk
 from .errors import translate
 from .flows import Flows
 from .lifecycle import BUDGET, Lifecycle, Report
+from .live.waits import Waits
 from .outbox import Outbox
 from .presence import Presence
 from .probes import Probes
 from .reads import Reads
 from .signal_events import SignalEvents
 from .timers import Timers
-from .live.waits import Waits
 from .wire import BACKOFF_CAP_MS, FLOW_CHUNK, Wire, local, opt
 
 COMPLETE_BATCH = 500  # jobs per complete script: a few ms of Redis time at most
@@ -236,13 +236,7 @@ class EchoMQ(Reads):
             if "jobs" not in flat:
                 return Claimed(paused=bool(flat.get("paused")), wait_ms=flat.get("wait"))
             lease, flat = max(int(flat["left"]), 0), flat["jobs"]  # a replay: its leases' rest
-        deadline, n = now + lease, len(CLAIM_FIELDS)
-        return Claimed(
-            Job.from_claim(
-                queue, [v if v is not False else None for v in flat[i : i + n]], deadline, self
-            )
-            for i in range(0, len(flat), n)
-        )
+        return Claimed(Job.from_claims(queue, flat, now + lease, self))
 
     def _fail_call(self, job: Job, error: str, dead: bool = False):
         q = job.queue
