@@ -43,6 +43,15 @@ def id_prefix() -> str:
     return secrets.token_urlsafe(9)
 
 
+def incarnation() -> str:
+    """A flow's incarnation token (docs/explanation/protocol.md#incarnations):
+    a decimal integer from 1 to 2**31 - 1 (31 random bits). Redis keeps an
+    integer in a hash's listpack in 5 bytes where 8 hex characters take 9, and
+    on every parent and child row that decides a 128- or 160-byte row
+    (docs/explanation/performance.md#memory-per-node)."""
+    return str(secrets.randbelow(2**31 - 1) + 1)
+
+
 @dataclass
 class Flow:
     """One node of a flow: a job and its children (docs/explanation/protocol.md#flows).
@@ -233,7 +242,7 @@ def plan(root: Flow, encode) -> Plan:
     settings: set[tuple] = {_DEFAULTS}  # and once per set of failure flags and settings
     dedups: set[tuple[str, str]] = set()  # (queue, dedup key): one leaf per key in a flow
     prefix, counter = id_prefix(), itertools.count()
-    token = secrets.token_hex(4)  # the flow's incarnation token (32 random bits)
+    token = incarnation()
     # a level: (parent queue, parent id, the parent's children list, its Flow children)
     level: list[tuple[str, str, list | None, list]] = [("", "", None, [root])]
     depth = 0
