@@ -25,6 +25,7 @@ import redis.utils
 
 from echomq_django import EchoMQ, Flow
 from echomq_django.core import flows as _flows
+from echomq_django.core.landing import steps
 from echomq_django.testing.redis_server import start_server
 
 
@@ -39,7 +40,7 @@ def add_cost(mq: EchoMQ, n: int) -> tuple[float, float]:
         t0 = time.process_time()
         plan = _flows.plan(flow, mq.wire.encode)
         t1 = time.process_time()
-        for queue, groups in _flows.steps(plan, mq.wire.flow_chunk):
+        for queue, groups in steps(plan, mq.wire.flow_chunk):
             mq.flows._step_call(queue, groups, "write")
         t2 = time.process_time()
     finally:

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from echomq_django import EchoMQ, Flow, JobState
-from echomq_django.core.jobs import Job, Policy, _json_many
+from echomq_django.core.claims import _json_many, claimed_jobs
+from echomq_django.core.jobs import Job, Policy
 
 
 def expected(mq: EchoMQ, job: Job) -> Job:
@@ -74,7 +75,7 @@ def test_every_shape_of_row_decodes_as_job_decode_reads_it(redis_client) -> None
 
 def test_a_claimed_job_is_its_own_object() -> None:
     flat = ["a", "t", "n", "[1]", "1", False, False, False, False, False, "5", False, False]
-    one, two = Job.from_claims("q", flat * 2, 9, None)
+    one, two = claimed_jobs("q", flat * 2, 9, None)
     one.payload.append(2)
     one.timed_out = True
     assert (two.payload, two.timed_out, Job("x", "q", "n").timed_out) == ([1], False, False)

@@ -9,6 +9,7 @@ import pytest
 from echomq_django import EchoMQ, Flow, FlowError
 from echomq_django.core import flows as _flows
 from echomq_django.core.jobs import to_json
+from echomq_django.core.landing import steps
 from tests.support.jobkit import leaf, node, row, snapshot
 
 
@@ -76,8 +77,8 @@ def test_a_dedup_key_twice_among_equal_siblings_is_refused() -> None:
 def test_steps_cut_runs_at_the_chunk_and_keep_landing_order() -> None:
     kids = [leaf(f"a{i}") for i in range(5)] + [leaf(f"b{i}", max_attempts=2) for i in range(4)]
     plan = _flows.plan(node("p", kids), to_json)
-    steps = _flows.steps(plan, 4)
-    assert [[(g.name, g.max_attempts, g.ids) for g in gs] for _, gs in steps] == [
+    cut = steps(plan, 4)
+    assert [[(g.name, g.max_attempts, g.ids) for g in gs] for _, gs in cut] == [
         [("node", "", ["p"]), ("leaf", "", ["a0", "a1", "a2"])],
         [("leaf", "", ["a3", "a4"]), ("leaf", "2", ["b0", "b1"])],
         [("leaf", "2", ["b2", "b3"])],
@@ -100,3 +101,57 @@ def test_mixed_siblings_in_small_chunks_land_with_their_own_settings(redis_clien
     )
     assert got["m0"]["parent_inc"] == got["m"]["inc"] == row(mq, "q", "p")["inc"]
     assert mq.add_flow(node("p", kids)).skipped == 8
+
+
+def plain(n: int, queue: str = "q", name: str = "leaf") -> list[Flow]:
+    return [Flow(queue, name, {"i": i}) for i in range(n)]
+
+
+def test_a_fan_out_of_plain_leaves_is_one_run_with_serial_ids() -> None:
+    middle = Flow("q", "m", children=plain(20))
+    plan = _flows.plan(Flow("q", "root", children=[middle, Flow("q2", "other")]), to_json)
+    root, m, other, leaves = plan.groups
+    prefix = root.ids[0][:-1]
+    assert [root.ids, m.ids, other.ids] == [[f"{prefix}0"], [f"{prefix}1"], [f"{prefix}2"]]
+    assert leaves.ids == [f"{prefix}{i:x}" for i in range(3, 23)]
+    assert (leaves.payloads[:2], leaves.children[0], leaves.policy, leaves.gate) == (
+        ['{"i":0}', '{"i":1}'],
+        (),
+        "fp",
+        False,
+    )
+    assert (leaves.parent_id, leaves.parent_queue, leaves.parent_inc, leaves.depth) == (
+        m.ids[0],
+        "q",
+        "",
+        2,
+    )
+    assert m.children[0] == [("q", i) for i in leaves.ids] and m.inc == root.inc != ""
+    assert other.parent_inc == root.inc
+    assert [tuple(r) for r in plan.refs()][3:] == [("q", i) for i in leaves.ids]
+
+
+@pytest.mark.parametrize(
+    ("kids", "error", "message"),
+    [
+        (lambda: [leaf := Flow("q", "leaf"), leaf], FlowError, "appears twice"),
+        (lambda: plain(5, name="bad\x00name"), FlowError, "invalid job name"),
+        (lambda: plain(5, name=""), FlowError, "needs a job name"),
+        (lambda: plain(5, queue="bad queue"), ValueError, "invalid queue name"),
+        (lambda: [*plain(3), Flow("q", "leaf", {1, 2}), *plain(3)], ValueError, "payload"),
+    ],
+)
+def test_a_plain_fan_out_is_checked_like_any_other(mq, kids, error, message) -> None:
+    before = snapshot(mq.client)
+    with pytest.raises(error, match=message):
+        mq.add_flow(Flow("q", "root", children=kids()))
+    assert snapshot(mq.client) == before
+
+
+def test_a_leaf_under_two_parents_is_refused_even_in_a_plain_fan_out() -> None:
+    shared = plain(3)
+    flow = Flow(
+        "q", "root", children=[Flow("q", "a", children=shared), Flow("q", "b", children=shared)]
+    )
+    with pytest.raises(FlowError, match="appears twice"):
+        _flows.plan(flow, to_json)

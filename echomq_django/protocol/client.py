@@ -25,6 +25,7 @@ from typing import Any
 import redis
 
 from ..core import flows as _flows
+from ..core.claims import claimed_jobs
 from ..core.exceptions import EchoMQError, PayloadError, RedisUnavailable
 from ..core.flows import Flow, FlowRef
 from ..core.jobs import MAX_PAYLOAD_BYTES, Job, JobState, Outcome, to_text
@@ -236,7 +237,7 @@ class EchoMQ(Reads):
             if "jobs" not in flat:
                 return Claimed(paused=bool(flat.get("paused")), wait_ms=flat.get("wait"))
             lease, flat = max(int(flat["left"]), 0), flat["jobs"]  # a replay: its leases' rest
-        return Claimed(Job.from_claims(queue, flat, now + lease, self))
+        return Claimed(claimed_jobs(queue, flat, now + lease, self))
 
     def _fail_call(self, job: Job, error: str, dead: bool = False):
         q = job.queue

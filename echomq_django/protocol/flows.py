@@ -17,6 +17,7 @@ from ..core import flows as _flows
 from ..core.exceptions import DependencyError
 from ..core.flows import Flow, FlowRef
 from ..core.jobs import to_json, to_text
+from ..core.landing import steps
 from ..core.refs import JobRef
 from .wire import Part, Wire
 
@@ -99,7 +100,7 @@ class Flows(Part):
                 seen.add(ref)
         queues = [p.queues for p in plans]
         self.wire.note_queues(dict.fromkeys(q for qs in queues for q in qs))
-        all_steps = [_flows.steps(p, self.wire.flow_chunk) for p in plans]
+        all_steps = [steps(p, self.wire.flow_chunk) for p in plans]
         checks = [
             self._step_call(q, gs, "check")
             for s, p in zip(all_steps, plans, strict=True)
