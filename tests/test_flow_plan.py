@@ -1,6 +1,6 @@
 """plan() and steps(): a flow's siblings become runs sharing one script
 header, every distinct setting is still checked, and a step never holds more
-than the chunk (docs/explanation/performance.md#where-the-time-goes)."""
+than the chunk (docs/explanation/performance.md#the-adds-python)."""
 
 from __future__ import annotations
 

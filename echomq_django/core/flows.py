@@ -167,7 +167,8 @@ _PLAIN = (True, False, False, False, None, None, 0, 0, None, None, None, None, N
 
 
 def plan(root: Flow, encode) -> Plan:
-    """Assign ids, validate and order a flow's nodes breadth first.
+    """Assign ids, validate and order a flow's nodes breadth first; returns
+    the ``Plan``: runs of siblings (``Group``) in landing order, parents first.
 
     ``encode(payload) -> str`` serialises a payload (raising ``PayloadError``).
     Raises ``FlowError`` for
@@ -195,8 +196,9 @@ def plan(root: Flow, encode) -> Plan:
     level: list[tuple[str, str, list | None, list]] = [("", "", None, [root])]
     depth = 0
     # The loop runs once per node of flows of 10,000+: it avoids calls it can
-    # (docs/explanation/performance.md#where-the-time-goes): no object per node, the
-    # common defaults tested inline, each distinct name and setting checked once.
+    # (docs/explanation/performance.md#the-adds-python): a fan-out of plain
+    # leaves is planned whole; otherwise no object per node, the common
+    # defaults tested inline, each distinct name and setting checked once.
     while level:
         next_level = []
         for pq, pid, kids, flows in level:

@@ -18,7 +18,7 @@ class Group:
     and incarnations. Per node it holds the id, the payload (JSON text) and
     the children as ``(queue, id)`` pairs (``()`` for a leaf). ``plan()``
     builds these directly: a 10,000-child fan-out is one group, not 10,000
-    objects (docs/explanation/performance.md#where-the-time-goes)."""
+    objects (docs/explanation/performance.md#the-adds-python)."""
 
     queue: str
     depth: int
