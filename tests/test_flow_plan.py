@@ -155,3 +155,14 @@ def test_a_leaf_under_two_parents_is_refused_even_in_a_plain_fan_out() -> None:
     )
     with pytest.raises(FlowError, match="appears twice"):
         _flows.plan(flow, to_json)
+
+
+def test_a_plain_fan_out_on_another_queue_carries_the_parents_incarnation(mq) -> None:
+    ref = mq.add_flow(Flow("p", "root", children=plain(5, queue="c")))
+    assert (ref.landed, ref.skipped) == (6, 0)
+    inc = row(mq, "p", ref.parent_id)["inc"]
+    kids = [row(mq, "c", job_id) for _, job_id in ref.children]
+    assert [(k["parent"], k["parent_queue"], k["parent_inc"], k["state"]) for k in kids] == [
+        (ref.parent_id, "p", inc, "pending")
+    ] * 5
+    assert [k["payload"] for k in kids] == [f'{{"i":{i}}}' for i in range(5)]
