@@ -290,14 +290,14 @@ def _write_flow(mq, flow: Flow, using, push: bool = True) -> FlowRef:
     then write its outbox row (``push``: pushed after the commit; else left
     for the drainers); returns its ``FlowRef``."""
     _assign_ids(flow)
-    nodes = _flows.plan(flow, mq.encode)
+    plan = _flows.plan(flow, mq.encode)
     outbox.write_flow(flow, using=using, mq=mq, push=push)
-    root = nodes[0]
+    queue, root_id, children = plan.root
     return FlowRef(
-        queue=root.queue,
-        parent_id=root.id,
-        child_ids=[cid for _, cid in root.children],
-        nodes=[JobRef._trusted(n.queue, n.id) for n in nodes],
+        queue=queue,
+        parent_id=root_id,
+        child_ids=[cid for _, cid in children],
+        nodes=plan.refs(),
     )
 
 

@@ -25,9 +25,10 @@ from typing import Any
 import redis
 
 from ..core import flows as _flows
+from ..core.claims import claimed_jobs
 from ..core.exceptions import EchoMQError, PayloadError, RedisUnavailable
 from ..core.flows import Flow, FlowRef
-from ..core.jobs import CLAIM_FIELDS, MAX_PAYLOAD_BYTES, Job, JobState, Outcome, to_text
+from ..core.jobs import MAX_PAYLOAD_BYTES, Job, JobState, Outcome, to_text
 from ..core.keyspace import validate_id, validate_name, validate_queue, whole_number
 from ..core.options import Claimed, check_job_options, rate_limit
 from ..core.refs import JobRef, as_ref
@@ -238,13 +239,7 @@ class EchoMQ(Reads):
             if "jobs" not in flat:
                 return Claimed(paused=bool(flat.get("paused")), wait_ms=flat.get("wait"))
             lease, flat = max(int(flat["left"]), 0), flat["jobs"]  # a replay: its leases' rest
-        deadline, n = now + lease, len(CLAIM_FIELDS)
-        return Claimed(
-            Job.from_claim(
-                queue, [v if v is not False else None for v in flat[i : i + n]], deadline, self
-            )
-            for i in range(0, len(flat), n)
-        )
+        return Claimed(claimed_jobs(queue, flat, now + lease, self))
 
     def _fail_call(self, job: Job, error: str, dead: bool = False):
         q = job.queue
