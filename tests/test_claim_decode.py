@@ -13,10 +13,10 @@ from echomq_django.core.jobs import Job, Policy
 
 def expected(mq: EchoMQ, job: Job) -> Job:
     """The claimed job as ``Job.decode`` reads it from its row now (a claim's
-    Job does not carry ``started_at``)."""
+    Job carries neither ``started_at`` nor ``first_started_at``)."""
     row = {k.decode(): v for k, v in mq.client.hgetall(mq.keys.job(job.queue, job.id)).items()}
     got = Job.decode(job.queue, job.id, row, mq, JobState.ACTIVE, job.lease_deadline)
-    got.started_at = None
+    got.started_at = got.first_started_at = None
     return got
 
 

@@ -45,7 +45,6 @@ from ..core.exceptions import EchoMQError, RedisUnavailable
 from ..core.flows import Flow, FlowRef
 from ..core.keyspace import validate_id, validate_name, validate_queue
 from ..core.options import check_job_options
-from ..core.refs import JobRef
 from ..core.retention import job_keep
 
 
