@@ -19,6 +19,7 @@ from ..core.exceptions import DependencyError
 from ..core.flows import Flow, FlowRef
 from ..core.jobs import to_json, to_text
 from ..core.refs import JobRef
+from ..tracing.spans import adding
 from .wire import Part, Wire, opt
 
 
@@ -30,10 +31,11 @@ class Flows(Part):
         super().__init__(wire)
         self.reads = reads
 
-    def _step_call(self, queue: str, nodes: list, mode: str):
+    def _step_call(self, queue: str, nodes: list, mode: str, traceparent: str = ""):
         """One ``enqueue_flow`` call for a step, in the script's flat group
         format (see its header): nodes that share name, parent, policy and
-        settings share one group header."""
+        settings share one group header. ``traceparent`` (W3C, '' for none)
+        goes into every group's options as ``tc`` (docs/howto/tracing.md)."""
         k = self.keys
         qk = k.queue(queue)
         flat: list[str] = []
@@ -62,7 +64,7 @@ class Flows(Part):
                 opt(bo),
                 "1" if gate else "0",
                 str(len(group)),
-                opts,
+                _traced(opts, traceparent) if traceparent else opts,
                 inc,
                 pinc,
             ]
@@ -108,6 +110,14 @@ class Flows(Part):
                             f"job id {n.id!r} in queue {n.queue!r} is in two flows"
                         )
                     seen.add((n.queue, n.id))
+        if not plans:
+            return []
+        root, size = plans[0][0], sum(len(nodes) for nodes in plans)
+        with adding("add_flow", root.queue, root.id, size) as traceparent:
+            return self._land(plans, traceparent)
+
+    def _land(self, plans: list[list], traceparent: str) -> list[FlowRef]:
+        """``add_many``'s writes, once every plan is checked."""
         self.wire.note_queues(dict.fromkeys(n.queue for nodes in plans for n in nodes))
         all_steps = [_flows.steps(nodes, self.wire.flow_chunk) for nodes in plans]
         gated = [any(n.gate for n in nodes) for nodes in plans]
@@ -122,7 +132,11 @@ class Flows(Part):
                 raise reply
         # single-queue flows: every chunk of every such flow in one pipeline
         one_queue = [i for i, nodes in enumerate(plans) if len({n.queue for n in nodes}) == 1]
-        calls = [(i, self._step_call(q, ns, "write")) for i in one_queue for q, ns in all_steps[i]]
+        calls = [
+            (i, self._step_call(q, ns, "write", traceparent))
+            for i in one_queue
+            for q, ns in all_steps[i]
+        ]
         counts: dict[int, list] = {i: [] for i in range(len(plans))}
         for (i, _), reply in zip(calls, self.scripts.run_many([c for _, c in calls]), strict=False):
             if isinstance(reply, Exception):
@@ -140,7 +154,7 @@ class Flows(Part):
                         got = kept.get((node.parent_queue, node.parent_id))
                         if got is not None and node.parent_queue != queue:
                             node.parent_inc = got
-                reply = self.scripts.run(*self._step_call(queue, ns, "write"))
+                reply = self.scripts.run(*self._step_call(queue, ns, "write", traceparent))
                 met = reply[3]
                 for j in range(0, len(met), 2):
                     kept[(queue, to_text(met[j]))] = to_text(met[j + 1])
@@ -234,3 +248,10 @@ class Flows(Part):
                 raise reply
             dropped += [JobRef._trusted(cq, to_text(i)) for i in reply]
         return dropped, outcome
+
+
+def _traced(opts: str, traceparent: str) -> str:
+    """A group's options JSON ('' or an object) with ``tc`` set to
+    ``traceparent`` (hex digits and dashes: nothing to escape)."""
+    tail = f'"tc":"{traceparent}"}}'
+    return f"{opts[:-1]},{tail}" if opts else "{" + tail
