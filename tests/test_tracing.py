@@ -180,12 +180,28 @@ def test_an_enqueue_joins_the_current_span_and_attempts_record_their_outcome(mq,
     assert mq.get_job("q", "u").error.splitlines()[2].endswith(", in unrecoverable")
 
 
+def test_a_bulk_add_is_one_span_and_every_job_joins_it(mq, exporter):
+    _, memory = exporter
+    ids = mq.enqueue_many("q", [("t.echo", i) for i in range(3)])
+    burst(mq, ["q"])
+    finished = memory.get_finished_spans()
+    (add,) = by_name(finished, "echomq enqueue_many")
+    assert (add.attributes["messaging.message.id"], add.attributes["echomq.flow.nodes"]) == (
+        ids[0],
+        3,
+    )
+    runs = by_name(finished, "echomq run t.echo")
+    assert sorted(s.attributes["messaging.message.id"] for s in runs) == sorted(ids)
+    assert {s.parent.span_id for s in runs} == {add.context.span_id}
+
+
 def test_tracing_off_writes_no_trace_context(mq):
     """No tracer provider configured (the default): no span, no row field."""
     assert spans.tracer() is None
     mq.enqueue("q", "t.echo", 1, job_id="a")
     mq.add_flow(Flow("q", "t.sum_children", job_id="p", children=[Flow("r", "t.echo", 2)]))
-    for queue, job_id in [("q", "a"), ("q", "p")]:
+    many = mq.enqueue_many("q", [("t.echo", 1)])
+    for queue, job_id in [("q", "a"), ("q", "p"), ("q", many[0])]:
         row = mq.keys.queue(queue).job(job_id)
         assert mq.client.hget(row, "traceparent") is None
     (job,) = mq.claim("q")
