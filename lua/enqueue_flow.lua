@@ -171,6 +171,7 @@ end
 
 -- pass 2: write
 local claimable = {}
+local silent = 0  -- same-queue leaves written: they emit no event of their own
 i = 1
 while i <= #a do
   local name, parent, pq, policy, ma, bo, count =
@@ -292,10 +293,13 @@ while i <= #a do
       end
       if event or nrefs > 0 then
         emit(base, 'added', id)
+      else
+        silent = silent + 1  -- announced by its parent's event, counted apart
       end
     end
     i = i + 3 + nrefs
   end
 end
 make_claimable(base, claimable)  -- pushed in order, one wake-up for the call
+count_minute(base, 'added', silent, tonumber(redis.call('TIME')[1]) * 1000)
 return reply(OUT.outbox)
