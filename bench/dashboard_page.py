@@ -10,12 +10,12 @@ for the hour and the day.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
+import django
 import redis
-
-from bench.procs import setup_django
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,7 +27,10 @@ def main(argv: list[str] | None = None) -> int:
 
     server = start_server()
     try:
-        setup_django(server.url, apps=("django.contrib.contenttypes", "django.contrib.auth"))
+        # the test project's settings: its admin site and URLs (jobs_url)
+        os.environ["ECHOMQ_URL"] = server.url
+        os.environ.setdefault("DJANGO_SETTINGS_MODULE", "testproject.settings")
+        django.setup()
         from echomq_django import EchoMQ
         from echomq_django.admin.dashboard import RANGES, dashboard, dashboard_json
 

@@ -9,6 +9,10 @@ cost, without a collector). Run from a checkout without ``tracing/`` (the
 code before it), only ``off`` exists: that is the "not there at all" figure.
 
     python -m bench.tracing_cost --jobs 20000 --rounds 3 --modes off on
+
+Besides the drain rate it prints the redis-server's CPU per 1,000 jobs
+(``INFO cpu``): the Redis side of the drain (the per-minute counters'
+cost), which other processes on a shared machine hardly move.
 """
 
 from __future__ import annotations
@@ -53,8 +57,16 @@ def set_mode(mode: str) -> None:
     trace._TRACER_PROVIDER = provider
 
 
-def drain_s(url: str, n: int, concurrency: int) -> float:
-    """Seconds for one burst worker to drain ``n`` jobs added beforehand."""
+def redis_cpu_s(client) -> float:
+    """CPU seconds the redis-server has used (user + system): the Redis side
+    of a drain, which another process's load on a shared machine hardly moves."""
+    info = client.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
+def drain_s(url: str, n: int, concurrency: int) -> tuple[float, float]:
+    """Seconds for one burst worker to drain ``n`` jobs added beforehand,
+    and the redis-server's CPU seconds in that drain."""
     from echomq_django import EchoMQ, Worker
 
     client = redis.Redis.from_url(url)
@@ -63,11 +75,11 @@ def drain_s(url: str, n: int, concurrency: int) -> float:
     for start in range(0, n, 1000):
         mq.enqueue_many("q", [(JOB, i) for i in range(start, min(n, start + 1000))])
     worker = Worker(["q"], concurrency=concurrency, mq=mq, register=False)
-    started = time.perf_counter()
+    cpu, started = redis_cpu_s(client), time.perf_counter()
     done = worker.run(burst=True)
     elapsed = time.perf_counter() - started
     assert done == n, (done, n)
-    return elapsed
+    return elapsed, redis_cpu_s(client) - cpu
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -87,16 +99,20 @@ def main(argv: list[str] | None = None) -> int:
         handler(JOB)(lambda job: job.payload)
         drain_s(server.url, 1000, args.concurrency)  # warm: scripts loaded
         times: dict[str, list[float]] = {m: [] for m in args.modes}
+        cpus: dict[str, list[float]] = {m: [] for m in args.modes}
         for _ in range(args.rounds):
             for mode in args.modes:
                 set_mode(mode)
-                times[mode].append(drain_s(server.url, args.jobs, args.concurrency))
+                took, cpu = drain_s(server.url, args.jobs, args.concurrency)
+                times[mode].append(took)
+                cpus[mode].append(cpu)
         for mode, got in times.items():
             best = min(got)
             print(
                 f"{mode}: {args.jobs / best:,.0f} jobs/s best of {args.rounds} "
                 f"(median {args.jobs / statistics.median(got):,.0f}); "
-                f"drains {', '.join(f'{t:.2f}' for t in got)} s"
+                f"drains {', '.join(f'{t:.2f}' for t in got)} s; redis-server CPU "
+                f"{1000 * 1000 * statistics.median(cpus[mode]) / args.jobs:.1f} ms per 1,000 jobs"
             )
     finally:
         server.stop()

@@ -10,6 +10,7 @@ the page's script fetches to refresh itself without a reload.
 from __future__ import annotations
 
 import math
+from datetime import UTC, datetime
 
 from django.template.loader import render_to_string
 
@@ -48,11 +49,12 @@ def _num(value: float) -> str:
 
 def chart(rows: list[dict]) -> dict:
     """One queue's chart from its per-minute rows (oldest first): ``{cols:
-    [{label, added, completed, failed, dead, rects: [{kind, x, y, width,
-    height}]}], line (SVG points of added), peak, totals}``; minutes are
-    summed into at most ``COLUMNS`` columns, heights scaled to the busiest
-    column, coordinates as text. ``label`` is the column's first minute
-    (minutes since the epoch)."""
+    [{minute, minutes, added, completed, failed, dead, rects: [{kind, x, y,
+    width, height}]}], active (the cols with a count, each with ``label``,
+    its first minute as UTC text), line (SVG points of added), peak,
+    totals}``; minutes are summed into at most ``COLUMNS`` columns (``minute``:
+    the first, in minutes since the epoch), heights scaled to the busiest
+    column, coordinates as text."""
     per = max(1, math.ceil(len(rows) / COLUMNS))
     cols = []
     for i in range(0, len(rows), per):
@@ -81,7 +83,17 @@ def chart(rows: list[dict]) -> dict:
         col["rects"] = rects
         points.append(f"{_num(x + step / 2)},{_num(HEIGHT - HEIGHT * col['added'] / peak)}")
     totals = {k: sum(c[k] for c in cols) for k in KINDS}
-    return {"cols": cols, "line": " ".join(points), "peak": peak, "totals": totals}
+    # the table twin lists the columns with a count (a quiet hour is one line)
+    active = [c for c in cols if any(c[k] for k in KINDS)]
+    for col in active:
+        col["label"] = datetime.fromtimestamp(col["minute"] * 60, UTC).strftime("%Y-%m-%d %H:%M")
+    return {
+        "cols": cols,
+        "active": active,
+        "line": " ".join(points),
+        "peak": peak,
+        "totals": totals,
+    }
 
 
 def dashboard(mq, queues=(), minutes: int = 60) -> dict:

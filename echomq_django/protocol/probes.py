@@ -145,7 +145,8 @@ class Probes(Part):
         last, by Redis's clock (docs/explanation/protocol.md#minute-counters).
         Returns ``(now_minute, {queue: [{minute, added, completed, failed,
         dead}]})``: ``minute`` is minutes since the epoch, a minute nobody
-        counted in reads 0. One round trip for every queue; raises
+        counted in reads 0. Two round trips for every queue together (the
+        slots' minutes, then the counts of the live ones); raises
         ``ValueError`` for a ``minutes`` outside the kept range, before any
         Redis I/O."""
         if type(minutes) is not int or not 1 <= minutes <= MINUTES_KEPT:
@@ -157,21 +158,33 @@ class Probes(Part):
         seconds, _ = self.client.time()
         now = int(seconds) // 60
         span = range(now - minutes + 1, now + 1)
-        fields = [f"{k}{m % MINUTES_KEPT}" for m in span for k in ("m", *MINUTE_KINDS)]
+        rings = [self.keys.queue(q).minutes for q in names]
+        # first the slots' minutes, then the counts of the slots that hold
+        # the minute asked for: a quiet queue costs its stamps alone
         pipe = self.client.pipeline(transaction=False)
-        for q in names:
-            pipe.hmget(self.keys.queue(q).minutes, fields)
+        for ring in rings:
+            pipe.hmget(ring, [f"m{m % MINUTES_KEPT}" for m in span])
+        fresh = [
+            [m for m, stamp in zip(span, stamps, strict=True) if stamp and int(stamp) == m]
+            for stamps in pipe.execute()
+        ]
+        pipe = self.client.pipeline(transaction=False)
+        for ring, live in zip(rings, fresh, strict=True):
+            if live:  # (HMGET needs a field)
+                pipe.hmget(ring, [f"{k}{m % MINUTES_KEPT}" for m in live for k in MINUTE_KINDS])
+        replies = iter(pipe.execute())
         out = {}
-        for q, values in zip(names, pipe.execute(), strict=True):
-            rows = []
-            for i, m in enumerate(span):
-                stamp, *counts = values[5 * i : 5 * i + 5]
-                fresh = stamp is not None and int(stamp) == m
-                row = {"minute": m}
-                row.update(
-                    (kind, int(n) if fresh and n is not None else 0)
-                    for kind, n in zip(MINUTE_KINDS.values(), counts, strict=True)
-                )
-                rows.append(row)
-            out[q] = rows
+        for q, live in zip(names, fresh, strict=True):
+            values = next(replies) if live else []
+            counted = {
+                m: {
+                    kind: int(n or 0)
+                    for kind, n in zip(
+                        MINUTE_KINDS.values(), values[4 * i : 4 * i + 4], strict=True
+                    )
+                }
+                for i, m in enumerate(live)
+            }
+            zero = dict.fromkeys(MINUTE_KINDS.values(), 0)
+            out[q] = [{"minute": m, **counted.get(m, zero)} for m in span]
         return now, out

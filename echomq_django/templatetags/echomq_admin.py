@@ -8,7 +8,7 @@ names made breakable.
 from __future__ import annotations
 
 import re
-from datetime import UTC, datetime
+from datetime import datetime
 
 from django import template
 from django.utils.html import conditional_escape, format_html
@@ -79,15 +79,6 @@ def emq_between(start: datetime | None, end: datetime | None) -> str:
     if start is None or end is None or end < start:
         return "-"
     return duration((end - start).total_seconds())
-
-
-@register.filter
-def emq_minute(minute) -> str:
-    """A minute since the epoch (an int, the counters' unit) as
-    ``YYYY-MM-DD HH:MM`` UTC; ``-`` for None."""
-    if minute is None:
-        return "-"
-    return datetime.fromtimestamp(int(minute) * 60, UTC).strftime("%Y-%m-%d %H:%M")
 
 
 # a job key P:{queue}:job:<id> in an error ("failed by child ...") reads as queue/id

@@ -22,8 +22,8 @@ local EVENTS_MAXLEN = 10000
 -- the epoch, by Redis's clock: the events stream's entry ids), and a<slot>,
 -- c<slot>, f<slot>, d<slot> count that minute's added, completed, failed
 -- (attempts) and dead jobs. A slot met with an older minute is emptied
--- first, so the hash never holds more than 5 * MINUTES_KEPT fields. The
--- slot's minute is checked once per script call and slot.
+-- first, so the hash never holds more than 5 * MINUTES_KEPT fields. A
+-- script checks the slot's minute once per queue and minute it counts in.
 local MINUTES_KEPT = 1440
 local COUNTED = {added = 'a', completed = 'c', failed = 'f', dead = 'd'}
 local minute_checked = {}
@@ -38,9 +38,8 @@ local function count_minute(base, event, n, ms)
   local minute = math.floor(ms / 60000)
   local slot = minute % MINUTES_KEPT
   local ring = base .. 'minutes'
-  local seen = ring .. ' ' .. slot
-  if minute_checked[seen] ~= minute then
-    minute_checked[seen] = minute
+  if minute_checked[ring] ~= minute then
+    minute_checked[ring] = minute
     local stamp = string.format('%d', minute)
     if redis.call('HGET', ring, 'm' .. slot) ~= stamp then
       redis.call('HDEL', ring, 'a' .. slot, 'c' .. slot, 'f' .. slot, 'd' .. slot)
