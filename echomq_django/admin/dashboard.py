@@ -13,6 +13,7 @@ import math
 from datetime import UTC, datetime
 
 from django.template.loader import render_to_string
+from django.utils.html import format_html_join
 
 from ..monitoring.stats import collect
 from ..protocol.probes import MINUTES_KEPT
@@ -51,10 +52,10 @@ def chart(rows: list[dict]) -> dict:
     """One queue's chart from its per-minute rows (oldest first): ``{cols:
     [{minute, minutes, added, completed, failed, dead, rects: [{kind, x, y,
     width, height}]}], active (the cols with a count, each with ``label``,
-    its first minute as UTC text), line (SVG points of added), peak,
-    totals}``; minutes are summed into at most ``COLUMNS`` columns (``minute``:
-    the first, in minutes since the epoch), heights scaled to the busiest
-    column, coordinates as text."""
+    its first minute as UTC text), bars (the rects as safe SVG text), line
+    (SVG points of added), peak, totals}``; minutes are summed into at most
+    ``COLUMNS`` columns (``minute``: the first, in minutes since the epoch),
+    heights scaled to the busiest column, coordinates as text."""
     per = max(1, math.ceil(len(rows) / COLUMNS))
     cols = []
     for i in range(0, len(rows), per):
@@ -87,8 +88,16 @@ def chart(rows: list[dict]) -> dict:
     active = [c for c in cols if any(c[k] for k in KINDS)]
     for col in active:
         col["label"] = datetime.fromtimestamp(col["minute"] * 60, UTC).strftime("%Y-%m-%d %H:%M")
+    # the columns as SVG, joined here: a template loop per rect costs more
+    # than the rest of the page (docs/howto/operate.md#the-dashboard)
+    bars = format_html_join(
+        "",
+        '<rect class="emq-fill-{}" x="{}" y="{}" width="{}" height="{}"/>',
+        ((r["kind"], r["x"], r["y"], r["width"], r["height"]) for c in cols for r in c["rects"]),
+    )
     return {
         "cols": cols,
+        "bars": bars,
         "active": active,
         "line": " ".join(points),
         "peak": peak,
