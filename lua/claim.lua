@@ -33,10 +33,10 @@
   job (docs/explanation/protocol.md#events).
 
   returns: a JSON array (one bulk string: the host decodes it in one C call
-           instead of parsing 13 replies per job), 13 entries per claimed job:
+           instead of parsing 14 replies per job), 14 entries per claimed job:
            id, lease token, name, payload, attempts, max_attempts, backoff_ms,
-           parent, parent_queue, parent_policy, created_at, timeout_ms, priority
-           (strings; an absent field is false);
+           parent, parent_queue, parent_policy, created_at, timeout_ms, priority,
+           traceparent (strings; an absent field is false);
            '{"paused":1}' when the queue is paused, '{"wait":ms}' when the
            rate limit's window is full (ms until it opens) and a job is
            claimable ('[]' when none is: nothing to wait for); a replay answers
@@ -119,7 +119,8 @@ for i, id in ipairs(ids) do
   local row = base .. 'job:' .. id
   -- one read and one write per job: this loop is the hot path of a worker
   local f = redis.call('HMGET', row, 'state', 'name', 'payload', 'attempts', 'max_attempts',
-    'backoff_ms', 'parent', 'parent_queue', 'parent_policy', 'created_at', 'timeout_ms', 'priority')
+    'backoff_ms', 'parent', 'parent_queue', 'parent_policy', 'created_at', 'timeout_ms', 'priority',
+    'traceparent')
   if f[1] == 'pending' then
     local token = batch .. '.' .. i
     local attempts = tostring((tonumber(f[4]) or 0) + 1)
@@ -141,7 +142,7 @@ for i, id in ipairs(ids) do
     out[#out + 1] = f[2]
     out[#out + 1] = f[3]
     out[#out + 1] = attempts
-    for j = 5, 12 do
+    for j = 5, 13 do
       out[#out + 1] = f[j]
     end
   end

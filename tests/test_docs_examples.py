@@ -488,6 +488,7 @@ def test_the_pages_links_and_includes_resolve():
             "retention",
             "tasks-backend",
             "testing",
+            "tracing",
             "wait",
         ]
     )
@@ -629,6 +630,47 @@ def test_the_progress_and_logs_howto(howto):
             30,
             ["step one"],
         )
+
+
+def test_the_tracing_howto(howto, monkeypatch):
+    """The view's request span, the add and the three jobs' attempts on two
+    queues are one trace; every attempt is a child of the add."""
+    import json
+
+    from django.test import RequestFactory
+
+    trace = pytest.importorskip("opentelemetry.trace")
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from opentelemetry.util._once import Once
+
+    monkeypatch.setattr(trace, "_TRACER_PROVIDER", None)  # unset for this test only
+    monkeypatch.setattr(trace, "_TRACER_PROVIDER_SET_ONCE", Once())
+    example = howto("tracing")
+    memory = InMemorySpanExporter()
+    provider = example.setup_tracing(memory)
+    with echomq_settings():
+        reply = example.checkout(RequestFactory().post("/checkout"), 7)
+        assert json.loads(reply.content)["jobs"][0] == "shipping/ship-7"
+        burst("packing")
+        emq.Pump(["packing", "shipping"]).sweep()
+        burst("shipping")
+        assert emq.get_job("shipping", "ship-7").result == {"order": 7, "items": ["book", "lamp"]}
+    provider.force_flush()
+    spans = {s.name: s for s in memory.get_finished_spans()}
+    assert sorted(spans) == [
+        "POST /checkout",
+        "echomq add_flow",
+        "echomq run shop.pack",
+        "echomq run shop.ship",
+    ]
+    runs = [s for s in memory.get_finished_spans() if s.name.startswith("echomq run")]
+    assert len(runs) == 3
+    assert {s.context.trace_id for s in memory.get_finished_spans()} == {
+        spans["POST /checkout"].context.trace_id
+    }
+    assert spans["echomq add_flow"].parent.span_id == spans["POST /checkout"].context.span_id
+    assert {s.parent.span_id for s in runs} == {spans["echomq add_flow"].context.span_id}
+    provider.shutdown()
 
 
 def test_the_readme_example_is_the_file_the_suite_runs(r):

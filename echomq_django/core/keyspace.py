@@ -137,6 +137,8 @@ QUEUE_KEYS = {
     "pri_seq": "pri:seq",  # counter: FIFO order within a priority
     "paused": "paused",  # string: set while the queue is paused
     "limiter": "limiter",  # hash: the RATE_LIMIT window {start, n}
+    # hash: per-minute counts of the last 1,440 minutes, a ring (lua/lib/emit.lua)
+    "minutes": "minutes",
 }
 # Keys that hold one value of a family: the suffix is this prefix + a name.
 JOB_PREFIX = "job:"  # hash P:{q}:job:<id>: the job row; also the child ref
@@ -210,6 +212,7 @@ class QueueKeys:
     pri_seq: str
     paused: str
     limiter: str
+    minutes: str
 
     def job(self, job_id: str) -> str:
         """``P:{q}:job:<id>``; raises ``ValueError`` for a bad id."""

@@ -33,6 +33,7 @@ from ..core.keyspace import validate_id, validate_name, validate_queue, whole_nu
 from ..core.options import Claimed, check_job_options, rate_limit
 from ..core.refs import JobRef, as_ref
 from ..core.retention import job_keep
+from ..tracing.spans import adding
 from .bulk import Bulk
 from .errors import translate
 from .flows import Flows
@@ -60,14 +61,12 @@ class EchoMQ(Reads):
     ``waits``, ``progress``, ``events``.
 
     ``prefix`` starts every key (docs/explanation/protocol.md#keys). ``queues`` maps a queue name to
-    its defaults ``{"MAX_ATTEMPTS": int, "BACKOFF_MS": ms, "LEASE_MS": ms}``;
-    missing values come from ``jobs.QUEUE_DEFAULTS``. ``clock`` returns ms since the epoch
-    (tests pass a fake one:
-    docs/explanation/protocol.md#the-hosts-clock). ``max_payload_bytes`` bounds a
-    payload or result once encoded (bytes of UTF-8 JSON). ``json_encoder``: a
-    ``json.JSONEncoder`` subclass for payloads and results (the
-    ``JSON_ENCODER`` setting, e.g. ``DjangoJSONEncoder`` for dates, Decimal,
-    UUID); None encodes plain JSON only.
+    its defaults ``{"MAX_ATTEMPTS": int, "BACKOFF_MS": ms, "LEASE_MS": ms}``; missing values come
+    from ``jobs.QUEUE_DEFAULTS``. ``clock`` returns ms since the epoch (tests pass a fake one:
+    docs/explanation/protocol.md#the-hosts-clock). ``max_payload_bytes`` bounds a payload or result
+    once encoded (bytes of UTF-8 JSON). ``json_encoder``: a ``json.JSONEncoder`` subclass for
+    payloads and results (the ``JSON_ENCODER`` setting, e.g. ``DjangoJSONEncoder`` for dates,
+    Decimal, UUID); None encodes plain JSON only.
     """
 
     def __init__(
@@ -179,26 +178,28 @@ class EchoMQ(Reads):
         own_keep = job_keep(keep)
         k = self.keys.queue(queue)
         self.wire.note_queues((queue,))
-        state = self.scripts.run(
-            "enqueue",
-            [k.job(job_id), k.pending, k.delayed, k.events, k.dedup(dedup_key or "")],
-            [
-                queue,
-                job_id,
-                name,
-                self.encode(payload),
-                opt(max_attempts),
-                opt(backoff_ms),
-                self.clock(),
-                int(delay_ms),
-                int(priority),
-                dedup_key or "",
-                opt(dedup_ttl_ms),
-                opt(timeout_ms),
-                own_keep,
-                secrets.token_hex(8),  # this call's token: its replay is recognised
-            ],
-        )
+        with adding("enqueue", queue, job_id) as traceparent:  # docs/howto/tracing.md
+            state = self.scripts.run(
+                "enqueue",
+                [k.job(job_id), k.pending, k.delayed, k.events, k.dedup(dedup_key or "")],
+                [
+                    queue,
+                    job_id,
+                    name,
+                    self.encode(payload),
+                    opt(max_attempts),
+                    opt(backoff_ms),
+                    self.clock(),
+                    int(delay_ms),
+                    int(priority),
+                    dedup_key or "",
+                    opt(dedup_ttl_ms),
+                    opt(timeout_ms),
+                    own_keep,
+                    secrets.token_hex(8),  # this call's token: its replay is recognised
+                    traceparent,
+                ],
+            )
         state = to_text(state)
         return state.split(" ", 1)[1] if state.startswith("deduplicated ") else job_id
 
