@@ -30,6 +30,7 @@ from .api import (
     retry,
     wait,
 )
+from .controls import get_concurrency, set_concurrency
 from .core.exceptions import (
     DependencyError,
     DuplicateJob,
@@ -101,6 +102,7 @@ __all__ = [
     "dependency_counts",
     "enqueue",
     "enqueue_many",
+    "get_concurrency",
     "get_flow",
     "get_job",
     "handler",
@@ -112,5 +114,6 @@ __all__ = [
     "remove_unprocessed_children",
     "resume",
     "retry",
+    "set_concurrency",
     "wait",
 ]

@@ -32,6 +32,7 @@ from django.utils.module_loading import import_string
 
 from ..core.jobs import MAX_PAYLOAD_BYTES
 from ..core.keyspace import validate_prefix, validate_queue
+from ..core.options import check_concurrency
 from ..core.retention import KEEP_HINT, KEEP_KEYS, keep_problems
 from ..protocol.connection import client_options, server_facts
 
@@ -51,9 +52,13 @@ TOP_KEYS |= {"ENQUEUE_WHEN_DOWN"}  # enqueue_when_down() checks it: E090
 # away (docs/howto/durable-enqueue.md#outside-a-transaction-too-enqueue_when_down).
 ENQUEUE_WHEN_DOWN = ("raise", "outbox")
 QUEUE_KEYS = {"MAX_ATTEMPTS", "BACKOFF_MS", "LEASE_MS", "KEEP_COMPLETED", "KEEP_DEAD"}
-QUEUE_KEYS |= {"RATE_LIMIT", "TIMEOUT_MS"}
+QUEUE_KEYS |= {"RATE_LIMIT", "TIMEOUT_MS", "CONCURRENCY"}
 RUNTIME_KEYS = {"RATE_LIMIT", "TIMEOUT_MS"}  # checked by runners/periodic.problems (E050-E059)
 URL_SCHEMES = ("redis://", "rediss://", "unix://")
+CAP_HINT = (
+    "CONCURRENCY caps the queue's jobs active at once across all workers, e.g. 3; "
+    "leave it out for no cap."
+)
 DJANGO_REDIS_CACHE = "django.core.cache.backends.redis.RedisCache"
 
 
@@ -164,6 +169,12 @@ def problems(cfg: dict | None = None) -> list[tuple[str, str, str]]:
             continue
         for key, value in opts.items():
             if key in RUNTIME_KEYS:
+                continue
+            if key == "CONCURRENCY":  # docs/explanation/protocol.md#concurrency
+                try:
+                    check_concurrency(value)
+                except ValueError as err:
+                    out.append(("echomq_django.E018", f"queue {name!r}: {err}", CAP_HINT))
                 continue
             if key in KEEP_KEYS:  # retention (docs/explanation/lifecycle.md): E020-E023
                 out += [

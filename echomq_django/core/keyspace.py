@@ -137,6 +137,10 @@ QUEUE_KEYS = {
     "pri_seq": "pri:seq",  # counter: FIFO order within a priority
     "paused": "paused",  # string: set while the queue is paused
     "limiter": "limiter",  # hash: the RATE_LIMIT window {start, n}
+    # zset: a sliding RATE_LIMIT's starts, lease token -> ms; at most MAX members
+    "limiter_log": "limiter:log",
+    "concurrency": "concurrency",  # string: the cap set at run time (set_concurrency)
+    "full": "full",  # string: set while claim found the cap reached with work waiting
 }
 # Keys that hold one value of a family: the suffix is this prefix + a name.
 JOB_PREFIX = "job:"  # hash P:{q}:job:<id>: the job row; also the child ref
@@ -203,6 +207,9 @@ class QueueKeys:
     pri_seq: str
     paused: str
     limiter: str
+    limiter_log: str
+    concurrency: str
+    full: str
 
     def job(self, job_id: str) -> str:
         """``P:{q}:job:<id>``; raises ``ValueError`` for a bad id."""

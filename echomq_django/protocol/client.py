@@ -29,20 +29,21 @@ from ..core.exceptions import EchoMQError, PayloadError, RedisUnavailable
 from ..core.flows import Flow, FlowRef
 from ..core.jobs import CLAIM_FIELDS, MAX_PAYLOAD_BYTES, Job, JobState, Outcome, to_text
 from ..core.keyspace import validate_id, validate_name, validate_queue, whole_number
-from ..core.options import Claimed, check_job_options, rate_limit
+from ..core.options import Claimed, check_job_options
 from ..core.refs import JobRef, as_ref
 from ..core.retention import job_keep
 from .bulk import Bulk
+from .control.limits import Limits
 from .errors import translate
 from .flows import Flows
 from .lifecycle import BUDGET, Lifecycle, Report
+from .live.waits import Waits
 from .outbox import Outbox
 from .presence import Presence
 from .probes import Probes
 from .reads import Reads
 from .signal_events import SignalEvents
 from .timers import Timers
-from .live.waits import Waits
 from .wire import BACKOFF_CAP_MS, FLOW_CHUNK, Wire, local, opt
 
 COMPLETE_BATCH = 500  # jobs per complete script: a few ms of Redis time at most
@@ -53,7 +54,7 @@ class EchoMQ(Reads):
     """The queue over one redis-py client (``redis.Redis`` or ``RedisCluster``).
 
     Holds its parts: ``flows``, ``bulk``, ``lifecycle``, ``outbox``,
-    ``timers``, ``signal_events``, ``presence``, ``probes``, ``waits`` (the module
+    ``timers``, ``signal_events``, ``presence``, ``probes``, ``waits``, ``limits`` (the module
     docstring says who calls which).
 
     ``prefix`` starts every key (docs/explanation/protocol.md#keys). ``queues`` maps a queue name to
@@ -100,6 +101,7 @@ class EchoMQ(Reads):
         self.presence = Presence(wire)
         self.probes = Probes(wire)
         self.waits = Waits(wire, self)
+        self.limits = Limits(wire)
 
     @property
     def clock(self):
@@ -208,8 +210,9 @@ class EchoMQ(Reads):
         ``lease_deadline`` (ms) = now + ``lease_ms`` (the queue's LEASE_MS by
         default), and has its attempt counted. docs/explanation/protocol.md#claim. The list is
         a ``Claimed``: empty with ``paused`` True when the queue is paused,
-        or with ``wait_ms`` set when its RATE_LIMIT window is full
-        (docs/explanation/protocol.md#scheduling); higher priorities come first.
+        ``wait_ms`` set when its RATE_LIMIT window is full
+        (docs/explanation/protocol.md#scheduling), or ``full`` True when its
+        concurrency cap is reached; higher priorities come first.
 
         ``token`` (str, 1-64 of ``[0-9A-Za-z._-]``) names the call; None
         draws a fresh one. Pass the token of a claim that raised a
@@ -224,17 +227,13 @@ class EchoMQ(Reads):
             raise ValueError(f"token {token!r}: a claim token is 1-64 of [0-9A-Za-z._-]")
         lease = int(lease_ms if lease_ms is not None else self.setting(queue, "LEASE_MS"))
         now = self.clock()
-        k = self.keys.queue(queue)
-        flat = json.loads(
-            self.scripts.run(
-                "claim",
-                [k.pending, k.active, k.lease_seq],
-                [k.base, count, now, lease, token or secrets.token_hex(8), *self._limit(queue)],
-            )
-        )
+        k, token = self.keys.queue(queue), token or secrets.token_hex(8)
+        args = [k.base, count, now, lease, token, *self.wire.claim_limits(queue)]
+        flat = json.loads(self.scripts.run("claim", [k.pending, k.active, k.lease_seq], args))
         if type(flat) is dict:
             if "jobs" not in flat:
-                return Claimed(paused=bool(flat.get("paused")), wait_ms=flat.get("wait"))
+                paused, full = bool(flat.get("paused")), bool(flat.get("full"))
+                return Claimed(paused=paused, wait_ms=flat.get("wait"), full=full)
             lease, flat = max(int(flat["left"]), 0), flat["jobs"]  # a replay: its leases' rest
         deadline, n = now + lease, len(CLAIM_FIELDS)
         return Claimed(
@@ -371,10 +370,6 @@ class EchoMQ(Reads):
         )
         job.lease_deadline = int(deadline)
         return job.lease_deadline
-
-    def _limit(self, queue: str) -> tuple[int, int]:
-        """``claim``'s rate-limit ARGV: the queue's RATE_LIMIT ``(max, per_ms)``."""
-        return rate_limit(self.queues.get(queue, {}))
 
     # -- pause / resume ------------------------------------------------------
     def _set_paused(self, queue: str, paused: bool) -> bool:

@@ -41,7 +41,7 @@ from django.core.exceptions import ImproperlyConfigured
 from ..conf import config
 from ..core.exceptions import DuplicateJob
 from ..core.keyspace import validate_id, validate_queue
-from ..core.options import MAX_MS, check_job_options
+from ..core.options import MAX_MS, RATE_MODES, check_job_options
 
 log = logging.getLogger("echomq_django.schedule")
 
@@ -49,6 +49,8 @@ ENTRY_KEYS = {"name", "queue", "cron", "every_s", "payload", "priority", "max_at
               "timeout_ms", "tz"}  # fmt: skip
 MAX_ENTRY = 100  # characters of an entry name: its job ids are <entry>-<13 digits>
 MAX_EVERY_S = 366 * 86_400
+RATE_KEYS = {"MAX", "PER_MS", "MODE"}
+MAX_SLIDING = 100_000  # a sliding RATE_LIMIT's MAX: its log holds up to MAX starts
 
 
 def _croniter():
@@ -131,16 +133,28 @@ def problems(cfg: dict, handlers: list[str] | None = None) -> list[tuple[str, st
         opts = opts if isinstance(opts, dict) else {}
         if "RATE_LIMIT" in opts:
             rl = opts["RATE_LIMIT"]
-            ok = isinstance(rl, dict) and set(rl) == {"MAX", "PER_MS"}
+            ok = isinstance(rl, dict) and {"MAX", "PER_MS"} <= set(rl) <= RATE_KEYS
             ok = ok and all(_whole(rl[k], 1, MAX_MS) for k in ("MAX", "PER_MS"))
+            ok = ok and rl.get("MODE", RATE_MODES[0]) in RATE_MODES
             if not ok:
                 out.append(
                     (
                         "echomq_django.E050",
                         f"queue {queue!r}: RATE_LIMIT must be {{'MAX': n, 'PER_MS': ms}} "
-                        f"with whole numbers >= 1, got {rl!r}",
-                        "Example: {'MAX': 10, 'PER_MS': 1000} runs at most 10 jobs a second "
-                        "across all workers.",
+                        f"with whole numbers >= 1 and an optional 'MODE' of "
+                        f"{' or '.join(map(repr, RATE_MODES))}, got {rl!r}",
+                        "Example: {'MAX': 10, 'PER_MS': 1000, 'MODE': 'sliding'} starts at most "
+                        "10 jobs in any second across all workers.",
+                    )
+                )
+            elif rl.get("MODE") == "sliding" and rl["MAX"] > MAX_SLIDING:
+                out.append(
+                    (
+                        "echomq_django.E059",
+                        f"queue {queue!r}: a sliding RATE_LIMIT keeps one entry per start "
+                        f"in the window: MAX must be at most {MAX_SLIDING}, got {rl['MAX']!r}",
+                        "Use the fixed window (MODE 'fixed', one hash whatever MAX), or a "
+                        "shorter PER_MS with a proportionally smaller MAX.",
                     )
                 )
         if "TIMEOUT_MS" in opts and not _whole(opts["TIMEOUT_MS"], 1, MAX_MS):
