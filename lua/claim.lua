@@ -48,7 +48,7 @@
            when the concurrency cap is reached and a job is claimable (the
            full mark P:{q}:full is set and the wake marker removed: the
            next job to leave active wakes a worker, lib/claimable.lua
-           slot_freed); a replay answers
+           left_active); a replay answers
            '{"left":ms,"jobs":[...]}': the first call's array and the ms its
            leases have left
   errors:  none; an id whose row is gone or not pending is dropped silently
@@ -83,7 +83,7 @@ if cap > 0 then
       return '[]'
     end
     redis.call('SET', base .. 'full', '1')
-    redis.call('ZREM', base .. 'wake', WAKE_NOW)  -- a freed slot wakes a worker again
+    redis.call('ZREM', base .. 'wake', WAKE_NOW)  -- a job leaving active wakes a worker again
     return '{"full":1}'
   end
   count = math.min(count, free)
@@ -145,8 +145,8 @@ end
 if not ids or #ids < count or not claimable() then
   redis.call('ZREM', base .. 'wake', WAKE_NOW)  -- drained: nothing left to wake for
 elseif free >= 0 and #ids >= free then
-  -- more is waiting but every slot is taken: the next job to leave active
-  -- wakes a worker (slot_freed); an id dropped below frees its slot unused,
+  -- more is waiting but the cap is reached: the next job to leave active
+  -- wakes a worker (left_active); an id dropped below leaves room unused,
   -- so the mark is set only when the leases do fill the cap (at the end)
   redis.call('ZREM', base .. 'wake', WAKE_NOW)
 else
@@ -184,7 +184,7 @@ if free >= 0 and #ids >= free and claimable() then
   if #leases / 2 >= free then
     redis.call('SET', base .. 'full', '1')
   else
-    wake_workers(base)  -- a popped id was not pending: its slot is still free
+    wake_workers(base)  -- a popped id was not pending: there is room under the cap
   end
 end
 if #leases == 0 then

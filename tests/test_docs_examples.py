@@ -288,6 +288,14 @@ def test_the_priorities_howto(howto):
         ref = example.fulfil_order(9)
         assert (ref.parent_id, ref.landed) == ("order-9", 5)
         assert emq.dependency_counts("orders", "order-9")["remaining"] == 4
+        assert example.ease_off_partner() == 1
+        for i in range(3):
+            emq.enqueue("partner", "api.call", {"n": i}, job_id=f"p{i}")
+        partner = conf.get_mq()
+        assert len(partner.claim("partner", 3)) == 1  # one at a time, for every worker
+        assert partner.claim("partner", 3).full
+        assert example.partner_recovered() == 3
+        assert len(partner.claim("partner", 3)) == 2  # the setting's 3, one running
 
 
 @pytest.mark.django_db(transaction=True)

@@ -1,7 +1,7 @@
 """Fair and bounded claims, on both rigs: a queue's concurrency cap (the
 setting, and ``set_concurrency`` at run time) counted against its active
 jobs in ``claim`` and freed by every way out of active, with the wake
-marker back when a slot frees; the sliding RATE_LIMIT; the checks that
+marker back when a job leaves active; the sliding RATE_LIMIT; the checks that
 refuse bad values. docs/explanation/protocol.md#concurrency"""
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def test_the_cap_holds_for_every_worker_and_idle_ones_sleep(redis_client) -> Non
     assert (wake_marker(a), a.counts("q")["pending"], a.counts("q")["active"]) == (None, 3, 2)
 
 
-def test_completion_frees_a_slot_and_wakes_a_worker(redis_client) -> None:
+def test_completion_makes_room_and_wakes_a_worker(redis_client) -> None:
     mq = capped(redis_client)
     first, _ = mq.claim("q", 2)
     assert mq.claim("q", 1).full
@@ -71,7 +71,7 @@ def test_a_drained_queue_at_its_cap_sets_no_full_mark(redis_client) -> None:
     assert (list(again), again.full, full_mark(mq), wake_marker(mq)) == ([], False, 0, None)
 
 
-def test_failure_postpone_and_lease_expiry_free_slots(redis_client, clock) -> None:
+def test_failure_postpone_and_lease_expiry_make_room(redis_client, clock) -> None:
     mq = capped(redis_client, clock=clock, queues={"q": {"CONCURRENCY": 2, "LEASE_MS": 1000}})
     a, _b = mq.claim("q", 2)
     assert mq.claim("q", 1).full
@@ -85,7 +85,7 @@ def test_failure_postpone_and_lease_expiry_free_slots(redis_client, clock) -> No
     assert len(mq.claim("q", 5)) == 2
 
 
-def test_a_cancelled_active_job_frees_its_slot_when_its_worker_reports(redis_client) -> None:
+def test_a_cancelled_active_job_makes_room_when_its_worker_reports(redis_client) -> None:
     mq = capped(redis_client, queues={"q": {"CONCURRENCY": 1}})
     (a,) = mq.claim("q", 3)
     assert mq.claim("q", 1).full
@@ -106,7 +106,7 @@ def test_set_concurrency_overrides_the_setting_until_dropped(redis_client) -> No
     mq.limits.set_concurrency("q", 1)
     assert (mq.limits.concurrency("q"), len(mq.claim("q", 5))) == (1, 1)
     assert mq.claim("q", 5).full
-    mq.limits.set_concurrency("q", 3)  # raised: the workers wake for the new slots
+    mq.limits.set_concurrency("q", 3)  # raised: the workers wake for the room
     assert (wake_marker(mq), full_mark(mq)) == (0, 0)
     assert len(mq.claim("q", 5)) == 2
     mq.limits.set_concurrency("q", None)  # the setting again: 3 active already, cap 2
@@ -187,7 +187,7 @@ def test_many_worker_threads_never_run_more_than_the_cap(redis_client) -> None:
 
 def test_idle_workers_block_while_the_cap_is_reached(redis_client) -> None:
     """Two workers, a cap of one held by a blocked handler, work waiting: the
-    idle threads make no claim until the slot frees (no spinning)."""
+    idle threads make no claim until the held job finishes (no spinning)."""
     handlers.RELEASE.clear()
     queues = {"q": {"CONCURRENCY": 1}}
     mq = EchoMQ(redis_client, queues=queues)

@@ -25,8 +25,8 @@
   A queue with a concurrency cap (docs/explanation/protocol.md#concurrency)
   that `claim` found full while jobs were claimable has its full mark
   P:{q}:full (a string): its '0' marker is removed, so idle workers block,
-  and every path that takes a job out of P:{q}:active calls slot_freed,
-  which drops the mark and puts '0' back: a freed slot wakes one worker.
+  and every path that takes a job out of P:{q}:active calls left_active,
+  which drops the mark and puts '0' back: a job leaving wakes a worker.
 
   Every road to claimable goes through make_claimable (enqueue, enqueue_flow,
   a parent's release, promotion, recovery, retry, fail without backoff,
@@ -42,9 +42,9 @@ local function wake_workers(base)
 end
 
 -- A job left P:{q}:active (completed, failed, postponed, recovered, killed):
--- when claim found the queue full, wake its workers for the freed slot.
+-- when claim found the queue full, wake its workers: there is room again.
 -- One DEL per call; nothing is written on a queue that was not full.
-local function slot_freed(base)
+local function left_active(base)
   if redis.call('DEL', base .. 'full') == 1 then
     wake_workers(base)
   end

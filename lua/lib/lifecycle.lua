@@ -102,7 +102,7 @@ local function unindex(base, id, state)
   elseif state then
     redis.call('ZREM', base .. state, id)  -- active, delayed, completed, dead
     if state == 'active' then
-      slot_freed(base)
+      left_active(base)
     end
   end
 end

@@ -5,7 +5,7 @@
 set, else from the queue's ``CONCURRENCY`` setting, and counts the queue's
 active jobs (``P:{q}:active``) against it in the same call. Setting the cap
 here is one string; it also drops the full mark and wakes the queue's
-workers, which blocked while every slot was taken. No script of its own:
+workers, which blocked while the cap was reached. No script of its own:
 each change is one pipeline of plain commands on the queue's slot.
 """
 
@@ -26,7 +26,7 @@ class Limits(Part):
         run-time cap (the queue's ``CONCURRENCY`` setting applies again, or
         none). Jobs already active above a lowered cap run on; no new one
         starts until the count is below it. Wakes the queue's idle workers
-        (a raised cap frees slots). Raises ``ValueError`` for a bad queue
+        (a raised cap makes room). Raises ``ValueError`` for a bad queue
         name or ``n`` (nothing written), ``RedisUnavailable``.
         docs/howto/priorities-rate-limits.md#at-most-n-at-once-concurrency"""
         validate_queue(queue)
