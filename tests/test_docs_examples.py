@@ -298,6 +298,21 @@ def test_the_priorities_howto(howto):
         assert len(partner.claim("partner", 3)) == 2  # the setting's 3, one running
 
 
+def test_the_sentinel_howto_settings_pass_the_checks_and_name_the_master(no_env_url):
+    from redis.sentinel import SentinelConnectionPool
+
+    scope = snippet_settings(HOWTO / "sentinel_settings.py")
+    for cfg in (scope["ECHOMQ"], {"URL": scope["SENTINEL_URL"]}):
+        assert conf.problems(cfg) == []
+        pool = conf.build_client(cfg).connection_pool  # connects to nothing yet
+        assert isinstance(pool, SentinelConnectionPool)
+        assert pool.service_name == "mymaster"
+        hosts = [
+            c.connection_pool.connection_kwargs["host"] for c in pool.sentinel_manager.sentinels
+        ]
+        assert hosts == ["10.0.0.1", "10.0.0.2", "10.0.0.3"]
+
+
 @pytest.mark.django_db(transaction=True)
 def test_the_async_handler_howto(howto):
     from asgiref.sync import async_to_sync
@@ -491,6 +506,7 @@ def test_the_pages_links_and_includes_resolve():
             "periodic",
             "priorities-rate-limits",
             "retention",
+            "sentinel",
             "tasks-backend",
             "testing",
             "wait",

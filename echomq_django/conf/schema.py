@@ -34,7 +34,8 @@ from ..core.jobs import MAX_PAYLOAD_BYTES
 from ..core.keyspace import validate_prefix, validate_queue
 from ..core.options import check_concurrency
 from ..core.retention import KEEP_HINT, KEEP_KEYS, keep_problems
-from ..protocol.connection import client_options, server_facts
+from ..protocol.connection import SENTINEL_SCHEME, client_options, server_facts
+from .sentinel import SENTINEL_KEYS, sentinel_problems
 
 TOP_KEYS = {"URL", "CACHE", "CLUSTER", "PREFIX", "QUEUES", "MAX_PAYLOAD_BYTES", "OPTIONS"}
 # durable signals (docs/reference/settings.md#top-level-keys):
@@ -48,13 +49,14 @@ TOP_KEYS |= {"METRICS"}  # metrics.settings_problems checks it
 TOP_KEYS |= {"SCHEDULE"}  # periodic jobs: runners/periodic.py
 TOP_KEYS |= {"JSON_ENCODER"}  # json_encoder() checks it: E033
 TOP_KEYS |= {"ENQUEUE_WHEN_DOWN"}  # enqueue_when_down() checks it: E090
+TOP_KEYS |= SENTINEL_KEYS  # Redis Sentinel: sentinel.py checks them, E060-E064
 # What a plain enqueue / add_flow outside a transaction does while Redis is
 # away (docs/howto/durable-enqueue.md#outside-a-transaction-too-enqueue_when_down).
 ENQUEUE_WHEN_DOWN = ("raise", "outbox")
 QUEUE_KEYS = {"MAX_ATTEMPTS", "BACKOFF_MS", "LEASE_MS", "KEEP_COMPLETED", "KEEP_DEAD"}
 QUEUE_KEYS |= {"RATE_LIMIT", "TIMEOUT_MS", "CONCURRENCY"}
 RUNTIME_KEYS = {"RATE_LIMIT", "TIMEOUT_MS"}  # checked by runners/periodic.problems (E050-E059)
-URL_SCHEMES = ("redis://", "rediss://", "unix://")
+URL_SCHEMES = ("redis://", "rediss://", "unix://", SENTINEL_SCHEME)
 CAP_HINT = (
     "CONCURRENCY caps the queue's jobs active at once across all workers, e.g. 3; "
     "leave it out for no cap."
@@ -91,15 +93,19 @@ def problems(cfg: dict | None = None) -> list[tuple[str, str, str]]:
         )
     url = os.environ.get("ECHOMQ_URL") or cfg.get("URL")
     alias = cfg.get("CACHE")
-    if not url and not alias:
+    out += sentinel_problems(cfg, url)
+    if not url and not alias and "SENTINELS" not in cfg:
         out.append(
             (
                 "echomq_django.E001",
                 "ECHOMQ names no Redis connection",
                 "Set ECHOMQ['URL'] = 'redis://host:6379/0', or ECHOMQ['CACHE'] to a "
-                "Redis cache alias, or the ECHOMQ_URL environment variable.",
+                "Redis cache alias, or SENTINELS and MASTER_NAME, or the ECHOMQ_URL "
+                "environment variable.",
             )
         )
+    elif not url and not alias:
+        pass  # Sentinel: sentinel_problems said it all
     elif url and (not isinstance(url, str) or not url.startswith(URL_SCHEMES)):
         out.append(
             (
@@ -324,6 +330,8 @@ def server_problems(cfg: dict | None = None) -> list[tuple[str, str, str]]:
     url = os.environ.get("ECHOMQ_URL") or cfg.get("URL")
     if not isinstance(url, str) or not url.startswith(URL_SCHEMES):
         return []
+    if url.startswith(SENTINEL_SCHEME):
+        return []  # the master moves: the sentinels answer for it at each connection
     cluster = cfg.get("CLUSTER", False)
     if not isinstance(cluster, bool):
         return []
