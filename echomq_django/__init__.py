@@ -30,7 +30,7 @@ from .api import (
     retry,
     wait,
 )
-from .controls import get_concurrency, set_concurrency
+from .controls import Schedules, get_concurrency, schedules, set_concurrency
 from .core.exceptions import (
     DependencyError,
     DuplicateJob,
@@ -89,6 +89,7 @@ __all__ = [
     "RateLimited",
     "RedisCommandError",
     "RedisUnavailable",
+    "Schedules",
     "Unrecoverable",
     "Worker",
     "aadd_flow",
@@ -114,6 +115,7 @@ __all__ = [
     "remove_unprocessed_children",
     "resume",
     "retry",
+    "schedules",
     "set_concurrency",
     "wait",
 ]

@@ -193,6 +193,11 @@ def test_the_periodic_howto_schedule_passes_the_checks_and_lists_its_entries(how
         )
         # a first start fires no past tick: the pump's first sweep adds nothing
         assert emq.Pump(["ops", "reports"]).sweep()["ops"]["scheduled"] == 0
+        row = example.follow_customer(42, every_s=60)
+        assert (row["entry"], row["queue"], row["payload"]) == ("sync-42", "ops", {"customer": 42})
+        listed = [(r["entry"], r["read_only"]) for r in emq.schedules.list()]
+        assert listed == [("nightly-report", True), ("heartbeat", True), ("sync-42", False)]
+        assert (example.unfollow_customer(42), example.unfollow_customer(42)) == (True, False)
 
 
 def test_the_retention_howto_settings_pass_and_keep_zero_goes_at_the_next_sweep(

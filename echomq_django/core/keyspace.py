@@ -141,6 +141,9 @@ QUEUE_KEYS = {
     "limiter_log": "limiter:log",
     "concurrency": "concurrency",  # string: the cap set at run time (set_concurrency)
     "full": "full",  # string: set while claim found the cap reached with work waiting
+    # hash: periodic entries added at run time, entry -> its spec (JSON); bounded
+    # by protocol/control/schedules.MAX_RUNTIME_ENTRIES
+    "schedules": "schedules",
 }
 # Keys that hold one value of a family: the suffix is this prefix + a name.
 JOB_PREFIX = "job:"  # hash P:{q}:job:<id>: the job row; also the child ref
@@ -210,6 +213,7 @@ class QueueKeys:
     limiter_log: str
     concurrency: str
     full: str
+    schedules: str
 
     def job(self, job_id: str) -> str:
         """``P:{q}:job:<id>``; raises ``ValueError`` for a bad id."""

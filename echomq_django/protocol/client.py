@@ -34,6 +34,7 @@ from ..core.refs import JobRef, as_ref
 from ..core.retention import job_keep
 from .bulk import Bulk
 from .control.limits import Limits
+from .control.schedules import ScheduleStore
 from .errors import translate
 from .flows import Flows
 from .lifecycle import BUDGET, Lifecycle, Report
@@ -53,9 +54,9 @@ CALL_TOKEN = re.compile(r"[0-9A-Za-z._-]{1,64}")  # claim's call token (a key pa
 class EchoMQ(Reads):
     """The queue over one redis-py client (``redis.Redis`` or ``RedisCluster``).
 
-    Holds its parts: ``flows``, ``bulk``, ``lifecycle``, ``outbox``,
-    ``timers``, ``signal_events``, ``presence``, ``probes``, ``waits``, ``limits`` (the module
-    docstring says who calls which).
+    Holds its parts: ``flows``, ``bulk``, ``lifecycle``, ``outbox``, ``timers``,
+    ``signal_events``, ``presence``, ``probes``, ``waits``, ``limits``,
+    ``schedule_store`` (the module docstring says who calls which).
 
     ``prefix`` starts every key (docs/explanation/protocol.md#keys). ``queues`` maps a queue name to
     its defaults ``{"MAX_ATTEMPTS": int, "BACKOFF_MS": ms, "LEASE_MS": ms}``;
@@ -102,6 +103,7 @@ class EchoMQ(Reads):
         self.probes = Probes(wire)
         self.waits = Waits(wire, self)
         self.limits = Limits(wire)
+        self.schedule_store = ScheduleStore(wire)
 
     @property
     def clock(self):

@@ -186,6 +186,13 @@ def _whole(value: Any, low: int, high: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
 
 
+def _fires(croniter, cron: str) -> bool:
+    try:  # croniter searches some fifty years ahead, then gives up
+        return bool(croniter(cron, dt.datetime(2000, 1, 1)).get_next(float))
+    except ValueError:
+        return False
+
+
 def _entry_problems(key: Any, spec: Any, handlers: list[str] | None) -> list[tuple]:
     where = f"SCHEDULE entry {key!r}"
     try:
@@ -251,6 +258,9 @@ def _entry_problems(key: Any, spec: Any, handlers: list[str] | None) -> list[tup
                     "Five fields: minute hour day-of-month month day-of-week, e.g. '0 3 * * *'.",
                 )
             )
+        elif not _fires(croniter, spec["cron"]):
+            never = f"{where}: cron expression {spec['cron']!r} never fires"
+            out.append(("echomq_django.E054", never, "Name a date that exists (not 30 February)."))
     try:
         zoneinfo.ZoneInfo(spec.get("tz", "UTC"))
     except (zoneinfo.ZoneInfoNotFoundError, ValueError, TypeError):
@@ -307,29 +317,36 @@ class Scheduler:
     from ``ECHOMQ['SCHEDULE']``). Between ticks ``fire_due`` talks to Redis
     not at all (it remembers each entry's mark)."""
 
-    def __init__(self, mq, schedule: list[Entry] | None = None) -> None:
+    def __init__(self, mq, schedule: list[Entry] | None = None, runtime_queues=()) -> None:
         if schedule is None:
             schedule = entries(config().get("SCHEDULE", {}), settings.TIME_ZONE or "UTC")
         self.mq = mq
+        self.fixed = list(schedule)  # from settings: read-only at run time
         self.entries = list(schedule)
+        # queues whose run-time entries (emq.schedules) each fire_due reads again
+        self.runtime_queues = list(runtime_queues)
         self.marks: dict[str, int] = {}  # entry -> the latest tick known to have fired
         self.fired = 0  # jobs this scheduler added
 
     @classmethod
     def for_queues(cls, mq, queues: list[str]) -> Scheduler | None:
         """The scheduler of the ``ECHOMQ["SCHEDULE"]`` entries whose queue is
-        one of ``queues`` (a pump fires its own queues' entries), or None
-        when there are none. Raises ``ImproperlyConfigured`` for a bad entry."""
+        one of ``queues`` (a pump fires its own queues' entries), with their
+        run-time entries (docs/howto/periodic.md#schedules-at-run-time).
+        Raises ``ImproperlyConfigured`` for a bad entry."""
         mine = [
             e
             for e in entries(config().get("SCHEDULE", {}), settings.TIME_ZONE or "UTC")
             if e.queue in queues
         ]
-        return cls(mq, mine) if mine else None
+        return cls(mq, mine, runtime_queues=queues)
 
     def fire_due(self) -> list[tuple[str, str]]:
         """Add the job of each entry's latest tick unless it fired already
-        (here or in another process). Raises ``RedisUnavailable``."""
+        (here or in another process); first reads the run-time entries of
+        ``runtime_queues`` again (one round trip). Raises ``RedisUnavailable``."""
+        if self.runtime_queues:
+            self.entries = self.fixed + runtime_entries(self.mq, self.runtime_queues, self.fixed)
         now = self.mq.clock()
         added = []
         for entry in self.entries:
@@ -387,6 +404,23 @@ class Scheduler:
         return out
 
 
+def runtime_entries(mq, queues, fixed: list[Entry]) -> list[Entry]:
+    """The run-time entries (``emq.schedules``) of ``queues`` as ``Entry``
+    objects; one whose name a settings entry in ``fixed`` has, or that no
+    longer passes the checks here (croniter missing), is left out with a
+    WARNING. Raises ``RedisUnavailable``."""
+    taken, out = {e.key for e in fixed}, []
+    for queue, found in mq.schedule_store.read(queues).items():
+        for key, spec in found.items():
+            try:
+                if key in taken:
+                    raise ImproperlyConfigured("ECHOMQ['SCHEDULE'] has an entry of that name")
+                out += entries({key: spec}, spec.get("tz", settings.TIME_ZONE or "UTC"))
+            except ImproperlyConfigured as err:
+                log.warning("run-time periodic entry %s on %s left out: %s", key, queue, err)
+    return out
+
+
 def without_a_pump(mq, queues: list[str]) -> list[Entry]:
     """The ``ECHOMQ["SCHEDULE"]`` entries on ``queues`` that no live pump
     serves (``mq.presence``): periodic jobs fire only under a pump
@@ -394,7 +428,7 @@ def without_a_pump(mq, queues: list[str]) -> list[Entry]:
     when this is not empty. Raises ``ImproperlyConfigured`` for a bad entry,
     ``RedisUnavailable``. docs/howto/periodic.md"""
     scheduler = Scheduler.for_queues(mq, queues)
-    if scheduler is None:
+    if not scheduler.entries:
         return []
     live = mq.presence.live_processes()
     pumped = {q for p in live if p.kind == "pump" for q in p.queues}
