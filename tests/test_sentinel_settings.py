@@ -11,6 +11,7 @@ import pytest
 from echomq_django import conf
 from echomq_django.conf.schema import problems
 from echomq_django.protocol.connection import FollowMaster, parse_sentinel_url
+from echomq_django.protocol.errors import describe
 
 SENTINELS = [("10.0.0.1", 26379), ("10.0.0.2", 26380)]
 GOOD = {"SENTINELS": SENTINELS, "MASTER_NAME": "mymaster"}
@@ -152,6 +153,8 @@ def test_the_client_asks_the_sentinels_and_follows_a_refusing_master(no_env_url)
         for s in sentinels
     ] == SENTINELS
     assert {s.connection_pool.connection_kwargs["password"] for s in sentinels} == {"x"}
+    # what an outage message names: the master the client follows
+    assert describe(client) == "Sentinel master 'mymaster'"
 
 
 def test_the_environment_url_wins_over_sentinels(no_env_url, monkeypatch) -> None:
