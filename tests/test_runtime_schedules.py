@@ -126,3 +126,11 @@ def test_a_queue_holds_a_bounded_number_of_run_time_entries(mq, monkeypatch) -> 
     with pytest.raises(EchoMQError, match="holds 2 run-time periodic entries, the most it may"):
         mq.schedule_store.put("q", "e2", spec)
     assert sorted(mq.schedule_store.read(["q"])["q"]) == ["e0", "e1"]
+
+
+def test_stats_list_the_run_time_entries_after_the_settings_ones(site) -> None:
+    from echomq_django.monitoring.stats import collect
+
+    emq.schedules.upsert("beat", handler="t.echo", queue="q", every_s=60)
+    listed = [(e["entry"], e["queue"], e["schedule"]) for e in collect(site)["schedule"]]
+    assert listed == [("nightly", "reports", "0 3 * * *"), ("beat", "q", "every 60 s")]

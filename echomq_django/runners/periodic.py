@@ -436,11 +436,13 @@ def without_a_pump(mq, queues: list[str]) -> list[Entry]:
 
 
 def settings_state(mq) -> list[dict]:
-    """``Scheduler.state()`` of every ``ECHOMQ["SCHEDULE"]`` entry, for stats
-    and the admin (one GET per entry); ``[]`` when there is none or the
-    setting is malformed (the system checks report that)."""
+    """``Scheduler.state()`` of every ``ECHOMQ["SCHEDULE"]`` entry, then of
+    the run-time ones on known queues, for stats (one GET per entry); ``[]``
+    when there is none or the setting is malformed (the checks say so)."""
     try:
         schedule = entries(config().get("SCHEDULE", {}), settings.TIME_ZONE or "UTC")
     except ImproperlyConfigured:
         return []
-    return Scheduler(mq, schedule).state() if schedule else []
+    scheduler = Scheduler(mq, schedule)
+    scheduler.entries = schedule + runtime_entries(mq, mq.presence.queues(), schedule)
+    return scheduler.state()
