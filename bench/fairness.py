@@ -30,6 +30,7 @@ from echomq_django.testing.redis_server import start_server
 HELD = threading.Event()
 ACTIVE = {"now": 0, "most": 0}
 LOCK = threading.Lock()
+THREADS = 4  # handler threads per worker (--threads)
 
 
 def calls(client) -> int:
@@ -37,7 +38,7 @@ def calls(client) -> int:
 
 
 def workers(queue: str, queues: dict, n: int) -> list:
-    """``n`` workers of 4 handler threads on ``queue``, each on a thread and
+    """``n`` workers of ``THREADS`` handler threads on ``queue``, each on a thread and
     a client of its own, as separate processes would be."""
     from echomq_django import EchoMQ, Worker
 
@@ -45,7 +46,7 @@ def workers(queue: str, queues: dict, n: int) -> list:
     out = []
     for _ in range(n):
         mq = EchoMQ(redis.Redis.from_url(url), queues=queues)
-        worker = Worker([queue], concurrency=4, mq=mq, register=False)
+        worker = Worker([queue], concurrency=THREADS, mq=mq, register=False)
         threading.Thread(target=worker.run, daemon=True).start()
         out.append(worker)
     return out
@@ -75,15 +76,16 @@ def concurrency(client, n_workers: int, jobs: int, hold_ms: int, idle_s: float) 
     client.flushall()
     queues = {"q": {"CONCURRENCY": 3}}
     mq = EchoMQ(client, queues=queues)
-    mq.enqueue_many("q", [{"name": "bench.counted", "payload": i} for i in range(jobs)])
     running = workers("q", queues, n_workers)
     try:
+        time.sleep(1.0)  # every worker blocked on the queue
         start = time.perf_counter()
+        mq.enqueue_many("q", [{"name": "bench.counted", "payload": i} for i in range(jobs)])
         while mq.counts("q")["completed"] < jobs:
             time.sleep(0.05)
         took = time.perf_counter() - start
         print(
-            f"concurrency 3, {n_workers} workers x 4 threads, {jobs} jobs of {hold_ms} ms: "
+            f"concurrency 3, {n_workers} workers x {THREADS} threads, {jobs} jobs of {hold_ms} ms: "
             f"most running at once {ACTIVE['most']}, drained in {took:.2f} s "
             f"(at best {jobs * hold_ms / 3000:.2f} s)"
         )
@@ -95,7 +97,7 @@ def concurrency(client, n_workers: int, jobs: int, hold_ms: int, idle_s: float) 
         before = calls(client)
         time.sleep(idle_s)
         spent = calls(client) - before - 1  # our own INFO
-        idle = n_workers * 4 - 3
+        idle = n_workers * THREADS - 3
         print(
             f"  3 held, 20 waiting, {idle} idle handler threads in {n_workers} workers: "
             f"{spent} Redis commands in {idle_s:.0f} s = {spent / idle_s / n_workers:.3f} "
@@ -134,7 +136,7 @@ def sliding(client, n_workers: int, seconds: int) -> None:
     refused = sum(w.loop.window_waits for w in ws)
     span = (starts[-1] - starts[0]) / 1000
     print(
-        f"sliding RATE_LIMIT 10 per 1000 ms, {n} jobs, {n_workers} workers x 4 threads: "
+        f"sliding RATE_LIMIT 10 per 1000 ms, {n} jobs, {n_workers} workers x {THREADS} threads: "
         f"most starts in any 1000 ms {worst}; {n} starts over {span:.1f} s; "
         f"claims refused by the limiter {refused} ({refused / max(span, 1):.1f}/s in all)"
     )
@@ -147,7 +149,10 @@ def main(argv=None) -> None:
     p.add_argument("--hold-ms", type=int, default=50, help="each job's run (default %(default)s)")
     p.add_argument("--idle-s", type=float, default=10, help="idle window (default %(default)s)")
     p.add_argument("--rate-s", type=int, default=60, help="rate-limited s (default %(default)s)")
+    p.add_argument("--threads", type=int, default=4, help="per worker (default %(default)s)")
     args = p.parse_args(argv)
+    global THREADS
+    THREADS = args.threads
     server = start_server()
     setup_django(server.url)
     client = redis.Redis.from_url(server.url)

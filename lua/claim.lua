@@ -11,7 +11,8 @@
 
   ARGV[1] queue key prefix     P:{q}: (job rows are P:{q}:job:<id>, same slot)
   ARGV[2] count K (integer >= 1)
-  ARGV[3] now (ms)
+  ARGV[3] now (ms); with a sliding rate limit, the log's newest start when
+          that is later (a job's started_at is the log's time)
   ARGV[4] lease length (ms)
   ARGV[5] call token: a fresh random string per claim call; the reply is kept
           under P:{q}:claim:<token> for the lease length, so a replay of the
@@ -27,7 +28,9 @@
   ARGV[8] rate mode: 'fixed' (the hash P:{q}:limiter {start, n}) or
           'sliding' (the zset P:{q}:limiter:log, lease token -> start (ms),
           trimmed to the window: no interval of ARGV[7] ms starts more than
-          ARGV[6]; at most ARGV[6] members, expiring with the window)
+          ARGV[6]; at most ARGV[6] members, expiring with the window; and
+          the counter P:{q}:limiter:log:turn, which spreads refused claims'
+          waits over the starts that will leave, expiring likewise)
   ARGV[9] concurrency cap from the settings ('0' = none): at most this many
           jobs active at once (the size of P:{q}:active, stalled leases
           included until recovered); P:{q}:concurrency, when set
@@ -92,15 +95,31 @@ local limit, per, sliding = tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[8] == 'sl
 local limiter, start, used = base .. 'limiter', 0, 0
 local log = base .. 'limiter:log'
 if limit > 0 and sliding then
-  -- a log of start times: what started more than `per` ago no longer counts
+  -- a log of start times: what started more than `per` ago no longer counts.
+  -- Its time only moves forward: a claim whose host read its clock before
+  -- another's ran after it starts at the log's newest time, or its trim
+  -- would drop starts that still count for that time (and so would a host
+  -- whose clock is behind)
+  local newest = redis.call('ZRANGE', log, -1, -1, 'WITHSCORES')[2]
+  if newest and tonumber(newest) > tonumber(now) then
+    now = newest
+  end
   redis.call('ZREMRANGEBYSCORE', log, '-inf', tonumber(now) - per)
   used = redis.call('ZCARD', log)
   if used >= limit then
     if not claimable() then
       return '[]'
     end
-    local first = redis.call('ZRANGE', log, 0, 0, 'WITHSCORES')
-    return cjson.encode({wait = math.max(1, tonumber(first[2]) + per - tonumber(now))})
+    -- refused claims take turns over the starts that will leave the window
+    -- (the 1st waits for the oldest, the 2nd for the next...), so the idle
+    -- workers do not all wake at once for the one start that frees; a
+    -- claim that starts jobs resets the turns, so a lone worker always
+    -- waits for the oldest
+    local turn = redis.call('INCR', base .. 'limiter:log:turn')
+    redis.call('PEXPIRE', base .. 'limiter:log:turn', per)
+    local k = (turn - 1) % used
+    local leaves = redis.call('ZRANGE', log, k, k, 'WITHSCORES')[2]
+    return cjson.encode({wait = math.max(1, tonumber(leaves) + per - tonumber(now))})
   end
   count = math.min(count, limit - used)
 elseif limit > 0 then
@@ -199,6 +218,7 @@ if limit > 0 and sliding then
   end
   redis.call('ZADD', log, unpack(starts))
   redis.call('PEXPIRE', log, per)
+  redis.call('DEL', base .. 'limiter:log:turn')  -- the turns start again from the oldest
 elseif limit > 0 then
   redis.call('HSET', limiter, 'start', start, 'n', used + #leases / 2)
 end

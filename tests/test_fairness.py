@@ -235,7 +235,10 @@ def test_a_sliding_window_counts_the_last_per_ms_for_all_workers(redis_client, c
     clock.advance(900)
     # a fixed window would give three here: j2 started 900 ms ago and still counts
     assert ids_of(b.claim("q", 5)) == ["j3", "j4"]
-    assert b.claim("q", 1).wait_ms == 100
+    # refused claims take turns over the starts that will leave (j2 at 100,
+    # j3 and j4 at 1000): not every idle worker wakes for the first one; the
+    # claim above reset the turns, so the first waits for the oldest
+    assert [b.claim("q", 1).wait_ms for _ in range(3)] == [100, 1000, 1000]
     clock.advance(100)
     assert ids_of(b.claim("q", 5)) == ["j5"]
     log = a.keys.queue_key("q", "limiter:log")
@@ -255,6 +258,26 @@ def test_no_interval_of_per_ms_starts_more_than_max(redis_client, clock) -> None
     worst = max(sum(1 for t in starts if s <= t < s + 1000) for s in starts)
     assert worst == 3
     assert redis_client.zcard(mq.keys.queue_key("q", "limiter:log")) <= 3
+
+
+def test_a_host_whose_clock_reads_earlier_cannot_reopen_the_window(redis_client) -> None:
+    """Two hosts 1005 ms apart (or one claim whose clock was read before
+    another's ran): the log's time only moves forward, so the later-running,
+    earlier-reading claim counts what the other just started and trims
+    nothing that still counts."""
+    from tests.support.workerkit import Clock
+
+    behind, ahead = Clock(), Clock()
+    ahead.advance(1005)
+    b = capped(redis_client, clock=behind, queues=SLIDING, n=9)
+    a = EchoMQ(redis_client, queues=SLIDING, clock=ahead)
+    assert len(b.claim("q", 3)) == 3  # three starts at T
+    assert len(a.claim("q", 1)) == 1  # at T+1005: T's starts are a window old
+    behind.advance(999)
+    assert len(b.claim("q", 5)) == 2  # at T+999 by its clock, T+1005 by the log's
+    starts = sorted(b.get_job("q", f"j{i}").started_at for i in range(6))
+    t0 = starts[0]
+    assert [t - t0 for t in starts] == [0, 0, 0, 1005, 1005, 1005]
 
 
 def test_the_fixed_window_stays_the_default(redis_client, clock) -> None:

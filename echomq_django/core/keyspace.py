@@ -139,6 +139,7 @@ QUEUE_KEYS = {
     "limiter": "limiter",  # hash: the RATE_LIMIT window {start, n}
     # zset: a sliding RATE_LIMIT's starts, lease token -> ms; at most MAX members
     "limiter_log": "limiter:log",
+    "limiter_turn": "limiter:log:turn",  # counter: refused claims' turns, expiring per window
     "concurrency": "concurrency",  # string: the cap set at run time (set_concurrency)
     "full": "full",  # string: set while claim found the cap reached with work waiting
     # hash: periodic entries added at run time, entry -> its spec (JSON); bounded
@@ -211,6 +212,7 @@ class QueueKeys:
     paused: str
     limiter: str
     limiter_log: str
+    limiter_turn: str
     concurrency: str
     full: str
     schedules: str
