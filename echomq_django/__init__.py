@@ -32,6 +32,7 @@ from .api import (
     retry,
     wait,
 )
+from .api.controls import Schedules, get_concurrency, schedules, set_concurrency
 from .core.events import Event, Gap
 from .core.exceptions import (
     DependencyError,
@@ -94,6 +95,7 @@ __all__ = [
     "RateLimited",
     "RedisCommandError",
     "RedisUnavailable",
+    "Schedules",
     "Unrecoverable",
     "Worker",
     "aadd_flow",
@@ -109,6 +111,7 @@ __all__ = [
     "enqueue",
     "enqueue_many",
     "events",
+    "get_concurrency",
     "get_flow",
     "get_job",
     "handler",
@@ -121,5 +124,7 @@ __all__ = [
     "remove_unprocessed_children",
     "resume",
     "retry",
+    "schedules",
+    "set_concurrency",
     "wait",
 ]
