@@ -180,6 +180,7 @@ def problems(cfg: dict | None = None) -> list[tuple[str, str, str]]:
                 continue
             if key == "KEEP_LOGS":
                 out += keep_logs_problems(name, value)
+                continue
             if key == "CONCURRENCY":  # docs/explanation/protocol.md#concurrency
                 try:
                     check_concurrency(value)
