@@ -1,5 +1,5 @@
 --[[
-  fail: active -> delayed with exponential backoff while attempts remain
+  fail: active -> delayed (the worker's delay, or exponential backoff) while attempts remain
   (straight to pending when the backoff is 0),
   else dead; a dead child resolves its parent by its policy (same queue: here;
   other queue: a fail entry on this queue's outbox). A delayed retry announces
@@ -19,6 +19,9 @@
   ARGV[8] force dead: '1' skips the remaining attempts, '0' otherwise
   ARGV[9] the queue's max attempts, for a row without its own
   ARGV[10] the queue's backoff base (ms), for a row without its own
+  ARGV[11] delay (ms) before the next attempt, as the worker's retry policy
+          decided it (docs/howto/retries.md: backoff shape, jitter, Retry;
+          not capped here), or '' for the row's exponential backoff
 
   returns: JSON {state: 'delayed'|'pending'|'dead', run_at: ms|null, released, dead,
            flow_failed, outbox}; a job cancelled while it ran (its row has
@@ -68,8 +71,9 @@ if f[6] then  -- cancelled while it ran (docs/explanation/lifecycle.md): dies, i
   return cjson.encode(OUT)
 end
 if attempts < max_attempts and ARGV[8] ~= '1' then
-  -- attempt n waits backoff * 2^(n-1), capped
-  local wait = math.min(tonumber(f[5] or ARGV[10]) * (2 ^ (attempts - 1)), cap)
+  -- the worker's delay, else attempt n waits backoff * 2^(n-1), capped
+  local wait = tonumber(ARGV[11])
+    or math.min(tonumber(f[5] or ARGV[10]) * (2 ^ (attempts - 1)), cap)
   local run_at = now + math.floor(wait)
   redis.call('ZREM', base .. 'active', id)
   if run_at > now then

@@ -33,6 +33,8 @@ from django.utils.module_loading import import_string
 from ..core.jobs import MAX_PAYLOAD_BYTES
 from ..core.keyspace import validate_prefix, validate_queue
 from ..core.retention import KEEP_HINT, KEEP_KEYS, keep_problems
+from ..core.retry import QUEUE_SETTINGS as RETRY_SETTINGS
+from ..core.retry import queue_problems as retry_problems
 from ..protocol.connection import client_options, server_facts
 
 TOP_KEYS = {"URL", "CACHE", "CLUSTER", "PREFIX", "QUEUES", "MAX_PAYLOAD_BYTES", "OPTIONS"}
@@ -52,6 +54,7 @@ TOP_KEYS |= {"ENQUEUE_WHEN_DOWN"}  # enqueue_when_down() checks it: E090
 ENQUEUE_WHEN_DOWN = ("raise", "outbox")
 QUEUE_KEYS = {"MAX_ATTEMPTS", "BACKOFF_MS", "LEASE_MS", "KEEP_COMPLETED", "KEEP_DEAD"}
 QUEUE_KEYS |= {"RATE_LIMIT", "TIMEOUT_MS"}
+QUEUE_KEYS |= set(RETRY_SETTINGS)  # retry policies and expiry: core/retry.queue_problems
 RUNTIME_KEYS = {"RATE_LIMIT", "TIMEOUT_MS"}  # checked by runners/periodic.problems (E050-E059)
 URL_SCHEMES = ("redis://", "rediss://", "unix://")
 DJANGO_REDIS_CACHE = "django.core.cache.backends.redis.RedisCache"
@@ -162,8 +165,9 @@ def problems(cfg: dict | None = None) -> list[tuple[str, str, str]]:
                 )
             )
             continue
+        out += retry_problems(name, opts)  # docs/howto/retries.md: E110-E113
         for key, value in opts.items():
-            if key in RUNTIME_KEYS:
+            if key in RUNTIME_KEYS or key in RETRY_SETTINGS:
                 continue
             if key in KEEP_KEYS:  # retention (docs/explanation/lifecycle.md): E020-E023
                 out += [
