@@ -48,6 +48,7 @@ from .core.exceptions import (
     RateLimited,
     RedisCommandError,
     RedisUnavailable,
+    Retry,
     Unrecoverable,
 )
 from .core.flows import Flow, FlowRef
@@ -88,6 +89,7 @@ __all__ = [
     "RateLimited",
     "RedisCommandError",
     "RedisUnavailable",
+    "Retry",
     "Unrecoverable",
     "Worker",
     "aadd_flow",

@@ -44,7 +44,10 @@
             priority, d delay (ms), t timeout (ms), ct children timeout
             (ms, parents only), k dedup key and kt its ttl (ms), leaves
             only, so a group with k holds one node; kp keep (ms),
-            docs/explanation/lifecycle.md: at most this long after the node finishes), inc (a
+            docs/explanation/lifecycle.md: at most this long after the node finishes;
+            r the node's own retry policy, JSON kept as `retry`, and x its
+            expiry (ms after it is due: `expires_at` = now + d + x),
+            docs/howto/retries.md), inc (a
             parent with a child on another queue: its incarnation token,
             stored as `inc` when the row is written; '' for a leaf),
             parent inc (a child on another queue than its parent: the
@@ -209,14 +212,15 @@ while i <= #a do
     shared[#shared + 1] = 'inc'
     shared[#shared + 1] = inc
   end
+  local delay = tonumber(opts.d or 0)
+  local expires = opts.x and string.format('%.0f', tonumber(now) + delay + opts.x)
   for _, f in ipairs({{'priority', opts.p}, {'timeout_ms', opts.t}, {'dedup', opts.k},
-      {'keep', opts.kp}}) do
+      {'keep', opts.kp}, {'retry', opts.r}, {'expires_at', expires}}) do
     if f[2] then  -- scheduling settings, stored only when set (compact rows)
       shared[#shared + 1] = f[1]
       shared[#shared + 1] = tostring(f[2])
     end
   end
-  local delay = tonumber(opts.d or 0)
   local event = parent == '' or pq ~= queue
   for _ = 1, count do
     local id, payload, nrefs = a[i], a[i + 1], tonumber(a[i + 2])

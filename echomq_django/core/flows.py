@@ -84,6 +84,12 @@ class Flow:
     children_timeout_ms: int | None = None
     keep: int | None = None  # s after it finishes, at most; None: the queue's
     continue_parent_on_failure: bool = False
+    # docs/howto/retries.md: ms after it is due; None: the queue's EXPIRES_MS
+    expires_ms: int | None = None
+    backoff: Any = None  # its own retry policy; None: the queue's (core/retry.py)
+    jitter: float | None = None
+    retry_on: Any = None
+    dont_retry_on: Any = None
 
     @property
     def policy(self) -> Policy:
@@ -153,10 +159,22 @@ class Node:
     parent_inc: str = ""
 
 
-def plan(root: Flow, encode) -> list[Node]:
+def _retrying(flow: Flow) -> bool:
+    """Does the node set its own retry policy or expiry (docs/howto/retries.md)?"""
+    return not (
+        flow.expires_ms is None
+        and flow.backoff is None
+        and flow.jitter is None
+        and flow.retry_on is None
+        and flow.dont_retry_on is None
+    )
+
+
+def plan(root: Flow, encode, expiring: dict | None = None) -> list[Node]:
     """Assign ids, validate and order a flow's nodes breadth first.
 
-    ``encode(payload) -> str`` serialises a payload (raising ``PayloadError``).
+    ``encode(payload) -> str`` serialises a payload (raising ``PayloadError``);
+    ``expiring`` maps a queue to its EXPIRES_MS (ms), for the queues that set it.
     Raises ``FlowError`` for
     a node that is not a ``Flow``, an id used twice in one queue, or a cycle;
     ``ValueError`` for a bad queue name or id (a bad job name is a
@@ -176,6 +194,7 @@ def plan(root: Flow, encode) -> list[Node]:
     token = secrets.token_hex(4)  # the flow's incarnation token (32 random bits)
     level: list[tuple[Flow, Node | None]] = [(root, None)]
     depth = 0
+    expiring = expiring or {}
     # The loop runs once per node of flows of 10,000+: it avoids calls it can
     # (docs/explanation/performance.md#where-the-time-goes), e.g. the common defaults are
     # tested inline before validating.
@@ -230,8 +249,12 @@ def plan(root: Flow, encode) -> list[Node]:
                     or flow.dedup_ttl_ms is not None
                     or flow.children_timeout_ms is not None
                     or flow.keep is not None
+                    or _retrying(flow)
+                    or queue in expiring
                 )
-                else node_options(flow, f"{queue}/{job_id}", bool(children), dedups)
+                else node_options(
+                    flow, f"{queue}/{job_id}", bool(children), dedups, expiring.get(queue)
+                )
             )
             node = Node(
                 queue,

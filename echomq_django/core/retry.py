@@ -19,9 +19,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from .exceptions import Retry
-from .options import MAX_MS
+
+MAX_MS = 10 * 365 * 86_400_000  # ten years: the longest delay, timeout or ttl (ms)
 
 SHAPES = ("exponential", "fixed")
+RETRY_KEYWORDS = ("backoff", "jitter", "retry_on", "dont_retry_on")  # enqueue's, a Flow's
 MAX_DELAYS = 100  # delays in a list backoff
 BACKOFF_RULE = (
     "backoff is 'exponential', 'fixed', a list of 1-100 delays (whole numbers of ms from 0 "
@@ -292,9 +294,17 @@ def job_extras(
 
 
 def policy_keywords(policy: dict) -> dict:
-    """``enqueue``'s retry policy keywords (``backoff``, ``jitter``,
-    ``retry_on``, ``dont_retry_on``); raises ``TypeError`` for another."""
-    unknown = sorted(set(policy) - {"backoff", "jitter", "retry_on", "dont_retry_on"})
+    """``enqueue``'s keywords of docs/howto/retries.md (``expires_ms`` and
+    ``RETRY_KEYWORDS``), checked, exception classes as their dotted paths (a
+    deferred add keeps them as JSON). Raises ``TypeError`` for another
+    keyword, ``ValueError`` naming the rule a value breaks."""
+    unknown = sorted(set(policy) - {"expires_ms", *RETRY_KEYWORDS})
     if unknown:
         raise TypeError(f"enqueue() got unexpected keyword arguments {unknown}")
+    policy = dict(policy)
+    check_expires(policy.get("expires_ms"))
+    job_retry(*(policy.get(k) for k in RETRY_KEYWORDS))
+    for key in ("retry_on", "dont_retry_on"):
+        if policy.get(key) is not None:
+            policy[key] = list(exc_names(policy[key], key))
     return policy

@@ -149,7 +149,6 @@ class EchoMQ(Reads):
         dedup_key: str | None = None,
         dedup_ttl_ms: int | None = None,
         keep: int | None = None,
-        expires_ms: int | None = None,
         **policy: Any,
     ) -> str:
         """Add one job; returns its id (generated when ``job_id`` is None).
@@ -162,10 +161,10 @@ class EchoMQ(Reads):
         that job's id is returned; ``dedup_ttl_ms`` (ms) frees the key sooner.
         docs/explanation/lifecycle.md: ``keep`` (s, int >= 0) keeps the job at most that long
         after it finishes (0: the next retention step takes it); None: the
-        queue's ``KEEP_*`` alone. docs/howto/retries.md: ``expires_ms`` (ms
-        after it is due; default the queue's EXPIRES_MS): not started by then,
-        it dies ``expired``; ``policy``: ``backoff``, ``jitter``, ``retry_on``,
-        ``dont_retry_on`` (``core/retry.py`` checks them).
+        queue's ``KEEP_*`` alone. docs/howto/retries.md, ``policy``:
+        ``expires_ms`` (ms after it is due; default the queue's EXPIRES_MS):
+        not started by then, it dies ``expired``; ``backoff``, ``jitter``,
+        ``retry_on``, ``dont_retry_on`` (``core/retry.py`` checks them).
         Raises ``ValueError`` for a bad queue name, id, name or option
         (core/options.py's ranges), ``PayloadError`` for a bad payload,
         ``DuplicateJob`` when the id is taken (nothing written),
@@ -181,7 +180,7 @@ class EchoMQ(Reads):
         own_keep = job_keep(keep)
         now = self.clock()
         retry, expires_at = job_extras(
-            now + delay_ms, self.queues.get(queue) or {}, expires_ms, **policy_keywords(policy)
+            now + delay_ms, self.queues.get(queue) or {}, **policy_keywords(policy)
         )
         k = self.keys.queue(queue)
         self.wire.note_queues((queue,))
