@@ -26,7 +26,7 @@
   ARGV[8] queue name (an expired job's death names it: lib/flow.lua)
 
   Expiry before start (docs/howto/retries.md#expiry-before-start): a popped
-  job that never started (no attempt counted) whose row holds `expires_at`
+  job that never started (no `started_at`) whose row holds `expires_at`
   (ms) <= now is not leased: it dies with
   the error 'expired' (lib/flow.lua kill: its parent's policy applies, here
   or through the outbox), and the call pops the next ones in its place, at
@@ -123,9 +123,8 @@ while want > 0 do
     -- one read and one write per job: this loop is the hot path of a worker
     local f = redis.call('HMGET', row, 'state', 'name', 'payload', 'attempts', 'max_attempts',
       'backoff_ms', 'parent', 'parent_queue', 'parent_policy', 'created_at', 'timeout_ms',
-      'priority', 'retry', 'expires_at')
-    if f[1] == 'pending' and f[14] and tonumber(f[14]) <= tonumber(now)
-        and (tonumber(f[4]) or 0) == 0 then  -- never started: a retry is not expired
+      'priority', 'retry', 'expires_at', 'started_at')
+    if f[1] == 'pending' and f[14] and not f[15] and tonumber(f[14]) <= tonumber(now) then
       -- popped already: marked active so kill takes it out of no list (an
       -- LREM would scan the pending list); it never started, attempts stay
       redis.call('HSET', row, 'state', 'active')

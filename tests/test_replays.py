@@ -64,7 +64,24 @@ def test_a_replayed_enqueue_is_the_same_job(mq):
     k = mq.keys.queue("q")
     call = (
         [k.job("e1"), k.pending, k.delayed, k.events, k.dedup("")],
-        ["q", "e1", "x", '{"a":1}', "", "", 1_000_000, 0, 0, "", "", "", "", "call-token-1", "", ""],
+        [
+            "q",
+            "e1",
+            "x",
+            '{"a":1}',
+            "",
+            "",
+            1_000_000,
+            0,
+            0,
+            "",
+            "",
+            "",
+            "",
+            "call-token-1",
+            "",
+            "",
+        ],
     )
     assert mq.scripts.run("enqueue", *call) == b"pending"
     assert mq.scripts.run("enqueue", *call) == b"pending"  # redis-py re-sent it

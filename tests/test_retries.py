@@ -344,3 +344,21 @@ def test_an_expired_child_follows_its_policy_across_queues(redis_client):
     assert {str(k): v for k, v in mq.ignored_failures("parents", "p").items()} == {
         "kids/late": "expired"
     }
+
+
+def test_a_retried_expired_job_runs(tmq, clock):
+    tmq.enqueue("q", "x", {}, job_id="j", expires_ms=10)
+    clock.advance(10)
+    assert tmq.claim("q", 1) == []
+    tmq.retry("q", "j")
+    assert "expires_at" not in raw_row(tmq, "q", "j")
+    assert [j.id for j in tmq.claim("q", 1)] == ["j"]
+
+
+def test_a_rate_limited_job_that_started_does_not_expire(tmq, clock):
+    tmq.enqueue("q", "x", {}, job_id="j", expires_ms=10)
+    job = claim_one(tmq, "q", "j")
+    tmq.timers.postpone(job, 0)  # RateLimited: its attempt given back
+    clock.advance(100)
+    tmq.timers.promote_delayed("q")
+    assert [j.id for j in tmq.claim("q", 1)] == ["j"]
