@@ -32,6 +32,8 @@
           (docs/howto/retries.md; '' = the queue's)
   ARGV[16] expires at (ms since the epoch; '' = never): not started by then,
           claim kills it with 'expired' (docs/howto/retries.md#expiry-before-start)
+  ARGV[17] callbacks, compact JSON kept as `callbacks` ('' = none): the
+          handlers its outcomes add a job for (docs/howto/retries.md#callbacks)
 
   returns: the state written, 'pending' or 'delayed' (a replay of the same
            call, recognised by its token, answers the state it wrote);
@@ -80,7 +82,7 @@ local fields = {'name', ARGV[3], 'payload', ARGV[4], 'state', state, 'created_at
 local priority = (ARGV[9] ~= '0') and ARGV[9] or ''
 for _, f in ipairs({{'max_attempts', ARGV[5]}, {'backoff_ms', ARGV[6]}, {'priority', priority},
     {'timeout_ms', ARGV[12]}, {'dedup', dedup}, {'keep', ARGV[13]}, {'retry', ARGV[15]},
-    {'expires_at', ARGV[16]}}) do
+    {'expires_at', ARGV[16]}, {'callbacks', ARGV[17]}}) do
   if f[2] ~= '' then
     fields[#fields + 1] = f[1]
     fields[#fields + 1] = f[2]

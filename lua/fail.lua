@@ -2,7 +2,8 @@
   fail: active -> delayed (the worker's delay, or exponential backoff) while attempts remain
   (straight to pending when the backoff is 0),
   else dead; a dead child resolves its parent by its policy (same queue: here;
-  other queue: a fail entry on this queue's outbox). A delayed retry announces
+  other queue: a fail entry on this queue's outbox). A retried attempt adds
+  the job's on_failure callback job, a death its on_dead one (lib/flow.lua). A delayed retry announces
   its run-at on the queue's wake key (lib/claimable.lua), so a blocked worker
   promotes it on time. docs/explanation/protocol.md#fail, docs/explanation/no-polling.md#wake-keys.
 
@@ -42,7 +43,7 @@ local base, id, token, err = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local now, cap = tonumber(ARGV[6]), tonumber(ARGV[7])
 
 local f = redis.call('HMGET', row, 'state', 'lease', 'attempts', 'max_attempts', 'backoff_ms',
-  'cancel')
+  'cancel', 'callbacks')
 if not f[1] then
   -- a replay of the call that killed a removed flow's job (lib/flow.lua drop_orphan)
   if redis.call('GET', base .. 'op:' .. token) == 'd' .. redis.sha1hex(err) then
@@ -89,6 +90,7 @@ if attempts < max_attempts and ARGV[8] ~= '1' then
     OUT.state = 'pending'
   end
   emit(base, 'failed', id)
+  callback(base, id, f[7], 'f', '"error":' .. cjson.encode(err), now)  -- its on_failure job
   return cjson.encode(OUT)
 end
 

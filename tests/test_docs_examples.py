@@ -619,6 +619,8 @@ def test_the_retries_howto(howto):
         assert T0 + 800 <= score(mq, "payments", "delayed", paid) <= T0 + 1000
         dead = mq.get_job("payments", declined)
         assert (dead.state, dead.attempts, dead.max_attempts) == ("dead", 1, 5)
+        gave_up = list(example.GAVE_UP)  # its on_dead job ran in the same burst
+        assert gave_up == [(f"payments/{declined}", "CardDeclined: order o2: card declined")]
         assert score(mq, "payments", "delayed", busy) == T0 + 2000
         clock.advance(2000)
         mq.timers.promote_delayed("payments")

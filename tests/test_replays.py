@@ -81,6 +81,7 @@ def test_a_replayed_enqueue_is_the_same_job(mq):
             "call-token-1",
             "",
             "",
+            "",
         ],
     )
     assert mq.scripts.run("enqueue", *call) == b"pending"

@@ -362,3 +362,77 @@ def test_a_rate_limited_job_that_started_does_not_expire(tmq, clock):
     clock.advance(100)
     tmq.timers.promote_delayed("q")
     assert [j.id for j in tmq.claim("q", 1)] == ["j"]
+
+
+# -- callbacks ------------------------------------------------------------------
+def _callback_jobs(mq, queue="q"):
+    """The callback jobs on ``queue``: ``{name: payload}`` of the ``cb-`` rows."""
+    out = {}
+    for state in ("pending", "completed", "dead"):
+        for jid in mq.job_ids(queue, state):
+            if jid.startswith("cb-"):
+                job = mq.get_job(queue, jid)
+                out.setdefault(job.name, []).append(job.payload)
+    return out
+
+
+def test_on_success_adds_a_job_with_the_result_in_the_completing_script(tmq):
+    tmq.enqueue("q", "x", {}, job_id="j", on_success="r.done", on_dead="r.dead")
+    job = claim_one(tmq, "q", "j")
+    tmq.complete(job, {"total": 3, "items": []})
+    assert _callback_jobs(tmq) == {"r.done": [{"job": "q/j", "result": {"total": 3, "items": []}}]}
+    assert raw_row(tmq, "q", "j")["callbacks"] == '{"d":"r.dead","s":"r.done"}'
+
+
+def test_on_failure_per_retried_attempt_and_on_dead_at_the_death(tmq):
+    tmq.enqueue(
+        "q", "x", {}, job_id="j", max_attempts=2, backoff_ms=0, on_failure="r.f", on_dead="r.d"
+    )
+    tmq.fail(claim_one(tmq, "q", "j"), "first")
+    tmq.fail(claim_one(tmq, "q", "j"), "second")
+    assert _callback_jobs(tmq) == {
+        "r.f": [{"job": "q/j", "error": "first"}],
+        "r.d": [{"job": "q/j", "error": "second"}],
+    }
+
+
+def test_on_dead_on_every_road_to_dead_expired_and_cancelled(tmq, clock):
+    tmq.enqueue("q", "x", {}, job_id="late", expires_ms=5, on_dead="r.d")
+    tmq.enqueue("q", "x", {}, job_id="gone", delay_ms=100, on_dead="r.d")
+    clock.advance(5)
+    [cb] = tmq.claim("q", 1)  # the expired job's callback job took its place
+    assert (cb.name, cb.payload) == ("r.d", {"job": "q/late", "error": "expired"})
+    tmq.cancel("q", "gone")
+    assert _callback_jobs(tmq) == {"r.d": [{"job": "q/gone", "error": "cancelled"}]}
+
+
+def test_a_callback_job_runs_in_a_worker_as_its_own_job(mq):
+    seen = []
+
+    @handler("r.record_done")
+    def record_done(job):
+        seen.append(job.payload)
+
+    mq.add_flow(
+        Flow(
+            "q",
+            "t.sum_children",
+            job_id="p",
+            on_success="r.record_done",
+            children=[Flow("q", "t.echo", 2, job_id="c", on_success="r.record_done")],
+        )
+    )
+    _run(mq)
+    assert sorted(seen, key=lambda p: p["job"]) == [
+        {"job": "q/c", "result": 2},
+        {"job": "q/p", "result": 2},
+    ]
+
+
+def test_a_bad_callback_name_is_refused_before_any_write(mq):
+    before = snapshot(mq.client)
+    with pytest.raises(ValueError, match="on_success: invalid job name ''"):
+        mq.enqueue("q", "x", {}, on_success="")
+    with pytest.raises(ValueError, match="on_dead: invalid job name 3"):
+        mq.add_flow(Flow("q", "x", on_dead=3))
+    assert snapshot(mq.client) == before

@@ -64,6 +64,11 @@ class Flow:
     not all resolved in time kill the parent with ``children timed out``);
     ``continue_parent_on_failure=True`` (this child's death releases its
     parent at once; it cannot be combined with the ignore / remove flags).
+
+    Retries (docs/howto/retries.md, ``core/retry.py`` checks them):
+    ``backoff``, ``jitter``, ``retry_on``, ``dont_retry_on``, ``expires_ms``
+    (ms after it is due; not started by then, it dies ``expired``), and the
+    callbacks ``on_success`` / ``on_failure`` / ``on_dead`` (handler names).
     """
 
     queue: str
@@ -90,6 +95,10 @@ class Flow:
     jitter: float | None = None
     retry_on: Any = None
     dont_retry_on: Any = None
+    # handler names its outcomes add a job for (docs/howto/retries.md#callbacks)
+    on_success: str | None = None
+    on_failure: str | None = None
+    on_dead: str | None = None
 
     @property
     def policy(self) -> Policy:
@@ -160,13 +169,16 @@ class Node:
 
 
 def _retrying(flow: Flow) -> bool:
-    """Does the node set its own retry policy or expiry (docs/howto/retries.md)?"""
+    """Does the node set its own retry policy, expiry or callbacks (docs/howto/retries.md)?"""
     return not (
         flow.expires_ms is None
         and flow.backoff is None
         and flow.jitter is None
         and flow.retry_on is None
         and flow.dont_retry_on is None
+        and flow.on_success is None
+        and flow.on_failure is None
+        and flow.on_dead is None
     )
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from .exceptions import FlowError
 from .retention import job_keep
-from .retry import MAX_MS, check_expires, job_retry
+from .retry import MAX_MS, check_expires, job_callbacks, job_retry
 
 PRIORITY_MIN, PRIORITY_MAX = -1_000_000, 1_000_000
 DEDUP_RULE = "a dedup_key is 1-128 characters with no '{', '}', ':' or whitespace"
@@ -75,6 +75,7 @@ def node_options(flow, where: str, has_children: bool, dedups: set, expires=None
         check_int("children_timeout_ms", flow.children_timeout_ms, 1, MAX_MS, optional=True)
         check_expires(flow.expires_ms)
         retry = job_retry(flow.backoff, flow.jitter, flow.retry_on, flow.dont_retry_on)
+        callbacks = job_callbacks(flow.on_success, flow.on_failure, flow.on_dead)
     except ValueError as err:
         raise FlowError(f"{where}: {err}") from None
     if has_children and flow.dedup_key is not None:
@@ -87,6 +88,8 @@ def node_options(flow, where: str, has_children: bool, dedups: set, expires=None
     opts: dict[str, Any] = {}
     if retry:
         opts["r"] = retry
+    if callbacks:
+        opts["cb"] = callbacks
     expires = flow.expires_ms if flow.expires_ms is not None else expires
     if expires:
         opts["x"] = expires

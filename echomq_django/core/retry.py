@@ -19,11 +19,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from .exceptions import Retry
+from .keyspace import validate_name
 
 MAX_MS = 10 * 365 * 86_400_000  # ten years: the longest delay, timeout or ttl (ms)
 
 SHAPES = ("exponential", "fixed")
 RETRY_KEYWORDS = ("backoff", "jitter", "retry_on", "dont_retry_on")  # enqueue's, a Flow's
+# callbacks (docs/howto/retries.md#callbacks): keyword -> its key in the row's `callbacks`
+CALLBACKS = {"on_success": "s", "on_failure": "f", "on_dead": "d"}
 MAX_DELAYS = 100  # delays in a list backoff
 BACKOFF_RULE = (
     "backoff is 'exponential', 'fixed', a list of 1-100 delays (whole numbers of ms from 0 "
@@ -274,6 +277,21 @@ def check_expires(expires_ms: Any) -> None:
         )
 
 
+def job_callbacks(on_success=None, on_failure=None, on_dead=None) -> str:
+    """A job's ``callbacks`` row field: compact JSON of the handler names its
+    outcomes add a job for (``CALLBACKS``), or ``''`` for none. Raises
+    ``ValueError`` naming the job-name rule for a bad name."""
+    names = {"on_success": on_success, "on_failure": on_failure, "on_dead": on_dead}
+    spec = {}
+    for keyword, name in names.items():
+        if name is not None:
+            try:
+                spec[CALLBACKS[keyword]] = validate_name(name)
+            except ValueError as err:
+                raise ValueError(f"{keyword}: {err}") from None
+    return json.dumps(spec, separators=(",", ":"), sort_keys=True) if spec else ""
+
+
 def job_extras(
     due_ms: int,
     queue_opts: dict,
@@ -282,28 +300,31 @@ def job_extras(
     jitter=None,
     retry_on=None,
     dont_retry_on=None,
-) -> tuple[str, int | str]:
-    """A job's ``retry`` field (``job_retry``) and ``expires_at`` (ms since
+    **callbacks: Any,
+) -> tuple[str, int | str, str]:
+    """A job's ``retry`` field (``job_retry``), ``expires_at`` (ms since
     the epoch: ``due_ms``, when it is first due, + ``expires_ms``, else +
-    the queue's ``EXPIRES_MS``; ``''`` when neither is set). Raises
-    ``ValueError`` naming the rule a value breaks, before any write."""
+    the queue's ``EXPIRES_MS``; ``''`` when neither is set) and
+    ``callbacks`` field (``job_callbacks``). Raises ``ValueError`` naming
+    the rule a value breaks, before any write."""
     check_expires(expires_ms)
     text = job_retry(backoff, jitter, retry_on, dont_retry_on)
     expires = expires_ms if expires_ms is not None else queue_opts.get("EXPIRES_MS")
-    return text, (due_ms + int(expires) if expires else "")
+    return text, (due_ms + int(expires) if expires else ""), job_callbacks(**callbacks)
 
 
 def policy_keywords(policy: dict) -> dict:
-    """``enqueue``'s keywords of docs/howto/retries.md (``expires_ms`` and
-    ``RETRY_KEYWORDS``), checked, exception classes as their dotted paths (a
+    """``enqueue``'s keywords of docs/howto/retries.md (``expires_ms``,
+    ``RETRY_KEYWORDS`` and ``CALLBACKS``), checked, exception classes as their dotted paths (a
     deferred add keeps them as JSON). Raises ``TypeError`` for another
     keyword, ``ValueError`` naming the rule a value breaks."""
-    unknown = sorted(set(policy) - {"expires_ms", *RETRY_KEYWORDS})
+    unknown = sorted(set(policy) - {"expires_ms", *RETRY_KEYWORDS, *CALLBACKS})
     if unknown:
         raise TypeError(f"enqueue() got unexpected keyword arguments {unknown}")
     policy = dict(policy)
     check_expires(policy.get("expires_ms"))
     job_retry(*(policy.get(k) for k in RETRY_KEYWORDS))
+    job_callbacks(**{k: policy.get(k) for k in CALLBACKS})
     for key in ("retry_on", "dont_retry_on"):
         if policy.get(key) is not None:
             policy[key] = list(exc_names(policy[key], key))

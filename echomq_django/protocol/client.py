@@ -164,7 +164,8 @@ class EchoMQ(Reads):
         queue's ``KEEP_*`` alone. docs/howto/retries.md, ``policy``:
         ``expires_ms`` (ms after it is due; default the queue's EXPIRES_MS):
         not started by then, it dies ``expired``; ``backoff``, ``jitter``,
-        ``retry_on``, ``dont_retry_on`` (``core/retry.py`` checks them).
+        ``retry_on``, ``dont_retry_on``; ``on_success`` / ``on_failure`` /
+        ``on_dead`` (handler names; ``core/retry.py`` checks them all).
         Raises ``ValueError`` for a bad queue name, id, name or option
         (core/options.py's ranges), ``PayloadError`` for a bad payload,
         ``DuplicateJob`` when the id is taken (nothing written),
@@ -179,7 +180,7 @@ class EchoMQ(Reads):
         check_job_options(priority, delay_ms, timeout_ms, dedup_key, dedup_ttl_ms)
         own_keep = job_keep(keep)
         now = self.clock()
-        retry, expires_at = job_extras(
+        retry, expires_at, callbacks = job_extras(
             now + delay_ms, self.queues.get(queue) or {}, **policy_keywords(policy)
         )
         k = self.keys.queue(queue)
@@ -204,6 +205,7 @@ class EchoMQ(Reads):
                 secrets.token_hex(8),  # this call's token: its replay is recognised
                 retry,
                 expires_at,
+                callbacks,
             ],
         )
         state = to_text(state)

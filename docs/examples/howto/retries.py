@@ -60,8 +60,22 @@ def refresh_quote(job):
 
 def charge_order(order: str, answers: list[str]) -> str:
     return emq.enqueue(
-        "payments", "payments.charge", {"order": order, "answers": answers}, on_commit=False
+        "payments",
+        "payments.charge",
+        {"order": order, "answers": answers},
+        on_dead="payments.give_up",  # a job of its own once the charge is dead
+        on_commit=False,
     )
+
+
+GAVE_UP: list = []  # stands in for an e-mail to the customer
+
+
+@emq.handler("payments.give_up")
+def give_up(job):
+    """Runs as its own job when a charge dies: ``job.payload`` is
+    ``{"job": "payments/<id>", "error": "<its last error>"}``."""
+    GAVE_UP.append((job.payload["job"], job.payload["error"].splitlines()[0]))
 
 
 def refresh(sku: str) -> str:
