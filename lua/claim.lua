@@ -41,7 +41,7 @@
            instead of parsing 14 replies per job), 14 entries per claimed job:
            id, lease token, name, payload, attempts, max_attempts, backoff_ms,
            parent, parent_queue, parent_policy, created_at, timeout_ms, priority,
-           retry (the job's own retry policy, JSON: core/retry.py)
+           retry_policy (the job's own, JSON: core/retry.py)
            (strings; an absent field is false);
            '{"paused":1}' when the queue is paused, '{"wait":ms}' when the
            rate limit's window is full (ms until it opens) and a job is
@@ -123,7 +123,7 @@ while want > 0 do
     -- one read and one write per job: this loop is the hot path of a worker
     local f = redis.call('HMGET', row, 'state', 'name', 'payload', 'attempts', 'max_attempts',
       'backoff_ms', 'parent', 'parent_queue', 'parent_policy', 'created_at', 'timeout_ms',
-      'priority', 'retry', 'expires_at', 'started_at')
+      'priority', 'retry_policy', 'expires_at', 'started_at')
     if f[1] == 'pending' and f[14] and not f[15] and tonumber(f[14]) <= tonumber(now) then
       -- popped already: marked active so kill takes it out of no list (an
       -- LREM would scan the pending list); it never started, attempts stay
@@ -149,11 +149,14 @@ while want > 0 do
     end
   end
   expired = expired + died
-  -- an expired job's place goes to the next one, within the budget
-  want = (full and died > 0 and expired < EXPIRED_BUDGET)
-    and math.min(died, EXPIRED_BUDGET - expired) or 0
+  -- an expired job's place goes to the next one, within the budget; its
+  -- death may have made jobs claimable (a parent it released, its on_dead
+  -- job): pop again even when this pop drained the queue
+  want = (died > 0 and expired < EXPIRED_BUDGET)
+    and math.min(count - #leases / 2, EXPIRED_BUDGET - expired) or 0
 end
-if full and (redis.call('EXISTS', pending) == 1 or redis.call('EXISTS', prioritized) == 1) then
+if (full or expired > 0)
+    and (redis.call('EXISTS', pending) == 1 or redis.call('EXISTS', prioritized) == 1) then
   wake_workers(base)  -- more is waiting: the next idle worker claims it
 else
   redis.call('ZREM', base .. 'wake', WAKE_NOW)  -- drained: nothing left to wake for

@@ -28,7 +28,7 @@
           '' = the queue's retention alone)
   ARGV[14] call token: a fresh random string per enqueue call, kept on the
           row (enqueue_token) so a replay of the same call is recognised
-  ARGV[15] the job's own retry policy, compact JSON kept as `retry`
+  ARGV[15] the job's own retry policy, compact JSON kept as `retry_policy`
           (docs/howto/retries.md; '' = the queue's)
   ARGV[16] expires at (ms since the epoch; '' = never): not started by then,
           claim kills it with 'expired' (docs/howto/retries.md#expiry-before-start)
@@ -81,7 +81,7 @@ local fields = {'name', ARGV[3], 'payload', ARGV[4], 'state', state, 'created_at
   'enqueue_token', ARGV[14]}
 local priority = (ARGV[9] ~= '0') and ARGV[9] or ''
 for _, f in ipairs({{'max_attempts', ARGV[5]}, {'backoff_ms', ARGV[6]}, {'priority', priority},
-    {'timeout_ms', ARGV[12]}, {'dedup', dedup}, {'keep', ARGV[13]}, {'retry', ARGV[15]},
+    {'timeout_ms', ARGV[12]}, {'dedup', dedup}, {'keep', ARGV[13]}, {'retry_policy', ARGV[15]},
     {'expires_at', ARGV[16]}, {'callbacks', ARGV[17]}}) do
   if f[2] ~= '' then
     fields[#fields + 1] = f[1]

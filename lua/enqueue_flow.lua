@@ -45,7 +45,7 @@
             (ms, parents only), k dedup key and kt its ttl (ms), leaves
             only, so a group with k holds one node; kp keep (ms),
             docs/explanation/lifecycle.md: at most this long after the node finishes;
-            r the node's own retry policy, JSON kept as `retry`, and x its
+            r the node's own retry policy, JSON kept as `retry_policy`, and x its
             expiry (ms after it is due: `expires_at` = now + d + x),
             cb its callbacks, JSON kept as `callbacks`,
             docs/howto/retries.md), inc (a
@@ -216,7 +216,7 @@ while i <= #a do
   local delay = tonumber(opts.d or 0)
   local expires = opts.x and string.format('%.0f', tonumber(now) + delay + opts.x)
   for _, f in ipairs({{'priority', opts.p}, {'timeout_ms', opts.t}, {'dedup', opts.k},
-      {'keep', opts.kp}, {'retry', opts.r}, {'expires_at', expires},
+      {'keep', opts.kp}, {'retry_policy', opts.r}, {'expires_at', expires},
       {'callbacks', opts.cb}}) do
     if f[2] then  -- scheduling settings, stored only when set (compact rows)
       shared[#shared + 1] = f[1]

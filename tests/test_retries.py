@@ -274,8 +274,8 @@ def test_a_flow_node_keeps_its_own_policy(mq):
     mq.add_flow(
         Flow("q", "x", job_id="p", children=[Flow("q", "x", job_id="c", backoff=[5], jitter=0.1)])
     )
-    assert raw_row(mq, "q", "c")["retry"] == '{"b":[5],"j":0.1}'
-    assert "retry" not in raw_row(mq, "q", "p")
+    assert raw_row(mq, "q", "c")["retry_policy"] == '{"b":[5],"j":0.1}'
+    assert "retry_policy" not in raw_row(mq, "q", "p")
 
 
 # -- expiry before start -------------------------------------------------------
@@ -436,3 +436,28 @@ def test_a_bad_callback_name_is_refused_before_any_write(mq):
     with pytest.raises(ValueError, match="on_dead: invalid job name 3"):
         mq.add_flow(Flow("q", "x", on_dead=3))
     assert snapshot(mq.client) == before
+
+
+def _wake(mq, queue="q"):
+    raw = mq.client.zrange(mq.keys.queue_key(queue, "wake"), 0, -1, withscores=True)
+    return {m.decode(): int(s) for m, s in raw}
+
+
+def test_a_parent_an_expired_child_released_is_claimed_in_the_same_call(tmq, clock):
+    kid = Flow("q", "x", job_id="c", expires_ms=5, continue_parent_on_failure=True)
+    tmq.add_flow(Flow("q", "x", job_id="p", children=[kid]))
+    clock.advance(5)
+    assert [j.id for j in tmq.claim("q", 3)] == ["p"]  # c expired; its death released p
+    assert tmq.get_job("q", "c").error == "expired"
+    assert _wake(tmq) == {}  # drained
+
+
+def test_a_job_an_expired_death_made_claimable_keeps_the_wake_marker(tmq, clock):
+    tmq.enqueue("q", "x", {}, job_id="late", expires_ms=5, on_dead="r.d")
+    tmq.enqueue("q", "x", {}, job_id="next")
+    clock.advance(5)
+    assert [j.id for j in tmq.claim("q", 1)] == ["next"]
+    # the on_dead job waits: the next idle worker must wake for it
+    assert _wake(tmq) == {"0": 0}
+    [cb] = tmq.claim("q", 1)
+    assert (cb.name, _wake(tmq)) == ("r.d", {})

@@ -204,7 +204,7 @@ CLAIM_FIELDS = (
     "created_at",
     "timeout_ms",
     "priority",
-    "retry",
+    "retry_policy",
 )
 
 
@@ -242,8 +242,8 @@ class Job:
     lease_deadline: int | None = None
     priority: int = 0
     timeout_ms: int | None = None  # its own limit per attempt (ms); None: the queue's
-    # its own retry policy, the row's `retry` field (core/retry.py); None: the queue's
-    retry: str | None = field(default=None, repr=False)
+    # its own retry policy, the row's `retry_policy` field (core/retry.py); None: the queue's
+    retry_policy: str | None = field(default=None, repr=False)
     timed_out: bool = field(default=False, compare=False)  # set by the worker
     # cancelled while it runs (docs/explanation/lifecycle.md): set when the row carries the mark,
     # or when the worker's heartbeat learns it; the handler may read it and stop
@@ -297,7 +297,7 @@ class Job:
             lease_deadline=lease_deadline,
             priority=_int(r.get("priority")) or 0,
             timeout_ms=_int(r.get("timeout_ms")),
-            retry=to_text(r.get("retry")),
+            retry_policy=to_text(r.get("retry_policy")),
             _mq=mq,
             cancelled=r.get("cancel") is not None,
         )
@@ -327,7 +327,7 @@ class Job:
             created_at,
             timeout_ms,
             priority,
-            retry,
+            retry_policy,
         ) = values  # CLAIM_FIELDS, in order
         parent, parent_queue, policy, max_attempts, backoff_ms = _compact(
             queue, mq, parent, parent_queue, parent_policy, max_attempts, backoff_ms
@@ -349,7 +349,7 @@ class Job:
             lease_deadline=deadline,
             priority=_int(priority) or 0,
             timeout_ms=_int(timeout_ms),
-            retry=to_text(retry),
+            retry_policy=to_text(retry_policy),
             _mq=mq,
         )
 

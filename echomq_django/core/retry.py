@@ -4,7 +4,7 @@ host before anything is written, and decided in the worker when a handler
 fails (the fail script only applies the delay and the flag it is given:
 docs/explanation/protocol.md#fail).
 
-A job's own policy is one row field, ``retry``: compact JSON written only
+A job's own policy is one row field, ``retry_policy``: compact JSON written only
 when the job sets one (``{"b": backoff, "j": jitter, "on": [...], "not":
 [...]}``); what it leaves out comes from its queue's ``BACKOFF``,
 ``JITTER``, ``RETRY_ON`` and ``DONT_RETRY_ON`` settings.
@@ -124,7 +124,7 @@ def exc_names(value: Any, what: str = "retry_on") -> tuple[str, ...]:
 
 
 def job_retry(backoff=None, jitter=None, retry_on=None, dont_retry_on=None) -> str:
-    """A job's own policy as its ``retry`` row field (compact JSON), or ``''``
+    """A job's own policy as its ``retry_policy`` row field (compact JSON), or ``''``
     when it sets none (its queue's applies). Raises ``ValueError`` naming
     the rule a value breaks (``check_backoff``, ``check_jitter``,
     ``exc_names``)."""
@@ -212,7 +212,7 @@ def decide(
     """Decide a failed attempt (docs/howto/retries.md): ``exc`` the handler's
     exception, ``attempt`` (1-based) the attempt that failed, ``base_ms``
     the job's backoff base (ms), ``cap_ms`` the longest wait (ms), ``opts``
-    the queue's settings, ``row`` the job's own ``retry`` field (None: none).
+    the queue's settings, ``row`` the job's own ``retry_policy`` field (None: none).
 
     ``Retry(after_ms)`` waits ``after_ms`` exactly. Else an exception that
     ``retry_on`` (when set) does not match, or ``dont_retry_on`` matches, is
@@ -302,7 +302,7 @@ def job_extras(
     dont_retry_on=None,
     **callbacks: Any,
 ) -> tuple[str, int | str, str]:
-    """A job's ``retry`` field (``job_retry``), ``expires_at`` (ms since
+    """A job's ``retry_policy`` field (``job_retry``), ``expires_at`` (ms since
     the epoch: ``due_ms``, when it is first due, + ``expires_ms``, else +
     the queue's ``EXPIRES_MS``; ``''`` when neither is set) and
     ``callbacks`` field (``job_callbacks``). Raises ``ValueError`` naming

@@ -69,7 +69,8 @@ def decided(finished: Finished, exc: BaseException, queues: dict, cap_ms: int) -
     the policy does not retry) and ``delay_ms``; a bad backoff function's
     problem is logged and appended to ``error``. Returns ``finished``."""
     job = finished.job
-    d = decide(exc, job.attempts, job.backoff_ms, cap_ms, queues.get(job.queue) or {}, job.retry)
+    opts = queues.get(job.queue) or {}
+    d = decide(exc, job.attempts, job.backoff_ms, cap_ms, opts, job.retry_policy)
     finished.dead, finished.delay_ms = finished.dead or d.dead, d.delay_ms
     if d.note:
         log.error("job %s/%s (%s): %s", job.queue, job.id, job.name, d.note)
