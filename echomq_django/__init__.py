@@ -52,6 +52,7 @@ from .core.exceptions import (
     RateLimited,
     RedisCommandError,
     RedisUnavailable,
+    Retry,
     Unrecoverable,
 )
 from .core.flows import Flow, FlowRef
@@ -95,6 +96,7 @@ __all__ = [
     "RateLimited",
     "RedisCommandError",
     "RedisUnavailable",
+    "Retry",
     "Schedules",
     "Unrecoverable",
     "Worker",

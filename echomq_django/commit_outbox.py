@@ -40,6 +40,7 @@ from .conf import get_mq
 from .core.exceptions import DuplicateJob, EchoMQError, JobNotFound, RedisUnavailable
 from .core.flows import Flow, FlowRef
 from .core.jobs import Job
+from .core.retry import exc_names
 
 if TYPE_CHECKING:
     from .models import OutboxEntry
@@ -94,6 +95,8 @@ def flow_to_dict(flow: Flow, plain=None) -> dict:
                 out["children"] = [flow_to_dict(c, plain) for c in value]
         elif f.name == "payload" and plain is not None:
             out["payload"] = plain(value)
+        elif f.name in ("retry_on", "dont_retry_on") and value is not None:
+            out[f.name] = list(exc_names(value, f.name))  # classes as their paths
         elif f.default is dataclasses.MISSING or value != f.default:
             out[f.name] = value
     return out

@@ -35,6 +35,15 @@
           jobs active at once (the size of P:{q}:active, stalled leases
           included until recovered); P:{q}:concurrency, when set
           (emq.set_concurrency), wins (docs/explanation/protocol.md#concurrency)
+  ARGV[10] queue name (an expired job's death names it: lib/flow.lua)
+
+  Expiry before start (docs/howto/retries.md#expiry-before-start): a popped
+  job that never started (no `started_at`) whose row holds `expires_at`
+  (ms) <= now is not leased: it dies with
+  the error 'expired' (lib/flow.lua kill: its parent's policy applies, here
+  or through the outbox), and the call pops the next ones in its place, at
+  most EXPIRED_BUDGET deaths per call (the wake marker stays true when more
+  is left). No scan: only the jobs a claim pops are looked at.
 
   Order (docs/explanation/protocol.md#scheduling): priorities > 0 (P:{q}:prioritized, scores < 0, see
   lib/claimable.lua), then the pending list (priority 0), then priorities < 0;
@@ -45,10 +54,11 @@
   job (docs/explanation/protocol.md#events).
 
   returns: a JSON array (one bulk string: the host decodes it in one C call
-           instead of parsing 14 replies per job), 14 entries per claimed job:
+           instead of parsing 15 replies per job), 15 entries per claimed job:
            id, lease token, name, payload, attempts, max_attempts, backoff_ms,
            parent, parent_queue, parent_policy, created_at, timeout_ms, priority,
-           traceparent (strings; an absent field is false);
+           traceparent, retry_policy (the job's own, JSON: core/retry.py)
+           (strings; an absent field is false);
            '{"paused":1}' when the queue is paused, '{"wait":ms}' when the
            rate limit's window is full (ms until it opens) and a job is
            claimable ('[]' when none is: nothing to wait for), '{"full":1}'
@@ -64,9 +74,10 @@
 local pending, active = KEYS[1], KEYS[2]
 local base, count, now = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 local deadline = tonumber(now) + tonumber(ARGV[4])
+local QUEUE = ARGV[10]
+local EXPIRED_BUDGET = 1000  -- expired jobs killed per call at most
 
--- @include lib/claimable.lua
--- @include lib/emit.lua
+-- @include lib/flow.lua
 
 local memo = base .. 'claim:' .. ARGV[5]
 local replayed = redis.call('GET', memo)
@@ -142,84 +153,90 @@ elseif limit > 0 then
   end
   count = math.min(count, limit - used)
 end
-local ids
 local prioritized = base .. 'prioritized'
-if redis.call('EXISTS', prioritized) == 0 then
-  ids = redis.call('LPOP', pending, count)  -- the plain path: one command
-else
-  ids = redis.call('ZRANGE', prioritized, '-inf', '(0', 'BYSCORE', 'LIMIT', 0, count)
+-- pop up to n ids in claim order; false when there are none
+local function pop(n)
+  if redis.call('EXISTS', prioritized) == 0 then
+    return redis.call('LPOP', pending, n)  -- the plain path: one command
+  end
+  local ids = redis.call('ZRANGE', prioritized, '-inf', '(0', 'BYSCORE', 'LIMIT', 0, n)
   if #ids > 0 then
     redis.call('ZREM', prioritized, unpack(ids))
   end
-  if #ids < count then
-    for _, id in ipairs(redis.call('LPOP', pending, count - #ids) or {}) do
+  if #ids < n then
+    for _, id in ipairs(redis.call('LPOP', pending, n - #ids) or {}) do
       ids[#ids + 1] = id
     end
   end
-  if #ids < count then
-    local low = redis.call('ZPOPMIN', prioritized, count - #ids)
+  if #ids < n then
+    local low = redis.call('ZPOPMIN', prioritized, n - #ids)
     for i = 1, #low, 2 do
       ids[#ids + 1] = low[i]
     end
   end
-  if #ids == 0 then
-    ids = false
-  end
+  return #ids > 0 and ids
 end
-if not ids or #ids < count or not claimable() then
-  redis.call('ZREM', base .. 'wake', WAKE_NOW)  -- drained: nothing left to wake for
-elseif free >= 0 and #ids >= free then
-  -- more is waiting but the cap is reached: the next job to leave active
-  -- wakes a worker (left_active); an id dropped below leaves room unused,
-  -- so the mark is set only when the leases do fill the cap (at the end)
-  redis.call('ZREM', base .. 'wake', WAKE_NOW)
-else
-  wake_workers(base)  -- more is waiting: the next idle worker claims it
-end
-if not ids then
-  return '[]'
-end
-local batch = redis.call('INCR', KEYS[3])
-local out = {}
-local leases = {}
-for i, id in ipairs(ids) do
-  local row = base .. 'job:' .. id
-  -- one read and one write per job: this loop is the hot path of a worker
-  local f = redis.call('HMGET', row, 'state', 'name', 'payload', 'attempts', 'max_attempts',
-    'backoff_ms', 'parent', 'parent_queue', 'parent_policy', 'created_at', 'timeout_ms', 'priority',
-    'traceparent')
-  if f[1] == 'pending' then
-    local token = batch .. '.' .. i
-    local attempts = tostring((tonumber(f[4]) or 0) + 1)
-    if attempts ~= '1' then
-      -- a later attempt: its first start stays as `first_started_at` (HSETNX
-      -- keeps the earliest); a first attempt writes nothing more
-      -- (docs/explanation/protocol.md#the-errors-of-earlier-attempts)
-      local first = redis.call('HGET', row, 'started_at')
-      if first then
-        redis.call('HSETNX', row, 'first_started_at', first)
+
+local batch = nil  -- the lease sequence, drawn at the first lease (none: nothing written)
+local out, leases, expired, popped = {}, {}, 0, 0
+local want, full = count, false
+while want > 0 do
+  local ids = pop(want)
+  full = ids and #ids == want
+  local died = 0
+  for _, id in ipairs(ids or {}) do
+    popped = popped + 1
+    local row = base .. 'job:' .. id
+    -- one read and one write per job: this loop is the hot path of a worker
+    local f = redis.call('HMGET', row, 'state', 'name', 'payload', 'attempts', 'max_attempts',
+      'backoff_ms', 'parent', 'parent_queue', 'parent_policy', 'created_at', 'timeout_ms',
+      'priority', 'traceparent', 'retry_policy', 'expires_at', 'started_at')
+    if f[1] == 'pending' and f[15] and not f[16] and tonumber(f[15]) <= tonumber(now) then
+      -- popped already: marked active so kill takes it out of no list (an
+      -- LREM would scan the pending list); it never started, attempts stay
+      redis.call('HSET', row, 'state', 'active')
+      kill(base, id, 'expired', tonumber(now))
+      died = died + 1
+    elseif f[1] == 'pending' then
+      batch = batch or redis.call('INCR', KEYS[3])
+      local token = batch .. '.' .. popped
+      local attempts = tostring((tonumber(f[4]) or 0) + 1)
+      if attempts ~= '1' and f[16] then
+        -- a later attempt: its first start stays as `first_started_at` (HSETNX
+        -- keeps the earliest); a first attempt writes nothing more
+        -- (docs/explanation/protocol.md#the-errors-of-earlier-attempts)
+        redis.call('HSETNX', row, 'first_started_at', f[16])
+      end
+      redis.call('HSET', row, 'state', 'active', 'lease', token, 'started_at', now,
+        'attempts', attempts)
+      leases[#leases + 1] = deadline
+      leases[#leases + 1] = id
+      out[#out + 1] = id
+      out[#out + 1] = token
+      out[#out + 1] = f[2]
+      out[#out + 1] = f[3]
+      out[#out + 1] = attempts
+      for j = 5, 14 do
+        out[#out + 1] = f[j]
       end
     end
-    redis.call('HSET', row, 'state', 'active', 'lease', token, 'started_at', now,
-      'attempts', attempts)
-    leases[#leases + 1] = deadline
-    leases[#leases + 1] = id
-    out[#out + 1] = id
-    out[#out + 1] = token
-    out[#out + 1] = f[2]
-    out[#out + 1] = f[3]
-    out[#out + 1] = attempts
-    for j = 5, 13 do
-      out[#out + 1] = f[j]
-    end
   end
+  expired = expired + died
+  -- an expired job's place goes to the next one, within the budget; its
+  -- death may have made jobs claimable (a parent it released, its on_dead
+  -- job): pop again even when this pop drained the queue
+  want = (died > 0 and expired < EXPIRED_BUDGET)
+    and math.min(count - #leases / 2, EXPIRED_BUDGET - expired) or 0
 end
-if free >= 0 and #ids >= free and claimable() then
-  if #leases / 2 >= free then
-    redis.call('SET', base .. 'full', '1')
-  else
-    wake_workers(base)  -- a popped id was not pending: there is room under the cap
-  end
+if not ((full or expired > 0) and claimable()) then
+  redis.call('ZREM', base .. 'wake', WAKE_NOW)  -- drained: nothing left to wake for
+elseif free >= 0 and #leases / 2 >= free then
+  -- more is waiting but the cap is reached: the next job to leave active
+  -- wakes a worker (lib/claimable.lua left_active)
+  redis.call('ZREM', base .. 'wake', WAKE_NOW)
+  redis.call('SET', base .. 'full', '1')
+else
+  wake_workers(base)  -- more is waiting (room under the cap): the next idle worker claims it
 end
 if #leases == 0 then
   return '[]'  -- cjson would encode an empty table as {}
@@ -234,7 +251,7 @@ if limit > 0 and sliding then
   local starts = {}
   for i = 1, #leases, 2 do
     starts[#starts + 1] = now
-    starts[#starts + 1] = out[(i - 1) / 2 * 14 + 2]  -- the lease token: unique per start
+    starts[#starts + 1] = out[(i - 1) / 2 * 15 + 2]  -- the lease token: unique per start
   end
   redis.call('ZADD', log, unpack(starts))
   redis.call('PEXPIRE', log, per)

@@ -6,7 +6,8 @@
   the per-call cost of one script per job. docs/explanation/protocol.md#complete,
   docs/explanation/protocol.md#guarantees. A same-queue parent is resolved here (HSETNX :processed,
   DECR, release at zero); a cross-queue parent gets a completion entry
-  RPUSHed onto this queue's outbox in the same step.
+  RPUSHed onto this queue's outbox in the same step. A job with an on_success
+  callback adds its callback job here (lib/flow.lua callback).
 
   KEYS[1] active zset          P:{q}:active
   KEYS[2] completed zset       P:{q}:completed (score: finished-at, ms)
@@ -47,7 +48,7 @@ for i = 4, #ARGV, 3 do
   local id, token, result = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local row = base .. 'job:' .. id
   local f = redis.call('HMGET', row, 'state', 'lease', 'parent', 'parent_queue', 'dedup', 'keep',
-    'cancel', 'parent_inc', 'orphaned')
+    'cancel', 'parent_inc', 'orphaned', 'callbacks')
   if not f[1] then
     -- a replay of the call that completed a removed flow's job (drop_orphan)
     if redis.call('GET', base .. 'op:' .. token) == 'c' .. redis.sha1hex(result) then
@@ -70,6 +71,7 @@ for i = 4, #ARGV, 3 do
     OUT.released, OUT.dead, OUT.flow_failed, OUT.revived, OUT.outbox = {}, {}, {}, {}, 0
     redis.call('ZREM', active, id)
     left_active(base)
+    callback(base, id, f[10], 's', '"result":' .. result, now)  -- its on_success job
     if f[9] then
       -- its flow was removed while it ran: job_completed is still sent (the
       -- handler ran, its effects are real), then the row goes at once

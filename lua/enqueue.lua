@@ -31,6 +31,12 @@
   ARGV[15] trace context: the W3C traceparent of the caller's add span, kept
           on the row as `traceparent` ('' = none: tracing is off;
           docs/howto/tracing.md)
+  ARGV[16] the job's own retry policy, compact JSON kept as `retry_policy`
+          (docs/howto/retries.md; '' = the queue's)
+  ARGV[17] expires at (ms since the epoch; '' = never): not started by then,
+          claim kills it with 'expired' (docs/howto/retries.md#expiry-before-start)
+  ARGV[18] callbacks, compact JSON kept as `callbacks` ('' = none): the
+          handlers its outcomes add a job for (docs/howto/retries.md#callbacks)
 
   returns: the state written, 'pending' or 'delayed' (a replay of the same
            call, recognised by its token, answers the state it wrote);
@@ -78,7 +84,8 @@ local fields = {'name', ARGV[3], 'payload', ARGV[4], 'state', state, 'created_at
   'enqueue_token', ARGV[14]}
 local priority = (ARGV[9] ~= '0') and ARGV[9] or ''
 for _, f in ipairs({{'max_attempts', ARGV[5]}, {'backoff_ms', ARGV[6]}, {'priority', priority},
-    {'timeout_ms', ARGV[12]}, {'dedup', dedup}, {'keep', ARGV[13]}, {'traceparent', ARGV[15]}}) do
+    {'timeout_ms', ARGV[12]}, {'dedup', dedup}, {'keep', ARGV[13]}, {'traceparent', ARGV[15]},
+    {'retry_policy', ARGV[16]}, {'expires_at', ARGV[17]}, {'callbacks', ARGV[18]}}) do
   if f[2] ~= '' then
     fields[#fields + 1] = f[1]
     fields[#fields + 1] = f[2]

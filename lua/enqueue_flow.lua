@@ -46,7 +46,10 @@
             only, so a group with k holds one node; kp keep (ms),
             docs/explanation/lifecycle.md: at most this long after the node finishes; tc
             the W3C traceparent of the caller's add span, stored as
-            `traceparent`, docs/howto/tracing.md), inc (a
+            `traceparent`, docs/howto/tracing.md; r the node's own retry policy,
+            JSON kept as `retry_policy`, and x its expiry (ms after it is due:
+            `expires_at` = now + d + x), cb its callbacks, JSON kept as
+            `callbacks`, docs/howto/retries.md), inc (a
             parent with a child on another queue: its incarnation token,
             stored as `inc` when the row is written; '' for a leaf),
             parent inc (a child on another queue than its parent: the
@@ -212,14 +215,16 @@ while i <= #a do
     shared[#shared + 1] = 'inc'
     shared[#shared + 1] = inc
   end
+  local delay = tonumber(opts.d or 0)
+  local expires = opts.x and string.format('%.0f', tonumber(now) + delay + opts.x)
   for _, f in ipairs({{'priority', opts.p}, {'timeout_ms', opts.t}, {'dedup', opts.k},
-      {'keep', opts.kp}, {'traceparent', opts.tc}}) do
+      {'keep', opts.kp}, {'traceparent', opts.tc}, {'retry_policy', opts.r},
+      {'expires_at', expires}, {'callbacks', opts.cb}}) do
     if f[2] then  -- scheduling settings, stored only when set (compact rows)
       shared[#shared + 1] = f[1]
       shared[#shared + 1] = tostring(f[2])
     end
   end
-  local delay = tonumber(opts.d or 0)
   local event = parent == '' or pq ~= queue
   for _ = 1, count do
     local id, payload, nrefs = a[i], a[i + 1], tonumber(a[i + 2])

@@ -1,8 +1,9 @@
 --[[
-  fail: active -> delayed with exponential backoff while attempts remain
+  fail: active -> delayed (the worker's delay, or exponential backoff) while attempts remain
   (straight to pending when the backoff is 0),
   else dead; a dead child resolves its parent by its policy (same queue: here;
-  other queue: a fail entry on this queue's outbox). A delayed retry announces
+  other queue: a fail entry on this queue's outbox). A retried attempt adds
+  the job's on_failure callback job, a death its on_dead one (lib/flow.lua). A delayed retry announces
   its run-at on the queue's wake key (lib/claimable.lua), so a blocked worker
   promotes it on time. docs/explanation/protocol.md#fail, docs/explanation/no-polling.md#wake-keys.
   The error of the attempt before (the row's `error`, when it has one) moves
@@ -23,6 +24,9 @@
   ARGV[8] force dead: '1' skips the remaining attempts, '0' otherwise
   ARGV[9] the queue's max attempts, for a row without its own
   ARGV[10] the queue's backoff base (ms), for a row without its own
+  ARGV[11] delay (ms) before the next attempt, as the worker's retry policy
+          decided it (docs/howto/retries.md: backoff shape, jitter, Retry;
+          not capped here), or '' for the row's exponential backoff
 
   returns: JSON {state: 'delayed'|'pending'|'dead', run_at: ms|null, released, dead,
            flow_failed, outbox}; a job cancelled while it ran (its row has
@@ -43,7 +47,7 @@ local base, id, token, err = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local now, cap = tonumber(ARGV[6]), tonumber(ARGV[7])
 
 local f = redis.call('HMGET', row, 'state', 'lease', 'attempts', 'max_attempts', 'backoff_ms',
-  'cancel')
+  'cancel', 'callbacks')
 if not f[1] then
   -- a replay of the call that killed a removed flow's job (lib/flow.lua drop_orphan)
   if redis.call('GET', base .. 'op:' .. token) == 'd' .. redis.sha1hex(err) then
@@ -81,8 +85,9 @@ if f[6] then  -- cancelled while it ran (docs/explanation/lifecycle.md): dies, i
   return cjson.encode(OUT)
 end
 if attempts < max_attempts and ARGV[8] ~= '1' then
-  -- attempt n waits backoff * 2^(n-1), capped
-  local wait = math.min(tonumber(f[5] or ARGV[10]) * (2 ^ (attempts - 1)), cap)
+  -- the worker's delay, else attempt n waits backoff * 2^(n-1), capped
+  local wait = tonumber(ARGV[11])
+    or math.min(tonumber(f[5] or ARGV[10]) * (2 ^ (attempts - 1)), cap)
   local run_at = now + math.floor(wait)
   redis.call('ZREM', base .. 'active', id)
   left_active(base)
@@ -99,6 +104,7 @@ if attempts < max_attempts and ARGV[8] ~= '1' then
     OUT.state = 'pending'
   end
   emit(base, 'failed', id)
+  callback(base, id, f[7], 'f', '"error":' .. cjson.encode(err), now)  -- its on_failure job
   return cjson.encode(OUT)
 end
 

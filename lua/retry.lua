@@ -1,6 +1,6 @@
 --[[
   retry: retry-by-id of a dead job (docs/explanation/protocol.md#retry). Attempts and stalls reset, back
-  to pending. A dead parent that children failed (`fp`) retries those
+  to pending; its start deadline (`expires_at`, docs/howto/retries.md#expiry-before-start) goes. A dead parent that children failed (`fp`) retries those
   children instead: same-queue ones here, recursively; it returns to
   awaiting_children once none is left in its :failed. A retried child
   re-attaches to a parent it had failed (here, or via a `reattach` outbox
@@ -85,7 +85,7 @@ local function retry_job(jid)
     redis.call('ZADD', base .. 'awaiting', now, jid)
     redis.call('HSET', key, 'state', 'awaiting_children', 'attempts', 0, 'stalls', 0,
       'updated_at', now, 'retry_token', ARGV[5])
-    redis.call('HDEL', key, 'finished_at', 'cancel')
+    redis.call('HDEL', key, 'finished_at', 'cancel', 'expires_at')
     clear_error(key)
     redis.call('ZREM', base .. 'expire', jid)
     local deadline = redis.call('HGET', key, 'children_deadline')
@@ -101,7 +101,7 @@ local function retry_job(jid)
     redis.call('ZREM', dead, jid)
     redis.call('HSET', key, 'state', 'pending', 'attempts', 0, 'stalls', 0, 'updated_at', now,
       'retry_token', ARGV[5])
-    redis.call('HDEL', key, 'finished_at', 'result', 'cancel')
+    redis.call('HDEL', key, 'finished_at', 'result', 'cancel', 'expires_at')
     clear_error(key)
     redis.call('ZREM', base .. 'expire', jid)
     make_claimable(base, {jid}, redis.call('HGET', key, 'priority'))

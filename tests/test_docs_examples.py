@@ -515,6 +515,7 @@ def test_the_pages_links_and_includes_resolve():
             "progress-and-logs",
             "retention",
             "sentinel",
+            "retries",
             "tasks-backend",
             "testing",
             "tracing",
@@ -700,6 +701,63 @@ def test_the_tracing_howto(howto, monkeypatch):
     assert spans["echomq add_flow"].parent.span_id == spans["POST /checkout"].context.span_id
     assert {s.parent.span_id for s in runs} == {spans["echomq add_flow"].context.span_id}
     provider.shutdown()
+
+
+def test_the_retries_howto(howto):
+    """Timeouts are retried on the list's delays, with jitter; a declined
+    card dies at its first attempt; a busy gateway's job waits exactly its
+    Retry delay; a quote not started within a minute dies ``expired``; one
+    job's own policy wins over its queue's."""
+    from tests.support.jobkit import score
+    from tests.support.workerkit import T0, Clock
+
+    example = howto("retries")
+    with echomq_settings(QUEUES=example.QUEUES) as mq:
+        clock = mq.clock = Clock()
+
+        def run(*queues):
+            emq.Worker(list(queues), mq=mq, register=False).run(burst=True)
+
+        paid = example.charge_order("o1", ["timeout", "timeout", "ok"])
+        declined = example.charge_order("o2", ["declined"])
+        busy = example.charge_order("o3", ["busy", "ok"])
+        run("payments")
+        first = mq.get_job("payments", paid)
+        assert (first.state, first.attempts) == ("delayed", 1)
+        assert first.error.startswith("GatewayTimeout: order o1: no answer in 10 s")
+        assert T0 + 800 <= score(mq, "payments", "delayed", paid) <= T0 + 1000
+        dead = mq.get_job("payments", declined)
+        assert (dead.state, dead.attempts, dead.max_attempts) == ("dead", 1, 5)
+        gave_up = list(example.GAVE_UP)  # its on_dead job ran in the same burst
+        assert gave_up == [(f"payments/{declined}", "CardDeclined: order o2: card declined")]
+        assert score(mq, "payments", "delayed", busy) == T0 + 2000
+        clock.advance(2000)
+        mq.timers.promote_delayed("payments")
+        run("payments")
+        assert mq.get_job("payments", busy).result == {"order": "o3", "charged": True}
+        second = mq.get_job("payments", paid)
+        assert (second.state, second.attempts) == ("delayed", 2)
+        assert T0 + 2000 + 4000 <= score(mq, "payments", "delayed", paid) <= T0 + 2000 + 5000
+        clock.advance(5000)
+        mq.timers.promote_delayed("payments")
+        run("payments")
+        assert mq.get_job("payments", paid).result == {"order": "o1", "charged": True}
+
+        quote = example.refresh("sku-1")
+        clock.advance(60_000)
+        run("quotes")
+        expired = mq.get_job("quotes", quote)
+        assert (expired.state, expired.error, expired.attempts) == ("dead", "expired", 0)
+
+        own = example.charge_now("o4", ["timeout", "declined"])
+        run("payments")
+        assert score(mq, "payments", "delayed", own) == clock.now + 500  # backoff_for, no jitter
+        clock.advance(500)
+        mq.timers.promote_delayed("payments")
+        run("payments")
+        job = mq.get_job("payments", own)
+        assert (job.state, job.attempts) == ("dead", 2)
+        assert job.error.startswith("CardDeclined: order o4: card declined")
 
 
 def test_the_readme_example_is_the_file_the_suite_runs(r):

@@ -3,7 +3,9 @@ the single server and on the Cluster.
 
 Hypothesis builds random same-queue flows (depth 1-3, policies fp/id/rd/cp,
 max_attempts 1-3, backoff 0 or 50 ms, priorities -1..2, a children timeout on
-some parents, dedup keys on some leaves) and drives random operations: claim,
+some parents, dedup keys on some leaves, a start deadline (expires_ms) on some
+nodes) and drives random operations: claim (which kills an expired job and
+claims the next in its place: docs/howto/retries.md#expiry-before-start),
 complete, fail (plain or dead=True), a duplicate completion with a stale
 lease, lease expiry + recover_stalled, promotion of delayed jobs, retry by id
 of a dead job (and of a job that is not dead), remove_child_dependency, the
@@ -102,6 +104,8 @@ class Node:
     went_on: bool = False  # released early by a continue_parent_on_failure child
     cancelled: bool = False  # died of the error 'cancelled'
     orphaned: bool = False  # its flow was removed while it ran: it goes as it finishes
+    expires_at: int | None = None  # not started by then (ms), a claim kills it 'expired'
+    started: bool = False  # claimed once: it never expires
 
 
 class Model:
@@ -128,6 +132,17 @@ class Model:
 
     def ids(self, state: str) -> list[str]:
         return sorted(i for i, n in self.jobs.items() if n.state == state)
+
+    def expired(self, now: int) -> list[str]:
+        """Pending jobs never started whose start deadline passed: a claim that
+        pops one kills it (docs/howto/retries.md#expiry-before-start)."""
+        return [
+            i
+            for i in self.ids("pending")
+            if not self.jobs[i].started
+            and self.jobs[i].expires_at is not None
+            and self.jobs[i].expires_at <= now
+        ]
 
     def decrement(self, pid: str) -> None:
         p = self.jobs[pid]
@@ -255,11 +270,13 @@ class Model:
         if not j.hashes["failed"] and j.cancelled and not j.went_on and j.counter:
             j.state, j.attempts, j.stalls, j.cancel = AWAIT, 0, 0, False
             j.cancelled, j.deadline = False, j.children_deadline  # held again, same deadline
+            j.expires_at = None  # a retry drops the start deadline
             self.reattach_up(jid)
             return
         j.cancelled = False
         if not j.hashes["failed"]:
             j.state, j.attempts, j.stalls, j.cancel = "pending", 0, 0, False
+            j.expires_at = None
             self.reattach_up(jid)
             return
         for cid in sorted(j.hashes["failed"]):
@@ -314,6 +331,7 @@ class Model:
 
 POLICIES = ["fp", "id", "rd", "cp"]
 PRIORITIES = st.sampled_from([0, 0, 0, -1, 1, 2])
+EXPIRES = st.sampled_from([None, None, None, 500, 5000])  # expires_ms
 leaves = st.builds(
     dict,
     policy=st.sampled_from(POLICIES),
@@ -322,6 +340,7 @@ leaves = st.builds(
     children=st.just([]),
     priority=PRIORITIES,
     dedup=st.sampled_from([None, None, "k0", "k1"]),
+    expires=EXPIRES,
 )
 
 
@@ -336,6 +355,7 @@ def shapes(depth: int) -> st.SearchStrategy[dict]:
         children=st.lists(kids, min_size=1, max_size=3),
         priority=PRIORITIES,
         timeout=st.sampled_from([None, None, 1500, 4000]),
+        expires=EXPIRES,
     )
 
 
@@ -382,6 +402,7 @@ class FlowMachine(RuleBasedStateMachine):
             priority=shape["priority"],
             children_timeout_ms=timeout,
             dedup_key=key,
+            expires_ms=shape.get("expires"),
             **(POLICY_FLAGS[shape["policy"]] if parent else {}),
         )
         if key and key in self.model.keys:
@@ -399,6 +420,7 @@ class FlowMachine(RuleBasedStateMachine):
             deadline=None if timeout is None else self.clock.now + timeout,
             children_deadline=None if timeout is None else self.clock.now + timeout,
             dedup=key,
+            expires_at=shape.get("expires") and self.clock.now + shape["expires"],
         )
         if key:
             self.model.keys[key] = jid
@@ -427,16 +449,31 @@ class FlowMachine(RuleBasedStateMachine):
     @rule(count=st.integers(1, 3))
     def claim(self, count) -> None:
         pending = self.model.ids("pending")
+        expired = self.model.expired(self.clock.now)
         jobs = self.mq.claim(Q, count, lease_ms=LEASE_MS)
-        assert len(jobs) == min(count, len(pending))
-        left = set(pending) - {j.id for j in jobs}
+        # an expired job the claim popped died 'expired' (its parent's policy
+        # applied: a parent it released may be popped and expire in the same
+        # call), and the next job took its place
+        died, released, looked = [], [], set()
+        while todo := [i for i in self.model.expired(self.clock.now) if i not in looked]:
+            looked |= set(todo)
+            for jid in todo:
+                if self.mq.get_job(Q, jid).state is JobState.DEAD:
+                    assert self.mq.get_job(Q, jid).error == "expired"
+                    released += self.step(self.model.kill, jid)[0]
+                    died.append(jid)
+        assert len(jobs) == min(count, len(pending) + len(released) - len(died))
+        if len(jobs) < count:  # drained: it popped every expired one
+            assert self.model.expired(self.clock.now) == []
+        left = set(pending) - {j.id for j in jobs} - set(died)
         if jobs and left:  # higher priorities first
             taken = min(self.model.jobs[j.id].priority for j in jobs)
             assert taken >= max(self.model.jobs[i].priority for i in left)
         for job in jobs:
             node = self.model.jobs[job.id]
             assert node.state == "pending", job.id
-            node.state, node.attempts = "active", node.attempts + 1
+            assert job.id not in expired, job.id
+            node.state, node.attempts, node.started = "active", node.attempts + 1, True
             assert job.attempts == node.attempts
             self.holders[job.id] = job
 

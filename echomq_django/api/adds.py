@@ -21,11 +21,10 @@ Redis answers
 (docs/howto/durable-enqueue.md#outside-a-transaction-too-enqueue_when_down). An explicit
 ``on_commit=False`` still raises.
 
-The ids are known before the commit: generated up front and returned at once (and
-fixed in the outbox row, so a repeated push never runs anything twice). Validation
-(names, ids, payloads, flow shape) happens now either way, so a bad call raises in the
-caller, not later in the commit hook. ``aenqueue`` and ``aadd_flow`` are the same for
-async code.
+The ids are known before the commit: generated up front and returned at once
+(and fixed in the outbox row, so a repeated push never runs anything twice).
+Validation (names, ids, payloads, flow shape) happens now either way, so a bad call raises in the
+caller, not later in the commit hook. ``aenqueue`` and ``aadd_flow`` are the same for async code.
 """
 
 from __future__ import annotations
@@ -46,6 +45,7 @@ from ..core.flows import Flow, FlowRef
 from ..core.keyspace import validate_id, validate_name, validate_queue
 from ..core.options import check_job_options
 from ..core.retention import job_keep
+from ..core.retry import policy_keywords
 
 
 def _defer(on_commit: bool | None, using: str | None) -> bool:
@@ -162,14 +162,13 @@ def enqueue(
     using: str | None = None,
     **options: Any,
 ) -> str:
-    """Add one job; returns its id (str). See ``EchoMQ.enqueue`` for the
-    arguments (``priority``, ``timeout_ms``, ``dedup_key``, ``dedup_ttl_ms``:
-    docs/explanation/protocol.md#scheduling; ``keep``: docs/explanation/lifecycle.md) and errors,
-    and this module's docstring for ``on_commit`` /
-    ``using`` (the database alias whose transaction is watched and that holds
-    the outbox row). A deferred add raises the same validation errors now,
-    and the database's error if the outbox table is missing; it returns the
-    id it will use: a dedup hit is known only at the push."""
+    """Add one job; returns its id (str). See ``EchoMQ.enqueue`` for the arguments (``priority``,
+    ``timeout_ms``, ``dedup_key``, ``dedup_ttl_ms``: docs/explanation/protocol.md#scheduling;
+    ``keep``: docs/explanation/lifecycle.md; ``options``: ``expires_ms`` and the retry policy,
+    docs/howto/retries.md) and errors, and this module's docstring for ``on_commit`` / ``using``
+    (the database alias whose transaction is watched and that holds the outbox row). A deferred
+    add raises the same validation errors now, and the database's error if the outbox table is
+    missing; it returns the id it will use: a dedup hit is known only at the push."""
     mq, down = _producer_mq()
     kwargs = dict(
         job_id=job_id if job_id is not None else _flows.new_id(),
@@ -181,6 +180,7 @@ def enqueue(
         dedup_key=dedup_key,
         dedup_ttl_ms=dedup_ttl_ms,
         keep=keep,
+        **policy_keywords(options),  # checked now: docs/howto/retries.md
     )
     if not _defer(on_commit, using):
         try:

@@ -34,6 +34,8 @@ from ..core.jobs import MAX_PAYLOAD_BYTES
 from ..core.keyspace import validate_prefix, validate_queue
 from ..core.options import check_concurrency
 from ..core.retention import KEEP_HINT, KEEP_KEYS, keep_problems
+from ..core.retry import QUEUE_SETTINGS as RETRY_SETTINGS
+from ..core.retry import queue_problems as retry_problems
 from ..protocol.connection import SENTINEL_SCHEME, client_options, server_facts
 from .sentinel import SENTINEL_KEYS, sentinel_problems
 
@@ -57,6 +59,7 @@ QUEUE_KEYS = {"MAX_ATTEMPTS", "BACKOFF_MS", "LEASE_MS", "KEEP_COMPLETED", "KEEP_
 QUEUE_KEYS |= {"RATE_LIMIT", "TIMEOUT_MS", "CONCURRENCY"}
 QUEUE_KEYS |= {"KEEP_LOGS"}  # lines a job log keeps (core/live.py): E019
 KEEP_LOGS_MAX = 10_000  # a job log's bound, at most (lines)
+QUEUE_KEYS |= set(RETRY_SETTINGS)  # retry policies and expiry: core/retry.queue_problems
 RUNTIME_KEYS = {"RATE_LIMIT", "TIMEOUT_MS"}  # checked by runners/periodic.problems (E050-E059)
 URL_SCHEMES = ("redis://", "rediss://", "unix://", SENTINEL_SCHEME)
 CAP_HINT = (
@@ -175,8 +178,9 @@ def problems(cfg: dict | None = None) -> list[tuple[str, str, str]]:
                 )
             )
             continue
+        out += retry_problems(name, opts)  # docs/howto/retries.md: E110-E113
         for key, value in opts.items():
-            if key in RUNTIME_KEYS:
+            if key in RUNTIME_KEYS or key in RETRY_SETTINGS:
                 continue
             if key == "KEEP_LOGS":
                 out += keep_logs_problems(name, value)

@@ -28,6 +28,7 @@ CLAIM_FIELDS = (
     "timeout_ms",
     "priority",
     "traceparent",
+    "retry_policy",
 )
 _POLICIES = {p.value: p for p in Policy}  # a row's parent_policy text -> Policy, without Policy()
 _LOADS = json.JSONDecoder().decode
@@ -82,6 +83,7 @@ def claimed_jobs(queue: str, flat: list, deadline: int, mq: JobSource) -> list[J
             timeout_ms,
             priority,
             traceparent,
+            retry_policy,
         ) = flat[i : i + n]  # CLAIM_FIELDS, in order
         job = new(Job)
         # the fields a claim sets; the rest (result, error, started_at,
@@ -104,6 +106,7 @@ def claimed_jobs(queue: str, flat: list, deadline: int, mq: JobSource) -> list[J
             "priority": int(priority) if priority else 0,
             "timeout_ms": int(timeout_ms) if timeout_ms else None,
             "traceparent": traceparent or None,
+            "retry_policy": retry_policy or None,
             "_mq": mq,
             "_cache": {},
         }

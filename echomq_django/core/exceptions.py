@@ -112,6 +112,22 @@ class RateLimited(EchoMQError):
         self.retry_after_ms = retry_after_ms
 
 
+class Retry(EchoMQError):
+    """Raise it in a handler to retry the job after ``after_ms`` (ms, int
+    from 0 to ten years) instead of its backoff: the attempt counts (the job
+    dies when its attempts are spent), unlike ``RateLimited``; no jitter is
+    added and ``retry_on`` / ``dont_retry_on`` do not apply.
+    docs/howto/retries.md#asking-for-a-delay-retry"""
+
+    def __init__(self, after_ms: int, message: str = "") -> None:
+        if not isinstance(after_ms, int) or isinstance(after_ms, bool):
+            raise TypeError(f"Retry(after_ms) must be an int (ms), got {after_ms!r}")
+        if not 0 <= after_ms <= 315_360_000_000:
+            raise ValueError(f"Retry(after_ms) must be from 0 to 315360000000 ms, got {after_ms}")
+        super().__init__(message or f"retry asked in {after_ms} ms")
+        self.after_ms = after_ms
+
+
 # code -> exception class; JobNotActive for EMQSTATE is swapped for
 # JobNotRetryable by the retry path, where "not in the expected state" means
 # "not dead".

@@ -75,6 +75,11 @@ class Flow:
     not all resolved in time kill the parent with ``children timed out``);
     ``continue_parent_on_failure=True`` (this child's death releases its
     parent at once; it cannot be combined with the ignore / remove flags).
+
+    Retries (docs/howto/retries.md, ``core/retry.py`` checks them):
+    ``backoff``, ``jitter``, ``retry_on``, ``dont_retry_on``, ``expires_ms``
+    (ms after it is due; not started by then, it dies ``expired``), and the
+    callbacks ``on_success`` / ``on_failure`` / ``on_dead`` (handler names).
     """
 
     queue: str
@@ -95,6 +100,16 @@ class Flow:
     children_timeout_ms: int | None = None
     keep: int | None = None  # s after it finishes, at most; None: the queue's
     continue_parent_on_failure: bool = False
+    # docs/howto/retries.md: ms after it is due; None: the queue's EXPIRES_MS
+    expires_ms: int | None = None
+    backoff: Any = None  # its own retry policy; None: the queue's (core/retry.py)
+    jitter: float | None = None
+    retry_on: Any = None
+    dont_retry_on: Any = None
+    # handler names its outcomes add a job for (docs/howto/retries.md#callbacks)
+    on_success: str | None = None
+    on_failure: str | None = None
+    on_dead: str | None = None
 
     @property
     def policy(self) -> Policy:
@@ -159,18 +174,29 @@ _SETTINGS = (
     "dedup_ttl_ms",
     "children_timeout_ms",
     "keep",
+    # its own retry policy, expiry and callbacks (docs/howto/retries.md)
+    "expires_ms",
+    "backoff",
+    "jitter",
+    "retry_on",
+    "dont_retry_on",
+    "on_success",
+    "on_failure",
+    "on_dead",
 )
 _settings = attrgetter(*_SETTINGS)
 _shape = attrgetter("queue", "job_id", "name", "children", *_SETTINGS)
 # a node that sets none of them (falsy priority and delay_ms, as node_options reads them)
-_PLAIN = (True, False, False, False, None, None, 0, 0, None, None, None, None, None)
+_NO_RETRY = (None,) * 8
+_PLAIN = (True, False, False, False, None, None, 0, 0, None, None, None, None, None, *_NO_RETRY)
 
 
-def plan(root: Flow, encode) -> Plan:
+def plan(root: Flow, encode, expiring: dict | None = None) -> Plan:
     """Assign ids, validate and order a flow's nodes breadth first; returns
     the ``Plan``: runs of siblings (``Group``) in landing order, parents first.
 
-    ``encode(payload) -> str`` serialises a payload (raising ``PayloadError``).
+    ``encode(payload) -> str`` serialises a payload (raising ``PayloadError``);
+    ``expiring`` maps a queue to its EXPIRES_MS (ms), for the queues that set it.
     Raises ``FlowError`` for
     a node that is not a ``Flow``, an id used twice in one queue, or a cycle;
     ``ValueError`` for a bad queue name or id (a bad job name is a
@@ -182,6 +208,7 @@ def plan(root: Flow, encode) -> Plan:
     """
     if not isinstance(root, Flow):
         raise FlowError(f"add_flow takes a Flow, got {type(root).__name__}")
+    expiring = expiring or {}
     groups: list[Group] = []
     gated: list[tuple[str, str]] = []
     seen: set[tuple[str, str]] = set()
@@ -203,7 +230,8 @@ def plan(root: Flow, encode) -> Plan:
         next_level = []
         for pq, pid, kids, flows in level:
             queue_name = _plain_leaves(flows, objects) if kids is not None else None
-            if queue_name is not None:  # the common fan-out: one run, checked as a whole
+            # the common fan-out: one run, checked as a whole
+            if queue_name is not None and queue_name[0] not in expiring:
                 queue, name = queue_name
                 n = len(flows)
                 ids = [f"{prefix}{i:x}" for i in range(serial, serial + n)]
@@ -286,7 +314,7 @@ def plan(root: Flow, encode) -> Plan:
                         f"got {type(children).__name__}"
                     )
                 sig = _settings(flow)
-                if sig == _PLAIN:  # the common node: no settings, no options
+                if sig == _PLAIN and queue not in expiring:  # the common node: no options
                     ma = bo = None
                     cont = ignore = remove = False
                     opts = ""
@@ -297,7 +325,7 @@ def plan(root: Flow, encode) -> Plan:
                     if what not in settings:
                         _check_settings(flow, queue, job_id)
                         settings.add(what)
-                    priority, delay, timeout, dedup, dedup_ttl, children_timeout, keep = sig[6:]
+                    priority, delay, timeout, dedup, dedup_ttl, children_timeout, keep = sig[6:13]
                     opts = (
                         ""
                         if not (
@@ -308,8 +336,12 @@ def plan(root: Flow, encode) -> Plan:
                             or dedup_ttl is not None
                             or children_timeout is not None
                             or keep is not None
+                            or sig[13:] != _NO_RETRY  # docs/howto/retries.md
+                            or queue in expiring
                         )
-                        else node_options(flow, f"{queue}/{job_id}", bool(children), dedups)
+                        else node_options(
+                            flow, f"{queue}/{job_id}", bool(children), dedups, expiring.get(queue)
+                        )
                     )
                 payload = encode(payload)
                 if kids is None:

@@ -229,6 +229,8 @@ class Job(Reporting):
     timeout_ms: int | None = None  # its own limit per attempt (ms); None: the queue's
     progress: Any = None  # the last report_progress value (core/live.py), decoded JSON
     traceparent: str | None = None  # W3C trace context of its add (docs/howto/tracing.md)
+    # its own retry policy, the row's `retry_policy` field (core/retry.py); None: the queue's
+    retry_policy: str | None = field(default=None, repr=False)
     timed_out: bool = field(default=False, compare=False)  # set by the worker
     # cancelled while it runs (docs/explanation/lifecycle.md): set when the row carries the mark,
     # or when the worker's heartbeat learns it; the handler may read it and stop
@@ -285,6 +287,7 @@ class Job(Reporting):
             timeout_ms=_int(r.get("timeout_ms")),
             progress=_json(r.get("progress")),
             traceparent=to_text(r.get("traceparent")),
+            retry_policy=to_text(r.get("retry_policy")),
             _mq=mq,
             cancelled=r.get("cancel") is not None,
         )

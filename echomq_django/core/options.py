@@ -11,9 +11,9 @@ from typing import Any
 
 from .exceptions import FlowError
 from .retention import job_keep
+from .retry import MAX_MS, check_expires, job_callbacks, job_retry
 
 PRIORITY_MIN, PRIORITY_MAX = -1_000_000, 1_000_000
-MAX_MS = 10 * 365 * 86_400_000  # ten years: the longest delay, timeout or ttl (ms)
 DEDUP_RULE = "a dedup_key is 1-128 characters with no '{', '}', ':' or whitespace"
 _DEDUP_RE = re.compile(r"[^{}:\s]{1,128}\Z")
 
@@ -60,17 +60,22 @@ def check_job_options(
         raise ValueError("dedup_ttl_ms needs a dedup_key")
 
 
-def node_options(flow, where: str, has_children: bool, dedups: set) -> str:
+def node_options(flow, where: str, has_children: bool, dedups: set, expires=None) -> str:
     """A flow node's scheduling settings as ``enqueue_flow``'s options JSON
     (see its header). ``where`` is ``queue/id`` for messages; ``dedups``
-    collects ``(queue, key)`` so one flow cannot use a key twice. Raises
-    ``FlowError`` for a bad value, a dedup key on a parent, a children
-    timeout on a leaf, or a dedup key used twice in one flow."""
+    collects ``(queue, key)`` so one flow cannot use a key twice;
+    ``expires``: the queue's EXPIRES_MS (ms) or None. Raises ``FlowError``
+    for a bad value (retry policy and expiry: docs/howto/retries.md), a
+    dedup key on a parent, a children timeout on a leaf, or a dedup key
+    used twice in one flow."""
     try:
         check_job_options(
             flow.priority, flow.delay_ms, flow.timeout_ms, flow.dedup_key, flow.dedup_ttl_ms
         )
         check_int("children_timeout_ms", flow.children_timeout_ms, 1, MAX_MS, optional=True)
+        check_expires(flow.expires_ms)
+        retry = job_retry(flow.backoff, flow.jitter, flow.retry_on, flow.dont_retry_on)
+        callbacks = job_callbacks(flow.on_success, flow.on_failure, flow.on_dead)
     except ValueError as err:
         raise FlowError(f"{where}: {err}") from None
     if has_children and flow.dedup_key is not None:
@@ -81,6 +86,13 @@ def node_options(flow, where: str, has_children: bool, dedups: set) -> str:
     if not has_children and flow.children_timeout_ms is not None:
         raise FlowError(f"{where}: children_timeout_ms is for a node with children")
     opts: dict[str, Any] = {}
+    if retry:
+        opts["r"] = retry
+    if callbacks:
+        opts["cb"] = callbacks
+    expires = flow.expires_ms if flow.expires_ms is not None else expires
+    if expires:
+        opts["x"] = expires
     if flow.priority:
         opts["p"] = flow.priority
     if flow.delay_ms:

@@ -26,18 +26,18 @@ import redis
 
 from ..core import flows as _flows
 from ..core.claims import claimed_jobs
-from ..core.exceptions import EchoMQError, PayloadError, RedisUnavailable
+from ..core.exceptions import PayloadError
 from ..core.flows import Flow, FlowRef
 from ..core.jobs import MAX_PAYLOAD_BYTES, Job, JobState, Outcome, to_text
 from ..core.keyspace import validate_id, validate_name, validate_queue, whole_number
 from ..core.options import Claimed, check_job_options
 from ..core.refs import JobRef, as_ref
 from ..core.retention import job_keep
+from ..core.retry import job_extras, policy_keywords
 from ..tracing.spans import adding
 from .bulk import Bulk
 from .control.limits import Limits
 from .control.schedules import ScheduleStore
-from .errors import translate
 from .flows import Flows
 from .lifecycle import BUDGET, Lifecycle, Report
 from .live.events import Events
@@ -154,6 +154,7 @@ class EchoMQ(Reads):
         dedup_key: str | None = None,
         dedup_ttl_ms: int | None = None,
         keep: int | None = None,
+        **policy: Any,
     ) -> str:
         """Add one job; returns its id (generated when ``job_id`` is None).
 
@@ -165,7 +166,11 @@ class EchoMQ(Reads):
         that job's id is returned; ``dedup_ttl_ms`` (ms) frees the key sooner.
         docs/explanation/lifecycle.md: ``keep`` (s, int >= 0) keeps the job at most that long
         after it finishes (0: the next retention step takes it); None: the
-        queue's ``KEEP_*`` alone.
+        queue's ``KEEP_*`` alone. docs/howto/retries.md, ``policy``:
+        ``expires_ms`` (ms after it is due; default the queue's EXPIRES_MS):
+        not started by then, it dies ``expired``; ``backoff``, ``jitter``,
+        ``retry_on``, ``dont_retry_on``; ``on_success`` / ``on_failure`` /
+        ``on_dead`` (handler names; ``core/retry.py`` checks them all).
         Raises ``ValueError`` for a bad queue name, id, name or option
         (core/options.py's ranges), ``PayloadError`` for a bad payload,
         ``DuplicateJob`` when the id is taken (nothing written),
@@ -179,6 +184,10 @@ class EchoMQ(Reads):
         whole_number("delay_ms", delay_ms, 0)
         check_job_options(priority, delay_ms, timeout_ms, dedup_key, dedup_ttl_ms)
         own_keep = job_keep(keep)
+        now = self.clock()
+        retry, expires_at, callbacks = job_extras(
+            now + delay_ms, self.queues.get(queue) or {}, **policy_keywords(policy)
+        )
         k = self.keys.queue(queue)
         self.wire.note_queues((queue,))
         with adding("enqueue", queue, job_id) as traceparent:  # docs/howto/tracing.md
@@ -192,7 +201,7 @@ class EchoMQ(Reads):
                     self.encode(payload),
                     opt(max_attempts),
                     opt(backoff_ms),
-                    self.clock(),
+                    now,
                     int(delay_ms),
                     int(priority),
                     dedup_key or "",
@@ -201,6 +210,9 @@ class EchoMQ(Reads):
                     own_keep,
                     secrets.token_hex(8),  # this call's token: its replay is recognised
                     traceparent,
+                    retry,
+                    expires_at,
+                    callbacks,
                 ],
             )
         state = to_text(state)
@@ -233,7 +245,7 @@ class EchoMQ(Reads):
         lease = int(lease_ms if lease_ms is not None else self.setting(queue, "LEASE_MS"))
         now = self.clock()
         k, token = self.keys.queue(queue), token or secrets.token_hex(8)
-        args = [k.base, count, now, lease, token, *self.wire.claim_limits(queue)]
+        args = [k.base, count, now, lease, token, *self.wire.claim_limits(queue), queue]
         flat = json.loads(self.scripts.run("claim", [k.pending, k.active, k.lease_seq], args))
         if type(flat) is dict:
             if "jobs" not in flat:
@@ -242,12 +254,12 @@ class EchoMQ(Reads):
             lease, flat = max(int(flat["left"]), 0), flat["jobs"]  # a replay: its leases' rest
         return Claimed(claimed_jobs(queue, flat, now + lease, self))
 
-    def _fail_call(self, job: Job, error: str, dead: bool = False):
+    def _fail_call(self, job: Job, error: str, dead: bool = False, delay_ms: int | None = None):
         q = job.queue
         k = self.keys.queue(q)
         args = [q, k.base, job.id, job.lease or "", str(error), self.clock()]
         args += [self.wire.backoff_cap_ms, "1" if dead else "0"]
-        args += [self.setting(q, "MAX_ATTEMPTS"), self.setting(q, "BACKOFF_MS")]
+        args += [self.setting(q, "MAX_ATTEMPTS"), self.setting(q, "BACKOFF_MS"), opt(delay_ms)]
         return "fail", [k.job(job.id), k.delayed], args
 
     def complete(self, job: Job, result: Any = None) -> Outcome:
@@ -264,13 +276,18 @@ class EchoMQ(Reads):
         job.state = JobState.COMPLETED
         return reply
 
-    def fail(self, job: Job, error: str, *, dead: bool = False) -> JobState:
-        """Fail an active job; returns its new state: delayed (backoff
-        ``backoff_ms * 2**(attempts-1)`` ms, capped), pending (no backoff) or
-        dead (attempts exhausted, or ``dead=True``). A dead child resolves its
-        parent by its policy. Raises ``JobNotFound``, ``JobNotActive``,
-        ``LeaseLost``. docs/explanation/protocol.md#fail; ``fail_many`` returns full outcomes."""
-        outcome = self.fail_many([(job, error, dead)])[0]
+    def fail(
+        self, job: Job, error: str, *, dead: bool = False, delay_ms: int | None = None
+    ) -> JobState:
+        """Fail an active job; returns its new state: delayed (``delay_ms`` ms,
+        a retry policy's, docs/howto/retries.md; None: ``backoff_ms *
+        2**(attempts-1)`` ms, capped), pending (no wait) or dead (attempts
+        spent, or ``dead=True``). A dead child resolves its parent by its
+        policy. Raises ``ValueError`` (bad ``delay_ms``, nothing written),
+        ``JobNotFound``, ``JobNotActive``, ``LeaseLost``.
+        docs/explanation/protocol.md#fail; ``fail_many`` returns outcomes."""
+        whole_number("delay_ms", delay_ms, 0, optional=True)
+        outcome = self.fail_many([(job, error, dead, delay_ms)])[0]
         job.state = outcome.state
         return outcome.state
 
@@ -297,11 +314,11 @@ class EchoMQ(Reads):
                 calls.append(self._complete_call(queue, [(job, text) for _, job, text in part]))
                 slots.append([i for i, _, _ in part])
         if len(calls) == 1:
-            replies = [self._run_or_error(*calls[0])]
+            replies = [self.wire.run_or_error(*calls[0])]
         else:
             replies = self.scripts.run_many(calls)
         for idx, reply in zip(slots, replies, strict=False):
-            for i, entry in zip(idx, self._complete_replies(reply, len(idx)), strict=False):
+            for i, entry in zip(idx, self.wire.complete_replies(reply, len(idx)), strict=False):
                 out[i] = entry
                 if not isinstance(entry, Exception):
                     items[i][0].state = JobState.COMPLETED
@@ -316,39 +333,13 @@ class EchoMQ(Reads):
         return ("complete", [k.active, k.completed], args)
 
     def _complete_batches(self, queue: str, pairs: list[tuple[Job, str]]) -> list:
-        return self._complete_replies(
-            self._run_or_error(*self._complete_call(queue, pairs)), len(pairs)
+        return self.wire.complete_replies(
+            self.wire.run_or_error(*self._complete_call(queue, pairs)), len(pairs)
         )
 
-    def _run_or_error(self, name: str, keys: list, args: list):
-        """``scripts.run``, with a refusal returned instead of raised (as
-        ``run_many`` does); a connection error still raises."""
-        try:
-            return self.scripts.run(name, keys, args)
-        except redis.exceptions.ResponseError as err:
-            return err
-        except EchoMQError as err:
-            if isinstance(err, RedisUnavailable):
-                raise
-            return err
-
-    def _complete_replies(self, reply, n: int) -> list[Outcome | Exception]:
-        """Decode a ``complete`` reply into an ``Outcome`` or an exception
-        per job; a failed script call stands for each of its ``n`` jobs."""
-        if isinstance(reply, Exception):
-            return [reply] * n
-        out: list[Outcome | Exception] = []
-        for entry in json.loads(reply):
-            if entry == 0:
-                out.append(Outcome(state=JobState.COMPLETED))
-            elif isinstance(entry, str):
-                out.append(translate(entry))
-            else:
-                out.append(Outcome.from_data(entry, self.wire.parse, JobState.COMPLETED))
-        return out
-
     def fail_many(self, items: list[tuple]) -> list[Outcome | Exception]:
-        """``fail`` for many ``(job, error)`` or ``(job, error, dead)`` in one
+        """``fail`` for many ``(job, error)``, ``(job, error, dead)`` or
+        ``(job, error, dead, delay_ms)`` (ms, None: the row's backoff) in one
         round trip; returns an ``Outcome`` per job. A single failure raises."""
         calls = [self._fail_call(*item) for item in items]
         replies = self.scripts.run_many(calls)

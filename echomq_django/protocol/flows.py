@@ -94,7 +94,9 @@ class Flows(Part):
         a cross-queue flow lands step by step, parent first. Same errors as
         ``add_flow``; when a flow takes more than one script, every user-given
         id is gated by a read-only pass before the first write."""
-        plans = [_flows.plan(f, self.wire.encode) for f in flows]
+        expiring = {q: (o or {}).get("EXPIRES_MS") for q, o in self.wire.queues.items()}
+        expiring = {q: ms for q, ms in expiring.items() if ms}  # docs/howto/retries.md
+        plans = [_flows.plan(f, self.wire.encode, expiring) for f in flows]
         seen: set = set()
         for p in plans:
             for ref in p.gated:

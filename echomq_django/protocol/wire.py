@@ -5,7 +5,8 @@ loader, the clock, the queues' settings and the payload encoder
 ``Wire`` holds them; ``Part`` is the base of each part (``EchoMQ`` itself,
 ``mq.outbox``, ``mq.lifecycle``, ``mq.signal_events``, ...), which reads them
 from its wire, so a clock a test sets on the ``EchoMQ`` is every part's
-clock. This module runs no script.
+clock. This module runs no script of its own (``run_or_error`` runs the one a
+caller names).
 """
 
 from __future__ import annotations
@@ -18,12 +19,12 @@ from typing import Any
 
 import redis
 
-from ..core.exceptions import PayloadError
-from ..core.jobs import QUEUE_DEFAULTS, Outcome, to_json, to_text
+from ..core.exceptions import EchoMQError, PayloadError, RedisUnavailable
+from ..core.jobs import QUEUE_DEFAULTS, JobState, Outcome, to_json, to_text
 from ..core.keyspace import Keyspace, validate_queue
 from ..core.options import rate_limit
 from ..core.refs import JobRef, RefDict, RefList, str_keys
-from .errors import reports_redis_down, translating
+from .errors import reports_redis_down, translate, translating
 from .scripts import Scripts
 
 BACKOFF_CAP_MS = 3_600_000
@@ -122,6 +123,33 @@ class Wire:
                 f"{self.max_payload_bytes} bytes (max_payload_bytes)"
             )
         return text
+
+    def run_or_error(self, name: str, keys: list, args: list):
+        """``scripts.run``, with a refusal returned instead of raised (as
+        ``run_many`` does); a connection error still raises."""
+        try:
+            return self.scripts.run(name, keys, args)
+        except redis.exceptions.ResponseError as err:
+            return err
+        except EchoMQError as err:
+            if isinstance(err, RedisUnavailable):
+                raise
+            return err
+
+    def complete_replies(self, reply, n: int) -> list[Outcome | Exception]:
+        """Decode a ``complete`` reply into an ``Outcome`` or an exception
+        per job; a failed script call stands for each of its ``n`` jobs."""
+        if isinstance(reply, Exception):
+            return [reply] * n
+        out: list[Outcome | Exception] = []
+        for entry in json.loads(reply):
+            if entry == 0:
+                out.append(Outcome(state=JobState.COMPLETED))
+            elif isinstance(entry, str):
+                out.append(translate(entry))
+            else:
+                out.append(Outcome.from_data(entry, self.parse, JobState.COMPLETED))
+        return out
 
     def parse(self, value: str) -> JobRef:
         """The ``JobRef`` of a ``P:{q}:<id>`` string a script answers."""

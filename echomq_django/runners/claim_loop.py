@@ -22,7 +22,7 @@ from ..tracing.spans import attempt
 from .dispatcher import kinds_connected
 from .outage import REDIS_DOWN, Outage
 from .pool import HandlerPool, error_text, unknown_name_error
-from .reporter import Finished, Reporter
+from .reporter import Finished, Reporter, decided
 from .timeouts import Timeouts
 from .wake import Idle, Wake
 
@@ -385,8 +385,9 @@ class ClaimLoop:
         except RateLimited as exc:
             # back without spending the attempt (docs/howto/priorities-rate-limits.md#rate-limits)
             finished.postpone_ms = exc.retry_after_ms
-        except BaseException as exc:
+        except BaseException as exc:  # retried, or not, by its policy (docs/howto/retries.md)
             finished.error = error_text(exc, below_caller=True)
+            decided(finished, exc, self.mq.queues, self.mq.wire.backoff_cap_ms)
         finally:
             try:
                 close_old_connections()
@@ -413,7 +414,8 @@ class ClaimLoop:
             "(timeout_ms / TIMEOUT_MS); the handler's late result is discarded"
         )
         self.pool.write_off()
-        self.done.put(Finished(job, error=error, ms=float(limit_ms)))
+        late = Finished(job, error=error, ms=float(limit_ms))
+        self.done.put(decided(late, TimeoutError(), self.mq.queues, self.mq.wire.backoff_cap_ms))
         stuck = self.timeouts.stuck
         log.warning("job %s/%s (%s) timed out after %d ms", job.queue, job.id, job.name, limit_ms)
         if stuck > self.max_stuck:

@@ -35,6 +35,7 @@ from ..core.exceptions import (
 )
 from ..core.jobs import Job, JobState, Outcome
 from ..core.refs import JobRef
+from ..core.retry import decide
 from ..protocol.client import EchoMQ
 from .outage import REDIS_DOWN, Outage, first_line
 
@@ -58,6 +59,23 @@ class Finished:
     dead: bool = False
     ms: float = 0.0
     postpone_ms: int | None = None
+    delay_ms: int | None = None  # before the next attempt (ms): its retry policy's
+
+
+def decided(finished: Finished, exc: BaseException, queues: dict, cap_ms: int) -> Finished:
+    """Apply the job's retry policy (docs/howto/retries.md) to a failed
+    attempt: ``exc`` is what the handler raised, ``queues`` the queues'
+    settings, ``cap_ms`` the longest wait (ms). Sets ``dead`` (an exception
+    the policy does not retry) and ``delay_ms``; a bad backoff function's
+    problem is logged and appended to ``error``. Returns ``finished``."""
+    job = finished.job
+    opts = queues.get(job.queue) or {}
+    d = decide(exc, job.attempts, job.backoff_ms, cap_ms, opts, job.retry_policy)
+    finished.dead, finished.delay_ms = finished.dead or d.dead, d.delay_ms
+    if d.note:
+        log.error("job %s/%s (%s): %s", job.queue, job.id, job.name, d.note)
+        finished.error = f"{finished.error}\n{d.note}"
+    return finished
 
 
 class Reporter:
@@ -177,7 +195,9 @@ class Reporter:
             self._completed(done)
         if finished:
             try:
-                replies = self.mq.fail_many([(f.job, f.error, f.dead) for f in finished])
+                replies = self.mq.fail_many(
+                    [(f.job, f.error, f.dead, f.delay_ms) for f in finished]
+                )
             except REDIS_DOWN:
                 finished.extend(f for f, _ in kept)
                 raise

@@ -332,17 +332,39 @@ local function drop_orphan(base, id, key, lease, tomb)
   emit(base, 'removed', id)
 end
 
+-- Callbacks (docs/howto/retries.md#callbacks): a row's `callbacks` field
+-- (`spec`: JSON {s, f, d}, the handler names for success, a failed attempt
+-- that is retried, and death) makes that outcome add a job of its own on this
+-- queue, in the script that finishes the job (durable, never in the worker's
+-- thread). Its id is 'cb-' and a sha1 of the job key, the kind and a count
+-- kept on the row (`callbacks_n`); its payload {"job": "<queue>/<id>",
+-- <body>}, `body` a JSON member: "result": <the result> or "error": <text>.
+local function callback(base, id, spec, kind, body, now)
+  local name = spec and cjson.decode(spec)[kind]
+  if not name then
+    return
+  end
+  local key = job_key(base, id)
+  local n = redis.call('HINCRBY', key, 'callbacks_n', 1)
+  local cid = 'cb-' .. redis.sha1hex(key .. '|' .. kind .. '|' .. n)
+  redis.call('HSET', job_key(base, cid), 'name', name, 'state', 'pending', 'created_at', now,
+    'payload', '{"job":' .. cjson.encode(QUEUE .. '/' .. id) .. ',' .. body .. '}')
+  make_claimable(base, {cid}, nil)
+  emit(base, 'added', cid)
+end
+
 -- Move a job to dead and, when it is a child, let its policy resolve its
 -- parent: on this slot directly, on another slot through this queue's outbox.
 -- `up`: killed by its parent's cancel (lib/lifecycle.lua cancel_node), so
 -- its death travels as a `cancelled` entry (propagate_death).
 local function kill(base, id, err, now, up)
   local key = job_key(base, id)
-  local f = redis.call('HMGET', key, 'state', 'dedup', 'keep', 'orphaned', 'lease')
+  local f = redis.call('HMGET', key, 'state', 'dedup', 'keep', 'orphaned', 'lease', 'callbacks')
   local state = f[1]
   if state == 'dead' then
     return
   end
+  callback(base, id, f[6], 'd', '"error":' .. cjson.encode(err), now)
   free_dedup(base, f[2], id)
   if state == 'awaiting_children' then
     redis.call('ZREM', base .. 'awaiting', id)
