@@ -233,9 +233,10 @@ def test_the_admin_shows_progress_in_the_list_and_progress_and_log_on_the_job_pa
         client.force_login(StaffUserFactory())
         listing = client.get(reverse("admin:echomq_django_mirroredjob_changelist")).content
         listing = listing.decode()
-        assert '<span title="40%">40%</span>' in listing
+        # under the state, in its column
+        assert '<span class="emq-sub emq-progress" title="40%">progress 40%</span>' in listing
         cut = '{"stage": "upload", "done": 3, "of": 8,…'  # PROGRESS_CHARS, the whole as title
-        assert f">{escape(cut)}</span>" in listing
+        assert f">progress {escape(cut)}</span>" in listing
         detail = client.get(job_url("media", "v1"), follow=True)
         html = detail.content.decode()
         assert detail.context["logs"] == ["<b>frame</b> 1"]

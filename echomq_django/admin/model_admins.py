@@ -139,7 +139,6 @@ class MirroredJobAdmin(MirrorAdmin):
     list_display = (
         "job",
         show.state_badge,
-        show.progress_cell,
         show.error_preview,
         show.times,
         "parent_link",
