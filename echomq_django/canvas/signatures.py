@@ -47,6 +47,7 @@ _NOT_OPTIONS = {
     "remove_dependency_on_failure",
     "continue_parent_on_failure",
 }
+_QUEUES: set[str] = set()  # queue names task() found valid
 OPTIONS = frozenset(f.name for f in fields(Flow)) - _NOT_OPTIONS | {"allow_failure"}
 
 
@@ -115,6 +116,9 @@ class Signature(Canvas):
         return replace(self, options={**self.options, **options})
 
     def _parts(self) -> tuple[list[Flow], Flow | None]:
+        if not self.options:  # the usual signature: no copy, no options to apply
+            node = Flow(self.queue, self.name, self.payload)
+            return [node], node
         opts = dict(self.options)
         allow = bool(opts.pop("allow_failure", False))
         node = Flow(self.queue, self.name, self.payload, ignore_dependency_on_failure=allow, **opts)
@@ -143,8 +147,15 @@ def _handler_name(handler: Any) -> str:
 
 
 def _check_json(name: str, payload: dict) -> None:
-    """Raise ``PayloadError`` naming the first argument of ``payload`` the
-    configured encoder (``JSON_ENCODER``) cannot write."""
+    """Raise ``PayloadError`` naming the first argument of ``payload`` that
+    neither plain JSON nor the configured encoder (``JSON_ENCODER``, asked
+    only then: a subclass writes plain JSON values as plain JSON does) can
+    write."""
+    try:
+        to_json(payload)
+        return
+    except (TypeError, ValueError, RecursionError):
+        pass
     encoder = json_encoder()
     encode = to_json if encoder is None else encoder(allow_nan=False).encode
     try:
@@ -170,8 +181,11 @@ def task(handler: Any, *, queue: str, **payload: Any) -> Signature:
     raises ``FlowError`` for an unknown handler (the close registered names
     suggested), ``ValueError`` for a bad queue name, ``PayloadError`` naming
     an argument that is not JSON. docs/howto/canvas.md#signatures"""
-    name = _handler_name(handler)
-    validate_queue(queue)
+    name = handler if type(handler) is str and get_handler(handler) else _handler_name(handler)
+    if queue not in _QUEUES:  # checked once per name; a bounded memo
+        validate_queue(queue)
+        if len(_QUEUES) < 1024:
+            _QUEUES.add(queue)
     _check_json(name, payload)
     return Signature(name, queue, payload)
 
