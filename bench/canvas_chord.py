@@ -61,9 +61,8 @@ def main(argv=None) -> int:
                 assert mq.dependency_counts(Q, mq.job_ids(Q, "awaiting_children")[0])[
                     "children"] == args.members  # fmt: skip
         for name, got in times.items():
-            print(
-                f"{name}: min {min(got) * 1000:.1f} ms, median {statistics.median(got) * 1000:.1f} ms"
-            )
+            mid = statistics.median(got)
+            print(f"{name}: min {min(got) * 1000:.1f} ms, median {mid * 1000:.1f} ms")
         hand, canvas = statistics.median(times["by hand"]), statistics.median(times["canvas"])
         pairs = sorted(b / a for a, b in zip(times["by hand"], times["canvas"], strict=True))
         print(f"chord of {args.members:,}: by hand {hand * 1000:.1f} ms, canvas "
