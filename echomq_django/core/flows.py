@@ -35,6 +35,20 @@ def new_id() -> str:
     return secrets.token_urlsafe(12)
 
 
+def assign_ids(flow: Flow) -> None:
+    """Give every node of ``flow`` without a ``job_id`` a fresh one (the
+    commit outbox fixes a flow's ids before it is written)."""
+    stack, seen = [flow], set()
+    while stack:
+        node = stack.pop()
+        if not isinstance(node, Flow) or id(node) in seen:
+            continue  # plan() reports these
+        seen.add(id(node))
+        if node.job_id is None:
+            node.job_id = new_id()
+        stack.extend(node.children)
+
+
 def id_prefix() -> str:
     """The prefix of one flow's generated ids: 12 random URL-safe characters
     (72 bits, fresh per flow), followed in each id by a hex counter. Cheaper
@@ -64,6 +78,12 @@ class Flow:
     not all resolved in time kill the parent with ``children timed out``);
     ``continue_parent_on_failure=True`` (this child's death releases its
     parent at once; it cannot be combined with the ignore / remove flags).
+
+    ``depends_on``: jobs already added (``JobRef``, ``(queue, id)`` or
+    ``"queue/id"``, on any queue) this node waits for as well as its
+    children, each a dependency of the default policy (a dead one fails
+    this node); each must exist and be waited for by no other job. One
+    already finished counts at once (docs/howto/canvas.md#depends-on-existing-jobs).
     """
 
     queue: str
@@ -84,6 +104,7 @@ class Flow:
     children_timeout_ms: int | None = None
     keep: int | None = None  # s after it finishes, at most; None: the queue's
     continue_parent_on_failure: bool = False
+    depends_on: list = field(default_factory=list)
 
     @property
     def policy(self) -> Policy:
@@ -151,6 +172,8 @@ class Node:
     # enqueue_flow, which reads the parent row)
     inc: str = ""
     parent_inc: str = ""
+    dep: bool = False  # an existing job this node's parent waits for (depends_on)
+    deps: list = field(default_factory=list)  # (queue, id) of this node's dependencies
 
 
 def plan(root: Flow, encode) -> list[Node]:
@@ -175,6 +198,7 @@ def plan(root: Flow, encode) -> list[Node]:
     prefix, counter = id_prefix(), itertools.count()
     token = secrets.token_hex(4)  # the flow's incarnation token (32 random bits)
     level: list[tuple[Flow, Node | None]] = [(root, None)]
+    deps: list = []  # (node, its depends_on, the depth below it)
     depth = 0
     # The loop runs once per node of flows of 10,000+: it avoids calls it can
     # (docs/explanation/performance.md#where-the-time-goes), e.g. the common defaults are
@@ -231,7 +255,9 @@ def plan(root: Flow, encode) -> list[Node]:
                     or flow.children_timeout_ms is not None
                     or flow.keep is not None
                 )
-                else node_options(flow, f"{queue}/{job_id}", bool(children), dedups)
+                else node_options(
+                    flow, f"{queue}/{job_id}", bool(children or flow.depends_on), dedups
+                )
             )
             node = Node(
                 queue,
@@ -256,9 +282,66 @@ def plan(root: Flow, encode) -> list[Node]:
             nodes.append(node)
             if children:
                 next_level.extend((child, node) for child in children)
+            if flow.depends_on:
+                deps.append((node, flow.depends_on, depth + 1))
         level = next_level
         depth += 1
+    if deps:
+        nodes += _dependencies(deps, nodes, token)
     return nodes
+
+
+def _dependencies(deps: list, nodes: list[Node], token: str) -> list[Node]:
+    """The dependency nodes of ``depends_on`` (after every other node: a
+    parent is always written first). Raises ``FlowError`` for a ref that is
+    not a job reference, a job named twice, or a node of this flow (a
+    cycle: the flow's own jobs are its children)."""
+    own = {(n.queue, n.id) for n in nodes}
+    named: set[tuple[str, str]] = set()
+    out = []
+    for parent, refs, depth in deps:
+        if not isinstance(refs, list | tuple):
+            raise FlowError(f"depends_on of {parent.queue}/{parent.id} must be a list of job refs")
+        for ref in refs:
+            try:
+                ref = as_job_ref(ref)
+            except ValueError as err:
+                raise FlowError(f"depends_on of {parent.queue}/{parent.id}: {err}") from None
+            if ref in own:
+                raise FlowError(
+                    f"{parent.queue}/{parent.id} depends_on {ref}, a node of the same flow "
+                    "(a cycle, or a child named twice): depends_on names jobs already added"
+                )
+            if ref in named:
+                raise FlowError(
+                    f"depends_on names {ref} twice: a job is waited for by one job at most"
+                )
+            named.add(ref)
+            node = Node(*ref, "", "", None, None, parent.id, parent.queue, _FP, [], depth)
+            node.dep, node.opts = True, DEP_OPTS
+            parent.deps.append(ref)
+            parent.inc = token
+            if parent.queue != ref.queue:
+                node.parent_inc = token
+            out.append(node)
+    return out
+
+
+DEP_OPTS = '{"dep":1}'  # enqueue_flow's options of a dependency node
+
+
+def as_job_ref(value) -> JobRef:
+    """A ``JobRef``, a ``(queue, id)`` pair or ``"queue/id"`` as a
+    ``JobRef``; raises ``ValueError`` naming the forms."""
+    if isinstance(value, JobRef):
+        return value
+    if isinstance(value, tuple | list) and len(value) == 2:  # a list: read back from JSON
+        return JobRef(*value)
+    if isinstance(value, str):
+        return JobRef.parse(value)
+    raise ValueError(
+        f"invalid job ref {value!r}: pass JobRef(queue, id), (queue, id) or 'queue/id'"
+    )
 
 
 def _check_settings(flow: Flow, queue: str, job_id: str) -> None:

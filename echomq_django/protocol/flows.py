@@ -15,7 +15,7 @@ import itertools
 import json
 
 from ..core import flows as _flows
-from ..core.exceptions import DependencyError
+from ..core.exceptions import DependencyError, FlowConflict, JobNotFound
 from ..core.flows import Flow, FlowRef
 from ..core.jobs import to_json, to_text
 from ..core.refs import JobRef
@@ -67,8 +67,8 @@ class Flows(Part):
                 pinc,
             ]
             for n in group:
-                if n.children:
-                    refs = k.refs(n.children)
+                if n.children or n.deps:
+                    refs = k.refs(n.children + n.deps if n.deps else n.children)
                     flat += [n.id, n.payload, str(len(refs)), *refs]
                 else:
                     flat += [n.id, n.payload, "0"]
@@ -99,6 +99,7 @@ class Flows(Part):
         ``add_flow``; when a flow takes more than one script, every user-given
         id is gated by a read-only pass before the first write."""
         plans = [_flows.plan(f, self.wire.encode) for f in flows]
+        self._check_dependencies([n for nodes in plans for n in nodes if n.dep])
         seen: set = set()
         for nodes in plans:
             for n in nodes:
@@ -155,7 +156,7 @@ class Flows(Part):
                     queue=root.queue,
                     parent_id=root.id,
                     child_ids=[cid for _, cid in root.children],
-                    nodes=[JobRef._trusted(n.queue, n.id) for n in nodes],
+                    nodes=[JobRef._trusted(n.queue, n.id) for n in nodes if not n.dep],
                     landed=sum(int(c[0]) for c in counts[i]),
                     skipped=sum(int(c[1]) for c in counts[i]),
                     deduplicated={
@@ -166,6 +167,26 @@ class Flows(Part):
                 )
             )
         return refs
+
+    def _check_dependencies(self, deps: list) -> None:
+        """Every ``depends_on`` job exists and is waited for by no other job,
+        read before any write (``enqueue_flow`` checks again on its slot).
+        Raises ``JobNotFound`` / ``FlowConflict`` naming the rule."""
+        if not deps:
+            return
+        pipe = self.client.pipeline(transaction=False)
+        for n in deps:
+            pipe.hmget(self.keys.job(n.queue, n.id), "state", "parent", "parent_queue")
+        for n, (state, parent, pq) in zip(deps, pipe.execute(), strict=True):
+            where = f"{n.parent_queue}/{n.parent_id} depends_on {n.queue}/{n.id}"
+            if state is None:
+                raise JobNotFound(f"{where}: no such job (a dependency is a job already added)")
+            owner = f"{to_text(pq) or n.queue}/{to_text(parent)}"
+            if parent is not None and owner != f"{n.parent_queue}/{n.parent_id}":
+                raise FlowConflict(
+                    f"{where}: it is already waited for by {owner} (a job is waited for "
+                    "by one job at most)"
+                )
 
     # -- flow control --------------------------------------------------------
     def _remove_dependencies(self, queue: str, parent_id: str, refs: list[str], strict: bool):
