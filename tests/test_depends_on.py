@@ -70,7 +70,7 @@ def test_a_dependency_and_children_together(mq):
             job_id="n1",
             depends_on=[JobRef("qb", "d1")],
             children=[Flow("qa", "t.echo", 1, job_id="c1")],
-        )  # fmt: skip
+        )
     )
     assert mq.dependency_counts("qa", "n1")["remaining"] == 2
     settle(mq, "qa", "qb")
@@ -120,7 +120,7 @@ def test_cycles_twice_and_bad_refs_are_refused(mq):
                 "t.echo",
                 job_id="n1",
                 children=[Flow("qa", "t.echo", job_id="c1", depends_on=[JobRef("qa", "n1")])],
-            )  # fmt: skip
+            )
         )
     with pytest.raises(FlowError, match="qa/n1 depends_on qa/n1, a node of the same flow"):
         mq.add_flow(Flow("qa", "t.echo", job_id="n1", depends_on=[JobRef("qa", "n1")]))
