@@ -168,3 +168,33 @@ def test_enqueue_depends_on(api_mq):
     assert api_mq.get_job("qa", "n1").result == 3
     with pytest.raises(JobNotFound, match="qa/n2 depends_on qb/gone: no such job"):
         emq.enqueue("qa", "t.echo", job_id="n2", depends_on=["qb/gone"], on_commit=False)
+
+
+def test_enqueue_depends_on_through_the_commit_outbox(api_mq):
+    """on_commit=True: the job and its depends_on travel in the outbox row
+    (refs as [queue, id] pairs) and land when it is pushed."""
+    emq.enqueue("qb", "t.echo", 4, job_id="d1", on_commit=False)
+    emq.enqueue(
+        "qa", "t.sum_children", job_id="n1", depends_on=[JobRef("qb", "d1")], on_commit=True
+    )
+    assert api_mq.get_job("qb", "d1").parent == "n1"
+    settle(api_mq, "qa", "qb")
+    assert api_mq.get_job("qa", "n1").result == 4
+
+
+def test_the_outbox_row_keeps_depends_on_and_leaves_it_out_when_empty():
+    from echomq_django.commit_outbox import flow_from_dict, flow_to_dict
+
+    data = flow_to_dict(Flow("qa", "t.echo", job_id="n1", depends_on=[JobRef("qb", "d1")]))
+    assert data["depends_on"] == [["qb", "d1"]]
+    assert flow_from_dict(data).depends_on == [["qb", "d1"]]
+    assert "depends_on" not in flow_to_dict(Flow("qa", "t.echo", job_id="n2"))
+
+
+def test_removing_the_dependent_removes_its_dependency_as_a_child(mq):
+    mq.enqueue("qa", "t.echo", 1, job_id="d1")
+    mq.add_flow(Flow("qa", "t.echo", job_id="n1", depends_on=[JobRef("qa", "d1")]))
+    mq.remove("qa", "n1")
+    for job_id in ("n1", "d1"):
+        with pytest.raises(JobNotFound):
+            mq.get_job("qa", job_id)
