@@ -47,6 +47,7 @@ _NOT_OPTIONS = {
     "remove_dependency_on_failure",
     "continue_parent_on_failure",
 }
+_PLAIN = frozenset({str, int, bool, type(None)})
 _QUEUES: set[str] = set()  # queue names task() found valid
 OPTIONS = frozenset(f.name for f in fields(Flow)) - _NOT_OPTIONS | {"allow_failure"}
 
@@ -151,6 +152,11 @@ def _check_json(name: str, payload: dict) -> None:
     neither plain JSON nor the configured encoder (``JSON_ENCODER``, asked
     only then: a subclass writes plain JSON values as plain JSON does) can
     write."""
+    for value in payload.values():  # str, int, bool, None: JSON as they are, no encoding
+        if type(value) not in _PLAIN:
+            break
+    else:
+        return
     try:
         to_json(payload)
         return
