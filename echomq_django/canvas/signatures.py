@@ -56,6 +56,8 @@ class Canvas:
     """What every canvas shape shares: ``flow()`` compiles it, ``enqueue()``
     / ``aenqueue()`` land it (docs/howto/canvas.md)."""
 
+    __slots__ = ()
+
     def _parts(self) -> tuple[list[Flow], Flow | None]:
         """``(heads, entry)``: the nodes whatever comes next waits for, and
         the node that waits for whatever came before (None: this shape
@@ -90,7 +92,7 @@ class Canvas:
         return await sync_to_async(self.enqueue, thread_sensitive=True)(**kwargs)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Signature(Canvas):
     """One job to run: a registered handler's name, its queue, its payload
     (a dict of JSON values) and flow-node options (``Flow``'s fields:
