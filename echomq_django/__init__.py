@@ -22,6 +22,7 @@ from .api import (
     get_job,
     ignored_failures,
     is_paused,
+    job_logs,
     pause,
     remove,
     remove_child_dependency,
@@ -53,6 +54,7 @@ from .core.exceptions import (
 )
 from .core.flows import Flow, FlowRef
 from .core.jobs import Dependencies, Job, JobState, Outcome
+from .core.live import current_job
 from .core.refs import JobRef, Page
 from .handlers import handler
 from .protocol.client import EchoMQ
@@ -101,6 +103,7 @@ __all__ = [
     "chain",
     "children_values",
     "chord",
+    "current_job",
     "dependencies",
     "dependency_counts",
     "enqueue",
@@ -112,6 +115,7 @@ __all__ = [
     "handler",
     "ignored_failures",
     "is_paused",
+    "job_logs",
     "pause",
     "previous_result",
     "remove",

@@ -3,32 +3,28 @@
 
 ``enqueue``, ``enqueue_many`` and ``add_flow`` take ``on_commit``:
 
-* ``None`` (the default): inside an atomic block (``transaction.atomic``,
-  ATOMIC_REQUESTS) the write waits for the commit, as django-rq does; outside
-  one it happens now. So a view or a ``post_save`` receiver never starts work
-  for a row that is rolled back.
+* ``None`` (the default): inside an atomic block (``transaction.atomic``, ATOMIC_REQUESTS)
+  the write waits for the commit, as django-rq does; outside one it happens now. So a
+  view or a ``post_save`` receiver never starts work for a row that is rolled back.
 * ``True``: always through the commit outbox (``commit_outbox.py``,
-docs/explanation/protocol.md#the-commit-outbox):
-  the job or flow is written to the ``OutboxEntry`` table in the current
-  transaction of database ``using``, pushed to Redis right after the commit
-  and the row deleted; when Redis is down then, the row waits for the worker
-  or the pump to push it. Outside a transaction the row is written and
-  pushed at once.
+  docs/explanation/protocol.md#the-commit-outbox): the job or flow is written to the
+  ``OutboxEntry`` table in the current transaction of database ``using``, pushed to Redis
+  right after the commit and the row deleted; when Redis is down then, the row waits for
+  the worker or the pump to push it. Outside a transaction the row is written and pushed
+  at once.
 * ``False``: now, straight to Redis, even inside a transaction.
 
-``ECHOMQ["ENQUEUE_WHEN_DOWN"] = "outbox"`` (default ``"raise"``): an add
-that goes straight to Redis because no transaction is open (``on_commit``
-None outside an atomic block) and finds Redis away writes the same outbox
-row instead of raising ``RedisUnavailable``, and returns the ids as usual;
-the worker and the pump push it once Redis answers
-(docs/howto/durable-enqueue.md#outside-a-transaction-too-enqueue_when_down). An explicit
-``on_commit=False`` still raises.
+``ECHOMQ["ENQUEUE_WHEN_DOWN"] = "outbox"`` (default ``"raise"``): an add that goes
+straight to Redis because no transaction is open (``on_commit`` None outside an atomic
+block) and finds Redis away writes the same outbox row instead of raising
+``RedisUnavailable``, and returns the ids as usual; the worker and the pump push it once
+Redis answers (docs/howto/durable-enqueue.md#outside-a-transaction-too-enqueue_when_down).
+An explicit ``on_commit=False`` still raises.
 
-The ids are known before the commit: generated up front and returned at once
-(and fixed in the outbox row, so a repeated push never runs anything twice).
-Validation (names, ids, payloads, flow shape) happens now either way, so a bad
-call raises in the caller, not later in the commit hook. ``aenqueue`` and
-``aadd_flow`` are the same for async code.
+The ids are known before the commit: generated up front and returned at once (and fixed
+in the outbox row, so a repeated push never runs anything twice). Validation (names, ids,
+payloads, flow shape) happens now either way, so a bad call raises in the caller, not
+later in the commit hook. ``aenqueue`` and ``aadd_flow`` are the same for async code.
 """
 
 from __future__ import annotations
@@ -359,6 +355,12 @@ def get_job(queue: str, job_id: str) -> Job:
     return get_mq().get_job(queue, job_id)
 
 
+def job_logs(job: Any, job_id: str | None = None, start: int = 0, end: int = -1) -> list[str]:
+    """``EchoMQ.job_logs`` on the settings' connection; the job is (queue, ``job_id``) or a
+    ``JobRef`` / ``"queue/id"`` as ``job``. docs/howto/progress-and-logs.md#read-them-back"""
+    return get_mq().job_logs(job, job_id, start, end)
+
+
 def retry(queue: str, job_id: str) -> Outcome:
     """``EchoMQ.retry`` (retry-by-id of a dead job) on the settings' connection."""
     return get_mq().retry(queue, job_id)
@@ -430,14 +432,12 @@ def remove_unprocessed_children(queue: str, parent_id: str):
 
 
 def remove(queue: str, job_id: str):
-    """``EchoMQ.remove`` on the settings' connection (docs/explanation/lifecycle.md): remove a
-    job that is not active, with its subtree. Raises ``JobNotFound``,
-    ``JobNotRemovable``."""
+    """``EchoMQ.remove`` on the settings' connection (docs/explanation/lifecycle.md): remove
+    a job that is not active, with its subtree. Raises ``JobNotFound``, ``JobNotRemovable``."""
     return get_mq().remove(queue, job_id)
 
 
 def cancel(queue: str, job_id: str):
     """``EchoMQ.cancel`` on the settings' connection (docs/explanation/lifecycle.md): cancel a
-    job and its unfinished subtree (an active job is marked). Raises
-    ``JobNotFound``, ``JobNotCancellable``."""
+    job and its unfinished subtree (active: marked). ``JobNotFound``, ``JobNotCancellable``."""
     return get_mq().cancel(queue, job_id)

@@ -47,6 +47,9 @@ class MirroredJob(models.Model):
     result = models.TextField(blank=True, help_text=f"JSON, trimmed to {TEXT_LIMIT} characters")
     error = models.TextField(blank=True, help_text=f"trimmed to {TEXT_LIMIT} characters")
     truncated = models.BooleanField(default=False, help_text="payload, result or error was trimmed")
+    progress = models.TextField(
+        blank=True, help_text="the last progress its handler reported (JSON, at most 1,024 bytes)"
+    )
     gone_from_redis = models.BooleanField(default=False)
     mirrored_at = models.DateTimeField()
 

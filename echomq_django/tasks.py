@@ -22,10 +22,17 @@ def`` task runs through asgiref's ``async_to_sync``, as handlers do).
 
 Mapping (``get_result`` / ``TaskResult.refresh``): ``pending``, ``delayed``
 (``run_after``, or waiting out a retry's backoff) and ``awaiting_children`` are
-READY; ``active`` is RUNNING; ``completed`` is SUCCESSFUL; ``dead`` is FAILED.
-``errors`` holds the last attempt's error (the queue keeps only the last);
-``worker_ids`` holds one entry per attempt (``WORKER_ID``: the queue does not
-record which worker ran an attempt), so ``attempts`` counts them.
+READY; ``active`` is RUNNING; ``completed`` is SUCCESSFUL; ``dead`` is FAILED:
+a failed attempt with attempts left goes back to READY, not FAILED.
+``started_at`` is the first attempt's start and ``last_attempted_at`` the
+latest one's; ``errors`` holds one ``TaskError`` per failed attempt, oldest
+first, the newest ten (``EchoMQ.attempt_errors``); ``worker_ids`` holds one
+entry per attempt started, the running one included, as the framework's
+own backends count (``WORKER_ID``: the queue does not record which worker
+ran an attempt), so ``attempts`` counts them and ``TaskContext.attempt``
+starts at 1. ``TaskResult.refresh()`` / ``arefresh()`` read it all again;
+to block until a task finishes, ``emq.wait(queue_name, result.id, timeout_s)``
+(docs/howto/tasks-backend.md#taskresult-fields).
 ``run_after`` maps to ``delay_ms``; ``priority`` to the job's priority
 (docs/explanation/protocol.md#scheduling; ``supports_priority`` follows whether ``EchoMQ.enqueue``
 takes one, and without it a non-zero priority is the framework's
@@ -42,6 +49,7 @@ from __future__ import annotations
 import copy
 import inspect
 import re
+import traceback
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
@@ -72,6 +80,7 @@ from .core.exceptions import JobNotFound, Unrecoverable
 from .core.flows import new_id
 from .core.jobs import Job, JobState
 from .core.keyspace import validate_id, validate_queue
+from .core.live import running, stop_running
 from .handlers import TASK_JOB_NAME, handler
 from .protocol.client import EchoMQ
 
@@ -164,7 +173,10 @@ class EchoMQBackend(BaseTaskBackend):
             api.enqueue(task.queue_name, TASK_JOB_NAME, payload, on_commit=True, **options)
         else:
             # The row's created_at is this `now`, so get_result() equals this result.
+            # The clock lives on the wire the parts share: pin a copy of it, not
+            # the process's own (which would stop every later reading of its time).
             pinned = copy.copy(mq)
+            pinned.wire = copy.copy(mq.wire)
             pinned.clock = lambda: now
             pinned.enqueue(task.queue_name, TASK_JOB_NAME, payload, **options)
         result = TaskResult(
@@ -208,7 +220,8 @@ class EchoMQBackend(BaseTaskBackend):
                 raise TaskResultDoesNotExist(
                     f"job {result_id!r} in queue {queue!r} is not a task (its name is {job.name!r})"
                 )
-            return task_result(job, self.alias)
+            errors = mq.attempt_errors(queue, result_id) if job.error else []
+            return task_result(job, self.alias, errors)
         waiting = outbox.waiting_job(result_id, self.queues)
         if waiting is not None:  # committed, not in Redis yet: the commit outbox
             return task_result(waiting, self.alias)
@@ -331,10 +344,13 @@ def result_done(job: Job) -> bool:
     return job.state in (JobState.COMPLETED, JobState.DEAD)
 
 
-def task_result(job: Job, alias: str) -> TaskResult:
+def task_result(job: Job, alias: str, errors: list[str] | None = None) -> TaskResult:
     """The ``TaskResult`` of a task job read from Redis (the module docstring
-    gives the mapping). Raises ``TaskResultDoesNotExist`` when its task no
-    longer resolves."""
+    gives the mapping); ``errors``: its failed attempts' errors, oldest first
+    (``EchoMQ.attempt_errors``; None: the row's last error alone). Raises
+    ``TaskResultDoesNotExist`` when its task no longer resolves."""
+    if errors is None:
+        errors = [job.error] if job.error else []
     payload = job.payload or {}
     try:
         task = _task_of(job, alias)
@@ -345,13 +361,13 @@ def task_result(job: Job, alias: str) -> TaskResult:
         id=job.id,
         status=STATUS[job.state],
         enqueued_at=_when(job.created_at),
-        started_at=_when(job.started_at),
+        started_at=_when(job.first_started_at),
         finished_at=_when(job.finished_at) if result_done(job) else None,
         last_attempted_at=_when(job.started_at),
         args=payload.get("args", []),
         kwargs=payload.get("kwargs", {}),
         backend=alias,
-        errors=[task_error(job.error)] if job.error else [],
+        errors=[task_error(e) for e in errors],
         worker_ids=[WORKER_ID] * job.attempts,
     )
     if job.state is JobState.COMPLETED:
@@ -367,43 +383,62 @@ def run_task(job: Job) -> Any:
     """The handler of every task job: resolves the task by its module path,
     sends the framework's ``task_started`` / ``task_finished`` signals and
     returns the task's JSON-serialisable return value. A failure that will
-    be retried sends no ``task_finished``. Raises what the task raises,
-    ``PayloadError`` for a return value that is not JSON."""
+    be retried sends no ``task_finished``. While the task runs,
+    ``current_job()`` is ``job`` (docs/howto/progress-and-logs.md#from-a-django-task).
+    Raises what the task raises, ``PayloadError`` for a return value that is
+    not JSON."""
     payload = job.payload or {}
     alias = payload.get("backend", "default")
     try:
         task = _task_of(job, alias)
     except (ImportError, AttributeError, KeyError, TypeError) as err:
         raise LookupError(f"task {payload.get('task')!r} does not resolve: {err}") from err
-    now = job._mq.clock() if job._mq is not None else None
+    mq = job._mq or get_mq()
+    now, first, errors = mq.clock(), None, []
+    if job.attempts > 1:  # a retry: the first start and the earlier errors are in Redis
+        try:
+            first = mq.get_job(job.queue, job.id).first_started_at
+            errors = mq.attempt_errors(job.queue, job.id)
+        except JobNotFound:
+            pass
     result = TaskResult(
         task=task,
         id=job.id,
         status=TaskResultStatus.RUNNING,
         enqueued_at=_when(job.created_at),
-        started_at=_when(now),
+        started_at=_when(first or now),
         finished_at=None,
         last_attempted_at=_when(now),
         args=payload.get("args", []),
         kwargs=payload.get("kwargs", {}),
         backend=alias,
-        errors=[],
+        errors=[task_error(e) for e in errors],
         worker_ids=[WORKER_ID] * job.attempts,
     )
     task_started.send(EchoMQBackend, task_result=result)
     args, kwargs = payload.get("args", []), payload.get("kwargs", {})
+    token = running(job)
     try:
         if task.takes_context:
             value = task.call(TaskContext(task_result=result), *args, **kwargs)
         else:
             value = task.call(*args, **kwargs)
-        (job._mq or get_mq()).encode(value, "result")
+        mq.encode(value, "result")
     except BaseException as exc:
         if isinstance(exc, Unrecoverable) or job.attempts >= job.max_attempts:
+            kind = type(exc)
+            text = "".join(traceback.format_exception(exc))
+            result.errors.append(
+                TaskError(
+                    exception_class_path=f"{kind.__module__}.{kind.__qualname__}", traceback=text
+                )
+            )
             object.__setattr__(result, "status", TaskResultStatus.FAILED)
             object.__setattr__(result, "finished_at", timezone.now())
             task_finished.send(EchoMQBackend, task_result=result)
         raise
+    finally:
+        stop_running(token)
     object.__setattr__(result, "status", TaskResultStatus.SUCCESSFUL)
     object.__setattr__(result, "finished_at", timezone.now())
     object.__setattr__(result, "_return_value", value)

@@ -118,6 +118,15 @@ for i, id in ipairs(ids) do
   if f[1] == 'pending' then
     local token = batch .. '.' .. i
     local attempts = tostring((tonumber(f[4]) or 0) + 1)
+    if attempts ~= '1' then
+      -- a later attempt: its first start stays as `first_started_at` (HSETNX
+      -- keeps the earliest); a first attempt writes nothing more
+      -- (docs/explanation/protocol.md#the-errors-of-earlier-attempts)
+      local first = redis.call('HGET', row, 'started_at')
+      if first then
+        redis.call('HSETNX', row, 'first_started_at', first)
+      end
+    end
     redis.call('HSET', row, 'state', 'active', 'lease', token, 'started_at', now,
       'attempts', attempts)
     leases[#leases + 1] = deadline

@@ -38,7 +38,7 @@ for i = 4, #ARGV do
     if f[4] and redis.call('GET', base .. 'dedup:' .. f[4]) == id then
       redis.call('DEL', base .. 'dedup:' .. f[4])
     end
-    redis.call('DEL', row)
+    redis.call('DEL', row, row .. ':logs', row .. ':errors')  -- a delayed one may have run
     emit_to(base .. 'events', 'removed', id)
     out[#out + 1] = id
   end

@@ -5,6 +5,10 @@
   other queue: a fail entry on this queue's outbox). A delayed retry announces
   its run-at on the queue's wake key (lib/claimable.lua), so a blocked worker
   promotes it on time. docs/explanation/protocol.md#fail, docs/explanation/no-polling.md#wake-keys.
+  The error of the attempt before (the row's `error`, when it has one) moves
+  to the end of P:{q}:job:<id>:errors, which keeps the newest ERRORS_EARLIER;
+  so the row's `error` and that list hold each failed attempt's error
+  (docs/explanation/protocol.md#the-errors-of-earlier-attempts).
 
   KEYS[1] job row              P:{q}:job:<id>
   KEYS[2] delayed zset         P:{q}:delayed (score: run-at, ms)
@@ -59,6 +63,15 @@ if f[1] ~= 'active' then
 end
 if f[2] ~= token then
   return redis.error_reply('EMQLEASE ' .. QUEUE .. ' ' .. id)
+end
+
+local ERRORS_EARLIER = 9  -- protocol/reads.ERRORS_KEPT - 1: the row keeps the last
+local earlier = get_error(row)
+if earlier then
+  local errors = row .. ':errors'
+  if redis.call('RPUSH', errors, earlier) > ERRORS_EARLIER then
+    redis.call('LTRIM', errors, -ERRORS_EARLIER, -1)
+  end
 end
 
 local attempts, max_attempts = tonumber(f[3]), tonumber(f[4] or ARGV[9])

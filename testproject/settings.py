@@ -29,7 +29,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "echomq_django",
-    "testproject.orders",  # the orders pipeline demo (issue 7)
+    "testproject.orders",  # the orders pipeline demo (scripts/demo.sh)
     # The worker tests' handlers (t.*); tests/ is importable from the repo root.
     "tests.support.workerapp",
 ]
@@ -139,7 +139,7 @@ ECHOMQ = {
     "PREFIX": os.environ.get("ECHOMQ_PREFIX", "emq"),
     "QUEUES": {
         "orders": {"MAX_ATTEMPTS": 3, "BACKOFF_MS": 200, "LEASE_MS": _LEASE_MS},
-        # Small backoffs keep the demo quick (issue 7): an out-of-stock line
+        # Small backoffs keep the demo quick: an out-of-stock line
         # spends its 2 attempts in ~0.1 s, a declined card its 4 in ~0.7 s.
         "validation": {"BACKOFF_MS": 100, "LEASE_MS": _LEASE_MS},
         "inventory": {"MAX_ATTEMPTS": 2, "BACKOFF_MS": 100, "LEASE_MS": _LEASE_MS},

@@ -4,5 +4,5 @@ from django.urls import include, path
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("orders/", include("testproject.orders.urls")),
-    path("echomq/", include("echomq_django.urls")),  # metrics/ (issue 15)
+    path("echomq/", include("echomq_django.urls")),  # metrics/ (docs/reference/metrics.md)
 ]

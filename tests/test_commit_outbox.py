@@ -11,7 +11,6 @@ import threading
 
 import pytest
 import redis
-from django.conf import settings
 from django.db import connections, transaction
 from redis.backoff import NoBackoff
 from redis.retry import Retry
@@ -20,20 +19,10 @@ from echomq_django import EchoMQ, Flow, JobState, RedisUnavailable
 from echomq_django import commit_outbox as outbox
 from echomq_django.models import OutboxEntry
 from tests.support import rigs
+from tests.support.fixtures import database_params
 from tests.support.workerkit import burst, wait_for
 
-ALIASES = [
-    pytest.param("default", id="sqlite"),
-    pytest.param("sqlite_file", id="sqlite-file"),
-    pytest.param(
-        "pg",
-        id="postgresql",
-        marks=pytest.mark.skipif(
-            "pg" not in settings.DATABASES,
-            reason="no PostgreSQL at ECHOMQ_TEST_PG (default 127.0.0.1:5432)",
-        ),
-    ),
-]
+ALIASES = database_params(sqlite_file=True)
 pytestmark = pytest.mark.django_db(transaction=True, databases="__all__")
 
 

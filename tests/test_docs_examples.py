@@ -483,6 +483,7 @@ def test_the_pages_links_and_includes_resolve():
             "payloads",
             "periodic",
             "priorities-rate-limits",
+            "progress-and-logs",
             "retention",
             "tasks-backend",
             "testing",
@@ -606,6 +607,41 @@ def test_the_canvas_howto(howto):
             burst("prices", "orders")
             emq.Pump(["prices", "orders"]).sweep()
         assert example.receipt_of(ref) == {"order": "o7", "due_cents": round(6400 * 1.2)}
+
+
+def test_the_progress_and_logs_howto(howto):
+    """The handler's progress and lines are read back by the status view;
+    report_step reaches the running job through current_job()."""
+    import json
+
+    from django.test import RequestFactory
+
+    from echomq_django.core.live import running, stop_running
+
+    example = howto("progress_logs")
+    request = RequestFactory().get("/status")
+    images = [f"img{n}.png" for n in range(7)]
+    with echomq_settings(QUEUES={"media": {"KEEP_LOGS": 5}}) as mq:
+        emq.enqueue("media", "media.thumbnails", {"images": images}, job_id="t1")
+        assert burst("media").processed == 1
+        reply = example.status(request, "t1")
+        assert json.loads(reply.content) == {
+            "state": "completed",
+            "progress": {"stage": "done", "images": 7},
+            "log": [f"resized img{n}.png" for n in range(2, 7)],  # KEEP_LOGS = 5
+        }
+        example.report_step("outside a worker", 10)  # no current job: nothing to do
+        emq.enqueue("media", "media.other", None, job_id="t2")
+        (job,) = mq.claim("media")
+        token = running(job)
+        try:
+            example.report_step("step one", 30)
+        finally:
+            stop_running(token)
+        assert (emq.get_job("media", "t2").progress, emq.job_logs("media/t2")) == (
+            30,
+            ["step one"],
+        )
 
 
 def test_the_readme_example_is_the_file_the_suite_runs(r):

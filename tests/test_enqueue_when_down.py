@@ -21,21 +21,12 @@ from echomq_django import EchoMQ, Flow, JobState, PayloadError, RedisUnavailable
 from echomq_django import commit_outbox as outbox
 from echomq_django.checks import check_settings
 from echomq_django.models import OutboxEntry
+from tests.support.fixtures import database_params
 from tests.support.rigs import free_port
 
 pytestmark = pytest.mark.django_db(transaction=True, databases="__all__")
 
-ALIASES = [
-    pytest.param("default", id="sqlite"),
-    pytest.param(
-        "pg",
-        id="postgresql",
-        marks=pytest.mark.skipif(
-            "pg" not in settings.DATABASES,
-            reason="no PostgreSQL at ECHOMQ_TEST_PG (default 127.0.0.1:5432)",
-        ),
-    ),
-]
+ALIASES = database_params()
 
 
 @pytest.fixture(params=ALIASES)

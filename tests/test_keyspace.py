@@ -11,7 +11,16 @@ from echomq_django.core.keyspace import ID_RULE, PREFIX_RULE, QUEUE_RULE, Keyspa
 from tests.support.jobkit import leaf, node, snapshot
 
 K = Keyspace("emq")
-PARTS = ("dependencies", "children", "processed", "failed", "unsuccessful", "removed")
+PARTS = (
+    "dependencies",
+    "children",
+    "processed",
+    "failed",
+    "unsuccessful",
+    "removed",
+    "logs",
+    "errors",
+)
 QUEUE_KEYS = (
     "pending",
     "active",

@@ -422,3 +422,19 @@ def test_no_module_but_the_keyspace_spells_a_key_suffix():
                 if hits and not node.value.strip().startswith(('"""', "#")):
                     spelled.append(f"echomq_django/{name}:{node.lineno} {node.value!r}")
     assert spelled == []
+
+
+def test_the_wheel_lists_every_package() -> None:
+    """pyproject.toml names its packages one by one (the Lua folder is mapped
+    into the package): a new room left out would be missing from the wheel."""
+    import tomllib
+
+    listed = set(
+        tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )
+    found = {
+        ".".join(init.parent.relative_to(REPO).parts)
+        for init in PACKAGE.rglob("__init__.py")
+        if "__pycache__" not in init.parts
+    }
+    assert found - listed == set(), "add these to [tool.setuptools] packages"

@@ -6,7 +6,9 @@ transactions, signals, checks."""
 
 from __future__ import annotations
 
+import itertools
 import logging
+import os
 from datetime import timedelta
 
 import pytest
@@ -25,6 +27,7 @@ from echomq_django.tasks import (  # noqa: E402
     WORKER_ID,
     EchoMQBackend,
     InvalidTask,
+    run_task,
     task_error,
 )
 
@@ -343,3 +346,100 @@ def test_a_deferred_task_keeps_its_priority(mq, transactional_db):
         result = tasks_mod.noop_task.using(priority=7).enqueue()
     assert default_task_backend.get_result(result.id).task.priority == 7
     assert mq.get_job("default", result.id).state is JobState.PENDING
+
+
+# -- TaskResult through retries (docs/howto/tasks-backend.md#taskresult-fields) ----------
+def retrying(attempts: int):
+    """TASKS allowing ``attempts`` tries, and a default queue with no backoff:
+    a failed attempt goes straight back to pending, where a burst finds it."""
+    tasks = {
+        "default": {
+            "BACKEND": "echomq_django.tasks.EchoMQBackend",
+            "QUEUES": ["default"],
+            "OPTIONS": {"MAX_ATTEMPTS": attempts},
+        }
+    }
+    cfg = {"URL": os.environ["ECHOMQ_URL"], "QUEUES": {"default": {"BACKOFF_MS": 0}}}
+    return override_settings(TASKS=tasks, ECHOMQ=cfg)
+
+
+def test_a_result_through_retries_keeps_each_attempt_s_error_and_its_first_start(r):
+    with retrying(3):
+        conf.reset()
+        mq = conf.get_mq()
+        ticks = itertools.count(1_800_000_000_000, 10)  # ms: each reading 10 ms later
+        mq.clock = lambda: next(ticks)
+        result = tasks_mod.fails_twice.enqueue()
+        (job,) = mq.claim("default")  # attempt 1, run by hand
+        with pytest.raises(tasks_mod.CustomError):
+            run_task(job)
+        mq.fail(job, "tests.support.workerapp.tasks.CustomError: attempt 1 failed")
+        result.refresh()
+        assert (result.status, result.attempts, len(result.errors)) == (
+            TaskResultStatus.READY,
+            1,
+            1,
+        )
+        assert result.started_at == result.last_attempted_at
+        started = result.started_at
+        assert Worker(["default"], mq=mq, concurrency=1).run(burst=True) == 2
+        result.refresh()
+        conf.reset()
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert result.attempts == 3 and result.worker_ids == [WORKER_ID] * 3
+    assert result.started_at == started < result.last_attempted_at <= result.finished_at
+    assert [e.exception_class for e in result.errors] == [tasks_mod.CustomError] * 2
+    assert result.errors[1].traceback.rstrip().endswith("attempt 2 failed")
+    assert result.return_value == {
+        "attempt": 3,
+        "errors": [f"{tasks_mod.CustomError.__module__}.CustomError"] * 2,
+        "first_is_earlier": True,
+    }
+    assert (mq.get_job("default", result.id).progress, mq.job_logs("default", result.id)) == (
+        100,
+        ["third time lucky"],
+    )
+
+
+def test_enqueue_leaves_the_process_clock_running(mq):
+    ticks = itertools.count(1_800_000_000_000, 10)
+    mq.clock = lambda: next(ticks)
+    result = tasks_mod.noop_task.enqueue()
+    assert result.enqueued_at.timestamp() * 1000 == 1_800_000_000_000
+    assert mq.clock() == 1_800_000_000_010  # not pinned to the enqueue's time
+
+
+def test_a_failed_result_has_one_error_per_attempt_and_refreshes_async(r):
+    with retrying(2):
+        conf.reset()
+        mq = conf.get_mq()
+        ticks = itertools.count(1_800_000_000_000, 10)
+        mq.clock = lambda: next(ticks)
+        result = tasks_mod.failing_task_value_error.enqueue()
+        assert Worker(["default"], mq=mq, concurrency=1).run(burst=True) == 2
+        run_async(result.arefresh)
+        conf.reset()
+    assert (result.status, result.attempts, result.is_finished) == (
+        TaskResultStatus.FAILED,
+        2,
+        True,
+    )
+    assert [e.exception_class for e in result.errors] == [ValueError, ValueError]
+    assert result.started_at < result.last_attempted_at <= result.finished_at
+
+
+def test_the_errors_kept_are_bounded(mq):
+    from echomq_django.protocol.reads import ERRORS_KEPT
+
+    mq.enqueue("default", "t.fail", None, job_id="many", max_attempts=ERRORS_KEPT + 5)
+    for n in range(ERRORS_KEPT + 5):
+        mq.client.hset(mq.keys.job("default", "many"), "state", "pending")
+        mq.client.rpush(mq.keys.queue("default").pending, "many")
+        (job,) = mq.claim("default")
+        mq.fail(job, f"boom {n}")
+        mq.client.zrem(mq.keys.queue("default").delayed, "many")
+    errors = mq.attempt_errors("default", "many")
+    assert errors == [f"boom {n}" for n in range(5, ERRORS_KEPT + 5)]
+    assert mq.client.llen(mq.keys.job_keys("default", "many").errors) == ERRORS_KEPT - 1
+    mq.remove("default", "many")
+    assert mq.client.exists(mq.keys.job_keys("default", "many").errors) == 0

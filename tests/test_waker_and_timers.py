@@ -12,6 +12,7 @@ from echomq_django import EchoMQ, JobState
 from echomq_django.runners.wake import DOWN, UP, Timers, Wake, Waker
 from tests.support import jobkit
 from tests.support.jobkit import T0, claim_one
+from tests.support.workerkit import wait_for
 
 
 def markers(mq, queue: str = "q", key: str = "wake") -> dict[str, int]:
@@ -62,12 +63,43 @@ def test_put_back_keeps_the_earliest_run_at(mq, waker) -> None:
 
 
 def test_the_blocking_timeout_stays_under_the_socket_timeout(mq) -> None:
-    w = Waker(mq, ["q"], "wake", lambda wake: None, block_s=60.0)
-    assert w.block_s <= 5.0 or w.markers._own is not None  # 5 s: redis-py's default socket timeout
-    if w.markers._own is not None:
-        conn = w.markers._own.connection_pool.get_connection()
+    """Each group blocks on a private connection whose socket outlives the
+    command (to the server, or to the node of the queue's slot)."""
+    w = Waker(mq, ["q", "r"], "wake", lambda wake: None, block_s=60.0)
+    assert w.block_s == 60.0
+    readers = list(w.markers._readers.values())
+    assert len(readers) == len(w.groups)
+    for reader in readers:
+        conn = reader.connection_pool.get_connection()
         assert conn.socket_timeout > w.block_s
-        w.markers._own.connection_pool.release(conn)
+        reader.connection_pool.release(conn)
+
+
+def test_a_cut_reader_refuses_to_block_again(mq) -> None:
+    """After ``cut()`` a pop fails at once instead of reconnecting and
+    blocking for ``block_s`` (a waker thread that raced past its stop check),
+    and the marker stays for other runners."""
+    from echomq_django.core.exceptions import RedisUnavailable
+
+    w = Waker(mq, ["q"], "wake", lambda wake: None, block_s=60.0)
+    mq.enqueue("q", "job", job_id="a")
+    w.markers.cut()
+    with pytest.raises(RedisUnavailable, match="the wake-up reader was stopped"):
+        w.markers.pop(["q"])
+    assert markers(mq) == {"0": 0}
+
+
+def test_stop_returns_once_the_blocked_threads_have(mq) -> None:
+    """``stop()`` cuts the blocked ``BZPOPMIN`` and joins the threads, so
+    what the runner hands back after it cannot be popped by its own waker."""
+    w = Waker(mq, ["q", "r", "s"], "wake", lambda wake: None, block_s=60.0)
+    w.start()
+    w.arm()
+    wait_for(lambda: all(t.is_alive() for t in w._threads), what="the waker threads")
+    w.stop()
+    assert [t.is_alive() for t in w._threads] == [False] * len(w.groups)
+    w.put_back(Wake("q", "d", T0 + 500))
+    assert markers(mq) == {"d": T0 + 500}
 
 
 def test_a_cluster_blocks_per_queue_one_server_once(mq) -> None:
@@ -220,7 +252,7 @@ def test_a_stopping_worker_hands_back_the_delayed_run_at_it_learnt(mq):
     run-at, not at its first sweep (the stopped worker's timers lock holds
     sweeps off for ``sweep_s``)."""
     from echomq_django import Worker
-    from tests.support.workerkit import Background, wait_for
+    from tests.support.workerkit import Background
 
     first = Worker(["q"], mq=mq, register=False)
     running = Background(first)

@@ -23,6 +23,7 @@ from ..templatetags.echomq_admin import (
     emq_breakable,
     emq_flag,
     emq_headline,
+    emq_progress,
     emq_state,
 )
 
@@ -65,6 +66,17 @@ def error_preview(obj: MirroredJob) -> str:
         return ""
     cut = line if len(line) <= ERROR_CHARS else line[: ERROR_CHARS - 1] + "…"
     return format_html('<span class="emq-error-line" title="{}">{}</span>', line, cut)
+
+
+@admin.display(description="progress")
+def progress_cell(obj: MirroredJob) -> str:
+    """The last progress its handler reported, in words (``emq_progress``):
+    ``40%``, or an object's JSON cut short with the whole as its title; ``-``
+    for none."""
+    words = emq_progress(obj.progress, short=True)
+    if not words:
+        return "-"
+    return format_html('<span title="{}">{}</span>', emq_progress(obj.progress), words)
 
 
 @admin.display(description="waited · ran")

@@ -128,7 +128,14 @@ class RetryByIdForm(forms.Form):
 
 @admin.register(MirroredJob)
 class MirroredJobAdmin(MirrorAdmin):
-    list_display = ("job", show.state_badge, show.error_preview, show.times, "parent_link")
+    list_display = (
+        "job",
+        show.state_badge,
+        show.progress_cell,
+        show.error_preview,
+        show.times,
+        "parent_link",
+    )
     list_display_links = None  # the job cell links its id only (show.job_cell)
     list_filter = ("queue", "state", show.HasErrorFilter, "name", show.InRedisFilter)
     search_fields = ("job_id", "name")

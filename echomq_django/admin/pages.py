@@ -28,6 +28,7 @@ from .display import jobs_url
 FLOW_DEPTH = 2  # levels under a parent shown on its page: children, grandchildren
 CHILDREN_PER_PAGE = 100  # a parent's children per page of its tree
 FANOUT = 20  # a child's own children shown under it (its page shows them all)
+LOG_LINES = 100  # a job page shows its job log's newest lines, at most this many
 CELL_CHARS = 300  # a value or error in a tree or table cell; the child's own page has it all
 DEADLETTERS_SHOWN = 100
 
@@ -150,6 +151,7 @@ def _mirror_view(row) -> dict:
     to ``TEXT_LIMIT`` characters when ``trimmed``)."""
     return {
         "summary": job_summary(row=row),
+        "progress": row.progress,
         "payload": _pretty(row.payload),
         "result": _pretty(row.result),
         "error": row.error,
@@ -184,28 +186,27 @@ def _unresolved(mq, queue: str, refs: list) -> tuple[list[dict], int, int]:
 
 
 def job_page(mq, row, page: int = 1) -> dict:
-    """Context for the page of ``row`` (a ``MirroredJob``): ``summary``
-    (``job_summary``: live, or the mirror's when Redis could not be read or
-    no longer holds the job), ``live`` (the ``Job``, or None),
-    ``live_error`` (text when Redis could not be read), ``payload`` /
-    ``result`` / ``error`` (full text when live; the mirror's, ``trimmed``,
-    otherwise), ``parent_url``, and for a live parent ``tree`` (page ``page``
-    of its children, ``CHILDREN_PER_PAGE`` a page, each with up to ``FANOUT``
-    children of its own: ``tree_nodes``), ``pager``, ``deps`` (counts:
-    ``dependency_counts``), and among the children of that page (one paged
-    ``dependencies`` read, docs/howto/read-flows.md#paged-reads): those that
-    failed it / were ignored / removed / are unresolved (lists of ``{queue,
-    id, url, text}``; unresolved ones with their ``state``), ``to_finish``
-    (unresolved children that can still finish: pending, active, delayed or
-    awaiting their own children; a dead parent's ``fp`` child is not one)
-    and ``undelivered`` (children that finished on another queue but whose
-    word has not reached the parent yet: the pump delivers it). Reads stay
-    bounded by the page, whatever the fan-in: a 10,000-child parent reads
-    its counts and ``CHILDREN_PER_PAGE`` children."""
+    """Context for the page of ``row`` (a ``MirroredJob``): ``summary`` (``job_summary``: live, or
+    the mirror's when Redis could not be read or no longer holds the job), ``live`` (the
+    ``Job``, or None), ``live_error`` (text when Redis could not be read), ``payload`` /
+    ``result`` / ``error`` (full text when live; the mirror's, ``trimmed``, otherwise),
+    ``progress`` (live, or the mirror's), ``logs`` (live only: the job log's newest
+    ``LOG_LINES`` lines), ``parent_url``, and for a live parent ``tree`` (page ``page`` of its
+    children, ``CHILDREN_PER_PAGE`` a page, each with up to ``FANOUT`` children of its own:
+    ``tree_nodes``), ``pager``, ``deps`` (counts: ``dependency_counts``), and among the children
+    of that page (one paged ``dependencies`` read, docs/howto/read-flows.md#paged-reads): those
+    that failed it / were ignored / removed / are unresolved (lists of ``{queue, id, url,
+    text}``; unresolved ones with their ``state``), ``to_finish`` (unresolved children that can
+    still finish: pending, active, delayed or awaiting their own children; a dead parent's
+    ``fp`` child is not one) and ``undelivered`` (children that finished on another queue but
+    whose word has not reached the parent yet: the pump delivers it). Reads stay bounded by the
+    page, whatever the fan-in: a 10,000-child parent reads its counts and ``CHILDREN_PER_PAGE``
+    children."""
     queue, job_id = row.queue, row.job_id
     ctx: dict[str, Any] = {"live": None, "live_error": "", "is_parent": False}
     try:
         job = mq.get_job(queue, job_id)
+        logs = mq.job_logs(queue, job_id, -LOG_LINES, -1)
         counts = mq.dependency_counts(queue, job_id)
         book = pager(page, counts["children"], CHILDREN_PER_PAGE)
         start = (book["page"] - 1) * CHILDREN_PER_PAGE
@@ -223,6 +224,9 @@ def job_page(mq, row, page: int = 1) -> dict:
     ctx.update(
         live=job,
         summary=job_summary(job=job),
+        progress=job.progress,
+        logs=logs,
+        log_lines=LOG_LINES,
         payload=as_text(job.payload),
         result=as_text(job.result) if job.result is not None else "",
         error=job.error or "",

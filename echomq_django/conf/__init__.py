@@ -86,12 +86,18 @@ def get_mq() -> EchoMQ:
     if _mq is None:
         with _lock:
             if _mq is None:
-                cfg = config()
-                errors = problems(cfg)
-                if errors:
-                    raise ImproperlyConfigured("; ".join(f"{i}: {m} ({h})" for i, m, h in errors))
+                cfg = _checked_config()
                 _mq = _build(cfg, build_client(cfg))
     return _mq
+
+
+def _checked_config() -> dict:
+    """``ECHOMQ`` read; raises ``ImproperlyConfigured`` naming every problem."""
+    cfg = config()
+    errors = problems(cfg)
+    if errors:
+        raise ImproperlyConfigured("; ".join(f"{i}: {m} ({h})" for i, m, h in errors))
+    return cfg
 
 
 def _build(cfg: dict, client) -> EchoMQ:
@@ -118,10 +124,7 @@ def offline_mq() -> EchoMQ:
     if _offline is None:
         with _lock:
             if _offline is None:
-                cfg = config()
-                errors = problems(cfg)
-                if errors:
-                    raise ImproperlyConfigured("; ".join(f"{i}: {m} ({h})" for i, m, h in errors))
+                cfg = _checked_config()
                 # a plain client builds without connecting; no command is sent on it
                 mq = _build(cfg, connect("redis://offline.invalid:1/0", False, {}))
                 mq.offline = True

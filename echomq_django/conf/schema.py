@@ -52,6 +52,8 @@ TOP_KEYS |= {"ENQUEUE_WHEN_DOWN"}  # enqueue_when_down() checks it: E090
 ENQUEUE_WHEN_DOWN = ("raise", "outbox")
 QUEUE_KEYS = {"MAX_ATTEMPTS", "BACKOFF_MS", "LEASE_MS", "KEEP_COMPLETED", "KEEP_DEAD"}
 QUEUE_KEYS |= {"RATE_LIMIT", "TIMEOUT_MS"}
+QUEUE_KEYS |= {"KEEP_LOGS"}  # lines a job log keeps (core/live.py): E060
+KEEP_LOGS_MAX = 10_000  # a job log's bound, at most (lines)
 RUNTIME_KEYS = {"RATE_LIMIT", "TIMEOUT_MS"}  # checked by runners/periodic.problems (E050-E059)
 URL_SCHEMES = ("redis://", "rediss://", "unix://")
 DJANGO_REDIS_CACHE = "django.core.cache.backends.redis.RedisCache"
@@ -165,6 +167,9 @@ def problems(cfg: dict | None = None) -> list[tuple[str, str, str]]:
         for key, value in opts.items():
             if key in RUNTIME_KEYS:
                 continue
+            if key == "KEEP_LOGS":
+                out += keep_logs_problems(name, value)
+                continue
             if key in KEEP_KEYS:  # retention (docs/explanation/lifecycle.md): E020-E023
                 out += [
                     (f"echomq_django.{cid}", f"queue {name!r}: {key} {message}", KEEP_HINT)
@@ -215,6 +220,21 @@ def problems(cfg: dict | None = None) -> list[tuple[str, str, str]]:
             )
         )
     return out + value_problems(cfg)
+
+
+def keep_logs_problems(queue: str, value) -> list[tuple[str, str, str]]:
+    """``echomq_django.E060`` when a queue's ``KEEP_LOGS`` is not an int from 1
+    to ``KEEP_LOGS_MAX`` (docs/howto/progress-and-logs.md#keep_logs)."""
+    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= KEEP_LOGS_MAX:
+        return []
+    return [
+        (
+            "echomq_django.E060",
+            f"queue {queue!r}: KEEP_LOGS must be an integer from 1 to {KEEP_LOGS_MAX}, "
+            f"got {value!r}",
+            "KEEP_LOGS is the lines each job's log keeps (the newest); the default is 100.",
+        )
+    ]
 
 
 def enqueue_when_down() -> str:

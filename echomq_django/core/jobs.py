@@ -3,7 +3,8 @@ dependencies, the queue defaults, and the encoding to and from Redis.
 
 A job row is the hash ``P:{q}:job:<id>`` (docs/explanation/protocol.md#keys). Encoding and decoding
 live here and nowhere else. Of the package it imports only
-``core/refs.py`` (a job named by ``JobRef``).
+``core/refs.py`` (a job named by ``JobRef``) and ``core/live.py`` (what a
+running job reports).
 """
 
 from __future__ import annotations
@@ -13,11 +14,12 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
 
+from .live import KEEP_LOGS, Reporting
 from .refs import JobRef
 
 # A queue's settings when ECHOMQ["QUEUES"] gives none
 # (docs/explanation/protocol.md#leases-and-recovery).
-QUEUE_DEFAULTS = {"MAX_ATTEMPTS": 3, "BACKOFF_MS": 1000, "LEASE_MS": 30000}
+QUEUE_DEFAULTS = {"MAX_ATTEMPTS": 3, "BACKOFF_MS": 1000, "LEASE_MS": 30000, "KEEP_LOGS": KEEP_LOGS}
 MAX_PAYLOAD_BYTES = 512 * 1024  # bytes of JSON per payload or result, by default
 
 _ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
@@ -182,6 +184,7 @@ class JobSource(Protocol):
     against it keeps this module below the protocol (cf. huey's BaseStorage)."""
 
     keys: Any  # a keyspace.Keyspace
+    progress: Any  # protocol/live/progress.Progress: what a running job reports
 
     def setting(self, queue: str, name: str) -> int: ...
     def children_values(self, queue: str, job_id: str, cursor: int = 0, count=None) -> Any: ...
@@ -208,8 +211,8 @@ CLAIM_FIELDS = (
 
 
 @dataclass
-class Job:
-    """One job as read from Redis.
+class Job(Reporting):
+    """One job as read from Redis; a handler reports through it (``Reporting``).
 
     ``payload`` and ``result`` are decoded JSON; timestamps are ms since the
     epoch; ``lease`` is the token a worker holds (set by ``claim`` only);
@@ -234,13 +237,15 @@ class Job:
     parent_queue: str | None = None
     parent_policy: Policy | None = None
     created_at: int | None = None
-    started_at: int | None = None
+    started_at: int | None = None  # the last attempt's start (ms)
+    first_started_at: int | None = None  # the first attempt's start (ms)
     finished_at: int | None = None
     stalls: int = 0
     lease: str | None = None
     lease_deadline: int | None = None
     priority: int = 0
     timeout_ms: int | None = None  # its own limit per attempt (ms); None: the queue's
+    progress: Any = None  # the last report_progress value (core/live.py), decoded JSON
     timed_out: bool = field(default=False, compare=False)  # set by the worker
     # cancelled while it runs (docs/explanation/lifecycle.md): set when the row carries the mark,
     # or when the worker's heartbeat learns it; the handler may read it and stop
@@ -288,12 +293,14 @@ class Job:
             parent_policy=policy,
             created_at=_int(r.get("created_at")),
             started_at=_int(r.get("started_at")),
+            first_started_at=_int(r.get("first_started_at") or r.get("started_at")),
             finished_at=_int(r.get("finished_at")),
             stalls=_int(r.get("stalls")) or 0,
             lease=to_text(r.get("lease")),
             lease_deadline=lease_deadline,
             priority=_int(r.get("priority")) or 0,
             timeout_ms=_int(r.get("timeout_ms")),
+            progress=_json(r.get("progress")),
             _mq=mq,
             cancelled=r.get("cancel") is not None,
         )

@@ -148,7 +148,8 @@ GC_PREFIX = "gc:"  # list P:{q}:gc:<seq>:<id>: a removed parent's child refs
 # stream P:{q}:done:<id>: a finished job's note to its waiters, made by the
 # first waiter, expiring with the longest wait (docs/explanation/protocol.md#waiting-for-a-result)
 DONE_PREFIX = "done:"
-# JobKeys field -> the suffix after the row key P:{q}:job:<id> (a parent's keys).
+# JobKeys field -> the suffix after the row key P:{q}:job:<id> (a parent's keys,
+# and the lines any job's handler logs), each removed with the row.
 JOB_KEYS = {
     "dependencies": ":dependencies",  # counter: children not resolved yet
     "children": ":children",  # list: child refs
@@ -156,6 +157,12 @@ JOB_KEYS = {
     "failed": ":failed",  # hash: child ref -> error (policy fp)
     "unsuccessful": ":unsuccessful",  # hash: child ref -> error (policy id)
     "removed": ":removed",  # hash: child ref -> error (policy rd)
+    # list: the lines the handler logged, oldest first, the newest KEEP_LOGS kept
+    # (lua/append_log.lua; docs/explanation/protocol.md#progress-and-log-lines)
+    "logs": ":logs",
+    # list: the errors of a job's earlier failed attempts, oldest first, the
+    # newest ERRORS_KEPT - 1 kept (lua/fail.lua; the row's `error` is the last)
+    "errors": ":errors",
 }
 # job state -> the QueueKeys field (index) that holds a job in that state
 STATE_INDEX = {
@@ -240,6 +247,8 @@ class JobKeys:
     failed: str
     unsuccessful: str
     removed: str
+    logs: str
+    errors: str
 
     @classmethod
     def of(cls, row: str) -> JobKeys:
@@ -303,7 +312,7 @@ class Keyspace:
 
     def job_part(self, queue: str, job_id: str, part: str) -> str:
         """``P:{q}:job:<id>:<part>`` for part in ``JOB_KEYS`` (dependencies,
-        children, processed, failed, unsuccessful, removed); ``ValueError``
+        children, processed, failed, unsuccessful, removed, logs, errors); ``ValueError``
         for another part."""
         if part not in JOB_KEYS:
             raise ValueError(f"unknown job key {part!r}: one of {', '.join(JOB_KEYS)}")

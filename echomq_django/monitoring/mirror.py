@@ -101,6 +101,7 @@ def job_from_row(mq, queue: str, job_id: str, row: dict, now: datetime) -> Mirro
         result=result,
         error=error,
         truncated=cut_p or cut_r or cut_e,
+        progress=to_text(raw.get("progress")) or "",  # bounded by core/live.py
         gone_from_redis=False,
         mirrored_at=now,
     )

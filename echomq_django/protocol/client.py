@@ -6,7 +6,8 @@
 ``lua/fail.lua``, ``lua/extend_lease.lua``, ``lua/set_paused.lua``), the
 read API it inherits from ``Reads``, and the calls it hands to its parts:
 flows (``mq.flows``), bulk adds (``mq.bulk``), retry, remove and cancel
-(``mq.lifecycle``), waiting for a result (``mq.waits``). What only the
+(``mq.lifecycle``), waiting for a result (``mq.waits``), what a running
+job reports (``mq.progress``, through its ``Job``). What only the
 runners, the admin and monitoring call lives on the parts they name: ``mq.outbox``, ``mq.timers``,
 ``mq.signal_events``, ``mq.presence``, ``mq.probes``. Each part is a small
 class over the one ``Wire`` (``wire.py``) they share; this class validates
@@ -36,13 +37,14 @@ from .bulk import Bulk
 from .errors import translate
 from .flows import Flows
 from .lifecycle import BUDGET, Lifecycle, Report
+from .live.progress import Progress
+from .live.waits import Waits
 from .outbox import Outbox
 from .presence import Presence
 from .probes import Probes
 from .reads import Reads
 from .signal_events import SignalEvents
 from .timers import Timers
-from .live.waits import Waits
 from .wire import BACKOFF_CAP_MS, FLOW_CHUNK, Wire, local, opt
 
 COMPLETE_BATCH = 500  # jobs per complete script: a few ms of Redis time at most
@@ -53,7 +55,7 @@ class EchoMQ(Reads):
     """The queue over one redis-py client (``redis.Redis`` or ``RedisCluster``).
 
     Holds its parts: ``flows``, ``bulk``, ``lifecycle``, ``outbox``,
-    ``timers``, ``signal_events``, ``presence``, ``probes``, ``waits`` (the module
+    ``timers``, ``signal_events``, ``presence``, ``probes``, ``waits``, ``progress`` (the module
     docstring says who calls which).
 
     ``prefix`` starts every key (docs/explanation/protocol.md#keys). ``queues`` maps a queue name to
@@ -99,7 +101,7 @@ class EchoMQ(Reads):
         self.signal_events = SignalEvents(wire)
         self.presence = Presence(wire)
         self.probes = Probes(wire)
-        self.waits = Waits(wire, self)
+        self.waits, self.progress = Waits(wire, self), Progress(wire)
 
     @property
     def clock(self):

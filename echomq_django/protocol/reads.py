@@ -16,11 +16,12 @@ import redis
 from ..core.exceptions import JobNotFound
 from ..core.jobs import Dependencies, Job, JobState, decode_policy, row_error, to_text
 from ..core.keyspace import JobKeys, whole_number
-from ..core.refs import JobRef, Page, RefDict
+from ..core.refs import JobRef, Page, RefDict, as_ref
 from .errors import connection_error, reports_redis_down
 from .wire import Part
 
 ROWS_PER_TRIP = 500  # job rows per pipelined round trip (rows, states, exist)
+ERRORS_KEPT = 10  # failed attempts' errors a job keeps: the row's last, 9 earlier (lua/fail.lua)
 PAGE_MAX = 10_000  # children a page of a paged read, at most (docs/howto/read-flows.md#paged-reads)
 
 
@@ -55,6 +56,51 @@ class Reads(Part):
             score = self.client.zscore(self.keys.queue(queue).active, job_id)
             job.lease_deadline = int(score) if score is not None else None
         return job
+
+    @reports_redis_down
+    def job_logs(
+        self, queue, job_id: str | None = None, start: int = 0, end: int = -1
+    ) -> list[str]:
+        """The job log's lines ``start`` .. ``end`` (ints, inclusive; negative
+        counts from the newest, as LRANGE), oldest first: the newest
+        ``KEEP_LOGS`` lines its handler wrote with ``job.log``. The job is
+        ``(queue, job_id)`` or, with ``job_id`` None, a ``JobRef`` /
+        ``(queue, id)`` / ``"queue/id"`` as ``queue``. Raises ``JobNotFound``
+        (the log goes with its job), ``ValueError`` for a bad name or a
+        start / end that is not an int.
+        docs/howto/progress-and-logs.md#read-them-back"""
+        if job_id is None:
+            queue, job_id = as_ref(queue, self.keys)
+        for name, value in (("start", start), ("end", end)):
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ValueError(f"{name} must be an int (a line index), got {value!r}")
+        keys = JobKeys.of(self._require(queue, job_id))
+        return [to_text(line) for line in self.client.lrange(keys.logs, start, end)]
+
+    @reports_redis_down
+    def attempt_errors(self, queue: str, job_id: str) -> list[str]:
+        """The errors of the job's failed attempts, oldest first: those of
+        earlier attempts (``P:{q}:job:<id>:errors``), then the row's
+        ``error`` (the last), the newest ``ERRORS_KEPT`` at most. An error a
+        script wrote for the job (``cancelled``, a child's failure) counts
+        as its last. Raises ``JobNotFound``, ``ValueError`` for a bad name.
+        docs/explanation/protocol.md#the-errors-of-earlier-attempts"""
+        keys = self.keys.job_keys(queue, job_id)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.lrange(keys.errors, 0, -1)
+        pipe.hmget(keys.row, "state", "error", "error.n")
+        earlier, (state, first, n) = pipe.execute()
+        if state is None:
+            raise JobNotFound(f"job {job_id!r} not found in queue {queue!r}")
+        last = (
+            row_error({"error": first, "error.n": n}) if n is None else self._whole_error(keys.row)
+        )
+        out = [to_text(e) for e in earlier] + ([last] if last is not None else [])
+        return [self.keys.unkey(e) for e in out[-ERRORS_KEPT:]]
+
+    def _whole_error(self, row: str) -> str | None:
+        """A row's whole error, read with its pieces (``jobs.row_error``)."""
+        return row_error({to_text(k): v for k, v in self.client.hgetall(row).items()})
 
     @reports_redis_down
     def children_values(

@@ -22,10 +22,13 @@ pump and the periodic jobs call it (``runners/``).
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import dataclass
 
 import redis
+from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
+from redis.retry import Retry
 
 from ..core.jobs import Outcome, to_text
 from ..core.options import MAX_MS, check_int
@@ -54,33 +57,58 @@ class Wake:
 class Markers:
     """Pops the wake markers of ``field`` (``"wake"`` or ``"outbox_wake"``)
     of ``queues`` (see the module). ``block_s`` (s): the longest single
-    ``BZPOPMIN``, bounded below the client's socket timeout; ``groups``: the
-    queues one command covers (all on one server, one each on a Cluster).
-    Thread-safe; ``cut()`` ends a command blocked on its own connection."""
+    ``BZPOPMIN``; ``groups``: the queues one command covers (all on one
+    server, one each on a Cluster).
+
+    Each group blocks on a connection of its own (a private pool: to the
+    server, or to the node of the queue's slot on a Cluster, found again
+    after an error or a ``MOVED``), so ``cut()`` ends a blocked command at
+    once, and a connection cut off can never reconnect: a waker thread that
+    raced past its stop check finds it refused instead of blocking for
+    ``block_s``. A client whose pool is not a plain one (Sentinel...) blocks
+    on the shared client, ``block_s`` bounded below its socket timeout, and
+    ``cut()`` cannot end it: the thread returns within ``block_s``.
+    Thread-safe."""
 
     def __init__(self, wire: Wire, queues: list[str], field: str, block_s: float) -> None:
-        self.wire, self.field = wire, field
+        self.wire, self.field, self.block_s = wire, field, block_s
         client = wire.client
-        cluster = isinstance(client, RedisCluster)
-        self._own = None if cluster else _private_client(client, block_s)
-        self.client = self._own or client
-        timeout = socket_timeout(client) if self._own is None else None
-        self.block_s = max(0.1, min(block_s, timeout - SOCKET_MARGIN_S)) if timeout else block_s
+        self.cluster = isinstance(client, RedisCluster)
+        self._cut = threading.Event()
+        self._lock = threading.Lock()
         # one blocking command per slot: every queue at once on one server
-        self.groups = [[q] for q in queues] if cluster else [list(queues)]
+        self.groups = [[q] for q in queues] if self.cluster else [list(queues)]
+        self._readers: dict[str, redis.Redis] = {}  # the group's first queue -> its client
+        self._group_of = {q: group[0] for group in self.groups for q in group}
+        for group in self.groups:
+            reader = self._reader_for(group[0])
+            if reader is None:  # not a plain pool: every group uses the shared client
+                self._readers.clear()
+                break
+            self._readers[group[0]] = reader
+        timeout = None if self._readers else socket_timeout(client)
+        if timeout:  # the shared client: end before its socket does
+            self.block_s = max(0.1, min(block_s, timeout - SOCKET_MARGIN_S))
 
     def key(self, queue: str) -> str:
         return getattr(self.wire.keys.queue(queue), self.field)
 
     def pop(self, queues: list[str]) -> Wake | None:
-        """Block up to ``block_s`` for a marker of one of ``queues`` (tried in
-        that order); None when none came. Raises ``RedisUnavailable`` while
-        Redis cannot be reached (also when ``cut()`` ended the wait)."""
+        """Block up to ``block_s`` for a marker of one of ``queues`` (one
+        group, tried in that order); None when none came. Raises
+        ``RedisUnavailable`` while Redis cannot be reached, and once
+        ``cut()`` ended the wait."""
         keys = {self.key(q): q for q in queues}
+        client = self.wire.client
         try:
-            got = self.client.bzpopmin(list(keys), timeout=self.block_s)
+            client = self._client(queues)
+            got = client.bzpopmin(list(keys), timeout=self.block_s)
+        except redis.exceptions.MovedError as err:  # the slot moved: block there next
+            self._forget(queues, (err.host, int(err.port)))
+            raise connection_error(client, err) from err
         except AWAY as err:
-            raise connection_error(self.client, err) from err
+            self._forget(queues)  # a Cluster node may have failed over: look it up again
+            raise connection_error(client, err) from err
         if not got:
             return None
         key, member, score = got
@@ -99,10 +127,48 @@ class Markers:
             raise connection_error(self.wire.client, err) from err
 
     def cut(self) -> None:
-        """End a command blocked on this reader's own connection (one server;
-        on a Cluster it returns within ``block_s``)."""
-        if self._own is not None:
-            self._own.connection_pool.disconnect()
+        """End every command blocked on this reader's own connections, and
+        refuse them any new connection (see the class)."""
+        self._cut.set()
+        with self._lock:
+            readers = list(self._readers.values())
+        for reader in readers:
+            if reader is not None:
+                reader.connection_pool.disconnect()
+
+    def _client(self, queues: list[str]):
+        if not self._readers:
+            return self.wire.client
+        group = self._group_of[queues[0]]
+        with self._lock:
+            reader = self._readers.get(group)
+        if reader is None:  # a Cluster reader forgotten after an error: the slot's node now
+            # the slot map again (a failover promotes a replica), as redis-py does
+            # after a connection error; it raises while no node answers
+            self.wire.client.nodes_manager.initialize()
+            reader = self._reader_for(group)
+            with self._lock:
+                self._readers[group] = reader  # refused to connect once cut, too
+        return reader or self.wire.client
+
+    def _forget(self, queues: list[str], address: tuple[str, int] | None = None) -> None:
+        if not self.cluster or not self._readers:
+            return
+        group = self._group_of[queues[0]]
+        reader = self._reader_for(group, address) if address else None
+        with self._lock:
+            old, self._readers[group] = self._readers.get(group), reader
+        if old is not None:
+            old.connection_pool.disconnect()
+
+    def _reader_for(self, queue: str, address: tuple[str, int] | None = None):
+        client = self.wire.client
+        if self.cluster:
+            node = client.get_node_from_key(self.key(queue))
+            if node is None:
+                return None
+            client = client.get_redis_connection(node)
+        return _private_client(client, self.block_s, self._cut, address)
 
 
 class Timers(Part):
@@ -242,21 +308,40 @@ def _head(pairs) -> int | None:
 _POOL_KWARGS_DROPPED = ("orig_", "maint_notifications", "himport")
 
 
-def _private_client(client, block_s: float) -> redis.Redis | None:
-    """A client on a pool of its own, for one server: a blocked command can
-    be cut off at stop, and its socket outlives the command by
-    ``SOCKET_MARGIN_S`` whatever the shared client's timeout. None when the
-    pool is not a plain one (Sentinel...): the shared client is used then."""
+def _private_client(
+    client, block_s: float, cut: threading.Event, address: tuple[str, int] | None = None
+) -> redis.Redis | None:
+    """A client on a pool of its own to ``client``'s server (or ``address``,
+    a ``(host, port)`` on the same Cluster): a blocked command can be cut
+    off, its socket outlives the command by ``SOCKET_MARGIN_S`` whatever the
+    shared client's timeout, and once ``cut`` is set its connections refuse
+    to connect again. A blocking command is never re-sent (it may have
+    popped). None when the pool is not a plain one (Sentinel...)."""
     pool = getattr(client, "connection_pool", None)
     if type(pool) not in (redis.ConnectionPool, redis.BlockingConnectionPool):
         return None
     kwargs = {
         k: v for k, v in pool.connection_kwargs.items() if not k.startswith(_POOL_KWARGS_DROPPED)
     }
+    if address is not None:
+        kwargs["host"], kwargs["port"] = address
     kwargs["socket_timeout"] = block_s + SOCKET_MARGIN_S
-    kwargs.pop("retry", None)  # a blocking command is never re-sent: it may have popped
+    kwargs["retry"] = Retry(NoBackoff(), 0)
     try:
-        private = redis.ConnectionPool(connection_class=pool.connection_class, **kwargs)
+        private = redis.ConnectionPool(
+            connection_class=_refusing(pool.connection_class, cut), **kwargs
+        )
     except TypeError:
         return None
     return redis.Redis(connection_pool=private)
+
+
+def _refusing(connection_class: type, cut: threading.Event) -> type:
+    """``connection_class`` whose socket connect is refused once ``cut`` is set."""
+
+    def _connect(self):
+        if cut.is_set():
+            raise redis.exceptions.ConnectionError("the wake-up reader was stopped")
+        return connection_class._connect(self)
+
+    return type(f"Cuttable{connection_class.__name__}", (connection_class,), {"_connect": _connect})

@@ -46,7 +46,7 @@ import time
 
 from ..core.exceptions import RedisUnavailable
 from ..core.jobs import Outcome
-from ..protocol.timers import WAKE_DUE, Wake
+from ..protocol.timers import SOCKET_MARGIN_S, WAKE_DUE, Wake
 
 log = logging.getLogger("echomq_django.wake")
 
@@ -102,12 +102,18 @@ class Waker:
         return self._armed.is_set()
 
     def stop(self) -> None:
-        """Stop blocking. A thread blocked in Redis is cut off (one server) or
-        returns within ``block_s`` (Cluster); whatever it pops after this goes
-        back."""
+        """Stop blocking, and return once the threads have: a thread blocked
+        in Redis is cut off at once (its connection refuses to come back),
+        and one that popped a marker as the stop came puts it back before it
+        ends, so what the caller hands back after this is not taken again.
+        A shared client that cannot be cut (``Markers``) costs at most
+        ``block_s``."""
         self._halt.set()
         self._armed.set()
         self.markers.cut()
+        for thread in self._threads:
+            if thread is not threading.current_thread():
+                thread.join(self.block_s + SOCKET_MARGIN_S)
 
     def put_back(self, wake: Wake) -> None:
         """Return a popped marker for another runner (``'d'`` keeps the

@@ -1,12 +1,13 @@
 """Template filters of the admin pages
 (docs/howto/operate.md#what-the-admins-pages-show): states as coloured badges,
-policies and durations in words, errors folded to their first line, long
-names made breakable.
+policies and durations in words, errors folded to their first line, a
+job's progress in words, long names made breakable.
 ``{% load echomq_admin %}``; every filter escapes what it is given.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from datetime import datetime
 
@@ -129,3 +130,28 @@ def emq_flag(value, words: str = "yes,no") -> str:
     if value:
         return format_html('<span class="emq-flag-yes">{}</span>', yes)
     return format_html('<span class="emq-flag-no">{}</span>', no)
+
+
+PROGRESS_CHARS = 40  # a progress object's JSON in the job list
+
+
+@register.filter
+def emq_progress(value, short: bool = False) -> str:
+    """A job's progress (its JSON text, or the decoded value) in words: a
+    number as ``"40%"``, an object as its compact JSON (cut to
+    ``PROGRESS_CHARS`` with ``short``), ``""`` when it has none
+    (docs/howto/progress-and-logs.md#read-them-back). Escaped by the caller
+    (``format_html`` or autoescape)."""
+    if value in (None, ""):
+        return ""
+    if isinstance(value, str | bytes):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return str(value)
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return f"{value:g}%"
+    text = json.dumps(value, separators=(", ", ": "))
+    if short and len(text) > PROGRESS_CHARS:
+        return text[: PROGRESS_CHARS - 1] + "…"
+    return text

@@ -16,9 +16,10 @@
 
 local EVENTS_MAXLEN = 10000
 
--- One entry on `events` (the queue's P:{q}:events): e=<event>, id=<id>.
-local function emit_to(events, event, id)
-  redis.call('XADD', events, 'MAXLEN', '~', EVENTS_MAXLEN, '*', 'e', event, 'id', id)
+-- One entry on `events` (the queue's P:{q}:events): e=<event>, id=<id>,
+-- then any further field, value pairs the event carries (`progress`: p=<JSON>).
+local function emit_to(events, event, id, ...)
+  redis.call('XADD', events, 'MAXLEN', '~', EVENTS_MAXLEN, '*', 'e', event, 'id', id, ...)
 end
 
 -- A finished job's note to its waiters: e=<event> on `done` (P:{q}:done:<id>)

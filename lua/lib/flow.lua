@@ -298,7 +298,7 @@ local function fan_in_done(base, pid, ref, result, now, inc)
 end
 
 -- A parent's keys: its child refs move to the gc list (their rows go in
--- later steps), its row and hashes go.
+-- later steps), its row, hashes, job log and earlier errors go.
 local function drop_parent_keys(base, id)
   local key = base .. 'job:' .. id
   local inc = redis.call('HGET', key, 'inc')
@@ -307,7 +307,7 @@ local function drop_parent_keys(base, id)
   redis.call('RENAME', key .. ':children', bin)
   redis.call('RPUSH', base .. 'gc', bin)
   redis.call('UNLINK', key, key .. ':dependencies', key .. ':processed', key .. ':failed',
-    key .. ':unsuccessful', key .. ':removed')
+    key .. ':unsuccessful', key .. ':removed', key .. ':logs', key .. ':errors')
 end
 
 -- A job whose flow was removed while it ran (`orphaned`, set when the
@@ -327,7 +327,7 @@ local function drop_orphan(base, id, key, lease, tomb)
   if redis.call('EXISTS', key .. ':children') == 1 then
     drop_parent_keys(base, id)
   else
-    redis.call('UNLINK', key)
+    redis.call('UNLINK', key, key .. ':logs', key .. ':errors')
   end
   emit(base, 'removed', id)
 end

@@ -120,7 +120,8 @@ end
 
 -- Delete a row whose fields were read already (`state` not active): out of
 -- its index, the extras its fields call for, its keys gone (a leaf has no
--- hashes of its own: only its row), a `removed` event for the mirror.
+-- hashes of its own: only its row, job log and earlier errors), a `removed`
+-- event for the mirror.
 local function drop_row(base, id, state, dedup, deadline, keep)
   local key = base .. 'job:' .. id
   unindex(base, id, state)
@@ -128,7 +129,7 @@ local function drop_row(base, id, state, dedup, deadline, keep)
   if redis.call('EXISTS', key .. ':children') == 1 then
     drop_parent_keys(base, id)
   else
-    redis.call('UNLINK', key)
+    redis.call('UNLINK', key, key .. ':logs', key .. ':errors')
   end
   emit(base, 'removed', id)
   OUT.removed = (OUT.removed or 0) + 1
@@ -176,7 +177,12 @@ local function flush_going(base, index)
     rows = leaves
   end
   if #rows > 0 then
-    redis.call('UNLINK', unpack(rows))
+    local going = {}  -- each leaf's row, job log and earlier errors (block <= 100 rows)
+    for i = 1, #rows do
+      going[3 * i - 2], going[3 * i - 1], going[3 * i] = rows[i], rows[i] .. ':logs',
+        rows[i] .. ':errors'
+    end
+    redis.call('UNLINK', unpack(going))
   end
   emit(base, 'removed', table.concat(GOING, ' '))
   OUT.removed = (OUT.removed or 0) + n

@@ -1,4 +1,4 @@
-"""The orders pipeline: echomq_django used the way a real project would (issue 7).
+"""The orders pipeline: echomq_django used the way a real project would (the README's demo).
 
 ``POST /orders/`` saves an order and, on commit, adds its flow::
 

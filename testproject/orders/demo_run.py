@@ -15,8 +15,8 @@
    With ``crash_after`` = N, once N orders have finished it SIGKILLs
    ``runworker`` and ``runpump`` and starts them again (a crash test: the
    leases are 2 s long, so the killed worker's jobs come back soon; the
-   signals the pump had not sent yet are sent by the new one, DESIGN
-   §10.6); the retries are then not compared, since an attempt the kill cut
+   signals the pump had not sent yet are sent by the new one,
+   docs/explanation/signals.md); the retries are then not compared, since an attempt the kill cut
    short counts as one;
 5. prints the summary; with ``keep`` waits for Ctrl-C; then stops every
    process it started (SIGTERM, SIGKILL after ``demo_procs.GRACE_S`` s), also on

@@ -19,6 +19,23 @@ from __future__ import annotations
 import pytest
 
 
+def database_params(*, sqlite_file: bool = False) -> list:
+    """The ``pytest.param``s of the database aliases a commit-outbox test runs
+    on: in-memory SQLite, a SQLite file when ``sqlite_file``, and PostgreSQL
+    (skipped, with the reason, when the settings have no ``pg``). Called by a
+    test module at import, when Django's settings are set up."""
+    from django.conf import settings
+
+    params = [pytest.param("default", id="sqlite")]
+    if sqlite_file:
+        params.append(pytest.param("sqlite_file", id="sqlite-file"))
+    no_pg = pytest.mark.skipif(
+        "pg" not in settings.DATABASES,
+        reason="no PostgreSQL at ECHOMQ_TEST_PG (default 127.0.0.1:5432)",
+    )
+    return [*params, pytest.param("pg", id="postgresql", marks=no_pg)]
+
+
 @pytest.fixture
 def clock():
     from tests.support.workerkit import Clock

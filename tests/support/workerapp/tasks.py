@@ -76,3 +76,22 @@ def check_context(context, attempt):
 @task(queue_name="tasks-other")
 def other_queue_task(x):
     return {"x": x}
+
+
+@task(takes_context=True)
+def fails_twice(context):
+    """Fails on attempts 1 and 2, then reports through current_job() and
+    answers what its context said on the attempt that succeeded."""
+    from echomq_django import current_job
+
+    if context.attempt < 3:
+        raise CustomError(f"attempt {context.attempt} failed")
+    job = current_job()
+    job.log("third time lucky")
+    job.report_progress(100)
+    result = context.task_result
+    return {
+        "attempt": context.attempt,
+        "errors": [str(e.exception_class_path) for e in result.errors],
+        "first_is_earlier": result.started_at < result.last_attempted_at,
+    }

@@ -1,5 +1,5 @@
 """``./manage.py orders_demo``: post orders, watch their flows, check every
-outcome (issue 7). Thin: parses options and runs ``demo_run.Demo``.
+outcome (the README's demo). Thin: parses options and runs ``demo_run.Demo``.
 ``scripts/demo.sh`` sets up the machine first and then runs this."""
 
 from __future__ import annotations

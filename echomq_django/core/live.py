@@ -1,0 +1,125 @@
+"""What a running job tells its callers: its progress and its job log
+(docs/explanation/protocol.md#progress-and-log-lines).
+
+The bounds and the checks a value passes before any Redis write, and
+``Reporting``, the methods a handler calls on its ``Job``
+(``job.report_progress(50)``, ``job.log("resized 3 of 8")``). The job
+reaches Redis through the ``EchoMQ`` that claimed it (``Job._mq``, its
+``progress`` part), under the lease the claim granted. A Django ``@task``
+gets no ``Job``: ``current_job()`` answers it while the task runs
+(docs/howto/progress-and-logs.md#from-a-django-task).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from contextvars import ContextVar
+from typing import Any
+
+MAX_PROGRESS_BYTES = 1024  # bytes of JSON a progress value takes at most
+MAX_LOG_LINE_BYTES = 2048  # bytes of UTF-8 a job log line takes at most (marker included)
+KEEP_LOGS = 100  # lines a job log keeps by default (the queue's KEEP_LOGS)
+PROGRESS_RULE = (
+    f"progress is a number from 0 to 100 or a JSON object of at most {MAX_PROGRESS_BYTES} bytes"
+)
+CUT_MARKER = " [... {n} bytes cut]"  # ends a line cut to MAX_LOG_LINE_BYTES
+
+_current: ContextVar[Any] = ContextVar("echomq_current_job", default=None)
+
+
+def progress_text(value: Any, encode=None) -> str:
+    """``value`` as the JSON text the job row keeps: a number from 0 to 100
+    (int or float, finite; not a bool) or a dict that encodes (with
+    ``encode``, a callable returning JSON text; plain ``json`` when None) to
+    at most ``MAX_PROGRESS_BYTES`` bytes. Raises ``ValueError`` naming the
+    rule (``PayloadError`` is one, raised by the caller's encoder for a dict
+    that does not encode) before any write."""
+    if isinstance(value, bool) or not isinstance(value, int | float | dict):
+        raise ValueError(f"progress {value!r}: {PROGRESS_RULE}")
+    if not isinstance(value, dict):
+        if not math.isfinite(value) or not 0 <= value <= 100:
+            raise ValueError(f"progress {value!r}: {PROGRESS_RULE}")
+        return json.dumps(value)
+    text = encode(value) if encode is not None else json.dumps(value, separators=(",", ":"))
+    size = len(text.encode())
+    if size > MAX_PROGRESS_BYTES:
+        raise ValueError(f"progress is {size} bytes of JSON: {PROGRESS_RULE}")
+    return text
+
+
+def log_line(line: Any) -> str:
+    """``line`` (a ``str``) as the job log keeps it: a line over
+    ``MAX_LOG_LINE_BYTES`` bytes of UTF-8 is cut on a character boundary
+    and ends with ``CUT_MARKER`` naming the bytes cut (never refused
+    silently). Raises ``TypeError`` for a line that is not a ``str`` and
+    ``ValueError`` for one that does not encode (a lone surrogate)."""
+    if not isinstance(line, str):
+        raise TypeError(f"a job log line is a str, got {type(line).__name__}")
+    try:
+        raw = line.encode()
+    except UnicodeEncodeError as err:
+        raise ValueError(f"a job log line must encode as UTF-8: {err}") from None
+    if len(raw) <= MAX_LOG_LINE_BYTES:
+        return line
+    room = MAX_LOG_LINE_BYTES - len(CUT_MARKER.format(n=len(raw)).encode())
+    head = raw[:room].decode(errors="ignore")  # a character cut in two is dropped
+    return head + CUT_MARKER.format(n=len(raw) - len(head.encode()))
+
+
+def current_job() -> Any:
+    """The ``Job`` whose handler (or Django ``@task``) runs in this context,
+    or None outside one; docs/howto/progress-and-logs.md#from-a-django-task."""
+    return _current.get()
+
+
+def running(job: Any):
+    """Mark ``job`` as this context's ``current_job()``; returns the token
+    the caller hands to ``stop_running`` when the job's call ends."""
+    return _current.set(job)
+
+
+def stop_running(token) -> None:
+    """Undo the ``running`` call that returned ``token``."""
+    _current.reset(token)
+
+
+class Reporting:
+    """The ``Job`` methods a handler calls while it runs
+    (docs/howto/progress-and-logs.md). Each is one Redis script under the
+    job's lease: a stale lease raises ``LeaseLost``, a job no longer active
+    ``JobNotActive`` (a timed-out attempt's handler, still running), and
+    nothing is written."""
+
+    def report_progress(self, value: Any) -> None:
+        """Set the job's progress to ``value`` (a number 0-100 or a small
+        JSON object, ``PROGRESS_RULE``), read back by ``get_job().progress``
+        and written to the queue's events stream. Raises ``PayloadError``
+        for a bad value, before any write; ``LeaseLost``, ``JobNotActive``,
+        ``RedisUnavailable``."""
+        self._require_mq().progress.report(self, value)
+        self.progress = value
+
+    def log(self, line: str) -> int:
+        """Append ``line`` to the job's log (the newest ``KEEP_LOGS`` lines
+        kept; a line over ``MAX_LOG_LINE_BYTES`` is cut, with a marker).
+        Returns the lines the log held once it was added. Raises
+        ``TypeError`` for a line that is not a str; ``LeaseLost``,
+        ``JobNotActive``, ``RedisUnavailable``."""
+        return self._require_mq().progress.log(self, line)
+
+    def logs(self, start: int = 0, end: int = -1) -> list[str]:
+        """The job log's lines ``start`` .. ``end`` (inclusive, negative
+        from the end): ``EchoMQ.job_logs``."""
+        return self._require_mq().job_logs(self.queue, self.id, start, end)
+
+    async def areport_progress(self, value: Any) -> None:
+        """``report_progress`` for an ``async def`` handler: the write runs
+        on a thread, the event loop goes on."""
+        await asyncio.to_thread(self.report_progress, value)
+
+    async def alog(self, line: str) -> int:
+        """``log`` for an ``async def`` handler (on a thread, as
+        ``areport_progress``)."""
+        return await asyncio.to_thread(self.log, line)
