@@ -92,7 +92,7 @@ class Canvas:
         return await sync_to_async(self.enqueue, thread_sensitive=True)(**kwargs)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Signature(Canvas):
     """One job to run: a registered handler's name, its queue, its payload
     (a dict of JSON values) and flow-node options (``Flow``'s fields:
