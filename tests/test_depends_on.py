@@ -126,6 +126,8 @@ def test_cycles_twice_and_bad_refs_are_refused(mq):
         mq.add_flow(Flow("qa", "t.echo", job_id="n1", depends_on=[JobRef("qa", "n1")]))
     with pytest.raises(FlowError, match="names qb/d twice"):
         mq.add_flow(Flow("qa", "t.echo", job_id="n1", depends_on=["qb/d", ("qb", "d")]))
+    with pytest.raises(FlowError, match=r"invalid job ref 'other:\{qb\}:job:d'"):
+        mq.add_flow(Flow("qa", "t.echo", job_id="n1", depends_on=["other:{qb}:job:d"]))
     with pytest.raises(FlowError, match="invalid job ref 42"):
         mq.add_flow(Flow("qa", "t.echo", job_id="n1", depends_on=[42]))
     with pytest.raises(FlowError, match="invalid queue name"):
