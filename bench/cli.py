@@ -64,7 +64,27 @@ def parse_args(argv=None) -> argparse.Namespace:
         default="flows,latency,plain",
         help="which scenarios to run, comma-separated: flows (the topologies), latency "
         "(an idle worker's latencies through the real commands), plain (10,000 plain jobs: "
-        "bulk add and drain) (default %(default)s)",
+        "bulk add and drain), wait (enqueue -> wait() returns, and many waiters at once, vs "
+        "BullMQ's waitUntilFinished in Node) (default %(default)s)",
+    )
+    p.add_argument(
+        "--wait-samples",
+        type=int,
+        default=200,
+        help="round trips of the wait scenario (default %(default)s)",
+    )
+    p.add_argument(
+        "--waiters",
+        type=int,
+        default=1000,
+        help="concurrent waiters of the wait scenario (default %(default)s)",
+    )
+    p.add_argument(
+        "--waiter-processes",
+        type=int,
+        default=1,
+        help="processes our waiters are spread over, as a site's web processes are "
+        "(default %(default)s: all threads of one process)",
     )
     p.add_argument(
         "--latency-samples",
@@ -157,10 +177,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.quick:
         args.sizes, args.tree, args.cross = "100", "5x100", 100
         args.latency_samples, args.plain_jobs, args.idle_seconds = 5, 500, 1.0
+        args.wait_samples, args.waiters = 5, 50
     args.scenarios = {s.strip() for s in args.scenarios.split(",") if s.strip()}
-    unknown = args.scenarios - {"flows", "latency", "plain"}
+    unknown = args.scenarios - {"flows", "latency", "plain", "wait"}
     if unknown:
-        p.error(f"unknown scenarios {sorted(unknown)}: use flows, latency, plain")
+        p.error(f"unknown scenarios {sorted(unknown)}: use flows, latency, plain, wait")
     return args
 
 
@@ -301,6 +322,8 @@ def _run(args, url, topos, ours_layout, peer_layout, with_peer, peer_version) ->
         result["latency"] = _latency(url, names, args.latency_samples, args.idle_seconds, progress)
     if "plain" in args.scenarios:
         result["plain"] = _plain(url, names, args.plain_jobs, ours_layout, peer_layout)
+    if "wait" in args.scenarios:
+        result["wait"] = _wait(url, args, with_peer and "bullmq" in wanted, progress)
     path = (
         Path(args.json_path)
         if args.json_path
@@ -349,6 +372,27 @@ def _plain(url: str, names: list[str], jobs: int, ours_layout, peer_layout) -> l
     print()
     print(f"plain jobs: {jobs:,} independent jobs, bulk add, then drained by the worker layout")
     print(plain.format_rows(rows), flush=True)
+    return rows
+
+
+def _wait(url: str, args, with_peer: bool, progress) -> list[dict]:
+    """The wait scenario (bench/waits.py): ours, then BullMQ's in Node when installed."""
+    from . import waits
+
+    node = waits.node_bullmq() if with_peer else None
+    try:
+        rows = waits.run(
+            url, args.wait_samples, args.waiters, bool(node), args.waiter_processes, progress.show
+        )
+    finally:
+        progress.clear()
+    print()
+    peer = f"Node bullmq {node}" if node else "not run: npm install --prefix bench/node"
+    print(
+        f"wait: {args.wait_samples} round trips on an idle worker, then {args.waiters:,} "
+        f"waiters at once (BullMQ: {peer})"
+    )
+    print(waits.format_rows(rows), flush=True)
     return rows
 
 

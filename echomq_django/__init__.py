@@ -18,6 +18,7 @@ from .api import (
     dependency_counts,
     enqueue,
     enqueue_many,
+    events,
     get_flow,
     get_job,
     ignored_failures,
@@ -32,6 +33,7 @@ from .api import (
     wait,
 )
 from .canvas import Signature, chain, chord, group, group_results, previous_result, task
+from .core.events import Event, Gap
 from .core.exceptions import (
     DependencyError,
     DuplicateJob,
@@ -69,10 +71,12 @@ __all__ = [
     "DuplicateJob",
     "EchoMQ",
     "EchoMQError",
+    "Event",
     "Flow",
     "FlowConflict",
     "FlowError",
     "FlowRef",
+    "Gap",
     "Job",
     "JobCancelled",
     "JobDead",
@@ -108,6 +112,7 @@ __all__ = [
     "dependency_counts",
     "enqueue",
     "enqueue_many",
+    "events",
     "get_flow",
     "get_job",
     "group",

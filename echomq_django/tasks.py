@@ -73,8 +73,8 @@ except ImportError:  # Django 5.2 with the django-tasks backport
     from django_tasks.exceptions import TaskResultDoesNotExist
     from django_tasks.signals import task_enqueued, task_finished, task_started
 
-from . import api
 from . import commit_outbox as outbox
+from .api import adds as api
 from .conf import get_mq
 from .core.exceptions import JobNotFound, Unrecoverable
 from .core.flows import new_id

@@ -28,6 +28,10 @@
   lib/claimable.lua), then the pending list (priority 0), then priorities < 0;
   FIFO within a priority. A paused queue (P:{q}:paused) gives nothing.
 
+  Emits one `active` entry on P:{q}:events (lib/emit.lua) per call that
+  leased jobs, naming their ids space-separated: one XADD per claim, not per
+  job (docs/explanation/protocol.md#events).
+
   returns: a JSON array (one bulk string: the host decodes it in one C call
            instead of parsing 13 replies per job), 13 entries per claimed job:
            id, lease token, name, payload, attempts, max_attempts, backoff_ms,
@@ -46,6 +50,7 @@ local base, count, now = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 local deadline = tonumber(now) + tonumber(ARGV[4])
 
 -- @include lib/claimable.lua
+-- @include lib/emit.lua
 
 local memo = base .. 'claim:' .. ARGV[5]
 local replayed = redis.call('GET', memo)
@@ -145,6 +150,11 @@ if #leases == 0 then
   return '[]'  -- cjson would encode an empty table as {}
 end
 redis.call('ZADD', active, unpack(leases))
+local claimed = {}
+for i = 2, #leases, 2 do
+  claimed[#claimed + 1] = leases[i]
+end
+emit_to(base .. 'events', 'active', table.concat(claimed, ' '))
 if limit > 0 then
   redis.call('HSET', limiter, 'start', start, 'n', used + #leases / 2)
 end

@@ -11,4 +11,11 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 EXTRAS="[bench]" NEED_REDIS=1 source scripts/setup.sh
 
+# BullMQ for Node, for the wait scenario's side-by-side rows (job.waitUntilFinished
+# exists only there); without node/npm that scenario runs ours alone.
+if command -v npm >/dev/null 2>&1 && [ ! -d bench/node/node_modules/bullmq ]; then
+  npm install --prefix bench/node --no-audit --no-fund --silent \
+    || echo "bench: BullMQ for Node did not install; the wait scenario runs ours alone" >&2
+fi
+
 exec .venv/bin/python -m bench "$@"

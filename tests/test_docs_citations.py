@@ -76,7 +76,9 @@ def scanned_files(folders):
     for folder in folders:
         root = REPO / folder
         for path in [root] if root.is_file() else sorted(root.rglob("*")):
-            skip = {"__pycache__", "_build"} & set(path.parts) or path == Path(__file__)
+            # node_modules: bench/node's installed BullMQ, not our text (gitignored)
+            skip = {"__pycache__", "_build", "node_modules"} & set(path.parts)
+            skip = skip or path == Path(__file__)
             if path.is_file() and path.suffix in SUFFIXES and not skip:
                 yield path
 

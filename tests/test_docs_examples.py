@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import json
 import os
 import re
 import subprocess
@@ -475,6 +476,7 @@ def test_the_pages_links_and_includes_resolve():
             "cluster",
             "deploy",
             "durable-enqueue",
+            "events",
             "logging",
             "metrics-alerts",
             "migrate",
@@ -657,3 +659,79 @@ def test_the_readme_example_is_the_file_the_suite_runs(r):
         burst("orders")
         job = emq.get_job("orders", "receipt-42")
         assert (job.state, job.result) == ("completed", {"order": 42, "total": 42})
+
+
+def sse_frames(response, n: int) -> list[tuple[str, str, dict]]:
+    """The next ``n`` server-sent events of a streaming response, as
+    ``(id, event, data)``; keep-alive comments are skipped."""
+    frames = []
+    for chunk in response.streaming_content:
+        text = chunk.decode()
+        if text.startswith(":"):
+            continue
+        lines = dict(line.split(": ", 1) for line in text.strip().splitlines())
+        frames.append((lines["id"], lines["event"], json.loads(lines["data"])))
+        if len(frames) == n:
+            break
+    return frames
+
+
+def test_the_events_howto_streams_a_job_to_a_browser(howto):
+    """The SSE view sends the job's state, then its active and completed
+    events (with the result) as the worker runs it, then ends; a bad
+    Last-Event-ID is a 400 and an unknown job a 404."""
+    from django.test import Client
+
+    example = howto("events_sse")
+    with echomq_settings(), override_settings(ROOT_URLCONF="events_sse"):
+        emq.enqueue("exports", "exports.render", {"rows": 3}, job_id="x1", on_commit=False)
+        client = Client()
+        response = client.get("/jobs/exports/x1/events")
+        assert (response.status_code, response["Content-Type"]) == (200, "text/event-stream")
+        assert sse_frames(response, 1)[0][1:] == ("state", {"state": "pending"})
+        burst("exports")
+        (active, completed) = sse_frames(response, 2)
+        assert active[1:] == ("active", {"job": "x1"})
+        assert completed[1:] == (
+            "completed",
+            {"job": "x1", "result": {"rows": 3, "url": "/exports/x1.csv"}},
+        )
+        assert list(response.streaming_content) == []  # finished: the stream ended
+        again = client.get("/jobs/exports/x1/events", HTTP_LAST_EVENT_ID=active[0])
+        assert sse_frames(again, 1)[0][1:] == ("state", {"state": "completed"})
+        bad = client.get("/jobs/exports/x1/events", HTTP_LAST_EVENT_ID="soon")
+        assert bad.status_code == 400 and b"invalid since 'soon'" in bad.content
+        assert client.get("/jobs/exports/nope/events").status_code == 404
+    assert example.KEEPALIVE_S > 0
+
+
+def test_the_events_howto_async_view_streams_under_asgi(howto):
+    """The async SSE view, through Django's async test client: the state,
+    then active and completed as a worker runs the job, then the end."""
+    import asyncio
+
+    from django.test import AsyncClient
+
+    howto("events_sse")
+
+    async def read() -> list:
+        response = await AsyncClient().get("/ajobs/exports/x2/events")
+        assert response["Content-Type"] == "text/event-stream"
+        frames = []
+        async for chunk in response.streaming_content:
+            text = chunk.decode()
+            if text.startswith(":"):
+                continue
+            lines = dict(line.split(": ", 1) for line in text.strip().splitlines())
+            frames.append((lines["event"], json.loads(lines["data"])))
+            if len(frames) == 1:
+                await asyncio.to_thread(burst, "exports")
+        return frames
+
+    with echomq_settings(), override_settings(ROOT_URLCONF="events_sse"):
+        emq.enqueue("exports", "exports.render", {"rows": 2}, job_id="x2", on_commit=False)
+        assert asyncio.run(read()) == [
+            ("state", {"state": "pending"}),
+            ("active", {"job": "x2"}),
+            ("completed", {"job": "x2", "result": {"rows": 2, "url": "/exports/x2.csv"}}),
+        ]

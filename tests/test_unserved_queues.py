@@ -14,8 +14,9 @@ from django.db import transaction
 from django.test import override_settings
 
 import echomq_django as emq
-from echomq_django import api, conf
+from echomq_django import conf
 from echomq_django.admin import display
+from echomq_django.api import adds as api
 from echomq_django.checks import check_queue_names
 from echomq_django.models import MirroredQueue
 from echomq_django.runners.heartbeat import Heartbeat

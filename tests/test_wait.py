@@ -185,7 +185,7 @@ def test_the_done_stream_expires_and_nothing_is_written_without_a_waiter(mq) -> 
 
 def test_await_result_does_not_block_the_event_loop(mq, monkeypatch) -> None:
     import echomq_django as emq
-    from echomq_django import api
+    from echomq_django.api import calls as api
 
     monkeypatch.setattr(api, "get_mq", lambda: mq)
     mq.enqueue("q", "t.echo", None, job_id="aw")

@@ -14,14 +14,16 @@ it is planned here and executed by ``EchoMQ.add_flow``:
 
 from __future__ import annotations
 
-import itertools
 import secrets
 from dataclasses import dataclass, field
+from itertools import repeat
+from operator import attrgetter
 from typing import Any
 
 from .exceptions import FlowError
 from .jobs import Policy
 from .keyspace import validate_id, validate_name, validate_queue, whole_number
+from .landing import Group, Plan, dependencies
 from .options import node_options
 from .refs import JobRef
 
@@ -55,6 +57,15 @@ def id_prefix() -> str:
     than a random id per node, and as unique: two flows share a prefix with
     odds of 2**-72."""
     return secrets.token_urlsafe(9)
+
+
+def incarnation() -> str:
+    """A flow's incarnation token (docs/explanation/protocol.md#incarnations):
+    a decimal integer from 1 to 2**31 - 1 (31 random bits). Redis keeps an
+    integer in a hash's listpack in 5 bytes where 8 hex characters take 9, and
+    on every parent and child row that decides a 128- or 160-byte row
+    (docs/explanation/performance.md#memory-per-node)."""
+    return str(secrets.randbelow(2**31 - 1) + 1)
 
 
 @dataclass
@@ -149,35 +160,36 @@ class FlowRef:
         return self.nodes[1 : 1 + len(self.child_ids)]
 
 
-@dataclass(slots=True)
-class Node:
-    """A planned node: everything ``enqueue_flow`` needs for one row."""
+_LEAF = ()  # the children of every leaf: one shared empty tuple
+# the common failure flags and settings, as plan() keys them
+_DEFAULTS = (True, False, False, False, None, type(None), None, type(None))
+# a node's parts, and its settings and options, each in one C call
+_core = attrgetter("queue", "job_id", "name", "children", "payload")
+_payload = attrgetter("payload")
+_SETTINGS = (
+    "fail_parent_on_failure",
+    "ignore_dependency_on_failure",
+    "remove_dependency_on_failure",
+    "continue_parent_on_failure",
+    "max_attempts",
+    "backoff_ms",
+    "priority",
+    "delay_ms",
+    "timeout_ms",
+    "dedup_key",
+    "dedup_ttl_ms",
+    "children_timeout_ms",
+    "keep",
+)
+_settings = attrgetter(*_SETTINGS)
+_shape = attrgetter("queue", "job_id", "name", "children", "depends_on", *_SETTINGS)
+# a node that sets none of them (falsy priority and delay_ms, as node_options reads them)
+_PLAIN = (True, False, False, False, None, None, 0, 0, None, None, None, None, None)
 
-    queue: str
-    id: str
-    name: str
-    payload: str
-    max_attempts: int | None
-    backoff_ms: int | None
-    parent_id: str
-    parent_queue: str
-    policy: Policy
-    children: list[tuple[str, str]]
-    depth: int
-    gate: bool = True  # False for an id the host generated: no need to check it is free
-    opts: str = ""  # scheduling settings as enqueue_flow's options JSON ('' = none)
-    # incarnations (docs/explanation/protocol.md#incarnations): every parent gets `inc`,
-    # a random token of its flow; a child on another queue than its parent is
-    # sent its parent's as `parent_inc` (one on the same queue is given it by
-    # enqueue_flow, which reads the parent row)
-    inc: str = ""
-    parent_inc: str = ""
-    dep: bool = False  # an existing job this node's parent waits for (depends_on)
-    deps: list = field(default_factory=list)  # (queue, id) of this node's dependencies
 
-
-def plan(root: Flow, encode) -> list[Node]:
-    """Assign ids, validate and order a flow's nodes breadth first.
+def plan(root: Flow, encode) -> Plan:
+    """Assign ids, validate and order a flow's nodes breadth first; returns
+    the ``Plan``: runs of siblings (``Group``) in landing order, parents first.
 
     ``encode(payload) -> str`` serialises a payload (raising ``PayloadError``).
     Raises ``FlowError`` for
@@ -185,163 +197,216 @@ def plan(root: Flow, encode) -> list[Node]:
     ``ValueError`` for a bad queue name or id (a bad job name is a
     ``FlowError``, a ``ValueError`` too). Nothing is written here: every
     node is checked before the first script runs
-    (docs/explanation/reliability.md#bad-input-writes-nothing).
+    (docs/explanation/reliability.md#bad-input-writes-nothing). Queue
+    names, job names and the failure settings are checked once per distinct
+    value; ids, payloads and options once per node.
     """
     if not isinstance(root, Flow):
         raise FlowError(f"add_flow takes a Flow, got {type(root).__name__}")
-    nodes: list[Node] = []
+    groups: list[Group] = []
+    gated: list[tuple[str, str]] = []
     seen: set[tuple[str, str]] = set()
-    objects: set[int] = set()
+    objects: set[int] = {id(root)}
     queues: set[str] = set()  # validated once per queue
-    dedups: set[tuple[str, str]] = set()  # (queue, dedup key): one leaf per key in a flow
     names: set[str] = set()  # and once per job name
-    prefix, counter = id_prefix(), itertools.count()
-    token = secrets.token_hex(4)  # the flow's incarnation token (32 random bits)
-    level: list[tuple[Flow, Node | None]] = [(root, None)]
-    deps: list = []  # (node, its depends_on, the depth below it)
+    settings: set[tuple] = {_DEFAULTS}  # and once per set of failure flags and settings
+    dedups: set[tuple[str, str]] = set()  # (queue, dedup key): one leaf per key in a flow
+    deps: list = []  # (queue, id, children list, depends_on, depth) of nodes with depends_on
+    prefix, serial = id_prefix(), 0  # generated ids: the prefix, then serial in hex
+    token = incarnation()
+    # a level: (parent queue, parent id, the parent's children list, its Flow children)
+    level: list[tuple[str, str, list | None, list]] = [("", "", None, [root])]
     depth = 0
     # The loop runs once per node of flows of 10,000+: it avoids calls it can
-    # (docs/explanation/performance.md#where-the-time-goes), e.g. the common defaults are
-    # tested inline before validating.
+    # (docs/explanation/performance.md#the-adds-python): a fan-out of plain
+    # leaves is planned whole; otherwise no object per node, the common
+    # defaults tested inline, each distinct name and setting checked once.
     while level:
         next_level = []
-        for flow, parent in level:
-            if type(flow) is not Flow and not isinstance(flow, Flow):
-                raise FlowError(
-                    f"a flow's children must be Flow objects, got {type(flow).__name__}"
-                )
-            if id(flow) in objects:
-                raise FlowError(
-                    f"flow node {flow.queue}/{flow.name} appears twice (a cycle, or "
-                    "one node under two parents); a flow is a tree"
-                )
-            objects.add(id(flow))
-            queue, job_id, name = flow.queue, flow.job_id, flow.name
-            if queue not in queues:
-                queues.add(validate_queue(queue))
-            gate = job_id is not None
-            if gate:  # generated ids are unique by construction
-                validate_id(job_id)
-                if (queue, job_id) in seen:
-                    raise FlowError(
-                        f"job id {job_id!r} appears twice in queue {queue!r} in one "
-                        "flow; every node needs its own id"
+        for pq, pid, kids, flows in level:
+            queue_name = _plain_leaves(flows, objects) if kids is not None else None
+            if queue_name is not None:  # the common fan-out: one run, checked as a whole
+                queue, name = queue_name
+                n = len(flows)
+                ids = [f"{prefix}{i:x}" for i in range(serial, serial + n)]
+                serial += n
+                if queue not in queues:
+                    queues.add(validate_queue(queue))
+                if name not in names:
+                    if type(name) is not str or not name:
+                        raise FlowError(
+                            f"flow node {queue}/{ids[0]} needs a job name (the handler)"
+                        )
+                    try:
+                        names.add(validate_name(name))
+                    except ValueError as err:
+                        raise FlowError(f"flow node {queue}/{ids[0]}: {err}") from None
+                payloads = list(map(encode, map(_payload, flows)))
+                objects.update(map(id, flows))
+                kids.extend(zip(repeat(queue), ids))
+                groups.append(
+                    Group(
+                        queue,
+                        depth,
+                        name,
+                        pid,
+                        pq,
+                        _FP,
+                        "",
+                        "",
+                        False,
+                        "",
+                        "",
+                        token if pq != queue else "",
+                        ids,
+                        payloads,
+                        [_LEAF] * n,
                     )
-                seen.add((queue, job_id))
-            else:
-                job_id = f"{prefix}{next(counter):x}"
-            if name not in names:  # validated once per name: flows share a few
-                if type(name) is not str or not name:
-                    raise FlowError(f"flow node {queue}/{job_id} needs a job name (the handler)")
-                try:
-                    names.add(validate_name(name))
-                except ValueError as err:
-                    raise FlowError(f"flow node {queue}/{job_id}: {err}") from None
-            children = flow.children
-            if type(children) is not list and not isinstance(children, list | tuple):
-                raise FlowError(
-                    f"children of {queue}/{job_id} must be a list of Flow, "
-                    f"got {type(children).__name__}"
                 )
-            _check_settings(flow, queue, job_id)
-            opts = (
-                ""
-                if not (
-                    flow.priority
-                    or flow.delay_ms
-                    or flow.timeout_ms is not None
-                    or flow.dedup_key is not None
-                    or flow.dedup_ttl_ms is not None
-                    or flow.children_timeout_ms is not None
-                    or flow.keep is not None
-                )
-                else node_options(
-                    flow, f"{queue}/{job_id}", bool(children or flow.depends_on), dedups
-                )
-            )
-            node = Node(
-                queue,
-                job_id,
-                name,
-                encode(flow.payload),
-                flow.max_attempts,
-                flow.backoff_ms,
-                parent.id if parent else "",
-                parent.queue if parent else "",
-                flow.policy if parent else _FP,
-                [],
-                depth,
-                gate,
-                opts,
-            )
-            if parent is not None:
-                parent.children.append((queue, job_id))
-                parent.inc = token
-                if parent.queue != queue:
-                    node.parent_inc = token
-            nodes.append(node)
-            if children:
-                next_level.extend((child, node) for child in children)
-            if flow.depends_on:
-                deps.append((node, flow.depends_on, depth + 1))
+                continue
+            group, group_key = None, None  # a new group per parent
+            for flow in flows:
+                if type(flow) is not Flow and not isinstance(flow, Flow):
+                    raise FlowError(
+                        f"a flow's children must be Flow objects, got {type(flow).__name__}"
+                    )
+                if kids is not None:  # the root is in objects already
+                    if id(flow) in objects:
+                        raise FlowError(
+                            f"flow node {flow.queue}/{flow.name} appears twice (a cycle, or "
+                            "one node under two parents); a flow is a tree"
+                        )
+                    objects.add(id(flow))
+                queue, job_id, name, children, payload = _core(flow)
+                waits_for = flow.depends_on
+                if queue not in queues:
+                    queues.add(validate_queue(queue))
+                gate = job_id is not None
+                if gate:  # generated ids are unique by construction
+                    validate_id(job_id)
+                    if (queue, job_id) in seen:
+                        raise FlowError(
+                            f"job id {job_id!r} appears twice in queue {queue!r} in one "
+                            "flow; every node needs its own id"
+                        )
+                    seen.add((queue, job_id))
+                    gated.append((queue, job_id))
+                else:
+                    job_id = f"{prefix}{serial:x}"
+                    serial += 1
+                if name not in names:  # validated once per name: flows share a few
+                    if type(name) is not str or not name:
+                        raise FlowError(
+                            f"flow node {queue}/{job_id} needs a job name (the handler)"
+                        )
+                    try:
+                        names.add(validate_name(name))
+                    except ValueError as err:
+                        raise FlowError(f"flow node {queue}/{job_id}: {err}") from None
+                if type(children) is not list and not isinstance(children, list | tuple):
+                    raise FlowError(
+                        f"children of {queue}/{job_id} must be a list of Flow, "
+                        f"got {type(children).__name__}"
+                    )
+                sig = _settings(flow)
+                if sig == _PLAIN:  # the common node: no settings, no options
+                    ma = bo = None
+                    cont = ignore = remove = False
+                    opts = ""
+                else:
+                    fail, ignore, remove, cont, ma, bo = sig[:6]
+                    # the types too: True == 1 and 2.0 == 2, yet only an int is a number
+                    what = (fail, ignore, remove, cont, ma, type(ma), bo, type(bo))
+                    if what not in settings:
+                        _check_settings(flow, queue, job_id)
+                        settings.add(what)
+                    priority, delay, timeout, dedup, dedup_ttl, children_timeout, keep = sig[6:]
+                    opts = (
+                        ""
+                        if not (
+                            priority
+                            or delay
+                            or timeout is not None
+                            or dedup is not None
+                            or dedup_ttl is not None
+                            or children_timeout is not None
+                            or keep is not None
+                        )
+                        else node_options(
+                            flow, f"{queue}/{job_id}", bool(children or waits_for), dedups
+                        )
+                    )
+                payload = encode(payload)
+                if kids is None:
+                    policy = _FP
+                else:
+                    policy = _CP if cont else _ID if ignore else _RD if remove else _FP
+                    kids.append((queue, job_id))
+                mine: list | tuple = [] if children or waits_for else _LEAF
+                inc = token if children or waits_for else ""
+                key = (queue, name, policy, opts, inc, gate, ma, bo)
+                if key != group_key:
+                    group_key = key
+                    group = Group(
+                        queue,
+                        depth,
+                        name,
+                        pid,
+                        pq,
+                        policy,
+                        opt_text(ma),
+                        opt_text(bo),
+                        gate,
+                        opts,
+                        inc,
+                        token if kids is not None and pq != queue else "",
+                        [],
+                        [],
+                        [],
+                    )
+                    groups.append(group)
+                group.ids.append(job_id)
+                group.payloads.append(payload)
+                group.children.append(mine)
+                if children:
+                    next_level.append((queue, job_id, mine, children))
+                if waits_for:
+                    deps.append((queue, job_id, mine, waits_for, depth + 1))
         level = next_level
         depth += 1
-    if deps:
-        nodes += _dependencies(deps, nodes, token)
-    return nodes
+    if not deps:
+        return Plan(groups, gated)
+    return Plan(groups, gated, dependencies(deps, groups, gated, token))
 
 
-def _dependencies(deps: list, nodes: list[Node], token: str) -> list[Node]:
-    """The dependency nodes of ``depends_on`` (after every other node: a
-    parent is always written first). Raises ``FlowError`` for a ref that is
-    not a job reference, a job named twice, or a node of this flow (a
-    cycle: the flow's own jobs are its children)."""
-    own = {(n.queue, n.id) for n in nodes}
-    named: set[tuple[str, str]] = set()
-    out = []
-    for parent, refs, depth in deps:
-        if not isinstance(refs, list | tuple):
-            raise FlowError(f"depends_on of {parent.queue}/{parent.id} must be a list of job refs")
-        for ref in refs:
-            try:
-                ref = as_job_ref(ref)
-            except ValueError as err:
-                raise FlowError(f"depends_on of {parent.queue}/{parent.id}: {err}") from None
-            if ref in own:
-                raise FlowError(
-                    f"{parent.queue}/{parent.id} depends_on {ref}, a node of the same flow "
-                    "(a cycle, or a child named twice): depends_on names jobs already added"
-                )
-            if ref in named:
-                raise FlowError(
-                    f"depends_on names {ref} twice: a job is waited for by one job at most"
-                )
-            named.add(ref)
-            node = Node(*ref, "", "", None, None, parent.id, parent.queue, _FP, [], depth)
-            node.dep, node.opts = True, DEP_OPTS
-            parent.deps.append(ref)
-            parent.inc = token
-            if parent.queue != ref.queue:
-                node.parent_inc = token
-            out.append(node)
-    return out
+def _plain_leaves(flows: list, objects: set) -> tuple[str, str] | None:
+    """``(queue, name)`` when ``flows`` are two or more leaves of one queue
+    and one job name, with generated ids, no settings and no options, none
+    met before in the flow (``objects``); else None (``plan()`` then checks
+    them one by one, and raises what it finds). Tested in C calls: a fan-out
+    of 10,000 leaves costs a few list operations, not a loop."""
+    n = len(flows)
+    if n < 2 or set(map(type, flows)) != {Flow}:
+        return None
+    shapes = list(map(_shape, flows))
+    first = shapes[0]
+    if (
+        first[1] is not None
+        or first[3] != []
+        or first[4] != []
+        or first[5:] != _PLAIN
+        or shapes.count(first) != n
+    ):
+        return None
+    ids = set(map(id, flows))
+    if len(ids) != n or not objects.isdisjoint(ids):
+        return None
+    return first[0], first[2]
 
 
-DEP_OPTS = '{"dep":1}'  # enqueue_flow's options of a dependency node
-
-
-def as_job_ref(value) -> JobRef:
-    """A ``JobRef``, a ``(queue, id)`` pair or ``"queue/id"`` as a
-    ``JobRef``; raises ``ValueError`` naming the forms."""
-    if isinstance(value, JobRef):
-        return value
-    if isinstance(value, tuple | list) and len(value) == 2:  # a list: read back from JSON
-        return JobRef(*value)
-    if isinstance(value, str):
-        return JobRef.parse(value)
-    raise ValueError(
-        f"invalid job ref {value!r}: pass JobRef(queue, id), (queue, id) or 'queue/id'"
-    )
+def opt_text(value) -> str:
+    """An optional integer as script text: '' means "the queue's setting"."""
+    return "" if value is None else str(int(value))
 
 
 def _check_settings(flow: Flow, queue: str, job_id: str) -> None:
@@ -370,27 +435,3 @@ def _check_settings(flow: Flow, queue: str, job_id: str) -> None:
         whole_number("backoff_ms", flow.backoff_ms, 0, optional=True)
     except ValueError as err:
         raise FlowError(f"{queue}/{job_id}: {err}") from None
-
-
-def steps(nodes: list[Node], chunk: int) -> list[tuple[str, list[Node]]]:
-    """Group breadth-first nodes into ``(queue, nodes)`` steps.
-
-    A flow on one queue is one step. Otherwise a step is a run of nodes of one
-    queue at one depth; all of a parent's children are at the next depth, so
-    every step comes after the step holding its nodes' parents. A step longer
-    than ``chunk`` nodes is cut into chunks
-    (docs/explanation/protocol.md#parent-first-add: a huge flow lands in
-    several scripts, parents first, so no script blocks Redis for long).
-    """
-    if len({n.queue for n in nodes}) == 1:
-        groups = [(nodes[0].queue, nodes)]
-    else:
-        order: dict[tuple[int, str], list[Node]] = {}
-        for n in nodes:
-            order.setdefault((n.depth, n.queue), []).append(n)
-        groups = [(q, group) for (_, q), group in order.items()]
-    out = []
-    for queue, group in groups:
-        for i in range(0, len(group), chunk):
-            out.append((queue, group[i : i + chunk]))
-    return out

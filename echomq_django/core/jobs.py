@@ -192,24 +192,6 @@ class JobSource(Protocol):
     def ignored_failures(self, queue: str, job_id: str, cursor: int = 0, count=None) -> Any: ...
 
 
-# The fields of one job in claim.lua's reply, in order (its header).
-CLAIM_FIELDS = (
-    "id",
-    "lease",
-    "name",
-    "payload",
-    "attempts",
-    "max_attempts",
-    "backoff_ms",
-    "parent",
-    "parent_queue",
-    "parent_policy",
-    "created_at",
-    "timeout_ms",
-    "priority",
-)
-
-
 @dataclass
 class Job(Reporting):
     """One job as read from Redis; a handler reports through it (``Reporting``).
@@ -309,50 +291,6 @@ class Job(Reporting):
     def from_row(cls, queue: str, job_id: str, row: dict, mq: JobSource | None = None) -> Job:
         """Build a Job from an HGETALL reply (bytes or str keys and values)."""
         return cls.decode(queue, job_id, {to_text(k): v for k, v in row.items()}, mq)
-
-    @classmethod
-    def from_claim(cls, queue: str, values: list, deadline: int, mq: JobSource) -> Job:
-        """Build an active Job from one ``CLAIM_FIELDS`` group of ``claim``'s
-        reply (None for a field the row does not hold); ``deadline`` (ms).
-        Unpacked by position, not through a dict: this runs once per job
-        claimed, on the worker's claiming thread."""
-        (
-            job_id,
-            token,
-            name,
-            payload,
-            attempts,
-            max_attempts,
-            backoff_ms,
-            parent,
-            parent_queue,
-            parent_policy,
-            created_at,
-            timeout_ms,
-            priority,
-        ) = values  # CLAIM_FIELDS, in order
-        parent, parent_queue, policy, max_attempts, backoff_ms = _compact(
-            queue, mq, parent, parent_queue, parent_policy, max_attempts, backoff_ms
-        )
-        return cls(
-            id=to_text(job_id),
-            queue=queue,
-            name=to_text(name) or "",
-            payload=_json(payload),
-            state=JobState.ACTIVE,
-            attempts=int(attempts),
-            max_attempts=max_attempts,
-            backoff_ms=backoff_ms,
-            parent=parent,
-            parent_queue=parent_queue,
-            parent_policy=policy,
-            created_at=_int(created_at),
-            lease=to_text(token),
-            lease_deadline=deadline,
-            priority=_int(priority) or 0,
-            timeout_ms=_int(timeout_ms),
-            _mq=mq,
-        )
 
     @property
     def ref(self) -> JobRef:

@@ -1,17 +1,16 @@
 """``EchoMQ``: the queue over one Redis connection, composed of parts
 (docs/explanation/house.md, "protocol/").
 
-``EchoMQ`` is the user API: the one-job transitions defined here
-(``lua/enqueue.lua``, ``lua/claim.lua``, ``lua/complete.lua``,
-``lua/fail.lua``, ``lua/extend_lease.lua``, ``lua/set_paused.lua``), the
-read API it inherits from ``Reads``, and the calls it hands to its parts:
+``EchoMQ`` is the user API: the one-job transitions defined here (``lua/enqueue.lua``,
+``lua/claim.lua``, ``lua/complete.lua``, ``lua/fail.lua``, ``lua/extend_lease.lua``,
+``lua/set_paused.lua``), the read API of ``Reads``, and the calls it hands to its parts:
 flows (``mq.flows``), bulk adds (``mq.bulk``), retry, remove and cancel
-(``mq.lifecycle``), waiting for a result (``mq.waits``), what a running
-job reports (``mq.progress``, through its ``Job``). What only the
-runners, the admin and monitoring call lives on the parts they name: ``mq.outbox``, ``mq.timers``,
-``mq.signal_events``, ``mq.presence``, ``mq.probes``. Each part is a small
-class over the one ``Wire`` (``wire.py``) they share; this class validates
-input, builds keys, runs the script and decodes the reply, and nothing is
+(``mq.lifecycle``), waiting for a result (``mq.waits``), what a running job reports
+(``mq.progress``, through its ``Job``), following events (``mq.events(...)``). What
+only the runners, the admin and monitoring call lives on the parts they name:
+``mq.outbox``, ``mq.timers``, ``mq.signal_events``, ``mq.presence``, ``mq.probes``.
+Each part is a small class over the one ``Wire`` (``wire.py``) they share; this class
+validates input, builds keys, runs the script and decodes the reply; nothing is
 written when validation fails.
 """
 
@@ -26,9 +25,10 @@ from typing import Any
 import redis
 
 from ..core import flows as _flows
+from ..core.claims import claimed_jobs
 from ..core.exceptions import EchoMQError, PayloadError, RedisUnavailable
 from ..core.flows import Flow, FlowRef
-from ..core.jobs import CLAIM_FIELDS, MAX_PAYLOAD_BYTES, Job, JobState, Outcome, to_text
+from ..core.jobs import MAX_PAYLOAD_BYTES, Job, JobState, Outcome, to_text
 from ..core.keyspace import validate_id, validate_name, validate_queue, whole_number
 from ..core.options import Claimed, check_job_options, rate_limit
 from ..core.refs import JobRef, as_ref
@@ -37,6 +37,7 @@ from .bulk import Bulk
 from .errors import translate
 from .flows import Flows
 from .lifecycle import BUDGET, Lifecycle, Report
+from .live.events import Events
 from .live.progress import Progress
 from .live.waits import Waits
 from .outbox import Outbox
@@ -54,9 +55,9 @@ CALL_TOKEN = re.compile(r"[0-9A-Za-z._-]{1,64}")  # claim's call token (a key pa
 class EchoMQ(Reads):
     """The queue over one redis-py client (``redis.Redis`` or ``RedisCluster``).
 
-    Holds its parts: ``flows``, ``bulk``, ``lifecycle``, ``outbox``,
-    ``timers``, ``signal_events``, ``presence``, ``probes``, ``waits``, ``progress`` (the module
-    docstring says who calls which).
+    Holds its parts (the module docstring says who calls which): ``flows``, ``bulk``,
+    ``lifecycle``, ``outbox``, ``timers``, ``signal_events``, ``presence``, ``probes``,
+    ``waits``, ``progress``, ``events``.
 
     ``prefix`` starts every key (docs/explanation/protocol.md#keys). ``queues`` maps a queue name to
     its defaults ``{"MAX_ATTEMPTS": int, "BACKOFF_MS": ms, "LEASE_MS": ms}``;
@@ -101,7 +102,7 @@ class EchoMQ(Reads):
         self.signal_events = SignalEvents(wire)
         self.presence = Presence(wire)
         self.probes = Probes(wire)
-        self.waits, self.progress = Waits(wire, self), Progress(wire)
+        self.waits, self.progress, self.events = Waits(wire, self), Progress(wire), Events(wire)
 
     @property
     def clock(self):
@@ -238,13 +239,7 @@ class EchoMQ(Reads):
             if "jobs" not in flat:
                 return Claimed(paused=bool(flat.get("paused")), wait_ms=flat.get("wait"))
             lease, flat = max(int(flat["left"]), 0), flat["jobs"]  # a replay: its leases' rest
-        deadline, n = now + lease, len(CLAIM_FIELDS)
-        return Claimed(
-            Job.from_claim(
-                queue, [v if v is not False else None for v in flat[i : i + n]], deadline, self
-            )
-            for i in range(0, len(flat), n)
-        )
+        return Claimed(claimed_jobs(queue, flat, now + lease, self))
 
     def _fail_call(self, job: Job, error: str, dead: bool = False):
         q = job.queue

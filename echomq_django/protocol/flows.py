@@ -11,15 +11,16 @@ results of its children reach a parent on another slot through the outbox
 
 from __future__ import annotations
 
-import itertools
 import json
 
 from ..core import flows as _flows
 from ..core.exceptions import DependencyError, FlowConflict, JobNotFound
 from ..core.flows import Flow, FlowRef
 from ..core.jobs import to_json, to_text
+from ..core.landing import DEP_OPTS as DEP
+from ..core.landing import steps
 from ..core.refs import JobRef
-from .wire import Part, Wire, opt
+from .wire import Part, Wire
 
 
 class Flows(Part):
@@ -30,48 +31,41 @@ class Flows(Part):
         super().__init__(wire)
         self.reads = reads
 
-    def _step_call(self, queue: str, nodes: list, mode: str):
+    def _step_call(self, queue: str, groups: list, mode: str):
         """One ``enqueue_flow`` call for a step, in the script's flat group
-        format (see its header): nodes that share name, parent, policy and
-        settings share one group header."""
-        k = self.keys
-        qk = k.queue(queue)
+        format (see its header): a ``Group``'s nodes share one header."""
+        qk = self.keys.queue(queue)
+        refs = self.keys.refs
         flat: list[str] = []
-        for (name, pid, pq, policy, ma, bo, gate, opts, inc, pinc), group in itertools.groupby(
-            nodes,
-            key=lambda n: (
-                n.name,
-                n.parent_id,
-                n.parent_queue,
-                n.policy,
-                n.max_attempts,
-                n.backoff_ms,
-                n.gate,
-                n.opts,
-                n.inc,
-                n.parent_inc,
-            ),
-        ):
-            group = list(group)
-            flat += [
-                name,
-                pid,
-                pq,
-                policy,
-                opt(ma),
-                opt(bo),
-                "1" if gate else "0",
-                str(len(group)),
-                opts,
-                inc,
-                pinc,
-            ]
-            for n in group:
-                if n.children or n.deps:
-                    refs = k.refs(n.children + n.deps if n.deps else n.children)
-                    flat += [n.id, n.payload, str(len(refs)), *refs]
+        add = flat.extend
+        for g in groups:
+            ids, payloads, kids = g.ids, g.payloads, g.children
+            add(
+                (
+                    g.name,
+                    g.parent_id,
+                    g.parent_queue,
+                    g.policy,
+                    g.max_attempts,
+                    g.backoff_ms,
+                    "1" if g.gate else "0",
+                    str(len(ids)),
+                    g.opts,
+                    g.inc,
+                    g.parent_inc,
+                )
+            )
+            if not any(kids):  # leaves only: id, payload, "0" per node
+                part = ["0"] * (3 * len(ids))
+                part[0::3], part[1::3] = ids, payloads
+                add(part)
+                continue
+            for job_id, payload, children in zip(ids, payloads, kids, strict=True):
+                if children:
+                    keys = refs(children)
+                    add((job_id, payload, str(len(keys)), *keys))
                 else:
-                    flat += [n.id, n.payload, "0"]
+                    add((job_id, payload, "0"))
         # one JSON argument: 9+ ARGV per node cost more in redis-py than in Redis
         return (
             "enqueue_flow",
@@ -99,31 +93,28 @@ class Flows(Part):
         ``add_flow``; when a flow takes more than one script, every user-given
         id is gated by a read-only pass before the first write."""
         plans = [_flows.plan(f, self.wire.encode) for f in flows]
-        self._check_dependencies([n for nodes in plans for n in nodes if n.dep])
+        self._check_dependencies([g for p in plans if p.deps for g in p.groups if g.opts == DEP])
         seen: set = set()
-        for nodes in plans:
-            for n in nodes:
-                if n.gate:
-                    if (n.queue, n.id) in seen:
-                        raise _flows.FlowError(
-                            f"job id {n.id!r} in queue {n.queue!r} is in two flows"
-                        )
-                    seen.add((n.queue, n.id))
-        self.wire.note_queues(dict.fromkeys(n.queue for nodes in plans for n in nodes))
-        all_steps = [_flows.steps(nodes, self.wire.flow_chunk) for nodes in plans]
-        gated = [any(n.gate for n in nodes) for nodes in plans]
+        for p in plans:
+            for ref in p.gated:
+                if ref in seen:
+                    raise _flows.FlowError(f"job id {ref[1]!r} in queue {ref[0]!r} is in two flows")
+                seen.add(ref)
+        queues = [p.queues for p in plans]
+        self.wire.note_queues(dict.fromkeys(q for qs in queues for q in qs))
+        all_steps = [steps(p, self.wire.flow_chunk) for p in plans]
         checks = [
-            self._step_call(q, ns, "check")
-            for s, g in zip(all_steps, gated, strict=False)
-            if len(s) > 1 and g
-            for q, ns in s
+            self._step_call(q, gs, "check")
+            for s, p in zip(all_steps, plans, strict=True)
+            if len(s) > 1 and p.gated
+            for q, gs in s
         ]
         for reply in self.scripts.run_many(checks):
             if isinstance(reply, Exception):
                 raise reply
         # single-queue flows: every chunk of every such flow in one pipeline
-        one_queue = [i for i, nodes in enumerate(plans) if len({n.queue for n in nodes}) == 1]
-        calls = [(i, self._step_call(q, ns, "write")) for i in one_queue for q, ns in all_steps[i]]
+        one_queue = [i for i, qs in enumerate(queues) if len(qs) == 1]
+        calls = [(i, self._step_call(q, gs, "write")) for i in one_queue for q, gs in all_steps[i]]
         counts: dict[int, list] = {i: [] for i in range(len(plans))}
         for (i, _), reply in zip(calls, self.scripts.run_many([c for _, c in calls]), strict=False):
             if isinstance(reply, Exception):
@@ -135,28 +126,28 @@ class Flows(Part):
             # a parent met again keeps its incarnation: its children on
             # other queues (later steps) must carry that one, not this add's
             kept: dict[tuple[str, str], str] = {}
-            for n, (queue, ns) in enumerate(step_list):
+            for n, (queue, gs) in enumerate(step_list):
                 if kept:
-                    for node in ns:
-                        got = kept.get((node.parent_queue, node.parent_id))
-                        if got is not None and node.parent_queue != queue:
-                            node.parent_inc = got
-                reply = self.scripts.run(*self._step_call(queue, ns, "write"))
+                    for g in gs:
+                        got = kept.get((g.parent_queue, g.parent_id))
+                        if got is not None and g.parent_queue != queue:
+                            g.parent_inc = got
+                reply = self.scripts.run(*self._step_call(queue, gs, "write"))
                 met = reply[3]
                 for j in range(0, len(met), 2):
                     kept[(queue, to_text(met[j]))] = to_text(met[j + 1])
                 counts[i].append(reply)
                 if self.wire.fault_hook:
-                    self.wire.fault_hook(n, queue, ns)
+                    self.wire.fault_hook(n, queue, gs)
         refs = []
-        for i, nodes in enumerate(plans):
-            root = nodes[0]
+        for i, p in enumerate(plans):
+            queue, root_id, children = p.root
             refs.append(
                 FlowRef(
-                    queue=root.queue,
-                    parent_id=root.id,
-                    child_ids=[cid for _, cid in root.children],
-                    nodes=[JobRef._trusted(n.queue, n.id) for n in nodes if not n.dep],
+                    queue=queue,
+                    parent_id=root_id,
+                    child_ids=[cid for _, cid in children],
+                    nodes=p.refs(),
                     landed=sum(int(c[0]) for c in counts[i]),
                     skipped=sum(int(c[1]) for c in counts[i]),
                     deduplicated={
@@ -168,21 +159,22 @@ class Flows(Part):
             )
         return refs
 
-    def _check_dependencies(self, deps: list) -> None:
-        """Every ``depends_on`` job exists and is waited for by no other job,
-        read before any write (``enqueue_flow`` checks again on its slot).
-        Raises ``JobNotFound`` / ``FlowConflict`` naming the rule."""
-        if not deps:
+    def _check_dependencies(self, groups: list) -> None:
+        """Every ``depends_on`` job (a dependency group: one node each)
+        exists and is waited for by no other job, read before any write
+        (``enqueue_flow`` checks again on its slot). Raises ``JobNotFound``
+        / ``FlowConflict`` naming the rule."""
+        if not groups:
             return
         pipe = self.client.pipeline(transaction=False)
-        for n in deps:
-            pipe.hmget(self.keys.job(n.queue, n.id), "state", "parent", "parent_queue")
-        for n, (state, parent, pq) in zip(deps, pipe.execute(), strict=True):
-            where = f"{n.parent_queue}/{n.parent_id} depends_on {n.queue}/{n.id}"
+        for g in groups:
+            pipe.hmget(self.keys.job(g.queue, g.ids[0]), "state", "parent", "parent_queue")
+        for g, (state, parent, pq) in zip(groups, pipe.execute(), strict=True):
+            where = f"{g.parent_queue}/{g.parent_id} depends_on {g.queue}/{g.ids[0]}"
             if state is None:
                 raise JobNotFound(f"{where}: no such job (a dependency is a job already added)")
-            owner = f"{to_text(pq) or n.queue}/{to_text(parent)}"
-            if parent is not None and owner != f"{n.parent_queue}/{n.parent_id}":
+            owner = f"{to_text(pq) or g.queue}/{to_text(parent)}"
+            if parent is not None and owner != f"{g.parent_queue}/{g.parent_id}":
                 raise FlowConflict(
                     f"{where}: it is already waited for by {owner} (a job is waited for "
                     "by one job at most)"

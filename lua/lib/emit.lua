@@ -7,8 +7,9 @@
   Every entry is XADDed with MAXLEN ~ EVENTS_MAXLEN, so the stream never
   holds more than EVENTS_MAXLEN entries plus one listpack node (Redis trims
   whole nodes, `stream-node-max-entries`, 100 by default): the admin mirror
-  reads it, nothing else does, and a mirror that falls further behind does a
-  full pass instead (monitoring/mirror.py).
+  reads it (one that falls further behind does a full pass instead,
+  monitoring/mirror.py), and any process may follow it (protocol/live/events.py,
+  which tells a follower that fell behind the cap).
 
   It also writes a finished job's note to its waiters, P:{q}:done:<id>
   (note_done; docs/explanation/protocol.md#waiting-for-a-result).

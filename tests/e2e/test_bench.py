@@ -96,6 +96,29 @@ def test_quick_benchmark_runs_and_every_root_receives_every_value(redis_server, 
         assert {r["system"] for r in data["runs"]} == {"echomq", "bullmq"}
 
 
+def test_the_wait_scenario_runs_and_every_waiter_wakes(redis_server, tmp_path):
+    """``python -m bench --scenarios wait --quick``: 5 round trips and 50
+    waiters, ours (and BullMQ's in Node when ``bench/node`` is installed);
+    every waiter woke (a delay per job), the percentiles in order."""
+    out = tmp_path / "wait.json"
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    args = ["--scenarios", "wait", "--quick", "--redis-url", redis_server, "--json", str(out)]
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench", *args, "--no-progress"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = json.loads(out.read_text())["wait"]
+    assert rows[0]["system"] == "echomq"
+    for row in rows:
+        trip, wake = row["round_trip_ms"], row["wake_delay_ms"]
+        assert (trip["n"], wake["n"], row["waiters"]) == (5, 50, 50)
+        assert 0 < trip["p50"] <= trip["p90"] <= trip["p99"] <= trip["max"]
+        assert wake["p50"] <= wake["p90"] <= wake["p99"] <= wake["max"]
+        assert row["idle_cmds_per_s"] >= 0
+    assert "target p99 <= 20 ms" in proc.stdout
+
+
 @pytest.mark.skipif(
     not (shutil.which("valgrind") and shutil.which("callgrind_control")), reason="no valgrind"
 )

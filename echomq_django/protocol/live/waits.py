@@ -25,6 +25,8 @@ WAIT_SLACK_MS = 5_000  # the done stream outlives the longest wait on it by this
 DONE_MAXLEN = 64  # entries a done stream keeps, about (waiters' marks and the finish)
 SOCKET_MARGIN_S = 1.0  # each XREAD BLOCK ends this much before the socket timeout (s)
 FINISHED = {JobState.COMPLETED.value, JobState.DEAD.value}
+GONE = "finished and was removed (retention, or a remove) before this wait read it"
+NOTES = {"completed", "dead", "cancelled"}  # what a finishing script notes (lib/flow.lua emit)
 
 
 def check_timeout(timeout_s: object) -> float:
@@ -43,6 +45,13 @@ class Waits(Part):
     def __init__(self, wire, reads) -> None:
         super().__init__(wire)
         self.reads = reads
+
+    def _finished(self, ref: JobRef) -> Job:
+        """The job once its finish was seen; ``JobNotFound`` if it is gone."""
+        try:
+            return self.reads.get_job(ref.queue, ref.id)
+        except JobNotFound:
+            raise JobNotFound(f"job {ref.id!r} in queue {ref.queue!r} {GONE}") from None
 
     def wait(self, ref: JobRef, timeout_s: float) -> Job:
         """Block until the job ``ref`` (a ``JobRef``) finishes, at most
@@ -76,6 +85,7 @@ class Waits(Part):
         block_max = None
         if cut:
             block_max = cut - SOCKET_MARGIN_S if cut > 2 * SOCKET_MARGIN_S else cut / 2
+        job = None
         while to_text(state) not in FINISHED:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -93,13 +103,15 @@ class Waits(Part):
             # RESP2: [[key, entries]]; RESP3 (protocol=3): {key: [entries]}
             entries = reply[0][1] if isinstance(reply, list) else next(iter(reply.values()))[0]
             last = entries[-1][0]
-            state = self.client.hget(row, "state")
+            if any(to_text(f.get(b"e", f.get("e"))) in NOTES for _, f in entries):
+                job = self._finished(ref)  # the finish itself: read the job, not its state first
+                state = job.state.value
+            else:
+                job, state = None, self.client.hget(row, "state")
             if state is None:
-                raise JobNotFound(
-                    f"job {ref.id!r} in queue {ref.queue!r} finished and was removed "
-                    "(retention, or a remove) before this wait read it"
-                )
-        job = self.reads.get_job(ref.queue, ref.id)
+                raise JobNotFound(f"job {ref.id!r} in queue {ref.queue!r} {GONE}")
+        if job is None:
+            job = self._finished(ref)
         if job.state is JobState.DEAD:
             raise JobDead(job)
         return job

@@ -1,5 +1,5 @@
-"""Module-level API over the ``EchoMQ`` built from settings
-(docs/explanation/house.md#the-root-djangos-conventional-files).
+"""What adds jobs and flows over the ``EchoMQ`` built from settings, and
+when (docs/explanation/house.md, "api/").
 
 ``enqueue``, ``enqueue_many`` and ``add_flow`` take ``on_commit``:
 
@@ -10,21 +10,22 @@
   docs/explanation/protocol.md#the-commit-outbox): the job or flow is written to the
   ``OutboxEntry`` table in the current transaction of database ``using``, pushed to Redis
   right after the commit and the row deleted; when Redis is down then, the row waits for
-  the worker or the pump to push it. Outside a transaction the row is written and pushed
-  at once.
+  the worker or the pump to push it. Outside a transaction it is written and pushed at once.
 * ``False``: now, straight to Redis, even inside a transaction.
 
 ``ECHOMQ["ENQUEUE_WHEN_DOWN"] = "outbox"`` (default ``"raise"``): an add that goes
 straight to Redis because no transaction is open (``on_commit`` None outside an atomic
 block) and finds Redis away writes the same outbox row instead of raising
 ``RedisUnavailable``, and returns the ids as usual; the worker and the pump push it once
-Redis answers (docs/howto/durable-enqueue.md#outside-a-transaction-too-enqueue_when_down).
-An explicit ``on_commit=False`` still raises.
+Redis answers
+(docs/howto/durable-enqueue.md#outside-a-transaction-too-enqueue_when_down). An explicit
+``on_commit=False`` still raises.
 
-The ids are known before the commit: generated up front and returned at once (and fixed
-in the outbox row, so a repeated push never runs anything twice). Validation (names, ids,
-payloads, flow shape) happens now either way, so a bad call raises in the caller, not
-later in the commit hook. ``aenqueue`` and ``aadd_flow`` are the same for async code.
+The ids are known before the commit: generated up front and returned at once (and
+fixed in the outbox row, so a repeated push never runs anything twice). Validation
+(names, ids, payloads, flow shape) happens now either way, so a bad call raises in the
+caller, not later in the commit hook. ``aenqueue`` and ``aadd_flow`` are the same for
+async code.
 """
 
 from __future__ import annotations
@@ -37,16 +38,14 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.db import DEFAULT_DB_ALIAS, transaction
 
-from . import commit_outbox as outbox
-from .conf import enqueue_when_down, get_mq, offline_mq
-from .core import flows as _flows
-from .core.exceptions import EchoMQError, RedisUnavailable
-from .core.flows import Flow, FlowRef
-from .core.jobs import Dependencies, Job, Outcome
-from .core.keyspace import validate_id, validate_name, validate_queue
-from .core.options import check_job_options
-from .core.refs import JobRef, Page, RefDict, as_ref
-from .core.retention import job_keep
+from .. import commit_outbox as outbox
+from ..conf import enqueue_when_down, get_mq, offline_mq
+from ..core import flows as _flows
+from ..core.exceptions import EchoMQError, RedisUnavailable
+from ..core.flows import Flow, FlowRef
+from ..core.keyspace import validate_id, validate_name, validate_queue
+from ..core.options import check_job_options
+from ..core.retention import job_keep
 
 
 def _defer(on_commit: bool | None, using: str | None) -> bool:
@@ -283,14 +282,14 @@ def _write_flow(mq, flow: Flow, using, push: bool = True) -> FlowRef:
     then write its outbox row (``push``: pushed after the commit; else left
     for the drainers); returns its ``FlowRef``."""
     _flows.assign_ids(flow)
-    nodes = _flows.plan(flow, mq.encode)
+    plan = _flows.plan(flow, mq.encode)
     outbox.write_flow(flow, using=using, mq=mq, push=push)
-    root = nodes[0]
+    queue, root_id, children = plan.root
     return FlowRef(
-        queue=root.queue,
-        parent_id=root.id,
-        child_ids=[cid for _, cid in root.children],
-        nodes=[JobRef._trusted(n.queue, n.id) for n in nodes],
+        queue=queue,
+        parent_id=root_id,
+        child_ids=[cid for _, cid in children],
+        nodes=plan.refs(),
     )
 
 
@@ -327,117 +326,3 @@ async def aenqueue(queue: str, name: str, payload: Any = None, **kwargs: Any) ->
 async def aadd_flow(flow: Flow, **kwargs: Any) -> FlowRef:
     """``add_flow`` for async code, as ``aenqueue`` is for ``enqueue``."""
     return await sync_to_async(add_flow, thread_sensitive=True)(flow, **kwargs)
-
-
-def wait(job: Any, job_id: str | None = None, timeout_s: float | None = None) -> Job:
-    """Block until a job finishes, ``timeout_s`` s at most (a number >= 0),
-    and return the completed ``Job`` (``.result``): ``EchoMQ.wait`` on the
-    settings' connection. The job is ``(job, job_id)`` = (queue, id), or a
-    ``JobRef`` / ``"queue/id"`` as ``job`` (a flow's root: ``flow_ref.ref``). Raises
-    ``ValueError`` for a bad timeout or id (before any Redis I/O),
-    ``JobNotFound`` at once for an unknown id (or when it finished and was
-    removed before the wait read it), ``JobDead`` when it ended dead
-    (cancelled included), builtin ``TimeoutError`` after ``timeout_s``,
-    ``RedisUnavailable``. It holds one Redis connection while it blocks.
-    docs/howto/wait.md"""
-    return get_mq().wait(job, job_id, timeout_s)
-
-
-async def await_result(job: Any, job_id: str | None = None, timeout_s: float | None = None) -> Job:
-    """``wait`` for async code: the blocking wait runs on a worker thread
-    (``sync_to_async(thread_sensitive=False)``), so the event loop and Django's
-    ORM thread stay free. Same arguments, result, errors. docs/howto/wait.md#in-an-async-view"""
-    return await sync_to_async(wait, thread_sensitive=False)(job, job_id, timeout_s)
-
-
-def get_job(queue: str, job_id: str) -> Job:
-    """``EchoMQ.get_job`` on the settings' connection."""
-    return get_mq().get_job(queue, job_id)
-
-
-def job_logs(job: Any, job_id: str | None = None, start: int = 0, end: int = -1) -> list[str]:
-    """``EchoMQ.job_logs`` on the settings' connection; the job is (queue, ``job_id``) or a
-    ``JobRef`` / ``"queue/id"`` as ``job``. docs/howto/progress-and-logs.md#read-them-back"""
-    return get_mq().job_logs(job, job_id, start, end)
-
-
-def retry(queue: str, job_id: str) -> Outcome:
-    """``EchoMQ.retry`` (retry-by-id of a dead job) on the settings' connection."""
-    return get_mq().retry(queue, job_id)
-
-
-def children_values(
-    queue: str, job_id: str, cursor: int = 0, count: int | None = None
-) -> RefDict | Page[RefDict]:
-    """``EchoMQ.children_values`` on the settings' connection: ``{JobRef:
-    result}``, or one ``Page`` with ``count`` (docs/howto/read-flows.md#paged-reads)."""
-    return get_mq().children_values(queue, job_id, cursor, count)
-
-
-def dependencies(
-    queue: str, job_id: str, cursor: int = 0, count: int | None = None
-) -> Dependencies | Page[Dependencies]:
-    """``EchoMQ.dependencies`` on the settings' connection, or one ``Page``
-    of it with ``count`` (docs/howto/read-flows.md#paged-reads)."""
-    return get_mq().dependencies(queue, job_id, cursor, count)
-
-
-def dependency_counts(queue: str, job_id: str) -> dict:
-    """``EchoMQ.dependency_counts`` on the settings' connection."""
-    return get_mq().dependency_counts(queue, job_id)
-
-
-def ignored_failures(
-    queue: str, job_id: str, cursor: int = 0, count: int | None = None
-) -> RefDict | Page[RefDict]:
-    """``EchoMQ.ignored_failures`` on the settings' connection: ``{JobRef:
-    error}``, or one ``Page`` with ``count`` (docs/howto/read-flows.md#paged-reads)."""
-    return get_mq().ignored_failures(queue, job_id, cursor, count)
-
-
-def get_flow(queue: str, job_id: str, depth: int | None = None) -> dict:
-    """``EchoMQ.get_flow`` on the settings' connection."""
-    return get_mq().get_flow(queue, job_id, depth)
-
-
-def pause(queue: str) -> bool:
-    """``EchoMQ.pause`` on the settings' connection (docs/explanation/protocol.md#scheduling)."""
-    return get_mq().pause(queue)
-
-
-def resume(queue: str) -> bool:
-    """``EchoMQ.resume`` on the settings' connection (docs/explanation/protocol.md#scheduling)."""
-    return get_mq().resume(queue)
-
-
-def is_paused(queue: str) -> bool:
-    """``EchoMQ.is_paused`` on the settings' connection
-    (docs/explanation/protocol.md#scheduling)."""
-    return get_mq().is_paused(queue)
-
-
-def remove_child_dependency(queue: str, parent_id: str, child: JobRef | tuple[str, str] | str):
-    """``EchoMQ.remove_child_dependency`` on the settings' connection
-    (docs/explanation/protocol.md#removing-a-dependency): ``child`` a
-    ``JobRef`` or ``(queue, id)``; a raw key is deprecated
-    (docs/howto/read-flows.md#deprecated-raw-keys)."""
-    mq = get_mq()
-    return mq.remove_child_dependency(queue, parent_id, as_ref(child, mq.keys, 3))
-
-
-def remove_unprocessed_children(queue: str, parent_id: str):
-    """``EchoMQ.remove_unprocessed_children`` on the settings' connection
-    (docs/explanation/protocol.md#removing-a-dependency)."""
-    return get_mq().remove_unprocessed_children(queue, parent_id)
-
-
-def remove(queue: str, job_id: str):
-    """``EchoMQ.remove`` on the settings' connection (docs/explanation/lifecycle.md): remove
-    a job that is not active, with its subtree. Raises ``JobNotFound``, ``JobNotRemovable``."""
-    return get_mq().remove(queue, job_id)
-
-
-def cancel(queue: str, job_id: str):
-    """``EchoMQ.cancel`` on the settings' connection (docs/explanation/lifecycle.md): cancel a
-    job and its unfinished subtree (active: marked). ``JobNotFound``, ``JobNotCancellable``."""
-    return get_mq().cancel(queue, job_id)

@@ -1,0 +1,60 @@
+"""The module-level API over the ``EchoMQ`` built from settings
+(docs/explanation/house.md, "api/"): ``adds.py`` adds jobs and flows (now,
+or after the transaction commits); ``calls.py`` holds every other call.
+``echomq_django`` re-exports the public names."""
+
+from .adds import (
+    aadd_flow,
+    add_flow,
+    add_flows,
+    aenqueue,
+    enqueue,
+    enqueue_many,
+)
+from .calls import (
+    await_result,
+    cancel,
+    children_values,
+    dependencies,
+    dependency_counts,
+    events,
+    get_flow,
+    get_job,
+    ignored_failures,
+    is_paused,
+    job_logs,
+    pause,
+    remove,
+    remove_child_dependency,
+    remove_unprocessed_children,
+    resume,
+    retry,
+    wait,
+)
+
+__all__ = [
+    "aadd_flow",
+    "add_flow",
+    "add_flows",
+    "aenqueue",
+    "await_result",
+    "cancel",
+    "children_values",
+    "dependencies",
+    "dependency_counts",
+    "enqueue",
+    "enqueue_many",
+    "events",
+    "get_flow",
+    "get_job",
+    "ignored_failures",
+    "is_paused",
+    "job_logs",
+    "pause",
+    "remove",
+    "remove_child_dependency",
+    "remove_unprocessed_children",
+    "resume",
+    "retry",
+    "wait",
+]

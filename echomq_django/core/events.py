@@ -1,0 +1,153 @@
+"""What a follower of the queues' events stream is handed, and the rules
+for what it asks (docs/howto/events.md#what-an-event-holds).
+
+``Event`` is one entry of a queue's events stream (``P:{q}:events``, one
+per job it names); ``Gap`` tells a follower that it fell behind the
+stream's cap and entries may be gone. ``check_follow`` validates a
+follow's arguments before any Redis I/O, each error naming its rule.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from .keyspace import validate_queue
+from .refs import JobRef
+
+# The kinds the scripts write (docs/explanation/protocol.md#events), the
+# pause switch's two included.
+KINDS = frozenset(
+    {
+        "added",
+        "active",
+        "progress",
+        "completed",
+        "failed",
+        "dead",
+        "released",
+        "cancelling",
+        "cancelled",
+        "removed",
+        "promoted",
+        "postponed",
+        "stalled",
+        "retried",
+        "reattached",
+        "paused",
+        "resumed",
+    }
+)
+GAP = "gap"  # the kind of a Gap: never a stream entry's
+STREAM_ID = re.compile(r"\d{1,20}(-\d{1,20})?")
+STREAM_ID_RULE = "a stream id is '<ms>-<seq>' or '<ms>' (digits), e.g. '1700000000000-0'"
+MAX_FOLLOWED = 64  # queues one follow reads at most (one reader thread per slot)
+
+
+def id_key(stream_id: str) -> tuple[int, int]:
+    """``"<ms>-<seq>"`` (or ``"<ms>"``) as a sortable pair of ints."""
+    ms, _, seq = stream_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+@dataclass(frozen=True)
+class Event:
+    """One event of a queue: ``queue`` (str), ``kind`` (one of ``KINDS``),
+    ``job_id`` (str; None for ``paused``/``resumed``), ``id`` (the stream
+    entry id, ``"<ms>-<seq>"``: pass it as ``since`` to resume after it),
+    ``at_ms`` (ms since the epoch, when Redis wrote it) and ``fields``
+    (any other fields of the entry, str to str, e.g. a ``progress`` value).
+    An entry naming several jobs (a claim's ``active``, retention's
+    ``removed``) is one ``Event`` per job, all with the entry's ``id``.
+    docs/howto/events.md#what-an-event-holds"""
+
+    queue: str
+    kind: str
+    job_id: str | None
+    id: str
+    at_ms: int
+    fields: Mapping[str, str] = field(default_factory=dict, hash=False, compare=False)
+
+    @property
+    def ref(self) -> JobRef | None:
+        """The job as a ``JobRef`` (None when the event names no job)."""
+        return JobRef(self.queue, self.job_id) if self.job_id else None
+
+
+@dataclass(frozen=True)
+class Gap:
+    """The follower of ``queue`` fell behind the stream's cap (about 10,000
+    entries): entries after ``id`` (the follower's position, str) and
+    before ``oldest`` (the oldest entry the stream still holds) may have
+    been trimmed unread. Yielded in place of an exception, before the
+    events that follow it; ``kind`` is ``"gap"`` and ``job_id`` None, so a
+    loop over ``kind`` needs no ``isinstance``.
+    docs/howto/events.md#falling-behind"""
+
+    queue: str
+    id: str
+    oldest: str
+    kind: str = GAP
+    job_id: None = None
+
+
+def check_since(since: object) -> str:
+    """``since`` if it is a stream id (``STREAM_ID_RULE``); ``ValueError``
+    naming the rule otherwise."""
+    if not isinstance(since, str) or not STREAM_ID.fullmatch(since):
+        raise ValueError(f"invalid since {since!r}: {STREAM_ID_RULE}")
+    return since
+
+
+def check_follow(
+    queues: str | Iterable[str],
+    since: str | Mapping[str, str] | None,
+    kinds: Iterable[str] | None,
+    block_s: float | None,
+) -> tuple[dict[str, str | None], frozenset[str] | None, float | None]:
+    """``(positions, kinds, block_s)`` of a follow, or ``ValueError`` /
+    ``TypeError`` naming the rule, before any Redis I/O.
+
+    ``queues``: one queue name or several (at most ``MAX_FOLLOWED``, each
+    ``keyspace.QUEUE_RULE``). ``since``: None (new events only), one stream
+    id for every queue, or ``{queue: stream id}`` (queues it leaves out get
+    new events only; a queue not followed is an error). ``kinds``: None
+    (all) or names from ``KINDS``. ``block_s``: None (follow until closed)
+    or a finite number of s >= 0 after which a follow with nothing new
+    ends. ``positions`` maps each queue to its start id (None: new only).
+    """
+    names = [queues] if isinstance(queues, str) else list(queues)
+    if not names:
+        raise ValueError("no queues to follow: give one queue name or several")
+    if len(names) > MAX_FOLLOWED:
+        raise ValueError(f"{len(names)} queues: one follow reads at most {MAX_FOLLOWED}")
+    for name in names:
+        validate_queue(name)
+    positions: dict[str, str | None] = dict.fromkeys(names)
+    if isinstance(since, Mapping):
+        for name, value in since.items():
+            if name not in positions:
+                raise ValueError(f"since names queue {name!r}, which is not followed")
+            positions[name] = check_since(value)
+    elif since is not None:
+        positions = dict.fromkeys(names, check_since(since))
+    wanted = None
+    if kinds is not None:
+        if isinstance(kinds, str):
+            raise TypeError("kinds is a list of kind names, not one string")
+        wanted = frozenset(kinds)
+        if not wanted:
+            raise ValueError("kinds is empty: give None for every kind, or some kind names")
+        unknown = sorted(k for k in wanted if k not in KINDS)
+        if unknown:
+            raise ValueError(
+                f"unknown event kind(s) {unknown}: kinds are {', '.join(sorted(KINDS))}"
+            )
+    if block_s is not None:
+        ok = isinstance(block_s, int | float) and not isinstance(block_s, bool)
+        if not ok or not math.isfinite(block_s) or block_s < 0:
+            raise ValueError(f"invalid block_s {block_s!r}: a finite number of s >= 0, or None")
+        block_s = float(block_s)
+    return positions, wanted, block_s

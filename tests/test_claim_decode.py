@@ -1,0 +1,91 @@
+"""A claim's Jobs are decoded without a Job.__init__ per job and with the
+payloads in one call (docs/explanation/performance.md#the-workers-python):
+each must equal what ``Job.decode`` reads from the same row."""
+
+from __future__ import annotations
+
+import pytest
+
+from echomq_django import EchoMQ, Flow, JobState
+from echomq_django.core.claims import _json_many, claimed_jobs
+from echomq_django.core.jobs import Job, Policy
+
+
+def expected(mq: EchoMQ, job: Job) -> Job:
+    """The claimed job as ``Job.decode`` reads it from its row now (a claim's
+    Job does not carry ``started_at``)."""
+    row = {k.decode(): v for k, v in mq.client.hgetall(mq.keys.job(job.queue, job.id)).items()}
+    got = Job.decode(job.queue, job.id, row, mq, JobState.ACTIVE, job.lease_deadline)
+    got.started_at = None
+    return got
+
+
+def test_every_shape_of_row_decodes_as_job_decode_reads_it(redis_client) -> None:
+    mq = EchoMQ(redis_client, prefix="emq", queues={"q": {"MAX_ATTEMPTS": 4, "BACKOFF_MS": 9}})
+    mq.enqueue("q", "plain", {"a": [1, "x"]}, job_id="j1")
+    mq.enqueue("q", "own", "text", job_id="j2", max_attempts=2, backoff_ms=0, timeout_ms=700)
+    mq.enqueue("q", "null", None, job_id="j3", priority=-5)
+    mq.add_flow(
+        Flow(
+            "q",
+            "root",
+            7,
+            job_id="p",
+            children=[
+                Flow("q", "kid", [], job_id="c1"),
+                Flow("q", "kid", {}, job_id="c2", ignore_dependency_on_failure=True),
+                Flow("other", "far", {"n": 1}, job_id="c3", remove_dependency_on_failure=True),
+            ],
+        )
+    )
+    jobs = mq.claim("q", 10, lease_ms=5000) + mq.claim("other", 10, lease_ms=5000)
+    assert sorted(j.id for j in jobs) == ["c1", "c2", "c3", "j1", "j2", "j3"]
+    for job in jobs:
+        assert job == expected(mq, job), job.id
+    by_id = {j.id: j for j in jobs}
+    assert (by_id["j1"].payload, by_id["j1"].max_attempts, by_id["j1"].backoff_ms) == (
+        {"a": [1, "x"]},
+        4,
+        9,
+    )
+    assert (by_id["j2"].max_attempts, by_id["j2"].backoff_ms, by_id["j2"].timeout_ms) == (
+        2,
+        0,
+        700,
+    )
+    assert (by_id["j3"].payload, by_id["j3"].priority, by_id["j3"].parent_policy) == (
+        None,
+        -5,
+        None,
+    )
+    assert [
+        (by_id[c].parent, by_id[c].parent_queue, by_id[c].parent_policy) for c in ("c1", "c2", "c3")
+    ] == [("p", "q", Policy.FAIL_PARENT), ("p", "q", Policy.IGNORE), ("p", "q", Policy.REMOVE)]
+    job = by_id["c1"]
+    assert (job.state, job.attempts, job.stalls, job.result, job.error) == (
+        "active",
+        1,
+        0,
+        None,
+        None,
+    )
+    assert (job.timed_out, job.cancelled, job.started_at) == (False, False, None)
+    assert job.dependencies is not None and mq.complete(job, 1).released == []
+
+
+def test_a_claimed_job_is_its_own_object() -> None:
+    flat = ["a", "t", "n", "[1]", "1", False, False, False, False, False, "5", False, False]
+    one, two = claimed_jobs("q", flat * 2, 9, None)
+    one.payload.append(2)
+    one.timed_out = True
+    assert (two.payload, two.timed_out, Job("x", "q", "n").timed_out) == ([1], False, False)
+    assert one._cache is not two._cache
+
+
+def test_payloads_decode_in_one_call_or_one_by_one_when_they_do_not_split() -> None:
+    assert _json_many(['{"a":1}', False, None, '"x"', "[]"]) == [{"a": 1}, None, None, "x", []]
+    assert _json_many([]) == []
+    with pytest.raises(ValueError):
+        _json_many(["1,2", "3"])  # two values in one text: never split across jobs
+    with pytest.raises(ValueError):
+        _json_many(["[1", "2]"])
