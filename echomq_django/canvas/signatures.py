@@ -105,7 +105,7 @@ class Signature(Canvas):
     name: str
     queue: str
     payload: dict = field(default_factory=dict)
-    options: dict = field(default_factory=dict)
+    options: dict | None = None  # None: none (a signature without options allocates no dict)
 
     def set(self, **options: Any) -> Signature:
         """A copy with ``options`` added (see the class). Raises
@@ -116,7 +116,7 @@ class Signature(Canvas):
                 f"unknown option(s) {unknown} for signature {self.name!r}; "
                 f"a signature takes {sorted(OPTIONS)}"
             )
-        return replace(self, options={**self.options, **options})
+        return replace(self, options={**(self.options or {}), **options})
 
     def _parts(self) -> tuple[list[Flow], Flow | None]:
         if not self.options:  # the usual signature: no copy, no options to apply
@@ -261,7 +261,12 @@ class Group(Canvas):
         self.queue = validate_queue(queue) if queue is not None else None
 
     def _heads(self) -> list[Flow]:
-        return [m.flow() for m in self.members]
+        # a member that is a plain signature (the usual chord) becomes its node
+        # at once: no (heads, entry) pair per member
+        return [
+            Flow(m.queue, m.name, m.payload) if type(m) is Signature and not m.options else m.flow()
+            for m in self.members
+        ]
 
     def _parts(self) -> tuple[list[Flow], Flow | None]:
         heads = self._heads()
