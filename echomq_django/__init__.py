@@ -32,6 +32,7 @@ from .api import (
     retry,
     wait,
 )
+from .api.controls import Schedules, get_concurrency, schedules, set_concurrency
 from .canvas import Signature, chain, chord, group, group_results, previous_result, task
 from .core.events import Event, Gap
 from .core.exceptions import (
@@ -95,6 +96,7 @@ __all__ = [
     "RateLimited",
     "RedisCommandError",
     "RedisUnavailable",
+    "Schedules",
     "Signature",
     "Unrecoverable",
     "Worker",
@@ -113,6 +115,7 @@ __all__ = [
     "enqueue",
     "enqueue_many",
     "events",
+    "get_concurrency",
     "get_flow",
     "get_job",
     "group",
@@ -128,6 +131,8 @@ __all__ = [
     "remove_unprocessed_children",
     "resume",
     "retry",
+    "schedules",
+    "set_concurrency",
     "task",
     "wait",
 ]

@@ -11,7 +11,8 @@
 
   ARGV[1] queue key prefix     P:{q}: (job rows are P:{q}:job:<id>, same slot)
   ARGV[2] count K (integer >= 1)
-  ARGV[3] now (ms)
+  ARGV[3] now (ms); with a sliding rate limit, the log's newest start when
+          that is later (a job's started_at is the log's time)
   ARGV[4] lease length (ms)
   ARGV[5] call token: a fresh random string per claim call; the reply is kept
           under P:{q}:claim:<token> for the lease length, so a replay of the
@@ -21,8 +22,19 @@
   ARGV[6] rate limit: at most this many claims per window ('0' = no limit),
           counted for all workers in the hash P:{q}:limiter {start, n}
           (docs/explanation/protocol.md#scheduling RATE_LIMIT)
-  ARGV[7] rate window (ms): a window opens at the first claim after the
-          last one closed
+  ARGV[7] rate window (ms): in 'fixed' mode a window opens at the first
+          claim after the last one closed; in 'sliding' mode it is every
+          interval of this length
+  ARGV[8] rate mode: 'fixed' (the hash P:{q}:limiter {start, n}) or
+          'sliding' (the zset P:{q}:limiter:log, lease token -> start (ms),
+          trimmed to the window: no interval of ARGV[7] ms starts more than
+          ARGV[6]; at most ARGV[6] members, expiring with the window; and
+          the counter P:{q}:limiter:log:turn, which spreads refused claims'
+          waits over the starts that will leave, expiring likewise)
+  ARGV[9] concurrency cap from the settings ('0' = none): at most this many
+          jobs active at once (the size of P:{q}:active, stalled leases
+          included until recovered); P:{q}:concurrency, when set
+          (emq.set_concurrency), wins (docs/explanation/protocol.md#concurrency)
 
   Order (docs/explanation/protocol.md#scheduling): priorities > 0 (P:{q}:prioritized, scores < 0, see
   lib/claimable.lua), then the pending list (priority 0), then priorities < 0;
@@ -33,13 +45,17 @@
   job (docs/explanation/protocol.md#events).
 
   returns: a JSON array (one bulk string: the host decodes it in one C call
-           instead of parsing 13 replies per job), 13 entries per claimed job:
+           instead of parsing 14 replies per job), 14 entries per claimed job:
            id, lease token, name, payload, attempts, max_attempts, backoff_ms,
-           parent, parent_queue, parent_policy, created_at, timeout_ms, priority
-           (strings; an absent field is false);
+           parent, parent_queue, parent_policy, created_at, timeout_ms, priority,
+           traceparent (strings; an absent field is false);
            '{"paused":1}' when the queue is paused, '{"wait":ms}' when the
            rate limit's window is full (ms until it opens) and a job is
-           claimable ('[]' when none is: nothing to wait for); a replay answers
+           claimable ('[]' when none is: nothing to wait for), '{"full":1}'
+           when the concurrency cap is reached and a job is claimable (the
+           full mark P:{q}:full is set and the wake marker removed: the
+           next job to leave active wakes a worker, lib/claimable.lua
+           left_active); a replay answers
            '{"left":ms,"jobs":[...]}': the first call's array and the ms its
            leases have left
   errors:  none; an id whose row is gone or not pending is dropped silently
@@ -61,18 +77,65 @@ if redis.call('EXISTS', base .. 'paused') == 1 then
   redis.call('ZREM', base .. 'wake', WAKE_NOW)  -- resume wakes the workers again
   return '{"paused":1}'
 end
--- the rate limit: a fixed window per queue, by the host's clock
--- (docs/explanation/protocol.md#the-hosts-clock), in one hash {start, n} that never grows
-local limit, per = tonumber(ARGV[6]), tonumber(ARGV[7])
+-- what may still start: the concurrency cap, then the rate limit, both by
+-- the host's clock (docs/explanation/protocol.md#the-hosts-clock)
+local function claimable()
+  return redis.call('EXISTS', pending, base .. 'prioritized') > 0
+end
+local cap = tonumber(redis.call('GET', base .. 'concurrency') or ARGV[9])
+local free = -1  -- -1: no cap
+if cap > 0 then
+  free = cap - redis.call('ZCARD', active)
+  if free <= 0 then
+    if not claimable() then
+      return '[]'
+    end
+    redis.call('SET', base .. 'full', '1')
+    redis.call('ZREM', base .. 'wake', WAKE_NOW)  -- a job leaving active wakes a worker again
+    return '{"full":1}'
+  end
+  count = math.min(count, free)
+end
+local limit, per, sliding = tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[8] == 'sliding'
 local limiter, start, used = base .. 'limiter', 0, 0
-if limit > 0 then
+local log = base .. 'limiter:log'
+if limit > 0 and sliding then
+  -- a log of start times: what started more than `per` ago no longer counts.
+  -- Its time only moves forward: a claim whose host read its clock before
+  -- another's ran after it starts at the log's newest time, or its trim
+  -- would drop starts that still count for that time (and so would a host
+  -- whose clock is behind)
+  local newest = redis.call('ZRANGE', log, -1, -1, 'WITHSCORES')[2]
+  if newest and tonumber(newest) > tonumber(now) then
+    now = newest
+  end
+  redis.call('ZREMRANGEBYSCORE', log, '-inf', tonumber(now) - per)
+  used = redis.call('ZCARD', log)
+  if used >= limit then
+    if not claimable() then
+      return '[]'
+    end
+    -- refused claims take turns over the starts that will leave the window
+    -- (the 1st waits for the oldest, the 2nd for the next...), so the idle
+    -- workers do not all wake at once for the one start that frees; a
+    -- claim that starts jobs resets the turns, so a lone worker always
+    -- waits for the oldest
+    local turn = redis.call('INCR', base .. 'limiter:log:turn')
+    redis.call('PEXPIRE', base .. 'limiter:log:turn', per)
+    local k = (turn - 1) % used
+    local leaves = redis.call('ZRANGE', log, k, k, 'WITHSCORES')[2]
+    return cjson.encode({wait = math.max(1, tonumber(leaves) + per - tonumber(now))})
+  end
+  count = math.min(count, limit - used)
+elseif limit > 0 then
+  -- a fixed window in one hash {start, n} that never grows
   local w = redis.call('HMGET', limiter, 'start', 'n')
   start, used = tonumber(w[1] or '0'), tonumber(w[2] or '0')
   if tonumber(now) >= start + per then
     start, used = tonumber(now), 0
   end
   if used >= limit then
-    if redis.call('EXISTS', pending, base .. 'prioritized') == 0 then
+    if not claimable() then
       return '[]'  -- nothing to wait for: a burst worker ends, an idle one rests until woken
     end
     return cjson.encode({wait = start + per - tonumber(now)})
@@ -103,11 +166,15 @@ else
     ids = false
   end
 end
-if ids and #ids == count
-    and (redis.call('EXISTS', pending) == 1 or redis.call('EXISTS', prioritized) == 1) then
-  wake_workers(base)  -- more is waiting: the next idle worker claims it
-else
+if not ids or #ids < count or not claimable() then
   redis.call('ZREM', base .. 'wake', WAKE_NOW)  -- drained: nothing left to wake for
+elseif free >= 0 and #ids >= free then
+  -- more is waiting but the cap is reached: the next job to leave active
+  -- wakes a worker (left_active); an id dropped below leaves room unused,
+  -- so the mark is set only when the leases do fill the cap (at the end)
+  redis.call('ZREM', base .. 'wake', WAKE_NOW)
+else
+  wake_workers(base)  -- more is waiting: the next idle worker claims it
 end
 if not ids then
   return '[]'
@@ -119,7 +186,8 @@ for i, id in ipairs(ids) do
   local row = base .. 'job:' .. id
   -- one read and one write per job: this loop is the hot path of a worker
   local f = redis.call('HMGET', row, 'state', 'name', 'payload', 'attempts', 'max_attempts',
-    'backoff_ms', 'parent', 'parent_queue', 'parent_policy', 'created_at', 'timeout_ms', 'priority')
+    'backoff_ms', 'parent', 'parent_queue', 'parent_policy', 'created_at', 'timeout_ms', 'priority',
+    'traceparent')
   if f[1] == 'pending' then
     local token = batch .. '.' .. i
     local attempts = tostring((tonumber(f[4]) or 0) + 1)
@@ -141,9 +209,16 @@ for i, id in ipairs(ids) do
     out[#out + 1] = f[2]
     out[#out + 1] = f[3]
     out[#out + 1] = attempts
-    for j = 5, 12 do
+    for j = 5, 13 do
       out[#out + 1] = f[j]
     end
+  end
+end
+if free >= 0 and #ids >= free and claimable() then
+  if #leases / 2 >= free then
+    redis.call('SET', base .. 'full', '1')
+  else
+    wake_workers(base)  -- a popped id was not pending: there is room under the cap
   end
 end
 if #leases == 0 then
@@ -155,7 +230,16 @@ for i = 2, #leases, 2 do
   claimed[#claimed + 1] = leases[i]
 end
 emit_to(base .. 'events', 'active', table.concat(claimed, ' '))
-if limit > 0 then
+if limit > 0 and sliding then
+  local starts = {}
+  for i = 1, #leases, 2 do
+    starts[#starts + 1] = now
+    starts[#starts + 1] = out[(i - 1) / 2 * 14 + 2]  -- the lease token: unique per start
+  end
+  redis.call('ZADD', log, unpack(starts))
+  redis.call('PEXPIRE', log, per)
+  redis.call('DEL', base .. 'limiter:log:turn')  -- the turns start again from the oldest
+elseif limit > 0 then
   redis.call('HSET', limiter, 'start', start, 'n', used + #leases / 2)
 end
 local reply = cjson.encode(out)

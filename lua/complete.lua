@@ -69,6 +69,7 @@ for i = 4, #ARGV, 3 do
     -- what this job moved, on its own (the helpers append to OUT)
     OUT.released, OUT.dead, OUT.flow_failed, OUT.revived, OUT.outbox = {}, {}, {}, {}, 0
     redis.call('ZREM', active, id)
+    left_active(base)
     if f[9] then
       -- its flow was removed while it ran: job_completed is still sent (the
       -- handler ran, its effects are real), then the row goes at once

@@ -28,6 +28,9 @@
           '' = the queue's retention alone)
   ARGV[14] call token: a fresh random string per enqueue call, kept on the
           row (enqueue_token) so a replay of the same call is recognised
+  ARGV[15] trace context: the W3C traceparent of the caller's add span, kept
+          on the row as `traceparent` ('' = none: tracing is off;
+          docs/howto/tracing.md)
 
   returns: the state written, 'pending' or 'delayed' (a replay of the same
            call, recognised by its token, answers the state it wrote);
@@ -75,7 +78,7 @@ local fields = {'name', ARGV[3], 'payload', ARGV[4], 'state', state, 'created_at
   'enqueue_token', ARGV[14]}
 local priority = (ARGV[9] ~= '0') and ARGV[9] or ''
 for _, f in ipairs({{'max_attempts', ARGV[5]}, {'backoff_ms', ARGV[6]}, {'priority', priority},
-    {'timeout_ms', ARGV[12]}, {'dedup', dedup}, {'keep', ARGV[13]}}) do
+    {'timeout_ms', ARGV[12]}, {'dedup', dedup}, {'keep', ARGV[13]}, {'traceparent', ARGV[15]}}) do
   if f[2] ~= '' then
     fields[#fields + 1] = f[1]
     fields[#fields + 1] = f[2]

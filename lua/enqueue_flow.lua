@@ -44,7 +44,9 @@
             priority, d delay (ms), t timeout (ms), ct children timeout
             (ms, parents only), k dedup key and kt its ttl (ms), leaves
             only, so a group with k holds one node; kp keep (ms),
-            docs/explanation/lifecycle.md: at most this long after the node finishes), inc (a
+            docs/explanation/lifecycle.md: at most this long after the node finishes; tc
+            the W3C traceparent of the caller's add span, stored as
+            `traceparent`, docs/howto/tracing.md), inc (a
             parent with a child on another queue: its incarnation token,
             stored as `inc` when the row is written; '' for a leaf),
             parent inc (a child on another queue than its parent: the
@@ -195,6 +197,7 @@ end
 
 -- pass 2: write
 local claimable = {}
+local silent = 0  -- same-queue leaves written: they emit no event of their own
 i = 1
 while i <= #a do
   local name, parent, pq, policy, ma, bo, count =
@@ -236,7 +239,7 @@ while i <= #a do
     shared[#shared + 1] = inc
   end
   for _, f in ipairs({{'priority', opts.p}, {'timeout_ms', opts.t}, {'dedup', opts.k},
-      {'keep', opts.kp}}) do
+      {'keep', opts.kp}, {'traceparent', opts.tc}}) do
     if f[2] then  -- scheduling settings, stored only when set (compact rows)
       shared[#shared + 1] = f[1]
       shared[#shared + 1] = tostring(f[2])
@@ -340,10 +343,13 @@ while i <= #a do
       end
       if event or nrefs > 0 then
         emit(base, 'added', id)
+      else
+        silent = silent + 1  -- announced by its parent's event, counted apart
       end
     end
     i = i + 3 + nrefs
   end
 end
 make_claimable(base, claimable)  -- pushed in order, one wake-up for the call
+count_minute(base, 'added', silent, tonumber(redis.call('TIME')[1]) * 1000)
 return reply(OUT.outbox)

@@ -22,6 +22,9 @@
           queue's retention alone), gate ('1' = check each id is free; '0'
           for ids the host generated with 72 random bits), job count n,
           then n pairs: id, payload (a JSON text)
+  ARGV[6] trace context: the W3C traceparent of the caller's add span, kept
+          on every row as `traceparent` ('' = none: tracing is off;
+          docs/howto/tracing.md)
 
   returns: the number of jobs written (0 for a replay: redis-py re-sent the
            call and its first job's row is there with the same name,
@@ -86,6 +89,10 @@ while i <= #a do
   if a[i + 6] ~= '' then
     shared[#shared + 1] = 'keep'  -- read where it finishes (lib/lifecycle.lua expire_at)
     shared[#shared + 1] = a[i + 6]
+  end
+  if ARGV[6] ~= '' then
+    shared[#shared + 1] = 'traceparent'
+    shared[#shared + 1] = ARGV[6]
   end
   local claimable = {}
   i = i + G

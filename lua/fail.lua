@@ -85,6 +85,7 @@ if attempts < max_attempts and ARGV[8] ~= '1' then
   local wait = math.min(tonumber(f[5] or ARGV[10]) * (2 ^ (attempts - 1)), cap)
   local run_at = now + math.floor(wait)
   redis.call('ZREM', base .. 'active', id)
+  left_active(base)
   if run_at > now then
     redis.call('HSET', row, 'state', 'delayed', 'updated_at', now)
     set_error(row, err)

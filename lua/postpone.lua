@@ -40,6 +40,7 @@ if f[2] ~= token then
 end
 local run_at = now + tonumber(ARGV[5])
 redis.call('ZREM', active, id)
+left_active(base)
 redis.call('HSET', row, 'state', 'delayed', 'updated_at', now,
   'attempts', math.max(0, (tonumber(f[3]) or 1) - 1))
 make_delayed(base, id, run_at)

@@ -30,6 +30,7 @@ for _, id in ipairs(ids) do
   local f = redis.call('HMGET', row, 'state', 'priority')
   if f[1] ~= 'active' then
     redis.call('ZREM', active, id)
+    left_active(base)
   else
     local stalls = redis.call('HINCRBY', row, 'stalls', 1)
     if redis.call('HEXISTS', row, 'cancel') == 1 then
@@ -38,6 +39,7 @@ for _, id in ipairs(ids) do
       kill(base, id, 'stalled ' .. stalls .. ' times (lease expired; limit ' .. max_stalls .. ')', now)
     else
       redis.call('ZREM', active, id)
+      left_active(base)
       redis.call('HDEL', row, 'lease')
       redis.call('HSET', row, 'state', 'pending', 'updated_at', now)
       back[#back + 1] = id

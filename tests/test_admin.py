@@ -283,15 +283,15 @@ def test_mirror_twice_gives_the_same_rows(world):
 
 
 def test_incremental_mirror_reads_only_new_events_and_unevented_claims(world):
-    step(world, "awaiting", "aw-2", {"n": 2})  # completed + released: two events
+    step(world, "awaiting", "aw-2", {"n": 2})  # active + completed + released: three events
     report = mirror_queue(world, "awaiting")
-    assert report == {"full": False, "events": 2, "jobs": 2, "gone": 0, "changed": True}
+    assert report == {"full": False, "events": 3, "jobs": 2, "gone": 0, "changed": True}
     assert mirrored(queue="awaiting") == {
         ("awaiting", "aw"): "pending",
         ("awaiting", "aw-1"): "completed",
         ("awaiting", "aw-2"): "completed",
     }
-    assert [j.id for j in world.claim("awaiting", 1)] == ["aw"]  # no event; counts moved
+    assert [j.id for j in world.claim("awaiting", 1)] == ["aw"]  # one 'active' event
     assert mirror_queue(world, "awaiting")["jobs"] == 1
     assert MirroredJob.objects.get(queue="awaiting", job_id="aw").state == "active"
     world.enqueue("awaiting", "t.leaf", {}, job_id="later", delay_ms=5000)
@@ -316,7 +316,7 @@ def test_mirror_on_both_rigs(mq):
     mq.complete(job, "ok")
     assert mirror_queue(mq, "orders") == {
         "full": False,
-        "events": 1,
+        "events": 2,  # active, completed
         "jobs": 1,
         "gone": 0,
         "changed": True,

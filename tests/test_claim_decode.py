@@ -13,10 +13,10 @@ from echomq_django.core.jobs import Job, Policy
 
 def expected(mq: EchoMQ, job: Job) -> Job:
     """The claimed job as ``Job.decode`` reads it from its row now (a claim's
-    Job does not carry ``started_at``)."""
+    Job carries neither ``started_at`` nor ``first_started_at``)."""
     row = {k.decode(): v for k, v in mq.client.hgetall(mq.keys.job(job.queue, job.id)).items()}
     got = Job.decode(job.queue, job.id, row, mq, JobState.ACTIVE, job.lease_deadline)
-    got.started_at = None
+    got.started_at = got.first_started_at = None
     return got
 
 
@@ -74,7 +74,7 @@ def test_every_shape_of_row_decodes_as_job_decode_reads_it(redis_client) -> None
 
 
 def test_a_claimed_job_is_its_own_object() -> None:
-    flat = ["a", "t", "n", "[1]", "1", False, False, False, False, False, "5", False, False]
+    flat = ["a", "t", "n", "[1]", "1", False, False, False, False, False, "5", False, False, False]
     one, two = claimed_jobs("q", flat * 2, 9, None)
     one.payload.append(2)
     one.timed_out = True

@@ -194,6 +194,11 @@ def test_the_periodic_howto_schedule_passes_the_checks_and_lists_its_entries(how
         )
         # a first start fires no past tick: the pump's first sweep adds nothing
         assert emq.Pump(["ops", "reports"]).sweep()["ops"]["scheduled"] == 0
+        row = example.follow_customer(42, every_s=60)
+        assert (row["entry"], row["queue"], row["payload"]) == ("sync-42", "ops", {"customer": 42})
+        listed = [(r["entry"], r["read_only"]) for r in emq.schedules.list()]
+        assert listed == [("nightly-report", True), ("heartbeat", True), ("sync-42", False)]
+        assert (example.unfollow_customer(42), example.unfollow_customer(42)) == (True, False)
 
 
 def test_the_retention_howto_settings_pass_and_keep_zero_goes_at_the_next_sweep(
@@ -289,6 +294,29 @@ def test_the_priorities_howto(howto):
         ref = example.fulfil_order(9)
         assert (ref.parent_id, ref.landed) == ("order-9", 5)
         assert emq.dependency_counts("orders", "order-9")["remaining"] == 4
+        assert example.ease_off_partner() == 1
+        for i in range(3):
+            emq.enqueue("partner", "api.call", {"n": i}, job_id=f"p{i}")
+        partner = conf.get_mq()
+        assert len(partner.claim("partner", 3)) == 1  # one at a time, for every worker
+        assert partner.claim("partner", 3).full
+        assert example.partner_recovered() == 3
+        assert len(partner.claim("partner", 3)) == 2  # the setting's 3, one running
+
+
+def test_the_sentinel_howto_settings_pass_the_checks_and_name_the_master(no_env_url):
+    from redis.sentinel import SentinelConnectionPool
+
+    scope = snippet_settings(HOWTO / "sentinel_settings.py")
+    for cfg in (scope["ECHOMQ"], {"URL": scope["SENTINEL_URL"]}):
+        assert conf.problems(cfg) == []
+        pool = conf.build_client(cfg).connection_pool  # connects to nothing yet
+        assert isinstance(pool, SentinelConnectionPool)
+        assert pool.service_name == "mymaster"
+        hosts = [
+            c.connection_pool.connection_kwargs["host"] for c in pool.sentinel_manager.sentinels
+        ]
+        assert hosts == ["10.0.0.1", "10.0.0.2", "10.0.0.3"]
 
 
 @pytest.mark.django_db(transaction=True)
@@ -487,8 +515,10 @@ def test_the_pages_links_and_includes_resolve():
             "priorities-rate-limits",
             "progress-and-logs",
             "retention",
+            "sentinel",
             "tasks-backend",
             "testing",
+            "tracing",
             "wait",
         ]
     )
@@ -644,6 +674,47 @@ def test_the_progress_and_logs_howto(howto):
             30,
             ["step one"],
         )
+
+
+def test_the_tracing_howto(howto, monkeypatch):
+    """The view's request span, the add and the three jobs' attempts on two
+    queues are one trace; every attempt is a child of the add."""
+    import json
+
+    from django.test import RequestFactory
+
+    trace = pytest.importorskip("opentelemetry.trace")
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from opentelemetry.util._once import Once
+
+    monkeypatch.setattr(trace, "_TRACER_PROVIDER", None)  # unset for this test only
+    monkeypatch.setattr(trace, "_TRACER_PROVIDER_SET_ONCE", Once())
+    example = howto("tracing")
+    memory = InMemorySpanExporter()
+    provider = example.setup_tracing(memory)
+    with echomq_settings():
+        reply = example.checkout(RequestFactory().post("/checkout"), 7)
+        assert json.loads(reply.content)["jobs"][0] == "shipping/ship-7"
+        burst("packing")
+        emq.Pump(["packing", "shipping"]).sweep()
+        burst("shipping")
+        assert emq.get_job("shipping", "ship-7").result == {"order": 7, "items": ["book", "lamp"]}
+    provider.force_flush()
+    spans = {s.name: s for s in memory.get_finished_spans()}
+    assert sorted(spans) == [
+        "POST /checkout",
+        "echomq add_flow",
+        "echomq run shop.pack",
+        "echomq run shop.ship",
+    ]
+    runs = [s for s in memory.get_finished_spans() if s.name.startswith("echomq run")]
+    assert len(runs) == 3
+    assert {s.context.trace_id for s in memory.get_finished_spans()} == {
+        spans["POST /checkout"].context.trace_id
+    }
+    assert spans["echomq add_flow"].parent.span_id == spans["POST /checkout"].context.span_id
+    assert {s.parent.span_id for s in runs} == {spans["echomq add_flow"].context.span_id}
+    provider.shutdown()
 
 
 def test_the_readme_example_is_the_file_the_suite_runs(r):

@@ -254,7 +254,7 @@ def test_a_bad_keep_logs_is_named_with_its_rule():
     cfg = {"URL": "redis://127.0.0.1:1/0", "QUEUES": {"media": {"KEEP_LOGS": -1}}}
     assert problems(cfg) == [
         (
-            "echomq_django.E060",
+            "echomq_django.E019",
             "queue 'media': KEEP_LOGS must be an integer from 1 to 10000, got -1",
             "KEEP_LOGS is the lines each job's log keeps (the newest); the default is 100.",
         )

@@ -64,7 +64,7 @@ def test_a_replayed_enqueue_is_the_same_job(mq):
     k = mq.keys.queue("q")
     call = (
         [k.job("e1"), k.pending, k.delayed, k.events, k.dedup("")],
-        ["q", "e1", "x", '{"a":1}', "", "", 1_000_000, 0, 0, "", "", "", "", "call-token-1"],
+        ["q", "e1", "x", '{"a":1}', "", "", 1_000_000, 0, 0, "", "", "", "", "call-token-1", ""],
     )
     assert mq.scripts.run("enqueue", *call) == b"pending"
     assert mq.scripts.run("enqueue", *call) == b"pending"  # redis-py re-sent it
@@ -139,7 +139,7 @@ def test_a_replayed_claim_returns_the_same_jobs(mq):
     k = mq.keys
     call = (
         [k.queue_key("q", "pending"), k.queue_key("q", "active"), k.queue_key("q", "lease:seq")],
-        [k.base("q"), 2, 1_000_000, 5000, "claim-token-1", 0, 0],
+        [k.base("q"), 2, 1_000_000, 5000, "claim-token-1", 0, 0, "fixed", 0],
     )
     first = mq.scripts.run("claim", *call)
     again = json.loads(mq.scripts.run("claim", *call))  # the replay leases nothing new

@@ -38,7 +38,7 @@ MAX_MODULES = 15  # the root holds Django's conventional files; a folder about a
 
 # Bottom to top. A folder ("core/") takes every module inside it.
 LAYERS = [
-    ["core/", "testing/", "signals", "handlers", "logs"],  # words
+    ["core/", "testing/", "tracing/", "signals", "handlers", "logs"],  # words; spans
     ["protocol/", "models"],  # EchoMQ and its parts; the admin's tables
     ["conf/"],  # ECHOMQ read and checked; the process's EchoMQ
     ["runners/", "commit_outbox"],  # threads and loops; the commit outbox

@@ -19,7 +19,13 @@ from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.core.exceptions import PermissionDenied, ValidationError
-from django.http import Http404, HttpResponseRedirect
+from django.http import (
+    Http404,
+    HttpResponseBadRequest,
+    HttpResponseNotFound,
+    HttpResponseRedirect,
+    JsonResponse,
+)
 from django.shortcuts import redirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
@@ -30,8 +36,10 @@ from ..core.exceptions import EchoMQError, JobNotFound, JobNotRetryable
 from ..core.keyspace import validate_id, validate_queue
 from ..models import MirroredJob, MirroredQueue
 from ..monitoring.mirror import mirror_jobs, mirror_queues, mirror_targets
+from ..monitoring.stats import UnknownQueue
 from ..runners import heartbeat
 from . import actions as ops
+from . import dashboard as board
 from . import display as show
 from .pages import job_page, job_url, queue_page, workers_page
 
@@ -350,7 +358,48 @@ class MirroredQueueAdmin(MirrorAdmin):
 
     def extra_urls(self, wrap) -> list:
         prefix = f"{self.opts.app_label}_{self.opts.model_name}"
-        return [path("workers/", wrap(self.workers_view), name=f"{prefix}_workers")]
+        return [
+            path("workers/", wrap(self.workers_view), name=f"{prefix}_workers"),
+            path("dashboard/", wrap(self.dashboard_view), name=f"{prefix}_dashboard"),
+            path("dashboard.json", wrap(self.dashboard_view), name=f"{prefix}_dashboard_json"),
+        ]
+
+    def dashboard_view(self, request):
+        """Every queue at a glance, live (docs/howto/operate.md#the-dashboard);
+        ``dashboard.json`` answers the same as JSON for the page's refresh.
+        ``?range=hour|day``, ``?queue=<name>`` (repeatable). An unknown queue
+        is a 404 naming the known ones; a range the counters do not keep,
+        a 400 naming the kept ones."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        only = request.GET.getlist("queue")
+        try:
+            minutes = board.minutes_of(request.GET.get("range"))
+            ctx = board.dashboard(get_mq(), only, minutes)
+        except board.BadRange as err:
+            return HttpResponseBadRequest(str(err), content_type="text/plain")
+        except UnknownQueue as err:
+            return HttpResponseNotFound(str(err), content_type="text/plain")
+        except EchoMQError as err:
+            ctx = {"live_error": str(err), "queues": [], "minutes": minutes, "at": None}
+        if request.path.endswith(".json"):
+            return JsonResponse(board.dashboard_json(ctx) if "live_error" not in ctx else ctx)
+        query = request.GET.urlencode()
+        return TemplateResponse(
+            request,
+            "admin/echomq_django/dashboard.html",
+            {
+                **self.admin_site.each_context(request),
+                **ctx,
+                "ranges": list(board.RANGES.items()),
+                "only": only[0] if len(only) == 1 else "",
+                "json_url": reverse("admin:echomq_django_mirroredqueue_dashboard_json")
+                + (f"?{query}" if query else ""),
+                "refresh_s": board.REFRESH_S,
+                "opts": self.opts,
+                "title": "Dashboard",
+            },
+        )
 
     def workers_view(self, request):
         """The live workers and pumps, read from Redis now

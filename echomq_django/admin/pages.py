@@ -23,6 +23,7 @@ from ..core.keyspace import validate_id, validate_queue
 from ..models import TEXT_LIMIT, MirroredQueue
 from ..monitoring.mirror import ms_to_datetime
 from ..protocol.outbox import OUTBOX_DEADLETTER_MAX
+from . import flow_graph
 from .display import jobs_url
 
 FLOW_DEPTH = 2  # levels under a parent shown on its page: children, grandchildren
@@ -58,7 +59,8 @@ def _ref_link(ref) -> dict:
 def tree_nodes(node: dict) -> list[dict]:
     """The children of ``node`` (a ``flow_page`` answer) as the flow tree
     template's nodes ``{queue, id, url, state, policy, value, error,
-    remaining, children, hidden}``; ``hidden`` counts children not read."""
+    remaining, children, hidden, created_at, started_at, finished_at}``;
+    ``hidden`` counts children not read; times in ms, or None."""
     out = []
     for child in node["children"]:
         kids = tree_nodes(child)
@@ -78,6 +80,7 @@ def tree_nodes(node: dict) -> list[dict]:
                 "error": child["error"] or "",  # whole: the tree folds it under its first line
                 "children": kids,
                 "hidden": child["total"] - len(kids),
+                **{t: child.get(t) for t in ("created_at", "started_at", "finished_at")},
             }
         )
     return out
@@ -201,7 +204,8 @@ def job_page(mq, row, page: int = 1) -> dict:
     ``fp`` child is not one) and ``undelivered`` (children that finished on another queue but
     whose word has not reached the parent yet: the pump delivers it). Reads stay bounded by the
     page, whatever the fan-in: a 10,000-child parent reads its counts and ``CHILDREN_PER_PAGE``
-    children."""
+    children. The pictures (``flow_graph``, docs/howto/operate.md#the-flow-graph):
+    ``failing`` (the tree marks its failing path), ``state_bar`` and ``timeline``."""
     queue, job_id = row.queue, row.job_id
     ctx: dict[str, Any] = {"live": None, "live_error": "", "is_parent": False}
     try:
@@ -236,9 +240,15 @@ def job_page(mq, row, page: int = 1) -> dict:
         def refs(mapping: dict) -> list[dict]:
             return [{**_ref_link(ref), "text": text} for ref, text in mapping.items()]
 
+        tree = tree_nodes(flow)
+        root = {**_ref_link((queue, job_id)), "state": flow["state"]}
+        root.update({t: flow.get(t) for t in ("created_at", "started_at", "finished_at")})
         ctx.update(
             is_parent=True,
-            tree=tree_nodes(flow),
+            tree=tree,
+            failing=flow_graph.mark_failing(tree),
+            state_bar=flow_graph.state_summary(counts),
+            timeline=flow_graph.timeline(root, tree, mq.clock()),
             pager=book,
             deps=counts,
             to_finish=unresolved[1],

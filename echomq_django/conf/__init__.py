@@ -17,7 +17,12 @@ from django.core.exceptions import ImproperlyConfigured
 
 from ..core.jobs import MAX_PAYLOAD_BYTES
 from ..protocol.client import EchoMQ
-from ..protocol.connection import connect
+from ..protocol.connection import (
+    SENTINEL_SCHEME,
+    connect,
+    connect_sentinel,
+    parse_sentinel_url,
+)
 from .schema import (
     DJANGO_REDIS_CACHE,
     check_server,
@@ -50,7 +55,9 @@ _offline = None
 
 def build_client(cfg: dict):
     """A redis-py client for the settings: ``RedisCluster`` when CLUSTER is
-    true, else ``redis.Redis``; from the URL, or from the cache alias (Django's
+    true, else ``redis.Redis``; from the URL, from Sentinel (a
+    ``redis+sentinel://`` URL, or ``SENTINELS`` and ``MASTER_NAME``:
+    docs/howto/sentinel.md), or from the cache alias (Django's
     ``RedisCache`` or django-redis's).
 
     Raises ``RedisUnavailable`` when CLUSTER is set and no startup node
@@ -61,8 +68,15 @@ def build_client(cfg: dict):
         if not url:
             raise ImproperlyConfigured("ECHOMQ CLUSTER needs a URL (or ECHOMQ_URL)")
         return connect(url, True, options)
+    if url and url.startswith(SENTINEL_SCHEME):
+        sentinels, name, url_options = parse_sentinel_url(url)
+        return connect_sentinel(sentinels, name, url_options | options, cfg.get("SENTINEL_KWARGS"))
     if url:
         return connect(url, False, options)
+    if cfg.get("SENTINELS"):
+        return connect_sentinel(
+            cfg["SENTINELS"], cfg["MASTER_NAME"], options, cfg.get("SENTINEL_KWARGS")
+        )
     alias = cfg["CACHE"]
     if getattr(settings, "CACHES", {}).get(alias, {}).get("BACKEND") == DJANGO_REDIS_CACHE:
         from django.core.cache import caches

@@ -32,8 +32,10 @@ from django.utils.module_loading import import_string
 
 from ..core.jobs import MAX_PAYLOAD_BYTES
 from ..core.keyspace import validate_prefix, validate_queue
+from ..core.options import check_concurrency
 from ..core.retention import KEEP_HINT, KEEP_KEYS, keep_problems
-from ..protocol.connection import client_options, server_facts
+from ..protocol.connection import SENTINEL_SCHEME, client_options, server_facts
+from .sentinel import SENTINEL_KEYS, sentinel_problems
 
 TOP_KEYS = {"URL", "CACHE", "CLUSTER", "PREFIX", "QUEUES", "MAX_PAYLOAD_BYTES", "OPTIONS"}
 # durable signals (docs/reference/settings.md#top-level-keys):
@@ -47,15 +49,20 @@ TOP_KEYS |= {"METRICS"}  # metrics.settings_problems checks it
 TOP_KEYS |= {"SCHEDULE"}  # periodic jobs: runners/periodic.py
 TOP_KEYS |= {"JSON_ENCODER"}  # json_encoder() checks it: E033
 TOP_KEYS |= {"ENQUEUE_WHEN_DOWN"}  # enqueue_when_down() checks it: E090
+TOP_KEYS |= SENTINEL_KEYS  # Redis Sentinel: sentinel.py checks them, E060-E064
 # What a plain enqueue / add_flow outside a transaction does while Redis is
 # away (docs/howto/durable-enqueue.md#outside-a-transaction-too-enqueue_when_down).
 ENQUEUE_WHEN_DOWN = ("raise", "outbox")
 QUEUE_KEYS = {"MAX_ATTEMPTS", "BACKOFF_MS", "LEASE_MS", "KEEP_COMPLETED", "KEEP_DEAD"}
-QUEUE_KEYS |= {"RATE_LIMIT", "TIMEOUT_MS"}
-QUEUE_KEYS |= {"KEEP_LOGS"}  # lines a job log keeps (core/live.py): E060
+QUEUE_KEYS |= {"RATE_LIMIT", "TIMEOUT_MS", "CONCURRENCY"}
+QUEUE_KEYS |= {"KEEP_LOGS"}  # lines a job log keeps (core/live.py): E019
 KEEP_LOGS_MAX = 10_000  # a job log's bound, at most (lines)
 RUNTIME_KEYS = {"RATE_LIMIT", "TIMEOUT_MS"}  # checked by runners/periodic.problems (E050-E059)
-URL_SCHEMES = ("redis://", "rediss://", "unix://")
+URL_SCHEMES = ("redis://", "rediss://", "unix://", SENTINEL_SCHEME)
+CAP_HINT = (
+    "CONCURRENCY caps the queue's jobs active at once across all workers, e.g. 3; "
+    "leave it out for no cap."
+)
 DJANGO_REDIS_CACHE = "django.core.cache.backends.redis.RedisCache"
 
 
@@ -88,15 +95,19 @@ def problems(cfg: dict | None = None) -> list[tuple[str, str, str]]:
         )
     url = os.environ.get("ECHOMQ_URL") or cfg.get("URL")
     alias = cfg.get("CACHE")
-    if not url and not alias:
+    out += sentinel_problems(cfg, url)
+    if not url and not alias and "SENTINELS" not in cfg:
         out.append(
             (
                 "echomq_django.E001",
                 "ECHOMQ names no Redis connection",
                 "Set ECHOMQ['URL'] = 'redis://host:6379/0', or ECHOMQ['CACHE'] to a "
-                "Redis cache alias, or the ECHOMQ_URL environment variable.",
+                "Redis cache alias, or SENTINELS and MASTER_NAME, or the ECHOMQ_URL "
+                "environment variable.",
             )
         )
+    elif not url and not alias:
+        pass  # Sentinel: sentinel_problems said it all
     elif url and (not isinstance(url, str) or not url.startswith(URL_SCHEMES)):
         out.append(
             (
@@ -170,6 +181,12 @@ def problems(cfg: dict | None = None) -> list[tuple[str, str, str]]:
             if key == "KEEP_LOGS":
                 out += keep_logs_problems(name, value)
                 continue
+            if key == "CONCURRENCY":  # docs/explanation/protocol.md#concurrency
+                try:
+                    check_concurrency(value)
+                except ValueError as err:
+                    out.append(("echomq_django.E018", f"queue {name!r}: {err}", CAP_HINT))
+                continue
             if key in KEEP_KEYS:  # retention (docs/explanation/lifecycle.md): E020-E023
                 out += [
                     (f"echomq_django.{cid}", f"queue {name!r}: {key} {message}", KEEP_HINT)
@@ -223,13 +240,13 @@ def problems(cfg: dict | None = None) -> list[tuple[str, str, str]]:
 
 
 def keep_logs_problems(queue: str, value) -> list[tuple[str, str, str]]:
-    """``echomq_django.E060`` when a queue's ``KEEP_LOGS`` is not an int from 1
+    """``echomq_django.E019`` when a queue's ``KEEP_LOGS`` is not an int from 1
     to ``KEEP_LOGS_MAX`` (docs/howto/progress-and-logs.md#keep_logs)."""
     if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= KEEP_LOGS_MAX:
         return []
     return [
         (
-            "echomq_django.E060",
+            "echomq_django.E019",
             f"queue {queue!r}: KEEP_LOGS must be an integer from 1 to {KEEP_LOGS_MAX}, "
             f"got {value!r}",
             "KEEP_LOGS is the lines each job's log keeps (the newest); the default is 100.",
@@ -333,6 +350,8 @@ def server_problems(cfg: dict | None = None) -> list[tuple[str, str, str]]:
     url = os.environ.get("ECHOMQ_URL") or cfg.get("URL")
     if not isinstance(url, str) or not url.startswith(URL_SCHEMES):
         return []
+    if url.startswith(SENTINEL_SCHEME):
+        return []  # the master moves: the sentinels answer for it at each connection
     cluster = cfg.get("CLUSTER", False)
     if not isinstance(cluster, bool):
         return []

@@ -27,6 +27,7 @@ CLAIM_FIELDS = (
     "created_at",
     "timeout_ms",
     "priority",
+    "traceparent",
 )
 _POLICIES = {p.value: p for p in Policy}  # a row's parent_policy text -> Policy, without Policy()
 _LOADS = json.JSONDecoder().decode
@@ -80,6 +81,7 @@ def claimed_jobs(queue: str, flat: list, deadline: int, mq: JobSource) -> list[J
             created_at,
             timeout_ms,
             priority,
+            traceparent,
         ) = flat[i : i + n]  # CLAIM_FIELDS, in order
         job = new(Job)
         # the fields a claim sets; the rest (result, error, started_at,
@@ -101,6 +103,7 @@ def claimed_jobs(queue: str, flat: list, deadline: int, mq: JobSource) -> list[J
             "lease_deadline": deadline,
             "priority": int(priority) if priority else 0,
             "timeout_ms": int(timeout_ms) if timeout_ms else None,
+            "traceparent": traceparent or None,
             "_mq": mq,
             "_cache": {},
         }

@@ -228,6 +228,7 @@ class Job(Reporting):
     priority: int = 0
     timeout_ms: int | None = None  # its own limit per attempt (ms); None: the queue's
     progress: Any = None  # the last report_progress value (core/live.py), decoded JSON
+    traceparent: str | None = None  # W3C trace context of its add (docs/howto/tracing.md)
     timed_out: bool = field(default=False, compare=False)  # set by the worker
     # cancelled while it runs (docs/explanation/lifecycle.md): set when the row carries the mark,
     # or when the worker's heartbeat learns it; the handler may read it and stop
@@ -283,6 +284,7 @@ class Job(Reporting):
             priority=_int(r.get("priority")) or 0,
             timeout_ms=_int(r.get("timeout_ms")),
             progress=_json(r.get("progress")),
+            traceparent=to_text(r.get("traceparent")),
             _mq=mq,
             cancelled=r.get("cancel") is not None,
         )

@@ -137,6 +137,16 @@ QUEUE_KEYS = {
     "pri_seq": "pri:seq",  # counter: FIFO order within a priority
     "paused": "paused",  # string: set while the queue is paused
     "limiter": "limiter",  # hash: the RATE_LIMIT window {start, n}
+    # hash: per-minute counts of the last 1,440 minutes, a ring (lua/lib/emit.lua)
+    "minutes": "minutes",
+    # zset: a sliding RATE_LIMIT's starts, lease token -> ms; at most MAX members
+    "limiter_log": "limiter:log",
+    "limiter_turn": "limiter:log:turn",  # counter: refused claims' turns, expiring per window
+    "concurrency": "concurrency",  # string: the cap set at run time (set_concurrency)
+    "full": "full",  # string: set while claim found the cap reached with work waiting
+    # hash: periodic entries added at run time, entry -> its spec (JSON); bounded
+    # by protocol/control/schedules.MAX_RUNTIME_ENTRIES
+    "schedules": "schedules",
 }
 # Keys that hold one value of a family: the suffix is this prefix + a name.
 JOB_PREFIX = "job:"  # hash P:{q}:job:<id>: the job row; also the child ref
@@ -210,6 +220,12 @@ class QueueKeys:
     pri_seq: str
     paused: str
     limiter: str
+    minutes: str
+    limiter_log: str
+    limiter_turn: str
+    concurrency: str
+    full: str
+    schedules: str
 
     def job(self, job_id: str) -> str:
         """``P:{q}:job:<id>``; raises ``ValueError`` for a bad id."""

@@ -109,19 +109,41 @@ class Claimed(list):
     """What ``EchoMQ.claim`` returns: the claimed ``Job`` list, and why it is
     empty when the queue could not give anything
     (docs/explanation/protocol.md#scheduling): ``paused``
-    (the queue is paused; a resume wakes its workers) or ``wait_ms`` (ms until
-    the queue's RATE_LIMIT window opens; None when not limited)."""
+    (the queue is paused; a resume wakes its workers), ``wait_ms`` (ms until
+    the queue's RATE_LIMIT window opens; None when not limited) or ``full``
+    (its concurrency cap is reached; the next job to finish wakes a worker,
+    docs/explanation/protocol.md#concurrency)."""
 
-    def __init__(self, jobs=(), *, paused: bool = False, wait_ms: int | None = None) -> None:
+    def __init__(
+        self, jobs=(), *, paused: bool = False, wait_ms: int | None = None, full: bool = False
+    ) -> None:
         super().__init__(jobs)
         self.paused = paused
         self.wait_ms = wait_ms
+        self.full = full
 
 
-def rate_limit(options: dict) -> tuple[int, int]:
-    """A queue's ``RATE_LIMIT`` setting as ``(max, per_ms)``; ``(0, 0)``
-    when it has none (checked by the system check E050)."""
+RATE_MODES = ("fixed", "sliding")  # RATE_LIMIT's MODE; the first is the default
+MAX_CONCURRENCY = 1_000_000  # the highest concurrency cap taken (jobs)
+
+
+def rate_limit(options: dict) -> tuple[int, int, str]:
+    """A queue's ``RATE_LIMIT`` setting as ``(max, per_ms, mode)``;
+    ``(0, 0, "fixed")`` when it has none (checked by the system check E050;
+    docs/howto/priorities-rate-limits.md#a-sliding-window)."""
     limit = options.get("RATE_LIMIT")
     if not limit:
-        return 0, 0
-    return int(limit["MAX"]), int(limit["PER_MS"])
+        return 0, 0, RATE_MODES[0]
+    return int(limit["MAX"]), int(limit["PER_MS"]), limit.get("MODE", RATE_MODES[0])
+
+
+def check_concurrency(n) -> int:
+    """``n`` as a concurrency cap (jobs active at once across all workers,
+    docs/explanation/protocol.md#concurrency): a whole number from 1 to
+    ``MAX_CONCURRENCY``. Raises ``ValueError`` naming the rule otherwise."""
+    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_CONCURRENCY:
+        raise ValueError(
+            f"concurrency must be a whole number of jobs from 1 to {MAX_CONCURRENCY}, got {n!r} "
+            "(None drops the run-time cap: the CONCURRENCY setting applies again)"
+        )
+    return n

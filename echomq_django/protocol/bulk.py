@@ -18,6 +18,7 @@ from ..core.jobs import to_json
 from ..core.keyspace import validate_id, validate_queue, whole_number
 from ..core.options import check_job_options
 from ..core.retention import job_keep
+from ..tracing.spans import adding
 from .wire import Part, opt
 
 OPTIONS = ("job_id", "max_attempts", "backoff_ms", "delay_ms", "priority", "timeout_ms", "keep")
@@ -116,11 +117,13 @@ class Bulk(Part):
         ]
 
         # gate every chunk before the first writes (one chunk gates itself)
-        for mode in ("check", "write") if len(chunks) > 1 else ("write",):
-            calls = [("enqueue_many", keys, [queue, k.base, now, mode, c]) for c in chunks]
-            for reply in self.scripts.run_many(calls):
-                if isinstance(reply, Exception):
-                    raise reply
+        with adding("enqueue_many", queue, plan.ids[0], len(rows)) as traceparent:
+            for mode in ("check", "write") if len(chunks) > 1 else ("write",):
+                args = [queue, k.base, now, mode]
+                calls = [("enqueue_many", keys, [*args, c, traceparent]) for c in chunks]
+                for reply in self.scripts.run_many(calls):
+                    if isinstance(reply, Exception):
+                        raise reply
         return plan.ids
 
 

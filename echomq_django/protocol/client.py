@@ -30,10 +30,13 @@ from ..core.exceptions import EchoMQError, PayloadError, RedisUnavailable
 from ..core.flows import Flow, FlowRef
 from ..core.jobs import MAX_PAYLOAD_BYTES, Job, JobState, Outcome, to_text
 from ..core.keyspace import validate_id, validate_name, validate_queue, whole_number
-from ..core.options import Claimed, check_job_options, rate_limit
+from ..core.options import Claimed, check_job_options
 from ..core.refs import JobRef, as_ref
 from ..core.retention import job_keep
+from ..tracing.spans import adding
 from .bulk import Bulk
+from .control.limits import Limits
+from .control.schedules import ScheduleStore
 from .errors import translate
 from .flows import Flows
 from .lifecycle import BUDGET, Lifecycle, Report
@@ -57,17 +60,15 @@ class EchoMQ(Reads):
 
     Holds its parts (the module docstring says who calls which): ``flows``, ``bulk``,
     ``lifecycle``, ``outbox``, ``timers``, ``signal_events``, ``presence``, ``probes``,
-    ``waits``, ``progress``, ``events``.
+    ``waits``, ``progress``, ``events``, ``limits``, ``schedule_store``.
 
     ``prefix`` starts every key (docs/explanation/protocol.md#keys). ``queues`` maps a queue name to
-    its defaults ``{"MAX_ATTEMPTS": int, "BACKOFF_MS": ms, "LEASE_MS": ms}``;
-    missing values come from ``jobs.QUEUE_DEFAULTS``. ``clock`` returns ms since the epoch
-    (tests pass a fake one:
-    docs/explanation/protocol.md#the-hosts-clock). ``max_payload_bytes`` bounds a
-    payload or result once encoded (bytes of UTF-8 JSON). ``json_encoder``: a
-    ``json.JSONEncoder`` subclass for payloads and results (the
-    ``JSON_ENCODER`` setting, e.g. ``DjangoJSONEncoder`` for dates, Decimal,
-    UUID); None encodes plain JSON only.
+    its defaults ``{"MAX_ATTEMPTS": int, "BACKOFF_MS": ms, "LEASE_MS": ms}``; missing values come
+    from ``jobs.QUEUE_DEFAULTS``. ``clock`` returns ms since the epoch (tests pass a fake one:
+    docs/explanation/protocol.md#the-hosts-clock). ``max_payload_bytes`` bounds a payload or result
+    once encoded (bytes of UTF-8 JSON). ``json_encoder``: a ``json.JSONEncoder`` subclass for
+    payloads and results (the ``JSON_ENCODER`` setting, e.g. ``DjangoJSONEncoder`` for dates,
+    Decimal, UUID); None encodes plain JSON only.
     """
 
     def __init__(
@@ -103,6 +104,7 @@ class EchoMQ(Reads):
         self.presence = Presence(wire)
         self.probes = Probes(wire)
         self.waits, self.progress, self.events = Waits(wire, self), Progress(wire), Events(wire)
+        self.limits, self.schedule_store = Limits(wire), ScheduleStore(wire)
 
     @property
     def clock(self):
@@ -179,26 +181,28 @@ class EchoMQ(Reads):
         own_keep = job_keep(keep)
         k = self.keys.queue(queue)
         self.wire.note_queues((queue,))
-        state = self.scripts.run(
-            "enqueue",
-            [k.job(job_id), k.pending, k.delayed, k.events, k.dedup(dedup_key or "")],
-            [
-                queue,
-                job_id,
-                name,
-                self.encode(payload),
-                opt(max_attempts),
-                opt(backoff_ms),
-                self.clock(),
-                int(delay_ms),
-                int(priority),
-                dedup_key or "",
-                opt(dedup_ttl_ms),
-                opt(timeout_ms),
-                own_keep,
-                secrets.token_hex(8),  # this call's token: its replay is recognised
-            ],
-        )
+        with adding("enqueue", queue, job_id) as traceparent:  # docs/howto/tracing.md
+            state = self.scripts.run(
+                "enqueue",
+                [k.job(job_id), k.pending, k.delayed, k.events, k.dedup(dedup_key or "")],
+                [
+                    queue,
+                    job_id,
+                    name,
+                    self.encode(payload),
+                    opt(max_attempts),
+                    opt(backoff_ms),
+                    self.clock(),
+                    int(delay_ms),
+                    int(priority),
+                    dedup_key or "",
+                    opt(dedup_ttl_ms),
+                    opt(timeout_ms),
+                    own_keep,
+                    secrets.token_hex(8),  # this call's token: its replay is recognised
+                    traceparent,
+                ],
+            )
         state = to_text(state)
         return state.split(" ", 1)[1] if state.startswith("deduplicated ") else job_id
 
@@ -211,8 +215,9 @@ class EchoMQ(Reads):
         ``lease_deadline`` (ms) = now + ``lease_ms`` (the queue's LEASE_MS by
         default), and has its attempt counted. docs/explanation/protocol.md#claim. The list is
         a ``Claimed``: empty with ``paused`` True when the queue is paused,
-        or with ``wait_ms`` set when its RATE_LIMIT window is full
-        (docs/explanation/protocol.md#scheduling); higher priorities come first.
+        ``wait_ms`` set when its RATE_LIMIT window is full
+        (docs/explanation/protocol.md#scheduling), or ``full`` True when its
+        concurrency cap is reached; higher priorities come first.
 
         ``token`` (str, 1-64 of ``[0-9A-Za-z._-]``) names the call; None
         draws a fresh one. Pass the token of a claim that raised a
@@ -227,17 +232,13 @@ class EchoMQ(Reads):
             raise ValueError(f"token {token!r}: a claim token is 1-64 of [0-9A-Za-z._-]")
         lease = int(lease_ms if lease_ms is not None else self.setting(queue, "LEASE_MS"))
         now = self.clock()
-        k = self.keys.queue(queue)
-        flat = json.loads(
-            self.scripts.run(
-                "claim",
-                [k.pending, k.active, k.lease_seq],
-                [k.base, count, now, lease, token or secrets.token_hex(8), *self._limit(queue)],
-            )
-        )
+        k, token = self.keys.queue(queue), token or secrets.token_hex(8)
+        args = [k.base, count, now, lease, token, *self.wire.claim_limits(queue)]
+        flat = json.loads(self.scripts.run("claim", [k.pending, k.active, k.lease_seq], args))
         if type(flat) is dict:
             if "jobs" not in flat:
-                return Claimed(paused=bool(flat.get("paused")), wait_ms=flat.get("wait"))
+                paused, full = bool(flat.get("paused")), bool(flat.get("full"))
+                return Claimed(paused=paused, wait_ms=flat.get("wait"), full=full)
             lease, flat = max(int(flat["left"]), 0), flat["jobs"]  # a replay: its leases' rest
         return Claimed(claimed_jobs(queue, flat, now + lease, self))
 
@@ -368,10 +369,6 @@ class EchoMQ(Reads):
         )
         job.lease_deadline = int(deadline)
         return job.lease_deadline
-
-    def _limit(self, queue: str) -> tuple[int, int]:
-        """``claim``'s rate-limit ARGV: the queue's RATE_LIMIT ``(max, per_ms)``."""
-        return rate_limit(self.queues.get(queue, {}))
 
     # -- pause / resume ------------------------------------------------------
     def _set_paused(self, queue: str, paused: bool) -> bool:

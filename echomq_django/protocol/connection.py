@@ -1,5 +1,6 @@
-"""Connections (docs/explanation/house.md, "protocol/"): a redis-py client from a URL,
-the keyword arguments a client takes, and what a server says about itself.
+"""Connections (docs/explanation/house.md, "protocol/"): a redis-py client from a URL
+or from Redis Sentinel, the keyword arguments a client takes, and what a
+server says about itself.
 No Django here: ``conf/`` reads the settings and calls these. This module
 runs no script.
 """
@@ -7,15 +8,25 @@ runs no script.
 from __future__ import annotations
 
 import inspect
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import redis
 from redis.cluster import REDIS_ALLOWED_KEYS, RedisCluster
+from redis.sentinel import Sentinel, SentinelManagedConnection, SentinelManagedSSLConnection
 
 from ..core.exceptions import RedisUnavailable
 from .errors import TRANSIENT
 
 PROBE_TIMEOUT_S = 1.0  # how long a server probe may wait for Redis (s): checks stay quick
+SENTINEL_SCHEME = "redis+sentinel://"
+SENTINEL_PORT = 26379  # a sentinel's port when a URL names none
+# Replies by which a master says it may no longer take writes: it lost its
+# replicas to a failover (min-replicas-to-write), or it became a replica
+# while a command was blocked on it.
+MASTER_GONE = ("NOREPLICAS", "UNBLOCKED")
+SENTINEL_URL_RULE = (
+    "redis+sentinel://[[user]:password@]host[:port][,host[:port]...]/master_name[/db]"
+)
 
 
 def client_options(cluster: bool) -> set[str]:
@@ -80,3 +91,85 @@ def server_facts(
     finally:
         probe.close()
     return enabled, databases, db
+
+
+def parse_sentinel_url(url: str) -> tuple[list[tuple[str, int]], str, dict]:
+    """A ``redis+sentinel://`` URL (``SENTINEL_URL_RULE``) as ``(sentinels,
+    master name, options)``: ``[(host, port), ...]`` (port 26379 when left
+    out), the name the sentinels monitor, and the master's ``db``,
+    ``username`` and ``password`` when given
+    (docs/howto/sentinel.md#a-url-instead). Raises ``ValueError`` naming the
+    rule when the URL does not follow it."""
+    bad = ValueError(f"{url!r} is not a Sentinel URL: {SENTINEL_URL_RULE}")
+    if not isinstance(url, str) or not url.startswith(SENTINEL_SCHEME):
+        raise bad
+    parts = urlsplit(url)
+    creds, _, hosts = parts.netloc.rpartition("@")
+    sentinels = []
+    for item in hosts.split(","):
+        host, colon, port = item.partition(":")
+        if not host or (colon and not port.isdigit()):
+            raise bad
+        sentinels.append((host, int(port) if colon else SENTINEL_PORT))
+    path = [p for p in parts.path.split("/") if p]
+    if not 1 <= len(path) <= 2 or (len(path) == 2 and not path[1].isdigit()) or parts.query:
+        raise bad
+    options: dict = {"db": int(path[1])} if len(path) == 2 else {}
+    if creds:
+        user, _, password = creds.partition(":")
+        options |= {"username": unquote(user)} if user else {}
+        options |= {"password": unquote(password)} if password else {}
+    return sentinels, unquote(path[0]), options
+
+
+class _FollowMaster:
+    """A Sentinel-managed connection that also treats ``MASTER_GONE`` replies
+    as a master gone: it drops the connection, so the next one asks the
+    sentinels again, and raises ``ConnectionError`` (redis-py does the same
+    for ``READONLY`` only). With ``min-replicas-to-write`` set on the
+    servers, an old master refuses writes as soon as its replica is
+    promoted: the client moves then, not when the old master is demoted
+    (docs/howto/sentinel.md#what-a-failover-does)."""
+
+    def read_response(self, *args, **kwargs):
+        try:
+            return super().read_response(*args, **kwargs)
+        except redis.exceptions.ResponseError as err:
+            if self.connection_pool.is_master and str(err).startswith(MASTER_GONE):
+                self.disconnect()
+                raise redis.exceptions.ConnectionError(
+                    f"the master refused a write ({str(err).split(' ', 1)[0]}): "
+                    "asking the sentinels again"
+                ) from err
+            raise
+
+
+class FollowMaster(_FollowMaster, SentinelManagedConnection):
+    """``_FollowMaster`` over a plain connection."""
+
+
+class FollowMasterSSL(_FollowMaster, SentinelManagedSSLConnection):
+    """``_FollowMaster`` over TLS."""
+
+
+def connect_sentinel(
+    sentinels: list, master_name: str, options: dict, sentinel_kwargs: dict | None = None
+) -> redis.Redis:
+    """A ``redis.Redis`` on the master the sentinels name ``master_name``,
+    through redis-py's ``Sentinel.master_for``: each new connection asks the
+    sentinels where the master is, and one to a master that became a
+    replica, or lost its replicas, is dropped at its first refused write
+    (``READONLY``, ``NOREPLICAS``, ``UNBLOCKED``), so a client follows a
+    failover without a restart
+    (docs/howto/sentinel.md). ``sentinels``: ``[(host, port), ...]``;
+    ``options``: the master's client arguments (``OPTIONS``: ``db``,
+    ``password``, ``socket_timeout``..., with a 30 s health check unless
+    set); ``sentinel_kwargs``: the sentinels' own (``password``...).
+    Connects to nothing until the first command."""
+    options = dict(options)
+    options.setdefault("health_check_interval", 30)
+    options["connection_class"] = FollowMasterSSL if options.pop("ssl", False) else FollowMaster
+    pairs = [(str(host), int(port)) for host, port in sentinels]
+    return Sentinel(pairs, sentinel_kwargs=sentinel_kwargs or None, **options).master_for(
+        master_name
+    )

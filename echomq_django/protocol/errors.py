@@ -114,9 +114,13 @@ def connection_error(client: object, err: Exception) -> RedisUnavailable:
 
 
 def describe(client: object) -> str:
-    """``host:port/db`` (or the cluster's startup nodes) of a redis-py client."""
+    """``host:port/db`` (or the cluster's startup nodes, or the master a
+    Sentinel pool follows) of a redis-py client."""
     try:
-        kw = client.connection_pool.connection_kwargs  # type: ignore[attr-defined]
+        pool = client.connection_pool  # type: ignore[attr-defined]
+        if hasattr(pool, "service_name"):  # redis.sentinel.SentinelConnectionPool
+            return f"Sentinel master {pool.service_name!r}"
+        kw = pool.connection_kwargs
         if "path" in kw:
             return f"unix:{kw['path']}"
         return f"redis://{kw.get('host', '?')}:{kw.get('port', '?')}/{kw.get('db', 0)}"

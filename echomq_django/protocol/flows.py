@@ -20,6 +20,7 @@ from ..core.jobs import to_json, to_text
 from ..core.landing import DEP_OPTS as DEP
 from ..core.landing import steps
 from ..core.refs import JobRef
+from ..tracing.spans import adding
 from .wire import Part, Wire
 
 
@@ -31,9 +32,11 @@ class Flows(Part):
         super().__init__(wire)
         self.reads = reads
 
-    def _step_call(self, queue: str, groups: list, mode: str):
+    def _step_call(self, queue: str, groups: list, mode: str, traceparent: str = ""):
         """One ``enqueue_flow`` call for a step, in the script's flat group
-        format (see its header): a ``Group``'s nodes share one header."""
+        format (see its header): a ``Group``'s nodes share one header.
+        ``traceparent`` (W3C, '' for none) goes into every group's options
+        as ``tc`` (docs/howto/tracing.md)."""
         qk = self.keys.queue(queue)
         refs = self.keys.refs
         flat: list[str] = []
@@ -50,7 +53,7 @@ class Flows(Part):
                     g.backoff_ms,
                     "1" if g.gate else "0",
                     str(len(ids)),
-                    g.opts,
+                    _traced(g.opts, traceparent) if traceparent else g.opts,
                     g.inc,
                     g.parent_inc,
                 )
@@ -100,6 +103,15 @@ class Flows(Part):
                 if ref in seen:
                     raise _flows.FlowError(f"job id {ref[1]!r} in queue {ref[0]!r} is in two flows")
                 seen.add(ref)
+        if not plans:
+            return []
+        queue, root_id, _ = plans[0].root
+        size = sum(len(g.ids) for p in plans for g in p.groups)
+        with adding("add_flow", queue, root_id, size) as traceparent:
+            return self._land(plans, traceparent)
+
+    def _land(self, plans: list, traceparent: str) -> list[FlowRef]:
+        """``add_many``'s writes, once every plan is checked."""
         queues = [p.queues for p in plans]
         self.wire.note_queues(dict.fromkeys(q for qs in queues for q in qs))
         all_steps = [steps(p, self.wire.flow_chunk) for p in plans]
@@ -114,7 +126,11 @@ class Flows(Part):
                 raise reply
         # single-queue flows: every chunk of every such flow in one pipeline
         one_queue = [i for i, qs in enumerate(queues) if len(qs) == 1]
-        calls = [(i, self._step_call(q, gs, "write")) for i in one_queue for q, gs in all_steps[i]]
+        calls = [
+            (i, self._step_call(q, gs, "write", traceparent))
+            for i in one_queue
+            for q, gs in all_steps[i]
+        ]
         counts: dict[int, list] = {i: [] for i in range(len(plans))}
         for (i, _), reply in zip(calls, self.scripts.run_many([c for _, c in calls]), strict=False):
             if isinstance(reply, Exception):
@@ -132,7 +148,7 @@ class Flows(Part):
                         got = kept.get((g.parent_queue, g.parent_id))
                         if got is not None and g.parent_queue != queue:
                             g.parent_inc = got
-                reply = self.scripts.run(*self._step_call(queue, gs, "write"))
+                reply = self.scripts.run(*self._step_call(queue, gs, "write", traceparent))
                 met = reply[3]
                 for j in range(0, len(met), 2):
                     kept[(queue, to_text(met[j]))] = to_text(met[j + 1])
@@ -247,3 +263,10 @@ class Flows(Part):
                 raise reply
             dropped += [JobRef._trusted(cq, to_text(i)) for i in reply]
         return dropped, outcome
+
+
+def _traced(opts: str, traceparent: str) -> str:
+    """A group's options JSON ('' or an object) with ``tc`` set to
+    ``traceparent`` (hex digits and dashes: nothing to escape)."""
+    tail = f'"tc":"{traceparent}"}}'
+    return f"{opts[:-1]},{tail}" if opts else "{" + tail

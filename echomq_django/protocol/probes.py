@@ -1,7 +1,8 @@
 """What the admin mirror, the admin's pages and monitoring read in bulk
 (docs/explanation/house.md, "protocol/"): many rows in one pipelined round trip, the
 events stream (``P:{q}:events``) after an entry, a job's last change, the
-age of the oldest pending job and the throughput of the last minute.
+age of the oldest pending job, the throughput of the last minute, and the
+per-minute counters (``P:{q}:minutes``, written by ``lua/lib/emit.lua``).
 
 ``Probes`` is the part ``mq.probes``; it never writes, and runs no script.
 """
@@ -16,6 +17,9 @@ from .errors import reports_redis_down
 from .wire import Part
 
 ROWS_PER_TRIP = 500  # job rows per pipelined round trip (rows, states, exist)
+# the minutes a queue's counter ring keeps (lua/lib/emit.lua MINUTES_KEPT)
+MINUTES_KEPT = 1440
+MINUTE_KINDS = {"a": "added", "c": "completed", "f": "failed", "d": "dead"}
 
 
 def _stream_entries(entries: list) -> list[tuple[str, str | None, str | None]]:
@@ -133,3 +137,54 @@ class Probes(Part):
         pipe.zcount(k.dead, f"({since_ms}", "+inf")
         done, dead = pipe.execute()
         return int(done), int(dead)
+
+    @reports_redis_down
+    def minute_counts(self, queues, minutes: int = 60) -> tuple[int, dict[str, list[dict]]]:
+        """The per-minute counters of ``queues`` (names) over the last
+        ``minutes`` minutes (int, 1 to ``MINUTES_KEPT``), the current one
+        last, by Redis's clock (docs/explanation/protocol.md#minute-counters).
+        Returns ``(now_minute, {queue: [{minute, added, completed, failed,
+        dead}]})``: ``minute`` is minutes since the epoch, a minute nobody
+        counted in reads 0. Two round trips for every queue together (the
+        slots' minutes, then the counts of the live ones); raises
+        ``ValueError`` for a ``minutes`` outside the kept range, before any
+        Redis I/O."""
+        if type(minutes) is not int or not 1 <= minutes <= MINUTES_KEPT:
+            raise ValueError(
+                f"minutes {minutes!r}: the counters keep the last {MINUTES_KEPT} minutes "
+                f"(a whole number from 1 to {MINUTES_KEPT})"
+            )
+        names = [validate_queue(q) for q in queues]
+        seconds, _ = self.client.time()
+        now = int(seconds) // 60
+        span = range(now - minutes + 1, now + 1)
+        rings = [self.keys.queue(q).minutes for q in names]
+        # first the slots' minutes, then the counts of the slots that hold
+        # the minute asked for: a quiet queue costs its stamps alone
+        pipe = self.client.pipeline(transaction=False)
+        for ring in rings:
+            pipe.hmget(ring, [f"m{m % MINUTES_KEPT}" for m in span])
+        fresh = [
+            [m for m, stamp in zip(span, stamps, strict=True) if stamp and int(stamp) == m]
+            for stamps in pipe.execute()
+        ]
+        pipe = self.client.pipeline(transaction=False)
+        for ring, live in zip(rings, fresh, strict=True):
+            if live:  # (HMGET needs a field)
+                pipe.hmget(ring, [f"{k}{m % MINUTES_KEPT}" for m in live for k in MINUTE_KINDS])
+        replies = iter(pipe.execute())
+        out = {}
+        for q, live in zip(names, fresh, strict=True):
+            values = next(replies) if live else []
+            counted = {
+                m: {
+                    kind: int(n or 0)
+                    for kind, n in zip(
+                        MINUTE_KINDS.values(), values[4 * i : 4 * i + 4], strict=True
+                    )
+                }
+                for i, m in enumerate(live)
+            }
+            zero = dict.fromkeys(MINUTE_KINDS.values(), 0)
+            out[q] = [{"minute": m, **counted.get(m, zero)} for m in span]
+        return now, out

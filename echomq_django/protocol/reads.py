@@ -24,6 +24,11 @@ ROWS_PER_TRIP = 500  # job rows per pipelined round trip (rows, states, exist)
 ERRORS_KEPT = 10  # failed attempts' errors a job keeps: the row's last, 9 earlier (lua/fail.lua)
 PAGE_MAX = 10_000  # children a page of a paged read, at most (docs/howto/read-flows.md#paged-reads)
 
+# the row fields a tree reads per node; a page of it adds the node's times (ms)
+_TREE_FIELDS = ("name", "state", "result", "error", "parent_policy", "error.n")
+_TIMES = ("created_at", "started_at", "finished_at")
+_PAGE_FIELDS = _TREE_FIELDS + _TIMES
+
 
 class Reads(Part):
     """The read API, the base of ``EchoMQ`` (as BullMQ's ``Queue`` extends
@@ -273,8 +278,10 @@ class Reads(Part):
         admin's flow page): the job's children ``start`` .. ``start + count -
         1`` in the order they were added, each with at most ``fanout`` of its
         own children, down to ``depth`` levels. Nodes as in ``get_flow`` plus
-        ``total``, the node's whole child count. Reads one level per round
-        trip, at most ``count * (1 + fanout + ...)`` rows."""
+        ``total``, the node's whole child count, and ``created_at`` /
+        ``started_at`` (its last attempt) / ``finished_at`` (ms since the
+        epoch, or None). Reads one level per round trip, at most ``count *
+        (1 + fanout + ...)`` rows."""
         return self._tree(
             queue,
             job_id,
@@ -294,16 +301,15 @@ class Reads(Part):
             pipe = self.client.pipeline(transaction=False)
             for node in level:
                 keys = self.keys.job_keys(node["queue"], node["id"])
-                pipe.hmget(keys.row, "name", "state", "result", "error", "parent_policy", "error.n")
+                pipe.hmget(keys.row, *(_PAGE_FIELDS if paged else _TREE_FIELDS))
                 pipe.lrange(keys.children, *window(node is root))
                 pipe.llen(keys.children)
                 pipe.get(keys.dependencies)
             replies = pipe.execute()
             next_level = []
             for i, node in enumerate(level):
-                (name, state, result, error, policy, pieces), kids, total, remaining = replies[
-                    4 * i : 4 * i + 4
-                ]
+                values, kids, total, remaining = replies[4 * i : 4 * i + 4]
+                name, state, result, error, policy, pieces = values[:6]
                 if pieces is not None:  # a long error, kept in pieces (jobs.row_error)
                     fields = [f"error.{n}" for n in range(2, int(pieces) + 1)]
                     row = self.keys.job(node["queue"], node["id"])
@@ -321,6 +327,7 @@ class Reads(Part):
                 )
                 if paged:
                     node["total"] = int(total)
+                    node.update(zip(_TIMES, (v and int(v) for v in values[6:]), strict=True))
                 if depth is None or d < depth:
                     refs = list(map(self.wire.ref, kids))
                     for cq, cid in refs if paged else sorted(refs):

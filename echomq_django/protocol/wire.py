@@ -21,6 +21,7 @@ import redis
 from ..core.exceptions import PayloadError
 from ..core.jobs import QUEUE_DEFAULTS, Outcome, to_json, to_text
 from ..core.keyspace import Keyspace, validate_queue
+from ..core.options import rate_limit
 from ..core.refs import JobRef, RefDict, RefList, str_keys
 from .errors import reports_redis_down, translating
 from .scripts import Scripts
@@ -88,6 +89,12 @@ class Wire:
     def setting(self, queue: str, name: str) -> int:
         """A queue's ``MAX_ATTEMPTS`` / ``BACKOFF_MS`` / ``LEASE_MS``."""
         return int(self.queues.get(queue, {}).get(name, QUEUE_DEFAULTS[name]))
+
+    def claim_limits(self, queue: str) -> tuple:
+        """``claim``'s limit ARGV from the settings: RATE_LIMIT ``(max, per_ms,
+        mode)`` and CONCURRENCY (0: none; docs/explanation/protocol.md#concurrency)."""
+        opts = self.queues.get(queue, {})
+        return (*rate_limit(opts), opts.get("CONCURRENCY", 0))
 
     def encode(self, value: Any, what: str = "payload") -> str:
         """``value`` as compact JSON text; a ``JobRef`` dict key is written as

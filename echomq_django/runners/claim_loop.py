@@ -18,6 +18,7 @@ from django.db import close_old_connections
 from ..core.exceptions import RateLimited, Unrecoverable
 from ..core.jobs import Job
 from ..handlers import get_handler
+from ..tracing.spans import attempt
 from .dispatcher import kinds_connected
 from .outage import REDIS_DOWN, Outage
 from .pool import HandlerPool, error_text, unknown_name_error
@@ -378,7 +379,7 @@ class ClaimLoop:
                     self.warned.add(job.name)
                     log.warning("%s", finished.error)
             else:
-                finished.result = func(job)
+                finished.result = attempt(func, job)  # in a span when traced
         except Unrecoverable as exc:  # dead at once, attempts left or not
             finished.error, finished.dead = error_text(exc, below_caller=True), True
         except RateLimited as exc:

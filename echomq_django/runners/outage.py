@@ -112,7 +112,10 @@ def reach_redis_at_start(wait: bool, log: logging.Logger):
     if not wait:
         return connect()
     cfg = config()
-    where = os.environ.get("ECHOMQ_URL") or cfg.get("URL") or f"cache {cfg.get('CACHE')!r}"
+    where = os.environ.get("ECHOMQ_URL") or cfg.get("URL")
+    if not where and cfg.get("SENTINELS"):
+        where = f"master {cfg.get('MASTER_NAME')!r} of sentinels {cfg['SENTINELS']!r}"
+    where = where or f"cache {cfg.get('CACHE')!r}"
     stop = threading.Event()
     restore = _stop_on_signals(stop, log)
     try:

@@ -41,7 +41,7 @@ from django.core.exceptions import ImproperlyConfigured
 from ..conf import config
 from ..core.exceptions import DuplicateJob
 from ..core.keyspace import validate_id, validate_queue
-from ..core.options import MAX_MS, check_job_options
+from ..core.options import MAX_MS, RATE_MODES, check_job_options
 
 log = logging.getLogger("echomq_django.schedule")
 
@@ -49,6 +49,8 @@ ENTRY_KEYS = {"name", "queue", "cron", "every_s", "payload", "priority", "max_at
               "timeout_ms", "tz"}  # fmt: skip
 MAX_ENTRY = 100  # characters of an entry name: its job ids are <entry>-<13 digits>
 MAX_EVERY_S = 366 * 86_400
+RATE_KEYS = {"MAX", "PER_MS", "MODE"}
+MAX_SLIDING = 100_000  # a sliding RATE_LIMIT's MAX: its log holds up to MAX starts
 
 
 def _croniter():
@@ -131,16 +133,28 @@ def problems(cfg: dict, handlers: list[str] | None = None) -> list[tuple[str, st
         opts = opts if isinstance(opts, dict) else {}
         if "RATE_LIMIT" in opts:
             rl = opts["RATE_LIMIT"]
-            ok = isinstance(rl, dict) and set(rl) == {"MAX", "PER_MS"}
+            ok = isinstance(rl, dict) and {"MAX", "PER_MS"} <= set(rl) <= RATE_KEYS
             ok = ok and all(_whole(rl[k], 1, MAX_MS) for k in ("MAX", "PER_MS"))
+            ok = ok and rl.get("MODE", RATE_MODES[0]) in RATE_MODES
             if not ok:
                 out.append(
                     (
                         "echomq_django.E050",
                         f"queue {queue!r}: RATE_LIMIT must be {{'MAX': n, 'PER_MS': ms}} "
-                        f"with whole numbers >= 1, got {rl!r}",
-                        "Example: {'MAX': 10, 'PER_MS': 1000} runs at most 10 jobs a second "
-                        "across all workers.",
+                        f"with whole numbers >= 1 and an optional 'MODE' of "
+                        f"{' or '.join(map(repr, RATE_MODES))}, got {rl!r}",
+                        "Example: {'MAX': 10, 'PER_MS': 1000, 'MODE': 'sliding'} starts at most "
+                        "10 jobs in any second across all workers.",
+                    )
+                )
+            elif rl.get("MODE") == "sliding" and rl["MAX"] > MAX_SLIDING:
+                out.append(
+                    (
+                        "echomq_django.E059",
+                        f"queue {queue!r}: a sliding RATE_LIMIT keeps one entry per start "
+                        f"in the window: MAX must be at most {MAX_SLIDING}, got {rl['MAX']!r}",
+                        "Use the fixed window (MODE 'fixed', one hash whatever MAX), or a "
+                        "shorter PER_MS with a proportionally smaller MAX.",
                     )
                 )
         if "TIMEOUT_MS" in opts and not _whole(opts["TIMEOUT_MS"], 1, MAX_MS):
@@ -170,6 +184,13 @@ def problems(cfg: dict, handlers: list[str] | None = None) -> list[tuple[str, st
 
 def _whole(value: Any, low: int, high: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
+def _fires(croniter, cron: str) -> bool:
+    try:  # croniter searches some fifty years ahead, then gives up
+        return bool(croniter(cron, dt.datetime(2000, 1, 1)).get_next(float))
+    except ValueError:
+        return False
 
 
 def _entry_problems(key: Any, spec: Any, handlers: list[str] | None) -> list[tuple]:
@@ -237,6 +258,9 @@ def _entry_problems(key: Any, spec: Any, handlers: list[str] | None) -> list[tup
                     "Five fields: minute hour day-of-month month day-of-week, e.g. '0 3 * * *'.",
                 )
             )
+        elif not _fires(croniter, spec["cron"]):
+            never = f"{where}: cron expression {spec['cron']!r} never fires"
+            out.append(("echomq_django.E054", never, "Name a date that exists (not 30 February)."))
     try:
         zoneinfo.ZoneInfo(spec.get("tz", "UTC"))
     except (zoneinfo.ZoneInfoNotFoundError, ValueError, TypeError):
@@ -293,29 +317,36 @@ class Scheduler:
     from ``ECHOMQ['SCHEDULE']``). Between ticks ``fire_due`` talks to Redis
     not at all (it remembers each entry's mark)."""
 
-    def __init__(self, mq, schedule: list[Entry] | None = None) -> None:
+    def __init__(self, mq, schedule: list[Entry] | None = None, runtime_queues=()) -> None:
         if schedule is None:
             schedule = entries(config().get("SCHEDULE", {}), settings.TIME_ZONE or "UTC")
         self.mq = mq
+        self.fixed = list(schedule)  # from settings: read-only at run time
         self.entries = list(schedule)
+        # queues whose run-time entries (emq.schedules) each fire_due reads again
+        self.runtime_queues = list(runtime_queues)
         self.marks: dict[str, int] = {}  # entry -> the latest tick known to have fired
         self.fired = 0  # jobs this scheduler added
 
     @classmethod
     def for_queues(cls, mq, queues: list[str]) -> Scheduler | None:
         """The scheduler of the ``ECHOMQ["SCHEDULE"]`` entries whose queue is
-        one of ``queues`` (a pump fires its own queues' entries), or None
-        when there are none. Raises ``ImproperlyConfigured`` for a bad entry."""
+        one of ``queues`` (a pump fires its own queues' entries), with their
+        run-time entries (docs/howto/periodic.md#schedules-at-run-time).
+        Raises ``ImproperlyConfigured`` for a bad entry."""
         mine = [
             e
             for e in entries(config().get("SCHEDULE", {}), settings.TIME_ZONE or "UTC")
             if e.queue in queues
         ]
-        return cls(mq, mine) if mine else None
+        return cls(mq, mine, runtime_queues=queues)
 
     def fire_due(self) -> list[tuple[str, str]]:
         """Add the job of each entry's latest tick unless it fired already
-        (here or in another process). Raises ``RedisUnavailable``."""
+        (here or in another process); first reads the run-time entries of
+        ``runtime_queues`` again (one round trip). Raises ``RedisUnavailable``."""
+        if self.runtime_queues:
+            self.entries = self.fixed + runtime_entries(self.mq, self.runtime_queues, self.fixed)
         now = self.mq.clock()
         added = []
         for entry in self.entries:
@@ -373,6 +404,23 @@ class Scheduler:
         return out
 
 
+def runtime_entries(mq, queues, fixed: list[Entry]) -> list[Entry]:
+    """The run-time entries (``emq.schedules``) of ``queues`` as ``Entry``
+    objects; one whose name a settings entry in ``fixed`` has, or that no
+    longer passes the checks here (croniter missing), is left out with a
+    WARNING. Raises ``RedisUnavailable``."""
+    taken, out = {e.key for e in fixed}, []
+    for queue, found in mq.schedule_store.read(queues).items():
+        for key, spec in found.items():
+            try:
+                if key in taken:
+                    raise ImproperlyConfigured("ECHOMQ['SCHEDULE'] has an entry of that name")
+                out += entries({key: spec}, spec.get("tz", settings.TIME_ZONE or "UTC"))
+            except ImproperlyConfigured as err:
+                log.warning("run-time periodic entry %s on %s left out: %s", key, queue, err)
+    return out
+
+
 def without_a_pump(mq, queues: list[str]) -> list[Entry]:
     """The ``ECHOMQ["SCHEDULE"]`` entries on ``queues`` that no live pump
     serves (``mq.presence``): periodic jobs fire only under a pump
@@ -380,7 +428,7 @@ def without_a_pump(mq, queues: list[str]) -> list[Entry]:
     when this is not empty. Raises ``ImproperlyConfigured`` for a bad entry,
     ``RedisUnavailable``. docs/howto/periodic.md"""
     scheduler = Scheduler.for_queues(mq, queues)
-    if scheduler is None:
+    if not scheduler.entries:
         return []
     live = mq.presence.live_processes()
     pumped = {q for p in live if p.kind == "pump" for q in p.queues}
@@ -388,11 +436,13 @@ def without_a_pump(mq, queues: list[str]) -> list[Entry]:
 
 
 def settings_state(mq) -> list[dict]:
-    """``Scheduler.state()`` of every ``ECHOMQ["SCHEDULE"]`` entry, for stats
-    and the admin (one GET per entry); ``[]`` when there is none or the
-    setting is malformed (the system checks report that)."""
+    """``Scheduler.state()`` of every ``ECHOMQ["SCHEDULE"]`` entry, then of
+    the run-time ones on known queues, for stats (one GET per entry); ``[]``
+    when there is none or the setting is malformed (the checks say so)."""
     try:
         schedule = entries(config().get("SCHEDULE", {}), settings.TIME_ZONE or "UTC")
     except ImproperlyConfigured:
         return []
-    return Scheduler(mq, schedule).state() if schedule else []
+    scheduler = Scheduler(mq, schedule)
+    scheduler.entries = schedule + runtime_entries(mq, mq.presence.queues(), schedule)
+    return scheduler.state()

@@ -11,6 +11,7 @@ import threading
 import traceback
 
 from ..handlers import TASK_JOB_NAME, registered, tasks_framework
+from ..tracing.spans import attempt
 
 log = logging.getLogger("echomq_django.worker")
 
@@ -25,13 +26,16 @@ def error_text(exc: BaseException, below_caller: bool = False) -> str:
     ``ERROR_CHARS`` characters in all (the summary line is kept whole up to
     1,000 characters). ``below_caller``: the traceback starts below its
     first frame (the worker's own call of the handler, the same in every
-    job's error: ~130 bytes of each dead row) when there is one below it;
+    job's error: ~130 bytes of each dead row), and below tracing's frame
+    around the handler (``tracing/spans.py``), when there is one below it;
     an exception raised in that frame itself keeps it."""
     try:
         head = f"{type(exc).__name__}: {exc}"[:1000]
         tb = exc.__traceback__
         if below_caller and tb is not None and tb.tb_next is not None:
             tb = tb.tb_next
+            if tb.tb_frame.f_code is attempt.__code__ and tb.tb_next is not None:
+                tb = tb.tb_next  # tracing's frame around the handler, the same in every error
         lines = "".join(traceback.format_exception(type(exc), exc, tb)).rstrip().splitlines()
     except Exception as err:
         return f"{type(exc).__name__}: (could not format the error: {type(err).__name__})"

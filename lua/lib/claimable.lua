@@ -22,6 +22,12 @@
   pending, so '0' is there exactly while something is claimable and no
   worker has been told.
 
+  A queue with a concurrency cap (docs/explanation/protocol.md#concurrency)
+  that `claim` found full while jobs were claimable has its full mark
+  P:{q}:full (a string): its '0' marker is removed, so idle workers block,
+  and every path that takes a job out of P:{q}:active calls left_active,
+  which drops the mark and puts '0' back: a job leaving wakes a worker.
+
   Every road to claimable goes through make_claimable (enqueue, enqueue_flow,
   a parent's release, promotion, recovery, retry, fail without backoff,
   flow delivery): a change to how pending is kept (priorities, pause) changes
@@ -33,6 +39,15 @@ local WAKE_NOW, WAKE_DUE = '0', 'd'
 -- Tell the queue's idle workers that a job is claimable.
 local function wake_workers(base)
   redis.call('ZADD', base .. 'wake', 0, WAKE_NOW)
+end
+
+-- A job left P:{q}:active (completed, failed, postponed, recovered, killed):
+-- when claim found the queue full, wake its workers: there is room again.
+-- One DEL per call; nothing is written on a queue that was not full.
+local function left_active(base)
+  if redis.call('DEL', base .. 'full') == 1 then
+    wake_workers(base)
+  end
 end
 
 -- Priorities (docs/explanation/protocol.md#scheduling): priority 0, the default, keeps the pending

@@ -17,10 +17,48 @@
 
 local EVENTS_MAXLEN = 10000
 
+-- Per-minute counters (docs/explanation/protocol.md#minute-counters): the
+-- hash P:{q}:minutes is a ring of MINUTES_KEPT slots, slot = minute mod
+-- MINUTES_KEPT; field m<slot> is the minute the slot holds (minutes since
+-- the epoch, by Redis's clock: the events stream's entry ids), and a<slot>,
+-- c<slot>, f<slot>, d<slot> count that minute's added, completed, failed
+-- (attempts) and dead jobs. A slot met with an older minute is emptied
+-- first, so the hash never holds more than 5 * MINUTES_KEPT fields. A
+-- script checks the slot's minute once per queue and minute it counts in.
+local MINUTES_KEPT = 1440
+local COUNTED = {added = 'a', completed = 'c', failed = 'f', dead = 'd'}
+local minute_checked = {}
+
+-- Count `n` jobs of `event` (when it is one of COUNTED) in the minute of
+-- `ms` (ms since the epoch) on the ring of the queue whose key prefix is `base`.
+local function count_minute(base, event, n, ms)
+  local kind = COUNTED[event]
+  if not kind or n <= 0 then
+    return
+  end
+  local minute = math.floor(ms / 60000)
+  local slot = minute % MINUTES_KEPT
+  local ring = base .. 'minutes'
+  if minute_checked[ring] ~= minute then
+    minute_checked[ring] = minute
+    local stamp = string.format('%d', minute)
+    if redis.call('HGET', ring, 'm' .. slot) ~= stamp then
+      redis.call('HDEL', ring, 'a' .. slot, 'c' .. slot, 'f' .. slot, 'd' .. slot)
+      redis.call('HSET', ring, 'm' .. slot, stamp)
+    end
+  end
+  redis.call('HINCRBY', ring, kind .. slot, n)
+end
+
 -- One entry on `events` (the queue's P:{q}:events): e=<event>, id=<id>,
--- then any further field, value pairs the event carries (`progress`: p=<JSON>).
+-- then any further field, value pairs the event carries (`progress`: p=<JSON>);
+-- counted in its minute (the entry id's ms) when it is a COUNTED event.
 local function emit_to(events, event, id, ...)
-  redis.call('XADD', events, 'MAXLEN', '~', EVENTS_MAXLEN, '*', 'e', event, 'id', id, ...)
+  local at = redis.call('XADD', events, 'MAXLEN', '~', EVENTS_MAXLEN, '*', 'e', event, 'id', id, ...)
+  if COUNTED[event] then
+    count_minute(string.sub(events, 1, #events - #'events'), event, 1,
+      tonumber(string.match(at, '^%d+')))
+  end
 end
 
 -- A finished job's note to its waiters: e=<event> on `done` (P:{q}:done:<id>)

@@ -348,6 +348,7 @@ local function kill(base, id, err, now, up)
     redis.call('ZREM', base .. 'awaiting', id)
   elseif state == 'active' then
     redis.call('ZREM', base .. 'active', id)  -- the row keeps its last lease: fail's replay check
+    left_active(base)
   elseif state == 'delayed' then
     redis.call('ZREM', base .. 'delayed', id)
   elseif state == 'pending' then

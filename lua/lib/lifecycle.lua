@@ -101,6 +101,9 @@ local function unindex(base, id, state)
     redis.call('ZREM', base .. 'awaiting', id)
   elseif state then
     redis.call('ZREM', base .. state, id)  -- active, delayed, completed, dead
+    if state == 'active' then
+      left_active(base)
+    end
   end
 end
 

@@ -199,9 +199,18 @@ def keys_of(mq, queue: str) -> list[str]:
     else:
         found = mq.client.keys(pattern)
     names = sorted(k.decode() if isinstance(k, bytes) else k for k in found)
-    # fixed-size markers and counters; the signal kinds a queue records;
-    # the sweep lock's release mark (one element, gone within a second)
-    skip = ("events", "lease:seq", "gc:seq", "wake", "signals:kinds", "pump:unlocked")
+    # fixed-size markers and counters (the per-minute counters' ring too); the
+    # signal kinds a queue records; the sweep lock's release mark (one
+    # element, gone within a second)
+    skip = (
+        "events",
+        "lease:seq",
+        "gc:seq",
+        "wake",
+        "signals:kinds",
+        "pump:unlocked",
+        "minutes",
+    )
     return [n for n in names if not n.endswith(skip) and ":op:" not in n and ":claim:" not in n]
 
 

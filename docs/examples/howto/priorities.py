@@ -4,8 +4,12 @@
 import echomq_django as emq
 
 # settings.py: at most 10 claims a second on "api", by all workers together,
-# and no attempt there may run longer than 10 s
-QUEUES = {"api": {"RATE_LIMIT": {"MAX": 10, "PER_MS": 1000}, "TIMEOUT_MS": 10_000}}
+# and no attempt there may run longer than 10 s; at most 3 "partner" jobs
+# running at once, and no more than 5 started in any second
+QUEUES = {
+    "api": {"RATE_LIMIT": {"MAX": 10, "PER_MS": 1000}, "TIMEOUT_MS": 10_000},
+    "partner": {"CONCURRENCY": 3, "RATE_LIMIT": {"MAX": 5, "PER_MS": 1000, "MODE": "sliding"}},
+}
 
 
 def add_mail():
@@ -88,3 +92,16 @@ def fulfil_order(order_id):
             ],
         )
     )
+
+
+def ease_off_partner():
+    """The partner's API is struggling: one call at a time from now on, on
+    every worker, without a deploy; back to the setting when it recovers."""
+    emq.set_concurrency("partner", 1)
+    return emq.get_concurrency("partner")
+
+
+def partner_recovered():
+    """Drop the run-time cap: the CONCURRENCY setting (3) applies again."""
+    emq.set_concurrency("partner", None)
+    return emq.get_concurrency("partner")

@@ -1,0 +1,149 @@
+"""The dashboard (docs/howto/operate.md#the-dashboard): every queue at a
+glance, read live from Redis: its jobs by state, the oldest pending job's
+wait, its live workers and the last minute's throughput (``monitoring/
+stats.py``'s numbers), and a chart of its per-minute counters (added,
+completed, failed, dead: ``mq.probes.minute_counts``) over the last hour
+or day, as server-side SVG with a table twin. ``dashboard_json`` is what
+the page's script fetches to refresh itself without a reload.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime
+
+from django.template.loader import render_to_string
+from django.utils.html import format_html_join
+
+from ..monitoring.stats import collect
+from ..protocol.probes import MINUTES_KEPT
+from .display import jobs_url
+
+RANGES = {"hour": 60, "day": MINUTES_KEPT}  # ?range= -> minutes shown
+REFRESH_S = 10  # s between the page's refreshes
+COLUMNS = 60  # columns a chart draws at most: a day is 60 columns of 24 minutes
+WIDTH, HEIGHT = 600, 60  # SVG user units of a chart (it stretches to the width)
+KINDS = ("added", "completed", "failed", "dead")
+STACKED = ("completed", "failed", "dead")  # the columns; added is the line
+
+
+class BadRange(ValueError):
+    """A ``range`` the counters do not keep."""
+
+
+def minutes_of(value: str | None) -> int:
+    """The minutes ``?range=`` asks for (None: the hour). Raises
+    ``BadRange`` naming the kept ranges."""
+    if value is None or value == "":
+        return RANGES["hour"]
+    if value not in RANGES:
+        raise BadRange(
+            f"range {value!r}: the counters keep the last {MINUTES_KEPT} minutes; "
+            f"ask for one of: {', '.join(RANGES)}"
+        )
+    return RANGES[value]
+
+
+def _num(value: float) -> str:
+    return f"{value:.1f}"
+
+
+def chart(rows: list[dict]) -> dict:
+    """One queue's chart from its per-minute rows (oldest first): ``{cols:
+    [{minute, minutes, added, completed, failed, dead, rects: [{kind, x, y,
+    width, height}]}], active (the cols with a count, each with ``label``,
+    its first minute as UTC text), bars (the rects as safe SVG text), line
+    (SVG points of added), peak, totals}``; minutes are summed into at most
+    ``COLUMNS`` columns (``minute``: the first, in minutes since the epoch),
+    heights scaled to the busiest column, coordinates as text."""
+    per = max(1, math.ceil(len(rows) / COLUMNS))
+    cols = []
+    for i in range(0, len(rows), per):
+        group = rows[i : i + per]
+        col = {"minute": group[0]["minute"], "minutes": len(group)}
+        col.update((k, sum(r[k] for r in group)) for k in KINDS)
+        cols.append(col)
+    peak = max([1] + [max(sum(c[k] for k in STACKED), c["added"]) for c in cols])
+    step = WIDTH / max(len(cols), 1)
+    points = []
+    for i, col in enumerate(cols):
+        x, bottom, rects = i * step, float(HEIGHT), []
+        for kind in STACKED:
+            if col[kind]:
+                height = HEIGHT * col[kind] / peak
+                bottom -= height
+                rects.append(
+                    {
+                        "kind": kind,
+                        "x": _num(x + step * 0.1),
+                        "y": _num(bottom),
+                        "width": _num(step * 0.8),
+                        "height": _num(height),
+                    }
+                )
+        col["rects"] = rects
+        points.append(f"{_num(x + step / 2)},{_num(HEIGHT - HEIGHT * col['added'] / peak)}")
+    totals = {k: sum(c[k] for c in cols) for k in KINDS}
+    # the table twin lists the columns with a count (a quiet hour is one line)
+    active = [c for c in cols if any(c[k] for k in KINDS)]
+    for col in active:
+        col["label"] = datetime.fromtimestamp(col["minute"] * 60, UTC).strftime("%Y-%m-%d %H:%M")
+    # the columns as SVG, joined here: a template loop per rect costs more
+    # than the rest of the page (docs/howto/operate.md#the-dashboard)
+    bars = format_html_join(
+        "",
+        '<rect class="emq-fill-{}" x="{}" y="{}" width="{}" height="{}"/>',
+        ((r["kind"], r["x"], r["y"], r["width"], r["height"]) for c in cols for r in c["rects"]),
+    )
+    return {
+        "cols": cols,
+        "bars": bars,
+        "active": active,
+        "line": " ".join(points),
+        "peak": peak,
+        "totals": totals,
+    }
+
+
+def dashboard(mq, queues=(), minutes: int = 60) -> dict:
+    """The page's context: ``{at (ms), minutes, now_minute, queues: [{name,
+    url, stats (stats.queue_stats + workers), chart}]}`` for ``queues``
+    (names; empty: every known queue). Raises ``UnknownQueue`` naming the
+    known queues, ``ValueError``, ``RedisUnavailable``."""
+    stats = collect(mq, queues)
+    names = list(stats["queues"])
+    now_minute, counts = mq.probes.minute_counts(names, minutes)
+    return {
+        "at": stats["at"],
+        "minutes": minutes,
+        "now_minute": now_minute,
+        "queues": [
+            {
+                "name": name,
+                "url": jobs_url(name),
+                "stats": stats["queues"][name],
+                "chart": chart(counts[name]),
+            }
+            for name in names
+        ],
+    }
+
+
+def dashboard_json(ctx: dict) -> dict:
+    """What the page's script fetches: the numbers (``queues``: name ->
+    counts, ages, workers, throughput, and ``series``: the per-minute rows
+    as ``[minute, added, completed, failed, dead]``) and ``html``, the
+    page's body rendered again, which the script swaps in."""
+    return {
+        "at": ctx["at"],
+        "minutes": ctx["minutes"],
+        "queues": {
+            q["name"]: {
+                **q["stats"],
+                "totals": q["chart"]["totals"],
+                "series": [[c["minute"], *(c[k] for k in KINDS)] for c in q["chart"]["cols"]],
+            }
+            for q in ctx["queues"]
+        },
+        "html": render_to_string("admin/echomq_django/includes/dashboard_body.html", ctx),
+    }

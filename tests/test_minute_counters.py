@@ -1,0 +1,67 @@
+"""Per-minute counters (docs/explanation/protocol.md#minute-counters), on
+both rigs: the transition scripts count added, completed, failed and dead
+jobs per queue and minute in a bounded ring; ``mq.probes.minute_counts``
+reads them. Sums run over the last two minutes, so a test that crosses a
+minute boundary still sees every count."""
+
+from __future__ import annotations
+
+import pytest
+
+from echomq_django import Flow
+from echomq_django.protocol.probes import MINUTES_KEPT
+
+
+def totals(mq, queue: str) -> dict[str, int]:
+    _, counts = mq.probes.minute_counts([queue], 2)
+    out = {"added": 0, "completed": 0, "failed": 0, "dead": 0}
+    for row in counts[queue]:
+        for kind in out:
+            out[kind] += row[kind]
+    return out
+
+
+def test_every_add_and_every_end_is_counted_once(mq):
+    mq.enqueue("q", "t.echo", 1, job_id="a")
+    mq.enqueue_many("q", [("t.echo", 2), ("t.echo", 3)])
+    # a root with two same-queue leaves (no event of their own) and one elsewhere
+    mq.add_flow(
+        Flow(
+            "q",
+            "t.sum",
+            job_id="p",
+            children=[Flow("q", "t.echo", 4), Flow("q", "t.echo", 5), Flow("r", "t.echo", 6)],
+        )
+    )
+    assert totals(mq, "q") == {"added": 6, "completed": 0, "failed": 0, "dead": 0}
+    assert totals(mq, "r") == {"added": 1, "completed": 0, "failed": 0, "dead": 0}
+    first, second, third = mq.claim("q", 3)
+    mq.complete(first, 1)
+    mq.fail(second, "boom")  # attempts left: retried, counted as failed
+    mq.fail(third, "boom", dead=True)
+    assert totals(mq, "q") == {"added": 6, "completed": 1, "failed": 1, "dead": 1}
+
+
+def test_the_ring_reuses_a_slot_that_holds_an_old_minute(mq):
+    mq.enqueue("q", "t.echo", 1)
+    now, counts = mq.probes.minute_counts(["q"], 1)
+    assert counts["q"] == [{"minute": now, "added": 1, "completed": 0, "failed": 0, "dead": 0}]
+    # pretend the slot still holds the same minute of yesterday, with counts
+    ring, slot = mq.keys.queue("q").minutes, now % MINUTES_KEPT
+    mq.client.hset(ring, mapping={f"m{slot}": now - MINUTES_KEPT, f"a{slot}": 500, f"d{slot}": 7})
+    assert mq.probes.minute_counts(["q"], 1)[1]["q"][0]["added"] == 0  # stale: not this minute
+    mq.enqueue("q", "t.echo", 2)
+    now2, counts = mq.probes.minute_counts(["q"], 1)
+    if now2 == now:  # (a new minute would have used the next slot)
+        assert counts["q"][0] == {"minute": now, "added": 1, "completed": 0, "failed": 0, "dead": 0}
+        assert mq.client.hget(ring, f"d{slot}") is None
+    assert len(mq.client.hkeys(ring)) <= 5 * MINUTES_KEPT
+
+
+def test_unknown_minutes_read_as_zero_and_the_range_is_checked(mq):
+    now, counts = mq.probes.minute_counts(["never-used"], 60)
+    assert [row["minute"] for row in counts["never-used"]] == list(range(now - 59, now + 1))
+    assert {row["added"] + row["completed"] + row["dead"] for row in counts["never-used"]} == {0}
+    for bad in (0, MINUTES_KEPT + 1, 1.5):
+        with pytest.raises(ValueError, match="the counters keep the last 1440 minutes"):
+            mq.probes.minute_counts(["q"], bad)
