@@ -33,6 +33,7 @@ from .api import (
     wait,
 )
 from .api.controls import Schedules, get_concurrency, schedules, set_concurrency
+from .canvas import Signature, chain, chord, group, group_results, previous_result, task
 from .core.events import Event, Gap
 from .core.exceptions import (
     DependencyError,
@@ -98,6 +99,7 @@ __all__ = [
     "RedisUnavailable",
     "Retry",
     "Schedules",
+    "Signature",
     "Unrecoverable",
     "Worker",
     "aadd_flow",
@@ -106,7 +108,9 @@ __all__ = [
     "aenqueue",
     "await_result",
     "cancel",
+    "chain",
     "children_values",
+    "chord",
     "current_job",
     "dependencies",
     "dependency_counts",
@@ -116,11 +120,14 @@ __all__ = [
     "get_concurrency",
     "get_flow",
     "get_job",
+    "group",
+    "group_results",
     "handler",
     "ignored_failures",
     "is_paused",
     "job_logs",
     "pause",
+    "previous_result",
     "remove",
     "remove_child_dependency",
     "remove_unprocessed_children",
@@ -128,5 +135,6 @@ __all__ = [
     "retry",
     "schedules",
     "set_concurrency",
+    "task",
     "wait",
 ]

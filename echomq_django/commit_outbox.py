@@ -93,6 +93,9 @@ def flow_to_dict(flow: Flow, plain=None) -> dict:
         if f.name == "children":
             if value:
                 out["children"] = [flow_to_dict(c, plain) for c in value]
+        elif f.name == "depends_on":  # refs as [queue, id] pairs, kept only when set
+            if value:
+                out["depends_on"] = [list(r) if isinstance(r, tuple) else r for r in value]
         elif f.name == "payload" and plain is not None:
             out["payload"] = plain(value)
         elif f.name in ("retry_on", "dont_retry_on") and value is not None:

@@ -57,6 +57,14 @@
             child on this queue is given its parent row's `inc`),
           then per node: id, payload (JSON text), child count n, n child refs
           (full job keys).
+          A node whose options hold dep = 1 is a dependency (depends_on,
+          docs/howto/canvas.md#depends-on-existing-jobs): an existing job
+          (name and payload '' and unused) that its parent waits for like a
+          child. It must exist and have no parent (or this one already);
+          it is linked (its parent fields written) and, when it has
+          finished, announced at once (completed: fan-in; dead: its
+          policy). One gone since the host checked it resolves a parent
+          already landed as a removed dependency.
           A leaf whose dedup key names a live job (not completed, not dead)
           is not written; its parent stops waiting for it (recorded in
           :removed, like remove_dependency: here, or through this queue's
@@ -68,8 +76,11 @@
            array {id, its inc ('' for none), ...} (their children on other
            queues must carry theirs: docs/explanation/protocol.md#incarnations), then per deduplicated leaf:
            its id, the live job's id
-  errors:  EMQCONFLICT <queue> <id> <detail>  an id is taken by another job;
+  errors:  EMQCONFLICT <queue> <id> <detail>  an id is taken by another job,
+           or a dependency is already waited for by another job;
            nothing is written
+           EMQNOJOB <queue> <id>   a dependency does not exist (in 'check'
+           mode, or before its parent landed); nothing is written
 ]]
 local awaiting = KEYS[2]
 local QUEUE = ARGV[1]
@@ -110,6 +121,7 @@ local skip = {}
 local adopt = {}  -- id -> true: a completed parentless job attached as a child
 local deduped, found = {}, {}  -- leaves whose dedup key is held by a live job
 local kept = {}  -- parents met again: id, their own incarnation
+local gone = {}  -- dependencies removed since the host checked them: id -> true
 local total, skipped = 0, 0
 local i = 1
 while i <= #a do
@@ -121,7 +133,21 @@ while i <= #a do
     local id, nrefs = a[i], tonumber(a[i + 2])
     local row = base .. 'job:' .. id
     local live = opts and opts.k and live_holder(opts.k, id)
-    if live and redis.call('EXISTS', row) == 0 then
+    if opts and opts.dep then
+      local f = redis.call('HMGET', row, 'state', 'parent', 'parent_queue')
+      if not f[1] then
+        local landed = pq ~= queue or redis.call('EXISTS', base .. 'job:' .. parent) == 1
+        if mode ~= 'write' or not landed then
+          return redis.error_reply('EMQNOJOB ' .. queue .. ' ' .. id)
+        end
+        gone[id] = true
+      elseif f[2] and (f[2] ~= parent or (f[3] or queue) ~= pq) then
+        return redis.error_reply('EMQCONFLICT ' .. queue .. ' ' .. id .. ' is already waited for by '
+          .. (f[3] or queue) .. '/' .. f[2] .. ' (depends_on: a job is waited for by one job at most)')
+      end
+      skip[id] = true
+      skipped = skipped + 1
+    elseif live and redis.call('EXISTS', row) == 0 then
       deduped[id] = live
       found[#found + 1] = id
       found[#found + 1] = live
@@ -229,7 +255,31 @@ while i <= #a do
   for _ = 1, count do
     local id, payload, nrefs = a[i], a[i + 1], tonumber(a[i + 2])
     local row = base .. 'job:' .. id
-    if deduped[id] then
+    if opts.dep and gone[id] then
+      local why = 'dependency gone: job ' .. id .. ' was removed before it was linked'
+      if pq == queue then
+        fan_in_dead(base, parent, row, why, 'rd', tonumber(now))
+      else
+        push_outbox(base, cjson.encode({k = 'dead', c = row, p = parent, q = pq, pol = 'rd',
+          v = why, i = (pinc ~= '') and pinc or nil}))
+      end
+    elseif opts.dep then
+      local link = {'parent', parent}
+      if pq ~= queue then
+        link[#link + 1] = 'parent_queue'
+        link[#link + 1] = pq
+      end
+      if policy ~= 'fp' then
+        link[#link + 1] = 'parent_policy'
+        link[#link + 1] = policy
+      end
+      if pinc ~= '' then
+        link[#link + 1] = 'parent_inc'
+        link[#link + 1] = pinc
+      end
+      redis.call('HSET', row, unpack(link))
+      announce(id, parent, pq)  -- finished already: counts at once (guarded)
+    elseif deduped[id] then
       local why = 'deduplicated: job ' .. deduped[id] .. ' holds key ' .. opts.k
       if parent ~= '' and pq == queue then
         fan_in_dead(base, parent, base .. 'job:' .. id, why, 'rd', tonumber(now))

@@ -74,7 +74,23 @@ def test_every_shape_of_row_decodes_as_job_decode_reads_it(redis_client) -> None
 
 
 def test_a_claimed_job_is_its_own_object() -> None:
-    flat = ["a", "t", "n", "[1]", "1", False, False, False, False, False, "5", False, False, False, False]
+    flat = [
+        "a",
+        "t",
+        "n",
+        "[1]",
+        "1",
+        False,
+        False,
+        False,
+        False,
+        False,
+        "5",
+        False,
+        False,
+        False,
+        False,
+    ]
     one, two = claimed_jobs("q", flat * 2, 9, None)
     one.payload.append(2)
     one.timed_out = True

@@ -500,6 +500,7 @@ def test_the_pages_links_and_includes_resolve():
         for n in [
             "async-handlers",
             "cancel-remove",
+            "canvas",
             "cluster",
             "deploy",
             "durable-enqueue",
@@ -625,6 +626,20 @@ def test_the_wait_howto(howto):
             thread.join(30)
         reply = example.quote(request, "sku-2")  # no worker now: not finished in 2 s
         assert (reply.status_code, json.loads(reply.content)["state"]) == (202, "running")
+
+
+def test_the_canvas_howto(howto):
+    """The checkout lands as one flow (3 price lines, a total, tax, the
+    receipt) and its receipt is the chain's last result."""
+    example = howto("canvas")
+    with echomq_settings() as mq:
+        ref = example.checkout("o7", {"book": 2, "pen": 4, "lamp": 1})
+        assert ref == emq.JobRef("orders", "receipt-o7")
+        assert mq.dependency_counts("orders", "receipt-o7")["children"] == 1
+        for _ in range(8):  # the prices' results cross to `orders` through the pump
+            burst("prices", "orders")
+            emq.Pump(["prices", "orders"]).sweep()
+        assert example.receipt_of(ref) == {"order": "o7", "due_cents": round(6400 * 1.2)}
 
 
 def test_the_progress_and_logs_howto(howto):

@@ -9,7 +9,9 @@ claims the next in its place: docs/howto/retries.md#expiry-before-start),
 complete, fail (plain or dead=True), a duplicate completion with a stale
 lease, lease expiry + recover_stalled, promotion of delayed jobs, retry by id
 of a dead job (and of a job that is not dead), remove_child_dependency, the
-children-timeout sweep, and the lifecycle: remove by id (with the subtree),
+children-timeout sweep, a new job that ``depends_on`` a job already added
+(a root: it becomes the new job's child, counted at once when finished),
+and the lifecycle: remove by id (with the subtree),
 cancel by id (top down; an active job is marked and dies when it reports or
 stalls) and a retention pass (KEEP_COMPLETED / KEEP_DEAD counts 0-3). For
 retention the model checks legality rather than predicting the pick: every row
@@ -445,6 +447,33 @@ class FlowMachine(RuleBasedStateMachine):
         for leaf, pid in self.deduped:  # the parent stops waiting for it (:removed)
             self.model.jobs[pid].hashes["removed"].add(leaf)
             self.model.decrement(pid)
+
+    @precondition(lambda self: len(self.model.jobs) < 20)
+    @rule(data=st.data())
+    def depends_on(self, data) -> None:
+        """A new job waits for a job already added that no job waits for (a
+        root), which becomes its child: one finished counts at once (a
+        completed one releases it, a dead one fails it)."""
+        roots = sorted(i for i, n in self.model.jobs.items() if n.parent is None and not n.orphaned)
+        if not roots:
+            return
+        dep, jid = data.draw(st.sampled_from(roots)), f"j{next(self.names)}"
+        flow = Flow(
+            Q, "n", None, job_id=jid, max_attempts=2, backoff_ms=0, depends_on=[JobRef(Q, dep)]
+        )
+        ref = self.mq.add_flow(flow)
+        assert (ref.nodes, ref.landed, ref.skipped) == ([(Q, jid)], 1, 1)
+        m = self.model
+        m.released, m.dead = [], []
+        m.jobs[jid] = Node(None, "fp", [dep], 2, 0, AWAIT, counter=1)
+        d = m.jobs[dep]
+        d.parent, d.policy = jid, "fp"
+        if d.state == "completed":
+            m.jobs[jid].hashes["processed"].add(dep)
+            m.decrement(jid)
+        elif d.state == "dead":
+            m.jobs[jid].hashes["failed"].add(dep)
+            m.kill(jid)
 
     @rule(count=st.integers(1, 3))
     def claim(self, count) -> None:

@@ -42,7 +42,7 @@ LAYERS = [
     ["protocol/", "models"],  # EchoMQ and its parts; the admin's tables
     ["conf/"],  # ECHOMQ read and checked; the process's EchoMQ
     ["runners/", "commit_outbox"],  # threads and loops; the commit outbox
-    ["api/", "monitoring/"],  # the module API; stats and metrics
+    ["api/", "monitoring/", "canvas/"],  # the module API; stats and metrics; the canvas
     ["admin/", "tasks", "templatetags/"],  # the admin; Django's tasks backend
     ["checks", "urls", "apps", "__init__"],  # Django glue and the public names
     ["management/", "migrations/"],  # entry points

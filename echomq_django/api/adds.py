@@ -158,6 +158,7 @@ def enqueue(
     dedup_key: str | None = None,
     dedup_ttl_ms: int | None = None,
     keep: int | None = None,
+    depends_on: list | None = None,
     on_commit: bool | None = None,
     using: str | None = None,
     **options: Any,
@@ -168,7 +169,9 @@ def enqueue(
     docs/howto/retries.md) and errors, and this module's docstring for ``on_commit`` / ``using``
     (the database alias whose transaction is watched and that holds the outbox row). A deferred
     add raises the same validation errors now, and the database's error if the outbox table is
-    missing; it returns the id it will use: a dedup hit is known only at the push."""
+    missing; it returns the id it will use: a dedup hit is known only at the push.
+    ``depends_on``: jobs already added it waits for
+    (docs/howto/canvas.md#depends-on-existing-jobs)."""
     mq, down = _producer_mq()
     kwargs = dict(
         job_id=job_id if job_id is not None else _flows.new_id(),
@@ -182,6 +185,9 @@ def enqueue(
         keep=keep,
         **policy_keywords(options),  # checked now: docs/howto/retries.md
     )
+    if depends_on:  # a flow of one node and its dependencies
+        flow = Flow(queue, name, payload, depends_on=list(depends_on), **kwargs)
+        return add_flow(flow, on_commit=on_commit, using=using).parent_id
     if not _defer(on_commit, using):
         try:
             job_id = _now(mq, down).enqueue(queue, name, payload, **kwargs)
@@ -249,25 +255,13 @@ def enqueue_many(
     return plan.ids
 
 
-def _assign_ids(flow: Flow) -> None:
-    stack, seen = [flow], set()
-    while stack:
-        node = stack.pop()
-        if not isinstance(node, Flow) or id(node) in seen:
-            continue  # plan() reports these
-        seen.add(id(node))
-        if node.job_id is None:
-            node.job_id = _flows.new_id()
-        stack.extend(node.children)
-
-
 def add_flow(flow: Flow, *, on_commit: bool | None = None, using: str | None = None) -> FlowRef:
     """Land a flow; returns its ``FlowRef`` (ids known even when deferred).
     See ``EchoMQ.add_flow`` for errors and this module for ``on_commit``."""
     mq, down = _producer_mq()
     if not _defer(on_commit, using):
         if on_commit is None and enqueue_when_down() == "outbox":
-            _assign_ids(flow)  # fixed now: a flow half landed then lands whole from its row
+            _flows.assign_ids(flow)  # fixed now: a flow half landed then lands whole from its row
         try:
             ref = _now(mq, down).add_flow(flow)
             for q in dict.fromkeys(q for q, _ in ref.nodes):
@@ -288,7 +282,7 @@ def _write_flow(mq, flow: Flow, using, push: bool = True) -> FlowRef:
     """Check a flow as ``EchoMQ.add_flow`` would (its ids assigned now),
     then write its outbox row (``push``: pushed after the commit; else left
     for the drainers); returns its ``FlowRef``."""
-    _assign_ids(flow)
+    _flows.assign_ids(flow)
     plan = _flows.plan(flow, mq.encode)
     outbox.write_flow(flow, using=using, mq=mq, push=push)
     queue, root_id, children = plan.root
@@ -310,7 +304,7 @@ def add_flows(
         when_down = on_commit is None and enqueue_when_down() == "outbox"
         if when_down:
             for f in flows:
-                _assign_ids(f)
+                _flows.assign_ids(f)
         mq, down = _producer_mq()
         try:
             return _now(mq, down).add_flows(flows)

@@ -23,7 +23,7 @@ from typing import Any
 from .exceptions import FlowError
 from .jobs import Policy
 from .keyspace import validate_id, validate_name, validate_queue, whole_number
-from .landing import Group, Plan
+from .landing import Group, Plan, dependencies
 from .options import node_options
 from .refs import JobRef
 
@@ -35,6 +35,20 @@ _CP, _ID, _RD, _FP = Policy.CONTINUE_PARENT, Policy.IGNORE, Policy.REMOVE, Polic
 def new_id() -> str:
     """A fresh job id: 16 URL-safe characters (96 random bits)."""
     return secrets.token_urlsafe(12)
+
+
+def assign_ids(flow: Flow) -> None:
+    """Give every node of ``flow`` without a ``job_id`` a fresh one (the
+    commit outbox fixes a flow's ids before it is written)."""
+    stack, seen = [flow], set()
+    while stack:
+        node = stack.pop()
+        if not isinstance(node, Flow) or id(node) in seen:
+            continue  # plan() reports these
+        seen.add(id(node))
+        if node.job_id is None:
+            node.job_id = new_id()
+        stack.extend(node.children)
 
 
 def id_prefix() -> str:
@@ -80,6 +94,12 @@ class Flow:
     ``backoff``, ``jitter``, ``retry_on``, ``dont_retry_on``, ``expires_ms``
     (ms after it is due; not started by then, it dies ``expired``), and the
     callbacks ``on_success`` / ``on_failure`` / ``on_dead`` (handler names).
+
+    ``depends_on``: jobs already added (``JobRef``, ``(queue, id)`` or
+    ``"queue/id"``, on any queue) this node waits for as well as its
+    children, each a dependency of the default policy (a dead one fails
+    this node); each must exist and be waited for by no other job. One
+    already finished counts at once (docs/howto/canvas.md#depends-on-existing-jobs).
     """
 
     queue: str
@@ -110,6 +130,7 @@ class Flow:
     on_success: str | None = None
     on_failure: str | None = None
     on_dead: str | None = None
+    depends_on: list = field(default_factory=list)
 
     @property
     def policy(self) -> Policy:
@@ -185,7 +206,7 @@ _SETTINGS = (
     "on_dead",
 )
 _settings = attrgetter(*_SETTINGS)
-_shape = attrgetter("queue", "job_id", "name", "children", *_SETTINGS)
+_shape = attrgetter("queue", "job_id", "name", "children", "depends_on", *_SETTINGS)
 # a node that sets none of them (falsy priority and delay_ms, as node_options reads them)
 _NO_RETRY = (None,) * 8
 _PLAIN = (True, False, False, False, None, None, 0, 0, None, None, None, None, None, *_NO_RETRY)
@@ -217,6 +238,7 @@ def plan(root: Flow, encode, expiring: dict | None = None) -> Plan:
     names: set[str] = set()  # and once per job name
     settings: set[tuple] = {_DEFAULTS}  # and once per set of failure flags and settings
     dedups: set[tuple[str, str]] = set()  # (queue, dedup key): one leaf per key in a flow
+    deps: list = []  # (queue, id, children list, depends_on, depth) of nodes with depends_on
     prefix, serial = id_prefix(), 0  # generated ids: the prefix, then serial in hex
     token = incarnation()
     # a level: (parent queue, parent id, the parent's children list, its Flow children)
@@ -284,6 +306,7 @@ def plan(root: Flow, encode, expiring: dict | None = None) -> Plan:
                         )
                     objects.add(id(flow))
                 queue, job_id, name, children, payload = _core(flow)
+                waits_for = flow.depends_on
                 if queue not in queues:
                     queues.add(validate_queue(queue))
                 gate = job_id is not None
@@ -340,7 +363,11 @@ def plan(root: Flow, encode, expiring: dict | None = None) -> Plan:
                             or queue in expiring
                         )
                         else node_options(
-                            flow, f"{queue}/{job_id}", bool(children), dedups, expiring.get(queue)
+                            flow,
+                            f"{queue}/{job_id}",
+                            bool(children or waits_for),
+                            dedups,
+                            expiring.get(queue),
                         )
                     )
                 payload = encode(payload)
@@ -349,8 +376,8 @@ def plan(root: Flow, encode, expiring: dict | None = None) -> Plan:
                 else:
                     policy = _CP if cont else _ID if ignore else _RD if remove else _FP
                     kids.append((queue, job_id))
-                mine: list | tuple = [] if children else _LEAF
-                inc = token if children else ""
+                mine: list | tuple = [] if children or waits_for else _LEAF
+                inc = token if children or waits_for else ""
                 key = (queue, name, policy, opts, inc, gate, ma, bo)
                 if key != group_key:
                     group_key = key
@@ -377,9 +404,13 @@ def plan(root: Flow, encode, expiring: dict | None = None) -> Plan:
                 group.children.append(mine)
                 if children:
                     next_level.append((queue, job_id, mine, children))
+                if waits_for:
+                    deps.append((queue, job_id, mine, waits_for, depth + 1))
         level = next_level
         depth += 1
-    return Plan(groups, gated)
+    if not deps:
+        return Plan(groups, gated)
+    return Plan(groups, gated, dependencies(deps, groups, gated, token))
 
 
 def _plain_leaves(flows: list, objects: set) -> tuple[str, str] | None:
@@ -393,7 +424,13 @@ def _plain_leaves(flows: list, objects: set) -> tuple[str, str] | None:
         return None
     shapes = list(map(_shape, flows))
     first = shapes[0]
-    if first[1] is not None or first[3] != [] or first[4:] != _PLAIN or shapes.count(first) != n:
+    if (
+        first[1] is not None
+        or first[3] != []
+        or first[4] != []
+        or first[5:] != _PLAIN
+        or shapes.count(first) != n
+    ):
         return None
     ids = set(map(id, flows))
     if len(ids) != n or not objects.isdisjoint(ids):

@@ -1,13 +1,16 @@
 """What ``plan()`` (``core/flows.py``) hands to the add: a checked flow as
 runs of siblings (``Group``), and how the runs are cut into ``enqueue_flow``
 steps (docs/explanation/protocol.md#parent-first-add). ``protocol/flows.py``
-turns each step into the script's flat argument.
+turns each step into the script's flat argument. A node's ``depends_on``
+jobs become one-node groups after every other (``dependencies``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from .exceptions import FlowError
+from .jobs import Policy
 from .refs import JobRef
 
 
@@ -69,12 +72,13 @@ class Plan:
 
     groups: list[Group]
     gated: list[tuple[str, str]]
+    deps: set = field(default_factory=set)  # (queue, id) of depends_on jobs: not new nodes
 
     @property
     def root(self) -> tuple[str, str, list]:
         """The root's queue, id and children (``(queue, id)`` pairs)."""
-        g = self.groups[0]
-        return g.queue, g.ids[0], list(g.children[0])
+        g, deps = self.groups[0], self.deps
+        return g.queue, g.ids[0], [c for c in g.children[0] if c not in deps]
 
     @property
     def queues(self) -> list[str]:
@@ -83,8 +87,9 @@ class Plan:
 
     def refs(self) -> list[JobRef]:
         """Every node as a ``JobRef``, in landing order."""
-        trusted = JobRef._trusted
-        return [trusted(g.queue, i) for g in self.groups for i in g.ids]
+        trusted, deps = JobRef._trusted, self.deps
+        refs = [trusted(g.queue, i) for g in self.groups for i in g.ids]
+        return [r for r in refs if r not in deps] if deps else refs
 
 
 def steps(plan: Plan, chunk: int) -> list[tuple[str, list[Group]]]:
@@ -122,3 +127,71 @@ def steps(plan: Plan, chunk: int) -> list[tuple[str, list[Group]]]:
         if step:
             out.append((queue, step))
     return out
+
+
+DEP_OPTS = '{"dep":1}'  # enqueue_flow's options of a dependency node
+
+
+def dependencies(deps: list, groups: list[Group], gated: list, token: str) -> set:
+    """Append a group per ``depends_on`` job (after every other node: a
+    parent is always written first) and return their ``(queue, id)``.
+    Raises ``FlowError`` for a ref that is not a job reference, a job named
+    twice, or a node of this flow (a cycle: the flow's own jobs are its
+    children)."""
+    own = {(g.queue, i) for g in groups for i in g.ids}
+    named: set = set()
+    for pq, pid, kids, refs, depth in deps:
+        if not isinstance(refs, list | tuple):
+            raise FlowError(f"depends_on of {pq}/{pid} must be a list of job refs")
+        for ref in refs:
+            try:
+                ref = as_job_ref(ref)
+            except ValueError as err:
+                raise FlowError(f"depends_on of {pq}/{pid}: {err}") from None
+            if ref in own:
+                raise FlowError(
+                    f"{pq}/{pid} depends_on {ref}, a node of the same flow "
+                    "(a cycle, or a child named twice): depends_on names jobs already added"
+                )
+            if ref in named:
+                raise FlowError(
+                    f"depends_on names {ref} twice: a job is waited for by one job at most"
+                )
+            named.add(ref)
+            queue, job_id = ref
+            kids.append((queue, job_id))
+            gated.append((queue, job_id))
+            groups.append(
+                Group(
+                    queue,
+                    depth,
+                    "",
+                    pid,
+                    pq,
+                    Policy.FAIL_PARENT,
+                    "",
+                    "",
+                    True,
+                    DEP_OPTS,
+                    "",
+                    token if pq != queue else "",
+                    [job_id],
+                    [""],
+                    [()],
+                )
+            )
+    return {tuple(r) for r in named}
+
+
+def as_job_ref(value) -> JobRef:
+    """A ``JobRef``, a ``(queue, id)`` pair or ``"queue/id"`` as a
+    ``JobRef``; raises ``ValueError`` naming the forms."""
+    if isinstance(value, JobRef):
+        return value
+    if isinstance(value, tuple | list) and len(value) == 2:  # a list: read back from JSON
+        return JobRef(*value)
+    if isinstance(value, str):
+        return JobRef.parse(value)
+    raise ValueError(
+        f"invalid job ref {value!r}: pass JobRef(queue, id), (queue, id) or 'queue/id'"
+    )

@@ -14,9 +14,10 @@ from __future__ import annotations
 import json
 
 from ..core import flows as _flows
-from ..core.exceptions import DependencyError
+from ..core.exceptions import DependencyError, FlowConflict, JobNotFound
 from ..core.flows import Flow, FlowRef
 from ..core.jobs import to_json, to_text
+from ..core.landing import DEP_OPTS as DEP
 from ..core.landing import steps
 from ..core.refs import JobRef
 from ..tracing.spans import adding
@@ -52,7 +53,7 @@ class Flows(Part):
                     g.backoff_ms,
                     "1" if g.gate else "0",
                     str(len(ids)),
-                    _traced(g.opts, traceparent) if traceparent else g.opts,
+                    _traced(g.opts, traceparent) if traceparent and g.opts != DEP else g.opts,
                     g.inc,
                     g.parent_inc,
                 )
@@ -97,6 +98,7 @@ class Flows(Part):
         expiring = {q: (o or {}).get("EXPIRES_MS") for q, o in self.wire.queues.items()}
         expiring = {q: ms for q, ms in expiring.items() if ms}  # docs/howto/retries.md
         plans = [_flows.plan(f, self.wire.encode, expiring) for f in flows]
+        self._check_dependencies([g for p in plans if p.deps for g in p.groups if g.opts == DEP])
         seen: set = set()
         for p in plans:
             for ref in p.gated:
@@ -174,6 +176,27 @@ class Flows(Part):
                 )
             )
         return refs
+
+    def _check_dependencies(self, groups: list) -> None:
+        """Every ``depends_on`` job (a dependency group: one node each)
+        exists and is waited for by no other job, read before any write
+        (``enqueue_flow`` checks again on its slot). Raises ``JobNotFound``
+        / ``FlowConflict`` naming the rule."""
+        if not groups:
+            return
+        pipe = self.client.pipeline(transaction=False)
+        for g in groups:
+            pipe.hmget(self.keys.job(g.queue, g.ids[0]), "state", "parent", "parent_queue")
+        for g, (state, parent, pq) in zip(groups, pipe.execute(), strict=True):
+            where = f"{g.parent_queue}/{g.parent_id} depends_on {g.queue}/{g.ids[0]}"
+            if state is None:
+                raise JobNotFound(f"{where}: no such job (a dependency is a job already added)")
+            owner = f"{to_text(pq) or g.queue}/{to_text(parent)}"
+            if parent is not None and owner != f"{g.parent_queue}/{g.parent_id}":
+                raise FlowConflict(
+                    f"{where}: it is already waited for by {owner} (a job is waited for "
+                    "by one job at most)"
+                )
 
     # -- flow control --------------------------------------------------------
     def _remove_dependencies(self, queue: str, parent_id: str, refs: list[str], strict: bool):

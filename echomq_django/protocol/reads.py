@@ -123,6 +123,24 @@ class Reads(Part):
         return self._hash_page(keys, keys.processed, cursor, count, json.loads)
 
     @reports_redis_down
+    def child_results(self, queue: str, job_id: str) -> list:
+        """Every child's result (decoded JSON) in the order the children
+        were added, ``None`` for a child that did not complete (ignored,
+        removed, still waiting): what a chord's callback reads
+        (docs/howto/canvas.md#how-a-handler-reads-its-inputs). Reads
+        ``PAGE_MAX`` children a round trip. Raises ``JobNotFound``,
+        ``ValueError`` for a bad name."""
+        keys = JobKeys.of(self._require(queue, job_id))
+        out: list = []
+        cursor = 0
+        while True:
+            refs, _, cursor = self._window(keys, cursor, PAGE_MAX)
+            values = self.client.hmget(keys.processed, refs) if refs else []
+            out += [None if v is None else json.loads(v) for v in values]
+            if not cursor:
+                return out
+
+    @reports_redis_down
     def ignored_failures(
         self, queue: str, job_id: str, cursor: int = 0, count: int | None = None
     ) -> RefDict | Page[RefDict]:
