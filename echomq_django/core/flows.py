@@ -22,9 +22,9 @@ from typing import Any
 
 from .exceptions import FlowError
 from .jobs import Policy
-from .keyspace import validate_id, validate_name, validate_queue, whole_number
+from .keyspace import validate_id, validate_name, validate_queue
 from .landing import Group, Plan, dependencies
-from .options import node_options
+from .options import check_node_settings, node_options, opt_text
 from .refs import JobRef
 
 # Module globals: an Enum member lookup costs ~0.3 us, and plan() reads a
@@ -346,7 +346,7 @@ def plan(root: Flow, encode, expiring: dict | None = None) -> Plan:
                     # the types too: True == 1 and 2.0 == 2, yet only an int is a number
                     what = (fail, ignore, remove, cont, ma, type(ma), bo, type(bo))
                     if what not in settings:
-                        _check_settings(flow, queue, job_id)
+                        check_node_settings(flow, queue, job_id)
                         settings.add(what)
                     priority, delay, timeout, dedup, dedup_ttl, children_timeout, keep = sig[6:13]
                     opts = (
@@ -436,36 +436,3 @@ def _plain_leaves(flows: list, objects: set) -> tuple[str, str] | None:
     if len(ids) != n or not objects.isdisjoint(ids):
         return None
     return first[0], first[2]
-
-
-def opt_text(value) -> str:
-    """An optional integer as script text: '' means "the queue's setting"."""
-    return "" if value is None else str(int(value))
-
-
-def _check_settings(flow: Flow, queue: str, job_id: str) -> None:
-    if flow.continue_parent_on_failure and (
-        flow.ignore_dependency_on_failure or flow.remove_dependency_on_failure
-    ):
-        raise FlowError(
-            f"{queue}/{job_id}: continue_parent_on_failure cannot be combined with "
-            "ignore_dependency_on_failure or remove_dependency_on_failure (one policy per child)"
-        )
-    if not (
-        flow.fail_parent_on_failure
-        or flow.ignore_dependency_on_failure
-        or flow.remove_dependency_on_failure
-        or flow.continue_parent_on_failure
-    ):
-        raise FlowError(
-            f"{queue}/{job_id}: fail_parent_on_failure=False needs "
-            "ignore_dependency_on_failure or remove_dependency_on_failure "
-            "(what else should its death do to the parent?)"
-        )
-    if flow.max_attempts is None and flow.backoff_ms is None:
-        return
-    try:
-        whole_number("max_attempts", flow.max_attempts, 1, optional=True)
-        whole_number("backoff_ms", flow.backoff_ms, 0, optional=True)
-    except ValueError as err:
-        raise FlowError(f"{queue}/{job_id}: {err}") from None

@@ -10,6 +10,7 @@ import re
 from typing import Any
 
 from .exceptions import FlowError
+from .keyspace import whole_number
 from .retention import job_keep
 from .retry import MAX_MS, check_expires, job_callbacks, job_retry
 
@@ -159,3 +160,39 @@ def check_concurrency(n) -> int:
             "(None drops the run-time cap: the CONCURRENCY setting applies again)"
         )
     return n
+
+
+def opt_text(value) -> str:
+    """An optional integer as script text: '' means "the queue's setting"."""
+    return "" if value is None else str(int(value))
+
+
+def check_node_settings(flow, queue: str, job_id: str) -> None:
+    """A flow node's (a ``Flow``'s) failure policy flags and its
+    ``max_attempts`` / ``backoff_ms``; raises ``FlowError`` naming
+    ``queue/job_id`` and the rule. plan() calls it once per distinct set."""
+    if flow.continue_parent_on_failure and (
+        flow.ignore_dependency_on_failure or flow.remove_dependency_on_failure
+    ):
+        raise FlowError(
+            f"{queue}/{job_id}: continue_parent_on_failure cannot be combined with "
+            "ignore_dependency_on_failure or remove_dependency_on_failure (one policy per child)"
+        )
+    if not (
+        flow.fail_parent_on_failure
+        or flow.ignore_dependency_on_failure
+        or flow.remove_dependency_on_failure
+        or flow.continue_parent_on_failure
+    ):
+        raise FlowError(
+            f"{queue}/{job_id}: fail_parent_on_failure=False needs "
+            "ignore_dependency_on_failure or remove_dependency_on_failure "
+            "(what else should its death do to the parent?)"
+        )
+    if flow.max_attempts is None and flow.backoff_ms is None:
+        return
+    try:
+        whole_number("max_attempts", flow.max_attempts, 1, optional=True)
+        whole_number("backoff_ms", flow.backoff_ms, 0, optional=True)
+    except ValueError as err:
+        raise FlowError(f"{queue}/{job_id}: {err}") from None
