@@ -71,7 +71,8 @@ class ClaimLoop:
     ``shutdown_timeout`` (s): how long a stop waits for running jobs;
     ``block_s``, ``sweep_s``, ``max_stalls``: the wake-ups and timers
     (``wake.Idle``); ``sender``: the signals' sender (the worker);
-    ``metrics``: the process's counters or None.
+    ``metrics``: the process's counters or None; ``make_pool(loop, name)``:
+    builds each run's pool (None: handler threads, ``HandlerPool``).
 
     Parts: ``claims`` (``Claims``), ``reporter`` (``Reporter``), ``timeouts``
     (``Timeouts``), ``idle`` (``wake.Idle``), and per run ``pool`` and
@@ -96,6 +97,7 @@ class ClaimLoop:
         max_stalls: int,
         sender,
         metrics=None,
+        make_pool=None,
     ) -> None:
         self.mq, self.queues = mq, queues
         self.concurrency, self.batch, self.leases = concurrency, batch, leases
@@ -108,6 +110,7 @@ class ClaimLoop:
         self.timeouts = Timeouts(self._on_timeout)
         self.idle = Idle(self, block_s, sweep_s, max_stalls)
         self.pool: HandlerPool | None = None
+        self.make_pool = make_pool  # (loop, name) -> a pool; None: HandlerPool
         self.done: _queue.SimpleQueue = _queue.SimpleQueue()  # Finished, Wake, None: a wake-up
         self.waiting = False  # blocked on the wake keys, idle
         self.executing = 0  # submitted to the pool and not finished (loop thread only)
@@ -155,7 +158,10 @@ class ClaimLoop:
         """Start a run: a fresh pool of handler threads named ``name``, a
         fresh queue of finished jobs (handlers an earlier run abandoned post
         to the old one), the waker on it."""
-        self.pool = HandlerPool(self.concurrency, name)
+        if self.make_pool is None:
+            self.pool = HandlerPool(self.concurrency, name, self._execute)
+        else:
+            self.pool = self.make_pool(self, name)
         self.done, self.executing = _queue.SimpleQueue(), 0
         self.reporter.reset()
         self.rest = dict.fromkeys(self.queues, 0.0)
@@ -358,7 +364,7 @@ class ClaimLoop:
             self.executing += len(jobs)
             self.claimed += len(jobs)  # here: a later queue's claim may raise (max_jobs)
             for job in jobs:
-                self.pool.submit(self._execute, job, self.done)
+                self.pool.start(job, self.done)
             free -= len(jobs)
             got += len(jobs)
         return got
@@ -407,11 +413,11 @@ class ClaimLoop:
         """On the timeouts thread: ``job`` ran past ``limit_ms``. Fail the
         attempt (the reporter retries it by the usual rules) and write its
         thread off; stop claiming when every handler thread is stuck."""
+        fate = self.pool.write_off(job)
         error = (
             f"TimeoutError: the attempt ran longer than its time limit of {limit_ms} ms "
-            "(timeout_ms / TIMEOUT_MS); the handler's late result is discarded"
+            f"(timeout_ms / TIMEOUT_MS); {fate}"
         )
-        self.pool.write_off()
         self.done.put(Finished(job, error=error, ms=float(limit_ms)))
         stuck = self.timeouts.stuck
         log.warning("job %s/%s (%s) timed out after %d ms", job.queue, job.id, job.name, limit_ms)

@@ -101,6 +101,7 @@ from ..protocol.client import EchoMQ
 from . import heartbeat
 from .claim_loop import STATS_EVERY_S, ClaimLoop
 from .outage import REDIS_DOWN
+from .processes import supervisor as processes
 from .reporter import GONE
 from .wake import BLOCK_S, SWEEP_S
 
@@ -133,8 +134,14 @@ class Worker:
     (``commit_outbox.Drainer``; ``runworker`` passes one): it drains once
     before the first claim, then on its own thread until the worker stops
     (any object with ``drain_once()``, ``start(drain_now=False)`` and
-    ``stop()``). Raises
-    ``ValueError`` for a bad queue name or number. ``run()`` logs a WARNING
+    ``stop()``); ``pool``: ``"thread"`` (handler threads, the default) or
+    ``"process"`` (pre-forked handler processes, killed past a job's time
+    limit, docs/howto/process-pool.md); with ``"process"``,
+    ``max_jobs_per_child`` (jobs) and ``max_memory_per_child`` (MiB of
+    resident memory, checked after each job) recycle a child, None for no
+    limit. Raises
+    ``ValueError`` for a bad queue name or number, an unknown pool, or a
+    recycling limit below 1 or on the thread pool. ``run()`` logs a WARNING
     naming the known queues when a queue is known nowhere (no job, not in
     settings). Also ``loop`` (its ``ClaimLoop``, which holds the claim
     state), ``wakeups``, ``timers`` (``wake.Idle``) and ``waiting`` (true
@@ -168,8 +175,12 @@ class Worker:
         beat_s: float = heartbeat.HEARTBEAT_S,
         metrics=None,
         drainer=None,
+        pool: str = "thread",
+        max_jobs_per_child: int | None = None,
+        max_memory_per_child: int | None = None,
     ) -> None:
         mq = self.mq = mq if mq is not None else get_mq()
+        self.pool_kind = _pool_kind(pool, max_jobs_per_child, max_memory_per_child)
         # the commit outbox: drained before the first claim, then on a
         # thread of its own
         self._drainer = drainer
@@ -213,6 +224,9 @@ class Worker:
             max_stalls=max_stalls,
             sender=self,
             metrics=metrics,
+            make_pool=None
+            if pool == "thread"
+            else processes.maker(mq, max_jobs_per_child, max_memory_per_child),
         )
         self.timers, self.wakeups = self.loop.idle.timers, self.loop.idle.wakeups
         self._halt = threading.Event()  # set when run() returns: helpers stop
@@ -299,9 +313,10 @@ class Worker:
             self._drainer.start(drain_now=False)
         start = self.processed
         log.info(
-            "worker started: queues %s, concurrency %d, lease %s ms",
+            "worker started: queues %s, concurrency %d (%s pool), lease %s ms",
             ", ".join(self.queues),
             self.concurrency,
+            self.pool_kind,
             ", ".join(f"{q}={ms}" for q, ms in self.leases.items()),
         )
         beat = heartbeat.announce(
@@ -378,6 +393,26 @@ class Worker:
                     break  # the loop reports the outage
                 except Exception:
                     log.exception("extending the lease of job %s/%s failed", job.queue, job.id)
+
+
+POOLS = ("thread", "process")
+
+
+def _pool_kind(pool, max_jobs_per_child, max_memory_per_child) -> str:
+    """``pool`` checked, with the recycling limits that only a process pool
+    takes (docs/howto/process-pool.md#recycling)."""
+    if pool not in POOLS:
+        raise ValueError(f"pool must be one of {', '.join(POOLS)}, got {pool!r}")
+    for what, value in (
+        ("max_jobs_per_child", max_jobs_per_child),
+        ("max_memory_per_child", max_memory_per_child),
+    ):
+        if value is None:
+            continue
+        if pool != "process":
+            raise ValueError(f"{what} applies to the process pool only (pool='process')")
+        _at_least(1, value, what)
+    return pool
 
 
 def _at_least(low: int, value, what: str) -> int:
