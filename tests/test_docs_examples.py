@@ -482,6 +482,7 @@ def test_the_pages_links_and_includes_resolve():
             "payloads",
             "periodic",
             "priorities-rate-limits",
+            "process-pool",
             "retention",
             "tasks-backend",
             "testing",
@@ -591,6 +592,19 @@ def test_the_wait_howto(howto):
             thread.join(30)
         reply = example.quote(request, "sku-2")  # no worker now: not finished in 2 s
         assert (reply.status_code, json.loads(reply.content)["state"]) == (202, "running")
+
+
+@pytest.mark.e2e
+def test_the_process_pool_howto(howto):
+    """The reports run in handler processes, not in the worker's."""
+    example = howto("process_pool")
+    with echomq_settings(QUEUES={"reports": {}}):
+        for pages in (1, 2, 3):
+            emq.enqueue("reports", "reports.render", {"pages": pages}, job_id=f"r{pages}")
+        assert example.run_reports_once() == 3
+        results = [emq.get_job("reports", f"r{n}").result for n in (1, 2, 3)]
+    assert [r["pages"] for r in results] == [1, 2, 3]
+    assert os.getpid() not in {r["pid"] for r in results}
 
 
 def test_the_readme_example_is_the_file_the_suite_runs(r):

@@ -18,6 +18,7 @@ from echomq_django.handlers import _registry
 from echomq_django.runners.processes.child import rss_bytes
 from echomq_django.runners.processes.supervisor import TERM_GRACE_S
 from tests.support.workerkit import Background, wait_for
+from tests.test_runner_commands import run_command
 
 pytestmark = pytest.mark.e2e
 
@@ -97,7 +98,7 @@ def test_a_hung_child_is_killed_within_its_time_limit_and_replaced(mq) -> None:
     assert (job.state, job.error) == (
         JobState.DEAD,
         "TimeoutError: the attempt ran longer than its time limit of 300 ms "
-        "(timeout_ms / TIMEOUT_MS); its handler process was killed",
+        "(timeout_ms / TIMEOUT_MS); its handler process was ended (SIGTERM, then SIGKILL)",
     )
     wait_for(lambda: worker.loop.timeouts.stuck == 0, what="the SIGKILL")
     assert time.monotonic() - began < 0.3 + TERM_GRACE_S + 1.0  # a bound, from a wait
@@ -132,7 +133,7 @@ def test_a_sigkilled_child_names_the_signal_and_the_job_retries(mq) -> None:
     wait_for(lambda: finished(mq, "k"), what="two killed attempts")
     job = mq.get_job("q", "k")
     assert job.attempts == 2 and job.state is JobState.DEAD
-    assert "was killed by signal SIGKILL (9) (the kernel's out-of-memory killer sends SIGKILL " \
+    assert "was ended by signal SIGKILL (9) (the kernel's out-of-memory killer sends SIGKILL " \
            "too) while it ran this job" in job.error  # fmt: skip
     stop(worker, bg)
     assert worker.stats == {"completed": 0, "failed": 1, "dead": 1, "lost": 0, "postponed": 0}
@@ -222,3 +223,31 @@ def test_bad_pool_settings_are_refused(redis_client, kw, message) -> None:
     with pytest.raises(ValueError) as err:
         Worker(["q"], mq=EchoMQ(redis_client), **kw)
     assert str(err.value) == message
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--pool", "fork"), "--pool must be one of thread, process, got 'fork'"),
+        (("--pool", "process", "--max-jobs-per-child", "0"),
+         "--max-jobs-per-child must be a whole number >= 1, got 0"),
+        (("--pool", "process", "--max-memory-per-child", "0"),
+         "--max-memory-per-child must be a whole number >= 1, got 0"),
+        (("--pool", "process", "--max-memory-per-child", "-1"),
+         "--max-memory-per-child must be a whole number >= 1, got -1"),
+        (("--max-jobs-per-child", "5"), "--max-jobs-per-child applies to --pool process only"),
+    ],
+)  # fmt: skip
+def test_runworker_refuses_a_bad_pool_flag(r, db, args, message) -> None:
+    assert run_command("runworker", "q", "--burst", *args) == (1, f"runworker: {message}\n")
+
+
+def test_runworker_pool_process_burst_runs_the_jobs_in_children(r, db) -> None:
+    mq = EchoMQ(r)
+    for i in range(4):
+        mq.enqueue("q", "pp.pid", job_id=f"c{i}")
+    code, _ = run_command("runworker", "q", "--burst", "--pool", "process", "--concurrency", "2",
+                          "--max-jobs-per-child", "1")  # fmt: skip
+    assert code == 0
+    pids = {mq.get_job("q", f"c{i}").result for i in range(4)}
+    assert len(pids) == 4 and os.getpid() not in pids  # a fresh child for each job

@@ -68,7 +68,7 @@ def death_text(pid: int, code: int | None) -> str:
             name = signal.Signals(-code).name
         except ValueError:
             name = f"signal {-code}"
-        why = f"was killed by signal {name} ({-code})"
+        why = f"was ended by signal {name} ({-code})"
         if -code == signal.SIGKILL:
             why += " (the kernel's out-of-memory killer sends SIGKILL too)"
     else:
@@ -168,7 +168,7 @@ class ProcessPool:
                     self._end(c)
                     break
         self._wake()
-        return "its handler process was killed"
+        return "its handler process was ended (SIGTERM, then SIGKILL)"
 
     def resize(self, size: int) -> None:
         """Run ``size`` (>= 1) children: more fork at once; idle ones beyond
