@@ -111,6 +111,23 @@ def test_a_hung_child_is_killed_within_its_time_limit_and_replaced(mq) -> None:
     assert worker.pool_kind == "process" and worker.left_running == 0
 
 
+def test_hung_jobs_in_a_row_leave_the_pool_at_its_size_and_no_descriptor_behind(mq) -> None:
+    worker, bg = start(mq, concurrency=2)
+    pool, fds = worker.loop.pool, []
+    for batch in range(3):  # the first batch brings the Redis pool to its size
+        for i in range(4):
+            mq.enqueue("q", "pp.hang", 60, job_id=f"h{batch}{i}", timeout_ms=50, max_attempts=1)
+        wait_for(lambda n=batch: mq.counts("q")["dead"] == 4 * (n + 1), what="timed-out jobs")
+        wait_for(lambda: pool.leaving == 0, what="the last SIGKILL")
+        fds.append(len(os.listdir("/proc/self/fd")))
+    assert (len(pool.pids()), pool.busy, pool.replaced) == (2, 0, 0)  # ended, not died
+    assert fds[1] == fds[2], fds  # nothing left behind per ended process
+    assert worker.loop.timeouts.stuck == 0  # never counted stuck: max_stuck does not apply
+    assert all(mq.get_job("q", f"h2{i}").error.endswith("its handler process was ended "
+               "(SIGTERM, then SIGKILL)") for i in range(4))  # fmt: skip
+    stop(worker, bg)
+
+
 def test_a_child_that_exits_fails_only_its_own_attempt(mq) -> None:
     worker, bg = start(mq, concurrency=2)
     mq.enqueue("q", "pp.exit", 3, job_id="x", max_attempts=1)

@@ -82,10 +82,10 @@ def death_text(pid: int, code: int | None) -> str:
 class _Child:
     """One handler process and what the supervisor knows of it."""
 
-    __slots__ = ("conn", "done", "flag", "job", "jobs", "kill_at", "proc", "why")
+    __slots__ = ("conn", "done", "flag", "job", "jobs", "kill_at", "pid", "proc", "why")
 
     def __init__(self, proc, conn, flag) -> None:
-        self.proc, self.conn, self.flag = proc, conn, flag
+        self.proc, self.conn, self.flag, self.pid = proc, conn, flag, proc.pid
         self.job: Job | None = None  # running now
         self.done = None  # the run's queue of finished jobs, for this job
         self.jobs = 0  # jobs it finished
@@ -102,7 +102,8 @@ class ProcessPool:
     worker's ``EchoMQ`` (a child's jobs read through its copy);
     ``max_jobs_per_child`` (count) and ``max_memory_per_child`` (bytes):
     recycling, None for none. ``start(job, done)``, ``write_off(job)``,
-    ``resize(n)``, ``shutdown(wait)``; ``size``, ``pids()``, ``recycled``
+    ``resize(n)``, ``shutdown(wait)``; ``size``, ``pids()``, ``busy``,
+    ``leaving``, ``recycled``
     (children sent away after their quota), ``replaced`` (children that
     died or were killed, replaced).
     """
@@ -161,12 +162,15 @@ class ProcessPool:
         SIGKILL after ``TERM_GRACE_S``) and replaced at once. Returns what
         the timeout error says became of the handler."""
         with self._lock:
-            for c in self._working:
-                if c.job is job:
-                    self._working.remove(c)
-                    self._leaving.append(c)
-                    self._end(c)
-                    break
+            ended = next((c for c in self._working if c.job is job), None)
+            if ended is not None:
+                self._working.remove(ended)
+                self._leaving.append(ended)
+                self._end(ended)
+        if ended is not None:
+            # not stuck: SIGKILL ends it within the grace whatever it does, so
+            # max_stuck (a thread pool's way out) never stops this worker
+            self._timeouts.settle(job)
         self._wake()
         return "its handler process was ended (SIGTERM, then SIGKILL)"
 
@@ -180,7 +184,13 @@ class ProcessPool:
     def pids(self) -> list[int]:
         """The pids of the children in the pool now (not those leaving)."""
         with self._lock:
-            return [c.proc.pid for c in self._working]
+            return [c.pid for c in self._working]
+
+    @property
+    def leaving(self) -> int:
+        """Children ended or sent away and not reaped yet."""
+        with self._lock:
+            return len(self._leaving)
 
     @property
     def busy(self) -> int:
@@ -191,14 +201,16 @@ class ProcessPool:
     def shutdown(self, wait: bool) -> None:
         """Drop the jobs waiting for a child (their leases cover them); each
         child exits once its job is done. ``wait``: join them; else children
-        still running a job are ended (SIGTERM, SIGKILL after the grace), as
-        a thread pool's are when the process exits."""
+        still running a job are ended (SIGTERM, SIGKILL after the grace,
+        waited for that long at most), as a thread pool's are when the
+        process exits."""
         with self._lock:
             self._backlog.clear()
             self._closing, self._abandon = True, not wait
         self._wake()
-        if wait:
-            self._thread.join()
+        # without wait, within the grace: the process may exit right after,
+        # and a child still in its job must be gone by then
+        self._thread.join(None if wait else TERM_GRACE_S + 0.5)
 
     # -- the supervisor thread ------------------------------------------------
     def _supervise(self) -> None:
@@ -288,6 +300,8 @@ class ProcessPool:
         if c.job is not None and not c.flag[0] and self._poll(c):
             self._read(c)  # one reply per job at most
         c.proc.join()
+        code, ended = c.proc.exitcode, bool(c.flag[0])
+        c.proc.close()  # its sentinel's descriptor goes now, not at a collection
         with self._lock:
             job, done = c.job, c.done
             c.job = c.done = None
@@ -299,16 +313,15 @@ class ProcessPool:
             c.conn.close()
             c.flag.close()
         if c.why:
-            log.info("handler process %d recycled %s", c.proc.pid, c.why)
+            log.info("handler process %d recycled %s", c.pid, c.why)
         if job is None:
             return
-        code = c.proc.exitcode
-        if not self._timeouts.settle(job):
-            done.put(None)  # killed past its time limit: failed already; the loop rechecks
+        if ended or not self._timeouts.settle(job):
+            done.put(None)  # ended past its time limit: failed already; the loop rechecks
             return
-        log.warning("job %s/%s (%s): %s", job.queue, job.id, job.name,
-                    death_text(c.proc.pid, code))  # fmt: skip
-        done.put(Finished(job, error=death_text(c.proc.pid, code)))
+        error = death_text(c.pid, code)
+        log.warning("job %s/%s (%s): %s", job.queue, job.id, job.name, error)
+        done.put(Finished(job, error=error))
 
     @staticmethod
     def _poll(c: _Child) -> bool:
@@ -352,7 +365,7 @@ class ProcessPool:
         c.flag[0] = 1
         c.kill_at = time.monotonic() + TERM_GRACE_S
         try:
-            os.kill(c.proc.pid, signal.SIGTERM)
+            os.kill(c.pid, signal.SIGTERM)
         except ProcessLookupError:
             pass
 
