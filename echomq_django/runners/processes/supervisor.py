@@ -4,8 +4,8 @@ feeds job by job over pipes (docs/howto/process-pool.md#how-it-works).
 The worker keeps claiming and reporting as on the thread pool (the same
 loop, the same batches); only the handler call moves into a child process
 (``child.py``). One supervisor thread per pool blocks on every child's pipe
-and every child's exit at once (``multiprocessing.connection.wait``; a
-self-pipe wakes it for a new job or a kill): no polling.
+and every child's exit at once (a selector; a self-pipe wakes it for a
+new job or a kill): no polling.
 
 Why ``fork`` (``multiprocessing``'s fork context) and not ``forkserver``:
 a forked child starts in milliseconds with Django already set up, the
@@ -41,11 +41,11 @@ import logging
 import mmap
 import multiprocessing
 import os
+import selectors
 import signal
 import threading
 import time
 from collections import deque
-from multiprocessing.connection import wait as wait_for_any
 
 from ...core.jobs import Job
 from ...handlers import get_handler
@@ -133,6 +133,12 @@ class ProcessPool:
         self.recycled = self.replaced = 0
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
+        os.set_blocking(self._wake_r, False)
+        # every child's pipe and exit, and the wake-up: registered at the
+        # fork, dropped at the reap (a selector per wait costs a
+        # registration per child per job)
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
         with self._lock:
             self._top_up()
         self._thread = threading.Thread(target=self._supervise, name=name, daemon=True)
@@ -217,25 +223,24 @@ class ProcessPool:
         while True:
             with self._lock:
                 self._tend()
-                everyone = self._working + self._leaving
-                if self._closing and not everyone:
+                if self._closing and not self._working and not self._leaving:
                     break
                 kills = [c.kill_at for c in self._leaving if c.kill_at is not None]
                 timeout = max(0.0, min(kills) - time.monotonic()) if kills else None
-                watch = [self._wake_r]
-                for c in everyone:
-                    watch += [c.conn, c.proc.sentinel]
-            ready = set(wait_for_any(watch, timeout))
-            if self._wake_r in ready:
-                try:
-                    os.read(self._wake_r, 4096)
-                except BlockingIOError:
-                    pass
-            for c in everyone:
-                if c.conn in ready:
-                    self._read(c)
-                if c.proc.sentinel in ready:
-                    self._reap(c)
+            replies, exits = [], []
+            for key, _ in self._selector.select(timeout):
+                if key.data is None:
+                    try:
+                        os.read(self._wake_r, 4096)
+                    except BlockingIOError:
+                        pass
+                else:
+                    (replies if key.data[0] == "reply" else exits).append(key.data[1])
+            for c in replies:
+                self._read(c)
+            for c in exits:  # after the replies: one sent before the exit counts
+                self._reap(c)
+        self._selector.close()
         os.close(self._wake_r)
         os.close(self._wake_w)
 
@@ -301,6 +306,8 @@ class ProcessPool:
             self._read(c)  # one reply per job at most
         c.proc.join()
         code, ended = c.proc.exitcode, bool(c.flag[0])
+        self._selector.unregister(c.conn)
+        self._selector.unregister(c.proc.sentinel)
         c.proc.close()  # its sentinel's descriptor goes now, not at a collection
         with self._lock:
             job, done = c.job, c.done
@@ -387,7 +394,10 @@ class ProcessPool:
         )
         proc.start()
         child_end.close()
-        return _Child(proc, parent_end, flag)
+        c = _Child(proc, parent_end, flag)
+        self._selector.register(parent_end, selectors.EVENT_READ, ("reply", c))
+        self._selector.register(proc.sentinel, selectors.EVENT_READ, ("exit", c))
+        return c
 
     def _wake(self) -> None:
         try:
