@@ -15,6 +15,7 @@ import pytest
 
 from echomq_django import EchoMQ, JobState, Worker, handler
 from echomq_django.handlers import _registry
+from echomq_django.runners import autoscale
 from echomq_django.runners.processes.child import rss_bytes
 from echomq_django.runners.processes.supervisor import TERM_GRACE_S
 from tests.support.workerkit import Background, wait_for
@@ -268,3 +269,37 @@ def test_runworker_pool_process_burst_runs_the_jobs_in_children(r, db) -> None:
     assert code == 0
     pids = {mq.get_job("q", f"c{i}").result for i in range(4)}
     assert len(pids) == 4 and os.getpid() not in pids  # a fresh child for each job
+
+
+@pytest.mark.parametrize("pool", ["thread", "process"])
+def test_autoscale_grows_to_max_under_a_backlog_and_shrinks_to_min_when_idle(mq, pool) -> None:
+    worker = Worker(["q"], mq=mq, pool=pool, autoscale=(8, 1), block_timeout=0.2,
+                    sweep_interval=0.1)  # fmt: skip
+    worker.loop.scale.shrink_after_s = 0.3  # the loop wakes every sweep interval
+    assert worker.concurrency == 1
+    for i in range(64):
+        mq.enqueue("q", "t.slow", 0.02, job_id=f"s{i}")
+    sizes = []
+    bg = Background(worker)
+    wait_for(lambda: sizes.append(worker.loop.concurrency) or mq.counts("q")["completed"] == 64,
+             what="the backlog")  # fmt: skip
+    assert max(sizes) == 8 and worker.loop.scale.grown == 3  # 1 -> 2 -> 4 -> 8
+    if pool == "process":
+        wait_for(lambda: len(worker.loop.pool.pids()) == 1, what="back to one handler process")
+    wait_for(lambda: worker.loop.concurrency == 1, what="back to one handler")
+    assert worker.loop.scale.shrunk == 3  # 8 -> 4 -> 2 -> 1: halving, no flapping
+    stop(worker, bg)
+    assert worker.stats["completed"] == 64
+
+
+@pytest.mark.parametrize(("text", "parsed"), [("8,1", (8, 1)), ("4,4", (4, 4))])
+def test_autoscale_flag_parses_max_min(text, parsed) -> None:
+    assert autoscale.parse(text) == parsed
+
+
+@pytest.mark.parametrize("text", ["2,8", "0,0", "8", "8,1,1", "a,b", "8,0"])
+def test_runworker_refuses_a_bad_autoscale(r, db, text) -> None:
+    assert run_command("runworker", "q", "--burst", "--autoscale", text) == (
+        1,
+        f"runworker: --autoscale must be MAX,MIN with MAX >= MIN >= 1, got {text!r}\n",
+    )

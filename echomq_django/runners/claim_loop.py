@@ -21,44 +21,13 @@ from ..handlers import get_handler
 from .dispatcher import kinds_connected
 from .outage import REDIS_DOWN, Outage
 from .pool import HandlerPool, error_text, unknown_name_error
-from .reporter import Finished, Reporter
+from .reporter import Claims, Finished, Reporter
 from .timeouts import Timeouts
 from .wake import Idle, Wake
 
 log = logging.getLogger("echomq_django.worker")
 
 STATS_EVERY_S = 5.0
-
-
-class Claims:
-    """The jobs a worker has claimed and not reported yet. Thread-safe:
-    the loop adds, the reporter forgets, the heartbeat and the status read."""
-
-    def __init__(self) -> None:
-        self._jobs: dict[tuple[str, str], Job] = {}
-        self._lock = threading.Lock()
-
-    def add(self, jobs) -> None:
-        with self._lock:
-            for job in jobs:
-                self._jobs[(job.queue, job.id)] = job
-
-    def forget(self, *jobs: Job) -> None:
-        with self._lock:
-            for job in jobs:
-                self._jobs.pop((job.queue, job.id), None)
-
-    def jobs(self) -> list[Job]:
-        with self._lock:
-            return list(self._jobs.values())
-
-    def refs(self) -> list[tuple[str, str]]:
-        """``(queue, id)`` of each job claimed and not reported, in claim order."""
-        with self._lock:
-            return list(self._jobs)
-
-    def __len__(self) -> int:
-        return len(self._jobs)
 
 
 class ClaimLoop:
@@ -111,6 +80,7 @@ class ClaimLoop:
         self.idle = Idle(self, block_s, sweep_s, max_stalls)
         self.pool: HandlerPool | None = None
         self.make_pool = make_pool  # (loop, name) -> a pool; None: HandlerPool
+        self.scale = None  # an autoscale.Autoscale: concurrency moves within its bounds
         self.done: _queue.SimpleQueue = _queue.SimpleQueue()  # Finished, Wake, None: a wake-up
         self.waiting = False  # blocked on the wake keys, idle
         self.executing = 0  # submitted to the pool and not finished (loop thread only)
@@ -245,7 +215,17 @@ class ClaimLoop:
         self.retry_at = 0.0
         if outage.down or free > 0 or timed:
             outage.ok()
+        if self.scale is not None:
+            self._rescale(now, free, got)
         return got, asked
+
+    def _rescale(self, now: float, free: int, got: int) -> None:
+        """Autoscaling (autoscale.py): the pool's new size, if it changes."""
+        size = self.scale.size(now, self.concurrency, free, got, self.executing)
+        if size != self.concurrency:
+            log.info("autoscale: %d -> %d handlers", self.concurrency, size)
+            self.concurrency = size
+            self.pool.resize(size)
 
     def _run_is_over(self, now: float, got: int, asked: bool, max_jobs: int | None) -> bool:
         """True when ``run()`` should return: stopping (or ``max_jobs``

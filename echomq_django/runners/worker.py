@@ -99,6 +99,7 @@ from ..core.exceptions import JobCancelled
 from ..core.keyspace import validate_queue
 from ..protocol.client import EchoMQ
 from . import heartbeat
+from .autoscale import Autoscale
 from .claim_loop import STATS_EVERY_S, ClaimLoop
 from .outage import REDIS_DOWN
 from .processes import supervisor as processes
@@ -139,9 +140,13 @@ class Worker:
     limit, docs/howto/process-pool.md); with ``"process"``,
     ``max_jobs_per_child`` (jobs) and ``max_memory_per_child`` (MiB of
     resident memory, checked after each job) recycle a child, None for no
-    limit. Raises
-    ``ValueError`` for a bad queue name or number, an unknown pool, or a
-    recycling limit below 1 or on the thread pool. ``run()`` logs a WARNING
+    limit; ``autoscale``: ``(MAX, MIN)`` handlers, for either pool: the
+    worker starts with MIN (``concurrency`` is ignored) and grows to MAX
+    under a backlog, back when idle (autoscale.py,
+    docs/howto/process-pool.md#autoscaling). Raises
+    ``ValueError`` for a bad queue name or number, an unknown pool, a
+    recycling limit below 1 or on the thread pool, or ``autoscale`` not
+    ``MAX >= MIN >= 1``. ``run()`` logs a WARNING
     naming the known queues when a queue is known nowhere (no job, not in
     settings). Also ``loop`` (its ``ClaimLoop``, which holds the claim
     state), ``wakeups``, ``timers`` (``wake.Idle``) and ``waiting`` (true
@@ -178,8 +183,14 @@ class Worker:
         pool: str = "thread",
         max_jobs_per_child: int | None = None,
         max_memory_per_child: int | None = None,
+        autoscale: tuple[int, int] | None = None,
     ) -> None:
         mq = self.mq = mq if mq is not None else get_mq()
+        scale = None if autoscale is None else Autoscale(*autoscale)
+        if scale is not None:
+            concurrency = scale.low  # grows to scale.high under a backlog
+            batch = scale.high if batch is None else batch
+            max_stuck = scale.high if max_stuck is None else max_stuck
         self.pool_kind = _pool_kind(pool, max_jobs_per_child, max_memory_per_child)
         # the commit outbox: drained before the first claim, then on a
         # thread of its own
@@ -228,6 +239,7 @@ class Worker:
             if pool == "thread"
             else processes.maker(mq, max_jobs_per_child, max_memory_per_child),
         )
+        self.loop.scale = scale
         self.timers, self.wakeups = self.loop.idle.timers, self.loop.idle.wakeups
         self._halt = threading.Event()  # set when run() returns: helpers stop
 

@@ -13,7 +13,7 @@ unreachable at start with ``--burst`` or ``--no-wait``, or is not what the setti
 say (a Cluster node without CLUSTER, a DB index out of range), the settings
 or a flag are wrong (``--max-jobs`` >= 1, ``--pool`` thread or process,
 ``--max-jobs-per-child`` and ``--max-memory-per-child`` >= 1 and with
-``--pool process`` only), or
+``--pool process`` only, ``--autoscale`` MAX,MIN with MAX >= MIN >= 1), or
 the worker stopped with jobs still running (a second signal, or
 ``--shutdown-timeout`` passed): those are left to their leases, and a
 worker's timers (or the pump) recover them.
@@ -41,7 +41,7 @@ from echomq_django.core.keyspace import whole_number
 from echomq_django.logs import setup_logging
 from echomq_django.monitoring import metrics
 from echomq_django.monitoring.mirror import mirror_after_sweep
-from echomq_django.runners import periodic
+from echomq_django.runners import autoscale, periodic
 from echomq_django.runners.outage import reach_redis_at_start
 from echomq_django.runners.pump import Pump
 from echomq_django.runners.wake import BLOCK_S, SWEEP_S
@@ -53,7 +53,8 @@ SWEEP_MOVES = ("delivered", "promoted", "recovered", "released", "scheduled")
 
 def pool_flags(opts) -> None:
     """Raise ``ValueError`` (one line, naming the flag and the rule) for a bad
-    ``--pool``, ``--max-jobs-per-child`` or ``--max-memory-per-child``."""
+    ``--pool``, ``--max-jobs-per-child``, ``--max-memory-per-child`` or
+    ``--autoscale`` (parsed in place to ``(MAX, MIN)``)."""
     if opts["pool"] not in POOLS:
         raise ValueError(f"--pool must be one of {', '.join(POOLS)}, got {opts['pool']!r}")
     for flag in ("--max-jobs-per-child", "--max-memory-per-child"):
@@ -61,6 +62,8 @@ def pool_flags(opts) -> None:
         whole_number(flag, value, 1, optional=True)
         if value is not None and opts["pool"] != "process":
             raise ValueError(f"{flag} applies to --pool process only")
+    if opts["autoscale"] is not None:
+        opts["autoscale"] = autoscale.parse(opts["autoscale"])
 
 
 class Command(BaseCommand):
@@ -100,6 +103,14 @@ class Command(BaseCommand):
             default=None,
             help="with --pool process: replace a handler process once its resident memory "
             "passes this many MiB after a job (default: no limit)",
+        )
+        parser.add_argument(
+            "--autoscale",
+            default=None,
+            metavar="MAX,MIN",
+            help="run between MIN and MAX handlers (threads or processes): start with MIN, "
+            "double while every handler is busy and jobs wait, halve after 10 s without "
+            "(--concurrency is ignored)",
         )
         parser.add_argument(
             "--burst",
@@ -220,6 +231,7 @@ class Command(BaseCommand):
                 pool=opts["pool"],
                 max_jobs_per_child=opts["max_jobs_per_child"],
                 max_memory_per_child=opts["max_memory_per_child"],
+                autoscale=opts["autoscale"],
             )
         except (ValueError, ImproperlyConfigured) as err:
             self._exit(f"runworker: {err}")
