@@ -286,6 +286,8 @@ def test_autoscale_grows_to_max_under_a_backlog_and_shrinks_to_min_when_idle(mq,
     assert max(sizes) == 8 and worker.loop.scale.grown == 3  # 1 -> 2 -> 4 -> 8
     if pool == "process":
         wait_for(lambda: len(worker.loop.pool.pids()) == 1, what="back to one handler process")
+    else:
+        wait_for(lambda: len(worker.loop.pool._threads) == 1, what="back to one thread")
     wait_for(lambda: worker.loop.concurrency == 1, what="back to one handler")
     assert worker.loop.scale.shrunk == 3  # 8 -> 4 -> 2 -> 1: halving, no flapping
     stop(worker, bg)
