@@ -29,7 +29,7 @@ from django.utils.module_loading import autodiscover_modules
 _registry: dict[str, Callable[..., Any]] = {}
 
 
-def _runs_sync(func: Callable[..., Any]) -> Callable[..., Any]:
+def runs_sync(func: Callable[..., Any]) -> Callable[..., Any]:
     """``func`` itself, or for a coroutine function a sync wrapper around it."""
     if not iscoroutinefunction(func):
         return func
@@ -62,7 +62,7 @@ def handler(name: str) -> Callable[[Callable], Callable]:
             )
         ):
             raise ValueError(f"job name {name!r} already has a handler: {current!r}")
-        _registry[name] = _runs_sync(func)
+        _registry[name] = runs_sync(func)
         return func
 
     return register

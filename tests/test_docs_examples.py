@@ -514,6 +514,7 @@ def test_the_pages_links_and_includes_resolve():
             "periodic",
             "priorities-rate-limits",
             "progress-and-logs",
+            "process-pool",
             "retention",
             "sentinel",
             "retries",
@@ -773,6 +774,19 @@ def test_the_retries_howto(howto):
         job = mq.get_job("payments", own)
         assert (job.state, job.attempts) == ("dead", 2)
         assert job.error.startswith("CardDeclined: order o4: card declined")
+
+
+@pytest.mark.e2e
+def test_the_process_pool_howto(howto):
+    """The reports run in handler processes, not in the worker's."""
+    example = howto("process_pool")
+    with echomq_settings(QUEUES={"reports": {}}):
+        for pages in (1, 2, 3):
+            emq.enqueue("reports", "reports.render", {"pages": pages}, job_id=f"r{pages}")
+        assert example.run_reports_once() == 3
+        results = [emq.get_job("reports", f"r{n}").result for n in (1, 2, 3)]
+    assert [r["pages"] for r in results] == [1, 2, 3]
+    assert os.getpid() not in {r["pid"] for r in results}
 
 
 def test_the_readme_example_is_the_file_the_suite_runs(r):

@@ -22,44 +22,13 @@ from ..tracing.spans import attempt
 from .dispatcher import kinds_connected
 from .outage import REDIS_DOWN, Outage
 from .pool import HandlerPool, error_text, unknown_name_error
-from .reporter import Finished, Reporter, decided
+from .reporter import Claims, Finished, Reporter, decided
 from .timeouts import Timeouts
 from .wake import Idle, Wake
 
 log = logging.getLogger("echomq_django.worker")
 
 STATS_EVERY_S = 5.0
-
-
-class Claims:
-    """The jobs a worker has claimed and not reported yet. Thread-safe:
-    the loop adds, the reporter forgets, the heartbeat and the status read."""
-
-    def __init__(self) -> None:
-        self._jobs: dict[tuple[str, str], Job] = {}
-        self._lock = threading.Lock()
-
-    def add(self, jobs) -> None:
-        with self._lock:
-            for job in jobs:
-                self._jobs[(job.queue, job.id)] = job
-
-    def forget(self, *jobs: Job) -> None:
-        with self._lock:
-            for job in jobs:
-                self._jobs.pop((job.queue, job.id), None)
-
-    def jobs(self) -> list[Job]:
-        with self._lock:
-            return list(self._jobs.values())
-
-    def refs(self) -> list[tuple[str, str]]:
-        """``(queue, id)`` of each job claimed and not reported, in claim order."""
-        with self._lock:
-            return list(self._jobs)
-
-    def __len__(self) -> int:
-        return len(self._jobs)
 
 
 class ClaimLoop:
@@ -72,7 +41,8 @@ class ClaimLoop:
     ``shutdown_timeout`` (s): how long a stop waits for running jobs;
     ``block_s``, ``sweep_s``, ``max_stalls``: the wake-ups and timers
     (``wake.Idle``); ``sender``: the signals' sender (the worker);
-    ``metrics``: the process's counters or None.
+    ``metrics``: the process's counters or None; ``make_pool(loop, name)``:
+    builds each run's pool (None: handler threads, ``HandlerPool``).
 
     Parts: ``claims`` (``Claims``), ``reporter`` (``Reporter``), ``timeouts``
     (``Timeouts``), ``idle`` (``wake.Idle``), and per run ``pool`` and
@@ -97,6 +67,7 @@ class ClaimLoop:
         max_stalls: int,
         sender,
         metrics=None,
+        make_pool=None,
     ) -> None:
         self.mq, self.queues = mq, queues
         self.concurrency, self.batch, self.leases = concurrency, batch, leases
@@ -109,6 +80,8 @@ class ClaimLoop:
         self.timeouts = Timeouts(self._on_timeout)
         self.idle = Idle(self, block_s, sweep_s, max_stalls)
         self.pool: HandlerPool | None = None
+        self.make_pool = make_pool  # (loop, name) -> a pool; None: HandlerPool
+        self.scale = None  # an autoscale.Autoscale: concurrency moves within its bounds
         self.done: _queue.SimpleQueue = _queue.SimpleQueue()  # Finished, Wake, None: a wake-up
         self.waiting = False  # blocked on the wake keys, idle
         self.executing = 0  # submitted to the pool and not finished (loop thread only)
@@ -156,7 +129,10 @@ class ClaimLoop:
         """Start a run: a fresh pool of handler threads named ``name``, a
         fresh queue of finished jobs (handlers an earlier run abandoned post
         to the old one), the waker on it."""
-        self.pool = HandlerPool(self.concurrency, name)
+        if self.make_pool is None:
+            self.pool = HandlerPool(self.concurrency, name, self._execute)
+        else:
+            self.pool = self.make_pool(self, name)
         self.done, self.executing = _queue.SimpleQueue(), 0
         self.reporter.reset()
         self.rest = dict.fromkeys(self.queues, 0.0)
@@ -240,7 +216,17 @@ class ClaimLoop:
         self.retry_at = 0.0
         if outage.down or free > 0 or timed:
             outage.ok()
+        if self.scale is not None:
+            self._rescale(now, free, got)
         return got, asked
+
+    def _rescale(self, now: float, free: int, got: int) -> None:
+        """Autoscaling (autoscale.py): the pool's new size, if it changes."""
+        size = self.scale.size(now, self.concurrency, free, got, self.executing)
+        if size != self.concurrency:
+            log.info("autoscale: %d -> %d handlers", self.concurrency, size)
+            self.concurrency = size
+            self.pool.resize(size)
 
     def _run_is_over(self, now: float, got: int, asked: bool, max_jobs: int | None) -> bool:
         """True when ``run()`` should return: stopping (or ``max_jobs``
@@ -359,7 +345,7 @@ class ClaimLoop:
             self.executing += len(jobs)
             self.claimed += len(jobs)  # here: a later queue's claim may raise (max_jobs)
             for job in jobs:
-                self.pool.submit(self._execute, job, self.done)
+                self.pool.start(job, self.done)
             free -= len(jobs)
             got += len(jobs)
         return got
@@ -409,11 +395,11 @@ class ClaimLoop:
         """On the timeouts thread: ``job`` ran past ``limit_ms``. Fail the
         attempt (the reporter retries it by the usual rules) and write its
         thread off; stop claiming when every handler thread is stuck."""
+        fate = self.pool.write_off(job)
         error = (
             f"TimeoutError: the attempt ran longer than its time limit of {limit_ms} ms "
-            "(timeout_ms / TIMEOUT_MS); the handler's late result is discarded"
+            f"(timeout_ms / TIMEOUT_MS); {fate}"
         )
-        self.pool.write_off()
         late = Finished(job, error=error, ms=float(limit_ms))
         self.done.put(decided(late, TimeoutError(), self.mq.queues, self.mq.wire.backoff_cap_ms))
         stuck = self.timeouts.stuck

@@ -92,15 +92,19 @@ class HandlerPool:
     as the first ``size`` jobs arrive. Cheaper per job than
     ``ThreadPoolExecutor.submit`` (no Future, Condition or semaphore per job;
     that was a quarter of the loop thread's time on small jobs, docs/explanation/performance.md).
-    ``fn`` reports its own outcome and never raises (``Worker._execute``)."""
+    ``fn`` reports its own outcome and never raises (``ClaimLoop._execute``).
+    ``run(job, done)``: what ``start(job, done)`` runs on a thread (the same
+    calls as ``processes.supervisor.ProcessPool``'s)."""
 
-    def __init__(self, size: int, name: str) -> None:
-        self._size, self._name = size, name
+    kind = "thread"
+
+    def __init__(self, size: int, name: str, run=None) -> None:
+        self._size, self._name, self._run = size, name, run
         self._jobs: _queue.SimpleQueue = _queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()  # guards _size and _threads (write_off, retire)
         self._local = threading.local()
-        self._started = 0
+        self._started = self._written_off = 0
 
     def submit(self, fn, *args) -> None:
         self._jobs.put((fn, args))
@@ -111,13 +115,34 @@ class HandlerPool:
                 self._threads.append(thread)
             thread.start()
 
-    def write_off(self) -> None:
-        """A thread is stuck in a handler past its job's time limit
+    def start(self, job, done) -> None:
+        """Run ``run(job, done)`` on a handler thread."""
+        self.submit(self._run, job, done)
+
+    @property
+    def size(self) -> int:
+        """Handler threads running jobs at once (written-off ones aside)."""
+        return self._size - self._written_off
+
+    def resize(self, size: int) -> None:
+        """Run ``size`` (>= 1) handlers at once: more threads start as jobs
+        arrive; threads beyond it leave after their current job."""
+        with self._lock:
+            self._size = size + self._written_off
+            drop = len(self._threads) - self._size  # started ones only: others never start
+        for _ in range(max(0, drop)):
+            self._jobs.put(None)
+
+    def write_off(self, job=None) -> str:
+        """A thread is stuck in ``job``'s handler past its time limit
         (timeouts.py): one more thread may start, so ``size`` handlers keep
         running; the stuck one leaves once its handler returns
-        (``retire_current``, called from that handler's thread)."""
+        (``retire_current``, called from that handler's thread). Returns
+        what the timeout error says became of the handler."""
         with self._lock:
             self._size += 1
+            self._written_off += 1
+        return "the handler's late result is discarded"
 
     def retire_current(self) -> None:
         """The calling handler thread (a written-off one) leaves the pool
@@ -129,6 +154,8 @@ class HandlerPool:
         while True:
             item = get()
             if item is None:
+                with self._lock:
+                    self._threads.remove(threading.current_thread())
                 return
             try:
                 item[0](*item[1])
@@ -137,6 +164,7 @@ class HandlerPool:
             if getattr(self._local, "retire", False):
                 with self._lock:
                     self._size -= 1
+                    self._written_off -= 1
                     self._threads.remove(threading.current_thread())
                 return
 
@@ -148,8 +176,10 @@ class HandlerPool:
                 self._jobs.get_nowait()
         except _queue.Empty:
             pass
-        for _ in self._threads:
+        with self._lock:
+            threads = list(self._threads)
+        for _ in threads:
             self._jobs.put(None)
         if wait:
-            for thread in self._threads:
+            for thread in threads:
                 thread.join()

@@ -78,6 +78,37 @@ def decided(finished: Finished, exc: BaseException, queues: dict, cap_ms: int) -
     return finished
 
 
+class Claims:
+    """The jobs a worker has claimed and not reported yet. Thread-safe:
+    the loop adds, the reporter forgets, the heartbeat and the status read."""
+
+    def __init__(self) -> None:
+        self._jobs: dict[tuple[str, str], Job] = {}
+        self._lock = threading.Lock()
+
+    def add(self, jobs) -> None:
+        with self._lock:
+            for job in jobs:
+                self._jobs[(job.queue, job.id)] = job
+
+    def forget(self, *jobs: Job) -> None:
+        with self._lock:
+            for job in jobs:
+                self._jobs.pop((job.queue, job.id), None)
+
+    def jobs(self) -> list[Job]:
+        with self._lock:
+            return list(self._jobs.values())
+
+    def refs(self) -> list[tuple[str, str]]:
+        """``(queue, id)`` of each job claimed and not reported, in claim order."""
+        with self._lock:
+            return list(self._jobs)
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+
 class Reporter:
     """Reports the jobs a ``Worker`` hands over, on a thread of its own.
 

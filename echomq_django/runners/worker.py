@@ -99,8 +99,10 @@ from ..core.exceptions import JobCancelled
 from ..core.keyspace import validate_queue
 from ..protocol.client import EchoMQ
 from . import heartbeat
+from .autoscale import Autoscale
 from .claim_loop import STATS_EVERY_S, ClaimLoop
 from .outage import REDIS_DOWN
+from .processes import supervisor as processes
 from .reporter import GONE
 from .wake import BLOCK_S, SWEEP_S
 
@@ -133,8 +135,18 @@ class Worker:
     (``commit_outbox.Drainer``; ``runworker`` passes one): it drains once
     before the first claim, then on its own thread until the worker stops
     (any object with ``drain_once()``, ``start(drain_now=False)`` and
-    ``stop()``). Raises
-    ``ValueError`` for a bad queue name or number. ``run()`` logs a WARNING
+    ``stop()``); ``pool``: ``"thread"`` (handler threads, the default) or
+    ``"process"`` (pre-forked handler processes, killed past a job's time
+    limit, docs/howto/process-pool.md); with ``"process"``,
+    ``max_jobs_per_child`` (jobs) and ``max_memory_per_child`` (MiB of
+    resident memory, checked after each job) recycle a child, None for no
+    limit; ``autoscale``: ``(MAX, MIN)`` handlers, for either pool: the
+    worker starts with MIN (``concurrency`` is ignored) and grows to MAX
+    under a backlog, back when idle (autoscale.py,
+    docs/howto/process-pool.md#autoscaling). Raises
+    ``ValueError`` for a bad queue name or number, an unknown pool, a
+    recycling limit below 1 or on the thread pool, or ``autoscale`` not
+    ``MAX >= MIN >= 1``. ``run()`` logs a WARNING
     naming the known queues when a queue is known nowhere (no job, not in
     settings). Also ``loop`` (its ``ClaimLoop``, which holds the claim
     state), ``wakeups``, ``timers`` (``wake.Idle``) and ``waiting`` (true
@@ -168,8 +180,18 @@ class Worker:
         beat_s: float = heartbeat.HEARTBEAT_S,
         metrics=None,
         drainer=None,
+        pool: str = "thread",
+        max_jobs_per_child: int | None = None,
+        max_memory_per_child: int | None = None,
+        autoscale: tuple[int, int] | None = None,
     ) -> None:
         mq = self.mq = mq if mq is not None else get_mq()
+        scale = None if autoscale is None else Autoscale(*autoscale)
+        if scale is not None:
+            concurrency = scale.low  # grows to scale.high under a backlog
+            batch = scale.high if batch is None else batch
+            max_stuck = scale.high if max_stuck is None else max_stuck
+        self.pool_kind = _pool_kind(pool, max_jobs_per_child, max_memory_per_child)
         # the commit outbox: drained before the first claim, then on a
         # thread of its own
         self._drainer = drainer
@@ -213,7 +235,11 @@ class Worker:
             max_stalls=max_stalls,
             sender=self,
             metrics=metrics,
+            make_pool=None
+            if pool == "thread"
+            else processes.maker(mq, max_jobs_per_child, max_memory_per_child),
         )
+        self.loop.scale = scale
         self.timers, self.wakeups = self.loop.idle.timers, self.loop.idle.wakeups
         self._halt = threading.Event()  # set when run() returns: helpers stop
 
@@ -299,9 +325,10 @@ class Worker:
             self._drainer.start(drain_now=False)
         start = self.processed
         log.info(
-            "worker started: queues %s, concurrency %d, lease %s ms",
+            "worker started: queues %s, concurrency %d (%s pool), lease %s ms",
             ", ".join(self.queues),
             self.concurrency,
+            self.pool_kind,
             ", ".join(f"{q}={ms}" for q, ms in self.leases.items()),
         )
         beat = heartbeat.announce(
@@ -378,6 +405,26 @@ class Worker:
                     break  # the loop reports the outage
                 except Exception:
                     log.exception("extending the lease of job %s/%s failed", job.queue, job.id)
+
+
+POOLS = ("thread", "process")
+
+
+def _pool_kind(pool, max_jobs_per_child, max_memory_per_child) -> str:
+    """``pool`` checked, with the recycling limits that only a process pool
+    takes (docs/howto/process-pool.md#recycling)."""
+    if pool not in POOLS:
+        raise ValueError(f"pool must be one of {', '.join(POOLS)}, got {pool!r}")
+    for what, value in (
+        ("max_jobs_per_child", max_jobs_per_child),
+        ("max_memory_per_child", max_memory_per_child),
+    ):
+        if value is None:
+            continue
+        if pool != "process":
+            raise ValueError(f"{what} applies to the process pool only (pool='process')")
+        _at_least(1, value, what)
+    return pool
 
 
 def _at_least(low: int, value, what: str) -> int:

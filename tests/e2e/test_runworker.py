@@ -407,3 +407,53 @@ def test_no_wait_exits_1_at_once_when_redis_is_not_up(run):
     worker = run("runworker", "q", "--no-wait", url=url)
     assert worker.wait() == 1
     assert worker.stderr().startswith(f"runworker: Redis is unreachable at {url}: ")
+
+
+def children_of(pid: int) -> list[int]:
+    """The pids of ``pid``'s child processes (Linux)."""
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [int(p) for p in f.read().split()]
+
+
+def test_pool_process_a_sigterm_to_every_process_lets_the_running_job_finish(run, mq):
+    """systemd's default stop (SIGTERM to every process of the service) is
+    one graceful stop: the handler processes ignore it, the worker finishes
+    the running job and exits 0 (docs/howto/process-pool.md#stopping)."""
+    mq.enqueue("q", "t.slow", 1.0, job_id="s")
+    worker = run("runworker", "q", "--pool", "process", "--concurrency", "2")
+    wait_for(lambda: active(mq, "s"), what="the claim")
+    children = children_of(worker.proc.pid)
+    assert len(children) == 2
+    for pid in [worker.proc.pid, *children]:
+        os.kill(pid, signal.SIGTERM)
+    assert worker.wait() == 0
+    job = mq.get_job("q", "s")
+    assert (job.state, job.result, job.attempts) == (JobState.COMPLETED, 1.0, 1)
+    assert "SIGTERM: no more claims; finishing 1 running jobs" in worker.stderr()
+    assert not any(os.path.exists(f"/proc/{pid}") for pid in children)
+
+
+def test_pool_process_a_second_signal_stops_at_once_and_ends_the_handler_process(run, mq):
+    mq.enqueue("q", "t.slow", 20.0, job_id="s")
+    worker = run("runworker", "q", "--pool", "process")
+    wait_for(lambda: active(mq, "s"), what="the claim")
+    (child,) = children_of(worker.proc.pid)
+    worker.signal(signal.SIGTERM)
+    wait_for(lambda: "SIGTERM: no more claims" in worker.stderr(), what="the first stop")
+    worker.signal(signal.SIGINT)
+    assert worker.wait() == 1
+    assert worker.stderr().splitlines()[-1] == (
+        "runworker: stopped with 1 jobs still running; their leases will expire and the pump "
+        "recovers them"
+    )
+    assert active(mq, "s")  # left to its lease
+    wait_for(lambda: not os.path.exists(f"/proc/{child}") or _zombie(child),
+             timeout=5, what="the handler process to end")  # fmt: skip
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True

@@ -11,7 +11,9 @@ one process, docs/explanation/no-polling.md). Exit status: 0 after a
 clean stop (a SIGTERM while waiting for Redis included); 1 when Redis is
 unreachable at start with ``--burst`` or ``--no-wait``, or is not what the settings
 say (a Cluster node without CLUSTER, a DB index out of range), the settings
-or a flag are wrong (``--max-jobs`` >= 1), or
+or a flag are wrong (``--max-jobs`` >= 1, ``--pool`` thread or process,
+``--max-jobs-per-child`` and ``--max-memory-per-child`` >= 1 and with
+``--pool process`` only, ``--autoscale`` MAX,MIN with MAX >= MIN >= 1), or
 the worker stopped with jobs still running (a second signal, or
 ``--shutdown-timeout`` passed): those are left to their leases, and a
 worker's timers (or the pump) recover them.
@@ -39,19 +41,35 @@ from echomq_django.core.keyspace import whole_number
 from echomq_django.logs import setup_logging
 from echomq_django.monitoring import metrics
 from echomq_django.monitoring.mirror import mirror_after_sweep
-from echomq_django.runners import periodic
+from echomq_django.runners import autoscale, periodic
 from echomq_django.runners.outage import reach_redis_at_start
 from echomq_django.runners.pump import Pump
 from echomq_django.runners.wake import BLOCK_S, SWEEP_S
-from echomq_django.runners.worker import Worker
+from echomq_django.runners.worker import POOLS, Worker
 
 # what a pump sweep moved that a next burst may run (SweepReport's counts)
 SWEEP_MOVES = ("delivered", "promoted", "recovered", "released", "scheduled")
 
 
+def pool_flags(opts) -> None:
+    """Raise ``ValueError`` (one line, naming the flag and the rule) for a bad
+    ``--pool``, ``--max-jobs-per-child``, ``--max-memory-per-child`` or
+    ``--autoscale`` (parsed in place to ``(MAX, MIN)``)."""
+    if opts["pool"] not in POOLS:
+        raise ValueError(f"--pool must be one of {', '.join(POOLS)}, got {opts['pool']!r}")
+    for flag in ("--max-jobs-per-child", "--max-memory-per-child"):
+        value = opts[flag[2:].replace("-", "_")]
+        whole_number(flag, value, 1, optional=True)
+        if value is not None and opts["pool"] != "process":
+            raise ValueError(f"{flag} applies to --pool process only")
+    if opts["autoscale"] is not None:
+        opts["autoscale"] = autoscale.parse(opts["autoscale"])
+
+
 class Command(BaseCommand):
     help = (
-        "Run the handlers of jobs claimed from QUEUE... on a pool of threads until "
+        "Run the handlers of jobs claimed from QUEUE... on a pool of threads (or of "
+        "processes, --pool process) until "
         "SIGTERM/SIGINT (the first stops claiming and finishes running jobs, a second stops "
         "at once), or until the queues are empty with --burst. --verbosity: 0 warnings "
         "only, 1 a throughput line every 5 s, 2 a line per job, 3 debug."
@@ -64,6 +82,35 @@ class Command(BaseCommand):
             type=int,
             default=1,
             help="handler threads: jobs run at once (default 1)",
+        )
+        parser.add_argument(
+            "--pool",
+            default="thread",
+            help="where handlers run: thread (handler threads, the default) or process "
+            "(pre-forked handler processes, killed past a job's time limit and replaced; "
+            "docs/howto/process-pool.md)",
+        )
+        parser.add_argument(
+            "--max-jobs-per-child",
+            type=int,
+            default=None,
+            help="with --pool process: replace a handler process after this many jobs "
+            "(count; default: no limit)",
+        )
+        parser.add_argument(
+            "--max-memory-per-child",
+            type=int,
+            default=None,
+            help="with --pool process: replace a handler process once its resident memory "
+            "passes this many MiB after a job (default: no limit)",
+        )
+        parser.add_argument(
+            "--autoscale",
+            default=None,
+            metavar="MAX,MIN",
+            help="run between MIN and MAX handlers (threads or processes): start with MIN, "
+            "double while every handler is busy and jobs wait, halve after 10 s without "
+            "(--concurrency is ignored)",
         )
         parser.add_argument(
             "--burst",
@@ -144,6 +191,10 @@ class Command(BaseCommand):
         setup_logging(opts["verbosity"])
         if opts["sweep_interval"] <= 0 or opts["pump_interval"] <= 0:
             self._exit("runworker: --sweep-interval and --pump-interval must be > 0 s")
+        try:  # before Redis: a bad flag is the first thing said
+            pool_flags(opts)
+        except ValueError as err:
+            self._exit(f"runworker: {err}")
         wait = not (opts["burst"] or opts["no_wait"])
         try:
             mq = reach_redis_at_start(wait, logging.getLogger("echomq_django.worker"))
@@ -177,6 +228,10 @@ class Command(BaseCommand):
                 max_stalls=opts["max_stalls"],
                 drainer=None if missing else Drainer(mq),
                 metrics=counters,
+                pool=opts["pool"],
+                max_jobs_per_child=opts["max_jobs_per_child"],
+                max_memory_per_child=opts["max_memory_per_child"],
+                autoscale=opts["autoscale"],
             )
         except (ValueError, ImproperlyConfigured) as err:
             self._exit(f"runworker: {err}")

@@ -1,0 +1,137 @@
+"""Thread pool against process pool, on one private redis-server, in one run
+(docs/howto/process-pool.md#how-it-works).
+
+``python -m bench.pools [--jobs 10000] [--concurrency 8] [--workers 2] [--samples 200]``
+
+- **drain**: ``--jobs`` plain jobs with a trivial handler (``bench.one``),
+  added before the clock starts, run by ``--workers`` worker processes of
+  ``--concurrency`` handlers each (``Worker(pool=...)``); from the moment
+  the waiting workers are told to start until every job is completed, in
+  jobs per second.
+- **start latency**: on one idle worker, the time from ``enqueue`` to the
+  handler's first line (``bench.stamp`` writes ``time.time()``), p50 and
+  p95 over ``--samples`` jobs added one at a time, in ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import multiprocessing
+import statistics
+import time
+
+import redis
+
+from echomq_django import handler
+from echomq_django.testing.redis_server import start_server
+
+from . import procs
+
+QUEUE = "plain"
+
+
+def _worker(url, pool, concurrency, ready, go, stop) -> None:
+    procs.setup_django(url)
+    from echomq_django import Worker
+
+    from . import handlers  # noqa: F401  (bench.one)
+
+    worker = Worker([QUEUE], concurrency=concurrency, mq=procs._mq(url), pool=pool,
+                    register=False)  # fmt: skip
+    ready.set()
+    go.wait()
+    if stop is None:
+        worker.run(burst=True)
+    else:
+        import threading
+
+        threading.Thread(target=lambda: (stop.wait(), worker.stop()), daemon=True).start()
+        worker.run()
+
+
+@functools.cache
+def _client(url: str) -> redis.Redis:
+    return redis.Redis.from_url(url)
+
+
+@handler("bench.stamp")
+def stamp(job):
+    """Records when it started (s since the epoch)."""
+    _client(job.payload["url"]).rpush("bench:stamps", repr(time.time()))
+
+
+def drain(url: str, pool: str, jobs: int, workers: int, concurrency: int) -> float:
+    """Jobs per second for ``pool``, ``jobs`` plain jobs."""
+    mq = procs._mq(url)
+    mq.client.flushall()
+    mq.enqueue_many(QUEUE, [("bench.one", {"i": i}) for i in range(jobs)])
+    ctx = multiprocessing.get_context("spawn")
+    ready = [ctx.Event() for _ in range(workers)]
+    go = ctx.Event()
+    ps = [ctx.Process(target=_worker, args=(url, pool, concurrency, r, go, None)) for r in ready]
+    for p in ps:
+        p.start()
+    for r in ready:
+        r.wait(60)
+    started = time.perf_counter()
+    go.set()
+    for p in ps:
+        p.join()
+    took = time.perf_counter() - started
+    assert mq.counts(QUEUE)["completed"] == jobs, mq.counts(QUEUE)
+    return jobs / took
+
+
+def start_latency(url: str, pool: str, samples: int) -> tuple[float, float]:
+    """p50 and p95 (ms) from enqueue to the handler's start, one idle worker."""
+    mq = procs._mq(url)
+    mq.client.flushall()
+    ctx = multiprocessing.get_context("spawn")
+    ready, go, stop = ctx.Event(), ctx.Event(), ctx.Event()
+    p = ctx.Process(target=_worker, args=(url, pool, 1, ready, go, stop))
+    p.start()
+    ready.wait(60)
+    go.set()
+    time.sleep(0.5)  # the worker blocks on its wake key: idle
+    took = []
+    for _ in range(samples):
+        before = time.time()
+        mq.enqueue(QUEUE, "bench.stamp", {"url": url})
+        _, value = mq.client.blpop(["bench:stamps"], 10)
+        took.append((float(value) - before) * 1000)
+        time.sleep(0.01)  # idle again
+    stop.set()
+    p.join(30)
+    took.sort()
+    return statistics.median(took), took[int(len(took) * 0.95) - 1]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--jobs", type=int, default=10_000)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument("--samples", type=int, default=200)
+    args = p.parse_args(argv)
+    server = start_server()
+    try:
+        procs.setup_django(server.url)
+        rates = {
+            pool: drain(server.url, pool, args.jobs, args.workers, args.concurrency)
+            for pool in ("thread", "process")
+        }
+        print(f"drain, {args.jobs} plain jobs, {args.workers} workers x {args.concurrency}:")
+        for pool, rate in rates.items():
+            print(f"  {pool:8} {rate:8.0f} jobs/s")
+        print(f"  process/thread: {rates['process'] / rates['thread']:.0%}")
+        for pool in ("thread", "process"):
+            p50, p95 = start_latency(server.url, pool, args.samples)
+            print(f"start latency, idle worker, {pool}: p50 {p50:.2f} ms, p95 {p95:.2f} ms")
+    finally:
+        server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,181 @@
+"""What runs inside a handler process (docs/howto/process-pool.md#how-it-works).
+
+A child is forked from the worker with Django set up, the settings read and
+every handler registered, so it starts in milliseconds. Right after the fork
+it lets go of what it shares with the worker without touching it: the
+database connections it inherited are dropped unclosed (closing one would
+end the worker's session on the shared socket), the file descriptors of the
+other children's pipes are closed (a child sees end-of-file when the worker
+goes), and the process's ``EchoMQ`` is forgotten (``conf.reset()``: a handler
+that adds jobs builds its own client; redis-py's pools start afresh in a new
+pid).
+
+Then it loops: read ``(job, ref)`` from its pipe, run the handler, write one
+reply. ``None`` (or end-of-file) ends the loop and the process. The reply is
+a tuple ``(kind, value, ms, rss)``: ``kind`` is ``"ok"`` (``value`` the
+result), ``"error"`` (the error text, or ``(text, delay ms)`` once the
+retry policy decided it), ``"dead"`` (the same; the job fails for good:
+``Unrecoverable``, a policy that does not retry it, or a result that cannot
+leave the child)
+or ``"postpone"`` (``value`` the ``RateLimited`` delay in ms); ``ms`` is how
+long the handler ran (ms), ``rss`` the child's resident memory after the job
+(bytes).
+
+Signals: SIGINT is ignored (a terminal's Ctrl-C reaches the whole process
+group; the worker decides how its jobs end). SIGTERM ends the child only
+when the worker asked for it (it sets the child's kill flag first: a handler
+past its time limit); a SIGTERM sent to every process of a service (systemd's
+default ``KillMode=control-group``) is ignored, so a graceful stop lets the
+running job finish, as on the thread pool.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import pickle
+import resource
+import signal
+import time
+
+from django.db import close_old_connections, connections
+
+from ... import conf
+from ...core.exceptions import RateLimited, Unrecoverable
+from ...handlers import get_handler, runs_sync
+from ..pool import error_text
+from ..reporter import Finished, decided
+
+_INHERITED: list = []  # the worker's DB connections, kept unclosed until os._exit
+_KILL: list = [None]  # this child's kill flag (set by main)
+PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def handler_ref(func) -> str:
+    """``"module:qualname"`` of a registered handler (the function under an
+    ``async def`` handler's sync wrapper): how a child finds a handler its
+    registry does not hold."""
+    func = getattr(func, "__wrapped__", func)
+    module = getattr(func, "__module__", None) or "?"
+    return f"{module}:{getattr(func, '__qualname__', repr(func))}"
+
+
+def rss_bytes() -> int:
+    """This process's resident memory now (bytes): ``/proc/self/statm`` on
+    Linux, else its peak (``getrusage``, KiB there)."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * PAGE
+    except (OSError, ValueError, IndexError):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def main(conn, kill_flag, close_fds, source) -> None:
+    """The child's life (``multiprocessing`` target, fork context):
+    ``conn`` its end of the pipe, ``kill_flag`` a shared one-byte map the
+    worker sets before a SIGTERM meant for this child, ``close_fds`` the
+    inherited descriptors to close, ``source`` the worker's ``EchoMQ`` (a
+    job's lazy reads, e.g. ``children_values()``, go through the child's
+    copy of it)."""
+    _KILL[0] = kill_flag
+    _after_fork(kill_flag, close_fds)
+    while True:
+        try:
+            item = conn.recv()
+        except (EOFError, OSError):
+            return  # the worker is gone
+        if item is None:
+            return
+        job, ref = item
+        job._mq = source
+        reply = run_one(job, ref, source)
+        try:
+            conn.send(reply)
+        except (pickle.PicklingError, TypeError, AttributeError) as exc:
+            conn.send(("dead", f"PayloadError: the result cannot leave the handler process: "
+                       f"{type(exc).__name__}: {exc}", reply[2], rss_bytes()))  # fmt: skip
+        except (BrokenPipeError, OSError):
+            return
+        if kill_flag[0]:
+            return  # asked to go while the handler ran; it caught the SIGTERM
+
+
+def _after_fork(kill_flag, close_fds) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    def on_term(signum, frame):
+        if kill_flag[0]:
+            raise SystemExit(f"the worker ended this handler process (signal {signum})")
+
+    signal.signal(signal.SIGTERM, on_term)
+    for fd in close_fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    for alias in connections:
+        db = connections[alias]
+        if db.connection is not None:
+            _INHERITED.append(db.connection)  # never closed here: the worker's socket
+            db.connection = None
+    conf.reset()
+
+
+def _find(name: str, ref: str):
+    """The handler of job ``name`` as the worker has it (``ref``): this
+    process's registered one when it is the same function, else imported
+    by its module and qualified name. Raises ``ImportError`` (or what the
+    import raised) when it cannot be found here."""
+    func = get_handler(name)
+    if func is not None and handler_ref(func) == ref:
+        return func
+    module, _, qualname = ref.partition(":")
+    if "<locals>" in qualname:
+        raise ImportError(
+            f"the handler of job name {name!r} ({ref}) is a nested function: a handler "
+            "process cannot import it (define it at the top of a module)"
+        )
+    obj = importlib.import_module(module)  # its @handler may register it here
+    func = get_handler(name)
+    if func is not None and handler_ref(func) == ref:
+        return func
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return runs_sync(obj)
+
+
+def run_one(job, ref: str, source=None) -> tuple:
+    """Run the handler of ``job`` (found by ``ref``); the reply tuple (see
+    the module). A failed attempt is decided here, by the job's retry policy
+    with the exception in hand (docs/howto/retries.md; ``source``'s queue
+    settings): its value is then ``(error text, delay ms or None)``. Never
+    raises but for ``SystemExit`` from the worker's kill."""
+    started = time.perf_counter()
+    try:
+        close_old_connections()
+        try:
+            func = _find(job.name, ref)
+        except Exception as exc:
+            text = error_text(exc, below_caller=True)
+            head = f"{type(exc).__name__}: the handler of job name {job.name!r} ({ref}) " \
+                   "cannot be imported in the handler process: "  # fmt: skip
+            kind, value = "error", head + text.split(": ", 1)[-1]
+        else:
+            kind, value = "ok", func(job)
+    except Unrecoverable as exc:
+        kind, value = "dead", error_text(exc, below_caller=True)
+    except RateLimited as exc:
+        kind, value = "postpone", exc.retry_after_ms
+    except BaseException as exc:
+        if isinstance(exc, SystemExit) and _KILL[0] is not None and _KILL[0][0]:
+            raise  # the worker's SIGTERM: this process ends (the attempt was failed)
+        kind, value = "error", error_text(exc, below_caller=True)
+        if source is not None:
+            f = decided(Finished(job, error=value), exc, source.queues, source.wire.backoff_cap_ms)
+            kind, value = ("dead" if f.dead else "error"), (f.error, f.delay_ms)
+    finally:
+        try:
+            close_old_connections()
+        except Exception:
+            pass
+    return kind, value, (time.perf_counter() - started) * 1000, rss_bytes()

@@ -1,0 +1,427 @@
+"""The process pool: ``size`` pre-forked handler processes that the worker
+feeds job by job over pipes (docs/howto/process-pool.md#how-it-works).
+
+The worker keeps claiming and reporting as on the thread pool (the same
+loop, the same batches); only the handler call moves into a child process
+(``child.py``). One supervisor thread per pool blocks on every child's pipe
+and every child's exit at once (a selector; a self-pipe wakes it for a
+new job or a kill): no polling.
+
+Why ``fork`` (``multiprocessing``'s fork context) and not ``forkserver``:
+a forked child starts in milliseconds with Django already set up, the
+settings as the worker read them and every handler the worker registered,
+wherever it was registered; a forkserver child would run ``django.setup()``
+again and miss handlers registered outside an app's ``jobs`` module. The
+known risk of forking a process with threads (a lock held by another thread
+at the fork) is kept away from the child: it never uses the worker's Redis
+client, queues or locks; logging re-creates its locks at a fork; its
+database connections are dropped unclosed (``child.py``).
+
+What can happen to a child, and what its job gets (the decisions are in
+``docs/howto/process-pool.md``):
+
+* it replies: the reply becomes a ``Finished`` for the reporter; then, past
+  ``max_jobs_per_child`` jobs or ``max_memory_per_child`` bytes of resident
+  memory, it is sent away (it exits after that job) and a fresh child forks;
+* its job passes its time limit (``Timeouts`` calls ``write_off``): the
+  attempt fails as timed out at once, the child gets SIGTERM (its kill flag
+  set first, so its ``finally`` blocks run) and SIGKILL ``TERM_GRACE_S``
+  later if still there; a fresh child takes its place at once;
+* it dies while running a job (a segfault, ``os._exit``, the kernel's
+  out-of-memory killer): that attempt alone fails, with an error naming the
+  exit code or the signal; a fresh child takes its place;
+* the job's handler is not registered in the worker: the job fails with the
+  unknown-name error without a child.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import mmap
+import multiprocessing
+import os
+import selectors
+import signal
+import threading
+import time
+from collections import deque
+
+from ...core.jobs import Job
+from ...handlers import get_handler
+from ..pool import unknown_name_error
+from ..reporter import Finished
+from . import child as child_module
+
+log = logging.getLogger("echomq_django.worker")
+
+TERM_GRACE_S = 0.5  # SIGTERM to SIGKILL, for a child past its job's time limit (s)
+MIB = 1 << 20
+CONTEXT = multiprocessing.get_context("fork")
+
+
+def death_text(pid: int, code: int | None) -> str:
+    """The error of a job whose handler process died under it: names the
+    exit code, or the signal (a SIGKILL may be the out-of-memory killer)."""
+    if code is not None and code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        why = f"was ended by signal {name} ({-code})"
+        if -code == signal.SIGKILL:
+            why += " (the kernel's out-of-memory killer sends SIGKILL too)"
+    else:
+        why = f"exited with exit code {code}"
+    return (
+        f"HandlerProcessDied: the handler process (pid {pid}) {why} while it ran this job; "
+        "a fresh handler process took its place"
+    )
+
+
+class _Child:
+    """One handler process and what the supervisor knows of it."""
+
+    __slots__ = ("conn", "done", "flag", "job", "jobs", "kill_at", "pid", "proc", "why")
+
+    def __init__(self, proc, conn, flag) -> None:
+        self.proc, self.conn, self.flag, self.pid = proc, conn, flag, proc.pid
+        self.job: Job | None = None  # running now
+        self.done = None  # the run's queue of finished jobs, for this job
+        self.jobs = 0  # jobs it finished
+        self.kill_at: float | None = None  # SIGKILL due (monotonic) after a SIGTERM
+        self.why = ""  # why it was sent away (recycling), for the log
+
+
+class ProcessPool:
+    """``size`` handler processes (see the module).
+
+    ``name``: the supervisor thread's name; ``timeouts``: the worker's
+    ``Timeouts`` (a job's limit starts when a child gets it);
+    ``time_limits``: ``{queue: TIMEOUT_MS or None}``; ``source``: the
+    worker's ``EchoMQ`` (a child's jobs read through its copy);
+    ``max_jobs_per_child`` (count) and ``max_memory_per_child`` (bytes):
+    recycling, None for none. ``start(job, done)``, ``write_off(job)``,
+    ``resize(n)``, ``shutdown(wait)``; ``size``, ``pids()``, ``busy``,
+    ``leaving``, ``recycled``
+    (children sent away after their quota), ``replaced`` (children that
+    died or were killed, replaced).
+    """
+
+    kind = "process"
+
+    def __init__(
+        self,
+        size: int,
+        name: str,
+        *,
+        timeouts,
+        time_limits: dict,
+        source=None,
+        max_jobs_per_child: int | None = None,
+        max_memory_per_child: int | None = None,
+    ) -> None:
+        self.size, self.name = size, name
+        self._timeouts, self._limits, self._source = timeouts, time_limits, source
+        self.max_jobs, self.max_rss = max_jobs_per_child, max_memory_per_child
+        self._lock = threading.Lock()
+        self._working: list[_Child] = []  # in the pool: idle or running a job
+        self._leaving: list[_Child] = []  # killed or sent away, not reaped yet
+        self._backlog: deque = deque()  # (job, done) waiting for an idle child
+        self._warned: set[str] = set()
+        self._closing = self._abandon = False
+        self.recycled = self.replaced = 0
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)
+        os.set_blocking(self._wake_r, False)
+        # every child's pipe and exit, and the wake-up: registered at the
+        # fork, dropped at the reap (a selector per wait costs a
+        # registration per child per job)
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
+        with self._lock:
+            self._top_up()
+        self._thread = threading.Thread(target=self._supervise, name=name, daemon=True)
+        self._thread.start()
+
+    # -- called by the claiming loop and the time limits ----------------------
+    def start(self, job: Job, done) -> None:
+        """Run ``job``'s handler in a child; its ``Finished`` (or None, for
+        an attempt already failed as timed out) goes to ``done``."""
+        func = get_handler(job.name)
+        if func is None:
+            error = unknown_name_error(job.name)
+            if job.name not in self._warned:
+                self._warned.add(job.name)
+                log.warning("%s", error)
+            done.put(Finished(job, error=error))
+            return
+        with self._lock:
+            idle = self._idle()
+            if idle is None:
+                self._backlog.append((job, done, child_module.handler_ref(func)))
+            else:
+                self._send(idle, job, done, child_module.handler_ref(func))
+
+    def write_off(self, job: Job) -> str:
+        """``job`` ran past its time limit: its child is ended (SIGTERM, then
+        SIGKILL after ``TERM_GRACE_S``) and replaced at once. Returns what
+        the timeout error says became of the handler."""
+        with self._lock:
+            ended = next((c for c in self._working if c.job is job), None)
+            if ended is not None:
+                self._working.remove(ended)
+                self._leaving.append(ended)
+                self._end(ended)
+        if ended is not None:
+            # not stuck: SIGKILL ends it within the grace whatever it does, so
+            # max_stuck (a thread pool's way out) never stops this worker
+            self._timeouts.settle(job)
+        self._wake()
+        return "its handler process was ended (SIGTERM, then SIGKILL)"
+
+    def resize(self, size: int) -> None:
+        """Run ``size`` (>= 1) children: more fork at once; idle ones beyond
+        it are sent away (busy ones once their job is done)."""
+        with self._lock:
+            self.size = size
+        self._wake()
+
+    def pids(self) -> list[int]:
+        """The pids of the children in the pool now (not those leaving)."""
+        with self._lock:
+            return [c.pid for c in self._working]
+
+    @property
+    def leaving(self) -> int:
+        """Children ended or sent away and not reaped yet."""
+        with self._lock:
+            return len(self._leaving)
+
+    @property
+    def busy(self) -> int:
+        """Children running a job now."""
+        with self._lock:
+            return sum(c.job is not None for c in self._working)
+
+    def shutdown(self, wait: bool) -> None:
+        """Drop the jobs waiting for a child (their leases cover them); each
+        child exits once its job is done. ``wait``: join them; else children
+        still running a job are ended (SIGTERM, SIGKILL after the grace,
+        waited for that long at most), as a thread pool's are when the
+        process exits."""
+        with self._lock:
+            self._backlog.clear()
+            self._closing, self._abandon = True, not wait
+        self._wake()
+        # without wait, within the grace: the process may exit right after,
+        # and a child still in its job must be gone by then
+        self._thread.join(None if wait else TERM_GRACE_S + 0.5)
+
+    # -- the supervisor thread ------------------------------------------------
+    def _supervise(self) -> None:
+        while True:
+            with self._lock:
+                self._tend()
+                if self._closing and not self._working and not self._leaving:
+                    break
+                kills = [c.kill_at for c in self._leaving if c.kill_at is not None]
+                timeout = max(0.0, min(kills) - time.monotonic()) if kills else None
+            replies, exits = [], []
+            for key, _ in self._selector.select(timeout):
+                if key.data is None:
+                    try:
+                        os.read(self._wake_r, 4096)
+                    except BlockingIOError:
+                        pass
+                else:
+                    (replies if key.data[0] == "reply" else exits).append(key.data[1])
+            for c in replies:
+                self._read(c)
+            for c in exits:  # after the replies: one sent before the exit counts
+                self._reap(c)
+        self._selector.close()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+
+    def _tend(self) -> None:
+        """Under the lock: SIGKILL what outlived its grace, send away idle
+        children beyond ``size`` (all of them when closing), fork up to
+        ``size``, hand waiting jobs to idle children."""
+        now = time.monotonic()
+        for c in self._leaving:
+            if c.kill_at is not None and now >= c.kill_at:
+                c.proc.kill()
+                c.kill_at = None
+        for c in list(self._working):
+            excess = self._closing or len(self._working) > self.size
+            if c.job is None and excess:
+                self._send_away(c, "")
+            elif c.job is not None and self._closing and self._abandon:
+                self._working.remove(c)
+                self._leaving.append(c)
+                self._end(c)
+        if not self._closing:
+            self._top_up()
+        while self._backlog:
+            idle = self._idle()
+            if idle is None:
+                break
+            self._send(idle, *self._backlog.popleft())
+
+    def _read(self, c: _Child) -> None:
+        """A child's pipe is readable: its reply, or end-of-file (its death,
+        handled by ``_reap``)."""
+        try:
+            kind, value, ms, rss = c.conn.recv()
+        except (EOFError, OSError):
+            return
+        with self._lock:
+            job, done = c.job, c.done
+            c.job = c.done = None
+            if job is None or c.flag[0]:
+                return  # killed past its time limit: the attempt was failed already
+            c.jobs += 1
+            if self.max_jobs is not None and c.jobs >= self.max_jobs:
+                self._send_away(c, f"after {c.jobs} jobs (max_jobs_per_child)")
+            elif self.max_rss is not None and rss > self.max_rss:
+                self._send_away(c, f"at {rss / MIB:.0f} MiB resident (max_memory_per_child "
+                                   f"{self.max_rss / MIB:.0f} MiB)")  # fmt: skip
+        if not self._timeouts.settle(job):
+            done.put(None)
+            return
+        finished = Finished(job, ms=ms)
+        if kind == "ok":
+            finished.result = value
+        elif kind == "postpone":
+            finished.postpone_ms = value
+        else:
+            if type(value) is tuple:  # decided by the retry policy in the child
+                value, finished.delay_ms = value
+            finished.error, finished.dead = value, kind == "dead"
+        done.put(finished)
+
+    def _reap(self, c: _Child) -> None:
+        """A child exited: a reply still in its pipe first, then its job (if
+        any) fails with the exit code or signal; it leaves the pool."""
+        if c.job is not None and not c.flag[0] and self._poll(c):
+            self._read(c)  # one reply per job at most
+        c.proc.join()
+        code, ended = c.proc.exitcode, bool(c.flag[0])
+        self._selector.unregister(c.conn)
+        self._selector.unregister(c.proc.sentinel)
+        c.proc.close()  # its sentinel's descriptor goes now, not at a collection
+        with self._lock:
+            job, done = c.job, c.done
+            c.job = c.done = None
+            for where in (self._working, self._leaving):
+                if c in where:
+                    where.remove(c)
+                    if where is self._working and not self._closing:
+                        self.replaced += 1
+            c.conn.close()
+            c.flag.close()
+        if c.why:
+            log.info("handler process %d recycled %s", c.pid, c.why)
+        if job is None:
+            return
+        if ended or not self._timeouts.settle(job):
+            done.put(None)  # ended past its time limit: failed already; the loop rechecks
+            return
+        error = death_text(c.pid, code)
+        log.warning("job %s/%s (%s): %s", job.queue, job.id, job.name, error)
+        done.put(Finished(job, error=error))
+
+    @staticmethod
+    def _poll(c: _Child) -> bool:
+        try:
+            return c.conn.poll()
+        except (EOFError, OSError):
+            return False
+
+    # -- under the lock -------------------------------------------------------
+    def _idle(self) -> _Child | None:
+        for c in self._working:
+            if c.job is None:
+                return c
+        return None
+
+    def _send(self, c: _Child, job: Job, done, ref: str) -> None:
+        c.job, c.done = job, done
+        self._timeouts.start(job, job.timeout_ms or self._limits.get(job.queue))
+        sent = copy.copy(job)
+        sent._mq, sent._cache = None, {}
+        try:
+            c.conn.send((sent, ref))
+        except (OSError, ValueError):
+            pass  # it died: its exit fails the job (_reap)
+
+    def _send_away(self, c: _Child, why: str) -> None:
+        """``c`` finishes (it is idle) and exits; a fresh one forks if needed."""
+        self._working.remove(c)
+        self._leaving.append(c)
+        c.why = why
+        try:
+            c.conn.send(None)
+        except (OSError, ValueError):
+            pass
+        if why:
+            self.recycled += 1
+
+    def _end(self, c: _Child) -> None:
+        """SIGTERM ``c`` (its kill flag set first, so it does not ignore
+        it); SIGKILL follows after ``TERM_GRACE_S``."""
+        c.flag[0] = 1
+        c.kill_at = time.monotonic() + TERM_GRACE_S
+        try:
+            os.kill(c.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+
+    def _top_up(self) -> None:
+        while len(self._working) < self.size:
+            self._working.append(self._fork())
+
+    def _fork(self) -> _Child:
+        parent_end, child_end = CONTEXT.Pipe(duplex=True)
+        flag = mmap.mmap(-1, 1)  # shared with the child: MAP_SHARED
+        inherited = [self._wake_r, self._wake_w, parent_end.fileno()]
+        for c in self._working + self._leaving:
+            inherited += [c.conn.fileno(), c.proc.sentinel]
+        proc = CONTEXT.Process(
+            target=child_module.main,
+            args=(child_end, flag, inherited, self._source),
+            name=f"{self.name}-child",
+            daemon=True,
+        )
+        proc.start()
+        child_end.close()
+        c = _Child(proc, parent_end, flag)
+        self._selector.register(parent_end, selectors.EVENT_READ, ("reply", c))
+        self._selector.register(proc.sentinel, selectors.EVENT_READ, ("exit", c))
+        return c
+
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"x")
+        except (BlockingIOError, OSError):
+            pass  # a wake-up is pending already (or the pool is closed)
+
+
+def maker(source, max_jobs_per_child: int | None = None, max_memory_mb: int | None = None):
+    """The ``make_pool(loop, name)`` a ``ClaimLoop`` calls at each run's
+    start for a process pool of ``loop.concurrency`` children; ``source``:
+    the worker's ``EchoMQ``; ``max_memory_mb`` in MiB (2**20 bytes)."""
+
+    def make(loop, name: str) -> ProcessPool:
+        return ProcessPool(
+            loop.concurrency,
+            name,
+            timeouts=loop.timeouts,
+            time_limits=loop.time_limits,
+            source=source,
+            max_jobs_per_child=max_jobs_per_child,
+            max_memory_per_child=None if max_memory_mb is None else max_memory_mb * MIB,
+        )
+
+    return make
