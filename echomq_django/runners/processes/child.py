@@ -43,6 +43,7 @@ from django.db import close_old_connections, connections
 from ... import conf
 from ...core.exceptions import RateLimited, Unrecoverable
 from ...handlers import get_handler, runs_sync
+from ...tracing.spans import attempt
 from ..pool import error_text
 from ..reporter import Finished, decided
 
@@ -161,7 +162,7 @@ def run_one(job, ref: str, source=None) -> tuple:
                    "cannot be imported in the handler process: "  # fmt: skip
             kind, value = "error", head + text.split(": ", 1)[-1]
         else:
-            kind, value = "ok", func(job)
+            kind, value = "ok", attempt(func, job)  # in a span when traced
     except Unrecoverable as exc:
         kind, value = "dead", error_text(exc, below_caller=True)
     except RateLimited as exc:
