@@ -5,6 +5,7 @@ worker.py's docstring).
 
 from __future__ import annotations
 
+import difflib
 import logging
 import queue as _queue
 import threading
@@ -53,7 +54,7 @@ def error_text(exc: BaseException, below_caller: bool = False) -> str:
 
 def unknown_name_error(name: str) -> str:
     """The error of a job whose name has no handler: names it and the
-    registered ones (the first ``NAMES_SHOWN``). A Django ``@task`` job
+    registered ones (the first ``NAMES_SHOWN``, the closest to it first). A Django ``@task`` job
     (``echomq_django.task``) says what is true instead: this worker process
     has no tasks backend loaded (it started before the framework was
     importable, or without it), and what to do.
@@ -61,6 +62,8 @@ def unknown_name_error(name: str) -> str:
     if name == TASK_JOB_NAME:
         return _no_tasks_backend_error()
     names = registered()
+    close = difflib.get_close_matches(name, names, n=NAMES_SHOWN, cutoff=0.5)
+    names = close + [n for n in names if n not in close]  # the likeliest typo first
     shown = ", ".join(names[:NAMES_SHOWN]) or "(none)"
     if len(names) > NAMES_SHOWN:
         shown += f", ... ({len(names) - NAMES_SHOWN} more)"
