@@ -25,16 +25,12 @@
 local row, logs = KEYS[1], KEYS[2]
 local queue, id, token = ARGV[1], ARGV[2], ARGV[3]
 local keep = tonumber(ARGV[4])
+-- @include lib/lease.lua
 
 local f = redis.call('HMGET', row, 'state', 'lease')
-if not f[1] then
-  return redis.error_reply('EMQNOJOB ' .. queue .. ' ' .. id)
-end
-if f[1] ~= 'active' then
-  return redis.error_reply('EMQSTATE ' .. queue .. ' ' .. id .. ' ' .. f[1])
-end
-if f[2] ~= token then
-  return redis.error_reply('EMQLEASE ' .. queue .. ' ' .. id)
+local refused = lease_refused(queue, id, f[1], f[2], token)
+if refused then
+  return refused
 end
 local n = redis.call('RPUSH', logs, ARGV[5])
 if n > keep then

@@ -198,6 +198,27 @@ local function announce(id, parent, pq)
   end
 end
 
+-- A child's link to its parent, appended to `t` as field, value pairs (a
+-- row stores the parent queue only when it differs, the policy only when it
+-- is not 'fp', the parent's incarnation only when known: compact rows).
+local function parent_fields(t, parent, pq, policy, pinc)
+  t[#t + 1] = 'parent'
+  t[#t + 1] = parent
+  if pq ~= queue then
+    t[#t + 1] = 'parent_queue'
+    t[#t + 1] = pq
+  end
+  if policy ~= 'fp' then
+    t[#t + 1] = 'parent_policy'
+    t[#t + 1] = policy
+  end
+  if pinc ~= '' then
+    t[#t + 1] = 'parent_inc'
+    t[#t + 1] = pinc
+  end
+  return t
+end
+
 -- pass 2: write
 local claimable = {}
 local silent = 0  -- same-queue leaves written: they emit no event of their own
@@ -222,20 +243,7 @@ while i <= #a do
     shared[#shared + 1] = bo
   end
   if parent ~= '' then
-    shared[#shared + 1] = 'parent'
-    shared[#shared + 1] = parent
-    if pq ~= queue then
-      shared[#shared + 1] = 'parent_queue'
-      shared[#shared + 1] = pq
-    end
-    if policy ~= 'fp' then
-      shared[#shared + 1] = 'parent_policy'
-      shared[#shared + 1] = policy
-    end
-    if pinc ~= '' then
-      shared[#shared + 1] = 'parent_inc'
-      shared[#shared + 1] = pinc
-    end
+    parent_fields(shared, parent, pq, policy, pinc)
   end
   if inc ~= '' then
     shared[#shared + 1] = 'inc'
@@ -264,20 +272,7 @@ while i <= #a do
           v = why, i = (pinc ~= '') and pinc or nil}))
       end
     elseif opts.dep then
-      local link = {'parent', parent}
-      if pq ~= queue then
-        link[#link + 1] = 'parent_queue'
-        link[#link + 1] = pq
-      end
-      if policy ~= 'fp' then
-        link[#link + 1] = 'parent_policy'
-        link[#link + 1] = policy
-      end
-      if pinc ~= '' then
-        link[#link + 1] = 'parent_inc'
-        link[#link + 1] = pinc
-      end
-      redis.call('HSET', row, unpack(link))
+      redis.call('HSET', row, unpack(parent_fields({}, parent, pq, policy, pinc)))
       announce(id, parent, pq)  -- finished already: counts at once (guarded)
     elseif deduped[id] then
       local why = 'deduplicated: job ' .. deduped[id] .. ' holds key ' .. opts.k

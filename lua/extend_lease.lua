@@ -21,16 +21,12 @@
 local row, active = KEYS[1], KEYS[2]
 local queue, id, token = ARGV[1], ARGV[2], ARGV[3]
 local deadline = tonumber(ARGV[4]) + tonumber(ARGV[5])
+-- @include lib/lease.lua
 
 local f = redis.call('HMGET', row, 'state', 'lease', 'cancel')
-if not f[1] then
-  return redis.error_reply('EMQNOJOB ' .. queue .. ' ' .. id)
-end
-if f[1] ~= 'active' then
-  return redis.error_reply('EMQSTATE ' .. queue .. ' ' .. id .. ' ' .. f[1])
-end
-if f[2] ~= token then
-  return redis.error_reply('EMQLEASE ' .. queue .. ' ' .. id)
+local refused = lease_refused(queue, id, f[1], f[2], token)
+if refused then
+  return refused
 end
 if f[3] then
   return redis.error_reply('EMQCANCELLED ' .. queue .. ' ' .. id)

@@ -25,16 +25,12 @@
 local row, events = KEYS[1], KEYS[2]
 local queue, id, token, value = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 -- @include lib/emit.lua
+-- @include lib/lease.lua
 
 local f = redis.call('HMGET', row, 'state', 'lease')
-if not f[1] then
-  return redis.error_reply('EMQNOJOB ' .. queue .. ' ' .. id)
-end
-if f[1] ~= 'active' then
-  return redis.error_reply('EMQSTATE ' .. queue .. ' ' .. id .. ' ' .. f[1])
-end
-if f[2] ~= token then
-  return redis.error_reply('EMQLEASE ' .. queue .. ' ' .. id)
+local refused = lease_refused(queue, id, f[1], f[2], token)
+if refused then
+  return refused
 end
 redis.call('HSET', row, 'progress', value)
 emit_to(events, 'progress', id, 'p', value)

@@ -261,14 +261,7 @@ def plan(root: Flow, encode, expiring: dict | None = None) -> Plan:
                 if queue not in queues:
                     queues.add(validate_queue(queue))
                 if name not in names:
-                    if type(name) is not str or not name:
-                        raise FlowError(
-                            f"flow node {queue}/{ids[0]} needs a job name (the handler)"
-                        )
-                    try:
-                        names.add(validate_name(name))
-                    except ValueError as err:
-                        raise FlowError(f"flow node {queue}/{ids[0]}: {err}") from None
+                    names.add(_node_name(name, queue, ids[0]))
                 payloads = list(map(encode, map(_payload, flows)))
                 objects.update(map(id, flows))
                 kids.extend(zip(repeat(queue), ids))
@@ -323,14 +316,7 @@ def plan(root: Flow, encode, expiring: dict | None = None) -> Plan:
                     job_id = f"{prefix}{serial:x}"
                     serial += 1
                 if name not in names:  # validated once per name: flows share a few
-                    if type(name) is not str or not name:
-                        raise FlowError(
-                            f"flow node {queue}/{job_id} needs a job name (the handler)"
-                        )
-                    try:
-                        names.add(validate_name(name))
-                    except ValueError as err:
-                        raise FlowError(f"flow node {queue}/{job_id}: {err}") from None
+                    names.add(_node_name(name, queue, job_id))
                 if type(children) is not list and not isinstance(children, list | tuple):
                     raise FlowError(
                         f"children of {queue}/{job_id} must be a list of Flow, "
@@ -436,3 +422,14 @@ def _plain_leaves(flows: list, objects: set) -> tuple[str, str] | None:
     if len(ids) != n or not objects.isdisjoint(ids):
         return None
     return first[0], first[2]
+
+
+def _node_name(name, queue: str, job_id: str) -> str:
+    """``name`` when it is a valid job name; ``FlowError`` naming the node
+    ``queue/job_id`` and the rule otherwise."""
+    if type(name) is not str or not name:
+        raise FlowError(f"flow node {queue}/{job_id} needs a job name (the handler)")
+    try:
+        return validate_name(name)
+    except ValueError as err:
+        raise FlowError(f"flow node {queue}/{job_id}: {err}") from None

@@ -1,0 +1,24 @@
+--[[
+  lib/lease.lua: the check every write under a running job's lease makes
+  first (docs/explanation/protocol.md#progress-and-log-lines), inlined by the
+  script loader where `@include lib/lease.lua` appears (extend_lease,
+  report_progress, append_log). Local definitions only; no key is touched.
+
+  lease_refused(queue, id, state, lease, token): the error reply when the row
+  is missing (`state` false: EMQNOJOB), not active (EMQSTATE <state>) or held
+  under another lease (`lease` ~= `token`: EMQLEASE); nil when the write may
+  go on.
+]]
+
+local function lease_refused(queue, id, state, lease, token)
+  if not state then
+    return redis.error_reply('EMQNOJOB ' .. queue .. ' ' .. id)
+  end
+  if state ~= 'active' then
+    return redis.error_reply('EMQSTATE ' .. queue .. ' ' .. id .. ' ' .. state)
+  end
+  if lease ~= token then
+    return redis.error_reply('EMQLEASE ' .. queue .. ' ' .. id)
+  end
+  return nil
+end
