@@ -219,8 +219,13 @@ def test_an_unknown_job_name_fails_cleanly_and_the_worker_goes_on(mq, caplog):
         "UnknownJobName: no handler is registered for job name 't.nope'; registered: "
     )
     # the closest names first, whatever else other tests registered
+    import difflib
+
+    from echomq_django.handlers import registered
+
+    close = difflib.get_close_matches("t.nope", registered(), n=50, cutoff=0.5)
     listed = job.error.split("; registered: ")[1].split(", ")
-    assert "t.echo" in listed[:3] and "api.call" not in listed[:3]
+    assert "t.echo" in close and listed[: len(close)] == close
     assert mq.get_job("q", "e").result == "after"
     assert processed == 3
     # one warning for the name, one for the death
