@@ -285,16 +285,8 @@ while i <= #a do
       end
     elseif skip[id] and parent ~= '' then
       if adopt[id] then
-        local link = {'parent', parent}
-        if pq ~= queue then
-          link[#link + 1] = 'parent_queue'
-          link[#link + 1] = pq
-        end
-        if policy ~= 'fp' then
-          link[#link + 1] = 'parent_policy'
-          link[#link + 1] = policy
-        end
-        redis.call('HSET', row, unpack(link))
+        -- the row keeps its own incarnation mark: no parent_inc here
+        redis.call('HSET', row, unpack(parent_fields({}, parent, pq, policy, '')))
       end
       -- under its parent again (docs/explanation/lifecycle.md), and under this incarnation of
       -- it (a parent landed fresh has a new one): a cancel mark a removed
