@@ -13,7 +13,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 # redis-server is needed unless ECHOMQ_URL names a Redis to use
-NEED_REDIS=$([ -z "${ECHOMQ_URL:-}" ] && echo 1 || echo 0) EXTRAS="[django-redis]" source scripts/setup.sh
+NEED_REDIS=$([ -z "${ECHOMQ_URL:-}" ] && echo 1 || echo 0) EXTRAS="[django-redis,tasks]" source scripts/setup.sh
 
 # A package install may start a system Redis service; the demo ignores it
 # and starts its own server on a free port.
