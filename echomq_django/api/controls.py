@@ -13,7 +13,8 @@ from django.conf import settings
 
 from ..conf import config, get_mq
 from ..handlers import registered
-from ..runners.periodic import Entry, entries, problems, unpaused
+from ..protocol.control.schedules import unpaused
+from ..runners.periodic import Entry, entries, problems
 
 
 def set_concurrency(queue: str, n: int | None) -> None:

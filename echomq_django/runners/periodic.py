@@ -406,15 +406,12 @@ class Scheduler:
 
 def runtime_entries(mq, queues, fixed: list[Entry]) -> list[Entry]:
     """The run-time entries (``emq.schedules``) of ``queues`` as ``Entry``
-    objects, paused ones left out; one whose name a settings entry in ``fixed`` has, or that no
-    longer passes the checks here (croniter missing), is left out with a
-    WARNING. Raises ``RedisUnavailable``."""
+    objects, paused ones left out; one whose name a settings entry in
+    ``fixed`` has, or that no longer passes the checks here (croniter
+    missing), is left out with a WARNING. Raises ``RedisUnavailable``."""
     taken, out = {e.key for e in fixed}, []
-    for queue, found in mq.schedule_store.read(queues).items():
-        for key, stored in found.items():
-            spec, paused = unpaused(stored)
-            if paused:
-                continue
+    for queue, found in mq.schedule_store.read(queues, running_only=True).items():
+        for key, spec in found.items():
             try:
                 if key in taken:
                     raise ImproperlyConfigured("ECHOMQ['SCHEDULE'] has an entry of that name")
@@ -422,14 +419,6 @@ def runtime_entries(mq, queues, fixed: list[Entry]) -> list[Entry]:
             except ImproperlyConfigured as err:
                 log.warning("run-time periodic entry %s on %s left out: %s", key, queue, err)
     return out
-
-
-def unpaused(stored: dict) -> tuple[dict, bool]:
-    """A stored run-time entry (``mq.schedule_store``) as ``(its spec, as
-    ``SCHEDULE`` holds one, whether it is paused)``: a paused entry keeps
-    ``"paused": true`` beside its spec (docs/howto/periodic.md#schedules-at-run-time)."""
-    spec = {k: v for k, v in stored.items() if k != "paused"}
-    return spec, bool(stored.get("paused"))
 
 
 def without_a_pump(mq, queues: list[str]) -> list[Entry]:
