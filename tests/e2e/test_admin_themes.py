@@ -14,8 +14,11 @@ from playwright.sync_api import expect
 from echomq_django.admin.pages import job_url
 from tests.e2e.test_admin_dashboard import URL as DASHBOARD
 from tests.e2e.test_admin_dashboard import workload  # noqa: F401  (a fixture)
-from tests.e2e.test_admin_flow_graph import QUEUE, ROOT
-from tests.e2e.test_admin_flow_graph import graph  # noqa: F401  (a fixture)
+from tests.e2e.test_admin_flow_graph import (
+    QUEUE,
+    ROOT,
+    graph,  # noqa: F401  (a fixture)
+)
 
 pytestmark = pytest.mark.e2e
 
