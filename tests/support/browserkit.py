@@ -84,12 +84,13 @@ class AdminBrowser:
         assert response is not None and response.status == 200, (path, response and response.status)
         return self.page
 
-    def shot(self, name: str) -> None:
-        """A full-page PNG ``name.png`` in ``$ECHOMQ_SCREENSHOTS`` (when set)."""
+    def shot(self, name: str, full_page: bool = True) -> None:
+        """A PNG ``name.png`` in ``$ECHOMQ_SCREENSHOTS`` (when set): the
+        whole page, or what the viewport shows (``full_page`` False)."""
         folder = os.environ.get("ECHOMQ_SCREENSHOTS")
         if folder:
             Path(folder).mkdir(parents=True, exist_ok=True)
-            self.page.screenshot(path=str(Path(folder) / f"{name}.png"), full_page=True)
+            self.page.screenshot(path=str(Path(folder) / f"{name}.png"), full_page=full_page)
 
 
 @pytest.fixture
