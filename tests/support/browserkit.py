@@ -14,7 +14,7 @@ until a fixture runs):
   fails the test if any page logged an error.
 
 Set ``ECHOMQ_SCREENSHOTS=DIR`` to have ``admin.shot(name)`` write full-page
-PNGs there (the README's screenshots come from this; nothing is committed).
+PNGs there (scripts/screenshots.sh makes the docs' screenshots with it).
 """
 
 from __future__ import annotations
