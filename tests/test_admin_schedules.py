@@ -11,7 +11,7 @@ from django.urls import reverse
 
 import echomq_django as emq
 from echomq_django import conf
-from tests.support.factories import StaffUserFactory
+from tests.support.factories import StaffUserFactory, login_staff
 from tests.support.jobkit import assert_state
 from tests.support.workerapp import jobs as _handlers  # noqa: F401  (t.echo)
 from tests.support.workerkit import Clock
@@ -38,18 +38,12 @@ def site(r, settings):
     conf.reset()
 
 
-def login(client, *codenames):
-    user = StaffUserFactory(permissions=list(codenames))
-    client.force_login(user)
-    return user
-
-
 def logged(name: str) -> list[str]:
     return [e.change_message for e in LogEntry.objects.filter(object_id=name).order_by("id")]
 
 
 def test_the_list_states_what_is_read_only_and_offers_what_the_user_may_do(site, client):
-    login(client, "view_periodicentry")
+    login_staff(client, "view_periodicentry")
     response = client.get(reverse(LIST))
     assert response.status_code == 200
     rows = response.context["rows"]
@@ -61,18 +55,18 @@ def test_the_list_states_what_is_read_only_and_offers_what_the_user_may_do(site,
     assert "are <strong>read-only</strong> here: change them in the settings" in html
     assert "title=\"from ECHOMQ['SCHEDULE']: read-only\">settings</span>" in html
     assert 'value="pause"' not in html and 'value="run"' not in html  # view only
-    login(client, "change_periodicentry", "run_periodicentry")
+    login_staff(client, "change_periodicentry", "run_periodicentry")
     html = client.get(reverse(LIST)).content.decode()
     assert html.count('value="pause"') == 1  # beat's; nightly is read-only
     assert html.count('value="run"') == 2
 
 
 def test_pause_and_resume_need_the_change_permission_and_are_logged(site, client):
-    login(client, "view_periodicentry")
+    login_staff(client, "view_periodicentry")
     response = client.post(reverse(ACT), {"entry": "beat", "action": "pause"})
     assert response.status_code == 403
     assert emq.schedules.get("beat")["paused"] is False
-    login(client, "change_periodicentry")
+    login_staff(client, "change_periodicentry")
     response = client.post(reverse(ACT), {"entry": "beat", "action": "pause"}, follow=True)
     assert [str(m) for m in response.context["messages"]] == ["Paused beat."]
     assert emq.schedules.get("beat")["paused"] is True
@@ -88,9 +82,9 @@ def test_pause_and_resume_need_the_change_permission_and_are_logged(site, client
 
 
 def test_run_now_needs_its_own_permission_adds_one_job_and_is_logged(site, client):
-    login(client, "change_periodicentry")
+    login_staff(client, "change_periodicentry")
     assert client.post(reverse(ACT), {"entry": "nightly", "action": "run"}).status_code == 403
-    login(client, "run_periodicentry")
+    login_staff(client, "run_periodicentry")
     client.post(reverse(ACT), {"entry": "nightly", "action": "run"})
     job_id = f"nightly-now-{site.clock.now}"
     assert_state(site, "reports", job_id, "pending")
@@ -98,7 +92,7 @@ def test_run_now_needs_its_own_permission_adds_one_job_and_is_logged(site, clien
 
 
 def test_edit_goes_through_upsert_and_its_rules(site, client):
-    login(client, "change_periodicentry")
+    login_staff(client, "change_periodicentry")
     url = reverse(EDIT, args=("beat",))
     response = client.get(url)
     assert response.status_code == 200
@@ -126,7 +120,7 @@ def test_edit_goes_through_upsert_and_its_rules(site, client):
 
 
 def test_bad_input_is_named(site, client):
-    login(client, "view_periodicentry", "change_periodicentry")
+    login_staff(client, "view_periodicentry", "change_periodicentry")
     response = client.get(reverse(EDIT, args=("nightly",)))
     assert response.context["refused"] == (
         "periodic entry 'nightly' is in ECHOMQ['SCHEDULE']: read-only"
