@@ -18,6 +18,7 @@ from ..core.jobs import Dependencies, Job, JobState, decode_policy, row_error, t
 from ..core.keyspace import JobKeys, whole_number
 from ..core.refs import JobRef, Page, RefDict, as_ref
 from .errors import connection_error, reports_redis_down
+from .probes import count_commands, count_replies
 from .wire import Part
 
 ROWS_PER_TRIP = 500  # job rows per pipelined round trip (rows, states, exist)
@@ -340,25 +341,9 @@ class Reads(Part):
     @reports_redis_down
     def counts(self, queue: str) -> dict[str, int]:
         """Jobs per state index, plus ``outbox`` and ``deadletter`` lengths."""
-        k = self.keys.queue(queue)
         pipe = self.client.pipeline(transaction=False)
-        pipe.llen(k.pending)
-        for index in (k.active, k.delayed, k.completed, k.dead, k.awaiting):
-            pipe.zcard(index)
-        pipe.llen(k.outbox)
-        pipe.llen(k.deadletter)
-        pipe.zcard(k.prioritized)  # pending jobs with a priority
-        pending, active, delayed, completed, dead, awaiting, outbox, dl, ranked = pipe.execute()
-        return {
-            "pending": pending + ranked,
-            "active": active,
-            "delayed": delayed,
-            "completed": completed,
-            "dead": dead,
-            "awaiting_children": awaiting,
-            "outbox": outbox,
-            "deadletter": dl,
-        }
+        count_commands(pipe, self.keys.queue(queue))
+        return count_replies(pipe.execute())
 
     @reports_redis_down
     def job_ids(
