@@ -20,11 +20,11 @@ local base, now = ARGV[1], ARGV[2]
 -- @include lib/emit.lua
 
 local ids = redis.call('ZRANGEBYSCORE', delayed, '-inf', now, 'LIMIT', 0, tonumber(ARGV[3]))
-local moved, prios = {}, nil
+local moved, prios, groups = {}, nil, nil
 for _, id in ipairs(ids) do
   redis.call('ZREM', delayed, id)
   local row = base .. 'job:' .. id
-  local f = redis.call('HMGET', row, 'state', 'priority')
+  local f = redis.call('HMGET', row, 'state', 'priority', 'group')
   if f[1] == 'delayed' then
     redis.call('HSET', row, 'state', 'pending', 'updated_at', now)
     emit_to(base .. 'events', 'promoted', id)
@@ -33,7 +33,11 @@ for _, id in ipairs(ids) do
       prios = prios or {}
       prios[#moved] = f[2]
     end
+    if f[3] then  -- and its group (lib/groups.lua)
+      groups = groups or {}
+      groups[#moved] = f[3]
+    end
   end
 end
-make_claimable(base, moved, prios)
+make_claimable(base, moved, prios, false, groups)
 return #moved

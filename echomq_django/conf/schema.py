@@ -58,6 +58,7 @@ ENQUEUE_WHEN_DOWN = ("raise", "outbox")
 QUEUE_KEYS = {"MAX_ATTEMPTS", "BACKOFF_MS", "LEASE_MS", "KEEP_COMPLETED", "KEEP_DEAD"}
 QUEUE_KEYS |= {"RATE_LIMIT", "TIMEOUT_MS", "CONCURRENCY"}
 QUEUE_KEYS |= {"KEEP_LOGS"}  # lines a job log keeps (core/live.py): E019
+QUEUE_KEYS |= {"GROUP_CONCURRENCY"}  # docs/explanation/protocol.md#groups: E080
 KEEP_LOGS_MAX = 10_000  # a job log's bound, at most (lines)
 QUEUE_KEYS |= set(RETRY_SETTINGS)  # retry policies and expiry: core/retry.queue_problems
 RUNTIME_KEYS = {"RATE_LIMIT", "TIMEOUT_MS"}  # checked by runners/periodic.problems (E050-E059)
@@ -65,6 +66,10 @@ URL_SCHEMES = ("redis://", "rediss://", "unix://", SENTINEL_SCHEME)
 CAP_HINT = (
     "CONCURRENCY caps the queue's jobs active at once across all workers, e.g. 3; "
     "leave it out for no cap."
+)
+GROUP_CAP_HINT = (
+    "GROUP_CONCURRENCY caps the jobs of one group active at once, e.g. 2; "
+    "leave it out for no cap (emq.set_group_concurrency sets one group's own)."
 )
 DJANGO_REDIS_CACHE = "django.core.cache.backends.redis.RedisCache"
 
@@ -190,6 +195,13 @@ def problems(cfg: dict | None = None) -> list[tuple[str, str, str]]:
                     check_concurrency(value)
                 except ValueError as err:
                     out.append(("echomq_django.E018", f"queue {name!r}: {err}", CAP_HINT))
+                continue
+            if key == "GROUP_CONCURRENCY":  # docs/explanation/protocol.md#groups
+                try:
+                    check_concurrency(value)
+                except ValueError as err:
+                    message = f"queue {name!r}: GROUP_CONCURRENCY: {err}"
+                    out.append(("echomq_django.E080", message, GROUP_CAP_HINT))
                 continue
             if key in KEEP_KEYS:  # retention (docs/explanation/lifecycle.md): E020-E023
                 out += [

@@ -26,6 +26,10 @@ NAME_RULE = (
     "characters (NUL, ESC, bidi overrides, zero-width...) or lone surrogates"
 )
 PREFIX_RULE = "a prefix is 1-32 characters from A-Z a-z 0-9 _ . -"
+GROUP_RULE = (
+    "a group name is 1-128 characters with no '{', '}', ':', whitespace, control or "
+    "format characters"
+)
 
 _QUEUE_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}\Z")
 _ID_RE = re.compile(r"[^{}:\s]{1,128}\Z")
@@ -90,6 +94,19 @@ def validate_name(name: object) -> str:
     return name
 
 
+def validate_group(group: object) -> str:
+    """Return ``group`` if it is a valid group name (it becomes part of the
+    keys ``P:{q}:g:<group>:...``, docs/explanation/protocol.md#groups).
+
+    Raises ``ValueError`` naming ``GROUP_RULE`` otherwise: not a ``str`` of
+    1-128 characters, or holding ``{``, ``}`` (a Cluster hash tag), ``:``
+    (the key separator), whitespace, a control or format character.
+    """
+    if not isinstance(group, str) or not _ID_RE.match(group) or refused_char(group):
+        raise ValueError(f"invalid group name {group!r}: {GROUP_RULE}")
+    return group
+
+
 def validate_prefix(prefix: object) -> str:
     """Return ``prefix`` if valid; ``ValueError`` naming the rule otherwise."""
     if not isinstance(prefix, str) or not _PREFIX_RE.match(prefix):
@@ -147,6 +164,15 @@ QUEUE_KEYS = {
     # hash: periodic entries added at run time, entry -> its spec (JSON); bounded
     # by protocol/control/schedules.MAX_RUNTIME_ENTRIES
     "schedules": "schedules",
+    # groups (docs/explanation/protocol.md#groups, lua/lib/groups.lua), all
+    # bounded by the groups with claimable or active jobs, but the two the
+    # operator sets (paused, concurrency)
+    "groups": "groups",  # zset: the ring of groups that may give a job, group -> turn
+    "groups_seq": "groups:seq",  # counter: the ring's turns
+    "groups_active": "groups:active",  # hash: group -> its jobs active now
+    "groups_known": "groups:known",  # set: groups with claimable or active jobs
+    "groups_paused": "groups:paused",  # set: groups paused (emq.pause_group)
+    "groups_concurrency": "groups:concurrency",  # hash: group -> its cap set at run time
 }
 # Keys that hold one value of a family: the suffix is this prefix + a name.
 JOB_PREFIX = "job:"  # hash P:{q}:job:<id>: the job row; also the child ref
@@ -158,6 +184,10 @@ GC_PREFIX = "gc:"  # list P:{q}:gc:<seq>:<id>: a removed parent's child refs
 # stream P:{q}:done:<id>: a finished job's note to its waiters, made by the
 # first waiter, expiring with the longest wait (docs/explanation/protocol.md#waiting-for-a-result)
 DONE_PREFIX = "done:"
+# P:{q}:g:<group>: is a group's base: its claimable ids in the queue's shapes,
+# GROUP_KEYS (lua/lib/groups.lua), each gone when the group has none
+GROUP_PREFIX = "g:"
+GROUP_KEYS = {"pending": "pending", "prioritized": "prioritized", "pri_seq": "pri:seq"}
 # JobKeys field -> the suffix after the row key P:{q}:job:<id> (a parent's keys,
 # and the lines any job's handler logs), each removed with the row.
 JOB_KEYS = {
@@ -226,6 +256,12 @@ class QueueKeys:
     concurrency: str
     full: str
     schedules: str
+    groups: str
+    groups_seq: str
+    groups_active: str
+    groups_known: str
+    groups_paused: str
+    groups_concurrency: str
 
     def job(self, job_id: str) -> str:
         """``P:{q}:job:<id>``; raises ``ValueError`` for a bad id."""
@@ -246,6 +282,11 @@ class QueueKeys:
     def schedule(self, entry: str) -> str:
         """``P:{q}:schedule:<entry>``: the last tick a periodic entry fired (ms)."""
         return f"{self.base}{SCHEDULE_PREFIX}{entry}"
+
+    def group(self, group: str, part: str) -> str:
+        """``P:{q}:g:<group>:<part>`` for part in ``GROUP_KEYS`` (pending,
+        prioritized, pri_seq); ``ValueError`` for a bad group name."""
+        return f"{self.base}{GROUP_PREFIX}{validate_group(group)}:{GROUP_KEYS[part]}"
 
     def index(self, state: str) -> str:
         """The index key holding jobs in ``state`` (a ``JobState`` or its value)."""

@@ -1,0 +1,158 @@
+--[[
+  lib/groups.lua: groups (tenants) inside a queue, claimed in turn
+  (docs/explanation/protocol.md#groups). Inlined by lib/claimable.lua, which
+  routes every job whose row names a `group` here; a queue whose jobs name
+  none never reaches this file (no key, no command).
+
+  A group g of queue q keeps its claimable ids under its own base
+  P:{q}:g:<g>: (the same shapes as the queue's: a `pending` list for
+  priority 0, a `prioritized` zset and its `pri:seq` otherwise), and the
+  queue keeps, all on its own slot:
+
+    P:{q}:groups              zset  the ring: groups that may give a job,
+                                    group -> turn (claim pops the lowest,
+                                    puts it back with a new turn at the end)
+    P:{q}:groups:seq          counter the turns
+    P:{q}:groups:active       hash  group -> its jobs active now (a field
+                                    goes at 0)
+    P:{q}:groups:known        set   groups with claimable or active jobs
+                                    (stats; a member goes with its last job)
+    P:{q}:groups:paused       set   paused groups (emq.pause_group)
+    P:{q}:groups:concurrency  hash  group -> its cap set at run time
+
+  A group is in the ring while it may give a job: it has claimable jobs, is
+  not paused, and (as last seen by claim) is under its cap. One left out at
+  its cap comes back when one of its jobs leaves active (group_left), a
+  paused one when it is resumed (lua/set_group.lua). So every key of a group
+  with no jobs is gone, and memory is bounded by the groups with work (the
+  paused set and the cap hash hold what the operator set).
+]]
+
+local function group_base(base, group)
+  return base .. 'g:' .. group .. ':'
+end
+
+local function group_has_work(gb)
+  return redis.call('EXISTS', gb .. 'pending', gb .. 'prioritized') > 0
+end
+
+-- Put `group` in the ring unless it is paused; its turn is kept when it is
+-- in already. Returns true when it was added (the caller wakes a worker).
+local function group_ready(base, group)
+  if redis.call('SISMEMBER', base .. 'groups:paused', group) == 1 then
+    return false
+  end
+  local turn = redis.call('INCR', base .. 'groups:seq')
+  return redis.call('ZADD', base .. 'groups', 'NX', turn, group) == 1
+end
+
+-- A group with no claimable job left: its keys go (and its stats entry once
+-- nothing of it is active either).
+local function group_emptied(base, group, gb)
+  redis.call('ZREM', base .. 'groups', group)
+  redis.call('DEL', gb .. 'pri:seq')
+  if redis.call('HEXISTS', base .. 'groups:active', group) == 0 then
+    redis.call('SREM', base .. 'groups:known', group)
+  end
+end
+
+-- Push claimable `id` (priority `p`, a number) into its group; `front`: ahead
+-- of its priority (a released parent). Returns true when the group joined
+-- the ring.
+local function group_push(base, group, id, p, front)
+  local gb = group_base(base, group)
+  if p ~= 0 then
+    push_prioritized(gb, id, p, front)
+  elseif front then
+    redis.call('LPUSH', gb .. 'pending', id)
+  else
+    redis.call('RPUSH', gb .. 'pending', id)
+  end
+  redis.call('SADD', base .. 'groups:known', group)
+  return group_ready(base, group)
+end
+
+-- Take `id` out of its group's claimable ids (removed or killed while pending).
+local function group_unclaimable(base, group, id)
+  local gb = group_base(base, group)
+  if redis.call('LREM', gb .. 'pending', 1, id) == 0 then
+    redis.call('ZREM', gb .. 'prioritized', id)
+  end
+  if not group_has_work(gb) then
+    group_emptied(base, group, gb)
+  end
+end
+
+-- One of the group's jobs left active: one fewer counts against its cap, and
+-- a group claim left out at its cap gets its turn back (a worker is woken).
+local function group_left(base, group)
+  local acts = base .. 'groups:active'
+  if redis.call('HINCRBY', acts, group, -1) <= 0 then
+    redis.call('HDEL', acts, group)
+  end
+  local gb = group_base(base, group)
+  if group_has_work(gb) then
+    if group_ready(base, group) then
+      redis.call('ZADD', base .. 'wake', 0, '0')  -- lib/claimable.lua WAKE_NOW
+    end
+  elseif redis.call('HEXISTS', acts, group) == 0 then
+    redis.call('SREM', base .. 'groups:known', group)
+  end
+end
+
+-- The group's next id: priorities > 0, its list, priorities < 0 (the
+-- queue's order, lib/claimable.lua), or false.
+local function group_pop_one(gb)
+  local z = gb .. 'prioritized'
+  if redis.call('EXISTS', z) == 0 then
+    return redis.call('LPOP', gb .. 'pending')
+  end
+  local top = redis.call('ZRANGE', z, 0, 0, 'WITHSCORES')
+  if tonumber(top[2]) >= 0 then
+    local id = redis.call('LPOP', gb .. 'pending')
+    if id then
+      return id
+    end
+  end
+  redis.call('ZREM', z, top[1])
+  return top[1]
+end
+
+-- Pop up to `n` ids from the groups in turn, one per group per turn: a group
+-- given a job goes back at the end of the ring while it has more and is
+-- under its cap (`cap`: GROUP_CONCURRENCY, '0' = none; P:{q}:groups:concurrency
+-- wins). Each id taken counts as active for its group at once (claim gives
+-- the count back through left_active when the job is not leased).
+local function pop_groups(base, n, cap)
+  local ring, acts, caps = base .. 'groups', base .. 'groups:active', base .. 'groups:concurrency'
+  local out = {}
+  while #out < n do
+    local turn = redis.call('ZPOPMIN', ring, n - #out)
+    if #turn == 0 then
+      break
+    end
+    local back = {}
+    for i = 1, #turn, 2 do
+      local g = turn[i]
+      local gb = group_base(base, g)
+      local c = tonumber(redis.call('HGET', caps, g) or cap)
+      local act = tonumber(redis.call('HGET', acts, g) or '0')
+      if c == 0 or act < c then
+        local id = group_pop_one(gb)
+        if id then
+          out[#out + 1] = id
+          act = redis.call('HINCRBY', acts, g, 1)
+        end
+        if not group_has_work(gb) then
+          group_emptied(base, g, gb)
+        elseif c == 0 or act < c then
+          back[#back + 1] = g
+        end
+      end  -- at its cap: out of the ring until one of its jobs leaves active
+    end
+    for _, g in ipairs(back) do
+      redis.call('ZADD', ring, redis.call('INCR', base .. 'groups:seq'), g)
+    end
+  end
+  return out
+end
