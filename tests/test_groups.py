@@ -13,6 +13,7 @@ from redis.cluster import RedisCluster
 from echomq_django import EchoMQ, Flow
 from echomq_django.conf.schema import problems
 from echomq_django.core.keyspace import GROUP_RULE
+from echomq_django.monitoring.stats import collect, render
 
 CAPPED = {"q": {"GROUP_CONCURRENCY": 1}}
 
@@ -117,8 +118,8 @@ def test_a_groups_keys_go_with_its_last_job(redis_client) -> None:
     mq.complete(job, 1)
     mq.complete(mq.claim("q", 1)[0], 2)
     assert list(mq.claim("q", 1)) == []
-    # the turn counter alone is left (one string per queue, not per group)
-    assert group_keys(mq) == ["groups:seq"]
+    # two counters are left (one string each per queue, not per group)
+    assert group_keys(mq) == ["groups:pending", "groups:seq"]
 
 
 def test_every_way_out_gives_the_groups_slot_back(redis_client) -> None:
@@ -157,7 +158,9 @@ def test_a_delayed_grouped_job_joins_its_group_when_due(redis_client) -> None:
 
 def test_enqueue_many_and_flow_nodes_take_a_group(redis_client) -> None:
     mq = EchoMQ(redis_client)
-    mq.enqueue_many("q", [{"name": "n", "payload": i, "job_id": f"m{i}", "group": "m"} for i in range(2)])
+    mq.enqueue_many(
+        "q", [{"name": "n", "payload": i, "job_id": f"m{i}", "group": "m"} for i in range(2)]
+    )
     mq.enqueue_many("q", [("n", 1, {"job_id": "o0", "group": "o"})])
     mq.add_flow(Flow("q", "n", job_id="root", children=[Flow("q", "n", job_id="leaf", group="f")]))
     assert ids_of(mq.claim("q", 5)) == ["m0", "o0", "leaf", "m1"]
@@ -199,6 +202,19 @@ def test_group_counts_in_stats(redis_client) -> None:
         "a": {"pending": 2, "active": 1, "paused": False, "concurrency": 1},
         "b": {"pending": 0, "active": 1, "paused": True, "concurrency": 1},
     }
+    assert (mq.counts("q")["pending"], mq.counts("q")["active"]) == (2, 2)
+    doc = collect(mq, ["q"])
+    assert doc["queues"]["q"]["groups"]["a"] == {
+        "pending": 2,
+        "active": 1,
+        "paused": False,
+        "concurrency": 1,
+    }
+    text = render(doc)
+    assert "groups: 2" in text and "paused" in text
+    plain = EchoMQ(redis_client)
+    plain.enqueue("p", "n", job_id="j")
+    assert collect(plain, ["p"])["queues"]["p"]["groups"] == {}
 
 
 @pytest.mark.parametrize("bad", [0, -1, True, 1.5, "3"])

@@ -169,6 +169,7 @@ QUEUE_KEYS = {
     # operator sets (paused, concurrency)
     "groups": "groups",  # zset: the ring of groups that may give a job, group -> turn
     "groups_seq": "groups:seq",  # counter: the ring's turns
+    "groups_pending": "groups:pending",  # counter: claimable ids in all groups
     "groups_active": "groups:active",  # hash: group -> its jobs active now
     "groups_known": "groups:known",  # set: groups with claimable or active jobs
     "groups_paused": "groups:paused",  # set: groups paused (emq.pause_group)
@@ -258,6 +259,7 @@ class QueueKeys:
     schedules: str
     groups: str
     groups_seq: str
+    groups_pending: str
     groups_active: str
     groups_known: str
     groups_paused: str

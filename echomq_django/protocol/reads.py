@@ -348,9 +348,12 @@ class Reads(Part):
         pipe.llen(k.outbox)
         pipe.llen(k.deadletter)
         pipe.zcard(k.prioritized)  # pending jobs with a priority
-        pending, active, delayed, completed, dead, awaiting, outbox, dl, ranked = pipe.execute()
+        pipe.get(k.groups_pending)  # pending jobs in groups (docs/explanation/protocol.md#groups)
+        pending, active, delayed, completed, dead, awaiting, outbox, dl, ranked, grouped = (
+            pipe.execute()
+        )
         return {
-            "pending": pending + ranked,
+            "pending": pending + ranked + int(grouped or 0),
             "active": active,
             "delayed": delayed,
             "completed": completed,

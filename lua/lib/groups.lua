@@ -13,6 +13,7 @@
                                     group -> turn (claim pops the lowest,
                                     puts it back with a new turn at the end)
     P:{q}:groups:seq          counter the turns
+    P:{q}:groups:pending      counter claimable ids in all groups (counts)
     P:{q}:groups:active       hash  group -> its jobs active now (a field
                                     goes at 0)
     P:{q}:groups:known        set   groups with claimable or active jobs
@@ -69,14 +70,15 @@ local function group_push(base, group, id, p, front)
     redis.call('RPUSH', gb .. 'pending', id)
   end
   redis.call('SADD', base .. 'groups:known', group)
+  redis.call('INCR', base .. 'groups:pending')
   return group_ready(base, group)
 end
 
 -- Take `id` out of its group's claimable ids (removed or killed while pending).
 local function group_unclaimable(base, group, id)
   local gb = group_base(base, group)
-  if redis.call('LREM', gb .. 'pending', 1, id) == 0 then
-    redis.call('ZREM', gb .. 'prioritized', id)
+  if redis.call('LREM', gb .. 'pending', 1, id) + redis.call('ZREM', gb .. 'prioritized', id) > 0 then
+    redis.call('DECR', base .. 'groups:pending')
   end
   if not group_has_work(gb) then
     group_emptied(base, group, gb)
@@ -142,6 +144,7 @@ local function pop_groups(base, n, cap)
         if id then
           out[#out + 1] = id
           act = redis.call('HINCRBY', acts, g, 1)
+          redis.call('DECR', base .. 'groups:pending')
         end
         if not group_has_work(gb) then
           group_emptied(base, g, gb)

@@ -9,9 +9,9 @@ give a job back in the ring and wakes the queue's workers.
 
 from __future__ import annotations
 
+from ...core.jobs import to_text
 from ...core.keyspace import validate_group, validate_queue
 from ...core.options import check_concurrency
-from ...core.jobs import to_text
 from ..wire import Part
 
 GROUPS_LISTED = 1000  # groups ``counts`` reads at most (the ones with work or paused)
@@ -87,6 +87,8 @@ class Groups(Part):
         active = {to_text(g): int(n) for g, n in active.items()}
         caps = {to_text(g): int(n) for g, n in caps.items()}
         names = sorted({to_text(g) for g in known} | paused)[:GROUPS_LISTED]
+        if not names:
+            return {}  # a queue without groups: one round trip
         pipe = self.client.pipeline(transaction=False)
         for g in names:
             pipe.llen(k.group(g, "pending"))
