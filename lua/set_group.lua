@@ -35,6 +35,7 @@ else
   redis.call('HSET', caps, group, ARGV[4])
 end
 -- claim checks the cap as it pops the group: back in the ring at once
+redis.call('SREM', base .. 'groups:capped', group)
 if group_has_work(group_base(base, group)) and group_ready(base, group) then
   wake_workers(base)
 end

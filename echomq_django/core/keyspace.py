@@ -172,6 +172,7 @@ QUEUE_KEYS = {
     "groups_pending": "groups:pending",  # counter: claimable ids in all groups
     "groups_active": "groups:active",  # hash: group -> its jobs active now
     "groups_known": "groups:known",  # set: groups with claimable or active jobs
+    "groups_capped": "groups:capped",  # set: groups left out of the ring at their cap
     "groups_paused": "groups:paused",  # set: groups paused (emq.pause_group)
     "groups_concurrency": "groups:concurrency",  # hash: group -> its cap set at run time
 }
@@ -262,6 +263,7 @@ class QueueKeys:
     groups_pending: str
     groups_active: str
     groups_known: str
+    groups_capped: str
     groups_paused: str
     groups_concurrency: str
 

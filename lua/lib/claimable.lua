@@ -86,7 +86,7 @@ local function make_claimable(base, ids, prios, front, groups)
   if n == 0 then
     return
   end
-  local plain = ids
+  local plain, pushed, grouped = ids, nil, 0
   if prios ~= nil or front or groups ~= nil then
     plain = {}
     for i, id in ipairs(ids) do
@@ -97,6 +97,9 @@ local function make_claimable(base, ids, prios, front, groups)
       end
       if g then
         group_push(base, g, id, p, front)
+        pushed = pushed or {}
+        pushed[g] = true
+        grouped = grouped + 1
       elseif p ~= 0 then
         push_prioritized(base, id, p, front)
       elseif front then
@@ -106,6 +109,9 @@ local function make_claimable(base, ids, prios, front, groups)
       end
     end
     n = #plain
+  end
+  if pushed then
+    groups_pushed(base, pushed, grouped)
   end
   for i = 1, n, 1000 do  -- unpack() has a stack limit: push by the thousand
     redis.call('RPUSH', base .. 'pending', unpack(plain, i, math.min(i + 999, n)))

@@ -18,13 +18,17 @@
                                     goes at 0)
     P:{q}:groups:known        set   groups with claimable or active jobs
                                     (stats; a member goes with its last job)
+    P:{q}:groups:capped       set   groups claim left out of the ring at
+                                    their cap, with jobs waiting
     P:{q}:groups:paused       set   paused groups (emq.pause_group)
     P:{q}:groups:concurrency  hash  group -> its cap set at run time
 
   A group is in the ring while it may give a job: it has claimable jobs, is
   not paused, and (as last seen by claim) is under its cap. One left out at
-  its cap comes back when one of its jobs leaves active (group_left), a
-  paused one when it is resumed (lua/set_group.lua). So every key of a group
+  its cap (marked in groups:capped) comes back when one of its jobs leaves
+  active (group_left), a paused one when it is resumed (lua/set_group.lua).
+  Per job, claim spends about five commands on its group and a job leaving
+  active two (docs/explanation/performance.md#groups). So every key of a group
   with no jobs is gone, and memory is bounded by the groups with work (the
   paused set and the cap hash hold what the operator set).
 ]]
@@ -51,6 +55,7 @@ end
 -- nothing of it is active either).
 local function group_emptied(base, group, gb)
   redis.call('ZREM', base .. 'groups', group)
+  redis.call('SREM', base .. 'groups:capped', group)
   redis.call('DEL', gb .. 'pri:seq')
   if redis.call('HEXISTS', base .. 'groups:active', group) == 0 then
     redis.call('SREM', base .. 'groups:known', group)
@@ -58,8 +63,8 @@ local function group_emptied(base, group, gb)
 end
 
 -- Push claimable `id` (priority `p`, a number) into its group; `front`: ahead
--- of its priority (a released parent). Returns true when the group joined
--- the ring.
+-- of its priority (a released parent). The caller then calls groups_pushed
+-- once for the groups it pushed to.
 local function group_push(base, group, id, p, front)
   local gb = group_base(base, group)
   if p ~= 0 then
@@ -69,9 +74,18 @@ local function group_push(base, group, id, p, front)
   else
     redis.call('RPUSH', gb .. 'pending', id)
   end
-  redis.call('SADD', base .. 'groups:known', group)
-  redis.call('INCR', base .. 'groups:pending')
-  return group_ready(base, group)
+end
+
+-- After `n` group_push calls to the groups `pushed` (a set: group -> true):
+-- counted, known to the stats, each in the ring unless paused or capped.
+local function groups_pushed(base, pushed, n)
+  redis.call('INCRBY', base .. 'groups:pending', n)
+  for group in pairs(pushed) do
+    redis.call('SADD', base .. 'groups:known', group)
+    if redis.call('SISMEMBER', base .. 'groups:capped', group) == 0 then
+      group_ready(base, group)
+    end
+  end
 end
 
 -- Take `id` out of its group's claimable ids (removed or killed while pending).
@@ -91,14 +105,12 @@ local function group_left(base, group)
   local acts = base .. 'groups:active'
   if redis.call('HINCRBY', acts, group, -1) <= 0 then
     redis.call('HDEL', acts, group)
-  end
-  local gb = group_base(base, group)
-  if group_has_work(gb) then
-    if group_ready(base, group) then
-      redis.call('ZADD', base .. 'wake', 0, '0')  -- lib/claimable.lua WAKE_NOW
+    if not group_has_work(group_base(base, group)) then
+      redis.call('SREM', base .. 'groups:known', group)
     end
-  elseif redis.call('HEXISTS', acts, group) == 0 then
-    redis.call('SREM', base .. 'groups:known', group)
+  end
+  if redis.call('SREM', base .. 'groups:capped', group) == 1 and group_ready(base, group) then
+    redis.call('ZADD', base .. 'wake', 0, '0')  -- lib/claimable.lua WAKE_NOW
   end
 end
 
@@ -127,6 +139,7 @@ end
 -- the count back through left_active when the job is not leased).
 local function pop_groups(base, n, cap)
   local ring, acts, caps = base .. 'groups', base .. 'groups:active', base .. 'groups:concurrency'
+  local own = redis.call('EXISTS', caps) == 1  -- a group's own cap is set somewhere
   local out = {}
   while #out < n do
     local turn = redis.call('ZPOPMIN', ring, n - #out)
@@ -137,25 +150,38 @@ local function pop_groups(base, n, cap)
     for i = 1, #turn, 2 do
       local g = turn[i]
       local gb = group_base(base, g)
-      local c = tonumber(redis.call('HGET', caps, g) or cap)
-      local act = tonumber(redis.call('HGET', acts, g) or '0')
+      local c = tonumber(own and redis.call('HGET', caps, g) or cap)
+      local act = (c > 0) and tonumber(redis.call('HGET', acts, g) or '0') or 0
       if c == 0 or act < c then
         local id = group_pop_one(gb)
         if id then
           out[#out + 1] = id
           act = redis.call('HINCRBY', acts, g, 1)
-          redis.call('DECR', base .. 'groups:pending')
         end
         if not group_has_work(gb) then
           group_emptied(base, g, gb)
         elseif c == 0 or act < c then
           back[#back + 1] = g
+        else
+          redis.call('SADD', base .. 'groups:capped', g)
         end
-      end  -- at its cap: out of the ring until one of its jobs leaves active
+      else
+        -- at its cap: out of the ring until one of its jobs leaves active
+        redis.call('SADD', base .. 'groups:capped', g)
+      end
     end
-    for _, g in ipairs(back) do
-      redis.call('ZADD', ring, redis.call('INCR', base .. 'groups:seq'), g)
+    if #back > 0 then  -- back at the end of the ring, in the order they came
+      local last = redis.call('INCRBY', base .. 'groups:seq', #back)
+      local turns = {}
+      for j, g in ipairs(back) do
+        turns[#turns + 1] = last - #back + j
+        turns[#turns + 1] = g
+      end
+      redis.call('ZADD', ring, unpack(turns))
     end
+  end
+  if #out > 0 then
+    redis.call('DECRBY', base .. 'groups:pending', #out)
   end
   return out
 end
