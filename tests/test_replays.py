@@ -83,6 +83,7 @@ def test_a_replayed_enqueue_is_the_same_job(mq):
             "",
             "",
             "",
+            "",  # no group
         ],
     )
     assert mq.scripts.run("enqueue", *call) == b"pending"
