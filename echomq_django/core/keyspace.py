@@ -26,10 +26,7 @@ NAME_RULE = (
     "characters (NUL, ESC, bidi overrides, zero-width...) or lone surrogates"
 )
 PREFIX_RULE = "a prefix is 1-32 characters from A-Z a-z 0-9 _ . -"
-GROUP_RULE = (
-    "a group name is 1-128 characters with no '{', '}', ':', whitespace, control or "
-    "format characters"
-)
+GROUP_RULE = ID_RULE.replace("a job id", "a group name", 1)  # the same characters
 
 _QUEUE_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}\Z")
 _ID_RE = re.compile(r"[^{}:\s]{1,128}\Z")
@@ -95,13 +92,9 @@ def validate_name(name: object) -> str:
 
 
 def validate_group(group: object) -> str:
-    """Return ``group`` if it is a valid group name (it becomes part of the
-    keys ``P:{q}:g:<group>:...``, docs/explanation/protocol.md#groups).
-
-    Raises ``ValueError`` naming ``GROUP_RULE`` otherwise: not a ``str`` of
-    1-128 characters, or holding ``{``, ``}`` (a Cluster hash tag), ``:``
-    (the key separator), whitespace, a control or format character.
-    """
+    """Return ``group`` if it is a valid group name (part of the keys
+    ``P:{q}:g:<group>:...``, docs/explanation/protocol.md#groups); ``ValueError``
+    naming ``GROUP_RULE`` otherwise (``{``/``}`` would be a hash tag, ``:`` a separator)."""
     if not isinstance(group, str) or not _ID_RE.match(group) or refused_char(group):
         raise ValueError(f"invalid group name {group!r}: {GROUP_RULE}")
     return group
@@ -164,10 +157,7 @@ QUEUE_KEYS = {
     # hash: periodic entries added at run time, entry -> its spec (JSON); bounded
     # by protocol/control/schedules.MAX_RUNTIME_ENTRIES
     "schedules": "schedules",
-    # groups (docs/explanation/protocol.md#groups, lua/lib/groups.lua), all
-    # bounded by the groups with claimable or active jobs, but the two the
-    # operator sets (paused, concurrency)
-    "groups": "groups",  # zset: the ring of groups that may give a job, group -> turn
+    "groups": "groups",  # zset: the ring, group -> turn (docs/explanation/protocol.md#groups)
     "groups_seq": "groups:seq",  # counter: the ring's turns
     "groups_pending": "groups:pending",  # counter: claimable ids in all groups
     "groups_active": "groups:active",  # hash: group -> its jobs active now
@@ -186,9 +176,7 @@ GC_PREFIX = "gc:"  # list P:{q}:gc:<seq>:<id>: a removed parent's child refs
 # stream P:{q}:done:<id>: a finished job's note to its waiters, made by the
 # first waiter, expiring with the longest wait (docs/explanation/protocol.md#waiting-for-a-result)
 DONE_PREFIX = "done:"
-# P:{q}:g:<group>: is a group's base: its claimable ids in the queue's shapes,
-# GROUP_KEYS (lua/lib/groups.lua), each gone when the group has none
-GROUP_PREFIX = "g:"
+GROUP_PREFIX = "g:"  # P:{q}:g:<group>:<GROUP_KEYS>: a group's claimable ids, gone with them
 GROUP_KEYS = {"pending": "pending", "prioritized": "prioritized", "pri_seq": "pri:seq"}
 # JobKeys field -> the suffix after the row key P:{q}:job:<id> (a parent's keys,
 # and the lines any job's handler logs), each removed with the row.
