@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from django.template.loader import render_to_string
 from django.utils.html import format_html_join
 
-from ..monitoring.stats import collect
+from ..monitoring.stats import GROUP_ROWS, collect
 from ..protocol.probes import MINUTES_KEPT
 from .display import jobs_url
 
@@ -107,7 +107,7 @@ def chart(rows: list[dict]) -> dict:
 
 def dashboard(mq, queues=(), minutes: int = 60) -> dict:
     """The page's context: ``{at (ms), minutes, now_minute, queues: [{name,
-    url, stats (stats.queue_stats + workers), chart}]}`` for ``queues``
+    url, stats (stats.queue_stats + workers), chart, groups}]}`` for ``queues``
     (names; empty: every known queue). Raises ``UnknownQueue`` naming the
     known queues, ``ValueError``, ``RedisUnavailable``."""
     stats = collect(mq, queues)
@@ -123,10 +123,19 @@ def dashboard(mq, queues=(), minutes: int = 60) -> dict:
                 "url": jobs_url(name),
                 "stats": stats["queues"][name],
                 "chart": chart(counts[name]),
+                "groups": busiest_groups(stats["queues"][name]["groups"]),
             }
             for name in names
         ],
     }
+
+
+def busiest_groups(groups: dict) -> list[dict]:
+    """A queue's groups (stats' ``groups``) as rows ``{name, pending, active,
+    paused, concurrency}``, the ``GROUP_ROWS`` with the most pending jobs
+    first (docs/explanation/protocol.md#groups)."""
+    rows = sorted(groups.items(), key=lambda item: (-item[1]["pending"], item[0]))
+    return [{"name": name, **counts} for name, counts in rows[:GROUP_ROWS]]
 
 
 def dashboard_json(ctx: dict) -> dict:
