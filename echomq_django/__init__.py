@@ -41,6 +41,7 @@ from .api.controls import (
     schedules,
     set_concurrency,
     set_group_concurrency,
+    set_group_rate_limit,
 )
 from .canvas import Signature, chain, chord, group, group_results, previous_result, task
 from .core.events import Event, Gap
@@ -148,6 +149,7 @@ __all__ = [
     "schedules",
     "set_concurrency",
     "set_group_concurrency",
+    "set_group_rate_limit",
     "task",
     "wait",
 ]

@@ -39,6 +39,8 @@
   ARGV[11] GROUP_CONCURRENCY from the settings ('0' = none): at most this many
           jobs of one group active at once; P:{q}:groups:concurrency's entry
           for the group, when set, wins (lib/groups.lua)
+  ARGV[12] GROUP_RATE_LIMIT from the settings, 'max:per_ms' ('' = none): a
+          fixed window per group; P:{q}:groups:rate's entry wins
 
   Expiry before start (docs/howto/retries.md#expiry-before-start): a popped
   job that never started (no `started_at`) whose row holds `expires_at`
@@ -163,7 +165,7 @@ end
 local prioritized = base .. 'prioritized'
 -- pop up to n ids in claim order; false when there are none
 local function pop(n)
-  if redis.call('EXISTS', prioritized, base .. 'groups') == 0 then
+  if redis.call('EXISTS', prioritized, base .. 'groups', base .. 'groups:limited') == 0 then
     return redis.call('LPOP', pending, n)  -- the plain path: one command
   end
   local ids = redis.call('ZRANGE', prioritized, '-inf', '(0', 'BYSCORE', 'LIMIT', 0, n)
@@ -182,7 +184,7 @@ local function pop(n)
     end
   end
   if #ids < n then  -- the groups in turn (lib/groups.lua)
-    for _, id in ipairs(pop_groups(base, n - #ids, ARGV[11])) do
+    for _, id in ipairs(pop_groups(base, n - #ids, ARGV[11], ARGV[12], tonumber(now))) do
       ids[#ids + 1] = id
     end
   end

@@ -11,6 +11,10 @@
   ARGV[2] now (ms)
   ARGV[3] limit: at most this many ids per call
 
+  Groups whose rate window opened by now go back to the ring as well
+  (lib/groups.lua release_limited: one read of a missing key on a queue
+  without groups), and the workers are woken for them.
+
   returns: the number of ids promoted
   errors:  none; an id whose row is gone or no longer delayed is dropped
 ]]
@@ -40,4 +44,7 @@ for _, id in ipairs(ids) do
   end
 end
 make_claimable(base, moved, prios, false, groups)
+if release_limited(base, now) > 0 then
+  wake_workers(base)
+end
 return #moved

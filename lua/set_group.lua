@@ -10,9 +10,11 @@
 
   ARGV[1] queue key prefix     P:{q}:
   ARGV[2] group name
-  ARGV[3] 'pause', 'resume', or 'cap'
-  ARGV[4] with 'cap': the group's cap (jobs >= 1); '' drops it (the
-          GROUP_CONCURRENCY setting applies again); '' otherwise
+  ARGV[3] 'pause', 'resume', 'cap' or 'rate'
+  ARGV[4] with 'cap': the group's cap (jobs >= 1); with 'rate': its rate
+          limit 'max:per_ms' (P:{q}:groups:rate); '' drops it (the
+          GROUP_CONCURRENCY / GROUP_RATE_LIMIT setting applies again); ''
+          otherwise
 
   returns: 1 when the state changed, 0 when it already was so
   errors:  none
@@ -28,14 +30,19 @@ if op == 'pause' then
 end
 if op == 'resume' then
   changed = redis.call('SREM', paused, group)
-elseif ARGV[4] == '' then
-  changed = redis.call('HDEL', caps, group)
 else
-  changed = (redis.call('HGET', caps, group) == ARGV[4]) and 0 or 1
-  redis.call('HSET', caps, group, ARGV[4])
+  local hash = (op == 'rate') and base .. 'groups:rate' or caps
+  if ARGV[4] == '' then
+    changed = redis.call('HDEL', hash, group)
+  else
+    changed = (redis.call('HGET', hash, group) == ARGV[4]) and 0 or 1
+    redis.call('HSET', hash, group, ARGV[4])
+  end
 end
--- claim checks the cap as it pops the group: back in the ring at once
+-- claim checks the cap and the window as it pops the group: back in the
+-- ring at once
 redis.call('SREM', base .. 'groups:capped', group)
+redis.call('ZREM', base .. 'groups:limited', group)
 if group_has_work(group_base(base, group)) and group_ready(base, group) then
   wake_workers(base)
 end

@@ -223,3 +223,56 @@ def test_group_concurrency_setting_is_checked(bad) -> None:
     assert [p[0] for p in found] == ["echomq_django.E080"]
     assert "GROUP_CONCURRENCY" in found[0][1]
     assert problems({"QUEUES": {"q": {"GROUP_CONCURRENCY": 5}}}) == []
+
+
+# -- GROUP_RATE_LIMIT ------------------------------------------------------------
+
+
+def test_a_groups_rate_window_holds_it_out_until_it_opens(redis_client) -> None:
+    now = [1_000_000]
+    queues = {"q": {"GROUP_RATE_LIMIT": {"MAX": 2, "PER_MS": 1000}}}
+    mq = EchoMQ(redis_client, queues=queues, clock=lambda: now[0])
+    for i in range(4):
+        mq.enqueue("q", "n", job_id=f"a{i}", group="a")
+    mq.enqueue("q", "n", job_id="b0", group="b")
+    assert ids_of(mq.claim("q", 10)) == ["a0", "b0", "a1"]
+    # the window is full: out of the ring, its opening announced as 'd'
+    k = mq.keys.queue("q")
+    assert mq.client.zscore(k.groups_limited, "a") == 1_001_000
+    assert mq.client.zscore(k.wake, "d") == 1_001_000
+    assert list(mq.claim("q", 10)) == []
+    assert mq.client.zscore(k.wake, "0") is None  # idle workers block
+    now[0] += 1000
+    assert mq.timers.promote_delayed("q") == 0  # no delayed job, but the group is back
+    assert mq.client.zscore(k.wake, "0") == 0
+    assert ids_of(mq.claim("q", 10)) == ["a2", "a3"]
+    # a window that closed expires with its key
+    assert mq.client.pttl(k.group("a", "limiter")) > 0
+
+
+def test_a_group_rate_set_at_run_time_wins(redis_client) -> None:
+    mq = EchoMQ(redis_client)
+    for i in range(3):
+        mq.enqueue("q", "n", job_id=f"a{i}", group="a")
+    mq.groups.set_rate_limit("q", "a", {"MAX": 1, "PER_MS": 60_000})
+    assert ids_of(mq.claim("q", 10)) == ["a0"]
+    mq.groups.set_rate_limit("q", "a", None)
+    assert ids_of(mq.claim("q", 10)) == ["a1", "a2"]
+    with pytest.raises(ValueError, match="a group rate limit is"):
+        mq.groups.set_rate_limit("q", "a", {"MAX": 0, "PER_MS": 1000})
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"MAX": 0, "PER_MS": 1000},
+        {"MAX": 1},
+        {"MAX": 1, "PER_MS": 1.5},
+        5,
+        {"MAX": True, "PER_MS": 1},
+    ],
+)
+def test_group_rate_limit_setting_is_checked(bad) -> None:
+    found = problems({"QUEUES": {"q": {"GROUP_RATE_LIMIT": bad}}})
+    assert [p[0] for p in found] == ["echomq_django.E081"]
+    assert problems({"QUEUES": {"q": {"GROUP_RATE_LIMIT": {"MAX": 5, "PER_MS": 100}}}}) == []

@@ -59,6 +59,15 @@ def set_group_concurrency(queue: str, group: str, n: int | None) -> None:
     get_mq().groups.set_concurrency(queue, group, n)
 
 
+def set_group_rate_limit(queue: str, group: str, limit: dict | None) -> None:
+    """At most ``limit["MAX"]`` of ``group``'s jobs on ``queue`` started per
+    fixed window of ``limit["PER_MS"]`` ms, from the next claim on; ``None``
+    drops the group's own (the queue's ``GROUP_RATE_LIMIT`` applies again, or
+    none). Raises ``ValueError`` for a bad name or limit, before any write;
+    ``RedisUnavailable``. docs/howto/fair-queues.md#a-rate-limit-per-customer"""
+    get_mq().groups.set_rate_limit(queue, group, limit)
+
+
 def get_group_concurrency(queue: str, group: str) -> int | None:
     """The cap claims apply to ``group`` of ``queue`` now (jobs): its own
     when set, else ``GROUP_CONCURRENCY``; None when there is none. Raises

@@ -32,7 +32,7 @@ from django.utils.module_loading import import_string
 
 from ..core.jobs import MAX_PAYLOAD_BYTES
 from ..core.keyspace import validate_prefix, validate_queue
-from ..core.options import check_concurrency
+from ..core.options import check_concurrency, check_group_rate
 from ..core.retention import KEEP_HINT, KEEP_KEYS, keep_problems
 from ..core.retry import QUEUE_SETTINGS as RETRY_SETTINGS
 from ..core.retry import queue_problems as retry_problems
@@ -58,7 +58,7 @@ ENQUEUE_WHEN_DOWN = ("raise", "outbox")
 QUEUE_KEYS = {"MAX_ATTEMPTS", "BACKOFF_MS", "LEASE_MS", "KEEP_COMPLETED", "KEEP_DEAD"}
 QUEUE_KEYS |= {"RATE_LIMIT", "TIMEOUT_MS", "CONCURRENCY"}
 QUEUE_KEYS |= {"KEEP_LOGS"}  # lines a job log keeps (core/live.py): E019
-QUEUE_KEYS |= {"GROUP_CONCURRENCY"}  # docs/explanation/protocol.md#groups: E080
+QUEUE_KEYS |= {"GROUP_CONCURRENCY", "GROUP_RATE_LIMIT"}  # protocol.md#groups: E080, E081
 KEEP_LOGS_MAX = 10_000  # a job log's bound, at most (lines)
 QUEUE_KEYS |= set(RETRY_SETTINGS)  # retry policies and expiry: core/retry.queue_problems
 RUNTIME_KEYS = {"RATE_LIMIT", "TIMEOUT_MS"}  # checked by runners/periodic.problems (E050-E059)
@@ -70,6 +70,10 @@ CAP_HINT = (
 GROUP_CAP_HINT = (
     "GROUP_CONCURRENCY caps the jobs of one group active at once, e.g. 2; "
     "leave it out for no cap (emq.set_group_concurrency sets one group's own)."
+)
+GROUP_RATE_HINT = (
+    'e.g. {"MAX": 10, "PER_MS": 1000}: at most 10 jobs of one group started a second; '
+    "emq.set_group_rate_limit sets one group's own."
 )
 DJANGO_REDIS_CACHE = "django.core.cache.backends.redis.RedisCache"
 
@@ -202,6 +206,13 @@ def problems(cfg: dict | None = None) -> list[tuple[str, str, str]]:
                 except ValueError as err:
                     message = f"queue {name!r}: GROUP_CONCURRENCY: {err}"
                     out.append(("echomq_django.E080", message, GROUP_CAP_HINT))
+                continue
+            if key == "GROUP_RATE_LIMIT":  # docs/explanation/protocol.md#groups
+                try:
+                    check_group_rate(value)
+                except ValueError as err:
+                    message = f"queue {name!r}: GROUP_RATE_LIMIT: {err}"
+                    out.append(("echomq_django.E081", message, GROUP_RATE_HINT))
                 continue
             if key in KEEP_KEYS:  # retention (docs/explanation/lifecycle.md): E020-E023
                 out += [

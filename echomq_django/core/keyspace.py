@@ -92,9 +92,8 @@ def validate_name(name: object) -> str:
 
 
 def validate_group(group: object) -> str:
-    """Return ``group`` if it is a valid group name (part of the keys
-    ``P:{q}:g:<group>:...``, docs/explanation/protocol.md#groups); ``ValueError``
-    naming ``GROUP_RULE`` otherwise (``{``/``}`` would be a hash tag, ``:`` a separator)."""
+    """``group`` if valid (it is part of ``P:{q}:g:<group>:...``,
+    docs/explanation/protocol.md#groups); else ``ValueError`` naming ``GROUP_RULE``."""
     if not isinstance(group, str) or not _ID_RE.match(group) or refused_char(group):
         raise ValueError(f"invalid group name {group!r}: {GROUP_RULE}")
     return group
@@ -163,6 +162,8 @@ QUEUE_KEYS = {
     "groups_active": "groups:active",  # hash: group -> its jobs active now
     "groups_known": "groups:known",  # set: groups with claimable or active jobs
     "groups_capped": "groups:capped",  # set: groups left out of the ring at their cap
+    "groups_limited": "groups:limited",  # zset: groups with a full rate window -> when it opens
+    "groups_rate": "groups:rate",  # hash: group -> its rate limit set at run time, 'max:per_ms'
     "groups_paused": "groups:paused",  # set: groups paused (emq.pause_group)
     "groups_concurrency": "groups:concurrency",  # hash: group -> its cap set at run time
 }
@@ -177,7 +178,7 @@ GC_PREFIX = "gc:"  # list P:{q}:gc:<seq>:<id>: a removed parent's child refs
 # first waiter, expiring with the longest wait (docs/explanation/protocol.md#waiting-for-a-result)
 DONE_PREFIX = "done:"
 GROUP_PREFIX = "g:"  # P:{q}:g:<group>:<GROUP_KEYS>: a group's claimable ids, gone with them
-GROUP_KEYS = {"pending": "pending", "prioritized": "prioritized", "pri_seq": "pri:seq"}
+GROUP_KEYS = {k: k for k in ("pending", "prioritized", "limiter")} | {"pri_seq": "pri:seq"}
 # JobKeys field -> the suffix after the row key P:{q}:job:<id> (a parent's keys,
 # and the lines any job's handler logs), each removed with the row.
 JOB_KEYS = {
@@ -252,6 +253,8 @@ class QueueKeys:
     groups_active: str
     groups_known: str
     groups_capped: str
+    groups_limited: str
+    groups_rate: str
     groups_paused: str
     groups_concurrency: str
 
@@ -276,8 +279,7 @@ class QueueKeys:
         return f"{self.base}{SCHEDULE_PREFIX}{entry}"
 
     def group(self, group: str, part: str) -> str:
-        """``P:{q}:g:<group>:<part>`` for part in ``GROUP_KEYS`` (pending,
-        prioritized, pri_seq); ``ValueError`` for a bad group name."""
+        """``P:{q}:g:<group>:<GROUP_KEYS[part]>``; ``ValueError`` for a bad group."""
         return f"{self.base}{GROUP_PREFIX}{validate_group(group)}:{GROUP_KEYS[part]}"
 
     def index(self, state: str) -> str:
@@ -369,9 +371,7 @@ class Keyspace:
 
     def queue_key(self, queue: str, name: str) -> str:
         """``P:{q}:<name>`` for a suffix of ``QUEUE_KEYS`` (pending, active,
-        delayed, awaiting, completed, dead, events, flow:outbox,
-        flow:deadletter, flow:tries, pump:lock, lease:seq); ``ValueError`` for
-        a name not listed there."""
+        ...); ``ValueError`` for a name not listed there."""
         for field_name, suffix in QUEUE_KEYS.items():
             if suffix == name:
                 return getattr(self.queue(queue), field_name)

@@ -174,6 +174,23 @@ def check_concurrency(n) -> int:
     return n
 
 
+def check_group_rate(limit) -> str:
+    """``limit`` as a group's rate limit (docs/explanation/protocol.md#groups):
+    ``{"MAX": n, "PER_MS": ms}``, whole numbers >= 1 (at most ``MAX`` of one
+    group's jobs started per fixed window of ``PER_MS`` ms). Returns it as
+    ``claim`` takes it, ``'max:per_ms'``; ``ValueError`` naming the rule."""
+    if (
+        not isinstance(limit, dict)
+        or set(limit) != {"MAX", "PER_MS"}
+        or any(type(v) is not int or v < 1 for v in limit.values())
+    ):
+        raise ValueError(
+            'a group rate limit is {"MAX": n, "PER_MS": ms} with whole numbers >= 1, '
+            f"got {limit!r}"
+        )
+    return f"{limit['MAX']}:{limit['PER_MS']}"
+
+
 def opt_text(value) -> str:
     """An optional integer as script text: '' means "the queue's setting"."""
     return "" if value is None else str(int(value))

@@ -255,6 +255,7 @@ class EchoMQ(Reads):
         k, token = self.keys.queue(queue), token or secrets.token_hex(8)
         limits, group_cap = self.wire.claim_limits(queue), self.wire.group_cap(queue)
         args = [k.base, count, now, lease, token, *limits, queue, group_cap]
+        args.append(self.wire.group_rate(queue))
         flat = json.loads(self.scripts.run("claim", [k.pending, k.active, k.lease_seq], args))
         if type(flat) is dict:
             if "jobs" not in flat:

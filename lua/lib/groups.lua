@@ -20,8 +20,19 @@
                                     (stats; a member goes with its last job)
     P:{q}:groups:capped       set   groups claim left out of the ring at
                                     their cap, with jobs waiting
+    P:{q}:groups:limited      zset  groups whose rate window is full, with
+                                    jobs waiting -> when it opens (ms)
     P:{q}:groups:paused       set   paused groups (emq.pause_group)
     P:{q}:groups:concurrency  hash  group -> its cap set at run time
+    P:{q}:groups:rate         hash  group -> its rate limit set at run time,
+                                    'max:per_ms'
+
+  and per group with a rate limit P:{q}:g:<g>:limiter, a fixed window
+  {start, n} (as the queue's RATE_LIMIT in fixed mode), expiring as it
+  closes. A group whose window is full leaves the ring for groups:limited
+  and its opening is announced as the queue's 'd' wake marker: the worker
+  that pops it promotes at that time (lua/promote_delayed.lua), which puts
+  the due groups back (release_limited); a claim does the same first.
 
   A group is in the ring while it may give a job: it has claimable jobs, is
   not paused, and (as last seen by claim) is under its cap. One left out at
@@ -56,6 +67,7 @@ end
 local function group_emptied(base, group, gb)
   redis.call('ZREM', base .. 'groups', group)
   redis.call('SREM', base .. 'groups:capped', group)
+  redis.call('ZREM', base .. 'groups:limited', group)
   redis.call('DEL', gb .. 'pri:seq')
   if redis.call('HEXISTS', base .. 'groups:active', group) == 0 then
     redis.call('SREM', base .. 'groups:known', group)
@@ -82,7 +94,8 @@ local function groups_pushed(base, pushed, n)
   redis.call('INCRBY', base .. 'groups:pending', n)
   for group in pairs(pushed) do
     redis.call('SADD', base .. 'groups:known', group)
-    if redis.call('SISMEMBER', base .. 'groups:capped', group) == 0 then
+    if redis.call('SISMEMBER', base .. 'groups:capped', group) == 0
+        and not redis.call('ZSCORE', base .. 'groups:limited', group) then
       group_ready(base, group)
     end
   end
@@ -114,6 +127,48 @@ local function group_left(base, group)
   end
 end
 
+-- Groups whose rate window opened by `now` (ms) go back to the ring; the
+-- next opening is announced as the 'd' wake marker. Returns how many went.
+local function release_limited(base, now)
+  local limited = base .. 'groups:limited'
+  local head = redis.call('ZRANGE', limited, 0, 0, 'WITHSCORES')
+  if #head == 0 or tonumber(head[2]) > tonumber(now) then
+    return 0  -- nothing due (a queue without groups: this one read)
+  end
+  local due = redis.call('ZRANGEBYSCORE', limited, '-inf', now, 'LIMIT', 0, 1000)
+  for _, g in ipairs(due) do
+    redis.call('ZREM', limited, g)
+    group_ready(base, g)
+  end
+  local nxt = redis.call('ZRANGE', limited, 0, 0, 'WITHSCORES')[2]
+  if nxt then
+    redis.call('ZADD', base .. 'wake', 'LT', nxt, 'd')  -- lib/claimable.lua WAKE_DUE
+  end
+  return #due
+end
+
+-- A group's rate window: `rate` 'max:per_ms' (or false / ''), read at `now`
+-- (ms). Returns max, per, start, used (max nil: no limit).
+local function group_window(gb, rate, now)
+  if not rate or rate == '' then
+    return nil
+  end
+  local max, per = rate:match('^(%d+):(%d+)$')
+  max, per = tonumber(max), tonumber(per)
+  local w = redis.call('HMGET', gb .. 'limiter', 'start', 'n')
+  local start, used = tonumber(w[1] or '0'), tonumber(w[2] or '0')
+  if now >= start + per then
+    start, used = now, 0
+  end
+  return max, per, start, used
+end
+
+-- Out of the ring until its window opens at `at` (ms), announced.
+local function group_limited(base, group, at)
+  redis.call('ZADD', base .. 'groups:limited', at, group)
+  redis.call('ZADD', base .. 'wake', 'LT', at, 'd')  -- lib/claimable.lua WAKE_DUE
+end
+
 -- The group's next id: priorities > 0, its list, priorities < 0 (the
 -- queue's order, lib/claimable.lua), or false.
 local function group_pop_one(gb)
@@ -133,13 +188,18 @@ local function group_pop_one(gb)
 end
 
 -- Pop up to `n` ids from the groups in turn, one per group per turn: a group
--- given a job goes back at the end of the ring while it has more and is
--- under its cap (`cap`: GROUP_CONCURRENCY, '0' = none; P:{q}:groups:concurrency
--- wins). Each id taken counts as active for its group at once (claim gives
--- the count back through left_active when the job is not leased).
-local function pop_groups(base, n, cap)
+-- given a job goes back at the end of the ring while it has more, is under
+-- its cap (`cap`: GROUP_CONCURRENCY, '0' = none; P:{q}:groups:concurrency
+-- wins) and its rate window has room (`rate`: GROUP_RATE_LIMIT 'max:per_ms',
+-- '' = none; P:{q}:groups:rate wins) at `now` (ms). Each id taken counts as
+-- active for its group at once (claim gives the count back through
+-- left_active when the job is not leased).
+local function pop_groups(base, n, cap, rate, now)
   local ring, acts, caps = base .. 'groups', base .. 'groups:active', base .. 'groups:concurrency'
   local own = redis.call('EXISTS', caps) == 1  -- a group's own cap is set somewhere
+  local rates = base .. 'groups:rate'
+  local own_rate = redis.call('EXISTS', rates) == 1
+  release_limited(base, now)
   local out = {}
   while #out < n do
     local turn = redis.call('ZPOPMIN', ring, n - #out)
@@ -152,14 +212,26 @@ local function pop_groups(base, n, cap)
       local gb = group_base(base, g)
       local c = tonumber(own and redis.call('HGET', caps, g) or cap)
       local act = (c > 0) and tonumber(redis.call('HGET', acts, g) or '0') or 0
-      if c == 0 or act < c then
+      local max, per, start, used = group_window(gb, own_rate and redis.call('HGET', rates, g)
+        or rate, now)
+      if max and used >= max then
+        group_limited(base, g, start + per)
+      elseif c == 0 or act < c then
         local id = group_pop_one(gb)
         if id then
           out[#out + 1] = id
           act = redis.call('HINCRBY', acts, g, 1)
+          if max then
+            used = used + 1
+            redis.call('HSET', gb .. 'limiter', 'start', start, 'n', used)
+            -- relative: the window is on the host's clock, not Redis's
+            redis.call('PEXPIRE', gb .. 'limiter', math.max(1, start + per - now))
+          end
         end
         if not group_has_work(gb) then
           group_emptied(base, g, gb)
+        elseif max and used >= max then
+          group_limited(base, g, start + per)
         elseif c == 0 or act < c then
           back[#back + 1] = g
         else

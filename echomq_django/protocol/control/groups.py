@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from ...core.jobs import to_text
 from ...core.keyspace import validate_group, validate_queue
-from ...core.options import check_concurrency
+from ...core.options import check_concurrency, check_group_rate
 from ..wire import Part
 
 GROUPS_LISTED = 1000  # groups ``counts`` reads at most (the ones with work or paused)
@@ -57,6 +57,16 @@ class Groups(Part):
         if n is not None:
             check_concurrency(n)
         self._set(queue, group, "cap", "" if n is None else str(n))
+
+    def set_rate_limit(self, queue: str, group: str, limit: dict | None) -> None:
+        """At most ``limit["MAX"]`` of ``group``'s jobs on ``queue`` started
+        per fixed window of ``limit["PER_MS"]`` ms (whole numbers >= 1), from
+        the next claim on; None drops the group's own (``GROUP_RATE_LIMIT``
+        applies again, or none). Raises ``ValueError`` for a bad name or
+        limit (nothing written), ``RedisUnavailable``.
+        docs/howto/fair-queues.md#a-rate-limit-per-customer"""
+        validate_group(group)
+        self._set(queue, group, "rate", "" if limit is None else check_group_rate(limit))
 
     def concurrency(self, queue: str, group: str) -> int | None:
         """The cap ``claim`` applies to ``group`` of ``queue`` now (jobs): its
