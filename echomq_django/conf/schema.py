@@ -67,14 +67,12 @@ CAP_HINT = (
     "CONCURRENCY caps the queue's jobs active at once across all workers, e.g. 3; "
     "leave it out for no cap."
 )
-GROUP_CAP_HINT = (
-    "GROUP_CONCURRENCY caps the jobs of one group active at once, e.g. 2; "
-    "leave it out for no cap (emq.set_group_concurrency sets one group's own)."
-)
-GROUP_RATE_HINT = (
-    'e.g. {"MAX": 10, "PER_MS": 1000}: at most 10 jobs of one group started a second; '
-    "emq.set_group_rate_limit sets one group's own."
-)
+GROUP_CAP_HINT = "a cap per group such as 2, or leave GROUP_CONCURRENCY out for none."
+GROUP_RATE_HINT = 'e.g. {"MAX": 10, "PER_MS": 1000}: 10 jobs of one group started a second.'
+GROUP_CHECKS = {  # key -> (check, id, hint)
+    "GROUP_CONCURRENCY": (check_concurrency, "echomq_django.E080", GROUP_CAP_HINT),
+    "GROUP_RATE_LIMIT": (check_group_rate, "echomq_django.E081", GROUP_RATE_HINT),
+}
 DJANGO_REDIS_CACHE = "django.core.cache.backends.redis.RedisCache"
 
 
@@ -200,19 +198,12 @@ def problems(cfg: dict | None = None) -> list[tuple[str, str, str]]:
                 except ValueError as err:
                     out.append(("echomq_django.E018", f"queue {name!r}: {err}", CAP_HINT))
                 continue
-            if key == "GROUP_CONCURRENCY":  # docs/explanation/protocol.md#groups
+            if key in GROUP_CHECKS:  # docs/explanation/protocol.md#groups: E080, E081
+                check, cid, hint = GROUP_CHECKS[key]
                 try:
-                    check_concurrency(value)
+                    check(value)
                 except ValueError as err:
-                    message = f"queue {name!r}: GROUP_CONCURRENCY: {err}"
-                    out.append(("echomq_django.E080", message, GROUP_CAP_HINT))
-                continue
-            if key == "GROUP_RATE_LIMIT":  # docs/explanation/protocol.md#groups
-                try:
-                    check_group_rate(value)
-                except ValueError as err:
-                    message = f"queue {name!r}: GROUP_RATE_LIMIT: {err}"
-                    out.append(("echomq_django.E081", message, GROUP_RATE_HINT))
+                    out.append((cid, f"queue {name!r}: {key}: {err}", hint))
                 continue
             if key in KEEP_KEYS:  # retention (docs/explanation/lifecycle.md): E020-E023
                 out += [
