@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from redis.cluster import RedisCluster
 
-from echomq_django import EchoMQ, Flow
+from echomq_django import EchoMQ, Flow, task
 from echomq_django.conf.schema import problems
 from echomq_django.core.keyspace import GROUP_RULE
 from echomq_django.monitoring.stats import collect, render
@@ -164,6 +164,15 @@ def test_enqueue_many_and_flow_nodes_take_a_group(redis_client) -> None:
     mq.enqueue_many("q", [("n", 1, {"job_id": "o0", "group": "o"})])
     mq.add_flow(Flow("q", "n", job_id="root", children=[Flow("q", "n", job_id="leaf", group="f")]))
     assert ids_of(mq.claim("q", 5)) == ["m0", "o0", "leaf", "m1"]
+
+
+def test_a_canvas_signature_takes_a_group(redis_client) -> None:
+    mq = EchoMQ(redis_client)
+    for i in range(2):
+        mq.enqueue("q", "n", job_id=f"big{i}", group="big")
+    task("t.echo", queue="q").set(job_id="sig", group="small").enqueue(mq=mq)
+    assert mq.client.hget(mq.keys.job("q", "sig"), "group") == b"small"
+    assert ids_of(mq.claim("q", 3)) == ["big0", "sig", "big1"]
 
 
 @pytest.mark.parametrize("bad", ["a{b", "a}b", "a:b", "x" * 129, "", "a b", 7])
