@@ -251,12 +251,15 @@ def main(argv=None) -> None:
     p.add_argument("--idle-s", type=float, default=10, help="idle window (default %(default)s)")
     p.add_argument("--rate-s", type=int, default=60, help="rate-limited s (default %(default)s)")
     p.add_argument("--threads", type=int, default=4, help="per worker (default %(default)s)")
-    p.add_argument("--groups", type=int, default=0, help="groups run: groups (100; 0: skip)")
-    p.add_argument("--big", type=int, default=50_000, help="the big group's jobs")
-    p.add_argument("--small", type=int, default=10, help="each small group's jobs")
-    p.add_argument("--procs", type=int, default=2, help="worker processes (groups run)")
-    p.add_argument("--group-threads", type=int, default=50, help="threads each (groups run)")
-    p.add_argument("--pairs", type=int, default=3, help="plain/grouped pairs (groups run)")
+    for flag, default, text in (  # the groups run
+        ("--groups", 0, "groups (100; default 0: no groups run)"),
+        ("--big", 50_000, "the big group's jobs"),
+        ("--small", 10, "each small group's jobs"),
+        ("--procs", 2, "worker processes"),
+        ("--group-threads", 50, "threads each"),
+        ("--pairs", 3, "plain/grouped pairs"),
+    ):
+        p.add_argument(flag, type=int, default=default, help=f"groups run: {text}")
     p.add_argument("--only-groups", action="store_true", help="skip the other scenarios")
     args = p.parse_args(argv)
     global THREADS
