@@ -103,10 +103,13 @@ def test_pause_and_resume_a_group(redis_client) -> None:
     assert mq.groups.pause("q", "a") is False  # already paused
     mq.enqueue("q", "n", job_id="a1", group="a")  # adds go on
     assert ids_of(mq.claim("q", 5)) == ["b0"]
+    assert mq.client.zscore(mq.keys.queue("q").wake, "0") is None  # nothing to wake for
+    mq.enqueue("q", "n", job_id="a2", group="a")  # a paused group's add wakes nobody
+    assert mq.client.zscore(mq.keys.queue("q").wake, "0") is None
     assert list(mq.claim("q", 5)) == []
     assert mq.groups.resume("q", "a") is True
     assert mq.client.zscore(mq.keys.queue("q").wake, "0") == 0
-    assert ids_of(mq.claim("q", 5)) == ["a0", "a1"]
+    assert ids_of(mq.claim("q", 5)) == ["a0", "a1", "a2"]
 
 
 def test_a_groups_keys_go_with_its_last_job(redis_client) -> None:

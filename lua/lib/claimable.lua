@@ -110,8 +110,8 @@ local function make_claimable(base, ids, prios, front, groups)
     end
     n = #plain
   end
-  if pushed then
-    groups_pushed(base, pushed, grouped)
+  if pushed and not groups_pushed(base, pushed, grouped) and grouped == #ids then
+    return  -- every group it went to is paused, capped or rate limited: no wake-up
   end
   for i = 1, n, 1000 do  -- unpack() has a stack limit: push by the thousand
     redis.call('RPUSH', base .. 'pending', unpack(plain, i, math.min(i + 999, n)))

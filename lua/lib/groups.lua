@@ -89,16 +89,20 @@ local function group_push(base, group, id, p, front)
 end
 
 -- After `n` group_push calls to the groups `pushed` (a set: group -> true):
--- counted, known to the stats, each in the ring unless paused or capped.
+-- counted, known to the stats, each in the ring unless paused, capped or
+-- rate limited. True when one of them can give a job now (wake a worker).
 local function groups_pushed(base, pushed, n)
   redis.call('INCRBY', base .. 'groups:pending', n)
+  local ready = false
   for group in pairs(pushed) do
     redis.call('SADD', base .. 'groups:known', group)
     if redis.call('SISMEMBER', base .. 'groups:capped', group) == 0
         and not redis.call('ZSCORE', base .. 'groups:limited', group) then
       group_ready(base, group)
+      ready = ready or redis.call('ZSCORE', base .. 'groups', group) ~= false
     end
   end
+  return ready
 end
 
 -- Take `id` out of its group's claimable ids (removed or killed while pending).
