@@ -10,10 +10,11 @@ from __future__ import annotations
 import pytest
 from redis.cluster import RedisCluster
 
-from echomq_django import EchoMQ, Flow, task
+from echomq_django import EchoMQ, Flow, Worker, task
 from echomq_django.conf.schema import problems
 from echomq_django.core.keyspace import GROUP_RULE
 from echomq_django.monitoring.stats import collect, render
+from tests.support.workerkit import Background, wait_for
 
 CAPPED = {"q": {"GROUP_CONCURRENCY": 1}}
 
@@ -288,3 +289,33 @@ def test_group_rate_limit_setting_is_checked(bad) -> None:
     found = problems({"QUEUES": {"q": {"GROUP_RATE_LIMIT": bad}}})
     assert [p[0] for p in found] == ["echomq_django.E081"]
     assert problems({"QUEUES": {"q": {"GROUP_RATE_LIMIT": {"MAX": 5, "PER_MS": 100}}}}) == []
+
+
+def test_real_workers_wait_out_a_groups_window_and_go_on(redis_client) -> None:
+    """Two workers, one group allowed one start per 300 ms: its jobs start a
+    window apart (the 'd' marker wakes a worker when it opens), while the
+    other group's jobs run at once."""
+    queues = {"q": {}}
+    mq = EchoMQ(redis_client, queues=queues)
+    mq.groups.set_rate_limit("q", "slow", {"MAX": 1, "PER_MS": 300})  # "fast" has none
+    for i in range(3):
+        mq.enqueue("q", "t.echo", i, job_id=f"slow{i}", group="slow")
+        mq.enqueue("q", "t.echo", i, job_id=f"fast{i}", group="fast")
+    running = [
+        Background(Worker(["q"], concurrency=2, mq=EchoMQ(redis_client, queues=queues)))
+        for _ in range(2)
+    ]
+    try:
+        wait_for(lambda: mq.counts("q")["completed"] == 6, what="6 jobs")
+    finally:
+        for bg in running:
+            bg.worker.stop()
+        for bg in running:
+            bg.join()
+    starts = {
+        j: int(mq.client.hget(mq.keys.job("q", j), "started_at"))
+        for j in [f"{g}{i}" for g in ("slow", "fast") for i in range(3)]
+    }
+    slow = sorted(starts[f"slow{i}"] for i in range(3))
+    assert slow[1] - slow[0] >= 300 and slow[2] - slow[1] >= 300
+    assert max(starts[f"fast{i}"] for i in range(3)) < slow[1]
