@@ -216,6 +216,7 @@ def test_group_counts_in_stats(redis_client) -> None:
         "b": {"pending": 0, "active": 1, "paused": True, "concurrency": 1},
     }
     assert (mq.counts("q")["pending"], mq.counts("q")["active"]) == (2, 2)
+    assert mq.job_ids("q", "pending") == ["a1", "a2"]  # each group's, by name
     doc = collect(mq, ["q"])
     assert doc["queues"]["q"]["groups"]["a"] == {
         "pending": 2,
