@@ -39,8 +39,9 @@
   its cap (marked in groups:capped) comes back when one of its jobs leaves
   active (group_left), a paused one when it is resumed (lua/set_group.lua).
   Per job, claim spends about five commands on its group and a job leaving
-  active two (docs/explanation/performance.md#groups). So every key of a group
-  with no jobs is gone, and memory is bounded by the groups with work (the
+  active two, five when it was its group's last active one
+  (docs/explanation/performance.md#groups). So every key of a group with no
+  jobs is gone, and memory is bounded by the groups with work (the
   paused set and the cap hash hold what the operator set).
 ]]
 
