@@ -63,6 +63,7 @@ def test_stats_of_a_busy_queue_are_exact(tmq, clock):
                 "signals": 0,
                 "signals_oldest_age_s": None,
                 "signals_deadletter": 0,
+                "groups": {},
                 "in_settings": True,
                 "workers": 1,
                 "no_worker_for_s": None,

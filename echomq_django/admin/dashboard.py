@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from django.template.loader import render_to_string
 from django.utils.safestring import mark_safe
 
-from ..monitoring.stats import collect
+from ..monitoring.stats import GROUP_ROWS, collect
 from ..protocol.probes import MINUTES_KEPT
 from .display import jobs_url
 
@@ -122,7 +122,7 @@ def chart(rows: list[dict]) -> dict:
 
 def dashboard(mq, queues=(), minutes: int = 60) -> dict:
     """The page's context: ``{at (ms), minutes, now_minute, queues: [{name,
-    url, stats (stats.queue_stats + workers), chart}]}`` for ``queues``
+    url, stats (stats.queue_stats + workers), chart, groups}]}`` for ``queues``
     (names; empty: every known queue). Raises ``UnknownQueue`` naming the
     known queues, ``ValueError``, ``RedisUnavailable``. Every queue is read
     in one bulk read (``mq.probes.overview``), a fixed number of round
@@ -138,10 +138,19 @@ def dashboard(mq, queues=(), minutes: int = 60) -> dict:
                 "url": jobs_url(name),
                 "stats": entry,
                 "chart": chart(entry.pop("minutes")),
+                "groups": busiest_groups(entry["groups"]),
             }
             for name, entry in stats["queues"].items()
         ],
     }
+
+
+def busiest_groups(groups: dict) -> list[dict]:
+    """A queue's groups (stats' ``groups``) as rows ``{name, pending, active,
+    paused, concurrency}``, the ``GROUP_ROWS`` with the most pending jobs
+    first (docs/explanation/protocol.md#groups)."""
+    rows = sorted(groups.items(), key=lambda item: (-item[1]["pending"], item[0]))
+    return [{"name": name, **counts} for name, counts in rows[:GROUP_ROWS]]
 
 
 def dashboard_json(ctx: dict) -> dict:

@@ -1,7 +1,7 @@
 """What an operator changes while the queues run, over the ``EchoMQ`` built
 from settings (docs/explanation/house.md, "api/"):
-a queue's concurrency cap, and periodic entries added at run time
-(``schedules``). Stored in Redis, so every worker, pump and process sees a
+a queue's concurrency cap, one group's pause and cap, and periodic
+entries added at run time (``schedules``). Stored in Redis, so every worker, pump and process sees a
 change without a restart or a deploy.
 """
 
@@ -33,6 +33,48 @@ def get_concurrency(queue: str) -> int | None:
     Raises ``ValueError`` for a bad queue name, ``RedisUnavailable``.
     docs/howto/priorities-rate-limits.md#at-most-n-at-once-concurrency"""
     return get_mq().limits.concurrency(queue)
+
+
+def pause_group(queue: str, group: str) -> bool:
+    """Stop claims of ``group``'s jobs on ``queue``; adds go on and its
+    active jobs run on. True when it changed, False when it was paused
+    already. Raises ``ValueError`` for a bad queue or group name (nothing
+    written), ``RedisUnavailable``. docs/howto/fair-queues.md#pausing-one-customer"""
+    return get_mq().groups.pause(queue, group)
+
+
+def resume_group(queue: str, group: str) -> bool:
+    """Claims of ``group``'s jobs on ``queue`` go on (its workers are woken).
+    True when it changed, False when it was not paused. Raises
+    ``ValueError`` for a bad name, ``RedisUnavailable``.
+    docs/howto/fair-queues.md#pausing-one-customer"""
+    return get_mq().groups.resume(queue, group)
+
+
+def set_group_concurrency(queue: str, group: str, n: int | None) -> None:
+    """At most ``n`` (int, 1-1,000,000) of ``group``'s jobs on ``queue``
+    active at once, from the next claim on; ``None`` drops the group's own
+    cap (the queue's ``GROUP_CONCURRENCY`` applies again, or none). Raises
+    ``ValueError`` for a bad name or ``n``, before any write;
+    ``RedisUnavailable``. docs/howto/fair-queues.md#a-bigger-share-for-one-customer"""
+    get_mq().groups.set_concurrency(queue, group, n)
+
+
+def set_group_rate_limit(queue: str, group: str, limit: dict | None) -> None:
+    """At most ``limit["MAX"]`` of ``group``'s jobs on ``queue`` started per
+    fixed window of ``limit["PER_MS"]`` ms, from the next claim on; ``None``
+    drops the group's own (the queue's ``GROUP_RATE_LIMIT`` applies again, or
+    none). Raises ``ValueError`` for a bad name or limit, before any write;
+    ``RedisUnavailable``. docs/howto/fair-queues.md#a-rate-limit-per-customer"""
+    get_mq().groups.set_rate_limit(queue, group, limit)
+
+
+def get_group_concurrency(queue: str, group: str) -> int | None:
+    """The cap claims apply to ``group`` of ``queue`` now (jobs): its own
+    when set, else ``GROUP_CONCURRENCY``; None when there is none. Raises
+    ``ValueError`` for a bad name, ``RedisUnavailable``.
+    docs/howto/fair-queues.md#a-bigger-share-for-one-customer"""
+    return get_mq().groups.concurrency(queue, group)
 
 
 class Schedules:

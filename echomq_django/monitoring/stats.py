@@ -22,6 +22,7 @@ from ..runners.periodic import settings_state
 SCHEMA = "echomq.stats/1"
 WINDOW_MS = 60_000  # throughput is counted over the last minute
 STATES = tuple(s.value for s in JobState)
+GROUP_ROWS = 20  # groups the text table shows (--json has them all)
 
 
 class UnknownQueue(EchoMQError, ValueError):
@@ -36,7 +37,9 @@ def queue_stats(mq, queue: str, now_ms: int | None = None) -> dict:
     ``paused``, and the durable signals' backlog
     (docs/explanation/protocol.md#durable-signal-events): ``signals``
     (events not dispatched yet), ``signals_oldest_age_s`` (s or None),
-    ``signals_deadletter``. Raises ``ValueError`` for a bad name,
+    ``signals_deadletter``; ``groups`` (docs/reference/stats.md#groups): per
+    group with work or paused, ``{pending, active, paused, concurrency}``
+    (``{}`` for a queue without groups). Raises ``ValueError`` for a bad name,
     ``RedisUnavailable``."""
     now = mq.clock() if now_ms is None else now_ms
     return entries(mq, [queue], now)[1][queue]
@@ -48,6 +51,7 @@ def entries(mq, queues, now_ms: int, minutes: int | None = None) -> tuple[int | 
     whatever their number), with the per-minute rows as ``minutes`` when
     ``minutes`` is given: ``(now_minute or None, {queue: entry})``."""
     now_minute, rows = mq.probes.overview(queues, now_ms, WINDOW_MS, minutes)
+    groups = mq.groups.counts_many(rows)
     out = {}
     for name, row in rows.items():
         counts, (done, dead), backlog = row["counts"], row["finished"], row["signals"]
@@ -66,6 +70,7 @@ def entries(mq, queues, now_ms: int, minutes: int | None = None) -> tuple[int | 
             "signals": backlog["pending"],
             "signals_oldest_age_s": None if oldest is None else round(oldest / 1000, 3),
             "signals_deadletter": backlog["deadlettered"],
+            "groups": groups[name],
         }
         if minutes is not None:
             out[name]["minutes"] = row["minutes"]
@@ -195,6 +200,26 @@ def render(doc: dict) -> str:
         lines += _table([c for c, _ in QUEUE_COLUMNS], rows)
     else:
         lines.append("no queues known yet (no job added, none in ECHOMQ['QUEUES'])")
+    groups = [(q, g, c) for q, s in doc["queues"].items() for g, c in s.get("groups", {}).items()]
+    if groups:  # docs/explanation/protocol.md#groups: the busiest GROUP_ROWS
+        groups.sort(key=lambda row: (-row[2]["pending"], row[0], row[1]))
+        lines += [
+            "",
+            f"groups: {len(groups)}"
+            + (f" (the {GROUP_ROWS} busiest)" * (len(groups) > GROUP_ROWS)),
+        ]
+        rows = [
+            [
+                q,
+                g,
+                c["pending"],
+                c["active"],
+                "yes" if c["paused"] else "no",
+                c["concurrency"] or "-",
+            ]
+            for q, g, c in groups[:GROUP_ROWS]
+        ]
+        lines += _table(["queue", "group", "pending", "active", "paused", "cap"], rows)
     if doc.get("schedule"):
         lines += ["", f"periodic jobs: {len(doc['schedule'])}"]
         rows = [

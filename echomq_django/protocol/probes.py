@@ -21,7 +21,7 @@ ROWS_PER_TRIP = 500  # job rows per pipelined round trip (rows, states, exist)
 MINUTES_KEPT = 1440
 MINUTE_KINDS = {"a": "added", "c": "completed", "f": "failed", "d": "dead"}
 KINDS = tuple(MINUTE_KINDS.values())
-COUNT_READS = 9  # the reads count_commands queues
+COUNT_READS = 10  # the reads count_commands queues
 
 
 def count_commands(pipe, k) -> None:
@@ -33,14 +33,15 @@ def count_commands(pipe, k) -> None:
     pipe.llen(k.outbox)
     pipe.llen(k.deadletter)
     pipe.zcard(k.prioritized)  # pending jobs with a priority
+    pipe.get(k.groups_pending)  # pending jobs in groups (docs/explanation/protocol.md#groups)
 
 
 def count_replies(replies) -> dict[str, int]:
     """Jobs per state index, plus ``outbox`` and ``deadletter`` lengths,
     from the replies to ``count_commands``."""
-    pending, active, delayed, completed, dead, awaiting, outbox, dl, ranked = replies
+    pending, active, delayed, completed, dead, awaiting, outbox, dl, ranked, grouped = replies
     return {
-        "pending": pending + ranked,
+        "pending": pending + ranked + int(grouped or 0),
         "active": active,
         "delayed": delayed,
         "completed": completed,

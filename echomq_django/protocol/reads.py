@@ -350,16 +350,22 @@ class Reads(Part):
         self, queue: str, state: JobState | str, start: int = 0, end: int = -1
     ) -> list[str]:
         """Ids in one state index, oldest first (pending: the order claims
-        take them, priorities included, docs/explanation/protocol.md#scheduling)."""
-        key = self.keys.queue(queue).index(JobState(state))
+        take them, priorities included, docs/explanation/protocol.md#scheduling;
+        then each group's, by group name, docs/explanation/protocol.md#groups)."""
+        k = self.keys.queue(queue)
+        key = k.index(JobState(state))
         if JobState(state) is JobState.PENDING:
-            ranked = self.keys.queue(queue).prioritized
-            if not self.client.exists(ranked):
+            ranked = k.prioritized
+            if not self.client.exists(ranked, k.groups_known):
                 return [to_text(v) for v in self.client.lrange(key, start, end)]
+            groups = sorted(to_text(g) for g in self.client.smembers(k.groups_known))
             pipe = self.client.pipeline(transaction=False)
-            pipe.zrange(ranked, "-inf", "(0", byscore=True)  # priorities above 0
-            pipe.lrange(key, 0, -1)  # priority 0
-            pipe.zrange(ranked, 0, "+inf", byscore=True)  # priorities below 0
+            parts = [(ranked, key)]
+            parts += [(k.group(g, "prioritized"), k.group(g, "pending")) for g in groups]
+            for zset, plain in parts:
+                pipe.zrange(zset, "-inf", "(0", byscore=True)  # priorities above 0
+                pipe.lrange(plain, 0, -1)  # priority 0
+                pipe.zrange(zset, 0, "+inf", byscore=True)  # priorities below 0
             ids = [to_text(v) for part in pipe.execute() for v in part]
             return ids[start : None if end == -1 else end + 1]
         return [to_text(v) for v in self.client.zrange(key, start, end)]
