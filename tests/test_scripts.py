@@ -133,6 +133,7 @@ def drive_every_operation(mq, clock) -> None:
     mq.extend_lease(job, 1000)
     job.report_progress(50)  # report_progress
     job.log("half way")  # append_log
+    mq.probes.minute_counts(["q"], 48, per=24)  # sum_minutes
     assert mq.fail(job, "once") is JobState.DELAYED
     clock.advance(100)
     assert mq.timers.promote_delayed("q") == 2

@@ -61,7 +61,7 @@ def chart(rows: list[dict]) -> dict:
     cols = []
     for i in range(0, len(rows), per):
         group = rows[i : i + per]
-        col = {"minute": group[0]["minute"], "minutes": len(group)}
+        col = {"minute": group[0]["minute"], "minutes": sum(r.get("minutes", 1) for r in group)}
         col.update((k, sum(r[k] for r in group)) for k in KINDS)
         cols.append(col)
     peak = max([1] + [max(sum(c[k] for k in STACKED), c["added"]) for c in cols])
@@ -127,7 +127,9 @@ def dashboard(mq, queues=(), minutes: int = 60) -> dict:
     known queues, ``ValueError``, ``RedisUnavailable``. Every queue is read
     in one bulk read (``mq.probes.overview``), a fixed number of round
     trips whatever the number of queues."""
-    stats = collect(mq, queues, minutes=minutes)  # one bulk read, the charts' rows too
+    # one bulk read, the charts' rows too: a range longer than COLUMNS
+    # minutes is summed into its columns on the server (lua/sum_minutes.lua)
+    stats = collect(mq, queues, minutes=minutes, per=math.ceil(minutes / COLUMNS))
     return {
         "at": stats["at"],
         "minutes": minutes,

@@ -45,12 +45,15 @@ def queue_stats(mq, queue: str, now_ms: int | None = None) -> dict:
     return entries(mq, [queue], now)[1][queue]
 
 
-def entries(mq, queues, now_ms: int, minutes: int | None = None) -> tuple[int | None, dict]:
+def entries(
+    mq, queues, now_ms: int, minutes: int | None = None, per: int = 1
+) -> tuple[int | None, dict]:
     """``queue_stats`` of each of ``queues`` (names) at ``now_ms`` (ms) from
     one bulk read (``mq.probes.overview``: a fixed number of round trips
     whatever their number), with the per-minute rows as ``minutes`` when
-    ``minutes`` is given: ``(now_minute or None, {queue: entry})``."""
-    now_minute, rows = mq.probes.overview(queues, now_ms, WINDOW_MS, minutes)
+    ``minutes`` is given (``per`` minutes a row): ``(now_minute or None,
+    {queue: entry})``."""
+    now_minute, rows = mq.probes.overview(queues, now_ms, WINDOW_MS, minutes, per=per)
     groups = mq.groups.counts_many(rows)
     out = {}
     for name, row in rows.items():
@@ -107,20 +110,22 @@ def resolve_queues(mq, asked=()) -> list[str]:
     return names
 
 
-def collect(mq, queues=(), now_ms: int | None = None, minutes: int | None = None) -> dict:
+def collect(
+    mq, queues=(), now_ms: int | None = None, minutes: int | None = None, per: int = 1
+) -> dict:
     """The stats document (``SCHEMA``): ``{schema, at (ms), prefix, queues:
     {name: queue_stats + in_settings, workers, no_worker_for_s}, processes: [ProcessInfo
     dicts]}``. ``queues`` empty: every known queue. With ``minutes`` (the
     dashboard's chart), each queue also holds its per-minute rows
-    (``minutes``, as ``mq.probes.minute_counts``) and the document
-    ``now_minute``, from the same bulk read. Raises ``UnknownQueue``,
+    (``minutes``, as ``mq.probes.minute_counts`` with ``per`` minutes a
+    row) and the document ``now_minute``, from the same bulk read. Raises ``UnknownQueue``,
     ``ValueError``, ``RedisUnavailable``."""
     now = mq.clock() if now_ms is None else now_ms
     procs = mq.presence.live_processes(now)
     names = resolve_queues(mq, queues)
     configured = set(settings_queues())
     since = mq.presence.no_worker_since(names)
-    now_minute, out = entries(mq, names, now, minutes)
+    now_minute, out = entries(mq, names, now, minutes, per)
     for name, entry in out.items():
         entry["in_settings"] = name in configured
         entry["workers"] = sum(1 for p in procs if p.kind == "worker" and name in p.queues)

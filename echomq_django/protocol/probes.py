@@ -2,9 +2,10 @@
 (docs/explanation/house.md, "protocol/"): many rows in one pipelined round trip, the
 events stream (``P:{q}:events``) after an entry, a job's last change, the
 age of the oldest pending job, the throughput of the last minute, and the
-per-minute counters (``P:{q}:minutes``, written by ``lua/lib/emit.lua``).
+per-minute counters (``P:{q}:minutes``, written by ``lua/lib/emit.lua``;
+a long range summed on the server by ``lua/sum_minutes.lua``).
 
-``Probes`` is the part ``mq.probes``; it never writes, and runs no script.
+``Probes`` is the part ``mq.probes``; it never writes.
 """
 
 from __future__ import annotations
@@ -188,16 +189,20 @@ class Probes(Part):
         return int(done), int(dead)
 
     @reports_redis_down
-    def minute_counts(self, queues, minutes: int = 60) -> tuple[int, dict[str, list[dict]]]:
+    def minute_counts(
+        self, queues, minutes: int = 60, per: int = 1
+    ) -> tuple[int, dict[str, list[dict]]]:
         """The per-minute counters of ``queues`` (names) over the last
         ``minutes`` minutes (int, 1 to ``MINUTES_KEPT``), the current one
         last, by Redis's clock (docs/explanation/protocol.md#minute-counters).
-        Returns ``(now_minute, {queue: [{minute, added, completed, failed,
-        dead}]})``: ``minute`` is minutes since the epoch, a minute nobody
+        Returns ``(now_minute, {queue: [{minute, minutes, added, completed,
+        failed, dead}]})``: one row per ``per`` consecutive minutes (int >=
+        1; the last row may hold fewer), ``minute`` its first in minutes
+        since the epoch, ``minutes`` how many it sums; a minute nobody
         counted in reads 0. Two round trips for every queue together
         (Redis's ``TIME``, then the rings); raises ``ValueError`` for a
-        ``minutes`` outside the kept range, before any Redis I/O."""
-        now, out = self.overview(queues, minutes=minutes, stats=False)
+        ``minutes`` or ``per`` outside its range, before any Redis I/O."""
+        now, out = self.overview(queues, minutes=minutes, stats=False, per=per)
         return now, {q: row["minutes"] for q, row in out.items()}
 
     @reports_redis_down
@@ -208,6 +213,7 @@ class Probes(Part):
         window_ms: int = 60_000,
         minutes: int | None = None,
         stats: bool = True,
+        per: int = 1,
     ) -> tuple[int | None, dict[str, dict]]:
         """Everything the stats and the dashboard show of ``queues`` (names),
         in a fixed number of pipelined round trips whatever their number
@@ -219,13 +225,20 @@ class Probes(Part):
         ``mq.signal_events.backlog``), ``head_since`` (ms the pending head
         last changed state; None when nothing waits), ``paused``; with
         ``minutes`` (1 to ``MINUTES_KEPT``), ``minutes``: the rows
-        ``minute_counts`` answers. Returns ``(now_minute or None, {queue:
-        dict})``. Raises ``ValueError`` for a bad name or ``minutes``,
+        ``minute_counts`` answers for ``per`` (minutes a row sums: with
+        ``per`` > 1 each ring is summed on the server by
+        ``lua/sum_minutes.lua``, a few integers a queue over the wire).
+        Returns ``(now_minute or None, {queue: dict})``. Raises
+        ``ValueError`` for a bad name, ``minutes`` or ``per``,
         before any Redis I/O."""
         if minutes is not None and (type(minutes) is not int or not 1 <= minutes <= MINUTES_KEPT):
             raise ValueError(
                 f"minutes {minutes!r}: the counters keep the last {MINUTES_KEPT} minutes "
                 f"(a whole number from 1 to {MINUTES_KEPT})"
+            )
+        if type(per) is not int or not 1 <= per <= MINUTES_KEPT:
+            raise ValueError(
+                f"per {per!r}: a row sums a whole number of minutes from 1 to {MINUTES_KEPT}"
             )
         names = [validate_queue(q) for q in queues]
         now = self.clock() if now_ms is None else now_ms
@@ -248,7 +261,7 @@ class Probes(Part):
                 pipe.zrange(k.prioritized, "-inf", "(0", byscore=True, offset=0, num=1)
                 pipe.lindex(k.pending, 0)
                 pipe.zrange(k.prioritized, 0, "+inf", byscore=True, offset=0, num=1)
-            if minutes is not None:
+            if minutes is not None and per == 1:
                 if whole:
                     pipe.hgetall(k.minutes)
                 else:
@@ -268,8 +281,17 @@ class Probes(Part):
                 row["head_since"] = None
                 if first:
                     heads[q] = to_text(first[0])
-            if minutes is not None:
+            if minutes is not None and per == 1:
                 row["minutes"] = _ring_rows(next(replies), span, whole)
+        if minutes is not None and per > 1:
+            calls = [
+                ("sum_minutes", [self.keys.queue(q).minutes], [span.start, len(span), per])
+                for q in names
+            ]
+            for q, sums in zip(names, self.scripts.run_many(calls), strict=True):
+                if isinstance(sums, Exception):
+                    raise sums
+                out[q]["minutes"] = _summed_rows(sums, span, per)
         if heads:
             pipe = self.client.pipeline(transaction=False)
             for q, job_id in heads.items():
@@ -278,6 +300,18 @@ class Probes(Part):
                 stamp = since or created
                 out[q]["head_since"] = None if stamp is None else int(stamp)
         return now_minute, out
+
+
+def _summed_rows(sums: list, span: range, per: int) -> list[dict]:
+    """``minute_counts``'s rows of ``per`` minutes each from
+    ``lua/sum_minutes.lua``'s reply (four counts a row, in ``KINDS``
+    order) for the minutes of ``span``."""
+    rows = []
+    for i, first in enumerate(range(span.start, span.stop, per)):
+        row = {"minute": first, "minutes": min(per, span.stop - first)}
+        row.update(zip(KINDS, (int(n) for n in sums[4 * i : 4 * i + 4]), strict=True))
+        rows.append(row)
+    return rows
 
 
 def _ring_rows(reply, span: range, whole: bool) -> list[dict]:
@@ -297,7 +331,7 @@ def _ring_rows(reply, span: range, whole: bool) -> list[dict]:
             if stamp is not None and int(stamp) == m:
                 counted[m] = values
     zero = dict.fromkeys(KINDS, 0)
-    rows = [{"minute": m, **zero} for m in span]
+    rows = [{"minute": m, "minutes": 1, **zero} for m in span]
     for m, values in counted.items():
         rows[m - span.start].update(zip(KINDS, (int(n or 0) for n in values), strict=True))
     return rows
