@@ -120,7 +120,9 @@ class Reporter:
     worker's ``metrics.ProcessMetrics``) or None. ``processed`` and
     ``stats`` (``completed``, ``failed`` = will retry, ``dead``, ``lost``)
     count every run; ``unreported`` counts jobs handed over and not reported
-    yet in this run.
+    yet in this run. ``flush()``: sends the handlers' pending progress and
+    log writes (``flusher.Flusher.flush``), called before each batch so a
+    job's writes reach Redis before its completion or failure.
     """
 
     def __init__(
@@ -131,8 +133,10 @@ class Reporter:
         released: Callable[[str], None],
         wake: Callable[[], None],
         metrics: Any = None,
+        flush: Callable[[], None] | None = None,
     ) -> None:
         self.mq, self.sender, self.metrics = mq, sender, metrics
+        self._flush = flush
         self._forget, self._released, self._wake = forget, released, wake
         self.processed = 0
         self.stats = {"completed": 0, "failed": 0, "dead": 0, "lost": 0, "postponed": 0}
@@ -203,6 +207,8 @@ class Reporter:
         ``RedisUnavailable`` (propagated) loses nothing."""
         if not finished:
             return
+        if self._flush is not None:  # their progress and log writes land first
+            self._flush()
         kept: list[Finished] = []  # not refused, not taken: sent again after a pause
         self._postpone(finished)
         good = [f for f in finished if f.error is None]
