@@ -7,8 +7,9 @@ plain jobs added before the clock starts. "plain" runs a handler that
 returns at once; "reporting" one that first calls
 ``job.report_progress(50)`` and ``job.log("half way")``. Rounds alternate
 plain / reporting; the medians of jobs per second are printed, with the
-cost as a share of the plain rate, and each kind's Redis time per job
-(SLOWLOG, which the machine's noise does not reach).
+cost as a share of the plain rate, each kind's Redis time per job
+(SLOWLOG, which the machine's noise does not reach), and the round trips
+the worker's flusher made per job (the reporter's flush rides its batch).
 """
 
 from __future__ import annotations
@@ -51,9 +52,10 @@ def _redis_us_per_job(client, n: int) -> float:
     return total / n
 
 
-def drain(mq, client, name: str, n: int, concurrency: int) -> tuple[float, float]:
+def drain(mq, client, name: str, n: int, concurrency: int) -> tuple[float, float, float]:
     """Add ``n`` jobs named ``name``, then drain them with a burst worker;
-    returns (jobs per second, Redis us per job)."""
+    returns (jobs per second, Redis us per job, round trips of progress and
+    log writes per job)."""
     from echomq_django import Worker
 
     client.flushall()
@@ -64,7 +66,7 @@ def drain(mq, client, name: str, n: int, concurrency: int) -> tuple[float, float
     done = worker.run(burst=True)
     elapsed = time.perf_counter() - started
     assert done == n, (done, n)
-    return n / elapsed, _redis_us_per_job(client, n)
+    return n / elapsed, _redis_us_per_job(client, n), worker.loop.writes.stats["sends"] / n
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -91,12 +93,16 @@ def main(argv: list[str] | None = None) -> None:
         for _ in range(args.rounds):
             for name in (PLAIN, REPORTING):
                 rates[name].append(drain(mq, client, name, args.jobs, args.concurrency))
-        plain = statistics.median(r for r, _ in rates[PLAIN])
-        reporting = statistics.median(r for r, _ in rates[REPORTING])
+        plain = statistics.median(r for r, _, _ in rates[PLAIN])
+        reporting = statistics.median(r for r, _, _ in rates[REPORTING])
         for name in (PLAIN, REPORTING):
-            rate = statistics.median(r for r, _ in rates[name])
-            us = statistics.median(u for _, u in rates[name])
-            print(f"{name:16} {rate:8.0f} jobs/s   Redis {us:6.1f} us/job")
+            rate = statistics.median(r for r, _, _ in rates[name])
+            us = statistics.median(u for _, u, _ in rates[name])
+            trips = statistics.median(t for _, _, t in rates[name])
+            print(
+                f"{name:16} {rate:8.0f} jobs/s   Redis {us:6.1f} us/job   "
+                f"{trips:5.3f} round trips of writes/job"
+            )
         print(f"cost of one progress + one log write per job: {100 * (1 - reporting / plain):.1f}%")
     finally:
         server.stop()

@@ -3,7 +3,8 @@ and sent pipelined (docs/explanation/protocol.md#progress-and-log-lines).
 
 A handler's ``job.report_progress`` / ``job.log`` checks its value on the
 host and hands it here (``Flusher.put``), returning without a round trip.
-The flusher thread blocks on a condition until writes are pending, takes
+The flusher thread blocks on a condition until writes are pending, gathers
+more for up to ``LINGER_S`` (or until ``SEND_AT`` wait), then takes
 everything every handler thread put meanwhile and sends it in one round
 trip (``mq.progress.write_many``: one ``write_reports`` script per queue,
 each job's progress values and lines in the order written). Before the
@@ -32,6 +33,11 @@ from .outage import REDIS_DOWN, Outage
 log = logging.getLogger("echomq_django.worker")
 
 MAX_PENDING = 10_000  # writes a worker holds unsent at most (a handler waits beyond)
+# Once a write waits, the thread gathers more for up to LINGER_S (s), or until SEND_AT
+# writes wait: one round trip then carries many jobs' writes instead of one or two, and
+# the writes of a job that ends meanwhile ride the reporter's flush instead
+LINGER_S = 0.005
+SEND_AT = 500
 
 
 class Refused:
@@ -52,11 +58,12 @@ class Flusher:
     held unsent (count). ``put`` from any thread; ``run`` is the thread;
     ``flush()`` sends what is pending now (the reporter, before each
     batch); ``close()`` ends ``run`` after a last send. ``stats``:
-    ``sent`` (writes Redis took) and ``dropped`` (writes refused)."""
+    ``sent`` (writes Redis took), ``dropped`` (writes refused) and
+    ``sends`` (round trips)."""
 
     def __init__(self, mq: EchoMQ, max_pending: int = MAX_PENDING) -> None:
         self.mq, self.max_pending = mq, max_pending
-        self.stats = {"sent": 0, "dropped": 0}
+        self.stats = {"sent": 0, "dropped": 0, "sends": 0}
         self._cv = threading.Condition()  # guards _pending, _closing
         self._send = threading.Lock()  # one send at a time, in the order taken
         self._pending: list[tuple[Job, str | None, str | None]] = []
@@ -72,9 +79,12 @@ class Flusher:
                     return False
                 self._cv.wait()
             self._pending.append((job, progress, line))
-            if len(self._pending) == 1:
+            if len(self._pending) in (1, SEND_AT):
                 self._cv.notify_all()
         return True
+
+    def _ready(self) -> bool:
+        return len(self._pending) >= SEND_AT or self._closing
 
     def pending(self) -> int:
         """Writes taken and not sent yet."""
@@ -101,6 +111,7 @@ class Flusher:
             with self._cv:
                 while not self._pending and not self._closing:
                     self._cv.wait()
+                self._cv.wait_for(self._ready, timeout=LINGER_S)
                 closing = self._closing
             try:
                 self.flush()
@@ -129,6 +140,7 @@ class Flusher:
             if not batch:
                 return
             items = gathered(batch)
+            self.stats["sends"] += 1
             try:
                 replies = self.mq.progress.write_many(items)
             except REDIS_DOWN:
