@@ -76,9 +76,9 @@ class ClaimLoop:
         self.shutdown_timeout = shutdown_timeout
         self.claims = Claims()
         self.writes = Flusher(mq)  # its handlers' progress and log writes, sent pipelined
-        forget, flush = self.claims.forget, self.writes.flush
+        forget, writes = self.claims.forget, self.writes
         self.reporter = Reporter(
-            mq, sender, forget, self.on_released, self.wake, metrics=metrics, flush=flush
+            mq, sender, forget, self.on_released, self.wake, metrics=metrics, writes=writes
         )
         self.timeouts = Timeouts(self._on_timeout)
         self.idle = Idle(self, block_s, sweep_s, max_stalls)

@@ -7,11 +7,12 @@ The flusher thread blocks on a condition until writes are pending, gathers
 more for up to ``LINGER_S`` (or until ``SEND_AT`` wait), then takes
 everything every handler thread put meanwhile and sends it in one round
 trip (``mq.progress.write_many``: one ``write_reports`` script per queue,
-each job's progress values and lines in the order written). Before the
-reporter completes or fails a batch it calls ``flush()``, which sends what
-is still pending on its own thread, after any send in flight: a job's
-writes always reach Redis before its completion, so ``get_job().progress``
-and the job log are final when the job is.
+each job's progress values and lines in the order written). When the
+reporter completes or fails a batch it takes what is still pending, after
+any send in flight (``riding``), and sends it in its completions' round
+trip, ahead of them (or alone, before its failures): a job's writes always
+reach Redis before its completion, so ``get_job().progress`` and the job
+log are final when the job is.
 
 Each job's writes are checked against its lease by the script. A refused
 one (``LeaseLost``, ``JobNotActive``, ``JobNotFound``) is dropped, counted
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from contextlib import contextmanager
 
 from ..core.jobs import Job
 from ..protocol.client import EchoMQ
@@ -35,8 +37,8 @@ log = logging.getLogger("echomq_django.worker")
 MAX_PENDING = 10_000  # writes a worker holds unsent at most (a handler waits beyond)
 # Once a write waits, the thread gathers more for up to LINGER_S (s), or until SEND_AT
 # writes wait: one round trip then carries many jobs' writes instead of one or two, and
-# the writes of a job that ends meanwhile ride the reporter's flush instead
-LINGER_S = 0.005
+# the writes of a job that ends meanwhile ride its completion's round trip instead
+LINGER_S = 0.02
 SEND_AT = 500
 
 
@@ -133,20 +135,37 @@ class Flusher:
         """Send every write pending now, after any send in flight, on this
         thread. Raises ``RedisUnavailable`` with the writes kept (sent again
         first)."""
+        with self.riding():
+            pass
+
+    @contextmanager
+    def riding(self):
+        """Take every write pending now (after any send in flight; no other
+        send starts until the block ends) and yield their script calls, a
+        list the caller may send ahead of its own in one round trip
+        (``EchoMQ.complete_many(..., ahead=calls)``, which replaces each
+        call by its reply). Calls not sent by the end of the block are sent
+        alone then. A ``RedisUnavailable`` keeps the writes (sent again
+        first) and propagates."""
         with self._send:
             with self._cv:
                 batch, self._pending = self._pending, []
                 self._cv.notify_all()  # room again
-            if not batch:
-                return
             items = gathered(batch)
-            self.stats["sends"] += 1
+            calls, owners = self.mq.progress.calls(items) if items else ([], [])
+            ahead = list(calls)
             try:
-                replies = self.mq.progress.write_many(items)
+                yield ahead
+                if ahead and ahead[0] is calls[0]:  # not sent by the caller
+                    ahead[:] = self.mq.progress.run(calls)
             except REDIS_DOWN:
                 with self._cv:
                     self._pending[:0] = batch
                 raise
+            if not items:
+                return
+            self.stats["sends"] += 1
+        replies = self.mq.progress.replies(len(items), owners, ahead)
         for (job, progress, lines), reply in zip(items, replies, strict=True):
             n = len(progress) + len(lines)
             if isinstance(reply, Exception):

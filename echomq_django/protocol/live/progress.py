@@ -68,6 +68,20 @@ class Progress(Part):
         the script refused (``JobNotFound``, ``JobNotActive``,
         ``LeaseLost``: nothing written for it). Raises ``RedisUnavailable``
         when Redis cannot be reached (nothing known written)."""
+        calls, owners = self.calls(items)
+        return self.replies(len(items), owners, self.run(calls))
+
+    def run(self, calls: list) -> list:
+        """Send ``calls`` (from ``calls``) in one round trip; their replies,
+        an exception for each refused. Raises ``RedisUnavailable``."""
+        if len(calls) == 1:
+            return [self.wire.run_or_error(*calls[0])]
+        return self.scripts.run_many(calls)
+
+    def calls(self, items: list[tuple[Job, list[str], list[str]]]) -> tuple[list, list]:
+        """The ``write_reports`` calls ``(name, keys, args)`` that send
+        ``items`` (as ``write_many``), one per queue, and for each the index
+        in ``items`` of each of its job entries (for ``replies``)."""
         by_queue: dict[str, list[tuple[int, list]]] = {}
         for i, (job, progress, lines) in enumerate(items):
             entries = by_queue.setdefault(job.queue, [])
@@ -83,11 +97,13 @@ class Progress(Part):
                 args += entry
             calls.append(("write_reports", [k.events], args))
             owners.append([i for i, _ in entries])
-        if len(calls) == 1:
-            replies = [self.wire.run_or_error(*calls[0])]
-        else:
-            replies = self.scripts.run_many(calls)
-        out: list[int | Exception] = [0] * len(items)
+        return calls, owners
+
+    @staticmethod
+    def replies(n: int, owners: list, replies: list) -> list[int | Exception]:
+        """The ``n`` items' answers (as ``write_many`` returns them) from the
+        replies of the ``calls`` whose ``owners`` these are."""
+        out: list[int | Exception] = [0] * n
         for idx, reply in zip(owners, replies, strict=True):
             entries = reply if isinstance(reply, list) else [reply] * len(idx)
             for i, entry in zip(idx, entries, strict=True):
