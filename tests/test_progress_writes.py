@@ -234,3 +234,18 @@ def test_a_child_s_write_under_a_lost_lease_is_dropped_and_a_later_call_raises(m
     assert mq.job_logs("q", "a") == []
     assert worker.loop.writes.stats["sent"] == 1
     assert worker.loop.writes.stats["dropped"] >= 1
+
+
+def test_a_completion_carries_writes_ahead_of_it_in_its_round_trip(mq) -> None:
+    a, b = claimed(mq, job_id="a"), claimed(mq, job_id="b")
+    calls, owners = mq.progress.calls([(a, ["70"], ["last line"]), (b, ["80"], [])])
+    ahead = list(calls)
+    outcomes = mq.complete_many([(a, "done")], ahead)
+    assert [o.state for o in outcomes] == [JobState.COMPLETED]
+    assert mq.progress.replies(2, owners, ahead) == [1, 0]  # replaced in place by the replies
+    assert (mq.get_job("q", "a").progress, mq.job_logs("q", "a")) == (70, ["last line"])
+    assert mq.get_job("q", "b").progress == 80
+    assert [k for k in events_by_job(mq)["a"] if k in ("progress", "completed")] == [
+        "progress",
+        "completed",
+    ]
