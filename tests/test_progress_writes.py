@@ -201,13 +201,18 @@ def test_a_refused_job_raises_a_fresh_copy_of_its_error_each_call(mq) -> None:
 def test_an_async_handler_s_writes_take_no_thread_in_a_worker(mq) -> None:
     import asyncio
 
+    class Seen(Flusher):
+        def put(self, job, progress, line, block=True):
+            self.threads = [*getattr(self, "threads", []), threading.get_ident()]
+            return super().put(job, progress, line, block)
+
     job = claimed(mq)
-    writes = Flusher(mq)
+    writes = Seen(mq)
     job._writes = writes
-    before = threading.active_count()
     asyncio.run(job.areport_progress(30))
     asyncio.run(job.alog("async line"))
-    assert (writes.pending(), threading.active_count()) == (2, before)
+    assert writes.threads == [threading.get_ident()] * 2  # the loop's own thread
+    assert writes.pending() == 2
     writes.flush()
     assert (mq.get_job("q", "a").progress, mq.job_logs("q", "a")) == (30, ["async line"])
 

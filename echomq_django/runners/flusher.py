@@ -6,7 +6,7 @@ host and hands it here (``Flusher.put``), returning without a round trip.
 The flusher thread blocks on a condition until writes are pending, gathers
 more for up to ``LINGER_S`` (or until ``SEND_AT`` wait), then takes
 everything every handler thread put meanwhile and sends it in one round
-trip (``mq.progress.write_many``: one ``write_reports`` script per queue,
+trip (``mq.progress.calls`` and ``run``: one ``write_reports`` script per queue,
 each job's progress values and lines in the order written). When the
 reporter completes or fails a batch it takes what is still pending, after
 any send in flight (``riding``), and sends it in its completions' round
@@ -50,6 +50,8 @@ class Refused:
         self.error = error
 
     def put(self, job: Job, progress: str | None, line: str | None, block: bool = True) -> bool:
+        """Raise the refusal again (``LeaseLost``, ``JobNotActive``,
+        ``JobNotFound``); the write is not taken."""
         raise type(self.error)(*self.error.args)
 
 
