@@ -254,3 +254,25 @@ def test_a_completion_carries_writes_ahead_of_it_in_its_round_trip(mq) -> None:
         "progress",
         "completed",
     ]
+
+
+def test_an_outage_keeps_the_writes_and_sends_them_first_after(mq) -> None:
+    import redis
+
+    from echomq_django import EchoMQ, RedisUnavailable
+    from tests.support.rigs import free_port
+
+    job = claimed(mq)
+    away = EchoMQ(redis.Redis(port=free_port(), socket_connect_timeout=0.2), prefix="emq")
+    writes = Flusher(away)
+    job._writes = writes
+    job.report_progress(10)
+    job.log("before the outage")
+    with pytest.raises(RedisUnavailable):
+        writes.flush()
+    assert (writes.pending(), counted(writes)) == (2, {"sent": 0, "dropped": 0})
+    job.log("during the outage")
+    writes.mq = mq  # Redis is back
+    writes.flush()
+    assert mq.job_logs("q", "a") == ["before the outage", "during the outage"]
+    assert (mq.get_job("q", "a").progress, writes.pending()) == (10, 0)
