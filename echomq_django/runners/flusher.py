@@ -63,7 +63,8 @@ class Flusher:
     ``flush()`` sends what is pending now (the reporter, before each
     batch); ``close()`` ends ``run`` after a last send. ``stats``:
     ``sent`` (writes Redis took), ``dropped`` (writes refused) and
-    ``sends`` (round trips)."""
+    ``sends`` (round trips of their own, not those riding a batch's
+    completions)."""
 
     def __init__(self, mq: EchoMQ, max_pending: int = MAX_PENDING) -> None:
         self.mq, self.max_pending = mq, max_pending
@@ -160,13 +161,13 @@ class Flusher:
                 yield ahead
                 if ahead and ahead[0] is calls[0]:  # not sent by the caller
                     ahead[:] = self.mq.progress.run(calls)
+                    self.stats["sends"] += 1
             except REDIS_DOWN:
                 with self._cv:
                     self._pending[:0] = batch
                 raise
             if not items:
                 return
-            self.stats["sends"] += 1
         replies = self.mq.progress.replies(len(items), owners, ahead)
         for (job, progress, lines), reply in zip(items, replies, strict=True):
             n = len(progress) + len(lines)
