@@ -7,8 +7,11 @@ plain jobs added before the clock starts. "plain" runs a handler that
 returns at once; "reporting" one that first calls
 ``job.report_progress(50)`` and ``job.log("half way")``. Rounds alternate
 plain / reporting; the medians of jobs per second are printed, with the
-cost as a share of the plain rate, and each kind's Redis time per job
-(SLOWLOG, which the machine's noise does not reach).
+cost as a share of the plain rate (the medians', and each round's), the
+same for the CPU a job costs (this process and the server: the figure the
+machine's load moves least), each kind's Redis time per job
+(SLOWLOG, which the machine's noise does not reach), and the round trips
+the worker's flusher made per job (the reporter's flush rides its batch).
 """
 
 from __future__ import annotations
@@ -51,20 +54,38 @@ def _redis_us_per_job(client, n: int) -> float:
     return total / n
 
 
-def drain(mq, client, name: str, n: int, concurrency: int) -> tuple[float, float]:
+def _redis_cpu_s(client) -> float:
+    """The server's CPU time so far (s, user + system)."""
+    info = client.info("cpu")
+    return info["used_cpu_user"] + info["used_cpu_sys"]
+
+
+def drain(mq, client, name: str, n: int, concurrency: int) -> dict[str, float]:
     """Add ``n`` jobs named ``name``, then drain them with a burst worker;
-    returns (jobs per second, Redis us per job)."""
+    returns ``rate`` (jobs per second), ``redis_us`` (Redis' script time
+    per job, us), ``cpu_us`` (this process's CPU plus the server's, per
+    job, us: what the drain costs the machine, which the other processes'
+    load moves far less than the rate) and ``trips`` (the flusher's round
+    trips per job)."""
     from echomq_django import Worker
 
     client.flushall()
     mq.enqueue_many(Q, [(name, {"i": i}) for i in range(n)])
     client.slowlog_reset()
     worker = Worker([Q], mq=mq, concurrency=concurrency, register=False)
+    cpu, redis_cpu = time.process_time(), _redis_cpu_s(client)
     started = time.perf_counter()
     done = worker.run(burst=True)
     elapsed = time.perf_counter() - started
+    cpu = time.process_time() - cpu + _redis_cpu_s(client) - redis_cpu
     assert done == n, (done, n)
-    return n / elapsed, _redis_us_per_job(client, n)
+    writes = getattr(worker.loop, "writes", None)  # none before the flusher
+    return {
+        "rate": n / elapsed,
+        "redis_us": _redis_us_per_job(client, n),
+        "cpu_us": cpu / n * 1e6,
+        "trips": writes.stats["sends"] / n if writes is not None else float("nan"),
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -87,17 +108,31 @@ def main(argv: list[str] | None = None) -> None:
         mq = EchoMQ(client, prefix="emq")
         drain(mq, client, PLAIN, 200, args.concurrency)  # warm: scripts loaded
         drain(mq, client, REPORTING, 200, args.concurrency)
-        rates: dict[str, list] = {PLAIN: [], REPORTING: []}
+        runs: dict[str, list[dict]] = {PLAIN: [], REPORTING: []}
         for _ in range(args.rounds):
             for name in (PLAIN, REPORTING):
-                rates[name].append(drain(mq, client, name, args.jobs, args.concurrency))
-        plain = statistics.median(r for r, _ in rates[PLAIN])
-        reporting = statistics.median(r for r, _ in rates[REPORTING])
+                runs[name].append(drain(mq, client, name, args.jobs, args.concurrency))
+
+        def med(name: str, what: str) -> float:
+            return statistics.median(r[what] for r in runs[name])
+
         for name in (PLAIN, REPORTING):
-            rate = statistics.median(r for r, _ in rates[name])
-            us = statistics.median(u for _, u in rates[name])
-            print(f"{name:16} {rate:8.0f} jobs/s   Redis {us:6.1f} us/job")
-        print(f"cost of one progress + one log write per job: {100 * (1 - reporting / plain):.1f}%")
+            print(
+                f"{name:16} {med(name, 'rate'):8.0f} jobs/s   Redis {med(name, 'redis_us'):6.1f}"
+                f" us/job   CPU {med(name, 'cpu_us'):6.1f} us/job   "
+                f"{med(name, 'trips'):5.3f} round trips of writes/job"
+            )
+        for what, word in (("rate", "drain rate"), ("cpu_us", "CPU per job")):
+            pairs = [
+                100 * (1 - r[what] / p[what]) if what == "rate" else 100 * (r[what] / p[what] - 1)
+                for p, r in zip(runs[PLAIN], runs[REPORTING], strict=True)
+            ]
+            both = med(REPORTING, what) / med(PLAIN, what)
+            print(
+                f"cost in {word}: {100 * (1 - both if what == 'rate' else both - 1):.1f}% of the "
+                f"medians; each round's (plain, then reporting): "
+                + ", ".join(f"{c:.1f}%" for c in pairs)
+            )
     finally:
         server.stop()
 

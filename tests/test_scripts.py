@@ -131,8 +131,8 @@ def drive_every_operation(mq, clock) -> None:
     mq.enqueue("q", "later", None, job_id="s2", delay_ms=50)
     job = claim_one(mq, "q", "s1")
     mq.extend_lease(job, 1000)
-    job.report_progress(50)  # report_progress
-    job.log("half way")  # append_log
+    job.report_progress(50)  # write_reports (a job outside a worker: at once)
+    job.log("half way")  # write_reports again
     mq.probes.minute_counts(["q"], 48, per=24)  # sum_minutes
     assert mq.fail(job, "once") is JobState.DELAYED
     clock.advance(100)

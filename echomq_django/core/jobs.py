@@ -236,6 +236,9 @@ class Job(Reporting):
     # or when the worker's heartbeat learns it; the handler may read it and stop
     cancelled: bool = field(default=False, compare=False)
     _mq: JobSource | None = field(default=None, repr=False, compare=False)
+    # where a running job's progress and log writes go (core/live.py ``Reporting``): set by
+    # the worker that runs it (runners/flusher.py); None: each write is sent at once
+    _writes: Any = field(default=None, repr=False, compare=False)
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod

@@ -87,27 +87,45 @@ def stop_running(token) -> None:
 
 class Reporting:
     """The ``Job`` methods a handler calls while it runs
-    (docs/howto/progress-and-logs.md). Each is one Redis script under the
-    job's lease: a stale lease raises ``LeaseLost``, a job no longer active
-    ``JobNotActive`` (a timed-out attempt's handler, still running), and
-    nothing is written."""
+    (docs/howto/progress-and-logs.md#when-a-write-is-visible). Each checks
+    its value on the host at once (a bad one raises, nothing is written).
+    In a worker the call then returns without a round trip: the worker
+    sends its handlers' writes pipelined, each under the job's lease, and
+    always before it reports the job finished (runners/flusher.py). A write
+    the script refuses (the lease was lost, the job is no longer active) is
+    dropped and logged, and a later call of the same job raises that error
+    (``LeaseLost``, ``JobNotActive`` or ``JobNotFound``). A job outside a
+    worker (``mq.claim`` by hand) writes at once and raises at once."""
 
     def report_progress(self, value: Any) -> None:
         """Set the job's progress to ``value`` (a number 0-100 or a small
         JSON object, ``PROGRESS_RULE``), read back by ``get_job().progress``
         and written to the queue's events stream. Raises ``PayloadError``
-        for a bad value, before any write; ``LeaseLost``, ``JobNotActive``,
-        ``RedisUnavailable``."""
-        self._require_mq().progress.report(self, value)
+        for a bad value, before any write; ``LeaseLost``, ``JobNotActive``
+        (an earlier write was refused, see the class); ``RedisUnavailable``
+        (outside a worker only)."""
+        self._write(self._require_mq().progress.progress_text(value), None)
         self.progress = value
 
-    def log(self, line: str) -> int:
+    def log(self, line: str) -> None:
         """Append ``line`` to the job's log (the newest ``KEEP_LOGS`` lines
         kept; a line over ``MAX_LOG_LINE_BYTES`` is cut, with a marker).
-        Returns the lines the log held once it was added. Raises
-        ``TypeError`` for a line that is not a str; ``LeaseLost``,
-        ``JobNotActive``, ``RedisUnavailable``."""
-        return self._require_mq().progress.log(self, line)
+        Raises ``TypeError`` for a line that is not a str, before any
+        write; ``LeaseLost``, ``JobNotActive`` (an earlier write was
+        refused, see the class); ``RedisUnavailable`` (outside a worker
+        only)."""
+        self._write(None, self._require_mq().progress.log_line(line))
+
+    def _write(self, progress: str | None, line: str | None, block: bool = True) -> bool:
+        """Hand checked values to the worker's writes (``_writes``), or
+        write them now. ``block``: wait for room when the worker holds its
+        bound of unsent writes; without it, returns False instead (nothing
+        taken)."""
+        if self._writes is not None:
+            return self._writes.put(self, progress, line, block)
+        as_list = lambda v: [] if v is None else [v]  # noqa: E731
+        self._require_mq().progress.write(self, as_list(progress), as_list(line))
+        return True
 
     def logs(self, start: int = 0, end: int = -1) -> list[str]:
         """The job log's lines ``start`` .. ``end`` (inclusive, negative
@@ -115,11 +133,16 @@ class Reporting:
         return self._require_mq().job_logs(self.queue, self.id, start, end)
 
     async def areport_progress(self, value: Any) -> None:
-        """``report_progress`` for an ``async def`` handler: the write runs
-        on a thread, the event loop goes on."""
-        await asyncio.to_thread(self.report_progress, value)
+        """``report_progress`` for an ``async def`` handler: in a worker it
+        returns at once as the sync call does (on a thread only while the
+        worker waits for room); outside one the write runs on a thread."""
+        text = self._require_mq().progress.progress_text(value)
+        if self._writes is None or not self._write(text, None, block=False):
+            await asyncio.to_thread(self._write, text, None)
+        self.progress = value
 
-    async def alog(self, line: str) -> int:
-        """``log`` for an ``async def`` handler (on a thread, as
-        ``areport_progress``)."""
-        return await asyncio.to_thread(self.log, line)
+    async def alog(self, line: str) -> None:
+        """``log`` for an ``async def`` handler (as ``areport_progress``)."""
+        text = self._require_mq().progress.log_line(line)
+        if self._writes is None or not self._write(None, text, block=False):
+            await asyncio.to_thread(self._write, None, text)

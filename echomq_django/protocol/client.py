@@ -301,13 +301,16 @@ class EchoMQ(Reads):
         job.state = outcome.state
         return outcome.state
 
-    def complete_many(self, items: list[tuple[Job, Any]]) -> list[Outcome | Exception]:
+    def complete_many(
+        self, items: list[tuple[Job, Any]], ahead: list | None = None
+    ) -> list[Outcome | Exception]:
         """``complete`` for many jobs in one round trip; an exception object
-        (``PayloadError``, ``LeaseLost``...) stands in for each one refused.
-
-        The jobs of one queue go to one ``complete`` script per
+        (``PayloadError``, ``LeaseLost``...) stands in for each one refused. The jobs of one queue go to one ``complete`` script per
         ``COMPLETE_BATCH`` jobs (each job still its own checked transition
-        inside it); several queues' scripts are pipelined."""
+        inside it); several queues' scripts are pipelined. ``ahead``: script
+        calls ``(name, keys, args)`` run first in the same round trip (the
+        worker's pending progress and log writes, ``mq.progress.calls``);
+        each is replaced in place by its reply (an exception if refused)."""
         out: list[Outcome | Exception | None] = [None] * len(items)
         by_queue: dict[str, list] = {}
         for i, (job, result) in enumerate(items):
@@ -323,7 +326,10 @@ class EchoMQ(Reads):
                 part = group[at : at + COMPLETE_BATCH]
                 calls.append(self._complete_call(queue, [(job, text) for _, job, text in part]))
                 slots.append([i for i, _, _ in part])
-        if len(calls) == 1:
+        if ahead:
+            replies = self.scripts.run_many([*ahead, *calls])
+            ahead[:], replies = replies[: len(ahead)], replies[len(ahead) :]
+        elif len(calls) == 1:
             replies = [self.wire.run_or_error(*calls[0])]
         else:
             replies = self.scripts.run_many(calls)

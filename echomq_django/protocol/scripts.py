@@ -237,9 +237,13 @@ class Scripts:
                     pass  # still failing over: the next call refreshes it again
         else:
             try:
+                self._load_for_pipeline()
                 pipe = self.client.pipeline(transaction=False)
                 for name, keys, args in calls:
-                    self._scripts[name](keys=keys, args=args, client=pipe)
+                    # raw EVALSHA: a Script on a pipeline sends SCRIPT EXISTS
+                    # first, a round trip of its own at every execute; a
+                    # NOSCRIPT reply is run again below instead
+                    pipe.evalsha(self._scripts[name].sha, len(keys), *keys, *args)
                 replies = pipe.execute(raise_on_error=False)
             except TRANSIENT as err:
                 raise connection_error(self.client, err) from err
@@ -259,6 +263,16 @@ class Scripts:
             out.append(reply)
         return out, confirmed
 
+    def _load_for_pipeline(self) -> None:
+        """Load every script once per client before its first pipeline, so
+        a pipeline sends raw EVALSHAs; a server that lost them later (a
+        restart, a failover, SCRIPT FLUSH) answers NOSCRIPT for each, and
+        ``run_many_confirmed`` runs those again in order, loading them."""
+        if not self._loaded_for_pipeline:
+            for script in self._scripts.values():
+                script.sha = self.client.script_load(script.script)
+            self._loaded_for_pipeline = True
+
     def _cluster_pipeline(
         self, calls: list[tuple[str, list, list]], confirmed: list[bool], after_key: str | None
     ) -> list:
@@ -269,10 +283,7 @@ class Scripts:
         ``after_key``, sets ``confirmed[i]`` False for a call whose master's
         WAIT did not count a replica (``run_many_confirmed``)."""
         client = self.client
-        if not self._loaded_for_pipeline:
-            for script in self._scripts.values():
-                script.sha = client.script_load(script.script)
-            self._loaded_for_pipeline = True
+        self._load_for_pipeline()
         slots = [key_slot(client.encoder.encode(keys[0])) for _, keys, _ in calls]
         after = None if after_key is None else key_slot(client.encoder.encode(after_key))
         replies: list = [None] * len(calls)

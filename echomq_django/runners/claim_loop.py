@@ -20,6 +20,7 @@ from ..core.jobs import Job
 from ..handlers import get_handler
 from ..tracing.spans import attempt
 from .dispatcher import kinds_connected
+from .flusher import Flusher
 from .outage import REDIS_DOWN, Outage
 from .pool import HandlerPool, error_text, unknown_name_error
 from .reporter import Claims, Finished, Reporter, decided
@@ -74,8 +75,10 @@ class ClaimLoop:
         self.time_limits, self.max_stuck = time_limits, max_stuck
         self.shutdown_timeout = shutdown_timeout
         self.claims = Claims()
+        self.writes = Flusher(mq)  # its handlers' progress and log writes, sent pipelined
+        forget, writes = self.claims.forget, self.writes
         self.reporter = Reporter(
-            mq, sender, self.claims.forget, self.on_released, self.wake, metrics=metrics
+            mq, sender, forget, self.on_released, self.wake, metrics=metrics, writes=writes
         )
         self.timeouts = Timeouts(self._on_timeout)
         self.idle = Idle(self, block_s, sweep_s, max_stalls)
@@ -135,6 +138,7 @@ class ClaimLoop:
             self.pool = self.make_pool(self, name)
         self.done, self.executing = _queue.SimpleQueue(), 0
         self.reporter.reset()
+        self.writes.reopen()
         self.rest = dict.fromkeys(self.queues, 0.0)
         self.limited.clear()
         self.idle.start(self.done.put)
@@ -147,6 +151,7 @@ class ClaimLoop:
         self.waiting = False
         self.idle.stop()
         self.reporter.close()
+        self.writes.close()
         self.timeouts.close()
         return len(self.claims)
 
@@ -345,6 +350,7 @@ class ClaimLoop:
             self.executing += len(jobs)
             self.claimed += len(jobs)  # here: a later queue's claim may raise (max_jobs)
             for job in jobs:
+                job._writes = self.writes
                 self.pool.start(job, self.done)
             free -= len(jobs)
             got += len(jobs)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -120,7 +121,10 @@ class Reporter:
     worker's ``metrics.ProcessMetrics``) or None. ``processed`` and
     ``stats`` (``completed``, ``failed`` = will retry, ``dead``, ``lost``)
     count every run; ``unreported`` counts jobs handed over and not reported
-    yet in this run.
+    yet in this run. ``writes``: the worker's ``flusher.Flusher`` or None;
+    each batch takes its pending progress and log writes and sends them
+    ahead of its completions, in their round trip (alone when it completes
+    none), so a job's writes reach Redis before its completion or failure.
     """
 
     def __init__(
@@ -131,8 +135,10 @@ class Reporter:
         released: Callable[[str], None],
         wake: Callable[[], None],
         metrics: Any = None,
+        writes: Any = None,
     ) -> None:
         self.mq, self.sender, self.metrics = mq, sender, metrics
+        self._writes = writes
         self._forget, self._released, self._wake = forget, released, wake
         self.processed = 0
         self.stats = {"completed": 0, "failed": 0, "dead": 0, "lost": 0, "postponed": 0}
@@ -204,10 +210,16 @@ class Reporter:
         if not finished:
             return
         kept: list[Finished] = []  # not refused, not taken: sent again after a pause
+        riding = self._writes.riding if self._writes is not None else nullcontext
+        if any(f.postpone_ms is not None for f in finished):
+            with riding():  # their progress and log writes land first, alone
+                pass
         self._postpone(finished)
         good = [f for f in finished if f.error is None]
+        with riding() as ahead:  # their progress and log writes, in the same round trip
+            items = [(f.job, f.result) for f in good]
+            replies = self.mq.complete_many(items, ahead) if good else []
         if good:
-            replies = self.mq.complete_many([(f.job, f.result) for f in good])
             finished[:] = [f for f in finished if f.error is not None]
             done = []
             for item, reply in zip(good, replies, strict=True):

@@ -315,6 +315,7 @@ class Worker:
             for target, name in (
                 (self._heartbeat, "echomq-heartbeat"),
                 (loop.reporter.run, "echomq-reporter"),
+                (loop.writes.run, "echomq-writes"),
                 (loop.timeouts.run, "echomq-timeouts"),
             )
         ]

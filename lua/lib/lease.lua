@@ -2,7 +2,7 @@
   lib/lease.lua: the check every write under a running job's lease makes
   first (docs/explanation/protocol.md#progress-and-log-lines), inlined by the
   script loader where `@include lib/lease.lua` appears (extend_lease,
-  report_progress, append_log). Local definitions only; no key is touched.
+  write_reports). Local definitions only; no key is touched.
 
   lease_refused(queue, id, state, lease, token): the error reply when the row
   is missing (`state` false: EMQNOJOB), not active (EMQSTATE <state>) or held

@@ -1,14 +1,18 @@
 """``mq.progress``: what a running job reports, its progress and its job log
 (docs/explanation/protocol.md#progress-and-log-lines).
 
-Each write is one script under the job's lease, checked on the host first
-(core/live.py: the progress rule, a log line cut with a marker), so bad
-input writes nothing: ``lua/report_progress.lua`` sets the row's
-``progress`` field and writes a ``progress`` entry to the queue's events
-stream; ``lua/append_log.lua`` appends to the job log
-``P:{q}:job:<id>:logs``, kept to the queue's ``KEEP_LOGS`` lines. Neither
-touches the lease deadline, so neither races the job's heartbeat. The
-lines are read by ``EchoMQ.job_logs`` (the read API, ``reads.py``).
+Each write is checked on the host first (core/live.py: the progress rule, a
+log line cut with a marker), so bad input writes nothing. ``write_many``
+sends the writes of many running jobs, one ``lua/write_reports.lua`` call
+per queue (pipelined when there are several): each job's progress replaces
+the row's ``progress`` field and becomes a ``progress`` entry on the
+queue's events stream; its lines go to the job log
+``P:{q}:job:<id>:logs``, kept to the queue's ``KEEP_LOGS`` lines. Every
+job's writes are checked against its lease in the script; none touches the
+lease deadline, so none races the job's heartbeat. A worker gathers its
+handlers' writes and sends them with ``write_many`` (runners/flusher.py);
+a job outside a worker writes at once (``write``). The lines are read by
+``EchoMQ.job_logs`` (the read API, ``reads.py``).
 """
 
 from __future__ import annotations
@@ -18,53 +22,95 @@ from typing import Any
 from ...core.exceptions import PayloadError
 from ...core.jobs import Job
 from ...core.live import log_line, progress_text
+from ..errors import translate
 from ..wire import Part
+
+PER_ENTRY = 1000  # a job's values and lines per entry of a call (Lua's unpack: a stack limit)
 
 
 class Progress(Part):
     """The writes a handler makes through its ``Job``
     (``job.report_progress``, ``job.log``)."""
 
-    def report(self, job: Job, value: Any) -> None:
-        """Set ``job``'s progress to ``value`` (a number 0-100 or a JSON
-        object of at most ``core.live.MAX_PROGRESS_BYTES`` bytes) under its
-        lease. Raises ``PayloadError`` naming the rule for a bad value
-        (nothing written); ``JobNotFound``, ``JobNotActive``, ``LeaseLost``
-        (nothing written); ``RedisUnavailable``.
+    def progress_text(self, value: Any) -> str:
+        """``value`` checked and encoded as a row keeps it (a number 0-100 or
+        a JSON object of at most ``core.live.MAX_PROGRESS_BYTES`` bytes).
+        Raises ``PayloadError`` naming the rule for a bad value.
         docs/howto/progress-and-logs.md#report-progress"""
         try:
-            text = progress_text(value, lambda v: self.wire.encode(v, "progress"))
+            return progress_text(value, lambda v: self.wire.encode(v, "progress"))
         except PayloadError:
             raise
         except ValueError as err:
             raise PayloadError(str(err)) from None
-        k = self.keys.queue(job.queue)
-        self.scripts.run(
-            "report_progress",
-            [k.job(job.id), k.events],
-            [job.queue, job.id, job.lease or "", text],
-        )
 
-    def log(self, job: Job, line: str) -> int:
-        """Append ``line`` (a str; cut to ``core.live.MAX_LOG_LINE_BYTES``
-        bytes with a marker when longer) to ``job``'s log under its lease;
-        the log keeps the queue's newest ``KEEP_LOGS`` lines. Returns the
-        lines the log held once this one was added (before the trim).
-        Raises ``TypeError`` / ``ValueError`` for a line that is not text
-        (nothing written); ``JobNotFound``, ``JobNotActive``, ``LeaseLost``;
-        ``RedisUnavailable``. docs/howto/progress-and-logs.md#write-log-lines"""
-        text = log_line(line)
-        keys = self.keys.job_keys(job.queue, job.id)
-        return int(
-            self.scripts.run(
-                "append_log",
-                [keys.row, keys.logs],
-                [
-                    job.queue,
-                    job.id,
-                    job.lease or "",
-                    self.wire.setting(job.queue, "KEEP_LOGS"),
-                    text,
-                ],
-            )
-        )
+    @staticmethod
+    def log_line(line: str) -> str:
+        """``line`` as the job log keeps it (``core.live.log_line``: cut to
+        ``MAX_LOG_LINE_BYTES`` bytes with a marker). Raises ``TypeError`` /
+        ``ValueError`` for a line that is not text."""
+        return log_line(line)
+
+    def write(self, job: Job, progress: list[str], lines: list[str]) -> None:
+        """Write ``job``'s checked ``progress`` values (JSON texts, in order)
+        and ``lines`` now, in one script under its lease. Raises
+        ``JobNotFound``, ``JobNotActive``, ``LeaseLost`` (nothing written);
+        ``RedisUnavailable``."""
+        (reply,) = self.write_many([(job, progress, lines)])
+        if isinstance(reply, Exception):
+            raise reply
+
+    def write_many(self, items: list[tuple[Job, list[str], list[str]]]) -> list[int | Exception]:
+        """Send ``(job, progress values, lines)`` items (checked by
+        ``progress_text`` / ``log_line``) in one round trip: one
+        ``write_reports`` call per queue, pipelined. Returns per item the
+        lines its job log held after its lines, or the exception of a job
+        the script refused (``JobNotFound``, ``JobNotActive``,
+        ``LeaseLost``: nothing written for it). Raises ``RedisUnavailable``
+        when Redis cannot be reached (nothing known written)."""
+        calls, owners = self.calls(items)
+        return self.replies(len(items), owners, self.run(calls))
+
+    def run(self, calls: list) -> list:
+        """Send ``calls`` (from ``calls``) in one round trip; their replies,
+        an exception for each refused. Raises ``RedisUnavailable``."""
+        if len(calls) == 1:
+            return [self.wire.run_or_error(*calls[0])]
+        return self.scripts.run_many(calls)
+
+    def calls(self, items: list[tuple[Job, list[str], list[str]]]) -> tuple[list, list]:
+        """The ``write_reports`` calls ``(name, keys, args)`` that send
+        ``items`` (as ``write_many``), one per queue, and for each the index
+        in ``items`` of each of its job entries (for ``replies``)."""
+        by_queue: dict[str, list[tuple[int, list]]] = {}
+        for i, (job, progress, lines) in enumerate(items):
+            entries = by_queue.setdefault(job.queue, [])
+            head = [job.id, job.lease or ""]
+            for at in range(0, max(len(progress), len(lines), 1), PER_ENTRY):
+                p, n = progress[at : at + PER_ENTRY], lines[at : at + PER_ENTRY]
+                entries.append((i, [*head, len(p), len(n), *p, *n]))
+        calls, owners = [], []
+        for queue, entries in by_queue.items():
+            k = self.keys.queue(queue)
+            args: list = [queue, k.base, self.wire.setting(queue, "KEEP_LOGS")]
+            for _, entry in entries:
+                args += entry
+            calls.append(("write_reports", [k.events], args))
+            owners.append([i for i, _ in entries])
+        return calls, owners
+
+    @staticmethod
+    def replies(n: int, owners: list, replies: list) -> list[int | Exception]:
+        """The ``n`` items' answers (as ``write_many`` returns them) from the
+        replies of the ``calls`` whose ``owners`` these are."""
+        out: list[int | Exception] = [0] * n
+        for idx, reply in zip(owners, replies, strict=True):
+            entries = reply if isinstance(reply, list) else [reply] * len(idx)
+            for i, entry in zip(idx, entries, strict=True):
+                if isinstance(out[i], Exception):
+                    continue  # an earlier entry of the same job was refused
+                if isinstance(entry, bytes | str):
+                    out[i] = translate(entry.decode() if isinstance(entry, bytes) else entry)
+                else:
+                    out[i] = entry if isinstance(entry, Exception) else int(entry)
+        return out

@@ -6,8 +6,10 @@ A waiter appends a ``wait`` entry to the job's stream ``P:{q}:done:<id>``
 state: a job finished before that read is answered at once; one finishing
 after it finds the stream and appends a ``completed`` / ``dead`` /
 ``cancelled`` entry (lua/lib/flow.lua ``emit``, in the script that finishes
-it), which every waiter's ``XREAD BLOCK`` from its own entry sees. No script
-of its own: the finishing scripts write the stream.
+it), which every waiter's ``XREAD BLOCK`` from its own entry sees. The
+row's ``HGETALL`` is pipelined behind each block, so Redis answers it as the
+block wakes: the finished job comes back in the wake's own round trip. No
+script of its own: the finishing scripts write the stream.
 """
 
 from __future__ import annotations
@@ -26,7 +28,6 @@ DONE_MAXLEN = 64  # entries a done stream keeps, about (waiters' marks and the f
 SOCKET_MARGIN_S = 1.0  # each XREAD BLOCK ends this much before the socket timeout (s)
 FINISHED = {JobState.COMPLETED.value, JobState.DEAD.value}
 GONE = "finished and was removed (retention, or a remove) before this wait read it"
-NOTES = {"completed", "dead", "cancelled"}  # what a finishing script notes (lib/flow.lua emit)
 
 
 def check_timeout(timeout_s: object) -> float:
@@ -95,21 +96,22 @@ class Waits(Part):
                     f"job {ref.id!r} in queue {ref.queue!r} did not finish in {timeout_s} s"
                 )
             block = left if block_max is None else min(left, block_max)
-            reply = self.client.xread(
-                {done: last}, count=DONE_MAXLEN, block=max(1, int(block * 1000))
-            )
-            if not reply:
-                continue
-            # RESP2: [[key, entries]]; RESP3 (protocol=3): {key: [entries]}
-            entries = reply[0][1] if isinstance(reply, list) else next(iter(reply.values()))[0]
-            last = entries[-1][0]
-            if any(to_text(f.get(b"e", f.get("e"))) in NOTES for _, f in entries):
-                job = self._finished(ref)  # the finish itself: read the job, not its state first
-                state = job.state.value
-            else:
-                job, state = None, self.client.hget(row, "state")
-            if state is None:
-                raise JobNotFound(f"job {ref.id!r} in queue {ref.queue!r} {GONE}")
+            # the row's read rides behind the block: Redis runs it as the XREAD
+            # wakes, after the script that finished the job, so a wake costs
+            # no second round trip
+            pipe = self.client.pipeline(transaction=False)
+            pipe.xread({done: last}, count=DONE_MAXLEN, block=max(1, int(block * 1000)))
+            pipe.hgetall(row)
+            reply, fields = pipe.execute()
+            if reply:
+                # RESP2: [[key, entries]]; RESP3 (protocol=3): {key: [entries]}
+                entries = reply[0][1] if isinstance(reply, list) else next(iter(reply.values()))[0]
+                last = entries[-1][0]
+            if not fields:
+                why = GONE if reply else "was removed"  # a removal writes no note
+                raise JobNotFound(f"job {ref.id!r} in queue {ref.queue!r} {why}")
+            job = Job.from_row(ref.queue, ref.id, fields, mq=self.reads)
+            state = job.state.value
         if job is None:
             job = self._finished(ref)
         if job.state is JobState.DEAD:

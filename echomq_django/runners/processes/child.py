@@ -36,6 +36,7 @@ import os
 import pickle
 import resource
 import signal
+import threading
 import time
 
 from django.db import close_old_connections, connections
@@ -87,11 +88,15 @@ def main(conn, kill_flag, close_fds, source) -> None:
             return  # the worker is gone
         if item is None:
             return
+        if isinstance(item[0], str):
+            continue  # ("refused", ...) for a job that has ended meanwhile
         job, ref = item
-        job._mq = source
+        job._mq, job._writes = source, PipeWrites(conn, job.id)
         reply = run_one(job, ref, source)
         try:
-            conn.send(reply)
+            with job._writes.lock:  # a thread the handler left may still write
+                job._writes.ended = True
+                conn.send(reply)
         except (pickle.PicklingError, TypeError, AttributeError) as exc:
             conn.send(("dead", f"PayloadError: the result cannot leave the handler process: "
                        f"{type(exc).__name__}: {exc}", reply[2], rss_bytes()))  # fmt: skip
@@ -99,6 +104,35 @@ def main(conn, kill_flag, close_fds, source) -> None:
             return
         if kill_flag[0]:
             return  # asked to go while the handler ran; it caught the SIGTERM
+
+
+class PipeWrites:
+    """A running job's ``_writes`` in a handler process (core/live.py
+    ``Reporting``): each checked progress value or log line goes up the
+    pipe as ``("write", job id, progress, line)``, ahead of the job's reply,
+    and the supervisor hands it to the worker's flusher (the same path as
+    on the thread pool). A ``("refused", job id, error)`` the supervisor
+    sent back (an earlier write was refused: the lease was lost) is read
+    before each write and raised. Thread-safe (a handler may write from
+    threads of its own)."""
+
+    def __init__(self, conn, job_id: str) -> None:
+        self.conn, self.job_id, self.error = conn, job_id, None
+        self.lock = threading.Lock()
+        self.ended = False  # the reply is sent: a late write is dropped
+
+    def put(self, job, progress: str | None, line: str | None, block: bool = True) -> bool:
+        with self.lock:
+            if self.ended:
+                return True
+            while self.error is None and self.conn.poll():
+                note = self.conn.recv()
+                if isinstance(note[0], str) and note[1] == self.job_id:
+                    self.error = note[2]
+            if self.error is not None:
+                raise type(self.error)(*self.error.args)
+            self.conn.send(("write", self.job_id, progress, line))
+        return True
 
 
 def _after_fork(kill_flag, close_fds) -> None:

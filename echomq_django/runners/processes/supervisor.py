@@ -47,6 +47,7 @@ import threading
 import time
 from collections import deque
 
+from ...core.exceptions import EchoMQError
 from ...core.jobs import Job
 from ...handlers import get_handler
 from ..pool import unknown_name_error
@@ -269,18 +270,22 @@ class ProcessPool:
                 break
             self._send(idle, *self._backlog.popleft())
 
-    def _read(self, c: _Child) -> None:
-        """A child's pipe is readable: its reply, or end-of-file (its death,
-        handled by ``_reap``)."""
+    def _read(self, c: _Child) -> bool:
+        """A child's pipe is readable: a progress or log write of its job
+        (``child.PipeWrites``), its reply, or end-of-file (its death, handled
+        by ``_reap``; returns False)."""
         try:
             kind, value, ms, rss = c.conn.recv()
         except (EOFError, OSError):
-            return
+            return False
+        if kind == "write":
+            self._relay(c, value, ms, rss)
+            return True
         with self._lock:
             job, done = c.job, c.done
             c.job = c.done = None
             if job is None or c.flag[0]:
-                return  # killed past its time limit: the attempt was failed already
+                return True  # killed past its time limit: the attempt was failed already
             c.jobs += 1
             if self.max_jobs is not None and c.jobs >= self.max_jobs:
                 self._send_away(c, f"after {c.jobs} jobs (max_jobs_per_child)")
@@ -289,7 +294,7 @@ class ProcessPool:
                                    f"{self.max_rss / MIB:.0f} MiB)")  # fmt: skip
         if not self._timeouts.settle(job):
             done.put(None)
-            return
+            return True
         finished = Finished(job, ms=ms)
         if kind == "ok":
             finished.result = value
@@ -300,12 +305,30 @@ class ProcessPool:
                 value, finished.delay_ms = value
             finished.error, finished.dead = value, kind == "dead"
         done.put(finished)
+        return True
+
+    def _relay(self, c: _Child, job_id: str, progress: str | None, line: str | None) -> None:
+        """A write of ``c``'s job goes to the worker's flusher, ahead of the
+        reply after it; one refused earlier (the lease was lost) is answered
+        on the pipe: the handler's next call raises it (``child.PipeWrites``)."""
+        with self._lock:
+            job = c.job
+        if job is None or job.id != job_id or c.flag[0] or job._writes is None:
+            return  # the attempt ended (its time limit): the write is late
+        try:
+            job._writes.put(job, progress, line)
+        except EchoMQError as err:
+            try:
+                c.conn.send(("refused", job_id, err))
+            except (OSError, ValueError):
+                pass
 
     def _reap(self, c: _Child) -> None:
         """A child exited: a reply still in its pipe first, then its job (if
         any) fails with the exit code or signal; it leaves the pool."""
-        if c.job is not None and not c.flag[0] and self._poll(c):
-            self._read(c)  # one reply per job at most
+        while c.job is not None and not c.flag[0] and self._poll(c):
+            if not self._read(c):  # its writes, then one reply per job at most
+                break
         c.proc.join()
         code, ended = c.proc.exitcode, bool(c.flag[0])
         self._selector.unregister(c.conn)
@@ -350,7 +373,7 @@ class ProcessPool:
         c.job, c.done = job, done
         self._timeouts.start(job, job.timeout_ms or self._limits.get(job.queue))
         sent = copy.copy(job)
-        sent._mq, sent._cache = None, {}
+        sent._mq, sent._cache, sent._writes = None, {}, None
         try:
             c.conn.send((sent, ref))
         except (OSError, ValueError):

@@ -1,0 +1,72 @@
+--[[
+  write_reports: what running jobs of one queue reported, their progress and
+  job log lines (docs/explanation/protocol.md#progress-and-log-lines), for
+  one job or a batch: a worker gathers its handlers' writes and sends them
+  in one call per queue. Each job is checked in turn exactly as if alone,
+  under its lease as extend_lease is (lib/lease.lua), and touches nothing
+  extend_lease touches (the `active` zset): a write never races a
+  heartbeat. A refused job writes nothing and does not stop the others.
+  Each progress value becomes an events stream entry e=progress id=<id>
+  p=<value> (lib/emit.lua, capped like every entry there) and the last
+  replaces the row's `progress` field; lines are RPUSHed to the job log
+  P:{q}:job:<id>:logs, then LTRIMmed to the newest `keep` lines, so it
+  never holds more. The log is a part of the row, removed with it on every
+  road that deletes a row (lib/lifecycle.lua, lib/flow.lua,
+  drop_unprocessed).
+
+  KEYS[1] events stream        P:{q}:events
+
+  ARGV[1] queue name
+  ARGV[2] queue key prefix     P:{q}: (job rows are P:{q}:job:<id>, same slot)
+  ARGV[3] lines kept (KEEP_LOGS, an integer >= 1)
+  ARGV[4..] jobs, each: job id, lease token (from claim), p and n (counts,
+          >= 0), then p progress values in the order reported (JSON texts
+          the host checked, at most core/live.MAX_PROGRESS_BYTES bytes
+          each: each is an events entry, the row keeps the last), then n
+          lines (text the host cut to at most core/live.MAX_LOG_LINE_BYTES
+          bytes each)
+
+  returns: an array with one entry per job, in order: the number of lines
+           its log held once its lines were added, before the trim (0 when
+           it sent none); or an error string when the job was refused
+           (nothing written for it):
+             EMQNOJOB <queue> <id>            no such job
+             EMQSTATE <queue> <id> <state>    the job is not active
+             EMQLEASE <queue> <id>            the lease token is stale
+  errors:  none: a refusal is its job's entry in the reply
+]]
+local events = KEYS[1]
+local queue, base, keep = ARGV[1], ARGV[2], tonumber(ARGV[3])
+-- @include lib/emit.lua
+-- @include lib/lease.lua
+
+local replies = {}
+local i = 4
+while i <= #ARGV do
+  local id, token = ARGV[i], ARGV[i + 1]
+  local p, n = tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3])
+  local row = base .. 'job:' .. id
+  local f = redis.call('HMGET', row, 'state', 'lease')
+  local refused = lease_refused(queue, id, f[1], f[2], token)
+  if refused then
+    replies[#replies + 1] = refused['err']
+  else
+    for at = i + 4, i + 3 + p do
+      emit_to(events, 'progress', id, 'p', ARGV[at])
+    end
+    if p > 0 then
+      redis.call('HSET', row, 'progress', ARGV[i + 3 + p])
+    end
+    local held = 0
+    if n > 0 then
+      local logs = row .. ':logs'
+      held = redis.call('RPUSH', logs, unpack(ARGV, i + 4 + p, i + 3 + p + n))
+      if held > keep then
+        redis.call('LTRIM', logs, -keep, -1)
+      end
+    end
+    replies[#replies + 1] = held
+  end
+  i = i + 4 + p + n
+end
+return replies
