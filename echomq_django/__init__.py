@@ -49,12 +49,14 @@ from .core.exceptions import (
     JobNotRemovable,
     JobNotRetryable,
     LeaseLost,
+    MoveToDelayed,
     PayloadError,
     RateLimited,
     RedisCommandError,
     RedisUnavailable,
     Retry,
     Unrecoverable,
+    WaitForChildren,
 )
 from .core.flows import Flow, FlowRef
 from .core.jobs import Dependencies, Job, JobState, Outcome
@@ -90,6 +92,7 @@ __all__ = [
     "JobRef",
     "JobState",
     "LeaseLost",
+    "MoveToDelayed",
     "Outcome",
     "Page",
     "PayloadError",
@@ -101,6 +104,7 @@ __all__ = [
     "Schedules",
     "Signature",
     "Unrecoverable",
+    "WaitForChildren",
     "Worker",
     "aadd_flow",
     "add_flow",

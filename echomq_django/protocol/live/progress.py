@@ -6,9 +6,11 @@ Each write is one script under the job's lease, checked on the host first
 input writes nothing: ``lua/report_progress.lua`` sets the row's
 ``progress`` field and writes a ``progress`` entry to the queue's events
 stream; ``lua/append_log.lua`` appends to the job log
-``P:{q}:job:<id>:logs``, kept to the queue's ``KEEP_LOGS`` lines. Neither
-touches the lease deadline, so neither races the job's heartbeat. The
-lines are read by ``EchoMQ.job_logs`` (the read API, ``reads.py``).
+``P:{q}:job:<id>:logs``, kept to the queue's ``KEEP_LOGS`` lines;
+``lua/update_payload.lua`` replaces a step job's payload
+(docs/explanation/protocol.md#step-jobs). None touches the lease deadline,
+so none races the job's heartbeat. The lines are read by
+``EchoMQ.job_logs`` (the read API, ``reads.py``).
 """
 
 from __future__ import annotations
@@ -67,4 +69,18 @@ class Progress(Part):
                     text,
                 ],
             )
+        )
+
+    def update_payload(self, job: Job, payload: Any) -> None:
+        """Replace ``job``'s stored payload with ``payload`` (any JSON
+        value, checked and encoded on the host first: at most
+        ``max_payload_bytes``) under its lease. Raises ``PayloadError``
+        (nothing written); ``JobNotFound``, ``JobNotActive``, ``LeaseLost``
+        (nothing written); ``RedisUnavailable``.
+        docs/howto/step-jobs.md#update-the-payload"""
+        text = self.wire.encode(payload, "payload")
+        self.scripts.run(
+            "update_payload",
+            [self.keys.job(job.queue, job.id)],
+            [job.queue, job.id, job.lease or "", text, self.clock()],
         )

@@ -295,6 +295,8 @@ class ProcessPool:
             finished.result = value
         elif kind == "postpone":
             finished.postpone_ms = value
+        elif kind == "wait":
+            finished.wait_children = True
         else:
             if type(value) is tuple:  # decided by the retry policy in the child
                 value, finished.delay_ms = value
