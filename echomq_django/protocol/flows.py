@@ -220,15 +220,16 @@ class Flows(Part):
         sub = Plan(groups, [r for r in plan.gated if r != (job.queue, job.id)])
         step_list = steps(sub, self.wire.flow_chunk)
         if sub.gated:
-            for reply in self.scripts.run_many([self._step_call(q, gs, "check") for q, gs in step_list]):
+            checks = [self._step_call(q, gs, "check") for q, gs in step_list]
+            for reply in self.scripts.run_many(checks):
                 if isinstance(reply, Exception):
                     raise reply
-        self.wire.note_queues(dict.fromkeys(sub.queues))
         reply = self.scripts.run(
             "add_children",
             [self.keys.job(job.queue, job.id)],
             [job.queue, job.id, job.lease, head.inc, *refs],
         )
+        self.wire.note_queues(dict.fromkeys(sub.queues))
         inc = to_text(reply[0])
         for g in groups:
             if g.parent_id == job.id and g.parent_queue == job.queue and g.queue != job.queue:

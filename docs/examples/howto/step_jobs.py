@@ -6,7 +6,7 @@ again."""
 import echomq_django as emq
 
 
-@emq.handler("orders.fulfil")
+@emq.handler("shop.fulfil")
 def fulfil(job):
     step = job.payload["step"]
     if step == "reserve":
@@ -16,8 +16,7 @@ def fulfil(job):
     if step == "ship":
         # step 2: one child per parcel, on the shipping queue; wait for them
         parcels = [
-            emq.Flow("shipping", "orders.ship_parcel", {"parcel": p})
-            for p in job.payload["parcels"]
+            emq.Flow("shipping", "shop.ship_parcel", {"parcel": p}) for p in job.payload["parcels"]
         ]
         job.update_payload({**job.payload, "step": "done"})
         job.add_children(parcels)
@@ -27,13 +26,14 @@ def fulfil(job):
     return {"order": job.payload["order"], "tracking": tracking}
 
 
-@emq.handler("orders.ship_parcel")
+@emq.handler("shop.ship_parcel")
 def ship_parcel(job):
     return f"TRACK-{job.payload['parcel']}"
 
 
-def fulfil_order(order: int, parcels: list[str]) -> emq.JobRef:
-    """Add the order's job: its first step runs as soon as a worker is free."""
+def fulfil_order(order: int, parcels: list[str]) -> str:
+    """Add the order's job (returns its id): its first step runs as soon as
+    a worker is free."""
     return emq.enqueue(
-        "orders", "orders.fulfil", {"order": order, "step": "reserve", "parcels": parcels}
+        "orders", "shop.fulfil", {"order": order, "step": "reserve", "parcels": parcels}
     )
