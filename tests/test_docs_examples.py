@@ -518,6 +518,7 @@ def test_the_pages_links_and_includes_resolve():
             "retention",
             "sentinel",
             "retries",
+            "step-jobs",
             "tasks-backend",
             "testing",
             "tracing",
