@@ -170,7 +170,8 @@ class EchoMQ(Reads):
         ``expires_ms`` (ms after it is due; default the queue's EXPIRES_MS):
         not started by then, it dies ``expired``; ``backoff``, ``jitter``,
         ``retry_on``, ``dont_retry_on``; ``on_success`` / ``on_failure`` /
-        ``on_dead`` (handler names; ``core/retry.py`` checks them all).
+        ``on_dead`` (a handler name, or a ``(queue, name)`` pair for a job
+        on another queue; ``core/retry.py`` checks them all).
         Raises ``ValueError`` for a bad queue name, id, name or option
         (core/options.py's ranges), ``PayloadError`` for a bad payload,
         ``DuplicateJob`` when the id is taken (nothing written),

@@ -339,6 +339,10 @@ end
 -- thread). Its id is 'cb-' and a sha1 of the job key, the kind and a count
 -- kept on the row (`callbacks_n`); its payload {"job": "<queue>/<id>",
 -- <body>}, `body` a JSON member: "result": <the result> or "error": <text>.
+-- A callback named as [queue, name] on another queue goes through this
+-- queue's outbox instead (a `cb` entry, written in the same step: durable,
+-- delivered at least once by the pump's deliver_to_parents, which writes the
+-- job on its own slot unless a row of that id is there already).
 local function callback(base, id, spec, kind, body, now)
   local name = spec and cjson.decode(spec)[kind]
   if not name then
@@ -347,8 +351,23 @@ local function callback(base, id, spec, kind, body, now)
   local key = job_key(base, id)
   local n = redis.call('HINCRBY', key, 'callbacks_n', 1)
   local cid = 'cb-' .. redis.sha1hex(key .. '|' .. kind .. '|' .. n)
+  local payload = '{"job":' .. cjson.encode(QUEUE .. '/' .. id) .. ',' .. body .. '}'
+  if type(name) == 'table' and name[1] ~= QUEUE then
+    -- a name holds no control character: the newline parts it from the payload
+    local entry = cjson.encode({k = 'cb', c = key, p = cid, q = name[1],
+      v = name[2] .. '\n' .. payload})
+    push_outbox(base, entry)
+    OUT.outbox = OUT.outbox + 1
+    if OUT.sent then  -- a lifecycle step (lib/lifecycle.lua): its caller delivers it at once
+      OUT.sent[#OUT.sent + 1] = entry
+    end
+    return
+  end
+  if type(name) == 'table' then
+    name = name[2]
+  end
   redis.call('HSET', job_key(base, cid), 'name', name, 'state', 'pending', 'created_at', now,
-    'payload', '{"job":' .. cjson.encode(QUEUE .. '/' .. id) .. ',' .. body .. '}')
+    'payload', payload)
   make_claimable(base, {cid}, nil)
   emit(base, 'added', cid)
 end
