@@ -18,10 +18,22 @@ from ..core.jobs import to_json
 from ..core.keyspace import validate_id, validate_queue, whole_number
 from ..core.options import check_job_options
 from ..core.retention import job_keep
+from ..core.retry import CALLBACKS, RETRY_KEYWORDS, job_callbacks, job_retry, policy_keywords
 from ..tracing.spans import adding
 from .wire import Part, opt
 
-OPTIONS = ("job_id", "max_attempts", "backoff_ms", "delay_ms", "priority", "timeout_ms", "keep")
+# enqueue's options (docs/howto/retries.md: a retry policy, expiry, callbacks too)
+POLICY = ("expires_ms", *RETRY_KEYWORDS, *CALLBACKS)
+OPTIONS = (
+    "job_id",
+    "max_attempts",
+    "backoff_ms",
+    "delay_ms",
+    "priority",
+    "timeout_ms",
+    "keep",
+    *POLICY,
+)
 
 
 @dataclass(frozen=True)
@@ -32,6 +44,8 @@ class BulkPlan:
     queue: str
     rows: list[tuple[tuple, str, str]]
     payloads: list = field(default_factory=list, compare=False)
+    # per job: its retry policy, expiry and callbacks as enqueue's keywords (JSON-able)
+    policies: list = field(default_factory=list, compare=False)
 
     @property
     def ids(self) -> list[str]:
@@ -40,9 +54,12 @@ class BulkPlan:
     def jobs(self):
         """``(name, payload, job_id, enqueue options)`` per job, in order:
         what ``enqueue`` would be called with (api.enqueue_many's outbox rows)."""
-        for (group, job_id, _), payload in zip(self.rows, self.payloads, strict=True):
-            name, attempts, backoff, delay, priority, timeout, keep, _gate = group
-            options = {"delay_ms": int(delay), "priority": int(priority)}
+        policies = self.policies or [{}] * len(self.rows)
+        for (group, job_id, _), payload, policy in zip(
+            self.rows, self.payloads, policies, strict=True
+        ):
+            name, attempts, backoff, delay, priority, timeout, keep = group[:7]
+            options = {"delay_ms": int(delay), "priority": int(priority), **policy}
             for key, text in (("max_attempts", attempts), ("backoff_ms", backoff)):
                 options[key] = int(text) if text else None
             options["timeout_ms"] = int(timeout) if timeout else None
@@ -63,8 +80,13 @@ class Bulk(Part):
         ``delay_ms`` (ms), ``priority``, ``timeout_ms`` (ms), ``keep``
         (int >= 0, whole seconds a finished job is kept at most; 0: the
         next retention step takes it; None: the queue's ``KEEP_*`` alone,
-        docs/explanation/lifecycle.md); not ``dedup_key`` (a deduplicated add answers
-        another job's id: use ``enqueue`` for those).
+        docs/explanation/lifecycle.md), ``expires_ms`` (default the
+        queue's ``EXPIRES_MS``), ``backoff``, ``jitter``, ``retry_on``,
+        ``dont_retry_on``, ``on_success`` / ``on_failure`` / ``on_dead``
+        (docs/howto/retries.md, checked as ``enqueue`` checks them); not
+        ``dedup_key`` (a deduplicated add answers another job's id) nor
+        ``depends_on`` (a job that waits is a flow's node): use ``enqueue``
+        for those.
 
         One round trip (a queue is one slot): up to ``flow_chunk`` jobs per
         script, pipelined. Every job is validated, and every given id gated,
@@ -85,22 +107,26 @@ class Bulk(Part):
         validate_queue(queue)
         rows: list[tuple[tuple, str, str]] = []  # (group, id, payload JSON) per job
         payloads: list = []
+        policies: list = []
         given: set[str] = set()
         prefix = _flows.id_prefix()
+        expires = opt((self.wire.queues.get(queue) or {}).get("EXPIRES_MS"))
         for index, job in enumerate(jobs):
             if type(job) is tuple and len(job) == 2 and isinstance(job[0], str) and job[0]:
                 name, payload, options = job[0], job[1], None  # the common case, checked
             else:
                 name, payload, options = _unpack(index, job)
             if not options:
-                group = (name, "", "", "0", "0", "", "", "0")
+                group = (name, "", "", "0", "0", "", "", "0", "", expires, "")
                 job_id = f"{prefix}{index:x}"
+                policies.append({})
             else:
-                group, job_id = _options(index, name, options, given)
+                group, job_id, policy = _options(index, name, options, given, expires)
                 job_id = job_id or f"{prefix}{index:x}"
+                policies.append(policy)
             rows.append((group, job_id, self.wire.encode(payload, f"job {index}'s payload")))
             payloads.append(payload)
-        return BulkPlan(queue, rows, payloads)
+        return BulkPlan(queue, rows, payloads, policies)
 
     def land_many(self, plan: BulkPlan) -> list[str]:
         """Write a ``plan_many`` plan (see ``enqueue_many``); returns its ids."""
@@ -141,9 +167,14 @@ def _flat(rows: list[tuple[tuple, str, str]]) -> str:
     return to_json(flat)
 
 
-def _options(index: int, name: str, options: dict, given: set[str]) -> tuple[tuple, str | None]:
+def _options(
+    index: int, name: str, options: dict, given: set[str], expires: str
+) -> tuple[tuple, str | None, dict]:
     """A job's group header (name, max attempts, backoff, delay, priority,
-    timeout, keep, gate) and its given id (None: generate one), checked."""
+    timeout, keep, gate, retry policy, expiry, callbacks), its given id
+    (None: generate one) and its policy keywords (``policy_keywords``: what
+    a deferred add keeps), checked; ``expires``: the queue's
+    ``EXPIRES_MS`` as text ('' for none)."""
     job_id = options.get("job_id")
     if job_id is not None:
         validate_id(job_id)
@@ -159,8 +190,13 @@ def _options(index: int, name: str, options: dict, given: set[str]) -> tuple[tup
         whole_number("delay_ms", delay or 0, 0)
         check_job_options(priority or 0, delay or 0, timeout)
         keep = job_keep(options.get("keep"))  # ms text, '' for None (enqueue's rule and words)
+        policy = policy_keywords({k: v for k, v in options.items() if k in POLICY})
+        retry = job_retry(*(policy.get(k) for k in RETRY_KEYWORDS))
+        callbacks = job_callbacks(**{k: policy.get(k) for k in CALLBACKS})
     except ValueError as err:
         raise ValueError(f"enqueue_many: job {index}: {err}") from None
+    if policy.get("expires_ms") is not None:
+        expires = str(policy["expires_ms"])
     group = (
         name,
         opt(options.get("max_attempts")),
@@ -170,8 +206,11 @@ def _options(index: int, name: str, options: dict, given: set[str]) -> tuple[tup
         opt(timeout),
         keep,
         "1" if job_id is not None else "0",
+        retry,
+        expires,
+        callbacks,
     )
-    return group, job_id
+    return group, job_id, policy
 
 
 def _unpack(index: int, job: Any) -> tuple[str, Any, dict]:
@@ -191,7 +230,7 @@ def _unpack(index: int, job: Any) -> tuple[str, Any, dict]:
     if unknown:
         raise ValueError(
             f"enqueue_many: job {index} has unknown options {unknown}; allowed: "
-            f"{', '.join(OPTIONS)} (dedup_key: use enqueue)"
+            f"{', '.join(OPTIONS)} (dedup_key, depends_on: use enqueue)"
         )
     if not isinstance(name, str) or not name:
         raise ValueError(f"enqueue_many: job {index} needs a name (the handler's), got {name!r}")
