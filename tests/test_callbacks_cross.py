@@ -12,23 +12,12 @@ import pytest
 
 from echomq_django import Flow, handler
 from echomq_django.runners.pump import Pump
-from tests.support.jobkit import claim_one, raw_row, snapshot
+from tests.support.jobkit import callback_jobs, claim_one, raw_row, snapshot
 from tests.support.workerkit import burst
 
 
 class Crash(Exception):
     """A pump dying between deliver and trim."""
-
-
-def callback_jobs(mq, queue: str) -> dict:
-    """``{name: [payload, ...]}`` of the ``cb-`` jobs on ``queue``."""
-    out: dict = {}
-    for state in ("pending", "completed", "dead"):
-        for jid in mq.job_ids(queue, state):
-            if jid.startswith("cb-"):
-                job = mq.get_job(queue, jid)
-                out.setdefault(job.name, []).append(job.payload)
-    return out
 
 
 def outbox(mq, queue: str) -> list[dict]:
