@@ -277,3 +277,14 @@ def test_the_process_pool_runs_a_step_job_to_its_end(mq) -> None:
     settle(mq, "qa", "qb", pool="process")
     assert mq.get_job("qa", "c").result == {"n": 2, "attempts": 1}
     assert (mq.get_job("qa", "p").state, mq.get_job("qa", "p").result) == ("completed", 3)
+
+
+def test_a_child_that_depends_on_a_missing_job_is_refused_before_any_write(mq) -> None:
+    job = claimed(mq)
+    before = snapshot(mq.client)
+    with pytest.raises(JobNotFound, match="depends_on qb/nope: no such job"):
+        job.add_children([Flow("qa", "t.sum_children", job_id="k1", depends_on=["qb/nope"])])
+    assert snapshot(mq.client) == before
+    mq.enqueue("qb", "t.echo", 4, job_id="d")
+    job.add_children([Flow("qa", "t.sum_children", job_id="k1", depends_on=["qb/d"])])
+    assert mq.get_job("qb", "d").parent == "k1"

@@ -217,7 +217,8 @@ class Flows(Part):
         plan = _flows.plan(root, self.wire.encode, self._expiring())
         head, groups = plan.groups[0], plan.groups[1:]
         refs = self.keys.refs(head.children[0])
-        sub = Plan(groups, [r for r in plan.gated if r != (job.queue, job.id)])
+        sub = Plan(groups, [r for r in plan.gated if r != (job.queue, job.id)], plan.deps)
+        self._check_dependencies([g for g in groups if g.opts == DEP])  # a child's depends_on
         step_list = steps(sub, self.wire.flow_chunk)
         if sub.gated:
             checks = [self._step_call(q, gs, "check") for q, gs in step_list]
