@@ -36,7 +36,7 @@ local QUEUE = ARGV[1]
 local base, id, token, now = ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5])
 local REPLAYED = {awaiting_children = true, pending = true, delayed = true, dead = true}
 
-local f = redis.call('HMGET', row, 'state', 'lease', 'attempts', 'cancel')
+local f = redis.call('HMGET', row, 'state', 'lease', 'attempts', 'cancel', 'group')
 if f[1] and f[1] ~= 'active' and f[2] == token and REPLAYED[f[1]] then
   return f[1]  -- a replay: this lease ended the attempt (only one call ends one)
 end
@@ -49,7 +49,7 @@ if f[4] then  -- cancelled while it ran (docs/explanation/lifecycle.md)
   return 'dead'
 end
 redis.call('ZREM', active, id)
-left_active(base)
+left_active(base, f[5] or nil)  -- its group's running count too (docs/explanation/protocol.md#groups)
 redis.call('HSET', row, 'state', 'awaiting_children', 'updated_at', now,
   'attempts', math.max(0, (tonumber(f[3]) or 1) - 1))
 redis.call('ZADD', awaiting, now, id)

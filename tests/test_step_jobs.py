@@ -288,3 +288,16 @@ def test_a_child_that_depends_on_a_missing_job_is_refused_before_any_write(mq) -
     mq.enqueue("qb", "t.echo", 4, job_id="d")
     job.add_children([Flow("qa", "t.sum_children", job_id="k1", depends_on=["qb/d"])])
     assert mq.get_job("qb", "d").parent == "k1"
+
+
+def test_a_waiting_step_job_frees_its_group_s_place(mq) -> None:
+    """docs/explanation/protocol.md#groups: held for its children, a step job
+    no longer counts against its group's cap, so the group's next job runs."""
+    mq.queues["qa"] = {"GROUP_CONCURRENCY": 1}
+    mq.enqueue("qa", "step.fan", {"on": "qb", "kids": 1}, job_id="p", group="g")
+    mq.enqueue("qa", "t.echo", 7, job_id="next", group="g")
+    burst(mq, ["qa"])
+    assert mq.get_job("qa", "p").state == JobState.AWAITING_CHILDREN
+    assert mq.get_job("qa", "next").result == 7
+    settle(mq, "qa", "qb")
+    assert mq.get_job("qa", "p").result == 1

@@ -16,7 +16,7 @@ from typing import Any
 from ..core import flows as _flows
 from ..core.jobs import to_json
 from ..core.keyspace import validate_id, validate_queue, whole_number
-from ..core.options import check_job_options
+from ..core.options import check_group, check_job_options
 from ..core.retention import job_keep
 from ..core.retry import CALLBACKS, RETRY_KEYWORDS, job_callbacks, job_retry, policy_keywords
 from ..tracing.spans import adding
@@ -32,6 +32,7 @@ OPTIONS = (
     "priority",
     "timeout_ms",
     "keep",
+    "group",  # docs/explanation/protocol.md#groups
     *POLICY,
 )
 
@@ -39,7 +40,7 @@ OPTIONS = (
 @dataclass(frozen=True)
 class BulkPlan:
     """``plan_many``'s checked jobs of one queue: ``ids`` in order, and the
-    rows ``land_many`` sends (group header, id, payload JSON per job)."""
+    rows ``land_many`` sends (run header, id, payload JSON per job)."""
 
     queue: str
     rows: list[tuple[tuple, str, str]]
@@ -55,15 +56,16 @@ class BulkPlan:
         """``(name, payload, job_id, enqueue options)`` per job, in order:
         what ``enqueue`` would be called with (api.enqueue_many's outbox rows)."""
         policies = self.policies or [{}] * len(self.rows)
-        for (group, job_id, _), payload, policy in zip(
+        for (header, job_id, _), payload, policy in zip(
             self.rows, self.payloads, policies, strict=True
         ):
-            name, attempts, backoff, delay, priority, timeout, keep = group[:7]
+            name, attempts, backoff, delay, priority, timeout, keep, _gate, group = header[:9]
             options = {"delay_ms": int(delay), "priority": int(priority), **policy}
             for key, text in (("max_attempts", attempts), ("backoff_ms", backoff)):
                 options[key] = int(text) if text else None
             options["timeout_ms"] = int(timeout) if timeout else None
             options["keep"] = int(keep) // 1000 if keep else None  # the row holds ms
+            options["group"] = group or None
             yield name, payload, job_id, options
 
 
@@ -95,7 +97,7 @@ class Bulk(Part):
         ``ValueError``, a taken id ``DuplicateJob``, and then nothing is
         written (a call of more than ``flow_chunk`` jobs is gated by a
         read-only pass first). Claimable jobs wake the queue's workers once
-        per group; delayed ones announce their run-at. Raises
+        per run of jobs sharing their options; delayed ones announce their run-at. Raises
         ``RedisUnavailable`` when Redis cannot be reached.
         """
         return self.land_many(self.plan_many(queue, jobs))
@@ -105,7 +107,7 @@ class Bulk(Part):
         but a taken id) and fix their ids; writes nothing. What an
         ``on_commit`` add does before the commit (api.enqueue_many)."""
         validate_queue(queue)
-        rows: list[tuple[tuple, str, str]] = []  # (group, id, payload JSON) per job
+        rows: list[tuple[tuple, str, str]] = []  # (run header, id, payload JSON) per job
         payloads: list = []
         policies: list = []
         given: set[str] = set()
@@ -117,14 +119,14 @@ class Bulk(Part):
             else:
                 name, payload, options = _unpack(index, job)
             if not options:
-                group = (name, "", "", "0", "0", "", "", "0", "", expires, "")
+                header = (name, "", "", "0", "0", "", "", "0", "", "", expires, "")
                 job_id = f"{prefix}{index:x}"
                 policies.append({})
             else:
-                group, job_id, policy = _options(index, name, options, given, expires)
+                header, job_id, policy = _options(index, name, options, given, expires)
                 job_id = job_id or f"{prefix}{index:x}"
                 policies.append(policy)
-            rows.append((group, job_id, self.wire.encode(payload, f"job {index}'s payload")))
+            rows.append((header, job_id, self.wire.encode(payload, f"job {index}'s payload")))
             payloads.append(payload)
         return BulkPlan(queue, rows, payloads, policies)
 
@@ -155,11 +157,11 @@ class Bulk(Part):
 
 def _flat(rows: list[tuple[tuple, str, str]]) -> str:
     """The script's argument: consecutive jobs sharing their options form a
-    group (header, count, then id and payload per job)."""
+    run (header, count, then id and payload per job)."""
     flat: list[str] = []
-    for group, members in itertools.groupby(rows, key=lambda row: row[0]):
+    for header, members in itertools.groupby(rows, key=lambda row: row[0]):
         members = list(members)
-        flat += group
+        flat += header
         flat.append(str(len(members)))
         for _, job_id, payload in members:
             flat.append(job_id)
@@ -170,10 +172,10 @@ def _flat(rows: list[tuple[tuple, str, str]]) -> str:
 def _options(
     index: int, name: str, options: dict, given: set[str], expires: str
 ) -> tuple[tuple, str | None, dict]:
-    """A job's group header (name, max attempts, backoff, delay, priority,
-    timeout, keep, gate, retry policy, expiry, callbacks), its given id
-    (None: generate one) and its policy keywords (``policy_keywords``: what
-    a deferred add keeps), checked; ``expires``: the queue's
+    """A job's run header (name, max attempts, backoff, delay, priority,
+    timeout, keep, gate, group, retry policy, expiry, callbacks), its given
+    id (None: generate one) and its policy keywords (``policy_keywords``:
+    what a deferred add keeps), checked; ``expires``: the queue's
     ``EXPIRES_MS`` as text ('' for none)."""
     job_id = options.get("job_id")
     if job_id is not None:
@@ -190,6 +192,7 @@ def _options(
         whole_number("delay_ms", delay or 0, 0)
         check_job_options(priority or 0, delay or 0, timeout)
         keep = job_keep(options.get("keep"))  # ms text, '' for None (enqueue's rule and words)
+        group = check_group(options.get("group"))  # docs/explanation/protocol.md#groups
         policy = policy_keywords({k: v for k, v in options.items() if k in POLICY})
         retry = job_retry(*(policy.get(k) for k in RETRY_KEYWORDS))
         callbacks = job_callbacks(**{k: policy.get(k) for k in CALLBACKS})
@@ -197,7 +200,7 @@ def _options(
         raise ValueError(f"enqueue_many: job {index}: {err}") from None
     if policy.get("expires_ms") is not None:
         expires = str(policy["expires_ms"])
-    group = (
+    header = (
         name,
         opt(options.get("max_attempts")),
         opt(options.get("backoff_ms")),
@@ -206,11 +209,12 @@ def _options(
         opt(timeout),
         keep,
         "1" if job_id is not None else "0",
+        group or "",
         retry,
         expires,
         callbacks,
     )
-    return group, job_id, policy
+    return header, job_id, policy
 
 
 def _unpack(index: int, job: Any) -> tuple[str, Any, dict]:

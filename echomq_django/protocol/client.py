@@ -30,12 +30,13 @@ from ..core.exceptions import PayloadError
 from ..core.flows import Flow, FlowRef
 from ..core.jobs import MAX_PAYLOAD_BYTES, Job, JobState, Outcome, to_text
 from ..core.keyspace import validate_id, validate_name, validate_queue, whole_number
-from ..core.options import Claimed, check_job_options
+from ..core.options import Claimed, check_group, check_job_options
 from ..core.refs import JobRef, as_ref
 from ..core.retention import job_keep
 from ..core.retry import job_extras, policy_keywords
 from ..tracing.spans import adding
 from .bulk import Bulk
+from .control.groups import Groups
 from .control.limits import Limits
 from .control.schedules import ScheduleStore
 from .flows import Flows
@@ -60,7 +61,7 @@ class EchoMQ(Reads):
 
     Holds its parts (the module docstring says who calls which): ``flows``, ``bulk``,
     ``lifecycle``, ``outbox``, ``timers``, ``signal_events``, ``presence``, ``probes``,
-    ``waits``, ``progress``, ``events``, ``limits``, ``schedule_store``.
+    ``waits``, ``progress``, ``events``, ``limits``, ``schedule_store``, ``groups``.
 
     ``prefix`` starts every key (docs/explanation/protocol.md#keys). ``queues`` maps a queue name to
     its defaults ``{"MAX_ATTEMPTS": int, "BACKOFF_MS": ms, "LEASE_MS": ms}``; missing values come
@@ -105,6 +106,7 @@ class EchoMQ(Reads):
         self.probes = Probes(wire)
         self.waits, self.progress, self.events = Waits(wire, self), Progress(wire), Events(wire)
         self.limits, self.schedule_store = Limits(wire), ScheduleStore(wire)
+        self.groups = Groups(wire)  # docs/explanation/protocol.md#groups
 
     @property
     def clock(self):
@@ -154,6 +156,7 @@ class EchoMQ(Reads):
         dedup_key: str | None = None,
         dedup_ttl_ms: int | None = None,
         keep: int | None = None,
+        group: str | None = None,
         **policy: Any,
     ) -> str:
         """Add one job; returns its id (generated when ``job_id`` is None).
@@ -172,7 +175,10 @@ class EchoMQ(Reads):
         ``retry_on``, ``dont_retry_on``; ``on_success`` / ``on_failure`` /
         ``on_dead`` (a handler name, or a ``(queue, name)`` pair for a job
         on another queue; ``core/retry.py`` checks them all).
-        Raises ``ValueError`` for a bad queue name, id, name or option
+        ``group`` (str, ``keyspace.GROUP_RULE``; None: none): the job is
+        claimed in its group's turn, under its group's cap
+        (docs/explanation/protocol.md#groups).
+        Raises ``ValueError`` for a bad queue name, id, name, group or option
         (core/options.py's ranges), ``PayloadError`` for a bad payload,
         ``DuplicateJob`` when the id is taken (nothing written),
         ``RedisUnavailable`` when Redis cannot be reached. docs/explanation/protocol.md#enqueue.
@@ -184,6 +190,7 @@ class EchoMQ(Reads):
         whole_number("backoff_ms", backoff_ms, 0, optional=True)
         whole_number("delay_ms", delay_ms, 0)
         check_job_options(priority, delay_ms, timeout_ms, dedup_key, dedup_ttl_ms)
+        check_group(group)
         own_keep = job_keep(keep)
         now = self.clock()
         retry, expires_at, callbacks = job_extras(
@@ -214,6 +221,7 @@ class EchoMQ(Reads):
                     retry,
                     expires_at,
                     callbacks,
+                    group or "",
                 ],
             )
         state = to_text(state)
@@ -246,7 +254,9 @@ class EchoMQ(Reads):
         lease = int(lease_ms if lease_ms is not None else self.setting(queue, "LEASE_MS"))
         now = self.clock()
         k, token = self.keys.queue(queue), token or secrets.token_hex(8)
-        args = [k.base, count, now, lease, token, *self.wire.claim_limits(queue), queue]
+        limits, group_cap = self.wire.claim_limits(queue), self.wire.group_cap(queue)
+        args = [k.base, count, now, lease, token, *limits, queue, group_cap]
+        args.append(self.wire.group_rate(queue))
         flat = json.loads(self.scripts.run("claim", [k.pending, k.active, k.lease_seq], args))
         if type(flat) is dict:
             if "jobs" not in flat:

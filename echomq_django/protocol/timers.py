@@ -276,7 +276,7 @@ class Timers(Part):
         pipe = self.client.pipeline(transaction=False)
         pipe.zrange(k.delayed, 0, 0, withscores=True)
         pipe.zrange(k.active, 0, 0, withscores=True)
-        pipe.exists(k.pending, k.prioritized)  # claimable, priorities included
+        pipe.exists(k.pending, k.prioritized, k.groups)  # claimable: priorities, groups too
         pipe.zrange(k.deadlines, 0, 0, withscores=True)
         delayed, active, claimable, deadlines = pipe.execute()
         return Swept(_head(delayed), _head(active), bool(claimable), _head(deadlines))

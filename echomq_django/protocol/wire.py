@@ -97,6 +97,17 @@ class Wire:
         opts = self.queues.get(queue, {})
         return (*rate_limit(opts), opts.get("CONCURRENCY", 0))
 
+    def group_cap(self, queue: str) -> int:
+        """The queue's ``GROUP_CONCURRENCY`` setting (jobs of one group active
+        at once; 0: none; docs/explanation/protocol.md#groups)."""
+        return self.queues.get(queue, {}).get("GROUP_CONCURRENCY", 0)
+
+    def group_rate(self, queue: str) -> str:
+        """The queue's ``GROUP_RATE_LIMIT`` as ``claim`` takes it,
+        ``'max:per_ms'`` ('' for none; docs/explanation/protocol.md#groups)."""
+        limit = self.queues.get(queue, {}).get("GROUP_RATE_LIMIT")  # checked: E081
+        return f"{limit['MAX']}:{limit['PER_MS']}" if limit else ""
+
     def encode(self, value: Any, what: str = "payload") -> str:
         """``value`` as compact JSON text; a ``JobRef`` dict key is written as
         its ``"queue/id"`` text (docs/howto/read-flows.md#job-references). Raises
