@@ -59,12 +59,14 @@ from .core.exceptions import (
     JobNotRemovable,
     JobNotRetryable,
     LeaseLost,
+    MoveToDelayed,
     PayloadError,
     RateLimited,
     RedisCommandError,
     RedisUnavailable,
     Retry,
     Unrecoverable,
+    WaitForChildren,
 )
 from .core.flows import Flow, FlowRef
 from .core.jobs import Dependencies, Job, JobState, Outcome
@@ -100,6 +102,7 @@ __all__ = [
     "JobRef",
     "JobState",
     "LeaseLost",
+    "MoveToDelayed",
     "Outcome",
     "Page",
     "PayloadError",
@@ -111,6 +114,7 @@ __all__ = [
     "Schedules",
     "Signature",
     "Unrecoverable",
+    "WaitForChildren",
     "Worker",
     "aadd_flow",
     "add_flow",

@@ -24,6 +24,11 @@
     cancel    its parent was cancelled: the child is cancelled (docs/explanation/lifecycle.md)
     rerun     its parent's cancel was taken back after the child died of it
               (a `cancelled` entry): the child runs again (pending)
+  and one kind that adds a job on this slot:
+    cb        a callback of a job on another queue (lib/flow.lua callback;
+              `parent id` is the callback job's id, `value` its handler name,
+              a newline and its payload JSON): written pending unless a row
+              of that id exists already (a re-delivery)
 
   KEYS[1] pending list         P:{pq}:pending   (pq = the parents' queue)
   KEYS[2] awaiting zset        P:{pq}:awaiting
@@ -50,16 +55,34 @@ local QUEUE = ARGV[1]
 -- @include lib/lifecycle.lua
 local base, now = ARGV[2], tonumber(ARGV[3])
 
+-- a `cb` entry: the callback job, once (docs/howto/retries.md#callbacks-on-another-queue)
+local function add_callback(cid, value)
+  local row = job_key(base, cid)
+  if redis.call('EXISTS', row) == 1 then
+    return
+  end
+  local cut = value:find('\n', 1, true)
+  if not cut then  -- the host dead-letters such an entry before it gets here
+    return
+  end
+  redis.call('HSET', row, 'name', value:sub(1, cut - 1), 'state', 'pending', 'created_at', now,
+    'payload', value:sub(cut + 1))
+  make_claimable(base, {cid}, nil)
+  emit(base, 'added', cid)
+end
+
 OUT.delivered = {}
 for i = 4, #ARGV, 6 do
   local kind, ref, pid, policy, value = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]
   local inc = (ARGV[i + 5] ~= '') and ARGV[i + 5] or nil
   local ok, state, stale = true, nil, false
   local aimed_at_child = kind == 'rm' or kind == 'cancel' or kind == 'rerun'
-  if not aimed_at_child then
+  if not aimed_at_child and kind ~= 'cb' then
     state, stale = parent_state(job_key(base, pid), inc)
   end
-  if aimed_at_child then
+  if kind == 'cb' then
+    add_callback(pid, value)
+  elseif aimed_at_child then
     if kind == 'rm' then
       drop_node(base, pid, value, inc)
     elseif kind == 'cancel' then

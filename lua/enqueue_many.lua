@@ -21,8 +21,11 @@
           keep (ms a finished job is kept at most, docs/explanation/lifecycle.md; '' = the
           queue's retention alone), gate ('1' = check each id is free; '0'
           for ids the host generated with 72 random bits), group ('' = none;
-          docs/explanation/protocol.md#groups), job count n,
-          then n pairs: id, payload (a JSON text)
+          docs/explanation/protocol.md#groups), retry policy (compact JSON
+          kept as `retry_policy`, '' = the queue's, docs/howto/retries.md),
+          expiry (ms after it is due: `expires_at` = now + delay + this;
+          '' = none), callbacks (JSON kept as `callbacks`, '' = none), job
+          count n, then n pairs: id, payload (a JSON text)
   ARGV[6] trace context: the W3C traceparent of the caller's add span, kept
           on every row as `traceparent` ('' = none: tracing is off;
           docs/howto/tracing.md)
@@ -41,14 +44,14 @@ local a = cjson.decode(ARGV[5])
 if #a == 0 then
   return 0
 end
-local G = 10  -- strings in a run header
+local G = 13  -- strings in a run header
 local first = redis.call('HMGET', base .. 'job:' .. a[G + 1], 'name', 'payload', 'created_at')
 if first[1] == a[1] and first[2] == a[G + 2] and first[3] == now then
   return 0  -- a replay of this very call: it landed already
 end
 local i = 1
 while i <= #a do
-  local gate, n = a[i + 7], tonumber(a[i + 9])
+  local gate, n = a[i + 7], tonumber(a[i + 12])
   i = i + G
   if gate == '1' then
     for j = i, i + 2 * n - 1, 2 do
@@ -67,7 +70,7 @@ end
 local landed = 0
 i = 1
 while i <= #a do
-  local name, delay, priority, n = a[i], tonumber(a[i + 3]), a[i + 4], tonumber(a[i + 9])
+  local name, delay, priority, n = a[i], tonumber(a[i + 3]), a[i + 4], tonumber(a[i + 12])
   local group = a[i + 8] ~= '' and a[i + 8] or nil
   local state = delay > 0 and 'delayed' or 'pending'
   -- compact rows, as enqueue writes them: the fields after the payload
@@ -99,6 +102,15 @@ while i <= #a do
   if ARGV[6] ~= '' then
     shared[#shared + 1] = 'traceparent'
     shared[#shared + 1] = ARGV[6]
+  end
+  -- its own retry policy, expiry and callbacks (docs/howto/retries.md), only when set
+  local expires = a[i + 10] ~= '' and string.format('%.0f', tonumber(now) + delay + a[i + 10])
+  for _, f in ipairs({{'retry_policy', a[i + 9]}, {'expires_at', expires or ''},
+      {'callbacks', a[i + 11]}}) do
+    if f[2] ~= '' then
+      shared[#shared + 1] = f[1]
+      shared[#shared + 1] = f[2]
+    end
   end
   local claimable = {}
   i = i + G

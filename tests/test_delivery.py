@@ -20,12 +20,15 @@ POISON = {
     '{"k": "done"}': "malformed entry: 'c' is None, not a string",
     '{"k": "zzz", "c": "x", "p": "P", "q": "p"}': (
         "malformed entry: kind 'zzz' is not one of "
-        "('done', 'dead', 'reattach', 'gone', 'rm', 'cancel', 'cancelled', 'rerun')"
+        "('done', 'dead', 'reattach', 'gone', 'rm', 'cancel', 'cancelled', 'rerun', 'cb')"
     ),
     '{"k": "done", "c": "x", "p": "P", "q": "p", "v": {"a": 1}}': (
         "malformed entry: 'v' is {'a': 1}, not a string"
     ),
     '{"k": "done", "c": "x", "p": "a:b", "q": "p"}': "malformed entry: invalid job id 'a:b'",
+    '{"k": "cb", "c": "x", "p": "cb-1", "q": "p", "v": "no newline"}': (
+        "malformed entry: a callback entry's 'v' is '<name>\\n<payload>'"
+    ),
 }
 
 

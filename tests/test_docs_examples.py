@@ -544,6 +544,7 @@ def test_the_pages_links_and_includes_resolve():
             "retention",
             "sentinel",
             "retries",
+            "step-jobs",
             "tasks-backend",
             "testing",
             "tracing",
@@ -904,3 +905,35 @@ def test_the_events_howto_async_view_streams_under_asgi(howto):
             ("active", {"job": "x2"}),
             ("completed", {"job": "x2", "result": {"rows": 2, "url": "/exports/x2.csv"}}),
         ]
+
+
+def test_the_step_jobs_howto(howto):
+    """An order's job saves its step in its payload, moves itself to delayed
+    (no attempt spent), adds its parcels on another queue as children, waits,
+    and runs a third time with their tracking numbers."""
+    from tests.support.jobkit import score
+    from tests.support.workerkit import T0, Clock
+
+    example = howto("step_jobs")
+    with echomq_settings() as mq:
+        clock = mq.clock = Clock()
+
+        def run(*queues):
+            emq.Worker(list(queues), mq=mq, register=False).run(burst=True)
+            emq.Pump(list(queues), mq=mq).sweep()
+
+        ref = emq.JobRef("orders", example.fulfil_order(7, ["a", "b"]))
+        run("orders")
+        job = mq.get_job(*ref)
+        assert (job.state, job.attempts, job.payload["step"]) == ("delayed", 0, "ship")
+        assert score(mq, "orders", "delayed", ref.id) == T0 + 50
+        clock.advance(50)
+        mq.timers.promote_delayed("orders")
+        run("orders")
+        assert mq.get_job(*ref).state == "awaiting_children"
+        run("shipping", "orders")
+        run("orders")
+        job = mq.get_job(*ref)
+        assert (job.state, job.attempts) == ("completed", 1)
+        assert job.result == {"order": 7, "tracking": ["TRACK-a", "TRACK-b"]}
+        assert job.payload["step"] == "done"

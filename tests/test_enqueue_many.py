@@ -89,7 +89,9 @@ def test_bad_input_writes_nothing(tmq, jobs, error, match) -> None:
 
 def test_a_replayed_call_writes_nothing_twice(tmq) -> None:
     k = tmq.keys.queue("q")
-    args = ["q", k.base, str(T0), "write", '["j","","","0","0","","","1","","1","r1","1"]', ""]
+    # name ... gate, group, retry, expiry, callbacks
+    header = '"j","","","0","0","","","1","","","",""'
+    args = ["q", k.base, str(T0), "write", f'[{header},"1","r1","1"]', ""]
     keys = [k.pending, k.delayed, k.events]
     assert tmq.scripts.run("enqueue_many", keys, args) == 1
     assert tmq.scripts.run("enqueue_many", keys, args) == 0  # redis-py re-sent it
@@ -103,7 +105,7 @@ def test_priority_and_timeout_as_enqueue_stores_them(tmq) -> None:
     assert [j.id for j in tmq.claim("q", 3)] == [ids[1], ids[2], ids[0]]  # higher first
     row = jobkit.row(tmq, "q", ids[1])
     assert (row["priority"], row["timeout_ms"]) == ("5", "900")
-    with pytest.raises(ValueError, match="dedup_key: use enqueue"):
+    with pytest.raises(ValueError, match="dedup_key, depends_on: use enqueue"):
         tmq.enqueue_many("q", [("j", 1, {"dedup_key": "k"})])
 
 
@@ -153,3 +155,43 @@ def test_a_bad_keep_names_its_index_and_writes_nothing(tmq, keep) -> None:
         tmq.enqueue("q", "j", 2, job_id="x", keep=keep)
     assert str(refused.value) == f"enqueue_many: job 1: {single.value}"
     assert snapshot(tmq.client) == before
+
+
+# -- a job's own retry policy, expiry and callbacks (docs/howto/retries.md) ------
+
+
+def test_retry_policy_expiry_and_callbacks_as_enqueue_stores_them(tmq) -> None:
+    tmq.queues["q"] = {"EXPIRES_MS": 9000}
+    ids = tmq.enqueue_many(
+        "q",
+        [
+            ("j", 1),
+            ("j", 2, {"backoff": "fixed", "jitter": 0.5, "retry_on": [ValueError]}),
+            {"name": "j", "payload": 3, "expires_ms": 50, "delay_ms": 10},
+            ("j", 4, {"on_success": "r.done", "on_dead": ("alerts", "r.dead")}),
+        ],
+    )
+    rows = [jobkit.row(tmq, "q", i) for i in ids]
+    one = tmq.enqueue("q", "j", 2, backoff="fixed", jitter=0.5, retry_on=[ValueError])
+    assert rows[1]["retry_policy"] == jobkit.row(tmq, "q", one)["retry_policy"]
+    assert rows[0]["expires_at"] == str(T0 + 9000)  # the queue's EXPIRES_MS
+    assert rows[2]["expires_at"] == str(T0 + 10 + 50)  # after it is due
+    assert rows[3]["callbacks"] == '{"d":["alerts","r.dead"],"s":"r.done"}'
+    assert "callbacks" not in rows[0] and "retry_policy" not in rows[0]
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"jitter": 2}, "enqueue_many: job 1: bad jitter 2: jitter is a number from 0 to 1"),
+        ({"backoff": "no.such.module.fn"}, "enqueue_many: job 1: .*no.such.module.fn"),
+        ({"expires_ms": 0}, "enqueue_many: job 1: expires_ms must be a whole number"),
+        ({"on_dead": ("q", "")}, "enqueue_many: job 1: on_dead: invalid job name"),
+        ({"depends_on": ["q/x"]}, "unknown options \\['depends_on'\\]"),
+    ],
+)
+def test_a_bad_policy_refuses_the_whole_call_before_any_write(tmq, options, match) -> None:
+    before = jobkit.snapshot(tmq.client)
+    with pytest.raises(ValueError, match=match):
+        tmq.enqueue_many("q", [("j", 1), ("j", 2, options)])
+    assert jobkit.snapshot(tmq.client) == before

@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+import echomq_django as emq
 from echomq_django import JobState, LeaseLost, PayloadError, handler
 from echomq_django.core.exceptions import MESSAGES
 from echomq_django.runners.flusher import Flusher, Refused
@@ -276,3 +277,35 @@ def test_an_outage_keeps_the_writes_and_sends_them_first_after(mq) -> None:
     writes.flush()
     assert mq.job_logs("q", "a") == ["before the outage", "during the outage"]
     assert (mq.get_job("q", "a").progress, writes.pending()) == (10, 0)
+
+
+@handler("pw.step")
+def a_step_that_reports_then_holds(job):
+    """Reports progress and a line, then ends its attempt without
+    finishing: moved to delayed (payload ``move``) or held for a child."""
+    if job.payload.get("again"):
+        return "done"
+    job.report_progress(40)
+    job.log(f"step of {job.id}")
+    if job.payload["move"]:
+        job.update_payload({"move": True, "again": True})
+        job.move_to_delayed(60_000)
+    job.update_payload({"move": False, "again": True})
+    job.add_children([emq.Flow("q2", "t.echo", 1)])  # a queue this burst leaves alone
+    raise emq.WaitForChildren
+
+
+@pytest.mark.parametrize("move", [True, False], ids=["move_to_delayed", "wait_for_children"])
+def test_a_step_job_s_writes_land_before_its_attempt_ends(mq, monkeypatch, move) -> None:
+    """The writes of an attempt that ends without a result (a step job's
+    move or hold) are sent before the transition, which would refuse them
+    (the job no longer active): with no flusher thread, the reporter sends
+    them alone first."""
+    monkeypatch.setattr(Flusher, "run", lambda self: None)  # only the reporter sends
+    mq.enqueue("q", "pw.step", {"move": move}, job_id="s")
+    worker, _ = burst(mq, ["q"], concurrency=1)
+    job = mq.get_job("q", "s")
+    want = JobState.DELAYED if move else JobState.AWAITING_CHILDREN
+    assert (job.state, job.progress) == (want, 40)
+    assert mq.job_logs("q", "s") == ["step of s"]
+    assert counted(worker.loop.writes) == {"sent": 2, "dropped": 0}

@@ -10,7 +10,7 @@ from echomq_django import EchoMQ, Flow, JobState, Retry, Worker, handler
 from echomq_django.conf import schema
 from echomq_django.core.retry import decide, job_retry
 from echomq_django.runners.pump import Pump
-from tests.support.jobkit import claim_one, raw_row, score, snapshot
+from tests.support.jobkit import callback_jobs, claim_one, raw_row, score, snapshot
 from tests.support.workerkit import T0, Clock
 
 CAP = 3_600_000
@@ -365,22 +365,11 @@ def test_a_rate_limited_job_that_started_does_not_expire(tmq, clock):
 
 
 # -- callbacks ------------------------------------------------------------------
-def _callback_jobs(mq, queue="q"):
-    """The callback jobs on ``queue``: ``{name: payload}`` of the ``cb-`` rows."""
-    out = {}
-    for state in ("pending", "completed", "dead"):
-        for jid in mq.job_ids(queue, state):
-            if jid.startswith("cb-"):
-                job = mq.get_job(queue, jid)
-                out.setdefault(job.name, []).append(job.payload)
-    return out
-
-
 def test_on_success_adds_a_job_with_the_result_in_the_completing_script(tmq):
     tmq.enqueue("q", "x", {}, job_id="j", on_success="r.done", on_dead="r.dead")
     job = claim_one(tmq, "q", "j")
     tmq.complete(job, {"total": 3, "items": []})
-    assert _callback_jobs(tmq) == {"r.done": [{"job": "q/j", "result": {"total": 3, "items": []}}]}
+    assert callback_jobs(tmq) == {"r.done": [{"job": "q/j", "result": {"total": 3, "items": []}}]}
     assert raw_row(tmq, "q", "j")["callbacks"] == '{"d":"r.dead","s":"r.done"}'
 
 
@@ -390,7 +379,7 @@ def test_on_failure_per_retried_attempt_and_on_dead_at_the_death(tmq):
     )
     tmq.fail(claim_one(tmq, "q", "j"), "first")
     tmq.fail(claim_one(tmq, "q", "j"), "second")
-    assert _callback_jobs(tmq) == {
+    assert callback_jobs(tmq) == {
         "r.f": [{"job": "q/j", "error": "first"}],
         "r.d": [{"job": "q/j", "error": "second"}],
     }
@@ -403,7 +392,7 @@ def test_on_dead_on_every_road_to_dead_expired_and_cancelled(tmq, clock):
     [cb] = tmq.claim("q", 1)  # the expired job's callback job took its place
     assert (cb.name, cb.payload) == ("r.d", {"job": "q/late", "error": "expired"})
     tmq.cancel("q", "gone")
-    assert _callback_jobs(tmq) == {"r.d": [{"job": "q/gone", "error": "cancelled"}]}
+    assert callback_jobs(tmq) == {"r.d": [{"job": "q/gone", "error": "cancelled"}]}
 
 
 def test_a_callback_job_runs_in_a_worker_as_its_own_job(mq):

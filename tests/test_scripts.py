@@ -167,6 +167,12 @@ def drive_every_operation(mq, clock) -> None:
     assert mq.timers.expire_children("q")[0] == 1
     mq.enqueue("q", "later", None, job_id="s3")
     mq.timers.postpone(mq.claim("q", 1)[0], 5)
+    # a step job: update_payload, add_children, wait_children
+    mq.enqueue("steps", "stepper", {"step": 1}, job_id="st")
+    step = claim_one(mq, "steps", "st")
+    step.update_payload({"step": 2})
+    step.add_children([leaf("st1", queue="stepkids")])
+    assert mq.flows.wait_for_children(step) is JobState.AWAITING_CHILDREN
     mq.timers.advance_schedule("q", "tick", 1, "init")
     assert len(mq.enqueue_many("bulk", [("n", 1), ("n", 2, {"delay_ms": 5})])) == 2
     # a child its parent on another slot ignored, retried: reattach_ignored

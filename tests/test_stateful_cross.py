@@ -3,10 +3,14 @@ adds random trees over three queues, claims, completes, fails, lets leases
 expire, retries dead jobs by id, and runs pump sweeps, some of which crash
 between deliver and trim, removes a flow and adds it again at once under the
 same ids (whatever of the old one is still in an outbox must not reach the new
-one); after every step it checks the flow invariants (those of
-test_stateful.py) against a small model of the flows.
+one), runs step jobs on a queue of their own that add children on the three
+queues and wait for them (docs/howto/step-jobs.md), adds nodes that
+``depends_on`` plain jobs on other queues, and gives some leaves a start
+deadline (``expires_ms``: a claim kills them ``expired``); after every step it
+checks the flow invariants (those of test_stateful.py) against a small model
+of the flows.
 
-Examples: 25 per rig, up to 30 steps each (about 20 s per rig here).
+Examples: 25 per rig, up to 30 steps each (about 45 s per rig here).
 """
 
 from __future__ import annotations
@@ -38,6 +42,8 @@ from echomq_django import (
 from echomq_django.runners.pump import Pump
 
 QUEUES = ("qa", "qb", "qc")
+STEPS = "qs"  # step jobs only: nothing else is claimed there
+ALL = (*QUEUES, STEPS)
 PREFIXES = itertools.count()
 
 
@@ -52,6 +58,7 @@ def trees(depth=3):
             "policy": st.sampled_from(["fp", "id", "rd"]),
             "attempts": st.integers(1, 2),
             "children": st.just([]),
+            "expires": st.sampled_from([None, None, 5, 50]),  # ms: not started by then, dead
         }
     )
     return st.recursive(
@@ -78,14 +85,16 @@ class CrossQueueFlows(RuleBasedStateMachine):
             self.client,
             prefix=f"x{next(PREFIXES)}",
             clock=lambda: self.now[0],
-            queues={q: {"BACKOFF_MS": 0} for q in QUEUES},
+            queues={q: {"BACKOFF_MS": 0} for q in ALL},
         )
-        self.pump = Pump(list(QUEUES), mq=self.mq, lock_ms=60_000)
+        self.pump = Pump(list(ALL), mq=self.mq, lock_ms=60_000)
         self.parent_of: dict[tuple, tuple] = {}  # child (q, id) -> parent (q, id)
         self.children: dict[tuple, list] = {}  # parent -> [child (q, id)]
         self.n = 0
         self.roots: list[tuple[tuple, Flow]] = []
         self.epoch: dict[tuple, tuple] = {}  # node -> last events id before it was added again
+        self.waits: dict[str, int] = {}  # step job id -> its waits (a release each, at most)
+        self.plain: list[tuple] = []  # plain jobs no node depends on yet
 
     def _flow(self, spec, parent=None):
         self.n += 1
@@ -101,6 +110,7 @@ class CrossQueueFlows(RuleBasedStateMachine):
             max_attempts=spec["attempts"],
             ignore_dependency_on_failure=spec["policy"] == "id",
             remove_dependency_on_failure=spec["policy"] == "rd",
+            expires_ms=spec.get("expires"),
             children=[self._flow(c, node) for c in spec["children"]],
         )
 
@@ -110,7 +120,7 @@ class CrossQueueFlows(RuleBasedStateMachine):
         self.mq.add_flow(flow)
         self.roots.append(((flow.queue, flow.job_id), flow))
 
-    @precondition(lambda self: self.n > 0)
+    @precondition(lambda self: self.roots)
     @rule(data=st.data())
     def remove_and_add_again(self, data):
         # a recent flow: its children are the likeliest to have entries in flight
@@ -127,6 +137,40 @@ class CrossQueueFlows(RuleBasedStateMachine):
                 self.epoch[(node.queue, node.job_id)] = stream_id(last[node.queue][0][0])
         ref = self.mq.add_flow(flow)
         assert ref.skipped == 0, ref
+
+    @rule(data=st.data(), kids=st.lists(trees(depth=1), max_size=2), new=st.booleans())
+    def step_job(self, data, kids, new):
+        """A step job on its own queue: added (or one held before runs again),
+        then it adds ``kids`` on the three queues and waits, or completes."""
+        if new or not self.waits:
+            self.n += 1
+            self.mq.enqueue(STEPS, "h", None, job_id=f"s{self.n}")
+            self.waits[f"s{self.n}"] = 0
+        for job in self.mq.claim(STEPS, 1):
+            node = (STEPS, job.id)
+            if not kids:
+                self.mq.complete(job, job.id)
+                continue
+            refs = job.add_children([self._flow({**k, "children": []}, node) for k in kids])
+            assert refs == [JobRef(*k) for k in self.children[node][-len(kids) :]]
+            state = self.mq.flows.wait_for_children(job)
+            self.waits[job.id] += 1
+            assert state in (JobState.AWAITING_CHILDREN, JobState.PENDING, JobState.DEAD)
+
+    @rule(data=st.data(), queue=st.sampled_from(QUEUES), attempts=st.integers(1, 2))
+    def depends_on(self, data, queue, attempts):
+        """A plain job, and a node (on any queue) that depends on an earlier
+        one: it becomes that job's parent, however far the job got."""
+        self.n += 1
+        self.mq.enqueue(queue, "h", {"n": self.n}, job_id=f"d{self.n}", max_attempts=attempts)
+        self.plain.append((queue, f"d{self.n}"))
+        if len(self.plain) > 1:
+            dep = self.plain.pop(data.draw(st.integers(0, len(self.plain) - 2)))
+            self.n += 1
+            node = (data.draw(st.sampled_from(QUEUES)), f"n{self.n}")
+            self.mq.add_flow(Flow(node[0], "h", None, job_id=node[1], depends_on=[JobRef(*dep)]))
+            self.parent_of[dep] = node
+            self.children[node] = [dep]
 
     @rule(queue=st.sampled_from(QUEUES), ok=st.booleans())
     def work(self, queue, ok):
@@ -164,7 +208,7 @@ class CrossQueueFlows(RuleBasedStateMachine):
     @precondition(lambda self: self.n > 0)
     @rule(data=st.data())
     def retry(self, data):
-        dead = [(q, i) for q in QUEUES for i in self.mq.job_ids(q, "dead")]
+        dead = [(q, i) for q in ALL for i in self.mq.job_ids(q, "dead")]
         if dead:
             queue, job_id = data.draw(st.sampled_from(sorted(dead)))
             try:
@@ -181,7 +225,7 @@ class CrossQueueFlows(RuleBasedStateMachine):
         if not hasattr(self, "mq"):
             return
         where: dict[tuple, list] = {}
-        for q in QUEUES:
+        for q in ALL:
             for state in JobState:
                 for job_id in self.mq.job_ids(q, state):
                     where.setdefault((q, job_id), []).append(state)
@@ -194,7 +238,7 @@ class CrossQueueFlows(RuleBasedStateMachine):
         if not hasattr(self, "mq"):
             return
         outboxes = {}
-        for q in QUEUES:
+        for q in ALL:
             raw = self.client.lrange(self.mq.keys.queue_key(q, "flow:outbox"), 0, -1)
             for entry in map(json.loads, raw):
                 outboxes.setdefault((entry["q"], entry["p"], entry["c"]), []).append(entry["k"])
@@ -222,7 +266,7 @@ class CrossQueueFlows(RuleBasedStateMachine):
     def released_at_most_once(self):
         if not hasattr(self, "mq"):
             return
-        for q in QUEUES:
+        for q in ALL:
             counts: dict[str, int] = {}
             for at, fields in self.client.xrange(self.mq.keys.queue_key(q, "events")):
                 if fields[b"e"] == b"released":
@@ -230,7 +274,9 @@ class CrossQueueFlows(RuleBasedStateMachine):
                     if stream_id(at) <= self.epoch.get((q, job_id), (0, 0)):
                         continue  # released in a flow since removed and added again
                     counts[job_id] = counts.get(job_id, 0) + 1
-            assert all(n == 1 for n in counts.values()), counts
+            # once per hold: its add, and each wait of a step job
+            assert all(n <= 1 + self.waits.get(i, 0) for i, n in counts.items()), counts
+            assert all(n == 1 for i, n in counts.items() if i not in self.waits), counts
 
 
 def stream_id(raw) -> tuple[int, int]:

@@ -14,7 +14,7 @@ from django.http import JsonResponse
 from django.test import Client
 from django.urls import path
 
-from echomq_django import Flow, JobState
+from echomq_django import Flow, JobState, WaitForChildren, handler
 from echomq_django.runners.pump import Pump
 from echomq_django.tracing import spans
 from tests.support.workerkit import burst
@@ -287,3 +287,31 @@ def test_a_trace_context_round_trips():
     value = "00-" + "ab" * 16 + "-" + "cd" * 8 + "-01"
     span = otel_trace.get_current_span(spans.parent_context(value))
     assert spans.traceparent(span) == value
+
+
+@handler("trace.steps")
+def trace_steps(job):
+    """A step job: moves to delayed, then adds a child and waits, then returns."""
+    step = job.payload["step"]
+    if step == 0:
+        job.update_payload({"step": 1})
+        job.move_to_delayed(0)
+    if step == 1:
+        job.update_payload({"step": 2})
+        job.add_children([Flow("q", "t.echo", 5, job_id="kid")])
+        raise WaitForChildren
+    return sum(job.children_values().values())
+
+
+def test_a_step_job_s_attempts_record_postponed_and_waiting_children(mq, exporter):
+    _, memory = exporter
+    mq.enqueue("q", "trace.steps", {"step": 0}, job_id="s")
+    for _ in range(3):
+        burst(mq, ["q"])
+    assert mq.get_job("q", "s").result == 5
+    outcomes = [
+        s.attributes["echomq.job.outcome"]
+        for s in sorted(memory.get_finished_spans(), key=lambda s: s.start_time)
+        if s.name == "echomq run trace.steps"
+    ]
+    assert outcomes == ["postponed", "waiting_children", "completed"]

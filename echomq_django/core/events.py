@@ -33,6 +33,7 @@ KINDS = frozenset(
         "removed",
         "promoted",
         "postponed",
+        "waiting_children",
         "stalled",
         "retried",
         "reattached",

@@ -128,6 +128,34 @@ class Retry(EchoMQError):
         self.after_ms = after_ms
 
 
+class MoveToDelayed(EchoMQError):
+    """A step job's handler ends its attempt and runs again after
+    ``delay_ms`` (ms, int from 0 to ten years) with its payload as it left
+    it (``job.update_payload``): not a failure, and the attempt is taken
+    back, as for ``RateLimited``. ``job.move_to_delayed(ms)`` raises it;
+    a handler may raise it itself. Let it propagate: a handler that catches
+    it completes instead. docs/howto/step-jobs.md#move-to-delayed"""
+
+    def __init__(self, delay_ms: int, message: str = "") -> None:
+        if not isinstance(delay_ms, int) or isinstance(delay_ms, bool):
+            raise TypeError(f"move_to_delayed(delay_ms) must be an int (ms), got {delay_ms!r}")
+        if not 0 <= delay_ms <= 315_360_000_000:
+            raise ValueError(
+                f"move_to_delayed(delay_ms) must be from 0 to 315360000000 ms, got {delay_ms}"
+            )
+        super().__init__(message or f"moved to delayed for {delay_ms} ms")
+        self.delay_ms = delay_ms
+
+
+class WaitForChildren(EchoMQError):
+    """Raise it in a handler after ``job.add_children(...)``: the attempt
+    ends (not a failure; taken back) and the job is held
+    (``awaiting_children``) until every child resolved, then runs again and
+    reads their results with ``job.children_values()``. A job whose children
+    all resolved already runs again at once; one an ``fp`` child failed
+    dies. docs/howto/step-jobs.md#add-children-and-wait"""
+
+
 # code -> exception class; JobNotActive for EMQSTATE is swapped for
 # JobNotRetryable by the retry path, where "not in the expected state" means
 # "not dead".

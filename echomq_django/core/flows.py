@@ -93,7 +93,8 @@ class Flow:
     Retries (docs/howto/retries.md, ``core/retry.py`` checks them):
     ``backoff``, ``jitter``, ``retry_on``, ``dont_retry_on``, ``expires_ms``
     (ms after it is due; not started by then, it dies ``expired``), and the
-    callbacks ``on_success`` / ``on_failure`` / ``on_dead`` (handler names).
+    callbacks ``on_success`` / ``on_failure`` / ``on_dead`` (a handler name,
+    or a ``(queue, name)`` pair for a job on another queue).
 
     ``group`` (str, ``keyspace.GROUP_RULE``; None: none): the node is claimed
     in its group's turn (docs/explanation/protocol.md#groups).
@@ -130,9 +131,9 @@ class Flow:
     retry_on: Any = None
     dont_retry_on: Any = None
     # handler names its outcomes add a job for (docs/howto/retries.md#callbacks)
-    on_success: str | None = None
-    on_failure: str | None = None
-    on_dead: str | None = None
+    on_success: str | tuple | None = None
+    on_failure: str | tuple | None = None
+    on_dead: str | tuple | None = None
     depends_on: list = field(default_factory=list)
     group: str | None = None  # docs/explanation/protocol.md#groups
 

@@ -18,6 +18,8 @@ import math
 from contextvars import ContextVar
 from typing import Any
 
+from .exceptions import MoveToDelayed
+
 MAX_PROGRESS_BYTES = 1024  # bytes of JSON a progress value takes at most
 MAX_LOG_LINE_BYTES = 2048  # bytes of UTF-8 a job log line takes at most (marker included)
 KEEP_LOGS = 100  # lines a job log keeps by default (the queue's KEEP_LOGS)
@@ -25,6 +27,7 @@ PROGRESS_RULE = (
     f"progress is a number from 0 to 100 or a JSON object of at most {MAX_PROGRESS_BYTES} bytes"
 )
 CUT_MARKER = " [... {n} bytes cut]"  # ends a line cut to MAX_LOG_LINE_BYTES
+MAX_ADDED_CHILDREN = 10_000  # direct children one add_children call adds at most
 
 _current: ContextVar[Any] = ContextVar("echomq_current_job", default=None)
 
@@ -131,6 +134,47 @@ class Reporting:
         """The job log's lines ``start`` .. ``end`` (inclusive, negative
         from the end): ``EchoMQ.job_logs``."""
         return self._require_mq().job_logs(self.queue, self.id, start, end)
+
+    # -- step jobs (docs/howto/step-jobs.md) --------------------------------
+    def update_payload(self, payload: Any) -> None:
+        """Replace the job's stored payload with ``payload`` (any JSON value,
+        at most ``max_payload_bytes`` of JSON): the job's next run (after
+        ``move_to_delayed``, its children, or a retry) reads it, and so does
+        ``self.payload`` now. Raises ``PayloadError`` for a value that does
+        not encode or is too big (nothing written); ``LeaseLost``,
+        ``JobNotActive`` (nothing written); ``RedisUnavailable``.
+        docs/howto/step-jobs.md#update-the-payload"""
+        self._require_mq().progress.update_payload(self, payload)
+        self.payload = payload
+
+    def move_to_delayed(self, delay_ms: int):
+        """End this attempt and run the job again in ``delay_ms`` ms (int,
+        0 to ten years), with its payload as ``update_payload`` left it: not
+        a failure, and the attempt does not count. Raises ``MoveToDelayed``,
+        always: let it leave the handler, and the worker moves the job under
+        its lease (``lua/postpone.lua``). ``TypeError`` / ``ValueError`` for a
+        bad delay. docs/howto/step-jobs.md#move-to-delayed"""
+        raise MoveToDelayed(delay_ms)
+
+    def add_children(self, children: list) -> list:
+        """Add ``children`` (a list of ``Flow`` nodes, any queue, each
+        possibly with children of its own; at most ``MAX_ADDED_CHILDREN``)
+        as this running job's children, landed now, parent first; then
+        ``raise emq.WaitForChildren`` to end the attempt held until they
+        resolve. Returns their ``JobRef``\\ s. Refused, nothing written: a
+        job that is not running or whose lease was lost (``JobNotActive``,
+        ``LeaseLost``), a bad node (``FlowError``, ``ValueError``,
+        ``PayloadError``), an id taken (``FlowConflict``).
+        docs/howto/step-jobs.md#add-children-and-wait"""
+        return self._require_mq().flows.add_children(self, children)
+
+    async def aupdate_payload(self, payload: Any) -> None:
+        """``update_payload`` for an ``async def`` handler (on a thread)."""
+        await asyncio.to_thread(self.update_payload, payload)
+
+    async def aadd_children(self, children: list) -> list:
+        """``add_children`` for an ``async def`` handler (on a thread)."""
+        return await asyncio.to_thread(self.add_children, children)
 
     async def areport_progress(self, value: Any) -> None:
         """``report_progress`` for an ``async def`` handler: in a worker it

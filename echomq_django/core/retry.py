@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .exceptions import Retry
-from .keyspace import validate_name
+from .keyspace import validate_name, validate_queue
 
 MAX_MS = 10 * 365 * 86_400_000  # ten years: the longest delay, timeout or ttl (ms)
 
@@ -277,18 +277,33 @@ def check_expires(expires_ms: Any) -> None:
         )
 
 
+CALLBACK_RULE = (
+    "a callback is a handler name (a job on the finished job's queue) or a "
+    "(queue, name) pair (a job on that queue)"
+)
+
+
 def job_callbacks(on_success=None, on_failure=None, on_dead=None) -> str:
-    """A job's ``callbacks`` row field: compact JSON of the handler names its
-    outcomes add a job for (``CALLBACKS``), or ``''`` for none. Raises
-    ``ValueError`` naming the job-name rule for a bad name."""
+    """A job's ``callbacks`` row field: compact JSON of what its outcomes
+    add a job for (``CALLBACKS``): per outcome a handler name (a job on the
+    job's own queue) or ``[queue, name]`` (a job on that queue, on any
+    slot: docs/howto/retries.md#callbacks-on-another-queue); ``''`` for
+    none. Takes a ``str`` or a ``(queue, name)`` tuple or list for each.
+    Raises ``ValueError`` naming the rule for a bad name or queue."""
     names = {"on_success": on_success, "on_failure": on_failure, "on_dead": on_dead}
-    spec = {}
+    spec: dict = {}
     for keyword, name in names.items():
-        if name is not None:
-            try:
+        if name is None:
+            continue
+        try:
+            if isinstance(name, tuple | list):
+                if len(name) != 2:
+                    raise ValueError(f"{name!r} is not a (queue, name) pair: {CALLBACK_RULE}")
+                spec[CALLBACKS[keyword]] = [validate_queue(name[0]), validate_name(name[1])]
+            else:
                 spec[CALLBACKS[keyword]] = validate_name(name)
-            except ValueError as err:
-                raise ValueError(f"{keyword}: {err}") from None
+        except ValueError as err:
+            raise ValueError(f"{keyword}: {err}") from None
     return json.dumps(spec, separators=(",", ":"), sort_keys=True) if spec else ""
 
 

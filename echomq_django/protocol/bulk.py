@@ -18,11 +18,23 @@ from ..core.jobs import to_json
 from ..core.keyspace import validate_id, validate_queue, whole_number
 from ..core.options import check_group, check_job_options
 from ..core.retention import job_keep
+from ..core.retry import CALLBACKS, RETRY_KEYWORDS, job_callbacks, job_retry, policy_keywords
 from ..tracing.spans import adding
 from .wire import Part, opt
 
-OPTIONS = ("job_id", "max_attempts", "backoff_ms", "delay_ms", "priority", "timeout_ms", "keep")
-OPTIONS += ("group",)  # docs/explanation/protocol.md#groups
+# enqueue's options (docs/howto/retries.md: a retry policy, expiry, callbacks too)
+POLICY = ("expires_ms", *RETRY_KEYWORDS, *CALLBACKS)
+OPTIONS = (
+    "job_id",
+    "max_attempts",
+    "backoff_ms",
+    "delay_ms",
+    "priority",
+    "timeout_ms",
+    "keep",
+    "group",  # docs/explanation/protocol.md#groups
+    *POLICY,
+)
 
 
 @dataclass(frozen=True)
@@ -33,6 +45,8 @@ class BulkPlan:
     queue: str
     rows: list[tuple[tuple, str, str]]
     payloads: list = field(default_factory=list, compare=False)
+    # per job: its retry policy, expiry and callbacks as enqueue's keywords (JSON-able)
+    policies: list = field(default_factory=list, compare=False)
 
     @property
     def ids(self) -> list[str]:
@@ -41,9 +55,12 @@ class BulkPlan:
     def jobs(self):
         """``(name, payload, job_id, enqueue options)`` per job, in order:
         what ``enqueue`` would be called with (api.enqueue_many's outbox rows)."""
-        for (header, job_id, _), payload in zip(self.rows, self.payloads, strict=True):
-            name, attempts, backoff, delay, priority, timeout, keep, _gate, group = header
-            options = {"delay_ms": int(delay), "priority": int(priority)}
+        policies = self.policies or [{}] * len(self.rows)
+        for (header, job_id, _), payload, policy in zip(
+            self.rows, self.payloads, policies, strict=True
+        ):
+            name, attempts, backoff, delay, priority, timeout, keep, _gate, group = header[:9]
+            options = {"delay_ms": int(delay), "priority": int(priority), **policy}
             for key, text in (("max_attempts", attempts), ("backoff_ms", backoff)):
                 options[key] = int(text) if text else None
             options["timeout_ms"] = int(timeout) if timeout else None
@@ -65,8 +82,13 @@ class Bulk(Part):
         ``delay_ms`` (ms), ``priority``, ``timeout_ms`` (ms), ``keep``
         (int >= 0, whole seconds a finished job is kept at most; 0: the
         next retention step takes it; None: the queue's ``KEEP_*`` alone,
-        docs/explanation/lifecycle.md); not ``dedup_key`` (a deduplicated add answers
-        another job's id: use ``enqueue`` for those).
+        docs/explanation/lifecycle.md), ``expires_ms`` (default the
+        queue's ``EXPIRES_MS``), ``backoff``, ``jitter``, ``retry_on``,
+        ``dont_retry_on``, ``on_success`` / ``on_failure`` / ``on_dead``
+        (docs/howto/retries.md, checked as ``enqueue`` checks them); not
+        ``dedup_key`` (a deduplicated add answers another job's id) nor
+        ``depends_on`` (a job that waits is a flow's node): use ``enqueue``
+        for those.
 
         One round trip (a queue is one slot): up to ``flow_chunk`` jobs per
         script, pipelined. Every job is validated, and every given id gated,
@@ -87,22 +109,26 @@ class Bulk(Part):
         validate_queue(queue)
         rows: list[tuple[tuple, str, str]] = []  # (run header, id, payload JSON) per job
         payloads: list = []
+        policies: list = []
         given: set[str] = set()
         prefix = _flows.id_prefix()
+        expires = opt((self.wire.queues.get(queue) or {}).get("EXPIRES_MS"))
         for index, job in enumerate(jobs):
             if type(job) is tuple and len(job) == 2 and isinstance(job[0], str) and job[0]:
                 name, payload, options = job[0], job[1], None  # the common case, checked
             else:
                 name, payload, options = _unpack(index, job)
             if not options:
-                header = (name, "", "", "0", "0", "", "", "0", "")
+                header = (name, "", "", "0", "0", "", "", "0", "", "", expires, "")
                 job_id = f"{prefix}{index:x}"
+                policies.append({})
             else:
-                header, job_id = _options(index, name, options, given)
+                header, job_id, policy = _options(index, name, options, given, expires)
                 job_id = job_id or f"{prefix}{index:x}"
+                policies.append(policy)
             rows.append((header, job_id, self.wire.encode(payload, f"job {index}'s payload")))
             payloads.append(payload)
-        return BulkPlan(queue, rows, payloads)
+        return BulkPlan(queue, rows, payloads, policies)
 
     def land_many(self, plan: BulkPlan) -> list[str]:
         """Write a ``plan_many`` plan (see ``enqueue_many``); returns its ids."""
@@ -143,9 +169,14 @@ def _flat(rows: list[tuple[tuple, str, str]]) -> str:
     return to_json(flat)
 
 
-def _options(index: int, name: str, options: dict, given: set[str]) -> tuple[tuple, str | None]:
+def _options(
+    index: int, name: str, options: dict, given: set[str], expires: str
+) -> tuple[tuple, str | None, dict]:
     """A job's run header (name, max attempts, backoff, delay, priority,
-    timeout, keep, gate, group) and its given id (None: generate one), checked."""
+    timeout, keep, gate, group, retry policy, expiry, callbacks), its given
+    id (None: generate one) and its policy keywords (``policy_keywords``:
+    what a deferred add keeps), checked; ``expires``: the queue's
+    ``EXPIRES_MS`` as text ('' for none)."""
     job_id = options.get("job_id")
     if job_id is not None:
         validate_id(job_id)
@@ -162,8 +193,13 @@ def _options(index: int, name: str, options: dict, given: set[str]) -> tuple[tup
         check_job_options(priority or 0, delay or 0, timeout)
         keep = job_keep(options.get("keep"))  # ms text, '' for None (enqueue's rule and words)
         group = check_group(options.get("group"))  # docs/explanation/protocol.md#groups
+        policy = policy_keywords({k: v for k, v in options.items() if k in POLICY})
+        retry = job_retry(*(policy.get(k) for k in RETRY_KEYWORDS))
+        callbacks = job_callbacks(**{k: policy.get(k) for k in CALLBACKS})
     except ValueError as err:
         raise ValueError(f"enqueue_many: job {index}: {err}") from None
+    if policy.get("expires_ms") is not None:
+        expires = str(policy["expires_ms"])
     header = (
         name,
         opt(options.get("max_attempts")),
@@ -174,8 +210,11 @@ def _options(index: int, name: str, options: dict, given: set[str]) -> tuple[tup
         keep,
         "1" if job_id is not None else "0",
         group or "",
+        retry,
+        expires,
+        callbacks,
     )
-    return header, job_id
+    return header, job_id, policy
 
 
 def _unpack(index: int, job: Any) -> tuple[str, Any, dict]:
@@ -195,7 +234,7 @@ def _unpack(index: int, job: Any) -> tuple[str, Any, dict]:
     if unknown:
         raise ValueError(
             f"enqueue_many: job {index} has unknown options {unknown}; allowed: "
-            f"{', '.join(OPTIONS)} (dedup_key: use enqueue)"
+            f"{', '.join(OPTIONS)} (dedup_key, depends_on: use enqueue)"
         )
     if not isinstance(name, str) or not name:
         raise ValueError(f"enqueue_many: job {index} needs a name (the handler's), got {name!r}")

@@ -173,7 +173,8 @@ class EchoMQ(Reads):
         ``expires_ms`` (ms after it is due; default the queue's EXPIRES_MS):
         not started by then, it dies ``expired``; ``backoff``, ``jitter``,
         ``retry_on``, ``dont_retry_on``; ``on_success`` / ``on_failure`` /
-        ``on_dead`` (handler names; ``core/retry.py`` checks them all).
+        ``on_dead`` (a handler name, or a ``(queue, name)`` pair for a job
+        on another queue; ``core/retry.py`` checks them all).
         ``group`` (str, ``keyspace.GROUP_RULE``; None: none): the job is
         claimed in its group's turn, under its group's cap
         (docs/explanation/protocol.md#groups).
@@ -305,12 +306,12 @@ class EchoMQ(Reads):
         self, items: list[tuple[Job, Any]], ahead: list | None = None
     ) -> list[Outcome | Exception]:
         """``complete`` for many jobs in one round trip; an exception object
-        (``PayloadError``, ``LeaseLost``...) stands in for each one refused. The jobs of one queue go to one ``complete`` script per
-        ``COMPLETE_BATCH`` jobs (each job still its own checked transition
-        inside it); several queues' scripts are pipelined. ``ahead``: script
-        calls ``(name, keys, args)`` run first in the same round trip (the
-        worker's pending progress and log writes, ``mq.progress.calls``);
-        each is replaced in place by its reply (an exception if refused)."""
+        (``PayloadError``, ``LeaseLost``...) stands in for each one refused.
+        A queue's jobs go to one ``complete`` script per ``COMPLETE_BATCH``
+        (each job its own checked transition); queues are pipelined.
+        ``ahead``: script calls ``(name, keys, args)`` run first in the same
+        round trip (pending progress and log writes, ``mq.progress.calls``),
+        each replaced in place by its reply (an exception if refused)."""
         out: list[Outcome | Exception | None] = [None] * len(items)
         by_queue: dict[str, list] = {}
         for i, (job, result) in enumerate(items):

@@ -1,6 +1,8 @@
 """Flows (docs/explanation/house.md, "protocol/"): landing a tree of jobs
-(``lua/enqueue_flow.lua``), and a parent that stops waiting for some of its
-children (``lua/remove_child_dependency.lua``, ``lua/drop_unprocessed.lua``).
+(``lua/enqueue_flow.lua``), a parent that stops waiting for some of its
+children (``lua/remove_child_dependency.lua``, ``lua/drop_unprocessed.lua``),
+and a running job that adds children and waits for them, a step job
+(``lua/add_children.lua``, ``lua/wait_children.lua``).
 
 ``Flows`` is the part ``mq.flows``; ``EchoMQ.add_flow``, ``add_flows``,
 ``remove_child_dependency`` and ``remove_unprocessed_children`` hand their
@@ -14,11 +16,12 @@ from __future__ import annotations
 import json
 
 from ..core import flows as _flows
-from ..core.exceptions import DependencyError, FlowConflict, JobNotFound
+from ..core.exceptions import DependencyError, FlowConflict, JobNotActive, JobNotFound
 from ..core.flows import Flow, FlowRef
-from ..core.jobs import to_json, to_text
+from ..core.jobs import Job, JobState, to_json, to_text
 from ..core.landing import DEP_OPTS as DEP
-from ..core.landing import steps
+from ..core.landing import Plan, steps
+from ..core.live import MAX_ADDED_CHILDREN
 from ..core.refs import JobRef
 from ..tracing.spans import adding
 from .wire import Part, Wire
@@ -95,8 +98,7 @@ class Flows(Part):
         a cross-queue flow lands step by step, parent first. Same errors as
         ``add_flow``; when a flow takes more than one script, every user-given
         id is gated by a read-only pass before the first write."""
-        expiring = {q: (o or {}).get("EXPIRES_MS") for q, o in self.wire.queues.items()}
-        expiring = {q: ms for q, ms in expiring.items() if ms}  # docs/howto/retries.md
+        expiring = self._expiring()
         plans = [_flows.plan(f, self.wire.encode, expiring) for f in flows]
         self._check_dependencies([g for p in plans if p.deps for g in p.groups if g.opts == DEP])
         seen: set = set()
@@ -141,22 +143,7 @@ class Flows(Part):
         for i, step_list in enumerate(all_steps):
             if i in one_queue:
                 continue
-            # a parent met again keeps its incarnation: its children on
-            # other queues (later steps) must carry that one, not this add's
-            kept: dict[tuple[str, str], str] = {}
-            for n, (queue, gs) in enumerate(step_list):
-                if kept:
-                    for g in gs:
-                        got = kept.get((g.parent_queue, g.parent_id))
-                        if got is not None and g.parent_queue != queue:
-                            g.parent_inc = got
-                reply = self.scripts.run(*self._step_call(queue, gs, "write", traceparent))
-                met = reply[3]
-                for j in range(0, len(met), 2):
-                    kept[(queue, to_text(met[j]))] = to_text(met[j + 1])
-                counts[i].append(reply)
-                if self.wire.fault_hook:
-                    self.wire.fault_hook(n, queue, gs)
+            counts[i] = self._run_steps(step_list, traceparent)
         refs = []
         for i, p in enumerate(plans):
             queue, root_id, children = p.root
@@ -176,6 +163,102 @@ class Flows(Part):
                 )
             )
         return refs
+
+    def _run_steps(self, step_list: list, traceparent: str = "") -> list:
+        """Write ``step_list`` (``(queue, groups)`` steps, parents first),
+        one ``enqueue_flow`` call after another; returns their replies."""
+        # a parent met again keeps its incarnation: its children on
+        # other queues (later steps) must carry that one, not this add's
+        kept: dict[tuple[str, str], str] = {}
+        replies = []
+        for n, (queue, gs) in enumerate(step_list):
+            if kept:
+                for g in gs:
+                    got = kept.get((g.parent_queue, g.parent_id))
+                    if got is not None and g.parent_queue != queue:
+                        g.parent_inc = got
+            reply = self.scripts.run(*self._step_call(queue, gs, "write", traceparent))
+            met = reply[3]
+            for j in range(0, len(met), 2):
+                kept[(queue, to_text(met[j]))] = to_text(met[j + 1])
+            replies.append(reply)
+            if self.wire.fault_hook:
+                self.wire.fault_hook(n, queue, gs)
+        return replies
+
+    # -- step jobs (docs/explanation/protocol.md#step-jobs) -------------------
+    def add_children(self, job: Job, children: list) -> list[JobRef]:
+        """Land ``children`` (a non-empty list of ``Flow`` nodes, on any
+        queue, at most ``core.live.MAX_ADDED_CHILDREN``) under ``job``, a
+        running job this worker holds the lease of; returns the direct
+        children's ``JobRef``\\ s. Parent first: ``lua/add_children.lua``
+        counts them on the job's row under its lease, then each child lands
+        as a flow node does (``enqueue_flow``, step by step), so a child never
+        finishes before its parent counts it. Everything is checked before
+        the first write. Raises ``JobNotActive`` (not a running job),
+        ``LeaseLost`` (its lease was lost), ``FlowError`` / ``ValueError`` /
+        ``PayloadError`` (a bad node or list), ``FlowConflict`` (an id taken);
+        ``RedisUnavailable``."""
+        if job.state != JobState.ACTIVE or not job.lease:
+            raise JobNotActive(
+                f"add_children: job {job.queue}/{job.id} is {job.state}, not a running job "
+                "(children are added from inside its handler, under its lease)"
+            )
+        if not isinstance(children, list | tuple) or not children:
+            raise _flows.FlowError("add_children takes a non-empty list of Flow nodes")
+        if len(children) > MAX_ADDED_CHILDREN:
+            raise _flows.FlowError(
+                f"add_children got {len(children)} children: at most {MAX_ADDED_CHILDREN} a call"
+            )
+        for c in children:
+            if not isinstance(c, Flow):
+                raise _flows.FlowError(f"add_children takes Flow nodes, got {type(c).__name__}")
+        root = Flow(job.queue, job.name, None, job_id=job.id, children=list(children))
+        plan = _flows.plan(root, self.wire.encode, self._expiring())
+        head, groups = plan.groups[0], plan.groups[1:]
+        refs = self.keys.refs(head.children[0])
+        sub = Plan(groups, [r for r in plan.gated if r != (job.queue, job.id)], plan.deps)
+        self._check_dependencies([g for g in groups if g.opts == DEP])  # a child's depends_on
+        step_list = steps(sub, self.wire.flow_chunk)
+        if sub.gated:
+            checks = [self._step_call(q, gs, "check") for q, gs in step_list]
+            for reply in self.scripts.run_many(checks):
+                if isinstance(reply, Exception):
+                    raise reply
+        reply = self.scripts.run(
+            "add_children",
+            [self.keys.job(job.queue, job.id)],
+            [job.queue, job.id, job.lease, head.inc, *refs],
+        )
+        self.wire.note_queues(dict.fromkeys(sub.queues))
+        inc = to_text(reply[0])
+        for g in groups:
+            if g.parent_id == job.id and g.parent_queue == job.queue and g.queue != job.queue:
+                g.parent_inc = inc
+        self._run_steps(step_list)
+        return [JobRef._trusted(q, i) for q, i in head.children[0]]
+
+    def wait_for_children(self, job: Job) -> JobState:
+        """End ``job``'s attempt held until its children resolve (its
+        handler raised ``WaitForChildren``), under its lease
+        (``lua/wait_children.lua``): the attempt is taken back. Returns the
+        state it left the job in: ``AWAITING_CHILDREN``, ``PENDING`` (every
+        child resolved already: it runs again), ``DELAYED`` (the same, with
+        a ``delay_until`` ahead) or ``DEAD`` (an ``fp`` child died, or a
+        cancel mark). Raises ``JobNotFound``, ``JobNotActive``, ``LeaseLost``
+        (nothing written); ``RedisUnavailable``."""
+        k = self.keys.queue(job.queue)
+        state = self.scripts.run(
+            "wait_children",
+            [k.job(job.id), k.active, k.awaiting],
+            [job.queue, k.base, job.id, job.lease or "", self.clock()],
+        )
+        return JobState(to_text(state))
+
+    def _expiring(self) -> dict:
+        """``{queue: EXPIRES_MS}`` of the queues that set one (docs/howto/retries.md)."""
+        expiring = {q: (o or {}).get("EXPIRES_MS") for q, o in self.wire.queues.items()}
+        return {q: ms for q, ms in expiring.items() if ms}
 
     def _check_dependencies(self, groups: list) -> None:
         """Every ``depends_on`` job (a dependency group: one node each)

@@ -15,7 +15,7 @@ import time
 
 from django.db import close_old_connections
 
-from ..core.exceptions import RateLimited, Unrecoverable
+from ..core.exceptions import MoveToDelayed, RateLimited, Unrecoverable, WaitForChildren
 from ..core.jobs import Job
 from ..handlers import get_handler
 from ..tracing.spans import attempt
@@ -377,6 +377,10 @@ class ClaimLoop:
         except RateLimited as exc:
             # back without spending the attempt (docs/howto/priorities-rate-limits.md#rate-limits)
             finished.postpone_ms = exc.retry_after_ms
+        except MoveToDelayed as exc:  # a step job (docs/howto/step-jobs.md): as RateLimited
+            finished.postpone_ms = exc.delay_ms
+        except WaitForChildren:  # held until the children it added resolve
+            finished.wait_children = True
         except BaseException as exc:  # retried, or not, by its policy (docs/howto/retries.md)
             finished.error = error_text(exc, below_caller=True)
             decided(finished, exc, self.mq.queues, self.mq.wire.backoff_cap_ms)

@@ -48,6 +48,7 @@ ENTRY_KINDS = (  # lua/deliver_to_parents.lua
     "cancel",
     "cancelled",
     "rerun",
+    "cb",  # a callback job for this slot (docs/howto/retries.md#callbacks-on-another-queue)
 )
 
 
@@ -70,6 +71,8 @@ def parse_entry(raw) -> tuple[dict | None, str | None]:
     for name in ("pol", "v"):
         if entry.get(name) is not None and not isinstance(entry[name], str):
             return None, f"malformed entry: {name!r} is {entry[name]!r}, not a string"
+    if entry["k"] == "cb" and "\n" not in (entry.get("v") or ""):
+        return None, "malformed entry: a callback entry's 'v' is '<name>\\n<payload>'"
     if entry.get("pol") and entry["pol"] not in set(Policy):
         return None, f"malformed entry: policy {entry['pol']!r} is not one of {sorted(Policy)}"
     try:

@@ -52,7 +52,10 @@ class Finished:
     and ``dead`` says the job fails for good (the handler raised
     ``Unrecoverable``). ``ms``: how long the handler ran (ms).
     ``postpone_ms``: the handler raised ``RateLimited``: the job goes back
-    for that long without spending its attempt (docs/explanation/protocol.md#scheduling)."""
+    for that long without spending its attempt (docs/explanation/protocol.md#scheduling);
+    ``MoveToDelayed`` too. ``wait_children``: the handler raised
+    ``WaitForChildren``: the job is held for the children it added
+    (docs/explanation/protocol.md#step-jobs)."""
 
     job: Job
     result: Any = None
@@ -61,6 +64,7 @@ class Finished:
     ms: float = 0.0
     postpone_ms: int | None = None
     delay_ms: int | None = None  # before the next attempt (ms): its retry policy's
+    wait_children: bool = False
 
 
 def decided(finished: Finished, exc: BaseException, queues: dict, cap_ms: int) -> Finished:
@@ -211,7 +215,7 @@ class Reporter:
             return
         kept: list[Finished] = []  # not refused, not taken: sent again after a pause
         riding = self._writes.riding if self._writes is not None else nullcontext
-        if any(f.postpone_ms is not None for f in finished):
+        if any(f.postpone_ms is not None or f.wait_children for f in finished):
             with riding():  # their progress and log writes land first, alone
                 pass
         self._postpone(finished)
@@ -270,17 +274,21 @@ class Reporter:
 
     def _postpone(self, finished: list[Finished]) -> None:
         """Put back, one script each, the jobs whose handler raised
-        ``RateLimited``; each leaves ``finished`` once Redis answered."""
-        for f in [f for f in finished if f.postpone_ms is not None]:
+        ``RateLimited`` or ``MoveToDelayed``, and hold those that raised
+        ``WaitForChildren``; each leaves ``finished`` once Redis answered."""
+        for f in [f for f in finished if f.postpone_ms is not None or f.wait_children]:
             try:
-                self.mq.timers.postpone(f.job, f.postpone_ms)
+                if f.wait_children:
+                    self.mq.flows.wait_for_children(f.job)
+                else:
+                    self.mq.timers.postpone(f.job, f.postpone_ms)
             except REDIS_DOWN:
                 raise
             except Exception as err:
                 self._drop(f.job, err)
             else:
                 self._forget(f.job)
-                self.stats["postponed"] += 1
+                self.stats["postponed"] += not f.wait_children
                 if self.debug:
                     log.debug("job %s/%s rate limited: back in %d ms", f.job.queue, f.job.id,
                               f.postpone_ms)  # fmt: skip

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from ..core.exceptions import RateLimited, Unrecoverable
+from ..core.exceptions import MoveToDelayed, RateLimited, Unrecoverable, WaitForChildren
 
 try:  # the [otel] extra
     from opentelemetry import context as _context
@@ -181,8 +181,8 @@ def attempt(func: Callable[[Any], Any], job) -> Any:
     """``func(job)`` (a handler and its ``Job``) inside a consumer span, a
     child of the span the job's ``traceparent`` names (its add); returns
     what ``func`` returns and re-raises what it raises, recorded on the
-    span with the outcome: ``completed``, ``retry``, ``dead`` or
-    ``postponed``. Off: just ``func(job)``.
+    span with the outcome: ``completed``, ``retry``, ``dead``,
+    ``postponed`` or ``waiting_children``. Off: just ``func(job)``.
     docs/howto/tracing.md#what-is-traced."""
     found = tracer()
     if found is None:
@@ -218,8 +218,10 @@ def attempt(func: Callable[[Any], Any], job) -> Any:
 
 def _outcome(job, exc: BaseException) -> str:
     """What the failed attempt does to the job (docs/howto/tracing.md#what-is-traced)."""
-    if isinstance(exc, RateLimited):
+    if isinstance(exc, RateLimited | MoveToDelayed):
         return "postponed"
+    if isinstance(exc, WaitForChildren):  # docs/howto/step-jobs.md
+        return "waiting_children"
     if isinstance(exc, Unrecoverable) or job.attempts >= job.max_attempts:
         return "dead"
     return "retry"

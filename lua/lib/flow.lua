@@ -340,6 +340,20 @@ end
 -- thread). Its id is 'cb-' and a sha1 of the job key, the kind and a count
 -- kept on the row (`callbacks_n`); its payload {"job": "<queue>/<id>",
 -- <body>}, `body` a JSON member: "result": <the result> or "error": <text>.
+-- A callback named as [queue, name] on another queue goes through this
+-- queue's outbox instead (a `cb` entry, written in the same step: durable,
+-- delivered at least once by the pump's deliver_to_parents, which writes the
+-- job on its own slot unless a row of that id is there already).
+-- An entry for another slot on this queue's outbox, counted; a lifecycle step
+-- (lib/lifecycle.lua: OUT.sent) delivers it at once itself.
+local function send(base, entry)
+  push_outbox(base, entry)
+  OUT.outbox = OUT.outbox + 1
+  if OUT.sent then
+    OUT.sent[#OUT.sent + 1] = entry
+  end
+end
+
 local function callback(base, id, spec, kind, body, now)
   local name = spec and cjson.decode(spec)[kind]
   if not name then
@@ -348,8 +362,18 @@ local function callback(base, id, spec, kind, body, now)
   local key = job_key(base, id)
   local n = redis.call('HINCRBY', key, 'callbacks_n', 1)
   local cid = 'cb-' .. redis.sha1hex(key .. '|' .. kind .. '|' .. n)
+  local payload = '{"job":' .. cjson.encode(QUEUE .. '/' .. id) .. ',' .. body .. '}'
+  if type(name) == 'table' and name[1] ~= QUEUE then
+    -- a name holds no control character: the newline parts it from the payload
+    send(base, cjson.encode({k = 'cb', c = key, p = cid, q = name[1],
+      v = name[2] .. '\n' .. payload}))
+    return
+  end
+  if type(name) == 'table' then
+    name = name[2]
+  end
   redis.call('HSET', job_key(base, cid), 'name', name, 'state', 'pending', 'created_at', now,
-    'payload', '{"job":' .. cjson.encode(QUEUE .. '/' .. id) .. ',' .. body .. '}')
+    'payload', payload)
   make_claimable(base, {cid}, nil)
   emit(base, 'added', cid)
 end
@@ -490,13 +514,8 @@ propagate_death = function(base, id, err, now, up)
     if err == 'cancelled' and (up or (parent[6] and parent[6]:sub(-7) == ':parent')) then
       kind = 'cancelled'
     end
-    local entry = cjson.encode({k = kind, c = ref, p = parent[1], q = parent[2], pol = policy,
-      v = err, i = parent[4] or nil})
-    push_outbox(base, entry)
-    OUT.outbox = OUT.outbox + 1
-    if OUT.sent then  -- a lifecycle step (lib/lifecycle.lua): its caller delivers it at once
-      OUT.sent[#OUT.sent + 1] = entry
-    end
+    send(base, cjson.encode({k = kind, c = ref, p = parent[1], q = parent[2], pol = policy,
+      v = err, i = parent[4] or nil}))
   end
 end
 

@@ -109,6 +109,18 @@ def events(mq: EchoMQ, queue: str, kind: str) -> list[str]:
     ]
 
 
+def callback_jobs(mq: EchoMQ, queue: str = "q") -> dict:
+    """The callback jobs on ``queue`` (docs/howto/retries.md#callbacks):
+    ``{name: [payload, ...]}`` of its ``cb-`` rows."""
+    out: dict = {}
+    for state in ("pending", "completed", "dead"):
+        for jid in mq.job_ids(queue, state):
+            if jid.startswith("cb-"):
+                job = mq.get_job(queue, jid)
+                out.setdefault(job.name, []).append(job.payload)
+    return out
+
+
 def snapshot(client) -> dict[bytes, bytes]:
     """``{key: DUMP}`` of every key (every master of a Cluster); streams
     included, so a refused call that wrote an event shows up too."""

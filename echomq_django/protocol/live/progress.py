@@ -11,7 +11,9 @@ queue's events stream; its lines go to the job log
 job's writes are checked against its lease in the script; none touches the
 lease deadline, so none races the job's heartbeat. A worker gathers its
 handlers' writes and sends them with ``write_many`` (runners/flusher.py);
-a job outside a worker writes at once (``write``). The lines are read by
+a job outside a worker writes at once (``write``).
+``lua/update_payload.lua`` replaces a step job's payload at once, under its
+lease (docs/explanation/protocol.md#step-jobs). The lines are read by
 ``EchoMQ.job_logs`` (the read API, ``reads.py``).
 """
 
@@ -114,3 +116,17 @@ class Progress(Part):
                 else:
                     out[i] = entry if isinstance(entry, Exception) else int(entry)
         return out
+
+    def update_payload(self, job: Job, payload: Any) -> None:
+        """Replace ``job``'s stored payload with ``payload`` (any JSON
+        value, checked and encoded on the host first: at most
+        ``max_payload_bytes``) under its lease. Raises ``PayloadError``
+        (nothing written); ``JobNotFound``, ``JobNotActive``, ``LeaseLost``
+        (nothing written); ``RedisUnavailable``.
+        docs/howto/step-jobs.md#update-the-payload"""
+        text = self.wire.encode(payload, "payload")
+        self.scripts.run(
+            "update_payload",
+            [self.keys.job(job.queue, job.id)],
+            [job.queue, job.id, job.lease or "", text, self.clock()],
+        )

@@ -17,7 +17,8 @@ result), ``"error"`` (the error text, or ``(text, delay ms)`` once the
 retry policy decided it), ``"dead"`` (the same; the job fails for good:
 ``Unrecoverable``, a policy that does not retry it, or a result that cannot
 leave the child)
-or ``"postpone"`` (``value`` the ``RateLimited`` delay in ms); ``ms`` is how
+or ``"postpone"`` (``value`` the ``RateLimited`` or ``MoveToDelayed`` delay
+in ms) or ``"wait"`` (``WaitForChildren``; ``value`` None); ``ms`` is how
 long the handler ran (ms), ``rss`` the child's resident memory after the job
 (bytes).
 
@@ -42,7 +43,7 @@ import time
 from django.db import close_old_connections, connections
 
 from ... import conf
-from ...core.exceptions import RateLimited, Unrecoverable
+from ...core.exceptions import MoveToDelayed, RateLimited, Unrecoverable, WaitForChildren
 from ...handlers import get_handler, runs_sync
 from ...tracing.spans import attempt
 from ..pool import error_text
@@ -201,6 +202,10 @@ def run_one(job, ref: str, source=None) -> tuple:
         kind, value = "dead", error_text(exc, below_caller=True)
     except RateLimited as exc:
         kind, value = "postpone", exc.retry_after_ms
+    except MoveToDelayed as exc:  # a step job (docs/howto/step-jobs.md)
+        kind, value = "postpone", exc.delay_ms
+    except WaitForChildren:
+        kind, value = "wait", None
     except BaseException as exc:
         if isinstance(exc, SystemExit) and _KILL[0] is not None and _KILL[0][0]:
             raise  # the worker's SIGTERM: this process ends (the attempt was failed)

@@ -17,8 +17,7 @@ at the fork) is kept away from the child: it never uses the worker's Redis
 client, queues or locks; logging re-creates its locks at a fork; its
 database connections are dropped unclosed (``child.py``).
 
-What can happen to a child, and what its job gets (the decisions are in
-``docs/howto/process-pool.md``):
+What can happen to a child and what its job gets (docs/howto/process-pool.md):
 
 * it replies: the reply becomes a ``Finished`` for the reporter; then, past
   ``max_jobs_per_child`` jobs or ``max_memory_per_child`` bytes of resident
@@ -30,8 +29,7 @@ What can happen to a child, and what its job gets (the decisions are in
 * it dies while running a job (a segfault, ``os._exit``, the kernel's
   out-of-memory killer): that attempt alone fails, with an error naming the
   exit code or the signal; a fresh child takes its place;
-* the job's handler is not registered in the worker: the job fails with the
-  unknown-name error without a child.
+* the job's handler is not registered: it fails unknown, without a child.
 """
 
 from __future__ import annotations
@@ -300,6 +298,8 @@ class ProcessPool:
             finished.result = value
         elif kind == "postpone":
             finished.postpone_ms = value
+        elif kind == "wait":
+            finished.wait_children = True
         else:
             if type(value) is tuple:  # decided by the retry policy in the child
                 value, finished.delay_ms = value
