@@ -289,6 +289,8 @@ class ClaimLoop:
         if finished:
             self.executing -= len(finished)
             self.reporter.hand_over(finished)
+            for queue in {f.job.queue for f in finished}:  # their queue's next sweep prunes
+                self.idle.timers.finished(queue)
         for wake in wakes:  # after the finished jobs freed their threads
             self.idle.on_wake(wake)
 
