@@ -2,8 +2,8 @@
 (docs/explanation/house.md, "protocol/").
 
 ``EchoMQ`` is the user API: the one-job transitions defined here (``lua/enqueue.lua``,
-``lua/claim.lua``, ``lua/complete.lua``, ``lua/fail.lua``, ``lua/extend_lease.lua``,
-``lua/set_paused.lua``), the read API of ``Reads``, and the calls it hands to its parts:
+``lua/complete.lua``, ``lua/fail.lua``, ``lua/extend_lease.lua``,
+``lua/set_paused.lua``; ``claim`` runs the call ``Wire.claim_call`` builds), the read API of ``Reads``, and the calls it hands to its parts:
 flows (``mq.flows``), bulk adds (``mq.bulk``), retry, remove and cancel
 (``mq.lifecycle``), waiting for a result (``mq.waits``), what a running job reports
 (``mq.progress``, through its ``Job``), following events (``mq.events(...)``). What
@@ -17,7 +17,6 @@ written when validation fails.
 from __future__ import annotations
 
 import json
-import re
 import secrets
 from collections.abc import Iterable
 from typing import Any
@@ -52,7 +51,6 @@ from .timers import Timers
 from .wire import BACKOFF_CAP_MS, FLOW_CHUNK, Wire, local, opt
 
 COMPLETE_BATCH = 500  # jobs per complete script: a few ms of Redis time at most
-CALL_TOKEN = re.compile(r"[0-9A-Za-z._-]{1,64}")  # claim's call token (a key part)
 
 
 class EchoMQ(Reads):
@@ -238,15 +236,12 @@ class EchoMQ(Reads):
         left, instead of staying active unseen until the lease expires.
         Raises ``ValueError`` for a bad ``count``, ``lease_ms`` or ``token``.
         """
-        whole_number("count", count, 1)
-        whole_number("lease_ms", lease_ms, 1, optional=True)
-        if token is not None and not CALL_TOKEN.fullmatch(str(token)):
-            raise ValueError(f"token {token!r}: a claim token is 1-64 of [0-9A-Za-z._-]")
-        lease = int(lease_ms if lease_ms is not None else self.setting(queue, "LEASE_MS"))
-        now = self.clock()
-        k, token = self.keys.queue(queue), token or secrets.token_hex(8)
-        args = [k.base, count, now, lease, token, *self.wire.claim_limits(queue), queue]
-        flat = json.loads(self.scripts.run("claim", [k.pending, k.active, k.lease_seq], args))
+        call, now, lease = self.wire.claim_call(queue, count, lease_ms, token)
+        return self._claimed(queue, self.scripts.run(*call), now, lease)
+
+    def _claimed(self, queue: str, reply, now: int, lease: int) -> Claimed:
+        """A ``claim`` script's reply as a ``Claimed``."""
+        flat = json.loads(reply)
         if type(flat) is dict:
             if "jobs" not in flat:
                 paused, full = bool(flat.get("paused")), bool(flat.get("full"))
@@ -298,6 +293,23 @@ class EchoMQ(Reads):
         The jobs of one queue go to one ``complete`` script per
         ``COMPLETE_BATCH`` jobs (each job still its own checked transition
         inside it); several queues' scripts are pipelined."""
+        return self._complete_many(items, None)[0]
+
+    def complete_then_claim(
+        self, items: list[tuple[Job, Any]], queue: str, count: int, lease_ms: int, token: str
+    ) -> tuple[list[Outcome | Exception], Claimed | Exception]:
+        """``complete_many``, then ``claim(queue, count, lease_ms, token)``
+        in the same round trip: a parent they released on ``queue`` is
+        claimed at once (docs/explanation/no-polling.md#a-released-parent-starts-at-once).
+        Returns the replies and the ``Claimed`` (or the claim's exception).
+        Raises as ``claim`` does, and ``RedisUnavailable`` (the same
+        ``token`` replays the claim)."""
+        call, now, lease = self.wire.claim_call(queue, count, lease_ms, token)
+        out, got = self._complete_many(items, call)
+        return out, got if isinstance(got, Exception) else self._claimed(queue, got, now, lease)
+
+    def _complete_many(self, items: list[tuple[Job, Any]], then) -> tuple[list, Any]:
+        """``complete_many``, and ``then`` (a script call, or None) after it."""
         out: list[Outcome | Exception | None] = [None] * len(items)
         by_queue: dict[str, list] = {}
         for i, (job, result) in enumerate(items):
@@ -313,16 +325,19 @@ class EchoMQ(Reads):
                 part = group[at : at + COMPLETE_BATCH]
                 calls.append(self._complete_call(queue, [(job, text) for _, job, text in part]))
                 slots.append([i for i, _, _ in part])
+        if then is not None:
+            calls.append(then)
         if len(calls) == 1:
             replies = [self.wire.run_or_error(*calls[0])]
         else:
             replies = self.scripts.run_many(calls)
+        extra = replies[len(slots)] if then is not None else None
         for idx, reply in zip(slots, replies, strict=False):
             for i, entry in zip(idx, self.wire.complete_replies(reply, len(idx)), strict=False):
                 out[i] = entry
                 if not isinstance(entry, Exception):
                     items[i][0].state = JobState.COMPLETED
-        return out
+        return out, extra
 
     def _complete_call(self, queue: str, pairs: list[tuple[Job, str]]):
         """One ``complete`` script call for ``(job, result JSON)`` pairs of ``queue``."""

@@ -117,7 +117,12 @@ class Reporter:
     dropped); ``released(queue)``: a parent on ``queue`` was released;
     ``wake()``: wakes the claiming loop after each batch; ``metrics``: an
     object with ``job_finished(queue, name, outcome, seconds)`` (the
-    worker's ``metrics.ProcessMetrics``) or None. ``processed`` and
+    worker's ``metrics.ProcessMetrics``) or None; ``fetch(queue)``: room
+    for a job of ``queue`` claimed in the round trip that completes a child
+    whose parent is on ``queue`` (``(count, lease ms, token)``, or None for
+    none), and ``taken(queue, token, claimed)``: what that claim gave (a
+    ``Claimed``, or the exception it raised), both from the loop (None: no
+    such claims). ``processed`` and
     ``stats`` (``completed``, ``failed`` = will retry, ``dead``, ``lost``)
     count every run; ``unreported`` counts jobs handed over and not reported
     yet in this run.
@@ -131,9 +136,12 @@ class Reporter:
         released: Callable[[str], None],
         wake: Callable[[], None],
         metrics: Any = None,
+        fetch: Callable[[str], tuple[int, int, str] | None] | None = None,
+        taken: Callable[[str, str, Any], None] | None = None,
     ) -> None:
         self.mq, self.sender, self.metrics = mq, sender, metrics
         self._forget, self._released, self._wake = forget, released, wake
+        self._fetch, self._taken = fetch, taken
         self.processed = 0
         self.stats = {"completed": 0, "failed": 0, "dead": 0, "lost": 0, "postponed": 0}
         self.debug = False  # a line per job (set per run from the log level)
@@ -207,7 +215,7 @@ class Reporter:
         self._postpone(finished)
         good = [f for f in finished if f.error is None]
         if good:
-            replies = self.mq.complete_many([(f.job, f.result) for f in good])
+            replies = self._complete(good)
             finished[:] = [f for f in finished if f.error is not None]
             done = []
             for item, reply in zip(good, replies, strict=True):
@@ -255,6 +263,26 @@ class Reporter:
                 f"Redis did not take {len(kept)} result(s) ({kept[0][1]!r}); "
                 "they are kept and sent again"
             )
+
+    def _complete(self, good: list[Finished]) -> list:
+        """``complete_many`` of ``good``; when one of them is a child whose
+        parent waits on its own queue and the loop has room, with the claim
+        of that queue in the same round trip: the parent its completion
+        releases starts without a claim of its own
+        (docs/explanation/no-polling.md#a-released-parent-starts-at-once)."""
+        pairs = [(f.job, f.result) for f in good]
+        queue = next((f.job.queue for f in good if f.job.parent_queue == f.job.queue), None)
+        room = self._fetch(queue) if queue is not None and self._fetch is not None else None
+        if room is None:
+            return self.mq.complete_many(pairs)
+        count, lease_ms, token = room
+        try:
+            replies, claimed = self.mq.complete_then_claim(pairs, queue, count, lease_ms, token)
+        except BaseException as err:
+            self._taken(queue, token, err)  # RedisUnavailable: the loop replays the token
+            raise
+        self._taken(queue, token, claimed)
+        return replies
 
     def _postpone(self, finished: list[Finished]) -> None:
         """Put back, one script each, the jobs whose handler raised
