@@ -37,7 +37,7 @@ from ..core.jobs import Job, JobState, Outcome
 from ..core.refs import JobRef
 from ..core.retry import decide
 from ..protocol.client import EchoMQ
-from .delivery import SweepReport, deliver_outbox
+from .delivery import deliver_outbox
 from .outage import REDIS_DOWN, Outage, first_line
 
 log = logging.getLogger("echomq_django.worker")
@@ -293,17 +293,13 @@ class Reporter:
         wake-up, and claim where that released a parent; an error, or a pump
         on it, leaves it to the pumps
         (docs/explanation/no-polling.md#a-released-parent-starts-at-once)."""
-        report = SweepReport()
-
-        def delivered(_queue, _actions) -> None:  # before the trim: the loop claims meanwhile
-            for parent_queue, _ in report.outcome.released:
-                self._released(parent_queue)
-            self._wake()
-
         try:
-            deliver_outbox(self.mq, queue, report=report, before_trim=delivered)
+            outcome = deliver_outbox(self.mq, queue).outcome
         except Exception as err:  # the entry stays in the outbox: a pump delivers it
             log.debug("delivering the outbox of %s after a completion failed: %s", queue, err)
+            return
+        for parent_queue, _ in outcome.released:
+            self._released(parent_queue)
 
     def _postpone(self, finished: list[Finished]) -> None:
         """Put back, one script each, the jobs whose handler raised
