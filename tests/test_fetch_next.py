@@ -6,11 +6,10 @@ with the reply; the worker holds a handler slot for it meanwhile."""
 
 from __future__ import annotations
 
-from echomq_django import Flow, JobState, Worker
+from echomq_django import JobState, Worker
 from echomq_django.core.exceptions import RedisUnavailable
 from echomq_django.runners.reporter import Finished, Reporter
 from tests.support.jobkit import assert_state, claim_one, leaf, node
-from tests.support.workerkit import burst
 
 
 def two_children_running(mq):
@@ -84,22 +83,3 @@ def test_the_worker_holds_a_slot_for_the_reporters_claim(mq) -> None:
     loop._taken("q", token, RedisUnavailable("gone"))  # its reply may be lost
     loop._take(*loop.done.get_nowait())
     assert (loop.fetching, loop.lost_claims) == (0, {"q": token})  # replayed by the next claim
-
-
-def test_a_lone_cross_queue_completion_is_delivered_by_its_worker(mq) -> None:
-    """No pump at all: the worker that completed the only child delivers its
-    outbox entry itself, and claims the parent it released."""
-    mq.add_flow(Flow("q", "t.echo", "p", job_id="p", children=[Flow("kids", "t.echo", 1)]))
-    _, processed = burst(mq, ["q", "kids"], concurrency=1, register=False)
-    assert processed == 2
-    assert_state(mq, "q", "p", JobState.COMPLETED)
-    assert mq.client.llen(mq.keys.queue("kids").outbox) == 0  # delivered and trimmed
-
-
-def test_completions_reported_together_leave_delivery_to_the_pump(mq) -> None:
-    mq.add_flow(node("p", [leaf("c1", queue="kids"), leaf("c2", queue="kids")]))
-    jobs = [claim_one(mq, "kids", "c1"), claim_one(mq, "kids", "c2")]
-    reporter = Reporter(mq, None, lambda *j: None, lambda q: None, lambda: None)
-    reporter.report([Finished(j, 1) for j in jobs])
-    assert mq.client.llen(mq.keys.queue("kids").outbox) == 2
-    assert_state(mq, "q", "p", JobState.AWAITING_CHILDREN)

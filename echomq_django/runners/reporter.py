@@ -37,7 +37,6 @@ from ..core.jobs import Job, JobState, Outcome
 from ..core.refs import JobRef
 from ..core.retry import decide
 from ..protocol.client import EchoMQ
-from .delivery import deliver_outbox
 from .outage import REDIS_DOWN, Outage, first_line
 
 log = logging.getLogger("echomq_django.worker")
@@ -233,8 +232,6 @@ class Reporter:
                 else:
                     done.append((item, reply))
             self._completed(done)
-            if len(good) == 1 and done and done[0][1].outbox:
-                self._deliver_now(good[0].job.queue)
         if finished:
             try:
                 replies = self.mq.fail_many(
@@ -286,20 +283,6 @@ class Reporter:
             raise
         self._taken(queue, token, claimed)
         return replies
-
-    def _deliver_now(self, queue: str) -> None:
-        """A lone job's completion pushed an entry onto ``queue``'s outbox (a
-        parent on another queue): deliver it now, as a pump would on its
-        wake-up, and claim where that released a parent; an error, or a pump
-        on it, leaves it to the pumps
-        (docs/explanation/no-polling.md#a-released-parent-starts-at-once)."""
-        try:
-            outcome = deliver_outbox(self.mq, queue).outcome
-        except Exception as err:  # the entry stays in the outbox: a pump delivers it
-            log.debug("delivering the outbox of %s after a completion failed: %s", queue, err)
-            return
-        for parent_queue, _ in outcome.released:
-            self._released(parent_queue)
 
     def _postpone(self, finished: list[Finished]) -> None:
         """Put back, one script each, the jobs whose handler raised
