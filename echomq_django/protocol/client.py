@@ -3,7 +3,8 @@
 
 ``EchoMQ`` is the user API: the one-job transitions defined here (``lua/enqueue.lua``,
 ``lua/complete.lua``, ``lua/fail.lua``, ``lua/extend_lease.lua``,
-``lua/set_paused.lua``; ``claim`` runs the call ``Wire.claim_call`` builds), the read API of ``Reads``, and the calls it hands to its parts:
+``lua/set_paused.lua``; ``claim`` runs the call ``Wire.claim_call`` builds), the
+read API of ``Reads``, and the calls it hands to its parts:
 flows (``mq.flows``), bulk adds (``mq.bulk``), retry, remove and cancel
 (``mq.lifecycle``), waiting for a result (``mq.waits``), what a running job reports
 (``mq.progress``, through its ``Job``), following events (``mq.events(...)``). What
