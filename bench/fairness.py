@@ -13,12 +13,24 @@ the workers; every job's start (its ``started_at``, the Redis host's clock)
 is read back and the most starts in any 1000 ms interval is printed, with
 how many claims the limiter refused (each one a rest until the window
 frees, not a spin).
+
+Groups (docs/explanation/protocol.md#groups; ``--groups``): ``--big`` jobs
+in one group, added first, then ``--small`` jobs in each of ``--groups`` - 1
+other groups, drained by ``--procs`` worker processes of ``--group-threads``
+handler threads each, once with the groups and once with the same jobs and
+no group (runs alternate, ``--pairs`` pairs). Printed per run: when the last
+small group's last job was done and when 10% of the big group's were (ms
+after the start, from each job's ``finished_at``: fair when the first is
+earlier), and the whole drain; then the drain ratio plain / grouped per pair
+and its median (the target: >= 0.8).
 """
 
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
+import statistics
 import threading
 import time
 
@@ -142,6 +154,95 @@ def sliding(client, n_workers: int, seconds: int) -> None:
     )
 
 
+def group_worker(url, queue, threads, ready, go, stop) -> None:
+    """A worker process (a spawn target) on ``queue``, its completed jobs all
+    kept (their ``finished_at`` is what the run reads back)."""
+    setup_django(url)
+    import bench.handlers  # noqa: F401  (registers bench.one)
+    from echomq_django import EchoMQ, Worker
+
+    keep = {"KEEP_COMPLETED": {"COUNT": 10_000_000, "AGE_S": 86400}}
+    mq = EchoMQ(redis.Redis.from_url(url), queues={queue: keep}, prefix="emq")
+    worker = Worker([queue], concurrency=threads, mq=mq, register=False)
+    mq.client.ping()
+    ready.put(os.getpid())
+    go.wait()
+    threading.Thread(target=lambda: (stop.wait(), worker.stop()), daemon=True).start()
+    worker.run()
+
+
+def groups_run(client, url, grouped: bool, args) -> dict:
+    """One drain of the groups scenario; returns its figures (ms)."""
+    from echomq_django import EchoMQ
+
+    client.flushall()
+    mq = EchoMQ(client, prefix="emq")
+    big = [("bench.one", i, {"job_id": f"big-{i}", "group": "big"}) for i in range(args.big)]
+    small = [
+        ("bench.one", i, {"job_id": f"s{g}-{i}", "group": f"s{g}"})
+        for g in range(args.groups - 1)
+        for i in range(args.small)
+    ]
+    jobs = big + small
+    if not grouped:
+        jobs = [(name, payload, {"job_id": o["job_id"]}) for name, payload, o in jobs]
+    for i in range(0, len(jobs), 5000):
+        mq.enqueue_many("f", jobs[i : i + 5000])
+    ctx = multiprocessing.get_context("spawn")
+    ready, go, stop = ctx.Queue(), ctx.Event(), ctx.Event()
+    procs = [
+        ctx.Process(target=group_worker, args=(url, "f", args.group_threads, ready, go, stop))
+        for _ in range(args.procs)
+    ]
+    for p in procs:
+        p.start()
+    for _ in procs:
+        ready.get(timeout=60)
+    time.sleep(0.5)
+    start = int(client.time()[0]) * 1000 + int(client.time()[1]) // 1000
+    go.set()
+    completed = mq.keys.queue("f").completed
+    try:
+        while client.zcard(completed) < len(jobs):
+            time.sleep(0.05)
+    finally:
+        stop.set()
+        for p in procs:
+            p.join(10)
+    done = {k.decode(): int(v) for k, v in client.zrange(completed, 0, -1, withscores=True)}
+    bigs = sorted(t for k, t in done.items() if k.startswith("big-"))
+    small_last = max(t for k, t in done.items() if not k.startswith("big-"))
+    return {
+        "small_last": small_last - start,
+        "big_10pct": bigs[len(bigs) // 10 - 1] - start,
+        "drain": max(done.values()) - start,
+    }
+
+
+def groups(client, url, args) -> None:
+    n = args.big + (args.groups - 1) * args.small
+    print(
+        f"groups: {args.groups} groups, one of {args.big:,} jobs (added first) and "
+        f"{args.groups - 1} of {args.small}; {n:,} jobs; {args.procs} worker processes x "
+        f"{args.group_threads} threads; {args.pairs} pairs, plain and grouped alternating"
+    )
+    ratios = []
+    for pair in range(args.pairs):
+        runs = {}
+        for grouped in (False, True) if pair % 2 == 0 else (True, False):
+            runs[grouped] = r = groups_run(client, url, grouped, args)
+            fair = "fair" if r["small_last"] < r["big_10pct"] else "NOT fair"
+            print(
+                f"  pair {pair + 1} {'grouped' if grouped else 'plain  '}: last small group's "
+                f"last job at {r['small_last']:,} ms, 10% of the big group at "
+                f"{r['big_10pct']:,} ms ({fair if grouped else 'no groups'}); "
+                f"drain {r['drain']:,} ms ({n / r['drain'] * 1000:,.0f} jobs/s)"
+            )
+        ratios.append(runs[False]["drain"] / runs[True]["drain"])
+        print(f"  pair {pair + 1}: drain plain / grouped = {ratios[-1]:.3f}")
+    print(f"  median drain ratio plain / grouped: {statistics.median(ratios):.3f} (target >= 0.8)")
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m bench.fairness", description=__doc__.split("\n")[0])
     p.add_argument("--workers", type=int, default=10, help="workers (default %(default)s)")
@@ -150,6 +251,16 @@ def main(argv=None) -> None:
     p.add_argument("--idle-s", type=float, default=10, help="idle window (default %(default)s)")
     p.add_argument("--rate-s", type=int, default=60, help="rate-limited s (default %(default)s)")
     p.add_argument("--threads", type=int, default=4, help="per worker (default %(default)s)")
+    for flag, default, text in (  # the groups run
+        ("--groups", 0, "groups (100; default 0: no groups run)"),
+        ("--big", 50_000, "the big group's jobs"),
+        ("--small", 10, "each small group's jobs"),
+        ("--procs", 2, "worker processes"),
+        ("--group-threads", 50, "threads each"),
+        ("--pairs", 3, "plain/grouped pairs"),
+    ):
+        p.add_argument(flag, type=int, default=default, help=f"groups run: {text}")
+    p.add_argument("--only-groups", action="store_true", help="skip the other scenarios")
     args = p.parse_args(argv)
     global THREADS
     THREADS = args.threads
@@ -157,8 +268,11 @@ def main(argv=None) -> None:
     setup_django(server.url)
     client = redis.Redis.from_url(server.url)
     try:
-        concurrency(client, args.workers, args.jobs, args.hold_ms, args.idle_s)
-        sliding(client, args.workers, args.rate_s)
+        if not args.only_groups:
+            concurrency(client, args.workers, args.jobs, args.hold_ms, args.idle_s)
+            sliding(client, args.workers, args.rate_s)
+        if args.groups:
+            groups(client, server.url, args)
     finally:
         client.close()
         server.stop()

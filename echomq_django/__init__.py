@@ -32,7 +32,17 @@ from .api import (
     retry,
     wait,
 )
-from .api.controls import Schedules, get_concurrency, schedules, set_concurrency
+from .api.controls import (
+    Schedules,
+    get_concurrency,
+    get_group_concurrency,
+    pause_group,
+    resume_group,
+    schedules,
+    set_concurrency,
+    set_group_concurrency,
+    set_group_rate_limit,
+)
 from .canvas import Signature, chain, chord, group, group_results, previous_result, task
 from .core.events import Event, Gap
 from .core.exceptions import (
@@ -119,6 +129,7 @@ __all__ = [
     "events",
     "get_concurrency",
     "get_flow",
+    "get_group_concurrency",
     "get_job",
     "group",
     "group_results",
@@ -127,14 +138,18 @@ __all__ = [
     "is_paused",
     "job_logs",
     "pause",
+    "pause_group",
     "previous_result",
     "remove",
     "remove_child_dependency",
     "remove_unprocessed_children",
     "resume",
+    "resume_group",
     "retry",
     "schedules",
     "set_concurrency",
+    "set_group_concurrency",
+    "set_group_rate_limit",
     "task",
     "wait",
 ]

@@ -157,3 +157,24 @@ class OutboxEntry(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} {self.queue}/{self.job_id}"
+
+
+class PeriodicEntry(models.Model):
+    """A periodic entry, as the admin's schedules page names it
+    (docs/howto/periodic.md#the-admin-page). No table: the entries live in
+    ``ECHOMQ["SCHEDULE"]`` (read-only) and in Redis (``emq.schedules``); the
+    model exists for the page's permissions (``view``; ``change``: edit,
+    pause and resume; ``run_periodicentry``: run one now) and for the admin
+    log's rows, whose object id is the entry's name."""
+
+    name = models.CharField(max_length=100, primary_key=True)
+
+    class Meta:
+        managed = False
+        verbose_name = "periodic entry"
+        verbose_name_plural = "periodic entries"
+        default_permissions = ("view", "change")
+        permissions = (("run_periodicentry", "Can run a periodic entry now"),)
+
+    def __str__(self) -> str:
+        return self.name

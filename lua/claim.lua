@@ -36,6 +36,11 @@
           included until recovered); P:{q}:concurrency, when set
           (emq.set_concurrency), wins (docs/explanation/protocol.md#concurrency)
   ARGV[10] queue name (an expired job's death names it: lib/flow.lua)
+  ARGV[11] GROUP_CONCURRENCY from the settings ('0' = none): at most this many
+          jobs of one group active at once; P:{q}:groups:concurrency's entry
+          for the group, when set, wins (lib/groups.lua)
+  ARGV[12] GROUP_RATE_LIMIT from the settings, 'max:per_ms' ('' = none): a
+          fixed window per group; P:{q}:groups:rate's entry wins
 
   Expiry before start (docs/howto/retries.md#expiry-before-start): a popped
   job that never started (no `started_at`) whose row holds `expires_at`
@@ -48,6 +53,10 @@
   Order (docs/explanation/protocol.md#scheduling): priorities > 0 (P:{q}:prioritized, scores < 0, see
   lib/claimable.lua), then the pending list (priority 0), then priorities < 0;
   FIFO within a priority. A paused queue (P:{q}:paused) gives nothing.
+  Then the groups (docs/explanation/protocol.md#groups): one job per group
+  per turn from the ring P:{q}:groups, each group's jobs in the same order
+  (lib/groups.lua pop_groups); a queue whose jobs name no group has no ring
+  and pays nothing for it.
 
   Emits one `active` entry on P:{q}:events (lib/emit.lua) per call that
   leased jobs, naming their ids space-separated: one XADD per claim, not per
@@ -91,7 +100,7 @@ end
 -- what may still start: the concurrency cap, then the rate limit, both by
 -- the host's clock (docs/explanation/protocol.md#the-hosts-clock)
 local function claimable()
-  return redis.call('EXISTS', pending, base .. 'prioritized') > 0
+  return redis.call('EXISTS', pending, base .. 'prioritized', base .. 'groups') > 0
 end
 local cap = tonumber(redis.call('GET', base .. 'concurrency') or ARGV[9])
 local free = -1  -- -1: no cap
@@ -156,7 +165,7 @@ end
 local prioritized = base .. 'prioritized'
 -- pop up to n ids in claim order; false when there are none
 local function pop(n)
-  if redis.call('EXISTS', prioritized) == 0 then
+  if redis.call('EXISTS', prioritized, base .. 'groups', base .. 'groups:limited') == 0 then
     return redis.call('LPOP', pending, n)  -- the plain path: one command
   end
   local ids = redis.call('ZRANGE', prioritized, '-inf', '(0', 'BYSCORE', 'LIMIT', 0, n)
@@ -172,6 +181,11 @@ local function pop(n)
     local low = redis.call('ZPOPMIN', prioritized, n - #ids)
     for i = 1, #low, 2 do
       ids[#ids + 1] = low[i]
+    end
+  end
+  if #ids < n then  -- the groups in turn (lib/groups.lua)
+    for _, id in ipairs(pop_groups(base, n - #ids, ARGV[11], ARGV[12], tonumber(now))) do
+      ids[#ids + 1] = id
     end
   end
   return #ids > 0 and ids

@@ -48,7 +48,7 @@ for i = 4, #ARGV, 3 do
   local id, token, result = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local row = base .. 'job:' .. id
   local f = redis.call('HMGET', row, 'state', 'lease', 'parent', 'parent_queue', 'dedup', 'keep',
-    'cancel', 'parent_inc', 'orphaned', 'callbacks')
+    'cancel', 'parent_inc', 'orphaned', 'callbacks', 'group')
   if not f[1] then
     -- a replay of the call that completed a removed flow's job (drop_orphan)
     if redis.call('GET', base .. 'op:' .. token) == 'c' .. redis.sha1hex(result) then
@@ -70,7 +70,7 @@ for i = 4, #ARGV, 3 do
     -- what this job moved, on its own (the helpers append to OUT)
     OUT.released, OUT.dead, OUT.flow_failed, OUT.revived, OUT.outbox = {}, {}, {}, {}, 0
     redis.call('ZREM', active, id)
-    left_active(base)
+    left_active(base, f[11] or nil)
     callback(base, id, f[10], 's', '"result":' .. result, now)  -- its on_success job
     if f[9] then
       -- its flow was removed while it ran: job_completed is still sent (the

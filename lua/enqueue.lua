@@ -37,6 +37,8 @@
           claim kills it with 'expired' (docs/howto/retries.md#expiry-before-start)
   ARGV[18] callbacks, compact JSON kept as `callbacks` ('' = none): the
           handlers its outcomes add a job for (docs/howto/retries.md#callbacks)
+  ARGV[19] group ('' = none): kept as `group`; the job is claimed in its
+          group's turn (lib/groups.lua, docs/explanation/protocol.md#groups)
 
   returns: the state written, 'pending' or 'delayed' (a replay of the same
            call, recognised by its token, answers the state it wrote);
@@ -85,7 +87,8 @@ local fields = {'name', ARGV[3], 'payload', ARGV[4], 'state', state, 'created_at
 local priority = (ARGV[9] ~= '0') and ARGV[9] or ''
 for _, f in ipairs({{'max_attempts', ARGV[5]}, {'backoff_ms', ARGV[6]}, {'priority', priority},
     {'timeout_ms', ARGV[12]}, {'dedup', dedup}, {'keep', ARGV[13]}, {'traceparent', ARGV[15]},
-    {'retry_policy', ARGV[16]}, {'expires_at', ARGV[17]}, {'callbacks', ARGV[18]}}) do
+    {'retry_policy', ARGV[16]}, {'expires_at', ARGV[17]}, {'callbacks', ARGV[18]},
+    {'group', ARGV[19]}}) do
   if f[2] ~= '' then
     fields[#fields + 1] = f[1]
     fields[#fields + 1] = f[2]
@@ -102,7 +105,8 @@ redis.call('HSET', row, unpack(fields))
 if state == 'delayed' then
   make_delayed(base, id, now + delay)
 else
-  make_claimable(base, {id}, priority ~= '' and priority or nil)
+  make_claimable(base, {id}, priority ~= '' and priority or nil, false,
+    ARGV[19] ~= '' and ARGV[19] or nil)
 end
 emit_to(KEYS[4], 'added', id)
 return state

@@ -49,7 +49,8 @@
             `traceparent`, docs/howto/tracing.md; r the node's own retry policy,
             JSON kept as `retry_policy`, and x its expiry (ms after it is due:
             `expires_at` = now + d + x), cb its callbacks, JSON kept as
-            `callbacks`, docs/howto/retries.md), inc (a
+            `callbacks`, docs/howto/retries.md; g its group, kept as `group`,
+            docs/explanation/protocol.md#groups), inc (a
             parent with a child on another queue: its incarnation token,
             stored as `inc` when the row is written; '' for a leaf),
             parent inc (a child on another queue than its parent: the
@@ -253,7 +254,7 @@ while i <= #a do
   local expires = opts.x and string.format('%.0f', tonumber(now) + delay + opts.x)
   for _, f in ipairs({{'priority', opts.p}, {'timeout_ms', opts.t}, {'dedup', opts.k},
       {'keep', opts.kp}, {'traceparent', opts.tc}, {'retry_policy', opts.r},
-      {'expires_at', expires}, {'callbacks', opts.cb}}) do
+      {'expires_at', expires}, {'callbacks', opts.cb}, {'group', opts.g}}) do
     if f[2] then  -- scheduling settings, stored only when set (compact rows)
       shared[#shared + 1] = f[1]
       shared[#shared + 1] = tostring(f[2])
@@ -328,8 +329,8 @@ while i <= #a do
         end
       elseif delay > 0 then
         make_delayed(base, id, now + delay)
-      elseif opts.p then
-        make_claimable(base, {id}, opts.p)
+      elseif opts.p or opts.g then  -- a group: lib/groups.lua
+        make_claimable(base, {id}, opts.p, false, opts.g)
       else
         claimable[#claimable + 1] = id
       end

@@ -2,7 +2,7 @@
   enqueue_many: land many plain jobs of one queue in one step. Every
   user-given id is gated before anything is written (one taken id refuses
   the whole call); then each row is written as `enqueue` writes it and
-  pushed pending (lib/claimable.lua: one wake-up per group) or delayed
+  pushed pending (lib/claimable.lua: one wake-up per run of jobs sharing their options) or delayed
   (its run-at announced). docs/explanation/no-polling.md#bulk-enqueue, docs/explanation/protocol.md#enqueue.
 
   KEYS[1] pending list         P:{q}:pending
@@ -14,13 +14,14 @@
   ARGV[3] now (ms)
   ARGV[4] mode: 'write' lands the jobs; 'check' only gates them
   ARGV[5] jobs, as one flat JSON array of strings (a nested array costs Redis
-          several times more to decode), in groups of jobs that share their
+          several times more to decode), in runs of jobs that share their
           options: name, max attempts ('' = the queue's), backoff base (ms;
           '' = the queue's), delay (ms; '0' = claimable now), priority
           ('0' = the default), timeout of one attempt (ms; '' = the queue's),
           keep (ms a finished job is kept at most, docs/explanation/lifecycle.md; '' = the
           queue's retention alone), gate ('1' = check each id is free; '0'
-          for ids the host generated with 72 random bits), job count n,
+          for ids the host generated with 72 random bits), group ('' = none;
+          docs/explanation/protocol.md#groups), job count n,
           then n pairs: id, payload (a JSON text)
   ARGV[6] trace context: the W3C traceparent of the caller's add span, kept
           on every row as `traceparent` ('' = none: tracing is off;
@@ -40,14 +41,14 @@ local a = cjson.decode(ARGV[5])
 if #a == 0 then
   return 0
 end
-local G = 9  -- strings in a group header
+local G = 10  -- strings in a run header
 local first = redis.call('HMGET', base .. 'job:' .. a[G + 1], 'name', 'payload', 'created_at')
 if first[1] == a[1] and first[2] == a[G + 2] and first[3] == now then
   return 0  -- a replay of this very call: it landed already
 end
 local i = 1
 while i <= #a do
-  local gate, n = a[i + 7], tonumber(a[i + 8])
+  local gate, n = a[i + 7], tonumber(a[i + 9])
   i = i + G
   if gate == '1' then
     for j = i, i + 2 * n - 1, 2 do
@@ -66,7 +67,8 @@ end
 local landed = 0
 i = 1
 while i <= #a do
-  local name, delay, priority, n = a[i], tonumber(a[i + 3]), a[i + 4], tonumber(a[i + 8])
+  local name, delay, priority, n = a[i], tonumber(a[i + 3]), a[i + 4], tonumber(a[i + 9])
+  local group = a[i + 8] ~= '' and a[i + 8] or nil
   local state = delay > 0 and 'delayed' or 'pending'
   -- compact rows, as enqueue writes them: the fields after the payload
   local shared = {'state', state, 'created_at', now}
@@ -90,6 +92,10 @@ while i <= #a do
     shared[#shared + 1] = 'keep'  -- read where it finishes (lib/lifecycle.lua expire_at)
     shared[#shared + 1] = a[i + 6]
   end
+  if group then
+    shared[#shared + 1] = 'group'
+    shared[#shared + 1] = group
+  end
   if ARGV[6] ~= '' then
     shared[#shared + 1] = 'traceparent'
     shared[#shared + 1] = ARGV[6]
@@ -106,7 +112,7 @@ while i <= #a do
     end
     emit_to(events, 'added', id)
   end
-  make_claimable(base, claimable, priority ~= '0' and priority or nil)
+  make_claimable(base, claimable, priority ~= '0' and priority or nil, false, group)
   landed = landed + n
   i = i + 2 * n
 end

@@ -47,7 +47,7 @@ local base, id, token, err = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local now, cap = tonumber(ARGV[6]), tonumber(ARGV[7])
 
 local f = redis.call('HMGET', row, 'state', 'lease', 'attempts', 'max_attempts', 'backoff_ms',
-  'cancel', 'callbacks')
+  'cancel', 'callbacks', 'group')
 if not f[1] then
   -- a replay of the call that killed a removed flow's job (lib/flow.lua drop_orphan)
   if redis.call('GET', base .. 'op:' .. token) == 'd' .. redis.sha1hex(err) then
@@ -90,7 +90,7 @@ if attempts < max_attempts and ARGV[8] ~= '1' then
     or math.min(tonumber(f[5] or ARGV[10]) * (2 ^ (attempts - 1)), cap)
   local run_at = now + math.floor(wait)
   redis.call('ZREM', base .. 'active', id)
-  left_active(base)
+  left_active(base, f[8] or nil)
   if run_at > now then
     redis.call('HSET', row, 'state', 'delayed', 'updated_at', now)
     set_error(row, err)
@@ -100,7 +100,7 @@ if attempts < max_attempts and ARGV[8] ~= '1' then
   else
     redis.call('HSET', row, 'state', 'pending', 'updated_at', now)
     set_error(row, err)
-    make_claimable(base, {id}, redis.call('HGET', row, 'priority'))
+    make_claimable_row(base, id)
     OUT.state = 'pending'
   end
   emit(base, 'failed', id)

@@ -25,7 +25,7 @@ local row, delayed, active = KEYS[1], KEYS[2], KEYS[3]
 local queue, id, token, now = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
 local base = row:sub(1, #row - #id - 4)  -- P:{q}: (row is P:{q}:job:<id>)
 
-local f = redis.call('HMGET', row, 'state', 'lease', 'attempts')
+local f = redis.call('HMGET', row, 'state', 'lease', 'attempts', 'group')
 if not f[1] then
   return redis.error_reply('EMQNOJOB ' .. queue .. ' ' .. id)
 end
@@ -40,7 +40,7 @@ if f[2] ~= token then
 end
 local run_at = now + tonumber(ARGV[5])
 redis.call('ZREM', active, id)
-left_active(base)
+left_active(base, f[4] or nil)
 redis.call('HSET', row, 'state', 'delayed', 'updated_at', now,
   'attempts', math.max(0, (tonumber(f[3]) or 1) - 1))
 make_delayed(base, id, run_at)

@@ -11,6 +11,10 @@
   ARGV[2] now (ms)
   ARGV[3] limit: at most this many ids per call
 
+  Groups whose rate window opened by now go back to the ring as well
+  (lib/groups.lua release_limited: one read of a missing key on a queue
+  without groups), and the workers are woken for them.
+
   returns: the number of ids promoted
   errors:  none; an id whose row is gone or no longer delayed is dropped
 ]]
@@ -20,11 +24,11 @@ local base, now = ARGV[1], ARGV[2]
 -- @include lib/emit.lua
 
 local ids = redis.call('ZRANGEBYSCORE', delayed, '-inf', now, 'LIMIT', 0, tonumber(ARGV[3]))
-local moved, prios = {}, nil
+local moved, prios, groups = {}, nil, nil
 for _, id in ipairs(ids) do
   redis.call('ZREM', delayed, id)
   local row = base .. 'job:' .. id
-  local f = redis.call('HMGET', row, 'state', 'priority')
+  local f = redis.call('HMGET', row, 'state', 'priority', 'group')
   if f[1] == 'delayed' then
     redis.call('HSET', row, 'state', 'pending', 'updated_at', now)
     emit_to(base .. 'events', 'promoted', id)
@@ -33,7 +37,14 @@ for _, id in ipairs(ids) do
       prios = prios or {}
       prios[#moved] = f[2]
     end
+    if f[3] then  -- and its group (lib/groups.lua)
+      groups = groups or {}
+      groups[#moved] = f[3]
+    end
   end
 end
-make_claimable(base, moved, prios)
+make_claimable(base, moved, prios, false, groups)
+if release_limited(base, now) > 0 then
+  wake_workers(base)
+end
 return #moved

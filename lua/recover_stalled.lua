@@ -24,13 +24,13 @@ local base, now, max_stalls = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[5])
 
 local ids = redis.call('ZRANGEBYSCORE', active, '-inf', '(' .. now, 'LIMIT', 0, tonumber(ARGV[4]))
 OUT.recovered = 0
-local back, prios = {}, nil
+local back, prios, groups = {}, nil, nil
 for _, id in ipairs(ids) do
   local row = base .. 'job:' .. id
-  local f = redis.call('HMGET', row, 'state', 'priority')
+  local f = redis.call('HMGET', row, 'state', 'priority', 'group')
   if f[1] ~= 'active' then
     redis.call('ZREM', active, id)
-    left_active(base)
+    left_active(base, f[3] or nil)
   else
     local stalls = redis.call('HINCRBY', row, 'stalls', 1)
     if redis.call('HEXISTS', row, 'cancel') == 1 then
@@ -39,7 +39,7 @@ for _, id in ipairs(ids) do
       kill(base, id, 'stalled ' .. stalls .. ' times (lease expired; limit ' .. max_stalls .. ')', now)
     else
       redis.call('ZREM', active, id)
-      left_active(base)
+      left_active(base, f[3] or nil)
       redis.call('HDEL', row, 'lease')
       redis.call('HSET', row, 'state', 'pending', 'updated_at', now)
       back[#back + 1] = id
@@ -47,10 +47,14 @@ for _, id in ipairs(ids) do
         prios = prios or {}
         prios[#back] = f[2]
       end
+      if f[3] then  -- and its group (lib/groups.lua)
+        groups = groups or {}
+        groups[#back] = f[3]
+      end
       emit(base, 'stalled', id)
       OUT.recovered = OUT.recovered + 1
     end
   end
 end
-make_claimable(base, back, prios)
+make_claimable(base, back, prios, false, groups)
 return cjson.encode(OUT)

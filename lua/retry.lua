@@ -104,7 +104,7 @@ local function retry_job(jid)
     redis.call('HDEL', key, 'finished_at', 'result', 'cancel', 'expires_at')
     clear_error(key)
     redis.call('ZREM', base .. 'expire', jid)
-    make_claimable(base, {jid}, redis.call('HGET', key, 'priority'))
+    make_claimable_row(base, jid)
     emit(base, 'retried', jid)
     OUT.retried[#OUT.retried + 1] = base .. jid
     reattach_up(base, jid, now)

@@ -12,7 +12,7 @@ from django.urls import reverse
 from echomq_django import conf
 from echomq_django.models import MirroredJob, MirroredQueue
 from echomq_django.monitoring.mirror import mirror_queues
-from tests.support.factories import StaffUserFactory
+from tests.support.factories import login_staff
 from tests.support.workerkit import Clock
 
 pytestmark = pytest.mark.django_db
@@ -35,12 +35,6 @@ def emq(r):
     conf.reset()
 
 
-def login(client, *perms):
-    user = StaffUserFactory(permissions=list(perms))
-    client.force_login(user)
-    return user
-
-
 def pk(job_id: str) -> int:
     return MirroredJob.objects.get(queue="ops", job_id=job_id).pk
 
@@ -53,7 +47,7 @@ def act(client, url, action, pks, confirm):
 
 
 def test_the_operations_need_their_permission(client, emq):
-    login(client)
+    login_staff(client)
     actions = [
         a
         for a, _ in client.get(JOBS)
@@ -67,7 +61,7 @@ def test_the_operations_need_their_permission(client, emq):
 
 
 def test_cancel_asks_then_kills_the_job_and_logs_it(client, emq):
-    user = login(client, "manage_job")
+    user = login_staff(client, "manage_job")
     page = act(client, JOBS, "cancel_jobs", [pk("queued")], confirm=False)
     assert page.status_code == 200
     assert page.context["question"].startswith("Cancel these jobs?")
@@ -85,7 +79,7 @@ def test_cancel_asks_then_kills_the_job_and_logs_it(client, emq):
 
 
 def test_remove_takes_the_job_out_of_redis_and_refuses_what_it_must(client, emq):
-    login(client, "manage_job")
+    login_staff(client, "manage_job")
     done = act(client, JOBS, "remove_jobs", [pk("done")], confirm=True)
     assert [str(m) for m in get_messages(done.wsgi_request)] == ["Removed ops/done."]
     assert emq.client.exists(emq.keys.job("ops", "done")) == 0
@@ -98,7 +92,7 @@ def test_remove_takes_the_job_out_of_redis_and_refuses_what_it_must(client, emq)
 
 
 def test_pause_and_resume_queues(client, emq):
-    user = login(client, "manage_job")
+    user = login_staff(client, "manage_job")
     row = MirroredQueue.objects.get(queue="ops")
     act(client, QUEUES, "pause_queues", [row.pk], confirm=True)
     assert emq.is_paused("ops") is True
@@ -115,7 +109,7 @@ def test_pause_and_resume_queues(client, emq):
 
 
 def test_the_lists_name_known_queues_the_mirror_has_not_reached(client, emq):
-    login(client)
+    login_staff(client)
     emq.enqueue("fresh", "t.echo", {})  # in P:queues now, not mirrored yet
     # inventory... are only named in ECHOMQ["QUEUES"]: the hint does not say "in Redis"
     hint = (

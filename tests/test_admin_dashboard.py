@@ -148,3 +148,23 @@ def test_a_chart_scales_to_its_busiest_column():
         [("completed", "0.0", "60.0")],
     ]
     assert got["line"] == "150.0,30.0 450.0,60.0"
+
+
+def test_the_dashboard_lists_a_queues_groups(emq, staff):
+    """Groups (docs/explanation/protocol.md#groups): the busiest first, paused
+    ones marked; a queue without groups shows no group table."""
+    for i in range(3):
+        emq.enqueue("tenant", "t.echo", i, group="big")
+    emq.enqueue("tenant", "t.echo", 9, group="small")
+    emq.enqueue("plain", "t.echo", 1)
+    emq.groups.pause("tenant", "small")
+    response = staff.get(reverse(PAGE))
+    tenant = next(q for q in response.context["queues"] if q["name"] == "tenant")
+    assert tenant["groups"] == [
+        {"name": "big", "pending": 3, "active": 0, "paused": False, "concurrency": None},
+        {"name": "small", "pending": 1, "active": 0, "paused": True, "concurrency": None},
+    ]
+    html = response.content.decode()
+    assert 'id="emq-groups-tenant"' in html and "<summary>Groups: 2</summary>" in html
+    assert "<td>small</td><td>1</td><td>0</td><td>paused</td><td>none</td>" in html
+    assert 'id="emq-groups-plain"' not in html

@@ -168,3 +168,46 @@ def test_a_huge_parent_is_summarised_by_state_and_drawn_from_one_page(emq, staff
 
 def test_a_parent_with_no_children_left_draws_no_bar():
     assert state_summary({"children": 0}) == {"total": 0, "label": "0 children: ", "parts": []}
+
+
+def test_a_child_pruned_mid_render_is_drawn_as_gone(emq, staff):
+    """Retention may prune a finished child between the parent's list read
+    and its row read: the page still draws, that node as gone (no state),
+    linking to its job page, which says the job is no longer in Redis."""
+    emq.add_flow(Flow("graph", "t.parent", {}, job_id="g", children=[leaf("x"), leaf("y")]))
+    run(emq, "graph", "x", 1)
+    mirror_queues(conf.get_mq(), ["graph"])
+    # what a prune between the two reads leaves: the list names x, its row is gone
+    emq.client.delete(emq.keys.job("graph", "x"))
+    response = page(staff, "graph", "g")
+    assert flat(response.context["tree"]) == [
+        ("x", None, False, False),
+        ("y", "pending", False, False),
+    ]
+    html = response.content.decode()
+    assert re.findall(r'<li class="([^"]+)" data-job="graph/(\w+)"', html) == [
+        ("emq-node emq-node-gone", "x"),
+        ("emq-node emq-node-pending", "y"),
+    ]
+    assert "no longer in Redis (removed or pruned since its parent named it)" in html
+    assert f'<a href="{job_url("graph", "x")}">graph/x</a>' in html
+    timeline = response.context["timeline"]  # no times to draw x by: counted, not drawn
+    assert [(r["id"], r["state"]) for r in timeline["rows"]] == [
+        ("g", "awaiting_children"),
+        ("y", "pending"),
+    ]
+    assert timeline["more"] == 1
+    # its own page: the mirror's copy, said to be gone from Redis
+    response = staff.get(job_url("graph", "x"), follow=True)
+    assert response.status_code == 200 and response.context["live"] is None
+    assert "This job is not in Redis any more" in response.content.decode()
+
+
+def test_a_parent_pruned_before_its_page_reads_it_shows_the_mirror_copy(emq, staff):
+    emq.add_flow(Flow("graph", "t.parent", {}, job_id="g", children=[leaf("x")]))
+    mirror_queues(conf.get_mq(), ["graph"])
+    emq.client.delete(emq.keys.job("graph", "g"))  # pruned after the mirror copied it
+    response = staff.get(job_url("graph", "g"), follow=True)
+    assert response.status_code == 200
+    assert (response.context["live"], response.context["is_parent"]) == (None, False)
+    assert "This job is not in Redis any more" in response.content.decode()

@@ -304,6 +304,31 @@ def test_the_priorities_howto(howto):
         assert len(partner.claim("partner", 3)) == 2  # the setting's 3, one running
 
 
+def test_the_fair_queues_howto(howto):
+    example = howto("fair_queues")
+    ran = []
+    for name in ("tenant.import_row", "tenant.reset_password"):
+        emq.handler(name)(lambda job, name=name: ran.append((name, job.payload)))
+    with echomq_settings(QUEUES=example.QUEUES) as mq:
+        assert len(example.import_rows(1, [{"row": i} for i in range(5)])) == 5
+        example.reset_password(2, 42)
+        burst("tenant", concurrency=1)
+        # the reset runs in the second turn, not after the 5 rows
+        assert ran[:3] == [
+            ("tenant.import_row", {"row": 0}),
+            ("tenant.reset_password", {"user": 42}),
+            ("tenant.import_row", {"row": 1}),
+        ]
+        assert len(ran) == 6
+        assert example.give_more_room(1) == 5
+        assert example.hold(1) is True
+        example.import_rows(1, [{"row": 9}])
+        assert burst("tenant", concurrency=1).processed == 0  # held: nothing starts
+        assert mq.groups.counts("tenant")["customer-1"]["pending"] == 1
+        assert example.release(1) is True
+        assert burst("tenant", concurrency=1).processed == 1
+
+
 def test_the_sentinel_howto_settings_pass_the_checks_and_name_the_master(no_env_url):
     from redis.sentinel import SentinelConnectionPool
 
@@ -505,6 +530,7 @@ def test_the_pages_links_and_includes_resolve():
             "deploy",
             "durable-enqueue",
             "events",
+            "fair-queues",
             "logging",
             "metrics-alerts",
             "migrate",

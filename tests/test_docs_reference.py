@@ -235,6 +235,7 @@ def test_every_stats_field_is_in_stats_md(r):
 
     mq = EchoMQ(r, prefix="emq")
     mq.enqueue("docs", "docs.job", {})
+    mq.enqueue("docs", "docs.job", {}, group="tenant")
     doc = collect(mq, ["docs"])
     schedule = Scheduler(mq, [Entry(key="tick", name="docs.job", queue="docs", every_s=60)])
     page = sections("stats.md")
@@ -247,6 +248,8 @@ def test_every_stats_field_is_in_stats_md(r):
         "stats.md, processes",
     )
     both_ways(names(page["schedule"]), set(schedule.state()[0]), "stats.md, schedule")
+    group = doc["queues"]["docs"]["groups"]["tenant"]
+    both_ways(names(page["groups"]), set(group), "stats.md, groups")
 
 
 # -- the Python API ----------------------------------------------------------------

@@ -89,7 +89,7 @@ def test_bad_input_writes_nothing(tmq, jobs, error, match) -> None:
 
 def test_a_replayed_call_writes_nothing_twice(tmq) -> None:
     k = tmq.keys.queue("q")
-    args = ["q", k.base, str(T0), "write", '["j","","","0","0","","","1","1","r1","1"]', ""]
+    args = ["q", k.base, str(T0), "write", '["j","","","0","0","","","1","","1","r1","1"]', ""]
     keys = [k.pending, k.delayed, k.events]
     assert tmq.scripts.run("enqueue_many", keys, args) == 1
     assert tmq.scripts.run("enqueue_many", keys, args) == 0  # redis-py re-sent it

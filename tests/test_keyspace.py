@@ -208,6 +208,7 @@ def test_every_suffix_a_script_spells_is_named_in_the_keyspace():
         keyspace.OP_PREFIX,
         keyspace.GC_PREFIX,
         keyspace.DONE_PREFIX,
+        keyspace.GROUP_PREFIX,
     }
     parts = set(keyspace.JOB_KEYS.values())
     lua = Path(__file__).resolve().parent.parent / "lua"

@@ -83,6 +83,7 @@ def test_a_replayed_enqueue_is_the_same_job(mq):
             "",
             "",
             "",
+            "",  # no group
         ],
     )
     assert mq.scripts.run("enqueue", *call) == b"pending"
@@ -158,7 +159,7 @@ def test_a_replayed_claim_returns_the_same_jobs(mq):
     k = mq.keys
     call = (
         [k.queue_key("q", "pending"), k.queue_key("q", "active"), k.queue_key("q", "lease:seq")],
-        [k.base("q"), 2, 1_000_000, 5000, "claim-token-1", 0, 0, "fixed", 0, "q"],
+        [k.base("q"), 2, 1_000_000, 5000, "claim-token-1", 0, 0, "fixed", 0, "q", 0, ""],
     )
     first = mq.scripts.run("claim", *call)
     again = json.loads(mq.scripts.run("claim", *call))  # the replay leases nothing new

@@ -43,6 +43,7 @@ def test_upsert_list_and_remove_beside_the_settings(site) -> None:
         "last_tick": now - now % MINUTE,  # marked: its first job is the next tick
         "next_tick": now - now % MINUTE + MINUTE,
         "read_only": False,
+        "paused": False,
     }
     listed = emq.schedules.list()
     assert [(r["entry"], r["queue"], r["read_only"]) for r in listed] == [
@@ -134,3 +135,54 @@ def test_stats_list_the_run_time_entries_after_the_settings_ones(site) -> None:
     emq.schedules.upsert("beat", handler="t.echo", queue="q", every_s=60)
     listed = [(e["entry"], e["queue"], e["schedule"]) for e in collect(site)["schedule"]]
     assert listed == [("nightly", "reports", "0 3 * * *"), ("beat", "q", "every 60 s")]
+
+
+def test_pause_resume_edit_and_run_now(site) -> None:
+    from tests.support.workerkit import Clock
+
+    site.clock = Clock()
+    emq.schedules.upsert("beat", handler="t.echo", queue="q", every_s=60, payload=7)
+    pump = Scheduler(site, [], runtime_queues=["q"])
+    assert pump.fire_due() == []  # a first sight marks
+    assert (emq.schedules.pause("beat"), emq.schedules.pause("beat")) == (True, False)
+    assert [(r["entry"], r["paused"]) for r in emq.schedules.list()] == [
+        ("nightly", False),
+        ("beat", True),
+    ]
+    site.clock.advance(3 * MINUTE)
+    assert (pump.fire_due(), pump.entries) == ([], [])  # paused: no job, three ticks on
+    assert emq.schedules.get("beat") == {
+        "handler": "t.echo",
+        "queue": "q",
+        "every_s": 60,
+        "payload": 7,
+        "paused": True,
+    }
+    emq.schedules.upsert("beat", handler="t.echo", queue="q", every_s=60, payload=8)
+    assert emq.schedules.get("beat")["paused"] is True  # an edit keeps it paused
+    assert (emq.schedules.resume("beat"), emq.schedules.resume("beat")) == (True, False)
+    assert pump.fire_due() == []  # the ticks it slept through are skipped
+    site.clock.now = pump.next_due()
+    assert pump.fire_due() == [("q", f"beat-{site.clock.now}")]
+    assert site.get_job("q", f"beat-{site.clock.now}").payload == 8
+    # run now: a settings entry too, outside its ticks, its marks unchanged
+    last = site.timers.schedule_last("reports", "nightly")
+    assert emq.schedules.run_now("nightly") == ("reports", f"nightly-now-{site.clock.now}")
+    assert_state(site, "reports", f"nightly-now-{site.clock.now}", "pending")
+    assert site.timers.schedule_last("reports", "nightly") == last
+    site.clock.advance(1)
+    assert emq.schedules.run_now("beat") == ("q", f"beat-now-{site.clock.now}")
+    assert site.get_job("q", f"beat-now-{site.clock.now}").payload == 8
+
+
+def test_pause_and_run_now_name_what_is_wrong(site) -> None:
+    emq.schedules.upsert("beat", handler="t.echo", queue="q", every_s=60)
+    with pytest.raises(ValueError, match=r"'nightly' is in ECHOMQ\['SCHEDULE'\]: read-only"):
+        emq.schedules.pause("nightly")
+    with pytest.raises(
+        ValueError, match="no run-time periodic entry 'nope'; run-time entries: beat"
+    ):
+        emq.schedules.resume("nope")
+    with pytest.raises(ValueError, match="no run-time periodic entry 'nope'"):
+        emq.schedules.run_now("nope")
+    assert [r["paused"] for r in emq.schedules.list()] == [False, False]

@@ -71,6 +71,8 @@ def test_lib_is_inlined_not_a_script() -> None:
     assert sorted(sources) == NAMES
     flow = (REPO / "lua" / "lib" / "flow.lua").read_text()
     claimable = (REPO / "lua" / "lib" / "claimable.lua").read_text()
+    groups = (REPO / "lua" / "lib" / "groups.lua").read_text()
+    claimable = claimable.replace("-- @include lib/groups.lua\n", groups + "\n")
     events = (REPO / "lua" / "lib" / "signal_events.lua").read_text()
     emit = (REPO / "lua" / "lib" / "emit.lua").read_text()
     error = (REPO / "lua" / "lib" / "error.lua").read_text()
@@ -117,7 +119,7 @@ def test_parse_header_refuses_a_bad_header(raw: str, problem: str) -> None:
 
 
 def test_registry_refuses_a_call_that_breaks_the_header(mq) -> None:
-    with pytest.raises(TypeError, match="script claim takes 3 KEYS and 10 ARGV, got 2 and 5"):
+    with pytest.raises(TypeError, match="script claim takes 3 KEYS and 12 ARGV, got 2 and 5"):
         mq.scripts.run("claim", ["a", "b"], [1, 2, 3, 4, 5])
     with pytest.raises(TypeError, match=r"script deliver_to_parents takes 2 KEYS and 3\+ ARGV"):
         mq.scripts.run_many([("deliver_to_parents", ["a", "b"], [1, 2])])
@@ -131,6 +133,7 @@ def drive_every_operation(mq, clock) -> None:
     mq.extend_lease(job, 1000)
     job.report_progress(50)  # report_progress
     job.log("half way")  # append_log
+    mq.probes.minute_counts(["q"], 48, per=24)  # sum_minutes
     assert mq.fail(job, "once") is JobState.DELAYED
     clock.advance(100)
     assert mq.timers.promote_delayed("q") == 2
@@ -155,6 +158,7 @@ def drive_every_operation(mq, clock) -> None:
     # pause, flow control, the children timeout, postpone, schedule marks
     mq.pause("q")
     mq.resume("q")
+    mq.groups.pause("q", "tenant")  # set_group
     mq.add_flow(node("f", [leaf("f1"), leaf("f2")], children_timeout_ms=10))
     mq.remove_child_dependency("q", "f", mq.keys.job("q", "f1"))
     mq.remove_unprocessed_children("q", "f")

@@ -63,6 +63,7 @@ def test_stats_of_a_busy_queue_are_exact(tmq, clock):
                 "signals": 0,
                 "signals_oldest_age_s": None,
                 "signals_deadletter": 0,
+                "groups": {},
                 "in_settings": True,
                 "workers": 1,
                 "no_worker_for_s": None,
@@ -238,3 +239,36 @@ def test_an_unreachable_redis_is_one_line(monkeypatch):
         f"echomq_stats: Redis is unreachable at redis://127.0.0.1:{port}/0"
     )
     assert "\n" not in str(err.value)
+
+
+def test_the_bulk_read_answers_what_each_queue_read_answers(tmq, clock):
+    """``mq.probes.overview`` reads every queue at once (the dashboard's
+    and ``collect``'s one bulk read): the same counts, pending head (a
+    priority above 0 first), pause and minute rows as the reads of one
+    queue at a time."""
+    busy(tmq, clock)
+    tmq.enqueue("payments", "t.echo", 1, job_id="low")
+    clock.advance(1000)
+    tmq.enqueue("payments", "t.echo", 2, job_id="urgent", priority=5)
+    tmq.pause("payments")
+    clock.advance(2000)
+    names = ["orders", "payments", "audit"]
+    now_minute, got = tmq.probes.overview(names, minutes=3)
+    assert list(got) == names
+    assert {q: got[q]["counts"] for q in names} == {q: tmq.counts(q) for q in names}
+    assert {q: got[q]["head_since"] for q in names} == {
+        "orders": T0,  # c, pending since T0
+        "payments": T0 + 6000,  # urgent jumps the queue
+        "audit": None,
+    }
+    assert {q: got[q]["paused"] for q in names} == {
+        "orders": False,
+        "payments": True,
+        "audit": False,
+    }
+    assert got["orders"]["finished"] == (1, 1)
+    assert got["orders"]["signals"] == tmq.signal_events.backlog("orders")
+    assert (now_minute, {q: got[q]["minutes"] for q in names}) == tmq.probes.minute_counts(names, 3)
+    assert sum(row["added"] for row in got["payments"]["minutes"]) == 2
+    entry = collect(tmq, ["payments"])["queues"]["payments"]
+    assert (entry["oldest_pending_age_s"], entry["paused"]) == (2.0, True)

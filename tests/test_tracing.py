@@ -252,6 +252,23 @@ def test_a_failing_exporter_never_stops_a_job_and_warns_once(mq, exporter, caplo
     assert len(memory.get_finished_spans()) == 10  # 5 adds, 5 attempts: the others still got them
 
 
+def test_the_warnings_go_through_once_a_minute_not_once_ever(mq, exporter, caplog):
+    """A failing exporter keeps failing: the next minute warns once more."""
+    provider, _memory = exporter
+    provider.add_span_processor(RaisingOnEnd())
+    caplog.set_level(logging.WARNING)
+    ours = lambda: [r for r in caplog.records if r.name == "echomq_django.tracing"]  # noqa: E731
+    mq.enqueue("q", "t.echo", 1)
+    mq.enqueue("q", "t.echo", 2)
+    assert len(ours()) == 1
+    spans._warnings.next_at -= spans.WARN_EVERY_S  # a minute on
+    mq.enqueue("q", "t.echo", 3)
+    mq.enqueue("q", "t.echo", 4)
+    assert len(ours()) == 2
+    assert burst(mq, ["q"])[1] == 4  # and the jobs still ran
+    assert len(ours()) == 2
+
+
 @pytest.mark.parametrize(
     "value",
     [

@@ -3,4 +3,4 @@ over Redis, and the few actions an operator takes (retry, cancel, remove,
 pause). Django's ``autodiscover`` imports this package; importing it
 registers the model admins."""
 
-from . import model_admins  # noqa: F401  (registers the ModelAdmins)
+from . import model_admins, schedules  # noqa: F401  (registers the ModelAdmins)

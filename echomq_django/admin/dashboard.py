@@ -13,9 +13,9 @@ import math
 from datetime import UTC, datetime
 
 from django.template.loader import render_to_string
-from django.utils.html import format_html_join
+from django.utils.safestring import mark_safe
 
-from ..monitoring.stats import collect
+from ..monitoring.stats import GROUP_ROWS, collect
 from ..protocol.probes import MINUTES_KEPT
 from .display import jobs_url
 
@@ -53,14 +53,15 @@ def chart(rows: list[dict]) -> dict:
     [{minute, minutes, added, completed, failed, dead, rects: [{kind, x, y,
     width, height}]}], active (the cols with a count, each with ``label``,
     its first minute as UTC text), bars (the rects as safe SVG text), line
-    (SVG points of added), peak, totals}``; minutes are summed into at most
+    (SVG points of added), table (the active cols as safe table rows),
+    peak, totals}``; minutes are summed into at most
     ``COLUMNS`` columns (``minute``: the first, in minutes since the epoch),
     heights scaled to the busiest column, coordinates as text."""
     per = max(1, math.ceil(len(rows) / COLUMNS))
     cols = []
     for i in range(0, len(rows), per):
         group = rows[i : i + per]
-        col = {"minute": group[0]["minute"], "minutes": len(group)}
+        col = {"minute": group[0]["minute"], "minutes": sum(r.get("minutes", 1) for r in group)}
         col.update((k, sum(r[k] for r in group)) for k in KINDS)
         cols.append(col)
     peak = max([1] + [max(sum(c[k] for k in STACKED), c["added"]) for c in cols])
@@ -88,16 +89,30 @@ def chart(rows: list[dict]) -> dict:
     active = [c for c in cols if any(c[k] for k in KINDS)]
     for col in active:
         col["label"] = datetime.fromtimestamp(col["minute"] * 60, UTC).strftime("%Y-%m-%d %H:%M")
-    # the columns as SVG, joined here: a template loop per rect costs more
-    # than the rest of the page (docs/howto/operate.md#the-dashboard)
-    bars = format_html_join(
-        "",
-        '<rect class="emq-fill-{}" x="{}" y="{}" width="{}" height="{}"/>',
-        ((r["kind"], r["x"], r["y"], r["width"], r["height"]) for c in cols for r in c["rects"]),
+    # the columns as SVG and the table twin's rows, joined here: a template
+    # loop or a format_html per rect costs more than the rest of the page
+    # (docs/howto/operate.md#the-dashboard). Safe as they are: every value
+    # is a number formatted here, a kind from STACKED or a strftime label.
+    bars = mark_safe(
+        "".join(
+            f'<rect class="emq-fill-{r["kind"]}" x="{r["x"]}" y="{r["y"]}" '
+            f'width="{r["width"]}" height="{r["height"]}"/>'
+            for c in cols
+            for r in c["rects"]
+        )
+    )
+    table = mark_safe(
+        "".join(
+            f"<tr><td>{c['label']}</td><td>{c['minutes']}</td>"
+            + "".join(f"<td>{c[k]}</td>" for k in KINDS)
+            + "</tr>"
+            for c in active
+        )
     )
     return {
         "cols": cols,
         "bars": bars,
+        "table": table,
         "active": active,
         "line": " ".join(points),
         "peak": peak,
@@ -107,26 +122,37 @@ def chart(rows: list[dict]) -> dict:
 
 def dashboard(mq, queues=(), minutes: int = 60) -> dict:
     """The page's context: ``{at (ms), minutes, now_minute, queues: [{name,
-    url, stats (stats.queue_stats + workers), chart}]}`` for ``queues``
+    url, stats (stats.queue_stats + workers), chart, groups}]}`` for ``queues``
     (names; empty: every known queue). Raises ``UnknownQueue`` naming the
-    known queues, ``ValueError``, ``RedisUnavailable``."""
-    stats = collect(mq, queues)
-    names = list(stats["queues"])
-    now_minute, counts = mq.probes.minute_counts(names, minutes)
+    known queues, ``ValueError``, ``RedisUnavailable``. Every queue is read
+    in one bulk read (``mq.probes.overview``), a fixed number of round
+    trips whatever the number of queues."""
+    # one bulk read, the charts' rows too: a range longer than COLUMNS
+    # minutes is summed into its columns on the server (lua/sum_minutes.lua)
+    stats = collect(mq, queues, minutes=minutes, per=math.ceil(minutes / COLUMNS))
     return {
         "at": stats["at"],
         "minutes": minutes,
-        "now_minute": now_minute,
+        "now_minute": stats["now_minute"],
         "queues": [
             {
                 "name": name,
                 "url": jobs_url(name),
-                "stats": stats["queues"][name],
-                "chart": chart(counts[name]),
+                "stats": entry,
+                "chart": chart(entry.pop("minutes")),
+                "groups": busiest_groups(entry["groups"]),
             }
-            for name in names
+            for name, entry in stats["queues"].items()
         ],
     }
+
+
+def busiest_groups(groups: dict) -> list[dict]:
+    """A queue's groups (stats' ``groups``) as rows ``{name, pending, active,
+    paused, concurrency}``, the ``GROUP_ROWS`` with the most pending jobs
+    first (docs/explanation/protocol.md#groups)."""
+    rows = sorted(groups.items(), key=lambda item: (-item[1]["pending"], item[0]))
+    return [{"name": name, **counts} for name, counts in rows[:GROUP_ROWS]]
 
 
 def dashboard_json(ctx: dict) -> dict:

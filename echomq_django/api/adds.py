@@ -43,7 +43,7 @@ from ..core import flows as _flows
 from ..core.exceptions import EchoMQError, RedisUnavailable
 from ..core.flows import Flow, FlowRef
 from ..core.keyspace import validate_id, validate_name, validate_queue
-from ..core.options import check_job_options
+from ..core.options import check_group, check_job_options
 from ..core.retention import job_keep
 from ..core.retry import policy_keywords
 
@@ -158,6 +158,7 @@ def enqueue(
     dedup_key: str | None = None,
     dedup_ttl_ms: int | None = None,
     keep: int | None = None,
+    group: str | None = None,
     depends_on: list | None = None,
     on_commit: bool | None = None,
     using: str | None = None,
@@ -165,7 +166,8 @@ def enqueue(
 ) -> str:
     """Add one job; returns its id (str). See ``EchoMQ.enqueue`` for the arguments (``priority``,
     ``timeout_ms``, ``dedup_key``, ``dedup_ttl_ms``: docs/explanation/protocol.md#scheduling;
-    ``keep``: docs/explanation/lifecycle.md; ``options``: ``expires_ms`` and the retry policy,
+    ``keep``: docs/explanation/lifecycle.md; ``group``: docs/explanation/protocol.md#groups;
+    ``options``: ``expires_ms`` and the retry policy,
     docs/howto/retries.md) and errors, and this module's docstring for ``on_commit`` / ``using``
     (the database alias whose transaction is watched and that holds the outbox row). A deferred
     add raises the same validation errors now, and the database's error if the outbox table is
@@ -183,6 +185,7 @@ def enqueue(
         dedup_key=dedup_key,
         dedup_ttl_ms=dedup_ttl_ms,
         keep=keep,
+        group=group,
         **policy_keywords(options),  # checked now: docs/howto/retries.md
     )
     if depends_on:  # a flow of one node and its dependencies
@@ -215,6 +218,7 @@ def _write_job(mq, queue, name, payload, kwargs: dict, using, push: bool = True)
     validate_name(name)
     check_job_options(priority, delay_ms, timeout_ms, dedup_key, dedup_ttl_ms)
     job_keep(keep)  # docs/explanation/lifecycle.md: refused now, not at the push
+    check_group(kwargs["group"])  # docs/explanation/protocol.md#groups
     mq.encode(payload)
     outbox.write_job(queue, name, payload, job_id, kwargs, using=using, mq=mq, push=push)
     return job_id

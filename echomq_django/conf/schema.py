@@ -32,7 +32,7 @@ from django.utils.module_loading import import_string
 
 from ..core.jobs import MAX_PAYLOAD_BYTES
 from ..core.keyspace import validate_prefix, validate_queue
-from ..core.options import check_concurrency
+from ..core.options import check_concurrency, check_group_rate
 from ..core.retention import KEEP_HINT, KEEP_KEYS, keep_problems
 from ..core.retry import QUEUE_SETTINGS as RETRY_SETTINGS
 from ..core.retry import queue_problems as retry_problems
@@ -58,6 +58,7 @@ ENQUEUE_WHEN_DOWN = ("raise", "outbox")
 QUEUE_KEYS = {"MAX_ATTEMPTS", "BACKOFF_MS", "LEASE_MS", "KEEP_COMPLETED", "KEEP_DEAD"}
 QUEUE_KEYS |= {"RATE_LIMIT", "TIMEOUT_MS", "CONCURRENCY"}
 QUEUE_KEYS |= {"KEEP_LOGS"}  # lines a job log keeps (core/live.py): E019
+QUEUE_KEYS |= {"GROUP_CONCURRENCY", "GROUP_RATE_LIMIT"}  # protocol.md#groups: E080, E081
 KEEP_LOGS_MAX = 10_000  # a job log's bound, at most (lines)
 QUEUE_KEYS |= set(RETRY_SETTINGS)  # retry policies and expiry: core/retry.queue_problems
 RUNTIME_KEYS = {"RATE_LIMIT", "TIMEOUT_MS"}  # checked by runners/periodic.problems (E050-E059)
@@ -66,6 +67,12 @@ CAP_HINT = (
     "CONCURRENCY caps the queue's jobs active at once across all workers, e.g. 3; "
     "leave it out for no cap."
 )
+GROUP_CAP_HINT = "a cap per group such as 2, or leave GROUP_CONCURRENCY out for none."
+GROUP_RATE_HINT = 'e.g. {"MAX": 10, "PER_MS": 1000}: 10 jobs of one group started a second.'
+GROUP_CHECKS = {  # key -> (check, id, hint)
+    "GROUP_CONCURRENCY": (check_concurrency, "echomq_django.E080", GROUP_CAP_HINT),
+    "GROUP_RATE_LIMIT": (check_group_rate, "echomq_django.E081", GROUP_RATE_HINT),
+}
 DJANGO_REDIS_CACHE = "django.core.cache.backends.redis.RedisCache"
 
 
@@ -190,6 +197,13 @@ def problems(cfg: dict | None = None) -> list[tuple[str, str, str]]:
                     check_concurrency(value)
                 except ValueError as err:
                     out.append(("echomq_django.E018", f"queue {name!r}: {err}", CAP_HINT))
+                continue
+            if key in GROUP_CHECKS:  # docs/explanation/protocol.md#groups: E080, E081
+                check, cid, hint = GROUP_CHECKS[key]
+                try:
+                    check(value)
+                except ValueError as err:
+                    out.append((cid, f"queue {name!r}: {key}: {err}", hint))
                 continue
             if key in KEEP_KEYS:  # retention (docs/explanation/lifecycle.md): E020-E023
                 out += [

@@ -95,6 +95,9 @@ class Flow:
     (ms after it is due; not started by then, it dies ``expired``), and the
     callbacks ``on_success`` / ``on_failure`` / ``on_dead`` (handler names).
 
+    ``group`` (str, ``keyspace.GROUP_RULE``; None: none): the node is claimed
+    in its group's turn (docs/explanation/protocol.md#groups).
+
     ``depends_on``: jobs already added (``JobRef``, ``(queue, id)`` or
     ``"queue/id"``, on any queue) this node waits for as well as its
     children, each a dependency of the default policy (a dead one fails
@@ -131,6 +134,7 @@ class Flow:
     on_failure: str | None = None
     on_dead: str | None = None
     depends_on: list = field(default_factory=list)
+    group: str | None = None  # docs/explanation/protocol.md#groups
 
     @property
     def policy(self) -> Policy:
@@ -204,11 +208,12 @@ _SETTINGS = (
     "on_success",
     "on_failure",
     "on_dead",
+    "group",  # docs/explanation/protocol.md#groups
 )
 _settings = attrgetter(*_SETTINGS)
 _shape = attrgetter("queue", "job_id", "name", "children", "depends_on", *_SETTINGS)
 # a node that sets none of them (falsy priority and delay_ms, as node_options reads them)
-_NO_RETRY = (None,) * 8
+_NO_RETRY = (None,) * 9  # and no group
 _PLAIN = (True, False, False, False, None, None, 0, 0, None, None, None, None, None, *_NO_RETRY)
 
 

@@ -26,6 +26,7 @@ NAME_RULE = (
     "characters (NUL, ESC, bidi overrides, zero-width...) or lone surrogates"
 )
 PREFIX_RULE = "a prefix is 1-32 characters from A-Z a-z 0-9 _ . -"
+GROUP_RULE = ID_RULE.replace("a job id", "a group name", 1)  # the same characters
 
 _QUEUE_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}\Z")
 _ID_RE = re.compile(r"[^{}:\s]{1,128}\Z")
@@ -90,6 +91,14 @@ def validate_name(name: object) -> str:
     return name
 
 
+def validate_group(group: object) -> str:
+    """``group`` if valid (it is part of ``P:{q}:g:<group>:...``,
+    docs/explanation/protocol.md#groups); else ``ValueError`` naming ``GROUP_RULE``."""
+    if not isinstance(group, str) or not _ID_RE.match(group) or refused_char(group):
+        raise ValueError(f"invalid group name {group!r}: {GROUP_RULE}")
+    return group
+
+
 def validate_prefix(prefix: object) -> str:
     """Return ``prefix`` if valid; ``ValueError`` naming the rule otherwise."""
     if not isinstance(prefix, str) or not _PREFIX_RE.match(prefix):
@@ -147,6 +156,16 @@ QUEUE_KEYS = {
     # hash: periodic entries added at run time, entry -> its spec (JSON); bounded
     # by protocol/control/schedules.MAX_RUNTIME_ENTRIES
     "schedules": "schedules",
+    "groups": "groups",  # zset: the ring, group -> turn (docs/explanation/protocol.md#groups)
+    "groups_seq": "groups:seq",  # counter: the ring's turns
+    "groups_pending": "groups:pending",  # counter: claimable ids in all groups
+    "groups_active": "groups:active",  # hash: group -> its jobs active now
+    "groups_known": "groups:known",  # set: groups with claimable or active jobs
+    "groups_capped": "groups:capped",  # set: groups left out of the ring at their cap
+    "groups_limited": "groups:limited",  # zset: groups with a full rate window -> when it opens
+    "groups_rate": "groups:rate",  # hash: group -> its rate limit set at run time, 'max:per_ms'
+    "groups_paused": "groups:paused",  # set: groups paused (emq.pause_group)
+    "groups_concurrency": "groups:concurrency",  # hash: group -> its cap set at run time
 }
 # Keys that hold one value of a family: the suffix is this prefix + a name.
 JOB_PREFIX = "job:"  # hash P:{q}:job:<id>: the job row; also the child ref
@@ -158,6 +177,8 @@ GC_PREFIX = "gc:"  # list P:{q}:gc:<seq>:<id>: a removed parent's child refs
 # stream P:{q}:done:<id>: a finished job's note to its waiters, made by the
 # first waiter, expiring with the longest wait (docs/explanation/protocol.md#waiting-for-a-result)
 DONE_PREFIX = "done:"
+GROUP_PREFIX = "g:"  # P:{q}:g:<group>:<GROUP_KEYS>: a group's claimable ids, gone with them
+GROUP_KEYS = {k: k for k in ("pending", "prioritized", "limiter")} | {"pri_seq": "pri:seq"}
 # JobKeys field -> the suffix after the row key P:{q}:job:<id> (a parent's keys,
 # and the lines any job's handler logs), each removed with the row.
 JOB_KEYS = {
@@ -226,6 +247,16 @@ class QueueKeys:
     concurrency: str
     full: str
     schedules: str
+    groups: str
+    groups_seq: str
+    groups_pending: str
+    groups_active: str
+    groups_known: str
+    groups_capped: str
+    groups_limited: str
+    groups_rate: str
+    groups_paused: str
+    groups_concurrency: str
 
     def job(self, job_id: str) -> str:
         """``P:{q}:job:<id>``; raises ``ValueError`` for a bad id."""
@@ -246,6 +277,10 @@ class QueueKeys:
     def schedule(self, entry: str) -> str:
         """``P:{q}:schedule:<entry>``: the last tick a periodic entry fired (ms)."""
         return f"{self.base}{SCHEDULE_PREFIX}{entry}"
+
+    def group(self, group: str, part: str) -> str:
+        """``P:{q}:g:<group>:<GROUP_KEYS[part]>``; ``ValueError`` for a bad group."""
+        return f"{self.base}{GROUP_PREFIX}{validate_group(group)}:{GROUP_KEYS[part]}"
 
     def index(self, state: str) -> str:
         """The index key holding jobs in ``state`` (a ``JobState`` or its value)."""
@@ -336,9 +371,7 @@ class Keyspace:
 
     def queue_key(self, queue: str, name: str) -> str:
         """``P:{q}:<name>`` for a suffix of ``QUEUE_KEYS`` (pending, active,
-        delayed, awaiting, completed, dead, events, flow:outbox,
-        flow:deadletter, flow:tries, pump:lock, lease:seq); ``ValueError`` for
-        a name not listed there."""
+        ...); ``ValueError`` for a name not listed there."""
         for field_name, suffix in QUEUE_KEYS.items():
             if suffix == name:
                 return getattr(self.queue(queue), field_name)

@@ -10,7 +10,7 @@ import re
 from typing import Any
 
 from .exceptions import FlowError
-from .keyspace import whole_number
+from .keyspace import validate_group, whole_number
 from .retention import job_keep
 from .retry import MAX_MS, check_expires, job_callbacks, job_retry
 
@@ -28,6 +28,13 @@ def check_int(name: str, value: Any, low: int, high: int, optional: bool = False
     if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
         unit = " ms" if name.endswith("_ms") else ""
         raise ValueError(f"{name} must be a whole number from {low} to {high}{unit}, got {value!r}")
+
+
+def check_group(value: Any) -> str | None:
+    """``value`` as a job's group (docs/explanation/protocol.md#groups): None
+    (no group) or a name of ``keyspace.GROUP_RULE``. Raises ``ValueError``
+    naming the rule."""
+    return None if value is None else validate_group(value)
 
 
 def check_dedup_key(value: Any) -> None:
@@ -96,6 +103,11 @@ def node_options(flow, where: str, has_children: bool, dedups: set, expires=None
         opts["x"] = expires
     if flow.priority:
         opts["p"] = flow.priority
+    if flow.group is not None:  # docs/explanation/protocol.md#groups
+        try:
+            opts["g"] = check_group(flow.group)
+        except ValueError as err:
+            raise FlowError(f"{where}: {err}") from None
     if flow.delay_ms:
         opts["d"] = flow.delay_ms
     if flow.timeout_ms is not None:
@@ -160,6 +172,23 @@ def check_concurrency(n) -> int:
             "(None drops the run-time cap: the CONCURRENCY setting applies again)"
         )
     return n
+
+
+def check_group_rate(limit) -> str:
+    """``limit`` as a group's rate limit (docs/explanation/protocol.md#groups):
+    ``{"MAX": n, "PER_MS": ms}``, whole numbers >= 1 (at most ``MAX`` of one
+    group's jobs started per fixed window of ``PER_MS`` ms). Returns it as
+    ``claim`` takes it, ``'max:per_ms'``; ``ValueError`` naming the rule."""
+    if (
+        not isinstance(limit, dict)
+        or set(limit) != {"MAX", "PER_MS"}
+        or any(type(v) is not int or v < 1 for v in limit.values())
+    ):
+        raise ValueError(
+            'a group rate limit is {"MAX": n, "PER_MS": ms} with whole numbers >= 1, '
+            f"got {limit!r}"
+        )
+    return f"{limit['MAX']}:{limit['PER_MS']}"
 
 
 def opt_text(value) -> str:

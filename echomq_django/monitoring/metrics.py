@@ -220,9 +220,17 @@ class QueueCollector:
         gauges = [
             (GaugeMetricFamily(n, doc_, labels=["queue"]), get) for n, doc_, get in QUEUE_GAUGES
         ]
+        grouped = GaugeMetricFamily(
+            "echomq_group_jobs",
+            "Jobs of each group pending or active (docs/explanation/protocol.md#groups)",
+            labels=["queue", "group", "state"],
+        )
         for name, q in doc["queues"].items():
             for state, n in q["counts"].items():
                 jobs.add_metric([name, state], n)
+            for group, g in q["groups"].items():
+                grouped.add_metric([name, group, "pending"], g["pending"])
+                grouped.add_metric([name, group, "active"], g["active"])
             for family, get in gauges:
                 family.add_metric([name], get(q))
         live = GaugeMetricFamily(
@@ -231,6 +239,7 @@ class QueueCollector:
         for kind in ("worker", "pump"):
             live.add_metric([kind], sum(1 for p in doc["processes"] if p["kind"] == kind))
         yield jobs
+        yield grouped
         yield from (family for family, _ in gauges)
         yield live
 

@@ -22,29 +22,11 @@ from ..runners.periodic import settings_state
 SCHEMA = "echomq.stats/1"
 WINDOW_MS = 60_000  # throughput is counted over the last minute
 STATES = tuple(s.value for s in JobState)
+GROUP_ROWS = 20  # groups the text table shows (--json has them all)
 
 
 class UnknownQueue(EchoMQError, ValueError):
     """A queue name that no job, setting or live process has used."""
-
-
-def oldest_pending_age_s(mq, queue: str, now_ms: int | None = None) -> float | None:
-    """Seconds the job at the head of ``pending`` has waited since it became
-    pending (its ``updated_at``, else ``created_at``); None when none waits."""
-    head = mq.job_ids(queue, JobState.PENDING, 0, 0)
-    if not head:
-        return None
-    stamp = mq.probes.waiting_since(queue, head[0])
-    if stamp is None:
-        return None
-    now = mq.clock() if now_ms is None else now_ms
-    return round(max(0.0, (now - int(stamp)) / 1000), 3)
-
-
-def is_paused(mq, queue: str) -> bool:
-    """Whether ``queue`` is paused (``EchoMQ.is_paused``,
-    docs/explanation/protocol.md#scheduling)."""
-    return bool(mq.is_paused(queue))
 
 
 def queue_stats(mq, queue: str, now_ms: int | None = None) -> dict:
@@ -55,26 +37,47 @@ def queue_stats(mq, queue: str, now_ms: int | None = None) -> dict:
     ``paused``, and the durable signals' backlog
     (docs/explanation/protocol.md#durable-signal-events): ``signals``
     (events not dispatched yet), ``signals_oldest_age_s`` (s or None),
-    ``signals_deadletter``. Raises ``ValueError`` for a bad name,
+    ``signals_deadletter``; ``groups`` (docs/reference/stats.md#groups): per
+    group with work or paused, ``{pending, active, paused, concurrency}``
+    (``{}`` for a queue without groups). Raises ``ValueError`` for a bad name,
     ``RedisUnavailable``."""
     now = mq.clock() if now_ms is None else now_ms
-    counts = mq.counts(queue)
-    done, dead = mq.probes.finished_since(queue, now - WINDOW_MS)
-    backlog = mq.signal_events.backlog(queue)
-    oldest = backlog["oldest_ms"]
-    return {
-        "counts": {state: int(counts[state]) for state in STATES},
-        "oldest_pending_age_s": oldest_pending_age_s(mq, queue, now),
-        "completed_last_minute": done,
-        "dead_last_minute": dead,
-        "jobs_per_s": round((done + dead) / (WINDOW_MS / 1000), 3),
-        "outbox": int(counts["outbox"]),
-        "deadletter": int(counts["deadletter"]),
-        "paused": is_paused(mq, queue),
-        "signals": backlog["pending"],
-        "signals_oldest_age_s": None if oldest is None else round(oldest / 1000, 3),
-        "signals_deadletter": backlog["deadlettered"],
-    }
+    return entries(mq, [queue], now)[1][queue]
+
+
+def entries(
+    mq, queues, now_ms: int, minutes: int | None = None, per: int = 1
+) -> tuple[int | None, dict]:
+    """``queue_stats`` of each of ``queues`` (names) at ``now_ms`` (ms) from
+    one bulk read (``mq.probes.overview``: a fixed number of round trips
+    whatever their number), with the per-minute rows as ``minutes`` when
+    ``minutes`` is given (``per`` minutes a row): ``(now_minute or None,
+    {queue: entry})``."""
+    now_minute, rows = mq.probes.overview(queues, now_ms, WINDOW_MS, minutes, per=per)
+    groups = mq.groups.counts_many(rows)
+    out = {}
+    for name, row in rows.items():
+        counts, (done, dead), backlog = row["counts"], row["finished"], row["signals"]
+        since, oldest = row["head_since"], backlog["oldest_ms"]
+        out[name] = {
+            "counts": {state: int(counts[state]) for state in STATES},
+            "oldest_pending_age_s": None
+            if since is None
+            else round(max(0.0, (now_ms - since) / 1000), 3),
+            "completed_last_minute": done,
+            "dead_last_minute": dead,
+            "jobs_per_s": round((done + dead) / (WINDOW_MS / 1000), 3),
+            "outbox": int(counts["outbox"]),
+            "deadletter": int(counts["deadletter"]),
+            "paused": row["paused"],
+            "signals": backlog["pending"],
+            "signals_oldest_age_s": None if oldest is None else round(oldest / 1000, 3),
+            "signals_deadletter": backlog["deadlettered"],
+            "groups": groups[name],
+        }
+        if minutes is not None:
+            out[name]["minutes"] = row["minutes"]
+    return now_minute, out
 
 
 def no_worker_for_s(queue: str, procs, since: dict[str, int | None], now_ms: int) -> float | None:
@@ -107,24 +110,27 @@ def resolve_queues(mq, asked=()) -> list[str]:
     return names
 
 
-def collect(mq, queues=(), now_ms: int | None = None) -> dict:
+def collect(
+    mq, queues=(), now_ms: int | None = None, minutes: int | None = None, per: int = 1
+) -> dict:
     """The stats document (``SCHEMA``): ``{schema, at (ms), prefix, queues:
     {name: queue_stats + in_settings, workers, no_worker_for_s}, processes: [ProcessInfo
-    dicts]}``. ``queues`` empty: every known queue. Raises ``UnknownQueue``,
+    dicts]}``. ``queues`` empty: every known queue. With ``minutes`` (the
+    dashboard's chart), each queue also holds its per-minute rows
+    (``minutes``, as ``mq.probes.minute_counts`` with ``per`` minutes a
+    row) and the document ``now_minute``, from the same bulk read. Raises ``UnknownQueue``,
     ``ValueError``, ``RedisUnavailable``."""
     now = mq.clock() if now_ms is None else now_ms
-    names = resolve_queues(mq, queues)
     procs = mq.presence.live_processes(now)
+    names = resolve_queues(mq, queues)
     configured = set(settings_queues())
     since = mq.presence.no_worker_since(names)
-    out = {}
-    for name in names:
-        entry = queue_stats(mq, name, now)
+    now_minute, out = entries(mq, names, now, minutes, per)
+    for name, entry in out.items():
         entry["in_settings"] = name in configured
         entry["workers"] = sum(1 for p in procs if p.kind == "worker" and name in p.queues)
         entry["no_worker_for_s"] = no_worker_for_s(name, procs, since, now)
-        out[name] = entry
-    return {
+    doc = {
         "schema": SCHEMA,
         "at": now,
         "prefix": mq.keys.prefix,
@@ -132,6 +138,9 @@ def collect(mq, queues=(), now_ms: int | None = None) -> dict:
         "processes": [p.as_dict() for p in procs],
         "schedule": settings_state(mq),
     }
+    if minutes is not None:
+        doc["now_minute"] = now_minute
+    return doc
 
 
 # -- the table ----------------------------------------------------------------
@@ -196,6 +205,26 @@ def render(doc: dict) -> str:
         lines += _table([c for c, _ in QUEUE_COLUMNS], rows)
     else:
         lines.append("no queues known yet (no job added, none in ECHOMQ['QUEUES'])")
+    groups = [(q, g, c) for q, s in doc["queues"].items() for g, c in s.get("groups", {}).items()]
+    if groups:  # docs/explanation/protocol.md#groups: the busiest GROUP_ROWS
+        groups.sort(key=lambda row: (-row[2]["pending"], row[0], row[1]))
+        lines += [
+            "",
+            f"groups: {len(groups)}"
+            + (f" (the {GROUP_ROWS} busiest)" * (len(groups) > GROUP_ROWS)),
+        ]
+        rows = [
+            [
+                q,
+                g,
+                c["pending"],
+                c["active"],
+                "yes" if c["paused"] else "no",
+                c["concurrency"] or "-",
+            ]
+            for q, g, c in groups[:GROUP_ROWS]
+        ]
+        lines += _table(["queue", "group", "pending", "active", "paused", "cap"], rows)
     if doc.get("schedule"):
         lines += ["", f"periodic jobs: {len(doc['schedule'])}"]
         rows = [

@@ -16,18 +16,19 @@ from typing import Any
 from ..core import flows as _flows
 from ..core.jobs import to_json
 from ..core.keyspace import validate_id, validate_queue, whole_number
-from ..core.options import check_job_options
+from ..core.options import check_group, check_job_options
 from ..core.retention import job_keep
 from ..tracing.spans import adding
 from .wire import Part, opt
 
 OPTIONS = ("job_id", "max_attempts", "backoff_ms", "delay_ms", "priority", "timeout_ms", "keep")
+OPTIONS += ("group",)  # docs/explanation/protocol.md#groups
 
 
 @dataclass(frozen=True)
 class BulkPlan:
     """``plan_many``'s checked jobs of one queue: ``ids`` in order, and the
-    rows ``land_many`` sends (group header, id, payload JSON per job)."""
+    rows ``land_many`` sends (run header, id, payload JSON per job)."""
 
     queue: str
     rows: list[tuple[tuple, str, str]]
@@ -40,13 +41,14 @@ class BulkPlan:
     def jobs(self):
         """``(name, payload, job_id, enqueue options)`` per job, in order:
         what ``enqueue`` would be called with (api.enqueue_many's outbox rows)."""
-        for (group, job_id, _), payload in zip(self.rows, self.payloads, strict=True):
-            name, attempts, backoff, delay, priority, timeout, keep, _gate = group
+        for (header, job_id, _), payload in zip(self.rows, self.payloads, strict=True):
+            name, attempts, backoff, delay, priority, timeout, keep, _gate, group = header
             options = {"delay_ms": int(delay), "priority": int(priority)}
             for key, text in (("max_attempts", attempts), ("backoff_ms", backoff)):
                 options[key] = int(text) if text else None
             options["timeout_ms"] = int(timeout) if timeout else None
             options["keep"] = int(keep) // 1000 if keep else None  # the row holds ms
+            options["group"] = group or None
             yield name, payload, job_id, options
 
 
@@ -73,7 +75,7 @@ class Bulk(Part):
         ``ValueError``, a taken id ``DuplicateJob``, and then nothing is
         written (a call of more than ``flow_chunk`` jobs is gated by a
         read-only pass first). Claimable jobs wake the queue's workers once
-        per group; delayed ones announce their run-at. Raises
+        per run of jobs sharing their options; delayed ones announce their run-at. Raises
         ``RedisUnavailable`` when Redis cannot be reached.
         """
         return self.land_many(self.plan_many(queue, jobs))
@@ -83,7 +85,7 @@ class Bulk(Part):
         but a taken id) and fix their ids; writes nothing. What an
         ``on_commit`` add does before the commit (api.enqueue_many)."""
         validate_queue(queue)
-        rows: list[tuple[tuple, str, str]] = []  # (group, id, payload JSON) per job
+        rows: list[tuple[tuple, str, str]] = []  # (run header, id, payload JSON) per job
         payloads: list = []
         given: set[str] = set()
         prefix = _flows.id_prefix()
@@ -93,12 +95,12 @@ class Bulk(Part):
             else:
                 name, payload, options = _unpack(index, job)
             if not options:
-                group = (name, "", "", "0", "0", "", "", "0")
+                header = (name, "", "", "0", "0", "", "", "0", "")
                 job_id = f"{prefix}{index:x}"
             else:
-                group, job_id = _options(index, name, options, given)
+                header, job_id = _options(index, name, options, given)
                 job_id = job_id or f"{prefix}{index:x}"
-            rows.append((group, job_id, self.wire.encode(payload, f"job {index}'s payload")))
+            rows.append((header, job_id, self.wire.encode(payload, f"job {index}'s payload")))
             payloads.append(payload)
         return BulkPlan(queue, rows, payloads)
 
@@ -129,11 +131,11 @@ class Bulk(Part):
 
 def _flat(rows: list[tuple[tuple, str, str]]) -> str:
     """The script's argument: consecutive jobs sharing their options form a
-    group (header, count, then id and payload per job)."""
+    run (header, count, then id and payload per job)."""
     flat: list[str] = []
-    for group, members in itertools.groupby(rows, key=lambda row: row[0]):
+    for header, members in itertools.groupby(rows, key=lambda row: row[0]):
         members = list(members)
-        flat += group
+        flat += header
         flat.append(str(len(members)))
         for _, job_id, payload in members:
             flat.append(job_id)
@@ -142,8 +144,8 @@ def _flat(rows: list[tuple[tuple, str, str]]) -> str:
 
 
 def _options(index: int, name: str, options: dict, given: set[str]) -> tuple[tuple, str | None]:
-    """A job's group header (name, max attempts, backoff, delay, priority,
-    timeout, keep, gate) and its given id (None: generate one), checked."""
+    """A job's run header (name, max attempts, backoff, delay, priority,
+    timeout, keep, gate, group) and its given id (None: generate one), checked."""
     job_id = options.get("job_id")
     if job_id is not None:
         validate_id(job_id)
@@ -159,9 +161,10 @@ def _options(index: int, name: str, options: dict, given: set[str]) -> tuple[tup
         whole_number("delay_ms", delay or 0, 0)
         check_job_options(priority or 0, delay or 0, timeout)
         keep = job_keep(options.get("keep"))  # ms text, '' for None (enqueue's rule and words)
+        group = check_group(options.get("group"))  # docs/explanation/protocol.md#groups
     except ValueError as err:
         raise ValueError(f"enqueue_many: job {index}: {err}") from None
-    group = (
+    header = (
         name,
         opt(options.get("max_attempts")),
         opt(options.get("backoff_ms")),
@@ -170,8 +173,9 @@ def _options(index: int, name: str, options: dict, given: set[str]) -> tuple[tup
         opt(timeout),
         keep,
         "1" if job_id is not None else "0",
+        group or "",
     )
-    return group, job_id
+    return header, job_id
 
 
 def _unpack(index: int, job: Any) -> tuple[str, Any, dict]:

@@ -25,17 +25,17 @@ from typing import Any
 import redis
 
 from ..core import flows as _flows
-from ..core.claims import claimed_jobs
 from ..core.exceptions import PayloadError
 from ..core.flows import Flow, FlowRef
 from ..core.jobs import MAX_PAYLOAD_BYTES, Job, JobState, Outcome, to_text
 from ..core.keyspace import validate_id, validate_name, validate_queue, whole_number
-from ..core.options import Claimed, check_job_options
+from ..core.options import Claimed, check_group, check_job_options
 from ..core.refs import JobRef, as_ref
 from ..core.retention import job_keep
 from ..core.retry import job_extras, policy_keywords
 from ..tracing.spans import adding
 from .bulk import Bulk
+from .control.groups import Groups
 from .control.limits import Limits
 from .control.schedules import ScheduleStore
 from .flows import Flows
@@ -59,7 +59,7 @@ class EchoMQ(Reads):
 
     Holds its parts (the module docstring says who calls which): ``flows``, ``bulk``,
     ``lifecycle``, ``outbox``, ``timers``, ``signal_events``, ``presence``, ``probes``,
-    ``waits``, ``progress``, ``events``, ``limits``, ``schedule_store``.
+    ``waits``, ``progress``, ``events``, ``limits``, ``schedule_store``, ``groups``.
 
     ``prefix`` starts every key (docs/explanation/protocol.md#keys). ``queues`` maps a queue name to
     its defaults ``{"MAX_ATTEMPTS": int, "BACKOFF_MS": ms, "LEASE_MS": ms}``; missing values come
@@ -104,6 +104,7 @@ class EchoMQ(Reads):
         self.probes = Probes(wire)
         self.waits, self.progress, self.events = Waits(wire, self), Progress(wire), Events(wire)
         self.limits, self.schedule_store = Limits(wire), ScheduleStore(wire)
+        self.groups = Groups(wire)  # docs/explanation/protocol.md#groups
 
     @property
     def clock(self):
@@ -153,6 +154,7 @@ class EchoMQ(Reads):
         dedup_key: str | None = None,
         dedup_ttl_ms: int | None = None,
         keep: int | None = None,
+        group: str | None = None,
         **policy: Any,
     ) -> str:
         """Add one job; returns its id (generated when ``job_id`` is None).
@@ -170,7 +172,10 @@ class EchoMQ(Reads):
         not started by then, it dies ``expired``; ``backoff``, ``jitter``,
         ``retry_on``, ``dont_retry_on``; ``on_success`` / ``on_failure`` /
         ``on_dead`` (handler names; ``core/retry.py`` checks them all).
-        Raises ``ValueError`` for a bad queue name, id, name or option
+        ``group`` (str, ``keyspace.GROUP_RULE``; None: none): the job is
+        claimed in its group's turn, under its group's cap
+        (docs/explanation/protocol.md#groups).
+        Raises ``ValueError`` for a bad queue name, id, name, group or option
         (core/options.py's ranges), ``PayloadError`` for a bad payload,
         ``DuplicateJob`` when the id is taken (nothing written),
         ``RedisUnavailable`` when Redis cannot be reached. docs/explanation/protocol.md#enqueue.
@@ -182,6 +187,7 @@ class EchoMQ(Reads):
         whole_number("backoff_ms", backoff_ms, 0, optional=True)
         whole_number("delay_ms", delay_ms, 0)
         check_job_options(priority, delay_ms, timeout_ms, dedup_key, dedup_ttl_ms)
+        check_group(group)
         own_keep = job_keep(keep)
         now = self.clock()
         retry, expires_at, callbacks = job_extras(
@@ -212,6 +218,7 @@ class EchoMQ(Reads):
                     retry,
                     expires_at,
                     callbacks,
+                    group or "",
                 ],
             )
         state = to_text(state)
@@ -238,17 +245,7 @@ class EchoMQ(Reads):
         Raises ``ValueError`` for a bad ``count``, ``lease_ms`` or ``token``.
         """
         call, now, lease = self.wire.claim_call(queue, count, lease_ms, token)
-        return self._claimed(queue, self.scripts.run(*call), now, lease)
-
-    def _claimed(self, queue: str, reply, now: int, lease: int) -> Claimed:
-        """A ``claim`` script's reply as a ``Claimed``."""
-        flat = json.loads(reply)
-        if type(flat) is dict:
-            if "jobs" not in flat:
-                paused, full = bool(flat.get("paused")), bool(flat.get("full"))
-                return Claimed(paused=paused, wait_ms=flat.get("wait"), full=full)
-            lease, flat = max(int(flat["left"]), 0), flat["jobs"]  # a replay: its leases' rest
-        return Claimed(claimed_jobs(queue, flat, now + lease, self))
+        return self.wire.claimed(queue, self.scripts.run(*call), now, lease, self)
 
     def _fail_call(self, job: Job, error: str, dead: bool = False, delay_ms: int | None = None):
         q = job.queue
@@ -307,7 +304,9 @@ class EchoMQ(Reads):
         ``token`` replays the claim)."""
         call, now, lease = self.wire.claim_call(queue, count, lease_ms, token)
         out, got = self._complete_many(items, call)
-        return out, got if isinstance(got, Exception) else self._claimed(queue, got, now, lease)
+        return out, got if isinstance(got, Exception) else self.wire.claimed(
+            queue, got, now, lease, self
+        )
 
     def _complete_many(self, items: list[tuple[Job, Any]], then) -> tuple[list, Any]:
         """``complete_many``, and ``then`` (a script call, or None) after it."""

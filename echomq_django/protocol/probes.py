@@ -2,9 +2,10 @@
 (docs/explanation/house.md, "protocol/"): many rows in one pipelined round trip, the
 events stream (``P:{q}:events``) after an entry, a job's last change, the
 age of the oldest pending job, the throughput of the last minute, and the
-per-minute counters (``P:{q}:minutes``, written by ``lua/lib/emit.lua``).
+per-minute counters (``P:{q}:minutes``, written by ``lua/lib/emit.lua``;
+a long range summed on the server by ``lua/sum_minutes.lua``).
 
-``Probes`` is the part ``mq.probes``; it never writes, and runs no script.
+``Probes`` is the part ``mq.probes``; it never writes.
 """
 
 from __future__ import annotations
@@ -20,6 +21,55 @@ ROWS_PER_TRIP = 500  # job rows per pipelined round trip (rows, states, exist)
 # the minutes a queue's counter ring keeps (lua/lib/emit.lua MINUTES_KEPT)
 MINUTES_KEPT = 1440
 MINUTE_KINDS = {"a": "added", "c": "completed", "f": "failed", "d": "dead"}
+KINDS = tuple(MINUTE_KINDS.values())
+COUNT_READS = 10  # the reads count_commands queues
+
+
+def count_commands(pipe, k) -> None:
+    """Queue on ``pipe`` (a redis-py pipeline) the ``COUNT_READS`` reads
+    of queue keys ``k`` (``QueueKeys``) that ``count_replies`` decodes."""
+    pipe.llen(k.pending)
+    for index in (k.active, k.delayed, k.completed, k.dead, k.awaiting):
+        pipe.zcard(index)
+    pipe.llen(k.outbox)
+    pipe.llen(k.deadletter)
+    pipe.zcard(k.prioritized)  # pending jobs with a priority
+    pipe.get(k.groups_pending)  # pending jobs in groups (docs/explanation/protocol.md#groups)
+
+
+def count_replies(replies) -> dict[str, int]:
+    """Jobs per state index, plus ``outbox`` and ``deadletter`` lengths,
+    from the replies to ``count_commands``."""
+    pending, active, delayed, completed, dead, awaiting, outbox, dl, ranked, grouped = replies
+    return {
+        "pending": pending + ranked + int(grouped or 0),
+        "active": active,
+        "delayed": delayed,
+        "completed": completed,
+        "dead": dead,
+        "awaiting_children": awaiting,
+        "outbox": outbox,
+        "deadletter": dl,
+    }
+
+
+def backlog_commands(pipe, k) -> None:
+    """Queue on ``pipe`` the three reads of the durable signal events'
+    backlog of queue keys ``k`` that ``backlog_of`` decodes."""
+    pipe.xlen(k.signals)
+    pipe.llen(k.signal_deadletter)
+    pipe.xrange(k.signals, count=1)
+
+
+def backlog_of(replies, now_ms: int) -> dict:
+    """``{"pending", "deadlettered", "oldest_ms"}`` (``oldest_ms``: the age
+    at ``now_ms`` of the oldest event not dispatched, None when none) from
+    the replies to ``backlog_commands``."""
+    pending, lettered, first = replies
+    oldest = None
+    if first:
+        oldest = max(0, now_ms - int(to_text(first[0][0]).partition("-")[0]))
+    return {"pending": pending, "deadlettered": lettered, "oldest_ms": oldest}
 
 
 def _stream_entries(entries: list) -> list[tuple[str, str | None, str | None]]:
@@ -139,52 +189,149 @@ class Probes(Part):
         return int(done), int(dead)
 
     @reports_redis_down
-    def minute_counts(self, queues, minutes: int = 60) -> tuple[int, dict[str, list[dict]]]:
+    def minute_counts(
+        self, queues, minutes: int = 60, per: int = 1
+    ) -> tuple[int, dict[str, list[dict]]]:
         """The per-minute counters of ``queues`` (names) over the last
         ``minutes`` minutes (int, 1 to ``MINUTES_KEPT``), the current one
         last, by Redis's clock (docs/explanation/protocol.md#minute-counters).
-        Returns ``(now_minute, {queue: [{minute, added, completed, failed,
-        dead}]})``: ``minute`` is minutes since the epoch, a minute nobody
-        counted in reads 0. Two round trips for every queue together (the
-        slots' minutes, then the counts of the live ones); raises
-        ``ValueError`` for a ``minutes`` outside the kept range, before any
-        Redis I/O."""
-        if type(minutes) is not int or not 1 <= minutes <= MINUTES_KEPT:
+        Returns ``(now_minute, {queue: [{minute, minutes, added, completed,
+        failed, dead}]})``: one row per ``per`` consecutive minutes (int >=
+        1; the last row may hold fewer), ``minute`` its first in minutes
+        since the epoch, ``minutes`` how many it sums; a minute nobody
+        counted in reads 0. Two round trips for every queue together
+        (Redis's ``TIME``, then the rings); raises ``ValueError`` for a
+        ``minutes`` or ``per`` outside its range, before any Redis I/O."""
+        now, out = self.overview(queues, minutes=minutes, stats=False, per=per)
+        return now, {q: row["minutes"] for q, row in out.items()}
+
+    @reports_redis_down
+    def overview(
+        self,
+        queues,
+        now_ms: int | None = None,
+        window_ms: int = 60_000,
+        minutes: int | None = None,
+        stats: bool = True,
+        per: int = 1,
+    ) -> tuple[int | None, dict[str, dict]]:
+        """Everything the stats and the dashboard show of ``queues`` (names),
+        in a fixed number of pipelined round trips whatever their number
+        (docs/howto/operate.md#the-dashboard): Redis's ``TIME`` when
+        ``minutes`` is given, one bulk read, and the pending heads' rows.
+        Per queue, with ``stats``: ``counts`` (as ``mq.counts``),
+        ``finished`` (``(completed, dead)`` since ``now_ms - window_ms``,
+        ms; ``now_ms`` default: the clock), ``signals`` (as
+        ``mq.signal_events.backlog``), ``head_since`` (ms the pending head
+        last changed state; None when nothing waits), ``paused``; with
+        ``minutes`` (1 to ``MINUTES_KEPT``), ``minutes``: the rows
+        ``minute_counts`` answers for ``per`` (minutes a row sums: with
+        ``per`` > 1 each ring is summed on the server by
+        ``lua/sum_minutes.lua``, a few integers a queue over the wire).
+        Returns ``(now_minute or None, {queue: dict})``. Raises
+        ``ValueError`` for a bad name, ``minutes`` or ``per``,
+        before any Redis I/O."""
+        if minutes is not None and (type(minutes) is not int or not 1 <= minutes <= MINUTES_KEPT):
             raise ValueError(
                 f"minutes {minutes!r}: the counters keep the last {MINUTES_KEPT} minutes "
                 f"(a whole number from 1 to {MINUTES_KEPT})"
             )
+        if type(per) is not int or not 1 <= per <= MINUTES_KEPT:
+            raise ValueError(
+                f"per {per!r}: a row sums a whole number of minutes from 1 to {MINUTES_KEPT}"
+            )
         names = [validate_queue(q) for q in queues]
-        seconds, _ = self.client.time()
-        now = int(seconds) // 60
-        span = range(now - minutes + 1, now + 1)
-        rings = [self.keys.queue(q).minutes for q in names]
-        # first the slots' minutes, then the counts of the slots that hold
-        # the minute asked for: a quiet queue costs its stamps alone
+        now = self.clock() if now_ms is None else now_ms
+        now_minute, span = None, range(0)
+        if minutes is not None:
+            seconds, _ = self.client.time()
+            now_minute = int(seconds) // 60
+            span = range(now_minute - minutes + 1, now_minute + 1)
+        whole = len(span) >= MINUTES_KEPT // 4  # a quarter of the ring or more: read it all
         pipe = self.client.pipeline(transaction=False)
-        for ring in rings:
-            pipe.hmget(ring, [f"m{m % MINUTES_KEPT}" for m in span])
-        fresh = [
-            [m for m, stamp in zip(span, stamps, strict=True) if stamp and int(stamp) == m]
-            for stamps in pipe.execute()
-        ]
-        pipe = self.client.pipeline(transaction=False)
-        for ring, live in zip(rings, fresh, strict=True):
-            if live:  # (HMGET needs a field)
-                pipe.hmget(ring, [f"{k}{m % MINUTES_KEPT}" for m in live for k in MINUTE_KINDS])
+        for q in names:
+            k = self.keys.queue(q)
+            if stats:
+                count_commands(pipe, k)
+                pipe.zcount(k.completed, f"({now - window_ms}", "+inf")
+                pipe.zcount(k.dead, f"({now - window_ms}", "+inf")
+                backlog_commands(pipe, k)
+                pipe.exists(k.paused)
+                # the pending head: priorities above 0, priority 0, below 0
+                pipe.zrange(k.prioritized, "-inf", "(0", byscore=True, offset=0, num=1)
+                pipe.lindex(k.pending, 0)
+                pipe.zrange(k.prioritized, 0, "+inf", byscore=True, offset=0, num=1)
+            if minutes is not None and per == 1:
+                if whole:
+                    pipe.hgetall(k.minutes)
+                else:
+                    pipe.hmget(k.minutes, [f"{f}{m % MINUTES_KEPT}" for m in span for f in "macfd"])
         replies = iter(pipe.execute())
-        out = {}
-        for q, live in zip(names, fresh, strict=True):
-            values = next(replies) if live else []
-            counted = {
-                m: {
-                    kind: int(n or 0)
-                    for kind, n in zip(
-                        MINUTE_KINDS.values(), values[4 * i : 4 * i + 4], strict=True
-                    )
-                }
-                for i, m in enumerate(live)
-            }
-            zero = dict.fromkeys(MINUTE_KINDS.values(), 0)
-            out[q] = [{"minute": m, **counted.get(m, zero)} for m in span]
-        return now, out
+        out: dict[str, dict] = {q: {} for q in names}
+        heads = {}
+        for q in names:
+            row = out[q]
+            if stats:
+                row["counts"] = count_replies([next(replies) for _ in range(COUNT_READS)])
+                row["finished"] = (int(next(replies)), int(next(replies)))
+                row["signals"] = backlog_of([next(replies) for _ in range(3)], now)
+                row["paused"] = bool(next(replies))
+                above, zero, below = next(replies), next(replies), next(replies)
+                first = [*above, *([] if zero is None else [zero]), *below]
+                row["head_since"] = None
+                if first:
+                    heads[q] = to_text(first[0])
+            if minutes is not None and per == 1:
+                row["minutes"] = _ring_rows(next(replies), span, whole)
+        if minutes is not None and per > 1:
+            calls = [
+                ("sum_minutes", [self.keys.queue(q).minutes], [span.start, len(span), per])
+                for q in names
+            ]
+            for q, sums in zip(names, self.scripts.run_many(calls), strict=True):
+                if isinstance(sums, Exception):
+                    raise sums
+                out[q]["minutes"] = _summed_rows(sums, span, per)
+        if heads:
+            pipe = self.client.pipeline(transaction=False)
+            for q, job_id in heads.items():
+                pipe.hmget(self.keys.job(q, job_id), "updated_at", "created_at")
+            for q, (since, created) in zip(heads, pipe.execute(), strict=True):
+                stamp = since or created
+                out[q]["head_since"] = None if stamp is None else int(stamp)
+        return now_minute, out
+
+
+def _summed_rows(sums: list, span: range, per: int) -> list[dict]:
+    """``minute_counts``'s rows of ``per`` minutes each from
+    ``lua/sum_minutes.lua``'s reply (four counts a row, in ``KINDS``
+    order) for the minutes of ``span``."""
+    rows = []
+    for i, first in enumerate(range(span.start, span.stop, per)):
+        row = {"minute": first, "minutes": min(per, span.stop - first)}
+        row.update(zip(KINDS, (int(n) for n in sums[4 * i : 4 * i + 4]), strict=True))
+        rows.append(row)
+    return rows
+
+
+def _ring_rows(reply, span: range, whole: bool) -> list[dict]:
+    """A ring's rows for the minutes of ``span`` (``minute_counts``'s
+    shape) from its ``HGETALL`` (``whole``) or its ``HMGET`` of the five
+    fields (``m``, then the ``MINUTE_KINDS``) of each minute, in order."""
+    counted = {}
+    if whole:  # only the slots that hold a minute of span: a quiet ring costs nothing
+        fields = {to_text(f): v for f, v in reply.items()}
+        for field, stamp in fields.items():
+            if field[0] == "m" and int(stamp) in span:
+                slot = field[1:]
+                counted[int(stamp)] = [fields.get(f"{f}{slot}") for f in MINUTE_KINDS]
+    else:
+        for i, m in enumerate(span):
+            stamp, *values = reply[5 * i : 5 * i + 5]
+            if stamp is not None and int(stamp) == m:
+                counted[m] = values
+    zero = dict.fromkeys(KINDS, 0)
+    rows = [{"minute": m, "minutes": 1, **zero} for m in span]
+    for m, values in counted.items():
+        rows[m - span.start].update(zip(KINDS, (int(n or 0) for n in values), strict=True))
+    return rows

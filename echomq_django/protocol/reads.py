@@ -18,6 +18,7 @@ from ..core.jobs import Dependencies, Job, JobState, decode_policy, row_error, t
 from ..core.keyspace import JobKeys, whole_number
 from ..core.refs import JobRef, Page, RefDict, as_ref
 from .errors import connection_error, reports_redis_down
+from .probes import count_commands, count_replies
 from .wire import Part
 
 ROWS_PER_TRIP = 500  # job rows per pipelined round trip (rows, states, exist)
@@ -340,41 +341,31 @@ class Reads(Part):
     @reports_redis_down
     def counts(self, queue: str) -> dict[str, int]:
         """Jobs per state index, plus ``outbox`` and ``deadletter`` lengths."""
-        k = self.keys.queue(queue)
         pipe = self.client.pipeline(transaction=False)
-        pipe.llen(k.pending)
-        for index in (k.active, k.delayed, k.completed, k.dead, k.awaiting):
-            pipe.zcard(index)
-        pipe.llen(k.outbox)
-        pipe.llen(k.deadletter)
-        pipe.zcard(k.prioritized)  # pending jobs with a priority
-        pending, active, delayed, completed, dead, awaiting, outbox, dl, ranked = pipe.execute()
-        return {
-            "pending": pending + ranked,
-            "active": active,
-            "delayed": delayed,
-            "completed": completed,
-            "dead": dead,
-            "awaiting_children": awaiting,
-            "outbox": outbox,
-            "deadletter": dl,
-        }
+        count_commands(pipe, self.keys.queue(queue))
+        return count_replies(pipe.execute())
 
     @reports_redis_down
     def job_ids(
         self, queue: str, state: JobState | str, start: int = 0, end: int = -1
     ) -> list[str]:
         """Ids in one state index, oldest first (pending: the order claims
-        take them, priorities included, docs/explanation/protocol.md#scheduling)."""
-        key = self.keys.queue(queue).index(JobState(state))
+        take them, priorities included, docs/explanation/protocol.md#scheduling;
+        then each group's, by group name, docs/explanation/protocol.md#groups)."""
+        k = self.keys.queue(queue)
+        key = k.index(JobState(state))
         if JobState(state) is JobState.PENDING:
-            ranked = self.keys.queue(queue).prioritized
-            if not self.client.exists(ranked):
+            ranked = k.prioritized
+            if not self.client.exists(ranked, k.groups_known):
                 return [to_text(v) for v in self.client.lrange(key, start, end)]
+            groups = sorted(to_text(g) for g in self.client.smembers(k.groups_known))
             pipe = self.client.pipeline(transaction=False)
-            pipe.zrange(ranked, "-inf", "(0", byscore=True)  # priorities above 0
-            pipe.lrange(key, 0, -1)  # priority 0
-            pipe.zrange(ranked, 0, "+inf", byscore=True)  # priorities below 0
+            parts = [(ranked, key)]
+            parts += [(k.group(g, "prioritized"), k.group(g, "pending")) for g in groups]
+            for zset, plain in parts:
+                pipe.zrange(zset, "-inf", "(0", byscore=True)  # priorities above 0
+                pipe.lrange(plain, 0, -1)  # priority 0
+                pipe.zrange(zset, 0, "+inf", byscore=True)  # priorities below 0
             ids = [to_text(v) for part in pipe.execute() for v in part]
             return ids[start : None if end == -1 else end + 1]
         return [to_text(v) for v in self.client.zrange(key, start, end)]

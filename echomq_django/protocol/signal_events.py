@@ -24,6 +24,7 @@ import redis
 from ..core.jobs import to_text as _text
 from ..core.refs import JobRef
 from .errors import translating
+from .probes import backlog_commands, backlog_of
 from .wire import Part
 
 SIGNAL_OF = {
@@ -210,16 +211,9 @@ class SignalEvents(Part):
         """``{"pending": events not dispatched yet, "deadlettered": events
         given up on, "oldest_ms": age in ms of the oldest pending event (None
         when none)}`` for ``queue``; reads only."""
-        k = self.keys.queue(queue)
         pipe = self.client.pipeline(transaction=False)
-        pipe.xlen(k.signals)
-        pipe.llen(k.signal_deadletter)
-        pipe.xrange(k.signals, count=1)
-        pending, lettered, first = pipe.execute()
-        oldest = None
-        if first:
-            oldest = max(0, self.clock() - int(_text(first[0][0]).partition("-")[0]))
-        return {"pending": pending, "deadlettered": lettered, "oldest_ms": oldest}
+        backlog_commands(pipe, self.keys.queue(queue))
+        return backlog_of(pipe.execute(), self.clock())
 
     def deadlettered(self, queue: str, count: int = 100) -> list[dict]:
         """The newest ``count`` dead-lettered events of ``queue``, newest

@@ -302,7 +302,7 @@ class Timers(Part):
         pipe = self.client.pipeline(transaction=False)
         pipe.zrange(k.delayed, 0, 0, withscores=True)
         pipe.zrange(k.active, 0, 0, withscores=True)
-        pipe.exists(k.pending, k.prioritized)  # claimable, priorities included
+        pipe.exists(k.pending, k.prioritized, k.groups)  # claimable: priorities, groups too
         pipe.zrange(k.deadlines, 0, 0, withscores=True)
         pipe.exists(k.gc, k.cancel)
         pipe.zrange(k.expire, 0, 0, withscores=True)

@@ -23,10 +23,11 @@ from typing import Any
 
 import redis
 
+from ..core.claims import claimed_jobs
 from ..core.exceptions import EchoMQError, PayloadError, RedisUnavailable
 from ..core.jobs import QUEUE_DEFAULTS, JobState, Outcome, to_json, to_text
 from ..core.keyspace import Keyspace, validate_queue, whole_number
-from ..core.options import rate_limit
+from ..core.options import Claimed, rate_limit
 from ..core.refs import JobRef, RefDict, RefList, str_keys
 from .errors import reports_redis_down, translate, translating
 from .scripts import Scripts
@@ -115,8 +116,32 @@ class Wire:
         lease = int(lease_ms if lease_ms is not None else self.setting(queue, "LEASE_MS"))
         now = self.clock()
         k, token = self.keys.queue(queue), token or secrets.token_hex(8)
-        args = [k.base, count, now, lease, token, *self.claim_limits(queue), queue]
+        limits, group_cap = self.claim_limits(queue), self.group_cap(queue)
+        args = [k.base, count, now, lease, token, *limits, queue, group_cap, self.group_rate(queue)]
         return ("claim", [k.pending, k.active, k.lease_seq], args), now, lease
+
+    def claimed(self, queue: str, reply, now: int, lease: int, source) -> Claimed:
+        """A ``claim`` script's ``reply`` as a ``Claimed``: its jobs leased
+        until ``now + lease`` (ms; a replay's own rest), ``source`` (the
+        ``EchoMQ``) their handle for what a running job reports."""
+        flat = json.loads(reply)
+        if type(flat) is dict:
+            if "jobs" not in flat:
+                paused, full = bool(flat.get("paused")), bool(flat.get("full"))
+                return Claimed(paused=paused, wait_ms=flat.get("wait"), full=full)
+            lease, flat = max(int(flat["left"]), 0), flat["jobs"]  # a replay: its leases' rest
+        return Claimed(claimed_jobs(queue, flat, now + lease, source))
+
+    def group_cap(self, queue: str) -> int:
+        """The queue's ``GROUP_CONCURRENCY`` setting (jobs of one group active
+        at once; 0: none; docs/explanation/protocol.md#groups)."""
+        return self.queues.get(queue, {}).get("GROUP_CONCURRENCY", 0)
+
+    def group_rate(self, queue: str) -> str:
+        """The queue's ``GROUP_RATE_LIMIT`` as ``claim`` takes it,
+        ``'max:per_ms'`` ('' for none; docs/explanation/protocol.md#groups)."""
+        limit = self.queues.get(queue, {}).get("GROUP_RATE_LIMIT")  # checked: E081
+        return f"{limit['MAX']}:{limit['PER_MS']}" if limit else ""
 
     def encode(self, value: Any, what: str = "payload") -> str:
         """``value`` as compact JSON text; a ``JobRef`` dict key is written as

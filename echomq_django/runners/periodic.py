@@ -406,11 +406,11 @@ class Scheduler:
 
 def runtime_entries(mq, queues, fixed: list[Entry]) -> list[Entry]:
     """The run-time entries (``emq.schedules``) of ``queues`` as ``Entry``
-    objects; one whose name a settings entry in ``fixed`` has, or that no
-    longer passes the checks here (croniter missing), is left out with a
-    WARNING. Raises ``RedisUnavailable``."""
+    objects, paused ones left out; one whose name a settings entry in
+    ``fixed`` has, or that no longer passes the checks here (croniter
+    missing), is left out with a WARNING. Raises ``RedisUnavailable``."""
     taken, out = {e.key for e in fixed}, []
-    for queue, found in mq.schedule_store.read(queues).items():
+    for queue, found in mq.schedule_store.read(queues, running_only=True).items():
         for key, spec in found.items():
             try:
                 if key in taken:

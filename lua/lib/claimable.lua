@@ -41,15 +41,6 @@ local function wake_workers(base)
   redis.call('ZADD', base .. 'wake', 0, WAKE_NOW)
 end
 
--- A job left P:{q}:active (completed, failed, postponed, recovered, killed):
--- when claim found the queue full, wake its workers: there is room again.
--- One DEL per call; nothing is written on a queue that was not full.
-local function left_active(base)
-  if redis.call('DEL', base .. 'full') == 1 then
-    wake_workers(base)
-  end
-end
-
 -- Priorities (docs/explanation/protocol.md#scheduling): priority 0, the default, keeps the pending
 -- list; any other priority goes to the zset P:{q}:prioritized, scored
 --   -priority * 2^32 + offset
@@ -69,21 +60,47 @@ local function push_prioritized(base, id, priority, front)
   redis.call('ZADD', z, -priority * PRI_BAND + (front and -n or n), id)
 end
 
+-- @include lib/groups.lua
+
+-- A job left P:{q}:active (completed, failed, postponed, recovered, killed):
+-- when claim found the queue full, wake its workers: there is room again.
+-- One DEL per call; nothing is written on a queue that was not full.
+-- `group`: the job's group (its row's), nil for none (lib/groups.lua).
+local function left_active(base, group)
+  if group then
+    group_left(base, group)
+  end
+  if redis.call('DEL', base .. 'full') == 1 then
+    wake_workers(base)
+  end
+end
+
 -- Make `ids` claimable (a list, in order; the caller already wrote their rows
 -- as pending) and wake the queue's workers once. `prios`: nil (all priority
 -- 0), one number for all, or a list parallel to `ids` (nil or '0' = 0);
--- `front`: ahead of the jobs of the same priority (a released parent).
-local function make_claimable(base, ids, prios, front)
+-- `front`: ahead of the jobs of the same priority (a released parent);
+-- `groups`: nil (none), one group for all, or a list parallel to `ids` (nil
+-- = none): a grouped id goes to its group (lib/groups.lua).
+local function make_claimable(base, ids, prios, front, groups)
   local n = #ids
   if n == 0 then
     return
   end
-  local plain = ids
-  if prios ~= nil or front then
+  local plain, pushed, grouped = ids, nil, 0
+  if prios ~= nil or front or groups ~= nil then
     plain = {}
     for i, id in ipairs(ids) do
       local p = tonumber((type(prios) == 'table' and prios[i]) or prios or 0) or 0
-      if p ~= 0 then
+      local g = groups
+      if type(groups) == 'table' then
+        g = groups[i]
+      end
+      if g then
+        group_push(base, g, id, p, front)
+        pushed = pushed or {}
+        pushed[g] = true
+        grouped = grouped + 1
+      elseif p ~= 0 then
         push_prioritized(base, id, p, front)
       elseif front then
         redis.call('LPUSH', base .. 'pending', id)
@@ -93,14 +110,28 @@ local function make_claimable(base, ids, prios, front)
     end
     n = #plain
   end
+  if pushed and not groups_pushed(base, pushed, grouped) and grouped == #ids then
+    return  -- every group it went to is paused, capped or rate limited: no wake-up
+  end
   for i = 1, n, 1000 do  -- unpack() has a stack limit: push by the thousand
     redis.call('RPUSH', base .. 'pending', unpack(plain, i, math.min(i + 999, n)))
   end
   wake_workers(base)
 end
 
--- Take `id` out of the claimable structures (a pending job removed or killed).
-local function unclaimable(base, id)
+-- Make one job claimable again (retried, re-run, failed without backoff),
+-- its priority and group read from its row: one read, as before groups.
+local function make_claimable_row(base, id)
+  local f = redis.call('HMGET', base .. 'job:' .. id, 'priority', 'group')
+  make_claimable(base, {id}, f[1], false, f[2] or nil)
+end
+
+-- Take `id` out of the claimable structures (a pending job removed or
+-- killed); `group`: its row's group, nil for none.
+local function unclaimable(base, id, group)
+  if group then
+    return group_unclaimable(base, group, id)
+  end
   if redis.call('LREM', base .. 'pending', 1, id) == 0 then
     redis.call('ZREM', base .. 'prioritized', id)
   end

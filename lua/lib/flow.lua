@@ -104,7 +104,8 @@ end
 -- released.
 local function release(base, pid, now)
   local pkey = job_key(base, pid)
-  local f = redis.call('HMGET', pkey, 'state', 'delay_until', 'children_deadline', 'priority')
+  local f = redis.call('HMGET', pkey, 'state', 'delay_until', 'children_deadline', 'priority',
+    'group')
   if f[1] ~= 'awaiting_children' then
     return
   end
@@ -118,7 +119,7 @@ local function release(base, pid, now)
     make_delayed(base, pid, at)
   else
     redis.call('HSET', pkey, 'state', 'pending', 'updated_at', now)
-    make_claimable(base, {pid}, f[4], true)  -- the front of its priority
+    make_claimable(base, {pid}, f[4], true, f[5] or nil)  -- the front of its priority
   end
   emit(base, 'released', pid)
   signal_event(base, 'released', pid)
@@ -359,7 +360,8 @@ end
 -- its death travels as a `cancelled` entry (propagate_death).
 local function kill(base, id, err, now, up)
   local key = job_key(base, id)
-  local f = redis.call('HMGET', key, 'state', 'dedup', 'keep', 'orphaned', 'lease', 'callbacks')
+  local f = redis.call('HMGET', key, 'state', 'dedup', 'keep', 'orphaned', 'lease', 'callbacks',
+    'group')
   local state = f[1]
   if state == 'dead' then
     return
@@ -370,11 +372,11 @@ local function kill(base, id, err, now, up)
     redis.call('ZREM', base .. 'awaiting', id)
   elseif state == 'active' then
     redis.call('ZREM', base .. 'active', id)  -- the row keeps its last lease: fail's replay check
-    left_active(base)
+    left_active(base, f[7] or nil)
   elseif state == 'delayed' then
     redis.call('ZREM', base .. 'delayed', id)
   elseif state == 'pending' then
-    unclaimable(base, id)
+    unclaimable(base, id, f[7] or nil)
   end
   redis.call('HSET', key, 'state', 'dead', 'finished_at', now, 'updated_at', now)
   if f[4] then  -- its flow was removed while it ran: its signals, then it goes

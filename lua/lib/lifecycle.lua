@@ -94,15 +94,15 @@ local function remember(base, token, reply)
   return reply
 end
 
-local function unindex(base, id, state)
+local function unindex(base, id, state, group)
   if state == 'pending' then
-    unclaimable(base, id)  -- the pending list, or P:{q}:prioritized
+    unclaimable(base, id, group)  -- the pending list, P:{q}:prioritized, or its group's
   elseif state == 'awaiting_children' then
     redis.call('ZREM', base .. 'awaiting', id)
   elseif state then
     redis.call('ZREM', base .. state, id)  -- active, delayed, completed, dead
     if state == 'active' then
-      left_active(base)
+      left_active(base, group)
     end
   end
 end
@@ -125,9 +125,9 @@ end
 -- its index, the extras its fields call for, its keys gone (a leaf has no
 -- hashes of its own: only its row, job log and earlier errors), a `removed`
 -- event for the mirror.
-local function drop_row(base, id, state, dedup, deadline, keep)
+local function drop_row(base, id, state, dedup, deadline, keep, group)
   local key = base .. 'job:' .. id
-  unindex(base, id, state)
+  unindex(base, id, state, group)
   drop_extras(base, id, dedup, deadline, keep)
   if redis.call('EXISTS', key .. ':children') == 1 then
     drop_parent_keys(base, id)
@@ -204,7 +204,7 @@ end
 -- ids added again, is not touched). Returns true when the row went.
 local function drop_node(base, id, parent, inc)
   local f = redis.call('HMGET', base .. 'job:' .. id, 'state', 'parent', 'dedup',
-    'children_deadline', 'keep', 'parent_inc')
+    'children_deadline', 'keep', 'parent_inc', 'group')
   if not f[1] or (parent and f[2] ~= parent) or (inc and f[6] and f[6] ~= inc) then
     return false
   end
@@ -214,7 +214,7 @@ local function drop_node(base, id, parent, inc)
     end
     return false
   end
-  drop_row(base, id, f[1], f[3], f[4], f[5])
+  drop_row(base, id, f[1], f[3], f[4], f[5], f[7] or nil)
   return true
 end
 
@@ -469,7 +469,7 @@ end
 -- already, removed, or under another flow).
 local function rerun_child(base, id, parent, inc, now)
   local key = job_key(base, id)
-  local f = redis.call('HMGET', key, 'state', 'parent', 'parent_inc', 'priority')
+  local f = redis.call('HMGET', key, 'state', 'parent', 'parent_inc', 'priority', 'group')
   if f[1] ~= 'dead' or f[2] ~= parent or (inc and f[3] and f[3] ~= inc)
       or get_error(key) ~= 'cancelled' then
     return
@@ -479,7 +479,7 @@ local function rerun_child(base, id, parent, inc, now)
   redis.call('HSET', key, 'state', 'pending', 'attempts', 0, 'stalls', 0, 'updated_at', now)
   redis.call('HDEL', key, 'finished_at', 'result', 'cancel', 'expires_at')
   clear_error(key)
-  make_claimable(base, {id}, f[4])
+  make_claimable(base, {id}, f[4], false, f[5] or nil)
   emit(base, 'retried', id)
   OUT.retried = OUT.retried or {}
   OUT.retried[#OUT.retried + 1] = base .. id

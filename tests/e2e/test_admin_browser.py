@@ -92,7 +92,7 @@ def test_the_job_list_reads_right(admin, shop):
     charge = row_of(page, "charge")
     expect(charge.locator(".field-state_badge .emq-badge")).to_have_text("dead")
     expect(charge.locator(".field-state_badge .emq-badge")).to_have_css(
-        "background-color", "rgb(186, 33, 33)"
+        "background-color", "rgb(198, 40, 40)"
     )
     expect(charge.locator(".field-error_preview")).to_have_text(
         "CardDeclined: card ending 0000 was declined"

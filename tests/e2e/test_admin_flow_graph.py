@@ -27,8 +27,8 @@ ROOT = "order-2026-12-000042"
 MIDDLES = [f"{ROOT}-part-m{i}" for i in range(3)]
 COLOURS = {  # the state colours of admin.css, as the browser computes them
     "completed": "rgb(46, 125, 50)",
-    "dead": "rgb(186, 33, 33)",
-    "active": "rgb(179, 107, 0)",
+    "dead": "rgb(198, 40, 40)",
+    "active": "rgb(163, 95, 0)",
     "awaiting_children": "rgb(77, 122, 140)",
 }
 

@@ -14,7 +14,7 @@ until a fixture runs):
   fails the test if any page logged an error.
 
 Set ``ECHOMQ_SCREENSHOTS=DIR`` to have ``admin.shot(name)`` write full-page
-PNGs there (the README's screenshots come from this; nothing is committed).
+PNGs there (scripts/screenshots.sh makes the docs' screenshots with it).
 """
 
 from __future__ import annotations
@@ -84,12 +84,13 @@ class AdminBrowser:
         assert response is not None and response.status == 200, (path, response and response.status)
         return self.page
 
-    def shot(self, name: str) -> None:
-        """A full-page PNG ``name.png`` in ``$ECHOMQ_SCREENSHOTS`` (when set)."""
+    def shot(self, name: str, full_page: bool = True) -> None:
+        """A PNG ``name.png`` in ``$ECHOMQ_SCREENSHOTS`` (when set): the
+        whole page, or what the viewport shows (``full_page`` False)."""
         folder = os.environ.get("ECHOMQ_SCREENSHOTS")
         if folder:
             Path(folder).mkdir(parents=True, exist_ok=True)
-            self.page.screenshot(path=str(Path(folder) / f"{name}.png"), full_page=True)
+            self.page.screenshot(path=str(Path(folder) / f"{name}.png"), full_page=full_page)
 
 
 @pytest.fixture

@@ -39,3 +39,10 @@ class StaffUserFactory(UserFactory):
                 content_type__app_label="echomq_django", codename__in=codenames
             )
         )
+
+
+def login_staff(client, *codenames):
+    """A ``StaffUserFactory`` user with ``codenames``, logged in on ``client``."""
+    user = StaffUserFactory(permissions=list(codenames))
+    client.force_login(user)
+    return user

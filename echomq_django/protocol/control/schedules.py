@@ -54,10 +54,12 @@ class ScheduleStore(Part):
         pipe.delete(k.schedule(entry))
         return bool(pipe.execute()[0])
 
-    def read(self, queues) -> dict[str, dict[str, dict]]:
+    def read(self, queues, running_only: bool = False) -> dict[str, dict[str, dict]]:
         """``{queue: {entry: spec}}`` of the run-time entries of ``queues``
         (queues with none left out): one pipelined ``HGETALL`` per queue.
-        Raises ``RedisUnavailable``."""
+        A paused entry's spec holds ``"paused": true``; ``running_only``
+        leaves paused entries out (what the pumps fire). Raises
+        ``RedisUnavailable``."""
         names = [validate_queue(q) for q in dict.fromkeys(queues)]
         if not names:
             return {}
@@ -66,9 +68,20 @@ class ScheduleStore(Part):
             pipe.hgetall(self.keys.queue(q).schedules)
         out = {}
         for q, found in zip(names, pipe.execute(), strict=True):
-            if found:
-                out[q] = {_text(k): json.loads(v) for k, v in found.items()}
+            specs = {_text(k): json.loads(v) for k, v in found.items()}
+            if running_only:
+                specs = {k: v for k, v in specs.items() if not v.get("paused")}
+            if specs:
+                out[q] = specs
         return out
+
+
+def unpaused(stored: dict) -> tuple[dict, bool]:
+    """A stored run-time entry (``mq.schedule_store``) as ``(its spec, as
+    ``SCHEDULE`` holds one, whether it is paused)``: a paused entry keeps
+    ``"paused": true`` beside its spec (docs/howto/periodic.md#schedules-at-run-time)."""
+    spec = {k: v for k, v in stored.items() if k != "paused"}
+    return spec, bool(stored.get("paused"))
 
 
 def _text(value) -> str:
