@@ -158,6 +158,7 @@ def test_a_worker_alone_fires_a_parents_children_timeout(mq, running) -> None:
 
 
 def test_ten_workers_sweep_a_queue_once_per_interval(mq) -> None:
+    mq.enqueue("q", "t.echo", 1, delay_ms=60_000)  # something to watch: an idle queue is not swept
     workers = [idle_worker(mq, sweep_interval=60) for _ in range(10)]
     for w in workers:
         w.timers.run()

@@ -113,6 +113,32 @@ def test_the_index_is_bounded_and_pruned_by_every_beat(tmq, clock, monkeypatch):
     assert [x.decode() for x in tmq.client.zrange(tmq.keys.processes(), 0, -1)] == [fresh.info.id]
 
 
+def test_the_upkeep_comes_with_the_first_beat_then_one_in_upkeep_every(tmq, clock):
+    """Between two upkeeps a beat writes its own key and index entry only:
+    a stale id stays in the index (listings skip it) and ``P:served`` keeps
+    the time of the last upkeep, until the next upkeep trims and writes."""
+    hb = Heartbeat(tmq, "worker", ["orders"], interval_s=1)
+    index, served = tmq.keys.processes(), tmq.keys.served()
+
+    def state():
+        ids = {x.decode() for x in tmq.client.zrange(index, 0, -1)}
+        return "stale" in ids, int(tmq.client.hget(served, "orders"))
+
+    tmq.client.zadd(index, {"stale": T0 - 1})
+    hb.beat()
+    assert state() == (False, T0)  # the first beat: trimmed, served written
+    for i in range(1, presence.UPKEEP_EVERY):
+        tmq.client.zadd(index, {"stale": T0 - 1})
+        clock.advance(1000)
+        hb.beat()
+        assert state() == (True, T0), i  # no upkeep
+        assert [p.id for p in tmq.presence.live_processes()] == [hb.info.id]
+    clock.advance(1000)
+    hb.beat()
+    assert state() == (False, T0 + 1000 * presence.UPKEEP_EVERY)
+    assert hb.beats == presence.UPKEEP_EVERY + 1
+
+
 def test_bad_heartbeat_arguments_are_refused(tmq):
     with pytest.raises(ValueError, match="kind must be one of worker, pump, got 'robot'"):
         Heartbeat(tmq, "robot", ["orders"])

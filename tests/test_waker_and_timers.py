@@ -159,12 +159,54 @@ def test_timers_promote_at_the_announced_run_at(tmq, clock) -> None:
 
 
 def test_one_worker_sweeps_a_queue_per_interval(tmq, clock) -> None:
+    tmq.enqueue("q", "job", job_id="later", delay_ms=60_000)  # something to watch
     first, second = Timers(tmq, ["q"]), Timers(tmq, ["q"])
     first.run()
     second.run()
     assert (first.sweeps, second.sweeps) == (1, 0)
     lock = tmq.keys.queue_key("q", "timers:lock")
     assert 0 < tmq.client.pttl(lock) <= 10_000
+    first.sweep_at["q"] = 0.0  # its next interval, the lock not yet expired: still its own
+    first.run()
+    assert first.sweeps == 2
+
+
+def test_idle_queues_cost_one_look_and_no_sweep(tmq, clock) -> None:
+    """Queues with nothing to watch are not swept (no lock, no reads, no
+    prune) and get no lease timer: the next look comes within a lease."""
+    timers = Timers(tmq, ["q", "r", "s"], leases={"q": 1000, "r": 30_000, "s": 30_000})
+    timers.run()
+    assert (timers.sweeps, timers.looks, timers.prunes) == (0, 3, 0)
+    assert not tmq.client.exists(tmq.keys.queue_key("q", "timers:lock"))
+    assert timers.lease_at == {"q": None, "r": None, "s": None}
+    assert 0.9 < timers.next_in() <= 1.0  # q's lease, below sweep_s
+    tmq.enqueue("r", "job", job_id="a")
+    tmq.client.delete(tmq.keys.queue_key("r", "wake"))  # popped by a worker killed then
+    timers.sweep_at.update(dict.fromkeys(timers.queues, 0.0))
+    timers.run()
+    assert (timers.sweeps, timers.looks, timers.prunes) == (1, 5, 0)  # r swept, re-woken
+    assert markers(tmq, "r") == {"0": 0}
+
+
+def test_a_worker_prunes_a_queue_where_it_finished_jobs(tmq, clock) -> None:
+    """Retention runs in the sweep after this worker finished jobs on the
+    queue (the pump prunes on every sweep), not on an idle queue's."""
+    jobkit.set_keep(tmq, "q", 1)
+    for i in range(3):
+        tmq.enqueue("q", "job", job_id=f"j{i}")
+        tmq.complete(claim_one(tmq, "q", f"j{i}"), i)
+    timers = Timers(tmq, ["q"])
+    timers.run()
+    assert (timers.sweeps, timers.prunes, tmq.job_ids("q", "completed")) == (
+        0,
+        0,
+        ["j0", "j1", "j2"],
+    )
+    timers.finished("q")
+    timers.sweep_at["q"] = 0.0
+    timers.run()
+    assert (timers.sweeps, timers.prunes, tmq.job_ids("q", "completed")) == (1, 1, ["j2"])
+    assert timers.unpruned == set()
 
 
 def test_a_sweep_recovers_expired_leases_and_learns_the_next_run_at(tmq, clock) -> None:
@@ -192,6 +234,7 @@ def test_a_lease_taken_after_the_last_look_is_recovered_at_its_deadline(tmq, clo
     the worker's last look at the active set expires no sooner than a lease
     from that look, so the next look comes then and finds its deadline.
     docs/explanation/reliability.md#leases-and-recovery"""
+    tmq.enqueue("q", "job", job_id="later", delay_ms=60_000)  # the queue is not idle
     timers = Timers(tmq, ["q"], leases={"q": 1000})
     timers.run()  # the first sweep: nothing active
     assert (timers.sweeps, timers.lease_at["q"]) == (1, T0 + 1000)
@@ -209,6 +252,25 @@ def test_a_lease_taken_after_the_last_look_is_recovered_at_its_deadline(tmq, clo
     assert (timers.recovered, timers.sweeps) == (1, 1)  # by the lease timer, not a sweep
     jobkit.assert_state(tmq, "q", "s", JobState.PENDING)
     assert timers.lease_at["q"] == clock.now + 1000  # nothing active: a lease from now
+
+
+def test_a_lease_taken_after_an_idle_look_is_recovered_at_its_deadline(tmq, clock) -> None:
+    """The same from an idle queue: the look found nothing, the next comes
+    within a lease, finds the job and learns its deadline."""
+    timers = Timers(tmq, ["q"], leases={"q": 1000})
+    timers.run()
+    assert (timers.sweeps, timers.looks, timers.lease_at["q"]) == (0, 1, None)
+    tmq.enqueue("q", "job", job_id="s")
+    dead = claim_one(tmq, "q", "s", lease_ms=1000)  # a worker that died holding it
+    assert timers.next_in() <= 1.0  # the next look within a lease
+    clock.advance(500)
+    timers.sweep_at["q"] = 0.0  # the look comes
+    timers.run()
+    assert (timers.sweeps, timers.lease_at["q"]) == (1, dead.lease_deadline + 1)
+    clock.advance(dead.lease_deadline + 1 - clock.now)
+    timers.run()
+    assert timers.recovered == 1
+    jobkit.assert_state(tmq, "q", "s", JobState.PENDING)
 
 
 def test_a_worker_expires_a_parent_at_its_children_deadline(tmq, clock) -> None:

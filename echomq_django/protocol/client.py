@@ -2,8 +2,9 @@
 (docs/explanation/house.md, "protocol/").
 
 ``EchoMQ`` is the user API: the one-job transitions defined here (``lua/enqueue.lua``,
-``lua/claim.lua``, ``lua/complete.lua``, ``lua/fail.lua``, ``lua/extend_lease.lua``,
-``lua/set_paused.lua``), the read API of ``Reads``, and the calls it hands to its parts:
+``lua/complete.lua``, ``lua/fail.lua``, ``lua/extend_lease.lua``,
+``claim`` runs the call ``Wire.claim_call`` builds), the
+read API of ``Reads``, and the calls it hands to its parts:
 flows (``mq.flows``), bulk adds (``mq.bulk``), retry, remove and cancel
 (``mq.lifecycle``), waiting for a result (``mq.waits``), what a running job reports
 (``mq.progress``, through its ``Job``), following events (``mq.events(...)``). What
@@ -17,7 +18,6 @@ written when validation fails.
 from __future__ import annotations
 
 import json
-import re
 import secrets
 from collections.abc import Iterable
 from typing import Any
@@ -25,7 +25,6 @@ from typing import Any
 import redis
 
 from ..core import flows as _flows
-from ..core.claims import claimed_jobs
 from ..core.exceptions import PayloadError
 from ..core.flows import Flow, FlowRef
 from ..core.jobs import MAX_PAYLOAD_BYTES, Job, JobState, Outcome, to_text
@@ -53,7 +52,6 @@ from .timers import Timers
 from .wire import BACKOFF_CAP_MS, FLOW_CHUNK, Wire, local, opt
 
 COMPLETE_BATCH = 500  # jobs per complete script: a few ms of Redis time at most
-CALL_TOKEN = re.compile(r"[0-9A-Za-z._-]{1,64}")  # claim's call token (a key part)
 
 
 class EchoMQ(Reads):
@@ -247,23 +245,8 @@ class EchoMQ(Reads):
         left, instead of staying active unseen until the lease expires.
         Raises ``ValueError`` for a bad ``count``, ``lease_ms`` or ``token``.
         """
-        whole_number("count", count, 1)
-        whole_number("lease_ms", lease_ms, 1, optional=True)
-        if token is not None and not CALL_TOKEN.fullmatch(str(token)):
-            raise ValueError(f"token {token!r}: a claim token is 1-64 of [0-9A-Za-z._-]")
-        lease = int(lease_ms if lease_ms is not None else self.setting(queue, "LEASE_MS"))
-        now = self.clock()
-        k, token = self.keys.queue(queue), token or secrets.token_hex(8)
-        limits, group_cap = self.wire.claim_limits(queue), self.wire.group_cap(queue)
-        args = [k.base, count, now, lease, token, *limits, queue, group_cap]
-        args.append(self.wire.group_rate(queue))
-        flat = json.loads(self.scripts.run("claim", [k.pending, k.active, k.lease_seq], args))
-        if type(flat) is dict:
-            if "jobs" not in flat:
-                paused, full = bool(flat.get("paused")), bool(flat.get("full"))
-                return Claimed(paused=paused, wait_ms=flat.get("wait"), full=full)
-            lease, flat = max(int(flat["left"]), 0), flat["jobs"]  # a replay: its leases' rest
-        return Claimed(claimed_jobs(queue, flat, now + lease, self))
+        call, now, lease = self.wire.claim_call(queue, count, lease_ms, token)
+        return self.wire.claimed(queue, self.scripts.run(*call), now, lease, self)
 
     def _fail_call(self, job: Job, error: str, dead: bool = False, delay_ms: int | None = None):
         q = job.queue
@@ -281,7 +264,8 @@ class EchoMQ(Reads):
         stays active), ``JobNotFound``, ``JobNotActive``, ``LeaseLost``.
         """
         text = self.encode(result, "result")
-        reply = self._complete_batches(job.queue, [(job, text)])[0]
+        call = self._complete_call(job.queue, [(job, text)])
+        reply = self.wire.complete_replies(self.wire.run_or_error(*call), 1)[0]
         if isinstance(reply, Exception):
             raise reply
         job.state = JobState.COMPLETED
@@ -312,6 +296,33 @@ class EchoMQ(Reads):
         ``ahead``: script calls ``(name, keys, args)`` run first in the same
         round trip (pending progress and log writes, ``mq.progress.calls``),
         each replaced in place by its reply (an exception if refused)."""
+        return self._complete_many(items, ahead, None)[0]
+
+    def complete_then_claim(
+        self,
+        items: list[tuple[Job, Any]],
+        queue: str,
+        count: int,
+        lease_ms: int,
+        token: str,
+        ahead: list | None = None,
+    ) -> tuple[list[Outcome | Exception], Claimed | Exception]:
+        """``complete_many(items, ahead)``, then ``claim(queue, count,
+        lease_ms, token)`` in the same round trip: a parent they released on
+        ``queue`` is claimed at once
+        (docs/explanation/no-polling.md#a-released-parent-starts-at-once).
+        Returns the replies and the ``Claimed`` (or the claim's exception).
+        Raises as ``claim`` does, and ``RedisUnavailable`` (the same
+        ``token`` replays the claim)."""
+        call, now, lease = self.wire.claim_call(queue, count, lease_ms, token)
+        out, got = self._complete_many(items, ahead, call)
+        return out, got if isinstance(got, Exception) else self.wire.claimed(
+            queue, got, now, lease, self
+        )
+
+    def _complete_many(self, items: list[tuple[Job, Any]], ahead, then) -> tuple[list, Any]:
+        """``complete_many``, ``ahead`` before it and ``then`` (a script
+        call, or None) after it, in one round trip."""
         out: list[Outcome | Exception | None] = [None] * len(items)
         by_queue: dict[str, list] = {}
         for i, (job, result) in enumerate(items):
@@ -327,6 +338,8 @@ class EchoMQ(Reads):
                 part = group[at : at + COMPLETE_BATCH]
                 calls.append(self._complete_call(queue, [(job, text) for _, job, text in part]))
                 slots.append([i for i, _, _ in part])
+        if then is not None:
+            calls.append(then)
         if ahead:
             replies = self.scripts.run_many([*ahead, *calls])
             ahead[:], replies = replies[: len(ahead)], replies[len(ahead) :]
@@ -334,12 +347,13 @@ class EchoMQ(Reads):
             replies = [self.wire.run_or_error(*calls[0])]
         else:
             replies = self.scripts.run_many(calls)
+        extra = replies[len(slots)] if then is not None else None
         for idx, reply in zip(slots, replies, strict=False):
             for i, entry in zip(idx, self.wire.complete_replies(reply, len(idx)), strict=False):
                 out[i] = entry
                 if not isinstance(entry, Exception):
                     items[i][0].state = JobState.COMPLETED
-        return out
+        return out, extra
 
     def _complete_call(self, queue: str, pairs: list[tuple[Job, str]]):
         """One ``complete`` script call for ``(job, result JSON)`` pairs of ``queue``."""
@@ -348,11 +362,6 @@ class EchoMQ(Reads):
         for job, text in pairs:
             args += (job.id, job.lease or "", text)
         return ("complete", [k.active, k.completed], args)
-
-    def _complete_batches(self, queue: str, pairs: list[tuple[Job, str]]) -> list:
-        return self.wire.complete_replies(
-            self.wire.run_or_error(*self._complete_call(queue, pairs)), len(pairs)
-        )
 
     def fail_many(self, items: list[tuple]) -> list[Outcome | Exception]:
         """``fail`` for many ``(job, error)``, ``(job, error, dead)`` or
@@ -378,28 +387,17 @@ class EchoMQ(Reads):
         job.lease_deadline = int(deadline)
         return job.lease_deadline
 
-    # -- pause / resume ------------------------------------------------------
-    def _set_paused(self, queue: str, paused: bool) -> bool:
-        k = self.keys.queue(queue)
-        return bool(
-            self.scripts.run(
-                "set_paused",
-                [k.paused, k.events],
-                ["1" if paused else "0", self.clock(), k.base],
-            )
-        )
-
     def pause(self, queue: str) -> bool:
         """Pause ``queue``: no worker claims from it until ``resume``; adds,
         completions, fan-in and the pump go on. Returns True when it was not
         paused already. Raises ``ValueError`` for a bad name.
         docs/howto/priorities-rate-limits.md#pausing-a-queue"""
-        return self._set_paused(queue, True)
+        return self.limits.set_paused(queue, True)
 
     def resume(self, queue: str) -> bool:
         """Resume a paused ``queue``; True when it was paused.
         docs/howto/priorities-rate-limits.md#pausing-a-queue"""
-        return self._set_paused(queue, False)
+        return self.limits.set_paused(queue, False)
 
     # -- handed to the parts -------------------------------------------------
     def add_flow(self, flow: Flow) -> FlowRef:

@@ -8,9 +8,10 @@ that registration expires (its last heartbeat plus ``MISSED_BEATS``
 heartbeat intervals). A process that stops cleanly removes both at once; one
 that dies (SIGKILL included) drops out of every listing ``MISSED_BEATS``
 intervals after its last beat, and its key expires in Redis at the same
-time. Every beat also trims the index: expired ids go, and at most
-``MAX_PROCESSES`` are kept. Everything is under the configured prefix, so a
-process of another prefix never shows up.
+time. A process's first beat, and every ``UPKEEP_EVERY``-th after it, also
+trims the index: expired ids go, and at most ``MAX_PROCESSES`` are kept
+(between two upkeeps a process only re-adds its own id). Everything is
+under the configured prefix, so a process of another prefix never shows up.
 
 **Every queue ever used.** ``P:queues`` is a set of the queues that have had
 a job: ``Wire.note_queues`` adds a queue before the first write to it
@@ -21,10 +22,12 @@ script may only touch keys of one slot); the host adds the name before it
 writes the job, so a queue with a job is always in the set.
 
 **Since when no worker served a queue.** ``P:served`` maps a queue to the
-ms time since which no worker may have served it: each worker's beat sets
-its queues to now; ``Wire.register_queues`` sets a queue's first use
-(HSETNX). So a queue no worker serves reads "no worker for N s", N
-counted from its last worker or its first job (``no_worker_since``). The
+ms time since which no worker may have served it: each worker's upkeep
+beat (its first, then one every ``UPKEEP_EVERY``) sets its queues to now;
+``Wire.register_queues`` sets a queue's first use (HSETNX). So a queue no
+worker serves reads "no worker for N s", N counted from its last worker's
+last upkeep (at most ``UPKEEP_EVERY`` heartbeats before it stopped) or its
+first job (``no_worker_since``). The
 hash holds at most ``MAX_SERVED`` queues: a beat that finds it over starts
 it afresh with its own queues (the others then read "unknown").
 
@@ -43,6 +46,7 @@ from .wire import Part
 MISSED_BEATS = 3  # a process leaves the list this many heartbeats after its last one
 MAX_PROCESSES = 1000  # ids the index keeps (the newest expiries) and a listing returns
 MAX_SERVED = 10_000  # queues P:served holds; past it a beat starts it afresh
+UPKEEP_EVERY = 4  # a runner's beats per index trim and P:served write (a minute at 15 s)
 KINDS = ("worker", "pump")
 
 
@@ -99,11 +103,16 @@ class Presence(Part):
     ``RedisUnavailable`` when Redis cannot be reached."""
 
     @reports_redis_down
-    def beat(self, info: ProcessInfo, interval_s: float) -> None:
+    def beat(self, info: ProcessInfo, interval_s: float, upkeep: bool = True) -> None:
         """Write one heartbeat of ``info`` (its ``heartbeat_at`` /
         ``expires_at`` set here from the clock): the JSON key with a TTL of
-        ``MISSED_BEATS`` intervals of ``interval_s`` (s), its id in the
-        index, and the index trimmed. One round trip on a single server."""
+        ``MISSED_BEATS`` intervals of ``interval_s`` (s) and its id in the
+        index, two commands. With ``upkeep`` also the index trimmed and the
+        worker's queues marked served in ``P:served`` (four more): a runner
+        asks for it on its first beat and then every ``UPKEEP_EVERY``
+        beats, so its idle cost stays low while both stay bounded (a beat
+        only re-adds its own id). One round trip on a single
+        server."""
         ttl_ms = max(1, int(interval_s * 1000 * MISSED_BEATS))
         now = self.clock()
         info.heartbeat_at, info.expires_at = now, now + ttl_ms
@@ -111,6 +120,9 @@ class Presence(Part):
         pipe = self.client.pipeline(transaction=False)
         pipe.set(self.keys.process(info.id), json.dumps(info.as_dict()), px=ttl_ms)
         pipe.zadd(index, {info.id: info.expires_at})
+        if not upkeep:
+            pipe.execute()
+            return
         pipe.zremrangebyscore(index, "-inf", now)
         pipe.zremrangebyrank(index, 0, -(MAX_PROCESSES + 1))
         served = self.keys.served()

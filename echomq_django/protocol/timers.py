@@ -37,6 +37,9 @@ from .scripts import socket_timeout
 from .wire import Part, Wire
 
 WAKE_NOW, WAKE_DUE = "0", "d"  # the members lua/lib/claimable.lua writes
+# the QueueKeys fields whose keys hold what a worker's timers act on: an idle
+# queue has none of them (Timers.busy)
+WATCHED = ("pending", "prioritized", "delayed", "active", "deadlines", "gc", "cancel", "expire")
 SOCKET_MARGIN_S = 1.0  # a blocking read waits this much longer than its command
 # what a blocked pop meets while Redis is away: a Cluster with no node
 # answering raises RedisClusterException, not a ConnectionError
@@ -263,23 +266,51 @@ class Timers(Part):
         k = self.keys.queue(queue)
         return _head(self.client.zrange(k.deadlines, 0, 0, withscores=True))
 
+    def busy(self, queues: list[str]) -> set[str]:
+        """Which of ``queues`` hold anything a worker's timers watch: a
+        pending, delayed or active job, a children deadline, queued removals
+        or cancels, a job with its own keep (``WATCHED``). An idle worker
+        asks this instead of sweeping: on one server one ``EXISTS`` over
+        every queue's keys answers for all of them when all are empty (then
+        one per queue to tell which, when some are not); on a Redis Cluster
+        one ``EXISTS`` per queue (a command may not span slots). A read.
+        docs/explanation/no-polling.md#what-an-idle-worker-costs"""
+        names = list(queues)
+        if not names:
+            return set()
+        watched = {q: [getattr(self.keys.queue(q), f) for f in WATCHED] for q in names}
+        one_server = not isinstance(self.client, RedisCluster)
+        if one_server and len(names) > 1 and not self.client.exists(*_flat(watched.values())):
+            return set()
+        pipe = self.client.pipeline(transaction=False)
+        for q in names:
+            pipe.exists(*watched[q])
+        return {q for q, n in zip(names, pipe.execute(), strict=True) if n}
+
     def sweep(self, queue: str, token: str, lock_ms: int) -> Swept | None:
         """Take ``queue``'s timers lock for ``lock_ms`` (ms) under ``token``
         (it expires, never released: one sweep per queue per interval however
-        many workers run). None when another worker holds it; else, in one
-        round trip, a ``Swept``: the earliest delayed run-at, lease deadline
-        and children deadline (ms, None for none) and whether a job is
-        claimable."""
+        many workers run; the holder's own token takes it again). None when
+        another worker holds it; else, in one round trip, a ``Swept``: the
+        earliest delayed run-at, lease deadline, children deadline and own
+        keep (ms, None for none), whether a job is claimable and whether
+        removals or cancels are queued."""
         k = self.keys.queue(queue)
-        if not self.client.set(k.timers_lock, token, nx=True, px=int(lock_ms)):
+        held = self.client.set(k.timers_lock, token, nx=True, px=int(lock_ms), get=True)
+        if held is not None and to_text(held) != token:
             return None
         pipe = self.client.pipeline(transaction=False)
         pipe.zrange(k.delayed, 0, 0, withscores=True)
         pipe.zrange(k.active, 0, 0, withscores=True)
         pipe.exists(k.pending, k.prioritized, k.groups)  # claimable: priorities, groups too
         pipe.zrange(k.deadlines, 0, 0, withscores=True)
-        delayed, active, claimable, deadlines = pipe.execute()
-        return Swept(_head(delayed), _head(active), bool(claimable), _head(deadlines))
+        pipe.exists(k.gc, k.cancel)
+        pipe.zrange(k.expire, 0, 0, withscores=True)
+        delayed, active, claimable, deadlines, queued, keep = pipe.execute()
+        return Swept(
+            _head(delayed), _head(active), bool(claimable), _head(deadlines), bool(queued),
+            _head(keep),
+        )  # fmt: skip
 
     def wake(self, queue: str) -> None:
         """Leave a ``'0'`` marker on ``queue``: a job is claimable (one a
@@ -292,12 +323,20 @@ class Swept:
     """What a sweep read of one queue (ms, None for none): ``next_run_at``
     (earliest delayed run-at), ``oldest_lease`` (earliest lease deadline),
     ``claimable`` (a job is pending), ``children_deadline`` (earliest
-    ``children_timeout_ms`` deadline of a held parent)."""
+    ``children_timeout_ms`` deadline of a held parent), ``queued`` (removals
+    or cancels wait in the work lists), ``next_keep`` (earliest time a job's
+    own keep runs out)."""
 
     next_run_at: int | None
     oldest_lease: int | None
     claimable: bool
     children_deadline: int | None
+    queued: bool = False
+    next_keep: int | None = None
+
+
+def _flat(lists) -> list:
+    return [x for part in lists for x in part]
 
 
 def _head(pairs) -> int | None:

@@ -5,24 +5,29 @@ loader, the clock, the queues' settings and the payload encoder
 ``Wire`` holds them; ``Part`` is the base of each part (``EchoMQ`` itself,
 ``mq.outbox``, ``mq.lifecycle``, ``mq.signal_events``, ...), which reads them
 from its wire, so a clock a test sets on the ``EchoMQ`` is every part's
-clock. This module runs no script of its own (``run_or_error`` runs the one a
-caller names).
+clock. It builds one script call, ``lua/claim.lua``'s (``Wire.claim_call``:
+``EchoMQ.claim`` runs it alone, ``EchoMQ.complete_then_claim`` after
+completions in the same round trip); ``run_or_error`` runs the one a caller
+names.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
+import secrets
 import threading
 import time
 from typing import Any
 
 import redis
 
+from ..core.claims import claimed_jobs
 from ..core.exceptions import EchoMQError, PayloadError, RedisUnavailable
 from ..core.jobs import QUEUE_DEFAULTS, JobState, Outcome, to_json, to_text
-from ..core.keyspace import Keyspace, validate_queue
-from ..core.options import rate_limit
+from ..core.keyspace import Keyspace, validate_queue, whole_number
+from ..core.options import Claimed, rate_limit
 from ..core.refs import JobRef, RefDict, RefList, str_keys
 from .errors import reports_redis_down, translate, translating
 from .scripts import Scripts
@@ -33,6 +38,9 @@ MAX_QUEUES = 10_000  # names P:queues holds; past it new queues are not added (a
 REGISTER_EVERY_S = 60.0  # a process re-adds a queue it writes to at most this often
 
 log = logging.getLogger("echomq_django.client")
+
+
+CALL_TOKEN = re.compile(r"[0-9A-Za-z._-]{1,64}")  # claim's call token (a key part)
 
 
 def now_ms() -> int:
@@ -96,6 +104,33 @@ class Wire:
         mode)`` and CONCURRENCY (0: none; docs/explanation/protocol.md#concurrency)."""
         opts = self.queues.get(queue, {})
         return (*rate_limit(opts), opts.get("CONCURRENCY", 0))
+
+    def claim_call(self, queue: str, count: int, lease_ms: int | None, token: str | None):
+        """One ``claim`` script call (``EchoMQ.claim`` checks and runs it, alone
+        or after completions): ``(call, now ms, lease ms)``. Raises
+        ``ValueError`` for a bad ``count``, ``lease_ms`` or ``token``."""
+        whole_number("count", count, 1)
+        whole_number("lease_ms", lease_ms, 1, optional=True)
+        if token is not None and not CALL_TOKEN.fullmatch(str(token)):
+            raise ValueError(f"token {token!r}: a claim token is 1-64 of [0-9A-Za-z._-]")
+        lease = int(lease_ms if lease_ms is not None else self.setting(queue, "LEASE_MS"))
+        now = self.clock()
+        k, token = self.keys.queue(queue), token or secrets.token_hex(8)
+        limits, group_cap = self.claim_limits(queue), self.group_cap(queue)
+        args = [k.base, count, now, lease, token, *limits, queue, group_cap, self.group_rate(queue)]
+        return ("claim", [k.pending, k.active, k.lease_seq], args), now, lease
+
+    def claimed(self, queue: str, reply, now: int, lease: int, source) -> Claimed:
+        """A ``claim`` script's ``reply`` as a ``Claimed``: its jobs leased
+        until ``now + lease`` (ms; a replay's own rest), ``source`` (the
+        ``EchoMQ``) their handle for what a running job reports."""
+        flat = json.loads(reply)
+        if type(flat) is dict:
+            if "jobs" not in flat:
+                paused, full = bool(flat.get("paused")), bool(flat.get("full"))
+                return Claimed(paused=paused, wait_ms=flat.get("wait"), full=full)
+            lease, flat = max(int(flat["left"]), 0), flat["jobs"]  # a replay: its leases' rest
+        return Claimed(claimed_jobs(queue, flat, now + lease, source))
 
     def group_cap(self, queue: str) -> int:
         """The queue's ``GROUP_CONCURRENCY`` setting (jobs of one group active

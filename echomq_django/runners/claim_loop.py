@@ -1,12 +1,9 @@
 """The worker's claiming loop and the state it owns (docs/explanation/house.md,
-"runners/"): what it holds, what it claimed, which queues rest, the
-handler pool and the queue of finished jobs, and the stop request.
-``worker.py`` documents the behaviour; ``Worker`` builds one ``ClaimLoop``
-and runs it.
-"""
+"runners/"); ``worker.py`` documents the behaviour and builds one ``ClaimLoop``."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue as _queue
 import secrets
@@ -28,8 +25,6 @@ from .timeouts import Timeouts
 from .wake import Idle, Wake
 
 log = logging.getLogger("echomq_django.worker")
-
-STATS_EVERY_S = 5.0
 
 
 class ClaimLoop:
@@ -78,8 +73,10 @@ class ClaimLoop:
         self.writes = Flusher(mq)  # its handlers' progress and log writes, sent pipelined
         forget, writes = self.claims.forget, self.writes
         self.reporter = Reporter(
-            mq, sender, forget, self.on_released, self.wake, metrics=metrics, writes=writes
-        )
+            mq, sender, forget, self.on_released, self.wake, metrics=metrics, writes=writes,
+            fetch=self.fetch, taken=self._taken,
+        )  # fmt: skip
+        self.fetching, self._fetch_lock = 0, threading.Lock()  # the reporter's claims in flight
         self.timeouts = Timeouts(self._on_timeout)
         self.idle = Idle(self, block_s, sweep_s, max_stalls)
         self.pool: HandlerPool | None = None
@@ -91,26 +88,22 @@ class ClaimLoop:
         self.claimed = 0  # this run's claims
         self.retry_at = 0.0  # in an outage: the monotonic time of the next try
         self.stopping = threading.Event()
-        self.forced = False
+        self.forced, self.max_jobs = False, None
         self.stop_at = 0.0  # a stop's deadline (monotonic)
-        # set when more handlers are stuck than max_stuck: the stop that follows does
-        # not wait for written-off handlers (they are why it stops)
+        # more handlers stuck than max_stuck: the stop that follows does not wait for them
         self.give_up_stuck = False
         # queue -> monotonic time it may be claimed (inf: drained, rests until woken)
         self.rest = dict.fromkeys(queues, 0.0)
         # queue -> parents this worker saw released on it (written by the reporter only): a
         # claim that came back short rests its queue only if none was released meanwhile
         self.released = dict.fromkeys(queues, 0)
-        # queue -> the token of a claim that raised (its reply may be lost): sent again
-        self.lost_claims: dict[str, str] = {}
+        self.lost_claims: dict[str, str] = {}  # queue -> a claim that raised: its token again
         # queues whose last claim met a full RATE_LIMIT window with jobs waiting: a
         # burst waits the window out (blocking until it reopens) instead of ending
         self.limited: set[str] = set()
-        self.window_waits = 0  # claims that met a full window (a burst's waits, counted)
-        self.turn = 0
+        self.turn = self.window_waits = 0  # window_waits: claims that met a full window
         self.warned: set[str] = set()  # job names without a handler, warned about once
         self.subscribed = False  # event kinds with receivers here recorded for our queues
-        self.stats_at, self.stats_seen = 0.0, (0, time.monotonic())
 
     @property
     def processed(self) -> int:
@@ -124,8 +117,7 @@ class ClaimLoop:
         if not self.stopping.is_set():
             self.stop_at = time.monotonic() + self.shutdown_timeout
             self.stopping.set()
-        if force:
-            self.forced = True
+        self.forced = self.forced or force
         self.done.put(None)  # wake the loop
 
     def begin(self, name: str) -> None:
@@ -160,7 +152,7 @@ class ClaimLoop:
         was abandoned and none is stuck; log the last throughput line; the
         stop request is spent."""
         self.pool.shutdown(wait=not abandoned and not self.timeouts.stuck)
-        self._log_stats(time.monotonic())
+        self.reporter.log_stats(time.monotonic(), self.queues)
         self.stopping.clear()
         self.forced = self.give_up_stuck = False
 
@@ -170,11 +162,9 @@ class ClaimLoop:
         pending or due", even while another worker's timers lock holds the
         sweeps off."""
         if burst:
-            try:
+            with contextlib.suppress(*REDIS_DOWN):  # the loop meets the outage, waits it out
                 for queue in self.queues:
                     self.mq.timers.promote_delayed(queue)
-            except REDIS_DOWN:
-                pass  # the loop meets the outage and waits it out
         self._loop(burst, max_jobs)
 
     def _loop(self, burst: bool, max_jobs: int | None) -> None:
@@ -182,16 +172,15 @@ class ClaimLoop:
         the run is over, else wait for a finished job and hand it over to the
         reporter (which reports it while the loop claims again)."""
         outage = Outage(self.mq.client, log)
-        self.claimed, self.retry_at = 0, 0.0
-        self.stats_at = time.monotonic() + STATS_EVERY_S
-        self.stats_seen = (self.processed, time.monotonic())
+        self.claimed, self.retry_at, self.max_jobs = 0, 0.0, max_jobs
+        self.reporter.start_stats(time.monotonic())
         while not self.forced:
             now = time.monotonic()
             got, asked = self._claim_if_room(now, burst, max_jobs, outage)
             if self._run_is_over(now, got, asked, max_jobs):
                 return
-            if now >= self.stats_at:
-                self._log_stats(now)
+            if now >= self.reporter.stats_at:
+                self.reporter.log_stats(now, self.queues)
             if got and self.executing < self.concurrency and not asked:
                 continue  # a queue gave all we asked: there may be more right away
             self._wait_and_hand_over(self._next_wait(now, max_jobs))
@@ -200,18 +189,16 @@ class ClaimLoop:
         self, now: float, burst: bool, max_jobs: int | None, outage: Outage
     ) -> tuple[int, bool]:
         """Claim as many jobs as there are free handler threads (within
-        ``max_jobs``), unless stopping or waiting out an outage. Returns how
-        many, and whether every queue was asked (a burst's last look: nothing
-        running or unreported)."""
+        ``max_jobs``; those the reporter holds aside), unless stopping or in an
+        outage. Returns how many, and whether every queue was asked (a burst's
+        last look: nothing running or unreported)."""
         limit = self.concurrency if max_jobs is None else max_jobs - self.claimed
         if now < self.retry_at or self.stopping.is_set():
             return 0, False
-        free = min(self.concurrency - self.executing, limit)
+        free = min(self.concurrency - self.executing - self.fetching, limit)
         asked = burst and not self.executing and not self.reporter.unreported
         try:
-            if outage.down:
-                # a retry asks Redis first: resting queues and timers not due
-                # send nothing, and silence is not a recovery
+            if outage.down:  # a retry asks Redis first: silence is not a recovery
                 self.mq.ping()
             timed = self.idle.keep_timers()
             got = self._claim(free, everywhere=asked) if free > 0 else 0
@@ -235,15 +222,15 @@ class ClaimLoop:
 
     def _run_is_over(self, now: float, got: int, asked: bool, max_jobs: int | None) -> bool:
         """True when ``run()`` should return: stopping (or ``max_jobs``
-        claimed, or a burst that found every queue empty) with nothing running
-        or unreported, written-off handlers included; or the shutdown timeout
-        passed. A handler past its time limit was failed and written off, but
-        its thread still runs its side effects: the end of a run waits for it
-        as for any running handler, up to ``shutdown_timeout`` (a run that
-        ends on its own first becomes a stop, for that deadline), unless the
-        run ends because too many are stuck (``max_stuck``).
+        claimed, or a burst that found every queue empty) with nothing running,
+        unreported or held by the reporter's claims, written-off handlers
+        included; or the shutdown timeout passed. A handler past its time
+        limit was failed and written off, but its thread still runs its side
+        effects: the end of a run waits for it as for any running handler, up
+        to ``shutdown_timeout`` (a run that ends on its own first becomes a
+        stop, for that deadline), unless too many are stuck (``max_stuck``).
         docs/explanation/reliability.md#stopping-a-worker"""
-        if not self.executing and not self.reporter.unreported:
+        if not self.executing and not self.reporter.unreported and not self.fetching:
             over = self.stopping.is_set() or (max_jobs is not None and self.claimed >= max_jobs)
             # burst: every queue empty (or paused); a queue resting on a full
             # RATE_LIMIT window still has jobs: wait it out
@@ -285,6 +272,8 @@ class ClaimLoop:
         while True:
             if isinstance(item, Wake):
                 wakes.append(item)
+            elif isinstance(item, tuple):
+                self._take(*item)
             elif item is not None:
                 finished.append(item)
             try:
@@ -294,12 +283,48 @@ class ClaimLoop:
         if finished:
             self.executing -= len(finished)
             self.reporter.hand_over(finished)
+            for queue in {f.job.queue for f in finished}:  # their queue's next sweep prunes
+                self.idle.timers.finished(queue)
         for wake in wakes:  # after the finished jobs freed their threads
             self.idle.on_wake(wake)
 
     def wake(self) -> None:
         """Wake the loop (from any thread)."""
         self.done.put(None)
+
+    def fetch(self, queue: str) -> tuple[int, int, str] | None:
+        """(Reporter thread) room for one job of ``queue`` claimed with a
+        completion, ``(1, lease ms, token)``, its slot held until ``_take``;
+        None when no handler is free, stopping, in an outage or at
+        ``max_jobs``. (A claim of the loop's at that moment may take the
+        same slot: then one job waits in the pool's queue.)"""
+        with self._fetch_lock:
+            full = self.executing + self.fetching >= self.concurrency
+            done = self.max_jobs is not None and self.claimed + self.fetching >= self.max_jobs
+            if full or done or self.stopping.is_set() or self.retry_at or queue not in self.rest:
+                return None
+            self.fetching += 1
+        return 1, self.leases[queue], secrets.token_hex(8)
+
+    def _taken(self, queue: str, token: str, claimed) -> None:
+        """(Reporter thread) what its claim gave, for the loop: the slot held
+        passes to the jobs taken (none: freed), until ``_take`` starts them."""
+        with self._fetch_lock:
+            self.fetching += (0 if isinstance(claimed, BaseException) else len(claimed)) - 1
+        self.done.put((queue, token, claimed))
+
+    def _take(self, queue: str, token: str, claimed) -> None:
+        """The reporter's claim: run its jobs; one that raised is replayed."""
+        if isinstance(claimed, REDIS_DOWN):
+            self.lost_claims.setdefault(queue, token)
+        elif not isinstance(claimed, BaseException):
+            with self._fetch_lock:
+                self.fetching -= len(claimed)
+            self.claims.add(claimed)
+            self.executing += len(claimed)
+            self.claimed += len(claimed)
+            for job in claimed:
+                self.pool.start(job, self.done)
 
     def on_released(self, queue: str) -> None:
         """The reporter saw a parent released on ``queue``: claim there now."""
@@ -406,35 +431,15 @@ class ClaimLoop:
         attempt (the reporter retries it by the usual rules) and write its
         thread off; stop claiming when every handler thread is stuck."""
         fate = self.pool.write_off(job)
-        error = (
-            f"TimeoutError: the attempt ran longer than its time limit of {limit_ms} ms "
-            f"(timeout_ms / TIMEOUT_MS); {fate}"
-        )
+        error = (f"TimeoutError: the attempt ran longer than its time limit of {limit_ms} ms "
+                 f"(timeout_ms / TIMEOUT_MS); {fate}")  # fmt: skip
         late = Finished(job, error=error, ms=float(limit_ms))
         self.done.put(decided(late, TimeoutError(), self.mq.queues, self.mq.wire.backoff_cap_ms))
         stuck = self.timeouts.stuck
         log.warning("job %s/%s (%s) timed out after %d ms", job.queue, job.id, job.name, limit_ms)
         if stuck > self.max_stuck:
-            log.error(
-                "%d handler threads are stuck past their jobs' time limits (max_stuck %d): "
-                "the worker stops claiming and returns, for its supervisor to restart it",
-                *(stuck, self.max_stuck),
-            )
+            log.error("%d handler threads are stuck past their jobs' time limits (max_stuck %d): "
+                      "the worker stops claiming and returns, for its supervisor to restart it",
+                      stuck, self.max_stuck)  # fmt: skip
             self.give_up_stuck = True
             self.stop()
-
-    def _log_stats(self, now: float) -> None:
-        done = self.processed
-        last, since = self.stats_seen
-        if done != last:
-            rate = (done - last) / max(now - since, 1e-3)
-            log.info(
-                "processed %d jobs (%s/s), failed %d, dead %d, lost %d, queues %s",
-                done,
-                f"{rate:.0f}" if rate >= 10 else f"{rate:.2g}",
-                self.reporter.stats["failed"],
-                self.reporter.stats["dead"],
-                self.reporter.stats["lost"],
-                ", ".join(self.queues),
-            )
-        self.stats_at, self.stats_seen = now + STATS_EVERY_S, (done, now)

@@ -21,11 +21,13 @@ from importlib import metadata
 from ..conf import config
 from ..core.exceptions import EchoMQError
 from ..core.keyspace import validate_queue
-from ..protocol.presence import KINDS, ProcessInfo
+from ..protocol.presence import KINDS, UPKEEP_EVERY, ProcessInfo
 
 log = logging.getLogger("echomq_django.heartbeat")
 
-HEARTBEAT_S = 5.0  # seconds between a process's heartbeats
+# seconds between a process's heartbeats: a process that died leaves the list
+# MISSED_BEATS of them after its last (45 s); nothing recovers work by it (leases do)
+HEARTBEAT_S = 15.0
 RUNNING_SHOWN = 20  # running job refs a heartbeat carries (the count is exact)
 
 
@@ -82,23 +84,27 @@ class Heartbeat:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._failing = False
+        self.beats = 0  # beats written
 
     def beat(self) -> bool:
-        """Write one heartbeat now; False (logged at DEBUG once per outage)
-        when Redis could not be reached."""
+        """Write one heartbeat now (its first, the first after an outage and
+        every ``UPKEEP_EVERY``-th with the upkeep, ``Presence.beat``); False
+        (logged at DEBUG once per outage) when Redis could not be reached."""
         if self.status is not None:
             s = self.status()
             self.info.jobs_done = int(s.get("jobs_done", 0))
             self.info.running = int(s.get("running", 0))
             self.info.running_jobs = list(s.get("running_jobs", ()))[:RUNNING_SHOWN]
+        upkeep = self.beats % UPKEEP_EVERY == 0 or self._failing  # the first one, then now and then
         try:
-            self.mq.presence.beat(self.info, self.interval_s)
+            self.mq.presence.beat(self.info, self.interval_s, upkeep=upkeep)
         except EchoMQError as err:
             if not self._failing:  # the runner reports the outage itself
                 log.debug("heartbeat of %s %s failed: %s", self.info.kind, self.info.id, err)
             self._failing = True
             return False
         self._failing = False
+        self.beats += 1
         return True
 
     def start(self) -> Heartbeat:

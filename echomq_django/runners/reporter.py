@@ -43,6 +43,7 @@ from .outage import REDIS_DOWN, Outage, first_line
 log = logging.getLogger("echomq_django.worker")
 
 GONE = (LeaseLost, JobNotActive, JobNotFound)
+STATS_EVERY_S = 5.0  # s between the worker's INFO lines while busy
 
 
 @dataclass(slots=True)
@@ -122,7 +123,12 @@ class Reporter:
     dropped); ``released(queue)``: a parent on ``queue`` was released;
     ``wake()``: wakes the claiming loop after each batch; ``metrics``: an
     object with ``job_finished(queue, name, outcome, seconds)`` (the
-    worker's ``metrics.ProcessMetrics``) or None. ``processed`` and
+    worker's ``metrics.ProcessMetrics``) or None; ``fetch(queue)``: room
+    for a job of ``queue`` claimed in the round trip that completes a child
+    whose parent is on ``queue`` (``(count, lease ms, token)``, or None for
+    none), and ``taken(queue, token, claimed)``: what that claim gave (a
+    ``Claimed``, or the exception it raised), both from the loop (None: no
+    such claims). ``processed`` and
     ``stats`` (``completed``, ``failed`` = will retry, ``dead``, ``lost``)
     count every run; ``unreported`` counts jobs handed over and not reported
     yet in this run. ``writes``: the worker's ``flusher.Flusher`` or None;
@@ -140,10 +146,13 @@ class Reporter:
         wake: Callable[[], None],
         metrics: Any = None,
         writes: Any = None,
+        fetch: Callable[[str], tuple[int, int, str] | None] | None = None,
+        taken: Callable[[str, str, Any], None] | None = None,
     ) -> None:
         self.mq, self.sender, self.metrics = mq, sender, metrics
         self._writes = writes
         self._forget, self._released, self._wake = forget, released, wake
+        self._fetch, self._taken = fetch, taken
         self.processed = 0
         self.stats = {"completed": 0, "failed": 0, "dead": 0, "lost": 0, "postponed": 0}
         self.debug = False  # a line per job (set per run from the log level)
@@ -151,6 +160,23 @@ class Reporter:
         self._inbox: list[Finished] = []
         self.unreported = 0
         self._closing = False
+        self.stats_at, self.stats_seen = 0.0, (0, 0.0)  # the next INFO line; (processed, when)
+
+    def start_stats(self, now: float) -> None:
+        """Start counting for the INFO lines at ``now`` (monotonic s)."""
+        self.stats_at, self.stats_seen = now + STATS_EVERY_S, (self.processed, now)
+
+    def log_stats(self, now: float, queues) -> None:
+        """The worker's INFO line (jobs and rate since the last one) when it
+        processed any since; the next is due ``STATS_EVERY_S`` after ``now``."""
+        done, (last, since) = self.processed, self.stats_seen
+        if done != last:
+            rate = (done - last) / max(now - since, 1e-3)
+            log.info("processed %d jobs (%s/s), failed %d, dead %d, lost %d, queues %s", done,
+                     f"{rate:.0f}" if rate >= 10 else f"{rate:.2g}",
+                     *(self.stats[k] for k in ("failed", "dead", "lost")),
+                     ", ".join(queues))  # fmt: skip
+        self.start_stats(now)
 
     def reset(self) -> None:
         """Start a run: nothing handed over, not closing."""
@@ -221,8 +247,7 @@ class Reporter:
         self._postpone(finished)
         good = [f for f in finished if f.error is None]
         with riding() as ahead:  # their progress and log writes, in the same round trip
-            items = [(f.job, f.result) for f in good]
-            replies = self.mq.complete_many(items, ahead) if good else []
+            replies = self._complete(good, ahead) if good else []
         if good:
             finished[:] = [f for f in finished if f.error is not None]
             done = []
@@ -271,6 +296,29 @@ class Reporter:
                 f"Redis did not take {len(kept)} result(s) ({kept[0][1]!r}); "
                 "they are kept and sent again"
             )
+
+    def _complete(self, good: list[Finished], ahead: list | None) -> list:
+        """``complete_many`` of ``good`` (``ahead``: the writes sent before
+        it in its round trip); when one of them is a child whose
+        parent waits on its own queue and the loop has room, with the claim
+        of that queue in the same round trip: the parent its completion
+        releases starts without a claim of its own
+        (docs/explanation/no-polling.md#a-released-parent-starts-at-once)."""
+        pairs = [(f.job, f.result) for f in good]
+        queue = next((f.job.queue for f in good if f.job.parent_queue == f.job.queue), None)
+        room = self._fetch(queue) if queue is not None and self._fetch is not None else None
+        if room is None:
+            return self.mq.complete_many(pairs, ahead)
+        count, lease_ms, token = room
+        try:
+            replies, claimed = self.mq.complete_then_claim(
+                pairs, queue, count, lease_ms, token, ahead
+            )
+        except BaseException as err:
+            self._taken(queue, token, err)  # RedisUnavailable: the loop replays the token
+            raise
+        self._taken(queue, token, claimed)
+        return replies
 
     def _postpone(self, finished: list[Finished]) -> None:
         """Put back, one script each, the jobs whose handler raised

@@ -22,19 +22,23 @@ read and write them, are ``protocol/timers.py``'s.
   leased later expires no sooner), so a dead worker's job is back within a
   second of its deadline (docs/explanation/reliability.md#leases-and-recovery);
   it kills held parents at their ``children_timeout_ms`` deadline; and
-  every ``sweep_s`` seconds the first worker of a queue to take the queue's
-  short lock (``P:{q}:timers:lock``, it expires, never released: at most
-  one sweep per queue per interval however many workers run) reads the
-  next delayed run-at, lease and children deadlines, and re-wakes a queue
-  that has pending jobs (a marker lost with a killed worker costs at most
-  one interval). The recovery and expiry scripts move only what is past
-  due, atomically, so workers firing together move each job once.
+  every ``sweep_s`` seconds it looks whether its queues hold anything to
+  watch (``mq.timers.busy``: one command for all of them on one server).
+  A queue that holds nothing gets no timer until the next look, within a
+  lease. For one that does, the first worker to take the queue's short
+  lock (``P:{q}:timers:lock``, it expires, never released: at most one
+  sweep per queue per interval however many workers run) reads the next
+  delayed run-at, lease and children deadlines, re-wakes a queue that has
+  pending jobs (a marker lost with a killed worker costs at most one
+  interval), and prunes when this worker finished jobs there since its
+  last prune or work waits in the queue's lists. The recovery and expiry
+  scripts move only what is past due, atomically, so workers firing
+  together move each job once.
 
-Both threads' Redis commands are counted for an idle worker: one
-``BZPOPMIN`` per ``block_s`` per blocking connection, and per queue one
-``SET NX`` per ``sweep_s`` plus four reads for the worker holding the lock,
-and a recovery call and a read per lease (``LEASE_MS``) while nothing is
-active.
+An idle worker's commands (docs/explanation/no-polling.md#what-an-idle-worker-costs):
+one ``BZPOPMIN`` per ``block_s`` per blocking connection and one look per
+``sweep_s`` (on a Cluster one of each per queue), whatever the number of
+its queues.
 """
 
 from __future__ import annotations
@@ -173,6 +177,11 @@ class Timers:
     queue's ``LEASE_MS``): the soonest a job leased after a look at the
     active set can expire, so the next look comes no later
     (docs/explanation/reliability.md#leases-and-recovery).
+    ``finished(queue)``: this worker finished a job there, so the queue's
+    next sweep prunes; ``settled()`` (default always true): whether every
+    job it finished is written (a prune before that is not counted as
+    done). Counters: ``promoted``, ``recovered``, ``expired``, ``sweeps``,
+    ``looks`` (queues found with nothing to watch), ``prunes``.
     Redis errors propagate (the worker waits an outage out).
     """
 
@@ -185,6 +194,7 @@ class Timers:
         max_stalls: int = 1,
         limit=1000,
         leases: dict[str, int] | None = None,
+        settled=None,
     ):
         if sweep_s <= 0:
             raise ValueError(f"sweep_s must be > 0 s, got {sweep_s!r}")
@@ -203,7 +213,10 @@ class Timers:
         self.expire_at: dict[str, int | None] = dict.fromkeys(self.queues)
         self.sweep_at = dict.fromkeys(self.queues, 0.0)  # monotonic time of the next sweep
         self.token = secrets.token_hex(8)
+        self.unpruned: set[str] = set()  # queues this worker finished jobs on since it pruned
+        self.settled = settled or (lambda: True)
         self.promoted = self.recovered = self.expired = self.sweeps = 0
+        self.looks = self.prunes = 0  # sweeps skipped for a queue found idle; prunes run
 
     def learn(self, queue: str, run_at: int) -> None:
         if queue in self.due and (self.due[queue] is None or run_at < self.due[queue]):
@@ -222,16 +235,29 @@ class Timers:
             waits += [(at - ms) / 1000 for at in timer.values() if at is not None]
         return max(0.0, min(waits))
 
+    def finished(self, queue: str) -> None:
+        """This worker finished a job of ``queue``: its next sweep prunes."""
+        if queue in self.sweep_at:
+            self.unpruned.add(queue)
+
     def run(self) -> Outcome:
         outcome = Outcome()
         now = time.monotonic()
+        sweeping = [q for q in self.queues if self.sweep_at[q] <= now]
+        # one look for the idle ones first: a queue with nothing to watch, where this
+        # worker finished nothing, costs no sweep (Timers.busy)
+        looked = [q for q in sweeping if q not in self.unpruned]
+        busy = self.mq.timers.busy(looked) if looked else set()
         for queue in self.queues:
             ms = self.mq.clock()
             due = self.due[queue]
             if due is not None and due <= ms:
                 self._promote(queue)
-            if self.sweep_at[queue] <= now:
-                self._sweep(queue, outcome)
+            if queue in sweeping:
+                if queue in busy or queue in self.unpruned:
+                    self._sweep(queue, outcome)
+                else:
+                    self._quiet(queue)
                 continue
             if self.lease_at[queue] is not None and self.lease_at[queue] <= ms:
                 self._recover(queue, outcome)
@@ -247,16 +273,20 @@ class Timers:
         self.due[queue] = self.mq.timers.next_run_at(queue)
 
     def _recover(self, queue: str, outcome: Outcome) -> None:
-        """Recover the expired leases of ``queue`` (the script moves only
-        what has expired, atomically: a second worker firing at the same
-        deadline moves nothing), then look again at the next deadline, or a
-        lease from now, whichever comes first."""
-        stalled = self.mq.timers.recover_stalled(
-            queue, limit=self.limit, max_stalls=self.max_stalls
-        )
-        self.recovered += stalled.recovered
-        outcome.merge(stalled)
-        self._next_lease_look(queue, self.mq.timers.oldest_lease(queue))
+        """Look at ``queue``'s earliest lease deadline and, when it has
+        passed, recover the expired leases (the script moves only what has
+        expired, atomically: a second worker firing at the same deadline
+        moves nothing); then look again at the next deadline, or a lease
+        from now, whichever comes first."""
+        oldest = self.mq.timers.oldest_lease(queue)
+        if oldest is not None and oldest < self.mq.clock():
+            stalled = self.mq.timers.recover_stalled(
+                queue, limit=self.limit, max_stalls=self.max_stalls
+            )
+            self.recovered += stalled.recovered
+            outcome.merge(stalled)
+            oldest = self.mq.timers.oldest_lease(queue)
+        self._next_lease_look(queue, oldest)
 
     def _next_lease_look(self, queue: str, oldest: int | None) -> None:
         # a lease deadline passes when the clock is past it (lua/recover_stalled.lua:
@@ -273,9 +303,21 @@ class Timers:
         outcome.merge(moved)
         self.expire_at[queue] = self.mq.timers.next_children_deadline(queue)
 
+    def _quiet(self, queue: str) -> None:
+        """``queue`` held nothing to watch at the look: no lease, deadline or
+        run-at to keep. A job leased after the look expires no sooner than a
+        lease from it, so the next look comes within a lease (and within
+        ``sweep_s``)."""
+        self.lease_at[queue] = self.expire_at[queue] = None
+        self.sweep_at[queue] = time.monotonic() + min(self.sweep_s, self.leases[queue] / 1000)
+        self.looks += 1
+
     def _sweep(self, queue: str, outcome: Outcome) -> None:
         self.sweep_at[queue] = time.monotonic() + self.sweep_s
         found = self.mq.timers.sweep(queue, self.token, int(self.sweep_s * 1000))
+        prune = queue in self.unpruned and found is not None  # else: at the next sweep
+        if prune and self.settled():  # what it finished is written: this prune sees it
+            self.unpruned.discard(queue)
         if found is None:
             # another worker (perhaps one that died: a restart) swept this queue within
             # the interval; this one's lease and children timers fire at their
@@ -298,8 +340,12 @@ class Timers:
             self._expire(queue, outcome)
         if found.claimable:
             self.mq.timers.wake(queue)  # a marker may have been lost
-        # retention, queued removals and cancels, bounded per sweep
-        outcome.merge(self.mq.lifecycle.prune(queue).outcome)
+        # retention, queued removals and cancels, bounded per sweep: only when this
+        # worker finished jobs here since, or work waits (the pump prunes every sweep)
+        keep_due = found.next_keep is not None and found.next_keep <= now
+        if prune or found.queued or keep_due:
+            outcome.merge(self.mq.lifecycle.prune(queue).outcome)
+            self.prunes += 1
 
 
 class Idle:
@@ -317,7 +363,12 @@ class Idle:
     def __init__(self, loop, block_s: float, sweep_s: float, max_stalls: int) -> None:
         self.loop, self.block_s = loop, block_s
         self.timers = Timers(
-            loop.mq, loop.queues, sweep_s=sweep_s, max_stalls=max_stalls, leases=loop.leases
+            loop.mq,
+            loop.queues,
+            sweep_s=sweep_s,
+            max_stalls=max_stalls,
+            leases=loop.leases,
+            settled=lambda: not loop.reporter.unreported,
         )
         self.wakeups = dict.fromkeys(("claimable", "due", "reconnect", "returned"), 0)
         self.waker: Waker | None = None

@@ -100,10 +100,10 @@ from ..core.keyspace import validate_queue
 from ..protocol.client import EchoMQ
 from . import heartbeat
 from .autoscale import Autoscale
-from .claim_loop import STATS_EVERY_S, ClaimLoop
+from .claim_loop import ClaimLoop
 from .outage import REDIS_DOWN
 from .processes import supervisor as processes
-from .reporter import GONE
+from .reporter import GONE, STATS_EVERY_S
 from .wake import BLOCK_S, SWEEP_S
 
 __all__ = ["STATS_EVERY_S", "Worker"]

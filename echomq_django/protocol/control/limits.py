@@ -1,12 +1,13 @@
-"""``mq.limits``: a queue's concurrency cap at run time
-(docs/explanation/protocol.md#concurrency).
+"""``mq.limits``: what holds a queue's claims back at run time, its
+concurrency cap (docs/explanation/protocol.md#concurrency) and its pause
+(``lua/set_paused.lua``; docs/howto/priorities-rate-limits.md#pausing-a-queue).
 
 ``EchoMQ.claim``'s script reads the cap from ``P:{q}:concurrency`` when it is
 set, else from the queue's ``CONCURRENCY`` setting, and counts the queue's
 active jobs (``P:{q}:active``) against it in the same call. Setting the cap
 here is one string; it also drops the full mark and wakes the queue's
-workers, which blocked while the cap was reached. No script of its own:
-each change is one pipeline of plain commands on the queue's slot.
+workers, which blocked while the cap was reached: one pipeline of plain
+commands on the queue's slot.
 """
 
 from __future__ import annotations
@@ -18,7 +19,17 @@ from ..wire import Part
 
 
 class Limits(Part):
-    """The concurrency cap of each queue, read and set at run time."""
+    """The concurrency cap and the pause of each queue, set at run time."""
+
+    def set_paused(self, queue: str, paused: bool) -> bool:
+        """Pause (``paused`` True) or resume ``queue`` (``EchoMQ.pause`` /
+        ``resume``); True when that changed its state. Raises ``ValueError``
+        for a bad queue name, ``RedisUnavailable``."""
+        k = self.keys.queue(validate_queue(queue))
+        flag = "1" if paused else "0"
+        return bool(
+            self.scripts.run("set_paused", [k.paused, k.events], [flag, self.clock(), k.base])
+        )
 
     def set_concurrency(self, queue: str, n: int | None) -> None:
         """At most ``n`` (int, 1-1,000,000 jobs) of ``queue`` active at once
