@@ -41,6 +41,7 @@
 local active, completed = KEYS[1], KEYS[2]
 local QUEUE = ARGV[1]
 -- @include lib/flow.lua
+minute_batch = {}  -- the batch's counts, written once each (lib/emit.lua)
 local base, now = ARGV[2], tonumber(ARGV[3])
 
 local replies = {}
@@ -99,4 +100,5 @@ for i = 4, #ARGV, 3 do
     end
   end
 end
+flush_minutes()
 return cjson.encode(replies)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from echomq_django import Flow
+from echomq_django import Flow, JobState
 from echomq_django.protocol.probes import MINUTES_KEPT
 
 
@@ -125,3 +125,29 @@ def test_a_bad_per_is_refused_before_any_read(mq):
     for bad in (0, MINUTES_KEPT + 1, 2.0, True):
         with pytest.raises(ValueError, match="a row sums a whole number of minutes"):
             mq.probes.minute_counts(["q"], 60, per=bad)
+
+
+def command_calls(client, command: str) -> int:
+    """Calls of ``command`` (scripts' calls included) on every master:
+    ``INFO commandstats``, summed over a Cluster's primaries."""
+    if hasattr(client, "get_primaries"):
+        infos = client.info("commandstats", target_nodes=client.PRIMARIES).values()
+    else:
+        infos = [client.info("commandstats")]
+    return sum(int(info.get(f"cmdstat_{command}", {}).get("calls", 0)) for info in infos)
+
+
+def test_a_batch_of_completions_counts_with_one_hincrby_and_clears_full_once(mq):
+    """complete's batch sums its counts (lib/emit.lua minute_batch) and
+    clears the full mark once per call (lib/claimable.lua left_active):
+    five completions in one call are one HINCRBY and one DEL on the
+    queue's slot, and the ring still says five."""
+    mq.enqueue_many("q", [("t.echo", n) for n in range(5)])
+    jobs = mq.claim("q", 5)
+    before = totals(mq, "q")["completed"]
+    hincrby, dels = command_calls(mq.client, "hincrby"), command_calls(mq.client, "del")
+    replies = mq.complete_many([(job, 1) for job in jobs])
+    assert [r.state for r in replies] == [JobState.COMPLETED] * 5
+    assert command_calls(mq.client, "hincrby") - hincrby == 1
+    assert command_calls(mq.client, "del") - dels == 1
+    assert totals(mq, "q")["completed"] - before == 5

@@ -66,12 +66,18 @@ end
 -- when claim found the queue full, wake its workers: there is room again.
 -- One DEL per call; nothing is written on a queue that was not full.
 -- `group`: the job's group (its row's), nil for none (lib/groups.lua).
+local full_cleared = {}  -- queues whose full mark this script call cleared already
 local function left_active(base, group)
   if group then
     group_left(base, group)
   end
-  if redis.call('DEL', base .. 'full') == 1 then
-    wake_workers(base)
+  -- once per call and queue: only a claim sets the mark, and none runs
+  -- inside this script (complete's batch: one DEL, not one per job)
+  if not full_cleared[base] then
+    full_cleared[base] = true
+    if redis.call('DEL', base .. 'full') == 1 then
+      wake_workers(base)
+    end
   end
 end
 

@@ -28,6 +28,11 @@ local EVENTS_MAXLEN = 10000
 local MINUTES_KEPT = 1440
 local COUNTED = {added = 'a', completed = 'c', failed = 'f', dead = 'd'}
 local minute_checked = {}
+-- A script that counts many jobs in one call (complete's batch) sets
+-- minute_batch = {} and calls flush_minutes() before it returns: the counts
+-- are summed here and written with one HINCRBY per ring and field, not one
+-- per job. Other scripts leave it nil and count at once.
+local minute_batch = nil
 
 -- Count `n` jobs of `event` (when it is one of COUNTED) in the minute of
 -- `ms` (ms since the epoch) on the ring of the queue whose key prefix is `base`.
@@ -47,7 +52,23 @@ local function count_minute(base, event, n, ms)
       redis.call('HSET', ring, 'm' .. slot, stamp)
     end
   end
-  redis.call('HINCRBY', ring, kind .. slot, n)
+  if minute_batch then
+    local fields = minute_batch[ring] or {}
+    minute_batch[ring] = fields
+    fields[kind .. slot] = (fields[kind .. slot] or 0) + n
+  else
+    redis.call('HINCRBY', ring, kind .. slot, n)
+  end
+end
+
+-- Write the counts minute_batch summed (one HINCRBY per ring and field).
+local function flush_minutes()
+  for ring, fields in pairs(minute_batch or {}) do
+    for field, n in pairs(fields) do
+      redis.call('HINCRBY', ring, field, n)
+    end
+  end
+  minute_batch = minute_batch and {}
 end
 
 -- One entry on `events` (the queue's P:{q}:events): e=<event>, id=<id>,
