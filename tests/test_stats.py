@@ -109,7 +109,7 @@ def test_no_worker_for_counts_from_the_first_job_then_the_last_worker(tmq, clock
     assert collect(tmq, ["defualt"])["queues"]["defualt"]["no_worker_for_s"] is None
     clock.advance(2500)
     hb.beat()  # its last beat on the queue
-    tmq.presence.leave(hb.info.id)
+    tmq.presence.leave(hb.info.id, hb.info.queues)
     clock.advance(4000)
     assert collect(tmq, ["defualt"])["queues"]["defualt"]["no_worker_for_s"] == 4.0
     assert "no worker for" in render(collect(tmq, ["defualt"])).splitlines()[0]

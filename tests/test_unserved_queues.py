@@ -69,7 +69,7 @@ def test_a_served_queue_does_not_warn_and_is_read_once_a_minute(mq, caplog):
             looked = dict(api._unserved_at)
             emq.enqueue("audit", "t.echo", 2)
     finally:
-        mq.presence.leave(hb.info.id)
+        mq.presence.leave(hb.info.id, hb.info.queues)
     assert warnings(caplog) == []
     assert api._unserved_at == looked and list(looked) == ["audit"]  # one look-up
 
@@ -105,7 +105,7 @@ def test_the_admin_queue_list_says_no_worker_for(mq):
     try:
         assert display.no_worker(MirroredQueue(queue="defualt")) == "-"
     finally:
-        mq.presence.leave(hb.info.id)
+        mq.presence.leave(hb.info.id, hb.info.queues)
 
 
 # -- check: SCHEDULE and TASKS queues -------------------------------------------------

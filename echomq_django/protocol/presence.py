@@ -137,11 +137,15 @@ class Presence(Part):
             pipe.execute()
 
     @reports_redis_down
-    def leave(self, process_id: str) -> None:
-        """Remove a process from the list at once (a clean stop)."""
+    def leave(self, process_id: str, queues=()) -> None:
+        """Remove a process from the list at once (a clean stop); ``queues``
+        (names) are the ones it served until now: ``P:served`` says so, as
+        the upkeep of its last beat may not have."""
         pipe = self.client.pipeline(transaction=False)
         pipe.zrem(self.keys.processes(), process_id)
         pipe.delete(self.keys.process(process_id))
+        if queues:
+            pipe.hset(self.keys.served(), mapping=dict.fromkeys(queues, self.clock()))
         pipe.execute()
 
     @reports_redis_down

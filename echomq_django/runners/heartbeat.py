@@ -124,7 +124,8 @@ class Heartbeat:
         if self._thread is not None:
             self._thread.join()
         try:
-            self.mq.presence.leave(self.info.id)
+            served = self.info.queues if self.info.kind == "worker" else ()
+            self.mq.presence.leave(self.info.id, served)
         except EchoMQError as err:  # it leaves the list when its key expires
             log.debug("could not remove %s %s from the list: %s", self.info.kind, self.info.id, err)
 
