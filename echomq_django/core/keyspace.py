@@ -158,6 +158,9 @@ GC_PREFIX = "gc:"  # list P:{q}:gc:<seq>:<id>: a removed parent's child refs
 # stream P:{q}:done:<id>: a finished job's note to its waiters, made by the
 # first waiter, expiring with the longest wait (docs/explanation/protocol.md#waiting-for-a-result)
 DONE_PREFIX = "done:"
+# zset P:{q}:commands:<worker id>: operator commands waiting for a worker whose
+# first queue is q, popped by its waker (docs/howto/operate-workers.md#how-it-works)
+COMMANDS_PREFIX = "commands:"
 # JobKeys field -> the suffix after the row key P:{q}:job:<id> (a parent's keys,
 # and the lines any job's handler logs), each removed with the row.
 JOB_KEYS = {
@@ -242,6 +245,11 @@ class QueueKeys:
     def done(self, job_id: str) -> str:
         """``P:{q}:done:<id>``: the stream a finished job notes for its waiters."""
         return f"{self.base}{DONE_PREFIX}{validate_id(job_id)}"
+
+    def commands(self, worker_id: str) -> str:
+        """``P:{q}:commands:<worker id>``: commands waiting for a worker that
+        blocks on this queue's slot (its first queue)."""
+        return f"{self.base}{COMMANDS_PREFIX}{worker_id}"
 
     def schedule(self, entry: str) -> str:
         """``P:{q}:schedule:<entry>``: the last tick a periodic entry fired (ms)."""
@@ -366,6 +374,16 @@ class Keyspace:
         """``P:process:<id>``: one worker's or pump's heartbeat (a JSON string
         with a TTL). ``process_id`` is ``host:pid:hex``, made by the host."""
         return f"{self.prefix}:process:{process_id}"
+
+    def command(self, command_id: str) -> str:
+        """``P:command:<id>``: one operator command's record (a stream: sent,
+        then the worker's replies), with a TTL."""
+        return f"{self.prefix}:command:{command_id}"
+
+    def command_index(self) -> str:
+        """``P:commands``: a zset of recent command ids -> when sent (ms),
+        the newest ``protocol/control/commands.RECENT_KEPT`` kept."""
+        return f"{self.prefix}:commands"
 
     def parse_ref(self, ref: str) -> tuple[str, str]:
         """Split a child ref ``P:{q}:job:<id>`` into ``(queue, id)``.

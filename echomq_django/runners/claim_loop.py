@@ -82,6 +82,7 @@ class ClaimLoop:
         self.pool: HandlerPool | None = None
         self.make_pool = make_pool  # (loop, name) -> a pool; None: HandlerPool
         self.scale = None  # an autoscale.Autoscale: concurrency moves within its bounds
+        self.commands = None  # a commands.Commands: operator commands, applied here
         self.done: _queue.SimpleQueue = _queue.SimpleQueue()  # Finished, Wake, None: a wake-up
         self.waiting = False  # blocked on the wake keys, idle
         self.executing = 0  # submitted to the pool and not finished (loop thread only)
@@ -124,6 +125,14 @@ class ClaimLoop:
         if force:
             self.forced = True
         self.done.put(None)  # wake the loop
+
+    def drain(self) -> None:
+        """Stop claiming; ``run()`` returns once every running job has
+        finished, with no deadline (a stop already under way keeps its own)."""
+        if not self.stopping.is_set():
+            self.stop_at = float("inf")
+            self.stopping.set()
+        self.done.put(None)
 
     def begin(self, name: str) -> None:
         """Start a run: a fresh pool of handler threads named ``name``, a
@@ -225,8 +234,12 @@ class ClaimLoop:
         size = self.scale.size(now, self.concurrency, free, got, self.executing)
         if size != self.concurrency:
             log.info("autoscale: %d -> %d handlers", self.concurrency, size)
-            self.concurrency = size
-            self.pool.resize(size)
+            self.resize(size)
+
+    def resize(self, size: int) -> None:
+        """Run ``size`` handlers from now on (autoscaling, a pool command)."""
+        self.concurrency = size
+        self.pool.resize(size)
 
     def _run_is_over(self, now: float, got: int, asked: bool, max_jobs: int | None) -> bool:
         """True when ``run()`` should return: stopping (or ``max_jobs``
@@ -290,7 +303,10 @@ class ClaimLoop:
             self.executing -= len(finished)
             self.reporter.hand_over(finished)
         for wake in wakes:  # after the finished jobs freed their threads
-            self.idle.on_wake(wake)
+            if wake.command:
+                self.commands.apply(wake)
+            else:
+                self.idle.on_wake(wake)
 
     def wake(self) -> None:
         """Wake the loop (from any thread)."""

@@ -14,6 +14,11 @@ read and write them, are ``protocol/timers.py``'s.
   (Redis restart, failover) is retried with backoff; the runner gets
   ``DOWN`` then ``UP`` and claims every queue once it is back, so
   nothing claimable while it was away waits for a wake-up.
+  A worker's operator commands (``commands``: its key, on its first
+  queue's slot) ride on the first group's ``BZPOPMIN``: idle, it hears them
+  at no extra cost; disarmed for ``QUIET_S`` (busy), that thread blocks on
+  the command key alone, and ``arm()`` nudges it back to the markers
+  (docs/howto/operate-workers.md#how-it-works).
 * ``Timers``: the timers a worker keeps for its queues, so ``runworker``
   alone runs a site (periodic jobs aside): it promotes due delayed jobs at
   their run-at (learnt from ``'d'`` markers and from its sweeps); it
@@ -46,6 +51,7 @@ import time
 
 from ..core.exceptions import RedisUnavailable
 from ..core.jobs import Outcome
+from ..protocol.control.commands import NUDGE
 from ..protocol.timers import SOCKET_MARGIN_S, WAKE_DUE, Wake
 
 log = logging.getLogger("echomq_django.wake")
@@ -53,6 +59,7 @@ log = logging.getLogger("echomq_django.wake")
 BLOCK_S = 4.0  # longest single BZPOPMIN (s): bounds a lost reply's cost, not latency
 SWEEP_S = 10.0  # a queue's sweep interval (s): lease recovery, next run-at, lost markers
 BACKOFF_START_S, BACKOFF_MAX_S = 0.5, 30.0
+QUIET_S = 1.0  # disarmed this long (busy), the waker hears commands on their key alone (s)
 
 DOWN, UP = Wake("", "down"), Wake("", "up")  # what a Waker posts when Redis goes and comes back
 
@@ -63,21 +70,31 @@ class Waker:
     marker popped (see the module).
 
     ``mq``: an ``EchoMQ``; ``block_s`` (s): longest single blocking command
-    (bounded below the client's socket timeout); ``name``: thread name.
+    (bounded below the client's socket timeout); ``name``: thread name;
+    ``commands``: the worker's command key (posted as command ``Wake``s), or None.
     ``start()``, ``arm()`` (block for the next wake-up), ``disarm()``,
     ``put_back(wake)``, ``stop()``. Thread-safe; ``post`` runs on a waker
     thread and must not block.
     """
 
     def __init__(
-        self, mq, queues, key: str, post, *, block_s: float = BLOCK_S, name="echomq-waker"
+        self,
+        mq,
+        queues,
+        key: str,
+        post,
+        *,
+        block_s: float = BLOCK_S,
+        name="echomq-waker",
+        commands=None,
     ):
         self.mq, self.key, self.post, self.name = mq, key, post, name
         self.queues = list(queues)
         self._armed = threading.Event()
         self._halt = threading.Event()
         self._threads: list[threading.Thread] = []
-        self.markers = mq.timers.markers(self.queues, key, block_s)
+        self.markers = mq.timers.markers(self.queues, key, block_s, commands)
+        self._listening = False  # blocked on the command key alone (busy)
         self.block_s = self.markers.block_s
         self.groups = self.markers.groups
 
@@ -91,7 +108,14 @@ class Waker:
 
     def arm(self) -> None:
         """Block for the next wake-up (a no-op while armed)."""
+        if self._armed.is_set():
+            return
         self._armed.set()
+        if self._listening:  # blocked on commands alone: back to the markers now
+            try:
+                self.markers.nudge()
+            except Exception as err:  # it comes back within block_s anyway
+                log.debug("%s: nudging the command wait failed: %s", self.name, err)
 
     def disarm(self) -> None:
         """Leave markers to others (a command already blocked may still pop one)."""
@@ -128,14 +152,24 @@ class Waker:
 
     def _run(self, queues: list[str]) -> None:
         order, turn, down, delay = list(queues), 0, False, BACKOFF_START_S
+        listens = self.markers.commands is not None and queues == self.groups[0]
         while not self._halt.is_set():
-            self._armed.wait()
+            armed = self._armed.wait(QUIET_S if listens else None)
             if self._halt.is_set():
                 return
-            turn = (turn + 1) % len(order)  # rotate: one busy queue cannot starve the rest
+            if armed:
+                turn = (turn + 1) % len(order)  # rotate: one busy queue cannot starve the rest
+                pop, args = self.markers.pop, (order[turn:] + order[:turn],)
+            else:  # busy a while: hear commands alone until armed (arm() nudges)
+                self._listening = True
+                if self._armed.is_set():  # armed meanwhile, and may not have nudged
+                    self._listening = False
+                    continue
+                pop, args = self.markers.pop_commands, ()
             try:
-                wake = self.markers.pop(order[turn:] + order[:turn])
+                wake = pop(*args)
             except Exception as err:  # cut off by stop(), or Redis went away
+                self._listening = False
                 if self._halt.is_set():
                     return
                 if not isinstance(err, RedisUnavailable):
@@ -149,14 +183,18 @@ class Waker:
                 self._halt.wait(delay)
                 delay = min(delay * 2, BACKOFF_MAX_S)
                 continue
+            self._listening = False
             if down:
                 down, delay = False, BACKOFF_START_S
                 self.post(UP)
-            if wake is None:
+            if wake is None or (wake.command and wake.member == NUDGE):
                 continue
             if self._halt.is_set():
                 self.put_back(wake)
                 return
+            if wake.command:  # for the loop; the wait for a wake-up goes on
+                self.post(wake)
+                continue
             self._armed.clear()
             self.post(wake)
 
@@ -309,8 +347,8 @@ class Idle:
     before each wait (True: arm the waker) and ``on_wake(wake)`` for what
     the waker posted. ``loop`` is the worker's ``ClaimLoop``: it uses its
     ``mq``, ``queues``, ``concurrency``, ``executing``, ``stopping``,
-    ``rest`` (queue -> the monotonic time it may be claimed) and
-    ``on_released(queue)``.
+    ``rest`` (queue -> the monotonic time it may be claimed),
+    ``on_released(queue)`` and ``commands`` (its command key's owner, or None).
     ``wakeups``: the wake-ups used (``claimable``, ``due``, ``reconnect``, and
     ``returned``: markers handed back while busy or stopping)."""
 
@@ -324,7 +362,10 @@ class Idle:
 
     def start(self, post) -> None:
         loop = self.loop
-        self.waker = Waker(loop.mq, loop.queues, "wake", post, block_s=self.block_s)
+        commands = loop.commands.key if loop.commands is not None else None
+        self.waker = Waker(
+            loop.mq, loop.queues, "wake", post, block_s=self.block_s, commands=commands
+        )
         self.waker.start()
 
     def stop(self) -> None:
