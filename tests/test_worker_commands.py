@@ -218,3 +218,70 @@ def test_the_process_pool_grows_and_drains_on_command(mq) -> None:
     bg.join()
     assert mq.get_job("cq2", "p1").state == JobState.COMPLETED  # a drain lets it finish
     assert mq.commands.record(cid)["state"] == "done"
+
+
+def control(*args: str) -> tuple[int, str]:
+    """``manage.py echomq_control ARGS``: (exit code, stdout or the error)."""
+    import io
+
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    out = io.StringIO()
+    try:
+        call_command("echomq_control", *args, stdout=out)
+    except CommandError as exc:
+        return exc.returncode, str(exc)
+    return 0, out.getvalue()
+
+
+def test_echomq_control_resizes_a_worker_and_prints_its_reply(r) -> None:
+    from echomq_django.conf import get_mq
+
+    mq = get_mq()
+    worker, bg = start(mq)
+    try:
+        code, out = control("pool-grow", "1", "--worker", worker.process_id)
+        assert (code, out) == (0, f"{worker.process_id}: pool-grow done: 2 -> 3 handlers\n")
+        code, out = control("drain", "--all", "--wait", "5")
+        assert (code, out) == (0, f"{worker.process_id}: drain done: stopped\n")
+        bg.join()
+    finally:
+        worker.stop()
+
+
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        (
+            ("drain", "--worker", "nope:1:x"),
+            "unknown worker id 'nope:1:x'; live workers: ghost:1:abc",
+        ),
+        (("pool-grow", "--all"), "pool-grow needs N, the number of handlers"),
+        (
+            ("pool-shrink", "0", "--all"),
+            "pool-shrink takes N, a whole number of handlers 1-10000, got 0",
+        ),
+        (("shutdown", "--all", "--wait", "-1"), "--wait must be >= 0 seconds, got -1.0"),
+    ],
+)
+def test_echomq_control_refuses_bad_input_in_one_line_sending_nothing(r, args, error) -> None:
+    from echomq_django.conf import get_mq
+
+    mq = get_mq()
+    fake_worker(mq)
+    assert control(*args) == (1, f"echomq_control: {error}")
+    assert mq.commands.recent() == []
+
+
+def test_echomq_control_says_which_workers_did_not_reply(r) -> None:
+    from echomq_django.conf import get_mq
+
+    mq = get_mq()
+    fake_worker(mq)
+    code, out = control("shutdown", "--all", "--wait", "0.2")
+    assert (code, out) == (
+        1,
+        "echomq_control: 1 of 1 workers did not reply within 0.2s (a command waits for "
+        "its worker up to 10 minutes)",
+    )
