@@ -789,6 +789,23 @@ def test_the_process_pool_howto(howto):
     assert os.getpid() not in {r["pid"] for r in results}
 
 
+def test_the_operate_workers_howto(howto):
+    """A worker grows on command and drains, its reply as the page says."""
+    from tests.support.workerkit import Background, wait_for
+
+    example = howto("operate_workers")
+    with echomq_settings(QUEUES={"reports": {}}) as mq:
+        worker = emq.Worker(["reports"], concurrency=2, block_timeout=0.5)
+        bg = Background(worker)
+        wait_for(lambda: worker.waiting, what="the worker idle")
+        reply = example.grow(worker.process_id, 2)
+        assert (reply["state"], reply["detail"]) == ("done", "2 -> 4 handlers")
+        assert worker.loop.concurrency == 4
+        example.drain_every_worker()
+        assert bg.join() == 0
+        assert mq.presence.live_processes() == []
+
+
 def test_the_readme_example_is_the_file_the_suite_runs(r):
     """README.md's twenty lines are docs/examples/readme_example.py, and
     they run: the receipt completes on its two charges' results."""

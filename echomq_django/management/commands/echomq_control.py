@@ -31,7 +31,9 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser):
-        parser.add_argument("command", choices=COMMANDS, help="what the workers should do")
+        parser.add_argument(
+            "command", choices=COMMANDS, metavar="COMMAND", help="one of " + ", ".join(COMMANDS)
+        )
         parser.add_argument(
             "n", nargs="?", type=int, metavar="N", help="handlers (pool-grow, pool-shrink only)"
         )
