@@ -107,6 +107,27 @@ def test_a_busy_worker_hears_drain_finishes_its_jobs_and_claims_no_more(mq) -> N
     assert mq.commands.record(cid)["detail"] == "stopped"
 
 
+def test_a_busy_worker_goes_back_to_its_markers_and_leaves_no_key_without_a_ttl(mq) -> None:
+    mq.enqueue("cq", "cmd.block", {}, job_id="long")
+    worker = Worker(["cq", "cq2"], mq=mq, concurrency=1, block_timeout=0.5, beat_s=0.2)
+    bg = Background(worker)
+    waker = None
+    try:
+        wait_for(lambda: worker.loop.idle.waker and worker.loop.idle.waker._listening,
+                 what="the waker on the command key")  # fmt: skip
+        waker = worker.loop.idle.waker
+        RELEASE.set()
+        wait_for(lambda: worker.waiting and not waker._listening, what="idle, on the markers")
+        mq.enqueue("cq2", "cmd.nap", 0, job_id="next")
+        wait_for(lambda: mq.get_job("cq2", "next").state == JobState.COMPLETED, what="next job")
+        key = mq.keys.queue("cq").commands(worker.process_id)
+        assert mq.client.pttl(key) != -1  # gone (the nudge was popped), or expiring
+    finally:
+        worker.stop()
+        bg.join()
+    assert worker.loop.commands.applied == dict.fromkeys(proto.COMMANDS, 0)
+
+
 def test_shutdown_stops_an_idle_worker_and_it_leaves_the_list(mq) -> None:
     _, bg = start(mq)
     [(cid, _)] = mq.commands.send("shutdown", all_workers=True)

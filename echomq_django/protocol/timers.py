@@ -32,7 +32,7 @@ from redis.retry import Retry
 
 from ..core.jobs import Outcome, to_text
 from ..core.options import MAX_MS, check_int
-from .control.commands import NUDGE
+from .control.commands import NUDGE, PENDING_TTL_MS
 from .errors import TRANSIENT, connection_error
 from .scripts import socket_timeout
 from .wire import Part, Wire
@@ -123,8 +123,11 @@ class Markers:
     def nudge(self) -> None:
         """End a ``pop_commands`` wait at once (the worker wants its wake
         markers again). Raises ``RedisUnavailable``."""
+        pipe = self.wire.client.pipeline(transaction=False)
+        pipe.zadd(self.commands, {NUDGE: 0})
+        pipe.pexpire(self.commands, PENDING_TTL_MS)  # left behind by a worker that stopped
         try:
-            self.wire.client.zadd(self.commands, {NUDGE: 0})
+            pipe.execute()
         except AWAY as err:
             raise connection_error(self.wire.client, err) from err
 
