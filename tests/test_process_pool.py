@@ -17,7 +17,7 @@ from echomq_django import EchoMQ, JobState, Worker, handler
 from echomq_django.handlers import _registry
 from echomq_django.runners import autoscale
 from echomq_django.runners.processes.child import rss_bytes
-from echomq_django.runners.processes.supervisor import HELD_MAX_BYTES, TERM_GRACE_S
+from echomq_django.runners.processes.supervisor import TERM_GRACE_S
 from tests.support.workerkit import Background, wait_for
 from tests.test_runner_commands import run_command
 
@@ -112,39 +112,6 @@ def test_a_hung_child_is_killed_within_its_time_limit_and_replaced(mq) -> None:
     assert worker.pool_kind == "process" and worker.left_running == 0
 
 
-def test_a_job_held_behind_a_killed_one_runs_in_a_fresh_child_unharmed(mq) -> None:
-    """A child holds its next job in its pipe (``DEPTH``): when it is ended
-    past its job's time limit, that job goes to another child, not lost and
-    not failed; its own time limit starts only when a child starts it."""
-    worker, bg = start(mq, concurrency=1)
-    assert worker.loop.pool.depth == 2
-    # had its limit started when it was handed over, it would pass while it waits
-    mq.enqueue("q", "pp.hang", 60, job_id="h", timeout_ms=1000, max_attempts=1)
-    mq.enqueue("q", "pp.pid", job_id="behind", timeout_ms=600, max_attempts=1)
-    wait_for(lambda: finished(mq, "h") and finished(mq, "behind"), what="both jobs")
-    behind = mq.get_job("q", "behind")
-    assert (behind.state, behind.attempts, behind.error) == (JobState.COMPLETED, 1, None)
-    assert behind.result in worker.loop.pool.pids()  # the fresh child ran it
-    assert mq.get_job("q", "h").state is JobState.DEAD
-    stop(worker, bg)
-
-
-def test_a_large_job_waits_for_an_idle_child_instead_of_behind_a_busy_one(mq) -> None:
-    """Held behind a running job, a job's bytes sit in the child's pipe: one
-    larger than ``HELD_MAX_BYTES`` waits in the worker, so no write waits
-    on a busy child."""
-    worker, bg = start(mq, concurrency=1)
-    pool = worker.loop.pool
-    mq.enqueue("q", "pp.hang", 1.0, job_id="busy", max_attempts=1)
-    mq.enqueue("q", "pp.pid", "x" * (HELD_MAX_BYTES + 1), job_id="large")
-    wait_for(lambda: len(worker.loop.claims) == 2, what="both claimed")
-    with pool._lock:
-        assert ([len(c.next) for c in pool._working], len(pool._backlog)) == ([0], 1)
-    wait_for(lambda: finished(mq, "large"), what="the large job")
-    assert mq.get_job("q", "large").state is JobState.COMPLETED
-    stop(worker, bg)
-
-
 def test_hung_jobs_in_a_row_leave_the_pool_at_its_size_and_no_descriptor_behind(mq) -> None:
     worker, bg = start(mq, concurrency=2)
     pool, fds = worker.loop.pool, []
@@ -206,7 +173,6 @@ def test_children_are_recycled_after_max_jobs_per_child(mq) -> None:
 def test_a_child_past_max_memory_per_child_is_recycled_after_its_job(mq) -> None:
     limit = rss_bytes() // (1 << 20) + 100  # MiB: a forked child starts near its parent's
     worker, bg = start(mq, max_memory_per_child=limit)
-    assert worker.loop.pool.depth == 1  # checked after each job: no next one waits in its pipe
     mq.enqueue("q", "pp.grow", 10, job_id="small")
     wait_for(lambda: finished(mq, "small"), what="the small job")
     mq.enqueue("q", "pp.grow", 150, job_id="big")

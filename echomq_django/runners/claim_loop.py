@@ -196,7 +196,7 @@ class ClaimLoop:
                 return
             if now >= self.stats_at:
                 self._log_stats(now)
-            if got and self.executing < self.concurrency * self.pool.depth and not asked:
+            if got and self.executing < self.concurrency and not asked:
                 continue  # a queue gave all we asked: there may be more right away
             self._wait_and_hand_over(self._next_wait(now, max_jobs))
 
@@ -210,7 +210,7 @@ class ClaimLoop:
         limit = self.concurrency if max_jobs is None else max_jobs - self.claimed
         if now < self.retry_at or self.stopping.is_set():
             return 0, False
-        free = min(self.concurrency * self.pool.depth - self.executing, limit)
+        free = min(self.concurrency - self.executing, limit)
         asked = burst and not self.executing and not self.reporter.unreported
         try:
             if outage.down:
@@ -270,7 +270,7 @@ class ClaimLoop:
         on the wake keys meanwhile; else it leaves the markers to others."""
         room = max_jobs is None or self.claimed < max_jobs
         idle = not self.retry_at and not self.stopping.is_set() and room
-        self.waiting = self.idle.block(idle and self.executing < self.concurrency * self.pool.depth)
+        self.waiting = self.idle.block(idle and self.executing < self.concurrency)
         resting = [at - now for at in self.rest.values() if now < at < float("inf")]
         wait = (
             min([self.idle.timers.next_in(), *resting])

@@ -100,7 +100,6 @@ class HandlerPool:
     calls as ``processes.supervisor.ProcessPool``'s)."""
 
     kind = "thread"
-    depth = 1  # jobs a handler holds at once (a process pool's children hold more)
 
     def __init__(self, size: int, name: str, run=None) -> None:
         self._size, self._name, self._run = size, name, run

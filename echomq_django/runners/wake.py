@@ -418,7 +418,7 @@ class Idle:
         else:
             self.wakeups["claimable"] += 1
             w.rest[wake.queue] = 0.0
-            if w.executing >= w.concurrency * w.pool.depth or w.stopping.is_set():
+            if w.executing >= w.concurrency or w.stopping.is_set():
                 # busy after all, or leaving: another idle worker may take it now;
                 # this one claims from the queue as soon as a thread frees
                 self.wakeups["returned"] += 1

@@ -7,14 +7,6 @@ loop, the same batches); only the handler call moves into a child process
 and every child's exit at once (a selector; a self-pipe wakes it for a
 new job or a kill): no polling.
 
-Each child holds up to ``DEPTH`` jobs: the one it runs and the next, already
-written to its pipe, so it starts that one as it replies instead of waiting
-a round trip through the worker (the worker claims ``size * depth`` jobs at
-most). A held job's time limit starts when the child starts it; a child
-ended or dead gives it back to another child, unstarted. The depth is 1
-with ``max_memory_per_child``; a child gets no more than its
-``max_jobs_per_child`` quota. Writes happen outside the pool's lock.
-
 Why ``fork`` (``multiprocessing``'s fork context) and not ``forkserver``:
 a forked child starts in milliseconds with Django already set up, the
 settings as the worker read them and every handler the worker registered,
@@ -54,25 +46,51 @@ import signal
 import threading
 import time
 from collections import deque
-from multiprocessing.reduction import ForkingPickler
 
 from ...core.jobs import Job
 from ...handlers import get_handler
 from ..pool import unknown_name_error
 from ..reporter import Finished
 from . import child as child_module
-from .tracking import Child, death_text
 
 log = logging.getLogger("echomq_django.worker")
 
 TERM_GRACE_S = 0.5  # SIGTERM to SIGKILL, for a child past its job's time limit (s)
-# jobs a child holds at once: the one it runs and the next, already in its pipe, so
-# it starts that one without a round trip through the worker (1 with a memory limit:
-# the child checked after a job must not have another one waiting)
-DEPTH = 2
-HELD_MAX_BYTES = 32 << 10  # a held job's most bytes: its write never waits on a busy child
 MIB = 1 << 20
 CONTEXT = multiprocessing.get_context("fork")
+
+
+def death_text(pid: int, code: int | None) -> str:
+    """The error of a job whose handler process died under it: names the
+    exit code, or the signal (a SIGKILL may be the out-of-memory killer)."""
+    if code is not None and code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        why = f"was ended by signal {name} ({-code})"
+        if -code == signal.SIGKILL:
+            why += " (the kernel's out-of-memory killer sends SIGKILL too)"
+    else:
+        why = f"exited with exit code {code}"
+    return (
+        f"HandlerProcessDied: the handler process (pid {pid}) {why} while it ran this job; "
+        "a fresh handler process took its place"
+    )
+
+
+class _Child:
+    """One handler process and what the supervisor knows of it."""
+
+    __slots__ = ("conn", "done", "flag", "job", "jobs", "kill_at", "pid", "proc", "why")
+
+    def __init__(self, proc, conn, flag) -> None:
+        self.proc, self.conn, self.flag, self.pid = proc, conn, flag, proc.pid
+        self.job: Job | None = None  # running now
+        self.done = None  # the run's queue of finished jobs, for this job
+        self.jobs = 0  # jobs it finished
+        self.kill_at: float | None = None  # SIGKILL due (monotonic) after a SIGTERM
+        self.why = ""  # why it was sent away (recycling), for the log
 
 
 class ProcessPool:
@@ -106,10 +124,9 @@ class ProcessPool:
         self.size, self.name = size, name
         self._timeouts, self._limits, self._source = timeouts, time_limits, source
         self.max_jobs, self.max_rss = max_jobs_per_child, max_memory_per_child
-        self.depth = DEPTH if max_memory_per_child is None else 1  # jobs per child at once
         self._lock = threading.Lock()
-        self._working: list[Child] = []  # in the pool: idle or running a job
-        self._leaving: list[Child] = []  # killed or sent away, not reaped yet
+        self._working: list[_Child] = []  # in the pool: idle or running a job
+        self._leaving: list[_Child] = []  # killed or sent away, not reaped yet
         self._backlog: deque = deque()  # (job, done) waiting for an idle child
         self._warned: set[str] = set()
         self._closing = self._abandon = False
@@ -139,18 +156,12 @@ class ProcessPool:
                 log.warning("%s", error)
             done.put(Finished(job, error=error))
             return
-        sent = copy.copy(job)
-        sent._mq, sent._cache = None, {}
-        data = ForkingPickler.dumps((sent, child_module.handler_ref(func)))  # outside the lock
-        write = None
         with self._lock:
-            room = self._room(len(data))
-            if room is None:
-                self._backlog.append((job, done, data))
+            idle = self._idle()
+            if idle is None:
+                self._backlog.append((job, done, child_module.handler_ref(func)))
             else:
-                write = self._send(room, job, done, data)
-        if write is not None:  # outside the lock: the supervisor reads replies meanwhile
-            write[0].write(write[1])
+                self._send(idle, job, done, child_module.handler_ref(func))
 
     def write_off(self, job: Job) -> str:
         """``job`` ran past its time limit: its child is ended (SIGTERM, then
@@ -162,7 +173,6 @@ class ProcessPool:
                 self._working.remove(ended)
                 self._leaving.append(ended)
                 self._end(ended)
-                self._take_back(ended)
         if ended is not None:
             # not stuck: SIGKILL ends it within the grace whatever it does, so
             # max_stuck (a thread pool's way out) never stops this worker
@@ -212,14 +222,11 @@ class ProcessPool:
     def _supervise(self) -> None:
         while True:
             with self._lock:
-                writes = self._tend()
-                over = self._closing and not self._working and not self._leaving
+                self._tend()
+                if self._closing and not self._working and not self._leaving:
+                    break
                 kills = [c.kill_at for c in self._leaving if c.kill_at is not None]
                 timeout = max(0.0, min(kills) - time.monotonic()) if kills else None
-            for write in writes:
-                write[0].write(write[1])
-            if over:
-                break
             replies, exits = [], []
             for key, _ in self._selector.select(timeout):
                 if key.data is None:
@@ -237,11 +244,10 @@ class ProcessPool:
         os.close(self._wake_r)
         os.close(self._wake_w)
 
-    def _tend(self) -> list:
+    def _tend(self) -> None:
         """Under the lock: SIGKILL what outlived its grace, send away idle
         children beyond ``size`` (all of them when closing), fork up to
-        ``size``, hand waiting jobs to children with room; returns their
-        writes (``Child.write`` them after the lock)."""
+        ``size``, hand waiting jobs to idle children."""
         now = time.monotonic()
         for c in self._leaving:
             if c.kill_at is not None and now >= c.kill_at:
@@ -257,15 +263,13 @@ class ProcessPool:
                 self._end(c)
         if not self._closing:
             self._top_up()
-        writes = []
         while self._backlog:
-            room = self._room(len(self._backlog[0][2]))
-            if room is None:
+            idle = self._idle()
+            if idle is None:
                 break
-            writes.append(self._send(room, *self._backlog.popleft()))
-        return writes
+            self._send(idle, *self._backlog.popleft())
 
-    def _read(self, c: Child) -> None:
+    def _read(self, c: _Child) -> None:
         """A child's pipe is readable: its reply, or end-of-file (its death,
         handled by ``_reap``)."""
         try:
@@ -278,9 +282,6 @@ class ProcessPool:
             if job is None or c.flag[0]:
                 return  # killed past its time limit: the attempt was failed already
             c.jobs += 1
-            if c.next:  # the child starts the next one now: so does its time limit
-                c.job, c.done, _ = c.next.popleft()
-                self._timeouts.start(c.job, c.job.timeout_ms or self._limits.get(c.job.queue))
             if self.max_jobs is not None and c.jobs >= self.max_jobs:
                 self._send_away(c, f"after {c.jobs} jobs (max_jobs_per_child)")
             elif self.max_rss is not None and rss > self.max_rss:
@@ -300,7 +301,7 @@ class ProcessPool:
             finished.error, finished.dead = value, kind == "dead"
         done.put(finished)
 
-    def _reap(self, c: Child) -> None:
+    def _reap(self, c: _Child) -> None:
         """A child exited: a reply still in its pipe first, then its job (if
         any) fails with the exit code or signal; it leaves the pool."""
         if c.job is not None and not c.flag[0] and self._poll(c):
@@ -313,7 +314,6 @@ class ProcessPool:
         with self._lock:
             job, done = c.job, c.done
             c.job = c.done = None
-            self._take_back(c)
             for where in (self._working, self._leaving):
                 if c in where:
                     where.remove(c)
@@ -333,63 +333,42 @@ class ProcessPool:
         done.put(Finished(job, error=error))
 
     @staticmethod
-    def _poll(c: Child) -> bool:
+    def _poll(c: _Child) -> bool:
         try:
             return c.conn.poll()
         except (EOFError, OSError):
             return False
 
     # -- under the lock -------------------------------------------------------
-    def _room(self, size: int) -> Child | None:
-        """An idle child; else, for a job of ``size`` bytes (at most
-        ``HELD_MAX_BYTES``), one that can hold it after its current one
-        (``depth``), within its ``max_jobs_per_child``."""
-        spare = None
+    def _idle(self) -> _Child | None:
         for c in self._working:
             if c.job is None:
                 return c
-            held = 1 + len(c.next)
-            if (
-                spare is None
-                and held < self.depth
-                and size <= HELD_MAX_BYTES
-                and (self.max_jobs is None or c.jobs + held < self.max_jobs)
-            ):
-                spare = c
-        return spare
+        return None
 
-    def _take_back(self, c: Child) -> None:
-        """The jobs ``c`` held but never started go first in line for
-        another child (``c`` was ended or died); dropped once closing."""
-        if self._closing:
-            c.next.clear()
-        while c.next:
-            self._backlog.appendleft(c.next.pop())
-        self._wake()
+    def _send(self, c: _Child, job: Job, done, ref: str) -> None:
+        c.job, c.done = job, done
+        self._timeouts.start(job, job.timeout_ms or self._limits.get(job.queue))
+        sent = copy.copy(job)
+        sent._mq, sent._cache = None, {}
+        try:
+            c.conn.send((sent, ref))
+        except (OSError, ValueError):
+            pass  # it died: its exit fails the job (_reap)
 
-    def _send(self, c: Child, job: Job, done, data: bytes) -> tuple:
-        """Hand ``job`` (``data``: it pickled with its handler's ref) to
-        ``c``; returns ``(c, data)`` for ``c.write(data)``, which must follow
-        (``c.sending`` is held until then)."""
-        if c.job is None:
-            c.job, c.done = job, done
-            self._timeouts.start(job, job.timeout_ms or self._limits.get(job.queue))
-        else:  # its time limit starts when the child starts it (_read)
-            c.next.append((job, done, data))
-        c.sending.acquire()
-        return c, data
-
-    def _send_away(self, c: Child, why: str) -> None:
+    def _send_away(self, c: _Child, why: str) -> None:
         """``c`` finishes (it is idle) and exits; a fresh one forks if needed."""
         self._working.remove(c)
         self._leaving.append(c)
         c.why = why
-        c.sending.acquire()
-        c.write(None)
+        try:
+            c.conn.send(None)
+        except (OSError, ValueError):
+            pass
         if why:
             self.recycled += 1
 
-    def _end(self, c: Child) -> None:
+    def _end(self, c: _Child) -> None:
         """SIGTERM ``c`` (its kill flag set first, so it does not ignore
         it); SIGKILL follows after ``TERM_GRACE_S``."""
         c.flag[0] = 1
@@ -403,7 +382,7 @@ class ProcessPool:
         while len(self._working) < self.size:
             self._working.append(self._fork())
 
-    def _fork(self) -> Child:
+    def _fork(self) -> _Child:
         parent_end, child_end = CONTEXT.Pipe(duplex=True)
         flag = mmap.mmap(-1, 1)  # shared with the child: MAP_SHARED
         inherited = [self._wake_r, self._wake_w, parent_end.fileno()]
@@ -417,7 +396,7 @@ class ProcessPool:
         )
         proc.start()
         child_end.close()
-        c = Child(proc, parent_end, flag)
+        c = _Child(proc, parent_end, flag)
         self._selector.register(parent_end, selectors.EVENT_READ, ("reply", c))
         self._selector.register(proc.sentinel, selectors.EVENT_READ, ("exit", c))
         return c
