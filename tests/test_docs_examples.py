@@ -509,6 +509,7 @@ def test_the_pages_links_and_includes_resolve():
             "metrics-alerts",
             "migrate",
             "operate",
+            "operate-workers",
             "read-flows",
             "payloads",
             "periodic",

@@ -77,8 +77,9 @@ def test_an_idle_worker_grows_and_shrinks_its_pool_and_replies(mq) -> None:
         states = [e[1][b"state"] for e in mq.client.xrange(mq.keys.command(cid))]
         assert states == [b"sent", b"acknowledged", b"done"]
         # the heartbeat carries the new size to the live-workers page
-        wait_for(lambda: [p.concurrency for p in mq.presence.live_processes()] == [3],
-                 what="the new size listed")  # fmt: skip
+        listed = lambda: [p.concurrency for p in mq.presence.live_processes()  # noqa: E731
+                          if p.id == worker.process_id]  # fmt: skip
+        wait_for(lambda: listed() == [3], what="the new size listed")
         assert worker.loop.commands.applied["pool-grow"] == 1
     finally:
         worker.stop()
