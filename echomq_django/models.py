@@ -104,6 +104,10 @@ class MirroredQueue(models.Model):
     class Meta:
         verbose_name = "queue"
         default_permissions = ("view",)
+        # the live-workers page's commands (docs/howto/operate-workers.md#from-the-admin)
+        permissions = (
+            ("command_worker", "Can send commands to workers: shutdown, drain, resize the pool"),
+        )
         ordering = ("queue",)
 
     def __str__(self) -> str:

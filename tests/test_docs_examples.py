@@ -535,6 +535,7 @@ def test_the_pages_links_and_includes_resolve():
             "metrics-alerts",
             "migrate",
             "operate",
+            "operate-workers",
             "read-flows",
             "payloads",
             "periodic",
@@ -814,6 +815,23 @@ def test_the_process_pool_howto(howto):
         results = [emq.get_job("reports", f"r{n}").result for n in (1, 2, 3)]
     assert [r["pages"] for r in results] == [1, 2, 3]
     assert os.getpid() not in {r["pid"] for r in results}
+
+
+def test_the_operate_workers_howto(howto):
+    """A worker grows on command and drains, its reply as the page says."""
+    from tests.support.workerkit import Background, wait_for
+
+    example = howto("operate_workers")
+    with echomq_settings(QUEUES={"reports": {}}) as mq:
+        worker = emq.Worker(["reports"], concurrency=2, block_timeout=0.5)
+        bg = Background(worker)
+        wait_for(lambda: worker.waiting, what="the worker idle")
+        reply = example.grow(worker.process_id, 2)
+        assert (reply["state"], reply["detail"]) == ("done", "2 -> 4 handlers")
+        assert worker.loop.concurrency == 4
+        example.drain_every_worker()
+        assert bg.join() == 0
+        assert mq.presence.live_processes() == []
 
 
 def test_the_readme_example_is_the_file_the_suite_runs(r):

@@ -90,9 +90,13 @@ def test_an_idle_worker_sends_nothing_per_queue(r) -> None:
         wake_keys = {f"{prefix}:{{{q}}}:wake" for q in queues}
         looks = [w for w in seen[prefix] if w[0].upper() == "EXISTS"]
         pops = [w for w in seen[prefix] if w[0].upper() == "BZPOPMIN"]
-        # every queue's watched keys in one look; every wake key in one blocking pop
+        # every queue's watched keys in one look; every wake key in one blocking
+        # pop, with the worker's command key (docs/howto/operate-workers.md#how-it-works)
         assert {len(w) - 1 for w in looks} == {len(queues) * len(WATCHED)}, looks[:2]
-        assert all(set(w[1:-1]) == wake_keys for w in pops), pops[:2]
+        commands = {k for w in pops for k in w[1:-1] if ":commands:" in k}
+        assert len(commands) == 1 and commands.pop().startswith(f"{prefix}:{{{queues[0]}}}:")
+        assert all(set(w[1:-1]) - {k for k in w[1:-1] if ":commands:" in k} == wake_keys
+                   for w in pops), pops[:2]  # fmt: skip
 
 
 @pytest.mark.e2e

@@ -15,7 +15,7 @@ import pytest
 
 from echomq_django import EchoMQ, JobState, Worker, handler
 from echomq_django.handlers import _registry
-from echomq_django.runners import autoscale
+from echomq_django.runners.control import autoscale
 from echomq_django.runners.processes.child import rss_bytes
 from echomq_django.runners.processes.supervisor import TERM_GRACE_S
 from tests.support.workerkit import Background, wait_for

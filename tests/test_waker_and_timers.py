@@ -1,4 +1,4 @@
-"""The Waker and the worker's Timers (runners/wake.py), on both rigs: what is
+"""The Waker and the worker's Timers (runners/wake.py, runners/timers.py), on both rigs: what is
 popped, when, and what goes back; the timers promote on the announced run-at
 and sweep one worker at a time per queue."""
 

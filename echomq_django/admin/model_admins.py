@@ -41,6 +41,7 @@ from ..runners import heartbeat
 from . import actions as ops
 from . import dashboard as board
 from . import display as show
+from . import worker_commands
 from .pages import job_page, job_url, queue_page, workers_page
 
 RETRY_PERMISSION = "echomq_django.retry_job"
@@ -405,12 +406,16 @@ class MirroredQueueAdmin(MirrorAdmin):
         (docs/howto/operate.md#live-workers-and-pumps)."""
         if not self.has_view_permission(request):
             raise PermissionDenied
+        if request.method == "POST":  # a command (worker_commands.py)
+            return worker_commands.post(request, self.model, request.path)
+        mq = get_mq()
         return TemplateResponse(
             request,
             "admin/echomq_django/workers.html",
             {
                 **self.admin_site.each_context(request),
-                **workers_page(get_mq()),
+                **workers_page(mq),
+                **worker_commands.page_context(mq, request),
                 "opts": self.opts,
                 "title": "Live workers and pumps",
             },

@@ -1,4 +1,4 @@
-"""Every Redis key echomq_django uses, and the rules for the names inside them.
+"""Every Redis key echomq_django uses (the rules for the names inside them: core/names.py).
 
 This is the only module that knows the prefix and spells a key name
 (docs/explanation/protocol.md#keys); the tables below are the table of contents of the
@@ -13,100 +13,22 @@ here.
 from __future__ import annotations
 
 import re
-import unicodedata
 from dataclasses import dataclass, fields
 
-QUEUE_RULE = "a queue name is 1-64 characters from A-Z a-z 0-9 _ . -"
-ID_RULE = (
-    "a job id is 1-128 characters with no '{', '}', ':', whitespace, control or "
-    "format characters (NUL, ESC, bidi overrides, zero-width...) or lone surrogates"
+from .names import (  # noqa: F401 (the rules and checks, imported from here too)
+    GROUP_RULE,
+    ID_RULE,
+    NAME_RULE,
+    PREFIX_RULE,
+    QUEUE_RULE,
+    refused_char,
+    validate_group,
+    validate_id,
+    validate_name,
+    validate_prefix,
+    validate_queue,
 )
-NAME_RULE = (
-    "a job name (the handler's) is a non-empty string with no control or format "
-    "characters (NUL, ESC, bidi overrides, zero-width...) or lone surrogates"
-)
-PREFIX_RULE = "a prefix is 1-32 characters from A-Z a-z 0-9 _ . -"
-GROUP_RULE = ID_RULE.replace("a job id", "a group name", 1)  # the same characters
 
-_QUEUE_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}\Z")
-_ID_RE = re.compile(r"[^{}:\s]{1,128}\Z")
-_PREFIX_RE = re.compile(r"[A-Za-z0-9_.-]{1,32}\Z")
-_ASCII_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-# Unicode categories refused in ids and names: control, format, surrogate.
-_REFUSED = {"Cc": "a control character", "Cf": "a format character", "Cs": "a lone surrogate"}
-
-
-def refused_char(text: str) -> str | None:
-    """Why ``text`` may not be an id or a name, or None: the first control
-    or format character or lone surrogate in it, as ``"U+001B (a control
-    character)"``. They would hide in logs and the admin, reorder or vanish
-    on screen, or (a surrogate) fail to encode after part of a flow landed."""
-    if text.isascii():  # the common case: one regex pass
-        m = _ASCII_CONTROL.search(text)
-        return f"U+{ord(m.group()):04X} (a control character)" if m else None
-    for ch in text:
-        kind = _REFUSED.get(unicodedata.category(ch))
-        if kind:
-            return f"U+{ord(ch):04X} ({kind})"
-    return None
-
-
-def validate_queue(queue: object) -> str:
-    """Return ``queue`` if it is a valid queue name (docs/explanation/protocol.md#keys).
-
-    Raises ``ValueError`` naming the rule when it is not a ``str`` matching
-    ``[A-Za-z0-9_.-]{1,64}``.
-    """
-    if not isinstance(queue, str) or not _QUEUE_RE.match(queue):
-        raise ValueError(f"invalid queue name {queue!r}: {QUEUE_RULE}")
-    return queue
-
-
-def validate_id(job_id: object) -> str:
-    """Return ``job_id`` if it is a valid job id (docs/explanation/protocol.md#keys).
-
-    Raises ``ValueError`` naming the rule when it is not a ``str`` of 1-128
-    characters without ``{``, ``}``, ``:``, whitespace, control or format
-    characters or lone surrogates (docs/explanation/reliability.md#bad-input-writes-nothing).
-    """
-    if not isinstance(job_id, str) or not _ID_RE.match(job_id):
-        raise ValueError(f"invalid job id {job_id!r}: {ID_RULE}")
-    bad = refused_char(job_id)
-    if bad:
-        raise ValueError(f"invalid job id {job_id!r}: it holds {bad}; {ID_RULE}")
-    return job_id
-
-
-def validate_name(name: object) -> str:
-    """Return ``name`` if it is a valid job name (the handler's).
-
-    Raises ``ValueError`` naming the rule when it is not a non-empty ``str``
-    or holds a control or format character or a lone surrogate.
-    """
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"invalid job name {name!r}: {NAME_RULE}")
-    bad = refused_char(name)
-    if bad:
-        raise ValueError(f"invalid job name {name!r}: it holds {bad}; {NAME_RULE}")
-    return name
-
-
-def validate_group(group: object) -> str:
-    """``group`` if valid (it is part of ``P:{q}:g:<group>:...``,
-    docs/explanation/protocol.md#groups); else ``ValueError`` naming ``GROUP_RULE``."""
-    if not isinstance(group, str) or not _ID_RE.match(group) or refused_char(group):
-        raise ValueError(f"invalid group name {group!r}: {GROUP_RULE}")
-    return group
-
-
-def validate_prefix(prefix: object) -> str:
-    """Return ``prefix`` if valid; ``ValueError`` naming the rule otherwise."""
-    if not isinstance(prefix, str) or not _PREFIX_RE.match(prefix):
-        raise ValueError(f"invalid key prefix {prefix!r}: {PREFIX_RULE}")
-    return prefix
-
-
-# QueueKeys field -> the suffix after P:{q}: (one key per queue each).
 QUEUE_KEYS = {
     "pending": "pending",  # list: ids ready to claim, oldest first
     "active": "active",  # zset: id -> lease deadline (ms)
@@ -179,6 +101,9 @@ GC_PREFIX = "gc:"  # list P:{q}:gc:<seq>:<id>: a removed parent's child refs
 DONE_PREFIX = "done:"
 GROUP_PREFIX = "g:"  # P:{q}:g:<group>:<GROUP_KEYS>: a group's claimable ids, gone with them
 GROUP_KEYS = {k: k for k in ("pending", "prioritized", "limiter")} | {"pri_seq": "pri:seq"}
+# zset P:{q}:commands:<worker id>: operator commands waiting for a worker whose
+# first queue is q, popped by its waker (docs/howto/operate-workers.md#how-it-works)
+COMMANDS_PREFIX = "commands:"
 # JobKeys field -> the suffix after the row key P:{q}:job:<id> (a parent's keys,
 # and the lines any job's handler logs), each removed with the row.
 JOB_KEYS = {
@@ -273,6 +198,11 @@ class QueueKeys:
     def done(self, job_id: str) -> str:
         """``P:{q}:done:<id>``: the stream a finished job notes for its waiters."""
         return f"{self.base}{DONE_PREFIX}{validate_id(job_id)}"
+
+    def commands(self, worker_id: str) -> str:
+        """``P:{q}:commands:<worker id>``: commands waiting for a worker that
+        blocks on this queue's slot (its first queue)."""
+        return f"{self.base}{COMMANDS_PREFIX}{worker_id}"
 
     def schedule(self, entry: str) -> str:
         """``P:{q}:schedule:<entry>``: the last tick a periodic entry fired (ms)."""
@@ -399,6 +329,16 @@ class Keyspace:
         """``P:process:<id>``: one worker's or pump's heartbeat (a JSON string
         with a TTL). ``process_id`` is ``host:pid:hex``, made by the host."""
         return f"{self.prefix}:process:{process_id}"
+
+    def command(self, command_id: str) -> str:
+        """``P:command:<id>``: one operator command's record (a stream: sent,
+        then the worker's replies), with a TTL."""
+        return f"{self.prefix}:command:{command_id}"
+
+    def command_index(self) -> str:
+        """``P:commands``: a zset of recent command ids -> when sent (ms),
+        the newest ``protocol/control/commands.RECENT_KEPT`` kept."""
+        return f"{self.prefix}:commands"
 
     def parse_ref(self, ref: str) -> tuple[str, str]:
         """Split a child ref ``P:{q}:job:<id>`` into ``(queue, id)``.

@@ -35,6 +35,7 @@ from ..core.retention import job_keep
 from ..core.retry import job_extras, policy_keywords
 from ..tracing.spans import adding
 from .bulk import Bulk
+from .control.commands import WorkerCommands
 from .control.groups import Groups
 from .control.limits import Limits
 from .control.schedules import ScheduleStore
@@ -59,7 +60,7 @@ class EchoMQ(Reads):
 
     Holds its parts (the module docstring says who calls which): ``flows``, ``bulk``,
     ``lifecycle``, ``outbox``, ``timers``, ``signal_events``, ``presence``, ``probes``,
-    ``waits``, ``progress``, ``events``, ``limits``, ``schedule_store``, ``groups``.
+    ``waits``, ``progress``, ``events``, ``limits``, ``schedule_store``, ``groups``, ``commands``.
 
     ``prefix`` starts every key (docs/explanation/protocol.md#keys). ``queues`` maps a queue name to
     its defaults ``{"MAX_ATTEMPTS": int, "BACKOFF_MS": ms, "LEASE_MS": ms}``; missing values come
@@ -105,6 +106,7 @@ class EchoMQ(Reads):
         self.waits, self.progress, self.events = Waits(wire, self), Progress(wire), Events(wire)
         self.limits, self.schedule_store = Limits(wire), ScheduleStore(wire)
         self.groups = Groups(wire)  # docs/explanation/protocol.md#groups
+        self.commands = WorkerCommands(wire, self.presence)
 
     @property
     def clock(self):

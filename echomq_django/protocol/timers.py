@@ -32,6 +32,7 @@ from redis.retry import Retry
 
 from ..core.jobs import Outcome, to_text
 from ..core.options import MAX_MS, check_int
+from .control.commands import NUDGE, PENDING_TTL_MS
 from .errors import TRANSIENT, connection_error
 from .scripts import socket_timeout
 from .wire import Part, Wire
@@ -50,11 +51,14 @@ AWAY = (*TRANSIENT, redis.exceptions.ClusterError, redis.exceptions.RedisCluster
 class Wake:
     """A popped marker (``queue``, ``member`` ``'0'`` or ``'d'``, ``score``:
     0, or the run-at in ms), or a runner's note of the connection's state
-    (``runners.wake.DOWN`` / ``UP``: queue ``''``)."""
+    (``runners.wake.DOWN`` / ``UP``: queue ``''``), or with ``command`` a
+    worker command popped from its key (queue ``''``, ``member`` its JSON,
+    ``score`` when it was sent; ``protocol/control/commands.py``)."""
 
     queue: str
     member: str
     score: int = 0
+    command: bool = False
 
 
 class Markers:
@@ -71,10 +75,18 @@ class Markers:
     ``block_s``. A client whose pool is not a plain one (Sentinel...) blocks
     on the shared client, ``block_s`` bounded below its socket timeout, and
     ``cut()`` cannot end it: the thread returns within ``block_s``.
-    Thread-safe."""
+    Thread-safe.
 
-    def __init__(self, wire: Wire, queues: list[str], field: str, block_s: float) -> None:
-        self.wire, self.field, self.block_s = wire, field, block_s
+    ``commands``: a worker's command key (``P:{q}:commands:<id>``, ``q`` the
+    first of ``queues``), or None: the first group's ``pop`` blocks on it
+    too, so an idle worker hears a command in the command it blocks in
+    anyway; ``pop_commands()`` blocks on it alone (a busy worker), and
+    ``nudge()`` ends that wait."""
+
+    def __init__(
+        self, wire: Wire, queues: list[str], field: str, block_s: float, commands=None
+    ) -> None:
+        self.wire, self.field, self.block_s, self.commands = wire, field, block_s, commands
         client = wire.client
         self.cluster = isinstance(client, RedisCluster)
         self._cut = threading.Event()
@@ -102,6 +114,27 @@ class Markers:
         ``RedisUnavailable`` while Redis cannot be reached, and once
         ``cut()`` ended the wait."""
         keys = {self.key(q): q for q in queues}
+        if self.commands and self._group_of[queues[0]] == self.groups[0][0]:
+            keys = {self.commands: None, **keys}  # the same slot as the group's first queue
+        return self._pop(keys, queues)
+
+    def pop_commands(self) -> Wake | None:
+        """Block up to ``block_s`` on the command key alone (None when none
+        came; a ``nudge`` comes back as a command ``NUDGE``). Raises as ``pop``."""
+        return self._pop({self.commands: None}, self.groups[0])
+
+    def nudge(self) -> None:
+        """End a ``pop_commands`` wait at once (the worker wants its wake
+        markers again). Raises ``RedisUnavailable``."""
+        pipe = self.wire.client.pipeline(transaction=False)
+        pipe.zadd(self.commands, {NUDGE: 0})
+        pipe.pexpire(self.commands, PENDING_TTL_MS)  # left behind by a worker that stopped
+        try:
+            pipe.execute()
+        except AWAY as err:
+            raise connection_error(self.wire.client, err) from err
+
+    def _pop(self, keys: dict, queues: list[str]) -> Wake | None:
         client = self.wire.client
         try:
             client = self._client(queues)
@@ -115,14 +148,15 @@ class Markers:
         if not got:
             return None
         key, member, score = got
-        return Wake(keys[to_text(key)], to_text(member), int(score))
+        queue = keys[to_text(key)]
+        return Wake(queue or "", to_text(member), int(score), command=queue is None)
 
     def put_back(self, wake: Wake) -> None:
         """Return a popped marker for another runner (``'d'`` keeps the
         earliest run-at). Raises ``RedisUnavailable``."""
-        key = self.key(wake.queue)
+        key = self.commands if wake.command else self.key(wake.queue)
         try:
-            if wake.member == WAKE_DUE:
+            if wake.member == WAKE_DUE and not wake.command:
                 self.wire.client.zadd(key, {WAKE_DUE: wake.score}, lt=True)
             else:
                 self.wire.client.zadd(key, {wake.member: wake.score})
@@ -177,9 +211,10 @@ class Markers:
 class Timers(Part):
     """The time-driven part of ``EchoMQ`` (``mq.timers``)."""
 
-    def markers(self, queues: list[str], field: str, block_s: float) -> Markers:
-        """A ``Markers`` reader of ``field`` for ``queues``."""
-        return Markers(self.wire, queues, field, block_s)
+    def markers(self, queues: list[str], field: str, block_s: float, commands=None) -> Markers:
+        """A ``Markers`` reader of ``field`` for ``queues`` (and a worker's
+        ``commands`` key, or None)."""
+        return Markers(self.wire, queues, field, block_s, commands)
 
     def promote_delayed(self, queue: str, limit: int = 1000) -> int:
         """Move up to ``limit`` due delayed jobs to pending; returns how many."""

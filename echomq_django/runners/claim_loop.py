@@ -21,7 +21,7 @@ from .flusher import Flusher
 from .outage import REDIS_DOWN, Outage
 from .pool import HandlerPool, error_text, unknown_name_error
 from .reporter import Claims, Finished, Reporter, decided
-from .timeouts import Timeouts
+from .timeouts import Timeouts, timed_out
 from .wake import Idle, Wake
 
 log = logging.getLogger("echomq_django.worker")
@@ -77,11 +77,12 @@ class ClaimLoop:
             fetch=self.fetch, taken=self._taken,
         )  # fmt: skip
         self.fetching, self._fetch_lock = 0, threading.Lock()  # the reporter's claims in flight
-        self.timeouts = Timeouts(self._on_timeout)
+        self.timeouts = Timeouts(lambda job, limit_ms: timed_out(self, job, limit_ms))
         self.idle = Idle(self, block_s, sweep_s, max_stalls)
         self.pool: HandlerPool | None = None
         self.make_pool = make_pool  # (loop, name) -> a pool; None: HandlerPool
         self.scale = None  # an autoscale.Autoscale: concurrency moves within its bounds
+        self.commands = None  # a commands.Commands: operator commands, applied here
         self.done: _queue.SimpleQueue = _queue.SimpleQueue()  # Finished, Wake, None: a wake-up
         self.waiting = False  # blocked on the wake keys, idle
         self.executing = 0  # submitted to the pool and not finished (loop thread only)
@@ -119,6 +120,14 @@ class ClaimLoop:
             self.stopping.set()
         self.forced = self.forced or force
         self.done.put(None)  # wake the loop
+
+    def drain(self) -> None:
+        """Stop claiming; ``run()`` returns once every running job has
+        finished, with no deadline (a stop already under way keeps its own)."""
+        if not self.stopping.is_set():
+            self.stop_at = float("inf")
+            self.stopping.set()
+        self.done.put(None)
 
     def begin(self, name: str) -> None:
         """Start a run: a fresh pool of handler threads named ``name``, a
@@ -217,8 +226,12 @@ class ClaimLoop:
         size = self.scale.size(now, self.concurrency, free, got, self.executing)
         if size != self.concurrency:
             log.info("autoscale: %d -> %d handlers", self.concurrency, size)
-            self.concurrency = size
-            self.pool.resize(size)
+            self.resize(size)
+
+    def resize(self, size: int) -> None:
+        """Run ``size`` handlers from now on (autoscaling, a pool command)."""
+        self.concurrency = size
+        self.pool.resize(size)
 
     def _run_is_over(self, now: float, got: int, asked: bool, max_jobs: int | None) -> bool:
         """True when ``run()`` should return: stopping (or ``max_jobs``
@@ -286,7 +299,10 @@ class ClaimLoop:
             for queue in {f.job.queue for f in finished}:  # their queue's next sweep prunes
                 self.idle.timers.finished(queue)
         for wake in wakes:  # after the finished jobs freed their threads
-            self.idle.on_wake(wake)
+            if wake.command:
+                self.commands.apply(wake)
+            else:
+                self.idle.on_wake(wake)
 
     def wake(self) -> None:
         """Wake the loop (from any thread)."""
@@ -425,21 +441,3 @@ class ClaimLoop:
                     "%d ms (it ran %.0f ms); its result is discarded",
                     *(job.queue, job.id, job.name, finished.ms - limit_ms, limit_ms, finished.ms),
                 )
-
-    def _on_timeout(self, job: Job, limit_ms: int) -> None:
-        """On the timeouts thread: ``job`` ran past ``limit_ms``. Fail the
-        attempt (the reporter retries it by the usual rules) and write its
-        thread off; stop claiming when every handler thread is stuck."""
-        fate = self.pool.write_off(job)
-        error = (f"TimeoutError: the attempt ran longer than its time limit of {limit_ms} ms "
-                 f"(timeout_ms / TIMEOUT_MS); {fate}")  # fmt: skip
-        late = Finished(job, error=error, ms=float(limit_ms))
-        self.done.put(decided(late, TimeoutError(), self.mq.queues, self.mq.wire.backoff_cap_ms))
-        stuck = self.timeouts.stuck
-        log.warning("job %s/%s (%s) timed out after %d ms", job.queue, job.id, job.name, limit_ms)
-        if stuck > self.max_stuck:
-            log.error("%d handler threads are stuck past their jobs' time limits (max_stuck %d): "
-                      "the worker stops claiming and returns, for its supervisor to restart it",
-                      stuck, self.max_stuck)  # fmt: skip
-            self.give_up_stuck = True
-            self.stop()

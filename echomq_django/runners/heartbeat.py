@@ -50,7 +50,9 @@ class Heartbeat:
     ``mq``: an ``EchoMQ``; ``kind``: ``worker`` or ``pump``; ``queues``: the
     queue names it serves; ``interval_s`` (s, > 0): time between beats;
     ``status``: a callable returning ``{jobs_done, running, running_jobs}``
-    at each beat (None: zeros); ``concurrency``: handler threads.
+    at each beat (None: zeros), and ``concurrency`` when it changes;
+    ``concurrency``: handlers at the start; ``process_id``: its id (None:
+    a new ``new_process_id()``).
     ``start()`` beats once at once (a Redis error is logged at DEBUG, not
     raised: the runner reports outages; the process runs without being
     listed until Redis answers), then every
@@ -60,7 +62,14 @@ class Heartbeat:
     """
 
     def __init__(
-        self, mq, kind: str, queues, interval_s: float = HEARTBEAT_S, status=None, concurrency=0
+        self,
+        mq,
+        kind: str,
+        queues,
+        interval_s: float = HEARTBEAT_S,
+        status=None,
+        concurrency=0,
+        process_id: str | None = None,
     ) -> None:
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
@@ -69,7 +78,7 @@ class Heartbeat:
         self.mq, self.interval_s, self.status = mq, float(interval_s), status
         now = mq.clock()
         self.info = ProcessInfo(
-            id=new_process_id(),
+            id=process_id or new_process_id(),
             kind=kind,
             host=socket.gethostname(),
             pid=os.getpid(),
@@ -94,6 +103,7 @@ class Heartbeat:
             s = self.status()
             self.info.jobs_done = int(s.get("jobs_done", 0))
             self.info.running = int(s.get("running", 0))
+            self.info.concurrency = int(s.get("concurrency", self.info.concurrency))
             self.info.running_jobs = list(s.get("running_jobs", ()))[:RUNNING_SHOWN]
         upkeep = self.beats % UPKEEP_EVERY == 0 or self._failing  # the first one, then now and then
         try:
@@ -140,12 +150,14 @@ def announce(
     status=None,
     concurrency: int = 0,
     warn: logging.Logger | None = None,
+    process_id: str | None = None,
 ) -> Heartbeat | None:
     """What a runner does as it starts (docs/explanation/house.md#monitoring): with ``warn`` (a
     logger), warn about queues known nowhere (``unknown_queue_warning``;
     skipped while Redis is down: the runner reports that); then, unless
-    ``register`` is off, start the ``Heartbeat`` that lists it (returned:
-    ``stop()`` it when the runner returns)."""
+    ``register`` is off, start the ``Heartbeat`` that lists it as
+    ``process_id`` (None: a new id; returned: ``stop()`` it when the runner
+    returns)."""
     if warn is not None:
         try:
             warning = unknown_queue_warning(mq, queues)
@@ -155,7 +167,9 @@ def announce(
             warn.warning("%s", warning)
     if not register:
         return None
-    return Heartbeat(mq, kind, queues, beat_s, status=status, concurrency=concurrency).start()
+    return Heartbeat(
+        mq, kind, queues, beat_s, status=status, concurrency=concurrency, process_id=process_id
+    ).start()
 
 
 def settings_queues() -> list[str]:

@@ -24,11 +24,15 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import logging
 import threading
 import time
 from collections.abc import Callable
 
 from ..core.jobs import Job
+from .reporter import Finished, decided
+
+log = logging.getLogger("echomq_django.worker")
 
 
 class Timeouts:
@@ -106,3 +110,23 @@ class Timeouts:
                     return
             for job, limit in due:
                 self._on_timeout(job, limit)
+
+
+def timed_out(loop, job: Job, limit_ms: int) -> None:
+    """On the timeouts thread: ``job`` of ``loop`` (the worker's
+    ``ClaimLoop``) ran past ``limit_ms`` (ms). Fail the attempt (the
+    reporter retries it by the usual rules) and write its handler off; stop
+    claiming when more handlers are stuck than ``loop.max_stuck``."""
+    fate = loop.pool.write_off(job)
+    error = (f"TimeoutError: the attempt ran longer than its time limit of {limit_ms} ms "
+             f"(timeout_ms / TIMEOUT_MS); {fate}")  # fmt: skip
+    late = Finished(job, error=error, ms=float(limit_ms))
+    loop.done.put(decided(late, TimeoutError(), loop.mq.queues, loop.mq.wire.backoff_cap_ms))
+    stuck = loop.timeouts.stuck
+    log.warning("job %s/%s (%s) timed out after %d ms", job.queue, job.id, job.name, limit_ms)
+    if stuck > loop.max_stuck:
+        log.error("%d handler threads are stuck past their jobs' time limits (max_stuck %d): "
+                  "the worker stops claiming and returns, for its supervisor to restart it",
+                  stuck, loop.max_stuck)  # fmt: skip
+        loop.give_up_stuck = True
+        loop.stop()

@@ -99,12 +99,14 @@ from ..core.exceptions import JobCancelled
 from ..core.keyspace import validate_queue
 from ..protocol.client import EchoMQ
 from . import heartbeat
-from .autoscale import Autoscale
 from .claim_loop import ClaimLoop
+from .control.autoscale import Autoscale
+from .control.commands import Commands
 from .outage import REDIS_DOWN
 from .processes import supervisor as processes
 from .reporter import GONE, STATS_EVERY_S
-from .wake import BLOCK_S, SWEEP_S
+from .timers import SWEEP_S
+from .wake import BLOCK_S
 
 __all__ = ["STATS_EVERY_S", "Worker"]
 
@@ -127,7 +129,8 @@ class Worker:
     running past their job's time limit (written off and replaced) before the
     worker stops (default ``concurrency``; timeouts.py); ``register``: list
     this worker among the live processes while it runs (a heartbeat every
-    ``beat_s`` seconds, docs/howto/operate.md#live-workers-and-pumps);
+    ``beat_s`` seconds, docs/howto/operate.md#live-workers-and-pumps; a
+    listed worker takes operator commands, docs/howto/operate-workers.md);
     ``metrics``: the process's
     Prometheus counters of finished jobs and handler times
     (``monitoring.metrics.process_metrics()``; ``runworker --metrics-port``
@@ -149,8 +152,9 @@ class Worker:
     ``MAX >= MIN >= 1``. ``run()`` logs a WARNING
     naming the known queues when a queue is known nowhere (no job, not in
     settings). Also ``loop`` (its ``ClaimLoop``, which holds the claim
-    state), ``wakeups``, ``timers`` (``wake.Idle``) and ``waiting`` (true
-    while idle, blocked on its queues).
+    state), ``wakeups``, ``timers`` (``wake.Idle``), ``waiting`` (true
+    while idle, blocked on its queues) and ``process_id`` (its id among the
+    live processes).
 
     After ``run()``: ``processed`` (jobs completed or failed, all runs),
     ``stats`` (``completed``, ``failed`` = will retry, ``dead``, ``lost`` =
@@ -240,6 +244,12 @@ class Worker:
             else processes.maker(mq, max_jobs_per_child, max_memory_per_child),
         )
         self.loop.scale = scale
+        # its id among the live processes, and the key its operator commands come
+        # through (docs/howto/operate-workers.md): only a listed worker can be named
+        self.process_id = heartbeat.new_process_id()
+        if register:
+            key = mq.keys.queue(self.queues[0]).commands(self.process_id)
+            self.loop.commands = Commands(mq, self.process_id, key, self.loop)
         self.timers, self.wakeups = self.loop.idle.timers, self.loop.idle.wakeups
         self._halt = threading.Event()  # set when run() returns: helpers stop
 
@@ -341,6 +351,7 @@ class Worker:
             status=self._status,
             concurrency=self.concurrency,
             warn=log,
+            process_id=self.process_id,
         )
         try:
             loop.run(burst, max_jobs)
@@ -369,6 +380,8 @@ class Worker:
                     "were failed as timed out); exiting now cuts them off",
                     stuck,
                 )
+            if loop.commands is not None:
+                loop.commands.finish()
             log.info("worker stopped: processed %d jobs this run", self.processed - start)
         return self.processed - start
 
@@ -377,6 +390,7 @@ class Worker:
         running = self.loop.claims.refs()
         return {
             "jobs_done": self.processed,
+            "concurrency": self.loop.concurrency,
             "running": len(running),
             "running_jobs": [f"{q}/{i}" for q, i in running[: heartbeat.RUNNING_SHOWN]],
         }

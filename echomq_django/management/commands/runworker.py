@@ -41,10 +41,12 @@ from echomq_django.core.keyspace import whole_number
 from echomq_django.logs import setup_logging
 from echomq_django.monitoring import metrics
 from echomq_django.monitoring.mirror import mirror_after_sweep
-from echomq_django.runners import autoscale, periodic
+from echomq_django.runners import periodic
+from echomq_django.runners.control import autoscale
 from echomq_django.runners.outage import reach_redis_at_start
 from echomq_django.runners.pump import Pump
-from echomq_django.runners.wake import BLOCK_S, SWEEP_S
+from echomq_django.runners.timers import SWEEP_S
+from echomq_django.runners.wake import BLOCK_S
 from echomq_django.runners.worker import POOLS, Worker
 
 # what a pump sweep moved that a next burst may run (SweepReport's counts)
