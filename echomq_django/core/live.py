@@ -13,6 +13,8 @@ gets no ``Job``: ``current_job()`` answers it while the task runs
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
 import json
 import math
 from contextvars import ContextVar
@@ -30,6 +32,20 @@ CUT_MARKER = " [... {n} bytes cut]"  # ends a line cut to MAX_LOG_LINE_BYTES
 MAX_ADDED_CHILDREN = 10_000  # direct children one add_children call adds at most
 
 _current: ContextVar[Any] = ContextVar("echomq_current_job", default=None)
+
+
+def step_prefix(queue: str, job_id: str, created_at: int | None, waits: int, call: int) -> str:
+    """The prefix of the generated ids of one ``add_children`` call
+    (docs/explanation/protocol.md#step-jobs): 12 URL-safe characters, the
+    first 72 bits of the SHA-256 of the running job's ``queue``, ``job_id``,
+    ``created_at`` (ms; None for a row without one), ``waits`` (the waits it
+    finished, its row's ``waits``) and ``call`` (0 for the run's first
+    ``add_children`` call, then 1, ...). The same run repeated after a crash
+    draws the same ids, so it adds the same children again instead of new
+    ones; another job, a later run after a wait, or the same ids added
+    again after a removal (a new ``created_at``) draws others."""
+    text = f"{queue}\0{job_id}\0{created_at or ''}\0{waits}\0{call}"
+    return base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()[:9]).decode()
 
 
 def progress_text(value: Any, encode=None) -> str:
