@@ -89,6 +89,18 @@ def test_a_later_run_after_a_wait_draws_new_ids(mq) -> None:
     assert len(mq.dependencies("qa", "s").unprocessed) == 1
 
 
+def test_a_run_after_a_move_to_delayed_draws_new_ids(tmq, clock) -> None:
+    tmq.enqueue("qa", "step.fan", None, job_id="s")
+    job = claim_one(tmq, "qa", "s")
+    (first,) = job.add_children([Flow("qb", "t.echo", 1)])
+    tmq.timers.postpone(job, 0)  # what the worker does on job.move_to_delayed(0)
+    assert tmq.timers.promote_delayed("qa") == 1
+    job = claim_one(tmq, "qa", "s")
+    (second,) = job.add_children([Flow("qb", "t.other", 2)])  # no FlowConflict
+    assert second != first
+    assert sorted(tmq.dependencies("qa", "s").unprocessed) == sorted([first, second])
+
+
 def test_a_rerun_that_adds_another_child_under_an_id_is_refused(tmq, clock, monkeypatch) -> None:
     again = crashed(tmq, clock, monkeypatch, 1, explicit=True)
     with pytest.raises(FlowConflict, match="k1"):
