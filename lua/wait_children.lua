@@ -54,7 +54,7 @@ redis.call('ZREM', active, id)
 left_active(base, f[5] or nil)  -- its group's running count too (docs/explanation/protocol.md#groups)
 redis.call('HSET', row, 'state', 'awaiting_children', 'updated_at', now,
   'attempts', math.max(0, (tonumber(f[3]) or 1) - 1))
--- the waits it finished: a later run's add_children draws other ids
+-- the runs it ended waiting: a later run's add_children draws other ids
 -- (docs/explanation/protocol.md#step-jobs)
 redis.call('HINCRBY', row, 'waits', 1)
 redis.call('ZADD', awaiting, now, id)

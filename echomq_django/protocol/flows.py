@@ -194,8 +194,11 @@ class Flows(Part):
         children's ``JobRef``\\ s. Parent first: ``lua/add_children.lua``
         counts them on the job's row under its lease, then each child lands
         as a flow node does (``enqueue_flow``, step by step), so a child never
-        finishes before its parent counts it. Everything is checked before
-        the first write. Raises ``JobNotActive`` (not a running job),
+        finishes before its parent counts it. Generated ids are derived from
+        the job and this call (``core.live.step_prefix``) and landed gated:
+        the run repeated after a crash adds the same children, lands those
+        missing and keeps those landed (docs/explanation/protocol.md#step-jobs).
+        Everything is checked before the first write. Raises ``JobNotActive`` (not a running job),
         ``LeaseLost`` (its lease was lost), ``FlowError`` / ``ValueError`` /
         ``PayloadError`` (a bad node or list), ``FlowConflict`` (an id taken);
         ``RedisUnavailable``."""
