@@ -8,10 +8,35 @@ from __future__ import annotations
 
 import pytest
 
+import echomq_django as emq
 from echomq_django import Flow, FlowConflict, JobRef, JobState
 from echomq_django.core.live import step_prefix
 from echomq_django.runners.pump import Pump
 from tests.support.jobkit import assert_state, claim_one
+from tests.support.workerkit import burst
+
+DIED = []  # the runs of step.once_broken that failed while their children landed
+
+
+@emq.handler("step.once_broken")
+def once_broken(job):
+    """Adds two children (generated ids, on qb and qc) and waits; its first
+    run fails after the qb child landed, as a worker losing Redis there
+    would. The run after it adds the same children."""
+    if job.dependencies().processed:
+        return sum(job.children_values().values())
+    if not DIED:
+        job._mq.wire.fault_hook = _fail_once
+    try:
+        job.add_children([Flow("qb", "t.echo", 1), Flow("qc", "t.echo", 2)])
+    finally:
+        job._mq.wire.fault_hook = None
+    raise emq.WaitForChildren
+
+
+def _fail_once(n, queue, groups):
+    DIED.append(queue)
+    raise ConnectionError("injected: Redis lost after the first landing step")
 
 
 def kids(explicit: bool) -> list[Flow]:
@@ -72,6 +97,19 @@ def test_the_run_after_a_crash_lands_the_same_children_once(
     tmq.complete(last, "done")
     assert_state(tmq, "qa", "s", "completed")
     assert tmq.get_job("qa", "s").attempts == 1 + 1  # the crashed attempt counts
+
+
+def test_a_worker_runs_a_step_job_whose_first_run_failed_mid_add_to_its_end(mq) -> None:
+    DIED.clear()
+    mq.enqueue("qa", "step.once_broken", None, job_id="s", max_attempts=2, backoff_ms=0)
+    for _ in range(4):
+        burst(mq, ["qa", "qb", "qc"])
+        Pump(["qa", "qb", "qc"], mq=mq).sweep()
+    job = mq.get_job("qa", "s")
+    assert DIED == ["qb"]
+    assert (job.state, job.result, job.attempts) == (JobState.COMPLETED, 3, 2)
+    assert len(mq.children_values("qa", "s")) == 2
+    assert mq.counts("qb")["completed"] == 1 and mq.counts("qc")["completed"] == 1
 
 
 def test_a_later_run_after_a_wait_draws_new_ids(mq) -> None:
