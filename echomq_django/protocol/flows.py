@@ -217,7 +217,7 @@ class Flows(Part):
             if not isinstance(c, Flow):
                 raise _flows.FlowError(f"add_children takes Flow nodes, got {type(c).__name__}")
         root = Flow(job.queue, job.name, None, job_id=job.id, children=list(children))
-        if job._adds is None:  # the waits it finished: unchanged while this lease holds
+        if job._adds is None:  # its row's waits: fixed while this lease holds
             job._adds = [int(self.client.hget(self.keys.job(job.queue, job.id), "waits") or 0), 0]
         waits, call = job._adds
         prefix = step_prefix(job.queue, job.id, job.created_at, waits, call)
