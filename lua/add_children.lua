@@ -10,7 +10,9 @@
   `:failed`); wait_children then holds the parent, or kills it.
 
   A ref already in `:children` is not counted again, so a replay, or an
-  attempt that adds the same children (same ids) again, counts each once.
+  attempt that adds the same children (same ids) again, counts each once:
+  the run repeated after a crash between this script and the children's
+  landing draws the same generated ids (docs/explanation/protocol.md#step-jobs).
   The row gets `inc` (its incarnation) when it has none.
 
   KEYS[1] job row              P:{q}:job:<id> (its :children and

@@ -1,7 +1,10 @@
 --[[
   postpone: an active job goes back to delayed without spending its attempt
   (a handler raised emq.RateLimited(retry_after_ms), docs/explanation/protocol.md#scheduling): its
-  attempt count is taken back and it runs again after retry_after_ms.
+  attempt count is taken back and it runs again after retry_after_ms. A
+  job with an `inc` (it added children: a step job that moves itself,
+  job.move_to_delayed) counts one more in `waits`, as wait_children does:
+  its next run's add_children draws other ids.
 
   KEYS[1] job row              P:{q}:job:<id>
   KEYS[2] delayed zset         P:{q}:delayed (score: run-at, ms)
@@ -25,7 +28,7 @@ local row, delayed, active = KEYS[1], KEYS[2], KEYS[3]
 local queue, id, token, now = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
 local base = row:sub(1, #row - #id - 4)  -- P:{q}: (row is P:{q}:job:<id>)
 
-local f = redis.call('HMGET', row, 'state', 'lease', 'attempts', 'group')
+local f = redis.call('HMGET', row, 'state', 'lease', 'attempts', 'group', 'inc')
 if not f[1] then
   return redis.error_reply('EMQNOJOB ' .. queue .. ' ' .. id)
 end
@@ -43,6 +46,9 @@ redis.call('ZREM', active, id)
 left_active(base, f[4] or nil)
 redis.call('HSET', row, 'state', 'delayed', 'updated_at', now,
   'attempts', math.max(0, (tonumber(f[3]) or 1) - 1))
+if f[5] then  -- a parent (a step job that added children): its next run draws other ids
+  redis.call('HINCRBY', row, 'waits', 1)  -- (docs/explanation/protocol.md#step-jobs)
+end
 make_delayed(base, id, run_at)
 emit_to(base .. 'events', 'postponed', id)
 return run_at

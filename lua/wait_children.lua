@@ -3,7 +3,9 @@
   for them (a step job, docs/explanation/protocol.md#step-jobs; its handler
   raised emq.WaitForChildren). Under the job's lease: active ->
   awaiting_children, its attempt taken back (as postpone does: waiting is
-  not a failure), a `waiting_children` event. Then, at once:
+  not a failure), a `waiting_children` event, and its `waits` (the waits it
+  finished) counted one up: the generated ids of its next run's children
+  differ from this run's. Then, at once:
   - a child its parent must fail for (`fp`) died while the parent ran (it is
     in `:failed`): the job dies 'failed by child <ref>: ...', as a held
     parent does (lib/flow.lua kill, its own parent's policy applying);
@@ -52,6 +54,9 @@ redis.call('ZREM', active, id)
 left_active(base, f[5] or nil)  -- its group's running count too (docs/explanation/protocol.md#groups)
 redis.call('HSET', row, 'state', 'awaiting_children', 'updated_at', now,
   'attempts', math.max(0, (tonumber(f[3]) or 1) - 1))
+-- the runs it ended waiting: a later run's add_children draws other ids
+-- (docs/explanation/protocol.md#step-jobs)
+redis.call('HINCRBY', row, 'waits', 1)
 redis.call('ZADD', awaiting, now, id)
 emit(base, 'waiting_children', id)
 if redis.call('HLEN', row .. ':failed') > 0 and redis.call('HEXISTS', row, 'went_on') == 0 then

@@ -43,7 +43,8 @@ from echomq_django.runners.pump import Pump
 
 QUEUES = ("qa", "qb", "qc")
 STEPS = "qs"  # step jobs only: nothing else is claimed there
-ALL = (*QUEUES, STEPS)
+CRASHES = "qx"  # step jobs whose worker dies inside add_children: only step_job_crash claims
+ALL = (*QUEUES, STEPS, CRASHES)
 PREFIXES = itertools.count()
 
 
@@ -156,6 +157,63 @@ class CrossQueueFlows(RuleBasedStateMachine):
             state = self.mq.flows.wait_for_children(job)
             self.waits[job.id] += 1
             assert state in (JobState.AWAITING_CHILDREN, JobState.PENDING, JobState.DEAD)
+
+    @rule(kids=st.lists(trees(depth=1), min_size=1, max_size=3), landed=st.integers(0, 3))
+    def step_job_crash(self, kids, landed):
+        """A step job adds ``kids`` (generated ids) and its worker dies after
+        ``landed`` landing steps (past the last: after add_children
+        returned). Its lease lapses, it is recovered, and the run again
+        adds the same children and waits (docs/explanation/protocol.md#step-jobs)."""
+        self.n += 1
+        sid = f"x{self.n}"
+        self.mq.enqueue(CRASHES, "h", None, job_id=sid)
+        job = self._claim_crashing(sid, lease_ms=10)
+        flows = lambda: [  # noqa: E731 -- the same children, built afresh each run
+            Flow(
+                k["queue"],
+                "h",
+                {"kid": i},
+                max_attempts=k["attempts"],
+                ignore_dependency_on_failure=k["policy"] == "id",
+                remove_dependency_on_failure=k["policy"] == "rd",
+            )
+            for i, k in enumerate(kids)
+        ]
+
+        def die(n, queue, groups):
+            if n + 1 >= landed:
+                raise Crash
+
+        if landed == 0:
+            self.mq.flows._run_steps = lambda *a, **kw: die(-1, "", [])
+        self.mq.wire.fault_hook = die if landed else None
+        try:
+            job.add_children(flows())
+        except Crash:
+            pass
+        finally:
+            self.mq.wire.fault_hook = None
+            self.mq.flows.__dict__.pop("_run_steps", None)
+        self.now[0] += 20
+        assert self.mq.timers.recover_stalled(CRASHES, max_stalls=5).recovered == 1
+        job = self._claim_crashing(sid)
+        refs = job.add_children(flows())
+        node = (CRASHES, sid)
+        for ref in refs:
+            self.parent_of[(ref.queue, ref.id)] = node
+        self.children[node] = [(r.queue, r.id) for r in refs]
+        deps = self.mq.dependencies(CRASHES, sid)
+        assert sorted(deps.unprocessed) == sorted(refs)  # the first run's, landed once
+        self.waits[sid] = 1
+        self.mq.flows.wait_for_children(job)
+
+    def _claim_crashing(self, sid, **kw):
+        """Claim ``sid`` on CRASHES; a released one ahead of it completes."""
+        while True:
+            (job,) = self.mq.claim(CRASHES, 1, **kw)
+            if job.id == sid:
+                return job
+            self.mq.complete(job, job.id)
 
     @rule(data=st.data(), queue=st.sampled_from(QUEUES), attempts=st.integers(1, 2))
     def depends_on(self, data, queue, attempts):

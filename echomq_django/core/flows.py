@@ -218,12 +218,14 @@ _NO_RETRY = (None,) * 9  # and no group
 _PLAIN = (True, False, False, False, None, None, 0, 0, None, None, None, None, None, *_NO_RETRY)
 
 
-def plan(root: Flow, encode, expiring: dict | None = None) -> Plan:
+def plan(root: Flow, encode, expiring: dict | None = None, prefix: str | None = None) -> Plan:
     """Assign ids, validate and order a flow's nodes breadth first; returns
     the ``Plan``: runs of siblings (``Group``) in landing order, parents first.
 
     ``encode(payload) -> str`` serialises a payload (raising ``PayloadError``);
-    ``expiring`` maps a queue to its EXPIRES_MS (ms), for the queues that set it.
+    ``expiring`` maps a queue to its EXPIRES_MS (ms), for the queues that set it;
+    ``prefix`` (12 URL-safe characters, ``core.live.step_prefix``) replaces the random
+    ``id_prefix()`` of the generated ids.
     Raises ``FlowError`` for
     a node that is not a ``Flow``, an id used twice in one queue, or a cycle;
     ``ValueError`` for a bad queue name or id (a bad job name is a
@@ -245,7 +247,7 @@ def plan(root: Flow, encode, expiring: dict | None = None) -> Plan:
     settings: set[tuple] = {_DEFAULTS}  # and once per set of failure flags and settings
     dedups: set[tuple[str, str]] = set()  # (queue, dedup key): one leaf per key in a flow
     deps: list = []  # (queue, id, children list, depends_on, depth) of nodes with depends_on
-    prefix, serial = id_prefix(), 0  # generated ids: the prefix, then serial in hex
+    prefix, serial = prefix or id_prefix(), 0  # generated ids: the prefix, then serial in hex
     token = incarnation()
     # a level: (parent queue, parent id, the parent's children list, its Flow children)
     level: list[tuple[str, str, list | None, list]] = [("", "", None, [root])]

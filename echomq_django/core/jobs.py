@@ -240,6 +240,9 @@ class Job(Reporting):
     # the worker that runs it (runners/flusher.py); None: each write is sent at once
     _writes: Any = field(default=None, repr=False, compare=False)
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
+    # this run's add_children calls (docs/explanation/protocol.md#step-jobs): [the row's
+    # `waits`, read at the first call, calls made]; None before the first
+    _adds: list | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def decode(

@@ -7,12 +7,15 @@ The bounds and the checks a value passes before any Redis write, and
 reaches Redis through the ``EchoMQ`` that claimed it (``Job._mq``, its
 ``progress`` part), under the lease the claim granted. A Django ``@task``
 gets no ``Job``: ``current_job()`` answers it while the task runs
-(docs/howto/progress-and-logs.md#from-a-django-task).
+(docs/howto/progress-and-logs.md#from-a-django-task). ``step_prefix``
+names the children a step job adds (docs/explanation/protocol.md#step-jobs).
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
 import json
 import math
 from contextvars import ContextVar
@@ -30,6 +33,21 @@ CUT_MARKER = " [... {n} bytes cut]"  # ends a line cut to MAX_LOG_LINE_BYTES
 MAX_ADDED_CHILDREN = 10_000  # direct children one add_children call adds at most
 
 _current: ContextVar[Any] = ContextVar("echomq_current_job", default=None)
+
+
+def step_prefix(queue: str, job_id: str, created_at: int | None, waits: int, call: int) -> str:
+    """The prefix of the generated ids of one ``add_children`` call
+    (docs/explanation/protocol.md#step-jobs): 12 URL-safe characters, the
+    first 72 bits of the SHA-256 of the running job's ``queue``,
+    ``job_id``, ``created_at`` (ms; None for a row without one), ``waits``
+    (its row's ``waits``: the runs it ended in a wait, or in a move once it
+    had children) and ``call`` (0 for the run's first ``add_children``
+    call, then 1, ...). The run repeated after a crash draws the same ids,
+    so it adds the same children again instead of new ones; another job, a
+    later run after a wait, or a job added again under the same id (a new
+    ``created_at``) draws others."""
+    text = f"{queue}\0{job_id}\0{created_at or ''}\0{waits}\0{call}"
+    return base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()[:9]).decode()
 
 
 def progress_text(value: Any, encode=None) -> str:
@@ -161,7 +179,10 @@ class Reporting:
         possibly with children of its own; at most ``MAX_ADDED_CHILDREN``)
         as this running job's children, landed now, parent first; then
         ``raise emq.WaitForChildren`` to end the attempt held until they
-        resolve. Returns their ``JobRef``\\ s. Refused, nothing written: a
+        resolve. Returns their ``JobRef``\\ s. Ids left out are derived
+        from this job and call (``step_prefix``): the run after a crash
+        must add the same children in the same order, and then adds them
+        once. Refused, nothing written: a
         job that is not running or whose lease was lost (``JobNotActive``,
         ``LeaseLost``), a bad node (``FlowError``, ``ValueError``,
         ``PayloadError``), an id taken (``FlowConflict``).

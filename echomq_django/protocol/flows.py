@@ -21,7 +21,7 @@ from ..core.flows import Flow, FlowRef
 from ..core.jobs import Job, JobState, to_json, to_text
 from ..core.landing import DEP_OPTS as DEP
 from ..core.landing import Plan, steps
-from ..core.live import MAX_ADDED_CHILDREN
+from ..core.live import MAX_ADDED_CHILDREN, step_prefix
 from ..core.refs import JobRef
 from ..tracing.spans import adding
 from .wire import Part, Wire
@@ -194,8 +194,11 @@ class Flows(Part):
         children's ``JobRef``\\ s. Parent first: ``lua/add_children.lua``
         counts them on the job's row under its lease, then each child lands
         as a flow node does (``enqueue_flow``, step by step), so a child never
-        finishes before its parent counts it. Everything is checked before
-        the first write. Raises ``JobNotActive`` (not a running job),
+        finishes before its parent counts it. Generated ids are derived from
+        the job and this call (``core.live.step_prefix``) and landed gated:
+        the run repeated after a crash adds the same children, lands those
+        missing and keeps those landed (docs/explanation/protocol.md#step-jobs).
+        Everything is checked before the first write. Raises ``JobNotActive`` (not a running job),
         ``LeaseLost`` (its lease was lost), ``FlowError`` / ``ValueError`` /
         ``PayloadError`` (a bad node or list), ``FlowConflict`` (an id taken);
         ``RedisUnavailable``."""
@@ -214,8 +217,15 @@ class Flows(Part):
             if not isinstance(c, Flow):
                 raise _flows.FlowError(f"add_children takes Flow nodes, got {type(c).__name__}")
         root = Flow(job.queue, job.name, None, job_id=job.id, children=list(children))
-        plan = _flows.plan(root, self.wire.encode, self._expiring())
+        if job._adds is None:  # its row's waits: fixed while this lease holds
+            job._adds = [int(self.client.hget(self.keys.job(job.queue, job.id), "waits") or 0), 0]
+        waits, call = job._adds
+        prefix = step_prefix(job.queue, job.id, job.created_at, waits, call)
+        plan = _flows.plan(root, self.wire.encode, self._expiring(), prefix)
+        job._adds[1] += 1
         head, groups = plan.groups[0], plan.groups[1:]
+        for g in groups:  # a child landed before a crash is met again: skipped, not rewritten
+            g.gate = True
         refs = self.keys.refs(head.children[0])
         sub = Plan(groups, [r for r in plan.gated if r != (job.queue, job.id)], plan.deps)
         self._check_dependencies([g for g in groups if g.opts == DEP])  # a child's depends_on

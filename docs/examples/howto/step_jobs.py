@@ -14,14 +14,19 @@ def fulfil(job):
         job.update_payload({**job.payload, "step": "ship"})
         job.move_to_delayed(50)  # raises MoveToDelayed: the attempt ends here
     if step == "ship":
-        # step 2: one child per parcel, on the shipping queue; wait for them
+        # step 2: one child per parcel, on the shipping queue; wait for them.
+        # Children first, then the step: run again after a crash here, it
+        # adds the same children (the same ids, counted once)
         parcels = [
             emq.Flow("shipping", "shop.ship_parcel", {"parcel": p}) for p in job.payload["parcels"]
         ]
-        job.update_payload({**job.payload, "step": "done"})
         job.add_children(parcels)
+        job.update_payload({**job.payload, "step": "done"})
         raise emq.WaitForChildren
-    # step 3: runs once every parcel shipped, with their results
+    # step 3: runs once every parcel shipped, with their results (run again
+    # after a crash before the wait began, it waits first)
+    if job.dependencies().unprocessed:
+        raise emq.WaitForChildren
     tracking = sorted(job.children_values().values())
     return {"order": job.payload["order"], "tracking": tracking}
 
