@@ -294,6 +294,25 @@ def test_autoscale_grows_to_max_under_a_backlog_and_shrinks_to_min_when_idle(mq,
     assert worker.stats["completed"] == 64
 
 
+def test_an_idle_pool_is_woken_for_its_next_shrink(mq) -> None:
+    """The loop's wait ends at the next shrink (Autoscale.next_in), not at
+    the next sweep: with a 60 s sweep, an idle 8-handler pool is back to 1
+    three shrink waits after its backlog."""
+    worker = Worker(["q"], mq=mq, autoscale=(8, 1), block_timeout=0.2, sweep_interval=60)
+    worker.loop.scale.shrink_after_s = 0.3
+    scale = worker.loop.scale
+    assert scale.next_in(scale.full_at + 0.1, 8) == pytest.approx(0.2)
+    assert scale.next_in(scale.full_at + 1, 8) == 0.0 and scale.next_in(0.0, 1) == float("inf")
+    for i in range(64):
+        mq.enqueue("q", "t.slow", 0.02, job_id=f"n{i}")
+    bg = Background(worker)
+    wait_for(lambda: mq.counts("q")["completed"] == 64, what="the backlog")
+    idle_at = time.monotonic()
+    wait_for(lambda: worker.loop.concurrency == 1, what="back to one handler", timeout=10)
+    assert time.monotonic() - idle_at < 5  # three 0.3 s waits, not a 60 s sweep
+    stop(worker, bg)
+
+
 @pytest.mark.parametrize(("text", "parsed"), [("8,1", (8, 1)), ("4,4", (4, 4))])
 def test_autoscale_flag_parses_max_min(text, parsed) -> None:
     assert autoscale.parse(text) == parsed

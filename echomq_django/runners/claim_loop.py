@@ -264,6 +264,8 @@ class ClaimLoop:
         idle = not self.retry_at and not self.stopping.is_set() and room
         self.waiting = self.idle.block(idle and self.executing < self.concurrency)
         resting = [at - now for at in self.rest.values() if now < at < float("inf")]
+        if self.scale is not None:  # an idle pool shrinks on time (autoscale.py)
+            resting.append(self.scale.next_in(now, self.concurrency))
         wait = (
             min([self.idle.timers.next_in(), *resting])
             if not self.retry_at

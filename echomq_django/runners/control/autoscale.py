@@ -8,17 +8,17 @@ hysteresis so the size does not flap:
   free handler and left the pool full: work was waiting, and more may be;
   from 1 to 8 handlers takes three claims under a backlog;
 * **shrink**, halving (down to ``low``, never below the jobs running now),
-  only once ``shrink_after_s`` seconds (10 by default) have passed since the
+  only once ``shrink_after_s`` seconds (9 by default) have passed since the
   pool was last full, and again each ``shrink_after_s`` after that: from 8
-  to 1 handlers within 30 s of idle. The loop wakes at least every sweep
-  interval, which bounds how late a shrink comes.
+  to 1 handlers within 27 s of idle. An idle loop wakes for the next shrink
+  (``next_in``), so a shrink is not later than that.
 """
 
 from __future__ import annotations
 
 import time
 
-SHRINK_AFTER_S = 10.0
+SHRINK_AFTER_S = 9.0
 
 
 def parse(text: str) -> tuple[int, int]:
@@ -62,3 +62,10 @@ class Autoscale:
             self.shrunk += 1
             return max(self.low, running, size // 2)
         return size
+
+    def next_in(self, now: float, size: int) -> float:
+        """Seconds from ``now`` (monotonic s) until a pool of ``size``
+        handlers may shrink (0: now), or ``inf`` when it is at ``low``."""
+        if size <= self.low:
+            return float("inf")
+        return max(0.0, self.full_at + self.shrink_after_s - now)
