@@ -11,8 +11,8 @@ process of the SIGKILL tests:
   to the list ``seen``; with ``KILL_AFTER`` > 0 it SIGKILLs itself right
   after sending that many events (before the batch is acked);
 * ``worker URL CLUSTER`` runs a burst ``Worker`` on ``q`` and SIGKILLs itself
-  right after its first ``complete_many`` returned: the transitions are in
-  Redis, nothing after them ran.
+  right after its first ``complete_many`` (or ``complete_then_claim``)
+  returned: the transitions are in Redis, nothing after them ran.
 """
 
 from __future__ import annotations
@@ -110,14 +110,17 @@ def _main(mode: str, url: str, cluster: str, *rest: str) -> None:
         handler("leaf")(lambda job: job.payload)
         for name in NAMES:  # a worker with receivers: it subscribes their kinds
             getattr(signals, name).connect(lambda sender, **kw: None, weak=False)
-        complete_many = mq.complete_many
+        # its first completions, whichever way the reporter sends them (with a
+        # claim of the queue when a parent waits there: complete_then_claim)
+        for name in ("complete_many", "complete_then_claim"):
+            real = getattr(mq, name)
 
-        def complete_then_die(items):
-            replies = complete_many(items)
-            os.kill(os.getpid(), _signal.SIGKILL)
-            return replies
+            def then_die(*args, _real=real, **kwargs):
+                replies = _real(*args, **kwargs)
+                os.kill(os.getpid(), _signal.SIGKILL)
+                return replies
 
-        mq.complete_many = complete_then_die
+            setattr(mq, name, then_die)
         Worker(["q"], concurrency=1, mq=mq).run(burst=True)
     else:
         raise SystemExit(f"unknown mode {mode!r}")
