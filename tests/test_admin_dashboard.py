@@ -168,3 +168,22 @@ def test_the_dashboard_lists_a_queues_groups(emq, staff):
     assert 'id="emq-groups-tenant"' in html and "<summary>Groups: 2</summary>" in html
     assert "<td>small</td><td>1</td><td>0</td><td>paused</td><td>none</td>" in html
     assert 'id="emq-groups-plain"' not in html
+
+
+def test_the_json_says_why_when_redis_is_down_and_keeps_its_shape(staff, monkeypatch):
+    """Redis away while the page is open: the JSON names the reason (the
+    page's script shows it and keeps its numbers), ``queues`` still a dict."""
+    from echomq_django.admin import dashboard as board
+    from echomq_django.core.exceptions import RedisUnavailable
+
+    def down(*args, **kwargs):
+        raise RedisUnavailable("Redis is unreachable at redis://127.0.0.1:1/0")
+
+    monkeypatch.setattr(board, "dashboard", down)
+    data = staff.get(reverse(JSON)).json()
+    assert data == {
+        "live_error": "Redis is unreachable at redis://127.0.0.1:1/0",
+        "queues": {},
+        "minutes": 60,
+        "at": None,
+    }

@@ -320,3 +320,14 @@ def test_real_workers_wait_out_a_groups_window_and_go_on(redis_client) -> None:
     slow = sorted(starts[f"slow{i}"] for i in range(3))
     assert slow[1] - slow[0] >= 300 and slow[2] - slow[1] >= 300
     assert max(starts[f"fast{i}"] for i in range(3)) < slow[1]
+
+
+def test_group_limit_errors_name_the_group_setting_and_the_unknown_key(mq) -> None:
+    with pytest.raises(ValueError) as err:
+        mq.groups.set_concurrency("q", "customer-3", 0)
+    assert str(err.value) == (
+        "concurrency must be a whole number of jobs from 1 to 1000000, got 0 "
+        "(None drops the group's cap: the queue's GROUP_CONCURRENCY applies)"
+    )
+    with pytest.raises(ValueError, match=r"\(unknown key X\)$"):
+        mq.groups.set_rate_limit("q", "customer-3", {"MAX": 5, "PER_MS": 1000, "X": 1})

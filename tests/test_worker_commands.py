@@ -296,6 +296,30 @@ def test_echomq_control_refuses_bad_input_in_one_line_sending_nothing(r, args, e
     assert mq.commands.recent() == []
 
 
+def test_echomq_control_exits_1_while_a_drain_is_only_acknowledged(r, monkeypatch) -> None:
+    """A drain the worker acknowledged but has not finished (its jobs still
+    run) is not done: the line says acknowledged, and the exit is 1."""
+    from echomq_django.conf import get_mq
+
+    mq = get_mq()
+    fake_worker(mq)
+    send = type(mq.commands).send
+
+    def send_and_acknowledge(self, *args, **kwargs):
+        sent = send(self, *args, **kwargs)
+        for cid, _ in sent:
+            self.reply(cid, ("acknowledged", "drain: no more claims"))
+        return sent
+
+    monkeypatch.setattr(type(mq.commands), "send", send_and_acknowledge)
+    code, out = control("drain", "--all", "--wait", "0.2")
+    assert code == 1
+    assert out == (
+        "echomq_control: 1 of 1 workers had not done drain within 0.2s (a command waits "
+        "for its worker up to 10 minutes; a drain ends when its jobs do)"
+    )
+
+
 def test_echomq_control_says_which_workers_did_not_reply(r) -> None:
     from echomq_django.conf import get_mq
 
@@ -304,6 +328,6 @@ def test_echomq_control_says_which_workers_did_not_reply(r) -> None:
     code, out = control("shutdown", "--all", "--wait", "0.2")
     assert (code, out) == (
         1,
-        "echomq_control: 1 of 1 workers did not reply within 0.2s (a command waits for "
-        "its worker up to 10 minutes)",
+        "echomq_control: 1 of 1 workers had not done shutdown within 0.2s (a command waits "
+        "for its worker up to 10 minutes; a drain ends when its jobs do)",
     )

@@ -383,7 +383,9 @@ class MirroredQueueAdmin(MirrorAdmin):
         except EchoMQError as err:
             ctx = {"live_error": str(err), "queues": [], "minutes": minutes, "at": None}
         if request.path.endswith(".json"):
-            return JsonResponse(board.dashboard_json(ctx) if "live_error" not in ctx else ctx)
+            if "live_error" in ctx:  # the page's script keeps its numbers and says why
+                return JsonResponse({**ctx, "queues": {}})
+            return JsonResponse(board.dashboard_json(ctx))
         query = request.GET.urlencode()
         return TemplateResponse(
             request,

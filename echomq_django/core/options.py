@@ -162,14 +162,15 @@ def rate_limit(options: dict) -> tuple[int, int, str]:
     return int(limit["MAX"]), int(limit["PER_MS"]), limit.get("MODE", RATE_MODES[0])
 
 
-def check_concurrency(n) -> int:
+def check_concurrency(n, hint: str = "") -> int:
     """``n`` as a concurrency cap (jobs active at once across all workers,
     docs/explanation/protocol.md#concurrency): a whole number from 1 to
-    ``MAX_CONCURRENCY``. Raises ``ValueError`` naming the rule otherwise."""
+    ``MAX_CONCURRENCY``. Raises ``ValueError`` naming the rule otherwise,
+    ``hint`` (text) appended in parentheses."""
     if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_CONCURRENCY:
         raise ValueError(
-            f"concurrency must be a whole number of jobs from 1 to {MAX_CONCURRENCY}, got {n!r} "
-            "(None drops the run-time cap: the CONCURRENCY setting applies again)"
+            f"concurrency must be a whole number of jobs from 1 to {MAX_CONCURRENCY}, got {n!r}"
+            + (f" ({hint})" if hint else "")
         )
     return n
 
@@ -179,6 +180,7 @@ def check_group_rate(limit) -> str:
     ``{"MAX": n, "PER_MS": ms}``, whole numbers >= 1 (at most ``MAX`` of one
     group's jobs started per fixed window of ``PER_MS`` ms). Returns it as
     ``claim`` takes it, ``'max:per_ms'``; ``ValueError`` naming the rule."""
+    unknown = sorted(map(str, set(limit) - {"MAX", "PER_MS"})) if isinstance(limit, dict) else []
     if (
         not isinstance(limit, dict)
         or set(limit) != {"MAX", "PER_MS"}
@@ -186,7 +188,7 @@ def check_group_rate(limit) -> str:
     ):
         raise ValueError(
             'a group rate limit is {"MAX": n, "PER_MS": ms} with whole numbers >= 1, '
-            f"got {limit!r}"
+            f"got {limit!r}" + (f" (unknown key {', '.join(unknown)})" if unknown else "")
         )
     return f"{limit['MAX']}:{limit['PER_MS']}"
 

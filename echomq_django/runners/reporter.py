@@ -337,8 +337,10 @@ class Reporter:
             else:
                 self._forget(f.job)
                 self.stats["postponed"] += not f.wait_children
-                if self.debug:
-                    log.debug("job %s/%s rate limited: back in %d ms", f.job.queue, f.job.id,
+                if self.debug and f.wait_children:
+                    log.debug("job %s/%s waits for its children", f.job.queue, f.job.id)
+                elif self.debug:
+                    log.debug("job %s/%s postponed: back in %d ms", f.job.queue, f.job.id,
                               f.postpone_ms)  # fmt: skip
             finished.remove(f)
 

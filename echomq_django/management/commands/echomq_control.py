@@ -8,7 +8,8 @@ One line per worker: ``<worker id>: <command> <state>[: detail]``, the state
 ``--wait`` seconds (a blocking read of the command's record), or ``sent``
 when it did not. Exit 1 with a one-line reason for a bad command or N, an
 unknown worker id (naming the live ones; nothing is sent), an unreachable
-Redis, or a worker that did not reply.
+Redis, or a worker whose command was not ``done`` within ``--wait`` (not
+replied, only acknowledged, e.g. a drain still running, or expired).
 """
 
 from __future__ import annotations
@@ -58,21 +59,22 @@ class Command(BaseCommand):
         mq = get_mq()
         try:
             sent = mq.commands.send(name, n, worker=opts["worker"], all_workers=opts["all"])
-            deadline, silent = time.monotonic() + wait, 0
+            deadline, undone = time.monotonic() + wait, 0
             for cid, worker in sent:
                 row = mq.commands.wait(cid, max(0.0, deadline - time.monotonic()))
                 state = row["state"] if row else "sent"
                 detail = row["detail"] if row and row["detail"] else ""
                 if state == "sent":
-                    silent += 1
                     detail = f"no reply within {wait:g}s"
+                undone += state != "done"
                 self.stdout.write(f"{worker}: {name} {state}" + (f": {detail}" if detail else ""))
         except ValueError as err:
             raise CommandError(f"echomq_control: {err}") from None
         except EchoMQError as err:  # RedisUnavailable says where it tried
             raise CommandError(f"echomq_control: {err}") from None
-        if silent:
+        if undone:
             raise CommandError(
-                f"echomq_control: {silent} of {len(sent)} workers did not reply within {wait:g}s "
-                f"(a command waits for its worker up to {PENDING_TTL_MS // 60_000} minutes)"
+                f"echomq_control: {undone} of {len(sent)} workers had not done {name} within "
+                f"{wait:g}s (a command waits for its worker up to "
+                f"{PENDING_TTL_MS // 60_000} minutes; a drain ends when its jobs do)"
             )

@@ -55,7 +55,9 @@ class Groups(Part):
         docs/howto/fair-queues.md#a-bigger-share-for-one-customer"""
         validate_group(group)
         if n is not None:
-            check_concurrency(n)
+            check_concurrency(
+                n, "None drops the group's cap: the queue's GROUP_CONCURRENCY applies"
+            )
         self._set(queue, group, "cap", "" if n is None else str(n))
 
     def set_rate_limit(self, queue: str, group: str, limit: dict | None) -> None:

@@ -42,7 +42,9 @@ class Limits(Part):
         docs/howto/priorities-rate-limits.md#at-most-n-at-once-concurrency"""
         validate_queue(queue)
         if n is not None:
-            check_concurrency(n)
+            check_concurrency(
+                n, "None drops the run-time cap: the CONCURRENCY setting applies again"
+            )
         k = self.keys.queue(queue)
         self.wire.note_queues((queue,))
         pipe = self.client.pipeline(transaction=False)

@@ -12,6 +12,10 @@
     fetch(box.dataset.json, {credentials: "same-origin", headers: {Accept: "application/json"}})
       .then(function (r) { if (!r.ok) { throw new Error("HTTP " + r.status); } return r.json(); })
       .then(function (data) {
+        if (data.live_error) {  // Redis away: keep the last numbers, say why
+          status.textContent = "Could not read Redis: " + data.live_error + "; retrying.";
+          return;
+        }
         box.innerHTML = data.html;
         box.dataset.at = String(data.at);
         status.textContent = "Read live from Redis; updated " + new Date(data.at).toLocaleTimeString() + ".";
