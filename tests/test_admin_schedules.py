@@ -71,9 +71,11 @@ def test_pause_and_resume_need_the_change_permission_and_are_logged(site, client
     assert [str(m) for m in response.context["messages"]] == ["Paused beat."]
     assert emq.schedules.get("beat")["paused"] is True
     assert 'data-entry="beat" data-paused="yes"' in response.content.decode()
+    response = client.post(reverse(ACT), {"entry": "beat", "action": "pause"}, follow=True)
+    assert [str(m) for m in response.context["messages"]] == ["beat was already paused."]
     client.post(reverse(ACT), {"entry": "beat", "action": "resume"}, follow=True)
     assert emq.schedules.get("beat")["paused"] is False
-    assert logged("beat") == ["Paused", "Resumed"]
+    assert logged("beat") == ["Paused", "Resumed"]  # the pause that changed nothing is not
     response = client.post(reverse(ACT), {"entry": "nightly", "action": "pause"}, follow=True)
     assert [str(m) for m in response.context["messages"]] == [
         "periodic entry 'nightly' is in ECHOMQ['SCHEDULE']: read-only"

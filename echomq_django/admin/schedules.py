@@ -29,6 +29,7 @@ from .display import jobs_url
 from .pages import job_url
 
 ACTIONS = {"pause": "Paused", "resume": "Resumed", "run": "Ran"}
+STATES = {"pause": "paused", "resume": "running"}  # what an action that changed nothing found
 OPTIONS = ("priority", "max_attempts", "timeout_ms")
 
 
@@ -144,7 +145,11 @@ class PeriodicEntryAdmin(admin.ModelAdmin):
                 logged = f"Ran now: job {queue}/{job_id}"
             else:
                 changed = getattr(schedules, action)(name)
-                done = f"{ACTIONS[action]} {name}." if changed else f"{name}: already so."
+                done = (
+                    f"{ACTIONS[action]} {name}."
+                    if changed
+                    else f"{name} was already {STATES[action]}."
+                )
                 logged = f"{ACTIONS[action]}" if changed else ""
         except (ValueError, DuplicateJob, EchoMQError) as err:
             messages.error(request, str(err))

@@ -200,7 +200,15 @@ class Schedules:
         if fixed:
             entry = fixed[0]
         else:
-            _queue, spec, _paused = self._find(mq, name)
+            try:
+                _queue, spec, _paused = self._find(mq, name)
+            except ValueError:  # name every entry Run now takes, the settings' too
+                known = sorted(
+                    [*(config().get("SCHEDULE") or {}), *(r["entry"] for r in self._stored(mq))]
+                )
+                raise ValueError(
+                    f"no periodic entry {name!r}; entries: {', '.join(known) or '(none)'}"
+                ) from None
             (entry,) = entries({name: spec}, spec.get("tz", tz))
         job_id = f"{name}-now-{mq.clock()}"
         mq.enqueue(entry.queue, entry.name, entry.payload, job_id=job_id, **entry.options)
