@@ -296,6 +296,13 @@ def test_echomq_control_refuses_bad_input_in_one_line_sending_nothing(r, args, e
     assert mq.commands.recent() == []
 
 
+def test_echomq_control_refuses_an_unknown_command_in_one_line(r) -> None:
+    assert control("restart", "--all") == (
+        1,
+        "echomq_control: unknown command 'restart': one of shutdown, drain, pool-grow, pool-shrink",
+    )
+
+
 def test_echomq_control_exits_1_while_a_drain_is_only_acknowledged(r, monkeypatch) -> None:
     """A drain the worker acknowledged but has not finished (its jobs still
     run) is not done: the line says acknowledged, and the exit is 1."""

@@ -32,8 +32,8 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser):
-        parser.add_argument(
-            "command", choices=COMMANDS, metavar="COMMAND", help="one of " + ", ".join(COMMANDS)
+        parser.add_argument(  # checked by mq.commands.send: a one-line error, exit 1
+            "command", metavar="COMMAND", help="one of " + ", ".join(COMMANDS)
         )
         parser.add_argument(
             "n", nargs="?", type=int, metavar="N", help="handlers (pool-grow, pool-shrink only)"
