@@ -301,3 +301,25 @@ def test_a_waiting_step_job_frees_its_group_s_place(mq) -> None:
     assert mq.get_job("qa", "next").result == 7
     settle(mq, "qa", "qb")
     assert mq.get_job("qa", "p").result == 1
+
+
+def test_a_job_read_with_get_job_cannot_write_under_the_lease(mq) -> None:
+    """A read is not the claim: the running job's own calls refuse a
+    ``Job`` from ``get_job`` (it holds no lease token), nothing written."""
+    mq.enqueue("qa", "t.echo", {"step": 1}, job_id="r")
+    claim_one(mq, "qa", "r")  # running, under another holder's lease
+    seen = mq.get_job("qa", "r")
+    assert (seen.state, seen.lease) == (JobState.ACTIVE, None)
+    calls = [
+        lambda: seen.update_payload({"step": 2}),
+        lambda: seen.report_progress(5),
+        lambda: seen.log("from outside"),
+        lambda: seen.move_to_delayed(100),
+        lambda: seen.add_children([Flow("qa", "t.echo", 1)]),
+    ]
+    for call in calls:
+        with pytest.raises(emq.JobNotActive):
+            call()
+    job = mq.get_job("qa", "r")
+    assert (job.payload, job.progress, mq.job_logs("qa", "r")) == ({"step": 1}, None, [])
+    assert mq.dependency_counts("qa", "r")["children"] == 0

@@ -12,6 +12,7 @@ import threading
 import time
 
 import pytest
+import redis
 
 from echomq_django import JobState, Worker, handler
 from echomq_django.protocol.control import commands as proto
@@ -301,6 +302,29 @@ def test_echomq_control_refuses_an_unknown_command_in_one_line(r) -> None:
         1,
         "echomq_control: unknown command 'restart': one of shutdown, drain, pool-grow, pool-shrink",
     )
+
+
+def test_echomq_control_wait_0_sends_and_exits_0(r) -> None:
+    from echomq_django.conf import get_mq
+
+    mq = get_mq()
+    fake_worker(mq)
+    assert control("pool-grow", "1", "--all", "--wait", "0") == (0, "ghost:1:abc: pool-grow sent\n")
+    assert [row["state"] for row in mq.commands.recent()] == ["sent"]
+
+
+def test_a_wait_longer_than_the_client_socket_timeout_blocks_in_steps(r, redis_server) -> None:
+    """Each XREAD BLOCK ends before the client's socket timeout (0.5 s
+    here), so a 1.5 s wait for a worker that does not reply answers its
+    row, not a read timeout taken for Redis being away."""
+    from echomq_django import EchoMQ
+
+    mq = EchoMQ(redis.Redis.from_url(redis_server, socket_timeout=0.5))
+    fake_worker(mq)
+    [(cid, _)] = mq.commands.send("drain", all_workers=True)
+    started = time.monotonic()
+    assert mq.commands.wait(cid, 1.5)["state"] == "sent"
+    assert time.monotonic() - started >= 1.4
 
 
 def test_echomq_control_exits_1_while_a_drain_is_only_acknowledged(r, monkeypatch) -> None:

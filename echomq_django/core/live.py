@@ -21,7 +21,7 @@ import math
 from contextvars import ContextVar
 from typing import Any
 
-from .exceptions import MoveToDelayed
+from .exceptions import JobNotActive, MoveToDelayed
 
 MAX_PROGRESS_BYTES = 1024  # bytes of JSON a progress value takes at most
 MAX_LOG_LINE_BYTES = 2048  # bytes of UTF-8 a job log line takes at most (marker included)
@@ -125,6 +125,7 @@ class Reporting:
         for a bad value, before any write; ``LeaseLost``, ``JobNotActive``
         (an earlier write was refused, see the class); ``RedisUnavailable``
         (outside a worker only)."""
+        self._claimed("report_progress")
         self._write(self._require_mq().progress.progress_text(value), None)
         self.progress = value
 
@@ -135,6 +136,7 @@ class Reporting:
         write; ``LeaseLost``, ``JobNotActive`` (an earlier write was
         refused, see the class); ``RedisUnavailable`` (outside a worker
         only)."""
+        self._claimed("log")
         self._write(None, self._require_mq().progress.log_line(line))
 
     def _write(self, progress: str | None, line: str | None, block: bool = True) -> bool:
@@ -162,6 +164,7 @@ class Reporting:
         not encode or is too big (nothing written); ``LeaseLost``,
         ``JobNotActive`` (nothing written); ``RedisUnavailable``.
         docs/howto/step-jobs.md#update-the-payload"""
+        self._claimed("update_payload")
         self._require_mq().progress.update_payload(self, payload)
         self.payload = payload
 
@@ -171,8 +174,20 @@ class Reporting:
         a failure, and the attempt does not count. Raises ``MoveToDelayed``,
         always: let it leave the handler, and the worker moves the job under
         its lease (``lua/postpone.lua``). ``TypeError`` / ``ValueError`` for a
-        bad delay. docs/howto/step-jobs.md#move-to-delayed"""
+        bad delay; ``JobNotActive`` for a job not claimed here (a ``Job``
+        from ``get_job``). docs/howto/step-jobs.md#move-to-delayed"""
+        self._claimed("move_to_delayed")
         raise MoveToDelayed(delay_ms)
+
+    def _claimed(self, call: str) -> None:
+        """Raise ``JobNotActive`` unless this ``Job`` holds its claim's
+        lease token: a ``Job`` read with ``get_job`` has none (a read is not
+        the claim), so only the running job's own calls write."""
+        if not self.lease:
+            raise JobNotActive(
+                f"{call}: job {self.queue}/{self.id} is not a job this process claimed "
+                "(a Job read with get_job holds no lease); call it from the job's handler"
+            )
 
     def add_children(self, children: list) -> list:
         """Add ``children`` (a list of ``Flow`` nodes, any queue, each
@@ -201,6 +216,7 @@ class Reporting:
         """``report_progress`` for an ``async def`` handler: in a worker it
         returns at once as the sync call does (on a thread only while the
         worker waits for room); outside one the write runs on a thread."""
+        self._claimed("areport_progress")
         text = self._require_mq().progress.progress_text(value)
         if self._writes is None or not self._write(text, None, block=False):
             await asyncio.to_thread(self._write, text, None)
@@ -208,6 +224,7 @@ class Reporting:
 
     async def alog(self, line: str) -> None:
         """``log`` for an ``async def`` handler (as ``areport_progress``)."""
+        self._claimed("alog")
         text = self._require_mq().progress.log_line(line)
         if self._writes is None or not self._write(None, text, block=False):
             await asyncio.to_thread(self._write, None, text)

@@ -52,12 +52,16 @@ class Reads(Part):
 
     @reports_redis_down
     def get_job(self, queue: str, job_id: str) -> Job:
-        """The job row as a ``Job``. Raises ``JobNotFound``, ``ValueError``
+        """The job row as a ``Job``, without its lease token: a read is not
+        the claim, so the calls a running job makes under its lease
+        (``add_children``, ``update_payload``, ``report_progress``, ``log``)
+        raise ``JobNotActive`` on it. Raises ``JobNotFound``, ``ValueError``
         for a bad queue name or id."""
         row = self.client.hgetall(self.keys.job(queue, job_id))
         if not row:
             raise JobNotFound(f"job {job_id!r} not found in queue {queue!r}")
         job = Job.from_row(queue, job_id, row, mq=self)
+        job.lease = None  # the claimer's secret (docs/explanation/protocol.md#leases-and-recovery)
         if job.state is JobState.ACTIVE:
             score = self.client.zscore(self.keys.queue(queue).active, job_id)
             job.lease_deadline = int(score) if score is not None else None

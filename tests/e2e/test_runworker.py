@@ -259,6 +259,43 @@ def test_after_sigkill_the_pump_recovers_the_job_and_the_flow_completes_once(run
     assert events.count((b"completed", b"p")) == 1
 
 
+def _children(pid: int) -> set[int]:
+    """The live processes whose parent is ``pid`` (from /proc)."""
+    out = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.add(int(entry.name))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has ended
+
+
+def test_a_killed_process_pool_worker_takes_its_handler_processes_with_it(run, mq):
+    """SIGKILL the worker while a handler process runs a 30 s job: every
+    handler process ends within seconds, so none runs on beside the rerun
+    another worker makes once the lease lapses
+    (docs/howto/process-pool.md#a-worker-that-dies)."""
+    mq.enqueue("q", "t.slow", 30.0, job_id="long")
+    worker = run("runworker", "q", "--pool", "process", "--concurrency", "2")
+    wait_for(lambda: active(mq, "long"), what="the claim")
+    handlers = wait_for(lambda: _children(worker.proc.pid), what="the handler processes")
+    worker.signal(signal.SIGKILL)
+    assert worker.wait() == -signal.SIGKILL
+    wait_for(lambda: not any(_alive(pid) for pid in handlers), timeout=10,
+             what="the handler processes to end with their worker")  # fmt: skip
+
+
 def test_runworker_alone_runs_a_site_with_pump_delays_and_retries(run, mq):
     """docs/explanation/no-polling.md: one ``runworker --pump`` process, nothing else; every wait is
     far longer than the test, so each job ran on a wake-up or a timer."""

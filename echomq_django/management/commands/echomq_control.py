@@ -10,6 +10,7 @@ when it did not. Exit 1 with a one-line reason for a bad command or N, an
 unknown worker id (naming the live ones; nothing is sent), an unreachable
 Redis, or a worker whose command was not ``done`` within ``--wait`` (not
 replied, only acknowledged, e.g. a drain still running, or expired).
+``--wait 0`` sends and exits 0 without waiting (each line says ``sent``).
 """
 
 from __future__ import annotations
@@ -46,8 +47,8 @@ class Command(BaseCommand):
             type=float,
             default=10.0,
             metavar="S",
-            help="seconds to wait for the replies (>= 0; default 10): a resize is done at "
-            "once, a shutdown or drain once the worker stopped",
+            help="seconds to wait for the replies (>= 0; default 10; 0: send and exit 0): "
+            "a resize is done at once, a shutdown or drain once the worker stopped",
         )
 
     def handle(self, *args, **opts):
@@ -60,6 +61,10 @@ class Command(BaseCommand):
         try:
             sent = mq.commands.send(name, n, worker=opts["worker"], all_workers=opts["all"])
             deadline, undone = time.monotonic() + wait, 0
+            if not wait:  # --wait 0: sent, not waited for
+                for _cid, worker in sent:
+                    self.stdout.write(f"{worker}: {name} sent")
+                return
             for cid, worker in sent:
                 row = mq.commands.wait(cid, max(0.0, deadline - time.monotonic()))
                 state = row["state"] if row else "sent"

@@ -31,6 +31,7 @@ import json
 import secrets
 from dataclasses import dataclass
 
+from ..scripts import socket_timeout
 from ..wire import Part
 
 COMMANDS = ("shutdown", "drain", "pool-grow", "pool-shrink")
@@ -175,16 +176,18 @@ class WorkerCommands(Part):
         key = self.keys.command(command_id)
         entries = self.client.xrange(key)
         deadline = self.clock() + int(timeout_s * 1000)
+        cut = socket_timeout(self.client)  # each block ends before the client's socket timeout
+        block_max = int(cut * 500) if cut else None  # ms: half of it
         while entries:
             row = _fold(command_id, entries)
             left = deadline - self.clock()
             if row["state"] in until or left <= 0:
                 return row
             last = _text(entries[-1][0])
-            got = self.client.xread({key: last}, block=max(1, left))
-            if not got:
-                return row
-            entries = entries + list(got[0][1])
+            block = max(1, left if block_max is None else min(left, block_max))
+            got = self.client.xread({key: last}, block=block)
+            if got:
+                entries = entries + list(got[0][1])
         return None
 
 

@@ -73,15 +73,17 @@ def rss_bytes() -> int:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def main(conn, kill_flag, close_fds, source) -> None:
+def main(conn, kill_flag, close_fds, source, lifeline: int) -> None:
     """The child's life (``multiprocessing`` target, fork context):
     ``conn`` its end of the pipe, ``kill_flag`` a shared one-byte map the
     worker sets before a SIGTERM meant for this child, ``close_fds`` the
     inherited descriptors to close, ``source`` the worker's ``EchoMQ`` (a
     job's lazy reads, e.g. ``children_values()``, go through the child's
-    copy of it)."""
+    copy of it), ``lifeline`` the read end of a pipe whose only writer is
+    the worker: its EOF means the worker died, and the child ends at once."""
     _KILL[0] = kill_flag
     _after_fork(kill_flag, close_fds)
+    threading.Thread(target=_die_with_the_worker, args=(lifeline,), daemon=True).start()
     while True:
         try:
             item = conn.recv()
@@ -134,6 +136,16 @@ class PipeWrites:
                 raise type(self.error)(*self.error.args)
             self.conn.send(("write", self.job_id, progress, line))
         return True
+
+
+def _die_with_the_worker(lifeline: int) -> None:
+    """Block on ``lifeline`` until the worker's end closes (it never writes:
+    the worker died, by SIGKILL too), then SIGKILL this process: a handler
+    whose worker is gone must not run on while another worker, once the
+    lease lapsed, runs the same job (docs/howto/process-pool.md#how-it-works)."""
+    while os.read(lifeline, 1):
+        pass
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _after_fork(kill_flag, close_fds) -> None:

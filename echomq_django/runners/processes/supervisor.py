@@ -7,15 +7,14 @@ loop, the same batches); only the handler call moves into a child process
 and every child's exit at once (a selector; a self-pipe wakes it for a
 new job or a kill): no polling.
 
-Why ``fork`` (``multiprocessing``'s fork context) and not ``forkserver``:
-a forked child starts in milliseconds with Django already set up, the
-settings as the worker read them and every handler the worker registered,
-wherever it was registered; a forkserver child would run ``django.setup()``
-again and miss handlers registered outside an app's ``jobs`` module. The
-known risk of forking a process with threads (a lock held by another thread
-at the fork) is kept away from the child: it never uses the worker's Redis
-client, queues or locks; logging re-creates its locks at a fork; its
-database connections are dropped unclosed (``child.py``).
+Why ``fork`` and not ``forkserver``: a forked child starts in milliseconds
+with Django set up, the worker's settings and every handler it registered,
+wherever; a forkserver child would run ``django.setup()`` again and miss
+handlers registered outside an app's ``jobs`` module. The risk of forking a
+process with threads (a lock held by another thread at the fork) is kept
+from the child: it never uses the worker's Redis client, queues or locks;
+logging re-creates its locks at a fork; its database connections are
+dropped unclosed (``child.py``).
 
 What can happen to a child and what its job gets (docs/howto/process-pool.md):
 
@@ -26,9 +25,10 @@ What can happen to a child and what its job gets (docs/howto/process-pool.md):
   attempt fails as timed out at once, the child gets SIGTERM (its kill flag
   set first, so its ``finally`` blocks run) and SIGKILL ``TERM_GRACE_S``
   later if still there; a fresh child takes its place at once;
-* it dies while running a job (a segfault, ``os._exit``, the kernel's
-  out-of-memory killer): that attempt alone fails, with an error naming the
-  exit code or the signal; a fresh child takes its place;
+* it dies running a job (a segfault, ``os._exit``, the OOM killer): that
+  attempt alone fails, naming the exit code or signal; a fresh child forks;
+* the worker dies (SIGKILL too): every child ends itself at once (the EOF
+  of a pipe only the worker writes), so no handler runs on beside a rerun;
 * the job's handler is not registered: it fails unknown, without a child.
 """
 
@@ -133,9 +133,9 @@ class ProcessPool:
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
         os.set_blocking(self._wake_r, False)
-        # every child's pipe and exit, and the wake-up: registered at the
-        # fork, dropped at the reap (a selector per wait costs a
-        # registration per child per job)
+        self._lifeline = os.pipe()  # children end themselves at its EOF: this process died
+        # every child's pipe and exit, and the wake-up: registered at the fork,
+        # dropped at the reap (a selector per wait: a registration per child per job)
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._wake_r, selectors.EVENT_READ, None)
         with self._lock:
@@ -240,8 +240,8 @@ class ProcessPool:
             for c in exits:  # after the replies: one sent before the exit counts
                 self._reap(c)
         self._selector.close()
-        os.close(self._wake_r)
-        os.close(self._wake_w)
+        for fd in (self._wake_r, self._wake_w, *self._lifeline):
+            os.close(fd)
 
     def _tend(self) -> None:
         """Under the lock: SIGKILL what outlived its grace, send away idle
@@ -408,12 +408,12 @@ class ProcessPool:
     def _fork(self) -> _Child:
         parent_end, child_end = CONTEXT.Pipe(duplex=True)
         flag = mmap.mmap(-1, 1)  # shared with the child: MAP_SHARED
-        inherited = [self._wake_r, self._wake_w, parent_end.fileno()]
+        inherited = [self._wake_r, self._wake_w, parent_end.fileno(), self._lifeline[1]]
         for c in self._working + self._leaving:
             inherited += [c.conn.fileno(), c.proc.sentinel]
         proc = CONTEXT.Process(
             target=child_module.main,
-            args=(child_end, flag, inherited, self._source),
+            args=(child_end, flag, inherited, self._source, self._lifeline[0]),
             name=f"{self.name}-child",
             daemon=True,
         )
