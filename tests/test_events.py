@@ -147,6 +147,48 @@ def test_async_for(mq) -> None:
     assert asyncio.run(follow()) == [("added", "as"), ("active", "as"), ("completed", "as")]
 
 
+def test_close_ends_a_step_blocked_in_another_thread(mq, monkeypatch) -> None:
+    import threading
+
+    from echomq_django.protocol.live import events as live_events
+
+    monkeypatch.setattr(live_events, "SLICE_S", 0.3)  # one read blocks 0.3 s at most
+    follow = mq.events("quiet")  # block_s None: until closed
+    got = []
+    reader = threading.Thread(target=lambda: got.extend(follow), daemon=True)
+    reader.start()
+    reader.join(0.5)
+    assert reader.is_alive()  # blocked on a quiet queue
+    follow.close()
+    reader.join(5)
+    assert not reader.is_alive() and got == []
+
+
+def test_a_cancelled_async_step_ends_its_read_and_keeps_what_it_read(mq, monkeypatch) -> None:
+    import threading
+
+    from echomq_django.protocol.live import events as live_events
+
+    monkeypatch.setattr(live_events, "SLICE_S", 0.3)
+
+    async def run():
+        follow = mq.events("q")
+        await asyncio.to_thread(follow.start)
+        step = asyncio.ensure_future(follow.__anext__())
+        await asyncio.sleep(0.1)
+        step.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await step
+        await asyncio.to_thread(life, mq, "q", "later")
+        kinds = [(await follow.__anext__()).kind for _ in range(3)]
+        follow.close()
+        return kinds
+
+    assert asyncio.run(run()) == ["added", "active", "completed"]
+    names = [t.name for t in threading.enumerate()]
+    assert names.count("echomq-events") <= 1  # the last read, ending within its slice
+
+
 def fill(client, key: str, n: int) -> list[str]:
     """``n`` entries on ``key`` as the scripts write them (MAXLEN ~ 10,000)."""
     ids = []
@@ -205,6 +247,10 @@ def test_the_stream_stays_capped(r) -> None:
         ({"kinds": []}, ValueError, "kinds is empty"),
         ({"block_s": -1}, ValueError, "invalid block_s -1"),
         ({"block_s": float("nan")}, ValueError, "invalid block_s nan"),
+        ({"since": "99999999999999999999-0"}, ValueError, "each an ASCII integer below 2\\*\\*64"),
+        ({"since": "18446744073709551616-0"}, ValueError, "invalid since '18446744073709551616-0'"),
+        ({"since": "\u0661-\u0660"}, ValueError, "invalid since"),
+        ({"queues": None}, TypeError, "queues is one queue name or an iterable of names"),
     ],
 )
 def test_bad_input_is_refused_before_any_redis_io(kwargs, error, match) -> None:

@@ -200,6 +200,10 @@ def test_job_logs_refuses_bad_bounds_and_unknown_jobs(mq) -> None:
         mq.job_logs("q", "a", "0")
     with pytest.raises(ValueError, match="end must be an int"):
         mq.job_logs("q", "a", 0, 1.5)
+    with pytest.raises(ValueError, match=r"start must be an int line index below 2\*\*63"):
+        mq.job_logs("q", "a", 10**30)
+    with pytest.raises(ValueError, match=r"end must be an int line index below 2\*\*63"):
+        mq.job_logs("q", "a", 0, -(2**63))
     assert mq.job_logs("q", "a") == []
 
 

@@ -118,13 +118,65 @@ def test_an_unknown_id_raises_job_not_found_at_once(mq) -> None:
         mq.wait("q", "nope", NEVER)
 
 
-def test_a_job_removed_while_waited_for_raises_job_not_found(mq) -> None:
+def test_a_job_removed_while_waited_for_wakes_its_waiters_at_once(mq) -> None:
     mq.enqueue("q", "t.echo", None, job_id="gone")
-    waiter = Waiter(mq, "q", "gone", 0.5)
-    registered(mq, "q", "gone", 1)
-    mq.remove("q", "gone")  # a removal is not noted: the wait learns it at its timeout
-    with pytest.raises(JobNotFound, match="job 'gone' in queue 'q' was removed"):
+    waiters = [Waiter(mq, "q", "gone", NEVER) for _ in range(2)]
+    registered(mq, "q", "gone", 2)
+    mq.remove("q", "gone")  # noted on the done stream: NEVER would hang otherwise
+    for waiter in waiters:
+        with pytest.raises(JobNotFound, match="job 'gone' in queue 'q' was removed"):
+            waiter.join()
+    entries = mq.client.xrange(mq.keys.queue("q").done("gone"))
+    assert [f[b"e"] for _, f in entries] == [b"wait", b"wait", b"removed"]
+
+
+def test_a_removal_with_nobody_waiting_writes_no_done_stream(mq) -> None:
+    mq.enqueue("q", "t.echo", None, job_id="alone")
+    mq.remove("q", "alone")
+    assert mq.client.exists(mq.keys.queue("q").done("alone")) == 0
+
+
+def test_a_wait_without_a_timeout_lasts_until_the_job_finishes(mq) -> None:
+    mq.enqueue("q", "t.echo", None, job_id="open")
+    waiter = Waiter(mq, JobRef("q", "open"))  # wait(ref): no timeout, no end
+    registered(mq, "q", "open", 1)
+    done = mq.keys.queue("q").done("open")
+    assert 3_600_000 < mq.client.pttl(done) <= 3_605_000  # an hour ahead, renewed while waited on
+    finish(mq, "q", "late")
+    assert waiter.join().result == "late"
+
+
+def test_a_long_wait_renews_its_stream(mq, monkeypatch) -> None:
+    from echomq_django.protocol.live import waits
+
+    monkeypatch.setattr(waits, "STREAM_TTL_MS", 400)  # renewed each 0.2 s
+    monkeypatch.setattr(waits, "WAIT_SLACK_MS", 300)
+    mq.enqueue("q", "t.echo", None, job_id="kept")
+    waiter = Waiter(mq, "q", "kept", 60)
+    registered(mq, "q", "kept", 1)
+    done = mq.keys.queue("q").done("kept")
+    # without the renewal the stream would expire 0.7 s after the mark
+    threading.Event().wait(2.0)
+    assert mq.client.exists(done) == 1
+    finish(mq, "q", "kept")
+    assert waiter.join().result == "kept"
+
+
+def test_a_cancelled_wait_ends_at_its_next_block(r) -> None:
+    import redis
+
+    from echomq_django import EchoMQ
+
+    kw = r.connection_pool.connection_kwargs
+    mq = EchoMQ(redis.Redis(host=kw["host"], port=kw["port"], socket_timeout=1.0), prefix="emq")
+    mq.enqueue("q", "t.echo", None, job_id="stop")
+    cancel = threading.Event()
+    waiter = Waiter(mq, "q", "stop", NEVER, cancel=cancel)
+    registered(mq, "q", "stop", 1)
+    cancel.set()  # blocks last 0.5 s on this client (half its socket timeout)
+    with pytest.raises(TimeoutError, match="the wait for job 'stop' in queue 'q' was cancelled"):
         waiter.join()
+    assert mq.get_job("q", "stop").state is JobState.PENDING
 
 
 def test_a_job_finished_and_removed_before_the_wait_read_it_says_so(mq) -> None:
@@ -162,9 +214,12 @@ def test_a_flow_root_across_queues_is_waited_for(mq) -> None:
     assert waiter.join().result == 3
 
 
-@pytest.mark.parametrize("timeout_s", [-1, "5", None, True, float("nan"), float("inf")])
+@pytest.mark.parametrize(
+    "timeout_s", [-1, "5", True, float("nan"), float("inf"), 365 * 86_400 + 1, 1e18]
+)
 def test_a_bad_timeout_is_refused_before_any_redis_io(mq, timeout_s) -> None:
-    with pytest.raises(ValueError, match="invalid timeout_s .*: a wait is a finite number"):
+    rule = r"a wait is None \(until the job finishes\) or a number of s from 0 to 31,536,000"
+    with pytest.raises(ValueError, match=f"invalid timeout_s .*: {rule}"):
         mq.wait("q", "never-written", timeout_s)
     assert mq.client.exists(mq.keys.queue("q").done("never-written")) == 0
 
@@ -213,3 +268,80 @@ def test_a_resp3_client_waits_too(r) -> None:
     registered(mq, "q", "r3", 1)
     finish(mq, "q", "three")
     assert waiter.join().result == "three"
+
+
+def test_await_result_is_not_held_up_by_a_full_shared_executor(mq, monkeypatch) -> None:
+    """Each await blocks on a thread of its own: the loop's default executor
+    (here one thread, held by a blocking call) does not hold up the wait."""
+    import concurrent.futures
+
+    import echomq_django as emq
+    from echomq_django.api import calls as api
+
+    monkeypatch.setattr(api, "get_mq", lambda: mq)
+    mq.enqueue("q", "t.echo", None, job_id="free")
+    release = threading.Event()
+
+    async def run():
+        loop = asyncio.get_running_loop()
+        loop.set_default_executor(concurrent.futures.ThreadPoolExecutor(1))
+        busy = loop.run_in_executor(None, release.wait, 30)  # the executor's only thread
+        waiting = asyncio.create_task(emq.await_result("q", "free", NEVER))
+        finisher = threading.Thread(
+            target=lambda: (registered(mq, "q", "free", 1), finish(mq, "q", "mine"))
+        )
+        finisher.start()
+        try:
+            return (await asyncio.wait_for(waiting, 20)).result
+        finally:
+            release.set()
+            await busy
+            finisher.join()
+
+    assert asyncio.run(run()) == "mine"
+
+
+def test_a_cancelled_await_result_ends_its_wait(r, monkeypatch) -> None:
+    import redis
+
+    import echomq_django as emq
+    from echomq_django import EchoMQ
+    from echomq_django.api import calls as api
+
+    kw = r.connection_pool.connection_kwargs
+    mq = EchoMQ(redis.Redis(host=kw["host"], port=kw["port"], socket_timeout=1.0), prefix="emq")
+    monkeypatch.setattr(api, "get_mq", lambda: mq)
+    mq.enqueue("q", "t.echo", None, job_id="left")
+
+    async def run():
+        waiting = asyncio.create_task(emq.await_result("q", "left", NEVER))
+        await asyncio.to_thread(registered, mq, "q", "left", 1)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+
+    asyncio.run(run())
+    # its thread ends at the next block (0.5 s on this client)
+    wait_for(
+        lambda: not [t for t in threading.enumerate() if t.name == "echomq-wait"],
+        what="the cancelled wait's thread ended",
+    )
+
+
+def test_a_spent_connection_pool_is_named_not_called_unreachable(r) -> None:
+    import redis
+
+    from echomq_django import EchoMQ, RedisUnavailable
+
+    kw = r.connection_pool.connection_kwargs
+    mq = EchoMQ(redis.Redis(host=kw["host"], port=kw["port"], max_connections=2), prefix="emq")
+    other = EchoMQ(r, prefix="emq")  # the test's own client, on its own pool
+    other.enqueue("q", "t.echo", None, job_id="busy")
+    waiters = [Waiter(mq, "q", "busy", NEVER) for _ in range(2)]  # each holds a connection
+    registered(other, "q", "busy", 2)
+    with pytest.raises(
+        RedisUnavailable, match="has no free connection: all 2 of its pool are in use"
+    ):
+        mq.wait("q", "busy", 1)
+    finish(other, "q", "both")
+    assert [w.join().result for w in waiters] == ["both", "both"]

@@ -288,7 +288,18 @@ def test_echomq_control_resizes_a_worker_and_prints_its_reply(r) -> None:
             ("pool-shrink", "0", "--all"),
             "pool-shrink takes N, a whole number of handlers 1-10000, got 0",
         ),
-        (("shutdown", "--all", "--wait", "-1"), "--wait must be >= 0 seconds, got -1.0"),
+        (
+            ("shutdown", "--all", "--wait", "-1"),
+            "--wait must be a number of seconds from 0 to 86,400 (a day), got -1.0",
+        ),
+        (
+            ("pool-shrink", "1", "--all", "--wait", "inf"),
+            "--wait must be a number of seconds from 0 to 86,400 (a day), got inf",
+        ),
+        (
+            ("drain", "--all", "--wait", "nan"),
+            "--wait must be a number of seconds from 0 to 86,400 (a day), got nan",
+        ),
     ],
 )
 def test_echomq_control_refuses_bad_input_in_one_line_sending_nothing(r, args, error) -> None:

@@ -6,34 +6,46 @@ for a result, a job's log lines and following events. Each is the
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from typing import Any
-
-from asgiref.sync import sync_to_async
 
 from ..conf import get_mq
 from ..core.jobs import Dependencies, Job, Outcome
 from ..core.refs import JobRef, Page, RefDict, as_ref
+from ..protocol.live.blocking import off_loop
 
 
 def wait(job: Any, job_id: str | None = None, timeout_s: float | None = None) -> Job:
-    """Block until a job finishes, ``timeout_s`` s at most (a number >= 0),
-    and return the completed ``Job`` (``.result``): ``EchoMQ.wait`` on the
-    settings' connection. The job is ``(job, job_id)`` = (queue, id), or a
-    ``JobRef`` / ``"queue/id"`` as ``job`` (a flow's root: ``flow_ref.ref``). Raises
-    ``ValueError`` for a bad timeout or id (before any Redis I/O),
-    ``JobNotFound`` at once for an unknown id (or when it finished and was
-    removed before the wait read it), ``JobDead`` when it ended dead
-    (cancelled included), builtin ``TimeoutError`` after ``timeout_s``,
-    ``RedisUnavailable``. It holds one Redis connection while it blocks.
-    docs/howto/wait.md"""
+    """Block until a job finishes, ``timeout_s`` s at most (a number from 0
+    to a year; None: until it finishes), and return the completed ``Job``
+    (``.result``): ``EchoMQ.wait`` on the settings' connection. The job is
+    ``(job, job_id)`` = (queue, id), or a ``JobRef`` / ``"queue/id"`` as
+    ``job`` (a flow's root: ``flow_ref.ref``). Raises ``ValueError`` for a
+    bad timeout or id (before any Redis I/O), ``JobNotFound`` at once for an
+    unknown id (or when it was removed, or finished and was removed before
+    the wait read it), ``JobDead`` when it ended dead (cancelled included),
+    builtin ``TimeoutError`` after ``timeout_s``, ``RedisUnavailable``. It
+    holds one Redis connection while it blocks. docs/howto/wait.md"""
     return get_mq().wait(job, job_id, timeout_s)
 
 
 async def await_result(job: Any, job_id: str | None = None, timeout_s: float | None = None) -> Job:
-    """``wait`` for async code: the blocking wait runs on a worker thread
-    (``sync_to_async(thread_sensitive=False)``), so the event loop and Django's
-    ORM thread stay free. Same arguments, result, errors. docs/howto/wait.md#in-an-async-view"""
-    return await sync_to_async(wait, thread_sensitive=False)(job, job_id, timeout_s)
+    """``wait`` for async code: the blocking wait runs on a thread of its
+    own (``protocol/live/blocking.py``), so the event loop, Django's ORM
+    thread and the loop's shared executor stay free. Same arguments, result,
+    errors. A cancelled await ends the wait at its next block (within the
+    client's socket timeout). docs/howto/wait.md#in-an-async-view"""
+    cancel = threading.Event()
+
+    def run() -> Job:
+        return get_mq().wait(job, job_id, timeout_s, cancel=cancel)
+
+    try:
+        return await off_loop(run, name="echomq-wait")
+    except asyncio.CancelledError:
+        cancel.set()
+        raise
 
 
 def events(queues, since=None, kinds=None, block_s: float | None = None):

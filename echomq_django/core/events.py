@@ -42,8 +42,11 @@ KINDS = frozenset(
     }
 )
 GAP = "gap"  # the kind of a Gap: never a stream entry's
-STREAM_ID = re.compile(r"\d{1,20}(-\d{1,20})?")
-STREAM_ID_RULE = "a stream id is '<ms>-<seq>' or '<ms>' (digits), e.g. '1700000000000-0'"
+STREAM_ID = re.compile(r"[0-9]{1,20}(-[0-9]{1,20})?")
+STREAM_ID_RULE = (
+    "a stream id is '<ms>-<seq>' or '<ms>', each an ASCII integer below 2**64, "
+    "e.g. '1700000000000-0'"
+)
 MAX_FOLLOWED = 64  # queues one follow reads at most (one reader thread per slot)
 
 
@@ -99,6 +102,8 @@ def check_since(since: object) -> str:
     naming the rule otherwise."""
     if not isinstance(since, str) or not STREAM_ID.fullmatch(since):
         raise ValueError(f"invalid since {since!r}: {STREAM_ID_RULE}")
+    if max(id_key(since)) >= 2**64:
+        raise ValueError(f"invalid since {since!r}: {STREAM_ID_RULE}")
     return since
 
 
@@ -119,6 +124,8 @@ def check_follow(
     or a finite number of s >= 0 after which a follow with nothing new
     ends. ``positions`` maps each queue to its start id (None: new only).
     """
+    if queues is None or not isinstance(queues, str | Iterable):
+        raise TypeError(f"queues is one queue name or an iterable of names, got {queues!r}")
     names = [queues] if isinstance(queues, str) else list(queues)
     if not names:
         raise ValueError("no queues to follow: give one queue name or several")

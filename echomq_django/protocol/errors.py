@@ -105,12 +105,27 @@ def reports_redis_down(method):
 
 def connection_error(client: object, err: Exception) -> RedisUnavailable:
     """A ``RedisUnavailable`` that says where the client tried to connect,
-    and, for an error other than a dropped connection, which one it was."""
+    and, for an error other than a dropped connection, which one it was. A
+    client whose connection pool is spent (every connection held, e.g. by
+    blocking waits) is not an unreachable Redis: its message says so and
+    names the setting that raises the bound (docs/howto/wait.md#many-waiters-in-one-process)."""
+    if isinstance(err, redis.exceptions.MaxConnectionsError):
+        return RedisUnavailable(
+            f"the Redis client for {describe(client)} has no free connection: all "
+            f"{pool_size(client)} of its pool are in use (each blocking wait or follow "
+            "holds one); raise ECHOMQ OPTIONS max_connections or wait in fewer threads"
+        )
     if isinstance(err, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
         return RedisUnavailable(f"Redis is unreachable at {describe(client)}: {err}")
     return RedisUnavailable(
         f"Redis is unavailable at {describe(client)}: {type(err).__name__}: {err}"
     )
+
+
+def pool_size(client: object) -> int | str:
+    """The connection bound of a redis-py client's pool, or ``"?"``."""
+    pool = getattr(client, "connection_pool", None)
+    return getattr(pool, "max_connections", None) or "?"
 
 
 def describe(client: object) -> str:

@@ -77,13 +77,13 @@ class Reads(Part):
         ``(queue, job_id)`` or, with ``job_id`` None, a ``JobRef`` /
         ``(queue, id)`` / ``"queue/id"`` as ``queue``. Raises ``JobNotFound``
         (the log goes with its job), ``ValueError`` for a bad name or a
-        start / end that is not an int.
+        start / end that is not an int (or is 2**63 or more either way).
         docs/howto/progress-and-logs.md#read-them-back"""
         if job_id is None:
             queue, job_id = as_ref(queue, self.keys)
         for name, value in (("start", start), ("end", end)):
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise ValueError(f"{name} must be an int (a line index), got {value!r}")
+            if not isinstance(value, int) or isinstance(value, bool) or abs(value) >= 2**63:
+                raise ValueError(f"{name} must be an int line index below 2**63, got {value!r}")
         keys = JobKeys.of(self._require(queue, job_id))
         return [to_text(line) for line in self.client.lrange(keys.logs, start, end)]
 

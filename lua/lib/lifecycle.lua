@@ -124,9 +124,14 @@ end
 -- Delete a row whose fields were read already (`state` not active): out of
 -- its index, the extras its fields call for, its keys gone (a leaf has no
 -- hashes of its own: only its row, job log and earlier errors), a `removed`
--- event for the mirror.
+-- event for the mirror. An unfinished job's waiters are told (a finished
+-- one's were, when it finished): they wake with JobNotFound at once
+-- (docs/explanation/protocol.md#waiting-for-a-result).
 local function drop_row(base, id, state, dedup, deadline, keep, group)
   local key = base .. 'job:' .. id
+  if state ~= 'completed' and state ~= 'dead' then
+    note_done(base .. 'done:' .. id, 'removed')
+  end
   unindex(base, id, state, group)
   drop_extras(base, id, dedup, deadline, keep)
   if redis.call('EXISTS', key .. ':children') == 1 then

@@ -23,6 +23,8 @@ from echomq_django.conf import get_mq
 from echomq_django.core.exceptions import EchoMQError
 from echomq_django.protocol.control.commands import COMMANDS, PENDING_TTL_MS, SIZED
 
+MAX_WAIT_S = 86_400  # the longest --wait (s)
+
 
 class Command(BaseCommand):
     help = (
@@ -47,14 +49,17 @@ class Command(BaseCommand):
             type=float,
             default=10.0,
             metavar="S",
-            help="seconds to wait for the replies (>= 0; default 10; 0: send and exit 0): "
+            help="seconds to wait for the replies (0 to 86,400; default 10; 0: send and exit 0): "
             "a resize is done at once, a shutdown or drain once the worker stopped",
         )
 
     def handle(self, *args, **opts):
         name, n, wait = opts["command"], opts["n"], opts["wait"]
-        if not wait >= 0:
-            raise CommandError(f"echomq_control: --wait must be >= 0 seconds, got {wait}")
+        if not 0 <= wait <= MAX_WAIT_S:  # NaN and inf fail too
+            raise CommandError(
+                f"echomq_control: --wait must be a number of seconds from 0 to "
+                f"{MAX_WAIT_S:,} (a day), got {wait}"
+            )
         if name in SIZED and n is None:
             raise CommandError(f"echomq_control: {name} needs N, the number of handlers")
         mq = get_mq()

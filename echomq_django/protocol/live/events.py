@@ -32,12 +32,12 @@ from ...core.jobs import to_text
 from ..errors import translating
 from ..scripts import socket_timeout
 from ..wire import Part
+from .blocking import off_loop
 
 READ_COUNT = 500  # entries one XREAD takes per stream
 INBOX_MAX = 1_000  # items the reader threads hold for a slow caller, at most
 SLICE_S = 5.0  # one XREAD BLOCK lasts at most this (s): a closed follow's threads end by then
 SOCKET_MARGIN_S = 1.0  # each block ends this much before the client's socket timeout (s)
-_END = object()
 
 
 def _entries(reply) -> list[tuple[str, list]]:
@@ -83,6 +83,8 @@ class Follow:
         self._position: dict[str, str] = {}
         self._buf: deque = deque()
         self._stop = threading.Event()
+        self._cancel = threading.Event()  # the async step's read: set when the step is cancelled
+        self._filling: asyncio.Future | None = None  # that read, while it runs
         self._inbox: queues_.Queue = queues_.Queue(INBOX_MAX)
         self._threads: list[threading.Thread] = []
         slots: dict[int, list[str]] = {}
@@ -201,41 +203,63 @@ class Follow:
     def __iter__(self) -> Follow:
         return self
 
-    def __next__(self) -> Event | Gap:
-        if self._stop.is_set():
-            raise StopIteration
+    def _fill(self, cancel: threading.Event | None) -> bool:
+        """Read until the buffer holds something, ``block_s`` passed (then
+        True), or the follow is closed or ``cancel`` set (False). Each read
+        blocks one slice at most, so a close ends it within ``SLICE_S`` s."""
         if any(at is None for at in self._read_at.values()):
             self._start_ids()
         deadline = None if self.block_s is None else time.monotonic() + self.block_s
         while not self._buf:
+            if self._stop.is_set() or (cancel is not None and cancel.is_set()):
+                return False
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             if not self._take(left) and deadline is not None and time.monotonic() >= deadline:
-                raise StopIteration
+                return True
+        return False
+
+    def _pop(self) -> Event | Gap:
         item = self._buf.popleft()
         if not isinstance(item, Gap):
             self._position[item.queue] = item.id
         return item
 
-    def _next_or_end(self):
-        try:
-            return next(self)
-        except StopIteration:
-            return _END
+    def __next__(self) -> Event | Gap:
+        if not self._stop.is_set() and not self._buf:
+            self._fill(None)
+        if self._stop.is_set() or not self._buf:
+            raise StopIteration  # closed, or block_s passed with nothing
+        return self._pop()
 
     def __aiter__(self) -> Follow:
         return self
 
     async def __anext__(self) -> Event | Gap:
-        """The next event, the blocking read on a worker thread
-        (``asyncio.to_thread``): the event loop stays free. A cancelled
-        ``await`` leaves that read to end within ``SLICE_S`` s."""
-        item = await asyncio.to_thread(self._next_or_end)
-        if item is _END:
-            raise StopAsyncIteration
-        return item
+        """The next event; a read blocks on a thread of its own
+        (``blocking.off_loop``), never on the event loop nor its shared
+        executor. A cancelled ``await`` ends that read within ``SLICE_S`` s,
+        and whatever it read stays for the next step."""
+        while self._stop.is_set() or not self._buf:
+            if self._stop.is_set():
+                raise StopAsyncIteration
+            if self._filling is None or self._filling.done():
+                # one read at a time: a cancelled step's read ends first
+                self._cancel = threading.Event()
+                self._filling = asyncio.ensure_future(
+                    off_loop(self._fill, self._cancel, name="echomq-events")
+                )
+            try:
+                ended = await asyncio.shield(self._filling)
+            except asyncio.CancelledError:
+                self._cancel.set()
+                raise
+            if ended and not self._buf:
+                raise StopAsyncIteration
+        return self._pop()
 
     def close(self) -> None:
-        """End the follow: ``next()`` stops, reader threads end within ``SLICE_S`` s."""
+        """End the follow: ``next()`` stops, its read and the reader threads
+        end within ``SLICE_S`` s."""
         self._stop.set()
 
     async def aclose(self) -> None:

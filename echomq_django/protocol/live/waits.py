@@ -15,6 +15,7 @@ script of its own: the finishing scripts write the stream.
 from __future__ import annotations
 
 import math
+import threading
 import time
 
 from ...core.exceptions import JobDead, JobNotFound
@@ -26,17 +27,30 @@ from ..wire import Part
 WAIT_SLACK_MS = 5_000  # the done stream outlives the longest wait on it by this (ms)
 DONE_MAXLEN = 64  # entries a done stream keeps, about (waiters' marks and the finish)
 SOCKET_MARGIN_S = 1.0  # each XREAD BLOCK ends this much before the socket timeout (s)
+MAX_WAIT_S = 365 * 86_400  # the longest finite wait (s); None waits without an end
+STREAM_TTL_MS = 3_600_000  # a done stream's expiry is renewed to this ahead while waited on (ms)
 FINISHED = {JobState.COMPLETED.value, JobState.DEAD.value}
 GONE = "finished and was removed (retention, or a remove) before this wait read it"
 
 
-def check_timeout(timeout_s: object) -> float:
-    """``timeout_s`` as a float if it is a finite number of seconds >= 0;
-    ``ValueError`` naming the rule otherwise (a bool is refused)."""
+def check_timeout(timeout_s: object) -> float | None:
+    """``timeout_s`` as a float if it is a finite number of seconds from 0
+    to ``MAX_WAIT_S``, or None (wait until the job finishes); ``ValueError``
+    naming the rule otherwise (a bool is refused)."""
+    if timeout_s is None:
+        return None
     ok = isinstance(timeout_s, int | float) and not isinstance(timeout_s, bool)
-    if not ok or not math.isfinite(timeout_s) or timeout_s < 0:
-        raise ValueError(f"invalid timeout_s {timeout_s!r}: a wait is a finite number of s >= 0")
+    if not ok or not math.isfinite(timeout_s) or not 0 <= timeout_s <= MAX_WAIT_S:
+        raise ValueError(
+            f"invalid timeout_s {timeout_s!r}: a wait is None (until the job finishes) "
+            f"or a number of s from 0 to {MAX_WAIT_S:,}"
+        )
     return float(timeout_s)
+
+
+def _removed(entries: list) -> bool:
+    """Whether a done stream's new entries hold the note of a removal."""
+    return any(to_text(f.get(b"e", f.get("e"))) == "removed" for _, f in entries)
 
 
 class Waits(Part):
@@ -54,24 +68,30 @@ class Waits(Part):
         except JobNotFound:
             raise JobNotFound(f"job {ref.id!r} in queue {ref.queue!r} {GONE}") from None
 
-    def wait(self, ref: JobRef, timeout_s: float) -> Job:
+    def wait(
+        self, ref: JobRef, timeout_s: float | None, cancel: threading.Event | None = None
+    ) -> Job:
         """Block until the job ``ref`` (a ``JobRef``) finishes, at most
-        ``timeout_s`` s (a number >= 0; 0 checks once), and return it as a
-        ``Job`` when it completed (``job.result`` its result).
+        ``timeout_s`` s (a number from 0 to ``MAX_WAIT_S``; 0 checks once;
+        None waits until it finishes), and return it as a ``Job`` when it
+        completed (``job.result`` its result). ``cancel``: set from another
+        thread, it ends the wait at its next block (within the client's
+        socket timeout), with ``TimeoutError`` (``await_result``'s cancel).
 
         Raises ``ValueError`` for a bad timeout (before any Redis I/O);
         ``JobNotFound`` at once for an unknown id, and when the row is gone
         by the time the wait wakes (it finished and retention removed it, or
-        it was removed); ``JobDead`` (``.job``, ``.error``) when it ended
-        dead, cancelled included; builtin ``TimeoutError`` after
-        ``timeout_s``; ``RedisUnavailable``. Each block ends before the
-        client's socket timeout and the wait goes on, so a long wait needs
-        no special client. docs/howto/wait.md"""
+        it was removed: a removal wakes the waiters); ``JobDead`` (``.job``,
+        ``.error``) when it ended dead, cancelled included; builtin
+        ``TimeoutError`` after ``timeout_s``; ``RedisUnavailable``. Each
+        block ends before the client's socket timeout and the wait goes on,
+        so a long wait needs no special client. docs/howto/wait.md"""
         timeout_s = check_timeout(timeout_s)
-        deadline = time.monotonic() + timeout_s
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         k = self.keys.queue(ref.queue)
         done, row = k.done(ref.id), k.job(ref.id)
-        ttl_ms = int(timeout_s * 1000) + WAIT_SLACK_MS
+        ttl_ms = STREAM_TTL_MS if timeout_s is None else int(timeout_s * 1000)
+        ttl_ms = min(ttl_ms, STREAM_TTL_MS) + WAIT_SLACK_MS
         pipe = self.client.pipeline(transaction=False)
         # Mark first, read the state second: a finish after the read finds
         # the stream and notes it after our mark (the race the order closes).
@@ -82,33 +102,39 @@ class Waits(Part):
         last, _, _, state = pipe.execute()
         if state is None:
             raise JobNotFound(f"job {ref.id!r} not found in queue {ref.queue!r}")
+        renew_at = time.monotonic() + (ttl_ms - WAIT_SLACK_MS) / 2000
         cut = socket_timeout(self.client)
         block_max = None
         if cut:
             block_max = cut - SOCKET_MARGIN_S if cut > 2 * SOCKET_MARGIN_S else cut / 2
         job = None
         while to_text(state) not in FINISHED:
-            left = deadline - time.monotonic()
-            if left <= 0:
+            left = math.inf if deadline is None else deadline - time.monotonic()
+            if left <= 0 or (cancel is not None and cancel.is_set()):
                 if self.client.hget(row, "state") is None:
                     raise JobNotFound(f"job {ref.id!r} in queue {ref.queue!r} was removed")
                 raise TimeoutError(
                     f"job {ref.id!r} in queue {ref.queue!r} did not finish in {timeout_s} s"
+                    if left <= 0
+                    else f"the wait for job {ref.id!r} in queue {ref.queue!r} was cancelled"
                 )
-            block = left if block_max is None else min(left, block_max)
             # the row's read rides behind the block: Redis runs it as the XREAD
             # wakes, after the script that finished the job, so a wake costs
             # no second round trip
             pipe = self.client.pipeline(transaction=False)
+            if time.monotonic() >= renew_at:  # a long wait keeps its stream alive
+                pipe.pexpire(done, ttl_ms, gt=True)
+                renew_at = time.monotonic() + (ttl_ms - WAIT_SLACK_MS) / 2000
+            block = min(left, block_max or math.inf, renew_at - time.monotonic())
             pipe.xread({done: last}, count=DONE_MAXLEN, block=max(1, int(block * 1000)))
             pipe.hgetall(row)
-            reply, fields = pipe.execute()
+            reply, fields = pipe.execute()[-2:]
             if reply:
                 # RESP2: [[key, entries]]; RESP3 (protocol=3): {key: [entries]}
                 entries = reply[0][1] if isinstance(reply, list) else next(iter(reply.values()))[0]
                 last = entries[-1][0]
             if not fields:
-                why = GONE if reply else "was removed"  # a removal writes no note
+                why = GONE if reply and not _removed(entries) else "was removed"
                 raise JobNotFound(f"job {ref.id!r} in queue {ref.queue!r} {why}")
             job = Job.from_row(ref.queue, ref.id, fields, mq=self.reads)
             state = job.state.value
