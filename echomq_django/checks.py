@@ -31,9 +31,42 @@ def check_scheduling(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
         cfg = config()
     except Exception:
         return []  # check_settings reports a malformed ECHOMQ
-    return [
+    found = [
         checks.Error(msg, hint=hint, id=cid)
         for cid, msg, hint in schedule.problems(cfg, handlers=registered())
+    ]
+    return found + _old_croniter(cfg.get("SCHEDULE"), found)
+
+
+CRONITER_FLOOR = (6, 1)  # earlier releases put a time in a DST gap at the old offset
+
+
+def _old_croniter(entries, found: list) -> list[checks.CheckMessage]:
+    """E057 once when a SCHEDULE entry uses 'cron' and the installed
+    croniter is older than ``CRONITER_FLOOR`` (docs/howto/periodic.md)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    uses_cron = isinstance(entries, dict) and any(
+        isinstance(spec, dict) and "cron" in spec for spec in entries.values()
+    )
+    if not uses_cron or any(e.id == "echomq_django.E057" for e in found):
+        return []
+    try:
+        text = version("croniter")
+    except PackageNotFoundError:
+        return []
+    numbers = tuple(int(p) if p.isdigit() else 0 for p in text.split(".")[:2])
+    if numbers >= CRONITER_FLOOR:
+        return []
+    floor = ".".join(map(str, CRONITER_FLOOR))
+    return [
+        checks.Error(
+            f"SCHEDULE uses 'cron' but croniter {text} is installed, older than {floor}: "
+            "its times on daylight-saving nights are off by the gap",
+            hint=f"pip install 'croniter>={floor}' (BullMQ's Python client pins croniter "
+            "2.0.7: keep it in another environment).",
+            id="echomq_django.E057",
+        )
     ]
 
 

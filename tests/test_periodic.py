@@ -308,6 +308,25 @@ def test_scheduling_settings_have_stable_ids(cfg, expected) -> None:
     assert ids(cfg) == [f"echomq_django.{e}" for e in expected]
 
 
+@pytest.mark.usefixtures("no_env_url")
+def test_a_croniter_older_than_6_1_is_named_by_e057(monkeypatch) -> None:
+    """Earlier croniter releases answer a time in a daylight-saving gap at
+    the old offset (the gap tests above fail on 2.0.7)."""
+    import importlib.metadata
+
+    real = importlib.metadata.version
+    monkeypatch.setattr(
+        importlib.metadata, "version", lambda name: "2.0.7" if name == "croniter" else real(name)
+    )
+    with override_settings(ECHOMQ=sched(cron="30 2 * * *")):
+        found = [m for m in run_checks(databases=[]) if m.id == "echomq_django.E057"]
+    assert [m.msg for m in found] == [
+        "SCHEDULE uses 'cron' but croniter 2.0.7 is installed, older than 6.1: "
+        "its times on daylight-saving nights are off by the gap"
+    ]
+    assert ids(sched(every_s=60)) == []  # no cron: croniter's age does not matter
+
+
 def test_a_bad_schedule_is_refused_naming_the_rule() -> None:
     with pytest.raises(ImproperlyConfigured, match="E054: SCHEDULE entry 'e': malformed cron"):
         entries({"e": {"name": "x", "queue": "q", "cron": "nope"}})
