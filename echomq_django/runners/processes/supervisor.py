@@ -34,11 +34,11 @@ What can happen to a child and what its job gets (docs/howto/process-pool.md):
 
 from __future__ import annotations
 
-import copy
 import logging
 import mmap
 import multiprocessing
 import os
+import pickle
 import selectors
 import signal
 import threading
@@ -81,10 +81,14 @@ def death_text(pid: int, code: int | None) -> str:
 class _Child:
     """One handler process and what the supervisor knows of it."""
 
-    __slots__ = ("conn", "done", "flag", "job", "jobs", "kill_at", "pid", "proc", "why")
+    __slots__ = ("conn", "done", "flag", "job", "jobs", "kill_at", "pid", "proc", "sending", "why")
 
     def __init__(self, proc, conn, flag) -> None:
         self.proc, self.conn, self.flag, self.pid = proc, conn, flag, proc.pid
+        # one writer at a time on its pipe: a job is written outside the pool's
+        # lock (a pipe write may yield the CPU to the child it wakes; the
+        # supervisor must not wait on the lock meanwhile to read other replies)
+        self.sending = threading.Lock()
         self.job: Job | None = None  # running now
         self.done = None  # the run's queue of finished jobs, for this job
         self.jobs = 0  # jobs it finished
@@ -155,12 +159,14 @@ class ProcessPool:
                 log.warning("%s", error)
             done.put(Finished(job, error=error))
             return
+        ref = child_module.handler_ref(func)
         with self._lock:
             idle = self._idle()
             if idle is None:
-                self._backlog.append((job, done, child_module.handler_ref(func)))
-            else:
-                self._send(idle, job, done, child_module.handler_ref(func))
+                self._backlog.append((job, done, ref))
+                return
+            message = self._give(idle, job, done)
+        self._post(idle, message, ref)
 
     def write_off(self, job: Job) -> str:
         """``job`` ran past its time limit: its child is ended (SIGTERM, then
@@ -266,7 +272,8 @@ class ProcessPool:
             idle = self._idle()
             if idle is None:
                 break
-            self._send(idle, *self._backlog.popleft())
+            job, done, ref = self._backlog.popleft()
+            self._post(idle, self._give(idle, job, done), ref)
 
     def _read(self, c: _Child) -> bool:
         """A child's pipe is readable: a progress or log write of its job
@@ -318,10 +325,7 @@ class ProcessPool:
         try:
             job._writes.put(job, progress, line)
         except EchoMQError as err:
-            try:
-                c.conn.send(("refused", job_id, err))
-            except (OSError, ValueError):
-                pass
+            self._post(c, ("refused", job_id, err))
 
     def _reap(self, c: _Child) -> None:
         """A child exited: a reply still in its pipe first, then its job (if
@@ -342,7 +346,8 @@ class ProcessPool:
                     where.remove(c)
                     if where is self._working and not self._closing:
                         self.replaced += 1
-            c.conn.close()
+            with c.sending:  # not while a job is written to it: its fd number may be reused
+                c.conn.close()
             c.flag.close()
         if c.why:
             log.info("handler process %d recycled %s", c.pid, c.why)
@@ -369,25 +374,31 @@ class ProcessPool:
                 return c
         return None
 
-    def _send(self, c: _Child, job: Job, done, ref: str) -> None:
+    def _give(self, c: _Child, job: Job, done) -> Job:
+        """``c`` runs ``job`` from now on (its time limit starts); returns
+        the copy to write to it (``_post``, after the lock)."""
         c.job, c.done = job, done
         self._timeouts.start(job, job.timeout_ms or self._limits.get(job.queue))
-        sent = copy.copy(job)
-        sent._mq, sent._cache, sent._writes = None, {}, None
-        try:
-            c.conn.send((sent, ref))
-        except (OSError, ValueError):
-            pass  # it died: its exit fails the job (_reap)
+        return child_module.wire(job)
+
+    @staticmethod
+    def _post(c: _Child, *message) -> None:
+        """Write ``message`` (one object, or a job's fields and its handler's
+        ref) to ``c``'s pipe, pickled; a child that died meanwhile is left
+        to its exit (``_reap`` fails its job)."""
+        body = pickle.dumps(message if len(message) > 1 else message[0], pickle.HIGHEST_PROTOCOL)
+        with c.sending:
+            try:
+                c.conn.send_bytes(body)
+            except (OSError, ValueError):
+                pass
 
     def _send_away(self, c: _Child, why: str) -> None:
         """``c`` finishes (it is idle) and exits; a fresh one forks if needed."""
         self._working.remove(c)
         self._leaving.append(c)
         c.why = why
-        try:
-            c.conn.send(None)
-        except (OSError, ValueError):
-            pass
+        self._post(c, None)
         if why:
             self.recycled += 1
 
