@@ -50,6 +50,7 @@ from ...handlers import get_handler, runs_sync
 from ...tracing.spans import attempt
 from ..pool import error_text
 from ..reporter import Finished, decided
+from .pipes import NOTHING, Inbox
 
 _INHERITED: list = []  # the worker's DB connections, kept unclosed until os._exit
 _KILL: list = [None]  # this child's kill flag (set by main)
@@ -102,9 +103,10 @@ def main(conn, kill_flag, close_fds, source, lifeline: int) -> None:
     _KILL[0] = kill_flag
     _after_fork(kill_flag, close_fds)
     threading.Thread(target=_die_with_the_worker, args=(lifeline,), daemon=True).start()
+    inbox = Inbox(conn.fileno())
     while True:
         try:
-            item = conn.recv()
+            item = inbox.get()
         except (EOFError, OSError):
             return  # the worker is gone
         if item is None:
@@ -113,7 +115,7 @@ def main(conn, kill_flag, close_fds, source, lifeline: int) -> None:
             continue  # ("refused", ...) for a job that has ended meanwhile
         job = Job(*item[0])
         ref = item[1]
-        job._mq, job._writes = source, PipeWrites(conn, job.id)
+        job._mq, job._writes = source, PipeWrites(conn, inbox, job.id)
         reply = run_one(job, ref, source)
         try:
             with job._writes.lock:  # a thread the handler left may still write
@@ -138,8 +140,8 @@ class PipeWrites:
     before each write and raised. Thread-safe (a handler may write from
     threads of its own)."""
 
-    def __init__(self, conn, job_id: str) -> None:
-        self.conn, self.job_id, self.error = conn, job_id, None
+    def __init__(self, conn, inbox: Inbox, job_id: str) -> None:
+        self.conn, self.inbox, self.job_id, self.error = conn, inbox, job_id, None
         self.lock = threading.Lock()
         self.ended = False  # the reply is sent: a late write is dropped
 
@@ -147,13 +149,12 @@ class PipeWrites:
         with self.lock:
             if self.ended:
                 return True
-            while self.error is None and self.conn.poll():
-                note = self.conn.recv()
+            while self.error is None and (note := self.inbox.get(block=False)) is not NOTHING:
                 if isinstance(note[0], str) and note[1] == self.job_id:
                     self.error = note[2]
             if self.error is not None:
                 raise type(self.error)(*self.error.args)
-            self.conn.send(("write", self.job_id, progress, line))
+            self.conn.send_bytes(pickle.dumps(("write", self.job_id, progress, line), 5))
         return True
 
 
