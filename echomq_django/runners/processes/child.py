@@ -10,8 +10,10 @@ goes), and the process's ``EchoMQ`` is forgotten (``conf.reset()``: a handler
 that adds jobs builds its own client; redis-py's pools start afresh in a new
 pid).
 
-Then it loops: read ``(job, ref)`` from its pipe, run the handler, write one
-reply. ``None`` (or end-of-file) ends the loop and the process. The reply is
+Then it loops: read ``(fields, ref)`` from its pipe (a job as ``wire``
+gives it, and its handler's ``handler_ref``; ``pipes.Inbox`` reads it), run
+the handler, write one reply (pickled, ``send_bytes``). ``None`` (or
+end-of-file) ends the loop and the process. The reply is
 a tuple ``(kind, value, ms, rss)``: ``kind`` is ``"ok"`` (``value`` the
 result), ``"error"`` (the error text, or ``(text, delay ms)`` once the
 retry policy decided it), ``"dead"`` (the same; the job fails for good:
