@@ -7,7 +7,11 @@
   added before the clock starts, run by ``--workers`` worker processes of
   ``--concurrency`` handlers each (``Worker(pool=...)``); from the moment
   the waiting workers are told to start until every job is completed, in
-  jobs per second.
+  jobs per second; and the CPU each job cost (µs): the worker processes'
+  from ``go`` to their end (their handler processes included, counted as
+  the workers reap them) and the redis-server's. On a machine shared with other work the CPU figures
+  move far less than the rates, and a pool that is CPU-bound drains at
+  about the inverse of its CPU per job.
 - **start latency**: on one idle worker, the time from ``enqueue`` to the
   handler's first line (``bench.stamp`` writes ``time.time()``), p50 and
   p95 over ``--samples`` jobs added one at a time, in ms.
@@ -18,6 +22,8 @@ from __future__ import annotations
 import argparse
 import functools
 import multiprocessing
+import os
+import resource
 import statistics
 import time
 
@@ -31,7 +37,7 @@ from . import procs
 QUEUE = "plain"
 
 
-def _worker(url, pool, concurrency, ready, go, stop) -> None:
+def _worker(url, pool, concurrency, ready, go, stop, used=None) -> None:
     procs.setup_django(url)
     from echomq_django import Worker
 
@@ -42,7 +48,9 @@ def _worker(url, pool, concurrency, ready, go, stop) -> None:
     ready.set()
     go.wait()
     if stop is None:
-        worker.run(burst=True)
+        before = _cpu_s(resource.RUSAGE_SELF) + _cpu_s(resource.RUSAGE_CHILDREN)
+        worker.run(burst=True)  # its handler processes are reaped by its end
+        used.put(_cpu_s(resource.RUSAGE_SELF) + _cpu_s(resource.RUSAGE_CHILDREN) - before)
     else:
         import threading
 
@@ -61,26 +69,45 @@ def stamp(job):
     _client(job.payload["url"]).rpush("bench:stamps", repr(time.time()))
 
 
-def drain(url: str, pool: str, jobs: int, workers: int, concurrency: int) -> float:
-    """Jobs per second for ``pool``, ``jobs`` plain jobs."""
+def _server_cpu_s(pid: int) -> float:
+    """The redis-server's CPU so far (s): user + system, ``/proc/PID/stat``."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_s(who: int) -> float:
+    used = resource.getrusage(who)
+    return used.ru_utime + used.ru_stime
+
+
+def drain(url: str, pool: str, jobs: int, workers: int, concurrency: int, server_pid: int):
+    """``(jobs/s, worker µs/job, redis-server µs/job)`` for ``pool``,
+    ``jobs`` plain jobs."""
     mq = procs._mq(url)
     mq.client.flushall()
     mq.enqueue_many(QUEUE, [("bench.one", {"i": i}) for i in range(jobs)])
     ctx = multiprocessing.get_context("spawn")
     ready = [ctx.Event() for _ in range(workers)]
     go = ctx.Event()
-    ps = [ctx.Process(target=_worker, args=(url, pool, concurrency, r, go, None)) for r in ready]
+    used = ctx.Queue()
+    ps = [ctx.Process(target=_worker, args=(url, pool, concurrency, r, go, None, used))
+          for r in ready]  # fmt: skip
     for p in ps:
         p.start()
     for r in ready:
         r.wait(60)
+    server_cpu = _server_cpu_s(server_pid)
     started = time.perf_counter()
     go.set()
+    cpu = sum(used.get(timeout=600) for _ in ps)  # each worker's from `go` to its end
     for p in ps:
         p.join()
     took = time.perf_counter() - started
     assert mq.counts(QUEUE)["completed"] == jobs, mq.counts(QUEUE)
-    return jobs / took
+    per_job = 1e6 / jobs
+    return (jobs / took, cpu * per_job,
+            (_server_cpu_s(server_pid) - server_cpu) * per_job)  # fmt: skip
 
 
 def start_latency(url: str, pool: str, samples: int) -> tuple[float, float]:
@@ -117,14 +144,21 @@ def main(argv=None) -> int:
     server = start_server()
     try:
         procs.setup_django(server.url)
-        rates = {
-            pool: drain(server.url, pool, args.jobs, args.workers, args.concurrency)
+        runs = {
+            pool: drain(server.url, pool, args.jobs, args.workers, args.concurrency,
+                        server.proc.pid)
             for pool in ("thread", "process")
-        }
+        }  # fmt: skip
         print(f"drain, {args.jobs} plain jobs, {args.workers} workers x {args.concurrency}:")
-        for pool, rate in rates.items():
-            print(f"  {pool:8} {rate:8.0f} jobs/s")
-        print(f"  process/thread: {rates['process'] / rates['thread']:.0%}")
+        for pool, (rate, cpu, server_cpu) in runs.items():
+            print(f"  {pool:8} {rate:8.0f} jobs/s; CPU per job: workers {cpu:4.0f} µs, "
+                  f"redis-server {server_cpu:4.0f} µs")  # fmt: skip
+        ratio = runs["process"][0] / runs["thread"][0]
+        (_, cpu_t, srv_t), (_, cpu_p, srv_p) = runs["thread"], runs["process"]
+        print(
+            f"  process/thread: {ratio:.0%} (rate); "
+            f"{(cpu_t + srv_t) / (cpu_p + srv_p):.0%} (inverse CPU per job)"
+        )
         for pool in ("thread", "process"):
             p50, p95 = start_latency(server.url, pool, args.samples)
             print(f"start latency, idle worker, {pool}: p50 {p50:.2f} ms, p95 {p95:.2f} ms")

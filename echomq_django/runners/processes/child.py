@@ -10,8 +10,10 @@ goes), and the process's ``EchoMQ`` is forgotten (``conf.reset()``: a handler
 that adds jobs builds its own client; redis-py's pools start afresh in a new
 pid).
 
-Then it loops: read ``(job, ref)`` from its pipe, run the handler, write one
-reply. ``None`` (or end-of-file) ends the loop and the process. The reply is
+Then it loops: read ``(fields, ref)`` from its pipe (a job as ``wire``
+gives it, and its handler's ``handler_ref``; ``pipes.Inbox`` reads it), run
+the handler, write one reply (pickled, ``send_bytes``). ``None`` (or
+end-of-file) ends the loop and the process. The reply is
 a tuple ``(kind, value, ms, rss)``: ``kind`` is ``"ok"`` (``value`` the
 result), ``"error"`` (the error text, or ``(text, delay ms)`` once the
 retry policy decided it), ``"dead"`` (the same; the job fails for good:
@@ -32,7 +34,9 @@ running job finish, as on the thread pool.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import operator
 import os
 import pickle
 import resource
@@ -44,13 +48,19 @@ from django.db import close_old_connections, connections
 
 from ... import conf
 from ...core.exceptions import MoveToDelayed, RateLimited, Unrecoverable, WaitForChildren
+from ...core.jobs import Job
 from ...handlers import get_handler, runs_sync
 from ...tracing.spans import attempt
 from ..pool import error_text
 from ..reporter import Finished, decided
+from .pipes import NOTHING, Inbox
 
 _INHERITED: list = []  # the worker's DB connections, kept unclosed until os._exit
 _KILL: list = [None]  # this child's kill flag (set by main)
+# a Job's public fields, in order: its dataclass fields up to the private ones
+WIRE = tuple(f.name for f in dataclasses.fields(Job) if not f.name.startswith("_"))
+_FIELDS = operator.attrgetter(*WIRE)  # one C call for the tuple of them
+_STATM: list = [0, -1]  # (pid, fd) of this process's /proc/self/statm, opened on first use
 PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
@@ -63,12 +73,25 @@ def handler_ref(func) -> str:
     return f"{module}:{getattr(func, '__qualname__', repr(func))}"
 
 
+def wire(job: Job) -> tuple:
+    """``job`` as it crosses the pipe: the values of its public fields, in
+    their order (a tuple pickles and loads in a fraction of a dataclass's
+    time); ``Job(*values)`` in the child builds it back, with no client, no
+    cache and no writes of the worker's."""
+    return _FIELDS(job)
+
+
 def rss_bytes() -> int:
     """This process's resident memory now (bytes): ``/proc/self/statm`` on
-    Linux, else its peak (``getrusage``, KiB there)."""
+    Linux (kept open per process and read again from its start: an open
+    per job cost as much as a trivial handler), else its peak
+    (``getrusage``, KiB there)."""
     try:
-        with open("/proc/self/statm", "rb") as f:
-            return int(f.read().split()[1]) * PAGE
+        pid, fd = _STATM
+        if pid != os.getpid():  # a fork: /proc/self was the parent's at the open
+            fd = os.open("/proc/self/statm", os.O_RDONLY | os.O_CLOEXEC)
+            _STATM[:] = os.getpid(), fd
+        return int(os.pread(fd, 256, 0).split()[1]) * PAGE
     except (OSError, ValueError, IndexError):
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
@@ -84,22 +107,24 @@ def main(conn, kill_flag, close_fds, source, lifeline: int) -> None:
     _KILL[0] = kill_flag
     _after_fork(kill_flag, close_fds)
     threading.Thread(target=_die_with_the_worker, args=(lifeline,), daemon=True).start()
+    inbox = Inbox(conn.fileno())
     while True:
         try:
-            item = conn.recv()
+            item = inbox.get()
         except (EOFError, OSError):
             return  # the worker is gone
         if item is None:
             return
         if isinstance(item[0], str):
             continue  # ("refused", ...) for a job that has ended meanwhile
-        job, ref = item
-        job._mq, job._writes = source, PipeWrites(conn, job.id)
+        job = Job(*item[0])
+        ref = item[1]
+        job._mq, job._writes = source, PipeWrites(conn, inbox, job.id)
         reply = run_one(job, ref, source)
         try:
             with job._writes.lock:  # a thread the handler left may still write
                 job._writes.ended = True
-                conn.send(reply)
+                conn.send_bytes(pickle.dumps(reply, pickle.HIGHEST_PROTOCOL))
         except (pickle.PicklingError, TypeError, AttributeError) as exc:
             conn.send(("dead", f"PayloadError: the result cannot leave the handler process: "
                        f"{type(exc).__name__}: {exc}", reply[2], rss_bytes()))  # fmt: skip
@@ -119,8 +144,8 @@ class PipeWrites:
     before each write and raised. Thread-safe (a handler may write from
     threads of its own)."""
 
-    def __init__(self, conn, job_id: str) -> None:
-        self.conn, self.job_id, self.error = conn, job_id, None
+    def __init__(self, conn, inbox: Inbox, job_id: str) -> None:
+        self.conn, self.inbox, self.job_id, self.error = conn, inbox, job_id, None
         self.lock = threading.Lock()
         self.ended = False  # the reply is sent: a late write is dropped
 
@@ -128,13 +153,12 @@ class PipeWrites:
         with self.lock:
             if self.ended:
                 return True
-            while self.error is None and self.conn.poll():
-                note = self.conn.recv()
+            while self.error is None and (note := self.inbox.get(block=False)) is not NOTHING:
                 if isinstance(note[0], str) and note[1] == self.job_id:
                     self.error = note[2]
             if self.error is not None:
                 raise type(self.error)(*self.error.args)
-            self.conn.send(("write", self.job_id, progress, line))
+            self.conn.send_bytes(pickle.dumps(("write", self.job_id, progress, line), 5))
         return True
 
 

@@ -1,20 +1,17 @@
 """The process pool: ``size`` pre-forked handler processes that the worker
 feeds job by job over pipes (docs/howto/process-pool.md#how-it-works).
 
-The worker keeps claiming and reporting as on the thread pool (the same
-loop, the same batches); only the handler call moves into a child process
-(``child.py``). One supervisor thread per pool blocks on every child's pipe
-and every child's exit at once (a selector; a self-pipe wakes it for a
-new job or a kill): no polling.
+The worker keeps claiming and reporting as on the thread pool; only the
+handler call moves into a child process (``child.py``). One supervisor
+thread per pool blocks on every child's pipe and exit at once (a selector;
+a self-pipe wakes it for a new job or a kill). The loop thread writes a job
+to its child outside the pool's lock (a pipe write may hand the CPU to the
+child it wakes); the supervisor reads each pipe whole (``pipes.py``).
 
 Why ``fork`` and not ``forkserver``: a forked child starts in milliseconds
-with Django set up, the worker's settings and every handler it registered,
-wherever; a forkserver child would run ``django.setup()`` again and miss
-handlers registered outside an app's ``jobs`` module. The risk of forking a
-process with threads (a lock held by another thread at the fork) is kept
-from the child: it never uses the worker's Redis client, queues or locks;
-logging re-creates its locks at a fork; its database connections are
-dropped unclosed (``child.py``).
+with Django set up and every handler the worker registered, wherever. A
+child never uses the worker's Redis client, queues or locks (a lock held by
+another thread at the fork); its database connections are dropped unclosed.
 
 What can happen to a child and what its job gets (docs/howto/process-pool.md):
 
@@ -34,11 +31,11 @@ What can happen to a child and what its job gets (docs/howto/process-pool.md):
 
 from __future__ import annotations
 
-import copy
 import logging
 import mmap
 import multiprocessing
 import os
+import pickle
 import selectors
 import signal
 import threading
@@ -51,6 +48,7 @@ from ...handlers import get_handler
 from ..pool import unknown_name_error
 from ..reporter import Finished
 from . import child as child_module
+from .pipes import NOTHING, Child
 
 log = logging.getLogger("echomq_django.worker")
 
@@ -76,20 +74,6 @@ def death_text(pid: int, code: int | None) -> str:
         f"HandlerProcessDied: the handler process (pid {pid}) {why} while it ran this job; "
         "a fresh handler process took its place"
     )
-
-
-class _Child:
-    """One handler process and what the supervisor knows of it."""
-
-    __slots__ = ("conn", "done", "flag", "job", "jobs", "kill_at", "pid", "proc", "why")
-
-    def __init__(self, proc, conn, flag) -> None:
-        self.proc, self.conn, self.flag, self.pid = proc, conn, flag, proc.pid
-        self.job: Job | None = None  # running now
-        self.done = None  # the run's queue of finished jobs, for this job
-        self.jobs = 0  # jobs it finished
-        self.kill_at: float | None = None  # SIGKILL due (monotonic) after a SIGTERM
-        self.why = ""  # why it was sent away (recycling), for the log
 
 
 class ProcessPool:
@@ -124,8 +108,8 @@ class ProcessPool:
         self._timeouts, self._limits, self._source = timeouts, time_limits, source
         self.max_jobs, self.max_rss = max_jobs_per_child, max_memory_per_child
         self._lock = threading.Lock()
-        self._working: list[_Child] = []  # in the pool: idle or running a job
-        self._leaving: list[_Child] = []  # killed or sent away, not reaped yet
+        self._working: list[Child] = []  # in the pool: idle or running a job
+        self._leaving: list[Child] = []  # killed or sent away, not reaped yet
         self._backlog: deque = deque()  # (job, done) waiting for an idle child
         self._warned: set[str] = set()
         self._closing = self._abandon = False
@@ -155,12 +139,14 @@ class ProcessPool:
                 log.warning("%s", error)
             done.put(Finished(job, error=error))
             return
+        ref = child_module.handler_ref(func)
         with self._lock:
             idle = self._idle()
             if idle is None:
-                self._backlog.append((job, done, child_module.handler_ref(func)))
-            else:
-                self._send(idle, job, done, child_module.handler_ref(func))
+                self._backlog.append((job, done, ref))
+                return
+            message = self._give(idle, job, done)
+        self._post(idle, message, ref)
 
     def write_off(self, job: Job) -> str:
         """``job`` ran past its time limit: its child is ended (SIGTERM, then
@@ -266,24 +252,32 @@ class ProcessPool:
             idle = self._idle()
             if idle is None:
                 break
-            self._send(idle, *self._backlog.popleft())
+            job, done, ref = self._backlog.popleft()
+            self._post(idle, self._give(idle, job, done), ref)
 
-    def _read(self, c: _Child) -> bool:
-        """A child's pipe is readable: a progress or log write of its job
-        (``child.PipeWrites``), its reply, or end-of-file (its death, handled
-        by ``_reap``; returns False)."""
+    def _read(self, c: Child) -> bool:
+        """A child's pipe is readable: one read, then every whole message
+        in it: its job's progress and log writes (``child.PipeWrites``) and
+        its reply. Returns False at end-of-file (its death: ``_reap``)."""
         try:
-            kind, value, ms, rss = c.conn.recv()
+            c.inbox.fill()
+            alive = True
         except (EOFError, OSError):
-            return False
+            alive = False
+        while (message := c.inbox.take()) is not NOTHING:
+            self._handle(c, *message)
+        return alive
+
+    def _handle(self, c: Child, kind: str, value, ms, rss) -> None:
+        """One message of ``c``'s (a write, or its job's reply)."""
         if kind == "write":
             self._relay(c, value, ms, rss)
-            return True
+            return
         with self._lock:
             job, done = c.job, c.done
             c.job = c.done = None
             if job is None or c.flag[0]:
-                return True  # killed past its time limit: the attempt was failed already
+                return  # killed past its time limit: the attempt was failed already
             c.jobs += 1
             if self.max_jobs is not None and c.jobs >= self.max_jobs:
                 self._send_away(c, f"after {c.jobs} jobs (max_jobs_per_child)")
@@ -292,7 +286,7 @@ class ProcessPool:
                                    f"{self.max_rss / MIB:.0f} MiB)")  # fmt: skip
         if not self._timeouts.settle(job):
             done.put(None)
-            return True
+            return
         finished = Finished(job, ms=ms)
         if kind == "ok":
             finished.result = value
@@ -305,9 +299,8 @@ class ProcessPool:
                 value, finished.delay_ms = value
             finished.error, finished.dead = value, kind == "dead"
         done.put(finished)
-        return True
 
-    def _relay(self, c: _Child, job_id: str, progress: str | None, line: str | None) -> None:
+    def _relay(self, c: Child, job_id: str, progress: str | None, line: str | None) -> None:
         """A write of ``c``'s job goes to the worker's flusher, ahead of the
         reply after it; one refused earlier (the lease was lost) is answered
         on the pipe: the handler's next call raises it (``child.PipeWrites``)."""
@@ -318,15 +311,12 @@ class ProcessPool:
         try:
             job._writes.put(job, progress, line)
         except EchoMQError as err:
-            try:
-                c.conn.send(("refused", job_id, err))
-            except (OSError, ValueError):
-                pass
+            self._post(c, ("refused", job_id, err))
 
-    def _reap(self, c: _Child) -> None:
+    def _reap(self, c: Child) -> None:
         """A child exited: a reply still in its pipe first, then its job (if
         any) fails with the exit code or signal; it leaves the pool."""
-        while c.job is not None and not c.flag[0] and self._poll(c):
+        while c.job is not None and not c.flag[0] and c.inbox.ready():
             if not self._read(c):  # its writes, then one reply per job at most
                 break
         c.proc.join()
@@ -342,7 +332,8 @@ class ProcessPool:
                     where.remove(c)
                     if where is self._working and not self._closing:
                         self.replaced += 1
-            c.conn.close()
+            with c.sending:  # not while a job is written to it: its fd number may be reused
+                c.conn.close()
             c.flag.close()
         if c.why:
             log.info("handler process %d recycled %s", c.pid, c.why)
@@ -355,43 +346,42 @@ class ProcessPool:
         log.warning("job %s/%s (%s): %s", job.queue, job.id, job.name, error)
         done.put(Finished(job, error=error))
 
-    @staticmethod
-    def _poll(c: _Child) -> bool:
-        try:
-            return c.conn.poll()
-        except (EOFError, OSError):
-            return False
-
     # -- under the lock -------------------------------------------------------
-    def _idle(self) -> _Child | None:
+    def _idle(self) -> Child | None:
         for c in self._working:
             if c.job is None:
                 return c
         return None
 
-    def _send(self, c: _Child, job: Job, done, ref: str) -> None:
+    def _give(self, c: Child, job: Job, done) -> tuple:
+        """``c`` runs ``job`` from now on (its time limit starts); returns
+        what to write to it (``_post``, after the lock)."""
         c.job, c.done = job, done
         self._timeouts.start(job, job.timeout_ms or self._limits.get(job.queue))
-        sent = copy.copy(job)
-        sent._mq, sent._cache, sent._writes = None, {}, None
-        try:
-            c.conn.send((sent, ref))
-        except (OSError, ValueError):
-            pass  # it died: its exit fails the job (_reap)
+        return child_module.wire(job)
 
-    def _send_away(self, c: _Child, why: str) -> None:
+    @staticmethod
+    def _post(c: Child, *message) -> None:
+        """Write ``message`` (one object, or a job's fields and its handler's
+        ref) to ``c``'s pipe, pickled; a child that died meanwhile is left
+        to its exit (``_reap`` fails its job)."""
+        body = pickle.dumps(message if len(message) > 1 else message[0], pickle.HIGHEST_PROTOCOL)
+        with c.sending:
+            try:
+                c.conn.send_bytes(body)
+            except (OSError, ValueError):
+                pass
+
+    def _send_away(self, c: Child, why: str) -> None:
         """``c`` finishes (it is idle) and exits; a fresh one forks if needed."""
         self._working.remove(c)
         self._leaving.append(c)
         c.why = why
-        try:
-            c.conn.send(None)
-        except (OSError, ValueError):
-            pass
+        self._post(c, None)
         if why:
             self.recycled += 1
 
-    def _end(self, c: _Child) -> None:
+    def _end(self, c: Child) -> None:
         """SIGTERM ``c`` (its kill flag set first, so it does not ignore
         it); SIGKILL follows after ``TERM_GRACE_S``."""
         c.flag[0] = 1
@@ -405,7 +395,7 @@ class ProcessPool:
         while len(self._working) < self.size:
             self._working.append(self._fork())
 
-    def _fork(self) -> _Child:
+    def _fork(self) -> Child:
         parent_end, child_end = CONTEXT.Pipe(duplex=True)
         flag = mmap.mmap(-1, 1)  # shared with the child: MAP_SHARED
         inherited = [self._wake_r, self._wake_w, parent_end.fileno(), self._lifeline[1]]
@@ -419,7 +409,7 @@ class ProcessPool:
         )
         proc.start()
         child_end.close()
-        c = _Child(proc, parent_end, flag)
+        c = Child(proc, parent_end, flag)
         self._selector.register(parent_end, selectors.EVENT_READ, ("reply", c))
         self._selector.register(proc.sentinel, selectors.EVENT_READ, ("exit", c))
         return c
