@@ -62,7 +62,8 @@ def progress_text(value: Any, encode=None) -> str:
     if not isinstance(value, dict):
         if not math.isfinite(value) or not 0 <= value <= 100:
             raise ValueError(f"progress {value!r}: {PROGRESS_RULE}")
-        return json.dumps(value)
+        # json.dumps' own text for a number, without its encoder's set-up
+        return int.__repr__(value) if isinstance(value, int) else float.__repr__(value)
     text = encode(value) if encode is not None else json.dumps(value, separators=(",", ":"))
     size = len(text.encode())
     if size > MAX_PROGRESS_BYTES:

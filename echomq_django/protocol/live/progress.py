@@ -19,6 +19,7 @@ lease (docs/explanation/protocol.md#step-jobs). The lines are read by
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from ...core.exceptions import PayloadError
@@ -28,6 +29,22 @@ from ..errors import translate
 from ..wire import Part
 
 PER_ENTRY = 1000  # a job's values and lines per entry of a call (Lua's unpack: a stack limit)
+
+# A call's jobs go as one JSON array of strings and counts (ARGV[4] of
+# write_reports.lua): one argument for the client to pack instead of six a job,
+# which cost it several times more than the rest of the send. UTF-8 kept as it is
+# (not \u-escaped): the C encoder, built once.
+_FLAT = json.encoder.c_make_encoder and json.encoder.c_make_encoder(
+    None, None, json.encoder.encode_basestring, None, ":", ",", False, False, False
+)
+
+
+def flat_json(items: list) -> str:
+    """``items`` (a flat list of str and int) as one compact JSON array,
+    non-ASCII text kept as UTF-8."""
+    if _FLAT is not None:
+        return "".join(_FLAT(items, 0))
+    return json.dumps(items, ensure_ascii=False, separators=(",", ":"))
 
 
 class Progress(Part):
@@ -84,21 +101,23 @@ class Progress(Part):
         """The ``write_reports`` calls ``(name, keys, args)`` that send
         ``items`` (as ``write_many``), one per queue, and for each the index
         in ``items`` of each of its job entries (for ``replies``)."""
-        by_queue: dict[str, list[tuple[int, list]]] = {}
+        by_queue: dict[str, tuple[list, list]] = {}
         for i, (job, progress, lines) in enumerate(items):
-            entries = by_queue.setdefault(job.queue, [])
-            head = [job.id, job.lease or ""]
-            for at in range(0, max(len(progress), len(lines), 1), PER_ENTRY):
+            flat, idx = by_queue.setdefault(job.queue, ([], []))
+            if len(progress) <= PER_ENTRY and len(lines) <= PER_ENTRY:  # the usual job
+                flat += (job.id, job.lease or "", len(progress), len(lines), *progress, *lines)
+                idx.append(i)
+                continue
+            for at in range(0, max(len(progress), len(lines)), PER_ENTRY):
                 p, n = progress[at : at + PER_ENTRY], lines[at : at + PER_ENTRY]
-                entries.append((i, [*head, len(p), len(n), *p, *n]))
+                flat += (job.id, job.lease or "", len(p), len(n), *p, *n)
+                idx.append(i)
         calls, owners = [], []
-        for queue, entries in by_queue.items():
+        for queue, (flat, idx) in by_queue.items():
             k = self.keys.queue(queue)
-            args: list = [queue, k.base, self.wire.setting(queue, "KEEP_LOGS")]
-            for _, entry in entries:
-                args += entry
+            args = [queue, k.base, self.wire.setting(queue, "KEEP_LOGS"), flat_json(flat)]
             calls.append(("write_reports", [k.events], args))
-            owners.append([i for i, _ in entries])
+            owners.append(idx)
         return calls, owners
 
     @staticmethod
