@@ -10,7 +10,9 @@ plain / reporting; the medians of jobs per second are printed, with the
 cost as a share of the plain rate (the medians', and each round's), the
 same for the CPU a job costs (this process and the server: the figure the
 machine's load moves least), each kind's Redis time per job
-(SLOWLOG, which the machine's noise does not reach), and the round trips
+in its scripts (``INFO commandstats``; an earlier SLOWLOG measure logged
+every command inside the scripts too, which cost the server CPU of its own
+and overflowed the log, so it counted part of a drain only), and the round trips
 the worker's flusher made per job (the reporter's flush rides its batch).
 """
 
@@ -44,14 +46,11 @@ def _handlers() -> None:
         return 1
 
 
-def _redis_us_per_job(client, n: int) -> float:
-    """Redis' own time (us) of every EVALSHA since the last SLOWLOG RESET, per job."""
-    total = sum(
-        e["duration"]
-        for e in client.slowlog_get(-1)
-        if e["command"].split()[:1] in ([b"EVALSHA"], [b"EVAL"])
-    )
-    return total / n
+def _script_us(client) -> float:
+    """Redis' own time (us) in EVALSHA and EVAL so far (``INFO
+    commandstats``: the scripts' commands included, no logging on the way)."""
+    stats = client.info("commandstats")
+    return sum(stats.get(f"cmdstat_{c}", {}).get("usec", 0) for c in ("evalsha", "eval"))
 
 
 def _redis_cpu_s(client) -> float:
@@ -71,7 +70,7 @@ def drain(mq, client, name: str, n: int, concurrency: int) -> dict[str, float]:
 
     client.flushall()
     mq.enqueue_many(Q, [(name, {"i": i}) for i in range(n)])
-    client.slowlog_reset()
+    script_us = _script_us(client)
     worker = Worker([Q], mq=mq, concurrency=concurrency, register=False)
     cpu, redis_cpu = time.process_time(), _redis_cpu_s(client)
     started = time.perf_counter()
@@ -82,7 +81,7 @@ def drain(mq, client, name: str, n: int, concurrency: int) -> dict[str, float]:
     writes = getattr(worker.loop, "writes", None)  # none before the flusher
     return {
         "rate": n / elapsed,
-        "redis_us": _redis_us_per_job(client, n),
+        "redis_us": (_script_us(client) - script_us) / n,
         "cpu_us": cpu / n * 1e6,
         "trips": writes.stats["sends"] / n if writes is not None else float("nan"),
     }
@@ -103,8 +102,6 @@ def main(argv: list[str] | None = None) -> None:
         from echomq_django import EchoMQ
 
         client = redis.Redis.from_url(server.url)
-        client.config_set("slowlog-log-slower-than", 0)
-        client.config_set("slowlog-max-len", 4 * args.jobs)
         mq = EchoMQ(client, prefix="emq")
         drain(mq, client, PLAIN, 200, args.concurrency)  # warm: scripts loaded
         drain(mq, client, REPORTING, 200, args.concurrency)
