@@ -32,14 +32,17 @@
           lines (strings the host cut to at most core/live.MAX_LOG_LINE_BYTES
           bytes each)
 
-  returns: an array with one entry per job, in order: the number of lines
-           its log held once its lines were added, before the trim (0 when
-           it sent none); or an error string when the job was refused
-           (nothing written for it):
+  returns: an array: first one string, the entries' answers in order,
+           space-separated: the number of lines its job log held once its
+           lines were added, before the trim (0 when it sent none), or -1
+           when the job was refused (nothing written for it); then the
+           error string of each refused entry, in order (one string to
+           parse instead of an array entry a job, which cost the client
+           more than the rest of the reply):
              EMQNOJOB <queue> <id>            no such job
              EMQSTATE <queue> <id> <state>    the job is not active
              EMQLEASE <queue> <id>            the lease token is stale
-  errors:  none: a refusal is its job's entry in the reply
+  errors:  none: a refusal is its entry's answer in the reply
 ]]
 local events = KEYS[1]
 local queue, base, keep = ARGV[1], ARGV[2], tonumber(ARGV[3])
@@ -61,7 +64,7 @@ local function emit_progress(from, to)
   end
 end
 
-local replies = {}
+local held_by_entry, replies = {}, {''}
 local i = 1
 while i <= #a do
   local id, token = a[i], a[i + 1]
@@ -70,6 +73,7 @@ while i <= #a do
   local f = redis.call('HMGET', row, 'state', 'lease')
   local refused = lease_refused(queue, id, f[1], f[2], token)
   if refused then
+    held_by_entry[#held_by_entry + 1] = -1
     replies[#replies + 1] = refused['err']
   else
     for at = i + 4, i + 3 + p do
@@ -87,11 +91,12 @@ while i <= #a do
         redis.call('LTRIM', logs, -keep, -1)
       end
     end
-    replies[#replies + 1] = held
+    held_by_entry[#held_by_entry + 1] = held
   end
   i = i + 4 + p + n
 end
 for from = 1, #values, PER_ENTRY do
   emit_progress(from, math.min(from + PER_ENTRY - 1, #values))
 end
+replies[1] = table.concat(held_by_entry, ' ')
 return replies

@@ -57,6 +57,8 @@ def progress_text(value: Any, encode=None) -> str:
     at most ``MAX_PROGRESS_BYTES`` bytes. Raises ``ValueError`` naming the
     rule (``PayloadError`` is one, raised by the caller's encoder for a dict
     that does not encode) before any write."""
+    if type(value) is int and 0 <= value <= 100:  # the usual value, checked at once
+        return int.__repr__(value)
     if isinstance(value, bool) or not isinstance(value, int | float | dict):
         raise ValueError(f"progress {value!r}: {PROGRESS_RULE}")
     if not isinstance(value, dict):

@@ -79,9 +79,9 @@ class Flusher:
     def __init__(self, mq: EchoMQ, max_pending: int = MAX_PENDING, metrics: Any = None) -> None:
         self.mq, self.max_pending, self.metrics = mq, max_pending, metrics
         self.stats = {"sent": 0, "dropped": 0, "sends": 0, "waited": 0}
-        lock = threading.Lock()  # guards _pending, _since, _idle, _closing
-        self._work = threading.Condition(lock)  # the thread waits here for writes
-        self._room = threading.Condition(lock)  # a handler waits here for room
+        self._lock = threading.Lock()  # guards _pending, _since, _idle, _closing
+        self._work = threading.Condition(self._lock)  # the thread waits here for writes
+        self._room = threading.Condition(self._lock)  # a handler waits here for room
         self._send = threading.Lock()  # one send at a time, in the order taken
         self._pending: list[tuple[Job, str | None, str | None]] = []
         self._since = 0.0  # monotonic s when the oldest pending write was taken
@@ -93,7 +93,7 @@ class Flusher:
         line, or both). Waits for room past ``max_pending`` writes (counted
         in ``stats["waited"]`` and the metrics' ``writes_waited``); with
         ``block`` False returns False instead. Returns True once taken."""
-        with self._work:
+        with self._lock:  # the conditions' lock, held without their Python wrappers
             if len(self._pending) >= self.max_pending and not self._closing:
                 if not block:
                     return False

@@ -126,7 +126,11 @@ class Progress(Part):
         replies of the ``calls`` whose ``owners`` these are."""
         out: list[int | Exception] = [0] * n
         for idx, reply in zip(owners, replies, strict=True):
-            entries = reply if isinstance(reply, list) else [reply] * len(idx)
+            if isinstance(reply, list):  # "<held> <held> -1 ...", then each refusal's error
+                errors = iter(reply[1:])
+                entries = [h if h >= 0 else next(errors) for h in map(int, reply[0].split())]
+            else:  # the whole call failed
+                entries = [reply] * len(idx)
             for i, entry in zip(idx, entries, strict=True):
                 if isinstance(out[i], Exception):
                     continue  # an earlier entry of the same job was refused
