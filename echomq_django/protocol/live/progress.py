@@ -26,7 +26,7 @@ from ...core.exceptions import PayloadError
 from ...core.jobs import Job
 from ...core.live import log_line, progress_text
 from ..errors import translate
-from ..wire import Part
+from ..wire import Part, local
 
 PER_ENTRY = 1000  # a job's values and lines per entry of a call (Lua's unpack: a stack limit)
 
@@ -51,6 +51,7 @@ class Progress(Part):
     """The writes a handler makes through its ``Job``
     (``job.report_progress``, ``job.log``)."""
 
+    @local
     def progress_text(self, value: Any) -> str:
         """``value`` checked and encoded as a row keeps it (a number 0-100 or
         a JSON object of at most ``core.live.MAX_PROGRESS_BYTES`` bytes).
@@ -97,6 +98,7 @@ class Progress(Part):
             return [self.wire.run_or_error(*calls[0])]
         return self.scripts.run_many(calls)
 
+    @local
     def calls(self, items: list[tuple[Job, list[str], list[str]]]) -> tuple[list, list]:
         """The ``write_reports`` calls ``(name, keys, args)`` that send
         ``items`` (as ``write_many``), one per queue, and for each the index
