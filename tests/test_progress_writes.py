@@ -383,3 +383,17 @@ def test_each_reason_a_write_is_dropped_or_held_is_counted(mq) -> None:
     assert (writes.pending(), writes.stats["dropped"]) == (0, 3)
     assert write_counts(registry) == {"lease": 2.0, "stopped": 3.0, "waited": 1.0}
     assert (mq.get_job("q", "c").progress, mq.job_logs("q", "c")) == (None, [])
+
+
+def test_any_text_crosses_the_one_json_argument_unchanged(mq) -> None:
+    """A call's jobs travel as one JSON array the script decodes (cjson):
+    non-ASCII text, quotes, backslashes, control characters and an empty
+    line land byte for byte, and so does a progress object's JSON."""
+    job = claimed(mq)
+    lines = ["é ü 日本 🎉", 'quote " back \\ nl \n tab \t nul \x00 end', "", "[1,2]"]
+    value = mq.progress.progress_text({"stage": '日本 "x"', "n": 1})
+    assert mq.progress.write_many([(job, [value], lines)]) == [4]
+    assert mq.job_logs("q", "a") == lines
+    assert mq.get_job("q", "a").progress == {"stage": '日本 "x"', "n": 1}
+    raw = mq.client.hget(mq.keys.job("q", "a"), "progress").decode()
+    assert raw == value
