@@ -10,8 +10,13 @@ plain / reporting; the medians of jobs per second are printed, with the
 cost as a share of the plain rate (the medians', and each round's), the
 same for the CPU a job costs (this process and the server: the figure the
 machine's load moves least), each kind's Redis time per job
-(SLOWLOG, which the machine's noise does not reach), and the round trips
+in its scripts (``INFO commandstats``; an earlier SLOWLOG measure logged
+every command inside the scripts too, which cost the server CPU of its own
+and overflowed the log, so it counted part of a drain only), and the round trips
 the worker's flusher made per job (the reporter's flush rides its batch).
+``--write-path`` measures the writes alone on one thread instead
+(``write_path``): the CPU a job's two writes cost this process and the
+server, which the machine's load moves far less than a drain.
 """
 
 from __future__ import annotations
@@ -44,14 +49,11 @@ def _handlers() -> None:
         return 1
 
 
-def _redis_us_per_job(client, n: int) -> float:
-    """Redis' own time (us) of every EVALSHA since the last SLOWLOG RESET, per job."""
-    total = sum(
-        e["duration"]
-        for e in client.slowlog_get(-1)
-        if e["command"].split()[:1] in ([b"EVALSHA"], [b"EVAL"])
-    )
-    return total / n
+def _script_us(client) -> float:
+    """Redis' own time (us) in EVALSHA and EVAL so far (``INFO
+    commandstats``: the scripts' commands included, no logging on the way)."""
+    stats = client.info("commandstats")
+    return sum(stats.get(f"cmdstat_{c}", {}).get("usec", 0) for c in ("evalsha", "eval"))
 
 
 def _redis_cpu_s(client) -> float:
@@ -71,7 +73,7 @@ def drain(mq, client, name: str, n: int, concurrency: int) -> dict[str, float]:
 
     client.flushall()
     mq.enqueue_many(Q, [(name, {"i": i}) for i in range(n)])
-    client.slowlog_reset()
+    script_us = _script_us(client)
     worker = Worker([Q], mq=mq, concurrency=concurrency, register=False)
     cpu, redis_cpu = time.process_time(), _redis_cpu_s(client)
     started = time.perf_counter()
@@ -82,10 +84,42 @@ def drain(mq, client, name: str, n: int, concurrency: int) -> dict[str, float]:
     writes = getattr(worker.loop, "writes", None)  # none before the flusher
     return {
         "rate": n / elapsed,
-        "redis_us": _redis_us_per_job(client, n),
+        "redis_us": (_script_us(client) - script_us) / n,
         "cpu_us": cpu / n * 1e6,
         "trips": writes.stats["sends"] / n if writes is not None else float("nan"),
     }
+
+
+def write_path(mq, client, n: int, rounds: int) -> list[dict[str, float]]:
+    """The writes alone, on one thread: ``n`` claimed jobs each call
+    ``report_progress(50)`` and ``log("half way")`` into a worker's
+    ``Flusher`` (no thread of its own), which then sends them all
+    (``flush``), ``rounds`` times. Returns per round ``host_us`` (this
+    process's CPU per job, us: the two calls, gathering, packing, the send
+    and the replies) and ``server_us`` (the server's CPU per job, us): the
+    CPU a job's two writes cost, with no other thread or drain to share
+    the cores with, so the machine's load moves it little."""
+    from echomq_django.runners.flusher import Flusher
+
+    client.flushall()
+    mq.enqueue_many(Q, [(REPORTING, {"i": i}) for i in range(n)])
+    jobs = []
+    while len(jobs) < n:
+        jobs += mq.claim(Q, min(500, n - len(jobs)), lease_ms=600_000)
+    writes = Flusher(mq)
+    for job in jobs:
+        job._writes = writes
+    out = []
+    for _ in range(rounds):
+        cpu, server = time.process_time(), _redis_cpu_s(client)
+        for job in jobs:
+            job.report_progress(50)
+            job.log("half way")
+        writes.flush()
+        cpu, server = time.process_time() - cpu, _redis_cpu_s(client) - server
+        assert writes.stats["dropped"] == 0, writes.stats
+        out.append({"host_us": cpu / n * 1e6, "server_us": server / n * 1e6})
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -95,6 +129,12 @@ def main(argv: list[str] | None = None) -> None:
         "--rounds", type=int, default=3, help="drains of each kind (default %(default)s)"
     )
     p.add_argument("--concurrency", type=int, default=8, help="handler threads (default 8)")
+    p.add_argument(
+        "--write-path",
+        action="store_true",
+        help="measure the writes alone on one thread instead (write_path: --jobs jobs, "
+        "--rounds sends; at most 100 rounds, so no job log is trimmed)",
+    )
     args = p.parse_args(argv)
     server = start_server()
     try:
@@ -103,9 +143,15 @@ def main(argv: list[str] | None = None) -> None:
         from echomq_django import EchoMQ
 
         client = redis.Redis.from_url(server.url)
-        client.config_set("slowlog-log-slower-than", 0)
-        client.config_set("slowlog-max-len", 4 * args.jobs)
         mq = EchoMQ(client, prefix="emq")
+        if args.write_path:
+            write_path(mq, client, 200, 2)  # warm: scripts loaded
+            rounds = write_path(mq, client, args.jobs, min(args.rounds, 100))
+            for what, word in (("host_us", "this process"), ("server_us", "the server")):
+                each = ", ".join(f"{r[what]:.1f}" for r in rounds)
+                med_ = statistics.median(r[what] for r in rounds)
+                print(f"write path, CPU of {word}: {med_:.1f} us/job (median); each: {each}")
+            return
         drain(mq, client, PLAIN, 200, args.concurrency)  # warm: scripts loaded
         drain(mq, client, REPORTING, 200, args.concurrency)
         runs: dict[str, list[dict]] = {PLAIN: [], REPORTING: []}

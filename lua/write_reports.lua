@@ -6,9 +6,13 @@
   under its lease as extend_lease is (lib/lease.lua), and touches nothing
   extend_lease touches (the `active` zset): a write never races a
   heartbeat. A refused job writes nothing and does not stop the others.
-  Each progress value becomes an events stream entry e=progress id=<id>
-  p=<value> (lib/emit.lua, capped like every entry there) and the last
-  replaces the row's `progress` field; lines are RPUSHed to the job log
+  The last progress value of a job replaces the row's `progress` field, and
+  every value goes to the events stream (lib/emit.lua, capped like every
+  entry there), once for the whole call: a single value as e=progress
+  id=<id> p=<value>; several (of one job or many) as entries of at most
+  PER_ENTRY values, e=progress id=<the ids, space-separated, one per value,
+  in the order written> ps=<a JSON array of the values, in the same order>
+  (docs/howto/events.md#what-an-event-holds). Lines are RPUSHed to the job log
   P:{q}:job:<id>:logs, then LTRIMmed to the newest `keep` lines, so it
   never holds more. The log is a part of the row, removed with it on every
   road that deletes a row (lib/lifecycle.lua, lib/flow.lua,
@@ -19,54 +23,80 @@
   ARGV[1] queue name
   ARGV[2] queue key prefix     P:{q}: (job rows are P:{q}:job:<id>, same slot)
   ARGV[3] lines kept (KEEP_LOGS, an integer >= 1)
-  ARGV[4..] jobs, each: job id, lease token (from claim), p and n (counts,
-          >= 0), then p progress values in the order reported (JSON texts
-          the host checked, at most core/live.MAX_PROGRESS_BYTES bytes
-          each: each is an events entry, the row keeps the last), then n
-          lines (text the host cut to at most core/live.MAX_LOG_LINE_BYTES
+  ARGV[4] the jobs, one JSON array (decoded by cjson: one argument instead
+          of six a job, which the client packs far more cheaply), flat: for
+          each job its id, lease token (from claim), p and n (counts, >= 0),
+          then p progress values in the order reported (JSON texts the host
+          checked, at most core/live.MAX_PROGRESS_BYTES bytes each, as JSON
+          strings: the events carry each, the row keeps the last), then n
+          lines (strings the host cut to at most core/live.MAX_LOG_LINE_BYTES
           bytes each)
 
-  returns: an array with one entry per job, in order: the number of lines
-           its log held once its lines were added, before the trim (0 when
-           it sent none); or an error string when the job was refused
-           (nothing written for it):
+  returns: an array: first one string, the entries' answers in order,
+           space-separated: the number of lines its job log held once its
+           lines were added, before the trim (0 when it sent none), or -1
+           when the job was refused (nothing written for it); then the
+           error string of each refused entry, in order (one string to
+           parse instead of an array entry a job, which cost the client
+           more than the rest of the reply):
              EMQNOJOB <queue> <id>            no such job
              EMQSTATE <queue> <id> <state>    the job is not active
              EMQLEASE <queue> <id>            the lease token is stale
-  errors:  none: a refusal is its job's entry in the reply
+  errors:  none: a refusal is its entry's answer in the reply
 ]]
 local events = KEYS[1]
 local queue, base, keep = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local a = cjson.decode(ARGV[4])
 -- @include lib/emit.lua
 -- @include lib/lease.lua
 
-local replies = {}
-local i = 4
-while i <= #ARGV do
-  local id, token = ARGV[i], ARGV[i + 1]
-  local p, n = tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3])
+-- progress values a batched events entry carries at most (bounds its size:
+-- 100 values of at most 1,024 bytes)
+local PER_ENTRY = 100
+local ids, values = {}, {}  -- the call's accepted progress values, and whose
+
+local function emit_progress(from, to)
+  if from == to then
+    emit_to(events, 'progress', ids[from], 'p', values[from])
+  else
+    emit_to(events, 'progress', table.concat(ids, ' ', from, to),
+      'ps', '[' .. table.concat(values, ',', from, to) .. ']')
+  end
+end
+
+local held_by_entry, replies = {}, {''}
+local i = 1
+while i <= #a do
+  local id, token = a[i], a[i + 1]
+  local p, n = a[i + 2], a[i + 3]
   local row = base .. 'job:' .. id
   local f = redis.call('HMGET', row, 'state', 'lease')
   local refused = lease_refused(queue, id, f[1], f[2], token)
   if refused then
+    held_by_entry[#held_by_entry + 1] = -1
     replies[#replies + 1] = refused['err']
   else
     for at = i + 4, i + 3 + p do
-      emit_to(events, 'progress', id, 'p', ARGV[at])
+      ids[#ids + 1] = id
+      values[#values + 1] = a[at]
     end
     if p > 0 then
-      redis.call('HSET', row, 'progress', ARGV[i + 3 + p])
+      redis.call('HSET', row, 'progress', a[i + 3 + p])
     end
     local held = 0
     if n > 0 then
       local logs = row .. ':logs'
-      held = redis.call('RPUSH', logs, unpack(ARGV, i + 4 + p, i + 3 + p + n))
+      held = redis.call('RPUSH', logs, unpack(a, i + 4 + p, i + 3 + p + n))
       if held > keep then
         redis.call('LTRIM', logs, -keep, -1)
       end
     end
-    replies[#replies + 1] = held
+    held_by_entry[#held_by_entry + 1] = held
   end
   i = i + 4 + p + n
 end
+for from = 1, #values, PER_ENTRY do
+  emit_progress(from, math.min(from + PER_ENTRY - 1, #values))
+end
+replies[1] = table.concat(held_by_entry, ' ')
 return replies

@@ -63,6 +63,40 @@ def test_one_claim_of_three_is_one_entry_and_three_events(mq) -> None:
     assert mq.client.xlen(mq.keys.queue("q").events) == 4  # three added, one active
 
 
+def test_one_call_s_progress_values_are_one_entry_and_an_event_each(mq) -> None:
+    mq.enqueue_many("q", [{"name": "t.echo", "job_id": j} for j in ("a", "b", "c")])
+    a, b, c = mq.claim("q", 3)
+    follow = mq.events("q", kinds=["progress"], block_s=STEP_S).start()
+    big = '{"stage":"upload, then [x]","done":3}'
+    mq.progress.write_many([(a, ["5", big], []), (b, ["7.5"], ["line"]), (c, [], ["x"])])
+    mq.progress.write_many([(c, ["9"], [])])  # alone: the single entry, unchanged
+    entries = mq.client.xrange(mq.keys.queue("q").events, "-", "+")
+    raw = [f for _, f in entries if f[b"e"] == b"progress"]
+    assert raw == [
+        {b"e": b"progress", b"id": b"a a b", b"ps": b"[5," + big.encode() + b",7.5]"},
+        {b"e": b"progress", b"id": b"c", b"p": b"9"},
+    ]
+    got = list(follow)
+    assert [(e.job_id, dict(e.fields)) for e in got] == [
+        ("a", {"p": "5"}),
+        ("a", {"p": big}),
+        ("b", {"p": "7.5"}),
+        ("c", {"p": "9"}),
+    ]
+    assert len({e.id for e in got[:3]}) == 1  # one entry, three events
+    assert json.loads(got[1].fields["p"]) == {"stage": "upload, then [x]", "done": 3}
+
+
+def test_a_batched_progress_entry_holds_at_most_a_hundred_values(mq) -> None:
+    mq.enqueue_many("q", [{"name": "t.echo", "job_id": f"j{i}"} for i in range(250)])
+    jobs = mq.claim("q", 250)
+    mq.progress.write_many([(job, [str(i % 101)], []) for i, job in enumerate(jobs)])
+    entries = mq.client.xrange(mq.keys.queue("q").events, "-", "+")
+    sizes = [len(f[b"id"].split()) for _, f in entries if f[b"e"] == b"progress"]
+    assert sizes == [100, 100, 50]
+    assert [mq.get_job("q", f"j{i}").progress for i in (0, 120, 249)] == [0, 19, 47]
+
+
 def test_kinds_filter_and_failure_kinds(mq) -> None:
     follow = mq.events("q", kinds=["failed", "dead", "completed"], block_s=STEP_S).start()
     mq.enqueue("q", "t.echo", 1, job_id="f", max_attempts=2, backoff_ms=60_000)

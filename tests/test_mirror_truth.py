@@ -145,3 +145,15 @@ def test_a_new_flows_children_are_listed_at_once(r):
     mq.add_flow(Flow(Q, "t.parent", {}, job_id="p", children=kids))
     assert mirror_queue(mq, Q)["full"] is False
     check(mq)
+
+
+def test_one_entry_of_progress_values_updates_each_job_it_names(r):
+    mq = EchoMQ(r, prefix="emq", clock=Clock())
+    mq.enqueue_many(Q, [{"name": "t.leaf", "job_id": j} for j in ("a", "b")])
+    a, b = mq.claim(Q, 2, lease_ms=LEASE_MS)
+    mirror_queue(mq, Q)
+    mq.progress.write_many([(a, ["10", "20"], []), (b, ['{"done":1}'], [])])  # one entry
+    report = mirror_queue(mq, Q)
+    assert (report["full"], report["events"]) == (False, 3)  # one per id the entry names
+    rows = dict(MirroredJob.objects.filter(queue=Q).values_list("job_id", "progress"))
+    assert rows == {"a": "20", "b": '{"done":1}'}

@@ -21,6 +21,7 @@ from echomq_django import (
     handler,
 )
 from echomq_django.core.live import CUT_MARKER, MAX_LOG_LINE_BYTES, MAX_PROGRESS_BYTES
+from echomq_django.protocol.live.events import split_values
 from tests.support.jobkit import keys_of
 from tests.support.workerkit import burst
 
@@ -49,12 +50,20 @@ def claimed(mq, queue="q", job_id="a"):
 
 
 def progress_events(mq, queue="q") -> list[dict]:
+    """The raw ``progress`` entries of ``queue``'s events stream, in order,
+    one dict per value: a batched entry (``ps``) counts once per id."""
     entries = mq.client.xrange(mq.keys.queue(queue).events)
     out = []
     for _id, fields in entries:
-        f = {(k.decode() if isinstance(k, bytes) else k): v for k, v in fields.items()}
-        if f["e"] in (b"progress", "progress"):
-            out.append({k: v.decode() if isinstance(v, bytes) else v for k, v in f.items()})
+        f = {k.decode(): v.decode() for k, v in fields.items()}
+        if f["e"] == "progress" and "ps" in f:
+            ids = f["id"].split(" ")
+            out += [
+                {"e": "progress", "id": i, "p": v}
+                for i, v in zip(ids, split_values(f["ps"]), strict=True)
+            ]
+        elif f["e"] == "progress":
+            out.append(f)
     return out
 
 

@@ -309,3 +309,91 @@ def test_a_step_job_s_writes_land_before_its_attempt_ends(mq, monkeypatch, move)
     assert (job.state, job.progress) == (want, 40)
     assert mq.job_logs("q", "s") == ["step of s"]
     assert counted(worker.loop.writes) == {"sent": 2, "dropped": 0}
+
+
+def write_counts(registry, queue: str = "q") -> dict[str, float | None]:
+    """The flusher's metrics as scraped: dropped by reason, and waited."""
+    value = registry.get_sample_value
+    return {
+        "lease": value("echomq_progress_writes_dropped_total", {"queue": queue, "reason": "lease"}),
+        "stopped": value(
+            "echomq_progress_writes_dropped_total", {"queue": queue, "reason": "stopped"}
+        ),
+        "waited": value("echomq_progress_writes_waited_total", {"queue": queue}),
+    }
+
+
+def test_a_worker_counts_writes_dropped_under_a_lost_lease_in_its_metrics(mq) -> None:
+    import prometheus_client
+
+    from echomq_django.monitoring.metrics import ProcessMetrics
+
+    registry = prometheus_client.CollectorRegistry()
+    SEEN.clear()
+    mq.enqueue("q", "pw.lost", None, job_id="a")
+    _, done = burst(mq, ["q"], concurrency=1, metrics=ProcessMetrics(registry))
+    assert done == 1
+    assert type(SEEN["error"]) is LeaseLost
+    assert write_counts(registry) == {"lease": 1.0, "stopped": None, "waited": None}
+
+
+def test_each_reason_a_write_is_dropped_or_held_is_counted(mq) -> None:
+    import prometheus_client
+    import redis
+
+    from echomq_django import EchoMQ
+    from echomq_django.monitoring.metrics import ProcessMetrics
+    from tests.support.rigs import free_port
+
+    registry = prometheus_client.CollectorRegistry()
+    metrics = ProcessMetrics(registry)
+    # lease: a progress value and a line under a stale token, refused together
+    job = claimed(mq, job_id="a")
+    writes = Flusher(mq, metrics=metrics)
+    job._writes, job.lease = writes, "stale"
+    job.report_progress(5)
+    job.log("refused")
+    writes.flush()
+    assert write_counts(registry) == {"lease": 2.0, "stopped": None, "waited": None}
+    # waited: the bound (2 here) holds the third write until a send makes room
+    job = claimed(mq, job_id="b")
+    writes = Flusher(mq, max_pending=2, metrics=metrics)
+    job._writes = writes
+    job.log("one")
+    job.log("two")
+    third = threading.Thread(target=job.log, args=("three",))
+    third.start()
+    third.join(0.2)
+    assert third.is_alive()
+    writes.flush()
+    third.join(5)
+    writes.flush()
+    assert mq.job_logs("q", "b") == ["one", "two", "three"]
+    assert write_counts(registry)["waited"] == 1.0
+    # stopped: Redis away when the run ends, three writes still unsent
+    away = EchoMQ(redis.Redis(port=free_port(), socket_connect_timeout=0.2), prefix="emq")
+    job = claimed(mq, job_id="c")
+    writes = Flusher(away, metrics=metrics)
+    job._writes = writes
+    job.report_progress(7)
+    job.log("lost")
+    job.log("lost too")
+    writes.close()
+    writes.run()  # one last send, which fails: the writes are lost and counted
+    assert (writes.pending(), writes.stats["dropped"]) == (0, 3)
+    assert write_counts(registry) == {"lease": 2.0, "stopped": 3.0, "waited": 1.0}
+    assert (mq.get_job("q", "c").progress, mq.job_logs("q", "c")) == (None, [])
+
+
+def test_any_text_crosses_the_one_json_argument_unchanged(mq) -> None:
+    """A call's jobs travel as one JSON array the script decodes (cjson):
+    non-ASCII text, quotes, backslashes, control characters and an empty
+    line land byte for byte, and so does a progress object's JSON."""
+    job = claimed(mq)
+    lines = ["é ü 日本 🎉", 'quote " back \\ nl \n tab \t nul \x00 end', "", "[1,2]"]
+    value = mq.progress.progress_text({"stage": '日本 "x"', "n": 1})
+    assert mq.progress.write_many([(job, [value], lines)]) == [4]
+    assert mq.job_logs("q", "a") == lines
+    assert mq.get_job("q", "a").progress == {"stage": '日本 "x"', "n": 1}
+    raw = mq.client.hget(mq.keys.job("q", "a"), "progress").decode()
+    assert raw == value

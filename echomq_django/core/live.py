@@ -57,12 +57,15 @@ def progress_text(value: Any, encode=None) -> str:
     at most ``MAX_PROGRESS_BYTES`` bytes. Raises ``ValueError`` naming the
     rule (``PayloadError`` is one, raised by the caller's encoder for a dict
     that does not encode) before any write."""
+    if type(value) is int and 0 <= value <= 100:  # the usual value, checked at once
+        return int.__repr__(value)
     if isinstance(value, bool) or not isinstance(value, int | float | dict):
         raise ValueError(f"progress {value!r}: {PROGRESS_RULE}")
     if not isinstance(value, dict):
         if not math.isfinite(value) or not 0 <= value <= 100:
             raise ValueError(f"progress {value!r}: {PROGRESS_RULE}")
-        return json.dumps(value)
+        # json.dumps' own text for a number, without its encoder's set-up
+        return int.__repr__(value) if isinstance(value, int) else float.__repr__(value)
     text = encode(value) if encode is not None else json.dumps(value, separators=(",", ":"))
     size = len(text.encode())
     if size > MAX_PROGRESS_BYTES:

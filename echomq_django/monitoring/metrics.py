@@ -8,9 +8,11 @@ Two kinds, the way Prometheus expects them:
   ``--metrics-port``): ``echomq_jobs_completed_total``,
   ``echomq_jobs_failed_total`` (attempts that will be retried) and
   ``echomq_jobs_dead_total`` by ``queue`` and ``name``, and the histogram
-  ``echomq_handler_duration_seconds`` by ``queue`` and ``name``. A job name
-  with no registered handler is counted as ``(unregistered)``, so a stray
-  name cannot grow the label set;
+  ``echomq_handler_duration_seconds`` by ``queue`` and ``name``, and the
+  progress and log writes ``echomq_progress_writes_dropped_total`` by
+  ``queue`` and ``reason`` and ``echomq_progress_writes_waited_total`` by
+  ``queue``. A job name with no registered handler is counted as
+  ``(unregistered)``, so a stray name cannot grow the label set;
 * **per queue**, read from Redis at scrape time (``QueueCollector``):
   ``echomq_queue_jobs{queue,state}``,
   ``echomq_queue_oldest_pending_age_seconds``, ``echomq_queue_outbox_depth``,
@@ -127,7 +129,36 @@ class ProcessMetrics:
             buckets=BUCKETS,
             registry=registry,
         )
+        self.writes_dropped_total = prometheus_client.Counter(
+            "echomq_progress_writes_dropped",
+            "Progress values and log lines dropped: reason lease (refused under a lost lease) "
+            "or stopped (unsent when the worker stopped with Redis away)",
+            ("queue", "reason"),
+            registry=registry,
+        )
+        self.writes_waited_total = prometheus_client.Counter(
+            "echomq_progress_writes_waited",
+            "Progress and log writes whose handler waited for room (the worker's bound of "
+            "unsent writes)",
+            ("queue",),
+            registry=registry,
+        )
         self._names: set[str] = set()
+
+    def writes_dropped(self, queue: str, reason: str, n: int) -> None:
+        """Count ``n`` (int >= 0) progress values and log lines of ``queue``
+        dropped for ``reason``: ``lease`` (the script refused them: the
+        lease was lost, the job is no longer active, or it was removed) or
+        ``stopped`` (unsent when the worker stopped with Redis away).
+        docs/reference/metrics.md#progress-and-log-writes"""
+        self.writes_dropped_total.labels(queue, reason).inc(n)
+
+    def writes_waited(self, queue: str, n: int) -> None:
+        """Count ``n`` (int >= 0) writes of ``queue`` whose handler waited
+        for room: the worker held its bound of unsent writes (10,000). The
+        bound holds a writer; it drops nothing.
+        docs/reference/metrics.md#progress-and-log-writes"""
+        self.writes_waited_total.labels(queue).inc(n)
 
     def label(self, name: str) -> str:
         """``name`` when a handler is registered under it, else ``(unregistered)``."""

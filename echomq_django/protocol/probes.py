@@ -74,9 +74,11 @@ def backlog_of(replies, now_ms: int) -> dict:
 
 def _stream_entries(entries: list) -> list[tuple[str, str | None, str | None]]:
     """``[(entry id, job id, event)]`` of XRANGE entries of a queue's
-    ``events`` stream (fields ``e`` = event, ``id`` = job id). A ``removed``
-    entry that retention wrote for a block of rows names their ids in one
-    field, space-separated (ids hold no whitespace): one tuple per id."""
+    ``events`` stream (fields ``e`` = event, ``id`` = job id). An entry
+    naming several jobs (retention's ``removed`` for a block of rows, a
+    claim's ``active``, one ``write_reports`` call's ``progress``) names
+    their ids in one field, space-separated (ids hold no whitespace): one
+    tuple per id."""
     out = []
     for eid, f in entries:
         eid, event = to_text(eid), to_text(f.get(b"e", f.get("e")))

@@ -70,7 +70,8 @@ class ClaimLoop:
         self.time_limits, self.max_stuck = time_limits, max_stuck
         self.shutdown_timeout = shutdown_timeout
         self.claims = Claims()
-        self.writes = Flusher(mq)  # its handlers' progress and log writes, sent pipelined
+        # its handlers' progress and log writes, sent pipelined
+        self.writes = Flusher(mq, metrics=metrics)
         forget, writes = self.claims.forget, self.writes
         self.reporter = Reporter(
             mq, sender, forget, self.on_released, self.wake, metrics=metrics, writes=writes,

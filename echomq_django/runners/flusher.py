@@ -16,17 +16,23 @@ log are final when the job is.
 
 Each job's writes are checked against its lease by the script. A refused
 one (``LeaseLost``, ``JobNotActive``, ``JobNotFound``) is dropped, counted
-in ``stats["dropped"]`` and logged, and the job's ``_writes`` becomes a
-``Refused`` that raises that error at the handler's next call. Bounded:
-at most ``max_pending`` writes wait unsent; a handler that finds no room
-waits for the next send (an outage holds it there).
+in ``stats["dropped"]`` (and the metrics' ``writes_dropped``, reason
+``lease``) and logged, and the job's ``_writes`` becomes a ``Refused`` that
+raises that error at the handler's next call. Bounded: at most
+``max_pending`` writes wait unsent; a handler that finds no room waits for
+the next send (an outage holds it there; counted in ``stats["waited"]`` and
+``writes_waited``): the bound holds writers, it drops nothing. Writes still
+unsent when a run ends with Redis away are lost (reason ``stopped``).
+Metrics: docs/reference/metrics.md#progress-and-log-writes.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from contextlib import contextmanager
+from typing import Any
 
 from ..core.jobs import Job
 from ..protocol.client import EchoMQ
@@ -59,53 +65,74 @@ class Flusher:
     """Gathers running jobs' writes and sends them (see the module).
 
     ``mq``: the worker's ``EchoMQ``; ``max_pending``: the bound on writes
-    held unsent (count). ``put`` from any thread; ``run`` is the thread;
-    ``flush()`` sends what is pending now (the reporter, before each
-    batch); ``close()`` ends ``run`` after a last send. ``stats``:
-    ``sent`` (writes Redis took), ``dropped`` (writes refused) and
-    ``sends`` (round trips of their own, not those riding a batch's
-    completions)."""
+    held unsent (count); ``metrics``: None or an object with
+    ``writes_dropped(queue, reason, n)`` (reason ``lease`` or ``stopped``)
+    and ``writes_waited(queue, n)`` (the worker's
+    ``monitoring.metrics.ProcessMetrics``). ``put`` from any thread;
+    ``run`` is the thread; ``flush()`` sends what is pending now (the
+    reporter, before each batch); ``close()`` ends ``run`` after a last
+    send. ``stats``: ``sent`` (writes Redis took), ``dropped`` (writes
+    refused, or lost when a run ended with Redis away), ``waited`` (writes
+    whose handler waited for room) and ``sends`` (round trips of their own,
+    not those riding a batch's completions)."""
 
-    def __init__(self, mq: EchoMQ, max_pending: int = MAX_PENDING) -> None:
-        self.mq, self.max_pending = mq, max_pending
-        self.stats = {"sent": 0, "dropped": 0, "sends": 0}
-        self._cv = threading.Condition()  # guards _pending, _closing
+    def __init__(self, mq: EchoMQ, max_pending: int = MAX_PENDING, metrics: Any = None) -> None:
+        self.mq, self.max_pending, self.metrics = mq, max_pending, metrics
+        self.stats = {"sent": 0, "dropped": 0, "sends": 0, "waited": 0}
+        self._lock = threading.Lock()  # guards _pending, _since, _idle, _closing
+        self._work = threading.Condition(self._lock)  # the thread waits here for writes
+        self._room = threading.Condition(self._lock)  # a handler waits here for room
         self._send = threading.Lock()  # one send at a time, in the order taken
         self._pending: list[tuple[Job, str | None, str | None]] = []
+        self._since = 0.0  # monotonic s when the oldest pending write was taken
+        self._idle = False  # the thread waits for a first write (not lingering)
         self._closing = False
 
     def put(self, job: Job, progress: str | None, line: str | None, block: bool = True) -> bool:
         """Take one checked write of ``job`` (a progress JSON text, a log
-        line, or both). Waits for room past ``max_pending`` writes; with
+        line, or both). Waits for room past ``max_pending`` writes (counted
+        in ``stats["waited"]`` and the metrics' ``writes_waited``); with
         ``block`` False returns False instead. Returns True once taken."""
-        with self._cv:
-            while len(self._pending) >= self.max_pending and not self._closing:
+        with self._lock:  # the conditions' lock, held without their Python wrappers
+            if len(self._pending) >= self.max_pending and not self._closing:
                 if not block:
                     return False
-                self._cv.wait()
+                self._wait_for_room(job)
             self._pending.append((job, progress, line))
-            if len(self._pending) in (1, SEND_AT):
-                self._cv.notify_all()
+            n = len(self._pending)
+            if n == 1:
+                self._since = time.monotonic()
+                if self._idle:  # a lingering thread reads _since when its wait ends
+                    self._work.notify()
+            elif n == SEND_AT:
+                self._work.notify()
         return True
 
-    def _ready(self) -> bool:
-        return len(self._pending) >= SEND_AT or self._closing
+    def _wait_for_room(self, job: Job) -> None:
+        """Hold the caller (the lock held) until the pending writes fall
+        below the bound or the run closes; counted once per write held."""
+        self.stats["waited"] += 1
+        if self.metrics is not None:
+            self.metrics.writes_waited(job.queue, 1)
+        while len(self._pending) >= self.max_pending and not self._closing:
+            self._room.wait()
 
     def pending(self) -> int:
         """Writes taken and not sent yet."""
-        with self._cv:
+        with self._work:
             return len(self._pending)
 
     def reopen(self) -> None:
         """Start a run: not closing."""
-        with self._cv:
+        with self._work:
             self._closing = False
 
     def close(self) -> None:
         """End the run: ``run`` sends what is pending once more and returns."""
-        with self._cv:
+        with self._work:
             self._closing = True
-            self._cv.notify_all()
+            self._work.notify_all()
+            self._room.notify_all()
 
     def run(self) -> None:
         """The thread: block until writes are pending, send them all; wait
@@ -113,19 +140,18 @@ class Flusher:
         same outage, so no job is completed ahead of its writes)."""
         outage = Outage(self.mq.client, log)
         while True:
-            with self._cv:
-                while not self._pending and not self._closing:
-                    self._cv.wait()
-                self._cv.wait_for(self._ready, timeout=LINGER_S)
+            with self._work:
+                self._linger()
                 closing = self._closing
             try:
                 self.flush()
             except REDIS_DOWN as err:
                 if closing:
-                    return  # the leases cover the jobs; their last writes are lost
+                    self._lost()  # the leases cover the jobs; their last writes are lost
+                    return
                 delay = outage.failed(err)
-                with self._cv:
-                    self._cv.wait_for(lambda: self._closing, timeout=delay)
+                with self._work:
+                    self._work.wait_for(lambda: self._closing, timeout=delay)
                 continue
             except Exception:  # a bug must not stop the writes of the next jobs
                 log.exception("sending progress and log writes failed")
@@ -133,6 +159,24 @@ class Flusher:
                 outage.ok()
             if closing:
                 return
+
+    def _linger(self) -> None:
+        """Return (the lock held) once a send is due: the run closes,
+        ``SEND_AT`` writes wait, or the oldest has waited ``LINGER_S``. Woken
+        only by a first write while idle, by ``SEND_AT`` and by ``close``: the
+        reporter taking the writes meanwhile wakes nothing, and a wait that
+        ends on newer writes waits out their own linger (one wake per
+        ``LINGER_S`` at most while writes keep coming)."""
+        while not self._closing and len(self._pending) < SEND_AT:
+            if not self._pending:
+                self._idle = True
+                self._work.wait()
+                self._idle = False
+                continue
+            left = self._since + LINGER_S - time.monotonic()
+            if left <= 0:
+                return
+            self._work.wait(left)
 
     def flush(self) -> None:
         """Send every write pending now, after any send in flight, on this
@@ -151,9 +195,9 @@ class Flusher:
         alone then. A ``RedisUnavailable`` keeps the writes (sent again
         first) and propagates."""
         with self._send:
-            with self._cv:
+            with self._work:
                 batch, self._pending = self._pending, []
-                self._cv.notify_all()  # room again
+                self._room.notify_all()  # room again
             items = gathered(batch)
             calls, owners = self.mq.progress.calls(items) if items else ([], [])
             ahead = list(calls)
@@ -163,7 +207,9 @@ class Flusher:
                     ahead[:] = self.mq.progress.run(calls)
                     self.stats["sends"] += 1
             except REDIS_DOWN:
-                with self._cv:
+                with self._work:
+                    if batch and not self._pending:
+                        self._since = time.monotonic()
                     self._pending[:0] = batch
                 raise
             if not items:
@@ -176,8 +222,29 @@ class Flusher:
             else:
                 self.stats["sent"] += n
 
-    def _refused(self, job: Job, error: Exception, n: int) -> None:
+    def _lost(self) -> None:
+        """The run ends with Redis away: the writes still pending are lost,
+        counted as dropped (``stopped``)."""
+        with self._work:
+            batch, self._pending = self._pending, []
+        per: dict[str, int] = {}
+        for job, progress, line in batch:
+            per[job.queue] = per.get(job.queue, 0) + (progress is not None) + (line is not None)
+        for queue, n in per.items():
+            self._dropped(queue, "stopped", n)
+        if batch:
+            log.warning(
+                "%d progress and log writes lost: the worker stopped with Redis away",
+                sum(per.values()),
+            )
+
+    def _dropped(self, queue: str, reason: str, n: int) -> None:
         self.stats["dropped"] += n
+        if self.metrics is not None:
+            self.metrics.writes_dropped(queue, reason, n)
+
+    def _refused(self, job: Job, error: Exception, n: int) -> None:
+        self._dropped(job.queue, "lease", n)
         if not isinstance(job._writes, Refused):
             job._writes = Refused(error)
             log.warning(

@@ -132,7 +132,8 @@ class Worker:
     ``beat_s`` seconds, docs/howto/operate.md#live-workers-and-pumps; a
     listed worker takes operator commands, docs/howto/operate-workers.md);
     ``metrics``: the process's
-    Prometheus counters of finished jobs and handler times
+    Prometheus counters of finished jobs, handler times and dropped or held
+    progress and log writes
     (``monitoring.metrics.process_metrics()``; ``runworker --metrics-port``
     passes them), None for none; ``drainer``: the commit outbox's drainer
     (``commit_outbox.Drainer``; ``runworker`` passes one): it drains once

@@ -18,7 +18,9 @@ other slot, and short blocks are polling by another name.
 from __future__ import annotations
 
 import asyncio
+import json
 import queue as queues_
+import re
 import threading
 import time
 from collections import deque
@@ -51,14 +53,46 @@ def _entries(reply) -> list[tuple[str, list]]:
 
 def _decode(queue: str, eid, raw: Mapping) -> list[Event]:
     """One stream entry as its events: one per job id its ``id`` field names
-    (space-separated when several), or one with ``job_id`` None."""
+    (space-separated when several), or one with ``job_id`` None. A batched
+    ``progress`` entry (``ps``, a JSON array of values, one per id) gives
+    each event its own value as ``p``, as a single one carries it."""
     eid = to_text(eid)
     fields = {to_text(k): to_text(v) for k, v in raw.items()}
     kind, ids = fields.pop("e", ""), fields.pop("id", "")
     at_ms = id_key(eid)[0]
     if not ids:
         return [Event(queue, kind, None, eid, at_ms, fields)]
+    if "ps" in fields:
+        values = split_values(fields.pop("ps"))
+        return [
+            Event(queue, kind, job_id, eid, at_ms, {**fields, "p": value})
+            for job_id, value in zip(ids.split(" "), values, strict=True)
+        ]
     return [Event(queue, kind, job_id, eid, at_ms, fields) for job_id in ids.split(" ")]
+
+
+_SCAN = json.JSONDecoder().raw_decode
+_SPACE = re.compile(r"[ \t\n\r]*")
+
+
+def split_values(text: str) -> list[str]:
+    """The elements of the JSON array ``text`` as their own JSON texts, as
+    written (not decoded and encoded again; white space around each
+    dropped). Raises ``ValueError`` for text that is not a JSON array."""
+    out: list[str] = []
+    at = _SPACE.match(text).end()
+    if text[at : at + 1] != "[":
+        raise ValueError(f"not a JSON array: {text[:40]!r}")
+    at = _SPACE.match(text, at + 1).end()
+    while text[at : at + 1] != "]":
+        _, stop = _SCAN(text, at)
+        out.append(text[at:stop])
+        at = _SPACE.match(text, stop).end()
+        if text[at : at + 1] == ",":
+            at = _SPACE.match(text, at + 1).end()
+        elif text[at : at + 1] != "]":
+            raise ValueError(f"not a JSON array: {text[:40]!r}")
+    return out
 
 
 class Follow:
