@@ -125,6 +125,7 @@ def test_a_stale_lease_or_a_finished_job_writes_nothing(mq) -> None:
         (-1, "a number from 0 to 100"),
         (100.5, "a number from 0 to 100"),
         (float("nan"), "a number from 0 to 100"),
+        (10**400, "a number from 0 to 100"),  # no float holds it: not an OverflowError
         (True, "a number from 0 to 100"),
         ("50%", "a number from 0 to 100"),
         ([1, 2], "a number from 0 to 100"),

@@ -62,7 +62,7 @@ def progress_text(value: Any, encode=None) -> str:
     if isinstance(value, bool) or not isinstance(value, int | float | dict):
         raise ValueError(f"progress {value!r}: {PROGRESS_RULE}")
     if not isinstance(value, dict):
-        if not math.isfinite(value) or not 0 <= value <= 100:
+        if not 0 <= value <= 100 or not math.isfinite(value):  # an int of 400 digits too
             raise ValueError(f"progress {value!r}: {PROGRESS_RULE}")
         # json.dumps' own text for a number, without its encoder's set-up
         return int.__repr__(value) if isinstance(value, int) else float.__repr__(value)
