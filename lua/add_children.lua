@@ -25,7 +25,7 @@
   ARGV[5..] the new children's refs (full job keys)
 
   returns: {inc, added}: the row's incarnation (the children on other queues
-           carry it as `parent_inc`) and how many refs were new
+           carry it as `pi`) and how many refs were new
   errors:  EMQNOJOB <queue> <id>            no such job
            EMQSTATE <queue> <id> <state>    the job is not active
            EMQLEASE <queue> <id>            the lease token is stale

@@ -21,7 +21,7 @@
 
   Rows are compact (docs/explanation/protocol.md#compact-rows): `attempts` appears at
   the first claim; `max_attempts` / `backoff_ms` only when the node sets its
-  own; `parent_queue` only for a cross-queue child; `parent_policy` only when
+  own; `pq` (the parent queue) only for a cross-queue child; `pp` (the policy) only when
   it is not 'fp'. A missing one means the queue's setting / this queue / 'fp'.
   One `added` event is emitted per held parent (the mirror reads its children from :children), per root, and
   per cross-queue child; a same-queue leaf is announced by its parent's.
@@ -54,7 +54,7 @@
             parent with a child on another queue: its incarnation token,
             stored as `inc` when the row is written; '' for a leaf),
             parent inc (a child on another queue than its parent: the
-            parent's incarnation, stored as `parent_inc`; '' otherwise: a
+            parent's incarnation, stored as `pi`; '' otherwise: a
             child on this queue is given its parent row's `inc`),
           then per node: id, payload (JSON text), child count n, n child refs
           (full job keys).
@@ -135,7 +135,7 @@ while i <= #a do
     local row = base .. 'job:' .. id
     local live = opts and opts.k and live_holder(opts.k, id)
     if opts and opts.dep then
-      local f = redis.call('HMGET', row, 'state', 'parent', 'parent_queue')
+      local f = row_hmget(row, 'state', 'parent', F_PQUEUE)
       if not f[1] then
         local landed = pq ~= queue or redis.call('EXISTS', base .. 'job:' .. parent) == 1
         if mode ~= 'write' or not landed then
@@ -153,7 +153,7 @@ while i <= #a do
       found[#found + 1] = id
       found[#found + 1] = live
     elseif gate == '1' and redis.call('EXISTS', row) == 1 then
-      local f = redis.call('HMGET', row, 'name', 'parent', 'parent_queue', 'state', 'inc')
+      local f = row_hmget(row, 'name', 'parent', F_PQUEUE, 'state', 'inc')
       local fpq = f[3] or queue
       if parent ~= '' and not f[2] and f[1] == name and f[4] == 'completed' then
         adopt[id] = true
@@ -191,7 +191,7 @@ end
 -- a finished child met again tells its parent how it ended (guarded there)
 local function announce(id, parent, pq)
   local row = base .. 'job:' .. id
-  local f = redis.call('HMGET', row, 'state', 'result', 'parent_inc')
+  local f = row_hmget(row, 'state', 'result', F_PINC)
   if f[1] == 'completed' then
     resolve_done(base, id, f[2], tonumber(now), parent, pq ~= queue and pq or nil, f[3])
   elseif f[1] == 'dead' then
@@ -206,15 +206,15 @@ local function parent_fields(t, parent, pq, policy, pinc)
   t[#t + 1] = 'parent'
   t[#t + 1] = parent
   if pq ~= queue then
-    t[#t + 1] = 'parent_queue'
+    t[#t + 1] = F_PQUEUE
     t[#t + 1] = pq
   end
   if policy ~= 'fp' then
-    t[#t + 1] = 'parent_policy'
+    t[#t + 1] = F_POLICY
     t[#t + 1] = policy
   end
   if pinc ~= '' then
-    t[#t + 1] = 'parent_inc'
+    t[#t + 1] = F_PINC
     t[#t + 1] = pinc
   end
   return t
@@ -233,7 +233,7 @@ while i <= #a do
   if parent ~= '' and pq == queue then  -- the parent's own incarnation: its row is on this slot
     pinc = redis.call('HGET', base .. 'job:' .. parent, 'inc') or ''
   end
-  -- the fields every node of the group shares, after name/payload/state/created_at
+  -- the fields every node of the group shares, after name/payload/state/ca
   local shared = {}
   if ma ~= '' then
     shared[#shared + 1] = 'max_attempts'
@@ -286,18 +286,18 @@ while i <= #a do
       end
     elseif skip[id] and parent ~= '' then
       if adopt[id] then
-        -- the row keeps its own incarnation mark: no parent_inc here
+        -- the row keeps its own incarnation mark: no pi here
         redis.call('HSET', row, unpack(parent_fields({}, parent, pq, policy, '')))
       end
       -- under its parent again (docs/explanation/lifecycle.md), and under this incarnation of
       -- it (a parent landed fresh has a new one): a cancel mark a removed
       -- flow's cancel left on it while it ran is that flow's, not this one's
-      local was = redis.call('HMGET', row, 'parent_inc', 'orphaned')
+      local was = row_hmget(row, F_PINC, 'orphaned')
       if was[2] or (pinc ~= '' and was[1] and was[1] ~= pinc) then
         redis.call('HDEL', row, 'orphaned', 'cancel')
       end
       if pinc ~= '' then
-        redis.call('HSET', row, 'parent_inc', pinc)
+        redis.call('HSET', row, F_PINC, pinc)
       end
       announce(id, parent, pq)
     elseif not skip[id] then
@@ -306,7 +306,7 @@ while i <= #a do
         state = 'delayed'
       end
       redis.call('HSET', row, 'name', name, 'payload', payload, 'state', state,
-        'created_at', now, unpack(shared))
+        F_CREATED, now, unpack(shared))
       if opts.k then
         if opts.kt then
           redis.call('SET', base .. 'dedup:' .. opts.k, id, 'PX', opts.kt)

@@ -14,7 +14,18 @@ import json
 import redis
 
 from ..core.exceptions import JobNotFound
-from ..core.jobs import Dependencies, Job, JobState, decode_policy, row_error, to_text
+from ..core.jobs import (
+    CREATED,
+    POLICY,
+    Dependencies,
+    Job,
+    JobState,
+    decode_policy,
+    pick_fields,
+    row_error,
+    row_fields,
+    to_text,
+)
 from ..core.keyspace import JobKeys, whole_number
 from ..core.refs import JobRef, Page, RefDict, as_ref
 from .errors import connection_error, reports_redis_down
@@ -26,9 +37,10 @@ ERRORS_KEPT = 10  # failed attempts' errors a job keeps: the row's last, 9 earli
 PAGE_MAX = 10_000  # children a page of a paged read, at most (docs/howto/read-flows.md#paged-reads)
 
 # the row fields a tree reads per node; a page of it adds the node's times (ms)
-_TREE_FIELDS = ("name", "state", "result", "error", "parent_policy", "error.n")
-_TIMES = ("created_at", "started_at", "finished_at")
-_PAGE_FIELDS = _TREE_FIELDS + _TIMES
+_TREE_FIELDS = ("name", "state", "result", "error", POLICY, "error.n")
+_TIMES = ("created_at", "started_at", "finished_at")  # a page's keys for them
+_PAGE_FIELDS = (*_TREE_FIELDS, CREATED, "started_at", "finished_at")
+_ASK = {False: row_fields(_TREE_FIELDS), True: row_fields(_PAGE_FIELDS)}  # rows of either version
 
 
 class Reads(Part):
@@ -306,7 +318,7 @@ class Reads(Part):
             pipe = self.client.pipeline(transaction=False)
             for node in level:
                 keys = self.keys.job_keys(node["queue"], node["id"])
-                pipe.hmget(keys.row, *(_PAGE_FIELDS if paged else _TREE_FIELDS))
+                pipe.hmget(keys.row, *_ASK[paged])
                 pipe.lrange(keys.children, *window(node is root))
                 pipe.llen(keys.children)
                 pipe.get(keys.dependencies)
@@ -314,6 +326,7 @@ class Reads(Part):
             next_level = []
             for i, node in enumerate(level):
                 values, kids, total, remaining = replies[4 * i : 4 * i + 4]
+                values = pick_fields(_PAGE_FIELDS if paged else _TREE_FIELDS, values)
                 name, state, result, error, policy, pieces = values[:6]
                 if pieces is not None:  # a long error, kept in pieces (jobs.row_error)
                     fields = [f"error.{n}" for n in range(2, int(pieces) + 1)]

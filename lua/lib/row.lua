@@ -1,0 +1,50 @@
+--[[
+  lib/row.lua: the short names of a job row's most common fields, spelled
+  here once for every script (docs/explanation/protocol.md#the-job-row),
+  inlined by the script loader where `@include lib/row.lua` appears
+  (lib/flow.lua includes it). Local definitions only; no key is touched
+  until a script calls row_hmget.
+
+  Why short: a row is a small hash, one listpack whose allocation is
+  rounded up to the allocator's size class (96, 112, 128, 160... bytes),
+  and a field's name is stored in every row. `created_at` is on every row
+  and the parent link on every flow node; their two-letter names took the
+  benchmark's leaf row from the 128-byte class to 112 and its cross-queue
+  leaf from 160 to 128 (docs/explanation/performance.md#memory-per-node).
+
+  Rows written before the rename hold the long names: row_hmget reads
+  both (the short one wins), so such jobs finish as they would have;
+  every write uses the short name only.
+]]
+
+local F_CREATED = 'ca'   -- when the job was written (ms): was created_at
+local F_PQUEUE = 'pq'    -- a cross-queue child's parent queue: was parent_queue
+local F_POLICY = 'pp'    -- a child's policy when not 'fp': was parent_policy
+local F_PINC = 'pi'      -- a child's parent's incarnation: was parent_inc
+local LONG_NAME = {[F_CREATED] = 'created_at', [F_PQUEUE] = 'parent_queue',
+  [F_POLICY] = 'parent_policy', [F_PINC] = 'parent_inc'}
+
+-- HMGET of `key`'s fields ... (names as written now), in order; for a
+-- short name the row lacks, the long name a row of an earlier version
+-- holds. One HMGET either way.
+local function row_hmget(key, ...)
+  local names = {...}
+  local n = #names
+  local ask, at = {...}, {}
+  for i = 1, n do
+    if LONG_NAME[names[i]] then
+      at[#at + 1] = i
+      ask[n + #at] = LONG_NAME[names[i]]
+    end
+  end
+  local got = redis.call('HMGET', key, unpack(ask))
+  for j, i in ipairs(at) do
+    if not got[i] then
+      got[i] = got[n + j]
+    end
+  end
+  for j = #got, n + 1, -1 do
+    got[j] = nil
+  end
+  return got
+end
