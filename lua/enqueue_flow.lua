@@ -23,8 +23,10 @@
   the first claim; `max_attempts` / `backoff_ms` only when the node sets its
   own; `pq` (the parent queue) only for a cross-queue child; `pp` (the policy) only when
   it is not 'fp'. A missing one means the queue's setting / this queue / 'fp'.
-  One `added` event is emitted per held parent (the mirror reads its children from :children), per root, and
-  per cross-queue child; a same-queue leaf is announced by its parent's.
+  One `added` event is emitted per held parent (the mirror reads its children from :children) and
+  per root; the cross-queue leaves it writes are announced in runs, one
+  `added` entry naming up to RUN_IDS (100) of them (lib/emit.lua emit_run); a same-queue
+  leaf is announced by its parent's.
 
   KEYS[1] pending list         P:{q}:pending
   KEYS[2] awaiting zset        P:{q}:awaiting (score: held-at, ms)
@@ -223,6 +225,7 @@ end
 -- pass 2: write
 local claimable = {}
 local silent = 0  -- same-queue leaves written: they emit no event of their own
+local run = {}  -- cross-queue leaves written and not yet announced: one `added` per RUN_IDS
 i = 1
 while i <= #a do
   local name, parent, pq, policy, ma, bo, count =
@@ -334,7 +337,13 @@ while i <= #a do
       else
         claimable[#claimable + 1] = id
       end
-      if event or nrefs > 0 then
+      if nrefs == 0 and parent ~= '' and pq ~= queue then
+        run[#run + 1] = id
+        if #run == RUN_IDS then
+          emit_run(base .. 'events', 'added', run)
+          run = {}
+        end
+      elseif event or nrefs > 0 then
         emit(base, 'added', id)
       else
         silent = silent + 1  -- announced by its parent's event, counted apart
@@ -343,6 +352,7 @@ while i <= #a do
     i = i + 3 + nrefs
   end
 end
+emit_run(base .. 'events', 'added', run)
 make_claimable(base, claimable)  -- pushed in order, one wake-up for the call
 count_minute(base, 'added', silent, tonumber(redis.call('TIME')[1]) * 1000)
 return reply(OUT.outbox)
