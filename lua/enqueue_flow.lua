@@ -59,7 +59,7 @@
             parent's incarnation, stored as `pi`; '' otherwise: a
             child on this queue is given its parent row's `inc`),
           then per node: id, payload (JSON text), child count n, n child refs
-          (full job keys).
+          (full job keys; :children holds them short, lib/row.lua short_ref).
           A node whose options hold dep = 1 is a dependency (depends_on,
           docs/howto/canvas.md#depends-on-existing-jobs): an existing job
           (name and payload '' and unused) that its parent waits for like a
@@ -97,7 +97,7 @@ local function same_children(kids, from, n)
   end
   local have = {}
   for _, ref in ipairs(redis.call('LRANGE', kids, 0, -1)) do
-    have[ref] = true
+    have[child_key(base, ref)] = true
   end
   for j = from, from + n - 1 do
     if not have[a[j]] then
@@ -319,7 +319,11 @@ while i <= #a do
       end
       if nrefs > 0 then
         for j = i + 3, i + 2 + nrefs, 1000 do
-          redis.call('RPUSH', row .. ':children', unpack(a, j, math.min(j + 999, i + 2 + nrefs)))
+          local short = {}  -- the list's form of each ref (lib/row.lua short_ref)
+          for k = j, math.min(j + 999, i + 2 + nrefs) do
+            short[#short + 1] = short_ref(base, a[k])
+          end
+          redis.call('RPUSH', row .. ':children', unpack(short))
         end
         redis.call('SET', row .. ':dependencies', nrefs)
         redis.call('ZADD', awaiting, now, id)

@@ -136,3 +136,39 @@ def test_a_long_named_parent_inc_still_guards_the_parent(mq, child_queue) -> Non
     assert mq.get_job("p", "root").state == JobState.AWAITING_CHILDREN
     assert mq.children_values("p", "root") == {}
     assert ref.children == [("c" if child_queue == "c" else "p", "k0")]
+
+
+def _kids() -> list[Flow]:
+    return [Flow(q, "leaf", {}, job_id=f"k{i}") for i, q in enumerate(("p", "c", "p", "c"))]
+
+
+def test_a_parents_children_list_holds_ids_and_queue_id_refs(mq) -> None:
+    mq.add_flow(Flow("p", "root", {}, job_id="root", children=_kids()))
+    stored = mq.client.lrange(mq.keys.job_part("p", "root", "children"), 0, -1)
+    assert [e.decode() for e in stored] == ["k0", "c:k1", "k2", "c:k3"]
+    refs = [JobRef("p", "k0"), JobRef("c", "k1"), JobRef("p", "k2"), JobRef("c", "k3")]
+    assert [(c["queue"], c["id"]) for c in mq.get_flow("p", "root")["children"]] == sorted(
+        (r.queue, r.id) for r in refs
+    )
+    assert list(mq.dependencies("p", "root", count=10).items.unprocessed) == refs
+    assert sorted(mq.dependencies("p", "root").unprocessed) == sorted(refs)
+
+
+@pytest.mark.parametrize("how", ["cancel", "remove"])
+def test_a_children_list_of_full_keys_from_before_is_read_as_ever(mq, how) -> None:
+    mq.add_flow(Flow("p", "root", {}, job_id="root", children=_kids()))
+    kids = mq.keys.job_part("p", "root", "children")
+    refs = [JobRef("p", "k0"), JobRef("c", "k1"), JobRef("p", "k2"), JobRef("c", "k3")]
+    mq.client.delete(kids)
+    mq.client.rpush(kids, *(mq.keys.job(r.queue, r.id) for r in refs))  # as written before
+    assert list(mq.dependencies("p", "root", count=10).items.unprocessed) == refs
+    assert mq.child_results("p", "root") == [None] * 4
+    mq.remove_child_dependency("p", "root", JobRef("c", "k3"))
+    assert mq.dependency_counts("p", "root")["remaining"] == 3
+    getattr(mq, how)("p", "root")
+    sweep(mq, "p", "c")
+    gone = [mq.client.exists(mq.keys.job(r.queue, r.id)) for r in refs]
+    if how == "remove":  # the parent and its subtree go, on both queues
+        assert gone == [0, 0, 0, 0] and not mq.client.exists(mq.keys.job("p", "root"))
+    else:  # every queued child is cancelled: dead, on both queues
+        assert [mq.get_job(r.queue, r.id).state for r in refs] == [JobState.DEAD] * 4

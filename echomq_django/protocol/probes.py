@@ -171,8 +171,8 @@ class Probes(Part):
             for job_id in ids[i : i + ROWS_PER_TRIP]:
                 pipe.lrange(JobKeys.of(self.keys.job(queue, job_id)).children, 0, -1)
             for refs in pipe.execute():
-                for ref in map(to_text, refs):
-                    cq, cid = self.keys.parse_ref(ref)
+                for entry in refs:
+                    cq, cid = self.keys.parse_ref(self.keys.child_key(queue, entry))
                     if cq == queue:
                         out.add(cid)
         return out

@@ -169,8 +169,8 @@ local function uncancel(base, jid, key)
   local mine = base .. 'job:'
   local inc = redis.call('HGET', key, 'inc')
   for _, ref in ipairs(redis.call('LRANGE', key .. ':children', 0, -1)) do
-    if ref:sub(1, #mine) == mine then
-      local ckey = job_key(base, ref:sub(#mine + 1))
+    local ckey = child_key(base, ref)
+    if ckey:sub(1, #mine) == mine then
       local c = row_hmget(ckey, 'state', 'parent', 'cancel', F_PINC)
       if c[1] == 'active' and c[2] == jid and c[3] and c[4] == inc then
         redis.call('HDEL', ckey, 'cancel')

@@ -59,8 +59,9 @@ end
 -- or the calling host, delivers it there).
 local function each_child(base, refs, kind, parent, here, inc)
   local mine = base .. 'job:'
-  for _, ref in ipairs(refs) do
+  for _, entry in ipairs(refs) do
     LEFT = LEFT - 1
+    local ref = child_key(base, entry)  -- the list's short form, or a full key (lib/row.lua)
     if ref:sub(1, #mine) == mine then
       here(ref:sub(#mine + 1))
     else

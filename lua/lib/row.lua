@@ -48,3 +48,32 @@ local function row_hmget(key, ...)
   end
   return got
 end
+
+-- A parent's :children list holds each child as short as its queue allows
+-- (docs/explanation/protocol.md#a-parents-keys): the child's id when it is
+-- on the parent's queue, '<queue>:<id>' when on another (neither a queue
+-- name nor an id holds ':' or '{'), and, in lists written before, the
+-- child's full job key P:{q}:job:<id> (the only form with a '{'). The
+-- child ref everywhere else (:processed and the other result hashes, outbox
+-- entries) is the full key: child_key turns a list entry into it, and
+-- short_ref a full key into the entry. `base` is the parent's P:{q}: (the
+-- list's own slot).
+local function child_key(base, ref)
+  if ref:find('{', 1, true) then
+    return ref
+  end
+  local q, id = ref:match('^([^:]+):(.+)$')
+  if q then
+    return base:match('^(.-){') .. '{' .. q .. '}:job:' .. id
+  end
+  return base .. 'job:' .. ref
+end
+
+local function short_ref(base, key)
+  local mine = base .. 'job:'
+  if key:sub(1, #mine) == mine then
+    return key:sub(#mine + 1)
+  end
+  local q, id = key:match('{(.-)}:job:(.+)$')
+  return q and (q .. ':' .. id) or key  -- not a job key: left as it is
+end
