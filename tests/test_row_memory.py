@@ -172,3 +172,20 @@ def test_a_children_list_of_full_keys_from_before_is_read_as_ever(mq, how) -> No
         assert gone == [0, 0, 0, 0] and not mq.client.exists(mq.keys.job("p", "root"))
     else:  # every queued child is cancelled: dead, on both queues
         assert [mq.get_job(r.queue, r.id).state for r in refs] == [JobState.DEAD] * 4
+
+
+@pytest.mark.parametrize("child_queue", ["p", "c"])
+def test_a_short_name_written_into_an_earlier_row_wins(mq, child_queue) -> None:
+    # a flow added again writes `pi` into a child row of the earlier build,
+    # whose `parent_inc` is the removed flow's: `pi` is the one read
+    mq.add_flow(Flow("p", "root", {}, job_id="root", children=[
+        Flow(child_queue, "leaf", {}, job_id="k0")]))  # fmt: skip
+    _to_long_names(mq, child_queue, "k0")
+    inc = int(raw_row(mq, "p", "root")["inc"])
+    key = mq.keys.job(child_queue, "k0")
+    mq.client.hset(key, mapping={"parent_inc": str(inc % (2**31 - 1) + 1), "pi": str(inc)})
+    (job,) = mq.claim(child_queue, 1)
+    mq.complete(job, "counted")
+    sweep(mq, child_queue)
+    assert mq.get_job("p", "root").state == JobState.PENDING
+    assert mq.children_values("p", "root") == {JobRef(child_queue, "k0"): "counted"}
