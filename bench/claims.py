@@ -24,6 +24,7 @@ import time
 import redis
 
 from echomq_django import EchoMQ
+from echomq_django.core.jobs import CREATED
 from echomq_django.runners.periodic import Entry, Scheduler
 from echomq_django.testing.redis_server import start_server
 
@@ -74,7 +75,7 @@ def firing_delays(client, ticks: int) -> list[float]:
         time.sleep(scheduler.wait_s(5.0))
         for queue, job_id in scheduler.fire_due():
             tick = int(job_id.rsplit("-", 1)[1])
-            created = int(client.hget(mq.keys.job(queue, job_id), "created_at"))
+            created = int(client.hget(mq.keys.job(queue, job_id), CREATED))
             delays.append(created - tick)
     return delays
 

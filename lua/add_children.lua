@@ -22,10 +22,11 @@
   ARGV[2] job id
   ARGV[3] lease token (from claim)
   ARGV[4] incarnation to set when the row has none (a decimal integer)
-  ARGV[5..] the new children's refs (full job keys)
+  ARGV[5..] the new children's refs (full job keys; the list holds them
+            short: lib/row.lua short_ref)
 
   returns: {inc, added}: the row's incarnation (the children on other queues
-           carry it as `parent_inc`) and how many refs were new
+           carry it as `pi`) and how many refs were new
   errors:  EMQNOJOB <queue> <id>            no such job
            EMQSTATE <queue> <id> <state>    the job is not active
            EMQLEASE <queue> <id>            the lease token is stale
@@ -33,6 +34,8 @@
 local row = KEYS[1]
 local queue, id, token, inc = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 -- @include lib/lease.lua
+-- @include lib/row.lua
+local base = row:sub(1, #row - #('job:' .. id))  -- P:{q}:
 
 local f = redis.call('HMGET', row, 'state', 'lease', 'inc')
 local refused = lease_refused(queue, id, f[1], f[2], token)
@@ -42,13 +45,13 @@ end
 local kids = row .. ':children'
 local have = {}
 for _, ref in ipairs(redis.call('LRANGE', kids, 0, -1)) do
-  have[ref] = true
+  have[child_key(base, ref)] = true
 end
 local new = {}
 for j = 5, #ARGV do
   if not have[ARGV[j]] then
     have[ARGV[j]] = true
-    new[#new + 1] = ARGV[j]
+    new[#new + 1] = short_ref(base, ARGV[j])  -- the list's form (lib/row.lua)
   end
 end
 for j = 1, #new, 1000 do

@@ -202,8 +202,8 @@ while want > 0 do
     popped = popped + 1
     local row = base .. 'job:' .. id
     -- one read and one write per job: this loop is the hot path of a worker
-    local f = redis.call('HMGET', row, 'state', 'name', 'payload', 'attempts', 'max_attempts',
-      'backoff_ms', 'parent', 'parent_queue', 'parent_policy', 'created_at', 'timeout_ms',
+    local f = row_hmget(row, 'state', 'name', 'payload', 'attempts', 'max_attempts',
+      'backoff_ms', 'parent', F_PQUEUE, F_POLICY, F_CREATED, 'timeout_ms',
       'priority', 'traceparent', 'retry_policy', 'expires_at', 'started_at')
     if f[1] == 'pending' and f[15] and not f[16] and tonumber(f[15]) <= tonumber(now) then
       -- popped already: marked active so kill takes it out of no list (an

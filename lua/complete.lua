@@ -48,8 +48,8 @@ local replies = {}
 for i = 4, #ARGV, 3 do
   local id, token, result = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local row = base .. 'job:' .. id
-  local f = redis.call('HMGET', row, 'state', 'lease', 'parent', 'parent_queue', 'dedup', 'keep',
-    'cancel', 'parent_inc', 'orphaned', 'callbacks', 'group')
+  local f = row_hmget(row, 'state', 'lease', 'parent', F_PQUEUE, 'dedup', 'keep',
+    'cancel', F_PINC, 'orphaned', 'callbacks', 'group')
   if not f[1] then
     -- a replay of the call that completed a removed flow's job (drop_orphan)
     if redis.call('GET', base .. 'op:' .. token) == 'c' .. redis.sha1hex(result) then

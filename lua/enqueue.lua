@@ -47,6 +47,7 @@
   errors:  EMQDUP <queue> <id> <state>  the id is taken; nothing is written
 ]]
 local row, pending = KEYS[1], KEYS[2]
+-- @include lib/row.lua
 -- @include lib/claimable.lua
 -- @include lib/emit.lua
 local base = pending:sub(1, #pending - #'pending')
@@ -82,7 +83,7 @@ end
 -- compact row: attempts appears at the first claim; max_attempts / backoff_ms
 -- only when the job sets its own (else the queue's setting applies), and the
 -- scheduling settings (docs/explanation/protocol.md#scheduling) only when set
-local fields = {'name', ARGV[3], 'payload', ARGV[4], 'state', state, 'created_at', ARGV[7],
+local fields = {'name', ARGV[3], 'payload', ARGV[4], 'state', state, F_CREATED, ARGV[7],
   'enqueue_token', ARGV[14]}
 local priority = (ARGV[9] ~= '0') and ARGV[9] or ''
 for _, f in ipairs({{'max_attempts', ARGV[5]}, {'backoff_ms', ARGV[6]}, {'priority', priority},

@@ -21,10 +21,12 @@
 
   Rows are compact (docs/explanation/protocol.md#compact-rows): `attempts` appears at
   the first claim; `max_attempts` / `backoff_ms` only when the node sets its
-  own; `parent_queue` only for a cross-queue child; `parent_policy` only when
+  own; `pq` (the parent queue) only for a cross-queue child; `pp` (the policy) only when
   it is not 'fp'. A missing one means the queue's setting / this queue / 'fp'.
-  One `added` event is emitted per held parent (the mirror reads its children from :children), per root, and
-  per cross-queue child; a same-queue leaf is announced by its parent's.
+  One `added` event is emitted per held parent (the mirror reads its children from :children) and
+  per root; the cross-queue leaves it writes are announced in runs, one
+  `added` entry naming up to RUN_IDS (100) of them (lib/emit.lua emit_run); a same-queue
+  leaf is announced by its parent's.
 
   KEYS[1] pending list         P:{q}:pending
   KEYS[2] awaiting zset        P:{q}:awaiting (score: held-at, ms)
@@ -54,10 +56,10 @@
             parent with a child on another queue: its incarnation token,
             stored as `inc` when the row is written; '' for a leaf),
             parent inc (a child on another queue than its parent: the
-            parent's incarnation, stored as `parent_inc`; '' otherwise: a
+            parent's incarnation, stored as `pi`; '' otherwise: a
             child on this queue is given its parent row's `inc`),
           then per node: id, payload (JSON text), child count n, n child refs
-          (full job keys).
+          (full job keys; :children holds them short, lib/row.lua short_ref).
           A node whose options hold dep = 1 is a dependency (depends_on,
           docs/howto/canvas.md#depends-on-existing-jobs): an existing job
           (name and payload '' and unused) that its parent waits for like a
@@ -95,7 +97,7 @@ local function same_children(kids, from, n)
   end
   local have = {}
   for _, ref in ipairs(redis.call('LRANGE', kids, 0, -1)) do
-    have[ref] = true
+    have[child_key(base, ref)] = true
   end
   for j = from, from + n - 1 do
     if not have[a[j]] then
@@ -135,7 +137,7 @@ while i <= #a do
     local row = base .. 'job:' .. id
     local live = opts and opts.k and live_holder(opts.k, id)
     if opts and opts.dep then
-      local f = redis.call('HMGET', row, 'state', 'parent', 'parent_queue')
+      local f = row_hmget(row, 'state', 'parent', F_PQUEUE)
       if not f[1] then
         local landed = pq ~= queue or redis.call('EXISTS', base .. 'job:' .. parent) == 1
         if mode ~= 'write' or not landed then
@@ -153,7 +155,7 @@ while i <= #a do
       found[#found + 1] = id
       found[#found + 1] = live
     elseif gate == '1' and redis.call('EXISTS', row) == 1 then
-      local f = redis.call('HMGET', row, 'name', 'parent', 'parent_queue', 'state', 'inc')
+      local f = row_hmget(row, 'name', 'parent', F_PQUEUE, 'state', 'inc')
       local fpq = f[3] or queue
       if parent ~= '' and not f[2] and f[1] == name and f[4] == 'completed' then
         adopt[id] = true
@@ -191,7 +193,7 @@ end
 -- a finished child met again tells its parent how it ended (guarded there)
 local function announce(id, parent, pq)
   local row = base .. 'job:' .. id
-  local f = redis.call('HMGET', row, 'state', 'result', 'parent_inc')
+  local f = row_hmget(row, 'state', 'result', F_PINC)
   if f[1] == 'completed' then
     resolve_done(base, id, f[2], tonumber(now), parent, pq ~= queue and pq or nil, f[3])
   elseif f[1] == 'dead' then
@@ -206,15 +208,15 @@ local function parent_fields(t, parent, pq, policy, pinc)
   t[#t + 1] = 'parent'
   t[#t + 1] = parent
   if pq ~= queue then
-    t[#t + 1] = 'parent_queue'
+    t[#t + 1] = F_PQUEUE
     t[#t + 1] = pq
   end
   if policy ~= 'fp' then
-    t[#t + 1] = 'parent_policy'
+    t[#t + 1] = F_POLICY
     t[#t + 1] = policy
   end
   if pinc ~= '' then
-    t[#t + 1] = 'parent_inc'
+    t[#t + 1] = F_PINC
     t[#t + 1] = pinc
   end
   return t
@@ -223,6 +225,7 @@ end
 -- pass 2: write
 local claimable = {}
 local silent = 0  -- same-queue leaves written: they emit no event of their own
+local run = {}  -- cross-queue leaves written and not yet announced: one `added` per RUN_IDS
 i = 1
 while i <= #a do
   local name, parent, pq, policy, ma, bo, count =
@@ -233,7 +236,7 @@ while i <= #a do
   if parent ~= '' and pq == queue then  -- the parent's own incarnation: its row is on this slot
     pinc = redis.call('HGET', base .. 'job:' .. parent, 'inc') or ''
   end
-  -- the fields every node of the group shares, after name/payload/state/created_at
+  -- the fields every node of the group shares, after name/payload/state/ca
   local shared = {}
   if ma ~= '' then
     shared[#shared + 1] = 'max_attempts'
@@ -286,18 +289,18 @@ while i <= #a do
       end
     elseif skip[id] and parent ~= '' then
       if adopt[id] then
-        -- the row keeps its own incarnation mark: no parent_inc here
+        -- the row keeps its own incarnation mark: no pi here
         redis.call('HSET', row, unpack(parent_fields({}, parent, pq, policy, '')))
       end
       -- under its parent again (docs/explanation/lifecycle.md), and under this incarnation of
       -- it (a parent landed fresh has a new one): a cancel mark a removed
       -- flow's cancel left on it while it ran is that flow's, not this one's
-      local was = redis.call('HMGET', row, 'parent_inc', 'orphaned')
+      local was = row_hmget(row, F_PINC, 'orphaned')
       if was[2] or (pinc ~= '' and was[1] and was[1] ~= pinc) then
         redis.call('HDEL', row, 'orphaned', 'cancel')
       end
       if pinc ~= '' then
-        redis.call('HSET', row, 'parent_inc', pinc)
+        redis.call('HSET', row, F_PINC, pinc)
       end
       announce(id, parent, pq)
     elseif not skip[id] then
@@ -306,7 +309,7 @@ while i <= #a do
         state = 'delayed'
       end
       redis.call('HSET', row, 'name', name, 'payload', payload, 'state', state,
-        'created_at', now, unpack(shared))
+        F_CREATED, now, unpack(shared))
       if opts.k then
         if opts.kt then
           redis.call('SET', base .. 'dedup:' .. opts.k, id, 'PX', opts.kt)
@@ -316,7 +319,11 @@ while i <= #a do
       end
       if nrefs > 0 then
         for j = i + 3, i + 2 + nrefs, 1000 do
-          redis.call('RPUSH', row .. ':children', unpack(a, j, math.min(j + 999, i + 2 + nrefs)))
+          local short = {}  -- the list's form of each ref (lib/row.lua short_ref)
+          for k = j, math.min(j + 999, i + 2 + nrefs) do
+            short[#short + 1] = short_ref(base, a[k])
+          end
+          redis.call('RPUSH', row .. ':children', unpack(short))
         end
         redis.call('SET', row .. ':dependencies', nrefs)
         redis.call('ZADD', awaiting, now, id)
@@ -334,7 +341,13 @@ while i <= #a do
       else
         claimable[#claimable + 1] = id
       end
-      if event or nrefs > 0 then
+      if nrefs == 0 and parent ~= '' and pq ~= queue then
+        run[#run + 1] = id
+        if #run == RUN_IDS then
+          emit_run(base .. 'events', 'added', run)
+          run = {}
+        end
+      elseif event or nrefs > 0 then
         emit(base, 'added', id)
       else
         silent = silent + 1  -- announced by its parent's event, counted apart
@@ -343,6 +356,7 @@ while i <= #a do
     i = i + 3 + nrefs
   end
 end
+emit_run(base .. 'events', 'added', run)
 make_claimable(base, claimable)  -- pushed in order, one wake-up for the call
 count_minute(base, 'added', silent, tonumber(redis.call('TIME')[1]) * 1000)
 return reply(OUT.outbox)

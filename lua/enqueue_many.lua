@@ -37,6 +37,7 @@
 ]]
 local events = KEYS[3]
 local queue, base, now, mode = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+-- @include lib/row.lua
 -- @include lib/claimable.lua
 -- @include lib/emit.lua
 local a = cjson.decode(ARGV[5])
@@ -45,7 +46,7 @@ if #a == 0 then
   return 0
 end
 local G = 13  -- strings in a run header
-local first = redis.call('HMGET', base .. 'job:' .. a[G + 1], 'name', 'payload', 'created_at')
+local first = row_hmget(base .. 'job:' .. a[G + 1], 'name', 'payload', F_CREATED)
 if first[1] == a[1] and first[2] == a[G + 2] and first[3] == now then
   return 0  -- a replay of this very call: it landed already
 end
@@ -74,7 +75,7 @@ while i <= #a do
   local group = a[i + 8] ~= '' and a[i + 8] or nil
   local state = delay > 0 and 'delayed' or 'pending'
   -- compact rows, as enqueue writes them: the fields after the payload
-  local shared = {'state', state, 'created_at', now}
+  local shared = {'state', state, F_CREATED, now}
   if a[i + 1] ~= '' then
     shared[#shared + 1] = 'max_attempts'
     shared[#shared + 1] = a[i + 1]

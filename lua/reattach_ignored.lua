@@ -19,7 +19,7 @@
   ARGV[2] parent's queue key prefix   P:{pq}:
   ARGV[3] parent id
   ARGV[4] child ref            P:{q}:job:<child id>
-  ARGV[5] the parent's incarnation the child holds (`parent_inc`; '' for none)
+  ARGV[5] the parent's incarnation the child holds (`pi`; '' for none)
   ARGV[6] child's queue name (for the error)
   ARGV[7] child id (for the error)
 

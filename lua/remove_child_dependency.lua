@@ -41,7 +41,8 @@ local todo = {}
 for i = 6, #ARGV do
   local ref = ARGV[i]
   local why = nil
-  if not redis.call('LPOS', prow .. ':children', ref) then
+  local kids = prow .. ':children'  -- short refs, or full keys in a list written before
+  if not redis.call('LPOS', kids, short_ref(base, ref)) and not redis.call('LPOS', kids, ref) then
     why = 'is not a child of this parent'
   elseif already_resolved(prow, ref) or redis.call('HEXISTS', prow .. ':failed', ref) == 1 then
     why = 'has resolved its parent already'

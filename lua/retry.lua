@@ -52,7 +52,7 @@ end
 -- parent has not been released (lib/flow.lua reattach_ignored); a parent on
 -- this slot that went on without it makes the retry a refusal, before any
 -- write (docs/explanation/reliability.md#a-retried-child-its-parent-ignored).
-local up = redis.call('HMGET', row, 'parent', 'parent_queue', 'parent_policy')
+local up = row_hmget(row, 'parent', F_PQUEUE, F_POLICY)
 if up[1] and up[3] == 'id' and (up[2] or QUEUE) == QUEUE then
   local pkey = job_key(base, up[1])
   local pstate = redis.call('HGET', pkey, 'state')

@@ -101,7 +101,7 @@ def test_failed_step_leaves_parent_held_and_readding_completes_it(mq):
     # (not the second add's own): their results count there
     inc = mq.client.hget(mq.keys.job("orders", "o1"), "inc")
     assert inc and [
-        mq.client.hget(mq.keys.job(q, i), "parent_inc") for q, i in (("validation", "v-o1"),
+        mq.client.hget(mq.keys.job(q, i), "pi") for q, i in (("validation", "v-o1"),
         ("payments", "c-o1"))] == [inc, inc]  # fmt: skip
     pump = Pump(list(Q), mq=mq)
     complete_all(mq, "inventory")
@@ -135,7 +135,7 @@ def test_completion_lands_in_the_outbox_with_the_state_change(mq):
     assert outcome.outbox == 1 and outcome.released == []
     raw = mq.client.lrange(mq.keys.queue_key("inventory", "flow:outbox"), 0, -1)
     inc = mq.client.hget(mq.keys.job("validation", "v-o1"), "inc").decode()
-    assert mq.client.hget(mq.keys.job("inventory", "r-o1-0"), "parent_inc").decode() == inc
+    assert mq.client.hget(mq.keys.job("inventory", "r-o1-0"), "pi").decode() == inc
     assert [json.loads(e) for e in raw] == [
         {
             "k": "done",

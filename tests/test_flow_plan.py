@@ -92,14 +92,14 @@ def test_mixed_siblings_in_small_chunks_land_with_their_own_settings(redis_clien
     ref = mq.add_flow(node("p", kids))
     assert (ref.landed, ref.skipped) == (8, 0)
     got = {i: row(mq, "q", i) for i in ("a1", "b0", "b1", "m", "m0")}
-    assert [got["a1"].get("parent_policy"), got["b0"]["parent_policy"]] == [None, "rd"]
+    assert [got["a1"].get("pp"), got["b0"]["pp"]] == [None, "rd"]
     assert (got["b1"]["max_attempts"], got["b1"]["backoff_ms"]) == ("5", "7")
     assert (got["m"]["state"], got["m0"]["parent"], got["m0"]["state"]) == (
         "awaiting_children",
         "m",
         "pending",
     )
-    assert got["m0"]["parent_inc"] == got["m"]["inc"] == row(mq, "q", "p")["inc"]
+    assert got["m0"]["pi"] == got["m"]["inc"] == row(mq, "q", "p")["inc"]
     assert mq.add_flow(node("p", kids)).skipped == 8
 
 
@@ -162,7 +162,7 @@ def test_a_plain_fan_out_on_another_queue_carries_the_parents_incarnation(mq) ->
     assert (ref.landed, ref.skipped) == (6, 0)
     inc = row(mq, "p", ref.parent_id)["inc"]
     kids = [row(mq, "c", job_id) for _, job_id in ref.children]
-    assert [(k["parent"], k["parent_queue"], k["parent_inc"], k["state"]) for k in kids] == [
+    assert [(k["parent"], k["pq"], k["pi"], k["state"]) for k in kids] == [
         (ref.parent_id, "p", inc, "pending")
     ] * 5
     assert [k["payload"] for k in kids] == [f'{{"i":{i}}}' for i in range(5)]

@@ -80,7 +80,7 @@ def test_flat_flow_lands_held_parent_and_claimable_children(tmq) -> None:
         "name": "node",
         "payload": '{"id":"p"}',
         "state": "awaiting_children",
-        "created_at": str(T0),
+        "ca": str(T0),
         "inc": inc,
     }
     assert score(tmq, "q", "awaiting", "p") == T0
@@ -94,10 +94,10 @@ def test_flat_flow_lands_held_parent_and_claimable_children(tmq) -> None:
             "name": "leaf",
             "payload": f'{{"id":"{cid}"}}',
             "state": "pending",
-            "created_at": str(T0),
+            "ca": str(T0),
             "parent": "p",
-            "parent_inc": inc,
-            **({} if policy == "fp" else {"parent_policy": policy}),
+            "pi": inc,
+            **({} if policy == "fp" else {"pp": policy}),
         }
         job = tmq.get_job("q", cid)
         assert (job.parent, job.parent_queue, job.parent_policy, job.max_attempts) == (

@@ -53,7 +53,7 @@ def test_enqueue_writes_the_row_and_pending(tmq) -> None:
         "state": "pending",
         "max_attempts": "5",
         "backoff_ms": "250",
-        "created_at": str(T0),
+        "ca": str(T0),
     }
     job = tmq.get_job("q", "j1")
     assert (
@@ -96,7 +96,7 @@ def test_enqueue_defaults_and_generated_id(redis_client, clock) -> None:
         "name": "n",
         "payload": "null",
         "state": "pending",
-        "created_at": str(T0),
+        "ca": str(T0),
     }
     job = mq.get_job("slow", job_id)
     assert (job.max_attempts, job.backoff_ms, job.attempts) == (7, 5, 0)

@@ -77,6 +77,8 @@ def test_lib_is_inlined_not_a_script() -> None:
     emit = (REPO / "lua" / "lib" / "emit.lua").read_text()
     error = (REPO / "lua" / "lib" / "error.lua").read_text()
     cancel_out = (REPO / "lua" / "lib" / "cancel_out.lua").read_text()
+    row = (REPO / "lua" / "lib" / "row.lua").read_text()
+    flow = flow.replace("-- @include lib/row.lua\n", row + "\n")
     flow = flow.replace("-- @include lib/signal_events.lua\n", events + "\n")
     flow = flow.replace("-- @include lib/emit.lua\n", emit + "\n")
     flow = flow.replace("-- @include lib/error.lua\n", error + "\n")
@@ -93,6 +95,9 @@ def test_lib_is_inlined_not_a_script() -> None:
         assert src.text.count(claimable) == int(uses_claimable), name
         # lib/signal_events.lua (durable signal events) comes with lib/flow.lua, once
         assert src.text.count("local function signal_event(") == int(uses_flow), name
+        # lib/row.lua (the row's short field names) is inlined once wherever a
+        # script reads or writes them
+        assert src.text.count("local function row_hmget(") <= 1, name
 
 
 def test_lua_dir_is_the_checkout() -> None:

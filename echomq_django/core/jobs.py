@@ -106,6 +106,44 @@ def row_error(r: dict) -> str | None:
     return "".join(to_text(p) or "" for p in parts)
 
 
+# The short names of a row's most common fields, spelled once here as
+# lua/lib/row.lua spells them for the scripts, and the long names rows of an
+# earlier version hold (docs/explanation/protocol.md#the-job-row).
+CREATED, PARENT_QUEUE, POLICY, PARENT_INC = "ca", "pq", "pp", "pi"
+LONG_NAMES = {
+    CREATED: "created_at",
+    PARENT_QUEUE: "parent_queue",
+    POLICY: "parent_policy",
+    PARENT_INC: "parent_inc",
+}
+
+
+def row_fields(names: tuple[str, ...]) -> tuple[str, ...]:
+    """``names`` (a row's field names as written now) plus the long name of
+    each renamed one, for one ``HMGET`` that reads rows of either version;
+    ``pick_fields`` folds its reply back to ``names``' order."""
+    return names + tuple(LONG_NAMES[n] for n in names if n in LONG_NAMES)
+
+
+def pick_fields(names: tuple[str, ...], values: list) -> list:
+    """The ``HMGET`` reply ``values`` of ``row_fields(names)`` as one value
+    per name (the short name's, else the long name's; None when neither)."""
+    out, extra = list(values[: len(names)]), len(names)
+    for i, n in enumerate(names):
+        if n in LONG_NAMES:
+            if out[i] is None:
+                out[i] = values[extra]
+            extra += 1
+    return out
+
+
+def row_get(r: dict, name: str) -> Any:
+    """Field ``name`` (a short name) of a decoded row ``r`` (str keys), or
+    the long name's value a row of an earlier version holds; None for none."""
+    value = r.get(name)
+    return r.get(LONG_NAMES[name]) if value is None and name in LONG_NAMES else value
+
+
 def decode_policy(value: Any, has_parent: bool) -> Policy | None:
     """A row's ``parent_policy`` field (raw, or None when the row has none) as
     a ``Policy``: the compact row leaves out ``fp``, so a child without the
@@ -263,8 +301,8 @@ class Job(Reporting):
             queue,
             mq,
             r.get("parent"),
-            r.get("parent_queue"),
-            r.get("parent_policy"),
+            row_get(r, PARENT_QUEUE),
+            row_get(r, POLICY),
             r.get("max_attempts"),
             r.get("backoff_ms"),
         )
@@ -282,7 +320,7 @@ class Job(Reporting):
             parent=parent,
             parent_queue=parent_queue,
             parent_policy=policy,
-            created_at=_int(r.get("created_at")),
+            created_at=_int(row_get(r, CREATED)),
             started_at=_int(r.get("started_at")),
             first_started_at=_int(r.get("first_started_at") or r.get("started_at")),
             finished_at=_int(r.get("finished_at")),

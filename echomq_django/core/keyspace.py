@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, fields
+from typing import Any
 
 from .names import (  # noqa: F401 (the rules and checks, imported from here too)
     GROUP_RULE,
@@ -339,6 +340,21 @@ class Keyspace:
         """``P:commands``: a zset of recent command ids -> when sent (ms),
         the newest ``protocol/control/commands.RECENT_KEPT`` kept."""
         return f"{self.prefix}:commands"
+
+    def child_key(self, queue: str, entry: Any) -> str:
+        """The child ref (full job key) of one entry (bytes or str) of the
+        ``:children`` list of a parent on ``queue``: the list holds the
+        child's id when it is on ``queue``, ``<queue>:<id>`` when on another,
+        and, in lists written before, the full key (the only form with a
+        ``{``); lua/lib/row.lua writes them
+        (docs/explanation/protocol.md#a-parents-keys)."""
+        entry = entry.decode() if isinstance(entry, bytes) else entry
+        if "{" in entry:
+            return entry
+        other, sep, job_id = entry.partition(":")
+        if sep:
+            return f"{self.prefix}:{{{other}}}:{JOB_PREFIX}{job_id}"
+        return f"{self.prefix}:{{{queue}}}:{JOB_PREFIX}{entry}"
 
     def parse_ref(self, ref: str) -> tuple[str, str]:
         """Split a child ref ``P:{q}:job:<id>`` into ``(queue, id)``.

@@ -18,13 +18,15 @@ import json
 from ..core import flows as _flows
 from ..core.exceptions import DependencyError, FlowConflict, JobNotActive, JobNotFound
 from ..core.flows import Flow, FlowRef
-from ..core.jobs import Job, JobState, to_json, to_text
+from ..core.jobs import PARENT_QUEUE, Job, JobState, pick_fields, row_fields, to_json, to_text
 from ..core.landing import DEP_OPTS as DEP
 from ..core.landing import Plan, steps
 from ..core.live import MAX_ADDED_CHILDREN, step_prefix
 from ..core.refs import JobRef
 from ..tracing.spans import adding
 from .wire import Part, Wire
+
+_LINK = ("state", "parent", PARENT_QUEUE)  # a dependency's row, read before the add
 
 
 class Flows(Part):
@@ -279,8 +281,10 @@ class Flows(Part):
             return
         pipe = self.client.pipeline(transaction=False)
         for g in groups:
-            pipe.hmget(self.keys.job(g.queue, g.ids[0]), "state", "parent", "parent_queue")
-        for g, (state, parent, pq) in zip(groups, pipe.execute(), strict=True):
+            pipe.hmget(self.keys.job(g.queue, g.ids[0]), *row_fields(_LINK))
+        for g, (state, parent, pq) in zip(
+            groups, (pick_fields(_LINK, f) for f in pipe.execute()), strict=True
+        ):
             where = f"{g.parent_queue}/{g.parent_id} depends_on {g.queue}/{g.ids[0]}"
             if state is None:
                 raise JobNotFound(f"{where}: no such job (a dependency is a job already added)")

@@ -33,7 +33,7 @@ from ..core.exceptions import (
     JobNotRemovable,
     JobNotRetryable,
 )
-from ..core.jobs import JobState, Outcome
+from ..core.jobs import PARENT_INC, PARENT_QUEUE, POLICY, JobState, Outcome, pick_fields, row_fields
 from ..core.retention import Keep, retention
 from .errors import reports_redis_down
 from .outbox import Outbox
@@ -208,9 +208,8 @@ class Lifecycle(Part):
         to be gone, or None when nothing was re-counted. Raises
         ``JobNotRetryable`` (the parent went on; nothing written)."""
         k = self.keys
-        f = self.client.hmget(
-            k.job(queue, job_id), "state", "parent", "parent_queue", "parent_policy", "parent_inc"
-        )
+        names = ("state", "parent", PARENT_QUEUE, POLICY, PARENT_INC)
+        f = pick_fields(names, self.client.hmget(k.job(queue, job_id), *row_fields(names)))
         state, pid, pq, policy, inc = (v.decode() if isinstance(v, bytes) else v for v in f)
         if state != "dead" or policy != "id" or not pq or pq == queue:
             return None  # the retry script checks a parent on its own slot itself

@@ -12,10 +12,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..core.jobs import to_text
+from ..core.jobs import CREATED, pick_fields, row_fields, to_text
 from ..core.keyspace import JobKeys, validate_queue
 from .errors import reports_redis_down
 from .wire import Part
+
+_SINCE = row_fields(
+    ("updated_at", CREATED)
+)  # a job's last move, else its add (rows of either version)
+
+
+def _since(values: list) -> list:
+    """``[updated_at, created]`` of an ``HMGET`` of ``_SINCE``."""
+    return pick_fields(("updated_at", CREATED), values)
+
 
 ROWS_PER_TRIP = 500  # job rows per pipelined round trip (rows, states, exist)
 # the minutes a queue's counter ring keeps (lua/lib/emit.lua MINUTES_KEPT)
@@ -128,7 +138,7 @@ class Probes(Part):
     def waiting_since(self, queue: str, job_id: str) -> int | None:
         """When (ms) a job last changed state (``updated_at``, else
         ``created_at``); None for no such job."""
-        since, created = self.client.hmget(self.keys.job(queue, job_id), "updated_at", "created_at")
+        since, created = _since(self.client.hmget(self.keys.job(queue, job_id), *_SINCE))
         stamp = since or created
         return None if stamp is None else int(stamp)
 
@@ -163,8 +173,8 @@ class Probes(Part):
             for job_id in ids[i : i + ROWS_PER_TRIP]:
                 pipe.lrange(JobKeys.of(self.keys.job(queue, job_id)).children, 0, -1)
             for refs in pipe.execute():
-                for ref in map(to_text, refs):
-                    cq, cid = self.keys.parse_ref(ref)
+                for entry in refs:
+                    cq, cid = self.keys.parse_ref(self.keys.child_key(queue, entry))
                     if cq == queue:
                         out.add(cid)
         return out
@@ -297,8 +307,8 @@ class Probes(Part):
         if heads:
             pipe = self.client.pipeline(transaction=False)
             for q, job_id in heads.items():
-                pipe.hmget(self.keys.job(q, job_id), "updated_at", "created_at")
-            for q, (since, created) in zip(heads, pipe.execute(), strict=True):
+                pipe.hmget(self.keys.job(q, job_id), *_SINCE)
+            for q, (since, created) in zip(heads, map(_since, pipe.execute()), strict=True):
                 stamp = since or created
                 out[q]["head_since"] = None if stamp is None else int(stamp)
         return now_minute, out

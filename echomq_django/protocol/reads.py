@@ -14,7 +14,18 @@ import json
 import redis
 
 from ..core.exceptions import JobNotFound
-from ..core.jobs import Dependencies, Job, JobState, decode_policy, row_error, to_text
+from ..core.jobs import (
+    CREATED,
+    POLICY,
+    Dependencies,
+    Job,
+    JobState,
+    decode_policy,
+    pick_fields,
+    row_error,
+    row_fields,
+    to_text,
+)
 from ..core.keyspace import JobKeys, whole_number
 from ..core.refs import JobRef, Page, RefDict, as_ref
 from .errors import connection_error, reports_redis_down
@@ -26,9 +37,10 @@ ERRORS_KEPT = 10  # failed attempts' errors a job keeps: the row's last, 9 earli
 PAGE_MAX = 10_000  # children a page of a paged read, at most (docs/howto/read-flows.md#paged-reads)
 
 # the row fields a tree reads per node; a page of it adds the node's times (ms)
-_TREE_FIELDS = ("name", "state", "result", "error", "parent_policy", "error.n")
-_TIMES = ("created_at", "started_at", "finished_at")
-_PAGE_FIELDS = _TREE_FIELDS + _TIMES
+_TREE_FIELDS = ("name", "state", "result", "error", POLICY, "error.n")
+_TIMES = ("created_at", "started_at", "finished_at")  # a page's keys for them
+_PAGE_FIELDS = (*_TREE_FIELDS, CREATED, "started_at", "finished_at")
+_ASK = {False: row_fields(_TREE_FIELDS), True: row_fields(_PAGE_FIELDS)}  # rows of either version
 
 
 class Reads(Part):
@@ -125,7 +137,7 @@ class Reads(Part):
         keys = JobKeys.of(self._require(queue, job_id))
         if count is None:
             return self.wire.ref_dict(self.client.hgetall(keys.processed), json.loads)
-        return self._hash_page(keys, keys.processed, cursor, count, json.loads)
+        return self._hash_page(queue, keys, keys.processed, cursor, count, json.loads)
 
     @reports_redis_down
     def child_results(self, queue: str, job_id: str) -> list:
@@ -139,7 +151,7 @@ class Reads(Part):
         out: list = []
         cursor = 0
         while True:
-            refs, _, cursor = self._window(keys, cursor, PAGE_MAX)
+            refs, _, cursor = self._window(queue, keys, cursor, PAGE_MAX)
             values = self.client.hmget(keys.processed, refs) if refs else []
             out += [None if v is None else json.loads(v) for v in values]
             if not cursor:
@@ -155,12 +167,14 @@ class Reads(Part):
         keys = JobKeys.of(self._require(queue, job_id))
         if count is None:
             return self.wire.ref_dict(self.client.hgetall(keys.unsuccessful), self._error)
-        return self._hash_page(keys, keys.unsuccessful, cursor, count, self._error)
+        return self._hash_page(queue, keys, keys.unsuccessful, cursor, count, self._error)
 
-    def _hash_page(self, keys: JobKeys, name: str, cursor: int, count: int, decode) -> Page:
+    def _hash_page(
+        self, queue: str, keys: JobKeys, name: str, cursor: int, count: int, decode
+    ) -> Page:
         """A ``Page`` of the result hash ``name``: the entries of the window's
         children that it holds, values through ``decode``."""
-        refs, total, nxt = self._window(keys, cursor, count)
+        refs, total, nxt = self._window(queue, keys, cursor, count)
         values = self.client.hmget(name, refs) if refs else []
         found = {r: v for r, v in zip(refs, values, strict=True) if v is not None}
         return Page(self.wire.ref_dict(found, decode), nxt, total)
@@ -186,8 +200,9 @@ class Reads(Part):
             pipe.lrange(keys.children, 0, -1)
             pipe.get(keys.dependencies)
             processed, failed, ignored, removed, children, remaining = pipe.execute()
+            children = [self.keys.child_key(queue, r) for r in children]
         else:
-            children, total, nxt = self._window(keys, cursor, count)
+            children, total, nxt = self._window(queue, keys, cursor, count)
             for part in hashes if children else ():
                 pipe.hmget(part, children)
             pipe.get(keys.dependencies)
@@ -208,7 +223,7 @@ class Reads(Part):
             removed=wire.ref_dict(removed, self._error),
             remaining=int(remaining or 0),
         )
-        resolved = {*processed, *failed, *ignored, *removed}
+        resolved = {to_text(r) for part in (processed, failed, ignored, removed) for r in part}
         waiting = [r for r in children if r not in resolved]
         deps.unprocessed = wire.ref_list(waiting)
         if count is None:
@@ -221,8 +236,8 @@ class Reads(Part):
         ``failed by child`` chain written ``queue/id``."""
         return self.keys.unkey(to_text(value))
 
-    def _window(self, keys: JobKeys, cursor: int, count: int) -> tuple[list, int, int]:
-        """The child refs (raw) ``cursor`` .. ``cursor + count - 1`` of a
+    def _window(self, queue: str, keys: JobKeys, cursor: int, count: int) -> tuple[list, int, int]:
+        """The child refs (full job keys) ``cursor`` .. ``cursor + count - 1`` of a
         parent's ``:children`` list, its length and the next cursor (0 at the
         end). The list only grows (``enqueue_flow`` appends), so a position
         is an exact cursor: unlike HSCAN over the result hashes it never
@@ -236,7 +251,7 @@ class Reads(Part):
         pipe.lrange(keys.children, cursor, cursor + count - 1)
         pipe.llen(keys.children)
         refs, total = pipe.execute()
-        refs = [to_text(r) for r in refs]
+        refs = [self.keys.child_key(queue, r) for r in refs]
         end = cursor + len(refs)
         return refs, total, end if refs and end < total else 0
 
@@ -306,7 +321,7 @@ class Reads(Part):
             pipe = self.client.pipeline(transaction=False)
             for node in level:
                 keys = self.keys.job_keys(node["queue"], node["id"])
-                pipe.hmget(keys.row, *(_PAGE_FIELDS if paged else _TREE_FIELDS))
+                pipe.hmget(keys.row, *_ASK[paged])
                 pipe.lrange(keys.children, *window(node is root))
                 pipe.llen(keys.children)
                 pipe.get(keys.dependencies)
@@ -314,6 +329,7 @@ class Reads(Part):
             next_level = []
             for i, node in enumerate(level):
                 values, kids, total, remaining = replies[4 * i : 4 * i + 4]
+                values = pick_fields(_PAGE_FIELDS if paged else _TREE_FIELDS, values)
                 name, state, result, error, policy, pieces = values[:6]
                 if pieces is not None:  # a long error, kept in pieces (jobs.row_error)
                     fields = [f"error.{n}" for n in range(2, int(pieces) + 1)]
@@ -334,7 +350,7 @@ class Reads(Part):
                     node["total"] = int(total)
                     node.update(zip(_TIMES, (v and int(v) for v in values[6:]), strict=True))
                 if depth is None or d < depth:
-                    refs = list(map(self.wire.ref, kids))
+                    refs = [self.wire.ref(self.keys.child_key(node["queue"], k)) for k in kids]
                     for cq, cid in refs if paged else sorted(refs):
                         child = {"queue": cq, "id": cid}
                         node["children"].append(child)

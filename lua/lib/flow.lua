@@ -8,11 +8,12 @@
   or is delivered from another slot by the pump (`deliver_to_parents`). One copy
   keeps the exactly-once guard identical on every road.
 
-  A child row without `parent_queue` has its parent on this queue, and one
-  without `parent_policy` has policy 'fp' (compact rows, enqueue_flow).
+  A child row without `pq` (its parent queue) has its parent on this queue,
+  and one without `pp` (its policy) has policy 'fp' (compact rows,
+  enqueue_flow; the short names are lib/row.lua's).
 
   Incarnations (docs/explanation/protocol.md#incarnations): a parent holds `inc`, a token drawn when
-  its flow was added, and each child holds its parent's as `parent_inc`
+  its flow was added, and each child holds its parent's as `pi`
   (enqueue_flow; a child taken back by a flow added again gets the new
   one). Ids, and so child refs, are the same in every flow added under
   them: the token tells a child of this parent from one of a removed parent
@@ -37,6 +38,7 @@
   retry emitted, outbox the number of entries pushed. The calling script
   returns cjson.encode(OUT).
 ]]
+-- @include lib/row.lua
 -- @include lib/signal_events.lua
 -- @include lib/emit.lua
 -- @include lib/error.lua
@@ -167,9 +169,9 @@ local function uncancel(base, jid, key)
   local mine = base .. 'job:'
   local inc = redis.call('HGET', key, 'inc')
   for _, ref in ipairs(redis.call('LRANGE', key .. ':children', 0, -1)) do
-    if ref:sub(1, #mine) == mine then
-      local ckey = job_key(base, ref:sub(#mine + 1))
-      local c = redis.call('HMGET', ckey, 'state', 'parent', 'cancel', 'parent_inc')
+    local ckey = child_key(base, ref)
+    if ckey:sub(1, #mine) == mine then
+      local c = row_hmget(ckey, 'state', 'parent', 'cancel', F_PINC)
       if c[1] == 'active' and c[2] == jid and c[3] and c[4] == inc then
         redis.call('HDEL', ckey, 'cancel')
       end
@@ -202,8 +204,8 @@ end
 -- the slot, else by a `reattach` entry on this queue's outbox that the pump
 -- delivers (docs/explanation/protocol.md#retry).
 local function reattach_up(base, id, now)
-  local parent = redis.call('HMGET', job_key(base, id), 'parent', 'parent_queue', 'parent_policy',
-    'parent_inc', 'orphaned')
+  local parent = row_hmget(job_key(base, id), 'parent', F_PQUEUE, F_POLICY,
+    F_PINC, 'orphaned')
   local policy = parent[3] or 'fp'
   if not parent[1] or parent[5] or (policy ~= 'fp' and policy ~= 'id') then
     return
@@ -372,7 +374,7 @@ local function callback(base, id, spec, kind, body, now)
   if type(name) == 'table' then
     name = name[2]
   end
-  redis.call('HSET', job_key(base, cid), 'name', name, 'state', 'pending', 'created_at', now,
+  redis.call('HSET', job_key(base, cid), 'name', name, 'state', 'pending', F_CREATED, now,
     'payload', payload)
   make_claimable(base, {cid}, nil)
   emit(base, 'added', cid)
@@ -497,7 +499,7 @@ end
 
 propagate_death = function(base, id, err, now, up)
   local key = job_key(base, id)
-  local parent = redis.call('HMGET', key, 'parent', 'parent_queue', 'parent_policy', 'parent_inc',
+  local parent = row_hmget(key, 'parent', F_PQUEUE, F_POLICY, F_PINC,
     'orphaned', 'cancel')
   if not parent[1] or parent[5] then  -- no parent, or its parent was removed while it ran
     return
@@ -520,7 +522,7 @@ propagate_death = function(base, id, err, now, up)
 end
 
 -- A job completed: fan its result in to its parent, here or via the outbox.
--- `parent`, `parent_queue` and `parent_inc` are the job row's fields, read
+-- `parent`, `parent_queue` and `parent_inc` are the job row's fields (`parent`, `pq`, `pi`), read
 -- by the caller in its own first HMGET (one command less per completion on
 -- the hot path). An orphaned job resolves no parent: complete.lua removes it
 -- instead (drop_orphan).

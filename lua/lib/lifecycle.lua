@@ -59,8 +59,9 @@ end
 -- or the calling host, delivers it there).
 local function each_child(base, refs, kind, parent, here, inc)
   local mine = base .. 'job:'
-  for _, ref in ipairs(refs) do
+  for _, entry in ipairs(refs) do
     LEFT = LEFT - 1
+    local ref = child_key(base, entry)  -- the list's short form, or a full key (lib/row.lua)
     if ref:sub(1, #mine) == mine then
       here(ref:sub(#mine + 1))
     else
@@ -208,8 +209,8 @@ end
 -- removed parent: an id landed again under another flow, or under the same
 -- ids added again, is not touched). Returns true when the row went.
 local function drop_node(base, id, parent, inc)
-  local f = redis.call('HMGET', base .. 'job:' .. id, 'state', 'parent', 'dedup',
-    'children_deadline', 'keep', 'parent_inc', 'group')
+  local f = row_hmget(base .. 'job:' .. id, 'state', 'parent', 'dedup',
+    'children_deadline', 'keep', F_PINC, 'group')
   if not f[1] or (parent and f[2] ~= parent) or (inc and f[6] and f[6] ~= inc) then
     return false
   end
@@ -247,7 +248,7 @@ end
 -- :removed, one decrement, release at zero. Guarded: a child that resolved
 -- its parent already changes nothing. Another slot: a `gone` entry.
 local function resolve_removed(base, id, now)
-  local f = redis.call('HMGET', base .. 'job:' .. id, 'parent', 'parent_queue', 'parent_inc',
+  local f = row_hmget(base .. 'job:' .. id, 'parent', F_PQUEUE, F_PINC,
     'orphaned')
   if not f[1] or f[4] then  -- no parent, or its parent was removed while it ran
     return
@@ -271,7 +272,7 @@ end
 -- drop_node. Returns the state it found.
 local function cancel_node(base, id, now, parent, inc)
   local key = base .. 'job:' .. id
-  local f = redis.call('HMGET', key, 'state', 'parent', 'parent_inc')
+  local f = row_hmget(key, 'state', 'parent', F_PINC)
   local state = f[1]
   if (parent and f[2] ~= parent) or (inc and f[3] and f[3] ~= inc) then
     return nil  -- an id landed again under another flow, or the same ids again
@@ -355,7 +356,7 @@ end
 local function retire(base, index, id, now, batch)
   LEFT = LEFT - 1
   local row = base .. 'job:' .. id
-  local f = redis.call('HMGET', row, 'parent', 'parent_queue', 'parent_policy', 'state',
+  local f = row_hmget(row, 'parent', F_PQUEUE, F_POLICY, 'state',
     'orphaned')
   local state = f[4]
   if state ~= 'completed' and state ~= 'dead' then
@@ -474,7 +475,7 @@ end
 -- already, removed, or under another flow).
 local function rerun_child(base, id, parent, inc, now)
   local key = job_key(base, id)
-  local f = redis.call('HMGET', key, 'state', 'parent', 'parent_inc', 'priority', 'group')
+  local f = row_hmget(key, 'state', 'parent', F_PINC, 'priority', 'group')
   if f[1] ~= 'dead' or f[2] ~= parent or (inc and f[3] and f[3] ~= inc)
       or get_error(key) ~= 'cancelled' then
     return

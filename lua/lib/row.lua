@@ -1,0 +1,78 @@
+--[[
+  lib/row.lua: the short names of a job row's most common fields, spelled
+  here once for every script (docs/explanation/protocol.md#the-job-row),
+  inlined by the script loader where `@include lib/row.lua` appears
+  (lib/flow.lua includes it). Local definitions only; no key is touched
+  until a script calls row_hmget.
+
+  Why short: a row is a small hash, one listpack whose allocation is
+  rounded up to the allocator's size class (96, 112, 128, 160... bytes),
+  and a field's name is stored in every row. `created_at` is on every row
+  and the parent link on every flow node; their two-letter names took the
+  benchmark's leaf row from the 128-byte class to 112 and its cross-queue
+  leaf from 160 to 128 (docs/explanation/performance.md#memory-per-node).
+
+  Rows written before the rename hold the long names: row_hmget reads
+  both (the short one wins), so such jobs finish as they would have;
+  every write uses the short name only.
+]]
+
+local F_CREATED = 'ca'   -- when the job was written (ms): was created_at
+local F_PQUEUE = 'pq'    -- a cross-queue child's parent queue: was parent_queue
+local F_POLICY = 'pp'    -- a child's policy when not 'fp': was parent_policy
+local F_PINC = 'pi'      -- a child's parent's incarnation: was parent_inc
+local LONG_NAME = {[F_CREATED] = 'created_at', [F_PQUEUE] = 'parent_queue',
+  [F_POLICY] = 'parent_policy', [F_PINC] = 'parent_inc'}
+
+-- HMGET of `key`'s fields ... (names as written now), in order. A row
+-- written by an earlier version (the only rows with `created_at`) is read
+-- again by both names, the short one winning (this version may have
+-- written one into it since: a re-added child's `pi`); a row of this
+-- version costs one HMGET with one more field, on the hot path of claim
+-- and complete.
+local function row_hmget(key, ...)
+  local got = redis.call('HMGET', key, 'created_at', ...)
+  if got[1] then
+    local names, n = {...}, select('#', ...)
+    for i = 1, n do
+      names[n + i] = LONG_NAME[names[i]] or names[i]
+    end
+    local both = redis.call('HMGET', key, unpack(names))
+    for i = 1, n do
+      both[i] = both[i] or both[n + i]
+      both[n + i] = nil
+    end
+    return both
+  end
+  table.remove(got, 1)
+  return got
+end
+
+-- A parent's :children list holds each child as short as its queue allows
+-- (docs/explanation/protocol.md#a-parents-keys): the child's id when it is
+-- on the parent's queue, '<queue>:<id>' when on another (neither a queue
+-- name nor an id holds ':' or '{'), and, in lists written before, the
+-- child's full job key P:{q}:job:<id> (the only form with a '{'). The
+-- child ref everywhere else (:processed and the other result hashes, outbox
+-- entries) is the full key: child_key turns a list entry into it, and
+-- short_ref a full key into the entry. `base` is the parent's P:{q}: (the
+-- list's own slot).
+local function child_key(base, ref)
+  if ref:find('{', 1, true) then
+    return ref
+  end
+  local q, id = ref:match('^([^:]+):(.+)$')
+  if q then
+    return base:match('^(.-){') .. '{' .. q .. '}:job:' .. id
+  end
+  return base .. 'job:' .. ref
+end
+
+local function short_ref(base, key)
+  local mine = base .. 'job:'
+  if key:sub(1, #mine) == mine then
+    return key:sub(#mine + 1)
+  end
+  local q, id = key:match('{(.-)}:job:(.+)$')
+  return q and (q .. ':' .. id) or key  -- not a job key: left as it is
+end

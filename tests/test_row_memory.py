@@ -1,0 +1,191 @@
+"""What a flow node costs Redis (docs/explanation/performance.md#memory-per-node):
+a leaf row's fields and their short names, its ``MEMORY USAGE`` in the
+benchmark's shape, the cross-queue leaves' ``added`` runs, and rows written
+with the earlier long field names still read and resolved
+(docs/explanation/protocol.md#the-job-row)."""
+
+from __future__ import annotations
+
+import pytest
+
+from echomq_django import EchoMQ, Flow, JobRef, JobState
+from echomq_django.core.jobs import LONG_NAMES
+from tests.support.jobkit import raw_row, sweep
+
+LEAF_FIELDS = {"name", "payload", "state", "ca", "parent", "pi"}
+
+
+def _bench_flow(child_queue: str, n: int) -> Flow:
+    """The benchmark's shape (bench/topologies.py): a root on ``bench`` and
+    ``n`` leaves of payload ``{"i": i}``, generated ids."""
+    kids = [Flow(child_queue, "bench.leaf", {"i": i}) for i in range(n)]
+    return Flow("bench", "bench.root", {}, children=kids)
+
+
+def test_a_leaf_row_holds_six_fields_under_short_names(mq) -> None:
+    wide = mq.add_flow(_bench_flow("bench", 3))
+    cross = mq.add_flow(_bench_flow("bench2", 3))
+    leaf = raw_row(mq, *wide.nodes[-1])
+    assert set(leaf) == LEAF_FIELDS
+    assert (leaf["state"], leaf["parent"], leaf["pi"]) == (
+        "pending",
+        wide.parent_id,
+        raw_row(mq, "bench", wide.parent_id)["inc"],
+    )
+    other = raw_row(mq, *cross.nodes[-1])
+    assert set(other) == LEAF_FIELDS | {"pq"}
+    assert (other["pq"], other["parent"]) == ("bench", cross.parent_id)
+    job = mq.get_job(*cross.nodes[-1])
+    assert (job.parent, job.parent_queue, job.created_at) == (
+        cross.parent_id,
+        "bench",
+        int(other["ca"]),
+    )
+
+
+def test_a_benchmark_leaf_row_fits_the_112_byte_listpack_class(r) -> None:
+    # MEMORY USAGE of the row: its listpack (109 bytes wide, 120 cross-queue:
+    # the 112 and 128 classes) and its key, object and dict entry (88 bytes).
+    # With the long names they were 216 and 248.
+    mq = EchoMQ(r, prefix="emq")
+    wide = mq.add_flow(_bench_flow("bench", 10))
+    cross = mq.add_flow(_bench_flow("bench2", 10))
+    assert r.memory_usage(mq.keys.job(*wide.nodes[-1]), samples=0) <= 200
+    assert r.memory_usage(mq.keys.job(*cross.nodes[-1]), samples=0) <= 216
+
+
+def test_cross_queue_leaves_are_announced_in_runs_of_100(mq) -> None:
+    ref = mq.add_flow(_bench_flow("bench2", 250))
+    entries = [
+        f[b"id"].decode().split(" ")
+        for _, f in mq.client.xrange(mq.keys.queue_key("bench2", "events"))
+        if f[b"e"] == b"added"
+    ]
+    assert [len(ids) for ids in entries] == [100, 100, 50]
+    assert [i for ids in entries for i in ids] == [job_id for _, job_id in ref.children]
+    # one `added` per job all the same, for a follower and the minute counters
+    follow = mq.events("bench2", since="0-0", kinds=["added"], block_s=0.1)
+    with follow:
+        assert [e.job_id for e in follow] == [job_id for _, job_id in ref.children]
+    _, counts = mq.probes.minute_counts(["bench2"], 1)
+    assert counts["bench2"][-1]["added"] == 250
+    # the root on its own queue is announced by its own entry
+    assert [
+        f[b"id"].decode() for _, f in mq.client.xrange(mq.keys.queue_key("bench", "events"))
+    ] == [ref.parent_id]
+
+
+def _to_long_names(mq, queue: str, job_id: str) -> None:
+    """Rewrite a row as the previous build wrote it: long field names."""
+    key = mq.keys.job(queue, job_id)
+    for short, long in LONG_NAMES.items():
+        value = mq.client.hget(key, short)
+        if value is not None:
+            mq.client.hset(key, long, value)
+            mq.client.hdel(key, short)
+
+
+@pytest.mark.parametrize("child_queue", ["p", "c"])
+def test_rows_with_the_earlier_long_names_are_read_and_resolve_their_parent(
+    mq, child_queue
+) -> None:
+    kids = [
+        Flow(child_queue, "leaf", {"i": 0}, job_id="k0"),
+        Flow(child_queue, "leaf", {"i": 1}, job_id="k1", ignore_dependency_on_failure=True),
+    ]
+    ref = mq.add_flow(Flow("p", "root", {}, job_id="root", children=kids))
+    for _, job_id in ref.children:
+        _to_long_names(mq, child_queue, job_id)
+    old = raw_row(mq, child_queue, "k1")
+    assert "created_at" in old and "ca" not in old and old["parent_policy"] == "id"
+    job = mq.get_job(child_queue, "k1")
+    assert (job.parent, job.parent_queue, job.parent_policy.value, job.created_at) == (
+        "root",
+        "p",
+        "id",
+        int(old["created_at"]),
+    )
+    assert mq.get_flow("p", "root")["children"][1]["policy"].value == "id"
+    claimed = {j.id: j for j in mq.claim(child_queue, 10)}
+    assert {i: (j.parent, j.parent_queue) for i, j in claimed.items()} == {
+        "k0": ("root", "p"),
+        "k1": ("root", "p"),
+    }
+    mq.complete(claimed["k0"], "zero")
+    mq.complete(claimed["k1"], "one")
+    sweep(mq, child_queue)  # the cross-queue results travel by the outbox
+    assert mq.get_job("p", "root").state == JobState.PENDING
+    assert mq.children_values("p", "root") == {
+        JobRef(child_queue, "k0"): "zero",
+        JobRef(child_queue, "k1"): "one",
+    }
+
+
+@pytest.mark.parametrize("child_queue", ["p", "c"])
+def test_a_long_named_parent_inc_still_guards_the_parent(mq, child_queue) -> None:
+    # a child of another incarnation of its parent (as `parent_inc` of the
+    # earlier build says) resolves nothing (docs/explanation/protocol.md#incarnations)
+    ref = mq.add_flow(Flow("p", "root", {}, job_id="root", children=[
+        Flow(child_queue, "leaf", {}, job_id="k0")]))  # fmt: skip
+    _to_long_names(mq, child_queue, "k0")
+    inc = int(raw_row(mq, "p", "root")["inc"])
+    mq.client.hset(mq.keys.job(child_queue, "k0"), "parent_inc", str(inc % (2**31 - 1) + 1))
+    (job,) = mq.claim(child_queue, 1)
+    mq.complete(job, "late")
+    sweep(mq, child_queue)
+    assert mq.get_job("p", "root").state == JobState.AWAITING_CHILDREN
+    assert mq.children_values("p", "root") == {}
+    assert ref.children == [("c" if child_queue == "c" else "p", "k0")]
+
+
+def _kids() -> list[Flow]:
+    return [Flow(q, "leaf", {}, job_id=f"k{i}") for i, q in enumerate(("p", "c", "p", "c"))]
+
+
+def test_a_parents_children_list_holds_ids_and_queue_id_refs(mq) -> None:
+    mq.add_flow(Flow("p", "root", {}, job_id="root", children=_kids()))
+    stored = mq.client.lrange(mq.keys.job_part("p", "root", "children"), 0, -1)
+    assert [e.decode() for e in stored] == ["k0", "c:k1", "k2", "c:k3"]
+    refs = [JobRef("p", "k0"), JobRef("c", "k1"), JobRef("p", "k2"), JobRef("c", "k3")]
+    assert [(c["queue"], c["id"]) for c in mq.get_flow("p", "root")["children"]] == sorted(
+        (r.queue, r.id) for r in refs
+    )
+    assert list(mq.dependencies("p", "root", count=10).items.unprocessed) == refs
+    assert sorted(mq.dependencies("p", "root").unprocessed) == sorted(refs)
+
+
+@pytest.mark.parametrize("how", ["cancel", "remove"])
+def test_a_children_list_of_full_keys_from_before_is_read_as_ever(mq, how) -> None:
+    mq.add_flow(Flow("p", "root", {}, job_id="root", children=_kids()))
+    kids = mq.keys.job_part("p", "root", "children")
+    refs = [JobRef("p", "k0"), JobRef("c", "k1"), JobRef("p", "k2"), JobRef("c", "k3")]
+    mq.client.delete(kids)
+    mq.client.rpush(kids, *(mq.keys.job(r.queue, r.id) for r in refs))  # as written before
+    assert list(mq.dependencies("p", "root", count=10).items.unprocessed) == refs
+    assert mq.child_results("p", "root") == [None] * 4
+    mq.remove_child_dependency("p", "root", JobRef("c", "k3"))
+    assert mq.dependency_counts("p", "root")["remaining"] == 3
+    getattr(mq, how)("p", "root")
+    sweep(mq, "p", "c")
+    gone = [mq.client.exists(mq.keys.job(r.queue, r.id)) for r in refs]
+    if how == "remove":  # the parent and its subtree go, on both queues
+        assert gone == [0, 0, 0, 0] and not mq.client.exists(mq.keys.job("p", "root"))
+    else:  # every queued child is cancelled: dead, on both queues
+        assert [mq.get_job(r.queue, r.id).state for r in refs] == [JobState.DEAD] * 4
+
+
+@pytest.mark.parametrize("child_queue", ["p", "c"])
+def test_a_short_name_written_into_an_earlier_row_wins(mq, child_queue) -> None:
+    # a flow added again writes `pi` into a child row of the earlier build,
+    # whose `parent_inc` is the removed flow's: `pi` is the one read
+    mq.add_flow(Flow("p", "root", {}, job_id="root", children=[
+        Flow(child_queue, "leaf", {}, job_id="k0")]))  # fmt: skip
+    _to_long_names(mq, child_queue, "k0")
+    inc = int(raw_row(mq, "p", "root")["inc"])
+    key = mq.keys.job(child_queue, "k0")
+    mq.client.hset(key, mapping={"parent_inc": str(inc % (2**31 - 1) + 1), "pi": str(inc)})
+    (job,) = mq.claim(child_queue, 1)
+    mq.complete(job, "counted")
+    sweep(mq, child_queue)
+    assert mq.get_job("p", "root").state == JobState.PENDING
+    assert mq.children_values("p", "root") == {JobRef(child_queue, "k0"): "counted"}
