@@ -1,6 +1,7 @@
 """The flow outbox (docs/explanation/house.md, "protocol/"): a queue's list of fan-in
 entries for parents on other slots, and what the pump and ``EchoMQ`` do
-with it: take the sweep lock (``lua/lock_outbox.lua``), read the head,
+with it: take the sweep lock and read the head in one step
+(``lua/take_outbox.lua``; ``lua/lock_outbox.lua`` takes or drops the lock alone),
 deliver entries on their parents' slots (``lua/deliver_to_parents.lua``),
 trim what was delivered (``lua/trim_outbox.lua``) or forget what a caller
 delivered itself (``lua/forget_outbox.lua``), count failed deliveries and
@@ -156,22 +157,53 @@ class Outbox(Part):
         except TRANSIENT as err:
             raise connection_error(self.client, err) from err
 
-    def trim(self, queue: str, token: str, read: list, actions: list[str]) -> int:
+    def trim(
+        self, queue: str, token: str, read: list, actions: list[str], drop: bool = False
+    ) -> int:
         """Remove the outbox head the pump read (``read``: the raw entries, in
         order) once delivered: ``actions[i]`` is ``"ok"``, ``"again"`` (its
         parent was not found: to the back of the outbox, for a later sweep)
         or the reason that entry goes to the dead-letter list, which keeps its newest
         ``OUTBOX_DEADLETTER_MAX`` entries (trimmed in the same script).
-        ``token`` is the sweep lock's. Returns how many entries were removed
-        (0 when the head moved). Raises ``SweepLockLost`` when the lock is no
-        longer ``token``'s."""
+        ``token`` is the sweep lock's; ``drop`` (bool): drop that lock right
+        after the trim, in the same round trip (a sweep's last batch), whatever
+        the trim answered. Returns how many entries were removed (0 when the
+        head moved). Raises ``SweepLockLost`` when the lock is no longer
+        ``token``'s, ``RedisUnavailable`` when Redis did not answer.
+        docs/explanation/protocol.md#the-flow-outbox-and-the-pump."""
         k = self.keys.queue(queue)
         pairs = (v for pair in zip(read, actions, strict=False) for v in pair)
-        return self.scripts.run(
+        call = (
             "trim_outbox",
             [k.outbox, k.pump_lock, k.deadletter, k.outbox_tries],
             [token, self.clock(), OUTBOX_DEADLETTER_MAX, *pairs],
         )
+        if not drop:
+            return self.scripts.run(*call)
+        lease_ms = 1  # a drop's lease is not read
+        removed, _ = self.scripts.run_many(
+            [call, ("lock_outbox", [k.pump_lock, k.pump_unlocked], [token, lease_ms, "0"])]
+        )
+        if isinstance(removed, Exception):
+            raise removed
+        return removed
+
+    def take(self, queue: str, token: str, lease_ms: int, count: int) -> tuple[bool, int, list]:
+        """Take (or renew) the sweep lock of ``queue``'s outbox for
+        ``lease_ms`` (ms) under ``token`` and read the outbox's first ``count``
+        (>= 1) entries in the same round trip (``lua/take_outbox.lua``).
+        Returns ``(held, length, entries)``: ``held`` False when another
+        token holds the lock (then ``(False, 0, [])``: nothing read);
+        ``length`` the outbox's length; ``entries`` raw (bytes or str, as the
+        client decodes), not removed. Raises ``RedisUnavailable`` when Redis
+        did not answer. docs/explanation/protocol.md#the-flow-outbox-and-the-pump."""
+        k = self.keys.queue(queue)
+        reply = self.scripts.run(
+            "take_outbox", [k.pump_lock, k.outbox], [token, int(lease_ms), int(count)]
+        )
+        if not reply or not reply[0]:
+            return False, 0, []
+        return True, int(reply[1]), list(reply[2:])
 
     def lock(self, queue: str, token: str, lease_ms: int, take: bool = True) -> bool:
         """Take (or renew) the sweep lock of ``queue``'s outbox for ``lease_ms``

@@ -170,21 +170,16 @@ def deliver_outbox(
     point tests use it."""
     report = report or SweepReport()
     token = token or secrets.token_hex(8)
-    if not mq.outbox.lock(queue, token, lock_ms):
+    # the lock and the head in one round trip (take_outbox); each entry found
+    # when the sweep began is looked at once: one moved to the back waits for
+    # a later sweep
+    held, left, raw = mq.outbox.take(queue, token, lock_ms, batch)
+    if not held:
         report.locked = True
         return report
     try:
-        # each entry found when the sweep began is looked at once: one moved to
-        # the back waits for a later sweep (the length is read only when the
-        # first batch comes back full)
-        left: int | None = None
-        while left is None or left > 0:
-            asked = batch if left is None else min(batch, left)
-            raw = mq.outbox.head(queue, asked)
-            if not raw:
-                break
-            if left is None:
-                left = len(raw) if len(raw) < batch else mq.outbox.length(queue)
+        asked = batch
+        while raw:
             entries, verdicts = deliver_batch(mq, raw, report.outcome, queue)
             if None in verdicts:
                 # a failover now would take those deliveries back: the entries
@@ -200,29 +195,13 @@ def deliver_outbox(
                 )
                 # the prefix before it is trimmed below; left = keep ends the sweep there
                 raw, entries, verdicts, left = raw[:keep], entries[:keep], verdicts[:keep], keep
-            actions, read = [], []
-            for item, entry, verdict in zip(raw, entries, verdicts, strict=True):
-                read.append(item)
-                if verdict is True:
-                    actions.append("ok")
-                    continue
-                if isinstance(verdict, str):  # poison: no later try can deliver it
-                    log.error("outbox of %s: dead-lettering an entry: %s", queue, verdict)
-                    actions.append(verdict)
-                    continue
-                tries = mq.outbox.count_delivery(queue, item)
-                if tries < max_tries:
-                    actions.append("again")  # to the back: a later sweep tries it again
-                    continue
-                actions.append(
-                    f"parent {entry.get('q')}/{entry.get('p')} not found after {tries} deliveries"
-                )
+            actions = _actions(mq, queue, raw, entries, verdicts, max_tries)
             if before_trim is not None:
                 before_trim(queue, actions)
-            removed = 0
+            last = len(raw) < asked or left - len(raw) <= 0
             if actions:
-                try:
-                    removed = mq.outbox.trim(queue, token, read, actions)
+                try:  # the last batch's trim drops the lock in its round trip
+                    removed = mq.outbox.trim(queue, token, raw, actions, drop=last)
                 except SweepLockLost:
                     # our lock expired mid-sweep and another pump may be trimming:
                     # leave the outbox to it; what we delivered is re-delivered as no-ops
@@ -235,19 +214,51 @@ def deliver_outbox(
                     break
                 if removed != len(actions):  # the head moved under us: re-read it
                     log.warning("outbox of %s changed before the trim; re-reading", queue)
+                    asked = min(batch, left)
+                    held, _, raw = mq.outbox.take(queue, token, lock_ms, asked)
+                    if not held:  # dropped with the trim, and taken since: the taker delivers
+                        break
                     continue
+                held = held and not last
             report.delivered += actions.count("ok")
             report.deadlettered += len(actions) - actions.count("ok") - actions.count("again")
             left -= len(raw)
-            if len(raw) < asked or left <= 0:
+            if last:
                 break
-            if not mq.outbox.lock(queue, token, lock_ms):  # renew for the next batch
+            asked = min(batch, left)
+            held, _, raw = mq.outbox.take(queue, token, lock_ms, asked)  # renew, read on
+            if not held:
                 log.warning("pump lock on %s expired during the sweep", queue)
                 report.lock_lost = True
                 break
     finally:
-        try:
-            mq.outbox.lock(queue, token, lock_ms, take=False)
-        except RedisUnavailable:  # it expires; and it is ours at our next sweep
-            log.warning("pump lock on %s not dropped: Redis is unavailable", queue)
+        if held:
+            try:
+                mq.outbox.lock(queue, token, lock_ms, take=False)
+            except RedisUnavailable:  # it expires; and it is ours at our next sweep
+                log.warning("pump lock on %s not dropped: Redis is unavailable", queue)
     return report
+
+
+def _actions(mq: EchoMQ, queue: str, raw: list, entries: list, verdicts: list, max_tries: int):
+    """What the trim does with each entry of a delivered batch: ``"ok"``
+    (delivered), ``"again"`` (its parent not found yet: to the back, one
+    more failed delivery counted) or the reason it is dead-lettered (poison,
+    or its parent still not found after ``max_tries`` deliveries)."""
+    actions = []
+    for item, entry, verdict in zip(raw, entries, verdicts, strict=True):
+        if verdict is True:
+            actions.append("ok")
+            continue
+        if isinstance(verdict, str):  # poison: no later try can deliver it
+            log.error("outbox of %s: dead-lettering an entry: %s", queue, verdict)
+            actions.append(verdict)
+            continue
+        tries = mq.outbox.count_delivery(queue, item)
+        if tries < max_tries:
+            actions.append("again")  # to the back: a later sweep tries it again
+            continue
+        actions.append(
+            f"parent {entry.get('q')}/{entry.get('p')} not found after {tries} deliveries"
+        )
+    return actions
