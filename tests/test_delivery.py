@@ -12,7 +12,7 @@ import redis
 from echomq_django import Flow, JobState
 from echomq_django.core.exceptions import RedisUnavailable
 from echomq_django.runners.pump import Pump
-from tests.support.jobkit import assert_state, complete, leaf, node
+from tests.support.jobkit import assert_state, complete, leaf, node, record_calls
 
 POISON = {
     "not json {": "malformed entry: not JSON (Expecting value: line 1 column 1 (char 0))",
@@ -132,35 +132,6 @@ def test_undeliverable_entries_never_hold_up_the_ones_behind_them(tmq) -> None:
 
 
 # -- the round trips of a delivery --------------------------------------------
-
-
-def record_calls(mq, monkeypatch) -> list[list[str]]:
-    """Until the test ends, the scripts ``mq`` sends, one list per round trip
-    (a ``run``, or a ``run_many`` pipeline: one per node on a Cluster), and
-    each direct read of a list as a trip of its own."""
-    trips: list[list[str]] = []
-    scripts, client = mq.scripts, mq.client
-    run, run_many = scripts.run, scripts.run_many_confirmed
-
-    def one(name, keys, args):
-        trips.append([name])
-        return run(name, keys, args)
-
-    def many(calls, after=None):
-        trips.append([name for name, _, _ in calls])
-        return run_many(calls, after)
-
-    for command in ("lrange", "llen"):
-        direct = getattr(client, command)
-
-        def counted(*a, _direct=direct, _name=command, **kw):
-            trips.append([_name])
-            return _direct(*a, **kw)
-
-        monkeypatch.setattr(client, command, counted)
-    monkeypatch.setattr(scripts, "run", one)
-    monkeypatch.setattr(scripts, "run_many_confirmed", many)
-    return trips
 
 
 def test_a_wake_up_delivers_one_entry_in_three_round_trips(mq, monkeypatch) -> None:

@@ -30,6 +30,9 @@ SENT_LOCK_MS = 5_000  # deliver_sent: the sweep lock's lease while a caller deli
 SENT_WAIT_S = 3.0  # deliver_sent: how long it waits out a pump's sweep (a pump's lease is 2 s)
 SENT_BLOCK_MIN_S = 0.01  # deliver_sent: shortest BLPOP (s); Redis reads a timeout of 0 as for ever
 SENT_SOCKET_MARGIN_S = 1.0  # deliver_sent: a BLPOP ends this much before the socket timeout (s)
+OWN_LOCK_MS = (
+    2_000  # deliver_own: the lease a worker's take holds the outbox for (a pump's default)
+)
 
 
 class Outbox(Part):
@@ -127,6 +130,38 @@ class Outbox(Part):
             self.lock(queue, token, SENT_LOCK_MS, take=False)
         for target, pushed in more.items():  # what those deliveries sent on, one level down
             outcome.merge(self.deliver_sent(target, pushed))
+        return outcome
+
+    def lock_call(self, queue: str, token: str, lease_ms: int = OWN_LOCK_MS) -> tuple:
+        """The take of ``queue``'s sweep lock under ``token`` for ``lease_ms``
+        (ms), as a script call ``(name, keys, args)`` for a caller's pipeline
+        (a worker's completions, ``deliver_own``); its reply is 1 when the
+        caller holds the lock, 0 when another token does."""
+        k = self.keys.queue(queue)
+        return ("lock_outbox", [k.pump_lock, k.pump_unlocked], [token, int(lease_ms), "1"])
+
+    def deliver_own(self, queue: str, token: str, texts: list[str]) -> Outcome:
+        """Deliver the entries ``texts`` (exactly as pushed) that the caller's
+        own scripts pushed onto ``queue``'s outbox after it took the outbox's
+        sweep lock under ``token`` (``lock_call``, in the same round trip and
+        before them): no pump has read them, none can until the lock is
+        dropped. Then, in one more round trip, take the delivered ones out of
+        the outbox (``forget_outbox``) and drop the lock, so no pump delivers
+        them again; an entry whose parent is gone, or that no replica
+        confirmed, stays for the pump. Raises what ``deliver`` raises (the
+        lock is then dropped if Redis answers; else it expires after its
+        lease, and the pump delivers the entries).
+        docs/explanation/no-polling.md#a-released-parent-starts-at-once."""
+        k = self.keys.queue(queue)
+        drop = ("lock_outbox", [k.pump_lock, k.pump_unlocked], [token, 1, "0"])
+        try:
+            flags, outcome = self.deliver([json.loads(t) for t in texts], source=queue)
+        except BaseException:
+            self.scripts.run_many([drop])
+            raise
+        done = [t for t, ok in zip(texts, flags, strict=True) if ok]
+        forget = ("forget_outbox", [k.outbox, k.pump_lock], [token, *done])
+        self.scripts.run_many([forget, drop] if done else [drop])
         return outcome
 
     def _wait_for_sweep_lock(self, k, left: float) -> None:
