@@ -168,3 +168,26 @@ def test_a_delivery_that_fails_leaves_the_entry_to_the_pump(mq, monkeypatch) -> 
     assert mq.client.llen(mq.keys.queue("kids").outbox) == 1
     assert Pump(["kids"], mq=mq).sweep()["kids"]["delivered"] == 1
     assert_state(mq, "q", "p", JobState.PENDING)
+
+
+def test_the_delivery_claims_the_released_parent_in_its_round_trip(mq, monkeypatch) -> None:
+    """The loop has room on the parent's queue: the claim rides behind the
+    delivery, and the parent comes back with its reply (no claim of its own)."""
+    mq.add_flow(node("p", [leaf("c", queue="kids")]))
+    job = claim_one(mq, "kids", "c")
+    got: list = []
+    reporter = Reporter(
+        mq, None, lambda *j: None, lambda q: None, lambda: None,
+        fetch=lambda q: (1, 5000, "t-fetch") if q == "q" else None,
+        taken=lambda q, token, claimed: got.append((q, token, claimed)),
+    )  # fmt: skip
+    trips = record_calls(mq, monkeypatch)
+    reporter.report([Finished(job, 1)])
+    assert trips == [
+        ["lock_outbox", "complete"],
+        ["deliver_to_parents", "claim"],
+        ["forget_outbox", "lock_outbox"],
+    ]
+    [(queue, token, claimed)] = got
+    assert (queue, token, [j.id for j in claimed]) == ("q", "t-fetch", ["p"])
+    assert_state(mq, "q", "p", JobState.ACTIVE)

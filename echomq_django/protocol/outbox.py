@@ -56,6 +56,13 @@ class Outbox(Part):
         ``{queue: [entry texts]}`` of what the deliveries pushed onto those
         queues' outboxes for a caller to deliver at once (the deaths a
         delivered ``cancel`` caused). Raises what a script raises."""
+        flags, outcome, _ = self._deliver(entries, sent, source, None)
+        return flags, outcome
+
+    def _deliver(self, entries, sent, source, then) -> tuple[list, Outcome, object]:
+        """``deliver``, and ``then`` (a script call, or None) after the
+        deliveries in the same round trip; returns its reply (or exception)
+        third."""
         groups: dict[str, list[int]] = {}
         flags = [False] * len(entries)
         for i, e in enumerate(entries):
@@ -82,7 +89,10 @@ class Outbox(Part):
             calls.append(("deliver_to_parents", [k.pending, k.awaiting], args))
         outcome = Outcome()
         after = None if source is None else self.keys.queue(source).outbox
-        replies, confirmed = self.scripts.run_many_confirmed(calls, after)
+        replies, confirmed = self.scripts.run_many_confirmed(
+            calls if then is None else [*calls, then], after
+        )
+        extra = replies.pop() if then is not None else None
         for (_queue, idx), reply, safe in zip(groups.items(), replies, confirmed, strict=False):
             if isinstance(reply, Exception):
                 raise reply
@@ -92,7 +102,7 @@ class Outbox(Part):
                 flags[i] = bool(ok) if safe else None
             if sent is not None and data.get("sent"):
                 sent.setdefault(_queue, []).extend(data["sent"])
-        return flags, outcome
+        return flags, outcome, extra
 
     def deliver_sent(self, queue: str, texts: list[str]) -> Outcome:
         """Deliver now the outbox entries a script on ``queue`` just pushed
@@ -140,7 +150,9 @@ class Outbox(Part):
         k = self.keys.queue(queue)
         return ("lock_outbox", [k.pump_lock, k.pump_unlocked], [token, int(lease_ms), "1"])
 
-    def deliver_own(self, queue: str, token: str, texts: list[str]) -> Outcome:
+    def deliver_own(
+        self, queue: str, token: str, texts: list[str], then: tuple | None = None
+    ) -> tuple[Outcome, object]:
         """Deliver the entries ``texts`` (exactly as pushed) that the caller's
         own scripts pushed onto ``queue``'s outbox after it took the outbox's
         sweep lock under ``token`` (``lock_call``, in the same round trip and
@@ -148,21 +160,24 @@ class Outbox(Part):
         dropped. Then, in one more round trip, take the delivered ones out of
         the outbox (``forget_outbox``) and drop the lock, so no pump delivers
         them again; an entry whose parent is gone, or that no replica
-        confirmed, stays for the pump. Raises what ``deliver`` raises (the
-        lock is then dropped if Redis answers; else it expires after its
-        lease, and the pump delivers the entries).
+        confirmed, stays for the pump. ``then``: a script call run after the
+        deliveries in their round trip (a claim of a parent's queue), whose
+        reply (or exception) is returned beside the ``Outcome``. Raises what
+        ``deliver`` raises (the lock is then dropped if Redis answers; else it
+        expires after its lease, and the pump delivers the entries).
         docs/explanation/no-polling.md#a-released-parent-starts-at-once."""
         k = self.keys.queue(queue)
         drop = ("lock_outbox", [k.pump_lock, k.pump_unlocked], [token, 1, "0"])
         try:
-            flags, outcome = self.deliver([json.loads(t) for t in texts], source=queue)
+            entries = [json.loads(t) for t in texts]
+            flags, outcome, extra = self._deliver(entries, None, queue, then)
         except BaseException:
             self.scripts.run_many([drop])
             raise
         done = [t for t, ok in zip(texts, flags, strict=True) if ok]
         forget = ("forget_outbox", [k.outbox, k.pump_lock], [token, *done])
         self.scripts.run_many([forget, drop] if done else [drop])
-        return outcome
+        return outcome, extra
 
     def _wait_for_sweep_lock(self, k, left: float) -> None:
         """Block until the sweep lock of the queue whose ``QueueKeys`` are

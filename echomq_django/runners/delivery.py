@@ -262,3 +262,72 @@ def _actions(mq: EchoMQ, queue: str, raw: list, entries: list, verdicts: list, m
             f"parent {entry.get('q')}/{entry.get('p')} not found after {tries} deliveries"
         )
     return actions
+
+
+class OwnDelivery:
+    """A worker's delivery of what its completions push onto their queues'
+    outboxes for parents on other queues (the reporter's; see
+    docs/explanation/no-polling.md#a-released-parent-starts-at-once).
+
+    ``mq``: the worker's ``EchoMQ``; ``released(queue)``: a parent on
+    ``queue`` was released; ``fetch(queue)`` / ``taken(queue, token,
+    claimed)``: the loop's room for a job of a parent's queue, claimed in
+    the delivery's round trip, and what that claim gave (the reporter's own,
+    None: no such claims). Per batch, on the reporter's thread:
+    ``ahead(good, ahead)`` returns the calls to send ahead of the
+    completions of ``good`` (``Finished`` jobs): ``ahead`` (a caller's
+    list, or None) and the take of the sweep lock of each queue holding a
+    child whose parent is on another queue, under this worker's token for
+    its life; ``after(good, replies, ahead)`` puts ``ahead``'s replies back
+    in place, then, for each queue whose lock was taken, delivers what its
+    completions pushed (``Outbox.deliver_own``). An error leaves the entries
+    to the pumps (logged); nothing raises."""
+
+    def __init__(self, mq: EchoMQ, released, fetch=None, taken=None) -> None:
+        self.mq, self._released, self._fetch, self._taken = mq, released, fetch, taken
+        self.token = secrets.token_hex(8)
+        self._cross: list[str] = []
+        self._calls: list = []
+        self._n = 0
+
+    def ahead(self, good: list, ahead: list | None) -> list | None:
+        self._cross = sorted(
+            {f.job.queue for f in good if f.job.parent_queue not in (None, f.job.queue)}
+        )
+        self._n = len(ahead or ())
+        locks = (self.mq.outbox.lock_call(q, self.token) for q in self._cross)
+        self._calls = [*(ahead or ()), *locks]
+        return self._calls or None
+
+    def after(self, good: list, replies: list, ahead: list | None) -> None:
+        if ahead:
+            ahead[:] = self._calls[: self._n]
+        for queue, held in zip(self._cross, self._calls[self._n :], strict=True):
+            if held != 1:  # a pump or another worker holds it: the entries are theirs
+                continue
+            mine = [(f.job, r) for f, r in zip(good, replies, strict=True) if f.job.queue == queue]
+            texts = [t for _, r in mine for t in getattr(r, "sent", ())]
+            parents = [j.parent_queue for j, _ in mine if j.parent_queue not in (None, queue)]
+            self._deliver(queue, texts, parents[0])
+
+    def _deliver(self, queue: str, texts: list[str], parent_queue: str) -> None:
+        """Deliver ``texts`` from ``queue``'s outbox, with a claim of
+        ``parent_queue`` in the same round trip when the loop has room."""
+        room = self._fetch(parent_queue) if texts and self._fetch is not None else None
+        then = None
+        if room is not None:
+            count, lease_ms, token = room
+            then, now, lease = self.mq.wire.claim_call(parent_queue, count, lease_ms, token)
+        try:
+            outcome, got = self.mq.outbox.deliver_own(queue, self.token, texts, then)
+        except Exception as err:  # the entries stay in the outbox: a pump delivers them
+            if room is not None:
+                self._taken(parent_queue, token, err)  # RedisUnavailable: the loop replays it
+            log.warning("delivering the outbox entries of %s failed: %s", queue, err)
+            return
+        if room is not None:
+            if not isinstance(got, Exception):
+                got = self.mq.wire.claimed(parent_queue, got, now, lease, self.mq)
+            self._taken(parent_queue, token, got)
+        for released, _ in outcome.released:
+            self._released(released)

@@ -16,7 +16,6 @@ batch kept, so no job is acknowledged without Redis.
 from __future__ import annotations
 
 import logging
-import secrets
 import threading
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -38,6 +37,7 @@ from ..core.jobs import Job, JobState, Outcome
 from ..core.refs import JobRef
 from ..core.retry import decide
 from ..protocol.client import EchoMQ
+from .delivery import OwnDelivery
 from .outage import REDIS_DOWN, Outage, first_line
 
 log = logging.getLogger("echomq_django.worker")
@@ -153,7 +153,7 @@ class Reporter:
         self._writes = writes
         self._forget, self._released, self._wake = forget, released, wake
         self._fetch, self._taken = fetch, taken
-        self._token = secrets.token_hex(8)  # its sweep-lock token (_deliver_own), for life
+        self._own = OwnDelivery(mq, released, fetch, taken)
         self.processed = 0
         self.stats = {"completed": 0, "failed": 0, "dead": 0, "lost": 0, "postponed": 0}
         self.debug = False  # a line per job (set per run from the log level)
@@ -310,40 +310,21 @@ class Reporter:
         pairs = [(f.job, f.result) for f in good]
         queue = next((f.job.queue for f in good if f.job.parent_queue == f.job.queue), None)
         room = self._fetch(queue) if queue is not None and self._fetch is not None else None
-        # a cross-queue child's queue: its sweep lock rides ahead (see _deliver_own)
-        cross = sorted({f.job.queue for f in good if f.job.parent_queue not in (None, f.job.queue)})
-        n = len(ahead or ())
-        calls = [*(ahead or ()), *(self.mq.outbox.lock_call(q, self._token) for q in cross)]
+        calls = self._own.ahead(good, ahead)  # a cross-queue child's sweep lock
         if room is None:
-            replies = self.mq.complete_many(pairs, calls or None)
+            replies = self.mq.complete_many(pairs, calls)
         else:
             count, lease_ms, token = room
             try:
                 replies, claimed = self.mq.complete_then_claim(
-                    pairs, queue, count, lease_ms, token, calls or None
+                    pairs, queue, count, lease_ms, token, calls
                 )
             except BaseException as err:
                 self._taken(queue, token, err)  # RedisUnavailable: the loop replays the token
                 raise
             self._taken(queue, token, claimed)
-        if ahead:
-            ahead[:] = calls[:n]
-        for q in (q for q, held in zip(cross, calls[n:], strict=True) if held == 1):
-            pushed = (getattr(r, "sent", ()) for f, r in zip(good, replies, strict=True)
-                      if f.job.queue == q)  # fmt: skip
-            self._deliver_own(q, [t for sent in pushed for t in sent])
+        self._own.after(good, replies, ahead)  # and its delivery
         return replies
-
-    def _deliver_own(self, queue: str, texts: list[str]) -> None:
-        """Deliver ``texts``, what this batch's completions pushed onto ``queue``'s
-        outbox under this worker's sweep lock (an error leaves them to the pumps)."""
-        try:
-            outcome = self.mq.outbox.deliver_own(queue, self._token, texts)
-        except Exception as err:  # the entries stay in the outbox: a pump delivers them
-            log.warning("delivering the outbox entries of %s failed: %s", queue, err)
-            return
-        for parent_queue, _ in outcome.released:
-            self._released(parent_queue)
 
     def _postpone(self, finished: list[Finished]) -> None:
         """Put back, one script each, the jobs whose handler raised
