@@ -113,11 +113,15 @@ def _names() -> dict[str, str]:
 
 
 def tail(found: list) -> list:
-    """The trips from the last child's ``complete`` on, wake-up blocks left
-    out: the part of the path after the children ran."""
-    at = max((i for i, (_, _, cmds) in enumerate(found) if cmds[0].startswith("complete")),
-             default=0)  # fmt: skip
-    return [t for t in found[at:] if not t[2][0].startswith("BZPOPMIN")]
+    """The trips from the last child's ``complete`` to the last claim of the
+    parent's queue (the one that took the parent), both in, wake-up blocks
+    left out: what ran between the children's end and the parent's start
+    (a trip of another process's among them is not always on the path)."""
+    has = lambda trip, word: any(c.startswith(word) for c in trip[2])  # noqa: E731
+    start = max((i for i, t in enumerate(found) if has(t, "complete")), default=0)
+    parent = f"claim emq:{{{latency.QUEUE}}}:"
+    end = max((i for i, t in enumerate(found) if has(t, parent)), default=len(found) - 1)
+    return [t for t in found[start : end + 1] if not has(t, "BZPOPMIN")]
 
 
 def sample(side: latency.OurSide, url: str, client: redis.Redis, kind: str, key: str) -> list:
@@ -186,7 +190,7 @@ def main(argv=None) -> int:
         print(f"== {latency.LABELS[kind]}")
         print(f"round trips after the add: {r['counts']}, median {statistics.median(r['counts'])}")
         print(
-            "from the last child's complete to the parent's start (wake-up blocks left out): "
+            "from the last child's complete to the parent's claim (wake-up blocks left out): "
             f"{r['tails']}, median {statistics.median(r['tails'])}"
         )
         for n, found in enumerate(r["shown"]):
