@@ -135,20 +135,30 @@ class Outbox(Part):
             flags, outcome = self.deliver([json.loads(t) for t in texts], more, queue)
             done = [t for t, ok in zip(texts, flags, strict=True) if ok]  # None: the pump's
             if done:
-                self.scripts.run("forget_outbox", [k.outbox, k.pump_lock], [token, *done])
+                self.scripts.run(*self._forget_call(k, token, done))
         finally:
             self.lock(queue, token, SENT_LOCK_MS, take=False)
         for target, pushed in more.items():  # what those deliveries sent on, one level down
             outcome.merge(self.deliver_sent(target, pushed))
         return outcome
 
-    def lock_call(self, queue: str, token: str, lease_ms: int = OWN_LOCK_MS) -> tuple:
-        """The take of ``queue``'s sweep lock under ``token`` for ``lease_ms``
-        (ms), as a script call ``(name, keys, args)`` for a caller's pipeline
-        (a worker's completions, ``deliver_own``); its reply is 1 when the
-        caller holds the lock, 0 when another token does."""
+    def lock_call(
+        self, queue: str, token: str, lease_ms: int = OWN_LOCK_MS, take: bool = True
+    ) -> tuple:
+        """The take (``take=False``: the drop) of ``queue``'s sweep lock under
+        ``token`` for ``lease_ms`` (ms), as a script call ``(name, keys,
+        args)`` for a caller's pipeline (a worker's completions,
+        ``deliver_own``); the take's reply is 1 when the caller holds the
+        lock, 0 when another token does (see ``lock``)."""
         k = self.keys.queue(queue)
-        return ("lock_outbox", [k.pump_lock, k.pump_unlocked], [token, int(lease_ms), "1"])
+        args = [token, int(lease_ms), "1" if take else "0"]
+        return ("lock_outbox", [k.pump_lock, k.pump_unlocked], args)
+
+    @staticmethod
+    def _forget_call(k, token: str, texts: list[str]) -> tuple:
+        """``forget_outbox`` of ``texts`` under ``token``, for the queue whose
+        ``QueueKeys`` are ``k``, as a script call."""
+        return ("forget_outbox", [k.outbox, k.pump_lock], [token, *texts])
 
     def deliver_own(
         self, queue: str, token: str, texts: list[str], then: tuple | None = None
@@ -167,7 +177,7 @@ class Outbox(Part):
         expires after its lease, and the pump delivers the entries).
         docs/explanation/no-polling.md#a-released-parent-starts-at-once."""
         k = self.keys.queue(queue)
-        drop = ("lock_outbox", [k.pump_lock, k.pump_unlocked], [token, 1, "0"])
+        drop = self.lock_call(queue, token, 1, take=False)
         try:
             entries = [json.loads(t) for t in texts]
             flags, outcome, extra = self._deliver(entries, None, queue, then)
@@ -175,8 +185,7 @@ class Outbox(Part):
             self.scripts.run_many([drop])
             raise
         done = [t for t, ok in zip(texts, flags, strict=True) if ok]
-        forget = ("forget_outbox", [k.outbox, k.pump_lock], [token, *done])
-        self.scripts.run_many([forget, drop] if done else [drop])
+        self.scripts.run_many([self._forget_call(k, token, done), drop] if done else [drop])
         return outcome, extra
 
     def _wait_for_sweep_lock(self, k, left: float) -> None:
@@ -230,10 +239,8 @@ class Outbox(Part):
         )
         if not drop:
             return self.scripts.run(*call)
-        lease_ms = 1  # a drop's lease is not read
-        removed, _ = self.scripts.run_many(
-            [call, ("lock_outbox", [k.pump_lock, k.pump_unlocked], [token, lease_ms, "0"])]
-        )
+        drop = self.lock_call(queue, token, 1, take=False)  # a drop's lease is not read
+        removed, _ = self.scripts.run_many([call, drop])
         if isinstance(removed, Exception):
             raise removed
         return removed
@@ -265,14 +272,7 @@ class Outbox(Part):
         (docs/explanation/reliability.md#a-pumps-lock-never-outlives-a-pump-for-long). A drop leaves
         a mark on ``pump_unlocked`` for a caller waiting for the lock (``deliver_sent``).
         docs/explanation/protocol.md#the-flow-outbox-and-the-pump."""
-        k = self.keys.queue(queue)
-        return bool(
-            self.scripts.run(
-                "lock_outbox",
-                [k.pump_lock, k.pump_unlocked],
-                [token, int(lease_ms), "1" if take else "0"],
-            )
-        )
+        return bool(self.scripts.run(*self.lock_call(queue, token, lease_ms, take)))
 
     def count_delivery(self, queue: str, entry: bytes | str) -> int:
         """Count one more failed delivery of an outbox ``entry`` (raw text);
