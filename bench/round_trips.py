@@ -23,7 +23,9 @@ appearance) and its µs after the add, so the path reads in order.
     .venv/bin/python -m bench.round_trips [--samples 5] [--show 1]
 
 Prints, per scenario, the trips of each sample (the median count, and the
-first ``--show`` samples trip by trip).
+first ``--show`` samples trip by trip), and the time from the last child's
+``complete`` to the parent's claim by the server's clock (``MONITOR``'s
+timestamps: no client's scheduling in the figure but the path's own).
 """
 
 from __future__ import annotations
@@ -161,15 +163,27 @@ def run(samples: int, show: int) -> dict:
         for kind in KINDS:  # warm: scripts loaded, paths taken once
             latency.measure(side, client, kind, 3, tag="warm")
         for kind in KINDS:
-            counts, tails, shown = [], [], []
+            counts, tails, spans, wholes, shown, slowest = [], [], [], [], [], []
             for i in range(samples):
                 found = sample(side, server.url, client, kind, f"{kind}-rt-{i}")
                 counts.append(len(found))
-                tails.append(len(tail(found)))
+                path = tail(found)
+                tails.append(len(path))
+                spans.append((path[-1][1] - path[0][1]) / 1000 if path else 0.0)
+                wholes.append((path[-1][1] - found[0][1]) / 1000 if path else 0.0)
                 if i < show:
                     shown.append(found)
+                if spans[-1] == max(spans):
+                    slowest = found
                 time.sleep(0.05)
-            result[kind] = {"counts": counts, "tails": tails, "shown": shown}
+            result[kind] = {
+                "counts": counts,
+                "tails": tails,
+                "spans": spans,
+                "wholes": wholes,
+                "shown": shown,
+                "slowest": slowest,
+            }
         return result
     finally:
         for p in processes:
@@ -193,7 +207,13 @@ def main(argv=None) -> int:
             "from the last child's complete to the parent's claim (wake-up blocks left out): "
             f"{r['tails']}, median {statistics.median(r['tails'])}"
         )
-        for n, found in enumerate(r["shown"]):
+        for key, what in (("spans", "the last child's complete"), ("wholes", "the first trip")):
+            ms = sorted(r[key])
+            print(
+                f"ms from {what} to the parent's claim (the server's clock): "
+                f"median {statistics.median(ms):.2f}, min {ms[0]:.2f}, max {ms[-1]:.2f}"
+            )
+        for n, found in [*enumerate(r["shown"]), ("the slowest path", r["slowest"])]:
             print(f"-- sample {n}")
             for conn, us, cmds in found:
                 print(f"  {conn} +{us:8.0f} us  {' | '.join(cmds)}")

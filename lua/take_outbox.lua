@@ -16,6 +16,9 @@
   ARGV[3] head (integer >= 1): how many entries to read from the head
 
   returns: {0} when another token holds the lock (nothing read);
+           {2} when the outbox is empty: the lock is not taken (nor renewed,
+           nor dropped), so a pump woken for entries a worker delivered
+           itself does not hold the lock against that worker's next take;
            {1, length, entry, ...} when the caller holds it now: the
            outbox's length, then its first min(head, length) entries, raw
   errors:  none
@@ -23,6 +26,9 @@
 -- @include lib/sweep_lock.lua
 
 local lock, outbox = KEYS[1], KEYS[2]
+if redis.call('LLEN', outbox) == 0 then
+  return {2}
+end
 if not take_sweep_lock(lock, ARGV[1], ARGV[2]) then
   return {0}
 end

@@ -156,6 +156,8 @@ def test_take_outbox_reads_nothing_under_another_pumps_lock(mq) -> None:
     """Another token's lock: nothing read, the lock untouched. The caller's
     own: renewed for the lease asked, and the length and head come back."""
     k = mq.keys.queue("c")
+    assert mq.outbox.take("c", "mine", 2_000, 2) == (None, 0, [])  # empty: no lock taken
+    assert mq.client.exists(k.pump_lock) == 0
     mq.client.rpush(k.outbox, "e1", "e2", "e3")
     assert mq.outbox.lock("c", "other", 60_000)
     assert mq.outbox.take("c", "mine", 2_000, 2) == (False, 0, [])
@@ -182,4 +184,15 @@ def test_a_sweep_of_two_batches_renews_the_lock_with_its_second_read(mq, monkeyp
         ["take_outbox"], ["deliver_to_parents"], ["trim_outbox"],
         ["take_outbox"], ["deliver_to_parents"], ["trim_outbox", "lock_outbox"],
     ]  # fmt: skip
+    assert mq.client.exists(mq.keys.queue("c").pump_lock) == 0
+
+
+def test_a_wake_up_on_an_empty_outbox_takes_no_lock(mq, monkeypatch) -> None:
+    """A worker delivered the entries itself before the pump woke for them:
+    the pump reads an empty outbox in one round trip and leaves the lock
+    alone, so it never holds it against that worker's next completion."""
+    trips = record_calls(mq, monkeypatch)
+    report = Pump(["c"], mq=mq).deliver("c")
+    assert (report.delivered, report.locked) == (0, False)
+    assert trips == [["take_outbox"]]
     assert mq.client.exists(mq.keys.queue("c").pump_lock) == 0

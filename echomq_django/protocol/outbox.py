@@ -245,21 +245,24 @@ class Outbox(Part):
             raise removed
         return removed
 
-    def take(self, queue: str, token: str, lease_ms: int, count: int) -> tuple[bool, int, list]:
+    def take(
+        self, queue: str, token: str, lease_ms: int, count: int
+    ) -> tuple[bool | None, int, list]:
         """Take (or renew) the sweep lock of ``queue``'s outbox for
         ``lease_ms`` (ms) under ``token`` and read the outbox's first ``count``
         (>= 1) entries in the same round trip (``lua/take_outbox.lua``).
         Returns ``(held, length, entries)``: ``held`` False when another
-        token holds the lock (then ``(False, 0, [])``: nothing read);
-        ``length`` the outbox's length; ``entries`` raw (bytes or str, as the
+        token holds the lock, None when the outbox is empty (the lock then
+        neither taken nor touched), both with ``(0, [])``; True with the
+        outbox's length and its ``entries``, raw (bytes or str, as the
         client decodes), not removed. Raises ``RedisUnavailable`` when Redis
         did not answer. docs/explanation/protocol.md#the-flow-outbox-and-the-pump."""
         k = self.keys.queue(queue)
         reply = self.scripts.run(
             "take_outbox", [k.pump_lock, k.outbox], [token, int(lease_ms), int(count)]
         )
-        if not reply or not reply[0]:
-            return False, 0, []
+        if reply[0] != 1:
+            return (None if reply[0] == 2 else False), 0, []
         return True, int(reply[1]), list(reply[2:])
 
     def lock(self, queue: str, token: str, lease_ms: int, take: bool = True) -> bool:

@@ -174,6 +174,8 @@ def deliver_outbox(
     # when the sweep began is looked at once: one moved to the back waits for
     # a later sweep
     held, left, raw = mq.outbox.take(queue, token, lock_ms, batch)
+    if held is None:  # empty: nothing read, no lock taken
+        return report
     if not held:
         report.locked = True
         return report
@@ -216,6 +218,8 @@ def deliver_outbox(
                     log.warning("outbox of %s changed before the trim; re-reading", queue)
                     asked = min(batch, left)
                     held, _, raw = mq.outbox.take(queue, token, lock_ms, asked)
+                    if held is None:  # emptied meanwhile: ours still, unless dropped with the trim
+                        held = not last
                     if not held:  # dropped with the trim, and taken since: the taker delivers
                         break
                     continue
@@ -227,6 +231,8 @@ def deliver_outbox(
                 break
             asked = min(batch, left)
             held, _, raw = mq.outbox.take(queue, token, lock_ms, asked)  # renew, read on
+            if held is None:  # emptied meanwhile (nothing read): the lock is ours to drop
+                held = True
             if not held:
                 log.warning("pump lock on %s expired during the sweep", queue)
                 report.lock_lost = True
