@@ -347,12 +347,31 @@ def _latency(url: str, names: list[str], samples: int, idle_s: float, progress) 
         finally:
             side.close()
             progress.clear()
+    if "echomq" in names:  # ours on a Cluster too (BullMQ's side: one server only)
+        rows.append(_latency_cluster(samples, progress))
     print()
     print(f"latency: an idle worker, default settings ({samples} samples each)")
     for row in rows:
         print(f"  {row['system']}: {row['layout']}")
     print(latency.format_rows(rows), flush=True)
     return rows
+
+
+def _latency_cluster(samples: int, progress) -> dict:
+    """Ours in the latency scenario on a private 3-master Redis Cluster (the
+    test suite's rig, ``tests/support/rigs.py``: a checkout of the repo)."""
+    from tests.support.rigs import start_cluster
+
+    from . import latency
+
+    cluster = start_cluster()
+    side = latency.OurSide(cluster.url, cluster=True)
+    try:
+        return latency.run_side(side, cluster.url, samples, progress=progress.show)
+    finally:
+        side.close()
+        progress.clear()
+        cluster.stop()
 
 
 def _plain(url: str, names: list[str], jobs: int, ours_layout, peer_layout) -> list[dict]:

@@ -6,6 +6,7 @@ import functools
 import os
 
 import redis
+from redis.cluster import RedisCluster
 
 from echomq_django import handler
 
@@ -15,6 +16,9 @@ from .topologies import BRANCH, LEAF, ROOT
 
 @functools.cache
 def _client() -> redis.Redis:
+    """The benchmark's Redis (a Cluster when ``ECHOMQ_CLUSTER`` is ``1``)."""
+    if os.environ.get("ECHOMQ_CLUSTER") == "1":
+        return RedisCluster.from_url(os.environ["ECHOMQ_URL"])
     return redis.Redis.from_url(os.environ["ECHOMQ_URL"])
 
 

@@ -24,7 +24,12 @@ latency onto a Redis list the benchmark waits on with BLPOP):
 
 Also: the Redis commands per second of the idle worker alone, before any
 job (ours' pump not started yet), from ``INFO commandstats``, over
-``IDLE_S`` seconds.
+``IDLE_S`` seconds (on one server; not counted on a Cluster).
+
+``OurSide(url, cluster=True)`` runs ours on a Redis Cluster (``url`` one of
+its nodes; the benchmark starts three masters): the cross-queue flow's
+parent and children then sit on two slots, on two masters when the slots
+fall apart. BullMQ's side runs on one server only.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ import signal
 import time
 
 import redis
+from redis.cluster import RedisCluster
 
 from . import procs
 
@@ -78,13 +84,14 @@ def record(client, payload: dict) -> None:
 # -- processes ---------------------------------------------------------------
 
 
-def _command(url: str, module: str, args: list[str]) -> None:
-    """Run one of our management commands, defaults and all, in this process."""
+def _command(url: str, module: str, args: list[str], cluster: bool = False) -> None:
+    """Run one of our management commands, defaults and all, in this process
+    (``cluster``: ``url`` is a node of a Redis Cluster)."""
     import importlib
     import tempfile
 
     database = os.path.join(tempfile.mkdtemp(prefix="emq-bench-"), "db.sqlite3")
-    procs.setup_django(url, apps=("echomq_django",), database=database)
+    procs.setup_django(url, apps=("echomq_django",), database=database, cluster=cluster)
     from django.core.management import call_command
 
     import bench.handlers  # noqa: F401  (registers the bench.* handlers)
@@ -128,21 +135,26 @@ def _peer(url: str, ready) -> None:
 class OurSide:
     name = "echomq"
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, cluster: bool = False) -> None:
         from echomq_django import EchoMQ
 
-        self.url = url
-        self.mq = EchoMQ(redis.Redis.from_url(url), prefix=procs.PREFIX)
+        self.url, self.cluster = url, cluster
+        client = RedisCluster.from_url(url) if cluster else redis.Redis.from_url(url)
+        self.mq = EchoMQ(client, prefix=procs.PREFIX)
         self.layout = f"runworker {QUEUE} {KIDS}; runpump {QUEUE} {KIDS} --no-mirror (defaults)"
+        if cluster:
+            self.name, self.layout = "echomq (Cluster)", f"{self.layout}, a 3-master Cluster"
 
     def processes(self, ctx, ready) -> list:
+        c = self.cluster
         return [
             ctx.Process(
-                target=_ready_then, args=(ready, _command, self.url, "runworker", [QUEUE, KIDS])
+                target=_ready_then,
+                args=(ready, _command, self.url, "runworker", [QUEUE, KIDS], c),
             ),
             ctx.Process(
                 target=_ready_then,
-                args=(ready, _command, self.url, "runpump", [QUEUE, KIDS, "--no-mirror"]),
+                args=(ready, _command, self.url, "runpump", [QUEUE, KIDS, "--no-mirror"], c),
             ),
         ]
 
@@ -275,8 +287,9 @@ def run_side(side, url: str, samples: int, idle_s: float = IDLE_S, progress=None
     its idle Redis commands; then start the rest (ours: the pump), measure
     every scenario, and stop the processes."""
     ctx = multiprocessing.get_context("spawn")
-    client = redis.Redis.from_url(url)
-    client.flushall()
+    cluster = getattr(side, "cluster", False)
+    client = RedisCluster.from_url(url) if cluster else redis.Redis.from_url(url)
+    client.flushall()  # on a Cluster: every master
     ready = ctx.Queue()
     processes = side.processes(ctx, ready)
     try:
@@ -286,7 +299,9 @@ def run_side(side, url: str, samples: int, idle_s: float = IDLE_S, progress=None
         if progress:
             progress(f"{side.name} latency: idle commands over {idle_s:g} s")
         row = {"system": side.name, "layout": side.layout, "samples": samples}
-        row["idle_cmds_per_s"], row["idle_commands"] = idle_commands(client, idle_s)
+        row["idle_cmds_per_s"], row["idle_commands"] = (
+            (None, {}) if cluster else idle_commands(client, idle_s)
+        )
         for p in processes[1:]:
             p.start()
             ready.get(timeout=120)
@@ -332,7 +347,7 @@ def format_rows(rows: list[dict]) -> str:
             f"{r[kind]['p50']:.2f} / {r[kind]['p90']:.2f} / {r[kind]['p99']:.2f}" for r in rows
         ]
         lines.append(f"| {LABELS[kind]} | " + " | ".join(cells) + " |")
-    idle = [f"{r['idle_cmds_per_s']:.2f}" for r in rows]
+    idle = ["-" if r["idle_cmds_per_s"] is None else f"{r['idle_cmds_per_s']:.2f}" for r in rows]
     lines.append(
         "| idle worker on 2 queues: Redis commands per second | " + " | ".join(idle) + " |"
     )

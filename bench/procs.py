@@ -17,12 +17,16 @@ import time
 PREFIX = "emq"
 
 
-def setup_django(url: str, apps: tuple[str, ...] = (), database: str | None = None) -> None:
+def setup_django(
+    url: str, apps: tuple[str, ...] = (), database: str | None = None, cluster: bool = False
+) -> None:
     """Configure Django for a benchmark process: no apps but ``apps`` (the
     commands need ``echomq_django`` installed), no database but the SQLite
     file ``database`` when given (the commands check the enqueue outbox's
-    table); the handlers are registered by importing ``bench.handlers``."""
+    table); ``cluster``: ``url`` is a node of a Redis Cluster. The handlers
+    are registered by importing ``bench.handlers``."""
     os.environ["ECHOMQ_URL"] = url
+    os.environ["ECHOMQ_CLUSTER"] = "1" if cluster else "0"  # bench.handlers' client
     import django
     from django.conf import settings
 
@@ -35,7 +39,7 @@ def setup_django(url: str, apps: tuple[str, ...] = (), database: str | None = No
                 else {}
             ),
             USE_TZ=True,
-            ECHOMQ={"URL": url, "PREFIX": PREFIX},
+            ECHOMQ={"URL": url, "PREFIX": PREFIX, "CLUSTER": cluster},
             LOGGING_CONFIG=None,
         )
         django.setup()

@@ -19,9 +19,12 @@
 
   returns: a JSON array with one entry per job, in order:
            0 when the job completed and moved nothing else;
-           {released: [P:{q}:id...], dead, flow_failed, revived, outbox: n}
-           when it completed and also released or failed a parent, revived
-           one, or pushed an outbox entry;
+           {released: [P:{q}:id...], dead, flow_failed, revived, outbox: n,
+           sent?: [entry...]} when it completed and also released or failed
+           a parent, revived one, or pushed an outbox entry (`sent`: the
+           entries for another slot it pushed onto this queue's outbox,
+           exactly as pushed: a worker holding the sweep lock delivers them
+           itself, docs/explanation/no-polling.md#a-released-parent-starts-at-once);
            an error string when the job was refused (nothing written for it):
              EMQNOJOB <queue> <id>            no such job
              EMQSTATE <queue> <id> <state>    the job is not active
@@ -70,6 +73,7 @@ for i = 4, #ARGV, 3 do
   else
     -- what this job moved, on its own (the helpers append to OUT)
     OUT.released, OUT.dead, OUT.flow_failed, OUT.revived, OUT.outbox = {}, {}, {}, {}, 0
+    OUT.sent = {}  -- lib/flow.lua send(): the entries as pushed, for a worker that delivers them
     redis.call('ZREM', active, id)
     left_active(base, f[11] or nil)
     callback(base, id, f[10], 's', '"result":' .. result, now)  -- its on_success job
@@ -94,7 +98,8 @@ for i = 4, #ARGV, 3 do
     end
     if #OUT.released + #OUT.dead + #OUT.flow_failed + #OUT.revived + OUT.outbox > 0 then
       replies[#replies + 1] = {released = OUT.released, dead = OUT.dead,
-        flow_failed = OUT.flow_failed, revived = OUT.revived, outbox = OUT.outbox}
+        flow_failed = OUT.flow_failed, revived = OUT.revived, outbox = OUT.outbox,
+        sent = (#OUT.sent > 0) and OUT.sent or nil}
     else
       replies[#replies + 1] = 0
     end

@@ -24,11 +24,12 @@
            (drop: nothing is deleted, no mark is left)
   errors:  none
 ]]
+-- @include lib/sweep_lock.lua
+
 local UNLOCKED_TTL_MS = 1000 -- a mark serves a waiter between its refused take and its BLPOP
 local lock, unlocked, token = KEYS[1], KEYS[2], ARGV[1]
-local holder = redis.call('GET', lock)
 if ARGV[3] == '0' then
-  if holder == token then
+  if redis.call('GET', lock) == token then
     redis.call('DEL', lock)
     -- DEL then RPUSH: one mark, whatever earlier drops left; a blocked
     -- waiter pops it as this script ends
@@ -39,12 +40,4 @@ if ARGV[3] == '0' then
   end
   return 0
 end
-if holder == token then
-  redis.call('PEXPIRE', lock, ARGV[2])
-  return 1
-end
-if holder then
-  return 0
-end
-redis.call('SET', lock, token, 'PX', ARGV[2])
-return 1
+return take_sweep_lock(lock, token, ARGV[2]) and 1 or 0

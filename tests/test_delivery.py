@@ -12,7 +12,7 @@ import redis
 from echomq_django import Flow, JobState
 from echomq_django.core.exceptions import RedisUnavailable
 from echomq_django.runners.pump import Pump
-from tests.support.jobkit import assert_state, complete, leaf, node
+from tests.support.jobkit import assert_state, complete, leaf, node, record_calls
 
 POISON = {
     "not json {": "malformed entry: not JSON (Expecting value: line 1 column 1 (char 0))",
@@ -129,3 +129,70 @@ def test_undeliverable_entries_never_hold_up_the_ones_behind_them(tmq) -> None:
     assert [pump.sweep()["o"]["deadlettered"] for _ in range(2)] == [0, 600]
     assert tmq.client.llen(tmq.keys.queue_key("o", "flow:outbox")) == 0
     assert tmq.client.exists(tmq.keys.queue_key("o", "flow:tries")) == 0
+
+
+# -- the round trips of a delivery --------------------------------------------
+
+
+def test_a_wake_up_delivers_one_entry_in_three_round_trips(mq, monkeypatch) -> None:
+    """A child's completion for a parent on another queue: the pump takes
+    the lock and reads the head in one round trip (take_outbox), delivers in
+    the next (the parent is released there), and trims and drops the lock
+    in the third: two round trips between its wake-up and the release
+    (docs/explanation/protocol.md#the-flow-outbox-and-the-pump)."""
+    mq.add_flow(Flow("p", "parent", {}, job_id="P", children=[Flow("c", "child", {}, job_id="C")]))
+    [job] = mq.claim("c", 1)
+    mq.complete(job, 7)
+    trips = record_calls(mq, monkeypatch)
+    report = Pump(["c"], mq=mq).deliver("c")
+    assert (report.delivered, report.released, report.locked) == (1, 1, False)
+    assert trips == [["take_outbox"], ["deliver_to_parents"], ["trim_outbox", "lock_outbox"]]
+    assert mq.get_job("p", "P").state is JobState.PENDING
+    k = mq.keys.queue("c")
+    assert (mq.client.exists(k.pump_lock), mq.client.llen(k.outbox)) == (0, 0)
+
+
+def test_take_outbox_reads_nothing_under_another_pumps_lock(mq) -> None:
+    """Another token's lock: nothing read, the lock untouched. The caller's
+    own: renewed for the lease asked, and the length and head come back."""
+    k = mq.keys.queue("c")
+    assert mq.outbox.take("c", "mine", 2_000, 2) == (None, 0, [])  # empty: no lock taken
+    assert mq.client.exists(k.pump_lock) == 0
+    mq.client.rpush(k.outbox, "e1", "e2", "e3")
+    assert mq.outbox.lock("c", "other", 60_000)
+    assert mq.outbox.take("c", "mine", 2_000, 2) == (False, 0, [])
+    assert mq.client.get(k.pump_lock) == b"other" and mq.client.pttl(k.pump_lock) > 2_000
+    assert mq.outbox.lock("c", "other", 1, take=False)
+    assert mq.outbox.take("c", "mine", 60_000, 2) == (True, 3, [b"e1", b"e2"])
+    assert mq.outbox.take("c", "mine", 5_000, 10) == (True, 3, [b"e1", b"e2", b"e3"])
+    assert mq.client.get(k.pump_lock) == b"mine" and 0 < mq.client.pttl(k.pump_lock) <= 5_000
+    assert mq.client.llen(k.outbox) == 3  # nothing removed
+
+
+def test_a_sweep_of_two_batches_renews_the_lock_with_its_second_read(mq, monkeypatch) -> None:
+    """Batches of 2 over 3 entries: take + read, deliver, trim; take again
+    (the renewal) + read, deliver, trim with the drop. No LRANGE or LLEN of
+    its own, and the lock is gone at the end."""
+    for i in (1, 2, 3):
+        kid = Flow("c", "child", {}, job_id=f"C{i}")
+        mq.add_flow(Flow("p", "parent", {}, job_id=f"P{i}", children=[kid]))
+    mq.complete_many([(j, i) for i, j in enumerate(mq.claim("c", 3))])
+    trips = record_calls(mq, monkeypatch)
+    report = Pump(["c"], mq=mq, batch=2).deliver("c")
+    assert (report.delivered, report.released) == (3, 3)
+    assert trips == [
+        ["take_outbox"], ["deliver_to_parents"], ["trim_outbox"],
+        ["take_outbox"], ["deliver_to_parents"], ["trim_outbox", "lock_outbox"],
+    ]  # fmt: skip
+    assert mq.client.exists(mq.keys.queue("c").pump_lock) == 0
+
+
+def test_a_wake_up_on_an_empty_outbox_takes_no_lock(mq, monkeypatch) -> None:
+    """A worker delivered the entries itself before the pump woke for them:
+    the pump reads an empty outbox in one round trip and leaves the lock
+    alone, so it never holds it against that worker's next completion."""
+    trips = record_calls(mq, monkeypatch)
+    report = Pump(["c"], mq=mq).deliver("c")
+    assert (report.delivered, report.locked) == (0, False)
+    assert trips == [["take_outbox"]]
+    assert mq.client.exists(mq.keys.queue("c").pump_lock) == 0

@@ -2,14 +2,18 @@
 (docs/explanation/no-polling.md#a-released-parent-starts-at-once): the
 completion of a child whose parent waits on the same queue carries a claim
 of that queue in the same round trip, so the parent it releases comes back
-with the reply; the worker holds a handler slot for it meanwhile."""
+with the reply; the worker holds a handler slot for it meanwhile. A child
+whose parent is on another queue is delivered by its own worker, under its
+queue's sweep lock taken in the completion's round trip."""
 
 from __future__ import annotations
 
-from echomq_django import JobState, Worker
+from echomq_django import Flow, JobState, Worker
 from echomq_django.core.exceptions import RedisUnavailable
+from echomq_django.runners.pump import Pump
 from echomq_django.runners.reporter import Finished, Reporter
-from tests.support.jobkit import assert_state, claim_one, leaf, node
+from tests.support.jobkit import assert_state, claim_one, jref, leaf, node, record_calls
+from tests.support.workerkit import burst
 
 
 def two_children_running(mq):
@@ -83,3 +87,107 @@ def test_the_worker_holds_a_slot_for_the_reporters_claim(mq) -> None:
     loop._taken("q", token, RedisUnavailable("gone"))  # its reply may be lost
     loop._take(*loop.done.get_nowait())
     assert (loop.fetching, loop.lost_claims) == (0, {"q": token})  # replayed by the next claim
+
+
+# -- a parent on another queue: the worker delivers its child's completion ----
+
+
+def reporter_of(mq, released: list) -> Reporter:
+    return Reporter(mq, None, lambda *j: None, released.append, lambda: None)
+
+
+def test_a_worker_alone_runs_a_cross_queue_parent_in_one_burst(mq) -> None:
+    """No pump at all: the worker that completed the children delivers
+    their outbox entries itself and runs the parent they released, whatever
+    its concurrency (one report per child, or the children in one)."""
+    for concurrency in (1, 4):
+        pid = f"p{concurrency}"
+        kids = [Flow("kids", "t.echo", i) for i in range(3)]
+        mq.add_flow(Flow("q", "t.echo", "p", job_id=pid, children=kids))
+        _, processed = burst(mq, ["q", "kids"], concurrency=concurrency, register=False)
+        assert processed == 4
+        assert_state(mq, "q", pid, JobState.COMPLETED)
+        assert mq.client.llen(mq.keys.queue("kids").outbox) == 0  # delivered and taken out
+        assert mq.client.exists(mq.keys.queue("kids").pump_lock) == 0  # dropped
+
+
+def test_completions_reported_together_are_delivered_by_their_reporter(mq, monkeypatch) -> None:
+    """One report of two cross-queue children: the sweep lock rides ahead of
+    the completions, the delivery follows, then the forget and the drop, in
+    three round trips; the parent is released and the loop told."""
+    mq.add_flow(node("p", [leaf("c1", queue="kids"), leaf("c2", queue="kids")]))
+    jobs = [claim_one(mq, "kids", "c1"), claim_one(mq, "kids", "c2")]
+    released: list = []
+    trips = record_calls(mq, monkeypatch)
+    reporter_of(mq, released).report([Finished(j, 1) for j in jobs])
+    assert trips == [
+        ["lock_outbox", "complete"], ["deliver_to_parents"], ["forget_outbox", "lock_outbox"],
+    ]  # fmt: skip
+    assert mq.client.llen(mq.keys.queue("kids").outbox) == 0
+    assert_state(mq, "q", "p", JobState.PENDING)
+    assert released == ["q"]
+    assert mq.children_values("q", "p") == {jref("c1", "kids"): 1, jref("c2", "kids"): 1}
+
+
+def test_a_pump_holding_the_outbox_gets_the_entries(mq) -> None:
+    """The take refused (a pump is sweeping): the reporter leaves the entry
+    to the pump, which delivers it once it sweeps."""
+    mq.add_flow(node("p", [leaf("c", queue="kids")]))
+    job = claim_one(mq, "kids", "c")
+    assert mq.outbox.lock("kids", "a-sweeping-pump", 60_000)
+    released: list = []
+    reporter_of(mq, released).report([Finished(job, 1)])
+    assert (mq.client.llen(mq.keys.queue("kids").outbox), released) == (1, [])
+    assert_state(mq, "q", "p", JobState.AWAITING_CHILDREN)
+    assert mq.outbox.lock("kids", "a-sweeping-pump", 1, take=False)
+    assert Pump(["kids"], mq=mq).sweep()["kids"]["delivered"] == 1
+    assert_state(mq, "q", "p", JobState.PENDING)
+
+
+def test_a_delivery_that_fails_leaves_the_entry_to_the_pump(mq, monkeypatch) -> None:
+    """Redis refusing the delivery (a failover) after the completion: the job
+    is completed all the same, the lock is dropped, and the entry waits in
+    the outbox for a pump."""
+    mq.add_flow(node("p", [leaf("c", queue="kids")]))
+    job = claim_one(mq, "kids", "c")
+
+    real = mq.scripts.run_many_confirmed
+
+    def failing(calls, after=None):
+        if calls[0][0] == "deliver_to_parents":
+            raise RedisUnavailable("failing over")
+        return real(calls, after)
+
+    monkeypatch.setattr(mq.scripts, "run_many_confirmed", failing)
+    reporter = reporter_of(mq, [])
+    reporter.report([Finished(job, 1)])
+    monkeypatch.undo()
+    assert reporter.stats["completed"] == 1
+    assert_state(mq, "kids", "c", JobState.COMPLETED)
+    assert mq.client.exists(mq.keys.queue("kids").pump_lock) == 0
+    assert mq.client.llen(mq.keys.queue("kids").outbox) == 1
+    assert Pump(["kids"], mq=mq).sweep()["kids"]["delivered"] == 1
+    assert_state(mq, "q", "p", JobState.PENDING)
+
+
+def test_the_delivery_claims_the_released_parent_in_its_round_trip(mq, monkeypatch) -> None:
+    """The loop has room on the parent's queue: the claim rides behind the
+    delivery, and the parent comes back with its reply (no claim of its own)."""
+    mq.add_flow(node("p", [leaf("c", queue="kids")]))
+    job = claim_one(mq, "kids", "c")
+    got: list = []
+    reporter = Reporter(
+        mq, None, lambda *j: None, lambda q: None, lambda: None,
+        fetch=lambda q: (1, 5000, "t-fetch") if q == "q" else None,
+        taken=lambda q, token, claimed: got.append((q, token, claimed)),
+    )  # fmt: skip
+    trips = record_calls(mq, monkeypatch)
+    reporter.report([Finished(job, 1)])
+    assert trips == [
+        ["lock_outbox", "complete"],
+        ["deliver_to_parents", "claim"],
+        ["forget_outbox", "lock_outbox"],
+    ]
+    [(queue, token, claimed)] = got
+    assert (queue, token, [j.id for j in claimed]) == ("q", "t-fetch", ["p"])
+    assert_state(mq, "q", "p", JobState.ACTIVE)

@@ -40,11 +40,11 @@ def test_the_pump_prunes_and_the_mirror_follows(r) -> None:
         mq.enqueue("q", "t.echo", i, job_id=f"j{i}")
     mq.add_flow(Flow("q", "t.echo", "p", job_id="p", children=[
         Flow("other", "t.echo", "x", job_id="x")]))  # fmt: skip
-    Worker(["q", "other"], concurrency=2, mq=mq).run(burst=True)
+    # x's worker delivers it to p and runs p (no-polling.md#a-released-parent-starts-at-once)
+    assert Worker(["q", "other"], concurrency=2, mq=mq).run(burst=True) == 7
     pump = Pump(["q", "other"], mq=mq, after_sweep=[mirror_after_sweep])
-    pump.sweep()  # delivers x to p
-    Worker(["q"], concurrency=1, mq=mq).run(burst=True)  # p completes
     reports = pump.sweep()
+    assert reports["other"]["delivered"] == 0
     assert reports["q"]["pruned"] >= 1
     pump.sweep()
     assert len(mq.job_ids("q", "completed")) == 2

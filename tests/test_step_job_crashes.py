@@ -22,8 +22,10 @@ DIED = []  # the runs of step.once_broken that failed while their children lande
 def once_broken(job):
     """Adds two children (generated ids, on qb and qc) and waits; its first
     run fails after the qb child landed, as a worker losing Redis there
-    would. The run after it adds the same children."""
-    if job.dependencies().processed:
+    would. The run after it adds the same children. The qb child may have
+    run, and its worker delivered it, before that run: the step is done
+    once both children are processed."""
+    if len(job.dependencies().processed) == 2:
         return sum(job.children_values().values())
     if not DIED:
         job._mq.wire.fault_hook = _fail_once

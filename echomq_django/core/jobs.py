@@ -400,6 +400,9 @@ class Outcome:
     retried: list[JobRef] = field(default_factory=list)
     recovered: int = 0
     outbox: int = 0
+    # the outbox entries (texts) a complete pushed, for its worker to deliver (set
+    # by Wire.complete_replies; docs/explanation/no-polling.md#a-released-parent-starts-at-once)
+    sent: list[str] = field(default_factory=list)
 
     @classmethod
     def from_reply(cls, reply: Any, parse) -> Outcome:
@@ -434,3 +437,4 @@ class Outcome:
             getattr(self, name).extend(getattr(other, name))
         self.recovered += other.recovered
         self.outbox += other.outbox
+        self.sent.extend(other.sent)

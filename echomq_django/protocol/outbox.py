@@ -1,6 +1,7 @@
 """The flow outbox (docs/explanation/house.md, "protocol/"): a queue's list of fan-in
 entries for parents on other slots, and what the pump and ``EchoMQ`` do
-with it: take the sweep lock (``lua/lock_outbox.lua``), read the head,
+with it: take the sweep lock and read the head in one step
+(``lua/take_outbox.lua``; ``lua/lock_outbox.lua`` takes or drops the lock alone),
 deliver entries on their parents' slots (``lua/deliver_to_parents.lua``),
 trim what was delivered (``lua/trim_outbox.lua``) or forget what a caller
 delivered itself (``lua/forget_outbox.lua``), count failed deliveries and
@@ -29,6 +30,9 @@ SENT_LOCK_MS = 5_000  # deliver_sent: the sweep lock's lease while a caller deli
 SENT_WAIT_S = 3.0  # deliver_sent: how long it waits out a pump's sweep (a pump's lease is 2 s)
 SENT_BLOCK_MIN_S = 0.01  # deliver_sent: shortest BLPOP (s); Redis reads a timeout of 0 as for ever
 SENT_SOCKET_MARGIN_S = 1.0  # deliver_sent: a BLPOP ends this much before the socket timeout (s)
+OWN_LOCK_MS = (
+    2_000  # deliver_own: the lease a worker's take holds the outbox for (a pump's default)
+)
 
 
 class Outbox(Part):
@@ -52,6 +56,13 @@ class Outbox(Part):
         ``{queue: [entry texts]}`` of what the deliveries pushed onto those
         queues' outboxes for a caller to deliver at once (the deaths a
         delivered ``cancel`` caused). Raises what a script raises."""
+        flags, outcome, _ = self._deliver(entries, sent, source, None)
+        return flags, outcome
+
+    def _deliver(self, entries, sent, source, then) -> tuple[list, Outcome, object]:
+        """``deliver``, and ``then`` (a script call, or None) after the
+        deliveries in the same round trip; returns its reply (or exception)
+        third."""
         groups: dict[str, list[int]] = {}
         flags = [False] * len(entries)
         for i, e in enumerate(entries):
@@ -78,7 +89,10 @@ class Outbox(Part):
             calls.append(("deliver_to_parents", [k.pending, k.awaiting], args))
         outcome = Outcome()
         after = None if source is None else self.keys.queue(source).outbox
-        replies, confirmed = self.scripts.run_many_confirmed(calls, after)
+        replies, confirmed = self.scripts.run_many_confirmed(
+            calls if then is None else [*calls, then], after
+        )
+        extra = replies.pop() if then is not None else None
         for (_queue, idx), reply, safe in zip(groups.items(), replies, confirmed, strict=False):
             if isinstance(reply, Exception):
                 raise reply
@@ -88,7 +102,7 @@ class Outbox(Part):
                 flags[i] = bool(ok) if safe else None
             if sent is not None and data.get("sent"):
                 sent.setdefault(_queue, []).extend(data["sent"])
-        return flags, outcome
+        return flags, outcome, extra
 
     def deliver_sent(self, queue: str, texts: list[str]) -> Outcome:
         """Deliver now the outbox entries a script on ``queue`` just pushed
@@ -121,12 +135,58 @@ class Outbox(Part):
             flags, outcome = self.deliver([json.loads(t) for t in texts], more, queue)
             done = [t for t, ok in zip(texts, flags, strict=True) if ok]  # None: the pump's
             if done:
-                self.scripts.run("forget_outbox", [k.outbox, k.pump_lock], [token, *done])
+                self.scripts.run(*self._forget_call(k, token, done))
         finally:
             self.lock(queue, token, SENT_LOCK_MS, take=False)
         for target, pushed in more.items():  # what those deliveries sent on, one level down
             outcome.merge(self.deliver_sent(target, pushed))
         return outcome
+
+    def lock_call(
+        self, queue: str, token: str, lease_ms: int = OWN_LOCK_MS, take: bool = True
+    ) -> tuple:
+        """The take (``take=False``: the drop) of ``queue``'s sweep lock under
+        ``token`` for ``lease_ms`` (ms), as a script call ``(name, keys,
+        args)`` for a caller's pipeline (a worker's completions,
+        ``deliver_own``); the take's reply is 1 when the caller holds the
+        lock, 0 when another token does (see ``lock``)."""
+        k = self.keys.queue(queue)
+        args = [token, int(lease_ms), "1" if take else "0"]
+        return ("lock_outbox", [k.pump_lock, k.pump_unlocked], args)
+
+    @staticmethod
+    def _forget_call(k, token: str, texts: list[str]) -> tuple:
+        """``forget_outbox`` of ``texts`` under ``token``, for the queue whose
+        ``QueueKeys`` are ``k``, as a script call."""
+        return ("forget_outbox", [k.outbox, k.pump_lock], [token, *texts])
+
+    def deliver_own(
+        self, queue: str, token: str, texts: list[str], then: tuple | None = None
+    ) -> tuple[Outcome, object]:
+        """Deliver the entries ``texts`` (exactly as pushed) that the caller's
+        own scripts pushed onto ``queue``'s outbox after it took the outbox's
+        sweep lock under ``token`` (``lock_call``, in the same round trip and
+        before them): no pump has read them, none can until the lock is
+        dropped. Then, in one more round trip, take the delivered ones out of
+        the outbox (``forget_outbox``) and drop the lock, so no pump delivers
+        them again; an entry whose parent is gone, or that no replica
+        confirmed, stays for the pump. ``then``: a script call run after the
+        deliveries in their round trip (a claim of a parent's queue), whose
+        reply (or exception) is returned beside the ``Outcome``. Raises what
+        ``deliver`` raises (the lock is then dropped if Redis answers; else it
+        expires after its lease, and the pump delivers the entries).
+        docs/explanation/no-polling.md#a-released-parent-starts-at-once."""
+        k = self.keys.queue(queue)
+        drop = self.lock_call(queue, token, 1, take=False)
+        try:
+            entries = [json.loads(t) for t in texts]
+            flags, outcome, extra = self._deliver(entries, None, queue, then)
+        except BaseException:
+            self.scripts.run_many([drop])
+            raise
+        done = [t for t, ok in zip(texts, flags, strict=True) if ok]
+        self.scripts.run_many([self._forget_call(k, token, done), drop] if done else [drop])
+        return outcome, extra
 
     def _wait_for_sweep_lock(self, k, left: float) -> None:
         """Block until the sweep lock of the queue whose ``QueueKeys`` are
@@ -156,22 +216,54 @@ class Outbox(Part):
         except TRANSIENT as err:
             raise connection_error(self.client, err) from err
 
-    def trim(self, queue: str, token: str, read: list, actions: list[str]) -> int:
+    def trim(
+        self, queue: str, token: str, read: list, actions: list[str], drop: bool = False
+    ) -> int:
         """Remove the outbox head the pump read (``read``: the raw entries, in
         order) once delivered: ``actions[i]`` is ``"ok"``, ``"again"`` (its
         parent was not found: to the back of the outbox, for a later sweep)
         or the reason that entry goes to the dead-letter list, which keeps its newest
         ``OUTBOX_DEADLETTER_MAX`` entries (trimmed in the same script).
-        ``token`` is the sweep lock's. Returns how many entries were removed
-        (0 when the head moved). Raises ``SweepLockLost`` when the lock is no
-        longer ``token``'s."""
+        ``token`` is the sweep lock's; ``drop`` (bool): drop that lock right
+        after the trim, in the same round trip (a sweep's last batch), whatever
+        the trim answered. Returns how many entries were removed (0 when the
+        head moved). Raises ``SweepLockLost`` when the lock is no longer
+        ``token``'s, ``RedisUnavailable`` when Redis did not answer.
+        docs/explanation/protocol.md#the-flow-outbox-and-the-pump."""
         k = self.keys.queue(queue)
         pairs = (v for pair in zip(read, actions, strict=False) for v in pair)
-        return self.scripts.run(
+        call = (
             "trim_outbox",
             [k.outbox, k.pump_lock, k.deadletter, k.outbox_tries],
             [token, self.clock(), OUTBOX_DEADLETTER_MAX, *pairs],
         )
+        if not drop:
+            return self.scripts.run(*call)
+        drop = self.lock_call(queue, token, 1, take=False)  # a drop's lease is not read
+        removed, _ = self.scripts.run_many([call, drop])
+        if isinstance(removed, Exception):
+            raise removed
+        return removed
+
+    def take(
+        self, queue: str, token: str, lease_ms: int, count: int
+    ) -> tuple[bool | None, int, list]:
+        """Take (or renew) the sweep lock of ``queue``'s outbox for
+        ``lease_ms`` (ms) under ``token`` and read the outbox's first ``count``
+        (>= 1) entries in the same round trip (``lua/take_outbox.lua``).
+        Returns ``(held, length, entries)``: ``held`` False when another
+        token holds the lock, None when the outbox is empty (the lock then
+        neither taken nor touched), both with ``(0, [])``; True with the
+        outbox's length and its ``entries``, raw (bytes or str, as the
+        client decodes), not removed. Raises ``RedisUnavailable`` when Redis
+        did not answer. docs/explanation/protocol.md#the-flow-outbox-and-the-pump."""
+        k = self.keys.queue(queue)
+        reply = self.scripts.run(
+            "take_outbox", [k.pump_lock, k.outbox], [token, int(lease_ms), int(count)]
+        )
+        if reply[0] != 1:
+            return (None if reply[0] == 2 else False), 0, []
+        return True, int(reply[1]), list(reply[2:])
 
     def lock(self, queue: str, token: str, lease_ms: int, take: bool = True) -> bool:
         """Take (or renew) the sweep lock of ``queue``'s outbox for ``lease_ms``
@@ -183,14 +275,7 @@ class Outbox(Part):
         (docs/explanation/reliability.md#a-pumps-lock-never-outlives-a-pump-for-long). A drop leaves
         a mark on ``pump_unlocked`` for a caller waiting for the lock (``deliver_sent``).
         docs/explanation/protocol.md#the-flow-outbox-and-the-pump."""
-        k = self.keys.queue(queue)
-        return bool(
-            self.scripts.run(
-                "lock_outbox",
-                [k.pump_lock, k.pump_unlocked],
-                [token, int(lease_ms), "1" if take else "0"],
-            )
-        )
+        return bool(self.scripts.run(*self.lock_call(queue, token, lease_ms, take)))
 
     def count_delivery(self, queue: str, entry: bytes | str) -> int:
         """Count one more failed delivery of an outbox ``entry`` (raw text);

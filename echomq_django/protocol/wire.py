@@ -184,7 +184,8 @@ class Wire:
 
     def complete_replies(self, reply, n: int) -> list[Outcome | Exception]:
         """Decode a ``complete`` reply into an ``Outcome`` or an exception
-        per job; a failed script call stands for each of its ``n`` jobs."""
+        per job (``sent``: the outbox entries the job pushed, as pushed); a
+        failed script call stands for each of its ``n`` jobs."""
         if isinstance(reply, Exception):
             return [reply] * n
         out: list[Outcome | Exception] = []
@@ -194,7 +195,9 @@ class Wire:
             elif isinstance(entry, str):
                 out.append(translate(entry))
             else:
-                out.append(Outcome.from_data(entry, self.parse, JobState.COMPLETED))
+                outcome = Outcome.from_data(entry, self.parse, JobState.COMPLETED)
+                outcome.sent = entry.get("sent") or []
+                out.append(outcome)
         return out
 
     def parse(self, value: str) -> JobRef:

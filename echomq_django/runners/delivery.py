@@ -170,21 +170,18 @@ def deliver_outbox(
     point tests use it."""
     report = report or SweepReport()
     token = token or secrets.token_hex(8)
-    if not mq.outbox.lock(queue, token, lock_ms):
+    # the lock and the head in one round trip (take_outbox); each entry found
+    # when the sweep began is looked at once: one moved to the back waits for
+    # a later sweep
+    held, left, raw = mq.outbox.take(queue, token, lock_ms, batch)
+    if held is None:  # empty: nothing read, no lock taken
+        return report
+    if not held:
         report.locked = True
         return report
     try:
-        # each entry found when the sweep began is looked at once: one moved to
-        # the back waits for a later sweep (the length is read only when the
-        # first batch comes back full)
-        left: int | None = None
-        while left is None or left > 0:
-            asked = batch if left is None else min(batch, left)
-            raw = mq.outbox.head(queue, asked)
-            if not raw:
-                break
-            if left is None:
-                left = len(raw) if len(raw) < batch else mq.outbox.length(queue)
+        asked = batch
+        while raw:
             entries, verdicts = deliver_batch(mq, raw, report.outcome, queue)
             if None in verdicts:
                 # a failover now would take those deliveries back: the entries
@@ -200,29 +197,13 @@ def deliver_outbox(
                 )
                 # the prefix before it is trimmed below; left = keep ends the sweep there
                 raw, entries, verdicts, left = raw[:keep], entries[:keep], verdicts[:keep], keep
-            actions, read = [], []
-            for item, entry, verdict in zip(raw, entries, verdicts, strict=True):
-                read.append(item)
-                if verdict is True:
-                    actions.append("ok")
-                    continue
-                if isinstance(verdict, str):  # poison: no later try can deliver it
-                    log.error("outbox of %s: dead-lettering an entry: %s", queue, verdict)
-                    actions.append(verdict)
-                    continue
-                tries = mq.outbox.count_delivery(queue, item)
-                if tries < max_tries:
-                    actions.append("again")  # to the back: a later sweep tries it again
-                    continue
-                actions.append(
-                    f"parent {entry.get('q')}/{entry.get('p')} not found after {tries} deliveries"
-                )
+            actions = _actions(mq, queue, raw, entries, verdicts, max_tries)
             if before_trim is not None:
                 before_trim(queue, actions)
-            removed = 0
+            last = len(raw) < asked or left - len(raw) <= 0
             if actions:
-                try:
-                    removed = mq.outbox.trim(queue, token, read, actions)
+                try:  # the last batch's trim drops the lock in its round trip
+                    removed = mq.outbox.trim(queue, token, raw, actions, drop=last)
                 except SweepLockLost:
                     # our lock expired mid-sweep and another pump may be trimming:
                     # leave the outbox to it; what we delivered is re-delivered as no-ops
@@ -235,19 +216,124 @@ def deliver_outbox(
                     break
                 if removed != len(actions):  # the head moved under us: re-read it
                     log.warning("outbox of %s changed before the trim; re-reading", queue)
+                    asked = min(batch, left)
+                    held, _, raw = mq.outbox.take(queue, token, lock_ms, asked)
+                    if held is None:  # emptied meanwhile: ours still, unless dropped with the trim
+                        held = not last
+                    if not held:  # dropped with the trim, and taken since: the taker delivers
+                        break
                     continue
+                held = held and not last
             report.delivered += actions.count("ok")
             report.deadlettered += len(actions) - actions.count("ok") - actions.count("again")
             left -= len(raw)
-            if len(raw) < asked or left <= 0:
+            if last:
                 break
-            if not mq.outbox.lock(queue, token, lock_ms):  # renew for the next batch
+            asked = min(batch, left)
+            held, _, raw = mq.outbox.take(queue, token, lock_ms, asked)  # renew, read on
+            if held is None:  # emptied meanwhile (nothing read): the lock is ours to drop
+                held = True
+            if not held:
                 log.warning("pump lock on %s expired during the sweep", queue)
                 report.lock_lost = True
                 break
     finally:
-        try:
-            mq.outbox.lock(queue, token, lock_ms, take=False)
-        except RedisUnavailable:  # it expires; and it is ours at our next sweep
-            log.warning("pump lock on %s not dropped: Redis is unavailable", queue)
+        if held:
+            try:
+                mq.outbox.lock(queue, token, lock_ms, take=False)
+            except RedisUnavailable:  # it expires; and it is ours at our next sweep
+                log.warning("pump lock on %s not dropped: Redis is unavailable", queue)
     return report
+
+
+def _actions(mq: EchoMQ, queue: str, raw: list, entries: list, verdicts: list, max_tries: int):
+    """What the trim does with each entry of a delivered batch: ``"ok"``
+    (delivered), ``"again"`` (its parent not found yet: to the back, one
+    more failed delivery counted) or the reason it is dead-lettered (poison,
+    or its parent still not found after ``max_tries`` deliveries)."""
+    actions = []
+    for item, entry, verdict in zip(raw, entries, verdicts, strict=True):
+        if verdict is True:
+            actions.append("ok")
+            continue
+        if isinstance(verdict, str):  # poison: no later try can deliver it
+            log.error("outbox of %s: dead-lettering an entry: %s", queue, verdict)
+            actions.append(verdict)
+            continue
+        tries = mq.outbox.count_delivery(queue, item)
+        if tries < max_tries:
+            actions.append("again")  # to the back: a later sweep tries it again
+            continue
+        actions.append(
+            f"parent {entry.get('q')}/{entry.get('p')} not found after {tries} deliveries"
+        )
+    return actions
+
+
+class OwnDelivery:
+    """A worker's delivery of what its completions push onto their queues'
+    outboxes for parents on other queues (the reporter's; see
+    docs/explanation/no-polling.md#a-released-parent-starts-at-once).
+
+    ``mq``: the worker's ``EchoMQ``; ``released(queue)``: a parent on
+    ``queue`` was released; ``fetch(queue)`` / ``taken(queue, token,
+    claimed)``: the loop's room for a job of a parent's queue, claimed in
+    the delivery's round trip, and what that claim gave (the reporter's own,
+    None: no such claims). Per batch, on the reporter's thread:
+    ``ahead(good, ahead)`` returns the calls to send ahead of the
+    completions of ``good`` (``Finished`` jobs): ``ahead`` (a caller's
+    list, or None) and the take of the sweep lock of each queue holding a
+    child whose parent is on another queue, under this worker's token for
+    its life; ``after(good, replies, ahead)`` puts ``ahead``'s replies back
+    in place, then, for each queue whose lock was taken, delivers what its
+    completions pushed (``Outbox.deliver_own``). An error leaves the entries
+    to the pumps (logged); nothing raises."""
+
+    def __init__(self, mq: EchoMQ, released, fetch=None, taken=None) -> None:
+        self.mq, self._released, self._fetch, self._taken = mq, released, fetch, taken
+        self.token = secrets.token_hex(8)
+        self._cross: list[str] = []
+        self._calls: list = []
+        self._n = 0
+
+    def ahead(self, good: list, ahead: list | None) -> list | None:
+        self._cross = sorted(
+            {f.job.queue for f in good if f.job.parent_queue not in (None, f.job.queue)}
+        )
+        self._n = len(ahead or ())
+        locks = (self.mq.outbox.lock_call(q, self.token) for q in self._cross)
+        self._calls = [*(ahead or ()), *locks]
+        return self._calls or None
+
+    def after(self, good: list, replies: list, ahead: list | None) -> None:
+        if ahead:
+            ahead[:] = self._calls[: self._n]
+        for queue, held in zip(self._cross, self._calls[self._n :], strict=True):
+            if held != 1:  # a pump or another worker holds it: the entries are theirs
+                continue
+            mine = [(f.job, r) for f, r in zip(good, replies, strict=True) if f.job.queue == queue]
+            texts = [t for _, r in mine for t in getattr(r, "sent", ())]
+            parents = [j.parent_queue for j, _ in mine if j.parent_queue not in (None, queue)]
+            self._deliver(queue, texts, parents[0])
+
+    def _deliver(self, queue: str, texts: list[str], parent_queue: str) -> None:
+        """Deliver ``texts`` from ``queue``'s outbox, with a claim of
+        ``parent_queue`` in the same round trip when the loop has room."""
+        room = self._fetch(parent_queue) if texts and self._fetch is not None else None
+        then = None
+        if room is not None:
+            count, lease_ms, token = room
+            then, now, lease = self.mq.wire.claim_call(parent_queue, count, lease_ms, token)
+        try:
+            outcome, got = self.mq.outbox.deliver_own(queue, self.token, texts, then)
+        except Exception as err:  # the entries stay in the outbox: a pump delivers them
+            if room is not None:
+                self._taken(parent_queue, token, err)  # RedisUnavailable: the loop replays it
+            log.warning("delivering the outbox entries of %s failed: %s", queue, err)
+            return
+        if room is not None:
+            if not isinstance(got, Exception):
+                got = self.mq.wire.claimed(parent_queue, got, now, lease, self.mq)
+            self._taken(parent_queue, token, got)
+        for released, _ in outcome.released:
+            self._released(released)

@@ -9,9 +9,8 @@ one with one pipelined ``complete_many`` and fails the rest with one
 for the attempts that will be retried (the one signal that stays
 in-process; the others are durable events the dispatcher sends,
 docs/explanation/signals.md). A batch leaves the reporter only once Redis
-has answered for it: an
-outage is waited out (``outage.Outage``) with the batch kept, so no job is
-acknowledged without Redis.
+has answered for it: an outage is waited out (``outage.Outage``) with the
+batch kept, so no job is acknowledged without Redis.
 """
 
 from __future__ import annotations
@@ -38,6 +37,7 @@ from ..core.jobs import Job, JobState, Outcome
 from ..core.refs import JobRef
 from ..core.retry import decide
 from ..protocol.client import EchoMQ
+from .delivery import OwnDelivery
 from .outage import REDIS_DOWN, Outage, first_line
 
 log = logging.getLogger("echomq_django.worker")
@@ -153,6 +153,7 @@ class Reporter:
         self._writes = writes
         self._forget, self._released, self._wake = forget, released, wake
         self._fetch, self._taken = fetch, taken
+        self._own = OwnDelivery(mq, released, fetch, taken)
         self.processed = 0
         self.stats = {"completed": 0, "failed": 0, "dead": 0, "lost": 0, "postponed": 0}
         self.debug = False  # a line per job (set per run from the log level)
@@ -302,22 +303,27 @@ class Reporter:
         it in its round trip); when one of them is a child whose
         parent waits on its own queue and the loop has room, with the claim
         of that queue in the same round trip: the parent its completion
-        releases starts without a claim of its own
+        releases starts without a claim of its own. A child whose parent is on
+        another queue: its queue's sweep lock is taken ahead of it, so what
+        its completion pushes onto the outbox is this worker's to deliver
         (docs/explanation/no-polling.md#a-released-parent-starts-at-once)."""
         pairs = [(f.job, f.result) for f in good]
         queue = next((f.job.queue for f in good if f.job.parent_queue == f.job.queue), None)
         room = self._fetch(queue) if queue is not None and self._fetch is not None else None
+        calls = self._own.ahead(good, ahead)  # a cross-queue child's sweep lock
         if room is None:
-            return self.mq.complete_many(pairs, ahead)
-        count, lease_ms, token = room
-        try:
-            replies, claimed = self.mq.complete_then_claim(
-                pairs, queue, count, lease_ms, token, ahead
-            )
-        except BaseException as err:
-            self._taken(queue, token, err)  # RedisUnavailable: the loop replays the token
-            raise
-        self._taken(queue, token, claimed)
+            replies = self.mq.complete_many(pairs, calls)
+        else:
+            count, lease_ms, token = room
+            try:
+                replies, claimed = self.mq.complete_then_claim(
+                    pairs, queue, count, lease_ms, token, calls
+                )
+            except BaseException as err:
+                self._taken(queue, token, err)  # RedisUnavailable: the loop replays the token
+                raise
+            self._taken(queue, token, claimed)
+        self._own.after(good, replies, ahead)  # and its delivery
         return replies
 
     def _postpone(self, finished: list[Finished]) -> None:

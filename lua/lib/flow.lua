@@ -347,7 +347,8 @@ end
 -- delivered at least once by the pump's deliver_to_parents, which writes the
 -- job on its own slot unless a row of that id is there already).
 -- An entry for another slot on this queue's outbox, counted; a lifecycle step
--- (lib/lifecycle.lua: OUT.sent) delivers it at once itself.
+-- (lib/lifecycle.lua: OUT.sent) delivers it at once itself, and so does the
+-- worker of a complete (complete.lua: OUT.sent) that holds the sweep lock.
 local function send(base, entry)
   push_outbox(base, entry)
   OUT.outbox = OUT.outbox + 1
@@ -534,9 +535,7 @@ local function resolve_done(base, id, result, now, parent, parent_queue, parent_
   if (parent_queue or QUEUE) == QUEUE then
     fan_in_done(base, parent, ref, result, now, parent_inc)
   else
-    push_outbox(base,
-      cjson.encode({k = 'done', c = ref, p = parent, q = parent_queue, v = result,
-        i = parent_inc or nil}))
-    OUT.outbox = OUT.outbox + 1
+    send(base, cjson.encode({k = 'done', c = ref, p = parent, q = parent_queue, v = result,
+      i = parent_inc or nil}))
   end
 end

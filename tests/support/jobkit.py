@@ -248,3 +248,32 @@ def sweep(mq, *queues: str) -> None:
 
 def sweep_report(mq, queue: str) -> dict:
     return Pump([queue], mq=mq).sweep()[queue]
+
+
+def record_calls(mq, monkeypatch) -> list[list[str]]:
+    """Until the test ends, the scripts ``mq`` sends, one list per round trip
+    (a ``run``, or a ``run_many`` pipeline: one per node on a Cluster), and
+    each direct read of a list as a trip of its own."""
+    trips: list[list[str]] = []
+    scripts, client = mq.scripts, mq.client
+    run, run_many = scripts.run, scripts.run_many_confirmed
+
+    def one(name, keys, args):
+        trips.append([name])
+        return run(name, keys, args)
+
+    def many(calls, after=None):
+        trips.append([name for name, _, _ in calls])
+        return run_many(calls, after)
+
+    for command in ("lrange", "llen"):
+        direct = getattr(client, command)
+
+        def counted(*a, _direct=direct, _name=command, **kw):
+            trips.append([_name])
+            return _direct(*a, **kw)
+
+        monkeypatch.setattr(client, command, counted)
+    monkeypatch.setattr(scripts, "run", one)
+    monkeypatch.setattr(scripts, "run_many_confirmed", many)
+    return trips
