@@ -26,13 +26,14 @@
 -- @include lib/sweep_lock.lua
 
 local lock, outbox = KEYS[1], KEYS[2]
-if redis.call('LLEN', outbox) == 0 then
+local length = redis.call('LLEN', outbox)
+if length == 0 then
   return {2}
 end
 if not take_sweep_lock(lock, ARGV[1], ARGV[2]) then
   return {0}
 end
 local reply = redis.call('LRANGE', outbox, 0, tonumber(ARGV[3]) - 1)
-table.insert(reply, 1, redis.call('LLEN', outbox))
+table.insert(reply, 1, length)
 table.insert(reply, 1, 1)
 return reply

@@ -30,9 +30,7 @@ SENT_LOCK_MS = 5_000  # deliver_sent: the sweep lock's lease while a caller deli
 SENT_WAIT_S = 3.0  # deliver_sent: how long it waits out a pump's sweep (a pump's lease is 2 s)
 SENT_BLOCK_MIN_S = 0.01  # deliver_sent: shortest BLPOP (s); Redis reads a timeout of 0 as for ever
 SENT_SOCKET_MARGIN_S = 1.0  # deliver_sent: a BLPOP ends this much before the socket timeout (s)
-OWN_LOCK_MS = (
-    2_000  # deliver_own: the lease a worker's take holds the outbox for (a pump's default)
-)
+OWN_LOCK_MS = 2_000  # deliver_own: a worker's take of the outbox lock (ms; a pump's default)
 
 
 class Outbox(Part):
