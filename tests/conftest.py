@@ -79,6 +79,7 @@ def _start_or_fail(start):
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[str]:
     server = _start_or_fail(rigs.start_server)
+    _session_rigs["redis_server"] = server
     previous = os.environ.get("ECHOMQ_URL")
     os.environ["ECHOMQ_URL"] = server.url
     try:
@@ -88,6 +89,7 @@ def redis_server() -> Iterator[str]:
             os.environ.pop("ECHOMQ_URL", None)
         else:
             os.environ["ECHOMQ_URL"] = previous
+        _session_rigs.pop("redis_server", None)
         server.stop()
 
 
@@ -119,9 +121,11 @@ def _private_redis_settings(redis_server: str) -> Iterator[None]:
 @pytest.fixture(scope="session")
 def redis_cluster() -> Iterator[rigs.Cluster]:
     cluster = _start_or_fail(rigs.start_cluster)
+    _session_rigs["redis_cluster"] = cluster
     try:
         yield cluster
     finally:
+        _session_rigs.pop("redis_cluster", None)
         cluster.stop()
 
 
@@ -132,6 +136,37 @@ def redis_cluster_ha() -> Iterator[rigs.Cluster]:
         yield cluster
     finally:
         cluster.stop()
+
+
+# The session rigs whose servers must outlive every test, by fixture name:
+# the single server and the plain Cluster (the replica rig's nodes are killed
+# and restarted by its own tests).
+_session_rigs: dict[str, rigs.RedisProcess | rigs.Cluster] = {}
+
+
+@pytest.fixture(autouse=True)
+def _session_rigs_outlive_the_test(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fails the test after which a session rig's server is found dead,
+    naming how it ended (a signal or an exit code) and its log's tail, where
+    every later test on that rig would fail with a bare "connection refused";
+    a Cluster's nodes are started again so the rest of the run goes on."""
+    yield
+    for name, rig in list(_session_rigs.items()):
+        nodes = rig.nodes if isinstance(rig, rigs.Cluster) else [rig]
+        dead = [n for n in nodes if n.proc.poll() is not None]
+        if not dead:
+            continue
+        codes = [(n.port, n.proc.returncode) for n in dead]
+        tails = "\n".join(rigs.log_tail(n) for n in dead)
+        if isinstance(rig, rigs.Cluster):
+            rig.restart_all()
+        else:
+            del _session_rigs[name]  # reported once, here
+        pytest.fail(
+            f"the session rig {name!r} lost servers during {request.node.nodeid}: "
+            f"(port, returncode) {codes} (a negative code is the signal)\n{tails}",
+            pytrace=False,
+        )
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ started is killed at interpreter exit if its owner did not stop it.
 from __future__ import annotations
 
 import atexit
+import os
 import shutil
 import socket
 import subprocess
@@ -33,6 +34,10 @@ MISSING_SERVER = "redis-server is not on PATH (apt-get install -y redis-server)"
 
 # Every server we start, so an interrupted session still stops them at exit.
 _live: set[subprocess.Popen] = set()
+# The process that started them: a forked child (a handler process, a test's
+# fork) inherits ``_live`` and this module's exit hook, and must never kill
+# its parent's servers when it exits.
+_OWNER = os.getpid()
 
 
 class ServerError(RuntimeError):
@@ -231,6 +236,8 @@ def restart(server: RedisProcess, timeout: float = START_TIMEOUT_S) -> RedisProc
 @atexit.register
 def _kill_leftovers() -> None:
     # Owners normally stop their servers; this covers a hard interrupt.
+    if os.getpid() != _OWNER:
+        return
     for proc in list(_live):
         if proc.poll() is None:
             proc.kill()

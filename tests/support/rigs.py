@@ -175,6 +175,15 @@ class Cluster:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+def log_tail(node: RedisProcess, lines: int = 10) -> str:
+    """The last ``lines`` lines of ``node``'s log, headed by its port."""
+    try:
+        text = node.log.read_text(errors="replace").splitlines()[-lines:]
+    except OSError:
+        text = ["(no log)"]
+    return "\n".join([f"-- redis-server on port {node.port}, log tail:", *text])
+
+
 def cluster_state(client: redis.Redis) -> str:
     """The node's ``cluster_state`` field from CLUSTER INFO ("ok", "fail")."""
     info = client.execute_command("CLUSTER INFO")
