@@ -6,7 +6,8 @@
   the per-call cost of one script per job. docs/explanation/protocol.md#complete,
   docs/explanation/protocol.md#guarantees. A same-queue parent is resolved here (HSETNX :processed,
   DECR, release at zero); a cross-queue parent gets a completion entry
-  RPUSHed onto this queue's outbox in the same step. A job with an on_success
+  RPUSHed onto this queue's outbox in the same step, or on one server is
+  resolved here too (ARGV[4]). A job with an on_success
   callback adds its callback job here (lib/flow.lua callback).
 
   KEYS[1] active zset          P:{q}:active
@@ -15,7 +16,11 @@
   ARGV[1] queue name
   ARGV[2] queue key prefix     P:{q}: (job rows are P:{q}:job:<id>, same slot)
   ARGV[3] now (ms)
-  ARGV[4..] jobs, 3 values each: job id, lease token (from claim), result (a JSON text)
+  ARGV[4] '1' when the client runs on one server (no Cluster): a cross-queue
+          parent's `done` is then applied here when this queue's outbox is
+          empty (lib/flow.lua fan_in_here,
+          docs/explanation/protocol.md#fan-in-on-one-server); '0' otherwise
+  ARGV[5..] jobs, 3 values each: job id, lease token (from claim), result (a JSON text)
 
   returns: a JSON array with one entry per job, in order:
            0 when the job completed and moved nothing else;
@@ -46,9 +51,10 @@ local QUEUE = ARGV[1]
 -- @include lib/flow.lua
 minute_batch = {}  -- the batch's counts, written once each (lib/emit.lua)
 local base, now = ARGV[2], tonumber(ARGV[3])
+ONE_SERVER = ARGV[4] == '1'
 
 local replies = {}
-for i = 4, #ARGV, 3 do
+for i = 5, #ARGV, 3 do
   local id, token, result = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local row = base .. 'job:' .. id
   local f = row_hmget(row, 'state', 'lease', 'parent', F_PQUEUE, 'dedup', 'keep',

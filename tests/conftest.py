@@ -214,11 +214,13 @@ def redis_client(request: pytest.FixtureRequest) -> redis.Redis | RedisCluster:
 
 
 @pytest.fixture
-def mq(redis_client):
-    """An EchoMQ on the test's rig (prefix ``emq``), one run per rig."""
+def mq(redis_client, request: pytest.FixtureRequest):
+    """An EchoMQ on the test's rig (prefix ``emq``), one run per rig; under
+    the ``via_flow_outbox`` marker, see ``fixtures.fan_in_options``."""
     import echomq_django  # lazy: the library may not import yet
+    from tests.support.fixtures import fan_in_options
 
-    return echomq_django.EchoMQ(redis_client, prefix="emq")
+    return echomq_django.EchoMQ(redis_client, prefix="emq", **fan_in_options(request))
 
 
 @pytest.fixture(scope="session")

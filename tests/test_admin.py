@@ -182,7 +182,7 @@ def world(emq):
     )
     step(mq, "validation", "xo-v", {"valid": True})
     step(mq, "payments", "xo-p", {"charged": 5})
-    assert Pump(["validation", "payments"], mq=mq).sweep()["payments"]["released"] == 1
+    assert mq.get_job("orders", "xo").state == "pending"  # released by xo-p's completion
     mq.clock.tick()
     mq.enqueue("html", "t.render", {"html": XSS}, job_id="xss")
     mirror_queues(mq, QUEUES)

@@ -165,6 +165,7 @@ def test_ten_workers_sweep_a_queue_once_per_interval(mq) -> None:
     assert sorted(w.timers.sweeps for w in workers) == [0] * 9 + [1]
 
 
+@pytest.mark.via_flow_outbox
 def test_the_pump_delivers_on_its_wake_up(mq) -> None:
     mq.add_flow(Flow("p", "t.sum_children", job_id="p", children=[Flow("kids", "t.echo", 3)]))
     pump = Pump(["p", "kids"], mq=mq)

@@ -11,6 +11,10 @@ from redis.cluster import RedisCluster
 from echomq_django import Flow, FlowConflict, JobNotFound, JobRef
 from echomq_django.runners.pump import Pump
 
+# The flow outbox's own path, on the single server too (on one server a
+# cross-queue completion skips it by default: tests/support/fixtures.py).
+pytestmark = pytest.mark.via_flow_outbox
+
 Q = ("orders", "validation", "inventory", "payments")
 
 

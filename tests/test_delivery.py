@@ -14,6 +14,10 @@ from echomq_django.core.exceptions import RedisUnavailable
 from echomq_django.runners.pump import Pump
 from tests.support.jobkit import assert_state, complete, leaf, node, record_calls
 
+# The flow outbox's own path, on the single server too (on one server a
+# cross-queue completion skips it by default: tests/support/fixtures.py).
+pytestmark = pytest.mark.via_flow_outbox
+
 POISON = {
     "not json {": "malformed entry: not JSON (Expecting value: line 1 column 1 (char 0))",
     "[1, 2]": "malformed entry: a JSON list, not an object",

@@ -8,12 +8,18 @@ queue's sweep lock taken in the completion's round trip."""
 
 from __future__ import annotations
 
+import pytest
+
 from echomq_django import Flow, JobState, Worker
 from echomq_django.core.exceptions import RedisUnavailable
 from echomq_django.runners.pump import Pump
 from echomq_django.runners.reporter import Finished, Reporter
 from tests.support.jobkit import assert_state, claim_one, jref, leaf, node, record_calls
 from tests.support.workerkit import burst
+
+# The flow outbox's own path, on the single server too (on one server a
+# cross-queue completion skips it by default: tests/support/fixtures.py).
+pytestmark = pytest.mark.via_flow_outbox
 
 
 def two_children_running(mq):

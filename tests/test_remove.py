@@ -174,6 +174,7 @@ def test_a_new_root_over_children_that_finished_never_waits(tmq, monkeypatch) ->
 # -- an entry meant for a removed flow never reaches its successor -------------
 
 
+@pytest.mark.via_flow_outbox
 def test_an_old_completion_never_reaches_the_flow_added_again(tmq) -> None:
     """x completed on o; its `done` entry still waits in o's outbox when the
     flow is removed and added again. Delivered, it used to count x's old

@@ -31,6 +31,7 @@ def fixed_clock(mq, at=1_000_000):
     return mq
 
 
+@pytest.mark.via_flow_outbox
 def test_a_replayed_trim_removes_nothing_more(mq):
     mq.add_flows(
         [

@@ -186,6 +186,7 @@ def drive_every_operation(mq, clock) -> None:
     mq.retry("other", "h1")
 
 
+@pytest.mark.via_flow_outbox
 def test_python_calls_every_script_as_its_header_declares(tmq, clock, monkeypatch) -> None:
     calls = []
     original = Scripts.check_call

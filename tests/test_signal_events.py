@@ -16,15 +16,16 @@ from echomq_django.protocol.signal_events import SIGNAL_OF
 from echomq_django.runners.dispatcher import Dispatcher
 from echomq_django.runners.pump import Pump
 from tests.support.eventkit import Raising, stream
+from tests.support.fixtures import fan_in_options
 from tests.support.jobkit import T0, claim_one, complete, kill, leaf, node
 
 ALL = list(SIGNAL_OF)
 
 
 @pytest.fixture
-def tmq(redis_client, clock) -> EchoMQ:
+def tmq(redis_client, clock, request) -> EchoMQ:
     """An ``EchoMQ`` with the event calls on the test's rig, time ``clock``."""
-    return EchoMQ(redis_client, prefix="emq", clock=clock)
+    return EchoMQ(redis_client, prefix="emq", clock=clock, **fan_in_options(request))
 
 
 def tree(mq) -> None:
@@ -116,6 +117,7 @@ def test_subscribe_refuses_an_unknown_kind_and_writes_nothing(tmq):
     assert tmq.client.exists(tmq.keys.queue_key("q", "signals:kinds")) == 0
 
 
+@pytest.mark.via_flow_outbox
 def test_a_cross_queue_parent_s_event_lands_on_its_own_queue_when_delivered(tmq):
     tmq.signal_events.subscribe(["p", "c"], ALL)
     tmq.add_flow(Flow("p", "parent", {}, job_id="P", children=[Flow("c", "kid", {}, job_id="k")]))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
 import redis
 from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
@@ -27,6 +28,10 @@ from tests.support.jobkit import (
     sweep,
     wide_cross_flows,
 )
+
+# The flow outbox's own path, on the single server too (on one server a
+# cross-queue completion skips it by default: tests/support/fixtures.py).
+pytestmark = pytest.mark.via_flow_outbox
 
 
 def test_two_pumps_sweeping_one_outbox_release_each_parent_once(mq):

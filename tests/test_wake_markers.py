@@ -6,10 +6,16 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
 from echomq_django import Flow, JobState
 from echomq_django.runners.pump import Pump
 from tests.support import jobkit
 from tests.support.jobkit import T0, claim_one, leaf, node
+
+# The flow outbox's own path, on the single server too (on one server a
+# cross-queue completion skips it by default: tests/support/fixtures.py).
+pytestmark = pytest.mark.via_flow_outbox
 
 
 def wake(mq, queue: str = "q", key: str = "wake") -> dict[str, int]:

@@ -68,7 +68,10 @@ class EchoMQ(Reads):
     docs/explanation/protocol.md#the-hosts-clock). ``max_payload_bytes`` bounds a payload or result
     once encoded (bytes of UTF-8 JSON). ``json_encoder``: a ``json.JSONEncoder`` subclass for
     payloads and results (the ``JSON_ENCODER`` setting, e.g. ``DjangoJSONEncoder`` for dates,
-    Decimal, UUID); None encodes plain JSON only.
+    Decimal, UUID); None encodes plain JSON only. ``fan_in_on_one_server`` (the
+    ``FAN_IN_ON_ONE_SERVER`` setting): True sets ``fans_in_directly`` unless ``client`` is a
+    ``RedisCluster``: ``complete`` then resolves a cross-queue parent itself
+    (docs/explanation/protocol.md#fan-in-on-one-server).
     """
 
     def __init__(
@@ -82,24 +85,20 @@ class EchoMQ(Reads):
         backoff_cap_ms: int = BACKOFF_CAP_MS,
         flow_chunk: int = FLOW_CHUNK,
         json_encoder: type[json.JSONEncoder] | None = None,
+        fan_in_on_one_server: bool = True,
     ) -> None:
-        wire = Wire(
-            client,
-            prefix,
-            queues=queues,
-            clock=clock,
-            max_payload_bytes=max_payload_bytes,
-            backoff_cap_ms=backoff_cap_ms,
-            flow_chunk=flow_chunk,
-            json_encoder=json_encoder,
-        )
+        limits = {"max_payload_bytes": max_payload_bytes, "backoff_cap_ms": backoff_cap_ms}
+        wire = Wire(client, prefix, queues=queues, clock=clock, flow_chunk=flow_chunk, **limits,
+                    json_encoder=json_encoder)  # fmt: skip
         super().__init__(wire)
-        self.queues = wire.queues
-        self.outbox = Outbox(wire)
-        self.flows = Flows(wire, self)
-        self.bulk = Bulk(wire)
-        self.lifecycle = Lifecycle(wire, self.outbox, self)
-        self.timers = Timers(wire)
+        self.fans_in_directly = fan_in_on_one_server and not isinstance(client, redis.RedisCluster)
+        self.queues, self.outbox, self.bulk, self.timers = (
+            wire.queues,
+            Outbox(wire),
+            Bulk(wire),
+            Timers(wire),
+        )
+        self.flows, self.lifecycle = Flows(wire, self), Lifecycle(wire, self.outbox, self)
         self.signal_events = SignalEvents(wire)
         self.presence = Presence(wire)
         self.probes = Probes(wire)
@@ -360,7 +359,7 @@ class EchoMQ(Reads):
     def _complete_call(self, queue: str, pairs: list[tuple[Job, str]]):
         """One ``complete`` script call for ``(job, result JSON)`` pairs of ``queue``."""
         k = self.keys.queue(queue)
-        args: list = [queue, k.base, self.clock()]
+        args: list = [queue, k.base, self.clock(), "1" if self.fans_in_directly else "0"]
         for job, text in pairs:
             args += (job.id, job.lease or "", text)
         return ("complete", [k.active, k.completed], args)

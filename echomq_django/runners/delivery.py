@@ -297,9 +297,11 @@ class OwnDelivery:
         self._n = 0
 
     def ahead(self, good: list, ahead: list | None) -> list | None:
-        self._cross = sorted(
-            {f.job.queue for f in good if f.job.parent_queue not in (None, f.job.queue)}
-        )
+        # on one server the completions resolve their parents themselves: what
+        # they still push (behind other entries, or for a parent gone) is the pumps'
+        direct = self.mq.fans_in_directly
+        cross = {f.job.queue for f in good if f.job.parent_queue not in (None, f.job.queue)}
+        self._cross = [] if direct else sorted(cross)
         self._n = len(ahead or ())
         locks = (self.mq.outbox.lock_call(q, self.token) for q in self._cross)
         self._calls = [*(ahead or ()), *locks]

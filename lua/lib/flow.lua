@@ -27,7 +27,8 @@
 
   Every key these helpers build is `base .. suffix` where `base` is the
   `P:{q}:` of the queue the script runs on: one slot (docs/explanation/protocol.md#one-slot-per-script). A
-  parent on another slot is never touched: an outbox entry is pushed instead.
+  parent on another slot is never touched: an outbox entry is pushed instead,
+  except by complete.lua on one server (fan_in_here).
 
   The including script defines `QUEUE` (its queue name) before the include.
   A job becomes claimable, and an entry lands on the outbox, only through
@@ -45,6 +46,10 @@
 -- @include lib/cancel_out.lua
 
 -- @include lib/claimable.lua
+
+-- Set by complete.lua when the client runs on one server, not a Cluster
+-- (fan_in_here).
+local ONE_SERVER = false
 
 local OUT = {released = {}, dead = {}, flow_failed = {}, revived = {}, reattach = {}, outbox = 0,
   stale = 0}
@@ -522,6 +527,29 @@ propagate_death = function(base, id, err, now, up)
   end
 end
 
+-- On one server (no Cluster: every queue's keys are on this server), a
+-- cross-queue child's `done` is applied to its parent on the parent's queue
+-- in the completion itself, exactly as deliver_to_parents would apply the
+-- entry (docs/explanation/protocol.md#fan-in-on-one-server), when this queue's outbox is
+-- empty: an entry still on it (a retry's reattach, a death) must reach the
+-- parent first. Returns false, having written nothing, when the entry must
+-- go through the outbox instead: the outbox holds entries, or the parent's
+-- row is gone (the pump's delivery reports that case).
+local function fan_in_here(base, parent, ref, result, now, parent_queue, parent_inc)
+  if redis.call('LLEN', base .. 'flow:outbox') > 0 then
+    return false
+  end
+  local pbase = string.sub(base, 1, #base - #QUEUE - 3) .. '{' .. parent_queue .. '}:'
+  if redis.call('EXISTS', job_key(pbase, parent)) == 0 then
+    return false
+  end
+  local own = QUEUE
+  QUEUE = parent_queue  -- the helpers compare a row's queue with QUEUE, as deliver_to_parents' do
+  fan_in_done(pbase, parent, ref, result, now, parent_inc)
+  QUEUE = own
+  return true
+end
+
 -- A job completed: fan its result in to its parent, here or via the outbox.
 -- `parent`, `parent_queue` and `parent_inc` are the job row's fields (`parent`, `pq`, `pi`), read
 -- by the caller in its own first HMGET (one command less per completion on
@@ -534,7 +562,8 @@ local function resolve_done(base, id, result, now, parent, parent_queue, parent_
   local ref = child_ref(base, id)
   if (parent_queue or QUEUE) == QUEUE then
     fan_in_done(base, parent, ref, result, now, parent_inc)
-  else
+  elseif not (ONE_SERVER and fan_in_here(base, parent, ref, result, now, parent_queue,
+      parent_inc)) then
     send(base, cjson.encode({k = 'done', c = ref, p = parent, q = parent_queue, v = result,
       i = parent_inc or nil}))
   end

@@ -43,12 +43,23 @@ def clock():
     return Clock()
 
 
+def fan_in_options(request) -> dict:
+    """``EchoMQ`` keywords for the test: under the ``via_flow_outbox`` marker
+    (the tests of the flow outbox's own path), a cross-queue completion takes
+    the outbox on the single server too, as on a Cluster
+    (docs/explanation/protocol.md#fan-in-on-one-server)."""
+    if request.node.get_closest_marker("via_flow_outbox"):
+        return {"fan_in_on_one_server": False}
+    return {}
+
+
 @pytest.fixture
-def tmq(redis_client, clock):
-    """An ``EchoMQ`` on the test's rig whose time is ``clock``."""
+def tmq(redis_client, clock, request):
+    """An ``EchoMQ`` on the test's rig whose time is ``clock`` (and, under the
+    ``via_flow_outbox`` marker, ``fan_in_options``)."""
     from echomq_django import EchoMQ
 
-    return EchoMQ(redis_client, prefix="emq", clock=clock)
+    return EchoMQ(redis_client, prefix="emq", clock=clock, **fan_in_options(request))
 
 
 @pytest.fixture
