@@ -81,12 +81,13 @@ def _cpu_s(who: int) -> float:
     return used.ru_utime + used.ru_stime
 
 
-def drain(url: str, pool: str, jobs: int, workers: int, concurrency: int, server_pid: int):
+def drain(url: str, pool: str, jobs: int, workers: int, concurrency: int, server_pid: int,
+          name: str = "bench.one"):  # fmt: skip
     """``(jobs/s, worker µs/job, redis-server µs/job)`` for ``pool``,
-    ``jobs`` plain jobs."""
+    ``jobs`` plain jobs of handler ``name``."""
     mq = procs._mq(url)
     mq.client.flushall()
-    mq.enqueue_many(QUEUE, [("bench.one", {"i": i}) for i in range(jobs)])
+    mq.enqueue_many(QUEUE, [(name, {"i": i}) for i in range(jobs)])
     ctx = multiprocessing.get_context("spawn")
     ready = [ctx.Event() for _ in range(workers)]
     go = ctx.Event()
