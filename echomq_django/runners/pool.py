@@ -81,21 +81,6 @@ def failed(finished, exc: BaseException, mq) -> None:
         decided(finished, exc, mq.queues, mq.wire.backoff_cap_ms)
 
 
-def pool_maker(pool: str, mq, max_jobs_per_child=None, max_memory_per_child=None):
-    """The ``make_pool(loop, name)`` a ``ClaimLoop`` takes for ``pool`` (one
-    of ``POOLS``; None for ``"thread"``, its default ``HandlerPool``)."""
-    if pool == "process":
-        from .processes import supervisor
-
-        return supervisor.maker(mq, max_jobs_per_child, max_memory_per_child)
-    if pool == "async":
-        from .aio import pool as aio
-
-        aio.check()
-        return aio.make
-    return None
-
-
 def pool_kind(pool: str, max_jobs_per_child, max_memory_per_child) -> str:
     """``pool`` checked, with the recycling limits that only a process pool
     takes (docs/howto/process-pool.md#recycling). Raises ``ValueError``

@@ -99,11 +99,13 @@ from ..core.exceptions import JobCancelled
 from ..core.keyspace import validate_queue
 from ..protocol.client import EchoMQ
 from . import heartbeat
+from .aio import pool as aio
 from .claim_loop import ClaimLoop
 from .control.autoscale import Autoscale
 from .control.commands import Commands
 from .outage import REDIS_DOWN
-from .pool import POOLS, pool_kind, pool_maker
+from .pool import POOLS, pool_kind
+from .processes import supervisor as processes
 from .reporter import GONE, STATS_EVERY_S
 from .timers import SWEEP_S
 from .wake import BLOCK_S
@@ -421,6 +423,18 @@ class Worker:
                     break  # the loop reports the outage
                 except Exception:
                     log.exception("extending the lease of job %s/%s failed", job.queue, job.id)
+
+
+def pool_maker(pool: str, mq, max_jobs_per_child=None, max_memory_per_child=None):
+    """The ``make_pool(loop, name)`` a ``ClaimLoop`` takes for ``pool`` (one
+    of ``POOLS``; None for ``"thread"``, its default ``HandlerPool``).
+    Raises ``ValueError`` when the async pool cannot run here (aio.check)."""
+    if pool == "process":
+        return processes.maker(mq, max_jobs_per_child, max_memory_per_child)
+    if pool == "async":
+        aio.check()
+        return aio.make
+    return None
 
 
 def _at_least(low: int, value, what: str) -> int:

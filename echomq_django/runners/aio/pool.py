@@ -96,6 +96,9 @@ class AsyncPool:
         self._made = 0  # slots made, for their threads' names
         self._written: set[int] = set()  # id(job): written off, still unwinding
         self._closing = False
+        # jobs posted by the claiming loop, taken by the loop thread (deque: thread-safe)
+        self._inbox: deque = deque()
+        self._posted = False  # a _take is scheduled and has not started
         self.lag = LagWatch(self._loop, self._job_of, name=name)
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._thread.start()
@@ -104,7 +107,10 @@ class AsyncPool:
     def start(self, job: Job, done) -> None:
         """Run ``job``'s handler on the loop; its ``Finished`` (or None, for
         an attempt already failed as timed out) goes to ``done``."""
-        self._loop.call_soon_threadsafe(self._admit, job, done)
+        self._inbox.append((job, done))
+        if not self._posted:  # one wake-up of the loop per batch of jobs, not per job
+            self._posted = True
+            self._loop.call_soon_threadsafe(self._take)
 
     def write_off(self, job: Job) -> str:
         """``job`` ran past its time limit: its task is cancelled (a sync
@@ -149,13 +155,17 @@ class AsyncPool:
                 slot.shutdown(wait=False)
             self._loop.close()
 
-    def _admit(self, job: Job, done) -> None:
-        if self._closing:
-            return  # its lease covers it
-        if len(self._running) < self.size + len(self._written):
-            self._spawn(job, done)
-        else:
-            self._backlog.append((job, done))
+    def _take(self) -> None:
+        self._posted = False  # first: a job appended from now on posts again
+        inbox = self._inbox
+        while inbox:
+            job, done = inbox.popleft()
+            if self._closing:
+                continue  # its lease covers it
+            if len(self._running) < self.size + len(self._written):
+                self._spawn(job, done)
+            else:
+                self._backlog.append((job, done))
 
     def _spawn(self, job: Job, done) -> None:
         key = id(job)
