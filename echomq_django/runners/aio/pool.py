@@ -126,7 +126,8 @@ class AsyncPool:
     def resize(self, size: int) -> None:
         """Run ``size`` (>= 1) coroutines at once: waiting jobs start at
         once; running ones beyond it finish first."""
-        self._loop.call_soon_threadsafe(self._resize, size)
+        self.size = size  # read by the loop thread at its next start of a job
+        self._loop.call_soon_threadsafe(self._resize)
 
     @property
     def running(self) -> int:
@@ -195,9 +196,10 @@ class AsyncPool:
         while self._backlog and len(self._running) < self.size + len(self._written):
             self._spawn(*self._backlog.popleft())
 
-    def _resize(self, size: int) -> None:
-        self.size = size
-        del self._slots[size:]  # spare ones: their threads end (shutdown below)
+    def _resize(self) -> None:
+        for slot in self._slots[self.size :]:  # spare ones: their threads end
+            slot.shutdown(wait=False)
+        del self._slots[self.size :]
         while self._backlog and len(self._running) < self.size + len(self._written):
             self._spawn(*self._backlog.popleft())
 
