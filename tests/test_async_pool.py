@@ -18,6 +18,7 @@ import time
 import pytest
 
 from echomq_django import EchoMQ, Flow, JobState, Unrecoverable, Worker, handler
+from echomq_django.runners.aio import pool as aio_pool
 from tests.support.workerkit import Background, burst, wait_for
 from tests.test_runner_commands import run_command
 
@@ -239,16 +240,31 @@ def test_a_sync_handler_runs_on_a_slot_thread(mq) -> None:
     assert names == {"echomq-worker_sync_1_0"}  # one slot, kept across jobs
 
 
-def test_the_async_orm_runs_on_the_jobs_slot_thread(r, transactional_db) -> None:
+def test_the_async_orm_runs_with_old_connections_closed_around_the_job(
+    r, transactional_db, monkeypatch
+) -> None:
+    """Django's rule, as for a request: ``close_old_connections`` before the
+    job's first sync call and after the job, on its slot's thread; not at
+    all for a job that made no sync call."""
     from django.contrib.auth.models import User
 
+    closed = []
+    real = aio_pool._close_connections
+
+    def recorded():
+        closed.append(threading.current_thread().name)
+        real()
+
+    monkeypatch.setattr(aio_pool, "_close_connections", recorded)
     User.objects.create(username="a")
     mq = EchoMQ(r)
     mq.enqueue("q", "t.async_orm", None, job_id="orm")
+    mq.enqueue("q", "t.async_echo", None, job_id="plain")
     burst(mq, ["q"], concurrency=1, pool="async")
     job = mq.get_job("q", "orm")
-    assert job.state is JobState.COMPLETED, job.error
     assert job.result == {"users": 1, "thread": "echomq-worker"}  # the loop's thread
+    assert mq.get_job("q", "plain").state is JobState.COMPLETED
+    assert closed == ["echomq-worker_sync_1_0"] * 2  # the ORM job's, none for the other
 
 
 def test_a_jobs_thread_sensitive_calls_run_on_its_slot_thread(mq) -> None:

@@ -256,9 +256,10 @@ class AsyncPool:
             failed(finished, exc, cl.mq)
         finally:
             if slot.used:  # Django's rule at a request's end, on the thread that used them
+                closed = asyncio.wrap_future(ThreadPoolExecutor.submit(slot, _close_connections))
                 slot.used = False
                 with contextlib.suppress(asyncio.CancelledError):  # a stop cancelling it
-                    await asyncio.shield(self._loop.run_in_executor(slot, _close_connections))
+                    await asyncio.shield(closed)
             self._free(slot)
             finished.ms = (time.perf_counter() - started) * 1000
             if cl.timeouts.settle(job):
