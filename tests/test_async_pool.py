@@ -21,6 +21,7 @@ from echomq_django import EchoMQ, Flow, JobState, Unrecoverable, Worker, handler
 from echomq_django.runners.aio import pool as aio_pool
 from tests.support.workerkit import Background, burst, wait_for
 from tests.test_runner_commands import run_command
+from tests.test_tracing import exporter  # noqa: F401 (a fixture)
 
 CANCELLED: list[str] = []  # job ids whose coroutine saw CancelledError
 RUNNING = 0  # ap.count: coroutines running now
@@ -367,3 +368,24 @@ def test_bad_async_pool_settings_are_refused(redis_client, kw, message) -> None:
 )  # fmt: skip
 def test_runworker_refuses_a_flag_the_async_pool_does_not_take(r, db, args, message) -> None:
     assert run_command("runworker", "q", "--burst", *args) == (1, f"runworker: {message}\n")
+
+
+def test_a_traced_coroutine_records_its_attempt_span(mq, exporter) -> None:  # noqa: F811
+    from opentelemetry import trace as otel_trace
+
+    _, memory = exporter
+    with otel_trace.get_tracer("tests").start_as_current_span("caller"):
+        mq.enqueue("q", "ap.flaky", 0, job_id="ok")
+        mq.enqueue("q", "ap.stolen", None, job_id="dead")
+    burst(mq, ["q"], concurrency=2, pool="async")
+    finished = memory.get_finished_spans()
+    adds = {s.attributes["messaging.message.id"]: s for s in finished if s.name == "echomq enqueue"}
+    runs = {s.attributes["messaging.message.id"]: s for s in finished
+            if s.name.startswith("echomq run ")}  # fmt: skip
+    assert {i: s.attributes["echomq.job.outcome"] for i, s in runs.items()} == {
+        "ok": "completed",
+        "dead": "dead",
+    }
+    assert all(runs[i].parent.span_id == adds[i].context.span_id for i in runs)
+    # the stored error starts at the handler, traced or not
+    assert mq.get_job("q", "dead").error.splitlines()[2].endswith(", in stolen")
