@@ -241,6 +241,24 @@ def test_a_sync_handler_runs_on_a_slot_thread(mq) -> None:
     assert names == {"echomq-worker_sync_1_0"}  # one slot, kept across jobs
 
 
+def test_slot_threads_are_bounded_by_the_pool_size(mq) -> None:
+    """Slots are made on first use and kept: never more than the coroutines
+    at once, however many jobs; a shrink ends the spare ones."""
+    for i in range(30):
+        mq.enqueue("q", "ap.sync", None, job_id=f"s{i}")
+    worker, bg = start(mq, concurrency=3)
+    try:
+        wait_for(lambda: mq.counts("q")["completed"] == 30, what="the jobs")
+        names = {mq.get_job("q", f"s{i}").result for i in range(30)}
+        pool = worker.loop.pool
+        assert names <= {f"echomq-worker_sync_{n}_0" for n in (1, 2, 3)}
+        assert (pool._made <= 3, len(pool._slots) <= 3) == (True, True)
+        worker.loop.resize(1)
+        wait_for(lambda: len(pool._slots) <= 1, what="the spare slots ended")
+    finally:
+        stop(worker, bg)
+
+
 def test_the_async_orm_runs_with_old_connections_closed_around_the_job(
     r, transactional_db, monkeypatch
 ) -> None:
