@@ -148,7 +148,7 @@ class Worker:
     docs/howto/async-handlers.md#the-async-pool); with ``"process"``,
     ``max_jobs_per_child`` (jobs) and ``max_memory_per_child`` (MiB of
     resident memory, checked after each job) recycle a child, None for no
-    limit; ``autoscale``: ``(MAX, MIN)`` handlers, for either pool: the
+    limit; ``autoscale``: ``(MAX, MIN)`` handlers, for any pool: the
     worker starts with MIN (``concurrency`` is ignored) and grows to MAX
     under a backlog, back when idle (autoscale.py,
     docs/howto/process-pool.md#autoscaling). Raises

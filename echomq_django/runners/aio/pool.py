@@ -118,7 +118,7 @@ class AsyncPool:
         run meanwhile. Returns what the timeout error says became of it."""
         func = get_handler(job.name)
         coro = func is not None and coroutine_function(func) is not None
-        self._loop.call_soon_threadsafe(self._write_off, job, coro)
+        self._call(self._write_off, job, coro)
         if coro:
             return "its coroutine was cancelled (asyncio.Task.cancel)"
         return "the handler's late result is discarded"
@@ -127,7 +127,7 @@ class AsyncPool:
         """Run ``size`` (>= 1) coroutines at once: waiting jobs start at
         once; running ones beyond it finish first."""
         self.size = size  # read by the loop thread at its next start of a job
-        self._loop.call_soon_threadsafe(self._resize)
+        self._call(self._resize)
 
     @property
     def running(self) -> int:
@@ -139,11 +139,17 @@ class AsyncPool:
         ends once its jobs are done. ``wait``: join it; else the running
         jobs' tasks are cancelled, and the loop waited for ``JOIN_S`` at
         most (a coroutine blocking it cannot be cancelled)."""
+        if self._call(self._close, wait):
+            self._thread.join(None if wait else JOIN_S)
+
+    def _call(self, fn, *args) -> bool:
+        """``fn(*args)`` on the loop thread, soon; False when the loop has
+        closed already (a time limit that passed as the run ended)."""
         try:
-            self._loop.call_soon_threadsafe(self._close, wait)
-        except RuntimeError:  # the loop is closed already
-            return
-        self._thread.join(None if wait else JOIN_S)
+            self._loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:
+            return False
+        return True
 
     # -- the loop thread -------------------------------------------------------
     def _serve(self) -> None:
