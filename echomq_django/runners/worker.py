@@ -153,7 +153,8 @@ class Worker:
     under a backlog, back when idle (autoscale.py,
     docs/howto/process-pool.md#autoscaling). Raises
     ``ValueError`` for a bad queue name or number, an unknown pool, a
-    recycling limit below 1 or on the thread pool, or ``autoscale`` not
+    recycling limit below 1 or on another pool than the process pool, the
+    async pool on asgiref < 3.13, or ``autoscale`` not
     ``MAX >= MIN >= 1``. ``run()`` logs a WARNING
     naming the known queues when a queue is known nowhere (no job, not in
     settings). Also ``loop`` (its ``ClaimLoop``, which holds the claim
