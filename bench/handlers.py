@@ -2,6 +2,7 @@
 index, ``"done"`` for the root; the latency scenario's ``bench.lat`` records
 its start). Imported by every worker process."""
 
+import asyncio
 import functools
 import os
 
@@ -30,6 +31,18 @@ def lat(job):
 @handler("bench.one")
 def one(job):
     return 1
+
+
+@handler("bench.async_turn")
+async def async_turn(job):
+    """An ``async def`` handler that yields once to its loop (bench.async_pool)."""
+    await asyncio.sleep(0)
+
+
+@handler("bench.async_wait")
+async def async_wait(job):
+    """An I/O-bound ``async def`` handler: waits 50 ms (bench.async_pool)."""
+    await asyncio.sleep(0.05)
 
 
 @handler(LEAF)

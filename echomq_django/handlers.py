@@ -38,7 +38,14 @@ def runs_sync(func: Callable[..., Any]) -> Callable[..., Any]:
     def run(job):
         return async_to_sync(func)(job)
 
+    run.coroutine_function = func  # the async pool awaits it on its loop
     return run
+
+
+def coroutine_function(func: Callable[..., Any]) -> Callable[..., Any] | None:
+    """The coroutine function a registered handler (``get_handler``'s) wraps,
+    or None for a sync handler (docs/howto/async-handlers.md#the-async-pool)."""
+    return getattr(func, "coroutine_function", None)
 
 
 def handler(name: str) -> Callable[[Callable], Callable]:

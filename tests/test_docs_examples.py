@@ -815,6 +815,21 @@ def test_the_process_pool_howto(howto):
     assert os.getpid() not in {r["pid"] for r in results}
 
 
+def test_the_async_pool_howto(howto):
+    """A hundred waiting coroutines at once on one loop; a blocking call
+    moved to the job's slot thread."""
+    example = howto("async_pool")
+    with echomq_settings(QUEUES={"hooks": {}}):
+        for i in range(100):
+            emq.enqueue("hooks", "hooks.deliver", {"url": f"https://x/{i}", "wait_s": 0.5},
+                        job_id=f"d{i}")  # fmt: skip
+        emq.enqueue("hooks", "hooks.sign", {"body": "abc"}, job_id="s")
+        assert example.run_hooks_once() == 101
+        assert emq.get_job("hooks", "d7").result == {"url": "https://x/7", "status": 200}
+        assert emq.job_logs("hooks", "d7") == ["delivered to https://x/7"]
+        assert emq.get_job("hooks", "s").result == 294
+
+
 def test_the_operate_workers_howto(howto):
     """A worker grows on command and drains, its reply as the page says."""
     from tests.support.workerkit import Background, wait_for

@@ -228,7 +228,7 @@ def test_a_graceful_stop_lets_the_running_child_finish(mq) -> None:
 @pytest.mark.parametrize(
     ("kw", "message"),
     [
-        ({"pool": "fork"}, "pool must be one of thread, process, got 'fork'"),
+        ({"pool": "fork"}, "pool must be one of thread, process, async, got 'fork'"),
         ({"pool": "process", "max_jobs_per_child": 0},
          "max_jobs_per_child must be an integer >= 1, got 0"),
         ({"pool": "process", "max_memory_per_child": -5},
@@ -246,7 +246,7 @@ def test_bad_pool_settings_are_refused(redis_client, kw, message) -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (("--pool", "fork"), "--pool must be one of thread, process, got 'fork'"),
+        (("--pool", "fork"), "--pool must be one of thread, process, async, got 'fork'"),
         (("--pool", "process", "--max-jobs-per-child", "0"),
          "--max-jobs-per-child must be a whole number >= 1, got 0"),
         (("--pool", "process", "--max-memory-per-child", "0"),

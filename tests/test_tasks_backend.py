@@ -70,8 +70,8 @@ def mq(r):
     conf.reset()
 
 
-def run_worker(mq) -> int:
-    return Worker(QUEUES, concurrency=2, mq=mq).run(burst=True)
+def run_worker(mq, pool: str = "thread") -> int:
+    return Worker(QUEUES, concurrency=2, mq=mq, pool=pool).run(burst=True)
 
 
 def test_the_backend_is_ours():
@@ -133,9 +133,12 @@ def test_refresh_after_a_run(smq):
     assert result.return_value == 42
 
 
-def test_async_task_runs_on_the_worker(smq):
+@pytest.mark.parametrize("pool", ["thread", "async"])
+def test_async_task_runs_on_the_worker(smq, pool):
+    """On the async pool too: the backend's sync handler, on a slot thread
+    (docs/howto/async-handlers.md#from-async-code)."""
     result = tasks_mod.async_add.enqueue(2, b=3)
-    run_worker(smq)
+    run_worker(smq, pool)
     result.refresh()
     assert (result.status, result.return_value) == (TaskResultStatus.SUCCESSFUL, 5)
 

@@ -12,15 +12,14 @@ import time
 
 from django.db import close_old_connections
 
-from ..core.exceptions import MoveToDelayed, RateLimited, Unrecoverable, WaitForChildren
 from ..core.jobs import Job
 from ..handlers import get_handler
 from ..tracing.spans import attempt
 from .dispatcher import kinds_connected
 from .flusher import Flusher
 from .outage import REDIS_DOWN, Outage
-from .pool import HandlerPool, error_text, unknown_name_error
-from .reporter import Claims, Finished, Reporter, decided
+from .pool import HandlerPool, failed, unknown_name_error
+from .reporter import Claims, Finished, Reporter
 from .timeouts import Timeouts, timed_out
 from .wake import Idle, Wake
 
@@ -416,18 +415,8 @@ class ClaimLoop:
                     log.warning("%s", finished.error)
             else:
                 finished.result = attempt(func, job)  # in a span when traced
-        except Unrecoverable as exc:  # dead at once, attempts left or not
-            finished.error, finished.dead = error_text(exc, below_caller=True), True
-        except RateLimited as exc:
-            # back without spending the attempt (docs/howto/priorities-rate-limits.md#rate-limits)
-            finished.postpone_ms = exc.retry_after_ms
-        except MoveToDelayed as exc:  # a step job (docs/howto/step-jobs.md): as RateLimited
-            finished.postpone_ms = exc.delay_ms
-        except WaitForChildren:  # held until the children it added resolve
-            finished.wait_children = True
-        except BaseException as exc:  # retried, or not, by its policy (docs/howto/retries.md)
-            finished.error = error_text(exc, below_caller=True)
-            decided(finished, exc, self.mq.queues, self.mq.wire.backoff_cap_ms)
+        except BaseException as exc:  # dead, postponed, waiting or retried: pool.failed
+            failed(finished, exc, self.mq)
         finally:
             try:
                 close_old_connections()

@@ -1,5 +1,6 @@
-"""Running handlers: the worker's handler threads, and what the error of a
-failed handler reads like (docs/explanation/protocol.md#fail; the decisions are listed in
+"""Running handlers: the pools a worker can run them on (``POOLS``), its
+handler threads, and what the outcome of a failed handler is and its error
+reads like (docs/explanation/protocol.md#fail; the decisions are listed in
 worker.py's docstring).
 """
 
@@ -11,14 +12,20 @@ import queue as _queue
 import threading
 import traceback
 
+from ..core.exceptions import MoveToDelayed, RateLimited, Unrecoverable, WaitForChildren
 from ..handlers import TASK_JOB_NAME, registered, tasks_framework
-from ..tracing.spans import attempt
+from ..tracing.spans import attempt, attempt_async
+from .reporter import decided
 
 log = logging.getLogger("echomq_django.worker")
 
 TRACEBACK_LINES = 20
 ERROR_CHARS = 4000
 NAMES_SHOWN = 50  # registered names listed in an unknown-name error
+# where handlers run (docs/howto/process-pool.md, docs/howto/async-handlers.md#the-async-pool)
+POOLS = ("thread", "process", "async")
+# tracing's frames around a handler: the same in every error, left out of it
+_AROUND = (attempt.__code__, attempt_async.__code__)
 
 
 def error_text(exc: BaseException, below_caller: bool = False) -> str:
@@ -35,7 +42,7 @@ def error_text(exc: BaseException, below_caller: bool = False) -> str:
         tb = exc.__traceback__
         if below_caller and tb is not None and tb.tb_next is not None:
             tb = tb.tb_next
-            if tb.tb_frame.f_code is attempt.__code__ and tb.tb_next is not None:
+            if tb.tb_frame.f_code in _AROUND and tb.tb_next is not None:
                 tb = tb.tb_next  # tracing's frame around the handler, the same in every error
         lines = "".join(traceback.format_exception(type(exc), exc, tb)).rstrip().splitlines()
     except Exception as err:
@@ -50,6 +57,47 @@ def error_text(exc: BaseException, below_caller: bool = False) -> str:
     if len(body) > room:
         body = "..." + body[len(body) - room + 3 :]
     return f"{head}\n{body}"
+
+
+def failed(finished, exc: BaseException, mq) -> None:
+    """Set ``finished`` (a ``reporter.Finished``) from the exception its
+    handler raised, caught in the frame that called the handler (its error
+    starts below it): ``Unrecoverable`` dead at once; ``RateLimited`` and
+    ``MoveToDelayed`` back later without spending the attempt
+    (docs/howto/priorities-rate-limits.md#rate-limits, docs/howto/step-jobs.md);
+    ``WaitForChildren`` held until its children resolve; anything else
+    retried, or not, by its policy (docs/howto/retries.md). ``mq``: the
+    worker's ``EchoMQ``."""
+    if isinstance(exc, Unrecoverable):
+        finished.error, finished.dead = error_text(exc, below_caller=True), True
+    elif isinstance(exc, RateLimited):
+        finished.postpone_ms = exc.retry_after_ms
+    elif isinstance(exc, MoveToDelayed):
+        finished.postpone_ms = exc.delay_ms
+    elif isinstance(exc, WaitForChildren):
+        finished.wait_children = True
+    else:
+        finished.error = error_text(exc, below_caller=True)
+        decided(finished, exc, mq.queues, mq.wire.backoff_cap_ms)
+
+
+def pool_kind(pool: str, max_jobs_per_child, max_memory_per_child) -> str:
+    """``pool`` checked, with the recycling limits that only a process pool
+    takes (docs/howto/process-pool.md#recycling). Raises ``ValueError``
+    naming the choices or the rule."""
+    if pool not in POOLS:
+        raise ValueError(f"pool must be one of {', '.join(POOLS)}, got {pool!r}")
+    for what, value in (
+        ("max_jobs_per_child", max_jobs_per_child),
+        ("max_memory_per_child", max_memory_per_child),
+    ):
+        if value is None:
+            continue
+        if pool != "process":
+            raise ValueError(f"{what} applies to the process pool only (pool='process')")
+        if isinstance(value, bool) or int(value) != value or value < 1:
+            raise ValueError(f"{what} must be an integer >= 1, got {value!r}")
+    return pool
 
 
 def unknown_name_error(name: str) -> str:

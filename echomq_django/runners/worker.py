@@ -99,16 +99,18 @@ from ..core.exceptions import JobCancelled
 from ..core.keyspace import validate_queue
 from ..protocol.client import EchoMQ
 from . import heartbeat
+from .aio import pool as aio
 from .claim_loop import ClaimLoop
 from .control.autoscale import Autoscale
 from .control.commands import Commands
 from .outage import REDIS_DOWN
+from .pool import POOLS, pool_kind
 from .processes import supervisor as processes
 from .reporter import GONE, STATS_EVERY_S
 from .timers import SWEEP_S
 from .wake import BLOCK_S
 
-__all__ = ["STATS_EVERY_S", "Worker"]
+__all__ = ["POOLS", "STATS_EVERY_S", "Worker"]
 
 log = logging.getLogger("echomq_django.worker")
 
@@ -139,17 +141,20 @@ class Worker:
     (``commit_outbox.Drainer``; ``runworker`` passes one): it drains once
     before the first claim, then on its own thread until the worker stops
     (any object with ``drain_once()``, ``start(drain_now=False)`` and
-    ``stop()``); ``pool``: ``"thread"`` (handler threads, the default) or
+    ``stop()``); ``pool``: ``"thread"`` (handler threads, the default),
     ``"process"`` (pre-forked handler processes, killed past a job's time
-    limit, docs/howto/process-pool.md); with ``"process"``,
+    limit, docs/howto/process-pool.md) or ``"async"`` (one event loop
+    running ``concurrency`` handler coroutines,
+    docs/howto/async-handlers.md#the-async-pool); with ``"process"``,
     ``max_jobs_per_child`` (jobs) and ``max_memory_per_child`` (MiB of
     resident memory, checked after each job) recycle a child, None for no
-    limit; ``autoscale``: ``(MAX, MIN)`` handlers, for either pool: the
+    limit; ``autoscale``: ``(MAX, MIN)`` handlers, for any pool: the
     worker starts with MIN (``concurrency`` is ignored) and grows to MAX
     under a backlog, back when idle (autoscale.py,
     docs/howto/process-pool.md#autoscaling). Raises
     ``ValueError`` for a bad queue name or number, an unknown pool, a
-    recycling limit below 1 or on the thread pool, or ``autoscale`` not
+    recycling limit below 1 or on another pool than the process pool, the
+    async pool on asgiref < 3.13, or ``autoscale`` not
     ``MAX >= MIN >= 1``. ``run()`` logs a WARNING
     naming the known queues when a queue is known nowhere (no job, not in
     settings). Also ``loop`` (its ``ClaimLoop``, which holds the claim
@@ -196,7 +201,7 @@ class Worker:
             concurrency = scale.low  # grows to scale.high under a backlog
             batch = scale.high if batch is None else batch
             max_stuck = scale.high if max_stuck is None else max_stuck
-        self.pool_kind = _pool_kind(pool, max_jobs_per_child, max_memory_per_child)
+        self.pool_kind = pool_kind(pool, max_jobs_per_child, max_memory_per_child)
         # the commit outbox: drained before the first claim, then on a
         # thread of its own
         self._drainer = drainer
@@ -240,9 +245,7 @@ class Worker:
             max_stalls=max_stalls,
             sender=self,
             metrics=metrics,
-            make_pool=None
-            if pool == "thread"
-            else processes.maker(mq, max_jobs_per_child, max_memory_per_child),
+            make_pool=pool_maker(pool, mq, max_jobs_per_child, max_memory_per_child),
         )
         self.loop.scale = scale
         # its id among the live processes, and the key its operator commands come
@@ -423,24 +426,16 @@ class Worker:
                     log.exception("extending the lease of job %s/%s failed", job.queue, job.id)
 
 
-POOLS = ("thread", "process")
-
-
-def _pool_kind(pool, max_jobs_per_child, max_memory_per_child) -> str:
-    """``pool`` checked, with the recycling limits that only a process pool
-    takes (docs/howto/process-pool.md#recycling)."""
-    if pool not in POOLS:
-        raise ValueError(f"pool must be one of {', '.join(POOLS)}, got {pool!r}")
-    for what, value in (
-        ("max_jobs_per_child", max_jobs_per_child),
-        ("max_memory_per_child", max_memory_per_child),
-    ):
-        if value is None:
-            continue
-        if pool != "process":
-            raise ValueError(f"{what} applies to the process pool only (pool='process')")
-        _at_least(1, value, what)
-    return pool
+def pool_maker(pool: str, mq, max_jobs_per_child=None, max_memory_per_child=None):
+    """The ``make_pool(loop, name)`` a ``ClaimLoop`` takes for ``pool`` (one
+    of ``POOLS``; None for ``"thread"``, its default ``HandlerPool``).
+    Raises ``ValueError`` when the async pool cannot run here (aio.check)."""
+    if pool == "process":
+        return processes.maker(mq, max_jobs_per_child, max_memory_per_child)
+    if pool == "async":
+        aio.check()
+        return aio.make
+    return None
 
 
 def _at_least(low: int, value, what: str) -> int:

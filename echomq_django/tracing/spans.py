@@ -216,6 +216,38 @@ def attempt(func: Callable[[Any], Any], job) -> Any:
         _end(span, token)
 
 
+async def attempt_async(func: Callable[[Any], Any], job) -> Any:
+    """``await func(job)`` (a coroutine function and its ``Job``) as
+    ``attempt`` runs a sync handler: inside a consumer span when traced
+    (the async pool, docs/howto/async-handlers.md#the-async-pool). The
+    span's context is attached in the job's task, whose context is its own."""
+    found = tracer()
+    if found is None:
+        return await func(job)
+    try:
+        span = found.start_span(
+            f"echomq run {job.name}",
+            context=parent_context(job.traceparent),
+            kind=SpanKind.CONSUMER,
+            attributes={SYSTEM: "echomq", QUEUE: job.queue, JOB_ID: job.id,
+                        JOB_NAME: job.name, ATTEMPT: job.attempts},
+        )  # fmt: skip
+        token = _context.attach(_trace.set_span_in_context(span))
+    except Exception as exc:
+        _trouble("starting the attempt's span", exc)
+        return await func(job)
+    try:
+        result = await func(job)
+    except BaseException as exc:
+        _failed(span, exc, _outcome(job, exc))
+        raise
+    else:
+        _guard(span.set_attribute, OUTCOME, "completed")
+        return result
+    finally:
+        _end(span, token)
+
+
 def _outcome(job, exc: BaseException) -> str:
     """What the failed attempt does to the job (docs/howto/tracing.md#what-is-traced)."""
     if isinstance(exc, RateLimited | MoveToDelayed):

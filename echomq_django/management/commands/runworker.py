@@ -11,7 +11,7 @@ one process, docs/explanation/no-polling.md). Exit status: 0 after a
 clean stop (a SIGTERM while waiting for Redis included); 1 when Redis is
 unreachable at start with ``--burst`` or ``--no-wait``, or is not what the settings
 say (a Cluster node without CLUSTER, a DB index out of range), the settings
-or a flag are wrong (``--max-jobs`` >= 1, ``--pool`` thread or process,
+or a flag are wrong (``--max-jobs`` >= 1, ``--pool`` thread, process or async,
 ``--max-jobs-per-child`` and ``--max-memory-per-child`` >= 1 and with
 ``--pool process`` only, ``--autoscale`` MAX,MIN with MAX >= MIN >= 1), or
 the worker stopped with jobs still running (a second signal, or
@@ -71,7 +71,7 @@ def pool_flags(opts) -> None:
 class Command(BaseCommand):
     help = (
         "Run the handlers of jobs claimed from QUEUE... on a pool of threads (or of "
-        "processes, --pool process) until "
+        "processes, --pool process, or of coroutines on one event loop, --pool async) until "
         "SIGTERM/SIGINT (the first stops claiming and finishes running jobs, a second stops "
         "at once), or until the queues are empty with --burst. --verbosity: 0 warnings "
         "only, 1 a throughput line every 5 s, 2 a line per job, 3 debug."
@@ -83,14 +83,16 @@ class Command(BaseCommand):
             "--concurrency",
             type=int,
             default=1,
-            help="handler threads: jobs run at once (default 1)",
+            help="handlers (threads, processes or coroutines): jobs run at once (default 1)",
         )
         parser.add_argument(
             "--pool",
             default="thread",
-            help="where handlers run: thread (handler threads, the default) or process "
+            help="where handlers run: thread (handler threads, the default), process "
             "(pre-forked handler processes, killed past a job's time limit and replaced; "
-            "docs/howto/process-pool.md)",
+            "docs/howto/process-pool.md) or async (async def handlers as coroutines on one "
+            "event loop, cancelled past a job's time limit; "
+            "docs/howto/async-handlers.md#the-async-pool)",
         )
         parser.add_argument(
             "--max-jobs-per-child",
@@ -110,7 +112,8 @@ class Command(BaseCommand):
             "--autoscale",
             default=None,
             metavar="MAX,MIN",
-            help="run between MIN and MAX handlers (threads or processes): start with MIN, "
+            help="run between MIN and MAX handlers (threads, processes or coroutines): "
+            "start with MIN, "
             "double while every handler is busy and jobs wait, halve after 10 s without "
             "(--concurrency is ignored)",
         )

@@ -1,5 +1,5 @@
 """Autoscaling: how many handlers a worker runs, between a floor and a
-ceiling, for both pools (docs/howto/process-pool.md#autoscaling).
+ceiling, for every pool (docs/howto/process-pool.md#autoscaling).
 
 The claiming loop asks ``Autoscale.size`` after each claim. The rule, with
 hysteresis so the size does not flap:

@@ -117,6 +117,15 @@ async def async_fail(job):
     raise ValueError("async boom")
 
 
+@handler("t.async_sleep")
+async def async_sleep(job):
+    """An ``async def`` handler: awaits ``payload`` seconds, returns it."""
+    import asyncio
+
+    await asyncio.sleep(job.payload)
+    return job.payload
+
+
 @handler("t.async_orm")
 async def async_orm(job):
     """Counts users through the async ORM (a thread-sensitive sync_to_async
