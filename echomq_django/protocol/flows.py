@@ -43,7 +43,7 @@ class Flows(Part):
         ``traceparent`` (W3C, '' for none) goes into every group's options
         as ``tc`` (docs/howto/tracing.md)."""
         qk = self.keys.queue(queue)
-        refs = self.keys.refs
+        short_refs = self.keys.short_refs
         flat: list[str] = []
         add = flat.extend
         for g in groups:
@@ -69,9 +69,9 @@ class Flows(Part):
                 add(part)
                 continue
             for job_id, payload, children in zip(ids, payloads, kids, strict=True):
-                if children:
-                    keys = refs(children)
-                    add((job_id, payload, str(len(keys)), *keys))
+                if children:  # as the parent's :children holds them (Keyspace.short_refs)
+                    add((job_id, payload, str(len(children))))
+                    add(short_refs(queue, children))
                 else:
                     add((job_id, payload, "0"))
         # one JSON argument: 9+ ARGV per node cost more in redis-py than in Redis
