@@ -276,7 +276,7 @@ def plan(
             if fan_out is not None and fan_out[0] not in expiring:
                 queue, name, members = fan_out
                 n = len(flows)
-                ids = [f"{prefix}{i:x}" for i in range(serial, serial + n)]
+                ids = list(map(prefix.__add__, map("%x".__mod__, range(serial, serial + n))))
                 serial += n
                 if queue not in queues:
                     queues.add(validate_queue(queue))
