@@ -234,7 +234,7 @@ local function parent_fields(t, parent, pq, policy, pinc)
 end
 
 -- pass 2: write
-local claimable = {}
+local claimable, nclaim = {}, 0
 local silent = 0  -- same-queue leaves written: they emit no event of their own
 local run = {}  -- cross-queue leaves written and not yet announced: one `added` per RUN_IDS
 i = 1
@@ -283,14 +283,15 @@ while i <= #a do
   local leaf = fresh and {'HSET', false, 'name', name, 'payload', false, 'state', 'pending',
     F_CREATED, now, unpack(shared)}
   local in_run = parent ~= '' and pq ~= queue
+  local jobs, call = base .. 'job:', redis.call
   for _ = 1, count do
-    local id, payload, nrefs = a[i], a[i + 1], tonumber(a[i + 2])
-    local row = base .. 'job:' .. id
-    if leaf and nrefs == 0 then
-      leaf[2] = row
-      leaf[6] = payload
-      redis.call(unpack(leaf))
-      claimable[#claimable + 1] = id
+    if leaf and a[i + 2] == '0' then
+      local id = a[i]
+      leaf[2] = jobs .. id
+      leaf[6] = a[i + 1]
+      call(unpack(leaf))
+      nclaim = nclaim + 1
+      claimable[nclaim] = id
       if in_run then
         run[#run + 1] = id
         if #run == RUN_IDS then
@@ -302,89 +303,95 @@ while i <= #a do
       else
         silent = silent + 1
       end
-    elseif opts.dep and gone[id] then
-      local why = 'dependency gone: job ' .. id .. ' was removed before it was linked'
-      if pq == queue then
-        fan_in_dead(base, parent, row, why, 'rd', tonumber(now))
-      else
-        push_outbox(base, cjson.encode({k = 'dead', c = row, p = parent, q = pq, pol = 'rd',
-          v = why, i = (pinc ~= '') and pinc or nil}))
-      end
-    elseif opts.dep then
-      redis.call('HSET', row, unpack(parent_fields({}, parent, pq, policy, pinc)))
-      announce(id, parent, pq)  -- finished already: counts at once (guarded)
-    elseif deduped[id] then
-      local why = 'deduplicated: job ' .. deduped[id] .. ' holds key ' .. opts.k
-      if parent ~= '' and pq == queue then
-        fan_in_dead(base, parent, base .. 'job:' .. id, why, 'rd', tonumber(now))
-      elseif parent ~= '' then
-        push_outbox(base, cjson.encode({k = 'dead',
-          c = base .. 'job:' .. id, p = parent, q = pq, pol = 'rd', v = why,
-          i = (pinc ~= '') and pinc or nil}))
-      end
-    elseif skip[id] and parent ~= '' then
-      if adopt[id] then
-        -- the row keeps its own incarnation mark: no pi here
-        redis.call('HSET', row, unpack(parent_fields({}, parent, pq, policy, '')))
-      end
-      -- under its parent again (docs/explanation/lifecycle.md), and under this incarnation of
-      -- it (a parent landed fresh has a new one): a cancel mark a removed
-      -- flow's cancel left on it while it ran is that flow's, not this one's
-      local was = row_hmget(row, F_PINC, 'orphaned')
-      if was[2] or (pinc ~= '' and was[1] and was[1] ~= pinc) then
-        redis.call('HDEL', row, 'orphaned', 'cancel')
-      end
-      if pinc ~= '' then
-        redis.call('HSET', row, F_PINC, pinc)
-      end
-      announce(id, parent, pq)
-    elseif not skip[id] then
-      local state = (nrefs > 0) and 'awaiting_children' or 'pending'
-      if nrefs == 0 and delay > 0 then
-        state = 'delayed'
-      end
-      redis.call('HSET', row, 'name', name, 'payload', payload, 'state', state,
-        F_CREATED, now, unpack(shared))
-      if opts.k then
-        if opts.kt then
-          redis.call('SET', base .. 'dedup:' .. opts.k, id, 'PX', opts.kt)
+      i = i + 3
+    else
+      local id, payload, nrefs = a[i], a[i + 1], tonumber(a[i + 2])
+      local row = base .. 'job:' .. id
+      if opts.dep and gone[id] then
+        local why = 'dependency gone: job ' .. id .. ' was removed before it was linked'
+        if pq == queue then
+          fan_in_dead(base, parent, row, why, 'rd', tonumber(now))
         else
-          redis.call('SET', base .. 'dedup:' .. opts.k, id)
+          push_outbox(base, cjson.encode({k = 'dead', c = row, p = parent, q = pq, pol = 'rd',
+            v = why, i = (pinc ~= '') and pinc or nil}))
+        end
+      elseif opts.dep then
+        redis.call('HSET', row, unpack(parent_fields({}, parent, pq, policy, pinc)))
+        announce(id, parent, pq)  -- finished already: counts at once (guarded)
+      elseif deduped[id] then
+        local why = 'deduplicated: job ' .. deduped[id] .. ' holds key ' .. opts.k
+        if parent ~= '' and pq == queue then
+          fan_in_dead(base, parent, base .. 'job:' .. id, why, 'rd', tonumber(now))
+        elseif parent ~= '' then
+          push_outbox(base, cjson.encode({k = 'dead',
+            c = base .. 'job:' .. id, p = parent, q = pq, pol = 'rd', v = why,
+            i = (pinc ~= '') and pinc or nil}))
+        end
+      elseif skip[id] and parent ~= '' then
+        if adopt[id] then
+          -- the row keeps its own incarnation mark: no pi here
+          redis.call('HSET', row, unpack(parent_fields({}, parent, pq, policy, '')))
+        end
+        -- under its parent again (docs/explanation/lifecycle.md), and under this incarnation of
+        -- it (a parent landed fresh has a new one): a cancel mark a removed
+        -- flow's cancel left on it while it ran is that flow's, not this one's
+        local was = row_hmget(row, F_PINC, 'orphaned')
+        if was[2] or (pinc ~= '' and was[1] and was[1] ~= pinc) then
+          redis.call('HDEL', row, 'orphaned', 'cancel')
+        end
+        if pinc ~= '' then
+          redis.call('HSET', row, F_PINC, pinc)
+        end
+        announce(id, parent, pq)
+      elseif not skip[id] then
+        local state = (nrefs > 0) and 'awaiting_children' or 'pending'
+        if nrefs == 0 and delay > 0 then
+          state = 'delayed'
+        end
+        redis.call('HSET', row, 'name', name, 'payload', payload, 'state', state,
+          F_CREATED, now, unpack(shared))
+        if opts.k then
+          if opts.kt then
+            redis.call('SET', base .. 'dedup:' .. opts.k, id, 'PX', opts.kt)
+          else
+            redis.call('SET', base .. 'dedup:' .. opts.k, id)
+          end
+        end
+        if nrefs > 0 then
+          for j = i + 3, i + 2 + nrefs, 1000 do  -- sent in the list's form
+            redis.call('RPUSH', row .. ':children', unpack(a, j, math.min(j + 999, i + 2 + nrefs)))
+          end
+          redis.call('SET', row .. ':dependencies', nrefs)
+          redis.call('ZADD', awaiting, now, id)
+          if delay > 0 then
+            redis.call('HSET', row, 'delay_until', now + delay)
+          end
+          if opts.ct then
+            redis.call('HSET', row, 'children_deadline', now + opts.ct)
+            redis.call('ZADD', base .. 'deadlines', now + opts.ct, id)
+          end
+        elseif delay > 0 then
+          make_delayed(base, id, now + delay)
+        elseif opts.p or opts.g then  -- a group: lib/groups.lua
+          make_claimable(base, {id}, opts.p, false, opts.g)
+        else
+          nclaim = nclaim + 1
+          claimable[nclaim] = id
+        end
+        if nrefs == 0 and parent ~= '' and pq ~= queue then
+          run[#run + 1] = id
+          if #run == RUN_IDS then
+            emit_run(base .. 'events', 'added', run)
+            run = {}
+          end
+        elseif event or nrefs > 0 then
+          emit(base, 'added', id)
+        else
+          silent = silent + 1  -- announced by its parent's event, counted apart
         end
       end
-      if nrefs > 0 then
-        for j = i + 3, i + 2 + nrefs, 1000 do  -- sent in the list's form
-          redis.call('RPUSH', row .. ':children', unpack(a, j, math.min(j + 999, i + 2 + nrefs)))
-        end
-        redis.call('SET', row .. ':dependencies', nrefs)
-        redis.call('ZADD', awaiting, now, id)
-        if delay > 0 then
-          redis.call('HSET', row, 'delay_until', now + delay)
-        end
-        if opts.ct then
-          redis.call('HSET', row, 'children_deadline', now + opts.ct)
-          redis.call('ZADD', base .. 'deadlines', now + opts.ct, id)
-        end
-      elseif delay > 0 then
-        make_delayed(base, id, now + delay)
-      elseif opts.p or opts.g then  -- a group: lib/groups.lua
-        make_claimable(base, {id}, opts.p, false, opts.g)
-      else
-        claimable[#claimable + 1] = id
-      end
-      if nrefs == 0 and parent ~= '' and pq ~= queue then
-        run[#run + 1] = id
-        if #run == RUN_IDS then
-          emit_run(base .. 'events', 'added', run)
-          run = {}
-        end
-      elseif event or nrefs > 0 then
-        emit(base, 'added', id)
-      else
-        silent = silent + 1  -- announced by its parent's event, counted apart
-      end
+      i = i + 3 + nrefs
     end
-    i = i + 3 + nrefs
   end
 end
 emit_run(base .. 'events', 'added', run)
