@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass, field, fields
-from functools import partial
 from itertools import repeat
 from operator import attrgetter
 from typing import Any
@@ -220,13 +219,7 @@ _NO_RETRY = (None,) * 9  # and no group
 _PLAIN = (True, False, False, False, None, None, 0, 0, None, None, None, None, None, *_NO_RETRY)
 
 
-def plan(
-    root: Flow,
-    encode,
-    expiring: dict | None = None,
-    prefix: str | None = None,
-    encode_many=None,
-) -> Plan:
+def plan(root: Flow, encode, expiring: dict | None = None, prefix=None, encode_many=None) -> Plan:
     """Assign ids, validate and order a flow's nodes breadth first; returns
     the ``Plan``: runs of siblings (``Group``) in landing order, parents first.
 
@@ -247,8 +240,7 @@ def plan(
     """
     if not isinstance(root, Flow):
         raise FlowError(f"add_flow takes a Flow, got {type(root).__name__}")
-    if encode_many is None:
-        encode_many = partial(_encode_each, encode)
+    encode_many = encode_many or (lambda values: [encode(v) for v in values])
     expiring = expiring or {}
     groups: list[Group] = []
     gated: list[tuple[str, str]] = []
@@ -425,18 +417,14 @@ def _plain_leaves(flows: list, objects: set) -> tuple[str, str, set[int]] | None
     and no options, none met before in the flow (``objects``); else None
     (``plan()`` then checks them one by one, and raises what it finds).
     Tested in C calls: the first node's attributes against the defaults,
-    then every node's ``__dict__`` items against the first's, payload
-    aside (a dict lookup and an ``==`` per field, no tuple per node): a
-    fan-out of 10,000 leaves costs a few list operations, not a loop."""
+    then every node's ``__dict__`` items against the first's, payload aside."""
     n = len(flows)
     if n < 2 or set(map(type, flows)) != {Flow}:
         return None
     first = _shape(flows[0])
     if first[1] is not None or first[3] != [] or first[4] != [] or first[5:] != _PLAIN:
         return None
-    # every field of the first but its payload, which each node has its own of;
-    # a node with attributes of its own beyond these is still checked by
-    # its fields, as _shape reads them
+    # every field of the first but its payload (an attribute beyond the fields is ignored)
     template = {k: v for k, v in vars(flows[0]).items() if k != "payload"}
     if len(template) != len(_FIELDS) - 1 or template.keys() != _FIELDS - {"payload"}:
         return None
@@ -446,11 +434,6 @@ def _plain_leaves(flows: list, objects: set) -> tuple[str, str, set[int]] | None
     if len(ids) != n or not objects.isdisjoint(ids):
         return None
     return first[0], first[2], ids
-
-
-def _encode_each(encode, payloads: list) -> list[str]:
-    """``plan()``'s ``encode_many`` when the caller gives none."""
-    return [encode(p) for p in payloads]
 
 
 def _node_name(name, queue: str, job_id: str) -> str:

@@ -51,16 +51,12 @@ def to_json(value: Any) -> str:
 
 
 def to_json_many(values: list) -> list[str]:
-    """``to_json`` of each of ``values`` (a list), in order: a dict or list
-    by one C encoder call, with no Python frame per value (a flow's 10,000
-    payloads, docs/explanation/performance.md#the-adds-python). Raises as
-    ``to_json`` does."""
+    """``to_json`` of each of ``values``, in order, no Python frame per dict or list
+    (docs/explanation/performance.md#the-adds-python). Raises as ``to_json``."""
     if _C_ENCODE is None:
         return list(map(to_json, values))
     join, encode = "".join, _C_ENCODE
-    return [
-        join(encode(v, 0)) if type(v) is dict or type(v) is list else to_json(v) for v in values
-    ]
+    return [join(encode(v, 0)) if type(v) in (dict, list) else to_json(v) for v in values]
 
 
 class JobState(StrEnum):
