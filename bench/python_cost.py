@@ -38,7 +38,7 @@ def add_cost(mq: EchoMQ, n: int) -> tuple[float, float]:
     gc.disable()
     try:
         t0 = time.process_time()
-        plan = _flows.plan(flow, mq.wire.encode)
+        plan = _flows.plan(flow, mq.wire.encode, encode_many=mq.wire.encode_many)
         t1 = time.process_time()
         for queue, groups in steps(plan, mq.wire.flow_chunk):
             mq.flows._step_call(queue, groups, "write")

@@ -59,7 +59,8 @@
             parent's incarnation, stored as `pi`; '' otherwise: a
             child on this queue is given its parent row's `inc`),
           then per node: id, payload (JSON text), child count n, n child refs
-          (full job keys; :children holds them short, lib/row.lua short_ref).
+          in the form :children holds them (lib/row.lua short_ref: the id
+          for a child on this queue, '<queue>:<id>' for one on another).
           A node whose options hold dep = 1 is a dependency (depends_on,
           docs/howto/canvas.md#depends-on-existing-jobs): an existing job
           (name and payload '' and unused) that its parent waits for like a
@@ -95,9 +96,9 @@ local function same_children(kids, from, n)
   if redis.call('LLEN', kids) ~= n then
     return false
   end
-  local have = {}
+  local have = {}  -- a list written before may hold full keys: made short
   for _, ref in ipairs(redis.call('LRANGE', kids, 0, -1)) do
-    have[child_key(base, ref)] = true
+    have[short_ref(base, ref)] = true
   end
   for j = from, from + n - 1 do
     if not have[a[j]] then
@@ -132,6 +133,16 @@ while i <= #a do
   local opts = (a[i + 8] ~= '') and cjson.decode(a[i + 8]) or nil
   local inc = a[i + 9]
   i = i + 11
+  -- a fresh group (ids the host generated, no options) has nothing to gate
+  -- (no existing row, dedup key or dependency to look up): only stepped over
+  local fresh = gate ~= '1' and not opts
+  for _ = 1, fresh and count or 0 do
+    i = i + 3 + tonumber(a[i + 2])
+  end
+  if fresh then
+    total = total + count
+    count = 0
+  end
   for _ = 1, count do
     local id, nrefs = a[i], tonumber(a[i + 2])
     local row = base .. 'job:' .. id
@@ -223,7 +234,7 @@ local function parent_fields(t, parent, pq, policy, pinc)
 end
 
 -- pass 2: write
-local claimable = {}
+local claimable, nclaim = {}, 0
 local silent = 0  -- same-queue leaves written: they emit no event of their own
 local run = {}  -- cross-queue leaves written and not yet announced: one `added` per RUN_IDS
 i = 1
@@ -232,6 +243,7 @@ while i <= #a do
     a[i], a[i + 1], a[i + 2], a[i + 3], a[i + 4], a[i + 5], tonumber(a[i + 7])
   local opts = (a[i + 8] ~= '') and cjson.decode(a[i + 8]) or {}
   local inc, pinc = a[i + 9], a[i + 10]
+  local fresh = a[i + 6] ~= '1' and a[i + 8] == ''  -- as in pass 1: nothing was gated
   i = i + 11
   if parent ~= '' and pq == queue then  -- the parent's own incarnation: its row is on this slot
     pinc = redis.call('HGET', base .. 'job:' .. parent, 'inc') or ''
@@ -264,96 +276,122 @@ while i <= #a do
     end
   end
   local event = parent == '' or pq ~= queue
+  -- a fresh group's leaves: one HSET each from one argument table (its row
+  -- and payload set per leaf), pending, announced as the general path
+  -- below does (a cross-queue leaf in a run, a root by its own event, a
+  -- same-queue leaf by its parent's)
+  local leaf = fresh and {'HSET', false, 'name', name, 'payload', false, 'state', 'pending',
+    F_CREATED, now, unpack(shared)}
+  local in_run = parent ~= '' and pq ~= queue
+  local jobs, call = base .. 'job:', redis.call
   for _ = 1, count do
-    local id, payload, nrefs = a[i], a[i + 1], tonumber(a[i + 2])
-    local row = base .. 'job:' .. id
-    if opts.dep and gone[id] then
-      local why = 'dependency gone: job ' .. id .. ' was removed before it was linked'
-      if pq == queue then
-        fan_in_dead(base, parent, row, why, 'rd', tonumber(now))
-      else
-        push_outbox(base, cjson.encode({k = 'dead', c = row, p = parent, q = pq, pol = 'rd',
-          v = why, i = (pinc ~= '') and pinc or nil}))
-      end
-    elseif opts.dep then
-      redis.call('HSET', row, unpack(parent_fields({}, parent, pq, policy, pinc)))
-      announce(id, parent, pq)  -- finished already: counts at once (guarded)
-    elseif deduped[id] then
-      local why = 'deduplicated: job ' .. deduped[id] .. ' holds key ' .. opts.k
-      if parent ~= '' and pq == queue then
-        fan_in_dead(base, parent, base .. 'job:' .. id, why, 'rd', tonumber(now))
-      elseif parent ~= '' then
-        push_outbox(base, cjson.encode({k = 'dead',
-          c = base .. 'job:' .. id, p = parent, q = pq, pol = 'rd', v = why,
-          i = (pinc ~= '') and pinc or nil}))
-      end
-    elseif skip[id] and parent ~= '' then
-      if adopt[id] then
-        -- the row keeps its own incarnation mark: no pi here
-        redis.call('HSET', row, unpack(parent_fields({}, parent, pq, policy, '')))
-      end
-      -- under its parent again (docs/explanation/lifecycle.md), and under this incarnation of
-      -- it (a parent landed fresh has a new one): a cancel mark a removed
-      -- flow's cancel left on it while it ran is that flow's, not this one's
-      local was = row_hmget(row, F_PINC, 'orphaned')
-      if was[2] or (pinc ~= '' and was[1] and was[1] ~= pinc) then
-        redis.call('HDEL', row, 'orphaned', 'cancel')
-      end
-      if pinc ~= '' then
-        redis.call('HSET', row, F_PINC, pinc)
-      end
-      announce(id, parent, pq)
-    elseif not skip[id] then
-      local state = (nrefs > 0) and 'awaiting_children' or 'pending'
-      if nrefs == 0 and delay > 0 then
-        state = 'delayed'
-      end
-      redis.call('HSET', row, 'name', name, 'payload', payload, 'state', state,
-        F_CREATED, now, unpack(shared))
-      if opts.k then
-        if opts.kt then
-          redis.call('SET', base .. 'dedup:' .. opts.k, id, 'PX', opts.kt)
-        else
-          redis.call('SET', base .. 'dedup:' .. opts.k, id)
-        end
-      end
-      if nrefs > 0 then
-        for j = i + 3, i + 2 + nrefs, 1000 do
-          local short = {}  -- the list's form of each ref (lib/row.lua short_ref)
-          for k = j, math.min(j + 999, i + 2 + nrefs) do
-            short[#short + 1] = short_ref(base, a[k])
-          end
-          redis.call('RPUSH', row .. ':children', unpack(short))
-        end
-        redis.call('SET', row .. ':dependencies', nrefs)
-        redis.call('ZADD', awaiting, now, id)
-        if delay > 0 then
-          redis.call('HSET', row, 'delay_until', now + delay)
-        end
-        if opts.ct then
-          redis.call('HSET', row, 'children_deadline', now + opts.ct)
-          redis.call('ZADD', base .. 'deadlines', now + opts.ct, id)
-        end
-      elseif delay > 0 then
-        make_delayed(base, id, now + delay)
-      elseif opts.p or opts.g then  -- a group: lib/groups.lua
-        make_claimable(base, {id}, opts.p, false, opts.g)
-      else
-        claimable[#claimable + 1] = id
-      end
-      if nrefs == 0 and parent ~= '' and pq ~= queue then
+    if leaf and a[i + 2] == '0' then
+      local id = a[i]
+      leaf[2] = jobs .. id
+      leaf[6] = a[i + 1]
+      call(unpack(leaf))
+      nclaim = nclaim + 1
+      claimable[nclaim] = id
+      if in_run then
         run[#run + 1] = id
         if #run == RUN_IDS then
           emit_run(base .. 'events', 'added', run)
           run = {}
         end
-      elseif event or nrefs > 0 then
+      elseif event then
         emit(base, 'added', id)
       else
-        silent = silent + 1  -- announced by its parent's event, counted apart
+        silent = silent + 1
       end
+      i = i + 3
+    else
+      local id, payload, nrefs = a[i], a[i + 1], tonumber(a[i + 2])
+      local row = base .. 'job:' .. id
+      if opts.dep and gone[id] then
+        local why = 'dependency gone: job ' .. id .. ' was removed before it was linked'
+        if pq == queue then
+          fan_in_dead(base, parent, row, why, 'rd', tonumber(now))
+        else
+          push_outbox(base, cjson.encode({k = 'dead', c = row, p = parent, q = pq, pol = 'rd',
+            v = why, i = (pinc ~= '') and pinc or nil}))
+        end
+      elseif opts.dep then
+        redis.call('HSET', row, unpack(parent_fields({}, parent, pq, policy, pinc)))
+        announce(id, parent, pq)  -- finished already: counts at once (guarded)
+      elseif deduped[id] then
+        local why = 'deduplicated: job ' .. deduped[id] .. ' holds key ' .. opts.k
+        if parent ~= '' and pq == queue then
+          fan_in_dead(base, parent, base .. 'job:' .. id, why, 'rd', tonumber(now))
+        elseif parent ~= '' then
+          push_outbox(base, cjson.encode({k = 'dead',
+            c = base .. 'job:' .. id, p = parent, q = pq, pol = 'rd', v = why,
+            i = (pinc ~= '') and pinc or nil}))
+        end
+      elseif skip[id] and parent ~= '' then
+        if adopt[id] then
+          -- the row keeps its own incarnation mark: no pi here
+          redis.call('HSET', row, unpack(parent_fields({}, parent, pq, policy, '')))
+        end
+        -- under its parent again (docs/explanation/lifecycle.md), and under this incarnation of
+        -- it (a parent landed fresh has a new one): a cancel mark a removed
+        -- flow's cancel left on it while it ran is that flow's, not this one's
+        local was = row_hmget(row, F_PINC, 'orphaned')
+        if was[2] or (pinc ~= '' and was[1] and was[1] ~= pinc) then
+          redis.call('HDEL', row, 'orphaned', 'cancel')
+        end
+        if pinc ~= '' then
+          redis.call('HSET', row, F_PINC, pinc)
+        end
+        announce(id, parent, pq)
+      elseif not skip[id] then
+        local state = (nrefs > 0) and 'awaiting_children' or 'pending'
+        if nrefs == 0 and delay > 0 then
+          state = 'delayed'
+        end
+        redis.call('HSET', row, 'name', name, 'payload', payload, 'state', state,
+          F_CREATED, now, unpack(shared))
+        if opts.k then
+          if opts.kt then
+            redis.call('SET', base .. 'dedup:' .. opts.k, id, 'PX', opts.kt)
+          else
+            redis.call('SET', base .. 'dedup:' .. opts.k, id)
+          end
+        end
+        if nrefs > 0 then
+          for j = i + 3, i + 2 + nrefs, 1000 do  -- sent in the list's form
+            redis.call('RPUSH', row .. ':children', unpack(a, j, math.min(j + 999, i + 2 + nrefs)))
+          end
+          redis.call('SET', row .. ':dependencies', nrefs)
+          redis.call('ZADD', awaiting, now, id)
+          if delay > 0 then
+            redis.call('HSET', row, 'delay_until', now + delay)
+          end
+          if opts.ct then
+            redis.call('HSET', row, 'children_deadline', now + opts.ct)
+            redis.call('ZADD', base .. 'deadlines', now + opts.ct, id)
+          end
+        elseif delay > 0 then
+          make_delayed(base, id, now + delay)
+        elseif opts.p or opts.g then  -- a group: lib/groups.lua
+          make_claimable(base, {id}, opts.p, false, opts.g)
+        else
+          nclaim = nclaim + 1
+          claimable[nclaim] = id
+        end
+        if nrefs == 0 and parent ~= '' and pq ~= queue then
+          run[#run + 1] = id
+          if #run == RUN_IDS then
+            emit_run(base .. 'events', 'added', run)
+            run = {}
+          end
+        elseif event or nrefs > 0 then
+          emit(base, 'added', id)
+        else
+          silent = silent + 1  -- announced by its parent's event, counted apart
+        end
+      end
+      i = i + 3 + nrefs
     end
-    i = i + 3 + nrefs
   end
 end
 emit_run(base .. 'events', 'added', run)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from echomq_django import EchoMQ, Flow, FlowError
+from echomq_django import EchoMQ, Flow, FlowError, JobRef, PayloadError
 from echomq_django.core import flows as _flows
 from echomq_django.core.jobs import to_json
 from echomq_django.core.landing import steps
@@ -166,3 +166,46 @@ def test_a_plain_fan_out_on_another_queue_carries_the_parents_incarnation(mq) ->
         (ref.parent_id, "p", inc, "pending")
     ] * 5
     assert [k["payload"] for k in kids] == [f'{{"i":{i}}}' for i in range(5)]
+
+
+@pytest.mark.parametrize(
+    ("payload", "message"),
+    [
+        (float("nan"), "payload is not JSON-serialisable: Out of range float values"),
+        ({"x": object()}, "payload is not JSON-serialisable: Object of type object"),
+        ({"big": "x" * 200}, "payload is 210 bytes of JSON; the limit is 100 bytes"),
+    ],
+)
+def test_a_fan_outs_payloads_are_refused_as_one_payload_is(redis_client, payload, message) -> None:
+    mq = EchoMQ(redis_client, prefix="emq", max_payload_bytes=100)
+    with pytest.raises(PayloadError) as one:
+        mq.encode(payload)
+    assert str(one.value).startswith(message)
+    kids = [*plain(40), Flow("q", "leaf", payload), *plain(40)]
+    before = snapshot(mq.client)
+    with pytest.raises(PayloadError) as many:
+        mq.add_flow(Flow("q", "root", children=kids))
+    assert str(many.value) == str(one.value)
+    assert snapshot(mq.client) == before
+
+
+def test_a_fan_outs_payloads_are_stored_as_encode_writes_them(mq) -> None:
+    payloads = [{"ref": {JobRef("q", "a"): 1}}, [1.5, None], "text", 7, None, {"i": 0}]
+    ref = mq.add_flow(Flow("q", "root", children=[Flow("q", "leaf", p) for p in payloads]))
+    stored = [row(mq, "q", job_id)["payload"] for _, job_id in ref.children]
+    assert stored == [mq.encode(p) for p in payloads]
+    assert stored[0] == '{"ref":{"q/a":1}}'
+
+
+def test_one_leaf_with_a_setting_in_a_plain_fan_out_keeps_it(mq) -> None:
+    kids = plain(30)
+    kids[17] = Flow("q", "leaf", {"i": 17}, priority=5)
+    kids[23] = Flow("q", "leaf", {"i": 23}, children=[Flow("q", "sub", {})])
+    ref = mq.add_flow(Flow("q", "root", children=kids))
+    assert (ref.landed, len(ref.child_ids)) == (32, 30)
+    rows = [row(mq, "q", job_id) for job_id in ref.child_ids]
+    assert [i for i, r in enumerate(rows) if r.get("priority")] == [17]
+    assert rows[17]["priority"] == "5"
+    assert [(i, r["state"]) for i, r in enumerate(rows) if r["state"] != "pending"] == [
+        (23, "awaiting_children")
+    ]

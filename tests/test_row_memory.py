@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from echomq_django import EchoMQ, Flow, JobRef, JobState
+from echomq_django import EchoMQ, Flow, FlowConflict, JobRef, JobState
 from echomq_django.core.jobs import LONG_NAMES
 from tests.support.jobkit import raw_row, sweep
 
@@ -172,6 +172,22 @@ def test_a_children_list_of_full_keys_from_before_is_read_as_ever(mq, how) -> No
         assert gone == [0, 0, 0, 0] and not mq.client.exists(mq.keys.job("p", "root"))
     else:  # every queued child is cancelled: dead, on both queues
         assert [mq.get_job(r.queue, r.id).state for r in refs] == [JobState.DEAD] * 4
+
+
+def test_a_flow_added_again_over_a_children_list_of_full_keys_is_the_same_flow(mq) -> None:
+    # enqueue_flow takes the list's short form; a list written before holds
+    # full keys, and gating a re-add compares it in the short form
+    mq.add_flow(Flow("p", "root", {}, job_id="root", children=_kids()))
+    kids = mq.keys.job_part("p", "root", "children")
+    full = [mq.keys.job("p", "k0"), mq.keys.job("c", "k1"), mq.keys.job("p", "k2"), "c:k3"]
+    mq.client.delete(kids)
+    mq.client.rpush(kids, *full)
+    again = mq.add_flow(Flow("p", "root", {}, job_id="root", children=_kids()))
+    assert (again.landed, again.skipped) == (0, 5)
+    assert [e.decode() for e in mq.client.lrange(kids, 0, -1)] == full  # left as it was
+    other = [*_kids()[:3], Flow("c", "leaf", {}, job_id="k9")]
+    with pytest.raises(FlowConflict, match="exists with other children"):
+        mq.add_flow(Flow("p", "root", {}, job_id="root", children=other))
 
 
 @pytest.mark.parametrize("child_queue", ["p", "c"])

@@ -50,6 +50,15 @@ def to_json(value: Any) -> str:
     return _ENCODER.encode(value)
 
 
+def to_json_many(values: list) -> list[str]:
+    """``to_json`` of each of ``values``, in order, no Python frame per dict or list
+    (docs/explanation/performance.md#the-adds-python). Raises as ``to_json``."""
+    if _C_ENCODE is None:
+        return list(map(to_json, values))
+    join, encode = "".join, _C_ENCODE
+    return [join(encode(v, 0)) if type(v) in (dict, list) else to_json(v) for v in values]
+
+
 class JobState(StrEnum):
     """The job states (docs/explanation/protocol.md#job-states): a job row's ``state`` field."""
 

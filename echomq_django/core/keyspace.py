@@ -356,6 +356,15 @@ class Keyspace:
             return f"{self.prefix}:{{{other}}}:{JOB_PREFIX}{job_id}"
         return f"{self.prefix}:{{{queue}}}:{JOB_PREFIX}{entry}"
 
+    @staticmethod
+    def short_refs(queue: str, pairs: list[tuple[str, str]]) -> list[str]:
+        """The ``:children`` entries of a parent on ``queue`` for children
+        given as ``(queue, id)`` pairs whose names were validated already
+        (flows.plan): the id for a child on ``queue``, ``<queue>:<id>`` for
+        one on another (``child_key`` turns them back into full keys;
+        ``enqueue_flow`` takes them so, docs/explanation/protocol.md#a-parents-keys)."""
+        return [i if q == queue else f"{q}:{i}" for q, i in pairs]
+
     def parse_ref(self, ref: str) -> tuple[str, str]:
         """Split a child ref ``P:{q}:job:<id>`` into ``(queue, id)``.
 

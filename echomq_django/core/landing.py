@@ -8,6 +8,7 @@ jobs become one-node groups after every other (``dependencies``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import repeat
 
 from .exceptions import FlowError
 from .jobs import Policy
@@ -87,8 +88,11 @@ class Plan:
 
     def refs(self) -> list[JobRef]:
         """Every node as a ``JobRef``, in landing order."""
-        trusted, deps = JobRef._trusted, self.deps
-        refs = [trusted(g.queue, i) for g in self.groups for i in g.ids]
+        # JobRef._trusted's tuple.__new__, in C calls: no Python frame per node
+        new, deps = tuple.__new__, self.deps
+        refs: list[JobRef] = []
+        for g in self.groups:
+            refs.extend(map(new, repeat(JobRef), zip(repeat(g.queue), g.ids)))
         return [r for r in refs if r not in deps] if deps else refs
 
 

@@ -43,7 +43,7 @@ class Flows(Part):
         ``traceparent`` (W3C, '' for none) goes into every group's options
         as ``tc`` (docs/howto/tracing.md)."""
         qk = self.keys.queue(queue)
-        refs = self.keys.refs
+        short_refs = self.keys.short_refs
         flat: list[str] = []
         add = flat.extend
         for g in groups:
@@ -69,9 +69,9 @@ class Flows(Part):
                 add(part)
                 continue
             for job_id, payload, children in zip(ids, payloads, kids, strict=True):
-                if children:
-                    keys = refs(children)
-                    add((job_id, payload, str(len(keys)), *keys))
+                if children:  # as the parent's :children holds them (Keyspace.short_refs)
+                    add((job_id, payload, str(len(children))))
+                    add(short_refs(queue, children))
                 else:
                     add((job_id, payload, "0"))
         # one JSON argument: 9+ ARGV per node cost more in redis-py than in Redis
@@ -101,7 +101,8 @@ class Flows(Part):
         ``add_flow``; when a flow takes more than one script, every user-given
         id is gated by a read-only pass before the first write."""
         expiring = self._expiring()
-        plans = [_flows.plan(f, self.wire.encode, expiring) for f in flows]
+        wire = self.wire
+        plans = [_flows.plan(f, wire.encode, expiring, encode_many=wire.encode_many) for f in flows]
         self._check_dependencies([g for p in plans if p.deps for g in p.groups if g.opts == DEP])
         seen: set = set()
         for p in plans:
@@ -223,7 +224,7 @@ class Flows(Part):
             job._adds = [int(self.client.hget(self.keys.job(job.queue, job.id), "waits") or 0), 0]
         waits, call = job._adds
         prefix = step_prefix(job.queue, job.id, job.created_at, waits, call)
-        plan = _flows.plan(root, self.wire.encode, self._expiring(), prefix)
+        plan = _flows.plan(root, self.wire.encode, self._expiring(), prefix, self.wire.encode_many)
         job._adds[1] += 1
         head, groups = plan.groups[0], plan.groups[1:]
         for g in groups:  # a child landed before a crash is met again: skipped, not rewritten

@@ -294,11 +294,16 @@ local function fan_in_done(base, pid, ref, result, now, inc)
   if not state then
     return stale
   end
-  if redis.call('HEXISTS', pkey .. ':unsuccessful', ref) == 1
-      or redis.call('HEXISTS', pkey .. ':removed', ref) == 1 then
-    return true
+  -- the hashes a child may sit in other than :processed: none exists while
+  -- every child so far completed (a wide flow's common case), and one EXISTS
+  -- then stands for the two HEXISTS and reattach's HDEL
+  if redis.call('EXISTS', pkey .. ':unsuccessful', pkey .. ':removed', pkey .. ':failed') > 0 then
+    if redis.call('HEXISTS', pkey .. ':unsuccessful', ref) == 1
+        or redis.call('HEXISTS', pkey .. ':removed', ref) == 1 then
+      return true
+    end
+    reattach(base, pid, ref, now)
   end
-  reattach(base, pid, ref, now)
   if redis.call('HSETNX', pkey .. ':processed', ref, result) == 1 then
     decrement_and_maybe_release(base, pid, now)
   end
