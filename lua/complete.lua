@@ -15,7 +15,15 @@
   ARGV[1] queue name
   ARGV[2] queue key prefix     P:{q}: (job rows are P:{q}:job:<id>, same slot)
   ARGV[3] now (ms)
-  ARGV[4..] jobs, 3 values each: job id, lease token (from claim), result (a JSON text)
+  ARGV[4] the progress and log writes the batch's jobs left pending: '' for
+          none (the plain path: one string compare), or one JSON array, the
+          lines kept (KEEP_LOGS) and then write_reports.lua's ARGV[4] for
+          those jobs; written first, exactly as a write_reports call ahead
+          of this one in the same round trip would (lib/reports.lua: each
+          checked under its lease, one events entry for their progress
+          values, ahead of every completion's), so a job's progress and
+          lines are final when it is (docs/howto/progress-and-logs.md#when-a-write-is-visible)
+  ARGV[5..] jobs, 3 values each: job id, lease token (from claim), result (a JSON text)
 
   returns: a JSON array with one entry per job, in order:
            0 when the job completed and moved nothing else;
@@ -44,11 +52,17 @@
 local active, completed = KEYS[1], KEYS[2]
 local QUEUE = ARGV[1]
 -- @include lib/flow.lua
+-- @include lib/reports.lua
 minute_batch = {}  -- the batch's counts, written once each (lib/emit.lua)
 local base, now = ARGV[2], tonumber(ARGV[3])
 
+if ARGV[4] ~= '' then  -- a refused write is refused again by its job's completion below
+  local writes = cjson.decode(ARGV[4])
+  write_reports(base .. 'events', QUEUE, base, writes[1], writes, 2)
+end
+
 local replies = {}
-for i = 4, #ARGV, 3 do
+for i = 5, #ARGV, 3 do
   local id, token, result = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local row = base .. 'job:' .. id
   local f = row_hmget(row, 'state', 'lease', 'parent', F_PQUEUE, 'dedup', 'keep',

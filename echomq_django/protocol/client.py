@@ -266,7 +266,7 @@ class EchoMQ(Reads):
         stays active), ``JobNotFound``, ``JobNotActive``, ``LeaseLost``.
         """
         text = self.encode(result, "result")
-        call = self._complete_call(job.queue, [(job, text)])
+        call = self.wire.complete_call(job.queue, [(job, text)])
         reply = self.wire.complete_replies(self.wire.run_or_error(*call), 1)[0]
         if isinstance(reply, Exception):
             raise reply
@@ -289,7 +289,7 @@ class EchoMQ(Reads):
         return outcome.state
 
     def complete_many(
-        self, items: list[tuple[Job, Any]], ahead: list | None = None
+        self, items: list[tuple[Job, Any]], ahead: list | None = None, carry: dict | None = None
     ) -> list[Outcome | Exception]:
         """``complete`` for many jobs in one round trip; an exception object
         (``PayloadError``, ``LeaseLost``...) stands in for each one refused.
@@ -297,8 +297,10 @@ class EchoMQ(Reads):
         (each job its own checked transition); queues are pipelined.
         ``ahead``: script calls ``(name, keys, args)`` run first in the same
         round trip (pending progress and log writes, ``mq.progress.calls``),
-        each replaced in place by its reply (an exception if refused)."""
-        return self._complete_many(items, ahead, None)[0]
+        each replaced in place by its reply (an exception if refused).
+        ``carry``: these jobs' pending writes, each popped and written by its
+        job's ``complete`` call, ahead of its completion (``Progress.carried``)."""
+        return self._complete_many(items, ahead, None, carry)[0]
 
     def complete_then_claim(
         self,
@@ -308,8 +310,9 @@ class EchoMQ(Reads):
         lease_ms: int,
         token: str,
         ahead: list | None = None,
+        carry: dict | None = None,
     ) -> tuple[list[Outcome | Exception], Claimed | Exception]:
-        """``complete_many(items, ahead)``, then ``claim(queue, count,
+        """``complete_many(items, ahead, carry)``, then ``claim(queue, count,
         lease_ms, token)`` in the same round trip: a parent they released on
         ``queue`` is claimed at once
         (docs/explanation/no-polling.md#a-released-parent-starts-at-once).
@@ -317,12 +320,12 @@ class EchoMQ(Reads):
         Raises as ``claim`` does, and ``RedisUnavailable`` (the same
         ``token`` replays the claim)."""
         call, now, lease = self.wire.claim_call(queue, count, lease_ms, token)
-        out, got = self._complete_many(items, ahead, call)
+        out, got = self._complete_many(items, ahead, call, carry)
         return out, got if isinstance(got, Exception) else self.wire.claimed(
             queue, got, now, lease, self
         )
 
-    def _complete_many(self, items: list[tuple[Job, Any]], ahead, then) -> tuple[list, Any]:
+    def _complete_many(self, items: list, ahead, then, carry=None) -> tuple[list, Any]:
         """``complete_many``, ``ahead`` before it and ``then`` (a script
         call, or None) after it, in one round trip."""
         out: list[Outcome | Exception | None] = [None] * len(items)
@@ -338,7 +341,9 @@ class EchoMQ(Reads):
         for queue, group in by_queue.items():
             for at in range(0, len(group), COMPLETE_BATCH):
                 part = group[at : at + COMPLETE_BATCH]
-                calls.append(self._complete_call(queue, [(job, text) for _, job, text in part]))
+                pairs = [(job, text) for _, job, text in part]
+                writes = self.progress.carried(queue, pairs, carry) if carry else ""
+                calls.append(self.wire.complete_call(queue, pairs, writes))
                 slots.append([i for i, _, _ in part])
         if then is not None:
             calls.append(then)
@@ -356,14 +361,6 @@ class EchoMQ(Reads):
                 if not isinstance(entry, Exception):
                     items[i][0].state = JobState.COMPLETED
         return out, extra
-
-    def _complete_call(self, queue: str, pairs: list[tuple[Job, str]]):
-        """One ``complete`` script call for ``(job, result JSON)`` pairs of ``queue``."""
-        k = self.keys.queue(queue)
-        args: list = [queue, k.base, self.clock()]
-        for job, text in pairs:
-            args += (job.id, job.lease or "", text)
-        return ("complete", [k.active, k.completed], args)
 
     def fail_many(self, items: list[tuple]) -> list[Outcome | Exception]:
         """``fail`` for many ``(job, error)``, ``(job, error, dead)`` or

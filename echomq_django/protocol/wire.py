@@ -120,6 +120,16 @@ class Wire:
         args = [k.base, count, now, lease, token, *limits, queue, group_cap, self.group_rate(queue)]
         return ("claim", [k.pending, k.active, k.lease_seq], args), now, lease
 
+    def complete_call(self, queue: str, pairs: list, writes: str = ""):
+        """One ``complete`` script call for ``(job, result JSON)`` pairs of
+        ``queue``; ``writes``: their pending progress and log writes
+        (``Progress.carried``, ARGV[4] of lua/complete.lua), '' for none."""
+        k = self.keys.queue(queue)
+        args: list = [queue, k.base, self.clock(), writes]
+        for job, text in pairs:
+            args += (job.id, job.lease or "", text)
+        return ("complete", [k.active, k.completed], args)
+
     def claimed(self, queue: str, reply, now: int, lease: int, source) -> Claimed:
         """A ``claim`` script's ``reply`` as a ``Claimed``: its jobs leased
         until ``now + lease`` (ms; a replay's own rest), ``source`` (the
