@@ -273,12 +273,13 @@ class Flusher:
                 self.stats["sent"] += n
 
     def _carried(self, ride: Ride) -> None:
-        """Count the writes completions carried by their completions'
-        replies: refused with a refused job (``LeaseLost``, ``JobNotActive``,
+        """Count the carried writes by their jobs' completion replies:
+        refused with a refused job (``LeaseLost``, ``JobNotActive``,
         ``JobNotFound``), written for any other job (a cancelled one too, as
         ``lua/complete.lua`` writes them first); those of a call that failed
-        whole (an OOM, a script error) are pending again, first, to ride the
-        completion the reporter sends again."""
+        whole (a script error: the reporter keeps its jobs) are pending
+        again, first, to ride the completion sent again, which refuses them
+        once the failed call got as far as completing the job."""
         if not ride.taken:
             return
         outcome = dict(zip(map(id, ride.jobs), ride.replies, strict=True))
