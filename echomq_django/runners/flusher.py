@@ -73,7 +73,7 @@ class Ride:
     (the ``write_reports`` calls of the rest, ``rest``, to send ahead of
     them), ``taken`` (what ``carry`` held at first); ``settle(jobs,
     replies)`` hands over the completions' replies, which say how the
-    carried writes went."""
+    carried writes went (docs/explanation/protocol.md#progress-and-log-lines)."""
 
     __slots__ = ("ahead", "carry", "jobs", "replies", "rest", "taken")
 

@@ -130,7 +130,8 @@ class Progress(Part):
         ``queue``), popped from ``carry`` (``id(job)`` -> ``(job, progress
         values, lines)``, each list of at most ``PER_ENTRY``), as ARGV[4] of
         ``lua/complete.lua``: the lines kept, then ``write_reports``' entries
-        for them; '' when none of them has any."""
+        for them; '' when none of them has any
+        (docs/explanation/protocol.md#progress-and-log-lines)."""
         flat: list = []
         for job, _ in pairs:
             entry = carry.pop(id(job), None)
