@@ -2,8 +2,8 @@
 (docs/explanation/house.md, "protocol/").
 
 ``EchoMQ`` is the user API: the one-job transitions defined here (``lua/enqueue.lua``,
-``lua/complete.lua``, ``lua/fail.lua``, ``lua/extend_lease.lua``,
-``claim`` runs the call ``Wire.claim_call`` builds), the
+``lua/fail.lua``, ``lua/extend_lease.lua``; ``claim`` and ``complete`` run
+the calls ``Wire.claim_call`` and ``Wire.complete_call`` build), the
 read API of ``Reads``, and the calls it hands to its parts:
 flows (``mq.flows``), bulk adds (``mq.bulk``), retry, remove and cancel
 (``mq.lifecycle``), waiting for a result (``mq.waits``), what a running job reports

@@ -5,10 +5,11 @@ loader, the clock, the queues' settings and the payload encoder
 ``Wire`` holds them; ``Part`` is the base of each part (``EchoMQ`` itself,
 ``mq.outbox``, ``mq.lifecycle``, ``mq.signal_events``, ...), which reads them
 from its wire, so a clock a test sets on the ``EchoMQ`` is every part's
-clock. It builds one script call, ``lua/claim.lua``'s (``Wire.claim_call``:
+clock. It builds two script calls: ``lua/claim.lua``'s (``Wire.claim_call``:
 ``EchoMQ.claim`` runs it alone, ``EchoMQ.complete_then_claim`` after
-completions in the same round trip); ``run_or_error`` runs the one a caller
-names.
+completions in the same round trip) and ``lua/complete.lua``'s
+(``Wire.complete_call``, for ``EchoMQ.complete`` and ``complete_many``);
+``run_or_error`` runs the one a caller names.
 """
 
 from __future__ import annotations
