@@ -16,7 +16,9 @@ and overflowed the log, so it counted part of a drain only), and the round trips
 the worker's flusher made per job (the reporter's flush rides its batch).
 ``--write-path`` measures the writes alone on one thread instead
 (``write_path``): the CPU a job's two writes cost this process and the
-server, which the machine's load moves far less than a drain.
+server, which the machine's load moves far less than a drain;
+``--complete-path`` the completions, with and without those writes riding
+them (``complete_path``).
 """
 
 from __future__ import annotations
@@ -122,6 +124,45 @@ def write_path(mq, client, n: int, rounds: int) -> list[dict[str, float]]:
     return out
 
 
+def complete_path(mq, client, n: int, rounds: int, batch: int = 8) -> list[dict[str, float]]:
+    """The completions alone, on one thread, as the worker's reporter sends
+    them: ``n`` claimed jobs completed in batches of ``batch`` (one
+    ``complete_many`` round trip each), with the flusher's pending writes
+    riding each batch (``Flusher.riding``); in each of ``rounds`` rounds
+    first jobs that wrote nothing ("plain"), then jobs that each called
+    ``report_progress(50)`` and ``log("half way")`` first ("reporting").
+    Returns per round ``plain`` and ``reporting``: each a pair (this
+    process's CPU per job, the server's, us), the writes' calls included."""
+    from echomq_django.runners.flusher import Flusher
+
+    out = []
+    for _ in range(rounds):
+        row = {}
+        for kind in ("plain", "reporting"):
+            client.flushall()
+            mq.enqueue_many(Q, [(REPORTING, {"i": i}) for i in range(n)])
+            jobs = []
+            while len(jobs) < n:
+                jobs += mq.claim(Q, min(500, n - len(jobs)), lease_ms=600_000)
+            writes = Flusher(mq)
+            cpu, server = time.process_time(), _redis_cpu_s(client)
+            for at in range(0, n, batch):
+                part = jobs[at : at + batch]
+                for job in part if kind == "reporting" else ():
+                    job._writes = writes
+                    job.report_progress(50)
+                    job.log("half way")
+                with writes.riding(part) as ride:
+                    replies = mq.complete_many([(j, 1) for j in part], ride.ahead, ride.carry)
+                    ride.settle(part, replies)
+            cpu, server = time.process_time() - cpu, _redis_cpu_s(client) - server
+            assert writes.stats["dropped"] == 0 and writes.pending() == 0, writes.stats
+            assert mq.counts(Q)["completed"] == n
+            row[kind] = (cpu / n * 1e6, server / n * 1e6)
+        out.append(row)
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--jobs", type=int, default=5000, help="jobs per drain (default %(default)s)")
@@ -134,6 +175,12 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="measure the writes alone on one thread instead (write_path: --jobs jobs, "
         "--rounds sends; at most 100 rounds, so no job log is trimmed)",
+    )
+    p.add_argument(
+        "--complete-path",
+        action="store_true",
+        help="measure the completions alone on one thread instead (complete_path: --jobs "
+        "jobs, batches of 8, --rounds rounds of plain then reporting jobs)",
     )
     args = p.parse_args(argv)
     server = start_server()
@@ -151,6 +198,21 @@ def main(argv: list[str] | None = None) -> None:
                 each = ", ".join(f"{r[what]:.1f}" for r in rounds)
                 med_ = statistics.median(r[what] for r in rounds)
                 print(f"write path, CPU of {word}: {med_:.1f} us/job (median); each: {each}")
+            return
+        if args.complete_path:
+            complete_path(mq, client, 200, 1)  # warm: scripts loaded
+            rounds = complete_path(mq, client, args.jobs, args.rounds)
+            for kind in ("plain", "reporting"):
+                for i, word in ((0, "this process"), (1, "the server")):
+                    each = ", ".join(f"{r[kind][i]:.1f}" for r in rounds)
+                    med_ = statistics.median(r[kind][i] for r in rounds)
+                    print(f"complete path, {kind}, CPU of {word}: {med_:.1f} us/job; each: {each}")
+            for i, word in ((0, "this process"), (1, "the server")):
+                cost = [r["reporting"][i] - r["plain"][i] for r in rounds]
+                print(
+                    f"complete path, the writes' CPU of {word}: {statistics.median(cost):.1f} "
+                    f"us/job (median); each: " + ", ".join(f"{c:.1f}" for c in cost)
+                )
             return
         drain(mq, client, PLAIN, 200, args.concurrency)  # warm: scripts loaded
         drain(mq, client, REPORTING, 200, args.concurrency)

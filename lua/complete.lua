@@ -20,7 +20,15 @@
           parent's `done` is then applied here when this queue's outbox is
           empty (lib/flow.lua fan_in_here,
           docs/explanation/protocol.md#fan-in-on-one-server); '0' otherwise
-  ARGV[5..] jobs, 3 values each: job id, lease token (from claim), result (a JSON text)
+  ARGV[5] the progress and log writes the batch's jobs left pending: '' for
+          none (the plain path: one string compare), or one JSON array, the
+          lines kept (KEEP_LOGS) and then write_reports.lua's ARGV[4] for
+          those jobs; written first, exactly as a write_reports call ahead
+          of this one in the same round trip would (lib/reports.lua: each
+          checked under its lease, one events entry for their progress
+          values, ahead of every completion's), so a job's progress and
+          lines are final when it is (docs/howto/progress-and-logs.md#when-a-write-is-visible)
+  ARGV[6..] jobs, 3 values each: job id, lease token (from claim), result (a JSON text)
 
   returns: a JSON array with one entry per job, in order:
            0 when the job completed and moved nothing else;
@@ -49,12 +57,18 @@
 local active, completed = KEYS[1], KEYS[2]
 local QUEUE = ARGV[1]
 -- @include lib/flow.lua
+-- @include lib/reports.lua
 minute_batch = {}  -- the batch's counts, written once each (lib/emit.lua)
 local base, now = ARGV[2], tonumber(ARGV[3])
 ONE_SERVER = ARGV[4] == '1'
 
+if ARGV[5] ~= '' then  -- a refused write is refused again by its job's completion below
+  local writes = cjson.decode(ARGV[5])
+  write_reports(base .. 'events', QUEUE, base, writes[1], writes, 2)
+end
+
 local replies = {}
-for i = 5, #ARGV, 3 do
+for i = 6, #ARGV, 3 do
   local id, token, result = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local row = base .. 'job:' .. id
   local f = row_hmget(row, 'state', 'lease', 'parent', F_PQUEUE, 'dedup', 'keep',

@@ -32,6 +32,9 @@
           lines (strings the host cut to at most core/live.MAX_LOG_LINE_BYTES
           bytes each)
 
+  The work is lib/reports.lua's, which complete.lua shares (a completing
+  job's pending writes ride its completion).
+
   returns: an array: first one string, the entries' answers in order,
            space-separated: the number of lines its job log held once its
            lines were added, before the trim (0 when it sent none), or -1
@@ -46,57 +49,11 @@
 ]]
 local events = KEYS[1]
 local queue, base, keep = ARGV[1], ARGV[2], tonumber(ARGV[3])
-local a = cjson.decode(ARGV[4])
--- @include lib/emit.lua
--- @include lib/lease.lua
+-- @include lib/reports.lua
 
--- progress values a batched events entry carries at most (bounds its size:
--- 100 values of at most 1,024 bytes)
-local PER_ENTRY = 100
-local ids, values = {}, {}  -- the call's accepted progress values, and whose
-
-local function emit_progress(from, to)
-  if from == to then
-    emit_to(events, 'progress', ids[from], 'p', values[from])
-  else
-    emit_to(events, 'progress', table.concat(ids, ' ', from, to),
-      'ps', '[' .. table.concat(values, ',', from, to) .. ']')
-  end
+local held_by_entry, refusals = write_reports(events, queue, base, keep, cjson.decode(ARGV[4]), 1)
+local replies = {table.concat(held_by_entry, ' ')}
+for _, err in ipairs(refusals) do
+  replies[#replies + 1] = err
 end
-
-local held_by_entry, replies = {}, {''}
-local i = 1
-while i <= #a do
-  local id, token = a[i], a[i + 1]
-  local p, n = a[i + 2], a[i + 3]
-  local row = base .. 'job:' .. id
-  local f = redis.call('HMGET', row, 'state', 'lease')
-  local refused = lease_refused(queue, id, f[1], f[2], token)
-  if refused then
-    held_by_entry[#held_by_entry + 1] = -1
-    replies[#replies + 1] = refused['err']
-  else
-    for at = i + 4, i + 3 + p do
-      ids[#ids + 1] = id
-      values[#values + 1] = a[at]
-    end
-    if p > 0 then
-      redis.call('HSET', row, 'progress', a[i + 3 + p])
-    end
-    local held = 0
-    if n > 0 then
-      local logs = row .. ':logs'
-      held = redis.call('RPUSH', logs, unpack(a, i + 4 + p, i + 3 + p + n))
-      if held > keep then
-        redis.call('LTRIM', logs, -keep, -1)
-      end
-    end
-    held_by_entry[#held_by_entry + 1] = held
-  end
-  i = i + 4 + p + n
-end
-for from = 1, #values, PER_ENTRY do
-  emit_progress(from, math.min(from + PER_ENTRY - 1, #values))
-end
-replies[1] = table.concat(held_by_entry, ' ')
 return replies

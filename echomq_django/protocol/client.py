@@ -2,8 +2,8 @@
 (docs/explanation/house.md, "protocol/").
 
 ``EchoMQ`` is the user API: the one-job transitions defined here (``lua/enqueue.lua``,
-``lua/complete.lua``, ``lua/fail.lua``, ``lua/extend_lease.lua``,
-``claim`` runs the call ``Wire.claim_call`` builds), the
+``lua/extend_lease.lua``; ``claim``, ``complete`` and ``fail`` run the calls
+``Wire.claim_call``, ``Wire.complete_call`` and ``Wire.fail_call`` build), the
 read API of ``Reads``, and the calls it hands to its parts:
 flows (``mq.flows``), bulk adds (``mq.bulk``), retry, remove and cancel
 (``mq.lifecycle``), waiting for a result (``mq.waits``), what a running job reports
@@ -91,7 +91,7 @@ class EchoMQ(Reads):
         wire = Wire(client, prefix, queues=queues, clock=clock, flow_chunk=flow_chunk, **limits,
                     json_encoder=json_encoder)  # fmt: skip
         super().__init__(wire)
-        self.fans_in_directly = fan_in_on_one_server and not isinstance(client, redis.RedisCluster)
+        wire.fans_in_directly = fan_in_on_one_server and not isinstance(client, redis.RedisCluster)
         self.queues, self.outbox, self.bulk, self.timers = (
             wire.queues,
             Outbox(wire),
@@ -106,6 +106,16 @@ class EchoMQ(Reads):
         self.limits, self.schedule_store = Limits(wire), ScheduleStore(wire)
         self.groups = Groups(wire)  # docs/explanation/protocol.md#groups
         self.commands = WorkerCommands(wire, self.presence)
+
+    @property
+    def fans_in_directly(self) -> bool:
+        """True when ``complete`` resolves a cross-queue parent itself: one
+        server and ``fan_in_on_one_server`` (docs/explanation/protocol.md#fan-in-on-one-server)."""
+        return self.wire.fans_in_directly
+
+    @fans_in_directly.setter
+    def fans_in_directly(self, value: bool) -> None:
+        self.wire.fans_in_directly = bool(value)
 
     @property
     def clock(self):
@@ -249,14 +259,6 @@ class EchoMQ(Reads):
         call, now, lease = self.wire.claim_call(queue, count, lease_ms, token)
         return self.wire.claimed(queue, self.scripts.run(*call), now, lease, self)
 
-    def _fail_call(self, job: Job, error: str, dead: bool = False, delay_ms: int | None = None):
-        q = job.queue
-        k = self.keys.queue(q)
-        args = [q, k.base, job.id, job.lease or "", str(error), self.clock()]
-        args += [self.wire.backoff_cap_ms, "1" if dead else "0"]
-        args += [self.setting(q, "MAX_ATTEMPTS"), self.setting(q, "BACKOFF_MS"), opt(delay_ms)]
-        return "fail", [k.job(job.id), k.delayed], args
-
     def complete(self, job: Job, result: Any = None) -> Outcome:
         """Complete an active job with a JSON-serialisable ``result``.
 
@@ -265,7 +267,7 @@ class EchoMQ(Reads):
         stays active), ``JobNotFound``, ``JobNotActive``, ``LeaseLost``.
         """
         text = self.encode(result, "result")
-        call = self._complete_call(job.queue, [(job, text)])
+        call = self.wire.complete_call(job.queue, [(job, text)])
         reply = self.wire.complete_replies(self.wire.run_or_error(*call), 1)[0]
         if isinstance(reply, Exception):
             raise reply
@@ -288,7 +290,7 @@ class EchoMQ(Reads):
         return outcome.state
 
     def complete_many(
-        self, items: list[tuple[Job, Any]], ahead: list | None = None
+        self, items: list[tuple[Job, Any]], ahead: list | None = None, carry: dict | None = None
     ) -> list[Outcome | Exception]:
         """``complete`` for many jobs in one round trip; an exception object
         (``PayloadError``, ``LeaseLost``...) stands in for each one refused.
@@ -296,8 +298,10 @@ class EchoMQ(Reads):
         (each job its own checked transition); queues are pipelined.
         ``ahead``: script calls ``(name, keys, args)`` run first in the same
         round trip (pending progress and log writes, ``mq.progress.calls``),
-        each replaced in place by its reply (an exception if refused)."""
-        return self._complete_many(items, ahead, None)[0]
+        each replaced in place by its reply (an exception if refused).
+        ``carry``: these jobs' pending writes, each popped and written by its
+        job's ``complete`` call, ahead of its completion (``Progress.carried``)."""
+        return self._complete_many(items, ahead, None, carry)[0]
 
     def complete_then_claim(
         self,
@@ -307,8 +311,9 @@ class EchoMQ(Reads):
         lease_ms: int,
         token: str,
         ahead: list | None = None,
+        carry: dict | None = None,
     ) -> tuple[list[Outcome | Exception], Claimed | Exception]:
-        """``complete_many(items, ahead)``, then ``claim(queue, count,
+        """``complete_many(items, ahead, carry)``, then ``claim(queue, count,
         lease_ms, token)`` in the same round trip: a parent they released on
         ``queue`` is claimed at once
         (docs/explanation/no-polling.md#a-released-parent-starts-at-once).
@@ -316,12 +321,12 @@ class EchoMQ(Reads):
         Raises as ``claim`` does, and ``RedisUnavailable`` (the same
         ``token`` replays the claim)."""
         call, now, lease = self.wire.claim_call(queue, count, lease_ms, token)
-        out, got = self._complete_many(items, ahead, call)
+        out, got = self._complete_many(items, ahead, call, carry)
         return out, got if isinstance(got, Exception) else self.wire.claimed(
             queue, got, now, lease, self
         )
 
-    def _complete_many(self, items: list[tuple[Job, Any]], ahead, then) -> tuple[list, Any]:
+    def _complete_many(self, items: list, ahead, then, carry=None) -> tuple[list, Any]:
         """``complete_many``, ``ahead`` before it and ``then`` (a script
         call, or None) after it, in one round trip."""
         out: list[Outcome | Exception | None] = [None] * len(items)
@@ -337,7 +342,9 @@ class EchoMQ(Reads):
         for queue, group in by_queue.items():
             for at in range(0, len(group), COMPLETE_BATCH):
                 part = group[at : at + COMPLETE_BATCH]
-                calls.append(self._complete_call(queue, [(job, text) for _, job, text in part]))
+                pairs = [(job, text) for _, job, text in part]
+                writes = self.progress.carried(queue, pairs, carry) if carry else ""
+                calls.append(self.wire.complete_call(queue, pairs, writes))
                 slots.append([i for i, _, _ in part])
         if then is not None:
             calls.append(then)
@@ -356,19 +363,11 @@ class EchoMQ(Reads):
                     items[i][0].state = JobState.COMPLETED
         return out, extra
 
-    def _complete_call(self, queue: str, pairs: list[tuple[Job, str]]):
-        """One ``complete`` script call for ``(job, result JSON)`` pairs of ``queue``."""
-        k = self.keys.queue(queue)
-        args: list = [queue, k.base, self.clock(), "1" if self.fans_in_directly else "0"]
-        for job, text in pairs:
-            args += (job.id, job.lease or "", text)
-        return ("complete", [k.active, k.completed], args)
-
     def fail_many(self, items: list[tuple]) -> list[Outcome | Exception]:
         """``fail`` for many ``(job, error)``, ``(job, error, dead)`` or
         ``(job, error, dead, delay_ms)`` (ms, None: the row's backoff) in one
         round trip; returns an ``Outcome`` per job. A single failure raises."""
-        calls = [self._fail_call(*item) for item in items]
+        calls = [self.wire.fail_call(*item) for item in items]
         replies = self.scripts.run_many(calls)
         if len(items) == 1 and isinstance(replies[0], Exception):
             raise replies[0]

@@ -5,10 +5,12 @@ loader, the clock, the queues' settings and the payload encoder
 ``Wire`` holds them; ``Part`` is the base of each part (``EchoMQ`` itself,
 ``mq.outbox``, ``mq.lifecycle``, ``mq.signal_events``, ...), which reads them
 from its wire, so a clock a test sets on the ``EchoMQ`` is every part's
-clock. It builds one script call, ``lua/claim.lua``'s (``Wire.claim_call``:
+clock. It builds three script calls: ``lua/claim.lua``'s (``Wire.claim_call``:
 ``EchoMQ.claim`` runs it alone, ``EchoMQ.complete_then_claim`` after
-completions in the same round trip); ``run_or_error`` runs the one a caller
-names.
+completions in the same round trip), ``lua/complete.lua``'s
+(``Wire.complete_call``, for ``EchoMQ.complete`` and ``complete_many``) and
+``lua/fail.lua``'s (``Wire.fail_call``, for ``EchoMQ.fail_many``);
+``run_or_error`` runs the one a caller names.
 """
 
 from __future__ import annotations
@@ -90,6 +92,7 @@ class Wire:
                 separators=(",", ":"), allow_nan=False, ensure_ascii=True
             ).encode
         self.backoff_cap_ms = backoff_cap_ms
+        self.fans_in_directly = False  # EchoMQ sets it: complete's ARGV[4]
         self.flow_chunk = flow_chunk
         self.fault_hook = None  # tests: called after each flow step, may raise
         self._noted: dict[str, float] = {}  # queue -> monotonic time it was added to P:queues
@@ -119,6 +122,26 @@ class Wire:
         limits, group_cap = self.claim_limits(queue), self.group_cap(queue)
         args = [k.base, count, now, lease, token, *limits, queue, group_cap, self.group_rate(queue)]
         return ("claim", [k.pending, k.active, k.lease_seq], args), now, lease
+
+    def complete_call(self, queue: str, pairs: list, writes: str = ""):
+        """One ``complete`` script call for ``(job, result JSON)`` pairs of
+        ``queue``; ``writes``: their pending progress and log writes
+        (``Progress.carried``, ARGV[5] of lua/complete.lua), '' for none.
+        ARGV[4] says whether a cross-queue parent is resolved in the call
+        (``fans_in_directly``, docs/explanation/protocol.md#fan-in-on-one-server)."""
+        k = self.keys.queue(queue)
+        args: list = [queue, k.base, self.clock(), "1" if self.fans_in_directly else "0", writes]
+        for job, text in pairs:
+            args += (job.id, job.lease or "", text)
+        return ("complete", [k.active, k.completed], args)
+
+    def fail_call(self, job, error: str, dead: bool = False, delay_ms: int | None = None):
+        """One ``fail`` script call for ``job`` (lua/fail.lua; ``delay_ms``: None, the backoff)."""
+        q, k = job.queue, self.keys.queue(job.queue)
+        args = [q, k.base, job.id, job.lease or "", str(error), self.clock()]
+        args += [self.backoff_cap_ms, "1" if dead else "0"]
+        args += [self.setting(q, "MAX_ATTEMPTS"), self.setting(q, "BACKOFF_MS"), opt(delay_ms)]
+        return "fail", [k.job(job.id), k.delayed], args
 
     def claimed(self, queue: str, reply, now: int, lease: int, source) -> Claimed:
         """A ``claim`` script's ``reply`` as a ``Claimed``: its jobs leased

@@ -9,7 +9,9 @@ everything every handler thread put meanwhile and sends it in one round
 trip (``mq.progress.calls`` and ``run``: one ``write_reports`` script per queue,
 each job's progress values and lines in the order written). When the
 reporter completes or fails a batch it takes what is still pending, after
-any send in flight (``riding``), and sends it in its completions' round
+any send in flight (``riding``): the writes of the jobs it completes ride
+their own ``complete`` calls, which write them before any completion (one
+script instead of two: ``Ride``); the rest go in the completions' round
 trip, ahead of them (or alone, before its failures): a job's writes always
 reach Redis before its completion, so ``get_job().progress`` and the job
 log are final when the job is.
@@ -34,12 +36,15 @@ import time
 from contextlib import contextmanager
 from typing import Any
 
+from ..core.exceptions import JobCancelled, JobNotActive, JobNotFound, LeaseLost
 from ..core.jobs import Job
 from ..protocol.client import EchoMQ
+from ..protocol.live.progress import PER_ENTRY
 from .outage import REDIS_DOWN, Outage
 
 log = logging.getLogger("echomq_django.worker")
 
+GONE = (LeaseLost, JobNotActive, JobNotFound)  # a refused job's writes are refused with it
 MAX_PENDING = 10_000  # writes a worker holds unsent at most (a handler waits beyond)
 # Once a write waits, the thread gathers more for up to LINGER_S (s), or until SEND_AT
 # writes wait: one round trip then carries many jobs' writes instead of one or two, and
@@ -59,6 +64,38 @@ class Refused:
         """Raise the refusal again (``LeaseLost``, ``JobNotActive``,
         ``JobNotFound``); the write is not taken."""
         raise type(self.error)(*self.error.args)
+
+
+class Ride:
+    """What a batch's completions take along (``Flusher.riding``): ``carry``
+    (``id(job)`` -> ``(job, progress values, lines)``: the pending writes of
+    the jobs it completes, which their ``complete`` calls pop), ``ahead``
+    (the ``write_reports`` calls of the rest, ``rest``, to send ahead of
+    them), ``taken`` (what ``carry`` held at first); ``settle(jobs,
+    replies)`` hands over the completions' replies, which say how the
+    carried writes went (docs/explanation/protocol.md#progress-and-log-lines)."""
+
+    __slots__ = ("ahead", "carry", "jobs", "replies", "rest", "taken")
+
+    def __init__(self, items: list, completing) -> None:
+        self.ahead: list = []
+        self.jobs, self.replies = (), ()
+        self.carry: dict[int, tuple[Job, list, list]] = {}
+        self.rest = items
+        if items and completing:
+            ids = {id(job) for job in completing}
+            self.rest = []
+            for item in items:
+                if id(item[0]) in ids and len(item[1]) <= PER_ENTRY and len(item[2]) <= PER_ENTRY:
+                    self.carry[id(item[0])] = item
+                else:
+                    self.rest.append(item)
+        self.taken = dict(self.carry)
+
+    def settle(self, jobs: list[Job], replies: list) -> None:
+        """The completions of ``jobs`` answered ``replies`` (as
+        ``complete_many`` returns them, in the same order)."""
+        self.jobs, self.replies = jobs, replies
 
 
 class Flusher:
@@ -186,25 +223,35 @@ class Flusher:
             pass
 
     @contextmanager
-    def riding(self):
+    def riding(self, completing=()):
         """Take every write pending now (after any send in flight; no other
-        send starts until the block ends) and yield their script calls, a
-        list the caller may send ahead of its own in one round trip
-        (``EchoMQ.complete_many(..., ahead=calls)``, which replaces each
-        call by its reply). Calls not sent by the end of the block are sent
-        alone then. A ``RedisUnavailable`` keeps the writes (sent again
-        first) and propagates."""
+        send starts until the block ends) and yield a ``Ride``: the writes
+        of the jobs in ``completing`` (the ``Job`` objects the caller
+        completes in the block) in ``ride.carry``, for their ``complete``
+        calls (``EchoMQ.complete_many(..., ahead, carry)`` pops each it
+        carries); the others' script calls in ``ride.ahead``, a list the
+        caller may send ahead of its own in one round trip (replaced in
+        place by their replies). Calls not sent and writes not carried by
+        the end of the block are sent alone then; the caller hands its
+        completions' replies to ``ride.settle``. A ``RedisUnavailable`` keeps
+        the writes (sent again first) and propagates."""
         with self._send:
             with self._work:
                 batch, self._pending = self._pending, []
                 self._room.notify_all()  # room again
             items = gathered(batch)
-            calls, owners = self.mq.progress.calls(items) if items else ([], [])
-            ahead = list(calls)
+            ride = Ride(items, completing)
+            calls, owners = self.mq.progress.calls(ride.rest) if ride.rest else ([], [])
+            ride.ahead = ahead = list(calls)
             try:
-                yield ahead
+                yield ride
                 if ahead and ahead[0] is calls[0]:  # not sent by the caller
                     ahead[:] = self.mq.progress.run(calls)
+                    self.stats["sends"] += 1
+                if ride.carry:  # not carried (a result that did not encode): alone
+                    left = [ride.taken.pop(key) for key in ride.carry]
+                    ride.carry.clear()
+                    self._settle(left, self.mq.progress.write_many(left))
                     self.stats["sends"] += 1
             except REDIS_DOWN:
                 with self._work:
@@ -214,13 +261,42 @@ class Flusher:
                 raise
             if not items:
                 return
-        replies = self.mq.progress.replies(len(items), owners, ahead)
+        self._settle(ride.rest, self.mq.progress.replies(len(ride.rest), owners, ahead))
+        self._carried(ride)
+
+    def _settle(self, items: list, replies: list) -> None:
         for (job, progress, lines), reply in zip(items, replies, strict=True):
             n = len(progress) + len(lines)
             if isinstance(reply, Exception):
                 self._refused(job, reply, n)
             else:
                 self.stats["sent"] += n
+
+    def _carried(self, ride: Ride) -> None:
+        """Count the carried writes by their jobs' completion replies:
+        refused with a refused job (``LeaseLost``, ``JobNotActive``,
+        ``JobNotFound``), written for any other job (a cancelled one too, as
+        ``lua/complete.lua`` writes them first); those of a call that failed
+        whole (a script error: the reporter keeps its jobs) are pending
+        again, first, to ride the completion sent again, which refuses them
+        once the failed call got as far as completing the job."""
+        if not ride.taken:
+            return
+        outcome = dict(zip(map(id, ride.jobs), ride.replies, strict=True))
+        again = []
+        for key, (job, progress, lines) in ride.taken.items():
+            reply, n = outcome.get(key), len(progress) + len(lines)
+            if isinstance(reply, GONE) and not isinstance(reply, JobCancelled):
+                self._refused(job, reply, n)
+            elif isinstance(reply, Exception) and not isinstance(reply, JobCancelled):
+                again += [(job, p, None) for p in progress] + [(job, None, ln) for ln in lines]
+            else:
+                self.stats["sent"] += n
+        if again:
+            with self._work:
+                if not self._pending:
+                    self._since = time.monotonic()
+                self._pending[:0] = again
 
     def _lost(self) -> None:
         """The run ends with Redis away: the writes still pending are lost,

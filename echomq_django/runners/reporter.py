@@ -43,6 +43,7 @@ from .outage import REDIS_DOWN, Outage, first_line
 log = logging.getLogger("echomq_django.worker")
 
 GONE = (LeaseLost, JobNotActive, JobNotFound)
+_no_ride = lambda jobs=(): nullcontext()  # noqa: E731  (a worker without a flusher)
 STATS_EVERY_S = 5.0  # s between the worker's INFO lines while busy
 
 
@@ -132,9 +133,10 @@ class Reporter:
     ``stats`` (``completed``, ``failed`` = will retry, ``dead``, ``lost``)
     count every run; ``unreported`` counts jobs handed over and not reported
     yet in this run. ``writes``: the worker's ``flusher.Flusher`` or None;
-    each batch takes its pending progress and log writes and sends them
-    ahead of its completions, in their round trip (alone when it completes
-    none), so a job's writes reach Redis before its completion or failure.
+    each batch takes its pending progress and log writes: its completed
+    jobs' ride their ``complete`` calls, the rest go ahead of them in their
+    round trip (alone when it completes none), so a job's writes reach
+    Redis before its completion or failure.
     """
 
     def __init__(
@@ -241,14 +243,14 @@ class Reporter:
         if not finished:
             return
         kept: list[Finished] = []  # not refused, not taken: sent again after a pause
-        riding = self._writes.riding if self._writes is not None else nullcontext
+        riding = self._writes.riding if self._writes is not None else _no_ride
         if any(f.postpone_ms is not None or f.wait_children for f in finished):
             with riding():  # their progress and log writes land first, alone
                 pass
         self._postpone(finished)
         good = [f for f in finished if f.error is None]
-        with riding() as ahead:  # their progress and log writes, in the same round trip
-            replies = self._complete(good, ahead) if good else []
+        with riding([f.job for f in good]) as ride:  # their writes, in the same round trip
+            replies = self._complete(good, ride) if good else []
         if good:
             finished[:] = [f for f in finished if f.error is not None]
             done = []
@@ -298,9 +300,11 @@ class Reporter:
                 "they are kept and sent again"
             )
 
-    def _complete(self, good: list[Finished], ahead: list | None) -> list:
-        """``complete_many`` of ``good`` (``ahead``: the writes sent before
-        it in its round trip); when one of them is a child whose
+    def _complete(self, good: list[Finished], ride: Any) -> list:
+        """``complete_many`` of ``good`` (``ride``: None, or the flusher's
+        ``Ride``: their pending writes, carried by their ``complete`` calls,
+        and the other jobs' writes, sent ahead in the round trip); when one
+        of them is a child whose
         parent waits on its own queue and the loop has room, with the claim
         of that queue in the same round trip: the parent its completion
         releases starts without a claim of its own. A child whose parent is on
@@ -310,20 +314,23 @@ class Reporter:
         pairs = [(f.job, f.result) for f in good]
         queue = next((f.job.queue for f in good if f.job.parent_queue == f.job.queue), None)
         room = self._fetch(queue) if queue is not None and self._fetch is not None else None
+        ahead, carry = (ride.ahead, ride.carry) if ride is not None else (None, None)
         calls = self._own.ahead(good, ahead)  # a cross-queue child's sweep lock
         if room is None:
-            replies = self.mq.complete_many(pairs, calls)
+            replies = self.mq.complete_many(pairs, calls, carry)
         else:
             count, lease_ms, token = room
             try:
                 replies, claimed = self.mq.complete_then_claim(
-                    pairs, queue, count, lease_ms, token, calls
+                    pairs, queue, count, lease_ms, token, calls, carry
                 )
             except BaseException as err:
                 self._taken(queue, token, err)  # RedisUnavailable: the loop replays the token
                 raise
             self._taken(queue, token, claimed)
         self._own.after(good, replies, ahead)  # and its delivery
+        if ride is not None:
+            ride.settle([job for job, _ in pairs], replies)
         return replies
 
     def _postpone(self, finished: list[Finished]) -> None:

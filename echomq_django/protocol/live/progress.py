@@ -11,7 +11,9 @@ queue's events stream; its lines go to the job log
 job's writes are checked against its lease in the script; none touches the
 lease deadline, so none races the job's heartbeat. A worker gathers its
 handlers' writes and sends them with ``write_many`` (runners/flusher.py);
-a job outside a worker writes at once (``write``).
+a job outside a worker writes at once (``write``). The writes of a job
+the worker completes ride its ``complete`` call instead (``carried``): one
+script writes them, then completes it.
 ``lua/update_payload.lua`` replaces a step job's payload at once, under its
 lease (docs/explanation/protocol.md#step-jobs). The lines are read by
 ``EchoMQ.job_logs`` (the read API, ``reads.py``).
@@ -121,6 +123,22 @@ class Progress(Part):
             calls.append(("write_reports", [k.events], args))
             owners.append(idx)
         return calls, owners
+
+    @local
+    def carried(self, queue: str, pairs: list, carry: dict) -> str:
+        """The pending writes of ``pairs``' jobs (``(job, result)`` of
+        ``queue``), popped from ``carry`` (``id(job)`` -> ``(job, progress
+        values, lines)``, each list of at most ``PER_ENTRY``), as ARGV[5] of
+        ``lua/complete.lua``: the lines kept, then ``write_reports``' entries
+        for them; '' when none of them has any
+        (docs/explanation/protocol.md#progress-and-log-lines)."""
+        flat: list = []
+        for job, _ in pairs:
+            entry = carry.pop(id(job), None)
+            if entry is not None:
+                _, progress, lines = entry
+                flat += (job.id, job.lease or "", len(progress), len(lines), *progress, *lines)
+        return flat_json([self.wire.setting(queue, "KEEP_LOGS"), *flat]) if flat else ""
 
     @staticmethod
     def replies(n: int, owners: list, replies: list) -> list[int | Exception]:

@@ -1,0 +1,153 @@
+"""A completing job's pending progress and log writes ride its own
+``complete`` call (lua/complete.lua's ARGV[4], runners/flusher.py ``Ride``;
+docs/howto/progress-and-logs.md#when-a-write-is-visible): one script writes
+them and then completes the job, so the values read after completion, the
+events' order and the refusal under a lost lease are those of a
+``write_reports`` call sent ahead; on both rigs."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+
+from echomq_django import JobState, LeaseLost, PayloadError, RedisUnavailable
+from echomq_django.core.exceptions import JobCancelled
+from echomq_django.runners.flusher import Flusher
+from tests.test_progress import claimed
+from tests.test_progress_writes import counted, events_by_job
+
+
+def ends(mq, job_id: str) -> list[str]:
+    """``job_id``'s events other than added and active, in order."""
+    return [k for k in events_by_job(mq)[job_id] if k not in ("added", "active")]
+
+
+def test_complete_writes_the_carried_writes_before_the_completion(mq) -> None:
+    a, b = claimed(mq, job_id="a"), claimed(mq, job_id="b")
+    carry = {id(a): (a, ["30", "70"], ["one", "two"]), id(b): (b, ["90"], [])}
+    outcomes = mq.complete_many([(a, "done"), (b, "done")], None, carry)
+    assert [o.state for o in outcomes] == [JobState.COMPLETED, JobState.COMPLETED]
+    assert carry == {}  # each popped by the call that carried it
+    assert (mq.get_job("q", "a").progress, mq.job_logs("q", "a")) == (70, ["one", "two"])
+    assert (mq.get_job("q", "b").progress, mq.job_logs("q", "b")) == (90, [])
+    assert ends(mq, "a") == ["progress", "progress", "completed"]
+    assert ends(mq, "b") == ["progress", "completed"]
+
+
+def test_a_ride_carries_the_completing_jobs_writes_and_sends_the_rest_ahead(mq) -> None:
+    a, b = claimed(mq, job_id="a"), claimed(mq, job_id="b")
+    writes = Flusher(mq)
+    a._writes = b._writes = writes
+    a.report_progress(40)
+    b.report_progress(20)
+    a.log("a's last line")
+    b.log("b runs on")
+    with writes.riding([a]) as ride:
+        assert list(ride.carry) == [id(a)]
+        assert len(ride.ahead) == 1  # b's write_reports call
+        replies = mq.complete_many([(a, "done")], ride.ahead, ride.carry)
+        ride.settle([a], replies)
+    assert ride.carry == {}
+    assert counted(writes) == {"sent": 4, "dropped": 0}
+    assert writes.stats["sends"] == 0  # all rode the completion's round trip
+    assert (mq.get_job("q", "a").progress, mq.job_logs("q", "a")) == (40, ["a's last line"])
+    assert (mq.get_job("q", "b").state, mq.get_job("q", "b").progress) == (JobState.ACTIVE, 20)
+    assert mq.job_logs("q", "b") == ["b runs on"]
+    assert ends(mq, "a") == ["progress", "completed"]
+
+
+def test_a_refused_completion_refuses_its_carried_writes(mq) -> None:
+    a = claimed(mq, job_id="a")
+    writes = Flusher(mq)
+    a._writes = writes
+    a.report_progress(60)
+    a.log("under a lease lost meanwhile")
+    mq.client.hset(mq.keys.job("q", "a"), "lease", "taken")  # another worker's lease now
+    with writes.riding([a]) as ride:
+        replies = mq.complete_many([(a, "done")], ride.ahead, ride.carry)
+        ride.settle([a], replies)
+    assert type(replies[0]) is LeaseLost
+    assert counted(writes) == {"sent": 0, "dropped": 2}
+    job = mq.get_job("q", "a")
+    assert (job.state, job.progress, mq.job_logs("q", "a")) == (JobState.ACTIVE, None, [])
+    assert ends(mq, "a") == []
+    with pytest.raises(LeaseLost):
+        a.log("and the next call raises")
+
+
+def test_a_job_cancelled_while_it_ran_keeps_its_carried_writes(mq) -> None:
+    a = claimed(mq, job_id="a")
+    writes = Flusher(mq)
+    a._writes = writes
+    a.report_progress(80)
+    a.log("before the cancel")
+    mq.cancel("q", "a")
+    with writes.riding([a]) as ride:
+        replies = mq.complete_many([(a, "done")], ride.ahead, ride.carry)
+        ride.settle([a], replies)
+    assert type(replies[0]) is JobCancelled
+    assert counted(writes) == {"sent": 2, "dropped": 0}
+    job = mq.get_job("q", "a")
+    assert (job.state, job.error) == (JobState.DEAD, "cancelled")
+    assert (job.progress, mq.job_logs("q", "a")) == (80, ["before the cancel"])
+    assert ends(mq, "a") == ["cancelling", "progress", "dead"]
+
+
+def test_a_result_that_does_not_encode_has_its_writes_sent_alone(mq) -> None:
+    a = claimed(mq, job_id="a")
+    writes = Flusher(mq)
+    a._writes = writes
+    a.report_progress(10)
+    with writes.riding([a]) as ride:
+        replies = mq.complete_many([(a, object())], ride.ahead, ride.carry)
+        ride.settle([a], replies)
+    assert type(replies[0]) is PayloadError
+    assert (counted(writes), writes.stats["sends"]) == ({"sent": 1, "dropped": 0}, 1)
+    assert (mq.get_job("q", "a").state, mq.get_job("q", "a").progress) == (JobState.ACTIVE, 10)
+
+
+def test_an_outage_at_the_completion_keeps_its_carried_writes(mq, redis_client) -> None:
+    if not isinstance(redis_client, redis.Redis):
+        pytest.skip("CONFIG SET maxmemory on one server")
+    a = claimed(mq, job_id="a")
+    writes = Flusher(mq)
+    a._writes = writes
+    a.report_progress(50)
+    a.log("kept")
+    redis_client.config_set("maxmemory", 1)  # noeviction: the script's first write is refused
+    try:
+        with pytest.raises(RedisUnavailable, match="OutOfMemoryError"), writes.riding([a]) as ride:
+            mq.complete_many([(a, "done")], ride.ahead, ride.carry)
+    finally:
+        redis_client.config_set("maxmemory", 0)
+    assert (writes.pending(), counted(writes)) == (2, {"sent": 0, "dropped": 0})
+    assert (mq.get_job("q", "a").progress, mq.job_logs("q", "a")) == (None, [])
+    with writes.riding([a]) as ride:  # the reporter sends the job again: they ride it
+        replies = mq.complete_many([(a, "done")], ride.ahead, ride.carry)
+        ride.settle([a], replies)
+    assert replies[0].state is JobState.COMPLETED
+    assert counted(writes) == {"sent": 2, "dropped": 0}
+    assert (mq.get_job("q", "a").progress, mq.job_logs("q", "a")) == (50, ["kept"])
+    assert ends(mq, "a") == ["progress", "completed"]
+
+
+def test_a_completion_that_errs_puts_its_writes_back_and_its_replay_lands_them_once(mq) -> None:
+    a = claimed(mq, job_id="a")
+    writes = Flusher(mq)
+    a._writes = writes
+    a.report_progress(50)
+    a.log("once")
+    completed = mq.keys.queue("q").completed
+    mq.client.set(completed, "not a zset")  # the completion's ZADD errs, after the writes
+    with writes.riding([a]) as ride:
+        replies = mq.complete_many([(a, "done")], ride.ahead, ride.carry)
+        ride.settle([a], replies)
+    assert isinstance(replies[0], redis.ResponseError) and "WRONGTYPE" in str(replies[0])
+    assert (writes.pending(), counted(writes)) == (2, {"sent": 0, "dropped": 0})
+    mq.client.delete(completed)
+    with writes.riding([a]) as ride:  # sent again: the script answers its replay, 0
+        replies = mq.complete_many([(a, "done")], ride.ahead, ride.carry)
+        ride.settle([a], replies)
+    assert replies[0].state is JobState.COMPLETED
+    assert counted(writes) == {"sent": 2, "dropped": 0}
+    assert (mq.get_job("q", "a").progress, mq.job_logs("q", "a")) == (50, ["once"])
