@@ -53,7 +53,7 @@ from ...handlers import get_handler, runs_sync
 from ...tracing.spans import attempt
 from ..pool import error_text
 from ..reporter import Finished, decided
-from .pipes import NOTHING, Inbox
+from .pipes import BEGAN, Inbox, leaves
 
 _INHERITED: list = []  # the worker's DB connections, kept unclosed until os._exit
 _KILL: list = [None]  # this child's kill flag (set by main)
@@ -96,18 +96,21 @@ def rss_bytes() -> int:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def main(conn, kill_flag, close_fds, source, lifeline: int) -> None:
+def main(conn, kill_flag, close_fds, source, lifeline: int, limits=(None, None)) -> None:
     """The child's life (``multiprocessing`` target, fork context):
     ``conn`` its end of the pipe, ``kill_flag`` a shared one-byte map the
     worker sets before a SIGTERM meant for this child, ``close_fds`` the
     inherited descriptors to close, ``source`` the worker's ``EchoMQ`` (a
     job's lazy reads, e.g. ``children_values()``, go through the child's
     copy of it), ``lifeline`` the read end of a pipe whose only writer is
-    the worker: its EOF means the worker died, and the child ends at once."""
+    the worker: its EOF means the worker died, and the child ends at once;
+    ``limits``: ``(max jobs, max resident bytes)`` (None: none), after
+    which it exits right after its reply, leaving unread a job queued
+    behind (``pipes.leaves``: the worker hands that job to another child)."""
     _KILL[0] = kill_flag
     _after_fork(kill_flag, close_fds)
     threading.Thread(target=_die_with_the_worker, args=(lifeline,), daemon=True).start()
-    inbox = Inbox(conn.fileno())
+    inbox, jobs = Inbox(conn.fileno()), 0
     while True:
         try:
             item = inbox.get()
@@ -119,6 +122,7 @@ def main(conn, kill_flag, close_fds, source, lifeline: int) -> None:
             continue  # ("refused", ...) for a job that has ended meanwhile
         job = Job(*item[0])
         ref = item[1]
+        BEGAN.pack_into(kill_flag, 8, jobs + 1)  # a queued job begun is no longer re-routed
         job._mq, job._writes = source, PipeWrites(conn, inbox, job.id)
         reply = run_one(job, ref, source)
         try:
@@ -127,11 +131,12 @@ def main(conn, kill_flag, close_fds, source, lifeline: int) -> None:
                 conn.send_bytes(pickle.dumps(reply, pickle.HIGHEST_PROTOCOL))
         except (pickle.PicklingError, TypeError, AttributeError) as exc:
             conn.send(("dead", f"PayloadError: the result cannot leave the handler process: "
-                       f"{type(exc).__name__}: {exc}", reply[2], rss_bytes()))  # fmt: skip
+                       f"{type(exc).__name__}: {exc}", reply[2], reply[3]))  # fmt: skip
         except (BrokenPipeError, OSError):
             return
-        if kill_flag[0]:
-            return  # asked to go while the handler ran; it caught the SIGTERM
+        jobs += 1
+        if kill_flag[0] or leaves(jobs, reply[3], *limits):
+            return  # asked to go while the handler ran (it caught the SIGTERM), or recycled
 
 
 class PipeWrites:
@@ -153,9 +158,12 @@ class PipeWrites:
         with self.lock:
             if self.ended:
                 return True
-            while self.error is None and (note := self.inbox.get(block=False)) is not NOTHING:
-                if isinstance(note[0], str) and note[1] == self.job_id:
-                    self.error = note[2]
+            if self.error is None:
+                held = self.inbox.arrived()  # the next job stays there, for the loop
+                for note in [m for m in held if m is not None and isinstance(m[0], str)]:
+                    held.remove(note)
+                    if note[1] == self.job_id:
+                        self.error = note[2]
             if self.error is not None:
                 raise type(self.error)(*self.error.args)
             self.conn.send_bytes(pickle.dumps(("write", self.job_id, progress, line), 5))

@@ -15,25 +15,32 @@ from __future__ import annotations
 import os
 import pickle
 import select
+import signal
 import struct
 import threading
+from collections import deque
 
 CHUNK = 1 << 16  # bytes read per call
 NOTHING = object()  # no whole message is buffered (a message may be None)
 _SIZE, _BIG = struct.Struct("!i"), struct.Struct("!Q")
+BEGAN = struct.Struct("=Q")  # at offset 8 of a child's shared flag: the jobs it began
 
 
 class Inbox:
     """The messages waiting on one pipe end ``fd`` (a descriptor in
     blocking mode, owned by the caller; one reader thread at a time).
     ``fill()`` reads once, ``take()`` a whole buffered message,
-    ``get(block)`` either. Raises ``EOFError`` at the end of the pipe
-    (the writer died or closed it) and ``OSError`` as ``os.read`` does."""
+    ``get(block)`` either, ``arrived()`` every message readable now.
+    Raises ``EOFError`` at the end of the pipe (the writer died or closed
+    it) and ``OSError`` as ``os.read`` does."""
 
-    __slots__ = ("buf", "fd")
+    __slots__ = ("buf", "fd", "held")
 
     def __init__(self, fd: int) -> None:
         self.fd, self.buf = fd, bytearray()
+        # messages read ahead by arrived() and not yet taken: a child's next
+        # job, read while its handler looks for a refusal note
+        self.held: deque = deque()
 
     def fill(self) -> None:
         """One read of what the pipe holds (blocks when it holds nothing)."""
@@ -44,6 +51,8 @@ class Inbox:
 
     def take(self):
         """The next whole buffered message (unpickled), or ``NOTHING``."""
+        if self.held:
+            return self.held.popleft()
         start, end = self._whole()
         if not end:
             return NOTHING
@@ -54,7 +63,20 @@ class Inbox:
     def ready(self) -> bool:
         """A whole message is buffered, or the pipe can be read without
         blocking (data, or its end)."""
-        return bool(self._whole()[1]) or bool(select.select([self.fd], [], [], 0)[0])
+        if self.held or self._whole()[1]:
+            return True
+        return bool(select.select([self.fd], [], [], 0)[0])
+
+    def arrived(self) -> deque:
+        """Every message that has fully arrived, without blocking, kept in
+        order in ``held`` (returned: a caller removes the ones it handles;
+        ``take`` gives the rest in order)."""
+        kept = list(self.held)
+        self.held.clear()
+        while (message := self.get(block=False)) is not NOTHING:
+            kept.append(message)
+        self.held.extend(kept)
+        return self.held
 
     def _whole(self) -> tuple[int, int]:
         """Where the first buffered message's pickle starts and ends; end 0
@@ -82,13 +104,47 @@ class Inbox:
             self.fill()
 
 
+def death_text(pid: int, code: int | None) -> str:
+    """The error of a job whose handler process died under it: names the
+    exit code, or the signal (a SIGKILL may be the out-of-memory killer)."""
+    if code is not None and code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        why = f"was ended by signal {name} ({-code})"
+        if -code == signal.SIGKILL:
+            why += " (the kernel's out-of-memory killer sends SIGKILL too)"
+    else:
+        why = f"exited with exit code {code}"
+    return (
+        f"HandlerProcessDied: the handler process (pid {pid}) {why} while it ran this job; "
+        "a fresh handler process took its place"
+    )
+
+
+def leaves(jobs: int, rss: int, max_jobs: int | None, max_rss: int | None) -> str:
+    """Why a handler process that has finished ``jobs`` jobs and holds
+    ``rss`` bytes exits after its last reply (recycling, for the log), or
+    "". The child and the supervisor apply this one rule to the same
+    figures: the child exits without reading a job queued behind, and the
+    supervisor hands that job to another child."""
+    if max_jobs is not None and jobs >= max_jobs:
+        return f"after {jobs} jobs (max_jobs_per_child)"
+    if max_rss is not None and rss > max_rss:
+        return (f"at {rss / (1 << 20):.0f} MiB resident (max_memory_per_child "
+                f"{max_rss / (1 << 20):.0f} MiB)")  # fmt: skip
+    return ""
+
+
 class Child:
     """One handler process and what the supervisor knows of it: ``proc``
     (a ``multiprocessing`` process), ``conn`` (the worker's end of its
-    pipe), ``flag`` (its one-byte kill flag, shared)."""
+    pipe), ``flag`` (16 bytes it shares: its kill flag at 0, the count of
+    jobs it began at ``BEGAN``, which only the child writes)."""
 
-    __slots__ = ("conn", "done", "flag", "inbox", "job", "jobs", "kill_at", "pid", "proc",
-                 "sending", "why")  # fmt: skip
+    __slots__ = ("conn", "done", "flag", "given", "inbox", "job", "jobs", "kill_at", "next",
+                 "pid", "proc", "quick", "sending", "why")  # fmt: skip
 
     def __init__(self, proc, conn, flag) -> None:
         self.proc, self.conn, self.flag, self.pid = proc, conn, flag, proc.pid
@@ -99,6 +155,16 @@ class Child:
         self.sending = threading.Lock()
         self.job = None  # running now
         self.done = None  # the run's queue of finished jobs, for this job
+        # (job, done, ref) written to its pipe behind the running one: it
+        # starts when the child replies for the running one
+        self.next: tuple | None = None
+        self.quick = False  # its last job ran under QUICK_MS: a job may queue behind
         self.jobs = 0  # jobs it finished
+        self.given = 0  # jobs written to it
         self.kill_at: float | None = None  # SIGKILL due (monotonic) after a SIGTERM
         self.why = ""  # why it was sent away (recycling), for the log
+
+    def started(self) -> int:
+        """How many jobs the child has begun (read once it has exited: a
+        queued job it never began goes to another child)."""
+        return BEGAN.unpack_from(self.flag, 8)[0]

@@ -48,32 +48,17 @@ from ...handlers import get_handler
 from ..pool import unknown_name_error
 from ..reporter import Finished
 from . import child as child_module
-from .pipes import NOTHING, Child
+from .pipes import NOTHING, Child, death_text, leaves
 
 log = logging.getLogger("echomq_django.worker")
 
 TERM_GRACE_S = 0.5  # SIGTERM to SIGKILL, for a child past its job's time limit (s)
+# a job may queue in the pipe of a child whose last job ran under this (ms):
+# the child reads it as it replies, without sleeping in between; a child of
+# longer jobs takes a job only when idle (a job never waits behind a long one)
+QUICK_MS = 1.0
 MIB = 1 << 20
 CONTEXT = multiprocessing.get_context("fork")
-
-
-def death_text(pid: int, code: int | None) -> str:
-    """The error of a job whose handler process died under it: names the
-    exit code, or the signal (a SIGKILL may be the out-of-memory killer)."""
-    if code is not None and code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        why = f"was ended by signal {name} ({-code})"
-        if -code == signal.SIGKILL:
-            why += " (the kernel's out-of-memory killer sends SIGKILL too)"
-    else:
-        why = f"exited with exit code {code}"
-    return (
-        f"HandlerProcessDied: the handler process (pid {pid}) {why} while it ran this job; "
-        "a fresh handler process took its place"
-    )
 
 
 class ProcessPool:
@@ -86,7 +71,7 @@ class ProcessPool:
     ``max_jobs_per_child`` (count) and ``max_memory_per_child`` (bytes):
     recycling, None for none. ``start(job, done)``, ``write_off(job)``,
     ``resize(n)``, ``shutdown(wait)``; ``size``, ``pids()``, ``busy``,
-    ``leaving``, ``recycled``
+    ``ahead`` (jobs it takes beyond ``size``), ``leaving``, ``recycled``
     (children sent away after their quota), ``replaced`` (children that
     died or were killed, replaced).
     """
@@ -110,7 +95,7 @@ class ProcessPool:
         self._lock = threading.Lock()
         self._working: list[Child] = []  # in the pool: idle or running a job
         self._leaving: list[Child] = []  # killed or sent away, not reaped yet
-        self._backlog: deque = deque()  # (job, done) waiting for an idle child
+        self._backlog: deque = deque()  # (job, done, ref) waiting for a child
         self._warned: set[str] = set()
         self._closing = self._abandon = False
         self.recycled = self.replaced = 0
@@ -141,12 +126,15 @@ class ProcessPool:
             return
         ref = child_module.handler_ref(func)
         with self._lock:
-            idle = self._idle()
-            if idle is None:
+            c = self._slot()
+            if c is None:
                 self._backlog.append((job, done, ref))
                 return
-            message = self._give(idle, job, done)
-        self._post(idle, message, ref)
+            body = self._give(c, job, done, ref)
+            # its lock before the pool's is let go: jobs reach a pipe in the
+            # order they were given (the supervisor may give it the next one)
+            c.sending.acquire()
+        self._send(c, body, held=True)
 
     def write_off(self, job: Job) -> str:
         """``job`` ran past its time limit: its child is ended (SIGTERM, then
@@ -176,6 +164,14 @@ class ProcessPool:
         """The pids of the children in the pool now (not those leaving)."""
         with self._lock:
             return [c.pid for c in self._working]
+
+    @property
+    def ahead(self) -> int:
+        """Jobs the pool takes beyond one per child: one for each child
+        whose last job ran under ``QUICK_MS`` (it waits in that child's
+        pipe, docs/howto/process-pool.md#how-it-works)."""
+        with self._lock:
+            return sum(c.quick for c in self._working)
 
     @property
     def leaving(self) -> int:
@@ -248,12 +244,9 @@ class ProcessPool:
                 self._end(c)
         if not self._closing:
             self._top_up()
-        while self._backlog:
-            idle = self._idle()
-            if idle is None:
-                break
+        while self._backlog and (c := self._slot()) is not None:
             job, done, ref = self._backlog.popleft()
-            self._post(idle, self._give(idle, job, done), ref)
+            self._send(c, self._give(c, job, done, ref))
 
     def _read(self, c: Child) -> bool:
         """A child's pipe is readable: one read, then every whole message
@@ -278,12 +271,17 @@ class ProcessPool:
             c.job = c.done = None
             if job is None or c.flag[0]:
                 return  # killed past its time limit: the attempt was failed already
-            c.jobs += 1
-            if self.max_jobs is not None and c.jobs >= self.max_jobs:
-                self._send_away(c, f"after {c.jobs} jobs (max_jobs_per_child)")
-            elif self.max_rss is not None and rss > self.max_rss:
-                self._send_away(c, f"at {rss / MIB:.0f} MiB resident (max_memory_per_child "
-                                   f"{self.max_rss / MIB:.0f} MiB)")  # fmt: skip
+            c.jobs, c.quick = c.jobs + 1, ms < QUICK_MS
+            why = leaves(c.jobs, rss, self.max_jobs, self.max_rss)
+            if why:  # it exits now, as the child applies the same rule
+                self._send_away(c, why)
+                if c.next is not None:  # it will not read it: another child runs it
+                    self._backlog.appendleft(c.next[:3])
+                    c.next = None
+            elif c.next is not None:  # the child reads it as this reply leaves
+                c.job, c.done = c.next[:2]
+                c.next = None
+                self._timeouts.start(c.job, c.job.timeout_ms or self._limits.get(c.job.queue))
         if not self._timeouts.settle(job):
             done.put(None)
             return
@@ -321,12 +319,17 @@ class ProcessPool:
                 break
         c.proc.join()
         code, ended = c.proc.exitcode, bool(c.flag[0])
+        started = c.started()  # final: the child is gone
         self._selector.unregister(c.conn)
         self._selector.unregister(c.proc.sentinel)
         c.proc.close()  # its sentinel's descriptor goes now, not at a collection
         with self._lock:
             job, done = c.job, c.done
             c.job = c.done = None
+            queued, c.next = c.next, None
+            if queued is not None and started < queued[3] and not self._closing:
+                self._backlog.appendleft(queued[:3])  # never started: another child runs it
+                queued = None
             for where in (self._working, self._leaving):
                 if c in where:
                     where.remove(c)
@@ -337,6 +340,10 @@ class ProcessPool:
             c.flag.close()
         if c.why:
             log.info("handler process %d recycled %s", c.pid, c.why)
+        if queued is not None and not self._closing:  # it had begun it: as a running job
+            error = death_text(c.pid, code)
+            log.warning("job %s/%s (%s): %s", queued[0].queue, queued[0].id, queued[0].name, error)
+            queued[1].put(Finished(queued[0], error=error))
         if job is None:
             return
         if ended or not self._timeouts.settle(job):
@@ -347,30 +354,50 @@ class ProcessPool:
         done.put(Finished(job, error=error))
 
     # -- under the lock -------------------------------------------------------
-    def _idle(self) -> Child | None:
+    def _slot(self) -> Child | None:
+        """The child to give a job to: one running a quick job with none
+        queued behind and not due to be recycled after it (it reads the job
+        as it replies, awake: no process is woken for it), else an idle
+        one; None: the job waits."""
+        idle = None
         for c in self._working:
             if c.job is None:
+                idle = idle or c
+            elif (
+                c.quick and c.next is None and (self.max_jobs is None or c.jobs + 1 < self.max_jobs)
+            ):
                 return c
-        return None
+        return idle
 
-    def _give(self, c: Child, job: Job, done) -> tuple:
-        """``c`` runs ``job`` from now on (its time limit starts); returns
-        what to write to it (``_post``, after the lock)."""
-        c.job, c.done = job, done
-        self._timeouts.start(job, job.timeout_ms or self._limits.get(job.queue))
-        return child_module.wire(job)
+    def _give(self, c: Child, job: Job, done, ref: str) -> bytes:
+        """``c`` runs ``job`` from now on (its time limit starts), or right
+        after its running job (``c.next``; the limit starts with the reply
+        for that one); returns what to write to it (``_send``)."""
+        c.given += 1
+        if c.job is None:
+            c.job, c.done = job, done
+            self._timeouts.start(job, job.timeout_ms or self._limits.get(job.queue))
+        else:
+            c.next = (job, done, ref, c.given)
+        return pickle.dumps((child_module.wire(job), ref), pickle.HIGHEST_PROTOCOL)
 
     @staticmethod
-    def _post(c: Child, *message) -> None:
-        """Write ``message`` (one object, or a job's fields and its handler's
-        ref) to ``c``'s pipe, pickled; a child that died meanwhile is left
-        to its exit (``_reap`` fails its job)."""
-        body = pickle.dumps(message if len(message) > 1 else message[0], pickle.HIGHEST_PROTOCOL)
-        with c.sending:
-            try:
-                c.conn.send_bytes(body)
-            except (OSError, ValueError):
-                pass
+    def _send(c: Child, body: bytes, held: bool = False) -> None:
+        """Write ``body`` (a pickle) to ``c``'s pipe; ``held``: the caller
+        holds ``c.sending`` (released here). A child that died meanwhile is
+        left to its exit (``_reap`` fails or re-routes its jobs)."""
+        if not held:
+            c.sending.acquire()
+        try:
+            c.conn.send_bytes(body)
+        except (OSError, ValueError):
+            pass
+        finally:
+            c.sending.release()
+
+    def _post(self, c: Child, message) -> None:
+        """Write ``message`` (a note or None) to ``c``'s pipe, pickled."""
+        self._send(c, pickle.dumps(message, pickle.HIGHEST_PROTOCOL))
 
     def _send_away(self, c: Child, why: str) -> None:
         """``c`` finishes (it is idle) and exits; a fresh one forks if needed."""
@@ -397,13 +424,14 @@ class ProcessPool:
 
     def _fork(self) -> Child:
         parent_end, child_end = CONTEXT.Pipe(duplex=True)
-        flag = mmap.mmap(-1, 1)  # shared with the child: MAP_SHARED
+        flag = mmap.mmap(-1, 16)  # shared (MAP_SHARED): the kill flag, the jobs it began
         inherited = [self._wake_r, self._wake_w, parent_end.fileno(), self._lifeline[1]]
         for c in self._working + self._leaving:
             inherited += [c.conn.fileno(), c.proc.sentinel]
+        limits = (self.max_jobs, self.max_rss)
         proc = CONTEXT.Process(
             target=child_module.main,
-            args=(child_end, flag, inherited, self._source, self._lifeline[0]),
+            args=(child_end, flag, inherited, self._source, self._lifeline[0], limits),
             name=f"{self.name}-child",
             daemon=True,
         )
