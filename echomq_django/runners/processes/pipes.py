@@ -17,13 +17,27 @@ import pickle
 import select
 import signal
 import struct
-import threading
 from collections import deque
 
 CHUNK = 1 << 16  # bytes read per call
 NOTHING = object()  # no whole message is buffered (a message may be None)
 _SIZE, _BIG = struct.Struct("!i"), struct.Struct("!Q")
 BEGAN = struct.Struct("=Q")  # at offset 8 of a child's shared flag: the jobs it began
+
+
+def frame(body: bytes) -> bytes:
+    """``body`` as ``Connection.send_bytes`` writes it: its size first."""
+    if len(body) > 0x7FFFFFFF:
+        return _SIZE.pack(-1) + _BIG.pack(len(body)) + body
+    return _SIZE.pack(len(body)) + body
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """Write all of ``data`` to ``fd`` (blocking): several framed messages
+    in one call. Raises ``OSError`` as ``os.write`` does."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 class Inbox:
@@ -144,20 +158,18 @@ class Child:
     jobs it began at ``BEGAN``, which only the child writes)."""
 
     __slots__ = ("conn", "done", "flag", "given", "inbox", "job", "jobs", "kill_at", "next",
-                 "pid", "proc", "quick", "sending", "why")  # fmt: skip
+                 "pid", "proc", "quick", "why")  # fmt: skip
 
     def __init__(self, proc, conn, flag) -> None:
         self.proc, self.conn, self.flag, self.pid = proc, conn, flag, proc.pid
-        self.inbox = Inbox(conn.fileno())  # the supervisor thread alone reads it
-        # one writer at a time on its pipe: a job is written outside the pool's
-        # lock (a pipe write may yield the CPU to the child it wakes; the
-        # supervisor must not wait on the lock meanwhile to read other replies)
-        self.sending = threading.Lock()
+        # the supervisor thread alone reads it and writes to it
+        self.inbox = Inbox(conn.fileno())
         self.job = None  # running now
         self.done = None  # the run's queue of finished jobs, for this job
-        # (job, done, ref) written to its pipe behind the running one: it
-        # starts when the child replies for the running one
-        self.next: tuple | None = None
+        # (job, done, framed message, its number among those given) written
+        # to its pipe behind the running one, in order: each starts as the
+        # child replies for the one before
+        self.next: deque = deque()
         self.quick = False  # its last job ran under QUICK_MS: a job may queue behind
         self.jobs = 0  # jobs it finished
         self.given = 0  # jobs written to it

@@ -48,7 +48,7 @@ from ...handlers import get_handler
 from ..pool import unknown_name_error
 from ..reporter import Finished
 from . import child as child_module
-from .pipes import NOTHING, Child, death_text, leaves
+from .pipes import NOTHING, Child, death_text, frame, leaves, write_all
 
 log = logging.getLogger("echomq_django.worker")
 
@@ -57,6 +57,8 @@ TERM_GRACE_S = 0.5  # SIGTERM to SIGKILL, for a child past its job's time limit 
 # the child reads it as it replies, without sleeping in between; a child of
 # longer jobs takes a job only when idle (a job never waits behind a long one)
 QUICK_MS = 1.0
+DEPTH = 4  # jobs in a quick child's pipe at most: the running one and those behind
+QUEUE_MAX_BYTES = 1 << 14  # a bigger job goes to an idle child: no pipe fills with jobs
 MIB = 1 << 20
 CONTEXT = multiprocessing.get_context("fork")
 
@@ -98,6 +100,7 @@ class ProcessPool:
         self._backlog: deque = deque()  # (job, done, ref) waiting for a child
         self._warned: set[str] = set()
         self._closing = self._abandon = False
+        self._asleep = False  # the supervisor thread waits in select: start() wakes it
         self.recycled = self.replaced = 0
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
@@ -115,7 +118,11 @@ class ProcessPool:
     # -- called by the claiming loop and the time limits ----------------------
     def start(self, job: Job, done) -> None:
         """Run ``job``'s handler in a child; its ``Finished`` (or None, for
-        an attempt already failed as timed out) goes to ``done``."""
+        an attempt already failed as timed out) goes to ``done``. The job
+        waits in the pool until the supervisor thread writes it to a child,
+        with any other job for that child in one write; that thread is woken
+        only when it sleeps (a claim's jobs cost one wake-up, no write on
+        the caller's thread)."""
         func = get_handler(job.name)
         if func is None:
             error = unknown_name_error(job.name)
@@ -124,17 +131,13 @@ class ProcessPool:
                 log.warning("%s", error)
             done.put(Finished(job, error=error))
             return
-        ref = child_module.handler_ref(func)
+        message = (child_module.wire(job), child_module.handler_ref(func))
+        body = frame(pickle.dumps(message, pickle.HIGHEST_PROTOCOL))
         with self._lock:
-            c = self._slot()
-            if c is None:
-                self._backlog.append((job, done, ref))
-                return
-            body = self._give(c, job, done, ref)
-            # its lock before the pool's is let go: jobs reach a pipe in the
-            # order they were given (the supervisor may give it the next one)
-            c.sending.acquire()
-        self._send(c, body, held=True)
+            self._backlog.append((job, done, body))
+            wake, self._asleep = self._asleep, False
+        if wake:
+            self._wake()
 
     def write_off(self, job: Job) -> str:
         """``job`` ran past its time limit: its child is ended (SIGTERM, then
@@ -171,7 +174,7 @@ class ProcessPool:
         whose last job ran under ``QUICK_MS`` (it waits in that child's
         pipe, docs/howto/process-pool.md#how-it-works)."""
         with self._lock:
-            return sum(c.quick for c in self._working)
+            return sum(c.quick for c in self._working) * (DEPTH - 1)
 
     @property
     def leaving(self) -> int:
@@ -203,11 +206,18 @@ class ProcessPool:
     def _supervise(self) -> None:
         while True:
             with self._lock:
-                self._tend()
+                sends = self._tend()
                 if self._closing and not self._working and not self._leaving:
                     break
+                # asleep only once the backlog was looked at under the lock: a
+                # job start() adds after this sees it set and wakes the thread
+                self._asleep = not sends
                 kills = [c.kill_at for c in self._leaving if c.kill_at is not None]
                 timeout = max(0.0, min(kills) - time.monotonic()) if kills else None
+            if sends:  # outside the lock: a write may hand the CPU to the child
+                for c, data in sends.items():
+                    self._write(c, b"".join(data))
+                continue  # tend again before sleeping: jobs may have come meanwhile
             replies, exits = [], []
             for key, _ in self._selector.select(timeout):
                 if key.data is None:
@@ -225,10 +235,11 @@ class ProcessPool:
         for fd in (self._wake_r, self._wake_w, *self._lifeline):
             os.close(fd)
 
-    def _tend(self) -> None:
+    def _tend(self) -> dict:
         """Under the lock: SIGKILL what outlived its grace, send away idle
         children beyond ``size`` (all of them when closing), fork up to
-        ``size``, hand waiting jobs to idle children."""
+        ``size``, hand waiting jobs to children (``_slot``). Returns what
+        to write to whom: ``{child: [framed messages]}``."""
         now = time.monotonic()
         for c in self._leaving:
             if c.kill_at is not None and now >= c.kill_at:
@@ -244,9 +255,16 @@ class ProcessPool:
                 self._end(c)
         if not self._closing:
             self._top_up()
-        while self._backlog and (c := self._slot()) is not None:
-            job, done, ref = self._backlog.popleft()
-            self._send(c, self._give(c, job, done, ref))
+        sends: dict[Child, list[bytes]] = {}
+        while self._backlog:
+            job, done, body = self._backlog[0]
+            c = self._slot(len(body) <= QUEUE_MAX_BYTES)
+            if c is None:
+                break
+            self._backlog.popleft()
+            self._give(c, job, done, body)
+            sends.setdefault(c, []).append(body)
+        return sends
 
     def _read(self, c: Child) -> bool:
         """A child's pipe is readable: one read, then every whole message
@@ -275,12 +293,10 @@ class ProcessPool:
             why = leaves(c.jobs, rss, self.max_jobs, self.max_rss)
             if why:  # it exits now, as the child applies the same rule
                 self._send_away(c, why)
-                if c.next is not None:  # it will not read it: another child runs it
-                    self._backlog.appendleft(c.next[:3])
-                    c.next = None
-            elif c.next is not None:  # the child reads it as this reply leaves
-                c.job, c.done = c.next[:2]
-                c.next = None
+                while c.next:  # it will not read them: other children run them
+                    self._backlog.appendleft(c.next.pop()[:3])
+            elif c.next:  # the child reads it as this reply leaves
+                c.job, c.done = c.next.popleft()[:2]
                 self._timeouts.start(c.job, c.job.timeout_ms or self._limits.get(c.job.queue))
         if not self._timeouts.settle(job):
             done.put(None)
@@ -324,26 +340,26 @@ class ProcessPool:
         self._selector.unregister(c.proc.sentinel)
         c.proc.close()  # its sentinel's descriptor goes now, not at a collection
         with self._lock:
-            job, done = c.job, c.done
+            running = c.job, c.done
             c.job = c.done = None
-            queued, c.next = c.next, None
-            if queued is not None and started < queued[3] and not self._closing:
-                self._backlog.appendleft(queued[:3])  # never started: another child runs it
-                queued = None
+            queued = [q for q in c.next if started >= q[3]]  # begun: failed as running
+            if not self._closing:  # the others never started: other children run them
+                self._backlog.extendleft(q[:3] for q in reversed(c.next) if started < q[3])
+            c.next.clear()
             for where in (self._working, self._leaving):
                 if c in where:
                     where.remove(c)
                     if where is self._working and not self._closing:
                         self.replaced += 1
-            with c.sending:  # not while a job is written to it: its fd number may be reused
-                c.conn.close()
+            c.conn.close()  # on this thread, the only one that writes to it
             c.flag.close()
         if c.why:
             log.info("handler process %d recycled %s", c.pid, c.why)
-        if queued is not None and not self._closing:  # it had begun it: as a running job
+        for job, done, *_ in queued if not self._closing else ():  # as a running job
             error = death_text(c.pid, code)
-            log.warning("job %s/%s (%s): %s", queued[0].queue, queued[0].id, queued[0].name, error)
-            queued[1].put(Finished(queued[0], error=error))
+            log.warning("job %s/%s (%s): %s", job.queue, job.id, job.name, error)
+            done.put(Finished(job, error=error))
+        job, done = running
         if job is None:
             return
         if ended or not self._timeouts.settle(job):
@@ -354,50 +370,49 @@ class ProcessPool:
         done.put(Finished(job, error=error))
 
     # -- under the lock -------------------------------------------------------
-    def _slot(self) -> Child | None:
+    def _slot(self, may_queue: bool) -> Child | None:
         """The child to give a job to: one running a quick job with none
-        queued behind and not due to be recycled after it (it reads the job
-        as it replies, awake: no process is woken for it), else an idle
-        one; None: the job waits."""
+        queued behind and not due to be recycled after it (``may_queue``:
+        the job is small enough to wait in a pipe; the child reads it as it
+        replies, awake: no process is woken for it), else an idle one;
+        None: the job waits."""
         idle = None
         for c in self._working:
             if c.job is None:
                 idle = idle or c
             elif (
-                c.quick and c.next is None and (self.max_jobs is None or c.jobs + 1 < self.max_jobs)
+                may_queue
+                and c.quick
+                and len(c.next) < DEPTH - 1
+                and (self.max_jobs is None or c.jobs + 1 + len(c.next) < self.max_jobs)
             ):
                 return c
         return idle
 
-    def _give(self, c: Child, job: Job, done, ref: str) -> bytes:
+    def _give(self, c: Child, job: Job, done, body: bytes) -> None:
         """``c`` runs ``job`` from now on (its time limit starts), or right
         after its running job (``c.next``; the limit starts with the reply
-        for that one); returns what to write to it (``_send``)."""
+        for that one); the caller writes ``body`` to it."""
         c.given += 1
         if c.job is None:
             c.job, c.done = job, done
             self._timeouts.start(job, job.timeout_ms or self._limits.get(job.queue))
         else:
-            c.next = (job, done, ref, c.given)
-        return pickle.dumps((child_module.wire(job), ref), pickle.HIGHEST_PROTOCOL)
+            c.next.append((job, done, body, c.given))
 
     @staticmethod
-    def _send(c: Child, body: bytes, held: bool = False) -> None:
-        """Write ``body`` (a pickle) to ``c``'s pipe; ``held``: the caller
-        holds ``c.sending`` (released here). A child that died meanwhile is
-        left to its exit (``_reap`` fails or re-routes its jobs)."""
-        if not held:
-            c.sending.acquire()
+    def _write(c: Child, data: bytes) -> None:
+        """Write ``data`` (framed messages) to ``c``'s pipe, on the
+        supervisor thread only; a child that died meanwhile is left to its
+        exit (``_reap`` fails or re-routes its jobs)."""
         try:
-            c.conn.send_bytes(body)
+            write_all(c.conn.fileno(), data)
         except (OSError, ValueError):
             pass
-        finally:
-            c.sending.release()
 
     def _post(self, c: Child, message) -> None:
-        """Write ``message`` (a note or None) to ``c``'s pipe, pickled."""
-        self._send(c, pickle.dumps(message, pickle.HIGHEST_PROTOCOL))
+        """Write ``message`` (a note or None) to ``c``'s pipe."""
+        self._write(c, frame(pickle.dumps(message, pickle.HIGHEST_PROTOCOL)))
 
     def _send_away(self, c: Child, why: str) -> None:
         """``c`` finishes (it is idle) and exits; a fresh one forks if needed."""
