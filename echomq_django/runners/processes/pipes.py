@@ -12,6 +12,8 @@ cost one read.
 
 from __future__ import annotations
 
+import mmap
+import multiprocessing
 import os
 import pickle
 import select
@@ -19,9 +21,12 @@ import signal
 import struct
 from collections import deque
 
+from ..reporter import Finished
+
 CHUNK = 1 << 16  # bytes read per call
 NOTHING = object()  # no whole message is buffered (a message may be None)
 _SIZE, _BIG = struct.Struct("!i"), struct.Struct("!Q")
+CONTEXT = multiprocessing.get_context("fork")
 BEGAN = struct.Struct("=Q")  # at offset 8 of a child's shared flag: the jobs it began
 
 
@@ -151,6 +156,23 @@ def leaves(jobs: int, rss: int, max_jobs: int | None, max_rss: int | None) -> st
     return ""
 
 
+def finished(job, kind: str, value, ms: float) -> Finished:
+    """A child's reply ``(kind, value, ms, rss)`` for ``job`` as the
+    reporter takes it (the kinds: ``child.py``)."""
+    f = Finished(job, ms=ms)
+    if kind == "ok":
+        f.result = value
+    elif kind == "postpone":
+        f.postpone_ms = value
+    elif kind == "wait":
+        f.wait_children = True
+    else:
+        if type(value) is tuple:  # decided by the retry policy in the child
+            value, f.delay_ms = value
+        f.error, f.dead = value, kind == "dead"
+    return f
+
+
 class Child:
     """One handler process and what the supervisor knows of it: ``proc``
     (a ``multiprocessing`` process), ``conn`` (the worker's end of its
@@ -175,6 +197,33 @@ class Child:
         self.given = 0  # jobs written to it
         self.kill_at: float | None = None  # SIGKILL due (monotonic) after a SIGTERM
         self.why = ""  # why it was sent away (recycling), for the log
+
+    @classmethod
+    def fork(cls, target, name: str, close_fds: list, *args) -> Child:
+        """Start a handler process running ``target(conn, flag, close_fds
+        + its pipe's other end, *args)`` (``child.main``)."""
+        parent_end, child_end = CONTEXT.Pipe(duplex=True)
+        flag = mmap.mmap(-1, 16)  # shared (MAP_SHARED): the kill flag, the jobs it began
+        fds = [*close_fds, parent_end.fileno()]
+        proc = CONTEXT.Process(target=target, args=(child_end, flag, fds, *args), name=name,
+                               daemon=True)  # fmt: skip
+        proc.start()
+        child_end.close()
+        return cls(proc, parent_end, flag)
+
+    def room(self, depth: int, max_jobs: int | None) -> bool:
+        """A job may queue behind this child's: fewer than ``depth`` in its
+        pipe, and it is not recycled after those (``max_jobs``)."""
+        queued = len(self.next)
+        return queued < depth - 1 and (max_jobs is None or self.jobs + 1 + queued < max_jobs)
+
+    def split(self, started: int) -> tuple[list, list]:
+        """Empty ``next`` (the child is gone, having begun ``started``
+        jobs): ``(jobs begun, [(job, done, message)] never begun)``."""
+        begun = [q for q in self.next if started >= q[3]]
+        unread = [q[:3] for q in self.next if started < q[3]]
+        self.next.clear()
+        return begun, unread
 
     def started(self) -> int:
         """How many jobs the child has begun (read once it has exited: a

@@ -32,8 +32,6 @@ What can happen to a child and what its job gets (docs/howto/process-pool.md):
 from __future__ import annotations
 
 import logging
-import mmap
-import multiprocessing
 import os
 import pickle
 import selectors
@@ -48,7 +46,7 @@ from ...handlers import get_handler
 from ..pool import unknown_name_error
 from ..reporter import Finished
 from . import child as child_module
-from .pipes import NOTHING, Child, death_text, frame, leaves, write_all
+from .pipes import NOTHING, Child, death_text, finished, frame, leaves, write_all
 
 log = logging.getLogger("echomq_django.worker")
 
@@ -60,7 +58,6 @@ QUICK_MS = 1.0
 DEPTH = 4  # jobs in a quick child's pipe at most: the running one and those behind
 QUEUE_MAX_BYTES = 1 << 14  # a bigger job goes to an idle child: no pipe fills with jobs
 MIB = 1 << 20
-CONTEXT = multiprocessing.get_context("fork")
 
 
 class ProcessPool:
@@ -298,21 +295,7 @@ class ProcessPool:
             elif c.next:  # the child reads it as this reply leaves
                 c.job, c.done = c.next.popleft()[:2]
                 self._timeouts.start(c.job, c.job.timeout_ms or self._limits.get(c.job.queue))
-        if not self._timeouts.settle(job):
-            done.put(None)
-            return
-        finished = Finished(job, ms=ms)
-        if kind == "ok":
-            finished.result = value
-        elif kind == "postpone":
-            finished.postpone_ms = value
-        elif kind == "wait":
-            finished.wait_children = True
-        else:
-            if type(value) is tuple:  # decided by the retry policy in the child
-                value, finished.delay_ms = value
-            finished.error, finished.dead = value, kind == "dead"
-        done.put(finished)
+        done.put(finished(job, kind, value, ms) if self._timeouts.settle(job) else None)
 
     def _relay(self, c: Child, job_id: str, progress: str | None, line: str | None) -> None:
         """A write of ``c``'s job goes to the worker's flusher, ahead of the
@@ -342,10 +325,9 @@ class ProcessPool:
         with self._lock:
             running = c.job, c.done
             c.job = c.done = None
-            queued = [q for q in c.next if started >= q[3]]  # begun: failed as running
-            if not self._closing:  # the others never started: other children run them
-                self._backlog.extendleft(q[:3] for q in reversed(c.next) if started < q[3])
-            c.next.clear()
+            queued, unread = c.split(started)  # begun: failed as running ones
+            if not self._closing:  # never begun: other children run them
+                self._backlog.extendleft(reversed(unread))
             for where in (self._working, self._leaving):
                 if c in where:
                     where.remove(c)
@@ -355,19 +337,15 @@ class ProcessPool:
             c.flag.close()
         if c.why:
             log.info("handler process %d recycled %s", c.pid, c.why)
-        for job, done, *_ in queued if not self._closing else ():  # as a running job
+        job, done = running
+        if job is not None and (ended or not self._timeouts.settle(job)):
+            done.put(None)  # ended past its time limit: failed already; the loop rechecks
+            job = None
+        dead = [] if job is None else [(job, done)]
+        for job, done, *_ in dead + ([] if self._closing else queued):  # queued, begun
             error = death_text(c.pid, code)
             log.warning("job %s/%s (%s): %s", job.queue, job.id, job.name, error)
             done.put(Finished(job, error=error))
-        job, done = running
-        if job is None:
-            return
-        if ended or not self._timeouts.settle(job):
-            done.put(None)  # ended past its time limit: failed already; the loop rechecks
-            return
-        error = death_text(c.pid, code)
-        log.warning("job %s/%s (%s): %s", job.queue, job.id, job.name, error)
-        done.put(Finished(job, error=error))
 
     # -- under the lock -------------------------------------------------------
     def _slot(self, may_queue: bool) -> Child | None:
@@ -380,12 +358,7 @@ class ProcessPool:
         for c in self._working:
             if c.job is None:
                 idle = idle or c
-            elif (
-                may_queue
-                and c.quick
-                and len(c.next) < DEPTH - 1
-                and (self.max_jobs is None or c.jobs + 1 + len(c.next) < self.max_jobs)
-            ):
+            elif may_queue and c.quick and c.room(DEPTH, self.max_jobs):
                 return c
         return idle
 
@@ -438,23 +411,13 @@ class ProcessPool:
             self._working.append(self._fork())
 
     def _fork(self) -> Child:
-        parent_end, child_end = CONTEXT.Pipe(duplex=True)
-        flag = mmap.mmap(-1, 16)  # shared (MAP_SHARED): the kill flag, the jobs it began
-        inherited = [self._wake_r, self._wake_w, parent_end.fileno(), self._lifeline[1]]
+        inherited = [self._wake_r, self._wake_w, self._lifeline[1]]
         for c in self._working + self._leaving:
             inherited += [c.conn.fileno(), c.proc.sentinel]
-        limits = (self.max_jobs, self.max_rss)
-        proc = CONTEXT.Process(
-            target=child_module.main,
-            args=(child_end, flag, inherited, self._source, self._lifeline[0], limits),
-            name=f"{self.name}-child",
-            daemon=True,
-        )
-        proc.start()
-        child_end.close()
-        c = Child(proc, parent_end, flag)
-        self._selector.register(parent_end, selectors.EVENT_READ, ("reply", c))
-        self._selector.register(proc.sentinel, selectors.EVENT_READ, ("exit", c))
+        c = Child.fork(child_module.main, f"{self.name}-child", inherited, self._source,
+                       self._lifeline[0], (self.max_jobs, self.max_rss))  # fmt: skip
+        self._selector.register(c.conn, selectors.EVENT_READ, ("reply", c))
+        self._selector.register(c.proc.sentinel, selectors.EVENT_READ, ("exit", c))
         return c
 
     def _wake(self) -> None:
