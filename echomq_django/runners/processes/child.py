@@ -11,9 +11,10 @@ that adds jobs builds its own client; redis-py's pools start afresh in a new
 pid).
 
 Then it loops: read ``(fields, ref)`` from its pipe (a job as ``wire``
-gives it, and its handler's ``handler_ref``; ``pipes.Inbox`` reads it), run
-the handler, write one reply (pickled, ``send_bytes``). ``None`` (or
-end-of-file) ends the loop and the process. The reply is
+gives it, and its handler's ``handler_ref``; ``pipes.Inbox`` reads it; the
+next may wait there already), count it begun, run the handler, write one
+reply (pickled, ``send_bytes``). ``None`` (or end-of-file) ends the loop
+and the process, as does its recycling quota after a reply. The reply is
 a tuple ``(kind, value, ms, rss)``: ``kind`` is ``"ok"`` (``value`` the
 result), ``"error"`` (the error text, or ``(text, delay ms)`` once the
 retry policy decided it), ``"dead"`` (the same; the job fails for good:

@@ -4,9 +4,10 @@ feeds job by job over pipes (docs/howto/process-pool.md#how-it-works).
 The worker keeps claiming and reporting as on the thread pool; only the
 handler call moves into a child process (``child.py``). One supervisor
 thread per pool blocks on every child's pipe and exit at once (a selector;
-a self-pipe wakes it for a new job or a kill). The loop thread writes a job
-to its child outside the pool's lock (a pipe write may hand the CPU to the
-child it wakes); the supervisor reads each pipe whole (``pipes.py``).
+a self-pipe wakes it for a new job or a kill), writes the jobs to the
+children outside the pool's lock and reads each pipe whole (``pipes.py``).
+A quick child may hold ``DEPTH`` jobs in its pipe (it reads the next as it
+replies, awake); those it never began go to another child if it leaves.
 
 Why ``fork`` and not ``forkserver``: a forked child starts in milliseconds
 with Django set up and every handler the worker registered, wherever. A
@@ -15,9 +16,10 @@ another thread at the fork); its database connections are dropped unclosed.
 
 What can happen to a child and what its job gets (docs/howto/process-pool.md):
 
-* it replies: the reply becomes a ``Finished`` for the reporter; then, past
-  ``max_jobs_per_child`` jobs or ``max_memory_per_child`` bytes of resident
-  memory, it is sent away (it exits after that job) and a fresh child forks;
+* it replies: the reply becomes a ``Finished`` for the reporter and the
+  job queued behind starts (its time limit too); past ``max_jobs_per_child``
+  jobs or ``max_memory_per_child`` bytes of resident memory, it exits after
+  that job (``pipes.leaves``) and a fresh child forks;
 * its job passes its time limit (``Timeouts`` calls ``write_off``): the
   attempt fails as timed out at once, the child gets SIGTERM (its kill flag
   set first, so its ``finally`` blocks run) and SIGKILL ``TERM_GRACE_S``
@@ -64,7 +66,7 @@ class ProcessPool:
     """``size`` handler processes (see the module).
 
     ``name``: the supervisor thread's name; ``timeouts``: the worker's
-    ``Timeouts`` (a job's limit starts when a child gets it);
+    ``Timeouts`` (a job's limit starts when a child starts it);
     ``time_limits``: ``{queue: TIMEOUT_MS or None}``; ``source``: the
     worker's ``EchoMQ`` (a child's jobs read through its copy);
     ``max_jobs_per_child`` (count) and ``max_memory_per_child`` (bytes):
