@@ -23,7 +23,7 @@ leave the child)
 or ``"postpone"`` (``value`` the ``RateLimited`` or ``MoveToDelayed`` delay
 in ms) or ``"wait"`` (``WaitForChildren``; ``value`` None); ``ms`` is how
 long the handler ran (ms), ``rss`` the child's resident memory after the job
-(bytes).
+(bytes; 0 without ``max_memory_per_child``: it is not read).
 
 Signals: SIGINT is ignored (a terminal's Ctrl-C reaches the whole process
 group; the worker decides how its jobs end). SIGTERM ends the child only
@@ -125,7 +125,7 @@ def main(conn, kill_flag, close_fds, source, lifeline: int, limits=(None, None))
         ref = item[1]
         BEGAN.pack_into(kill_flag, 8, jobs + 1)  # a queued job begun is no longer re-routed
         job._mq, job._writes = source, PipeWrites(conn, inbox, job.id)
-        reply = run_one(job, ref, source)
+        reply = run_one(job, ref, source, measure=limits[1] is not None)
         try:
             with job._writes.lock:  # a thread the handler left may still write
                 job._writes.ended = True
@@ -225,12 +225,13 @@ def _find(name: str, ref: str):
     return runs_sync(obj)
 
 
-def run_one(job, ref: str, source=None) -> tuple:
+def run_one(job, ref: str, source=None, measure: bool = True) -> tuple:
     """Run the handler of ``job`` (found by ``ref``); the reply tuple (see
     the module). A failed attempt is decided here, by the job's retry policy
     with the exception in hand (docs/howto/retries.md; ``source``'s queue
     settings): its value is then ``(error text, delay ms or None)``. Never
-    raises but for ``SystemExit`` from the worker's kill."""
+    raises but for ``SystemExit`` from the worker's kill. ``measure``:
+    read the resident memory (else 0: no ``max_memory_per_child``)."""
     started = time.perf_counter()
     try:
         close_old_connections()
@@ -263,4 +264,4 @@ def run_one(job, ref: str, source=None) -> tuple:
             close_old_connections()
         except Exception:
             pass
-    return kind, value, (time.perf_counter() - started) * 1000, rss_bytes()
+    return kind, value, (time.perf_counter() - started) * 1000, rss_bytes() if measure else 0
