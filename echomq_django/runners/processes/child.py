@@ -54,7 +54,7 @@ from ...handlers import get_handler, runs_sync
 from ...tracing.spans import attempt
 from ..pool import error_text
 from ..reporter import Finished, decided
-from .pipes import BEGAN, Inbox, leaves
+from .pipes import BEGAN, TAKEN, Inbox, leaves
 
 _INHERITED: list = []  # the worker's DB connections, kept unclosed until os._exit
 _KILL: list = [None]  # this child's kill flag (set by main)
@@ -97,7 +97,7 @@ def rss_bytes() -> int:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def main(conn, kill_flag, close_fds, source, lifeline: int, limits=(None, None)) -> None:
+def main(conn, kill_flag, close_fds, source, lifeline: int, limits, gate) -> None:
     """The child's life (``multiprocessing`` target, fork context):
     ``conn`` its end of the pipe, ``kill_flag`` a shared one-byte map the
     worker sets before a SIGTERM meant for this child, ``close_fds`` the
@@ -107,11 +107,13 @@ def main(conn, kill_flag, close_fds, source, lifeline: int, limits=(None, None))
     the worker: its EOF means the worker died, and the child ends at once;
     ``limits``: ``(max jobs, max resident bytes)`` (None: none), after
     which it exits right after its reply, leaving unread a job queued
-    behind (``pipes.leaves``: the worker hands that job to another child)."""
+    behind (``pipes.leaves``: the worker hands that job to another child);
+    ``gate``: the lock it holds to count a job begun, or to skip one the
+    worker took back (``pipes.Child.take_back``)."""
     _KILL[0] = kill_flag
     _after_fork(kill_flag, close_fds)
     threading.Thread(target=_die_with_the_worker, args=(lifeline,), daemon=True).start()
-    inbox, jobs = Inbox(conn.fileno()), 0
+    inbox, jobs, seen = Inbox(conn.fileno()), 0, 0  # replies sent; jobs read
     while True:
         try:
             item = inbox.get()
@@ -121,9 +123,13 @@ def main(conn, kill_flag, close_fds, source, lifeline: int, limits=(None, None))
             return
         if isinstance(item[0], str):
             continue  # ("refused", ...) for a job that has ended meanwhile
+        seen += 1
+        with gate:  # a queued job begun is no longer re-routed
+            if seen <= TAKEN.unpack_from(kill_flag, 16)[0]:
+                continue  # taken back: another child runs it
+            BEGAN.pack_into(kill_flag, 8, seen)
         job = Job(*item[0])
         ref = item[1]
-        BEGAN.pack_into(kill_flag, 8, jobs + 1)  # a queued job begun is no longer re-routed
         job._mq, job._writes = source, PipeWrites(conn, inbox, job.id)
         reply = run_one(job, ref, source, measure=limits[1] is not None)
         try:

@@ -27,7 +27,9 @@ CHUNK = 1 << 16  # bytes read per call
 NOTHING = object()  # no whole message is buffered (a message may be None)
 _SIZE, _BIG = struct.Struct("!i"), struct.Struct("!Q")
 CONTEXT = multiprocessing.get_context("fork")
-BEGAN = struct.Struct("=Q")  # at offset 8 of a child's shared flag: the jobs it began
+# in a child's shared flag: at 8 the number of the last job it began (it
+# writes), at 16 the number up to which the worker took queued jobs back
+BEGAN = TAKEN = struct.Struct("=Q")
 
 
 def frame(body: bytes) -> bytes:
@@ -176,14 +178,15 @@ def finished(job, kind: str, value, ms: float) -> Finished:
 class Child:
     """One handler process and what the supervisor knows of it: ``proc``
     (a ``multiprocessing`` process), ``conn`` (the worker's end of its
-    pipe), ``flag`` (16 bytes it shares: its kill flag at 0, the count of
-    jobs it began at ``BEGAN``, which only the child writes)."""
+    pipe), ``flag`` (24 bytes it shares: its kill flag at 0, ``BEGAN`` and
+    ``TAKEN``), ``gate`` (a lock both hold to read or write those two)."""
 
-    __slots__ = ("conn", "done", "flag", "given", "inbox", "job", "jobs", "kill_at", "next",
-                 "pid", "proc", "quick", "why")  # fmt: skip
+    __slots__ = ("conn", "done", "flag", "gate", "given", "inbox", "job", "jobs", "kill_at",
+                 "next", "pid", "proc", "quick", "since", "why")  # fmt: skip
 
-    def __init__(self, proc, conn, flag) -> None:
-        self.proc, self.conn, self.flag, self.pid = proc, conn, flag, proc.pid
+    def __init__(self, proc, conn, flag, gate) -> None:
+        self.proc, self.conn, self.flag, self.gate, self.pid = proc, conn, flag, gate, proc.pid
+        self.since = 0.0  # when its running job started (monotonic s)
         # the supervisor thread alone reads it and writes to it
         self.inbox = Inbox(conn.fileno())
         self.job = None  # running now
@@ -201,15 +204,15 @@ class Child:
     @classmethod
     def fork(cls, target, name: str, close_fds: list, *args) -> Child:
         """Start a handler process running ``target(conn, flag, close_fds
-        + its pipe's other end, *args)`` (``child.main``)."""
+        + its pipe's other end, *args, gate)`` (``child.main``)."""
         parent_end, child_end = CONTEXT.Pipe(duplex=True)
-        flag = mmap.mmap(-1, 16)  # shared (MAP_SHARED): the kill flag, the jobs it began
+        flag, gate = mmap.mmap(-1, 24), CONTEXT.Lock()  # shared (MAP_SHARED)
         fds = [*close_fds, parent_end.fileno()]
-        proc = CONTEXT.Process(target=target, args=(child_end, flag, fds, *args), name=name,
-                               daemon=True)  # fmt: skip
+        proc = CONTEXT.Process(target=target, args=(child_end, flag, fds, *args, gate),
+                               name=name, daemon=True)  # fmt: skip
         proc.start()
         child_end.close()
-        return cls(proc, parent_end, flag)
+        return cls(proc, parent_end, flag, gate)
 
     def room(self, depth: int, max_jobs: int | None) -> bool:
         """A job may queue behind this child's: fewer than ``depth`` in its
@@ -225,7 +228,20 @@ class Child:
         self.next.clear()
         return begun, unread
 
+    def take_back(self) -> list:
+        """The queued jobs it has not begun, ``[(job, done, message)]``,
+        taken out of ``next``; it will skip them (``TAKEN``, under ``gate``:
+        it cannot begin one meanwhile)."""
+        with self.gate:
+            taken = [q for q in self.next if q[3] > self.started()]
+            if taken:
+                TAKEN.pack_into(self.flag, 16, taken[-1][3])
+        for q in taken:
+            self.next.remove(q)
+        return [q[:3] for q in taken]
+
     def started(self) -> int:
-        """How many jobs the child has begun (read once it has exited: a
-        queued job it never began goes to another child)."""
+        """The number of the last job the child began (read once it has
+        exited, or under ``gate``: a queued job it never began goes to
+        another child)."""
         return BEGAN.unpack_from(self.flag, 8)[0]

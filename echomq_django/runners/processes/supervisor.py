@@ -58,6 +58,7 @@ TERM_GRACE_S = 0.5  # SIGTERM to SIGKILL, for a child past its job's time limit 
 # longer jobs takes a job only when idle (a job never waits behind a long one)
 QUICK_MS = 1.0
 DEPTH = 4  # jobs in a quick child's pipe at most: the running one and those behind
+STALL_S = 0.05  # a queued job waits this long behind one at most while a child is idle (s)
 QUEUE_MAX_BYTES = 1 << 14  # a bigger job goes to an idle child: no pipe fills with jobs
 MIB = 1 << 20
 
@@ -73,9 +74,7 @@ class ProcessPool:
     recycling, None for none. ``start(job, done)``, ``write_off(job)``,
     ``resize(n)``, ``shutdown(wait)``; ``size``, ``pids()``, ``busy``,
     ``ahead`` (jobs it takes beyond ``size``), ``leaving``, ``recycled``
-    (children sent away after their quota), ``replaced`` (children that
-    died or were killed, replaced).
-    """
+    (children sent away after their quota), ``replaced`` (died or killed)."""
 
     kind = "process"
 
@@ -96,14 +95,12 @@ class ProcessPool:
         self._lock = threading.Lock()
         self._working: list[Child] = []  # in the pool: idle or running a job
         self._leaving: list[Child] = []  # killed or sent away, not reaped yet
-        self._backlog: deque = deque()  # (job, done, ref) waiting for a child
+        self._backlog: deque = deque()  # (job, done, message) waiting for a child
         self._warned: set[str] = set()
         self._closing = self._abandon = False
         self._asleep = False  # the supervisor thread waits in select: start() wakes it
         self.recycled = self.replaced = 0
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_w, False)
-        os.set_blocking(self._wake_r, False)
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._lifeline = os.pipe()  # children end themselves at its EOF: this process died
         # every child's pipe and exit, and the wake-up: registered at the fork,
         # dropped at the reap (a selector per wait: a registration per child per job)
@@ -211,8 +208,10 @@ class ProcessPool:
                 # asleep only once the backlog was looked at under the lock: a
                 # job start() adds after this sees it set and wakes the thread
                 self._asleep = not sends
-                kills = [c.kill_at for c in self._leaving if c.kill_at is not None]
-                timeout = max(0.0, min(kills) - time.monotonic()) if kills else None
+                due = [c.kill_at for c in self._leaving if c.kill_at is not None]
+                if any(c.job is None for c in self._working):  # queued jobs may move there
+                    due += [c.since + STALL_S for c in self._working if c.next]
+                timeout = max(0.0, min(due) - time.monotonic()) if due else None
             if sends:  # outside the lock: a write may hand the CPU to the child
                 for c, data in sends.items():
                     self._write(c, b"".join(data))
@@ -255,14 +254,16 @@ class ProcessPool:
         if not self._closing:
             self._top_up()
         sends: dict[Child, list[bytes]] = {}
+        for c in [c for c in self._working if c.next and now - c.since >= STALL_S]:
+            back = c.take_back()  # behind a job that runs long: to idle children first
+            while back and (idle := self._slot(False)) is not None:
+                self._give(idle, *back.pop(0), sends)
+            self._backlog.extendleft(reversed(back))
         while self._backlog:
-            job, done, body = self._backlog[0]
-            c = self._slot(len(body) <= QUEUE_MAX_BYTES)
+            c = self._slot(len(self._backlog[0][2]) <= QUEUE_MAX_BYTES)
             if c is None:
                 break
-            self._backlog.popleft()
-            self._give(c, job, done, body)
-            sends.setdefault(c, []).append(body)
+            self._give(c, *self._backlog.popleft(), sends)
         return sends
 
     def _read(self, c: Child) -> bool:
@@ -296,6 +297,7 @@ class ProcessPool:
                     self._backlog.appendleft(c.next.pop()[:3])
             elif c.next:  # the child reads it as this reply leaves
                 c.job, c.done = c.next.popleft()[:2]
+                c.since = time.monotonic()
                 self._timeouts.start(c.job, c.job.timeout_ms or self._limits.get(c.job.queue))
         done.put(finished(job, kind, value, ms) if self._timeouts.settle(job) else None)
 
@@ -310,7 +312,7 @@ class ProcessPool:
         try:
             job._writes.put(job, progress, line)
         except EchoMQError as err:
-            self._post(c, ("refused", job_id, err))
+            self._write(c, frame(pickle.dumps(("refused", job_id, err), 5)))
 
     def _reap(self, c: Child) -> None:
         """A child exited: a reply still in its pipe first, then its job (if
@@ -364,13 +366,14 @@ class ProcessPool:
                 return c
         return idle
 
-    def _give(self, c: Child, job: Job, done, body: bytes) -> None:
+    def _give(self, c: Child, job: Job, done, body: bytes, sends: dict) -> None:
         """``c`` runs ``job`` from now on (its time limit starts), or right
         after its running job (``c.next``; the limit starts with the reply
-        for that one); the caller writes ``body`` to it."""
+        for that one); ``body`` is to be written to it (``sends[c]``)."""
+        sends.setdefault(c, []).append(body)
         c.given += 1
         if c.job is None:
-            c.job, c.done = job, done
+            c.job, c.done, c.since = job, done, time.monotonic()
             self._timeouts.start(job, job.timeout_ms or self._limits.get(job.queue))
         else:
             c.next.append((job, done, body, c.given))
@@ -385,16 +388,12 @@ class ProcessPool:
         except (OSError, ValueError):
             pass
 
-    def _post(self, c: Child, message) -> None:
-        """Write ``message`` (a note or None) to ``c``'s pipe."""
-        self._write(c, frame(pickle.dumps(message, pickle.HIGHEST_PROTOCOL)))
-
     def _send_away(self, c: Child, why: str) -> None:
         """``c`` finishes (it is idle) and exits; a fresh one forks if needed."""
         self._working.remove(c)
         self._leaving.append(c)
         c.why = why
-        self._post(c, None)
+        self._write(c, frame(pickle.dumps(None, 5)))
         if why:
             self.recycled += 1
 
