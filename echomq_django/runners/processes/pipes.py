@@ -231,11 +231,15 @@ class Child:
     def take_back(self) -> list:
         """The queued jobs it has not begun, ``[(job, done, message)]``,
         taken out of ``next``; it will skip them (``TAKEN``, under ``gate``:
-        it cannot begin one meanwhile)."""
-        with self.gate:
+        it cannot begin one meanwhile). None while ``gate`` stays held."""
+        if not self.gate.acquire(timeout=0.05):  # it died holding it (a SIGKILL): its reap
+            return []
+        try:
             taken = [q for q in self.next if q[3] > self.started()]
             if taken:
                 TAKEN.pack_into(self.flag, 16, taken[-1][3])
+        finally:
+            self.gate.release()
         for q in taken:
             self.next.remove(q)
         return [q[:3] for q in taken]

@@ -59,6 +59,7 @@ TERM_GRACE_S = 0.5  # SIGTERM to SIGKILL, for a child past its job's time limit 
 QUICK_MS = 1.0
 DEPTH = 4  # jobs in a quick child's pipe at most: the running one and those behind
 STALL_S = 0.05  # a queued job waits this long behind one at most while a child is idle (s)
+SAFETY_S = 1.0  # the longest sleep while jobs wait for a child (s): a missed wake-up heals
 QUEUE_MAX_BYTES = 1 << 14  # a bigger job goes to an idle child: no pipe fills with jobs
 MIB = 1 << 20
 
@@ -209,6 +210,7 @@ class ProcessPool:
                 # job start() adds after this sees it set and wakes the thread
                 self._asleep = not sends
                 due = [c.kill_at for c in self._leaving if c.kill_at is not None]
+                due += [time.monotonic() + SAFETY_S] if self._backlog else []  # a safety net
                 if any(c.job is None for c in self._working):  # queued jobs may move there
                     due += [c.since + STALL_S for c in self._working if c.next]
                 timeout = max(0.0, min(due) - time.monotonic()) if due else None
