@@ -3,7 +3,9 @@ cheap per-job reads: messages sent one by one come out whole and in order
 from one read, a message split across reads waits for its rest, a message
 larger than a read arrives whole, the end of the pipe is told apart from an
 empty one; a job crosses the pipe as its public fields and comes back equal;
-the resident-memory read sees memory grow."""
+the resident-memory read sees memory grow; several framed messages go in
+one write; a handler's progress write looks for its refusal without taking
+the next job queued behind it."""
 
 from __future__ import annotations
 
@@ -13,9 +15,10 @@ import pickle
 
 import pytest
 
+from echomq_django.core.exceptions import EchoMQError
 from echomq_django.core.jobs import Job, JobState
-from echomq_django.runners.processes.child import rss_bytes, wire
-from echomq_django.runners.processes.pipes import CHUNK, NOTHING, Inbox
+from echomq_django.runners.processes.child import PipeWrites, rss_bytes, wire
+from echomq_django.runners.processes.pipes import CHUNK, NOTHING, Inbox, frame, write_all
 
 
 @pytest.fixture
@@ -95,3 +98,27 @@ def test_the_resident_memory_read_sees_memory_grow() -> None:
     kept[:: 1 << 12] = b"x" * len(kept[:: 1 << 12])  # touch every page
     assert rss_bytes() - before >= 60 << 20
     del kept
+
+
+def test_several_framed_messages_in_one_write_come_out_in_order(pipe) -> None:
+    ours, theirs = pipe
+    sent = [(("f",) * 3, "m:f"), ("refused", "j1", "e"), None]
+    write_all(theirs.fileno(), b"".join(frame(pickle.dumps(m, 5)) for m in sent))
+    inbox = Inbox(ours.fileno())
+    assert [inbox.get(), inbox.get(), inbox.get()] == sent
+    assert inbox.get(block=False) is NOTHING
+
+
+def test_a_progress_write_keeps_the_job_queued_behind_and_raises_its_refusal(pipe) -> None:
+    ours, theirs = pipe  # ours: the handler process's end
+    queued = (("fields",), "m:f")
+    for message in (queued, ("refused", "old", EchoMQError("late")),
+                    ("refused", "j1", EchoMQError("the lease was lost"))):  # fmt: skip
+        theirs.send_bytes(pickle.dumps(message, 5))
+    inbox = Inbox(ours.fileno())
+    writes = PipeWrites(ours, inbox, "j1")
+    with pytest.raises(EchoMQError, match="the lease was lost"):
+        writes.put(None, "50", None)
+    assert not theirs.poll()  # the refused write was not sent
+    assert inbox.get() == queued  # still there, for the child's loop
+    assert inbox.get(block=False) is NOTHING  # the notes were taken

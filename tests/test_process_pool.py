@@ -8,16 +8,21 @@ pool stays up; bad settings are refused before anything starts."""
 from __future__ import annotations
 
 import os
+import queue
 import signal
+import threading
 import time
 
 import pytest
 
 from echomq_django import EchoMQ, JobState, Worker, handler
+from echomq_django.core.jobs import Job
 from echomq_django.handlers import _registry
 from echomq_django.runners.control import autoscale
+from echomq_django.runners.processes import supervisor
 from echomq_django.runners.processes.child import rss_bytes
-from echomq_django.runners.processes.supervisor import TERM_GRACE_S
+from echomq_django.runners.processes.supervisor import TERM_GRACE_S, ProcessPool
+from echomq_django.runners.timeouts import Timeouts
 from tests.support.workerkit import Background, wait_for
 from tests.test_runner_commands import run_command
 
@@ -54,6 +59,25 @@ def hang(job):
 def grow(job):
     """Keeps ``payload`` MiB alive in its process, returns its pid."""
     grow.kept = [*getattr(grow, "kept", []), bytearray(job.payload << 20)]
+    return os.getpid()
+
+
+@handler("pp.mark")
+def mark(job):
+    """Appends its pid to the file ``payload`` (a line per run); returns it."""
+    with open(job.payload, "a") as f:
+        f.write(f"{os.getpid()}\n")
+    return os.getpid()
+
+
+@handler("pp.gate")
+def gate(job):
+    """Blocks until the test writes to the FIFO ``payload["fifo"]``, then
+    exits with code 3 (``"then": "exit"``) or returns its pid."""
+    with open(job.payload["fifo"]) as f:
+        f.read()
+    if job.payload["then"] == "exit":
+        os._exit(3)
     return os.getpid()
 
 
@@ -368,3 +392,138 @@ def test_the_retry_policy_is_decided_in_the_child_with_the_exception(redis_clien
         True,
         True,
     )
+
+
+# -- jobs queued in a child's pipe (docs/howto/process-pool.md#how-it-works) ----
+@pytest.fixture
+def bare_pool(monkeypatch):
+    """``make(size, **kw)``: a ``ProcessPool`` without a worker, every
+    child quick (a job may queue behind any running one), and its time
+    limits as a worker's: a job past its limit is recorded (``timed_out``,
+    ids) and its child ended. Returns ``(pool, done, timed_out)``."""
+    monkeypatch.setattr(supervisor, "QUICK_MS", 60_000.0)
+    made = []
+
+    def make(size, **kw):
+        timed_out: list[str] = []
+        timeouts = Timeouts(lambda job, limit: (timed_out.append(job.id), pool.write_off(job)))
+        threading.Thread(target=timeouts.run, daemon=True).start()
+        pool = ProcessPool(size, "pp-bare", timeouts=timeouts, time_limits={"q": None}, **kw)
+        made.append((pool, timeouts))
+        return pool, queue.SimpleQueue(), timed_out
+
+    yield make
+    for pool, timeouts in made:
+        pool.shutdown(wait=False)
+        timeouts.close()
+
+
+def outcomes(done, *ids):
+    """The ``Finished`` of each job of ``ids`` from ``done`` (None items,
+    for attempts failed already, are skipped), as ``{id: Finished}``."""
+    got = {}
+    while set(got) != set(ids):
+        item = done.get(timeout=15)
+        if item is not None:
+            got[item.job.id] = item
+    return got
+
+
+def queued(pool):
+    """How many jobs wait in each child's pipe behind its running one."""
+    with pool._lock:
+        return [len(c.next) for c in pool._working]
+
+
+def warm(pool, done) -> int:
+    """Run one job so the first child has a last job (quick); its pid."""
+    pool.start(Job("warm", "q", "pp.pid"), done)
+    return outcomes(done, "warm")["warm"].result
+
+
+def release(fifo) -> None:
+    with open(fifo, "w") as f:
+        f.write("go")
+
+
+def test_a_job_queued_behind_a_hung_one_runs_in_the_fresh_child_exactly_once(bare_pool, tmp_path):
+    pool, done, timed_out = bare_pool(1)  # no idle child to take it back to
+    first, marks = warm(pool, done), tmp_path / "marks"
+    pool.start(Job("h", "q", "pp.hang", 60, timeout_ms=200), done)
+    pool.start(Job("m", "q", "pp.mark", str(marks)), done)
+    assert wait_for(lambda: queued(pool) == [1], what="m behind h")
+    got = outcomes(done, "m")["m"]  # h's child was ended: m never began there
+    assert (got.error, got.result != first) == (None, True)
+    assert marks.read_text().split() == [str(got.result)]  # once, in the fresh child
+    assert (timed_out, pool.pids()) == (["h"], [got.result])
+
+
+def test_a_child_that_dies_hands_its_queued_job_to_another(bare_pool, tmp_path):
+    pool, done, _ = bare_pool(1)
+    first, marks, fifo = warm(pool, done), tmp_path / "marks", tmp_path / "fifo"
+    os.mkfifo(fifo)
+    pool.start(Job("x", "q", "pp.gate", {"fifo": str(fifo), "then": "exit"}), done)
+    pool.start(Job("m", "q", "pp.mark", str(marks)), done)
+    wait_for(lambda: queued(pool) == [1], what="m behind x")
+    release(fifo)  # x's child exits with code 3 before it reads m
+    got = outcomes(done, "x", "m")
+    assert got["x"].error == (f"HandlerProcessDied: the handler process (pid {first}) exited "
+                              "with exit code 3 while it ran this job; a fresh handler process "
+                              "took its place")  # fmt: skip
+    assert (got["m"].error, got["m"].result != first) == (None, True)
+    assert marks.read_text().split() == [str(got["m"].result)]
+    assert pool.replaced == 1
+
+
+def test_a_queued_job_starts_its_time_limit_when_it_starts(bare_pool, tmp_path):
+    """A hung job behind a running one: its limit (200 ms) starts when the
+    job before it replies, not when it was queued (the one before runs
+    longer than that); it is then killed, and the job queued behind it
+    runs in the fresh child."""
+    pool, done, timed_out = bare_pool(1)
+    first, marks, fifo = warm(pool, done), tmp_path / "marks", tmp_path / "fifo"
+    os.mkfifo(fifo)
+    pool.start(Job("g", "q", "pp.gate", {"fifo": str(fifo), "then": "return"}), done)
+    pool.start(Job("h", "q", "pp.hang", 60, timeout_ms=200), done)
+    pool.start(Job("m", "q", "pp.mark", str(marks)), done)
+    wait_for(lambda: queued(pool) == [2], what="h and m behind g")
+    time.sleep(0.5)  # past h's limit, had it started when queued
+    assert timed_out == []
+    release(fifo)
+    got = outcomes(done, "g", "m")
+    assert (got["g"].error, got["g"].result) == (None, first)  # its child was not ended
+    assert (got["m"].error, got["m"].result != first) == (None, True)
+    assert marks.read_text().split() == [str(got["m"].result)]
+    assert timed_out == ["h"]
+
+
+def test_a_child_recycled_after_a_job_hands_on_the_job_queued_behind(bare_pool, tmp_path):
+    limit = rss_bytes() // (1 << 20) + 100  # MiB: a forked child starts near its parent's
+    pool, done, _ = bare_pool(1, max_memory_per_child=limit << 20)
+    first, marks = warm(pool, done), tmp_path / "marks"
+    pool.start(Job("big", "q", "pp.grow", 150), done)
+    pool.start(Job("m", "q", "pp.mark", str(marks)), done)
+    got = outcomes(done, "big", "m")
+    assert (got["big"].error, got["big"].result) == (None, first)  # it finished its job
+    assert (got["m"].error, got["m"].result != first) == (None, True)  # m: not read there
+    assert marks.read_text().split() == [str(got["m"].result)]
+    assert pool.recycled == 1
+
+
+def test_a_job_queued_behind_a_long_one_moves_to_an_idle_child_and_is_skipped(bare_pool, tmp_path):
+    """A job queued behind one that runs past ``STALL_S`` goes to an idle
+    child; the first child, once free, skips it (it runs once) and runs
+    the next job it is given."""
+    pool, done, _ = bare_pool(2)
+    first, marks, fifo = warm(pool, done), tmp_path / "marks", tmp_path / "fifo"
+    os.mkfifo(fifo)
+    pool.start(Job("g", "q", "pp.gate", {"fifo": str(fifo), "then": "return"}), done)
+    pool.start(Job("m", "q", "pp.mark", str(marks)), done)
+    got = outcomes(done, "m")  # while g still runs
+    assert (got["m"].error, got["m"].result != first) == (None, True)
+    release(fifo)
+    got.update(outcomes(done, "g"))
+    assert (got["g"].error, got["g"].result) == (None, first)
+    pool.start(Job("after", "q", "pp.mark", str(marks)), done)  # the first idle child
+    assert outcomes(done, "after")["after"].result == first
+    assert marks.read_text().split() == [str(got["m"].result), str(first)]  # m ran once

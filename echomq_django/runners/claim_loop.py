@@ -190,7 +190,7 @@ class ClaimLoop:
                 return
             if now >= self.reporter.stats_at:
                 self.reporter.log_stats(now, self.queues)
-            if got and self.executing < self.concurrency and not asked:
+            if got and self.executing < self.room and not asked:
                 continue  # a queue gave all we asked: there may be more right away
             self._wait_and_hand_over(self._next_wait(now, max_jobs))
 
@@ -204,7 +204,7 @@ class ClaimLoop:
         limit = self.concurrency if max_jobs is None else max_jobs - self.claimed
         if now < self.retry_at or self.stopping.is_set():
             return 0, False
-        free = min(self.concurrency - self.executing - self.fetching, limit)
+        free = min(self.room - self.executing - self.fetching, limit)
         asked = burst and not self.executing and not self.reporter.unreported
         try:
             if outage.down:  # a retry asks Redis first: silence is not a recovery
@@ -310,6 +310,9 @@ class ClaimLoop:
         """Wake the loop (from any thread)."""
         self.done.put(None)
 
+    # jobs it takes at once: a handler each, and what the pool queues beyond (processes)
+    room = property(lambda self: self.concurrency + getattr(self.pool, "ahead", 0))
+
     def fetch(self, queue: str) -> tuple[int, int, str] | None:
         """(Reporter thread) room for one job of ``queue`` claimed with a
         completion, ``(1, lease ms, token)``, its slot held until ``_take``;
@@ -317,7 +320,7 @@ class ClaimLoop:
         ``max_jobs``. (A claim of the loop's at that moment may take the
         same slot: then one job waits in the pool's queue.)"""
         with self._fetch_lock:
-            full = self.executing + self.fetching >= self.concurrency
+            full = self.executing + self.fetching >= self.room
             done = self.max_jobs is not None and self.claimed + self.fetching >= self.max_jobs
             if full or done or self.stopping.is_set() or self.retry_at or queue not in self.rest:
                 return None

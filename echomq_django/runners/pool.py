@@ -148,6 +148,7 @@ class HandlerPool:
     calls as ``processes.supervisor.ProcessPool``'s)."""
 
     kind = "thread"
+    ahead = 0  # jobs it takes beyond one per handler (a process pool queues some)
 
     def __init__(self, size: int, name: str, run=None) -> None:
         self._size, self._name, self._run = size, name, run

@@ -11,9 +11,10 @@ that adds jobs builds its own client; redis-py's pools start afresh in a new
 pid).
 
 Then it loops: read ``(fields, ref)`` from its pipe (a job as ``wire``
-gives it, and its handler's ``handler_ref``; ``pipes.Inbox`` reads it), run
-the handler, write one reply (pickled, ``send_bytes``). ``None`` (or
-end-of-file) ends the loop and the process. The reply is
+gives it, and its handler's ``handler_ref``; ``pipes.Inbox`` reads it; the
+next may wait there already), count it begun, run the handler, write one
+reply (pickled, ``send_bytes``). ``None`` (or end-of-file) ends the loop
+and the process, as does its recycling quota after a reply. The reply is
 a tuple ``(kind, value, ms, rss)``: ``kind`` is ``"ok"`` (``value`` the
 result), ``"error"`` (the error text, or ``(text, delay ms)`` once the
 retry policy decided it), ``"dead"`` (the same; the job fails for good:
@@ -22,7 +23,7 @@ leave the child)
 or ``"postpone"`` (``value`` the ``RateLimited`` or ``MoveToDelayed`` delay
 in ms) or ``"wait"`` (``WaitForChildren``; ``value`` None); ``ms`` is how
 long the handler ran (ms), ``rss`` the child's resident memory after the job
-(bytes).
+(bytes; 0 without ``max_memory_per_child``: it is not read).
 
 Signals: SIGINT is ignored (a terminal's Ctrl-C reaches the whole process
 group; the worker decides how its jobs end). SIGTERM ends the child only
@@ -53,7 +54,7 @@ from ...handlers import get_handler, runs_sync
 from ...tracing.spans import attempt
 from ..pool import error_text
 from ..reporter import Finished, decided
-from .pipes import NOTHING, Inbox
+from .pipes import BEGAN, TAKEN, Inbox, leaves
 
 _INHERITED: list = []  # the worker's DB connections, kept unclosed until os._exit
 _KILL: list = [None]  # this child's kill flag (set by main)
@@ -96,18 +97,23 @@ def rss_bytes() -> int:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def main(conn, kill_flag, close_fds, source, lifeline: int) -> None:
+def main(conn, kill_flag, close_fds, source, lifeline: int, limits, gate) -> None:
     """The child's life (``multiprocessing`` target, fork context):
     ``conn`` its end of the pipe, ``kill_flag`` a shared one-byte map the
     worker sets before a SIGTERM meant for this child, ``close_fds`` the
     inherited descriptors to close, ``source`` the worker's ``EchoMQ`` (a
     job's lazy reads, e.g. ``children_values()``, go through the child's
     copy of it), ``lifeline`` the read end of a pipe whose only writer is
-    the worker: its EOF means the worker died, and the child ends at once."""
+    the worker: its EOF means the worker died, and the child ends at once;
+    ``limits``: ``(max jobs, max resident bytes)`` (None: none), after
+    which it exits right after its reply, leaving unread a job queued
+    behind (``pipes.leaves``: the worker hands that job to another child);
+    ``gate``: the lock it holds to count a job begun, or to skip one the
+    worker took back (``pipes.Child.take_back``)."""
     _KILL[0] = kill_flag
     _after_fork(kill_flag, close_fds)
     threading.Thread(target=_die_with_the_worker, args=(lifeline,), daemon=True).start()
-    inbox = Inbox(conn.fileno())
+    inbox, jobs, seen = Inbox(conn.fileno()), 0, 0  # replies sent; jobs read
     while True:
         try:
             item = inbox.get()
@@ -117,21 +123,27 @@ def main(conn, kill_flag, close_fds, source, lifeline: int) -> None:
             return
         if isinstance(item[0], str):
             continue  # ("refused", ...) for a job that has ended meanwhile
+        seen += 1
+        with gate:  # a queued job begun is no longer re-routed
+            if seen <= TAKEN.unpack_from(kill_flag, 16)[0]:
+                continue  # taken back: another child runs it
+            BEGAN.pack_into(kill_flag, 8, seen)
         job = Job(*item[0])
         ref = item[1]
         job._mq, job._writes = source, PipeWrites(conn, inbox, job.id)
-        reply = run_one(job, ref, source)
+        reply = run_one(job, ref, source, measure=limits[1] is not None)
         try:
             with job._writes.lock:  # a thread the handler left may still write
                 job._writes.ended = True
                 conn.send_bytes(pickle.dumps(reply, pickle.HIGHEST_PROTOCOL))
         except (pickle.PicklingError, TypeError, AttributeError) as exc:
             conn.send(("dead", f"PayloadError: the result cannot leave the handler process: "
-                       f"{type(exc).__name__}: {exc}", reply[2], rss_bytes()))  # fmt: skip
+                       f"{type(exc).__name__}: {exc}", reply[2], reply[3]))  # fmt: skip
         except (BrokenPipeError, OSError):
             return
-        if kill_flag[0]:
-            return  # asked to go while the handler ran; it caught the SIGTERM
+        jobs += 1
+        if kill_flag[0] or leaves(jobs, reply[3], *limits):
+            return  # asked to go while the handler ran (it caught the SIGTERM), or recycled
 
 
 class PipeWrites:
@@ -153,9 +165,12 @@ class PipeWrites:
         with self.lock:
             if self.ended:
                 return True
-            while self.error is None and (note := self.inbox.get(block=False)) is not NOTHING:
-                if isinstance(note[0], str) and note[1] == self.job_id:
-                    self.error = note[2]
+            if self.error is None:
+                held = self.inbox.arrived()  # the next job stays there, for the loop
+                for note in [m for m in held if m is not None and isinstance(m[0], str)]:
+                    held.remove(note)
+                    if note[1] == self.job_id:
+                        self.error = note[2]
             if self.error is not None:
                 raise type(self.error)(*self.error.args)
             self.conn.send_bytes(pickle.dumps(("write", self.job_id, progress, line), 5))
@@ -216,12 +231,13 @@ def _find(name: str, ref: str):
     return runs_sync(obj)
 
 
-def run_one(job, ref: str, source=None) -> tuple:
+def run_one(job, ref: str, source=None, measure: bool = True) -> tuple:
     """Run the handler of ``job`` (found by ``ref``); the reply tuple (see
     the module). A failed attempt is decided here, by the job's retry policy
     with the exception in hand (docs/howto/retries.md; ``source``'s queue
     settings): its value is then ``(error text, delay ms or None)``. Never
-    raises but for ``SystemExit`` from the worker's kill."""
+    raises but for ``SystemExit`` from the worker's kill. ``measure``:
+    read the resident memory (else 0: no ``max_memory_per_child``)."""
     started = time.perf_counter()
     try:
         close_old_connections()
@@ -254,4 +270,4 @@ def run_one(job, ref: str, source=None) -> tuple:
             close_old_connections()
         except Exception:
             pass
-    return kind, value, (time.perf_counter() - started) * 1000, rss_bytes()
+    return kind, value, (time.perf_counter() - started) * 1000, rss_bytes() if measure else 0

@@ -4,9 +4,10 @@ feeds job by job over pipes (docs/howto/process-pool.md#how-it-works).
 The worker keeps claiming and reporting as on the thread pool; only the
 handler call moves into a child process (``child.py``). One supervisor
 thread per pool blocks on every child's pipe and exit at once (a selector;
-a self-pipe wakes it for a new job or a kill). The loop thread writes a job
-to its child outside the pool's lock (a pipe write may hand the CPU to the
-child it wakes); the supervisor reads each pipe whole (``pipes.py``).
+a self-pipe wakes it for a new job or a kill), writes the jobs to the
+children outside the pool's lock and reads each pipe whole (``pipes.py``).
+A quick child may hold ``DEPTH`` jobs in its pipe (it reads the next as it
+replies, awake); those it never began go to another child if it leaves.
 
 Why ``fork`` and not ``forkserver``: a forked child starts in milliseconds
 with Django set up and every handler the worker registered, wherever. A
@@ -15,9 +16,10 @@ another thread at the fork); its database connections are dropped unclosed.
 
 What can happen to a child and what its job gets (docs/howto/process-pool.md):
 
-* it replies: the reply becomes a ``Finished`` for the reporter; then, past
-  ``max_jobs_per_child`` jobs or ``max_memory_per_child`` bytes of resident
-  memory, it is sent away (it exits after that job) and a fresh child forks;
+* it replies: the reply becomes a ``Finished`` for the reporter and the
+  job queued behind starts (its time limit too); past ``max_jobs_per_child``
+  jobs or ``max_memory_per_child`` bytes of resident memory, it exits after
+  that job (``pipes.leaves``) and a fresh child forks;
 * its job passes its time limit (``Timeouts`` calls ``write_off``): the
   attempt fails as timed out at once, the child gets SIGTERM (its kill flag
   set first, so its ``finally`` blocks run) and SIGKILL ``TERM_GRACE_S``
@@ -32,8 +34,6 @@ What can happen to a child and what its job gets (docs/howto/process-pool.md):
 from __future__ import annotations
 
 import logging
-import mmap
-import multiprocessing
 import os
 import pickle
 import selectors
@@ -48,48 +48,34 @@ from ...handlers import get_handler
 from ..pool import unknown_name_error
 from ..reporter import Finished
 from . import child as child_module
-from .pipes import NOTHING, Child
+from .pipes import NOTHING, Child, death_text, finished, frame, leaves, write_all
 
 log = logging.getLogger("echomq_django.worker")
 
 TERM_GRACE_S = 0.5  # SIGTERM to SIGKILL, for a child past its job's time limit (s)
+# a job may queue in the pipe of a child whose last job ran under this (ms):
+# the child reads it as it replies, without sleeping in between; a child of
+# longer jobs takes a job only when idle (a job never waits behind a long one)
+QUICK_MS = 1.0
+DEPTH = 4  # jobs in a quick child's pipe at most: the running one and those behind
+STALL_S = 0.05  # a queued job waits this long behind one at most while a child is idle (s)
+SAFETY_S = 1.0  # the longest sleep while jobs wait for a child (s): a missed wake-up heals
+QUEUE_MAX_BYTES = 1 << 14  # a bigger job goes to an idle child: no pipe fills with jobs
 MIB = 1 << 20
-CONTEXT = multiprocessing.get_context("fork")
-
-
-def death_text(pid: int, code: int | None) -> str:
-    """The error of a job whose handler process died under it: names the
-    exit code, or the signal (a SIGKILL may be the out-of-memory killer)."""
-    if code is not None and code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        why = f"was ended by signal {name} ({-code})"
-        if -code == signal.SIGKILL:
-            why += " (the kernel's out-of-memory killer sends SIGKILL too)"
-    else:
-        why = f"exited with exit code {code}"
-    return (
-        f"HandlerProcessDied: the handler process (pid {pid}) {why} while it ran this job; "
-        "a fresh handler process took its place"
-    )
 
 
 class ProcessPool:
     """``size`` handler processes (see the module).
 
     ``name``: the supervisor thread's name; ``timeouts``: the worker's
-    ``Timeouts`` (a job's limit starts when a child gets it);
+    ``Timeouts`` (a job's limit starts when a child starts it);
     ``time_limits``: ``{queue: TIMEOUT_MS or None}``; ``source``: the
     worker's ``EchoMQ`` (a child's jobs read through its copy);
     ``max_jobs_per_child`` (count) and ``max_memory_per_child`` (bytes):
     recycling, None for none. ``start(job, done)``, ``write_off(job)``,
     ``resize(n)``, ``shutdown(wait)``; ``size``, ``pids()``, ``busy``,
-    ``leaving``, ``recycled``
-    (children sent away after their quota), ``replaced`` (children that
-    died or were killed, replaced).
-    """
+    ``ahead`` (jobs it takes beyond ``size``), ``leaving``, ``recycled``
+    (children sent away after their quota), ``replaced`` (died or killed)."""
 
     kind = "process"
 
@@ -110,13 +96,12 @@ class ProcessPool:
         self._lock = threading.Lock()
         self._working: list[Child] = []  # in the pool: idle or running a job
         self._leaving: list[Child] = []  # killed or sent away, not reaped yet
-        self._backlog: deque = deque()  # (job, done) waiting for an idle child
+        self._backlog: deque = deque()  # (job, done, message) waiting for a child
         self._warned: set[str] = set()
         self._closing = self._abandon = False
+        self._asleep = False  # the supervisor thread waits in select: start() wakes it
         self.recycled = self.replaced = 0
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_w, False)
-        os.set_blocking(self._wake_r, False)
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._lifeline = os.pipe()  # children end themselves at its EOF: this process died
         # every child's pipe and exit, and the wake-up: registered at the fork,
         # dropped at the reap (a selector per wait: a registration per child per job)
@@ -130,7 +115,11 @@ class ProcessPool:
     # -- called by the claiming loop and the time limits ----------------------
     def start(self, job: Job, done) -> None:
         """Run ``job``'s handler in a child; its ``Finished`` (or None, for
-        an attempt already failed as timed out) goes to ``done``."""
+        an attempt already failed as timed out) goes to ``done``. The job
+        waits in the pool until the supervisor thread writes it to a child,
+        with any other job for that child in one write; that thread is woken
+        only when it sleeps (a claim's jobs cost one wake-up, no write on
+        the caller's thread)."""
         func = get_handler(job.name)
         if func is None:
             error = unknown_name_error(job.name)
@@ -139,14 +128,13 @@ class ProcessPool:
                 log.warning("%s", error)
             done.put(Finished(job, error=error))
             return
-        ref = child_module.handler_ref(func)
+        message = (child_module.wire(job), child_module.handler_ref(func))
+        body = frame(pickle.dumps(message, pickle.HIGHEST_PROTOCOL))
         with self._lock:
-            idle = self._idle()
-            if idle is None:
-                self._backlog.append((job, done, ref))
-                return
-            message = self._give(idle, job, done)
-        self._post(idle, message, ref)
+            self._backlog.append((job, done, body))
+            wake, self._asleep = self._asleep, False
+        if wake:
+            self._wake()
 
     def write_off(self, job: Job) -> str:
         """``job`` ran past its time limit: its child is ended (SIGTERM, then
@@ -178,6 +166,14 @@ class ProcessPool:
             return [c.pid for c in self._working]
 
     @property
+    def ahead(self) -> int:
+        """Jobs the pool takes beyond one per child: one for each child
+        whose last job ran under ``QUICK_MS`` (it waits in that child's
+        pipe, docs/howto/process-pool.md#how-it-works)."""
+        with self._lock:
+            return sum(c.quick for c in self._working) * (DEPTH - 1)
+
+    @property
     def leaving(self) -> int:
         """Children ended or sent away and not reaped yet."""
         with self._lock:
@@ -207,11 +203,21 @@ class ProcessPool:
     def _supervise(self) -> None:
         while True:
             with self._lock:
-                self._tend()
+                sends = self._tend()
                 if self._closing and not self._working and not self._leaving:
                     break
-                kills = [c.kill_at for c in self._leaving if c.kill_at is not None]
-                timeout = max(0.0, min(kills) - time.monotonic()) if kills else None
+                # asleep only once the backlog was looked at under the lock: a
+                # job start() adds after this sees it set and wakes the thread
+                self._asleep = not sends
+                due = [c.kill_at for c in self._leaving if c.kill_at is not None]
+                due += [time.monotonic() + SAFETY_S] if self._backlog else []  # a safety net
+                if any(c.job is None for c in self._working):  # queued jobs may move there
+                    due += [c.since + STALL_S for c in self._working if c.next]
+                timeout = max(0.0, min(due) - time.monotonic()) if due else None
+            if sends:  # outside the lock: a write may hand the CPU to the child
+                for c, data in sends.items():
+                    self._write(c, b"".join(data))
+                continue  # tend again before sleeping: jobs may have come meanwhile
             replies, exits = [], []
             for key, _ in self._selector.select(timeout):
                 if key.data is None:
@@ -229,10 +235,11 @@ class ProcessPool:
         for fd in (self._wake_r, self._wake_w, *self._lifeline):
             os.close(fd)
 
-    def _tend(self) -> None:
+    def _tend(self) -> dict:
         """Under the lock: SIGKILL what outlived its grace, send away idle
         children beyond ``size`` (all of them when closing), fork up to
-        ``size``, hand waiting jobs to idle children."""
+        ``size``, hand waiting jobs to children (``_slot``). Returns what
+        to write to whom: ``{child: [framed messages]}``."""
         now = time.monotonic()
         for c in self._leaving:
             if c.kill_at is not None and now >= c.kill_at:
@@ -248,12 +255,18 @@ class ProcessPool:
                 self._end(c)
         if not self._closing:
             self._top_up()
+        sends: dict[Child, list[bytes]] = {}
+        for c in [c for c in self._working if c.next and now - c.since >= STALL_S]:
+            back = c.take_back()  # behind a job that runs long: to idle children first
+            while back and (idle := self._slot(False)) is not None:
+                self._give(idle, *back.pop(0), sends)
+            self._backlog.extendleft(reversed(back))
         while self._backlog:
-            idle = self._idle()
-            if idle is None:
+            c = self._slot(len(self._backlog[0][2]) <= QUEUE_MAX_BYTES)
+            if c is None:
                 break
-            job, done, ref = self._backlog.popleft()
-            self._post(idle, self._give(idle, job, done), ref)
+            self._give(c, *self._backlog.popleft(), sends)
+        return sends
 
     def _read(self, c: Child) -> bool:
         """A child's pipe is readable: one read, then every whole message
@@ -278,27 +291,17 @@ class ProcessPool:
             c.job = c.done = None
             if job is None or c.flag[0]:
                 return  # killed past its time limit: the attempt was failed already
-            c.jobs += 1
-            if self.max_jobs is not None and c.jobs >= self.max_jobs:
-                self._send_away(c, f"after {c.jobs} jobs (max_jobs_per_child)")
-            elif self.max_rss is not None and rss > self.max_rss:
-                self._send_away(c, f"at {rss / MIB:.0f} MiB resident (max_memory_per_child "
-                                   f"{self.max_rss / MIB:.0f} MiB)")  # fmt: skip
-        if not self._timeouts.settle(job):
-            done.put(None)
-            return
-        finished = Finished(job, ms=ms)
-        if kind == "ok":
-            finished.result = value
-        elif kind == "postpone":
-            finished.postpone_ms = value
-        elif kind == "wait":
-            finished.wait_children = True
-        else:
-            if type(value) is tuple:  # decided by the retry policy in the child
-                value, finished.delay_ms = value
-            finished.error, finished.dead = value, kind == "dead"
-        done.put(finished)
+            c.jobs, c.quick = c.jobs + 1, ms < QUICK_MS
+            why = leaves(c.jobs, rss, self.max_jobs, self.max_rss)
+            if why:  # it exits now, as the child applies the same rule
+                self._send_away(c, why)
+                while c.next:  # it will not read them: other children run them
+                    self._backlog.appendleft(c.next.pop()[:3])
+            elif c.next:  # the child reads it as this reply leaves
+                c.job, c.done = c.next.popleft()[:2]
+                c.since = time.monotonic()
+                self._timeouts.start(c.job, c.job.timeout_ms or self._limits.get(c.job.queue))
+        done.put(finished(job, kind, value, ms) if self._timeouts.settle(job) else None)
 
     def _relay(self, c: Child, job_id: str, progress: str | None, line: str | None) -> None:
         """A write of ``c``'s job goes to the worker's flusher, ahead of the
@@ -311,7 +314,7 @@ class ProcessPool:
         try:
             job._writes.put(job, progress, line)
         except EchoMQError as err:
-            self._post(c, ("refused", job_id, err))
+            self._write(c, frame(pickle.dumps(("refused", job_id, err), 5)))
 
     def _reap(self, c: Child) -> None:
         """A child exited: a reply still in its pipe first, then its job (if
@@ -321,63 +324,78 @@ class ProcessPool:
                 break
         c.proc.join()
         code, ended = c.proc.exitcode, bool(c.flag[0])
+        started = c.started()  # final: the child is gone
         self._selector.unregister(c.conn)
         self._selector.unregister(c.proc.sentinel)
         c.proc.close()  # its sentinel's descriptor goes now, not at a collection
         with self._lock:
-            job, done = c.job, c.done
+            running = c.job, c.done
             c.job = c.done = None
+            queued, unread = c.split(started)  # begun: failed as running ones
+            if not self._closing:  # never begun: other children run them
+                self._backlog.extendleft(reversed(unread))
             for where in (self._working, self._leaving):
                 if c in where:
                     where.remove(c)
                     if where is self._working and not self._closing:
                         self.replaced += 1
-            with c.sending:  # not while a job is written to it: its fd number may be reused
-                c.conn.close()
+            c.conn.close()  # on this thread, the only one that writes to it
             c.flag.close()
         if c.why:
             log.info("handler process %d recycled %s", c.pid, c.why)
-        if job is None:
-            return
-        if ended or not self._timeouts.settle(job):
+        job, done = running
+        if job is not None and (ended or not self._timeouts.settle(job)):
             done.put(None)  # ended past its time limit: failed already; the loop rechecks
-            return
-        error = death_text(c.pid, code)
-        log.warning("job %s/%s (%s): %s", job.queue, job.id, job.name, error)
-        done.put(Finished(job, error=error))
+            job = None
+        dead = [] if job is None else [(job, done)]
+        for job, done, *_ in dead + ([] if self._closing else queued):  # queued, begun
+            error = death_text(c.pid, code)
+            log.warning("job %s/%s (%s): %s", job.queue, job.id, job.name, error)
+            done.put(Finished(job, error=error))
 
     # -- under the lock -------------------------------------------------------
-    def _idle(self) -> Child | None:
+    def _slot(self, may_queue: bool) -> Child | None:
+        """The child to give a job to: one running a quick job with none
+        queued behind and not due to be recycled after it (``may_queue``:
+        the job is small enough to wait in a pipe; the child reads it as it
+        replies, awake: no process is woken for it), else an idle one;
+        None: the job waits."""
+        idle = None
         for c in self._working:
             if c.job is None:
+                idle = idle or c
+            elif may_queue and c.quick and c.room(DEPTH, self.max_jobs):
                 return c
-        return None
+        return idle
 
-    def _give(self, c: Child, job: Job, done) -> tuple:
-        """``c`` runs ``job`` from now on (its time limit starts); returns
-        what to write to it (``_post``, after the lock)."""
-        c.job, c.done = job, done
-        self._timeouts.start(job, job.timeout_ms or self._limits.get(job.queue))
-        return child_module.wire(job)
+    def _give(self, c: Child, job: Job, done, body: bytes, sends: dict) -> None:
+        """``c`` runs ``job`` from now on (its time limit starts), or right
+        after its running job (``c.next``; the limit starts with the reply
+        for that one); ``body`` is to be written to it (``sends[c]``)."""
+        sends.setdefault(c, []).append(body)
+        c.given += 1
+        if c.job is None:
+            c.job, c.done, c.since = job, done, time.monotonic()
+            self._timeouts.start(job, job.timeout_ms or self._limits.get(job.queue))
+        else:
+            c.next.append((job, done, body, c.given))
 
     @staticmethod
-    def _post(c: Child, *message) -> None:
-        """Write ``message`` (one object, or a job's fields and its handler's
-        ref) to ``c``'s pipe, pickled; a child that died meanwhile is left
-        to its exit (``_reap`` fails its job)."""
-        body = pickle.dumps(message if len(message) > 1 else message[0], pickle.HIGHEST_PROTOCOL)
-        with c.sending:
-            try:
-                c.conn.send_bytes(body)
-            except (OSError, ValueError):
-                pass
+    def _write(c: Child, data: bytes) -> None:
+        """Write ``data`` (framed messages) to ``c``'s pipe, on the
+        supervisor thread only; a child that died meanwhile is left to its
+        exit (``_reap`` fails or re-routes its jobs)."""
+        try:
+            write_all(c.conn.fileno(), data)
+        except (OSError, ValueError):
+            pass
 
     def _send_away(self, c: Child, why: str) -> None:
         """``c`` finishes (it is idle) and exits; a fresh one forks if needed."""
         self._working.remove(c)
         self._leaving.append(c)
         c.why = why
-        self._post(c, None)
+        self._write(c, frame(pickle.dumps(None, 5)))
         if why:
             self.recycled += 1
 
@@ -396,22 +414,13 @@ class ProcessPool:
             self._working.append(self._fork())
 
     def _fork(self) -> Child:
-        parent_end, child_end = CONTEXT.Pipe(duplex=True)
-        flag = mmap.mmap(-1, 1)  # shared with the child: MAP_SHARED
-        inherited = [self._wake_r, self._wake_w, parent_end.fileno(), self._lifeline[1]]
+        inherited = [self._wake_r, self._wake_w, self._lifeline[1]]
         for c in self._working + self._leaving:
             inherited += [c.conn.fileno(), c.proc.sentinel]
-        proc = CONTEXT.Process(
-            target=child_module.main,
-            args=(child_end, flag, inherited, self._source, self._lifeline[0]),
-            name=f"{self.name}-child",
-            daemon=True,
-        )
-        proc.start()
-        child_end.close()
-        c = Child(proc, parent_end, flag)
-        self._selector.register(parent_end, selectors.EVENT_READ, ("reply", c))
-        self._selector.register(proc.sentinel, selectors.EVENT_READ, ("exit", c))
+        c = Child.fork(child_module.main, f"{self.name}-child", inherited, self._source,
+                       self._lifeline[0], (self.max_jobs, self.max_rss))  # fmt: skip
+        self._selector.register(c.conn, selectors.EVENT_READ, ("reply", c))
+        self._selector.register(c.proc.sentinel, selectors.EVENT_READ, ("exit", c))
         return c
 
     def _wake(self) -> None:
