@@ -184,36 +184,11 @@ def attempt(func: Callable[[Any], Any], job) -> Any:
     span with the outcome: ``completed``, ``retry``, ``dead``,
     ``postponed`` or ``waiting_children``. Off: just ``func(job)``.
     docs/howto/tracing.md#what-is-traced."""
-    found = tracer()
-    if found is None:
+    begun = _begin_attempt(job)
+    if begun is None:
         return func(job)
-    try:
-        span = found.start_span(
-            f"echomq run {job.name}",
-            context=parent_context(job.traceparent),
-            kind=SpanKind.CONSUMER,
-            attributes={
-                SYSTEM: "echomq",
-                QUEUE: job.queue,
-                JOB_ID: job.id,
-                JOB_NAME: job.name,
-                ATTEMPT: job.attempts,
-            },
-        )
-        token = _context.attach(_trace.set_span_in_context(span))
-    except Exception as exc:
-        _trouble("starting the attempt's span", exc)
+    with _attempt_outcome(job, *begun):
         return func(job)
-    try:
-        result = func(job)
-    except BaseException as exc:
-        _failed(span, exc, _outcome(job, exc))
-        raise
-    else:
-        _guard(span.set_attribute, OUTCOME, "completed")
-        return result
-    finally:
-        _end(span, token)
 
 
 async def attempt_async(func: Callable[[Any], Any], job) -> Any:
@@ -221,9 +196,19 @@ async def attempt_async(func: Callable[[Any], Any], job) -> Any:
     ``attempt`` runs a sync handler: inside a consumer span when traced
     (the async pool, docs/howto/async-handlers.md#the-async-pool). The
     span's context is attached in the job's task, whose context is its own."""
+    begun = _begin_attempt(job)
+    if begun is None:
+        return await func(job)
+    with _attempt_outcome(job, *begun):
+        return await func(job)
+
+
+def _begin_attempt(job):
+    """The attempt's span, started and attached: ``(span, token)``; None
+    when tracing is off or the span could not start (logged)."""
     found = tracer()
     if found is None:
-        return await func(job)
+        return None
     try:
         span = found.start_span(
             f"echomq run {job.name}",
@@ -232,18 +217,22 @@ async def attempt_async(func: Callable[[Any], Any], job) -> Any:
             attributes={SYSTEM: "echomq", QUEUE: job.queue, JOB_ID: job.id,
                         JOB_NAME: job.name, ATTEMPT: job.attempts},
         )  # fmt: skip
-        token = _context.attach(_trace.set_span_in_context(span))
+        return span, _context.attach(_trace.set_span_in_context(span))
     except Exception as exc:
         _trouble("starting the attempt's span", exc)
-        return await func(job)
+        return None
+
+
+@contextmanager
+def _attempt_outcome(job, span, token) -> Iterator[None]:
+    """Records the handler's outcome on ``span`` and ends it."""
     try:
-        result = await func(job)
+        yield
     except BaseException as exc:
         _failed(span, exc, _outcome(job, exc))
         raise
     else:
         _guard(span.set_attribute, OUTCOME, "completed")
-        return result
     finally:
         _end(span, token)
 

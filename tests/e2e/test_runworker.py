@@ -175,12 +175,21 @@ def test_a_cross_queue_flow_completes_with_runpump(run, mq):
     assert mq.get_job("orders", "o").result == 106
 
 
-def test_sigterm_lets_the_running_job_finish_and_exits_0(run, mq):
-    mq.enqueue("q", "t.slow", 1.0, job_id="s")
-    worker = run("runworker", "q")
+# A job that sleeps ``payload`` seconds, by pool: the same stop rules hold on
+# each (docs/howto/async-handlers.md#the-async-pool: a coroutine on the async pool).
+SLEEPERS = [
+    pytest.param(("thread", "t.slow"), id="thread"),
+    pytest.param(("async", "t.async_sleep"), id="async"),
+]
+
+
+@pytest.mark.parametrize("pool", SLEEPERS)
+def test_sigterm_lets_the_running_job_finish_and_exits_0(run, mq, pool):
+    mq.enqueue("q", pool[1], 1.0, job_id="s")
+    worker = run("runworker", "q", "--pool", pool[0])
     wait_for(lambda: active(mq, "s"), what="the claim")
     worker.signal(signal.SIGTERM)
-    assert worker.wait() == 0
+    assert worker.wait() == 0, worker.stderr()
     job = mq.get_job("q", "s")
     assert (job.state, job.result, job.attempts) == (JobState.COMPLETED, 1.0, 1)
     assert (
@@ -212,9 +221,10 @@ def test_sigterm_waits_for_a_written_off_handler_then_exits_1_at_the_deadline(ru
     ) in err
 
 
-def test_a_second_signal_stops_at_once_leaving_the_lease(run, mq):
-    mq.enqueue("q", "t.slow", 20.0, job_id="s")
-    worker = run("runworker", "q")
+@pytest.mark.parametrize("pool", SLEEPERS)
+def test_a_second_signal_stops_at_once_leaving_the_lease(run, mq, pool):
+    mq.enqueue("q", pool[1], 20.0, job_id="s")
+    worker = run("runworker", "q", "--pool", pool[0])
     wait_for(lambda: active(mq, "s"), what="the claim")
     worker.signal(signal.SIGTERM)
     wait_for(lambda: "SIGTERM: no more claims" in worker.stderr(), what="the first stop")
