@@ -92,6 +92,17 @@ def drain(mq, client, name: str, n: int, concurrency: int) -> dict[str, float]:
     }
 
 
+def _fresh_claimed(mq, client, n: int) -> list:
+    """On a flushed server, ``n`` reporting jobs enqueued and claimed (a
+    10-minute lease: no round outlives it)."""
+    client.flushall()
+    mq.enqueue_many(Q, [(REPORTING, {"i": i}) for i in range(n)])
+    jobs = []
+    while len(jobs) < n:
+        jobs += mq.claim(Q, min(500, n - len(jobs)), lease_ms=600_000)
+    return jobs
+
+
 def write_path(mq, client, n: int, rounds: int) -> list[dict[str, float]]:
     """The writes alone, on one thread: ``n`` claimed jobs each call
     ``report_progress(50)`` and ``log("half way")`` into a worker's
@@ -103,11 +114,7 @@ def write_path(mq, client, n: int, rounds: int) -> list[dict[str, float]]:
     the cores with, so the machine's load moves it little."""
     from echomq_django.runners.flusher import Flusher
 
-    client.flushall()
-    mq.enqueue_many(Q, [(REPORTING, {"i": i}) for i in range(n)])
-    jobs = []
-    while len(jobs) < n:
-        jobs += mq.claim(Q, min(500, n - len(jobs)), lease_ms=600_000)
+    jobs = _fresh_claimed(mq, client, n)
     writes = Flusher(mq)
     for job in jobs:
         job._writes = writes
@@ -139,11 +146,7 @@ def complete_path(mq, client, n: int, rounds: int, batch: int = 8) -> list[dict[
     for _ in range(rounds):
         row = {}
         for kind in ("plain", "reporting"):
-            client.flushall()
-            mq.enqueue_many(Q, [(REPORTING, {"i": i}) for i in range(n)])
-            jobs = []
-            while len(jobs) < n:
-                jobs += mq.claim(Q, min(500, n - len(jobs)), lease_ms=600_000)
+            jobs = _fresh_claimed(mq, client, n)
             writes = Flusher(mq)
             cpu, server = time.process_time(), _redis_cpu_s(client)
             for at in range(0, n, batch):

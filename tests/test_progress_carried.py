@@ -22,6 +22,18 @@ def ends(mq, job_id: str) -> list[str]:
     return [k for k in events_by_job(mq)[job_id] if k not in ("added", "active")]
 
 
+def writing(mq, progress, line: str | None = None):
+    """Job ``a``, claimed, with its own flusher ``writes`` holding its
+    progress ``progress`` and, when given, the log line ``line``."""
+    a = claimed(mq, job_id="a")
+    writes = Flusher(mq)
+    a._writes = writes
+    a.report_progress(progress)
+    if line is not None:
+        a.log(line)
+    return a, writes
+
+
 def test_complete_writes_the_carried_writes_before_the_completion(mq) -> None:
     a, b = claimed(mq, job_id="a"), claimed(mq, job_id="b")
     carry = {id(a): (a, ["30", "70"], ["one", "two"]), id(b): (b, ["90"], [])}
@@ -57,11 +69,7 @@ def test_a_ride_carries_the_completing_jobs_writes_and_sends_the_rest_ahead(mq) 
 
 
 def test_a_refused_completion_refuses_its_carried_writes(mq) -> None:
-    a = claimed(mq, job_id="a")
-    writes = Flusher(mq)
-    a._writes = writes
-    a.report_progress(60)
-    a.log("under a lease lost meanwhile")
+    a, writes = writing(mq, 60, "under a lease lost meanwhile")
     mq.client.hset(mq.keys.job("q", "a"), "lease", "taken")  # another worker's lease now
     with writes.riding([a]) as ride:
         replies = mq.complete_many([(a, "done")], ride.ahead, ride.carry)
@@ -76,11 +84,7 @@ def test_a_refused_completion_refuses_its_carried_writes(mq) -> None:
 
 
 def test_a_job_cancelled_while_it_ran_keeps_its_carried_writes(mq) -> None:
-    a = claimed(mq, job_id="a")
-    writes = Flusher(mq)
-    a._writes = writes
-    a.report_progress(80)
-    a.log("before the cancel")
+    a, writes = writing(mq, 80, "before the cancel")
     mq.cancel("q", "a")
     with writes.riding([a]) as ride:
         replies = mq.complete_many([(a, "done")], ride.ahead, ride.carry)
@@ -94,10 +98,7 @@ def test_a_job_cancelled_while_it_ran_keeps_its_carried_writes(mq) -> None:
 
 
 def test_a_result_that_does_not_encode_has_its_writes_sent_alone(mq) -> None:
-    a = claimed(mq, job_id="a")
-    writes = Flusher(mq)
-    a._writes = writes
-    a.report_progress(10)
+    a, writes = writing(mq, 10)
     with writes.riding([a]) as ride:
         replies = mq.complete_many([(a, object())], ride.ahead, ride.carry)
         ride.settle([a], replies)
@@ -109,11 +110,7 @@ def test_a_result_that_does_not_encode_has_its_writes_sent_alone(mq) -> None:
 def test_an_outage_at_the_completion_keeps_its_carried_writes(mq, redis_client) -> None:
     if not isinstance(redis_client, redis.Redis):
         pytest.skip("CONFIG SET maxmemory on one server")
-    a = claimed(mq, job_id="a")
-    writes = Flusher(mq)
-    a._writes = writes
-    a.report_progress(50)
-    a.log("kept")
+    a, writes = writing(mq, 50, "kept")
     redis_client.config_set("maxmemory", 1)  # noeviction: the script's first write is refused
     try:
         with pytest.raises(RedisUnavailable, match="OutOfMemoryError"), writes.riding([a]) as ride:
@@ -132,11 +129,7 @@ def test_an_outage_at_the_completion_keeps_its_carried_writes(mq, redis_client) 
 
 
 def test_a_completion_that_errs_puts_its_writes_back_and_its_replay_lands_them_once(mq) -> None:
-    a = claimed(mq, job_id="a")
-    writes = Flusher(mq)
-    a._writes = writes
-    a.report_progress(50)
-    a.log("once")
+    a, writes = writing(mq, 50, "once")
     completed = mq.keys.queue("q").completed
     mq.client.set(completed, "not a zset")  # the completion's ZADD errs, after the writes
     with writes.riding([a]) as ride:
