@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 from ..core.exceptions import RedisUnavailable
 from ..protocol.control.commands import NUDGE
@@ -42,6 +43,7 @@ log = logging.getLogger("echomq_django.wake")
 
 BLOCK_S = 4.0  # longest single BZPOPMIN (s): bounds a lost reply's cost, not latency
 BACKOFF_START_S, BACKOFF_MAX_S = 0.5, 30.0
+CUT_AGAIN_S = 0.05  # a stop cuts the waker's connections again this often until it ends (s)
 QUIET_S = 1.0  # disarmed this long (busy), the waker hears commands on their key alone (s)
 
 DOWN, UP = Wake("", "down"), Wake("", "up")  # what a Waker posts when Redis goes and comes back
@@ -118,9 +120,15 @@ class Waker:
         self._halt.set()
         self._armed.set()
         self.markers.cut()
+        deadline = time.monotonic() + self.block_s + SOCKET_MARGIN_S
         for thread in self._threads:
-            if thread is not threading.current_thread():
-                thread.join(self.block_s + SOCKET_MARGIN_S)
+            while thread is not threading.current_thread() and thread.is_alive():
+                if time.monotonic() >= deadline:
+                    break
+                # a thread that connected as the cut came blocks on a socket the cut
+                # did not see: cut again until it has ended
+                thread.join(CUT_AGAIN_S)
+                self.markers.cut()
 
     def put_back(self, wake: Wake) -> None:
         """Return a popped marker for another runner (``'d'`` keeps the
