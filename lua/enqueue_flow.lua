@@ -73,6 +73,12 @@
           is not written; its parent stops waiting for it (recorded in
           :removed, like remove_dependency: here, or through this queue's
           outbox for a parent on another slot).
+  ARGV[6] '1': one server holds every queue
+          (docs/explanation/protocol.md#cross-queue-scripts-on-one-server):
+          a child on another queue than its parent takes the parent's
+          incarnation from the parent's row, which must exist (its step
+          pipelined ahead of this one may have been refused), instead of
+          the parent inc sent; '0' (a Cluster): as sent
 
   returns: {landed, skipped, outbox} counts (outbox: entries pushed for
            parents on other slots by announcing children), then the
@@ -84,13 +90,29 @@
            or a dependency is already waited for by another job;
            nothing is written
            EMQNOJOB <queue> <id>   a dependency does not exist (in 'check'
-           mode, or before its parent landed); nothing is written
+           mode, or before its parent landed), or (ARGV[6] '1') a parent on
+           another queue has no row; nothing is written
 ]]
 local awaiting = KEYS[2]
 local QUEUE = ARGV[1]
 -- @include lib/flow.lua
 local queue, base, now, mode = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local a = cjson.decode(ARGV[5])
+local across = ARGV[6] == '1' and mode == 'write'
+
+-- (ARGV[6] '1') the row of a parent on another queue: P:{pq}:job:<id>
+local function parent_row(pq, parent)
+  return base:match('^(.-){') .. '{' .. pq .. '}:job:' .. parent
+end
+
+-- (ARGV[6] '1') whether the parent's step landed (or met it again): its
+-- :children lists `id` (a group's first node: one LPOS a group), in the
+-- short form or, in a list written before, as the full key
+local function listed(pq, parent, id)
+  local kids = parent_row(pq, parent) .. ':children'
+  return redis.call('LPOS', kids, queue .. ':' .. id)
+    or redis.call('LPOS', kids, base .. 'job:' .. id)
+end
 
 local function same_children(kids, from, n)
   if redis.call('LLEN', kids) ~= n then
@@ -133,6 +155,9 @@ while i <= #a do
   local opts = (a[i + 8] ~= '') and cjson.decode(a[i + 8]) or nil
   local inc = a[i + 9]
   i = i + 11
+  if across and parent ~= '' and pq ~= queue and not listed(pq, parent, a[i]) then
+    return redis.error_reply('EMQNOJOB ' .. pq .. ' ' .. parent)
+  end
   -- a fresh group (ids the host generated, no options) has nothing to gate
   -- (no existing row, dedup key or dependency to look up): only stepped over
   local fresh = gate ~= '1' and not opts
@@ -247,6 +272,8 @@ while i <= #a do
   i = i + 11
   if parent ~= '' and pq == queue then  -- the parent's own incarnation: its row is on this slot
     pinc = redis.call('HGET', base .. 'job:' .. parent, 'inc') or ''
+  elseif parent ~= '' and across then  -- on one server: read where it is, checked in pass 1
+    pinc = redis.call('HGET', parent_row(pq, parent), 'inc') or ''
   end
   -- the fields every node of the group shares, after name/payload/state/ca
   local shared = {}

@@ -209,7 +209,7 @@ def test_a_child_finished_on_another_queue_is_on_its_way_not_to_finish(emq, staf
             children=[Flow("mail", "mail.send", {}, job_id="statement")],
         )
     )
-    emq.fans_in_directly = False  # as on a Cluster: through the flow outbox
+    emq.cross_queue_scripts = False  # as on a Cluster: through the flow outbox
     [child] = emq.claim("mail", 1)
     emq.complete(child, "sent")  # its word waits in mail's outbox for the pump
     mirror_queues(emq, ["billing", "mail"], full=True)

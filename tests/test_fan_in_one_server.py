@@ -1,6 +1,6 @@
 """A cross-queue child's completion on one server resolves its parent in the
 completion itself (docs/explanation/protocol.md#fan-in-on-one-server): no flow
-outbox entry, no pump. A Cluster, ``fan_in_on_one_server=False``, an outbox
+outbox entry, no pump. A Cluster, ``cross_queue_scripts=False``, an outbox
 that holds entries, and a parent row that is gone keep the outbox's path.
 Each test runs on both rigs and asserts what each must do."""
 
@@ -51,7 +51,7 @@ def test_the_last_child_s_completion_releases_its_parent_on_another_queue(mq) ->
 
 
 def test_with_the_option_off_the_completion_takes_the_outbox(redis_client) -> None:
-    mq = EchoMQ(redis_client, prefix="emq", fan_in_on_one_server=False)
+    mq = EchoMQ(redis_client, prefix="emq", cross_queue_scripts=False)
     mq.add_flow(node("p", [leaf("a", queue="o")]))
     assert complete(mq, "a", 1, queue="o").outbox == 1
     assert_state(mq, "q", "p", "awaiting_children")
@@ -119,12 +119,12 @@ def test_a_bad_setting_is_a_check_error_and_false_reaches_the_client(no_env_url,
     from echomq_django.checks import check_settings
 
     base = {"URL": redis_server, "PREFIX": "emq"}
-    with override_settings(ECHOMQ={**base, "FAN_IN_ON_ONE_SERVER": "yes"}):
+    with override_settings(ECHOMQ={**base, "CROSS_QUEUE_SCRIPTS": "yes"}):
         [error] = [e for e in check_settings() if e.id == "echomq_django.E091"]
-        assert error.msg == "ECHOMQ FAN_IN_ON_ONE_SERVER must be True or False, got 'yes'"
-    with override_settings(ECHOMQ={**base, "FAN_IN_ON_ONE_SERVER": False}):
+        assert error.msg == "ECHOMQ CROSS_QUEUE_SCRIPTS must be True or False, got 'yes'"
+    with override_settings(ECHOMQ={**base, "CROSS_QUEUE_SCRIPTS": False}):
         conf.reset()
         assert not [e for e in check_settings() if e.id.startswith("echomq_django.E")]
-        assert conf.get_mq().fans_in_directly is False
+        assert conf.get_mq().cross_queue_scripts is False
     conf.reset()
-    assert settings.ECHOMQ.get("FAN_IN_ON_ONE_SERVER", True) is True
+    assert settings.ECHOMQ.get("CROSS_QUEUE_SCRIPTS", True) is True

@@ -121,7 +121,7 @@ def _build(cfg: dict, client) -> EchoMQ:
         queues=cfg.get("QUEUES", {}),
         max_payload_bytes=cfg.get("MAX_PAYLOAD_BYTES", MAX_PAYLOAD_BYTES),
         json_encoder=json_encoder(cfg),
-        fan_in_on_one_server=cfg.get("FAN_IN_ON_ONE_SERVER", True),
+        cross_queue_scripts=cfg.get("CROSS_QUEUE_SCRIPTS", True),
     )
 
 

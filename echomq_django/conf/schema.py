@@ -50,7 +50,7 @@ TOP_KEYS |= set(SIGNAL_KEYS)
 TOP_KEYS |= {"METRICS"}  # metrics.settings_problems checks it
 TOP_KEYS |= {"SCHEDULE"}  # periodic jobs: runners/periodic.py
 TOP_KEYS |= {"JSON_ENCODER"}  # json_encoder() checks it: E033
-TOP_KEYS |= {"ENQUEUE_WHEN_DOWN", "FAN_IN_ON_ONE_SERVER"}  # problems() checks them: E090, E091
+TOP_KEYS |= {"ENQUEUE_WHEN_DOWN", "CROSS_QUEUE_SCRIPTS"}  # problems() checks them: E090, E091
 TOP_KEYS |= SENTINEL_KEYS  # Redis Sentinel: sentinel.py checks them, E060-E064
 # What a plain enqueue / add_flow outside a transaction does while Redis is
 # away (docs/howto/durable-enqueue.md#outside-a-transaction-too-enqueue_when_down).
@@ -254,9 +254,9 @@ def problems(cfg: dict | None = None) -> list[tuple[str, str, str]]:
                 "pump push once Redis answers (needs ./manage.py migrate).",
             )
         )
-    if not isinstance(fan_in := cfg.get("FAN_IN_ON_ONE_SERVER", True), bool):
-        hint = "False sends every cross-queue completion through the flow outbox (a proxy)."
-        message = f"ECHOMQ FAN_IN_ON_ONE_SERVER must be True or False, got {fan_in!r}"
+    if not isinstance(across := cfg.get("CROSS_QUEUE_SCRIPTS", True), bool):
+        hint = "False keeps every script on its own queue's keys (a proxy over several servers)."
+        message = f"ECHOMQ CROSS_QUEUE_SCRIPTS must be True or False, got {across!r}"
         out.append(("echomq_django.E091", message, hint))
     return out + value_problems(cfg)
 

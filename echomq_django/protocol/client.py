@@ -23,6 +23,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import redis
+from redis import RedisCluster
 
 from ..core import flows as _flows
 from ..core.exceptions import PayloadError
@@ -68,10 +69,8 @@ class EchoMQ(Reads):
     docs/explanation/protocol.md#the-hosts-clock). ``max_payload_bytes`` bounds a payload or result
     once encoded (bytes of UTF-8 JSON). ``json_encoder``: a ``json.JSONEncoder`` subclass for
     payloads and results (the ``JSON_ENCODER`` setting, e.g. ``DjangoJSONEncoder`` for dates,
-    Decimal, UUID); None encodes plain JSON only. ``fan_in_on_one_server`` (the
-    ``FAN_IN_ON_ONE_SERVER`` setting): True sets ``fans_in_directly`` unless ``client`` is a
-    ``RedisCluster``: ``complete`` then resolves a cross-queue parent itself
-    (docs/explanation/protocol.md#fan-in-on-one-server).
+    Decimal, UUID); None encodes plain JSON only. ``cross_queue_scripts``: the
+    ``CROSS_QUEUE_SCRIPTS`` setting, read back as the property of that name.
     """
 
     def __init__(
@@ -85,13 +84,13 @@ class EchoMQ(Reads):
         backoff_cap_ms: int = BACKOFF_CAP_MS,
         flow_chunk: int = FLOW_CHUNK,
         json_encoder: type[json.JSONEncoder] | None = None,
-        fan_in_on_one_server: bool = True,
+        cross_queue_scripts: bool = True,
     ) -> None:
         limits = {"max_payload_bytes": max_payload_bytes, "backoff_cap_ms": backoff_cap_ms}
         wire = Wire(client, prefix, queues=queues, clock=clock, flow_chunk=flow_chunk, **limits,
                     json_encoder=json_encoder)  # fmt: skip
         super().__init__(wire)
-        wire.fans_in_directly = fan_in_on_one_server and not isinstance(client, redis.RedisCluster)
+        wire.cross_queue_scripts = cross_queue_scripts and not isinstance(client, RedisCluster)
         self.queues, self.outbox, self.bulk, self.timers = (
             wire.queues,
             Outbox(wire),
@@ -108,14 +107,16 @@ class EchoMQ(Reads):
         self.commands = WorkerCommands(wire, self.presence)
 
     @property
-    def fans_in_directly(self) -> bool:
-        """True when ``complete`` resolves a cross-queue parent itself: one
-        server and ``fan_in_on_one_server`` (docs/explanation/protocol.md#fan-in-on-one-server)."""
-        return self.wire.fans_in_directly
+    def cross_queue_scripts(self) -> bool:
+        """True (bool) when scripts reach the keys of other queues: one server (not a
+        ``RedisCluster``) and ``cross_queue_scripts``. A cross-queue flow's steps then land in
+        one round trip and ``complete`` resolves a cross-queue parent
+        (docs/explanation/protocol.md#cross-queue-scripts-on-one-server)."""
+        return self.wire.cross_queue_scripts
 
-    @fans_in_directly.setter
-    def fans_in_directly(self, value: bool) -> None:
-        self.wire.fans_in_directly = bool(value)
+    @cross_queue_scripts.setter
+    def cross_queue_scripts(self, value: bool) -> None:
+        self.wire.cross_queue_scripts = bool(value)
 
     @property
     def clock(self):

@@ -37,11 +37,15 @@ class Flows(Part):
         super().__init__(wire)
         self.reads = reads
 
-    def _step_call(self, queue: str, groups: list, mode: str, traceparent: str = ""):
+    def _step_call(
+        self, queue: str, groups: list, mode: str, traceparent: str = "", across: bool = False
+    ):
         """One ``enqueue_flow`` call for a step, in the script's flat group
         format (see its header): a ``Group``'s nodes share one header.
         ``traceparent`` (W3C, '' for none) goes into every group's options
-        as ``tc`` (docs/howto/tracing.md)."""
+        as ``tc`` (docs/howto/tracing.md). ``across``: a child on another
+        queue takes its parent's incarnation from the parent's row (ARGV[6],
+        docs/explanation/protocol.md#cross-queue-scripts-on-one-server)."""
         qk = self.keys.queue(queue)
         short_refs = self.keys.short_refs
         flat: list[str] = []
@@ -78,7 +82,7 @@ class Flows(Part):
         return (
             "enqueue_flow",
             [qk.pending, qk.awaiting],
-            [queue, qk.base, self.clock(), mode, to_json(flat)],
+            [queue, qk.base, self.clock(), mode, to_json(flat), "1" if across else "0"],
         )
 
     def add(self, flow: Flow) -> FlowRef:
@@ -168,8 +172,19 @@ class Flows(Part):
         return refs
 
     def _run_steps(self, step_list: list, traceparent: str = "") -> list:
-        """Write ``step_list`` (``(queue, groups)`` steps, parents first),
-        one ``enqueue_flow`` call after another; returns their replies."""
+        """Write ``step_list`` (``(queue, groups)`` steps, parents first);
+        returns their replies. Raises the first step's refusal. With
+        ``cross_queue_scripts``: every step in one pipelined round trip, each
+        child reading its parent's incarnation where it is (a step whose
+        parent's step was refused writes nothing); else one call after
+        another (docs/explanation/protocol.md#cross-queue-scripts-on-one-server)."""
+        if self.wire.cross_queue_scripts and not self.wire.fault_hook:
+            calls = [self._step_call(q, gs, "write", traceparent, True) for q, gs in step_list]
+            replies = self.scripts.run_many(calls)
+            for reply in replies:
+                if isinstance(reply, Exception):
+                    raise reply
+            return replies
         # a parent met again keeps its incarnation: its children on
         # other queues (later steps) must carry that one, not this add's
         kept: dict[tuple[str, str], str] = {}

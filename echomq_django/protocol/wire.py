@@ -92,7 +92,9 @@ class Wire:
                 separators=(",", ":"), allow_nan=False, ensure_ascii=True
             ).encode
         self.backoff_cap_ms = backoff_cap_ms
-        self.fans_in_directly = False  # EchoMQ sets it: complete's ARGV[4]
+        self.cross_queue_scripts = (
+            False  # EchoMQ sets it: complete's ARGV[4], enqueue_flow's ARGV[6]
+        )
         self.flow_chunk = flow_chunk
         self.fault_hook = None  # tests: called after each flow step, may raise
         self._noted: dict[str, float] = {}  # queue -> monotonic time it was added to P:queues
@@ -128,9 +130,9 @@ class Wire:
         ``queue``; ``writes``: their pending progress and log writes
         (``Progress.carried``, ARGV[5] of lua/complete.lua), '' for none.
         ARGV[4] says whether a cross-queue parent is resolved in the call
-        (``fans_in_directly``, docs/explanation/protocol.md#fan-in-on-one-server)."""
+        (``cross_queue_scripts``, docs/explanation/protocol.md#fan-in-on-one-server)."""
         k = self.keys.queue(queue)
-        args: list = [queue, k.base, self.clock(), "1" if self.fans_in_directly else "0", writes]
+        args: list = [queue, k.base, self.clock(), "1" if self.cross_queue_scripts else "0", writes]
         for job, text in pairs:
             args += (job.id, job.lease or "", text)
         return ("complete", [k.active, k.completed], args)

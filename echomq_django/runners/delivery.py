@@ -299,7 +299,7 @@ class OwnDelivery:
     def ahead(self, good: list, ahead: list | None) -> list | None:
         # on one server the completions resolve their parents themselves: what
         # they still push (behind other entries, or for a parent gone) is the pumps'
-        direct = self.mq.fans_in_directly
+        direct = self.mq.cross_queue_scripts
         cross = {f.job.queue for f in good if f.job.parent_queue not in (None, f.job.queue)}
         self._cross = [] if direct else sorted(cross)
         self._n = len(ahead or ())

@@ -33,7 +33,7 @@ def runpump(url, *args, **kw):
 
 
 def test_once_delivers_and_prints_a_line_per_sweep_at_verbosity_2(r, redis_server):
-    mq = EchoMQ(r, fan_in_on_one_server=False)  # completions on the flow outbox, as on a Cluster
+    mq = EchoMQ(r, cross_queue_scripts=False)  # completions on the flow outbox, as on a Cluster
     mq.add_flow(
         Flow(
             "p",

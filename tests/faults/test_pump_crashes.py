@@ -49,7 +49,7 @@ KILLED_BEFORE_TRIM = textwrap.dedent("""
 
 
 def test_pump_killed_between_deliver_and_trim_releases_once(r, redis_server):
-    mq = EchoMQ(r, fan_in_on_one_server=False)  # completions on the flow outbox, as on a Cluster
+    mq = EchoMQ(r, cross_queue_scripts=False)  # completions on the flow outbox, as on a Cluster
     wide_cross_flows(mq, parents=5, children=4)
     while jobs := mq.claim("c", 50):
         for job in jobs:
@@ -88,7 +88,7 @@ def test_a_pump_takes_its_own_lock_back_after_a_redis_restart(tmp_path):
     server = rigs.start_server(options={"appendonly": "yes", "appendfsync": "always"})
     client = redis.Redis(host=rigs.HOST, port=server.port, retry_on_error=[])
     try:
-        mq = EchoMQ(client, prefix="emq", fan_in_on_one_server=False)  # the outbox's path
+        mq = EchoMQ(client, prefix="emq", cross_queue_scripts=False)  # the outbox's path
         _one_cross_completion(mq)
 
         def crash_redis(queue, actions):
@@ -123,7 +123,7 @@ Pump(["c"], mq=EchoMQ(redis.Redis.from_url(sys.argv[1])), before_trim=die).sweep
 
 
 def test_a_live_pump_takes_over_within_the_lease_of_a_dead_one(r, redis_server, capsys):
-    mq = EchoMQ(r, prefix="emq", fan_in_on_one_server=False)  # the outbox's path
+    mq = EchoMQ(r, prefix="emq", cross_queue_scripts=False)  # the outbox's path
     _one_cross_completion(mq)
     dead = subprocess.run(
         [sys.executable, "-c", KILLED_MID_SWEEP, redis_server],

@@ -49,7 +49,7 @@ def fan_in_options(request) -> dict:
     the outbox on the single server too, as on a Cluster
     (docs/explanation/protocol.md#fan-in-on-one-server)."""
     if request.node.get_closest_marker("via_flow_outbox"):
-        return {"fan_in_on_one_server": False}
+        return {"cross_queue_scripts": False}
     return {}
 
 
