@@ -9,14 +9,17 @@ from __future__ import annotations
 from redis.cluster import RedisCluster
 
 from echomq_django import EchoMQ, Flow, JobState
+from echomq_django.runners.reporter import Finished, Reporter
 from tests.support.jobkit import (
     assert_state,
+    claim_one,
     complete,
     events,
     jref,
     kill,
     leaf,
     node,
+    record_calls,
     sweep,
     sweep_report,
 )
@@ -128,3 +131,30 @@ def test_a_bad_setting_is_a_check_error_and_false_reaches_the_client(no_env_url,
         assert conf.get_mq().cross_queue_scripts is False
     conf.reset()
     assert settings.ECHOMQ.get("CROSS_QUEUE_SCRIPTS", True) is True
+
+
+def test_the_parents_claim_rides_the_last_childs_completion(mq, monkeypatch) -> None:
+    """On one server the completion resolves the parent on q, so the claim
+    of q rides it and brings the parent back in that round trip; on a
+    Cluster the reporter delivers the outbox entry after it and claims the
+    parent with the delivery."""
+    mq.add_flow(node("p", [leaf("a", queue="o"), leaf("b", queue="o")]))
+    asked, taken = [], []
+
+    def fetch(queue):
+        asked.append(queue)
+        return 1, 5000, f"t{len(asked)}"
+
+    reporter = Reporter(mq, None, lambda *j: None, lambda q: None, lambda: None,
+                        fetch=fetch, taken=lambda *got: taken.append(got))  # fmt: skip
+    running = [claim_one(mq, "o", "a"), claim_one(mq, "o", "b")]
+    trips = record_calls(mq, monkeypatch)
+    reporter.report([Finished(running[0], 1), Finished(running[1], 2)])
+    assert reporter.stats["completed"] == 2
+    [(queue, token, got)] = taken
+    assert (asked, queue, token, [j.id for j in got]) == (["q"], "q", "t1", ["p"])
+    assert_state(mq, "q", "p", "active")
+    if on_one_server(mq):
+        assert trips[0][-2:] == ["complete", "claim"]
+    else:
+        assert "claim" not in trips[0]

@@ -1,6 +1,5 @@
 """The worker's reporter: finished jobs go back to Redis in batches
-(docs/explanation/protocol.md#complete; the module docstring of worker.py tells how the threads
-share the work).
+(docs/explanation/protocol.md#complete; worker.py's docstring: the threads).
 
 The claiming loop hands each batch of ``Finished`` jobs over
 (``Reporter.hand_over``); the reporter thread completes every successful
@@ -303,17 +302,15 @@ class Reporter:
     def _complete(self, good: list[Finished], ride: Any) -> list:
         """``complete_many`` of ``good`` (``ride``: None, or the flusher's
         ``Ride``: their pending writes, carried by their ``complete`` calls,
-        and the other jobs' writes, sent ahead in the round trip); when one
-        of them is a child whose
-        parent waits on its own queue and the loop has room, with the claim
-        of that queue in the same round trip: the parent its completion
-        releases starts without a claim of its own. A child whose parent is on
-        another queue: its queue's sweep lock is taken ahead of it, so what
-        its completion pushes onto the outbox is this worker's to deliver
+        and the other jobs' writes, sent ahead in the round trip), with the
+        claim of a parent's queue in the same round trip when ``_room`` finds
+        one: the parent a completion releases starts without a claim of its
+        own. A child whose parent is on another slot: its queue's sweep lock
+        is taken ahead of it, so what its completion pushes onto the outbox
+        is this worker's to deliver
         (docs/explanation/no-polling.md#a-released-parent-starts-at-once)."""
         pairs = [(f.job, f.result) for f in good]
-        queue = next((f.job.queue for f in good if f.job.parent_queue == f.job.queue), None)
-        room = self._fetch(queue) if queue is not None and self._fetch is not None else None
+        queue, room = self._room(good)
         ahead, carry = (ride.ahead, ride.carry) if ride is not None else (None, None)
         calls = self._own.ahead(good, ahead)  # a cross-queue child's sweep lock
         if room is None:
@@ -332,6 +329,21 @@ class Reporter:
         if ride is not None:
             ride.settle([job for job, _ in pairs], replies)
         return replies
+
+    def _room(self, good: list[Finished]) -> tuple[str | None, tuple | None]:
+        """The queue whose claim rides the completion of ``good`` and the loop's room
+        there (``fetch``), or ``(None, None)``: a parent's queue the loop serves, a
+        child's own first, another only where ``complete`` resolves the parent
+        itself (docs/explanation/protocol.md#cross-queue-scripts-on-one-server)."""
+        if self._fetch is None:
+            return None, None
+        across = self.mq.cross_queue_scripts
+        mine = [f.job.queue for f in good if f.job.parent_queue == f.job.queue]
+        other = [f.job.parent_queue for f in good if across and f.job.parent_queue]
+        for queue in dict.fromkeys(mine + other):
+            if (room := self._fetch(queue)) is not None:
+                return queue, room
+        return None, None
 
     def _postpone(self, finished: list[Finished]) -> None:
         """Put back, one script each, the jobs whose handler raised
