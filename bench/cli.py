@@ -19,7 +19,7 @@ import redis
 from echomq_django.testing.redis_server import start_server
 
 from . import peer as _peer
-from .report import evaluate_targets, format_table, ratios
+from .report import evaluate_targets, format_table, ratio, ratios
 from .runner import Layout, Probe, Progress, median_row, run_one
 from .topologies import Topology, default_topologies
 
@@ -124,6 +124,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="require the BullMQ side (fail when bullmq is not installed)",
     )
     peer.add_argument("--no-peer", dest="peer", action="store_false", help="run echomq_django only")
+    p.add_argument(
+        "--cluster",
+        action="store_true",
+        help="also run ours through the flow topologies on a private 3-master Redis Cluster "
+        "(the test rig; rows 'cluster', with ratios against BullMQ's one server)",
+    )
     p.add_argument(
         "--systems",
         default="echomq,bullmq",
@@ -291,7 +297,7 @@ def _run(args, url, topos, ours_layout, peer_layout, with_peer, peer_version) ->
     if with_peer and "bullmq" in wanted:
         systems.append(_peer.Peer(url, peer_layout, profile=args.profile))
     print(header(meta), flush=True)
-    rows = []
+    rows, on_cluster = [], []
     try:
         for topo in topos if "flows" in args.scenarios else []:
             for system in systems:
@@ -301,6 +307,8 @@ def _run(args, url, topos, ours_layout, peer_layout, with_peer, peer_version) ->
                 ]
                 rows.append(median_row(runs))
                 print(format_table([rows[-1]], first=len(rows) == 1, ratios_for=rows), flush=True)
+        if args.cluster and "flows" in args.scenarios and "echomq" in wanted:
+            on_cluster = _flows_cluster(args, topos, ours_layout, progress, rows)
     finally:
         probe.flush()
         for system in systems:
@@ -311,6 +319,8 @@ def _run(args, url, topos, ours_layout, peer_layout, with_peer, peer_version) ->
         "ratios": ratios(rows),
         "layouts": {r["system"] + " " + r["topology"]: r["layout"] for r in rows},
     }
+    if on_cluster:
+        result["cluster"] = on_cluster  # ours on a 3-master Cluster: not in the ratios
     if rows:
         result["targets"] = evaluate_targets(rows)
         print()
@@ -333,6 +343,40 @@ def _run(args, url, topos, ours_layout, peer_layout, with_peer, peer_version) ->
     path.write_text(json.dumps(result, indent=2) + "\n")
     print(f"results: {path}")
     return 0 if all(r["values_ok"] for r in rows) else 1
+
+
+def _flows_cluster(args, topos, layout, progress, rows: list[dict]) -> list[dict]:
+    """Ours through ``topos`` on a private 3-master Redis Cluster (the test
+    rig, ``tests/support/rigs.py``: a checkout of the repo); each row is
+    printed with its ratios against BullMQ's row of the topology (one
+    server) when there is one. Returns the rows (system ``cluster``)."""
+    from tests.support.rigs import start_cluster
+
+    from .ours import Ours
+
+    cluster = start_cluster()
+    probe = Probe(cluster.url, cluster=True)
+    ours = Ours(cluster.url, layout, poll_interval=args.poll_interval,
+                pump_interval=args.pump_interval, cluster=True)  # fmt: skip
+    out = []
+    try:
+        for topo in topos:
+            runs = [run_one(ours, topo, probe, progress, args.timeout)
+                    for _ in range(max(1, args.repeat))]  # fmt: skip
+            out.append(median_row(runs))
+            print(format_table([out[-1]], first=len(out) == 1), flush=True)
+            peer = [r for r in rows if r["system"] == "bullmq" and r["topology"] == topo.key]
+            if peer:
+                r = ratio(out[-1], peer[0])
+                print(f"  BullMQ (one server) / ours on the Cluster: add {r['add_speedup']}x, "
+                      f"resolve {r['resolve_speedup']}x; memory ours/theirs {r['memory_ratio']}",
+                      flush=True)  # fmt: skip
+    finally:
+        probe.flush()
+        ours.close()
+        progress.clear()
+        cluster.stop()
+    return out
 
 
 def _latency(url: str, names: list[str], samples: int, idle_s: float, progress) -> list[dict]:

@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import redis
-
 from . import procs
 from .topologies import CHILD_QUEUE, QUEUE, Spec, Topology, handler_value
 
@@ -20,12 +18,13 @@ class Ours:
         poll_interval: float | None,
         pump_interval: float,
         profile: str | None = None,
+        cluster: bool = False,
     ) -> None:
-        from echomq_django import EchoMQ
-
         self.url, self.layout, self.profile = url, layout, profile
         self.poll_interval, self.pump_interval = poll_interval, pump_interval
-        self.mq = EchoMQ(redis.Redis.from_url(url), prefix=procs.PREFIX)
+        self.cluster = cluster  # url is a node of a Redis Cluster: rows say "cluster"
+        self.name = "cluster" if cluster else "echomq"
+        self.mq = procs._mq(url, cluster)
         self.version = _version("echomq-django")
 
     def describe_layout(self, topo: Topology) -> str:
@@ -63,8 +62,14 @@ class Ours:
         """Reconnect the adder, so the memory snapshot before the add sees no
         buffers left over from the warm-up (the change in client buffers
         across the add is then the add's own, and is subtracted)."""
-        self.mq.client.connection_pool.disconnect()
-        self.mq.client.ping()
+        client = self.mq.client
+        if self.cluster:
+            for node in client.get_nodes():
+                if node.redis_connection is not None:
+                    node.redis_connection.connection_pool.disconnect()
+        else:
+            client.connection_pool.disconnect()
+        client.ping()
 
     def root(self, ref) -> tuple[str, str]:
         return ref.queue, ref.parent_id
@@ -101,6 +106,7 @@ class Ours:
                         go,
                         stop,
                         results,
+                        self.cluster,
                     ),
                 )
             )
@@ -118,6 +124,7 @@ class Ours:
                         go,
                         stop,
                         results,
+                        self.cluster,
                     ),
                 )
             )

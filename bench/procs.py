@@ -45,12 +45,14 @@ def setup_django(
         django.setup()
 
 
-def _mq(url: str):
+def _mq(url: str, cluster: bool = False):
     import redis
+    from redis.cluster import RedisCluster
 
     from echomq_django import EchoMQ
 
-    return EchoMQ(redis.Redis.from_url(url), prefix=PREFIX)
+    client = RedisCluster.from_url(url) if cluster else redis.Redis.from_url(url)
+    return EchoMQ(client, prefix=PREFIX)
 
 
 def _profiled(profile: str | None, name: str):
@@ -75,13 +77,16 @@ def _save(profiler) -> None:
         fh.write(profiler.output_html())
 
 
-def our_worker(url, queues, concurrency, options, profile, ready, go, stop, results) -> None:
-    """One ``echomq_django.Worker`` process on ``queues``."""
-    setup_django(url)
+def our_worker(
+    url, queues, concurrency, options, profile, ready, go, stop, results, cluster=False
+) -> None:
+    """One ``echomq_django.Worker`` process on ``queues`` (``cluster``: ``url``
+    is a node of a Redis Cluster)."""
+    setup_django(url, cluster=cluster)
     import bench.handlers  # noqa: F401  (registers the bench.* handlers)
     from echomq_django import Worker
 
-    mq = _mq(url)
+    mq = _mq(url, cluster)
     worker = Worker(queues, concurrency=concurrency, mq=mq, **options)
     mq.client.ping()  # connected before the clock starts
     ready.put(os.getpid())
@@ -102,12 +107,12 @@ def our_worker(url, queues, concurrency, options, profile, ready, go, stop, resu
     )
 
 
-def our_pump(url, queues, interval, profile, ready, go, stop, results) -> None:
+def our_pump(url, queues, interval, profile, ready, go, stop, results, cluster=False) -> None:
     """One ``echomq_django.Pump`` process sweeping ``queues`` every ``interval`` s."""
-    setup_django(url)
+    setup_django(url, cluster=cluster)
     from echomq_django import Pump
 
-    mq = _mq(url)
+    mq = _mq(url, cluster)
     pump = Pump(queues, mq=mq)
     mq.client.ping()
     ready.put(os.getpid())

@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass
 
 import redis
+from redis.cluster import RedisCluster
 
 from .topologies import Topology
 
@@ -73,7 +74,18 @@ class Snapshot:
 
     @classmethod
     def take(cls, client: redis.Redis) -> Snapshot:
-        info = client.info("all")
+        """The server's figures (on a Cluster: every master's, summed)."""
+        if isinstance(client, RedisCluster):
+            return cls.summed(client.info("all", target_nodes=RedisCluster.PRIMARIES).values())
+        return cls.of(client.info("all"))
+
+    @classmethod
+    def summed(cls, infos) -> Snapshot:
+        snaps = [cls.of(info) for info in infos]
+        return cls(*(sum(getattr(s, f) for s in snaps) for f in cls.__dataclass_fields__))
+
+    @classmethod
+    def of(cls, info: dict) -> Snapshot:
         calls = evals = eval_usec = 0
         for key, value in info.items():
             if not key.startswith("cmdstat_") or key == "cmdstat_info":
@@ -96,27 +108,32 @@ class Snapshot:
 
 class Probe:
     """The main process' connection: flushes, snapshots and polls; counts
-    the round trips and commands it sends so they are subtracted."""
+    the round trips and commands it sends so they are subtracted (on a
+    Cluster, ``cluster``: one trip per master a snapshot or pipeline asks)."""
 
-    def __init__(self, url: str) -> None:
-        self.client = redis.Redis.from_url(url)
+    def __init__(self, url: str, cluster: bool = False) -> None:
+        self.client = RedisCluster.from_url(url) if cluster else redis.Redis.from_url(url)
+        self.cluster = cluster
         self.trips = 0
         self.commands = 0
 
     def flush(self) -> None:
-        self.client.flushall(asynchronous=False)
+        self.client.flushall(asynchronous=False)  # on a Cluster: every master
 
     def snapshot(self) -> Snapshot:
         snap = Snapshot.take(self.client)
-        self.trips += 1
+        self.trips += len(self.client.get_primaries()) if self.cluster else 1
         return snap
 
     def pipeline(self, build) -> list:
         pipe = self.client.pipeline(transaction=False)
         build(pipe)
         n = len(pipe.command_stack)
+        if self.cluster:
+            slots = {self.client.keyslot(c.args[1]) for c in pipe.command_stack}
+            nodes = {self.client.nodes_manager.get_node_from_slot(s).name for s in slots}
         replies = pipe.execute()
-        self.trips += 1
+        self.trips += len(nodes) if self.cluster else 1
         self.commands += n
         return replies
 
