@@ -1,5 +1,5 @@
 """A completing job's pending progress and log writes ride its own
-``complete`` call (lua/complete.lua's ARGV[4], runners/flusher.py ``Ride``;
+``complete`` call (lua/complete.lua's ARGV[5], runners/flusher.py ``Ride``;
 docs/howto/progress-and-logs.md#when-a-write-is-visible): one script writes
 them and then completes the job, so the values read after completion, the
 events' order and the refusal under a lost lease are those of a
