@@ -27,7 +27,10 @@
           of this one in the same round trip would (lib/reports.lua: each
           checked under its lease, one events entry for their progress
           values, ahead of every completion's), so a job's progress and
-          lines are final when it is (docs/howto/progress-and-logs.md#when-a-write-is-visible)
+          lines are final when it is (docs/howto/progress-and-logs.md#when-a-write-is-visible);
+          a job completed here has its row read once for both (the
+          lease check reuses the completion's read) and its last
+          progress value goes into its completion's own HSET
   ARGV[6..] jobs, 3 values each: job id, lease token (from claim), result (a JSON text)
 
   returns: a JSON array with one entry per job, in order:
@@ -62,17 +65,49 @@ minute_batch = {}  -- the batch's counts, written once each (lib/emit.lua)
 local base, now = ARGV[2], tonumber(ARGV[3])
 ONE_SERVER = ARGV[4] == '1'
 
+local function read_row(row)
+  return row_hmget(row, 'state', 'lease', 'parent', F_PQUEUE, 'dedup', 'keep',
+    'cancel', F_PINC, 'orphaned', 'callbacks', 'group')
+end
+
+-- the rows the writes read (a completing job's: its completion reuses the
+-- read) and the progress values they left for the completion's own HSET
+local fetched, progress_of = {}, {}
 if ARGV[5] ~= '' then  -- a refused write is refused again by its job's completion below
+  local completing = {}
+  for i = 6, #ARGV, 3 do
+    completing[ARGV[i]] = true
+  end
   local writes = cjson.decode(ARGV[5])
-  write_reports(base .. 'events', QUEUE, base, writes[1], writes, 2)
+  write_reports(base .. 'events', QUEUE, base, writes[1], writes, 2, {progress = progress_of,
+    read = function(id, row)
+      if completing[id] then
+        fetched[id] = fetched[id] or read_row(row)
+        return fetched[id]
+      end
+    end})
 end
 
 local replies = {}
+-- set once a completion here may have written another job's row (its parent,
+-- callbacks, group, cancel or removed flow): each later row is read again
+local moved = false
 for i = 6, #ARGV, 3 do
   local id, token, result = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local row = base .. 'job:' .. id
-  local f = row_hmget(row, 'state', 'lease', 'parent', F_PQUEUE, 'dedup', 'keep',
-    'cancel', F_PINC, 'orphaned', 'callbacks', 'group')
+  local f = (not moved and fetched[id]) or read_row(row)
+  fetched[id] = nil  -- the same id again in the batch reads its row again
+  if f[3] or f[10] or f[11] or f[7] or f[9] then
+    moved = true
+  end
+  local progress = progress_of[id]  -- its carried writes' last value, not written yet
+  if progress then
+    progress_of[id] = nil
+    if f[1] and not (f[1] == 'active' and f[2] == token and not f[7] and not f[9]) then
+      redis.call('HSET', row, 'progress', progress)  -- not the plain completion: alone
+      progress = nil
+    end
+  end
   if not f[1] then
     -- a replay of the call that completed a removed flow's job (drop_orphan)
     if redis.call('GET', base .. 'op:' .. token) == 'c' .. redis.sha1hex(result) then
@@ -106,7 +141,12 @@ for i = 6, #ARGV, 3 do
       free_dedup(base, f[5], id)
       drop_orphan(base, id, row, token, 'c' .. redis.sha1hex(result))
     else
-      redis.call('HSET', row, 'state', 'completed', 'result', result, 'finished_at', ARGV[3])
+      if progress then  -- its carried progress, in the same HSET
+        redis.call('HSET', row, 'state', 'completed', 'result', result, 'finished_at', ARGV[3],
+          'progress', progress)
+      else
+        redis.call('HSET', row, 'state', 'completed', 'result', result, 'finished_at', ARGV[3])
+      end
       redis.call('ZADD', completed, now, id)
       if f[6] then  -- its own keep (ms): retention's expire list (lib/lifecycle.lua)
         redis.call('ZADD', base .. 'expire', now + tonumber(f[6]), id)

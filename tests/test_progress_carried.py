@@ -1,5 +1,5 @@
 """A completing job's pending progress and log writes ride its own
-``complete`` call (lua/complete.lua's ARGV[4], runners/flusher.py ``Ride``;
+``complete`` call (lua/complete.lua's ARGV[5], runners/flusher.py ``Ride``;
 docs/howto/progress-and-logs.md#when-a-write-is-visible): one script writes
 them and then completes the job, so the values read after completion, the
 events' order and the refusal under a lost lease are those of a
@@ -11,7 +11,7 @@ import pytest
 import redis
 from redis.cluster import RedisCluster
 
-from echomq_django import JobState, LeaseLost, PayloadError, RedisUnavailable
+from echomq_django import Flow, JobState, LeaseLost, PayloadError, RedisUnavailable
 from echomq_django.core.exceptions import JobCancelled
 from echomq_django.runners.flusher import Flusher
 from tests.test_progress import claimed
@@ -45,6 +45,27 @@ def test_complete_writes_the_carried_writes_before_the_completion(mq) -> None:
     assert (mq.get_job("q", "b").progress, mq.job_logs("q", "b")) == (90, [])
     assert ends(mq, "a") == ["progress", "progress", "completed"]
     assert ends(mq, "b") == ["progress", "completed"]
+
+
+def test_a_batch_whose_first_completion_moves_its_parent_reads_the_next_row_again(mq) -> None:
+    # c1's completion writes its parent's keys: c2's row, read for its writes'
+    # lease check, is read again for its completion; both land, and p is released
+    mq.add_flow(
+        Flow("q", "p", job_id="p", children=[Flow("q", "c", job_id=f"c{i}") for i in (1, 2)])
+    )
+    c1, c2 = sorted(mq.claim("q", 2, lease_ms=60_000), key=lambda j: j.id)
+    carry = {id(c1): (c1, ["10"], ["c1 ran"]), id(c2): (c2, ["20"], ["c2 ran"])}
+    outcomes = mq.complete_many([(c1, 1), (c2, 2)], None, carry)
+    assert [o.state for o in outcomes] == [JobState.COMPLETED, JobState.COMPLETED]
+    for job_id, value in (("c1", 10), ("c2", 20)):
+        job = mq.get_job("q", job_id)
+        assert (job.state, job.progress, mq.job_logs("q", job_id)) == (
+            JobState.COMPLETED,
+            value,
+            [f"{job_id} ran"],
+        )
+        assert ends(mq, job_id) == ["progress", "completed"]
+    assert mq.get_job("q", "p").state == JobState.PENDING
 
 
 def test_a_ride_carries_the_completing_jobs_writes_and_sends_the_rest_ahead(mq) -> None:

@@ -79,6 +79,8 @@ def log_line(line: Any) -> str:
     and ends with ``CUT_MARKER`` naming the bytes cut (never refused
     silently). Raises ``TypeError`` for a line that is not a ``str`` and
     ``ValueError`` for one that does not encode (a lone surrogate)."""
+    if type(line) is str and line.isascii() and len(line) <= MAX_LOG_LINE_BYTES:
+        return line  # the usual line, checked without an encode
     if not isinstance(line, str):
         raise TypeError(f"a job log line is a str, got {type(line).__name__}")
     try:
@@ -128,8 +130,12 @@ class Reporting:
         for a bad value, before any write; ``LeaseLost``, ``JobNotActive``
         (an earlier write was refused, see the class); ``RedisUnavailable``
         (outside a worker only)."""
-        self._claimed("report_progress")
-        self._write(self._require_mq().progress.progress_text(value), None)
+        if not self.lease:
+            self._claimed("report_progress")
+        if type(value) is int and 0 <= value <= 100 and self._writes is not None:
+            self._writes.put(self, int.__repr__(value), None)  # the usual call, in a worker
+        else:
+            self._write(self._require_mq().progress.progress_text(value), None)
         self.progress = value
 
     def log(self, line: str) -> None:
@@ -139,8 +145,16 @@ class Reporting:
         write; ``LeaseLost``, ``JobNotActive`` (an earlier write was
         refused, see the class); ``RedisUnavailable`` (outside a worker
         only)."""
-        self._claimed("log")
-        self._write(None, self._require_mq().progress.log_line(line))
+        if not self.lease:
+            self._claimed("log")
+        if type(line) is str and line.isascii() and len(line) <= MAX_LOG_LINE_BYTES:
+            text = line  # the usual line: nothing to cut, and it encodes (log_line's own check)
+        else:
+            text = self._require_mq().progress.log_line(line)
+        if self._writes is not None:
+            self._writes.put(self, None, text)
+        else:
+            self._write(None, text)
 
     def _write(self, progress: str | None, line: str | None, block: bool = True) -> bool:
         """Hand checked values to the worker's writes (``_writes``), or

@@ -71,26 +71,35 @@ class Ride:
     (``id(job)`` -> ``(job, progress values, lines)``: the pending writes of
     the jobs it completes, which their ``complete`` calls pop), ``ahead``
     (the ``write_reports`` calls of the rest, ``rest``, to send ahead of
-    them), ``taken`` (what ``carry`` held at first); ``settle(jobs,
+    them), ``taken`` (what ``carry`` held at first) and ``count`` (the
+    writes it holds); ``settle(jobs,
     replies)`` hands over the completions' replies, which say how the
     carried writes went (docs/explanation/protocol.md#progress-and-log-lines)."""
 
-    __slots__ = ("ahead", "carry", "jobs", "replies", "rest", "taken")
+    __slots__ = ("ahead", "carry", "count", "jobs", "replies", "rest", "taken")
 
-    def __init__(self, items: list, completing) -> None:
+    def __init__(self, batch: dict[int, tuple[Job, list, list]], completing) -> None:
+        """``batch``: the writes taken (``id(job)`` -> ``(job, progress
+        values, lines)``, in the order of each job's first write; left as
+        it is); ``completing``: the ``Job`` objects the batch completes."""
         self.ahead: list = []
         self.jobs, self.replies = (), ()
         self.carry: dict[int, tuple[Job, list, list]] = {}
-        self.rest = items
-        if items and completing:
-            ids = {id(job) for job in completing}
+        carry, count = self.carry, 0
+        if batch and completing:
+            get = batch.get
+            for key in map(id, completing):
+                item = get(key)
+                if item is not None and len(item[1]) <= PER_ENTRY >= len(item[2]):
+                    carry[key] = item
+                    count += len(item[1]) + len(item[2])
+        if not carry:
+            self.rest = list(batch.values())
+        elif len(carry) < len(batch):
+            self.rest = [item for key, item in batch.items() if key not in carry]
+        else:
             self.rest = []
-            for item in items:
-                if id(item[0]) in ids and len(item[1]) <= PER_ENTRY and len(item[2]) <= PER_ENTRY:
-                    self.carry[id(item[0])] = item
-                else:
-                    self.rest.append(item)
-        self.taken = dict(self.carry)
+        self.taken, self.count = dict(carry), count
 
     def settle(self, jobs: list[Job], replies: list) -> None:
         """The completions of ``jobs`` answered ``replies`` (as
@@ -116,11 +125,14 @@ class Flusher:
     def __init__(self, mq: EchoMQ, max_pending: int = MAX_PENDING, metrics: Any = None) -> None:
         self.mq, self.max_pending, self.metrics = mq, max_pending, metrics
         self.stats = {"sent": 0, "dropped": 0, "sends": 0, "waited": 0}
-        self._lock = threading.Lock()  # guards _pending, _since, _idle, _closing
+        self._lock = threading.Lock()  # guards _pending, _count, _since, _idle, _closing
         self._work = threading.Condition(self._lock)  # the thread waits here for writes
         self._room = threading.Condition(self._lock)  # a handler waits here for room
         self._send = threading.Lock()  # one send at a time, in the order taken
-        self._pending: list[tuple[Job, str | None, str | None]] = []
+        # id(job) -> (job, progress values, lines), gathered as they come (the
+        # entry holds the job, so its id stays its own); _count: the writes held
+        self._pending: dict[int, tuple[Job, list, list]] = {}
+        self._count = 0
         self._since = 0.0  # monotonic s when the oldest pending write was taken
         self._idle = False  # the thread waits for a first write (not lingering)
         self._closing = False
@@ -131,17 +143,24 @@ class Flusher:
         in ``stats["waited"]`` and the metrics' ``writes_waited``); with
         ``block`` False returns False instead. Returns True once taken."""
         with self._lock:  # the conditions' lock, held without their Python wrappers
-            if len(self._pending) >= self.max_pending and not self._closing:
+            if self._count >= self.max_pending and not self._closing:
                 if not block:
                     return False
                 self._wait_for_room(job)
-            self._pending.append((job, progress, line))
-            n = len(self._pending)
-            if n == 1:
+            entry = self._pending.get(id(job))
+            if entry is None:
+                entry = self._pending[id(job)] = (job, [], [])
+            if progress is not None:
+                entry[1].append(progress)
+            if line is not None:
+                entry[2].append(line)
+            before = self._count
+            n = self._count = before + (progress is not None) + (line is not None)
+            if not before:
                 self._since = time.monotonic()
                 if self._idle:  # a lingering thread reads _since when its wait ends
                     self._work.notify()
-            elif n == SEND_AT:
+            elif before < SEND_AT <= n:
                 self._work.notify()
         return True
 
@@ -151,13 +170,13 @@ class Flusher:
         self.stats["waited"] += 1
         if self.metrics is not None:
             self.metrics.writes_waited(job.queue, 1)
-        while len(self._pending) >= self.max_pending and not self._closing:
+        while self._count >= self.max_pending and not self._closing:
             self._room.wait()
 
     def pending(self) -> int:
         """Writes taken and not sent yet."""
         with self._work:
-            return len(self._pending)
+            return self._count
 
     def reopen(self) -> None:
         """Start a run: not closing."""
@@ -204,8 +223,8 @@ class Flusher:
         reporter taking the writes meanwhile wakes nothing, and a wait that
         ends on newer writes waits out their own linger (one wake per
         ``LINGER_S`` at most while writes keep coming)."""
-        while not self._closing and len(self._pending) < SEND_AT:
-            if not self._pending:
+        while not self._closing and self._count < SEND_AT:
+            if not self._count:
                 self._idle = True
                 self._work.wait()
                 self._idle = False
@@ -237,10 +256,9 @@ class Flusher:
         the writes (sent again first) and propagates."""
         with self._send:
             with self._work:
-                batch, self._pending = self._pending, []
+                batch, self._pending, self._count = self._pending, {}, 0
                 self._room.notify_all()  # room again
-            items = gathered(batch)
-            ride = Ride(items, completing)
+            ride = Ride(batch, completing)
             calls, owners = self.mq.progress.calls(ride.rest) if ride.rest else ([], [])
             ride.ahead = ahead = list(calls)
             try:
@@ -251,15 +269,14 @@ class Flusher:
                 if ride.carry:  # not carried (a result that did not encode): alone
                     left = [ride.taken.pop(key) for key in ride.carry]
                     ride.carry.clear()
+                    ride.count -= sum(len(item[1]) + len(item[2]) for item in left)
                     self._settle(left, self.mq.progress.write_many(left))
                     self.stats["sends"] += 1
             except REDIS_DOWN:
                 with self._work:
-                    if batch and not self._pending:
-                        self._since = time.monotonic()
-                    self._pending[:0] = batch
+                    self._put_back(list(batch.values()))
                 raise
-            if not items:
+            if not batch:
                 return
         self._settle(ride.rest, self.mq.progress.replies(len(ride.rest), owners, ahead))
         self._carried(ride)
@@ -282,30 +299,51 @@ class Flusher:
         once the failed call got as far as completing the job."""
         if not ride.taken:
             return
+        if not any(isinstance(reply, Exception) for reply in ride.replies):
+            self.stats["sent"] += ride.count  # the usual batch: every job completed
+            return
         outcome = dict(zip(map(id, ride.jobs), ride.replies, strict=True))
-        again = []
-        for key, (job, progress, lines) in ride.taken.items():
-            reply, n = outcome.get(key), len(progress) + len(lines)
-            if isinstance(reply, GONE) and not isinstance(reply, JobCancelled):
-                self._refused(job, reply, n)
-            elif isinstance(reply, Exception) and not isinstance(reply, JobCancelled):
-                again += [(job, p, None) for p in progress] + [(job, None, ln) for ln in lines]
+        again, sent = [], 0
+        for key, item in ride.taken.items():
+            reply = outcome.get(key)
+            if not isinstance(reply, Exception) or isinstance(reply, JobCancelled):
+                sent += len(item[1]) + len(item[2])
+            elif isinstance(reply, GONE):
+                self._refused(item[0], reply, len(item[1]) + len(item[2]))
             else:
-                self.stats["sent"] += n
+                again.append(item)
+        self.stats["sent"] += sent
         if again:
             with self._work:
-                if not self._pending:
-                    self._since = time.monotonic()
-                self._pending[:0] = again
+                self._put_back(again)
+
+    def _put_back(self, items: list[tuple[Job, list, list]]) -> None:
+        """Hold ``items`` (``(job, progress values, lines)``) pending again
+        (the lock held), ahead of what was put meanwhile: each job's writes
+        stay in the order written."""
+        if not items:
+            return
+        if not self._count:
+            self._since = time.monotonic()
+        self._count += sum(len(progress) + len(lines) for _, progress, lines in items)
+        merged: dict[int, tuple[Job, list, list]] = {}
+        for job, progress, lines in (*items, *self._pending.values()):
+            entry = merged.get(id(job))
+            if entry is None:
+                merged[id(job)] = (job, list(progress), list(lines))
+            else:
+                entry[1].extend(progress)
+                entry[2].extend(lines)
+        self._pending = merged
 
     def _lost(self) -> None:
         """The run ends with Redis away: the writes still pending are lost,
         counted as dropped (``stopped``)."""
         with self._work:
-            batch, self._pending = self._pending, []
+            batch, self._pending, self._count = self._pending, {}, 0
         per: dict[str, int] = {}
-        for job, progress, line in batch:
-            per[job.queue] = per.get(job.queue, 0) + (progress is not None) + (line is not None)
+        for job, progress, lines in batch.values():
+            per[job.queue] = per.get(job.queue, 0) + len(progress) + len(lines)
         for queue, n in per.items():
             self._dropped(queue, "stopped", n)
         if batch:
@@ -330,18 +368,3 @@ class Flusher:
                 job.name,
                 error,
             )
-
-
-def gathered(batch: list[tuple[Job, str | None, str | None]]) -> list[tuple[Job, list, list]]:
-    """``batch``'s writes as one ``(job, progress values, lines)`` per job,
-    in the order of each job's first write, each list in the order written."""
-    per: dict[int, tuple[Job, list, list]] = {}
-    for job, progress, line in batch:
-        entry = per.get(id(job))
-        if entry is None:
-            entry = per[id(job)] = (job, [], [])
-        if progress is not None:
-            entry[1].append(progress)
-        if line is not None:
-            entry[2].append(line)
-    return list(per.values())

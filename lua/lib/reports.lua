@@ -26,7 +26,7 @@
 -- 100 values of at most 1,024 bytes)
 local PER_ENTRY = 100
 
-local function write_reports(events, queue, base, keep, a, first)
+local function write_reports(events, queue, base, keep, a, first, hold)
   local ids, values = {}, {}  -- the call's accepted progress values, and whose
   local held_by_entry, refusals = {}, {}
   local i = first
@@ -34,7 +34,11 @@ local function write_reports(events, queue, base, keep, a, first)
     local id, token = a[i], a[i + 1]
     local p, n = a[i + 2], a[i + 3]
     local row = base .. 'job:' .. id
-    local f = redis.call('HMGET', row, 'state', 'lease')
+    local f = hold and hold.read(id, row)
+    local held_row = f and true
+    if not f then
+      f = redis.call('HMGET', row, 'state', 'lease')
+    end
     local refused = lease_refused(queue, id, f[1], f[2], token)
     if refused then
       held_by_entry[#held_by_entry + 1] = -1
@@ -45,7 +49,11 @@ local function write_reports(events, queue, base, keep, a, first)
         values[#values + 1] = a[at]
       end
       if p > 0 then
-        redis.call('HSET', row, 'progress', a[i + 3 + p])
+        if held_row then
+          hold.progress[id] = a[i + 3 + p]
+        else
+          redis.call('HSET', row, 'progress', a[i + 3 + p])
+        end
       end
       local held = 0
       if n > 0 then

@@ -132,13 +132,17 @@ class Progress(Part):
         ``lua/complete.lua``: the lines kept, then ``write_reports``' entries
         for them; '' when none of them has any
         (docs/explanation/protocol.md#progress-and-log-lines)."""
-        flat: list = []
+        flat: list = [0]  # the lines kept, once there are entries
+        pop = carry.pop
         for job, _ in pairs:
-            entry = carry.pop(id(job), None)
+            entry = pop(id(job), None)
             if entry is not None:
                 _, progress, lines = entry
                 flat += (job.id, job.lease or "", len(progress), len(lines), *progress, *lines)
-        return flat_json([self.wire.setting(queue, "KEEP_LOGS"), *flat]) if flat else ""
+        if len(flat) == 1:
+            return ""
+        flat[0] = self.wire.setting(queue, "KEEP_LOGS")
+        return flat_json(flat)
 
     @staticmethod
     def replies(n: int, owners: list, replies: list) -> list[int | Exception]:
