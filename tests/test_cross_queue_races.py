@@ -1,0 +1,58 @@
+"""A cross-queue flow's add under races and re-adds, and the worker that runs
+it: on one server its steps are pipelined, each checking that its parent's
+step landed (docs/explanation/protocol.md#cross-queue-scripts-on-one-server);
+step by step elsewhere. Each test runs on both rigs and asserts what each must
+do."""
+
+from __future__ import annotations
+
+import pytest
+
+from echomq_django import EchoMQ, FlowConflict
+from tests.support.jobkit import assert_state, leaf, node, raw_row
+
+
+def taken_before_the_writes(mq: EchoMQ, monkeypatch, queue: str, job_id: str) -> None:
+    """After the add's read-only gates, another client takes ``job_id`` on
+    ``queue`` (as job ``other``)."""
+    run_many = mq.scripts.run_many_confirmed
+
+    def then_taken(calls, after=None):
+        out = run_many(calls, after)
+        if not mq.client.exists(mq.keys.job(queue, job_id)):
+            mq.enqueue(queue, "other", {}, job_id=job_id)
+        return out
+
+    monkeypatch.setattr(mq.scripts, "run_many_confirmed", then_taken)
+
+
+def test_a_refused_parent_lands_no_child_on_its_own_queue(mq, monkeypatch) -> None:
+    """p's step is refused: m, its child on p's own queue (a later step), and
+    x under m land nothing, not even pipelined (m would be a child of the
+    other job named p)."""
+    flow = node("p", [node("m", [leaf("x", queue="r")])], queue="q")
+    flow.children.append(leaf("y", queue="r"))
+    taken_before_the_writes(mq, monkeypatch, "q", "p")
+    with pytest.raises(FlowConflict, match="^q p exists as job other"):
+        mq.add_flow(flow)
+    monkeypatch.undo()
+    assert raw_row(mq, "q", "p")["name"] == "other"
+    assert (raw_row(mq, "q", "m"), raw_row(mq, "r", "x"), raw_row(mq, "r", "y")) == ({}, {}, {})
+    assert mq.counts("q")["pending"] == 1  # the other job only
+
+
+def test_a_refused_parent_lands_none_of_its_chunks(redis_client, monkeypatch) -> None:
+    """A wide group cut in chunks (each a step of its own) under a refused
+    parent: no chunk lands."""
+    mq = EchoMQ(redis_client, prefix="emq", flow_chunk=2)
+    flow = node("p", [leaf(f"k{i}") for i in range(5)] + [leaf("z", queue="o")])
+    taken_before_the_writes(mq, monkeypatch, "q", "p")
+    with pytest.raises(FlowConflict):
+        mq.add_flow(flow)
+    monkeypatch.undo()
+    assert [raw_row(mq, "q", f"k{i}") for i in range(5)] == [{}] * 5
+    assert raw_row(mq, "o", "z") == {}
+    mq.remove("q", "p")
+    ref = mq.add_flow(flow)
+    assert (ref.landed, ref.skipped) == (7, 0)
+    assert_state(mq, "q", "p", "awaiting_children")
