@@ -7,9 +7,14 @@ do."""
 from __future__ import annotations
 
 import pytest
+from redis.cluster import RedisCluster
 
 from echomq_django import EchoMQ, FlowConflict
-from tests.support.jobkit import assert_state, leaf, node, raw_row
+from tests.support.jobkit import assert_state, complete, jref, leaf, node, raw_row
+
+
+def on_one_server(mq: EchoMQ) -> bool:
+    return not isinstance(mq.client, RedisCluster)
 
 
 def taken_before_the_writes(mq: EchoMQ, monkeypatch, queue: str, job_id: str) -> None:
@@ -56,3 +61,12 @@ def test_a_refused_parent_lands_none_of_its_chunks(redis_client, monkeypatch) ->
     ref = mq.add_flow(flow)
     assert (ref.landed, ref.skipped) == (7, 0)
     assert_state(mq, "q", "p", "awaiting_children")
+
+
+def test_turning_the_setting_on_has_no_effect_on_a_cluster(mq) -> None:
+    """As ``cross_queue_scripts=True`` given to the constructor: on a Cluster
+    a script reaching another slot's keys would be refused."""
+    mq.cross_queue_scripts = True
+    assert mq.cross_queue_scripts is on_one_server(mq)
+    mq.add_flow(node("p", [leaf("a", queue="o")]))
+    assert complete(mq, "a", 1, queue="o").released == ([jref("p")] if on_one_server(mq) else [])

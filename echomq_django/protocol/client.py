@@ -116,7 +116,8 @@ class EchoMQ(Reads):
 
     @cross_queue_scripts.setter
     def cross_queue_scripts(self, value: bool) -> None:
-        self.wire.cross_queue_scripts = bool(value)
+        # no effect on a Cluster: a script there reaches its own slot's keys only
+        self.wire.cross_queue_scripts = bool(value) and not isinstance(self.client, RedisCluster)
 
     @property
     def clock(self):
