@@ -10,7 +10,8 @@ import pytest
 from redis.cluster import RedisCluster
 
 from echomq_django import EchoMQ, FlowConflict
-from tests.support.jobkit import assert_state, complete, jref, leaf, node, raw_row
+from echomq_django.runners.reporter import Finished, Reporter
+from tests.support.jobkit import assert_state, claim_one, complete, jref, leaf, node, raw_row
 
 
 def on_one_server(mq: EchoMQ) -> bool:
@@ -70,3 +71,21 @@ def test_turning_the_setting_on_has_no_effect_on_a_cluster(mq) -> None:
     assert mq.cross_queue_scripts is on_one_server(mq)
     mq.add_flow(node("p", [leaf("a", queue="o")]))
     assert complete(mq, "a", 1, queue="o").released == ([jref("p")] if on_one_server(mq) else [])
+
+
+def test_a_parent_claimed_with_its_child_s_completion_starts_when_it_finished(redis_client):
+    """The claim riding the last child's completion reads the clock once with
+    it: the parent's start is not before the child's finish (a clock read
+    per call put it 1 ms earlier)."""
+    ticks = iter(range(1_000, 2_000))
+    mq = EchoMQ(redis_client, prefix="emq", clock=lambda: next(ticks))
+    mq.add_flow(node("p", [leaf("a", queue="o")]))
+    taken = []
+    reporter = Reporter(mq, None, lambda *j: None, lambda q: None, lambda: None,
+                        fetch=lambda q: (1, 5000, "t1"),
+                        taken=lambda *got: taken.append(got))  # fmt: skip
+    reporter.report([Finished(claim_one(mq, "o", "a"), 1)])
+    [(_, _, [parent])] = taken  # on a Cluster the claim rides the outbox's delivery
+    child, row = raw_row(mq, "o", "a"), raw_row(mq, "q", "p")
+    assert (parent.id, row["state"]) == ("p", "active")
+    assert int(row["started_at"]) >= int(child["finished_at"])
