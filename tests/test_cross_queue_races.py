@@ -89,3 +89,27 @@ def test_a_parent_claimed_with_its_child_s_completion_starts_when_it_finished(re
     child, row = raw_row(mq, "o", "a"), raw_row(mq, "q", "p")
     assert (parent.id, row["state"]) == ("p", "active")
     assert int(row["started_at"]) >= int(child["finished_at"])
+
+
+def test_a_half_landed_add_over_a_children_list_of_full_keys_completes(mq) -> None:
+    """The parent's :children was written before, as full keys: a same-queue
+    child of a later step (m) and its cross-queue child (x), never landed,
+    land when the flow is added again (m is found in the list in that form)."""
+    flow = node("root", [node("m", [leaf("x", queue="c")], queue="p"), leaf("k", queue="c")])
+    flow.queue = "p"
+    mq.add_flow(flow)
+    kids = mq.keys.job_part("p", "root", "children")
+    full = [mq.keys.job("p", "m"), mq.keys.job("c", "k")]
+    mq.client.delete(kids)
+    mq.client.rpush(kids, *full)  # as written before
+    m, x = mq.keys.job("p", "m"), mq.keys.job("c", "x")
+    mq.client.delete(m, f"{m}:children", f"{m}:dependencies", x)
+    mq.client.zrem(mq.keys.queue_key("p", "awaiting"), "m")
+    mq.client.lrem(mq.keys.queue_key("c", "pending"), 0, "x")
+    ref = mq.add_flow(flow)
+    assert (ref.landed, ref.skipped) == (2, 2)
+    assert [e.decode() for e in mq.client.lrange(kids, 0, -1)] == full  # left as it was
+    assert raw_row(mq, "c", "x")["pi"] == raw_row(mq, "p", "m")["inc"]
+    assert raw_row(mq, "c", "k")["pi"] == raw_row(mq, "p", "root")["inc"]
+    assert_state(mq, "p", "m", "awaiting_children")
+    assert_state(mq, "c", "x", "pending")
