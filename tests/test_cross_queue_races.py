@@ -6,12 +6,15 @@ do."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 from redis.cluster import RedisCluster
 
-from echomq_django import EchoMQ, FlowConflict
+from echomq_django import EchoMQ, Flow, FlowConflict
 from echomq_django.runners.reporter import Finished, Reporter
 from tests.support.jobkit import assert_state, claim_one, complete, jref, leaf, node, raw_row
+from tests.support.workerkit import burst
 
 
 def on_one_server(mq: EchoMQ) -> bool:
@@ -113,3 +116,73 @@ def test_a_half_landed_add_over_a_children_list_of_full_keys_completes(mq) -> No
     assert raw_row(mq, "c", "k")["pi"] == raw_row(mq, "p", "root")["inc"]
     assert_state(mq, "p", "m", "awaiting_children")
     assert_state(mq, "c", "x", "pending")
+
+
+def three_queues(i: int = 0) -> Flow:
+    """R on q; M on o under it, with three leaves on r and one on q under
+    M; S on r under R. R's result is 3 * 1 + 10 + 100."""
+    leaves = [Flow("r", "t.echo", 1, job_id=f"L{i}-{j}") for j in range(3)]
+    mid = Flow(
+        "o",
+        "t.sum_children",
+        job_id=f"M{i}",
+        children=[*leaves, Flow("q", "t.echo", 10, job_id=f"Q{i}")],
+    )
+    return Flow(
+        "q",
+        "t.sum_children",
+        job_id=f"R{i}",
+        children=[mid, Flow("r", "t.echo", 100, job_id=f"S{i}")],
+    )
+
+
+def test_the_same_flow_added_from_several_threads_lands_once(mq) -> None:
+    """Six clients add the same flow (ids given) at once: each node lands
+    once, every child carries the incarnation its parent's row holds, and
+    the flow runs to its end once."""
+    barrier, refs, errors = threading.Barrier(6), [], []
+
+    def add() -> None:
+        other = EchoMQ(mq.client, prefix="emq")
+        barrier.wait()
+        try:
+            refs.append(other.add_flow(three_queues()))
+        except Exception as err:  # collected: the assertion below names it
+            errors.append(err)
+
+    threads = [threading.Thread(target=add) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert sum(r.landed for r in refs) == 7 and sum(r.skipped for r in refs) == 6 * 7 - 7
+    for queue, job_id, pq, parent in LINKS:
+        assert raw_row(mq, queue, job_id)["pi"] == raw_row(mq, pq, parent)["inc"]
+    assert mq.dependency_counts("o", "M0")["remaining"] == 4
+    worker, processed = burst(mq, ["q", "o", "r"], concurrency=4)
+    assert (processed, mq.get_job("q", "R0").result, worker.loop.fetching) == (7, 113, 0)
+
+
+LINKS = [("o", "M0", "q", "R0"), ("r", "S0", "q", "R0"), ("q", "Q0", "o", "M0")] + [
+    ("r", f"L0-{j}", "o", "M0") for j in range(3)
+]
+
+
+@pytest.mark.parametrize(("pool", "concurrency"), [("thread", 1), ("thread", 4), ("process", 2)])
+def test_a_worker_runs_each_flow_once_and_each_parent_after_its_children(mq, pool, concurrency):
+    """Serving the three queues: every job runs once, a parent starts no
+    earlier than its last child finished, no outbox entry is left and no
+    slot stays held for a claim."""
+    mq.add_flows([three_queues(i) for i in range(6)])
+    worker, processed = burst(mq, ["q", "o", "r"], concurrency=concurrency, pool=pool)
+    assert (processed, worker.loop.fetching) == (6 * 7, 0)
+    for i in range(6):
+        root, mid = raw_row(mq, "q", f"R{i}"), raw_row(mq, "o", f"M{i}")
+        leaves = [raw_row(mq, "r", f"L{i}-{j}") for j in range(3)] + [raw_row(mq, "q", f"Q{i}")]
+        assert (root["result"], root["attempts"], mid["attempts"]) == ("113", "1", "1")
+        assert int(mid["started_at"]) >= max(int(k["finished_at"]) for k in leaves)
+        last = max(int(mid["finished_at"]), int(raw_row(mq, "r", f"S{i}")["finished_at"]))
+        assert int(root["started_at"]) >= last
+    assert [mq.counts(q)["completed"] for q in "qor"] == [12, 6, 24]
+    assert [mq.counts(q)["outbox"] for q in "qor"] == [0, 0, 0]
