@@ -186,3 +186,24 @@ def test_a_worker_runs_each_flow_once_and_each_parent_after_its_children(mq, poo
         assert int(root["started_at"]) >= last
     assert [mq.counts(q)["completed"] for q in "qor"] == [12, 6, 24]
     assert [mq.counts(q)["outbox"] for q in "qor"] == [0, 0, 0]
+
+
+def test_a_wide_flow_cut_in_chunks_links_every_chunk_to_its_parent(redis_client) -> None:
+    """Chunks of two nodes: each chunk's children carry the incarnation of
+    the parent they are under, and the flow added again lands nothing."""
+    mq = EchoMQ(redis_client, prefix="emq", flow_chunk=2)
+    mids = [
+        node(f"m{j}", [leaf(f"m{j}-{i}", queue="o") for i in range(3)], queue="m") for j in range(3)
+    ]
+    flow = node("p", [leaf(f"k{i}", queue="o" if i % 2 else "r") for i in range(5)] + mids)
+    assert mq.add_flow(flow).landed == 1 + 5 + 3 + 9
+    inc = raw_row(mq, "q", "p")["inc"]
+    assert {raw_row(mq, "o" if i % 2 else "r", f"k{i}")["pi"] for i in range(5)} == {inc}
+    for j in range(3):
+        assert raw_row(mq, "m", f"m{j}")["pi"] == inc
+        m_inc = raw_row(mq, "m", f"m{j}")["inc"]
+        assert {raw_row(mq, "o", f"m{j}-{i}")["pi"] for i in range(3)} == {m_inc}
+        assert mq.dependency_counts("m", f"m{j}")["remaining"] == 3
+    assert mq.dependency_counts("q", "p")["remaining"] == 8
+    again = mq.add_flow(flow)
+    assert (again.landed, again.skipped) == (0, 18)
