@@ -80,8 +80,10 @@
           sent; and a group whose parent is not landed by this call (on
           another queue, or on this one in an earlier step) lands only if
           the parent's :children lists its first node (the parent's step,
-          pipelined ahead of this one, may have been refused); '0' (a
-          Cluster, or steps sent one after another): as sent
+          pipelined ahead of this one, may have been refused); a
+          completed child met again resolves a parent on another queue in
+          the call, as complete does (docs/explanation/protocol.md#fan-in-on-one-server);
+          '0' (a Cluster, or steps sent one after another): as sent
 
   returns: {landed, skipped, outbox} counts (outbox: entries pushed for
            parents on other slots by announcing children), then the
@@ -103,6 +105,7 @@ local QUEUE = ARGV[1]
 local queue, base, now, mode = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local a = cjson.decode(ARGV[5])
 local across = ARGV[6] == '1' and mode == 'write'
+ONE_SERVER = across  -- a finished child met again resolves its parent here (lib/flow.lua)
 
 -- (ARGV[6] '1') the row of a parent on another queue: P:{pq}:job:<id>
 local function parent_row(pq, parent)

@@ -13,7 +13,16 @@ from redis.cluster import RedisCluster
 
 from echomq_django import EchoMQ, Flow, FlowConflict
 from echomq_django.runners.reporter import Finished, Reporter
-from tests.support.jobkit import assert_state, claim_one, complete, jref, leaf, node, raw_row
+from tests.support.jobkit import (
+    assert_state,
+    claim_one,
+    complete,
+    jref,
+    leaf,
+    node,
+    raw_row,
+    sweep,
+)
 from tests.support.workerkit import burst
 
 
@@ -207,3 +216,23 @@ def test_a_wide_flow_cut_in_chunks_links_every_chunk_to_its_parent(redis_client)
     assert mq.dependency_counts("q", "p")["remaining"] == 8
     again = mq.add_flow(flow)
     assert (again.landed, again.skipped) == (0, 18)
+
+
+def test_a_finished_child_met_again_resolves_its_parent_here_on_one_server(mq) -> None:
+    """The flow added again while it runs: a's completion, announced again,
+    is a no-op the parent guards; on one server it is resolved in the add
+    (no outbox entry), so b's completion, later, still releases p at once."""
+    flow = node("p", [leaf("a", queue="o"), leaf("b", queue="o")])
+    mq.add_flow(flow)
+    complete(mq, "a", 1, queue="o")
+    # a Cluster: a's entry and its announce again, both on o's outbox
+    assert (mq.add_flow(flow).landed, mq.counts("o")["outbox"]) == (
+        0,
+        0 if on_one_server(mq) else 2,
+    )
+    last = complete(mq, "b", 2, queue="o")
+    assert last.released == ([jref("p")] if on_one_server(mq) else [])
+    if not on_one_server(mq):
+        sweep(mq, "o")
+    assert mq.children_values("q", "p") == {jref("a", "o"): 1, jref("b", "o"): 2}
+    assert_state(mq, "q", "p", "pending")
