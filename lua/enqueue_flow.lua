@@ -76,9 +76,14 @@
   ARGV[6] '1': one server holds every queue
           (docs/explanation/protocol.md#cross-queue-scripts-on-one-server):
           a child on another queue than its parent takes the parent's
-          incarnation from the parent's row, which must exist (its step
-          pipelined ahead of this one may have been refused), instead of
-          the parent inc sent; '0' (a Cluster): as sent
+          incarnation from the parent's row, instead of the parent inc
+          sent; and a group whose parent is not landed by this call (on
+          another queue, or on this one in an earlier step) lands only if
+          the parent's :children lists its first node (the parent's step,
+          pipelined ahead of this one, may have been refused); a
+          completed child met again resolves a parent on another queue in
+          the call, as complete does (docs/explanation/protocol.md#fan-in-on-one-server);
+          '0' (a Cluster, or steps sent one after another): as sent
 
   returns: {landed, skipped, outbox} counts (outbox: entries pushed for
            parents on other slots by announcing children), then the
@@ -90,8 +95,9 @@
            or a dependency is already waited for by another job;
            nothing is written
            EMQNOJOB <queue> <id>   a dependency does not exist (in 'check'
-           mode, or before its parent landed), or (ARGV[6] '1') a parent on
-           another queue has no row; nothing is written
+           mode, or before its parent landed), or (ARGV[6] '1') a parent
+           not landed by this call does not list its child; nothing is
+           written
 ]]
 local awaiting = KEYS[2]
 local QUEUE = ARGV[1]
@@ -99,6 +105,7 @@ local QUEUE = ARGV[1]
 local queue, base, now, mode = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local a = cjson.decode(ARGV[5])
 local across = ARGV[6] == '1' and mode == 'write'
+ONE_SERVER = across  -- a finished child met again resolves its parent here (lib/flow.lua)
 
 -- (ARGV[6] '1') the row of a parent on another queue: P:{pq}:job:<id>
 local function parent_row(pq, parent)
@@ -107,10 +114,11 @@ end
 
 -- (ARGV[6] '1') whether the parent's step landed (or met it again): its
 -- :children lists `id` (a group's first node: one LPOS a group), in the
--- short form or, in a list written before, as the full key
+-- short form (the bare id when the parent is on this queue) or, in a list
+-- written before, as the full key
 local function listed(pq, parent, id)
   local kids = parent_row(pq, parent) .. ':children'
-  return redis.call('LPOS', kids, queue .. ':' .. id)
+  return redis.call('LPOS', kids, pq == queue and id or queue .. ':' .. id)
     or redis.call('LPOS', kids, base .. 'job:' .. id)
 end
 
@@ -149,19 +157,26 @@ local deduped, found = {}, {}  -- leaves whose dedup key is held by a live job
 local kept = {}  -- parents met again: id, their own incarnation
 local gone = {}  -- dependencies removed since the host checked them: id -> true
 local total, skipped = 0, 0
+local here = {}  -- (ARGV[6] '1') the parents this call lands: id -> true
 local i = 1
 while i <= #a do
   local name, parent, pq, gate, count = a[i], a[i + 1], a[i + 2], a[i + 6], tonumber(a[i + 7])
   local opts = (a[i + 8] ~= '') and cjson.decode(a[i + 8]) or nil
   local inc = a[i + 9]
   i = i + 11
-  if across and parent ~= '' and pq ~= queue and not listed(pq, parent, a[i]) then
+  -- a parent in an earlier step, on this queue (a later depth, a chunk) or
+  -- on another: that step may have been refused
+  if across and parent ~= '' and (pq ~= queue or not here[parent])
+      and not listed(pq, parent, a[i]) then
     return redis.error_reply('EMQNOJOB ' .. pq .. ' ' .. parent)
   end
   -- a fresh group (ids the host generated, no options) has nothing to gate
   -- (no existing row, dedup key or dependency to look up): only stepped over
   local fresh = gate ~= '1' and not opts
   for _ = 1, fresh and count or 0 do
+    if across and a[i + 2] ~= '0' then
+      here[a[i]] = true
+    end
     i = i + 3 + tonumber(a[i + 2])
   end
   if fresh then
@@ -210,6 +225,9 @@ while i <= #a do
         kept[#kept + 1] = id
         kept[#kept + 1] = f[5] or ''
       end
+    end
+    if across and nrefs > 0 then
+      here[id] = true
     end
     total = total + 1
     i = i + 3 + nrefs

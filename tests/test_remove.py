@@ -132,8 +132,9 @@ def test_attaching_a_completed_parentless_job_counts_it_at_once(tmq) -> None:
     complete(tmq, "x", 8, queue="other")
     landed = tmq.add_flow(node("p", [leaf("a"), leaf("x", queue="other"), leaf("b")]))
     assert (landed.landed, landed.skipped) == (2, 2)
-    assert tmq.children_values("q", "p") == {jref("a"): 7}
-    Pump(["other"], mq=tmq).sweep()  # x's stored result reaches p through the outbox
+    if not tmq.cross_queue_scripts:  # a Cluster: x's stored result reaches p through the outbox
+        assert tmq.children_values("q", "p") == {jref("a"): 7}
+        Pump(["other"], mq=tmq).sweep()
     assert tmq.children_values("q", "p") == {jref("a"): 7, jref("x", "other"): 8}
     assert tmq.get_job("q", "a").parent == "p" and tmq.get_job("other", "x").parent_queue == "q"
     complete(tmq, "b", 9)

@@ -116,7 +116,8 @@ class EchoMQ(Reads):
 
     @cross_queue_scripts.setter
     def cross_queue_scripts(self, value: bool) -> None:
-        self.wire.cross_queue_scripts = bool(value)
+        # no effect on a Cluster: a script there reaches its own slot's keys only
+        self.wire.cross_queue_scripts = bool(value) and not isinstance(self.client, RedisCluster)
 
     @property
     def clock(self):
@@ -314,22 +315,22 @@ class EchoMQ(Reads):
         ahead: list | None = None,
         carry: dict | None = None,
     ) -> tuple[list[Outcome | Exception], Claimed | Exception]:
-        """``complete_many(items, ahead, carry)``, then ``claim(queue, count,
-        lease_ms, token)`` in the same round trip: a parent they released on
-        ``queue`` is claimed at once
-        (docs/explanation/no-polling.md#a-released-parent-starts-at-once).
+        """``complete_many(items, ahead, carry)``, then ``claim(queue, count, lease_ms,
+        token)`` in the same round trip, at one time: a parent they released on ``queue``
+        is claimed at once (docs/explanation/no-polling.md#a-released-parent-starts-at-once).
         Returns the replies and the ``Claimed`` (or the claim's exception).
         Raises as ``claim`` does, and ``RedisUnavailable`` (the same
         ``token`` replays the claim)."""
         call, now, lease = self.wire.claim_call(queue, count, lease_ms, token)
-        out, got = self._complete_many(items, ahead, call, carry)
+        out, got = self._complete_many(items, ahead, call, carry, now)
         return out, got if isinstance(got, Exception) else self.wire.claimed(
             queue, got, now, lease, self
         )
 
-    def _complete_many(self, items: list, ahead, then, carry=None) -> tuple[list, Any]:
-        """``complete_many``, ``ahead`` before it and ``then`` (a script
-        call, or None) after it, in one round trip."""
+    def _complete_many(self, items: list, ahead, then, carry=None, now=None) -> tuple[list, Any]:
+        """``complete_many``, ``ahead`` before it and ``then`` (a script call, or None) after
+        it, in one round trip, at ``now`` (ms; None: the clock's; ``then``'s own: a parent it
+        claims starts no earlier than the child that released it finished)."""
         out: list[Outcome | Exception | None] = [None] * len(items)
         by_queue: dict[str, list] = {}
         for i, (job, result) in enumerate(items):
@@ -345,7 +346,7 @@ class EchoMQ(Reads):
                 part = group[at : at + COMPLETE_BATCH]
                 pairs = [(job, text) for _, job, text in part]
                 writes = self.progress.carried(queue, pairs, carry) if carry else ""
-                calls.append(self.wire.complete_call(queue, pairs, writes))
+                calls.append(self.wire.complete_call(queue, pairs, writes, now))
                 slots.append([i for i, _, _ in part])
         if then is not None:
             calls.append(then)

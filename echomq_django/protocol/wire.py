@@ -125,14 +125,16 @@ class Wire:
         args = [k.base, count, now, lease, token, *limits, queue, group_cap, self.group_rate(queue)]
         return ("claim", [k.pending, k.active, k.lease_seq], args), now, lease
 
-    def complete_call(self, queue: str, pairs: list, writes: str = ""):
+    def complete_call(self, queue: str, pairs: list, writes: str = "", now: int | None = None):
         """One ``complete`` script call for ``(job, result JSON)`` pairs of
         ``queue``; ``writes``: their pending progress and log writes
-        (``Progress.carried``, ARGV[5] of lua/complete.lua), '' for none.
+        (``Progress.carried``, ARGV[5] of lua/complete.lua), '' for none;
+        ``now``: the time (ms) they finished at, None: the clock's.
         ARGV[4] says whether a cross-queue parent is resolved in the call
         (``cross_queue_scripts``, docs/explanation/protocol.md#fan-in-on-one-server)."""
         k = self.keys.queue(queue)
-        args: list = [queue, k.base, self.clock(), "1" if self.cross_queue_scripts else "0", writes]
+        now = self.clock() if now is None else now
+        args: list = [queue, k.base, now, "1" if self.cross_queue_scripts else "0", writes]
         for job, text in pairs:
             args += (job.id, job.lease or "", text)
         return ("complete", [k.active, k.completed], args)
