@@ -71,7 +71,7 @@ local replies = {}
 for i = 6, #ARGV, 3 do
   local id, token, result = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local row = base .. 'job:' .. id
-  local f = row_hmget(row, 'state', 'lease', 'parent', F_PQUEUE, 'dedup', 'keep',
+  local f = row_hmget(row, F_STATE, 'lease', F_PARENT, F_PQUEUE, 'dedup', 'keep',
     'cancel', F_PINC, 'orphaned', 'callbacks', 'group')
   if not f[1] then
     -- a replay of the call that completed a removed flow's job (drop_orphan)
@@ -106,7 +106,7 @@ for i = 6, #ARGV, 3 do
       free_dedup(base, f[5], id)
       drop_orphan(base, id, row, token, 'c' .. redis.sha1hex(result))
     else
-      redis.call('HSET', row, 'state', 'completed', 'result', result, 'finished_at', ARGV[3])
+      redis.call('HSET', row, F_STATE, 'completed', 'result', result, 'finished_at', ARGV[3])
       redis.call('ZADD', completed, now, id)
       if f[6] then  -- its own keep (ms): retention's expire list (lib/lifecycle.lua)
         redis.call('ZADD', base .. 'expire', now + tonumber(f[6]), id)

@@ -112,7 +112,7 @@ end
 local function live_holder(key, id)
   local live = redis.call('GET', base .. 'dedup:' .. key)
   if live and live ~= id then
-    local st = redis.call('HGET', base .. 'job:' .. live, 'state')
+    local st = row_hmget(base .. 'job:' .. live, F_STATE)[1]
     if st and st ~= 'completed' and st ~= 'dead' then
       return live
     end
@@ -148,7 +148,7 @@ while i <= #a do
     local row = base .. 'job:' .. id
     local live = opts and opts.k and live_holder(opts.k, id)
     if opts and opts.dep then
-      local f = row_hmget(row, 'state', 'parent', F_PQUEUE)
+      local f = row_hmget(row, F_STATE, F_PARENT, F_PQUEUE)
       if not f[1] then
         local landed = pq ~= queue or redis.call('EXISTS', base .. 'job:' .. parent) == 1
         if mode ~= 'write' or not landed then
@@ -166,7 +166,7 @@ while i <= #a do
       found[#found + 1] = id
       found[#found + 1] = live
     elseif gate == '1' and redis.call('EXISTS', row) == 1 then
-      local f = row_hmget(row, 'name', 'parent', F_PQUEUE, 'state', 'inc')
+      local f = row_hmget(row, F_NAME, F_PARENT, F_PQUEUE, F_STATE, 'inc')
       local fpq = f[3] or queue
       if parent ~= '' and not f[2] and f[1] == name and f[4] == 'completed' then
         adopt[id] = true
@@ -204,7 +204,7 @@ end
 -- a finished child met again tells its parent how it ended (guarded there)
 local function announce(id, parent, pq)
   local row = base .. 'job:' .. id
-  local f = row_hmget(row, 'state', 'result', F_PINC)
+  local f = row_hmget(row, F_STATE, 'result', F_PINC)
   if f[1] == 'completed' then
     resolve_done(base, id, f[2], tonumber(now), parent, pq ~= queue and pq or nil, f[3])
   elseif f[1] == 'dead' then
@@ -216,7 +216,7 @@ end
 -- row stores the parent queue only when it differs, the policy only when it
 -- is not 'fp', the parent's incarnation only when known: compact rows).
 local function parent_fields(t, parent, pq, policy, pinc)
-  t[#t + 1] = 'parent'
+  t[#t + 1] = F_PARENT
   t[#t + 1] = parent
   if pq ~= queue then
     t[#t + 1] = F_PQUEUE
@@ -280,7 +280,7 @@ while i <= #a do
   -- and payload set per leaf), pending, announced as the general path
   -- below does (a cross-queue leaf in a run, a root by its own event, a
   -- same-queue leaf by its parent's)
-  local leaf = fresh and {'HSET', false, 'name', name, 'payload', false, 'state', 'pending',
+  local leaf = fresh and {'HSET', false, F_NAME, name, F_DATA, false, F_STATE, 'pending',
     F_CREATED, now, unpack(shared)}
   local in_run = parent ~= '' and pq ~= queue
   local jobs, call = base .. 'job:', redis.call
@@ -348,7 +348,7 @@ while i <= #a do
         if nrefs == 0 and delay > 0 then
           state = 'delayed'
         end
-        redis.call('HSET', row, 'name', name, 'payload', payload, 'state', state,
+        redis.call('HSET', row, F_NAME, name, F_DATA, payload, F_STATE, state,
           F_CREATED, now, unpack(shared))
         if opts.k then
           if opts.kt then

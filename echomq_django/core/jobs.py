@@ -118,8 +118,13 @@ def row_error(r: dict) -> str | None:
 # The short names of a row's most common fields, spelled once here as
 # lua/lib/row.lua spells them for the scripts, and the long names rows of an
 # earlier version hold (docs/explanation/protocol.md#the-job-row).
-CREATED, PARENT_QUEUE, POLICY, PARENT_INC = "ca", "pq", "pp", "pi"
+NAME, PAYLOAD, STATE, CREATED, PARENT = "n", "d", "s", "ca", "p"
+PARENT_QUEUE, POLICY, PARENT_INC = "pq", "pp", "pi"
 LONG_NAMES = {
+    NAME: "name",
+    PAYLOAD: "payload",
+    STATE: "state",
+    PARENT: "parent",
     CREATED: "created_at",
     PARENT_QUEUE: "parent_queue",
     POLICY: "parent_policy",
@@ -144,6 +149,15 @@ def pick_fields(names: tuple[str, ...], values: list) -> list:
                 out[i] = values[extra]
             extra += 1
     return out
+
+
+def row_state(values: list) -> Any:
+    """The raw state (or None: no such row) in the reply of
+    ``HMGET <row> *STATE_FIELDS``, a row of either version."""
+    return values[0] if values[0] is not None else values[1]
+
+
+STATE_FIELDS = row_fields((STATE,))  # the state of a row of either version, one HMGET
 
 
 def row_get(r: dict, name: str) -> Any:
@@ -309,7 +323,7 @@ class Job(Reporting):
         parent, parent_queue, policy, max_attempts, backoff_ms = _compact(
             queue,
             mq,
-            r.get("parent"),
+            row_get(r, PARENT),
             row_get(r, PARENT_QUEUE),
             row_get(r, POLICY),
             r.get("max_attempts"),
@@ -318,9 +332,9 @@ class Job(Reporting):
         return cls(
             id=job_id,
             queue=queue,
-            name=to_text(r.get("name")) or "",
-            payload=_json(r.get("payload")),
-            state=state or JobState(to_text(r.get("state"))),
+            name=to_text(row_get(r, NAME)) or "",
+            payload=_json(row_get(r, PAYLOAD)),
+            state=state or JobState(to_text(row_get(r, STATE))),
             attempts=_int(r.get("attempts")) or 0,
             max_attempts=max_attempts,
             backoff_ms=backoff_ms,

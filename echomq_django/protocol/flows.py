@@ -18,7 +18,19 @@ import json
 from ..core import flows as _flows
 from ..core.exceptions import DependencyError, FlowConflict, JobNotActive, JobNotFound
 from ..core.flows import Flow, FlowRef
-from ..core.jobs import PARENT_QUEUE, Job, JobState, pick_fields, row_fields, to_json, to_text
+from ..core.jobs import (
+    PARENT,
+    PARENT_QUEUE,
+    STATE,
+    STATE_FIELDS,
+    Job,
+    JobState,
+    pick_fields,
+    row_fields,
+    row_state,
+    to_json,
+    to_text,
+)
 from ..core.landing import DEP_OPTS as DEP
 from ..core.landing import Plan, steps
 from ..core.live import MAX_ADDED_CHILDREN, step_prefix
@@ -26,7 +38,7 @@ from ..core.refs import JobRef
 from ..tracing.spans import adding
 from .wire import Part, Wire
 
-_LINK = ("state", "parent", PARENT_QUEUE)  # a dependency's row, read before the add
+_LINK = (STATE, PARENT, PARENT_QUEUE)  # a dependency's row, read before the add
 
 
 class Flows(Part):
@@ -340,9 +352,9 @@ class Flows(Part):
             rows = [self.keys.job(cq, cid) for _, cid in items]
             pipe = self.client.pipeline(transaction=False)
             for row in rows:
-                pipe.hget(row, "state")
+                pipe.hmget(row, *STATE_FIELDS)
             for (ref, _), st in zip(items, pipe.execute(), strict=True):
-                states[ref] = st.decode() if isinstance(st, bytes) else st
+                states[ref] = to_text(row_state(st))
         waiting = [ref for ref, st in states.items() if st in ("pending", "delayed")]
         removed, outcome = self._remove_dependencies(queue, parent_id, waiting, False)
         k, calls, queues = self.keys, [], []

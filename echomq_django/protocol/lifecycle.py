@@ -33,7 +33,17 @@ from ..core.exceptions import (
     JobNotRemovable,
     JobNotRetryable,
 )
-from ..core.jobs import PARENT_INC, PARENT_QUEUE, POLICY, JobState, Outcome, pick_fields, row_fields
+from ..core.jobs import (
+    PARENT,
+    PARENT_INC,
+    PARENT_QUEUE,
+    POLICY,
+    STATE,
+    JobState,
+    Outcome,
+    pick_fields,
+    row_fields,
+)
 from ..core.retention import Keep, retention
 from .errors import reports_redis_down
 from .outbox import Outbox
@@ -208,7 +218,7 @@ class Lifecycle(Part):
         to be gone, or None when nothing was re-counted. Raises
         ``JobNotRetryable`` (the parent went on; nothing written)."""
         k = self.keys
-        names = ("state", "parent", PARENT_QUEUE, POLICY, PARENT_INC)
+        names = (STATE, PARENT, PARENT_QUEUE, POLICY, PARENT_INC)
         f = pick_fields(names, self.client.hmget(k.job(queue, job_id), *row_fields(names)))
         state, pid, pq, policy, inc = (v.decode() if isinstance(v, bytes) else v for v in f)
         if state != "dead" or policy != "id" or not pq or pq == queue:

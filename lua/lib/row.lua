@@ -6,32 +6,38 @@
   until a script calls row_hmget.
 
   Why short: a row is a small hash, one listpack whose allocation is
-  rounded up to the allocator's size class (96, 112, 128, 160... bytes),
-  and a field's name is stored in every row. `created_at` is on every row
-  and the parent link on every flow node; their two-letter names took the
-  benchmark's leaf row from the 128-byte class to 112 and its cross-queue
-  leaf from 160 to 128 (docs/explanation/performance.md#memory-per-node).
+  rounded up to the allocator's size class (80, 96, 112, 128, 160...
+  bytes), and a field's name is stored in every row. The handler, payload,
+  state and time are on every row and the parent link on every flow node;
+  their one- and two-letter names took the benchmark's leaf row from the
+  128-byte class to 96 and its cross-queue leaf from 160 to 112
+  (docs/explanation/performance.md#memory-per-node).
 
   Rows written before the rename hold the long names: row_hmget reads
   both (the short one wins), so such jobs finish as they would have;
   every write uses the short name only.
 ]]
 
-local F_CREATED = 'ca'   -- when the job was written (ms): was created_at
-local F_PQUEUE = 'pq'    -- a cross-queue child's parent queue: was parent_queue
-local F_POLICY = 'pp'    -- a child's policy when not 'fp': was parent_policy
-local F_PINC = 'pi'      -- a child's parent's incarnation: was parent_inc
-local LONG_NAME = {[F_CREATED] = 'created_at', [F_PQUEUE] = 'parent_queue',
+local F_NAME = 'n'      -- the handler: was name
+local F_DATA = 'd'      -- the payload (JSON): was payload
+local F_STATE = 's'     -- the job's state: was state
+local F_CREATED = 'ca'  -- when the job was written (ms): was created_at
+local F_PARENT = 'p'    -- a child's parent id: was parent
+local F_PQUEUE = 'pq'   -- a cross-queue child's parent queue: was parent_queue
+local F_POLICY = 'pp'   -- a child's policy when not 'fp': was parent_policy
+local F_PINC = 'pi'     -- a child's parent's incarnation: was parent_inc
+local LONG_NAME = {[F_NAME] = 'name', [F_DATA] = 'payload', [F_STATE] = 'state',
+  [F_CREATED] = 'created_at', [F_PARENT] = 'parent', [F_PQUEUE] = 'parent_queue',
   [F_POLICY] = 'parent_policy', [F_PINC] = 'parent_inc'}
 
 -- HMGET of `key`'s fields ... (names as written now), in order. A row
--- written by an earlier version (the only rows with `created_at`) is read
--- again by both names, the short one winning (this version may have
--- written one into it since: a re-added child's `pi`); a row of this
--- version costs one HMGET with one more field, on the hot path of claim
--- and complete.
+-- written by an earlier version (the only rows with a `name`: every
+-- version before wrote it on every row) is read again by both names, the
+-- short one winning (this version may have written one into it since: its
+-- `s` on a move, a re-added child's `pi`); a row of this version costs one
+-- HMGET with one more field.
 local function row_hmget(key, ...)
-  local got = redis.call('HMGET', key, 'created_at', ...)
+  local got = redis.call('HMGET', key, 'name', ...)
   if got[1] then
     local names, n = {...}, select('#', ...)
     for i = 1, n do
