@@ -214,10 +214,11 @@ end
 
 -- A child's link to its parent, appended to `t` as field, value pairs (a
 -- row stores the parent queue only when it differs, the policy only when it
--- is not 'fp', the parent's incarnation only when known: compact rows).
-local function parent_fields(t, parent, pq, policy, pinc)
+-- is not 'fp', the parent's incarnation only when known: compact rows),
+-- the parent's id as child `id`'s row holds it (lib/row.lua parent_ref).
+local function parent_fields(t, id, parent, pq, policy, pinc)
   t[#t + 1] = F_PARENT
-  t[#t + 1] = parent
+  t[#t + 1] = parent_ref(id, parent)
   if pq ~= queue then
     t[#t + 1] = F_PQUEUE
     t[#t + 1] = pq
@@ -258,8 +259,10 @@ while i <= #a do
     shared[#shared + 1] = 'backoff_ms'
     shared[#shared + 1] = bo
   end
+  local pslot  -- where the parent's id sits in `shared`: set per node (parent_ref)
   if parent ~= '' then
-    parent_fields(shared, parent, pq, policy, pinc)
+    pslot = #shared + 2
+    parent_fields(shared, parent, parent, pq, policy, pinc)
   end
   if inc ~= '' then
     shared[#shared + 1] = 'inc'
@@ -289,6 +292,9 @@ while i <= #a do
       local id = a[i]
       leaf[2] = jobs .. id
       leaf[6] = a[i + 1]
+      if pslot then
+        leaf[10 + pslot] = parent_ref(id, parent)
+      end
       call(unpack(leaf))
       nclaim = nclaim + 1
       claimable[nclaim] = id
@@ -316,7 +322,7 @@ while i <= #a do
             v = why, i = (pinc ~= '') and pinc or nil}))
         end
       elseif opts.dep then
-        redis.call('HSET', row, unpack(parent_fields({}, parent, pq, policy, pinc)))
+        redis.call('HSET', row, unpack(parent_fields({}, id, parent, pq, policy, pinc)))
         announce(id, parent, pq)  -- finished already: counts at once (guarded)
       elseif deduped[id] then
         local why = 'deduplicated: job ' .. deduped[id] .. ' holds key ' .. opts.k
@@ -330,7 +336,7 @@ while i <= #a do
       elseif skip[id] and parent ~= '' then
         if adopt[id] then
           -- the row keeps its own incarnation mark: no pi here
-          redis.call('HSET', row, unpack(parent_fields({}, parent, pq, policy, '')))
+          redis.call('HSET', row, unpack(parent_fields({}, id, parent, pq, policy, '')))
         end
         -- under its parent again (docs/explanation/lifecycle.md), and under this incarnation of
         -- it (a parent landed fresh has a new one): a cancel mark a removed
@@ -347,6 +353,9 @@ while i <= #a do
         local state = (nrefs > 0) and 'awaiting_children' or 'pending'
         if nrefs == 0 and delay > 0 then
           state = 'delayed'
+        end
+        if pslot then
+          shared[pslot] = parent_ref(id, parent)
         end
         redis.call('HSET', row, F_NAME, name, F_DATA, payload, F_STATE, state,
           F_CREATED, now, unpack(shared))

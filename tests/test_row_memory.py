@@ -27,14 +27,16 @@ def test_a_leaf_row_holds_six_fields_under_short_names(mq) -> None:
     cross = mq.add_flow(_bench_flow("bench2", 3))
     leaf = raw_row(mq, *wide.nodes[-1])
     assert set(leaf) == LEAF_FIELDS
+    # the parent's id stored after the 12 characters the flow's ids share
     assert (leaf["s"], leaf["p"], leaf["pi"]) == (
         "pending",
-        wide.parent_id,
+        ":" + wide.parent_id[12:],
         raw_row(mq, "bench", wide.parent_id)["inc"],
     )
     other = raw_row(mq, *cross.nodes[-1])
     assert set(other) == LEAF_FIELDS | {"pq"}
-    assert (other["pq"], other["p"]) == ("bench", cross.parent_id)
+    assert (other["pq"], other["p"]) == ("bench", ":0")
+    assert mq.get_job(*wide.nodes[-1]).parent == wide.parent_id
     job = mq.get_job(*cross.nodes[-1])
     assert (job.parent, job.parent_queue, job.created_at) == (
         cross.parent_id,
@@ -249,3 +251,33 @@ def test_a_short_name_written_into_an_earlier_row_wins(mq, child_queue) -> None:
     sweep(mq, child_queue)
     assert mq.get_job("p", "root").state == JobState.PENDING
     assert mq.children_values("p", "root") == {JobRef(child_queue, "k0"): "counted"}
+
+
+@pytest.mark.parametrize("child_queue", ["p", "c"])
+@pytest.mark.parametrize(
+    ("root", "kid", "stored"),
+    [
+        ("order-2026-12-03", "order-2026-12-03-a", ":2-03"),  # 12 characters shared
+        ("éééééé-root", "éééééé-k", ":-root"),  # 12 bytes: 6 characters
+        ("aééééééroot", "aéééééé-k", "aééééééroot"),  # a cut would split an é
+        ("short", "short-k", "short"),
+    ],
+)
+def test_a_parent_id_is_stored_after_the_bytes_it_shares_with_the_childs(
+    mq, child_queue, root, kid, stored
+) -> None:
+    ref = mq.add_flow(Flow("p", "root", {}, job_id=root, children=[
+        Flow(child_queue, "leaf", {}, job_id=kid)]))  # fmt: skip
+    assert raw_row(mq, child_queue, kid)["p"] == stored
+    assert mq.get_job(child_queue, kid).parent_ref == JobRef("p", root)
+    assert mq.get_flow("p", root)["children"][0]["id"] == kid
+    again = mq.add_flow(Flow("p", "root", {}, job_id=root, children=[
+        Flow(child_queue, "leaf", {}, job_id=kid)]))  # fmt: skip
+    assert (again.landed, again.skipped) == (0, 2)
+    (job,) = mq.claim(child_queue, 1)
+    assert job.parent == root
+    mq.complete(job, "done")
+    sweep(mq, child_queue)
+    assert mq.get_job("p", root).state == JobState.PENDING
+    assert mq.children_values("p", root) == {JobRef(child_queue, kid): "done"}
+    assert ref.children == [(child_queue, kid)]

@@ -151,6 +151,21 @@ def pick_fields(names: tuple[str, ...], values: list) -> list:
     return out
 
 
+REL_PREFIX = 12  # bytes of a child's id a relative parent ref stands for (lua/lib/row.lua)
+
+
+def parent_of(job_id: str, stored: Any) -> str | None:
+    """The parent's id from the ``p`` field (raw, or None) of job
+    ``job_id``'s row: a value starting with ``:`` is the rest of an id that
+    starts with the child's first ``REL_PREFIX`` bytes (lua/lib/row.lua
+    ``parent_ref``; an id never holds ``:``), any other the id itself.
+    docs/explanation/protocol.md#short-field-names"""
+    text = to_text(stored)
+    if text and text[0] == ":":  # cut where no character is split (parent_ref)
+        return (job_id.encode()[:REL_PREFIX] + text[1:].encode()).decode()
+    return text
+
+
 def row_state(values: list) -> Any:
     """The raw state (or None: no such row) in the reply of
     ``HMGET <row> *STATE_FIELDS``, a row of either version."""
@@ -323,7 +338,7 @@ class Job(Reporting):
         parent, parent_queue, policy, max_attempts, backoff_ms = _compact(
             queue,
             mq,
-            row_get(r, PARENT),
+            parent_of(job_id, row_get(r, PARENT)),
             row_get(r, PARENT_QUEUE),
             row_get(r, POLICY),
             r.get("max_attempts"),

@@ -25,6 +25,7 @@ from ..core.jobs import (
     STATE_FIELDS,
     Job,
     JobState,
+    parent_of,
     pick_fields,
     row_fields,
     row_state,
@@ -301,7 +302,8 @@ class Flows(Part):
             where = f"{g.parent_queue}/{g.parent_id} depends_on {g.queue}/{g.ids[0]}"
             if state is None:
                 raise JobNotFound(f"{where}: no such job (a dependency is a job already added)")
-            owner = f"{to_text(pq) or g.queue}/{to_text(parent)}"
+            parent = parent_of(g.ids[0], parent)
+            owner = f"{to_text(pq) or g.queue}/{parent}"
             if parent is not None and owner != f"{g.parent_queue}/{g.parent_id}":
                 raise FlowConflict(
                     f"{where}: it is already waited for by {owner} (a job is waited for "

@@ -41,6 +41,7 @@ from ..core.jobs import (
     STATE,
     JobState,
     Outcome,
+    parent_of,
     pick_fields,
     row_fields,
 )
@@ -221,6 +222,7 @@ class Lifecycle(Part):
         names = (STATE, PARENT, PARENT_QUEUE, POLICY, PARENT_INC)
         f = pick_fields(names, self.client.hmget(k.job(queue, job_id), *row_fields(names)))
         state, pid, pq, policy, inc = (v.decode() if isinstance(v, bytes) else v for v in f)
+        pid = parent_of(job_id, pid)
         if state != "dead" or policy != "id" or not pq or pq == queue:
             return None  # the retry script checks a parent on its own slot itself
         ref = k.job(queue, job_id)

@@ -30,27 +30,58 @@ local LONG_NAME = {[F_NAME] = 'name', [F_DATA] = 'payload', [F_STATE] = 'state',
   [F_CREATED] = 'created_at', [F_PARENT] = 'parent', [F_PQUEUE] = 'parent_queue',
   [F_POLICY] = 'parent_policy', [F_PINC] = 'parent_inc'}
 
--- HMGET of `key`'s fields ... (names as written now), in order. A row
--- written by an earlier version (the only rows with a `name`: every
--- version before wrote it on every row) is read again by both names, the
--- short one winning (this version may have written one into it since: its
--- `s` on a move, a re-added child's `pi`); a row of this version costs one
--- HMGET with one more field.
+-- A child's parent id as its row's `p` holds it: ':' and the rest of the
+-- parent's id when that starts with the child's first REL_PREFIX bytes (a
+-- flow's generated ids share a 12-character prefix: a fan-out's leaf
+-- stores ':0' for its root, 2 bytes for 13), else the id itself (an id
+-- never holds ':'). The cut never splits a UTF-8 character (the rest does
+-- not start with a continuation byte), so the value stays text. parent_of
+-- turns it back, given the child's id.
+local REL_PREFIX = 12
+local function parent_ref(id, parent)
+  local next_byte = parent:byte(REL_PREFIX + 1)
+  if next_byte and (next_byte < 128 or next_byte >= 192)
+      and parent:sub(1, REL_PREFIX) == id:sub(1, REL_PREFIX) then
+    return ':' .. parent:sub(REL_PREFIX + 1)
+  end
+  return parent
+end
+
+local function parent_of(id, stored)
+  if stored and stored:byte(1) == 58 then  -- ':'
+    return id:sub(1, REL_PREFIX) .. stored:sub(2)
+  end
+  return stored
+end
+
+-- HMGET of `key`'s fields ... (names as written now), in order, with
+-- F_PARENT's value as the parent's whole id (parent_of; `key` ends in the
+-- child's id, which holds no ':'). A row written by an earlier version
+-- (the only rows with a `name`: every version before wrote it on every
+-- row, this one never does) is read again by both names, the short one
+-- winning (this version may have written one into it since: its `s` on a
+-- move, a re-added child's `pi`); a row of this version costs one HMGET
+-- with one more field.
 local function row_hmget(key, ...)
   local got = redis.call('HMGET', key, 'name', ...)
+  local names, n = {...}, select('#', ...)
   if got[1] then
-    local names, n = {...}, select('#', ...)
     for i = 1, n do
       names[n + i] = LONG_NAME[names[i]] or names[i]
     end
-    local both = redis.call('HMGET', key, unpack(names))
+    got = redis.call('HMGET', key, unpack(names))
     for i = 1, n do
-      both[i] = both[i] or both[n + i]
-      both[n + i] = nil
+      got[i] = got[i] or got[n + i]
+      got[n + i] = nil
     end
-    return both
+  else
+    table.remove(got, 1)
   end
-  table.remove(got, 1)
+  for i = 1, n do
+    if names[i] == F_PARENT then
+      got[i] = parent_of(key:match('[^:]*$'), got[i])
+    end
+  end
   return got
 end
 
