@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import redis
 
-from echomq_django.core.jobs import STATE_FIELDS, row_state, to_text
+from echomq_django.core.jobs import to_text
+from echomq_django.core.rows import STATE_FIELDS, row_state
 
 from . import procs
 from .topologies import CHILD_QUEUE, QUEUE, Spec, Topology, handler_value

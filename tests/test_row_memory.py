@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from echomq_django import EchoMQ, Flow, FlowConflict, JobRef, JobState
-from echomq_django.core.jobs import LONG_NAMES
+from echomq_django.core.rows import LONG_NAMES
 from tests.support.jobkit import raw_row, sweep
 
 LEAF_FIELDS = {"n", "d", "s", "ca", "p", "pi"}

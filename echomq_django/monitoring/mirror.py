@@ -37,8 +37,9 @@ from typing import Any
 from django.db import close_old_connections, connection, transaction
 from django.utils import timezone
 
-from ..core.jobs import PAYLOAD, Job, JobState, row_get, to_text
+from ..core.jobs import Job, JobState, to_text
 from ..core.keyspace import STATE_INDEX, validate_queue
+from ..core.rows import PAYLOAD, row_get
 from ..models import TEXT_LIMIT, MirroredJob, MirroredQueue
 from ..protocol.client import EchoMQ
 from ..runners import heartbeat

@@ -18,24 +18,21 @@ import json
 from ..core import flows as _flows
 from ..core.exceptions import DependencyError, FlowConflict, JobNotActive, JobNotFound
 from ..core.flows import Flow, FlowRef
-from ..core.jobs import (
-    PARENT,
-    PARENT_QUEUE,
-    STATE,
-    STATE_FIELDS,
-    Job,
-    JobState,
-    parent_of,
-    pick_fields,
-    row_fields,
-    row_state,
-    to_json,
-    to_text,
-)
+from ..core.jobs import Job, JobState, to_json, to_text
 from ..core.landing import DEP_OPTS as DEP
 from ..core.landing import Plan, steps
 from ..core.live import MAX_ADDED_CHILDREN, step_prefix
 from ..core.refs import JobRef
+from ..core.rows import (
+    PARENT,
+    PARENT_QUEUE,
+    STATE,
+    STATE_FIELDS,
+    parent_of,
+    pick_fields,
+    row_fields,
+    row_state,
+)
 from ..tracing.spans import adding
 from .wire import Part, Wire
 

@@ -33,19 +33,18 @@ from ..core.exceptions import (
     JobNotRemovable,
     JobNotRetryable,
 )
-from ..core.jobs import (
+from ..core.jobs import JobState, Outcome
+from ..core.retention import Keep, retention
+from ..core.rows import (
     PARENT,
     PARENT_INC,
     PARENT_QUEUE,
     POLICY,
     STATE,
-    JobState,
-    Outcome,
     parent_of,
     pick_fields,
     row_fields,
 )
-from ..core.retention import Keep, retention
 from .errors import reports_redis_down
 from .outbox import Outbox
 from .wire import Part, Wire

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..core.jobs import CREATED, STATE_FIELDS, pick_fields, row_fields, row_state, to_text
+from ..core.jobs import to_text
 from ..core.keyspace import JobKeys, validate_queue
+from ..core.rows import CREATED, STATE_FIELDS, pick_fields, row_fields, row_state
 from .errors import reports_redis_down
 from .wire import Part
 

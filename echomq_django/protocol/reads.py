@@ -14,24 +14,19 @@ import json
 import redis
 
 from ..core.exceptions import JobNotFound
-from ..core.jobs import (
+from ..core.jobs import Dependencies, Job, JobState, decode_policy, row_error, to_text
+from ..core.keyspace import JobKeys, whole_number
+from ..core.refs import JobRef, Page, RefDict, as_ref
+from ..core.rows import (
     CREATED,
     NAME,
     POLICY,
     STATE,
     STATE_FIELDS,
-    Dependencies,
-    Job,
-    JobState,
-    decode_policy,
     pick_fields,
-    row_error,
     row_fields,
     row_state,
-    to_text,
 )
-from ..core.keyspace import JobKeys, whole_number
-from ..core.refs import JobRef, Page, RefDict, as_ref
 from .errors import connection_error, reports_redis_down
 from .probes import count_commands, count_replies
 from .wire import Part

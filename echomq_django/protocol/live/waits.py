@@ -19,8 +19,9 @@ import threading
 import time
 
 from ...core.exceptions import JobDead, JobNotFound
-from ...core.jobs import STATE_FIELDS, Job, JobState, row_state, to_text
+from ...core.jobs import Job, JobState, to_text
 from ...core.refs import JobRef
+from ...core.rows import STATE_FIELDS, row_state
 from ..scripts import socket_timeout
 from ..wire import Part
 
