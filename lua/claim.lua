@@ -205,6 +205,7 @@ while want > 0 do
     local f = row_hmget(row, F_STATE, F_NAME, F_DATA, 'attempts', 'max_attempts',
       'backoff_ms', F_PARENT, F_PQUEUE, F_POLICY, F_CREATED, 'timeout_ms',
       'priority', 'traceparent', 'retry_policy', 'expires_at', 'started_at')
+    f[7] = f[7] and parent_of(id, f[7])  -- the whole id (lib/row.lua row_hmget_p)
     if f[1] == 'pending' and f[15] and not f[16] and tonumber(f[15]) <= tonumber(now) then
       -- popped already: marked active so kill takes it out of no list (an
       -- LREM would scan the pending list); it never started, attempts stay

@@ -71,7 +71,7 @@ local replies = {}
 for i = 6, #ARGV, 3 do
   local id, token, result = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local row = base .. 'job:' .. id
-  local f = row_hmget(row, F_STATE, 'lease', F_PARENT, F_PQUEUE, 'dedup', 'keep',
+  local f = row_hmget_p(row, F_STATE, 'lease', F_PARENT, F_PQUEUE, 'dedup', 'keep',
     'cancel', F_PINC, 'orphaned', 'callbacks', 'group')
   if not f[1] then
     -- a replay of the call that completed a removed flow's job (drop_orphan)

@@ -58,14 +58,14 @@ local dedup = ARGV[10]
 if dedup ~= '' then
   local live = redis.call('GET', KEYS[5])
   if live and live ~= id then
-    local st = row_hmget(base .. 'job:' .. live, F_STATE)[1]
+    local st = row_hmget_s(base .. 'job:' .. live, F_STATE)[1]
     if st and st ~= 'completed' and st ~= 'dead' then
       return 'deduplicated ' .. live
     end
   end
 end
 
-local existing = row_hmget(row, F_STATE, 'enqueue_token')
+local existing = row_hmget_s(row, F_STATE, 'enqueue_token')
 if existing[1] then
   -- a replay of this very call (redis-py re-sent it): done already. Equal
   -- name, payload and ms were not enough: two calls in one ms are two calls

@@ -112,7 +112,7 @@ end
 local function live_holder(key, id)
   local live = redis.call('GET', base .. 'dedup:' .. key)
   if live and live ~= id then
-    local st = row_hmget(base .. 'job:' .. live, F_STATE)[1]
+    local st = row_hmget_s(base .. 'job:' .. live, F_STATE)[1]
     if st and st ~= 'completed' and st ~= 'dead' then
       return live
     end
@@ -148,7 +148,7 @@ while i <= #a do
     local row = base .. 'job:' .. id
     local live = opts and opts.k and live_holder(opts.k, id)
     if opts and opts.dep then
-      local f = row_hmget(row, F_STATE, F_PARENT, F_PQUEUE)
+      local f = row_hmget_p(row, F_STATE, F_PARENT, F_PQUEUE)
       if not f[1] then
         local landed = pq ~= queue or redis.call('EXISTS', base .. 'job:' .. parent) == 1
         if mode ~= 'write' or not landed then
@@ -166,7 +166,7 @@ while i <= #a do
       found[#found + 1] = id
       found[#found + 1] = live
     elseif gate == '1' and redis.call('EXISTS', row) == 1 then
-      local f = row_hmget(row, F_NAME, F_PARENT, F_PQUEUE, F_STATE, 'inc')
+      local f = row_hmget_p(row, F_NAME, F_PARENT, F_PQUEUE, F_STATE, 'inc')
       local fpq = f[3] or queue
       if parent ~= '' and not f[2] and f[1] == name and f[4] == 'completed' then
         adopt[id] = true
@@ -259,10 +259,14 @@ while i <= #a do
     shared[#shared + 1] = 'backoff_ms'
     shared[#shared + 1] = bo
   end
-  local pslot  -- where the parent's id sits in `shared`: set per node (parent_ref)
+  -- where the parent's id sits in `shared`, set per node: `prel` (its
+  -- relative form, lib/row.lua parent_ref) for a node whose id starts with
+  -- `ppre`, the whole id for any other
+  local pslot, ppre, prel
   if parent ~= '' then
-    pslot = #shared + 2
+    pslot, ppre = #shared + 2, parent:sub(1, REL_PREFIX)
     parent_fields(shared, parent, parent, pq, policy, pinc)
+    prel = shared[pslot]
   end
   if inc ~= '' then
     shared[#shared + 1] = 'inc'
@@ -293,7 +297,7 @@ while i <= #a do
       leaf[2] = jobs .. id
       leaf[6] = a[i + 1]
       if pslot then
-        leaf[10 + pslot] = parent_ref(id, parent)
+        leaf[10 + pslot] = (id:sub(1, REL_PREFIX) == ppre) and prel or parent
       end
       call(unpack(leaf))
       nclaim = nclaim + 1
@@ -355,7 +359,7 @@ while i <= #a do
           state = 'delayed'
         end
         if pslot then
-          shared[pslot] = parent_ref(id, parent)
+          shared[pslot] = (id:sub(1, REL_PREFIX) == ppre) and prel or parent
         end
         redis.call('HSET', row, F_NAME, name, F_DATA, payload, F_STATE, state,
           F_CREATED, now, unpack(shared))

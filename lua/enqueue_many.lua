@@ -56,7 +56,7 @@ while i <= #a do
   i = i + G
   if gate == '1' then
     for j = i, i + 2 * n - 1, 2 do
-      local state = row_hmget(base .. 'job:' .. a[j], F_STATE)[1]
+      local state = row_hmget_s(base .. 'job:' .. a[j], F_STATE)[1]
       if state then
         return redis.error_reply('EMQDUP ' .. queue .. ' ' .. a[j] .. ' ' .. state)
       end

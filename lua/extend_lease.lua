@@ -24,7 +24,7 @@ local deadline = tonumber(ARGV[4]) + tonumber(ARGV[5])
 -- @include lib/lease.lua
 -- @include lib/row.lua
 
-local f = row_hmget(row, F_STATE, 'lease', 'cancel')
+local f = row_hmget_s(row, F_STATE, 'lease', 'cancel')
 local refused = lease_refused(queue, id, f[1], f[2], token)
 if refused then
   return refused

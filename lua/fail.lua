@@ -46,7 +46,7 @@ local QUEUE = ARGV[1]
 local base, id, token, err = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local now, cap = tonumber(ARGV[6]), tonumber(ARGV[7])
 
-local f = row_hmget(row, F_STATE, 'lease', 'attempts', 'max_attempts', 'backoff_ms',
+local f = row_hmget_s(row, F_STATE, 'lease', 'attempts', 'max_attempts', 'backoff_ms',
   'cancel', 'callbacks', 'group')
 if not f[1] then
   -- a replay of the call that killed a removed flow's job (lib/flow.lua drop_orphan)

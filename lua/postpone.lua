@@ -29,7 +29,7 @@ local row, delayed, active = KEYS[1], KEYS[2], KEYS[3]
 local queue, id, token, now = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
 local base = row:sub(1, #row - #id - 4)  -- P:{q}: (row is P:{q}:job:<id>)
 
-local f = row_hmget(row, F_STATE, 'lease', 'attempts', 'group', 'inc')
+local f = row_hmget_s(row, F_STATE, 'lease', 'attempts', 'group', 'inc')
 if not f[1] then
   return redis.error_reply('EMQNOJOB ' .. queue .. ' ' .. id)
 end

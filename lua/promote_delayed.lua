@@ -29,7 +29,7 @@ local moved, prios, groups = {}, nil, nil
 for _, id in ipairs(ids) do
   redis.call('ZREM', delayed, id)
   local row = base .. 'job:' .. id
-  local f = row_hmget(row, F_STATE, 'priority', 'group')
+  local f = row_hmget_s(row, F_STATE, 'priority', 'group')
   if f[1] == 'delayed' then
     redis.call('HSET', row, F_STATE, 'pending', 'updated_at', now)
     emit_to(base .. 'events', 'promoted', id)

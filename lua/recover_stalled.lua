@@ -27,7 +27,7 @@ OUT.recovered = 0
 local back, prios, groups = {}, nil, nil
 for _, id in ipairs(ids) do
   local row = base .. 'job:' .. id
-  local f = row_hmget(row, F_STATE, 'priority', 'group')
+  local f = row_hmget_s(row, F_STATE, 'priority', 'group')
   if f[1] ~= 'active' then
     redis.call('ZREM', active, id)
     left_active(base, f[3] or nil)

@@ -36,7 +36,7 @@ local QUEUE = ARGV[1]
 -- @include lib/flow.lua
 local base, id, now = ARGV[2], ARGV[3], tonumber(ARGV[4])
 
-local state = row_hmget(row, F_STATE)[1]
+local state = row_hmget_s(row, F_STATE)[1]
 if not state then
   return redis.error_reply('EMQNOJOB ' .. QUEUE .. ' ' .. id)
 end
@@ -52,10 +52,10 @@ end
 -- parent has not been released (lib/flow.lua reattach_ignored); a parent on
 -- this slot that went on without it makes the retry a refusal, before any
 -- write (docs/explanation/reliability.md#a-retried-child-its-parent-ignored).
-local up = row_hmget(row, F_PARENT, F_PQUEUE, F_POLICY)
+local up = row_hmget_p(row, F_PARENT, F_PQUEUE, F_POLICY)
 if up[1] and up[3] == 'id' and (up[2] or QUEUE) == QUEUE then
   local pkey = job_key(base, up[1])
-  local pstate = row_hmget(pkey, F_STATE)[1]
+  local pstate = row_hmget_s(pkey, F_STATE)[1]
   if pstate and pstate ~= 'awaiting_children' and pstate ~= 'dead'
       and redis.call('HEXISTS', pkey .. ':unsuccessful', child_ref(base, id)) == 1 then
     return redis.error_reply('EMQPARENT ' .. QUEUE .. ' ' .. id .. ' ' .. QUEUE .. ' '

@@ -24,7 +24,7 @@ local queue, id, token, payload, now = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[
 -- @include lib/lease.lua
 -- @include lib/row.lua
 
-local f = row_hmget(row, F_STATE, 'lease')
+local f = row_hmget_s(row, F_STATE, 'lease')
 local refused = lease_refused(queue, id, f[1], f[2], token)
 if refused then
   return refused

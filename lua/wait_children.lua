@@ -38,7 +38,7 @@ local QUEUE = ARGV[1]
 local base, id, token, now = ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5])
 local REPLAYED = {awaiting_children = true, pending = true, delayed = true, dead = true}
 
-local f = row_hmget(row, F_STATE, 'lease', 'attempts', 'cancel', 'group')
+local f = row_hmget_s(row, F_STATE, 'lease', 'attempts', 'cancel', 'group')
 if f[1] and f[1] ~= 'active' and f[2] == token and REPLAYED[f[1]] then
   return f[1]  -- a replay: this lease ended the attempt (only one call ends one)
 end
@@ -73,4 +73,4 @@ end
 if tonumber(redis.call('GET', row .. ':dependencies') or '0') <= 0 then
   release(base, id, now)
 end
-return row_hmget(row, F_STATE)[1]
+return row_hmget_s(row, F_STATE)[1]

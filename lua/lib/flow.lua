@@ -72,7 +72,7 @@ end
 -- another incarnation than `inc` (then true: counted in OUT.stale). `inc`
 -- nil or false: any incarnation.
 local function parent_state(pkey, inc)
-  local f = row_hmget(pkey, F_STATE, 'inc')
+  local f = row_hmget_s(pkey, F_STATE, 'inc')
   if not f[1] then
     return nil, false
   end
@@ -111,7 +111,7 @@ end
 -- released.
 local function release(base, pid, now)
   local pkey = job_key(base, pid)
-  local f = row_hmget(pkey, F_STATE, 'delay_until', 'children_deadline', 'priority',
+  local f = row_hmget_s(pkey, F_STATE, 'delay_until', 'children_deadline', 'priority',
     'group')
   if f[1] ~= 'awaiting_children' then
     return
@@ -176,7 +176,7 @@ local function uncancel(base, jid, key)
   for _, ref in ipairs(redis.call('LRANGE', key .. ':children', 0, -1)) do
     local ckey = child_key(base, ref)
     if ckey:sub(1, #mine) == mine then
-      local c = row_hmget(ckey, F_STATE, F_PARENT, 'cancel', F_PINC)
+      local c = row_hmget_p(ckey, F_STATE, F_PARENT, 'cancel', F_PINC)
       if c[1] == 'active' and c[2] == jid and c[3] and c[4] == inc then
         redis.call('HDEL', ckey, 'cancel')
       end
@@ -209,7 +209,7 @@ end
 -- the slot, else by a `reattach` entry on this queue's outbox that the pump
 -- delivers (docs/explanation/protocol.md#retry).
 local function reattach_up(base, id, now)
-  local parent = row_hmget(job_key(base, id), F_PARENT, F_PQUEUE, F_POLICY,
+  local parent = row_hmget_p(job_key(base, id), F_PARENT, F_PQUEUE, F_POLICY,
     F_PINC, 'orphaned')
   local policy = parent[3] or 'fp'
   if not parent[1] or parent[5] or (policy ~= 'fp' and policy ~= 'id') then
@@ -265,7 +265,7 @@ reattach = function(base, pid, ref, now, inc)
   if redis.call('HDEL', pkey .. ':failed', ref) == 0 then
     return
   end
-  if redis.call('HLEN', pkey .. ':failed') > 0 or row_hmget(pkey, F_STATE)[1] ~= 'dead' then
+  if redis.call('HLEN', pkey .. ':failed') > 0 or row_hmget_s(pkey, F_STATE)[1] ~= 'dead' then
     return
   end
   redis.call('ZREM', base .. 'dead', pid)
@@ -397,7 +397,7 @@ end
 -- its death travels as a `cancelled` entry (propagate_death).
 local function kill(base, id, err, now, up)
   local key = job_key(base, id)
-  local f = row_hmget(key, F_STATE, 'dedup', 'keep', 'orphaned', 'lease', 'callbacks',
+  local f = row_hmget_s(key, F_STATE, 'dedup', 'keep', 'orphaned', 'lease', 'callbacks',
     'group')
   local state = f[1]
   if state == 'dead' then
@@ -489,7 +489,7 @@ local function fan_in_dead(base, pid, ref, err, policy, now, inc)
     local hash = (policy == 'rd') and ':removed' or ':unsuccessful'
     if redis.call('HSETNX', pkey .. hash, ref, err) == 1 then
       decrement_and_maybe_release(base, pid, now)
-      if policy == 'cp' and row_hmget(pkey, F_STATE)[1] == 'awaiting_children' then
+      if policy == 'cp' and row_hmget_s(pkey, F_STATE)[1] == 'awaiting_children' then
         redis.call('HSET', pkey, 'went_on', now)
         release(base, pid, now)
       end
@@ -497,7 +497,7 @@ local function fan_in_dead(base, pid, ref, err, policy, now, inc)
     return true
   end
   if redis.call('HSETNX', pkey .. ':failed', ref, err) == 1 then
-    local pstate = row_hmget(pkey, F_STATE)[1]
+    local pstate = row_hmget_s(pkey, F_STATE)[1]
     if pstate == 'awaiting_children' then
       local why = failed_by(ref, err)
       OUT.flow_failed[#OUT.flow_failed + 1] = base .. pid
@@ -510,7 +510,7 @@ end
 
 propagate_death = function(base, id, err, now, up)
   local key = job_key(base, id)
-  local parent = row_hmget(key, F_PARENT, F_PQUEUE, F_POLICY, F_PINC,
+  local parent = row_hmget_p(key, F_PARENT, F_PQUEUE, F_POLICY, F_PINC,
     'orphaned', 'cancel')
   if not parent[1] or parent[5] then  -- no parent, or its parent was removed while it ran
     return

@@ -35,7 +35,7 @@ local function write_reports(events, queue, base, keep, a, first)
     local id, token = a[i], a[i + 1]
     local p, n = a[i + 2], a[i + 3]
     local row = base .. 'job:' .. id
-    local f = row_hmget(row, F_STATE, 'lease')
+    local f = row_hmget_s(row, F_STATE, 'lease')
     local refused = lease_refused(queue, id, f[1], f[2], token)
     if refused then
       held_by_entry[#held_by_entry + 1] = -1

@@ -38,6 +38,8 @@ local LONG_NAME = {[F_NAME] = 'name', [F_DATA] = 'payload', [F_STATE] = 'state',
 -- not start with a continuation byte), so the value stays text. parent_of
 -- turns it back, given the child's id.
 local REL_PREFIX = 12
+local byte = string.byte
+
 local function parent_ref(id, parent)
   local next_byte = parent:byte(REL_PREFIX + 1)
   if next_byte and (next_byte < 128 or next_byte >= 192)
@@ -54,18 +56,18 @@ local function parent_of(id, stored)
   return stored
 end
 
--- HMGET of `key`'s fields ... (names as written now), in order, with
--- F_PARENT's value as the parent's whole id (parent_of; `key` ends in the
--- child's id, which holds no ':'). A row written by an earlier version
--- (the only rows with a `name`: every version before wrote it on every
--- row, this one never does) is read again by both names, the short one
--- winning (this version may have written one into it since: its `s` on a
--- move, a re-added child's `pi`); a row of this version costs one HMGET
--- with one more field.
+-- HMGET of `key`'s fields ... (names as written now), in order (F_PARENT
+-- as stored: row_hmget_p turns it into the whole id). A row written by an
+-- earlier version (the only rows with a `name`: every version before
+-- wrote it on every row, this one never does) is read again by both
+-- names, the short one winning (this version may have written one into it
+-- since: its `s` on a move, a re-added child's `pi`); a row of this
+-- version costs one HMGET with one more field.
 local function row_hmget(key, ...)
   local got = redis.call('HMGET', key, 'name', ...)
-  local names, n = {...}, select('#', ...)
+  local n = select('#', ...)
   if got[1] then
+    local names = {...}
     for i = 1, n do
       names[n + i] = LONG_NAME[names[i]] or names[i]
     end
@@ -77,12 +79,38 @@ local function row_hmget(key, ...)
   else
     table.remove(got, 1)
   end
-  for i = 1, n do
-    if names[i] == F_PARENT then
-      got[i] = parent_of(key:match('[^:]*$'), got[i])
+  return got
+end
+
+-- row_hmget for a read that asks for F_PARENT (once): its value is the
+-- parent's whole id (parent_of; `key` ends in the child's id, which holds
+-- no ':'). Every read of F_PARENT goes through here, but claim's, which
+-- calls parent_of itself (its hot path: the field's place is known).
+local function row_hmget_p(key, ...)
+  local got = row_hmget(key, ...)
+  for i = 1, select('#', ...) do
+    if select(i, ...) == F_PARENT then
+      local v = got[i]
+      if v and byte(v, 1) == 58 then
+        got[i] = parent_of(key:match('^.*:(.*)$'), v)
+      end
+      return got
     end
   end
   return got
+end
+
+-- row_hmget for a read of the state and fields that kept their names
+-- (`s` first, then none of F_NAME ... F_PINC), on the hot paths: a row
+-- of this version holds `s`, so one HMGET answers; a row without it (one
+-- an earlier version wrote and this one never moved, or none) is read
+-- again by row_hmget.
+local function row_hmget_s(key, ...)
+  local got = redis.call('HMGET', key, ...)
+  if got[1] then
+    return got
+  end
+  return row_hmget(key, ...)
 end
 
 -- A parent's :children list holds each child as short as its queue allows
