@@ -24,7 +24,7 @@ import time
 import redis
 
 from echomq_django import EchoMQ
-from echomq_django.core.jobs import CREATED
+from echomq_django.core.rows import CREATED
 from echomq_django.runners.periodic import Entry, Scheduler
 from echomq_django.testing.redis_server import start_server
 

@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+from echomq_django.core.jobs import to_text
+from echomq_django.core.rows import STATE_FIELDS, row_state
+
 from . import procs
 from .topologies import CHILD_QUEUE, QUEUE, Spec, Topology, handler_value
 
@@ -75,12 +78,12 @@ class Ours:
         return ref.queue, ref.parent_id
 
     def done_probe(self, pipe, ref) -> None:
-        pipe.hget(self.mq.keys.job(ref.queue, ref.parent_id), "state")
+        pipe.hmget(self.mq.keys.job(ref.queue, ref.parent_id), *STATE_FIELDS)
 
     @staticmethod
     def done_state(reply) -> str | None:
         """'completed' / 'dead' when the root is finished, else None."""
-        state = reply.decode() if reply else None
+        state = to_text(row_state(reply))
         return state if state in ("completed", "dead") else None
 
     def progress_probe(self, pipe, topo: Topology) -> None:

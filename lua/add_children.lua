@@ -37,7 +37,7 @@ local queue, id, token, inc = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 -- @include lib/row.lua
 local base = row:sub(1, #row - #('job:' .. id))  -- P:{q}:
 
-local f = redis.call('HMGET', row, 'state', 'lease', 'inc')
+local f = row_hmget_s(row, F_STATE, 'lease', 'inc')
 local refused = lease_refused(queue, id, f[1], f[2], token)
 if refused then
   return refused

@@ -202,13 +202,14 @@ while want > 0 do
     popped = popped + 1
     local row = base .. 'job:' .. id
     -- one read and one write per job: this loop is the hot path of a worker
-    local f = row_hmget(row, 'state', 'name', 'payload', 'attempts', 'max_attempts',
-      'backoff_ms', 'parent', F_PQUEUE, F_POLICY, F_CREATED, 'timeout_ms',
+    local f = row_hmget(row, F_STATE, F_NAME, F_DATA, 'attempts', 'max_attempts',
+      'backoff_ms', F_PARENT, F_PQUEUE, F_POLICY, F_CREATED, 'timeout_ms',
       'priority', 'traceparent', 'retry_policy', 'expires_at', 'started_at')
+    f[7] = f[7] and parent_of(id, f[7])  -- the whole id (lib/row.lua row_hmget_p)
     if f[1] == 'pending' and f[15] and not f[16] and tonumber(f[15]) <= tonumber(now) then
       -- popped already: marked active so kill takes it out of no list (an
       -- LREM would scan the pending list); it never started, attempts stay
-      redis.call('HSET', row, 'state', 'active')
+      redis.call('HSET', row, F_STATE, 'active')
       kill(base, id, 'expired', tonumber(now))
       died = died + 1
     elseif f[1] == 'pending' then
@@ -221,7 +222,7 @@ while want > 0 do
         -- (docs/explanation/protocol.md#the-errors-of-earlier-attempts)
         redis.call('HSETNX', row, 'first_started_at', f[16])
       end
-      redis.call('HSET', row, 'state', 'active', 'lease', token, 'started_at', now,
+      redis.call('HSET', row, F_STATE, 'active', 'lease', token, 'started_at', now,
         'attempts', attempts)
       leases[#leases + 1] = deadline
       leases[#leases + 1] = id

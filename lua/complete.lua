@@ -66,7 +66,7 @@ local base, now = ARGV[2], tonumber(ARGV[3])
 ONE_SERVER = ARGV[4] == '1'
 
 local function read_row(row)
-  return row_hmget(row, 'state', 'lease', 'parent', F_PQUEUE, 'dedup', 'keep',
+  return row_hmget_p(row, F_STATE, 'lease', F_PARENT, F_PQUEUE, 'dedup', 'keep',
     'cancel', F_PINC, 'orphaned', 'callbacks', 'group')
 end
 
@@ -142,10 +142,10 @@ for i = 6, #ARGV, 3 do
       drop_orphan(base, id, row, token, 'c' .. redis.sha1hex(result))
     else
       if progress then  -- its carried progress, in the same HSET
-        redis.call('HSET', row, 'state', 'completed', 'result', result, 'finished_at', ARGV[3],
+        redis.call('HSET', row, F_STATE, 'completed', 'result', result, 'finished_at', ARGV[3],
           'progress', progress)
       else
-        redis.call('HSET', row, 'state', 'completed', 'result', result, 'finished_at', ARGV[3])
+        redis.call('HSET', row, F_STATE, 'completed', 'result', result, 'finished_at', ARGV[3])
       end
       redis.call('ZADD', completed, now, id)
       if f[6] then  -- its own keep (ms): retention's expire list (lib/lifecycle.lua)

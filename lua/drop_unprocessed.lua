@@ -29,7 +29,7 @@ local out = {}
 for i = 4, #ARGV do
   local id = ARGV[i]
   local row = base .. 'job:' .. id
-  local f = row_hmget(row, 'state', 'parent', F_PQUEUE, 'dedup', 'group')
+  local f = row_hmget_p(row, F_STATE, F_PARENT, F_PQUEUE, 'dedup', 'group')
   if f[2] == pid and (f[3] or QUEUE) == pq and (f[1] == 'pending' or f[1] == 'delayed') then
     if f[1] == 'pending' then
       unclaimable(base, id, f[5] or nil)  -- the pending list, P:{q}:prioritized, or its group's

@@ -58,14 +58,14 @@ local dedup = ARGV[10]
 if dedup ~= '' then
   local live = redis.call('GET', KEYS[5])
   if live and live ~= id then
-    local st = redis.call('HGET', base .. 'job:' .. live, 'state')
+    local st = row_hmget_s(base .. 'job:' .. live, F_STATE)[1]
     if st and st ~= 'completed' and st ~= 'dead' then
       return 'deduplicated ' .. live
     end
   end
 end
 
-local existing = redis.call('HMGET', row, 'state', 'enqueue_token')
+local existing = row_hmget_s(row, F_STATE, 'enqueue_token')
 if existing[1] then
   -- a replay of this very call (redis-py re-sent it): done already. Equal
   -- name, payload and ms were not enough: two calls in one ms are two calls
@@ -83,7 +83,7 @@ end
 -- compact row: attempts appears at the first claim; max_attempts / backoff_ms
 -- only when the job sets its own (else the queue's setting applies), and the
 -- scheduling settings (docs/explanation/protocol.md#scheduling) only when set
-local fields = {'name', ARGV[3], 'payload', ARGV[4], 'state', state, F_CREATED, ARGV[7],
+local fields = {F_NAME, ARGV[3], F_DATA, ARGV[4], F_STATE, state, F_CREATED, ARGV[7],
   'enqueue_token', ARGV[14]}
 local priority = (ARGV[9] ~= '0') and ARGV[9] or ''
 for _, f in ipairs({{'max_attempts', ARGV[5]}, {'backoff_ms', ARGV[6]}, {'priority', priority},

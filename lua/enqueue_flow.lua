@@ -142,7 +142,7 @@ end
 local function live_holder(key, id)
   local live = redis.call('GET', base .. 'dedup:' .. key)
   if live and live ~= id then
-    local st = redis.call('HGET', base .. 'job:' .. live, 'state')
+    local st = row_hmget_s(base .. 'job:' .. live, F_STATE)[1]
     if st and st ~= 'completed' and st ~= 'dead' then
       return live
     end
@@ -188,7 +188,7 @@ while i <= #a do
     local row = base .. 'job:' .. id
     local live = opts and opts.k and live_holder(opts.k, id)
     if opts and opts.dep then
-      local f = row_hmget(row, 'state', 'parent', F_PQUEUE)
+      local f = row_hmget_p(row, F_STATE, F_PARENT, F_PQUEUE)
       if not f[1] then
         local landed = pq ~= queue or redis.call('EXISTS', base .. 'job:' .. parent) == 1
         if mode ~= 'write' or not landed then
@@ -206,7 +206,7 @@ while i <= #a do
       found[#found + 1] = id
       found[#found + 1] = live
     elseif gate == '1' and redis.call('EXISTS', row) == 1 then
-      local f = row_hmget(row, 'name', 'parent', F_PQUEUE, 'state', 'inc')
+      local f = row_hmget_p(row, F_NAME, F_PARENT, F_PQUEUE, F_STATE, 'inc')
       local fpq = f[3] or queue
       if parent ~= '' and not f[2] and f[1] == name and f[4] == 'completed' then
         adopt[id] = true
@@ -247,7 +247,7 @@ end
 -- a finished child met again tells its parent how it ended (guarded there)
 local function announce(id, parent, pq)
   local row = base .. 'job:' .. id
-  local f = row_hmget(row, 'state', 'result', F_PINC)
+  local f = row_hmget(row, F_STATE, 'result', F_PINC)
   if f[1] == 'completed' then
     resolve_done(base, id, f[2], tonumber(now), parent, pq ~= queue and pq or nil, f[3])
   elseif f[1] == 'dead' then
@@ -257,10 +257,11 @@ end
 
 -- A child's link to its parent, appended to `t` as field, value pairs (a
 -- row stores the parent queue only when it differs, the policy only when it
--- is not 'fp', the parent's incarnation only when known: compact rows).
-local function parent_fields(t, parent, pq, policy, pinc)
-  t[#t + 1] = 'parent'
-  t[#t + 1] = parent
+-- is not 'fp', the parent's incarnation only when known: compact rows),
+-- the parent's id as child `id`'s row holds it (lib/row.lua parent_ref).
+local function parent_fields(t, id, parent, pq, policy, pinc)
+  t[#t + 1] = F_PARENT
+  t[#t + 1] = parent_ref(id, parent)
   if pq ~= queue then
     t[#t + 1] = F_PQUEUE
     t[#t + 1] = pq
@@ -303,8 +304,14 @@ while i <= #a do
     shared[#shared + 1] = 'backoff_ms'
     shared[#shared + 1] = bo
   end
+  -- where the parent's id sits in `shared`, set per node: `prel` (its
+  -- relative form, lib/row.lua parent_ref) for a node whose id starts with
+  -- `ppre`, the whole id for any other
+  local pslot, ppre, prel
   if parent ~= '' then
-    parent_fields(shared, parent, pq, policy, pinc)
+    pslot, ppre = #shared + 2, parent:sub(1, REL_PREFIX)
+    parent_fields(shared, parent, parent, pq, policy, pinc)
+    prel = shared[pslot]
   end
   if inc ~= '' then
     shared[#shared + 1] = 'inc'
@@ -325,7 +332,7 @@ while i <= #a do
   -- and payload set per leaf), pending, announced as the general path
   -- below does (a cross-queue leaf in a run, a root by its own event, a
   -- same-queue leaf by its parent's)
-  local leaf = fresh and {'HSET', false, 'name', name, 'payload', false, 'state', 'pending',
+  local leaf = fresh and {'HSET', false, F_NAME, name, F_DATA, false, F_STATE, 'pending',
     F_CREATED, now, unpack(shared)}
   local in_run = parent ~= '' and pq ~= queue
   local jobs, call = base .. 'job:', redis.call
@@ -334,6 +341,9 @@ while i <= #a do
       local id = a[i]
       leaf[2] = jobs .. id
       leaf[6] = a[i + 1]
+      if pslot then
+        leaf[10 + pslot] = (id:sub(1, REL_PREFIX) == ppre) and prel or parent
+      end
       call(unpack(leaf))
       nclaim = nclaim + 1
       claimable[nclaim] = id
@@ -361,7 +371,7 @@ while i <= #a do
             v = why, i = (pinc ~= '') and pinc or nil}))
         end
       elseif opts.dep then
-        redis.call('HSET', row, unpack(parent_fields({}, parent, pq, policy, pinc)))
+        redis.call('HSET', row, unpack(parent_fields({}, id, parent, pq, policy, pinc)))
         announce(id, parent, pq)  -- finished already: counts at once (guarded)
       elseif deduped[id] then
         local why = 'deduplicated: job ' .. deduped[id] .. ' holds key ' .. opts.k
@@ -375,7 +385,7 @@ while i <= #a do
       elseif skip[id] and parent ~= '' then
         if adopt[id] then
           -- the row keeps its own incarnation mark: no pi here
-          redis.call('HSET', row, unpack(parent_fields({}, parent, pq, policy, '')))
+          redis.call('HSET', row, unpack(parent_fields({}, id, parent, pq, policy, '')))
         end
         -- under its parent again (docs/explanation/lifecycle.md), and under this incarnation of
         -- it (a parent landed fresh has a new one): a cancel mark a removed
@@ -393,7 +403,10 @@ while i <= #a do
         if nrefs == 0 and delay > 0 then
           state = 'delayed'
         end
-        redis.call('HSET', row, 'name', name, 'payload', payload, 'state', state,
+        if pslot then
+          shared[pslot] = (id:sub(1, REL_PREFIX) == ppre) and prel or parent
+        end
+        redis.call('HSET', row, F_NAME, name, F_DATA, payload, F_STATE, state,
           F_CREATED, now, unpack(shared))
         if opts.k then
           if opts.kt then

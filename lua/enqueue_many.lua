@@ -46,7 +46,7 @@ if #a == 0 then
   return 0
 end
 local G = 13  -- strings in a run header
-local first = row_hmget(base .. 'job:' .. a[G + 1], 'name', 'payload', F_CREATED)
+local first = row_hmget(base .. 'job:' .. a[G + 1], F_NAME, F_DATA, F_CREATED)
 if first[1] == a[1] and first[2] == a[G + 2] and first[3] == now then
   return 0  -- a replay of this very call: it landed already
 end
@@ -56,7 +56,7 @@ while i <= #a do
   i = i + G
   if gate == '1' then
     for j = i, i + 2 * n - 1, 2 do
-      local state = redis.call('HGET', base .. 'job:' .. a[j], 'state')
+      local state = row_hmget_s(base .. 'job:' .. a[j], F_STATE)[1]
       if state then
         return redis.error_reply('EMQDUP ' .. queue .. ' ' .. a[j] .. ' ' .. state)
       end
@@ -75,7 +75,7 @@ while i <= #a do
   local group = a[i + 8] ~= '' and a[i + 8] or nil
   local state = delay > 0 and 'delayed' or 'pending'
   -- compact rows, as enqueue writes them: the fields after the payload
-  local shared = {'state', state, F_CREATED, now}
+  local shared = {F_STATE, state, F_CREATED, now}
   if a[i + 1] ~= '' then
     shared[#shared + 1] = 'max_attempts'
     shared[#shared + 1] = a[i + 1]
@@ -117,7 +117,7 @@ while i <= #a do
   i = i + G
   for j = i, i + 2 * n - 1, 2 do
     local id = a[j]
-    redis.call('HSET', base .. 'job:' .. id, 'name', name, 'payload', a[j + 1], unpack(shared))
+    redis.call('HSET', base .. 'job:' .. id, F_NAME, name, F_DATA, a[j + 1], unpack(shared))
     if delay > 0 then
       make_delayed(base, id, tonumber(now) + delay)
     else

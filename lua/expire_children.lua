@@ -24,7 +24,7 @@ OUT.expired = 0
 local ids = redis.call('ZRANGEBYSCORE', deadlines, '-inf', now, 'LIMIT', 0, tonumber(ARGV[4]))
 for _, id in ipairs(ids) do
   redis.call('ZREM', deadlines, id)
-  if redis.call('HGET', job_key(base, id), 'state') == 'awaiting_children' then
+  if row_hmget(job_key(base, id), F_STATE)[1] == 'awaiting_children' then
     kill(base, id, 'children timed out', now)
     OUT.expired = OUT.expired + 1
   end

@@ -22,8 +22,9 @@ local row, active = KEYS[1], KEYS[2]
 local queue, id, token = ARGV[1], ARGV[2], ARGV[3]
 local deadline = tonumber(ARGV[4]) + tonumber(ARGV[5])
 -- @include lib/lease.lua
+-- @include lib/row.lua
 
-local f = redis.call('HMGET', row, 'state', 'lease', 'cancel')
+local f = row_hmget_s(row, F_STATE, 'lease', 'cancel')
 local refused = lease_refused(queue, id, f[1], f[2], token)
 if refused then
   return refused

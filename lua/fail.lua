@@ -46,7 +46,7 @@ local QUEUE = ARGV[1]
 local base, id, token, err = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local now, cap = tonumber(ARGV[6]), tonumber(ARGV[7])
 
-local f = redis.call('HMGET', row, 'state', 'lease', 'attempts', 'max_attempts', 'backoff_ms',
+local f = row_hmget_s(row, F_STATE, 'lease', 'attempts', 'max_attempts', 'backoff_ms',
   'cancel', 'callbacks', 'group')
 if not f[1] then
   -- a replay of the call that killed a removed flow's job (lib/flow.lua drop_orphan)
@@ -92,13 +92,13 @@ if attempts < max_attempts and ARGV[8] ~= '1' then
   redis.call('ZREM', base .. 'active', id)
   left_active(base, f[8] or nil)
   if run_at > now then
-    redis.call('HSET', row, 'state', 'delayed', 'updated_at', now)
+    redis.call('HSET', row, F_STATE, 'delayed', 'updated_at', now)
     set_error(row, err)
     make_delayed(base, id, run_at)
     OUT.state = 'delayed'
     OUT.run_at = run_at
   else
-    redis.call('HSET', row, 'state', 'pending', 'updated_at', now)
+    redis.call('HSET', row, F_STATE, 'pending', 'updated_at', now)
     set_error(row, err)
     make_claimable_row(base, id)
     OUT.state = 'pending'

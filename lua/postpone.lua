@@ -23,12 +23,13 @@
            EMQLEASE <queue> <id>            the lease token is stale
 ]]
 local row, delayed, active = KEYS[1], KEYS[2], KEYS[3]
+-- @include lib/row.lua
 -- @include lib/claimable.lua
 -- @include lib/emit.lua
 local queue, id, token, now = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
 local base = row:sub(1, #row - #id - 4)  -- P:{q}: (row is P:{q}:job:<id>)
 
-local f = redis.call('HMGET', row, 'state', 'lease', 'attempts', 'group', 'inc')
+local f = row_hmget_s(row, F_STATE, 'lease', 'attempts', 'group', 'inc')
 if not f[1] then
   return redis.error_reply('EMQNOJOB ' .. queue .. ' ' .. id)
 end
@@ -44,7 +45,7 @@ end
 local run_at = now + tonumber(ARGV[5])
 redis.call('ZREM', active, id)
 left_active(base, f[4] or nil)
-redis.call('HSET', row, 'state', 'delayed', 'updated_at', now,
+redis.call('HSET', row, F_STATE, 'delayed', 'updated_at', now,
   'attempts', math.max(0, (tonumber(f[3]) or 1) - 1))
 if f[5] then  -- a parent (a step job that added children): its next run draws other ids
   redis.call('HINCRBY', row, 'waits', 1)  -- (docs/explanation/protocol.md#step-jobs)

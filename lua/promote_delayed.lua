@@ -20,6 +20,7 @@
 ]]
 local delayed = KEYS[1]
 local base, now = ARGV[1], ARGV[2]
+-- @include lib/row.lua
 -- @include lib/claimable.lua
 -- @include lib/emit.lua
 
@@ -28,9 +29,9 @@ local moved, prios, groups = {}, nil, nil
 for _, id in ipairs(ids) do
   redis.call('ZREM', delayed, id)
   local row = base .. 'job:' .. id
-  local f = redis.call('HMGET', row, 'state', 'priority', 'group')
+  local f = row_hmget_s(row, F_STATE, 'priority', 'group')
   if f[1] == 'delayed' then
-    redis.call('HSET', row, 'state', 'pending', 'updated_at', now)
+    redis.call('HSET', row, F_STATE, 'pending', 'updated_at', now)
     emit_to(base .. 'events', 'promoted', id)
     moved[#moved + 1] = id
     if f[2] then  -- its priority is kept (docs/explanation/protocol.md#scheduling)

@@ -27,7 +27,7 @@ OUT.recovered = 0
 local back, prios, groups = {}, nil, nil
 for _, id in ipairs(ids) do
   local row = base .. 'job:' .. id
-  local f = redis.call('HMGET', row, 'state', 'priority', 'group')
+  local f = row_hmget_s(row, F_STATE, 'priority', 'group')
   if f[1] ~= 'active' then
     redis.call('ZREM', active, id)
     left_active(base, f[3] or nil)
@@ -41,7 +41,7 @@ for _, id in ipairs(ids) do
       redis.call('ZREM', active, id)
       left_active(base, f[3] or nil)
       redis.call('HDEL', row, 'lease')
-      redis.call('HSET', row, 'state', 'pending', 'updated_at', now)
+      redis.call('HSET', row, F_STATE, 'pending', 'updated_at', now)
       back[#back + 1] = id
       if f[2] then  -- its priority is kept (docs/explanation/protocol.md#scheduling)
         prios = prios or {}

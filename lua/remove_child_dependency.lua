@@ -29,7 +29,7 @@ local QUEUE = ARGV[1]
 -- @include lib/flow.lua
 local base, pid, now, strict = ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5] == '1'
 
-local state = redis.call('HGET', prow, 'state')
+local state = row_hmget_s(prow, F_STATE)[1]
 if not state then
   return redis.error_reply('EMQNOJOB ' .. QUEUE .. ' ' .. pid)
 end

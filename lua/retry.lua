@@ -36,7 +36,7 @@ local QUEUE = ARGV[1]
 -- @include lib/flow.lua
 local base, id, now = ARGV[2], ARGV[3], tonumber(ARGV[4])
 
-local state = redis.call('HGET', row, 'state')
+local state = row_hmget_s(row, F_STATE)[1]
 if not state then
   return redis.error_reply('EMQNOJOB ' .. QUEUE .. ' ' .. id)
 end
@@ -52,10 +52,10 @@ end
 -- parent has not been released (lib/flow.lua reattach_ignored); a parent on
 -- this slot that went on without it makes the retry a refusal, before any
 -- write (docs/explanation/reliability.md#a-retried-child-its-parent-ignored).
-local up = row_hmget(row, 'parent', F_PQUEUE, F_POLICY)
+local up = row_hmget_p(row, F_PARENT, F_PQUEUE, F_POLICY)
 if up[1] and up[3] == 'id' and (up[2] or QUEUE) == QUEUE then
   local pkey = job_key(base, up[1])
-  local pstate = redis.call('HGET', pkey, 'state')
+  local pstate = row_hmget_s(pkey, F_STATE)[1]
   if pstate and pstate ~= 'awaiting_children' and pstate ~= 'dead'
       and redis.call('HEXISTS', pkey .. ':unsuccessful', child_ref(base, id)) == 1 then
     return redis.error_reply('EMQPARENT ' .. QUEUE .. ' ' .. id .. ' ' .. QUEUE .. ' '
@@ -83,7 +83,7 @@ local function retry_job(jid)
     -- without their results
     redis.call('ZREM', dead, jid)
     redis.call('ZADD', base .. 'awaiting', now, jid)
-    redis.call('HSET', key, 'state', 'awaiting_children', 'attempts', 0, 'stalls', 0,
+    redis.call('HSET', key, F_STATE, 'awaiting_children', 'attempts', 0, 'stalls', 0,
       'updated_at', now, 'retry_token', ARGV[5])
     redis.call('HDEL', key, 'finished_at', 'cancel', 'expires_at')
     clear_error(key)
@@ -99,7 +99,7 @@ local function retry_job(jid)
   end
   if #failed == 0 then
     redis.call('ZREM', dead, jid)
-    redis.call('HSET', key, 'state', 'pending', 'attempts', 0, 'stalls', 0, 'updated_at', now,
+    redis.call('HSET', key, F_STATE, 'pending', 'attempts', 0, 'stalls', 0, 'updated_at', now,
       'retry_token', ARGV[5])
     redis.call('HDEL', key, 'finished_at', 'result', 'cancel', 'expires_at')
     clear_error(key)
@@ -113,7 +113,7 @@ local function retry_job(jid)
   for _, ref in ipairs(failed) do
     if ref:sub(1, #mine) == mine then
       local cid = ref:sub(#mine + 1)
-      if redis.call('HGET', job_key(base, cid), 'state') == 'dead' then
+      if row_hmget(job_key(base, cid), F_STATE)[1] == 'dead' then
         retry_job(cid)
       else
         reattach(base, jid, ref, now)

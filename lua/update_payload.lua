@@ -22,11 +22,12 @@
 local row = KEYS[1]
 local queue, id, token, payload, now = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 -- @include lib/lease.lua
+-- @include lib/row.lua
 
-local f = redis.call('HMGET', row, 'state', 'lease')
+local f = row_hmget_s(row, F_STATE, 'lease')
 local refused = lease_refused(queue, id, f[1], f[2], token)
 if refused then
   return refused
 end
-redis.call('HSET', row, 'payload', payload, 'updated_at', now)
+redis.call('HSET', row, F_DATA, payload, 'updated_at', now)
 return 1

@@ -38,7 +38,7 @@ local QUEUE = ARGV[1]
 local base, id, token, now = ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5])
 local REPLAYED = {awaiting_children = true, pending = true, delayed = true, dead = true}
 
-local f = redis.call('HMGET', row, 'state', 'lease', 'attempts', 'cancel', 'group')
+local f = row_hmget_s(row, F_STATE, 'lease', 'attempts', 'cancel', 'group')
 if f[1] and f[1] ~= 'active' and f[2] == token and REPLAYED[f[1]] then
   return f[1]  -- a replay: this lease ended the attempt (only one call ends one)
 end
@@ -52,7 +52,7 @@ if f[4] then  -- cancelled while it ran (docs/explanation/lifecycle.md)
 end
 redis.call('ZREM', active, id)
 left_active(base, f[5] or nil)  -- its group's running count too (docs/explanation/protocol.md#groups)
-redis.call('HSET', row, 'state', 'awaiting_children', 'updated_at', now,
+redis.call('HSET', row, F_STATE, 'awaiting_children', 'updated_at', now,
   'attempts', math.max(0, (tonumber(f[3]) or 1) - 1))
 -- the runs it ended waiting: a later run's add_children draws other ids
 -- (docs/explanation/protocol.md#step-jobs)
@@ -73,4 +73,4 @@ end
 if tonumber(redis.call('GET', row .. ':dependencies') or '0') <= 0 then
   release(base, id, now)
 end
-return redis.call('HGET', row, 'state')
+return row_hmget_s(row, F_STATE)[1]

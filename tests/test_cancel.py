@@ -153,7 +153,7 @@ def test_a_cancelled_parent_retried_takes_back_its_cancel_still_under_way(tmq, m
     monkeypatch.undo()
     cancel_list = tmq.keys.queue_key("q", "cancel")
     assert tmq.client.llen(cancel_list) == 1
-    cancelled = [i for i in range(1, 5) if jobkit.row(tmq, "q", f"c{i}")["state"] == "dead"]
+    cancelled = [i for i in range(1, 5) if jobkit.row(tmq, "q", f"c{i}")["s"] == "dead"]
     assert cancelled == [1, 2]
     tmq.retry("q", "p")
     assert tmq.client.llen(cancel_list) == 0

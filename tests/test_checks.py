@@ -79,7 +79,7 @@ def test_djangos_own_redis_cache_is_accepted_and_shared(redis_server, r):
         mq = conf.get_mq()
         assert mq.enqueue("orders", "x", {"a": 1}, job_id="j1") == "j1"
     assert isinstance(mq.client, redis.Redis)
-    assert r.hget("emq:{orders}:job:j1", "name") == b"x"
+    assert r.hget("emq:{orders}:job:j1", "n") == b"x"
 
 
 def test_env_url_overrides_settings(monkeypatch):

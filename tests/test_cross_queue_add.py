@@ -77,7 +77,7 @@ def test_a_refused_step_lands_nothing_under_it(mq, monkeypatch) -> None:
         mq.add_flow(three_levels())
     monkeypatch.undo()
     assert_state(mq, "q", "p", "awaiting_children")
-    assert raw_row(mq, "o", "m")["name"] == "other"
+    assert raw_row(mq, "o", "m")["n"] == "other"  # the row's name, short
     assert raw_row(mq, "r", "x") == {}
     assert (raw_row(mq, "r", "y") != {}) is on_one_server(mq)
     mq.remove("o", "m")

@@ -54,7 +54,7 @@ def test_a_refused_parent_lands_no_child_on_its_own_queue(mq, monkeypatch) -> No
     with pytest.raises(FlowConflict, match="^q p exists as job other"):
         mq.add_flow(flow)
     monkeypatch.undo()
-    assert raw_row(mq, "q", "p")["name"] == "other"
+    assert raw_row(mq, "q", "p")["n"] == "other"  # the row's name (docs: short field names)
     assert (raw_row(mq, "q", "m"), raw_row(mq, "r", "x"), raw_row(mq, "r", "y")) == ({}, {}, {})
     assert mq.counts("q")["pending"] == 1  # the other job only
 
@@ -99,7 +99,7 @@ def test_a_parent_claimed_with_its_child_s_completion_starts_when_it_finished(re
     reporter.report([Finished(claim_one(mq, "o", "a"), 1)])
     [(_, _, [parent])] = taken  # on a Cluster the claim rides the outbox's delivery
     child, row = raw_row(mq, "o", "a"), raw_row(mq, "q", "p")
-    assert (parent.id, row["state"]) == ("p", "active")
+    assert (parent.id, row["s"]) == ("p", "active")
     assert int(row["started_at"]) >= int(child["finished_at"])
 
 

@@ -23,7 +23,7 @@ def test_jobs_land_in_order_as_enqueue_writes_them(tmq) -> None:
     assert len(ids) == 3 and ids[1] == "mine"
     assert [j.id for j in tmq.claim("q", 10)] == ids[:2]
     row = jobkit.row(tmq, "q", "mine")
-    assert (row["name"], row["payload"], row["max_attempts"], row["backoff_ms"]) == (
+    assert (row["n"], row["d"], row["max_attempts"], row["backoff_ms"]) == (
         "a.job",
         "[2]",
         "5",

@@ -94,7 +94,7 @@ def test_mixed_siblings_in_small_chunks_land_with_their_own_settings(redis_clien
     got = {i: row(mq, "q", i) for i in ("a1", "b0", "b1", "m", "m0")}
     assert [got["a1"].get("pp"), got["b0"]["pp"]] == [None, "rd"]
     assert (got["b1"]["max_attempts"], got["b1"]["backoff_ms"]) == ("5", "7")
-    assert (got["m"]["state"], got["m0"]["parent"], got["m0"]["state"]) == (
+    assert (got["m"]["s"], got["m0"]["p"], got["m0"]["s"]) == (
         "awaiting_children",
         "m",
         "pending",
@@ -162,10 +162,10 @@ def test_a_plain_fan_out_on_another_queue_carries_the_parents_incarnation(mq) ->
     assert (ref.landed, ref.skipped) == (6, 0)
     inc = row(mq, "p", ref.parent_id)["inc"]
     kids = [row(mq, "c", job_id) for _, job_id in ref.children]
-    assert [(k["parent"], k["pq"], k["pi"], k["state"]) for k in kids] == [
-        (ref.parent_id, "p", inc, "pending")
+    assert [(k["p"], k["pq"], k["pi"], k["s"]) for k in kids] == [
+        (":" + ref.parent_id[12:], "p", inc, "pending")  # the ids' shared prefix left out
     ] * 5
-    assert [k["payload"] for k in kids] == [f'{{"i":{i}}}' for i in range(5)]
+    assert [k["d"] for k in kids] == [f'{{"i":{i}}}' for i in range(5)]
 
 
 @pytest.mark.parametrize(
@@ -192,7 +192,7 @@ def test_a_fan_outs_payloads_are_refused_as_one_payload_is(redis_client, payload
 def test_a_fan_outs_payloads_are_stored_as_encode_writes_them(mq) -> None:
     payloads = [{"ref": {JobRef("q", "a"): 1}}, [1.5, None], "text", 7, None, {"i": 0}]
     ref = mq.add_flow(Flow("q", "root", children=[Flow("q", "leaf", p) for p in payloads]))
-    stored = [row(mq, "q", job_id)["payload"] for _, job_id in ref.children]
+    stored = [row(mq, "q", job_id)["d"] for _, job_id in ref.children]
     assert stored == [mq.encode(p) for p in payloads]
     assert stored[0] == '{"ref":{"q/a":1}}'
 
@@ -206,6 +206,6 @@ def test_one_leaf_with_a_setting_in_a_plain_fan_out_keeps_it(mq) -> None:
     rows = [row(mq, "q", job_id) for job_id in ref.child_ids]
     assert [i for i, r in enumerate(rows) if r.get("priority")] == [17]
     assert rows[17]["priority"] == "5"
-    assert [(i, r["state"]) for i, r in enumerate(rows) if r["state"] != "pending"] == [
+    assert [(i, r["s"]) for i, r in enumerate(rows) if r["s"] != "pending"] == [
         (23, "awaiting_children")
     ]

@@ -77,9 +77,9 @@ def test_flat_flow_lands_held_parent_and_claimable_children(tmq) -> None:
     inc = row(tmq, "q", "p")["inc"]
     assert str(int(inc)) == inc and 0 < int(inc) < 2**31  # an integer: 5 bytes in a listpack
     assert row(tmq, "q", "p") == {
-        "name": "node",
-        "payload": '{"id":"p"}',
-        "state": "awaiting_children",
+        "n": "node",
+        "d": '{"id":"p"}',
+        "s": "awaiting_children",
         "ca": str(T0),
         "inc": inc,
     }
@@ -91,11 +91,11 @@ def test_flat_flow_lands_held_parent_and_claimable_children(tmq) -> None:
     for cid, policy in (("c1", "fp"), ("c2", "id"), ("c3", "rd")):
         r = assert_state(tmq, "q", cid, "pending")
         assert r == {
-            "name": "leaf",
-            "payload": f'{{"id":"{cid}"}}',
-            "state": "pending",
+            "n": "leaf",
+            "d": f'{{"id":"{cid}"}}',
+            "s": "pending",
             "ca": str(T0),
-            "parent": "p",
+            "p": "p",
             "pi": inc,
             **({} if policy == "fp" else {"pp": policy}),
         }

@@ -52,7 +52,7 @@ def test_a_first_start_fires_no_past_tick_then_one_job_per_tick(tmq, clock) -> N
     clock.now = tick
     assert s.fire_due() == [("q", f"beat-{tick}")]
     r = assert_state(tmq, "q", f"beat-{tick}", "pending")
-    assert (r["name"], r["payload"], r["priority"]) == ("ops.ping", '{"n":1}', "2")
+    assert (r["n"], r["d"], r["priority"]) == ("ops.ping", '{"n":1}', "2")
     clock.advance(30_000)
     assert s.fire_due() == []
     assert (s.fired, tmq.timers.schedule_last("q", "beat")) == (1, tick)

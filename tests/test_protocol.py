@@ -48,9 +48,9 @@ def test_enqueue_writes_the_row_and_pending(tmq) -> None:
     found = assert_state(tmq, "q", "j1", "pending")
     assert len(found.pop("enqueue_token")) == 16
     assert found == {
-        "name": "mail.send",
-        "payload": '{"to":"a@b","n":[1,2]}',
-        "state": "pending",
+        "n": "mail.send",
+        "d": '{"to":"a@b","n":[1,2]}',
+        "s": "pending",
         "max_attempts": "5",
         "backoff_ms": "250",
         "ca": str(T0),
@@ -93,9 +93,9 @@ def test_enqueue_defaults_and_generated_id(redis_client, clock) -> None:
     found = row(mq, "slow", job_id)
     assert len(found.pop("enqueue_token")) == 16
     assert found == {
-        "name": "n",
-        "payload": "null",
-        "state": "pending",
+        "n": "n",
+        "d": "null",
+        "s": "pending",
         "ca": str(T0),
     }
     job = mq.get_job("slow", job_id)
@@ -106,7 +106,7 @@ def test_enqueue_defaults_and_generated_id(redis_client, clock) -> None:
 
 def test_enqueue_with_delay_is_delayed_until_run_at(tmq) -> None:
     assert tmq.enqueue("q", "n", 1, job_id="later", delay_ms=1500) == "later"
-    assert assert_state(tmq, "q", "later", "delayed")["state"] == "delayed"
+    assert assert_state(tmq, "q", "later", "delayed")["s"] == "delayed"
     assert score(tmq, "q", "delayed", "later") == T0 + 1500
     assert tmq.claim("q") == []
 
@@ -429,7 +429,7 @@ def test_module_level_api(settings_mq, redis_server, r) -> None:
         3,
         200,
     )  # testproject's QUEUES["orders"]
-    assert r.hget(f"emq:{{orders}}:job:{job_id}", "state") == b"pending"
+    assert r.hget(f"emq:{{orders}}:job:{job_id}", "s") == b"pending"
     settings_mq.fail(claim_one(settings_mq, "orders", job_id), "x", dead=True)
     assert echomq_django.retry("orders", job_id).state is JobState.PENDING
     with pytest.raises(JobNotRetryable, match="is pending"):

@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 
 from echomq_django import EchoMQ, Flow, FlowConflict, JobRef, JobState
-from echomq_django.core.jobs import LONG_NAMES
+from echomq_django.core.rows import LONG_NAMES
 from tests.support.jobkit import raw_row, sweep
 
-LEAF_FIELDS = {"name", "payload", "state", "ca", "parent", "pi"}
+LEAF_FIELDS = {"n", "d", "s", "ca", "p", "pi"}
 
 
 def _bench_flow(child_queue: str, n: int) -> Flow:
@@ -27,14 +27,16 @@ def test_a_leaf_row_holds_six_fields_under_short_names(mq) -> None:
     cross = mq.add_flow(_bench_flow("bench2", 3))
     leaf = raw_row(mq, *wide.nodes[-1])
     assert set(leaf) == LEAF_FIELDS
-    assert (leaf["state"], leaf["parent"], leaf["pi"]) == (
+    # the parent's id stored after the 12 characters the flow's ids share
+    assert (leaf["s"], leaf["p"], leaf["pi"]) == (
         "pending",
-        wide.parent_id,
+        ":" + wide.parent_id[12:],
         raw_row(mq, "bench", wide.parent_id)["inc"],
     )
     other = raw_row(mq, *cross.nodes[-1])
     assert set(other) == LEAF_FIELDS | {"pq"}
-    assert (other["pq"], other["parent"]) == ("bench", cross.parent_id)
+    assert (other["pq"], other["p"]) == ("bench", ":0")
+    assert mq.get_job(*wide.nodes[-1]).parent == wide.parent_id
     job = mq.get_job(*cross.nodes[-1])
     assert (job.parent, job.parent_queue, job.created_at) == (
         cross.parent_id,
@@ -43,15 +45,16 @@ def test_a_leaf_row_holds_six_fields_under_short_names(mq) -> None:
     )
 
 
-def test_a_benchmark_leaf_row_fits_the_112_byte_listpack_class(r) -> None:
-    # MEMORY USAGE of the row: its listpack (109 bytes wide, 120 cross-queue:
-    # the 112 and 128 classes) and its key, object and dict entry (88 bytes).
-    # With the long names they were 216 and 248.
+def test_a_benchmark_leaf_row_fits_the_96_byte_listpack_class(r) -> None:
+    # MEMORY USAGE of the row: its listpack (91 bytes wide, 102 cross-queue:
+    # the 96 and 112 classes) and its key, object and dict entry (88 bytes).
+    # With the long names they were 216 and 248; with only `ca`, `pq`, `pp`
+    # and `pi` short, 200 and 216.
     mq = EchoMQ(r, prefix="emq")
     wide = mq.add_flow(_bench_flow("bench", 10))
     cross = mq.add_flow(_bench_flow("bench2", 10))
-    assert r.memory_usage(mq.keys.job(*wide.nodes[-1]), samples=0) <= 200
-    assert r.memory_usage(mq.keys.job(*cross.nodes[-1]), samples=0) <= 216
+    assert r.memory_usage(mq.keys.job(*wide.nodes[-1]), samples=0) <= 184
+    assert r.memory_usage(mq.keys.job(*cross.nodes[-1]), samples=0) <= 200
 
 
 def test_cross_queue_leaves_are_announced_in_runs_of_100(mq) -> None:
@@ -75,10 +78,17 @@ def test_cross_queue_leaves_are_announced_in_runs_of_100(mq) -> None:
     ] == [ref.parent_id]
 
 
-def _to_long_names(mq, queue: str, job_id: str) -> None:
-    """Rewrite a row as the previous build wrote it: long field names."""
+# the names the build before the last one wrote long; the last wrote `ca`,
+# `pq`, `pp` and `pi` short and the others long
+EARLIEST = tuple(LONG_NAMES)
+PREVIOUS = ("n", "d", "s", "p")
+
+
+def _to_long_names(mq, queue: str, job_id: str, names=EARLIEST) -> None:
+    """Rewrite a row as an earlier build wrote it: ``names`` (short names)
+    under their long names."""
     key = mq.keys.job(queue, job_id)
-    for short, long in LONG_NAMES.items():
+    for short, long in ((n, LONG_NAMES[n]) for n in names):
         value = mq.client.hget(key, short)
         if value is not None:
             mq.client.hset(key, long, value)
@@ -119,6 +129,42 @@ def test_rows_with_the_earlier_long_names_are_read_and_resolve_their_parent(
         JobRef(child_queue, "k0"): "zero",
         JobRef(child_queue, "k1"): "one",
     }
+
+
+@pytest.mark.parametrize("child_queue", ["p", "c"])
+def test_rows_of_the_previous_build_finish_and_release_their_parent(mq, child_queue) -> None:
+    # the previous build wrote `ca`, `pq`, `pp`, `pi` short and `name`,
+    # `payload`, `state`, `parent` long: the parent's row too
+    kids = [Flow(child_queue, "leaf", {"i": i}, job_id=f"k{i}") for i in range(3)]
+    ref = mq.add_flow(Flow("p", "root", {"r": 1}, job_id="root", children=kids))
+    for queue, job_id in [("p", "root"), *ref.children]:
+        _to_long_names(mq, queue, job_id, PREVIOUS)
+    old = raw_row(mq, child_queue, "k1")
+    assert (old["state"], old["parent"], old["payload"], old["name"]) == (
+        "pending",
+        "root",
+        '{"i":1}',
+        "leaf",
+    )
+    assert "ca" in old and "s" not in old and "p" not in old
+    assert mq.get_job("p", "root").state == JobState.AWAITING_CHILDREN
+    assert mq.probes.states(child_queue, ["k0"]) == {"k0": "pending"}
+    claimed = {j.id: j for j in mq.claim(child_queue, 10)}
+    assert {i: (j.name, j.payload, j.parent) for i, j in claimed.items()} == {
+        f"k{i}": ("leaf", {"i": i}, "root") for i in range(3)
+    }
+    # a move writes the short state into the old row: that one is read
+    assert raw_row(mq, child_queue, "k0")["s"] == "active"
+    assert mq.get_job(child_queue, "k0").state == JobState.ACTIVE
+    for i in range(3):
+        mq.complete(claimed[f"k{i}"], i)
+    sweep(mq, child_queue)
+    assert mq.get_job("p", "root").state == JobState.PENDING
+    (root,) = mq.claim("p", 1)
+    assert (root.id, root.name, root.payload) == ("root", "root", {"r": 1})
+    mq.complete(root, "all")
+    assert mq.get_job("p", "root").state == JobState.COMPLETED
+    assert mq.children_values("p", "root") == {JobRef(child_queue, f"k{i}"): i for i in range(3)}
 
 
 @pytest.mark.parametrize("child_queue", ["p", "c"])
@@ -205,3 +251,33 @@ def test_a_short_name_written_into_an_earlier_row_wins(mq, child_queue) -> None:
     sweep(mq, child_queue)
     assert mq.get_job("p", "root").state == JobState.PENDING
     assert mq.children_values("p", "root") == {JobRef(child_queue, "k0"): "counted"}
+
+
+@pytest.mark.parametrize("child_queue", ["p", "c"])
+@pytest.mark.parametrize(
+    ("root", "kid", "stored"),
+    [
+        ("order-2026-12-03", "order-2026-12-03-a", ":2-03"),  # 12 characters shared
+        ("éééééé-root", "éééééé-k", ":-root"),  # 12 bytes: 6 characters
+        ("aééééééroot", "aéééééé-k", "aééééééroot"),  # a cut would split an é
+        ("short", "short-k", "short"),
+    ],
+)
+def test_a_parent_id_is_stored_after_the_bytes_it_shares_with_the_childs(
+    mq, child_queue, root, kid, stored
+) -> None:
+    ref = mq.add_flow(Flow("p", "root", {}, job_id=root, children=[
+        Flow(child_queue, "leaf", {}, job_id=kid)]))  # fmt: skip
+    assert raw_row(mq, child_queue, kid)["p"] == stored
+    assert mq.get_job(child_queue, kid).parent_ref == JobRef("p", root)
+    assert mq.get_flow("p", root)["children"][0]["id"] == kid
+    again = mq.add_flow(Flow("p", "root", {}, job_id=root, children=[
+        Flow(child_queue, "leaf", {}, job_id=kid)]))  # fmt: skip
+    assert (again.landed, again.skipped) == (0, 2)
+    (job,) = mq.claim(child_queue, 1)
+    assert job.parent == root
+    mq.complete(job, "done")
+    sweep(mq, child_queue)
+    assert mq.get_job("p", root).state == JobState.PENDING
+    assert mq.children_values("p", root) == {JobRef(child_queue, kid): "done"}
+    assert ref.children == [(child_queue, kid)]

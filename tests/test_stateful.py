@@ -779,7 +779,7 @@ class FlowMachine(RuleBasedStateMachine):
         parents = [i for i in ids if self.model.jobs[i].children]
         pipe = self.client.pipeline(transaction=False)
         for jid in ids:
-            pipe.hmget(k.job(Q, jid), "state", "attempts")
+            pipe.hmget(k.job(Q, jid), "s", "attempts")
         pipe.lrange(k.queue_key(Q, "pending"), 0, -1)
         pipe.zrange(k.queue_key(Q, "prioritized"), 0, -1)
         for name in INDEXES[1:]:

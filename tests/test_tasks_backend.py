@@ -436,7 +436,7 @@ def test_the_errors_kept_are_bounded(mq):
 
     mq.enqueue("default", "t.fail", None, job_id="many", max_attempts=ERRORS_KEPT + 5)
     for n in range(ERRORS_KEPT + 5):
-        mq.client.hset(mq.keys.job("default", "many"), "state", "pending")
+        mq.client.hset(mq.keys.job("default", "many"), "s", "pending")
         mq.client.rpush(mq.keys.queue("default").pending, "many")
         (job,) = mq.claim("default")
         mq.fail(job, f"boom {n}")

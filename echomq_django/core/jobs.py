@@ -3,8 +3,8 @@ dependencies, the queue defaults, and the encoding to and from Redis.
 
 A job row is the hash ``P:{q}:job:<id>`` (docs/explanation/protocol.md#keys). Encoding and decoding
 live here and nowhere else. Of the package it imports only
-``core/refs.py`` (a job named by ``JobRef``) and ``core/live.py`` (what a
-running job reports).
+``core/refs.py`` (a job named by ``JobRef``), ``core/live.py`` (what a
+running job reports) and ``core/rows.py`` (the row's field names).
 """
 
 from __future__ import annotations
@@ -16,6 +16,18 @@ from typing import Any, Protocol
 
 from .live import KEEP_LOGS, Reporting
 from .refs import JobRef
+from .rows import (
+    CREATED,
+    NAME,
+    PARENT,
+    PARENT_QUEUE,
+    PAYLOAD,
+    POLICY,
+    STATE,
+    parent_of,
+    row_get,
+    to_text,
+)
 
 # A queue's settings when ECHOMQ["QUEUES"] gives none
 # (docs/explanation/protocol.md#leases-and-recovery).
@@ -95,13 +107,6 @@ class Policy(StrEnum):
     CONTINUE_PARENT = "cp"
 
 
-def to_text(value: Any) -> str | None:
-    """A Redis reply value (bytes or str, or None) as text."""
-    if value is None:
-        return None
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 def row_error(r: dict) -> str | None:
     """A job row's ``error`` joined from its pieces: ``r`` maps field names
     (str) to raw values (bytes or str, absent or None when the row has none);
@@ -113,44 +118,6 @@ def row_error(r: dict) -> str | None:
         return to_text(first)
     parts = [first, *(r.get(f"error.{i}") for i in range(2, int(n) + 1))]
     return "".join(to_text(p) or "" for p in parts)
-
-
-# The short names of a row's most common fields, spelled once here as
-# lua/lib/row.lua spells them for the scripts, and the long names rows of an
-# earlier version hold (docs/explanation/protocol.md#the-job-row).
-CREATED, PARENT_QUEUE, POLICY, PARENT_INC = "ca", "pq", "pp", "pi"
-LONG_NAMES = {
-    CREATED: "created_at",
-    PARENT_QUEUE: "parent_queue",
-    POLICY: "parent_policy",
-    PARENT_INC: "parent_inc",
-}
-
-
-def row_fields(names: tuple[str, ...]) -> tuple[str, ...]:
-    """``names`` (a row's field names as written now) plus the long name of
-    each renamed one, for one ``HMGET`` that reads rows of either version;
-    ``pick_fields`` folds its reply back to ``names``' order."""
-    return names + tuple(LONG_NAMES[n] for n in names if n in LONG_NAMES)
-
-
-def pick_fields(names: tuple[str, ...], values: list) -> list:
-    """The ``HMGET`` reply ``values`` of ``row_fields(names)`` as one value
-    per name (the short name's, else the long name's; None when neither)."""
-    out, extra = list(values[: len(names)]), len(names)
-    for i, n in enumerate(names):
-        if n in LONG_NAMES:
-            if out[i] is None:
-                out[i] = values[extra]
-            extra += 1
-    return out
-
-
-def row_get(r: dict, name: str) -> Any:
-    """Field ``name`` (a short name) of a decoded row ``r`` (str keys), or
-    the long name's value a row of an earlier version holds; None for none."""
-    value = r.get(name)
-    return r.get(LONG_NAMES[name]) if value is None and name in LONG_NAMES else value
 
 
 def decode_policy(value: Any, has_parent: bool) -> Policy | None:
@@ -309,7 +276,7 @@ class Job(Reporting):
         parent, parent_queue, policy, max_attempts, backoff_ms = _compact(
             queue,
             mq,
-            r.get("parent"),
+            parent_of(job_id, row_get(r, PARENT)),
             row_get(r, PARENT_QUEUE),
             row_get(r, POLICY),
             r.get("max_attempts"),
@@ -318,9 +285,9 @@ class Job(Reporting):
         return cls(
             id=job_id,
             queue=queue,
-            name=to_text(r.get("name")) or "",
-            payload=_json(r.get("payload")),
-            state=state or JobState(to_text(r.get("state"))),
+            name=to_text(row_get(r, NAME)) or "",
+            payload=_json(row_get(r, PAYLOAD)),
+            state=state or JobState(to_text(row_get(r, STATE))),
             attempts=_int(r.get("attempts")) or 0,
             max_attempts=max_attempts,
             backoff_ms=backoff_ms,

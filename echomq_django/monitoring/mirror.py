@@ -39,6 +39,7 @@ from django.utils import timezone
 
 from ..core.jobs import Job, JobState, to_text
 from ..core.keyspace import STATE_INDEX, validate_queue
+from ..core.rows import PAYLOAD, row_get
 from ..models import TEXT_LIMIT, MirroredJob, MirroredQueue
 from ..protocol.client import EchoMQ
 from ..runners import heartbeat
@@ -81,7 +82,7 @@ def job_from_row(mq, queue: str, job_id: str, row: dict, now: datetime) -> Mirro
     """
     job = Job.from_row(queue, job_id, row, mq=mq)
     raw = {to_text(k): v for k, v in row.items()}
-    payload, cut_p = _trim(raw.get("payload"))
+    payload, cut_p = _trim(row_get(raw, PAYLOAD))
     result, cut_r = _trim(raw.get("result"))
     error, cut_e = _trim(job.error)
     return MirroredJob(

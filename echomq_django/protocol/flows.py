@@ -18,15 +18,25 @@ import json
 from ..core import flows as _flows
 from ..core.exceptions import DependencyError, FlowConflict, JobNotActive, JobNotFound
 from ..core.flows import Flow, FlowRef
-from ..core.jobs import PARENT_QUEUE, Job, JobState, pick_fields, row_fields, to_json, to_text
+from ..core.jobs import Job, JobState, to_json, to_text
 from ..core.landing import DEP_OPTS as DEP
 from ..core.landing import Plan, steps
 from ..core.live import MAX_ADDED_CHILDREN, step_prefix
 from ..core.refs import JobRef
+from ..core.rows import (
+    PARENT,
+    PARENT_QUEUE,
+    STATE,
+    STATE_FIELDS,
+    parent_of,
+    pick_fields,
+    row_fields,
+    row_state,
+)
 from ..tracing.spans import adding
 from .wire import Part, Wire
 
-_LINK = ("state", "parent", PARENT_QUEUE)  # a dependency's row, read before the add
+_LINK = (STATE, PARENT, PARENT_QUEUE)  # a dependency's row, read before the add
 
 
 class Flows(Part):
@@ -304,7 +314,8 @@ class Flows(Part):
             where = f"{g.parent_queue}/{g.parent_id} depends_on {g.queue}/{g.ids[0]}"
             if state is None:
                 raise JobNotFound(f"{where}: no such job (a dependency is a job already added)")
-            owner = f"{to_text(pq) or g.queue}/{to_text(parent)}"
+            parent = parent_of(g.ids[0], parent)
+            owner = f"{to_text(pq) or g.queue}/{parent}"
             if parent is not None and owner != f"{g.parent_queue}/{g.parent_id}":
                 raise FlowConflict(
                     f"{where}: it is already waited for by {owner} (a job is waited for "
@@ -355,9 +366,9 @@ class Flows(Part):
             rows = [self.keys.job(cq, cid) for _, cid in items]
             pipe = self.client.pipeline(transaction=False)
             for row in rows:
-                pipe.hget(row, "state")
+                pipe.hmget(row, *STATE_FIELDS)
             for (ref, _), st in zip(items, pipe.execute(), strict=True):
-                states[ref] = st.decode() if isinstance(st, bytes) else st
+                states[ref] = to_text(row_state(st))
         waiting = [ref for ref, st in states.items() if st in ("pending", "delayed")]
         removed, outcome = self._remove_dependencies(queue, parent_id, waiting, False)
         k, calls, queues = self.keys, [], []

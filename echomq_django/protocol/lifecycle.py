@@ -33,8 +33,18 @@ from ..core.exceptions import (
     JobNotRemovable,
     JobNotRetryable,
 )
-from ..core.jobs import PARENT_INC, PARENT_QUEUE, POLICY, JobState, Outcome, pick_fields, row_fields
+from ..core.jobs import JobState, Outcome
 from ..core.retention import Keep, retention
+from ..core.rows import (
+    PARENT,
+    PARENT_INC,
+    PARENT_QUEUE,
+    POLICY,
+    STATE,
+    parent_of,
+    pick_fields,
+    row_fields,
+)
 from .errors import reports_redis_down
 from .outbox import Outbox
 from .wire import Part, Wire
@@ -208,9 +218,10 @@ class Lifecycle(Part):
         to be gone, or None when nothing was re-counted. Raises
         ``JobNotRetryable`` (the parent went on; nothing written)."""
         k = self.keys
-        names = ("state", "parent", PARENT_QUEUE, POLICY, PARENT_INC)
+        names = (STATE, PARENT, PARENT_QUEUE, POLICY, PARENT_INC)
         f = pick_fields(names, self.client.hmget(k.job(queue, job_id), *row_fields(names)))
         state, pid, pq, policy, inc = (v.decode() if isinstance(v, bytes) else v for v in f)
+        pid = parent_of(job_id, pid)
         if state != "dead" or policy != "id" or not pq or pq == queue:
             return None  # the retry script checks a parent on its own slot itself
         ref = k.job(queue, job_id)

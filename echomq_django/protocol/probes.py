@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..core.jobs import CREATED, pick_fields, row_fields, to_text
+from ..core.jobs import to_text
 from ..core.keyspace import JobKeys, validate_queue
+from ..core.rows import CREATED, STATE_FIELDS, pick_fields, row_fields, row_state
 from .errors import reports_redis_down
 from .wire import Part
 
@@ -127,7 +128,8 @@ class Probes(Part):
     @reports_redis_down
     def states(self, queue: str, ids) -> dict[str, str | None]:
         """``{id: state text}`` for ``ids`` of ``queue`` (None: no such job)."""
-        return {j: to_text(v) for j, v in self._per_job(queue, ids, "hget", "state").items()}
+        got = self._per_job(queue, ids, "hmget", *STATE_FIELDS)
+        return {j: to_text(row_state(v)) for j, v in got.items()}
 
     @reports_redis_down
     def exist(self, queue: str, ids) -> dict[str, bool]:

@@ -14,20 +14,19 @@ import json
 import redis
 
 from ..core.exceptions import JobNotFound
-from ..core.jobs import (
-    CREATED,
-    POLICY,
-    Dependencies,
-    Job,
-    JobState,
-    decode_policy,
-    pick_fields,
-    row_error,
-    row_fields,
-    to_text,
-)
+from ..core.jobs import Dependencies, Job, JobState, decode_policy, row_error, to_text
 from ..core.keyspace import JobKeys, whole_number
 from ..core.refs import JobRef, Page, RefDict, as_ref
+from ..core.rows import (
+    CREATED,
+    NAME,
+    POLICY,
+    STATE,
+    STATE_FIELDS,
+    pick_fields,
+    row_fields,
+    row_state,
+)
 from .errors import connection_error, reports_redis_down
 from .probes import count_commands, count_replies
 from .wire import Part
@@ -37,7 +36,7 @@ ERRORS_KEPT = 10  # failed attempts' errors a job keeps: the row's last, 9 earli
 PAGE_MAX = 10_000  # children a page of a paged read, at most (docs/howto/read-flows.md#paged-reads)
 
 # the row fields a tree reads per node; a page of it adds the node's times (ms)
-_TREE_FIELDS = ("name", "state", "result", "error", POLICY, "error.n")
+_TREE_FIELDS = (NAME, STATE, "result", "error", POLICY, "error.n")
 _TIMES = ("created_at", "started_at", "finished_at")  # a page's keys for them
 _PAGE_FIELDS = (*_TREE_FIELDS, CREATED, "started_at", "finished_at")
 _ASK = {False: row_fields(_TREE_FIELDS), True: row_fields(_PAGE_FIELDS)}  # rows of either version
@@ -110,8 +109,9 @@ class Reads(Part):
         keys = self.keys.job_keys(queue, job_id)
         pipe = self.client.pipeline(transaction=False)
         pipe.lrange(keys.errors, 0, -1)
-        pipe.hmget(keys.row, "state", "error", "error.n")
-        earlier, (state, first, n) = pipe.execute()
+        pipe.hmget(keys.row, "error", "error.n", *STATE_FIELDS)
+        earlier, (first, n, *state) = pipe.execute()
+        state = row_state(state)
         if state is None:
             raise JobNotFound(f"job {job_id!r} not found in queue {queue!r}")
         last = (
@@ -393,7 +393,7 @@ class Reads(Part):
     @reports_redis_down
     def state_of(self, queue: str, job_id: str) -> JobState | None:
         """A job's state, one field read (None: no such job)."""
-        value = self.client.hget(self.keys.job(queue, job_id), "state")
+        value = row_state(self.client.hmget(self.keys.job(queue, job_id), *STATE_FIELDS))
         return None if value is None else JobState(to_text(value))
 
     @reports_redis_down

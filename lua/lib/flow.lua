@@ -72,7 +72,7 @@ end
 -- another incarnation than `inc` (then true: counted in OUT.stale). `inc`
 -- nil or false: any incarnation.
 local function parent_state(pkey, inc)
-  local f = redis.call('HMGET', pkey, 'state', 'inc')
+  local f = row_hmget_s(pkey, F_STATE, 'inc')
   if not f[1] then
     return nil, false
   end
@@ -111,7 +111,7 @@ end
 -- released.
 local function release(base, pid, now)
   local pkey = job_key(base, pid)
-  local f = redis.call('HMGET', pkey, 'state', 'delay_until', 'children_deadline', 'priority',
+  local f = row_hmget_s(pkey, F_STATE, 'delay_until', 'children_deadline', 'priority',
     'group')
   if f[1] ~= 'awaiting_children' then
     return
@@ -122,10 +122,10 @@ local function release(base, pid, now)
   end
   local at = tonumber(f[2] or '0')
   if at > now then
-    redis.call('HSET', pkey, 'state', 'delayed', 'updated_at', now)
+    redis.call('HSET', pkey, F_STATE, 'delayed', 'updated_at', now)
     make_delayed(base, pid, at)
   else
-    redis.call('HSET', pkey, 'state', 'pending', 'updated_at', now)
+    redis.call('HSET', pkey, F_STATE, 'pending', 'updated_at', now)
     make_claimable(base, {pid}, f[4], true, f[5] or nil)  -- the front of its priority
   end
   emit(base, 'released', pid)
@@ -176,7 +176,7 @@ local function uncancel(base, jid, key)
   for _, ref in ipairs(redis.call('LRANGE', key .. ':children', 0, -1)) do
     local ckey = child_key(base, ref)
     if ckey:sub(1, #mine) == mine then
-      local c = row_hmget(ckey, 'state', 'parent', 'cancel', F_PINC)
+      local c = row_hmget_p(ckey, F_STATE, F_PARENT, 'cancel', F_PINC)
       if c[1] == 'active' and c[2] == jid and c[3] and c[4] == inc then
         redis.call('HDEL', ckey, 'cancel')
       end
@@ -209,7 +209,7 @@ end
 -- the slot, else by a `reattach` entry on this queue's outbox that the pump
 -- delivers (docs/explanation/protocol.md#retry).
 local function reattach_up(base, id, now)
-  local parent = row_hmget(job_key(base, id), 'parent', F_PQUEUE, F_POLICY,
+  local parent = row_hmget_p(job_key(base, id), F_PARENT, F_PQUEUE, F_POLICY,
     F_PINC, 'orphaned')
   local policy = parent[3] or 'fp'
   if not parent[1] or parent[5] or (policy ~= 'fp' and policy ~= 'id') then
@@ -265,12 +265,12 @@ reattach = function(base, pid, ref, now, inc)
   if redis.call('HDEL', pkey .. ':failed', ref) == 0 then
     return
   end
-  if redis.call('HLEN', pkey .. ':failed') > 0 or redis.call('HGET', pkey, 'state') ~= 'dead' then
+  if redis.call('HLEN', pkey .. ':failed') > 0 or row_hmget_s(pkey, F_STATE)[1] ~= 'dead' then
     return
   end
   redis.call('ZREM', base .. 'dead', pid)
   redis.call('ZADD', base .. 'awaiting', now, pid)
-  redis.call('HSET', pkey, 'state', 'awaiting_children', 'updated_at', now)
+  redis.call('HSET', pkey, F_STATE, 'awaiting_children', 'updated_at', now)
   redis.call('HDEL', pkey, 'finished_at')
   if redis.call('HGET', pkey, 'error') == 'cancelled' then
     uncancel(base, pid, pkey)  -- revived: its cancel is taken back, as by its own retry
@@ -385,8 +385,8 @@ local function callback(base, id, spec, kind, body, now)
   if type(name) == 'table' then
     name = name[2]
   end
-  redis.call('HSET', job_key(base, cid), 'name', name, 'state', 'pending', F_CREATED, now,
-    'payload', payload)
+  redis.call('HSET', job_key(base, cid), F_NAME, name, F_STATE, 'pending', F_CREATED, now,
+    F_DATA, payload)
   make_claimable(base, {cid}, nil)
   emit(base, 'added', cid)
 end
@@ -397,7 +397,7 @@ end
 -- its death travels as a `cancelled` entry (propagate_death).
 local function kill(base, id, err, now, up)
   local key = job_key(base, id)
-  local f = redis.call('HMGET', key, 'state', 'dedup', 'keep', 'orphaned', 'lease', 'callbacks',
+  local f = row_hmget_s(key, F_STATE, 'dedup', 'keep', 'orphaned', 'lease', 'callbacks',
     'group')
   local state = f[1]
   if state == 'dead' then
@@ -415,7 +415,7 @@ local function kill(base, id, err, now, up)
   elseif state == 'pending' then
     unclaimable(base, id, f[7] or nil)
   end
-  redis.call('HSET', key, 'state', 'dead', 'finished_at', now, 'updated_at', now)
+  redis.call('HSET', key, F_STATE, 'dead', 'finished_at', now, 'updated_at', now)
   if f[4] then  -- its flow was removed while it ran: its signals, then it goes
     if err == 'cancelled' then
       signal_event(base, 'cancelled', id, err)
@@ -489,7 +489,7 @@ local function fan_in_dead(base, pid, ref, err, policy, now, inc)
     local hash = (policy == 'rd') and ':removed' or ':unsuccessful'
     if redis.call('HSETNX', pkey .. hash, ref, err) == 1 then
       decrement_and_maybe_release(base, pid, now)
-      if policy == 'cp' and redis.call('HGET', pkey, 'state') == 'awaiting_children' then
+      if policy == 'cp' and row_hmget_s(pkey, F_STATE)[1] == 'awaiting_children' then
         redis.call('HSET', pkey, 'went_on', now)
         release(base, pid, now)
       end
@@ -497,7 +497,7 @@ local function fan_in_dead(base, pid, ref, err, policy, now, inc)
     return true
   end
   if redis.call('HSETNX', pkey .. ':failed', ref, err) == 1 then
-    local pstate = redis.call('HGET', pkey, 'state')
+    local pstate = row_hmget_s(pkey, F_STATE)[1]
     if pstate == 'awaiting_children' then
       local why = failed_by(ref, err)
       OUT.flow_failed[#OUT.flow_failed + 1] = base .. pid
@@ -510,7 +510,7 @@ end
 
 propagate_death = function(base, id, err, now, up)
   local key = job_key(base, id)
-  local parent = row_hmget(key, 'parent', F_PQUEUE, F_POLICY, F_PINC,
+  local parent = row_hmget_p(key, F_PARENT, F_PQUEUE, F_POLICY, F_PINC,
     'orphaned', 'cancel')
   if not parent[1] or parent[5] then  -- no parent, or its parent was removed while it ran
     return

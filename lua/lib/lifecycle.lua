@@ -80,7 +80,7 @@ local function replay_or_refuse(base, row, id, token, refused)
   if again then
     return again
   end
-  local state = redis.call('HGET', row, 'state')
+  local state = row_hmget_s(row, F_STATE)[1]
   if not state then
     return redis.error_reply('EMQNOJOB ' .. QUEUE .. ' ' .. id)
   end
@@ -209,7 +209,7 @@ end
 -- removed parent: an id landed again under another flow, or under the same
 -- ids added again, is not touched). Returns true when the row went.
 local function drop_node(base, id, parent, inc)
-  local f = row_hmget(base .. 'job:' .. id, 'state', 'parent', 'dedup',
+  local f = row_hmget_p(base .. 'job:' .. id, F_STATE, F_PARENT, 'dedup',
     'children_deadline', 'keep', F_PINC, 'group')
   if not f[1] or (parent and f[2] ~= parent) or (inc and f[6] and f[6] ~= inc) then
     return false
@@ -248,7 +248,7 @@ end
 -- :removed, one decrement, release at zero. Guarded: a child that resolved
 -- its parent already changes nothing. Another slot: a `gone` entry.
 local function resolve_removed(base, id, now)
-  local f = row_hmget(base .. 'job:' .. id, 'parent', F_PQUEUE, F_PINC,
+  local f = row_hmget_p(base .. 'job:' .. id, F_PARENT, F_PQUEUE, F_PINC,
     'orphaned')
   if not f[1] or f[4] then  -- no parent, or its parent was removed while it ran
     return
@@ -272,7 +272,7 @@ end
 -- drop_node. Returns the state it found.
 local function cancel_node(base, id, now, parent, inc)
   local key = base .. 'job:' .. id
-  local f = row_hmget(key, 'state', 'parent', F_PINC)
+  local f = row_hmget_p(key, F_STATE, F_PARENT, F_PINC)
   local state = f[1]
   if (parent and f[2] ~= parent) or (inc and f[3] and f[3] ~= inc) then
     return nil  -- an id landed again under another flow, or the same ids again
@@ -356,7 +356,7 @@ end
 local function retire(base, index, id, now, batch)
   LEFT = LEFT - 1
   local row = base .. 'job:' .. id
-  local f = row_hmget(row, 'parent', F_PQUEUE, F_POLICY, 'state',
+  local f = row_hmget_p(row, F_PARENT, F_PQUEUE, F_POLICY, F_STATE,
     'orphaned')
   local state = f[4]
   if state ~= 'completed' and state ~= 'dead' then
@@ -429,7 +429,7 @@ local function expire_run(base, now)
   end
   local due = redis.call('ZRANGEBYSCORE', base .. 'expire', '-inf', now, 'LIMIT', 0, LEFT)
   for _, id in ipairs(due) do
-    local state = redis.call('HGET', base .. 'job:' .. id, 'state')
+    local state = row_hmget_s(base .. 'job:' .. id, F_STATE)[1]
     if state == 'completed' or state == 'dead' then
       retire(base, state, id, now)
       if redis.call('EXISTS', base .. 'job:' .. id) == 1 then
@@ -475,14 +475,14 @@ end
 -- already, removed, or under another flow).
 local function rerun_child(base, id, parent, inc, now)
   local key = job_key(base, id)
-  local f = row_hmget(key, 'state', 'parent', F_PINC, 'priority', 'group')
+  local f = row_hmget_p(key, F_STATE, F_PARENT, F_PINC, 'priority', 'group')
   if f[1] ~= 'dead' or f[2] ~= parent or (inc and f[3] and f[3] ~= inc)
       or get_error(key) ~= 'cancelled' then
     return
   end
   redis.call('ZREM', base .. 'dead', id)
   redis.call('ZREM', base .. 'expire', id)
-  redis.call('HSET', key, 'state', 'pending', 'attempts', 0, 'stalls', 0, 'updated_at', now)
+  redis.call('HSET', key, F_STATE, 'pending', 'attempts', 0, 'stalls', 0, 'updated_at', now)
   redis.call('HDEL', key, 'finished_at', 'result', 'cancel', 'expires_at')
   clear_error(key)
   make_claimable(base, {id}, f[4], false, f[5] or nil)

@@ -21,6 +21,7 @@
 ]]
 -- @include lib/emit.lua
 -- @include lib/lease.lua
+-- @include lib/row.lua
 
 -- progress values a batched events entry carries at most (bounds its size:
 -- 100 values of at most 1,024 bytes)
@@ -37,7 +38,7 @@ local function write_reports(events, queue, base, keep, a, first, hold)
     local f = hold and hold.read(id, row)
     local held_row = f and true
     if not f then
-      f = redis.call('HMGET', row, 'state', 'lease')
+      f = row_hmget_s(row, F_STATE, 'lease')
     end
     local refused = lease_refused(queue, id, f[1], f[2], token)
     if refused then

@@ -6,46 +6,111 @@
   until a script calls row_hmget.
 
   Why short: a row is a small hash, one listpack whose allocation is
-  rounded up to the allocator's size class (96, 112, 128, 160... bytes),
-  and a field's name is stored in every row. `created_at` is on every row
-  and the parent link on every flow node; their two-letter names took the
-  benchmark's leaf row from the 128-byte class to 112 and its cross-queue
-  leaf from 160 to 128 (docs/explanation/performance.md#memory-per-node).
+  rounded up to the allocator's size class (80, 96, 112, 128, 160...
+  bytes), and a field's name is stored in every row. The handler, payload,
+  state and time are on every row and the parent link on every flow node;
+  their one- and two-letter names took the benchmark's leaf row from the
+  128-byte class to 96 and its cross-queue leaf from 160 to 112
+  (docs/explanation/performance.md#memory-per-node).
 
   Rows written before the rename hold the long names: row_hmget reads
   both (the short one wins), so such jobs finish as they would have;
   every write uses the short name only.
 ]]
 
-local F_CREATED = 'ca'   -- when the job was written (ms): was created_at
-local F_PQUEUE = 'pq'    -- a cross-queue child's parent queue: was parent_queue
-local F_POLICY = 'pp'    -- a child's policy when not 'fp': was parent_policy
-local F_PINC = 'pi'      -- a child's parent's incarnation: was parent_inc
-local LONG_NAME = {[F_CREATED] = 'created_at', [F_PQUEUE] = 'parent_queue',
+local F_NAME = 'n'      -- the handler: was name
+local F_DATA = 'd'      -- the payload (JSON): was payload
+local F_STATE = 's'     -- the job's state: was state
+local F_CREATED = 'ca'  -- when the job was written (ms): was created_at
+local F_PARENT = 'p'    -- a child's parent id: was parent
+local F_PQUEUE = 'pq'   -- a cross-queue child's parent queue: was parent_queue
+local F_POLICY = 'pp'   -- a child's policy when not 'fp': was parent_policy
+local F_PINC = 'pi'     -- a child's parent's incarnation: was parent_inc
+local LONG_NAME = {[F_NAME] = 'name', [F_DATA] = 'payload', [F_STATE] = 'state',
+  [F_CREATED] = 'created_at', [F_PARENT] = 'parent', [F_PQUEUE] = 'parent_queue',
   [F_POLICY] = 'parent_policy', [F_PINC] = 'parent_inc'}
 
--- HMGET of `key`'s fields ... (names as written now), in order. A row
--- written by an earlier version (the only rows with `created_at`) is read
--- again by both names, the short one winning (this version may have
--- written one into it since: a re-added child's `pi`); a row of this
--- version costs one HMGET with one more field, on the hot path of claim
--- and complete.
+-- A child's parent id as its row's `p` holds it: ':' and the rest of the
+-- parent's id when that starts with the child's first REL_PREFIX bytes (a
+-- flow's generated ids share a 12-character prefix: a fan-out's leaf
+-- stores ':0' for its root, 2 bytes for 13), else the id itself (an id
+-- never holds ':'). The cut never splits a UTF-8 character (the rest does
+-- not start with a continuation byte), so the value stays text. parent_of
+-- turns it back, given the child's id.
+local REL_PREFIX = 12
+local byte = string.byte
+
+local function parent_ref(id, parent)
+  local next_byte = parent:byte(REL_PREFIX + 1)
+  if next_byte and (next_byte < 128 or next_byte >= 192)
+      and parent:sub(1, REL_PREFIX) == id:sub(1, REL_PREFIX) then
+    return ':' .. parent:sub(REL_PREFIX + 1)
+  end
+  return parent
+end
+
+local function parent_of(id, stored)
+  if stored and stored:byte(1) == 58 then  -- ':'
+    return id:sub(1, REL_PREFIX) .. stored:sub(2)
+  end
+  return stored
+end
+
+-- HMGET of `key`'s fields ... (names as written now), in order (F_PARENT
+-- as stored: row_hmget_p turns it into the whole id). A row written by an
+-- earlier version (the only rows with a `name`: every version before
+-- wrote it on every row, this one never does) is read again by both
+-- names, the short one winning (this version may have written one into it
+-- since: its `s` on a move, a re-added child's `pi`); a row of this
+-- version costs one HMGET with one more field.
 local function row_hmget(key, ...)
-  local got = redis.call('HMGET', key, 'created_at', ...)
+  local got = redis.call('HMGET', key, 'name', ...)
+  local n = select('#', ...)
   if got[1] then
-    local names, n = {...}, select('#', ...)
+    local names = {...}
     for i = 1, n do
       names[n + i] = LONG_NAME[names[i]] or names[i]
     end
-    local both = redis.call('HMGET', key, unpack(names))
+    got = redis.call('HMGET', key, unpack(names))
     for i = 1, n do
-      both[i] = both[i] or both[n + i]
-      both[n + i] = nil
+      got[i] = got[i] or got[n + i]
+      got[n + i] = nil
     end
-    return both
+  else
+    table.remove(got, 1)
   end
-  table.remove(got, 1)
   return got
+end
+
+-- row_hmget for a read that asks for F_PARENT (once): its value is the
+-- parent's whole id (parent_of; `key` ends in the child's id, which holds
+-- no ':'). Every read of F_PARENT goes through here, but claim's, which
+-- calls parent_of itself (its hot path: the field's place is known).
+local function row_hmget_p(key, ...)
+  local got = row_hmget(key, ...)
+  for i = 1, select('#', ...) do
+    if select(i, ...) == F_PARENT then
+      local v = got[i]
+      if v and byte(v, 1) == 58 then
+        got[i] = parent_of(key:match('^.*:(.*)$'), v)
+      end
+      return got
+    end
+  end
+  return got
+end
+
+-- row_hmget for a read of the state and fields that kept their names
+-- (`s` first, then none of F_NAME ... F_PINC), on the hot paths: a row
+-- of this version holds `s`, so one HMGET answers; a row without it (one
+-- an earlier version wrote and this one never moved, or none) is read
+-- again by row_hmget.
+local function row_hmget_s(key, ...)
+  local got = redis.call('HMGET', key, ...)
+  if got[1] then
+    return got
+  end
+  return row_hmget(key, ...)
 end
 
 -- A parent's :children list holds each child as short as its queue allows

@@ -45,7 +45,7 @@ local function signal_event(base, kind, id, value)
   if not kinds[kind] then
     return
   end
-  local name = redis.call('HGET', base .. 'job:' .. id, 'name') or ''
+  local name = row_hmget(base .. 'job:' .. id, F_NAME)[1] or ''
   if value then
     redis.call('XADD', base .. 'signals', '*', 'k', kind, 'id', id, 'n', name, 'v', value)
   else

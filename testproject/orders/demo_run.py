@@ -43,6 +43,8 @@ from django.conf import settings
 from django.core.management import call_command
 
 from echomq_django import EchoMQ
+from echomq_django.core.jobs import to_text
+from echomq_django.core.rows import STATE_FIELDS, row_state
 from echomq_django.testing.redis_server import free_port
 
 from . import demo_procs
@@ -225,10 +227,10 @@ class Demo:
             ids = order.job_ids()
             shape.append((order.pk, len(ids)))
             for queue, job_id in ids:
-                pipe.hmget(mq.keys.job(queue, job_id), "state", "attempts")
+                pipe.hmget(mq.keys.job(queue, job_id), "attempts", *STATE_FIELDS)
         replies, out, i = pipe.execute(), {}, 0
         for pk, n in shape:
-            out[pk] = [(s.decode() if s else None, int(a or 0)) for s, a in replies[i : i + n]]
+            out[pk] = [(to_text(row_state(s)), int(a or 0)) for a, *s in replies[i : i + n]]
             i += n
         return out
 

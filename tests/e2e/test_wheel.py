@@ -181,4 +181,4 @@ def test_a_fresh_startproject_runs_a_task_through_runworker(
     status, result = manage("shell", "-c", read).strip().split("\n")[-2:]
     assert status == "SUCCESSFUL 5"
     assert result == "{'hello': 'ada'}"
-    assert r.hget(f"site:{{default}}:job:{task_id}", "state") == b"completed"
+    assert r.hget(f"site:{{default}}:job:{task_id}", "s") == b"completed"

@@ -200,6 +200,6 @@ def test_a_delivery_no_replica_confirmed_stays_in_the_outbox(redis_cluster_ha, r
     peer = redis.Redis(host=rigs.HOST, port=replica)  # what the master confirmed, it holds
     try:
         peer.execute_command("READONLY")
-        assert peer.hget(mq.keys.job(parent_q, "P"), "state") == b"pending"
+        assert peer.hget(mq.keys.job(parent_q, "P"), "s") == b"pending"
     finally:
         peer.close()

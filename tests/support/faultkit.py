@@ -177,7 +177,7 @@ def roots_done(mq, flows: list[Flow]) -> int:
     """How many roots are completed or dead."""
     pipe = mq.client.pipeline(transaction=False)
     for f in flows:
-        pipe.hget(mq.keys.job(f.queue, f.job_id), "state")
+        pipe.hget(mq.keys.job(f.queue, f.job_id), "s")
     return sum(s in (b"completed", b"dead") for s in pipe.execute())
 
 

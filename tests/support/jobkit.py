@@ -61,7 +61,7 @@ def assert_state(mq: EchoMQ, queue: str, job_id: str, state: str | JobState) -> 
     """The row says ``state`` and exactly that one index holds the id; returns the row."""
     state = JobState(state)
     r = row(mq, queue, job_id)
-    assert r.get("state") == state.value, (job_id, r)
+    assert r.get("s") == state.value, (job_id, r)
     assert where(mq, queue, job_id) == [STATE_INDEX[state]], job_id
     return r
 

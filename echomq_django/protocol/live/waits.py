@@ -21,6 +21,7 @@ import time
 from ...core.exceptions import JobDead, JobNotFound
 from ...core.jobs import Job, JobState, to_text
 from ...core.refs import JobRef
+from ...core.rows import STATE_FIELDS, row_state
 from ..scripts import socket_timeout
 from ..wire import Part
 
@@ -98,8 +99,9 @@ class Waits(Part):
         pipe.xadd(done, {"e": "wait"}, maxlen=DONE_MAXLEN, approximate=True)
         pipe.pexpire(done, ttl_ms, nx=True)  # a new stream: our expiry
         pipe.pexpire(done, ttl_ms, gt=True)  # another waiter's: the longer one
-        pipe.hget(row, "state")
+        pipe.hmget(row, *STATE_FIELDS)
         last, _, _, state = pipe.execute()
+        state = row_state(state)
         if state is None:
             raise JobNotFound(f"job {ref.id!r} not found in queue {ref.queue!r}")
         renew_at = time.monotonic() + (ttl_ms - WAIT_SLACK_MS) / 2000
@@ -111,7 +113,7 @@ class Waits(Part):
         while to_text(state) not in FINISHED:
             left = math.inf if deadline is None else deadline - time.monotonic()
             if left <= 0 or (cancel is not None and cancel.is_set()):
-                if self.client.hget(row, "state") is None:
+                if not self.client.exists(row):
                     raise JobNotFound(f"job {ref.id!r} in queue {ref.queue!r} was removed")
                 raise TimeoutError(
                     f"job {ref.id!r} in queue {ref.queue!r} did not finish in {timeout_s} s"

@@ -1,0 +1,86 @@
+"""A job row's field names and the reads that take a row of any version
+(docs/explanation/protocol.md#short-field-names).
+
+The short names are spelled here once for the host as ``lua/lib/row.lua``
+spells them for the scripts; a row an earlier version wrote holds some of
+them under their long names, and every read here takes the short name's
+value, else the long one's. Imports nothing of the package.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def to_text(value: Any) -> str | None:
+    """A Redis reply value (bytes or str, or None) as text."""
+    if value is None:
+        return None
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+# The short names of a row's most common fields, spelled once here as
+# lua/lib/row.lua spells them for the scripts, and the long names rows of an
+# earlier version hold (docs/explanation/protocol.md#the-job-row).
+NAME, PAYLOAD, STATE, CREATED, PARENT = "n", "d", "s", "ca", "p"
+PARENT_QUEUE, POLICY, PARENT_INC = "pq", "pp", "pi"
+LONG_NAMES = {
+    NAME: "name",
+    PAYLOAD: "payload",
+    STATE: "state",
+    PARENT: "parent",
+    CREATED: "created_at",
+    PARENT_QUEUE: "parent_queue",
+    POLICY: "parent_policy",
+    PARENT_INC: "parent_inc",
+}
+
+
+def row_fields(names: tuple[str, ...]) -> tuple[str, ...]:
+    """``names`` (a row's field names as written now) plus the long name of
+    each renamed one, for one ``HMGET`` that reads rows of either version;
+    ``pick_fields`` folds its reply back to ``names``' order."""
+    return names + tuple(LONG_NAMES[n] for n in names if n in LONG_NAMES)
+
+
+def pick_fields(names: tuple[str, ...], values: list) -> list:
+    """The ``HMGET`` reply ``values`` of ``row_fields(names)`` as one value
+    per name (the short name's, else the long name's; None when neither)."""
+    out, extra = list(values[: len(names)]), len(names)
+    for i, n in enumerate(names):
+        if n in LONG_NAMES:
+            if out[i] is None:
+                out[i] = values[extra]
+            extra += 1
+    return out
+
+
+REL_PREFIX = 12  # bytes of a child's id a relative parent ref stands for (lua/lib/row.lua)
+
+
+def parent_of(job_id: str, stored: Any) -> str | None:
+    """The parent's id from the ``p`` field (raw, or None) of job
+    ``job_id``'s row: a value starting with ``:`` is the rest of an id that
+    starts with the child's first ``REL_PREFIX`` bytes (lua/lib/row.lua
+    ``parent_ref``; an id never holds ``:``), any other the id itself.
+    docs/explanation/protocol.md#short-field-names"""
+    text = to_text(stored)
+    if text and text[0] == ":":  # cut where no character is split (parent_ref)
+        return (job_id.encode()[:REL_PREFIX] + text[1:].encode()).decode()
+    return text
+
+
+def row_state(values: list) -> Any:
+    """The raw state (or None: no such row) in the reply of
+    ``HMGET <row> *STATE_FIELDS``, a row of either version."""
+    return values[0] if values[0] is not None else values[1]
+
+
+STATE_FIELDS = row_fields((STATE,))  # the state of a row of either version, one HMGET
+
+
+def row_get(r: dict, name: str) -> Any:
+    """Field ``name`` (a short name) of a decoded row ``r`` (str keys), or
+    the long name's value a row of an earlier version holds; None for none."""
+    value = r.get(name)
+    return r.get(LONG_NAMES[name]) if value is None and name in LONG_NAMES else value
