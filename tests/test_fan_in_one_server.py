@@ -9,7 +9,7 @@ from __future__ import annotations
 from redis.cluster import RedisCluster
 
 from echomq_django import EchoMQ, Flow, JobState
-from echomq_django.runners.reporter import Finished, Reporter
+from echomq_django.runners.reporter import Finished
 from tests.support.jobkit import (
     assert_state,
     claim_one,
@@ -23,7 +23,7 @@ from tests.support.jobkit import (
     sweep,
     sweep_report,
 )
-from tests.support.workerkit import burst
+from tests.support.workerkit import burst, fetching_reporter
 
 
 def outbox(mq: EchoMQ, queue: str) -> int:
@@ -139,14 +139,7 @@ def test_the_parents_claim_rides_the_last_childs_completion(mq, monkeypatch) -> 
     Cluster the reporter delivers the outbox entry after it and claims the
     parent with the delivery."""
     mq.add_flow(node("p", [leaf("a", queue="o"), leaf("b", queue="o")]))
-    asked, taken = [], []
-
-    def fetch(queue):
-        asked.append(queue)
-        return 1, 5000, f"t{len(asked)}"
-
-    reporter = Reporter(mq, None, lambda *j: None, lambda q: None, lambda: None,
-                        fetch=fetch, taken=lambda *got: taken.append(got))  # fmt: skip
+    reporter, asked, taken = fetching_reporter(mq)
     running = [claim_one(mq, "o", "a"), claim_one(mq, "o", "b")]
     trips = record_calls(mq, monkeypatch)
     reporter.report([Finished(running[0], 1), Finished(running[1], 2)])

@@ -15,7 +15,7 @@ from echomq_django.core.exceptions import RedisUnavailable
 from echomq_django.runners.pump import Pump
 from echomq_django.runners.reporter import Finished, Reporter
 from tests.support.jobkit import assert_state, claim_one, jref, leaf, node, record_calls
-from tests.support.workerkit import burst
+from tests.support.workerkit import burst, fetching_reporter
 
 # The flow outbox's own path, on the single server too (on one server a
 # cross-queue completion skips it by default: tests/support/fixtures.py).
@@ -50,14 +50,7 @@ def test_a_refused_completion_still_lets_the_claim_run(mq) -> None:
 
 def test_the_reporter_claims_with_a_same_queue_childs_completion(mq) -> None:
     c1, c2 = two_children_running(mq)
-    asked, taken = [], []
-
-    def fetch(queue):
-        asked.append(queue)
-        return 1, 5000, f"t{len(asked)}"
-
-    reporter = Reporter(mq, None, lambda *j: None, lambda q: None, lambda: None,
-                        fetch=fetch, taken=lambda *got: taken.append(got))  # fmt: skip
+    reporter, asked, taken = fetching_reporter(mq)
     reporter.report([Finished(c1, 1), Finished(c2, 2)])
     assert asked == ["q"]
     [(queue, token, claimed)] = taken

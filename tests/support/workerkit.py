@@ -120,3 +120,20 @@ def run_async(fn, *args, **kwargs):
     if "error" in out:
         raise out["error"]
     return out["value"]
+
+
+def fetching_reporter(mq: EchoMQ):
+    """A ``Reporter`` whose loop always has room for one claim riding a
+    completion (token ``t1``, ``t2``...): returns it, the queues it asked
+    room for and the ``(queue, token, claimed)`` its claims gave."""
+    from echomq_django.runners.reporter import Reporter
+
+    asked, taken = [], []
+
+    def fetch(queue):
+        asked.append(queue)
+        return 1, 5000, f"t{len(asked)}"
+
+    reporter = Reporter(mq, None, lambda *j: None, lambda q: None, lambda: None,
+                        fetch=fetch, taken=lambda *got: taken.append(got))  # fmt: skip
+    return reporter, asked, taken
