@@ -23,6 +23,15 @@ def ends(mq, job_id: str) -> list[str]:
     return [k for k in events_by_job(mq)[job_id] if k not in ("added", "active")]
 
 
+def complete_riding(mq, writes, job, result) -> list:
+    """``complete_many`` of ``job`` with ``result``, its writes riding the
+    call as the reporter sends them (``writes.riding``); its replies."""
+    with writes.riding([job]) as ride:
+        replies = mq.complete_many([(job, result)], ride.ahead, ride.carry)
+        ride.settle([job], replies)
+    return replies
+
+
 def writing(mq, progress, line: str | None = None):
     """Job ``a``, claimed, with its own flusher ``writes`` holding its
     progress ``progress`` and, when given, the log line ``line``."""
@@ -93,9 +102,7 @@ def test_a_ride_carries_the_completing_jobs_writes_and_sends_the_rest_ahead(mq) 
 def test_a_refused_completion_refuses_its_carried_writes(mq) -> None:
     a, writes = writing(mq, 60, "under a lease lost meanwhile")
     mq.client.hset(mq.keys.job("q", "a"), "lease", "taken")  # another worker's lease now
-    with writes.riding([a]) as ride:
-        replies = mq.complete_many([(a, "done")], ride.ahead, ride.carry)
-        ride.settle([a], replies)
+    replies = complete_riding(mq, writes, a, "done")
     assert type(replies[0]) is LeaseLost
     assert counted(writes) == {"sent": 0, "dropped": 2}
     job = mq.get_job("q", "a")
@@ -108,9 +115,7 @@ def test_a_refused_completion_refuses_its_carried_writes(mq) -> None:
 def test_a_job_cancelled_while_it_ran_keeps_its_carried_writes(mq) -> None:
     a, writes = writing(mq, 80, "before the cancel")
     mq.cancel("q", "a")
-    with writes.riding([a]) as ride:
-        replies = mq.complete_many([(a, "done")], ride.ahead, ride.carry)
-        ride.settle([a], replies)
+    replies = complete_riding(mq, writes, a, "done")
     assert type(replies[0]) is JobCancelled
     assert counted(writes) == {"sent": 2, "dropped": 0}
     job = mq.get_job("q", "a")
@@ -121,9 +126,7 @@ def test_a_job_cancelled_while_it_ran_keeps_its_carried_writes(mq) -> None:
 
 def test_a_result_that_does_not_encode_has_its_writes_sent_alone(mq) -> None:
     a, writes = writing(mq, 10)
-    with writes.riding([a]) as ride:
-        replies = mq.complete_many([(a, object())], ride.ahead, ride.carry)
-        ride.settle([a], replies)
+    replies = complete_riding(mq, writes, a, object())
     assert type(replies[0]) is PayloadError
     assert (counted(writes), writes.stats["sends"]) == ({"sent": 1, "dropped": 0}, 1)
     assert (mq.get_job("q", "a").state, mq.get_job("q", "a").progress) == (JobState.ACTIVE, 10)
@@ -145,9 +148,9 @@ def test_an_outage_at_the_completion_keeps_its_carried_writes(mq, redis_client) 
         redis_client.config_set("maxmemory", 0, **where)
     assert (writes.pending(), counted(writes)) == (2, {"sent": 0, "dropped": 0})
     assert (mq.get_job("q", "a").progress, mq.job_logs("q", "a")) == (None, [])
-    with writes.riding([a]) as ride:  # the reporter sends the job again: they ride it
-        replies = mq.complete_many([(a, "done")], ride.ahead, ride.carry)
-        ride.settle([a], replies)
+    replies = complete_riding(
+        mq, writes, a, "done"
+    )  # the reporter sends the job again: they ride it
     assert replies[0].state is JobState.COMPLETED
     assert counted(writes) == {"sent": 2, "dropped": 0}
     assert (mq.get_job("q", "a").progress, mq.job_logs("q", "a")) == (50, ["kept"])
@@ -158,15 +161,11 @@ def test_a_completion_that_errs_puts_its_writes_back_and_its_replay_lands_them_o
     a, writes = writing(mq, 50, "once")
     completed = mq.keys.queue("q").completed
     mq.client.set(completed, "not a zset")  # the completion's ZADD errs, after the writes
-    with writes.riding([a]) as ride:
-        replies = mq.complete_many([(a, "done")], ride.ahead, ride.carry)
-        ride.settle([a], replies)
+    replies = complete_riding(mq, writes, a, "done")
     assert isinstance(replies[0], redis.ResponseError) and "WRONGTYPE" in str(replies[0])
     assert (writes.pending(), counted(writes)) == (2, {"sent": 0, "dropped": 0})
     mq.client.delete(completed)
-    with writes.riding([a]) as ride:  # sent again: the script answers its replay, 0
-        replies = mq.complete_many([(a, "done")], ride.ahead, ride.carry)
-        ride.settle([a], replies)
+    replies = complete_riding(mq, writes, a, "done")  # sent again: the script answers its replay, 0
     assert replies[0].state is JobState.COMPLETED
     assert counted(writes) == {"sent": 2, "dropped": 0}
     assert (mq.get_job("q", "a").progress, mq.job_logs("q", "a")) == (50, ["once"])

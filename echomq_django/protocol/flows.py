@@ -142,9 +142,7 @@ class Flows(Part):
             if len(s) > 1 and p.gated
             for q, gs in s
         ]
-        for reply in self.scripts.run_many(checks):
-            if isinstance(reply, Exception):
-                raise reply
+        _refused_first(self.scripts.run_many(checks))
         # single-queue flows: every chunk of every such flow in one pipeline
         one_queue = [i for i, qs in enumerate(queues) if len(qs) == 1]
         calls = [
@@ -190,11 +188,7 @@ class Flows(Part):
         another (docs/explanation/protocol.md#cross-queue-scripts-on-one-server)."""
         if self.wire.cross_queue_scripts and not self.wire.fault_hook:
             calls = [self._step_call(q, gs, "write", traceparent, True) for q, gs in step_list]
-            replies = self.scripts.run_many(calls)
-            for reply in replies:
-                if isinstance(reply, Exception):
-                    raise reply
-            return replies
+            return _refused_first(self.scripts.run_many(calls))
         # a parent met again keeps its incarnation: its children on
         # other queues (later steps) must carry that one, not this add's
         kept: dict[tuple[str, str], str] = {}
@@ -260,9 +254,7 @@ class Flows(Part):
         step_list = steps(sub, self.wire.flow_chunk)
         if sub.gated:
             checks = [self._step_call(q, gs, "check") for q, gs in step_list]
-            for reply in self.scripts.run_many(checks):
-                if isinstance(reply, Exception):
-                    raise reply
+            _refused_first(self.scripts.run_many(checks))
         reply = self.scripts.run(
             "add_children",
             [self.keys.job(job.queue, job.id)],
@@ -389,6 +381,15 @@ class Flows(Part):
                 raise reply
             dropped += [JobRef._trusted(cq, to_text(i)) for i in reply]
         return dropped, outcome
+
+
+def _refused_first(replies: list) -> list:
+    """``replies`` of a ``run_many``, once none is an exception: raises the
+    first one (a step's refusal, ``EMQ...`` translated) otherwise."""
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise reply
+    return replies
 
 
 def _traced(opts: str, traceparent: str) -> str:
