@@ -81,12 +81,40 @@ def gate(job):
     return os.getpid()
 
 
+_started: list = []  # (worker, Background) of this test: stopped after it, whatever its end
+
+
+@pytest.fixture(autouse=True)
+def _no_worker_outlives_its_test():
+    """A test that fails before its ``stop`` leaves no worker behind: its
+    handler processes would claim the next tests' jobs on the same rig."""
+    yield
+    while _started:
+        worker, bg = _started.pop()
+        if bg.thread.is_alive():
+            worker.stop()
+            bg.thread.join(30)
+
+
 def start(mq, concurrency=1, **kw):
     worker = Worker(["q"], concurrency=concurrency, mq=mq, pool="process", block_timeout=0.2, **kw)
     bg = Background(worker)
+    _started.append((worker, bg))
     wait_for(lambda: worker.loop.pool is not None and len(worker.loop.pool.pids()) == concurrency,
              what="the children")  # fmt: skip
     return worker, bg
+
+
+def pipes() -> int:
+    """This process's open pipe descriptors (a handler process's pipes; the
+    sockets a Redis client may open meanwhile are not counted)."""
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            count += os.readlink(f"/proc/self/fd/{fd}").startswith("pipe:")
+        except FileNotFoundError:  # closed since the listing
+            pass
+    return count
 
 
 def finished(mq, job_id):
@@ -144,9 +172,9 @@ def test_hung_jobs_in_a_row_leave_the_pool_at_its_size_and_no_descriptor_behind(
             mq.enqueue("q", "pp.hang", 60, job_id=f"h{batch}{i}", timeout_ms=50, max_attempts=1)
         wait_for(lambda n=batch: mq.counts("q")["dead"] == 4 * (n + 1), what="timed-out jobs")
         wait_for(lambda: pool.leaving == 0, what="the last SIGKILL")
-        fds.append(len(os.listdir("/proc/self/fd")))
+        fds.append(pipes())
     assert (len(pool.pids()), pool.busy, pool.replaced) == (2, 0, 0)  # ended, not died
-    assert fds[1] == fds[2], fds  # nothing left behind per ended process
+    assert fds[1] == fds[2], fds  # no pipe left behind per ended process
     assert worker.loop.timeouts.stuck == 0  # never counted stuck: max_stuck does not apply
     assert all(mq.get_job("q", f"h2{i}").error.endswith("its handler process was ended "
                "(SIGTERM, then SIGKILL)") for i in range(4))  # fmt: skip
