@@ -345,3 +345,70 @@ def test_a_spent_connection_pool_is_named_not_called_unreachable(r) -> None:
         mq.wait("q", "busy", 1)
     finish(other, "q", "both")
     assert [w.join().result for w in waiters] == ["both", "both"]
+
+
+def _calls(client, command: str) -> int:
+    """How many times the server ran ``command`` (INFO commandstats) since
+    the test's ``CONFIG RESETSTAT`` (the test's own server)."""
+    return client.info("commandstats").get(f"cmdstat_{command}", {}).get("calls", 0)
+
+
+def test_a_blocked_wait_outlasts_the_socket_timeout_without_sending_again(r) -> None:
+    import redis
+
+    from echomq_django import EchoMQ
+
+    kw = r.connection_pool.connection_kwargs
+    mq = EchoMQ(redis.Redis(host=kw["host"], port=kw["port"], socket_timeout=0.5), prefix="emq")
+    r.config_resetstat()
+    mq.enqueue("q", "t.echo", None, job_id="slow")
+    waiter = Waiter(mq, "q", "slow", NEVER)
+    registered(mq, "q", "slow", 1)
+    wait_for(lambda: _calls(r, "xread") == 1, what="the wait blocked")
+    # cut in slices of the socket timeout, this would be 4 more XREADs
+    threading.Event().wait(2.0)
+    assert (_calls(r, "xread"), _calls(r, "hgetall")) == (1, 0)
+    finish(mq, "q", "outlasted")
+    assert waiter.join().result == "outlasted"
+    assert (_calls(r, "xread"), _calls(r, "hgetall")) == (1, 1)  # the wake's own round trip
+
+
+def test_a_wait_whose_connection_is_killed_goes_on(r) -> None:
+    from echomq_django import EchoMQ
+
+    mq = EchoMQ(r, prefix="emq")
+    r.config_resetstat()
+    mq.enqueue("q", "t.echo", None, job_id="cut")
+    waiter = Waiter(mq, "q", "cut", NEVER)
+    registered(mq, "q", "cut", 1)
+    wait_for(lambda: _calls(r, "xread") == 1, what="the wait blocked")
+    blocked = [c["id"] for c in r.client_list() if c["cmd"] == "xread"]
+    assert len(blocked) == 1
+    r.client_kill_filter(_id=blocked[0])
+    wait_for(lambda: _calls(r, "xread") == 2, what="the wait blocked again")
+    finish(mq, "q", "on")
+    assert waiter.join().result == "on"
+
+
+def test_a_cancel_cuts_the_block_it_is_in(r) -> None:
+    import redis
+
+    from echomq_django import EchoMQ
+    from echomq_django.protocol.live.blocking import Cancel
+
+    kw = r.connection_pool.connection_kwargs
+    client = redis.Redis(host=kw["host"], port=kw["port"], socket_timeout=None)
+    mq = EchoMQ(client, prefix="emq")
+    r.config_resetstat()
+    mq.enqueue("q", "t.echo", None, job_id="cut")
+    cancel = Cancel()
+    waiter = Waiter(mq, "q", "cut", NEVER, cancel=cancel)
+    registered(mq, "q", "cut", 1)
+    wait_for(lambda: _calls(r, "xread") == 1, what="the wait blocked")
+    cancel.set()  # without the cut this block would last LONG_BLOCK_S (300 s)
+    waiter.thread.join(5)
+    assert not waiter.thread.is_alive()
+    with pytest.raises(TimeoutError, match="the wait for job 'cut' in queue 'q' was cancelled"):
+        waiter.join()
+    finish(mq, "q", "after")  # the pool serves on after the dropped connection
+    assert mq.wait("q", "cut", 5).result == "after"

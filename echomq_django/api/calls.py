@@ -7,13 +7,12 @@ for a result, a job's log lines and following events. Each is the
 from __future__ import annotations
 
 import asyncio
-import threading
 from typing import Any
 
 from ..conf import get_mq
 from ..core.jobs import Dependencies, Job, Outcome
 from ..core.refs import JobRef, Page, RefDict, as_ref
-from ..protocol.live.blocking import off_loop
+from ..protocol.live.blocking import Cancel, off_loop
 
 
 def wait(job: Any, job_id: str | None = None, timeout_s: float | None = None) -> Job:
@@ -34,9 +33,9 @@ async def await_result(job: Any, job_id: str | None = None, timeout_s: float | N
     """``wait`` for async code: the blocking wait runs on a thread of its
     own (``protocol/live/blocking.py``), so the event loop, Django's ORM
     thread and the loop's shared executor stay free. Same arguments, result,
-    errors. A cancelled await ends the wait at its next block (within the
-    client's socket timeout). docs/howto/wait.md#in-an-async-view"""
-    cancel = threading.Event()
+    errors. A cancelled await ends the wait at once: its block's connection
+    is dropped (``blocking.Cancel``). docs/howto/wait.md#in-an-async-view"""
+    cancel = Cancel()
 
     def run() -> Job:
         return get_mq().wait(job, job_id, timeout_s, cancel=cancel)

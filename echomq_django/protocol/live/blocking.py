@@ -1,5 +1,6 @@
-"""Blocking reads for async callers: each on a thread of its own
-(docs/howto/wait.md#many-waiters-in-one-process).
+"""Blocking reads: for async callers each on a thread of its own
+(docs/howto/wait.md#many-waiters-in-one-process), and a block longer than
+the client's socket timeout (``long_block``, docs/howto/wait.md#what-a-wait-costs).
 
 ``asyncio.to_thread`` and ``sync_to_async`` share the event loop's default
 executor, a few threads (``min(32, cpus + 4)``). A wait or an events step
@@ -16,6 +17,8 @@ import asyncio
 import threading
 from collections.abc import Callable
 from typing import Any
+
+import redis
 
 
 async def off_loop(fn: Callable[..., Any], *args: Any, name: str = "echomq-blocking") -> Any:
@@ -47,3 +50,93 @@ async def off_loop(fn: Callable[..., Any], *args: Any, name: str = "echomq-block
 
     threading.Thread(target=run, name=name, daemon=True).start()
     return await done
+
+
+READ_MARGIN_S = 2.0  # a long block's reply is awaited this much past the block (s)
+
+
+class Cancel:
+    """A wait's cancel flag that also cuts the block it is in: ``set()``
+    (from any thread) marks it and drops the connection the wait blocks on,
+    so the wait ends at once with ``TimeoutError`` instead of at its block's
+    end. ``await_result`` passes one; a plain ``threading.Event`` works too,
+    by blocking one socket-timeout slice at a time."""
+
+    def __init__(self) -> None:
+        self._flag = threading.Event()
+        self._lock = threading.Lock()
+        self._conn = None
+
+    def is_set(self) -> bool:
+        """Whether ``set()`` was called."""
+        return self._flag.is_set()
+
+    def set(self) -> None:
+        """Mark the wait cancelled and drop the connection it blocks on, if any."""
+        with self._lock:
+            self._flag.set()
+            if self._conn is not None:
+                self._conn.disconnect()
+
+    def hold(self, conn) -> bool:
+        """Note ``conn`` as the one the wait blocks on (None: it blocks on
+        none any more); False when already cancelled (then do not block)."""
+        with self._lock:
+            self._conn = conn if not self._flag.is_set() else None
+            return not self._flag.is_set()
+
+
+def long_block(
+    client, key: str, commands: list[tuple], block_s: float, cancel: Cancel | None = None
+) -> list | None:
+    """Send ``commands`` (tuples of a command's words; the first one blocks
+    on Redis up to ``block_s`` s, the others ride behind it) on one
+    connection of ``client``'s pool (a Cluster's: the pool of the node that
+    holds ``key``) and return their parsed replies, each read with a
+    timeout of ``block_s + READ_MARGIN_S`` instead of the pool's socket
+    timeout: one block may outlast it, so a waiter costs two commands per
+    block, not per socket-timeout slice (docs/howto/wait.md#what-a-wait-costs).
+
+    Returns None when this path cannot serve (a lost connection, a read that
+    timed out, a Cluster slot that moved, a client without a pool): the
+    caller then sends the same commands the ordinary way, with the client's
+    retries and routing. The connection is dropped, not reused, after any
+    error. Errors Redis answers for a command (``ResponseError``) are raised.
+    ``cancel.set()`` from another thread drops the connection: None."""
+    try:
+        if hasattr(client, "get_node_from_key"):  # a RedisCluster
+            client = client.get_node_from_key(key).redis_connection
+        pool, callbacks = client.connection_pool, client.response_callbacks
+    except (AttributeError, redis.RedisError):
+        return None
+    conn = pool.get_connection()
+    try:
+        if cancel is not None and not cancel.hold(conn):
+            return None
+        conn.send_packed_command(conn.pack_commands(commands))
+        replies = []
+        for words in commands:
+            reply = conn.read_response(timeout=block_s + READ_MARGIN_S)
+            name = str(words[0]).upper()
+            replies.append(callbacks[name](reply) if name in callbacks else reply)
+        return replies
+    except (redis.ConnectionError, redis.TimeoutError, OSError):
+        conn.disconnect()
+        return None
+    except redis.ResponseError as err:
+        conn.disconnect()  # the later replies are unread
+        if str(err).startswith(("MOVED", "ASK", "TRYAGAIN", "CLUSTERDOWN")):
+            return None
+        raise
+    except Exception:
+        conn.disconnect()
+        if cancel is not None and cancel.is_set():
+            return None  # the cut closed the connection's buffers under the read
+        raise
+    except BaseException:
+        conn.disconnect()
+        raise
+    finally:
+        if cancel is not None:
+            cancel.hold(None)
+        pool.release(conn)

@@ -24,11 +24,13 @@ from ...core.refs import JobRef
 from ...core.rows import STATE_FIELDS, row_state
 from ..scripts import socket_timeout
 from ..wire import Part
+from .blocking import Cancel, long_block
 
 WAIT_SLACK_MS = 5_000  # the done stream outlives the longest wait on it by this (ms)
 DONE_MAXLEN = 64  # entries a done stream keeps, about (waiters' marks and the finish)
 SOCKET_MARGIN_S = 1.0  # each XREAD BLOCK ends this much before the socket timeout (s)
 MAX_WAIT_S = 365 * 86_400  # the longest finite wait (s); None waits without an end
+LONG_BLOCK_S = 300.0  # one XREAD BLOCK of a wait lasts at most this (s)
 STREAM_TTL_MS = 3_600_000  # a done stream's expiry is renewed to this ahead while waited on (ms)
 FINISHED = {JobState.COMPLETED.value, JobState.DEAD.value}
 GONE = "finished and was removed (retention, or a remove) before this wait read it"
@@ -70,23 +72,26 @@ class Waits(Part):
             raise JobNotFound(f"job {ref.id!r} in queue {ref.queue!r} {GONE}") from None
 
     def wait(
-        self, ref: JobRef, timeout_s: float | None, cancel: threading.Event | None = None
+        self, ref: JobRef, timeout_s: float | None, cancel: Cancel | threading.Event | None = None
     ) -> Job:
         """Block until the job ``ref`` (a ``JobRef``) finishes, at most
         ``timeout_s`` s (a number from 0 to ``MAX_WAIT_S``; 0 checks once;
         None waits until it finishes), and return it as a ``Job`` when it
         completed (``job.result`` its result). ``cancel``: set from another
-        thread, it ends the wait at its next block (within the client's
-        socket timeout), with ``TimeoutError`` (``await_result``'s cancel).
+        thread, it ends the wait with ``TimeoutError``: a ``blocking.Cancel``
+        at once (``await_result``'s), a ``threading.Event`` at its next block
+        (within the client's socket timeout).
 
         Raises ``ValueError`` for a bad timeout (before any Redis I/O);
         ``JobNotFound`` at once for an unknown id, and when the row is gone
         by the time the wait wakes (it finished and retention removed it, or
         it was removed: a removal wakes the waiters); ``JobDead`` (``.job``,
         ``.error``) when it ended dead, cancelled included; builtin
-        ``TimeoutError`` after ``timeout_s``; ``RedisUnavailable``. Each
-        block ends before the client's socket timeout and the wait goes on,
-        so a long wait needs no special client. docs/howto/wait.md"""
+        ``TimeoutError`` after ``timeout_s``; ``RedisUnavailable``. One
+        block lasts up to ``LONG_BLOCK_S`` (300 s), its reply read past the
+        client's socket timeout, so a blocked wait costs two Redis commands
+        per block and needs no special client.
+        docs/howto/wait.md#what-a-wait-costs"""
         timeout_s = check_timeout(timeout_s)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         k = self.keys.queue(ref.queue)
@@ -104,11 +109,13 @@ class Waits(Part):
         state = row_state(state)
         if state is None:
             raise JobNotFound(f"job {ref.id!r} not found in queue {ref.queue!r}")
-        renew_at = time.monotonic() + (ttl_ms - WAIT_SLACK_MS) / 2000
+        # a wait no longer than the stream's expiry never renews it
+        renews = timeout_s is None or timeout_s * 1000 > STREAM_TTL_MS
+        renew_at = time.monotonic() + (ttl_ms - WAIT_SLACK_MS) / 2000 if renews else math.inf
         cut = socket_timeout(self.client)
-        block_max = None
+        slice_s = None  # a block read the ordinary way ends before the socket timeout
         if cut:
-            block_max = cut - SOCKET_MARGIN_S if cut > 2 * SOCKET_MARGIN_S else cut / 2
+            slice_s = cut - SOCKET_MARGIN_S if cut > 2 * SOCKET_MARGIN_S else cut / 2
         job = None
         while to_text(state) not in FINISHED:
             left = math.inf if deadline is None else deadline - time.monotonic()
@@ -120,17 +127,39 @@ class Waits(Part):
                     if left <= 0
                     else f"the wait for job {ref.id!r} in queue {ref.queue!r} was cancelled"
                 )
+            commands = []
+            if time.monotonic() >= renew_at:  # a long wait keeps its stream alive
+                commands.append(("PEXPIRE", done, ttl_ms, "GT"))
+                renew_at = time.monotonic() + (ttl_ms - WAIT_SLACK_MS) / 2000
+            # a block lasts up to LONG_BLOCK_S, its reply read past the socket
+            # timeout (blocking.long_block); a wait with a plain Event for its
+            # cancel blocks one socket-timeout slice at a time, to see its flag
+            block = min(left, LONG_BLOCK_S, renew_at - time.monotonic())
+            sliced = cancel is not None and not isinstance(cancel, Cancel)
+            if sliced:
+                block = min(block, slice_s or math.inf)
+            block_ms = max(1, int(block * 1000))
             # the row's read rides behind the block: Redis runs it as the XREAD
             # wakes, after the script that finished the job, so a wake costs
             # no second round trip
-            pipe = self.client.pipeline(transaction=False)
-            if time.monotonic() >= renew_at:  # a long wait keeps its stream alive
-                pipe.pexpire(done, ttl_ms, gt=True)
-                renew_at = time.monotonic() + (ttl_ms - WAIT_SLACK_MS) / 2000
-            block = min(left, block_max or math.inf, renew_at - time.monotonic())
-            pipe.xread({done: last}, count=DONE_MAXLEN, block=max(1, int(block * 1000)))
-            pipe.hgetall(row)
-            reply, fields = pipe.execute()[-2:]
+            commands.append(
+                ("XREAD", "COUNT", DONE_MAXLEN, "BLOCK", block_ms, "STREAMS", done, last)
+            )
+            commands.append(("HGETALL", row))
+            replies = None
+            if not sliced:
+                replies = long_block(self.client, done, commands, block, cancel)
+            if replies is None and cancel is not None and cancel.is_set():
+                continue  # cut by the cancel: the loop's top says so
+            if replies is None:  # the ordinary way: the client's retries and routing
+                block_ms = max(1, int(min(block, slice_s or math.inf) * 1000))
+                pipe = self.client.pipeline(transaction=False)
+                if commands[0][0] == "PEXPIRE":
+                    pipe.pexpire(done, ttl_ms, gt=True)
+                pipe.xread({done: last}, count=DONE_MAXLEN, block=block_ms)
+                pipe.hgetall(row)
+                replies = pipe.execute()
+            reply, fields = replies[-2:]
             if reply:
                 # RESP2: [[key, entries]]; RESP3 (protocol=3): {key: [entries]}
                 entries = reply[0][1] if isinstance(reply, list) else next(iter(reply.values()))[0]
