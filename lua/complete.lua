@@ -89,6 +89,7 @@ if ARGV[5] ~= '' then  -- a refused write is refused again by its job's completi
 end
 
 local replies = {}
+FAN_KEPT = {}  -- lib/flow.lua fan_in_done: a parent's read kept for its next children here
 -- set once a completion here may have written another job's row (its parent,
 -- callbacks, group, cancel or removed flow): each later row is read again
 local moved = false
@@ -124,6 +125,7 @@ for i = 6, #ARGV, 3 do
   elseif f[7] then
     -- cancelled while it ran (docs/explanation/lifecycle.md): the result is dropped, the job dies
     kill(base, id, 'cancelled', now)
+    FAN_KEPT = {}  -- its death may have written its parent: read them again
     replies[#replies + 1] = 'EMQCANCELLED ' .. QUEUE .. ' ' .. id
   else
     -- what this job moved, on its own (the helpers append to OUT)
@@ -151,12 +153,18 @@ for i = 6, #ARGV, 3 do
       if f[6] then  -- its own keep (ms): retention's expire list (lib/lifecycle.lua)
         redis.call('ZADD', base .. 'expire', now + tonumber(f[6]), id)
       end
-      emit(base, 'completed', id)
+      -- one `completed` entry for a run of the batch's jobs (lib/emit.lua emit_later)
+      emit_later(base .. 'events', 'completed', id)
+      note_done(base .. 'done:' .. id, 'completed')
       signal_event(base, 'completed', id, result)
       free_dedup(base, f[5], id)
       resolve_done(base, id, result, now, f[3], f[4], f[8])
     end
+    if f[9] or f[10] then  -- a removed flow's node or a callback: read parents again
+      FAN_KEPT = {}
+    end
     if #OUT.released + #OUT.dead + #OUT.flow_failed + #OUT.revived + OUT.outbox > 0 then
+      FAN_KEPT = {}
       replies[#replies + 1] = {released = OUT.released, dead = OUT.dead,
         flow_failed = OUT.flow_failed, revived = OUT.revived, outbox = OUT.outbox,
         sent = (#OUT.sent > 0) and OUT.sent or nil}
@@ -165,5 +173,6 @@ for i = 6, #ARGV, 3 do
     end
   end
 end
+flush_later()
 flush_minutes()
 return cjson.encode(replies)

@@ -74,7 +74,23 @@ end
 -- One entry on `events` (the queue's P:{q}:events): e=<event>, id=<id>,
 -- then any further field, value pairs the event carries (`progress`: p=<JSON>);
 -- counted in its minute (the entry id's ms) when it is a COUNTED event.
+-- A run of ids of one event a script holds back (emit_later), written as one
+-- entry by emit_run before any other entry goes on a stream and before the
+-- script returns (flush_later), so the stream still holds the script's
+-- transitions in their order: nil when none is held.
+local later = nil
+local emit_run  -- defined below; flush_later writes the held run with it
+
+local function flush_later()
+  if later then
+    local run = later
+    later = nil
+    emit_run(run.events, run.event, run.ids)
+  end
+end
+
 local function emit_to(events, event, id, ...)
+  flush_later()
   local at = redis.call('XADD', events, 'MAXLEN', '~', EVENTS_MAXLEN, '*', 'e', event, 'id', id, ...)
   if COUNTED[event] then
     count_minute(string.sub(events, 1, #events - #'events'), event, 1,
@@ -85,15 +101,16 @@ end
 -- One entry on `events` naming the jobs `ids` (a table of at most RUN_IDS
 -- ids) space-separated, as a claim's `active` does (ids hold no
 -- whitespace); counted as #ids jobs in its minute when `event` is COUNTED.
--- A run of jobs added together costs the stream one entry (about 17 bytes
+-- A run of jobs added (or completed) together costs the stream one entry (about 17 bytes
 -- per id) instead of one entry per job (about 41 bytes each), and the
 -- stream's bound stays its entries times RUN_IDS ids, as retention's
 -- `removed` blocks (lib/lifecycle.lua) already make it.
 local RUN_IDS = 100
-local function emit_run(events, event, ids)
+emit_run = function(events, event, ids)
   if #ids == 0 then
     return
   end
+  flush_later()
   local at = redis.call('XADD', events, 'MAXLEN', '~', EVENTS_MAXLEN, '*', 'e', event, 'id',
     table.concat(ids, ' '))
   if COUNTED[event] then
@@ -111,4 +128,18 @@ local function note_done(done, event)
   if redis.call('EXISTS', done) == 1 then
     redis.call('XADD', done, 'MAXLEN', '~', DONE_MAXLEN, '*', 'e', event)
   end
+end
+
+-- `event` for job `id` on `events`, held back to go with the next ones of
+-- the same event and stream in one entry (at most RUN_IDS ids): one XADD per
+-- run instead of one per job (complete's batch). The script calls
+-- flush_later() before it returns.
+local function emit_later(events, event, id)
+  if later and (later.events ~= events or later.event ~= event or #later.ids >= RUN_IDS) then
+    flush_later()
+  end
+  if not later then
+    later = {events = events, event = event, ids = {}}
+  end
+  later.ids[#later.ids + 1] = id
 end

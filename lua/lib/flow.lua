@@ -144,6 +144,7 @@ local function decrement_and_maybe_release(base, pid, now)
   if left <= 0 then
     release(base, pid, now)
   end
+  return left
 end
 
 -- A cancelled job taken back (a retry of it, or its revival when its last
@@ -288,8 +289,29 @@ local propagate_death
 -- later retried) leaves :failed as it resolves: the retry re-attached it.
 -- Returns false when the parent row is gone, true otherwise (a parent of
 -- another incarnation than `inc` is left as it is).
+-- What fan_in_done learnt of a parent, kept for the next of its children in
+-- the same call: FAN_KEPT[parent key] = the incarnation it was read for (''
+-- for any), set only while the parent waits on more children, holds no child
+-- outside :processed, and nothing else in the call wrote it. A script that
+-- keeps it (complete.lua: a batch of one queue's completions, many of one
+-- parent) sets FAN_KEPT = {} and empties it after any completion that did
+-- more than fan in; every other script leaves it nil and reads each time.
+-- A kept parent's next child costs HSETNX and DECR: the state read, the
+-- EXISTS of the three hashes and the GET before the DECR are known.
+local FAN_KEPT = nil
+
 local function fan_in_done(base, pid, ref, result, now, inc)
   local pkey = job_key(base, pid)
+  if FAN_KEPT and FAN_KEPT[pkey] == (inc or '') then
+    if redis.call('HSETNX', pkey .. ':processed', ref, result) == 1 then
+      -- its dependencies were above 0 after the last DECR, so this one is safe
+      if redis.call('DECR', pkey .. ':dependencies') <= 0 then
+        FAN_KEPT[pkey] = nil
+        release(base, pid, now)
+      end
+    end
+    return true
+  end
   local state, stale = parent_state(pkey, inc)
   if not state then
     return stale
@@ -303,6 +325,12 @@ local function fan_in_done(base, pid, ref, result, now, inc)
       return true
     end
     reattach(base, pid, ref, now)
+  elseif FAN_KEPT and state == 'awaiting_children' then
+    if redis.call('HSETNX', pkey .. ':processed', ref, result) == 1
+        and decrement_and_maybe_release(base, pid, now) > 0 then
+      FAN_KEPT[pkey] = inc or ''
+    end
+    return true
   end
   if redis.call('HSETNX', pkey .. ':processed', ref, result) == 1 then
     decrement_and_maybe_release(base, pid, now)
