@@ -52,6 +52,13 @@ async def off_loop(fn: Callable[..., Any], *args: Any, name: str = "echomq-block
     return await done
 
 
+# Redis's answers that the key is served elsewhere or not yet: MOVED, ASK
+# (AskError), TRYAGAIN, CLUSTERDOWN and MASTERDOWN (ClusterDownError)
+MOVED_ON = (
+    redis.exceptions.AskError,
+    redis.exceptions.TryAgainError,
+    redis.exceptions.ClusterDownError,
+)
 READ_MARGIN_S = 2.0  # a long block's reply is awaited this much past the block (s)
 
 
@@ -109,7 +116,10 @@ def long_block(
         pool, callbacks = client.connection_pool, client.response_callbacks
     except (AttributeError, redis.RedisError):
         return None
-    conn = pool.get_connection()
+    try:
+        conn = pool.get_connection()
+    except (redis.ConnectionError, redis.TimeoutError, OSError):
+        return None  # the ordinary way retries, or names a spent pool
     try:
         if cancel is not None and not cancel.hold(conn):
             return None
@@ -123,10 +133,11 @@ def long_block(
     except (redis.ConnectionError, redis.TimeoutError, OSError):
         conn.disconnect()
         return None
-    except redis.ResponseError as err:
+    except MOVED_ON:  # the client's routing follows it (redis-py strips the word)
         conn.disconnect()  # the later replies are unread
-        if str(err).startswith(("MOVED", "ASK", "TRYAGAIN", "CLUSTERDOWN")):
-            return None
+        return None
+    except redis.ResponseError:
+        conn.disconnect()  # the later replies are unread
         raise
     except Exception:
         conn.disconnect()
