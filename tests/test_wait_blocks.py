@@ -7,10 +7,14 @@ handed back with a reply still owed on it."""
 
 from __future__ import annotations
 
+import threading
+
+import pytest
 import redis
 from redis.cluster import RedisCluster
 
 from echomq_django import EchoMQ
+from echomq_django.protocol.live.blocking import Cancel
 from tests.support import rigs
 from tests.support.workerkit import wait_for
 from tests.test_wait import NEVER, Waiter, finish, registered
@@ -67,3 +71,120 @@ def test_a_slot_migrated_away_from_a_blocked_wait_is_followed(rc, redis_cluster)
     finally:
         _move_slot(rc, slot, target, source)  # the session's rig as it was
 
+
+def _client(r: redis.Redis, **kwargs) -> redis.Redis:
+    """A client of its own on the test's server (``r``'s host and port)."""
+    kw = r.connection_pool.connection_kwargs
+    return redis.Redis(host=kw["host"], port=kw["port"], **kwargs)
+
+
+def _pool_whole(client: redis.Redis) -> None:
+    """No connection of ``client``'s pool is still held, and each idle one
+    answers its own command (none owes an earlier command's reply)."""
+    pool = client.connection_pool
+    wait_for(lambda: not pool._in_use_connections, what="every connection given back")
+    held = [pool.get_connection() for _ in range(len(pool._available_connections))]
+    try:
+        for i, conn in enumerate(held):
+            conn.send_command("ECHO", f"mine-{i}")
+            assert conn.read_response(timeout=2) == f"mine-{i}".encode()
+    finally:
+        for conn in held:
+            pool.release(conn)
+
+
+class _CancelledOnHold(Cancel):
+    """A ``Cancel`` set by another party the moment the wait notes its
+    connection: the cancel that lands between ``hold`` and the block's send."""
+
+    def hold(self, conn) -> bool:
+        held = super().hold(conn)
+        if conn is not None and held:
+            threading.Thread(target=self.set).start()
+            threading.Event().wait(0.05)  # the set() is done before the send
+        return held
+
+
+def test_a_cancel_between_hold_and_send_still_cuts_the_block(r) -> None:
+    # set() drops the held connection before anything is sent on it; the
+    # send must not connect it again and block there (up to 300 s) unseen
+    client = _client(r, socket_timeout=None)
+    mq = EchoMQ(client, prefix="emq")
+    mq.enqueue("q", "t.echo", None, job_id="race")
+    waiter = Waiter(mq, "q", "race", NEVER, cancel=_CancelledOnHold())
+    waiter.thread.join(5)
+    assert not waiter.thread.is_alive(), "the cancelled wait blocks on"
+    with pytest.raises(TimeoutError, match="was cancelled"):
+        waiter.join()
+    wait_for(lambda: _blocked(r) == [], what="no XREAD left blocked")
+    _pool_whole(client)
+
+
+def test_killed_blocks_leave_the_pool_whole(r) -> None:
+    # each round: 4 waits block, their connections are killed (CLIENT KILL
+    # TYPE normal), they block again, the jobs finish
+    client = _client(r, socket_timeout=None, max_connections=6)
+    mq = EchoMQ(client, prefix="emq")
+    me = r.client_id()
+    for n in range(5):
+        ids = [f"k{n}-{i}" for i in range(4)]
+        for i in ids:
+            mq.enqueue("q", "t.echo", i, job_id=i)
+        waiters = [Waiter(mq, "q", i, NEVER) for i in ids]
+        wait_for(lambda: len(_blocked(r)) == 4, what="4 waits blocked")
+        for c in _blocked(r):
+            r.client_kill_filter(_id=c["id"])
+        wait_for(lambda: len(_blocked(r)) == 4, what="4 waits blocked again")
+        assert me not in [c["id"] for c in _blocked(r)]
+        for _ in ids:
+            (job,) = mq.claim("q")
+            mq.complete(job, job.payload)
+        assert sorted(w.join().result for w in waiters) == ids
+    _pool_whole(client)
+    assert client.get("nothing") is None and client.echo("after") == b"after"
+
+
+def test_many_cancelled_awaits_end_their_waits_at_once(r, monkeypatch) -> None:
+    import asyncio
+
+    import echomq_django as emq
+    from echomq_django.api import calls as api
+
+    client = _client(r, socket_timeout=None)  # only the cut ends a block
+    mq = EchoMQ(client, prefix="emq")
+    monkeypatch.setattr(api, "get_mq", lambda: mq)
+    mq.enqueue("q", "t.echo", None, job_id="many")
+
+    async def run():
+        for delay in (0, 0.001, 0.003, 0.01, 0.03):  # before, during, after the block starts
+            tasks = [asyncio.create_task(emq.await_result("q", "many", NEVER)) for _ in range(20)]
+            await asyncio.sleep(delay)
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+
+    asyncio.run(run())
+    wait_for(
+        lambda: not [t for t in threading.enumerate() if t.name == "echomq-wait"],
+        timeout=5,
+        what="every cancelled wait's thread ended",
+    )
+    wait_for(lambda: _blocked(r) == [], what="no XREAD left blocked")
+    _pool_whole(client)
+    finish(mq, "q", "still")
+    assert mq.wait("q", "many", 5).result == "still"
+
+
+@pytest.mark.e2e  # 3-5 s: each waiter's mark wakes every waiter before it
+def test_two_hundred_waits_on_one_client_all_wake(r) -> None:
+    client = _client(r, socket_timeout=1.0, max_connections=260)
+    mq = EchoMQ(client, prefix="emq")
+    mq.enqueue("q", "t.echo", None, job_id="crowd")
+    waiters = [Waiter(mq, "q", "crowd", 30) for _ in range(200)]
+    # (the done stream keeps about DONE_MAXLEN entries: count the blocked)
+    wait_for(lambda: len(_blocked(r)) == 200, what="200 waits blocked")
+    finish(mq, "q", "all")
+    assert [w.join().result for w in waiters] == ["all"] * 200
+    _pool_whole(client)

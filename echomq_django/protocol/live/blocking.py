@@ -124,6 +124,11 @@ def long_block(
         if cancel is not None and not cancel.hold(conn):
             return None
         conn.send_packed_command(conn.pack_commands(commands))
+        if cancel is not None and cancel.is_set():
+            # set() between hold() and the send dropped the connection, and
+            # the send connected it again: drop it here, nobody else will
+            conn.disconnect()
+            return None
         replies = []
         for words in commands:
             reply = conn.read_response(timeout=block_s + READ_MARGIN_S)
