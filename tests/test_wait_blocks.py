@@ -188,3 +188,56 @@ def test_two_hundred_waits_on_one_client_all_wake(r) -> None:
     finish(mq, "q", "all")
     assert [w.join().result for w in waiters] == ["all"] * 200
     _pool_whole(client)
+
+
+@pytest.mark.parametrize("way", ["long_block", "ordinary"])
+def test_a_block_unblocked_with_an_error_goes_on(r, way) -> None:
+    # CLIENT UNBLOCK <id> ERROR answers the XREAD -UNBLOCKED, as a master
+    # demoted to a replica (REPLICAOF, a Sentinel failover) does to all its
+    # blocked clients: the block ended, the job did not. A wait given a
+    # threading.Event blocks the ordinary way (a pipeline), never long_block.
+    client = _client(r, socket_timeout=None)
+    mq = EchoMQ(client, prefix="emq")
+    mq.enqueue("q", "t.echo", None, job_id="u")
+    cancel = threading.Event() if way == "ordinary" else None
+    waiter = Waiter(mq, "q", "u", NEVER, cancel=cancel)
+    wait_for(lambda: len(_blocked(r)) == 1, what="the wait blocked")
+    (first,) = _blocked(r)
+    assert r.client_unblock(first["id"], error=True)  # at once: no longer blocked
+    wait_for(lambda: _blocked(r) or not waiter.thread.is_alive(), what="blocked again")
+    assert waiter.error is None
+    finish(mq, "q", "on")
+    assert waiter.join().result == "on"
+    _pool_whole(client)
+
+
+def test_a_master_demoted_under_a_blocked_wait_answers_it_once_promoted_again() -> None:
+    server = rigs.start_server()
+    client = redis.Redis(host=rigs.HOST, port=server.port)
+    admin = server.client()
+    try:
+        mq = EchoMQ(client, prefix="emq")
+        mq.enqueue("q", "t.echo", None, job_id="d")
+        waiter = Waiter(mq, "q", "d", NEVER)
+        wait_for(lambda: len(_blocked(admin)) == 1, what="the wait blocked")
+        admin.replicaof(rigs.HOST, rigs.free_port())  # a master that never answers
+        wait_for(
+            lambda: (
+                not admin.client_list(_type="replica")
+                and admin.info("replication")["role"] == "slave"
+            ),
+            what="demoted",
+        )
+        wait_for(
+            lambda: len(_blocked(admin)) == 1 or not waiter.thread.is_alive(),
+            what="blocked on the replica",
+        )
+        assert waiter.error is None
+        admin.replicaof("NO", "ONE")
+        finish(EchoMQ(admin, prefix="emq"), "q", "promoted")
+        assert waiter.join().result == "promoted"
+        _pool_whole(client)
+    finally:
+        client.close()
+        admin.close()
+        server.stop()

@@ -62,6 +62,14 @@ MOVED_ON = (
 READ_MARGIN_S = 2.0  # a long block's reply is awaited this much past the block (s)
 
 
+def unblocked(err: BaseException) -> bool:
+    """Whether ``err`` is Redis's ``-UNBLOCKED`` for a blocked command: the
+    block was ended under it (a master demoted to a replica, by ``REPLICAOF``
+    or a Sentinel failover; ``CLIENT UNBLOCK ... ERROR``), the key's job was
+    not. A wait blocks again."""
+    return isinstance(err, redis.ResponseError) and str(err).startswith("UNBLOCKED")
+
+
 class Cancel:
     """A wait's cancel flag that also cuts the block it is in: ``set()``
     (from any thread) marks it and drops the connection the wait blocks on,
@@ -108,7 +116,8 @@ def long_block(
     timed out, a Cluster slot that moved, a client without a pool): the
     caller then sends the same commands the ordinary way, with the client's
     retries and routing. The connection is dropped, not reused, after any
-    error. Errors Redis answers for a command (``ResponseError``) are raised.
+    error. Errors Redis answers for a command (``ResponseError``) are raised,
+    but for ``-UNBLOCKED`` (``unblocked``): None.
     ``cancel.set()`` from another thread drops the connection: None."""
     try:
         if hasattr(client, "get_node_from_key"):  # a RedisCluster
@@ -141,8 +150,10 @@ def long_block(
     except MOVED_ON:  # the client's routing follows it (redis-py strips the word)
         conn.disconnect()  # the later replies are unread
         return None
-    except redis.ResponseError:
+    except redis.ResponseError as err:
         conn.disconnect()  # the later replies are unread
+        if unblocked(err):
+            return None
         raise
     except Exception:
         conn.disconnect()

@@ -24,7 +24,7 @@ from ...core.refs import JobRef
 from ...core.rows import STATE_FIELDS, row_state
 from ..scripts import socket_timeout
 from ..wire import Part
-from .blocking import Cancel, long_block
+from .blocking import Cancel, long_block, unblocked
 
 WAIT_SLACK_MS = 5_000  # the done stream outlives the longest wait on it by this (ms)
 DONE_MAXLEN = 64  # entries a done stream keeps, about (waiters' marks and the finish)
@@ -158,7 +158,12 @@ class Waits(Part):
                     pipe.pexpire(done, ttl_ms, gt=True)
                 pipe.xread({done: last}, count=DONE_MAXLEN, block=block_ms)
                 pipe.hgetall(row)
-                replies = pipe.execute()
+                replies = pipe.execute(raise_on_error=False)
+                if any(unblocked(reply) for reply in replies):
+                    continue  # the block was ended, not the job: block again
+                for reply in replies:
+                    if isinstance(reply, Exception):
+                        raise reply
             reply, fields = replies[-2:]
             if reply:
                 # RESP2: [[key, entries]]; RESP3 (protocol=3): {key: [entries]}
