@@ -78,6 +78,27 @@ def _client(r: redis.Redis, **kwargs) -> redis.Redis:
     return redis.Redis(host=kw["host"], port=kw["port"], **kwargs)
 
 
+def test_a_cancel_shuts_the_socket_down_and_leaves_its_close_to_the_wait(r) -> None:
+    # set() runs on another thread (the event loop's) than the wait's read:
+    # a close there frees the descriptor under the read, and the next socket
+    # opened (another wait's reconnect) gets the same number, which the read
+    # then polls: seen as a cancelled wait blocked on for up to 300 s
+    pool = r.connection_pool
+    conn = pool.get_connection()
+    try:
+        cancel = Cancel()
+        assert cancel.hold(conn)
+        sock = conn._sock
+        cancel.set()
+        assert conn._sock is sock and sock.fileno() != -1  # still the wait's descriptor
+        assert sock.recv(1) == b""  # shut down: a read there ends at once
+        assert not cancel.hold(conn)  # and the wait does not block again
+    finally:
+        conn.disconnect()
+        pool.release(conn)
+    assert r.echo("after") == b"after"
+
+
 def _pool_whole(client: redis.Redis) -> None:
     """No connection of ``client``'s pool is still held, and each idle one
     answers its own command (none owes an earlier command's reply)."""
@@ -156,7 +177,9 @@ def test_many_cancelled_awaits_end_their_waits_at_once(r, monkeypatch) -> None:
     mq.enqueue("q", "t.echo", None, job_id="many")
 
     async def run():
-        for delay in (0, 0.001, 0.003, 0.01, 0.03):  # before, during, after the block starts
+        # before, during, after the block starts; 20 at once, whose connections
+        # (re)open while the others' are cut: a closed descriptor is reused
+        for delay in (0, 0.001, 0.003, 0.01, 0.03) * 3:
             tasks = [asyncio.create_task(emq.await_result("q", "many", NEVER)) for _ in range(20)]
             await asyncio.sleep(delay)
             for task in tasks:

@@ -14,6 +14,7 @@ one Redis connection of the client's pool).
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -72,10 +73,17 @@ def unblocked(err: BaseException) -> bool:
 
 class Cancel:
     """A wait's cancel flag that also cuts the block it is in: ``set()``
-    (from any thread) marks it and drops the connection the wait blocks on,
+    (from any thread) marks it and shuts down the socket the wait blocks on,
     so the wait ends at once with ``TimeoutError`` instead of at its block's
     end. ``await_result`` passes one; a plain ``threading.Event`` works too,
-    by blocking one socket-timeout slice at a time."""
+    by blocking one socket-timeout slice at a time.
+
+    ``set()`` never closes the socket: a close from another thread frees
+    its descriptor while the wait's thread is about to poll it, the next
+    connection opened takes the same number, and the wait then blocks (up to
+    its 300 s) on that other connection's socket, or reads its replies. A
+    shutdown wakes the read at once; the wait's own thread closes the
+    socket (``long_block``'s ``disconnect``)."""
 
     def __init__(self) -> None:
         self._flag = threading.Event()
@@ -87,11 +95,17 @@ class Cancel:
         return self._flag.is_set()
 
     def set(self) -> None:
-        """Mark the wait cancelled and drop the connection it blocks on, if any."""
+        """Mark the wait cancelled and shut down the socket it blocks on, if any."""
         with self._lock:
             self._flag.set()
-            if self._conn is not None:
-                self._conn.disconnect()
+            # a cached client's connection wraps the real one (CacheProxyConnection)
+            conn = getattr(self._conn, "_conn", self._conn)
+            sock = getattr(conn, "_sock", None)
+            if sock is not None:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass  # closed meanwhile by the wait's thread: nothing to cut
 
     def hold(self, conn) -> bool:
         """Note ``conn`` as the one the wait blocks on (None: it blocks on
@@ -118,7 +132,7 @@ def long_block(
     retries and routing. The connection is dropped, not reused, after any
     error. Errors Redis answers for a command (``ResponseError``) are raised,
     but for ``-UNBLOCKED`` (``unblocked``): None.
-    ``cancel.set()`` from another thread drops the connection: None."""
+    ``cancel.set()`` from another thread shuts its socket down: None."""
     try:
         if hasattr(client, "get_node_from_key"):  # a RedisCluster
             client = client.get_node_from_key(key).redis_connection
@@ -134,8 +148,8 @@ def long_block(
             return None
         conn.send_packed_command(conn.pack_commands(commands))
         if cancel is not None and cancel.is_set():
-            # set() between hold() and the send dropped the connection, and
-            # the send connected it again: drop it here, nobody else will
+            # set() between hold() and the send: whatever it found to cut,
+            # this block is not read
             conn.disconnect()
             return None
         replies = []
@@ -158,7 +172,7 @@ def long_block(
     except Exception:
         conn.disconnect()
         if cancel is not None and cancel.is_set():
-            return None  # the cut closed the connection's buffers under the read
+            return None  # the cut ended the read under the parser
         raise
     except BaseException:
         conn.disconnect()
