@@ -11,7 +11,9 @@ import threading
 
 import pytest
 import redis
+from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
+from redis.retry import Retry
 
 from echomq_django import EchoMQ
 from echomq_django.protocol.live.blocking import Cancel
@@ -97,6 +99,27 @@ def test_a_cancel_shuts_the_socket_down_and_leaves_its_close_to_the_wait(r) -> N
         conn.disconnect()
         pool.release(conn)
     assert r.echo("after") == b"after"
+
+
+class _CancelledAfterTheReads(Cancel):
+    """A ``Cancel`` set by another party after the block's replies were
+    read, before the wait lets go of its connection."""
+
+    def hold(self, conn) -> bool:
+        if conn is None:
+            self.set()
+        return super().hold(conn)
+
+
+def test_a_cancel_after_the_last_read_leaves_no_cut_socket_in_the_pool(r) -> None:
+    from echomq_django.protocol.live.blocking import long_block
+
+    client = _client(r, retry=Retry(NoBackoff(), 0))  # a cut socket would fail a command
+    assert long_block(client, "k", [("ECHO", "read")], 1.0, _CancelledAfterTheReads()) == [b"read"]
+    (conn,) = client.connection_pool._available_connections
+    assert conn._sock is None  # closed by the wait's thread, to be opened anew
+    assert client.echo("next") == b"next"
+    _pool_whole(client)
 
 
 def _pool_whole(client: redis.Redis) -> None:

@@ -179,5 +179,7 @@ def long_block(
         raise
     finally:
         if cancel is not None:
-            cancel.hold(None)
+            cancel.hold(None)  # set() cuts this connection no more
+            if cancel.is_set():  # it may have cut it after the last read
+                conn.disconnect()  # not handed on with a socket shut down
         pool.release(conn)
