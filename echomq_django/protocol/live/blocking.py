@@ -139,10 +139,7 @@ def long_block(
         pool, callbacks = client.connection_pool, client.response_callbacks
     except (AttributeError, redis.RedisError):
         return None
-    try:
-        conn = pool.get_connection()
-    except (redis.ConnectionError, redis.TimeoutError, OSError):
-        return None  # the ordinary way retries, or names a spent pool
+    conn = pool.get_connection()  # connecting, it retries as the client does
     try:
         if cancel is not None and not cancel.hold(conn):
             return None
