@@ -11,7 +11,7 @@ import threading
 
 import pytest
 import redis
-from redis.backoff import NoBackoff
+from redis.backoff import ConstantBackoff, NoBackoff
 from redis.cluster import RedisCluster
 from redis.retry import Retry
 
@@ -282,6 +282,39 @@ def test_a_master_demoted_under_a_blocked_wait_answers_it_once_promoted_again() 
         admin.replicaof("NO", "ONE")
         finish(EchoMQ(admin, prefix="emq"), "q", "promoted")
         assert waiter.join().result == "promoted"
+        _pool_whole(client)
+    finally:
+        client.close()
+        admin.close()
+        server.stop()
+
+
+def test_waits_blocked_across_server_restarts_get_their_results() -> None:
+    # the AOF keeps the jobs and their done streams across a SIGKILL; the
+    # client's retries (2 s) ride out each restart (about 0.1 s here)
+    from echomq_django.testing.redis_server import restart
+
+    server = rigs.start_server(options={"appendonly": "yes", "appendfsync": "always"})
+    client = redis.Redis(
+        host=rigs.HOST, port=server.port, socket_timeout=0.5, retry=Retry(ConstantBackoff(0.05), 40)
+    )
+    admin = server.client()  # reconnects by itself after each restart
+    try:
+        mq = EchoMQ(client, prefix="emq")
+        ids = [f"re{i}" for i in range(6)]
+        for i in ids:
+            mq.enqueue("q", "t.echo", i, job_id=i)
+        waiters = [Waiter(mq, "q", i, NEVER) for i in ids]
+        for _ in range(2):
+            wait_for(lambda: len(_blocked(admin)) == 6, what="6 waits blocked")
+            server.proc.kill()
+            server.proc.wait(5)
+            server = restart(server)
+        wait_for(lambda: len(_blocked(admin)) == 6, what="6 waits blocked again")
+        for _ in ids:
+            (job,) = mq.claim("q")
+            mq.complete(job, job.payload)
+        assert sorted(w.join().result for w in waiters) == ids
         _pool_whole(client)
     finally:
         client.close()
