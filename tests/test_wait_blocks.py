@@ -239,7 +239,7 @@ def test_two_hundred_waits_on_one_client_all_wake(r) -> None:
 @pytest.mark.parametrize("way", ["long_block", "ordinary"])
 def test_a_block_unblocked_with_an_error_goes_on(r, way) -> None:
     # CLIENT UNBLOCK <id> ERROR answers the XREAD -UNBLOCKED, as a master
-    # demoted to a replica (REPLICAOF, a Sentinel failover) does to all its
+    # demoted to a replica (REPLICAOF) does to all its
     # blocked clients: the block ended, the job did not. A wait given a
     # threading.Event blocks the ordinary way (a pipeline), never long_block.
     client = _client(r, socket_timeout=None)
@@ -320,3 +320,29 @@ def test_waits_blocked_across_server_restarts_get_their_results() -> None:
         client.close()
         admin.close()
         server.stop()
+
+
+@pytest.mark.e2e
+def test_a_wait_blocked_through_a_sentinel_failover_gets_the_result(no_env_url) -> None:
+    # SENTINEL FAILOVER demotes the master the wait blocks on, and kills
+    # its clients (CLIENT KILL TYPE normal): the wait blocks again on the new
+    from echomq_django.conf import build_client
+    from tests.support import sentinelkit
+
+    rig = sentinelkit.start_sentinel_rig()
+    try:
+        cfg = {"SENTINELS": rig.sentinels, "MASTER_NAME": sentinelkit.MASTER_NAME}
+        mq = EchoMQ(build_client(cfg), prefix="emq")
+        mq.enqueue("s", "t.echo", None, job_id="sf")
+        waiter = Waiter(mq, "s", "sf", NEVER)
+        registered(mq, "s", "sf", 1)
+        old = redis.Redis(host=rigs.HOST, port=rig.master_port())
+        wait_for(lambda: len(_blocked(old)) == 1, what="the wait blocked on the master")
+        new = rig.failover()
+        assert waiter.error is None
+        finish(EchoMQ(build_client(cfg), prefix="emq"), "s", "failed over")
+        assert waiter.join().result == "failed over"
+        assert new != old.connection_pool.connection_kwargs["port"]
+        old.close()
+    finally:
+        rig.stop()

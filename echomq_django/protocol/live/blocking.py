@@ -65,9 +65,10 @@ READ_MARGIN_S = 2.0  # a long block's reply is awaited this much past the block 
 
 def unblocked(err: BaseException) -> bool:
     """Whether ``err`` is Redis's ``-UNBLOCKED`` for a blocked command: the
-    block was ended under it (a master demoted to a replica, by ``REPLICAOF``
-    or a Sentinel failover; ``CLIENT UNBLOCK ... ERROR``), the key's job was
-    not. A wait blocks again."""
+    block was ended under it (a master demoted to a replica by ``REPLICAOF``;
+    ``CLIENT UNBLOCK ... ERROR``), the key's job was not. A wait blocks
+    again. (A Sentinel failover kills the old master's clients instead: a
+    lost connection.)"""
     return isinstance(err, redis.ResponseError) and str(err).startswith("UNBLOCKED")
 
 
