@@ -346,3 +346,30 @@ def test_a_wait_blocked_through_a_sentinel_failover_gets_the_result(no_env_url) 
         old.close()
     finally:
         rig.stop()
+
+
+def test_a_wait_on_a_stalled_server_ends_near_its_timeout_not_a_block_later() -> None:
+    # DEBUG SLEEP stalls the server past the block's read (block + 2 s): the
+    # block sent again the ordinary way lasted what was left before the
+    # stall, 1.5 s past the wait's timeout here
+    import time
+
+    server = rigs.start_server(options={"enable-debug-command": "yes"})
+    client = redis.Redis(host=rigs.HOST, port=server.port, socket_timeout=None)
+    admin = server.client()
+    try:
+        mq = EchoMQ(client, prefix="emq")
+        mq.enqueue("q", "t.echo", None, job_id="st")
+        start = time.monotonic()
+        waiter = Waiter(mq, "q", "st", 1.5)
+        wait_for(lambda: len(_blocked(admin)) == 1, what="the wait blocked")
+        admin.execute_command("DEBUG", "SLEEP", 3.7)
+        waiter.thread.join(10)
+        took = time.monotonic() - start
+        with pytest.raises(TimeoutError, match="did not finish in 1.5 s"):
+            waiter.join()
+        assert 3.7 <= took < 4.5  # the stall, not the stall and the block again (5.2 s)
+    finally:
+        client.close()
+        admin.close()
+        server.stop()

@@ -152,7 +152,12 @@ class Waits(Part):
             if replies is None and cancel is not None and cancel.is_set():
                 continue  # cut by the cancel: the loop's top says so
             if replies is None:  # the ordinary way: the client's retries and routing
-                block_ms = max(1, int(min(block, slice_s or math.inf) * 1000))
+                # what is left now: a failed long block may have spent it all
+                # (a stalled server: its read waited the block and 2 s more)
+                left = math.inf if deadline is None else deadline - time.monotonic()
+                if left <= 0:
+                    continue  # the loop's top ends the wait
+                block_ms = max(1, int(min(block, left, slice_s or math.inf) * 1000))
                 pipe = self.client.pipeline(transaction=False)
                 if commands[0][0] == "PEXPIRE":
                     pipe.pexpire(done, ttl_ms, gt=True)
