@@ -101,6 +101,36 @@ def test_a_cancel_shuts_the_socket_down_and_leaves_its_close_to_the_wait(r) -> N
     assert r.echo("after") == b"after"
 
 
+class _CancelledBeforeHold(Cancel):
+    """A ``Cancel`` set by another party just before the wait holds its
+    connection (after the loop's top found it unset)."""
+
+    def hold(self, conn) -> bool:
+        if conn is not None:
+            self.set()
+        return super().hold(conn)
+
+
+def test_a_cancel_before_the_hold_sends_no_block_and_a_late_one_cuts_nothing(r) -> None:
+    client = _client(r, socket_timeout=None)
+    mq = EchoMQ(client, prefix="emq")
+    mq.enqueue("q", "t.echo", None, job_id="early")
+    r.config_resetstat()
+    cancel = _CancelledBeforeHold()
+    with pytest.raises(TimeoutError, match="was cancelled"):
+        mq.wait("q", "early", NEVER, cancel=cancel)
+    assert r.info("commandstats").get("cmdstat_xread") is None  # no block sent
+    # the wait's connection now serves another user: a late set() leaves it be
+    conn = client.connection_pool.get_connection()
+    try:
+        cancel.set()
+        conn.send_command("ECHO", "still mine")
+        assert conn.read_response(timeout=2) == b"still mine"
+    finally:
+        client.connection_pool.release(conn)
+    _pool_whole(client)
+
+
 class _CancelledAfterTheReads(Cancel):
     """A ``Cancel`` set by another party after the block's replies were
     read, before the wait lets go of its connection."""
