@@ -33,8 +33,8 @@ async def await_result(job: Any, job_id: str | None = None, timeout_s: float | N
     """``wait`` for async code: the blocking wait runs on a thread of its
     own (``protocol/live/blocking.py``), so the event loop, Django's ORM
     thread and the loop's shared executor stay free. Same arguments, result,
-    errors. A cancelled await ends the wait at once: its block's connection
-    is dropped (``blocking.Cancel``). docs/howto/wait.md#in-an-async-view"""
+    errors. A cancelled await ends the wait at once: its block's socket is
+    shut down (``blocking.Cancel``). docs/howto/wait.md#in-an-async-view"""
     cancel = Cancel()
 
     def run() -> Job:

@@ -14,6 +14,7 @@ one Redis connection of the client's pool).
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -52,15 +53,38 @@ async def off_loop(fn: Callable[..., Any], *args: Any, name: str = "echomq-block
     return await done
 
 
+# Redis's answers that the key is served elsewhere or not yet: MOVED, ASK
+# (AskError), TRYAGAIN, CLUSTERDOWN and MASTERDOWN (ClusterDownError)
+MOVED_ON = (
+    redis.exceptions.AskError,
+    redis.exceptions.TryAgainError,
+    redis.exceptions.ClusterDownError,
+)
 READ_MARGIN_S = 2.0  # a long block's reply is awaited this much past the block (s)
+
+
+def unblocked(err: BaseException) -> bool:
+    """Whether ``err`` is Redis's ``-UNBLOCKED`` for a blocked command: the
+    block was ended under it (a master demoted to a replica by ``REPLICAOF``;
+    ``CLIENT UNBLOCK ... ERROR``), the key's job was not. A wait blocks
+    again. (A Sentinel failover kills the old master's clients instead: a
+    lost connection.)"""
+    return isinstance(err, redis.ResponseError) and str(err).startswith("UNBLOCKED")
 
 
 class Cancel:
     """A wait's cancel flag that also cuts the block it is in: ``set()``
-    (from any thread) marks it and drops the connection the wait blocks on,
+    (from any thread) marks it and shuts down the socket the wait blocks on,
     so the wait ends at once with ``TimeoutError`` instead of at its block's
     end. ``await_result`` passes one; a plain ``threading.Event`` works too,
-    by blocking one socket-timeout slice at a time."""
+    by blocking one socket-timeout slice at a time.
+
+    ``set()`` never closes the socket: a close from another thread frees
+    its descriptor while the wait's thread is about to poll it, the next
+    connection opened takes the same number, and the wait then blocks (up to
+    its 300 s) on that other connection's socket, or reads its replies. A
+    shutdown wakes the read at once; the wait's own thread closes the
+    socket (``long_block``'s ``disconnect``)."""
 
     def __init__(self) -> None:
         self._flag = threading.Event()
@@ -72,11 +96,17 @@ class Cancel:
         return self._flag.is_set()
 
     def set(self) -> None:
-        """Mark the wait cancelled and drop the connection it blocks on, if any."""
+        """Mark the wait cancelled and shut down the socket it blocks on, if any."""
         with self._lock:
             self._flag.set()
-            if self._conn is not None:
-                self._conn.disconnect()
+            # a cached client's connection wraps the real one (CacheProxyConnection)
+            conn = getattr(self._conn, "_conn", self._conn)
+            sock = getattr(conn, "_sock", None)
+            if sock is not None:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass  # closed meanwhile by the wait's thread: nothing to cut
 
     def hold(self, conn) -> bool:
         """Note ``conn`` as the one the wait blocks on (None: it blocks on
@@ -101,19 +131,25 @@ def long_block(
     timed out, a Cluster slot that moved, a client without a pool): the
     caller then sends the same commands the ordinary way, with the client's
     retries and routing. The connection is dropped, not reused, after any
-    error. Errors Redis answers for a command (``ResponseError``) are raised.
-    ``cancel.set()`` from another thread drops the connection: None."""
+    error. Errors Redis answers for a command (``ResponseError``) are raised,
+    but for ``-UNBLOCKED`` (``unblocked``): None.
+    ``cancel.set()`` from another thread shuts its socket down: None."""
     try:
         if hasattr(client, "get_node_from_key"):  # a RedisCluster
             client = client.get_node_from_key(key).redis_connection
         pool, callbacks = client.connection_pool, client.response_callbacks
     except (AttributeError, redis.RedisError):
         return None
-    conn = pool.get_connection()
+    conn = pool.get_connection()  # connecting, it retries as the client does
     try:
         if cancel is not None and not cancel.hold(conn):
             return None
         conn.send_packed_command(conn.pack_commands(commands))
+        if cancel is not None and cancel.is_set():
+            # set() between hold() and the send: whatever it found to cut,
+            # this block is not read
+            conn.disconnect()
+            return None
         replies = []
         for words in commands:
             reply = conn.read_response(timeout=block_s + READ_MARGIN_S)
@@ -123,20 +159,25 @@ def long_block(
     except (redis.ConnectionError, redis.TimeoutError, OSError):
         conn.disconnect()
         return None
+    except MOVED_ON:  # the client's routing follows it (redis-py strips the word)
+        conn.disconnect()  # the later replies are unread
+        return None
     except redis.ResponseError as err:
         conn.disconnect()  # the later replies are unread
-        if str(err).startswith(("MOVED", "ASK", "TRYAGAIN", "CLUSTERDOWN")):
+        if unblocked(err):
             return None
         raise
     except Exception:
         conn.disconnect()
         if cancel is not None and cancel.is_set():
-            return None  # the cut closed the connection's buffers under the read
+            return None  # the cut ended the read under the parser
         raise
     except BaseException:
         conn.disconnect()
         raise
     finally:
         if cancel is not None:
-            cancel.hold(None)
+            cancel.hold(None)  # set() cuts this connection no more
+            if cancel.is_set():  # it may have cut it after the last read
+                conn.disconnect()  # not handed on with a socket shut down
         pool.release(conn)

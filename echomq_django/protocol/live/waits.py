@@ -24,7 +24,7 @@ from ...core.refs import JobRef
 from ...core.rows import STATE_FIELDS, row_state
 from ..scripts import socket_timeout
 from ..wire import Part
-from .blocking import Cancel, long_block
+from .blocking import Cancel, long_block, unblocked
 
 WAIT_SLACK_MS = 5_000  # the done stream outlives the longest wait on it by this (ms)
 DONE_MAXLEN = 64  # entries a done stream keeps, about (waiters' marks and the finish)
@@ -152,13 +152,23 @@ class Waits(Part):
             if replies is None and cancel is not None and cancel.is_set():
                 continue  # cut by the cancel: the loop's top says so
             if replies is None:  # the ordinary way: the client's retries and routing
-                block_ms = max(1, int(min(block, slice_s or math.inf) * 1000))
+                # what is left now: a failed long block may have spent it all
+                # (a stalled server: its read waited the block and 2 s more)
+                left = math.inf if deadline is None else deadline - time.monotonic()
+                if left <= 0:
+                    continue  # the loop's top ends the wait
+                block_ms = max(1, int(min(block, left, slice_s or math.inf) * 1000))
                 pipe = self.client.pipeline(transaction=False)
                 if commands[0][0] == "PEXPIRE":
                     pipe.pexpire(done, ttl_ms, gt=True)
                 pipe.xread({done: last}, count=DONE_MAXLEN, block=block_ms)
                 pipe.hgetall(row)
-                replies = pipe.execute()
+                replies = pipe.execute(raise_on_error=False)
+                if any(unblocked(reply) for reply in replies):
+                    continue  # the block was ended, not the job: block again
+                for reply in replies:
+                    if isinstance(reply, Exception):
+                        raise reply
             reply, fields = replies[-2:]
             if reply:
                 # RESP2: [[key, entries]]; RESP3 (protocol=3): {key: [entries]}
