@@ -89,6 +89,9 @@ if ARGV[5] ~= '' then  -- a refused write is refused again by its job's completi
 end
 
 local replies = {}
+-- the completed jobs' ids leave active, and enter completed, in one ZREM and
+-- one ZADD for the batch: nothing in this call reads either set
+local gone, done_at = {}, {}
 FAN_KEPT = {}  -- lib/flow.lua fan_in_done: a parent's read kept for its next children here
 -- set once a completion here may have written another job's row (its parent,
 -- callbacks, group, cancel or removed flow): each later row is read again
@@ -131,7 +134,7 @@ for i = 6, #ARGV, 3 do
     -- what this job moved, on its own (the helpers append to OUT)
     OUT.released, OUT.dead, OUT.flow_failed, OUT.revived, OUT.outbox = {}, {}, {}, {}, 0
     OUT.sent = {}  -- lib/flow.lua send(): the entries as pushed, for a worker that delivers them
-    redis.call('ZREM', active, id)
+    gone[#gone + 1] = id  -- out of active with the batch's others, below
     left_active(base, f[11] or nil)
     callback(base, id, f[10], 's', '"result":' .. result, now)  -- its on_success job
     if f[9] then
@@ -149,7 +152,8 @@ for i = 6, #ARGV, 3 do
       else
         redis.call('HSET', row, F_STATE, 'completed', 'result', result, 'finished_at', ARGV[3])
       end
-      redis.call('ZADD', completed, now, id)
+      done_at[#done_at + 1] = now  -- into completed with the batch's others, below
+      done_at[#done_at + 1] = id
       if f[6] then  -- its own keep (ms): retention's expire list (lib/lifecycle.lua)
         redis.call('ZADD', base .. 'expire', now + tonumber(f[6]), id)
       end
@@ -172,6 +176,12 @@ for i = 6, #ARGV, 3 do
       replies[#replies + 1] = 0
     end
   end
+end
+if #gone > 0 then
+  redis.call('ZREM', active, unpack(gone))
+end
+if #done_at > 0 then
+  redis.call('ZADD', completed, unpack(done_at))
 end
 flush_later()
 flush_minutes()
