@@ -112,3 +112,21 @@ def test_two_parents_interleaved_in_one_batch_are_each_released_once(mq) -> None
     assert sorted(released) == ["a", "b"]
     assert [mq.get_job("q", p).state for p in "ab"] == [JobState.PENDING] * 2
     assert [len(parent_keys(mq, p)["processed"]) for p in "ab"] == [3, 3]
+
+
+def test_a_cross_queue_batch_fans_in_as_single_calls_would(mq) -> None:
+    def cross(parent_queue: str, leaves: str, n: int) -> None:
+        kids = [Flow(leaves, "t.echo", i, job_id=f"k{i}") for i in range(n)]
+        mq.add_flow(Flow(parent_queue, "t.echo", None, job_id="p", children=kids))
+
+    cross("one", "one-kids", 5)
+    mq.complete_many([(job, job.payload) for job in claim_all(mq, 5, "one-kids")])
+    cross("each", "each-kids", 5)
+    for job in claim_all(mq, 5, "each-kids"):
+        mq.complete(job, job.payload)
+    one, each = parent_keys(mq, "p", "one"), parent_keys(mq, "p", "each")
+    assert one == each
+    if mq.cross_queue_scripts:  # one server: released in the completions' own scripts
+        assert one["state"] is JobState.PENDING and len(one["processed"]) == 5
+    else:  # a Cluster: the flow outbox holds the completions for a pump
+        assert one["state"] is JobState.AWAITING_CHILDREN and one["processed"] == []

@@ -569,11 +569,14 @@ end
 -- go through the outbox instead: the outbox holds entries, or the parent's
 -- row is gone (the pump's delivery reports that case).
 local function fan_in_here(base, parent, ref, result, now, parent_queue, parent_inc)
-  if redis.call('LLEN', base .. 'flow:outbox') > 0 then
+  local pbase = string.sub(base, 1, #base - #QUEUE - 3) .. '{' .. parent_queue .. '}:'
+  -- a parent kept by an earlier child in this call (FAN_KEPT) is there and
+  -- nothing went on this queue's outbox since: both checks are known
+  local kept = FAN_KEPT and FAN_KEPT[job_key(pbase, parent)] == (parent_inc or '')
+  if not kept and redis.call('LLEN', base .. 'flow:outbox') > 0 then
     return false
   end
-  local pbase = string.sub(base, 1, #base - #QUEUE - 3) .. '{' .. parent_queue .. '}:'
-  if redis.call('EXISTS', job_key(pbase, parent)) == 0 then
+  if not kept and redis.call('EXISTS', job_key(pbase, parent)) == 0 then
     return false
   end
   local own = QUEUE
