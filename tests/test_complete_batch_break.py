@@ -1,0 +1,271 @@
+"""A batch ``complete`` (lua/complete.lua) against the same completions one
+call each: random flows, the same things done to both copies before the
+completions (a child cancelled or failed while its siblings run, the parent
+cancelled or removed, a stale lease, a job twice in the batch, a replay of a
+completion already made, callbacks, groups, priorities, a delayed parent, a
+children timeout, a cross-queue parent), then one copy's jobs completed in
+one batch and the other's one by one, in the same order. Everything the
+completions wrote must be the same both ways: the replies (refusals and
+the parents each one released, failed or revived), every job's state,
+result and error, each parent's ``:dependencies`` and resolution hashes,
+the events stream (one entry a job once a run is spread out), the minute
+counters, the state zsets and the claimable lists (lib/flow.lua
+``FAN_KEPT``, lib/emit.lua ``emit_later``, the batch's one ZREM and ZADD)."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import re
+
+import pytest
+
+from echomq_django import EchoMQ, Flow
+
+QUEUES = ("q", "k")  # "k": the leaves of a cross-queue parent on "q"
+
+
+def plan(rng: random.Random) -> dict:
+    """A scenario: flows to add, what to do before the completions, the order."""
+    parents = []
+    for p in range(rng.randint(1, 3)):
+        kids = []
+        cross = rng.random() < 0.25
+        for c in range(rng.randint(1, 5)):
+            pol = rng.choice(["fp", "fp", "id", "rd", "cp"])
+            kids.append(
+                {
+                    "id": f"p{p}-{c}",
+                    "queue": "k" if cross else "q",
+                    "policy": pol,
+                    "cb": rng.random() < 0.1,
+                    "group": rng.choice([None, None, None, "g1", "g2"]),
+                    "priority": rng.choice([0, 0, 1, -1]),
+                }
+            )
+        parents.append(
+            {
+                "id": f"p{p}",
+                "kids": kids,
+                "delay": rng.random() < 0.2,
+                "timeout": rng.random() < 0.2,
+                "priority": rng.choice([0, 0, 2]),
+                "group": rng.choice([None, None, "g1"]),
+            }
+        )
+    plain = [f"j{i}" for i in range(rng.randint(0, 3))]
+    leaves = [k["id"] for p in parents for k in p["kids"]] + plain
+    before = []
+    for leaf in leaves:
+        r = rng.random()
+        if r < 0.08:
+            before.append(("cancel", leaf))
+        elif r < 0.16:
+            before.append(("fail", leaf))
+        elif r < 0.22:
+            before.append(("complete", leaf))
+    for p in parents:
+        r = rng.random()
+        if r < 0.08:
+            before.append(("cancel", p["id"]))
+        elif r < 0.16:
+            before.append(("remove", p["id"]))
+    rng.shuffle(before)
+    order = list(leaves)
+    rng.shuffle(order)
+    extra = []
+    for leaf in leaves:
+        r = rng.random()
+        if r < 0.08:
+            extra.append(("again", leaf))  # the same job twice in the batch
+        elif r < 0.14:
+            extra.append(("stale", leaf))  # a stale lease token
+    for kind, leaf in extra:
+        order.insert(rng.randint(0, len(order)), (kind, leaf))
+    return {"parents": parents, "plain": plain, "before": before, "order": order}
+
+
+def build(mq: EchoMQ, sc: dict) -> dict:
+    """Add the scenario's jobs, claim its leaves; the claimed jobs by id."""
+    for p in sc["parents"]:
+        kids = [
+            Flow(
+                k["queue"],
+                "t.echo",
+                k["id"],
+                job_id=k["id"],
+                ignore_dependency_on_failure=k["policy"] == "id",
+                remove_dependency_on_failure=k["policy"] == "rd",
+                continue_parent_on_failure=k["policy"] == "cp",
+                on_success="t.cb" if k["cb"] else None,
+                group=k["group"],
+                priority=k["priority"],
+            )
+            for k in p["kids"]
+        ]
+        mq.add_flow(
+            Flow(
+                "q",
+                "t.echo",
+                None,
+                job_id=p["id"],
+                children=kids,
+                delay_ms=60_000 if p["delay"] else 0,
+                children_timeout_ms=60_000 if p["timeout"] else None,
+                priority=p["priority"],
+                group=p["group"],
+            )
+        )
+    if sc["plain"]:
+        mq.enqueue_many("q", [("t.echo", j, {"job_id": j}) for j in sc["plain"]])
+    jobs = {}
+    for queue in QUEUES:
+        for job in mq.claim(queue, 100, 60_000):
+            jobs[job.id] = job
+    return jobs
+
+
+def prepare(mq: EchoMQ, sc: dict, jobs: dict) -> list:
+    """Do the scenario's ``before`` steps; the items to complete, in order."""
+    for kind, jid in sc["before"]:
+        queue = jobs[jid].queue if jid in jobs else "q"
+        try:
+            if kind == "cancel":
+                mq.cancel(queue, jid)
+            elif kind == "remove":
+                mq.remove(queue, jid)
+            elif kind == "fail":
+                mq.fail(jobs[jid], "boom", dead=True)
+            elif kind == "complete":
+                mq.complete(jobs[jid], jobs[jid].payload)
+        except Exception as err:  # noqa: BLE001 - the same refusal both ways
+            assert type(err).__name__  # recorded by the comparison below
+    items = []
+    for entry in sc["order"]:
+        if isinstance(entry, tuple):
+            kind, jid = entry
+            job = jobs[jid]
+            if kind == "stale":
+                job = dataclasses.replace(job, lease="stale-token")
+            items.append((job, job.payload))
+        else:
+            items.append((jobs[entry], jobs[entry].payload))
+    return items
+
+
+def reply_of(r) -> tuple:
+    if isinstance(r, Exception):
+        return ("refused", type(r).__name__)
+    return (
+        sorted(tuple(x) for x in r.released),
+        sorted(tuple(x) for x in r.dead),
+        sorted(tuple(x) for x in r.flow_failed),
+        sorted(tuple(x) for x in r.revived),
+        r.outbox,
+    )
+
+
+def snapshot(mq: EchoMQ, sc: dict) -> dict:
+    """What the completions wrote, in terms free of the key prefix and clock."""
+    c = mq.client
+    out: dict = {}
+    ids = [p["id"] for p in sc["parents"]] + sc["plain"]
+    ids += [k["id"] for p in sc["parents"] for k in p["kids"]]
+    for queue in QUEUES:
+        k = mq.keys.queue(queue)
+        base = k.events[: -len("events")]
+        for jid in ids:
+            row = c.hgetall(f"{base}job:{jid}")
+            if not row:
+                continue
+            drop = {b"finished_at", b"updated_at", b"created_at", b"started_at", b"lease"}
+            drop |= {b"first_started_at", b"expires_at", b"callbacks_n", b"inc", b"pi"}
+            drop |= {b"delay_until", b"children_deadline", b"went_on", b"ca", b"cancel"}
+            out[(queue, jid, "row")] = sorted((f, v) for f, v in row.items() if f not in drop)
+            for suffix in ("dependencies",):
+                out[(queue, jid, suffix)] = c.get(f"{base}job:{jid}:{suffix}")
+            for suffix in ("processed", "failed", "unsuccessful", "removed"):
+                h = c.hgetall(f"{base}job:{jid}:{suffix}")
+                out[(queue, jid, suffix)] = sorted(
+                    (f.split(b"}:", 1)[1], v.split(b"\n")[0]) for f, v in h.items()
+                )
+        events = []
+        for _id, f in c.xrange(k.events):
+            for one in f[b"id"].split():
+                events.append((f[b"e"], one))
+        out[(queue, "events")] = events
+        minutes = c.hgetall(f"{base}minutes")
+        counts: dict = {}
+        for field, v in minutes.items():
+            if field[:1] != b"m":
+                counts[field[:1]] = counts.get(field[:1], 0) + int(v)
+        out[(queue, "minutes")] = counts
+        for name in ("active", "completed", "dead", "awaiting", "delayed", "prioritized"):
+            out[(queue, name)] = sorted(c.zrange(f"{base}{name}", 0, -1))
+        out[(queue, "pending")] = c.lrange(f"{base}pending", 0, -1)
+        out[(queue, "outbox")] = len(c.lrange(f"{base}flow:outbox", 0, -1))
+        for g in ("g1", "g2"):
+            out[(queue, g)] = c.lrange(f"{base}g:{g}:pending", 0, -1)
+        out[(queue, "groups:active")] = c.hgetall(f"{base}groups:active")
+    return scrub(out, mq.keys.queue("q").events.split("{")[0].encode())
+
+
+def scrub(value, prefix: bytes):
+    """``value`` with the key prefix taken out of every bytes in it."""
+    if isinstance(value, bytes):
+        # a callback's id is a sha1 of its job's key, the prefix in it
+        return re.sub(rb"cb-[0-9a-f]{40}", b"cb-*", value.replace(prefix, b"P:"))
+    if isinstance(value, (list, tuple)):
+        return type(value)(scrub(v, prefix) for v in value)
+    if isinstance(value, dict):
+        return {k: scrub(v, prefix) for k, v in value.items()}
+    return value
+
+
+def run_both(client, n: int, sc: dict) -> tuple:
+    batch = EchoMQ(client, prefix=f"b{n}")
+    each = EchoMQ(client, prefix=f"s{n}")
+    got = []
+    for mq, one_call in ((batch, True), (each, False)):
+        jobs = build(mq, sc)
+        items = prepare(mq, sc, jobs)
+        if one_call:
+            replies = [reply_of(r) for r in mq.complete_many(items)]
+        else:
+            replies = []
+            for job, result in items:
+                try:
+                    replies.append(reply_of(mq.complete(job, result)))
+                except Exception as err:  # noqa: BLE001 - a refusal is its reply
+                    replies.append(reply_of(err))
+        got.append((replies, snapshot(mq, sc)))
+    return got[0], got[1]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_batches_end_as_one_call_each(redis_client, seed) -> None:
+    for n in range(seed * 40, seed * 40 + 40):
+        sc = plan(random.Random(n))
+        (rb, sb), (re_, se) = run_both(redis_client, n, sc)
+        assert rb == re_, (n, sc)
+        diff = {k: (sb.get(k), se.get(k)) for k in set(sb) | set(se) if sb.get(k) != se.get(k)}
+        assert not diff, (n, sc, sorted(diff.items(), key=repr))
+
+
+def test_a_cancelled_job_leaves_the_reply_before_it_alone(mq) -> None:
+    """The job before a cancelled one in the batch released a parent (its
+    reply a table): the cancelled job's death (and the parent it failed) is
+    not added to that reply, as one call each would not (failed before:
+    kill appended to the last reply's own lists)."""
+    mq.add_flow(
+        Flow("q", "t.echo", None, job_id="x", children=[Flow("q", "t.echo", 0, job_id="c")])
+    )
+    kids = [Flow("q", "t.echo", i, job_id=k) for i, k in enumerate("ab")]
+    mq.add_flow(Flow("q", "t.echo", None, job_id="p", children=kids))
+    jobs = {job.id: job for job in mq.claim("q", 3, 30_000)}
+    mq.cancel("q", "b")  # marked while it runs: its completion kills it
+    first, second = mq.complete_many([(jobs["c"], 0), (jobs["b"], 1)])
+    assert [ref.id for ref in first.released] == ["x"]
+    assert (first.dead, first.flow_failed, first.revived) == ([], [], [])
+    assert type(second).__name__ == "JobCancelled"
+    assert mq.get_job("q", "p").state.value == "dead"  # b's death failed p (fp)
