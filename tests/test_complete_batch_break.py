@@ -31,7 +31,8 @@ def plan(rng: random.Random) -> dict:
     for p in range(rng.randint(1, 3)):
         kids = []
         cross = rng.random() < 0.25
-        for c in range(rng.randint(1, 5)):
+        wide = rng.random() < 0.04  # more than a run of 100 completed ids
+        for c in range(rng.randint(101, 130) if wide else rng.randint(1, 5)):
             pol = rng.choice(["fp", "fp", "id", "rd", "cp"])
             kids.append(
                 {
@@ -41,6 +42,8 @@ def plan(rng: random.Random) -> dict:
                     "cb": rng.random() < 0.1,
                     "group": rng.choice([None, None, None, "g1", "g2"]),
                     "priority": rng.choice([0, 0, 1, -1]),
+                    "dedup": rng.random() < 0.1,
+                    "keep": rng.choice([None, None, None, 30]),
                 }
             )
         parents.append(
@@ -64,12 +67,20 @@ def plan(rng: random.Random) -> dict:
             before.append(("fail", leaf))
         elif r < 0.22:
             before.append(("complete", leaf))
+        elif r < 0.27:
+            before.append(("retry", leaf))  # failed dead, retried, claimed again
+        elif r < 0.30:
+            before.append(("rcd", leaf))  # remove_child_dependency
+        if rng.random() < 0.15:
+            before.append(("wait", leaf))  # a waiter's done stream
     for p in parents:
         r = rng.random()
         if r < 0.08:
             before.append(("cancel", p["id"]))
         elif r < 0.16:
             before.append(("remove", p["id"]))
+        elif r < 0.24:
+            before.append(("readd", p["id"]))  # removed, added again: a new incarnation
     rng.shuffle(before)
     order = list(leaves)
     rng.shuffle(order)
@@ -85,44 +96,53 @@ def plan(rng: random.Random) -> dict:
     return {"parents": parents, "plain": plain, "before": before, "order": order}
 
 
+def add_parent(mq: EchoMQ, p: dict) -> None:
+    kids = [
+        Flow(
+            k["queue"],
+            "t.echo",
+            k["id"],
+            job_id=k["id"],
+            ignore_dependency_on_failure=k["policy"] == "id",
+            remove_dependency_on_failure=k["policy"] == "rd",
+            continue_parent_on_failure=k["policy"] == "cp",
+            on_success="t.cb" if k["cb"] else None,
+            group=k["group"],
+            priority=k["priority"],
+            dedup_key=f"d-{k['id']}" if k["dedup"] else None,
+            keep=k["keep"],
+        )
+        for k in p["kids"]
+    ]
+    mq.add_flow(
+        Flow(
+            "q",
+            "t.echo",
+            None,
+            job_id=p["id"],
+            children=kids,
+            delay_ms=60_000 if p["delay"] else 0,
+            children_timeout_ms=60_000 if p["timeout"] else None,
+            priority=p["priority"],
+            group=p["group"],
+        )
+    )
+
+
+def claim(mq: EchoMQ, jobs: dict) -> dict:
+    for queue in QUEUES:
+        for job in mq.claim(queue, 200, 60_000):
+            jobs[job.id] = job
+    return jobs
+
+
 def build(mq: EchoMQ, sc: dict) -> dict:
     """Add the scenario's jobs, claim its leaves; the claimed jobs by id."""
     for p in sc["parents"]:
-        kids = [
-            Flow(
-                k["queue"],
-                "t.echo",
-                k["id"],
-                job_id=k["id"],
-                ignore_dependency_on_failure=k["policy"] == "id",
-                remove_dependency_on_failure=k["policy"] == "rd",
-                continue_parent_on_failure=k["policy"] == "cp",
-                on_success="t.cb" if k["cb"] else None,
-                group=k["group"],
-                priority=k["priority"],
-            )
-            for k in p["kids"]
-        ]
-        mq.add_flow(
-            Flow(
-                "q",
-                "t.echo",
-                None,
-                job_id=p["id"],
-                children=kids,
-                delay_ms=60_000 if p["delay"] else 0,
-                children_timeout_ms=60_000 if p["timeout"] else None,
-                priority=p["priority"],
-                group=p["group"],
-            )
-        )
+        add_parent(mq, p)
     if sc["plain"]:
         mq.enqueue_many("q", [("t.echo", j, {"job_id": j}) for j in sc["plain"]])
-    jobs = {}
-    for queue in QUEUES:
-        for job in mq.claim(queue, 100, 60_000):
-            jobs[job.id] = job
-    return jobs
+    return claim(mq, {})
 
 
 def prepare(mq: EchoMQ, sc: dict, jobs: dict) -> list:
@@ -138,8 +158,21 @@ def prepare(mq: EchoMQ, sc: dict, jobs: dict) -> list:
                 mq.fail(jobs[jid], "boom", dead=True)
             elif kind == "complete":
                 mq.complete(jobs[jid], jobs[jid].payload)
-        except Exception as err:  # noqa: BLE001 - the same refusal both ways
-            assert type(err).__name__  # recorded by the comparison below
+            elif kind == "retry":
+                mq.fail(jobs[jid], "boom", dead=True)
+                mq.retry(queue, jid)
+            elif kind == "rcd":
+                job = mq.get_job(queue, jid)
+                mq.remove_child_dependency("q", job.parent, (queue, jid))
+            elif kind == "wait":
+                key = mq.keys.queue(queue).events[: -len("events")] + f"done:{jid}"
+                mq.client.xadd(key, {"e": "waiting"})
+            elif kind == "readd":
+                mq.remove("q", jid)
+                add_parent(mq, next(p for p in sc["parents"] if p["id"] == jid))
+        except Exception as err:
+            assert type(err).__name__  # the same refusal both ways
+    claim(mq, jobs)  # the jobs a retry or a flow added again made pending
     items = []
     for entry in sc["order"]:
         if isinstance(entry, tuple):
@@ -180,7 +213,14 @@ def snapshot(mq: EchoMQ, sc: dict) -> dict:
                 continue
             drop = {b"finished_at", b"updated_at", b"created_at", b"started_at", b"lease"}
             drop |= {b"first_started_at", b"expires_at", b"callbacks_n", b"inc", b"pi"}
-            drop |= {b"delay_until", b"children_deadline", b"went_on", b"ca", b"cancel"}
+            drop |= {
+                b"delay_until",
+                b"children_deadline",
+                b"went_on",
+                b"ca",
+                b"cancel",
+                b"retry_token",
+            }
             out[(queue, jid, "row")] = sorted((f, v) for f, v in row.items() if f not in drop)
             for suffix in ("dependencies",):
                 out[(queue, jid, suffix)] = c.get(f"{base}job:{jid}:{suffix}")
@@ -189,6 +229,9 @@ def snapshot(mq: EchoMQ, sc: dict) -> dict:
                 out[(queue, jid, suffix)] = sorted(
                     (f.split(b"}:", 1)[1], v.split(b"\n")[0]) for f, v in h.items()
                 )
+            out[(queue, jid, "done")] = [f for _, f in c.xrange(f"{base}done:{jid}")]
+            out[(queue, jid, "dedup")] = c.get(f"{base}dedup:d-{jid}")
+        out[(queue, "expire")] = sorted(c.zrange(f"{base}expire", 0, -1))
         events = []
         for _id, f in c.xrange(k.events):
             for one in f[b"id"].split():
@@ -232,12 +275,19 @@ def run_both(client, n: int, sc: dict) -> tuple:
         if one_call:
             replies = [reply_of(r) for r in mq.complete_many(items)]
         else:
-            replies = []
-            for job, result in items:
+            # complete_many runs a queue's jobs in one script, the queues in
+            # the order they first appear: one call each in that order
+            first = {}
+            for job, _ in items:
+                first.setdefault(job.queue, len(first))
+            at = sorted(range(len(items)), key=lambda i: first[items[i][0].queue])
+            replies = [None] * len(items)
+            for i in at:
+                job, result = items[i]
                 try:
-                    replies.append(reply_of(mq.complete(job, result)))
-                except Exception as err:  # noqa: BLE001 - a refusal is its reply
-                    replies.append(reply_of(err))
+                    replies[i] = reply_of(mq.complete(job, result))
+                except Exception as err:
+                    replies[i] = reply_of(err)
         got.append((replies, snapshot(mq, sc)))
     return got[0], got[1]
 
