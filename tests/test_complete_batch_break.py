@@ -232,6 +232,9 @@ def snapshot(mq: EchoMQ, sc: dict) -> dict:
             out[(queue, jid, "done")] = [f for _, f in c.xrange(f"{base}done:{jid}")]
             out[(queue, jid, "dedup")] = c.get(f"{base}dedup:d-{jid}")
         out[(queue, "expire")] = sorted(c.zrange(f"{base}expire", 0, -1))
+        out[(queue, "signals")] = [
+            (f[b"k"], f[b"id"], f.get(b"v")) for _, f in c.xrange(f"{base}signals")
+        ]
         events = []
         for _id, f in c.xrange(k.events):
             for one in f[b"id"].split():
@@ -270,10 +273,15 @@ def run_both(client, n: int, sc: dict) -> tuple:
     each = EchoMQ(client, prefix=f"s{n}")
     got = []
     for mq, one_call in ((batch, True), (each, False)):
+        for queue in QUEUES:  # every signal kind recorded (lib/signal_events.lua)
+            kinds = ["completed", "dead", "released", "flow_failed", "cancelled"]
+            mq.client.sadd(mq.keys.queue(queue).events[: -len("events")] + "signals:kinds", *kinds)
         jobs = build(mq, sc)
         items = prepare(mq, sc, jobs)
         if one_call:
-            replies = [reply_of(r) for r in mq.complete_many(items)]
+            # the worker's call: the completions, then a claim riding with them
+            out, claimed = mq.complete_then_claim(items, "q", 50, 60_000, f"t{n}")
+            replies = [reply_of(r) for r in out]
         else:
             # complete_many runs a queue's jobs in one script, the queues in
             # the order they first appear: one call each in that order
@@ -288,6 +296,8 @@ def run_both(client, n: int, sc: dict) -> tuple:
                     replies[i] = reply_of(mq.complete(job, result))
                 except Exception as err:
                     replies[i] = reply_of(err)
+            claimed = mq.claim("q", 50, 60_000)
+        replies.append(("claimed", [re.sub(r"cb-[0-9a-f]{40}", "cb-*", j.id) for j in claimed]))
         got.append((replies, snapshot(mq, sc)))
     return got[0], got[1]
 
