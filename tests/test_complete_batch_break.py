@@ -15,6 +15,7 @@ counters, the state zsets and the claimable lists (lib/flow.lua
 from __future__ import annotations
 
 import dataclasses
+import json
 import random
 import re
 
@@ -93,7 +94,12 @@ def plan(rng: random.Random) -> dict:
             extra.append(("stale", leaf))  # a stale lease token
     for kind, leaf in extra:
         order.insert(rng.randint(0, len(order)), (kind, leaf))
-    return {"parents": parents, "plain": plain, "before": before, "order": order}
+    carry = {
+        leaf: [rng.randint(0, 100) for _ in range(rng.randint(1, 2))]
+        for leaf in leaves
+        if rng.random() < 0.15
+    }
+    return {"parents": parents, "plain": plain, "before": before, "order": order, "carry": carry}
 
 
 def add_parent(mq: EchoMQ, p: dict) -> None:
@@ -173,7 +179,7 @@ def prepare(mq: EchoMQ, sc: dict, jobs: dict) -> list:
         except Exception as err:
             assert type(err).__name__  # the same refusal both ways
     claim(mq, jobs)  # the jobs a retry or a flow added again made pending
-    items = []
+    items, carry = [], {}
     for entry in sc["order"]:
         if isinstance(entry, tuple):
             kind, jid = entry
@@ -183,7 +189,10 @@ def prepare(mq: EchoMQ, sc: dict, jobs: dict) -> list:
             items.append((job, job.payload))
         else:
             items.append((jobs[entry], jobs[entry].payload))
-    return items
+    for job, _ in items:  # progress and lines the job left pending, carried
+        if job.id in sc["carry"]:
+            carry[id(job)] = (job, [str(v) for v in sc["carry"][job.id]], [f"{job.id} ran"])
+    return items, carry
 
 
 def reply_of(r) -> tuple:
@@ -229,17 +238,27 @@ def snapshot(mq: EchoMQ, sc: dict) -> dict:
                 out[(queue, jid, suffix)] = sorted(
                     (f.split(b"}:", 1)[1], v.split(b"\n")[0]) for f, v in h.items()
                 )
+            out[(queue, jid, "logs")] = c.lrange(f"{base}job:{jid}:logs", 0, -1)
             out[(queue, jid, "done")] = [f for _, f in c.xrange(f"{base}done:{jid}")]
             out[(queue, jid, "dedup")] = c.get(f"{base}dedup:d-{jid}")
         out[(queue, "expire")] = sorted(c.zrange(f"{base}expire", 0, -1))
         out[(queue, "signals")] = [
             (f[b"k"], f[b"id"], f.get(b"v")) for _, f in c.xrange(f"{base}signals")
         ]
-        events = []
+        events, progress = [], []
         for _id, f in c.xrange(k.events):
+            if f[b"e"] == b"progress":  # a batch writes its carried values first
+                ps = (
+                    [f[b"p"]]
+                    if b"p" in f
+                    else [json.dumps(v).encode() for v in json.loads(f[b"ps"])]
+                )
+                progress += zip(f[b"id"].split(), ps, strict=True)
+                continue
             for one in f[b"id"].split():
                 events.append((f[b"e"], one))
         out[(queue, "events")] = events
+        out[(queue, "progress")] = sorted(progress)
         minutes = c.hgetall(f"{base}minutes")
         counts: dict = {}
         for field, v in minutes.items():
@@ -277,10 +296,10 @@ def run_both(client, n: int, sc: dict) -> tuple:
             kinds = ["completed", "dead", "released", "flow_failed", "cancelled"]
             mq.client.sadd(mq.keys.queue(queue).events[: -len("events")] + "signals:kinds", *kinds)
         jobs = build(mq, sc)
-        items = prepare(mq, sc, jobs)
+        items, carry = prepare(mq, sc, jobs)
         if one_call:
             # the worker's call: the completions, then a claim riding with them
-            out, claimed = mq.complete_then_claim(items, "q", 50, 60_000, f"t{n}")
+            out, claimed = mq.complete_then_claim(items, "q", 50, 60_000, f"t{n}", carry=carry)
             replies = [reply_of(r) for r in out]
         else:
             # complete_many runs a queue's jobs in one script, the queues in
@@ -292,10 +311,8 @@ def run_both(client, n: int, sc: dict) -> tuple:
             replies = [None] * len(items)
             for i in at:
                 job, result = items[i]
-                try:
-                    replies[i] = reply_of(mq.complete(job, result))
-                except Exception as err:
-                    replies[i] = reply_of(err)
+                ride = {id(job): carry.pop(id(job))} if id(job) in carry else None
+                replies[i] = reply_of(mq.complete_many([(job, result)], None, ride)[0])
             claimed = mq.claim("q", 50, 60_000)
         replies.append(("claimed", [re.sub(r"cb-[0-9a-f]{40}", "cb-*", j.id) for j in claimed]))
         got.append((replies, snapshot(mq, sc)))
