@@ -229,6 +229,7 @@ def snapshot(mq: EchoMQ, sc: dict) -> dict:
                 b"ca",
                 b"cancel",
                 b"retry_token",
+                b"enqueue_token",
             }
             out[(queue, jid, "row")] = sorted((f, v) for f, v in row.items() if f not in drop)
             for suffix in ("dependencies",):
@@ -346,3 +347,27 @@ def test_a_cancelled_job_leaves_the_reply_before_it_alone(mq) -> None:
     assert (first.dead, first.flow_failed, first.revived) == ([], [], [])
     assert type(second).__name__ == "JobCancelled"
     assert mq.get_job("q", "p").state.value == "dead"  # b's death failed p (fp)
+
+
+@pytest.mark.parametrize("order", [("c0", "s", "c1", "c2"), ("s", "c0", "c1", "c2")])
+def test_a_step_job_and_its_children_in_one_batch(redis_client, order) -> None:
+    """A running job that added children (a step job, not waiting for them)
+    completes in the same batch as its children, before or between them:
+    its children fan in to a parent that is active, then completed, exactly
+    as one call each (never kept: the parent does not wait)."""
+    sc = {"parents": [{"id": "s", "kids": [{"id": f"c{i}"} for i in range(3)]}], "plain": []}
+    snaps = []
+    for tag, one_call in (("sb", True), ("ss", False)):
+        mq = EchoMQ(redis_client, prefix=f"{tag}{order[0]}")
+        mq.enqueue("q", "t.echo", None, job_id="s")
+        (step,) = mq.claim("q", 1, 60_000)
+        step.add_children([Flow("q", "t.echo", i, job_id=f"c{i}") for i in range(3)])
+        jobs = {job.id: job for job in mq.claim("q", 3, 60_000)} | {"s": step}
+        items = [(jobs[jid], jid) for jid in order]
+        if one_call:
+            replies = [reply_of(r) for r in mq.complete_many(items)]
+        else:
+            replies = [reply_of(mq.complete(job, result)) for job, result in items]
+        snaps.append((replies, snapshot(mq, sc)))
+    assert snaps[0] == snaps[1]
+    assert snaps[0][1][("q", "s", "dependencies")] == b"0"
