@@ -207,6 +207,7 @@ def reply_of(r) -> tuple:
         sorted(tuple(x) for x in r.flow_failed),
         sorted(tuple(x) for x in r.revived),
         r.outbox,
+        len(r.sent),  # the entries its worker may deliver itself
     )
 
 
