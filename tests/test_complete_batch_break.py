@@ -10,7 +10,13 @@ the parents each one released, failed or revived), every job's state,
 result and error, each parent's ``:dependencies`` and resolution hashes,
 the events stream (one entry a job once a run is spread out), the minute
 counters, the state zsets and the claimable lists (lib/flow.lua
-``FAN_KEPT``, lib/emit.lua ``emit_later``, the batch's one ZREM and ZADD)."""
+``FAN_KEPT``, lib/emit.lua ``emit_later``, the batch's one ZREM and ZADD).
+The batch rides ``complete_then_claim`` (the worker's call), against a
+claim after the single calls. Hypothesis draws each scenario through a
+``random.Random`` of its own (``st.randoms``), so a failure shrinks; 40
+examples a rig, about 12 s on the single server and 22 s on the Cluster
+here. Seeded mutants it catches: the cancelled job's death appended to the
+reply before it (fixed in lua/complete.lua)."""
 
 from __future__ import annotations
 
