@@ -15,8 +15,8 @@ The batch rides ``complete_then_claim`` (the worker's call), against a
 claim after the single calls. Hypothesis draws each scenario through a
 ``random.Random`` of its own (``st.randoms``), so a failure shrinks; 40
 examples a rig, about 12 s on the single server and 22 s on the Cluster
-here. Seeded mutants it catches: the cancelled job's death appended to the
-reply before it (fixed in lua/complete.lua)."""
+here. With the fix in lua/complete.lua taken out it fails (the cancelled
+job's death appended to the reply before it)."""
 
 from __future__ import annotations
 
