@@ -127,6 +127,10 @@ for i = 6, #ARGV, 3 do
     replies[#replies + 1] = 'EMQLEASE ' .. QUEUE .. ' ' .. id
   elseif f[7] then
     -- cancelled while it ran (docs/explanation/lifecycle.md): the result is dropped, the job dies
+    -- (what its death moved goes in tables of its own: an earlier job's reply
+    -- holds the last ones, and a refusal reports none)
+    OUT.released, OUT.dead, OUT.flow_failed, OUT.revived, OUT.outbox = {}, {}, {}, {}, 0
+    OUT.sent = {}
     kill(base, id, 'cancelled', now)
     FAN_KEPT = {}  -- its death may have written its parent: read them again
     replies[#replies + 1] = 'EMQCANCELLED ' .. QUEUE .. ' ' .. id
