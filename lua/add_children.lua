@@ -45,13 +45,13 @@ end
 local kids = row .. ':children'
 local have = {}
 for _, ref in ipairs(redis.call('LRANGE', kids, 0, -1)) do
-  have[child_key(base, ref)] = true
+  have[child_key(base, id, ref)] = true
 end
 local new = {}
 for j = 5, #ARGV do
   if not have[ARGV[j]] then
     have[ARGV[j]] = true
-    new[#new + 1] = short_ref(base, ARGV[j])  -- the list's form (lib/row.lua)
+    new[#new + 1] = short_ref(base, id, ARGV[j])  -- the list's form (lib/row.lua)
   end
 end
 for j = 1, #new, 1000 do

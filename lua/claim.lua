@@ -261,7 +261,7 @@ local claimed = {}
 for i = 2, #leases, 2 do
   claimed[#claimed + 1] = leases[i]
 end
-emit_to(base .. 'events', 'active', table.concat(claimed, ' '))
+emit_to(base .. 'events', 'active', run_text(claimed))
 if limit > 0 and sliding then
   local starts = {}
   for i = 1, #leases, 2 do

@@ -31,7 +31,12 @@
           a job completed here has its row read once for both (the
           lease check reuses the completion's read) and its last
           progress value goes into its completion's own HSET
-  ARGV[6..] jobs, 3 values each: job id, lease token (from claim), result (a JSON text)
+  ARGV[6]  the jobs, 3 values each, joined by the byte 0x1F (ASCII's unit
+           separator, in neither an id, a lease token nor JSON text: an id
+           holds no whitespace, and JSON escapes control characters): job id,
+           lease token (from claim, '' for none), result (a JSON text). One
+           argument, not 3 per job: redis-py packs each argument in Python,
+           about 1 µs apiece (docs/explanation/performance.md#a-busy-workers-own-costs)
 
   returns: a JSON array with one entry per job, in order:
            0 when the job completed and moved nothing else;
@@ -48,6 +53,9 @@
              EMQCANCELLED <queue> <id>        the job was cancelled while it
                                               ran: the result is dropped and
                                               the job is dead ('cancelled')
+           or, for a cancelled job whose death pushed outbox entries,
+           {error: 'EMQCANCELLED <queue> <id>', sent: [entry...]} (`sent` as
+           above: its worker delivers its death as it does a completion)
            A completed row keeps its last lease token, so a replay of the
            same call (redis-py re-sends a command whose reply was lost: same
            token, same result) answers 0 instead of EMQSTATE. A job whose
@@ -70,13 +78,28 @@ local function read_row(row)
     'cancel', F_PINC, 'orphaned', 'callbacks', 'group')
 end
 
+-- ARGV[6] split: J[i], J[i + 1], J[i + 2] are a job's id, lease token and result
+local J = {}
+if ARGV[6] ~= '' then
+  local text, at, find, sub = ARGV[6], 1, string.find, string.sub
+  while true do
+    local stop = find(text, '\31', at, true)
+    if not stop then
+      J[#J + 1] = sub(text, at)
+      break
+    end
+    J[#J + 1] = sub(text, at, stop - 1)
+    at = stop + 1
+  end
+end
+
 -- the rows the writes read (a completing job's: its completion reuses the
 -- read) and the progress values they left for the completion's own HSET
 local fetched, progress_of = {}, {}
 if ARGV[5] ~= '' then  -- a refused write is refused again by its job's completion below
   local completing = {}
-  for i = 6, #ARGV, 3 do
-    completing[ARGV[i]] = true
+  for i = 1, #J, 3 do
+    completing[J[i]] = true
   end
   local writes = cjson.decode(ARGV[5])
   write_reports(base .. 'events', QUEUE, base, writes[1], writes, 2, {progress = progress_of,
@@ -96,8 +119,8 @@ FAN_KEPT = {}  -- lib/flow.lua fan_in_done: a parent's read kept for its next ch
 -- set once a completion here may have written another job's row (its parent,
 -- callbacks, group, cancel or removed flow): each later row is read again
 local moved = false
-for i = 6, #ARGV, 3 do
-  local id, token, result = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+for i = 1, #J, 3 do
+  local id, token, result = J[i], J[i + 1], J[i + 2]
   local row = base .. 'job:' .. id
   local f = (not moved and fetched[id]) or read_row(row)
   fetched[id] = nil  -- the same id again in the batch reads its row again
@@ -133,7 +156,8 @@ for i = 6, #ARGV, 3 do
     OUT.sent = {}
     kill(base, id, 'cancelled', now)
     FAN_KEPT = {}  -- its death may have written its parent: read them again
-    replies[#replies + 1] = 'EMQCANCELLED ' .. QUEUE .. ' ' .. id
+    local refused = 'EMQCANCELLED ' .. QUEUE .. ' ' .. id
+    replies[#replies + 1] = (#OUT.sent > 0) and {error = refused, sent = OUT.sent} or refused
   else
     -- what this job moved, on its own (the helpers append to OUT)
     OUT.released, OUT.dead, OUT.flow_failed, OUT.revived, OUT.outbox = {}, {}, {}, {}, 0

@@ -60,7 +60,9 @@
             child on this queue is given its parent row's `inc`),
           then per node: id, payload (JSON text), child count n, n child refs
           in the form :children holds them (lib/row.lua short_ref: the id
-          for a child on this queue, '<queue>:<id>' for one on another).
+          for a child on this queue, '<queue>:<id>' for one on another, ':'
+          or '<queue>::' and the rest of an id sharing the node's first
+          12 bytes).
           A node whose options hold dep = 1 is a dependency (depends_on,
           docs/howto/canvas.md#depends-on-existing-jobs): an existing job
           (name and payload '' and unused) that its parent waits for like a
@@ -113,25 +115,28 @@ local function parent_row(pq, parent)
 end
 
 -- (ARGV[6] '1') whether the parent's step landed (or met it again): its
--- :children lists `id` (a group's first node: one LPOS a group), in the
--- short form (the bare id when the parent is on this queue) or, in a list
--- written before, as the full key
+-- :children lists `id` (a group's first node: one LPOS a group, more for a
+-- list written before: lib/row.lua child_listed)
 local function listed(pq, parent, id)
-  local kids = parent_row(pq, parent) .. ':children'
-  return redis.call('LPOS', kids, pq == queue and id or queue .. ':' .. id)
-    or redis.call('LPOS', kids, base .. 'job:' .. id)
+  local prow = parent_row(pq, parent)
+  return child_listed(prow .. ':children', prow:sub(1, #prow - #parent - 4), parent,
+    base .. 'job:' .. id)
 end
 
-local function same_children(kids, from, n)
+-- whether row `id`'s :children holds the n refs sent from a[from] (in the
+-- form written now), compared as full keys: a list written before may hold
+-- another form (lib/row.lua child_key)
+local function same_children(id, from, n)
+  local kids = base .. 'job:' .. id .. ':children'
   if redis.call('LLEN', kids) ~= n then
     return false
   end
-  local have = {}  -- a list written before may hold full keys: made short
+  local have = {}
   for _, ref in ipairs(redis.call('LRANGE', kids, 0, -1)) do
-    have[short_ref(base, ref)] = true
+    have[child_key(base, id, ref)] = true
   end
   for j = from, from + n - 1 do
-    if not have[a[j]] then
+    if not have[child_key(base, id, a[j])] then
       return false
     end
   end
@@ -214,7 +219,7 @@ while i <= #a do
         return redis.error_reply('EMQCONFLICT ' .. queue .. ' ' .. id .. ' exists as job '
           .. tostring(f[1]) .. ' under parent ' .. (f[2] and (fpq .. '/' .. f[2]) or '(none)'))
       end
-      if not same_children(row .. ':children', i + 3, nrefs) then
+      if not same_children(id, i + 3, nrefs) then
         return redis.error_reply('EMQCONFLICT ' .. queue .. ' ' .. id
           .. ' exists with other children (a different flow under the same id:'
           .. ' add it under a new id, or remove the old flow first)')

@@ -29,7 +29,9 @@
           not capped here), or '' for the row's exponential backoff
 
   returns: JSON {state: 'delayed'|'pending'|'dead', run_at: ms|null, released, dead,
-           flow_failed, outbox}; a job cancelled while it ran (its row has
+           flow_failed, outbox, sent?: [entry...]} (`sent`: the outbox entries
+           its death pushed for parents on other slots, as pushed, for a
+           worker that holds the sweep lock to deliver them itself); a job cancelled while it ran (its row has
            `cancel`) dies with the error 'cancelled' whatever its attempts;
            a job whose flow was removed while it ran (`orphaned`) that dies
            is removed at once (job_dead is still sent; a replay answers
@@ -69,6 +71,14 @@ if f[2] ~= token then
   return redis.error_reply('EMQLEASE ' .. QUEUE .. ' ' .. id)
 end
 
+OUT.sent = {}  -- lib/flow.lua send(): the entries as pushed, for a worker that delivers them
+local function reply()
+  if #OUT.sent == 0 then
+    OUT.sent = nil
+  end
+  return cjson.encode(OUT)
+end
+
 local ERRORS_EARLIER = 9  -- protocol/reads.ERRORS_KEPT - 1: the row keeps the last
 local earlier = get_error(row)
 if earlier then
@@ -82,7 +92,7 @@ local attempts, max_attempts = tonumber(f[3]), tonumber(f[4] or ARGV[9])
 if f[6] then  -- cancelled while it ran (docs/explanation/lifecycle.md): dies, its attempts unspent
   kill(base, id, 'cancelled', now)
   OUT.state = 'dead'
-  return cjson.encode(OUT)
+  return reply()
 end
 if attempts < max_attempts and ARGV[8] ~= '1' then
   -- the worker's delay, else attempt n waits backoff * 2^(n-1), capped
@@ -105,9 +115,9 @@ if attempts < max_attempts and ARGV[8] ~= '1' then
   end
   emit(base, 'failed', id)
   callback(base, id, f[7], 'f', '"error":' .. cjson.encode(err), now)  -- its on_failure job
-  return cjson.encode(OUT)
+  return reply()
 end
 
 kill(base, id, err, now)
 OUT.state = 'dead'
-return cjson.encode(OUT)
+return reply()

@@ -41,8 +41,7 @@ local todo = {}
 for i = 6, #ARGV do
   local ref = ARGV[i]
   local why = nil
-  local kids = prow .. ':children'  -- short refs, or full keys in a list written before
-  if not redis.call('LPOS', kids, short_ref(base, ref)) and not redis.call('LPOS', kids, ref) then
+  if not child_listed(prow .. ':children', base, pid, ref) then  -- any form (lib/row.lua)
     why = 'is not a child of this parent'
   elseif already_resolved(prow, ref) or redis.call('HEXISTS', prow .. ':failed', ref) == 1 then
     why = 'has resolved its parent already'

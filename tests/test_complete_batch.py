@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from echomq_django import Flow, JobState
+from echomq_django.core.events import run_ids
 
 
 def entries(mq, queue: str = "q") -> list[tuple[str, list[str]]]:
@@ -17,7 +18,7 @@ def entries(mq, queue: str = "q") -> list[tuple[str, list[str]]]:
     out = []
     for _id, fields in mq.client.xrange(mq.keys.queue(queue).events):
         f = {k.decode(): v.decode() for k, v in fields.items()}
-        out.append((f["e"], f["id"].split()))
+        out.append((f["e"], run_ids(f["id"])))
     return out
 
 
@@ -130,3 +131,18 @@ def test_a_cross_queue_batch_fans_in_as_single_calls_would(mq) -> None:
         assert one["state"] is JobState.PENDING and len(one["processed"]) == 5
     else:  # a Cluster: the flow outbox holds the completions for a pump
         assert one["state"] is JobState.AWAITING_CHILDREN and one["processed"] == []
+
+
+def test_results_holding_the_separator_and_empty_values_complete_whole(mq) -> None:
+    """A batch's jobs go to ``complete`` joined by 0x1F in one argument: a
+    result holding that character (JSON writes it escaped), an empty string
+    and a job without a lease token are each their job's own."""
+    results = ["a\x1fb", "", {"k": "\x1f\x1f"}, None, "x" * 10_000]
+    mq.enqueue_many("q", [("t.echo", i, {"job_id": f"s{i}"}) for i in range(5)])
+    jobs = claim_all(mq, 5)
+    jobs[3].lease = None  # refused, alone: its lease is not the row's
+    done = mq.complete_many([(job, r) for job, r in zip(jobs, results, strict=True)])
+    assert [type(d).__name__ for d in done] == ["Outcome"] * 3 + ["LeaseLost", "Outcome"]
+    got = {i: mq.get_job("q", f"s{i}") for i in range(5)}
+    assert [got[i].result for i in (0, 1, 2, 4)] == [results[i] for i in (0, 1, 2, 4)]
+    assert got[3].state is JobState.ACTIVE

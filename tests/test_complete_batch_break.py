@@ -31,6 +31,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from echomq_django import EchoMQ, Flow
+from echomq_django.core.events import run_ids
 
 QUEUES = ("q", "k")  # "k": the leaves of a cross-queue parent on "q"
 
@@ -264,10 +265,10 @@ def snapshot(mq: EchoMQ, sc: dict) -> dict:
                     if b"p" in f
                     else [json.dumps(v).encode() for v in json.loads(f[b"ps"])]
                 )
-                progress += zip(f[b"id"].split(), ps, strict=True)
+                progress += zip(run_ids(f[b"id"].decode()), ps, strict=True)
                 continue
-            for one in f[b"id"].split():
-                events.append((f[b"e"], one))
+            for one in run_ids(f[b"id"].decode()):
+                events.append((f[b"e"], one.encode()))
         out[(queue, "events")] = events
         out[(queue, "progress")] = sorted(progress)
         minutes = c.hgetall(f"{base}minutes")

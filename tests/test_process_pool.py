@@ -264,11 +264,23 @@ def test_a_handler_the_child_cannot_import_fails_its_job_and_the_pool_stays_up(m
         stop(worker, bg)
 
 
+def _signals_set(pid: int) -> bool:
+    """Whether process ``pid`` ignores SIGINT and catches SIGTERM
+    (/proc/<pid>/status: SigIgn and SigCgt, hex masks, bit n-1 for signal n)."""
+    with open(f"/proc/{pid}/status") as fh:
+        masks = dict(line.split(":\t", 1) for line in fh if line.startswith("Sig"))
+    ignored, caught = int(masks["SigIgn"], 16), int(masks["SigCgt"], 16)
+    return bool(ignored >> (signal.SIGINT - 1) & 1 and caught >> (signal.SIGTERM - 1) & 1)
+
+
 def test_a_graceful_stop_lets_the_running_child_finish(mq) -> None:
     worker, bg = start(mq)
     mq.enqueue("q", "t.slow", 0.5, job_id="s")
     wait_for(lambda: mq.get_job("q", "s").started_at, what="the job to start")
     child = worker.loop.pool.pids()[0]
+    # its own handlers are set once forked (a signal before then meets the
+    # worker's, inherited: SIGTERM would end it): SIGINT ignored, SIGTERM caught
+    wait_for(lambda: _signals_set(child), what="the handler process's signal handlers")
     os.kill(child, signal.SIGTERM)  # as systemd's control-group stop would: ignored
     os.kill(child, signal.SIGINT)  # as a terminal's Ctrl-C would: ignored
     worker.stop()

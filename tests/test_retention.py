@@ -81,21 +81,21 @@ def test_the_events_stream_keeps_at_most_its_cap(tmq) -> None:
 
 
 def test_every_script_writes_events_through_the_capped_writer() -> None:
-    """Only lib/emit.lua names XADD on the events stream (and on a job's
-    done stream, also capped), so no script can write an uncapped entry
-    (the signals stream is trimmed by dispatch)."""
+    """Only lib/emit.lua names XADD on the events stream and a job's done
+    stream, and wait_mark.lua on the done stream its waiter makes, each
+    capped (MAXLEN ~), so no script can write an uncapped entry (the
+    signals stream is trimmed by dispatch)."""
     from pathlib import Path
 
     lua = Path(__file__).resolve().parent.parent / "lua"
-    writers = sorted(
-        {
-            str(f.relative_to(lua))
-            for f in lua.rglob("*.lua")
-            for line in f.read_text().splitlines()
-            if "'XADD'" in line and "signals" not in line
-        }
-    )
-    assert writers == ["lib/emit.lua"]
+    writes = [
+        (str(f.relative_to(lua)), line)
+        for f in lua.rglob("*.lua")
+        for line in f.read_text().splitlines()
+        if "'XADD'" in line and "signals" not in line
+    ]
+    assert sorted({name for name, _ in writes}) == ["lib/emit.lua", "wait_mark.lua"]
+    assert all("'MAXLEN', '~'" in line for _, line in writes)
 
 
 def test_a_budget_bounds_each_call(tmq, clock) -> None:

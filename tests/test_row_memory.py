@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from echomq_django import EchoMQ, Flow, FlowConflict, JobRef, JobState
+from echomq_django.core.events import run_ids
 from echomq_django.core.rows import LONG_NAMES
 from tests.support.jobkit import raw_row, sweep
 
@@ -59,13 +60,19 @@ def test_a_benchmark_leaf_row_fits_the_96_byte_listpack_class(r) -> None:
 
 def test_cross_queue_leaves_are_announced_in_runs_of_100(mq) -> None:
     ref = mq.add_flow(_bench_flow("bench2", 250))
-    entries = [
-        f[b"id"].decode().split(" ")
+    stored = [
+        f[b"id"].decode()
         for _, f in mq.client.xrange(mq.keys.queue_key("bench2", "events"))
         if f[b"e"] == b"added"
     ]
+    entries = [run_ids(text) for text in stored]
     assert [len(ids) for ids in entries] == [100, 100, 50]
     assert [i for ids in entries for i in ids] == [job_id for _, job_id in ref.children]
+    # each id after a run's first stored after the 12 characters it shares
+    # with the first (docs/explanation/protocol.md#events): ids 1..250 in hex
+    head = ref.parent_id[:12]
+    assert stored[0] == f"{head}1 " + " ".join(f":{i:x}" for i in range(2, 101))
+    assert stored[2] == f"{head}c9 " + " ".join(f":{i:x}" for i in range(202, 251))
     # one `added` per job all the same, for a follower and the minute counters
     follow = mq.events("bench2", since="0-0", kinds=["added"], block_s=0.1)
     with follow:

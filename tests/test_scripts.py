@@ -147,6 +147,7 @@ def drive_every_operation(mq, clock) -> None:
     assert mq.timers.recover_stalled("q", max_stalls=0).dead == [("q", "s1"), ("q", "s2")]
     mq.retry("q", "s1")
     mq.complete_many([(claim_one(mq, "q", "s1"), {"ok": 1})])
+    assert mq.wait("q", "s1", 0).result == {"ok": 1}  # wait_mark
     mq.add_flow(node("p", [leaf("c1"), leaf("x1", queue="other")]))
     mq.add_flows([node("p2", [leaf("c2")]), node("p3", [leaf("c3")])])
     for queue in ("q", "q", "q", "other"):

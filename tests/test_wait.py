@@ -5,9 +5,11 @@ job's done stream, on both rigs; a worker or the test finishes the job."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 
 import pytest
+from redis.cluster import RedisCluster
 
 from echomq_django import Flow, JobDead, JobNotFound, JobRef, JobState, Worker
 from echomq_django.runners.pump import Pump
@@ -39,11 +41,37 @@ class Waiter:
         return self.result
 
 
-def registered(mq, queue: str, job_id: str, n: int) -> None:
-    """Return once ``n`` waiters marked the job's done stream (each is then
-    blocked or about to block on it)."""
+def registered(mq, queue: str, job_id: str, n: int, via=None) -> None:
+    """Return once the job's done stream exists and ``n`` connections of
+    ``mq``'s own client are blocked in an ``XREAD`` on its node (the first
+    waiter made the stream; each after it only reads its last id, so the
+    stream's length counts one). Connections are told by their local port:
+    the session's Cluster rig may hold another test's blocked reader.
+    ``via``: the ``EchoMQ`` to look with (``mq``'s pool may be spent)."""
     done = mq.keys.queue(queue).done(job_id)
-    wait_for(lambda: mq.client.xlen(done) >= n, what=f"{n} waiter(s) registered")
+    client, lister = mq.client, (via or mq).client
+    if isinstance(client, RedisCluster):
+        client = client.get_node_from_key(done).redis_connection
+        lister = lister.get_node_from_key(done).redis_connection
+
+    def ours() -> set[int]:
+        pool = client.connection_pool
+        ports = set()
+        for conn in [*pool._in_use_connections, *pool._available_connections]:
+            with contextlib.suppress(AttributeError, OSError):
+                ports.add(conn._sock.getsockname()[1])
+        return ports
+
+    def blocked() -> int:
+        mine = ours()
+        return sum(
+            c["cmd"] == "xread" and "b" in c["flags"] and int(c["addr"].rsplit(":", 1)[1]) in mine
+            for c in lister.client_list()
+        )
+
+    wait_for(
+        lambda: (via or mq).client.exists(done) and blocked() >= n, what=f"{n} waiter(s) blocked"
+    )
 
 
 def finish(mq, queue: str, result=None, *, error: str | None = None):
@@ -127,7 +155,7 @@ def test_a_job_removed_while_waited_for_wakes_its_waiters_at_once(mq) -> None:
         with pytest.raises(JobNotFound, match="job 'gone' in queue 'q' was removed"):
             waiter.join()
     entries = mq.client.xrange(mq.keys.queue("q").done("gone"))
-    assert [f[b"e"] for _, f in entries] == [b"wait", b"wait", b"removed"]
+    assert [f[b"e"] for _, f in entries] == [b"wait", b"removed"]  # the first waiter's mark
 
 
 def test_a_removal_with_nobody_waiting_writes_no_done_stream(mq) -> None:
@@ -198,6 +226,28 @@ def test_three_waiters_on_one_job_all_get_the_result(mq) -> None:
     registered(mq, "q", "m", 3)
     finish(mq, "q", "shared")
     assert [w.join().result for w in waiters] == ["shared"] * 3
+
+
+def test_waits_arriving_on_one_job_do_not_wake_the_waits_before_them(mq) -> None:
+    # the first wait makes the done stream; each after it only reads its last
+    # id, so a wait already blocked stays blocked: about two XREADs a wait in
+    # all (its block, its wake), where each arrival woke every wait before it
+    # (n(n+1)/2 reads: 465 for 30 waits)
+    n = 30
+    mq.enqueue("q", "t.echo", None, job_id="many")
+    node = mq.client
+    if isinstance(node, RedisCluster):
+        node = node.get_node_from_key(mq.keys.queue("q").done("many")).redis_connection
+    node.config_resetstat()
+    waiters = []
+    for i in range(n):
+        waiters.append(Waiter(mq, "q", "many", NEVER))
+        registered(mq, "q", "many", i + 1)
+    finish(mq, "q", "all")
+    assert [w.join().result for w in waiters] == ["all"] * n
+    calls = node.info("commandstats")["cmdstat_xread"]["calls"]
+    assert n <= calls <= 2 * n
+    assert mq.client.xlen(mq.keys.queue("q").done("many")) == 2  # the first mark, the finish
 
 
 def test_a_flow_root_across_queues_is_waited_for(mq) -> None:
@@ -338,7 +388,7 @@ def test_a_spent_connection_pool_is_named_not_called_unreachable(r) -> None:
     other = EchoMQ(r, prefix="emq")  # the test's own client, on its own pool
     other.enqueue("q", "t.echo", None, job_id="busy")
     waiters = [Waiter(mq, "q", "busy", NEVER) for _ in range(2)]  # each holds a connection
-    registered(other, "q", "busy", 2)
+    registered(mq, "q", "busy", 2, via=other)
     with pytest.raises(
         RedisUnavailable, match="has no free connection: all 2 of its pool are in use"
     ):

@@ -22,9 +22,15 @@ from tests.support.workerkit import wait_for
 from tests.test_wait import NEVER, Waiter, finish, registered
 
 
-def _blocked(client: redis.Redis) -> list[dict]:
-    """The server's clients blocked in an XREAD (CLIENT LIST)."""
-    return [c for c in client.client_list() if c["cmd"] == "xread" and "b" in c["flags"]]
+def _blocked(client: redis.Redis, name: str | None = None) -> list[dict]:
+    """The server's clients blocked in an XREAD (CLIENT LIST); with ``name``,
+    only the connections of that client name (the Cluster rig is shared by
+    the session: another test's reader may still be blocked on a master)."""
+    return [
+        c
+        for c in client.client_list()
+        if c["cmd"] == "xread" and "b" in c["flags"] and name in (None, c["name"])
+    ]
 
 
 def _node(cluster: RedisCluster, port: int):
@@ -47,11 +53,15 @@ def _move_slot(cluster: RedisCluster, slot: int, source: int, target: int) -> No
         node.redis_connection.execute_command("CLUSTER SETSLOT", slot, "NODE", dst_id)
 
 
+MOVED_WAIT = "emq-test-moved-wait"  # the client name of the migrated wait's connections
+
+
 def test_a_slot_migrated_away_from_a_blocked_wait_is_followed(rc, redis_cluster) -> None:
     # Redis answers a client blocked on a key of a migrated slot -MOVED
     # (redis-py: MovedError, its message without the word); the wait sends
     # its next block the ordinary way, which follows the slot
-    mq = EchoMQ(rc, prefix="emq")
+    own = RedisCluster(host=rigs.HOST, port=redis_cluster.ports[0], client_name=MOVED_WAIT)
+    mq = EchoMQ(own, prefix="emq")
     done = mq.keys.queue("q").done("mv")
     slot = rc.keyslot(done)
     source = redis_cluster.master_port(done)
@@ -60,18 +70,19 @@ def test_a_slot_migrated_away_from_a_blocked_wait_is_followed(rc, redis_cluster)
     waiter = Waiter(mq, "q", "mv", NEVER)
     registered(mq, "q", "mv", 1)
     src = _node(rc, source).redis_connection
-    wait_for(lambda: len(_blocked(src)) == 1, what="the wait blocked")
+    wait_for(lambda: len(_blocked(src, MOVED_WAIT)) == 1, what="the wait blocked")
     _move_slot(rc, slot, source, target)
     try:
         dst = _node(rc, target).redis_connection
-        moved = lambda: len(_blocked(dst)) == 1 or not waiter.thread.is_alive()  # noqa: E731
+        moved = lambda: len(_blocked(dst, MOVED_WAIT)) == 1 or not waiter.thread.is_alive()  # noqa: E731
         wait_for(moved, what="the wait blocked on the slot's new master")
         assert waiter.error is None
-        assert _blocked(src) == []
+        assert _blocked(src, MOVED_WAIT) == []
         finish(mq, "q", "moved")
         assert waiter.join().result == "moved"
     finally:
         _move_slot(rc, slot, target, source)  # the session's rig as it was
+        own.close()
 
 
 def _client(r: redis.Redis, **kwargs) -> redis.Redis:

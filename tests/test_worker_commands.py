@@ -376,3 +376,47 @@ def test_echomq_control_says_which_workers_did_not_reply(r) -> None:
         "echomq_control: 1 of 1 workers had not done shutdown within 0.2s (a command waits "
         "for its worker up to 10 minutes; a drain ends when its jobs do)",
     )
+
+
+@pytest.mark.cluster
+def test_a_commands_record_is_written_before_a_worker_can_pop_it(rc) -> None:
+    """On a Cluster the record and the worker's key sit on different nodes:
+    the record's ``sent`` must be in Redis before the command can be popped
+    (a worker replying first left the record reading ``sent`` for good). The
+    other masters hold writes 300 ms as each command is sent; the popper
+    reads its node's clock at each pop, which must not come before the
+    record's entry (six sends: at least one record on another node but for
+    odds of 3**-6)."""
+    import echomq_django
+
+    mq = echomq_django.EchoMQ(rc, prefix="emq")
+    info = fake_worker(mq)
+    key = mq.commands.pending_key(info)
+    home = rc.get_node_from_key(key)
+    others = [n for n in rc.get_primaries() if n.name != home.name]
+    popper = redis.Redis(host=home.host, port=home.port)
+    pops: list[int] = []
+
+    def pop_six():
+        for _ in range(6):
+            if popper.bzpopmin(key, timeout=10) is None:
+                return
+            sec, usec = popper.time()
+            pops.append(sec * 1000 + usec // 1000)
+
+    thread = threading.Thread(target=pop_six)
+    thread.start()
+    cids = []
+    try:
+        for _ in range(6):
+            for node in others:
+                rc.execute_command("CLIENT", "PAUSE", 300, "WRITE", target_nodes=node)
+            [(cid, _)] = mq.commands.send("pool-grow", 1, worker=info.id)
+            cids.append(cid)
+        thread.join(30)
+    finally:
+        popper.close()
+    recorded = [int(rc.xrange(mq.keys.command(c))[0][0].decode().split("-")[0]) for c in cids]
+    assert len(pops) == 6
+    assert [r <= p for r, p in zip(recorded, pops, strict=True)] == [True] * 6
+    assert {mq.commands.record(c)["state"] for c in cids} == {"sent"}

@@ -376,8 +376,9 @@ class Outcome:
     retried: list[JobRef] = field(default_factory=list)
     recovered: int = 0
     outbox: int = 0
-    # the outbox entries (texts) a complete pushed, for its worker to deliver (set
-    # by Wire.complete_replies; docs/explanation/no-polling.md#a-released-parent-starts-at-once)
+    # the outbox entries (texts) the script pushed for other slots, as pushed (a reply's
+    # `sent`): its worker delivers them
+    # (docs/explanation/no-polling.md#a-released-parent-starts-at-once)
     sent: list[str] = field(default_factory=list)
 
     @classmethod
@@ -405,6 +406,7 @@ class Outcome:
             retried=pairs("retried"),
             recovered=data.get("recovered") or 0,
             outbox=data.get("outbox") or 0,
+            sent=data.get("sent") or [],  # (an empty Lua table encodes as {})
         )
 
     def merge(self, other: Outcome) -> None:

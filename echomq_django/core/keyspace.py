@@ -29,6 +29,7 @@ from .names import (  # noqa: F401 (the rules and checks, imported from here too
     validate_prefix,
     validate_queue,
 )
+from .rows import child_entries, id_head
 
 QUEUE_KEYS = {
     "pending": "pending",  # list: ids ready to claim, oldest first
@@ -341,29 +342,37 @@ class Keyspace:
         the newest ``protocol/control/commands.RECENT_KEPT`` kept."""
         return f"{self.prefix}:commands"
 
-    def child_key(self, queue: str, entry: Any) -> str:
-        """The child ref (full job key) of one entry (bytes or str) of the
-        ``:children`` list of a parent on ``queue``: the list holds the
-        child's id when it is on ``queue``, ``<queue>:<id>`` when on another,
-        and, in lists written before, the full key (the only form with a
-        ``{``); lua/lib/row.lua writes them
-        (docs/explanation/protocol.md#a-parents-keys)."""
-        entry = entry.decode() if isinstance(entry, bytes) else entry
-        if "{" in entry:
-            return entry
-        other, sep, job_id = entry.partition(":")
-        if sep:
-            return f"{self.prefix}:{{{other}}}:{JOB_PREFIX}{job_id}"
-        return f"{self.prefix}:{{{queue}}}:{JOB_PREFIX}{entry}"
+    def child_keys(self, queue: str, parent_id: str, entries: list) -> list[str]:
+        """The child refs (full job keys) of entries (bytes or str) of the
+        ``:children`` list of parent ``parent_id`` on ``queue``, each in any
+        form lua/lib/row.lua ever wrote (docs/explanation/protocol.md#a-parents-keys):
+        ``:<rest>`` / ``<queue>::<rest>`` (the child's id is the parent's
+        first ``REL_PREFIX`` bytes and the rest), ``<id>`` / ``<queue>:<id>``,
+        and the full key (the only form with a ``{``)."""
+        mine, head, out = f"{self.prefix}:{{{queue}}}:{JOB_PREFIX}", None, []
+        for entry in entries:
+            entry = entry.decode() if isinstance(entry, bytes) else entry
+            other, sep, rest = entry.partition(":")
+            if "{" in entry or not sep:
+                out.append(entry if sep else mine + entry)
+                continue
+            if not other or rest[:1] == ":":  # relative: the parent's head and the rest
+                head = (id_head(parent_id) or "") if head is None else head
+                rest = head + (rest[1:] if other else rest)
+            out.append(f"{self.prefix}:{{{other}}}:{JOB_PREFIX}{rest}" if other else mine + rest)
+        return out
+
+    def child_key(self, queue: str, parent_id: str, entry: Any) -> str:
+        """``child_keys`` of one entry."""
+        return self.child_keys(queue, parent_id, [entry])[0]
 
     @staticmethod
-    def short_refs(queue: str, pairs: list[tuple[str, str]]) -> list[str]:
-        """The ``:children`` entries of a parent on ``queue`` for children
-        given as ``(queue, id)`` pairs whose names were validated already
-        (flows.plan): the id for a child on ``queue``, ``<queue>:<id>`` for
-        one on another (``child_key`` turns them back into full keys;
-        ``enqueue_flow`` takes them so, docs/explanation/protocol.md#a-parents-keys)."""
-        return [i if q == queue else f"{q}:{i}" for q, i in pairs]
+    def short_refs(queue: str, parent_id: str, pairs: list[tuple[str, str]]) -> list[str]:
+        """The ``:children`` entries of parent ``parent_id`` on ``queue`` for
+        children given as ``(queue, id)`` pairs whose names were validated
+        already (flows.plan): ``rows.child_entries``, the form ``enqueue_flow``
+        takes and stores (``child_keys`` turns them back into full keys)."""
+        return child_entries(queue, parent_id, pairs)
 
     def parse_ref(self, ref: str) -> tuple[str, str]:
         """Split a child ref ``P:{q}:job:<id>`` into ``(queue, id)``.

@@ -70,6 +70,38 @@ def parent_of(job_id: str, stored: Any) -> str | None:
     return text
 
 
+def id_head(job_id: str) -> str | None:
+    """The first ``REL_PREFIX`` bytes of ``job_id`` as text, or None: the id
+    is shorter, or the cut would split a character (no id is then stored
+    relative to it: lua/lib/row.lua ``rel_rest``)."""
+    head = job_id.encode()[:REL_PREFIX]
+    if len(head) < REL_PREFIX:
+        return None
+    try:
+        return head.decode()
+    except UnicodeDecodeError:
+        return None
+
+
+def child_entries(queue: str, parent_id: str, pairs: list[tuple[str, str]]) -> list[str]:
+    """The ``:children`` entries of parent ``parent_id`` on ``queue`` for
+    children given as ``(queue, id)`` pairs, as lua/lib/row.lua
+    ``child_entry`` writes them: ``:`` and the rest of an id that shares the
+    parent's first ``REL_PREFIX`` bytes (``<queue>::`` and the rest on
+    another queue), else the id (``<queue>:<id>`` on another queue).
+    docs/explanation/protocol.md#a-parents-keys"""
+    head = id_head(parent_id) or "\0"  # NUL: in no id, so nothing is cut
+    out: list[str] = []
+    add = out.append
+    for q, i in pairs:
+        rest = i.removeprefix(head)
+        if rest and len(rest) < len(i):  # its byte 13 starts a character (head is whole ones)
+            add(":" + rest if q == queue else q + "::" + rest)
+        else:
+            add(i if q == queue else q + ":" + i)
+    return out
+
+
 def row_state(values: list) -> Any:
     """The raw state (or None: no such row) in the reply of
     ``HMGET <row> *STATE_FIELDS``, a row of either version."""

@@ -350,13 +350,10 @@ class EchoMQ(Reads):
                 slots.append([i for i, _, _ in part])
         if then is not None:
             calls.append(then)
-        if ahead:
-            replies = self.scripts.run_many([*ahead, *calls])
-            ahead[:], replies = replies[: len(ahead)], replies[len(ahead) :]
-        elif len(calls) == 1:
-            replies = [self.wire.run_or_error(*calls[0])]
+        if ahead or len(calls) != 1:
+            replies = self.scripts.run_after(ahead, calls)
         else:
-            replies = self.scripts.run_many(calls)
+            replies = [self.wire.run_or_error(*calls[0])]
         extra = replies[len(slots)] if then is not None else None
         for idx, reply in zip(slots, replies, strict=False):
             for i, entry in zip(idx, self.wire.complete_replies(reply, len(idx)), strict=False):
@@ -365,12 +362,13 @@ class EchoMQ(Reads):
                     items[i][0].state = JobState.COMPLETED
         return out, extra
 
-    def fail_many(self, items: list[tuple]) -> list[Outcome | Exception]:
+    def fail_many(self, items: list[tuple], ahead: list | None = None) -> list[Outcome | Exception]:
         """``fail`` for many ``(job, error)``, ``(job, error, dead)`` or
         ``(job, error, dead, delay_ms)`` (ms, None: the row's backoff) in one
-        round trip; returns an ``Outcome`` per job. A single failure raises."""
-        calls = [self.wire.fail_call(*item) for item in items]
-        replies = self.scripts.run_many(calls)
+        round trip; returns an ``Outcome`` per job (``sent``: the outbox
+        entries its death pushed). ``ahead``: as ``Scripts.run_after``'s. A
+        single failure raises."""
+        replies = self.scripts.run_after(ahead, [self.wire.fail_call(*i) for i in items])
         if len(items) == 1 and isinstance(replies[0], Exception):
             raise replies[0]
         return [r if isinstance(r, Exception) else self.wire.outcome(r) for r in replies]

@@ -85,7 +85,7 @@ class Flows(Part):
             for job_id, payload, children in zip(ids, payloads, kids, strict=True):
                 if children:  # as the parent's :children holds them (Keyspace.short_refs)
                     add((job_id, payload, str(len(children))))
-                    add(short_refs(queue, children))
+                    add(short_refs(queue, job_id, children))
                 else:
                     add((job_id, payload, "0"))
         # one JSON argument: 9+ ARGV per node cost more in redis-py than in Redis

@@ -102,7 +102,7 @@ class Outbox(Part):
                 sent.setdefault(_queue, []).extend(data["sent"])
         return flags, outcome, extra
 
-    def deliver_sent(self, queue: str, texts: list[str]) -> Outcome:
+    def deliver_sent(self, queue: str, texts: list[str], wait_s: float = SENT_WAIT_S) -> Outcome:
         """Deliver now the outbox entries a script on ``queue`` just pushed
         (``texts``: the entries exactly as pushed, the script's ``sent``)
         and take the delivered ones out of the outbox (then the same for
@@ -115,14 +115,16 @@ class Outbox(Part):
         sweep to end (``SENT_WAIT_S`` s at most, then the entries are left to
         the pump's next sweep). An entry whose parent is gone stays for the
         pump to dead-letter, one no replica confirmed (``deliver``) for the
-        pump to deliver again. Returns the ``Outcome``. Raises what a script
+        pump to deliver again. ``wait_s``: how long a pump's sweep is waited
+        out (0: the entries are left to the holder at once, as a worker's
+        reporter does). Returns the ``Outcome``. Raises what a script
         raises, ``RedisUnavailable`` for a wait Redis did not answer.
         docs/explanation/protocol.md#the-flow-outbox-and-the-pump; the wait blocks, it does not
         poll: see ``_wait_for_sweep_lock``."""
         if not texts:
             return Outcome()
         k, token = self.keys.queue(queue), secrets.token_hex(8)
-        give_up = time.monotonic() + SENT_WAIT_S
+        give_up = time.monotonic() + wait_s
         while not self.lock(queue, token, SENT_LOCK_MS):
             left = give_up - time.monotonic()
             if left <= 0:
@@ -137,7 +139,7 @@ class Outbox(Part):
         finally:
             self.lock(queue, token, SENT_LOCK_MS, take=False)
         for target, pushed in more.items():  # what those deliveries sent on, one level down
-            outcome.merge(self.deliver_sent(target, pushed))
+            outcome.merge(self.deliver_sent(target, pushed, wait_s))
         return outcome
 
     def lock_call(
@@ -159,7 +161,12 @@ class Outbox(Part):
         return ("forget_outbox", [k.outbox, k.pump_lock], [token, *texts])
 
     def deliver_own(
-        self, queue: str, token: str, texts: list[str], then: tuple | None = None
+        self,
+        queue: str,
+        token: str,
+        texts: list[str],
+        then: tuple | None = None,
+        more: dict[str, list[str]] | None = None,
     ) -> tuple[Outcome, object]:
         """Deliver the entries ``texts`` (exactly as pushed) that the caller's
         own scripts pushed onto ``queue``'s outbox after it took the outbox's
@@ -170,7 +177,10 @@ class Outbox(Part):
         them again; an entry whose parent is gone, or that no replica
         confirmed, stays for the pump. ``then``: a script call run after the
         deliveries in their round trip (a claim of a parent's queue), whose
-        reply (or exception) is returned beside the ``Outcome``. Raises what
+        reply (or exception) is returned beside the ``Outcome``. ``more``,
+        when given, gets what the deliveries pushed in turn, as ``deliver``'s
+        ``sent`` (a parent a `dead` entry killed: its own death, for a parent
+        of its own on another slot). Raises what
         ``deliver`` raises (the lock is then dropped if Redis answers; else it
         expires after its lease, and the pump delivers the entries).
         docs/explanation/no-polling.md#a-released-parent-starts-at-once."""
@@ -178,7 +188,7 @@ class Outbox(Part):
         drop = self.lock_call(queue, token, 1, take=False)
         try:
             entries = [json.loads(t) for t in texts]
-            flags, outcome, extra = self._deliver(entries, None, queue, then)
+            flags, outcome, extra = self._deliver(entries, more, queue, then)
         except BaseException:
             self.scripts.run_many([drop])
             raise

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..core.events import run_ids
 from ..core.jobs import to_text
 from ..core.keyspace import JobKeys, validate_queue
 from ..core.rows import CREATED, STATE_FIELDS, pick_fields, row_fields, row_state
@@ -87,15 +88,15 @@ def _stream_entries(entries: list) -> list[tuple[str, str | None, str | None]]:
     """``[(entry id, job id, event)]`` of XRANGE entries of a queue's
     ``events`` stream (fields ``e`` = event, ``id`` = job id). An entry
     naming several jobs (retention's ``removed`` for a block of rows, a
-    claim's ``active``, one ``write_reports`` call's ``progress``) names
-    their ids in one field, space-separated (ids hold no whitespace): one
-    tuple per id."""
+    claim's ``active``, one ``write_reports`` call's ``progress``, a flow's
+    ``added`` run) names their ids in one field, space-separated, later ones
+    maybe relative to the first (``run_ids``): one tuple per whole id."""
     out = []
     for eid, f in entries:
         eid, event = to_text(eid), to_text(f.get(b"e", f.get("e")))
         ids = to_text(f.get(b"id", f.get("id")))
         if ids and " " in ids:
-            out.extend((eid, job_id, event) for job_id in ids.split(" "))
+            out.extend((eid, job_id, event) for job_id in run_ids(ids))
         else:
             out.append((eid, ids, event))
     return out
@@ -172,11 +173,12 @@ class Probes(Part):
         out: set[str] = set()
         for i in range(0, len(ids), ROWS_PER_TRIP):
             pipe = self.client.pipeline(transaction=False)
-            for job_id in ids[i : i + ROWS_PER_TRIP]:
+            batch = ids[i : i + ROWS_PER_TRIP]
+            for job_id in batch:
                 pipe.lrange(JobKeys.of(self.keys.job(queue, job_id)).children, 0, -1)
-            for refs in pipe.execute():
-                for entry in refs:
-                    cq, cid = self.keys.parse_ref(self.keys.child_key(queue, entry))
+            for job_id, refs in zip(batch, pipe.execute(), strict=True):
+                for key in self.keys.child_keys(queue, job_id, refs):
+                    cq, cid = self.keys.parse_ref(key)
                     if cq == queue:
                         out.add(cid)
         return out

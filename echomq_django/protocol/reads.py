@@ -200,7 +200,7 @@ class Reads(Part):
             pipe.lrange(keys.children, 0, -1)
             pipe.get(keys.dependencies)
             processed, failed, ignored, removed, children, remaining = pipe.execute()
-            children = [self.keys.child_key(queue, r) for r in children]
+            children = self.keys.child_keys(queue, job_id, children)
         else:
             children, total, nxt = self._window(queue, keys, cursor, count)
             for part in hashes if children else ():
@@ -251,7 +251,7 @@ class Reads(Part):
         pipe.lrange(keys.children, cursor, cursor + count - 1)
         pipe.llen(keys.children)
         refs, total = pipe.execute()
-        refs = [self.keys.child_key(queue, r) for r in refs]
+        refs = self.keys.child_keys(queue, keys.row.rpartition(":")[2], refs)  # an id holds no ':'
         end = cursor + len(refs)
         return refs, total, end if refs and end < total else 0
 
@@ -350,7 +350,8 @@ class Reads(Part):
                     node["total"] = int(total)
                     node.update(zip(_TIMES, (v and int(v) for v in values[6:]), strict=True))
                 if depth is None or d < depth:
-                    refs = [self.wire.ref(self.keys.child_key(node["queue"], k)) for k in kids]
+                    found = self.keys.child_keys(node["queue"], node["id"], kids)
+                    refs = [self.wire.ref(k) for k in found]
                     for cq, cid in refs if paged else sorted(refs):
                         child = {"queue": cq, "id": cid}
                         node["children"].append(child)

@@ -179,6 +179,16 @@ class Scripts:
         except redis.exceptions.ResponseError as err:
             raise translate(err) from None
 
+    def run_after(self, ahead: list | None, calls: list) -> list:
+        """``run_many`` of ``ahead`` (script calls, or None) then ``calls`` in one
+        round trip; returns the replies of ``calls``, each of ``ahead`` replaced
+        in place by its reply (an exception if refused). Raises as ``run_many``."""
+        if not ahead:
+            return self.run_many(calls)
+        replies = self.run_many([*ahead, *calls])
+        ahead[:] = replies[: len(ahead)]
+        return replies[len(ahead) :]
+
     def run_many(self, calls: list[tuple[str, list, list]]) -> list:
         """Pipeline ``calls`` in one round trip (per node on a Cluster).
 

@@ -38,6 +38,7 @@ BACKOFF_CAP_MS = 3_600_000
 FLOW_CHUNK = 5000  # nodes per enqueue_flow script: keeps one script well under ~50 ms
 MAX_QUEUES = 10_000  # names P:queues holds; past it new queues are not added (a warning)
 REGISTER_EVERY_S = 60.0  # a process re-adds a queue it writes to at most this often
+JOINED = "\x1f"  # joins complete's jobs into one argument: in no id, lease or JSON text
 
 log = logging.getLogger("echomq_django.client")
 
@@ -134,9 +135,11 @@ class Wire:
         (``cross_queue_scripts``, docs/explanation/protocol.md#fan-in-on-one-server)."""
         k = self.keys.queue(queue)
         now = self.clock() if now is None else now
-        args: list = [queue, k.base, now, "1" if self.cross_queue_scripts else "0", writes]
-        for job, text in pairs:
-            args += (job.id, job.lease or "", text)
+        # ARGV[6]: every job's id, lease and result in one argument, joined by 0x1F
+        jobs = JOINED.join(
+            [part for job, text in pairs for part in (job.id, job.lease or "", text)]
+        )
+        args = [queue, k.base, now, "1" if self.cross_queue_scripts else "0", writes, jobs]
         return ("complete", [k.active, k.completed], args)
 
     def fail_call(self, job, error: str, dead: bool = False, delay_ms: int | None = None):
@@ -227,8 +230,9 @@ class Wire:
 
     def complete_replies(self, reply, n: int) -> list[Outcome | Exception]:
         """Decode a ``complete`` reply into an ``Outcome`` or an exception
-        per job (``sent``: the outbox entries the job pushed, as pushed); a
-        failed script call stands for each of its ``n`` jobs."""
+        per job (``sent``: the outbox entries the job pushed, as pushed; a
+        ``JobCancelled`` carries its death's as ``sent`` too); a failed
+        script call stands for each of its ``n`` jobs."""
         if isinstance(reply, Exception):
             return [reply] * n
         out: list[Outcome | Exception] = []
@@ -237,10 +241,12 @@ class Wire:
                 out.append(Outcome(state=JobState.COMPLETED))
             elif isinstance(entry, str):
                 out.append(translate(entry))
+            elif "error" in entry:  # cancelled while it ran: its death's entries ride along
+                err = translate(entry["error"])
+                err.sent = entry.get("sent") or []
+                out.append(err)
             else:
-                outcome = Outcome.from_data(entry, self.parse, JobState.COMPLETED)
-                outcome.sent = entry.get("sent") or []
-                out.append(outcome)
+                out.append(Outcome.from_data(entry, self.parse, JobState.COMPLETED))
         return out
 
     def parse(self, value: str) -> JobRef:

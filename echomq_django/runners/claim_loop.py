@@ -4,26 +4,54 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import queue as _queue
 import secrets
 import threading
 import time
 
-from django.db import close_old_connections
-
 from ..core.jobs import Job
-from ..handlers import get_handler
-from ..tracing.spans import attempt
 from .dispatcher import kinds_connected
 from .flusher import Flusher
 from .outage import REDIS_DOWN, Outage
-from .pool import HandlerPool, failed, unknown_name_error
-from .reporter import Claims, Finished, Reporter
+from .pool import HandlerPool, JobConnections, run_handler
+from .reporter import Finished, Reporter, ride_queues
 from .timeouts import Timeouts, timed_out
 from .wake import Idle, Wake
 
 log = logging.getLogger("echomq_django.worker")
+
+
+class Claims:
+    """The jobs a worker has claimed and not reported yet. Thread-safe:
+    the loop adds, the reporter forgets, the heartbeat and the status read."""
+
+    def __init__(self) -> None:
+        self._jobs: dict[tuple[str, str], Job] = {}
+        self._lock = threading.Lock()
+
+    def add(self, jobs) -> None:
+        with self._lock:
+            for job in jobs:
+                self._jobs[(job.queue, job.id)] = job
+
+    def forget(self, *jobs: Job) -> None:
+        with self._lock:
+            for job in jobs:
+                self._jobs.pop((job.queue, job.id), None)
+
+    def jobs(self) -> list[Job]:
+        with self._lock:
+            return list(self._jobs.values())
+
+    def refs(self) -> list[tuple[str, str]]:
+        """``(queue, id)`` of each job claimed and not reported, in claim order."""
+        with self._lock:
+            return list(self._jobs)
+
+    def __len__(self) -> int:
+        return len(self._jobs)
 
 
 class ClaimLoop:
@@ -67,16 +95,15 @@ class ClaimLoop:
         self.mq, self.queues = mq, queues
         self.concurrency, self.batch, self.leases = concurrency, batch, leases
         self.time_limits, self.max_stuck = time_limits, max_stuck
-        self.shutdown_timeout = shutdown_timeout
-        self.claims = Claims()
-        # its handlers' progress and log writes, sent pipelined
-        self.writes = Flusher(mq, metrics=metrics)
-        forget, writes = self.claims.forget, self.writes
+        self.shutdown_timeout, self.claims = shutdown_timeout, Claims()
+        self.writes = Flusher(mq, metrics=metrics)  # its handlers' progress and log writes
         self.reporter = Reporter(
-            mq, sender, forget, self.on_released, self.wake, metrics=metrics, writes=writes,
-            fetch=self.fetch, taken=self._taken,
+            mq, sender, self.claims.forget, self.on_released, self.wake, metrics=metrics,
+            writes=self.writes, fetch=self.fetch, taken=self._taken,
         )  # fmt: skip
-        self.fetching, self._fetch_lock = 0, threading.Lock()  # the reporter's claims in flight
+        # the reporter's claims in flight, their tokens (this run's, until _take), the loop's
+        self.fetching, self._fetch_lock, self._tokens, self.claiming = 0, threading.Lock(), set(), 0
+        self.ride_held: str | None = None  # the token of a slot held for a riding claim
         self.timeouts = Timeouts(lambda job, limit_ms: timed_out(self, job, limit_ms))
         self.idle = Idle(self, block_s, sweep_s, max_stalls)
         self.pool: HandlerPool | None = None
@@ -86,24 +113,21 @@ class ClaimLoop:
         self.done: _queue.SimpleQueue = _queue.SimpleQueue()  # Finished, Wake, None: a wake-up
         self.waiting = False  # blocked on the wake keys, idle
         self.executing = 0  # submitted to the pool and not finished (loop thread only)
-        self.claimed = 0  # this run's claims
-        self.retry_at = 0.0  # in an outage: the monotonic time of the next try
+        self.claimed, self.retry_at = 0, 0.0  # this run's claims; in an outage, the next try
         self.stopping = threading.Event()
         self.forced, self.max_jobs = False, None
         self.stop_at = 0.0  # a stop's deadline (monotonic)
-        # more handlers stuck than max_stuck: the stop that follows does not wait for them
-        self.give_up_stuck = False
-        # queue -> monotonic time it may be claimed (inf: drained, rests until woken)
-        self.rest = dict.fromkeys(queues, 0.0)
+        self.give_up_stuck = False  # more stuck than max_stuck: a stop does not wait for them
+        self.rest = dict.fromkeys(queues, 0.0)  # queue -> when it may be claimed (monotonic)
         # queue -> parents this worker saw released on it (written by the reporter only): a
         # claim that came back short rests its queue only if none was released meanwhile
         self.released = dict.fromkeys(queues, 0)
         self.lost_claims: dict[str, str] = {}  # queue -> a claim that raised: its token again
-        # queues whose last claim met a full RATE_LIMIT window with jobs waiting: a
-        # burst waits the window out (blocking until it reopens) instead of ending
+        # queues whose last claim met a full RATE_LIMIT window: a burst waits it out
         self.limited: set[str] = set()
         self.turn = self.window_waits = 0  # window_waits: claims that met a full window
         self.warned: set[str] = set()  # job names without a handler, warned about once
+        self.connections = JobConnections()  # Django's rule around each job, per thread
         self.subscribed = False  # event kinds with receivers here recorded for our queues
 
     @property
@@ -134,10 +158,13 @@ class ClaimLoop:
         fresh queue of finished jobs (handlers an earlier run abandoned post
         to the old one), the waker on it."""
         if self.make_pool is None:
-            self.pool = HandlerPool(self.concurrency, name, self._execute)
+            self.pool = HandlerPool(self.concurrency, name, functools.partial(run_handler, self))
         else:
             self.pool = self.make_pool(self, name)
-        self.done, self.executing = _queue.SimpleQueue(), 0
+        with self._fetch_lock:  # slots an earlier run held (a stop cut it short) are not held
+            self.done, self._tokens = _queue.SimpleQueue(), set()
+            self.fetching = self.claiming = 0
+        self.executing, self.ride_held = 0, None
         self.reporter.reset()
         self.writes.reopen()
         self.rest = dict.fromkeys(self.queues, 0.0)
@@ -166,10 +193,9 @@ class ClaimLoop:
         self.forced = self.give_up_stuck = False
 
     def run(self, burst: bool, max_jobs: int | None) -> None:
-        """The claiming loop (between ``begin`` and ``end``). A burst first
-        promotes the delayed jobs already due on each queue: "until nothing is
-        pending or due", even while another worker's timers lock holds the
-        sweeps off."""
+        """The claiming loop (between ``begin`` and ``end``). A burst first promotes the
+        delayed jobs already due on each queue: "until nothing is pending or due", even
+        while another worker's timers lock holds the sweeps off."""
         if burst:
             with contextlib.suppress(*REDIS_DOWN):  # the loop meets the outage, waits it out
                 for queue in self.queues:
@@ -201,7 +227,7 @@ class ClaimLoop:
         ``max_jobs``; those the reporter holds aside), unless stopping or in an
         outage. Returns how many, and whether every queue was asked (a burst's
         last look: nothing running or unreported)."""
-        limit = self.concurrency if max_jobs is None else max_jobs - self.claimed
+        limit = self.concurrency if max_jobs is None else max_jobs - self.claimed - self.fetching
         if now < self.retry_at or self.stopping.is_set():
             return 0, False
         free = min(self.room - self.executing - self.fetching, limit)
@@ -258,19 +284,18 @@ class ClaimLoop:
     def _next_wait(self, now: float, max_jobs: int | None) -> float:
         """Seconds to wait for a finished job or a wake-up: until the next try
         in an outage, else the next timer; never past the shutdown deadline.
-        With a free thread (and ``max_jobs`` not reached) the waker blocks
-        on the wake keys meanwhile; else it leaves the markers to others."""
+        With a free slot (not one held for a claim riding a completion: that
+        claim's reply wakes the loop anyway) and ``max_jobs`` not reached, the
+        waker blocks on the wake keys meanwhile; else it leaves the markers to
+        others (a waker armed then would pop them only to put them back)."""
         room = max_jobs is None or self.claimed < max_jobs
         idle = not self.retry_at and not self.stopping.is_set() and room
-        self.waiting = self.idle.block(idle and self.executing < self.concurrency)
+        free = self.executing + self.fetching < self.concurrency
+        self.waiting = self.idle.block(idle and free)
         resting = [at - now for at in self.rest.values() if now < at < float("inf")]
         if self.scale is not None:  # an idle pool shrinks on time (autoscale.py)
             resting.append(self.scale.next_in(now, self.concurrency))
-        wait = (
-            min([self.idle.timers.next_in(), *resting])
-            if not self.retry_at
-            else self.retry_at - now
-        )
+        wait = self.retry_at - now if self.retry_at else min([self.idle.timers.next_in(), *resting])
         wait = max(0.0, wait)
         if self.stopping.is_set():
             wait = min(wait, max(0.0, self.stop_at - now))
@@ -297,7 +322,7 @@ class ClaimLoop:
                 break
         if finished:
             self.executing -= len(finished)
-            self.reporter.hand_over(finished)
+            self.reporter.hand_over(finished, self._hold_ride(finished))
             for queue in {f.job.queue for f in finished}:  # their queue's next sweep prunes
                 self.idle.timers.finished(queue)
         for wake in wakes:  # after the finished jobs freed their threads
@@ -310,6 +335,18 @@ class ClaimLoop:
         """Wake the loop (from any thread)."""
         self.done.put(None)
 
+    def _hold_ride(self, finished: list[Finished]) -> tuple | None:
+        """``(queue, room)``: a slot held (``fetch``) from the hand-over for the claim
+        riding the completion of ``finished`` (one at a time), or None: a claim of the
+        loop's own would race it for the parent released, and come back empty."""
+        if self.ride_held is not None:
+            return None
+        for queue in ride_queues(finished, self.mq.cross_queue_scripts):
+            if (room := self.fetch(queue)) is not None:
+                self.ride_held = room[2]
+                return queue, room
+        return None
+
     # jobs it takes at once: a handler each, and what the pool queues beyond (processes)
     room = property(lambda self: self.concurrency + getattr(self.pool, "ahead", 0))
 
@@ -321,26 +358,33 @@ class ClaimLoop:
         same slot: then one job waits in the pool's queue.)"""
         with self._fetch_lock:
             full = self.executing + self.fetching >= self.room
-            done = self.max_jobs is not None and self.claimed + self.fetching >= self.max_jobs
+            taken = self.claimed + self.fetching + self.claiming  # the loop's claim in flight too
+            done = self.max_jobs is not None and taken >= self.max_jobs
             if full or done or self.stopping.is_set() or self.retry_at or queue not in self.rest:
                 return None
             self.fetching += 1
-        return 1, self.leases[queue], secrets.token_hex(8)
+            self._tokens.add(token := secrets.token_hex(8))
+        return 1, self.leases[queue], token
 
     def _taken(self, queue: str, token: str, claimed) -> None:
         """(Reporter thread) what its claim gave, for the loop: the slot held
         passes to the jobs taken (none: freed), until ``_take`` starts them."""
         with self._fetch_lock:
-            self.fetching += (0 if isinstance(claimed, BaseException) else len(claimed)) - 1
-        self.done.put((queue, token, claimed))
+            if token in self._tokens:  # an earlier run's claim is left to its leases
+                self.fetching += (0 if isinstance(claimed, BaseException) else len(claimed)) - 1
+                self.done.put((queue, token, claimed))
 
     def _take(self, queue: str, token: str, claimed) -> None:
         """The reporter's claim: run its jobs; one that raised is replayed."""
-        if isinstance(claimed, REDIS_DOWN):
+        if token == self.ride_held:  # ridden on, or freed: the next hand-over may hold one
+            self.ride_held = None
+        with self._fetch_lock:
+            self._tokens.discard(token)
+            self.fetching -= 0 if isinstance(claimed, BaseException) else len(claimed)
+        if isinstance(claimed, REDIS_DOWN):  # it may have run: its jobs are leased to us
             self.lost_claims.setdefault(queue, token)
+            self.rest[queue] = 0.0  # asked now, drained or not (no-polling.md#blocking-claims)
         elif not isinstance(claimed, BaseException):
-            with self._fetch_lock:
-                self.fetching -= len(claimed)
             self.claims.add(claimed)
             self.executing += len(claimed)
             self.claimed += len(claimed)
@@ -370,18 +414,22 @@ class ClaimLoop:
             queue = self.queues[(first + i) % n]
             if self.rest[queue] > now and (not everywhere or queue in self.limited):
                 continue  # resting; a burst's last look skips a window known full too
-            want = min(free, self.batch)
+            with self._fetch_lock:  # reserved against the reporter's fetch (max_jobs)
+                cap = float("inf") if self.max_jobs is None else self.max_jobs
+                self.claiming = want = min(free, self.batch, cap - self.claimed - self.fetching)
+            if want <= 0:
+                break
             released = self.released[queue]
             token = self.lost_claims.pop(queue, None) or secrets.token_hex(8)
             try:
                 jobs = self.mq.claim(queue, want, self.leases[queue], token=token)
             except REDIS_DOWN:
-                # Redis may have run it and lost only the reply: the next try
-                # sends the same token, and a claim that ran gives its jobs
-                # back (lua/claim.lua's replay) instead of leaving them active
-                # and unseen until their lease expires
-                self.lost_claims[queue] = token
+                # Redis may have run it and lost only the reply: the next try sends the
+                # same token, and a claim that ran gives its jobs back (lua/claim.lua's
+                # replay) instead of leaving them active and unseen until their lease ends
+                self.lost_claims[queue], self.claiming = token, 0
                 raise
+            self.claimed, self.claiming = self.claimed + len(jobs), 0  # counted, then freed
             if jobs.wait_ms:  # its RATE_LIMIT window is full: rest until it opens
                 self.rest[queue] = now + jobs.wait_ms / 1000
                 self.limited.add(queue)
@@ -394,45 +442,9 @@ class ClaimLoop:
                 self.rest[queue] = float("inf")
             self.claims.add(jobs)
             self.executing += len(jobs)
-            self.claimed += len(jobs)  # here: a later queue's claim may raise (max_jobs)
             for job in jobs:
                 job._writes = self.writes
                 self.pool.start(job, self.done)
             free -= len(jobs)
             got += len(jobs)
         return got
-
-    # -- on a pool thread ----------------------------------------------------
-    def _execute(self, job: Job, done: _queue.SimpleQueue) -> None:
-        """Run one handler; always posts a ``Finished`` to ``done``."""
-        finished, started = Finished(job), time.perf_counter()
-        limit_ms = job.timeout_ms or self.time_limits[job.queue]
-        self.timeouts.start(job, limit_ms)
-        try:
-            close_old_connections()
-            func = get_handler(job.name)
-            if func is None:
-                finished.error = unknown_name_error(job.name)
-                if job.name not in self.warned:
-                    self.warned.add(job.name)
-                    log.warning("%s", finished.error)
-            else:
-                finished.result = attempt(func, job)  # in a span when traced
-        except BaseException as exc:  # dead, postponed, waiting or retried: pool.failed
-            failed(finished, exc, self.mq)
-        finally:
-            try:
-                close_old_connections()
-            except Exception:
-                log.exception("close_old_connections() failed after job %s/%s", job.queue, job.id)
-            finished.ms = (time.perf_counter() - started) * 1000
-            if self.timeouts.settle(job):
-                done.put(finished)
-            else:  # its time limit passed first: the attempt was failed already
-                self.pool.retire_current()
-                done.put(None)  # a stopping loop waits for written-off handlers too
-                log.warning(
-                    "job %s/%s (%s): the handler returned %.0f ms after its time limit of "
-                    "%d ms (it ran %.0f ms); its result is discarded",
-                    *(job.queue, job.id, job.name, finished.ms - limit_ms, limit_ms, finished.ms),
-                )

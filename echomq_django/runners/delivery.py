@@ -34,6 +34,7 @@ from ..core.exceptions import RedisUnavailable, SweepLockLost
 from ..core.jobs import Outcome, Policy
 from ..core.keyspace import validate_id, validate_queue
 from ..protocol.client import EchoMQ
+from .dispatcher import kinds_connected
 
 log = logging.getLogger("echomq_django.delivery")
 
@@ -280,26 +281,29 @@ class OwnDelivery:
     claimed)``: the loop's room for a job of a parent's queue, claimed in
     the delivery's round trip, and what that claim gave (the reporter's own,
     None: no such claims). Per batch, on the reporter's thread:
-    ``ahead(good, ahead)`` returns the calls to send ahead of the
-    completions of ``good`` (``Finished`` jobs): ``ahead`` (a caller's
-    list, or None) and the take of the sweep lock of each queue holding a
-    child whose parent is on another queue, under this worker's token for
-    its life; ``after(good, replies, ahead)`` puts ``ahead``'s replies back
-    in place, then, for each queue whose lock was taken, delivers what its
-    completions pushed (``Outbox.deliver_own``). An error leaves the entries
-    to the pumps (logged); nothing raises."""
+    ``ahead(good, ahead, direct)`` returns the calls to send ahead of the
+    completions (or, ``direct=False``, the failures) of ``good``
+    (``Finished`` jobs): ``ahead`` (a caller's list, or None) and the take
+    of the sweep lock of each queue holding a child whose parent is on
+    another queue, under this worker's token for its life;
+    ``after(good, replies, ahead)`` puts ``ahead``'s replies back in place,
+    then, for each queue whose lock was taken, delivers what its
+    completions or deaths pushed (``Outbox.deliver_own``). An error leaves
+    the entries to the pumps (logged); nothing raises."""
 
     def __init__(self, mq: EchoMQ, released, fetch=None, taken=None) -> None:
         self.mq, self._released, self._fetch, self._taken = mq, released, fetch, taken
         self.token = secrets.token_hex(8)
         self._cross: list[str] = []
+        self._subscribed: set[str] = set()  # parents' queues whose events are recorded
         self._calls: list = []
         self._n = 0
 
-    def ahead(self, good: list, ahead: list | None) -> list | None:
+    def ahead(self, good: list, ahead: list | None, direct: bool | None = None) -> list | None:
         # on one server the completions resolve their parents themselves: what
-        # they still push (behind other entries, or for a parent gone) is the pumps'
-        direct = self.mq.cross_queue_scripts
+        # they still push (behind other entries, or for a parent gone) is the pumps';
+        # a death's entries (``direct=False``: fails) always go through the outbox
+        direct = self.mq.cross_queue_scripts if direct is None else direct
         cross = {f.job.queue for f in good if f.job.parent_queue not in (None, f.job.queue)}
         self._cross = [] if direct else sorted(cross)
         self._n = len(ahead or ())
@@ -316,18 +320,32 @@ class OwnDelivery:
             mine = [(f.job, r) for f, r in zip(good, replies, strict=True) if f.job.queue == queue]
             texts = [t for _, r in mine for t in getattr(r, "sent", ())]
             parents = [j.parent_queue for j, _ in mine if j.parent_queue not in (None, queue)]
-            self._deliver(queue, texts, parents[0])
+            self._deliver(queue, texts, parents)
+        # a completion refused as the job was cancelled while it ran: it died,
+        # and its death's entries came back with the refusal (``JobCancelled.sent``);
+        # where no lock rode ahead (one server) they are delivered under the
+        # lock taken now, if free (docs/explanation/lifecycle.md#cancel)
+        late: dict[str, list[str]] = {}
+        for f, r in zip(good, replies, strict=True):
+            if isinstance(r, Exception) and f.job.queue not in self._cross:
+                late.setdefault(f.job.queue, []).extend(getattr(r, "sent", ()))
+        for queue, texts in late.items():
+            self._deliver_sent(queue, texts)
 
-    def _deliver(self, queue: str, texts: list[str], parent_queue: str) -> None:
-        """Deliver ``texts`` from ``queue``'s outbox, with a claim of
-        ``parent_queue`` in the same round trip when the loop has room."""
+    def _deliver(self, queue: str, texts: list[str], parents: list[str]) -> None:
+        """Deliver ``texts`` from ``queue``'s outbox (for parents on the queues
+        ``parents``), with a claim of the first in the same round trip when the
+        loop has room."""
+        parent_queue = parents[0]
         room = self._fetch(parent_queue) if texts and self._fetch is not None else None
         then = None
         if room is not None:
             count, lease_ms, token = room
             then, now, lease = self.mq.wire.claim_call(parent_queue, count, lease_ms, token)
+        more: dict[str, list[str]] = {}
         try:
-            outcome, got = self.mq.outbox.deliver_own(queue, self.token, texts, then)
+            self._subscribe(parents)
+            outcome, got = self.mq.outbox.deliver_own(queue, self.token, texts, then, more)
         except Exception as err:  # the entries stay in the outbox: a pump delivers them
             if room is not None:
                 self._taken(parent_queue, token, err)  # RedisUnavailable: the loop replays it
@@ -335,7 +353,45 @@ class OwnDelivery:
             return
         if room is not None:
             if not isinstance(got, Exception):
-                got = self.mq.wire.claimed(parent_queue, got, now, lease, self.mq)
+                try:
+                    got = self.mq.wire.claimed(parent_queue, got, now, lease, self.mq)
+                except Exception as err:  # a row that does not decode (ValueError): the
+                    # slot held for the claim is freed, as for a claim that raised
+                    log.warning("a claim of %s with a delivery failed: %s", parent_queue, err)
+                    got = err
             self._taken(parent_queue, token, got)
+        # what those deliveries pushed in turn (a parent a death killed: its own
+        # death, for a parent on a third queue), delivered now too, so a chain
+        # of deaths does not wait for a pump at its second link; an outbox whose
+        # lock another holds is the holder's (it is woken by the push)
+        for target, pushed in more.items():
+            self._deliver_sent(target, pushed, outcome)
         for released, _ in outcome.released:
             self._released(released)
+
+    def _deliver_sent(self, queue: str, texts: list[str], outcome=None) -> None:
+        """``Outbox.deliver_sent`` of ``texts`` from ``queue``'s outbox, the
+        lock not waited for (its holder was woken by the push); what it
+        released goes into ``outcome``, or, with None, is woken here. An
+        error leaves the entries to the pumps (logged)."""
+        if not texts:
+            return
+        try:
+            self._subscribe([json.loads(t).get("q") for t in texts])
+            got = self.mq.outbox.deliver_sent(queue, texts, wait_s=0)
+        except Exception as err:
+            log.warning("delivering the outbox entries of %s failed: %s", queue, err)
+            return
+        if outcome is not None:
+            outcome.merge(got)
+            return
+        for released, _ in got.released:
+            self._released(released)
+
+    def _subscribe(self, queues: list) -> None:
+        """Record the signal event kinds this process receives for each of
+        ``queues`` (None skipped) not recorded yet, before a delivery writes
+        there, as a pump does for its queues (docs/explanation/signals.md#what-it-costs)."""
+        if new := {q for q in queues if q is not None} - self._subscribed:
+            self.mq.signal_events.subscribe(sorted(new), kinds_connected())
+            self._subscribed |= new

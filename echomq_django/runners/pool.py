@@ -10,12 +10,16 @@ import difflib
 import logging
 import queue as _queue
 import threading
+import time
 import traceback
 
+from django.db import close_old_connections, connections
+
 from ..core.exceptions import MoveToDelayed, RateLimited, Unrecoverable, WaitForChildren
-from ..handlers import TASK_JOB_NAME, registered, tasks_framework
+from ..core.retry import decide
+from ..handlers import TASK_JOB_NAME, get_handler, registered, tasks_framework
 from ..tracing.spans import attempt, attempt_async
-from .reporter import decided
+from .reporter import Finished
 
 log = logging.getLogger("echomq_django.worker")
 
@@ -138,12 +142,103 @@ def _no_tasks_backend_error() -> str:
     )
 
 
+def decided(finished: Finished, exc: BaseException, queues: dict, cap_ms: int) -> Finished:
+    """Apply the job's retry policy (docs/howto/retries.md) to a failed
+    attempt: ``exc`` is what the handler raised, ``queues`` the queues'
+    settings, ``cap_ms`` the longest wait (ms). Sets ``dead`` (an exception
+    the policy does not retry) and ``delay_ms``; a bad backoff function's
+    problem is logged and appended to ``error``. Returns ``finished``."""
+    job = finished.job
+    opts = queues.get(job.queue) or {}
+    d = decide(exc, job.attempts, job.backoff_ms, cap_ms, opts, job.retry_policy)
+    finished.dead, finished.delay_ms = finished.dead or d.dead, d.delay_ms
+    if d.note:
+        log.error("job %s/%s (%s): %s", job.queue, job.id, job.name, d.note)
+        finished.error = f"{finished.error}\n{d.note}"
+    return finished
+
+
+class JobConnections:
+    """Django's rule for a request's database connections, kept around each
+    job on a thread that runs jobs one after another: ``before()`` and
+    ``after()`` are ``django.db.close_old_connections()`` (a connection past
+    its ``CONN_MAX_AGE``, or unusable after an error, is closed; the next
+    query opens a fresh one), the way ``request_started`` and
+    ``request_finished`` call it. ``before()`` skips the call when it could
+    close nothing: nothing runs on that thread between two jobs, so after its
+    last ``after()`` only the clock moves, and then only a connection left
+    open whose ``close_at`` has passed is closed. About 4 µs a job with no
+    connection, 8 with one (Django 5.2, each call); handler threads that
+    never touch the database pay one call a job instead of two
+    (docs/howto/deploy.md#database-connections)."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+
+    def before(self) -> None:
+        """``close_old_connections()`` when it may close something (see the class)."""
+        until = getattr(self._local, "until", 0.0)  # a thread's first job: look
+        if until is not None and time.monotonic() >= until:
+            close_old_connections()
+
+    def after(self) -> None:
+        """``close_old_connections()``, noting what the next ``before()``
+        must look at: no connection open (None), or the earliest
+        ``close_at`` of those open (monotonic s; inf: kept for good). Raises
+        what closing a connection raised."""
+        self._local.until = 0.0  # until this call has finished: look
+        until = None
+        for conn in connections.all(initialized_only=True):  # close_old_connections' own loop
+            conn.close_if_unusable_or_obsolete()
+            if conn.connection is not None:
+                at = float("inf") if conn.close_at is None else conn.close_at
+                until = at if until is None else min(until, at)
+        self._local.until = until
+
+
+def run_handler(loop, job, done: _queue.SimpleQueue) -> None:
+    """On a handler thread: run ``job``'s handler for ``loop`` (a
+    ``claim_loop.ClaimLoop``: its time limits, timeouts, database connections,
+    pool); always posts a ``Finished`` (or None, past its time limit) to ``done``."""
+    finished, started = Finished(job), time.perf_counter()
+    limit_ms = job.timeout_ms or loop.time_limits[job.queue]
+    loop.timeouts.start(job, limit_ms)
+    try:
+        loop.connections.before()
+        func = get_handler(job.name)
+        if func is None:
+            finished.error = unknown_name_error(job.name)
+            if job.name not in loop.warned:
+                loop.warned.add(job.name)
+                log.warning("%s", finished.error)
+        else:
+            finished.result = attempt(func, job)  # in a span when traced
+    except BaseException as exc:  # dead, postponed, waiting or retried: pool.failed
+        failed(finished, exc, loop.mq)
+    finally:
+        try:
+            loop.connections.after()
+        except Exception:
+            log.exception("close_old_connections() failed after job %s/%s", job.queue, job.id)
+        finished.ms = (time.perf_counter() - started) * 1000
+        if loop.timeouts.settle(job):
+            done.put(finished)
+        else:  # its time limit passed first: the attempt was failed already
+            loop.pool.retire_current()
+            done.put(None)  # a stopping loop waits for written-off handlers too
+            log.warning(
+                "job %s/%s (%s): the handler returned %.0f ms after its time limit of "
+                "%d ms (it ran %.0f ms); its result is discarded",
+                *(job.queue, job.id, job.name, finished.ms - limit_ms, limit_ms, finished.ms),
+            )
+
+
 class HandlerPool:
     """``size`` handler threads taking ``(fn, args)`` from one queue, started
     as the first ``size`` jobs arrive. Cheaper per job than
     ``ThreadPoolExecutor.submit`` (no Future, Condition or semaphore per job;
     that was a quarter of the loop thread's time on small jobs, docs/explanation/performance.md).
-    ``fn`` reports its own outcome and never raises (``ClaimLoop._execute``).
+    ``fn`` reports its own outcome and never raises (``run_handler``).
     ``run(job, done)``: what ``start(job, done)`` runs on a thread (the same
     calls as ``processes.supervisor.ProcessPool``'s)."""
 

@@ -34,7 +34,6 @@ from ..core.exceptions import (
 )
 from ..core.jobs import Job, JobState, Outcome
 from ..core.refs import JobRef
-from ..core.retry import decide
 from ..protocol.client import EchoMQ
 from .delivery import OwnDelivery
 from .outage import REDIS_DOWN, Outage, first_line
@@ -68,51 +67,15 @@ class Finished:
     wait_children: bool = False
 
 
-def decided(finished: Finished, exc: BaseException, queues: dict, cap_ms: int) -> Finished:
-    """Apply the job's retry policy (docs/howto/retries.md) to a failed
-    attempt: ``exc`` is what the handler raised, ``queues`` the queues'
-    settings, ``cap_ms`` the longest wait (ms). Sets ``dead`` (an exception
-    the policy does not retry) and ``delay_ms``; a bad backoff function's
-    problem is logged and appended to ``error``. Returns ``finished``."""
-    job = finished.job
-    opts = queues.get(job.queue) or {}
-    d = decide(exc, job.attempts, job.backoff_ms, cap_ms, opts, job.retry_policy)
-    finished.dead, finished.delay_ms = finished.dead or d.dead, d.delay_ms
-    if d.note:
-        log.error("job %s/%s (%s): %s", job.queue, job.id, job.name, d.note)
-        finished.error = f"{finished.error}\n{d.note}"
-    return finished
-
-
-class Claims:
-    """The jobs a worker has claimed and not reported yet. Thread-safe:
-    the loop adds, the reporter forgets, the heartbeat and the status read."""
-
-    def __init__(self) -> None:
-        self._jobs: dict[tuple[str, str], Job] = {}
-        self._lock = threading.Lock()
-
-    def add(self, jobs) -> None:
-        with self._lock:
-            for job in jobs:
-                self._jobs[(job.queue, job.id)] = job
-
-    def forget(self, *jobs: Job) -> None:
-        with self._lock:
-            for job in jobs:
-                self._jobs.pop((job.queue, job.id), None)
-
-    def jobs(self) -> list[Job]:
-        with self._lock:
-            return list(self._jobs.values())
-
-    def refs(self) -> list[tuple[str, str]]:
-        """``(queue, id)`` of each job claimed and not reported, in claim order."""
-        with self._lock:
-            return list(self._jobs)
-
-    def __len__(self) -> int:
-        return len(self._jobs)
+def ride_queues(finished: list[Finished], across: bool) -> list[str]:
+    """Where a claim may ride the completion of ``finished`` (those that completed,
+    not postponed or held), in order: a parent's queue, a child's own first, another
+    only if ``complete`` resolves it (``across``)."""
+    good = [f for f in finished if f.error is None and f.postpone_ms is None]
+    good = [f for f in good if not f.wait_children]
+    mine = [f.job.queue for f in good if f.job.parent_queue == f.job.queue]
+    other = [f.job.parent_queue for f in good if across and f.job.parent_queue]
+    return list(dict.fromkeys(mine + other))
 
 
 class Reporter:
@@ -128,15 +91,13 @@ class Reporter:
     whose parent is on ``queue`` (``(count, lease ms, token)``, or None for
     none), and ``taken(queue, token, claimed)``: what that claim gave (a
     ``Claimed``, or the exception it raised), both from the loop (None: no
-    such claims). ``processed`` and
-    ``stats`` (``completed``, ``failed`` = will retry, ``dead``, ``lost``)
-    count every run; ``unreported`` counts jobs handed over and not reported
-    yet in this run. ``writes``: the worker's ``flusher.Flusher`` or None;
-    each batch takes its pending progress and log writes: its completed
-    jobs' ride their ``complete`` calls, the rest go ahead of them in their
-    round trip (alone when it completes none), so a job's writes reach
-    Redis before its completion or failure.
-    """
+    such claims). ``processed`` and ``stats`` (``completed``, ``failed`` =
+    will retry, ``dead``, ``lost``) count every run; ``unreported``: jobs
+    handed over and not reported yet in this run. ``writes``: the worker's
+    ``flusher.Flusher`` or None; each batch takes its pending progress and
+    log writes: its completed jobs' ride their ``complete`` calls, the rest
+    go ahead of them in their round trip (alone when it completes none), so
+    a job's writes reach Redis before its completion or failure."""
 
     def __init__(
         self,
@@ -160,6 +121,9 @@ class Reporter:
         self.debug = False  # a line per job (set per run from the log level)
         self._cv = threading.Condition()  # guards _inbox, unreported, _closing
         self._inbox: list[Finished] = []
+        # (queue, room): slots the loop held for a riding claim; those of the batch at hand
+        self._held: list[tuple[str, tuple]] = []
+        self._rides: list[tuple[str, tuple]] = []
         self.unreported = 0
         self._closing = False
         self.stats_at, self.stats_seen = 0.0, (0, 0.0)  # the next INFO line; (processed, when)
@@ -182,12 +146,16 @@ class Reporter:
 
     def reset(self) -> None:
         """Start a run: nothing handed over, not closing."""
-        self._inbox, self.unreported, self._closing = [], 0, False
+        self._inbox, self._held, self.unreported, self._closing = [], [], 0, False
         self.debug = log.isEnabledFor(logging.DEBUG)
 
-    def hand_over(self, finished: list[Finished]) -> None:
-        """Give the reporter thread ``finished`` jobs to report."""
+    def hand_over(self, finished: list[Finished], held: tuple | None = None) -> None:
+        """Give the reporter thread ``finished`` jobs to report; ``held``: ``(queue,
+        room)``, a slot the loop held for a claim riding their completion (``fetch``;
+        given back by ``taken`` with no jobs when none rode on it)."""
         with self._cv:
+            if held is not None:
+                self._held.append(held)
             self._inbox.extend(finished)
             self.unreported += len(finished)
             self._cv.notify()
@@ -213,6 +181,7 @@ class Reporter:
                     return
                 items.extend(self._inbox)
                 self._inbox.clear()
+                self._rides, self._held = self._held, []
             before = len(items)
             try:
                 close_old_connections()  # signal receivers may use the database
@@ -231,6 +200,9 @@ class Reporter:
                 items.clear()
             else:
                 outage.ok()
+            for queue, (_, _, token) in self._rides:  # held, and not ridden on: freed
+                self._taken(queue, token, [])
+            self._rides = []
             with self._cv:
                 self.unreported -= before - len(items)
             self._wake()
@@ -268,15 +240,18 @@ class Reporter:
                     done.append((item, reply))
             self._completed(done)
         if finished:
+            # a death's entries for a parent on another queue: delivered here, as
+            # a completion's are (its queue's sweep lock rides ahead of the fails)
+            calls = self._own.ahead(finished, None, direct=False)
             try:
-                replies = self.mq.fail_many(
-                    [(f.job, f.error, f.dead, f.delay_ms) for f in finished]
-                )
+                failing = [(f.job, f.error, f.dead, f.delay_ms) for f in finished]
+                replies = self.mq.fail_many(failing, calls)
             except REDIS_DOWN:
                 finished.extend(f for f, _ in kept)
                 raise
             except Exception as err:
                 replies = [err] * len(finished)
+            self._own.after(finished, replies, None)  # (a lock taken is dropped)
             items, finished[:] = list(finished), []
             failed = []
             for f, r in zip(items, replies, strict=True):
@@ -337,10 +312,12 @@ class Reporter:
         itself (docs/explanation/protocol.md#cross-queue-scripts-on-one-server)."""
         if self._fetch is None:
             return None, None
-        across = self.mq.cross_queue_scripts
-        mine = [f.job.queue for f in good if f.job.parent_queue == f.job.queue]
-        other = [f.job.parent_queue for f in good if across and f.job.parent_queue]
-        for queue in dict.fromkeys(mine + other):
+        queues = ride_queues(good, self.mq.cross_queue_scripts)
+        for i, (queue, room) in enumerate(self._rides):  # one the loop held for these
+            if queue in queues:
+                del self._rides[i]
+                return queue, room
+        for queue in queues:
             if (room := self._fetch(queue)) is not None:
                 return queue, room
         return None, None

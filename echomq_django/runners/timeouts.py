@@ -30,7 +30,8 @@ import time
 from collections.abc import Callable
 
 from ..core.jobs import Job
-from .reporter import Finished, decided
+from .pool import decided
+from .reporter import Finished
 
 log = logging.getLogger("echomq_django.worker")
 

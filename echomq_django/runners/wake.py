@@ -8,9 +8,10 @@ read and write them, are ``protocol/timers.py``'s.
   Redis Cluster one thread per queue blocks on that queue's key, routed to
   the node of its slot (a blocking command over two slots would be refused).
   It blocks only while armed: the runner arms it when it could use a wake-up
-  (a free thread and every queue drained), and each pop disarms it, so a busy
-  worker leaves the markers to idle ones; a marker its runner cannot use after
-  all (busy again, stopping) goes back with ``put_back``. A dropped connection
+  (a free handler slot, not one held for a claim riding a completion), and
+  each pop disarms it, so a busy worker leaves the markers to idle ones; a
+  marker its runner cannot use after all (busy again, stopping) goes back
+  with ``put_back``. A dropped connection
   (Redis restart, failover) is retried with backoff; the runner gets
   ``DOWN`` then ``UP`` and claims every queue once it is back, so
   nothing claimable while it was away waits for a wake-up.
@@ -273,8 +274,9 @@ class Idle:
         else:
             self.wakeups["claimable"] += 1
             w.rest[wake.queue] = 0.0
-            if w.executing >= w.concurrency or w.stopping.is_set():
-                # busy after all, or leaving: another idle worker may take it now;
+            if w.executing + w.fetching >= w.concurrency or w.stopping.is_set():
+                # busy after all (a slot held for a riding claim is not free), or
+                # leaving: another idle worker may take it now;
                 # this one claims from the queue as soon as a thread frees
                 self.wakeups["returned"] += 1
                 self.waker.put_back(wake)

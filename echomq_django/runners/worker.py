@@ -22,7 +22,8 @@ the job path, each in batches:
   that overlap, and the batching, are where the throughput comes from;
 * ``concurrency`` **handler** threads (``pool.HandlerPool``: one queue of jobs, no
   Future per job) run the handlers, with
-  ``django.db.close_old_connections()`` before and after each call.
+  ``django.db.close_old_connections()`` before and after each call (the one
+  before skipped when it could close nothing: ``pool.JobConnections``).
 
 A heartbeat thread extends the lease of every job that has run for a third of
 it. Signal receivers run on the reporter thread.

@@ -89,6 +89,35 @@ local function flush_later()
   end
 end
 
+-- The `id` field of an entry naming the jobs ids[from..to] (all of them
+-- when from and to are nil), space-separated (ids hold no whitespace): the
+-- first id whole, each later one that starts with the first's RUN_PREFIX
+-- bytes as ':' and the rest (docs/explanation/protocol.md#relative-ids-in-a-run:
+-- a flow's generated ids share 12 characters, as a row's relative parent
+-- id does in lib/row.lua parent_ref). An id never holds ':', so a part
+-- starting with one is relative; the cut never splits a UTF-8 character
+-- (the rest does not start with a continuation byte) and leaves a rest of
+-- one byte or more. core/events.py run_ids reads it.
+local RUN_PREFIX = 12
+local function run_text(ids, from, to)
+  from, to = from or 1, to or #ids
+  local head = ids[from]:sub(1, RUN_PREFIX)
+  if from == to or #head < RUN_PREFIX then
+    return table.concat(ids, ' ', from, to)
+  end
+  local parts = {ids[from]}
+  for i = from + 1, to do
+    local id = ids[i]
+    local b = id:byte(RUN_PREFIX + 1)
+    if b and (b < 128 or b >= 192) and id:sub(1, RUN_PREFIX) == head then
+      parts[#parts + 1] = ':' .. id:sub(RUN_PREFIX + 1)
+    else
+      parts[#parts + 1] = id
+    end
+  end
+  return table.concat(parts, ' ')
+end
+
 local function emit_to(events, event, id, ...)
   flush_later()
   local at = redis.call('XADD', events, 'MAXLEN', '~', EVENTS_MAXLEN, '*', 'e', event, 'id', id, ...)
@@ -99,10 +128,10 @@ local function emit_to(events, event, id, ...)
 end
 
 -- One entry on `events` naming the jobs `ids` (a table of at most RUN_IDS
--- ids) space-separated, as a claim's `active` does (ids hold no
--- whitespace); counted as #ids jobs in its minute when `event` is COUNTED.
--- A run of jobs added (or completed) together costs the stream one entry (about 17 bytes
--- per id) instead of one entry per job (about 41 bytes each), and the
+-- ids) as run_text writes them, as a claim's `active` does; counted as
+-- #ids jobs in its minute when `event` is COUNTED.
+-- A run of jobs added (or completed) together costs the stream one entry (about 8 bytes
+-- per generated id of one flow, 17 whole) instead of one entry per job (about 41 bytes each), and the
 -- stream's bound stays its entries times RUN_IDS ids, as retention's
 -- `removed` blocks (lib/lifecycle.lua) already make it.
 local RUN_IDS = 100
@@ -112,7 +141,7 @@ emit_run = function(events, event, ids)
   end
   flush_later()
   local at = redis.call('XADD', events, 'MAXLEN', '~', EVENTS_MAXLEN, '*', 'e', event, 'id',
-    table.concat(ids, ' '))
+    run_text(ids))
   if COUNTED[event] then
     count_minute(string.sub(events, 1, #events - #'events'), event, #ids,
       tonumber(string.match(at, '^%d+')))

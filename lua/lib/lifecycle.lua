@@ -61,7 +61,7 @@ local function each_child(base, refs, kind, parent, here, inc)
   local mine = base .. 'job:'
   for _, entry in ipairs(refs) do
     LEFT = LEFT - 1
-    local ref = child_key(base, entry)  -- the list's short form, or a full key (lib/row.lua)
+    local ref = child_key(base, parent, entry)  -- any form the list holds (lib/row.lua)
     if ref:sub(1, #mine) == mine then
       here(ref:sub(#mine + 1))
     else
@@ -193,7 +193,7 @@ local function flush_going(base, index)
     end
     redis.call('UNLINK', unpack(going))
   end
-  emit(base, 'removed', table.concat(GOING, ' '))
+  emit(base, 'removed', run_text(GOING))
   OUT.removed = (OUT.removed or 0) + n
   GOING, GOING_ROWS = {}, {}
 end

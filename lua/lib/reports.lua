@@ -73,7 +73,7 @@ local function write_reports(events, queue, base, keep, a, first, hold)
     if from == to then
       emit_to(events, 'progress', ids[from], 'p', values[from])
     else
-      emit_to(events, 'progress', table.concat(ids, ' ', from, to),
+      emit_to(events, 'progress', run_text(ids, from, to),
         'ps', '[' .. table.concat(values, ',', from, to) .. ']')
     end
   end

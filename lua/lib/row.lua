@@ -36,17 +36,26 @@ local LONG_NAME = {[F_NAME] = 'name', [F_DATA] = 'payload', [F_STATE] = 'state',
 -- stores ':0' for its root, 2 bytes for 13), else the id itself (an id
 -- never holds ':'). The cut never splits a UTF-8 character (the rest does
 -- not start with a continuation byte), so the value stays text. parent_of
--- turns it back, given the child's id.
+-- turns it back, given the child's id. A parent's :children list stores
+-- its children the same way round (child_entry, below).
 local REL_PREFIX = 12
 local byte = string.byte
 
-local function parent_ref(id, parent)
-  local next_byte = parent:byte(REL_PREFIX + 1)
+-- The rest of id `of` after the first REL_PREFIX bytes it shares with id
+-- `with`, or nil: none shared, nothing after them, or a cut that would
+-- split a UTF-8 character (docs/explanation/protocol.md#relative-parent-ids).
+local function rel_rest(of, with)
+  local next_byte = byte(of, REL_PREFIX + 1)
   if next_byte and (next_byte < 128 or next_byte >= 192)
-      and parent:sub(1, REL_PREFIX) == id:sub(1, REL_PREFIX) then
-    return ':' .. parent:sub(REL_PREFIX + 1)
+      and of:sub(1, REL_PREFIX) == with:sub(1, REL_PREFIX) then
+    return of:sub(REL_PREFIX + 1)
   end
-  return parent
+  return nil
+end
+
+local function parent_ref(id, parent)
+  local rest = rel_rest(parent, id)
+  return rest and (':' .. rest) or parent
 end
 
 local function parent_of(id, stored)
@@ -113,31 +122,69 @@ local function row_hmget_s(key, ...)
   return row_hmget(key, ...)
 end
 
--- A parent's :children list holds each child as short as its queue allows
--- (docs/explanation/protocol.md#a-parents-keys): the child's id when it is
--- on the parent's queue, '<queue>:<id>' when on another (neither a queue
--- name nor an id holds ':' or '{'), and, in lists written before, the
--- child's full job key P:{q}:job:<id> (the only form with a '{'). The
+-- A parent's :children list holds each child as short as its queue and
+-- the parent's id allow (docs/explanation/protocol.md#a-parents-keys):
+--   ':' .. rest         on the parent's queue, its id sharing the parent's
+--                       first REL_PREFIX bytes (rel_rest: a flow's
+--                       generated ids), `rest` the child id's remainder
+--   '<queue>::' .. rest the same on another queue
+--   '<id>'              on the parent's queue, any other id
+--   '<queue>:<id>'      on another queue, any other id
+--   P:{q}:job:<id>      the full key (lists written before the short forms:
+--                       the only form with a '{')
+-- Neither a queue name nor an id holds ':' or '{', so each form reads one
+-- way; the lists written before the relative forms keep whole ids. The
 -- child ref everywhere else (:processed and the other result hashes, outbox
--- entries) is the full key: child_key turns a list entry into it, and
--- short_ref a full key into the entry. `base` is the parent's P:{q}: (the
--- list's own slot).
-local function child_key(base, ref)
+-- entries) is the full key: child_key turns a list entry into it, given the
+-- parent's id `pid` (the list's owner), and short_ref a full key into the
+-- entry written now. `base` is the parent's P:{q}: (the list's own slot).
+local function child_key(base, pid, ref)
   if ref:find('{', 1, true) then
     return ref
   end
-  local q, id = ref:match('^([^:]+):(.+)$')
-  if q then
-    return base:match('^(.-){') .. '{' .. q .. '}:job:' .. id
+  local q, sep, rest = ref:match('^([^:]*)(::?)(.*)$')
+  if not q then
+    return base .. 'job:' .. ref
   end
-  return base .. 'job:' .. ref
+  local id = (q == '' or sep == '::') and (pid:sub(1, REL_PREFIX) .. rest) or rest
+  if q == '' then
+    return base .. 'job:' .. id
+  end
+  return base:match('^(.-){') .. '{' .. q .. '}:job:' .. id
 end
 
-local function short_ref(base, key)
+-- The entry for child `id` on queue `q` (nil: the parent's own) of parent `pid`.
+local function child_entry(pid, q, id)
+  local rest = rel_rest(id, pid)
+  if rest then
+    return (q and (q .. '::') or ':') .. rest
+  end
+  return q and (q .. ':' .. id) or id
+end
+
+local function short_ref(base, pid, key)
   local mine = base .. 'job:'
   if key:sub(1, #mine) == mine then
-    return key:sub(#mine + 1)
+    return child_entry(pid, nil, key:sub(#mine + 1))
   end
   local q, id = key:match('{(.-)}:job:(.+)$')
-  return q and (q .. ':' .. id) or key  -- not a job key: left as it is
+  return q and child_entry(pid, q, id) or key  -- not a job key: left as it is
+end
+
+-- Whether parent `pid`'s :children list `kids` holds child key `key`, in
+-- any form it was ever written in: short_ref's, the whole id's (the same
+-- unless relative) and the full key's. One LPOS, two more for an entry
+-- of a list written before.
+local function child_listed(kids, base, pid, key)
+  local entry = short_ref(base, pid, key)
+  if redis.call('LPOS', kids, entry) then
+    return true
+  end
+  local mine = base .. 'job:'
+  local whole = (key:sub(1, #mine) == mine) and key:sub(#mine + 1)
+    or key:gsub('^.-{(.-)}:job:(.+)$', '%1:%2')
+  if whole ~= entry and redis.call('LPOS', kids, whole) then
+    return true
+  end
+  return redis.call('LPOS', kids, key) ~= false
 end

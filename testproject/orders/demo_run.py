@@ -90,7 +90,11 @@ class Demo:
 
     def run(self) -> int:
         """The whole demo; returns the exit status (see the module docstring)."""
-        previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
+        # SIGINT too: a process started in the background by a non-interactive
+        # shell inherits SIGINT ignored, and Python then keeps it ignored, so
+        # the Ctrl-C that ends --keep would never arrive.
+        sigs = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+        previous = {sig: signal.signal(sig, _interrupt) for sig in sigs}
         try:
             return self._run()
         except KeyboardInterrupt:

@@ -87,7 +87,7 @@ def children(mq: EchoMQ, queue: str, job_id: str) -> list[str]:
     if kind == "none":
         return []
     raw = mq.client.smembers(key) if kind == "set" else mq.client.lrange(key, 0, -1)
-    return sorted(mq.keys.child_key(queue, r) for r in raw)  # the list's short refs as keys
+    return sorted(mq.keys.child_keys(queue, job_id, raw))  # the list's entries as keys
 
 
 def ref(mq: EchoMQ, job_id: str, queue: str = "q") -> str:

@@ -101,8 +101,9 @@ class SentinelRig:
         raise RigError("no sentinel answers")
 
     def _settled(self, port: int) -> bool:
-        """Every sentinel names ``port`` the master, it says it is one, and
-        the other server replicates from it."""
+        """Every sentinel names ``port`` the master, it says it is one and
+        counts a good replica (``SAFE_WRITES``: until then it refuses writes
+        with NOREPLICAS), and the other server replicates from it."""
         try:
             names = set()
             for s in self.sentinel_servers:
@@ -110,7 +111,8 @@ class SentinelRig:
                     names.add(int(c.sentinel_get_master_addr_by_name(MASTER_NAME)[1]))
             other = self.replica if port == self.master.port else self.master
             with redis.Redis(host=HOST, port=port, socket_timeout=1) as m:
-                role = m.info("replication")["role"]
+                mine = m.info("replication")
+            role = mine["role"] if mine.get("min_slaves_good_slaves", 0) >= 1 else "no good replica"
             with other.client(socket_timeout=1) as o:
                 info = o.info("replication")
             return (

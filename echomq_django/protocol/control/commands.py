@@ -107,22 +107,27 @@ class WorkerCommands(Part):
                 known = ", ".join(p.id for p in live) or "(none running)"
                 raise ValueError(f"unknown worker id {worker!r}; live workers: {known}")
         now, sent = self.clock(), []
-        pipe = self.client.pipeline(transaction=False)
+        # The records first, then the pending members, in two round trips: a
+        # worker may pop its member and reply the moment it lands, and on a
+        # Cluster one pipeline's writes to two nodes land in either order; a
+        # record whose "sent" came after the replies would read as sent for good.
+        records, pendings = (self.client.pipeline(transaction=False) for _ in range(2))
         for proc in targets:
             cid = f"{now}-{secrets.token_hex(4)}"
             member = json.dumps({"id": cid, "c": name, "n": n})
             pending, record = self.pending_key(proc), self.keys.command(cid)
-            pipe.zadd(pending, {member: now})
-            pipe.zremrangebyrank(pending, 0, -(PENDING_KEPT + 1))
-            pipe.pexpire(pending, PENDING_TTL_MS)
             fields = {"state": "sent", "command": name, "n": "" if n is None else n,
                       "worker": proc.id, "at": now}  # fmt: skip
-            pipe.xadd(record, fields)
-            pipe.expire(record, RECORD_TTL_S)
-            pipe.zadd(self.keys.command_index(), {cid: now})
+            records.xadd(record, fields)
+            records.expire(record, RECORD_TTL_S)
+            records.zadd(self.keys.command_index(), {cid: now})
+            pendings.zadd(pending, {member: now})
+            pendings.zremrangebyrank(pending, 0, -(PENDING_KEPT + 1))
+            pendings.pexpire(pending, PENDING_TTL_MS)
             sent.append((cid, proc.id))
-        pipe.zremrangebyrank(self.keys.command_index(), 0, -(RECENT_KEPT + 1))
-        pipe.execute()
+        records.zremrangebyrank(self.keys.command_index(), 0, -(RECENT_KEPT + 1))
+        records.execute()
+        pendings.execute()
         return sent
 
     @staticmethod

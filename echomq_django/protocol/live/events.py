@@ -29,7 +29,7 @@ from collections.abc import Iterable, Mapping
 from redis.cluster import RedisCluster
 from redis.crc import key_slot
 
-from ...core.events import Event, Gap, check_follow, id_key
+from ...core.events import Event, Gap, check_follow, id_key, run_ids
 from ...core.jobs import to_text
 from ..errors import translating
 from ..scripts import socket_timeout
@@ -53,7 +53,8 @@ def _entries(reply) -> list[tuple[str, list]]:
 
 def _decode(queue: str, eid, raw: Mapping) -> list[Event]:
     """One stream entry as its events: one per job id its ``id`` field names
-    (space-separated when several), or one with ``job_id`` None. A batched
+    (space-separated when several, later ones maybe relative to the first:
+    ``run_ids``), or one with ``job_id`` None. A batched
     ``progress`` entry (``ps``, a JSON array of values, one per id) gives
     each event its own value as ``p``, as a single one carries it."""
     eid = to_text(eid)
@@ -66,9 +67,9 @@ def _decode(queue: str, eid, raw: Mapping) -> list[Event]:
         values = split_values(fields.pop("ps"))
         return [
             Event(queue, kind, job_id, eid, at_ms, {**fields, "p": value})
-            for job_id, value in zip(ids.split(" "), values, strict=True)
+            for job_id, value in zip(run_ids(ids), values, strict=True)
         ]
-    return [Event(queue, kind, job_id, eid, at_ms, fields) for job_id in ids.split(" ")]
+    return [Event(queue, kind, job_id, eid, at_ms, fields) for job_id in run_ids(ids)]
 
 
 _SCAN = json.JSONDecoder().raw_decode

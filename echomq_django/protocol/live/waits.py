@@ -1,15 +1,17 @@
 """``mq.waits``: block until a job finishes, without polling
 (docs/explanation/protocol.md#waiting-for-a-result).
 
-A waiter appends a ``wait`` entry to the job's stream ``P:{q}:done:<id>``
-(creating it, with an expiry a little past its wait), THEN reads the job's
-state: a job finished before that read is answered at once; one finishing
-after it finds the stream and appends a ``completed`` / ``dead`` /
-``cancelled`` entry (lua/lib/flow.lua ``emit``, in the script that finishes
-it), which every waiter's ``XREAD BLOCK`` from its own entry sees. The
-row's ``HGETALL`` is pipelined behind each block, so Redis answers it as the
-block wakes: the finished job comes back in the wake's own round trip. No
-script of its own: the finishing scripts write the stream.
+A waiter's ``wait_mark`` script (lua/wait_mark.lua) reads the job's state and the point to
+block from in the job's stream ``P:{q}:done:<id>`` at one time: the last
+entry's id of a stream another waiter made, or a ``wait`` entry that makes
+the stream (its expiry a little past the wait). A job finished before is
+answered at once; one finishing after finds the stream and appends a
+``completed`` / ``dead`` / ``cancelled`` entry (lua/lib/flow.lua ``emit``,
+in the script that finishes it), which every waiter's ``XREAD BLOCK`` from
+its point sees. A new waiter writes nothing to a stream that exists, so the
+waiters blocked on it do not wake for it. The row's ``HGETALL`` is
+pipelined behind each block, so Redis answers it as the block wakes: the
+finished job comes back in the wake's own round trip.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import time
 from ...core.exceptions import JobDead, JobNotFound
 from ...core.jobs import Job, JobState, to_text
 from ...core.refs import JobRef
-from ...core.rows import STATE_FIELDS, row_state
+from ...core.rows import row_state
 from ..scripts import socket_timeout
 from ..wire import Part
 from .blocking import Cancel, long_block, unblocked
@@ -98,14 +100,9 @@ class Waits(Part):
         done, row = k.done(ref.id), k.job(ref.id)
         ttl_ms = STREAM_TTL_MS if timeout_s is None else int(timeout_s * 1000)
         ttl_ms = min(ttl_ms, STREAM_TTL_MS) + WAIT_SLACK_MS
-        pipe = self.client.pipeline(transaction=False)
-        # Mark first, read the state second: a finish after the read finds
-        # the stream and notes it after our mark (the race the order closes).
-        pipe.xadd(done, {"e": "wait"}, maxlen=DONE_MAXLEN, approximate=True)
-        pipe.pexpire(done, ttl_ms, nx=True)  # a new stream: our expiry
-        pipe.pexpire(done, ttl_ms, gt=True)  # another waiter's: the longer one
-        pipe.hmget(row, *STATE_FIELDS)
-        last, _, _, state = pipe.execute()
+        # the point to block from and the state, at one time: a finish after
+        # it finds the stream and notes it after that point
+        last, *state = self.scripts.run("wait_mark", [done, row], [ttl_ms, DONE_MAXLEN])
         state = row_state(state)
         if state is None:
             raise JobNotFound(f"job {ref.id!r} not found in queue {ref.queue!r}")

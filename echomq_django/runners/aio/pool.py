@@ -279,7 +279,7 @@ class AsyncPool:
                 )
 
     def _call_sync(self, func, job: Job, finished: Finished) -> None:
-        """On a slot's thread: a sync handler, as ``ClaimLoop._execute``."""
+        """On a slot's thread: a sync handler, as ``pool.run_handler``."""
         try:
             _close_connections()
             finished.result = attempt(func, job)  # in a span when traced

@@ -45,15 +45,15 @@ import signal
 import threading
 import time
 
-from django.db import close_old_connections, connections
+from django.db import connections
 
 from ... import conf
 from ...core.exceptions import MoveToDelayed, RateLimited, Unrecoverable, WaitForChildren
 from ...core.jobs import Job
 from ...handlers import get_handler, runs_sync
 from ...tracing.spans import attempt
-from ..pool import error_text
-from ..reporter import Finished, decided
+from ..pool import JobConnections, decided, error_text
+from ..reporter import Finished
 from .pipes import BEGAN, TAKEN, Inbox, leaves
 
 _INHERITED: list = []  # the worker's DB connections, kept unclosed until os._exit
@@ -61,6 +61,7 @@ _KILL: list = [None]  # this child's kill flag (set by main)
 # a Job's public fields, in order: its dataclass fields up to the private ones
 WIRE = tuple(f.name for f in dataclasses.fields(Job) if not f.name.startswith("_"))
 _FIELDS = operator.attrgetter(*WIRE)  # one C call for the tuple of them
+_CONNECTIONS = JobConnections()  # Django's rule around each job, on this process's one thread
 _STATM: list = [0, -1]  # (pid, fd) of this process's /proc/self/statm, opened on first use
 PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -240,7 +241,7 @@ def run_one(job, ref: str, source=None, measure: bool = True) -> tuple:
     read the resident memory (else 0: no ``max_memory_per_child``)."""
     started = time.perf_counter()
     try:
-        close_old_connections()
+        _CONNECTIONS.before()
         try:
             func = _find(job.name, ref)
         except Exception as exc:
@@ -267,7 +268,7 @@ def run_one(job, ref: str, source=None, measure: bool = True) -> tuple:
             kind, value = ("dead" if f.dead else "error"), (f.error, f.delay_ms)
     finally:
         try:
-            close_old_connections()
+            _CONNECTIONS.after()
         except Exception:
             pass
     return kind, value, (time.perf_counter() - started) * 1000, rss_bytes() if measure else 0

@@ -1,0 +1,98 @@
+"""Django's rule for a request's database connections around each job on a
+handler thread (docs/howto/deploy.md#database-connections): closed when
+past their ``CONN_MAX_AGE`` (or unusable) after the job and before the
+next, the call before a job skipped when it could close nothing. On a file
+SQLite database and on PostgreSQL (an in-memory SQLite connection is never
+closed by Django)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from django.db import connections
+
+from echomq_django.runners import pool
+from tests.support.fixtures import database_params
+
+ALIASES = [p for p in database_params(sqlite_file=True) if p.values[0] != "default"]
+pytestmark = pytest.mark.django_db(transaction=True, databases="__all__")
+
+
+@pytest.fixture(params=ALIASES)
+def alias(request) -> str:
+    return request.param
+
+
+def on_a_thread(fn):
+    """Run ``fn`` on a fresh thread (its own connections, as a handler
+    thread's); re-raise what it raised."""
+    out: list = []
+
+    def run():
+        try:
+            out.append(fn())
+        except BaseException as exc:  # handed to the test
+            out.append(exc)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(30)
+    if isinstance(out[0], BaseException):
+        raise out[0]
+    return out[0]
+
+
+@pytest.fixture
+def calls(monkeypatch) -> list[str]:
+    """The thread's calls of ``close_old_connections`` made by ``before()``."""
+    seen: list[str] = []
+    real = pool.close_old_connections
+
+    def recorded():
+        seen.append(threading.current_thread().name)
+        real()
+
+    monkeypatch.setattr(pool, "close_old_connections", recorded)
+    return seen
+
+
+def test_a_job_that_leaves_no_connection_open_skips_the_next_look(alias, calls) -> None:
+    def jobs():
+        kept = pool.JobConnections()
+        conn = connections[alias]
+        kept.before()  # a thread's first job: it looks
+        conn.ensure_connection()  # the job queries
+        kept.after()  # CONN_MAX_AGE 0 (Django's default): closed after the job
+        closed = conn.connection is None
+        kept.before()  # nothing open: nothing to look at
+        return closed, len(calls)
+
+    assert on_a_thread(jobs) == (True, 1)
+
+
+def test_a_kept_connection_is_closed_before_the_first_job_past_its_max_age(alias, calls) -> None:
+    settings = connections[alias].settings_dict  # shared by every thread's wrapper
+
+    def jobs():
+        kept = pool.JobConnections()
+        conn = connections[alias]
+        kept.before()
+        conn.ensure_connection()  # close_at: 1 s from now
+        raw = conn.connection
+        kept.after()
+        kept.before()  # within its age: kept, and not looked at
+        still = conn.connection is raw
+        time.sleep(1.2)
+        kept.before()  # past it: closed before the job
+        return still, conn.connection is None, len(calls)
+
+    old = settings["CONN_MAX_AGE"]
+    settings["CONN_MAX_AGE"] = 1
+    try:
+        assert on_a_thread(jobs) == (True, True, 2)
+    finally:
+        settings["CONN_MAX_AGE"] = old
