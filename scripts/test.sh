@@ -8,8 +8,14 @@
 # LEGS="dj52" (or "dj6") runs one leg. python3.12 is found on PATH or in
 # pyenv; without it the dj6 leg is skipped with a message (an error under CI).
 # Makes sure redis-server is on PATH (the suite starts its own private
-# servers on free loopback ports; it never uses an existing Redis). Exits
-# non-zero when any leg fails.
+# servers on free loopback ports; it never uses an existing Redis).
+#
+# A leg whose run has failures runs its failed tests once more, alone
+# (pytest --last-failed); the leg fails when any of them fails again. Every
+# failure of either run is listed at the end, and again in the file
+# $TEST_SUMMARY when that is set (.ci/run prints it last), so a test that
+# passed only on its second run is still named. Exits non-zero when any leg
+# fails.
 set -uo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -29,6 +35,34 @@ find_python312() {
     return 1
 }
 
+SUMMARY="${TEST_SUMMARY:-$(mktemp)}"
+: >"$SUMMARY"
+
+# run_pytest LEG PYTHON [pytest args...]: the leg's run, then its failed
+# tests once more alone; appends both runs' failures to $SUMMARY.
+run_pytest() {
+    local leg="$1" py="$2" log rc
+    shift 2
+    log="$(mktemp)"
+    "$py" -m pytest "$@" 2>&1 | tee "$log"
+    rc="${PIPESTATUS[0]}"
+    {
+        echo "== leg $leg: $(grep -E '[0-9]+ (passed|failed|errors?).* in [0-9.]+s' "$log" | tail -1)"
+        grep -E '^(FAILED|ERROR) ' "$log"
+    } >>"$SUMMARY"
+    if [ "$rc" -eq 1 ]; then
+        echo "== leg $leg: the failed tests once more, alone"
+        "$py" -m pytest "$@" --last-failed 2>&1 | tee "$log"
+        rc="${PIPESTATUS[0]}"
+        {
+            echo "== leg $leg, failed tests run again: $(grep -E '[0-9]+ (passed|failed|errors?).* in [0-9.]+s' "$log" | tail -1)"
+            grep -E '^(FAILED|ERROR) ' "$log"
+        } >>"$SUMMARY"
+    fi
+    rm -f "$log"
+    return "$rc"
+}
+
 status=0
 for leg in ${LEGS:-dj52 dj6}; do
     case "$leg" in
@@ -38,7 +72,7 @@ for leg in ${LEGS:-dj52 dj6}; do
                 VENV=.venv PIP_EXTRA="Django>=5.2,<6" EXTRAS="[test]" NEED_REDIS=1 NEED_CHROMIUM=1 \
                     source scripts/setup.sh
                 echo "== leg dj52: $(.venv/bin/python -c 'import sys, django; print("Python", sys.version.split()[0], "Django", django.get_version())')"
-                .venv/bin/python -m pytest "$@"
+                run_pytest dj52 .venv/bin/python "$@"
             ) || status=1
             ;;
         dj6)
@@ -52,7 +86,7 @@ for leg in ${LEGS:-dj52 dj6}; do
                 VENV=.venv-dj6 PYTHON="$py312" PIP_EXTRA="Django>=6,<7" EXTRAS="[test]" NEED_CHROMIUM=1 \
                     NEED_REDIS=1 source scripts/setup.sh
                 echo "== leg dj6: $(.venv-dj6/bin/python -c 'import sys, django; print("Python", sys.version.split()[0], "Django", django.get_version())')"
-                .venv-dj6/bin/python -m pytest "$@"
+                run_pytest dj6 .venv-dj6/bin/python "$@"
             ) || status=1
             ;;
         *)
@@ -61,4 +95,6 @@ for leg in ${LEGS:-dj52 dj6}; do
             ;;
     esac
 done
+echo "== summary"
+cat "$SUMMARY"
 exit "$status"
