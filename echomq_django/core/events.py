@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from .keyspace import validate_queue
 from .refs import JobRef
+from .rows import id_head
 
 # The kinds the scripts write (docs/explanation/protocol.md#events), the
 # pause switch's two included.
@@ -48,20 +49,19 @@ STREAM_ID_RULE = (
     "e.g. '1700000000000-0'"
 )
 MAX_FOLLOWED = 64  # queues one follow reads at most (one reader thread per slot)
-RUN_PREFIX = 12  # bytes of a run's first id a later ``:<rest>`` stands for (lua/lib/emit.lua)
 
 
 def run_ids(text: str) -> list[str]:
     """The job ids an events entry's ``id`` field ``text`` names, whole:
     space-separated, the first whole, each later one either whole or ``:``
-    and the rest of an id that starts with the first's ``RUN_PREFIX``
-    bytes (``run_text`` in lua/lib/emit.lua; an id never holds ``:``, and
-    the cut splits no character). An entry written before holds every id
-    whole and reads as ever. docs/explanation/protocol.md#relative-ids-in-a-run"""
+    and the rest of an id that shares the first's ``rows.REL_PREFIX`` bytes
+    (``run_text`` in lua/lib/emit.lua; an id never holds ``:``, and the cut
+    splits no character). An entry written before holds every id whole and
+    reads as ever. docs/explanation/protocol.md#relative-ids-in-a-run"""
     ids = text.split(" ")
     if ":" not in text:
         return ids
-    head = ids[0].encode()[:RUN_PREFIX].decode()
+    head = id_head(ids[0]) or ""  # None: no later id was written relative to it
     return [head + i[1:] if i[:1] == ":" else i for i in ids]
 
 

@@ -15,6 +15,8 @@
   (note_done; docs/explanation/protocol.md#waiting-for-a-result).
 ]]
 
+-- @include lib/row.lua
+
 local EVENTS_MAXLEN = 10000
 
 -- Per-minute counters (docs/explanation/protocol.md#minute-counters): the
@@ -91,29 +93,21 @@ end
 
 -- The `id` field of an entry naming the jobs ids[from..to] (all of them
 -- when from and to are nil), space-separated (ids hold no whitespace): the
--- first id whole, each later one that starts with the first's RUN_PREFIX
--- bytes as ':' and the rest (docs/explanation/protocol.md#relative-ids-in-a-run:
--- a flow's generated ids share 12 characters, as a row's relative parent
--- id does in lib/row.lua parent_ref). An id never holds ':', so a part
--- starting with one is relative; the cut never splits a UTF-8 character
--- (the rest does not start with a continuation byte) and leaves a rest of
--- one byte or more. core/events.py run_ids reads it.
-local RUN_PREFIX = 12
+-- first id whole, each later one that shares the first's REL_PREFIX bytes
+-- as ':' and the rest (docs/explanation/protocol.md#relative-ids-in-a-run:
+-- a flow's generated ids share 12 characters; the same rule, rel_rest in
+-- lib/row.lua, as a row's relative parent id). An id never holds ':', so a
+-- part starting with one is relative. core/events.py run_ids reads it.
 local function run_text(ids, from, to)
   from, to = from or 1, to or #ids
-  local head = ids[from]:sub(1, RUN_PREFIX)
-  if from == to or #head < RUN_PREFIX then
+  local first = ids[from]
+  if from == to or #first < REL_PREFIX then
     return table.concat(ids, ' ', from, to)
   end
-  local parts = {ids[from]}
+  local parts = {first}
   for i = from + 1, to do
-    local id = ids[i]
-    local b = id:byte(RUN_PREFIX + 1)
-    if b and (b < 128 or b >= 192) and id:sub(1, RUN_PREFIX) == head then
-      parts[#parts + 1] = ':' .. id:sub(RUN_PREFIX + 1)
-    else
-      parts[#parts + 1] = id
-    end
+    local rest = rel_rest(ids[i], first)
+    parts[#parts + 1] = rest and (':' .. rest) or ids[i]
   end
   return table.concat(parts, ' ')
 end

@@ -2,7 +2,7 @@
   lib/row.lua: the short names of a job row's most common fields, spelled
   here once for every script (docs/explanation/protocol.md#the-job-row),
   inlined by the script loader where `@include lib/row.lua` appears
-  (lib/flow.lua includes it). Local definitions only; no key is touched
+  (lib/flow.lua and lib/emit.lua include it). Local definitions only; no key is touched
   until a script calls row_hmget.
 
   Why short: a row is a small hash, one listpack whose allocation is
