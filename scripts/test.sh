@@ -23,10 +23,13 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 find_python312() {
     # A candidate counts only if it runs: pyenv's shim is on PATH even when
     # 3.12 is not the selected version, and then it fails.
+    # pyenv's root is asked of pyenv, then taken from PYENV_ROOT, $HOME and
+    # root's home (a CI shell may have neither pyenv on PATH nor HOME).
     local root cand
-    root="$(pyenv root 2>/dev/null || echo "${PYENV_ROOT:-$HOME/.pyenv}")"
+    root="$(pyenv root 2>/dev/null || echo "${PYENV_ROOT:-${HOME:-/root}/.pyenv}")"
     for cand in "$(command -v python3.12 2>/dev/null)" \
-        $(ls -d "$root"/versions/3.12*/bin/python3.12 2>/dev/null | sort -rV); do
+        $(ls -d "$root"/versions/3.12*/bin/python3.12 /root/.pyenv/versions/3.12*/bin/python3.12 \
+            /usr/local/bin/python3.12 /usr/bin/python3.12 2>/dev/null | sort -rV); do
         if [ -n "$cand" ] && "$cand" -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null; then
             echo "$cand"
             return 0
@@ -77,7 +80,7 @@ for leg in ${LEGS:-dj52 dj6}; do
             ;;
         dj6)
             if ! py312="$(find_python312)"; then
-                echo "== leg dj6: no python3.12 on PATH or in pyenv; skipped"
+                echo "== leg dj6: no python3.12 on PATH or in pyenv; skipped" | tee -a "$SUMMARY"
                 [ "${CI:-}" = "true" ] && status=1
                 continue
             fi
