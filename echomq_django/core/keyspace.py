@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, fields
-from typing import Any
 
 from .names import (  # noqa: F401 (the rules and checks, imported from here too)
     GROUP_RULE,
@@ -29,7 +28,7 @@ from .names import (  # noqa: F401 (the rules and checks, imported from here too
     validate_prefix,
     validate_queue,
 )
-from .rows import child_entries, id_head
+from .rows import id_head
 
 QUEUE_KEYS = {
     "pending": "pending",  # list: ids ready to claim, oldest first
@@ -361,18 +360,6 @@ class Keyspace:
                 rest = head + (rest[1:] if other else rest)
             out.append(f"{self.prefix}:{{{other}}}:{JOB_PREFIX}{rest}" if other else mine + rest)
         return out
-
-    def child_key(self, queue: str, parent_id: str, entry: Any) -> str:
-        """``child_keys`` of one entry."""
-        return self.child_keys(queue, parent_id, [entry])[0]
-
-    @staticmethod
-    def short_refs(queue: str, parent_id: str, pairs: list[tuple[str, str]]) -> list[str]:
-        """The ``:children`` entries of parent ``parent_id`` on ``queue`` for
-        children given as ``(queue, id)`` pairs whose names were validated
-        already (flows.plan): ``rows.child_entries``, the form ``enqueue_flow``
-        takes and stores (``child_keys`` turns them back into full keys)."""
-        return child_entries(queue, parent_id, pairs)
 
     def parse_ref(self, ref: str) -> tuple[str, str]:
         """Split a child ref ``P:{q}:job:<id>`` into ``(queue, id)``.

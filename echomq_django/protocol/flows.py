@@ -28,6 +28,7 @@ from ..core.rows import (
     PARENT_QUEUE,
     STATE,
     STATE_FIELDS,
+    child_entries,
     parent_of,
     pick_fields,
     row_fields,
@@ -57,7 +58,6 @@ class Flows(Part):
         queue takes its parent's incarnation from the parent's row (ARGV[6],
         docs/explanation/protocol.md#cross-queue-scripts-on-one-server)."""
         qk = self.keys.queue(queue)
-        short_refs = self.keys.short_refs
         flat: list[str] = []
         add = flat.extend
         for g in groups:
@@ -83,9 +83,9 @@ class Flows(Part):
                 add(part)
                 continue
             for job_id, payload, children in zip(ids, payloads, kids, strict=True):
-                if children:  # as the parent's :children holds them (Keyspace.short_refs)
+                if children:  # as the parent's :children holds them (rows.child_entries)
                     add((job_id, payload, str(len(children))))
-                    add(short_refs(queue, job_id, children))
+                    add(child_entries(queue, job_id, children))
                 else:
                     add((job_id, payload, "0"))
         # one JSON argument: 9+ ARGV per node cost more in redis-py than in Redis
