@@ -178,21 +178,31 @@ LINKS = [("o", "M0", "q", "R0"), ("r", "S0", "q", "R0"), ("q", "Q0", "o", "M0")]
 ]
 
 
+CLOCK_SLACK_MS = 20
+
+
 @pytest.mark.parametrize(("pool", "concurrency"), [("thread", 1), ("thread", 4), ("process", 2)])
 def test_a_worker_runs_each_flow_once_and_each_parent_after_its_children(mq, pool, concurrency):
-    """Serving the three queues: every job runs once, a parent starts no
-    earlier than its last child finished, no outbox entry is left and no
-    slot stays held for a claim."""
+    """Serving the three queues: every job runs once, a parent runs after
+    its last child finished (it sums every child's result, on its first
+    attempt), no outbox entry is left and no slot stays held for a claim.
+
+    The times agree up to ``CLOCK_SLACK_MS``: each is the worker's clock
+    read before its call, and one process's threads (the GIL's switch
+    interval is 5 ms) can send two calls in the other order than they read
+    it, so a parent's ``started_at`` was once seen 1 ms before its child's
+    ``finished_at`` although its claim ran after that child's completion."""
     mq.add_flows([three_queues(i) for i in range(6)])
     worker, processed = burst(mq, ["q", "o", "r"], concurrency=concurrency, pool=pool)
     assert (processed, worker.loop.fetching) == (6 * 7, 0)
     for i in range(6):
         root, mid = raw_row(mq, "q", f"R{i}"), raw_row(mq, "o", f"M{i}")
         leaves = [raw_row(mq, "r", f"L{i}-{j}") for j in range(3)] + [raw_row(mq, "q", f"Q{i}")]
-        assert (root["result"], root["attempts"], mid["attempts"]) == ("113", "1", "1")
-        assert int(mid["started_at"]) >= max(int(k["finished_at"]) for k in leaves)
+        assert (root["result"], root["attempts"]) == ("113", "1")
+        assert (mid["result"], mid["attempts"]) == ("13", "1")
+        assert int(mid["started_at"]) >= max(int(k["finished_at"]) for k in leaves) - CLOCK_SLACK_MS
         last = max(int(mid["finished_at"]), int(raw_row(mq, "r", f"S{i}")["finished_at"]))
-        assert int(root["started_at"]) >= last
+        assert int(root["started_at"]) >= last - CLOCK_SLACK_MS
     assert [mq.counts(q)["completed"] for q in "qor"] == [12, 6, 24]
     assert [mq.counts(q)["outbox"] for q in "qor"] == [0, 0, 0]
 

@@ -5,15 +5,24 @@ waits an outage out inside ``Pump.run`` as the worker does inside
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import threading
 import time
 
+import pytest
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from echomq_django import EchoMQ
-from echomq_django.runners.outage import BACKOFF_MAX_S, BACKOFF_START_S, Outage
+from echomq_django.runners.outage import (
+    BACKOFF_MAX_S,
+    BACKOFF_START_S,
+    Outage,
+    StartSignals,
+    reach_redis_at_start,
+)
 from echomq_django.runners.pump import Pump
 
 
@@ -97,3 +106,70 @@ def test_a_worker_in_an_outage_backs_off_and_says_it_recovered_once(caplog):
     delays = [float(m.rsplit("retrying in ", 1)[1].rstrip("s")) for m in down if "retrying" in m]
     assert delays[:3] == [BACKOFF_START_S, 2 * BACKOFF_START_S, 4 * BACKOFF_START_S], down
     assert sum("reachable again" in m for m in lines()) == 1
+
+
+@pytest.fixture
+def start_signals(caplog):
+    """A ``StartSignals`` on this process, the handlers it replaced put back after."""
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    caplog.set_level(logging.WARNING, logger="echomq_django.test_outage")
+    try:
+        yield StartSignals(logging.getLogger("echomq_django.test_outage"))
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
+def test_a_sigterm_during_a_try_that_reaches_redis_stops_the_start(r, start_signals, caplog):
+    """The signal lands while the first PING waits on a paused server: the
+    try succeeds, and the start still stops (it once ran on, deaf to it)."""
+    r.client_pause(600, all=True)
+    threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    log = logging.getLogger("echomq_django.test_outage")
+    assert reach_redis_at_start(True, log, start_signals.stopped) is None
+    assert [rec.getMessage() for rec in caplog.records] == ["SIGTERM while starting: stopping"]
+
+
+def test_a_signal_before_hand_over_is_kept_and_later_ones_reach_the_runner(start_signals):
+    got = []
+    os.kill(os.getpid(), signal.SIGINT)
+    assert start_signals.hand_over(lambda signum, frame: got.append(signum)) is True
+    os.kill(os.getpid(), signal.SIGTERM)
+    assert got == [signal.SIGTERM]
+
+
+def test_hand_over_without_a_signal_says_start(r, start_signals):
+    log = logging.getLogger("echomq_django.test_outage")
+    assert reach_redis_at_start(True, log, start_signals.stopped) is not None
+    assert start_signals.hand_over(lambda signum, frame: None) is False
+
+
+def test_pump_run_on_the_main_thread_stops_while_signals_land(r):
+    """Signals handled on the main thread during the pump's waits (here a
+    SIGUSR1 handler that takes 2 ms, as a log line can under load, 3 ms
+    apart) do not hold it: a ``should_stop`` that came true is seen. A
+    SimpleQueue.get(timeout) there blocked for good on CPython before 3.13
+    when a handler ran past the wait's end, so runpump once missed its
+    SIGTERM."""
+    before = signal.signal(signal.SIGUSR1, lambda signum, frame: time.sleep(0.002))
+    pump = Pump(["q"], mq=EchoMQ(r, prefix="emq"), register=False)
+    asked, rescued = threading.Event(), threading.Event()
+
+    def signals_then_stop() -> None:
+        time.sleep(0.3)
+        for _ in range(200):
+            os.kill(os.getpid(), signal.SIGUSR1)
+            time.sleep(0.003)
+        asked.set()
+        if not stopped.wait(10):  # still held: free the test, and fail it below
+            rescued.set()
+            pump.stop()
+
+    stopped = threading.Event()
+    threading.Thread(target=signals_then_stop, daemon=True).start()
+    try:
+        pump.run(interval=0.1, should_stop=asked.is_set)
+    finally:
+        stopped.set()
+        signal.signal(signal.SIGUSR1, before)
+    assert (asked.is_set(), rescued.is_set()) == (True, False)

@@ -4,12 +4,16 @@ and sweep one worker at a time per queue."""
 
 from __future__ import annotations
 
+import os
 import queue as _queue
+import signal
+import threading
+import time
 
 import pytest
 
 from echomq_django import EchoMQ, JobState
-from echomq_django.runners.wake import DOWN, UP, Timers, Wake, Waker
+from echomq_django.runners.wake import DOWN, UP, Inbox, Timers, Wake, Waker
 from tests.support import jobkit
 from tests.support.jobkit import T0, claim_one
 from tests.support.workerkit import wait_for
@@ -344,3 +348,37 @@ def test_a_second_burst_runs_a_job_that_came_due_while_the_timers_lock_is_held(m
     _, processed = burst(mq, ["q"], register=False)
     assert processed == 1
     assert mq.get_job("q", "j").state is JobState.COMPLETED
+
+
+def test_an_inbox_wait_keeps_its_timeout_while_signal_handlers_run():
+    """The main thread waits 50 ms at a time while a SIGUSR1 handler that
+    takes 2 ms runs every 3 ms: each wait ends (``queue.Empty``) near its
+    timeout, and an item put from another thread is taken at once."""
+    inbox = Inbox()
+    before = signal.signal(signal.SIGUSR1, lambda signum, frame: time.sleep(0.002))
+    done = threading.Event()
+
+    def storm() -> None:
+        end = time.monotonic() + 5
+        while not done.is_set() and time.monotonic() < end:
+            os.kill(os.getpid(), signal.SIGUSR1)
+            time.sleep(0.003)
+        inbox.put("unblock")  # a wait that lost its timeout ends here, and the test fails
+
+    thread = threading.Thread(target=storm, daemon=True)
+    thread.start()
+    longest = 0.0
+    try:
+        for _ in range(20):
+            started = time.monotonic()
+            with pytest.raises(_queue.Empty):
+                inbox.get(timeout=0.05)
+            longest = max(longest, time.monotonic() - started)
+        threading.Timer(0.02, inbox.put, ("item",)).start()
+        assert inbox.get(timeout=5) == "item"
+    finally:
+        done.set()
+        thread.join()
+        signal.signal(signal.SIGUSR1, before)
+    assert longest < 1.0
+    assert (inbox.get_nowait(), inbox.empty()) == ("unblock", True)

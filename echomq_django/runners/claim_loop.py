@@ -18,7 +18,7 @@ from .outage import REDIS_DOWN, Outage
 from .pool import HandlerPool, JobConnections, run_handler
 from .reporter import Finished, Reporter, ride_queues
 from .timeouts import Timeouts, timed_out
-from .wake import Idle, Wake
+from .wake import Idle, Inbox, Wake
 
 log = logging.getLogger("echomq_django.worker")
 
@@ -110,7 +110,7 @@ class ClaimLoop:
         self.make_pool = make_pool  # (loop, name) -> a pool; None: HandlerPool
         self.scale = None  # an autoscale.Autoscale: concurrency moves within its bounds
         self.commands = None  # a commands.Commands: operator commands, applied here
-        self.done: _queue.SimpleQueue = _queue.SimpleQueue()  # Finished, Wake, None: a wake-up
+        self.done = Inbox()  # Finished, Wake, None: a wake-up
         self.waiting = False  # blocked on the wake keys, idle
         self.executing = 0  # submitted to the pool and not finished (loop thread only)
         self.claimed, self.retry_at = 0, 0.0  # this run's claims; in an outage, the next try
@@ -162,7 +162,7 @@ class ClaimLoop:
         else:
             self.pool = self.make_pool(self, name)
         with self._fetch_lock:  # slots an earlier run held (a stop cut it short) are not held
-            self.done, self._tokens = _queue.SimpleQueue(), set()
+            self.done, self._tokens = Inbox(), set()
             self.fetching = self.claiming = 0
         self.executing, self.ride_held = 0, None
         self.reporter.reset()

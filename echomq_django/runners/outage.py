@@ -6,7 +6,8 @@ The worker's claiming loop, its reporter thread and the pump each hold an
 ``BACKOFF_START_S`` to ``BACKOFF_MAX_S``, and the recovery is logged once,
 only after a call that reached Redis. ``wait_until_reachable`` is the same
 wait before a runner starts: ``runworker`` and ``runpump`` started before
-Redis come up with it.
+Redis come up with it, and ``StartSignals`` keeps a SIGTERM sent while they
+start.
 """
 
 from __future__ import annotations
@@ -90,18 +91,20 @@ def wait_until_reachable(
     return None
 
 
-def reach_redis_at_start(wait: bool, log: logging.Logger):
+def reach_redis_at_start(wait: bool, log: logging.Logger, stop: threading.Event):
     """What ``runworker`` and ``runpump`` do before they start: build the
     process's ``EchoMQ`` (``conf.get_mq``), PING Redis, and check the server
     is what the settings say (``conf.check_server``). With ``wait`` (a
     long-running command), a Redis that does not answer yet is waited for
     (``wait_until_reachable``: one WARNING line per try, the wait doubling
     to ``BACKOFF_MAX_S`` s, one line when it answers), so a runner started
-    before Redis comes up with it; SIGTERM or SIGINT while waiting returns
-    None (a clean stop). Without ``wait`` (``--burst``, ``--once``,
-    ``--no-wait``) it raises ``RedisUnavailable`` at once. Returns the
-    ``EchoMQ``. Raises ``ImproperlyConfigured`` for bad settings or a server
-    that is not what they say."""
+    before Redis comes up with it. ``stop`` is set by a SIGTERM or SIGINT
+    (``StartSignals.stopped``): set at any point before this returns, even
+    during a try that reached Redis, it makes this return None (a clean
+    stop). Without ``wait`` (``--burst``, ``--once``, ``--no-wait``) it
+    raises ``RedisUnavailable`` at once. Returns the ``EchoMQ``. Raises
+    ``ImproperlyConfigured`` for bad settings or a server that is not what
+    they say. docs/howto/deploy.md#start-order-when-redis-boots-last"""
 
     def connect():
         mq = get_mq()
@@ -110,28 +113,42 @@ def reach_redis_at_start(wait: bool, log: logging.Logger):
         return mq
 
     if not wait:
-        return connect()
-    cfg = config()
-    where = os.environ.get("ECHOMQ_URL") or cfg.get("URL")
-    if not where and cfg.get("SENTINELS"):
-        where = f"master {cfg.get('MASTER_NAME')!r} of sentinels {cfg['SENTINELS']!r}"
-    where = where or f"cache {cfg.get('CACHE')!r}"
-    stop = threading.Event()
-    restore = _stop_on_signals(stop, log)
-    try:
-        return wait_until_reachable(connect, log, stop, where)
-    finally:
-        restore()
+        mq = connect()
+    else:
+        cfg = config()
+        where = os.environ.get("ECHOMQ_URL") or cfg.get("URL")
+        if not where and cfg.get("SENTINELS"):
+            where = f"master {cfg.get('MASTER_NAME')!r} of sentinels {cfg['SENTINELS']!r}"
+        where = where or f"cache {cfg.get('CACHE')!r}"
+        mq = wait_until_reachable(connect, log, stop, where)
+    return None if stop.is_set() else mq
 
 
-def _stop_on_signals(stop: threading.Event, log: logging.Logger):
-    """SIGTERM / SIGINT set ``stop`` (main thread only); returns the undo."""
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: None
+class StartSignals:
+    """SIGTERM and SIGINT while a runner starts, never lost
+    (docs/howto/deploy.md#start-order-when-redis-boots-last). Built first
+    thing in a command (on the main thread; elsewhere it installs nothing):
+    until ``hand_over``, a signal sets ``stopped`` and logs
+    "SIGTERM while starting: stopping" once; from ``hand_over(handler)`` on,
+    a signal calls ``handler(signum, frame)``, the runner's own rule. So a
+    signal between the first line of a command and the runner's loop either
+    stops the start or reaches the runner, whatever line it lands on."""
 
-    def on_signal(signum, frame):
-        log.warning("%s while waiting for Redis: stopping", signal.Signals(signum).name)
-        stop.set()
+    def __init__(self, log: logging.Logger) -> None:
+        self.stopped, self.log, self.handler = threading.Event(), log, None
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, self._on_signal)
 
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
-    return lambda: [signal.signal(sig, handler) for sig, handler in previous.items()]
+    def _on_signal(self, signum, frame) -> None:
+        if self.handler is not None:
+            self.handler(signum, frame)
+        elif not self.stopped.is_set():
+            self.log.warning("%s while starting: stopping", signal.Signals(signum).name)
+            self.stopped.set()
+
+    def hand_over(self, handler: Callable[[int, object], None]) -> bool:
+        """Route every later signal to ``handler``; returns True when one came
+        before (the runner should not start)."""
+        self.handler = handler
+        return self.stopped.is_set()

@@ -196,10 +196,11 @@ class JobConnections:
         self._local.until = until
 
 
-def run_handler(loop, job, done: _queue.SimpleQueue) -> None:
+def run_handler(loop, job, done) -> None:
     """On a handler thread: run ``job``'s handler for ``loop`` (a
     ``claim_loop.ClaimLoop``: its time limits, timeouts, database connections,
-    pool); always posts a ``Finished`` (or None, past its time limit) to ``done``."""
+    pool); always posts a ``Finished`` (or None, past its time limit) to ``done``
+    (the loop's ``wake.Inbox``)."""
     finished, started = Finished(job), time.perf_counter()
     limit_ms = job.timeout_ms or loop.time_limits[job.queue]
     loop.timeouts.start(job, limit_ms)

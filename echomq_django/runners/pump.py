@@ -37,7 +37,7 @@ from .delivery import LOCK_MS, SweepReport, deliver_outbox
 from .dispatcher import Dispatcher
 from .outage import Outage
 from .periodic import Scheduler
-from .wake import BLOCK_S, Wake, Waker
+from .wake import BLOCK_S, Inbox, Wake, Waker
 
 log = logging.getLogger("echomq_django.pump")
 
@@ -117,7 +117,7 @@ class Pump:
         self.totals = SweepReport()
         self.wakeups = 0  # outbox deliveries a wake-up started (run())
         self.waiting = False  # run() is blocked on the outbox wake keys
-        self._posted: _queue.SimpleQueue = _queue.SimpleQueue()  # Wake, or None: stop
+        self._posted = Inbox()  # Wake, or None: stop
         self._stopped = threading.Event()  # stop(): ends an outage backoff at once
 
     def sweep(self) -> dict[str, dict]:

@@ -32,6 +32,7 @@ its queues.
 from __future__ import annotations
 
 import logging
+import queue as _queue
 import threading
 import time
 
@@ -48,6 +49,54 @@ CUT_AGAIN_S = 0.05  # a stop cuts the waker's connections again this often until
 QUIET_S = 1.0  # disarmed this long (busy), the waker hears commands on their key alone (s)
 
 DOWN, UP = Wake("", "down"), Wake("", "up")  # what a Waker posts when Redis goes and comes back
+
+
+class Inbox:
+    """What a runner's loop waits on (the worker's finished jobs and
+    wake-ups, the pump's wake-ups): ``put(item)`` from any thread, and on
+    the loop's one thread ``get(timeout)`` (s; None: no end), ``get_nowait()``
+    and ``empty()``; ``get`` and ``get_nowait`` raise ``queue.Empty`` as a
+    queue does. The items are a ``SimpleQueue``'s (the fastest put), the
+    wait an ``Event``'s: on CPython before 3.13 a ``SimpleQueue.get(timeout)``
+    on the main thread turns into a wait without end when a signal handler
+    runs past its deadline, and a runner's loop runs on the main thread,
+    where every SIGTERM lands (docs/explanation/no-polling.md)."""
+
+    __slots__ = ("_bell", "_items", "_sleeping", "empty", "get_nowait")
+
+    def __init__(self) -> None:
+        self._items: _queue.SimpleQueue = _queue.SimpleQueue()
+        self._bell = threading.Event()
+        self._sleeping = False  # the loop is (about to be) in _bell.wait
+        self.get_nowait, self.empty = self._items.get_nowait, self._items.empty
+
+    def put(self, item) -> None:
+        """Add ``item``; wakes the loop when it waits."""
+        self._items.put(item)
+        if self._sleeping:  # read after the put: a loop that missed the item hears the bell
+            self._bell.set()
+
+    def get(self, timeout: float | None = None):
+        """The oldest item, waiting up to ``timeout`` s for one."""
+        try:
+            return self._items.get_nowait()
+        except _queue.Empty:
+            if timeout is not None and timeout <= 0:
+                raise
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self._sleeping = True  # set before the look below: a put after it rings
+        try:
+            while True:
+                try:
+                    return self._items.get_nowait()
+                except _queue.Empty:
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        raise
+                self._bell.wait(left)
+                self._bell.clear()  # an item put before the clear is found by the look
+        finally:
+            self._sleeping = False
 
 
 class Waker:

@@ -282,7 +282,11 @@ class Worker:
         signal handler."""
         self.loop.stop(force)
 
-    def _on_signal(self, signum, frame) -> None:
+    def on_signal(self, signum: int, frame) -> None:
+        """What SIGTERM / SIGINT do (``run`` installs it; ``runworker`` also
+        routes a signal sent before ``run`` here): the first is ``stop()``,
+        the next ``stop(force=True)``, each logged at WARNING.
+        docs/explanation/reliability.md#stopping-a-worker"""
         name = signal.Signals(signum).name
         self.signalled = True
         if self.loop.stopping.is_set():
@@ -308,7 +312,7 @@ class Worker:
         if threading.current_thread() is not threading.main_thread():
             return lambda: None
         previous = {
-            sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)
+            sig: signal.signal(sig, self.on_signal) for sig in (signal.SIGTERM, signal.SIGINT)
         }
         return lambda: [signal.signal(sig, handler) for sig, handler in previous.items()]
 

@@ -25,7 +25,7 @@ from echomq_django.core.exceptions import RedisUnavailable
 from echomq_django.logs import setup_logging
 from echomq_django.monitoring import metrics
 from echomq_django.monitoring.mirror import mirror_after_sweep
-from echomq_django.runners.outage import reach_redis_at_start
+from echomq_django.runners.outage import StartSignals, reach_redis_at_start
 from echomq_django.runners.pump import LOCK_MS, LOCK_MS_MIN, Pump, check_interval
 
 log = logging.getLogger("echomq_django.pump")
@@ -97,12 +97,14 @@ class Command(BaseCommand):
 
     def handle(self, *args, **opts):
         setup_logging(opts["verbosity"], runner="echomq_django.pump")
+        starting = StartSignals(log)
         try:
-            mq = reach_redis_at_start(not (opts["once"] or opts["no_wait"]), log)
+            wait = not (opts["once"] or opts["no_wait"])
+            mq = reach_redis_at_start(wait, log, starting.stopped)
         except (ImproperlyConfigured, RedisUnavailable) as err:
             raise CommandError(f"runpump: {err}", returncode=1) from None
         if mq is None:
-            return  # stopped while waiting for Redis
+            return  # a signal while starting
         hooks = [drain_after_sweep] + ([] if opts["no_mirror"] else [mirror_after_sweep])
         missing = tables_missing()
         if missing:
@@ -137,8 +139,8 @@ class Command(BaseCommand):
             )
             stop.set()
 
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, on_signal)
+        if starting.hand_over(on_signal):
+            return
         pump.run(
             interval=opts["interval"],
             once=opts["once"],

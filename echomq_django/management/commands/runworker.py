@@ -8,7 +8,7 @@ reason instead), then runs
 ``Worker(queues, ...).run(burst=..., max_jobs=...)``; with ``--pump`` also a
 ``Pump`` for the same queues on a thread of this process (a small site runs
 one process, docs/explanation/no-polling.md). Exit status: 0 after a
-clean stop (a SIGTERM while waiting for Redis included); 1 when Redis is
+clean stop (a SIGTERM while starting included); 1 when Redis is
 unreachable at start with ``--burst`` or ``--no-wait``, or is not what the settings
 say (a Cluster node without CLUSTER, a DB index out of range), the settings
 or a flag are wrong (``--max-jobs`` >= 1, ``--pool`` thread, process or async,
@@ -43,7 +43,7 @@ from echomq_django.monitoring import metrics
 from echomq_django.monitoring.mirror import mirror_after_sweep
 from echomq_django.runners import periodic
 from echomq_django.runners.control import autoscale
-from echomq_django.runners.outage import reach_redis_at_start
+from echomq_django.runners.outage import StartSignals, reach_redis_at_start
 from echomq_django.runners.pump import Pump
 from echomq_django.runners.timers import SWEEP_S
 from echomq_django.runners.wake import BLOCK_S
@@ -201,14 +201,16 @@ class Command(BaseCommand):
         except ValueError as err:
             self._exit(f"runworker: {err}")
         wait = not (opts["burst"] or opts["no_wait"])
+        worker_log = logging.getLogger("echomq_django.worker")
+        starting = StartSignals(worker_log)
         try:
-            mq = reach_redis_at_start(wait, logging.getLogger("echomq_django.worker"))
+            mq = reach_redis_at_start(wait, worker_log, starting.stopped)
         except (ImproperlyConfigured, RedisUnavailable) as err:
             self._exit(f"runworker: {err}")
         except Exception as err:
             self._exit(f"runworker: Redis is unreachable: {err}")
         if mq is None:
-            return  # stopped while waiting for Redis
+            return  # a signal while starting
         missing = tables_missing()
         if missing:
             logging.getLogger("echomq_django.worker").warning(
@@ -243,6 +245,8 @@ class Command(BaseCommand):
         problem = metrics.serve_for_command(opts, mq, worker.queues)
         if problem:
             self._exit(f"runworker: {problem}")
+        if starting.hand_over(worker.on_signal):
+            return
         if not opts["pump"]:
             self._warn_unfired_schedule(mq, worker.queues)
         if opts["burst"] and opts["pump"]:
