@@ -197,10 +197,13 @@ def test_sigterm_lets_the_running_job_finish_and_exits_0(run, mq, pool):
     assert worker.wait() == 0, worker.stderr()
     job = mq.get_job("q", "s")
     assert (job.state, job.result, job.attempts) == (JobState.COMPLETED, 1.0, 1)
-    assert (
-        "SIGTERM: no more claims; finishing 1 running jobs (up to 30s); send it again to "
-        "stop at once"
-    ) in worker.stderr()
+    # the job is active in Redis a moment before the worker holds it: a signal
+    # then counts 0 running jobs, and the job still runs (once seen in CI)
+    assert re.search(
+        r"SIGTERM: no more claims; finishing [01] running jobs \(up to 30s\); send it "
+        r"again to stop at once",
+        worker.stderr(),
+    ), worker.stderr()
 
 
 def test_sigterm_waits_for_a_written_off_handler_then_exits_1_at_the_deadline(run, mq):
