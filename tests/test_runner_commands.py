@@ -149,3 +149,31 @@ def test_runworker_burst_with_pump_finishes_a_cross_queue_flow(r, db):
     parent = mq.get_job("q", "p")
     assert (parent.state, parent.result) == (JobState.COMPLETED, 7)
     assert mq.counts("kids")["completed"] == 3
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("runworker", "q", "--burst"),
+        ("runworker", "q", "--max-jobs", "0"),
+        ("runpump", "q", "--once", "--no-mirror"),
+        ("runpump", "q", "--batch", "0"),
+    ],
+)
+def test_a_command_called_in_process_leaves_the_callers_signal_handlers(r, db, args):
+    """``StartSignals`` takes SIGTERM and SIGINT while the command runs and
+    puts the caller's back however it ends (here exit 0 or 1)."""
+    import signal
+
+    def mine(signum, frame):
+        return None
+
+    before = {sig: signal.signal(sig, mine) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        code = run_command(*args)[0]
+        after = {sig: signal.getsignal(sig) for sig in before}
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+    assert code == (0 if "--burst" in args or "--once" in args else 1)
+    assert after == {signal.SIGTERM: mine, signal.SIGINT: mine}

@@ -132,13 +132,23 @@ class StartSignals:
     "SIGTERM while starting: stopping" once; from ``hand_over(handler)`` on,
     a signal calls ``handler(signum, frame)``, the runner's own rule. So a
     signal between the first line of a command and the runner's loop either
-    stops the start or reaches the runner, whatever line it lands on."""
+    stops the start or reaches the runner, whatever line it lands on.
+    ``close()`` puts back the handlers it replaced (a command called
+    in-process, ``call_command``, leaves its caller's as they were)."""
 
     def __init__(self, log: logging.Logger) -> None:
         self.stopped, self.log, self.handler = threading.Event(), log, None
+        self.previous = {}
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
-                signal.signal(sig, self._on_signal)
+                self.previous[sig] = signal.signal(sig, self._on_signal)
+
+    def close(self) -> None:
+        """Put back the handlers this replaced."""
+        for sig, handler in self.previous.items():
+            if handler is not None:  # None: not set from Python, nothing to put back
+                signal.signal(sig, handler)
+        self.previous = {}
 
     def _on_signal(self, signum, frame) -> None:
         if self.handler is not None:

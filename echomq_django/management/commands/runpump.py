@@ -96,8 +96,14 @@ class Command(BaseCommand):
         metrics.add_arguments(parser)
 
     def handle(self, *args, **opts):
-        setup_logging(opts["verbosity"], runner="echomq_django.pump")
         starting = StartSignals(log)
+        try:
+            return self._handle(starting, opts)
+        finally:
+            starting.close()
+
+    def _handle(self, starting: StartSignals, opts: dict):
+        setup_logging(opts["verbosity"], runner="echomq_django.pump")
         try:
             wait = not (opts["once"] or opts["no_wait"])
             mq = reach_redis_at_start(wait, log, starting.stopped)

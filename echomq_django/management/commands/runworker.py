@@ -193,6 +193,13 @@ class Command(BaseCommand):
         metrics.add_arguments(parser)
 
     def handle(self, *args, **opts):
+        starting = StartSignals(logging.getLogger("echomq_django.worker"))
+        try:
+            return self._handle(starting, opts)
+        finally:
+            starting.close()
+
+    def _handle(self, starting: StartSignals, opts: dict):
         setup_logging(opts["verbosity"])
         if opts["sweep_interval"] <= 0 or opts["pump_interval"] <= 0:
             self._exit("runworker: --sweep-interval and --pump-interval must be > 0 s")
@@ -201,10 +208,8 @@ class Command(BaseCommand):
         except ValueError as err:
             self._exit(f"runworker: {err}")
         wait = not (opts["burst"] or opts["no_wait"])
-        worker_log = logging.getLogger("echomq_django.worker")
-        starting = StartSignals(worker_log)
         try:
-            mq = reach_redis_at_start(wait, worker_log, starting.stopped)
+            mq = reach_redis_at_start(wait, starting.log, starting.stopped)
         except (ImproperlyConfigured, RedisUnavailable) as err:
             self._exit(f"runworker: {err}")
         except Exception as err:
