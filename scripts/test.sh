@@ -15,8 +15,8 @@
 # failure of either run is listed at the end, and again in the file
 # $TEST_SUMMARY when that is set (.ci/run prints it last), so a test that
 # passed only on its second run is still named. A run that dies (a signal,
-# such as a segfault in a C extension) is named with the test it was in and
-# run once more whole. Exits non-zero when any leg fails.
+# such as a segfault in a C extension) is named by its "Fatal Python error"
+# line (under -v that line starts with the test's id) and run once more whole. Exits non-zero when any leg fails.
 set -uo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -43,35 +43,34 @@ SUMMARY="${TEST_SUMMARY:-$(mktemp)}"
 : >"$SUMMARY"
 
 # run_pytest LEG PYTHON [pytest args...]: the leg's run, then its failed
-# tests once more alone; appends both runs' failures to $SUMMARY.
+# tests once more alone (or, when the run died, the whole leg once more);
+# appends each run's result line and failures to $SUMMARY.
 run_pytest() {
     local leg="$1" py="$2" log rc crash
     shift 2
     log="$(mktemp)"
-    "$py" -m pytest "$@" 2>&1 | tee "$log"
-    rc="${PIPESTATUS[0]}"
-    {
-        echo "== leg $leg: $(grep -E '[0-9]+ (passed|failed|errors?).* in [0-9.]+s' "$log" | tail -1)"
-        grep -E '^(FAILED|ERROR) ' "$log"
-    } >>"$SUMMARY"
+    # pytest_run LABEL [extra args...]: one run, its result in $rc and $SUMMARY
+    pytest_run() {
+        local label="$1"
+        shift
+        "$py" -m pytest "${args[@]}" "$@" 2>&1 | tee "$log"
+        rc="${PIPESTATUS[0]}"
+        {
+            echo "== $label: $(grep -E '[0-9]+ (passed|failed|errors?).* in [0-9.]+s' "$log" | tail -1)"
+            grep -E '^(FAILED|ERROR) ' "$log"
+        } >>"$SUMMARY"
+    }
+    local args=("$@")
+    pytest_run "leg $leg"
     crash="$(grep -m1 'Fatal Python error' "$log")"
     if [ "$rc" -gt 1 ] && [ -n "$crash" ]; then
         echo "== leg $leg: the run died (exit $rc): $crash" >>"$SUMMARY"
         echo "== leg $leg: the run died (exit $rc); once more, whole"
-        "$py" -m pytest "$@" 2>&1 | tee "$log"
-        rc="${PIPESTATUS[0]}"
-        {
-            echo "== leg $leg, run again: $(grep -E '[0-9]+ (passed|failed|errors?).* in [0-9.]+s' "$log" | tail -1)"
-            grep -E '^(FAILED|ERROR) ' "$log"
-        } >>"$SUMMARY"
-    elif [ "$rc" -eq 1 ]; then
+        pytest_run "leg $leg, run again"
+    fi
+    if [ "$rc" -eq 1 ]; then
         echo "== leg $leg: the failed tests once more, alone"
-        "$py" -m pytest "$@" --last-failed 2>&1 | tee "$log"
-        rc="${PIPESTATUS[0]}"
-        {
-            echo "== leg $leg, failed tests run again: $(grep -E '[0-9]+ (passed|failed|errors?).* in [0-9.]+s' "$log" | tail -1)"
-            grep -E '^(FAILED|ERROR) ' "$log"
-        } >>"$SUMMARY"
+        pytest_run "leg $leg, failed tests run again" --last-failed
     fi
     rm -f "$log"
     return "$rc"

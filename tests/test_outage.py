@@ -111,13 +111,12 @@ def test_a_worker_in_an_outage_backs_off_and_says_it_recovered_once(caplog):
 @pytest.fixture
 def start_signals(caplog):
     """A ``StartSignals`` on this process, the handlers it replaced put back after."""
-    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     caplog.set_level(logging.WARNING, logger="echomq_django.test_outage")
+    signals = StartSignals(logging.getLogger("echomq_django.test_outage"))
     try:
-        yield StartSignals(logging.getLogger("echomq_django.test_outage"))
+        yield signals
     finally:
-        for sig, handler in before.items():
-            signal.signal(sig, handler)
+        signals.close()
 
 
 def test_a_sigterm_during_a_try_that_reaches_redis_stops_the_start(r, start_signals, caplog):
