@@ -269,6 +269,37 @@ def test_a_child_cancelled_while_it_ran_settles_its_parent_with_no_pump(
     assert mq.client.llen(mq.keys.queue("c").outbox) == 0
 
 
+def test_a_parent_claimed_by_a_delivery_runs_before_its_entries_leave_the_outbox(
+    mq, running, monkeypatch
+) -> None:
+    # the worker delivers a dead child's entry with a claim of the parent's
+    # queue riding it; the parent goes to a handler as soon as that round trip
+    # answers: it completes while the next one (the entries out of the outbox,
+    # the lock dropped) is held back
+    real_run_many, held = mq.scripts.run_many, []
+    parent_done = threading.Event()
+
+    def run_many(calls, *args, **kw):
+        if any(call[0] == "forget_outbox" for call in calls):
+            held.append(parent_done.wait(10))
+        return real_run_many(calls, *args, **kw)
+
+    @handler("blk.parent_done")
+    def parent(job):
+        parent_done.set()
+        return "P"
+
+    monkeypatch.setattr(mq.scripts, "run_many", run_many)
+    running(idle_worker(mq, ("p", "c"), concurrency=2, register=False))
+    kid = Flow("c", "t.fail", None, job_id="k", max_attempts=1, ignore_dependency_on_failure=True)
+    mq.add_flow(Flow("p", "blk.parent_done", None, job_id="p", children=[kid]))
+    wait_for(lambda: done(mq, "p", "p"), timeout=5, what="the parent completed")
+    wait_for(lambda: held, timeout=5, what="the entries taken out of the outbox")
+    assert held == [True]  # the parent had run before the entries left the outbox
+    assert mq.get_job("p", "p").result == "P"
+    wait_for(lambda: mq.client.llen(mq.keys.queue("c").outbox) == 0, what="the outbox empty")
+
+
 def test_a_claim_riding_a_deaths_delivery_whose_reply_was_lost_runs_at_once(
     mq, running, monkeypatch
 ) -> None:
@@ -281,12 +312,14 @@ def test_a_claim_riding_a_deaths_delivery_whose_reply_was_lost_runs_at_once(
 
     real, lost = mq.outbox.deliver_own, []
 
-    def deliver_own(*args, **kw):
-        got = real(*args, **kw)
-        if not lost:
-            lost.append(args[0])
+    def deliver_own(queue, token, texts, then=None, more=None, delivered=None):
+        def reply_lost(outcome, got):  # Redis ran the delivery and the claim
+            if lost:
+                return delivered(outcome, got)
+            lost.append(queue)
             raise RedisUnavailable("the reply was lost")
-        return got
+
+        return real(queue, token, texts, then, more, reply_lost)
 
     monkeypatch.setattr(mq.outbox, "deliver_own", deliver_own)
     running(idle_worker(mq, ("p", "c"), concurrency=2, register=False))

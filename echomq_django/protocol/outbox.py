@@ -167,6 +167,7 @@ class Outbox(Part):
         texts: list[str],
         then: tuple | None = None,
         more: dict[str, list[str]] | None = None,
+        delivered=None,
     ) -> tuple[Outcome, object]:
         """Deliver the entries ``texts`` (exactly as pushed) that the caller's
         own scripts pushed onto ``queue``'s outbox after it took the outbox's
@@ -180,15 +181,24 @@ class Outbox(Part):
         reply (or exception) is returned beside the ``Outcome``. ``more``,
         when given, gets what the deliveries pushed in turn, as ``deliver``'s
         ``sent`` (a parent a `dead` entry killed: its own death, for a parent
-        of its own on another slot). Raises what
-        ``deliver`` raises (the lock is then dropped if Redis answers; else it
-        expires after its lease, and the pump delivers the entries).
+        of its own on another slot). ``delivered``: None, or a callable
+        taking ``(outcome, reply of then)``, called once the deliveries'
+        round trip answered and before the one that takes them out: a parent
+        the claim took starts one round trip sooner; the entries are not
+        out of the outbox yet, so a crash or a failed second round trip
+        leaves them to a pump, whose delivery of them again changes nothing.
+        Raises what ``deliver`` raises (the lock is then dropped if Redis
+        answers; else it expires after its lease, and the pump delivers the
+        entries), and ``RedisUnavailable`` from the second round trip (after
+        ``delivered`` was called).
         docs/explanation/no-polling.md#a-released-parent-starts-at-once."""
         k = self.keys.queue(queue)
         drop = self.lock_call(queue, token, 1, take=False)
         try:
             entries = [json.loads(t) for t in texts]
             flags, outcome, extra = self._deliver(entries, more, queue, then)
+            if delivered is not None:
+                delivered(outcome, extra)
         except BaseException:
             self.scripts.run_many([drop])
             raise

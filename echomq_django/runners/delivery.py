@@ -343,15 +343,14 @@ class OwnDelivery:
             count, lease_ms, token = room
             then, now, lease = self.mq.wire.claim_call(parent_queue, count, lease_ms, token)
         more: dict[str, list[str]] = {}
-        try:
-            self._subscribe(parents)
-            outcome, got = self.mq.outbox.deliver_own(queue, self.token, texts, then, more)
-        except Exception as err:  # the entries stay in the outbox: a pump delivers them
-            if room is not None:
-                self._taken(parent_queue, token, err)  # RedisUnavailable: the loop replays it
-            log.warning("delivering the outbox entries of %s failed: %s", queue, err)
-            return
-        if room is not None:
+        handed: list[bool] = []
+
+        def hand_over(outcome, got) -> None:
+            # the claim's jobs go to the loop as soon as the delivery answered,
+            # ahead of the round trip that takes the entries out of the outbox
+            handed.append(True)
+            if room is None:
+                return
             if not isinstance(got, Exception):
                 try:
                     got = self.mq.wire.claimed(parent_queue, got, now, lease, self.mq)
@@ -360,6 +359,15 @@ class OwnDelivery:
                     log.warning("a claim of %s with a delivery failed: %s", parent_queue, err)
                     got = err
             self._taken(parent_queue, token, got)
+
+        try:
+            self._subscribe(parents)
+            outcome, _ = self.mq.outbox.deliver_own(queue, self.token, texts, then, more, hand_over)
+        except Exception as err:  # the entries stay in the outbox: a pump delivers them
+            if room is not None and not handed:
+                self._taken(parent_queue, token, err)  # RedisUnavailable: the loop replays it
+            log.warning("delivering the outbox entries of %s failed: %s", queue, err)
+            return
         # what those deliveries pushed in turn (a parent a death killed: its own
         # death, for a parent on a third queue), delivered now too, so a chain
         # of deaths does not wait for a pump at its second link; an outbox whose
