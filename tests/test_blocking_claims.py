@@ -277,11 +277,17 @@ def test_a_parent_claimed_by_a_delivery_runs_before_its_entries_leave_the_outbox
     # answers: it completes while the next one (the entries out of the outbox,
     # the lock dropped) is held back
     real_run_many, held = mq.scripts.run_many, []
+    real_claimed, riding = mq.wire.claimed, []
     parent_done = threading.Event()
+
+    def claimed(queue, *args, **kw):  # the parent's queue: only the claim riding the delivery
+        got = real_claimed(queue, *args, **kw)
+        riding.extend(job.id for job in got if queue == "p")
+        return got
 
     def run_many(calls, *args, **kw):
         if any(call[0] == "forget_outbox" for call in calls):
-            held.append(parent_done.wait(10))
+            held.append((list(riding), parent_done.wait(10)))
         return real_run_many(calls, *args, **kw)
 
     @handler("blk.parent_done")
@@ -289,15 +295,56 @@ def test_a_parent_claimed_by_a_delivery_runs_before_its_entries_leave_the_outbox
         parent_done.set()
         return "P"
 
+    monkeypatch.setattr(mq.wire, "claimed", claimed)
     monkeypatch.setattr(mq.scripts, "run_many", run_many)
     running(idle_worker(mq, ("p", "c"), concurrency=2, register=False))
     kid = Flow("c", "t.fail", None, job_id="k", max_attempts=1, ignore_dependency_on_failure=True)
     mq.add_flow(Flow("p", "blk.parent_done", None, job_id="p", children=[kid]))
     wait_for(lambda: done(mq, "p", "p"), timeout=5, what="the parent completed")
     wait_for(lambda: held, timeout=5, what="the entries taken out of the outbox")
-    assert held == [True]  # the parent had run before the entries left the outbox
+    # the claim riding the delivery took the parent, and it had run before the
+    # entries left the outbox
+    assert held == [(["p"], True)]
     assert mq.get_job("p", "p").result == "P"
     wait_for(lambda: mq.client.llen(mq.keys.queue("c").outbox) == 0, what="the outbox empty")
+
+
+def test_a_parent_claimed_by_a_delivery_runs_once_when_its_entries_cannot_be_taken_out(
+    mq, running, monkeypatch
+) -> None:
+    # the round trip that takes the delivered entries out of the outbox fails:
+    # the parent the delivery's claim took runs once, the loop's count of
+    # claims on their way comes back to 0, and the entries stay for a pump
+    # once the worker's lock has run out its lease; the pump's delivery of
+    # them again changes nothing
+    from echomq_django.core.exceptions import RedisUnavailable
+
+    real_run_many, failed = mq.scripts.run_many, []
+
+    def run_many(calls, *args, **kw):
+        if any(call[0] == "forget_outbox" for call in calls):
+            failed.append(len(calls))
+            raise RedisUnavailable("the connection dropped")
+        return real_run_many(calls, *args, **kw)
+
+    monkeypatch.setattr(mq.scripts, "run_many", run_many)
+    worker = running(idle_worker(mq, ("p", "c"), concurrency=2, register=False))
+    kid = Flow("c", "t.fail", None, job_id="k", max_attempts=1, ignore_dependency_on_failure=True)
+    mq.add_flow(Flow("p", "t.echo", "P", job_id="p", children=[kid]))
+    wait_for(lambda: done(mq, "p", "p"), timeout=5, what="the parent completed")
+    wait_for(lambda: worker.loop.fetching == 0, timeout=5, what="no claim on its way")
+    parent = mq.get_job("p", "p")
+    assert (parent.result, parent.attempts) == ("P", 1)
+    assert failed == [2]  # the forget and the lock's drop, in one round trip
+    outbox, lock = mq.keys.queue("c").outbox, mq.keys.queue("c").pump_lock
+    assert mq.client.llen(outbox) == 1  # left to a pump
+    assert 0 < mq.client.pttl(lock) <= 2000  # the worker's lock, left to its lease
+    wait_for(lambda: mq.client.get(lock) is None, timeout=5, what="the lock's lease ended")
+    monkeypatch.setattr(mq.scripts, "run_many", real_run_many)
+    Pump(["c"], mq=mq).sweep()
+    assert mq.client.llen(outbox) == 0
+    parent = mq.get_job("p", "p")
+    assert (parent.state, parent.result, parent.attempts) == (JobState.COMPLETED, "P", 1)
 
 
 def test_a_claim_riding_a_deaths_delivery_whose_reply_was_lost_runs_at_once(

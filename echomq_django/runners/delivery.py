@@ -343,31 +343,34 @@ class OwnDelivery:
             count, lease_ms, token = room
             then, now, lease = self.mq.wire.claim_call(parent_queue, count, lease_ms, token)
         more: dict[str, list[str]] = {}
-        handed: list[bool] = []
+        delivered: list = []  # the delivery's Outcome, once its claim went to the loop
 
         def hand_over(outcome, got) -> None:
             # the claim's jobs go to the loop as soon as the delivery answered,
             # ahead of the round trip that takes the entries out of the outbox
-            handed.append(True)
-            if room is None:
-                return
-            if not isinstance(got, Exception):
-                try:
-                    got = self.mq.wire.claimed(parent_queue, got, now, lease, self.mq)
-                except Exception as err:  # a row that does not decode (ValueError): the
-                    # slot held for the claim is freed, as for a claim that raised
-                    log.warning("a claim of %s with a delivery failed: %s", parent_queue, err)
-                    got = err
-            self._taken(parent_queue, token, got)
+            if room is not None:
+                if not isinstance(got, Exception):
+                    try:
+                        got = self.mq.wire.claimed(parent_queue, got, now, lease, self.mq)
+                    except Exception as err:  # a row that does not decode (ValueError):
+                        # the slot held for the claim is freed, as for a claim that raised
+                        log.warning("a claim of %s with a delivery failed: %s", parent_queue, err)
+                        got = err
+                self._taken(parent_queue, token, got)
+            delivered.append(outcome)
 
         try:
             self._subscribe(parents)
             outcome, _ = self.mq.outbox.deliver_own(queue, self.token, texts, then, more, hand_over)
-        except Exception as err:  # the entries stay in the outbox: a pump delivers them
-            if room is not None and not handed:
-                self._taken(parent_queue, token, err)  # RedisUnavailable: the loop replays it
-            log.warning("delivering the outbox entries of %s failed: %s", queue, err)
-            return
+        except Exception as err:
+            if not delivered:  # the entries stay in the outbox: a pump delivers them
+                if room is not None:
+                    self._taken(parent_queue, token, err)  # RedisUnavailable: the loop replays it
+                log.warning("delivering the outbox entries of %s failed: %s", queue, err)
+                return
+            # delivered, not taken out: a pump delivers them again, which changes nothing
+            log.warning("taking the delivered outbox entries of %s out failed: %s", queue, err)
+            outcome = delivered[0]
         # what those deliveries pushed in turn (a parent a death killed: its own
         # death, for a parent on a third queue), delivered now too, so a chain
         # of deaths does not wait for a pump at its second link; an outbox whose
