@@ -16,7 +16,8 @@
 # $TEST_SUMMARY when that is set (.ci/run prints it last), so a test that
 # passed only on its second run is still named. A run that dies (a signal,
 # such as a segfault in a C extension) is named by its "Fatal Python error"
-# line (under -v that line starts with the test's id) and run once more whole. Exits non-zero when any leg fails.
+# line (under -v that line starts with the test's id) and run once more
+# whole. Exits non-zero when any leg fails.
 set -uo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

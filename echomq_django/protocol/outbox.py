@@ -190,7 +190,8 @@ class Outbox(Part):
         Raises what ``deliver`` raises (the lock is then dropped if Redis
         answers; else it expires after its lease, and the pump delivers the
         entries), and ``RedisUnavailable`` from the second round trip (after
-        ``delivered`` was called).
+        ``delivered`` was called; the lock then runs out its lease, and the
+        pump delivers the entries again).
         docs/explanation/no-polling.md#a-released-parent-starts-at-once."""
         k = self.keys.queue(queue)
         drop = self.lock_call(queue, token, 1, take=False)
