@@ -30,7 +30,8 @@
           lines are final when it is (docs/howto/progress-and-logs.md#when-a-write-is-visible);
           a job completed here has its row read once for both (the
           lease check reuses the completion's read) and its last
-          progress value goes into its completion's own HSET
+          progress value and its job log's new oldest line (`lg`) go into
+          its completion's own HSET
   ARGV[6]  the jobs, 3 values each, joined by the byte 0x1F (ASCII's unit
            separator, in neither an id, a lease token nor JSON text: an id
            holds no whitespace, and JSON escapes control characters): job id,
@@ -75,7 +76,7 @@ ONE_SERVER = ARGV[4] == '1'
 
 local function read_row(row)
   return row_hmget_p(row, F_STATE, 'lease', F_PARENT, F_PQUEUE, 'dedup', 'keep',
-    'cancel', F_PINC, 'orphaned', 'callbacks', 'group')
+    'cancel', F_PINC, 'orphaned', 'callbacks', 'group', 'lg')
 end
 
 -- ARGV[6] split: J[i], J[i + 1], J[i + 2] are a job's id, lease token and result
@@ -94,15 +95,17 @@ if ARGV[6] ~= '' then
 end
 
 -- the rows the writes read (a completing job's: its completion reuses the
--- read) and the progress values they left for the completion's own HSET
-local fetched, progress_of = {}, {}
+-- read), and the progress values and oldest log lines they left for the
+-- completion's own HSET
+local fetched, progress_of, lg_of = {}, {}, {}
 if ARGV[5] ~= '' then  -- a refused write is refused again by its job's completion below
   local completing = {}
   for i = 1, #J, 3 do
     completing[J[i]] = true
   end
   local writes = cjson.decode(ARGV[5])
-  write_reports(base .. 'events', QUEUE, base, writes[1], writes, 2, {progress = progress_of,
+  write_reports(base .. 'events', QUEUE, base, writes[1], writes, 2, {
+    progress = progress_of, lg = lg_of, lg_at = 12,  -- read_row's 'lg'
     read = function(id, row)
       if completing[id] then
         fetched[id] = fetched[id] or read_row(row)
@@ -127,12 +130,17 @@ for i = 1, #J, 3 do
   if f[3] or f[10] or f[11] or f[7] or f[9] then
     moved = true
   end
-  local progress = progress_of[id]  -- its carried writes' last value, not written yet
-  if progress then
-    progress_of[id] = nil
+  -- its carried writes' row fields, not written yet: the last progress
+  -- value, the job log's new oldest line
+  local progress, lg = progress_of[id], lg_of[id]
+  if progress or lg then
+    progress_of[id], lg_of[id] = nil, nil
     if f[1] and not (f[1] == 'active' and f[2] == token and not f[7] and not f[9]) then
-      redis.call('HSET', row, 'progress', progress)  -- not the plain completion: alone
-      progress = nil
+      -- not the plain completion: alone (with one of the two, its field
+      -- twice: HSET takes the same value again)
+      redis.call('HSET', row, progress and 'progress' or 'lg', progress or lg,
+        lg and 'lg' or 'progress', lg or progress)
+      progress, lg = nil, nil
     end
   end
   if not f[1] then
@@ -174,9 +182,10 @@ for i = 1, #J, 3 do
       free_dedup(base, f[5], id)
       drop_orphan(base, id, row, token, 'c' .. redis.sha1hex(result))
     else
-      if progress then  -- its carried progress, in the same HSET
+      if progress or lg then  -- its carried fields, in the same HSET (as above)
         redis.call('HSET', row, F_STATE, 'completed', 'result', result, 'finished_at', ARGV[3],
-          'progress', progress)
+          progress and 'progress' or 'lg', progress or lg, lg and 'lg' or 'progress',
+          lg or progress)
       else
         redis.call('HSET', row, F_STATE, 'completed', 'result', result, 'finished_at', ARGV[3])
       end

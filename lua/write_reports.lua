@@ -12,11 +12,11 @@
   id=<id> p=<value>; several (of one job or many) as entries of at most
   PER_ENTRY values, e=progress id=<the ids, space-separated, one per value,
   in the order written> ps=<a JSON array of the values, in the same order>
-  (docs/howto/events.md#what-an-event-holds). Lines are RPUSHed to the job log
-  P:{q}:job:<id>:logs, then LTRIMmed to the newest `keep` lines, so it
-  never holds more. The log is a part of the row, removed with it on every
-  road that deletes a row (lib/lifecycle.lua, lib/flow.lua,
-  drop_unprocessed).
+  (docs/howto/events.md#what-an-event-holds). Lines go to the job log, kept
+  to the newest `keep` lines, so it never holds more: its oldest line is the
+  row's field `lg`, the others the list P:{q}:job:<id>:logs (lib/reports.lua
+  write_lines). The log is a part of the row, removed with it on every road
+  that deletes a row (lib/lifecycle.lua, lib/flow.lua, drop_unprocessed).
 
   KEYS[1] events stream        P:{q}:events
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from echomq_django import (
     EchoMQ,
@@ -166,7 +168,50 @@ def test_the_log_keeps_the_queue_s_keep_logs_lines(redis_client) -> None:
     held = mq.progress.write_many([(job, [], ["line 3", "line 4"])])
     assert held == [5]  # before the trim: one script adds both lines, then trims
     assert mq.job_logs("q", "a") == ["line 2", "line 3", "line 4"]
-    assert mq.client.llen(mq.keys.job_keys("q", "a").logs) == 3
+    keys = mq.keys.job_keys("q", "a")  # the oldest line in the row, the others a list
+    assert mq.client.hget(keys.row, "lg") == b"line 2"
+    assert mq.client.lrange(keys.logs, 0, -1) == [b"line 3", b"line 4"]
+
+
+def test_a_log_of_one_line_is_a_field_of_the_row(redis_client) -> None:
+    mq = EchoMQ(redis_client, prefix="emq", queues={"q": {"KEEP_LOGS": 1}})
+    job = claimed(mq)
+    keys = mq.keys.job_keys("q", "a")
+    job.log("first")
+    assert (mq.client.hget(keys.row, "lg"), mq.client.exists(keys.logs)) == (b"first", 0)
+    assert mq.progress.write_many([(job, [], ["second", "third"])]) == [3]
+    # KEEP_LOGS 1: the newest line moves to the row and the list goes
+    assert (mq.client.hget(keys.row, "lg"), mq.client.exists(keys.logs)) == (b"third", 0)
+    assert mq.job_logs("q", "a") == ["third"]
+    assert (mq.job_logs("q", "a", 1), mq.job_logs("q", "a", -5, 0)) == ([], ["third"])
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    keep=st.integers(1, 5),
+    writes=st.lists(st.lists(st.sampled_from("abcdefgh"), min_size=1, max_size=4), max_size=6),
+    ranges=st.lists(st.tuples(st.integers(-9, 9), st.integers(-9, 9)), min_size=1, max_size=6),
+)
+def test_job_logs_reads_as_lrange_reads_the_same_lines_in_one_list(
+    redis_client, keep, writes, ranges
+) -> None:
+    """The log in two parts (the row's oldest line, a list of the rest)
+    answers every range as Redis' own LRANGE answers for one list that got
+    the same lines, RPUSHed and LTRIMmed to the newest ``keep``; the held
+    counts are its RPUSH replies."""
+    redis_client.flushall()
+    mq = EchoMQ(redis_client, prefix="emq", queues={"q": {"KEEP_LOGS": keep}})
+    job = claimed(mq)
+    oracle = "oracle"
+    for lines in writes:
+        assert mq.progress.write_many([(job, [], lines)]) == [redis_client.rpush(oracle, *lines)]
+        redis_client.ltrim(oracle, -keep, -1)
+    for start, end in ranges:
+        want = [line.decode() for line in redis_client.lrange(oracle, start, end)]
+        assert mq.job_logs("q", "a", start, end) == want
+    assert redis_client.hget(mq.keys.job("q", "a"), "lg") == redis_client.lindex(oracle, 0)
 
 
 def test_the_default_keeps_a_hundred_lines(mq) -> None:
@@ -309,6 +354,7 @@ def test_dropping_a_parent_s_unprocessed_children_drops_their_logs(mq) -> None:
     mq.add_flow(node("p", [leaf("c1"), leaf("c2")]))
     c1 = mq.claim("q", 1)[0]
     c1.log("ran once")
+    c1.log("a second line: the log's list")
     assert mq.fail(c1, "boom") in (JobState.DELAYED, JobState.PENDING)
     assert mq.client.exists(mq.keys.job_keys("q", c1.id).logs) == 1
     mq.remove_unprocessed_children("q", "p")

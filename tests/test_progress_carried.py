@@ -11,7 +11,7 @@ import pytest
 import redis
 from redis.cluster import RedisCluster
 
-from echomq_django import Flow, JobState, LeaseLost, PayloadError, RedisUnavailable
+from echomq_django import EchoMQ, Flow, JobState, LeaseLost, PayloadError, RedisUnavailable
 from echomq_django.core.exceptions import JobCancelled
 from echomq_django.runners.flusher import Flusher
 from tests.test_progress import claimed
@@ -54,6 +54,31 @@ def test_complete_writes_the_carried_writes_before_the_completion(mq) -> None:
     assert (mq.get_job("q", "b").progress, mq.job_logs("q", "b")) == (90, [])
     assert ends(mq, "a") == ["progress", "progress", "completed"]
     assert ends(mq, "b") == ["progress", "completed"]
+
+
+def test_carried_lines_keep_the_log_s_bound_and_its_oldest_line_in_the_row(redis_client) -> None:
+    # KEEP_LOGS 2: a's log held one line; three more ride its completion, b's
+    # only line rides b's, c's line rides the completion of c, cancelled meanwhile
+    mq = EchoMQ(redis_client, prefix="emq", queues={"q": {"KEEP_LOGS": 2}})
+    a, b, c = (claimed(mq, job_id=i) for i in "abc")
+    a.log("first")
+    mq.cancel("q", "c")
+    carry = {id(a): (a, [], ["2", "3", "4"]), id(b): (b, [], ["only"]), id(c): (c, [], ["last"])}
+    outcomes = mq.complete_many([(a, 1), (b, 1), (c, 1)], None, carry)
+    assert [getattr(o, "state", type(o)) for o in outcomes] == [
+        JobState.COMPLETED,
+        JobState.COMPLETED,
+        JobCancelled,
+    ]
+    row = lambda i: mq.client.hmget(mq.keys.job("q", i), "s", "lg")  # noqa: E731
+    logs = lambda i: mq.client.lrange(mq.keys.job_keys("q", i).logs, 0, -1)  # noqa: E731
+    assert (row("a"), logs("a"), mq.job_logs("q", "a")) == (
+        [b"completed", b"3"],
+        [b"4"],
+        ["3", "4"],
+    )
+    assert (row("b"), logs("b"), mq.job_logs("q", "b")) == ([b"completed", b"only"], [], ["only"])
+    assert (row("c"), logs("c"), mq.job_logs("q", "c")) == ([b"dead", b"last"], [], ["last"])
 
 
 def test_a_batch_whose_first_completion_moves_its_parent_reads_the_next_row_again(mq) -> None:

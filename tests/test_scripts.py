@@ -180,6 +180,8 @@ def drive_every_operation(mq, clock) -> None:
     mq.enqueue("steps", "stepper", {"step": 1}, job_id="st")
     step = claim_one(mq, "steps", "st")
     step.update_payload({"step": 2})
+    step.log("step 2")
+    assert mq.job_logs("steps", "st") == ["step 2"]  # job_logs; outside a worker, written now
     step.add_children([leaf("st1", queue="stepkids")])
     assert mq.flows.wait_for_children(step) is JobState.AWAITING_CHILDREN
     mq.timers.advance_schedule("q", "tick", 1, "init")

@@ -84,7 +84,9 @@ class Reads(Part):
     ) -> list[str]:
         """The job log's lines ``start`` .. ``end`` (ints, inclusive; negative
         counts from the newest, as LRANGE), oldest first: the newest
-        ``KEEP_LOGS`` lines its handler wrote with ``job.log``. The job is
+        ``KEEP_LOGS`` lines its handler wrote with ``job.log``, read in one
+        round trip (``lua/job_logs.lua``: the oldest line is a field of the
+        row, the others a list). The job is
         ``(queue, job_id)`` or, with ``job_id`` None, a ``JobRef`` /
         ``(queue, id)`` / ``"queue/id"`` as ``queue``. Raises ``JobNotFound``
         (the log goes with its job), ``ValueError`` for a bad name or a
@@ -95,8 +97,9 @@ class Reads(Part):
         for name, value in (("start", start), ("end", end)):
             if not isinstance(value, int) or isinstance(value, bool) or abs(value) >= 2**63:
                 raise ValueError(f"{name} must be an int line index below 2**63, got {value!r}")
-        keys = JobKeys.of(self._require(queue, job_id))
-        return [to_text(line) for line in self.client.lrange(keys.logs, start, end)]
+        keys = JobKeys.of(self.keys.job(queue, job_id))
+        lines = self.scripts.run("job_logs", [keys.row, keys.logs], [queue, job_id, start, end])
+        return [to_text(line) for line in lines]
 
     @reports_redis_down
     def attempt_errors(self, queue: str, job_id: str) -> list[str]:

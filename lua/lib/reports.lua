@@ -14,10 +14,14 @@
   not stop the others. The last progress value replaces the row's
   `progress`; every value goes to `events` once for the whole call (a single
   value as p=, several as entries of at most PER_ENTRY values, id=<one id a
-  value> ps=<a JSON array>); lines are RPUSHed to P:{q}:job:<id>:logs and
-  LTRIMmed to the newest `keep`. Returns the table of each entry's held
-  count (the lines its log held once its lines were added, 0 for none, -1
-  refused) and the table of the refusals' error strings, in order.
+  value> ps=<a JSON array>); lines go to the job log (write_lines), kept to
+  the newest `keep`. Returns the table of each entry's held count (the
+  lines its log held once its lines were added, 0 for none, -1 refused)
+  and the table of the refusals' error strings, in order. `hold`, when
+  given (complete.lua): `read(id, row)` answers a completing job's row
+  read, or nil for another job, with its job log's oldest line at index
+  `hold.lg_at`; `progress` and `lg` take those jobs' last progress values
+  and new oldest lines, for their completions' own HSET.
 ]]
 -- @include lib/emit.lua
 -- @include lib/lease.lua
@@ -27,6 +31,37 @@
 -- 100 values of at most 1,024 bytes)
 local PER_ENTRY = 100
 
+-- Append a[from .. to] (lines) to the job log of the job row `row`, whose
+-- read `f` holds at index `at` its oldest line (nil for an empty log); keep
+-- the newest `keep`. The oldest line is the row's field `lg`, the others
+-- are the list <row>:logs, in order: a log of one line, the usual one, is
+-- one more field of a row written anyway, with no key of its own
+-- (docs/explanation/protocol.md#progress-and-log-lines). Returns the lines
+-- the log held once they were added (before the trim), and its new oldest
+-- line when that changed, for the caller to write to `lg` (f[at] holds it
+-- already, for a later entry of the same job in the call).
+local function write_lines(row, f, at, keep, a, from, to)
+  local logs, held, oldest = row .. ':logs', nil, nil
+  if f[at] then
+    held = 1 + redis.call('RPUSH', logs, unpack(a, from, to))
+  else
+    oldest, held = a[from], to - from + 1
+    if held > 1 then
+      redis.call('RPUSH', logs, unpack(a, from + 1, to))
+    end
+  end
+  if held > keep then  -- the newest `keep`: the oldest of them moves to the row
+    oldest = redis.call('LINDEX', logs, -keep)
+    if keep == 1 then
+      redis.call('DEL', logs)
+    else
+      redis.call('LTRIM', logs, 1 - keep, -1)
+    end
+  end
+  f[at] = oldest or f[at]
+  return held, oldest
+end
+
 local function write_reports(events, queue, base, keep, a, first, hold)
   local ids, values = {}, {}  -- the call's accepted progress values, and whose
   local held_by_entry, refusals = {}, {}
@@ -35,10 +70,12 @@ local function write_reports(events, queue, base, keep, a, first, hold)
     local id, token = a[i], a[i + 1]
     local p, n = a[i + 2], a[i + 3]
     local row = base .. 'job:' .. id
-    local f = hold and hold.read(id, row)
+    local f, lg_at = hold and hold.read(id, row), 3
     local held_row = f and true
-    if not f then
-      f = row_hmget_s(row, F_STATE, 'lease')
+    if f then
+      lg_at = hold.lg_at
+    else
+      f = row_hmget_s(row, F_STATE, 'lease', 'lg')
     end
     local refused = lease_refused(queue, id, f[1], f[2], token)
     if refused then
@@ -58,10 +95,12 @@ local function write_reports(events, queue, base, keep, a, first, hold)
       end
       local held = 0
       if n > 0 then
-        local logs = row .. ':logs'
-        held = redis.call('RPUSH', logs, unpack(a, i + 4 + p, i + 3 + p + n))
-        if held > keep then
-          redis.call('LTRIM', logs, -keep, -1)
+        local oldest
+        held, oldest = write_lines(row, f, lg_at, keep, a, i + 4 + p, i + 3 + p + n)
+        if oldest and held_row then
+          hold.lg[id] = oldest
+        elseif oldest then
+          redis.call('HSET', row, 'lg', oldest)
         end
       end
       held_by_entry[#held_by_entry + 1] = held
