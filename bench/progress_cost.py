@@ -9,13 +9,15 @@ returns at once; "reporting" one that first calls
 after a full garbage collection (``gc.collect``), so one the previous
 drain made due does not land in whichever round comes next. Rounds alternate
 plain / reporting; the medians of jobs per second are printed, with the
-cost as a share of the plain rate (the medians', and each round's), the
+cost as a share of the plain rate (the medians', with a 90% interval drawn
+by resampling the rounds, and each round's), the
 same for the CPU a job costs (this process and the server: the figure the
 machine's load moves least), each kind's Redis time per job
 in its scripts (``INFO commandstats``; an earlier SLOWLOG measure logged
 every command inside the scripts too, which cost the server CPU of its own
 and overflowed the log, so it counted part of a drain only), and the round trips
 the worker's flusher made per job (the reporter's flush rides its batch).
+``--pin`` puts this process on one CPU and the server on another.
 ``--write-path`` measures the writes alone on one thread instead
 (``write_path``): the CPU a job's two writes cost this process and the
 server, which the machine's load moves far less than a drain;
@@ -27,6 +29,8 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
+import random
 import statistics
 import time
 
@@ -172,6 +176,27 @@ def complete_path(mq, client, n: int, rounds: int, batch: int = 8) -> list[dict[
     return out
 
 
+def cost_of(plain: list[dict], reporting: list[dict], what: str) -> float:
+    """The writes' cost in ``what`` (``rate``: the share of the plain rate
+    lost; ``cpu_us``: the share added), %, from the medians of the rounds."""
+    both = statistics.median(r[what] for r in reporting) / statistics.median(r[what] for r in plain)
+    return 100 * (1 - both if what == "rate" else both - 1)
+
+
+def interval(plain: list[dict], reporting: list[dict], what: str) -> tuple[float, float]:
+    """A 90% interval of ``cost_of`` (%): the 5th and 95th percentiles of it
+    over 2,000 resamplings of the rounds' pairs, with replacement (the
+    bootstrap), drawn from a fixed seed: how far the run's own noise moves
+    the figure."""
+    draw, pairs = random.Random(28), list(zip(plain, reporting, strict=True))
+    costs = []
+    for _ in range(2000):
+        sample = draw.choices(pairs, k=len(pairs))
+        costs.append(cost_of([p for p, _ in sample], [r for _, r in sample], what))
+    costs.sort()
+    return costs[100], costs[1899]
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--jobs", type=int, default=5000, help="jobs per drain (default %(default)s)")
@@ -191,8 +216,18 @@ def main(argv: list[str] | None = None) -> None:
         help="measure the completions alone on one thread instead (complete_path: --jobs "
         "jobs, batches of 8, --rounds rounds of plain then reporting jobs)",
     )
+    p.add_argument(
+        "--pin",
+        action="store_true",
+        help="run this process on the first CPU and the server on the second "
+        "(os.sched_setaffinity; needs two CPUs): the GIL stays on one core",
+    )
     args = p.parse_args(argv)
     server = start_server()
+    if args.pin:
+        first, second, *_ = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(server.proc.pid, {second})
+        os.sched_setaffinity(0, {first})  # this thread; the worker's threads inherit it
     try:
         setup_django(server.url, ":memory:")
         _handlers()
@@ -244,11 +279,11 @@ def main(argv: list[str] | None = None) -> None:
                 100 * (1 - r[what] / p[what]) if what == "rate" else 100 * (r[what] / p[what] - 1)
                 for p, r in zip(runs[PLAIN], runs[REPORTING], strict=True)
             ]
-            both = med(REPORTING, what) / med(PLAIN, what)
+            low, high = interval(runs[PLAIN], runs[REPORTING], what)
             print(
-                f"cost in {word}: {100 * (1 - both if what == 'rate' else both - 1):.1f}% of the "
-                f"medians; each round's (plain, then reporting): "
-                + ", ".join(f"{c:.1f}%" for c in pairs)
+                f"cost in {word}: {cost_of(runs[PLAIN], runs[REPORTING], what):.1f}% of the "
+                f"medians (90% interval {low:.1f} to {high:.1f}%); each round's (plain, then "
+                "reporting): " + ", ".join(f"{c:.1f}%" for c in pairs)
             )
     finally:
         server.stop()
