@@ -2,10 +2,11 @@
   job_logs: read a job log (docs/explanation/protocol.md#progress-and-log-lines):
   its lines `start` .. `end`, inclusive, as LRANGE counts them (from 0, the
   oldest; a negative index counts from the newest, -1 the newest). The log
-  is the row's field `lg` (its oldest line, absent while the log is empty)
-  followed by the list P:{q}:job:<id>:logs (the other lines, absent while
-  there are none): one read of both, the row's existence checked in the
-  same step. Writes nothing.
+  is the row's field `lg` (its oldest line) followed by the list
+  P:{q}:job:<id>:logs (the other lines, absent while there are none), or,
+  without `lg`, the list alone (an empty log, or one whose oldest line is
+  longer than a row keeps: lib/reports.lua write_lines): one read of both,
+  the row's existence checked in the same step. Writes nothing.
 
   KEYS[1] job row              P:{q}:job:<id>
   KEYS[2] the job log's list   P:{q}:job:<id>:logs
@@ -22,11 +23,15 @@ local row, logs = KEYS[1], KEYS[2]
 local start, stop = tonumber(ARGV[3]), tonumber(ARGV[4])
 
 local oldest = redis.call('HGET', row, 'lg')
-if not oldest then
-  if redis.call('EXISTS', row) == 0 then
+if not oldest then  -- the list alone: its own range (an index clamped to
+  -- +-1e9, a number Lua writes as an integer, reads the same: a log holds
+  -- at most 10,000 lines)
+  local lines = redis.call('LRANGE', logs, math.max(math.min(start, 1e9), -1e9),
+    math.max(math.min(stop, 1e9), -1e9))
+  if #lines == 0 and redis.call('EXISTS', row) == 0 then
     return redis.error_reply('EMQNOJOB ' .. ARGV[1] .. ' ' .. ARGV[2])
   end
-  return {}
+  return lines
 end
 local n = 1 + redis.call('LLEN', logs)
 if start < 0 then

@@ -186,32 +186,81 @@ def test_a_log_of_one_line_is_a_field_of_the_row(redis_client) -> None:
     assert (mq.job_logs("q", "a", 1), mq.job_logs("q", "a", -5, 0)) == ([], ["third"])
 
 
+# a write's lines: each line unique, some longer than the 64 bytes a row keeps
+LINE_BATCHES = st.lists(st.lists(st.booleans(), min_size=1, max_size=4), max_size=6)
+# LRANGE's indexes: around a short log's ends, and the extremes job_logs takes
+INDEXES = st.one_of(st.integers(-9, 9), st.sampled_from([2**63 - 1, -(2**63) + 1, 2**53, -(2**53)]))
+
+
+def as_lines(batches: list[list[bool]], tag: str = "") -> list[list[str]]:
+    """Unique lines for ``LINE_BATCHES``: True draws one of 70 bytes."""
+    count = iter(range(10_000))
+    return [[f"{tag}{next(count)}" + ("x" * 70 if long else "") for long in b] for b in batches]
+
+
+def oracle_write(client, lines: list[str], keep: int) -> int:
+    """The job log as one Redis list would hold it: RPUSH, then LTRIM to
+    the newest ``keep``; returns RPUSH's reply."""
+    held = client.rpush("oracle", *lines)
+    client.ltrim("oracle", -keep, -1)
+    return held
+
+
+def assert_log_is_the_oracle(mq, job_id: str = "a") -> None:
+    """``job_id``'s log reads as the oracle list, and is laid out as the
+    protocol says: a short oldest line in the row's ``lg``, the rest in
+    the list; a long one (over 64 bytes) leaves the whole log in the list,
+    and the row stays a listpack."""
+    client, keys = mq.client, mq.keys.job_keys("q", job_id)
+    want = [line.decode() for line in client.lrange("oracle", 0, -1)]
+    assert mq.job_logs("q", job_id) == want
+    row, listed = client.hget(keys.row, "lg"), client.lrange(keys.logs, 0, -1)
+    if want and len(want[0]) <= 64:
+        assert (row, listed) == (want[0].encode(), [w.encode() for w in want[1:]])
+    else:
+        assert (row, listed) == (None, [w.encode() for w in want])
+    assert client.object("encoding", keys.row) == b"listpack"
+
+
 @settings(
     max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(
     keep=st.integers(1, 5),
-    writes=st.lists(st.lists(st.sampled_from("abcdefgh"), min_size=1, max_size=4), max_size=6),
-    ranges=st.lists(st.tuples(st.integers(-9, 9), st.integers(-9, 9)), min_size=1, max_size=6),
+    batches=LINE_BATCHES,
+    ranges=st.lists(st.tuples(INDEXES, INDEXES), min_size=1, max_size=6),
 )
 def test_job_logs_reads_as_lrange_reads_the_same_lines_in_one_list(
-    redis_client, keep, writes, ranges
+    redis_client, keep, batches, ranges
 ) -> None:
-    """The log in two parts (the row's oldest line, a list of the rest)
-    answers every range as Redis' own LRANGE answers for one list that got
-    the same lines, RPUSHed and LTRIMmed to the newest ``keep``; the held
-    counts are its RPUSH replies."""
+    """The log in two parts (the row's oldest line when short, a list of
+    the rest) answers every range as Redis' own LRANGE answers for one list
+    that got the same lines, RPUSHed and LTRIMmed to the newest ``keep``;
+    the held counts are its RPUSH replies."""
     redis_client.flushall()
     mq = EchoMQ(redis_client, prefix="emq", queues={"q": {"KEEP_LOGS": keep}})
     job = claimed(mq)
-    oracle = "oracle"
-    for lines in writes:
-        assert mq.progress.write_many([(job, [], lines)]) == [redis_client.rpush(oracle, *lines)]
-        redis_client.ltrim(oracle, -keep, -1)
+    for lines in as_lines(batches):
+        held = mq.progress.write_many([(job, [], lines)])
+        assert held == [oracle_write(redis_client, lines, keep)]
+        assert_log_is_the_oracle(mq)
     for start, end in ranges:
-        want = [line.decode() for line in redis_client.lrange(oracle, start, end)]
+        want = [line.decode() for line in redis_client.lrange("oracle", start, end)]
         assert mq.job_logs("q", "a", start, end) == want
-    assert redis_client.hget(mq.keys.job("q", "a"), "lg") == redis_client.lindex(oracle, 0)
+
+
+def test_a_log_kept_in_the_list_alone_reads_and_grows_in_order(redis_client) -> None:
+    # a log whose oldest line is the list's (as every log before the row kept
+    # one): job_logs reads it, and later lines follow it, kept to KEEP_LOGS
+    mq = EchoMQ(redis_client, prefix="emq", queues={"q": {"KEEP_LOGS": 3}})
+    job = claimed(mq)
+    mq.client.rpush(mq.keys.job_keys("q", "a").logs, "old 1", "old 2")
+    assert mq.job_logs("q", "a") == ["old 1", "old 2"]
+    job.log("new")
+    assert mq.job_logs("q", "a") == ["old 1", "old 2", "new"]
+    assert mq.progress.write_many([(job, [], ["newer"])]) == [4]
+    assert mq.job_logs("q", "a") == ["old 2", "new", "newer"]
+    assert mq.client.hget(mq.keys.job("q", "a"), "lg") == b"old 2"
 
 
 def test_the_default_keeps_a_hundred_lines(mq) -> None:

@@ -9,12 +9,20 @@ from __future__ import annotations
 
 import pytest
 import redis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from redis.cluster import RedisCluster
 
 from echomq_django import EchoMQ, Flow, JobState, LeaseLost, PayloadError, RedisUnavailable
 from echomq_django.core.exceptions import JobCancelled
 from echomq_django.runners.flusher import Flusher
-from tests.test_progress import claimed
+from tests.test_progress import (
+    LINE_BATCHES,
+    as_lines,
+    assert_log_is_the_oracle,
+    claimed,
+    oracle_write,
+)
 from tests.test_progress_writes import counted, events_by_job
 
 
@@ -79,6 +87,33 @@ def test_carried_lines_keep_the_log_s_bound_and_its_oldest_line_in_the_row(redis
     )
     assert (row("b"), logs("b"), mq.job_logs("q", "b")) == ([b"completed", b"only"], [], ["only"])
     assert (row("c"), logs("c"), mq.job_logs("q", "c")) == ([b"dead", b"last"], [], ["last"])
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(keep=st.integers(1, 4), before=LINE_BATCHES, carried=LINE_BATCHES, twice=st.booleans())
+def test_carried_lines_read_as_one_list_that_got_the_same_lines(
+    redis_client, keep, before, carried, twice
+) -> None:
+    """Lines riding a job's completion (after lines written alone, the job
+    listed once or twice in the batch) leave its log as one Redis list
+    that got the same lines would be, in the layout the protocol names;
+    the call sent again writes nothing more."""
+    redis_client.flushall()
+    mq = EchoMQ(redis_client, prefix="emq", queues={"q": {"KEEP_LOGS": keep}})
+    a = claimed(mq)
+    for lines in as_lines(before, "w"):
+        mq.progress.write_many([(a, [], lines)])
+        oracle_write(redis_client, lines, keep)
+    lines = [line for batch in as_lines(carried, "c") for line in batch]
+    pairs = [(a, 1), (a, 1)] if twice else [(a, 1)]
+    assert mq.complete_many(pairs, None, {id(a): (a, ["5"], lines)})[0].state is JobState.COMPLETED
+    if lines:
+        oracle_write(redis_client, lines, keep)
+    assert_log_is_the_oracle(mq)
+    mq.complete_many([(a, 1)], None, {id(a): (a, ["5"], lines)})  # its reply lost: sent again
+    assert_log_is_the_oracle(mq)
 
 
 def test_a_batch_whose_first_completion_moves_its_parent_reads_the_next_row_again(mq) -> None:

@@ -4,7 +4,7 @@
 and a job id, validates both, raises ``JobNotFound`` for an unknown id and
 answers empty results (not an error) for a job that is not a parent. What
 only the admin mirror and monitoring read in bulk is on ``mq.probes``
-(``probes.py``). This module runs no script.
+(``probes.py``). Its one script, ``lua/job_logs.lua``, writes nothing.
 """
 
 from __future__ import annotations

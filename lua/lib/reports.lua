@@ -19,9 +19,9 @@
   lines its log held once its lines were added, 0 for none, -1 refused)
   and the table of the refusals' error strings, in order. `hold`, when
   given (complete.lua): `read(id, row)` answers a completing job's row
-  read, or nil for another job, with its job log's oldest line at index
-  `hold.lg_at`; `progress` and `lg` take those jobs' last progress values
-  and new oldest lines, for their completions' own HSET.
+  read, or nil for another job, with its row's `lg` at index `hold.lg_at`;
+  `progress` and `lg` take those jobs' last progress values and new `lg`
+  lines, for their completions' own HSET.
 ]]
 -- @include lib/emit.lua
 -- @include lib/lease.lua
@@ -31,35 +31,51 @@
 -- 100 values of at most 1,024 bytes)
 local PER_ENTRY = 100
 
+-- bytes of a line the row keeps at most: Redis keeps a hash a listpack while
+-- each value is at most 64 bytes (hash-max-listpack-value's default) and
+-- turns it into a hashtable for good past that, several times its size
+local ROW_LINE = 64
+
 -- Append a[from .. to] (lines) to the job log of the job row `row`, whose
--- read `f` holds at index `at` its oldest line (nil for an empty log); keep
--- the newest `keep`. The oldest line is the row's field `lg`, the others
--- are the list <row>:logs, in order: a log of one line, the usual one, is
--- one more field of a row written anyway, with no key of its own
--- (docs/explanation/protocol.md#progress-and-log-lines). Returns the lines
--- the log held once they were added (before the trim), and its new oldest
--- line when that changed, for the caller to write to `lg` (f[at] holds it
--- already, for a later entry of the same job in the call).
+-- read `f` holds at index `at` the row's `lg`; keep the newest `keep`
+-- (docs/explanation/protocol.md#progress-and-log-lines). With `lg` the log
+-- is `lg`, its oldest line, then the list <row>:logs; without it the log is
+-- the list alone (empty, or its oldest line longer than ROW_LINE). A log
+-- of one short line, the usual one, is one more field of a row written
+-- anyway, with no key of its own. Returns the lines the log held once they
+-- were added (before the trim) and how `lg` changes, for the caller to
+-- write: nil (it does not), a line (set it) or false (remove it); f[at]
+-- holds the new `lg` already, for a later entry of the same job in the call.
 local function write_lines(row, f, at, keep, a, from, to)
-  local logs, held, oldest = row .. ':logs', nil, nil
-  if f[at] then
+  local logs, lg, held = row .. ':logs', f[at], nil
+  if lg then
     held = 1 + redis.call('RPUSH', logs, unpack(a, from, to))
-  else
-    oldest, held = a[from], to - from + 1
+  elseif #a[from] <= ROW_LINE and redis.call('LLEN', logs) == 0 then
+    lg, held = a[from], to - from + 1  -- an empty log: its first line to the row
     if held > 1 then
       redis.call('RPUSH', logs, unpack(a, from + 1, to))
     end
+  else
+    held = redis.call('RPUSH', logs, unpack(a, from, to))
   end
-  if held > keep then  -- the newest `keep`: the oldest of them moves to the row
-    oldest = redis.call('LINDEX', logs, -keep)
-    if keep == 1 then
+  if held > keep then  -- the newest `keep`: the oldest of them to the row, when short
+    local first = redis.call('LINDEX', logs, -keep)
+    if #first > ROW_LINE then
+      lg = false
+      redis.call('LTRIM', logs, -keep, -1)
+    elseif keep == 1 then
+      lg = first
       redis.call('DEL', logs)
     else
+      lg = first
       redis.call('LTRIM', logs, 1 - keep, -1)
     end
   end
-  f[at] = oldest or f[at]
-  return held, oldest
+  if lg == f[at] or (lg == false and not f[at]) then
+    return held, nil
+  end
+  f[at] = lg or nil
+  return held, lg
 end
 
 local function write_reports(events, queue, base, keep, a, first, hold)
@@ -95,12 +111,17 @@ local function write_reports(events, queue, base, keep, a, first, hold)
       end
       local held = 0
       if n > 0 then
-        local oldest
-        held, oldest = write_lines(row, f, lg_at, keep, a, i + 4 + p, i + 3 + p + n)
-        if oldest and held_row then
-          hold.lg[id] = oldest
-        elseif oldest then
-          redis.call('HSET', row, 'lg', oldest)
+        local lg
+        held, lg = write_lines(row, f, lg_at, keep, a, i + 4 + p, i + 3 + p + n)
+        if lg and held_row then
+          hold.lg[id] = lg  -- in its completion's own HSET
+        elseif lg then
+          redis.call('HSET', row, 'lg', lg)
+        elseif lg == false then
+          redis.call('HDEL', row, 'lg')
+          if held_row then
+            hold.lg[id] = nil
+          end
         end
       end
       held_by_entry[#held_by_entry + 1] = held

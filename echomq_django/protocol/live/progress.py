@@ -6,8 +6,9 @@ log line cut with a marker), so bad input writes nothing. ``write_many``
 sends the writes of many running jobs, one ``lua/write_reports.lua`` call
 per queue (pipelined when there are several): each job's progress replaces
 the row's ``progress`` field and becomes a ``progress`` entry on the
-queue's events stream; its lines go to the job log
-``P:{q}:job:<id>:logs``, kept to the queue's ``KEEP_LOGS`` lines. Every
+queue's events stream; its lines go to the job log (its oldest line,
+when short, in the row's ``lg``, the others in ``P:{q}:job:<id>:logs``),
+kept to the queue's ``KEEP_LOGS`` lines. Every
 job's writes are checked against its lease in the script; none touches the
 lease deadline, so none races the job's heartbeat. A worker gathers its
 handlers' writes and sends them with ``write_many`` (runners/flusher.py);
