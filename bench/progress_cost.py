@@ -275,10 +275,8 @@ def main(argv: list[str] | None = None) -> None:
                 f"{med(name, 'trips'):5.3f} round trips of writes/job"
             )
         for what, word in (("rate", "drain rate"), ("cpu_us", "CPU per job")):
-            pairs = [
-                100 * (1 - r[what] / p[what]) if what == "rate" else 100 * (r[what] / p[what] - 1)
-                for p, r in zip(runs[PLAIN], runs[REPORTING], strict=True)
-            ]
+            each = zip(runs[PLAIN], runs[REPORTING], strict=True)
+            pairs = [cost_of([p], [r], what) for p, r in each]  # a round's: its own medians
             low, high = interval(runs[PLAIN], runs[REPORTING], what)
             print(
                 f"cost in {word}: {cost_of(runs[PLAIN], runs[REPORTING], what):.1f}% of the "
