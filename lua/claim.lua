@@ -8,6 +8,12 @@
   KEYS[1] pending list         P:{q}:pending
   KEYS[2] active zset          P:{q}:active (score: lease deadline, ms)
   KEYS[3] lease sequence       P:{q}:lease:seq (string counter)
+  KEYS[4] the claim it yields to: P:{q}:claim:<its own token> (none), or,
+          for a claim sent after another in the same round trip on one
+          server, that claim's memo P:{q2}:claim:<token> (another queue's
+          slot): when it exists (that claim leased jobs) this one takes
+          nothing and writes nothing
+          (docs/explanation/no-polling.md#a-released-parent-starts-at-once)
 
   ARGV[1] queue key prefix     P:{q}: (job rows are P:{q}:job:<id>, same slot)
   ARGV[2] count K (integer >= 1)
@@ -92,6 +98,9 @@ local memo = base .. 'claim:' .. ARGV[5]
 local replayed = redis.call('GET', memo)
 if replayed then
   return '{"left":' .. redis.call('PTTL', memo) .. ',"jobs":' .. replayed .. '}'
+end
+if KEYS[4] ~= memo and redis.call('EXISTS', KEYS[4]) == 1 then
+  return '[]'  -- the claim before it leased: its slot is taken
 end
 if redis.call('EXISTS', base .. 'paused') == 1 then
   redis.call('ZREM', base .. 'wake', WAKE_NOW)  -- resume wakes the workers again

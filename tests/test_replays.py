@@ -159,7 +159,10 @@ def test_a_replayed_claim_returns_the_same_jobs(mq):
         mq.enqueue("q", "x", {}, job_id=f"j{i}")
     k = mq.keys
     call = (
-        [k.queue_key("q", "pending"), k.queue_key("q", "active"), k.queue_key("q", "lease:seq")],
+        [
+            *(k.queue_key("q", "pending"), k.queue_key("q", "active")),
+            *(k.queue_key("q", "lease:seq"), k.queue("q").claim("claim-token-1")),
+        ],
         [k.base("q"), 2, 1_000_000, 5000, "claim-token-1", 0, 0, "fixed", 0, "q", 0, ""],
     )
     first = mq.scripts.run("claim", *call)

@@ -127,7 +127,7 @@ def test_parse_header_refuses_a_bad_header(raw: str, problem: str) -> None:
 
 
 def test_registry_refuses_a_call_that_breaks_the_header(mq) -> None:
-    with pytest.raises(TypeError, match="script claim takes 3 KEYS and 12 ARGV, got 2 and 5"):
+    with pytest.raises(TypeError, match="script claim takes 4 KEYS and 12 ARGV, got 2 and 5"):
         mq.scripts.run("claim", ["a", "b"], [1, 2, 3, 4, 5])
     with pytest.raises(TypeError, match=r"script deliver_to_parents takes 2 KEYS and 3\+ ARGV"):
         mq.scripts.run_many([("deliver_to_parents", ["a", "b"], [1, 2])])

@@ -310,27 +310,28 @@ class EchoMQ(Reads):
         items: list[tuple[Job, Any]],
         queue: str,
         count: int,
-        lease_ms: int,
+        lease_ms: int | None,
         token: str,
         ahead: list | None = None,
         carry: dict | None = None,
-    ) -> tuple[list[Outcome | Exception], Claimed | Exception]:
+        or_else: tuple[str, int | None, str] | None = None,
+    ) -> tuple[list[Outcome | Exception], Claimed | Exception | tuple]:
         """``complete_many(items, ahead, carry)``, then ``claim(queue, count, lease_ms,
         token)`` in the same round trip, at one time: a parent they released on ``queue``
-        is claimed at once (docs/explanation/no-polling.md#a-released-parent-starts-at-once).
-        Returns the replies and the ``Claimed`` (or the claim's exception).
-        Raises as ``claim`` does, and ``RedisUnavailable`` (the same
-        ``token`` replays the claim)."""
-        call, now, lease = self.wire.claim_call(queue, count, lease_ms, token)
-        out, got = self._complete_many(items, ahead, call, carry, now)
-        return out, got if isinstance(got, Exception) else self.wire.claimed(
-            queue, got, now, lease, self
-        )
+        is claimed at once (docs/explanation/no-polling.md#a-released-parent-starts-at-once);
+        ``or_else``: ``(queue2, lease_ms2, token2)``, a claim yielding to it
+        (``Wire.claim_calls``). Returns the replies and the ``Claimed`` (or its exception;
+        a pair with ``or_else``). Raises as ``claim_calls`` does, and ``RedisUnavailable``."""
+        claims = self.wire.claim_calls(queue, count, lease_ms, token, or_else)
+        then = [call for _, call, _, _ in claims]
+        out, got = self._complete_many(items, ahead, then, carry, claims[0][2])
+        claimed = self.wire.claimed_each(claims, got, self)
+        return out, claimed[0] if or_else is None else tuple(claimed)
 
     def _complete_many(self, items: list, ahead, then, carry=None, now=None) -> tuple[list, Any]:
-        """``complete_many``, ``ahead`` before it and ``then`` (a script call, or None) after
+        """``complete_many``, ``ahead`` before it and ``then`` (script calls, or None) after
         it, in one round trip, at ``now`` (ms; None: the clock's; ``then``'s own: a parent it
-        claims starts no earlier than the child that released it finished)."""
+        claims starts no earlier than the child that released it finished), and their replies."""
         out: list[Outcome | Exception | None] = [None] * len(items)
         by_queue: dict[str, list] = {}
         for i, (job, result) in enumerate(items):
@@ -348,13 +349,12 @@ class EchoMQ(Reads):
                 writes = self.progress.carried(queue, pairs, carry) if carry else ""
                 calls.append(self.wire.complete_call(queue, pairs, writes, now))
                 slots.append([i for i, _, _ in part])
-        if then is not None:
-            calls.append(then)
+        calls.extend(then or ())
         if ahead or len(calls) != 1:
             replies = self.scripts.run_after(ahead, calls)
         else:
             replies = [self.wire.run_or_error(*calls[0])]
-        extra = replies[len(slots)] if then is not None else None
+        extra = replies[len(slots) :] if then is not None else None
         for idx, reply in zip(slots, replies, strict=False):
             for i, entry in zip(idx, self.wire.complete_replies(reply, len(idx)), strict=False):
                 out[i] = entry

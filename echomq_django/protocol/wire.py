@@ -111,10 +111,20 @@ class Wire:
         opts = self.queues.get(queue, {})
         return (*rate_limit(opts), opts.get("CONCURRENCY", 0))
 
-    def claim_call(self, queue: str, count: int, lease_ms: int | None, token: str | None):
+    def claim_call(
+        self,
+        queue: str,
+        count: int,
+        lease_ms: int | None,
+        token: str | None,
+        yields_to: tuple[str, str] | None = None,
+    ):
         """One ``claim`` script call (``EchoMQ.claim`` checks and runs it, alone
-        or after completions): ``(call, now ms, lease ms)``. Raises
-        ``ValueError`` for a bad ``count``, ``lease_ms`` or ``token``."""
+        or after completions): ``(call, now ms, lease ms)``. ``yields_to``:
+        ``(queue, token)`` of a claim sent just before it in the same round
+        trip on one server; when that one leased jobs, this one takes none
+        (docs/explanation/no-polling.md#a-released-parent-starts-at-once).
+        Raises ``ValueError`` for a bad ``count``, ``lease_ms`` or ``token``."""
         whole_number("count", count, 1)
         whole_number("lease_ms", lease_ms, 1, optional=True)
         if token is not None and not CALL_TOKEN.fullmatch(str(token)):
@@ -122,9 +132,30 @@ class Wire:
         lease = int(lease_ms if lease_ms is not None else self.setting(queue, "LEASE_MS"))
         now = self.clock()
         k, token = self.keys.queue(queue), token or secrets.token_hex(8)
+        memo = (
+            k.claim(token)
+            if yields_to is None
+            else self.keys.queue(yields_to[0]).claim(yields_to[1])
+        )
         limits, group_cap = self.claim_limits(queue), self.group_cap(queue)
         args = [k.base, count, now, lease, token, *limits, queue, group_cap, self.group_rate(queue)]
-        return ("claim", [k.pending, k.active, k.lease_seq], args), now, lease
+        return ("claim", [k.pending, k.active, k.lease_seq, memo], args), now, lease
+
+    def claim_calls(self, queue: str, count: int, lease_ms, token: str, or_else=None) -> list:
+        """``(queue, call, now ms, lease ms)`` of ``claim_call(queue, count, lease_ms,
+        token)`` and, with ``or_else`` ``(queue2, lease_ms2, token2)``, of a claim of
+        ``queue2`` yielding to it (the slot it fills is the first's). Raises
+        ``ValueError`` as ``claim_call`` does, and for an ``or_else`` where the two
+        queues' slots may be apart (not ``cross_queue_scripts``: a Redis Cluster)."""
+        claims = [(queue, *self.claim_call(queue, count, lease_ms, token))]
+        if or_else is not None:
+            if not self.cross_queue_scripts:
+                raise ValueError("or_else: a claim yielding to another queue's needs one server")
+            queue2, lease_ms2, token2 = or_else
+            claims.append(
+                (queue2, *self.claim_call(queue2, count, lease_ms2, token2, (queue, token)))
+            )
+        return claims
 
     def complete_call(self, queue: str, pairs: list, writes: str = "", now: int | None = None):
         """One ``complete`` script call for ``(job, result JSON)`` pairs of
@@ -149,6 +180,13 @@ class Wire:
         args += [self.backoff_cap_ms, "1" if dead else "0"]
         args += [self.setting(q, "MAX_ATTEMPTS"), self.setting(q, "BACKOFF_MS"), opt(delay_ms)]
         return "fail", [k.job(job.id), k.delayed], args
+
+    def claimed_each(self, claims: list, replies: list, source) -> list:
+        """Each ``claim_calls`` entry's reply as ``claimed`` makes it (an exception kept)."""
+        return [
+            reply if isinstance(reply, Exception) else self.claimed(q, reply, now, lease, source)
+            for (q, _, now, lease), reply in zip(claims, replies, strict=True)
+        ]
 
     def claimed(self, queue: str, reply, now: int, lease: int, source) -> Claimed:
         """A ``claim`` script's ``reply`` as a ``Claimed``: its jobs leased

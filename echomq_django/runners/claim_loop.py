@@ -102,7 +102,7 @@ class ClaimLoop:
             writes=self.writes, fetch=self.fetch, taken=self._taken,
         )  # fmt: skip
         # the reporter's claims in flight, their tokens (this run's, until _take), the loop's
-        self.fetching, self._fetch_lock, self._tokens, self.claiming = 0, threading.Lock(), set(), 0
+        self.fetching, self._fetch_lock, self._tokens, self.claiming = 0, threading.Lock(), {}, 0
         self.ride_held: str | None = None  # the token of a slot held for a riding claim
         self.timeouts = Timeouts(lambda job, limit_ms: timed_out(self, job, limit_ms))
         self.idle = Idle(self, block_s, sweep_s, max_stalls)
@@ -162,7 +162,7 @@ class ClaimLoop:
         else:
             self.pool = self.make_pool(self, name)
         with self._fetch_lock:  # slots an earlier run held (a stop cut it short) are not held
-            self.done, self._tokens = Inbox(), set()
+            self.done, self._tokens = Inbox(), {}
             self.fetching = self.claiming = 0
         self.executing, self.ride_held = 0, None
         self.reporter.reset()
@@ -339,9 +339,7 @@ class ClaimLoop:
         """``(queue, room)``: a slot held (``fetch``) from the hand-over for the claim
         riding the completion of ``finished`` (one at a time), or None: a claim of the
         loop's own would race it for the parent released, and come back empty."""
-        if self.ride_held is not None:
-            return None
-        for queue in ride_queues(finished, self.mq.cross_queue_scripts):
+        for queue in [] if self.ride_held else ride_queues(finished, self.mq.cross_queue_scripts):
             if (room := self.fetch(queue)) is not None:
                 self.ride_held = room[2]
                 return queue, room
@@ -350,20 +348,20 @@ class ClaimLoop:
     # jobs it takes at once: a handler each, and what the pool queues beyond (processes)
     room = property(lambda self: self.concurrency + getattr(self.pool, "ahead", 0))
 
-    def fetch(self, queue: str) -> tuple[int, int, str] | None:
-        """(Reporter thread) room for one job of ``queue`` claimed with a
-        completion, ``(1, lease ms, token)``, its slot held until ``_take``;
-        None when no handler is free, stopping, in an outage or at
-        ``max_jobs``. (A claim of the loop's at that moment may take the
-        same slot: then one job waits in the pool's queue.)"""
+    def fetch(self, queue: str, shared: bool = False) -> tuple[int, int, str] | None:
+        """(Reporter thread) room for one job of ``queue`` claimed with a completion,
+        ``(1, lease ms, token)``, its slot held until ``_take`` (``shared``: the slot of
+        the claim it yields to, ``or_else``); None when no handler is free, stopping, in an
+        outage or at ``max_jobs``. (A claim of the loop's at that moment may take the same
+        slot: then one job waits in the pool's queue.)"""
         with self._fetch_lock:
-            full = self.executing + self.fetching >= self.room
+            full = not shared and self.executing + self.fetching >= self.room
             taken = self.claimed + self.fetching + self.claiming  # the loop's claim in flight too
             done = self.max_jobs is not None and taken >= self.max_jobs
             if full or done or self.stopping.is_set() or self.retry_at or queue not in self.rest:
                 return None
-            self.fetching += 1
-            self._tokens.add(token := secrets.token_hex(8))
+            self._tokens[token := secrets.token_hex(8)] = held = 0 if shared else 1
+            self.fetching += held
         return 1, self.leases[queue], token
 
     def _taken(self, queue: str, token: str, claimed) -> None:
@@ -371,7 +369,8 @@ class ClaimLoop:
         passes to the jobs taken (none: freed), until ``_take`` starts them."""
         with self._fetch_lock:
             if token in self._tokens:  # an earlier run's claim is left to its leases
-                self.fetching += (0 if isinstance(claimed, BaseException) else len(claimed)) - 1
+                got = 0 if isinstance(claimed, BaseException) else len(claimed)
+                self.fetching += got - self._tokens[token]
                 self.done.put((queue, token, claimed))
 
     def _take(self, queue: str, token: str, claimed) -> None:
@@ -379,7 +378,7 @@ class ClaimLoop:
         if token == self.ride_held:  # ridden on, or freed: the next hand-over may hold one
             self.ride_held = None
         with self._fetch_lock:
-            self._tokens.discard(token)
+            self._tokens.pop(token, None)
             self.fetching -= 0 if isinstance(claimed, BaseException) else len(claimed)
         if isinstance(claimed, REDIS_DOWN):  # it may have run: its jobs are leased to us
             self.lost_claims.setdefault(queue, token)

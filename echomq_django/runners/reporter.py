@@ -292,14 +292,20 @@ class Reporter:
             replies = self.mq.complete_many(pairs, calls, carry)
         else:
             count, lease_ms, token = room
+            rides = [(queue, token)]
+            if (alt := self._or_else(good, queue)) is not None:
+                rides.insert(0, (alt[0], alt[3]))  # given back first: its slot is the other's
             try:
                 replies, claimed = self.mq.complete_then_claim(
-                    pairs, queue, count, lease_ms, token, calls, carry
+                    pairs, queue, count, lease_ms, token, calls, carry, alt and (alt[0], *alt[2:])
                 )
             except BaseException as err:
-                self._taken(queue, token, err)  # RedisUnavailable: the loop replays the token
+                for q, t in rides:  # RedisUnavailable: the loop replays the tokens
+                    self._taken(q, t, err)
                 raise
-            self._taken(queue, token, claimed)
+            claimed = (claimed,) if alt is None else claimed[::-1]
+            for (q, t), got in zip(rides, claimed, strict=True):
+                self._taken(q, t, got)
         self._own.after(good, replies, ahead)  # and its delivery
         if ride is not None:
             ride.settle([job for job, _ in pairs], replies)
@@ -321,6 +327,19 @@ class Reporter:
             if (room := self._fetch(queue)) is not None:
                 return queue, room
         return None, None
+
+    def _or_else(self, good: list[Finished], queue: str) -> tuple | None:
+        """``(queue2, 1, lease ms, token)``: on one server, a claim of a finished
+        child's own queue riding after the claim of ``queue`` (its parent's), in
+        the slot held for that one, which takes a job only when that one took
+        none: a sibling still pending starts without a claim of its own
+        (docs/explanation/no-polling.md#a-released-parent-starts-at-once)."""
+        if not self.mq.cross_queue_scripts:
+            return None
+        for q in dict.fromkeys(f.job.queue for f in good if f.job.parent_queue == queue):
+            if q != queue and (room := self._fetch(q, shared=True)) is not None:
+                return (q, *room)
+        return None
 
     def _postpone(self, finished: list[Finished]) -> None:
         """Put back, one script each, the jobs whose handler raised

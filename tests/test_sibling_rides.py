@@ -1,0 +1,119 @@
+"""A sibling rides in the parent's slot
+(docs/explanation/no-polling.md#a-released-parent-starts-at-once): on one
+server, the completion of a child whose parent waits on another queue
+carries a claim of the parent's queue and, after it, a claim of the child's
+own queue that yields to it (``complete_then_claim``'s ``or_else``): the
+second takes a job only when the first took none, so the slot held for the
+parent starts the next sibling instead of staying empty until the reply.
+On a Redis Cluster the two queues' slots are apart: no such claim is sent."""
+
+from __future__ import annotations
+
+import pytest
+
+from echomq_django import Flow, JobState, Worker
+from echomq_django.core.exceptions import RedisUnavailable
+from echomq_django.runners.reporter import Finished
+from tests.support.jobkit import assert_state, claim_one, leaf, node
+from tests.support.workerkit import burst, fetching_reporter
+
+
+def three_kids_one_running(mq):
+    mq.add_flow(node("p", [leaf(c, queue="kids") for c in ("c1", "c2", "c3")]))
+    return claim_one(mq, "kids", "c1")
+
+
+def ids(claimed) -> list[str]:
+    return [job.id for job in claimed]
+
+
+def test_the_claim_after_the_parents_takes_a_sibling_while_the_parent_waits(mq) -> None:
+    if not mq.cross_queue_scripts:
+        c1 = three_kids_one_running(mq)
+        with pytest.raises(
+            ValueError, match="a claim yielding to another queue's needs one server"
+        ):
+            mq.complete_then_claim([(c1, 1)], "q", 1, 5000, "t1", or_else=("kids", 5000, "t2"))
+        assert_state(mq, "kids", "c1", JobState.ACTIVE)  # nothing was sent
+        return
+    c1 = three_kids_one_running(mq)
+    done, (parent_claim, sibling) = mq.complete_then_claim(
+        [(c1, 1)], "q", 1, 5000, "t1", or_else=("kids", 5000, "t2")
+    )
+    assert (done[0].released, ids(parent_claim), ids(sibling)) == ([], [], ["c2"])
+    assert sibling[0].lease_deadline is not None
+    assert_state(mq, "kids", "c2", JobState.ACTIVE)
+    assert_state(mq, "kids", "c3", JobState.PENDING)
+
+
+def test_the_claim_after_the_parents_takes_nothing_once_the_parent_is_taken(mq) -> None:
+    if not mq.cross_queue_scripts:
+        pytest.skip("one server only: the two claims' slots are apart on a Cluster")
+    mq.add_flow(node("p", [leaf("c1", queue="kids")]))
+    mq.enqueue("kids", "t.echo", job_id="other")
+    c1 = claim_one(mq, "kids", "c1")
+    call = ([(c1, 1)], "q", 1, 5000, "t1")
+    done, (parent_claim, sibling) = mq.complete_then_claim(*call, or_else=("kids", 5000, "t2"))
+    assert (done[0].released, ids(parent_claim), ids(sibling)) == ([("q", "p")], ["p"], [])
+    assert_state(mq, "kids", "other", JobState.PENDING)  # left for the next free slot
+    assert mq.client.exists(mq.keys.queue("kids").claim("t2")) == 0  # it wrote nothing
+    # the round trip sent again (a lost reply): the same parent, and still nothing
+    assert ids(mq.claim("q", 1, 5000, token="t1")) == ["p"]
+    assert ids(mq.claim("kids", 1, 5000, token="t2")) == ["other"]  # a fresh claim of its own
+
+
+def test_a_reporter_rides_a_siblings_claim_in_the_parents_slot(mq) -> None:
+    c1 = three_kids_one_running(mq)
+    reporter, asked, taken = fetching_reporter(mq)
+    reporter.report([Finished(c1, 1)])
+    if not mq.cross_queue_scripts:  # the delivery claims the parent's queue alone
+        assert [(q, ids(got)) for q, _, got in taken] == [("q", [])]
+        return
+    assert asked == ["q", "kids"]
+    # the sibling's first: its slot is the parent's, given back after it
+    assert [(q, t, ids(got)) for q, t, got in taken] == [("kids", "t2", ["c2"]), ("q", "t1", [])]
+
+
+def test_a_shared_slot_is_held_once(mq) -> None:
+    worker = Worker(["q", "kids"], concurrency=1, mq=mq, register=False)
+    loop = worker.loop
+    _, _, first = loop.fetch("q")
+    _, _, second = loop.fetch("kids", shared=True)  # the one slot, held already
+    assert (loop.fetching, loop.fetch("kids")) == (1, None)
+    loop._taken("kids", second, ["a job"])  # the sibling took the slot...
+    loop._taken("q", first, [])  # ...and the parent's claim gave it back
+    assert loop.fetching == 1
+    posted = [loop.done.get_nowait(), loop.done.get_nowait()]
+    assert [q for q, _, _ in posted] == ["kids", "q"]
+    loop._take(*posted[1])  # the parent's, empty
+    assert (loop.fetching, list(loop._tokens)) == (1, [second])  # until the loop starts it
+    loop._tokens.clear()
+    loop.fetching = 0
+    # a lost reply: both tokens are sent again by the loop's next claims
+    _, _, first = loop.fetch("q")
+    _, _, second = loop.fetch("kids", shared=True)
+    for queue, token in (("kids", second), ("q", first)):
+        loop._taken(queue, token, RedisUnavailable("gone"))
+        loop._take(*loop.done.get_nowait())
+    assert (loop.fetching, loop.lost_claims) == (0, {"kids": second, "q": first})
+
+
+def test_a_worker_of_one_handler_claims_the_first_child_alone(mq, monkeypatch) -> None:
+    """Parent on q, three children on kids, one handler: on one server the
+    loop's own claims take only the first child; the others ride their
+    siblings' completions and the parent the last one's."""
+    kids = [Flow("kids", "t.echo", i, job_id=f"c{i}") for i in range(3)]
+    mq.add_flow(Flow("q", "t.echo", "p", job_id="p", children=kids))
+    own: list[str] = []
+    claim = mq.claim
+
+    def recorded(queue, *args, **kw):
+        got = claim(queue, *args, **kw)
+        own.extend(job.id for job in got)
+        return got
+
+    monkeypatch.setattr(mq, "claim", recorded)
+    _, processed = burst(mq, ["q", "kids"], concurrency=1, register=False)
+    assert processed == 4
+    assert_state(mq, "q", "p", JobState.COMPLETED)
+    assert own == (["c0"] if mq.cross_queue_scripts else ["c0", "c1", "c2"])
