@@ -382,3 +382,37 @@ def test_an_inbox_wait_keeps_its_timeout_while_signal_handlers_run():
         signal.signal(signal.SIGUSR1, before)
     assert longest < 1.0
     assert (inbox.get_nowait(), inbox.empty()) == ("unblock", True)
+
+
+def test_the_inbox_hears_every_put_from_many_threads() -> None:
+    """Three threads put 2,000 items each, in bursts and alone, while the
+    loop waits: every item is taken, each thread's in order, no wait runs
+    out (a ring lost between the loop's look and its wait would leave an
+    item unheard for the whole timeout), and a ring left over from a put
+    the loop did not need only makes the next wait look again."""
+    inbox, per_thread = Inbox(), 2_000
+
+    def producer(name: str) -> None:
+        for i in range(per_thread):
+            inbox.put((name, i))
+            if i % 7 == 0:
+                time.sleep(0.0001)
+
+    threads = [threading.Thread(target=producer, args=(n,)) for n in "abc"]
+    for thread in threads:
+        thread.start()
+    got: dict[str, list[int]] = {n: [] for n in "abc"}
+    longest = 0.0
+    for _ in range(3 * per_thread):
+        started = time.monotonic()
+        name, i = inbox.get(timeout=5)
+        longest = max(longest, time.monotonic() - started)
+        got[name].append(i)
+    for thread in threads:
+        thread.join()
+    assert got == {n: list(range(per_thread)) for n in "abc"}
+    assert longest < 1.0  # a put rang: no item waited for the wait's timeout
+    inbox.put("late")  # the loop is not waiting: no ring
+    assert inbox.get(timeout=0) == "late"
+    with pytest.raises(_queue.Empty):
+        inbox.get(timeout=0.05)  # a ring left over, if any, ends in a look and a wait

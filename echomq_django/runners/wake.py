@@ -57,24 +57,33 @@ class Inbox:
     the loop's one thread ``get(timeout)`` (s; None: no end), ``get_nowait()``
     and ``empty()``; ``get`` and ``get_nowait`` raise ``queue.Empty`` as a
     queue does. The items are a ``SimpleQueue``'s (the fastest put), the
-    wait an ``Event``'s: on CPython before 3.13 a ``SimpleQueue.get(timeout)``
+    wait a bare ``Lock``'s, held while nothing rings and released by a put
+    to wake the loop: on CPython before 3.13 a ``SimpleQueue.get(timeout)``
     on the main thread turns into a wait without end when a signal handler
     runs past its deadline, and a runner's loop runs on the main thread,
-    where every SIGTERM lands (docs/explanation/no-polling.md)."""
+    where every SIGTERM lands (docs/explanation/no-polling.md); a lock's
+    timed acquire recomputes its deadline after a handler, and hands over
+    in about half an ``Event``'s time (one lock, where an ``Event`` wakes
+    through a condition and a lock of its own:
+    docs/explanation/performance.md#the-loops-bell)."""
 
     __slots__ = ("_bell", "_items", "_sleeping", "empty", "get_nowait")
 
     def __init__(self) -> None:
         self._items: _queue.SimpleQueue = _queue.SimpleQueue()
-        self._bell = threading.Event()
-        self._sleeping = False  # the loop is (about to be) in _bell.wait
+        self._bell = threading.Lock()
+        self._bell.acquire()  # held: released, it rings once
+        self._sleeping = False  # the loop is (about to be) waiting on the bell
         self.get_nowait, self.empty = self._items.get_nowait, self._items.empty
 
     def put(self, item) -> None:
         """Add ``item``; wakes the loop when it waits."""
         self._items.put(item)
         if self._sleeping:  # read after the put: a loop that missed the item hears the bell
-            self._bell.set()
+            try:
+                self._bell.release()
+            except RuntimeError:  # rung already, not heard yet: once is enough
+                pass
 
     def get(self, timeout: float | None = None):
         """The oldest item, waiting up to ``timeout`` s for one."""
@@ -90,11 +99,12 @@ class Inbox:
                 try:
                     return self._items.get_nowait()
                 except _queue.Empty:
-                    left = None if deadline is None else deadline - time.monotonic()
-                    if left is not None and left <= 0:
+                    left = -1 if deadline is None else deadline - time.monotonic()
+                    if deadline is not None and left <= 0:
                         raise
-                self._bell.wait(left)
-                self._bell.clear()  # an item put before the clear is found by the look
+                # a ring left from an earlier wait returns at once: the look above
+                # runs again, finds nothing, and the next acquire waits
+                self._bell.acquire(timeout=left)
         finally:
             self._sleeping = False
 
