@@ -80,6 +80,9 @@ def test_a_shared_slot_is_held_once(mq) -> None:
     _, _, first = loop.fetch("q")
     _, _, second = loop.fetch("kids", shared=True)  # the one slot, held already
     assert (loop.fetching, loop.fetch("kids")) == (1, None)
+    loop.concurrency = 2  # another slot free: the loop claims for it, no claim yields
+    assert loop.fetch("kids", shared=True) is None
+    loop.concurrency = 1
     loop._taken("kids", second, ["a job"])  # the sibling took the slot...
     loop._taken("q", first, [])  # ...and the parent's claim gave it back
     assert loop.fetching == 1

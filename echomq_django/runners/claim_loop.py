@@ -351,14 +351,15 @@ class ClaimLoop:
     def fetch(self, queue: str, shared: bool = False) -> tuple[int, int, str] | None:
         """(Reporter thread) room for one job of ``queue`` claimed with a completion,
         ``(1, lease ms, token)``, its slot held until ``_take`` (``shared``: the slot of
-        the claim it yields to, ``or_else``); None when no handler is free, stopping, in an
-        outage or at ``max_jobs``. (A claim of the loop's at that moment may take the same
-        slot: then one job waits in the pool's queue.)"""
+        the claim it yields to, ``or_else``, and only when no other is free: the loop
+        claims for those); None when no handler is free, stopping, in an outage or at
+        ``max_jobs``. (A claim of the loop's at that moment may take the same slot.)"""
         with self._fetch_lock:
-            full = not shared and self.executing + self.fetching >= self.room
+            full = self.executing + self.fetching >= self.room
             taken = self.claimed + self.fetching + self.claiming  # the loop's claim in flight too
             done = self.max_jobs is not None and taken >= self.max_jobs
-            if full or done or self.stopping.is_set() or self.retry_at or queue not in self.rest:
+            done = done or self.stopping.is_set() or self.retry_at or queue not in self.rest
+            if full != shared or done:  # shared: only into the last free slot, the one held
                 return None
             self._tokens[token := secrets.token_hex(8)] = held = 0 if shared else 1
             self.fetching += held
