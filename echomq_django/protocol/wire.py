@@ -123,7 +123,7 @@ class Wire:
         or after completions): ``(call, now ms, lease ms)``. ``yields_to``:
         ``(queue, token)`` of a claim sent just before it in the same round
         trip on one server; when that one leased jobs, this one takes none
-        (docs/explanation/no-polling.md#a-released-parent-starts-at-once).
+        (docs/explanation/protocol.md#claim).
         Raises ``ValueError`` for a bad ``count``, ``lease_ms`` or ``token``."""
         whole_number("count", count, 1)
         whole_number("lease_ms", lease_ms, 1, optional=True)

@@ -295,9 +295,10 @@ class Reporter:
             rides = [(queue, token)]
             if (alt := self._or_else(good, queue)) is not None:
                 rides.insert(0, (alt[0], alt[3]))  # given back first: its slot is the other's
+            or_else = None if alt is None else (alt[0], alt[2], alt[3])  # queue, lease, token
             try:
                 replies, claimed = self.mq.complete_then_claim(
-                    pairs, queue, count, lease_ms, token, calls, carry, alt and (alt[0], *alt[2:])
+                    pairs, queue, count, lease_ms, token, calls, carry, or_else
                 )
             except BaseException as err:
                 for q, t in rides:  # RedisUnavailable: the loop replays the tokens
@@ -333,7 +334,7 @@ class Reporter:
         child's own queue riding after the claim of ``queue`` (its parent's), in
         the slot held for that one, which takes a job only when that one took
         none: a sibling still pending starts without a claim of its own
-        (docs/explanation/no-polling.md#a-released-parent-starts-at-once)."""
+        (docs/explanation/no-polling.md#a-sibling-rides-in-the-parents-slot)."""
         if not self.mq.cross_queue_scripts:
             return None
         for q in dict.fromkeys(f.job.queue for f in good if f.job.parent_queue == queue):
