@@ -9,11 +9,12 @@
   KEYS[2] active zset          P:{q}:active (score: lease deadline, ms)
   KEYS[3] lease sequence       P:{q}:lease:seq (string counter)
   KEYS[4] the claim it yields to: P:{q}:claim:<its own token> (none), or,
-          for a claim sent after another in the same round trip on one
-          server, that claim's memo P:{q2}:claim:<token> (another queue's
-          slot): when it exists (that claim leased jobs) this one takes
-          nothing and writes nothing
-          (docs/explanation/no-polling.md#a-released-parent-starts-at-once)
+          for one of a pair sent in the same round trip on one server (the
+          worker's or_else), the other's memo P:{q2}:claim:<token> (another
+          queue's slot): when it exists (the other leased jobs, or a resend
+          or replay finds it has) this one takes nothing and writes nothing;
+          its own memo, checked first, still replays what it leased
+          (docs/explanation/no-polling.md#a-sibling-rides-in-the-parents-slot)
 
   ARGV[1] queue key prefix     P:{q}: (job rows are P:{q}:job:<id>, same slot)
   ARGV[2] count K (integer >= 1)

@@ -9,6 +9,8 @@ On a Redis Cluster the two queues' slots are apart: no such claim is sent."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from echomq_django import Flow, JobState, Worker
@@ -78,10 +80,10 @@ def test_a_shared_slot_is_held_once(mq) -> None:
     worker = Worker(["q", "kids"], concurrency=1, mq=mq, register=False)
     loop = worker.loop
     _, _, first = loop.fetch("q")
-    _, _, second = loop.fetch("kids", shared=True)  # the one slot, held already
+    _, _, second = loop.fetch("kids", yields_to=("q", first))  # the one slot, held already
     assert (loop.fetching, loop.fetch("kids")) == (1, None)
     loop.concurrency = 2  # another slot free: the loop claims for it, no claim yields
-    assert loop.fetch("kids", shared=True) is None
+    assert loop.fetch("kids", yields_to=("q", first)) is None
     loop.concurrency = 1
     loop._taken("kids", second, ["a job"])  # the sibling took the slot...
     loop._taken("q", first, [])  # ...and the parent's claim gave it back
@@ -91,14 +93,61 @@ def test_a_shared_slot_is_held_once(mq) -> None:
     loop._take(*posted[1])  # the parent's, empty
     assert (loop.fetching, list(loop._tokens)) == (1, [second])  # until the loop starts it
     loop._tokens.clear()
+    loop._pairs.clear()
     loop.fetching = 0
-    # a lost reply: both tokens are sent again by the loop's next claims
+    # a lost reply: both tokens are sent again by the loop's next claims, as a pair
     _, _, first = loop.fetch("q")
-    _, _, second = loop.fetch("kids", shared=True)
+    _, _, second = loop.fetch("kids", yields_to=("q", first))
     for queue, token in (("kids", second), ("q", first)):
         loop._taken(queue, token, RedisUnavailable("gone"))
         loop._take(*loop.done.get_nowait())
-    assert (loop.fetching, loop.lost_claims) == (0, {"kids": second, "q": first})
+    assert (loop.fetching, loop._pairs) == (0, {})
+    assert loop.lost_claims == {"kids": (second, ("q", first)), "q": (first, ("kids", second))}
+
+
+def lost_pair(mq, loop, child):
+    """Hold the slot as the reporter does, send the pair with ``child``'s
+    completion, and lose its reply: Redis ran it, the worker heard nothing."""
+    _, _, t1 = loop.fetch("q")
+    _, _, t2 = loop.fetch("kids", yields_to=("q", t1))
+    mq.complete_then_claim([(child, 1)], "q", 1, 5000, t1, or_else=("kids", 5000, t2))
+    for queue, token in (("kids", t2), ("q", t1)):
+        loop._taken(queue, token, RedisUnavailable("the reply was lost"))
+        loop._take(*loop.done.get_nowait())
+
+
+def test_a_pair_whose_reply_was_lost_is_sent_again_as_a_pair(mq) -> None:
+    """The parent the lost round trip leased gets the one slot: the
+    sibling's token, sent again first, yields to the parent's as it did."""
+    if not mq.cross_queue_scripts:
+        pytest.skip("one server only: the two claims' slots are apart on a Cluster")
+    mq.add_flow(node("p", [leaf("c1", queue="kids")]))
+    mq.enqueue("kids", "t.echo", job_id="s0")
+    loop = Worker(["q", "kids"], concurrency=1, mq=mq, register=False).loop
+    started: list[str] = []
+    loop.pool = SimpleNamespace(start=lambda job, done: started.append(job.id), ahead=0)
+    lost_pair(mq, loop, claim_one(mq, "kids", "c1"))
+    assert list(loop.lost_claims) == ["kids", "q"]  # the sibling's first
+    assert loop._claim(1, everywhere=True) == 1
+    assert started == ["p"]
+    assert_state(mq, "kids", "s0", JobState.PENDING)
+    assert (loop.lost_claims, loop.fetching, loop.executing) == ({}, 0, 1)
+
+
+def test_a_pair_sent_twice_takes_one_slot_s_jobs(mq) -> None:
+    """redis-py sends a pipeline again after a dropped connection: the
+    parent's claim, empty the first time, yields to the sibling's the
+    second, though a job came to its queue in between."""
+    if not mq.cross_queue_scripts:
+        pytest.skip("one server only: the two claims' slots are apart on a Cluster")
+    mq.add_flow(node("p", [leaf("c1", queue="kids"), leaf("c2", queue="kids")]))
+    c1 = claim_one(mq, "kids", "c1")
+    call = ([(c1, 1)], "q", 1, 5000, "t1")
+    _, first = mq.complete_then_claim(*call, or_else=("kids", 5000, "t2"))
+    mq.enqueue("q", "t.echo", job_id="x")
+    _, again = mq.complete_then_claim(*call, or_else=("kids", 5000, "t2"))
+    assert [ids(c) for c in first] == [ids(c) for c in again] == [[], ["c2"]]
+    assert_state(mq, "q", "x", JobState.PENDING)
 
 
 def test_a_worker_of_one_handler_claims_the_first_child_alone(mq, monkeypatch) -> None:

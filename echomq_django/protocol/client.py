@@ -1,18 +1,14 @@
-"""``EchoMQ``: the queue over one Redis connection, composed of parts
-(docs/explanation/house.md, "protocol/").
-
-``EchoMQ`` is the user API: the one-job transitions defined here (``lua/enqueue.lua``,
-``lua/extend_lease.lua``; ``claim``, ``complete`` and ``fail`` run the calls
-``Wire.claim_call``, ``Wire.complete_call`` and ``Wire.fail_call`` build), the
-read API of ``Reads``, and the calls it hands to its parts:
-flows (``mq.flows``), bulk adds (``mq.bulk``), retry, remove and cancel
-(``mq.lifecycle``), waiting for a result (``mq.waits``), what a running job reports
-(``mq.progress``, through its ``Job``), following events (``mq.events(...)``). What
-only the runners, the admin and monitoring call lives on the parts they name:
-``mq.outbox``, ``mq.timers``, ``mq.signal_events``, ``mq.presence``, ``mq.probes``.
-Each part is a small class over the one ``Wire`` (``wire.py``) they share; this class
-validates input, builds keys, runs the script and decodes the reply; nothing is
-written when validation fails.
+"""``EchoMQ``: the queue over one Redis connection, composed of parts (docs/explanation/house.md,
+"protocol/"). ``EchoMQ`` is the user API: the one-job transitions defined here
+(``lua/enqueue.lua``, ``lua/extend_lease.lua``; ``claim``, ``complete`` and ``fail`` run the calls
+``Wire.claim_call``, ``Wire.complete_call`` and ``Wire.fail_call`` build), the read API of
+``Reads``, and the calls it hands to its parts: flows (``mq.flows``), bulk adds (``mq.bulk``),
+retry, remove and cancel (``mq.lifecycle``), waiting for a result (``mq.waits``), what a running
+job reports (``mq.progress``, through its ``Job``), following events (``mq.events(...)``). What
+only the runners, the admin and monitoring call lives on the parts they name: ``mq.outbox``,
+``mq.timers``, ``mq.signal_events``, ``mq.presence``, ``mq.probes``. Each part is a small class
+over the one ``Wire`` (``wire.py``) they share; this class validates input, builds keys, runs the
+script and decodes the reply; nothing is written when validation fails.
 """
 
 from __future__ import annotations
@@ -239,26 +235,31 @@ class EchoMQ(Reads):
         return state.split(" ", 1)[1] if state.startswith("deduplicated ") else job_id
 
     def claim(
-        self, queue: str, count: int = 1, lease_ms: int | None = None, token: str | None = None
+        self,
+        queue: str,
+        count: int = 1,
+        lease_ms: int | None = None,
+        token: str | None = None,
+        yields_to: tuple[str, str] | None = None,
     ) -> list[Job]:
         """Claim up to ``count`` pending jobs of ``queue`` in one call.
 
         Each returned ``Job`` is active, holds a fresh ``lease`` token and a
         ``lease_deadline`` (ms) = now + ``lease_ms`` (the queue's LEASE_MS by
         default), and has its attempt counted. docs/explanation/protocol.md#claim. The list is
-        a ``Claimed``: empty with ``paused`` True when the queue is paused,
-        ``wait_ms`` set when its RATE_LIMIT window is full
-        (docs/explanation/protocol.md#scheduling), or ``full`` True when its
-        concurrency cap is reached; higher priorities come first.
+        a ``Claimed``: empty with ``paused`` True when the queue is paused, ``wait_ms`` set
+        when its RATE_LIMIT window is full (docs/explanation/protocol.md#scheduling), or
+        ``full`` True when its concurrency cap is reached; higher priorities come first.
 
-        ``token`` (str, 1-64 of ``[0-9A-Za-z._-]``) names the call; None
-        draws a fresh one. Pass the token of a claim that raised a
-        connection error (its reply may be lost after Redis ran it): within
-        that claim's lease the same jobs come back, with the lease they have
-        left, instead of staying active unseen until the lease expires.
-        Raises ``ValueError`` for a bad ``count``, ``lease_ms`` or ``token``.
-        """
-        call, now, lease = self.wire.claim_call(queue, count, lease_ms, token)
+        ``token`` (str, 1-64 of ``[0-9A-Za-z._-]``) names the call; None draws a fresh
+        one. Pass the token of a claim that raised a connection error (its reply may be
+        lost after Redis ran it): within that claim's lease the same jobs come back, with
+        the lease they have left, instead of staying active unseen until it expires.
+        ``yields_to``: ``(queue, token)`` of the claim it was sent with (``or_else`` of
+        ``complete_then_claim``): it takes nothing once that one has leased jobs. Raises
+        ``ValueError`` for a bad ``count``, ``lease_ms`` or ``token``, or a ``yields_to``
+        on a Redis Cluster."""
+        call, now, lease = self.wire.claim_call(queue, count, lease_ms, token, yields_to)
         return self.wire.claimed(queue, self.scripts.run(*call), now, lease, self)
 
     def complete(self, job: Job, result: Any = None) -> Outcome:

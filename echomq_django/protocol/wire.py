@@ -121,10 +121,11 @@ class Wire:
     ):
         """One ``claim`` script call (``EchoMQ.claim`` checks and runs it, alone
         or after completions): ``(call, now ms, lease ms)``. ``yields_to``:
-        ``(queue, token)`` of a claim sent just before it in the same round
-        trip on one server; when that one leased jobs, this one takes none
-        (docs/explanation/protocol.md#claim).
-        Raises ``ValueError`` for a bad ``count``, ``lease_ms`` or ``token``."""
+        ``(queue, token)`` of a claim sent with it in the same round trip on one
+        server; once that one has leased jobs, this one takes none
+        (docs/explanation/protocol.md#claim). Raises ``ValueError`` for a bad
+        ``count``, ``lease_ms`` or ``token``, and for ``yields_to`` where the two
+        queues' slots may be apart (not ``cross_queue_scripts``: a Redis Cluster)."""
         whole_number("count", count, 1)
         whole_number("lease_ms", lease_ms, 1, optional=True)
         if token is not None and not CALL_TOKEN.fullmatch(str(token)):
@@ -132,6 +133,8 @@ class Wire:
         lease = int(lease_ms if lease_ms is not None else self.setting(queue, "LEASE_MS"))
         now = self.clock()
         k, token = self.keys.queue(queue), token or secrets.token_hex(8)
+        if yields_to is not None and not self.cross_queue_scripts:
+            raise ValueError("yields_to: a claim yielding to another queue's needs one server")
         memo = (
             k.claim(token)
             if yields_to is None
@@ -144,18 +147,15 @@ class Wire:
     def claim_calls(self, queue: str, count: int, lease_ms, token: str, or_else=None) -> list:
         """``(queue, call, now ms, lease ms)`` of ``claim_call(queue, count, lease_ms,
         token)`` and, with ``or_else`` ``(queue2, lease_ms2, token2)``, of a claim of
-        ``queue2`` yielding to it (the slot it fills is the first's). Raises
-        ``ValueError`` as ``claim_call`` does, and for an ``or_else`` where the two
-        queues' slots may be apart (not ``cross_queue_scripts``: a Redis Cluster)."""
-        claims = [(queue, *self.claim_call(queue, count, lease_ms, token))]
-        if or_else is not None:
-            if not self.cross_queue_scripts:
-                raise ValueError("or_else: a claim yielding to another queue's needs one server")
-            queue2, lease_ms2, token2 = or_else
-            claims.append(
-                (queue2, *self.claim_call(queue2, count, lease_ms2, token2, (queue, token)))
-            )
-        return claims
+        ``queue2``, each yielding to the other (the slot they fill is one). Raises
+        ``ValueError`` as ``claim_call`` does (an ``or_else`` on a Redis Cluster)."""
+        if or_else is None:
+            return [(queue, *self.claim_call(queue, count, lease_ms, token))]
+        queue2, lease_ms2, token2 = or_else  # each yields to the other (a resend too)
+        return [
+            (queue, *self.claim_call(queue, count, lease_ms, token, (queue2, token2))),
+            (queue2, *self.claim_call(queue2, count, lease_ms2, token2, (queue, token))),
+        ]
 
     def complete_call(self, queue: str, pairs: list, writes: str = "", now: int | None = None):
         """One ``complete`` script call for ``(job, result JSON)`` pairs of

@@ -57,20 +57,17 @@ class Claims:
 class ClaimLoop:
     """The loop a ``Worker`` runs, with every piece of state it keeps.
 
-    ``mq``: the ``EchoMQ``; ``queues``: queue names; ``concurrency``:
-    handler threads; ``batch``: most jobs per claim; ``leases``: ``{queue:
-    lease ms}``; ``time_limits``: ``{queue: TIMEOUT_MS or None}``;
-    ``max_stuck``: handler threads written off before the loop stops;
-    ``shutdown_timeout`` (s): how long a stop waits for running jobs;
-    ``block_s``, ``sweep_s``, ``max_stalls``: the wake-ups and timers
-    (``wake.Idle``); ``sender``: the signals' sender (the worker);
-    ``metrics``: the process's counters or None; ``make_pool(loop, name)``:
-    builds each run's pool (None: handler threads, ``HandlerPool``).
+    ``mq``: the ``EchoMQ``; ``queues``: queue names; ``concurrency``: handler threads;
+    ``batch``: most jobs per claim; ``leases``: ``{queue: lease ms}``; ``time_limits``:
+    ``{queue: TIMEOUT_MS or None}``; ``max_stuck``: handler threads written off before the loop
+    stops; ``shutdown_timeout`` (s): how long a stop waits for running jobs; ``block_s``,
+    ``sweep_s``, ``max_stalls``: the wake-ups and timers (``wake.Idle``); ``sender``: the
+    signals' sender (the worker); ``metrics``: the process's counters or None; ``make_pool(loop,
+    name)``: builds each run's pool (None: handler threads, ``HandlerPool``).
 
-    Parts: ``claims`` (``Claims``), ``reporter`` (``Reporter``), ``timeouts``
-    (``Timeouts``), ``idle`` (``wake.Idle``), and per run ``pool`` and
-    ``done`` (finished jobs and wake-ups for the loop). ``run(burst,
-    max_jobs)`` claims round-robin, submits to the pool, waits and hands
+    Parts: ``claims`` (``Claims``), ``reporter`` (``Reporter``), ``timeouts`` (``Timeouts``),
+    ``idle`` (``wake.Idle``), and per run ``pool`` and ``done`` (finished jobs and wake-ups for
+    the loop). ``run(burst, max_jobs)`` claims round-robin, submits to the pool, waits and hands
     finished jobs to the reporter; ``stop(force)`` ends it from any thread.
     """
 
@@ -122,7 +119,8 @@ class ClaimLoop:
         # queue -> parents this worker saw released on it (written by the reporter only): a
         # claim that came back short rests its queue only if none was released meanwhile
         self.released = dict.fromkeys(queues, 0)
-        self.lost_claims: dict[str, str] = {}  # queue -> a claim that raised: its token again
+        self.lost_claims: dict[str, tuple] = {}  # queue -> (token, yields_to): a claim that raised
+        self._pairs: dict[str, tuple[str, str]] = {}  # token in flight -> (queue, token) ditto
         # queues whose last claim met a full RATE_LIMIT window: a burst waits it out
         self.limited: set[str] = set()
         self.turn = self.window_waits = 0  # window_waits: claims that met a full window
@@ -162,7 +160,7 @@ class ClaimLoop:
         else:
             self.pool = self.make_pool(self, name)
         with self._fetch_lock:  # slots an earlier run held (a stop cut it short) are not held
-            self.done, self._tokens = Inbox(), {}
+            self.done, self._tokens, self._pairs = Inbox(), {}, {}
             self.fetching = self.claiming = 0
         self.executing, self.ride_held = 0, None
         self.reporter.reset()
@@ -348,21 +346,21 @@ class ClaimLoop:
     # jobs it takes at once: a handler each, and what the pool queues beyond (processes)
     room = property(lambda self: self.concurrency + getattr(self.pool, "ahead", 0))
 
-    def fetch(self, queue: str, shared: bool = False) -> tuple[int, int, str] | None:
-        """(Reporter thread) room for one job of ``queue`` claimed with a completion,
-        ``(1, lease ms, token)``, its slot held until ``_take`` (``shared``: the slot of
-        the claim it yields to, ``or_else``, and only when no other is free: the loop
-        claims for those); None when no handler is free, stopping, in an outage or at
-        ``max_jobs``. (A claim of the loop's at that moment may take the same slot.)"""
+    def fetch(self, queue: str, yields_to: tuple | None = None) -> tuple[int, int, str] | None:
+        """(Reporter thread) ``(1, lease ms, token)``: room for a job of ``queue`` claimed with a
+        completion, its slot held until ``_take`` (``yields_to``: ``(queue, token)`` of the claim
+        whose slot, the last free one, it shares); None: none free, stopping, or ``max_jobs``."""
         with self._fetch_lock:
             full = self.executing + self.fetching >= self.room
             taken = self.claimed + self.fetching + self.claiming  # the loop's claim in flight too
             done = self.max_jobs is not None and taken >= self.max_jobs
             done = done or self.stopping.is_set() or self.retry_at or queue not in self.rest
-            if full != shared or done:  # shared: only into the last free slot, the one held
+            if full != (yields_to is not None) or done:  # shared: only into the last free slot
                 return None
-            self._tokens[token := secrets.token_hex(8)] = held = 0 if shared else 1
+            self._tokens[token := secrets.token_hex(8)] = held = 0 if yields_to else 1
             self.fetching += held
+            if yields_to:  # each yields to the other, sent again too (lua/claim.lua KEYS[4])
+                self._pairs[token], self._pairs[yields_to[1]] = yields_to, (queue, token)
         return 1, self.leases[queue], token
 
     def _taken(self, queue: str, token: str, claimed) -> None:
@@ -381,8 +379,9 @@ class ClaimLoop:
         with self._fetch_lock:
             self._tokens.pop(token, None)
             self.fetching -= 0 if isinstance(claimed, BaseException) else len(claimed)
+            yields_to = self._pairs.pop(token, None)
         if isinstance(claimed, REDIS_DOWN):  # it may have run: its jobs are leased to us
-            self.lost_claims.setdefault(queue, token)
+            self.lost_claims.setdefault(queue, (token, yields_to))
             self.rest[queue] = 0.0  # asked now, drained or not (no-polling.md#blocking-claims)
         elif not isinstance(claimed, BaseException):
             self.claims.add(claimed)
@@ -420,14 +419,15 @@ class ClaimLoop:
             if want <= 0:
                 break
             released = self.released[queue]
-            token = self.lost_claims.pop(queue, None) or secrets.token_hex(8)
+            # a lost token again, yielding as it was sent (lua/claim.lua KEYS[4]), or a new one
+            token, yields_to = self.lost_claims.pop(queue, None) or (secrets.token_hex(8), None)
             try:
-                jobs = self.mq.claim(queue, want, self.leases[queue], token=token)
+                jobs = self.mq.claim(queue, want, self.leases[queue], token, yields_to)
             except REDIS_DOWN:
                 # Redis may have run it and lost only the reply: the next try sends the
                 # same token, and a claim that ran gives its jobs back (lua/claim.lua's
                 # replay) instead of leaving them active and unseen until their lease ends
-                self.lost_claims[queue], self.claiming = token, 0
+                self.lost_claims[queue], self.claiming = (token, yields_to), 0
                 raise
             self.claimed, self.claiming = self.claimed + len(jobs), 0  # counted, then freed
             if jobs.wait_ms:  # its RATE_LIMIT window is full: rest until it opens

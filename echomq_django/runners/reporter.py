@@ -293,7 +293,7 @@ class Reporter:
         else:
             count, lease_ms, token = room
             rides = [(queue, token)]
-            if (alt := self._or_else(good, queue)) is not None:
+            if (alt := self._or_else(good, queue, token)) is not None:
                 rides.insert(0, (alt[0], alt[3]))  # given back first: its slot is the other's
             or_else = None if alt is None else (alt[0], alt[2], alt[3])  # queue, lease, token
             try:
@@ -329,16 +329,16 @@ class Reporter:
                 return queue, room
         return None, None
 
-    def _or_else(self, good: list[Finished], queue: str) -> tuple | None:
-        """``(queue2, 1, lease ms, token)``: on one server, a claim of a finished
-        child's own queue riding after the claim of ``queue`` (its parent's), in
-        the slot held for that one, which takes a job only when that one took
-        none: a sibling still pending starts without a claim of its own
+    def _or_else(self, good: list[Finished], queue: str, token: str) -> tuple | None:
+        """``(queue2, 1, lease ms, token2)``: on one server, a claim of a finished
+        child's own queue riding after the claim ``token`` of ``queue`` (its parent's),
+        in the slot held for that one, each yielding to the other, so one of them takes
+        a job: a sibling still pending starts without a claim of its own
         (docs/explanation/no-polling.md#a-sibling-rides-in-the-parents-slot)."""
         if not self.mq.cross_queue_scripts:
             return None
         for q in dict.fromkeys(f.job.queue for f in good if f.job.parent_queue == queue):
-            if q != queue and (room := self._fetch(q, shared=True)) is not None:
+            if q != queue and (room := self._fetch(q, yields_to=(queue, token))) is not None:
                 return (q, *room)
         return None
 
