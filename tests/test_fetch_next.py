@@ -85,7 +85,7 @@ def test_the_worker_holds_a_slot_for_the_reporters_claim(mq) -> None:
     _, _, token = loop.fetch("q")
     loop._taken("q", token, RedisUnavailable("gone"))  # its reply may be lost
     loop._take(*loop.done.get_nowait())
-    assert (loop.fetching, loop.lost_claims) == (0, {"q": (token, None)})  # replayed by the next claim
+    assert (loop.fetching, loop.lost_claims) == (0, {"q": (token, None)})  # sent again next
 
 
 # -- a parent on another queue: the worker delivers its child's completion ----
