@@ -64,9 +64,9 @@ def test_a_claim_whose_reply_was_lost_gives_its_job_back(mq, monkeypatch):
     mq.enqueue("q", "t.echo", "kept", job_id="j")
     real, calls = mq.claim, []
 
-    def lose_first_reply(queue, count=1, lease_ms=None, token=None):
+    def lose_first_reply(queue, count=1, lease_ms=None, token=None, yields_to=None):
         calls.append(token)
-        jobs = real(queue, count, lease_ms, token=token)
+        jobs = real(queue, count, lease_ms, token=token, yields_to=yields_to)
         if len(calls) == 1:
             raise RedisUnavailable("Redis is unreachable: reply lost")  # what claim raises
         return jobs
@@ -576,8 +576,8 @@ def test_a_short_claim_rests_its_queue_unless_a_parent_was_released_meanwhile(
     worker = Worker(["q"], concurrency=2, mq=mq, poll_interval=60)
     real = mq.claim
 
-    def claim(queue, count, lease_ms=None, token=None):
-        jobs = real(queue, count, lease_ms, token)  # the queue is empty: a short claim
+    def claim(queue, count, lease_ms=None, token=None, yields_to=None):
+        jobs = real(queue, count, lease_ms, token, yields_to)  # the queue is empty: a short claim
         if released_meanwhile:
             child = SimpleNamespace(queue=queue, id="c")
             worker.loop.reporter._after(child, Outcome(released=[(queue, "p")]))  # as it does
@@ -596,9 +596,9 @@ def lose_first_reply_on(mq, monkeypatch, lost_queue):
     Redis ran it (the reply lost)."""
     real, calls = mq.claim, []
 
-    def claim(queue, count=1, lease_ms=None, token=None):
+    def claim(queue, count=1, lease_ms=None, token=None, yields_to=None):
         calls.append((queue, count, token))
-        jobs = real(queue, count, lease_ms, token=token)
+        jobs = real(queue, count, lease_ms, token=token, yields_to=yields_to)
         if queue == lost_queue and sum(q == lost_queue for q, _, _ in calls) == 1:
             raise RedisUnavailable("Redis is unreachable: reply lost")  # what claim raises
         return jobs

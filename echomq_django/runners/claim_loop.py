@@ -420,14 +420,14 @@ class ClaimLoop:
                 break
             released = self.released[queue]
             # a lost token again, yielding as it was sent (lua/claim.lua KEYS[4]), or a new one
-            token, yields_to = self.lost_claims.pop(queue, None) or (secrets.token_hex(8), None)
+            token, yields = self.lost_claims.pop(queue, None) or (secrets.token_hex(8), None)
             try:
-                jobs = self.mq.claim(queue, want, self.leases[queue], token, yields_to)
+                jobs = self.mq.claim(queue, want, self.leases[queue], token=token, yields_to=yields)
             except REDIS_DOWN:
                 # Redis may have run it and lost only the reply: the next try sends the
                 # same token, and a claim that ran gives its jobs back (lua/claim.lua's
                 # replay) instead of leaving them active and unseen until their lease ends
-                self.lost_claims[queue], self.claiming = (token, yields_to), 0
+                self.lost_claims[queue], self.claiming = (token, yields), 0
                 raise
             self.claimed, self.claiming = self.claimed + len(jobs), 0  # counted, then freed
             if jobs.wait_ms:  # its RATE_LIMIT window is full: rest until it opens
