@@ -340,11 +340,12 @@ def test_a_second_burst_runs_a_job_that_came_due_while_the_timers_lock_is_held(m
 
     from tests.support.workerkit import burst
 
-    mq.enqueue("q", "t.echo", "soon", job_id="j", delay_ms=300)
+    due = time.monotonic() + 1.0  # room for a slow machine's first burst to end before it
+    mq.enqueue("q", "t.echo", "soon", job_id="j", delay_ms=1000)
     _, processed = burst(mq, ["q"], register=False)
     assert processed == 0
     assert mq.client.exists(mq.keys.queue("q").timers_lock)
-    time.sleep(0.35)  # due now; the lock still held
+    time.sleep(max(0.0, due - time.monotonic()) + 0.05)  # due now; the lock still held
     _, processed = burst(mq, ["q"], register=False)
     assert processed == 1
     assert mq.get_job("q", "j").state is JobState.COMPLETED
