@@ -29,6 +29,16 @@ def ids(claimed) -> list[str]:
     return [job.id for job in claimed]
 
 
+def assert_refused_on_a_cluster(mq) -> None:
+    """On a Cluster the two queues' slots are apart: a claim that would
+    yield to another queue's is refused before anything is sent."""
+    mq.enqueue("kids", "t.echo", job_id="waiting")
+    with pytest.raises(ValueError, match="a claim yielding to another queue's needs one server"):
+        mq.claim("kids", 1, 5000, token="t2", yields_to=("q", "t1"))
+    assert_state(mq, "kids", "waiting", JobState.PENDING)
+    assert mq.client.exists(mq.keys.queue("kids").claim("t2")) == 0
+
+
 def test_the_claim_after_the_parents_takes_a_sibling_while_the_parent_waits(mq) -> None:
     if not mq.cross_queue_scripts:
         c1 = three_kids_one_running(mq)
@@ -50,7 +60,8 @@ def test_the_claim_after_the_parents_takes_a_sibling_while_the_parent_waits(mq) 
 
 def test_the_claim_after_the_parents_takes_nothing_once_the_parent_is_taken(mq) -> None:
     if not mq.cross_queue_scripts:
-        pytest.skip("one server only: the two claims' slots are apart on a Cluster")
+        assert_refused_on_a_cluster(mq)
+        return
     mq.add_flow(node("p", [leaf("c1", queue="kids")]))
     mq.enqueue("kids", "t.echo", job_id="other")
     c1 = claim_one(mq, "kids", "c1")
@@ -120,7 +131,8 @@ def test_a_pair_whose_reply_was_lost_is_sent_again_as_a_pair(mq) -> None:
     """The parent the lost round trip leased gets the one slot: the
     sibling's token, sent again first, yields to the parent's as it did."""
     if not mq.cross_queue_scripts:
-        pytest.skip("one server only: the two claims' slots are apart on a Cluster")
+        assert_refused_on_a_cluster(mq)
+        return
     mq.add_flow(node("p", [leaf("c1", queue="kids")]))
     mq.enqueue("kids", "t.echo", job_id="s0")
     loop = Worker(["q", "kids"], concurrency=1, mq=mq, register=False).loop
@@ -139,7 +151,8 @@ def test_a_pair_sent_twice_takes_one_slot_s_jobs(mq) -> None:
     parent's claim, empty the first time, yields to the sibling's the
     second, though a job came to its queue in between."""
     if not mq.cross_queue_scripts:
-        pytest.skip("one server only: the two claims' slots are apart on a Cluster")
+        assert_refused_on_a_cluster(mq)
+        return
     mq.add_flow(node("p", [leaf("c1", queue="kids"), leaf("c2", queue="kids")]))
     c1 = claim_one(mq, "kids", "c1")
     call = ([(c1, 1)], "q", 1, 5000, "t1")
