@@ -645,7 +645,9 @@ def test_the_wait_howto(howto):
             )
             reply = example.quote(request, "discontinued")
             assert reply.status_code == 502
-            assert json.loads(reply.content)["error"].endswith("no price for a discontinued item")
+            assert json.loads(reply.content)["error"] == (
+                "Unrecoverable: no price for a discontinued item"  # the headline, no traceback
+            )
             reply = asyncio.run(example.aquote(request, "sku-3"))
             assert json.loads(reply.content) == {"sku": "sku-3", "price_cents": 4200}
         finally:
@@ -684,6 +686,8 @@ def test_the_progress_and_logs_howto(howto):
     with echomq_settings(QUEUES={"media": {"KEEP_LOGS": 5}}) as mq:
         emq.enqueue("media", "media.thumbnails", {"images": images}, job_id="t1")
         assert burst("media").processed == 1
+        reply = example.status(request, "no-such-job")
+        assert (reply.status_code, json.loads(reply.content)) == (404, {"state": None})
         reply = example.status(request, "t1")
         assert json.loads(reply.content) == {
             "state": "completed",

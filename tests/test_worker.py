@@ -431,6 +431,8 @@ def test_bad_arguments_are_refused(mq):
         ({"queues": ["a b"]}, None),
         ({"queues": ["q"], "concurrency": 0}, "concurrency must be an integer >= 1, got 0"),
         ({"queues": ["q"], "lease_ms": 0}, "lease_ms must be an integer >= 1, got 0"),
+        ({"queues": ["q"], "shutdown_timeout": -5}, "shutdown_timeout must be >= 0 s, got -5"),
+        ({"queues": ["q"], "block_timeout": 0}, "block_timeout must be > 0 s, got 0"),
     ]:
         with pytest.raises(ValueError) as err:
             Worker(mq=mq, **kwargs)

@@ -20,10 +20,9 @@ the job path, each in batches:
   batch (``close_old_connections()`` around it, for receivers that use the
   database). While Redis runs one side's scripts, Python does the other's work:
   that overlap, and the batching, are where the throughput comes from;
-* ``concurrency`` **handler** threads (``pool.HandlerPool``: one queue of jobs, no
-  Future per job) run the handlers, with
-  ``django.db.close_old_connections()`` before and after each call (the one
-  before skipped when it could close nothing: ``pool.JobConnections``).
+* ``concurrency`` **handler** threads (``pool.HandlerPool``: one queue of jobs,
+  no Future per job) run the handlers, ``django.db.close_old_connections()``
+  before and after each (the one before skipped: ``pool.JobConnections``).
 
 A heartbeat thread extends the lease of every job that has run for a third of
 it. Signal receivers run on the reporter thread.
@@ -164,8 +163,8 @@ class Worker:
     live processes).
 
     After ``run()``: ``processed`` (jobs completed or failed, all runs),
-    ``stats`` (``completed``, ``failed`` = will retry, ``dead``, ``lost`` =
-    dropped after their lease expired, ``postponed`` = back after
+    ``stats`` (``completed``, ``failed`` = will retry, ``dead``, ``lost`` = results refused:
+    lease expired, cancelled or removed while running; ``postponed`` = back after
     ``RateLimited``), ``abandoned`` (jobs still running
     when the last run returned) and ``left_running`` (handlers past their
     time limit, written off, still running then: a process should exit at
@@ -221,8 +220,10 @@ class Worker:
         self.heartbeat_s = _at_least(1, beat, "heartbeat_ms") / 1000
         block = block_timeout if block_timeout is not None else poll_interval
         block = BLOCK_S if block is None else block
-        if shutdown_timeout < 0 or block <= 0:
-            raise ValueError("shutdown_timeout must be >= 0 s and block_timeout > 0 s")
+        if shutdown_timeout < 0:
+            raise ValueError(f"shutdown_timeout must be >= 0 s, got {shutdown_timeout!r}")
+        if block <= 0:
+            raise ValueError(f"block_timeout must be > 0 s, got {block!r}")
         self.shutdown_timeout = float(shutdown_timeout)
         self.block_timeout = float(block)
         self.abandoned = self.left_running = 0
@@ -270,8 +271,8 @@ class Worker:
 
     @property
     def stats(self) -> dict[str, int]:
-        """``completed``, ``failed`` (will retry), ``dead``, ``lost`` (dropped
-        after their lease expired), ``postponed`` (``RateLimited``), all runs."""
+        """Counts of all runs: ``completed``, ``failed`` (will retry), ``dead``, ``lost``
+        and ``postponed``, as the class docstring defines them."""
         return self.loop.reporter.stats
 
     # -- control -------------------------------------------------------------

@@ -337,10 +337,19 @@ def test_runworker_alone_runs_a_site_with_pump_delays_and_retries(run, mq):
     assert mq.get_job("orders", "f").result == {"attempt": 2}
 
 
-def test_runworker_refuses_a_bad_interval(run):
-    worker = run("runworker", "q", "--sweep-interval", "0")
+@pytest.mark.parametrize(
+    "flag, value, rule",
+    [
+        ("--sweep-interval", "0", "> 0 s, got 0"),
+        ("--pump-interval", "-1", "> 0 s, got -1"),
+        ("--block-timeout", "0", "> 0 s, got 0"),
+        ("--shutdown-timeout", "-5", ">= 0 s, got -5"),
+    ],
+)
+def test_runworker_refuses_a_bad_time_flag_by_name(run, flag, value, rule):
+    worker = run("runworker", "q", flag, value)
     assert worker.wait() == 1
-    assert worker.stderr() == "runworker: --sweep-interval and --pump-interval must be > 0 s\n"
+    assert worker.stderr() == f"runworker: {flag} must be {rule}\n"
 
 
 # -- --metrics-port -------------------------------------------------------------

@@ -19,7 +19,10 @@ def thumbnails(job):
 
 def status(request, job_id: str):
     """What a page polls, or what a server-sent events view pushes."""
-    job = emq.get_job("media", job_id)
+    try:
+        job = emq.get_job("media", job_id)
+    except emq.JobNotFound:  # a bad id, or a job retention removed since
+        return JsonResponse({"state": None}, status=404)
     return JsonResponse(
         {
             "state": job.state,

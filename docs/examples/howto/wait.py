@@ -22,7 +22,10 @@ def quote(request, sku: str):
     except TimeoutError:  # still running: the client polls the job later
         return JsonResponse({"job": job_id, "state": "running"}, status=202)
     except emq.JobDead as dead:  # failed for good, or cancelled
-        return JsonResponse({"job": job_id, "error": dead.error}, status=502)
+        # its first line only ("ExcType: message"): the traceback after it is
+        # for the admin and the logs, not for the site's visitors
+        headline = (dead.error or "").partition("\n")[0]
+        return JsonResponse({"job": job_id, "error": headline}, status=502)
     return JsonResponse(job.result)
 
 
@@ -33,5 +36,6 @@ async def aquote(request, sku: str):
     except TimeoutError:
         return JsonResponse({"job": job_id, "state": "running"}, status=202)
     except emq.JobDead as dead:
-        return JsonResponse({"job": job_id, "error": dead.error}, status=502)
+        headline = (dead.error or "").partition("\n")[0]
+        return JsonResponse({"job": job_id, "error": headline}, status=502)
     return JsonResponse(job.result)

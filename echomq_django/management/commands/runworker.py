@@ -68,6 +68,18 @@ def pool_flags(opts) -> None:
         opts["autoscale"] = autoscale.parse(opts["autoscale"])
 
 
+def time_flags(opts) -> None:
+    """Raise ``ValueError`` (one line, naming the flag, the rule and the value) for
+    a ``--shutdown-timeout`` below 0 s, or a ``--block-timeout``, ``--sweep-interval``
+    or ``--pump-interval`` not above 0 s (docs/reference/commands.md#runworker)."""
+    if opts["shutdown_timeout"] < 0:
+        raise ValueError(f"--shutdown-timeout must be >= 0 s, got {opts['shutdown_timeout']:g}")
+    for flag in ("--block-timeout", "--sweep-interval", "--pump-interval"):
+        value = opts[flag[2:].replace("-", "_")]
+        if value is not None and value <= 0:
+            raise ValueError(f"{flag} must be > 0 s, got {value:g}")
+
+
 class Command(BaseCommand):
     help = (
         "Run the handlers of jobs claimed from QUEUE... on a pool of threads (or of "
@@ -201,9 +213,8 @@ class Command(BaseCommand):
 
     def _handle(self, starting: StartSignals, opts: dict):
         setup_logging(opts["verbosity"])
-        if opts["sweep_interval"] <= 0 or opts["pump_interval"] <= 0:
-            self._exit("runworker: --sweep-interval and --pump-interval must be > 0 s")
         try:  # before Redis: a bad flag is the first thing said
+            time_flags(opts)
             pool_flags(opts)
         except ValueError as err:
             self._exit(f"runworker: {err}")
