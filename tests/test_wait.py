@@ -122,6 +122,15 @@ def test_a_dead_job_raises_job_dead_with_its_error(mq) -> None:
     assert (caught.value.error, caught.value.job.state) == ("card declined", JobState.DEAD)
 
 
+def test_job_dead_headline_is_the_error_s_first_line_with_job_keys_as_refs() -> None:
+    from types import SimpleNamespace
+
+    error = "failed by child emq:{shop}:job:charge: CardDeclined: no\nTraceback (most recent...)"
+    dead = JobDead(SimpleNamespace(id="r", queue="orders", error=error))
+    assert dead.headline == "failed by child shop/charge: CardDeclined: no"
+    assert JobDead(SimpleNamespace(id="c", queue="q", error="cancelled")).headline == "cancelled"
+
+
 def test_a_cancelled_job_raises_job_dead(mq) -> None:
     mq.enqueue("q", "t.echo", None, job_id="c")
     waiter = Waiter(mq, "q", "c", NEVER)

@@ -7,6 +7,22 @@ catch ``JobNotActive``, never a string.
 
 from __future__ import annotations
 
+import re
+
+# a job key P:{queue}:job:<id> in an error ("failed by child ...") reads as queue/id
+_JOB_KEY = re.compile(r"[A-Za-z0-9_.-]{1,32}:\{([A-Za-z0-9_.-]{1,64})\}:job:([^\s{}:]{1,128})")
+
+
+def error_unkeyed(error) -> str:
+    """A job's error with the job keys in it shown as ``queue/id``; ``""`` for None."""
+    return _JOB_KEY.sub(r"\1/\2", str(error or ""))
+
+
+def error_headline(error) -> str:
+    """A job's error's first line (the ``ExcType: message`` the worker writes
+    before the traceback), job keys in it shown as ``queue/id``; ``""`` for None."""
+    return error_unkeyed(str(error or "").split("\n", 1)[0])
+
 
 class EchoMQError(Exception):
     """Base class of every echomq_django error."""
@@ -70,13 +86,19 @@ class Unrecoverable(EchoMQError):
 class JobDead(EchoMQError):
     """``wait`` / ``await_result`` on a job that ended dead (failed for good
     or cancelled): ``job`` is the dead ``Job``, ``error`` its last error
-    (``"cancelled"`` for a cancelled one).
+    (``"cancelled"`` for a cancelled one), ``headline`` that error's first line.
     docs/howto/wait.md#a-dead-job-raises-jobdead"""
 
     def __init__(self, job) -> None:
         self.job = job
         self.error = job.error
         super().__init__(f"job {job.id!r} in queue {job.queue!r} is dead: {job.error}")
+
+    @property
+    def headline(self) -> str:
+        """``error``'s first line (``ExcType: message``), a job key in it shown as
+        ``queue/id``: what a view may show a visitor, the traceback left out."""
+        return error_headline(self.error)
 
 
 class SweepLockLost(EchoMQError):

@@ -15,6 +15,7 @@ from django import template
 from django.utils.html import conditional_escape, format_html
 from django.utils.safestring import mark_safe
 
+from ..core.exceptions import error_headline, error_unkeyed
 from ..monitoring.stats import duration
 
 register = template.Library()
@@ -82,15 +83,11 @@ def emq_between(start: datetime | None, end: datetime | None) -> str:
     return duration((end - start).total_seconds())
 
 
-# a job key P:{queue}:job:<id> in an error ("failed by child ...") reads as queue/id
-_REF = re.compile(r"[A-Za-z0-9_.-]{1,32}:\{([A-Za-z0-9_.-]{1,64})\}:job:([^\s{}:]{1,128})")
-
-
 @register.filter
 def emq_headline(error) -> str:
     """An error's first line (the ``ExcType: message`` the worker writes),
-    job keys in it shown as ``queue/id``."""
-    return _REF.sub(r"\1/\2", str(error or "").split("\n", 1)[0])
+    job keys in it shown as ``queue/id`` (``core.exceptions.error_headline``)."""
+    return error_headline(error)
 
 
 # where a long id, queue, job name or URL may break: after these characters
@@ -113,7 +110,7 @@ def emq_breakable(text) -> str:
 def emq_unkey(error) -> str:
     """An error with the job keys in it shown as ``queue/id`` (a mirror row
     written before reads did so itself, docs/howto/read-flows.md#job-references)."""
-    return _REF.sub(r"\1/\2", str(error or ""))
+    return error_unkeyed(error)
 
 
 @register.filter

@@ -24,8 +24,7 @@ def quote(request, sku: str):
     except emq.JobDead as dead:  # failed for good, or cancelled
         # its first line only ("ExcType: message"): the traceback after it is
         # for the admin and the logs, not for the site's visitors
-        headline = (dead.error or "").partition("\n")[0]
-        return JsonResponse({"job": job_id, "error": headline}, status=502)
+        return JsonResponse({"job": job_id, "error": dead.headline}, status=502)
     return JsonResponse(job.result)
 
 
@@ -36,6 +35,5 @@ async def aquote(request, sku: str):
     except TimeoutError:
         return JsonResponse({"job": job_id, "state": "running"}, status=202)
     except emq.JobDead as dead:
-        headline = (dead.error or "").partition("\n")[0]
-        return JsonResponse({"job": job_id, "error": headline}, status=502)
+        return JsonResponse({"job": job_id, "error": dead.headline}, status=502)
     return JsonResponse(job.result)
