@@ -12,6 +12,7 @@ import threading
 import time
 
 from ..core.jobs import Job
+from .direct import FREED, Direct
 from .dispatcher import kinds_connected
 from .flusher import Flusher
 from .outage import REDIS_DOWN, Outage
@@ -94,10 +95,9 @@ class ClaimLoop:
         self.time_limits, self.max_stuck = time_limits, max_stuck
         self.shutdown_timeout, self.claims = shutdown_timeout, Claims()
         self.writes = Flusher(mq, metrics=metrics)  # its handlers' progress and log writes
-        self.reporter = Reporter(
-            mq, sender, self.claims.forget, self.on_released, self.wake, metrics=metrics,
-            writes=self.writes, fetch=self.fetch, taken=self._taken,
-        )  # fmt: skip
+        self.reporter = Reporter(mq, sender, self.claims.forget, self.on_released, self.wake,
+                                 metrics=metrics, writes=self.writes, fetch=self.fetch,
+                                 taken=self._taken)  # fmt: skip
         # the reporter's claims in flight, their tokens (this run's, until _take), the loop's
         self.fetching, self._fetch_lock, self._tokens, self.claiming = 0, threading.Lock(), {}, 0
         self.ride_held: str | None = None  # the token of a slot held for a riding claim
@@ -127,6 +127,7 @@ class ClaimLoop:
         self.warned: set[str] = set()  # job names without a handler, warned about once
         self.connections = JobConnections()  # Django's rule around each job, per thread
         self.subscribed = False  # event kinds with receivers here recorded for our queues
+        self.direct = Direct(self)  # a handler thread's own report (direct.py)
 
     @property
     def processed(self) -> int:
@@ -134,9 +135,8 @@ class ClaimLoop:
         return self.reporter.processed
 
     def stop(self, force: bool = False) -> None:
-        """Stop claiming; ``run()`` returns once the running jobs are reported
-        (or ``shutdown_timeout`` s have passed); ``force``: at once. Safe
-        from any thread and from a signal handler."""
+        """Stop claiming; ``run()`` returns once the running jobs are reported (or
+        ``shutdown_timeout`` s); ``force``: at once. Safe from any thread and a signal handler."""
         if not self.stopping.is_set():
             self.stop_at = time.monotonic() + self.shutdown_timeout
             self.stopping.set()
@@ -152,9 +152,8 @@ class ClaimLoop:
         self.done.put(None)
 
     def begin(self, name: str) -> None:
-        """Start a run: a fresh pool of handler threads named ``name``, a
-        fresh queue of finished jobs (handlers an earlier run abandoned post
-        to the old one), the waker on it."""
+        """Start a run: a fresh pool of handler threads named ``name``, a fresh queue of
+        finished jobs (handlers an earlier run abandoned post to the old one), the waker on it."""
         if self.make_pool is None:
             self.pool = HandlerPool(self.concurrency, name, functools.partial(run_handler, self))
         else:
@@ -171,9 +170,9 @@ class ClaimLoop:
         self.timeouts.reopen()
 
     def end(self) -> int:
-        """After a run: the waker stops (a marker it pops from now on goes
-        back), the reporter and the time limits close. Returns how many jobs
-        are still claimed and unreported (left to their leases)."""
+        """After a run: the waker stops (a marker it pops from now on goes back), the reporter
+        and the time limits close. Returns how many jobs are claimed and unreported (left to
+        their leases)."""
         self.waiting = False
         self.idle.stop()
         self.reporter.close()
@@ -221,10 +220,9 @@ class ClaimLoop:
     def _claim_if_room(
         self, now: float, burst: bool, max_jobs: int | None, outage: Outage
     ) -> tuple[int, bool]:
-        """Claim as many jobs as there are free handler threads (within
-        ``max_jobs``; those the reporter holds aside), unless stopping or in an
-        outage. Returns how many, and whether every queue was asked (a burst's
-        last look: nothing running or unreported)."""
+        """Claim as many jobs as there are free handler threads (within ``max_jobs``; those the
+        reporter holds aside), unless stopping or in an outage. Returns how many, and whether
+        every queue was asked (a burst's last look: nothing running or unreported)."""
         limit = self.concurrency if max_jobs is None else max_jobs - self.claimed - self.fetching
         if now < self.retry_at or self.stopping.is_set():
             return 0, False
@@ -258,14 +256,11 @@ class ClaimLoop:
         self.pool.resize(size)
 
     def _run_is_over(self, now: float, got: int, asked: bool, max_jobs: int | None) -> bool:
-        """True when ``run()`` should return: stopping (or ``max_jobs``
-        claimed, or a burst that found every queue empty) with nothing running,
-        unreported or held by the reporter's claims, written-off handlers
-        included; or the shutdown timeout passed. A handler past its time
-        limit was failed and written off, but its thread still runs its side
-        effects: the end of a run waits for it as for any running handler, up
-        to ``shutdown_timeout`` (a run that ends on its own first becomes a
-        stop, for that deadline), unless too many are stuck (``max_stuck``).
+        """True when ``run()`` should return: stopping (or ``max_jobs`` claimed, or a burst that
+        found every queue empty) with nothing running, unreported or held by the reporter's
+        claims, written-off handlers included (their threads still run their side effects: waited
+        for up to ``shutdown_timeout``, a run that ends on its own becoming a stop for that
+        deadline, unless more than ``max_stuck``); or the shutdown timeout passed.
         docs/explanation/reliability.md#stopping-a-worker"""
         if not self.executing and not self.reporter.unreported and not self.fetching:
             over = self.stopping.is_set() or (max_jobs is not None and self.claimed >= max_jobs)
@@ -280,12 +275,10 @@ class ClaimLoop:
         return self.stopping.is_set() and now >= self.stop_at
 
     def _next_wait(self, now: float, max_jobs: int | None) -> float:
-        """Seconds to wait for a finished job or a wake-up: until the next try
-        in an outage, else the next timer; never past the shutdown deadline.
-        With a free slot (not one held for a claim riding a completion: that
-        claim's reply wakes the loop anyway) and ``max_jobs`` not reached, the
-        waker blocks on the wake keys meanwhile; else it leaves the markers to
-        others (a waker armed then would pop them only to put them back)."""
+        """Seconds to wait for a finished job or a wake-up: until the next try in an outage, else
+        the next timer; never past the shutdown deadline. With a free slot (not one held for a
+        claim riding a completion: its reply wakes the loop anyway) and ``max_jobs`` not reached,
+        the waker blocks on the wake keys meanwhile; else it leaves the markers to others."""
         room = max_jobs is None or self.claimed < max_jobs
         idle = not self.retry_at and not self.stopping.is_set() and room
         free = self.executing + self.fetching < self.concurrency
@@ -306,10 +299,12 @@ class ClaimLoop:
             item = self.done.get(timeout=timeout)
         except _queue.Empty:
             return
-        finished, wakes = [], []
+        finished, wakes, freed = [], [], 0
         while True:
             if isinstance(item, Wake):
                 wakes.append(item)
+            elif item is FREED:
+                freed += 1
             elif isinstance(item, tuple):
                 self._take(*item)
             elif item is not None:
@@ -318,6 +313,7 @@ class ClaimLoop:
                 item = self.done.get_nowait()
             except _queue.Empty:
                 break
+        self.executing -= freed
         if finished:
             self.executing -= len(finished)
             self.reporter.hand_over(finished, self._hold_ride(finished))
@@ -351,7 +347,7 @@ class ClaimLoop:
         completion, its slot held until ``_take`` (``yields_to``: ``(queue, token)`` of the claim
         whose slot, the last free one, it shares); None: none free, stopping, or ``max_jobs``."""
         with self._fetch_lock:
-            full = self.executing + self.fetching >= self.room
+            full = self.executing - self.direct.spare() + self.fetching >= self.room
             taken = self.claimed + self.fetching + self.claiming  # the loop's claim in flight too
             done = self.max_jobs is not None and taken >= self.max_jobs
             done = done or self.stopping.is_set() or self.retry_at or queue not in self.rest
@@ -366,6 +362,8 @@ class ClaimLoop:
     def _taken(self, queue: str, token: str, claimed) -> None:
         """(Reporter thread) what its claim gave, for the loop: the slot held
         passes to the jobs taken (none: freed), until ``_take`` starts them."""
+        if self.direct.took(queue, token, claimed):
+            return  # its job runs on the thread that reported (direct.py)
         with self._fetch_lock:
             if token in self._tokens:  # an earlier run's claim is left to its leases
                 got = 0 if isinstance(claimed, BaseException) else len(claimed)
@@ -380,13 +378,14 @@ class ClaimLoop:
             self._tokens.pop(token, None)
             self.fetching -= 0 if isinstance(claimed, BaseException) else len(claimed)
             yields_to = self._pairs.pop(token, None)
+            if not isinstance(claimed, BaseException):
+                self.claimed += len(claimed)  # under the lock: the direct path counts too
         if isinstance(claimed, REDIS_DOWN):  # it may have run: its jobs are leased to us
             self.lost_claims.setdefault(queue, (token, yields_to))
             self.rest[queue] = 0.0  # asked now, drained or not (no-polling.md#blocking-claims)
         elif not isinstance(claimed, BaseException):
             self.claims.add(claimed)
             self.executing += len(claimed)
-            self.claimed += len(claimed)
             for job in claimed:
                 self.pool.start(job, self.done)
 
@@ -429,7 +428,8 @@ class ClaimLoop:
                 # replay) instead of leaving them active and unseen until their lease ends
                 self.lost_claims[queue], self.claiming = (token, yields), 0
                 raise
-            self.claimed, self.claiming = self.claimed + len(jobs), 0  # counted, then freed
+            with self._fetch_lock:  # counted, then freed (the direct path counts too)
+                self.claimed, self.claiming = self.claimed + len(jobs), 0
             if jobs.wait_ms:  # its RATE_LIMIT window is full: rest until it opens
                 self.rest[queue] = now + jobs.wait_ms / 1000
                 self.limited.add(queue)

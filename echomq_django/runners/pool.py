@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import logging
 import queue as _queue
+import sys
 import threading
 import time
 import traceback
@@ -199,9 +200,16 @@ class JobConnections:
 def run_handler(loop, job, done) -> None:
     """On a handler thread: run ``job``'s handler for ``loop`` (a
     ``claim_loop.ClaimLoop``: its time limits, timeouts, database connections,
-    pool); always posts a ``Finished`` (or None, past its time limit) to ``done``
-    (the loop's ``wake.Inbox``)."""
-    finished, started = Finished(job), time.perf_counter()
+    pool), then each job its completion claimed on the direct path
+    (direct.py); every job's ``Finished`` (or None, past its time limit) is
+    reported on that path or posted to ``done`` (the loop's ``wake.Inbox``)."""
+    while job is not None:
+        job = _run_one(loop, job, done)
+
+
+def _run_one(loop, job, done):
+    """``run_handler`` for one job; returns the next one, or None."""
+    finished, started, nxt = Finished(job), time.perf_counter(), None
     limit_ms = job.timeout_ms or loop.time_limits[job.queue]
     loop.timeouts.start(job, limit_ms)
     try:
@@ -222,9 +230,7 @@ def run_handler(loop, job, done) -> None:
         except Exception:
             log.exception("close_old_connections() failed after job %s/%s", job.queue, job.id)
         finished.ms = (time.perf_counter() - started) * 1000
-        if loop.timeouts.settle(job):
-            done.put(finished)
-        else:  # its time limit passed first: the attempt was failed already
+        if not loop.timeouts.settle(job):  # its time limit passed first: failed already
             loop.pool.retire_current()
             done.put(None)  # a stopping loop waits for written-off handlers too
             log.warning(
@@ -232,6 +238,11 @@ def run_handler(loop, job, done) -> None:
                 "%d ms (it ran %.0f ms); its result is discarded",
                 *(job.queue, job.id, job.name, finished.ms - limit_ms, limit_ms, finished.ms),
             )
+        elif sys.exc_info()[1] is not None:  # pool.failed raised: the loop's, then the log
+            done.put(finished)
+        else:
+            nxt = loop.direct.finish(finished, done)
+    return nxt
 
 
 class HandlerPool:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from contextlib import nullcontext
+from contextlib import nullcontext, suppress
 from dataclasses import dataclass
 from typing import Any
 
@@ -120,6 +120,7 @@ class Reporter:
         self.stats = {"completed": 0, "failed": 0, "dead": 0, "lost": 0, "postponed": 0}
         self.debug = False  # a line per job (set per run from the log level)
         self._cv = threading.Condition()  # guards _inbox, unreported, _closing
+        self._turn = threading.Lock()  # held while reporting: by this thread or report_own
         self._inbox: list[Finished] = []
         # (queue, room): slots the loop held for a riding claim; those of the batch at hand
         self._held: list[tuple[str, tuple]] = []
@@ -179,33 +180,55 @@ class Reporter:
                     self._cv.wait()
                 if self._closing:  # the loop is done, or gave up: leases cover the rest
                     return
-                items.extend(self._inbox)
-                self._inbox.clear()
-                self._rides, self._held = self._held, []
-            before = len(items)
-            try:
-                close_old_connections()  # signal receivers may use the database
-                self.report(items)
-                close_old_connections()
-            except REDIS_DOWN as err:
-                delay = outage.failed(err)
-                with self._cv:
-                    self._cv.wait_for(lambda: self._closing, timeout=delay)
-            except Exception:  # a bug must not stall the loop's accounting
-                log.exception(
-                    "reporting %d jobs failed; their leases will expire and the pump recovers them",
-                    len(items),
-                )
-                self._forget(*(f.job for f in items))
-                items.clear()
-            else:
-                outage.ok()
-            for queue, (_, _, token) in self._rides:  # held, and not ridden on: freed
-                self._taken(queue, token, [])
-            self._rides = []
+            with self._turn:  # a handler's own report (report_own) ends first
+                before = self._batch(items, outage)
             with self._cv:
                 self.unreported -= before - len(items)
             self._wake()
+
+    def _batch(self, items: list[Finished], outage: Outage) -> int:
+        """One batch of ``run``: what was handed over joins ``items`` (those
+        kept from the last), reported; returns how many there were."""
+        with self._cv:
+            items.extend(self._inbox)
+            self._inbox.clear()
+            self._rides, self._held = self._held, []
+        before = len(items)
+        try:
+            close_old_connections()  # signal receivers may use the database
+            self.report(items)
+            close_old_connections()
+        except REDIS_DOWN as err:
+            delay = outage.failed(err)
+            with self._cv:
+                self._cv.wait_for(lambda: self._closing, timeout=delay)
+        except Exception:  # a bug must not stall the loop's accounting
+            log.exception("reporting %d jobs failed; their leases will expire and the pump "
+                          "recovers them", len(items))  # fmt: skip
+            self._forget(*(f.job for f in items))
+            items.clear()
+        else:
+            outage.ok()
+        for queue, (_, _, token) in self._rides:  # held, and not ridden on: freed
+            self._taken(queue, token, [])
+        self._rides = []
+        return before
+
+    def report_own(self, finished: Finished) -> bool:
+        """(A handler thread: direct.py) Report ``finished`` now, a batch of its
+        own, when the reporter thread has nothing handed over, kept or in hand;
+        True when Redis took it, False when it is left to ``hand_over``."""
+        if not self._turn.acquire(blocking=False):
+            return False
+        try:
+            if self.unreported or self._inbox or self._closing:
+                return False
+            items = [finished]
+            with suppress(Exception):  # an outage, a refusal: the reporter thread's
+                self.report(items)
+            return not items
+        finally:
+            self._turn.release()
 
     def report(self, finished: list[Finished]) -> None:
         """Complete and fail every finished job: one round trip each. Items
@@ -375,13 +398,8 @@ class Reporter:
             log.info("job %s/%s (%s): cancelled while it ran; its result is dropped",
                      job.queue, job.id, job.name)  # fmt: skip
         else:
-            log.warning(
-                "job %s/%s (%s): result dropped, the lease was lost: %s",
-                job.queue,
-                job.id,
-                job.name,
-                reply,
-            )
+            log.warning("job %s/%s (%s): result dropped, the lease was lost: %s",
+                        job.queue, job.id, job.name, reply)  # fmt: skip
 
     def _completed(self, done: list[tuple[Finished, Outcome]]) -> None:
         self._forget(*(f.job for f, _ in done))
@@ -403,41 +421,19 @@ class Reporter:
             dead = outcome.state is JobState.DEAD
             self.stats["dead" if dead else "failed"] += 1
             if self.metrics is not None:
-                self.metrics.job_finished(
-                    job.queue, job.name, "dead" if dead else "failed", f.ms / 1000
-                )
+                outcome_name = "dead" if dead else "failed"
+                self.metrics.job_finished(job.queue, job.name, outcome_name, f.ms / 1000)
             if dead:
-                log.warning(
-                    "job %s/%s (%s) is dead after %d attempts: %s",
-                    job.queue,
-                    job.id,
-                    job.name,
-                    job.attempts,
-                    first_line(error),
-                )
+                log.warning("job %s/%s (%s) is dead after %d attempts: %s", job.queue, job.id,
+                            job.name, job.attempts, first_line(error))  # fmt: skip
             elif self.debug:
-                log.debug(
-                    "job %s/%s (%s) failed in %.1f ms (attempt %d of %d, %s): %s",
-                    job.queue,
-                    job.id,
-                    job.name,
-                    f.ms,
-                    job.attempts,
-                    job.max_attempts,
-                    outcome.state,
-                    first_line(error),
-                )
+                log.debug("job %s/%s (%s) failed in %.1f ms (attempt %d of %d, %s): %s",
+                          job.queue, job.id, job.name, f.ms, job.attempts, job.max_attempts,
+                          outcome.state, first_line(error))  # fmt: skip
             if listening and not dead:  # job_dead is a durable event
-                signals.send(
-                    signals.job_failed,
-                    self.sender,
-                    queue=job.queue,
-                    job_id=job.id,
-                    ref=JobRef._trusted(job.queue, job.id),
-                    job_name=job.name,
-                    error=error,
-                    run_at=outcome.run_at,
-                )
+                signals.send(signals.job_failed, self.sender, queue=job.queue, job_id=job.id,
+                             ref=JobRef._trusted(job.queue, job.id), job_name=job.name,
+                             error=error, run_at=outcome.run_at)  # fmt: skip
             self._after(job, outcome)
         self.processed += len(failed)
 
