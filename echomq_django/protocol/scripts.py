@@ -25,6 +25,11 @@ from redis.crc import key_slot
 
 from .errors import TRANSIENT, connection_error, translate
 
+try:  # the [fast] extra: a call's packing in C (Scripts._written)
+    from hiredis import pack_command as _pack
+except ImportError:  # pragma: no cover - the extra is optional
+    _pack = None
+
 _INCLUDE = re.compile(r"^-- @include (\S+)$", re.MULTILINE)
 _KEYS = re.compile(r"^\s+KEYS\[(\d+)\]\s+(.+)$", re.MULTILINE)
 _ARGV = re.compile(r"^\s+ARGV\[(\d+)(\.\.)?\]\s+(.+)$", re.MULTILINE)
@@ -173,7 +178,14 @@ class Scripts:
         ``RedisUnavailable`` for a transient one (``exceptions.TRANSIENT``)."""
         self.check_call(name, keys, args)
         try:
-            return self._scripts[name](keys=keys, args=args)
+            if not isinstance(self.client, RedisCluster):
+                self._load_for_pipeline()
+                got = self._written([(name, keys, args)])
+                if got is not None and not isinstance(got[0], redis.exceptions.NoScriptError):
+                    if isinstance(got[0], redis.exceptions.ResponseError):
+                        raise got[0]
+                    return got[0]
+            return self._scripts[name](keys=keys, args=args)  # loads a script lost meanwhile
         except TRANSIENT as err:  # before ResponseError: CLUSTERDOWN is one too
             raise connection_error(self.client, err) from err
         except redis.exceptions.ResponseError as err:
@@ -248,13 +260,15 @@ class Scripts:
         else:
             try:
                 self._load_for_pipeline()
-                pipe = self.client.pipeline(transaction=False)
-                for name, keys, args in calls:
-                    # raw EVALSHA: a Script on a pipeline sends SCRIPT EXISTS
-                    # first, a round trip of its own at every execute; a
-                    # NOSCRIPT reply is run again below instead
-                    pipe.evalsha(self._scripts[name].sha, len(keys), *keys, *args)
-                replies = pipe.execute(raise_on_error=False)
+                replies = self._written(calls)
+                if replies is None:  # sent again through redis-py, with its retries
+                    pipe = self.client.pipeline(transaction=False)
+                    for name, keys, args in calls:
+                        # raw EVALSHA: a Script on a pipeline sends SCRIPT EXISTS
+                        # first, a round trip of its own at every execute; a
+                        # NOSCRIPT reply is run again below instead
+                        pipe.evalsha(self._scripts[name].sha, len(keys), *keys, *args)
+                    replies = pipe.execute(raise_on_error=False)
             except TRANSIENT as err:
                 raise connection_error(self.client, err) from err
         out = []
@@ -272,6 +286,42 @@ class Scripts:
                 reply = translate(reply)
             out.append(reply)
         return out, confirmed
+
+    def _written(self, calls: list[tuple[str, list, list]]) -> list | None:
+        """One server: ``calls`` as EVALSHAs packed by hiredis in one write on one
+        pooled connection, their replies read back in order (an error reply in
+        its place), without redis-py's pipeline: its per-argument encoding and
+        bookkeeping were a third of a completion's Python
+        (docs/explanation/performance.md#the-scripts-own-write). None without
+        hiredis, or for an argument it does not pack: the caller sends the calls
+        through redis-py (which names the argument). A connection that fails
+        under the calls is closed and its error raised, as redis-py's would be
+        (the caller's ``RedisUnavailable``; a replay of calls that ran is
+        recognised by every script)."""
+        if _pack is None:
+            return None
+        try:
+            packed = b"".join(
+                _pack(("EVALSHA", self._scripts[n].sha, len(k), *k, *a)) for n, k, a in calls
+            )
+        except TypeError:  # None, a bool, a list: redis-py's pipeline names it
+            return None
+        pool = self.client.connection_pool
+        conn = pool.get_connection()
+        try:
+            conn.send_packed_command([packed], check_health=False)
+            replies = []
+            for _ in calls:
+                try:
+                    replies.append(conn.read_response())
+                except redis.exceptions.ResponseError as err:
+                    replies.append(err)
+        except BaseException:  # TRANSIENT: RedisUnavailable, as from redis-py's own call
+            conn.disconnect()  # replies may be left unread: never reused
+            raise
+        finally:
+            pool.release(conn)
+        return replies
 
     def _load_for_pipeline(self) -> None:
         """Load every script once per client before its first pipeline, so

@@ -1,0 +1,118 @@
+"""The scripts' own write on one server (``Scripts._written``): EVALSHAs packed
+by hiredis and read back on a pooled connection, and redis-py's pipeline when
+hiredis is missing, an argument does not pack, or the connection dropped.
+docs/explanation/performance.md#the-scripts-own-write"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import redis
+
+from echomq_django import EchoMQ, JobState, RedisUnavailable
+from echomq_django.protocol import scripts
+
+
+def _drive(mq: EchoMQ) -> list:
+    """The same calls, one at a time and pipelined, with refusals among them:
+    what each gave back, as plain values."""
+    mq.enqueue("q", "n", {"v": 1}, job_id="a")
+    mq.enqueue("q", "n", {"v": 2}, job_id="b")
+    jobs = mq.claim("q", 2, 30_000, token="t1")
+    again = mq.claim("q", 2, 30_000, token="t1")  # the same token: a replay, the same jobs
+    outcomes = mq.complete_many([(jobs[0], "r-a"), (jobs[1], 2.5)])
+    twice = mq.complete_many([(jobs[0], "again"), (jobs[1], "again")])  # refused, pipelined
+    with pytest.raises(Exception) as alone:  # refused, alone
+        mq.extend_lease(jobs[0], 1_000)
+    return [
+        [(j.id, j.payload, j.attempts) for j in jobs],
+        [j.id for j in again],
+        [o.state for o in outcomes],
+        [type(o).__name__ for o in twice],
+        type(alone.value).__name__,
+        [mq.get_job("q", i).result for i in ("a", "b")],
+    ]
+
+
+def test_the_own_write_gives_what_the_pipeline_gives(r, monkeypatch) -> None:
+    pytest.importorskip("hiredis")  # the dj6 leg installs the [fast] extra
+    sent = []
+    real = scripts.Scripts._written
+    monkeypatch.setattr(
+        scripts.Scripts,
+        "_written",
+        lambda self, calls: sent.append(len(calls)) or real(self, calls),
+    )
+    fast = _drive(EchoMQ(r, prefix="emq"))
+    assert sent and all(n >= 1 for n in sent)
+    r.flushall()
+    monkeypatch.setattr(scripts, "_pack", None)  # no hiredis: redis-py's pipeline
+    slow = _drive(EchoMQ(r, prefix="emq"))
+    assert fast == slow
+    assert fast[:3] == [
+        [("a", {"v": 1}, 1), ("b", {"v": 2}, 1)],
+        ["a", "b"],
+        [JobState.COMPLETED, JobState.COMPLETED],
+    ]
+    assert fast[3:] == [["JobNotActive", "JobNotActive"], "JobNotActive", ["r-a", 2.5]]
+
+
+def test_a_connection_cut_under_a_call_is_an_outage_and_the_next_call_works(
+    r, redis_server, monkeypatch
+) -> None:
+    """Cut while the server holds the call (CLIENT PAUSE WRITE): the caller
+    gets ``RedisUnavailable``, as through redis-py; the next call opens a
+    new connection."""
+    mq = EchoMQ(r, prefix="emq")
+    gave, raised = [], []
+    real = scripts.Scripts._written
+    monkeypatch.setattr(
+        scripts.Scripts, "_written", lambda self, calls: _noted(gave, real(self, calls))
+    )
+    mq.enqueue("q", "n", None, job_id="a")
+
+    def enqueue_b() -> None:
+        try:
+            mq.enqueue("q", "n", None, job_id="b")
+        except RedisUnavailable as err:
+            raised.append(err)
+
+    admin = redis.Redis.from_url(redis_server)
+    try:
+        admin.execute_command("CLIENT", "PAUSE", 400, "WRITE")
+        call = threading.Thread(target=enqueue_b)
+        call.start()
+        time.sleep(0.15)  # its EVALSHA is written and held by the pause
+        killed = admin.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
+        call.join(5)
+    finally:
+        admin.close()
+    assert (killed, len(raised)) == (1, 1)
+    assert [j.id for j in mq.claim("q", 5)] == ["a"]
+    enqueue_b()
+    assert [j.id for j in mq.claim("q", 5)] == ["b"]
+    # five calls: with hiredis the own write sent each (1 reply), the cut one
+    # raising through it; without, each went through redis-py (None)
+    assert gave == ([1] * 4 if scripts._pack is not None else [None] * 5)
+
+
+def _noted(gave: list, replies):
+    gave.append(None if replies is None else len(replies))
+    return replies
+
+
+def test_an_argument_hiredis_does_not_pack_gets_redis_py_s_error(r) -> None:
+    mq = EchoMQ(r, prefix="emq")
+    calls = [("enqueue", *_enqueue_call(mq, None))]
+    with pytest.raises(redis.exceptions.DataError, match="NoneType"):
+        mq.scripts.run_many(calls)
+    assert r.dbsize() == 0
+
+
+def _enqueue_call(mq: EchoMQ, bad):
+    """The keys and args of an ``enqueue`` call with ``bad`` as its last argument."""
+    src = mq.scripts.sources["enqueue"]
+    keys = [f"emq:{{q}}:k{i}" for i in range(src.nkeys)]
+    return keys, ["x"] * (src.nargv - 1) + [bad]
