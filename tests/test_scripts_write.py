@@ -89,7 +89,7 @@ def test_a_connection_cut_under_a_call_is_an_outage_and_the_next_call_works(
         call.join(5)
     finally:
         admin.close()
-    assert (killed, len(raised)) == (1, 1)
+    assert killed >= 1 and len(raised) == 1  # (the session's server has other clients too)
     assert [j.id for j in mq.claim("q", 5)] == ["a"]
     enqueue_b()
     assert [j.id for j in mq.claim("q", 5)] == ["b"]

@@ -58,6 +58,7 @@ RAW_SCRIPT_TESTS = {  # (file, test) that drive raw script calls on purpose
     ("tests/test_scripts.py", "test_registry_refuses_a_call_that_breaks_the_header"),
     ("tests/test_scripts.py", "test_noscript_fallback_run"),
     ("tests/test_scripts.py", "test_noscript_fallback_run_many"),
+    ("tests/test_scripts_write.py", "test_an_argument_hiredis_does_not_pack_gets_redis_py_s_error"),
 }
 
 

@@ -3,8 +3,9 @@ batches (docs/explanation/house.md#runners-threads-and-loops).
 
 ``Worker(["orders"], concurrency=4).run(burst=False, max_jobs=None)``
 
-Three kinds of thread share the work, and only two of them talk to Redis on
-the job path, each in batches:
+Three kinds of thread share the work; the loop and the reporter talk to Redis
+in batches, a handler only to report its own job while the reporter idles and
+run the job that claimed (direct.py, the direct path):
 
 * the **loop** (the thread that calls ``run()``) claims as many jobs as there
   are free handler threads, round-robin over the queues (the first queue
@@ -82,10 +83,9 @@ Decisions (documented here, relied on by the tests):
   at once. Jobs still running then are left to their leases (the heartbeat
   stops; the pump recovers them) and counted in ``abandoned``.
 
-Logging (logger ``echomq_django.worker``): INFO a start line, a throughput
-line every ``STATS_EVERY_S`` seconds while busy and a stop line; DEBUG a line
-per job; WARNING lost leases, unknown job names (once per name), dead jobs
-and Redis outages. Nothing per job is formatted unless DEBUG is enabled.
+Logging (logger ``echomq_django.worker``): INFO a start line, a throughput line every
+``STATS_EVERY_S`` s while busy and a stop line; DEBUG a line per job; WARNING lost leases,
+unknown job names (once per name), dead jobs, Redis outages; per job only under DEBUG.
 """
 
 from __future__ import annotations
