@@ -8,8 +8,9 @@ handler, each a wake-up and a wait for the interpreter lock. When the
 reporter is idle nothing would be batched with it, so the handler thread
 takes the reporter's turn (``Reporter.report_own``: the same ``report``,
 the same round trip, the same claim riding the completion) and keeps the
-slot for the claimed job. Under load the reporter is busy or has jobs
-waiting, and every job takes the batched path as before.
+slot for the claimed job. Only when no other job of the worker is claimed
+and unreported: under load (other jobs running, or finished on their way)
+every job takes the batched path as before, and a drain keeps its batches.
 
 Counts stay the loop's (``ClaimLoop``): the finished job's slot passes to
 the job claimed (``executing`` unchanged), or, when none came, goes back
@@ -58,7 +59,9 @@ class Direct:
         if finished.error is not None or finished.postpone_ms is not None:
             done.put(finished)
             return None
-        if finished.wait_children or done is not loop.done:
+        # another job claimed and not reported (running, or finished on its way):
+        # a batch may form, and a busy drain keeps its batches
+        if finished.wait_children or done is not loop.done or len(loop.claims) > 1:
             done.put(finished)
             return None
         here = self._here
