@@ -176,16 +176,14 @@ class Scripts:
     def run(self, name: str, keys: list, args: list):
         """Run script ``name``; raises the named exception for an ``EMQ`` error,
         ``RedisUnavailable`` for a transient one (``exceptions.TRANSIENT``)."""
+        if _pack is not None and not isinstance(self.client, RedisCluster):
+            reply = self.run_many([(name, keys, args)])[0]  # the own write (_written)
+            if isinstance(reply, Exception):
+                raise reply
+            return reply
         self.check_call(name, keys, args)
         try:
-            if not isinstance(self.client, RedisCluster):
-                self._load_for_pipeline()
-                got = self._written([(name, keys, args)])
-                if got is not None and not isinstance(got[0], redis.exceptions.NoScriptError):
-                    if isinstance(got[0], redis.exceptions.ResponseError):
-                        raise got[0]
-                    return got[0]
-            return self._scripts[name](keys=keys, args=args)  # loads a script lost meanwhile
+            return self._scripts[name](keys=keys, args=args)
         except TRANSIENT as err:  # before ResponseError: CLUSTERDOWN is one too
             raise connection_error(self.client, err) from err
         except redis.exceptions.ResponseError as err:

@@ -1,6 +1,7 @@
-"""The direct path: a handler thread that finished a job while the reporter
-has nothing to do completes it itself, and runs the job its completion
-claimed, on the same thread (docs/explanation/no-polling.md#the-direct-path).
+"""The direct path: a handler thread that finished the worker's only claimed
+job while the reporter has nothing to do completes it itself, and runs the job
+its completion claimed, on the same thread
+(docs/explanation/no-polling.md#the-direct-path).
 
 On the batched path a finished job crosses four thread hand-offs before the
 job its completion releases starts: handler -> loop -> reporter -> loop ->
@@ -52,9 +53,9 @@ class Direct:
         return True
 
     def finish(self, finished, done):
-        """Report ``finished`` here when it completed and the reporter is idle
-        (else post it to ``done``); returns the job its completion claimed,
-        to run on this thread, or None."""
+        """Report ``finished`` here when it completed, no other job is claimed
+        and unreported, and the reporter is idle (else post it to ``done``);
+        returns the job its completion claimed, to run on this thread, or None."""
         loop, job = self.loop, finished.job
         if finished.error is not None or finished.postpone_ms is not None:
             done.put(finished)

@@ -4,8 +4,8 @@ batches (docs/explanation/house.md#runners-threads-and-loops).
 ``Worker(["orders"], concurrency=4).run(burst=False, max_jobs=None)``
 
 Three kinds of thread share the work; the loop and the reporter talk to Redis
-in batches, a handler only to report its own job while the reporter idles and
-run the job that claimed (direct.py, the direct path):
+in batches, a handler only on the direct path (direct.py: it reports the only
+claimed job while the reporter idles, and runs the job that report claimed):
 
 * the **loop** (the thread that calls ``run()``) claims as many jobs as there
   are free handler threads, round-robin over the queues (the first queue
