@@ -177,7 +177,7 @@ class Scripts:
         """Run script ``name``; raises the named exception for an ``EMQ`` error,
         ``RedisUnavailable`` for a transient one (``exceptions.TRANSIENT``)."""
         if _pack is not None and not isinstance(self.client, RedisCluster):
-            reply = self.run_many([(name, keys, args)])[0]  # the own write (_written)
+            reply = self._confirmed([(name, keys, args)], None)[0][0]  # the own write
             if isinstance(reply, Exception):
                 raise reply
             return reply
@@ -240,6 +240,11 @@ class Scripts:
         map (a replica the Cluster marked failed leaves it). Raises as
         ``run_many``.
         docs/explanation/reliability.md#a-hand-off-between-masters-waits-for-a-replica."""
+        return self._confirmed(calls, after_key)
+
+    def _confirmed(self, calls: list[tuple[str, list, list]], after_key: str | None):
+        """``run_many_confirmed``'s work (``run`` takes it too: one round trip,
+        counted once by whoever watches the public calls)."""
         if not calls:
             return [], []
         for name, keys, args in calls:
