@@ -116,3 +116,37 @@ def _enqueue_call(mq: EchoMQ, bad):
     src = mq.scripts.sources["enqueue"]
     keys = [f"emq:{{q}}:k{i}" for i in range(src.nkeys)]
     return keys, ["x"] * (src.nargv - 1) + [bad]
+
+
+@pytest.mark.parametrize("packed", ["hiredis", "redis-py"])
+def test_a_script_is_loaded_with_its_first_call_in_the_same_round_trip(r, monkeypatch, packed):
+    """One server: a client loads no script ahead of its first pipelined call;
+    each goes ahead of its first EVALSHA in the same round trip, once, so none
+    answers NOSCRIPT and no script the client never runs is loaded. (Without
+    hiredis a single call goes through redis-py's ``Script``, as before.)"""
+    if packed == "hiredis":
+        pytest.importorskip("hiredis")
+    else:
+        monkeypatch.setattr(scripts, "_pack", None)
+    first = EchoMQ(r, prefix="emq")
+    for queue in ("q", "q2"):
+        first.enqueue_many(queue, [("n", 1), ("n", 2)])
+    jobs = [job for queue in ("q", "q2") for job in first.claim(queue, 2, 30_000)]
+    r.script_flush()
+    r.config_resetstat()
+    mq = EchoMQ(r, prefix="emq")  # a fresh client, as at a worker's start
+    trips = []
+    real = scripts.Scripts._confirmed
+    monkeypatch.setattr(
+        scripts.Scripts, "_confirmed", lambda self, *a: trips.append(len(a[0])) or real(self, *a)
+    )
+    for pair in ((jobs[0], jobs[2]), (jobs[1], jobs[3])):  # a queue each: two calls a trip
+        outcomes = mq.complete_many([(job, job.id) for job in pair])
+        assert [o.state for o in outcomes] == [JobState.COMPLETED] * 2
+    stats = r.info("commandstats")
+    assert stats["cmdstat_script|load"]["calls"] == 1  # complete, with its first call
+    assert (stats["cmdstat_evalsha"]["calls"], stats["cmdstat_evalsha"]["failed_calls"]) == (4, 0)
+    assert trips == [2, 2]  # a round trip each
+    sources = mq.scripts._scripts
+    assert r.script_exists(sources["complete"].sha, sources["fail"].sha) == [True, False]
+    assert [mq.get_job(j.queue, j.id).result for j in jobs] == [j.id for j in jobs]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import re
 import secrets
+import threading
 
 import pytest
 
@@ -195,3 +196,31 @@ def test_a_worker_claims_nothing_from_a_paused_queue(mq) -> None:
     assert burst(mq, ["q"])[1] == 0
     mq.resume("q")
     assert burst(mq, ["q"])[1] == 3
+
+
+def test_a_worker_s_handler_threads_start_before_its_first_job(mq) -> None:
+    """The thread pool starts its threads as a run begins (a thread of its own
+    starts them), so the first jobs wait for no thread start; a pool shut
+    while it starts them leaves none behind."""
+    worker = Worker(["q"], mq=mq, concurrency=4, block_timeout=0.2)
+    bg = Background(worker)
+    wait_for(
+        lambda: worker.loop.pool is not None and len(worker.loop.pool._threads) == 4,
+        what="the pool's 4 threads",
+    )
+    assert worker.processed == 0 and mq.counts("q")["completed"] == 0
+    pool = worker.loop.pool
+    names = sorted(t.name for t in pool._threads)
+    assert names == [f"echomq-worker_{i}" for i in range(4)]
+    worker.stop()
+    bg.join()
+    assert pool._threads == []  # every one left at the shutdown
+    from echomq_django.runners.pool import HandlerPool
+
+    shut = HandlerPool(64, "shut-at-once", lambda *a: None)
+    shut.shutdown(wait=True)
+    wait_for(
+        lambda: not [t for t in threading.enumerate() if t.name.startswith("shut-at-once")],
+        what="no thread of a pool shut as it started",
+    )
+    assert shut._threads == []

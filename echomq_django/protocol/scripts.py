@@ -161,7 +161,8 @@ class Scripts:
         self.client = client
         self.sources = load_sources()
         self._scripts = {n: client.register_script(s.text) for n, s in self.sources.items()}
-        self._loaded_for_pipeline = False
+        self._loaded_for_pipeline = False  # a Cluster's: every script on every master
+        self._loaded: set[str] = set()  # one server's: the scripts loaded by a call's own trip
 
     def check_call(self, name: str, keys: list, args: list) -> None:
         """Raise ``TypeError`` when a call does not match the script's header."""
@@ -262,16 +263,20 @@ class Scripts:
                     pass  # still failing over: the next call refreshes it again
         else:
             try:
-                self._load_for_pipeline()
                 replies = self._written(calls)
                 if replies is None:  # sent again through redis-py, with its retries
                     pipe = self.client.pipeline(transaction=False)
+                    loads = self._to_load(calls)
+                    for name in loads:
+                        pipe.script_load(self._scripts[name].script)
                     for name, keys, args in calls:
                         # raw EVALSHA: a Script on a pipeline sends SCRIPT EXISTS
                         # first, a round trip of its own at every execute; a
                         # NOSCRIPT reply is run again below instead
                         pipe.evalsha(self._scripts[name].sha, len(keys), *keys, *args)
                     replies = pipe.execute(raise_on_error=False)
+                    self._note_loaded(loads, replies[: len(loads)])
+                    replies = replies[len(loads) :]
             except TRANSIENT as err:
                 raise connection_error(self.client, err) from err
         out = []
@@ -303,18 +308,20 @@ class Scripts:
         recognised by every script)."""
         if _pack is None:
             return None
+        loads = self._to_load(calls)
         try:
-            packed = b"".join(
+            packed = [_pack(("SCRIPT", "LOAD", self._scripts[n].script)) for n in loads]
+            packed += [
                 _pack(("EVALSHA", self._scripts[n].sha, len(k), *k, *a)) for n, k, a in calls
-            )
+            ]
         except TypeError:  # None, a bool, a list: redis-py's pipeline names it
             return None
         pool = self.client.connection_pool
         conn = pool.get_connection()
         try:
-            conn.send_packed_command([packed], check_health=False)
+            conn.send_packed_command([b"".join(packed)], check_health=False)
             replies = []
-            for _ in calls:
+            for _ in range(len(loads) + len(calls)):
                 try:
                     replies.append(conn.read_response())
                 except redis.exceptions.ResponseError as err:
@@ -324,13 +331,24 @@ class Scripts:
             raise
         finally:
             pool.release(conn)
-        return replies
+        self._note_loaded(loads, replies[: len(loads)])
+        return replies[len(loads) :]
+
+    def _to_load(self, calls: list[tuple[str, list, list]]) -> list[str]:
+        """One server: the scripts of ``calls`` this client has not loaded, each
+        once; their ``SCRIPT LOAD`` goes ahead of the calls in the same round trip
+        (``_note_loaded``), so a worker's start waits for no load of its own
+        (docs/explanation/performance.md#a-workers-start)."""
+        return list(dict.fromkeys(n for n, _, _ in calls if n not in self._loaded))
+
+    def _note_loaded(self, loads: list[str], replies: list) -> None:
+        ok = [not isinstance(r, Exception) for r in replies]  # refused: the NOSCRIPT path
+        self._loaded.update(n for n, good in zip(loads, ok, strict=True) if good)
 
     def _load_for_pipeline(self) -> None:
-        """Load every script once per client before its first pipeline, so
-        a pipeline sends raw EVALSHAs; a server that lost them later (a
-        restart, a failover, SCRIPT FLUSH) answers NOSCRIPT for each, and
-        ``run_many_confirmed`` runs those again in order, loading them."""
+        """A Cluster: every script loaded once per client before its first pipeline
+        (one server: ``_to_load``); a server that lost them later (a restart, a failover,
+        SCRIPT FLUSH) answers NOSCRIPT for each: ``_confirmed`` runs those again, loading them."""
         if not self._loaded_for_pipeline:
             for script in self._scripts.values():
                 script.sha = self.client.script_load(script.script)

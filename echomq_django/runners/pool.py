@@ -246,8 +246,11 @@ def _run_one(loop, job, done):
 
 
 class HandlerPool:
-    """``size`` handler threads taking ``(fn, args)`` from one queue, started
-    as the first ``size`` jobs arrive. Cheaper per job than
+    """``size`` handler threads taking ``(fn, args)`` from one queue, started on
+    a thread of their own as the pool is made, while a worker's first round
+    trips are in flight, so its first jobs wait for no thread start
+    (docs/explanation/performance.md#a-workers-start); more start as a resize or
+    a written-off handler makes room, when a job arrives. Cheaper per job than
     ``ThreadPoolExecutor.submit`` (no Future, Condition or semaphore per job;
     that was a quarter of the loop thread's time on small jobs, docs/explanation/performance.md).
     ``fn`` reports its own outcome and never raises (``run_handler``).
@@ -264,15 +267,28 @@ class HandlerPool:
         self._lock = threading.Lock()  # guards _size and _threads (write_off, retire)
         self._local = threading.local()
         self._started = self._written_off = 0
+        self._closed = False
+        threading.Thread(target=self._fill, name=f"{name}-start", daemon=True).start()
 
     def submit(self, fn, *args) -> None:
         self._jobs.put((fn, args))
         if len(self._threads) < self._size:
-            with self._lock:
-                thread = threading.Thread(target=self._work, name=f"{self._name}_{self._started}")
-                self._started += 1
-                self._threads.append(thread)
+            self._grow()
+
+    def _fill(self) -> None:
+        while self._grow():
+            pass
+
+    def _grow(self) -> bool:
+        """Start one more thread when there is room for it (False: none, or shut)."""
+        with self._lock:  # a thread in _threads has started: shutdown may join it
+            if self._closed or len(self._threads) >= self._size:
+                return False
+            thread = threading.Thread(target=self._work, name=f"{self._name}_{self._started}")
+            self._started += 1
+            self._threads.append(thread)
             thread.start()
+        return True
 
     def start(self, job, done) -> None:
         """Run ``run(job, done)`` on a handler thread."""
@@ -336,7 +352,7 @@ class HandlerPool:
         except _queue.Empty:
             pass
         with self._lock:
-            threads = list(self._threads)
+            self._closed, threads = True, list(self._threads)
         for _ in threads:
             self._jobs.put(None)
         if wait:
