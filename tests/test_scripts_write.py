@@ -94,8 +94,9 @@ def test_a_connection_cut_under_a_call_is_an_outage_and_the_next_call_works(
     enqueue_b()
     assert [j.id for j in mq.claim("q", 5)] == ["b"]
     # five single calls: with hiredis the own write sent each (1 reply), the cut
-    # one raising through it; without, each went through redis-py's Script alone
-    assert gave == ([1] * 4 if scripts._pack is not None else [])
+    # one raising through it; without, the first enqueue and the first claim went
+    # through redis-py's pipeline with their loads, the rest through its Script
+    assert gave == ([1] * 4 if scripts._pack is not None else [None, None])
 
 
 def _noted(gave: list, replies):
@@ -123,7 +124,8 @@ def test_a_script_is_loaded_with_its_first_call_in_the_same_round_trip(r, monkey
     """One server: a client loads no script ahead of its first pipelined call;
     each goes ahead of its first EVALSHA in the same round trip, once, so none
     answers NOSCRIPT and no script the client never runs is loaded. (Without
-    hiredis a single call goes through redis-py's ``Script``, as before.)"""
+    hiredis a single call after its script's first goes through redis-py's
+    ``Script``, as before.)"""
     if packed == "hiredis":
         pytest.importorskip("hiredis")
     else:
@@ -143,10 +145,14 @@ def test_a_script_is_loaded_with_its_first_call_in_the_same_round_trip(r, monkey
     for pair in ((jobs[0], jobs[2]), (jobs[1], jobs[3])):  # a queue each: two calls a trip
         outcomes = mq.complete_many([(job, job.id) for job in pair])
         assert [o.state for o in outcomes] == [JobState.COMPLETED] * 2
+    mq.enqueue("q", "n", 3, job_id="c")  # single calls: their first ones load too
+    assert [j.id for j in mq.claim("q", 1)] == ["c"]
+    assert mq.claim("q", 1) == []
     stats = r.info("commandstats")
-    assert stats["cmdstat_script|load"]["calls"] == 1  # complete, with its first call
-    assert (stats["cmdstat_evalsha"]["calls"], stats["cmdstat_evalsha"]["failed_calls"]) == (4, 0)
-    assert trips == [2, 2]  # a round trip each
+    assert stats["cmdstat_script|load"]["calls"] == 3  # complete, enqueue, claim: once each
+    assert (stats["cmdstat_evalsha"]["calls"], stats["cmdstat_evalsha"]["failed_calls"]) == (7, 0)
+    assert trips[:4] == [2, 2, 1, 1]  # a round trip each (a later single call: redis-py's
+    # Script without hiredis)
     sources = mq.scripts._scripts
     assert r.script_exists(sources["complete"].sha, sources["fail"].sha) == [True, False]
     assert [mq.get_job(j.queue, j.id).result for j in jobs] == [j.id for j in jobs]

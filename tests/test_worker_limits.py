@@ -9,6 +9,7 @@ import logging
 import re
 import secrets
 import threading
+import time
 
 import pytest
 
@@ -198,29 +199,38 @@ def test_a_worker_claims_nothing_from_a_paused_queue(mq) -> None:
     assert burst(mq, ["q"])[1] == 3
 
 
-def test_a_worker_s_handler_threads_start_before_its_first_job(mq) -> None:
-    """The thread pool starts its threads as a run begins (a thread of its own
-    starts them), so the first jobs wait for no thread start; a pool shut
-    while it starts them leaves none behind."""
+def test_a_worker_s_handler_threads_start_on_their_own_thread_at_its_first_job(mq) -> None:
+    """The thread pool starts no thread until a job arrives, then all of them
+    on a thread of their own (the loop hands its first jobs over without
+    waiting for each start); they are daemons only when the thread that ran
+    the worker is one; a pool shut while it starts them leaves none behind."""
+    from echomq_django.runners.pool import HandlerPool
+
     worker = Worker(["q"], mq=mq, concurrency=4, block_timeout=0.2)
     bg = Background(worker)
-    wait_for(
-        lambda: worker.loop.pool is not None and len(worker.loop.pool._threads) == 4,
-        what="the pool's 4 threads",
-    )
-    assert worker.processed == 0 and mq.counts("q")["completed"] == 0
+    wait_for(lambda: worker.loop.pool is not None, what="the worker's pool")
     pool = worker.loop.pool
-    names = sorted(t.name for t in pool._threads)
-    assert names == [f"echomq-worker_{i}" for i in range(4)]
+    time.sleep(0.1)
+    assert pool._threads == []  # no job yet
+    mq.enqueue("q", "t.echo", 1, job_id="first")
+    wait_for(lambda: len(pool._threads) == 4, what="the pool's 4 threads")
+    wait_for(lambda: mq.counts("q")["completed"] == 1, what="the first job")
+    assert sorted(t.name for t in pool._threads) == [f"echomq-worker_{i}" for i in range(4)]
+    assert {t.daemon for t in pool._threads} == {bg.thread.daemon}
     worker.stop()
     bg.join()
     assert pool._threads == []  # every one left at the shutdown
-    from echomq_django.runners.pool import HandlerPool
-
+    made_here = HandlerPool(2, "here", lambda *a: None)
+    made_here.submit(lambda: None)
+    wait_for(lambda: len(made_here._threads) == 2, what="two threads")
+    assert [t.daemon for t in made_here._threads] == [False, False]  # as the main thread
+    made_here.shutdown(wait=True)
     shut = HandlerPool(64, "shut-at-once", lambda *a: None)
+    for _ in range(64):
+        shut.submit(lambda: None)
     shut.shutdown(wait=True)
     wait_for(
-        lambda: not [t for t in threading.enumerate() if t.name.startswith("shut-at-once")],
+        lambda: not [t for t in threading.enumerate() if t.name.startswith("shut-at-once_")],
         what="no thread of a pool shut as it started",
     )
     assert shut._threads == []

@@ -177,8 +177,10 @@ class Scripts:
     def run(self, name: str, keys: list, args: list):
         """Run script ``name``; raises the named exception for an ``EMQ`` error,
         ``RedisUnavailable`` for a transient one (``exceptions.TRANSIENT``)."""
-        if _pack is not None and not isinstance(self.client, RedisCluster):
-            reply = self._confirmed([(name, keys, args)], None)[0][0]  # the own write
+        if (_pack is not None or name not in self._loaded) and not isinstance(
+            self.client, RedisCluster
+        ):  # the own write, or a first call: its load in the same round trip
+            reply = self._confirmed([(name, keys, args)], None)[0][0]
             if isinstance(reply, Exception):
                 raise reply
             return reply
@@ -275,7 +277,7 @@ class Scripts:
                         # NOSCRIPT reply is run again below instead
                         pipe.evalsha(self._scripts[name].sha, len(keys), *keys, *args)
                     replies = pipe.execute(raise_on_error=False)
-                    self._note_loaded(loads, replies[: len(loads)])
+                    self._loaded.update(loads)
                     replies = replies[len(loads) :]
             except TRANSIENT as err:
                 raise connection_error(self.client, err) from err
@@ -331,19 +333,16 @@ class Scripts:
             raise
         finally:
             pool.release(conn)
-        self._note_loaded(loads, replies[: len(loads)])
+        self._loaded.update(loads)
         return replies[len(loads) :]
 
     def _to_load(self, calls: list[tuple[str, list, list]]) -> list[str]:
-        """One server: the scripts of ``calls`` this client has not loaded, each
-        once; their ``SCRIPT LOAD`` goes ahead of the calls in the same round trip
-        (``_note_loaded``), so a worker's start waits for no load of its own
-        (docs/explanation/performance.md#a-workers-start)."""
+        """One server: the scripts of ``calls`` this client has not sent a load of,
+        each once; their ``SCRIPT LOAD`` goes ahead of the calls in the same round trip,
+        so a worker's start waits for no load of its own
+        (docs/explanation/performance.md#a-workers-start). A load refused (an ACL)
+        is not sent again: a script missing then answers NOSCRIPT, handled below."""
         return list(dict.fromkeys(n for n, _, _ in calls if n not in self._loaded))
-
-    def _note_loaded(self, loads: list[str], replies: list) -> None:
-        ok = [not isinstance(r, Exception) for r in replies]  # refused: the NOSCRIPT path
-        self._loaded.update(n for n, good in zip(loads, ok, strict=True) if good)
 
     def _load_for_pipeline(self) -> None:
         """A Cluster: every script loaded once per client before its first pipeline

@@ -246,11 +246,12 @@ def _run_one(loop, job, done):
 
 
 class HandlerPool:
-    """``size`` handler threads taking ``(fn, args)`` from one queue, started on
-    a thread of their own as the pool is made, while a worker's first round
-    trips are in flight, so its first jobs wait for no thread start
+    """``size`` handler threads taking ``(fn, args)`` from one queue, started
+    when the first job arrives, on a thread of their own, so the loop hands
+    its first jobs over without waiting for a thread start
     (docs/explanation/performance.md#a-workers-start); more start as a resize or
-    a written-off handler makes room, when a job arrives. Cheaper per job than
+    a written-off handler makes room, when a job arrives. Handler threads are
+    daemons when the thread that made the pool is one. Cheaper per job than
     ``ThreadPoolExecutor.submit`` (no Future, Condition or semaphore per job;
     that was a quarter of the loop thread's time on small jobs, docs/explanation/performance.md).
     ``fn`` reports its own outcome and never raises (``run_handler``).
@@ -267,15 +268,31 @@ class HandlerPool:
         self._lock = threading.Lock()  # guards _size and _threads (write_off, retire)
         self._local = threading.local()
         self._started = self._written_off = 0
-        self._closed = False
-        threading.Thread(target=self._fill, name=f"{name}-start", daemon=True).start()
+        self._closed, self._filling = False, False
+        self._daemon = threading.current_thread().daemon  # as when the loop started them
 
     def submit(self, fn, *args) -> None:
         self._jobs.put((fn, args))
-        if len(self._threads) < self._size:
+        if self._filling or len(self._threads) >= self._size:
+            return
+        if self._started:
             self._grow()
+        else:  # the first job: the rest start on their own thread
+            self._filling = True  # before it runs: it clears the flag as it ends
+            try:
+                threading.Thread(target=self._fill, name=f"{self._name}-start", daemon=True).start()
+            except BaseException:  # no thread to be had: raised, as a handler's start was
+                self._filling = False
+                raise
 
     def _fill(self) -> None:
+        """(Its own thread) start threads until the pool is full; from then on a
+        job that finds room starts one itself, and room made as this ended is filled."""
+        try:
+            while self._grow():
+                pass
+        finally:
+            self._filling = False
         while self._grow():
             pass
 
@@ -284,7 +301,8 @@ class HandlerPool:
         with self._lock:  # a thread in _threads has started: shutdown may join it
             if self._closed or len(self._threads) >= self._size:
                 return False
-            thread = threading.Thread(target=self._work, name=f"{self._name}_{self._started}")
+            name = f"{self._name}_{self._started}"
+            thread = threading.Thread(target=self._work, name=name, daemon=self._daemon)
             self._started += 1
             self._threads.append(thread)
             thread.start()
