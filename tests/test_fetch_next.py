@@ -8,6 +8,8 @@ queue's sweep lock taken in the completion's round trip."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from echomq_django import Flow, JobState, Worker
@@ -85,7 +87,31 @@ def test_the_worker_holds_a_slot_for_the_reporters_claim(mq) -> None:
     _, _, token = loop.fetch("q")
     loop._taken("q", token, RedisUnavailable("gone"))  # its reply may be lost
     loop._take(*loop.done.get_nowait())
-    assert (loop.fetching, loop.lost_claims) == (0, {"q": (token, None)})  # sent again next
+    assert (loop.fetching, loop.lost_claims) == (0, {"q": [(token, None)]})  # sent again next
+
+
+def test_every_claim_lost_on_one_queue_is_sent_again(mq) -> None:
+    """Two claims of one queue raise before the loop sends either again (a
+    connection cut under the loop's claim and the reporter's): both go first,
+    the resting queue too, and one whose job was leased gets it back, not
+    left active until its lease ends. Meanwhile no completion carries a claim."""
+    mq.enqueue("q", "t.echo", job_id="a")
+    loop = Worker(["q"], concurrency=2, mq=mq, register=False).loop
+    started: list[str] = []
+    loop.pool = SimpleNamespace(start=lambda job, done: started.append(job.id), ahead=0)
+    (_, _, t1), (_, _, t2) = loop.fetch("q"), loop.fetch("q")
+    leased = mq.claim("q", 1, 30_000, token=t2)  # t2 ran, its reply lost; t1 was never sent
+    for token in (t1, t2):
+        loop._taken("q", token, RedisUnavailable("the reply was lost"))
+        loop._take(*loop.done.get_nowait())
+    assert loop.lost_claims == {"q": [(t1, None), (t2, None)]}
+    assert loop.fetch("q") is None  # the loop's next claim goes first
+    loop.rest["q"] = float("inf")  # drained, as far as the loop knew
+    assert loop._claim(2, everywhere=False) == 1  # t1 finds nothing, then t2 replays "a"
+    assert started == ["a"]
+    assert started == [job.id for job in leased]
+    assert (loop.lost_claims, loop.fetching, loop.executing) == ({}, 0, 1)
+    assert loop.rest["q"] == float("inf")  # short, and nothing lost is left: it rests
 
 
 # -- a parent on another queue: the worker delivers its child's completion ----

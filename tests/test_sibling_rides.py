@@ -113,7 +113,7 @@ def test_a_shared_slot_is_held_once(mq) -> None:
         loop._taken(queue, token, RedisUnavailable("gone"))
         loop._take(*loop.done.get_nowait())
     assert (loop.fetching, loop._pairs) == (0, {})
-    assert loop.lost_claims == {"kids": (second, ("q", first)), "q": (first, ("kids", second))}
+    assert loop.lost_claims == {"kids": [(second, ("q", first))], "q": [(first, ("kids", second))]}
 
 
 def lost_pair(mq, loop, child):

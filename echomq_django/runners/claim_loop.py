@@ -95,9 +95,9 @@ class ClaimLoop:
         self.time_limits, self.max_stuck = time_limits, max_stuck
         self.shutdown_timeout, self.claims = shutdown_timeout, Claims()
         self.writes = Flusher(mq, metrics=metrics)  # its handlers' progress and log writes
-        self.reporter = Reporter(mq, sender, self.claims.forget, self.on_released, self.wake,
-                                 metrics=metrics, writes=self.writes, fetch=self.fetch,
-                                 taken=self._taken)  # fmt: skip
+        self.reporter = Reporter(mq, sender, self.claims.forget, self.on_released,
+                                 lambda: self.done.put(None), metrics=metrics, writes=self.writes,
+                                 fetch=self.fetch, taken=self._taken)  # fmt: skip
         # the reporter's claims in flight, their tokens (this run's, until _take), the loop's
         self.fetching, self._fetch_lock, self._tokens, self.claiming = 0, threading.Lock(), {}, 0
         self.ride_held: str | None = None  # the token of a slot held for a riding claim
@@ -119,7 +119,7 @@ class ClaimLoop:
         # queue -> parents this worker saw released on it (written by the reporter only): a
         # claim that came back short rests its queue only if none was released meanwhile
         self.released = dict.fromkeys(queues, 0)
-        self.lost_claims: dict[str, tuple] = {}  # queue -> (token, yields_to): a claim that raised
+        self.lost_claims: dict[str, list] = {}  # queue -> [(token, yields_to)]: claims that raised
         self._pairs: dict[str, tuple[str, str]] = {}  # token in flight -> (queue, token) ditto
         # queues whose last claim met a full RATE_LIMIT window: a burst waits it out
         self.limited: set[str] = set()
@@ -325,10 +325,6 @@ class ClaimLoop:
             else:
                 self.idle.on_wake(wake)
 
-    def wake(self) -> None:
-        """Wake the loop (from any thread)."""
-        self.done.put(None)
-
     def _hold_ride(self, finished: list[Finished]) -> tuple | None:
         """``(queue, room)``: a slot held (``fetch``) from the hand-over for the claim
         riding the completion of ``finished`` (one at a time), or None: a claim of the
@@ -345,11 +341,12 @@ class ClaimLoop:
     def fetch(self, queue: str, yields_to: tuple | None = None) -> tuple[int, int, str] | None:
         """(Reporter thread) ``(1, lease ms, token)``: room for a job of ``queue`` claimed with a
         completion, its slot held until ``_take`` (``yields_to``: ``(queue, token)`` of the claim
-        whose slot, the last free one, it shares); None: none free, stopping, or ``max_jobs``."""
+        whose slot, the last free one, it shares); None: none free, stopping, ``max_jobs``, or
+        a lost claim the loop sends again first (its jobs may be leased already)."""
         with self._fetch_lock:
             full = self.executing - self.direct.spare() + self.fetching >= self.room
             taken = self.claimed + self.fetching + self.claiming  # the loop's claim in flight too
-            done = self.max_jobs is not None and taken >= self.max_jobs
+            done = bool(self.lost_claims) or (self.max_jobs is not None and taken >= self.max_jobs)
             done = done or self.stopping.is_set() or self.retry_at or queue not in self.rest
             if full != (yields_to is not None) or done:  # shared: only into the last free slot
                 return None
@@ -381,8 +378,7 @@ class ClaimLoop:
             if not isinstance(claimed, BaseException):
                 self.claimed += len(claimed)  # under the lock: the direct path counts too
         if isinstance(claimed, REDIS_DOWN):  # it may have run: its jobs are leased to us
-            self.lost_claims.setdefault(queue, (token, yields_to))
-            self.rest[queue] = 0.0  # asked now, drained or not (no-polling.md#blocking-claims)
+            self.lost_claims.setdefault(queue, []).append((token, yields_to))  # sent first
         elif not isinstance(claimed, BaseException):
             self.claims.add(claimed)
             self.executing += len(claimed)
@@ -404,13 +400,13 @@ class ClaimLoop:
             self.subscribed = True
         got, now, n = 0, time.monotonic(), len(self.queues)
         first, self.turn = self.turn, (self.turn + 1) % n
-        if self.lost_claims:  # a lost claim's jobs first: they were leased for our room
-            first = self.queues.index(next(iter(self.lost_claims)))
-        for i in range(n):
+        # every lost claim first, resting queue or not (its jobs were leased for our room)
+        order = [queue for queue, lost in self.lost_claims.items() for _ in lost]
+        for queue in order + [self.queues[(first + i) % n] for i in range(n)]:
             if free <= 0:
                 break
-            queue = self.queues[(first + i) % n]
-            if self.rest[queue] > now and (not everywhere or queue in self.limited):
+            lost = self.lost_claims.get(queue)
+            if not lost and self.rest[queue] > now and (not everywhere or queue in self.limited):
                 continue  # resting; a burst's last look skips a window known full too
             with self._fetch_lock:  # reserved against the reporter's fetch (max_jobs)
                 cap = float("inf") if self.max_jobs is None else self.max_jobs
@@ -419,14 +415,17 @@ class ClaimLoop:
                 break
             released = self.released[queue]
             # a lost token again, yielding as it was sent (lua/claim.lua KEYS[4]), or a new one
-            token, yields = self.lost_claims.pop(queue, None) or (secrets.token_hex(8), None)
+            token, yields = lost.pop(0) if lost else (secrets.token_hex(8), None)
+            if lost == []:
+                del self.lost_claims[queue]
             try:
                 jobs = self.mq.claim(queue, want, self.leases[queue], token=token, yields_to=yields)
             except REDIS_DOWN:
                 # Redis may have run it and lost only the reply: the next try sends the
                 # same token, and a claim that ran gives its jobs back (lua/claim.lua's
                 # replay) instead of leaving them active and unseen until their lease ends
-                self.lost_claims[queue], self.claiming = (token, yields), 0
+                self.lost_claims.setdefault(queue, []).insert(0, (token, yields))
+                self.claiming = 0
                 raise
             with self._fetch_lock:  # counted, then freed (the direct path counts too)
                 self.claimed, self.claiming = self.claimed + len(jobs), 0
@@ -436,7 +435,8 @@ class ClaimLoop:
                 self.window_waits += 1
                 continue
             self.limited.discard(queue)
-            if len(jobs) < want and self.released[queue] == released:
+            short = len(jobs) < want and self.released[queue] == released
+            if short and queue not in self.lost_claims:
                 # drained (or paused): rest until woken; a parent this worker
                 # saw released after the claim ran is claimed at once instead
                 self.rest[queue] = float("inf")
