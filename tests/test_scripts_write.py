@@ -156,3 +156,45 @@ def test_a_script_is_loaded_with_its_first_call_in_the_same_round_trip(r, monkey
     sources = mq.scripts._scripts
     assert r.script_exists(sources["complete"].sha, sources["fail"].sha) == [True, False]
     assert [mq.get_job(j.queue, j.id).result for j in jobs] == [j.id for j in jobs]
+
+
+@pytest.mark.parametrize("packed", ["hiredis", "redis-py"])
+def test_scripts_flushed_every_2_ms_while_a_worker_drains_cost_no_job(
+    r, redis_server, monkeypatch, packed
+) -> None:
+    """``SCRIPT FLUSH`` every 2 ms for a second while a worker drains 3,000
+    jobs: a call that meets NOSCRIPT again after its load (the flush landed
+    between the two) never ran, so it is an outage the worker waits out, not
+    an error that ends it (docs/explanation/reliability.md#not-now-is-not-no).
+    Every job completes once and the worker returns when stopped."""
+    from echomq_django import Worker
+    from tests.support.workerkit import Background, wait_for
+
+    if packed == "hiredis":
+        pytest.importorskip("hiredis")
+    else:
+        monkeypatch.setattr(scripts, "_pack", None)
+    mq = EchoMQ(r, prefix="emq")
+    mq.enqueue_many("q", [("t.echo", i) for i in range(3_000)])
+    flusher, stop = redis.Redis.from_url(redis_server), threading.Event()
+
+    def flush() -> None:
+        end = time.monotonic() + 1.0
+        while time.monotonic() < end and not stop.is_set():
+            flusher.script_flush()
+            time.sleep(0.002)
+
+    flushing = threading.Thread(target=flush, daemon=True)
+    flushing.start()
+    worker = Worker(["q"], mq=mq, concurrency=4, register=False)
+    bg = Background(worker)
+    try:
+        wait_for(lambda: mq.counts("q")["completed"] == 3_000, timeout=60, what="every job")
+    finally:
+        stop.set()
+        flushing.join(10)
+        worker.stop()
+        bg.join(60)  # raises what ended the worker, if anything did
+        flusher.close()
+    assert worker.loop.reporter.stats["completed"] == 3_000
+    assert (mq.counts("q")["active"], mq.counts("q")["pending"]) == (0, 0)

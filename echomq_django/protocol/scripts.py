@@ -187,8 +187,8 @@ class Scripts:
         self.check_call(name, keys, args)
         try:
             return self._scripts[name](keys=keys, args=args)
-        except TRANSIENT as err:  # before ResponseError: CLUSTERDOWN is one too
-            raise connection_error(self.client, err) from err
+        except (*TRANSIENT, redis.exceptions.NoScriptError) as err:  # before ResponseError
+            raise connection_error(self.client, err) from err  # NoScriptError: see _confirmed
         except redis.exceptions.ResponseError as err:
             raise translate(err) from None
 
@@ -290,7 +290,8 @@ class Scripts:
                     reply = err
                 except TRANSIENT as err:
                     reply = err
-            if isinstance(reply, TRANSIENT):
+            # NOSCRIPT again after its load: flushed meanwhile; it never ran, so "not now"
+            if isinstance(reply, (*TRANSIENT, redis.exceptions.NoScriptError)):
                 raise connection_error(self.client, reply) from reply
             if isinstance(reply, redis.exceptions.ResponseError):
                 reply = translate(reply)
