@@ -17,7 +17,7 @@ from echomq_django.core.exceptions import RedisUnavailable
 from echomq_django.runners.pump import Pump
 from echomq_django.runners.reporter import Finished, Reporter
 from tests.support.jobkit import assert_state, claim_one, jref, leaf, node, record_calls
-from tests.support.workerkit import burst, fetching_reporter
+from tests.support.workerkit import Background, burst, fetching_reporter
 
 # The flow outbox's own path, on the single server too (on one server a
 # cross-queue completion skips it by default: tests/support/fixtures.py).
@@ -112,6 +112,36 @@ def test_every_claim_lost_on_one_queue_is_sent_again(mq) -> None:
     assert started == [job.id for job in leased]
     assert (loop.lost_claims, loop.fetching, loop.executing) == ({}, 0, 1)
     assert loop.rest["q"] == float("inf")  # short, and nothing lost is left: it rests
+
+
+def test_a_stop_sends_a_lost_claim_again_and_runs_its_jobs(mq) -> None:
+    """A stop asked while a claim that ran is lost (its reply cut) sends that
+    claim again before ``run()`` returns, and runs the jobs it leased, as the
+    jobs it holds; it claims nothing new. Before, they stayed active, unseen,
+    for their whole lease."""
+    import threading
+
+    for i in range(5):
+        mq.enqueue("q", "t.echo", i, job_id=f"j{i}")
+    worker = Worker(["q"], mq=mq, concurrency=2, register=False)
+    real, lost = mq.claim, threading.Event()
+
+    def claim(queue, count=1, lease_ms=None, token=None, yields_to=None):
+        jobs = real(queue, count, lease_ms, token=token, yields_to=yields_to)
+        if jobs and not lost.is_set():  # it ran; its reply is cut
+            lost.set()
+            raise RedisUnavailable("the reply was lost")
+        return jobs
+
+    mq.claim = claim
+    bg = Background(worker)
+    assert lost.wait(10)
+    worker.stop()
+    bg.join(30)
+    assert worker.loop.lost_claims == {}
+    counts = mq.counts("q")
+    assert (counts["completed"], counts["active"], counts["pending"]) == (2, 0, 3)
+    assert worker.loop.reporter.stats["completed"] == 2
 
 
 # -- a parent on another queue: the worker delivers its child's completion ----

@@ -221,10 +221,10 @@ class ClaimLoop:
         self, now: float, burst: bool, max_jobs: int | None, outage: Outage
     ) -> tuple[int, bool]:
         """Claim as many jobs as there are free handler threads (within ``max_jobs``; those the
-        reporter holds aside), unless stopping or in an outage. Returns how many, and whether
-        every queue was asked (a burst's last look: nothing running or unreported)."""
+        reporter holds aside), unless in an outage or stopping (a stop sends lost claims again
+        only). Returns how many, and whether every queue was asked (a burst's last look)."""
         limit = self.concurrency if max_jobs is None else max_jobs - self.claimed - self.fetching
-        if now < self.retry_at or self.stopping.is_set():
+        if now < self.retry_at or (self.stopping.is_set() and not self.lost_claims):
             return 0, False
         free = min(self.room - self.executing - self.fetching, limit)
         asked = burst and not self.executing and not self.reporter.unreported
@@ -257,15 +257,15 @@ class ClaimLoop:
 
     def _run_is_over(self, now: float, got: int, asked: bool, max_jobs: int | None) -> bool:
         """True when ``run()`` should return: stopping (or ``max_jobs`` claimed, or a burst that
-        found every queue empty) with nothing running, unreported or held by the reporter's
-        claims, written-off handlers included (their threads still run their side effects: waited
-        for up to ``shutdown_timeout``, a run that ends on its own becoming a stop for that
-        deadline, unless more than ``max_stuck``); or the shutdown timeout passed.
+        found every queue empty) with nothing running, unreported, held by the reporter's claims
+        or (a stop) lost, written-off handlers included (their threads still run their side
+        effects: waited for up to ``shutdown_timeout``, a run that ends on its own becoming a stop
+        for that deadline, unless more than ``max_stuck``); or the shutdown timeout passed.
         docs/explanation/reliability.md#stopping-a-worker"""
-        if not self.executing and not self.reporter.unreported and not self.fetching:
+        lost = self.lost_claims and self.stopping.is_set()
+        if not self.executing and not self.reporter.unreported and not self.fetching and not lost:
             over = self.stopping.is_set() or (max_jobs is not None and self.claimed >= max_jobs)
-            # burst: every queue empty (or paused); a queue resting on a full
-            # RATE_LIMIT window still has jobs: wait it out
+            # burst: every queue empty or paused (a full RATE_LIMIT window still has jobs: wait)
             over = over or (asked and got == 0 and not self.limited)
             if over:
                 if not self.timeouts.stuck or self.give_up_stuck:
@@ -403,9 +403,9 @@ class ClaimLoop:
         # every lost claim first, resting queue or not (its jobs were leased for our room)
         order = [queue for queue, lost in self.lost_claims.items() for _ in lost]
         for queue in order + [self.queues[(first + i) % n] for i in range(n)]:
-            if free <= 0:
-                break
             lost = self.lost_claims.get(queue)
+            if free <= 0 or (self.stopping.is_set() and not lost):
+                break  # a stop sends only the lost claims again
             if not lost and self.rest[queue] > now and (not everywhere or queue in self.limited):
                 continue  # resting; a burst's last look skips a window known full too
             with self._fetch_lock:  # reserved against the reporter's fetch (max_jobs)
@@ -437,8 +437,7 @@ class ClaimLoop:
             self.limited.discard(queue)
             short = len(jobs) < want and self.released[queue] == released
             if short and queue not in self.lost_claims:
-                # drained (or paused): rest until woken; a parent this worker
-                # saw released after the claim ran is claimed at once instead
+                # drained or paused: rest until woken (not if a parent was released since it ran)
                 self.rest[queue] = float("inf")
             self.claims.add(jobs)
             self.executing += len(jobs)
