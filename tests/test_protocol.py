@@ -19,6 +19,7 @@ from echomq_django import (
     DuplicateJob,
     EchoMQ,
     Job,
+    JobCancelled,
     JobNotActive,
     JobNotFound,
     JobNotRetryable,
@@ -315,6 +316,45 @@ def test_extend_lease(tmq, clock) -> None:
     with pytest.raises(JobNotActive, match="is completed"):
         tmq.extend_lease(job, 10)
     assert score(tmq, "q", "active", "j") is None
+
+
+def test_extend_leases_checks_each_job_alone_in_one_round_trip(tmq, clock, monkeypatch) -> None:
+    """The heartbeat's call: each job of any queue extended or refused on its own, refused ones
+    untouched, one pipeline for all (each queue's jobs in calls of COMPLETE_BATCH)."""
+    for job_id in ("a", "b", "c", "d", "e"):
+        tmq.enqueue("q", "n", job_id=job_id)
+    tmq.enqueue("r", "n", job_id="f")
+    tmq.enqueue("r", "n", job_id="g")
+    held = {job.id: job for job in [*tmq.claim("q", 5, 100), *tmq.claim("r", 2, 100)]}
+    tmq.complete(held["b"])
+    tmq.cancel("r", "g")
+    stale = Job(id="f", queue="r", name="n", lease="0.0", _mq=tmq)
+    missing = Job(id="zz", queue="q", name="n", lease="1.1", _mq=tmq)
+    jobs = [held["a"], held["b"], missing, stale, held["g"], held["c"], held["d"], held["e"]]
+    rounds = []
+    run_many = tmq.scripts.run_many
+    monkeypatch.setattr(
+        tmq.scripts, "run_many", lambda calls: rounds.append(calls) or run_many(calls)
+    )
+    monkeypatch.setattr("echomq_django.protocol.client.COMPLETE_BATCH", 2)
+    clock.advance(90)
+    out = tmq.extend_leases(jobs, {"q": 1000, "r": 2000})
+    assert [len(calls) for calls in rounds] == [4]  # q: 6 jobs in 3 calls, r: 2 in 1
+    assert [type(reply) for reply in out[1:5]] == [
+        JobNotActive,
+        JobNotFound,
+        LeaseLost,
+        JobCancelled,
+    ]
+    assert str(out[1]) == "job 'b' in queue 'q' is completed"
+    assert out[0] == out[5] == out[6] == out[7] == T0 + 1090 == held["e"].lease_deadline
+    assert {i: score(tmq, q, "active", i) for q, i in [("q", "a"), ("r", "f"), ("r", "g")]} == {
+        "a": T0 + 1090, "f": T0 + 100, "g": T0 + 100}  # fmt: skip
+    assert score(tmq, "q", "active", "b") is None and held["g"].lease_deadline == T0 + 100
+    with pytest.raises(ValueError, match=r"lease_ms must be a whole number >= 1 \(ms\), got 0"):
+        tmq.extend_leases([held["c"]], {"q": 0})
+    assert score(tmq, "q", "active", "c") == T0 + 1090  # nothing written
+    assert tmq.extend_leases([]) == []
 
 
 def test_promote_delayed_moves_due_jobs_in_run_at_order(tmq, clock) -> None:

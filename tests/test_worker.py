@@ -388,6 +388,42 @@ def test_the_heartbeat_keeps_a_long_job_leased(r):
     assert (job.state, job.result, job.attempts) == (JobState.COMPLETED, 1.0, 1)
 
 
+def test_a_reporter_in_an_outage_holds_claims_and_the_heartbeat_keeps_every_lease(r, monkeypatch):
+    """While the reporter's batches meet an outage the loop claims nothing new (the jobs it
+    holds stop growing), and the heartbeat extends all their leases, a beat's due jobs in one
+    call: none is recovered, none runs twice. The loop claimed all 60 before."""
+    mq = EchoMQ(r, prefix="emq")
+    for i in range(60):
+        mq.enqueue("q", "t.echo", i, job_id=f"j{i}")
+    worker = Worker(["q"], mq=mq, concurrency=10, lease_ms=600, heartbeat_ms=100)
+    reporter, down, report, beats = worker.loop.reporter, threading.Event(), None, []
+    report, extend = reporter.report, mq.extend_leases
+
+    def failing(items):
+        if down.is_set():
+            raise RedisUnavailable("Redis is unreachable at the test's fault")
+        report(items)
+
+    down.set()
+    monkeypatch.setattr(reporter, "report", failing)
+    monkeypatch.setattr(
+        mq, "extend_leases", lambda jobs, ms: beats.append(len(jobs)) or extend(jobs, ms)
+    )
+    bg = Background(worker, burst=True)
+    wait_for(lambda: reporter.down, what="the reporter's outage")
+    held = len(worker.loop.claims)
+    time.sleep(1.5)  # two and a half leases
+    assert len(worker.loop.claims) == held < 60
+    assert (r.zcard("emq:{q}:active"), r.llen("emq:{q}:pending")) == (held, 60 - held)
+    assert Pump(["q"], mq=mq).sweep()["q"]["recovered"] == 0
+    assert beats and max(beats) <= held <= sum(beats)
+    down.clear()
+    assert bg.join() == 60
+    jobs = [mq.get_job("q", f"j{i}") for i in range(60)]
+    assert {(job.state, job.attempts) for job in jobs} == {(JobState.COMPLETED, 1)}
+    assert [job.result for job in jobs] == list(range(60))
+
+
 def test_stop_finishes_running_jobs(r):
     mq = EchoMQ(r, prefix="emq")
     mq.enqueue("q", "t.slow", 0.3, job_id="s")

@@ -1,14 +1,15 @@
 """``EchoMQ``: the queue over one Redis connection, composed of parts (docs/explanation/house.md,
 "protocol/"). ``EchoMQ`` is the user API: the one-job transitions defined here
-(``lua/enqueue.lua``, ``lua/extend_lease.lua``; ``claim``, ``complete`` and ``fail`` run the calls
-``Wire.claim_call``, ``Wire.complete_call`` and ``Wire.fail_call`` build), the read API of
-``Reads``, and the calls it hands to its parts: flows (``mq.flows``), bulk adds (``mq.bulk``),
-retry, remove and cancel (``mq.lifecycle``), waiting for a result (``mq.waits``), what a running
-job reports (``mq.progress``, through its ``Job``), following events (``mq.events(...)``). What
-only the runners, the admin and monitoring call lives on the parts they name: ``mq.outbox``,
-``mq.timers``, ``mq.signal_events``, ``mq.presence``, ``mq.probes``. Each part is a small class
-over the one ``Wire`` (``wire.py``) they share; this class validates input, builds keys, runs the
-script and decodes the reply; nothing is written when validation fails.
+(``lua/enqueue.lua``; ``claim``, ``complete`` and ``fail`` run the calls ``Wire.claim_call``,
+``Wire.complete_call`` and ``Wire.fail_call`` build, ``extend_leases`` ``Wire.extend_leases``),
+the read API of ``Reads``, and the calls it hands to its parts: flows (``mq.flows``), bulk adds
+(``mq.bulk``), retry, remove and cancel (``mq.lifecycle``), waiting for a result (``mq.waits``),
+what a running job reports (``mq.progress``, through its ``Job``), following events
+(``mq.events(...)``). What only the runners, the admin and monitoring call lives on the parts
+they name: ``mq.outbox``, ``mq.timers``, ``mq.signal_events``, ``mq.presence``, ``mq.probes``.
+Each part is a small class over the one ``Wire`` (``wire.py``) they share; this class validates
+input, builds keys, runs the script and decodes the reply; nothing is written when validation
+fails.
 """
 
 from __future__ import annotations
@@ -124,15 +125,6 @@ class EchoMQ(Reads):
     @clock.setter
     def clock(self, value) -> None:
         self.wire.clock = value
-
-    @property
-    def fault_hook(self):
-        """Tests: called after each flow step as ``hook(n, queue, nodes)``; may raise."""
-        return self.wire.fault_hook
-
-    @fault_hook.setter
-    def fault_hook(self, value) -> None:
-        self.wire.fault_hook = value
 
     # -- helpers -----------------------------------------------------------
     @local
@@ -375,18 +367,22 @@ class EchoMQ(Reads):
         return [r if isinstance(r, Exception) else self.wire.outcome(r) for r in replies]
 
     def extend_lease(self, job: Job, lease_ms: int | None = None) -> int:
-        """Heartbeat: the lease now ends ``lease_ms`` (ms) from now; returns the
-        new deadline (ms) and stores it on ``job``. Raises ``JobNotActive``,
-        ``LeaseLost``, ``JobNotFound``. docs/explanation/protocol.md#leases-and-recovery."""
-        lease = int(lease_ms if lease_ms is not None else self.setting(job.queue, "LEASE_MS"))
-        k = self.keys.queue(job.queue)
-        deadline = self.scripts.run(
-            "extend_lease",
-            [k.job(job.id), k.active],
-            [job.queue, job.id, job.lease or "", self.clock(), lease],
-        )
-        job.lease_deadline = int(deadline)
-        return job.lease_deadline
+        """Heartbeat: the lease now ends ``lease_ms`` (ms, None: the queue's LEASE_MS) from now;
+        returns the new deadline (ms), stored on ``job``. Raises as ``extend_leases``, and its
+        refusals: ``JobNotActive``, ``LeaseLost``, ``JobNotFound``, ``JobCancelled``."""
+        reply = self.extend_leases([job], lease_ms)[0]
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
+
+    def extend_leases(self, jobs: list[Job], lease_ms: int | dict | None = None) -> list:
+        """``extend_lease`` for many jobs in one round trip (a worker's heartbeat): per job its
+        new deadline (ms, stored on the job) or the exception refusing it. ``lease_ms``: ms for
+        every job, a ``{queue: ms}`` dict, or None: each queue's LEASE_MS. A queue's jobs go to
+        one script call per ``COMPLETE_BATCH``; queues are pipelined. Raises ``ValueError`` for
+        a bad ``lease_ms`` (nothing written), ``RedisUnavailable``.
+        docs/explanation/protocol.md#leases-and-recovery"""
+        return self.wire.extend_leases(jobs, lease_ms, COMPLETE_BATCH)
 
     def pause(self, queue: str) -> bool:
         """Pause ``queue``: no worker claims from it until ``resume``; adds,

@@ -10,7 +10,8 @@ clock. It builds three script calls: ``lua/claim.lua``'s (``Wire.claim_call``:
 completions in the same round trip), ``lua/complete.lua``'s
 (``Wire.complete_call``, for ``EchoMQ.complete`` and ``complete_many``) and
 ``lua/fail.lua``'s (``Wire.fail_call``, for ``EchoMQ.fail_many``);
-``run_or_error`` runs the one a caller names.
+``run_or_error`` runs the one a caller names. ``Wire.extend_leases`` runs
+``lua/extend_lease.lua``'s for ``EchoMQ.extend_leases``.
 """
 
 from __future__ import annotations
@@ -172,6 +173,38 @@ class Wire:
         )
         args = [queue, k.base, now, "1" if self.cross_queue_scripts else "0", writes, jobs]
         return ("complete", [k.active, k.completed], args)
+
+    def extend_leases(self, jobs: list, lease_ms, batch: int) -> list:
+        """``EchoMQ.extend_leases``: lua/extend_lease.lua once per ``batch`` jobs of a queue,
+        at ``lease_ms`` (ms; a ``{queue: ms}`` mapping; None: the queue's LEASE_MS) from now,
+        pipelined; per job its new deadline (ms, stored on the job) or its refusal."""
+        by_queue: dict[str, list[int]] = {}
+        for i, job in enumerate(jobs):
+            by_queue.setdefault(job.queue, []).append(i)
+        calls, slots, now = [], [], self.clock()
+        for queue, idx in by_queue.items():  # every lease checked before the first call
+            k, lease = self.keys.queue(queue), lease_ms
+            lease = lease.get(queue) if isinstance(lease, dict) else lease
+            whole_number("lease_ms", lease, 1, optional=True)
+            lease = self.setting(queue, "LEASE_MS") if lease is None else lease
+            for at in range(0, len(idx), batch):
+                part = idx[at : at + batch]
+                ids = JOINED.join([p for i in part for p in (jobs[i].id, jobs[i].lease or "")])
+                calls.append(("extend_lease", [k.active], [queue, k.base, now, lease, ids]))
+                slots.append(part)
+        if len(calls) == 1:
+            replies = [self.run_or_error(*calls[0])]
+        else:
+            replies = self.scripts.run_many(calls)
+        out: list = [None] * len(jobs)
+        for idx, reply in zip(slots, replies, strict=True):
+            entries = reply if isinstance(reply, list) else [reply] * len(idx)  # a refused call
+            for i, entry in zip(idx, entries, strict=True):
+                if isinstance(entry, int):
+                    out[i] = jobs[i].lease_deadline = entry
+                else:
+                    out[i] = entry if isinstance(entry, Exception) else translate(to_text(entry))
+        return out
 
     def fail_call(self, job, error: str, dead: bool = False, delay_ms: int | None = None):
         """One ``fail`` script call for ``job`` (lua/fail.lua; ``delay_ms``: None, the backoff)."""

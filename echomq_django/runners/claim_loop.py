@@ -34,8 +34,7 @@ class Claims:
 
     def add(self, jobs) -> None:
         with self._lock:
-            for job in jobs:
-                self._jobs[(job.queue, job.id)] = job
+            self._jobs.update(((job.queue, job.id), job) for job in jobs)
 
     def forget(self, *jobs: Job) -> None:
         with self._lock:
@@ -129,11 +128,6 @@ class ClaimLoop:
         self.subscribed = False  # event kinds with receivers here recorded for our queues
         self.direct = Direct(self)  # a handler thread's own report (direct.py)
 
-    @property
-    def processed(self) -> int:
-        """Jobs completed or failed, all runs."""
-        return self.reporter.processed
-
     def stop(self, force: bool = False) -> None:
         """Stop claiming; ``run()`` returns once the running jobs are reported (or
         ``shutdown_timeout`` s); ``force``: at once. Safe from any thread and a signal handler."""
@@ -142,6 +136,10 @@ class ClaimLoop:
             self.stopping.set()
         self.forced = self.forced or force
         self.done.put(None)  # wake the loop
+
+    def _held(self) -> bool:
+        """Lost claims only, no new ones: stopping, or the reporter in an outage."""
+        return self.stopping.is_set() or self.reporter.down
 
     def drain(self) -> None:
         """Stop claiming; ``run()`` returns once every running job has
@@ -221,10 +219,10 @@ class ClaimLoop:
         self, now: float, burst: bool, max_jobs: int | None, outage: Outage
     ) -> tuple[int, bool]:
         """Claim as many jobs as there are free handler threads (within ``max_jobs``; those the
-        reporter holds aside), unless in an outage or stopping (a stop sends lost claims again
+        reporter holds aside), unless in an outage, or held (``_held``: lost claims sent again
         only). Returns how many, and whether every queue was asked (a burst's last look)."""
         limit = self.concurrency if max_jobs is None else max_jobs - self.claimed - self.fetching
-        if now < self.retry_at or (self.stopping.is_set() and not self.lost_claims):
+        if now < self.retry_at or (self._held() and not self.lost_claims):
             return 0, False
         free = min(self.room - self.executing - self.fetching, limit)
         asked = burst and not self.executing and not self.reporter.unreported
@@ -280,7 +278,7 @@ class ClaimLoop:
         claim riding a completion: its reply wakes the loop anyway) and ``max_jobs`` not reached,
         the waker blocks on the wake keys meanwhile; else it leaves the markers to others."""
         room = max_jobs is None or self.claimed < max_jobs
-        idle = not self.retry_at and not self.stopping.is_set() and room
+        idle = not self.retry_at and not self._held() and room
         free = self.executing + self.fetching < self.concurrency
         self.waiting = self.idle.block(idle and free)
         resting = [at - now for at in self.rest.values() if now < at < float("inf")]
@@ -341,13 +339,13 @@ class ClaimLoop:
     def fetch(self, queue: str, yields_to: tuple | None = None) -> tuple[int, int, str] | None:
         """(Reporter thread) ``(1, lease ms, token)``: room for a job of ``queue`` claimed with a
         completion, its slot held until ``_take`` (``yields_to``: ``(queue, token)`` of the claim
-        whose slot, the last free one, it shares); None: none free, stopping, ``max_jobs``, or
-        a lost claim the loop sends again first (its jobs may be leased already)."""
+        whose slot, the last free one, it shares); None: none free, held (``_held``), ``max_jobs``,
+        or a lost claim the loop sends again first (its jobs may be leased already)."""
         with self._fetch_lock:
             full = self.executing - self.direct.spare() + self.fetching >= self.room
             taken = self.claimed + self.fetching + self.claiming  # the loop's claim in flight too
             done = bool(self.lost_claims) or (self.max_jobs is not None and taken >= self.max_jobs)
-            done = done or self.stopping.is_set() or self.retry_at or queue not in self.rest
+            done = done or self._held() or self.retry_at or queue not in self.rest
             if full != (yields_to is not None) or done:  # shared: only into the last free slot
                 return None
             self._tokens[token := secrets.token_hex(8)] = held = 0 if yields_to else 1
@@ -404,8 +402,8 @@ class ClaimLoop:
         order = [queue for queue, lost in self.lost_claims.items() for _ in lost]
         for queue in order + [self.queues[(first + i) % n] for i in range(n)]:
             lost = self.lost_claims.get(queue)
-            if free <= 0 or (self.stopping.is_set() and not lost):
-                break  # a stop sends only the lost claims again
+            if free <= 0 or (self._held() and not lost):
+                break  # a stop (or the reporter's outage) sends only the lost claims again
             if not lost and self.rest[queue] > now and (not everywhere or queue in self.limited):
                 continue  # resting; a burst's last look skips a window known full too
             with self._fetch_lock:  # reserved against the reporter's fetch (max_jobs)

@@ -93,7 +93,8 @@ class Reporter:
     ``Claimed``, or the exception it raised), both from the loop (None: no
     such claims). ``processed`` and ``stats`` (``completed``, ``failed`` =
     will retry, ``dead``, ``lost``) count every run; ``unreported``: jobs
-    handed over and not reported yet in this run. ``writes``: the worker's
+    handed over and not reported yet in this run; ``down``: its last batch met an outage (the
+    loop claims nothing new until one goes through). ``writes``: the worker's
     ``flusher.Flusher`` or None; each batch takes its pending progress and
     log writes: its completed jobs' ride their ``complete`` calls, the rest
     go ahead of them in their round trip (alone when it completes none), so
@@ -125,7 +126,7 @@ class Reporter:
         # (queue, room): slots the loop held for a riding claim; those of the batch at hand
         self._held: list[tuple[str, tuple]] = []
         self._rides: list[tuple[str, tuple]] = []
-        self.unreported = 0
+        self.unreported, self.down = 0, False
         self._closing = False
         self.stats_at, self.stats_seen = 0.0, (0, 0.0)  # the next INFO line; (processed, when)
 
@@ -148,6 +149,7 @@ class Reporter:
     def reset(self) -> None:
         """Start a run: nothing handed over, not closing."""
         self._inbox, self._held, self.unreported, self._closing = [], [], 0, False
+        self.down = False
         self.debug = log.isEnabledFor(logging.DEBUG)
 
     def hand_over(self, finished: list[Finished], held: tuple | None = None) -> None:
@@ -199,16 +201,19 @@ class Reporter:
             self.report(items)
             close_old_connections()
         except REDIS_DOWN as err:
+            self.down = True  # the loop claims nothing new until a batch goes through
             delay = outage.failed(err)
             with self._cv:
                 self._cv.wait_for(lambda: self._closing, timeout=delay)
         except Exception:  # a bug must not stall the loop's accounting
+            self.down = False
             log.exception("reporting %d jobs failed; their leases will expire and the pump "
                           "recovers them", len(items))  # fmt: skip
             self._forget(*(f.job for f in items))
             items.clear()
         else:
             outage.ok()
+            self.down = False
         for queue, (_, _, token) in self._rides:  # held, and not ridden on: freed
             self._taken(queue, token, [])
         self._rides = []

@@ -25,8 +25,10 @@ claimed job while the reporter idles, and runs the job that report claimed):
   no Future per job) run the handlers, ``django.db.close_old_connections()``
   before and after each (the one before skipped: ``pool.JobConnections``).
 
-A heartbeat thread extends the lease of every job that has run for a third of
-it. Signal receivers run on the reporter thread.
+A heartbeat thread extends, in one round trip, the lease of every job held (running, or
+waiting to be reported) that has run for a third of it
+(docs/explanation/reliability.md#unreported-jobs-keep-their-leases). Signal receivers run on
+the reporter thread.
 
 Decisions (documented here, relied on by the tests):
 
@@ -59,7 +61,8 @@ Decisions (documented here, relied on by the tests):
   the result is dropped, the worker goes on.
 * Redis unreachable: "Redis unreachable at ..., retrying in Xs" at WARNING,
   backoff doubling from ``BACKOFF_START_S`` to ``BACKOFF_MAX_S``; no claims
-  meanwhile; finished results are kept and reported once Redis answers. No job
+  meanwhile, nor while the reporter's batches meet it; finished results are
+  kept, leased, and reported once Redis answers. No job
   is acknowledged without Redis, so a claimed job is never lost: at worst its
   lease expires and the pump recovers it. A claim that raised is sent again
   with its own call token, so jobs a lost reply leased come back at once.
@@ -118,57 +121,45 @@ log = logging.getLogger("echomq_django.worker")
 class Worker:
     """Runs the handlers of jobs claimed from ``queues`` (docs/explanation/protocol.md#claim).
 
-    ``queues``: queue names (list of str); ``concurrency``: handler threads
-    (int >= 1); ``mq``: an ``EchoMQ`` (None: the one built from settings);
-    ``batch``: most jobs claimed per ``claim`` call (default ``concurrency``);
-    ``lease_ms`` (ms): lease length for every queue (default each queue's
-    ``LEASE_MS``); ``heartbeat_ms`` (ms): how often running jobs are checked
-    for a lease extension (default a sixth of the shortest lease, at least
-    50); ``shutdown_timeout`` (s): how long a graceful stop waits for running
-    jobs; ``block_timeout`` (s, former name ``poll_interval``): the longest
-    single blocking wait on the wake keys; ``sweep_interval`` (s) and
-    ``max_stalls``: see ``wake.Timers``; ``max_stuck``: handler threads left
-    running past their job's time limit (written off and replaced) before the
-    worker stops (default ``concurrency``; timeouts.py); ``register``: list
-    this worker among the live processes while it runs (a heartbeat every
-    ``beat_s`` seconds, docs/howto/operate.md#live-workers-and-pumps; a
-    listed worker takes operator commands, docs/howto/operate-workers.md);
-    ``metrics``: the process's
-    Prometheus counters of finished jobs, handler times and dropped or held
-    progress and log writes
-    (``monitoring.metrics.process_metrics()``; ``runworker --metrics-port``
-    passes them), None for none; ``drainer``: the commit outbox's drainer
-    (``commit_outbox.Drainer``; ``runworker`` passes one): it drains once
-    before the first claim, then on its own thread until the worker stops
-    (any object with ``drain_once()``, ``start(drain_now=False)`` and
-    ``stop()``); ``pool``: ``"thread"`` (handler threads, the default),
-    ``"process"`` (pre-forked handler processes, killed past a job's time
-    limit, docs/howto/process-pool.md) or ``"async"`` (one event loop
-    running ``concurrency`` handler coroutines,
-    docs/howto/async-handlers.md#the-async-pool); with ``"process"``,
-    ``max_jobs_per_child`` (jobs) and ``max_memory_per_child`` (MiB of
-    resident memory, checked after each job) recycle a child, None for no
-    limit; ``autoscale``: ``(MAX, MIN)`` handlers, for any pool: the
-    worker starts with MIN (``concurrency`` is ignored) and grows to MAX
-    under a backlog, back when idle (autoscale.py,
-    docs/howto/process-pool.md#autoscaling). Raises
-    ``ValueError`` for a bad queue name or number, an unknown pool, a
-    recycling limit below 1 or on another pool than the process pool, the
-    async pool on asgiref < 3.13, or ``autoscale`` not
-    ``MAX >= MIN >= 1``. ``run()`` logs a WARNING
-    naming the known queues when a queue is known nowhere (no job, not in
-    settings). Also ``loop`` (its ``ClaimLoop``, which holds the claim
-    state), ``wakeups``, ``timers`` (``wake.Idle``), ``waiting`` (true
-    while idle, blocked on its queues) and ``process_id`` (its id among the
-    live processes).
+    ``queues``: queue names (list of str); ``concurrency``: handler threads (int >= 1); ``mq``:
+    an ``EchoMQ`` (None: the one built from settings); ``batch``: most jobs claimed per
+    ``claim`` call (default ``concurrency``); ``lease_ms`` (ms): lease length for every queue
+    (default each queue's ``LEASE_MS``); ``heartbeat_ms`` (ms): how often held jobs are checked
+    for a lease extension (default a sixth of the shortest lease, at least 50);
+    ``shutdown_timeout`` (s): how long a graceful stop waits for running jobs; ``block_timeout``
+    (s, former name ``poll_interval``): the longest single blocking wait on the wake keys;
+    ``sweep_interval`` (s) and ``max_stalls``: see ``wake.Timers``; ``max_stuck``: handler
+    threads left running past their job's time limit (written off and replaced) before the
+    worker stops (default ``concurrency``; timeouts.py); ``register``: list this worker among
+    the live processes while it runs (a heartbeat every ``beat_s`` seconds,
+    docs/howto/operate.md#live-workers-and-pumps; a listed worker takes operator commands,
+    docs/howto/operate-workers.md); ``metrics``: the process's Prometheus counters of finished
+    jobs, handler times and dropped or held progress and log writes
+    (``monitoring.metrics.process_metrics()``; ``runworker --metrics-port`` passes them), None
+    for none; ``drainer``: the commit outbox's drainer (``commit_outbox.Drainer``; ``runworker``
+    passes one): it drains once before the first claim, then on its own thread until the worker
+    stops (any object with ``drain_once()``, ``start(drain_now=False)`` and ``stop()``);
+    ``pool``: ``"thread"`` (handler threads, the default), ``"process"`` (pre-forked handler
+    processes, killed past a job's time limit, docs/howto/process-pool.md) or ``"async"`` (one
+    event loop running ``concurrency`` handler coroutines,
+    docs/howto/async-handlers.md#the-async-pool); with ``"process"``, ``max_jobs_per_child``
+    (jobs) and ``max_memory_per_child`` (MiB of resident memory, checked after each job) recycle
+    a child, None for no limit; ``autoscale``: ``(MAX, MIN)`` handlers, for any pool: the worker
+    starts with MIN (``concurrency`` is ignored) and grows to MAX under a backlog, back when
+    idle (autoscale.py, docs/howto/process-pool.md#autoscaling). Raises ``ValueError`` for a bad
+    queue name or number, an unknown pool, a recycling limit below 1 or on another pool than the
+    process pool, the async pool on asgiref < 3.13, or ``autoscale`` not ``MAX >= MIN >= 1``.
+    ``run()`` logs a WARNING naming the known queues when a queue is known nowhere (no job, not
+    in settings). Also ``loop`` (its ``ClaimLoop``, which holds the claim state), ``wakeups``,
+    ``timers`` (``wake.Idle``), ``waiting`` (true while idle, blocked on its queues) and
+    ``process_id`` (its id among the live processes).
 
-    After ``run()``: ``processed`` (jobs completed or failed, all runs),
-    ``stats`` (``completed``, ``failed`` = will retry, ``dead``, ``lost`` = results refused:
-    lease expired, cancelled or removed while running; ``postponed`` = back after
-    ``RateLimited``), ``abandoned`` (jobs still running
-    when the last run returned) and ``left_running`` (handlers past their
-    time limit, written off, still running then: a process should exit at
-    once, ``os._exit``, as their threads would hold a normal exit).
+    After ``run()``: ``processed`` (jobs completed or failed, all runs), ``stats``
+    (``completed``, ``failed`` = will retry, ``dead``, ``lost`` = results refused: lease
+    expired, cancelled or removed while running; ``postponed`` = back after ``RateLimited``),
+    ``abandoned`` (jobs still running when the last run returned) and ``left_running`` (handlers
+    past their time limit, written off, still running then: a process should exit at once,
+    ``os._exit``, as their threads would hold a normal exit).
     """
 
     def __init__(
@@ -228,8 +219,7 @@ class Worker:
         self.block_timeout = float(block)
         self.abandoned = self.left_running = 0
         self.signalled = False  # SIGTERM or SIGINT reached run() (runworker --burst --pump)
-        self.register, self.beat_s = register, beat_s
-        self.metrics = metrics
+        self.register, self.beat_s, self.metrics = register, beat_s, metrics
         self.max_stuck = _at_least(0, concurrency if max_stuck is None else max_stuck, "max_stuck")
         # per-attempt time limits (timeouts.py): the queues' defaults (ms)
         self.time_limits = {q: mq.queues.get(q, {}).get("TIMEOUT_MS") for q in self.queues}
@@ -405,31 +395,32 @@ class Worker:
             "running_jobs": [f"{q}/{i}" for q, i in running[: heartbeat.RUNNING_SHOWN]],
         }
 
-    # -- heartbeat -----------------------------------------------------------
     def _heartbeat(self) -> None:
-        """Extend the lease of each job that has used a third of it."""
+        """Extend the lease of each held job (running, or finished and not reported yet) that
+        has used a third of it: one round trip a beat (``EchoMQ.extend_leases``)."""
         while not self._halt.wait(self.heartbeat_s):
-            now = self.mq.clock()
-            for job in self.loop.claims.jobs():
-                lease = self.leases[job.queue]
-                if job.lease_deadline is None or job.lease_deadline - now > lease * 2 // 3:
-                    continue
-                try:
-                    self.mq.extend_lease(job, lease)
-                except JobCancelled:
-                    # docs/explanation/lifecycle.md#cancel: the handler may read job.cancelled and
-                    # stop; its result will be dropped, and the lease is left to run out
+            now, leases = self.mq.clock(), self.leases
+            due = [job for job in self.loop.claims.jobs() if job.lease_deadline is not None
+                   and job.lease_deadline - now <= leases[job.queue] * 2 // 3]  # fmt: skip
+            try:
+                replies = self.mq.extend_leases(due, leases) if due else ()
+            except REDIS_DOWN:
+                continue  # the loop reports the outage; the next beat tries them all again
+            except Exception:  # a bug: logged, and the next beat tries again
+                log.exception("extending the leases of %d jobs failed", len(due))
+                continue
+            for job, reply in zip(due, replies, strict=True):
+                if isinstance(reply, JobCancelled):
+                    # docs/explanation/lifecycle.md#cancel: the handler may read job.cancelled
+                    # and stop; its result will be dropped, and the lease is left to run out
                     job.cancelled, job.lease_deadline = True, None
                     log.info("job %s/%s (%s) was cancelled while it ran", job.queue, job.id,
                              job.name)  # fmt: skip
-                except GONE as err:
-                    # Or just reported by the loop: only reporting knows, and warns.
+                elif isinstance(reply, GONE):  # or just reported: only reporting knows, and warns
                     job.lease_deadline = None
-                    log.debug("job %s/%s: lease not extended: %s", job.queue, job.id, err)
-                except REDIS_DOWN:
-                    break  # the loop reports the outage
-                except Exception:
-                    log.exception("extending the lease of job %s/%s failed", job.queue, job.id)
+                    log.debug("job %s/%s: lease not extended: %s", job.queue, job.id, reply)
+                elif isinstance(reply, Exception):
+                    log.error("lease of job %s/%s not extended: %r", job.queue, job.id, reply)
 
 
 def pool_maker(pool: str, mq, max_jobs_per_child=None, max_memory_per_child=None):
