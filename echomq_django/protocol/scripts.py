@@ -3,9 +3,9 @@
 docs/explanation/protocol.md#one-script-per-transition. Each ``lua/<name>.lua`` is one transition; a
 line ``-- @include lib/<file>.lua`` in its body is replaced by that file (shared
 fan-in code; a lib file may include another, each is inlined once). The text
-is read once per process (``load_sources``); each
-client gets redis-py ``Script`` objects, which do EVALSHA with the NOSCRIPT
-fallback, on ``redis.Redis`` and ``redis.cluster.RedisCluster`` alike.
+is read once per process (``load_sources``); each client gets redis-py
+``Script`` objects (EVALSHA with the NOSCRIPT fallback), and one server a
+pipeline of EVALSHAs with the loads they need ahead (``Scripts.run_many``).
 
 The header of each file declares its ``KEYS[i]`` and ``ARGV[i]``; ``run``
 checks every call against it, so Python and Lua cannot drift apart silently.
@@ -24,6 +24,9 @@ from redis.cluster import RedisCluster
 from redis.crc import key_slot
 
 from .errors import TRANSIENT, connection_error, translate
+
+NoScriptError = redis.exceptions.NoScriptError
+NOT_RUN = (*TRANSIENT, NoScriptError)  # a call that never ran: "not now" (_confirmed)
 
 try:  # the [fast] extra: a call's packing in C (Scripts._written)
     from hiredis import pack_command as _pack
@@ -44,19 +47,15 @@ REPLICA_WAIT_MS = 500
 
 
 def lua_dir() -> Path:
-    """The folder holding the Lua scripts.
-
-    From a checkout it is the top-level ``lua/`` beside the package; from an
-    installed wheel it is the ``echomq_django/lua`` package data. Raises
-    ``FileNotFoundError`` when neither exists.
-    """
+    """The folder holding the Lua scripts: the top-level ``lua/`` beside the package in a
+    checkout, the ``echomq_django/lua`` package data in an installed wheel. Raises
+    ``FileNotFoundError`` when neither exists."""
     package = Path(__file__).resolve().parent.parent  # echomq_django/
     checkout = package.parent / "lua"
     if (checkout / "claim.lua").is_file():
         return checkout
-    # The wheel maps lua/ to echomq_django/lua (pyproject package-dir). It has
-    # no __init__.py, so importlib.resources would hand back a namespace
-    # MultiplexedPath whose str() is not a path: look beside this file instead.
+    # The wheel maps lua/ to echomq_django/lua (pyproject package-dir), with no __init__.py:
+    # importlib.resources would give a MultiplexedPath whose str() is not a path.
     packaged = package / "lua"
     if (packaged / "claim.lua").is_file():
         return packaged
@@ -82,13 +81,8 @@ class Source:
     argv: tuple[str, ...]
     variadic: bool
 
-    @property
-    def nkeys(self) -> int:
-        return len(self.keys)
-
-    @property
-    def nargv(self) -> int:
-        return len(self.argv)
+    nkeys = property(lambda self: len(self.keys))
+    nargv = property(lambda self: len(self.argv))
 
 
 def parse_header(name: str, raw: str) -> tuple[str, tuple[str, ...], tuple[str, ...], bool]:
@@ -123,10 +117,8 @@ def load_sources() -> dict[str, Source]:
     folder = lua_dir()
     sources = {}
     for path in sorted(folder.glob("*.lua")):
-        raw = path.read_text()
-        name = path.stem
+        raw, name = path.read_text(), path.stem
         header, keys, argv, variadic = parse_header(name, raw)
-
         sources[name] = Source(name, inline(folder, raw), header, keys, argv, variadic)
     return sources
 
@@ -177,9 +169,9 @@ class Scripts:
     def run(self, name: str, keys: list, args: list):
         """Run script ``name``; raises the named exception for an ``EMQ`` error,
         ``RedisUnavailable`` for a transient one (``exceptions.TRANSIENT``)."""
-        if (_pack is not None or name not in self._loaded) and not isinstance(
-            self.client, RedisCluster
-        ):  # the own write, or a first call: its load in the same round trip
+        one_server = not isinstance(self.client, RedisCluster)
+        if one_server and (_pack is not None or name not in self._loaded):
+            # the own write, or a first call: its load in the same round trip
             reply = self._confirmed([(name, keys, args)], None)[0][0]
             if isinstance(reply, Exception):
                 raise reply
@@ -187,7 +179,7 @@ class Scripts:
         self.check_call(name, keys, args)
         try:
             return self._scripts[name](keys=keys, args=args)
-        except (*TRANSIENT, redis.exceptions.NoScriptError) as err:  # before ResponseError
+        except NOT_RUN as err:  # before ResponseError
             raise connection_error(self.client, err) from err  # NoScriptError: see _confirmed
         except redis.exceptions.ResponseError as err:
             raise translate(err) from None
@@ -206,9 +198,10 @@ class Scripts:
         """Pipeline ``calls`` in one round trip (per node on a Cluster).
 
         Returns one reply per call, or the translated exception for a call that
-        Redis refused (``EMQ...``); the others still ran. NOSCRIPT (a flushed
-        or failed-over node) is handled by reloading and re-running just those
-        calls: a NOSCRIPT call never ran, so re-running it is safe. Raises
+        Redis refused (``EMQ...``); the others still ran. A NOSCRIPT call (a
+        flushed, restarted or failed-over node) never ran: on one server those
+        calls are sent again with their loads in one more round trip, on a
+        Cluster one by one. Raises
         ``RedisUnavailable`` when a call could not run for a transient reason
         (``exceptions.TRANSIENT``: connection, failover, loading) even after
         the resends below; calls that did run are replays when the caller
@@ -265,25 +258,18 @@ class Scripts:
                     pass  # still failing over: the next call refreshes it again
         else:
             try:
-                replies = self._written(calls)
-                if replies is None:  # sent again through redis-py, with its retries
-                    pipe = self.client.pipeline(transaction=False)
-                    loads = self._to_load(calls)
-                    for name in loads:
-                        pipe.script_load(self._scripts[name].script)
-                    for name, keys, args in calls:
-                        # raw EVALSHA: a Script on a pipeline sends SCRIPT EXISTS
-                        # first, a round trip of its own at every execute; a
-                        # NOSCRIPT reply is run again below instead
-                        pipe.evalsha(self._scripts[name].sha, len(keys), *keys, *args)
-                    replies = pipe.execute(raise_on_error=False)
-                    self._loaded.update(loads)
-                    replies = replies[len(loads) :]
+                replies = self._one_server(calls)
+                again = [i for i, r in enumerate(replies) if isinstance(r, NoScriptError)]
+                if again:  # flushed (a restart, SCRIPT FLUSH): loaded and sent again, one trip
+                    self._loaded.difference_update(calls[i][0] for i in again)
+                    redo = self._one_server([calls[i] for i in again])
+                    for i, reply in zip(again, redo, strict=True):
+                        replies[i] = reply  # NOSCRIPT is a suffix: the order holds
             except TRANSIENT as err:
                 raise connection_error(self.client, err) from err
         out = []
         for (name, keys, args), reply in zip(calls, replies, strict=True):
-            if isinstance(reply, redis.exceptions.NoScriptError):
+            if isinstance(reply, NoScriptError):  # a Cluster's, or flushed again: one by one
                 try:
                     reply = self._scripts[name](keys=keys, args=args)
                 except redis.exceptions.ResponseError as err:
@@ -291,24 +277,40 @@ class Scripts:
                 except TRANSIENT as err:
                     reply = err
             # NOSCRIPT again after its load: flushed meanwhile; it never ran, so "not now"
-            if isinstance(reply, (*TRANSIENT, redis.exceptions.NoScriptError)):
+            if isinstance(reply, NOT_RUN):
                 raise connection_error(self.client, reply) from reply
             if isinstance(reply, redis.exceptions.ResponseError):
                 reply = translate(reply)
             out.append(reply)
         return out, confirmed
 
+    def _one_server(self, calls: list[tuple[str, list, list]]) -> list:
+        """One server: ``calls`` in one round trip, the loads they need ahead (``_to_load``);
+        the raw replies in order (an error object in place of a refused call)."""
+        replies = self._written(calls)
+        if replies is None:  # sent through redis-py, with its retries
+            pipe = self.client.pipeline(transaction=False)
+            loads = self._to_load(calls)
+            for name in loads:
+                pipe.script_load(self._scripts[name].script)
+            for name, keys, args in calls:
+                # raw EVALSHA: a Script on a pipeline sends SCRIPT EXISTS first, a round
+                # trip of its own at every execute; a NOSCRIPT reply is run again instead
+                pipe.evalsha(self._scripts[name].sha, len(keys), *keys, *args)
+            replies = pipe.execute(raise_on_error=False)
+            self._loaded.update(loads)
+            replies = replies[len(loads) :]
+        return replies
+
     def _written(self, calls: list[tuple[str, list, list]]) -> list | None:
-        """One server: ``calls`` as EVALSHAs packed by hiredis in one write on one
-        pooled connection, their replies read back in order (an error reply in
-        its place), without redis-py's pipeline: its per-argument encoding and
-        bookkeeping were a third of a completion's Python
-        (docs/explanation/performance.md#the-scripts-own-write). None without
-        hiredis, or for an argument it does not pack: the caller sends the calls
-        through redis-py (which names the argument). A connection that fails
-        under the calls is closed and its error raised, as redis-py's would be
-        (the caller's ``RedisUnavailable``; a replay of calls that ran is
-        recognised by every script)."""
+        """One server: ``calls`` as EVALSHAs packed by hiredis in one write on one pooled
+        connection, their replies read back in order (an error reply in its place), without
+        redis-py's pipeline: its per-argument encoding and bookkeeping were a third of a
+        completion's Python (docs/explanation/performance.md#the-scripts-own-write). None
+        without hiredis, or for an argument it does not pack: the caller sends the calls through
+        redis-py (which names the argument). A connection that fails under the calls is closed
+        and its error raised, as redis-py's would be (the caller's ``RedisUnavailable``; a
+        replay of calls that ran is recognised by every script)."""
         if _pack is None:
             return None
         loads = self._to_load(calls)
@@ -338,11 +340,9 @@ class Scripts:
         return replies[len(loads) :]
 
     def _to_load(self, calls: list[tuple[str, list, list]]) -> list[str]:
-        """One server: the scripts of ``calls`` this client has not sent a load of,
-        each once; their ``SCRIPT LOAD`` goes ahead of the calls in the same round trip,
-        so a worker's start waits for no load of its own
-        (docs/explanation/performance.md#a-workers-start). A load refused (an ACL)
-        is not sent again: a script missing then answers NOSCRIPT, handled below."""
+        """One server: the scripts of ``calls`` not loaded by this client (since a NOSCRIPT),
+        each once, their ``SCRIPT LOAD`` ahead of the calls in the same round trip: a worker's
+        start waits for no load of its own (docs/explanation/performance.md#a-workers-start)."""
         return list(dict.fromkeys(n for n, _, _ in calls if n not in self._loaded))
 
     def _load_for_pipeline(self) -> None:
