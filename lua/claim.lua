@@ -89,7 +89,8 @@
 ]]
 local pending, active = KEYS[1], KEYS[2]
 local base, count, now = ARGV[1], tonumber(ARGV[2]), ARGV[3]
-local deadline = tonumber(now) + tonumber(ARGV[4])
+-- the lease deadline, as text once: a number argument is formatted again at every use
+local deadline = string.format('%d', tonumber(now) + tonumber(ARGV[4]))
 local QUEUE = ARGV[10]
 local EXPIRED_BUDGET = 1000  -- expired jobs killed per call at most
 
@@ -223,9 +224,9 @@ while want > 0 do
       kill(base, id, 'expired', tonumber(now))
       died = died + 1
     elseif f[1] == 'pending' then
-      batch = batch or redis.call('INCR', KEYS[3])
-      local token = batch .. '.' .. popped
-      local attempts = tostring((tonumber(f[4]) or 0) + 1)
+      batch = batch or (redis.call('INCR', KEYS[3]) .. '.')
+      local token = batch .. popped
+      local attempts = f[4] and tostring((tonumber(f[4]) or 0) + 1) or '1'
       if attempts ~= '1' and f[16] then
         -- a later attempt: its first start stays as `first_started_at` (HSETNX
         -- keeps the earliest); a first attempt writes nothing more

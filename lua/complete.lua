@@ -189,7 +189,8 @@ for i = 1, #J, 3 do
       else
         redis.call('HSET', row, F_STATE, 'completed', 'result', result, 'finished_at', ARGV[3])
       end
-      done_at[#done_at + 1] = now  -- into completed with the batch's others, below
+      done_at[#done_at + 1] = ARGV[3]  -- into completed with the batch's others, below (text:
+      -- a number argument is formatted again for each job)
       done_at[#done_at + 1] = id
       if f[6] then  -- its own keep (ms): retention's expire list (lib/lifecycle.lua)
         redis.call('ZADD', base .. 'expire', now + tonumber(f[6]), id)

@@ -143,6 +143,21 @@ def test_prune_instructions_counts_one_prune():
     assert 5_000 < per_row < 200_000
 
 
+@pytest.mark.skipif(
+    not (shutil.which("valgrind") and shutil.which("callgrind_control")), reason="no valgrind"
+)
+def test_script_instructions_counts_a_wide_flows_claims_and_completions():
+    """``python -m bench.script_instructions`` (its own redis-server under callgrind): a 1+200
+    flow's claims and completions, each some tens of thousands of instructions a node (they
+    raise when a leaf is left unclaimed or the root unreleased); a bad flag exits 2."""
+    cmd = [sys.executable, "-m", "bench.script_instructions", "--nodes", "200", "--batch", "50"]
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, check=True)
+    claim, complete = (int(part.split()[1].replace(",", "")) for part in out.stdout.split(";"))
+    assert 20_000 < claim < 400_000 and 20_000 < complete < 400_000, out.stdout
+    bad = subprocess.run([*cmd, "--nodes", "0"], cwd=ROOT, capture_output=True, text=True)
+    assert bad.returncode == 2 and "--nodes must be at least 1 (got 0)" in bad.stderr
+
+
 def test_a_small_soak_runs_and_its_mirror_holds_what_redis_holds():
     """``python -m bench --soak`` at a tenth of a round, two samples: the
     deaths its mix predicts (plain jobs 7 and 1007; flow child 7 and the
