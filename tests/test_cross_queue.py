@@ -89,13 +89,13 @@ def test_failed_step_leaves_parent_held_and_readding_completes_it(mq):
         if step == 0:
             raise ConnectionError("injected: the network died after the parent was held")
 
-    mq.fault_hook = fault
+    mq.wire.fault_hook = fault
     with pytest.raises(ConnectionError, match="injected"):
         mq.add_flow(orders_flow())
     assert mq.get_job("orders", "o1").state == "awaiting_children"
     assert mq.claim("orders", 10) == []
     assert mq.counts("validation")["awaiting_children"] == 0
-    mq.fault_hook = None
+    mq.wire.fault_hook = None
     ref = mq.add_flow(orders_flow())
     assert (ref.landed, ref.skipped) == (5, 1)
     assert mq.counts("inventory")["pending"] == 3
