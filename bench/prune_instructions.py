@@ -14,6 +14,7 @@ server binary). Needs ``valgrind`` and ``callgrind_control`` on PATH.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shutil
 import subprocess
 import tempfile
@@ -43,18 +44,20 @@ def _total(folder: Path) -> int:
     return max(counts)
 
 
-def measure(children: int, lua: Path | None = None) -> tuple[int, int]:
-    """Start the server, fill it, count one prune; returns (rows removed,
-    instructions)."""
-    for tool in ("valgrind", "callgrind_control", "redis-server"):
-        if not shutil.which(tool):
-            raise SystemExit(f"python -m bench.prune_instructions: {tool} is not on PATH")
+@contextlib.contextmanager
+def callgrind_server(tool: str, lua: Path | None = None):
+    """A redis-server under ``valgrind --tool=callgrind``, its instrumentation off, on a free
+    loopback port, for ``python -m bench.<tool>``'s counts: yields ``(process, url, folder of
+    its dumps)``; ``lua``: another checkout's ``lua/`` for this process's scripts. Stops the
+    server and removes the dumps after. Raises ``SystemExit`` when valgrind, callgrind_control
+    or redis-server is not on PATH."""
+    for name in ("valgrind", "callgrind_control", "redis-server"):
+        if not shutil.which(name):
+            raise SystemExit(f"python -m bench.{tool}: {name} is not on PATH")
     if lua is not None:
         import echomq_django.protocol.scripts as scripts
 
         scripts.lua_dir = lambda: lua
-    from .soak import setup_django
-
     folder = Path(tempfile.mkdtemp(prefix="emq-callgrind-"))
     port = free_port()
     server = subprocess.Popen(
@@ -66,17 +69,30 @@ def measure(children: int, lua: Path | None = None) -> tuple[int, int]:
     try:
         url = f"redis://{HOST}:{port}/0"
         client = redis.Redis.from_url(url)
-        for _ in range(200):
+        for _ in range(300):
             try:
                 client.ping()
                 break
             except redis.ConnectionError:
                 time.sleep(0.1)
+        yield server, url, folder
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def measure(children: int, lua: Path | None = None) -> tuple[int, int]:
+    """Start the server, fill it, count one prune; returns (rows removed,
+    instructions)."""
+    from .soak import setup_django
+
+    with callgrind_server("prune_instructions", lua) as (server, url, folder):
         setup_django(url, ":memory:")
         import bench.handlers  # noqa: F401  (bench.leaf / bench.root)
         from echomq_django import EchoMQ, Flow, Worker
 
-        mq = EchoMQ(client)
+        mq = EchoMQ(redis.Redis.from_url(url))
         kids = [Flow(Q, "bench.leaf", {"i": i}) for i in range(children)]
         kids.append(Flow(Q, "bench.leaf", {"i": -1}, delay_ms=10**11))  # holds the parent
         mq.add_flow(Flow(Q, "bench.root", {}, children=kids))
@@ -88,10 +104,6 @@ def measure(children: int, lua: Path | None = None) -> tuple[int, int]:
         _control(server.pid, "-d")
         _control(server.pid, "-i", "off")
         return removed, _total(folder)
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def main(argv=None) -> int:

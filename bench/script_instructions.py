@@ -19,17 +19,11 @@ scripts of another checkout's ``lua/`` on the same server binary. Needs
 from __future__ import annotations
 
 import argparse
-import shutil
-import subprocess
-import tempfile
-import time
 from pathlib import Path
 
 import redis
 
-from echomq_django.testing.redis_server import HOST, free_port
-
-from .prune_instructions import _control
+from .prune_instructions import _control, callgrind_server
 from .topologies import LEAF, QUEUE, ROOT
 
 LEASE_MS = 600_000  # no lease runs out under valgrind's slowness (ms)
@@ -52,35 +46,12 @@ def _dumps(folder: Path) -> dict[str, int]:
 
 def measure(nodes: int, batch: int, lua: Path | None = None) -> tuple[float, float]:
     """(claim, complete) instructions per node."""
-    for tool in ("valgrind", "callgrind_control", "redis-server"):
-        if not shutil.which(tool):
-            raise SystemExit(f"python -m bench.script_instructions: {tool} is not on PATH")
-    if lua is not None:
-        import echomq_django.protocol.scripts as scripts
+    with callgrind_server("script_instructions", lua) as (server, url, folder):
+        from echomq_django import EchoMQ, Flow
 
-        scripts.lua_dir = lambda: lua
-    from echomq_django import EchoMQ, Flow
-
-    folder = Path(tempfile.mkdtemp(prefix="emq-callgrind-"))
-    port = free_port()
-    server = subprocess.Popen(
-        ["valgrind", "--tool=callgrind", "--instr-atstart=no",
-         f"--callgrind-out-file={folder}/callgrind.out", "redis-server", "--port", str(port),
-         "--bind", HOST, "--save", "", "--appendonly", "no", "--dir", str(folder)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        client = redis.Redis.from_url(f"redis://{HOST}:{port}/0")
-        for _ in range(300):
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                time.sleep(0.1)
-        mq = EchoMQ(client)
-        mq.add_flow(
-            Flow(QUEUE, ROOT, {}, children=[Flow(QUEUE, LEAF, {"i": i}) for i in range(nodes)])
-        )
+        mq = EchoMQ(redis.Redis.from_url(url))
+        kids = [Flow(QUEUE, LEAF, {"i": i}) for i in range(nodes)]
+        mq.add_flow(Flow(QUEUE, ROOT, {}, children=kids))
         for _ in range(2):  # the scripts loaded and run once, outside the counts
             mq.enqueue("warm", LEAF, {"i": 0})
             mq.complete_many([(job, None) for job in mq.claim("warm", 1, LEASE_MS)])
@@ -98,10 +69,6 @@ def measure(nodes: int, batch: int, lua: Path | None = None) -> tuple[float, flo
             )
         counts = _dumps(folder)
         return counts["claims"] / nodes, counts["completes"] / nodes
-    finally:
-        server.terminate()
-        server.wait()
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def main(argv=None) -> None:

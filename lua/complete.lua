@@ -80,19 +80,7 @@ local function read_row(row)
 end
 
 -- ARGV[6] split: J[i], J[i + 1], J[i + 2] are a job's id, lease token and result
-local J = {}
-if ARGV[6] ~= '' then
-  local text, at, find, sub = ARGV[6], 1, string.find, string.sub
-  while true do
-    local stop = find(text, '\31', at, true)
-    if not stop then
-      J[#J + 1] = sub(text, at)
-      break
-    end
-    J[#J + 1] = sub(text, at, stop - 1)
-    at = stop + 1
-  end
-end
+local J = split_joined(ARGV[6])  -- lib/lease.lua, through lib/reports.lua
 
 -- the rows the writes read (a completing job's: its completion reuses the
 -- read), and the progress values and oldest log lines they left for the

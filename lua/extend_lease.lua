@@ -28,17 +28,7 @@ local deadline = tonumber(ARGV[3]) + tonumber(ARGV[4])
 -- @include lib/lease.lua
 -- @include lib/row.lua
 
-local text, at, find, sub = ARGV[5], 1, string.find, string.sub
-local J = {}
-while true do
-  local stop = find(text, '\31', at, true)
-  if not stop then
-    J[#J + 1] = sub(text, at)
-    break
-  end
-  J[#J + 1] = sub(text, at, stop - 1)
-  at = stop + 1
-end
+local J = split_joined(ARGV[5])
 
 local replies, moved = {}, {}
 for i = 1, #J - 1, 2 do
