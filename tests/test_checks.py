@@ -158,6 +158,11 @@ def check_ids(cfg, deploy: bool = False) -> list[str]:
     "cfg, expected",
     [
         ({**GOOD, "QUEUES": {"orders": {"LEASE_MS": 0}}}, ["echomq_django.E011"]),
+        (
+            {**GOOD, "QUEUES": {"orders": {"LEASE_MS": 365 * 86_400_000 + 1}}},
+            ["echomq_django.E011"],
+        ),
+        ({**GOOD, "QUEUES": {"orders": {"LEASE_MS": 365 * 86_400_000}}}, []),
         ({**GOOD, "MAX_PAYLOAD_BYTES": "1000"}, ["echomq_django.E012"]),
         ({**GOOD, "MAX_PAYLOAD_BYTES": -1}, ["echomq_django.E012"]),
         ({**GOOD, "MAX_PAYLOAD_BYTES": 0}, ["echomq_django.E012"]),

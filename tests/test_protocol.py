@@ -196,8 +196,11 @@ def test_claim_takes_k_fifo_with_fresh_leases(tmq) -> None:
     assert tmq.claim("q", 4) == []
     with pytest.raises(ValueError, match="count must be a whole number >= 1, got 0"):
         tmq.claim("q", 0)
-    with pytest.raises(ValueError, match=r"lease_ms must be a whole number >= 1 \(ms\), got -5"):
+    rule = r"lease_ms must be a whole number from 1 to 31,536,000,000 \(ms\), got "
+    with pytest.raises(ValueError, match=rule + "-5"):
         tmq.claim("q", 1, lease_ms=-5)
+    with pytest.raises(ValueError, match=rule + "31536000001"):  # 365 days at most
+        tmq.claim("q", 1, lease_ms=365 * 86_400_000 + 1)
 
 
 def test_claim_uses_the_queue_lease_by_default(redis_client, clock) -> None:
@@ -351,8 +354,13 @@ def test_extend_leases_checks_each_job_alone_in_one_round_trip(tmq, clock, monke
     assert {i: score(tmq, q, "active", i) for q, i in [("q", "a"), ("r", "f"), ("r", "g")]} == {
         "a": T0 + 1090, "f": T0 + 100, "g": T0 + 100}  # fmt: skip
     assert score(tmq, "q", "active", "b") is None and held["g"].lease_deadline == T0 + 100
-    with pytest.raises(ValueError, match=r"lease_ms must be a whole number >= 1 \(ms\), got 0"):
+    rule = r"lease_ms must be a whole number from 1 to 31,536,000,000 \(ms\), got "
+    with pytest.raises(ValueError, match=rule + "0"):
         tmq.extend_leases([held["c"]], {"q": 0})
+    with pytest.raises(ValueError, match=rule + "9223372036854775808"):  # it came back negative
+        tmq.extend_leases([held["c"]], 2**63)
+    with pytest.raises(ValueError, match=rule + "0"):  # checked with no job too
+        tmq.extend_leases([], 0)
     assert score(tmq, "q", "active", "c") == T0 + 1090  # nothing written
     assert tmq.extend_leases([]) == []
 

@@ -424,6 +424,30 @@ def test_a_reporter_in_an_outage_holds_claims_and_the_heartbeat_keeps_every_leas
     assert [job.result for job in jobs] == list(range(60))
 
 
+def test_a_heartbeat_that_meets_an_outage_tries_again_within_the_beat(r, monkeypatch):
+    """A beat refused for an outage is tried again 50 ms later, then 100 ms, not a whole beat
+    later: a beat of 1 s, a lease of 1.5 s and the first two tries refused, the third extends
+    the lease before it ends. A beat later it had ended, and the job ran twice."""
+    mq = EchoMQ(r, prefix="emq")
+    mq.enqueue("q", "t.slow", 2.0, job_id="s")
+    worker = Worker(["q"], mq=mq, lease_ms=1500, heartbeat_ms=1000)
+    calls, extend = [], mq.extend_leases
+
+    def flaky(jobs, ms):
+        calls.append(time.monotonic())
+        if len(calls) <= 2:
+            raise RedisUnavailable("Redis is unreachable at the test's fault")
+        return extend(jobs, ms)
+
+    monkeypatch.setattr(mq, "extend_leases", flaky)
+    assert Background(worker, burst=True).join() == 1
+    job = mq.get_job("q", "s")
+    assert (job.state, job.result, job.attempts) == (JobState.COMPLETED, 2.0, 1)
+    assert worker.stats["lost"] == 0
+    gaps = [calls[1] - calls[0], calls[2] - calls[1]]
+    assert 0.04 <= gaps[0] <= 0.4 and 0.09 <= gaps[1] <= 0.5, gaps
+
+
 def test_stop_finishes_running_jobs(r):
     mq = EchoMQ(r, prefix="emq")
     mq.enqueue("q", "t.slow", 0.3, job_id="s")
@@ -466,7 +490,14 @@ def test_bad_arguments_are_refused(mq):
         ({"queues": []}, "a worker needs at least one queue"),
         ({"queues": ["a b"]}, None),
         ({"queues": ["q"], "concurrency": 0}, "concurrency must be an integer >= 1, got 0"),
-        ({"queues": ["q"], "lease_ms": 0}, "lease_ms must be an integer >= 1, got 0"),
+        (
+            {"queues": ["q"], "lease_ms": 0},
+            "lease_ms must be an integer from 1 to 31,536,000,000, got 0",
+        ),
+        (
+            {"queues": ["q"], "lease_ms": 2**63},
+            "lease_ms must be an integer from 1 to 31,536,000,000, got 9223372036854775808",
+        ),
         ({"queues": ["q"], "shutdown_timeout": -5}, "shutdown_timeout must be >= 0 s, got -5"),
         ({"queues": ["q"], "block_timeout": 0}, "block_timeout must be > 0 s, got 0"),
     ]:

@@ -30,7 +30,7 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
-from ..core.jobs import MAX_PAYLOAD_BYTES
+from ..core.jobs import MAX_LEASE_MS, MAX_PAYLOAD_BYTES
 from ..core.keyspace import validate_prefix, validate_queue
 from ..core.options import check_concurrency, check_group_rate
 from ..core.retention import KEEP_HINT, KEEP_KEYS, keep_problems
@@ -305,14 +305,13 @@ def value_problems(cfg: dict) -> list[tuple[str, str, str]]:
     for name, opts in queues.items() if isinstance(queues, dict) else ():
         lease = opts.get("LEASE_MS") if isinstance(opts, dict) else None
         if isinstance(lease, int) and not isinstance(lease, bool) and lease == 0:
-            out.append(
-                (
-                    "echomq_django.E011",
-                    f"queue {name!r}: LEASE_MS must be a whole number of ms >= 1, got 0",
-                    "A lease of 0 ms expires as it is taken: a claimed job would be "
-                    "active with no holder. The default is 30000.",
-                )
-            )
+            why = "A lease of 0 ms expires as it is taken: a claimed job would be active with no "
+            out.append(("echomq_django.E011", f"queue {name!r}: LEASE_MS must be a whole number "
+                        "of ms >= 1, got 0", why + "holder. The default is 30000."))  # fmt: skip
+        elif isinstance(lease, int) and not isinstance(lease, bool) and lease > MAX_LEASE_MS:
+            out.append(("echomq_django.E011", f"queue {name!r}: LEASE_MS must be at most "
+                        f"{MAX_LEASE_MS} ms (365 days), got {lease}", "A dead worker's job waits "
+                        "its lease before it runs again. The default is 30000."))  # fmt: skip
     size = cfg.get("MAX_PAYLOAD_BYTES", MAX_PAYLOAD_BYTES)
     if not isinstance(size, int) or isinstance(size, bool) or not 1 <= size <= PAYLOAD_LIMIT_BYTES:
         out.append(

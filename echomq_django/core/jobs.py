@@ -33,6 +33,10 @@ from .rows import (
 # (docs/explanation/protocol.md#leases-and-recovery).
 QUEUE_DEFAULTS = {"MAX_ATTEMPTS": 3, "BACKOFF_MS": 1000, "LEASE_MS": 30000, "KEEP_LOGS": KEEP_LOGS}
 MAX_PAYLOAD_BYTES = 512 * 1024  # bytes of JSON per payload or result, by default
+# the longest lease (ms): 365 days. A deadline (now + lease) stays an exact integer score,
+# where 2**63 ms came back negative and held its job for ever
+# (docs/explanation/protocol.md#leases-and-recovery)
+MAX_LEASE_MS = 365 * 24 * 3600 * 1000
 
 _ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 # The C encoder behind _ENCODER, built once: JSONEncoder.encode() builds a new

@@ -401,11 +401,16 @@ class Keyspace:
         return queue, job_id
 
 
-def whole_number(name: str, value, low: int, optional: bool = False) -> None:
-    """Raise ``ValueError`` naming the rule unless ``value`` is an ``int`` >= ``low``
-    (None allowed when ``optional``); bools and floats are refused, not rounded."""
+def whole_number(
+    name: str, value, low: int, optional: bool = False, high: int | None = None
+) -> None:
+    """Raise ``ValueError`` naming the rule unless ``value`` is an ``int`` >= ``low`` (and <=
+    ``high`` when given; None allowed when ``optional``); bools and floats are refused, not
+    rounded."""
     if value is None and optional:
         return
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+    bad = not isinstance(value, int) or isinstance(value, bool) or value < low
+    if bad or (high is not None and value > high):
         unit = " (ms)" if name.endswith("_ms") else ""
-        raise ValueError(f"{name} must be a whole number >= {low}{unit}, got {value!r}")
+        rule = f">= {low}" if high is None else f"from {low} to {high:,}"
+        raise ValueError(f"{name} must be a whole number {rule}{unit}, got {value!r}")

@@ -260,11 +260,11 @@ class Scripts:
             try:
                 replies = self._one_server(calls)
                 again = [i for i, r in enumerate(replies) if isinstance(r, NoScriptError)]
-                if again:  # flushed (a restart, SCRIPT FLUSH): loaded and sent again, one trip
+                if again:  # flushed: loaded and sent again in order, in one trip (run_many)
                     self._loaded.difference_update(calls[i][0] for i in again)
                     redo = self._one_server([calls[i] for i in again])
                     for i, reply in zip(again, redo, strict=True):
-                        replies[i] = reply  # NOSCRIPT is a suffix: the order holds
+                        replies[i] = reply
             except TRANSIENT as err:
                 raise connection_error(self.client, err) from err
         out = []

@@ -28,7 +28,15 @@ import redis
 
 from ..core.claims import claimed_jobs
 from ..core.exceptions import EchoMQError, PayloadError, RedisUnavailable
-from ..core.jobs import QUEUE_DEFAULTS, JobState, Outcome, to_json, to_json_many, to_text
+from ..core.jobs import (
+    MAX_LEASE_MS,
+    QUEUE_DEFAULTS,
+    JobState,
+    Outcome,
+    to_json,
+    to_json_many,
+    to_text,
+)
 from ..core.keyspace import Keyspace, validate_queue, whole_number
 from ..core.options import Claimed, rate_limit
 from ..core.refs import JobRef, RefDict, RefList, str_keys
@@ -128,7 +136,7 @@ class Wire:
         ``count``, ``lease_ms`` or ``token``, and for ``yields_to`` where the two
         queues' slots may be apart (not ``cross_queue_scripts``: a Redis Cluster)."""
         whole_number("count", count, 1)
-        whole_number("lease_ms", lease_ms, 1, optional=True)
+        whole_number("lease_ms", lease_ms, 1, optional=True, high=MAX_LEASE_MS)
         if token is not None and not CALL_TOKEN.fullmatch(str(token)):
             raise ValueError(f"token {token!r}: a claim token is 1-64 of [0-9A-Za-z._-]")
         lease = int(lease_ms if lease_ms is not None else self.setting(queue, "LEASE_MS"))
@@ -178,14 +186,15 @@ class Wire:
         """``EchoMQ.extend_leases``: lua/extend_lease.lua once per ``batch`` jobs of a queue,
         at ``lease_ms`` (ms; a ``{queue: ms}`` mapping; None: the queue's LEASE_MS) from now,
         pipelined; per job its new deadline (ms, stored on the job) or its refusal."""
+        for lease in lease_ms.values() if isinstance(lease_ms, dict) else [lease_ms]:
+            whole_number("lease_ms", lease, 1, optional=True, high=MAX_LEASE_MS)  # before a call
         by_queue: dict[str, list[int]] = {}
         for i, job in enumerate(jobs):
             by_queue.setdefault(job.queue, []).append(i)
         calls, slots, now = [], [], self.clock()
-        for queue, idx in by_queue.items():  # every lease checked before the first call
+        for queue, idx in by_queue.items():
             k, lease = self.keys.queue(queue), lease_ms
             lease = lease.get(queue) if isinstance(lease, dict) else lease
-            whole_number("lease_ms", lease, 1, optional=True)
             lease = self.setting(queue, "LEASE_MS") if lease is None else lease
             for at in range(0, len(idx), batch):
                 part = idx[at : at + batch]

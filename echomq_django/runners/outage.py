@@ -33,8 +33,10 @@ REDIS_DOWN = (RedisUnavailable,)
 class Outage:
     """One thread's view of a Redis outage on ``client``, logged to ``log``."""
 
-    def __init__(self, client, log: logging.Logger, where: str | None = None) -> None:
-        self.where, self.log = where or describe(client), log
+    def __init__(
+        self, client, log: logging.Logger, where: str | None = None, max_s: float = BACKOFF_MAX_S
+    ) -> None:
+        self.where, self.log, self.max_s = where or describe(client), log, max_s
         self.delay, self.down = BACKOFF_START_S, False
 
     def failed(self, err: BaseException) -> float:
@@ -43,7 +45,7 @@ class Outage:
         self.log.warning(
             "Redis unreachable at %s (%s), retrying in %.1fs", self.where, cause(err), delay
         )
-        self.delay = min(delay * 2, BACKOFF_MAX_S)
+        self.delay = min(delay * 2, self.max_s)
         return delay
 
     def ok(self) -> None:

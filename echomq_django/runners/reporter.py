@@ -43,6 +43,7 @@ log = logging.getLogger("echomq_django.worker")
 GONE = (LeaseLost, JobNotActive, JobNotFound)
 _no_ride = lambda jobs=(): nullcontext()  # noqa: E731  (a worker without a flusher)
 STATS_EVERY_S = 5.0  # s between the worker's INFO lines while busy
+REPORT_BACKOFF_MAX_S = 2.0  # s between a reporter's tries in an outage at most
 
 
 @dataclass(slots=True)
@@ -126,8 +127,7 @@ class Reporter:
         # (queue, room): slots the loop held for a riding claim; those of the batch at hand
         self._held: list[tuple[str, tuple]] = []
         self._rides: list[tuple[str, tuple]] = []
-        self.unreported, self.down = 0, False
-        self._closing = False
+        self.unreported, self.down, self._closing = 0, False, False
         self.stats_at, self.stats_seen = 0.0, (0, 0.0)  # the next INFO line; (processed, when)
 
     def start_stats(self, now: float) -> None:
@@ -175,7 +175,8 @@ class Reporter:
         other's work. Waits out an outage keeping the batch; wakes the loop
         after each batch (a released parent may be claimable now)."""
         items: list[Finished] = []
-        outage = Outage(self.mq.client, log)
+        # its tries at most REPORT_BACKOFF_MAX_S apart: the loop claims nothing while it waits
+        outage = Outage(self.mq.client, log, max_s=REPORT_BACKOFF_MAX_S)
         while True:
             with self._cv:
                 while not self._inbox and not items and not self._closing:

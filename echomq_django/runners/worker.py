@@ -25,10 +25,9 @@ claimed job while the reporter idles, and runs the job that report claimed):
   no Future per job) run the handlers, ``django.db.close_old_connections()``
   before and after each (the one before skipped: ``pool.JobConnections``).
 
-A heartbeat thread extends, in one round trip, the lease of every job held (running, or
-waiting to be reported) that has run for a third of it
-(docs/explanation/reliability.md#unreported-jobs-keep-their-leases). Signal receivers run on
-the reporter thread.
+A heartbeat thread extends the lease of every held job (running, or waiting to be reported)
+that has run for a third of it, in one round trip; signal receivers run on the reporter
+thread. docs/explanation/reliability.md#unreported-jobs-keep-their-leases
 
 Decisions (documented here, relied on by the tests):
 
@@ -60,9 +59,9 @@ Decisions (documented here, relied on by the tests):
   lease expired and the pump recovered the job (it runs again): a WARNING,
   the result is dropped, the worker goes on.
 * Redis unreachable: "Redis unreachable at ..., retrying in Xs" at WARNING,
-  backoff doubling from ``BACKOFF_START_S`` to ``BACKOFF_MAX_S``; no claims
-  meanwhile, nor while the reporter's batches meet it; finished results are
-  kept, leased, and reported once Redis answers. No job
+  backoff doubling from ``BACKOFF_START_S`` to ``BACKOFF_MAX_S`` (the reporter's to
+  ``REPORT_BACKOFF_MAX_S``); no claims meanwhile, nor while the reporter's batches meet
+  it; finished results are kept, leased, and reported once Redis answers. No job
   is acknowledged without Redis, so a claimed job is never lost: at worst its
   lease expires and the pump recovers it. A claim that raised is sent again
   with its own call token, so jobs a lost reply leased come back at once.
@@ -99,6 +98,7 @@ import threading
 
 from ..conf import get_mq
 from ..core.exceptions import JobCancelled
+from ..core.jobs import MAX_LEASE_MS
 from ..core.keyspace import validate_queue
 from ..protocol.client import EchoMQ
 from . import heartbeat
@@ -203,7 +203,10 @@ class Worker:
         self.batch = _at_least(1, batch if batch is not None else concurrency, "batch")
         self.leases = {
             q: _at_least(
-                1, lease_ms if lease_ms is not None else mq.setting(q, "LEASE_MS"), "lease_ms"
+                1,
+                lease_ms if lease_ms is not None else mq.setting(q, "LEASE_MS"),
+                "lease_ms",
+                MAX_LEASE_MS,
             )
             for q in self.queues
         }
@@ -397,18 +400,23 @@ class Worker:
 
     def _heartbeat(self) -> None:
         """Extend the lease of each held job (running, or finished and not reported yet) that
-        has used a third of it: one round trip a beat (``EchoMQ.extend_leases``)."""
-        while not self._halt.wait(self.heartbeat_s):
-            now, leases = self.mq.clock(), self.leases
+        has used a third of it: one round trip a beat (``EchoMQ.extend_leases``). A beat that
+        meets an outage is tried again after 50 ms, the wait doubling back to the beat's."""
+        wait = beat = self.heartbeat_s
+        retry = min(0.05, beat)
+        while not self._halt.wait(wait):
+            now, leases, wait = self.mq.clock(), self.leases, beat
             due = [job for job in self.loop.claims.jobs() if job.lease_deadline is not None
                    and job.lease_deadline - now <= leases[job.queue] * 2 // 3]  # fmt: skip
             try:
                 replies = self.mq.extend_leases(due, leases) if due else ()
-            except REDIS_DOWN:
-                continue  # the loop reports the outage; the next beat tries them all again
+            except REDIS_DOWN:  # the loop reports the outage; a blip must not cost a beat
+                wait, retry = retry, min(retry * 2, beat)
+                continue
             except Exception:  # a bug: logged, and the next beat tries again
                 log.exception("extending the leases of %d jobs failed", len(due))
                 continue
+            retry = min(0.05, beat)
             for job, reply in zip(due, replies, strict=True):
                 if isinstance(reply, JobCancelled):
                     # docs/explanation/lifecycle.md#cancel: the handler may read job.cancelled
@@ -435,7 +443,8 @@ def pool_maker(pool: str, mq, max_jobs_per_child=None, max_memory_per_child=None
     return None
 
 
-def _at_least(low: int, value, what: str) -> int:
-    if isinstance(value, bool) or int(value) != value or value < low:
-        raise ValueError(f"{what} must be an integer >= {low}, got {value!r}")
+def _at_least(low: int, value, what: str, high: float = float("inf")) -> int:
+    if isinstance(value, bool) or int(value) != value or not low <= value <= high:
+        rule = f">= {low}" if high == float("inf") else f"from {low} to {high:,}"
+        raise ValueError(f"{what} must be an integer {rule}, got {value!r}")
     return int(value)
