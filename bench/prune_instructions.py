@@ -34,14 +34,21 @@ def _control(pid: int, *args: str) -> None:
     time.sleep(SETTLE_S)
 
 
-def _total(folder: Path) -> int:
-    """The instructions of the last dump (its ``summary:`` / ``totals:`` line)."""
-    counts = [0]
+def dumps(folder: Path) -> list[tuple[str, int]]:
+    """Each callgrind dump in ``folder``: its trigger (``callgrind_control -d NAME``'s name
+    last) and its instructions (its ``summary:`` / ``totals:`` line)."""
+    out = []
     for dump in folder.glob("callgrind.out*"):
-        for line in dump.read_text().splitlines():
-            if line.startswith(("summary:", "totals:")):
-                counts.append(int(line.split()[1]))
-    return max(counts)
+        lines = dump.read_text().splitlines()
+        trigger = next((ln.split()[-1] for ln in lines if ln.startswith("desc: Trigger")), "")
+        totals = [int(ln.split()[1]) for ln in lines if ln.startswith(("summary:", "totals:"))]
+        out.append((trigger, max(totals, default=0)))
+    return out
+
+
+def _total(folder: Path) -> int:
+    """The instructions of the last dump."""
+    return max((count for _, count in dumps(folder)), default=0)
 
 
 @contextlib.contextmanager

@@ -23,25 +23,10 @@ from pathlib import Path
 
 import redis
 
-from .prune_instructions import _control, callgrind_server
+from .prune_instructions import _control, callgrind_server, dumps
 from .topologies import LEAF, QUEUE, ROOT
 
 LEASE_MS = 600_000  # no lease runs out under valgrind's slowness (ms)
-
-
-def _dumps(folder: Path) -> dict[str, int]:
-    """Each dump's instructions by its trigger name (``callgrind_control -d NAME``)."""
-    out = {}
-    for dump in folder.glob("callgrind.out.*"):
-        text = dump.read_text()
-        trigger = next(
-            (ln.split()[-1] for ln in text.splitlines() if ln.startswith("desc: Trigger")), ""
-        )
-        total = [
-            int(ln.split()[1]) for ln in text.splitlines() if ln.startswith(("summary:", "totals:"))
-        ]
-        out[trigger] = max(total or [0])
-    return out
 
 
 def measure(nodes: int, batch: int, lua: Path | None = None) -> tuple[float, float]:
@@ -67,7 +52,7 @@ def measure(nodes: int, batch: int, lua: Path | None = None) -> tuple[float, flo
             raise RuntimeError(
                 f"{len(claimed)} leaves claimed of {nodes}, or the root not released"
             )
-        counts = _dumps(folder)
+        counts = dict(dumps(folder))
         return counts["claims"] / nodes, counts["completes"] / nodes
 
 

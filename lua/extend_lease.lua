@@ -24,7 +24,8 @@
   errors:  none: a refusal is its job's entry in the reply
 ]]
 local active, queue, base = KEYS[1], ARGV[1], ARGV[2]
-local deadline = tonumber(ARGV[3]) + tonumber(ARGV[4])
+local deadline = tonumber(ARGV[3]) + tonumber(ARGV[4])  -- the reply's (an integer)
+local at = string.format('%d', deadline)  -- ZADD's, as text once (not formatted per job)
 -- @include lib/lease.lua
 -- @include lib/row.lua
 
@@ -41,7 +42,7 @@ for i = 1, #J - 1, 2 do
     replies[#replies + 1] = 'EMQCANCELLED ' .. queue .. ' ' .. id
   else
     replies[#replies + 1] = deadline
-    moved[#moved + 1] = deadline
+    moved[#moved + 1] = at
     moved[#moved + 1] = id
   end
 end

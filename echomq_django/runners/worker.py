@@ -403,7 +403,7 @@ class Worker:
         has used a third of it: one round trip a beat (``EchoMQ.extend_leases``). A beat that
         meets an outage is tried again after 50 ms, the wait doubling back to the beat's."""
         wait = beat = self.heartbeat_s
-        retry = min(0.05, beat)
+        retry = first = min(0.05, beat)  # s: a refused beat's first retry
         while not self._halt.wait(wait):
             now, leases, wait = self.mq.clock(), self.leases, beat
             due = [job for job in self.loop.claims.jobs() if job.lease_deadline is not None
@@ -416,7 +416,7 @@ class Worker:
             except Exception:  # a bug: logged, and the next beat tries again
                 log.exception("extending the leases of %d jobs failed", len(due))
                 continue
-            retry = min(0.05, beat)
+            retry = first
             for job, reply in zip(due, replies, strict=True):
                 if isinstance(reply, JobCancelled):
                     # docs/explanation/lifecycle.md#cancel: the handler may read job.cancelled
