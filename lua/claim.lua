@@ -202,6 +202,41 @@ local function pop(n)
   return #ids > 0 and ids
 end
 
+-- A pending job's fields, in READ's order (`false` for an absent one). Most
+-- rows hold only what a leaf or a plain job is written with: COMMON's
+-- fields, and a job of enqueue() its replay token. One HMGET and one HLEN
+-- tell such a row (all it holds is among them: every other field is
+-- absent, and no walk of the row's listpack looks for each); a row holding
+-- one field more asks whether that is the token (HEXISTS), which costs a
+-- flow's leaf nothing. Any other row is read whole by READ, the marker of a
+-- row an earlier version wrote (`name`) asked last; such a row, or none, by
+-- both names (lib/row.lua row_hmget).
+-- docs/explanation/performance.md#fields-a-row-does-not-hold
+local READ = {F_STATE, F_NAME, F_DATA, 'attempts', 'max_attempts', 'backoff_ms', F_PARENT,
+  F_PQUEUE, F_POLICY, F_CREATED, 'timeout_ms', 'priority', 'traceparent', 'retry_policy',
+  'expires_at', 'started_at', 'name'}
+local COMMON = {F_STATE, F_NAME, F_DATA, 'attempts', F_PARENT, F_PQUEUE, F_CREATED, F_PINC}
+local function claim_read(row)
+  local got = redis.call('HMGET', row, unpack(COMMON))
+  local held = 0
+  for i = 1, #COMMON do
+    if got[i] then
+      held = held + 1
+    end
+  end
+  local extra = got[1] and redis.call('HLEN', row) - held
+  if extra == 0 or (extra == 1 and redis.call('HEXISTS', row, 'enqueue_token') == 1) then
+    return {got[1], got[2], got[3], got[4], false, false, got[5], got[6], false, got[7],
+      false, false, false, false, false, false}
+  end
+  local f = redis.call('HMGET', row, unpack(READ))
+  if f[17] or not f[1] then
+    f = row_hmget(row, unpack(READ, 1, 16))
+  end
+  f[17] = nil
+  return f
+end
+
 local batch = nil  -- the lease sequence, drawn at the first lease (none: nothing written)
 local out, leases, expired, popped = {}, {}, 0, 0
 local want, full = count, false
@@ -213,9 +248,7 @@ while want > 0 do
     popped = popped + 1
     local row = base .. 'job:' .. id
     -- one read and one write per job: this loop is the hot path of a worker
-    local f = row_hmget(row, F_STATE, F_NAME, F_DATA, 'attempts', 'max_attempts',
-      'backoff_ms', F_PARENT, F_PQUEUE, F_POLICY, F_CREATED, 'timeout_ms',
-      'priority', 'traceparent', 'retry_policy', 'expires_at', 'started_at')
+    local f = claim_read(row)
     f[7] = f[7] and parent_of(id, f[7])  -- the whole id (lib/row.lua row_hmget_p)
     if f[1] == 'pending' and f[15] and not f[16] and tonumber(f[15]) <= tonumber(now) then
       -- popped already: marked active so kill takes it out of no list (an
@@ -237,13 +270,10 @@ while want > 0 do
         'attempts', attempts)
       leases[#leases + 1] = deadline
       leases[#leases + 1] = id
-      out[#out + 1] = id
-      out[#out + 1] = token
-      out[#out + 1] = f[2]
-      out[#out + 1] = f[3]
-      out[#out + 1] = attempts
+      local o = #leases / 2 * 15 - 15  -- this job's place in `out` (15 values a job)
+      out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5] = id, token, f[2], f[3], attempts
       for j = 5, 14 do
-        out[#out + 1] = f[j]
+        out[o + j + 1] = f[j]
       end
     end
   end

@@ -74,9 +74,22 @@ minute_batch = {}  -- the batch's counts, written once each (lib/emit.lua)
 local base, now = ARGV[2], tonumber(ARGV[3])
 ONE_SERVER = ARGV[4] == '1'
 
-local function read_row(row)
-  return row_hmget_p(row, F_STATE, 'lease', F_PARENT, F_PQUEUE, 'dedup', 'keep',
-    'cancel', F_PINC, 'orphaned', 'callbacks', 'group', 'lg')
+-- a completing job's fields, one HMGET (lib/row.lua's reads, the marker of an
+-- earlier version's row asked last: nothing to shift out); the parent as its
+-- whole id. A row of an earlier version (its `name`), or none, is read by
+-- both names (row_hmget_p)
+local READ = {F_STATE, 'lease', F_PARENT, F_PQUEUE, 'dedup', 'keep', 'cancel', F_PINC,
+  'orphaned', 'callbacks', 'group', 'lg', 'name'}
+local function read_row(row, id)
+  local f = redis.call('HMGET', row, unpack(READ))
+  if f[13] or not f[1] then
+    return row_hmget_p(row, unpack(READ, 1, 12))
+  end
+  f[13] = nil
+  if f[3] then
+    f[3] = parent_of(id, f[3])
+  end
+  return f
 end
 
 -- ARGV[6] split: J[i], J[i + 1], J[i + 2] are a job's id, lease token and result
@@ -96,7 +109,7 @@ if ARGV[5] ~= '' then  -- a refused write is refused again by its job's completi
     progress = progress_of, lg = lg_of, lg_at = 12,  -- read_row's 'lg'
     read = function(id, row)
       if completing[id] then
-        fetched[id] = fetched[id] or read_row(row)
+        fetched[id] = fetched[id] or read_row(row, id)
         return fetched[id]
       end
     end})
@@ -110,10 +123,22 @@ FAN_KEPT = {}  -- lib/flow.lua fan_in_done: a parent's read kept for its next ch
 -- set once a completion here may have written another job's row (its parent,
 -- callbacks, group, cancel or removed flow): each later row is read again
 local moved = false
+-- what one job moved goes in OUT's tables (the helpers append to them): new
+-- tables only once a job's reply took the last ones; a job that moved
+-- nothing (a wide flow's leaf) leaves them empty for the next
+local out_taken = true
+local function reset_out()
+  if out_taken then
+    OUT.released, OUT.dead, OUT.flow_failed, OUT.revived, OUT.sent = {}, {}, {}, {}, {}
+    out_taken = false
+  end
+  OUT.outbox = 0
+end
+local rows, events, done_prefix = base .. 'job:', base .. 'events', base .. 'done:'
 for i = 1, #J, 3 do
   local id, token, result = J[i], J[i + 1], J[i + 2]
-  local row = base .. 'job:' .. id
-  local f = (not moved and fetched[id]) or read_row(row)
+  local row = rows .. id
+  local f = (not moved and fetched[id]) or read_row(row, id)
   fetched[id] = nil  -- the same id again in the batch reads its row again
   if f[3] or f[10] or f[11] or f[7] or f[9] then
     moved = true
@@ -148,19 +173,21 @@ for i = 1, #J, 3 do
     -- cancelled while it ran (docs/explanation/lifecycle.md): the result is dropped, the job dies
     -- (what its death moved goes in tables of its own: an earlier job's reply
     -- holds the last ones, and a refusal reports none)
-    OUT.released, OUT.dead, OUT.flow_failed, OUT.revived, OUT.outbox = {}, {}, {}, {}, 0
-    OUT.sent = {}
+    reset_out()
+    out_taken = true
     kill(base, id, 'cancelled', now)
     FAN_KEPT = {}  -- its death may have written its parent: read them again
     local refused = 'EMQCANCELLED ' .. QUEUE .. ' ' .. id
     replies[#replies + 1] = (#OUT.sent > 0) and {error = refused, sent = OUT.sent} or refused
   else
-    -- what this job moved, on its own (the helpers append to OUT)
-    OUT.released, OUT.dead, OUT.flow_failed, OUT.revived, OUT.outbox = {}, {}, {}, {}, 0
-    OUT.sent = {}  -- lib/flow.lua send(): the entries as pushed, for a worker that delivers them
+    -- what this job moves, on its own (the helpers append to OUT; OUT.sent:
+    -- lib/flow.lua send()'s entries as pushed, for a worker that delivers them)
+    reset_out()
     gone[#gone + 1] = id  -- out of active with the batch's others, below
     left_active(base, f[11] or nil)
-    callback(base, id, f[10], 's', '"result":' .. result, now)  -- its on_success job
+    if f[10] then  -- its on_success job (the body made only for a job that has one)
+      callback(base, id, f[10], 's', '"result":' .. result, now)
+    end
     if f[9] then
       -- its flow was removed while it ran: job_completed is still sent (the
       -- handler ran, its effects are real), then the row goes at once
@@ -184,17 +211,18 @@ for i = 1, #J, 3 do
         redis.call('ZADD', base .. 'expire', now + tonumber(f[6]), id)
       end
       -- one `completed` entry for a run of the batch's jobs (lib/emit.lua emit_later)
-      emit_later(base .. 'events', 'completed', id)
-      note_done(base .. 'done:' .. id, 'completed')
+      emit_later(events, 'completed', id)
+      note_done(done_prefix .. id, 'completed')
       signal_event(base, 'completed', id, result)
       free_dedup(base, f[5], id)
-      resolve_done(base, id, result, now, f[3], f[4], f[8])
+      resolve_done(base, id, result, now, f[3], f[4], f[8], row)
     end
     if f[9] or f[10] then  -- a removed flow's node or a callback: read parents again
       FAN_KEPT = {}
     end
     if #OUT.released + #OUT.dead + #OUT.flow_failed + #OUT.revived + OUT.outbox > 0 then
       FAN_KEPT = {}
+      out_taken = true
       replies[#replies + 1] = {released = OUT.released, dead = OUT.dead,
         flow_failed = OUT.flow_failed, revived = OUT.revived, outbox = OUT.outbox,
         sent = (#OUT.sent > 0) and OUT.sent or nil}

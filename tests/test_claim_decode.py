@@ -9,6 +9,7 @@ import pytest
 from echomq_django import EchoMQ, Flow, JobState
 from echomq_django.core.claims import _json_many, claimed_jobs
 from echomq_django.core.jobs import Job, Policy
+from tests.support.jobkit import command_calls
 
 
 def expected(mq: EchoMQ, job: Job) -> Job:
@@ -105,3 +106,29 @@ def test_payloads_decode_in_one_call_or_one_by_one_when_they_do_not_split() -> N
         _json_many(["1,2", "3"])  # two values in one text: never split across jobs
     with pytest.raises(ValueError):
         _json_many(["[1", "2]"])
+
+
+def test_a_row_of_common_fields_only_is_read_by_one_hmget_and_its_field_count(
+    redis_client,
+) -> None:
+    """lua/claim.lua ``claim_read`` (docs/explanation/performance.md#fields-a-row-does-not-hold):
+    a flow's leaf costs one ``HMGET`` and one ``HLEN``; a job of ``enqueue()`` one ``HEXISTS``
+    more (its replay token); a row with any other field (here a time limit) is read whole by a
+    second ``HMGET`` and reports it. Each decodes as ``Job.decode`` reads its row."""
+    mq = EchoMQ(redis_client, prefix="emq")
+    mq.enqueue("q", "plain", 1, job_id="a")
+    mq.add_flow(Flow("q", "root", 0, job_id="p", children=[Flow("q", "kid", 2, job_id="k")]))
+    mq.enqueue("q", "timed", 3, job_id="t", timeout_ms=700)
+    names = ("hmget", "hlen", "hexists")
+    before = [command_calls(redis_client, name) for name in names]
+    jobs = {job.id: job for job in mq.claim("q", 3, lease_ms=5000)}
+    calls = [command_calls(redis_client, name) - n for name, n in zip(names, before, strict=True)]
+    assert sorted(jobs) == ["a", "k", "t"]
+    assert calls == [4, 3, 1]  # a: its token asked (HEXISTS); t: two fields more, read whole
+    assert [(jobs[i].timeout_ms, jobs[i].parent, jobs[i].payload) for i in "akt"] == [
+        (None, None, 1),
+        (None, "p", 2),
+        (700, None, 3),
+    ]
+    for job in jobs.values():
+        assert job == expected(mq, job), job.id

@@ -10,6 +10,7 @@ import pytest
 
 from echomq_django import Flow, JobState
 from echomq_django.protocol.probes import MINUTES_KEPT
+from tests.support.jobkit import command_calls
 
 
 def totals(mq, queue: str) -> dict[str, int]:
@@ -120,16 +121,6 @@ def test_a_bad_per_is_refused_before_any_read(mq):
     for bad in (0, MINUTES_KEPT + 1, 2.0, True):
         with pytest.raises(ValueError, match="a row sums a whole number of minutes"):
             mq.probes.minute_counts(["q"], 60, per=bad)
-
-
-def command_calls(client, command: str) -> int:
-    """Calls of ``command`` (scripts' calls included) on every master:
-    ``INFO commandstats``, summed over a Cluster's primaries."""
-    if hasattr(client, "get_primaries"):
-        infos = client.info("commandstats", target_nodes=client.PRIMARIES).values()
-    else:
-        infos = [client.info("commandstats")]
-    return sum(int(info.get(f"cmdstat_{command}", {}).get("calls", 0)) for info in infos)
 
 
 def test_a_batch_of_completions_counts_with_one_hincrby_and_clears_full_once(mq):

@@ -299,13 +299,19 @@ local propagate_death
 -- A kept parent's next child costs HSETNX and DECR: the state read, the
 -- EXISTS of the three hashes and the GET before the DECR are known.
 local FAN_KEPT = nil
+local FAN_KEYS = {}  -- a kept parent's :processed and :dependencies keys, made once a call
 
 local function fan_in_done(base, pid, ref, result, now, inc)
   local pkey = job_key(base, pid)
   if FAN_KEPT and FAN_KEPT[pkey] == (inc or '') then
-    if redis.call('HSETNX', pkey .. ':processed', ref, result) == 1 then
+    local keys = FAN_KEYS[pkey]
+    if not keys then
+      keys = {pkey .. ':processed', pkey .. ':dependencies'}
+      FAN_KEYS[pkey] = keys
+    end
+    if redis.call('HSETNX', keys[1], ref, result) == 1 then
       -- its dependencies were above 0 after the last DECR, so this one is safe
-      if redis.call('DECR', pkey .. ':dependencies') <= 0 then
+      if redis.call('DECR', keys[2]) <= 0 then
         FAN_KEPT[pkey] = nil
         release(base, pid, now)
       end
@@ -431,7 +437,9 @@ local function kill(base, id, err, now, up)
   if state == 'dead' then
     return
   end
-  callback(base, id, f[6], 'd', '"error":' .. cjson.encode(err), now)
+  if f[6] then  -- its on_dead job (the body made only for a job that has one)
+    callback(base, id, f[6], 'd', '"error":' .. cjson.encode(err), now)
+  end
   free_dedup(base, f[2], id)
   if state == 'awaiting_children' then
     redis.call('ZREM', base .. 'awaiting', id)
@@ -589,13 +597,14 @@ end
 -- A job completed: fan its result in to its parent, here or via the outbox.
 -- `parent`, `parent_queue` and `parent_inc` are the job row's fields (`parent`, `pq`, `pi`), read
 -- by the caller in its own first HMGET (one command less per completion on
--- the hot path). An orphaned job resolves no parent: complete.lua removes it
--- instead (drop_orphan).
-local function resolve_done(base, id, result, now, parent, parent_queue, parent_inc)
+-- the hot path); `ref`, its row key when the caller has made it (child_ref).
+-- An orphaned job resolves no parent: complete.lua removes it instead
+-- (drop_orphan).
+local function resolve_done(base, id, result, now, parent, parent_queue, parent_inc, ref)
   if not parent then
     return
   end
-  local ref = child_ref(base, id)
+  ref = ref or child_ref(base, id)
   if (parent_queue or QUEUE) == QUEUE then
     fan_in_done(base, parent, ref, result, now, parent_inc)
   elseif not (ONE_SERVER and fan_in_here(base, parent, ref, result, now, parent_queue,

@@ -277,3 +277,13 @@ def record_calls(mq, monkeypatch) -> list[list[str]]:
     monkeypatch.setattr(scripts, "run", one)
     monkeypatch.setattr(scripts, "run_many_confirmed", many)
     return trips
+
+
+def command_calls(client, command: str) -> int:
+    """Calls of ``command`` (scripts' calls included) on every master:
+    ``INFO commandstats``, summed over a Cluster's primaries."""
+    if hasattr(client, "get_primaries"):
+        infos = client.info("commandstats", target_nodes=client.PRIMARIES).values()
+    else:
+        infos = [client.info("commandstats")]
+    return sum(int(info.get(f"cmdstat_{command}", {}).get("calls", 0)) for info in infos)
