@@ -4,7 +4,11 @@ each must equal what ``Job.decode`` reads from the same row."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from echomq_django import EchoMQ, Flow, JobState
 from echomq_django.core.claims import _json_many, claimed_jobs
@@ -132,3 +136,63 @@ def test_a_row_of_common_fields_only_is_read_by_one_hmget_and_its_field_count(
     ]
     for job in jobs.values():
         assert job == expected(mq, job), job.id
+
+
+# options a job may be added with, each writing fields of its own onto its row
+OPTIONS = st.fixed_dictionaries(
+    {},
+    optional={
+        "max_attempts": st.integers(1, 5),
+        "backoff_ms": st.integers(0, 900),
+        "priority": st.integers(-3, 3),
+        "timeout_ms": st.integers(100, 9000),
+        "dedup_key": st.sampled_from(["d1", "d2"]),
+        "keep": st.integers(0, 60),
+        "group": st.sampled_from(["g1", "g2"]),
+        "expires_ms": st.integers(60_000, 90_000),
+        "backoff": st.just("fixed"),
+        "on_success": st.just("t.echo"),
+    },
+)
+JOBS = st.lists(
+    st.tuples(st.sampled_from(["enqueue", "many", "leaf", "cross"]), OPTIONS),
+    min_size=1,
+    max_size=6,
+)
+PREFIXES = itertools.count()  # a fresh key prefix for each example
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(jobs=JOBS)
+def test_claims_of_random_rows_decode_as_their_rows_read(redis_client, jobs) -> None:
+    """lua/claim.lua ``claim_read``: whatever options a job was added with and by whichever
+    path (``enqueue``'s replay token, ``enqueue_many``, a flow's leaf on its parent's queue or
+    another), a claim reports each field as the row holds it: the one-read path for rows of
+    common fields and the whole read for the rest agree with ``Job.decode``."""
+    mq = EchoMQ(redis_client, prefix=f"cd{next(PREFIXES)}")
+    ids, kids = set(), []
+    for n, (how, options) in enumerate(jobs):
+        if how == "enqueue":  # a dedup key taken answers the earlier job's id
+            ids.add(mq.enqueue("q", "t.echo", {"n": n}, job_id=f"j{n}", **options))
+        elif how == "many":  # no options: enqueue_many's rows
+            ids.update(mq.enqueue_many("q", [("t.echo", n)]))
+        else:  # a leaf, on its parent's queue or another (a flow's dedup keys aside)
+            options.pop("dedup_key", None)
+            kids.append(Flow("k" if how == "cross" else "q", "t.echo", n, job_id=f"j{n}"))
+            for key, value in options.items():
+                setattr(kids[-1], key, value)
+            ids.add(f"j{n}")
+    if kids:
+        mq.add_flow(Flow("q", "root", 0, job_id="p", children=kids))
+    claimed = []
+    for queue in ("q", "k"):
+        while batch := mq.claim(queue, 10, lease_ms=60_000):
+            claimed += batch
+    assert sorted(j.id for j in claimed) == sorted(ids), jobs
+    for job in claimed:
+        assert job == expected(mq, job), (job.id, jobs)
