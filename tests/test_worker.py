@@ -688,3 +688,47 @@ def test_max_jobs_holds_when_one_queue_s_claim_raises(mq, monkeypatch) -> None:
     done = worker.run(max_jobs=2)
     completed = mq.counts("a")["completed"] + mq.counts("b")["completed"]
     assert (done, completed) == (2, 2), calls
+
+
+def test_a_handler_thread_whose_last_job_was_quick_has_one_more_waiting() -> None:
+    """pool.HandlerPool.ahead (docs/explanation/performance.md#quick-handlers-take-one-more-job):
+    one job beyond the threads for each thread whose last job ran under AHEAD_MS, none for one
+    whose last job ran longer, none once the threads have left. Each job reads it as it ends:
+    its thread's flag is still the job's before."""
+    from echomq_django.runners.pool import AHEAD_MS, HandlerPool
+
+    pool, seen = HandlerPool(1, "ahead-test"), []
+    done = threading.Semaphore(0)
+
+    def look(seconds: float) -> None:
+        time.sleep(seconds)
+        seen.append(pool.ahead)
+        done.release()
+
+    for seconds in (0, 0, AHEAD_MS / 1000 + 0.03, 0, 0):
+        pool.submit(look, seconds)
+    for _ in range(5):
+        assert done.acquire(timeout=10)
+    assert seen == [0, 1, 1, 0, 1]
+    pool.shutdown(wait=True)
+    assert pool.ahead == 0
+
+
+@pytest.mark.parametrize(("handler", "payload", "most"), [("t.echo", 0, 4), ("t.slow", 0.06, 2)])
+def test_a_worker_of_quick_handlers_holds_one_more_job_a_thread(mq, handler, payload, most):
+    """Two handler threads: while their jobs run under AHEAD_MS the loop holds up to 4 claimed
+    jobs (one waiting for each thread), while they run 60 ms 2 at most; every job runs once."""
+    jobs = 24 if handler == "t.echo" else 6
+    for i in range(jobs):
+        mq.enqueue("q", handler, payload, job_id=f"j{i}")
+    worker, held, claim = Worker(["q"], concurrency=2, mq=mq), [], mq.claim
+
+    def counted(queue, count=1, *args, **kw):
+        got = claim(queue, count, *args, **kw)
+        held.append(worker.loop.executing + len(got))  # not finished; before the loop counts them
+        return got
+
+    mq.claim = counted
+    assert worker.run(burst=True) == jobs
+    assert max(held) == most, held
+    assert [mq.get_job("q", f"j{i}").attempts for i in range(jobs)] == [1] * jobs
