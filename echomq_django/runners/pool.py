@@ -268,7 +268,7 @@ class HandlerPool:
         self._size, self._name, self._run = size, name, run
         self._jobs: _queue.SimpleQueue = _queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
-        self._lock = threading.Lock()  # guards _size, _threads (write_off, retire) and _quick
+        self._lock = threading.Lock()  # guards _size and _threads (write_off, retire)
         self._local = threading.local()
         self._started = self._written_off = 0
         self._quick = 0  # threads whose last job ran under AHEAD_MS
