@@ -218,8 +218,7 @@ class ClaimLoop:
     def _claim_if_room(
         self, now: float, burst: bool, max_jobs: int | None, outage: Outage
     ) -> tuple[int, bool]:
-        """Claim as many jobs as there is room for (``room``: free handlers and the jobs the pool
-        queues beyond them, ``pool.ahead``; within ``max_jobs``; those the
+        """Claim as many jobs as there are free handler threads (within ``max_jobs``; those the
         reporter holds aside), unless in an outage, or held (``_held``: lost claims sent again
         only). Returns how many, and whether every queue was asked (a burst's last look)."""
         limit = self.concurrency if max_jobs is None else max_jobs - self.claimed - self.fetching

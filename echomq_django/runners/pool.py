@@ -25,10 +25,6 @@ from .reporter import Finished
 log = logging.getLogger("echomq_django.worker")
 
 TRACEBACK_LINES = 20
-# a handler thread whose last job ran under this (ms) has one more job waiting for it in the
-# pool's queue: it starts the next as it returns, without the claim's round trip in between
-# (a job waits this long at most behind it, where another worker might have taken it)
-AHEAD_MS = 50.0
 ERROR_CHARS = 4000
 NAMES_SHOWN = 50  # registered names listed in an unknown-name error
 # where handlers run (docs/howto/process-pool.md, docs/howto/async-handlers.md#the-async-pool)
@@ -263,6 +259,7 @@ class HandlerPool:
     calls as ``processes.supervisor.ProcessPool``'s)."""
 
     kind = "thread"
+    ahead = 0  # jobs it takes beyond one per handler (a process pool queues some)
 
     def __init__(self, size: int, name: str, run=None) -> None:
         self._size, self._name, self._run = size, name, run
@@ -271,7 +268,6 @@ class HandlerPool:
         self._lock = threading.Lock()  # guards _size and _threads (write_off, retire)
         self._local = threading.local()
         self._started = self._written_off = 0
-        self._quick = 0  # threads whose last job ran under AHEAD_MS
         self._closed, self._filling = False, False
         self._daemon = threading.current_thread().daemon  # as when the loop started them
 
@@ -346,43 +342,24 @@ class HandlerPool:
         once its current job returns."""
         self._local.retire = True
 
-    @property
-    def ahead(self) -> int:
-        """Jobs the pool takes beyond one per thread: one for each thread whose last job ran
-        under ``AHEAD_MS``. It waits in the pool's queue and starts as a thread returns, so a
-        worker of quick handlers has its next jobs in hand while Redis answers its claim; a
-        thread of longer jobs takes one only when idle
-        (docs/explanation/performance.md#quick-handlers-take-one-more-job)."""
-        return self._quick
-
     def _work(self) -> None:
-        get, clock, quick = self._jobs.get, time.perf_counter, False
-        try:
-            while True:
-                item = get()
-                if item is None:
-                    with self._lock:
-                        self._threads.remove(threading.current_thread())
-                    return
-                started = clock()
-                try:
-                    item[0](*item[1])
-                except BaseException:
-                    log.exception("a handler thread's job raised")
-                if ((clock() - started) * 1000 < AHEAD_MS) != quick:
-                    quick = not quick
-                    with self._lock:
-                        self._quick += 1 if quick else -1
-                if getattr(self._local, "retire", False):
-                    with self._lock:
-                        self._size -= 1
-                        self._written_off -= 1
-                        self._threads.remove(threading.current_thread())
-                    return
-        finally:
-            if quick:
+        get = self._jobs.get
+        while True:
+            item = get()
+            if item is None:
                 with self._lock:
-                    self._quick -= 1
+                    self._threads.remove(threading.current_thread())
+                return
+            try:
+                item[0](*item[1])
+            except BaseException:
+                log.exception("a handler thread's job raised")
+            if getattr(self._local, "retire", False):
+                with self._lock:
+                    self._size -= 1
+                    self._written_off -= 1
+                    self._threads.remove(threading.current_thread())
+                return
 
     def shutdown(self, wait: bool) -> None:
         """Drop the jobs not started yet (their leases cover them), stop every

@@ -7,20 +7,20 @@ Three kinds of thread share the work; the loop and the reporter talk to Redis
 in batches, a handler only on the direct path (direct.py: it reports the only
 claimed job while the reporter idles, and runs the job that report claimed):
 
-* the **loop** (the thread that calls ``run()``) claims as many jobs as there are free
-  handler threads, and one for each thread whose last job ran under ``pool.AHEAD_MS``
-  (docs/explanation/performance.md#quick-handlers-take-one-more-job), round-robin over the
-  queues (the first asked rotates each turn; a queue whose claim came back short rests
-  until woken), submits them, and waits for one to finish or a wake-up: with a free
-  thread it blocks on the queues' wake keys (``wake.Idle``: no polling,
+* the **loop** (the thread that calls ``run()``) claims as many jobs as there
+  are free handler threads, round-robin over the queues (the first queue
+  asked rotates each turn; a queue whose claim came back short rests until
+  woken), submits them, and waits for one to finish or a wake-up: with a
+  free thread it blocks on the queues' wake keys (``wake.Idle``: no polling,
   docs/explanation/no-polling.md), and it keeps the queues' timers (due delayed jobs promoted
   at their run-at, expired leases recovered by one worker per queue per
   ``sweep_interval``), so ``runworker`` alone runs a single-queue site;
-* the **reporter** (reporter.py) takes every finished job handed over since its last batch and
-  reports them: one pipelined ``complete_many`` and one ``fail_many`` (one round trip each,
-  however many jobs), then sends the Django signals for that batch (``close_old_connections()``
-  around it, for receivers that use the database). While Redis runs one side's scripts, Python
-  does the other's work: that overlap, and the batching, are where the throughput comes from;
+* the **reporter** (reporter.py) takes every finished job handed over since
+  its last batch and reports them: one pipelined ``complete_many`` and one ``fail_many`` (one
+  round trip each, however many jobs), then sends the Django signals for that
+  batch (``close_old_connections()`` around it, for receivers that use the
+  database). While Redis runs one side's scripts, Python does the other's work:
+  that overlap, and the batching, are where the throughput comes from;
 * ``concurrency`` **handler** threads (``pool.HandlerPool``: one queue of jobs,
   no Future per job) run the handlers, ``django.db.close_old_connections()``
   before and after each (the one before skipped: ``pool.JobConnections``).
