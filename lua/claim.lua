@@ -208,9 +208,7 @@ end
 -- tell such a row (all it holds is among them: every other field is
 -- absent, and no walk of the row's listpack looks for each); a row holding
 -- one field more asks whether that is the token (HEXISTS), which costs a
--- flow's leaf nothing. Any other row is read whole by READ, the marker of a
--- row an earlier version wrote (`name`) asked last; such a row, or none, by
--- both names (lib/row.lua row_hmget).
+-- flow's leaf nothing. Any other row is read whole (lib/row.lua row_read).
 -- docs/explanation/performance.md#fields-a-row-does-not-hold
 local READ = {F_STATE, F_NAME, F_DATA, 'attempts', 'max_attempts', 'backoff_ms', F_PARENT,
   F_PQUEUE, F_POLICY, F_CREATED, 'timeout_ms', 'priority', 'traceparent', 'retry_policy',
@@ -229,12 +227,7 @@ local function claim_read(row)
     return {got[1], got[2], got[3], got[4], false, false, got[5], got[6], false, got[7],
       false, false, false, false, false, false}
   end
-  local f = redis.call('HMGET', row, unpack(READ))
-  if f[17] or not f[1] then
-    f = row_hmget(row, unpack(READ, 1, 16))
-  end
-  f[17] = nil
-  return f
+  return row_read(row, READ)
 end
 
 local batch = nil  -- the lease sequence, drawn at the first lease (none: nothing written)

@@ -74,21 +74,12 @@ minute_batch = {}  -- the batch's counts, written once each (lib/emit.lua)
 local base, now = ARGV[2], tonumber(ARGV[3])
 ONE_SERVER = ARGV[4] == '1'
 
--- a completing job's fields, one HMGET (lib/row.lua's reads, the marker of an
--- earlier version's row asked last: nothing to shift out); the parent as its
--- whole id. A row of an earlier version (its `name`), or none, is read by
--- both names (row_hmget_p)
+-- a completing job's fields (lib/row.lua row_read), the parent as its whole id
 local READ = {F_STATE, 'lease', F_PARENT, F_PQUEUE, 'dedup', 'keep', 'cancel', F_PINC,
   'orphaned', 'callbacks', 'group', 'lg', 'name'}
 local function read_row(row, id)
-  local f = redis.call('HMGET', row, unpack(READ))
-  if f[13] or not f[1] then
-    return row_hmget_p(row, unpack(READ, 1, 12))
-  end
-  f[13] = nil
-  if f[3] then
-    f[3] = parent_of(id, f[3])
-  end
+  local f = row_read(row, READ)
+  f[3] = f[3] and parent_of(id, f[3])
   return f
 end
 
@@ -185,9 +176,7 @@ for i = 1, #J, 3 do
     reset_out()
     gone[#gone + 1] = id  -- out of active with the batch's others, below
     left_active(base, f[11] or nil)
-    if f[10] then  -- its on_success job (the body made only for a job that has one)
-      callback(base, id, f[10], 's', '"result":' .. result, now)
-    end
+    callback(base, id, f[10], 's', result, nil, now)  -- its on_success job
     if f[9] then
       -- its flow was removed while it ran: job_completed is still sent (the
       -- handler ran, its effects are real), then the row goes at once

@@ -114,9 +114,7 @@ if attempts < max_attempts and ARGV[8] ~= '1' then
     OUT.state = 'pending'
   end
   emit(base, 'failed', id)
-  if f[7] then  -- its on_failure job (the body made only for a job that has one)
-    callback(base, id, f[7], 'f', '"error":' .. cjson.encode(err), now)
-  end
+  callback(base, id, f[7], 'f', nil, err, now)  -- its on_failure job
   return reply()
 end
 

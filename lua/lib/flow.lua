@@ -385,7 +385,9 @@ end
 -- queue, in the script that finishes the job (durable, never in the worker's
 -- thread). Its id is 'cb-' and a sha1 of the job key, the kind and a count
 -- kept on the row (`callbacks_n`); its payload {"job": "<queue>/<id>",
--- <body>}, `body` a JSON member: "result": <the result> or "error": <text>.
+-- "result": <result>} (the result's JSON text) or {..., "error": <err>}
+-- (`err` a string, made JSON here: nothing is made for a job without a
+-- callback).
 -- A callback named as [queue, name] on another queue goes through this
 -- queue's outbox instead (a `cb` entry, written in the same step: durable,
 -- delivered at least once by the pump's deliver_to_parents, which writes the
@@ -401,11 +403,12 @@ local function send(base, entry)
   end
 end
 
-local function callback(base, id, spec, kind, body, now)
+local function callback(base, id, spec, kind, result, err, now)
   local name = spec and cjson.decode(spec)[kind]
   if not name then
     return
   end
+  local body = result and ('"result":' .. result) or ('"error":' .. cjson.encode(err))
   local key = job_key(base, id)
   local n = redis.call('HINCRBY', key, 'callbacks_n', 1)
   local cid = 'cb-' .. redis.sha1hex(key .. '|' .. kind .. '|' .. n)
@@ -437,9 +440,7 @@ local function kill(base, id, err, now, up)
   if state == 'dead' then
     return
   end
-  if f[6] then  -- its on_dead job (the body made only for a job that has one)
-    callback(base, id, f[6], 'd', '"error":' .. cjson.encode(err), now)
-  end
+  callback(base, id, f[6], 'd', nil, err, now)  -- its on_dead job
   free_dedup(base, f[2], id)
   if state == 'awaiting_children' then
     redis.call('ZREM', base .. 'awaiting', id)

@@ -109,6 +109,21 @@ local function row_hmget_p(key, ...)
   return got
 end
 
+-- HMGET of the names in `fields` (a table ending in 'name', the marker of a
+-- row an earlier version wrote: asked last, nothing to shift out of the
+-- reply, where row_hmget asks it first); the values without the marker. A
+-- row of an earlier version, or none, is read by both names (row_hmget).
+-- The hot paths' reads (claim, complete).
+local function row_read(key, fields)
+  local n = #fields
+  local f = redis.call('HMGET', key, unpack(fields))
+  if f[n] or not f[1] then
+    return row_hmget(key, unpack(fields, 1, n - 1))
+  end
+  f[n] = nil
+  return f
+end
+
 -- row_hmget for a read of the state and fields that kept their names
 -- (`s` first, then none of F_NAME ... F_PINC), on the hot paths: a row
 -- of this version holds `s`, so one HMGET answers; a row without it (one
