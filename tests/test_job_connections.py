@@ -96,3 +96,28 @@ def test_a_kept_connection_is_closed_before_the_first_job_past_its_max_age(alias
         assert on_a_thread(jobs) == (True, True, 2)
     finally:
         settings["CONN_MAX_AGE"] = old
+
+
+def test_the_look_after_a_job_is_skipped_until_a_job_opens_a_connection(alias, monkeypatch) -> None:
+    looks: list[int] = []
+    real = pool.connections.all
+
+    def counted(*args, **kwargs):
+        looks.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(pool.connections, "all", counted)
+
+    def jobs():
+        kept = pool.JobConnections()
+        conn = connections[alias]
+        kept.after()  # a thread's first job: it looks, finds none open
+        kept.after()  # a job that opened none: no look
+        seen = [len(looks)]
+        conn.ensure_connection()  # the next job queries (connection_created)
+        kept.after()  # it looks: CONN_MAX_AGE 0 closes it
+        seen += [len(looks), conn.connection is None]
+        kept.after()  # none open again, none opened: no look
+        return [*seen, len(looks)]
+
+    assert on_a_thread(jobs) == [1, 2, True, 2]

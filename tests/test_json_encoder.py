@@ -4,6 +4,8 @@ refused with ``PayloadError`` (nothing written) without it."""
 
 from __future__ import annotations
 
+import enum
+import json
 import uuid
 from datetime import UTC, date, datetime
 from decimal import Decimal
@@ -12,9 +14,12 @@ import pytest
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import transaction
 from django.test import override_settings
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import echomq_django as emq
 from echomq_django import EchoMQ, Flow, JobState, PayloadError, conf
+from echomq_django.core.jobs import to_json
 from tests.support.workerkit import burst
 
 UID = uuid.UUID("12345678-1234-5678-1234-567812345678")
@@ -78,3 +83,51 @@ def test_the_setting_reaches_the_module_api(r, transactional_db):
     finally:
         conf.reset()
     assert EchoMQ(r).get_job("q", job_id).payload == AS_JSON
+
+
+# -- the encoder without the setting ------------------------------------------------
+
+
+class Color(enum.IntEnum):
+    RED = 1
+
+
+class Name(str):
+    pass
+
+
+_JSON = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=_JSON)
+def test_values_are_written_as_the_json_module_writes_them(value):
+    assert to_json(value) == json.dumps(value, separators=(",", ":"), allow_nan=False)
+
+
+@pytest.mark.parametrize(
+    "value, text",
+    [
+        (Color.RED, "1"),
+        (Name("a"), '"a"'),
+        ((1, "x"), '[1,"x"]'),
+        (-0.0, "-0.0"),
+        (2**70, str(2**70)),
+    ],
+)
+def test_subclasses_tuples_and_edges_are_written_as_the_json_module_writes_them(value, text):
+    assert to_json(value) == json.dumps(value, separators=(",", ":")) == text
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+def test_a_float_json_cannot_hold_is_refused(value):
+    with pytest.raises(ValueError, match="Out of range float values"):
+        to_json(value)

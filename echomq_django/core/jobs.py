@@ -54,14 +54,18 @@ _C_ENCODE = json.encoder.c_make_encoder and json.encoder.c_make_encoder(
 )
 
 
+# the exact types _C_ENCODE takes whole, as _ENCODER writes them (a subclass, a tuple or
+# an object for `default` goes through _ENCODER)
+_C_KINDS = frozenset((dict, list, str, int, float, bool, type(None)))
+
+
 def to_json(value: Any) -> str:
     """``value`` as compact ASCII JSON text (no NaN), one byte per character.
     Raises ``TypeError`` / ``ValueError`` as ``json`` does, and
     ``RecursionError`` for a circular or too deeply nested value (the C
     encoder has no circular check); ``EchoMQ.encode`` turns these into
     ``PayloadError`` and applies the size limit."""
-    kind = type(value)
-    if (kind is dict or kind is list) and _C_ENCODE is not None:  # the usual payloads
+    if type(value) in _C_KINDS and _C_ENCODE is not None:  # the usual payloads and results
         return "".join(_C_ENCODE(value, 0))
     return _ENCODER.encode(value)
 
@@ -72,7 +76,7 @@ def to_json_many(values: list) -> list[str]:
     if _C_ENCODE is None:
         return list(map(to_json, values))
     join, encode = "".join, _C_ENCODE
-    return [join(encode(v, 0)) if type(v) in (dict, list) else to_json(v) for v in values]
+    return [join(encode(v, 0)) if type(v) in _C_KINDS else to_json(v) for v in values]
 
 
 class JobState(StrEnum):

@@ -15,6 +15,7 @@ import time
 import traceback
 
 from django.db import close_old_connections, connections
+from django.db.backends.signals import connection_created
 
 from ..core.exceptions import MoveToDelayed, RateLimited, Unrecoverable, WaitForChildren
 from ..core.retry import decide
@@ -159,6 +160,17 @@ def decided(finished: Finished, exc: BaseException, queues: dict, cap_ms: int) -
     return finished
 
 
+_opened = threading.local()  # n: database connections Django opened on the thread, counted
+
+
+def _count_opened(sender, connection, **kwargs) -> None:
+    """``connection_created``'s receiver: one more connection opened on this thread."""
+    _opened.n = getattr(_opened, "n", 0) + 1
+
+
+connection_created.connect(_count_opened, weak=False, dispatch_uid="echomq_django.pool.opened")
+
+
 class JobConnections:
     """Django's rule for a request's database connections, kept around each
     job on a thread that runs jobs one after another: ``before()`` and
@@ -170,7 +182,10 @@ class JobConnections:
     last ``after()`` only the clock moves, and then only a connection left
     open whose ``close_at`` has passed is closed. About 4 µs a job with no
     connection, 8 with one (Django 5.2, each call); handler threads that
-    never touch the database pay one call a job instead of two
+    never touch the database pay one call a job instead of two. ``after()``
+    skips it as well when no connection was open before the job and none
+    was opened during it (``connection_created``, counted per thread):
+    there is nothing to close, and still none open
     (docs/howto/deploy.md#database-connections)."""
 
     def __init__(self) -> None:
@@ -187,14 +202,18 @@ class JobConnections:
         must look at: no connection open (None), or the earliest
         ``close_at`` of those open (monotonic s; inf: kept for good). Raises
         what closing a connection raised."""
-        self._local.until = 0.0  # until this call has finished: look
+        here, opened = self._local, getattr(_opened, "n", 0)
+        if getattr(here, "none_at", -1) == opened:
+            return  # none was open before the job, and the job opened none
+        here.until, here.none_at = 0.0, -1  # until this call has finished: look
         until = None
         for conn in connections.all(initialized_only=True):  # close_old_connections' own loop
             conn.close_if_unusable_or_obsolete()
             if conn.connection is not None:
                 at = float("inf") if conn.close_at is None else conn.close_at
                 until = at if until is None else min(until, at)
-        self._local.until = until
+        # none_at: the thread's count of opened connections when none was left open
+        here.until, here.none_at = until, (opened if until is None else -1)
 
 
 def run_handler(loop, job, done) -> None:
@@ -230,7 +249,8 @@ def _run_one(loop, job, done):
         except Exception:
             log.exception("close_old_connections() failed after job %s/%s", job.queue, job.id)
         finished.ms = (time.perf_counter() - started) * 1000
-        if not loop.timeouts.settle(job):  # its time limit passed first: failed already
+        # its time limit passed first: failed already (a job without one never is)
+        if limit_ms is not None and not loop.timeouts.settle(job):
             loop.pool.retire_current()
             done.put(None)  # a stopping loop waits for written-off handlers too
             log.warning(

@@ -51,7 +51,8 @@ class Timeouts:
         self._closing = False
 
     def start(self, job: Job, limit_ms: int | None) -> None:
-        """A handler starts on ``job``; ``limit_ms`` (ms) None means no limit."""
+        """A handler starts on ``job``; ``limit_ms`` (ms) None means no limit (such a
+        job is not watched: its ``settle`` would answer True, and may be skipped)."""
         if limit_ms is None:
             return
         with self._cv:
