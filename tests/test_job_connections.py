@@ -107,6 +107,7 @@ def test_the_look_after_a_job_is_skipped_until_a_job_opens_a_connection(alias, m
         return real(*args, **kwargs)
 
     monkeypatch.setattr(pool.connections, "all", counted)
+    monkeypatch.setattr(pool, "LOOK_S", 60.0)  # no look for the time's sake here
 
     def jobs():
         kept = pool.JobConnections()
@@ -121,3 +122,28 @@ def test_the_look_after_a_job_is_skipped_until_a_job_opens_a_connection(alias, m
         return [*seen, len(looks)]
 
     assert on_a_thread(jobs) == [1, 2, True, 2]
+
+
+def test_the_look_after_a_job_is_made_at_least_every_look_s(alias, monkeypatch) -> None:
+    """A connection opened without Django's signal (a backend of its own, a receiver
+    before ours that raised) is still closed once ``LOOK_S`` has passed."""
+    monkeypatch.setattr(pool, "LOOK_S", 0.2)
+
+    def jobs():
+        kept = pool.JobConnections()
+        conn = connections[alias]
+        kept.after()  # the first look: none open
+        pool.connection_created.disconnect(dispatch_uid="echomq_django.pool.opened")
+        try:
+            conn.ensure_connection()  # opened, and not counted: no receiver
+        finally:
+            pool.connection_created.connect(
+                pool._count_opened, weak=False, dispatch_uid="echomq_django.pool.opened"
+            )
+        kept.after()  # within LOOK_S: skipped, the connection stays open
+        stayed = conn.connection is not None
+        time.sleep(0.3)
+        kept.after()  # past it: looked at, and closed (CONN_MAX_AGE 0)
+        return stayed, conn.connection is None
+
+    assert on_a_thread(jobs) == (True, True)

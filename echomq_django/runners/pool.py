@@ -161,6 +161,9 @@ def decided(finished: Finished, exc: BaseException, queues: dict, cap_ms: int) -
 
 
 _opened = threading.local()  # n: database connections Django opened on the thread, counted
+# JobConnections.after() looks at least this often (s) on a thread running jobs, whatever
+# the count says: a connection opened without Django's signal is closed within it
+LOOK_S = 1.0
 
 
 def _count_opened(sender, connection, **kwargs) -> None:
@@ -185,7 +188,8 @@ class JobConnections:
     never touch the database pay one call a job instead of two. ``after()``
     skips it as well when no connection was open before the job and none
     was opened during it (``connection_created``, counted per thread):
-    there is nothing to close, and still none open
+    there is nothing to close, and still none open; it looks all the same
+    once ``LOOK_S`` (1 s) has passed since its last look
     (docs/howto/deploy.md#database-connections)."""
 
     def __init__(self) -> None:
@@ -203,17 +207,19 @@ class JobConnections:
         ``close_at`` of those open (monotonic s; inf: kept for good). Raises
         what closing a connection raised."""
         here, opened = self._local, getattr(_opened, "n", 0)
-        if getattr(here, "none_at", -1) == opened:
+        skip = getattr(here, "skip", None)  # (count, until when): none open as of that count
+        if skip is not None and skip[0] == opened and time.monotonic() < skip[1]:
             return  # none was open before the job, and the job opened none
-        here.until, here.none_at = 0.0, -1  # until this call has finished: look
+        here.until, here.skip = 0.0, None  # until this call has finished: look
         until = None
         for conn in connections.all(initialized_only=True):  # close_old_connections' own loop
             conn.close_if_unusable_or_obsolete()
             if conn.connection is not None:
                 at = float("inf") if conn.close_at is None else conn.close_at
                 until = at if until is None else min(until, at)
-        # none_at: the thread's count of opened connections when none was left open
-        here.until, here.none_at = until, (opened if until is None else -1)
+        here.until = until
+        if until is None:
+            here.skip = (opened, time.monotonic() + LOOK_S)
 
 
 def run_handler(loop, job, done) -> None:
