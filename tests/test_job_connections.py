@@ -100,13 +100,13 @@ def test_a_kept_connection_is_closed_before_the_first_job_past_its_max_age(alias
 
 def test_the_look_after_a_job_is_skipped_until_a_job_opens_a_connection(alias, monkeypatch) -> None:
     looks: list[int] = []
-    real = pool.connections.all
+    real = type(pool.connections).all
 
-    def counted(*args, **kwargs):
+    def counted(self, *args, **kwargs):
         looks.append(1)
-        return real(*args, **kwargs)
+        return real(self, *args, **kwargs)
 
-    monkeypatch.setattr(pool.connections, "all", counted)
+    monkeypatch.setattr(type(pool.connections), "all", counted)
     monkeypatch.setattr(pool, "LOOK_S", 60.0)  # no look for the time's sake here
 
     def jobs():
@@ -124,10 +124,11 @@ def test_the_look_after_a_job_is_skipped_until_a_job_opens_a_connection(alias, m
     assert on_a_thread(jobs) == [1, 2, True, 2]
 
 
-def test_the_look_after_a_job_is_made_at_least_every_look_s(alias, monkeypatch) -> None:
-    """A connection opened without Django's signal (a backend of its own, a receiver
-    before ours that raised) is still closed once ``LOOK_S`` has passed."""
-    monkeypatch.setattr(pool, "LOOK_S", 0.2)
+def test_a_connection_opened_without_the_signal_is_still_looked_at(alias, monkeypatch) -> None:
+    """A connection Django set before its setup raised (``connect()`` sends
+    ``connection_created`` last), or opened by a backend of its own: no signal,
+    and still closed after the job."""
+    monkeypatch.setattr(pool, "LOOK_S", 60.0)
 
     def jobs():
         kept = pool.JobConnections()
@@ -140,10 +141,28 @@ def test_the_look_after_a_job_is_made_at_least_every_look_s(alias, monkeypatch) 
             pool.connection_created.connect(
                 pool._count_opened, weak=False, dispatch_uid="echomq_django.pool.opened"
             )
-        kept.after()  # within LOOK_S: skipped, the connection stays open
-        stayed = conn.connection is not None
-        time.sleep(0.3)
-        kept.after()  # past it: looked at, and closed (CONN_MAX_AGE 0)
-        return stayed, conn.connection is None
+        opened = conn.connection is not None
+        kept.after()  # its connection object holds one: it looks (CONN_MAX_AGE 0 closes it)
+        return opened, conn.connection is None
 
     assert on_a_thread(jobs) == (True, True)
+
+
+def test_the_look_after_a_job_is_made_once_look_s_has_passed(alias, monkeypatch) -> None:
+    looks: list[int] = []
+    real = type(pool.connections).all
+
+    def counted(self, *args, **kwargs):
+        looks.append(1)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(pool.connections), "all", counted)
+    monkeypatch.setattr(pool, "LOOK_S", 0.0)
+
+    def jobs():
+        kept = pool.JobConnections()
+        for _ in range(3):
+            kept.after()
+        return len(looks)
+
+    assert on_a_thread(jobs) == 3

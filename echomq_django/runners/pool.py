@@ -161,8 +161,8 @@ def decided(finished: Finished, exc: BaseException, queues: dict, cap_ms: int) -
 
 
 _opened = threading.local()  # n: database connections Django opened on the thread, counted
-# JobConnections.after() looks at least this often (s) on a thread running jobs, whatever
-# the count says: a connection opened without Django's signal is closed within it
+# JobConnections.after() looks at least at the first job's end this long (s) after its last
+# look, whatever else says nothing changed (a backstop: see the class)
 LOOK_S = 1.0
 
 
@@ -185,12 +185,15 @@ class JobConnections:
     last ``after()`` only the clock moves, and then only a connection left
     open whose ``close_at`` has passed is closed. About 4 µs a job with no
     connection, 8 with one (Django 5.2, each call); handler threads that
-    never touch the database pay one call a job instead of two. ``after()``
-    skips it as well when no connection was open before the job and none
-    was opened during it (``connection_created``, counted per thread):
-    there is nothing to close, and still none open; it looks all the same
-    once ``LOOK_S`` (1 s) has passed since its last look
-    (docs/howto/deploy.md#database-connections)."""
+    never touch the database pay one call a job instead of two.
+
+    ``after()`` skips its look as well when its last look left no connection
+    open and, since then, none of the thread's connection objects (each
+    alias's, made by that look) holds one, no ``connection_created`` was sent
+    on the thread (a connection object made anew), and less than ``LOOK_S``
+    (1 s) passed: there is nothing to close. A connection whose setup raised
+    after Django set it (``connect()`` sends the signal last) is seen by the
+    first test (docs/howto/deploy.md#database-connections)."""
 
     def __init__(self) -> None:
         self._local = threading.local()
@@ -202,24 +205,30 @@ class JobConnections:
             close_old_connections()
 
     def after(self) -> None:
-        """``close_old_connections()``, noting what the next ``before()``
-        must look at: no connection open (None), or the earliest
-        ``close_at`` of those open (monotonic s; inf: kept for good). Raises
-        what closing a connection raised."""
+        """``close_old_connections()`` unless it could close nothing (see the
+        class), noting what the next ``before()`` must look at: no connection
+        open (None), or the earliest ``close_at`` of those open (monotonic s;
+        inf: kept for good). Raises what closing a connection raised."""
         here, opened = self._local, getattr(_opened, "n", 0)
-        skip = getattr(here, "skip", None)  # (count, until when): none open as of that count
-        if skip is not None and skip[0] == opened and time.monotonic() < skip[1]:
-            return  # none was open before the job, and the job opened none
+        skip = getattr(here, "skip", None)  # (count, until when, the connection objects)
+        if (
+            skip is not None
+            and skip[0] == opened
+            and time.monotonic() < skip[1]
+            and all(conn.connection is None for conn in skip[2])
+        ):
+            return  # none open before the job, none opened by it
         here.until, here.skip = 0.0, None  # until this call has finished: look
         until = None
-        for conn in connections.all(initialized_only=True):  # close_old_connections' own loop
+        made = connections.all()  # every alias's object on this thread (made if need be)
+        for conn in made:  # close_old_connections' own loop
             conn.close_if_unusable_or_obsolete()
             if conn.connection is not None:
                 at = float("inf") if conn.close_at is None else conn.close_at
                 until = at if until is None else min(until, at)
         here.until = until
         if until is None:
-            here.skip = (opened, time.monotonic() + LOOK_S)
+            here.skip = (opened, time.monotonic() + LOOK_S, made)
 
 
 def run_handler(loop, job, done) -> None:
