@@ -60,6 +60,20 @@ def calls(monkeypatch) -> list[str]:
     return seen
 
 
+@pytest.fixture
+def looks(monkeypatch) -> list[int]:
+    """One entry per look ``after()`` makes (``connections.all()``, patched on its class)."""
+    seen: list[int] = []
+    real = type(pool.connections).all
+
+    def counted(self, *args, **kwargs):
+        seen.append(1)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(pool.connections), "all", counted)
+    return seen
+
+
 def test_a_job_that_leaves_no_connection_open_skips_the_next_look(alias, calls) -> None:
     def jobs():
         kept = pool.JobConnections()
@@ -98,15 +112,9 @@ def test_a_kept_connection_is_closed_before_the_first_job_past_its_max_age(alias
         settings["CONN_MAX_AGE"] = old
 
 
-def test_the_look_after_a_job_is_skipped_until_a_job_opens_a_connection(alias, monkeypatch) -> None:
-    looks: list[int] = []
-    real = type(pool.connections).all
-
-    def counted(self, *args, **kwargs):
-        looks.append(1)
-        return real(self, *args, **kwargs)
-
-    monkeypatch.setattr(type(pool.connections), "all", counted)
+def test_the_look_after_a_job_is_skipped_until_a_job_opens_a_connection(
+    alias, looks, monkeypatch
+) -> None:
     monkeypatch.setattr(pool, "LOOK_S", 60.0)  # no look for the time's sake here
 
     def jobs():
@@ -148,15 +156,7 @@ def test_a_connection_opened_without_the_signal_is_still_looked_at(alias, monkey
     assert on_a_thread(jobs) == (True, True)
 
 
-def test_the_look_after_a_job_is_made_once_look_s_has_passed(alias, monkeypatch) -> None:
-    looks: list[int] = []
-    real = type(pool.connections).all
-
-    def counted(self, *args, **kwargs):
-        looks.append(1)
-        return real(self, *args, **kwargs)
-
-    monkeypatch.setattr(type(pool.connections), "all", counted)
+def test_the_look_after_a_job_is_made_once_look_s_has_passed(alias, looks, monkeypatch) -> None:
     monkeypatch.setattr(pool, "LOOK_S", 0.0)
 
     def jobs():
