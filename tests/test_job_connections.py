@@ -11,6 +11,7 @@ import threading
 import time
 
 import pytest
+from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 
 from echomq_django.runners import pool
@@ -62,15 +63,15 @@ def calls(monkeypatch) -> list[str]:
 
 @pytest.fixture
 def looks(monkeypatch) -> list[int]:
-    """One entry per look ``after()`` makes (``connections.all()``, patched on its class)."""
+    """One entry per look ``after()`` makes (``pool._every_connection``, counted)."""
     seen: list[int] = []
-    real = type(pool.connections).all
+    real = pool._every_connection
 
-    def counted(self, *args, **kwargs):
+    def counted():
         seen.append(1)
-        return real(self, *args, **kwargs)
+        return real()
 
-    monkeypatch.setattr(type(pool.connections), "all", counted)
+    monkeypatch.setattr(pool, "_every_connection", counted)
     return seen
 
 
@@ -166,3 +167,26 @@ def test_the_look_after_a_job_is_made_once_look_s_has_passed(alias, looks, monke
         return len(looks)
 
     assert on_a_thread(jobs) == 3
+
+
+def test_an_alias_whose_backend_cannot_load_is_passed_over(alias, looks, monkeypatch) -> None:
+    handler = type(pool.connections)
+    real_iter, real_item = handler.__iter__, handler.__getitem__
+
+    def item(self, name):
+        if name == "nowhere":
+            raise ImproperlyConfigured("Error loading a backend that is not installed")
+        return real_item(self, name)
+
+    monkeypatch.setattr(handler, "__iter__", lambda self: iter([*real_iter(self), "nowhere"]))
+    monkeypatch.setattr(handler, "__getitem__", item)
+
+    def jobs():
+        kept = pool.JobConnections()
+        kept.after()  # looks: the other aliases' objects, none open, no error
+        kept.after()  # skipped
+        connections[alias].ensure_connection()
+        kept.after()  # looks, closes it
+        return len(looks), connections[alias].connection is None
+
+    assert on_a_thread(jobs) == (2, True)

@@ -14,6 +14,7 @@ import threading
 import time
 import traceback
 
+from django.core.exceptions import ImproperlyConfigured
 from django.db import close_old_connections, connections
 from django.db.backends.signals import connection_created
 
@@ -174,6 +175,18 @@ def _count_opened(sender, connection, **kwargs) -> None:
 connection_created.connect(_count_opened, weak=False, dispatch_uid="echomq_django.pool.opened")
 
 
+def _every_connection() -> list:
+    """Each alias's connection object on this thread, made if need be; an alias whose
+    backend cannot load here (``ImproperlyConfigured``) has none, and none can be open."""
+    made = []
+    for alias in connections:
+        try:
+            made.append(connections[alias])
+        except ImproperlyConfigured:
+            continue
+    return made
+
+
 class JobConnections:
     """Django's rule for a request's database connections, kept around each
     job on a thread that runs jobs one after another: ``before()`` and
@@ -220,7 +233,7 @@ class JobConnections:
             return  # none open before the job, none opened by it
         here.until, here.skip = 0.0, None  # until this call has finished: look
         until = None
-        made = connections.all()  # every alias's object on this thread (made if need be)
+        made = _every_connection()
         for conn in made:  # close_old_connections' own loop
             conn.close_if_unusable_or_obsolete()
             if conn.connection is not None:
