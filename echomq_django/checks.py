@@ -25,15 +25,16 @@ def check_settings(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
 
 @checks.register()
 def check_scheduling(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
-    """The scheduling settings (docs/explanation/protocol.md#scheduling): RATE_LIMIT, TIMEOUT_MS and
-    SCHEDULE, ids ``echomq_django.E050``-``E058`` (``schedule.problems``)."""
+    """The periodic jobs' settings (docs/explanation/protocol.md#scheduling): SCHEDULE, ids
+    ``echomq_django.E052``-``E058`` (``schedule.schedule_problems``); a queue's RATE_LIMIT and
+    TIMEOUT_MS (E050, E051, E059) are ``check_settings``'s, as ``get_mq()`` refuses them."""
     try:
         cfg = config()
     except Exception:
         return []  # check_settings reports a malformed ECHOMQ
     found = [
         checks.Error(msg, hint=hint, id=cid)
-        for cid, msg, hint in schedule.problems(cfg, handlers=registered())
+        for cid, msg, hint in schedule.schedule_problems(cfg, handlers=registered())
     ]
     return found + _old_croniter(cfg.get("SCHEDULE"), found)
 
@@ -194,5 +195,5 @@ def _close(queue: str, names) -> str:
 
 
 def schedule_problems(cfg: dict) -> list:
-    """``schedule.problems`` of ``cfg`` (the scheduling errors)."""
-    return schedule.problems(cfg, handlers=registered())
+    """``schedule.schedule_problems`` of ``cfg`` (the SCHEDULE errors)."""
+    return schedule.schedule_problems(cfg, handlers=registered())

@@ -3,6 +3,8 @@ deploy checks, which ask the server), and the client each connection setting bui
 
 from __future__ import annotations
 
+import contextlib
+
 import django
 import pytest
 import redis
@@ -98,6 +100,36 @@ def test_get_mq_refuses_bad_settings_naming_every_problem():
     assert "echomq_django.E002" in str(err.value) and "echomq_django.E006" in str(err.value)
 
 
+@pytest.mark.parametrize(
+    "queue,expected",
+    [
+        ({"TIMEOUT_MS": "5s"}, ["echomq_django.E051"]),
+        ({"RATE_LIMIT": {"MAX": 5}}, ["echomq_django.E050"]),
+        (
+            {"RATE_LIMIT": {"MAX": 100_001, "PER_MS": 1000, "MODE": "sliding"}},
+            ["echomq_django.E059"],
+        ),
+    ],
+)
+def test_a_bad_runtime_setting_refuses_the_enqueue_and_is_reported_once(
+    r, redis_server, queue, expected
+):
+    """A queue's RATE_LIMIT and TIMEOUT_MS are read by workers only, yet a
+    process that runs no check (a web process under gunicorn) must not add
+    jobs no worker would start for: ``get_mq()`` refuses them, nothing is
+    written; the system checks report each once."""
+    import echomq_django
+
+    cfg = {"URL": redis_server, "QUEUES": {"orders": queue}}
+    assert ids({**cfg, "URL": "redis://127.0.0.1:1/0"}) == expected
+    conf.reset()
+    with override_settings(ECHOMQ=cfg):
+        with pytest.raises(ImproperlyConfigured) as err:
+            echomq_django.enqueue("orders", "x", {"a": 1})
+    assert str(err.value).startswith(expected[0] + ": queue 'orders': ")
+    assert r.dbsize() == 0
+
+
 def test_clients_built_from_each_connection_setting(redis_server, redis_cluster):
     with override_settings(ECHOMQ={"URL": redis_server, "PREFIX": "t1"}):
         mq = conf.get_mq()
@@ -188,6 +220,37 @@ def test_check_deploy_compares_cluster_with_the_server(redis_server, redis_clust
     assert check_ids({"URL": single.replace("/0", "/99")}, deploy=True) == ["echomq_django.E017"]
     [(_, message, _)] = conf.server_problems({"URL": node})
     assert message == f"{node}: this is a Redis Cluster node: set CLUSTER"
+
+
+def test_check_deploy_asks_a_silent_server_once():
+    """The deploy checks' probe (``server_facts``) asks once, within its 1 s
+    timeout, and says nothing: redis-py's default retry would connect four
+    times (about 4 s) before giving up. A listener that accepts and never
+    answers counts the connections made."""
+    import socket
+    import threading
+
+    from echomq_django.protocol.connection import server_facts
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    accepted = []
+
+    def accept():
+        with contextlib.suppress(OSError):
+            while True:
+                accepted.append(listener.accept()[0])
+
+    threading.Thread(target=accept, daemon=True).start()
+    url = f"redis://127.0.0.1:{listener.getsockname()[1]}/0"
+    try:
+        assert server_facts(url, timeout_s=0.2) is None
+        assert len(accepted) == 1
+    finally:
+        listener.close()
+        for conn in accepted:
+            conn.close()
 
 
 # another backend beside ours: the framework's own, from Django 6 or the backport

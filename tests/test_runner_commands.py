@@ -35,10 +35,30 @@ def run_command(name: str, *args: str) -> tuple[int, str]:
         (("--lock-ms", "0"), "lock_ms must be a whole number >= 100 (ms), got 0"),
         (("--lock-ms", "-1"), "lock_ms must be a whole number >= 100 (ms), got -1"),
         (("--max-stalls", "-1"), "max_stalls must be a whole number >= 0, got -1"),
+        (("--summary-every", "-5"), "--summary-every must be > 0 s, got -5"),
+        (("--summary-every", "0"), "--summary-every must be > 0 s, got 0"),
     ],
 )
 def test_runpump_refuses_a_flag_that_breaks_its_rule(r, db, args, message):
     assert run_command("runpump", "q", *args) == (1, f"runpump: {message}")
+
+
+@pytest.mark.parametrize("flag", [("--pump-interval", "2"), ("--no-mirror",)])
+def test_runworker_refuses_a_pump_flag_without_pump(r, db, flag):
+    code, err = run_command("runworker", "q", "--burst", *flag)
+    assert (code, err) == (1, f"runworker: {flag[0]} applies with --pump only\n")
+
+
+def test_runworker_passes_pump_interval_on_with_pump(r, db, monkeypatch):
+    from echomq_django.runners.pump import Pump
+    from echomq_django.runners.worker import Worker
+
+    seen = []
+    monkeypatch.setattr(Pump, "run", lambda self, **kw: seen.append(kw["interval"]))
+    monkeypatch.setattr(Worker, "run", lambda self, **kw: None)
+    assert run_command("runworker", "q", "--pump", "--pump-interval", "2")[0] == 0
+    assert run_command("runworker", "q", "--pump")[0] == 0
+    assert seen == [2.0, 1.0]  # (with --burst, sweeps take turns with bursts: no interval)
 
 
 def test_runworker_refuses_max_jobs_below_one(r, db):

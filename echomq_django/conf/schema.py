@@ -38,6 +38,7 @@ from ..core.retry import QUEUE_SETTINGS as RETRY_SETTINGS
 from ..core.retry import queue_problems as retry_problems
 from ..protocol.connection import SENTINEL_SCHEME, client_options, server_facts
 from .sentinel import SENTINEL_KEYS, sentinel_problems
+from .timing import timing_problems
 
 TOP_KEYS = {"URL", "CACHE", "CLUSTER", "PREFIX", "QUEUES", "MAX_PAYLOAD_BYTES", "OPTIONS"}
 # durable signals (docs/reference/settings.md#top-level-keys):
@@ -61,7 +62,7 @@ QUEUE_KEYS |= {"KEEP_LOGS"}  # lines a job log keeps (core/live.py): E019
 QUEUE_KEYS |= {"GROUP_CONCURRENCY", "GROUP_RATE_LIMIT"}  # protocol.md#groups: E080, E081
 KEEP_LOGS_MAX = 10_000  # a job log's bound, at most (lines)
 QUEUE_KEYS |= set(RETRY_SETTINGS)  # retry policies and expiry: core/retry.queue_problems
-RUNTIME_KEYS = {"RATE_LIMIT", "TIMEOUT_MS"}  # checked by runners/periodic.problems (E050-E059)
+RUNTIME_KEYS = {"RATE_LIMIT", "TIMEOUT_MS"}  # checked by timing.timing_problems (E050, E051, E059)
 URL_SCHEMES = ("redis://", "rediss://", "unix://", SENTINEL_SCHEME)
 CAP_HINT = (
     "CONCURRENCY caps the queue's jobs active at once across all workers, e.g. 3; "
@@ -258,7 +259,7 @@ def problems(cfg: dict | None = None) -> list[tuple[str, str, str]]:
         hint = "False keeps every script on its own queue's keys (a proxy over several servers)."
         message = f"ECHOMQ CROSS_QUEUE_SCRIPTS must be True or False, got {across!r}"
         out.append(("echomq_django.E091", message, hint))
-    return out + value_problems(cfg)
+    return out + value_problems(cfg) + timing_problems(cfg)
 
 
 def keep_logs_problems(queue: str, value) -> list[tuple[str, str, str]]:

@@ -11,7 +11,9 @@ import inspect
 from urllib.parse import unquote, urlsplit
 
 import redis
+from redis.backoff import NoBackoff
 from redis.cluster import REDIS_ALLOWED_KEYS, RedisCluster
+from redis.retry import Retry
 from redis.sentinel import Sentinel, SentinelManagedConnection, SentinelManagedSSLConnection
 
 from ..core.exceptions import RedisUnavailable
@@ -60,7 +62,7 @@ def connect(url: str, cluster: bool, options: dict):
 def server_facts(
     url: str, timeout_s: float = PROBE_TIMEOUT_S
 ) -> tuple[bool, int | None, int] | None:
-    """What the server at ``url`` says of itself, asked with a ``timeout_s``
+    """What the server at ``url`` says of itself, asked once with a ``timeout_s``
     (s) timeout: ``(cluster enabled, databases it has (None on a Cluster
     node), the db index the URL selects)``. None when the URL does not
     parse, the server cannot be reached, or it refuses CONFIG (a managed
@@ -79,6 +81,7 @@ def server_facts(
             "socket_timeout": timeout_s,
             "socket_connect_timeout": timeout_s,
             "retry_on_error": [],
+            "retry": Retry(NoBackoff(), 0),  # one try: redis-py's default tries 4 times
         }
         probe = redis.Redis(**options)
     except (ValueError, TypeError):

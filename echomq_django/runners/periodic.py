@@ -39,9 +39,10 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
 from ..conf import config
+from ..conf.timing import timing_problems, whole
 from ..core.exceptions import DuplicateJob
 from ..core.keyspace import validate_id, validate_queue
-from ..core.options import MAX_MS, RATE_MODES, check_job_options
+from ..core.options import check_job_options
 
 log = logging.getLogger("echomq_django.schedule")
 
@@ -49,8 +50,6 @@ ENTRY_KEYS = {"name", "queue", "cron", "every_s", "payload", "priority", "max_at
               "timeout_ms", "tz"}  # fmt: skip
 MAX_ENTRY = 100  # characters of an entry name: its job ids are <entry>-<13 digits>
 MAX_EVERY_S = 366 * 86_400
-RATE_KEYS = {"MAX", "PER_MS", "MODE"}
-MAX_SLIDING = 100_000  # a sliding RATE_LIMIT's MAX: its log holds up to MAX starts
 
 
 def _croniter():
@@ -123,49 +122,17 @@ class Entry:
 
 def problems(cfg: dict, handlers: list[str] | None = None) -> list[tuple[str, str, str]]:
     """``(check id, message, hint)`` for each problem of the scheduling
-    settings in ``cfg`` (the ``ECHOMQ`` dict): per queue ``RATE_LIMIT`` (E050)
-    and ``TIMEOUT_MS`` (E051); ``SCHEDULE`` (E052-E058). ``handlers``: the
-    registered job names, to refuse an entry naming none (None: skip that).
-    Settings only, no Redis."""
+    settings in ``cfg`` (the ``ECHOMQ`` dict): per queue ``RATE_LIMIT`` (E050,
+    E059) and ``TIMEOUT_MS`` (E051), ``conf.timing``; ``SCHEDULE`` (E052-E058,
+    ``schedule_problems``). ``handlers``: the registered job names, to refuse an
+    entry naming none (None: skip that). Settings only, no Redis."""
+    return timing_problems(cfg) + schedule_problems(cfg, handlers)
+
+
+def schedule_problems(cfg: dict, handlers: list[str] | None = None) -> list[tuple[str, str, str]]:
+    """``problems`` of ``SCHEDULE`` alone (E052-E058): what the system check of
+    the scheduling settings adds to those ``conf.problems()`` finds."""
     out = []
-    queues = cfg.get("QUEUES", {})
-    for queue, opts in (queues if isinstance(queues, dict) else {}).items():
-        opts = opts if isinstance(opts, dict) else {}
-        if "RATE_LIMIT" in opts:
-            rl = opts["RATE_LIMIT"]
-            ok = isinstance(rl, dict) and {"MAX", "PER_MS"} <= set(rl) <= RATE_KEYS
-            ok = ok and all(_whole(rl[k], 1, MAX_MS) for k in ("MAX", "PER_MS"))
-            ok = ok and rl.get("MODE", RATE_MODES[0]) in RATE_MODES
-            if not ok:
-                out.append(
-                    (
-                        "echomq_django.E050",
-                        f"queue {queue!r}: RATE_LIMIT must be {{'MAX': n, 'PER_MS': ms}} "
-                        f"with whole numbers >= 1 and an optional 'MODE' of "
-                        f"{' or '.join(map(repr, RATE_MODES))}, got {rl!r}",
-                        "Example: {'MAX': 10, 'PER_MS': 1000, 'MODE': 'sliding'} starts at most "
-                        "10 jobs in any second across all workers.",
-                    )
-                )
-            elif rl.get("MODE") == "sliding" and rl["MAX"] > MAX_SLIDING:
-                out.append(
-                    (
-                        "echomq_django.E059",
-                        f"queue {queue!r}: a sliding RATE_LIMIT keeps one entry per start "
-                        f"in the window: MAX must be at most {MAX_SLIDING}, got {rl['MAX']!r}",
-                        "Use the fixed window (MODE 'fixed', one hash whatever MAX), or a "
-                        "shorter PER_MS with a proportionally smaller MAX.",
-                    )
-                )
-        if "TIMEOUT_MS" in opts and not _whole(opts["TIMEOUT_MS"], 1, MAX_MS):
-            out.append(
-                (
-                    "echomq_django.E051",
-                    f"queue {queue!r}: TIMEOUT_MS must be a whole number of ms from 1 to "
-                    f"{MAX_MS}, got {opts['TIMEOUT_MS']!r}",
-                    "An attempt that runs longer fails as timed out and is retried.",
-                )
-            )
     schedule = cfg.get("SCHEDULE", {})
     if not isinstance(schedule, dict):
         return [
@@ -180,10 +147,6 @@ def problems(cfg: dict, handlers: list[str] | None = None) -> list[tuple[str, st
     for key, spec in schedule.items():
         out += _entry_problems(key, spec, handlers)
     return out
-
-
-def _whole(value: Any, low: int, high: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
 
 
 def _fires(croniter, cron: str) -> bool:
@@ -231,7 +194,7 @@ def _entry_problems(key: Any, spec: Any, handlers: list[str] | None) -> list[tup
                 "'cron': '*/5 * * * *' or 'every_s': 300.",
             )
         )
-    elif has_every and not _whole(spec["every_s"], 1, MAX_EVERY_S):
+    elif has_every and not whole(spec["every_s"], 1, MAX_EVERY_S):
         out.append(
             (
                 "echomq_django.E055",
@@ -276,7 +239,7 @@ def _entry_problems(key: Any, spec: Any, handlers: list[str] | None) -> list[tup
         )
     try:
         check_job_options(spec.get("priority", 0), 0, spec.get("timeout_ms"))
-        if "max_attempts" in spec and not _whole(spec["max_attempts"], 1, 10**6):
+        if "max_attempts" in spec and not whole(spec["max_attempts"], 1, 10**6):
             raise ValueError(f"max_attempts must be a whole number >= 1: {spec['max_attempts']!r}")
         json.dumps(spec.get("payload"), allow_nan=False)
     except (TypeError, ValueError) as err:

@@ -104,6 +104,11 @@ class Command(BaseCommand):
 
     def _handle(self, starting: StartSignals, opts: dict):
         setup_logging(opts["verbosity"], runner="echomq_django.pump")
+        if not opts["summary_every"] > 0:  # before Redis: a bad flag is the first thing said
+            raise CommandError(
+                f"runpump: --summary-every must be > 0 s, got {opts['summary_every']:g}",
+                returncode=1,
+            )
         try:
             wait = not (opts["once"] or opts["no_wait"])
             mq = reach_redis_at_start(wait, log, starting.stopped)

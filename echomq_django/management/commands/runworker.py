@@ -51,12 +51,14 @@ from echomq_django.runners.worker import POOLS, Worker
 
 # what a pump sweep moved that a next burst may run (SweepReport's counts)
 SWEEP_MOVES = ("delivered", "promoted", "recovered", "released", "scheduled")
+PUMP_INTERVAL_S = 1.0  # --pump: seconds between the pump's sweeps when --pump-interval is not given
 
 
 def pool_flags(opts) -> None:
     """Raise ``ValueError`` (one line, naming the flag and the rule) for a bad
     ``--pool``, ``--max-jobs-per-child``, ``--max-memory-per-child`` or
-    ``--autoscale`` (parsed in place to ``(MAX, MIN)``)."""
+    ``--autoscale`` (parsed in place to ``(MAX, MIN)``), or a ``--pump-interval``
+    or ``--no-mirror`` without ``--pump``."""
     if opts["pool"] not in POOLS:
         raise ValueError(f"--pool must be one of {', '.join(POOLS)}, got {opts['pool']!r}")
     for flag in ("--max-jobs-per-child", "--max-memory-per-child"):
@@ -66,6 +68,10 @@ def pool_flags(opts) -> None:
             raise ValueError(f"{flag} applies to --pool process only")
     if opts["autoscale"] is not None:
         opts["autoscale"] = autoscale.parse(opts["autoscale"])
+    for flag, given in (("--pump-interval", opts["pump_interval"] is not None),
+                        ("--no-mirror", opts["no_mirror"])):  # fmt: skip
+        if given and not opts["pump"]:
+            raise ValueError(f"{flag} applies with --pump only")
 
 
 def time_flags(opts) -> None:
@@ -194,7 +200,7 @@ class Command(BaseCommand):
         parser.add_argument(
             "--pump-interval",
             type=float,
-            default=1.0,
+            default=None,
             help="with --pump: seconds between the pump's sweeps (default 1.0)",
         )
         parser.add_argument(
@@ -344,7 +350,7 @@ class Command(BaseCommand):
         pump = Pump(opts["queues"], mq=mq, after_sweep=hooks)
         thread = threading.Thread(
             target=pump.run,
-            kwargs={"interval": opts["pump_interval"]},
+            kwargs={"interval": opts["pump_interval"] or PUMP_INTERVAL_S},
             daemon=True,
             name="echomq-pump",
         )
