@@ -28,18 +28,19 @@ def run_command(name: str, *args: str) -> tuple[int, str]:
 @pytest.mark.parametrize(
     "args, message",
     [
-        (("--interval", "0"), "interval must be a number of seconds > 0, got 0.0"),
-        (("--batch", "0"), "batch must be a whole number >= 1, got 0"),
-        (("--batch", "-1"), "batch must be a whole number >= 1, got -1"),
-        (("--max-tries", "0"), "max_tries must be a whole number >= 1, got 0"),
-        (("--lock-ms", "0"), "lock_ms must be a whole number >= 100 (ms), got 0"),
-        (("--lock-ms", "-1"), "lock_ms must be a whole number >= 100 (ms), got -1"),
-        (("--max-stalls", "-1"), "max_stalls must be a whole number >= 0, got -1"),
+        (("--interval", "0"), "--interval must be > 0 s, got 0"),
+        (("--batch", "0"), "--batch must be a whole number >= 1, got 0"),
+        (("--batch", "-1"), "--batch must be a whole number >= 1, got -1"),
+        (("--max-tries", "0"), "--max-tries must be a whole number >= 1, got 0"),
+        (("--lock-ms", "0"), "--lock-ms must be a whole number >= 100 (ms), got 0"),
+        (("--lock-ms", "-1"), "--lock-ms must be a whole number >= 100 (ms), got -1"),
+        (("--max-stalls", "-1"), "--max-stalls must be a whole number >= 0, got -1"),
         (("--summary-every", "-5"), "--summary-every must be > 0 s, got -5"),
         (("--summary-every", "0"), "--summary-every must be > 0 s, got 0"),
     ],
 )
-def test_runpump_refuses_a_flag_that_breaks_its_rule(r, db, args, message):
+def test_runpump_refuses_a_flag_that_breaks_its_rule(args, message):
+    """Before Redis: no server is named (the settings' URL is never asked)."""
     assert run_command("runpump", "q", *args) == (1, f"runpump: {message}")
 
 
@@ -59,6 +60,18 @@ def test_runworker_passes_pump_interval_on_with_pump(r, db, monkeypatch):
     assert run_command("runworker", "q", "--pump", "--pump-interval", "2")[0] == 0
     assert run_command("runworker", "q", "--pump")[0] == 0
     assert seen == [2.0, 1.0]  # (with --burst, sweeps take turns with bursts: no interval)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("--concurrency", "0"), "--concurrency must be a whole number >= 1, got 0"),
+        (("--lease-ms", "0"),
+         "--lease-ms must be a whole number from 1 to 31,536,000,000 (ms), got 0"),
+    ],
+)  # fmt: skip
+def test_runworker_names_the_flag_that_breaks_its_rule(args, message):
+    assert run_command("runworker", "q", "--burst", *args) == (1, f"runworker: {message}\n")
 
 
 def test_runworker_refuses_max_jobs_below_one(r, db):

@@ -411,6 +411,6 @@ def whole_number(
         return
     bad = not isinstance(value, int) or isinstance(value, bool) or value < low
     if bad or (high is not None and value > high):
-        unit = " (ms)" if name.endswith("_ms") else ""
+        unit = " (ms)" if name.endswith(("_ms", "-ms")) else ""
         rule = f">= {low}" if high is None else f"from {low} to {high:,}"
         raise ValueError(f"{name} must be a whole number {rule}{unit}, got {value!r}")

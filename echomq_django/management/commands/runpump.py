@@ -7,8 +7,9 @@ runs ``Pump(queues).run(...)``. A pump started before Redis waits for it
 Redis is unreachable at start with ``--once`` or ``--no-wait``, is not what
 the settings say (a Cluster node without
 CLUSTER, a DB index out of range), or a flag breaks its rule (``--interval``
-> 0 s, ``--batch`` / ``--max-tries`` >= 1, ``--lock-ms`` >= 100 ms,
-``--max-stalls`` >= 0); later drops are waited out by ``Pump.run``.
+and ``--summary-every`` > 0 s, ``--batch`` / ``--max-tries`` >= 1, ``--lock-ms``
+>= 100 ms, ``--max-stalls`` >= 0: ``check_flags``, before Redis is reached);
+later drops are waited out by ``Pump.run``.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from echomq_django.commit_outbox import drain_after_sweep, tables_missing
 from echomq_django.core.exceptions import RedisUnavailable
+from echomq_django.core.keyspace import whole_number
 from echomq_django.logs import setup_logging
 from echomq_django.monitoring import metrics
 from echomq_django.monitoring.mirror import mirror_after_sweep
@@ -29,6 +31,21 @@ from echomq_django.runners.outage import StartSignals, reach_redis_at_start
 from echomq_django.runners.pump import LOCK_MS, LOCK_MS_MIN, Pump, check_interval
 
 log = logging.getLogger("echomq_django.pump")
+
+
+def check_flags(opts: dict) -> None:
+    """Raise ``ValueError`` (one line, naming the flag, the rule and the value) for a
+    ``--batch`` or ``--max-tries`` below 1, a ``--lock-ms`` below ``LOCK_MS_MIN``, a
+    ``--max-stalls`` below 0, or an ``--interval`` (but with ``--once``) or
+    ``--summary-every`` not above 0 s (docs/reference/commands.md#runpump)."""
+    whole_number("--batch", opts["batch"], 1)
+    whole_number("--lock-ms", opts["lock_ms"], LOCK_MS_MIN)
+    whole_number("--max-tries", opts["max_tries"], 1)
+    whole_number("--max-stalls", opts["max_stalls"], 0)
+    for flag in ("--interval", "--summary-every"):
+        value = opts[flag[2:].replace("-", "_")]
+        if not value > 0 and not (flag == "--interval" and opts["once"]):
+            raise ValueError(f"{flag} must be > 0 s, got {value:g}")
 
 
 class Command(BaseCommand):
@@ -104,11 +121,10 @@ class Command(BaseCommand):
 
     def _handle(self, starting: StartSignals, opts: dict):
         setup_logging(opts["verbosity"], runner="echomq_django.pump")
-        if not opts["summary_every"] > 0:  # before Redis: a bad flag is the first thing said
-            raise CommandError(
-                f"runpump: --summary-every must be > 0 s, got {opts['summary_every']:g}",
-                returncode=1,
-            )
+        try:  # before Redis: a bad flag is the first thing said
+            check_flags(opts)
+        except ValueError as err:
+            raise CommandError(f"runpump: {err}", returncode=1) from None
         try:
             wait = not (opts["once"] or opts["no_wait"])
             mq = reach_redis_at_start(wait, log, starting.stopped)

@@ -11,9 +11,12 @@ one process, docs/explanation/no-polling.md). Exit status: 0 after a
 clean stop (a SIGTERM while starting included); 1 when Redis is
 unreachable at start with ``--burst`` or ``--no-wait``, or is not what the settings
 say (a Cluster node without CLUSTER, a DB index out of range), the settings
-or a flag are wrong (``--max-jobs`` >= 1, ``--pool`` thread, process or async,
+or a flag are wrong (``--concurrency`` and ``--max-jobs`` >= 1, ``--lease-ms``
+1 ms to 365 days, ``--pool`` thread, process or async,
 ``--max-jobs-per-child`` and ``--max-memory-per-child`` >= 1 and with
-``--pool process`` only, ``--autoscale`` MAX,MIN with MAX >= MIN >= 1), or
+``--pool process`` only, ``--autoscale`` MAX,MIN with MAX >= MIN >= 1,
+``--pump-interval`` and ``--no-mirror`` with ``--pump`` only; checked before
+Redis is reached), or
 the worker stopped with jobs still running (a second signal, or
 ``--shutdown-timeout`` passed): those are left to their leases, and a
 worker's timers (or the pump) recover them.
@@ -37,6 +40,7 @@ from django.core.management.base import BaseCommand
 
 from echomq_django.commit_outbox import Drainer, tables_missing
 from echomq_django.core.exceptions import RedisUnavailable
+from echomq_django.core.jobs import MAX_LEASE_MS
 from echomq_django.core.keyspace import whole_number
 from echomq_django.logs import setup_logging
 from echomq_django.monitoring import metrics
@@ -220,6 +224,10 @@ class Command(BaseCommand):
     def _handle(self, starting: StartSignals, opts: dict):
         setup_logging(opts["verbosity"])
         try:  # before Redis: a bad flag is the first thing said
+            whole_number("--concurrency", opts["concurrency"], 1)
+            whole_number("--lease-ms", opts["lease_ms"], 1, optional=True, high=MAX_LEASE_MS)
+            whole_number("--max-jobs", opts["max_jobs"], 1, optional=True)
+            whole_number("--max-stalls", opts["max_stalls"], 0)
             time_flags(opts)
             pool_flags(opts)
         except ValueError as err:
@@ -244,8 +252,6 @@ class Command(BaseCommand):
             if counters is None:
                 self._exit(f"runworker: {metrics.MISSING}")
         try:
-            whole_number("--max-jobs", opts["max_jobs"], 1, optional=True)
-            whole_number("--max-stalls", opts["max_stalls"], 0)
             worker = Worker(
                 opts["queues"],
                 concurrency=opts["concurrency"],
