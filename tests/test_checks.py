@@ -93,6 +93,19 @@ def test_env_url_overrides_settings(monkeypatch):
     assert (kw["host"], kw["port"], kw["db"]) == ("127.0.0.1", 7, 3)
 
 
+def test_a_bad_env_url_is_named_as_the_environment_variable(monkeypatch):
+    """ECHOMQ_URL wins over the settings: its E002 says where the value came from."""
+    monkeypatch.setenv("ECHOMQ_URL", "localhost:6400")
+    [(cid, message, _)] = conf.problems({"URL": "redis://127.0.0.1:6400/0"})
+    assert (cid, message) == (
+        "echomq_django.E002",
+        "ECHOMQ_URL (the environment variable) 'localhost:6400' is not a Redis URL",
+    )
+    monkeypatch.delenv("ECHOMQ_URL")
+    [(_, message, _)] = conf.problems({"URL": "localhost:6400"})
+    assert message == "ECHOMQ URL 'localhost:6400' is not a Redis URL"
+
+
 def test_get_mq_refuses_bad_settings_naming_every_problem():
     with override_settings(ECHOMQ={"URL": "http://x/", "PREFIX": ""}):
         with pytest.raises(ImproperlyConfigured) as err:

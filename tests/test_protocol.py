@@ -134,7 +134,10 @@ def test_duplicate_id_is_refused_and_nothing_changes(tmq, state) -> None:
         (object(), "payload is not JSON-serialisable: Object of type object"),
         ({1, 2}, "payload is not JSON-serialisable: Object of type set"),
         (float("nan"), "payload is not JSON-serialisable: Out of range float values"),
-        ("x" * 200, "payload is 202 bytes of JSON; the limit is 200 bytes (max_payload_bytes)"),
+        (
+            "x" * 200,
+            "payload is 202 bytes of JSON; the limit is 200 bytes (ECHOMQ MAX_PAYLOAD_BYTES)",
+        ),
     ],
     ids=["object", "set", "nan", "oversized"],
 )

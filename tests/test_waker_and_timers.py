@@ -213,16 +213,22 @@ def test_a_worker_prunes_a_queue_where_it_finished_jobs(tmq, clock) -> None:
     assert timers.unpruned == set()
 
 
-def test_a_sweep_recovers_expired_leases_and_learns_the_next_run_at(tmq, clock) -> None:
+def test_a_sweep_recovers_expired_leases_and_learns_the_next_run_at(tmq, clock, caplog) -> None:
     tmq.enqueue("q", "job", job_id="a")
     tmq.enqueue("q", "job", job_id="later", delay_ms=5000)
     claim_one(tmq, "q", "a", lease_ms=100)
     clock.advance(101)
     timers = Timers(tmq, ["q"])
-    timers.run()
+    with caplog.at_level("WARNING", logger="echomq_django.wake"):
+        timers.run()
     assert timers.recovered == 1
     jobkit.assert_state(tmq, "q", "a", JobState.PENDING)
     assert timers.due["q"] == T0 + 5000
+    # said at the default verbosity: a recovery means a worker died or lost Redis
+    assert [r.getMessage().split(" (")[0] for r in caplog.records] == [
+        "queue q: 1 job(s) whose lease expired taken back to run again, 0 job(s) dead in the "
+        "recovery"
+    ]
 
 
 @pytest.mark.parametrize("priority", [0, 3])  # 3: waiting in P:{q}:prioritized

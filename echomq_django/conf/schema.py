@@ -57,8 +57,7 @@ TOP_KEYS |= SENTINEL_KEYS  # Redis Sentinel: sentinel.py checks them, E060-E064
 # away (docs/howto/durable-enqueue.md#outside-a-transaction-too-enqueue_when_down).
 ENQUEUE_WHEN_DOWN = ("raise", "outbox")
 QUEUE_KEYS = {"MAX_ATTEMPTS", "BACKOFF_MS", "LEASE_MS", "KEEP_COMPLETED", "KEEP_DEAD"}
-QUEUE_KEYS |= {"RATE_LIMIT", "TIMEOUT_MS", "CONCURRENCY"}
-QUEUE_KEYS |= {"KEEP_LOGS"}  # lines a job log keeps (core/live.py): E019
+QUEUE_KEYS |= {"RATE_LIMIT", "TIMEOUT_MS", "CONCURRENCY", "KEEP_LOGS"}  # KEEP_LOGS: live.py, E019
 QUEUE_KEYS |= {"GROUP_CONCURRENCY", "GROUP_RATE_LIMIT"}  # protocol.md#groups: E080, E081
 KEEP_LOGS_MAX = 10_000  # a job log's bound, at most (lines)
 QUEUE_KEYS |= set(RETRY_SETTINGS)  # retry policies and expiry: core/retry.queue_problems
@@ -104,7 +103,7 @@ def problems(cfg: dict | None = None) -> list[tuple[str, str, str]]:
                 f"Allowed keys: {', '.join(sorted(TOP_KEYS))}.",
             )
         )
-    url = os.environ.get("ECHOMQ_URL") or cfg.get("URL")
+    url = (env_url := os.environ.get("ECHOMQ_URL")) or cfg.get("URL")  # it wins: URL, CACHE
     alias = cfg.get("CACHE")
     out += sentinel_problems(cfg, url)
     if not url and not alias and "SENTINELS" not in cfg:
@@ -120,10 +119,11 @@ def problems(cfg: dict | None = None) -> list[tuple[str, str, str]]:
     elif not url and not alias:
         pass  # Sentinel: sentinel_problems said it all
     elif url and (not isinstance(url, str) or not url.startswith(URL_SCHEMES)):
+        where = "ECHOMQ_URL (the environment variable)" if env_url else "ECHOMQ URL"
         out.append(
             (
                 "echomq_django.E002",
-                f"ECHOMQ URL {url!r} is not a Redis URL",
+                f"{where} {url!r} is not a Redis URL",
                 f"It must start with one of {', '.join(URL_SCHEMES)}.",
             )
         )
@@ -320,7 +320,7 @@ def value_problems(cfg: dict) -> list[tuple[str, str, str]]:
                 "echomq_django.E012",
                 f"ECHOMQ MAX_PAYLOAD_BYTES must be a whole number of bytes from 1 to "
                 f"{PAYLOAD_LIMIT_BYTES} (512 MiB, a Redis string's limit), got {size!r}",
-                f"Use an int such as {MAX_PAYLOAD_BYTES} (the default), not a string.",
+                f"Use an int such as {MAX_PAYLOAD_BYTES} (the default).",
             )
         )
     cluster = cfg.get("CLUSTER", False)

@@ -276,7 +276,7 @@ class Wire:
         if size > self.max_payload_bytes:
             raise PayloadError(
                 f"{what} is {size} bytes of JSON; the limit is "
-                f"{self.max_payload_bytes} bytes (max_payload_bytes)"
+                f"{self.max_payload_bytes} bytes (ECHOMQ MAX_PAYLOAD_BYTES)"
             )
         return text
 

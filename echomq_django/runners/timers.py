@@ -156,6 +156,13 @@ class Timers:
                 queue, limit=self.limit, max_stalls=self.max_stalls
             )
             self.recovered += stalled.recovered
+            if stalled.recovered or stalled.dead:  # a worker died or lost Redis mid-job
+                log.warning(
+                    "queue %s: %d job(s) whose lease expired taken back to run again, %d job(s) "
+                    "dead in the recovery (past the stall limit, cancelled while they ran, or "
+                    "failed by them) (docs/explanation/reliability.md#leases-and-recovery)",
+                    *(queue, stalled.recovered, len(stalled.dead)),
+                )
             outcome.merge(stalled)
             oldest = self.mq.timers.oldest_lease(queue)
         self._next_lease_look(queue, oldest)
