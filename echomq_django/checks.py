@@ -159,7 +159,7 @@ def check_queue_names(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
     out = []
     schedule = cfg.get("SCHEDULE", {})
     if schedule and schedule_problems(cfg):
-        schedule = {}  # check_scheduling reports it first (E050-E058)
+        schedule = {}  # check_scheduling reports it first (E052-E058)
     for key, spec in schedule.items() if isinstance(schedule, dict) and named else ():
         queue = spec.get("queue") if isinstance(spec, dict) else None
         if isinstance(queue, str) and queue not in named:

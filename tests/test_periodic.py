@@ -2,7 +2,7 @@
 many schedulers run, a first start fires no past tick, a restart shorter
 than the period loses nothing, the schedule marks only move forward; a pump
 fires its own queues' entries in its sweep and ``echomq_stats`` lists them;
-and the checks of the scheduling settings, E050-E058."""
+and the checks of the scheduling settings, E050-E059 (E050, E051, E059: conf/timing.py)."""
 
 from __future__ import annotations
 

@@ -136,7 +136,8 @@ def test_duplicate_id_is_refused_and_nothing_changes(tmq, state) -> None:
         (float("nan"), "payload is not JSON-serialisable: Out of range float values"),
         (
             "x" * 200,
-            "payload is 202 bytes of JSON; the limit is 200 bytes (ECHOMQ MAX_PAYLOAD_BYTES)",
+            "payload is 202 bytes of JSON; the limit is 200 bytes "
+            "(ECHOMQ MAX_PAYLOAD_BYTES; EchoMQ's max_payload_bytes)",
         ),
     ],
     ids=["object", "set", "nan", "oversized"],

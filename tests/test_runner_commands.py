@@ -40,8 +40,9 @@ def run_command(name: str, *args: str) -> tuple[int, str]:
     ],
 )
 def test_runpump_refuses_a_flag_that_breaks_its_rule(args, message):
-    """Before Redis: no server is named (the settings' URL is never asked)."""
-    assert run_command("runpump", "q", *args) == (1, f"runpump: {message}")
+    """Before Redis: no server is named (the settings' URL is never asked;
+    --no-wait makes a check moved after it fail instead of wait)."""
+    assert run_command("runpump", "q", "--no-wait", *args) == (1, f"runpump: {message}")
 
 
 @pytest.mark.parametrize("flag", [("--pump-interval", "2"), ("--no-mirror",)])
@@ -51,7 +52,17 @@ def test_runworker_refuses_a_pump_flag_without_pump(r, db, flag):
 
 
 def test_runworker_passes_pump_interval_on_with_pump(r, db, monkeypatch):
+    """Its default, PUMP_INTERVAL_S, is the one docs/reference/commands.md gives."""
+    from pathlib import Path
+
+    from echomq_django.management.commands.runworker import PUMP_INTERVAL_S
     from echomq_django.runners.pump import Pump
+
+    commands_md = Path(__file__).parents[1] / "docs" / "reference" / "commands.md"
+    [row] = [
+        ln for ln in commands_md.read_text().splitlines() if ln.startswith("| `--pump-interval")
+    ]
+    assert row.endswith(f"| {PUMP_INTERVAL_S} (`PUMP_INTERVAL_S`) |") and PUMP_INTERVAL_S == 1.0
     from echomq_django.runners.worker import Worker
 
     seen = []
@@ -71,6 +82,7 @@ def test_runworker_passes_pump_interval_on_with_pump(r, db, monkeypatch):
     ],
 )  # fmt: skip
 def test_runworker_names_the_flag_that_breaks_its_rule(args, message):
+    """Before Redis (--burst: a check moved after it would fail, not wait)."""
     assert run_command("runworker", "q", "--burst", *args) == (1, f"runworker: {message}\n")
 
 

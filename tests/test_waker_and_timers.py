@@ -225,10 +225,27 @@ def test_a_sweep_recovers_expired_leases_and_learns_the_next_run_at(tmq, clock, 
     jobkit.assert_state(tmq, "q", "a", JobState.PENDING)
     assert timers.due["q"] == T0 + 5000
     # said at the default verbosity: a recovery means a worker died or lost Redis
-    assert [r.getMessage().split(" (")[0] for r in caplog.records] == [
+    said = [r for r in caplog.records if r.name == "echomq_django.wake"]
+    assert [r.getMessage().split(" (")[0] for r in said] == [
         "queue q: 1 job(s) whose lease expired taken back to run again, 0 job(s) dead in the "
         "recovery"
     ]
+
+
+def test_a_pump_sweep_that_recovers_a_lease_says_so(tmq, clock, caplog) -> None:
+    from echomq_django.runners.pump import Pump
+
+    tmq.enqueue("q", "job", job_id="a")
+    claim_one(tmq, "q", "a", lease_ms=100)
+    clock.advance(101)
+    with caplog.at_level("WARNING", logger="echomq_django.pump"):
+        assert Pump(["q"], mq=tmq, register=False).sweep()["q"]["recovered"] == 1
+    said = [r for r in caplog.records if r.name == "echomq_django.pump"]
+    assert [(r.levelname, r.getMessage().split(" (")[0]) for r in said] == [
+        ("WARNING",
+         "queue q: 1 job(s) whose lease expired taken back to run again, 0 job(s) dead in the "
+         "recovery"),
+    ]  # fmt: skip
 
 
 @pytest.mark.parametrize("priority", [0, 3])  # 3: waiting in P:{q}:prioritized

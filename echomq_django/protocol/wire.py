@@ -275,8 +275,8 @@ class Wire:
         size = len(text)  # ASCII: escapes keep it one byte per character
         if size > self.max_payload_bytes:
             raise PayloadError(
-                f"{what} is {size} bytes of JSON; the limit is "
-                f"{self.max_payload_bytes} bytes (ECHOMQ MAX_PAYLOAD_BYTES)"
+                f"{what} is {size} bytes of JSON; the limit is {self.max_payload_bytes} "
+                "bytes (ECHOMQ MAX_PAYLOAD_BYTES; EchoMQ's max_payload_bytes)"
             )
         return text
 

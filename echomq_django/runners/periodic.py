@@ -1,6 +1,7 @@
 """Periodic jobs from ``ECHOMQ["SCHEDULE"]``
 (docs/explanation/protocol.md#scheduling), and the system
-checks of the scheduling settings (ids ``echomq_django.E050``-``E059``).
+checks of ``SCHEDULE`` (ids ``echomq_django.E052``-``E058``; a queue's
+``RATE_LIMIT`` and ``TIMEOUT_MS``, E050, E051 and E059, are ``conf.timing``'s).
 
 Shape::
 

@@ -37,6 +37,7 @@ from .delivery import LOCK_MS, SweepReport, deliver_outbox
 from .dispatcher import Dispatcher
 from .outage import Outage
 from .periodic import Scheduler
+from .timers import said_recovered
 from .wake import BLOCK_S, Inbox, Wake, Waker
 
 log = logging.getLogger("echomq_django.pump")
@@ -133,6 +134,7 @@ class Pump:
                 queue, limit=self.batch * 10, max_stalls=self.max_stalls
             )
             rep.recovered = stalled.recovered
+            said_recovered(log, queue, stalled)
             rep.outcome.merge(stalled)
             rep.expired, expired = self.mq.timers.expire_children(queue, limit=self.batch * 10)
             rep.outcome.merge(expired)

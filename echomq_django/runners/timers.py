@@ -37,6 +37,20 @@ log = logging.getLogger("echomq_django.wake")
 SWEEP_S = 10.0  # a queue's sweep interval (s): lease recovery, next run-at, lost markers
 
 
+def said_recovered(logger: logging.Logger, queue: str, stalled) -> None:
+    """One WARNING on ``logger`` when ``stalled`` (``recover_stalled``'s
+    ``Outcome`` for ``queue``) moved a job: a worker died or lost Redis while
+    it ran (docs/explanation/reliability.md#leases-and-recovery). The
+    recovery is atomic: the worker or pump that moved a job says it once."""
+    if stalled.recovered or stalled.dead:
+        logger.warning(
+            "queue %s: %d job(s) whose lease expired taken back to run again, %d job(s) dead "
+            "in the recovery (past the stall limit, cancelled while they ran, or failed by "
+            "them) (docs/explanation/reliability.md#leases-and-recovery)",
+            *(queue, stalled.recovered, len(stalled.dead)),
+        )
+
+
 class Timers:
     """A worker's timers for ``queues`` (see the module): ``learn(queue,
     run_at_ms)`` a delayed run-at; ``next_in()`` seconds until the next timer;
@@ -156,13 +170,7 @@ class Timers:
                 queue, limit=self.limit, max_stalls=self.max_stalls
             )
             self.recovered += stalled.recovered
-            if stalled.recovered or stalled.dead:  # a worker died or lost Redis mid-job
-                log.warning(
-                    "queue %s: %d job(s) whose lease expired taken back to run again, %d job(s) "
-                    "dead in the recovery (past the stall limit, cancelled while they ran, or "
-                    "failed by them) (docs/explanation/reliability.md#leases-and-recovery)",
-                    *(queue, stalled.recovered, len(stalled.dead)),
-                )
+            said_recovered(log, queue, stalled)
             outcome.merge(stalled)
             oldest = self.mq.timers.oldest_lease(queue)
         self._next_lease_look(queue, oldest)
