@@ -81,7 +81,7 @@ def server_facts(
             "socket_timeout": timeout_s,
             "socket_connect_timeout": timeout_s,
             "retry_on_error": [],
-            "retry": Retry(NoBackoff(), 0),  # one try: redis-py's default tries 4 times
+            "retry": Retry(NoBackoff(), 0),  # one try: redis-py 8's default tried 11 times (4.6 s)
         }
         probe = redis.Redis(**options)
     except (ValueError, TypeError):
