@@ -38,7 +38,7 @@ from ..core.retry import QUEUE_SETTINGS as RETRY_SETTINGS
 from ..core.retry import queue_problems as retry_problems
 from ..protocol.connection import SENTINEL_SCHEME, client_options, server_facts
 from .sentinel import SENTINEL_KEYS, sentinel_problems
-from .timing import timing_problems
+from .timing import timing_problems, whole
 
 TOP_KEYS = {"URL", "CACHE", "CLUSTER", "PREFIX", "QUEUES", "MAX_PAYLOAD_BYTES", "OPTIONS"}
 # durable signals (docs/reference/settings.md#top-level-keys):
@@ -265,7 +265,7 @@ def problems(cfg: dict | None = None) -> list[tuple[str, str, str]]:
 def keep_logs_problems(queue: str, value) -> list[tuple[str, str, str]]:
     """``echomq_django.E019`` when a queue's ``KEEP_LOGS`` is not an int from 1
     to ``KEEP_LOGS_MAX`` (docs/howto/progress-and-logs.md#keep_logs)."""
-    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= KEEP_LOGS_MAX:
+    if whole(value, 1, KEEP_LOGS_MAX):
         return []
     return [
         (
