@@ -81,8 +81,9 @@ class MirroredQueue(models.Model):
 
     Counts are the lengths of its state indexes; ``outbox`` and
     ``deadletter`` the lengths of ``flow:outbox`` and ``flow:deadletter``;
-    ``oldest_pending_age_s`` (seconds) is the age of the job at the head of
-    ``pending`` (None when it is empty); ``last_event_id`` is the id of the
+    ``oldest_pending_age_s`` (seconds) is the longest wait among its heads,
+    the queue's and each group's (docs/reference/stats.md#queues; None when
+    none waits); ``last_event_id`` is the id of the
     last ``events`` stream entry the mirror has applied ('' before the first);
     ``claims_seen`` the queue's claim counter (``lease:seq``) at that pass.
     """

@@ -258,7 +258,7 @@ def test_the_bulk_read_answers_what_each_queue_read_answers(tmq, clock):
     assert {q: got[q]["counts"] for q in names} == {q: tmq.counts(q) for q in names}
     assert {q: got[q]["head_since"] for q in names} == {
         "orders": T0,  # c, pending since T0
-        "payments": T0 + 6000,  # urgent jumps the queue
+        "payments": T0 + 5000,  # low: urgent jumps it, yet it has waited longer
         "audit": None,
     }
     assert {q: got[q]["paused"] for q in names} == {
@@ -271,4 +271,32 @@ def test_the_bulk_read_answers_what_each_queue_read_answers(tmq, clock):
     assert (now_minute, {q: got[q]["minutes"] for q in names}) == tmq.probes.minute_counts(names, 3)
     assert sum(row["added"] for row in got["payments"]["minutes"]) == 2
     entry = collect(tmq, ["payments"])["queues"]["payments"]
-    assert (entry["oldest_pending_age_s"], entry["paused"]) == (2.0, True)
+    assert (entry["oldest_pending_age_s"], entry["paused"]) == (3.0, True)
+
+
+@pytest.mark.django_db
+def test_a_fair_queues_grouped_jobs_count_in_the_oldest_pending_age(tmq, clock):
+    """A fair queue's grouped jobs wait in their groups' lists, not in its
+    ``pending``: the oldest pending age is the longest wait among every
+    head, the queue's and each group's, in the stats, the metrics' source,
+    the admin's live summary and the mirror alike."""
+    from types import SimpleNamespace
+
+    from echomq_django.admin.pages import queue_summary
+    from echomq_django.models import MirroredQueue
+    from echomq_django.monitoring.mirror import mirror_queue
+
+    tmq.enqueue("fair", "t.echo", 1, job_id="g1", group="cust-1")
+    clock.advance(1000)
+    tmq.enqueue("fair", "t.echo", 2, job_id="g2", group="cust-2", priority=3)
+    clock.advance(3000)
+    assert tmq.probes.heads_since(["fair", "idle"]) == {"fair": T0, "idle": None}
+    assert collect(tmq, ["fair"])["queues"]["fair"]["oldest_pending_age_s"] == 4.0
+    assert queue_summary(tmq, SimpleNamespace(queue="fair"))["oldest_pending_s"] == 4.0
+    mirror_queue(tmq, "fair", full=True)
+    assert MirroredQueue.objects.get(queue="fair").oldest_pending_age_s == 4.0
+    tmq.enqueue("fair", "t.echo", 3, job_id="plain")  # the queue's own head is younger
+    clock.advance(1000)
+    assert tmq.probes.heads_since(["fair"]) == {"fair": T0}
+    assert sorted(j.id for j in tmq.claim("fair", count=3)) == ["g1", "g2", "plain"]
+    assert tmq.probes.heads_since(["fair"]) == {"fair": None}

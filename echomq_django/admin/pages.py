@@ -272,12 +272,12 @@ def queue_summary(mq, row) -> dict:
     (docs/howto/operate.md#what-the-admins-pages-show): ``{live, as_of, counts,
     rows, oldest_pending_s, paused}`` read live (``counts`` as
     ``EchoMQ.counts``, ``rows`` them as ``(words, n)``, ``oldest_pending_s``
-    the head of ``pending``'s wait in seconds or None, ``paused`` a bool).
+    the longest wait of its heads in seconds (``Probes.heads_since``) or
+    None, ``paused`` a bool).
     Raises ``EchoMQError`` when Redis cannot be read; ``mirror_queue_summary``
     is the fallback."""
     counts = mq.counts(row.queue)
-    head = mq.job_ids(row.queue, "pending", 0, 0)
-    since = mq.probes.waiting_since(row.queue, head[0]) if head else None
+    since = mq.probes.heads_since([row.queue])[row.queue]
     return {
         "live": True,
         "as_of": None,

@@ -235,9 +235,10 @@ def _needs_rescan(stored: str, first_id: str | None, last_id: str | None) -> boo
     return _stream_id(first_id) > _stream_id(stored)
 
 
-def _pending_age(mq: EchoMQ, queue: str, head: str | None) -> float | None:
-    """Seconds the head of ``pending`` has waited (since it became pending)."""
-    stamp = None if head is None else mq.probes.waiting_since(queue, head)
+def _pending_age(mq: EchoMQ, queue: str) -> float | None:
+    """Seconds the longest-waiting of ``queue``'s heads has waited since it
+    became pending (``Probes.heads_since``), or None."""
+    stamp = mq.probes.heads_since([queue])[queue]
     return None if stamp is None else max(0.0, (mq.clock() - stamp) / 1000)
 
 
@@ -283,7 +284,7 @@ def mirror_queue(mq, queue: str, full: bool = False, max_events: int | None = No
     saved = MirroredQueue.objects.filter(queue=queue).first()
     stored = saved.last_event_id if saved else ""
     limit = EVENT_BATCH if max_events is None else max(1, min(EVENT_BATCH, max_events))
-    head, first_id, last_id, entries, claims = mq.probes.event_probe(queue, stored, limit)
+    first_id, last_id, entries, claims = mq.probes.event_probe(queue, stored, limit)
     counts = mq.counts(queue)
     now = timezone.now()
     report = {
@@ -310,12 +311,12 @@ def mirror_queue(mq, queue: str, full: bool = False, max_events: int | None = No
             report["changed"] = False
             if now - saved.mirrored_at >= TOUCH_EVERY:
                 MirroredQueue.objects.filter(queue=queue).update(
-                    mirrored_at=now, oldest_pending_age_s=_pending_age(mq, queue, head)
+                    mirrored_at=now, oldest_pending_age_s=_pending_age(mq, queue)
                 )
             return report
         rows = read_rows(mq, queue, touched)
 
-    age = _pending_age(mq, queue, head)
+    age = _pending_age(mq, queue)
     with transaction.atomic():
         report["jobs"], report["gone"] = store_rows(mq, queue, rows, now)
         MirroredQueue.objects.update_or_create(

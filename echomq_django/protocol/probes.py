@@ -16,6 +16,7 @@ from ..core.events import run_ids
 from ..core.jobs import to_text
 from ..core.keyspace import JobKeys, validate_queue
 from ..core.rows import CREATED, STATE_FIELDS, pick_fields, row_fields, row_state
+from .control.groups import GROUPS_LISTED
 from .errors import reports_redis_down
 from .wire import Part
 
@@ -138,32 +139,71 @@ class Probes(Part):
         return {j: bool(n) for j, n in self._per_job(queue, ids, "exists").items()}
 
     @reports_redis_down
-    def waiting_since(self, queue: str, job_id: str) -> int | None:
-        """When (ms) a job last changed state (``updated_at``, else
-        ``created_at``); None for no such job."""
-        since, created = _since(self.client.hmget(self.keys.job(queue, job_id), *_SINCE))
-        stamp = since or created
-        return None if stamp is None else int(stamp)
+    def heads_since(self, queues) -> dict[str, int | None]:
+        """``{queue: ms}``: when the longest-waiting of each queue's heads
+        became pending (its ``updated_at``, else its ``created_at``), or None
+        when none waits (docs/reference/stats.md#queues). The heads are the
+        first of each claim order the queue keeps: its ``pending`` list's,
+        its ``prioritized`` zset's below and from priority 0, and the same
+        three of each group with work (``groups:known``, at most
+        ``GROUPS_LISTED`` of them by name, as the stats list them), so a fair
+        queue's grouped jobs count. At most three round trips whatever the
+        number of queues (two when no queue has groups). Raises ``ValueError`` for a
+        bad name, ``RedisUnavailable``."""
+        names = [validate_queue(q) for q in queues]
+        pipe = self.client.pipeline(transaction=False)
+        for q in names:
+            k = self.keys.queue(q)
+            _head_commands(pipe, k.pending, k.prioritized)
+            pipe.smembers(k.groups_known)
+        replies = iter(pipe.execute())
+        heads: dict[str, list[str]] = {}
+        groups: dict[str, list[str]] = {}
+        for q in names:
+            heads[q] = _head_ids(replies)
+            groups[q] = sorted(to_text(g) for g in next(replies))[:GROUPS_LISTED]
+        if any(groups.values()):
+            pipe = self.client.pipeline(transaction=False)
+            for q, listed in groups.items():
+                k = self.keys.queue(q)
+                for g in listed:
+                    _head_commands(pipe, k.group(g, "pending"), k.group(g, "prioritized"))
+            replies = iter(pipe.execute())
+            for q, listed in groups.items():
+                for _ in listed:
+                    heads[q] += _head_ids(replies)
+        stamps = iter([])
+        if any(heads.values()):
+            pipe = self.client.pipeline(transaction=False)
+            for q, ids in heads.items():
+                for job_id in ids:
+                    pipe.hmget(self.keys.job(q, job_id), *_SINCE)
+            stamps = iter(pipe.execute())
+        out = {}
+        for q, ids in heads.items():
+            seen = [since or created for since, created in (_since(next(stamps)) for _ in ids)]
+            seen = [int(v) for v in seen if v is not None]
+            out[q] = min(seen) if seen else None
+        return out
 
     # -- the event stream -------------------------------------------------
     @reports_redis_down
     def event_probe(self, queue: str, after: str, limit: int):
-        """One round trip: ``(pending head id, first and last entry ids of the
-        events stream, up to limit entries after after, claims)`` (entries
-        from the start when ``after`` is ''), entries as ``[(entry id, job
+        """One round trip: ``(first and last entry ids of the events stream,
+        up to limit entries after after, claims)`` (entries from the start
+        when ``after`` is ''), entries as ``[(entry id, job
         id, event)]``; ``claims`` is the ``lease:seq`` counter, which every
         claim batch increments (claims emit no event)."""
         k = self.keys.queue(queue)
         pipe = self.client.pipeline(transaction=False)
-        pipe.lindex(k.pending, 0)
         pipe.xrange(k.events, "-", "+", count=1)
         pipe.xrevrange(k.events, "+", "-", count=1)
         pipe.xrange(k.events, f"({after}" if after else "-", "+", count=limit)
         pipe.get(k.lease_seq)
-        head, first, last, entries, claims = pipe.execute()
+        first, last, entries, claims = pipe.execute()
         first_id = to_text(first[0][0]) if first else None
         last_id = to_text(last[0][0]) if last else None
-        return to_text(head), first_id, last_id, _stream_entries(entries), int(claims or 0)
+        return first_id, last_id, _stream_entries(entries), int(claims or 0)
 
     @reports_redis_down
     def same_queue_children(self, queue: str, job_ids) -> set[str]:
@@ -234,12 +274,12 @@ class Probes(Part):
         """Everything the stats and the dashboard show of ``queues`` (names),
         in a fixed number of pipelined round trips whatever their number
         (docs/howto/operate.md#the-dashboard): Redis's ``TIME`` when
-        ``minutes`` is given, one bulk read, and the pending heads' rows.
+        ``minutes`` is given, one bulk read, and ``heads_since``.
         Per queue, with ``stats``: ``counts`` (as ``mq.counts``),
         ``finished`` (``(completed, dead)`` since ``now_ms - window_ms``,
         ms; ``now_ms`` default: the clock), ``signals`` (as
-        ``mq.signal_events.backlog``), ``head_since`` (ms the pending head
-        last changed state; None when nothing waits), ``paused``; with
+        ``mq.signal_events.backlog``), ``head_since`` (``heads_since``: ms
+        the longest-waiting head became pending; None when nothing waits), ``paused``; with
         ``minutes`` (1 to ``MINUTES_KEPT``), ``minutes``: the rows
         ``minute_counts`` answers for ``per`` (minutes a row sums: with
         ``per`` > 1 each ring is summed on the server by
@@ -273,10 +313,6 @@ class Probes(Part):
                 pipe.zcount(k.dead, f"({now - window_ms}", "+inf")
                 backlog_commands(pipe, k)
                 pipe.exists(k.paused)
-                # the pending head: priorities above 0, priority 0, below 0
-                pipe.zrange(k.prioritized, "-inf", "(0", byscore=True, offset=0, num=1)
-                pipe.lindex(k.pending, 0)
-                pipe.zrange(k.prioritized, 0, "+inf", byscore=True, offset=0, num=1)
             if minutes is not None and per == 1:
                 if whole:
                     pipe.hgetall(k.minutes)
@@ -284,7 +320,6 @@ class Probes(Part):
                     pipe.hmget(k.minutes, [f"{f}{m % MINUTES_KEPT}" for m in span for f in "macfd"])
         replies = iter(pipe.execute())
         out: dict[str, dict] = {q: {} for q in names}
-        heads = {}
         for q in names:
             row = out[q]
             if stats:
@@ -292,11 +327,6 @@ class Probes(Part):
                 row["finished"] = (int(next(replies)), int(next(replies)))
                 row["signals"] = backlog_of([next(replies) for _ in range(3)], now)
                 row["paused"] = bool(next(replies))
-                above, zero, below = next(replies), next(replies), next(replies)
-                first = [*above, *([] if zero is None else [zero]), *below]
-                row["head_since"] = None
-                if first:
-                    heads[q] = to_text(first[0])
             if minutes is not None and per == 1:
                 row["minutes"] = _ring_rows(next(replies), span, whole)
         if minutes is not None and per > 1:
@@ -308,14 +338,26 @@ class Probes(Part):
                 if isinstance(sums, Exception):
                     raise sums
                 out[q]["minutes"] = _summed_rows(sums, span, per)
-        if heads:
-            pipe = self.client.pipeline(transaction=False)
-            for q, job_id in heads.items():
-                pipe.hmget(self.keys.job(q, job_id), *_SINCE)
-            for q, (since, created) in zip(heads, map(_since, pipe.execute()), strict=True):
-                stamp = since or created
-                out[q]["head_since"] = None if stamp is None else int(stamp)
+        if stats:
+            for q, since in self.heads_since(names).items():
+                out[q]["head_since"] = since
         return now_minute, out
+
+
+def _head_commands(pipe, pending: str, prioritized: str) -> None:
+    """Queue the reads of the heads of one claim order's keys, in claim
+    order: the ``prioritized`` zset's first scored under 0 (priorities above
+    0), the ``pending`` list's first (priority 0), the zset's first scored
+    from 0 (priorities below 0)."""
+    pipe.zrange(prioritized, "-inf", "(0", byscore=True, offset=0, num=1)
+    pipe.lindex(pending, 0)
+    pipe.zrange(prioritized, 0, "+inf", byscore=True, offset=0, num=1)
+
+
+def _head_ids(replies) -> list[str]:
+    """The ids ``_head_commands``' three replies (next from ``replies``) name."""
+    above, zero, below = next(replies), next(replies), next(replies)
+    return [to_text(i) for i in (*above, *([] if zero is None else [zero]), *below)]
 
 
 def _summed_rows(sums: list, span: range, per: int) -> list[dict]:
