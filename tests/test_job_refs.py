@@ -456,6 +456,30 @@ def test_the_module_api_takes_refs_and_warns_at_the_caller_for_a_raw_key(r):
     assert emq.ignored_failures("q", "p", 0, 5).items == {}
 
 
+def test_get_cancel_remove_and_retry_take_a_ref_as_wait_does(r):
+    """What ``add_flow`` and a canvas's ``enqueue`` return (a ``JobRef``)
+    goes straight to the calls that act on one job, in the module API and on
+    ``EchoMQ``, as ``"queue/id"`` too; a queue name without its id is refused
+    before any write, naming the form."""
+    import echomq_django as emq
+    from echomq_django.conf import get_mq
+
+    mq = get_mq()
+    for job_id in ("a", "b", "c", "d"):
+        mq.enqueue("q", "t.echo", {}, job_id=job_id)
+    assert (emq.get_job(JobRef("q", "a")).id, mq.get_job("q/a").id) == ("a", "a")
+    assert emq.cancel(JobRef("q", "a")).state == "pending"
+    assert (mq.cancel("q/b").state, emq.get_job("q/b").state) == ("pending", "dead")
+    assert emq.retry(JobRef("q", "a")).state == "pending"
+    assert mq.retry("q/b").state == "pending"
+    assert (emq.remove("q/c").removed, mq.remove(JobRef("q", "d")).removed) == (1, 1)
+    before = sorted(mq.client.keys("*"))
+    for call in (emq.get_job, emq.cancel, emq.remove, emq.retry, mq.get_job, mq.cancel):
+        with pytest.raises(ValueError, match="^invalid job ref 'q': write 'queue/id'"):
+            call("q")
+    assert sorted(mq.client.keys("*")) == before
+
+
 def test_a_result_keyed_by_job_refs_is_stored_with_queue_slash_id_keys(mq):
     mq.add_flow(node("p", [leaf("c1"), leaf("c2", queue="o")]))
     complete(mq, "c1", 1)

@@ -52,8 +52,9 @@ def events(queues, since=None, kinds=None, block_s: float | None = None):
     return get_mq().events(queues, since, kinds, block_s)
 
 
-def get_job(queue: str, job_id: str) -> Job:
-    """``EchoMQ.get_job`` on the settings' connection."""
+def get_job(queue: Any, job_id: str | None = None) -> Job:
+    """``EchoMQ.get_job`` on the settings' connection; the job is (queue, ``job_id``) or a
+    ``JobRef`` / ``"queue/id"`` as ``queue`` (``get_job(ref)``)."""
     return get_mq().get_job(queue, job_id)
 
 
@@ -63,8 +64,9 @@ def job_logs(job: Any, job_id: str | None = None, start: int = 0, end: int = -1)
     return get_mq().job_logs(job, job_id, start, end)
 
 
-def retry(queue: str, job_id: str) -> Outcome:
-    """``EchoMQ.retry`` (retry-by-id of a dead job) on the settings' connection."""
+def retry(queue: Any, job_id: str | None = None) -> Outcome:
+    """``EchoMQ.retry`` (retry-by-id of a dead job) on the settings' connection; the job is
+    (queue, ``job_id``) or a ``JobRef`` / ``"queue/id"`` as ``queue``."""
     return get_mq().retry(queue, job_id)
 
 
@@ -132,13 +134,15 @@ def remove_unprocessed_children(queue: str, parent_id: str):
     return get_mq().remove_unprocessed_children(queue, parent_id)
 
 
-def remove(queue: str, job_id: str):
+def remove(queue: Any, job_id: str | None = None):
     """``EchoMQ.remove`` on the settings' connection (docs/explanation/lifecycle.md): remove
-    a job that is not active, with its subtree. Raises ``JobNotFound``, ``JobNotRemovable``."""
+    a job that is not active, with its subtree; the job is (queue, ``job_id``) or a
+    ``JobRef`` / ``"queue/id"`` as ``queue``. Raises ``JobNotFound``, ``JobNotRemovable``."""
     return get_mq().remove(queue, job_id)
 
 
-def cancel(queue: str, job_id: str):
+def cancel(queue: Any, job_id: str | None = None):
     """``EchoMQ.cancel`` on the settings' connection (docs/explanation/lifecycle.md): cancel a
-    job and its unfinished subtree (active: marked). ``JobNotFound``, ``JobNotCancellable``."""
+    job and its unfinished subtree (active: marked); the job is (queue, ``job_id``) or a
+    ``JobRef`` / ``"queue/id"`` as ``queue``. ``JobNotFound``, ``JobNotCancellable``."""
     return get_mq().cancel(queue, job_id)

@@ -423,15 +423,15 @@ class EchoMQ(Reads):
         """Add many plain jobs to ``queue`` in few round trips: ``Bulk.enqueue_many``."""
         return self.bulk.enqueue_many(queue, jobs)
 
-    def retry(self, queue: str, job_id: str) -> Outcome:
+    def retry(self, queue, job_id: str | None = None) -> Outcome:
         """Retry a dead job by id: ``Lifecycle.retry``."""
         return self.lifecycle.retry(queue, job_id)
 
-    def remove(self, queue: str, job_id: str, budget: int = BUDGET) -> Report:
+    def remove(self, queue, job_id: str | None = None, budget: int = BUDGET) -> Report:
         """Remove a job and its subtree: ``Lifecycle.remove``."""
         return self.lifecycle.remove(queue, job_id, budget)
 
-    def cancel(self, queue: str, job_id: str, budget: int = BUDGET) -> Report:
+    def cancel(self, queue, job_id: str | None = None, budget: int = BUDGET) -> Report:
         """Cancel a job and its subtree: ``Lifecycle.cancel``."""
         return self.lifecycle.cancel(queue, job_id, budget)
 

@@ -34,6 +34,7 @@ from ..core.exceptions import (
     JobNotRetryable,
 )
 from ..core.jobs import JobState, Outcome
+from ..core.refs import as_ref
 from ..core.retention import Keep, retention
 from ..core.rows import (
     PARENT,
@@ -157,14 +158,18 @@ class Lifecycle(Part):
                 if not report.more:
                     break
 
-    def remove(self, queue: str, job_id: str, budget: int = BUDGET) -> Report:
+    def remove(self, queue, job_id: str | None = None, budget: int = BUDGET) -> Report:
         """Remove a job that is not active, with its whole subtree
         (docs/explanation/lifecycle.md#remove). A removed child resolves its parent like
         ``remove_dependency`` (the parent goes on; a parent on another slot
         through the outbox). Returns the ``Report`` (``removed`` rows on the
         job's queue). Raises ``JobNotFound``, ``JobNotRemovable`` (an active
-        job: cancel it, or wait), ``ValueError`` for a bad name,
-        ``RedisUnavailable``."""
+        job: cancel it, or wait), ``ValueError`` for a bad name or ref,
+        ``RedisUnavailable``. The job is ``(queue, job_id)`` or, with
+        ``job_id`` None, a ``JobRef`` / ``(queue, id)`` / ``"queue/id"`` as
+        ``queue``."""
+        if job_id is None:
+            queue, job_id = as_ref(queue, self.keys)
         k = self.keys
         report = Report()
         try:
@@ -181,14 +186,18 @@ class Lifecycle(Part):
         self._follow_up(queue, report, report.add(self.wire, reply), budget)
         return report
 
-    def cancel(self, queue: str, job_id: str, budget: int = BUDGET) -> Report:
+    def cancel(self, queue, job_id: str | None = None, budget: int = BUDGET) -> Report:
         """Cancel a job and its unfinished subtree (docs/explanation/lifecycle.md): pending,
         delayed and awaiting jobs die now with the error 'cancelled' (their
         parent's policy applies); an active job is marked and dies when its
         worker reports or heartbeats, or its lease expires.
         ``Report.state`` is the state found. Raises ``JobNotFound``,
         ``JobNotCancellable`` (completed or dead), ``ValueError`` for a bad
-        name, ``RedisUnavailable``."""
+        name or ref, ``RedisUnavailable``. The job is ``(queue, job_id)``
+        or, with ``job_id`` None, a ``JobRef`` / ``(queue, id)`` /
+        ``"queue/id"`` as ``queue``."""
+        if job_id is None:
+            queue, job_id = as_ref(queue, self.keys)
         k = self.keys
         report = Report()
         try:
@@ -242,7 +251,7 @@ class Lifecycle(Part):
             self._drive(queues, report, budget, None, "lists")
 
     @reports_redis_down
-    def retry(self, queue: str, job_id: str) -> Outcome:
+    def retry(self, queue, job_id: str | None = None) -> Outcome:
         """Retry-by-id of a dead job (docs/explanation/lifecycle.md): attempts reset, back to
         pending; a parent that children failed retries them (on any queue) and
         returns to awaiting_children; a retried child re-attaches to the parent
@@ -251,7 +260,11 @@ class Lifecycle(Part):
         ``Outcome.state`` is the job's new state. Raises ``JobNotFound``,
         ``JobNotRetryable`` (with the current state; or naming the parent
         that ignored the job's death and went on without it, on its slot or
-        another, nothing written)."""
+        another, nothing written), ``ValueError`` for a bad name or ref.
+        The job is ``(queue, job_id)`` or, with ``job_id`` None, a ``JobRef``
+        / ``(queue, id)`` / ``"queue/id"`` as ``queue``."""
+        if job_id is None:
+            queue, job_id = as_ref(queue, self.keys)
         k = self.keys.queue(queue)
         undo = self._reattach_ignored(queue, job_id)
         try:

@@ -62,12 +62,16 @@ class Reads(Part):
         return key
 
     @reports_redis_down
-    def get_job(self, queue: str, job_id: str) -> Job:
+    def get_job(self, queue, job_id: str | None = None) -> Job:
         """The job row as a ``Job``, without its lease token: a read is not
         the claim, so the calls a running job makes under its lease
         (``add_children``, ``update_payload``, ``report_progress``, ``log``)
-        raise ``JobNotActive`` on it. Raises ``JobNotFound``, ``ValueError``
-        for a bad queue name or id."""
+        raise ``JobNotActive`` on it. The job is ``(queue, job_id)`` or,
+        with ``job_id`` None, a ``JobRef`` / ``(queue, id)`` / ``"queue/id"``
+        as ``queue``. Raises ``JobNotFound``, ``ValueError`` for a bad queue
+        name, id or ref."""
+        if job_id is None:
+            queue, job_id = as_ref(queue, self.keys)
         row = self.client.hgetall(self.keys.job(queue, job_id))
         if not row:
             raise JobNotFound(f"job {job_id!r} not found in queue {queue!r}")
