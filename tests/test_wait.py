@@ -199,16 +199,22 @@ def test_a_long_wait_renews_its_stream(mq, monkeypatch) -> None:
     assert waiter.join().result == "kept"
 
 
-def test_a_cancelled_wait_ends_at_its_next_block(r) -> None:
+@pytest.mark.parametrize("api", ["EchoMQ", "module"])
+def test_a_cancelled_wait_ends_at_its_next_block(r, api, monkeypatch) -> None:
+    """``cancel`` (a ``threading.Event``) ends ``EchoMQ.wait`` and the
+    module API's ``wait`` alike (docs/howto/wait.md#what-a-wait-costs)."""
     import redis
 
+    import echomq_django as emq
     from echomq_django import EchoMQ
+    from echomq_django.api import calls
 
     kw = r.connection_pool.connection_kwargs
     mq = EchoMQ(redis.Redis(host=kw["host"], port=kw["port"], socket_timeout=1.0), prefix="emq")
+    monkeypatch.setattr(calls, "get_mq", lambda: mq)
     mq.enqueue("q", "t.echo", None, job_id="stop")
     cancel = threading.Event()
-    waiter = Waiter(mq, "q", "stop", NEVER, cancel=cancel)
+    waiter = Waiter(mq if api == "EchoMQ" else emq, "q", "stop", NEVER, cancel=cancel)
     registered(mq, "q", "stop", 1)
     cancel.set()  # blocks last 0.5 s on this client (half its socket timeout)
     with pytest.raises(TimeoutError, match="the wait for job 'stop' in queue 'q' was cancelled"):

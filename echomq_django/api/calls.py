@@ -15,7 +15,9 @@ from ..core.refs import JobRef, Page, RefDict, as_ref
 from ..protocol.live.blocking import Cancel, off_loop
 
 
-def wait(job: Any, job_id: str | None = None, timeout_s: float | None = None) -> Job:
+def wait(
+    job: Any, job_id: str | None = None, timeout_s: float | None = None, *, cancel=None
+) -> Job:
     """Block until a job finishes, ``timeout_s`` s at most (a number from 0
     to a year; None: until it finishes), and return the completed ``Job``
     (``.result``): ``EchoMQ.wait`` on the settings' connection. The job is
@@ -24,9 +26,11 @@ def wait(job: Any, job_id: str | None = None, timeout_s: float | None = None) ->
     bad timeout or id (before any Redis I/O), ``JobNotFound`` at once for an
     unknown id (or when it was removed, or finished and was removed before
     the wait read it), ``JobDead`` when it ended dead (cancelled included),
-    builtin ``TimeoutError`` after ``timeout_s``, ``RedisUnavailable``. It
-    holds one Redis connection while it blocks. docs/howto/wait.md"""
-    return get_mq().wait(job, job_id, timeout_s)
+    builtin ``TimeoutError`` after ``timeout_s`` or once ``cancel`` (a
+    ``threading.Event``, set from another thread) is set, at its next block,
+    ``RedisUnavailable``. It holds one Redis connection while it blocks.
+    docs/howto/wait.md"""
+    return get_mq().wait(job, job_id, timeout_s, cancel=cancel)
 
 
 async def await_result(job: Any, job_id: str | None = None, timeout_s: float | None = None) -> Job:
