@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import re
 
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
@@ -48,6 +49,25 @@ def test_a_rolled_back_block_enqueues_nothing(mq):
         raise Rollback
     assert isinstance(job_id, str) and isinstance(ref.parent_id, str)
     assert mq.client.keys("*") == []
+
+
+def test_a_job_read_or_waited_for_in_its_own_transaction_says_it_lands_at_commit(mq):
+    """The module API's ``get_job`` and ``wait`` inside ``atomic()`` do not
+    find a job enqueued there (it lands at the commit), and say so; outside
+    a transaction the error is the plain one."""
+    hint = re.escape(
+        "; this runs inside transaction.atomic(), and a job enqueued in that transaction "
+        "lands in Redis when it commits: read or wait for it after the block"
+    )
+    with transaction.atomic():
+        job_id = emq.enqueue("q", "t.echo", 1)
+        with pytest.raises(JobNotFound, match=f"^job '{re.escape(job_id)}' not found in queue 'q'{hint}$"):
+            emq.get_job("q", job_id)
+        with pytest.raises(JobNotFound, match=f"'{re.escape(job_id)}'.*{hint}$"):
+            emq.wait("q", job_id, 0)
+    assert emq.get_job("q", job_id).state == JobState.PENDING
+    with pytest.raises(JobNotFound, match="^job 'nope' not found in queue 'q'$"):
+        emq.get_job("q", "nope")
 
 
 def test_a_committed_block_lands_after_the_commit_with_the_ids_given_before(mq):

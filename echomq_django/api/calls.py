@@ -7,12 +7,33 @@ for a result, a job's log lines and following events. Each is the
 from __future__ import annotations
 
 import asyncio
+from contextlib import contextmanager
 from typing import Any
 
+from django.db import transaction
+
 from ..conf import get_mq
+from ..core.exceptions import JobNotFound
 from ..core.jobs import Dependencies, Job, Outcome
 from ..core.refs import JobRef, Page, RefDict, as_ref
 from ..protocol.live.blocking import Cancel, off_loop
+
+
+@contextmanager
+def _landing_hint():
+    """Re-raise a ``JobNotFound`` met inside ``transaction.atomic()`` (the
+    default database's) with why it may be so: a job enqueued in that
+    transaction lands in Redis at its commit (docs/howto/durable-enqueue.md)."""
+    try:
+        yield
+    except JobNotFound as err:
+        if not transaction.get_connection().in_atomic_block:
+            raise
+        raise JobNotFound(
+            f"{err}; this runs inside transaction.atomic(), and a job enqueued in "
+            "that transaction lands in Redis when it commits: read or wait for it "
+            "after the block"
+        ) from None
 
 
 def wait(
@@ -29,8 +50,10 @@ def wait(
     builtin ``TimeoutError`` after ``timeout_s`` or once ``cancel`` (a
     ``threading.Event``, set from another thread) is set, at its next block,
     ``RedisUnavailable``. It holds one Redis connection while it blocks.
-    docs/howto/wait.md"""
-    return get_mq().wait(job, job_id, timeout_s, cancel=cancel)
+    Inside ``transaction.atomic()`` a ``JobNotFound`` says that a job
+    enqueued in that transaction lands at its commit. docs/howto/wait.md"""
+    with _landing_hint():
+        return get_mq().wait(job, job_id, timeout_s, cancel=cancel)
 
 
 async def await_result(job: Any, job_id: str | None = None, timeout_s: float | None = None) -> Job:
@@ -58,8 +81,11 @@ def events(queues, since=None, kinds=None, block_s: float | None = None):
 
 def get_job(queue: Any, job_id: str | None = None) -> Job:
     """``EchoMQ.get_job`` on the settings' connection; the job is (queue, ``job_id``) or a
-    ``JobRef`` / ``"queue/id"`` as ``queue`` (``get_job(ref)``)."""
-    return get_mq().get_job(queue, job_id)
+    ``JobRef`` / ``"queue/id"`` as ``queue`` (``get_job(ref)``). Inside
+    ``transaction.atomic()`` a ``JobNotFound`` says that a job enqueued in
+    that transaction lands at its commit."""
+    with _landing_hint():
+        return get_mq().get_job(queue, job_id)
 
 
 def job_logs(job: Any, job_id: str | None = None, start: int = 0, end: int = -1) -> list[str]:
