@@ -40,6 +40,7 @@ from .conf import get_mq
 from .core.exceptions import DuplicateJob, EchoMQError, JobNotFound, RedisUnavailable
 from .core.flows import Flow, FlowRef
 from .core.jobs import Job
+from .core.refs import ref_list
 from .core.retry import exc_names
 
 if TYPE_CHECKING:
@@ -95,7 +96,8 @@ def flow_to_dict(flow: Flow, plain=None) -> dict:
                 out["children"] = [flow_to_dict(c, plain) for c in value]
         elif f.name == "depends_on":  # refs as [queue, id] pairs, kept only when set
             if value:
-                out["depends_on"] = [list(r) if isinstance(r, tuple) else r for r in value]
+                refs = ref_list(value)
+                out["depends_on"] = [list(r) if isinstance(r, tuple) else r for r in refs]
         elif f.name == "payload" and plain is not None:
             out["payload"] = plain(value)
         elif f.name in ("retry_on", "dont_retry_on") and value is not None:

@@ -172,6 +172,25 @@ def test_enqueue_depends_on(api_mq):
         emq.enqueue("qa", "t.echo", job_id="n2", depends_on=["qb/gone"], on_commit=False)
 
 
+@pytest.mark.parametrize("on_commit", [False, True])
+def test_depends_on_takes_one_job_as_rqs_does(api_mq, on_commit):
+    """One ``JobRef`` or ``"queue/id"`` is that job, not a sequence of
+    characters (RQ's ``depends_on=job``), for ``enqueue`` (through the
+    outbox too) and a flow node alike; a tuple stays a list of refs."""
+    for job_id in ("d1", "d2"):
+        emq.enqueue("qb", "t.echo", 5, job_id=job_id, on_commit=False)
+    emq.enqueue("qa", "t.sum_children", job_id="n1", depends_on="qb/d1", on_commit=on_commit)
+    emq.add_flow(
+        Flow("qa", "t.sum_children", job_id="n2", depends_on=JobRef("qb", "d2")),
+        on_commit=on_commit,
+    )
+    assert [api_mq.get_job("qb", d).parent for d in ("d1", "d2")] == ["n1", "n2"]
+    settle(api_mq, "qa", "qb")
+    assert [api_mq.get_job("qa", n).result for n in ("n1", "n2")] == [5, 5]
+    with pytest.raises(FlowError, match="^depends_on of qa/n3: invalid job ref 'qb'"):
+        api_mq.add_flow(Flow("qa", "t.echo", job_id="n3", depends_on=("qb", "d9")))
+
+
 def test_enqueue_depends_on_through_the_commit_outbox(api_mq):
     """on_commit=True: the job and its depends_on travel in the outbox row
     (refs as [queue, id] pairs) and land when it is pushed."""

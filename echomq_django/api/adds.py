@@ -44,6 +44,7 @@ from ..core.exceptions import EchoMQError, RedisUnavailable
 from ..core.flows import Flow, FlowRef
 from ..core.keyspace import validate_id, validate_name, validate_queue
 from ..core.options import check_group, check_job_options
+from ..core.refs import ref_list
 from ..core.retention import job_keep
 from ..core.retry import policy_keywords
 
@@ -172,8 +173,8 @@ def enqueue(
     (the database alias whose transaction is watched and that holds the outbox row). A deferred
     add raises the same validation errors now, and the database's error if the outbox table is
     missing; it returns the id it will use: a dedup hit is known only at the push.
-    ``depends_on``: jobs already added it waits for
-    (docs/howto/canvas.md#depends-on-existing-jobs)."""
+    ``depends_on``: jobs already added it waits for, a list of job refs or
+    one (docs/howto/canvas.md#depends-on-existing-jobs)."""
     mq, down = _producer_mq()
     kwargs = dict(
         job_id=job_id if job_id is not None else _flows.new_id(),
@@ -189,7 +190,7 @@ def enqueue(
         **policy_keywords(options),  # checked now: docs/howto/retries.md
     )
     if depends_on:  # a flow of one node and its dependencies
-        flow = Flow(queue, name, payload, depends_on=list(depends_on), **kwargs)
+        flow = Flow(queue, name, payload, depends_on=list(ref_list(depends_on)), **kwargs)
         return add_flow(flow, on_commit=on_commit, using=using).parent_id
     if not _defer(on_commit, using):
         try:

@@ -12,7 +12,7 @@ from itertools import repeat
 
 from .exceptions import FlowError
 from .jobs import Policy
-from .refs import JobRef
+from .refs import JobRef, ref_list
 
 
 @dataclass(slots=True)
@@ -139,12 +139,14 @@ DEP_OPTS = '{"dep":1}'  # enqueue_flow's options of a dependency node
 def dependencies(deps: list, groups: list[Group], gated: list, token: str) -> set:
     """Append a group per ``depends_on`` job (after every other node: a
     parent is always written first) and return their ``(queue, id)``.
+    A ``depends_on`` of one ``JobRef`` or ``"queue/id"`` is that job alone.
     Raises ``FlowError`` for a ref that is not a job reference, a job named
     twice, or a node of this flow (a cycle: the flow's own jobs are its
     children)."""
     own = {(g.queue, i) for g in groups for i in g.ids}
     named: set = set()
     for pq, pid, kids, refs, depth in deps:
+        refs = ref_list(refs)
         if not isinstance(refs, list | tuple):
             raise FlowError(f"depends_on of {pq}/{pid} must be a list of job refs")
         for ref in refs:

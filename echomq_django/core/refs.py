@@ -169,6 +169,13 @@ def str_keys(value: Any) -> tuple[Any, bool]:
     return value, False
 
 
+def ref_list(value: Any) -> Any:
+    """``value`` as a list of job refs when it is one ref (a ``JobRef`` or
+    ``"queue/id"``: RQ's ``depends_on=job``); anything else as it is, for
+    its caller to check (docs/howto/canvas.md#depends-on-existing-jobs)."""
+    return [value] if isinstance(value, str | JobRef) else value
+
+
 def as_ref(value: Any, keyspace: Any, stacklevel: int = 2) -> JobRef:
     """A job given as a ``JobRef``, a ``(queue, id)`` pair, ``"queue/id"``
     or (deprecated, with a ``DeprecationWarning``) a raw key under
