@@ -99,8 +99,9 @@ class Flow:
     ``group`` (str, ``keyspace.GROUP_RULE``; None: none): the node is claimed
     in its group's turn (docs/explanation/protocol.md#groups).
 
-    ``depends_on``: jobs already added (``JobRef``, ``(queue, id)`` or
-    ``"queue/id"``, on any queue) this node waits for as well as its
+    ``depends_on``: jobs already added (a list of ``JobRef``, ``(queue, id)``
+    or ``"queue/id"``, on any queue, or one ``JobRef`` or ``"queue/id"``) this
+    node waits for as well as its
     children, each a dependency of the default policy (a dead one fails
     this node); each must exist and be waited for by no other job. One
     already finished counts at once (docs/howto/canvas.md#depends-on-existing-jobs).
