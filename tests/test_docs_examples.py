@@ -304,9 +304,7 @@ def test_the_priorities_howto(howto):
 
 def test_the_fair_queues_howto(howto):
     example = howto("fair_queues")
-    ran = []
-    for name in ("tenant.import_row", "tenant.reset_password"):
-        emq.handler(name)(lambda job, name=name: ran.append((name, job.payload)))
+    ran = howto("fair_queues_jobs").DONE  # the page's handlers, as its jobs.py holds them
     with echomq_settings(QUEUES=example.QUEUES) as mq:
         assert len(example.import_rows(1, [{"row": i} for i in range(5)])) == 5
         example.reset_password(2, 42)

@@ -1,9 +1,10 @@
-"""Fair queues for a SaaS: one group per customer (docs/howto/fair-queues.md)."""
+"""Fair queues for a SaaS: one group per customer (docs/howto/fair-queues.md).
+
+The calls that add and steer the customers' jobs; their handlers are in
+fair_queues_jobs.py (an app's ``jobs.py``); the ``ECHOMQ`` at the end goes in
+``settings.py``."""
 
 import echomq_django as emq
-
-# settings.py: on "tenant", at most 2 jobs of one customer run at once
-QUEUES = {"tenant": {"GROUP_CONCURRENCY": 2}}
 
 
 def customer(customer_id):
@@ -41,3 +42,12 @@ def hold(customer_id):
 
 def release(customer_id):
     return emq.resume_group("tenant", customer(customer_id))
+
+
+# settings.py: on "tenant", at most 2 jobs of one customer run at once
+ECHOMQ = {
+    "URL": "redis://localhost:6379/0",
+    "QUEUES": {"tenant": {"GROUP_CONCURRENCY": 2}},
+}
+
+QUEUES = ECHOMQ["QUEUES"]  # what tests/test_docs_examples.py runs the example with

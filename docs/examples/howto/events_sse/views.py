@@ -1,21 +1,12 @@
-"""docs/howto/events.md: a plain Django view that streams a job's events to
-a browser as server-sent events (``text/event-stream``), until it finishes."""
-
-import asyncio
+import asyncio  # for the async view, ajob_events
 import json
 
 from django.http import Http404, HttpResponseBadRequest, StreamingHttpResponse
-from django.urls import path
 
 import echomq_django as emq
 
 KEEPALIVE_S = 15.0  # s of silence before a comment line keeps proxies from closing
-FINAL = {"completed", "dead", "cancelled", "removed"}
-
-
-@emq.handler("exports.render")
-def render(job):
-    return {"rows": job.payload["rows"], "url": f"/exports/{job.id}.csv"}
+FINAL = {"completed", "dead", "cancelled", "removed"}  # kinds after which the stream ends
 
 
 def frame(event_id: str, kind: str, data: dict) -> str:
@@ -41,7 +32,7 @@ def job_events(request, queue: str, job_id: str):
         with follow:
             yield frame(follow.position[queue], "state", {"state": job.state})
             if job.state in ("completed", "dead"):
-                return
+                return  # already finished: this state frame is the only one
             while True:
                 for event in follow:
                     if event.job_id != job_id:
@@ -96,9 +87,3 @@ async def ajob_events(request, queue: str, job_id: str):
     response = StreamingHttpResponse(stream(), content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"
     return response
-
-
-urlpatterns = [
-    path("jobs/<str:queue>/<str:job_id>/events", job_events),
-    path("ajobs/<str:queue>/<str:job_id>/events", ajob_events),
-]

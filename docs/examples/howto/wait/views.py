@@ -1,16 +1,6 @@
-"""docs/howto/wait.md: a view that adds a job and answers with its result,
-or with 202 and the job's id when it takes longer than the view may wait."""
-
 from django.http import JsonResponse
 
 import echomq_django as emq
-
-
-@emq.handler("quotes.price")
-def price(job):
-    if job.payload["sku"] == "discontinued":
-        raise emq.Unrecoverable("no price for a discontinued item")
-    return {"sku": job.payload["sku"], "price_cents": 4200}
 
 
 def quote(request, sku: str):
