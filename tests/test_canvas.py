@@ -144,7 +144,11 @@ def test_malformed_canvases_are_refused_with_the_rule():
         emq.group()
     with pytest.raises(FlowError, match="chain takes signatures.*got dict"):
         emq.chain(a, {"name": "cv.add"})
-    with pytest.raises(FlowError, match="link 2 of a chain is a group"):
+    with pytest.raises(
+        FlowError,
+        match="link 2 of a chain is a group.*put the group first, or make "
+        "the link before a step job",
+    ):
         emq.chain(a, emq.group(b, b)).flow()
     with pytest.raises(FlowError, match="link 2 of a chain is a chord"):
         emq.chain(a, emq.chord([b], b)).flow()

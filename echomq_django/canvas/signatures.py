@@ -230,8 +230,9 @@ class Chain(Canvas):
             if isinstance(link, Group):
                 raise FlowError(
                     f"link {n} of a chain is a group: each of its members would wait for "
-                    "the link before, and a flow is a tree; make it a chord's callback or "
-                    "put the group first"
+                    "the link before, and a flow is a tree; put the group first, or make "
+                    "the link before a step job that adds the group's jobs as its children "
+                    "(docs/howto/step-jobs.md)"
                 )
             link_heads, link_entry = link._parts()
             if link_entry is None:
