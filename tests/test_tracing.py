@@ -315,3 +315,29 @@ def test_a_step_job_s_attempts_record_postponed_and_waiting_children(mq, exporte
         if s.name == "echomq run trace.steps"
     ]
     assert outcomes == ["postponed", "waiting_children", "completed"]
+
+
+@pytest.mark.parametrize("pool", ["thread", "async"])
+def test_an_attempt_with_no_handler_for_its_name_is_an_errored_span(mq, exporter, pool):
+    """A job whose name no handler has (a deploy that lost one) never runs a
+    handler, yet each attempt shows in the trace: status ERROR, the
+    ``UnknownJobName`` exception event, and the outcome its attempts left."""
+    _, memory = exporter
+    mq.enqueue("q", "t.misspelt", job_id="m", max_attempts=2, backoff_ms=0)
+    burst(mq, ["q"], pool=pool)
+    burst(mq, ["q"], pool=pool)
+    assert mq.get_job("q", "m").state == JobState.DEAD
+    runs = sorted(
+        by_name(memory.get_finished_spans(), "echomq run t.misspelt"),
+        key=lambda s: s.attributes["echomq.job.attempt"],
+    )
+    assert [
+        (s.attributes["echomq.job.attempt"], s.attributes["echomq.job.outcome"]) for s in runs
+    ] == [(1, "retry"), (2, "dead")]
+    for s in runs:
+        assert s.status.status_code.name == "ERROR"
+        assert s.status.description.startswith(
+            "UnknownJobName: no handler is registered for job name 't.misspelt'"
+        )
+        (event,) = s.events
+        assert (event.name, event.attributes["exception.type"]) == ("exception", "UnknownJobName")

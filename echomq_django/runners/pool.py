@@ -21,7 +21,7 @@ from django.db.backends.signals import connection_created
 from ..core.exceptions import MoveToDelayed, RateLimited, Unrecoverable, WaitForChildren
 from ..core.retry import decide
 from ..handlers import TASK_JOB_NAME, get_handler, registered, tasks_framework
-from ..tracing.spans import attempt, attempt_async
+from ..tracing.spans import attempt, attempt_async, refused_attempt
 from .reporter import Finished
 
 log = logging.getLogger("echomq_django.worker")
@@ -127,6 +127,19 @@ def unknown_name_error(name: str) -> str:
         f"{shown}. Register one with @echomq_django.handler({name!r}) in an installed "
         "app's jobs.py"
     )
+
+
+def unknown_name(job, warned: set[str]) -> str:
+    """The error of ``job``, whose name has no handler (``unknown_name_error``):
+    logged as a WARNING once per name (``warned``: the names said already,
+    the runner's), and recorded as the attempt's span when traced
+    (``tracing.spans.refused_attempt``)."""
+    error = unknown_name_error(job.name)
+    if job.name not in warned:
+        warned.add(job.name)
+        log.warning("%s", error)
+    refused_attempt(job, error)
+    return error
 
 
 def _no_tasks_backend_error() -> str:
@@ -263,10 +276,7 @@ def _run_one(loop, job, done):
         loop.connections.before()
         func = get_handler(job.name)
         if func is None:
-            finished.error = unknown_name_error(job.name)
-            if job.name not in loop.warned:
-                loop.warned.add(job.name)
-                log.warning("%s", finished.error)
+            finished.error = unknown_name(job, loop.warned)
         else:
             finished.result = attempt(func, job)  # in a span when traced
     except BaseException as exc:  # dead, postponed, waiting or retried: pool.failed

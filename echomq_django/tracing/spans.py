@@ -203,6 +203,28 @@ async def attempt_async(func: Callable[[Any], Any], job) -> Any:
         return await func(job)
 
 
+def refused_attempt(job, error: str) -> None:
+    """An attempt whose handler never ran (no handler is registered for its
+    name): its consumer span, as ``attempt``'s, ended at once with status
+    ``ERROR``, ``error`` (str) as its description and ``exception`` event
+    (type ``UnknownJobName``) and the outcome ``retry`` or ``dead`` by its
+    attempts left, so a deploy that lost a handler shows in the traces.
+    Off: nothing. docs/howto/tracing.md#what-is-traced"""
+    begun = _begin_attempt(job)
+    if begun is None:
+        return
+    span, token = begun
+    outcome = "dead" if job.attempts >= job.max_attempts else "retry"
+    event = {"exception.type": "UnknownJobName", "exception.message": error}
+    try:
+        span.set_attribute(OUTCOME, outcome)
+        span.add_event("exception", event)
+        span.set_status(Status(StatusCode.ERROR, error))
+    except Exception as err:
+        _trouble("recording the error", err)
+    _end(span, token)
+
+
 def _begin_attempt(job):
     """The attempt's span, started and attached: ``(span, token)``; None
     when tracing is off or the span could not start (logged)."""

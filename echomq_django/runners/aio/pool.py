@@ -43,7 +43,7 @@ from django.db import close_old_connections
 from ...core.jobs import Job
 from ...handlers import coroutine_function, get_handler
 from ...tracing.spans import attempt, attempt_async
-from ..pool import failed, unknown_name_error
+from ..pool import failed, unknown_name
 from ..reporter import Finished
 from .lag import LagWatch
 
@@ -247,10 +247,7 @@ class AsyncPool:
             func = get_handler(job.name)
             coro = None if func is None else coroutine_function(func)
             if func is None:
-                finished.error = unknown_name_error(job.name)
-                if job.name not in cl.warned:
-                    cl.warned.add(job.name)
-                    log.warning("%s", finished.error)
+                finished.error = unknown_name(job, cl.warned)
             elif coro is None:  # a sync handler: on its slot's thread, as on the thread pool
                 await asyncio.wrap_future(
                     ThreadPoolExecutor.submit(slot, self._call_sync, func, job, finished)

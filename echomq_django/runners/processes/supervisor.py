@@ -45,7 +45,7 @@ from collections import deque
 from ...core.exceptions import EchoMQError
 from ...core.jobs import Job
 from ...handlers import get_handler
-from ..pool import unknown_name_error
+from ..pool import unknown_name
 from ..reporter import Finished
 from . import child as child_module
 from .pipes import NOTHING, Child, death_text, finished, frame, leaves, write_all
@@ -122,11 +122,7 @@ class ProcessPool:
         the caller's thread)."""
         func = get_handler(job.name)
         if func is None:
-            error = unknown_name_error(job.name)
-            if job.name not in self._warned:
-                self._warned.add(job.name)
-                log.warning("%s", error)
-            done.put(Finished(job, error=error))
+            done.put(Finished(job, error=unknown_name(job, self._warned)))
             return
         message = (child_module.wire(job), child_module.handler_ref(func))
         body = frame(pickle.dumps(message, pickle.HIGHEST_PROTOCOL))
