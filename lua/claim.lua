@@ -83,7 +83,9 @@
            next job to leave active wakes a worker, lib/claimable.lua
            left_active); a replay answers
            '{"left":ms,"jobs":[...]}': the first call's array and the ms its
-           leases have left
+           leases have left; a call that killed jobs past their expires_at
+           answers '{"jobs":[...],"expired":[id, name, ...]}' (its replay
+           the array alone)
   errors:  none; an id whose row is gone or not pending is dropped silently
            (it was removed by retention or already moved by another path)
 ]]
@@ -232,6 +234,7 @@ end
 
 local batch = nil  -- the lease sequence, drawn at the first lease (none: nothing written)
 local out, leases, expired, popped = {}, {}, 0, 0
+local gone = {}  -- id, name of each job killed here as expired (the host logs them)
 local want, full = count, false
 while want > 0 do
   local ids = pop(want)
@@ -248,6 +251,7 @@ while want > 0 do
       -- LREM would scan the pending list); it never started, attempts stay
       redis.call('HSET', row, F_STATE, 'active')
       kill(base, id, 'expired', tonumber(now))
+      gone[#gone + 1], gone[#gone + 2] = id, f[2] or ''
       died = died + 1
     elseif f[1] == 'pending' then
       batch = batch or (redis.call('INCR', KEYS[3]) .. '.')
@@ -287,8 +291,8 @@ elseif free >= 0 and #leases / 2 >= free then
 else
   wake_workers(base)  -- more is waiting (room under the cap): the next idle worker claims it
 end
-if #leases == 0 then
-  return '[]'  -- cjson would encode an empty table as {}
+if #leases == 0 then  -- cjson would encode an empty table as {}
+  return #gone > 0 and ('{"jobs":[],"expired":' .. cjson.encode(gone) .. '}') or '[]'
 end
 redis.call('ZADD', active, unpack(leases))
 local claimed = {}
@@ -310,4 +314,7 @@ elseif limit > 0 then
 end
 local reply = cjson.encode(out)
 redis.call('SET', memo, reply, 'PX', ARGV[4])
+if #gone > 0 then
+  return '{"jobs":' .. reply .. ',"expired":' .. cjson.encode(gone) .. '}'
+end
 return reply

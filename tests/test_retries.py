@@ -4,6 +4,8 @@ and the bad input refused before any write, on both rigs."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from echomq_django import EchoMQ, Flow, JobState, Retry, Worker, handler
@@ -279,16 +281,32 @@ def test_a_flow_node_keeps_its_own_policy(mq):
 
 
 # -- expiry before start -------------------------------------------------------
-def test_an_expired_job_dies_at_claim_and_the_claim_takes_the_next(tmq, clock):
+def test_an_expired_job_dies_at_claim_and_the_claim_takes_the_next(tmq, clock, caplog):
+    """The claim kills it, takes the next, names it in ``Claimed.expired``
+    and says so in one WARNING (no handler runs: the worker's log is where
+    it shows); a claim that only killed says so too."""
     tmq.enqueue("q", "x", {}, job_id="old", expires_ms=1000)
     tmq.enqueue("q", "x", {}, job_id="new")
     assert raw_row(tmq, "q", "old")["expires_at"] == str(clock.now + 1000)
     clock.advance(1000)
-    [job] = tmq.claim("q", 1)
-    assert job.id == "new"
+    with caplog.at_level(logging.WARNING, logger="echomq_django.worker"):
+        claimed = tmq.claim("q", 1)
+    assert ([j.id for j in claimed], claimed.expired) == (["new"], [("old", "x")])
     old = tmq.get_job("q", "old")
     assert (old.state, old.error, old.attempts) == (JobState.DEAD, "expired", 0)
     assert tmq.job_ids("q", "dead") == ["old"]
+    assert [r.getMessage() for r in caplog.records] == [
+        "queue 'q': 1 jobs were past their expiry when claimed and died with the error "
+        "'expired' (no handler ran): old (x)"
+    ]
+    for i in range(12):
+        tmq.enqueue("q", "y", {}, job_id=f"e{i:02}", expires_ms=10)
+    clock.advance(10)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="echomq_django.worker"):
+        claimed = tmq.claim("q", 5)
+    assert (list(claimed), len(claimed.expired)) == ([], 12)
+    assert caplog.records[0].getMessage().endswith("e08 (y), e09 (y) and 2 more")
 
 
 def test_a_job_claimed_before_its_expiry_runs(tmq, clock):

@@ -9,6 +9,7 @@ at once: the queue's defaults read once, the payloads in one C call, each
 from __future__ import annotations
 
 import json
+import logging
 
 from .jobs import _FAIL_PARENT, Job, JobSource, JobState, Policy, _defaults
 
@@ -32,6 +33,26 @@ CLAIM_FIELDS = (
 )
 _POLICIES = {p.value: p for p in Policy}  # a row's parent_policy text -> Policy, without Policy()
 _LOADS = json.JSONDecoder().decode
+EXPIRED_SHOWN = 10  # expired jobs a claim's WARNING names (the count is whole)
+
+log = logging.getLogger("echomq_django.worker")
+
+
+def said_expired(queue: str, flat) -> list[tuple[str, str]]:
+    """``claim``'s ``expired`` list (``[id, name, ...]``: the jobs it found
+    past their ``expires_at`` and killed, dead with the error ``expired``)
+    as ``(id, name)`` pairs, logged as one WARNING when there are any: a
+    job that expires runs no handler, so this is where a worker says so
+    (docs/howto/retries.md#expiry-before-start)."""
+    pairs = list(zip(flat[::2], flat[1::2], strict=True))
+    if pairs:
+        shown = ", ".join(f"{i} ({name})" for i, name in pairs[:EXPIRED_SHOWN])
+        more = f" and {len(pairs) - EXPIRED_SHOWN} more" if len(pairs) > EXPIRED_SHOWN else ""
+        log.warning(
+            "queue %r: %d jobs were past their expiry when claimed and died with the "
+            "error 'expired' (no handler ran): %s%s", queue, len(pairs), shown, more,
+        )  # fmt: skip
+    return pairs
 
 
 def _json_many(texts: list) -> list:

@@ -137,15 +137,24 @@ class Claimed(list):
     (the queue is paused; a resume wakes its workers), ``wait_ms`` (ms until
     the queue's RATE_LIMIT window opens; None when not limited) or ``full``
     (its concurrency cap is reached; the next job to finish wakes a worker,
-    docs/explanation/protocol.md#concurrency)."""
+    docs/explanation/protocol.md#concurrency). ``expired``: ``(id, name)`` of
+    the jobs the claim found past their expiry and killed
+    (docs/howto/retries.md#expiry-before-start)."""
 
     def __init__(
-        self, jobs=(), *, paused: bool = False, wait_ms: int | None = None, full: bool = False
+        self,
+        jobs=(),
+        *,
+        paused: bool = False,
+        wait_ms: int | None = None,
+        full: bool = False,
+        expired=(),
     ) -> None:
         super().__init__(jobs)
         self.paused = paused
         self.wait_ms = wait_ms
         self.full = full
+        self.expired = list(expired)
 
 
 RATE_MODES = ("fixed", "sliding")  # RATE_LIMIT's MODE; the first is the default

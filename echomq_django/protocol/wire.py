@@ -26,7 +26,7 @@ from typing import Any
 
 import redis
 
-from ..core.claims import claimed_jobs
+from ..core.claims import claimed_jobs, said_expired
 from ..core.exceptions import EchoMQError, PayloadError, RedisUnavailable
 from ..core.jobs import (
     MAX_LEASE_MS,
@@ -234,13 +234,14 @@ class Wire:
         """A ``claim`` script's ``reply`` as a ``Claimed``: its jobs leased
         until ``now + lease`` (ms; a replay's own rest), ``source`` (the
         ``EchoMQ``) their handle for what a running job reports."""
-        flat = json.loads(reply)
+        flat, expired = json.loads(reply), ()
         if type(flat) is dict:
             if "jobs" not in flat:
                 paused, full = bool(flat.get("paused")), bool(flat.get("full"))
                 return Claimed(paused=paused, wait_ms=flat.get("wait"), full=full)
-            lease, flat = max(int(flat["left"]), 0), flat["jobs"]  # a replay: its leases' rest
-        return Claimed(claimed_jobs(queue, flat, now + lease, source))
+            lease = max(int(flat.get("left", lease)), 0)  # a replay: its leases' rest
+            flat, expired = flat["jobs"], said_expired(queue, flat.get("expired", ()))
+        return Claimed(claimed_jobs(queue, flat, now + lease, source), expired=expired)
 
     def group_cap(self, queue: str) -> int:
         """The queue's ``GROUP_CONCURRENCY`` setting (jobs of one group active
