@@ -238,6 +238,28 @@ def test_a_child_past_max_memory_per_child_is_recycled_after_its_job(mq) -> None
     stop(worker, bg)
 
 
+def test_a_limit_below_a_fresh_childs_size_recycles_every_job_and_warns_once(mq, caplog) -> None:
+    """A ``max_memory_per_child`` a fresh child already exceeds makes every
+    child leave after one job (the jobs still complete); the supervisor
+    says why once, naming the figures and the fix."""
+    worker, bg = start(mq, max_memory_per_child=1)  # 1 MiB: below any Python process
+    with caplog.at_level("WARNING", logger="echomq_django.worker"):
+        for i in range(3):
+            mq.enqueue("q", "pp.pid", job_id=f"r{i}")
+        wait_for(lambda: mq.counts("q")["completed"] == 3, what="three jobs")
+        wait_for(lambda: worker.loop.pool.recycled == 3, what="the third recycle")
+    said = [r.getMessage() for r in caplog.records if "after its first job" in r.getMessage()]
+    assert len(said) == 1
+    assert said[0].startswith("a handler process held ")
+    assert said[0].endswith(
+        "MiB after its first job, over max_memory_per_child (1 MiB): a fresh process is about "
+        "as large, so each leaves after one job and the pool forks for every job; set "
+        "--max-memory-per-child above a fresh process's size"
+    )
+    assert len({mq.get_job("q", f"r{i}").result for i in range(3)}) == 3  # three children
+    stop(worker, bg)
+
+
 def test_a_handler_the_child_cannot_import_fails_its_job_and_the_pool_stays_up(mq) -> None:
     worker, bg = start(mq)
 

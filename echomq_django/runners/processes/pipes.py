@@ -144,6 +144,22 @@ def death_text(pid: int, code: int | None) -> str:
     )
 
 
+def over_at_start(jobs: int, rss: int, max_rss: int | None) -> str:
+    """The WARNING a supervisor logs once when a handler process holds more
+    than ``max_rss`` bytes (``max_memory_per_child``) after its first job
+    (``jobs`` 1, ``rss`` bytes): a fresh child is about that large, so each
+    would leave after one job and the pool fork for every job; "" otherwise
+    (docs/howto/process-pool.md)."""
+    if jobs != 1 or max_rss is None or rss <= max_rss:
+        return ""
+    return (
+        f"a handler process held {rss / (1 << 20):.0f} MiB after its first job, over "
+        f"max_memory_per_child ({max_rss / (1 << 20):.0f} MiB): a fresh process is about "
+        "as large, so each leaves after one job and the pool forks for every job; set "
+        "--max-memory-per-child above a fresh process's size"
+    )
+
+
 def leaves(jobs: int, rss: int, max_jobs: int | None, max_rss: int | None) -> str:
     """Why a handler process that has finished ``jobs`` jobs and holds
     ``rss`` bytes exits after its last reply (recycling, for the log), or

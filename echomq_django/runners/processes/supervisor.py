@@ -48,7 +48,7 @@ from ...handlers import get_handler
 from ..pool import unknown_name
 from ..reporter import Finished
 from . import child as child_module
-from .pipes import NOTHING, Child, death_text, finished, frame, leaves, write_all
+from .pipes import NOTHING, Child, death_text, finished, frame, leaves, over_at_start, write_all
 
 log = logging.getLogger("echomq_django.worker")
 
@@ -98,6 +98,7 @@ class ProcessPool:
         self._leaving: list[Child] = []  # killed or sent away, not reaped yet
         self._backlog: deque = deque()  # (job, done, message) waiting for a child
         self._warned: set[str] = set()
+        self._said_memory = False  # over_at_start's WARNING, logged once
         self._closing = self._abandon = False
         self._asleep = False  # the supervisor thread waits in select: start() wakes it
         self.recycled = self.replaced = 0
@@ -289,6 +290,9 @@ class ProcessPool:
                 return  # killed past its time limit: the attempt was failed already
             c.jobs, c.quick = c.jobs + 1, ms < QUICK_MS
             why = leaves(c.jobs, rss, self.max_jobs, self.max_rss)
+            if not self._said_memory and (said := over_at_start(c.jobs, rss, self.max_rss)):
+                self._said_memory = True
+                log.warning("%s", said)
             if why:  # it exits now, as the child applies the same rule
                 self._send_away(c, why)
                 while c.next:  # it will not read them: other children run them
