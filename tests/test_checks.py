@@ -4,6 +4,7 @@ deploy checks, which ask the server), and the client each connection setting bui
 from __future__ import annotations
 
 import contextlib
+import logging
 
 import django
 import pytest
@@ -290,3 +291,118 @@ def test_a_tasks_setting_without_a_tasks_framework_is_e034(monkeypatch) -> None:
         "installed, so this backend cannot serve it"
     ]
     assert found[0].hint.startswith("pip install django-tasks")
+
+
+NOT_A_DB = "is not a db index (a whole number, as in /0)"
+
+
+@pytest.mark.parametrize(
+    "url, flaw",
+    [
+        (
+            "redis://127.0.0.1:6390/1/2",
+            "its path '/1/2' is not a db index (a whole number, as in /0)",
+        ),  # redis-py: db 12
+        (
+            "redis://127.0.0.1:6390/abc",
+            "its path '/abc' is not a db index (a whole number, as in /0)",
+        ),  # redis-py: db 0
+        (
+            "redis://127.0.0.1:6390/-1",
+            "its path '/-1' is not a db index (a whole number, as in /0)",
+        ),
+        ("redis://127.0.0.1:notaport/0", "its port is not a number from 1 to 65535 ('notaport')"),
+        ("rediss://127.0.0.1:99999/0", "its port is not a number from 1 to 65535 ('99999')"),
+        (
+            "redis://app:TopSecret@127.0.0.1:6390/x",
+            f"its path '/x' {NOT_A_DB}",
+        ),
+        ("redis://127.0.0.1:6390", None),
+        ("redis://127.0.0.1:6390/", None),
+        ("rediss://app:TopSecret@127.0.0.1:6390/15", None),
+        ("unix:///tmp/redis.sock?db=2", None),
+    ],
+)
+def test_a_url_redis_py_would_misread_is_e002_and_no_password_shows(monkeypatch, url, flaw):
+    """redis-py reads ``/1/2`` as db 12 and ``/abc`` as db 0 without a word;
+    the settings check refuses them (and bad ports) as E002, naming the flaw,
+    and shows the URL with its password written ``***``."""
+    monkeypatch.delenv("ECHOMQ_URL", raising=False)
+    found = [p for p in conf.problems({"URL": url}) if p[0] == "echomq_django.E002"]
+    if flaw is None:
+        assert found == []
+        return
+    [(_, message, hint)] = found
+    shown = url.replace(":TopSecret@", ":***@")
+    assert message == f"ECHOMQ URL {shown!r} is not a Redis URL: {flaw}"
+    assert "TopSecret" not in message and hint.startswith("redis://[[user]:password@]host")
+
+
+def test_refused_credentials_and_a_cluster_setting_the_server_refutes_stop_a_start_at_once(
+    monkeypatch, redis_server, caplog
+):
+    """A runner waits out a Redis that does not answer, but not a setting the
+    server refutes: a password it refuses (E024, with the deploy checks) or
+    CLUSTER on a plain server (E015) stop the start at once, as waiting
+    would not mend them; neither message shows the password."""
+    import threading
+
+    from echomq_django.runners.outage import reach_redis_at_start
+    from tests.support.rigs import start_server
+
+    log = logging.getLogger("echomq_django.test_checks")
+    locked = start_server()
+    locked.client().config_set("requirepass", "s3cret")
+    try:
+        for url, said in [
+            (f"redis://:wrong-pw@127.0.0.1:{locked.port}/0", "invalid username-password pair"),
+            (f"redis://127.0.0.1:{locked.port}/0", "authenticated"),  # redis-py 8 says HELLO first
+        ]:
+            monkeypatch.setenv("ECHOMQ_URL", url)
+            conf.reset()
+            [(cid, message, _)] = conf.server_problems({})
+            assert (cid, said in message, "wrong-pw" in message) == (
+                "echomq_django.E024",
+                True,
+                False,
+            )
+            with pytest.raises(ImproperlyConfigured, match=r"echomq_django\.E024") as err:
+                reach_redis_at_start(True, log, threading.Event())
+            assert "wrong-pw" not in str(err.value)
+        monkeypatch.setenv("ECHOMQ_URL", f"redis://:s3cret@127.0.0.1:{locked.port}/0")
+        assert conf.server_problems({}) == []
+        monkeypatch.setenv("ECHOMQ_URL", redis_server)
+        conf.reset()
+        with override_settings(ECHOMQ={"URL": redis_server, "CLUSTER": True}):
+            with pytest.raises(ImproperlyConfigured, match=r"echomq_django\.E015"):
+                reach_redis_at_start(True, log, threading.Event())
+    finally:
+        locked.stop()
+        conf.reset()
+    assert not [r for r in caplog.records if "retrying" in r.getMessage()]
+
+
+def test_a_password_never_shows_in_the_wait_for_redis(monkeypatch, caplog):
+    """The runner's "Redis unreachable at ..." lines name the URL with its
+    password written ``***``."""
+    import threading
+
+    from echomq_django.runners.outage import reach_redis_at_start
+    from tests.support.rigs import free_port
+
+    port = free_port()
+    monkeypatch.setenv("ECHOMQ_URL", f"redis://app:TopSecret@127.0.0.1:{port}/0")
+    conf.reset()
+    stop = threading.Event()
+    threading.Timer(0.3, stop.set).start()
+    try:
+        with caplog.at_level(logging.WARNING, logger="echomq_django.test_checks"):
+            assert (
+                reach_redis_at_start(True, logging.getLogger("echomq_django.test_checks"), stop)
+                is None
+            )
+    finally:
+        conf.reset()
+    said = [r.getMessage() for r in caplog.records]
+    assert said[0].startswith(f"Redis unreachable at redis://app:***@127.0.0.1:{port}/0 (")
+    assert not [m for m in said if "TopSecret" in m]

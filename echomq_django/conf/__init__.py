@@ -25,14 +25,13 @@ from ..protocol.connection import (
 )
 from .schema import (
     DJANGO_REDIS_CACHE,
-    check_server,
     config,
     enqueue_when_down,
     json_encoder,
     problems,
-    server_problems,
     signal_settings,
 )
+from .server import check_server, server_problems
 
 __all__ = [
     "build_client",

@@ -36,7 +36,7 @@ from ..core.options import check_concurrency, check_group_rate
 from ..core.retention import KEEP_HINT, KEEP_KEYS, keep_problems
 from ..core.retry import QUEUE_SETTINGS as RETRY_SETTINGS
 from ..core.retry import queue_problems as retry_problems
-from ..protocol.connection import SENTINEL_SCHEME, client_options, server_facts
+from ..protocol.connection import SENTINEL_SCHEME, URL_HINT, client_options, redacted, url_flaw
 from .sentinel import SENTINEL_KEYS, sentinel_problems
 from .timing import timing_problems, whole
 
@@ -123,10 +123,14 @@ def problems(cfg: dict | None = None) -> list[tuple[str, str, str]]:
         out.append(
             (
                 "echomq_django.E002",
-                f"{where} {url!r} is not a Redis URL",
+                f"{where} {redacted(url)!r} is not a Redis URL",
                 f"It must start with one of {', '.join(URL_SCHEMES)}.",
             )
         )
+    elif url and (flaw := url_flaw(url)):
+        where = "ECHOMQ_URL (the environment variable)" if env_url else "ECHOMQ URL"
+        message = f"{where} {redacted(url)!r} is not a Redis URL: {flaw}"
+        out.append(("echomq_django.E002", message, URL_HINT))
     elif not url:
         caches_cfg = getattr(settings, "CACHES", {})
         backend = caches_cfg.get(alias, {}).get("BACKEND", "")
@@ -357,71 +361,6 @@ def value_problems(cfg: dict) -> list[tuple[str, str, str]]:
                 )
             )
     return out
-
-
-def server_problems(cfg: dict | None = None) -> list[tuple[str, str, str]]:
-    """What the Redis server named by the settings says against them
-    (docs/explanation/reliability.md#bad-input-writes-nothing), ids ``echomq_django.E015``-``E017``:
-    ``CLUSTER`` on a server that is not a Cluster node (E015), a Cluster node without
-    ``CLUSTER`` (E016: "this is a Redis Cluster node: set CLUSTER"), a DB
-    index the server does not have (E017). Connects to ``URL`` (or
-    ``ECHOMQ_URL``) with a ``PROBE_TIMEOUT_S`` timeout; says nothing when
-    there is no URL, the settings have other problems, or Redis cannot be
-    reached (the commands report that themselves)."""
-    cfg = config() if cfg is None else cfg
-    url = os.environ.get("ECHOMQ_URL") or cfg.get("URL")
-    if not isinstance(url, str) or not url.startswith(URL_SCHEMES):
-        return []
-    if url.startswith(SENTINEL_SCHEME):
-        return []  # the master moves: the sentinels answer for it at each connection
-    cluster = cfg.get("CLUSTER", False)
-    if not isinstance(cluster, bool):
-        return []
-    facts = server_facts(url)
-    if facts is None:
-        return []  # a malformed URL (build_client says so), unreachable, or CONFIG refused
-    enabled, databases, db = facts
-    out = []
-    if cluster and not enabled:
-        out.append(
-            (
-                "echomq_django.E015",
-                f"ECHOMQ CLUSTER is True but {url} is not a Redis Cluster node",
-                "Set CLUSTER to False for a single server (or point URL at a Cluster node).",
-            )
-        )
-    elif enabled and not cluster:
-        out.append(
-            (
-                "echomq_django.E016",
-                f"{url}: this is a Redis Cluster node: set CLUSTER",
-                "Set ECHOMQ['CLUSTER'] = True: a plain client cannot follow the "
-                "Cluster's redirections (MOVED).",
-            )
-        )
-    elif databases is not None and db >= databases:
-        out.append(
-            (
-                "echomq_django.E017",
-                f"DB index is out of range: {url} selects db {db}, the server has "
-                f"{databases} (0-{databases - 1})",
-                "Use a db index the server has, or raise its 'databases' setting.",
-            )
-        )
-    return out
-
-
-def check_server() -> None:
-    """For the commands at start (docs/explanation/reliability.md#bad-input-writes-nothing): raise
-    ``ImproperlyConfigured`` with the first of ``server_problems()`` (the
-    Redis named is not what the settings say: a Cluster node without
-    CLUSTER, CLUSTER on a single server, a DB index out of range) as one
-    line, its hint included; return quietly when it is what they say or
-    cannot be reached (the commands' ping reports that)."""
-    found = server_problems()
-    if found:
-        cid, message, hint = found[0]
-        raise ImproperlyConfigured(f"{message} ({cid}; {hint})")
 
 
 def signal_settings() -> dict[str, int]:

@@ -31,6 +31,46 @@ SENTINEL_URL_RULE = (
 )
 
 
+URL_HINT = (
+    "redis://[[user]:password@]host[:port][/db], db a whole number (0 when left out), "
+    "port 1-65535; rediss:// alike with TLS; unix:///path/to/socket[?db=n]."
+)
+
+
+class CredentialsRefused(Exception):
+    """The server refused the URL's user or password (``NOAUTH``, ``WRONGPASS``)."""
+
+
+def url_flaw(url: str) -> str | None:
+    """What makes ``url`` (a ``redis://`` or ``rediss://`` URL) one redis-py
+    would misread, or None: a port that is not a number from 1 to 65535, or
+    a path that is not one whole db index (redis-py reads ``/abc`` as db 0
+    and ``/1/2`` as db 12). Other schemes: None (their own checks apply)."""
+    if not url.startswith(("redis://", "rediss://")):
+        return None
+    parts = urlsplit(url)
+    try:
+        parts.port  # noqa: B018  (raises ValueError for a bad port)
+    except ValueError:
+        return f"its port is not a number from 1 to 65535 ({parts.netloc.rpartition(':')[2]!r})"
+    db = parts.path.lstrip("/")
+    if db and not (db.isascii() and db.isdigit()):
+        return f"its path {parts.path!r} is not a db index (a whole number, as in /0)"
+    return None
+
+
+def redacted(url):
+    """``url`` (a Redis URL) with its password written ``***``, as logs and
+    error messages show it; anything else as it is."""
+    if not isinstance(url, str) or "@" not in url:
+        return url
+    scheme, sep, rest = url.partition("://")
+    userinfo, at, hosts = rest.partition("@")
+    if not sep or not at or ":" not in userinfo:
+        return url
+    return f"{scheme}://{userinfo.split(':', 1)[0]}:***@{hosts}"
+
+
 def client_options(cluster: bool) -> set[str]:
     """The keyword arguments ``redis.Redis.from_url`` (or, with ``cluster``,
     ``RedisCluster.from_url``) takes, as ``OPTIONS`` keys."""
@@ -66,7 +106,8 @@ def server_facts(
     (s) timeout: ``(cluster enabled, databases it has (None on a Cluster
     node), the db index the URL selects)``. None when the URL does not
     parse, the server cannot be reached, or it refuses CONFIG (a managed
-    server): then nothing can be said."""
+    server): then nothing can be said. Raises ``CredentialsRefused`` when
+    the server refuses the URL's user or password."""
     try:
         options = redis.connection.parse_url(url)
         db = int(options.pop("db", 0) or 0)
@@ -89,6 +130,8 @@ def server_facts(
     try:
         enabled = probe.info("cluster").get("cluster_enabled") == 1
         databases = None if enabled else int(probe.config_get("databases").get("databases", 0))
+    except redis.exceptions.AuthenticationError as err:  # a config error, not an outage
+        raise CredentialsRefused(str(err)) from None
     except redis.exceptions.RedisError:  # unreachable, or CONFIG refused
         return None
     finally:

@@ -19,8 +19,9 @@ import threading
 from collections.abc import Callable
 from typing import TypeVar
 
-from ..conf import check_server, config, get_mq
+from ..conf import check_server, config, get_mq, offline_mq
 from ..core.exceptions import RedisUnavailable
+from ..protocol.connection import redacted
 from ..protocol.errors import describe
 
 BACKOFF_START_S, BACKOFF_MAX_S = 0.5, 30.0
@@ -106,11 +107,18 @@ def reach_redis_at_start(wait: bool, log: logging.Logger, stop: threading.Event)
     stop). Without ``wait`` (``--burst``, ``--once``, ``--no-wait``) it
     raises ``RedisUnavailable`` at once. Returns the ``EchoMQ``. Raises
     ``ImproperlyConfigured`` for bad settings or a server that is not what
-    they say. docs/howto/deploy.md#start-order-when-redis-boots-last"""
+    they say (``conf.check_server``: CLUSTER on a plain server or the other
+    way round, a DB index out of range, refused credentials), at once and
+    with ``wait`` too: waiting would not mend them.
+    docs/howto/deploy.md#start-order-when-redis-boots-last"""
 
     def connect():
+        offline_mq()  # the settings' own problems first (ImproperlyConfigured), no I/O
+        # then what the server says, before a client connects: a DB index out of range
+        # fails PING as a refusal, a Cluster client fails on a plain server as if it
+        # were down, a refused password too; each is a setting to fix, not an outage
+        check_server()
         mq = get_mq()
-        check_server()  # first: a DB index out of range fails PING as a refusal
         mq.ping()
         return mq
 
@@ -118,7 +126,7 @@ def reach_redis_at_start(wait: bool, log: logging.Logger, stop: threading.Event)
         mq = connect()
     else:
         cfg = config()
-        where = os.environ.get("ECHOMQ_URL") or cfg.get("URL")
+        where = redacted(os.environ.get("ECHOMQ_URL") or cfg.get("URL"))
         if not where and cfg.get("SENTINELS"):
             where = f"master {cfg.get('MASTER_NAME')!r} of sentinels {cfg['SENTINELS']!r}"
         where = where or f"cache {cfg.get('CACHE')!r}"
