@@ -49,12 +49,35 @@ def test_stop_ends_the_pumps_outage_backoff_at_once():
     assert time.monotonic() - asked < 0.25  # the backoff was not waited out
 
 
-def test_the_backoff_doubles_to_its_cap_and_resets_on_recovery(caplog):
+def test_the_backoff_doubles_to_its_cap_and_resets_on_recovery(caplog, monkeypatch):
+    """Tries at 0.5, 1, then every 2 s, so a Redis that comes back is heard
+    within 2 s; the log says each try up to the first at the cap, then one
+    line per 30 s with how long it has lasted."""
+    from echomq_django.runners import outage as module
+
+    now = [1000.0]
+    monkeypatch.setattr(module.time, "monotonic", lambda: now[0])
     log = logging.getLogger("echomq_django.test_outage")
     outage = Outage(redis.Redis(port=1), log)
     err = redis.exceptions.ConnectionError("refused")
-    delays = [outage.failed(err) for _ in range(8)]
-    assert delays == [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, BACKOFF_MAX_S, BACKOFF_MAX_S]
+    with caplog.at_level(logging.WARNING, logger=log.name):
+        delays = []
+        for _ in range(40):  # 0.5 + 1 + 38 * 2 = 77.5 s of outage
+            delays.append(outage.failed(err))
+            now[0] += delays[-1]
+    assert BACKOFF_MAX_S == 2.0
+    assert delays == [0.5, 1.0] + [BACKOFF_MAX_S] * 38
+    said = [r.getMessage() for r in caplog.records]
+    assert said[:3] == [
+        f"Redis unreachable at redis://localhost:1/0 (refused), retrying in {s}s"
+        for s in ("0.5", "1.0", "2.0")
+    ]
+    # the third line at 1.5 s; then at the first try 30 s after it and 30 s after that
+    assert said[3:] == [
+        f"Redis still unreachable at redis://localhost:1/0 after {s}s (refused), "
+        "retrying every 2.0s"
+        for s in (32, 62)
+    ]
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger=log.name):
         outage.ok()
@@ -79,7 +102,7 @@ def test_a_reporters_tries_are_at_most_two_seconds_apart(r, monkeypatch):
     Worker(["q"], mq=EchoMQ(r, prefix="emq")).run(burst=True)
     err = redis.exceptions.ConnectionError("refused")
     assert [made[0].failed(err) for _ in range(5)] == [0.5, 1.0, 2.0, 2.0, 2.0]
-    assert reporter.REPORT_BACKOFF_MAX_S == 2.0 < BACKOFF_MAX_S
+    assert reporter.REPORT_BACKOFF_MAX_S == 2.0 == BACKOFF_MAX_S
 
 
 def test_a_worker_in_an_outage_backs_off_and_says_it_recovered_once(caplog):

@@ -2,8 +2,10 @@
 
 The worker's claiming loop, its reporter thread and the pump each hold an
 ``Outage``: a failed try is logged at WARNING with the wait before the next
-("Redis unreachable at ..., retrying in Xs"), the wait doubles from
-``BACKOFF_START_S`` to ``BACKOFF_MAX_S``, and the recovery is logged once,
+("Redis unreachable at ..., retrying in Xs") up to the first at the cap, then
+one line per ``SAY_EVERY_S`` while it lasts; the wait doubles from ``BACKOFF_START_S`` to
+``BACKOFF_MAX_S`` (2 s: Redis is heard within 2 s of its return), and the
+recovery is logged once,
 only after a call that reached Redis. ``wait_until_reachable`` is the same
 wait before a runner starts: ``runworker`` and ``runpump`` started before
 Redis come up with it, and ``StartSignals`` keeps a SIGTERM sent while they
@@ -16,6 +18,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -24,7 +27,10 @@ from ..core.exceptions import RedisUnavailable
 from ..protocol.connection import redacted
 from ..protocol.errors import describe
 
-BACKOFF_START_S, BACKOFF_MAX_S = 0.5, 30.0
+# A runner's tries while Redis is away: 0.5 s, 1 s, then every 2 s, so a
+# Redis that comes back is heard within 2 s (ioredis's 2 s cap); the log
+# says each try up to the first at the cap, then at most one line per SAY_EVERY_S.
+BACKOFF_START_S, BACKOFF_MAX_S, SAY_EVERY_S = 0.5, 2.0, 30.0
 
 # What "Redis is down" looks like to a runner: every part of EchoMQ turns a
 # dropped connection, CLUSTERDOWN, TRYAGAIN, READONLY, LOADING... into this.
@@ -38,14 +44,27 @@ class Outage:
         self, client, log: logging.Logger, where: str | None = None, max_s: float = BACKOFF_MAX_S
     ) -> None:
         self.where, self.log, self.max_s = where or describe(client), log, max_s
-        self.delay, self.down = BACKOFF_START_S, False
+        self.delay, self.down, self.since, self.said = BACKOFF_START_S, False, 0.0, 0.0
+        self.capped = False  # a try at the cap was logged: the rest go by SAY_EVERY_S
 
     def failed(self, err: BaseException) -> float:
-        """Log the failure; returns the seconds to wait before the next try."""
-        delay, self.down = self.delay, True
-        self.log.warning(
-            "Redis unreachable at %s (%s), retrying in %.1fs", self.where, cause(err), delay
-        )
+        """Log the failure (each try up to the first at the cap, then at most
+        one line per ``SAY_EVERY_S``: how long it has lasted); returns the
+        seconds to wait before the next try."""
+        delay, now = self.delay, time.monotonic()
+        if not self.down:
+            self.down, self.since = True, now
+        if not self.capped:
+            self.capped, self.said = delay >= self.max_s, now
+            self.log.warning(
+                "Redis unreachable at %s (%s), retrying in %.1fs", self.where, cause(err), delay
+            )
+        elif now - self.said >= SAY_EVERY_S:
+            self.said = now
+            self.log.warning(
+                "Redis still unreachable at %s after %.0fs (%s), retrying every %.1fs",
+                *(self.where, now - self.since, cause(err), self.max_s),
+            )
         self.delay = min(delay * 2, self.max_s)
         return delay
 
@@ -53,7 +72,7 @@ class Outage:
         """Redis answered: log the recovery (once) and reset the backoff."""
         if self.down:
             self.log.warning("Redis reachable again at %s", self.where)
-        self.delay, self.down = BACKOFF_START_S, False
+        self.delay, self.down, self.capped = BACKOFF_START_S, False, False
 
 
 def cause(err: BaseException) -> str:
@@ -77,11 +96,12 @@ def wait_until_reachable(
 ) -> T | None:
     """Call ``connect()`` until it returns, and return what it returned. Each
     ``RedisUnavailable`` it raises is logged as an outage (the wait doubling
-    from ``BACKOFF_START_S`` to ``BACKOFF_MAX_S`` s, one WARNING line per
-    try) and waited out; the first success after a failure logs one
-    recovery line. ``where`` names the server in those lines (a URL).
-    Returns None as soon as ``stop`` is set (a SIGTERM while waiting). Any
-    other error ``connect()`` raises propagates."""
+    from ``BACKOFF_START_S`` to ``BACKOFF_MAX_S`` s; a WARNING per try up to
+    the first at the cap, then one per ``SAY_EVERY_S``) and waited out; the
+    first success after a failure logs one recovery line. ``where`` names
+    the server in those lines (a URL). Returns None as soon as ``stop`` is
+    set (a SIGTERM while waiting). Any other error ``connect()`` raises
+    propagates."""
     outage = Outage(None, log, where=where)
     while not stop.is_set():
         try:
@@ -99,8 +119,9 @@ def reach_redis_at_start(wait: bool, log: logging.Logger, stop: threading.Event)
     process's ``EchoMQ`` (``conf.get_mq``), PING Redis, and check the server
     is what the settings say (``conf.check_server``). With ``wait`` (a
     long-running command), a Redis that does not answer yet is waited for
-    (``wait_until_reachable``: one WARNING line per try, the wait doubling
-    to ``BACKOFF_MAX_S`` s, one line when it answers), so a runner started
+    (``wait_until_reachable``: the wait doubling to ``BACKOFF_MAX_S`` s, a
+    WARNING per try up to the first at the cap and every ``SAY_EVERY_S``
+    after, one line when it answers), so a runner started
     before Redis comes up with it. ``stop`` is set by a SIGTERM or SIGINT
     (``StartSignals.stopped``): set at any point before this returns, even
     during a try that reached Redis, it makes this return None (a clean

@@ -58,9 +58,9 @@ Decisions (documented here, relied on by the tests):
 * ``LeaseLost`` / ``JobNotActive`` / ``JobNotFound`` when reporting mean the
   lease expired and the pump recovered the job (it runs again): a WARNING,
   the result is dropped, the worker goes on.
-* Redis unreachable: "Redis unreachable at ..., retrying in Xs" at WARNING,
-  backoff doubling from ``BACKOFF_START_S`` to ``BACKOFF_MAX_S`` (the reporter's to
-  ``REPORT_BACKOFF_MAX_S``); no claims meanwhile, nor while the reporter's batches meet
+* Redis unreachable: "Redis unreachable at ..., retrying in Xs" at WARNING (then one per
+  ``SAY_EVERY_S``), backoff from ``BACKOFF_START_S`` to ``BACKOFF_MAX_S`` (the reporter's
+  to ``REPORT_BACKOFF_MAX_S``); no claims meanwhile, nor while the reporter's batches meet
   it; finished results are kept, leased, and reported once Redis answers. No job
   is acknowledged without Redis, so a claimed job is never lost: at worst its
   lease expires and the pump recovers it. A claim that raised is sent again
