@@ -444,3 +444,64 @@ def test_each_kind_of_client_waits_through_a_killed_block(r, options) -> None:
     assert client.echo("after") in ("after", b"after")
     _pool_whole(client)
     client.close()
+
+
+def test_a_block_a_failover_ends_is_not_now_for_a_follow_and_a_waker(r, caplog) -> None:
+    """``-UNBLOCKED`` (what a master demoted by a failover answers every
+    blocked client; here ``CLIENT UNBLOCK ... ERROR``) is "not now" on every
+    blocking path, as a dropped connection is: a follow of the events raises
+    ``RedisUnavailable`` and resumes after its last event, and a worker's
+    wake thread logs one WARNING, no ERROR and no traceback, and blocks again."""
+    import logging
+
+    from echomq_django import RedisUnavailable
+    from echomq_django.runners import wake
+    from echomq_django.runners.wake import Waker
+
+    client = _client(r, socket_timeout=None)
+    mq = EchoMQ(client, prefix="emq")
+    follow = mq.events(["q"], block_s=30)
+    follow.start()  # from now
+    mq.enqueue("q", "t.echo", None, job_id="e1")
+    assert next(follow).job_id == "e1"
+    got = []
+    reader = threading.Thread(target=lambda: got.append(_step(follow)), daemon=True)
+    reader.start()
+    # the follow blocks in slices: unblock whichever slice is blocked now
+    wait_for(
+        lambda: any(r.client_unblock(c["id"], error=True) for c in _blocked(r)),
+        what="the follow's block ended by UNBLOCKED",
+    )
+    reader.join(10)
+    assert isinstance(got[0], RedisUnavailable) and "UNBLOCKED" in str(got[0])
+    mq.enqueue("q", "t.echo", None, job_id="e2")
+    assert next(follow).job_id == "e2"  # its place kept: e1 is not given again
+
+    posted = []
+    r.delete(mq.keys.queue("q").wake)  # the adds' marker: the waker finds none and blocks
+    waker = Waker(mq, ["q"], "wake", posted.append, block_s=30)
+    with caplog.at_level(logging.WARNING, logger="echomq_django.wake"):
+        waker.start()
+        waker.arm()
+        zpop = lambda: [  # noqa: E731
+            c for c in r.client_list() if c["cmd"] == "bzpopmin" and "b" in c["flags"]
+        ]
+        wait_for(
+            lambda: any(r.client_unblock(c["id"], error=True) for c in zpop()),
+            what="the waker's block ended by UNBLOCKED",
+        )
+        wait_for(lambda: posted and zpop(), what="down, and blocked again")
+        mq.enqueue("q", "t.echo", None, job_id="e3")  # its marker ends the block
+        wait_for(lambda: len(posted) == 3, what="up, and the wake-up")
+        waker.stop()
+    assert posted[:2] == [wake.DOWN, wake.UP] and posted[2].queue == "q"
+    assert [rec.levelname for rec in caplog.records] == ["WARNING"]
+    assert "UNBLOCKED" in caplog.records[0].getMessage() and not caplog.records[0].exc_info
+
+
+def _step(follow):
+    """The follow's next event, or the exception its step raised."""
+    try:
+        return next(follow)
+    except Exception as err:
+        return err

@@ -59,6 +59,16 @@ TRANSIENT = (
 )
 
 
+def unblocked(err: BaseException) -> bool:
+    """Whether ``err`` is Redis's ``-UNBLOCKED`` for a blocked command: the
+    block was ended under it (a master demoted to a replica by a failover or
+    ``REPLICAOF``; ``CLIENT UNBLOCK ... ERROR``), nothing was refused. "Not
+    now", as ``TRANSIENT``: the call blocks again on the new master. (A
+    Sentinel failover kills the old master's clients instead: a lost
+    connection.)"""
+    return isinstance(err, redis.ResponseError) and str(err).startswith("UNBLOCKED")
+
+
 # A part's public call while Redis is away: TRANSIENT, or a Cluster that no
 # node answers (RedisClusterException), or one whose map is failing (ClusterError).
 AWAY = (*TRANSIENT, redis.exceptions.ClusterError, redis.exceptions.RedisClusterException)
@@ -66,8 +76,9 @@ AWAY = (*TRANSIENT, redis.exceptions.ClusterError, redis.exceptions.RedisCluster
 
 def translating(method):
     """Decorate a public method of a part of ``EchoMQ`` (``wire.Part`` does
-    it for each one): an error of ours passes, Redis away (``AWAY``) becomes
-    ``RedisUnavailable`` naming the address, any other redis-py error
+    it for each one): an error of ours passes, Redis away (``AWAY``, and a
+    block a failover ended: ``unblocked``) becomes ``RedisUnavailable``
+    naming the address, any other redis-py error
     ``RedisCommandError`` with the driver's words; each chains the
     original. So nothing above ``protocol/`` catches a redis-py error."""
 
@@ -80,6 +91,8 @@ def translating(method):
         except AWAY as err:
             raise connection_error(getattr(self, "client", None), err) from err
         except redis.RedisError as err:
+            if unblocked(err):  # a failover ended a block: not now, as AWAY
+                raise connection_error(getattr(self, "client", None), err) from err
             raise RedisCommandError(
                 f"Redis refused a command: {type(err).__name__}: {err}"
             ) from err
@@ -90,8 +103,8 @@ def translating(method):
 
 def reports_redis_down(method):
     """Decorate a method of an object with a ``client``: redis-py's transient
-    errors (``TRANSIENT``) become ``RedisUnavailable`` naming the address
-    the client tried."""
+    errors (``TRANSIENT``, and ``-UNBLOCKED``: ``unblocked``) become
+    ``RedisUnavailable`` naming the address the client tried."""
 
     @functools.wraps(method)
     def wrapper(self, *args, **kwargs):
@@ -99,6 +112,10 @@ def reports_redis_down(method):
             return method(self, *args, **kwargs)
         except TRANSIENT as err:
             raise connection_error(self.client, err) from err
+        except redis.ResponseError as err:
+            if unblocked(err):  # a failover ended a block: not now
+                raise connection_error(self.client, err) from err
+            raise
 
     return wrapper
 

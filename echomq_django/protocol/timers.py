@@ -33,7 +33,7 @@ from redis.retry import Retry
 from ..core.jobs import Outcome, to_text
 from ..core.options import MAX_MS, check_int
 from .control.commands import NUDGE, PENDING_TTL_MS
-from .errors import TRANSIENT, connection_error
+from .errors import AWAY, connection_error, unblocked
 from .scripts import socket_timeout
 from .wire import Part, Wire
 
@@ -42,9 +42,8 @@ WAKE_NOW, WAKE_DUE = "0", "d"  # the members lua/lib/claimable.lua writes
 # queue has none of them (Timers.busy)
 WATCHED = ("pending", "prioritized", "delayed", "active", "deadlines", "gc", "cancel", "expire")
 SOCKET_MARGIN_S = 1.0  # a blocking read waits this much longer than its command
-# what a blocked pop meets while Redis is away: a Cluster with no node
-# answering raises RedisClusterException, not a ConnectionError
-AWAY = (*TRANSIENT, redis.exceptions.ClusterError, redis.exceptions.RedisClusterException)
+# what a blocked pop meets while Redis is away is errors.AWAY: a Cluster with no
+# node answering raises RedisClusterException, not a ConnectionError
 
 
 @dataclass(frozen=True)
@@ -144,6 +143,11 @@ class Markers:
             raise connection_error(client, err) from err
         except AWAY as err:
             self._forget(queues)  # a Cluster node may have failed over: look it up again
+            raise connection_error(client, err) from err
+        except redis.exceptions.ResponseError as err:
+            if not unblocked(err):
+                raise
+            self._forget(queues)  # UNBLOCKED: its master was demoted (a failover)
             raise connection_error(client, err) from err
         if not got:
             return None

@@ -21,6 +21,8 @@ from typing import Any
 
 import redis
 
+from ..errors import unblocked
+
 
 async def off_loop(fn: Callable[..., Any], *args: Any, name: str = "echomq-blocking") -> Any:
     """``fn(*args)`` on a new daemon thread, awaited without blocking the
@@ -61,15 +63,6 @@ MOVED_ON = (
     redis.exceptions.ClusterDownError,
 )
 READ_MARGIN_S = 2.0  # a long block's reply is awaited this much past the block (s)
-
-
-def unblocked(err: BaseException) -> bool:
-    """Whether ``err`` is Redis's ``-UNBLOCKED`` for a blocked command: the
-    block was ended under it (a master demoted to a replica by ``REPLICAOF``;
-    ``CLIENT UNBLOCK ... ERROR``), the key's job was not. A wait blocks
-    again. (A Sentinel failover kills the old master's clients instead: a
-    lost connection.)"""
-    return isinstance(err, redis.ResponseError) and str(err).startswith("UNBLOCKED")
 
 
 class Cancel:
