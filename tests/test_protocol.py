@@ -143,11 +143,15 @@ def test_duplicate_id_is_refused_and_nothing_changes(tmq, state) -> None:
     ids=["object", "set", "nan", "oversized"],
 )
 def test_bad_payload_is_refused_and_nothing_written(redis_client, payload, message) -> None:
+    """Refused before the first write: nor is its queue (a fresh one here)
+    noted among the known queues (it was, and the stats listed a queue that
+    never held a job)."""
     mq = EchoMQ(redis_client, max_payload_bytes=200)
     mq.enqueue("q", "n", "x" * 198, job_id="fits")  # exactly 200 bytes of JSON
     before = snapshot(redis_client)
-    with pytest.raises(PayloadError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        mq.enqueue("q", "n", payload, job_id="j1")
+    for queue in ("q", "fresh"):
+        with pytest.raises(PayloadError, match=message.replace("(", r"\(").replace(")", r"\)")):
+            mq.enqueue(queue, "n", payload, job_id="j1")
     assert snapshot(redis_client) == before
 
 

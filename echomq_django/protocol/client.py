@@ -195,7 +195,7 @@ class EchoMQ(Reads):
         retry, expires_at, callbacks = job_extras(
             now + delay_ms, self.queues.get(queue) or {}, **policy_keywords(policy)
         )
-        k = self.keys.queue(queue)
+        k, text = self.keys.queue(queue), self.encode(payload)  # refused here: nothing written
         self.wire.note_queues((queue,))
         with adding("enqueue", queue, job_id) as traceparent:  # docs/howto/tracing.md
             state = self.scripts.run(
@@ -205,7 +205,7 @@ class EchoMQ(Reads):
                     queue,
                     job_id,
                     name,
-                    self.encode(payload),
+                    text,
                     opt(max_attempts),
                     opt(backoff_ms),
                     now,
