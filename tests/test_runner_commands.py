@@ -28,15 +28,17 @@ def run_command(name: str, *args: str) -> tuple[int, str]:
 @pytest.mark.parametrize(
     "args, message",
     [
-        (("--interval", "0"), "--interval must be > 0 s, got 0"),
+        (("--interval", "0"), "--interval must be a finite number > 0 s, got 0"),
+        (("--interval", "nan"), "--interval must be a finite number > 0 s, got nan"),
+        (("--interval", "inf"), "--interval must be a finite number > 0 s, got inf"),
         (("--batch", "0"), "--batch must be a whole number >= 1, got 0"),
         (("--batch", "-1"), "--batch must be a whole number >= 1, got -1"),
         (("--max-tries", "0"), "--max-tries must be a whole number >= 1, got 0"),
         (("--lock-ms", "0"), "--lock-ms must be a whole number >= 100 (ms), got 0"),
         (("--lock-ms", "-1"), "--lock-ms must be a whole number >= 100 (ms), got -1"),
         (("--max-stalls", "-1"), "--max-stalls must be a whole number >= 0, got -1"),
-        (("--summary-every", "-5"), "--summary-every must be > 0 s, got -5"),
-        (("--summary-every", "0"), "--summary-every must be > 0 s, got 0"),
+        (("--summary-every", "-5"), "--summary-every must be a finite number > 0 s, got -5"),
+        (("--summary-every", "0"), "--summary-every must be a finite number > 0 s, got 0"),
     ],
 )
 def test_runpump_refuses_a_flag_that_breaks_its_rule(args, message):
@@ -77,6 +79,13 @@ def test_runworker_passes_pump_interval_on_with_pump(r, db, monkeypatch):
     "args, message",
     [
         (("--concurrency", "0"), "--concurrency must be a whole number >= 1, got 0"),
+        (("--block-timeout", "nan"), "--block-timeout must be a finite number > 0 s, got nan"),
+        (("--sweep-interval", "inf"), "--sweep-interval must be a finite number > 0 s, got inf"),
+        (("--sweep-interval", "0"), "--sweep-interval must be a finite number > 0 s, got 0"),
+        (
+            ("--shutdown-timeout", "nan"),
+            "--shutdown-timeout must be a finite number >= 0 s, got nan",
+        ),
         (("--lease-ms", "0"),
          "--lease-ms must be a whole number from 1 to 31,536,000,000 (ms), got 0"),
     ],

@@ -499,8 +499,23 @@ def test_bad_arguments_are_refused(mq):
             {"queues": ["q"], "lease_ms": 2**63},
             "lease_ms must be an integer from 1 to 31,536,000,000, got 9223372036854775808",
         ),
-        ({"queues": ["q"], "shutdown_timeout": -5}, "shutdown_timeout must be >= 0 s, got -5"),
-        ({"queues": ["q"], "block_timeout": 0}, "block_timeout must be > 0 s, got 0"),
+        (
+            {"queues": ["q"], "shutdown_timeout": -5},
+            "shutdown_timeout must be finite, >= 0 s, got -5",
+        ),
+        ({"queues": ["q"], "block_timeout": 0}, "block_timeout must be finite, > 0 s, got 0"),
+        (
+            {"queues": ["q"], "block_timeout": float("nan")},
+            "block_timeout must be finite, > 0 s, got nan",
+        ),
+        (
+            {"queues": ["q"], "shutdown_timeout": float("inf")},
+            "shutdown_timeout must be finite, >= 0 s, got inf",
+        ),
+        (
+            {"queues": ["q"], "sweep_interval": float("inf")},
+            "sweep_s must be a finite number > 0 s, got inf",
+        ),
     ]:
         with pytest.raises(ValueError) as err:
             Worker(mq=mq, **kwargs)

@@ -82,8 +82,8 @@ class Timers:
         leases: dict[str, int] | None = None,
         settled=None,
     ):
-        if sweep_s <= 0:
-            raise ValueError(f"sweep_s must be > 0 s, got {sweep_s!r}")
+        if not 0 < sweep_s < float("inf"):  # nan and inf too
+            raise ValueError(f"sweep_s must be a finite number > 0 s, got {sweep_s!r}")
         self.mq, self.queues = mq, list(queues)
         self.sweep_s, self.max_stalls, self.limit = float(sweep_s), max_stalls, limit
         leases = leases or {}

@@ -212,12 +212,11 @@ class Worker:
         }
         beat = heartbeat_ms if heartbeat_ms is not None else max(50, min(self.leases.values()) // 6)
         self.heartbeat_s = _at_least(1, beat, "heartbeat_ms") / 1000
-        block = block_timeout if block_timeout is not None else poll_interval
-        block = BLOCK_S if block is None else block
-        if shutdown_timeout < 0:
-            raise ValueError(f"shutdown_timeout must be >= 0 s, got {shutdown_timeout!r}")
-        if block <= 0:
-            raise ValueError(f"block_timeout must be > 0 s, got {block!r}")
+        block = next((b for b in (block_timeout, poll_interval) if b is not None), BLOCK_S)
+        if not 0 <= shutdown_timeout < float("inf"):  # nan and inf too
+            raise ValueError(f"shutdown_timeout must be finite, >= 0 s, got {shutdown_timeout!r}")
+        if not 0 < block < float("inf"):
+            raise ValueError(f"block_timeout must be finite, > 0 s, got {block!r}")
         self.shutdown_timeout = float(shutdown_timeout)
         self.block_timeout = float(block)
         self.abandoned = self.left_running = 0

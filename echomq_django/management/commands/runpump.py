@@ -15,6 +15,7 @@ later drops are waited out by ``Pump.run``.
 from __future__ import annotations
 
 import logging
+import math
 import signal
 import threading
 
@@ -37,15 +38,15 @@ def check_flags(opts: dict) -> None:
     """Raise ``ValueError`` (one line, naming the flag, the rule and the value) for a
     ``--batch`` or ``--max-tries`` below 1, a ``--lock-ms`` below ``LOCK_MS_MIN``, a
     ``--max-stalls`` below 0, or an ``--interval`` (but with ``--once``) or
-    ``--summary-every`` not above 0 s (docs/reference/commands.md#runpump)."""
+    ``--summary-every`` not a finite number above 0 s (docs/reference/commands.md#runpump)."""
     whole_number("--batch", opts["batch"], 1)
     whole_number("--lock-ms", opts["lock_ms"], LOCK_MS_MIN)
     whole_number("--max-tries", opts["max_tries"], 1)
     whole_number("--max-stalls", opts["max_stalls"], 0)
     for flag in ("--interval", "--summary-every"):
         value = opts[flag[2:].replace("-", "_")]
-        if not value > 0 and not (flag == "--interval" and opts["once"]):
-            raise ValueError(f"{flag} must be > 0 s, got {value:g}")
+        if not 0 < value < math.inf and not (flag == "--interval" and opts["once"]):
+            raise ValueError(f"{flag} must be a finite number > 0 s, got {value:g}")
 
 
 class Command(BaseCommand):

@@ -31,6 +31,7 @@ so it logs one WARNING at start when some on its queues have no live pump
 from __future__ import annotations
 
 import logging
+import math
 import os
 import sys
 import threading
@@ -81,13 +82,16 @@ def pool_flags(opts) -> None:
 def time_flags(opts) -> None:
     """Raise ``ValueError`` (one line, naming the flag, the rule and the value) for
     a ``--shutdown-timeout`` below 0 s, or a ``--block-timeout``, ``--sweep-interval``
-    or ``--pump-interval`` not above 0 s (docs/reference/commands.md#runworker)."""
-    if opts["shutdown_timeout"] < 0:
-        raise ValueError(f"--shutdown-timeout must be >= 0 s, got {opts['shutdown_timeout']:g}")
+    or ``--pump-interval`` not above 0 s; any of them not finite (nan, inf)
+    (docs/reference/commands.md#runworker)."""
+    if not 0 <= opts["shutdown_timeout"] < math.inf:
+        raise ValueError(
+            f"--shutdown-timeout must be a finite number >= 0 s, got {opts['shutdown_timeout']:g}"
+        )
     for flag in ("--block-timeout", "--sweep-interval", "--pump-interval"):
         value = opts[flag[2:].replace("-", "_")]
-        if value is not None and value <= 0:
-            raise ValueError(f"{flag} must be > 0 s, got {value:g}")
+        if value is not None and not 0 < value < math.inf:
+            raise ValueError(f"{flag} must be a finite number > 0 s, got {value:g}")
 
 
 class Command(BaseCommand):
