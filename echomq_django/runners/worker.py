@@ -157,9 +157,9 @@ class Worker:
     After ``run()``: ``processed`` (jobs completed or failed, all runs), ``stats``
     (``completed``, ``failed`` = will retry, ``dead``, ``lost`` = results refused: lease
     expired, cancelled or removed while running; ``postponed`` = back after ``RateLimited``),
-    ``abandoned`` (jobs still running when the last run returned) and ``left_running`` (handlers
-    past their time limit, written off, still running then: a process should exit at once,
-    ``os._exit``, as their threads would hold a normal exit).
+    ``abandoned`` (jobs claimed, unreported when the last run returned: running or finished)
+    and ``left_running`` (handlers past their time limit, written off, still running then:
+    a process should exit at once, ``os._exit``, as their threads would hold a normal exit).
     """
 
     def __init__(
@@ -366,15 +366,16 @@ class Worker:
             self._halt.set()
             for thread in helpers:  # daemons: one stuck on a dead socket is left behind
                 thread.join(timeout=0 if loop.reporter.unreported else 2.0)
-            self.abandoned = unreported
+            self.abandoned, running = unreported, min(loop.executing, unreported)
             stuck = self.left_running = loop.timeouts.stuck
             restore()
             loop.shut_pool(self.abandoned)
             if self.abandoned:
                 log.warning(
-                    "stopped with %d jobs still running; their leases will expire and "
-                    "the pump recovers them",
-                    self.abandoned,
+                    "stopped with %d jobs unreported (%d still running, %d finished and not "
+                    "reported: Redis did not answer); their leases will expire and they run "
+                    "again (a worker's or the pump's timers recover them)",
+                    *(self.abandoned, running, self.abandoned - running),
                 )
             if stuck:
                 log.warning(

@@ -17,9 +17,9 @@ or a flag are wrong (``--concurrency`` and ``--max-jobs`` >= 1, ``--lease-ms``
 ``--pool process`` only, ``--autoscale`` MAX,MIN with MAX >= MIN >= 1,
 ``--pump-interval`` and ``--no-mirror`` with ``--pump`` only; checked before
 Redis is reached), or
-the worker stopped with jobs still running (a second signal, or
-``--shutdown-timeout`` passed): those are left to their leases, and a
-worker's timers (or the pump) recover them.
+the worker stopped with jobs unreported, still running (a second signal, or
+``--shutdown-timeout`` passed) or finished while Redis did not answer: those
+are left to their leases, and a worker's timers (or the pump) recover them.
 
 Alone, ``runworker`` runs a site's queues but for periodic jobs: its timers
 promote delayed jobs, recover expired leases at their deadline and fire
@@ -291,11 +291,12 @@ class Command(BaseCommand):
                 if stop_pump is not None:
                     stop_pump()
         if worker.abandoned:
-            # Handler threads still run and cannot be interrupted; leave now and
-            # let their leases expire (the pump recovers the jobs).
+            # Handler threads may still run and cannot be interrupted; leave now and
+            # let the leases expire (a worker's or the pump's timers recover the jobs).
             self._exit(
-                f"runworker: stopped with {worker.abandoned} jobs still running; "
-                "their leases will expire and the pump recovers them",
+                f"runworker: stopped with {worker.abandoned} jobs unreported (still running, "
+                "or finished while Redis did not answer; the WARNING above counts each); "
+                "their leases will expire and they run again",
                 hard=True,
             )
         if worker.left_running:
