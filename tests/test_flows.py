@@ -182,7 +182,11 @@ def cyclic() -> Flow:
             [node("p", [leaf("c1"), node("m", [leaf("c1")])])],
             "job id 'c1' appears twice in queue 'q' in one flow",
         ),
-        ([cyclic()], r"flow node q/node appears twice \(a cycle, or one node under two parents\)"),
+        (
+            [cyclic()],
+            r"flow node q/a \(node\) appears twice \(a cycle, or one node under two "
+            r"parents\)",
+        ),
         (
             [node("p", [leaf("c1")]), node("p2", [leaf("c1")])],
             "job id 'c1' in queue 'q' is in two flows",

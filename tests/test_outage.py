@@ -212,3 +212,11 @@ def test_pump_run_on_the_main_thread_stops_while_signals_land(r):
         stopped.set()
         signal.signal(signal.SIGUSR1, before)
     assert (asked.is_set(), rescued.is_set()) == (True, False)
+
+
+def test_a_tls_client_is_described_with_its_scheme():
+    """The outage lines name a TLS client's server ``rediss://`` (it said ``redis://``)."""
+    from echomq_django.protocol.errors import describe
+
+    assert describe(redis.Redis(port=1, ssl=True)) == "rediss://localhost:1/0"
+    assert describe(redis.Redis(port=1)) == "redis://localhost:1/0"

@@ -306,9 +306,10 @@ def plan(root: Flow, encode, expiring: dict | None = None, prefix=None, encode_m
                     )
                 if kids is not None:  # the root is in objects already
                     if id(flow) in objects:
+                        node = f"{flow.queue}/{flow.job_id or '(no id)'} ({flow.name})"
                         raise FlowError(
-                            f"flow node {flow.queue}/{flow.name} appears twice (a cycle, or "
-                            "one node under two parents); a flow is a tree"
+                            f"flow node {node} appears twice (a cycle, or one node under "
+                            "two parents); a flow is a tree"
                         )
                     objects.add(id(flow))
                 queue, job_id, name, children, payload = _core(flow)

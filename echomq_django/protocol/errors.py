@@ -155,7 +155,8 @@ def describe(client: object) -> str:
         kw = pool.connection_kwargs
         if "path" in kw:
             return f"unix:{kw['path']}"
-        return f"redis://{kw.get('host', '?')}:{kw.get('port', '?')}/{kw.get('db', 0)}"
+        scheme = "rediss" if "SSL" in getattr(pool, "connection_class", type).__name__ else "redis"
+        return f"{scheme}://{kw.get('host', '?')}:{kw.get('port', '?')}/{kw.get('db', 0)}"
     except AttributeError:
         pass
     try:
