@@ -324,8 +324,8 @@ class Pump:
     def _log_summary(self) -> None:
         t = self.totals
         log.info(
-            "pump %s: delivered %d, dead-lettered %d, promoted %d, recovered %d, "
-            "released %d, dead %d, signals %d",
+            "pump %s, totals since start: delivered %d, dead-lettered %d, promoted %d, "
+            "recovered %d, released %d, dead %d, signals %d",
             ",".join(self.queues),
             t.delivered,
             t.deadlettered,
