@@ -84,3 +84,5 @@ def test_a_worker_on_a_queue_known_nowhere_names_the_known_ones(mq, caplog):
     caplog.clear()
     Worker(["audit"], mq=mq, register=False).run(burst=True)
     assert "is not known" not in caplog.text
+    Pump(["adit"], mq=mq, register=False).run(once=True)  # the pump says so too
+    assert "queue adit is not known: no job was ever added to it" in caplog.text

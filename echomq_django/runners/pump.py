@@ -216,6 +216,7 @@ class Pump:
             register=self.register,
             beat_s=self.beat_s,
             status=lambda: {"jobs_done": t.delivered + t.promoted + t.recovered},
+            warn=log,  # a queue known nowhere: a typo? (as a worker says)
         )
         log.info(
             "pump started: queues %s, %s",
