@@ -281,6 +281,60 @@ def test_a_lease_taken_after_the_last_look_is_recovered_at_its_deadline(tmq, clo
     assert timers.lease_at["q"] == clock.now + 1000  # nothing active: a lease from now
 
 
+def test_the_workers_own_past_leases_wait_for_its_heartbeat_not_the_recovery(tmq, clock) -> None:
+    """An outage longer than a lease leaves the jobs a worker holds past
+    their deadline; its timers hold their recovery off (looking every
+    OWN_LOOK_MS) until the heartbeat extends them, so the worker does not
+    take back and run again a job whose result it holds; a third of a lease
+    at most, so another worker's expired job is not kept waiting for ever."""
+    from echomq_django.runners.timers import OWN_LOOK_MS
+
+    for job_id in ("mine", "theirs"):
+        tmq.enqueue("q", "job", job_id=job_id)
+    mine = claim_one(tmq, "q", "mine", lease_ms=3000)
+    claim_one(tmq, "q", "theirs", lease_ms=3000)
+    held = [mine]  # what this worker holds: ``theirs`` is a dead worker's
+    own_past = lambda q: any(j.lease_deadline < tmq.clock() for j in held)  # noqa: E731
+    timers = Timers(tmq, ["q"], leases={"q": 3000}, own_past=own_past)
+    clock.advance(3001)  # the outage outlasted both leases
+    timers.run()
+    assert (timers.recovered, timers.lease_at["q"]) == (0, clock.now + OWN_LOOK_MS)
+    jobkit.assert_state(tmq, "q", "mine", JobState.ACTIVE)
+    tmq.extend_lease(mine, 3000)  # the heartbeat, once Redis answers
+    clock.advance(OWN_LOOK_MS)
+    timers.run()
+    assert timers.recovered == 1  # the other worker's job only
+    jobkit.assert_state(tmq, "q", "theirs", JobState.PENDING)
+    jobkit.assert_state(tmq, "q", "mine", JobState.ACTIVE)
+    # a heartbeat that never comes: the recovery goes on after a third of a lease
+    clock.advance(3001)
+    timers.run()
+    assert timers.recovered == 1
+    clock.advance(1000)
+    timers.run()
+    assert timers.recovered == 2
+    jobkit.assert_state(tmq, "q", "mine", JobState.PENDING)
+
+
+def test_own_past_reads_the_jobs_a_worker_holds(tmq, clock) -> None:
+    """``wake.own_past``, the worker's ``Timers.own_past``: a held job of the
+    queue, running or unreported, whose lease deadline has passed."""
+    from types import SimpleNamespace
+
+    from echomq_django.runners.claim_loop import Claims
+    from echomq_django.runners.wake import own_past
+
+    tmq.enqueue("q", "job", job_id="h")
+    held = claim_one(tmq, "q", "h", lease_ms=1000)
+    loop = SimpleNamespace(mq=tmq, claims=Claims())
+    loop.claims.add([held])
+    assert (own_past(loop, "q"), own_past(loop, "r")) == (False, False)
+    clock.advance(1001)
+    assert (own_past(loop, "q"), own_past(loop, "r")) == (True, False)
+    held.lease_deadline = None  # refused by the heartbeat: lost, no longer ours to keep
+    assert own_past(loop, "q") is False
+
+
 def test_a_lease_taken_after_an_idle_look_is_recovered_at_its_deadline(tmq, clock) -> None:
     """The same from an idle queue: the look found nothing, the next comes
     within a lease, finds the job and learns its deadline."""

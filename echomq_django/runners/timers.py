@@ -35,6 +35,7 @@ from ..core.jobs import Outcome
 log = logging.getLogger("echomq_django.wake")
 
 SWEEP_S = 10.0  # a queue's sweep interval (s): lease recovery, next run-at, lost markers
+OWN_LOOK_MS = 250  # ms between looks while the worker's own held leases are past (an outage)
 
 
 def said_recovered(logger: logging.Logger, queue: str, stalled) -> None:
@@ -66,7 +67,14 @@ class Timers:
     ``finished(queue)``: this worker finished a job there, so the queue's
     next sweep prunes; ``settled()`` (default always true): whether every
     job it finished is written (a prune before that is not counted as
-    done). Counters: ``promoted``, ``recovered``, ``expired``, ``sweeps``,
+    done); ``own_past(queue)`` (default never): whether this worker holds a
+    job of ``queue`` whose lease deadline has passed (an outage longer than
+    the lease kept its heartbeat from extending it): the recovery waits,
+    looking every ``OWN_LOOK_MS``, for the heartbeat to extend it or the
+    reporter to report it, a third of a lease at most, so the worker does
+    not take back, and run again, a job it holds
+    (docs/explanation/reliability.md#unreported-jobs-keep-their-leases).
+    Counters: ``promoted``, ``recovered``, ``expired``, ``sweeps``,
     ``looks`` (queues found with nothing to watch), ``prunes``.
     Redis errors propagate (the worker waits an outage out).
     """
@@ -81,6 +89,7 @@ class Timers:
         limit=1000,
         leases: dict[str, int] | None = None,
         settled=None,
+        own_past=None,
     ):
         if not 0 < sweep_s < float("inf"):  # nan and inf too
             raise ValueError(f"sweep_s must be a finite number > 0 s, got {sweep_s!r}")
@@ -101,6 +110,8 @@ class Timers:
         self.token = secrets.token_hex(8)
         self.unpruned: set[str] = set()  # queues this worker finished jobs on since it pruned
         self.settled = settled or (lambda: True)
+        self.own_past = own_past or (lambda queue: False)
+        self.own_since: dict[str, int] = {}  # queue -> ms its recovery was first held off
         self.promoted = self.recovered = self.expired = self.sweeps = 0
         self.looks = self.prunes = 0  # sweeps skipped for a queue found idle; prunes run
 
@@ -164,8 +175,14 @@ class Timers:
         expired, atomically: a second worker firing at the same deadline
         moves nothing); then look again at the next deadline, or a lease
         from now, whichever comes first."""
-        oldest = self.mq.timers.oldest_lease(queue)
-        if oldest is not None and oldest < self.mq.clock():
+        oldest, now = self.mq.timers.oldest_lease(queue), self.mq.clock()
+        if oldest is not None and oldest < now and self.own_past(queue):
+            since = self.own_since.setdefault(queue, now)
+            if now - since < self.leases[queue] // 3:  # then the others' jobs go first
+                self.lease_at[queue] = now + OWN_LOOK_MS
+                return
+        self.own_since.pop(queue, None)
+        if oldest is not None and oldest < now:
             stalled = self.mq.timers.recover_stalled(
                 queue, limit=self.limit, max_stalls=self.max_stalls
             )

@@ -250,6 +250,18 @@ class Waker:
             self.post(wake)
 
 
+def own_past(loop, queue: str) -> bool:
+    """Whether ``loop`` (a ``ClaimLoop``) holds a job of ``queue``, running or
+    finished and unreported, whose lease deadline has passed: its heartbeat
+    could not extend it (an outage). The timers' recovery waits for it
+    (``Timers.own_past``)."""
+    now = loop.mq.clock()
+    return any(
+        job.queue == queue and job.lease_deadline is not None and job.lease_deadline < now
+        for job in loop.claims.jobs()
+    )
+
+
 class Idle:
     """A worker's side of docs/explanation/no-polling.md: its ``Waker`` on the queues' wake
     keys and its ``Timers``. The worker calls ``start(post)`` and ``stop()``
@@ -271,6 +283,7 @@ class Idle:
             max_stalls=max_stalls,
             leases=loop.leases,
             settled=lambda: not loop.reporter.unreported,
+            own_past=lambda queue: own_past(loop, queue),
         )
         self.wakeups = dict.fromkeys(("claimable", "due", "reconnect", "returned"), 0)
         self.waker: Waker | None = None
