@@ -85,7 +85,7 @@
            '{"left":ms,"jobs":[...]}': the first call's array and the ms its
            leases have left; a call that killed jobs past their expires_at
            answers '{"jobs":[...],"expired":[id, name, ...]}' (its replay
-           the array alone)
+           answers as any replay: its jobs, not what expired)
   errors:  none; an id whose row is gone or not pending is dropped silently
            (it was removed by retention or already moved by another path)
 ]]

@@ -319,6 +319,8 @@ NOT_A_DB = "is not a db index (a whole number, as in /0)"
         ),
         ("redis://127.0.0.1:6390", None),
         ("redis://127.0.0.1:6390/", None),
+        ("redis://127.0.0.1:6390/0/", None),
+        ("redis://127.0.0.1:6390/abc?db=2", None),  # the query's db wins
         ("rediss://app:TopSecret@127.0.0.1:6390/15", None),
         ("unix:///tmp/redis.sock?db=2", None),
     ],
@@ -371,6 +373,11 @@ def test_refused_credentials_and_a_cluster_setting_the_server_refutes_stop_a_sta
             assert "wrong-pw" not in str(err.value)
         monkeypatch.setenv("ECHOMQ_URL", f"redis://:s3cret@127.0.0.1:{locked.port}/0")
         assert conf.server_problems({}) == []
+        # the password in OPTIONS, as the client sends it (the URL's would win)
+        monkeypatch.setenv("ECHOMQ_URL", f"redis://127.0.0.1:{locked.port}/0")
+        assert conf.server_problems({"OPTIONS": {"password": "s3cret"}}) == []
+        [(cid, _, _)] = conf.server_problems({"OPTIONS": {"password": "nope"}})
+        assert cid == "echomq_django.E024"
         monkeypatch.setenv("ECHOMQ_URL", redis_server)
         conf.reset()
         with override_settings(ECHOMQ={"URL": redis_server, "CLUSTER": True}):
@@ -406,3 +413,28 @@ def test_a_password_never_shows_in_the_wait_for_redis(monkeypatch, caplog):
     said = [r.getMessage() for r in caplog.records]
     assert said[0].startswith(f"Redis unreachable at redis://app:***@127.0.0.1:{port}/0 (")
     assert not [m for m in said if "TopSecret" in m]
+
+
+@pytest.mark.parametrize(
+    "url, shown",
+    [
+        ("redis://app:TopSecret@h:6379/0", "redis://app:***@h:6379/0"),
+        ("redis://app:Top@Secret@h/0", "redis://app:***@h/0"),  # the parser's last @
+        ("redis://h/0?password=TopSecret&db=1", "redis://h/0?password=***&db=1"),
+        ("unix:///s.sock?db=0&password=TopSecret", "unix:///s.sock?db=0&password=***"),
+        ("redis+sentinel://:TopSecret@h1:26379,h2/m/1", "redis+sentinel://:***@h1:26379,h2/m/1"),
+        ("redis://app@h/0", "redis://app@h/0"),
+        ("redis://h:6379/0", "redis://h:6379/0"),
+    ],
+)
+def test_a_url_is_shown_with_its_password_hidden(url, shown):
+    from echomq_django.protocol.connection import redacted
+
+    assert redacted(url) == shown
+
+
+def test_a_bad_sentinel_url_hides_its_password(monkeypatch):
+    monkeypatch.delenv("ECHOMQ_URL", raising=False)
+    [message] = [m for i, m, _ in conf.problems({"URL": "redis+sentinel://:TopSecret@/"})
+                 if i == "echomq_django.E064"]  # fmt: skip
+    assert "TopSecret" not in message and ":***@" in message

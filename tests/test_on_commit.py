@@ -56,8 +56,8 @@ def test_a_job_read_or_waited_for_in_its_own_transaction_says_it_lands_at_commit
     find a job enqueued there (it lands at the commit), and say so; outside
     a transaction the error is the plain one."""
     hint = re.escape(
-        "; this runs inside transaction.atomic(), and a job enqueued in that transaction "
-        "lands in Redis when it commits: read or wait for it after the block"
+        "; this runs inside transaction.atomic(): if it was enqueued in that transaction, "
+        "it lands in Redis when it commits: read or wait for it after the block"
     )
     with transaction.atomic():
         job_id = emq.enqueue("q", "t.echo", 1)

@@ -30,10 +30,10 @@ def _landing_hint():
         if not transaction.get_connection().in_atomic_block:
             raise
         raise JobNotFound(
-            f"{err}; this runs inside transaction.atomic(), and a job enqueued in "
-            "that transaction lands in Redis when it commits: read or wait for it "
-            "after the block"
-        ) from None
+            f"{err}; this runs inside transaction.atomic(): if it was enqueued in that "
+            "transaction, it lands in Redis when it commits: read or wait for it after "
+            "the block"
+        ) from err
 
 
 def wait(

@@ -16,8 +16,8 @@ Shape::
     }
 
 The environment variable ``ECHOMQ_URL``, when set, overrides the connection
-(it wins over both ``URL`` and ``CACHE``). Nothing here touches Redis but
-``server_problems``, which asks the server what it is.
+(it wins over both ``URL`` and ``CACHE``). Nothing here touches Redis:
+``conf/server.py`` asks the server what it is.
 """
 
 from __future__ import annotations

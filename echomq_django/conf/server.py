@@ -41,7 +41,8 @@ def server_problems(cfg: dict | None = None) -> list[tuple[str, str, str]]:
     if not isinstance(cluster, bool):
         return []
     try:
-        facts = server_facts(url)
+        options = cfg.get("OPTIONS")
+        facts = server_facts(url, client=options if isinstance(options, dict) else None)
     except CredentialsRefused as err:
         message = f"Redis at {shown} refused the URL's credentials: {err}"
         return [("echomq_django.E024", message, CREDENTIALS_HINT)]

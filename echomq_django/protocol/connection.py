@@ -8,6 +8,7 @@ runs no script.
 from __future__ import annotations
 
 import inspect
+import re
 from urllib.parse import unquote, urlsplit
 
 import redis
@@ -45,7 +46,8 @@ def url_flaw(url: str) -> str | None:
     """What makes ``url`` (a ``redis://`` or ``rediss://`` URL) one redis-py
     would misread, or None: a port that is not a number from 1 to 65535, or
     a path that is not one whole db index (redis-py reads ``/abc`` as db 0
-    and ``/1/2`` as db 12). Other schemes: None (their own checks apply)."""
+    and ``/1/2`` as db 12; a trailing ``/`` is fine, and a ``?db=`` query
+    wins over the path). Other schemes: None (their own checks apply)."""
     if not url.startswith(("redis://", "rediss://")):
         return None
     parts = urlsplit(url)
@@ -53,22 +55,30 @@ def url_flaw(url: str) -> str | None:
         parts.port  # noqa: B018  (raises ValueError for a bad port)
     except ValueError:
         return f"its port is not a number from 1 to 65535 ({parts.netloc.rpartition(':')[2]!r})"
-    db = parts.path.lstrip("/")
-    if db and not (db.isascii() and db.isdigit()):
+    db = parts.path.strip("/")  # redis-py drops every "/": "/1/2" is db 12
+    if db and "db=" not in parts.query and not (db.isascii() and db.isdigit()):
         return f"its path {parts.path!r} is not a db index (a whole number, as in /0)"
     return None
 
 
+QUERY_PASSWORD = re.compile(r"([?&]password=)[^&#]*")  # a password passed as a query parameter
+
+
 def redacted(url):
     """``url`` (a Redis URL) with its password written ``***``, as logs and
-    error messages show it; anything else as it is."""
-    if not isinstance(url, str) or "@" not in url:
+    error messages show it: the user info's (up to the last ``@`` of the
+    host part, as the URL parser reads it) and a ``password=`` query
+    parameter's; anything else as it is."""
+    if not isinstance(url, str) or "://" not in url:
         return url
-    scheme, sep, rest = url.partition("://")
-    userinfo, at, hosts = rest.partition("@")
-    if not sep or not at or ":" not in userinfo:
-        return url
-    return f"{scheme}://{userinfo.split(':', 1)[0]}:***@{hosts}"
+    scheme, _, rest = url.partition("://")
+    cut = min([i for i in map(rest.find, "/?#") if i >= 0], default=len(rest))
+    netloc, tail = rest[:cut], rest[cut:]
+    userinfo, at, hosts = netloc.rpartition("@")
+    if at and ":" in userinfo:
+        netloc = f"{userinfo.split(':', 1)[0]}:***@{hosts}"
+    tail = QUERY_PASSWORD.sub(r"\1***", tail)
+    return f"{scheme}://{netloc}{tail}"
 
 
 def client_options(cluster: bool) -> set[str]:
@@ -100,16 +110,23 @@ def connect(url: str, cluster: bool, options: dict):
 
 
 def server_facts(
-    url: str, timeout_s: float = PROBE_TIMEOUT_S
+    url: str, timeout_s: float = PROBE_TIMEOUT_S, client: dict | None = None
 ) -> tuple[bool, int | None, int] | None:
     """What the server at ``url`` says of itself, asked once with a ``timeout_s``
     (s) timeout: ``(cluster enabled, databases it has (None on a Cluster
-    node), the db index the URL selects)``. None when the URL does not
-    parse, the server cannot be reached, or it refuses CONFIG (a managed
+    node), the db index the URL selects)``. ``client``: the settings'
+    ``OPTIONS``, whose credentials and TLS options the probe uses as the
+    client does (the URL's win, as in ``from_url``). None when the URL does
+    not parse, the server cannot be reached, or it refuses CONFIG (a managed
     server): then nothing can be said. Raises ``CredentialsRefused`` when
-    the server refuses the URL's user or password."""
+    the server refuses the user or password the client would send."""
     try:
-        options = redis.connection.parse_url(url)
+        options = {
+            k: v
+            for k, v in (client or {}).items()
+            if k in ("username", "password", "credential_provider") or k.startswith("ssl")
+        }
+        options |= redis.connection.parse_url(url)
         db = int(options.pop("db", 0) or 0)
         kind = options.pop("connection_class", None)
         if "path" in options:
@@ -146,7 +163,7 @@ def parse_sentinel_url(url: str) -> tuple[list[tuple[str, int]], str, dict]:
     ``username`` and ``password`` when given
     (docs/howto/sentinel.md#a-url-instead). Raises ``ValueError`` naming the
     rule when the URL does not follow it."""
-    bad = ValueError(f"{url!r} is not a Sentinel URL: {SENTINEL_URL_RULE}")
+    bad = ValueError(f"{redacted(url)!r} is not a Sentinel URL: {SENTINEL_URL_RULE}")
     if not isinstance(url, str) or not url.startswith(SENTINEL_SCHEME):
         raise bad
     parts = urlsplit(url)
