@@ -355,10 +355,10 @@ def test_runworker_alone_runs_a_site_with_pump_delays_and_retries(run, mq):
 @pytest.mark.parametrize(
     "flag, value, rule",
     [
-        ("--sweep-interval", "0", "> 0 s, got 0"),
-        ("--pump-interval", "-1", "> 0 s, got -1"),
-        ("--block-timeout", "0", "> 0 s, got 0"),
-        ("--shutdown-timeout", "-5", ">= 0 s, got -5"),
+        ("--sweep-interval", "0", "a finite number > 0 s, got 0"),
+        ("--pump-interval", "-1", "a finite number > 0 s, got -1"),
+        ("--block-timeout", "0", "a finite number > 0 s, got 0"),
+        ("--shutdown-timeout", "-5", "a finite number >= 0 s, got -5"),
     ],
 )
 def test_runworker_refuses_a_bad_time_flag_by_name(run, flag, value, rule):
