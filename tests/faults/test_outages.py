@@ -94,7 +94,7 @@ def test_runners_and_a_view_started_before_redis_come_up_with_it(tmp_path):
             if line.startswith("Redis unreachable at ")
         ]
         assert len(waits) >= 3
-        assert waits == [min(0.5 * 2**i, 30.0) for i in range(len(waits))], lines
+        assert waits == [min(0.5 * 2**i, 2.0) for i in range(len(waits))], lines
         assert [line for line in lines if "reachable again" in line] == [
             f"Redis reachable again at {url}"
         ], lines
