@@ -40,10 +40,8 @@ REDIS_DOWN = (RedisUnavailable,)
 class Outage:
     """One thread's view of a Redis outage on ``client``, logged to ``log``."""
 
-    def __init__(
-        self, client, log: logging.Logger, where: str | None = None, max_s: float = BACKOFF_MAX_S
-    ) -> None:
-        self.where, self.log, self.max_s = where or describe(client), log, max_s
+    def __init__(self, client, log: logging.Logger, where: str | None = None) -> None:
+        self.where, self.log, self.max_s = where or describe(client), log, BACKOFF_MAX_S
         self.delay, self.down, self.since, self.said = BACKOFF_START_S, False, 0.0, 0.0
         self.capped = False  # a try at the cap was logged: the rest go by SAY_EVERY_S
 

@@ -43,7 +43,6 @@ log = logging.getLogger("echomq_django.worker")
 GONE = (LeaseLost, JobNotActive, JobNotFound)
 _no_ride = lambda jobs=(): nullcontext()  # noqa: E731  (a worker without a flusher)
 STATS_EVERY_S = 5.0  # s between the worker's INFO lines while busy
-REPORT_BACKOFF_MAX_S = 2.0  # s between a reporter's tries in an outage at most
 
 
 @dataclass(slots=True)
@@ -175,8 +174,8 @@ class Reporter:
         other's work. Waits out an outage keeping the batch; wakes the loop
         after each batch (a released parent may be claimable now)."""
         items: list[Finished] = []
-        # its tries at most REPORT_BACKOFF_MAX_S apart: the loop claims nothing while it waits
-        outage = Outage(self.mq.client, log, max_s=REPORT_BACKOFF_MAX_S)
+        # its tries at most BACKOFF_MAX_S (2 s) apart: the loop claims nothing while it waits
+        outage = Outage(self.mq.client, log)
         while True:
             with self._cv:
                 while not self._inbox and not items and not self._closing:

@@ -39,12 +39,12 @@ import time
 from ..core.exceptions import RedisUnavailable
 from ..protocol.control.commands import NUDGE
 from ..protocol.timers import SOCKET_MARGIN_S, WAKE_DUE, Wake
+from .outage import BACKOFF_MAX_S, BACKOFF_START_S  # a waker's tries while Redis is away
 from .timers import Timers
 
 log = logging.getLogger("echomq_django.wake")
 
 BLOCK_S = 4.0  # longest single BZPOPMIN (s): bounds a lost reply's cost, not latency
-BACKOFF_START_S, BACKOFF_MAX_S = 0.5, 2.0  # s: a waker's tries while Redis is away
 CUT_AGAIN_S = 0.05  # a stop cuts the waker's connections again this often until it ends (s)
 QUIET_S = 1.0  # disarmed this long (busy), the waker hears commands on their key alone (s)
 

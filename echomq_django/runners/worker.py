@@ -60,7 +60,7 @@ Decisions (documented here, relied on by the tests):
   the result is dropped, the worker goes on.
 * Redis unreachable: "Redis unreachable at ..., retrying in Xs" at WARNING (then one per
   ``SAY_EVERY_S``), backoff from ``BACKOFF_START_S`` to ``BACKOFF_MAX_S`` (the reporter's
-  to ``REPORT_BACKOFF_MAX_S``); no claims meanwhile, nor while the reporter's batches meet
+  and the wake threads' too); no claims meanwhile, nor while the reporter's batches meet
   it; finished results are kept, leased, and reported once Redis answers. No job
   is acknowledged without Redis, so a claimed job is never lost: at worst its
   lease expires and the pump recovers it. A claim that raised is sent again
