@@ -210,11 +210,12 @@ end
 -- tell such a row (all it holds is among them: every other field is
 -- absent, and no walk of the row's listpack looks for each); a row holding
 -- one field more asks whether that is the token (HEXISTS), which costs a
--- flow's leaf nothing. Any other row is read whole (lib/row.lua row_read).
+-- flow's leaf nothing; a row added as pending holds no state, and is
+-- pending. Any other row is read whole (lib/row.lua row_read).
 -- docs/explanation/performance.md#fields-a-row-does-not-hold
 local READ = {F_STATE, F_NAME, F_DATA, 'attempts', 'max_attempts', 'backoff_ms', F_PARENT,
   F_PQUEUE, F_POLICY, F_CREATED, 'timeout_ms', 'priority', 'traceparent', 'retry_policy',
-  'expires_at', 'started_at', 'name'}
+  'expires_at', 'started_at', F_PINC, 'name'}
 local COMMON = {F_STATE, F_NAME, F_DATA, 'attempts', F_PARENT, F_PQUEUE, F_CREATED, F_PINC}
 local function claim_read(row)
   local got = redis.call('HMGET', row, unpack(COMMON))
@@ -224,12 +225,15 @@ local function claim_read(row)
       held = held + 1
     end
   end
-  local extra = got[1] and redis.call('HLEN', row) - held
+  local extra = held > 0 and redis.call('HLEN', row) - held
   if extra == 0 or (extra == 1 and redis.call('HEXISTS', row, 'enqueue_token') == 1) then
-    return {got[1], got[2], got[3], got[4], false, false, got[5], got[6], false, got[7],
-      false, false, false, false, false, false}
+    -- a row of this version: no state is pending (lib/row.lua pending_if_there)
+    return {got[1] or 'pending', got[2], got[3], got[4], false, false, got[5], got[6], false,
+      created_of(got[7], got[8]), false, false, false, false, false, false}
   end
-  return row_read(row, READ)
+  local f = row_read(row, READ)
+  f[10] = created_of(f[10], f[17])
+  return f
 end
 
 local batch = nil  -- the lease sequence, drawn at the first lease (none: nothing written)

@@ -65,7 +65,7 @@ local function add_callback(cid, value)
   if not cut then  -- the host dead-letters such an entry before it gets here
     return
   end
-  redis.call('HSET', row, F_NAME, value:sub(1, cut - 1), F_STATE, 'pending', F_CREATED, now,
+  redis.call('HSET', row, F_NAME, value:sub(1, cut - 1), F_CREATED, now,  -- pending: no `s`
     F_DATA, value:sub(cut + 1))
   make_claimable(base, {cid}, nil)
   emit(base, 'added', cid)

@@ -83,8 +83,11 @@ end
 -- compact row: attempts appears at the first claim; max_attempts / backoff_ms
 -- only when the job sets its own (else the queue's setting applies), and the
 -- scheduling settings (docs/explanation/protocol.md#scheduling) only when set
-local fields = {F_NAME, ARGV[3], F_DATA, ARGV[4], F_STATE, state, F_CREATED, ARGV[7],
-  'enqueue_token', ARGV[14]}
+local fields = {F_NAME, ARGV[3], F_DATA, ARGV[4], F_CREATED, ARGV[7], 'enqueue_token', ARGV[14]}
+if state ~= 'pending' then  -- pending: no `s` (lib/row.lua pending_if_there)
+  fields[#fields + 1] = F_STATE
+  fields[#fields + 1] = state
+end
 local priority = (ARGV[9] ~= '0') and ARGV[9] or ''
 for _, f in ipairs({{'max_attempts', ARGV[5]}, {'backoff_ms', ARGV[6]}, {'priority', priority},
     {'timeout_ms', ARGV[12]}, {'dedup', dedup}, {'keep', ARGV[13]}, {'traceparent', ARGV[15]},

@@ -337,8 +337,18 @@ while i <= #a do
   -- and payload set per leaf), pending, announced as the general path
   -- below does (a cross-queue leaf in a run, a root by its own event, a
   -- same-queue leaf by its parent's)
-  local leaf = fresh and {'HSET', false, F_NAME, name, F_DATA, false, F_STATE, 'pending',
-    F_CREATED, now, unpack(shared)}
+  -- no `ca` where `pi` carries this add's time (lib/row.lua created_of)
+  local ca = {F_CREATED, now}
+  if pinc ~= '' and pinc:sub(1, -7) == now then
+    ca = {}
+  end
+  local leaf = fresh and {'HSET', false, F_NAME, name, F_DATA, false, unpack(ca)}
+  local at = leaf and #leaf  -- `shared` follows
+  if leaf then  -- pending: no `s` (lib/row.lua pending_if_there)
+    for k = 1, #shared do
+      leaf[at + k] = shared[k]
+    end
+  end
   local in_run = parent ~= '' and pq ~= queue
   local jobs, call = base .. 'job:', redis.call
   for _ = 1, count do
@@ -347,7 +357,7 @@ while i <= #a do
       leaf[2] = jobs .. id
       leaf[6] = a[i + 1]
       if pslot then
-        leaf[10 + pslot] = (id:sub(1, REL_PREFIX) == ppre) and prel or parent
+        leaf[at + pslot] = (id:sub(1, REL_PREFIX) == ppre) and prel or parent
       end
       call(unpack(leaf))
       nclaim = nclaim + 1
@@ -376,6 +386,7 @@ while i <= #a do
             v = why, i = (pinc ~= '') and pinc or nil}))
         end
       elseif opts.dep then
+        keep_created(row, pinc)  -- its `pi` changes
         redis.call('HSET', row, unpack(parent_fields({}, id, parent, pq, policy, pinc)))
         announce(id, parent, pq)  -- finished already: counts at once (guarded)
       elseif deduped[id] then
@@ -400,6 +411,7 @@ while i <= #a do
           redis.call('HDEL', row, 'orphaned', 'cancel')
         end
         if pinc ~= '' then
+          keep_created(row, pinc)
           redis.call('HSET', row, F_PINC, pinc)
         end
         announce(id, parent, pq)
@@ -411,8 +423,14 @@ while i <= #a do
         if pslot then
           shared[pslot] = (id:sub(1, REL_PREFIX) == ppre) and prel or parent
         end
-        redis.call('HSET', row, F_NAME, name, F_DATA, payload, F_STATE, state,
-          F_CREATED, now, unpack(shared))
+        local head = {F_NAME, name, F_DATA, payload, unpack(ca)}
+        if state ~= 'pending' then  -- a fresh row: no `s` when pending (lib/row.lua)
+          head[#head + 1], head[#head + 2] = F_STATE, state
+        end
+        for k = 1, #shared do
+          head[#head + 1] = shared[k]
+        end
+        redis.call('HSET', row, unpack(head))
         if opts.k then
           if opts.kt then
             redis.call('SET', base .. 'dedup:' .. opts.k, id, 'PX', opts.kt)

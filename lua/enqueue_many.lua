@@ -75,7 +75,10 @@ while i <= #a do
   local group = a[i + 8] ~= '' and a[i + 8] or nil
   local state = delay > 0 and 'delayed' or 'pending'
   -- compact rows, as enqueue writes them: the fields after the payload
-  local shared = {F_STATE, state, F_CREATED, now}
+  local shared = {F_CREATED, now}  -- pending: no `s` (lib/row.lua pending_if_there)
+  if state ~= 'pending' then
+    shared[3], shared[4] = F_STATE, state
+  end
   if a[i + 1] ~= '' then
     shared[#shared + 1] = 'max_attempts'
     shared[#shared + 1] = a[i + 1]

@@ -13,8 +13,9 @@
   ARGV[1] expiry (ms): this wait's timeout plus a slack, an hour at most
   ARGV[2] the stream's length bound (entries, approximate)
 
-  returns: [id, state, state]: the stream id to read after, and the row's
-           state under its short and its long name (nil, nil: no such row)
+  returns: [id, state]: the stream id to read after, and the row's state
+           (lib/row.lua row_hmget_s: by either name, 'pending' for a row
+           added as pending; [id] alone: no such row)
   errors:  none of its own (a Redis before 7.0 refuses PEXPIRE NX / GT)
 ]]
 local done, row = KEYS[1], KEYS[2]
@@ -29,5 +30,5 @@ else
 end
 redis.call('PEXPIRE', done, ARGV[1], 'NX')  -- a new stream: this wait's expiry
 redis.call('PEXPIRE', done, ARGV[1], 'GT')  -- another waiter's: the longer one
-local state = redis.call('HMGET', row, F_STATE, LONG_NAME[F_STATE])
-return {id, state[1], state[2]}
+-- the state by either name, 'pending' for a row added as pending (lib/row.lua)
+return {id, row_hmget_s(row, F_STATE)[1]}

@@ -73,9 +73,10 @@ def test_flat_flow_lands_held_parent_and_claimable_children(tmq) -> None:
     assert_state(tmq, "q", "p", "awaiting_children")
     # compact rows: no attempts before a claim, no settings the queue
     # gives, no parent_queue for a same-queue child, no parent_policy for fp;
-    # the flow's incarnation on the parent and its children
+    # the flow's incarnation on the parent and its children: the add's time
+    # and 6 random digits, one integer (9 bytes in a listpack)
     inc = row(tmq, "q", "p")["inc"]
-    assert str(int(inc)) == inc and 0 < int(inc) < 2**31  # an integer: 5 bytes in a listpack
+    assert (inc[:-6], len(inc), str(int(inc)) == inc) == (str(T0), 19, True)
     assert row(tmq, "q", "p") == {
         "n": "node",
         "d": '{"id":"p"}',
@@ -93,10 +94,9 @@ def test_flat_flow_lands_held_parent_and_claimable_children(tmq) -> None:
         assert r == {
             "n": "leaf",
             "d": f'{{"id":"{cid}"}}',
-            "s": "pending",
-            "ca": str(T0),
+            "s": "pending",  # jobkit.row's: the row holds none while pending
             "p": "p",
-            "pi": inc,
+            "pi": inc,  # and no add time: its incarnation's
             **({} if policy == "fp" else {"pp": policy}),
         }
         job = tmq.get_job("q", cid)
@@ -106,6 +106,7 @@ def test_flat_flow_lands_held_parent_and_claimable_children(tmq) -> None:
             policy,
             3,
         )
+        assert (job.state, job.created_at) == (JobState.PENDING, T0)
     assert tmq.job_ids("q", "pending") == ["c1", "c2", "c3"]
     claimed = tmq.claim("q", 3)
     assert [(j.id, j.parent, j.parent_queue, j.parent_policy) for j in claimed] == [

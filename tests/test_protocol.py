@@ -485,7 +485,8 @@ def test_module_level_api(settings_mq, redis_server, r) -> None:
         3,
         200,
     )  # testproject's QUEUES["orders"]
-    assert r.hget(f"emq:{{orders}}:job:{job_id}", "s") == b"pending"
+    # added as pending: the row holds no state (a default is not stored)
+    assert r.hmget(f"emq:{{orders}}:job:{job_id}", "s", "n") == [None, b"orders.send_receipt"]
     settings_mq.fail(claim_one(settings_mq, "orders", job_id), "x", dead=True)
     assert echomq_django.retry("orders", job_id).state is JobState.PENDING
     with pytest.raises(JobNotRetryable, match="is pending"):

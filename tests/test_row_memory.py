@@ -10,10 +10,12 @@ import pytest
 
 from echomq_django import EchoMQ, Flow, FlowConflict, JobRef, JobState
 from echomq_django.core.events import run_ids
-from echomq_django.core.rows import LONG_NAMES
+from echomq_django.core.rows import CREATED, LONG_NAMES, STATE
 from tests.support.jobkit import raw_row, sweep
+from tests.support.workerkit import T0
 
-LEAF_FIELDS = {"n", "d", "s", "ca", "p", "pi"}
+# a pending leaf holds no state, and no add time (its `pi` carries it)
+LEAF_FIELDS = {"n", "d", "p", "pi"}
 
 
 def _bench_flow(child_queue: str, n: int) -> Flow:
@@ -23,39 +25,75 @@ def _bench_flow(child_queue: str, n: int) -> Flow:
     return Flow("bench", "bench.root", {}, children=kids)
 
 
-def test_a_leaf_row_holds_six_fields_under_short_names(mq) -> None:
+def test_a_leaf_row_holds_four_fields_under_short_names(mq) -> None:
     wide = mq.add_flow(_bench_flow("bench", 3))
     cross = mq.add_flow(_bench_flow("bench2", 3))
     leaf = raw_row(mq, *wide.nodes[-1])
     assert set(leaf) == LEAF_FIELDS
-    # the parent's id stored after the 12 characters the flow's ids share
-    assert (leaf["s"], leaf["p"], leaf["pi"]) == (
-        "pending",
+    # the parent's id stored after the 12 characters the flow's ids share,
+    # its incarnation the add's time and 6 digits
+    assert (leaf["p"], leaf["pi"], leaf["pi"][:-6]) == (
         ":" + wide.parent_id[12:],
         raw_row(mq, "bench", wide.parent_id)["inc"],
+        str(mq.get_job("bench", wide.parent_id).created_at),
     )
     other = raw_row(mq, *cross.nodes[-1])
     assert set(other) == LEAF_FIELDS | {"pq"}
     assert (other["pq"], other["p"]) == ("bench", ":0")
-    assert mq.get_job(*wide.nodes[-1]).parent == wide.parent_id
+    job = mq.get_job(*wide.nodes[-1])
+    assert (job.parent, job.state, job.created_at) == (
+        wide.parent_id,
+        JobState.PENDING,
+        int(leaf["pi"][:-6]),
+    )
     job = mq.get_job(*cross.nodes[-1])
-    assert (job.parent, job.parent_queue, job.created_at) == (
+    assert (job.parent, job.parent_queue, job.state, job.created_at) == (
         cross.parent_id,
         "bench",
-        int(other["ca"]),
+        JobState.PENDING,
+        int(other["pi"][:-6]),
     )
+    (claimed,) = mq.claim("bench2", 1)  # the claim reads them the same way
+    assert (claimed.state, claimed.created_at) == (JobState.ACTIVE, job.created_at)
 
 
-def test_a_benchmark_leaf_row_fits_the_96_byte_listpack_class(r) -> None:
-    # MEMORY USAGE of the row: its listpack (91 bytes wide, 102 cross-queue:
-    # the 96 and 112 classes) and its key, object and dict entry (88 bytes).
+def test_a_benchmark_leaf_row_fits_the_64_byte_listpack_class(r) -> None:
+    # MEMORY USAGE of the row: its listpack (58 bytes wide, 69 cross-queue:
+    # the 64 and 80 classes) and its key, object and dict entry (88 bytes).
     # With the long names they were 216 and 248; with only `ca`, `pq`, `pp`
-    # and `pi` short, 200 and 216.
+    # and `pi` short, 200 and 216; with `s` and `ca` stored, 168 and 184.
     mq = EchoMQ(r, prefix="emq")
     wide = mq.add_flow(_bench_flow("bench", 10))
     cross = mq.add_flow(_bench_flow("bench2", 10))
-    assert r.memory_usage(mq.keys.job(*wide.nodes[-1]), samples=0) <= 184
-    assert r.memory_usage(mq.keys.job(*cross.nodes[-1]), samples=0) <= 200
+    assert r.memory_usage(mq.keys.job(*wide.nodes[-1]), samples=0) <= 152
+    assert r.memory_usage(mq.keys.job(*cross.nodes[-1]), samples=0) <= 168
+
+
+@pytest.mark.parametrize("child_queue", ["p", "c"])
+def test_a_child_taken_under_a_new_incarnation_keeps_its_add_time(tmq, clock, child_queue) -> None:
+    # c1 runs when its flow is removed; the flow added again 5 s later
+    # takes it under the new incarnation: the time its old `pi` carried is
+    # written as its `ca` first (docs/explanation/protocol.md#compact-rows)
+    flow = Flow(
+        "p", "root", {}, job_id="root", children=[Flow(child_queue, "leaf", {}, job_id="c1")]
+    )
+    tmq.add_flow(flow)
+    assert set(raw_row(tmq, child_queue, "c1")) == {"n", "d", "p", "pi"} | (
+        {"pq"} if child_queue == "c" else set()
+    )
+    (job,) = tmq.claim(child_queue, 1)
+    tmq.remove("p", "root")
+    sweep(tmq, child_queue)
+    clock.advance(5_000)
+    kids = [Flow(child_queue, "leaf", {}, job_id=i) for i in ("c1", "c2")]
+    tmq.add_flow(Flow("p", "root", {}, job_id="root", children=kids))
+    inc = raw_row(tmq, "p", "root")["inc"]
+    c1, c2 = raw_row(tmq, child_queue, "c1"), raw_row(tmq, child_queue, "c2")
+    assert (c1["pi"], c1["ca"], c2["pi"], "ca" in c2) == (inc, str(T0), inc, False)
+    got = [tmq.get_job(child_queue, i).created_at for i in ("c1", "c2")]
+    assert got == [T0, T0 + 5_000]
+    tmq.complete(job, "kept")  # it finishes under the new flow, its time unchanged
+    assert tmq.get_job(child_queue, "c1").created_at == T0
 
 
 def test_cross_queue_leaves_are_announced_in_runs_of_100(mq) -> None:
@@ -93,13 +131,22 @@ PREVIOUS = ("n", "d", "s", "p")
 
 def _to_long_names(mq, queue: str, job_id: str, names=EARLIEST) -> None:
     """Rewrite a row as an earlier build wrote it: ``names`` (short names)
-    under their long names."""
+    under their long names, with the state and add time every row of that
+    build holds (this one leaves them out while they can be read elsewhere:
+    a pending row's state, a flow child's add time in its ``pi``)."""
     key = mq.keys.job(queue, job_id)
+    job = mq.get_job(queue, job_id)
+    defaults = {STATE: job.state.value, CREATED: str(job.created_at)}
     for short, long in ((n, LONG_NAMES[n]) for n in names):
         value = mq.client.hget(key, short)
+        value = defaults.get(short) if value is None else value
+        defaults.pop(short, None)
         if value is not None:
             mq.client.hset(key, long, value)
             mq.client.hdel(key, short)
+    for short, value in defaults.items():  # kept under its short name
+        if mq.client.hget(key, short) is None:
+            mq.client.hset(key, short, value)
 
 
 @pytest.mark.parametrize("child_queue", ["p", "c"])

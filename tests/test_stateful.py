@@ -69,6 +69,7 @@ from echomq_django import (
 from echomq_django.core.exceptions import JobCancelled, JobNotCancellable, JobNotRemovable
 from echomq_django.core.jobs import JobState
 from echomq_django.core.keyspace import STATE_INDEX
+from echomq_django.core.rows import STATE_FIELDS, row_state
 from echomq_django.protocol.lifecycle import Report
 from tests.support.jobkit import INDEXES, Clock
 
@@ -779,7 +780,7 @@ class FlowMachine(RuleBasedStateMachine):
         parents = [i for i in ids if self.model.jobs[i].children]
         pipe = self.client.pipeline(transaction=False)
         for jid in ids:
-            pipe.hmget(k.job(Q, jid), "s", "attempts")
+            pipe.hmget(k.job(Q, jid), "attempts", *STATE_FIELDS)  # pending: no `s`
         pipe.lrange(k.queue_key(Q, "pending"), 0, -1)
         pipe.zrange(k.queue_key(Q, "prioritized"), 0, -1)
         for name in INDEXES[1:]:
@@ -797,8 +798,8 @@ class FlowMachine(RuleBasedStateMachine):
             for jid in members:
                 held.setdefault(jid, []).append(name)
         assert set(held) <= set(ids), "an index holds a row that is gone"
-        for jid, (state, attempts) in zip(ids, rows, strict=False):
-            node = self.model.jobs[jid]
+        for jid, (attempts, *fields) in zip(ids, rows, strict=False):
+            node, state = self.model.jobs[jid], row_state(fields)
             assert (state, int(attempts or 0)) == (node.state, node.attempts), jid
             assert held.get(jid) == [STATE_INDEX[JobState(state)]], (jid, held.get(jid))
         released = [f[b"id"].decode() for _, f in replies[-1] if f[b"e"] == b"released"]

@@ -15,6 +15,7 @@ it is planned here and executed by ``EchoMQ.add_flow``:
 from __future__ import annotations
 
 import secrets
+import time
 from dataclasses import dataclass, field, fields
 from itertools import repeat
 from operator import attrgetter
@@ -23,7 +24,7 @@ from typing import Any
 from .exceptions import FlowError
 from .jobs import Policy
 from .keyspace import validate_id, validate_name, validate_queue
-from .landing import Group, Plan, dependencies
+from .landing import Group, Plan, dependencies, incarnation
 from .options import check_node_settings, node_options, opt_text
 from .refs import JobRef
 
@@ -57,15 +58,6 @@ def id_prefix() -> str:
     than a random id per node, and as unique: two flows share a prefix with
     odds of 2**-72."""
     return secrets.token_urlsafe(9)
-
-
-def incarnation() -> str:
-    """A flow's incarnation token (docs/explanation/protocol.md#incarnations):
-    a decimal integer from 1 to 2**31 - 1 (31 random bits). Redis keeps an
-    integer in a hash's listpack in 5 bytes where 8 hex characters take 9, and
-    on every parent and child row that decides a 128- or 160-byte row
-    (docs/explanation/performance.md#memory-per-node)."""
-    return str(secrets.randbelow(2**31 - 1) + 1)
 
 
 @dataclass
@@ -220,7 +212,9 @@ _NO_RETRY = (None,) * 9  # and no group
 _PLAIN = (True, False, False, False, None, None, 0, 0, None, None, None, None, None, *_NO_RETRY)
 
 
-def plan(root: Flow, encode, expiring: dict | None = None, prefix=None, encode_many=None) -> Plan:
+def plan(
+    root: Flow, encode, expiring: dict | None = None, prefix=None, encode_many=None, now=None
+) -> Plan:
     """Assign ids, validate and order a flow's nodes breadth first; returns
     the ``Plan``: runs of siblings (``Group``) in landing order, parents first.
 
@@ -229,7 +223,9 @@ def plan(root: Flow, encode, expiring: dict | None = None, prefix=None, encode_m
     does a list of them at once, with the same errors;
     ``expiring`` maps a queue to its EXPIRES_MS (ms), for the queues that set it;
     ``prefix`` (12 URL-safe characters, ``core.live.step_prefix``) replaces the random
-    ``id_prefix()`` of the generated ids.
+    ``id_prefix()`` of the generated ids; ``now`` (ms since the epoch, default
+    the wall clock's) is the add's time its incarnation token carries
+    (``Plan.now``: pass it to the writes).
     Raises ``FlowError`` for
     a node that is not a ``Flow``, an id used twice in one queue, or a cycle;
     ``ValueError`` for a bad queue name or id (a bad job name is a
@@ -253,7 +249,8 @@ def plan(root: Flow, encode, expiring: dict | None = None, prefix=None, encode_m
     dedups: set[tuple[str, str]] = set()  # (queue, dedup key): one leaf per key in a flow
     deps: list = []  # (queue, id, children list, depends_on, depth) of nodes with depends_on
     prefix, serial = prefix or id_prefix(), 0  # generated ids: the prefix, then serial in hex
-    token = incarnation()
+    now = int(time.time() * 1000) if now is None else int(now)
+    token = incarnation(now)
     # a level: (parent queue, parent id, the parent's children list, its Flow children)
     level: list[tuple[str, str, list | None, list]] = [("", "", None, [root])]
     depth = 0
@@ -409,8 +406,8 @@ def plan(root: Flow, encode, expiring: dict | None = None, prefix=None, encode_m
         level = next_level
         depth += 1
     if not deps:
-        return Plan(groups, gated)
-    return Plan(groups, gated, dependencies(deps, groups, gated, token))
+        return Plan(groups, gated, now=now)
+    return Plan(groups, gated, dependencies(deps, groups, gated, token), now)
 
 
 def _plain_leaves(flows: list, objects: set) -> tuple[str, str, set[int]] | None:

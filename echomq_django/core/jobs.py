@@ -20,10 +20,13 @@ from .rows import (
     CREATED,
     NAME,
     PARENT,
+    PARENT_INC,
     PARENT_QUEUE,
     PAYLOAD,
+    PENDING,
     POLICY,
     STATE,
+    created_of,
     parent_of,
     row_get,
     to_text,
@@ -279,8 +282,9 @@ class Job(Reporting):
         """Decode a job row. ``r`` maps field names to raw
         values (bytes or str; a field the row does not hold is absent or
         None); ``state`` overrides the row's. The compact row's defaults come
-        from ``_compact``. Raises ``ValueError`` for a row without a known
-        state."""
+        from ``_compact``; a row without a state is pending (a job added as
+        pending holds none: docs/explanation/protocol.md#the-job-row).
+        Raises ``ValueError`` for a state it does not know."""
         parent, parent_queue, policy, max_attempts, backoff_ms = _compact(
             queue,
             mq,
@@ -295,7 +299,7 @@ class Job(Reporting):
             queue=queue,
             name=to_text(row_get(r, NAME)) or "",
             payload=_json(row_get(r, PAYLOAD)),
-            state=state or JobState(to_text(row_get(r, STATE))),
+            state=state or JobState(to_text(row_get(r, STATE)) or PENDING),
             attempts=_int(r.get("attempts")) or 0,
             max_attempts=max_attempts,
             backoff_ms=backoff_ms,
@@ -304,7 +308,7 @@ class Job(Reporting):
             parent=parent,
             parent_queue=parent_queue,
             parent_policy=policy,
-            created_at=_int(row_get(r, CREATED)),
+            created_at=_int(created_of(row_get(r, CREATED), row_get(r, PARENT_INC))),
             started_at=_int(r.get("started_at")),
             first_started_at=_int(r.get("first_started_at") or r.get("started_at")),
             finished_at=_int(r.get("finished_at")),

@@ -2,11 +2,13 @@
 runs of siblings (``Group``), and how the runs are cut into ``enqueue_flow``
 steps (docs/explanation/protocol.md#parent-first-add). ``protocol/flows.py``
 turns each step into the script's flat argument. A node's ``depends_on``
-jobs become one-node groups after every other (``dependencies``).
+jobs become one-node groups after every other (``dependencies``), and
+the flow's incarnation token (``incarnation``) its parents and children hold.
 """
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass, field
 from itertools import repeat
 
@@ -65,15 +67,28 @@ class Group:
         )
 
 
+def incarnation(now_ms: int) -> str:
+    """A flow's incarnation token (docs/explanation/protocol.md#incarnations):
+    the add's time ``now_ms`` (ms since the epoch, the time its scripts are
+    given) followed by 6 random decimal digits, one integer Redis keeps in a
+    hash's listpack in 9 bytes to the year 2262. A child written at that time
+    holds no add time of its own: it is the token's without its last 6
+    digits (docs/explanation/protocol.md#compact-rows)."""
+    return f"{now_ms}{secrets.randbelow(10**6):06d}"
+
+
 @dataclass
 class Plan:
     """A checked flow, ready to land: its groups in landing order (breadth
     first, parents before children), and the ``(queue, id)`` of every node
-    whose id the caller gave (``gated``: checked free before writing)."""
+    whose id the caller gave (``gated``: checked free before writing);
+    ``now`` is the add's time (ms) its incarnation token carries, the time
+    its writes pass their scripts (docs/explanation/protocol.md#compact-rows)."""
 
     groups: list[Group]
     gated: list[tuple[str, str]]
     deps: set = field(default_factory=set)  # (queue, id) of depends_on jobs: not new nodes
+    now: int | None = None
 
     @property
     def root(self) -> tuple[str, str, list]:

@@ -102,13 +102,35 @@ def child_entries(queue: str, parent_id: str, pairs: list[tuple[str, str]]) -> l
     return out
 
 
+# A job added as pending holds no state field (lua/lib/row.lua
+# ``pending_if_there``): a row without one is pending.
+PENDING = "pending"
+
+
 def row_state(values: list) -> Any:
     """The raw state (or None: no such row) in the reply of
-    ``HMGET <row> *STATE_FIELDS``, a row of either version."""
-    return values[0] if values[0] is not None else values[1]
+    ``HMGET <row> *STATE_FIELDS``, a row of either version; ``"pending"``
+    for a row added as pending (it holds its handler, every row does, but
+    no state). docs/explanation/protocol.md#compact-rows"""
+    state, name = pick_fields((STATE, NAME), values)
+    return PENDING if state is None and name is not None else state
 
 
-STATE_FIELDS = row_fields((STATE,))  # the state of a row of either version, one HMGET
+# the state of a row of either version, and its handler (every row holds
+# one: a row without a state is pending), one HMGET
+STATE_FIELDS = row_fields((STATE, NAME))
+
+
+def created_of(created: Any, parent_inc: Any) -> str | None:
+    """A row's add time (ms, as text; None for none) from its ``ca`` and
+    ``pi`` values (raw, or None): a child written at its flow's add time
+    holds no ``ca``, its parent's incarnation carries the time before its
+    last 6 digits (lua/lib/row.lua ``created_of``).
+    docs/explanation/protocol.md#compact-rows"""
+    if created is not None:
+        return to_text(created)
+    inc = to_text(parent_inc)
+    return inc[:-6] if inc and len(inc) > 6 else None
 
 
 def row_get(r: dict, name: str) -> Any:

@@ -24,6 +24,7 @@ from ..core.landing import Plan, steps
 from ..core.live import MAX_ADDED_CHILDREN, step_prefix
 from ..core.refs import JobRef
 from ..core.rows import (
+    NAME,
     PARENT,
     PARENT_QUEUE,
     STATE,
@@ -37,7 +38,7 @@ from ..core.rows import (
 from ..tracing.spans import adding
 from .wire import Part, Wire
 
-_LINK = (STATE, PARENT, PARENT_QUEUE)  # a dependency's row, read before the add
+_LINK = (STATE, PARENT, PARENT_QUEUE, NAME)  # a dependency's row, read before the add
 
 
 class Flows(Part):
@@ -49,14 +50,21 @@ class Flows(Part):
         self.reads = reads
 
     def _step_call(
-        self, queue: str, groups: list, mode: str, traceparent: str = "", across: bool = False
+        self,
+        queue: str,
+        groups: list,
+        mode: str,
+        traceparent: str = "",
+        across: bool = False,
+        now: int | None = None,
     ):
         """One ``enqueue_flow`` call for a step, in the script's flat group
         format (see its header): a ``Group``'s nodes share one header.
         ``traceparent`` (W3C, '' for none) goes into every group's options
         as ``tc`` (docs/howto/tracing.md). ``across``: a child on another
         queue takes its parent's incarnation from the parent's row (ARGV[6],
-        docs/explanation/protocol.md#cross-queue-scripts-on-one-server)."""
+        docs/explanation/protocol.md#cross-queue-scripts-on-one-server).
+        ``now``: the add's time (ms, ``Plan.now``), else the clock's."""
         qk = self.keys.queue(queue)
         flat: list[str] = []
         add = flat.extend
@@ -89,10 +97,11 @@ class Flows(Part):
                 else:
                     add((job_id, payload, "0"))
         # one JSON argument: 9+ ARGV per node cost more in redis-py than in Redis
+        now = self.clock() if now is None else now
         return (
             "enqueue_flow",
             [qk.pending, qk.awaiting],
-            [queue, qk.base, self.clock(), mode, to_json(flat), "1" if across else "0"],
+            [queue, qk.base, now, mode, to_json(flat), "1" if across else "0"],
         )
 
     def add(self, flow: Flow) -> FlowRef:
@@ -116,7 +125,11 @@ class Flows(Part):
         id is gated by a read-only pass before the first write."""
         expiring = self._expiring()
         wire = self.wire
-        plans = [_flows.plan(f, wire.encode, expiring, encode_many=wire.encode_many) for f in flows]
+        now = self.clock()  # one add time: each plan's incarnation carries it
+        plans = [
+            _flows.plan(f, wire.encode, expiring, encode_many=wire.encode_many, now=now)
+            for f in flows
+        ]
         self._check_dependencies([g for p in plans if p.deps for g in p.groups if g.opts == DEP])
         seen: set = set()
         for p in plans:
@@ -146,7 +159,7 @@ class Flows(Part):
         # single-queue flows: every chunk of every such flow in one pipeline
         one_queue = [i for i, qs in enumerate(queues) if len(qs) == 1]
         calls = [
-            (i, self._step_call(q, gs, "write", traceparent))
+            (i, self._step_call(q, gs, "write", traceparent, now=plans[i].now))
             for i in one_queue
             for q, gs in all_steps[i]
         ]
@@ -158,7 +171,7 @@ class Flows(Part):
         for i, step_list in enumerate(all_steps):
             if i in one_queue:
                 continue
-            counts[i] = self._run_steps(step_list, traceparent)
+            counts[i] = self._run_steps(step_list, traceparent, plans[i].now)
         refs = []
         for i, p in enumerate(plans):
             queue, root_id, children = p.root
@@ -179,7 +192,7 @@ class Flows(Part):
             )
         return refs
 
-    def _run_steps(self, step_list: list, traceparent: str = "") -> list:
+    def _run_steps(self, step_list: list, traceparent: str = "", now: int | None = None) -> list:
         """Write ``step_list`` (``(queue, groups)`` steps, parents first);
         returns their replies. Raises the first step's refusal. With
         ``cross_queue_scripts``: every step in one pipelined round trip, each
@@ -187,7 +200,7 @@ class Flows(Part):
         parent's step was refused writes nothing); else one call after
         another (docs/explanation/protocol.md#cross-queue-scripts-on-one-server)."""
         if self.wire.cross_queue_scripts and not self.wire.fault_hook:
-            calls = [self._step_call(q, gs, "write", traceparent, True) for q, gs in step_list]
+            calls = [self._step_call(q, gs, "write", traceparent, True, now) for q, gs in step_list]
             return _refused_first(self.scripts.run_many(calls))
         # a parent met again keeps its incarnation: its children on
         # other queues (later steps) must carry that one, not this add's
@@ -199,7 +212,7 @@ class Flows(Part):
                     got = kept.get((g.parent_queue, g.parent_id))
                     if got is not None and g.parent_queue != queue:
                         g.parent_inc = got
-            reply = self.scripts.run(*self._step_call(queue, gs, "write", traceparent))
+            reply = self.scripts.run(*self._step_call(queue, gs, "write", traceparent, now=now))
             met = reply[3]
             for j in range(0, len(met), 2):
                 kept[(queue, to_text(met[j]))] = to_text(met[j + 1])
@@ -243,13 +256,15 @@ class Flows(Part):
             job._adds = [int(self.client.hget(self.keys.job(job.queue, job.id), "waits") or 0), 0]
         waits, call = job._adds
         prefix = step_prefix(job.queue, job.id, job.created_at, waits, call)
-        plan = _flows.plan(root, self.wire.encode, self._expiring(), prefix, self.wire.encode_many)
+        plan = _flows.plan(
+            root, self.wire.encode, self._expiring(), prefix, self.wire.encode_many, self.clock()
+        )
         job._adds[1] += 1
         head, groups = plan.groups[0], plan.groups[1:]
         for g in groups:  # a child landed before a crash is met again: skipped, not rewritten
             g.gate = True
         refs = self.keys.refs(head.children[0])
-        sub = Plan(groups, [r for r in plan.gated if r != (job.queue, job.id)], plan.deps)
+        sub = Plan(groups, [r for r in plan.gated if r != (job.queue, job.id)], plan.deps, plan.now)
         self._check_dependencies([g for g in groups if g.opts == DEP])  # a child's depends_on
         step_list = steps(sub, self.wire.flow_chunk)
         if sub.gated:
@@ -265,7 +280,7 @@ class Flows(Part):
         for g in groups:
             if g.parent_id == job.id and g.parent_queue == job.queue and g.queue != job.queue:
                 g.parent_inc = inc
-        self._run_steps(step_list)
+        self._run_steps(step_list, now=plan.now)
         return [JobRef._trusted(q, i) for q, i in head.children[0]]
 
     def wait_for_children(self, job: Job) -> JobState:
@@ -300,11 +315,11 @@ class Flows(Part):
         pipe = self.client.pipeline(transaction=False)
         for g in groups:
             pipe.hmget(self.keys.job(g.queue, g.ids[0]), *row_fields(_LINK))
-        for g, (state, parent, pq) in zip(
+        for g, (state, parent, pq, name) in zip(
             groups, (pick_fields(_LINK, f) for f in pipe.execute()), strict=True
         ):
             where = f"{g.parent_queue}/{g.parent_id} depends_on {g.queue}/{g.ids[0]}"
-            if state is None:
+            if state is None and name is None:  # every row holds its handler
                 raise JobNotFound(f"{where}: no such job (a dependency is a job already added)")
             parent = parent_of(g.ids[0], parent)
             owner = f"{to_text(pq) or g.queue}/{parent}"

@@ -15,19 +15,27 @@ from typing import Any
 from ..core.events import run_ids
 from ..core.jobs import to_text
 from ..core.keyspace import JobKeys, validate_queue
-from ..core.rows import CREATED, STATE_FIELDS, pick_fields, row_fields, row_state
+from ..core.rows import (
+    CREATED,
+    PARENT_INC,
+    STATE_FIELDS,
+    created_of,
+    pick_fields,
+    row_fields,
+    row_state,
+)
 from .control.groups import GROUPS_LISTED
 from .errors import reports_redis_down
 from .wire import Part
 
-_SINCE = row_fields(
-    ("updated_at", CREATED)
-)  # a job's last move, else its add (rows of either version)
+# a job's last move, else its add (rows of either version; core.rows.created_of)
+_SINCE = row_fields(("updated_at", CREATED, PARENT_INC))
 
 
 def _since(values: list) -> list:
     """``[updated_at, created]`` of an ``HMGET`` of ``_SINCE``."""
-    return pick_fields(("updated_at", CREATED), values)
+    since, created, inc = pick_fields(("updated_at", CREATED, PARENT_INC), values)
+    return [since, created_of(created, inc)]
 
 
 ROWS_PER_TRIP = 500  # job rows per pipelined round trip (rows, states, exist)

@@ -20,9 +20,12 @@ from ..core.refs import JobRef, Page, RefDict, as_ref
 from ..core.rows import (
     CREATED,
     NAME,
+    PARENT_INC,
+    PENDING,
     POLICY,
     STATE,
     STATE_FIELDS,
+    created_of,
     pick_fields,
     row_fields,
     row_state,
@@ -38,7 +41,7 @@ PAGE_MAX = 10_000  # children a page of a paged read, at most (docs/howto/read-f
 # the row fields a tree reads per node; a page of it adds the node's times (ms)
 _TREE_FIELDS = (NAME, STATE, "result", "error", POLICY, "error.n")
 _TIMES = ("created_at", "started_at", "finished_at")  # a page's keys for them
-_PAGE_FIELDS = (*_TREE_FIELDS, CREATED, "started_at", "finished_at")
+_PAGE_FIELDS = (*_TREE_FIELDS, CREATED, "started_at", "finished_at", PARENT_INC)
 _ASK = {False: row_fields(_TREE_FIELDS), True: row_fields(_PAGE_FIELDS)}  # rows of either version
 
 
@@ -346,7 +349,8 @@ class Reads(Part):
                 node.update(
                     ref=JobRef(node["queue"], node["id"]),
                     name=to_text(name),
-                    state=to_text(state),
+                    # a row added as pending holds no state; one gone holds nothing
+                    state=to_text(state) or (PENDING if name is not None else None),
                     result=json.loads(result) if result else None,
                     error=self._error(error),
                     policy=decode_policy(policy, node is not root),
@@ -355,7 +359,8 @@ class Reads(Part):
                 )
                 if paged:
                     node["total"] = int(total)
-                    node.update(zip(_TIMES, (v and int(v) for v in values[6:]), strict=True))
+                    values[6] = created_of(values[6], values[9])  # core.rows.created_of
+                    node.update(zip(_TIMES, (v and int(v) for v in values[6:9]), strict=True))
                 if depth is None or d < depth:
                     found = self.keys.child_keys(node["queue"], node["id"], kids)
                     refs = [self.wire.ref(k) for k in found]

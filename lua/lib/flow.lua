@@ -422,8 +422,7 @@ local function callback(base, id, spec, kind, result, err, now)
   if type(name) == 'table' then
     name = name[2]
   end
-  redis.call('HSET', job_key(base, cid), F_NAME, name, F_STATE, 'pending', F_CREATED, now,
-    F_DATA, payload)
+  redis.call('HSET', job_key(base, cid), F_NAME, name, F_CREATED, now, F_DATA, payload)  -- pending
   make_claimable(base, {cid}, nil)
   emit(base, 'added', cid)
 end

@@ -65,6 +65,48 @@ local function parent_of(id, stored)
   return stored
 end
 
+-- A job added as pending holds no `s` (a default is not stored: 12 bytes
+-- of every waiting row, docs/explanation/protocol.md#the-job-row); its
+-- first move writes one. Every read of the state below gives such a row
+-- 'pending': `got` is an HMGET reply whose `at`-th value is the state and
+-- whose first `n` are this row's fields; any other field there shows the
+-- row exists, else one EXISTS asks. A row that is not there keeps false.
+local function pending_if_there(key, got, at, n)
+  if got[at] then
+    return got
+  end
+  for i = 1, n do
+    if got[i] then
+      got[at] = 'pending'
+      return got
+    end
+  end
+  if redis.call('EXISTS', key) == 1 then
+    got[at] = 'pending'
+  end
+  return got
+end
+
+-- A child written at its flow's add time holds no `ca`: its parent's
+-- incarnation (`pi`: the add's ms and 6 random digits) carries that time
+-- (docs/explanation/protocol.md#compact-rows). The row's add time from its
+-- `ca` and `pi` values (false for none).
+local function created_of(ca, pinc)
+  if ca then
+    return ca
+  end
+  return pinc and #pinc > 6 and pinc:sub(1, -7) or false
+end
+
+-- Before a child's `pi` becomes `pinc` (a later add takes it under another
+-- incarnation): a row that held no `ca` is given the time its old `pi` carried.
+local function keep_created(key, pinc)
+  local f = redis.call('HMGET', key, F_CREATED, LONG_NAME[F_CREATED], F_PINC)
+  if not (f[1] or f[2]) and f[3] and f[3] ~= pinc and #f[3] > 6 then
+    redis.call('HSET', key, F_CREATED, f[3]:sub(1, -7))
+  end
+end
+
 -- HMGET of `key`'s fields ... (names as written now), in order (F_PARENT
 -- as stored: row_hmget_p turns it into the whole id). A row written by an
 -- earlier version (the only rows with a `name`: every version before
@@ -88,6 +130,11 @@ local function row_hmget(key, ...)
   else
     table.remove(got, 1)
   end
+  for i = 1, n do
+    if select(i, ...) == F_STATE then
+      return pending_if_there(key, got, i, n)
+    end
+  end
   return got
 end
 
@@ -109,26 +156,27 @@ local function row_hmget_p(key, ...)
   return got
 end
 
--- HMGET of the names in `fields` (a table ending in 'name', the marker of a
--- row an earlier version wrote: asked last, nothing to shift out of the
--- reply, where row_hmget asks it first); the values without the marker. A
--- row of an earlier version, or none, is read by both names (row_hmget).
--- The hot paths' reads (claim, complete).
+-- HMGET of the names in `fields` (F_STATE first, then a table ending in
+-- 'name', the marker of a row an earlier version wrote: asked last, nothing
+-- to shift out of the reply, where row_hmget asks it first); the values
+-- without the marker. A row of an earlier version is read by both names
+-- (row_hmget); one without a state is pending if it is there
+-- (pending_if_there). The hot paths' reads (claim, complete).
 local function row_read(key, fields)
   local n = #fields
   local f = redis.call('HMGET', key, unpack(fields))
-  if f[n] or not f[1] then
+  if f[n] then
     return row_hmget(key, unpack(fields, 1, n - 1))
   end
   f[n] = nil
-  return f
+  return pending_if_there(key, f, 1, n - 1)
 end
 
 -- row_hmget for a read of the state and fields that kept their names
 -- (`s` first, then none of F_NAME ... F_PINC), on the hot paths: a row
--- of this version holds `s`, so one HMGET answers; a row without it (one
--- an earlier version wrote and this one never moved, or none) is read
--- again by row_hmget.
+-- of this version that has moved holds `s`, so one HMGET answers; a row
+-- without it (one an earlier version wrote and this one never moved, one
+-- added as pending, or none) is read again by row_hmget.
 local function row_hmget_s(key, ...)
   local got = redis.call('HMGET', key, ...)
   if got[1] then

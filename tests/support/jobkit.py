@@ -43,8 +43,11 @@ def where(mq: EchoMQ, queue: str, job_id: str) -> list[str]:
 
 def row(mq: EchoMQ, queue: str, job_id: str) -> dict[str, str]:
     """The job row as ``{field: text}``, a long error joined from its pieces
-    into ``error`` (``raw_row`` keeps them apart)."""
+    into ``error``, and ``s`` ``pending`` for a row added as pending, which
+    holds none (``raw_row`` keeps the row as it is)."""
     r = raw_row(mq, queue, job_id)
+    if r and "s" not in r and "state" not in r:
+        r["s"] = "pending"
     if "error.n" in r:
         r["error"] = row_error(r)
         for n in range(2, int(r.pop("error.n")) + 1):

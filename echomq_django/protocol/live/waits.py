@@ -23,7 +23,6 @@ import time
 from ...core.exceptions import JobDead, JobNotFound
 from ...core.jobs import Job, JobState, to_text
 from ...core.refs import JobRef
-from ...core.rows import row_state
 from ..scripts import socket_timeout
 from ..wire import Part
 from .blocking import Cancel, long_block, unblocked
@@ -103,7 +102,7 @@ class Waits(Part):
         # the point to block from and the state, at one time: a finish after
         # it finds the stream and notes it after that point
         last, *state = self.scripts.run("wait_mark", [done, row], [ttl_ms, DONE_MAXLEN])
-        state = row_state(state)
+        state = state[0] if state else None
         if state is None:
             raise JobNotFound(f"job {ref.id!r} not found in queue {ref.queue!r}")
         # a wait no longer than the stream's expiry never renews it
