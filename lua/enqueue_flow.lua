@@ -339,7 +339,7 @@ while i <= #a do
   -- same-queue leaf by its parent's)
   -- no `ca` where `pi` carries this add's time (lib/row.lua created_of)
   local ca = {F_CREATED, now}
-  if pinc ~= '' and pinc:sub(1, -7) == now then
+  if parent ~= '' and pinc ~= '' and pinc:sub(1, -7) == now then
     ca = {}
   end
   local leaf = fresh and {'HSET', false, F_NAME, name, F_DATA, false, unpack(ca)}

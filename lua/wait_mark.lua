@@ -15,7 +15,7 @@
 
   returns: [id, state]: the stream id to read after, and the row's state
            (lib/row.lua row_hmget_s: by either name, 'pending' for a row
-           added as pending; [id] alone: no such row)
+           added as pending; nil: no such row)
   errors:  none of its own (a Redis before 7.0 refuses PEXPIRE NX / GT)
 ]]
 local done, row = KEYS[1], KEYS[2]

@@ -391,6 +391,26 @@ def test_on_success_adds_a_job_with_the_result_in_the_completing_script(tmq):
     assert raw_row(tmq, "q", "j")["callbacks"] == '{"d":"r.dead","s":"r.done"}'
 
 
+def test_a_job_id_added_again_gets_its_own_callback_job(tmq, clock):
+    # the second life of id j counts its callbacks from 1 again: its callback
+    # job is a new one, not the first life's (completed, kept), pushed again
+    tmq.enqueue("q", "x", {}, job_id="j", on_success="r.done")
+    tmq.complete(claim_one(tmq, "q", "j"), 1)
+    (first,) = tmq.claim("q", 1)
+    tmq.complete(first, "ran")
+    tmq.remove("q", "j")
+    clock.advance(1_000)
+    tmq.enqueue("q", "x", {}, job_id="j", on_success="r.done")
+    tmq.complete(claim_one(tmq, "q", "j"), 2)
+    (second,) = tmq.claim("q", 1)
+    assert (second.id != first.id, second.name, second.payload) == (
+        True,
+        "r.done",
+        {"job": "q/j", "result": 2},
+    )
+    assert tmq.get_job("q", first.id).state is JobState.COMPLETED
+
+
 def test_on_failure_per_retried_attempt_and_on_dead_at_the_death(tmq):
     tmq.enqueue(
         "q", "x", {}, job_id="j", max_attempts=2, backoff_ms=0, on_failure="r.f", on_dead="r.d"

@@ -383,8 +383,10 @@ end
 -- (`spec`: JSON {s, f, d}, the handler names for success, a failed attempt
 -- that is retried, and death) makes that outcome add a job of its own on this
 -- queue, in the script that finishes the job (durable, never in the worker's
--- thread). Its id is 'cb-' and a sha1 of the job key, the kind and a count
--- kept on the row (`callbacks_n`); its payload {"job": "<queue>/<id>",
+-- thread). Its id is 'cb-' and a sha1 of the job key, its add time (one
+-- life of the id: a job removed and added again starts its count anew), the
+-- kind and a count kept on the row (`callbacks_n`); a row of that id found
+-- there already is left as it is. Its payload {"job": "<queue>/<id>",
 -- "result": <result>} (the result's JSON text) or {..., "error": <err>}
 -- (`err` a string, made JSON here: nothing is made for a job without a
 -- callback).
@@ -411,7 +413,9 @@ local function callback(base, id, spec, kind, result, err, now)
   local body = result and ('"result":' .. result) or ('"error":' .. cjson.encode(err))
   local key = job_key(base, id)
   local n = redis.call('HINCRBY', key, 'callbacks_n', 1)
-  local cid = 'cb-' .. redis.sha1hex(key .. '|' .. kind .. '|' .. n)
+  local t = redis.call('HMGET', key, F_CREATED, LONG_NAME[F_CREATED], F_PINC)
+  local life = created_of(t[1] or t[2], t[3]) or ''
+  local cid = 'cb-' .. redis.sha1hex(key .. '|' .. life .. '|' .. kind .. '|' .. n)
   local payload = '{"job":' .. cjson.encode(QUEUE .. '/' .. id) .. ',' .. body .. '}'
   if type(name) == 'table' and name[1] ~= QUEUE then
     -- a name holds no control character: the newline parts it from the payload
@@ -422,7 +426,11 @@ local function callback(base, id, spec, kind, result, err, now)
   if type(name) == 'table' then
     name = name[2]
   end
-  redis.call('HSET', job_key(base, cid), F_NAME, name, F_CREATED, now, F_DATA, payload)  -- pending
+  local row = job_key(base, cid)
+  if redis.call('EXISTS', row) == 1 then  -- never rewritten: its state stays its own
+    return
+  end
+  redis.call('HSET', row, F_NAME, name, F_CREATED, now, F_DATA, payload)  -- pending: no `s`
   make_claimable(base, {cid}, nil)
   emit(base, 'added', cid)
 end
