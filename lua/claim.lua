@@ -249,7 +249,10 @@ while want > 0 do
     local row = base .. 'job:' .. id
     -- one read and one write per job: this loop is the hot path of a worker
     local f = claim_read(row)
-    f[7] = f[7] and parent_of(id, f[7])  -- the whole id (lib/row.lua row_hmget_p)
+    if f[7] then  -- the whole id and its queue (lib/row.lua row_hmget_p)
+      local pid, q = parent_of(id, f[7])
+      f[7], f[8] = pid, q or f[8]
+    end
     if f[1] == 'pending' and f[15] and not f[16] and tonumber(f[15]) <= tonumber(now) then
       -- popped already: marked active so kill takes it out of no list (an
       -- LREM would scan the pending list); it never started, attempts stay

@@ -79,7 +79,10 @@ local READ = {F_STATE, 'lease', F_PARENT, F_PQUEUE, 'dedup', 'keep', 'cancel', F
   'orphaned', 'callbacks', 'group', 'lg', 'name'}
 local function read_row(row, id)
   local f = row_read(row, READ)
-  f[3] = f[3] and parent_of(id, f[3])
+  if f[3] then  -- the whole id and its queue (lib/row.lua row_hmget_p)
+    local pid, q = parent_of(id, f[3])
+    f[3], f[4] = pid, q or f[4]
+  end
   return f
 end
 

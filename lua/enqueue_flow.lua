@@ -261,16 +261,12 @@ local function announce(id, parent, pq)
 end
 
 -- A child's link to its parent, appended to `t` as field, value pairs (a
--- row stores the parent queue only when it differs, the policy only when it
--- is not 'fp', the parent's incarnation only when known: compact rows),
--- the parent's id as child `id`'s row holds it (lib/row.lua parent_ref).
+-- row stores the policy only when it is not 'fp', the parent's incarnation
+-- only when known: compact rows), the parent as child `id`'s row holds it:
+-- its id, and its queue when it differs (lib/row.lua parent_ref).
 local function parent_fields(t, id, parent, pq, policy, pinc)
   t[#t + 1] = F_PARENT
-  t[#t + 1] = parent_ref(id, parent)
-  if pq ~= queue then
-    t[#t + 1] = F_PQUEUE
-    t[#t + 1] = pq
-  end
+  t[#t + 1] = parent_ref(id, parent, pq ~= queue and pq or nil)
   if policy ~= 'fp' then
     t[#t + 1] = F_POLICY
     t[#t + 1] = policy
@@ -309,14 +305,15 @@ while i <= #a do
     shared[#shared + 1] = 'backoff_ms'
     shared[#shared + 1] = bo
   end
-  -- where the parent's id sits in `shared`, set per node: `prel` (its
+  -- where the parent's `p` sits in `shared`, set per node: `prel` (its
   -- relative form, lib/row.lua parent_ref) for a node whose id starts with
-  -- `ppre`, the whole id for any other
-  local pslot, ppre, prel
+  -- `ppre`, `pabs` (the whole id) for any other
+  local pslot, ppre, prel, pabs
   if parent ~= '' then
     pslot, ppre = #shared + 2, parent:sub(1, REL_PREFIX)
     parent_fields(shared, parent, parent, pq, policy, pinc)
     prel = shared[pslot]
+    pabs = parent_ref('', parent, pq ~= queue and pq or nil)
   end
   if inc ~= '' then
     shared[#shared + 1] = 'inc'
@@ -357,7 +354,7 @@ while i <= #a do
       leaf[2] = jobs .. id
       leaf[6] = a[i + 1]
       if pslot then
-        leaf[at + pslot] = (id:sub(1, REL_PREFIX) == ppre) and prel or parent
+        leaf[at + pslot] = (id:sub(1, REL_PREFIX) == ppre) and prel or pabs
       end
       call(unpack(leaf))
       nclaim = nclaim + 1
@@ -388,6 +385,7 @@ while i <= #a do
       elseif opts.dep then
         keep_created(row, pinc)  -- its `pi` changes
         redis.call('HSET', row, unpack(parent_fields({}, id, parent, pq, policy, pinc)))
+        redis.call('HDEL', row, F_PQUEUE, LONG_NAME[F_PQUEUE])  -- `p` says it now
         announce(id, parent, pq)  -- finished already: counts at once (guarded)
       elseif deduped[id] then
         local why = 'deduplicated: job ' .. deduped[id] .. ' holds key ' .. opts.k
@@ -402,6 +400,7 @@ while i <= #a do
         if adopt[id] then
           -- the row keeps its own incarnation mark: no pi here
           redis.call('HSET', row, unpack(parent_fields({}, id, parent, pq, policy, '')))
+          redis.call('HDEL', row, F_PQUEUE, LONG_NAME[F_PQUEUE])  -- `p` says it now
         end
         -- under its parent again (docs/explanation/lifecycle.md), and under this incarnation of
         -- it (a parent landed fresh has a new one): a cancel mark a removed
@@ -421,7 +420,7 @@ while i <= #a do
           state = 'delayed'
         end
         if pslot then
-          shared[pslot] = (id:sub(1, REL_PREFIX) == ppre) and prel or parent
+          shared[pslot] = (id:sub(1, REL_PREFIX) == ppre) and prel or pabs
         end
         local head = {F_NAME, name, F_DATA, payload, unpack(ca)}
         if state ~= 'pending' then  -- a fresh row: no `s` when pending (lib/row.lua)

@@ -10,7 +10,7 @@ import pytest
 
 from echomq_django import EchoMQ, Flow, FlowConflict, JobRef, JobState
 from echomq_django.core.events import run_ids
-from echomq_django.core.rows import CREATED, LONG_NAMES, STATE
+from echomq_django.core.rows import CREATED, LONG_NAMES, PARENT, PARENT_QUEUE, STATE
 from tests.support.jobkit import raw_row, sweep
 from tests.support.workerkit import T0
 
@@ -38,8 +38,8 @@ def test_a_leaf_row_holds_four_fields_under_short_names(mq) -> None:
         str(mq.get_job("bench", wide.parent_id).created_at),
     )
     other = raw_row(mq, *cross.nodes[-1])
-    assert set(other) == LEAF_FIELDS | {"pq"}
-    assert (other["pq"], other["p"]) == ("bench", ":0")
+    assert set(other) == LEAF_FIELDS  # its parent's queue in `p`
+    assert other["p"] == "bench::0"
     job = mq.get_job(*wide.nodes[-1])
     assert (job.parent, job.state, job.created_at) == (
         wide.parent_id,
@@ -78,9 +78,7 @@ def test_a_child_taken_under_a_new_incarnation_keeps_its_add_time(tmq, clock, ch
         "p", "root", {}, job_id="root", children=[Flow(child_queue, "leaf", {}, job_id="c1")]
     )
     tmq.add_flow(flow)
-    assert set(raw_row(tmq, child_queue, "c1")) == {"n", "d", "p", "pi"} | (
-        {"pq"} if child_queue == "c" else set()
-    )
+    assert set(raw_row(tmq, child_queue, "c1")) == {"n", "d", "p", "pi"}
     (job,) = tmq.claim(child_queue, 1)
     tmq.remove("p", "root")
     sweep(tmq, child_queue)
@@ -133,18 +131,26 @@ def _to_long_names(mq, queue: str, job_id: str, names=EARLIEST) -> None:
     """Rewrite a row as an earlier build wrote it: ``names`` (short names)
     under their long names, with the state and add time every row of that
     build holds (this one leaves them out while they can be read elsewhere:
-    a pending row's state, a flow child's add time in its ``pi``)."""
+    a pending row's state, a flow child's add time in its ``pi``), and a
+    child's parent as its whole id, its queue in ``pq`` when not the child's
+    (this one writes both in ``p``)."""
     key = mq.keys.job(queue, job_id)
     job = mq.get_job(queue, job_id)
     defaults = {STATE: job.state.value, CREATED: str(job.created_at)}
+    link = {}
+    if job.parent:
+        link[PARENT] = job.parent
+        mq.client.hdel(key, PARENT)
+        if job.parent_queue != queue:
+            defaults[PARENT_QUEUE] = job.parent_queue
     for short, long in ((n, LONG_NAMES[n]) for n in names):
-        value = mq.client.hget(key, short)
+        value = link.pop(short, None) or mq.client.hget(key, short)
         value = defaults.get(short) if value is None else value
         defaults.pop(short, None)
         if value is not None:
             mq.client.hset(key, long, value)
             mq.client.hdel(key, short)
-    for short, value in defaults.items():  # kept under its short name
+    for short, value in {**defaults, **link}.items():  # kept under its short name
         if mq.client.hget(key, short) is None:
             mq.client.hset(key, short, value)
 
@@ -322,7 +328,8 @@ def test_a_parent_id_is_stored_after_the_bytes_it_shares_with_the_childs(
 ) -> None:
     ref = mq.add_flow(Flow("p", "root", {}, job_id=root, children=[
         Flow(child_queue, "leaf", {}, job_id=kid)]))  # fmt: skip
-    assert raw_row(mq, child_queue, kid)["p"] == stored
+    # on another queue, `p` names it first (`p:` and the same forms)
+    assert raw_row(mq, child_queue, kid)["p"] == ("" if child_queue == "p" else "p:") + stored
     assert mq.get_job(child_queue, kid).parent_ref == JobRef("p", root)
     assert mq.get_flow("p", root)["children"][0]["id"] == kid
     again = mq.add_flow(Flow("p", "root", {}, job_id=root, children=[

@@ -27,7 +27,7 @@ from .rows import (
     POLICY,
     STATE,
     created_of,
-    parent_of,
+    parent_link,
     row_get,
     to_text,
 )
@@ -288,8 +288,7 @@ class Job(Reporting):
         parent, parent_queue, policy, max_attempts, backoff_ms = _compact(
             queue,
             mq,
-            parent_of(job_id, row_get(r, PARENT)),
-            row_get(r, PARENT_QUEUE),
+            *parent_link(job_id, row_get(r, PARENT), row_get(r, PARENT_QUEUE)),
             row_get(r, POLICY),
             r.get("max_attempts"),
             r.get("backoff_ms"),

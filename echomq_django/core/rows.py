@@ -58,16 +58,20 @@ def pick_fields(names: tuple[str, ...], values: list) -> list:
 REL_PREFIX = 12  # bytes of a child's id a relative parent ref stands for (lua/lib/row.lua)
 
 
-def parent_of(job_id: str, stored: Any) -> str | None:
-    """The parent's id from the ``p`` field (raw, or None) of job
-    ``job_id``'s row: a value starting with ``:`` is the rest of an id that
-    starts with the child's first ``REL_PREFIX`` bytes (lua/lib/row.lua
-    ``parent_ref``; an id never holds ``:``), any other the id itself.
-    docs/explanation/protocol.md#short-field-names"""
-    text = to_text(stored)
+def parent_link(job_id: str, stored: Any, queue: Any = None) -> tuple[str | None, str | None]:
+    """``(parent id, parent queue)`` of job ``job_id`` from its row's ``p``
+    and ``pq`` values (raw, or None; the queue None: the child's own).
+    ``p`` is ``[<queue>:]<id>`` or ``[<queue>:]:<rest>``, the rest of an id
+    that starts with the child's first ``REL_PREFIX`` bytes
+    (lua/lib/row.lua ``parent_ref``; neither a queue name nor an id holds
+    ``:``); a row written before the queue went into ``p`` holds it as
+    ``pq`` (``queue``). docs/explanation/protocol.md#relative-parent-ids"""
+    text, queue = to_text(stored), to_text(queue)
+    if text and text[0] != ":" and ":" in text:
+        queue, text = text.split(":", 1)
     if text and text[0] == ":":  # cut where no character is split (parent_ref)
-        return (job_id.encode()[:REL_PREFIX] + text[1:].encode()).decode()
-    return text
+        return (job_id.encode()[:REL_PREFIX] + text[1:].encode()).decode(), queue
+    return text, queue
 
 
 def id_head(job_id: str) -> str | None:

@@ -30,7 +30,7 @@ from ..core.rows import (
     STATE,
     STATE_FIELDS,
     child_entries,
-    parent_of,
+    parent_link,
     pick_fields,
     row_fields,
     row_state,
@@ -321,8 +321,8 @@ class Flows(Part):
             where = f"{g.parent_queue}/{g.parent_id} depends_on {g.queue}/{g.ids[0]}"
             if state is None and name is None:  # every row holds its handler
                 raise JobNotFound(f"{where}: no such job (a dependency is a job already added)")
-            parent = parent_of(g.ids[0], parent)
-            owner = f"{to_text(pq) or g.queue}/{parent}"
+            parent, pq = parent_link(g.ids[0], parent, pq)
+            owner = f"{pq or g.queue}/{parent}"
             if parent is not None and owner != f"{g.parent_queue}/{g.parent_id}":
                 raise FlowConflict(
                     f"{where}: it is already waited for by {owner} (a job is waited for "

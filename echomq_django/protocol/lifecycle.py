@@ -42,7 +42,7 @@ from ..core.rows import (
     PARENT_QUEUE,
     POLICY,
     STATE,
-    parent_of,
+    parent_link,
     pick_fields,
     row_fields,
 )
@@ -230,7 +230,7 @@ class Lifecycle(Part):
         names = (STATE, PARENT, PARENT_QUEUE, POLICY, PARENT_INC)
         f = pick_fields(names, self.client.hmget(k.job(queue, job_id), *row_fields(names)))
         state, pid, pq, policy, inc = (v.decode() if isinstance(v, bytes) else v for v in f)
-        pid = parent_of(job_id, pid)
+        pid, pq = parent_link(job_id, pid, pq)
         if state != "dead" or policy != "id" or not pq or pq == queue:
             return None  # the retry script checks a parent on its own slot itself
         ref = k.job(queue, job_id)

@@ -22,21 +22,28 @@ local F_NAME = 'n'      -- the handler: was name
 local F_DATA = 'd'      -- the payload (JSON): was payload
 local F_STATE = 's'     -- the job's state: was state
 local F_CREATED = 'ca'  -- when the job was written (ms): was created_at
-local F_PARENT = 'p'    -- a child's parent id: was parent
-local F_PQUEUE = 'pq'   -- a cross-queue child's parent queue: was parent_queue
+local F_PARENT = 'p'    -- a child's parent (its queue too when not the child's): was parent
+local F_PQUEUE = 'pq'   -- the parent's queue, rows written before `p` held it: was parent_queue
 local F_POLICY = 'pp'   -- a child's policy when not 'fp': was parent_policy
 local F_PINC = 'pi'     -- a child's parent's incarnation: was parent_inc
 local LONG_NAME = {[F_NAME] = 'name', [F_DATA] = 'payload', [F_STATE] = 'state',
   [F_CREATED] = 'created_at', [F_PARENT] = 'parent', [F_PQUEUE] = 'parent_queue',
   [F_POLICY] = 'parent_policy', [F_PINC] = 'parent_inc'}
 
--- A child's parent id as its row's `p` holds it: ':' and the rest of the
--- parent's id when that starts with the child's first REL_PREFIX bytes (a
--- flow's generated ids share a 12-character prefix: a fan-out's leaf
--- stores ':0' for its root, 2 bytes for 13), else the id itself (an id
--- never holds ':'). The cut never splits a UTF-8 character (the rest does
--- not start with a continuation byte), so the value stays text. parent_of
--- turns it back, given the child's id. A parent's :children list stores
+-- A child's parent as its row's `p` holds it
+-- (docs/explanation/protocol.md#relative-parent-ids):
+--   ':' .. rest         on the child's queue, the parent's id starting with
+--                       the child's first REL_PREFIX bytes (a flow's
+--                       generated ids share a 12-character prefix: a
+--                       fan-out's leaf stores ':0' for its root)
+--   '<id>'              on the child's queue, any other id
+--   '<queue>::' .. rest the same on another queue
+--   '<queue>:<id>'      on another queue, any other id
+-- Neither a queue name nor an id holds ':', so each form reads one way. The
+-- cut never splits a UTF-8 character (the rest does not start with a
+-- continuation byte), so the value stays text. parent_of turns it back,
+-- given the child's id. Rows written before the queue went into `p` hold
+-- it as `pq`, read where `p` names none. A parent's :children list stores
 -- its children the same way round (child_entry, below).
 local REL_PREFIX = 12
 local byte = string.byte
@@ -53,16 +60,29 @@ local function rel_rest(of, with)
   return nil
 end
 
-local function parent_ref(id, parent)
+-- `p` for child `id` of `parent` on queue `q` (nil: the child's own).
+local function parent_ref(id, parent, q)
   local rest = rel_rest(parent, id)
+  if q then
+    return rest and (q .. '::' .. rest) or (q .. ':' .. parent)
+  end
   return rest and (':' .. rest) or parent
 end
 
+-- The parent's id and, when `p` names it, its queue (nil: the child's own,
+-- or a row that holds it as `pq`), from child `id`'s `p` value `stored`.
 local function parent_of(id, stored)
-  if stored and stored:byte(1) == 58 then  -- ':'
-    return id:sub(1, REL_PREFIX) .. stored:sub(2)
+  if not stored or byte(stored, 1) == 58 then  -- ':'
+    return stored and (id:sub(1, REL_PREFIX) .. stored:sub(2))
   end
-  return stored
+  local cut = stored:find(':', 1, true)
+  if not cut then
+    return stored
+  end
+  if byte(stored, cut + 1) == 58 then
+    return id:sub(1, REL_PREFIX) .. stored:sub(cut + 2), stored:sub(1, cut - 1)
+  end
+  return stored:sub(cut + 1), stored:sub(1, cut - 1)
 end
 
 -- A job added as pending holds no `s` (a default is not stored: 12 bytes
@@ -139,18 +159,27 @@ local function row_hmget(key, ...)
 end
 
 -- row_hmget for a read that asks for F_PARENT (once): its value is the
--- parent's whole id (parent_of; `key` ends in the child's id, which holds
--- no ':'). Every read of F_PARENT goes through here, but claim's, which
--- calls parent_of itself (its hot path: the field's place is known).
+-- parent's whole id, and F_PQUEUE's (when asked) the parent's queue where
+-- `p` names it (parent_of; `key` ends in the child's id, which holds no
+-- ':'). Every read of F_PARENT goes through here, but claim's and
+-- complete's, which call parent_of themselves (their hot paths: the
+-- fields' places are known).
 local function row_hmget_p(key, ...)
   local got = row_hmget(key, ...)
+  local at, qat
   for i = 1, select('#', ...) do
-    if select(i, ...) == F_PARENT then
-      local v = got[i]
-      if v and byte(v, 1) == 58 then
-        got[i] = parent_of(key:match('^.*:(.*)$'), v)
-      end
-      return got
+    local name = select(i, ...)
+    if name == F_PARENT then
+      at = i
+    elseif name == F_PQUEUE then
+      qat = i
+    end
+  end
+  if at and got[at] then
+    local pid, q = parent_of(key:match('^.*:(.*)$'), got[at])
+    got[at] = pid
+    if q and qat then
+      got[qat] = q
     end
   end
   return got
