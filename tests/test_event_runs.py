@@ -87,6 +87,20 @@ def test_a_cut_never_splits_a_utf8_character(mq) -> None:
     assert run_ids("ééééééx1 :x2 :x3") == ["ééééééx1", "ééééééx2", "ééééééx3"]
 
 
+def test_ids_counting_up_in_hex_are_stored_as_one_range(mq) -> None:
+    # three or more rests in a row counting up by one in hex (a flow's
+    # generated ids) make one part ::<first>:<last>; two stay apart, and a
+    # rest that is not canonical hex, or an id sharing nothing, is itself
+    head = "abcdefghijkl"
+    rests = ["1", "2", "3", "4", "x", "6", "7", "a", "b", "c", "0f", "10"]
+    ids = [head + r for r in rests] + ["other-id"]
+    mq.enqueue_many("q", [{"name": "t.echo", "job_id": j} for j in ids])
+    mq.claim("q", len(ids))
+    assert _raw(mq, "q", "active") == [f"{head}1 ::2:4 :x :6 :7 ::a:c :0f :10 other-id"]
+    assert _followed(mq, "q", "active") == _probed(mq, "q", "active") == ids
+    assert run_ids(f"{head}ff ::100:102") == [head + r for r in ("ff", "100", "101", "102")]
+
+
 @pytest.mark.parametrize("form", ["new", "old"])
 def test_claims_removals_and_progress_read_whole_in_either_form(mq, form) -> None:
     ids = [f"order-2026-12-03-{k}" for k in "abc"]

@@ -105,10 +105,10 @@ def test_cross_queue_leaves_are_announced_in_runs_of_100(mq) -> None:
     assert [len(ids) for ids in entries] == [100, 100, 50]
     assert [i for ids in entries for i in ids] == [job_id for _, job_id in ref.children]
     # each id after a run's first stored after the 12 characters it shares
-    # with the first (docs/explanation/protocol.md#events): ids 1..250 in hex
+    # with the first, the ids counting up in hex as one range
+    # (docs/explanation/protocol.md#relative-ids-in-a-run): ids 1..250 in hex
     head = ref.parent_id[:12]
-    assert stored[0] == f"{head}1 " + " ".join(f":{i:x}" for i in range(2, 101))
-    assert stored[2] == f"{head}c9 " + " ".join(f":{i:x}" for i in range(202, 251))
+    assert stored == [f"{head}1 ::2:64", f"{head}65 ::66:c8", f"{head}c9 ::ca:fa"]
     # one `added` per job all the same, for a follower and the minute counters
     follow = mq.events("bench2", since="0-0", kinds=["added"], block_s=0.1)
     with follow:

@@ -53,16 +53,24 @@ MAX_FOLLOWED = 64  # queues one follow reads at most (one reader thread per slot
 
 def run_ids(text: str) -> list[str]:
     """The job ids an events entry's ``id`` field ``text`` names, whole:
-    space-separated, the first whole, each later one either whole or ``:``
-    and the rest of an id that shares the first's ``rows.REL_PREFIX`` bytes
-    (``run_text`` in lua/lib/emit.lua; an id never holds ``:``, and the cut
-    splits no character). An entry written before holds every id whole and
-    reads as ever. docs/explanation/protocol.md#relative-ids-in-a-run"""
-    ids = text.split(" ")
+    space-separated, the first whole, each later one either whole, ``:``
+    and the rest of an id that shares the first's ``rows.REL_PREFIX``
+    bytes, or ``::<a>:<b>``, the ids whose rests count from hex ``a`` to
+    ``b`` (``run_text`` in lua/lib/emit.lua; an id never holds ``:``, and
+    the cut splits no character). An entry written before holds every id
+    whole and reads as ever. docs/explanation/protocol.md#relative-ids-in-a-run"""
+    parts = text.split(" ")
     if ":" not in text:
-        return ids
-    head = id_head(ids[0]) or ""  # None: no later id was written relative to it
-    return [head + i[1:] if i[:1] == ":" else i for i in ids]
+        return parts
+    head = id_head(parts[0]) or ""  # None: no later id was written relative to it
+    ids: list[str] = []
+    for part in parts:
+        if part[:2] == "::":
+            low, high = part[2:].split(":")
+            ids.extend(f"{head}{n:x}" for n in range(int(low, 16), int(high, 16) + 1))
+        else:
+            ids.append(head + part[1:] if part[:1] == ":" else part)
+    return ids
 
 
 def id_key(stream_id: str) -> tuple[int, int]:

@@ -96,8 +96,16 @@ end
 -- first id whole, each later one that shares the first's REL_PREFIX bytes
 -- as ':' and the rest (docs/explanation/protocol.md#relative-ids-in-a-run:
 -- a flow's generated ids share 12 characters; the same rule, rel_rest in
--- lib/row.lua, as a row's relative parent id). An id never holds ':', so a
--- part starting with one is relative. core/events.py run_ids reads it.
+-- lib/row.lua, as a row's relative parent id), and three or more such
+-- ids in a row whose rests count up by one in hex (a flow's generated
+-- ids: its prefix, then a hex serial) as one part '::<first>:<last>'. An
+-- id never holds ':', so a part starting with one is relative, and one
+-- starting with two a range. core/events.py run_ids reads it.
+local function hex_of(rest)
+  local n = rest and #rest <= 12 and tonumber(rest, 16)
+  return n and n >= 0 and string.format('%x', n) == rest and n or nil
+end
+
 local function run_text(ids, from, to)
   from, to = from or 1, to or #ids
   local first = ids[from]
@@ -105,9 +113,35 @@ local function run_text(ids, from, to)
     return table.concat(ids, ' ', from, to)
   end
   local parts = {first}
+  local low, last, count = nil, nil, 0  -- the hex range being read: first, last serial
+  local function close()
+    if count >= 3 then
+      parts[#parts + 1] = string.format('::%x:%x', low, last)
+    else
+      for n = low, last do
+        parts[#parts + 1] = string.format(':%x', n)
+      end
+    end
+    low, count = nil, 0
+  end
   for i = from + 1, to do
     local rest = rel_rest(ids[i], first)
-    parts[#parts + 1] = rest and (':' .. rest) or ids[i]
+    local n = hex_of(rest)
+    if low and n and n == last + 1 then
+      last, count = n, count + 1
+    else
+      if low then
+        close()
+      end
+      if n then
+        low, last, count = n, n, 1
+      else
+        parts[#parts + 1] = rest and (':' .. rest) or ids[i]
+      end
+    end
+  end
+  if low then
+    close()
   end
   return table.concat(parts, ' ')
 end
