@@ -21,8 +21,9 @@
 
   Rows are compact (docs/explanation/protocol.md#compact-rows): `attempts` appears at
   the first claim; `max_attempts` / `backoff_ms` only when the node sets its
-  own; `pq` (the parent queue) only for a cross-queue child; `pp` (the policy) only when
-  it is not 'fp'. A missing one means the queue's setting / this queue / 'fp'.
+  own; the parent's queue (in `p`) only for a cross-queue child; `pp` (the policy) only
+  when it is not 'fp'; `s` only when not pending; `ca` only when `pi` does not carry it.
+  A missing one means the queue's setting / this queue / 'fp' / pending / `pi`'s time.
   One `added` event is emitted per held parent (the mirror reads its children from :children) and
   per root; the cross-queue leaves it writes are announced in runs, one
   `added` entry naming up to RUN_IDS (100) of them (lib/emit.lua emit_run); a same-queue

@@ -227,6 +227,28 @@ def test_rows_of_the_previous_build_finish_and_release_their_parent(mq, child_qu
     assert mq.children_values("p", "root") == {JobRef(child_queue, f"k{i}"): i for i in range(3)}
 
 
+def test_a_cross_queue_child_of_the_previous_form_and_a_leftover_pq_read_right(mq) -> None:
+    # the build before wrote `p` as `:<rest>` and the queue as `pq`; a queue
+    # named in `p` wins over a `pq` a row still holds
+    ref = mq.add_flow(_bench_flow("bench2", 2))
+    (_, old), (_, new) = ref.children
+    mq.client.hset(mq.keys.job("bench2", old), mapping={"p": ":0", "pq": "bench"})
+    mq.client.hset(mq.keys.job("bench2", new), "pq", "elsewhere")
+    assert raw_row(mq, "bench2", new)["p"] == "bench::0"
+    for job_id in (old, new):
+        job = mq.get_job("bench2", job_id)
+        assert (job.parent, job.parent_queue) == (ref.parent_id, "bench")
+    for job in mq.claim("bench2", 2):
+        assert (job.parent, job.parent_queue) == (ref.parent_id, "bench")
+        mq.complete(job, job.id)
+    sweep(mq, "bench2")
+    assert mq.get_job("bench", ref.parent_id).state == JobState.PENDING
+    assert mq.children_values("bench", ref.parent_id) == {
+        JobRef("bench2", old): old,
+        JobRef("bench2", new): new,
+    }
+
+
 @pytest.mark.parametrize("child_queue", ["p", "c"])
 def test_a_long_named_parent_inc_still_guards_the_parent(mq, child_queue) -> None:
     # a child of another incarnation of its parent (as `parent_inc` of the

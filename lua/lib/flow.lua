@@ -603,7 +603,8 @@ local function fan_in_here(base, parent, ref, result, now, parent_queue, parent_
 end
 
 -- A job completed: fan its result in to its parent, here or via the outbox.
--- `parent`, `parent_queue` and `parent_inc` are the job row's fields (`parent`, `pq`, `pi`), read
+-- `parent`, `parent_queue` and `parent_inc` are the job's parent id, its queue (nil: this
+-- one) and incarnation, from the row's `p` (or `pq`) and `pi`, read
 -- by the caller in its own first HMGET (one command less per completion on
 -- the hot path); `ref`, its row key when the caller has made it (child_ref).
 -- An orphaned job resolves no parent: complete.lua removes it instead
