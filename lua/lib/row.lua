@@ -86,11 +86,15 @@ local function parent_of(id, stored)
 end
 
 -- A job added as pending holds no `s` (a default is not stored: 12 bytes
--- of every waiting row, docs/explanation/protocol.md#the-job-row); its
--- first move writes one. Every read of the state below gives such a row
--- 'pending': `got` is an HMGET reply whose `at`-th value is the state and
--- whose first `n` are this row's fields; any other field there shows the
--- row exists, else one EXISTS asks. A row that is not there keeps false.
+-- of every waiting row, docs/explanation/protocol.md#compact-rows); its
+-- first move writes one. Every row holds its handler (`n`, or `name` in a
+-- row an earlier version wrote), so every read of the state below gives a
+-- row with a handler and no state 'pending', and one with neither false
+-- (no row): row_hmget and row_hmget_s ask for the handler in the same
+-- HMGET. row_read's callers ask for fields of their own: `got` is its
+-- HMGET reply whose `at`-th value is the state and whose first `n` are the
+-- row's fields; any other field there shows the row exists, else (a row
+-- holding none of them, or none) one EXISTS asks.
 local function pending_if_there(key, got, at, n)
   if got[at] then
     return got
@@ -133,10 +137,12 @@ end
 -- wrote it on every row, this one never does) is read again by both
 -- names, the short one winning (this version may have written one into it
 -- since: its `s` on a move, a re-added child's `pi`); a row of this
--- version costs one HMGET with one more field.
+-- version costs one HMGET with two more fields (the marker and the
+-- handler, which tells a pending row from none: pending_if_there).
 local function row_hmget(key, ...)
-  local got = redis.call('HMGET', key, 'name', ...)
+  local got = redis.call('HMGET', key, 'name', F_NAME, ...)
   local n = select('#', ...)
+  local there = got[1] or got[2]  -- its handler, by either name: the row exists
   if got[1] then
     local names = {...}
     for i = 1, n do
@@ -149,10 +155,14 @@ local function row_hmget(key, ...)
     end
   else
     table.remove(got, 1)
+    table.remove(got, 1)
   end
-  for i = 1, n do
-    if select(i, ...) == F_STATE then
-      return pending_if_there(key, got, i, n)
+  if there then
+    for i = 1, n do
+      if select(i, ...) == F_STATE then
+        got[i] = got[i] or 'pending'
+        return got
+      end
     end
   end
   return got
@@ -202,13 +212,18 @@ local function row_read(key, fields)
 end
 
 -- row_hmget for a read of the state and fields that kept their names
--- (`s` first, then none of F_NAME ... F_PINC), on the hot paths: a row
--- of this version that has moved holds `s`, so one HMGET answers; a row
--- without it (one an earlier version wrote and this one never moved, one
--- added as pending, or none) is read again by row_hmget.
+-- (`s` first, then none of F_NAME ... F_PINC), on the hot paths: one
+-- HMGET, with the handler, answers for a row of this version (its `s`, or
+-- 'pending' for one that holds a handler and no state); a row without
+-- either (one an earlier version wrote and this one never moved, or none)
+-- is read again by row_hmget.
 local function row_hmget_s(key, ...)
-  local got = redis.call('HMGET', key, ...)
+  local got = redis.call('HMGET', key, F_NAME, ...)
+  local handler = table.remove(got, 1)
   if got[1] then
+    return got
+  elseif handler then  -- a row of this version added as pending
+    got[1] = 'pending'
     return got
   end
   return row_hmget(key, ...)
