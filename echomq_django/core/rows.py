@@ -106,8 +106,9 @@ def child_entries(queue: str, parent_id: str, pairs: list[tuple[str, str]]) -> l
     return out
 
 
-# A job added as pending holds no state field (lua/lib/row.lua
-# ``pending_if_there``): a row without one is pending.
+# A job added as pending holds no state field: a row with a handler and no
+# state is pending, as lua/lib/row.lua's state reads take it
+# (docs/explanation/protocol.md#compact-rows).
 PENDING = "pending"
 
 
