@@ -71,7 +71,7 @@ from echomq_django.core.jobs import JobState
 from echomq_django.core.keyspace import STATE_INDEX
 from echomq_django.core.rows import STATE_FIELDS, row_state
 from echomq_django.protocol.lifecycle import Report
-from tests.support.jobkit import INDEXES, Clock
+from tests.support.jobkit import INDEXES, Clock, events
 
 Q = "q"
 LEASE_MS = 1000
@@ -546,9 +546,12 @@ class FlowMachine(RuleBasedStateMachine):
         # applied: a parent it released may be popped and expire in the same
         # call), and the next job took its place
         died, released, looked = [], [], set()
+        # in the order the claim killed them (its priority order): a `cp` death
+        # first releases the parent, an `fp` death first kills it
+        order = {jid: n for n, jid in enumerate(events(self.mq, Q, "dead"))}
         while todo := [i for i in self.model.expired(self.clock.now) if i not in looked]:
             looked |= set(todo)
-            for jid in todo:
+            for jid in sorted(todo, key=lambda i: order.get(i, -1)):
                 if self.mq.get_job(Q, jid).state is JobState.DEAD:
                     assert self.mq.get_job(Q, jid).error == "expired"
                     released += self.step(self.model.kill, jid)[0]
