@@ -37,15 +37,15 @@ local queue, id, token, inc = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 -- @include lib/row.lua
 local base = row:sub(1, #row - #('job:' .. id))  -- P:{q}:
 
-local f = row_hmget_s(row, F_STATE, 'lease', 'inc')
+local f = row_hmget_s(row, F_STATE, 'lease', 'inc', F_KIDS)
 local refused = lease_refused(queue, id, f[1], f[2], token)
 if refused then
   return refused
 end
 local kids = row .. ':children'
 local have = {}
-for _, ref in ipairs(redis.call('LRANGE', kids, 0, -1)) do
-  have[child_key(base, id, ref)] = true
+for _, key in ipairs(child_keys(base, id, redis.call('LRANGE', kids, 0, -1))) do
+  have[key] = true
 end
 local new = {}
 for j = 5, #ARGV do
@@ -59,6 +59,9 @@ for j = 1, #new, 1000 do
 end
 if #new > 0 then
   redis.call('INCRBY', row .. ':dependencies', #new)
+  if f[4] then  -- a list holding ranges counts its children (lib/row.lua)
+    redis.call('HINCRBY', row, F_KIDS, #new)
+  end
 end
 if not f[3] then
   redis.call('HSET', row, 'inc', inc)

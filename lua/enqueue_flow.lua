@@ -59,11 +59,12 @@
             parent inc (a child on another queue than its parent: the
             parent's incarnation, stored as `pi`; '' otherwise: a
             child on this queue is given its parent row's `inc`),
-          then per node: id, payload (JSON text), child count n, n child refs
-          in the form :children holds them (lib/row.lua short_ref: the id
+          then per node: id, payload (JSON text), entry count n, n
+          :children entries as the list holds them (lib/row.lua: the id
           for a child on this queue, '<queue>:<id>' for one on another, ':'
           or '<queue>::' and the rest of an id sharing the node's first
-          12 bytes).
+          12 bytes, or a range of such rests, ':<a>:<b>': its children
+          counted in the row's `cn`).
           A node whose options hold dep = 1 is a dependency (depends_on,
           docs/howto/canvas.md#depends-on-existing-jobs): an existing job
           (name and payload '' and unused) that its parent waits for like a
@@ -124,20 +125,21 @@ local function listed(pq, parent, id)
     base .. 'job:' .. id)
 end
 
--- whether row `id`'s :children holds the n refs sent from a[from] (in the
--- form written now), compared as full keys: a list written before may hold
+-- whether row `id`'s :children holds the children of the n entries sent
+-- from a[from] (in the form written now), compared as full keys: a list written before may hold
 -- another form (lib/row.lua child_key)
 local function same_children(id, from, n)
   local kids = base .. 'job:' .. id .. ':children'
-  if redis.call('LLEN', kids) ~= n then
+  local have, held = {}, 0
+  for _, key in ipairs(child_keys(base, id, redis.call('LRANGE', kids, 0, -1))) do
+    have[key], held = true, held + 1
+  end
+  local sent = child_keys(base, id, a, from, from + n - 1)
+  if #sent ~= held then
     return false
   end
-  local have = {}
-  for _, ref in ipairs(redis.call('LRANGE', kids, 0, -1)) do
-    have[child_key(base, id, ref)] = true
-  end
-  for j = from, from + n - 1 do
-    if not have[child_key(base, id, a[j])] then
+  for _, key in ipairs(sent) do
+    if not have[key] then
       return false
     end
   end
@@ -427,6 +429,10 @@ while i <= #a do
         if state ~= 'pending' then  -- a fresh row: no `s` when pending (lib/row.lua)
           head[#head + 1], head[#head + 2] = F_STATE, state
         end
+        local kids = (nrefs > 0) and child_count(a, i + 3, nrefs) or 0
+        if kids > nrefs then  -- the list holds a range: the row counts (lib/row.lua)
+          head[#head + 1], head[#head + 2] = F_KIDS, kids
+        end
         for k = 1, #shared do
           head[#head + 1] = shared[k]
         end
@@ -442,7 +448,7 @@ while i <= #a do
           for j = i + 3, i + 2 + nrefs, 1000 do  -- sent in the list's form
             redis.call('RPUSH', row .. ':children', unpack(a, j, math.min(j + 999, i + 2 + nrefs)))
           end
-          redis.call('SET', row .. ':dependencies', nrefs)
+          redis.call('SET', row .. ':dependencies', kids)
           redis.call('ZADD', awaiting, now, id)
           if delay > 0 then
             redis.call('HSET', row, 'delay_until', now + delay)

@@ -343,11 +343,13 @@ class Keyspace:
 
     def child_keys(self, queue: str, parent_id: str, entries: list) -> list[str]:
         """The child refs (full job keys) of entries (bytes or str) of the
-        ``:children`` list of parent ``parent_id`` on ``queue``, each in any
-        form lua/lib/row.lua ever wrote (docs/explanation/protocol.md#a-parents-keys):
+        ``:children`` list of parent ``parent_id`` on ``queue``, in order,
+        each in any form lua/lib/row.lua ever wrote (docs/explanation/protocol.md#a-parents-keys):
         ``:<rest>`` / ``<queue>::<rest>`` (the child's id is the parent's
-        first ``REL_PREFIX`` bytes and the rest), ``<id>`` / ``<queue>:<id>``,
-        and the full key (the only form with a ``{``)."""
+        first ``REL_PREFIX`` bytes and the rest), ``:<a>:<b>`` /
+        ``<queue>::<a>:<b>`` (a range: the rests hex ``a`` to ``b``, each
+        child in turn), ``<id>`` / ``<queue>:<id>``, and the full key (the
+        only form with a ``{``)."""
         mine, head, out = f"{self.prefix}:{{{queue}}}:{JOB_PREFIX}", None, []
         for entry in entries:
             entry = entry.decode() if isinstance(entry, bytes) else entry
@@ -355,10 +357,16 @@ class Keyspace:
             if "{" in entry or not sep:
                 out.append(entry if sep else mine + entry)
                 continue
-            if not other or rest[:1] == ":":  # relative: the parent's head and the rest
-                head = (id_head(parent_id) or "") if head is None else head
-                rest = head + (rest[1:] if other else rest)
-            out.append(f"{self.prefix}:{{{other}}}:{JOB_PREFIX}{rest}" if other else mine + rest)
+            at = mine if not other else f"{self.prefix}:{{{other}}}:{JOB_PREFIX}"
+            if other and rest[:1] != ":":
+                out.append(at + rest)
+                continue
+            head = (id_head(parent_id) or "") if head is None else head
+            low, _, high = rest.removeprefix(":").partition(":")  # relative; a range holds one more
+            if high:
+                out.extend(f"{at}{head}{n:x}" for n in range(int(low, 16), int(high, 16) + 1))
+            else:
+                out.append(at + head + low)
         return out
 
     def parse_ref(self, ref: str) -> tuple[str, str]:

@@ -9,6 +9,7 @@ value, else the long one's. Imports nothing of the package.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 
@@ -24,6 +25,9 @@ def to_text(value: Any) -> str | None:
 # earlier version hold (docs/explanation/protocol.md#the-job-row).
 NAME, PAYLOAD, STATE, CREATED, PARENT = "n", "d", "s", "ca", "p"
 PARENT_QUEUE, POLICY, PARENT_INC = "pq", "pp", "pi"
+# a parent's children, counted, on a row whose :children list holds a range
+# (child_entries; written only so, and new: no long name)
+KIDS = "cn"
 LONG_NAMES = {
     NAME: "name",
     PAYLOAD: "payload",
@@ -87,22 +91,51 @@ def id_head(job_id: str) -> str | None:
         return None
 
 
+RANGE_MAX = 100  # children one range entry of a :children list stands for at most
+_SERIAL = re.compile(r"(?:0|[1-9a-f][0-9a-f]{0,11})\Z")  # lua/lib/row.lua hex_of
+
+
 def child_entries(queue: str, parent_id: str, pairs: list[tuple[str, str]]) -> list[str]:
     """The ``:children`` entries of parent ``parent_id`` on ``queue`` for
-    children given as ``(queue, id)`` pairs, as lua/lib/row.lua
-    ``child_entry`` writes them: ``:`` and the rest of an id that shares the
-    parent's first ``REL_PREFIX`` bytes (``<queue>::`` and the rest on
-    another queue), else the id (``<queue>:<id>`` on another queue).
+    children given as ``(queue, id)`` pairs, in order, as lua/lib/row.lua
+    reads them: ``:`` and the rest of an id that shares the parent's first
+    ``REL_PREFIX`` bytes (``<queue>::`` and the rest on another queue),
+    else the id (``<queue>:<id>`` on another queue); and 3 to ``RANGE_MAX``
+    such children in a row on one queue whose rests count up by one in hex
+    (a flow's generated ids) as one range, ``:<a>:<b>`` /
+    ``<queue>::<a>:<b>``. A list holding a range has its count on the
+    parent's row (``KIDS``: ``enqueue_flow`` writes it).
     docs/explanation/protocol.md#a-parents-keys"""
     head = id_head(parent_id) or "\0"  # NUL: in no id, so nothing is cut
     out: list[str] = []
     add = out.append
+    run_q, low, last, follow = "", 0, 0, None  # the run being read; follow: the rest it wants next
+
+    def close() -> None:
+        lead = ":" if run_q == queue else run_q + "::"
+        if last - low >= 2:
+            add(f"{lead}{low:x}:{last:x}")
+        else:
+            out.extend(f"{lead}{n:x}" for n in range(low, last + 1))
+
     for q, i in pairs:
         rest = i.removeprefix(head)
-        if rest and len(rest) < len(i):  # its byte 13 starts a character (head is whole ones)
-            add(":" + rest if q == queue else q + "::" + rest)
-        else:
+        if rest == follow and q == run_q and last - low + 1 < RANGE_MAX:
+            last += 1
+            follow = f"{last + 1:x}"
+            continue
+        if follow is not None:
+            close()
+            follow = None
+        if not rest or len(rest) == len(i):  # not relative (its byte 13 starts no character)
             add(i if q == queue else q + ":" + i)
+        elif _SERIAL.match(rest):
+            run_q, low = q, int(rest, 16)
+            last, follow = low, f"{low + 1:x}"
+        else:
+            add(":" + rest if q == queue else q + "::" + rest)
+    if follow is not None:
+        close()
     return out
 
 

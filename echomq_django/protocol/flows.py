@@ -92,8 +92,9 @@ class Flows(Part):
                 continue
             for job_id, payload, children in zip(ids, payloads, kids, strict=True):
                 if children:  # as the parent's :children holds them (rows.child_entries)
-                    add((job_id, payload, str(len(children))))
-                    add(child_entries(queue, job_id, children))
+                    entries = child_entries(queue, job_id, children)
+                    add((job_id, payload, str(len(entries))))
+                    add(entries)
                 else:
                     add((job_id, payload, "0"))
         # one JSON argument: 9+ ARGV per node cost more in redis-py than in Redis

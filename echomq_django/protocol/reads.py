@@ -19,6 +19,7 @@ from ..core.keyspace import JobKeys, whole_number
 from ..core.refs import JobRef, Page, RefDict, as_ref
 from ..core.rows import (
     CREATED,
+    KIDS,
     NAME,
     PARENT_INC,
     PENDING,
@@ -260,8 +261,14 @@ class Reads(Part):
         pipe = self.client.pipeline(transaction=False)
         pipe.lrange(keys.children, cursor, cursor + count - 1)
         pipe.llen(keys.children)
-        refs, total = pipe.execute()
-        refs = self.keys.child_keys(queue, keys.row.rpartition(":")[2], refs)  # an id holds no ':'
+        pipe.hget(keys.row, KIDS)
+        refs, total, counted = pipe.execute()
+        job_id = keys.row.rpartition(":")[2]  # an id holds no ':'
+        if counted is not None:  # a list holding ranges: positions count children, read whole
+            refs = self.keys.child_keys(queue, job_id, self.client.lrange(keys.children, 0, -1))
+            refs, total = refs[cursor : cursor + count], int(counted)
+        else:
+            refs = self.keys.child_keys(queue, job_id, refs)
         end = cursor + len(refs)
         return refs, total, end if refs and end < total else 0
 
@@ -275,7 +282,9 @@ class Reads(Part):
             pipe.hlen(part)
         pipe.llen(keys.children)
         pipe.get(keys.dependencies)
-        processed, failed, ignored, removed, children, remaining = pipe.execute()
+        pipe.hget(keys.row, KIDS)  # the count of a list holding ranges
+        processed, failed, ignored, removed, children, remaining, counted = pipe.execute()
+        children = children if counted is None else int(counted)
         return {
             "processed": processed,
             "failed": failed,
@@ -335,10 +344,11 @@ class Reads(Part):
                 pipe.lrange(keys.children, *window(node is root))
                 pipe.llen(keys.children)
                 pipe.get(keys.dependencies)
+                pipe.hget(keys.row, KIDS)
             replies = pipe.execute()
             next_level = []
             for i, node in enumerate(level):
-                values, kids, total, remaining = replies[4 * i : 4 * i + 4]
+                values, kids, total, remaining, counted = replies[5 * i : 5 * i + 5]
                 values = pick_fields(_PAGE_FIELDS if paged else _TREE_FIELDS, values)
                 name, state, result, error, policy, pieces = values[:6]
                 if pieces is not None:  # a long error, kept in pieces (jobs.row_error)
@@ -358,11 +368,11 @@ class Reads(Part):
                     children=[],
                 )
                 if paged:
-                    node["total"] = int(total)
+                    node["total"] = int(total if counted is None else counted)
                     values[6] = created_of(values[6], values[9])  # core.rows.created_of
                     node.update(zip(_TIMES, (v and int(v) for v in values[6:9]), strict=True))
                 if depth is None or d < depth:
-                    found = self.keys.child_keys(node["queue"], node["id"], kids)
+                    found = self._kids(node, kids, counted, window(node is root))
                     refs = [self.wire.ref(k) for k in found]
                     for cq, cid in refs if paged else sorted(refs):
                         child = {"queue": cq, "id": cid}
@@ -370,6 +380,19 @@ class Reads(Part):
                         next_level.append(child)
             level, d = next_level, d + 1
         return root
+
+    def _kids(self, node: dict, kids: list, counted, window: tuple[int, int]) -> list[str]:
+        """The child refs in ``window`` of node ``node``, given the entries
+        its ``LRANGE`` read: a list holding ranges (``counted``) counts its
+        window in children, so it is read whole unless the window starts
+        at 0 (as many entries hold as many children or more)."""
+        queue, job_id = node["queue"], node["id"]
+        if counted is None:
+            return self.keys.child_keys(queue, job_id, kids)
+        low, high = window
+        if low:
+            kids = self.client.lrange(self.keys.job_keys(queue, job_id).children, 0, -1)
+        return self.keys.child_keys(queue, job_id, kids)[low : high + 1 or None]
 
     @reports_redis_down
     def counts(self, queue: str) -> dict[str, int]:

@@ -100,12 +100,8 @@ end
 -- ids in a row whose rests count up by one in hex (a flow's generated
 -- ids: its prefix, then a hex serial) as one part '::<first>:<last>'. An
 -- id never holds ':', so a part starting with one is relative, and one
--- starting with two a range. core/events.py run_ids reads it.
-local function hex_of(rest)
-  local n = rest and #rest <= 12 and tonumber(rest, 16)
-  return n and n >= 0 and string.format('%x', n) == rest and n or nil
-end
-
+-- starting with two a range (hex_of in lib/row.lua: canonical serials
+-- only). core/events.py run_ids reads it.
 local function run_text(ids, from, to)
   from, to = from or 1, to or #ids
   local first = ids[from]

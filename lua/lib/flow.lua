@@ -174,8 +174,7 @@ local function uncancel(base, jid, key)
   end
   local mine = base .. 'job:'
   local inc = redis.call('HGET', key, 'inc')
-  for _, ref in ipairs(redis.call('LRANGE', key .. ':children', 0, -1)) do
-    local ckey = child_key(base, jid, ref)
+  for _, ckey in ipairs(child_keys(base, jid, redis.call('LRANGE', key .. ':children', 0, -1))) do
     if ckey:sub(1, #mine) == mine then
       local c = row_hmget_p(ckey, F_STATE, F_PARENT, 'cancel', F_PINC)
       if c[1] == 'active' and c[2] == jid and c[3] and c[4] == inc then

@@ -53,22 +53,31 @@ local function split_ref(ref)
   return ref:match('{(.-)}:job:(.+)$')
 end
 
--- Each child ref of `refs` costs one unit: a child on this slot is handed
--- to `here(child id)`, one on another slot gets a `kind` entry naming its
--- parent `parent` and that parent's incarnation `inc` (or nil) (the pump,
--- or the calling host, delivers it there).
+-- Each child of list entries `refs` costs one unit: a child on this slot is
+-- handed to `here(child id)`, one on another slot gets a `kind` entry naming
+-- its parent `parent` and that parent's incarnation `inc` (or nil) (the
+-- pump, or the calling host, delivers it there). The caller read as many
+-- entries as it can spend units on: they are taken whole (a range's
+-- children all, lib/row.lua child_range) until as many children were: returns
+-- how many entries were taken (at least one), so a step overruns its budget
+-- by less than one range.
 local function each_child(base, refs, kind, parent, here, inc)
-  local mine = base .. 'job:'
-  for _, entry in ipairs(refs) do
-    LEFT = LEFT - 1
-    local ref = child_key(base, parent, entry)  -- any form the list holds (lib/row.lua)
-    if ref:sub(1, #mine) == mine then
-      here(ref:sub(#mine + 1))
-    else
-      local q, cid = split_ref(ref)
-      push_entry(base, {k = kind, c = ref, p = cid, q = q, v = parent, i = inc})
+  local mine, want = base .. 'job:', #refs
+  for i = 1, #refs do
+    for _, ref in ipairs(child_keys(base, parent, refs, i, i)) do  -- any form the list holds
+      LEFT, want = LEFT - 1, want - 1
+      if ref:sub(1, #mine) == mine then
+        here(ref:sub(#mine + 1))
+      else
+        local q, cid = split_ref(ref)
+        push_entry(base, {k = kind, c = ref, p = cid, q = q, v = parent, i = inc})
+      end
+    end
+    if want <= 0 then
+      return i
     end
   end
+  return #refs
 end
 
 -- The opening remove and cancel share: a replayed call (same token)
@@ -232,13 +241,15 @@ local function gc_run(base)
     if not bin then
       return
     end
-    local refs = redis.call('LPOP', bin, math.min(LEFT, 100))
+    local refs = redis.call('LRANGE', bin, 0, math.min(LEFT, 100) - 1)
     local seq, parent = bin:match('gc:([^:]+):([^:]+)$')
     local inc = seq:match('-(.+)$')
-    if not refs then
+    if #refs == 0 then
       redis.call('LPOP', base .. 'gc')
     else
-      each_child(base, refs, 'rm', parent, function(cid) drop_node(base, cid, parent, inc) end, inc)
+      local taken = each_child(base, refs, 'rm', parent,
+        function(cid) drop_node(base, cid, parent, inc) end, inc)
+      redis.call('LTRIM', bin, taken, -1)
     end
   end
 end
@@ -309,13 +320,14 @@ local function cancel_run(base, now)
     local n = (was == '' or was == inc) and math.min(LEFT, 100) or 0
     local refs = (n > 0)
       and redis.call('LRANGE', base .. 'job:' .. id .. ':children', offset, offset + n - 1) or {}
-    if n > 0 and #refs == n then
-      redis.call('LPUSH', base .. 'cancel', id .. ' ' .. (offset + n) .. ' ' .. inc)
-    end
     LEFT = LEFT - 1
+    local was_inc = inc
     inc = (inc ~= '-') and inc or nil
-    each_child(base, refs, 'cancel', id, function(cid) cancel_node(base, cid, now, id, inc) end,
-      inc)
+    local taken = each_child(base, refs, 'cancel', id,
+      function(cid) cancel_node(base, cid, now, id, inc) end, inc)
+    if n > 0 and (#refs == n or taken < #refs) then  -- the rest next (at the front)
+      redis.call('LPUSH', base .. 'cancel', id .. ' ' .. (offset + taken) .. ' ' .. was_inc)
+    end
   end
 end
 

@@ -26,6 +26,7 @@ local F_PARENT = 'p'    -- a child's parent (its queue too when not the child's)
 local F_PQUEUE = 'pq'   -- the parent's queue, rows written before `p` held it: was parent_queue
 local F_POLICY = 'pp'   -- a child's policy when not 'fp': was parent_policy
 local F_PINC = 'pi'     -- a child's parent's incarnation: was parent_inc
+local F_KIDS = 'cn'     -- a parent's children, counted, when its :children holds a range
 local LONG_NAME = {[F_NAME] = 'name', [F_DATA] = 'payload', [F_STATE] = 'state',
   [F_CREATED] = 'created_at', [F_PARENT] = 'parent', [F_PQUEUE] = 'parent_queue',
   [F_POLICY] = 'parent_policy', [F_PINC] = 'parent_inc'}
@@ -229,12 +230,26 @@ local function row_hmget_s(key, ...)
   return row_hmget(key, ...)
 end
 
+-- The number a hex serial `rest` stands for (canonical: lower case, no
+-- leading zero, at most 12 digits), or nil: a flow's generated ids are its
+-- prefix and such a serial (lib/emit.lua run_text, child_entry's ranges).
+local function hex_of(rest)
+  local n = rest and #rest <= 12 and tonumber(rest, 16)
+  return n and n >= 0 and string.format('%x', n) == rest and n or nil
+end
+
 -- A parent's :children list holds each child as short as its queue and
 -- the parent's id allow (docs/explanation/protocol.md#a-parents-keys):
 --   ':' .. rest         on the parent's queue, its id sharing the parent's
 --                       first REL_PREFIX bytes (rel_rest: a flow's
 --                       generated ids), `rest` the child id's remainder
 --   '<queue>::' .. rest the same on another queue
+--   ':<a>:<b>', '<queue>::<a>:<b>'
+--                       a range: the children whose rests count up from hex
+--                       `a` to hex `b` (3 to 100 of them: RANGE_MAX; the host
+--                       writes a flow's serial children so: core/rows.py
+--                       child_entries), the parent's row counting its
+--                       children in F_KIDS
 --   '<id>'              on the parent's queue, any other id
 --   '<queue>:<id>'      on another queue, any other id
 --   P:{q}:job:<id>      the full key (lists written before the short forms:
@@ -242,9 +257,20 @@ end
 -- Neither a queue name nor an id holds ':' or '{', so each form reads one
 -- way; the lists written before the relative forms keep whole ids. The
 -- child ref everywhere else (:processed and the other result hashes, outbox
--- entries) is the full key: child_key turns a list entry into it, given the
--- parent's id `pid` (the list's owner), and short_ref a full key into the
--- entry written now. `base` is the parent's P:{q}: (the list's own slot).
+-- entries) is the full key: child_keys turns list entries into them, given
+-- the parent's id `pid` (the list's owner), and short_ref a full key into
+-- the entry written now. `base` is the parent's P:{q}: (the list's own slot).
+
+-- A range entry's queue ('' for the parent's), first and last serial; nil
+-- for any other entry.
+local function child_range(ref)
+  local q, sep, a, b = ref:match('^([^:{]*)(::?)(%x+):(%x+)$')
+  if q and (sep == ':') == (q == '') then
+    return q, tonumber(a, 16), tonumber(b, 16)
+  end
+  return nil
+end
+
 local function child_key(base, pid, ref)
   if ref:find('{', 1, true) then
     return ref
@@ -258,6 +284,38 @@ local function child_key(base, pid, ref)
     return base .. 'job:' .. id
   end
   return base:match('^(.-){') .. '{' .. q .. '}:job:' .. id
+end
+
+-- The full keys of list entries refs[from..to] (all when nil; any form,
+-- a range's children in order).
+local function child_keys(base, pid, refs, from, to)
+  local out = {}
+  for i = from or 1, to or #refs do
+    local ref = refs[i]
+    local q, a, b = child_range(ref)
+    if q then
+      local head = (q == '' and base or (base:match('^(.-){') .. '{' .. q .. '}:')) .. 'job:'
+        .. pid:sub(1, REL_PREFIX)
+      for n = a, b do
+        out[#out + 1] = head .. string.format('%x', n)
+      end
+    else
+      out[#out + 1] = child_key(base, pid, ref)
+    end
+  end
+  return out
+end
+
+-- How many children list entries a[from..from+n-1] stand for.
+local function child_count(a, from, n)
+  local count = n
+  for j = from, from + n - 1 do
+    local q, lo, hi = child_range(a[j])
+    if q then
+      count = count + hi - lo
+    end
+  end
+  return count
 end
 
 -- The entry for child `id` on queue `q` (nil: the parent's own) of parent `pid`.
@@ -281,7 +339,8 @@ end
 -- Whether parent `pid`'s :children list `kids` holds child key `key`, in
 -- any form it was ever written in: short_ref's, the whole id's (the same
 -- unless relative) and the full key's. One LPOS, two more for an entry
--- of a list written before.
+-- of a list written before; a list holding ranges (its parent counts its
+-- children in F_KIDS) is read whole for a serial id it does not list alone.
 local function child_listed(kids, base, pid, key)
   local entry = short_ref(base, pid, key)
   if redis.call('LPOS', kids, entry) then
@@ -293,5 +352,19 @@ local function child_listed(kids, base, pid, key)
   if whole ~= entry and redis.call('LPOS', kids, whole) then
     return true
   end
-  return redis.call('LPOS', kids, key) ~= false
+  if redis.call('LPOS', kids, key) then
+    return true
+  end
+  local q, sep, rest = entry:match('^([^:]*)(::?)([^:]+)$')  -- a relative entry
+  local n = q and (sep == ':') == (q == '') and hex_of(rest)
+  if not n or redis.call('HEXISTS', kids:sub(1, #kids - #':children'), F_KIDS) == 0 then
+    return false
+  end
+  for _, ref in ipairs(redis.call('LRANGE', kids, 0, -1)) do
+    local rq, a, b = child_range(ref)
+    if rq == q and a <= n and n <= b then
+      return true
+    end
+  end
+  return false
 end
