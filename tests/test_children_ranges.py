@@ -40,6 +40,12 @@ def test_runs_of_hex_serials_become_ranges_of_at_most_range_max() -> None:
     assert child_entries("p", f"{HEAD}0", mixed) == [
         "c::1", "c::2", ":3:5", "other", ":07", "c::8:a", ":zz",
     ]  # fmt: skip
+    # an id without the parent's head is itself, whatever it reads as; a run
+    # stops at 12 hex digits (the scripts' hex_of)
+    whole = [("p", HEAD + "1"), ("p", HEAD + "2"), ("p", HEAD + "3"), ("p", "4"), ("p", "5")]
+    assert child_entries("p", f"{HEAD}0", whole) == [":1:3", "4", "5"]
+    top = [("p", HEAD + "f" * 11 + "e"), ("p", HEAD + "f" * 12), ("p", HEAD + "1" + "0" * 12)]
+    assert child_entries("p", f"{HEAD}0", top) == [":" + t[1][12:] for t in top]
     assert RANGE_MAX == 100
 
 
@@ -150,3 +156,18 @@ def test_children_added_to_a_ranged_parent_are_counted_with_it(mq) -> None:
     counts = mq.dependency_counts("p", root)
     assert (counts["children"], counts["processed"], counts["unprocessed"]) == (7, 5, 2)
     assert mq.dependencies("p", root, cursor=4, count=3).items.unprocessed == refs
+
+
+@pytest.mark.parametrize("child_queue", ["p", "c"])
+def test_a_child_whose_whole_id_reads_as_the_next_serial_is_listed_as_itself(
+    mq, child_queue
+) -> None:
+    kids = [Flow(child_queue, "leaf", {}) for _ in range(3)]
+    kids.append(Flow(child_queue, "user", {}, job_id="4"))
+    ref = mq.add_flow(Flow("p", "root", {}, children=kids))
+    lead = "" if child_queue == "p" else f"{child_queue}:"
+    assert _entries(mq, ref.parent_id) == [f"{lead}:1:3", f"{lead}4"]
+    assert JobRef(child_queue, "4") in mq.dependencies("p", ref.parent_id).unprocessed
+    mq.cancel("p", ref.parent_id)
+    sweep(mq, "p", "c")
+    assert mq.get_job(child_queue, "4").state == JobState.DEAD

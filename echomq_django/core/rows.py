@@ -93,6 +93,7 @@ def id_head(job_id: str) -> str | None:
 
 RANGE_MAX = 100  # children one range entry of a :children list stands for at most
 _SERIAL = re.compile(r"(?:0|[1-9a-f][0-9a-f]{0,11})\Z")  # lua/lib/row.lua hex_of
+_SERIAL_TOP = 0xFFFFFFFFFFFF  # the last serial of 12 hex digits: a run ends there
 
 
 def child_entries(queue: str, parent_id: str, pairs: list[tuple[str, str]]) -> list[str]:
@@ -109,7 +110,8 @@ def child_entries(queue: str, parent_id: str, pairs: list[tuple[str, str]]) -> l
     head = id_head(parent_id) or "\0"  # NUL: in no id, so nothing is cut
     out: list[str] = []
     add = out.append
-    run_q, low, last, follow = "", 0, 0, None  # the run being read; follow: the rest it wants next
+    run = False  # a run being read: its queue, first and last serial, the rest it takes next
+    run_q, low, last, follow = "", 0, 0, None
 
     def close() -> None:
         lead = ":" if run_q == queue else run_q + "::"
@@ -120,21 +122,22 @@ def child_entries(queue: str, parent_id: str, pairs: list[tuple[str, str]]) -> l
 
     for q, i in pairs:
         rest = i.removeprefix(head)
-        if rest == follow and q == run_q and last - low + 1 < RANGE_MAX:
+        relative = 0 < len(rest) < len(i)  # (its byte 13 starts a character: head is whole ones)
+        if run and relative and rest == follow and q == run_q and last - low + 1 < RANGE_MAX:
             last += 1
-            follow = f"{last + 1:x}"
+            follow = f"{last + 1:x}" if last < _SERIAL_TOP else None
             continue
-        if follow is not None:
+        if run:
             close()
-            follow = None
-        if not rest or len(rest) == len(i):  # not relative (its byte 13 starts no character)
+            run = False
+        if not relative:
             add(i if q == queue else q + ":" + i)
         elif _SERIAL.match(rest):
-            run_q, low = q, int(rest, 16)
-            last, follow = low, f"{low + 1:x}"
+            run, run_q, low = True, q, int(rest, 16)
+            last, follow = low, f"{low + 1:x}" if low < _SERIAL_TOP else None
         else:
             add(":" + rest if q == queue else q + "::" + rest)
-    if follow is not None:
+    if run:
         close()
     return out
 
