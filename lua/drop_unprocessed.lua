@@ -4,7 +4,8 @@
   remove_unprocessed_children (docs/explanation/protocol.md#removing-a-dependency), run after the parent stopped
   waiting for them (remove_child_dependency), so a crash in between leaves a
   child that runs for nothing, never a parent that waits for ever. A child
-  that started, finished, holds children of its own, or no longer names this
+  that started, finished, holds children of its own (held, or released by
+  them: its keys beside the row would stay behind), or no longer names this
   parent is left alone.
 
   KEYS[1] pending list         P:{q}:pending
@@ -30,7 +31,8 @@ for i = 4, #ARGV do
   local id = ARGV[i]
   local row = base .. 'job:' .. id
   local f = row_hmget_p(row, F_STATE, F_PARENT, F_PQUEUE, 'dedup', 'group')
-  if f[2] == pid and (f[3] or QUEUE) == pq and (f[1] == 'pending' or f[1] == 'delayed') then
+  if f[2] == pid and (f[3] or QUEUE) == pq and (f[1] == 'pending' or f[1] == 'delayed')
+      and redis.call('EXISTS', row .. ':children') == 0 then  -- not a parent its children released
     if f[1] == 'pending' then
       unclaimable(base, id, f[5] or nil)  -- the pending list, P:{q}:prioritized, or its group's
     else

@@ -144,6 +144,20 @@ def test_remove_unprocessed_children_on_two_queues(tmq, clock) -> None:
     assert_state(tmq, "q", "p", "pending")
 
 
+def test_remove_unprocessed_children_leaves_a_parent_its_children_released(tmq) -> None:
+    """m's own child finished, so m is pending again: deleting its row alone
+    left its :children and :processed behind; it is waited for instead."""
+    tmq.add_flow(node("p", [leaf("a"), node("m", [leaf("x", queue="other")])]))
+    complete(tmq, "x", queue="other")
+    Pump(["other"], mq=tmq).sweep()
+    assert_state(tmq, "q", "m", "pending")
+    deleted, outcome = tmq.remove_unprocessed_children("q", "p")
+    assert (deleted, outcome.released) == ([jref("a")], [])
+    assert counter(tmq, "q", "p") == 1
+    assert tmq.children_values("q", "m") == {jref("x", "other"): None}
+    assert complete(tmq, "m").released == [("q", "p")]
+
+
 def test_remove_unprocessed_children_of_a_missing_parent(tmq) -> None:
     with pytest.raises(JobNotFound):
         tmq.remove_unprocessed_children("q", "nope")

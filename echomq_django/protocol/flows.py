@@ -359,8 +359,9 @@ class Flows(Part):
         """Remove the children of a held parent that have not started (pending
         or delayed), on any queue: the parent stops waiting for them first
         (so a crash halfway never leaves it waiting for ever), then each one
-        is deleted on its own slot. Children that are running, held (waiting
-        for children of their own) or finished are left as they are. Returns
+        is deleted on its own slot. Children that are running, parents (held
+        for children of their own, or released by them) or finished are
+        left as they are, and waited for. Returns
         ``(deleted, outcome)``: the ``JobRef``\\ s deleted and the
         ``Outcome`` (``released`` when the parent went on). Raises
         ``JobNotFound`` / ``JobNotActive`` like ``remove_child_dependency``.
@@ -375,8 +376,10 @@ class Flows(Part):
             pipe = self.client.pipeline(transaction=False)
             for row in rows:
                 pipe.hmget(row, *STATE_FIELDS)
-            for (ref, _), st in zip(items, pipe.execute(), strict=True):
-                states[ref] = to_text(row_state(st))
+                pipe.exists(row + ":children")  # a parent its children released: left alone
+            replies = pipe.execute()
+            for (ref, _), st, kids in zip(items, replies[::2], replies[1::2], strict=True):
+                states[ref] = None if kids else to_text(row_state(st))
         waiting = [ref for ref, st in states.items() if st in ("pending", "delayed")]
         removed, outcome = self._remove_dependencies(queue, parent_id, waiting, False)
         k, calls, queues = self.keys, [], []
