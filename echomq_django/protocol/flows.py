@@ -372,11 +372,11 @@ class Flows(Part):
             by_queue.setdefault(cq, []).append((self.keys.job(cq, cid), cid))
         states = {}
         for cq, items in by_queue.items():
-            rows = [self.keys.job(cq, cid) for _, cid in items]
             pipe = self.client.pipeline(transaction=False)
-            for row in rows:
-                pipe.hmget(row, *STATE_FIELDS)
-                pipe.exists(row + ":children")  # a parent its children released: left alone
+            for _, cid in items:
+                keys = self.keys.job_keys(cq, cid)
+                pipe.hmget(keys.row, *STATE_FIELDS)
+                pipe.exists(keys.children)  # a parent its children released: left alone
             replies = pipe.execute()
             for (ref, _), st, kids in zip(items, replies[::2], replies[1::2], strict=True):
                 states[ref] = None if kids else to_text(row_state(st))
