@@ -204,7 +204,7 @@ for i = 1, #J, 3 do
       end
       -- one `completed` entry for a run of the batch's jobs (lib/emit.lua emit_later)
       emit_later(events, 'completed', id)
-      note_done(done_prefix .. id, 'completed')
+      note_done_later(done_prefix .. id)  -- with the batch's others, below (lib/emit.lua)
       signal_event(base, 'completed', id, result)
       free_dedup(base, f[5], id)
       resolve_done(base, id, result, now, f[3], f[4], f[8], row)
@@ -231,4 +231,5 @@ if #done_at > 0 then
 end
 flush_later()
 flush_minutes()
+flush_done('completed')
 return cjson.encode(replies)

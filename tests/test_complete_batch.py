@@ -11,6 +11,7 @@ import pytest
 
 from echomq_django import Flow, JobState
 from echomq_django.core.events import run_ids
+from tests.support.jobkit import command_calls
 
 
 def entries(mq, queue: str = "q") -> list[tuple[str, list[str]]]:
@@ -57,6 +58,25 @@ def test_a_batch_writes_one_completed_entry_for_its_run(mq) -> None:
     assert [mq.get_job("q", f"j{i}").result for i in range(5)] == [0, 1, 2, 3, 4]
     counts = mq.client.hgetall(mq.keys.queue("q").minutes)
     assert sum(int(v) for k, v in counts.items() if k.startswith(b"c")) == 5
+
+
+def test_a_batch_asks_for_its_waiters_once_and_notes_the_ones_waited_for(mq) -> None:
+    """A job's note to its waiters (P:{q}:done:<id>) goes only where a waiter
+    made the stream: a batch asks for all its jobs' in one EXISTS, and
+    again, one by one, only when one is there."""
+    mq.enqueue_many("q", [("t.echo", i, {"job_id": f"j{i}"}) for i in range(7)])
+    jobs = claim_all(mq, 7)
+    waited = mq.keys.queue("q").done("j5")
+    asked = []
+    for part in (jobs[:1], jobs[1:4], jobs[4:]):
+        if part[0].id == "j4":
+            mq.client.xadd(waited, {"w": "1"})  # as a waiter makes it (protocol/waits.py)
+        before = command_calls(mq.client, "exists")
+        mq.complete_many([(job, job.payload) for job in part])
+        asked.append(command_calls(mq.client, "exists") - before)
+    assert asked[1] == asked[0] and asked[2] == asked[0] + 3  # j4, j5 and j6 each
+    assert [f.get(b"e") for _, f in mq.client.xrange(waited)] == [None, b"completed"]
+    assert [mq.client.exists(mq.keys.queue("q").done(f"j{i}")) for i in (4, 6)] == [0, 0]
 
 
 def test_a_release_comes_after_the_completions_that_made_it(mq) -> None:

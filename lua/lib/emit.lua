@@ -183,6 +183,28 @@ local function note_done(done, event)
   end
 end
 
+-- note_done for a batch (complete's): the notes are held and written by
+-- flush_done(event) before the script returns, after one EXISTS of all
+-- their keys; only when a waiter made one is each asked again. A batch
+-- nobody waits for costs one command, not one a job.
+local done_later = {}
+local function note_done_later(done)
+  done_later[#done_later + 1] = done
+end
+
+local function flush_done(event)
+  local held = done_later
+  done_later = {}
+  for j = 1, #held, 1000 do  -- EXISTS takes them a thousand at a time
+    local part = {unpack(held, j, math.min(j + 999, #held))}
+    if redis.call('EXISTS', unpack(part)) > 0 then
+      for _, done in ipairs(part) do
+        note_done(done, event)
+      end
+    end
+  end
+end
+
 -- `event` for job `id` on `events`, held back to go with the next ones of
 -- the same event and stream in one entry (at most RUN_IDS ids): one XADD per
 -- run instead of one per job (complete's batch). The script calls
