@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from .keyspace import validate_queue
 from .refs import JobRef
-from .rows import id_head
+from .rows import id_head, serial_ids
 
 # The kinds the scripts write (docs/explanation/protocol.md#events), the
 # pause switch's two included.
@@ -67,7 +67,7 @@ def run_ids(text: str) -> list[str]:
     for part in parts:
         if part[:2] == "::":
             low, high = part[2:].split(":")
-            ids.extend(f"{head}{n:x}" for n in range(int(low, 16), int(high, 16) + 1))
+            ids.extend(serial_ids(head, low, high))
         else:
             ids.append(head + part[1:] if part[:1] == ":" else part)
     return ids

@@ -28,7 +28,7 @@ from .names import (  # noqa: F401 (the rules and checks, imported from here too
     validate_prefix,
     validate_queue,
 )
-from .rows import id_head
+from .rows import id_head, serial_ids
 
 QUEUE_KEYS = {
     "pending": "pending",  # list: ids ready to claim, oldest first
@@ -364,7 +364,7 @@ class Keyspace:
             head = (id_head(parent_id) or "") if head is None else head
             low, _, high = rest.removeprefix(":").partition(":")  # relative; a range holds one more
             if high:
-                out.extend(f"{at}{head}{n:x}" for n in range(int(low, 16), int(high, 16) + 1))
+                out.extend(serial_ids(at + head, low, high))
             else:
                 out.append(at + head + low)
         return out

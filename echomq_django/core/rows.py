@@ -91,6 +91,13 @@ def id_head(job_id: str) -> str | None:
         return None
 
 
+def serial_ids(head: str, low: str, high: str) -> list[str]:
+    """The ids ``head`` + each hex serial from ``low`` to ``high`` (hex text,
+    both included): a ``:children`` range (``child_entries``) or an events
+    run's ``::<low>:<high>`` part (``core.events.run_ids``)."""
+    return [f"{head}{n:x}" for n in range(int(low, 16), int(high, 16) + 1)]
+
+
 RANGE_MAX = 100  # children one range entry of a :children list stands for at most
 _SERIAL = re.compile(r"(?:0|[1-9a-f][0-9a-f]{0,11})\Z")  # lua/lib/row.lua hex_of
 _SERIAL_TOP = 0xFFFFFFFFFFFF  # the last serial of 12 hex digits: a run ends there

@@ -264,11 +264,8 @@ class Reads(Part):
         pipe.hget(keys.row, KIDS)
         refs, total, counted = pipe.execute()
         job_id = keys.row.rpartition(":")[2]  # an id holds no ':'
-        if counted is not None:  # a list holding ranges: positions count children, read whole
-            refs = self.keys.child_keys(queue, job_id, self.client.lrange(keys.children, 0, -1))
-            refs, total = refs[cursor : cursor + count], int(counted)
-        else:
-            refs = self.keys.child_keys(queue, job_id, refs)
+        refs = self._kids(queue, job_id, refs, counted, (cursor, cursor + count - 1))
+        total = total if counted is None else int(counted)
         end = cursor + len(refs)
         return refs, total, end if refs and end < total else 0
 
@@ -372,7 +369,8 @@ class Reads(Part):
                     values[6] = created_of(values[6], values[9])  # core.rows.created_of
                     node.update(zip(_TIMES, (v and int(v) for v in values[6:9]), strict=True))
                 if depth is None or d < depth:
-                    found = self._kids(node, kids, counted, window(node is root))
+                    low_high = window(node is root)
+                    found = self._kids(node["queue"], node["id"], kids, counted, low_high)
                     refs = [self.wire.ref(k) for k in found]
                     for cq, cid in refs if paged else sorted(refs):
                         child = {"queue": cq, "id": cid}
@@ -381,12 +379,13 @@ class Reads(Part):
             level, d = next_level, d + 1
         return root
 
-    def _kids(self, node: dict, kids: list, counted, window: tuple[int, int]) -> list[str]:
-        """The child refs in ``window`` of node ``node``, given the entries
-        its ``LRANGE`` read: a list holding ranges (``counted``) counts its
-        window in children, so it is read whole unless the window starts
-        at 0 (as many entries hold as many children or more)."""
-        queue, job_id = node["queue"], node["id"]
+    def _kids(self, queue: str, job_id: str, kids: list, counted, window: tuple[int, int]):
+        """The child refs (full job keys) in ``window`` (``LRANGE`` bounds) of
+        parent ``queue``/``job_id``'s ``:children``, given the entries that
+        ``LRANGE`` read: a list holding ranges (``counted``, its row's ``cn``)
+        counts its window in children, so it is read whole unless the window
+        starts at 0 (as many entries hold as many children or more)
+        (docs/explanation/protocol.md#ranges-of-children)."""
         if counted is None:
             return self.keys.child_keys(queue, job_id, kids)
         low, high = window
