@@ -1,7 +1,9 @@
 """Round trips on a flow's critical path, counted
 (docs/explanation/performance.md#counting-the-round-trips).
 
-On one private redis-server, the latency scenario's processes (``runworker
+On one private redis-server (``--cluster``: a private 3-master Redis
+Cluster, the test rig, one ``MONITOR`` per master merged by the server's
+clock), the latency scenario's processes (``runworker
 lat lat-kids`` and ``runpump lat lat-kids --no-mirror``, defaults, as in
 ``bench/latency.py``) get a parent + 2 children, the children on the
 parent's queue (``flow_same``) or on another (``flow_cross``), one sample at
@@ -50,19 +52,23 @@ PIPELINED_US = 40  # see trips()
 HEARTBEAT = ":live"  # a key of the live-processes registry: a heartbeat's trip
 
 
-def _watch(url: str, out: list, started: threading.Event, key: str) -> None:
-    """Collect ``MONITOR`` lines into ``out`` until the handler's ``RPUSH``
-    of sample ``key`` (or 10 s)."""
+def _watch(url: str, out: list, started: threading.Event, done: threading.Event, key: str):
+    """Collect ``MONITOR`` lines of the server at ``url`` into ``out``, each
+    tagged with that server's port, until the handler's ``RPUSH`` of sample
+    ``key`` (then ``done`` is set) or ``done`` is set by another server's
+    watcher (seen at this server's next line), or 10 s."""
     client = redis.Redis.from_url(url)
+    port = client.connection_pool.connection_kwargs["port"]
     deadline = time.monotonic() + 10
     with client.monitor() as monitor:
         started.set()
         for line in monitor.listen():
-            out.append(line)
+            if done.is_set() or time.monotonic() > deadline:
+                break
+            out.append(line | {"server": port})
             cmd = line["command"]
             if cmd.startswith("RPUSH") and latency.RECORDS in cmd and key in cmd:
-                break
-            if time.monotonic() > deadline:
+                done.set()
                 break
     client.close()
 
@@ -86,8 +92,9 @@ def trips(lines: list[dict]) -> list[tuple[str, float, list[str]]]:
         word = cmd.split(" ", 1)[0].upper()
         if word in IGNORED or HEARTBEAT in cmd:
             continue
-        conn = f"{line.get('client_address')}:{line.get('client_port')}"
-        name = names.setdefault(conn, "ABCDEFGHIJKLMNOPQRSTUVWXYZ"[len(names) % 26])
+        conn = f"{line.get('client_address')}:{line.get('client_port')}@{line.get('server')}"
+        letter = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"[len(names) % 26]
+        name = names.setdefault(conn, f"{letter}@{line.get('server')}")
         t0 = line["time"] if t0 is None else t0
         if last == conn and (line["time"] - ended) * 1e6 < PIPELINED_US:
             out[-1][2].append(_short(cmd))
@@ -126,32 +133,54 @@ def tail(found: list) -> list:
     return [t for t in found[start : end + 1] if not has(t, "BZPOPMIN")]
 
 
-def sample(side: latency.OurSide, url: str, client: redis.Redis, kind: str, key: str) -> list:
-    """One sample of ``kind`` under ``MONITOR``: its round trips (``trips``),
-    the add's first and the handler's ``RPUSH`` left out."""
-    lines: list = []
-    started = threading.Event()
-    watcher = threading.Thread(target=_watch, args=(url, lines, started, key), daemon=True)
-    watcher.start()
-    started.wait(5)
+def sample(side: latency.OurSide, urls: list[str], client, kind: str, key: str) -> list:
+    """One sample of ``kind`` under ``MONITOR`` on each server of ``urls``:
+    its round trips (``trips``, every server's lines in the order of the
+    servers' clock), the add's first and the handler's ``RPUSH`` left out."""
+    outs: list[list] = [[] for _ in urls]
+    done = threading.Event()
+    watchers = []
+    for url, out in zip(urls, outs, strict=True):
+        started = threading.Event()
+        watchers.append(
+            threading.Thread(target=_watch, args=(url, out, started, done, key), daemon=True)
+        )
+        watchers[-1].start()
+        started.wait(5)
     time.sleep(0.05)  # MONITOR is on before the add
     side.send(kind, key)
     got = client.blpop([latency.RECORDS], timeout=5)
-    watcher.join(10)
+    done.set()
+    for url in urls:  # a line for each watcher still waiting in MONITOR to see done by
+        with redis.Redis.from_url(url) as poke:
+            poke.ping()
+    for watcher in watchers:
+        watcher.join(10)
     if got is None:
         raise RuntimeError(f"{kind}: sample {key} was not handled in 5 s")
-    found = trips(lines)
+    found = trips(sorted((line for out in outs for line in out), key=lambda line: line["time"]))
     add = next(i for i, (_, _, cmds) in enumerate(found) if cmds[0].startswith("enqueue_flow"))
     return found[add + 1 : -1]  # before and with the add; the handler's RPUSH
 
 
-def run(samples: int, show: int) -> dict:
-    """Start a server and the processes, count ``samples`` of each kind; returns
-    ``{kind: {"counts": [...], "shown": [trips of the first ``show`` samples]}}``."""
-    server = start_server()
+def run(samples: int, show: int, cluster: bool = False) -> dict:
+    """Start a server (``cluster``: a 3-master Cluster, the test rig) and the
+    processes, count ``samples`` of each kind; returns ``{kind: {"counts":
+    [...], "shown": [trips of the first ``show`` samples]}}``."""
+    if cluster:
+        from redis.cluster import RedisCluster
+
+        from tests.support.rigs import start_cluster
+
+        server = start_cluster()
+        client = RedisCluster.from_url(server.url)
+        urls = [f"redis://{n.host}:{n.port}/0" for n in client.get_primaries()]
+    else:
+        server = start_server()
+        client = redis.Redis.from_url(server.url)
+        urls = [server.url]
     ctx = multiprocessing.get_context("spawn")
-    client = redis.Redis.from_url(server.url)
-    side = latency.OurSide(server.url)
+    side = latency.OurSide(server.url, cluster=cluster)
     ready = ctx.Queue()
     processes = side.processes(ctx, ready)
     result: dict = {}
@@ -165,7 +194,7 @@ def run(samples: int, show: int) -> dict:
         for kind in KINDS:
             counts, tails, spans, wholes, shown, slowest = [], [], [], [], [], []
             for i in range(samples):
-                found = sample(side, server.url, client, kind, f"{kind}-rt-{i}")
+                found = sample(side, urls, client, kind, f"{kind}-rt-{i}")
                 counts.append(len(found))
                 path = tail(found)
                 tails.append(len(path))
@@ -198,8 +227,13 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.round_trips", description=__doc__)
     p.add_argument("--samples", type=int, default=5, help="samples per scenario (%(default)s)")
     p.add_argument("--show", type=int, default=1, help="samples printed trip by trip")
+    p.add_argument(
+        "--cluster", action="store_true", help="on a private 3-master Redis Cluster (the test rig)"
+    )
     args = p.parse_args(argv)
-    result = run(args.samples, args.show)
+    if args.samples < 1 or args.show < 0:
+        p.error("--samples must be at least 1 and --show at least 0")
+    result = run(args.samples, args.show, args.cluster)
     for kind, r in result.items():
         print(f"== {latency.LABELS[kind]}")
         print(f"round trips after the add: {r['counts']}, median {statistics.median(r['counts'])}")

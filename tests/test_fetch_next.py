@@ -233,7 +233,7 @@ def test_the_delivery_claims_the_released_parent_in_its_round_trip(mq, monkeypat
     got: list = []
     reporter = Reporter(
         mq, None, lambda *j: None, lambda q: None, lambda: None,
-        fetch=lambda q: (1, 5000, "t-fetch") if q == "q" else None,
+        fetch=lambda q, last=False: (1, 5000, "t-fetch") if q == "q" else None,
         taken=lambda q, token, claimed: got.append((q, token, claimed)),
     )  # fmt: skip
     trips = record_calls(mq, monkeypatch)

@@ -5,7 +5,10 @@ carries a claim of the parent's queue and, after it, a claim of the child's
 own queue that yields to it (``complete_then_claim``'s ``or_else``): the
 second takes a job only when the first took none, so the slot held for the
 parent starts the next sibling instead of staying empty until the reply.
-On a Redis Cluster the two queues' slots are apart: no such claim is sent."""
+On a Redis Cluster the two queues' slots are apart: no claim yields to
+another queue's; the claim of the child's own queue rides its completion
+alone (into the worker's last free slot), and the parent's claim rides the
+delivery."""
 
 from __future__ import annotations
 
@@ -79,12 +82,31 @@ def test_a_reporter_rides_a_siblings_claim_in_the_parents_slot(mq) -> None:
     c1 = three_kids_one_running(mq)
     reporter, asked, taken = fetching_reporter(mq)
     reporter.report([Finished(c1, 1)])
-    if not mq.cross_queue_scripts:  # the delivery claims the parent's queue alone
-        assert [(q, ids(got)) for q, _, got in taken] == [("q", [])]
+    if (
+        not mq.cross_queue_scripts
+    ):  # the sibling's claim rides the completion, the parent's the delivery
+        assert asked == ["kids", "q"]
+        assert [(q, t, ids(got)) for q, t, got in taken] == [
+            ("kids", "t1", ["c2"]),
+            ("q", "t2", []),
+        ]
+        assert_state(mq, "kids", "c2", JobState.ACTIVE)
+        assert_state(mq, "kids", "c3", JobState.PENDING)
         return
     assert asked == ["q", "kids"]
     # the sibling's first: its slot is the parent's, given back after it
     assert [(q, t, ids(got)) for q, t, got in taken] == [("kids", "t2", ["c2"]), ("q", "t1", [])]
+
+
+def test_a_siblings_claim_alone_takes_only_the_last_free_slot(mq) -> None:
+    """``last``: with other slots free the loop claims for them itself, in
+    batches; a claim riding each report would only add scripts to a drain."""
+    loop = Worker(["q", "kids"], concurrency=2, mq=mq, register=False).loop
+    assert loop.fetch("kids", last=True) is None
+    loop.executing = 1  # one handler busy: the free slot is the last
+    _, _, token = loop.fetch("kids", last=True)
+    assert (loop.fetching, loop._tokens) == (1, {token: 1})
+    assert loop.fetch("kids", last=True) is None  # none free now
 
 
 def test_a_shared_slot_is_held_once(mq) -> None:
@@ -164,9 +186,10 @@ def test_a_pair_sent_twice_takes_one_slot_s_jobs(mq) -> None:
 
 
 def test_a_worker_of_one_handler_claims_the_first_child_alone(mq, monkeypatch) -> None:
-    """Parent on q, three children on kids, one handler: on one server the
-    loop's own claims take only the first child; the others ride their
-    siblings' completions and the parent the last one's."""
+    """Parent on q, three children on kids, one handler: the loop's own
+    claims take only the first child; the others ride their siblings'
+    completions, and the parent the last one's (one server) or its delivery
+    (a Cluster)."""
     kids = [Flow("kids", "t.echo", i, job_id=f"c{i}") for i in range(3)]
     mq.add_flow(Flow("q", "t.echo", "p", job_id="p", children=kids))
     own: list[str] = []
@@ -181,4 +204,4 @@ def test_a_worker_of_one_handler_claims_the_first_child_alone(mq, monkeypatch) -
     _, processed = burst(mq, ["q", "kids"], concurrency=1, register=False)
     assert processed == 4
     assert_state(mq, "q", "p", JobState.COMPLETED)
-    assert own == (["c0"] if mq.cross_queue_scripts else ["c0", "c1", "c2"])
+    assert own == ["c0"]

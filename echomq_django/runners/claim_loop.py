@@ -12,12 +12,12 @@ import threading
 import time
 
 from ..core.jobs import Job
-from .direct import FREED, Direct
+from .direct import FREED, Direct, hold_ride
 from .dispatcher import kinds_connected
 from .flusher import Flusher
 from .outage import REDIS_DOWN, Outage
 from .pool import HandlerPool, JobConnections, run_handler
-from .reporter import Finished, Reporter, ride_queues
+from .reporter import Finished, Reporter
 from .timeouts import Timeouts, timed_out
 from .wake import Idle, Inbox, Wake
 
@@ -324,25 +324,26 @@ class ClaimLoop:
                 self.idle.on_wake(wake)
 
     def _hold_ride(self, finished: list[Finished]) -> tuple | None:
-        """``(queue, room)``: a slot held (``fetch``) from the hand-over for the claim
-        riding the completion of ``finished`` (one at a time), or None: a claim of the
-        loop's own would race it for the parent released, and come back empty."""
-        for queue in [] if self.ride_held else ride_queues(finished, self.mq.cross_queue_scripts):
-            if (room := self.fetch(queue)) is not None:
-                self.ride_held = room[2]
-                return queue, room
-        return None
+        """``direct.hold_ride``, one at a time (``ride_held``: the token of the slot held)."""
+        held = None if self.ride_held else hold_ride(self.fetch, finished, self.cross)
+        self.ride_held = held[1][2] if held else self.ride_held
+        return held
 
     # jobs it takes at once: a handler each, and what the pool queues beyond (processes)
     room = property(lambda self: self.concurrency + getattr(self.pool, "ahead", 0))
+    cross = property(lambda self: self.mq.cross_queue_scripts)
 
-    def fetch(self, queue: str, yields_to: tuple | None = None) -> tuple[int, int, str] | None:
+    def fetch(self, queue: str, yields_to: tuple | None = None, last=False) -> tuple | None:
         """(Reporter thread) ``(1, lease ms, token)``: room for a job of ``queue`` claimed with a
         completion, its slot held until ``_take`` (``yields_to``: ``(queue, token)`` of the claim
-        whose slot, the last free one, it shares); None: none free, held (``_held``), ``max_jobs``,
-        or a lost claim the loop sends again first (its jobs may be leased already)."""
+        whose slot, the last free one, it shares; ``last``: only when that slot is the last free
+        one); None: none free, held (``_held``), ``max_jobs``, or a lost claim the loop sends
+        again first (its jobs may be leased already)."""
         with self._fetch_lock:
-            full = self.executing - self.direct.spare() + self.fetching >= self.room
+            used = self.executing - self.direct.spare() + self.fetching
+            full = used >= self.room
+            if last and used + 1 < self.room:  # other slots free: the loop claims for them
+                return None
             taken = self.claimed + self.fetching + self.claiming  # the loop's claim in flight too
             done = bool(self.lost_claims) or (self.max_jobs is not None and taken >= self.max_jobs)
             done = done or self._held() or self.retry_at or queue not in self.rest

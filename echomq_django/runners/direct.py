@@ -1,4 +1,18 @@
-"""The direct path: a handler thread that finished the worker's only claimed
+"""Claims that ride a completion, and the direct path that starts their jobs
+on the thread that reported.
+
+A claim riding the round trip that completes a child
+(docs/explanation/no-polling.md#a-released-parent-starts-at-once) takes, on one
+server, the parent that completion released, or on a Redis Cluster the child's
+next sibling; either starts without a claim of its own. ``ride_queues``,
+``sibling_queues``, ``hold_ride``, ``ride_room`` and ``sibling_or_else`` say
+where one rides and which slot it takes. ``fetch`` is the loop's ``ClaimLoop.fetch(queue,
+yields_to=None, last=False)``: ``(count, lease ms, token)`` for a slot held for
+the claim, or None. ``across`` is ``EchoMQ.cross_queue_scripts``: one server,
+where ``complete`` resolves a parent on another queue itself. ``finished`` and
+``good`` are lists of ``reporter.Finished``.
+
+The direct path: a handler thread that finished the worker's only claimed
 job while the reporter has nothing to do completes it itself, and runs the job
 its completion claimed, on the same thread
 (docs/explanation/no-polling.md#the-direct-path).
@@ -24,8 +38,89 @@ the reporter thread, which waits the outage out.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 FREED = object()  # on the loop's inbox: a slot the direct path gave back
+
+Fetch = Callable[..., tuple | None]
+
+
+def completing(finished: list) -> list:
+    """Those of ``finished`` that completed: not failed, postponed or held."""
+    return [
+        f for f in finished if f.error is None and f.postpone_ms is None and not f.wait_children
+    ]
+
+
+def ride_queues(finished: list, across: bool) -> list[str]:
+    """Where a claim may ride the completion of ``finished`` (those that completed,
+    not postponed or held), in order: a parent's queue, a child's own first, another
+    only if ``complete`` resolves it (``across``)."""
+    good = completing(finished)
+    mine = [f.job.queue for f in good if f.job.parent_queue == f.job.queue]
+    other = [f.job.parent_queue for f in good if across and f.job.parent_queue]
+    return list(dict.fromkeys(mine + other))
+
+
+def sibling_queues(finished: list, across: bool) -> list[str]:
+    """On a Redis Cluster (``across`` false), the queues of the children among
+    ``finished`` that completed and whose parent is on another queue: a claim of
+    such a queue rides their completion into the worker's last free slot, so a
+    sibling starts without a claim of its own, and the parent's claim rides the
+    delivery (docs/explanation/no-polling.md#a-sibling-rides-in-the-parents-slot).
+    On one server (``across``) none: there it rides after the parent's claim
+    (``sibling_or_else``)."""
+    if across:
+        return []
+    good = completing(finished)
+    return list(
+        dict.fromkeys(f.job.queue for f in good if f.job.parent_queue not in (None, f.job.queue))
+    )
+
+
+def hold_ride(fetch: Fetch, finished: list, across: bool) -> tuple[str, tuple] | None:
+    """``(queue, room)``: a slot held (``fetch``) at the hand-over of ``finished``
+    for the claim riding their completion, or None: the parent's queue's, else a
+    sibling's (the last free slot only); a claim of the loop's own would race it
+    for the parent released, and come back empty."""
+    for queue in ride_queues(finished, across):
+        if (room := fetch(queue)) is not None:
+            return queue, room
+    for queue in sibling_queues(finished, across):
+        if (room := fetch(queue, last=True)) is not None:
+            return queue, room
+    return None
+
+
+def ride_room(
+    fetch: Fetch | None, held: list[tuple[str, tuple]], good: list, across: bool
+) -> tuple[str | None, tuple | None]:
+    """The queue whose claim rides the completion of ``good`` and the loop's room
+    there, or ``(None, None)``: a slot the loop held at the hand-over (taken out
+    of ``held``, ``[(queue, room)]``), else one ``fetch`` gives, as ``hold_ride``
+    chooses (docs/explanation/protocol.md#cross-queue-scripts-on-one-server)."""
+    if fetch is None:
+        return None, None
+    queues = ride_queues(good, across) + sibling_queues(good, across)
+    for i, (queue, got) in enumerate(held):
+        if queue in queues:
+            del held[i]
+            return queue, got
+    return hold_ride(fetch, good, across) or (None, None)
+
+
+def sibling_or_else(fetch: Fetch, good: list, queue: str, token: str, across: bool) -> tuple | None:
+    """``(queue2, 1, lease ms, token2)``: on one server, a claim of a finished
+    child's own queue riding after the claim ``token`` of ``queue`` (its parent's),
+    in the slot held for that one, each yielding to the other, so one of them takes
+    a job: a sibling still pending starts without a claim of its own
+    (docs/explanation/no-polling.md#a-sibling-rides-in-the-parents-slot)."""
+    if not across:
+        return None
+    for q in dict.fromkeys(f.job.queue for f in good if f.job.parent_queue == queue):
+        if q != queue and (got := fetch(q, yields_to=(queue, token))) is not None:
+            return (q, *got)
+    return None
 
 
 class Direct:

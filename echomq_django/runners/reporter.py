@@ -36,6 +36,7 @@ from ..core.jobs import Job, JobState, Outcome
 from ..core.refs import JobRef
 from ..protocol.client import EchoMQ
 from .delivery import OwnDelivery
+from .direct import ride_room, sibling_or_else
 from .outage import REDIS_DOWN, Outage, first_line
 
 log = logging.getLogger("echomq_django.worker")
@@ -65,17 +66,6 @@ class Finished:
     postpone_ms: int | None = None
     delay_ms: int | None = None  # before the next attempt (ms): its retry policy's
     wait_children: bool = False
-
-
-def ride_queues(finished: list[Finished], across: bool) -> list[str]:
-    """Where a claim may ride the completion of ``finished`` (those that completed,
-    not postponed or held), in order: a parent's queue, a child's own first, another
-    only if ``complete`` resolves it (``across``)."""
-    good = [f for f in finished if f.error is None and f.postpone_ms is None]
-    good = [f for f in good if not f.wait_children]
-    mine = [f.job.queue for f in good if f.job.parent_queue == f.job.queue]
-    other = [f.job.parent_queue for f in good if across and f.job.parent_queue]
-    return list(dict.fromkeys(mine + other))
 
 
 class Reporter:
@@ -306,69 +296,40 @@ class Reporter:
         """``complete_many`` of ``good`` (``ride``: None, or the flusher's
         ``Ride``: their pending writes, carried by their ``complete`` calls,
         and the other jobs' writes, sent ahead in the round trip), with the
-        claim of a parent's queue in the same round trip when ``_room`` finds
+        claim of a parent's queue in the same round trip when ``ride_room`` finds
         one: the parent a completion releases starts without a claim of its
         own. A child whose parent is on another slot: its queue's sweep lock
         is taken ahead of it, so what its completion pushes onto the outbox
         is this worker's to deliver
         (docs/explanation/no-polling.md#a-released-parent-starts-at-once)."""
         pairs = [(f.job, f.result) for f in good]
-        queue, room = self._room(good)
+        across = self.mq.cross_queue_scripts
+        queue, room = ride_room(self._fetch, self._rides, good, across)
         ahead, carry = (ride.ahead, ride.carry) if ride is not None else (None, None)
         calls = self._own.ahead(good, ahead)  # a cross-queue child's sweep lock
         if room is None:
             replies = self.mq.complete_many(pairs, calls, carry)
         else:
             count, lease_ms, token = room
-            rides = [(queue, token)]
-            if (alt := self._or_else(good, queue, token)) is not None:
-                rides.insert(0, (alt[0], alt[3]))  # given back first: its slot is the other's
+            sent = [(queue, token)]
+            if (alt := sibling_or_else(self._fetch, good, queue, token, across)) is not None:
+                sent.insert(0, (alt[0], alt[3]))  # given back first: its slot is the other's
             or_else = None if alt is None else (alt[0], alt[2], alt[3])  # queue, lease, token
             try:
                 replies, claimed = self.mq.complete_then_claim(
                     pairs, queue, count, lease_ms, token, calls, carry, or_else
                 )
             except BaseException as err:
-                for q, t in rides:  # RedisUnavailable: the loop replays the tokens
+                for q, t in sent:  # RedisUnavailable: the loop replays the tokens
                     self._taken(q, t, err)
                 raise
             claimed = (claimed,) if alt is None else claimed[::-1]
-            for (q, t), got in zip(rides, claimed, strict=True):
+            for (q, t), got in zip(sent, claimed, strict=True):
                 self._taken(q, t, got)
         self._own.after(good, replies, ahead)  # and its delivery
         if ride is not None:
             ride.settle([job for job, _ in pairs], replies)
         return replies
-
-    def _room(self, good: list[Finished]) -> tuple[str | None, tuple | None]:
-        """The queue whose claim rides the completion of ``good`` and the loop's room
-        there (``fetch``), or ``(None, None)``: a parent's queue the loop serves, a
-        child's own first, another only where ``complete`` resolves the parent
-        itself (docs/explanation/protocol.md#cross-queue-scripts-on-one-server)."""
-        if self._fetch is None:
-            return None, None
-        queues = ride_queues(good, self.mq.cross_queue_scripts)
-        for i, (queue, room) in enumerate(self._rides):  # one the loop held for these
-            if queue in queues:
-                del self._rides[i]
-                return queue, room
-        for queue in queues:
-            if (room := self._fetch(queue)) is not None:
-                return queue, room
-        return None, None
-
-    def _or_else(self, good: list[Finished], queue: str, token: str) -> tuple | None:
-        """``(queue2, 1, lease ms, token2)``: on one server, a claim of a finished
-        child's own queue riding after the claim ``token`` of ``queue`` (its parent's),
-        in the slot held for that one, each yielding to the other, so one of them takes
-        a job: a sibling still pending starts without a claim of its own
-        (docs/explanation/no-polling.md#a-sibling-rides-in-the-parents-slot)."""
-        if not self.mq.cross_queue_scripts:
-            return None
-        for q in dict.fromkeys(f.job.queue for f in good if f.job.parent_queue == queue):
-            if q != queue and (room := self._fetch(q, yields_to=(queue, token))) is not None:
-                return (q, *room)
-        return None
 
     def _postpone(self, finished: list[Finished]) -> None:
         """Put back, one script each, the jobs whose handler raised

@@ -130,7 +130,7 @@ def fetching_reporter(mq: EchoMQ):
 
     asked, taken = [], []
 
-    def fetch(queue, yields_to=None):
+    def fetch(queue, yields_to=None, last=False):
         asked.append(queue)
         return 1, 5000, f"t{len(asked)}"
 
