@@ -12,10 +12,19 @@
   element at most, kept UNLOCKED_TTL_MS, so a mark no waiter popped costs a
   later waiter one more try and never lingers.
 
+  A worker's token starts with `w`: while it holds the lock, a push onto
+  the outbox does not wake the pump (lib/claimable.lua push_outbox), so its
+  drop wakes the pump when the outbox still holds entries (another worker's,
+  or one it could not deliver). A pump's drop wakes nobody: what it left
+  waits for its next sweep.
+
   KEYS[1] sweep lock           P:{q}:pump:lock (string: the holder's token)
   KEYS[2] unlocked list        P:{q}:pump:unlocked (list: one mark per drop, at most one kept)
+  KEYS[3] outbox list          P:{q}:flow:outbox
+  KEYS[4] pump wake marker     P:{q}:flow:wake (zset)
 
-  ARGV[1] token: the pump's own, the same for every sweep of its life
+  ARGV[1] token: the pump's own, the same for every sweep of its life; a
+          worker's starts with `w`
   ARGV[2] lease (ms, integer >= 1): how long the lock holds unless renewed
   ARGV[3] '1' take or renew; '0' drop
 
@@ -36,6 +45,9 @@ if ARGV[3] == '0' then
     redis.call('DEL', unlocked)
     redis.call('RPUSH', unlocked, '1')
     redis.call('PEXPIRE', unlocked, UNLOCKED_TTL_MS)
+    if token:sub(1, 1) == 'w' and redis.call('LLEN', KEYS[3]) > 0 then
+      redis.call('ZADD', KEYS[4], 0, '0')  -- lib/claimable.lua WAKE_NOW
+    end
     return 1
   end
   return 0

@@ -9,6 +9,7 @@ import threading
 import pytest
 
 from echomq_django import Flow, JobState
+from echomq_django.protocol.outbox import WORKER_TOKEN
 from echomq_django.runners.pump import Pump
 from tests.support import jobkit
 from tests.support.jobkit import T0, claim_one, leaf, node
@@ -131,6 +132,43 @@ def test_cross_queue_death_wakes_the_pump(tmq) -> None:
     tmq.add_flow(Flow("p", "parent", {}, job_id="p", children=[leaf("c", queue="kids")]))
     tmq.fail(claim_one(tmq, "kids", "c"), "boom", dead=True)
     assert pump_wake(tmq, "kids") == {"0": 0}
+
+
+def test_a_workers_lock_leaves_the_pumps_wake_to_its_drop(tmq) -> None:
+    """A worker delivers what its own completions push while it holds the
+    sweep lock: a push then wakes no pump; the worker's drop does, as the
+    outbox still holds an entry (here: one it did not deliver)."""
+    tmq.add_flow(Flow("p", "parent", {}, job_id="p", children=[leaf("c", queue="kids")]))
+    worker = WORKER_TOKEN + "1"
+    assert tmq.outbox.lock("kids", worker, 5000) is True
+    tmq.complete(claim_one(tmq, "kids", "c"), "v")
+    assert (tmq.client.llen(tmq.keys.queue_key("kids", "flow:outbox")), pump_wake(tmq, "kids")) == (
+        1,
+        {},
+    )
+    assert tmq.outbox.lock("kids", worker, 5000, take=False) is True
+    assert pump_wake(tmq, "kids") == {"0": 0}
+    Pump(["kids"], mq=tmq).sweep()
+    jobkit.assert_state(tmq, "p", "p", JobState.PENDING)
+
+
+def test_a_pumps_lock_lets_a_push_wake_it_and_its_drop_wakes_nobody(tmq) -> None:
+    """While a pump sweeps, a push wakes it for one more sweep, as ever; a
+    drop of a pump's lock, or of a worker's over an empty outbox, leaves no
+    marker (an entry the pump could not deliver waits for its next sweep,
+    not a sweep at once)."""
+    tmq.add_flow(Flow("p", "parent", {}, job_id="p", children=[leaf("c", queue="kids")]))
+    assert tmq.outbox.lock("kids", "0a1b", 5000) is True
+    tmq.complete(claim_one(tmq, "kids", "c"), "v")
+    assert pump_wake(tmq, "kids") == {"0": 0}
+    tmq.client.delete(tmq.keys.queue_key("kids", "flow:wake"))  # the pump popped it
+    assert tmq.outbox.lock("kids", "0a1b", 5000, take=False) is True
+    assert pump_wake(tmq, "kids") == {}
+    Pump(["kids"], mq=tmq).sweep()
+    assert tmq.client.llen(tmq.keys.queue_key("kids", "flow:outbox")) == 0
+    assert tmq.outbox.lock("kids", WORKER_TOKEN + "1", 5000) is True
+    assert tmq.outbox.lock("kids", WORKER_TOKEN + "1", 5000, take=False) is True
+    assert pump_wake(tmq, "kids") == {}
 
 
 def test_wake_keys_are_bounded(tmq, clock) -> None:

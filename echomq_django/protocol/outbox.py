@@ -31,6 +31,7 @@ SENT_WAIT_S = 3.0  # deliver_sent: how long it waits out a pump's sweep (a pump'
 SENT_BLOCK_MIN_S = 0.01  # deliver_sent: shortest BLPOP (s); Redis reads a timeout of 0 as for ever
 SENT_SOCKET_MARGIN_S = 1.0  # deliver_sent: a BLPOP ends this much before the socket timeout (s)
 OWN_LOCK_MS = 2_000  # deliver_own: a worker's take of the outbox lock (ms; a pump's default)
+WORKER_TOKEN = "w"  # a worker's sweep-lock token starts with it (lua/lock_outbox.lua)
 
 
 class Outbox(Part):
@@ -149,10 +150,13 @@ class Outbox(Part):
         ``token`` for ``lease_ms`` (ms), as a script call ``(name, keys,
         args)`` for a caller's pipeline (a worker's completions,
         ``deliver_own``); the take's reply is 1 when the caller holds the
-        lock, 0 when another token does (see ``lock``)."""
+        lock, 0 when another token does (see ``lock``). A worker's ``token``
+        starts with ``w`` (``WORKER_TOKEN``): while it holds the lock, pushes
+        onto the outbox do not wake the pump, and its drop does when entries
+        are left (docs/explanation/protocol.md#the-flow-outbox-and-the-pump)."""
         k = self.keys.queue(queue)
         args = [token, int(lease_ms), "1" if take else "0"]
-        return ("lock_outbox", [k.pump_lock, k.pump_unlocked], args)
+        return ("lock_outbox", [k.pump_lock, k.pump_unlocked, k.outbox, k.outbox_wake], args)
 
     @staticmethod
     def _forget_call(k, token: str, texts: list[str]) -> tuple:

@@ -34,6 +34,7 @@ from ..core.exceptions import RedisUnavailable, SweepLockLost
 from ..core.jobs import Outcome, Policy
 from ..core.keyspace import validate_id, validate_queue
 from ..protocol.client import EchoMQ
+from ..protocol.outbox import WORKER_TOKEN
 from .dispatcher import kinds_connected
 
 log = logging.getLogger("echomq_django.delivery")
@@ -293,7 +294,7 @@ class OwnDelivery:
 
     def __init__(self, mq: EchoMQ, released, fetch=None, taken=None) -> None:
         self.mq, self._released, self._fetch, self._taken = mq, released, fetch, taken
-        self.token = secrets.token_hex(8)
+        self.token = WORKER_TOKEN + secrets.token_hex(8)  # pushes wake no pump while it holds it
         self._cross: list[str] = []
         self._subscribed: set[str] = set()  # parents' queues whose events are recorded
         self._calls: list = []

@@ -151,8 +151,15 @@ local function make_delayed(base, id, run_at)
   redis.call('ZADD', base .. 'wake', 'LT', run_at, WAKE_DUE)
 end
 
--- Append a fan-in entry (JSON text) to the queue's outbox and wake its pump.
+-- Append a fan-in entry (JSON text) to the queue's outbox and wake its pump,
+-- unless a worker holds the outbox's sweep lock (a token starting with `w`:
+-- it delivers what its own completions push, and wakes the pump as it drops
+-- the lock with entries left: lock_outbox.lua); a lock that runs out instead
+-- leaves what it held to the pump's interval sweep.
 local function push_outbox(base, entry)
   redis.call('RPUSH', base .. 'flow:outbox', entry)
-  redis.call('ZADD', base .. 'flow:wake', 0, WAKE_NOW)
+  local holder = redis.call('GET', base .. 'pump:lock')
+  if not holder or holder:sub(1, 1) ~= 'w' then
+    redis.call('ZADD', base .. 'flow:wake', 0, WAKE_NOW)
+  end
 end
