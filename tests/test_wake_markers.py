@@ -9,7 +9,9 @@ import threading
 import pytest
 
 from echomq_django import Flow, JobState
+from echomq_django.core.exceptions import RedisUnavailable
 from echomq_django.protocol.outbox import WORKER_TOKEN
+from echomq_django.runners.delivery import OwnDelivery
 from echomq_django.runners.pump import Pump
 from tests.support import jobkit
 from tests.support.jobkit import T0, claim_one, leaf, node
@@ -150,6 +152,28 @@ def test_a_workers_lock_leaves_the_pumps_wake_to_its_drop(tmq) -> None:
     assert pump_wake(tmq, "kids") == {"0": 0}
     Pump(["kids"], mq=tmq).sweep()
     jobkit.assert_state(tmq, "p", "p", JobState.PENDING)
+
+
+def test_a_worker_that_cannot_deliver_drops_its_lock_and_wakes_the_pump(tmq, monkeypatch) -> None:
+    """What its completion pushed under its lock woke nobody: a worker whose
+    delivery fails before it starts drops the lock at once, and the drop
+    wakes the pump for the entry, instead of the lock running out its lease."""
+    tmq.add_flow(Flow("p", "parent", {}, job_id="p", children=[leaf("c", queue="kids")]))
+    own = OwnDelivery(tmq, released=lambda queue: None)
+    assert tmq.outbox.lock("kids", own.token, 5000) is True
+    sent = tmq.complete(claim_one(tmq, "kids", "c"), "v").sent
+    assert (len(sent), pump_wake(tmq, "kids")) == (1, {})
+
+    def down(*args):
+        raise RedisUnavailable("gone")
+
+    monkeypatch.setattr(tmq.signal_events, "subscribe", down)
+    own._deliver("kids", sent, ["p"])
+    assert tmq.client.exists(tmq.keys.queue_key("kids", "pump:lock")) == 0
+    assert pump_wake(tmq, "kids") == {"0": 0}
+    assert tmq.client.lrange(tmq.keys.queue_key("kids", "flow:outbox"), 0, -1) == [
+        s.encode() for s in sent
+    ]
 
 
 def test_a_pumps_lock_lets_a_push_wake_it_and_its_drop_wakes_nobody(tmq) -> None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import logging
 import secrets
+from contextlib import suppress
 from dataclasses import dataclass, field
 
 from ..core.exceptions import RedisUnavailable, SweepLockLost
@@ -368,6 +369,10 @@ class OwnDelivery:
                 if room is not None:
                     self._taken(parent_queue, token, err)  # RedisUnavailable: the loop replays it
                 log.warning("delivering the outbox entries of %s failed: %s", queue, err)
+                # dropped (if not already), which wakes a pump for them: no push
+                # did while this worker held the lock
+                with suppress(Exception):
+                    self.mq.outbox.lock(queue, self.token, 1, take=False)
                 return
             # delivered, not taken out: a pump delivers them again, which changes nothing
             log.warning("taking the delivered outbox entries of %s out failed: %s", queue, err)
@@ -375,7 +380,8 @@ class OwnDelivery:
         # what those deliveries pushed in turn (a parent a death killed: its own
         # death, for a parent on a third queue), delivered now too, so a chain
         # of deaths does not wait for a pump at its second link; an outbox whose
-        # lock another holds is the holder's (it is woken by the push)
+        # lock another holds is the holder's (a pump is woken by the push; a
+        # worker wakes one as it drops the lock with entries left)
         for target, pushed in more.items():
             self._deliver_sent(target, pushed, outcome)
         for released, _ in outcome.released:
@@ -383,7 +389,8 @@ class OwnDelivery:
 
     def _deliver_sent(self, queue: str, texts: list[str], outcome=None) -> None:
         """``Outbox.deliver_sent`` of ``texts`` from ``queue``'s outbox, the
-        lock not waited for (its holder was woken by the push); what it
+        lock not waited for (a pump holding it was woken by the push, a worker
+        holding it wakes one as it drops it); what it
         released goes into ``outcome``, or, with None, is woken here. An
         error leaves the entries to the pumps (logged)."""
         if not texts:

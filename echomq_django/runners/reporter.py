@@ -99,7 +99,7 @@ class Reporter:
         wake: Callable[[], None],
         metrics: Any = None,
         writes: Any = None,
-        fetch: Callable[[str], tuple[int, int, str] | None] | None = None,
+        fetch: Callable[..., tuple[int, int, str] | None] | None = None,
         taken: Callable[[str, str, Any], None] | None = None,
     ) -> None:
         self.mq, self.sender, self.metrics = mq, sender, metrics
