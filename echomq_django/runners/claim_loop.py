@@ -333,7 +333,7 @@ class ClaimLoop:
     room = property(lambda self: self.concurrency + getattr(self.pool, "ahead", 0))
     cross = property(lambda self: self.mq.cross_queue_scripts)
 
-    def fetch(self, queue: str, yields_to: tuple | None = None, last=False) -> tuple | None:
+    def fetch(self, queue: str, yields_to: tuple | None = None, last: bool = False) -> tuple | None:
         """(Reporter thread) ``(1, lease ms, token)``: room for a job of ``queue`` claimed with a
         completion, its slot held until ``_take`` (``yields_to``: ``(queue, token)`` of the claim
         whose slot, the last free one, it shares; ``last``: only when that slot is the last free

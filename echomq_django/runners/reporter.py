@@ -295,12 +295,13 @@ class Reporter:
     def _complete(self, good: list[Finished], ride: Any) -> list:
         """``complete_many`` of ``good`` (``ride``: None, or the flusher's
         ``Ride``: their pending writes, carried by their ``complete`` calls,
-        and the other jobs' writes, sent ahead in the round trip), with the
-        claim of a parent's queue in the same round trip when ``ride_room`` finds
-        one: the parent a completion releases starts without a claim of its
-        own. A child whose parent is on another slot: its queue's sweep lock
-        is taken ahead of it, so what its completion pushes onto the outbox
-        is this worker's to deliver
+        and the other jobs' writes, sent ahead in the round trip), with a
+        claim in the same round trip when ``ride_room`` finds room for one: of
+        a parent's queue (the parent a completion releases starts without a
+        claim of its own), or on a Cluster of a cross-queue child's own queue
+        (its next sibling). A child whose parent is on another slot: its
+        queue's sweep lock is taken ahead of it, so what its completion pushes
+        onto the outbox is this worker's to deliver
         (docs/explanation/no-polling.md#a-released-parent-starts-at-once)."""
         pairs = [(f.job, f.result) for f in good]
         across = self.mq.cross_queue_scripts
