@@ -6,11 +6,12 @@ A claim riding the round trip that completes a child
 server, the parent that completion released, or on a Redis Cluster the child's
 next sibling; either starts without a claim of its own. ``ride_queues``,
 ``sibling_queues``, ``hold_ride``, ``ride_room`` and ``sibling_or_else`` say
-where one rides and which slot it takes. ``fetch`` is the loop's ``ClaimLoop.fetch(queue,
-yields_to=None, last=False)``: ``(count, lease ms, token)`` for a slot held for
-the claim, or None. ``across`` is ``EchoMQ.cross_queue_scripts``: one server,
-where ``complete`` resolves a parent on another queue itself. ``finished`` and
-``good`` are lists of ``reporter.Finished``.
+where one rides and which slot it takes. ``fetch`` is the loop's
+``ClaimLoop.fetch(queue, yields_to=None, last=False)``: ``(count, lease ms,
+token)`` for a slot held for the claim, or None. ``across`` is
+``EchoMQ.cross_queue_scripts``: one server, where ``complete`` resolves a
+parent on another queue itself. ``finished`` and ``good`` are lists of
+``reporter.Finished``.
 
 The direct path: a handler thread that finished the worker's only claimed
 job while the reporter has nothing to do completes it itself, and runs the job
@@ -78,16 +79,24 @@ def sibling_queues(finished: list, across: bool) -> list[str]:
     )
 
 
-def hold_ride(fetch: Fetch, finished: list, across: bool) -> tuple[str, tuple] | None:
+def _rides(finished: list, across: bool) -> list[tuple[str, bool]]:
+    """``(queue, last)`` where a claim may ride, in order: ``ride_queues``, then
+    ``sibling_queues`` (``last``: only into the last free slot)."""
+    return [(q, False) for q in ride_queues(finished, across)] + [
+        (q, True) for q in sibling_queues(finished, across)
+    ]
+
+
+def hold_ride(
+    fetch: Fetch, finished: list, across: bool, rides: list | None = None
+) -> tuple[str, tuple] | None:
     """``(queue, room)``: a slot held (``fetch``) at the hand-over of ``finished``
     for the claim riding their completion, or None: the parent's queue's, else a
     sibling's (the last free slot only); a claim of the loop's own would race it
-    for the parent released, and come back empty."""
-    for queue in ride_queues(finished, across):
-        if (room := fetch(queue)) is not None:
-            return queue, room
-    for queue in sibling_queues(finished, across):
-        if (room := fetch(queue, last=True)) is not None:
+    for the parent released, and come back empty. ``rides``: ``_rides``' answer,
+    when the caller has it already."""
+    for queue, last in _rides(finished, across) if rides is None else rides:
+        if (room := fetch(queue, last=last) if last else fetch(queue)) is not None:
             return queue, room
     return None
 
@@ -101,12 +110,13 @@ def ride_room(
     chooses (docs/explanation/protocol.md#cross-queue-scripts-on-one-server)."""
     if fetch is None:
         return None, None
-    queues = ride_queues(good, across) + sibling_queues(good, across)
+    rides = _rides(good, across)
+    queues = {queue for queue, _ in rides}
     for i, (queue, got) in enumerate(held):
         if queue in queues:
             del held[i]
             return queue, got
-    return hold_ride(fetch, good, across) or (None, None)
+    return hold_ride(fetch, good, across, rides) or (None, None)
 
 
 def sibling_or_else(fetch: Fetch, good: list, queue: str, token: str, across: bool) -> tuple | None:
