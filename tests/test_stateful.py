@@ -113,6 +113,7 @@ class Node:
     expires_at: int | None = None  # not started by then (ms), a claim kills it 'expired'
     started: bool = False  # claimed once: it never expires
     waits: int = 0  # times it waited for children it added while it ran (a step job)
+    revivals: int = 0  # times a retry took it from dead back to waiting for its children
 
 
 class Model:
@@ -166,7 +167,7 @@ class Model:
             if p.cancelled:  # revived: its cancel is taken back, as by its own retry
                 self.uncancel(pid)
                 p.cancelled = False
-            p.state = AWAIT
+            p.state, p.revivals = AWAIT, p.revivals + 1
             self.reattach_up(pid)
 
     def reattach_up(self, jid: str) -> None:
@@ -277,6 +278,7 @@ class Model:
         if not j.hashes["failed"] and j.cancelled and not j.went_on and j.counter:
             j.state, j.attempts, j.stalls, j.cancel = AWAIT, 0, 0, False
             j.cancelled, j.deadline = False, j.children_deadline  # held again, same deadline
+            j.revivals += 1
             j.expires_at = None  # a retry drops the start deadline
             self.reattach_up(jid)
             return
@@ -822,8 +824,8 @@ class FlowMachine(RuleBasedStateMachine):
             assert int(counter) == node.counter == len(unresolved) >= 0, pid
             for c in node.children:
                 assert sum(c in h for h in found.values()) <= 1, (pid, c)
-            # once per hold: its add, and each wait of a step job
-            assert released.count(pid) == node.releases <= 1 + node.waits, pid
+            # once per hold: its add, each wait of a step job, each retry that held it again
+            assert released.count(pid) == node.releases <= 1 + node.waits + node.revivals, pid
 
     @staticmethod
     def decode(reply):
