@@ -4,7 +4,8 @@ two hot paths (docs/explanation/performance.md#the-workers-python):
 * the add: ``plan()`` of a 1+N wide flow, then its ``enqueue_flow``
   arguments (the flat JSON), per node; no Redis needed;
 * the worker: ``EchoMQ.claim`` (the script call, the reply and the ``Job``
-  decoding) and ``complete_many``, per job, on a private redis-server, in
+  decoding) and ``complete_many``, per job, on a private redis-server
+  (``--cluster``: a private 3-master Redis Cluster, the test rig), in
   batches of ``--batch`` (a worker's free threads).
 
 CPU time of this process only (``time.process_time``), the garbage collector
@@ -50,7 +51,10 @@ def add_cost(mq: EchoMQ, n: int) -> tuple[float, float]:
 
 def worker_cost(mq: EchoMQ, n: int, batch: int) -> tuple[float, float]:
     """(claim, complete) CPU µs per job of this process, draining ``n`` jobs."""
-    mq.client.flushall()
+    if isinstance(mq.client, redis.RedisCluster):
+        mq.client.flushall(target_nodes=redis.RedisCluster.PRIMARIES)
+    else:
+        mq.client.flushall()
     mq.enqueue_many("q", [("bench.leaf", {"i": i}) for i in range(n)])
     claim = complete = 0.0
     done = 0
@@ -79,10 +83,19 @@ def main(argv=None) -> None:
     parser.add_argument("--batch", type=int, default=50, help="claim batch (default 50)")
     parser.add_argument("--repeat", type=int, default=5, help="rounds (default 5)")
     parser.add_argument("--redis-url", help="use this Redis (FLUSHALLed!) instead of a private one")
+    parser.add_argument(
+        "--cluster", action="store_true", help="on a private 3-master Redis Cluster (the test rig)"
+    )
     args = parser.parse_args(argv)
-    server = None if args.redis_url else start_server()
-    try:
+    if args.cluster:
+        from tests.support.rigs import start_cluster  # a checkout's: the bench runs from one
+
+        server = start_cluster()
+        client = redis.RedisCluster.from_url(server.url)
+    else:
+        server = None if args.redis_url else start_server()
         client = redis.Redis.from_url(args.redis_url or server.url)
+    try:
         mq = EchoMQ(client, prefix="emq")
         add = [add_cost(mq, args.nodes) for _ in range(args.repeat)]
         work = [worker_cost(mq, args.jobs, args.batch) for _ in range(args.repeat)]
@@ -90,7 +103,9 @@ def main(argv=None) -> None:
         if server is not None:
             server.stop()
     med = statistics.median
-    print(f"hiredis: {'yes' if redis.utils.HIREDIS_AVAILABLE else 'no'}; medians of {args.repeat}")
+    where = "a 3-master Cluster" if args.cluster else "one server"
+    print(f"hiredis: {'yes' if redis.utils.HIREDIS_AVAILABLE else 'no'}; {where}; ", end="")
+    print(f"medians of {args.repeat}")
     print(f"  add 1+{args.nodes:,}: plan {med(a for a, _ in add):.2f} µs/node, ", end="")
     print(f"flat argument {med(b for _, b in add):.2f} µs/node")
     print(f"  worker, batch {args.batch}: claim {med(c for c, _ in work):.2f} µs/job, ", end="")

@@ -8,14 +8,12 @@ import re
 from pathlib import Path
 
 import pytest
-import redis
 from redis.cluster import RedisCluster
 
 from echomq_django import EchoMQ, Flow, JobState
 from echomq_django.protocol.scripts import Scripts, load_sources, lua_dir, parse_header
 from echomq_django.runners.dispatcher import Dispatcher
 from echomq_django.runners.pump import Pump
-from tests.support import rigs
 from tests.support.jobkit import assert_state, claim_one, leaf, node
 
 REPO = Path(__file__).resolve().parent.parent
@@ -255,23 +253,18 @@ def test_noscript_fallback_run_many(mq) -> None:
 # -- pipelined script calls on a Cluster ---------------------------------------
 
 
-def _getkeys_calls(cluster: rigs.Cluster) -> int:
-    total = 0
-    for port in cluster.ports:
-        node = redis.Redis(host=rigs.HOST, port=port)
-        try:
-            stats = node.info("commandstats")
-        finally:
-            node.close()
-        total += stats.get("cmdstat_command|getkeys", {}).get("calls", 0)
-    return total
-
-
-def test_cluster_pipelines_route_on_the_host_without_command_getkeys(redis_cluster, rc):
+def test_cluster_pipelines_route_on_the_host_without_command_getkeys(rc, monkeypatch):
+    """Counted on this client (its parser's ``COMMAND GETKEYS``), not on the
+    servers, which count any process's: a blocking ``XREAD`` asks it too."""
     mq = EchoMQ(rc, prefix="emq")
     flows = [Flow(f"q{i}", "parent", {}, children=[Flow(f"q{i}", "child", {})]) for i in range(6)]
     mq.add_flows(flows[:1])  # scripts loaded, connections made
-    before = _getkeys_calls(redis_cluster)
+    asked, real = [], rc.commands_parser._get_moveable_keys
+    monkeypatch.setattr(
+        rc.commands_parser, "_get_moveable_keys", lambda *a: asked.append(a[1:]) or real(*a)
+    )
     refs = mq.add_flows(flows[1:])  # six queues over three masters, one pipeline
     assert [r.landed for r in refs] == [2] * 5
-    assert _getkeys_calls(redis_cluster) == before
+    assert asked == []
+    rc.xread({"emq:{q1}:x": "0-0"}, count=1)  # the count sees one when there is one
+    assert [a[0] for a in asked] == ["XREAD"]

@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import functools
 import re
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import redis
 from redis.cluster import RedisCluster
-from redis.crc import key_slot
 
+from . import routing
 from .errors import TRANSIENT, connection_error, translate
 
 NoScriptError = redis.exceptions.NoScriptError
@@ -36,14 +35,6 @@ except ImportError:  # pragma: no cover - the extra is optional
 _INCLUDE = re.compile(r"^-- @include (\S+)$", re.MULTILINE)
 _KEYS = re.compile(r"^\s+KEYS\[(\d+)\]\s+(.+)$", re.MULTILINE)
 _ARGV = re.compile(r"^\s+ARGV\[(\d+)(\.\.)?\]\s+(.+)$", re.MULTILINE)
-# Cluster pipelines: sends of the calls a failover interrupted, the slot map
-# refreshed before each resend (a promotion takes the cluster-node-timeout and
-# an election: seconds), and the pause before a resend.
-ROUTE_ATTEMPTS = 3
-ROUTE_PAUSE_S = 0.1
-# run_many_confirmed: how long (ms) a Cluster master's WAIT for one replica
-# may take before the calls it ran count as not yet safe
-REPLICA_WAIT_MS = 500
 
 
 def lua_dir() -> Path:
@@ -170,7 +161,8 @@ class Scripts:
         """Run script ``name``; raises the named exception for an ``EMQ`` error,
         ``RedisUnavailable`` for a transient one (``exceptions.TRANSIENT``)."""
         one_server = not isinstance(self.client, RedisCluster)
-        if one_server and (_pack is not None or name not in self._loaded):
+        fast = _pack if one_server else routing._pack
+        if fast is not None or (one_server and name not in self._loaded):
             # the own write, or a first call: its load in the same round trip
             reply = self._confirmed([(name, keys, args)], None)[0][0]
             if isinstance(reply, Exception):
@@ -248,7 +240,8 @@ class Scripts:
         confirmed = [True] * len(calls)
         if isinstance(self.client, RedisCluster):
             try:  # its SCRIPT LOAD on a fresh client meets a dead master too
-                replies = self._cluster_pipeline(calls, confirmed, after_key)
+                self._load_for_pipeline()
+                replies = routing.send(self.client, self._sha, calls, confirmed, after_key)
             except TRANSIENT as err:
                 raise connection_error(self.client, err) from err
             if not all(confirmed):
@@ -345,6 +338,9 @@ class Scripts:
         start waits for no load of its own (docs/explanation/performance.md#a-workers-start)."""
         return list(dict.fromkeys(n for n, _, _ in calls if n not in self._loaded))
 
+    def _sha(self, name: str) -> str:
+        return self._scripts[name].sha
+
     def _load_for_pipeline(self) -> None:
         """A Cluster: every script loaded once per client before its first pipeline
         (one server: ``_to_load``); a server that lost them later (a restart, a failover,
@@ -353,81 +349,6 @@ class Scripts:
             for script in self._scripts.values():
                 script.sha = self.client.script_load(script.script)
             self._loaded_for_pipeline = True
-
-    def _cluster_pipeline(
-        self, calls: list[tuple[str, list, list]], confirmed: list[bool], after_key: str | None
-    ) -> list:
-        """Send ``calls`` through a ``ClusterPipeline``, each with its target
-        node computed from its first key's slot; resend those a failover
-        interrupted (see ``run_many``). Returns the raw replies in order
-        (a transient error object for a call that never got through); with
-        ``after_key``, sets ``confirmed[i]`` False for a call whose master's
-        WAIT did not count a replica (``run_many_confirmed``)."""
-        client = self.client
-        self._load_for_pipeline()
-        slots = [key_slot(client.encoder.encode(keys[0])) for _, keys, _ in calls]
-        after = None if after_key is None else key_slot(client.encoder.encode(after_key))
-        replies: list = [None] * len(calls)
-        todo = list(range(len(calls)))
-        for attempt in range(ROUTE_ATTEMPTS):
-            if attempt:
-                time.sleep(ROUTE_PAUSE_S)
-                try:
-                    client.nodes_manager.initialize()  # the new map, and a live default node
-                except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException):
-                    continue  # the cluster is still failing over: try again after a pause
-            try:
-                pipe = client.pipeline(transaction=False)
-                targets = {}
-                for i in todo:
-                    name, keys, args = calls[i]
-                    node = client.nodes_manager.get_node_from_slot(slots[i])
-                    targets[i] = node
-                    # ClusterPipeline blocks .evalsha(): the raw command, to its node
-                    pipe.execute_command(
-                        "EVALSHA",
-                        self._scripts[name].sha,
-                        len(keys),
-                        *keys,
-                        *args,
-                        target_nodes=node,
-                    )
-                waits = self._replica_waits(targets, slots, after)
-                for node in waits:  # after its calls: WAIT counts this connection's writes
-                    pipe.execute_command("WAIT", 1, REPLICA_WAIT_MS, target_nodes=node)
-                got = pipe.execute(raise_on_error=False)
-            except TRANSIENT as err:
-                for i in todo:
-                    replies[i] = err
-                continue
-            acked = {
-                node.name: isinstance(n, int) and n >= 1
-                for node, n in zip(waits, got[len(todo) :], strict=True)
-            }
-            for i, reply in zip(todo, got, strict=False):
-                replies[i] = reply
-                confirmed[i] = acked.get(targets[i].name, True)
-            todo = [i for i in todo if isinstance(replies[i], TRANSIENT)]
-            if not todo:
-                break
-        return replies
-
-    def _replica_waits(self, targets: dict, slots: list[int], after: int | None) -> list:
-        """The distinct masters among ``targets`` (call index -> node) that
-        have a replica in the slot map and are not ``after``'s (a slot, or
-        None: no WAIT at all), in first-call order."""
-        if after is None:
-            return []
-        cache = self.client.nodes_manager.slots_cache
-        try:
-            skip = self.client.nodes_manager.get_node_from_slot(after).name
-        except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException):
-            skip = None  # its slot has no master in the map now: every target waits
-        nodes: dict[str, object] = {}
-        for i, node in targets.items():
-            if node.name != skip and len(cache.get(slots[i]) or ()) > 1:
-                nodes.setdefault(node.name, node)
-        return list(nodes.values())
 
 
 def socket_timeout(client) -> float | None:

@@ -1,0 +1,204 @@
+"""Script calls on a Redis Cluster, each sent to the master of its first key's slot.
+
+docs/explanation/protocol.md#one-slot-per-script: all of a script's keys share
+one slot, so the host routes a call by its first key, with no ``COMMAND
+GETKEYS`` round trip. ``send`` writes the calls for each master packed by
+hiredis onto one of that master's pooled connections, all masters' writes
+before any read, as the one-server own write does
+(docs/explanation/performance.md#the-scripts-own-write); a call that could not
+be sent that way, or whose reply says it did not run there (``MOVED``,
+``ASK``, ``TRYAGAIN``, ``CLUSTERDOWN``, ``READONLY``, a connection that
+failed), goes through redis-py's ``ClusterPipeline``, with the slot map
+refreshed before each resend (``ROUTE_ATTEMPTS``).
+
+A ``call`` is ``(name, keys, args)``; ``sha_of(name)`` gives its script's
+SHA1, loaded on every master already (``Scripts``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import redis
+from redis.crc import key_slot
+
+from .errors import TRANSIENT
+
+try:  # the [fast] extra: a call's packing in C
+    from hiredis import pack_command as _pack
+except ImportError:  # pragma: no cover - the extra is optional
+    _pack = None
+
+# Cluster pipelines: sends of the calls a failover interrupted, the slot map
+# refreshed before each resend (a promotion takes the cluster-node-timeout and
+# an election: seconds), and the pause before a resend.
+ROUTE_ATTEMPTS = 3
+ROUTE_PAUSE_S = 0.1
+# how long (ms) a master's WAIT for one replica may take before the calls it
+# ran count as not yet safe (Scripts.run_many_confirmed)
+REPLICA_WAIT_MS = 500
+MAP_ERRORS = (redis.exceptions.RedisError, redis.exceptions.RedisClusterException)
+
+Call = tuple[str, list, list]
+
+
+def send(
+    client,
+    sha_of: Callable[[str], str],
+    calls: list[Call],
+    confirmed: list[bool],
+    after: str | None,
+) -> list:
+    """Send ``calls`` (a ``RedisCluster``'s); returns the raw replies in order
+    (an error object for a refused call, a transient one for a call that
+    never got through). With ``after`` (a key), each master with a replica
+    that a call wrote to, other than ``after``'s, is sent ``WAIT 1
+    REPLICA_WAIT_MS`` behind its calls on the same connection, and
+    ``confirmed[i]`` (bool) is set False for a call whose master's WAIT
+    counted no replica."""
+    slots = [key_slot(client.encoder.encode(keys[0])) for _, keys, _ in calls]
+    skip = None if after is None else key_slot(client.encoder.encode(after))
+    replies: list = [None] * len(calls)
+    todo = list(range(len(calls)))
+    if _pack is not None:
+        todo = _written(client, sha_of, calls, slots, skip, replies, confirmed)
+    if todo:
+        _pipelined(client, sha_of, calls, slots, skip, replies, confirmed, todo)
+    return replies
+
+
+def _written(client, sha_of, calls, slots, skip, replies, confirmed) -> list[int]:
+    """The own write: every master's calls (and its WAIT) packed into one send on
+    one pooled connection of it, then every master's replies read back. Fills
+    ``replies`` (and ``confirmed``); returns the indices left to the pipeline:
+    calls not sent, not answered (the connection failed: closed, never reused)
+    or answered with a ``TRANSIENT`` error. Raises what is not transient, the
+    connections closed."""
+    try:
+        targets = {i: client.nodes_manager.get_node_from_slot(s) for i, s in enumerate(slots)}
+        packed = [_pack(("EVALSHA", sha_of(n), len(k), *k, *a)) for n, k, a in calls]
+    except (*MAP_ERRORS, TypeError):  # no master in the map; an argument hiredis refuses
+        return list(range(len(calls)))
+    waits = {node.name for node in replica_waits(client, targets, slots, skip)}
+    groups: dict[str, list[int]] = {}
+    for i, node in targets.items():
+        groups.setdefault(node.name, []).append(i)
+    left: list[int] = []
+    sent = []  # (pool, connection, indices, waited)
+    for name, idx in groups.items():
+        pool = getattr(targets[idx[0]].redis_connection, "connection_pool", None)
+        if pool is None:  # not connected yet: redis-py's own path connects it
+            left += idx
+            continue
+        data = b"".join(packed[i] for i in idx)
+        if name in waits:
+            data += _pack(("WAIT", 1, REPLICA_WAIT_MS))
+        conn = None
+        try:
+            conn = pool.get_connection()
+            conn.send_packed_command([data], check_health=False)
+        except BaseException as err:  # a master that cannot be reached: its calls resent
+            if conn is not None:
+                conn.disconnect()
+                pool.release(conn)
+            if not isinstance(err, TRANSIENT):
+                _close(sent)
+                raise
+            left += idx
+            continue
+        sent.append((pool, conn, idx, name in waits))
+    for n, (pool, conn, idx, waited) in enumerate(sent):
+        try:
+            for i in idx:
+                try:
+                    replies[i] = conn.read_response()
+                except redis.exceptions.ResponseError as err:
+                    replies[i] = err
+            if waited:
+                got = conn.read_response()
+                for i in idx:
+                    confirmed[i] = isinstance(got, int) and got >= 1
+        except TRANSIENT:  # replies left unread: the connection is never reused
+            conn.disconnect()
+            left += [i for i in idx if replies[i] is None]
+            for i in idx if waited else ():  # ran, not known to be on a replica: kept
+                confirmed[i] = False
+        except BaseException:
+            conn.disconnect()
+            pool.release(conn)
+            _close(sent[n + 1 :])
+            raise
+        pool.release(conn)
+    left += [i for i, r in enumerate(replies) if isinstance(r, TRANSIENT) and i not in left]
+    for i in left:
+        replies[i] = None
+    return sorted(left)
+
+
+def _close(sent: list) -> None:
+    """Close and give back connections whose replies will not be read."""
+    for pool, conn, _, _ in sent:
+        conn.disconnect()
+        pool.release(conn)
+
+
+def _pipelined(client, sha_of, calls, slots, skip, replies, confirmed, todo) -> None:
+    """Send the calls ``todo`` (indices) through a ``ClusterPipeline``, each
+    to the master of its slot, and resend those a failover interrupted, up to
+    ``ROUTE_ATTEMPTS`` sends, the slot map refreshed before each resend; fills
+    ``replies`` and ``confirmed``."""
+    for attempt in range(ROUTE_ATTEMPTS):
+        if attempt:
+            time.sleep(ROUTE_PAUSE_S)
+            try:
+                client.nodes_manager.initialize()  # the new map, and a live default node
+            except MAP_ERRORS:
+                continue  # the cluster is still failing over: try again after a pause
+        try:
+            pipe = client.pipeline(transaction=False)
+            targets = {}
+            for i in todo:
+                name, keys, args = calls[i]
+                node = client.nodes_manager.get_node_from_slot(slots[i])
+                targets[i] = node
+                # ClusterPipeline blocks .evalsha(): the raw command, to its node
+                pipe.execute_command(
+                    "EVALSHA", sha_of(name), len(keys), *keys, *args, target_nodes=node
+                )
+            waits = replica_waits(client, targets, slots, skip)
+            for node in waits:  # after its calls: WAIT counts this connection's writes
+                pipe.execute_command("WAIT", 1, REPLICA_WAIT_MS, target_nodes=node)
+            got = pipe.execute(raise_on_error=False)
+        except TRANSIENT as err:
+            for i in todo:
+                replies[i] = err
+            continue
+        acked = {
+            node.name: isinstance(n, int) and n >= 1
+            for node, n in zip(waits, got[len(todo) :], strict=True)
+        }
+        for i, reply in zip(todo, got, strict=False):
+            replies[i] = reply
+            confirmed[i] = acked.get(targets[i].name, True)
+        todo = [i for i in todo if isinstance(replies[i], TRANSIENT)]
+        if not todo:
+            break
+
+
+def replica_waits(client, targets: dict, slots: list[int], skip: int | None) -> list:
+    """The distinct masters among ``targets`` (call index -> node) that
+    have a replica in the slot map and are not the master of slot ``skip``
+    (None: no WAIT at all), in first-call order."""
+    if skip is None:
+        return []
+    cache = client.nodes_manager.slots_cache
+    try:
+        skipped = client.nodes_manager.get_node_from_slot(skip).name
+    except MAP_ERRORS:
+        skipped = None  # its slot has no master in the map now: every target waits
+    nodes: dict[str, object] = {}
+    for i, node in targets.items():
+        if node.name != skipped and len(cache.get(slots[i]) or ()) > 1:
+            nodes.setdefault(node.name, node)
+    return list(nodes.values())
