@@ -28,6 +28,19 @@ def _queues_on_masters(client, count: int) -> list[str]:
     raise AssertionError(f"no {count} masters found")
 
 
+def _replicas_in_the_map(client, queues: list[str]) -> None:
+    """Wait until the slot map names a replica beside each of ``queues``'
+    masters: a rig just started reports its replicas after a while."""
+    slots = [key_slot(f"emq:{{{q}}}:x".encode()) for q in queues]
+    deadline = time.monotonic() + 20
+    while True:
+        client.nodes_manager.initialize()
+        if all(len(client.nodes_manager.slots_cache[s]) == 2 for s in slots):
+            return
+        assert time.monotonic() < deadline, "the replicas never showed in the slot map"
+        time.sleep(0.2)
+
+
 def _drive(mq: EchoMQ, queues: list[str]) -> list:
     """Calls on two masters, alone and in one batch, refusals among them: what
     each gave back, as plain values."""
@@ -53,7 +66,7 @@ def test_the_own_write_on_a_cluster_gives_what_the_pipeline_gives(rc, monkeypatc
     real = routing._written
     monkeypatch.setattr(routing, "_written", lambda *a: left.append(real(*a)) or left[-1])
     fast = _drive(EchoMQ(rc, prefix="emq"), queues)
-    assert left and all(got == [] for got in left)  # every call went by the own write
+    assert left and all(got == ([], False) for got in left)  # all by the own write
     rc.flushall(target_nodes=rc.PRIMARIES)
     monkeypatch.setattr(routing, "_pack", None)  # no hiredis: redis-py's ClusterPipeline
     count = len(left)
@@ -94,7 +107,7 @@ def test_a_call_sent_to_the_wrong_master_runs_once_through_the_pipeline(rc, monk
 
     monkeypatch.setattr(routing, "_written", stale)
     ref = mq.enqueue("q", "n", {"v": 1}, job_id="a")
-    assert left == [[0]]  # answered MOVED: left to the pipeline
+    assert left == [([0], True)]  # answered MOVED: left to the pipeline, the map refreshed
     assert ref == "a" and mq.get_job("q", "a").state is JobState.PENDING
     assert [j.id for j in mq.claim("q", 5, 30_000)] == ["warm", "a"]  # added once
 
@@ -110,14 +123,7 @@ def test_a_hand_off_waits_for_a_replica_on_the_masters_it_wrote_to(rch, packed, 
     mq = EchoMQ(rch, prefix="emq")
     a, b, c = _queues_on_masters(rch, 3)
     mq.enqueue(c, "n", None)  # scripts loaded
-    slots = [key_slot(f"emq:{{{q}}}:x".encode()) for q in (a, b, c)]
-    deadline = time.monotonic() + 20
-    while True:  # a rig just started: the masters report their replicas after a while
-        rch.nodes_manager.initialize()
-        if [len(rch.nodes_manager.slots_cache[s]) for s in slots] == [2, 2, 2]:
-            break
-        assert time.monotonic() < deadline, "the replicas never showed in the slot map"
-        time.sleep(0.2)
+    _replicas_in_the_map(rch, [a, b, c])
 
     def waits() -> dict[str, int]:
         return {
@@ -132,3 +138,51 @@ def test_a_hand_off_waits_for_a_replica_on_the_masters_it_wrote_to(rch, packed, 
     assert (replies, confirmed) == ([1, 1], [True, True])
     after = waits()
     assert {q: after[q] - before[q] for q in (a, b, c)} == {a: 1, b: 1, c: 0}
+
+
+def test_calls_sent_to_a_replica_run_on_their_master_and_its_wait_error_is_no_error(
+    rch, monkeypatch
+):
+    """A slot map that names a replica where the master was (a failover under
+    way): the replica answers the calls MOVED and their WAIT with an error;
+    the calls go through the pipeline to the master, whose WAIT confirms."""
+    pytest.importorskip("hiredis")
+    mq = EchoMQ(rch, prefix="emq")
+    a, c = _queues_on_masters(rch, 2)
+    _replicas_in_the_map(rch, [a, c])
+    nodes, real, left = rch.nodes_manager, routing._written, []
+
+    def to_a_replica(client, *args):
+        nodes.get_node_from_slot = lambda slot, *a, **k: nodes.slots_cache[slot][1]
+        try:
+            left.append(real(client, *args))
+        finally:
+            del nodes.get_node_from_slot
+        return left[-1]
+
+    monkeypatch.setattr(routing, "_written", to_a_replica)
+    calls = [mq.outbox.lock_call(a, "t1"), mq.outbox.lock_call(a, "t2")]
+    replies, confirmed = mq.scripts.run_many_confirmed(calls, after_key=f"emq:{{{c}}}:x")
+    assert left == [([0, 1], True)]
+    assert (replies, confirmed) == ([1, 0], [True, True])  # t2 refused: t1 holds the lock
+
+
+def test_a_client_set_to_another_encoding_keeps_redis_pys_own_path(redis_cluster, monkeypatch):
+    """hiredis packs a ``str`` as UTF-8: a client set to Latin-1 sends through
+    redis-py's pipeline, so a job id is the same bytes whichever call wrote it."""
+    pytest.importorskip("hiredis")
+    from redis.cluster import RedisCluster
+
+    client = RedisCluster(host="127.0.0.1", port=redis_cluster.ports[0], encoding="latin-1")
+    client.flushall(target_nodes=RedisCluster.PRIMARIES)
+    tried = []
+    real = routing._written
+    monkeypatch.setattr(routing, "_written", lambda *a: tried.append(1) or real(*a))
+    mq = EchoMQ(client, prefix="emq")
+    try:
+        mq.enqueue("q", "n", {"v": 1}, job_id="café")
+        assert tried == []
+        key = "emq:{q}:job:café"
+        assert [client.exists(key.encode(c)) for c in ("latin-1", "utf-8")] == [1, 0]
+    finally:
+        client.close()

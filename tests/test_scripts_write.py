@@ -140,7 +140,9 @@ def test_a_script_is_loaded_with_its_first_call_in_the_same_round_trip(r, monkey
     trips = []
     real = scripts.Scripts._confirmed
     monkeypatch.setattr(
-        scripts.Scripts, "_confirmed", lambda self, *a: trips.append(len(a[0])) or real(self, *a)
+        scripts.Scripts,
+        "_confirmed",
+        lambda self, *a, **k: trips.append(len(a[0])) or real(self, *a, **k),
     )
     for pair in ((jobs[0], jobs[2]), (jobs[1], jobs[3])):  # a queue each: two calls a trip
         outcomes = mq.complete_many([(job, job.id) for job in pair])

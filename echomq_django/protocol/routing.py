@@ -39,6 +39,23 @@ ROUTE_PAUSE_S = 0.1
 # ran count as not yet safe (Scripts.run_many_confirmed)
 REPLICA_WAIT_MS = 500
 MAP_ERRORS = (redis.exceptions.RedisError, redis.exceptions.RedisClusterException)
+# replies saying the slot map is out of date (MOVED is an AskError)
+ROUTING = (
+    redis.exceptions.AskError,
+    redis.exceptions.TryAgainError,
+    redis.exceptions.ClusterDownError,
+    redis.exceptions.ReadOnlyError,
+)
+_UNREAD = object()  # a reply not read (a script may answer nil)
+
+
+def packs_as(encoder) -> bool:
+    """Whether hiredis' packing writes a ``str`` as ``encoder`` (a redis-py
+    client's ``Encoder``) does: UTF-8, strict. A client set to another
+    encoding keeps redis-py's own path, so a key is the same bytes either way."""
+    codec = str(getattr(encoder, "encoding", "")).lower().replace("-", "").replace("_", "")
+    return codec == "utf8" and getattr(encoder, "encoding_errors", "strict") == "strict"
+
 
 Call = tuple[str, list, list]
 
@@ -61,86 +78,93 @@ def send(
     skip = None if after is None else key_slot(client.encoder.encode(after))
     replies: list = [None] * len(calls)
     todo = list(range(len(calls)))
-    if _pack is not None:
-        todo = _written(client, sha_of, calls, slots, skip, replies, confirmed)
+    if _pack is not None and packs_as(client.encoder):
+        todo, refresh = _written(client, sha_of, calls, slots, skip, replies, confirmed)
+        if refresh:
+            try:
+                client.nodes_manager.initialize()  # the pipeline's first send goes by the new map
+            except MAP_ERRORS:
+                pass  # still failing over: the pipeline refreshes it again between its sends
     if todo:
         _pipelined(client, sha_of, calls, slots, skip, replies, confirmed, todo)
     return replies
 
 
-def _written(client, sha_of, calls, slots, skip, replies, confirmed) -> list[int]:
+def _written(client, sha_of, calls, slots, skip, replies, confirmed) -> tuple[list[int], bool]:
     """The own write: every master's calls (and its WAIT) packed into one send on
     one pooled connection of it, then every master's replies read back. Fills
-    ``replies`` (and ``confirmed``); returns the indices left to the pipeline:
-    calls not sent, not answered (the connection failed: closed, never reused)
-    or answered with a ``TRANSIENT`` error. Raises what is not transient, the
-    connections closed."""
+    ``replies`` (and ``confirmed``); returns the indices left to the pipeline
+    (calls not sent, not answered: the connection failed and was closed, never
+    reused, or answered with a ``TRANSIENT`` error), and whether the slot map
+    should be refreshed first (a connection failed, or a master answered that
+    the slot is not its). Raises what is not transient, every connection it
+    took closed and given back."""
     try:
         targets = {i: client.nodes_manager.get_node_from_slot(s) for i, s in enumerate(slots)}
         packed = [_pack(("EVALSHA", sha_of(n), len(k), *k, *a)) for n, k, a in calls]
     except (*MAP_ERRORS, TypeError):  # no master in the map; an argument hiredis refuses
-        return list(range(len(calls)))
+        return list(range(len(calls))), False
     waits = {node.name for node in replica_waits(client, targets, slots, skip)}
     groups: dict[str, list[int]] = {}
     for i, node in targets.items():
         groups.setdefault(node.name, []).append(i)
-    left: list[int] = []
-    sent = []  # (pool, connection, indices, waited)
-    for name, idx in groups.items():
-        pool = getattr(targets[idx[0]].redis_connection, "connection_pool", None)
-        if pool is None:  # not connected yet: redis-py's own path connects it
-            left += idx
-            continue
-        data = b"".join(packed[i] for i in idx)
-        if name in waits:
-            data += _pack(("WAIT", 1, REPLICA_WAIT_MS))
-        conn = None
-        try:
-            conn = pool.get_connection()
-            conn.send_packed_command([data], check_health=False)
-        except BaseException as err:  # a master that cannot be reached: its calls resent
-            if conn is not None:
-                conn.disconnect()
-                pool.release(conn)
-            if not isinstance(err, TRANSIENT):
-                _close(sent)
-                raise
-            left += idx
-            continue
-        sent.append((pool, conn, idx, name in waits))
-    for n, (pool, conn, idx, waited) in enumerate(sent):
-        try:
-            for i in idx:
-                try:
-                    replies[i] = conn.read_response()
-                except redis.exceptions.ResponseError as err:
-                    replies[i] = err
-            if waited:
-                got = conn.read_response()
+    unread = [_UNREAD] * len(calls)
+    got = unread[:]
+    left: set[int] = set()
+    refresh = False
+    held: dict[int, tuple] = {}  # id(connection) -> (pool, connection): not given back yet
+    try:
+        sent = []  # (connection, indices, waited)
+        for name, idx in groups.items():
+            pool = getattr(targets[idx[0]].redis_connection, "connection_pool", None)
+            if pool is None:  # not connected yet: redis-py's own path connects it
+                left.update(idx)
+                continue
+            data = b"".join(packed[i] for i in idx)
+            if name in waits:
+                data += _pack(("WAIT", 1, REPLICA_WAIT_MS))
+            try:
+                conn = pool.get_connection()  # gives back what it made, if it fails
+                held[id(conn)] = (pool, conn)
+                conn.send_packed_command([data], check_health=False)
+            except TRANSIENT:  # a master that cannot be reached: its calls resent
+                left.update(idx)
+                refresh = True
+                continue
+            sent.append((conn, idx, name in waits))
+        for conn, idx, waited in sent:
+            try:
                 for i in idx:
-                    confirmed[i] = isinstance(got, int) and got >= 1
-        except TRANSIENT:  # replies left unread: the connection is never reused
-            conn.disconnect()
-            left += [i for i in idx if replies[i] is None]
-            for i in idx if waited else ():  # ran, not known to be on a replica: kept
-                confirmed[i] = False
-        except BaseException:
+                    try:
+                        got[i] = conn.read_response()
+                    except redis.exceptions.ResponseError as err:
+                        got[i] = err
+                if waited:
+                    try:
+                        n = conn.read_response()
+                    except redis.exceptions.ResponseError:  # a master demoted meanwhile
+                        n = 0
+                    for i in idx:
+                        confirmed[i] = isinstance(n, int) and n >= 1
+            except TRANSIENT:  # replies left unread: the connection is never reused
+                left.update(i for i in idx if got[i] is _UNREAD)
+                refresh = True
+                for i in idx if waited else ():  # ran, not known to be on a replica: kept
+                    confirmed[i] = False
+                continue
+            pool, _ = held.pop(id(conn))
+            pool.release(conn)
+    finally:
+        for pool, conn in held.values():  # unread, or interrupted: closed, then given back
             conn.disconnect()
             pool.release(conn)
-            _close(sent[n + 1 :])
-            raise
-        pool.release(conn)
-    left += [i for i, r in enumerate(replies) if isinstance(r, TRANSIENT) and i not in left]
-    for i in left:
-        replies[i] = None
-    return sorted(left)
-
-
-def _close(sent: list) -> None:
-    """Close and give back connections whose replies will not be read."""
-    for pool, conn, _, _ in sent:
-        conn.disconnect()
-        pool.release(conn)
+    for i, reply in enumerate(got):
+        if isinstance(reply, TRANSIENT):
+            left.add(i)
+            refresh = refresh or isinstance(reply, ROUTING)
+        elif i not in left:
+            replies[i] = reply
+    return sorted(left), refresh
 
 
 def _pipelined(client, sha_of, calls, slots, skip, replies, confirmed, todo) -> None:

@@ -163,8 +163,9 @@ class Scripts:
         one_server = not isinstance(self.client, RedisCluster)
         fast = _pack if one_server else routing._pack
         if fast is not None or (one_server and name not in self._loaded):
-            # the own write, or a first call: its load in the same round trip
-            reply = self._confirmed([(name, keys, args)], None)[0][0]
+            # the own write, or a first call: its load in the same round trip; on a
+            # Cluster its script is loaded where NOSCRIPT says so, not every one first
+            reply = self._confirmed([(name, keys, args)], None, load=one_server)[0][0]
             if isinstance(reply, Exception):
                 raise reply
             return reply
@@ -230,9 +231,12 @@ class Scripts:
         docs/explanation/reliability.md#a-hand-off-between-masters-waits-for-a-replica."""
         return self._confirmed(calls, after_key)
 
-    def _confirmed(self, calls: list[tuple[str, list, list]], after_key: str | None):
+    def _confirmed(
+        self, calls: list[tuple[str, list, list]], after_key: str | None, load: bool = True
+    ):
         """``run_many_confirmed``'s work (``run`` takes it too: one round trip,
-        counted once by whoever watches the public calls)."""
+        counted once by whoever watches the public calls). ``load`` False: on a
+        Cluster, no script is loaded ahead (``_load_for_pipeline``)."""
         if not calls:
             return [], []
         for name, keys, args in calls:
@@ -240,7 +244,8 @@ class Scripts:
         confirmed = [True] * len(calls)
         if isinstance(self.client, RedisCluster):
             try:  # its SCRIPT LOAD on a fresh client meets a dead master too
-                self._load_for_pipeline()
+                if load:
+                    self._load_for_pipeline()
                 replies = routing.send(self.client, self._sha, calls, confirmed, after_key)
             except TRANSIENT as err:
                 raise connection_error(self.client, err) from err
@@ -301,10 +306,11 @@ class Scripts:
         redis-py's pipeline: its per-argument encoding and bookkeeping were a third of a
         completion's Python (docs/explanation/performance.md#the-scripts-own-write). None
         without hiredis, or for an argument it does not pack: the caller sends the calls through
-        redis-py (which names the argument). A connection that fails under the calls is closed
+        redis-py (which names the argument), and for a client set to an encoding other than
+        UTF-8 (``routing.packs_as``). A connection that fails under the calls is closed
         and its error raised, as redis-py's would be (the caller's ``RedisUnavailable``; a
         replay of calls that ran is recognised by every script)."""
-        if _pack is None:
+        if _pack is None or not routing.packs_as(self.client.get_encoder()):
             return None
         loads = self._to_load(calls)
         try:
