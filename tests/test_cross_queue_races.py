@@ -93,9 +93,12 @@ def test_a_parent_claimed_with_its_child_s_completion_starts_when_it_finished(re
     mq = EchoMQ(redis_client, prefix="emq", clock=lambda: next(ticks))
     mq.add_flow(node("p", [leaf("a", queue="o")]))
     taken = []
+
+    def fetch(q, yields_to=None, last=False):
+        return (1, 5000, "t1") if q == "q" else None
+
     reporter = Reporter(mq, None, lambda *j: None, lambda q: None, lambda: None,
-                        fetch=lambda q, yields_to=None, last=False: (1, 5000, "t1") if q == "q" else None,
-                        taken=lambda *got: taken.append(got))  # fmt: skip
+                        fetch=fetch, taken=lambda *got: taken.append(got))  # fmt: skip
     reporter.report([Finished(claim_one(mq, "o", "a"), 1)])
     [(_, _, [parent])] = taken  # on a Cluster the claim rides the outbox's delivery
     child, row = raw_row(mq, "o", "a"), raw_row(mq, "q", "p")
