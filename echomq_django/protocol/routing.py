@@ -66,6 +66,7 @@ def send(
     calls: list[Call],
     confirmed: list[bool],
     after: str | None,
+    packs: bool = True,
 ) -> list:
     """Send ``calls`` (a ``RedisCluster``'s); returns the raw replies in order
     (an error object for a refused call, a transient one for a call that
@@ -73,12 +74,13 @@ def send(
     that a call wrote to, other than ``after``'s, is sent ``WAIT 1
     REPLICA_WAIT_MS`` behind its calls on the same connection, and
     ``confirmed[i]`` (bool) is set False for a call whose master's WAIT
-    counted no replica."""
+    counted no replica. ``packs``: ``packs_as`` of the client's encoder
+    (False: every call through the pipeline)."""
     slots = [key_slot(client.encoder.encode(keys[0])) for _, keys, _ in calls]
     skip = None if after is None else key_slot(client.encoder.encode(after))
     replies: list = [None] * len(calls)
     todo = list(range(len(calls)))
-    if _pack is not None and packs_as(client.encoder):
+    if _pack is not None and packs:
         todo, refresh = _written(client, sha_of, calls, slots, skip, replies, confirmed)
         if refresh:
             try:

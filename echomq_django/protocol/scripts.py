@@ -146,6 +146,8 @@ class Scripts:
         self._scripts = {n: client.register_script(s.text) for n, s in self.sources.items()}
         self._loaded_for_pipeline = False  # a Cluster's: every script on every master
         self._loaded: set[str] = set()  # one server's: the scripts loaded by a call's own trip
+        encoder = client.encoder if isinstance(client, RedisCluster) else client.get_encoder()
+        self._packs = routing.packs_as(encoder)  # hiredis writes a str as the client would
 
     def check_call(self, name: str, keys: list, args: list) -> None:
         """Raise ``TypeError`` when a call does not match the script's header."""
@@ -246,7 +248,9 @@ class Scripts:
             try:  # its SCRIPT LOAD on a fresh client meets a dead master too
                 if load:
                     self._load_for_pipeline()
-                replies = routing.send(self.client, self._sha, calls, confirmed, after_key)
+                replies = routing.send(
+                    self.client, self._sha, calls, confirmed, after_key, self._packs
+                )
             except TRANSIENT as err:
                 raise connection_error(self.client, err) from err
             if not all(confirmed):
@@ -310,7 +314,7 @@ class Scripts:
         UTF-8 (``routing.packs_as``). A connection that fails under the calls is closed
         and its error raised, as redis-py's would be (the caller's ``RedisUnavailable``; a
         replay of calls that ran is recognised by every script)."""
-        if _pack is None or not routing.packs_as(self.client.get_encoder()):
+        if _pack is None or not self._packs:
             return None
         loads = self._to_load(calls)
         try:
