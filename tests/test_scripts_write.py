@@ -234,3 +234,26 @@ def test_scripts_flushed_every_2_ms_while_a_worker_drains_cost_no_job(
         flusher.close()
     assert worker.loop.reporter.stats["completed"] == 3_000
     assert (mq.counts("q")["active"], mq.counts("q")["pending"]) == (0, 0)
+
+
+class _OldPool(redis.ConnectionPool):
+    """redis-py 5.0's ``get_connection``, which requires a command's name."""
+
+    def get_connection(self, command_name, *keys, **options):
+        self.names = [*getattr(self, "names", []), command_name]
+        return super().get_connection()
+
+
+def test_a_connection_is_taken_from_a_pool_that_asks_a_command_name(redis_server) -> None:
+    """The own write takes its connection with ``routing.connection_from``, which
+    passes a name only where the pool's signature requires one."""
+    pool = _OldPool.from_url(redis_server)
+    try:
+        conn = scripts.routing.connection_from(pool)
+        conn.send_command("PING")
+        assert conn.read_response() in (b"PONG", "PONG")
+        pool.release(conn)
+        assert pool.names == ["EVALSHA"]
+        assert scripts.routing._name_argument(redis.ConnectionPool) == ()  # today's: none
+    finally:
+        pool.disconnect()

@@ -17,6 +17,8 @@ SHA1, loaded on every master already (``Scripts``).
 
 from __future__ import annotations
 
+import functools
+import inspect
 import time
 from collections.abc import Callable
 
@@ -47,6 +49,22 @@ ROUTING = (
     redis.exceptions.ReadOnlyError,
 )
 _UNREAD = object()  # a reply not read (a script may answer nil)
+
+
+def connection_from(pool):
+    """A connection taken from redis-py's ``pool`` (a ``ConnectionPool``); raises what
+    its ``get_connection`` raises. redis-py 5.0 requires a command's name there (and
+    never reads it); later versions make it optional, then deprecate passing one."""
+    return pool.get_connection(*_name_argument(type(pool)))
+
+
+@functools.cache
+def _name_argument(pool_type: type) -> tuple:
+    try:
+        param = inspect.signature(pool_type.get_connection).parameters.get("command_name")
+    except (TypeError, ValueError):  # not introspectable: the current signature
+        return ()
+    return ("EVALSHA",) if param is not None and param.default is param.empty else ()
 
 
 def packs_as(encoder) -> bool:
@@ -126,7 +144,7 @@ def _written(client, sha_of, calls, slots, skip, replies, confirmed) -> tuple[li
             if name in waits:
                 data += _pack(("WAIT", 1, REPLICA_WAIT_MS))
             try:
-                conn = pool.get_connection()  # gives back what it made, if it fails
+                conn = connection_from(pool)  # gives back what it made, if it fails
                 held[id(conn)] = (pool, conn)
                 conn.send_packed_command([data], check_health=False)
             except TRANSIENT:  # a master that cannot be reached: its calls resent

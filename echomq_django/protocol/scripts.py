@@ -325,7 +325,7 @@ class Scripts:
         except TypeError:  # None, a bool, a list: redis-py's pipeline names it
             return None
         pool = self.client.connection_pool
-        conn = pool.get_connection()
+        conn = routing.connection_from(pool)
         try:
             conn.send_packed_command([b"".join(packed)], check_health=False)
             replies = []
@@ -373,7 +373,7 @@ def socket_timeout(client) -> float | None:
     except AttributeError:
         return None
     if conn_timeout is None and not isinstance(client, RedisCluster):
-        conn = client.connection_pool.get_connection()
+        conn = routing.connection_from(client.connection_pool)
         try:
             conn_timeout = conn.socket_timeout
         finally:
