@@ -7,7 +7,11 @@ of this form and of the earlier one (every id whole) alike."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
 from echomq_django import Flow
 from echomq_django.core.events import run_ids
@@ -15,6 +19,8 @@ from echomq_django.models import MirroredJob
 from echomq_django.monitoring.mirror import mirror_queue
 
 STEP_S = 0.1  # s a follow waits for its next event before it ends
+HEAD = "abcdefghijkl"  # 12 bytes: the part of an id a run's later ids may share
+QUEUES = itertools.count()  # a queue of its own per example
 
 
 def _raw(mq, queue: str, kind: str) -> list[str]:
@@ -154,3 +160,57 @@ def test_the_mirror_reads_a_run_in_either_form(mq, form) -> None:
         "order-2026-12-03-b": "11",
         "order-2026-12-03-c": "12",
     }
+
+
+def _rule(ids: list[str]) -> str:
+    """The ``id`` field of a run of ASCII ids, by the rule as written in the
+    docs (docs/explanation/protocol.md#relative-ids-in-a-run)."""
+    first = ids[0]
+    if len(ids) == 1 or len(first) < 12:
+        return " ".join(ids)
+    parts, serials = [first], []  # serials: the range being read
+
+    def close() -> None:
+        if len(serials) >= 3:
+            parts.append(f"::{serials[0]:x}:{serials[-1]:x}")
+        else:
+            parts.extend(f":{n:x}" for n in serials)
+        serials.clear()
+
+    for job_id in ids[1:]:
+        rest = job_id[12:] if len(job_id) > 12 and job_id[:12] == first[:12] else None
+        canonical = rest is not None and len(rest) <= 12 and rest == f"{int(rest, 16):x}" \
+            if rest and all(c in "0123456789abcdefABCDEF" for c in rest) else False
+        n = int(rest, 16) if canonical else None
+        if serials and n is not None and n == serials[-1] + 1:
+            serials.append(n)
+            continue
+        close()
+        if n is not None:
+            serials.append(n)
+        else:
+            parts.append(f":{rest}" if rest is not None else job_id)
+    close()
+    return " ".join(parts)
+
+
+_SERIAL = st.one_of(
+    st.integers(0, 40).map(lambda n: f"{n:x}"),  # runs, gaps, repeats across 0-9 and a-f
+    st.sampled_from(["0f", "A", "1B", "x", "ffffffffffff", "1000000000000", "fffffffffffe"]),
+)
+_ID = st.one_of(_SERIAL.map(lambda rest: HEAD + rest), st.sampled_from(["other", "abcdefghijk"]))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(_ID, min_size=1, max_size=30, unique=True))
+@example([HEAD + "1", *(HEAD + r for r in ("fffffffffffe", "ffffffffffff", "1000000000000"))])
+def test_a_claims_run_is_written_by_the_rule_and_read_whole(mq, ids) -> None:
+    # the claim's `active` entry: ranges, relative rests and whole ids as the
+    # rule says (a range's next serial is checked first, one format a job),
+    # the 12-digit bound included, and read back as the ids claimed
+    queue = f"runs{next(QUEUES)}"
+    mq.enqueue_many(queue, [{"name": "t.echo", "job_id": j} for j in ids])
+    assert [job.id for job in mq.claim(queue, len(ids))] == ids
+    (raw,) = _raw(mq, queue, "active")
+    assert raw == _rule(ids)
+    assert run_ids(raw) == ids

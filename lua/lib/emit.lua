@@ -110,6 +110,7 @@ local function run_text(ids, from, to)
   end
   local parts = {first}
   local low, last, count = nil, nil, 0  -- the hex range being read: first, last serial
+  local head = string.sub(first, 1, REL_PREFIX)
   local function close()
     if count >= 3 then
       parts[#parts + 1] = string.format('::%x:%x', low, last)
@@ -121,19 +122,30 @@ local function run_text(ids, from, to)
     low, count = nil, 0
   end
   for i = from + 1, to do
-    local rest = rel_rest(ids[i], first)
-    local n = hex_of(rest)
-    if low and n and n == last + 1 then
-      last, count = n, count + 1
+    local id = ids[i]
+    local n = nil
+    -- the range's next serial (a claim's or a batch's usual case): one
+    -- format and one compare, where rel_rest and hex_of take three
+    -- substrings, a parse and a format for the same outcome
+    if low and last < MAX_SERIAL and id == head .. string.format('%x', last + 1) then
+      n = last + 1
     else
+      local rest = rel_rest(id, first)
+      n = hex_of(rest)
+      if not n then
+        if low then
+          close()
+        end
+        parts[#parts + 1] = rest and (':' .. rest) or id
+      end
+    end
+    if n and low and n == last + 1 then
+      last, count = n, count + 1
+    elseif n then
       if low then
         close()
       end
-      if n then
-        low, last, count = n, n, 1
-      else
-        parts[#parts + 1] = rest and (':' .. rest) or ids[i]
-      end
+      low, last, count = n, n, 1
     end
   end
   if low then

@@ -233,6 +233,7 @@ end
 -- The number a hex serial `rest` stands for (canonical: lower case, no
 -- leading zero, at most 12 digits), or nil: a flow's generated ids are its
 -- prefix and such a serial (lib/emit.lua run_text, child_entry's ranges).
+local MAX_SERIAL = 0xffffffffffff  -- hex_of's largest: 12 digits
 local function hex_of(rest)
   local n = rest and #rest <= 12 and tonumber(rest, 16)
   return n and n >= 0 and string.format('%x', n) == rest and n or nil
