@@ -128,8 +128,7 @@ def _written(client, sha_of, calls, slots, skip, replies, confirmed) -> tuple[li
     groups: dict[str, list[int]] = {}
     for i, node in targets.items():
         groups.setdefault(node.name, []).append(i)
-    unread = [_UNREAD] * len(calls)
-    got = unread[:]
+    got = [_UNREAD] * len(calls)
     left: set[int] = set()
     refresh = False
     held: dict[int, tuple] = {}  # id(connection) -> (pool, connection): not given back yet
