@@ -179,8 +179,11 @@ def _rule(ids: list[str]) -> str:
 
     for job_id in ids[1:]:
         rest = job_id[12:] if len(job_id) > 12 and job_id[:12] == first[:12] else None
-        canonical = rest is not None and len(rest) <= 12 and rest == f"{int(rest, 16):x}" \
-            if rest and all(c in "0123456789abcdefABCDEF" for c in rest) else False
+        canonical = (
+            rest is not None and len(rest) <= 12 and rest == f"{int(rest, 16):x}"
+            if rest and all(c in "0123456789abcdefABCDEF" for c in rest)
+            else False
+        )
         n = int(rest, 16) if canonical else None
         if serials and n is not None and n == serials[-1] + 1:
             serials.append(n)
@@ -194,16 +197,24 @@ def _rule(ids: list[str]) -> str:
     return " ".join(parts)
 
 
-_SERIAL = st.one_of(
-    st.integers(0, 40).map(lambda n: f"{n:x}"),  # runs, gaps, repeats across 0-9 and a-f
-    st.sampled_from(["0f", "A", "1B", "x", "ffffffffffff", "1000000000000", "fffffffffffe"]),
+# a stretch of ids: serials counting up from a start (a flow's generated ids
+# make ranges), or one odd id: not canonical hex, past 12 digits, or whole
+_COUNTING = st.tuples(st.sampled_from([0, 9, 0xE, 0xFF, 0xFFFFFFFFFFFD]), st.integers(1, 6)).map(
+    lambda run: [HEAD + f"{n:x}" for n in range(run[0], run[0] + run[1])]
 )
-_ID = st.one_of(_SERIAL.map(lambda rest: HEAD + rest), st.sampled_from(["other", "abcdefghijk"]))
+_ODD = st.sampled_from(["0f", "A", "1B", "x", "1000000000000", "zz"]).map(lambda r: [HEAD + r])
+_WHOLE = st.sampled_from(["other", "abcdefghijk"]).map(lambda job_id: [job_id])
+_IDS = st.lists(st.one_of(_COUNTING, _ODD, _WHOLE), min_size=1, max_size=8).map(
+    lambda stretches: list(dict.fromkeys(i for stretch in stretches for i in stretch))
+)
+_BOUND = ("fffffffffffd", "fffffffffffe", "ffffffffffff", "1000000000000")
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.lists(_ID, min_size=1, max_size=30, unique=True))
-@example([HEAD + "1", *(HEAD + r for r in ("fffffffffffe", "ffffffffffff", "1000000000000"))])
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(_IDS)
+@example([HEAD + "1", *(HEAD + r for r in _BOUND)])  # a range up to the 12-digit bound
 def test_a_claims_run_is_written_by_the_rule_and_read_whole(mq, ids) -> None:
     # the claim's `active` entry: ranges, relative rests and whole ids as the
     # rule says (a range's next serial is checked first, one format a job),
