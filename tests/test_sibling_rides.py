@@ -12,6 +12,8 @@ delivery."""
 
 from __future__ import annotations
 
+import json
+import threading
 from types import SimpleNamespace
 
 import pytest
@@ -20,7 +22,8 @@ from echomq_django import Flow, JobState, Worker
 from echomq_django.core.exceptions import RedisUnavailable
 from echomq_django.runners.reporter import Finished
 from tests.support.jobkit import assert_state, claim_one, leaf, node
-from tests.support.workerkit import burst, fetching_reporter
+from tests.support.workerapp.jobs import GATES
+from tests.support.workerkit import Background, burst, fetching_reporter, wait_for
 
 
 def three_kids_one_running(mq):
@@ -205,3 +208,55 @@ def test_a_worker_of_one_handler_claims_the_first_child_alone(mq, monkeypatch) -
     assert processed == 4
     assert_state(mq, "q", "p", JobState.COMPLETED)
     assert own == ["c0"]
+
+
+def recorded_deliveries(mq, monkeypatch) -> list[list[str]]:
+    """The children each of the worker's own deliveries carried (``deliver_own``)."""
+    carried: list[list[str]] = []
+    deliver_own = mq.outbox.deliver_own
+
+    def recorded(queue, token, texts, *args, **kw):
+        carried.append([json.loads(t)["c"].rsplit(":", 1)[-1] for t in texts])
+        return deliver_own(queue, token, texts, *args, **kw)
+
+    monkeypatch.setattr(mq.outbox, "deliver_own", recorded)
+    return carried
+
+
+def test_a_worker_of_one_handler_delivers_its_children_together(mq, monkeypatch) -> None:
+    """On a Cluster each child's completion claims the next sibling into its
+    thread, and its delivery waits for that sibling's (delivery.HOLD_S at
+    most): the three reach the parent in one delivery, a round trip to each
+    slot fewer per child. On one server the completions resolve the parent."""
+    kids = [Flow("kids", "t.echo", i, job_id=f"c{i}") for i in range(3)]
+    mq.add_flow(Flow("q", "t.echo", "p", job_id="p", children=kids))
+    carried = recorded_deliveries(mq, monkeypatch)
+    _, processed = burst(mq, ["q", "kids"], concurrency=1, register=False)
+    assert processed == 4
+    assert_state(mq, "q", "p", JobState.COMPLETED)
+    assert mq.children_values("q", "p") == {("kids", f"c{i}"): i for i in range(3)}
+    assert carried == ([] if mq.cross_queue_scripts else [["c0", "c1", "c2"]])
+    assert mq.client.llen(mq.keys.queue("kids").outbox) == 0  # delivered and taken out
+
+
+def test_a_delivery_held_for_a_sibling_goes_while_the_sibling_runs(mq, monkeypatch) -> None:
+    """A sibling that runs past delivery.HOLD_S does not keep its sibling's
+    value from the parent: the reporter's thread delivers it meanwhile."""
+    GATES.pop("slow", None)
+    kids = [Flow("kids", "t.echo", 0, job_id="c0"), Flow("kids", "t.gate", "slow", job_id="c1")]
+    mq.add_flow(Flow("q", "t.echo", "p", job_id="p", children=kids))
+    carried = recorded_deliveries(mq, monkeypatch)
+    worker = Worker(["q", "kids"], concurrency=1, mq=mq, register=False, block_timeout=0.5)
+    bg = Background(worker)
+    try:
+        wait_for(lambda: mq.children_values("q", "p"), timeout=5, what="c0's value at p")
+        assert mq.children_values("q", "p") == {("kids", "c0"): 0}
+        assert_state(mq, "kids", "c1", JobState.ACTIVE)  # still running: the gate is shut
+        assert carried == ([] if mq.cross_queue_scripts else [["c0"]])
+        GATES.setdefault("slow", threading.Event()).set()
+        wait_for(lambda: mq.get_job("q", "p").state is JobState.COMPLETED, what="p completed")
+        assert carried == ([] if mq.cross_queue_scripts else [["c0"], ["c1"]])
+    finally:
+        GATES.setdefault("slow", threading.Event()).set()
+        worker.stop()
+        bg.join(30)

@@ -96,7 +96,8 @@ class ClaimLoop:
         self.writes = Flusher(mq, metrics=metrics)  # its handlers' progress and log writes
         self.reporter = Reporter(mq, sender, self.claims.forget, self.on_released,
                                  lambda: self.done.put(None), metrics=metrics, writes=self.writes,
-                                 fetch=self.fetch, taken=self._taken)  # fmt: skip
+                                 fetch=self.fetch, taken=self._taken,
+                                 holds=lambda job: self.direct.holds_sibling(job))  # fmt: skip
         # the reporter's claims in flight, their tokens (this run's, until _take), the loop's
         self.fetching, self._fetch_lock, self._tokens, self.claiming = 0, threading.Lock(), {}, 0
         self.ride_held: str | None = None  # the token of a slot held for a riding claim

@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import logging
 import secrets
+import time
 from contextlib import suppress
 from dataclasses import dataclass, field
 
@@ -41,6 +42,9 @@ from .dispatcher import kinds_connected
 log = logging.getLogger("echomq_django.delivery")
 
 LOCK_MS = 2000  # the sweep lock's lease (ms): how soon a peer takes over from a dead pump
+# how long (s) a worker holds back a child's delivery while its thread runs a
+# sibling the completion claimed: the two go in one delivery if it finishes first
+HOLD_S = 0.02
 
 ENTRY_KINDS = (  # lua/deliver_to_parents.lua
     "done",
@@ -291,10 +295,22 @@ class OwnDelivery:
     ``after(good, replies, ahead)`` puts ``ahead``'s replies back in place,
     then, for each queue whose lock was taken, delivers what its
     completions or deaths pushed (``Outbox.deliver_own``). An error leaves
-    the entries to the pumps (logged); nothing raises."""
+    the entries to the pumps (logged); nothing raises.
 
-    def __init__(self, mq: EchoMQ, released, fetch=None, taken=None) -> None:
+    ``holds(job)``: True when the calling thread runs next a sibling of
+    ``job`` (the claim riding its completion gave it one; ``Direct``). The
+    delivery of that completion is then held back, under the lock, until the
+    sibling's completion (one delivery for both, a round trip to each slot
+    fewer) or ``HOLD_S`` (``due()``; ``flush()`` delivers it on the reporter's
+    thread): it could not release the parent, which waits for the sibling.
+    A lock lost meanwhile leaves the entries to the pumps, as ever
+    (docs/explanation/no-polling.md#a-sibling-rides-in-the-parents-slot)."""
+
+    def __init__(self, mq: EchoMQ, released, fetch=None, taken=None, holds=None) -> None:
         self.mq, self._released, self._fetch, self._taken = mq, released, fetch, taken
+        self._holds = holds
+        self._back: dict[str, tuple[list[str], list[str]]] = {}  # queue -> (texts, parents)
+        self.due: float | None = None  # when what is held back is delivered (monotonic s)
         self.token = WORKER_TOKEN + secrets.token_hex(8)  # pushes wake no pump while it holds it
         self._cross: list[str] = []
         self._subscribed: set[str] = set()  # parents' queues whose events are recorded
@@ -307,7 +323,7 @@ class OwnDelivery:
         # a death's entries (``direct=False``: fails) always go through the outbox
         direct = self.mq.cross_queue_scripts if direct is None else direct
         cross = {f.job.queue for f in good if f.job.parent_queue not in (None, f.job.queue)}
-        self._cross = [] if direct else sorted(cross)
+        self._cross = [] if direct else sorted(cross | self._back.keys())
         self._n = len(ahead or ())
         locks = (self.mq.outbox.lock_call(q, self.token) for q in self._cross)
         self._calls = [*(ahead or ()), *locks]
@@ -317,12 +333,18 @@ class OwnDelivery:
         if ahead:
             ahead[:] = self._calls[: self._n]
         for queue, held in zip(self._cross, self._calls[self._n :], strict=True):
+            texts, parents = self._back.pop(queue, ([], []))
             if held != 1:  # a pump or another worker holds it: the entries are theirs
                 continue
             mine = [(f.job, r) for f, r in zip(good, replies, strict=True) if f.job.queue == queue]
-            texts = [t for _, r in mine for t in getattr(r, "sent", ())]
-            parents = [j.parent_queue for j, _ in mine if j.parent_queue not in (None, queue)]
+            texts += [t for _, r in mine for t in getattr(r, "sent", ())]
+            parents += [j.parent_queue for j, _ in mine if j.parent_queue not in (None, queue)]
+            if len(mine) == 1 and texts and self._holds and self._holds(mine[0][0]):
+                self._back[queue] = (texts, parents)  # with its sibling's, or at HOLD_S
+                self.due = self.due or time.monotonic() + HOLD_S
+                continue
             self._deliver(queue, texts, parents)
+        self.due = self.due if self._back else None
         # a completion refused as the job was cancelled while it ran: it died,
         # and its death's entries came back with the refusal (``JobCancelled.sent``);
         # where no lock rode ahead (one server) they are delivered under the
@@ -333,6 +355,13 @@ class OwnDelivery:
                 late.setdefault(f.job.queue, []).extend(getattr(r, "sent", ()))
         for queue, texts in late.items():
             self._deliver_sent(queue, texts)
+
+    def flush(self) -> None:
+        """Deliver what is held back (the reporter's thread, at ``due``, or as it
+        stops), under the lock taken with its completion."""
+        back, self._back, self.due = self._back, {}, None
+        for queue, (texts, parents) in back.items():
+            self._deliver(queue, texts, parents)
 
     def _deliver(self, queue: str, texts: list[str], parents: list[str]) -> None:
         """Deliver ``texts`` from ``queue``'s outbox (for parents on the queues

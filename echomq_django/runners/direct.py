@@ -150,6 +150,14 @@ class Direct:
     def spare(self) -> int:
         return getattr(self._here, "spare", 0)
 
+    def holds_sibling(self, job) -> bool:
+        """(A handler thread reporting) True when the claim riding its report gave
+        this thread a sibling of ``job`` (the same parent) to run next."""
+        got = getattr(self._here, "got", None)
+        return bool(got) and any(
+            j.parent == job.parent and j.parent_queue == job.parent_queue for j in got[0][2]
+        )
+
     def took(self, queue: str, token: str, claimed) -> bool:
         got = getattr(self._here, "got", None)
         if got is None or got or isinstance(claimed, BaseException) or len(claimed) != 1:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from contextlib import nullcontext, suppress
 from dataclasses import dataclass
@@ -101,12 +102,13 @@ class Reporter:
         writes: Any = None,
         fetch: Callable[..., tuple[int, int, str] | None] | None = None,
         taken: Callable[[str, str, Any], None] | None = None,
+        holds: Callable[[Any], bool] | None = None,
     ) -> None:
         self.mq, self.sender, self.metrics = mq, sender, metrics
         self._writes = writes
         self._forget, self._released, self._wake = forget, released, wake
         self._fetch, self._taken = fetch, taken
-        self._own = OwnDelivery(mq, released, fetch, taken)
+        self._own = OwnDelivery(mq, released, fetch, taken, holds)
         self.processed = 0
         self.stats = {"completed": 0, "failed": 0, "dead": 0, "lost": 0, "postponed": 0}
         self.debug = False  # a line per job (set per run from the log level)
@@ -169,9 +171,16 @@ class Reporter:
         while True:
             with self._cv:
                 while not self._inbox and not items and not self._closing:
-                    self._cv.wait()
-                if self._closing:  # the loop is done, or gave up: leases cover the rest
+                    if (due := self._own.due) is not None and due <= time.monotonic():
+                        break  # a delivery held back for a sibling (delivery.OwnDelivery)
+                    self._cv.wait(None if due is None else due - time.monotonic())
+                closing, idle = self._closing, not self._inbox and not items
+            if closing or idle:  # what is held back goes now: its time is up, or a stop
+                with self._turn:
+                    self._own.flush()
+                if closing:  # the loop is done, or gave up: leases cover the rest
                     return
+                continue
             with self._turn:  # a handler's own report (report_own) ends first
                 before = self._batch(items, outage)
             with self._cv:
@@ -221,6 +230,9 @@ class Reporter:
             items = [finished]
             with suppress(Exception):  # an outage, a refusal: the reporter thread's
                 self.report(items)
+            if self._own.due is not None:  # held back: the thread's wait is now timed
+                with self._cv:
+                    self._cv.notify()
             return not items
         finally:
             self._turn.release()
