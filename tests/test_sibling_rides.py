@@ -20,6 +20,7 @@ import pytest
 
 from echomq_django import Flow, JobState, Worker
 from echomq_django.core.exceptions import RedisUnavailable
+from echomq_django.runners import delivery
 from echomq_django.runners.reporter import Finished
 from tests.support.jobkit import assert_state, claim_one, leaf, node
 from tests.support.workerapp.jobs import GATES
@@ -228,6 +229,7 @@ def test_a_worker_of_one_handler_delivers_its_children_together(mq, monkeypatch)
     thread, and its delivery waits for that sibling's (delivery.HOLD_S at
     most): the three reach the parent in one delivery, a round trip to each
     slot fewer per child. On one server the completions resolve the parent."""
+    monkeypatch.setattr(delivery, "HOLD_S", 30.0)  # the bound out of the way: a slow machine
     kids = [Flow("kids", "t.echo", i, job_id=f"c{i}") for i in range(3)]
     mq.add_flow(Flow("q", "t.echo", "p", job_id="p", children=kids))
     carried = recorded_deliveries(mq, monkeypatch)
@@ -240,8 +242,8 @@ def test_a_worker_of_one_handler_delivers_its_children_together(mq, monkeypatch)
 
 
 def test_a_delivery_held_for_a_sibling_goes_while_the_sibling_runs(mq, monkeypatch) -> None:
-    """A sibling that runs past delivery.HOLD_S does not keep its sibling's
-    value from the parent: the reporter's thread delivers it meanwhile."""
+    """The hold's bound: a sibling that runs past delivery.HOLD_S does not keep
+    its sibling's value from the parent (the reporter's thread delivers it)."""
     GATES.pop("slow", None)
     kids = [Flow("kids", "t.echo", 0, job_id="c0"), Flow("kids", "t.gate", "slow", job_id="c1")]
     mq.add_flow(Flow("q", "t.echo", "p", job_id="p", children=kids))
@@ -260,3 +262,17 @@ def test_a_delivery_held_for_a_sibling_goes_while_the_sibling_runs(mq, monkeypat
         GATES.setdefault("slow", threading.Event()).set()
         worker.stop()
         bg.join(30)
+
+
+def test_only_a_completions_done_entries_wait_for_a_sibling() -> None:
+    """A death's entries (a refusal with ``sent``) and a callback's job act at
+    once on another slot, and are delivered at once; a ``done`` is the same
+    delivered twice (a lock lost while it waited: the pump's too)."""
+    done = json.dumps({"k": "done", "c": "emq:{kids}:job:c0", "p": "p", "q": "q", "v": 1})
+    callback = json.dumps({"k": "cb", "c": "emq:{kids}:job:c0", "p": "cb1", "q": "q"})
+    ok = (object(), 0)
+    assert delivery._held([done], [ok])
+    assert not delivery._held([done, callback], [ok])
+    assert not delivery._held([done], [(object(), RuntimeError("EMQCANCELLED kids c0"))])
+    assert not delivery._held([done, done], [ok, ok])  # a batch of two: at once
+    assert not delivery._held([], [ok])

@@ -42,9 +42,7 @@ from .dispatcher import kinds_connected
 log = logging.getLogger("echomq_django.delivery")
 
 LOCK_MS = 2000  # the sweep lock's lease (ms): how soon a peer takes over from a dead pump
-# how long (s) a worker holds back a child's delivery while its thread runs a
-# sibling the completion claimed: the two go in one delivery if it finishes first
-HOLD_S = 0.02
+HOLD_S = 0.02  # s a child's delivery waits for its sibling's (OwnDelivery's holds) at most
 
 ENTRY_KINDS = (  # lua/deliver_to_parents.lua
     "done",
@@ -277,6 +275,13 @@ def _actions(mq: EchoMQ, queue: str, raw: list, entries: list, verdicts: list, m
     return actions
 
 
+def _held(texts: list[str], mine: list) -> bool:
+    """Whether one completion's entries (``mine``: its job and reply) may wait for its
+    sibling's: all ``done`` entries, which a second delivery leaves as they are."""
+    one = len(mine) == 1 and not isinstance(mine[0][1], Exception)
+    return one and bool(texts) and all(json.loads(t).get("k") == "done" for t in texts)
+
+
 class OwnDelivery:
     """A worker's delivery of what its completions push onto their queues'
     outboxes for parents on other queues (the reporter's; see
@@ -298,12 +303,9 @@ class OwnDelivery:
     the entries to the pumps (logged); nothing raises.
 
     ``holds(job)``: True when the calling thread runs next a sibling of
-    ``job`` (the claim riding its completion gave it one; ``Direct``). The
-    delivery of that completion is then held back, under the lock, until the
-    sibling's completion (one delivery for both, a round trip to each slot
-    fewer) or ``HOLD_S`` (``due()``; ``flush()`` delivers it on the reporter's
-    thread): it could not release the parent, which waits for the sibling.
-    A lock lost meanwhile leaves the entries to the pumps, as ever
+    ``job`` (``Direct``): that completion's delivery is held back under the
+    lock until the sibling's (one for both) or ``due`` (``HOLD_S`` on;
+    ``flush()``), as it cannot release the parent
     (docs/explanation/no-polling.md#a-sibling-rides-in-the-parents-slot)."""
 
     def __init__(self, mq: EchoMQ, released, fetch=None, taken=None, holds=None) -> None:
@@ -315,12 +317,13 @@ class OwnDelivery:
         self._cross: list[str] = []
         self._subscribed: set[str] = set()  # parents' queues whose events are recorded
         self._calls: list = []
-        self._n = 0
+        self._n, self._may_hold = 0, False
 
     def ahead(self, good: list, ahead: list | None, direct: bool | None = None) -> list | None:
         # on one server the completions resolve their parents themselves: what
         # they still push (behind other entries, or for a parent gone) is the pumps';
         # a death's entries (``direct=False``: fails) always go through the outbox
+        self._may_hold = direct is None and self._holds is not None  # completions, not deaths
         direct = self.mq.cross_queue_scripts if direct is None else direct
         cross = {f.job.queue for f in good if f.job.parent_queue not in (None, f.job.queue)}
         self._cross = [] if direct else sorted(cross | self._back.keys())
@@ -339,16 +342,15 @@ class OwnDelivery:
             mine = [(f.job, r) for f, r in zip(good, replies, strict=True) if f.job.queue == queue]
             texts += [t for _, r in mine for t in getattr(r, "sent", ())]
             parents += [j.parent_queue for j, _ in mine if j.parent_queue not in (None, queue)]
-            if len(mine) == 1 and texts and self._holds and self._holds(mine[0][0]):
+            if self._may_hold and _held(texts, mine) and self._holds(mine[0][0]):
                 self._back[queue] = (texts, parents)  # with its sibling's, or at HOLD_S
                 self.due = self.due or time.monotonic() + HOLD_S
                 continue
             self._deliver(queue, texts, parents)
         self.due = self.due if self._back else None
-        # a completion refused as the job was cancelled while it ran: it died,
-        # and its death's entries came back with the refusal (``JobCancelled.sent``);
-        # where no lock rode ahead (one server) they are delivered under the
-        # lock taken now, if free (docs/explanation/lifecycle.md#cancel)
+        # a job cancelled as it ran died: its death's entries came back with its refusal
+        # (``JobCancelled.sent``); where no lock rode ahead (one server) they are delivered
+        # under the lock taken now, if free (docs/explanation/lifecycle.md#cancel)
         late: dict[str, list[str]] = {}
         for f, r in zip(good, replies, strict=True):
             if isinstance(r, Exception) and f.job.queue not in self._cross:
@@ -356,19 +358,22 @@ class OwnDelivery:
         for queue, texts in late.items():
             self._deliver_sent(queue, texts)
 
-    def flush(self) -> None:
-        """Deliver what is held back (the reporter's thread, at ``due``, or as it
-        stops), under the lock taken with its completion."""
+    def flush(self, claim: bool = True) -> None:
+        """Deliver what is held back (at ``due``, or at a stop: ``claim`` False, no
+        claim rides); an error leaves the entries to the pumps (logged)."""
         back, self._back, self.due = self._back, {}, None
         for queue, (texts, parents) in back.items():
-            self._deliver(queue, texts, parents)
+            try:
+                self._deliver(queue, texts, parents, claim)
+            except Exception:
+                log.exception("delivering the held entries of %s failed", queue)
 
-    def _deliver(self, queue: str, texts: list[str], parents: list[str]) -> None:
+    def _deliver(self, queue: str, texts: list[str], parents: list[str], claim=True) -> None:
         """Deliver ``texts`` from ``queue``'s outbox (for parents on the queues
         ``parents``), with a claim of the first in the same round trip when the
-        loop has room."""
+        loop has room (and ``claim``)."""
         parent_queue = parents[0]
-        room = self._fetch(parent_queue) if texts and self._fetch is not None else None
+        room = self._fetch(parent_queue) if claim and texts and self._fetch else None
         then = None
         if room is not None:
             count, lease_ms, token = room

@@ -154,8 +154,12 @@ class Direct:
         """(A handler thread reporting) True when the claim riding its report gave
         this thread a sibling of ``job`` (the same parent) to run next."""
         got = getattr(self._here, "got", None)
-        return bool(got) and any(
-            j.parent == job.parent and j.parent_queue == job.parent_queue for j in got[0][2]
+        return (
+            bool(got)
+            and job.parent is not None
+            and any(
+                j.parent == job.parent and j.parent_queue == job.parent_queue for j in got[0][2]
+            )
         )
 
     def took(self, queue: str, token: str, claimed) -> bool:

@@ -177,7 +177,7 @@ class Reporter:
                 closing, idle = self._closing, not self._inbox and not items
             if closing or idle:  # what is held back goes now: its time is up, or a stop
                 with self._turn:
-                    self._own.flush()
+                    self._own.flush(claim=not closing)  # a stopping loop takes no job
                 if closing:  # the loop is done, or gave up: leases cover the rest
                     return
                 continue
