@@ -342,7 +342,7 @@ class OwnDelivery:
             mine = [(f.job, r) for f, r in zip(good, replies, strict=True) if f.job.queue == queue]
             texts += [t for _, r in mine for t in getattr(r, "sent", ())]
             parents += [j.parent_queue for j, _ in mine if j.parent_queue not in (None, queue)]
-            if self._may_hold and _held(texts, mine) and self._holds(mine[0][0]):
+            if self._may_hold and mine and self._holds(mine[0][0]) and _held(texts, mine):
                 self._back[queue] = (texts, parents)  # with its sibling's, or at HOLD_S
                 self.due = self.due or time.monotonic() + HOLD_S
                 continue

@@ -123,29 +123,22 @@ local function run_text(ids, from, to)
   end
   for i = from + 1, to do
     local id = ids[i]
-    local n = nil
     -- the range's next serial (a claim's or a batch's usual case): one
     -- format and one compare, where rel_rest and hex_of take three
     -- substrings, a parse and a format for the same outcome
     if low and last < MAX_SERIAL and id == head .. string.format('%x', last + 1) then
-      n = last + 1
+      last, count = last + 1, count + 1
     else
-      local rest = rel_rest(id, first)
-      n = hex_of(rest)
-      if not n then
-        if low then
-          close()
-        end
-        parts[#parts + 1] = rest and (':' .. rest) or id
-      end
-    end
-    if n and low and n == last + 1 then
-      last, count = n, count + 1
-    elseif n then
       if low then
         close()
       end
-      low, last, count = n, n, 1
+      local rest = rel_rest(id, first)
+      local n = hex_of(rest)
+      if n then
+        low, last, count = n, n, 1
+      else
+        parts[#parts + 1] = rest and (':' .. rest) or id
+      end
     end
   end
   if low then
