@@ -188,6 +188,27 @@ def test_one_call_carries_many_jobs_and_a_refusal_stops_only_its_own(mq) -> None
     assert [k for k in events_by_job(mq)["a"] if k == "progress"] == ["progress", "progress"]
 
 
+def test_writes_taken_before_a_refusal_is_known_are_dropped_with_it(mq) -> None:
+    """A write put while an earlier one's send is in flight is refused with
+    it, not sent later: were the lease to come back meanwhile (the process
+    pool's test handler gives it back), it would land under a lost lease."""
+    job = claimed(mq)
+    real, job.lease = job.lease, "stale"
+    writes = Flusher(mq)
+    job._writes = writes
+    job.log("first")
+    with writes.riding():  # "first" is being sent: a second write waits behind it
+        job.log("second")
+        job.report_progress(30)
+    assert type(job._writes) is Refused and writes.pending() == 0
+    with pytest.raises(LeaseLost):
+        job.log("third")
+    job.lease = real
+    writes.flush()
+    assert (mq.job_logs("q", "a"), mq.get_job("q", "a").progress) == ([], None)
+    assert counted(writes) == {"sent": 0, "dropped": 3}
+
+
 def test_a_refused_job_raises_a_fresh_copy_of_its_error_each_call(mq) -> None:
     job = claimed(mq)
     job._writes = Refused(LeaseLost("the lease token of job q/a is stale"))

@@ -143,6 +143,8 @@ class Flusher:
         in ``stats["waited"]`` and the metrics' ``writes_waited``); with
         ``block`` False returns False instead. Returns True once taken."""
         with self._lock:  # the conditions' lock, held without their Python wrappers
+            if isinstance(job._writes, Refused):  # refused since the caller looked
+                job._writes.put(job, progress, line)
             if self._count >= self.max_pending and not self._closing:
                 if not block:
                     return False
@@ -278,8 +280,9 @@ class Flusher:
                 raise
             if not batch:
                 return
-        self._settle(ride.rest, self.mq.progress.replies(len(ride.rest), owners, ahead))
-        self._carried(ride)
+            # settled before the next send: a refusal drops the job's writes taken meanwhile
+            self._settle(ride.rest, self.mq.progress.replies(len(ride.rest), owners, ahead))
+            self._carried(ride)
 
     def _settle(self, items: list, replies: list) -> None:
         for (job, progress, lines), reply in zip(items, replies, strict=True):
@@ -358,9 +361,20 @@ class Flusher:
             self.metrics.writes_dropped(queue, reason, n)
 
     def _refused(self, job: Job, error: Exception, n: int) -> None:
+        """``n`` writes of ``job`` were refused with ``error``: they and the
+        job's writes taken since (under the same lost lease) are dropped,
+        and its ``_writes`` raises from now on."""
+        with self._work:
+            first = not isinstance(job._writes, Refused)
+            if first:
+                job._writes = Refused(error)
+            left = self._pending.pop(id(job), None)
+            if left is not None:
+                n += len(left[1]) + len(left[2])
+                self._count -= len(left[1]) + len(left[2])
+                self._room.notify_all()
         self._dropped(job.queue, "lease", n)
-        if not isinstance(job._writes, Refused):
-            job._writes = Refused(error)
+        if first:
             log.warning(
                 "job %s/%s (%s): progress and log writes dropped, the lease was lost: %s",
                 job.queue,
