@@ -2,7 +2,8 @@
 (docs/explanation/performance.md#memory-per-node).
 
 On a private redis-server, a wide 1+N flow and a cross-queue one are added
-(the benchmark's queue and job names and payloads); for each it prints the
+(the benchmark's queue and job names and payloads; ``--cluster``: on a
+cluster-enabled server holding every slot); for each it prints the
 ``used_memory`` delta per node (the benchmark's B/node, without its client
 buffer correction), ``MEMORY USAGE`` summed by kind of key per node, and one
 leaf row field by field: the bytes each field name and value take in the
@@ -90,10 +91,22 @@ def measure(client, n: int, cross: bool) -> None:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nodes", type=int, default=10_000, help="children of each flow")
+    parser.add_argument(
+        "--cluster",
+        action="store_true",
+        help="a cluster-enabled server holding every slot: the same rows, with the "
+        "server's own cost per key in cluster mode",
+    )
     args = parser.parse_args(argv)
-    server = start_server()
+    if args.nodes < 4:
+        parser.error(f"--nodes {args.nodes}: a flow measured has at least 4 children")
+    server = start_server(cluster=args.cluster)
     try:
         client = redis.Redis.from_url(server.url)
+        if args.cluster:
+            client.execute_command("CLUSTER", "ADDSLOTSRANGE", 0, 16383)
+            while b"cluster_state:ok" not in client.execute_command("CLUSTER", "INFO"):
+                time.sleep(0.05)
         for cross in (False, True):
             measure(client, args.nodes, cross)
     finally:

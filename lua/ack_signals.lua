@@ -20,7 +20,7 @@
            reason text (dead-letter it as JSON {event, k, id, n, v, reason,
            tries, at})
 
-  returns: JSON {removed: n, next: [[stream id, kind, job id, job name,
+  returns: JSON {removed: n, next: [ [stream id, kind, job id, job name,
            value or null], ...]}, the oldest events left, in order
   errors:  none
 ]]

@@ -31,6 +31,9 @@ START_TIMEOUT_S = 10.0
 CLUSTER_TIMEOUT_S = 30.0
 
 MISSING_SERVER = "redis-server is not on PATH (apt-get install -y redis-server)"
+# The server binary to start instead of redis-server (a path, or a name on PATH):
+# another Redis-compatible server, such as valkey-server, or another Redis build
+SERVER_VARIABLE = "ECHOMQ_REDIS_SERVER"
 
 # Every server we start, so an interrupted session still stops them at exit.
 _live: set[subprocess.Popen] = set()
@@ -51,6 +54,23 @@ def require_binary(name: str, hint: str = "") -> str:
     if path is None:
         message = MISSING_SERVER.replace("redis-server is", f"{name} is", 1)
         raise ServerError(f"{message}. {hint}".strip() if hint else message)
+    return path
+
+
+def server_binary(hint: str = "") -> str:
+    """Path of the server binary ``start_server`` runs: ``$ECHOMQ_REDIS_SERVER``
+    (a path, or a name on PATH; docs/reference/settings.md#environment) when
+    set, else ``redis-server`` on PATH. Raises ``ServerError`` when it is
+    absent or not executable."""
+    chosen = os.environ.get(SERVER_VARIABLE, "").strip()
+    if not chosen:
+        return require_binary("redis-server", hint)
+    path = shutil.which(chosen)
+    if path is None:
+        raise ServerError(
+            f"{SERVER_VARIABLE}={chosen!r} is not an executable file nor a command on PATH: "
+            "it names the Redis-compatible server binary to start (unset it for redis-server)"
+        )
     return path
 
 
@@ -151,7 +171,8 @@ def start_server(
     hint: str = "",
     options: dict[str, str] | None = None,
 ) -> RedisProcess:
-    """Start one redis-server on a free loopback port and wait for PING.
+    """Start one redis-server (or ``$ECHOMQ_REDIS_SERVER``: ``server_binary``)
+    on a free loopback port and wait for PING.
 
     With ``cluster`` the node is cluster-enabled (config file in its dir) and
     its bus port is checked free too. ``workdir`` is a directory shared by the
@@ -163,7 +184,7 @@ def start_server(
     options (``{"cluster-node-timeout": "1000", "appendonly": "yes"}``).
     Raises ``ServerError``.
     """
-    binary = require_binary("redis-server", hint)
+    binary = server_binary(hint)
     options_override = dict(options or {})
     last_log = ""
     for _ in range(attempts):
