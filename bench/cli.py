@@ -231,6 +231,11 @@ def machine(url: str) -> dict:
         "platform": platform.platform(),
         "python": platform.python_version(),
         "redis": server["redis_version"],
+        "server": (  # Valkey answers redis_version 7.2.4 and names itself
+            f"Valkey {server['valkey_version']}"
+            if server.get("server_name") == "valkey"
+            else f"Redis {server['redis_version']}"
+        ),
         "git_commit": commit or None,
     }
 
@@ -488,7 +493,7 @@ def header(meta: dict) -> str:
         f"echomq_django flow benchmark, {meta['date']}",
         f"machine: {meta['cpus']} CPUs ({meta['cpu_model'] or 'unknown'}), {meta['platform']}",
         (
-            f"Redis {meta['redis']} "
+            f"{meta['server']} "
             f"({'private server' if meta['private_server'] else 'given URL'}), "
             f"Python {meta['python']}, echomq_django {meta['echomq_django']} @ "
             f"{meta['git_commit'] or '?'}, bullmq {meta['bullmq'] or '(not installed: ours only)'}"

@@ -7,6 +7,9 @@
 #   dj6   .venv-dj6  python3.12       the newest Django 6.x, with the [fast] extra
 #                                     (hiredis: the scripts' own write, Scripts._written;
 #                                     dj52 runs without it: redis-py's pipeline)
+#   valkey .venv      python3          as dj52, on Valkey 8 instead of redis-server
+#                                     (ECHOMQ_REDIS_SERVER, from scripts/valkey.sh); not
+#                                     in the default legs: .ci/run runs it after them
 # LEGS="dj52" (or "dj6") runs one leg. python3.12 is found on PATH or in
 # pyenv; without it the dj6 leg is skipped with a message (an error under CI).
 # Makes sure redis-server is on PATH (the suite starts its own private
@@ -105,8 +108,19 @@ for leg in ${LEGS:-dj52 dj6}; do
                 run_pytest dj6 .venv-dj6/bin/python "$@"
             ) || status=1
             ;;
+        valkey)
+            (
+                set -e
+                VENV=.venv PIP_EXTRA="Django>=5.2,<6" EXTRAS="[test]" NEED_REDIS=1 NEED_CHROMIUM=1 \
+                    source scripts/setup.sh
+                ECHOMQ_REDIS_SERVER="$(bash scripts/valkey.sh)"
+                export ECHOMQ_REDIS_SERVER
+                echo "== leg valkey: $("$ECHOMQ_REDIS_SERVER" --version | cut -d' ' -f1-3), $(.venv/bin/python -c 'import sys, django; print("Python", sys.version.split()[0], "Django", django.get_version())')"
+                run_pytest valkey .venv/bin/python "$@"
+            ) || status=1
+            ;;
         *)
-            echo "unknown leg $leg (dj52, dj6)" >&2
+            echo "unknown leg $leg (dj52, dj6, valkey)" >&2
             exit 2
             ;;
     esac

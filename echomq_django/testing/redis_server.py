@@ -199,6 +199,9 @@ def start_server(
             "daemonize": "no",
             "dir": str(d),
             "logfile": str(d / f"redis-{port}.log"),
+            # a shared workdir (a Cluster rig's) holds each node's files apart
+            "dbfilename": f"dump-{port}.rdb",
+            "appenddirname": f"appendonlydir-{port}",
         }
         if cluster:
             config |= {
