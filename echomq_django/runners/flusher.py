@@ -17,10 +17,11 @@ reach Redis before its completion, so ``get_job().progress`` and the job
 log are final when the job is.
 
 Each job's writes are checked against its lease by the script. A refused
-one (``LeaseLost``, ``JobNotActive``, ``JobNotFound``) is dropped, counted
-in ``stats["dropped"]`` (and the metrics' ``writes_dropped``, reason
-``lease``) and logged, and the job's ``_writes`` becomes a ``Refused`` that
-raises that error at the handler's next call. Bounded: at most
+one (``LeaseLost``, ``JobNotActive``, ``JobNotFound``) is dropped, with the
+job's writes taken while it was sent, counted in ``stats["dropped"]`` (and
+the metrics' ``writes_dropped``, reason ``lease``) and logged, and the
+job's ``_writes`` becomes a ``Refused`` that raises that error at the
+handler's next call. Bounded: at most
 ``max_pending`` writes wait unsent; a handler that finds no room waits for
 the next send (an outage holds it there; counted in ``stats["waited"]`` and
 ``writes_waited``): the bound holds writers, it drops nothing. Writes still
