@@ -22,6 +22,10 @@ fi
 
 sudo=""
 if [ "$(id -u)" -ne 0 ]; then
+    if ! command -v sudo >/dev/null 2>&1; then
+        echo "valkey.sh: no valkey-server on PATH, and apt needs root (no sudo here)" >&2
+        exit 1
+    fi
     sudo="sudo"
 fi
 export DEBIAN_FRONTEND=noninteractive
@@ -35,10 +39,15 @@ have_candidate() {
 }
 
 added=""
+work=""
 cleanup() {
+    set +e
     if [ -n "$added" ]; then
         $sudo rm -f "$added"
-        $sudo apt-get update -qq >&2 || true
+        $sudo apt-get update -qq >&2
+    fi
+    if [ -n "$work" ]; then
+        rm -rf "$work"
     fi
 }
 trap cleanup EXIT
@@ -47,6 +56,10 @@ if ! have_candidate; then
     $sudo apt-get update -qq >&2 || true
 fi
 if ! have_candidate; then
+    if [ ! -r /etc/os-release ]; then
+        echo "valkey.sh: no valkey-server on PATH, and no /etc/os-release to find the release by" >&2
+        exit 1
+    fi
     # shellcheck disable=SC1091  # the machine's own release file
     . /etc/os-release
     uri="$({ grep -rhE '^(URIs:|deb )' /etc/apt/sources.list /etc/apt/sources.list.d/ 2>/dev/null || true; } \
@@ -70,10 +83,11 @@ echo "== fetching valkey-server $(candidate) into .valkey/" >&2
 work="$(mktemp -d)"
 # valkey-server holds the link, valkey-tools the binary it names
 (cd "$work" && apt-get download -q valkey-server valkey-tools >&2)
-mkdir -p .valkey
 for deb in "$work"/*.deb; do
-    dpkg -x "$deb" .valkey
+    dpkg -x "$deb" "$work/root"
 done
-rm -rf "$work"
-"$unpacked" --version >&2
+# moved into place only once it runs (a binary missing a library does not)
+"$work/root/usr/bin/valkey-server" --version >&2
+rm -rf .valkey
+mv "$work/root" .valkey
 echo "$unpacked"

@@ -209,6 +209,38 @@ def test_writes_taken_before_a_refusal_is_known_are_dropped_with_it(mq) -> None:
     assert counted(writes) == {"sent": 0, "dropped": 3}
 
 
+def test_a_write_that_waited_for_room_through_a_refusal_raises(mq) -> None:
+    """The bound is full with another job's write while a refusal comes
+    back: the refused job's write waiting for room raises when room comes,
+    and is never sent."""
+    a, b = claimed(mq, job_id="a"), claimed(mq, job_id="b")
+    real, a.lease = a.lease, "stale"
+    writes = Flusher(mq, max_pending=1)
+    a._writes = b._writes = writes
+    a.log("first")
+    raised: list[Exception] = []
+
+    def second() -> None:
+        try:
+            a.log("second")
+        except LeaseLost as err:
+            raised.append(err)
+
+    waiter = threading.Thread(target=second)
+    with writes.riding():  # "first" is being sent
+        b.log("b's")  # the bound is full again
+        waiter.start()
+        waiter.join(0.2)
+        assert waiter.is_alive()  # waiting for room
+    assert type(a._writes) is Refused and waiter.is_alive()
+    writes.flush()  # b's write goes: room for a's, which is refused now
+    waiter.join(5)
+    assert [type(e) for e in raised] == [LeaseLost]
+    a.lease = real
+    writes.flush()
+    assert (mq.job_logs("q", "a"), mq.job_logs("q", "b")) == ([], ["b's"])
+
+
 def test_a_refused_job_raises_a_fresh_copy_of_its_error_each_call(mq) -> None:
     job = claimed(mq)
     job._writes = Refused(LeaseLost("the lease token of job q/a is stale"))

@@ -150,6 +150,8 @@ class Flusher:
                 if not block:
                     return False
                 self._wait_for_room(job)
+                if isinstance(job._writes, Refused):  # refused while it waited
+                    job._writes.put(job, progress, line)
             entry = self._pending.get(id(job))
             if entry is None:
                 entry = self._pending[id(job)] = (job, [], [])
@@ -362,14 +364,14 @@ class Flusher:
             self.metrics.writes_dropped(queue, reason, n)
 
     def _refused(self, job: Job, error: Exception, n: int) -> None:
-        """``n`` writes of ``job`` were refused with ``error``: they and the
-        job's writes taken since (under the same lost lease) are dropped,
-        and its ``_writes`` raises from now on."""
+        """``n`` writes of ``job`` were refused with ``error``: they are
+        dropped, with the job's writes taken since when ``error`` is one of
+        ``GONE`` (the same lost lease), and its ``_writes`` raises from now on."""
         with self._work:
             first = not isinstance(job._writes, Refused)
             if first:
                 job._writes = Refused(error)
-            left = self._pending.pop(id(job), None)
+            left = self._pending.pop(id(job), None) if isinstance(error, GONE) else None
             if left is not None:
                 n += len(left[1]) + len(left[2])
                 self._count -= len(left[1]) + len(left[2])

@@ -201,7 +201,7 @@ def start_server(
             "logfile": str(d / f"redis-{port}.log"),
             # a shared workdir (a Cluster rig's) holds each node's files apart
             "dbfilename": f"dump-{port}.rdb",
-            "appenddirname": f"appendonlydir-{port}",
+            "appendfilename": f"appendonly-{port}.aof",
         }
         if cluster:
             config |= {

@@ -19,6 +19,7 @@ import redis
 
 from echomq_django import EchoMQ, Flow, JobState
 from echomq_django.runners.pump import Pump
+from echomq_django.testing.redis_server import server_binary
 from tests.support.rigs import free_port
 from tests.support.workerkit import wait_for
 
@@ -422,7 +423,7 @@ def test_runworker_with_a_taken_metrics_port_is_one_line(tmp_path, redis_server)
 def _redis_on(port: int) -> subprocess.Popen:
     """A bare redis-server on ``port`` (what a site's Redis does when it boots last)."""
     proc = subprocess.Popen(
-        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+        [server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
          "--appendonly", "no"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip

@@ -7,7 +7,6 @@ server on."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import tempfile
 import time
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import redis
 
+from echomq_django.testing.redis_server import ServerError, server_binary
 from tests.support.rigs import HOST, RedisProcess, RigError, free_port, start_server
 
 MASTER_NAME = "emq-test"
@@ -43,9 +43,10 @@ def _sentinel(master_port: int) -> RedisProcess:
     ]
     conf = d / "sentinel.conf"
     conf.write_text("\n".join(lines) + "\n")
-    binary = shutil.which("redis-server")
-    if binary is None:
-        raise RigError("redis-server is not on PATH")
+    try:
+        binary = server_binary()
+    except ServerError as err:
+        raise RigError(str(err)) from None
     proc = subprocess.Popen(
         [binary, str(conf), "--sentinel"],
         stdin=subprocess.DEVNULL,
