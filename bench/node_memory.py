@@ -22,6 +22,7 @@ import redis
 
 from echomq_django import EchoMQ, Flow
 from echomq_django.testing.redis_server import start_server
+from tests.support.rigs import cluster_state
 
 from .topologies import CHILD_QUEUE, LEAF, QUEUE, ROOT
 
@@ -105,7 +106,7 @@ def main(argv=None) -> None:
         client = redis.Redis.from_url(server.url)
         if args.cluster:
             client.execute_command("CLUSTER", "ADDSLOTSRANGE", 0, 16383)
-            while b"cluster_state:ok" not in client.execute_command("CLUSTER", "INFO"):
+            while cluster_state(client) != "ok":
                 time.sleep(0.05)
         for cross in (False, True):
             measure(client, args.nodes, cross)

@@ -115,8 +115,8 @@ for leg in ${LEGS:-dj52 dj6}; do
                     source scripts/setup.sh
                 ECHOMQ_REDIS_SERVER="$(bash scripts/valkey.sh)"
                 export ECHOMQ_REDIS_SERVER
-                "$ECHOMQ_REDIS_SERVER" --version >/dev/null  # it runs here, or the leg fails now
-                echo "== leg valkey: $("$ECHOMQ_REDIS_SERVER" --version | cut -d' ' -f1-3), $(.venv/bin/python -c 'import sys, django; print("Python", sys.version.split()[0], "Django", django.get_version())')"
+                version="$("$ECHOMQ_REDIS_SERVER" --version)"  # it runs here, or the leg fails now
+                echo "== leg valkey: $(echo "$version" | cut -d' ' -f1-3), $(.venv/bin/python -c 'import sys, django; print("Python", sys.version.split()[0], "Django", django.get_version())')"
                 run_pytest valkey .venv/bin/python "$@"
             ) || status=1
             ;;

@@ -144,14 +144,12 @@ class Flusher:
         in ``stats["waited"]`` and the metrics' ``writes_waited``); with
         ``block`` False returns False instead. Returns True once taken."""
         with self._lock:  # the conditions' lock, held without their Python wrappers
-            if isinstance(job._writes, Refused):  # refused since the caller looked
-                job._writes.put(job, progress, line)
             if self._count >= self.max_pending and not self._closing:
                 if not block:
                     return False
                 self._wait_for_room(job)
-                if isinstance(job._writes, Refused):  # refused while it waited
-                    job._writes.put(job, progress, line)
+            if isinstance(job._writes, Refused):  # refused since the caller looked, or as it waited
+                job._writes.put(job, progress, line)
             entry = self._pending.get(id(job))
             if entry is None:
                 entry = self._pending[id(job)] = (job, [], [])
@@ -373,8 +371,8 @@ class Flusher:
                 job._writes = Refused(error)
             left = self._pending.pop(id(job), None) if isinstance(error, GONE) else None
             if left is not None:
-                n += len(left[1]) + len(left[2])
-                self._count -= len(left[1]) + len(left[2])
+                taken = len(left[1]) + len(left[2])
+                n, self._count = n + taken, self._count - taken
                 self._room.notify_all()
         self._dropped(job.queue, "lease", n)
         if first:
