@@ -179,14 +179,14 @@ local prioritized = base .. 'prioritized'
 -- pop up to n ids in claim order; false when there are none
 local function pop(n)
   if redis.call('EXISTS', prioritized, base .. 'groups', base .. 'groups:limited') == 0 then
-    return redis.call('LPOP', pending, n)  -- the plain path: one command
+    return pending_pop(base, n)  -- the plain path: one LPOP without ranges (lib/pending.lua)
   end
   local ids = redis.call('ZRANGE', prioritized, '-inf', '(0', 'BYSCORE', 'LIMIT', 0, n)
   if #ids > 0 then
     redis.call('ZREM', prioritized, unpack(ids))
   end
   if #ids < n then
-    for _, id in ipairs(redis.call('LPOP', pending, n - #ids) or {}) do
+    for _, id in ipairs(pending_pop(base, n - #ids) or {}) do
       ids[#ids + 1] = id
     end
   end

@@ -69,7 +69,7 @@ from echomq_django import (
 from echomq_django.core.exceptions import JobCancelled, JobNotCancellable, JobNotRemovable
 from echomq_django.core.jobs import JobState
 from echomq_django.core.keyspace import STATE_INDEX
-from echomq_django.core.rows import STATE_FIELDS, row_state
+from echomq_django.core.rows import STATE_FIELDS, pending_ids, row_state
 from echomq_django.protocol.lifecycle import Report
 from tests.support.jobkit import INDEXES, Clock, events
 
@@ -797,7 +797,8 @@ class FlowMachine(RuleBasedStateMachine):
         pipe.xrange(k.queue_key(Q, "events"))
         replies = [self.decode(r) for r in pipe.execute()]
         rows, replies = replies[: len(ids)], replies[len(ids) :]
-        replies[0] = replies[0] + replies.pop(1)  # a job with a priority is pending too
+        # a range entry stands for its ids; a job with a priority is pending too
+        replies[0] = pending_ids(replies[0]) + replies.pop(1)
         held: dict[str, list[str]] = {}
         for name, members in zip(INDEXES, replies[: len(INDEXES)], strict=False):
             for jid in members:

@@ -31,7 +31,9 @@ from .names import (  # noqa: F401 (the rules and checks, imported from here too
 from .rows import id_head, serial_ids
 
 QUEUE_KEYS = {
-    "pending": "pending",  # list: ids ready to claim, oldest first
+    "pending": "pending",  # list: ids ready to claim, oldest first; an 'id:<hex>' entry a range
+    # counter: the ids pending's ranges stand for beyond one entry each; gone with the last range
+    "pending_ranged": "pending:ranged",
     "active": "active",  # zset: id -> lease deadline (ms)
     "delayed": "delayed",  # zset: id -> when it is due (ms)
     "awaiting": "awaiting",  # zset: parents waiting on children, by time
@@ -138,6 +140,7 @@ class QueueKeys:
 
     base: str  # P:{q}:
     pending: str
+    pending_ranged: str
     active: str
     delayed: str
     awaiting: str

@@ -98,6 +98,24 @@ def serial_ids(head: str, low: str, high: str) -> list[str]:
     return [f"{head}{n:x}" for n in range(int(low, 16), int(high, 16) + 1)]
 
 
+def pending_ids(entries: list) -> list[str]:
+    """The ids a queue's ``pending`` list entries (bytes or text, in order)
+    stand for: a range entry ``<first id>:<last hex serial>`` is the first
+    id's ``REL_PREFIX``-byte head and each serial from the first id's up to
+    the last (lua/lib/pending.lua); any other entry is one id.
+    docs/explanation/protocol.md#ranges-in-pending"""
+    out: list[str] = []
+    for entry in entries:
+        raw = entry if isinstance(entry, bytes) else entry.encode()
+        first, cut, last = raw.partition(b":")
+        if not cut:
+            out.append(raw.decode())
+            continue
+        head = first[:REL_PREFIX].decode()
+        out += serial_ids(head, first[REL_PREFIX:].decode(), last.decode())
+    return out
+
+
 RANGE_MAX = 100  # children one range entry of a :children list stands for at most
 _SERIAL = re.compile(r"(?:0|[1-9a-f][0-9a-f]{0,11})\Z")  # lua/lib/row.lua hex_of
 _SERIAL_TOP = 0xFFFFFFFFFFFF  # the last serial of 12 hex digits: a run ends there

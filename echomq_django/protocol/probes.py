@@ -20,6 +20,7 @@ from ..core.rows import (
     PARENT_INC,
     STATE_FIELDS,
     created_of,
+    pending_ids,
     pick_fields,
     row_fields,
     row_state,
@@ -43,13 +44,16 @@ ROWS_PER_TRIP = 500  # job rows per pipelined round trip (rows, states, exist)
 MINUTES_KEPT = 1440
 MINUTE_KINDS = {"a": "added", "c": "completed", "f": "failed", "d": "dead"}
 KINDS = tuple(MINUTE_KINDS.values())
-COUNT_READS = 10  # the reads count_commands queues
+COUNT_READS = 11  # the reads count_commands queues
 
 
 def count_commands(pipe, k) -> None:
     """Queue on ``pipe`` (a redis-py pipeline) the ``COUNT_READS`` reads
     of queue keys ``k`` (``QueueKeys``) that ``count_replies`` decodes."""
     pipe.llen(k.pending)
+    pipe.get(
+        k.pending_ranged
+    )  # ids its ranges hold beyond one entry each (protocol.md#ranges-in-pending)
     for index in (k.active, k.delayed, k.completed, k.dead, k.awaiting):
         pipe.zcard(index)
     pipe.llen(k.outbox)
@@ -61,9 +65,11 @@ def count_commands(pipe, k) -> None:
 def count_replies(replies) -> dict[str, int]:
     """Jobs per state index, plus ``outbox`` and ``deadletter`` lengths,
     from the replies to ``count_commands``."""
-    pending, active, delayed, completed, dead, awaiting, outbox, dl, ranked, grouped = replies
+    pending, ranged, active, delayed, completed, dead, awaiting, outbox, dl, ranked, grouped = (
+        replies
+    )
     return {
-        "pending": pending + ranked + int(grouped or 0),
+        "pending": pending + int(ranged or 0) + ranked + int(grouped or 0),
         "active": active,
         "delayed": delayed,
         "completed": completed,
@@ -365,7 +371,9 @@ def _head_commands(pipe, pending: str, prioritized: str) -> None:
 def _head_ids(replies) -> list[str]:
     """The ids ``_head_commands``' three replies (next from ``replies``) name."""
     above, zero, below = next(replies), next(replies), next(replies)
-    return [to_text(i) for i in (*above, *([] if zero is None else [zero]), *below)]
+    # a range entry's first id is the one it holds first (protocol.md#ranges-in-pending)
+    zero = [] if zero is None else pending_ids([zero])[:1]
+    return [to_text(i) for i in (*above, *zero, *below)]
 
 
 def _summed_rows(sums: list, span: range, per: int) -> list[dict]:

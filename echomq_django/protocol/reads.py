@@ -27,6 +27,7 @@ from ..core.rows import (
     STATE,
     STATE_FIELDS,
     created_of,
+    pending_ids,
     pick_fields,
     row_fields,
     row_state,
@@ -406,13 +407,23 @@ class Reads(Part):
     ) -> list[str]:
         """Ids in one state index, oldest first (pending: the order claims
         take them, priorities included, docs/explanation/protocol.md#scheduling;
-        then each group's, by group name, docs/explanation/protocol.md#groups)."""
+        then each group's, by group name, docs/explanation/protocol.md#groups;
+        a range entry of the list read as its ids,
+        docs/explanation/protocol.md#ranges-in-pending). ``start``/``end``:
+        ``LRANGE``-style bounds in ids, both included."""
         k = self.keys.queue(queue)
         key = k.index(JobState(state))
         if JobState(state) is JobState.PENDING:
-            ranked = k.prioritized
-            if not self.client.exists(ranked, k.groups_known):
+            ranked, stop = k.prioritized, None if end == -1 else end + 1
+            pipe = self.client.pipeline(transaction=False)
+            pipe.exists(ranked, k.groups_known)
+            pipe.exists(k.pending_ranged)
+            sorted_too, ranged = pipe.execute()
+            if not sorted_too and not ranged:
                 return [to_text(v) for v in self.client.lrange(key, start, end)]
+            if not sorted_too:  # an entry stands for one id or more: entries 0..end cover them
+                read = end if start >= 0 and end >= 0 else -1
+                return pending_ids(self.client.lrange(key, 0, read))[start:stop]
             groups = sorted(to_text(g) for g in self.client.smembers(k.groups_known))
             pipe = self.client.pipeline(transaction=False)
             parts = [(ranked, key)]
@@ -421,8 +432,9 @@ class Reads(Part):
                 pipe.zrange(zset, "-inf", "(0", byscore=True)  # priorities above 0
                 pipe.lrange(plain, 0, -1)  # priority 0
                 pipe.zrange(zset, 0, "+inf", byscore=True)  # priorities below 0
-            ids = [to_text(v) for part in pipe.execute() for v in part]
-            return ids[start : None if end == -1 else end + 1]
+            # a range entry stands for its ids (docs/explanation/protocol.md#ranges-in-pending)
+            ids = [i for part in pipe.execute() for i in pending_ids(part)]
+            return ids[start:stop]
         return [to_text(v) for v in self.client.zrange(key, start, end)]
 
     @reports_redis_down

@@ -30,8 +30,8 @@
 
   Every road to claimable goes through make_claimable (enqueue, enqueue_flow,
   a parent's release, promotion, recovery, retry, fail without backoff,
-  flow delivery): a change to how pending is kept (priorities, pause) changes
-  this one function.
+  flow delivery): a change to how pending is kept (priorities, pause, the
+  ranges of a flow's serial ids: lib/pending.lua) changes this one function.
 ]]
 
 local WAKE_NOW, WAKE_DUE = '0', 'd'
@@ -61,6 +61,7 @@ local function push_prioritized(base, id, priority, front)
 end
 
 -- @include lib/groups.lua
+-- @include lib/pending.lua
 
 -- A job left P:{q}:active (completed, failed, postponed, recovered, killed):
 -- when claim found the queue full, wake its workers: there is room again.
@@ -119,9 +120,7 @@ local function make_claimable(base, ids, prios, front, groups)
   if pushed and not groups_pushed(base, pushed, grouped) and grouped == #ids then
     return  -- every group it went to is paused, capped or rate limited: no wake-up
   end
-  for i = 1, n, 1000 do  -- unpack() has a stack limit: push by the thousand
-    redis.call('RPUSH', base .. 'pending', unpack(plain, i, math.min(i + 999, n)))
-  end
+  pending_push(base, plain, n)  -- runs of a flow's serial ids as ranges (lib/pending.lua)
   wake_workers(base)
 end
 
@@ -138,8 +137,9 @@ local function unclaimable(base, id, group)
   if group then
     return group_unclaimable(base, group, id)
   end
-  if redis.call('LREM', base .. 'pending', 1, id) == 0 then
-    redis.call('ZREM', base .. 'prioritized', id)
+  if redis.call('LREM', base .. 'pending', 1, id) == 0
+      and redis.call('ZREM', base .. 'prioritized', id) == 0 then
+    pending_unrange(base, id)  -- inside a range of the list (lib/pending.lua)
   end
 end
 

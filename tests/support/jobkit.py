@@ -17,6 +17,7 @@ from redis.cluster import RedisCluster
 from echomq_django import EchoMQ, Flow, JobRef, JobState
 from echomq_django.core.jobs import row_error
 from echomq_django.core.keyspace import STATE_INDEX
+from echomq_django.core.rows import pending_ids
 from echomq_django.runners.pump import Pump
 from tests.support.workerkit import T0, Clock  # noqa: F401  (T0 re-exported to the tests)
 
@@ -30,9 +31,8 @@ def _text(v) -> str:
 def where(mq: EchoMQ, queue: str, job_id: str) -> list[str]:
     """Every state index of ``queue`` holding ``job_id`` (pending counted per copy)."""
     k, c = mq.keys, mq.client
-    out = ["pending"] * sum(
-        _text(v) == job_id for v in c.lrange(k.queue_key(queue, "pending"), 0, -1)
-    )
+    listed = pending_ids(c.lrange(k.queue_key(queue, "pending"), 0, -1))  # ranges as their ids
+    out = ["pending"] * listed.count(job_id)
     if c.zscore(k.queue_key(queue, "prioritized"), job_id) is not None:
         out.append("pending")  # a job with a priority waits there
     for name in INDEXES[1:]:
