@@ -178,8 +178,11 @@ end
 local prioritized = base .. 'prioritized'
 -- pop up to n ids in claim order; false when there are none
 local function pop(n)
-  if redis.call('EXISTS', prioritized, base .. 'groups', base .. 'groups:limited') == 0 then
-    return pending_pop(base, n)  -- the plain path: one LPOP without ranges (lib/pending.lua)
+  local sorted = {prioritized, base .. 'groups', base .. 'groups:limited'}
+  if redis.call('EXISTS', base .. 'pending:ranged', unpack(sorted)) == 0 then
+    return redis.call('LPOP', pending, n)  -- the plain path: one command
+  elseif redis.call('EXISTS', unpack(sorted)) == 0 then
+    return pending_pop(base, n, true)  -- the list alone, holding ranges (lib/pending.lua)
   end
   local ids = redis.call('ZRANGE', prioritized, '-inf', '(0', 'BYSCORE', 'LIMIT', 0, n)
   if #ids > 0 then

@@ -152,3 +152,16 @@ def test_random_adds_claims_and_removals_keep_the_order_and_the_counter(mq, seed
         assert (int(ranged) if ranged else 0) == len(model) - len(entries)
         assert ranged is None or int(ranged) > 0
         assert mq.counts("p")["pending"] == len(model)
+
+
+def test_ranges_keep_their_place_between_the_priorities(mq) -> None:
+    leaves = _add(mq, 8)
+    mq.enqueue("p", "low", {}, job_id="low", priority=-1)
+    mq.enqueue("p", "high", {}, job_id="high", priority=5)
+    mq.enqueue("p", "grouped", {}, job_id="grouped", group="g")
+    assert mq.job_ids("p", "pending") == ["high", *leaves, "low", "grouped"]
+    assert mq.counts("p")["pending"] == 11
+    assert [j.id for j in mq.claim("p", 4)] == ["high", *leaves[:3]]
+    assert _list(mq) == (["4:8"], 4)
+    assert [j.id for j in mq.claim("p", 10)] == [*leaves[3:], "low", "grouped"]
+    assert _list(mq) == ([], None)
