@@ -165,3 +165,13 @@ def test_ranges_keep_their_place_between_the_priorities(mq) -> None:
     assert _list(mq) == (["4:8"], 4)
     assert [j.id for j in mq.claim("p", 10)] == [*leaves[3:], "low", "grouped"]
     assert _list(mq) == ([], None)
+
+
+def test_one_enqueue_many_calls_generated_ids_are_ranges_too(mq) -> None:
+    ids = mq.enqueue_many("p", [("plain", {"i": i}) for i in range(250)])
+    head = ids[0][:12]
+    entries = [e.decode() for e in mq.client.lrange(mq.keys.queue("p").pending, 0, -1)]
+    assert entries == [f"{head}0:63", f"{head}64:c7", f"{head}c8:f9"]
+    assert (mq.counts("p")["pending"], mq.job_ids("p", "pending")) == (250, ids)
+    assert [j.id for j in mq.claim("p", 250)] == ids
+    assert _list(mq) == ([], None)
