@@ -179,17 +179,21 @@ local prioritized = base .. 'prioritized'
 -- pop up to n ids in claim order; false when there are none
 local function pop(n)
   local sorted = {prioritized, base .. 'groups', base .. 'groups:limited'}
-  if redis.call('EXISTS', base .. 'pending:ranged', unpack(sorted)) == 0 then
+  local found = redis.call('EXISTS', base .. 'pending:ranged', unpack(sorted))
+  if found == 0 then
     return redis.call('LPOP', pending, n)  -- the plain path: one command
-  elseif redis.call('EXISTS', unpack(sorted)) == 0 then
-    return pending_pop(base, n, true)  -- the list alone, holding ranges (lib/pending.lua)
+  end
+  local sorted_found = redis.call('EXISTS', unpack(sorted))
+  local ranged = found > sorted_found  -- the list holds ranges (lib/pending.lua)
+  if sorted_found == 0 then
+    return pending_pop(base, n, ranged)
   end
   local ids = redis.call('ZRANGE', prioritized, '-inf', '(0', 'BYSCORE', 'LIMIT', 0, n)
   if #ids > 0 then
     redis.call('ZREM', prioritized, unpack(ids))
   end
   if #ids < n then
-    for _, id in ipairs(pending_pop(base, n - #ids) or {}) do
+    for _, id in ipairs(pending_pop(base, n - #ids, ranged) or {}) do
       ids[#ids + 1] = id
     end
   end

@@ -51,9 +51,8 @@ def count_commands(pipe, k) -> None:
     """Queue on ``pipe`` (a redis-py pipeline) the ``COUNT_READS`` reads
     of queue keys ``k`` (``QueueKeys``) that ``count_replies`` decodes."""
     pipe.llen(k.pending)
-    pipe.get(
-        k.pending_ranged
-    )  # ids its ranges hold beyond one entry each (protocol.md#ranges-in-pending)
+    # the ids its ranges hold beyond one entry each (protocol.md#ranges-in-pending)
+    pipe.get(k.pending_ranged)
     for index in (k.active, k.delayed, k.completed, k.dead, k.awaiting):
         pipe.zcard(index)
     pipe.llen(k.outbox)

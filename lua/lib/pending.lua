@@ -89,10 +89,10 @@ end
 
 -- LPOP up to n ids from the pending list, ranges taken apart: a range used
 -- in part leaves the rest of its ids at the head. False when it is empty.
--- `ranged`: the caller found the counter (pending:ranged) there.
+-- `ranged`: whether the caller found the counter (pending:ranged) there.
 local function pending_pop(base, n, ranged)
   local key = base .. 'pending'
-  if not ranged and redis.call('EXISTS', base .. 'pending:ranged') == 0 then
+  if not ranged then
     return redis.call('LPOP', key, n)
   end
   local entries = redis.call('LRANGE', key, 0, n - 1)
