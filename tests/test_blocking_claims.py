@@ -359,14 +359,14 @@ def test_a_claim_riding_a_deaths_delivery_whose_reply_was_lost_runs_at_once(
 
     real, lost = mq.outbox.deliver_own, []
 
-    def deliver_own(queue, token, texts, then=None, more=None, delivered=None, later=None):
+    def deliver_own(queue, token, texts, then=None, more=None, delivered=None):
         def reply_lost(outcome, got):  # Redis ran the delivery and the claim
             if lost:
                 return delivered(outcome, got)
             lost.append(queue)
             raise RedisUnavailable("the reply was lost")
 
-        return real(queue, token, texts, then, more, reply_lost, later)
+        return real(queue, token, texts, then, more, reply_lost)
 
     monkeypatch.setattr(mq.outbox, "deliver_own", deliver_own)
     running(idle_worker(mq, ("p", "c"), concurrency=2, register=False))

@@ -8,9 +8,6 @@ queue's sweep lock taken in the completion's round trip."""
 
 from __future__ import annotations
 
-import logging
-import threading
-import time
 from types import SimpleNamespace
 
 import pytest
@@ -20,8 +17,7 @@ from echomq_django.core.exceptions import RedisUnavailable
 from echomq_django.runners.pump import Pump
 from echomq_django.runners.reporter import Finished, Reporter
 from tests.support.jobkit import assert_state, claim_one, jref, leaf, node, record_calls
-from tests.support.workerapp.jobs import GATES
-from tests.support.workerkit import Background, burst, fetching_reporter, wait_for
+from tests.support.workerkit import Background, burst, fetching_reporter
 
 # The flow outbox's own path, on the single server too (on one server a
 # cross-queue completion skips it by default: tests/support/fixtures.py).
@@ -250,70 +246,3 @@ def test_the_delivery_claims_the_released_parent_in_its_round_trip(mq, monkeypat
     [(queue, token, claimed)] = got
     assert (queue, token, [j.id for j in claimed]) == ("q", "t-fetch", ["p"])
     assert_state(mq, "q", "p", JobState.ACTIVE)
-
-
-def test_a_parent_a_handler_threads_delivery_claimed_starts_before_the_outbox_is_cleared(
-    mq, monkeypatch
-) -> None:
-    """A worker of one handler: the child's completion is reported on its
-    handler thread (the direct path), whose delivery claims the parent; the
-    parent starts on that thread at once, and the reporter thread takes the
-    entry out of the outbox and drops the sweep lock meanwhile (the
-    delivery's second round trip, ``Reporter.defer``)."""
-    GATES.pop("parent", None)
-    kid = Flow("kids", "t.echo", 1, job_id="c")
-    mq.add_flow(Flow("q", "t.gate", "parent", job_id="p", children=[kid]))
-    real, seen = mq.scripts.run_many, []
-
-    def second_trip(calls):
-        if calls[0][0] == "forget_outbox":  # the parent's handler started first?
-            deadline = time.monotonic() + 3
-            while "parent" not in GATES and time.monotonic() < deadline:
-                time.sleep(0.01)
-            seen.append(("parent" in GATES, threading.current_thread().name))
-            GATES.setdefault("parent", threading.Event()).set()
-        return real(calls)
-
-    monkeypatch.setattr(mq.scripts, "run_many", second_trip)
-    worker, processed = burst(mq, ["q", "kids"], concurrency=1, register=False)
-    assert processed == 2
-    assert worker.loop.direct.used >= 1  # the child's report, at least: on its handler thread
-    assert seen == [(True, seen[0][1])] and "reporter" in seen[0][1]
-    assert_state(mq, "q", "p", JobState.COMPLETED)
-    assert mq.get_job("q", "p").result == "parent"
-    assert mq.client.llen(mq.keys.queue("kids").outbox) == 0  # taken out
-    assert mq.client.exists(mq.keys.queue("kids").pump_lock) == 0  # dropped
-
-
-def test_a_handler_threads_second_trip_that_fails_leaves_the_entry_to_the_pump(
-    mq, monkeypatch, caplog
-) -> None:
-    """The deferred second round trip refused (a failover): the reporter thread
-    logs it, the parent has run all the same, the entry stays in the outbox
-    under the worker's lock until its lease ends, and a pump's delivery of it
-    again changes nothing."""
-    kid = Flow("kids", "t.echo", 1, job_id="c")
-    mq.add_flow(Flow("q", "t.echo", "P", job_id="p", children=[kid]))
-    real = mq.scripts.run_many
-
-    def failing(calls):
-        if calls[0][0] == "forget_outbox":
-            raise RedisUnavailable("failing over")
-        return real(calls)
-
-    monkeypatch.setattr(mq.scripts, "run_many", failing)
-    with caplog.at_level(logging.WARNING, logger="echomq_django.worker"):
-        _, processed = burst(mq, ["q", "kids"], concurrency=1, register=False)
-    monkeypatch.undo()
-    assert processed == 2
-    assert [r.getMessage() for r in caplog.records if r.name == "echomq_django.worker"] == [
-        "taking the delivered outbox entries of kids out failed: failing over"
-    ]
-    keys = mq.keys.queue("kids")
-    assert mq.client.llen(keys.outbox) == 1
-    assert 0 < mq.client.pttl(keys.pump_lock) <= 2000  # the worker's, left to its lease
-    wait_for(lambda: mq.client.exists(keys.pump_lock) == 0, timeout=5, what="the lease ended")
-    assert Pump(["kids"], mq=mq).sweep()["kids"]["delivered"] == 1
-    assert mq.client.llen(keys.outbox) == 0
-    parent = mq.get_job("q", "p")
-    assert (parent.state, parent.result, parent.attempts) == (JobState.COMPLETED, "P", 1)

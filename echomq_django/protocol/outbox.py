@@ -172,7 +172,6 @@ class Outbox(Part):
         then: tuple | None = None,
         more: dict[str, list[str]] | None = None,
         delivered=None,
-        later=None,
     ) -> tuple[Outcome, object]:
         """Deliver the entries ``texts`` (exactly as pushed) that the caller's
         own scripts pushed onto ``queue``'s outbox after it took the outbox's
@@ -196,10 +195,7 @@ class Outbox(Part):
         answers; else it expires after its lease, and the pump delivers the
         entries), and ``RedisUnavailable`` from the second round trip (after
         ``delivered`` was called; the lock then runs out its lease, and the
-        pump delivers the entries again). ``later``: None, or a callable
-        taking that second round trip (a callable of no arguments, raising as
-        above), which it runs when it chooses instead of here: a handler thread
-        that reported runs the job the claim gave it first.
+        pump delivers the entries again).
         docs/explanation/no-polling.md#a-released-parent-starts-at-once."""
         k = self.keys.queue(queue)
         drop = self.lock_call(queue, token, 1, take=False)
@@ -212,11 +208,7 @@ class Outbox(Part):
             self.scripts.run_many([drop])
             raise
         done = [t for t, ok in zip(texts, flags, strict=True) if ok]
-        calls = [self._forget_call(k, token, done), drop] if done else [drop]
-        if later is None:
-            self.scripts.run_many(calls)
-        else:
-            later(lambda: self.scripts.run_many(calls))
+        self.scripts.run_many([self._forget_call(k, token, done), drop] if done else [drop])
         return outcome, extra
 
     def _wait_for_sweep_lock(self, k, left: float) -> None:

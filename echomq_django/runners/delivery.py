@@ -194,8 +194,12 @@ def deliver_outbox(
                 # delivery of an entry is a no-op)
                 keep = verdicts.index(None)
                 report.unreplicated += len(raw) - keep
-                log.warning("outbox of %s: %d deliveries not confirmed on a replica in time; "
-                            "kept for the next sweep", queue, len(raw) - keep)  # fmt: skip
+                log.warning(
+                    "outbox of %s: %d deliveries not confirmed on a replica in time; "
+                    "kept for the next sweep",
+                    queue,
+                    len(raw) - keep,
+                )
                 # the prefix before it is trimmed below; left = keep ends the sweep there
                 raw, entries, verdicts, left = raw[:keep], entries[:keep], verdicts[:keep], keep
             actions = _actions(mq, queue, raw, entries, verdicts, max_tries)
@@ -208,8 +212,11 @@ def deliver_outbox(
                 except SweepLockLost:
                     # our lock expired mid-sweep and another pump may be trimming:
                     # leave the outbox to it; what we delivered is re-delivered as no-ops
-                    log.warning("pump lock on %s expired before the trim; leaving the outbox "
-                                "to the pump that holds it", queue)  # fmt: skip
+                    log.warning(
+                        "pump lock on %s expired before the trim; leaving the "
+                        "outbox to the pump that holds it",
+                        queue,
+                    )
                     report.lock_lost = True
                     break
                 if removed != len(actions):  # the head moved under us: re-read it
@@ -295,10 +302,6 @@ class OwnDelivery:
     completions or deaths pushed (``Outbox.deliver_own``). An error leaves
     the entries to the pumps (logged); nothing raises.
 
-    ``defer(queue, trip)``: None, or (while a handler thread reports) the
-    reporter's: each delivery's second round trip runs on its thread, so the
-    job the claim gave the handler thread starts first (``deliver_own``'s ``later``).
-
     ``holds(job)``: True when the calling thread runs next a sibling of
     ``job`` (``Direct``): that completion's delivery is held back under the
     lock until the sibling's (one for both) or ``due`` (``HOLD_S`` on;
@@ -315,7 +318,6 @@ class OwnDelivery:
         self._subscribed: set[str] = set()  # parents' queues whose events are recorded
         self._calls: list = []
         self._n, self._may_hold = 0, False
-        self.defer = None  # the reporter's Reporter.defer during a handler thread's report
 
     def ahead(self, good: list, ahead: list | None, direct: bool | None = None) -> list | None:
         # on one server the completions resolve their parents themselves: what
@@ -395,9 +397,7 @@ class OwnDelivery:
 
         try:
             self._subscribe(parents)
-            later = None if self.defer is None else lambda trip: self.defer(queue, trip)
-            args = (queue, self.token, texts, then, more, hand_over, later)
-            outcome, _ = self.mq.outbox.deliver_own(*args)
+            outcome, _ = self.mq.outbox.deliver_own(queue, self.token, texts, then, more, hand_over)
         except Exception as err:
             if not delivered:  # the entries stay in the outbox: a pump delivers them
                 if room is not None:

@@ -115,7 +115,6 @@ class Reporter:
         self._cv = threading.Condition()  # guards _inbox, unreported, _closing
         self._turn = threading.Lock()  # held while reporting: by this thread or report_own
         self._inbox: list[Finished] = []
-        self._later: list[tuple[str, Callable[[], Any]]] = []  # (queue, trip): defer's
         # (queue, room): slots the loop held for a riding claim; those of the batch at hand
         self._held: list[tuple[str, tuple]] = []
         self._rides: list[tuple[str, tuple]] = []
@@ -155,16 +154,6 @@ class Reporter:
             self.unreported += len(finished)
             self._cv.notify()
 
-    def defer(self, queue: str, trip: Callable[[], Any]) -> None:
-        """(``report_own``) Run ``trip``, a delivery's second round trip from
-        ``queue``'s outbox (``Outbox.deliver_own``), on this thread before its next
-        batch: the job the delivery's claim gave the handler thread starts at once.
-        An error is logged: the lock runs out its lease, a pump delivers again
-        (docs/explanation/no-polling.md#a-released-parent-starts-at-once)."""
-        with self._cv:
-            self._later.append((queue, trip))
-            self._cv.notify()
-
     def close(self) -> None:
         """End the run: the thread returns; what it holds is left to leases."""
         with self._cv:
@@ -181,18 +170,11 @@ class Reporter:
         outage = Outage(self.mq.client, log)
         while True:
             with self._cv:
-                while not self._inbox and not items and not self._closing and not self._later:
+                while not self._inbox and not items and not self._closing:
                     if (due := self._own.due) is not None and due <= time.monotonic():
                         break  # a delivery held back for a sibling (delivery.OwnDelivery)
                     self._cv.wait(None if due is None else due - time.monotonic())
                 closing, idle = self._closing, not self._inbox and not items
-                later, self._later = self._later, []
-            if later:
-                with self._turn:
-                    self._run_later(later)
-                due = self._own.due
-                if idle and not closing and (due is None or due > time.monotonic()):
-                    continue  # woken for them alone: what is held back waits on
             if closing or idle:  # what is held back goes now: its time is up, or a stop
                 with self._turn:
                     self._own.flush(claim=not closing)  # a stopping loop takes no job
@@ -204,14 +186,6 @@ class Reporter:
             with self._cv:
                 self.unreported -= before - len(items)
             self._wake()
-
-    @staticmethod
-    def _run_later(later: list) -> None:  # defer's round trips, in order
-        for queue, trip in later:
-            try:
-                trip()
-            except Exception as err:  # the lock runs out its lease; a pump delivers again
-                log.warning("taking the delivered outbox entries of %s out failed: %s", queue, err)
 
     def _batch(self, items: list[Finished], outage: Outage) -> int:
         """One batch of ``run``: what was handed over joins ``items`` (those
@@ -251,10 +225,9 @@ class Reporter:
         if not self._turn.acquire(blocking=False):
             return False
         try:
-            if self.unreported or self._inbox or self._closing or self._later:
-                return False  # (a deferred trip first: it may drop a lock this report takes)
+            if self.unreported or self._inbox or self._closing:
+                return False
             items = [finished]
-            self._own.defer = self.defer
             with suppress(Exception):  # an outage, a refusal: the reporter thread's
                 self.report(items)
             if self._own.due is not None:  # held back: the thread's wait is now timed
@@ -262,7 +235,6 @@ class Reporter:
                     self._cv.notify()
             return not items
         finally:
-            self._own.defer = None
             self._turn.release()
 
     def report(self, finished: list[Finished]) -> None:
