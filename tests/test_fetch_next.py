@@ -246,3 +246,32 @@ def test_the_delivery_claims_the_released_parent_in_its_round_trip(mq, monkeypat
     [(queue, token, claimed)] = got
     assert (queue, token, [j.id for j in claimed]) == ("q", "t-fetch", ["p"])
     assert_state(mq, "q", "p", JobState.ACTIVE)
+
+
+@pytest.mark.parametrize(
+    "policy, parent_state",
+    [
+        ({"ignore_dependency_on_failure": True}, JobState.COMPLETED),
+        ({"remove_dependency_on_failure": True}, JobState.COMPLETED),
+        ({"continue_parent_on_failure": True}, JobState.COMPLETED),
+        ({}, JobState.DEAD),
+    ],
+)
+def test_a_child_dying_in_its_own_report_leaves_the_outbox_clean(mq, policy, parent_state) -> None:
+    """A child whose result cannot be encoded dies in the report that tried to
+    complete it (``PayloadError``), on its handler thread: the completion's
+    take of the sweep lock and the death's take again, in one report, end
+    with the death's entry delivered, taken out, and the lock dropped, under
+    every policy (a second drop ahead of the take out left it for a pump)."""
+    kids = [
+        Flow("kids", "t.echo", 1, job_id="c0"),
+        Flow("kids", "t.bad_result", None, job_id="c1", max_attempts=1, **policy),
+    ]
+    mq.add_flow(Flow("q", "t.echo", "P", job_id="p", children=kids))
+    _, processed = burst(mq, ["q", "kids"], concurrency=1, register=False)
+    assert mq.get_job("kids", "c1").state is JobState.DEAD
+    assert mq.get_job("q", "p").state is parent_state
+    assert processed == (3 if parent_state is JobState.COMPLETED else 2)
+    keys = mq.keys.queue("kids")
+    assert mq.client.lrange(keys.outbox, 0, -1) == []
+    assert mq.client.exists(keys.pump_lock) == 0
