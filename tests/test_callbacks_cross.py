@@ -2,7 +2,8 @@
 ``on_success`` / ``on_failure`` / ``on_dead`` named as ``(queue, name)`` add
 their job on that queue, on any slot, through the finished job's outbox: the
 entry is written in the script that decides the outcome (durable), the pump
-delivers it at least once, and a second delivery adds nothing. Both rigs."""
+delivers it at least once, and a second delivery adds nothing while the
+first job's row is kept. Both rigs."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ import json
 
 import pytest
 
-from echomq_django import Flow, handler
+from echomq_django import EchoMQ, Flow, handler
 from echomq_django.runners.pump import Pump
 from tests.support.jobkit import callback_jobs, claim_one, raw_row, snapshot
+from tests.support.workerapp.jobs import RECORDED
 from tests.support.workerkit import burst
 
 
@@ -112,3 +114,30 @@ def test_a_bad_pair_is_refused_before_any_write(mq, value, match) -> None:
     with pytest.raises(ValueError, match=match):
         mq.add_flow(Flow("q", "x", on_success=value))
     assert snapshot(mq.client) == before
+
+
+def test_a_second_delivery_after_the_job_ran_and_left_runs_it_again(mq) -> None:
+    """At least once: a callback job that ran and was pruned (``KEEP_COMPLETED``
+    0) before a second delivery of its entry (a pump that died between
+    delivering and trimming) is written again, and runs again."""
+    mq = EchoMQ(mq.client, prefix="emq", cross_queue_scripts=mq.cross_queue_scripts,
+                queues={"notify": {"KEEP_COMPLETED": 0}})  # fmt: skip
+    mq.enqueue("q", "x", {}, job_id="j", on_dead=("notify", "t.record"), max_attempts=1)
+    mq.fail(claim_one(mq, "q", "j"), "boom")
+
+    def die(queue, actions):
+        raise Crash
+
+    with pytest.raises(Crash):
+        Pump(["q"], mq=mq, before_trim=die).sweep()
+    mq.client.delete(mq.keys.queue_key("q", "pump:lock"))
+    RECORDED.clear()
+    payload = {"job": "q/j", "error": "boom"}
+    burst(mq, ["notify"], concurrency=1, register=False)
+    Pump(["notify"], mq=mq).sweep()  # its retention's step
+    assert (RECORDED, callback_jobs(mq, "notify")) == ([payload], {})
+    assert len(outbox(mq, "q")) == 1  # delivered, not trimmed
+    Pump(["q"], mq=mq).sweep()
+    assert callback_jobs(mq, "notify") == {"t.record": [payload]}
+    burst(mq, ["notify"], concurrency=1, register=False)
+    assert list(RECORDED) == [payload, payload]
