@@ -38,8 +38,10 @@ def test_on_success_on_another_queue_travels_through_the_outbox(mq) -> None:
     assert outbox(mq, "q") == []
 
 
-def test_a_second_delivery_adds_no_second_job(mq) -> None:
-    mq.enqueue("q", "x", {}, job_id="j", on_dead=("notify", "r.dead"), max_attempts=1)
+def delivered_not_trimmed(mq, name: str) -> None:
+    """Job ``q/j`` dead with ``on_dead=("notify", name)``; a pump delivered
+    its ``cb`` entry and died before the trim (its lock gone): it goes again."""
+    mq.enqueue("q", "x", {}, job_id="j", on_dead=("notify", name), max_attempts=1)
     mq.fail(claim_one(mq, "q", "j"), "boom")
 
     def die(queue, actions):
@@ -48,7 +50,11 @@ def test_a_second_delivery_adds_no_second_job(mq) -> None:
     with pytest.raises(Crash):
         Pump(["q"], mq=mq, before_trim=die).sweep()
     mq.client.delete(mq.keys.queue_key("q", "pump:lock"))
-    assert len(outbox(mq, "q")) == 1  # delivered, not trimmed: it goes again
+    assert len(outbox(mq, "q")) == 1
+
+
+def test_a_second_delivery_adds_no_second_job(mq) -> None:
+    delivered_not_trimmed(mq, "r.dead")
     Pump(["q"], mq=mq).sweep()
     assert callback_jobs(mq, "notify") == {"r.dead": [{"job": "q/j", "error": "boom"}]}
     assert mq.counts("notify")["pending"] == 1
@@ -122,21 +128,12 @@ def test_a_second_delivery_after_the_job_ran_and_left_runs_it_again(mq) -> None:
     delivering and trimming) is written again, and runs again."""
     mq = EchoMQ(mq.client, prefix="emq", cross_queue_scripts=mq.cross_queue_scripts,
                 queues={"notify": {"KEEP_COMPLETED": 0}})  # fmt: skip
-    mq.enqueue("q", "x", {}, job_id="j", on_dead=("notify", "t.record"), max_attempts=1)
-    mq.fail(claim_one(mq, "q", "j"), "boom")
-
-    def die(queue, actions):
-        raise Crash
-
-    with pytest.raises(Crash):
-        Pump(["q"], mq=mq, before_trim=die).sweep()
-    mq.client.delete(mq.keys.queue_key("q", "pump:lock"))
+    delivered_not_trimmed(mq, "t.record")
     RECORDED.clear()
     payload = {"job": "q/j", "error": "boom"}
     burst(mq, ["notify"], concurrency=1, register=False)
     Pump(["notify"], mq=mq).sweep()  # its retention's step
     assert (RECORDED, callback_jobs(mq, "notify")) == ([payload], {})
-    assert len(outbox(mq, "q")) == 1  # delivered, not trimmed
     Pump(["q"], mq=mq).sweep()
     assert callback_jobs(mq, "notify") == {"t.record": [payload]}
     burst(mq, ["notify"], concurrency=1, register=False)
