@@ -321,7 +321,7 @@ def test_own_past_reads_the_jobs_a_worker_holds(tmq, clock) -> None:
     queue, running or unreported, whose lease deadline has passed."""
     from types import SimpleNamespace
 
-    from echomq_django.runners.claim_loop import Claims
+    from echomq_django.core.claims import Claims
     from echomq_django.runners.wake import own_past
 
     tmq.enqueue("q", "job", job_id="h")

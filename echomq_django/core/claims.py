@@ -1,4 +1,5 @@
-r"""A claim's reply decoded into ``Job``\ s (docs/explanation/performance.md#the-workers-python).
+r"""A claim's reply decoded into ``Job``\ s (docs/explanation/performance.md#the-workers-python),
+and ``Claims``, the jobs a worker holds from their claim until they are reported.
 
 ``claim.lua`` answers one JSON array, ``CLAIM_FIELDS`` per job; this runs
 once per claim on a worker's claiming thread, so it decodes the whole reply
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 
 from .jobs import _FAIL_PARENT, Job, JobSource, JobState, Policy, _defaults
 
@@ -133,3 +135,33 @@ def claimed_jobs(queue: str, flat: list, deadline: int, mq: JobSource) -> list[J
         }
         jobs.append(job)
     return jobs
+
+
+class Claims:
+    """The jobs a worker has claimed and not reported yet. Thread-safe:
+    the loop adds, the reporter forgets, the heartbeat and the status read."""
+
+    def __init__(self) -> None:
+        self._jobs: dict[tuple[str, str], Job] = {}
+        self._lock = threading.Lock()
+
+    def add(self, jobs) -> None:
+        with self._lock:
+            self._jobs.update(((job.queue, job.id), job) for job in jobs)
+
+    def forget(self, *jobs: Job) -> None:
+        with self._lock:
+            for job in jobs:
+                self._jobs.pop((job.queue, job.id), None)
+
+    def jobs(self) -> list[Job]:
+        with self._lock:
+            return list(self._jobs.values())
+
+    def refs(self) -> list[tuple[str, str]]:
+        """``(queue, id)`` of each job claimed and not reported, in claim order."""
+        with self._lock:
+            return list(self._jobs)
+
+    def __len__(self) -> int:
+        return len(self._jobs)

@@ -11,7 +11,7 @@ import secrets
 import threading
 import time
 
-from ..core.jobs import Job
+from ..core.claims import Claims
 from .direct import FREED, Direct, hold_ride
 from .dispatcher import kinds_connected
 from .flusher import Flusher
@@ -19,39 +19,9 @@ from .outage import REDIS_DOWN, Outage
 from .pool import HandlerPool, JobConnections, run_handler
 from .reporter import Finished, Reporter
 from .timeouts import Timeouts, timed_out
-from .wake import Idle, Inbox, Wake
+from .wake import Idle, Inbox, Linger, Wake
 
 log = logging.getLogger("echomq_django.worker")
-
-
-class Claims:
-    """The jobs a worker has claimed and not reported yet. Thread-safe:
-    the loop adds, the reporter forgets, the heartbeat and the status read."""
-
-    def __init__(self) -> None:
-        self._jobs: dict[tuple[str, str], Job] = {}
-        self._lock = threading.Lock()
-
-    def add(self, jobs) -> None:
-        with self._lock:
-            self._jobs.update(((job.queue, job.id), job) for job in jobs)
-
-    def forget(self, *jobs: Job) -> None:
-        with self._lock:
-            for job in jobs:
-                self._jobs.pop((job.queue, job.id), None)
-
-    def jobs(self) -> list[Job]:
-        with self._lock:
-            return list(self._jobs.values())
-
-    def refs(self) -> list[tuple[str, str]]:
-        """``(queue, id)`` of each job claimed and not reported, in claim order."""
-        with self._lock:
-            return list(self._jobs)
-
-    def __len__(self) -> int:
-        return len(self._jobs)
 
 
 class ClaimLoop:
@@ -103,6 +73,7 @@ class ClaimLoop:
         self.ride_held: str | None = None  # the token of a slot held for a riding claim
         self.timeouts = Timeouts(lambda job, limit_ms: timed_out(self, job, limit_ms))
         self.idle = Idle(self, block_s, sweep_s, max_stalls)
+        self.linger = Linger()  # waits for a finished job's batch-mates (wake.py)
         self.pool: HandlerPool | None = None
         self.make_pool = make_pool  # (loop, name) -> a pool; None: HandlerPool
         self.scale = None  # an autoscale.Autoscale: concurrency moves within its bounds
@@ -292,13 +263,15 @@ class ClaimLoop:
         return wait
 
     def _wait_and_hand_over(self, timeout: float) -> None:
-        """Block until a job finishes (or ``timeout`` s, or a wake-up), then
-        hand every finished job to the reporter."""
+        """Block until a job finishes (or ``timeout`` s, or a wake-up), wait for its
+        batch-mates while ``linger`` says so (not past ``timeout``, not after a
+        wake-up or a stop), then hand every finished job to the reporter."""
         try:
             item = self.done.get(timeout=timeout)
         except _queue.Empty:
             return
         finished, wakes, freed = [], [], 0
+        self.linger.begin(timeout)
         while True:
             if isinstance(item, Wake):
                 wakes.append(item)
@@ -311,7 +284,12 @@ class ClaimLoop:
             try:
                 item = self.done.get_nowait()
             except _queue.Empty:
-                break
+                if wakes or self.stopping.is_set():
+                    break
+                try:  # a batch-mate, while the wait lasts
+                    item = self.linger.more(self.done, finished, freed, self.executing, self.room)
+                except _queue.Empty:
+                    break
         self.executing -= freed
         if finished:
             self.executing -= len(finished)

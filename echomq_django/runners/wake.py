@@ -22,6 +22,9 @@ read and write them, are ``protocol/timers.py``'s.
   (docs/howto/operate-workers.md#how-it-works).
 * ``Timers`` (``runners/timers.py``): the timers a worker keeps, which
   ``Idle`` runs between its waits.
+* ``Linger``: how long a busy worker's loop waits for more finished jobs
+  before it hands over the ones it holds
+  (docs/explanation/no-polling.md#lingering-for-batch-mates).
 
 An idle worker's commands (docs/explanation/no-polling.md#what-an-idle-worker-costs):
 one ``BZPOPMIN`` per ``block_s`` per blocking connection and one look per
@@ -49,6 +52,8 @@ CUT_AGAIN_S = 0.05  # a stop cuts the waker's connections again this often until
 QUIET_S = 1.0  # disarmed this long (busy), the waker hears commands on their key alone (s)
 
 DOWN, UP = Wake("", "down"), Wake("", "up")  # what a Waker posts when Redis goes and comes back
+LINGER_S = 0.001  # longest wait for a quick finished job's batch-mates (s)
+LINGER_REST_S = 0.1  # after a wait that gathered none, no wait for this long (s)
 
 
 class Inbox:
@@ -107,6 +112,57 @@ class Inbox:
                 self._bell.acquire(timeout=left)
         finally:
             self._sleeping = False
+
+
+class Linger:
+    """When a worker's loop, holding finished jobs, waits for more before it
+    hands them to the reporter (docs/explanation/no-polling.md#lingering-for-batch-mates).
+
+    A claim's jobs run side by side, and on a busy machine their threads post
+    their ends some hundreds of µs apart: a loop that hands over the first
+    ones alone sends a small report and then a small claim for their slots,
+    two round trips for a few jobs. So the loop waits for more, up to
+    ``LINGER_S`` after it first found its inbox empty, while every job in
+    hand is quick (its handler ran under ``LINGER_S``), other jobs of its own
+    still run, and under half its room is free. A whole wait that gathered
+    nothing (the others are slow) is not tried again for ``LINGER_REST_S``: a worker
+    whose quick jobs share it with slow ones loses at most ``LINGER_S`` in
+    every ``LINGER_REST_S``. The loop's one thread calls ``begin`` as a
+    hand-over starts and ``more`` each time its inbox is empty."""
+
+    __slots__ = ("_end", "_held", "_rest_until", "_seen", "_slow", "_until")
+
+    def __init__(self) -> None:
+        self._rest_until = 0.0  # monotonic s: no wait before this
+        self.begin(0.0)
+
+    def begin(self, timeout: float) -> None:
+        """A hand-over starts: no wait past ``timeout`` s from now (the loop's next timer)."""
+        self._end, self._until = time.monotonic() + timeout, None
+        self._held = self._seen = 0  # jobs in hand when the wait began; finished ones looked at
+        self._slow = False  # one of them ran LINGER_S or more
+
+    def more(self, inbox: Inbox, finished: list, freed: int, executing: int, room: int):
+        """The next item of ``inbox`` while the wait lasts; raises ``queue.Empty``
+        when it is over (or was never on). ``finished``: the ``reporter.Finished``
+        in hand; ``freed``: slots given back in hand; ``executing``: the worker's
+        jobs not handed over, those in hand included; ``room``: the jobs it takes at
+        once (``ClaimLoop.room``)."""
+        for f in finished[self._seen :]:
+            self._slow = self._slow or f.ms >= LINGER_S * 1000
+        self._seen, held, now = len(finished), len(finished) + freed, time.monotonic()
+        if not finished or self._slow or executing <= held or 2 * held >= room:
+            raise _queue.Empty
+        if self._until is None:
+            if now < self._rest_until:
+                raise _queue.Empty
+            self._until, self._held = now + LINGER_S, held
+        try:
+            return inbox.get(timeout=min(self._until, self._end) - now)
+        except _queue.Empty:  # ran out: a whole wait that gathered nothing rests
+            if held <= self._held and self._until <= self._end:
+                self._rest_until = time.monotonic() + LINGER_REST_S
+            raise
 
 
 class Waker:
