@@ -42,7 +42,7 @@ def then(job):
 
 def started(timeout: float = 10.0) -> tuple[Linger, Inbox]:
     linger, inbox = Linger(), Inbox()
-    linger.begin(timeout)
+    linger.begin(time.monotonic() + timeout)
     return linger, inbox
 
 
@@ -80,25 +80,43 @@ def test_a_wait_that_gathered_nothing_rests_then_waits_again(monkeypatch) -> Non
     with pytest.raises(queue.Empty):
         linger.more(inbox, [QUICK], 0, 3, 10)
     assert time.monotonic() - began >= 0.02
-    linger.begin(10.0)
+    linger.begin(time.monotonic() + 10.0)
     inbox.put("resting")
     with pytest.raises(queue.Empty):  # resting: the item is the loop's at once
         linger.more(inbox, [QUICK], 0, 3, 10)
     assert inbox.get_nowait() == "resting"
     time.sleep(0.25)
-    linger.begin(10.0)
+    linger.begin(time.monotonic() + 10.0)
     inbox.put("rested")
     assert linger.more(inbox, [QUICK], 0, 3, 10) == "rested"
 
 
-def test_a_wait_that_gathered_one_does_not_rest(monkeypatch) -> None:
+def test_a_wait_that_ran_out_rests_though_it_gathered_one(monkeypatch) -> None:
+    """What still runs is slow: one quick batch-mate came, the rest did not."""
     monkeypatch.setattr(wake, "LINGER_S", 0.02)
+    monkeypatch.setattr(wake, "LINGER_REST_S", 60.0)
     linger, inbox = started()
     inbox.put(mate := Finished(None, ms=0.2))
     assert linger.more(inbox, [QUICK], 0, 3, 10) is mate
-    with pytest.raises(queue.Empty):  # ran out, one more in hand than at its start
+    with pytest.raises(queue.Empty):  # ran out
         linger.more(inbox, [QUICK, mate], 0, 3, 10)
-    linger.begin(10.0)
+    linger.begin(time.monotonic() + 10.0)
+    inbox.put("resting")
+    with pytest.raises(queue.Empty):
+        linger.more(inbox, [QUICK], 0, 3, 10)
+    assert inbox.get_nowait() == "resting"
+
+
+def test_a_wait_that_ends_sooner_does_not_rest(monkeypatch) -> None:
+    """Its last batch-mate came: nothing else runs, the next wait is on."""
+    monkeypatch.setattr(wake, "LINGER_S", 0.5)
+    monkeypatch.setattr(wake, "LINGER_REST_S", 60.0)
+    linger, inbox = started()
+    inbox.put(mate := Finished(None, ms=0.2))
+    assert linger.more(inbox, [QUICK], 0, 2, 10) is mate
+    with pytest.raises(queue.Empty):  # the two in hand are all that ran
+        linger.more(inbox, [QUICK, mate], 0, 2, 10)
+    linger.begin(time.monotonic() + 10.0)
     inbox.put("next")
     assert linger.more(inbox, [QUICK], 0, 3, 10) == "next"
 
@@ -110,7 +128,7 @@ def test_a_wait_cut_by_the_next_timer_neither_waits_past_it_nor_rests(monkeypatc
     with pytest.raises(queue.Empty):
         linger.more(inbox, [QUICK], 0, 3, 10)
     assert time.monotonic() - began < 0.4
-    linger.begin(10.0)
+    linger.begin(time.monotonic() + 10.0)
     inbox.put("not resting")
     assert linger.more(inbox, [QUICK], 0, 3, 10) == "not resting"
 

@@ -266,12 +266,13 @@ class ClaimLoop:
         """Block until a job finishes (or ``timeout`` s, or a wake-up), wait for its
         batch-mates while ``linger`` says so (not past ``timeout``, not after a
         wake-up or a stop), then hand every finished job to the reporter."""
+        end = time.monotonic() + timeout  # no wait for batch-mates past it
         try:
             item = self.done.get(timeout=timeout)
         except _queue.Empty:
             return
         finished, wakes, freed = [], [], 0
-        self.linger.begin(timeout)
+        self.linger.begin(end)
         while True:
             if isinstance(item, Wake):
                 wakes.append(item)

@@ -124,23 +124,23 @@ class Linger:
     two round trips for a few jobs. So the loop waits for more, up to
     ``LINGER_S`` after it first found its inbox empty, while every job in
     hand is quick (its handler ran under ``LINGER_S``), other jobs of its own
-    still run, and under half its room is free. A whole wait that gathered
-    nothing (the others are slow) is not tried again for ``LINGER_REST_S``: a worker
-    whose quick jobs share it with slow ones loses at most ``LINGER_S`` in
-    every ``LINGER_REST_S``. The loop's one thread calls ``begin`` as a
-    hand-over starts and ``more`` each time its inbox is empty."""
+    still run, and under half its room is free. A wait that ran its whole
+    ``LINGER_S`` (what still runs is slow, or its threads wait for a core) is
+    not tried again for ``LINGER_REST_S``: a worker loses at most one such
+    wait, ``LINGER_S``, in every ``LINGER_REST_S``; a wait that ends sooner
+    ended because what it waited for came. The loop's one thread calls
+    ``begin`` as a hand-over starts and ``more`` each time its inbox is empty."""
 
-    __slots__ = ("_end", "_held", "_rest_until", "_seen", "_slow", "_until")
+    __slots__ = ("_end", "_rest_until", "_seen", "_slow", "_until")
 
     def __init__(self) -> None:
         self._rest_until = 0.0  # monotonic s: no wait before this
         self.begin(0.0)
 
-    def begin(self, timeout: float) -> None:
-        """A hand-over starts: no wait past ``timeout`` s from now (the loop's next timer)."""
-        self._end, self._until = time.monotonic() + timeout, None
-        self._held = self._seen = 0  # jobs in hand when the wait began; finished ones looked at
-        self._slow = False  # one of them ran LINGER_S or more
+    def begin(self, end: float) -> None:
+        """A hand-over starts: no wait past ``end`` (monotonic s: the loop's next timer)."""
+        self._end, self._until = end, None
+        self._seen, self._slow = 0, False  # finished jobs looked at; one ran LINGER_S or more
 
     def more(self, inbox: Inbox, finished: list, freed: int, executing: int, room: int):
         """The next item of ``inbox`` while the wait lasts; raises ``queue.Empty``
@@ -156,11 +156,11 @@ class Linger:
         if self._until is None:
             if now < self._rest_until:
                 raise _queue.Empty
-            self._until, self._held = now + LINGER_S, held
+            self._until = now + LINGER_S
         try:
             return inbox.get(timeout=min(self._until, self._end) - now)
-        except _queue.Empty:  # ran out: a whole wait that gathered nothing rests
-            if held <= self._held and self._until <= self._end:
+        except _queue.Empty:  # ran out: a whole wait rests, one cut by the timer does not
+            if self._until <= self._end:
                 self._rest_until = time.monotonic() + LINGER_REST_S
             raise
 
