@@ -91,34 +91,31 @@ def test_a_wait_that_gathered_nothing_rests_then_waits_again(monkeypatch) -> Non
     assert linger.more(inbox, [QUICK], 0, 3, 10) == "rested"
 
 
-def test_a_wait_that_ran_out_rests_though_it_gathered_one(monkeypatch) -> None:
-    """What still runs is slow: one quick batch-mate came, the rest did not."""
+@pytest.mark.parametrize(
+    ("executing", "rests"),
+    [
+        (3, True),  # what still runs is slow: the wait ran out though one came
+        (2, False),  # the two in hand are all that ran: the wait ended sooner
+    ],
+)
+def test_after_a_batch_mate_came_only_a_wait_that_ran_out_rests(
+    monkeypatch, executing, rests
+) -> None:
     monkeypatch.setattr(wake, "LINGER_S", 0.02)
     monkeypatch.setattr(wake, "LINGER_REST_S", 60.0)
     linger, inbox = started()
     inbox.put(mate := Finished(None, ms=0.2))
-    assert linger.more(inbox, [QUICK], 0, 3, 10) is mate
-    with pytest.raises(queue.Empty):  # ran out
-        linger.more(inbox, [QUICK, mate], 0, 3, 10)
-    linger.begin(time.monotonic() + 10.0)
-    inbox.put("resting")
+    assert linger.more(inbox, [QUICK], 0, executing, 10) is mate
     with pytest.raises(queue.Empty):
-        linger.more(inbox, [QUICK], 0, 3, 10)
-    assert inbox.get_nowait() == "resting"
-
-
-def test_a_wait_that_ends_sooner_does_not_rest(monkeypatch) -> None:
-    """Its last batch-mate came: nothing else runs, the next wait is on."""
-    monkeypatch.setattr(wake, "LINGER_S", 0.5)
-    monkeypatch.setattr(wake, "LINGER_REST_S", 60.0)
-    linger, inbox = started()
-    inbox.put(mate := Finished(None, ms=0.2))
-    assert linger.more(inbox, [QUICK], 0, 2, 10) is mate
-    with pytest.raises(queue.Empty):  # the two in hand are all that ran
-        linger.more(inbox, [QUICK, mate], 0, 2, 10)
+        linger.more(inbox, [QUICK, mate], 0, executing, 10)
     linger.begin(time.monotonic() + 10.0)
     inbox.put("next")
-    assert linger.more(inbox, [QUICK], 0, 3, 10) == "next"
+    if rests:
+        with pytest.raises(queue.Empty):
+            linger.more(inbox, [QUICK], 0, 3, 10)
+        assert inbox.get_nowait() == "next"
+    else:
+        assert linger.more(inbox, [QUICK], 0, 3, 10) == "next"
 
 
 def test_a_wait_cut_by_the_next_timer_neither_waits_past_it_nor_rests(monkeypatch) -> None:
