@@ -53,7 +53,7 @@ QUIET_S = 1.0  # disarmed this long (busy), the waker hears commands on their ke
 
 DOWN, UP = Wake("", "down"), Wake("", "up")  # what a Waker posts when Redis goes and comes back
 LINGER_S = 0.001  # longest wait for a quick finished job's batch-mates (s)
-LINGER_REST_S = 0.1  # after a wait that gathered none, no wait for this long (s)
+LINGER_REST_S = 0.1  # after a wait that ran its whole LINGER_S, no wait for this long (s)
 
 
 class Inbox:
@@ -150,9 +150,10 @@ class Linger:
         once (``ClaimLoop.room``)."""
         for f in finished[self._seen :]:
             self._slow = self._slow or f.ms >= LINGER_S * 1000
-        self._seen, held, now = len(finished), len(finished) + freed, time.monotonic()
+        self._seen, held = len(finished), len(finished) + freed
         if not finished or self._slow or executing <= held or 2 * held >= room:
-            raise _queue.Empty
+            raise _queue.Empty  # before the clock: most hand-overs end here
+        now = time.monotonic()
         if self._until is None:
             if now < self._rest_until:
                 raise _queue.Empty
