@@ -186,3 +186,51 @@ def test_a_client_set_to_another_encoding_keeps_redis_pys_own_path(redis_cluster
         assert [client.exists(key.encode(c)) for c in ("latin-1", "utf-8")] == [1, 0]
     finally:
         client.close()
+
+
+def _script_stats(client, node) -> tuple[int, int, int]:
+    """``node``'s SCRIPT LOAD calls, EVALSHA calls and EVALSHA calls refused."""
+    stats = client.info("commandstats", target_nodes=node)
+    load = stats.get("cmdstat_script|load", {}).get("calls", 0)
+    evalsha = stats.get("cmdstat_evalsha", {"calls": 0, "failed_calls": 0})
+    return load, evalsha["calls"], evalsha["failed_calls"]
+
+
+def test_a_script_is_loaded_on_a_master_with_its_first_call_there(rc, monkeypatch) -> None:
+    """A fresh client loads nothing ahead on a Cluster either: a script's
+    ``SCRIPT LOAD`` rides ahead of its first call on each master, in the same
+    write, once; no call answers NOSCRIPT and no master is sent a script that no
+    call ran there. A master that lost its scripts answers NOSCRIPT once, and
+    that call is sent again with its load ahead in one more write (not three
+    round trips through redis-py's ``Script``).
+    docs/explanation/performance.md#a-workers-start"""
+    pytest.importorskip("hiredis")
+    from redis.commands.core import Script
+
+    a, b, c = _queues_on_masters(rc, 3)
+    slot_of = {q: key_slot(f"emq:{{{q}}}:x".encode()) for q in (a, b, c)}
+    node = {q: rc.nodes_manager.get_node_from_slot(slot) for q, slot in slot_of.items()}
+    rc.execute_command("SCRIPT FLUSH", target_nodes=rc.PRIMARIES)
+    rc.config_resetstat(target_nodes=rc.PRIMARIES)
+    one_by_one = []
+    real = Script.__call__
+    monkeypatch.setattr(Script, "__call__", lambda *x, **k: one_by_one.append(1) or real(*x, **k))
+    mq = EchoMQ(rc, prefix="emq")  # a fresh client, as at a worker's start
+    for queue in (a, b):
+        mq.enqueue(queue, "n", queue, job_id="j1")
+    jobs = mq.claim(a, 1, 30_000) + mq.claim(b, 1, 30_000)
+    outcomes = mq.complete_many([(job, job.queue) for job in jobs])  # two masters, one batch
+    assert [o.state for o in outcomes] == [JobState.COMPLETED] * 2
+    # enqueue, claim, complete: loaded once each on the two masters, with their first calls
+    assert [_script_stats(rc, node[q]) for q in (a, b, c)] == [(3, 3, 0), (3, 3, 0), (0, 0, 0)]
+    assert one_by_one == []
+
+    rc.execute_command("SCRIPT FLUSH", target_nodes=node[a])  # a restart, a failover
+    rc.config_resetstat(target_nodes=rc.PRIMARIES)
+    mq.enqueue(a, "n", 2, job_id="j2")  # NOSCRIPT, then sent again with its load ahead
+    assert _script_stats(rc, node[a]) == (1, 2, 1)
+    mq.enqueue(a, "n", 3, job_id="j3")  # loaded again: no load, no NOSCRIPT
+    mq.enqueue(b, "n", 3, job_id="j3")  # still loaded there: no load
+    assert (_script_stats(rc, node[a]), _script_stats(rc, node[b])) == ((1, 3, 1), (0, 1, 0))
+    assert one_by_one == []
+    assert [j.id for j in mq.claim(a, 5, 30_000)] == ["j2", "j3"]

@@ -11,8 +11,10 @@ be sent that way, or whose reply says it did not run there (``MOVED``,
 failed), goes through redis-py's ``ClusterPipeline``, with the slot map
 refreshed before each resend (``ROUTE_ATTEMPTS``).
 
-A ``call`` is ``(name, keys, args)``; ``sha_of(name)`` gives its script's
-SHA1, loaded on every master already (``Scripts``).
+A ``call`` is ``(name, keys, args)``; ``Loads`` gives its script's SHA1 and
+text and knows on which masters this client loaded it: the own write sends
+a script's ``SCRIPT LOAD`` ahead of its first call on a master, in the same
+write (docs/explanation/performance.md#a-workers-start).
 """
 
 from __future__ import annotations
@@ -78,9 +80,40 @@ def packs_as(encoder) -> bool:
 Call = tuple[str, list, list]
 
 
+class Loads:
+    """The scripts one Cluster client loaded on each master (by node name,
+    ``host:port``), so that the own write sends a script's ``SCRIPT LOAD``
+    ahead of its first call on a master, in the same write, and no sooner:
+    a client loads nothing ahead, and no script it never runs
+    (docs/explanation/performance.md#a-workers-start). A call answered
+    ``NOSCRIPT`` (a restart, a failover, ``SCRIPT FLUSH``) marks its script
+    lost on that master, so its next call there loads it again; a load
+    refused (an ACL without ``SCRIPT LOAD``) is not sent again, as on one
+    server. ``sha_of(name)`` and ``text_of(name)`` give a script's SHA1 and
+    its source (str). Thread-safe as the caller's threads use it: the worst
+    a race costs is a load sent twice."""
+
+    def __init__(self, sha_of: Callable[[str], str], text_of: Callable[[str], str]) -> None:
+        self.sha_of, self.text_of = sha_of, text_of
+        self._on: dict[str, set[str]] = {}
+
+    def needed(self, master: str, names) -> list[str]:
+        """The distinct script names among ``names`` not loaded on ``master``, in order."""
+        have = self._on.get(master, ())
+        return [name for name in dict.fromkeys(names) if name not in have]
+
+    def loaded(self, master: str, names) -> None:
+        """Mark the script names ``names`` as sent to ``master`` with a ``SCRIPT LOAD``."""
+        self._on.setdefault(master, set()).update(names)
+
+    def lost(self, master: str, name: str) -> None:
+        """Mark script ``name`` as gone from ``master`` (it answered ``NOSCRIPT``)."""
+        self._on.get(master, set()).discard(name)
+
+
 def send(
     client,
-    sha_of: Callable[[str], str],
+    loads: Loads,
     calls: list[Call],
     confirmed: list[bool],
     after: str | None,
@@ -92,27 +125,30 @@ def send(
     that a call wrote to, other than ``after``'s, is sent ``WAIT 1
     REPLICA_WAIT_MS`` behind its calls on the same connection, and
     ``confirmed[i]`` (bool) is set False for a call whose master's WAIT
-    counted no replica. ``packs``: ``packs_as`` of the client's encoder
-    (False: every call through the pipeline)."""
+    counted no replica. ``loads``: the client's ``Loads`` (the own write
+    loads a script on a master with its first call there; the pipeline
+    loads none). ``packs``: ``packs_as`` of the client's encoder (False:
+    every call through the pipeline)."""
     slots = [key_slot(client.encoder.encode(keys[0])) for _, keys, _ in calls]
     skip = None if after is None else key_slot(client.encoder.encode(after))
     replies: list = [None] * len(calls)
     todo = list(range(len(calls)))
     if _pack is not None and packs:
-        todo, refresh = _written(client, sha_of, calls, slots, skip, replies, confirmed)
+        todo, refresh = _written(client, loads, calls, slots, skip, replies, confirmed)
         if refresh:
             try:
                 client.nodes_manager.initialize()  # the pipeline's first send goes by the new map
             except MAP_ERRORS:
                 pass  # still failing over: the pipeline refreshes it again between its sends
     if todo:
-        _pipelined(client, sha_of, calls, slots, skip, replies, confirmed, todo)
+        _pipelined(client, loads.sha_of, calls, slots, skip, replies, confirmed, todo)
     return replies
 
 
-def _written(client, sha_of, calls, slots, skip, replies, confirmed) -> tuple[list[int], bool]:
+def _written(client, loads, calls, slots, skip, replies, confirmed) -> tuple[list[int], bool]:
     """The own write: every master's calls (and its WAIT) packed into one send on
-    one pooled connection of it, then every master's replies read back. Fills
+    one pooled connection of it, the ``SCRIPT LOAD`` of each script not yet loaded
+    there ahead of them (``Loads``), then every master's replies read back. Fills
     ``replies`` (and ``confirmed``); returns the indices left to the pipeline
     (calls not sent, not answered: the connection failed and was closed, never
     reused, or answered with a ``TRANSIENT`` error), and whether the slot map
@@ -121,7 +157,7 @@ def _written(client, sha_of, calls, slots, skip, replies, confirmed) -> tuple[li
     took closed and given back."""
     try:
         targets = {i: client.nodes_manager.get_node_from_slot(s) for i, s in enumerate(slots)}
-        packed = [_pack(("EVALSHA", sha_of(n), len(k), *k, *a)) for n, k, a in calls]
+        packed = [_pack(("EVALSHA", loads.sha_of(n), len(k), *k, *a)) for n, k, a in calls]
     except (*MAP_ERRORS, TypeError):  # no master in the map; an argument hiredis refuses
         return list(range(len(calls))), False
     waits = {node.name for node in replica_waits(client, targets, slots, skip)}
@@ -133,13 +169,17 @@ def _written(client, sha_of, calls, slots, skip, replies, confirmed) -> tuple[li
     refresh = False
     held: dict[int, tuple] = {}  # id(connection) -> (pool, connection): not given back yet
     try:
-        sent = []  # (connection, indices, waited)
+        sent = []  # (connection, master, indices, scripts loaded ahead, waited)
         for name, idx in groups.items():
             pool = getattr(targets[idx[0]].redis_connection, "connection_pool", None)
             if pool is None:  # not connected yet: redis-py's own path connects it
                 left.update(idx)
                 continue
-            data = b"".join(packed[i] for i in idx)
+            need = loads.needed(name, (calls[i][0] for i in idx))
+            data = b"".join(
+                [*(_pack(("SCRIPT", "LOAD", loads.text_of(n))) for n in need)]
+                + [packed[i] for i in idx]
+            )
             if name in waits:
                 data += _pack(("WAIT", 1, REPLICA_WAIT_MS))
             try:
@@ -150,14 +190,22 @@ def _written(client, sha_of, calls, slots, skip, replies, confirmed) -> tuple[li
                 left.update(idx)
                 refresh = True
                 continue
-            sent.append((conn, idx, name in waits))
-        for conn, idx, waited in sent:
+            sent.append((conn, name, idx, need, name in waits))
+        for conn, name, idx, need, waited in sent:
             try:
+                for _ in need:
+                    try:
+                        conn.read_response()
+                    except redis.exceptions.ResponseError:  # refused: its calls say NOSCRIPT
+                        pass
+                loads.loaded(name, need)
                 for i in idx:
                     try:
                         got[i] = conn.read_response()
                     except redis.exceptions.ResponseError as err:
                         got[i] = err
+                        if isinstance(err, redis.exceptions.NoScriptError):
+                            loads.lost(name, calls[i][0])
                 if waited:
                     try:
                         n = conn.read_response()

@@ -144,8 +144,10 @@ class Scripts:
         self.client = client
         self.sources = load_sources()
         self._scripts = {n: client.register_script(s.text) for n, s in self.sources.items()}
-        self._loaded_for_pipeline = False  # a Cluster's: every script on every master
+        self._loaded_for_pipeline = False  # a Cluster's without the own write: all, everywhere
         self._loaded: set[str] = set()  # one server's: the scripts loaded by a call's own trip
+        # a Cluster's own write: the scripts loaded on each master, each by its first call there
+        self._loads = routing.Loads(self._sha, lambda name: self._scripts[name].script)
         encoder = client.encoder if isinstance(client, RedisCluster) else client.get_encoder()
         self._packs = routing.packs_as(encoder)  # hiredis writes a str as the client would
 
@@ -165,8 +167,8 @@ class Scripts:
         one_server = not isinstance(self.client, RedisCluster)
         fast = _pack if one_server else routing._pack
         if fast is not None or (one_server and name not in self._loaded):
-            # the own write, or a first call: its load in the same round trip; on a
-            # Cluster its script is loaded where NOSCRIPT says so, not every one first
+            # the own write, or a first call: its load in the same round trip (on a
+            # Cluster, on its master: routing.Loads), not every script first
             reply = self._confirmed([(name, keys, args)], None, load=one_server)[0][0]
             if isinstance(reply, Exception):
                 raise reply
@@ -237,20 +239,36 @@ class Scripts:
         self, calls: list[tuple[str, list, list]], after_key: str | None, load: bool = True
     ):
         """``run_many_confirmed``'s work (``run`` takes it too: one round trip,
-        counted once by whoever watches the public calls). ``load`` False: on a
-        Cluster, no script is loaded ahead (``_load_for_pipeline``)."""
+        counted once by whoever watches the public calls). On a Cluster without
+        the own write (no ``hiredis``), every script is loaded ahead of the first
+        pipeline (``_load_for_pipeline``), unless ``load`` is False; with it, a
+        script rides ahead of its first call on each master (``routing.Loads``)."""
         if not calls:
             return [], []
         for name, keys, args in calls:
             self.check_call(name, keys, args)
         confirmed = [True] * len(calls)
         if isinstance(self.client, RedisCluster):
+            own = routing._pack is not None and self._packs
             try:  # its SCRIPT LOAD on a fresh client meets a dead master too
-                if load:
+                if load and not own:
                     self._load_for_pipeline()
                 replies = routing.send(
-                    self.client, self._sha, calls, confirmed, after_key, self._packs
+                    self.client, self._loads, calls, confirmed, after_key, self._packs
                 )
+                again = [i for i, r in enumerate(replies) if isinstance(r, NoScriptError)]
+                if own and again:  # a master lost them: sent again, each load ahead, once
+                    sub = [True] * len(again)
+                    redo = routing.send(
+                        self.client,
+                        self._loads,
+                        [calls[i] for i in again],
+                        sub,
+                        after_key,
+                        self._packs,
+                    )
+                    for i, reply, ok in zip(again, redo, sub, strict=True):
+                        replies[i], confirmed[i] = reply, ok
             except TRANSIENT as err:
                 raise connection_error(self.client, err) from err
             if not all(confirmed):
@@ -352,9 +370,10 @@ class Scripts:
         return self._scripts[name].sha
 
     def _load_for_pipeline(self) -> None:
-        """A Cluster: every script loaded once per client before its first pipeline
-        (one server: ``_to_load``); a server that lost them later (a restart, a failover,
-        SCRIPT FLUSH) answers NOSCRIPT for each: ``_confirmed`` runs those again, loading them."""
+        """A Cluster without the own write (no ``hiredis``): every script loaded once per
+        client before its first pipeline (one server: ``_to_load``; the own write:
+        ``routing.Loads``); a server that lost them later (a restart, a failover, SCRIPT
+        FLUSH) answers NOSCRIPT for each: ``_confirmed`` runs those again, loading them."""
         if not self._loaded_for_pipeline:
             for script in self._scripts.values():
                 script.sha = self.client.script_load(script.script)
