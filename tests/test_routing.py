@@ -188,6 +188,15 @@ def test_a_client_set_to_another_encoding_keeps_redis_pys_own_path(redis_cluster
         client.close()
 
 
+def _one_by_one(monkeypatch) -> list:
+    """A list that grows by one at each call run through redis-py's ``Script``."""
+    from redis.commands.core import Script
+
+    calls, real = [], Script.__call__
+    monkeypatch.setattr(Script, "__call__", lambda *x, **k: calls.append(1) or real(*x, **k))
+    return calls
+
+
 def _script_stats(client, node) -> tuple[int, int, int]:
     """``node``'s SCRIPT LOAD calls, EVALSHA calls and EVALSHA calls refused."""
     stats = client.info("commandstats", target_nodes=node)
@@ -205,16 +214,12 @@ def test_a_script_is_loaded_on_a_master_with_its_first_call_there(rc, monkeypatc
     round trips through redis-py's ``Script``).
     docs/explanation/performance.md#a-workers-start"""
     pytest.importorskip("hiredis")
-    from redis.commands.core import Script
-
     a, b, c = _queues_on_masters(rc, 3)
     slot_of = {q: key_slot(f"emq:{{{q}}}:x".encode()) for q in (a, b, c)}
     node = {q: rc.nodes_manager.get_node_from_slot(slot) for q, slot in slot_of.items()}
     rc.execute_command("SCRIPT FLUSH", target_nodes=rc.PRIMARIES)
     rc.config_resetstat(target_nodes=rc.PRIMARIES)
-    one_by_one = []
-    real = Script.__call__
-    monkeypatch.setattr(Script, "__call__", lambda *x, **k: one_by_one.append(1) or real(*x, **k))
+    one_by_one = _one_by_one(monkeypatch)
     mq = EchoMQ(rc, prefix="emq")  # a fresh client, as at a worker's start
     for queue in (a, b):
         mq.enqueue(queue, "n", queue, job_id="j1")
@@ -234,3 +239,54 @@ def test_a_script_is_loaded_on_a_master_with_its_first_call_there(rc, monkeypatc
     assert (_script_stats(rc, node[a]), _script_stats(rc, node[b])) == ((1, 3, 1), (0, 1, 0))
     assert one_by_one == []
     assert [j.id for j in mq.claim(a, 5, 30_000)] == ["j2", "j3"]
+
+
+@pytest.mark.parametrize("miss", ["pipeline", "race"])
+def test_calls_a_master_refused_for_a_lost_script_are_sent_again_with_their_load(
+    rc, monkeypatch, miss
+) -> None:
+    """A master lost its scripts after this client loaded them there. Its
+    ``NOSCRIPT`` reached the client through the pipeline (the own write failed
+    under the calls, a connection reset: ``pipeline``), or its mark was undone
+    by another thread's (``race``: ``Loads.lost`` does nothing). Either way the
+    call is sent again once, its load ahead, and not through redis-py's
+    ``Script`` (three round trips). docs/explanation/performance.md#a-workers-start"""
+    pytest.importorskip("hiredis")
+    (a,) = _queues_on_masters(rc, 1)
+    node = rc.nodes_manager.get_node_from_slot(key_slot(f"emq:{{{a}}}:x".encode()))
+    mq = EchoMQ(rc, prefix="emq")
+    mq.enqueue(a, "n", 1, job_id="j1")  # enqueue loaded there
+    rc.execute_command("SCRIPT FLUSH", target_nodes=node)  # a restart at the same address
+    rc.config_resetstat(target_nodes=node)
+    if miss == "pipeline":
+        real, cut = routing._written, []
+        monkeypatch.setattr(
+            routing,
+            "_written",
+            lambda *x: real(*x) if cut else (cut.append(1) or (list(range(len(x[2]))), False)),
+        )
+    else:
+        monkeypatch.setattr(routing.Loads, "lost", lambda *x: None)
+    one_by_one = _one_by_one(monkeypatch)
+    assert mq.enqueue(a, "n", 2, job_id="j2") == "j2"
+    assert (_script_stats(rc, node), one_by_one) == ((1, 2, 1), [])
+    assert [j.id for j in mq.claim(a, 5, 30_000)] == ["j1", "j2"]
+
+
+def test_a_hand_off_run_alone_after_noscript_is_not_confirmed(rch, monkeypatch) -> None:
+    """A hand-off call (``after_key``) that a master refused with ``NOSCRIPT`` and
+    that then ran alone through redis-py's ``Script`` (the pipeline without
+    ``hiredis``) had no ``WAIT`` behind it: it comes back unconfirmed, so the
+    caller keeps its record.
+    docs/explanation/reliability.md#a-hand-off-between-masters-waits-for-a-replica"""
+    monkeypatch.setattr(routing, "_pack", None)
+    mq = EchoMQ(rch, prefix="emq")
+    a, c = _queues_on_masters(rch, 2)
+    _replicas_in_the_map(rch, [a, c])
+    after = f"emq:{{{c}}}:x"
+    replies, confirmed = mq.scripts.run_many_confirmed([mq.outbox.lock_call(a, "t1")], after)
+    assert (replies, confirmed) == ([1], [True])  # its WAIT counted the replica
+    node = rch.nodes_manager.get_node_from_slot(key_slot(f"emq:{{{a}}}:x".encode()))
+    rch.execute_command("SCRIPT FLUSH", target_nodes=node)
+    replies, confirmed = mq.scripts.run_many_confirmed([mq.outbox.lock_call(a, "t1")], after)
+    assert (replies, confirmed) == ([1], [False])  # ran (t1 holds the lock), unconfirmed

@@ -118,6 +118,7 @@ def send(
     confirmed: list[bool],
     after: str | None,
     packs: bool = True,
+    reload: bool = False,
 ) -> list:
     """Send ``calls`` (a ``RedisCluster``'s); returns the raw replies in order
     (an error object for a refused call, a transient one for a call that
@@ -126,7 +127,8 @@ def send(
     REPLICA_WAIT_MS`` behind its calls on the same connection, and
     ``confirmed[i]`` (bool) is set False for a call whose master's WAIT
     counted no replica. ``loads``: the client's ``Loads`` (the own write
-    loads a script on a master with its first call there; the pipeline
+    loads a script on a master with its first call there, or with every
+    call when ``reload`` (calls a master answered ``NOSCRIPT``); the pipeline
     loads none). ``packs``: ``packs_as`` of the client's encoder (False:
     every call through the pipeline)."""
     slots = [key_slot(client.encoder.encode(keys[0])) for _, keys, _ in calls]
@@ -134,7 +136,7 @@ def send(
     replies: list = [None] * len(calls)
     todo = list(range(len(calls)))
     if _pack is not None and packs:
-        todo, refresh = _written(client, loads, calls, slots, skip, replies, confirmed)
+        todo, refresh = _written(client, loads, calls, slots, skip, replies, confirmed, reload)
         if refresh:
             try:
                 client.nodes_manager.initialize()  # the pipeline's first send goes by the new map
@@ -145,10 +147,13 @@ def send(
     return replies
 
 
-def _written(client, loads, calls, slots, skip, replies, confirmed) -> tuple[list[int], bool]:
+def _written(
+    client, loads, calls, slots, skip, replies, confirmed, reload=False
+) -> tuple[list[int], bool]:
     """The own write: every master's calls (and its WAIT) packed into one send on
     one pooled connection of it, the ``SCRIPT LOAD`` of each script not yet loaded
-    there ahead of them (``Loads``), then every master's replies read back. Fills
+    there ahead of them (``Loads``; of every call's script with ``reload``), then
+    every master's replies read back. Fills
     ``replies`` (and ``confirmed``); returns the indices left to the pipeline
     (calls not sent, not answered: the connection failed and was closed, never
     reused, or answered with a ``TRANSIENT`` error), and whether the slot map
@@ -175,7 +180,8 @@ def _written(client, loads, calls, slots, skip, replies, confirmed) -> tuple[lis
             if pool is None:  # not connected yet: redis-py's own path connects it
                 left.update(idx)
                 continue
-            need = loads.needed(name, (calls[i][0] for i in idx))
+            names = (calls[i][0] for i in idx)
+            need = list(dict.fromkeys(names)) if reload else loads.needed(name, names)
             data = b"".join(
                 [*(_pack(("SCRIPT", "LOAD", loads.text_of(n))) for n in need)]
                 + [packed[i] for i in idx]

@@ -257,7 +257,7 @@ class Scripts:
                     self.client, self._loads, calls, confirmed, after_key, self._packs
                 )
                 again = [i for i, r in enumerate(replies) if isinstance(r, NoScriptError)]
-                if own and again:  # a master lost them: sent again, each load ahead, once
+                if own and again:  # a master lost them: sent again, their loads ahead, once
                     sub = [True] * len(again)
                     redo = routing.send(
                         self.client,
@@ -266,6 +266,7 @@ class Scripts:
                         sub,
                         after_key,
                         self._packs,
+                        reload=True,
                     )
                     for i, reply, ok in zip(again, redo, sub, strict=True):
                         replies[i], confirmed[i] = reply, ok
@@ -287,9 +288,11 @@ class Scripts:
                         replies[i] = reply
             except TRANSIENT as err:
                 raise connection_error(self.client, err) from err
-        out = []
-        for (name, keys, args), reply in zip(calls, replies, strict=True):
+        out, cluster = [], isinstance(self.client, RedisCluster)
+        for i, ((name, keys, args), reply) in enumerate(zip(calls, replies, strict=True)):
             if isinstance(reply, NoScriptError):  # a Cluster's, or flushed again: one by one
+                if cluster and after_key is not None:
+                    confirmed[i] = False  # run alone, with no WAIT behind it: not confirmed
                 try:
                     reply = self._scripts[name](keys=keys, args=args)
                 except redis.exceptions.ResponseError as err:
