@@ -290,3 +290,42 @@ def test_a_hand_off_run_alone_after_noscript_is_not_confirmed(rch, monkeypatch) 
     rch.execute_command("SCRIPT FLUSH", target_nodes=node)
     replies, confirmed = mq.scripts.run_many_confirmed([mq.outbox.lock_call(a, "t1")], after)
     assert (replies, confirmed) == ([1], [False])  # ran (t1 holds the lock), unconfirmed
+
+
+@pytest.mark.parametrize("packed", [True, False], ids=["own-write", "pipeline"])
+def test_a_call_whose_slot_is_migrating_is_not_now_and_runs_once_it_settles(
+    rc, monkeypatch, packed
+) -> None:
+    """A slot migrating between masters (``CLUSTER SETSLOT ... MIGRATING`` /
+    ``IMPORTING``), the call's keys not on the source: redis-py's pipeline
+    answers it ``ClusterError('TTL exhausted.')`` once its redirections run
+    out. The call never ran, so it is "not now" (``RedisUnavailable``, which
+    a worker or a pump waits out), not a reply; once the slot is stable again
+    the same call runs. docs/explanation/reliability.md#not-now-is-not-no"""
+    import redis
+
+    from echomq_django import RedisUnavailable
+    from tests.support import rigs
+
+    if packed:
+        pytest.importorskip("hiredis")
+    else:
+        monkeypatch.setattr(routing, "_pack", None)
+    mq = EchoMQ(rc, prefix="emq")
+    a, b = _queues_on_masters(rc, 2)
+    slot = key_slot(f"emq:{{{a}}}:x".encode())
+    source, target = (
+        redis.Redis(host=rigs.HOST, port=int(rc.nodes_manager.get_node_from_slot(s).port))
+        for s in (slot, key_slot(f"emq:{{{b}}}:x".encode()))
+    )
+    mq.enqueue(a, "n", 1, job_id="j1")  # loaded, connected
+    target.execute_command("CLUSTER SETSLOT", slot, "IMPORTING", source.cluster("myid"))
+    source.execute_command("CLUSTER SETSLOT", slot, "MIGRATING", target.cluster("myid"))
+    try:
+        with pytest.raises(RedisUnavailable, match="TTL exhausted"):
+            mq.scripts.run_many([mq.outbox.lock_call(a, "t1")])  # its keys absent: ASK
+    finally:
+        for node in (source, target):
+            node.execute_command("CLUSTER SETSLOT", slot, "STABLE")
+            node.close()
+    assert mq.scripts.run_many([mq.outbox.lock_call(a, "t1")]) == [1]

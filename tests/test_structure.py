@@ -59,6 +59,10 @@ RAW_SCRIPT_TESTS = {  # (file, test) that drive raw script calls on purpose
     ("tests/test_scripts.py", "test_noscript_fallback_run"),
     ("tests/test_scripts.py", "test_noscript_fallback_run_many"),
     ("tests/test_scripts_write.py", "test_an_argument_hiredis_does_not_pack_gets_redis_py_s_error"),
+    (
+        "tests/test_routing.py",
+        "test_a_call_whose_slot_is_migrating_is_not_now_and_runs_once_it_settles",
+    ),
 }
 
 

@@ -25,7 +25,9 @@ from . import routing
 from .errors import TRANSIENT, connection_error, translate
 
 NoScriptError = redis.exceptions.NoScriptError
-NOT_RUN = (*TRANSIENT, NoScriptError)  # a call that never ran: "not now" (_confirmed)
+# a call that never ran: "not now" (_confirmed); redis-py's pipeline answers a call
+# whose redirections ran out (a slot migrating) with ClusterError, as errors.AWAY has it
+NOT_RUN = (*TRANSIENT, redis.exceptions.ClusterError, NoScriptError)
 
 try:  # the [fast] extra: a call's packing in C (Scripts._written)
     from hiredis import pack_command as _pack
