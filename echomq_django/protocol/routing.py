@@ -85,13 +85,14 @@ class Loads:
     ``host:port``), so that the own write sends a script's ``SCRIPT LOAD``
     ahead of its first call on a master, in the same write, and no sooner:
     a client loads nothing ahead, and no script it never runs
-    (docs/explanation/performance.md#a-workers-start). A call answered
-    ``NOSCRIPT`` (a restart, a failover, ``SCRIPT FLUSH``) marks its script
-    lost on that master, so its next call there loads it again; a load
-    refused (an ACL without ``SCRIPT LOAD``) is not sent again, as on one
-    server. ``sha_of(name)`` and ``text_of(name)`` give a script's SHA1 and
-    its source (str). Thread-safe as the caller's threads use it: the worst
-    a race costs is a load sent twice."""
+    (docs/explanation/performance.md#a-workers-start). A master that lost its
+    scripts (a restart, a failover, ``SCRIPT FLUSH``) answers ``NOSCRIPT``,
+    and the caller sends those calls again with ``send(..., reload=True)``,
+    whose loads mark them loaded again; a load refused (an ACL without
+    ``SCRIPT LOAD``) is not sent again, as on one server. ``sha_of(name)``
+    and ``text_of(name)`` give a script's SHA1 and its source (str).
+    Thread-safe as the caller's threads use it: the worst a race costs is a
+    load sent twice."""
 
     def __init__(self, sha_of: Callable[[str], str], text_of: Callable[[str], str]) -> None:
         self.sha_of, self.text_of = sha_of, text_of
@@ -105,10 +106,6 @@ class Loads:
     def loaded(self, master: str, names) -> None:
         """Mark the script names ``names`` as sent to ``master`` with a ``SCRIPT LOAD``."""
         self._on.setdefault(master, set()).update(names)
-
-    def lost(self, master: str, name: str) -> None:
-        """Mark script ``name`` as gone from ``master`` (it answered ``NOSCRIPT``)."""
-        self._on.get(master, set()).discard(name)
 
 
 def send(
@@ -210,8 +207,6 @@ def _written(
                         got[i] = conn.read_response()
                     except redis.exceptions.ResponseError as err:
                         got[i] = err
-                        if isinstance(err, redis.exceptions.NoScriptError):
-                            loads.lost(name, calls[i][0])
                 if waited:
                     try:
                         n = conn.read_response()
