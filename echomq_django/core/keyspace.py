@@ -91,6 +91,9 @@ QUEUE_KEYS = {
     "groups_rate": "groups:rate",  # hash: group -> its rate limit set at run time, 'max:per_ms'
     "groups_paused": "groups:paused",  # set: groups paused (emq.pause_group)
     "groups_concurrency": "groups:concurrency",  # hash: group -> its cap set at run time
+    # never written: a Cluster's every script call declares it after its own keys,
+    # so Redis refuses the call while the slot migrates (absent_key below)
+    "absent": "absent",
 }
 # Keys that hold one value of a family: the suffix is this prefix + a name.
 JOB_PREFIX = "job:"  # hash P:{q}:job:<id>: the job row; also the child ref
@@ -186,6 +189,7 @@ class QueueKeys:
     groups_rate: str
     groups_paused: str
     groups_concurrency: str
+    absent: str
 
     def job(self, job_id: str) -> str:
         """``P:{q}:job:<id>``; raises ``ValueError`` for a bad id."""
@@ -219,6 +223,17 @@ class QueueKeys:
     def index(self, state: str) -> str:
         """The index key holding jobs in ``state`` (a ``JobState`` or its value)."""
         return getattr(self, STATE_INDEX[state])
+
+
+def absent_key(key: str) -> str:
+    """``P:{q}:absent`` for ``key``, any key ``P:{q}:...`` of queue ``q``: a key no
+    one writes, which a Cluster's every script call declares after its own keys.
+    While the slot migrates, Redis answers a call that declares a missing key with
+    ``TRYAGAIN`` or ``ASK`` (and ``TRYAGAIN`` on the importing master), so no script
+    starts there and stops midway on a key already moved; the call is "not now"
+    (docs/explanation/reliability.md#a-slot-moved-under-load). Raises
+    ``ValueError`` for a key with no ``{q}`` hash tag."""
+    return f"{key[: key.index('}') + 1]}:{QUEUE_KEYS['absent']}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,6 +21,7 @@ from pathlib import Path
 import redis
 from redis.cluster import RedisCluster
 
+from ..core.keyspace import absent_key
 from . import routing
 from .errors import TRANSIENT, connection_error, translate
 
@@ -176,6 +177,8 @@ class Scripts:
                 raise reply
             return reply
         self.check_call(name, keys, args)
+        if not one_server:
+            keys = [*keys, absent_key(keys[0])]
         try:
             return self._scripts[name](keys=keys, args=args)
         except NOT_RUN as err:  # before ResponseError
@@ -206,7 +209,10 @@ class Scripts:
         the resends below; calls that did run are replays when the caller
         repeats the batch, which every script recognises.
 
-        On a Cluster each call is routed by the slot of its first key,
+        On a Cluster each call also declares its queue's ``absent`` key
+        (``keyspace.absent_key``), so that no script starts while its slot
+        migrates (docs/explanation/reliability.md#a-slot-moved-under-load),
+        and is routed by the slot of its first key,
         computed here (all of a script's keys share it,
         docs/explanation/protocol.md#one-slot-per-script): no
         ``COMMAND GETKEYS`` round trip to redis-py's default node, which after
@@ -251,6 +257,8 @@ class Scripts:
             self.check_call(name, keys, args)
         confirmed = [True] * len(calls)
         if isinstance(self.client, RedisCluster):
+            # each declares its queue's absent key: refused, not begun, while the slot migrates
+            calls = [(name, [*keys, absent_key(keys[0])], args) for name, keys, args in calls]
             own = routing._pack is not None and self._packs
             try:  # its SCRIPT LOAD on a fresh client meets a dead master too
                 if load and not own:

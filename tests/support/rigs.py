@@ -152,6 +152,38 @@ class Cluster:
             time.sleep(0.05)
         return again
 
+    def move_slot(self, key: str, to_port: int, batch: int = 5, pause_s: float = 0.005) -> int:
+        """Reshard ``key``'s slot to the master on ``to_port`` as ``redis-cli
+        --cluster reshard`` does, while clients go on using it: ``IMPORTING``
+        on the target, ``MIGRATING`` on the source, ``MIGRATE`` of ``batch``
+        keys at a time with ``pause_s`` s between batches (no ``REPLACE``: a
+        key written on both sides fails it), then ``SETSLOT NODE`` on the
+        target, the source and every other master. Returns the keys moved."""
+        source_port = self.master_port(key)
+        by_port = {n.port: n.client(socket_timeout=10) for n in self.live()}
+        try:
+            source, target = by_port[source_port], by_port[to_port]
+            slot = int(source.execute_command("CLUSTER KEYSLOT", key))
+            source_id = _text(source.execute_command("CLUSTER MYID"))
+            target_id = _text(target.execute_command("CLUSTER MYID"))
+            target.execute_command("CLUSTER SETSLOT", slot, "IMPORTING", source_id)
+            source.execute_command("CLUSTER SETSLOT", slot, "MIGRATING", target_id)
+            moved = 0
+            while keys := source.execute_command("CLUSTER GETKEYSINSLOT", slot, batch):
+                source.execute_command("MIGRATE", HOST, to_port, "", 0, 5000, "KEYS", *keys)
+                moved += len(keys)
+                time.sleep(pause_s)
+            masters = [target, source] + [
+                c for port, c in by_port.items() if port not in (source_port, to_port)
+            ]
+            for c in masters:
+                if _text(c.execute_command("ROLE")[0]) == "master":
+                    c.execute_command("CLUSTER SETSLOT", slot, "NODE", target_id)
+            return moved
+        finally:
+            for c in by_port.values():
+                c.close()
+
     def kill_all(self) -> None:
         """SIGKILL every node: no node answers until ``restart_all``."""
         for node in self.live():
@@ -173,6 +205,10 @@ class Cluster:
         for node in self.nodes:
             node.stop()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def log_tail(node: RedisProcess, lines: int = 10) -> str:
