@@ -99,8 +99,10 @@ def test_flows_and_jobs_survive_their_slots_moving_under_load(cluster, tmp_path,
             report["moves"].append((moved, round(time.monotonic() - started, 2)))
         wait_until(lambda: roots_done(mq, flows) >= FLOWS // 4, 60)
         report["roots_done_before_the_move_back"] = roots_done(mq, flows)
+        started = time.monotonic()
         moved = cluster.move_slot(fa, home, batch=10, pause_s=0.002)  # and back, under load
-        report["moves"].append((moved, None))
+        settled_ms = time.time() * 1000
+        report["moves"].append((moved, round(time.monotonic() - started, 2)))
         feeder.join(BUDGET_S)
         assert not feeder.is_alive(), f"the producer never added every batch: {report}"
         wait_until(lambda: roots_done(mq, flows) >= FLOWS, BUDGET_S, 0.2)
@@ -115,6 +117,10 @@ def test_flows_and_jobs_survive_their_slots_moving_under_load(cluster, tmp_path,
             p.stop()
         feeder.join(10)
     fig = audit(mq, flows)
+    [(_, first_ms)] = client.zrangebyscore(
+        mq.keys.queue("fa").completed, settled_ms, "+inf", start=0, num=1, withscores=True
+    )
+    report["first_completion_after_the_move_back_s"] = round((first_ms - settled_ms) / 1000, 3)
     ran = runs(run_log)
     logs = "".join(p.log.read_text(errors="replace") for p in procs)
     with capsys.disabled():
