@@ -290,6 +290,34 @@ def test_a_hand_off_run_alone_after_noscript_is_not_confirmed(rch, monkeypatch) 
     assert (replies, confirmed) == ([1], [False])  # ran (t1 holds the lock), unconfirmed
 
 
+def _two_masters(rc, monkeypatch, packed: bool):
+    """A client writing its own (``packed``, with hiredis) or through redis-py's
+    pipeline, and a queue ``a`` on one master: ``(mq, a, slot, source,
+    target)``, ``slot`` the queue's, ``source`` a ``redis.Redis`` on its
+    master and ``target`` one on another master."""
+    import redis
+
+    from tests.support import rigs
+
+    if packed:
+        pytest.importorskip("hiredis")
+    else:
+        monkeypatch.setattr(routing, "_pack", None)
+    a, b = _queues_on_masters(rc, 2)
+    slot = key_slot(f"emq:{{{a}}}:x".encode())
+    source, target = (
+        redis.Redis(host=rigs.HOST, port=int(rc.nodes_manager.get_node_from_slot(s).port))
+        for s in (slot, key_slot(f"emq:{{{b}}}:x".encode()))
+    )
+    return EchoMQ(rc, prefix="emq"), a, slot, source, target
+
+
+def _open(slot: int, source, target) -> None:
+    """Start moving ``slot`` from ``source`` to ``target``: IMPORTING, MIGRATING."""
+    target.execute_command("CLUSTER SETSLOT", slot, "IMPORTING", source.cluster("myid"))
+    source.execute_command("CLUSTER SETSLOT", slot, "MIGRATING", target.cluster("myid"))
+
+
 @pytest.mark.parametrize("packed", [True, False], ids=["own-write", "pipeline"])
 def test_a_call_whose_slot_is_migrating_is_not_now_and_runs_once_it_settles(
     rc, monkeypatch, packed
@@ -300,25 +328,11 @@ def test_a_call_whose_slot_is_migrating_is_not_now_and_runs_once_it_settles(
     out. The call never ran, so it is "not now" (``RedisUnavailable``, which
     a worker or a pump waits out), not a reply; once the slot is stable again
     the same call runs. docs/explanation/reliability.md#not-now-is-not-no"""
-    import redis
-
     from echomq_django import RedisUnavailable
-    from tests.support import rigs
 
-    if packed:
-        pytest.importorskip("hiredis")
-    else:
-        monkeypatch.setattr(routing, "_pack", None)
-    mq = EchoMQ(rc, prefix="emq")
-    a, b = _queues_on_masters(rc, 2)
-    slot = key_slot(f"emq:{{{a}}}:x".encode())
-    source, target = (
-        redis.Redis(host=rigs.HOST, port=int(rc.nodes_manager.get_node_from_slot(s).port))
-        for s in (slot, key_slot(f"emq:{{{b}}}:x".encode()))
-    )
+    mq, a, slot, source, target = _two_masters(rc, monkeypatch, packed)
     mq.enqueue(a, "n", 1, job_id="j1")  # loaded, connected
-    target.execute_command("CLUSTER SETSLOT", slot, "IMPORTING", source.cluster("myid"))
-    source.execute_command("CLUSTER SETSLOT", slot, "MIGRATING", target.cluster("myid"))
+    _open(slot, source, target)
     try:
         with pytest.raises(RedisUnavailable, match="TTL exhausted"):
             mq.scripts.run_many([mq.outbox.lock_call(a, "t1")])  # its keys absent: ASK
@@ -340,30 +354,20 @@ def test_no_script_starts_while_its_slot_migrates(redis_cluster, rc, monkeypatch
     written; once the slot settles on the new master the same completion
     runs there and releases the parent.
     docs/explanation/reliability.md#a-slot-moved-under-load"""
-    import redis
-
     from echomq_django import Flow, RedisUnavailable
     from tests.support import rigs
 
-    if packed:
-        pytest.importorskip("hiredis")
-    else:
-        monkeypatch.setattr(routing, "_pack", None)
-    mq = EchoMQ(rc, prefix="emq")
-    a, b = _queues_on_masters(rc, 2)
+    mq, a, slot, source, target = _two_masters(rc, monkeypatch, packed)
     mq.enqueue(a, "n", {}, job_id="x")
     mq.complete(mq.claim(a, 1)[0], "done")  # the queue's completed zset exists
     mq.add_flow(Flow(a, "p", {}, job_id="P", children=[Flow(a, "c", {}, job_id="C")]))
     [job] = mq.claim(a, 1)
     keys = mq.keys.queue(a)
-    slot = key_slot(keys.pending.encode())
     home, away = (
-        int(rc.nodes_manager.get_node_from_slot(s).port)
-        for s in (slot, key_slot(f"emq:{{{b}}}:x".encode()))
+        source.connection_pool.connection_kwargs["port"],
+        target.connection_pool.connection_kwargs["port"],
     )
-    source, target = redis.Redis(host=rigs.HOST, port=home), redis.Redis(host=rigs.HOST, port=away)
-    target.execute_command("CLUSTER SETSLOT", slot, "IMPORTING", source.cluster("myid"))
-    source.execute_command("CLUSTER SETSLOT", slot, "MIGRATING", target.cluster("myid"))
+    _open(slot, source, target)
     try:
         source.migrate(rigs.HOST, away, [mq.keys.job(a, "P")], 0, 5000)
         with pytest.raises(RedisUnavailable):
