@@ -19,13 +19,10 @@ from echomq_django.core.jobs import row_error
 from echomq_django.core.keyspace import STATE_INDEX
 from echomq_django.core.rows import pending_ids
 from echomq_django.runners.pump import Pump
+from tests.support.rigs import reply_text as _text
 from tests.support.workerkit import T0, Clock  # noqa: F401  (T0 re-exported to the tests)
 
 INDEXES = ("pending", "active", "delayed", "completed", "dead", "awaiting")
-
-
-def _text(v) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
 
 
 def where(mq: EchoMQ, queue: str, job_id: str) -> list[str]:

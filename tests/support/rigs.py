@@ -97,7 +97,7 @@ class Cluster:
                 continue
             finally:
                 c.close()
-            text = raw.decode() if isinstance(raw, bytes) else str(raw)
+            text = reply_text(raw)
             rows = [line.split() for line in text.splitlines() if line.strip()]
             port = {r[0]: int(r[1].split("@")[0].rsplit(":", 1)[1]) for r in rows}
             for r in rows:
@@ -164,8 +164,8 @@ class Cluster:
         try:
             source, target = by_port[source_port], by_port[to_port]
             slot = int(source.execute_command("CLUSTER KEYSLOT", key))
-            source_id = _text(source.execute_command("CLUSTER MYID"))
-            target_id = _text(target.execute_command("CLUSTER MYID"))
+            source_id = reply_text(source.execute_command("CLUSTER MYID"))
+            target_id = reply_text(target.execute_command("CLUSTER MYID"))
             target.execute_command("CLUSTER SETSLOT", slot, "IMPORTING", source_id)
             source.execute_command("CLUSTER SETSLOT", slot, "MIGRATING", target_id)
             moved = 0
@@ -177,7 +177,7 @@ class Cluster:
                 c for port, c in by_port.items() if port not in (source_port, to_port)
             ]
             for c in masters:
-                if _text(c.execute_command("ROLE")[0]) == "master":
+                if reply_text(c.execute_command("ROLE")[0]) == "master":
                     c.execute_command("CLUSTER SETSLOT", slot, "NODE", target_id)
             return moved
         finally:
@@ -207,7 +207,8 @@ class Cluster:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def _text(value) -> str:
+def reply_text(value) -> str:
+    """A reply as ``str``: bytes decoded, anything else through ``str``."""
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
@@ -226,8 +227,8 @@ def cluster_state(client: redis.Redis) -> str:
     # redis-py parses the reply into a dict; older versions return the text.
     if isinstance(info, dict):
         state = info.get("cluster_state", info.get(b"cluster_state", ""))
-        return state.decode() if isinstance(state, bytes) else str(state)
-    text = info.decode() if isinstance(info, bytes) else str(info)
+        return reply_text(state)
+    text = reply_text(info)
     for line in text.splitlines():
         if line.startswith("cluster_state:"):
             return line.split(":", 1)[1].strip()
