@@ -207,6 +207,7 @@ _SETTINGS = (
 _settings = attrgetter(*_SETTINGS)
 _shape = attrgetter("queue", "job_id", "name", "children", "depends_on", *_SETTINGS)
 _FIELDS = frozenset(f.name for f in fields(Flow))  # a node's __dict__ keys, as __init__ sets them
+_BUT_PAYLOAD = attrgetter(*sorted(_FIELDS - {"payload"}))
 # a node that sets none of them (falsy priority and delay_ms, as node_options reads them)
 _NO_RETRY = (None,) * 9  # and no group
 _PLAIN = (True, False, False, False, None, None, 0, 0, None, None, None, None, None, *_NO_RETRY)
@@ -416,18 +417,23 @@ def _plain_leaves(flows: list, objects: set) -> tuple[str, str, set[int]] | None
     and no options, none met before in the flow (``objects``); else None
     (``plan()`` then checks them one by one, and raises what it finds).
     Tested in C calls: the first node's attributes against the defaults,
-    then every node's ``__dict__`` items against the first's, payload aside."""
+    then every node's fields against the first's, payload aside."""
     n = len(flows)
     if n < 2 or set(map(type, flows)) != {Flow}:
         return None
     first = _shape(flows[0])
     if first[1] is not None or first[3] != [] or first[4] != [] or first[5:] != _PLAIN:
         return None
-    # every field of the first but its payload (an attribute beyond the fields is ignored)
-    template = {k: v for k, v in vars(flows[0]).items() if k != "payload"}
-    if len(template) != len(_FIELDS) - 1 or template.keys() != _FIELDS - {"payload"}:
+    if vars(flows[0]).keys() != _FIELDS:  # the first: the fields as __init__ sets them
         return None
-    if not all(map(template.items().__le__, map(dict.items, map(vars, flows)))):
+    # every node's fields but its payload against the first's (an attribute beyond them is
+    # ignored), read as one tuple per node and not through vars(): CPython 3.11+ makes an
+    # instance's __dict__ only when asked, and one per node would stay on it (memory, and
+    # allocations that bring the collector's full passes sooner)
+    try:
+        if not all(map(_BUT_PAYLOAD(flows[0]).__eq__, map(_BUT_PAYLOAD, flows))):
+            return None
+    except AttributeError:  # a field deleted from a node: plan() checks them one by one
         return None
     ids = set(map(id, flows))
     if len(ids) != n or not objects.isdisjoint(ids):
