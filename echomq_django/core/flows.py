@@ -426,10 +426,8 @@ def _plain_leaves(flows: list, objects: set) -> tuple[str, str, set[int]] | None
         return None
     if vars(flows[0]).keys() != _FIELDS:  # the first: the fields as __init__ sets them
         return None
-    # every node's fields but its payload against the first's (an attribute beyond them is
-    # ignored), read as one tuple per node and not through vars(): CPython 3.11+ makes an
-    # instance's __dict__ only when asked, and one per node would stay on it (memory, and
-    # allocations that bring the collector's full passes sooner)
+    # the others' fields but payload (more are ignored), not through vars(): it would leave a
+    # __dict__ on each (docs/explanation/performance.md#no-dict-left-on-a-flows-nodes)
     try:
         if not all(map(_BUT_PAYLOAD(flows[0]).__eq__, map(_BUT_PAYLOAD, flows))):
             return None
