@@ -59,8 +59,25 @@ def test_one_claim_of_three_is_one_entry_and_three_events(mq) -> None:
     assert len(mq.claim("q", 3)) == 3
     got = list(follow)
     assert sorted(e.job_id for e in got) == ["c0", "c1", "c2"]
-    assert len({e.id for e in got}) == 1
+    (entry,) = {e.entry_id for e in got}
+    assert [e.id for e in got] == [f"{entry}:0", f"{entry}:1", f"{entry}:2"]
     assert mq.client.xlen(mq.keys.queue("q").events) == 4  # three added, one active
+
+
+def test_a_follow_resumed_inside_an_entry_yields_its_other_events_once(mq) -> None:
+    mq.enqueue_many("q", [{"name": "t.echo", "job_id": f"c{i}"} for i in range(3)])
+    mq.claim("q", 3)  # one entry, three active events
+    mq.enqueue("q", "t.echo", job_id="after")
+    follow = mq.events("q", since="0", kinds=["active", "added"], block_s=STEP_S)
+    seen = [next(follow) for _ in range(4)]  # three added, the first active
+    assert [(e.kind, e.job_id) for e in seen][3] == ("active", "c0")
+    follow.close()
+    rest = [(e.kind, e.job_id) for e in mq.events("q", since=follow.position, block_s=STEP_S)]
+    assert rest == [("active", "c1"), ("active", "c2"), ("added", "after")]
+    after_second = mq.events("q", since=f"{seen[3].entry_id}:1", block_s=STEP_S)
+    assert [(e.kind, e.job_id) for e in after_second] == [("active", "c2"), ("added", "after")]
+    whole = mq.events("q", since=seen[3].entry_id, block_s=STEP_S)  # after the whole entry
+    assert [(e.kind, e.job_id) for e in whole] == [("added", "after")]
 
 
 def test_one_call_s_progress_values_are_one_entry_and_an_event_each(mq) -> None:
@@ -83,7 +100,8 @@ def test_one_call_s_progress_values_are_one_entry_and_an_event_each(mq) -> None:
         ("b", {"p": "7.5"}),
         ("c", {"p": "9"}),
     ]
-    assert len({e.id for e in got[:3]}) == 1  # one entry, three events
+    assert len({e.entry_id for e in got[:3]}) == 1  # one entry, three events
+    assert [e.id.partition(":")[2] for e in got] == ["0", "1", "2", ""]  # each its own id
     assert json.loads(got[1].fields["p"]) == {"stage": "upload, then [x]", "done": 3}
 
 
@@ -274,6 +292,8 @@ def test_the_stream_stays_capped(r) -> None:
         ({"queues": ["q"] * 65}, ValueError, "one follow reads at most 64"),
         ({"since": "yesterday"}, ValueError, "invalid since 'yesterday': a stream id is"),
         ({"since": "1-2-3"}, ValueError, "invalid since '1-2-3'"),
+        ({"since": "1-2:x"}, ValueError, "or an event's id '<ms>-<seq>:<k>'"),
+        ({"since": "1:2"}, ValueError, "invalid since '1:2'"),
         ({"since": 17}, ValueError, "invalid since 17"),
         ({"since": {"other": "1-0"}}, ValueError, "names queue 'other', which is not followed"),
         ({"kinds": ["added", "nope"]}, ValueError, r"unknown event kind\(s\) \['nope'\]"),

@@ -43,10 +43,11 @@ KINDS = frozenset(
     }
 )
 GAP = "gap"  # the kind of a Gap: never a stream entry's
-STREAM_ID = re.compile(r"[0-9]{1,20}(-[0-9]{1,20})?")
+STREAM_ID = re.compile(r"[0-9]{1,20}(-[0-9]{1,20}(:[0-9]{1,9})?)?")
 STREAM_ID_RULE = (
     "a stream id is '<ms>-<seq>' or '<ms>', each an ASCII integer below 2**64, "
-    "e.g. '1700000000000-0'"
+    "e.g. '1700000000000-0', or an event's id '<ms>-<seq>:<k>' (the k-th event of "
+    "an entry naming several jobs)"
 )
 MAX_FOLLOWED = 64  # queues one follow reads at most (one reader thread per slot)
 
@@ -74,20 +75,38 @@ def run_ids(text: str) -> list[str]:
 
 
 def id_key(stream_id: str) -> tuple[int, int]:
-    """``"<ms>-<seq>"`` (or ``"<ms>"``) as a sortable pair of ints."""
-    ms, _, seq = stream_id.partition("-")
+    """``"<ms>-<seq>"`` (or ``"<ms>"``) as a sortable pair of ints; an event's
+    id (``"<ms>-<seq>:<k>"``) as its entry's."""
+    ms, _, seq = stream_id.partition(":")[0].partition("-")
     return int(ms), int(seq or 0)
+
+
+def event_id(entry_id: str, k: int, n: int) -> str:
+    """The id of the ``k``-th (from 0) of the ``n`` events of stream entry
+    ``entry_id``: the entry's id when it holds one event, else
+    ``"<entry id>:<k>"``, so that resuming after an event
+    (``since=event.id``) yields the entry's later events and nothing twice.
+    docs/howto/events.md#resume-where-you-stopped"""
+    return entry_id if n == 1 else f"{entry_id}:{k}"
+
+
+def split_event_id(since: str) -> tuple[str, int | None]:
+    """``(entry id, k)`` of an event's id ``"<ms>-<seq>:<k>"``; ``(since,
+    None)`` for a plain stream id (after the whole entry)."""
+    entry, cut, k = since.partition(":")
+    return entry, (int(k) if cut else None)
 
 
 @dataclass(frozen=True)
 class Event:
     """One event of a queue: ``queue`` (str), ``kind`` (one of ``KINDS``),
     ``job_id`` (str; None for ``paused``/``resumed``), ``id`` (the stream
-    entry id, ``"<ms>-<seq>"``: pass it as ``since`` to resume after it),
-    ``at_ms`` (ms since the epoch, when Redis wrote it) and ``fields``
-    (any other fields of the entry, str to str, e.g. a ``progress`` value).
-    An entry naming several jobs (a claim's ``active``, retention's
-    ``removed``) is one ``Event`` per job, all with the entry's ``id``.
+    entry id, ``"<ms>-<seq>"``, and for the k-th of the events of an entry
+    naming several jobs, a claim's ``active`` or retention's ``removed``,
+    ``"<ms>-<seq>:<k>"``, k from 0: pass it as ``since`` to resume after
+    the event), ``at_ms`` (ms since the epoch, when Redis wrote it) and
+    ``fields`` (any other fields of the entry, str to str, e.g. a
+    ``progress`` value). ``entry_id``: the stream entry's id alone.
     docs/howto/events.md#what-an-event-holds"""
 
     queue: str
@@ -101,6 +120,11 @@ class Event:
     def ref(self) -> JobRef | None:
         """The job as a ``JobRef`` (None when the event names no job)."""
         return JobRef(self.queue, self.job_id) if self.job_id else None
+
+    @property
+    def entry_id(self) -> str:
+        """The id of the stream entry that holds the event, ``"<ms>-<seq>"``."""
+        return self.id.partition(":")[0]
 
 
 @dataclass(frozen=True)
@@ -121,8 +145,8 @@ class Gap:
 
 
 def check_since(since: object) -> str:
-    """``since`` if it is a stream id (``STREAM_ID_RULE``); ``ValueError``
-    naming the rule otherwise."""
+    """``since`` if it is a stream id or an event's id (``STREAM_ID_RULE``);
+    ``ValueError`` naming the rule otherwise."""
     if not isinstance(since, str) or not STREAM_ID.fullmatch(since):
         raise ValueError(f"invalid since {since!r}: {STREAM_ID_RULE}")
     if max(id_key(since)) >= 2**64:

@@ -1,7 +1,7 @@
 """``./manage.py echomq_events QUEUE... [--since ID] [--kinds a,b] [--block S]
 [--count N] [--json]``: print the queues' events as they happen, one line
 each, until Ctrl-C (docs/reference/commands.md#echomq_events). A line is
-``<entry id> <queue> <kind> <job id> [field=value...]``, or with ``--json``
+``<event id> <queue> <kind> <job id> [field=value...]``, or with ``--json``
 one JSON object. A follower that fell behind the stream's cap prints a
 ``gap`` line. Exit 1 with a one-line reason for a bad flag or queue name
 (before any Redis I/O) or an unreachable Redis.
@@ -32,7 +32,8 @@ class Command(BaseCommand):
             "--since",
             metavar="ID",
             help="start after this stream id ('<ms>-<seq>', '0' for all the stream still "
-            "holds); default: only what happens from now",
+            "holds) or after this event (its id as printed, '<ms>-<seq>:<k>' for one of an "
+            "entry's several); default: only what happens from now",
         )
         parser.add_argument(
             "--kinds", metavar="A,B", help="only these kinds, comma-separated (default: all)"

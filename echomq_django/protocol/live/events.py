@@ -29,7 +29,7 @@ from collections.abc import Iterable, Mapping
 from redis.cluster import RedisCluster
 from redis.crc import key_slot
 
-from ...core.events import Event, Gap, check_follow, id_key, run_ids
+from ...core.events import Event, Gap, check_follow, event_id, id_key, run_ids, split_event_id
 from ...core.jobs import to_text
 from ..errors import translating
 from ..scripts import socket_timeout
@@ -63,13 +63,25 @@ def _decode(queue: str, eid, raw: Mapping) -> list[Event]:
     at_ms = id_key(eid)[0]
     if not ids:
         return [Event(queue, kind, None, eid, at_ms, fields)]
+    jobs = run_ids(ids)
+    n = len(jobs)  # each event its own id: "<entry id>:<k>" when there are several
     if "ps" in fields:
         values = split_values(fields.pop("ps"))
         return [
-            Event(queue, kind, job_id, eid, at_ms, {**fields, "p": value})
-            for job_id, value in zip(run_ids(ids), values, strict=True)
+            Event(queue, kind, job_id, event_id(eid, k, n), at_ms, {**fields, "p": value})
+            for k, (job_id, value) in enumerate(zip(jobs, values, strict=True))
         ]
-    return [Event(queue, kind, job_id, eid, at_ms, fields) for job_id in run_ids(ids)]
+    return [Event(queue, kind, job_id, event_id(eid, k, n), at_ms, fields)
+            for k, job_id in enumerate(jobs)]  # fmt: skip
+
+
+def _before(entry_id: str) -> str:
+    """The stream id just before ``entry_id`` ("<ms>-<seq>"): an XREAD after
+    it reads that entry again."""
+    ms, seq = id_key(entry_id)
+    if seq:
+        return f"{ms}-{seq - 1}"
+    return f"{ms - 1}-{2**64 - 1}" if ms else "0-0"
 
 
 _SCAN = json.JSONDecoder().raw_decode
@@ -103,7 +115,7 @@ class Follow:
     order per queue. ``next()`` waits at most ``block_s`` s for the next one
     (None: until there is one) and the iteration ends when it waited that
     long for nothing; iterating again carries on from there (a view sends a
-    keep-alive between two). ``position`` is ``{queue: id of the last entry yielded}``:
+    keep-alive between two). ``position`` is ``{queue: id of the last event yielded}``:
     pass it as ``since`` to resume. ``close()`` (or ``with``) ends it and
     its reader threads (within ``SLICE_S`` s). Raises ``RedisUnavailable``
     / ``RedisCommandError`` from a read. docs/howto/events.md"""
@@ -115,6 +127,13 @@ class Follow:
         self._queue_of = {key: q for q, key in self._key.items()}
         self._read_at: dict[str, str | None] = dict(positions)
         self._start: dict[str, str | None] = dict(positions)
+        # queue -> (entry id, k): resuming after the k-th event of an entry reads the entry
+        # again and drops its events up to the k-th
+        self._skip: dict[str, tuple[str, int]] = {}
+        for q, at in positions.items():
+            entry, k = split_event_id(at) if at is not None else (None, None)
+            if k is not None:
+                self._read_at[q], self._skip[q] = _before(entry), (entry, k)
         self._position: dict[str, str] = {}
         self._buf: deque = deque()
         self._stop = threading.Event()
@@ -136,7 +155,7 @@ class Follow:
 
     @property
     def position(self) -> dict[str, str]:
-        """``{queue: stream id}``: per queue the last entry yielded, else
+        """``{queue: event id}``: per queue the last event yielded (``Event.id``), else
         where the follow started (a queue followed from "now" is left out
         until ``start()`` or the first step fixed it). ``since=position``
         resumes right after what was yielded."""
@@ -184,9 +203,12 @@ class Follow:
                 if trimmed and id_key(oldest) > id_key(last):
                     out.append(Gap(q, last, oldest))
             for eid, raw in entries:
-                out.extend(
-                    e for e in _decode(q, eid, raw) if not self.kinds or e.kind in self.kinds
-                )
+                events = _decode(q, eid, raw)
+                if q in self._skip:  # the first read after an event's id
+                    entry, k = self._skip.pop(q)
+                    if to_text(eid) == entry:
+                        events = events[k + 1 :]
+                out.extend(e for e in events if not self.kinds or e.kind in self.kinds)
             self._read_at[q] = to_text(entries[-1][0])
         return out
 
@@ -328,8 +350,9 @@ class Events(Part):
         at most 64): an iterator and an async iterator of ``Event`` / ``Gap``.
 
         ``since``: None (only what happens from now), a stream id
-        (``"<ms>-<seq>"``, an ``Event.id``) for every queue, or ``{queue:
-        stream id}`` (``Follow.position``); the follow starts after it, with
+        (``"<ms>-<seq>"``: after that entry) or an ``Event.id`` (after that
+        event, ``"<ms>-<seq>:<k>"`` for one of an entry's several) for every
+        queue, or ``{queue: id}`` (``Follow.position``); the follow starts after it, with
         what the stream still holds. ``kinds``: None (all) or kind names
         (``core.events.KINDS``). ``block_s``: each step waits at most this
         many s for an event and the follow ends when one waited in vain;
