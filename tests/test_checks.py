@@ -37,6 +37,7 @@ def ids(cfg):
         ({**GOOD, "PREFIX": "a:b"}, ["echomq_django.E006"]),
         ({**GOOD, "HOST": "x"}, ["echomq_django.E003"]),
         ({"CACHE": "nope"}, ["echomq_django.E004"]),
+        ({"URL": "redis://127.0.0.1:1/0", "CACHE": "default"}, ["echomq_django.E025"]),
         ({**GOOD, "QUEUES": []}, ["echomq_django.E007"]),
         ({**GOOD, "QUEUES": {"bad name": {}}}, ["echomq_django.E008"]),
         ({**GOOD, "QUEUES": {"orders": {"RETRIES": 3}}}, ["echomq_django.E009"]),

@@ -105,6 +105,15 @@ def problems(cfg: dict | None = None) -> list[tuple[str, str, str]]:
         )
     url = (env_url := os.environ.get("ECHOMQ_URL")) or cfg.get("URL")  # it wins: URL, CACHE
     alias = cfg.get("CACHE")
+    if cfg.get("URL") and alias:  # URL would win, silently: the cache is not what it uses
+        out.append(
+            (
+                "echomq_django.E025",
+                f"ECHOMQ sets both URL and CACHE ({alias!r}): name one connection",
+                "URL would win and CACHE be ignored: drop one of them (the ECHOMQ_URL "
+                "environment variable may still override either, as a deployment's).",
+            )
+        )
     out += sentinel_problems(cfg, url)
     if not url and not alias and "SENTINELS" not in cfg:
         out.append(
