@@ -32,7 +32,7 @@ import pytest
 import redis
 from django.contrib.admin.models import CHANGE, LogEntry
 from django.contrib.messages import get_messages
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 from django.urls import reverse
 from redis.backoff import NoBackoff
 from redis.retry import Retry
@@ -380,6 +380,20 @@ def test_echomq_mirror_command(emq):
         "validation: full rescan, 0 jobs mirrored, 0 marked gone",
     ]
     assert mirrored() == {("orders", "j1"): "pending", ("payments", "j2"): "pending"}
+
+
+def test_echomq_mirror_refuses_an_unknown_queue_and_mirrors_nothing(emq):
+    emq.enqueue("orders", "t.leaf", {}, job_id="j1")
+    with pytest.raises(CommandError) as caught:
+        call_command("echomq_mirror", "orders", "ordres", stdout=io.StringIO())
+    assert str(caught.value).startswith(
+        "echomq_mirror: unknown queue 'ordres': no job, setting or live process uses it; "
+        "known queues: "
+    )
+    assert caught.value.returncode == 1
+    assert not MirroredQueue.objects.exists() and mirrored() == {}
+    with pytest.raises(CommandError, match="echomq_mirror: invalid queue name 'a b'"):
+        call_command("echomq_mirror", "a b", stdout=io.StringIO())
 
 
 # -- pages ---------------------------------------------------------------------

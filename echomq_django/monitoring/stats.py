@@ -92,11 +92,12 @@ def no_worker_for_s(queue: str, procs, since: dict[str, int | None], now_ms: int
     return None if at is None else round(max(0.0, (now_ms - at) / 1000), 3)
 
 
-def resolve_queues(mq, asked=()) -> list[str]:
+def resolve_queues(mq, asked=(), known: list[str] | None = None) -> list[str]:
     """The queues to report: ``asked`` (each must be known, else
     ``UnknownQueue`` naming it and the known ones; ``ValueError`` for a bad
-    name), or every known queue when ``asked`` is empty."""
-    known = known_queues(mq)
+    name), or every known queue when ``asked`` is empty. ``known``: the
+    known queues (None: ``known_queues``; the mirror adds those it mirrors)."""
+    known = known_queues(mq) if known is None else known
     if not asked:
         return known
     names = [validate_queue(q) for q in dict.fromkeys(asked)]
