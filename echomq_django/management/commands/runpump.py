@@ -103,8 +103,8 @@ class Command(BaseCommand):
             "--no-wait",
             action="store_true",
             help="exit 1 at once when Redis does not answer at start (without it, and "
-            "without --once, the pump waits for Redis: 0.5 s doubling to 30 s, a "
-            "warning per try)",
+            "without --once, the pump waits for Redis: tries after 0.5 s, 1 s, then "
+            "every 2 s, a warning for each of the first three, then one every 30 s)",
         )
         parser.add_argument(
             "--no-mirror",

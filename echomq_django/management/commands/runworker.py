@@ -140,7 +140,7 @@ class Command(BaseCommand):
             metavar="MAX,MIN",
             help="run between MIN and MAX handlers (threads, processes or coroutines): "
             "start with MIN, "
-            "double while every handler is busy and jobs wait, halve after 10 s without "
+            "double while every handler is busy and jobs wait, halve after 9 s without "
             "(--concurrency is ignored)",
         )
         parser.add_argument(
@@ -196,8 +196,8 @@ class Command(BaseCommand):
             "--no-wait",
             action="store_true",
             help="exit 1 at once when Redis does not answer at start (without it, and "
-            "without --burst, the worker waits for Redis: 0.5 s doubling to 30 s, a "
-            "warning per try)",
+            "without --burst, the worker waits for Redis: tries after 0.5 s, 1 s, then "
+            "every 2 s, a warning for each of the first three, then one every 30 s)",
         )
         parser.add_argument(
             "--pump",
