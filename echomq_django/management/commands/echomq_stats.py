@@ -53,6 +53,10 @@ class Command(BaseCommand):
             raise CommandError(f"echomq_stats: --watch must be > 0 seconds, got {watch}")
         if count is not None and count < 1:
             raise CommandError(f"echomq_stats: --count must be >= 1, got {count}")
+        if count is not None and watch is None:  # one report: a count would say nothing
+            raise CommandError(
+                "echomq_stats: --count counts the refreshes of --watch: give --watch S"
+            )
         mq = get_mq()
         shown = 0
         try:
