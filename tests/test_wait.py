@@ -269,14 +269,16 @@ def test_a_flow_root_across_queues_is_waited_for(mq) -> None:
     children = [Flow("a", "t.echo", 1, job_id="c1"), Flow("b", "t.echo", 2, job_id="c2")]
     flow = Flow("root", "t.sum_children", job_id="r", children=children)
     ref = mq.add_flow(flow)
-    waiter = Waiter(mq, ref.ref, timeout_s=NEVER)  # FlowRef holds no client: its .ref
-    registered(mq, "root", "r", 1)
+    waiter = Waiter(mq, ref.ref, timeout_s=NEVER)
+    by_flow = Waiter(mq, ref, timeout_s=NEVER)  # the FlowRef itself: its root
+    registered(mq, "root", "r", 2)
     finish(mq, "a", 1)
     finish(mq, "b", 2)
     Pump(["root", "a", "b"], mq=mq).sweep()  # the fan-in across slots
     (root,) = mq.claim("root")
     mq.complete(root, sum(root.children_values().values()))
     assert waiter.join().result == 3
+    assert (by_flow.join().id, by_flow.join().result) == ("r", 3)
 
 
 @pytest.mark.parametrize(

@@ -177,7 +177,8 @@ def ref_list(value: Any) -> Any:
 
 
 def as_ref(value: Any, keyspace: Any, stacklevel: int = 2) -> JobRef:
-    """A job given as a ``JobRef``, a ``(queue, id)`` pair, ``"queue/id"``
+    """A job given as a ``JobRef``, a handle whose ``ref`` is one (a
+    ``FlowRef``: its root job), a ``(queue, id)`` pair, ``"queue/id"``
     or (deprecated, with a ``DeprecationWarning``) a raw key under
     ``keyspace``'s prefix, as a ``JobRef``. Raises ``ValueError`` for a bad
     name, and for a key under another prefix, naming both prefixes;
@@ -185,6 +186,8 @@ def as_ref(value: Any, keyspace: Any, stacklevel: int = 2) -> JobRef:
     ``as_ref``). docs/howto/read-flows.md#deprecated-raw-keys"""
     if isinstance(value, JobRef):
         return value
+    if isinstance(ref := getattr(value, "ref", None), JobRef):  # add_flow's FlowRef: the root
+        return ref
     if isinstance(value, tuple) and len(value) == 2:
         return JobRef(*value)
     if isinstance(value, str) and ":" in value:

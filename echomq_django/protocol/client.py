@@ -438,7 +438,8 @@ class EchoMQ(Reads):
     def wait(self, queue: Any, job_id: Any = None, timeout_s: Any = None, *, cancel=None) -> Job:
         """Block until a job finishes, ``timeout_s`` s at most (None: until it does):
         ``Waits.wait``, ``cancel`` included. The job is ``(queue, job_id)`` or, with ``job_id``
-        None, a ``JobRef`` / ``(queue, id)`` / ``"queue/id"`` as ``queue`` (``wait(ref, 5)``)."""
+        None, a ``JobRef`` / ``(queue, id)`` / ``"queue/id"`` as ``queue`` (``wait(ref, 5)``), or
+        ``add_flow``'s ``FlowRef`` (its root: the flow's last job)."""
         if job_id is not None and not isinstance(job_id, str) and timeout_s is None:
             job_id, timeout_s = None, job_id  # wait(ref, timeout_s)
         ref = as_ref(queue, self.keys) if job_id is None else JobRef(queue, job_id)
