@@ -111,14 +111,18 @@ def check_redis_server(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
     """The Redis the settings name, against them
     (docs/explanation/reliability.md#bad-input-writes-nothing): ids
     ``echomq_django.E015``-``E017`` and ``E024`` (CLUSTER vs the server's
-    type, a DB index out of range, refused credentials). A deployment check
+    type, a DB index out of range, refused credentials), and the warning
+    ``W018`` (a server that evicts keys). A deployment check
     (``./manage.py check --deploy``): the one that connects, with a 1 s
     timeout, only when the settings themselves are sound, silent when Redis
     is down; a plain ``check`` (and every command's own) stays free of Redis
     I/O. ``runworker`` and ``runpump`` run the same comparison at start."""
     if problems():
         return []
-    return [checks.Error(msg, hint=hint, id=cid) for cid, msg, hint in server_problems()]
+    return [
+        (checks.Warning if ".W" in cid else checks.Error)(msg, hint=hint, id=cid)
+        for cid, msg, hint in server_problems()
+    ]
 
 
 TASKS_BACKEND = "echomq_django.tasks.EchoMQBackend"

@@ -237,6 +237,36 @@ def test_check_deploy_compares_cluster_with_the_server(redis_server, redis_clust
     assert message == f"{node}: this is a Redis Cluster node: set CLUSTER"
 
 
+def test_check_deploy_warns_of_a_server_that_evicts_keys(caplog):
+    from django.core.checks import WARNING, run_checks
+
+    from echomq_django.conf import server
+    from echomq_django.testing.redis_server import start_server
+
+    evicting = start_server(options={"maxmemory-policy": "allkeys-lru"})
+    url = f"redis://127.0.0.1:{evicting.port}/0"
+    try:
+        with override_settings(ECHOMQ={"URL": url}):
+            [found] = [m for m in run_checks(databases=[], include_deployment_checks=True)
+                       if m.id.startswith("echomq_django.")]  # fmt: skip
+            assert (found.id, found.level) == ("echomq_django.W018", WARNING)
+            assert found.msg == (
+                f"Redis at {url} evicts keys (maxmemory-policy allkeys-lru): an evicted key "
+                "is a lost job, or a flow that never finishes"
+            )
+            assert check_ids({"URL": url}) == []  # a plain check: no Redis I/O
+            server._warned.clear()
+            with caplog.at_level(logging.WARNING, logger="echomq_django"):
+                conf.check_server()  # a runner's start goes on, warned once
+                conf.check_server()
+            assert [r.getMessage()[:40] for r in caplog.records] == [
+                f"Redis at {url} evicts keys"[:40]
+            ]
+    finally:
+        evicting.stop()
+        server._warned.clear()
+
+
 def test_check_deploy_asks_a_silent_server_once():
     """The deploy checks' probe (``server_facts``) asks once, within its 1 s
     timeout, and says nothing: redis-py's default retry would connect four

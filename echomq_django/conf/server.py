@@ -1,18 +1,22 @@
 """What the Redis server named by the settings says against them
 (docs/explanation/house.md, "conf/"): the deployment checks ``check
---deploy`` runs and the runners apply before they start (E015-E017, E024),
-asked of the server once with a 1 s timeout. ``schema.py`` checks the
+--deploy`` runs and the runners apply before they start (E015-E017, E024;
+W018, an evicting server, is a warning), asked of the server once with a
+1 s timeout. ``schema.py`` checks the
 settings' own shape without connecting.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 
 from django.core.exceptions import ImproperlyConfigured
 
 from ..protocol.connection import SENTINEL_SCHEME, CredentialsRefused, redacted, server_facts
 from .schema import URL_SCHEMES, config
+
+_warned: set[str] = set()  # warnings check_server logged in this process
 
 CREDENTIALS_HINT = (
     "Put the user and password the server expects in the URL "
@@ -26,8 +30,9 @@ def server_problems(cfg: dict | None = None) -> list[tuple[str, str, str]]:
     and ``E024``: ``CLUSTER`` on a server that is not a Cluster node (E015), a Cluster node
     without ``CLUSTER`` (E016: "this is a Redis Cluster node: set CLUSTER"), a DB
     index the server does not have (E017), a user or password it refuses
-    (E024). Connects to ``URL`` (or ``ECHOMQ_URL``) with a
-    ``PROBE_TIMEOUT_S`` timeout; says nothing when
+    (E024); and the warning W018, a server that evicts keys (a
+    ``maxmemory-policy`` other than ``noeviction``), after them. Connects
+    to ``URL`` (or ``ECHOMQ_URL``) with a ``PROBE_TIMEOUT_S`` timeout; says nothing when
     there is no URL, the settings have other problems, or Redis cannot be
     reached (the commands report that themselves)."""
     cfg = config() if cfg is None else cfg
@@ -48,7 +53,7 @@ def server_problems(cfg: dict | None = None) -> list[tuple[str, str, str]]:
         return [("echomq_django.E024", message, CREDENTIALS_HINT)]
     if facts is None:
         return []  # a malformed URL (build_client says so), unreachable, or CONFIG refused
-    enabled, databases, db = facts
+    enabled, databases, db, policy = facts
     out = []
     if cluster and not enabled:
         out.append(
@@ -76,6 +81,16 @@ def server_problems(cfg: dict | None = None) -> list[tuple[str, str, str]]:
                 "Use a db index the server has, or raise its 'databases' setting.",
             )
         )
+    if policy not in (None, "noeviction"):  # a warning: the settings are not at fault
+        out.append(
+            (
+                "echomq_django.W018",
+                f"Redis at {shown} evicts keys (maxmemory-policy {policy}): an evicted "
+                "key is a lost job, or a flow that never finishes",
+                "Set maxmemory-policy noeviction (CONFIG SET and redis.conf), and give "
+                "the server the memory its queues need.",
+            )
+        )
     return out
 
 
@@ -86,8 +101,15 @@ def check_server() -> None:
     CLUSTER, CLUSTER on a single server, a DB index out of range, refused
     credentials) as one
     line, its hint included; return quietly when it is what they say or
-    cannot be reached (the commands' ping reports that)."""
-    found = server_problems()
+    cannot be reached (the commands' ping reports that). A warning (W018,
+    an evicting server) is logged to ``echomq_django`` at WARNING, once
+    per process, and the start goes on."""
+    every = server_problems()
+    for cid, message, hint in every:
+        if ".W" in cid and cid not in _warned:
+            _warned.add(cid)
+            logging.getLogger("echomq_django").warning("%s (%s; %s)", message, cid, hint)
+    found = [p for p in every if ".E" in p[0]]
     if found:
         cid, message, hint = found[0]
         raise ImproperlyConfigured(f"{message} ({cid}; {hint})")

@@ -111,10 +111,11 @@ def connect(url: str, cluster: bool, options: dict):
 
 def server_facts(
     url: str, timeout_s: float = PROBE_TIMEOUT_S, client: dict | None = None
-) -> tuple[bool, int | None, int] | None:
+) -> tuple[bool, int | None, int, str | None] | None:
     """What the server at ``url`` says of itself, asked once with a ``timeout_s``
     (s) timeout: ``(cluster enabled, databases it has (None on a Cluster
-    node), the db index the URL selects)``. ``client``: the settings'
+    node), the db index the URL selects, its maxmemory-policy (None when
+    INFO does not say))``. ``client``: the settings'
     ``OPTIONS``, whose credentials and TLS options the probe uses as the
     client does (the URL's win, as in ``from_url``). None when the URL does
     not parse, the server cannot be reached, or it refuses CONFIG (a managed
@@ -146,6 +147,7 @@ def server_facts(
         return None
     try:
         enabled = probe.info("cluster").get("cluster_enabled") == 1
+        policy = probe.info("memory").get("maxmemory_policy")
         databases = None if enabled else int(probe.config_get("databases").get("databases", 0))
     except redis.exceptions.AuthenticationError as err:  # a config error, not an outage
         raise CredentialsRefused(str(err)) from None
@@ -153,7 +155,7 @@ def server_facts(
         return None
     finally:
         probe.close()
-    return enabled, databases, db
+    return enabled, databases, db, policy if isinstance(policy, str) else None
 
 
 def parse_sentinel_url(url: str) -> tuple[list[tuple[str, int]], str, dict]:
