@@ -5,6 +5,8 @@ out of range each end the command with exit code 1 and one line saying so.
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 
@@ -188,7 +190,7 @@ def test_runworker_warns_once_when_periodic_jobs_have_no_pump(redis_server, db, 
             conf.reset()
 
 
-def test_runworker_burst_with_pump_finishes_a_cross_queue_flow(r, db):
+def test_runworker_burst_with_pump_finishes_a_cross_queue_flow(r, db, caplog):
     """``--burst --pump`` runs bursts and pump sweeps in turn: the children's
     burst, the sweep that delivers their results to the parent on another
     queue, the parent's burst (docs/howto/testing.md#runworker---burst-in-scripts-and-ci).
@@ -199,10 +201,14 @@ def test_runworker_burst_with_pump_finishes_a_cross_queue_flow(r, db):
     mq = get_mq()
     kids = [Flow("kids", "t.echo", n, job_id=f"c{n}") for n in (1, 2, 4)]
     mq.add_flow(Flow("q", "t.sum_children", job_id="p", children=kids))
-    assert run_command("runworker", "q", "kids", "--burst", "--pump", "--no-mirror")[0] == 0
+    with caplog.at_level(logging.INFO, logger="echomq_django.worker"):
+        assert run_command("runworker", "q", "kids", "--burst", "--pump", "--no-mirror")[0] == 0
     parent = mq.get_job("q", "p")
     assert (parent.state, parent.result) == (JobState.COMPLETED, 7)
     assert mq.counts("kids")["completed"] == 3
+    # the last burst ran nothing: the command's own line gives the totals
+    last = caplog.records[-1].getMessage()
+    assert last.startswith("burst with pump done: processed 4 jobs in ")
 
 
 @pytest.mark.parametrize(

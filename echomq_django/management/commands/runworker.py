@@ -334,25 +334,36 @@ class Command(BaseCommand):
         delivers their results and releases the parent, the parent's burst
         (docs/howto/testing.md#runworker---burst-in-scripts-and-ci). A
         signal, an abandoned handler or ``--max-jobs`` spent ends it too.
-        Exits 1 when Redis stops answering between two bursts."""
+        Each burst logs its own start and stop lines; the last line is the
+        whole command's: "burst with pump done: processed N jobs in B
+        bursts; S sweeps moved M". Exits 1 when Redis stops answering
+        between two bursts."""
         hooks = [] if opts["no_mirror"] else [mirror_after_sweep]
         pump = Pump(opts["queues"], mq=mq, after_sweep=hooks)
         left = opts["max_jobs"]
-        while True:
-            ran = worker.run(burst=True, max_jobs=left)
-            if worker.signalled or worker.abandoned or worker.left_running:
-                return
-            if left is not None:
-                left -= ran
-                if left <= 0:
+        done = [0, 0, 0, 0]  # jobs, bursts, sweeps, what the sweeps moved
+        try:
+            while True:
+                ran = worker.run(burst=True, max_jobs=left)
+                done[0], done[1] = done[0] + ran, done[1] + 1
+                if worker.signalled or worker.abandoned or worker.left_running:
                     return
-            try:
-                reports = pump.sweep()
-            except RedisUnavailable as err:
-                self._exit(f"runworker: {err}")
-            moved = sum(r[k] for r in reports.values() for k in SWEEP_MOVES)
-            if not ran and not moved:
-                return
+                if left is not None:
+                    left -= ran
+                    if left <= 0:
+                        return
+                try:
+                    reports = pump.sweep()
+                except RedisUnavailable as err:
+                    self._exit(f"runworker: {err}")
+                moved = sum(r[k] for r in reports.values() for k in SWEEP_MOVES)
+                done[2], done[3] = done[2] + 1, done[3] + moved
+                if not ran and not moved:
+                    return
+        finally:  # the last burst alone ran nothing: the command's totals say what all did
+            logging.getLogger("echomq_django.worker").info(
+                "burst with pump done: processed %d jobs in %d bursts; %d sweeps moved %d", *done
+            )
 
     def _start_pump(self, mq, opts):
         """Run ``Pump.run`` for the worker's queues on a daemon thread;
