@@ -15,9 +15,10 @@ from django.db import transaction
 from django.db.models.signals import post_save
 
 import echomq_django as emq
-from echomq_django import EchoMQ, Flow, JobNotFound, JobState, conf
+from echomq_django import EchoMQ, Flow, FlowError, JobNotFound, JobState, conf
 from echomq_django import commit_outbox as outbox
 from echomq_django.commit_outbox import Drainer
+from echomq_django.models import OutboxEntry
 from tests.support.rigs import free_port
 from tests.support.workerkit import burst, run_async
 
@@ -111,6 +112,35 @@ def test_a_bad_call_raises_in_the_caller_not_at_commit(mq):
         emq.enqueue("bad queue", "t.echo", 1)
     with pytest.raises(ValueError), transaction.atomic():
         emq.enqueue("q", "t.echo", object())
+    assert mq.client.keys("*") == []
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"max_attempts": 0}, "max_attempts must be a whole number >= 1, got 0"),
+        ({"max_attempts": "x"}, "max_attempts must be a whole number >= 1, got 'x'"),
+        ({"backoff_ms": -1}, "backoff_ms must be a whole number >= 0 (ms), got -1"),
+    ],
+)
+def test_a_deferred_enqueue_checks_its_attempts_now(mq, options, message):
+    # refused at the push, after the commit, it was lost: an outbox row kept
+    # and skipped, and no job
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"), transaction.atomic():
+        emq.enqueue("q", "t.echo", 1, **options)
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        emq.enqueue("q", "t.echo", 1, on_commit=True, **options)
+    assert not OutboxEntry.objects.exists()
+    assert mq.client.keys("*") == []
+
+
+def test_deferred_add_flows_add_none_when_one_is_bad(mq):
+    flows = lambda: [Flow("q", "t.echo", job_id="good"), Flow("q", "")]  # noqa: E731
+    with pytest.raises(FlowError, match="needs a job name"):
+        emq.add_flows(flows(), on_commit=True)  # no transaction: at once, all or nothing
+    with pytest.raises(FlowError, match="needs a job name"), transaction.atomic():
+        emq.add_flows(flows())
+    assert not OutboxEntry.objects.exists()
     assert mq.client.keys("*") == []
 
 

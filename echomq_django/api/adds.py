@@ -43,7 +43,7 @@ from ..core import flows as _flows
 from ..core.exceptions import EchoMQError, RedisUnavailable
 from ..core.flows import Flow, FlowRef
 from ..core.keyspace import validate_id, validate_name, validate_queue
-from ..core.options import check_group, check_job_options
+from ..core.options import check_attempts, check_group, check_job_options
 from ..core.refs import ref_list
 from ..core.retention import job_keep
 from ..core.retry import policy_keywords
@@ -217,6 +217,7 @@ def _write_job(mq, queue, name, payload, kwargs: dict, using, push: bool = True)
     validate_queue(queue)
     job_id = validate_id(kwargs.pop("job_id"))
     validate_name(name)
+    check_attempts(kwargs["max_attempts"], kwargs["backoff_ms"])  # refused now, not at the push
     check_job_options(priority, delay_ms, timeout_ms, dedup_key, dedup_ttl_ms)
     job_keep(keep)  # docs/explanation/lifecycle.md: refused now, not at the push
     check_group(kwargs["group"])  # docs/explanation/protocol.md#groups
@@ -304,7 +305,8 @@ def add_flows(
 ) -> list[FlowRef]:
     """``add_flow`` for several flows in one round trip where possible
     (``ENQUEUE_WHEN_DOWN = "outbox"``: Redis away, each flow is written to
-    the outbox as ``add_flow`` does)."""
+    the outbox as ``add_flow`` does). Deferred too, every flow is checked
+    before the first is written: a bad one raises and none is added."""
     if not _defer(on_commit, using):
         when_down = on_commit is None and enqueue_when_down() == "outbox"
         if when_down:
@@ -319,6 +321,10 @@ def add_flows(
             refs = [_write_flow(mq, f, using, push=False) for f in flows]
             _written_when_down(err, f"{len(refs)} flows")
             return refs
+    mq, _ = _producer_mq()
+    for f in flows:  # all or nothing: every flow checked before the first is written
+        _flows.assign_ids(f)
+        _flows.plan(f, mq.encode)
     return [add_flow(f, on_commit=True, using=using) for f in flows]
 
 

@@ -44,6 +44,14 @@ def check_dedup_key(value: Any) -> None:
         raise ValueError(f"invalid dedup_key {value!r}: {DEDUP_RULE}")
 
 
+def check_attempts(max_attempts: Any, backoff_ms: Any) -> None:
+    """A job's own ``max_attempts`` (None, or an int >= 1) and ``backoff_ms``
+    (None, or int ms >= 0), as ``enqueue`` takes them, now or deferred
+    (docs/howto/retries.md). Raises ``ValueError`` naming the rule."""
+    whole_number("max_attempts", max_attempts, 1, optional=True)
+    whole_number("backoff_ms", backoff_ms, 0, optional=True)
+
+
 def check_job_options(
     priority: Any = 0,
     delay_ms: Any = 0,

@@ -27,7 +27,7 @@ from ..core.exceptions import PayloadError
 from ..core.flows import Flow, FlowRef
 from ..core.jobs import MAX_PAYLOAD_BYTES, Job, JobState, Outcome, to_text
 from ..core.keyspace import validate_id, validate_name, validate_queue, whole_number
-from ..core.options import Claimed, check_group, check_job_options
+from ..core.options import Claimed, check_attempts, check_group, check_job_options
 from ..core.refs import JobRef, as_ref
 from ..core.retention import job_keep
 from ..core.retry import job_extras, policy_keywords
@@ -185,8 +185,7 @@ class EchoMQ(Reads):
         validate_queue(queue)
         job_id = validate_id(job_id if job_id is not None else _flows.new_id())
         validate_name(name)
-        whole_number("max_attempts", max_attempts, 1, optional=True)
-        whole_number("backoff_ms", backoff_ms, 0, optional=True)
+        check_attempts(max_attempts, backoff_ms)
         whole_number("delay_ms", delay_ms, 0)
         check_job_options(priority, delay_ms, timeout_ms, dedup_key, dedup_ttl_ms)
         check_group(group)
