@@ -274,6 +274,8 @@ def test_a_group_rate_set_at_run_time_wins(redis_client) -> None:
     assert ids_of(mq.claim("q", 10)) == ["a1", "a2"]
     with pytest.raises(ValueError, match="a group rate limit is"):
         mq.groups.set_rate_limit("q", "a", {"MAX": 0, "PER_MS": 1000})
+    with pytest.raises(ValueError, match="whole numbers from 1 to 315360000000, got"):
+        mq.groups.set_rate_limit("q", "a", {"MAX": 1, "PER_MS": 10**30})
 
 
 @pytest.mark.parametrize(
@@ -284,6 +286,8 @@ def test_a_group_rate_set_at_run_time_wins(redis_client) -> None:
         {"MAX": 1, "PER_MS": 1.5},
         5,
         {"MAX": True, "PER_MS": 1},
+        {"MAX": 1, "PER_MS": 10**19},  # past what the claim script reads: every claim failed
+        {"MAX": 2**63, "PER_MS": 1000},
     ],
 )
 def test_group_rate_limit_setting_is_checked(bad) -> None:

@@ -194,18 +194,19 @@ def check_concurrency(n, hint: str = "") -> int:
 
 def check_group_rate(limit) -> str:
     """``limit`` as a group's rate limit (docs/explanation/protocol.md#groups):
-    ``{"MAX": n, "PER_MS": ms}``, whole numbers >= 1 (at most ``MAX`` of one
-    group's jobs started per fixed window of ``PER_MS`` ms). Returns it as
-    ``claim`` takes it, ``'max:per_ms'``; ``ValueError`` naming the rule."""
+    ``{"MAX": n, "PER_MS": ms}``, whole numbers from 1 to ``MAX_MS`` (at most
+    ``MAX`` of one group's jobs started per fixed window of ``PER_MS`` ms; a
+    larger number would fail every claim of the queue in its script). Returns
+    it as ``claim`` takes it, ``'max:per_ms'``; ``ValueError`` naming the rule."""
     unknown = sorted(map(str, set(limit) - {"MAX", "PER_MS"})) if isinstance(limit, dict) else []
     if (
         not isinstance(limit, dict)
         or set(limit) != {"MAX", "PER_MS"}
-        or any(type(v) is not int or v < 1 for v in limit.values())
+        or any(type(v) is not int or not 1 <= v <= MAX_MS for v in limit.values())
     ):
         raise ValueError(
-            'a group rate limit is {"MAX": n, "PER_MS": ms} with whole numbers >= 1, '
-            f"got {limit!r}" + (f" (unknown key {', '.join(unknown)})" if unknown else "")
+            'a group rate limit is {"MAX": n, "PER_MS": ms} with whole numbers from 1 to '
+            f"{MAX_MS}, got {limit!r}" + (f" (unknown key {', '.join(unknown)})" if unknown else "")
         )
     return f"{limit['MAX']}:{limit['PER_MS']}"
 
