@@ -7,6 +7,7 @@ and the checks of the scheduling settings, E050-E059 (E050, E051, E059: conf/tim
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import zoneinfo
 
 import pytest
@@ -41,6 +42,23 @@ def test_cron_ticks_in_the_entry_time_zone() -> None:
     assert e.next_tick(day) == day + 3 * 3_600_000
     paris = Entry(key="n", name="x", queue="q", cron="0 3 * * *", tz="Europe/Paris")
     assert paris.next_tick(day) == day + 2 * 3_600_000  # 03:00 in Paris is 02:00 UTC in winter
+
+
+def test_a_refused_payload_skips_its_tick_and_the_scheduler_goes_on(tmq, clock, caplog) -> None:
+    big, small = every(60, key="big", payload="x" * 600_000), every(60, key="small")
+    s = Scheduler(tmq, [big, small])
+    s.fire_due()  # the marks are set
+    clock.now = tick = s.next_due()
+    with caplog.at_level(logging.ERROR, logger="echomq_django"):
+        assert s.fire_due() == [("q", f"small-{tick}")]  # the pump did not die of it
+    assert (
+        caplog.records[-1]
+        .getMessage()
+        .startswith(
+            "periodic job big: tick skipped, its payload is refused: payload is 600002 bytes"
+        )
+    )
+    assert s.fire_due() == []  # marked: logged once per tick, not once per sweep
 
 
 def test_a_first_start_fires_no_past_tick_then_one_job_per_tick(tmq, clock) -> None:
@@ -302,6 +320,8 @@ def sched(**spec):
         (sched(every_s=60, tz="Mars/Olympus"), ["E058"]),
         (sched(every_s=60, priority=2**40), ["E058"]),
         (sched(every_s=60, payload={1, 2}), ["E058"]),
+        (sched(every_s=60, payload="x" * 600_000), ["E058"]),  # over MAX_PAYLOAD_BYTES
+        ({**sched(every_s=60, payload="x" * 100), "MAX_PAYLOAD_BYTES": 50}, ["E058"]),
     ],
 )
 def test_scheduling_settings_have_stable_ids(cfg, expected) -> None:

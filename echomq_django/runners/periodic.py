@@ -41,7 +41,8 @@ from django.core.exceptions import ImproperlyConfigured
 
 from ..conf import config
 from ..conf.timing import timing_problems, whole
-from ..core.exceptions import DuplicateJob
+from ..core.exceptions import DuplicateJob, PayloadError
+from ..core.jobs import MAX_PAYLOAD_BYTES
 from ..core.keyspace import validate_id, validate_queue
 from ..core.options import check_job_options
 
@@ -145,8 +146,10 @@ def schedule_problems(cfg: dict, handlers: list[str] | None = None) -> list[tupl
                 "'cron': '0 3 * * *'}}",
             ),
         ]
+    limit = cfg.get("MAX_PAYLOAD_BYTES", MAX_PAYLOAD_BYTES)
+    limit = limit if whole(limit, 1, 2**63) else MAX_PAYLOAD_BYTES  # a bad one is E012's
     for key, spec in schedule.items():
-        out += _entry_problems(key, spec, handlers)
+        out += _entry_problems(key, spec, handlers, limit)
     return out
 
 
@@ -157,7 +160,7 @@ def _fires(croniter, cron: str) -> bool:
         return False
 
 
-def _entry_problems(key: Any, spec: Any, handlers: list[str] | None) -> list[tuple]:
+def _entry_problems(key: Any, spec: Any, handlers: list[str] | None, limit: int) -> list[tuple]:
     where = f"SCHEDULE entry {key!r}"
     try:
         validate_id(key)
@@ -242,7 +245,12 @@ def _entry_problems(key: Any, spec: Any, handlers: list[str] | None) -> list[tup
         check_job_options(spec.get("priority", 0), 0, spec.get("timeout_ms"))
         if "max_attempts" in spec and not whole(spec["max_attempts"], 1, 10**6):
             raise ValueError(f"max_attempts must be a whole number >= 1: {spec['max_attempts']!r}")
-        json.dumps(spec.get("payload"), allow_nan=False)
+        text = json.dumps(spec.get("payload"), allow_nan=False, separators=(",", ":"))
+        if len(text) > limit:  # ASCII: one byte per character
+            raise ValueError(
+                f"payload is {len(text)} bytes of JSON; the limit is {limit} bytes "
+                "(ECHOMQ MAX_PAYLOAD_BYTES)"
+            )
     except (TypeError, ValueError) as err:
         out.append(("echomq_django.E058", f"{where}: {err}", "Fix the entry's values."))
     return out
@@ -326,6 +334,9 @@ class Scheduler:
                     )
                 except DuplicateJob:
                     pass  # another process fired this tick first
+                except PayloadError as err:  # the check says so (E058): the tick is skipped
+                    log.error("periodic job %s: tick skipped, its payload is refused: %s",
+                              entry.key, err)  # fmt: skip
                 else:
                     added.append((entry.queue, job_id))
                     log.info("periodic job %s fired: %s/%s", entry.key, entry.queue, job_id)
