@@ -36,13 +36,20 @@ def run_command(name: str, *args: str) -> tuple[int, str]:
         (("--batch", "0"), "--batch must be a whole number >= 1, got 0"),
         (("--batch", "-1"), "--batch must be a whole number >= 1, got -1"),
         (("--max-tries", "0"), "--max-tries must be a whole number >= 1, got 0"),
-        (("--lock-ms", "0"), "--lock-ms must be a whole number >= 100 (ms), got 0"),
-        (("--lock-ms", "-1"), "--lock-ms must be a whole number >= 100 (ms), got -1"),
+        (("--lock-ms", "0"), "--lock-ms must be a whole number from 100 to 86,400,000 (ms), got 0"),
+        (("--lock-ms", "-1"),
+         "--lock-ms must be a whole number from 100 to 86,400,000 (ms), got -1"),
         (("--max-stalls", "-1"), "--max-stalls must be a whole number >= 0, got -1"),
         (("--summary-every", "-5"), "--summary-every must be a finite number > 0 s, got -5"),
         (("--summary-every", "0"), "--summary-every must be a finite number > 0 s, got 0"),
+        (("--interval", "1e300"), "--interval must be at most 86400 s (a day), got 1e+300"),
+        (("--lock-ms", "99999999999999999999"),
+         "--lock-ms must be a whole number from 100 to 86,400,000 (ms), got 99999999999999999999"),
+        (("--metrics-port", "70000"), "--metrics-port must be a port from 1 to 65535, got 70000"),
+        (("--metrics-port", "0"), "--metrics-port must be a port from 1 to 65535, got 0"),
+        (("--metrics-host", "0.0.0.0"), "--metrics-host applies with --metrics-port only"),
     ],
-)
+)  # fmt: skip
 def test_runpump_refuses_a_flag_that_breaks_its_rule(args, message):
     """Before Redis: no server is named (the settings' URL is never asked;
     --no-wait makes a check moved after it fail instead of wait)."""
@@ -90,6 +97,11 @@ def test_runworker_passes_pump_interval_on_with_pump(r, db, monkeypatch):
         ),
         (("--lease-ms", "0"),
          "--lease-ms must be a whole number from 1 to 31,536,000,000 (ms), got 0"),
+        (("--block-timeout", "1e300"),
+         "--block-timeout must be at most 86400 s (a day), got 1e+300"),
+        (("--shutdown-timeout", "90000"),
+         "--shutdown-timeout must be at most 86400 s (a day), got 90000"),
+        (("--metrics-port", "-1"), "--metrics-port must be a port from 1 to 65535, got -1"),
     ],
 )  # fmt: skip
 def test_runworker_names_the_flag_that_breaks_its_rule(args, message):

@@ -216,6 +216,7 @@ def test_the_command_prints_the_json_document(emq):
         ),
         (["--watch", "0"], "echomq_stats: --watch must be > 0 seconds, got 0.0"),
         (["--watch", "1", "--count", "0"], "echomq_stats: --count must be >= 1, got 0"),
+        (["--watch", "1e300"], "echomq_stats: --watch must be at most 86400 s (a day), got 1e+300"),
         (["--count", "2"], "echomq_stats: --count counts the refreshes of --watch: give --watch S"),
     ],
 )

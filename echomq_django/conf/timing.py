@@ -10,7 +10,18 @@ from typing import Any
 from ..core.options import MAX_MS, RATE_MODES
 
 RATE_KEYS = {"MAX", "PER_MS", "MODE"}
+# a command's interval, block or timeout flag (s), at most: past it time.sleep, a socket
+# timeout or a Redis block overflows (1e300 made a worker's waker fail over and over)
+MAX_FLAG_S = 86_400.0
 MAX_SLIDING = 100_000  # a sliding RATE_LIMIT's MAX: its log holds up to MAX starts
+
+
+def check_flag_seconds(flag: str, value: float | None) -> None:
+    """Raise ``ValueError`` naming ``flag`` and the rule when ``value`` (s, a
+    number the command checked is > 0 or >= 0, finite) is over ``MAX_FLAG_S``
+    (a day); None passes (docs/reference/commands.md)."""
+    if value is not None and value > MAX_FLAG_S:
+        raise ValueError(f"{flag} must be at most {MAX_FLAG_S:g} s (a day), got {value:g}")
 
 
 def whole(value: Any, low: int, high: int) -> bool:

@@ -326,10 +326,21 @@ def add_arguments(parser) -> None:
     )
     parser.add_argument(
         "--metrics-host",
-        default="127.0.0.1",
+        default=None,
         metavar="HOST",
-        help="address the metrics port listens on (default 127.0.0.1; 0.0.0.0 for all)",
+        help="with --metrics-port: the address it listens on (default 127.0.0.1; 0.0.0.0 for all)",
     )
+
+
+def check_arguments(opts: dict) -> None:
+    """Raise ``ValueError`` (one line, naming the flag and the rule) for a
+    ``--metrics-port`` that is not a port from 1 to 65535, or a
+    ``--metrics-host`` without it; before any Redis I/O."""
+    port = opts.get("metrics_port")
+    if port is not None and not 1 <= port <= 65535:
+        raise ValueError(f"--metrics-port must be a port from 1 to 65535, got {port}")
+    if opts.get("metrics_host") is not None and port is None:
+        raise ValueError("--metrics-host applies with --metrics-port only")
 
 
 def serve_for_command(opts: dict, mq, queues) -> str | None:
@@ -337,10 +348,11 @@ def serve_for_command(opts: dict, mq, queues) -> str | None:
     returns why it could not (a one-line reason), else None."""
     if opts.get("metrics_port") is None:
         return None
+    host = opts.get("metrics_host") or "127.0.0.1"
     try:
-        serve(opts["metrics_port"], opts["metrics_host"], mq, queues)
+        serve(opts["metrics_port"], host, mq, queues)
     except (OSError, ImproperlyConfigured) as err:
-        return f"cannot serve metrics on {opts['metrics_host']}:{opts['metrics_port']}: {err}"
+        return f"cannot serve metrics on {host}:{opts['metrics_port']}: {err}"
     return None
 
 

@@ -16,6 +16,7 @@ import time
 from django.core.management.base import BaseCommand, CommandError
 
 from echomq_django.conf import get_mq
+from echomq_django.conf.timing import check_flag_seconds
 from echomq_django.core.exceptions import EchoMQError
 from echomq_django.monitoring.stats import collect, render
 
@@ -51,6 +52,10 @@ class Command(BaseCommand):
         watch, count = opts["watch"], opts["count"]
         if watch is not None and not watch > 0:
             raise CommandError(f"echomq_stats: --watch must be > 0 seconds, got {watch}")
+        try:
+            check_flag_seconds("--watch", watch)
+        except ValueError as err:
+            raise CommandError(f"echomq_stats: {err}") from None
         if count is not None and count < 1:
             raise CommandError(f"echomq_stats: --count must be >= 1, got {count}")
         if count is not None and watch is None:  # one report: a count would say nothing

@@ -23,6 +23,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 
 from echomq_django.commit_outbox import drain_after_sweep, tables_missing
+from echomq_django.conf.timing import MAX_FLAG_S, check_flag_seconds
 from echomq_django.core.exceptions import RedisUnavailable
 from echomq_django.core.keyspace import whole_number
 from echomq_django.logs import setup_logging
@@ -36,17 +37,20 @@ log = logging.getLogger("echomq_django.pump")
 
 def check_flags(opts: dict) -> None:
     """Raise ``ValueError`` (one line, naming the flag, the rule and the value) for a
-    ``--batch`` or ``--max-tries`` below 1, a ``--lock-ms`` below ``LOCK_MS_MIN``, a
+    ``--batch`` or ``--max-tries`` below 1, a ``--lock-ms`` below ``LOCK_MS_MIN`` or over a
+    day, a
     ``--max-stalls`` below 0, or an ``--interval`` (but with ``--once``) or
-    ``--summary-every`` not a finite number above 0 s (docs/reference/commands.md#runpump)."""
+    ``--summary-every`` not a finite number above 0 s and at most a day
+    (docs/reference/commands.md#runpump)."""
     whole_number("--batch", opts["batch"], 1)
-    whole_number("--lock-ms", opts["lock_ms"], LOCK_MS_MIN)
+    whole_number("--lock-ms", opts["lock_ms"], LOCK_MS_MIN, high=int(MAX_FLAG_S * 1000))
     whole_number("--max-tries", opts["max_tries"], 1)
     whole_number("--max-stalls", opts["max_stalls"], 0)
     for flag in ("--interval", "--summary-every"):
         value = opts[flag[2:].replace("-", "_")]
         if not 0 < value < math.inf and not (flag == "--interval" and opts["once"]):
             raise ValueError(f"{flag} must be a finite number > 0 s, got {value:g}")
+        check_flag_seconds(flag, value)
 
 
 class Command(BaseCommand):
@@ -124,6 +128,7 @@ class Command(BaseCommand):
         setup_logging(opts["verbosity"], runner="echomq_django.pump")
         try:  # before Redis: a bad flag is the first thing said
             check_flags(opts)
+            metrics.check_arguments(opts)
         except ValueError as err:
             raise CommandError(f"runpump: {err}", returncode=1) from None
         try:

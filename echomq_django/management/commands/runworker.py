@@ -40,6 +40,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand
 
 from echomq_django.commit_outbox import Drainer, tables_missing
+from echomq_django.conf.timing import check_flag_seconds
 from echomq_django.core.exceptions import RedisUnavailable
 from echomq_django.core.jobs import MAX_LEASE_MS
 from echomq_django.core.keyspace import whole_number
@@ -83,7 +84,7 @@ def time_flags(opts) -> None:
     """Raise ``ValueError`` (one line, naming the flag, the rule and the value) for
     a ``--shutdown-timeout`` below 0 s, or a ``--block-timeout``, ``--sweep-interval``
     or ``--pump-interval`` not above 0 s; any of them not finite (nan, inf)
-    (docs/reference/commands.md#runworker)."""
+    (docs/reference/commands.md#runworker); any of them over ``MAX_FLAG_S`` (a day)."""
     if not 0 <= opts["shutdown_timeout"] < math.inf:
         raise ValueError(
             f"--shutdown-timeout must be a finite number >= 0 s, got {opts['shutdown_timeout']:g}"
@@ -92,6 +93,8 @@ def time_flags(opts) -> None:
         value = opts[flag[2:].replace("-", "_")]
         if value is not None and not 0 < value < math.inf:
             raise ValueError(f"{flag} must be a finite number > 0 s, got {value:g}")
+    for flag in ("--shutdown-timeout", "--block-timeout", "--sweep-interval", "--pump-interval"):
+        check_flag_seconds(flag, opts[flag[2:].replace("-", "_")])
 
 
 class Command(BaseCommand):
@@ -234,6 +237,7 @@ class Command(BaseCommand):
             whole_number("--max-stalls", opts["max_stalls"], 0)
             time_flags(opts)
             pool_flags(opts)
+            metrics.check_arguments(opts)
         except ValueError as err:
             self._exit(f"runworker: {err}")
         wait = not (opts["burst"] or opts["no_wait"])
