@@ -103,6 +103,8 @@ def test_options_reach_the_node_and_an_unknown_option_is_refused():
     assert (flow.job_id, flow.priority, flow.max_attempts, flow.payload) == ("n1", 5, 2, {"n": 1})
     with pytest.raises(FlowError, match=r"unknown option\(s\) \['prority'\].*'priority'"):
         sig.set(prority=1)
+    with pytest.raises(FlowError, match="allow_failure of signature 'cv.num' must be True or"):
+        sig.set(allow_failure="no")  # a string is true: it made the death ignored
 
 
 def test_a_signature_built_from_the_handler_function_names_its_job():

@@ -60,6 +60,14 @@ def test_siblings_sharing_a_header_are_one_run_and_a_change_starts_another() -> 
         ({"priority": 1.5}, "q/x: priority must be a whole number"),
         ({"max_attempts": True}, "q/x: max_attempts must be a whole number"),
         ({"max_attempts": 3.0}, "q/x: max_attempts must be a whole number"),
+        # a string is true: "false" made the child's death ignored
+        (
+            {"ignore_dependency_on_failure": "false"},
+            "q/x: ignore_dependency_on_failure must be True or False, got 'false'",
+        ),
+        ({"fail_parent_on_failure": "no"}, "q/x: fail_parent_on_failure must be True or False"),
+        ({"fail_parent_on_failure": None}, "q/x: fail_parent_on_failure must be True or False"),
+        ({"remove_dependency_on_failure": 1}, "q/x: remove_dependency_on_failure must be True or"),
     ],
 )
 def test_a_bad_sibling_after_many_good_ones_is_still_refused(mq, bad, message) -> None:

@@ -109,12 +109,18 @@ class Signature(Canvas):
 
     def set(self, **options: Any) -> Signature:
         """A copy with ``options`` added (see the class). Raises
-        ``FlowError`` naming an unknown option and the known ones."""
+        ``FlowError`` naming an unknown option and the known ones, or an
+        ``allow_failure`` that is not True or False."""
         unknown = sorted(set(options) - OPTIONS)
         if unknown:
             raise FlowError(
                 f"unknown option(s) {unknown} for signature {self.name!r}; "
                 f"a signature takes {sorted(OPTIONS)}"
+            )
+        if type(options.get("allow_failure", False)) is not bool:  # "no" would be true
+            raise FlowError(
+                f"allow_failure of signature {self.name!r} must be True or False, "
+                f"got {options['allow_failure']!r}"
             )
         return replace(self, options={**(self.options or {}), **options})
 
@@ -123,7 +129,7 @@ class Signature(Canvas):
             node = Flow(self.queue, self.name, self.payload)
             return [node], node
         opts = dict(self.options)
-        allow = bool(opts.pop("allow_failure", False))
+        allow = opts.pop("allow_failure", False)
         node = Flow(self.queue, self.name, self.payload, ignore_dependency_on_failure=allow, **opts)
         return [node], node
 

@@ -175,7 +175,7 @@ class FlowRef:
 
 _LEAF = ()  # the children of every leaf: one shared empty tuple
 # the common failure flags and settings, as plan() keys them
-_DEFAULTS = (True, False, False, False, None, type(None), None, type(None))
+_DEFAULTS = (True, False, False, False, True, None, type(None), None, type(None))
 # a node's parts, and its settings and options, each in one C call
 _core = attrgetter("queue", "job_id", "name", "children", "payload")
 _payload = attrgetter("payload")
@@ -341,8 +341,8 @@ def plan(
                     opts = ""
                 else:
                     fail, ignore, remove, cont, ma, bo = sig[:6]
-                    # the types too: True == 1 and 2.0 == 2, yet only an int is a number
-                    what = (fail, ignore, remove, cont, ma, type(ma), bo, type(bo))
+                    bools = all(type(f) is bool for f in sig[:4])  # True == 1, 2.0 == 2: types too
+                    what = (fail, ignore, remove, cont, bools, ma, type(ma), bo, type(bo))
                     if what not in settings:
                         check_node_settings(flow, queue, job_id)
                         settings.add(what)

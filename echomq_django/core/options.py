@@ -216,10 +216,26 @@ def opt_text(value) -> str:
     return "" if value is None else str(int(value))
 
 
+POLICY_FLAGS = (  # a flow node's failure policy (docs/explanation/protocol.md#flow-control)
+    "fail_parent_on_failure",
+    "ignore_dependency_on_failure",
+    "remove_dependency_on_failure",
+    "continue_parent_on_failure",
+)
+
+
 def check_node_settings(flow, queue: str, job_id: str) -> None:
     """A flow node's (a ``Flow``'s) failure policy flags and its
     ``max_attempts`` / ``backoff_ms``; raises ``FlowError`` naming
-    ``queue/job_id`` and the rule. plan() calls it once per distinct set."""
+    ``queue/job_id`` and the rule. plan() calls it once per distinct set.
+    Each flag is a ``bool``: a string such as ``"false"`` would be true (a
+    node whose settings equal the defaults, ``1`` for ``True`` included,
+    takes the common path and is not read again)."""
+    for flag in POLICY_FLAGS:
+        if type(getattr(flow, flag)) is not bool:
+            raise FlowError(
+                f"{queue}/{job_id}: {flag} must be True or False, got {getattr(flow, flag)!r}"
+            )
     if flow.continue_parent_on_failure and (
         flow.ignore_dependency_on_failure or flow.remove_dependency_on_failure
     ):
