@@ -218,6 +218,14 @@ def check_ids(cfg, deploy: bool = False) -> list[str]:
         ({**GOOD, "OPTIONS": ["socket_timeout"]}, ["echomq_django.E013"]),
         ({**GOOD, "CLUSTER": "yes"}, ["echomq_django.E014"]),
         ({**GOOD, "OPTIONS": {"socket_timeout": 5}, "MAX_PAYLOAD_BYTES": 1000}, []),
+        # values redis-py takes only at the first call (0: every call fails as if Redis were down)
+        ({**GOOD, "OPTIONS": {"socket_timeout": 0}}, ["echomq_django.E013"]),
+        ({**GOOD, "OPTIONS": {"socket_connect_timeout": "x"}}, ["echomq_django.E013"]),
+        ({**GOOD, "OPTIONS": {"health_check_interval": -1}}, ["echomq_django.E013"]),
+        ({**GOOD, "OPTIONS": {"protocol": 5}}, ["echomq_django.E013"]),
+        ({**GOOD, "OPTIONS": {"encoding": "bogus-enc"}}, ["echomq_django.E013"]),
+        ({**GOOD, "OPTIONS": {"protocol": 3, "socket_timeout": 2.5}}, []),
+        ({"CACHE": "default", "OPTIONS": {"db": 7}}, ["echomq_django.E013"]),  # ignored there
         ({**GOOD, "CLUSTER": True, "OPTIONS": {"read_from_replicas": True}}, []),
     ],
 )

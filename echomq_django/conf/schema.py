@@ -22,6 +22,7 @@ The environment variable ``ECHOMQ_URL``, when set, overrides the connection
 
 from __future__ import annotations
 
+import codecs
 import json
 import os
 from importlib.util import find_spec
@@ -369,7 +370,42 @@ def value_problems(cfg: dict) -> list[tuple[str, str, str]]:
                     "ssl_cert_reqs, username, password.",
                 )
             )
+        out += [("echomq_django.E013", f"ECHOMQ OPTIONS {flaw}", OPTIONS_HINT)
+                for flaw in option_flaws(options, cfg)]  # fmt: skip
     return out
+
+
+OPTIONS_HINT = "Values as redis-py takes them, e.g. {'socket_timeout': 5, 'protocol': 3}."
+
+
+def option_flaws(options: dict, cfg: dict) -> list[str]:
+    """What is wrong with the values of the ``OPTIONS`` redis-py would take
+    only at the first call (a timeout of 0 fails every call as if Redis were
+    down), and ``OPTIONS`` beside ``CACHE`` without a URL (the cache's
+    client is the cache's: they would be ignored)."""
+    out = []
+    for key in ("socket_timeout", "socket_connect_timeout"):
+        value = options.get(key)
+        if value is not None and (not _number(value) or not 0 < value < 10**9):
+            out.append(f"{key} must be None or a number of seconds > 0, got {value!r}")
+    value = options.get("health_check_interval", 0)
+    if not _number(value) or not 0 <= value < 10**9:
+        out.append(f"health_check_interval must be a number of seconds >= 0, got {value!r}")
+    if options.get("protocol", 2) not in (2, 3) or isinstance(options.get("protocol"), bool):
+        out.append(f"protocol must be 2 or 3 (RESP2, RESP3), got {options['protocol']!r}")
+    if "encoding" in options:
+        try:
+            codecs.lookup(options["encoding"])
+        except (LookupError, TypeError):
+            out.append(f"encoding must name a Python codec, got {options['encoding']!r}")
+    url = os.environ.get("ECHOMQ_URL") or cfg.get("URL")
+    if options and cfg.get("CACHE") and not url:
+        out.append("is ignored with CACHE: the cache's client has its own (set them in CACHES)")
+    return out
+
+
+def _number(value) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and value == value
 
 
 def signal_settings() -> dict[str, int]:
