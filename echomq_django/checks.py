@@ -75,6 +75,8 @@ def _old_croniter(entries, found: list) -> list[checks.CheckMessage]:
 def check_metrics_settings(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
     """``ECHOMQ["METRICS"]``
     (docs/explanation/house.md#monitoring): ids ``echomq_django.E040``-``E043``."""
+    if not isinstance(getattr(settings, "ECHOMQ", {}), dict):
+        return []  # check_settings says so: E026
     return [checks.Error(msg, hint=hint, id=cid) for cid, msg, hint in settings_problems()]
 
 

@@ -245,6 +245,15 @@ def test_check_deploy_compares_cluster_with_the_server(redis_server, redis_clust
     assert message == f"{node}: this is a Redis Cluster node: set CLUSTER"
 
 
+def test_an_echomq_setting_that_is_not_a_dict_is_one_check_error():
+    with override_settings(ECHOMQ=5):
+        found = [m for m in run_checks(databases=[], include_deployment_checks=True)
+                 if m.id.startswith("echomq_django.")]  # fmt: skip
+        assert [(m.id, m.msg) for m in found] == [
+            ("echomq_django.E026", "ECHOMQ must be a dict, got int")
+        ]
+
+
 def test_check_deploy_warns_of_a_server_that_evicts_keys(caplog):
     from django.core.checks import WARNING, run_checks
 

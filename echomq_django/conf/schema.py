@@ -93,6 +93,9 @@ def problems(cfg: dict | None = None) -> list[tuple[str, str, str]]:
     """
     from django.core.cache import caches  # noqa: F401  (settings only, no I/O)
 
+    if cfg is None and not isinstance(value := getattr(settings, "ECHOMQ", {}), dict):
+        return [("echomq_django.E026", f"ECHOMQ must be a dict, got {type(value).__name__}",
+                 "Example: ECHOMQ = {'URL': 'redis://127.0.0.1:6379/0'}.")]  # fmt: skip
     cfg = config() if cfg is None else cfg
     out = []
     unknown = sorted(set(cfg) - TOP_KEYS)
