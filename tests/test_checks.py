@@ -245,6 +245,14 @@ def test_check_deploy_compares_cluster_with_the_server(redis_server, redis_clust
     assert message == f"{node}: this is a Redis Cluster node: set CLUSTER"
 
 
+def test_a_lease_s_type_error_names_the_lease_s_own_floor():
+    [(cid, message, _)] = conf.problems({**GOOD, "QUEUES": {"orders": {"LEASE_MS": "30s"}}})
+    assert (cid, message) == (
+        "echomq_django.E010",
+        "queue 'orders': LEASE_MS must be an integer >= 1, got '30s'",  # 0 is refused too: E011
+    )
+
+
 def test_an_echomq_setting_that_is_not_a_dict_is_one_check_error():
     with override_settings(ECHOMQ=5):
         found = [m for m in run_checks(databases=[], include_deployment_checks=True)

@@ -231,10 +231,11 @@ def problems(cfg: dict | None = None) -> list[tuple[str, str, str]]:
                 continue
             low = 1 if key == "MAX_ATTEMPTS" else 0
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                least = 1 if key == "LEASE_MS" else low  # a lease of 0 is E011's
                 out.append(
                     (
                         "echomq_django.E010",
-                        f"queue {name!r}: {key} must be an integer >= {low}, got {value!r}",
+                        f"queue {name!r}: {key} must be an integer >= {least}, got {value!r}",
                         "MAX_ATTEMPTS counts tries; *_MS are ms.",
                     )
                 )
