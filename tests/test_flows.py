@@ -422,6 +422,9 @@ def test_get_flow_to_a_depth(tmq) -> None:
     assert [n["id"] for n in shallow["children"]] == ["l4", "m1", "m2"]
     assert all(n["children"] == [] for n in shallow["children"])
     assert tmq.get_flow("q", "r", depth=0)["children"] == []
+    for bad in ("x", -1, 1.5, True):  # "x" was a raw TypeError, -1 was taken
+        with pytest.raises(ValueError, match=f"^depth must be a whole number >= 0, got {bad!r}$"):
+            tmq.get_flow("q", "r", depth=bad)
 
 
 READS = ("children_values", "ignored_failures", "dependencies", "dependency_counts", "get_flow")
