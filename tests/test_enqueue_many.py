@@ -77,6 +77,7 @@ def test_a_taken_id_in_a_later_chunk_refuses_every_chunk(redis_client, clock) ->
         ([("j", 1, {"max_attempts": 0})], ValueError, "job 0: max_attempts"),
         ([("j", 1, {"job_id": "a:b"})], ValueError, "invalid job id"),
         (["j"], ValueError, "job 0 must be"),
+        ([("j", 1, 5)], ValueError, "job 0's options \\(its third item\\) must be a dict, got int"),
         ([("j", float("nan"))], PayloadError, "job 0's payload"),
     ],
 )

@@ -248,6 +248,8 @@ def test_add_flows_lands_several_trees(tmq) -> None:
     ]
     assert tmq.job_ids("q", "pending") == ["a1", "a2", "l4", "l1", "l2", "l3", "alone"]
     assert tmq.job_ids("q", "awaiting_children") == ["a", "m1", "m2", "m3", "r"]
+    with pytest.raises(TypeError, match=r"^add_flows takes a list of Flow objects; for one flow"):
+        tmq.add_flows(leaf("one"))  # was: 'Flow' object is not iterable
 
 
 def test_add_flows_refuses_a_conflicting_tree_whole(tmq) -> None:

@@ -47,6 +47,7 @@ from ..core.options import check_attempts, check_group, check_job_options
 from ..core.refs import ref_list
 from ..core.retention import job_keep
 from ..core.retry import policy_keywords
+from ..protocol.flows import check_flow_list
 
 
 def _defer(on_commit: bool | None, using: str | None) -> bool:
@@ -307,6 +308,7 @@ def add_flows(
     (``ENQUEUE_WHEN_DOWN = "outbox"``: Redis away, each flow is written to
     the outbox as ``add_flow`` does). Deferred too, every flow is checked
     before the first is written: a bad one raises and none is added."""
+    check_flow_list(flows)
     if not _defer(on_commit, using):
         when_down = on_commit is None and enqueue_when_down() == "outbox"
         if when_down:

@@ -224,6 +224,11 @@ def _unpack(index: int, job: Any) -> tuple[str, Any, dict]:
         name, payload = job.get("name"), job.get("payload")
     elif isinstance(job, tuple | list) and len(job) in (2, 3):
         name, payload = job[0], job[1]
+        if len(job) == 3 and not isinstance(job[2], dict):
+            raise ValueError(
+                f"enqueue_many: job {index}'s options (its third item) must be a dict, "
+                f"got {type(job[2]).__name__}"
+            )
         options = dict(job[2]) if len(job) == 3 else {}
     else:
         raise ValueError(

@@ -41,6 +41,12 @@ from .wire import Part, Wire
 _LINK = (STATE, PARENT, PARENT_QUEUE, NAME)  # a dependency's row, read before the add
 
 
+def check_flow_list(flows) -> None:
+    """``TypeError`` when ``add_flows`` is given one ``Flow``, not a list of them."""
+    if isinstance(flows, Flow):
+        raise TypeError("add_flows takes a list of Flow objects; for one flow, add_flow(flow)")
+
+
 class Flows(Part):
     """The flow part of ``EchoMQ`` (``mq.flows``); ``reads`` is the
     ``EchoMQ`` whose read API it asks (a parent's dependencies)."""
@@ -123,7 +129,9 @@ class Flows(Part):
         pipelined round trip (its chunks in order: one slot, one connection);
         a cross-queue flow lands step by step, parent first. Same errors as
         ``add_flow``; when a flow takes more than one script, every user-given
-        id is gated by a read-only pass before the first write."""
+        id is gated by a read-only pass before the first write. ``TypeError``
+        for one ``Flow`` instead of a list of them."""
+        check_flow_list(flows)
         expiring = self._expiring()
         wire = self.wire
         now = self.clock()  # one add time: each plan's incarnation carries it

@@ -297,10 +297,8 @@ class Reads(Part):
     def get_flow(self, queue: str, job_id: str, depth: int | None = None) -> dict:
         """The tree under a job: ``{queue, id, ref, name, state, result, error,
         policy, remaining, children: [...]}`` (``ref`` a ``JobRef``; a child's
-        key in an error written ``queue/id``), children sorted by ref, down to
-        ``depth`` levels (None = all; 0: the job alone). Reads one level per
-        round trip. Raises ``ValueError`` for a ``depth`` that is not None or
-        a whole number >= 0, before any read."""
+        key in an error written ``queue/id``), children sorted by ref, down to ``depth`` levels
+        (None = all; 0: the job; else ``ValueError``, before any read); a level per round trip."""
         whole_number("depth", depth, 0, optional=True)
         return self._tree(queue, job_id, depth, lambda is_root: (0, -1), paged=False)
 
