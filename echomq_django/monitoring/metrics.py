@@ -322,7 +322,8 @@ def add_arguments(parser) -> None:
         type=int,
         default=None,
         metavar="PORT",
-        help="serve Prometheus metrics on this port (needs the 'metrics' extra: prometheus_client)",
+        help="serve Prometheus metrics on this port, 1-65535 (needs the 'metrics' extra: "
+        "prometheus_client)",
     )
     parser.add_argument(
         "--metrics-host",

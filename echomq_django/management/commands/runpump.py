@@ -67,13 +67,13 @@ class Command(BaseCommand):
             "--interval",
             type=float,
             default=1.0,
-            help="seconds between sweeps when idle (default 1.0)",
+            help="seconds between sweeps when idle (> 0, at most 86400; default 1.0)",
         )
         parser.add_argument(
             "--batch",
             type=int,
             default=500,
-            help="outbox entries delivered per round trip (default 500)",
+            help="outbox entries delivered per round trip (>= 1; default 500)",
         )
         parser.add_argument("--once", action="store_true", help="sweep once and exit")
         parser.add_argument(
@@ -89,7 +89,7 @@ class Command(BaseCommand):
             type=int,
             default=3,
             help="deliveries of an entry whose parent is gone before it is "
-            "dead-lettered (default 3)",
+            "dead-lettered (>= 1; default 3)",
         )
         parser.add_argument(
             "--max-stalls",

@@ -112,7 +112,7 @@ class Command(BaseCommand):
             "--concurrency",
             type=int,
             default=1,
-            help="handlers (threads, processes or coroutines): jobs run at once (default 1)",
+            help="handlers (threads, processes or coroutines): jobs run at once (>= 1; default 1)",
         )
         parser.add_argument(
             "--pool",
