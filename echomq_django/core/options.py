@@ -216,7 +216,7 @@ def opt_text(value) -> str:
     return "" if value is None else str(int(value))
 
 
-POLICY_FLAGS = (  # a flow node's failure policy (docs/explanation/protocol.md#flow-control)
+POLICY_FLAGS = (  # a flow node's failure policy (docs/howto/priorities-rate-limits.md#flow-control)
     "fail_parent_on_failure",
     "ignore_dependency_on_failure",
     "remove_dependency_on_failure",
