@@ -285,12 +285,17 @@ def add_flow(flow: Flow, *, on_commit: bool | None = None, using: str | None = N
     return ref
 
 
-def _write_flow(mq, flow: Flow, using, push: bool = True) -> FlowRef:
-    """Check a flow as ``EchoMQ.add_flow`` would (its ids assigned now),
-    then write its outbox row (``push``: pushed after the commit; else left
-    for the drainers); returns its ``FlowRef``."""
+def _checked(mq, flow: Flow):
+    """A flow checked as ``EchoMQ.add_flow`` would, its ids assigned now: its plan."""
     _flows.assign_ids(flow)
-    plan = _flows.plan(flow, mq.encode)
+    return _flows.plan(flow, mq.encode)
+
+
+def _write_flow(mq, flow: Flow, using, push: bool = True, plan=None) -> FlowRef:
+    """Check a flow (``_checked``; ``plan``: checked already), then write its
+    outbox row (``push``: pushed after the commit; else left for the
+    drainers); returns its ``FlowRef``."""
+    plan = plan or _checked(mq, flow)
     outbox.write_flow(flow, using=using, mq=mq, push=push)
     queue, root_id, children = plan.root
     return FlowRef(
@@ -324,10 +329,10 @@ def add_flows(
             _written_when_down(err, f"{len(refs)} flows")
             return refs
     mq, _ = _producer_mq()
-    for f in flows:  # all or nothing: every flow checked before the first is written
-        _flows.assign_ids(f)
-        _flows.plan(f, mq.encode)
-    return [add_flow(f, on_commit=True, using=using) for f in flows]
+    plans = [_checked(mq, f) for f in flows]  # all or nothing: checked before the first row
+    refs = [_write_flow(mq, f, using, plan=p) for f, p in zip(flows, plans, strict=True)]
+    _warn_after_commit(mq, dict.fromkeys(q for ref in refs for q, _ in ref.nodes), using)
+    return refs
 
 
 async def aenqueue(queue: str, name: str, payload: Any = None, **kwargs: Any) -> str:

@@ -124,7 +124,7 @@ class Event:
     @property
     def entry_id(self) -> str:
         """The id of the stream entry that holds the event, ``"<ms>-<seq>"``."""
-        return self.id.partition(":")[0]
+        return split_event_id(self.id)[0]
 
 
 @dataclass(frozen=True)
